@@ -1,0 +1,49 @@
+"""Shared state: one `Store` interface, three backends (etcd, embedded SQLite, memory)."""
+
+from .base import (
+    Delete,
+    Event,
+    Item,
+    Listing,
+    Op,
+    Put,
+    Require,
+    Resync,
+    Store,
+    WatchItem,
+)
+from .errors import (
+    AlreadyExists,
+    Conflict,
+    CorruptValue,
+    InvalidKey,
+    LeaseNotFound,
+    StoreError,
+    Unavailable,
+    ValueTooLarge,
+)
+from .url import TLSFiles, open_store, parse_store_url
+
+__all__ = [
+    "AlreadyExists",
+    "Conflict",
+    "CorruptValue",
+    "Delete",
+    "Event",
+    "InvalidKey",
+    "Item",
+    "LeaseNotFound",
+    "Listing",
+    "Op",
+    "Put",
+    "Require",
+    "Resync",
+    "Store",
+    "StoreError",
+    "TLSFiles",
+    "Unavailable",
+    "ValueTooLarge",
+    "WatchItem",
+    "open_store",
+    "parse_store_url",
+]

@@ -1,0 +1,55 @@
+"""Errors every store backend raises, whatever the backend's own exceptions are.
+
+    StoreError
+    ├── Conflict             a conditional write found another revision; nothing written
+    │   └── AlreadyExists    create() of a key that is present
+    ├── InvalidKey           a key or prefix outside the allowed alphabet or length
+    ├── ValueTooLarge        a serialised value over the backend's size bound
+    ├── CorruptValue         stored bytes that do not validate as the model asked for
+    ├── LeaseNotFound        keep-alive or attach to a TTL lease that expired or never was
+    └── Unavailable          the backend cannot be reached (etcd down, database closed)
+
+Backends translate their client library's exceptions into these at their boundary.
+"""
+
+from __future__ import annotations
+
+
+class StoreError(Exception):
+    """Base of every error the store raises."""
+
+
+class Conflict(StoreError):
+    """A write conditional on a revision found another one. Nothing was written."""
+
+    def __init__(self, key: str, current_revision: int, expected_revision: int | None = None):
+        self.key = key
+        self.current_revision = current_revision
+        self.expected_revision = expected_revision
+        state = "absent" if current_revision == 0 else f"at revision {current_revision}"
+        wanted = "" if expected_revision is None else f", expected revision {expected_revision}"
+        super().__init__(f"{key!r} is {state}{wanted}")
+
+
+class AlreadyExists(Conflict):
+    """create() found the key present."""
+
+
+class InvalidKey(StoreError, ValueError):
+    pass
+
+
+class ValueTooLarge(StoreError, ValueError):
+    pass
+
+
+class CorruptValue(StoreError):
+    pass
+
+
+class LeaseNotFound(StoreError):
+    pass
+
+
+class Unavailable(StoreError):
+    pass

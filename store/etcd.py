@@ -1,0 +1,198 @@
+"""The production store: etcd v3 through `etcd3aio` (grpc.aio).
+
+A thin adapter: every key lives under `namespace`; every single-key write is an etcd txn
+comparing `mod_revision` (`create_revision == 0` for "absent"); the client library's
+exceptions become `store.errors` here and nowhere else. etcd3aio re-opens a broken watch
+stream from the revision after the last one it delivered, so a watch survives an etcd restart
+without a gap; when etcd has compacted that revision away, the watch yields `Resync`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterator, Sequence
+
+import grpc
+import grpc.aio
+from etcd3aio import Etcd3Client, EtcdConnectionError, EtcdError, EtcdTransientError
+from etcd3aio._protobuf import Compare, RequestOp
+from etcd3aio.kv import KVService, prefix_range_end
+
+from .base import Delete, Event, RawOp, RawPut, Require, Resync, StoreBase, WatchItem
+from .errors import Conflict, LeaseNotFound, StoreError, Unavailable
+
+_DELETE_EVENT = 1  # mvccpb.Event.EventType.DELETE
+
+
+@contextlib.contextmanager
+def _translated(operation: str) -> Iterator[None]:
+    try:
+        yield
+    except (EtcdConnectionError, EtcdTransientError) as exc:
+        raise Unavailable(f"etcd {operation}: {exc}") from exc
+    except grpc.aio.AioRpcError as exc:
+        details = exc.details() or ""
+        if exc.code() == grpc.StatusCode.NOT_FOUND and "lease" in details:
+            raise LeaseNotFound(f"etcd {operation}: {details}") from exc
+        raise StoreError(f"etcd {operation}: {exc.code().name} {details}") from exc
+    except EtcdError as exc:
+        raise StoreError(f"etcd {operation}: {exc}") from exc
+
+
+class EtcdStore(StoreBase):
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        *,
+        namespace: str = "/wakeful/",
+        timeout: float = 5.0,
+        ca_cert: bytes | None = None,
+        cert_key: bytes | None = None,
+        cert_chain: bytes | None = None,
+        tls_server_name: str | None = None,
+        watch_max_backoff: float = 2.0,
+    ) -> None:
+        if not namespace.startswith("/") or not namespace.endswith("/"):
+            raise ValueError(f"namespace must start and end with '/', got {namespace!r}")
+        self._ns = namespace
+        self._timeout = timeout
+        self._client = Etcd3Client(
+            list(endpoints),
+            watch_max_reconnect_backoff_seconds=watch_max_backoff,
+            tls_server_name=tls_server_name,
+            ca_cert=ca_cert,
+            cert_key=cert_key,
+            cert_chain=cert_chain,
+        )
+
+    async def connect(self) -> None:
+        await self._client.connect()
+        with _translated("connect"):
+            await self._kv.get(self._ns, timeout=self._timeout)
+
+    @property
+    def _kv(self) -> KVService:
+        if self._client.kv is None:
+            raise Unavailable("etcd client is closed")
+        return self._client.kv
+
+    async def _get(self, key: str) -> tuple[bytes, int] | None:
+        with _translated("get"):
+            response = await self._kv.get(self._ns + key, timeout=self._timeout)
+        if not response.kvs:
+            return None
+        found = response.kvs[0]
+        return bytes(found.value), int(found.mod_revision)
+
+    async def _list(self, prefix: str) -> tuple[list[tuple[str, bytes, int]], int]:
+        full = self._ns + prefix
+        with _translated("list"):
+            response = await self._kv.get(
+                full, range_end=prefix_range_end(full), timeout=self._timeout
+            )
+        strip = len(self._ns)
+        rows = [
+            (bytes(kv.key).decode()[strip:], bytes(kv.value), int(kv.mod_revision))
+            for kv in response.kvs
+        ]
+        return rows, int(response.header.revision)
+
+    async def _commit(self, require: Sequence[Require], ops: Sequence[RawOp]) -> tuple[int, int]:
+        compare = [self._compare(check) for check in require]
+        success = [self._op(op) for op in ops]
+        failure = [KVService.txn_op_get(self._ns + check.key) for check in require]
+        with _translated("txn"):
+            response = await self._kv.txn(compare, success, failure, timeout=self._timeout)
+        if not response.succeeded:
+            for check, result in zip(require, response.responses, strict=True):
+                kvs = result.response_range.kvs
+                current = int(kvs[0].mod_revision) if kvs else 0
+                if current != check.revision:
+                    raise Conflict(check.key, current, check.revision)
+            raise StoreError("etcd txn failed although every requirement held")
+        deleted = sum(
+            int(result.response_delete_range.deleted)
+            for result in response.responses
+            if result.HasField("response_delete_range")
+        )
+        return int(response.header.revision), deleted
+
+    def _compare(self, check: Require) -> Compare:
+        key = (self._ns + check.key).encode()
+        if check.revision == 0:
+            return Compare(result=Compare.EQUAL, target=Compare.CREATE, key=key, create_revision=0)
+        return Compare(
+            result=Compare.EQUAL, target=Compare.MOD, key=key, mod_revision=check.revision
+        )
+
+    def _op(self, op: RawOp) -> RequestOp:
+        if isinstance(op, Delete):
+            return KVService.txn_op_delete(self._ns + op.key)
+        assert isinstance(op, RawPut)
+        return KVService.txn_op_put(self._ns + op.key, op.data, lease=op.lease or 0)
+
+    async def _watch(self, prefix: str, from_revision: int | None) -> AsyncIterator[WatchItem]:
+        if self._client.watch is None:
+            raise Unavailable("etcd client is closed")
+        full = self._ns + prefix
+        strip = len(self._ns)
+        stream = self._client.watch.watch(
+            full, range_end=prefix_range_end(full), start_revision=from_revision or 0
+        )
+        try:
+            with _translated("watch"):
+                async for response in stream:
+                    if response.compact_revision > 0 or response.canceled:
+                        reason = (
+                            f"etcd compacted history up to {response.compact_revision}"
+                            if response.compact_revision > 0
+                            else f"etcd cancelled the watch: {response.cancel_reason}"
+                        )
+                        yield Resync(int(response.header.revision), reason)
+                        return
+                    for event in response.events:
+                        kv = event.kv
+                        key = bytes(kv.key).decode()[strip:]
+                        if event.type == _DELETE_EVENT:
+                            yield Event("delete", key, int(kv.mod_revision), None)
+                        else:
+                            yield Event("put", key, int(kv.mod_revision), bytes(kv.value))
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
+
+    async def grant(self, ttl: int) -> int:
+        if ttl < 1:
+            raise ValueError(f"ttl must be >= 1 second, got {ttl}")
+        assert self._client.lease is not None
+        with _translated("lease grant"):
+            response = await self._client.lease.grant(ttl, timeout=self._timeout)
+        return int(response.ID)
+
+    async def keep_alive(self, lease: int) -> None:
+        assert self._client.lease is not None
+        call = self._client.lease.keep_alive(lease)
+        try:
+            with _translated("lease keep-alive"):
+                async for response in call:
+                    if response.TTL <= 0:
+                        raise LeaseNotFound(f"lease {lease} does not exist or has expired")
+                    return
+        finally:
+            call.cancel()
+        raise Unavailable(f"etcd closed the keep-alive stream for lease {lease}")
+
+    async def revoke(self, lease: int) -> None:
+        assert self._client.lease is not None
+        with contextlib.suppress(LeaseNotFound), _translated("lease revoke"):
+            await self._client.lease.revoke(lease, timeout=self._timeout)
+
+    async def compact(self, revision: int) -> None:
+        with _translated("compact"):
+            try:
+                await self._kv.compact(revision, physical=True, timeout=self._timeout)
+            except grpc.aio.AioRpcError as exc:
+                if "compacted" not in (exc.details() or ""):
+                    raise
+
+    async def aclose(self) -> None:
+        await self._client.close()

@@ -1,0 +1,87 @@
+"""Choosing and opening a store by URL: `memory://`, `sqlite:///path`, `etcd://h:p[,h:p]`."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import anyio
+
+from .base import StoreBase
+from .local import LocalStore
+from .memory import MemoryEngine
+from .sqlite import SqliteEngine
+
+
+@dataclass(frozen=True)
+class TLSFiles:
+    """PEM files for etcd over TLS: `ca` alone for server TLS, with `cert`+`key` for mTLS."""
+
+    ca: Path | None = None
+    cert: Path | None = None
+    key: Path | None = None
+
+
+def parse_store_url(url: str) -> tuple[str, str]:
+    """Split a store URL into (scheme, location), refusing anything we cannot open."""
+    parts = urlsplit(url)
+    if parts.scheme == "memory":
+        return "memory", ""
+    if parts.scheme == "sqlite":
+        path = parts.path if not parts.netloc else parts.netloc + parts.path
+        if not path:
+            raise ValueError(f"store URL {url!r}: sqlite needs a path, e.g. sqlite:///data/w.db")
+        return "sqlite", path
+    if parts.scheme == "etcd":
+        endpoints = parts.netloc
+        hosts = [h for h in endpoints.split(",") if h]
+        if not hosts or any(":" not in h or not h.rsplit(":", 1)[1].isdigit() for h in hosts):
+            raise ValueError(
+                f"store URL {url!r}: etcd needs host:port[,host:port], e.g. etcd://127.0.0.1:2379"
+            )
+        return "etcd", ",".join(hosts)
+    raise ValueError(f"store URL {url!r}: the scheme must be memory://, sqlite:// or etcd://")
+
+
+def _read(path: Path | None) -> bytes | None:
+    return None if path is None else path.read_bytes()
+
+
+@contextlib.asynccontextmanager
+async def open_store(
+    url: str, *, namespace: str = "/wakeful/", tls: TLSFiles | None = None
+) -> AsyncIterator[StoreBase]:
+    """Open the store at `url` and run its housekeeping for as long as the block runs."""
+    scheme, location = parse_store_url(url)
+    if scheme == "etcd":
+        from .etcd import EtcdStore  # grpc is only imported when etcd is used
+
+        tls = tls or TLSFiles()
+        etcd = EtcdStore(
+            location.split(","),
+            namespace=namespace,
+            ca_cert=_read(tls.ca),
+            cert_key=_read(tls.key),
+            cert_chain=_read(tls.cert),
+        )
+        await etcd.connect()
+        try:
+            yield etcd
+        finally:
+            await etcd.aclose()
+        return
+    engine = MemoryEngine() if scheme == "memory" else SqliteEngine(location)
+    local = LocalStore(engine, threaded=scheme == "sqlite")
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(local.run)
+            try:
+                yield local
+            finally:
+                tasks.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await local.aclose()

@@ -1,0 +1,293 @@
+"""The store contract: every backend (memory, sqlite, etcd) passes these same tests."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import anyio
+import pytest
+from pydantic import BaseModel
+
+from store import (
+    AlreadyExists,
+    Conflict,
+    CorruptValue,
+    Delete,
+    Event,
+    InvalidKey,
+    LeaseNotFound,
+    Put,
+    Require,
+    Resync,
+    ValueTooLarge,
+    WatchItem,
+)
+from store.base import MAX_VALUE_BYTES, StoreBase
+
+pytestmark = pytest.mark.anyio
+
+
+class Counter(BaseModel):
+    n: int
+
+
+class Blob(BaseModel):
+    text: str
+
+
+async def collect(
+    stream: AsyncIterator[WatchItem], count: int, within: float = 10
+) -> list[WatchItem]:
+    found: list[WatchItem] = []
+    with anyio.fail_after(within):
+        async for item in stream:
+            found.append(item)
+            if len(found) == count or isinstance(item, Resync):
+                break
+    return found
+
+
+async def test_put_get_round_trip_with_revisions(store: StoreBase) -> None:
+    assert await store.get("a/x", Counter) is None
+    first = await store.put("a/x", Counter(n=1))
+    second = await store.put("a/x", Counter(n=2))
+    assert second > first
+    item = await store.get("a/x", Counter)
+    assert item is not None
+    assert (item.key, item.value, item.revision) == ("a/x", Counter(n=2), second)
+
+
+async def test_create_refuses_a_present_key_and_writes_nothing(store: StoreBase) -> None:
+    revision = await store.create("a/x", Counter(n=1))
+    with pytest.raises(AlreadyExists) as caught:
+        await store.create("a/x", Counter(n=2))
+    assert caught.value.current_revision == revision
+    item = await store.get("a/x", Counter)
+    assert item is not None and item.value.n == 1 and item.revision == revision
+
+
+async def test_update_with_a_stale_revision_conflicts_and_writes_nothing(store: StoreBase) -> None:
+    first = await store.create("a/x", Counter(n=1))
+    second = await store.update("a/x", Counter(n=2), expect_revision=first)
+    with pytest.raises(Conflict) as caught:
+        await store.update("a/x", Counter(n=3), expect_revision=first)
+    assert caught.value.current_revision == second
+    assert caught.value.expected_revision == first
+    item = await store.get("a/x", Counter)
+    assert item is not None and item.value.n == 2 and item.revision == second
+
+
+async def test_update_of_an_absent_key_conflicts_with_revision_zero(store: StoreBase) -> None:
+    with pytest.raises(Conflict) as caught:
+        await store.update("a/missing", Counter(n=1), expect_revision=5)
+    assert caught.value.current_revision == 0
+    assert await store.get("a/missing", Counter) is None
+
+
+async def test_delete_conditional_and_unconditional(store: StoreBase) -> None:
+    revision = await store.put("a/x", Counter(n=1))
+    with pytest.raises(Conflict):
+        await store.delete("a/x", expect_revision=revision + 100)
+    assert await store.get("a/x", Counter) is not None
+    assert await store.delete("a/x", expect_revision=revision) is True
+    assert await store.get("a/x", Counter) is None
+    assert await store.delete("a/x") is False
+
+
+async def test_list_returns_only_the_prefix_sorted_with_the_listing_revision(
+    store: StoreBase,
+) -> None:
+    for key in ["pools/b", "pools/a", "poolsx/c", "apps/a"]:
+        await store.put(key, Counter(n=len(key)))
+    latest = await store.put("pools/c", Counter(n=0))
+    listing = await store.list("pools/", Counter)
+    assert [item.key for item in listing.items] == ["pools/a", "pools/b", "pools/c"]
+    assert listing.revision >= latest
+    assert all(item.revision <= listing.revision for item in listing.items)
+    assert (await store.list("nothing/", Counter)).items == []
+
+
+async def test_concurrent_creators_of_one_key_have_exactly_one_winner(store: StoreBase) -> None:
+    winners: list[int] = []
+    losers: list[int] = []
+
+    async def create(n: int) -> None:
+        try:
+            await store.create("race/key", Counter(n=n))
+            winners.append(n)
+        except AlreadyExists:
+            losers.append(n)
+
+    async with anyio.create_task_group() as tasks:
+        for n in range(20):
+            tasks.start_soon(create, n)
+    assert len(winners) == 1 and len(losers) == 19
+    item = await store.get("race/key", Counter)
+    assert item is not None and item.value.n == winners[0]
+
+
+async def test_concurrent_updates_from_one_revision_have_exactly_one_winner(
+    store: StoreBase,
+) -> None:
+    base = await store.create("race/key", Counter(n=0))
+    winners: list[int] = []
+    conflicts: list[Conflict] = []
+
+    async def update(n: int) -> None:
+        try:
+            await store.update("race/key", Counter(n=n), expect_revision=base)
+            winners.append(n)
+        except Conflict as exc:
+            conflicts.append(exc)
+
+    async with anyio.create_task_group() as tasks:
+        for n in range(1, 21):
+            tasks.start_soon(update, n)
+    assert len(winners) == 1 and len(conflicts) == 19
+    item = await store.get("race/key", Counter)
+    assert item is not None and item.value.n == winners[0]
+    assert all(exc.current_revision == item.revision for exc in conflicts)
+
+
+async def test_txn_is_all_or_nothing(store: StoreBase) -> None:
+    a = await store.put("route/a", Counter(n=1))
+    await store.put("route/b", Counter(n=1))
+    with pytest.raises(Conflict) as caught:
+        await store.txn(
+            [Require("route/a", a), Require("route/b", 1)],
+            [Put("route/a", Counter(n=2)), Delete("route/b"), Put("route/c", Counter(n=2))],
+        )
+    assert caught.value.key == "route/b"
+    assert (await store.get("route/a", Counter)).value.n == 1  # type: ignore[union-attr]
+    assert await store.get("route/b", Counter) is not None
+    assert await store.get("route/c", Counter) is None
+
+    revision = await store.txn(
+        [Require("route/a", a), Require("route/c", 0)],
+        [Put("route/a", Counter(n=2)), Delete("route/b"), Put("route/c", Counter(n=2))],
+    )
+    item_a, item_c = await store.get("route/a", Counter), await store.get("route/c", Counter)
+    assert item_a is not None and item_c is not None
+    assert item_a.revision == item_c.revision == revision
+    assert await store.get("route/b", Counter) is None
+
+
+async def test_watch_yields_changes_in_order_with_their_revisions(store: StoreBase) -> None:
+    listing = await store.list("w/", Counter)
+    stream = store.watch("w/", listing.revision + 1)
+    r1 = await store.put("w/a", Counter(n=1))
+    await store.put("other/a", Counter(n=9))
+    r2 = await store.update("w/a", Counter(n=2), expect_revision=r1)
+    r3 = await store.put("w/b", Counter(n=3))
+    await store.delete("w/a")
+    events = await collect(stream, 4)
+    assert all(isinstance(event, Event) for event in events)
+    seen = [(e.kind, e.key, e.revision) for e in events if isinstance(e, Event)]
+    assert seen[:3] == [("put", "w/a", r1), ("put", "w/a", r2), ("put", "w/b", r3)]
+    assert seen[3][:2] == ("delete", "w/a") and seen[3][2] > r3
+    assert isinstance(events[2], Event) and events[2].decode(Counter) == Counter(n=3)
+    await stream.aclose()  # type: ignore[attr-defined]
+
+
+async def test_watch_from_a_past_revision_replays_the_gap(store: StoreBase) -> None:
+    start = await store.put("w/a", Counter(n=1))
+    await store.put("w/b", Counter(n=2))
+    await store.delete("w/a")
+    stream = store.watch("w/", start)
+    events = await collect(stream, 3)
+    assert [(e.kind, e.key) for e in events if isinstance(e, Event)] == [
+        ("put", "w/a"),
+        ("put", "w/b"),
+        ("delete", "w/a"),
+    ]
+    assert events[0].revision == start
+    # and it keeps going live after the replay
+    live = await store.put("w/c", Counter(n=3))
+    (event,) = await collect(stream, 1)
+    assert isinstance(event, Event) and (event.key, event.revision) == ("w/c", live)
+    await stream.aclose()  # type: ignore[attr-defined]
+
+
+async def test_watch_from_a_compacted_revision_yields_resync(store: StoreBase) -> None:
+    old = await store.put("w/a", Counter(n=1))
+    await store.put("w/a", Counter(n=2))
+    latest = await store.put("w/a", Counter(n=3))
+    await store.compact(latest)
+    stream = store.watch("w/", old)
+    items = await collect(stream, 1)
+    assert len(items) == 1 and isinstance(items[0], Resync)
+    with pytest.raises(StopAsyncIteration):
+        await stream.__anext__()
+
+
+async def test_ttl_expiry_deletes_the_key_and_emits_a_delete(store: StoreBase) -> None:
+    lease = await store.grant(2)
+    revision = await store.put("nodes/n1", Counter(n=1), lease=lease)
+    stream = store.watch("nodes/", revision + 1)
+    (event,) = await collect(stream, 1, within=15)
+    assert isinstance(event, Event) and (event.kind, event.key) == ("delete", "nodes/n1")
+    assert await store.get("nodes/n1", Counter) is None
+    with pytest.raises(LeaseNotFound):
+        await store.keep_alive(lease)
+    await stream.aclose()  # type: ignore[attr-defined]
+
+
+async def test_keep_alive_holds_a_ttl_key_and_revoke_deletes_it(store: StoreBase) -> None:
+    lease = await store.grant(2)
+    revision = await store.put("nodes/n1", Counter(n=1), lease=lease)
+    stream = store.watch("nodes/", revision + 1)
+    for _ in range(4):  # 4 s: twice the TTL
+        await anyio.sleep(1)
+        await store.keep_alive(lease)
+    assert await store.get("nodes/n1", Counter) is not None
+    await store.revoke(lease)
+    (event,) = await collect(stream, 1)
+    assert isinstance(event, Event) and (event.kind, event.key) == ("delete", "nodes/n1")
+    assert await store.get("nodes/n1", Counter) is None
+    await store.revoke(lease)  # idempotent
+    await stream.aclose()  # type: ignore[attr-defined]
+
+
+async def test_a_put_on_an_unknown_lease_is_refused(store: StoreBase) -> None:
+    with pytest.raises(LeaseNotFound):
+        await store.put("nodes/n1", Counter(n=1), lease=987654321)
+    assert await store.get("nodes/n1", Counter) is None
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["", "/abs", "trailing/", "a//b", "../up", "a/./b", "sp ace", "é", "x" * 600],
+    ids=[
+        "empty",
+        "absolute",
+        "trailing-slash",
+        "empty-segment",
+        "dotdot",
+        "dot",
+        "space",
+        "non-ascii",
+        "too-long",
+    ],
+)
+async def test_invalid_keys_get_a_typed_error_and_write_nothing(store: StoreBase, key: str) -> None:
+    with pytest.raises(InvalidKey):
+        await store.put(key, Counter(n=1))
+    with pytest.raises(InvalidKey):
+        await store.get(key, Counter)
+    assert (await store.list("", Counter)).items == []
+
+
+async def test_oversized_values_get_a_typed_error_and_write_nothing(store: StoreBase) -> None:
+    with pytest.raises(ValueTooLarge):
+        await store.put("big/x", Blob(text="x" * MAX_VALUE_BYTES))
+    with pytest.raises(ValueTooLarge):
+        await store.txn(
+            [], [Put("big/y", Counter(n=1)), Put("big/x", Blob(text="x" * MAX_VALUE_BYTES))]
+        )
+    assert (await store.list("big/", Blob)).items == []
+
+
+async def test_reading_a_value_as_the_wrong_model_is_a_typed_error(store: StoreBase) -> None:
+    await store.put("a/x", Blob(text="hello"))
+    with pytest.raises(CorruptValue):
+        await store.get("a/x", Counter)

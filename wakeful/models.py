@@ -1,0 +1,213 @@
+"""The data model: what lives in the store, one pydantic model per kind of key.
+
+Every model validates on construction and on load, so a value read back from the store is
+as trustworthy as one built in code. Validation errors name the field and the value that
+was refused (`describe_validation_error`).
+
+| key                         | model    |
+|-----------------------------|----------|
+| `apps/{app}`                | App      |
+| `versions/{app}/{version}`  | Version  |
+| `pools/{pool}`              | Pool     |
+| `sandboxes/{id}`            | Sandbox  |
+| `nodes/{node}`              | Node     |
+| `routes/{host}`             | Route    |
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Literal, Self
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+"""App, version, pool and node names: DNS labels, so `<app>.<domain>` is always a host."""
+
+Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
+HOST_PATTERN = r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+Host = Annotated[str, StringConstraints(pattern=HOST_PATTERN, max_length=253)]
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+RESERVED_ENV = frozenset({"PORT"})
+
+
+class Model(BaseModel):
+    """Base for stored values: unknown fields are refused, values are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class HealthCheck(Model):
+    """How a sandbox is judged ready: an HTTP GET of `path`, or a TCP connect when absent."""
+
+    path: Annotated[str, StringConstraints(pattern=r"^/[^\s]*$", max_length=1024)] | None = None
+    timeout: float = Field(default=30.0, gt=0, le=3600, description="seconds to become ready")
+
+
+class Concurrency(Model):
+    """How a pool is sized.
+
+    `auto`: `requests_per_instance` is a scaling target (not an admission cap); the pool
+    grows with demand and shrinks when idle. `fixed`: the pool keeps exactly
+    `min_instances` (= `max_instances`) sandboxes.
+    """
+
+    mode: Literal["auto", "fixed"] = "auto"
+    requests_per_instance: int = Field(default=10, ge=1, le=10_000)
+    scale_down_delay: float = Field(default=300.0, ge=0, le=86_400, description="seconds")
+    min_instances: int = Field(default=0, ge=0, le=1000)
+    max_instances: int = Field(default=20, ge=1, le=1000)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Self:
+        if self.min_instances > self.max_instances:
+            raise ValueError(
+                f"min_instances ({self.min_instances}) must not exceed "
+                f"max_instances ({self.max_instances})"
+            )
+        if self.mode == "fixed" and self.min_instances != self.max_instances:
+            raise ValueError(
+                "fixed mode keeps exactly one size: min_instances "
+                f"({self.min_instances}) must equal max_instances ({self.max_instances})"
+            )
+        if self.mode == "fixed" and self.min_instances == 0:
+            raise ValueError("fixed mode needs min_instances >= 1")
+        return self
+
+
+class AppSpec(Model):
+    """What a user deploys: how to run the app and how to size it."""
+
+    command: list[Annotated[str, StringConstraints(min_length=1, max_length=4096)]] = Field(
+        min_length=1, max_length=256
+    )
+    env: dict[str, Annotated[str, StringConstraints(max_length=32_768)]] = Field(
+        default_factory=dict, max_length=512
+    )
+    port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65_535,
+        description="fixed port to listen on; by default a free port is passed in PORT",
+    )
+    health: HealthCheck = Field(default_factory=HealthCheck)
+    concurrency: Concurrency = Field(default_factory=Concurrency)
+    shutdown_timeout: float = Field(default=10.0, gt=0, le=3600)
+    activation_timeout: float = Field(default=120.0, gt=0, le=3600)
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        for name in env:
+            if not ENV_NAME.match(name):
+                raise ValueError(f"{name!r} is not a valid environment variable name")
+            if name in RESERVED_ENV:
+                raise ValueError(f"{name!r} is set by wakeful and cannot be overridden")
+        return env
+
+
+class App(Model):
+    name: Name
+    hosts: list[Host] = Field(default_factory=list, max_length=64)
+    active_version: Name | None = None
+    previous_version: Name | None = None
+
+
+class Version(Model):
+    app: Name
+    version: Name
+    spec: AppSpec
+    artifact: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = None
+    created_at: float = 0.0
+
+
+class Pool(Model):
+    """The sized set of sandboxes serving one version. Written only by compare-and-set."""
+
+    name: Name
+    app: Name
+    version: Name
+    spec: AppSpec
+    desired_instances: int = Field(default=0, ge=0, le=1000)
+    retired: bool = False
+    crash_cooldown_until: float = 0.0
+    crash_count: int = Field(default=0, ge=0)
+    last_crash_log: str = ""
+
+    @property
+    def min_instances(self) -> int:
+        return self.spec.concurrency.min_instances
+
+    @property
+    def max_instances(self) -> int:
+        return self.spec.concurrency.max_instances
+
+    @property
+    def requests_per_instance(self) -> int:
+        return self.spec.concurrency.requests_per_instance
+
+
+class SandboxStatus(StrEnum):
+    PENDING = "pending"
+    BOOTING = "booting"
+    RUNNING = "running"
+    DRAINING = "draining"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    DEAD = "dead"
+
+
+class Sandbox(Model):
+    id: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,127}$")]
+    pool: Name
+    app: Name
+    node: Name | None = None
+    status: SandboxStatus = SandboxStatus.PENDING
+    address: str | None = None
+    ready: bool = False
+    last_activity: float = 0.0
+    owner: Name | None = None
+    epoch: int = Field(default=0, ge=0)
+    exit_code: int | None = None
+    last_log: str = ""
+    created_at: float = 0.0
+
+    @property
+    def routable(self) -> bool:
+        """Admission may place a request here: running, ready, addressed, not draining."""
+        return self.status is SandboxStatus.RUNNING and self.ready and bool(self.address)
+
+
+class Node(Model):
+    name: Name
+    address: str
+    capacity: int = Field(default=100, ge=0)
+    cordoned: bool = False
+    evacuating: bool = False
+
+
+class Route(Model):
+    """A host that routes to an app (exact, or `*.domain` wildcard)."""
+
+    host: Host
+    app: Name
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """One line per problem: `field.path: reason (got value)`."""
+    lines = []
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error["loc"]) or "value"
+        got = error.get("input")
+        got_text = "" if isinstance(got, dict | list) else f" (got {got!r})"
+        lines.append(f"{where}: {error['msg']}{got_text}")
+    return "; ".join(lines)
