@@ -202,6 +202,21 @@ class StoreBase(ABC):
     @abstractmethod
     def _watch(self, prefix: str, from_revision: int | None) -> AsyncIterator[WatchItem]: ...
 
+    @abstractmethod
+    async def grant(self, ttl: int) -> int: ...
+
+    @abstractmethod
+    async def keep_alive(self, lease: int) -> None: ...
+
+    @abstractmethod
+    async def revoke(self, lease: int) -> None: ...
+
+    @abstractmethod
+    async def compact(self, revision: int) -> None: ...
+
+    @abstractmethod
+    async def aclose(self) -> None: ...
+
     async def get(self, key: str, model: type[M]) -> Item[M] | None:
         found = await self._get(check_key(key))
         if found is None:

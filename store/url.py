@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 import anyio
 
-from .base import StoreBase
+from .base import Store
 from .local import LocalStore
 from .memory import MemoryEngine
 from .sqlite import SqliteEngine
@@ -53,7 +53,7 @@ def _read(path: Path | None) -> bytes | None:
 @contextlib.asynccontextmanager
 async def open_store(
     url: str, *, namespace: str = "/wakeful/", tls: TLSFiles | None = None
-) -> AsyncIterator[StoreBase]:
+) -> AsyncIterator[Store]:
     """Open the store at `url` and run its housekeeping for as long as the block runs."""
     scheme, location = parse_store_url(url)
     if scheme == "etcd":

@@ -6,15 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from store import open_store
-from store.base import StoreBase
+from store import Store, open_store
 from store.testing import EtcdServer
 
 BACKENDS = ["memory", "sqlite", "etcd"]
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def anyio_backend() -> str:
+    """One event loop for the whole session: grpc.aio binds its poller to the first loop it
+    sees and fails on a later one (the etcd client is grpc-based)."""
     return "asyncio"
 
 
@@ -43,7 +44,7 @@ def namespace(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-async def store(store_url: str, namespace: str) -> AsyncIterator[StoreBase]:
+async def store(store_url: str, namespace: str) -> AsyncIterator[Store]:
     async with open_store(store_url, namespace=namespace) as opened:
         yield opened
 

@@ -19,10 +19,11 @@ from store import (
     Put,
     Require,
     Resync,
+    Store,
     ValueTooLarge,
     WatchItem,
 )
-from store.base import MAX_VALUE_BYTES, StoreBase
+from store.base import MAX_VALUE_BYTES
 
 pytestmark = pytest.mark.anyio
 
@@ -47,7 +48,7 @@ async def collect(
     return found
 
 
-async def test_put_get_round_trip_with_revisions(store: StoreBase) -> None:
+async def test_put_get_round_trip_with_revisions(store: Store) -> None:
     assert await store.get("a/x", Counter) is None
     first = await store.put("a/x", Counter(n=1))
     second = await store.put("a/x", Counter(n=2))
@@ -57,7 +58,7 @@ async def test_put_get_round_trip_with_revisions(store: StoreBase) -> None:
     assert (item.key, item.value, item.revision) == ("a/x", Counter(n=2), second)
 
 
-async def test_create_refuses_a_present_key_and_writes_nothing(store: StoreBase) -> None:
+async def test_create_refuses_a_present_key_and_writes_nothing(store: Store) -> None:
     revision = await store.create("a/x", Counter(n=1))
     with pytest.raises(AlreadyExists) as caught:
         await store.create("a/x", Counter(n=2))
@@ -66,7 +67,7 @@ async def test_create_refuses_a_present_key_and_writes_nothing(store: StoreBase)
     assert item is not None and item.value.n == 1 and item.revision == revision
 
 
-async def test_update_with_a_stale_revision_conflicts_and_writes_nothing(store: StoreBase) -> None:
+async def test_update_with_a_stale_revision_conflicts_and_writes_nothing(store: Store) -> None:
     first = await store.create("a/x", Counter(n=1))
     second = await store.update("a/x", Counter(n=2), expect_revision=first)
     with pytest.raises(Conflict) as caught:
@@ -77,14 +78,14 @@ async def test_update_with_a_stale_revision_conflicts_and_writes_nothing(store: 
     assert item is not None and item.value.n == 2 and item.revision == second
 
 
-async def test_update_of_an_absent_key_conflicts_with_revision_zero(store: StoreBase) -> None:
+async def test_update_of_an_absent_key_conflicts_with_revision_zero(store: Store) -> None:
     with pytest.raises(Conflict) as caught:
         await store.update("a/missing", Counter(n=1), expect_revision=5)
     assert caught.value.current_revision == 0
     assert await store.get("a/missing", Counter) is None
 
 
-async def test_delete_conditional_and_unconditional(store: StoreBase) -> None:
+async def test_delete_conditional_and_unconditional(store: Store) -> None:
     revision = await store.put("a/x", Counter(n=1))
     with pytest.raises(Conflict):
         await store.delete("a/x", expect_revision=revision + 100)
@@ -95,7 +96,7 @@ async def test_delete_conditional_and_unconditional(store: StoreBase) -> None:
 
 
 async def test_list_returns_only_the_prefix_sorted_with_the_listing_revision(
-    store: StoreBase,
+    store: Store,
 ) -> None:
     for key in ["pools/b", "pools/a", "poolsx/c", "apps/a"]:
         await store.put(key, Counter(n=len(key)))
@@ -107,7 +108,7 @@ async def test_list_returns_only_the_prefix_sorted_with_the_listing_revision(
     assert (await store.list("nothing/", Counter)).items == []
 
 
-async def test_concurrent_creators_of_one_key_have_exactly_one_winner(store: StoreBase) -> None:
+async def test_concurrent_creators_of_one_key_have_exactly_one_winner(store: Store) -> None:
     winners: list[int] = []
     losers: list[int] = []
 
@@ -127,7 +128,7 @@ async def test_concurrent_creators_of_one_key_have_exactly_one_winner(store: Sto
 
 
 async def test_concurrent_updates_from_one_revision_have_exactly_one_winner(
-    store: StoreBase,
+    store: Store,
 ) -> None:
     base = await store.create("race/key", Counter(n=0))
     winners: list[int] = []
@@ -149,7 +150,7 @@ async def test_concurrent_updates_from_one_revision_have_exactly_one_winner(
     assert all(exc.current_revision == item.revision for exc in conflicts)
 
 
-async def test_txn_is_all_or_nothing(store: StoreBase) -> None:
+async def test_txn_is_all_or_nothing(store: Store) -> None:
     a = await store.put("route/a", Counter(n=1))
     await store.put("route/b", Counter(n=1))
     with pytest.raises(Conflict) as caught:
@@ -172,7 +173,7 @@ async def test_txn_is_all_or_nothing(store: StoreBase) -> None:
     assert await store.get("route/b", Counter) is None
 
 
-async def test_watch_yields_changes_in_order_with_their_revisions(store: StoreBase) -> None:
+async def test_watch_yields_changes_in_order_with_their_revisions(store: Store) -> None:
     listing = await store.list("w/", Counter)
     stream = store.watch("w/", listing.revision + 1)
     r1 = await store.put("w/a", Counter(n=1))
@@ -189,7 +190,7 @@ async def test_watch_yields_changes_in_order_with_their_revisions(store: StoreBa
     await stream.aclose()  # type: ignore[attr-defined]
 
 
-async def test_watch_from_a_past_revision_replays_the_gap(store: StoreBase) -> None:
+async def test_watch_from_a_past_revision_replays_the_gap(store: Store) -> None:
     start = await store.put("w/a", Counter(n=1))
     await store.put("w/b", Counter(n=2))
     await store.delete("w/a")
@@ -208,7 +209,7 @@ async def test_watch_from_a_past_revision_replays_the_gap(store: StoreBase) -> N
     await stream.aclose()  # type: ignore[attr-defined]
 
 
-async def test_watch_from_a_compacted_revision_yields_resync(store: StoreBase) -> None:
+async def test_watch_from_a_compacted_revision_yields_resync(store: Store) -> None:
     old = await store.put("w/a", Counter(n=1))
     await store.put("w/a", Counter(n=2))
     latest = await store.put("w/a", Counter(n=3))
@@ -220,7 +221,7 @@ async def test_watch_from_a_compacted_revision_yields_resync(store: StoreBase) -
         await stream.__anext__()
 
 
-async def test_ttl_expiry_deletes_the_key_and_emits_a_delete(store: StoreBase) -> None:
+async def test_ttl_expiry_deletes_the_key_and_emits_a_delete(store: Store) -> None:
     lease = await store.grant(2)
     revision = await store.put("nodes/n1", Counter(n=1), lease=lease)
     stream = store.watch("nodes/", revision + 1)
@@ -232,7 +233,7 @@ async def test_ttl_expiry_deletes_the_key_and_emits_a_delete(store: StoreBase) -
     await stream.aclose()  # type: ignore[attr-defined]
 
 
-async def test_keep_alive_holds_a_ttl_key_and_revoke_deletes_it(store: StoreBase) -> None:
+async def test_keep_alive_holds_a_ttl_key_and_revoke_deletes_it(store: Store) -> None:
     lease = await store.grant(2)
     revision = await store.put("nodes/n1", Counter(n=1), lease=lease)
     stream = store.watch("nodes/", revision + 1)
@@ -248,7 +249,7 @@ async def test_keep_alive_holds_a_ttl_key_and_revoke_deletes_it(store: StoreBase
     await stream.aclose()  # type: ignore[attr-defined]
 
 
-async def test_a_put_on_an_unknown_lease_is_refused(store: StoreBase) -> None:
+async def test_a_put_on_an_unknown_lease_is_refused(store: Store) -> None:
     with pytest.raises(LeaseNotFound):
         await store.put("nodes/n1", Counter(n=1), lease=987654321)
     assert await store.get("nodes/n1", Counter) is None
@@ -269,7 +270,7 @@ async def test_a_put_on_an_unknown_lease_is_refused(store: StoreBase) -> None:
         "too-long",
     ],
 )
-async def test_invalid_keys_get_a_typed_error_and_write_nothing(store: StoreBase, key: str) -> None:
+async def test_invalid_keys_get_a_typed_error_and_write_nothing(store: Store, key: str) -> None:
     with pytest.raises(InvalidKey):
         await store.put(key, Counter(n=1))
     with pytest.raises(InvalidKey):
@@ -277,7 +278,7 @@ async def test_invalid_keys_get_a_typed_error_and_write_nothing(store: StoreBase
     assert (await store.list("", Counter)).items == []
 
 
-async def test_oversized_values_get_a_typed_error_and_write_nothing(store: StoreBase) -> None:
+async def test_oversized_values_get_a_typed_error_and_write_nothing(store: Store) -> None:
     with pytest.raises(ValueTooLarge):
         await store.put("big/x", Blob(text="x" * MAX_VALUE_BYTES))
     with pytest.raises(ValueTooLarge):
@@ -287,7 +288,7 @@ async def test_oversized_values_get_a_typed_error_and_write_nothing(store: Store
     assert (await store.list("big/", Blob)).items == []
 
 
-async def test_reading_a_value_as_the_wrong_model_is_a_typed_error(store: StoreBase) -> None:
+async def test_reading_a_value_as_the_wrong_model_is_a_typed_error(store: Store) -> None:
     await store.put("a/x", Blob(text="hello"))
     with pytest.raises(CorruptValue):
         await store.get("a/x", Counter)
