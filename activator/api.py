@@ -1,0 +1,148 @@
+"""The activator's HTTP API: the lease protocol and pool state, behind a bearer token.
+
+Errors are `{"error": ..., "detail": ...}` with a one-line reason; 503s carry Retry-After.
+`/healthz` and `/metrics` need no token (they reveal no app data beyond pool names).
+"""
+
+# No `from __future__ import annotations` here: FastAPI reads the dependency annotations at
+# runtime, and they name a local (the bearer scheme).
+import secrets
+from typing import Annotated
+
+from fastapi import Depends, FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from pydantic import BaseModel, Field
+
+from wakeful.models import NAME_PATTERN
+
+from .core import Activator, Lease
+from .errors import ActivatorError, AppFailedToBoot, LeaseGone, Unavailable, UnknownApp
+
+
+class LeaseRequest(BaseModel):
+    app: str = Field(pattern=NAME_PATTERN, description="the app to route to")
+    version: str | None = Field(default=None, pattern=NAME_PATTERN)
+
+
+class RenewRequest(BaseModel):
+    used: bool = Field(default=False, description="the lease carried traffic since last renew")
+
+
+class LeaseGrant(BaseModel):
+    lease_id: str
+    sandbox_id: str
+    url: str
+    size: int
+    overflow: bool
+    ttl_seconds: float
+
+    @classmethod
+    def of(cls, lease: Lease) -> "LeaseGrant":
+        return cls(
+            lease_id=lease.lease_id,
+            sandbox_id=lease.sandbox_id,
+            url=lease.url,
+            size=lease.size,
+            overflow=lease.overflow,
+            ttl_seconds=lease.ttl,
+        )
+
+
+class PoolReport(BaseModel):
+    pool: str
+    app: str
+    version: str
+    desired_instances: int
+    live: int
+    ready: int
+    leased: int
+    overflow: int
+    waiters: int
+    revision: int
+
+
+def _error(status: int, error: str, detail: str, headers: dict[str, str] | None = None) -> Response:
+    return JSONResponse({"error": error, "detail": detail}, status_code=status, headers=headers)
+
+
+def create_app(activator: Activator, token: str, registry: CollectorRegistry) -> FastAPI:
+    if not token:
+        raise ValueError("the activator API needs a bearer token (WAKEFUL_TOKEN)")
+    bearer = HTTPBearer(auto_error=False)
+
+    async def authorized(
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    ) -> None:
+        if credentials is None or not secrets.compare_digest(
+            credentials.credentials.encode(), token.encode()
+        ):
+            raise _Unauthorized()
+
+    api = FastAPI(title="wakeful activator", version="1")
+    guarded = [Depends(authorized)]
+
+    @api.exception_handler(_Unauthorized)
+    async def _unauthorized(request: Request, exc: _Unauthorized) -> Response:
+        return _error(
+            401, "unauthorized", "a valid bearer token is required", {"WWW-Authenticate": "Bearer"}
+        )
+
+    @api.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+        reasons = []
+        for problem in exc.errors():
+            where = ".".join(str(part) for part in problem["loc"])
+            got = problem.get("input")
+            shown = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
+            reasons.append(f"{where}: {problem['msg']}{shown}")
+        return _error(422, "invalid request", "; ".join(reasons))
+
+    @api.exception_handler(ActivatorError)
+    async def _activator_error(request: Request, exc: ActivatorError) -> Response:
+        if isinstance(exc, UnknownApp):
+            return _error(404, "unknown app", str(exc))
+        if isinstance(exc, LeaseGone):
+            return _error(404, "lease gone", str(exc))
+        if isinstance(exc, AppFailedToBoot):
+            return JSONResponse(
+                {"error": "app failed to boot", "detail": str(exc), "log": exc.log},
+                status_code=503,
+                headers={"Retry-After": str(exc.retry_after)},
+            )
+        if isinstance(exc, Unavailable):
+            return _error(503, "no capacity", str(exc), {"Retry-After": str(exc.retry_after)})
+        return _error(500, "activator error", str(exc))
+
+    @api.post("/v1/leases", dependencies=guarded, response_model=LeaseGrant)
+    async def acquire(body: LeaseRequest) -> LeaseGrant:
+        return LeaseGrant.of(await activator.acquire(body.app, body.version))
+
+    @api.post("/v1/leases/{lease_id}/renew", dependencies=guarded, response_model=LeaseGrant)
+    async def renew(lease_id: str, body: RenewRequest | None = None) -> LeaseGrant:
+        return LeaseGrant.of(activator.renew(lease_id, used=body is not None and body.used))
+
+    @api.delete("/v1/leases/{lease_id}", dependencies=guarded, status_code=204)
+    async def release(lease_id: str) -> Response:
+        activator.release(lease_id)
+        return Response(status_code=204)
+
+    @api.get("/v1/pools", dependencies=guarded, response_model=list[PoolReport])
+    async def pools() -> list[PoolReport]:
+        return [PoolReport.model_validate(s, from_attributes=True) for s in activator.snapshot()]
+
+    @api.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @api.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return api
+
+
+class _Unauthorized(Exception):
+    pass

@@ -1,0 +1,100 @@
+"""What the ingress needs of the activator (`Leases`), in-process or over HTTP.
+
+Both adapters raise the same `activator.errors`, so the ingress cannot tell them apart.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import httpx
+
+from .api import LeaseGrant
+from .core import Activator
+from .errors import (
+    ActivatorError,
+    AppFailedToBoot,
+    LeaseGone,
+    NoCapacity,
+    Unauthorized,
+    UnknownApp,
+)
+
+
+class Leases(Protocol):
+    async def acquire(self, app: str, version: str | None = None) -> LeaseGrant: ...
+
+    async def renew(self, lease_id: str, *, used: bool = False) -> LeaseGrant: ...
+
+    async def release(self, lease_id: str) -> None: ...
+
+
+class InProcessLeases:
+    """The activator in the same process: no serialisation, no network."""
+
+    def __init__(self, activator: Activator) -> None:
+        self._activator = activator
+
+    async def acquire(self, app: str, version: str | None = None) -> LeaseGrant:
+        return LeaseGrant.of(await self._activator.acquire(app, version))
+
+    async def renew(self, lease_id: str, *, used: bool = False) -> LeaseGrant:
+        return LeaseGrant.of(self._activator.renew(lease_id, used=used))
+
+    async def release(self, lease_id: str) -> None:
+        self._activator.release(lease_id)
+
+
+class HttpLeases:
+    """The activator's HTTP API, through one long-lived httpx client."""
+
+    def __init__(self, base_url: str, token: str, *, timeout: float = 130.0) -> None:
+        self._client = httpx.AsyncClient(
+            base_url=base_url,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=httpx.Timeout(timeout, connect=5.0),
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+        )
+
+    async def acquire(self, app: str, version: str | None = None) -> LeaseGrant:
+        body: dict[str, str] = {"app": app}
+        if version is not None:
+            body["version"] = version
+        answer = await self._client.post("/v1/leases", json=body)
+        return LeaseGrant.model_validate(self._checked(answer).json())
+
+    async def renew(self, lease_id: str, *, used: bool = False) -> LeaseGrant:
+        answer = await self._client.post(f"/v1/leases/{lease_id}/renew", json={"used": used})
+        return LeaseGrant.model_validate(self._checked(answer).json())
+
+    async def release(self, lease_id: str) -> None:
+        self._checked(await self._client.delete(f"/v1/leases/{lease_id}"))
+
+    @staticmethod
+    def _checked(answer: httpx.Response) -> httpx.Response:
+        if answer.is_success:
+            return answer
+        try:
+            body = answer.json()
+            error, detail = str(body.get("error", "")), str(body.get("detail", ""))
+        except ValueError:
+            body, error, detail = {}, "", answer.text[:200]
+        retry_after = float(answer.headers.get("Retry-After", "5") or 5)
+        if answer.status_code == 401:
+            raise Unauthorized(detail or "the activator refused the token")
+        if answer.status_code == 404:
+            raise (LeaseGone if error == "lease gone" else UnknownApp)(detail)
+        if answer.status_code == 503:
+            if error == "app failed to boot":
+                raise AppFailedToBoot(detail, retry_after, str(body.get("log", "")))
+            raise NoCapacity(detail, retry_after)
+        raise ActivatorError(f"activator answered {answer.status_code}: {error} {detail}")
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def __aenter__(self) -> HttpLeases:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

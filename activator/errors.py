@@ -1,0 +1,49 @@
+"""What can go wrong when asking for capacity; the HTTP API and its client map these 1:1.
+
+ActivatorError
+├── UnknownApp        no such app or version (404)
+├── LeaseGone         renew of a lease that expired, was released or lost its sandbox (404)
+├── Unavailable       capacity cannot be had now; carries retry_after (503 + Retry-After)
+│   ├── NoCapacity      nothing became routable within the activation timeout
+│   ├── Overloaded      the pool's waiter queue is full
+│   └── AppFailedToBoot the app's sandboxes keep dying at boot; carries their last log
+└── Unauthorized      missing or wrong bearer token (401; HTTP client only)
+"""
+
+from __future__ import annotations
+
+
+class ActivatorError(Exception):
+    """Base of every error the activator raises."""
+
+
+class UnknownApp(ActivatorError):
+    pass
+
+
+class LeaseGone(ActivatorError):
+    pass
+
+
+class Unauthorized(ActivatorError):
+    pass
+
+
+class Unavailable(ActivatorError):
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = max(1, round(retry_after))
+
+
+class NoCapacity(Unavailable):
+    pass
+
+
+class Overloaded(Unavailable):
+    pass
+
+
+class AppFailedToBoot(Unavailable):
+    def __init__(self, message: str, retry_after: float, log: str) -> None:
+        super().__init__(message, retry_after)
+        self.log = log

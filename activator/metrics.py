@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import contextlib
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class ActivatorMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.leases = Gauge(
+            "wakeful_activator_leases",
+            "Leases held, by pool and kind (normal or overflow)",
+            ["pool", "kind"],
+            registry=registry,
+        )
+        self.waiters = Gauge(
+            "wakeful_activator_waiters",
+            "Requests parked because nothing in their pool is routable",
+            ["pool"],
+            registry=registry,
+        )
+        self.overflow = Counter(
+            "wakeful_activator_overflow_admissions_total",
+            "Requests admitted over target on an overflow lease",
+            ["pool"],
+            registry=registry,
+        )
+        self.scale_ups = Counter(
+            "wakeful_activator_scale_ups_total",
+            "Scale-up attempts by result: applied, conflict, capped, backoff, failed",
+            ["pool", "result"],
+            registry=registry,
+        )
+        self.wait = Histogram(
+            "wakeful_activator_lease_wait_seconds",
+            "Time from a lease request to its grant",
+            buckets=(0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+            registry=registry,
+        )
+        self.expired = Counter(
+            "wakeful_activator_expired_leases_total",
+            "Leases that expired unrenewed; their capacity returned",
+            ["pool"],
+            registry=registry,
+        )
+
+    def forget_pool(self, pool: str) -> None:
+        """Stop exporting a pool that no longer exists."""
+        for labels, gauge in [
+            ((pool, "normal"), self.leases),
+            ((pool, "overflow"), self.leases),
+            ((pool,), self.waiters),
+        ]:
+            with contextlib.suppress(KeyError):
+                gauge.remove(*labels)

@@ -1,0 +1,19 @@
+from __future__ import annotations
+
+from pydantic import Field, SecretStr
+
+from wakeful.settings import StoreSettings
+
+
+class ActivatorSettings(StoreSettings):
+    token: SecretStr | None = None
+    """Bearer token the lease API requires. The API refuses to start without one."""
+    listen: str = "127.0.0.1:9090"
+    lease_ttl: float = Field(default=60.0, gt=0, le=3600)
+    """A lease not renewed within this many seconds expires and its capacity returns."""
+    max_waiters: int = Field(default=1000, ge=1, le=1_000_000)
+    """Requests one pool may hold parked; past it, 503 + Retry-After."""
+    scale_up_backoff: float = Field(default=2.0, ge=0)
+    activity_write_interval: float = Field(default=30.0, ge=0)
+    """A sandbox's last_activity is written to the store at most this often."""
+    expiry_interval: float = Field(default=1.0, gt=0)

@@ -1,0 +1,253 @@
+"""The real activator on each store (memory, sqlite, etcd): invariants 1-6 of ARCHITECTURE.md."""
+
+from __future__ import annotations
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from activator.core import Lease
+from activator.errors import AppFailedToBoot, LeaseGone, NoCapacity, Overloaded, UnknownApp
+from store import Event, Store, open_store
+from wakeful.models import Pool, SandboxStatus
+
+from .conftest import POOL_KEY, eventually, make_activator, pool, seed, set_status
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_35_waiters_grow_the_pool_in_one_step_and_are_all_admitted_when_ready(
+    store: Store,
+) -> None:
+    await seed(store, rpi=5, desired=1, sandboxes={"sb-1": SandboxStatus.BOOTING})
+    start = (await pool(store)).revision
+    pool_writes = store.watch("pools/", start + 1)
+    activator = make_activator(store)
+    leases: list[Lease] = []
+
+    async def acquire() -> None:
+        leases.append(await activator.acquire("hello"))
+
+    async with activator.running(), anyio.create_task_group() as requests:
+        for _ in range(35):
+            requests.start_soon(acquire)
+        await eventually(lambda: activator.snapshot()[0].waiters == 35)
+        with anyio.fail_after(10):
+            write = await pool_writes.__anext__()
+        assert isinstance(write, Event)
+        assert write.decode(Pool).desired_instances == 8  # ceil((0 + 35 + 1) / 5), not +3
+        assert leases == []  # nothing routable yet: everyone waits
+
+        await set_status(store, "sb-1", SandboxStatus.RUNNING)
+        await eventually(lambda: len(leases) == 35)
+    assert {lease.sandbox_id for lease in leases} == {"sb-1"}
+    assert sum(not lease.overflow for lease in leases) == 5  # the target's worth
+    assert all(lease.size == 1 for lease in leases if lease.overflow)
+    snapshot = activator.snapshot()[0]
+    assert (snapshot.waiters, snapshot.leased, snapshot.overflow) == (0, 35, 30)
+    assert (await pool(store)).value.desired_instances == 8
+    # exactly one pool write: the demand after admission (35 leased) is already covered
+    current = (await pool(store)).revision
+    assert current == write.revision
+    await pool_writes.aclose()  # type: ignore[attr-defined]
+
+
+async def test_a_waiter_is_never_counted_as_both_a_lease_and_a_waiter(store: Store) -> None:
+    await seed(store, rpi=5, sandboxes={"sb-1": SandboxStatus.BOOTING})
+    activator = make_activator(store)
+    done: list[Lease] = []
+    worst = 0
+
+    async def acquire() -> None:
+        done.append(await activator.acquire("hello"))
+
+    async def sample() -> None:
+        nonlocal worst
+        while True:
+            snapshot = activator.snapshot()[0]
+            worst = max(worst, snapshot.leased + snapshot.waiters)
+            await anyio.lowlevel.checkpoint()
+
+    async with activator.running(), anyio.create_task_group() as tasks:
+        for _ in range(20):
+            tasks.start_soon(acquire)
+        await eventually(lambda: activator.snapshot()[0].waiters == 20)
+        tasks.start_soon(sample)
+        await set_status(store, "sb-1", SandboxStatus.RUNNING)
+        await eventually(lambda: len(done) == 20)
+        tasks.cancel_scope.cancel()
+    assert worst == 20
+
+
+async def test_a_scale_up_racing_a_concurrent_write_never_undoes_it(store: Store) -> None:
+    await seed(store, rpi=5, desired=1, sandboxes={"sb-1": SandboxStatus.BOOTING})
+    activator = make_activator(store)
+    async with activator.running(watch=False), anyio.create_task_group() as requests:
+        # Another writer (a deploy, an operator) moves the pool to 12 after the activator
+        # listed it; the activator's view still says 1.
+        listed = await pool(store)
+        await store.update(
+            POOL_KEY, listed.value.model_copy(update={"desired_instances": 12}), listed.revision
+        )
+        for _ in range(10):  # demand for ceil((10 + 1) / 5) = 3
+            requests.start_soon(activator.acquire, "hello")
+        await eventually(lambda: activator.snapshot()[0].desired_instances == 12)
+        requests.cancel_scope.cancel()
+    assert (await pool(store)).value.desired_instances == 12
+
+
+async def test_a_scale_up_after_a_conflict_decides_again_from_the_fresh_pool(store: Store) -> None:
+    await seed(store, rpi=5, desired=1, sandboxes={"sb-1": SandboxStatus.BOOTING})
+    activator = make_activator(store)
+    async with activator.running(watch=False), anyio.create_task_group() as requests:
+        listed = await pool(store)
+        await store.update(
+            POOL_KEY,
+            listed.value.model_copy(update={"desired_instances": 2, "crash_count": 1}),
+            listed.revision,
+        )
+        for _ in range(10):
+            requests.start_soon(activator.acquire, "hello")
+        await eventually(lambda: activator.snapshot()[0].desired_instances == 3)
+        requests.cancel_scope.cancel()
+    final = (await pool(store)).value
+    assert final.desired_instances == 3
+    assert final.crash_count == 1  # the concurrent writer's change survives
+
+
+async def test_a_missed_scale_down_heals_through_the_reread(store: Store) -> None:
+    await seed(store, rpi=5, desired=5)
+    activator = make_activator(store)
+    async with activator.running(watch=False), anyio.create_task_group() as requests:
+        # The idle monitor scaled the pool to zero and the activator missed it: its cache
+        # claims 5 sandboxes while none is live.
+        listed = await pool(store)
+        await store.update(
+            POOL_KEY, listed.value.model_copy(update={"desired_instances": 0}), listed.revision
+        )
+        requests.start_soon(activator.acquire, "hello")
+        with anyio.fail_after(10):
+            async for change in store.watch("pools/", listed.revision + 2):
+                assert isinstance(change, Event)
+                break
+        requests.cancel_scope.cancel()
+    assert (await pool(store)).value.desired_instances == 1
+
+
+async def test_a_resync_refreshes_a_stale_view_and_wakes_parked_waiters(store: Store) -> None:
+    await seed(store, rpi=5, desired=1, sandboxes={"sb-1": SandboxStatus.BOOTING})
+    activator = make_activator(store)
+    leases: list[Lease] = []
+
+    async def acquire() -> None:
+        leases.append(await activator.acquire("hello"))
+
+    async with activator.running(watch=False), anyio.create_task_group() as requests:
+        requests.start_soon(acquire)
+        await eventually(lambda: activator.snapshot()[0].waiters == 1)
+        await set_status(store, "sb-1", SandboxStatus.RUNNING)
+        listed = await pool(store)
+        await store.update(
+            POOL_KEY, listed.value.model_copy(update={"desired_instances": 4}), listed.revision
+        )
+        await anyio.sleep(0.05)
+        assert leases == []  # the view is stale: no watch runs
+        await activator.resync()
+        await eventually(lambda: len(leases) == 1)
+    assert leases[0].sandbox_id == "sb-1"
+    assert activator.snapshot()[0].desired_instances == 4
+
+
+async def test_the_watch_loop_relists_after_a_resync_event() -> None:
+    async with open_store("memory://") as store:
+        await seed(store, rpi=5, sandboxes={"sb-1": SandboxStatus.BOOTING})
+        activator = make_activator(store)
+        leases: list[Lease] = []
+
+        async def acquire() -> None:
+            leases.append(await activator.acquire("hello"))
+
+        async with activator.running(), anyio.create_task_group() as requests:
+            requests.start_soon(acquire)
+            await eventually(lambda: activator.snapshot()[0].waiters == 1)
+            # Two writes and a compaction without yielding to the loop: the watcher's next
+            # read is behind the history, so it gets Resync and must re-list.
+            await set_status(store, "sb-1", SandboxStatus.DEAD)
+            latest = await set_status(store, "sb-1", SandboxStatus.RUNNING)
+            await store.compact(latest)
+            await eventually(lambda: len(leases) == 1)
+        assert leases[0].sandbox_id == "sb-1"
+
+
+async def test_released_and_expired_leases_return_their_capacity(store: Store) -> None:
+    await seed(store, rpi=10, sandboxes={"sb-1": SandboxStatus.RUNNING})
+    now = [1000.0]
+    activator = make_activator(store, clock=lambda: now[0], lease_ttl=60)
+    async with activator.running():
+        first = await activator.acquire("hello")
+        second = await activator.acquire("hello")
+        assert (first.size, second.size) == (2, 2)
+        assert activator.leased_on("sb-1") == 4
+        activator.release(first.lease_id)
+        activator.release(first.lease_id)  # idempotent
+        assert activator.leased_on("sb-1") == 2
+
+        now[0] += 45
+        activator.renew(second.lease_id)
+        now[0] += 45  # 90 s after the grant, 45 after the renew
+        assert activator.expire_leases() == 0
+        now[0] += 16
+        assert activator.expire_leases() == 1
+        assert activator.leased_on("sb-1") == 0
+        with pytest.raises(LeaseGone):
+            activator.renew(second.lease_id)
+
+
+async def test_a_dead_sandbox_drops_its_leases(store: Store) -> None:
+    await seed(store, rpi=10, sandboxes={"sb-1": SandboxStatus.RUNNING})
+    activator = make_activator(store)
+    async with activator.running():
+        lease = await activator.acquire("hello")
+        await set_status(store, "sb-1", SandboxStatus.DEAD)
+        await eventually(lambda: activator.leased_on("sb-1") == 0)
+        with pytest.raises(LeaseGone):
+            activator.renew(lease.lease_id)
+
+
+async def test_bounds_unknown_apps_a_full_queue_and_the_activation_timeout(store: Store) -> None:
+    await seed(store, rpi=5, activation_timeout=0.3, sandboxes={"sb-1": SandboxStatus.BOOTING})
+    activator = make_activator(store, max_waiters=3)
+    async with activator.running():
+        with pytest.raises(UnknownApp):
+            await activator.acquire("nope")
+        with pytest.raises(NoCapacity) as timed_out:
+            await activator.acquire("hello")
+        assert timed_out.value.retry_after >= 1
+        async with anyio.create_task_group() as requests:
+            for _ in range(3):
+                requests.start_soon(activator.acquire, "hello")
+            await eventually(lambda: activator.snapshot()[0].waiters == 3)
+            with pytest.raises(Overloaded):
+                await activator.acquire("hello")
+            requests.cancel_scope.cancel()
+        assert activator.snapshot()[0].waiters == 0  # cancelled waiters leave the queue
+
+
+async def test_a_crash_looping_app_fails_fast_with_its_log(store: Store) -> None:
+    await seed(store, rpi=5, sandboxes={"sb-1": SandboxStatus.DEAD})
+    listed = await pool(store)
+    now = 1000.0
+    crashed = listed.value.model_copy(
+        update={
+            "crash_count": 3,
+            "crash_cooldown_until": now + 8,
+            "last_crash_log": "ImportError: no module named flask",
+        }
+    )
+    await store.update(POOL_KEY, crashed, listed.revision)
+    activator = make_activator(store, clock=lambda: now)
+    async with activator.running():
+        with anyio.fail_after(2), pytest.raises(AppFailedToBoot) as failed:
+            await activator.acquire("hello")
+    assert "flask" in failed.value.log
+    assert failed.value.retry_after == 8

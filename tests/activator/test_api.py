@@ -1,0 +1,148 @@
+"""The activator's HTTP API and its client, over real HTTP through uvicorn."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import anyio
+import httpx
+import pytest
+import uvicorn
+from prometheus_client import CollectorRegistry
+
+from activator.api import create_app
+from activator.client import HttpLeases
+from activator.core import Activator
+from activator.errors import LeaseGone, NoCapacity, Unauthorized, UnknownApp
+from activator.settings import ActivatorSettings
+from store import Store, open_store
+from store.testing import free_port
+from wakeful.models import SandboxStatus
+
+from .conftest import seed
+
+pytestmark = pytest.mark.anyio
+TOKEN = "s3cret-token"
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[tuple[str, Store]]:
+    async with open_store("memory://") as store:
+        await seed(store, rpi=10, activation_timeout=0.3, sandboxes={"sb-1": SandboxStatus.RUNNING})
+        settings = ActivatorSettings(store_url="memory://", token=TOKEN)
+        registry = CollectorRegistry()
+        activator = Activator(store, settings, registry)
+        port = free_port()
+        server = uvicorn.Server(
+            uvicorn.Config(
+                create_app(activator, TOKEN, registry),
+                host="127.0.0.1",
+                port=port,
+                log_level="warning",
+                lifespan="off",
+            )
+        )
+        async with activator.running(), anyio.create_task_group() as tasks:
+            tasks.start_soon(server.serve)
+            with anyio.fail_after(10):
+                while not server.started:  # noqa: ASYNC110 - uvicorn exposes a flag, no event
+                    await anyio.sleep(0.01)
+            yield f"http://127.0.0.1:{port}", store
+            server.should_exit = True
+
+
+async def test_leases_round_trip_through_the_http_client(api: tuple[str, Store]) -> None:
+    url, _ = api
+    leases = HttpLeases(url, TOKEN)
+    try:
+        grant = await leases.acquire("hello")
+        assert (grant.sandbox_id, grant.url, grant.size, grant.overflow) == (
+            "sb-1",
+            "http://127.0.0.1:9000",
+            2,
+            False,
+        )
+        async with httpx.AsyncClient(base_url=url) as client:
+            pools = await client.get("/v1/pools", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert pools.status_code == 200
+        (report,) = pools.json()
+        assert (report["pool"], report["leased"], report["ready"], report["waiters"]) == (
+            "hello-v1",
+            2,
+            1,
+            0,
+        )
+        renewed = await leases.renew(grant.lease_id, used=True)
+        assert renewed.lease_id == grant.lease_id
+        await leases.release(grant.lease_id)
+        await leases.release(grant.lease_id)  # idempotent: 204 again
+        with pytest.raises(LeaseGone):
+            await leases.renew(grant.lease_id)
+        with pytest.raises(UnknownApp):
+            await leases.acquire("nope")
+    finally:
+        await leases.aclose()
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic czNjcmV0"}],
+    ids=["missing", "wrong-token", "not-bearer"],
+)
+async def test_the_lease_api_needs_the_bearer_token(
+    api: tuple[str, Store], headers: dict[str, str]
+) -> None:
+    url, _ = api
+    async with httpx.AsyncClient(base_url=url) as client:
+        for answer in [
+            await client.post("/v1/leases", json={"app": "hello"}, headers=headers),
+            await client.get("/v1/pools", headers=headers),
+            await client.delete("/v1/leases/x", headers=headers),
+        ]:
+            assert answer.status_code == 401
+            assert answer.json()["error"] == "unauthorized"
+    async with HttpLeases(url, "wrong") as leases:
+        with pytest.raises(Unauthorized):
+            await leases.acquire("hello")
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({}, "body.app"),
+        ({"app": "Not A Name"}, "body.app"),
+        ({"app": "ok", "version": 3}, "body.version"),
+    ],
+    ids=["missing-app", "bad-app-name", "version-not-a-string"],
+)
+async def test_malformed_requests_get_422_naming_the_field(
+    api: tuple[str, Store], body: dict[str, object], field: str
+) -> None:
+    url, _ = api
+    async with httpx.AsyncClient(base_url=url) as client:
+        answer = await client.post(
+            "/v1/leases", json=body, headers={"Authorization": f"Bearer {TOKEN}"}
+        )
+    assert answer.status_code == 422
+    assert answer.json()["error"] == "invalid request"
+    assert field in answer.json()["detail"]
+
+
+async def test_no_capacity_in_time_is_503_with_retry_after(api: tuple[str, Store]) -> None:
+    url, store = api
+    from .conftest import set_status
+
+    await set_status(store, "sb-1", SandboxStatus.BOOTING)
+    async with httpx.AsyncClient(base_url=url) as client:
+        await anyio.sleep(0.05)
+        answer = await client.post(
+            "/v1/leases", json={"app": "hello"}, headers={"Authorization": f"Bearer {TOKEN}"}
+        )
+        metrics = await client.get("/metrics")
+    assert answer.status_code == 503
+    assert int(answer.headers["Retry-After"]) >= 1
+    assert answer.json()["error"] == "no capacity"
+    assert "wakeful_activator_lease_wait_seconds" in metrics.text
+    async with HttpLeases(url, TOKEN) as leases:
+        with pytest.raises(NoCapacity):
+            await leases.acquire("hello")

@@ -1,0 +1,33 @@
+"""Settings shared by every component: where the store is. Each component subclasses this
+with its own fields; all read `WAKEFUL_*` environment variables and are built once, at the
+entry point, then passed down. Nothing else reads the environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from store import TLSFiles, parse_store_url
+
+
+class StoreSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="WAKEFUL_", extra="ignore")
+
+    store_url: str = "sqlite:///.wakeful/store.db"
+    """`memory://`, `sqlite:///path`, or `etcd://host:port[,host:port]`."""
+    store_namespace: str = "/wakeful/"
+    etcd_ca: Path | None = None
+    etcd_cert: Path | None = None
+    etcd_key: Path | None = None
+
+    @field_validator("store_url")
+    @classmethod
+    def _known_scheme(cls, url: str) -> str:
+        parse_store_url(url)
+        return url
+
+    @property
+    def tls(self) -> TLSFiles:
+        return TLSFiles(ca=self.etcd_ca, cert=self.etcd_cert, key=self.etcd_key)
