@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import anyio
 import anyio.abc
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Gauge
 
 from store import Conflict, CorruptValue, Event, Item, Resync, Store, StoreError
 from wakeful.models import App, Pool, Sandbox, SandboxStatus
@@ -67,6 +67,7 @@ class PoolState:
     waiters: list[Waiter] = field(default_factory=list)
     normal_leases: int = 0
     overflow_leases: int = 0
+    gauges: tuple[Gauge, Gauge, Gauge] | None = None
     scaling: bool = False
     backoff_until: float = 0.0
     last_reread: float = -math.inf
@@ -377,6 +378,11 @@ class Activator:
         now = self._clock()
         if lease is None or lease.expires_at <= now:
             raise LeaseGone(f"lease {lease_id!r} expired, was released, or lost its sandbox")
+        sandbox = self._sandboxes.get(lease.sandbox_id)
+        if sandbox is None or not sandbox.value.routable:
+            # Draining: the lease stays valid for the requests already on it (they finish and
+            # release it), but the holder must not start new ones there, nor keep it cached.
+            raise LeaseGone(f"lease {lease_id!r} is on a sandbox that is leaving admission")
         lease.expires_at = now + lease.ttl
         if used:
             self._activity[lease.sandbox_id] = now
@@ -567,9 +573,16 @@ class Activator:
     # -- reporting --------------------------------------------------------------------------
 
     def _publish(self, state: PoolState) -> None:
-        self._metrics.leases.labels(pool=state.name, kind="normal").set(state.normal_leases)
-        self._metrics.leases.labels(pool=state.name, kind="overflow").set(state.overflow_leases)
-        self._metrics.waiters.labels(pool=state.name).set(len(state.waiters))
+        gauges = state.gauges
+        if gauges is None:
+            gauges = state.gauges = (
+                self._metrics.leases.labels(pool=state.name, kind="normal"),
+                self._metrics.leases.labels(pool=state.name, kind="overflow"),
+                self._metrics.waiters.labels(pool=state.name),
+            )
+        gauges[0].set(state.normal_leases)
+        gauges[1].set(state.overflow_leases)
+        gauges[2].set(len(state.waiters))
 
     def snapshot(self) -> list[PoolSnapshot]:
         found = []
