@@ -7,9 +7,10 @@ Errors are `{"error": ..., "detail": ...}` with a one-line reason; 503s carry Re
 # No `from __future__ import annotations` here: FastAPI reads the dependency annotations at
 # runtime, and they name a local (the bearer scheme).
 import secrets
+from collections.abc import Sequence
 from typing import Annotated
 
-from fastapi import Depends, FastAPI, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -68,7 +69,13 @@ def _error(status: int, error: str, detail: str, headers: dict[str, str] | None 
     return JSONResponse({"error": error, "detail": detail}, status_code=status, headers=headers)
 
 
-def create_app(activator: Activator, token: str, registry: CollectorRegistry) -> FastAPI:
+def create_app(
+    activator: Activator,
+    token: str,
+    registry: CollectorRegistry,
+    routers: Sequence[APIRouter] = (),
+) -> FastAPI:
+    """The control API: leases and pools, plus `routers` (deploys) behind the same token."""
     if not token:
         raise ValueError("the activator API needs a bearer token (WAKEFUL_TOKEN)")
     bearer = HTTPBearer(auto_error=False)
@@ -89,6 +96,12 @@ def create_app(activator: Activator, token: str, registry: CollectorRegistry) ->
         return _error(
             401, "unauthorized", "a valid bearer token is required", {"WWW-Authenticate": "Bearer"}
         )
+
+    @api.exception_handler(HTTPException)
+    async def _http_error(request: Request, exc: HTTPException) -> Response:
+        if isinstance(exc.detail, dict) and "error" in exc.detail:
+            return JSONResponse(exc.detail, status_code=exc.status_code)
+        return _error(exc.status_code, "error", str(exc.detail))
 
     @api.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:
@@ -132,6 +145,9 @@ def create_app(activator: Activator, token: str, registry: CollectorRegistry) ->
     @api.get("/v1/pools", dependencies=guarded, response_model=list[PoolReport])
     async def pools() -> list[PoolReport]:
         return [PoolReport.model_validate(s, from_attributes=True) for s in activator.snapshot()]
+
+    for router in routers:
+        api.include_router(router, dependencies=guarded)
 
     @api.get("/healthz")
     async def healthz() -> dict[str, str]:

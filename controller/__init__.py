@@ -1,0 +1,1 @@
+"""The pool controller: turns each pool's desired_instances into placed sandbox records."""

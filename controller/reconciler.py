@@ -1,0 +1,145 @@
+"""The pool controller's shell: each tick, read pools, sandboxes and nodes, plan, act.
+
+Every write is a compare-and-set on the record it was planned from; a conflict just means
+another writer moved first, and the next tick plans again from fresh state. Lease counts come
+from the activator (`leased_on`), which runs in the same process as the controller.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable
+
+import anyio
+
+from store import Conflict, Item, Store, StoreError
+from wakeful.models import Node, Pool, Sandbox, SandboxStatus
+
+from .plan import Create, Drain, MarkDead, Remove, Stop, cooldown, plan_pool
+
+log = logging.getLogger(__name__)
+
+
+class Reconciler:
+    def __init__(
+        self,
+        store: Store,
+        leased_on: Callable[[str], int],
+        *,
+        interval: float = 0.25,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._leased_on = leased_on
+        self._interval = interval
+        self._clock = clock
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except StoreError as exc:
+                log.warning("pool controller could not reconcile: %s", exc)
+            await anyio.sleep(self._interval)
+
+    async def tick(self) -> None:
+        pools = {p.value.name: p for p in (await self._store.list("pools/", Pool)).items}
+        sandboxes = (await self._store.list("sandboxes/", Sandbox)).items
+        nodes = [n.value for n in (await self._store.list("nodes/", Node)).items]
+        now = self._clock()
+        by_pool: dict[str, list[Item[Sandbox]]] = defaultdict(list)
+        placed: dict[str, int] = defaultdict(int)
+        for item in sandboxes:
+            by_pool[item.value.pool].append(item)
+            if item.value.node and item.value.status not in (
+                SandboxStatus.STOPPED,
+                SandboxStatus.DEAD,
+            ):
+                placed[item.value.node] += 1
+        for name in sorted(set(pools) | set(by_pool)):
+            pool_item = pools.get(name)
+            items = {i.value.id: i for i in by_pool.get(name, [])}
+            if pool_item is not None:
+                pool_item = await self._track_crashes(pool_item, list(items.values()), now)
+            leased = {sandbox_id: self._leased_on(sandbox_id) for sandbox_id in items}
+            actions = plan_pool(
+                pool_item.value if pool_item else None,
+                [i.value for i in items.values()],
+                leased,
+                nodes,
+                placed,
+                now,
+            )
+            for action in actions:
+                await self._act(action, pool_item, items, now)
+
+    async def _track_crashes(
+        self, pool_item: Item[Pool], items: list[Item[Sandbox]], now: float
+    ) -> Item[Pool]:
+        """Count crashes before their records are removed; a routable sandbox ends a streak."""
+        pool = pool_item.value
+        crashes = [
+            i.value for i in items if i.value.status is SandboxStatus.DEAD and not i.value.address
+        ]
+        if crashes:
+            count = pool.crash_count + len(crashes)
+            updated = pool.model_copy(
+                update={
+                    "crash_count": count,
+                    "crash_cooldown_until": now + cooldown(count),
+                    "last_crash_log": crashes[-1].last_log[-4000:],
+                }
+            )
+            log.warning(
+                "app %s failed to boot (%d in a row): %s",
+                pool.app,
+                count,
+                crashes[-1].last_log[-500:],
+                extra={"pool": pool.name},
+            )
+        elif pool.crash_count and any(i.value.routable for i in items):
+            updated = pool.model_copy(update={"crash_count": 0, "crash_cooldown_until": 0.0})
+        else:
+            return pool_item
+        revision = await self._store.update(pool_item.key, updated, pool_item.revision)
+        return Item(pool_item.key, updated, revision)
+
+    async def _act(
+        self,
+        action: Create | Drain | Stop | Remove | MarkDead,
+        pool_item: Item[Pool] | None,
+        items: dict[str, Item[Sandbox]],
+        now: float,
+    ) -> None:
+        try:
+            if isinstance(action, Create):
+                assert pool_item is not None
+                pool = pool_item.value
+                sandbox_id = f"{pool.name}-{uuid.uuid4().hex[:8]}"
+                record = Sandbox(
+                    id=sandbox_id, pool=pool.name, app=pool.app, node=action.node, created_at=now
+                )
+                await self._store.create(f"sandboxes/{sandbox_id}", record)
+                log.info("placed %s on %s", sandbox_id, action.node, extra={"pool": pool.name})
+            elif isinstance(action, Remove):
+                await self._store.delete(
+                    f"sandboxes/{action.sandbox_id}", items[action.sandbox_id].revision
+                )
+            else:
+                item = items[action.sandbox_id]
+                status = {
+                    Drain: SandboxStatus.DRAINING,
+                    Stop: SandboxStatus.STOPPING,
+                    MarkDead: SandboxStatus.DEAD,
+                }[type(action)]
+                update: dict[str, object] = {"status": status, "ready": False}
+                if isinstance(action, MarkDead):
+                    update["last_log"] = action.reason
+                await self._store.update(
+                    item.key, item.value.model_copy(update=update), item.revision
+                )
+        except Conflict:
+            pass  # another writer moved first; the next tick plans from fresh state

@@ -1,0 +1,90 @@
+"""Reading an app directory's `wakeful.toml` into a validated definition.
+
+A bad file is refused with the file, the field and the reason, before anything is written:
+
+    examples/hello/wakeful.toml: concurrency.requests_per_instance: must be >= 1 (got 0)
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from wakeful.models import NAME_PATTERN, AppSpec, Host, describe_validation_error
+
+MANIFEST = "wakeful.toml"
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+class AppDirError(ValueError):
+    pass
+
+
+class AppDefinition(BaseModel):
+    """What a user deploys: the app's name and hosts, and its spec."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=NAME_PATTERN)
+    hosts: list[Host] = Field(default_factory=list, max_length=64)
+    spec: AppSpec
+
+
+@dataclass(frozen=True)
+class AppDir:
+    path: Path
+    definition: AppDefinition
+
+
+def parse_duration(value: object) -> object:
+    """Seconds as a number, or a string like "90s", "5m", "1.5h", "250ms"."""
+    if isinstance(value, str):
+        match = _DURATION.match(value)
+        if match is None:
+            return value  # pydantic names the field and the value
+        return float(match.group(1)) * _UNITS[match.group(2)]
+    return value
+
+
+def definition_from_manifest(raw: dict[str, Any]) -> AppDefinition:
+    """The manifest's flat layout (`command`, `[health]`, ...) into a definition."""
+    raw = dict(raw)
+    name = raw.pop("name", None)
+    hosts = raw.pop("hosts", [])
+    concurrency = raw.get("concurrency")
+    if isinstance(concurrency, dict) and "scale_down_delay" in concurrency:
+        raw["concurrency"] = {
+            **concurrency,
+            "scale_down_delay": parse_duration(concurrency["scale_down_delay"]),
+        }
+    for key in ("shutdown_timeout", "activation_timeout"):
+        if key in raw:
+            raw[key] = parse_duration(raw[key])
+    health = raw.get("health")
+    if isinstance(health, dict) and "timeout" in health:
+        raw["health"] = {**health, "timeout": parse_duration(health["timeout"])}
+    return AppDefinition.model_validate({"name": name, "hosts": hosts, "spec": raw})
+
+
+def load_app_dir(path: Path) -> AppDir:
+    manifest = path / MANIFEST
+    if not path.is_dir():
+        raise AppDirError(f"{path}: not a directory")
+    if not manifest.is_file():
+        raise AppDirError(f"{manifest}: missing (an app directory needs a {MANIFEST})")
+    try:
+        raw = tomllib.loads(manifest.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise AppDirError(f"{manifest}: not valid TOML: {exc}") from exc
+    try:
+        definition = definition_from_manifest(raw)
+    except ValidationError as exc:
+        described = describe_validation_error(exc).replace("spec.", "")
+        raise AppDirError(f"{manifest}: {described}") from exc
+    return AppDir(path, definition)

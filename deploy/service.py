@@ -1,0 +1,261 @@
+"""Deploys: a validated definition and an artifact become a version, a pool, and a route flip.
+
+Rules (seed 000 and invariant 4):
+- An unchanged deploy (same spec, hosts and artifact as the active version) is a no-op.
+- A new version's pool starts at the size of the pool it replaces (never below min_instances,
+  at least 1 when the old one was serving), so a busy app's new version does not start on one
+  sandbox and take the whole load there.
+- The route flips (App.active_version) in one transaction once the new pool has as many ready
+  sandboxes as the old one had running; the old pool is retired in the same transaction and
+  drains to zero. A new version that is not ready within the deploy timeout, or crash-loops,
+  is abandoned: its pool is retired and the old version keeps serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+
+import anyio
+
+from store import Conflict, Item, Put, Require, Store
+from wakeful.models import App, Pool, Sandbox, Version
+
+from .appdir import AppDefinition
+from .artifacts import LocalArtifacts
+
+log = logging.getLogger(__name__)
+
+
+class DeployError(ValueError):
+    pass
+
+
+class Phase(StrEnum):
+    UNCHANGED = "unchanged"
+    ROLLING = "rolling"
+    LIVE = "live"
+    FAILED = "failed"
+
+
+@dataclass
+class Rollout:
+    app: str
+    version: str
+    pool: str
+    phase: Phase
+    message: str
+    target_ready: int
+    ready: int = 0
+
+
+def pool_name(app: str, version: str) -> str:
+    return f"{app}-{version}"
+
+
+def starting_size(old: Pool | None, old_running: int, new_min: int) -> int:
+    """The new pool starts where the old one is, so traffic does not pile onto one sandbox."""
+    if old is None:
+        return new_min
+    size = max(old.desired_instances, old_running, new_min)
+    return max(size, 1) if old_running > 0 else size
+
+
+class Deployer:
+    def __init__(
+        self,
+        store: Store,
+        artifacts: LocalArtifacts,
+        *,
+        timeout: float = 300.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._artifacts = artifacts
+        self._timeout = timeout
+        self._clock = clock
+        self.rollouts: dict[tuple[str, str], Rollout] = {}
+
+    async def prepare(self, definition: AppDefinition, artifact: str | None) -> Rollout:
+        """Validate, then write the new version and its pool (not yet routed)."""
+        if artifact is not None and not self._artifacts.has(artifact):
+            raise DeployError(f"artifact {artifact} was not uploaded")
+        name = definition.name
+        app = await self._store.get(f"apps/{name}", App)
+        versions = (await self._store.list(f"versions/{name}/", Version)).items
+        active = None
+        if app is not None and app.value.active_version is not None:
+            active = next(
+                (v for v in versions if v.value.version == app.value.active_version), None
+            )
+        if (
+            active is not None
+            and app is not None
+            and active.value.spec == definition.spec
+            and active.value.artifact == artifact
+            and app.value.hosts == definition.hosts
+        ):
+            version = active.value.version
+            return Rollout(
+                name,
+                version,
+                pool_name(name, version),
+                Phase.UNCHANGED,
+                f"{name} {version} is already deployed; nothing changed",
+                0,
+            )
+        number = 1 + max(
+            (int(v.value.version[1:]) for v in versions if v.value.version[1:].isdigit()), default=0
+        )
+        version = f"v{number}"
+        old_pool = None
+        old_running = 0
+        if app is not None and app.value.active_version is not None:
+            found = await self._store.get(
+                f"pools/{pool_name(name, app.value.active_version)}", Pool
+            )
+            old_pool = found.value if found else None
+            sandboxes = (await self._store.list("sandboxes/", Sandbox)).items
+            old_running = sum(
+                1
+                for s in sandboxes
+                if old_pool and s.value.pool == old_pool.name and s.value.routable
+            )
+        size = starting_size(old_pool, old_running, definition.spec.concurrency.min_instances)
+        size = min(size, definition.spec.concurrency.max_instances)
+        record = Version(
+            app=name,
+            version=version,
+            spec=definition.spec,
+            artifact=artifact,
+            created_at=self._clock(),
+        )
+        pool = Pool(
+            name=pool_name(name, version),
+            app=name,
+            version=version,
+            spec=definition.spec,
+            desired_instances=size,
+        )
+        await self._store.txn(
+            [Require(f"versions/{name}/{version}", 0), Require(f"pools/{pool.name}", 0)],
+            [Put(f"versions/{name}/{version}", record), Put(f"pools/{pool.name}", pool)],
+        )
+        rollout = Rollout(
+            name,
+            version,
+            pool.name,
+            Phase.ROLLING,
+            f"{name} {version}: starting {size} sandbox(es)",
+            old_running,
+        )
+        self.rollouts[(name, version)] = rollout
+        return rollout
+
+    async def roll_out(self, rollout: Rollout, hosts: list[str]) -> Rollout:
+        """Wait for the new pool to be ready enough, then flip the route; or abandon it."""
+        if rollout.phase is not Phase.ROLLING:
+            return rollout
+        deadline = anyio.current_time() + self._timeout
+        while rollout.target_ready > 0:
+            sandboxes = (await self._store.list("sandboxes/", Sandbox)).items
+            mine = [s.value for s in sandboxes if s.value.pool == rollout.pool]
+            rollout.ready = sum(1 for s in mine if s.routable)
+            pool = await self._store.get(f"pools/{rollout.pool}", Pool)
+            if pool is not None and pool.value.crash_count >= 3:
+                return await self._abandon(
+                    rollout, "crash-looping: " + pool.value.last_crash_log[-2000:]
+                )
+            if rollout.ready >= rollout.target_ready:
+                break
+            if anyio.current_time() > deadline:
+                return await self._abandon(rollout, f"not ready within {self._timeout:g} s")
+            rollout.message = f"{rollout.ready}/{rollout.target_ready} sandboxes ready"
+            await anyio.sleep(0.2)
+        await self._flip(rollout, hosts)
+        rollout.phase = Phase.LIVE
+        rollout.message = f"{rollout.app} {rollout.version} is live"
+        log.info("deployed %s %s", rollout.app, rollout.version, extra={"app": rollout.app})
+        return rollout
+
+    async def _flip(self, rollout: Rollout, hosts: list[str]) -> None:
+        for _ in range(20):
+            app = await self._store.get(f"apps/{rollout.app}", App)
+            previous = app.value.active_version if app else None
+            record = App(
+                name=rollout.app,
+                hosts=hosts,
+                active_version=rollout.version,
+                previous_version=previous if previous != rollout.version else None,
+            )
+            require = [Require(f"apps/{rollout.app}", app.revision if app else 0)]
+            ops: list[Put] = [Put(f"apps/{rollout.app}", record)]
+            if previous is not None and previous != rollout.version:
+                old = await self._store.get(f"pools/{pool_name(rollout.app, previous)}", Pool)
+                if old is not None:
+                    require.append(Require(old.key, old.revision))
+                    ops.append(Put(old.key, old.value.model_copy(update={"retired": True})))
+            try:
+                await self._store.txn(require, ops)
+                return
+            except Conflict:
+                continue
+        raise DeployError(f"could not flip {rollout.app} to {rollout.version}: too many conflicts")
+
+    async def _abandon(self, rollout: Rollout, reason: str) -> Rollout:
+        for _ in range(20):
+            pool = await self._store.get(f"pools/{rollout.pool}", Pool)
+            if pool is None:
+                break
+            try:
+                await self._store.update(
+                    pool.key, pool.value.model_copy(update={"retired": True}), pool.revision
+                )
+                break
+            except Conflict:
+                continue
+        rollout.phase = Phase.FAILED
+        rollout.message = f"{rollout.app} {rollout.version} abandoned: {reason}"
+        log.warning("%s", rollout.message, extra={"app": rollout.app})
+        return rollout
+
+    async def rollback(self, app: str) -> Rollout:
+        found = await self._store.get(f"apps/{app}", App)
+        if found is None:
+            raise DeployError(f"no app named {app!r}")
+        previous = found.value.previous_version
+        if previous is None:
+            raise DeployError(f"app {app!r} has no previous version to roll back to")
+        version = await self._store.get(f"versions/{app}/{previous}", Version)
+        if version is None:
+            raise DeployError(f"version {previous} of {app!r} is gone")
+        old = await self._store.get(f"pools/{pool_name(app, previous)}", Pool)
+        current = await self._store.get(
+            f"pools/{pool_name(app, found.value.active_version or '')}", Pool
+        )
+        size = max(
+            current.value.desired_instances if current else 0,
+            version.value.spec.concurrency.min_instances,
+        )
+        if old is None:
+            raise DeployError(f"the pool of {app} {previous} is gone")
+        await self._store.update(
+            old.key,
+            old.value.model_copy(update={"retired": False, "desired_instances": size}),
+            old.revision,
+        )
+        rollout = Rollout(
+            app,
+            previous,
+            old.key.removeprefix("pools/"),
+            Phase.ROLLING,
+            f"rolling back {app} to {previous}",
+            1 if size else 0,
+        )
+        return await self.roll_out(rollout, found.value.hosts)
+
+
+__all__ = ["Deployer", "Item"]

@@ -1,0 +1,90 @@
+"""Scale-down of idle pools, against the revision it listed (seed 000, invariants 13 and 14).
+
+Each tick lists the pools and sandboxes. In an `auto` pool a running sandbox is idle when it
+has carried no traffic (a lease taken, released, or renewed after use) for the app's
+`scale_down_delay`; the new size is `max(min_instances, desired - idle)`. The write is
+`update(pool, expect_revision=<the listing's revision>)`: a scale-up made between the listing
+and the write makes it conflict, and the monitor does nothing more for that pool this tick.
+It never undoes a scale-up. Which sandboxes stop is the pool controller's choice (idle ones
+without leases first), and a stopping sandbox finishes its requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+import anyio
+
+from store import Conflict, Store, StoreError
+from wakeful.models import Pool, Sandbox, SandboxStatus
+
+log = logging.getLogger(__name__)
+
+
+def idle_target(pool: Pool, sandboxes: Sequence[Sandbox], now: float) -> int | None:
+    """The smaller size an idle pool should have, or None to leave it alone."""
+    concurrency = pool.spec.concurrency
+    if concurrency.mode == "fixed" or pool.retired or pool.desired_instances == 0:
+        return None
+    running = [s for s in sandboxes if s.pool == pool.name and s.status is SandboxStatus.RUNNING]
+    idle = sum(
+        1
+        for s in running
+        if now - max(s.last_activity, s.created_at) >= concurrency.scale_down_delay
+    )
+    booting = any(
+        s.pool == pool.name and s.status in (SandboxStatus.PENDING, SandboxStatus.BOOTING)
+        for s in sandboxes
+    )
+    if idle == 0 or booting:
+        return None
+    target = max(concurrency.min_instances, pool.desired_instances - idle)
+    return target if target < pool.desired_instances else None
+
+
+class IdleMonitor:
+    def __init__(
+        self, store: Store, *, interval: float = 30.0, clock: Callable[[], float] = time.time
+    ) -> None:
+        self._store = store
+        self._interval = interval
+        self._clock = clock
+
+    async def run(self) -> None:
+        while True:
+            await anyio.sleep(self._interval)
+            try:
+                await self.tick()
+            except StoreError as exc:
+                log.warning("idle monitor could not list pools: %s", exc)
+
+    async def tick(self) -> list[str]:
+        """One pass; returns the pools it scaled down."""
+        pools = await self._store.list("pools/", Pool)
+        sandboxes = [s.value for s in (await self._store.list("sandboxes/", Sandbox)).items]
+        now = self._clock()
+        scaled = []
+        for item in pools.items:
+            target = idle_target(item.value, sandboxes, now)
+            if target is None:
+                continue
+            smaller = item.value.model_copy(update={"desired_instances": target})
+            try:
+                await self._store.update(item.key, smaller, expect_revision=item.revision)
+            except Conflict:
+                log.info(
+                    "pool changed since listed; looking again next tick",
+                    extra={"pool": item.value.name},
+                )
+                continue
+            log.info(
+                "scaled idle pool %s from %d to %d",
+                item.value.name,
+                item.value.desired_instances,
+                target,
+                extra={"pool": item.value.name},
+            )
+            scaled.append(item.value.name)
+        return scaled

@@ -1,0 +1,290 @@
+"""The node agent: registers this machine, runs the sandboxes placed on it, reports status.
+
+Theory of operation:
+- `nodes/{name}` is bound to a TTL lease the agent keeps alive; if the agent dies the record
+  expires and the pool controller treats its sandboxes as dead.
+- A watch on `sandboxes/` is the agent's only input: a `pending` sandbox placed here is
+  started; one the controller moved to `stopping` (or deleted) is stopped.
+- Every status write goes through the lifecycle table (`node.lifecycle`) and is a
+  compare-and-set on the sandbox record, retried on conflict against the fresh record, so the
+  activator's activity writes and the controller's drains are never overwritten.
+- Each sandbox runs in its own task: start, probe until ready (first probe at once, backing
+  off to ~100 ms), then wait for exit or a stop request. The exit is noticed immediately and
+  recorded with its code and last log lines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+import anyio.abc
+
+from deploy.artifacts import ArtifactError
+from store import Conflict, Event, Item, LeaseNotFound, Resync, Store, StoreError
+from store.testing import free_port
+from wakeful.models import Node, Pool, Sandbox, SandboxStatus, Version
+
+from .lifecycle import IllegalTransition, Transition, can, transition
+from .probe import wait_ready
+from .runtime import ProcessRuntime, Runtime, SandboxProcess
+from .settings import NodeSettings
+from .workdir import Artifacts, prepare_workdir
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Running:
+    sandbox_id: str
+    stop_requested: anyio.Event = field(default_factory=anyio.Event)
+    process: SandboxProcess | None = None
+
+
+class NodeAgent:
+    def __init__(
+        self,
+        store: Store,
+        settings: NodeSettings,
+        artifacts: Artifacts,
+        runtime: Runtime | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._settings = settings
+        self._artifacts = artifacts
+        self._runtime = runtime or ProcessRuntime()
+        self._clock = clock
+        self._running: dict[str, Running] = {}
+        self._tasks: anyio.abc.TaskGroup | None = None
+        self._registered = anyio.Event()
+
+    @property
+    def name(self) -> str:
+        return self._settings.node_name
+
+    async def run(self) -> None:
+        """Register, adopt nothing from a previous life, then serve until cancelled.
+
+        On cancellation every sandbox this agent started is stopped (SIGTERM, then SIGKILL).
+        """
+        try:
+            async with anyio.create_task_group() as tasks:
+                self._tasks = tasks
+                tasks.start_soon(self._register_loop)
+                await self._registered.wait()
+                await self._bury_orphans()
+                tasks.start_soon(self._watch_loop)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._stop_all()
+
+    async def wait_registered(self) -> None:
+        await self._registered.wait()
+
+    # -- registration -----------------------------------------------------------------------
+
+    async def _register_loop(self) -> None:
+        record = Node(
+            name=self.name, address=self._settings.node_address, capacity=self._settings.capacity
+        )
+        ttl = self._settings.node_ttl
+        while True:
+            try:
+                lease = await self._store.grant(ttl)
+                await self._store.put(f"nodes/{self.name}", record, lease=lease)
+                self._registered.set()
+                while True:
+                    await anyio.sleep(max(0.5, ttl / 3))
+                    await self._store.keep_alive(lease)
+            except LeaseNotFound:
+                log.warning("node lease expired; registering again", extra={"node": self.name})
+            except StoreError as exc:
+                log.warning("node registration failed: %s", exc, extra={"node": self.name})
+                await anyio.sleep(1)
+
+    async def _bury_orphans(self) -> None:
+        """Sandboxes recorded on this node from a previous run have no process any more."""
+        listing = await self._store.list("sandboxes/", Sandbox)
+        for item in listing.items:
+            sandbox = item.value
+            mine = sandbox.node == self.name and sandbox.id not in self._running
+            if mine and can(sandbox.status, Transition.FAIL):
+                await self._change(sandbox.id, Transition.FAIL, last_log="the node agent restarted")
+
+    # -- watching ---------------------------------------------------------------------------
+
+    async def _watch_loop(self) -> None:
+        while True:
+            try:
+                listing = await self._store.list("sandboxes/", Sandbox)
+                for item in listing.items:
+                    self._consider(item.value)
+                async for change in self._store.watch("sandboxes/", listing.revision + 1):
+                    if isinstance(change, Resync):
+                        break
+                    self._on_event(change)
+            except StoreError as exc:
+                log.warning("sandbox watch failed: %s", exc)
+                await anyio.sleep(1)
+
+    def _on_event(self, event: Event) -> None:
+        sandbox_id = event.key.removeprefix("sandboxes/")
+        if event.kind == "delete":
+            running = self._running.get(sandbox_id)
+            if running is not None:
+                running.stop_requested.set()
+            return
+        self._consider(event.decode(Sandbox))
+
+    def _consider(self, sandbox: Sandbox) -> None:
+        if sandbox.node != self.name:
+            return
+        running = self._running.get(sandbox.id)
+        if sandbox.status is SandboxStatus.PENDING and running is None:
+            assert self._tasks is not None
+            running = self._running[sandbox.id] = Running(sandbox.id)
+            self._tasks.start_soon(self._serve, running)
+        elif sandbox.status is SandboxStatus.STOPPING and running is not None:
+            running.stop_requested.set()
+
+    # -- one sandbox ------------------------------------------------------------------------
+
+    async def _serve(self, running: Running) -> None:
+        sandbox_id = running.sandbox_id
+        try:
+            await self._serve_inner(running)
+        except StoreError as exc:
+            log.error("lost track of sandbox: %s", exc, extra={"sandbox": sandbox_id})
+        except Exception:
+            # One sandbox's failure must not take the agent and every other sandbox down.
+            log.exception("sandbox failed", extra={"sandbox": sandbox_id})
+            with anyio.CancelScope(shield=True), contextlib.suppress(StoreError):
+                await self._change(sandbox_id, Transition.FAIL, last_log="node agent error")
+        finally:
+            self._running.pop(sandbox_id, None)
+            if running.process is not None:
+                with anyio.CancelScope(shield=True):
+                    await running.process.stop(self._settings.stop_grace)
+
+    async def _serve_inner(self, running: Running) -> None:
+        sandbox_id = running.sandbox_id
+        item = await self._store.get(f"sandboxes/{sandbox_id}", Sandbox)
+        if item is None or item.value.status is not SandboxStatus.PENDING:
+            return
+        pool = await self._store.get(f"pools/{item.value.pool}", Pool)
+        if pool is None:
+            await self._change(sandbox_id, Transition.FAIL, last_log="its pool no longer exists")
+            return
+        spec = pool.value.spec
+        version = await self._store.get(f"versions/{pool.value.app}/{pool.value.version}", Version)
+        base = self._settings.data_dir / "sandboxes" / sandbox_id
+        try:
+            workdir = await prepare_workdir(
+                base / "app", self._artifacts, version.value.artifact if version else None
+            )
+        except (OSError, ArtifactError) as exc:
+            await self._change(sandbox_id, Transition.FAIL, last_log=f"could not unpack: {exc}")
+            return
+        port = spec.port or free_port()
+        env = {**_base_env(), **spec.env, "PORT": str(port)}
+        if not await self._change(sandbox_id, Transition.START):
+            return
+        try:
+            process = await self._runtime.start(spec.command, env, workdir, base / "output.log")
+        except OSError as exc:
+            await self._change(sandbox_id, Transition.FAIL, last_log=f"could not start: {exc}")
+            return
+        running.process = process
+        address = f"{self._settings.node_address}:{port}"
+        exit_code: int | None = None
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(process.pump)
+
+            async def watch_exit() -> None:
+                nonlocal exit_code
+                exit_code = await process.wait()
+                tasks.cancel_scope.cancel()
+
+            tasks.start_soon(watch_exit)
+            ready = await wait_ready(
+                "127.0.0.1", port, spec.health.path, spec.health.timeout, process.wait
+            )
+            if not ready or not await self._change(
+                sandbox_id, Transition.READY, address=address, ready=True
+            ):
+                running.stop_requested.set()
+            await running.stop_requested.wait()
+            exit_code = await process.stop(spec.shutdown_timeout)
+            tasks.cancel_scope.cancel()
+        running.process = None
+        tail = process.tail()
+        current = await self._store.get(f"sandboxes/{sandbox_id}", Sandbox)
+        if current is None:
+            return
+        if current.value.status is SandboxStatus.STOPPING:
+            await self._change(sandbox_id, Transition.STOPPED, exit_code=exit_code, last_log=tail)
+        else:
+            reason = tail if ready else (tail or f"not ready within {spec.health.timeout:g} s")
+            log.warning(
+                "sandbox exited with %s", exit_code, extra={"sandbox": sandbox_id, "log": tail}
+            )
+            await self._change(sandbox_id, Transition.FAIL, exit_code=exit_code, last_log=reason)
+
+    async def _change(self, sandbox_id: str, event: Transition, **fields: object) -> bool:
+        """Apply a lifecycle event by compare-and-set; False when it no longer applies."""
+        key = f"sandboxes/{sandbox_id}"
+        for _ in range(20):
+            item = await self._store.get(key, Sandbox)
+            if item is None:
+                return False
+            try:
+                status = transition(item.value.status, event)
+            except IllegalTransition as exc:
+                log.info("skipping %s: %s", event.value, exc, extra={"sandbox": sandbox_id})
+                return False
+            updated = item.value.model_copy(update={"status": status, **fields})
+            if status is not SandboxStatus.RUNNING:
+                updated = updated.model_copy(update={"ready": False})
+            try:
+                await self._store.update(key, updated, expect_revision=item.revision)
+                return True
+            except Conflict:
+                continue
+        return False
+
+    async def _stop_all(self) -> None:
+        for running in list(self._running.values()):
+            running.stop_requested.set()
+        with anyio.move_on_after(self._settings.stop_grace + 5):
+            async with anyio.create_task_group() as tasks:
+                for running in list(self._running.values()):
+                    if running.process is not None:
+                        tasks.start_soon(running.process.stop, self._settings.stop_grace)
+
+    def running_ids(self) -> list[str]:
+        return sorted(self._running)
+
+
+def _base_env() -> dict[str, str]:
+    """What a sandbox inherits: a PATH to find its interpreter, a locale, a home. No secrets."""
+    keep = ("PATH", "LANG", "LC_ALL", "HOME", "TZ", "PYTHONPATH", "VIRTUAL_ENV")
+    return {name: os.environ[name] for name in keep if name in os.environ}
+
+
+def sandbox_dir(data_dir: Path, sandbox_id: str) -> Path:
+    return data_dir / "sandboxes" / sandbox_id
+
+
+def remove_sandbox_dir(data_dir: Path, sandbox_id: str) -> None:
+    shutil.rmtree(sandbox_dir(data_dir, sandbox_id), ignore_errors=True)
+
+
+__all__ = ["Item", "NodeAgent"]

@@ -1,0 +1,125 @@
+"""Running a sandbox as a local process: its own process group, a bounded log, prompt exit.
+
+`Runtime` is the narrow interface the node agent needs; `ProcessRuntime` is the real one.
+A sandbox's stdout and stderr go through a pipe into a log file that never grows past
+`max_log_bytes` (it is rotated once to `<name>.1`), and the last lines stay in memory so a
+crash can be reported with them. Exit is noticed the moment the process ends (we await it),
+not by polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import sys
+from collections import deque
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Protocol
+
+MAX_LOG_BYTES = 1024 * 1024
+TAIL_LINES = 20
+
+
+class SandboxProcess(Protocol):
+    @property
+    def pid(self) -> int: ...
+
+    async def pump(self) -> None: ...
+
+    async def wait(self) -> int: ...
+
+    async def stop(self, grace: float) -> int: ...
+
+    def tail(self) -> str: ...
+
+
+class Runtime(Protocol):
+    async def start(
+        self, command: Sequence[str], env: Mapping[str, str], workdir: Path, log_path: Path
+    ) -> SandboxProcess: ...
+
+
+def _guarded(command: Sequence[str]) -> list[str]:
+    """Wrap the command so the sandbox gets SIGKILL if the node agent dies (Linux's parent-death
+    signal, set by util-linux's `setpriv`, survives exec). Without it, shutdown still stops
+    every sandbox; only a crashed agent could leave one behind."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None or not sys.platform.startswith("linux"):
+        return list(command)
+    return [setpriv, "--pdeathsig", "KILL", "--", *command]
+
+
+class LocalProcess:
+    def __init__(self, process: asyncio.subprocess.Process, log_path: Path, max_log_bytes: int):
+        self._process = process
+        self._log_path = log_path
+        self._max = max_log_bytes
+        self._tail: deque[str] = deque(maxlen=TAIL_LINES)
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    async def pump(self) -> None:
+        """Copy output into the bounded log file until the process closes its output."""
+        stream = self._process.stdout
+        assert stream is not None
+        log = self._log_path.open("ab")
+        try:
+            written = log.tell()
+            while line := await stream.readline():
+                self._tail.append(line.decode(errors="replace").rstrip("\n"))
+                if written + len(line) > self._max:
+                    log.close()
+                    self._log_path.replace(self._log_path.with_name(self._log_path.name + ".1"))
+                    log = self._log_path.open("ab")
+                    written = 0
+                log.write(line)
+                log.flush()
+                written += len(line)
+        finally:
+            log.close()
+
+    async def wait(self) -> int:
+        return await self._process.wait()
+
+    async def stop(self, grace: float) -> int:
+        """SIGTERM to the process group, SIGKILL after `grace` seconds."""
+        self._signal_group(signal.SIGTERM)
+        try:
+            async with asyncio.timeout(grace):
+                return await self._process.wait()
+        except TimeoutError:
+            self._signal_group(signal.SIGKILL)
+            return await self._process.wait()
+
+    def _signal_group(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._process.pid, signum)
+
+    def tail(self) -> str:
+        return "\n".join(self._tail)
+
+
+class ProcessRuntime:
+    def __init__(self, max_log_bytes: int = MAX_LOG_BYTES) -> None:
+        self._max_log_bytes = max_log_bytes
+
+    async def start(
+        self, command: Sequence[str], env: Mapping[str, str], workdir: Path, log_path: Path
+    ) -> LocalProcess:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        process = await asyncio.create_subprocess_exec(
+            *_guarded(command),
+            cwd=workdir,
+            env=dict(env),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
+        return LocalProcess(process, log_path, self._max_log_bytes)

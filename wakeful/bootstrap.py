@@ -1,0 +1,247 @@
+"""The one place where wakeful's pieces are wired together, for `wakeful up` and friends.
+
+`run_control_plane` runs the activator, its API (leases + deploys), the pool controller and
+the idle monitor; `run_up` adds a node agent and the ingress in the same process, on the
+embedded store. Shutdown follows one order: stop taking traffic, let in-flight requests
+finish, stop the sandboxes, close the store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+from collections.abc import AsyncIterator, Callable, Generator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+import uvicorn
+from prometheus_client import CollectorRegistry
+
+from activator.api import create_app
+from activator.core import Activator
+from activator.settings import ActivatorSettings
+from controller.reconciler import Reconciler
+from deploy.api import deploy_router
+from deploy.appdir import AppDir
+from deploy.artifacts import LocalArtifacts, pack
+from deploy.service import Deployer, Phase
+from idle_monitor.monitor import IdleMonitor
+from node.agent import NodeAgent
+from node.settings import NodeSettings
+from store import Store, open_store
+
+log = logging.getLogger(__name__)
+CONTROL_FILE = "control.json"
+
+
+class EmbeddedServer(uvicorn.Server):
+    """uvicorn without its own signal handlers: the process's lifecycle decides shutdown."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+def split_address(address: str, what: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not host or not 0 < int(port) < 65536:
+        raise ValueError(f"{what}: expected host:port, got {address!r}")
+    return host, int(port)
+
+
+class AddressInUse(OSError):
+    pass
+
+
+def bind(address: str, what: str) -> socket.socket:
+    """Bind before serving, so a taken port is a clear error naming the flag."""
+    host, port = split_address(address, what)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise AddressInUse(f"{what} {address}: {exc.strerror}") from exc
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+async def serve_asgi(app: Any, address: str, what: str, started: anyio.Event | None = None) -> None:
+    """Serve until cancelled; then stop accepting and let open requests finish (10 s)."""
+    sock = bind(address, what)
+    server = EmbeddedServer(
+        uvicorn.Config(
+            app,
+            log_level="warning",
+            lifespan="off",
+            access_log=False,
+            timeout_graceful_shutdown=10,
+        )
+    )
+    done = anyio.Event()
+
+    async def run() -> None:
+        with anyio.CancelScope(shield=True):
+            try:
+                await server.serve(sockets=[sock])
+            finally:
+                done.set()
+
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(run)
+            try:
+                while not server.started and not done.is_set():  # noqa: ASYNC110 - a flag, no event
+                    await anyio.sleep(0.01)
+                if started is not None:
+                    started.set()
+                await anyio.sleep_forever()
+            finally:
+                # Inside the task group: `run` is shielded and ends only once told to exit.
+                # uvicorn then stops accepting and gives open requests
+                # timeout_graceful_shutdown seconds to finish.
+                server.should_exit = True
+    finally:
+        sock.close()
+
+
+def load_or_create_token(data_dir: Path) -> str:
+    path = data_dir / "token"
+    if path.exists():
+        return path.read_text().strip()
+    token = secrets.token_urlsafe(32)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(token + "\n")
+    return token
+
+
+def write_control_file(data_dir: Path, api_url: str, token: str, ingress_url: str | None) -> None:
+    path = data_dir / CONTROL_FILE
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(
+            {"api": api_url, "token": token, "ingress": ingress_url, "pid": os.getpid()}, handle
+        )
+
+
+@dataclass
+class ControlPlane:
+    store: Store
+    activator: Activator
+    deployer: Deployer
+    artifacts: LocalArtifacts
+    registry: CollectorRegistry
+    tasks: anyio.abc.TaskGroup
+
+
+@contextlib.asynccontextmanager
+async def control_plane(
+    store: Store,
+    settings: ActivatorSettings,
+    data_dir: Path,
+    *,
+    idle_interval: float,
+    reconcile_interval: float = 0.25,
+) -> AsyncIterator[ControlPlane]:
+    registry = CollectorRegistry()
+    activator = Activator(store, settings, registry)
+    artifacts = LocalArtifacts(data_dir / "artifacts")
+    deployer = Deployer(store, artifacts)
+    token = settings.token.get_secret_value() if settings.token else ""
+    async with activator.running(), anyio.create_task_group() as tasks:
+        api = create_app(
+            activator, token, registry, [deploy_router(store, deployer, artifacts, tasks, data_dir)]
+        )
+        api_started = anyio.Event()
+        tasks.start_soon(serve_asgi, api, settings.listen, "--api", api_started)
+        tasks.start_soon(Reconciler(store, activator.leased_on, interval=reconcile_interval).run)
+        tasks.start_soon(IdleMonitor(store, interval=idle_interval).run)
+        with anyio.fail_after(30):
+            await api_started.wait()
+        try:
+            yield ControlPlane(store, activator, deployer, artifacts, registry, tasks)
+        finally:
+            tasks.cancel_scope.cancel()
+
+
+async def deploy_local(plane: ControlPlane, app_dir: AppDir) -> str:
+    """Deploy an app directory straight into the control plane (no HTTP round trip)."""
+    data = await anyio.to_thread.run_sync(pack, app_dir.path)
+    digest = await plane.artifacts.put(data)
+    rollout = await plane.deployer.prepare(app_dir.definition, digest)
+    if rollout.phase is Phase.ROLLING:
+        plane.tasks.start_soon(plane.deployer.roll_out, rollout, list(app_dir.definition.hosts))
+    return rollout.message
+
+
+async def wait_for_signal(extra: Sequence[signal.Signals] = ()) -> int:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, *extra) as signals:
+        async for signum in signals:
+            return signum
+    return 0
+
+
+async def run_up(
+    *,
+    data_dir: Path,
+    api: str,
+    listen: str,
+    admin: str,
+    app_dirs: Sequence[AppDir],
+    idle_interval: float,
+    announce: Callable[[str], None],
+    serve_ingress: Callable[..., Any] | None = None,
+) -> None:
+    token = load_or_create_token(data_dir)
+    store_url = f"sqlite:///{data_dir / 'store.db'}"
+    settings = ActivatorSettings(
+        store_url=store_url, token=token, listen=api, activity_write_interval=5.0
+    )
+    node_settings = NodeSettings(store_url=store_url, node_name="local", data_dir=data_dir)
+    async with (
+        open_store(store_url) as store,
+        control_plane(store, settings, data_dir, idle_interval=idle_interval) as plane,
+    ):
+        agent = NodeAgent(store, node_settings, plane.artifacts)
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(agent.run)
+            with anyio.fail_after(30):
+                await agent.wait_registered()
+            ingress_url = None
+            if serve_ingress is not None:
+                ingress_url = f"http://{listen}"
+                ready = anyio.Event()
+                tasks.start_soon(serve_ingress, store, plane, listen, admin, ready)
+                with anyio.fail_after(30):
+                    await ready.wait()
+            write_control_file(data_dir, f"http://{api}", token, ingress_url)
+            announce(f"wakeful is up: control API http://{api} (token in {data_dir / 'token'})")
+            for app_dir in app_dirs:
+                announce(await deploy_local(plane, app_dir))
+                host, _, port = listen.rpartition(":")
+                shown = "localhost" if host in ("127.0.0.1", "0.0.0.0", "localhost") else host
+                announce(
+                    f"  {app_dir.definition.name}: http://{app_dir.definition.name}.{shown}:{port}/"
+                )
+            signum = await wait_for_signal()
+            announce(
+                f"stopping ({signal.Signals(signum).name}): finishing requests, stopping sandboxes"
+            )
+            tasks.cancel_scope.cancel()
+    with contextlib.suppress(FileNotFoundError):
+        (data_dir / CONTROL_FILE).unlink()
+
+
+__all__ = ["ControlPlane", "control_plane", "open_store", "run_up"]

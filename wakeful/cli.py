@@ -1,0 +1,389 @@
+"""The `wakeful` command.
+
+    wakeful up [APP_DIR ...]     every piece in one process on the embedded store
+    wakeful deploy APP_DIR       deploy to a running control plane
+    wakeful status [APP]         pools: desired, live, ready, leased, waiters
+    wakeful apps | versions APP | logs APP | rollback APP
+    wakeful activator | node     run one piece against a shared store (etcd)
+
+Errors name the flag, file or field and the value, and exit with status 2 (usage) or 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+from pydantic import SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from deploy.appdir import AppDir, AppDirError, load_app_dir
+
+from .bootstrap import CONTROL_FILE, AddressInUse, split_address
+
+log = logging.getLogger("wakeful")
+
+
+class CliError(Exception):
+    pass
+
+
+class CliSettings(BaseSettings):
+    """How CLI commands find a control plane: flags, then WAKEFUL_API/WAKEFUL_TOKEN, then the
+    control file `wakeful up` writes in its data directory."""
+
+    model_config = SettingsConfigDict(env_prefix="WAKEFUL_", extra="ignore")
+    api: str | None = None
+    token: SecretStr | None = None
+
+
+def _configure_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def _check_address(value: str, flag: str) -> str:
+    try:
+        split_address(value, flag)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    return value
+
+
+def _load_apps(paths: Sequence[str]) -> list[AppDir]:
+    """Every app directory is validated before anything starts or is written."""
+    found = []
+    for raw in paths:
+        try:
+            found.append(load_app_dir(Path(raw)))
+        except AppDirError as exc:
+            raise CliError(str(exc)) from None
+    names = [a.definition.name for a in found]
+    if len(set(names)) != len(names):
+        raise CliError(f"two app directories name the same app: {sorted(names)}")
+    return found
+
+
+# -- up ---------------------------------------------------------------------------------
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from .bootstrap import run_up
+
+    apps = _load_apps(args.app_dirs)
+    listen = _check_address(args.listen, "--listen")
+    api = _check_address(args.api_listen, "--api")
+    admin = _check_address(args.admin, "--admin")
+    data_dir = Path(args.data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    serve_ingress = _ingress_entry()
+
+    def announce(line: str) -> None:
+        print(line, flush=True)
+
+    try:
+        anyio.run(
+            lambda: run_up(
+                data_dir=data_dir,
+                api=api,
+                listen=listen,
+                admin=admin,
+                app_dirs=apps,
+                idle_interval=args.idle_interval,
+                announce=announce,
+                serve_ingress=serve_ingress,
+            )
+        )
+    except AddressInUse as exc:
+        raise CliError(str(exc)) from None
+    return 0
+
+
+def _ingress_entry() -> Any:
+    try:
+        module = importlib.import_module("ingress.embedded")
+    except ImportError:
+        return None
+    return module.serve_embedded
+
+
+# -- talking to a running control plane ---------------------------------------------------
+
+
+def _control(args: argparse.Namespace) -> httpx.Client:
+    settings = CliSettings()
+    api = args.api or settings.api
+    token = settings.token.get_secret_value() if settings.token else None
+    control = Path(args.data_dir) / CONTROL_FILE
+    if (api is None or token is None) and control.exists():
+        recorded = json.loads(control.read_text())
+        api = api or recorded["api"]
+        token = token or recorded["token"]
+    if api is None or token is None:
+        raise CliError(
+            f"no running control plane found: {control} does not exist; start `wakeful up`, "
+            "or pass --api and set WAKEFUL_TOKEN"
+        )
+    return httpx.Client(base_url=api, headers={"Authorization": f"Bearer {token}"}, timeout=60)
+
+
+def _checked(answer: httpx.Response) -> Any:
+    if answer.is_success:
+        return answer.json() if answer.content else None
+    try:
+        body = answer.json()
+        reason = f"{body.get('error')}: {body.get('detail')}"
+    except ValueError:
+        reason = answer.text[:300]
+    raise CliError(f"the control plane answered {answer.status_code}: {reason}")
+
+
+def _request(args: argparse.Namespace, method: str, path: str, **kwargs: Any) -> Any:
+    try:
+        with _control(args) as client:
+            return _checked(client.request(method, path, **kwargs))
+    except httpx.TransportError as exc:
+        raise CliError(f"cannot reach the control plane: {exc}") from None
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    from deploy.artifacts import digest_of, pack
+
+    (app_dir,) = _load_apps([args.app_dir])
+    data = pack(app_dir.path)
+    digest = digest_of(data)
+    _request(args, "PUT", f"/v1/artifacts/{digest}", content=data)
+    body = {"definition": app_dir.definition.model_dump(mode="json"), "artifact": digest}
+    report = _request(args, "POST", "/v1/deploys", json=body)
+    return _follow(args, report)
+
+
+def _follow(args: argparse.Namespace, report: dict[str, Any]) -> int:
+    print(report["message"], flush=True)
+    last = report["message"]
+    while report["phase"] == "rolling":
+        time.sleep(0.5)
+        report = _request(args, "GET", f"/v1/deploys/{report['app']}/{report['version']}")
+        if report["message"] != last:
+            print(report["message"], flush=True)
+            last = report["message"]
+    return 1 if report["phase"] == "failed" else 0
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    report = _request(args, "POST", f"/v1/apps/{args.app}/rollback")
+    return _follow(args, report)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    pools = _request(args, "GET", "/v1/pools")
+    if args.app:
+        pools = [p for p in pools if p["app"] == args.app]
+    if args.json:
+        print(json.dumps(pools, indent=2))
+        return 0
+    columns = [
+        "pool",
+        "app",
+        "version",
+        "desired_instances",
+        "live",
+        "ready",
+        "leased",
+        "overflow",
+        "waiters",
+    ]
+    headers = [
+        "POOL",
+        "APP",
+        "VERSION",
+        "DESIRED",
+        "LIVE",
+        "READY",
+        "LEASED",
+        "OVERFLOW",
+        "WAITERS",
+    ]
+    rows = [[str(p[c]) for c in columns] for p in pools]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    for line in [headers, *rows]:
+        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)))
+    return 0
+
+
+def cmd_apps(args: argparse.Namespace) -> int:
+    for app in _request(args, "GET", "/v1/apps"):
+        print(
+            f"{app['name']}  active={app['active_version']}  versions={','.join(app['versions'])}"
+        )
+    return 0
+
+
+def cmd_versions(args: argparse.Namespace) -> int:
+    for app in _request(args, "GET", "/v1/apps"):
+        if app["name"] == args.app:
+            for version in app["versions"]:
+                marker = "*" if version == app["active_version"] else " "
+                print(f"{marker} {version}")
+            return 0
+    raise CliError(f"no app named {args.app!r}")
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    try:
+        with _control(args) as client:
+            seen: list[str] = []
+            while True:
+                answer = client.get(f"/v1/apps/{args.app}/logs", params={"tail": args.tail})
+                text = answer.text if answer.is_success else ""
+                if not answer.is_success:
+                    _checked(answer)
+                lines = text.splitlines()
+                fresh = lines[len(seen) :] if lines[: len(seen)] == seen else lines
+                for line in fresh:
+                    print(line, flush=True)
+                seen = lines
+                if not args.follow:
+                    return 0
+                time.sleep(1)
+    except httpx.TransportError as exc:
+        raise CliError(f"cannot reach the control plane: {exc}") from None
+
+
+# -- pieces on their own --------------------------------------------------------------------
+
+
+def cmd_activator(args: argparse.Namespace) -> int:
+    from activator.settings import ActivatorSettings
+
+    from .bootstrap import control_plane, wait_for_signal
+
+    settings = ActivatorSettings()
+    if settings.token is None:
+        raise CliError("WAKEFUL_TOKEN must be set: the control API refuses to run without a token")
+    data_dir = Path(args.data_dir)
+
+    async def main() -> None:
+        from store import open_store
+
+        async with (
+            open_store(
+                settings.store_url, namespace=settings.store_namespace, tls=settings.tls
+            ) as store,
+            control_plane(store, settings, data_dir, idle_interval=args.idle_interval),
+        ):
+            print(f"activator listening on http://{settings.listen}", flush=True)
+            await wait_for_signal()
+
+    anyio.run(main)
+    return 0
+
+
+def cmd_node(args: argparse.Namespace) -> int:
+    from node.agent import NodeAgent
+    from node.settings import NodeSettings
+
+    from .bootstrap import wait_for_signal
+    from .remote import HttpArtifacts
+
+    settings = NodeSettings()
+    cli = CliSettings()
+    if cli.api is None or cli.token is None:
+        raise CliError("WAKEFUL_API and WAKEFUL_TOKEN must be set: nodes fetch artifacts from it")
+    api, token = cli.api, cli.token.get_secret_value()
+
+    async def main() -> None:
+        from store import open_store
+
+        async with (
+            open_store(
+                settings.store_url, namespace=settings.store_namespace, tls=settings.tls
+            ) as store,
+            HttpArtifacts(api, token) as artifacts,
+        ):
+            agent = NodeAgent(store, settings, artifacts)
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(agent.run)
+                print(f"node {settings.node_name} running", flush=True)
+                await wait_for_signal()
+                tasks.cancel_scope.cancel()
+
+    anyio.run(main)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="wakeful", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--data-dir", default=".wakeful", help="state directory (default ./.wakeful)"
+    )
+    parser.add_argument("--api", default=None, help="control API URL (default: from --data-dir)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="run everything in one process on the embedded store")
+    up.add_argument("app_dirs", nargs="*", metavar="APP_DIR")
+    up.add_argument("--listen", default="127.0.0.1:8080", help="ingress address")
+    up.add_argument(
+        "--api", dest="api_listen", default="127.0.0.1:9090", help="control API address"
+    )
+    up.add_argument("--admin", default="127.0.0.1:8081", help="ingress admin address (metrics)")
+    up.add_argument("--idle-interval", type=float, default=5.0, help="idle monitor tick, seconds")
+    up.set_defaults(func=cmd_up)
+
+    deploy = sub.add_parser("deploy", help="deploy an app directory")
+    deploy.add_argument("app_dir", metavar="APP_DIR")
+    deploy.set_defaults(func=cmd_deploy)
+
+    status = sub.add_parser("status", help="pool sizes and load")
+    status.add_argument("app", nargs="?")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=cmd_status)
+
+    sub.add_parser("apps", help="list apps").set_defaults(func=cmd_apps)
+    versions = sub.add_parser("versions", help="list an app's versions")
+    versions.add_argument("app")
+    versions.set_defaults(func=cmd_versions)
+    logs = sub.add_parser("logs", help="an app's sandbox logs")
+    logs.add_argument("app")
+    logs.add_argument("--follow", "-f", action="store_true")
+    logs.add_argument("--tail", type=int, default=200)
+    logs.set_defaults(func=cmd_logs)
+    rollback = sub.add_parser("rollback", help="go back to the previous version")
+    rollback.add_argument("app")
+    rollback.set_defaults(func=cmd_rollback)
+
+    activator = sub.add_parser("activator", help="the activator and control API (WAKEFUL_*)")
+    activator.add_argument("--idle-interval", type=float, default=30.0)
+    activator.set_defaults(func=cmd_activator)
+    sub.add_parser("node", help="a node agent (WAKEFUL_*)").set_defaults(func=cmd_node)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _configure_logging(args.verbose)
+    try:
+        code: int = args.func(args)
+    except CliError as exc:
+        print(f"wakeful: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
