@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 import anyio
 
-from store import Conflict, Store, StoreError
+from store import Conflict, Item, Store, StoreError
 from wakeful.models import Pool, Sandbox, SandboxStatus
 
 log = logging.getLogger(__name__)
@@ -62,14 +62,23 @@ class IdleMonitor:
 
     async def tick(self) -> list[str]:
         """One pass; returns the pools it scaled down."""
+        return await self.apply(await self.plan())
+
+    async def plan(self) -> list[tuple[Item[Pool], int]]:
+        """Pools to shrink, each with the listed item whose revision the write must match."""
         pools = await self._store.list("pools/", Pool)
         sandboxes = [s.value for s in (await self._store.list("sandboxes/", Sandbox)).items]
         now = self._clock()
-        scaled = []
+        found = []
         for item in pools.items:
             target = idle_target(item.value, sandboxes, now)
-            if target is None:
-                continue
+            if target is not None:
+                found.append((item, target))
+        return found
+
+    async def apply(self, planned: list[tuple[Item[Pool], int]]) -> list[str]:
+        scaled = []
+        for item, target in planned:
             smaller = item.value.model_copy(update={"desired_instances": target})
             try:
                 await self._store.update(item.key, smaller, expect_revision=item.revision)

@@ -205,6 +205,7 @@ class NodeAgent:
         running.process = process
         address = f"{self._settings.node_address}:{port}"
         exit_code: int | None = None
+        ready = False
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(process.pump)
 

@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from deploy.appdir import AppDirError, load_app_dir, parse_duration
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "hello"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    (tmp_path / "wakeful.toml").write_text(text)
+    return tmp_path
+
+
+def test_the_sample_app_loads() -> None:
+    app = load_app_dir(EXAMPLE)
+    assert app.definition.name == "hello"
+    assert app.definition.spec.concurrency.scale_down_delay == 60
+    assert app.definition.spec.health.path == "/healthz"
+
+
+@pytest.mark.parametrize(
+    ("raw", "seconds"),
+    [("90s", 90.0), ("5m", 300.0), ("250ms", 0.25), (12, 12), ("1.5h", 5400.0)],
+    ids=["seconds", "minutes", "millis", "number", "hours"],
+)
+def test_durations(raw: object, seconds: float) -> None:
+    assert parse_duration(raw) == seconds
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param('name = "Bad Name"\ncommand = ["x"]', "name", id="bad-name"),
+        pytest.param('name = "ok"', "command: Field required", id="missing-command"),
+        pytest.param(
+            'name = "ok"\ncommand = ["x"]\n[concurrency]\nrequests_per_instance = 0',
+            "concurrency.requests_per_instance",
+            id="zero-target",
+        ),
+        pytest.param(
+            'name = "ok"\ncommand = ["x"]\n[concurrency]\nscale_down_delay = "soon"',
+            "'soon'",
+            id="bad-duration",
+        ),
+        pytest.param('name = "ok"\ncommand = ["x"]\nbogus = 1', "bogus", id="unknown-field"),
+        pytest.param(
+            'name = "ok"\ncommand = ["x"]\nenv = { PORT = "1" }', "PORT", id="reserved-env"
+        ),
+        pytest.param('name = = "ok"', "not valid TOML", id="not-toml"),
+    ],
+)
+def test_a_bad_manifest_names_the_file_field_and_reason(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    with pytest.raises(AppDirError) as refused:
+        load_app_dir(write(tmp_path, text))
+    message = str(refused.value)
+    assert message.startswith(str(tmp_path / "wakeful.toml"))
+    assert expected in message
+
+
+def test_a_directory_without_a_manifest_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(AppDirError, match="missing"):
+        load_app_dir(tmp_path)

@@ -1,0 +1,117 @@
+"""Scale-down of idle pools (invariants 13 and 14): never undoes a concurrent scale-up."""
+
+from __future__ import annotations
+
+import pytest
+
+from idle_monitor.monitor import IdleMonitor, idle_target
+from store import Store
+from wakeful.models import AppSpec, Concurrency, Pool, Sandbox
+from wakeful.models import SandboxStatus as S
+
+pytestmark = pytest.mark.anyio
+
+
+def make_pool(desired: int, *, delay: float = 10, minimum: int = 0, mode: str = "auto") -> Pool:
+    concurrency = Concurrency(
+        mode=mode,
+        scale_down_delay=delay,
+        min_instances=minimum,  # type: ignore[arg-type]
+        max_instances=minimum if mode == "fixed" else 20,
+    )
+    return Pool(
+        name="p",
+        app="a",
+        version="v1",
+        spec=AppSpec(command=["x"], concurrency=concurrency),
+        desired_instances=desired,
+    )
+
+
+def running(sid: str, activity: float) -> Sandbox:
+    return Sandbox(
+        id=sid,
+        pool="p",
+        app="a",
+        node="n",
+        status=S.RUNNING,
+        ready=True,
+        address="127.0.0.1:1",
+        last_activity=activity,
+    )
+
+
+@pytest.mark.parametrize(
+    ("pool", "sandboxes", "now", "expected"),
+    [
+        pytest.param(
+            make_pool(2),
+            [running("a", 95), running("b", 99)],
+            100,
+            None,
+            id="traffic within the delay keeps the pool",
+        ),
+        pytest.param(
+            make_pool(2),
+            [running("a", 80), running("b", 99)],
+            100,
+            1,
+            id="one idle sandbox takes one off",
+        ),
+        pytest.param(
+            make_pool(2),
+            [running("a", 80), running("b", 85)],
+            100,
+            0,
+            id="an idle pool goes to zero",
+        ),
+        pytest.param(
+            make_pool(2, minimum=1),
+            [running("a", 80), running("b", 85)],
+            100,
+            1,
+            id="never below min_instances",
+        ),
+        pytest.param(
+            make_pool(3, minimum=3, mode="fixed"),
+            [running("a", 0)],
+            100,
+            None,
+            id="fixed pools are left alone",
+        ),
+    ],
+)
+def test_idle_target(
+    pool: Pool, sandboxes: list[Sandbox], now: float, expected: int | None
+) -> None:
+    assert idle_target(pool, sandboxes, now) == expected
+
+
+async def seed(store: Store, desired: int) -> int:
+    revision = await store.put("pools/p", make_pool(desired))
+    for sid in ("a", "b"):
+        await store.put(f"sandboxes/{sid}", running(sid, 0))
+    return revision
+
+
+async def test_an_idle_pool_is_scaled_down_against_the_listed_revision(store: Store) -> None:
+    await seed(store, desired=2)
+    assert await IdleMonitor(store, clock=lambda: 1000).tick() == ["p"]
+    item = await store.get("pools/p", Pool)
+    assert item is not None and item.value.desired_instances == 0
+
+
+async def test_a_scale_up_between_listing_and_write_survives(store: Store) -> None:
+    await seed(store, desired=2)
+    monitor = IdleMonitor(store, clock=lambda: 1000)
+    planned = await monitor.plan()
+    assert [(item.value.name, target) for item, target in planned] == [("p", 0)]
+    # The activator scales the pool up after the monitor listed it.
+    listed = await store.get("pools/p", Pool)
+    assert listed is not None
+    grown = await store.update(
+        "pools/p", listed.value.model_copy(update={"desired_instances": 6}), listed.revision
+    )
+    assert await monitor.apply(planned) == []
+    after = await store.get("pools/p", Pool)
+    assert after is not None and after.value.desired_instances == 6 and after.revision == grown

@@ -1,0 +1,124 @@
+"""The node agent with real processes: boot, probe, exit detection, stop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+from deploy.artifacts import LocalArtifacts, pack
+from node.agent import NodeAgent
+from node.settings import NodeSettings
+from store import Store, open_store
+from wakeful.models import AppSpec, HealthCheck, Node, Pool, Sandbox, SandboxStatus, Version
+
+pytestmark = pytest.mark.anyio
+HELLO = Path(__file__).parents[2] / "examples" / "hello"
+
+
+async def status_of(store: Store, sandbox_id: str, *wanted: SandboxStatus) -> Sandbox:
+    with anyio.fail_after(20):
+        while True:
+            item = await store.get(f"sandboxes/{sandbox_id}", Sandbox)
+            if item is not None and item.value.status in wanted:
+                return item.value
+            await anyio.sleep(0.02)
+
+
+@pytest.fixture
+async def node(tmp_path: Path) -> AsyncIterator[tuple[Store, NodeAgent]]:
+    async with open_store("memory://") as store:
+        artifacts = LocalArtifacts(tmp_path / "artifacts")
+        digest = await artifacts.put(pack(HELLO))
+        for name, command in [
+            ("hello", [sys.executable, "app.py"]),
+            (
+                "crash",
+                [sys.executable, "-c", "import sys; print('boom: missing config'); sys.exit(3)"],
+            ),
+        ]:
+            spec = AppSpec(
+                command=command, health=HealthCheck(path="/healthz", timeout=10), shutdown_timeout=5
+            )
+            await store.put(
+                f"versions/{name}/v1", Version(app=name, version="v1", spec=spec, artifact=digest)
+            )
+            await store.put(
+                f"pools/{name}-v1",
+                Pool(name=f"{name}-v1", app=name, version="v1", spec=spec, desired_instances=1),
+            )
+        settings = NodeSettings(
+            store_url="memory://", node_name="n1", data_dir=tmp_path, node_ttl=2
+        )
+        agent = NodeAgent(store, settings, artifacts)
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(agent.run)
+            await agent.wait_registered()
+            yield store, agent
+            tasks.cancel_scope.cancel()
+
+
+async def place(store: Store, sandbox_id: str, pool: str) -> None:
+    await store.create(
+        f"sandboxes/{sandbox_id}",
+        Sandbox(id=sandbox_id, pool=pool, app=pool.split("-")[0], node="n1"),
+    )
+
+
+async def test_a_placed_sandbox_boots_serves_and_is_registered(
+    node: tuple[Store, NodeAgent],
+) -> None:
+    store, _ = node
+    assert await store.get("nodes/n1", Node) is not None
+    await place(store, "sb-1", "hello-v1")
+    sandbox = await status_of(store, "sb-1", SandboxStatus.RUNNING)
+    assert sandbox.ready and sandbox.address
+    async with httpx.AsyncClient() as client:
+        answer = await client.get(f"http://{sandbox.address}/")
+    assert answer.text.startswith("hello from")
+
+
+async def test_an_exit_is_recorded_at_once_with_code_and_log(node: tuple[Store, NodeAgent]) -> None:
+    store, agent = node
+    await place(store, "sb-1", "hello-v1")
+    sandbox = await status_of(store, "sb-1", SandboxStatus.RUNNING)
+    async with httpx.AsyncClient() as client:
+        pid = int((await client.get(f"http://{sandbox.address}/")).text.split()[-1])
+    os.kill(pid, signal.SIGKILL)
+    dead = await status_of(store, "sb-1", SandboxStatus.DEAD)
+    assert dead.exit_code == -signal.SIGKILL
+    assert "hello listening" in dead.last_log
+    assert not dead.ready
+    assert agent.running_ids() == []
+
+
+async def test_a_crash_at_boot_is_dead_with_its_log(node: tuple[Store, NodeAgent]) -> None:
+    store, _ = node
+    await place(store, "sb-2", "crash-v1")
+    dead = await status_of(store, "sb-2", SandboxStatus.DEAD)
+    assert dead.exit_code == 3
+    assert "boom: missing config" in dead.last_log
+    assert dead.address is None
+
+
+async def test_stopping_a_sandbox_ends_its_process(node: tuple[Store, NodeAgent]) -> None:
+    store, agent = node
+    await place(store, "sb-1", "hello-v1")
+    sandbox = await status_of(store, "sb-1", SandboxStatus.RUNNING)
+    item = await store.get("sandboxes/sb-1", Sandbox)
+    assert item is not None
+    await store.update(
+        item.key, sandbox.model_copy(update={"status": SandboxStatus.STOPPING}), item.revision
+    )
+    stopped = await status_of(store, "sb-1", SandboxStatus.STOPPED)
+    assert stopped.exit_code == 0  # SIGTERM handled: a clean exit
+    with pytest.raises(httpx.ConnectError):
+        async with httpx.AsyncClient() as client:
+            await client.get(f"http://{sandbox.address}/")
+    assert agent.running_ids() == []
