@@ -15,12 +15,13 @@ from collections.abc import Callable
 
 import anyio
 
-from store import Conflict, Item, Store, StoreError
+from store import Conflict, Item, Resync, Store, StoreError
 from wakeful.models import Node, Pool, Sandbox, SandboxStatus
 
 from .plan import Create, Drain, MarkDead, Remove, Stop, cooldown, plan_pool
 
 log = logging.getLogger(__name__)
+WATCHED = ("pools/", "sandboxes/", "nodes/")
 
 
 class Reconciler:
@@ -29,7 +30,7 @@ class Reconciler:
         store: Store,
         leased_on: Callable[[str], int],
         *,
-        interval: float = 0.25,
+        interval: float = 1.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
@@ -38,12 +39,31 @@ class Reconciler:
         self._clock = clock
 
     async def run(self) -> None:
-        while True:
-            try:
-                await self.tick()
-            except StoreError as exc:
-                log.warning("pool controller could not reconcile: %s", exc)
-            await anyio.sleep(self._interval)
+        """Reconcile on every change to pools, sandboxes or nodes, and every interval anyway
+        (lease releases that unblock a drain are not store changes)."""
+        changed = anyio.Event()
+
+        async def watch() -> None:
+            nonlocal changed
+            while True:
+                try:
+                    async for event in self._store.watch(""):
+                        if isinstance(event, Resync) or event.key.startswith(WATCHED):
+                            changed.set()
+                except StoreError:
+                    await anyio.sleep(1)
+                changed.set()
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(watch)
+            while True:
+                changed = anyio.Event()
+                try:
+                    await self.tick()
+                except StoreError as exc:
+                    log.warning("pool controller could not reconcile: %s", exc)
+                with anyio.move_on_after(self._interval):
+                    await changed.wait()
 
     async def tick(self) -> None:
         pools = {p.value.name: p for p in (await self._store.list("pools/", Pool)).items}

@@ -153,7 +153,7 @@ async def control_plane(
     data_dir: Path,
     *,
     idle_interval: float,
-    reconcile_interval: float = 0.25,
+    reconcile_interval: float = 1.0,
 ) -> AsyncIterator[ControlPlane]:
     registry = CollectorRegistry()
     activator = Activator(store, settings, registry)
