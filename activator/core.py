@@ -536,9 +536,8 @@ class Activator:
     # -- activity ---------------------------------------------------------------------------
 
     async def _activity_loop(self) -> None:
-        interval = max(0.5, min(5.0, self._settings.activity_write_interval))
         while True:
-            await anyio.sleep(interval)
+            await anyio.sleep(0.5)
             await self.flush_activity()
 
     async def flush_activity(self) -> int:
@@ -546,12 +545,12 @@ class Activator:
         now = self._clock()
         written = 0
         for sandbox_id, when in list(self._activity.items()):
-            last = self._activity_written.get(sandbox_id, -math.inf)
-            if now - last < self._settings.activity_write_interval:
-                continue
             item = self._sandboxes.get(sandbox_id)
             if item is None or item.value.last_activity >= when:
                 self._activity.pop(sandbox_id, None)
+                continue
+            last = self._activity_written.get(sandbox_id, -math.inf)
+            if now - last < self._write_interval(item.value.pool):
                 continue
             touched = item.value.model_copy(update={"last_activity": when})
             try:
@@ -569,6 +568,13 @@ class Activator:
                 del self._activity[sandbox_id]
             written += 1
         return written
+
+    def _write_interval(self, pool: str) -> float:
+        """At most every activity_write_interval, and often enough that the idle monitor never
+        mistakes a busy sandbox for an idle one (a third of the pool's scale_down_delay)."""
+        state = self._pools.get(pool)
+        delay = state.item.value.spec.concurrency.scale_down_delay if state else math.inf
+        return min(self._settings.activity_write_interval, delay / 3)
 
     # -- reporting --------------------------------------------------------------------------
 

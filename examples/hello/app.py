@@ -23,6 +23,7 @@ CHUNK = 64 * 1024
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "hello/1"
+    disable_nagle_algorithm = True  # headers and body go out in separate writes
 
     def log_message(self, format: str, *args: object) -> None:  # quiet by default
         if os.environ.get("HELLO_LOG"):
