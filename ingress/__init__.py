@@ -1,0 +1,10 @@
+"""The ingress: routes Host to an app, carries requests on leased capacity, proxies them.
+
+Layers on the proxy path: `edge` (ASGI) → `proxy` (routing, leases, headers, retries,
+streaming) → `transport` (one aiohttp session). `server.Ingress` wires and runs them.
+"""
+
+from .server import Ingress, serve
+from .settings import IngressSettings
+
+__all__ = ["Ingress", "IngressSettings", "serve"]

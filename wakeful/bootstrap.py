@@ -202,14 +202,18 @@ async def run_up(
     app_dirs: Sequence[AppDir],
     idle_interval: float,
     announce: Callable[[str], None],
-    serve_ingress: Callable[..., Any] | None = None,
 ) -> None:
+    """Everything in one process. Shutdown: the ingress stops taking requests and finishes the
+    ones in flight, hands its leases back; then the sandboxes stop; then the control plane."""
+    from activator.client import InProcessLeases
+    from ingress.server import Ingress
+    from ingress.settings import IngressSettings
+
     token = load_or_create_token(data_dir)
     store_url = f"sqlite:///{data_dir / 'store.db'}"
-    settings = ActivatorSettings(
-        store_url=store_url, token=token, listen=api, activity_write_interval=5.0
-    )
+    settings = ActivatorSettings(store_url=store_url, token=token, listen=api)
     node_settings = NodeSettings(store_url=store_url, node_name="local", data_dir=data_dir)
+    ingress_settings = IngressSettings(store_url=store_url, listen=listen, admin_listen=admin)
     async with (
         open_store(store_url) as store,
         control_plane(store, settings, data_dir, idle_interval=idle_interval) as plane,
@@ -219,26 +223,23 @@ async def run_up(
             tasks.start_soon(agent.run)
             with anyio.fail_after(30):
                 await agent.wait_registered()
-            ingress_url = None
-            if serve_ingress is not None:
-                ingress_url = f"http://{listen}"
-                ready = anyio.Event()
-                tasks.start_soon(serve_ingress, store, plane, listen, admin, ready)
-                with anyio.fail_after(30):
-                    await ready.wait()
-            write_control_file(data_dir, f"http://{api}", token, ingress_url)
-            announce(f"wakeful is up: control API http://{api} (token in {data_dir / 'token'})")
-            for app_dir in app_dirs:
-                announce(await deploy_local(plane, app_dir))
+            ingress = Ingress(
+                ingress_settings, InProcessLeases(plane.activator), store, CollectorRegistry()
+            )
+            async with ingress.running():
+                write_control_file(data_dir, f"http://{api}", token, f"http://{listen}")
+                announce(f"wakeful is up: control API http://{api} (token in {data_dir / 'token'})")
                 host, _, port = listen.rpartition(":")
                 shown = "localhost" if host in ("127.0.0.1", "0.0.0.0", "localhost") else host
+                for app_dir in app_dirs:
+                    announce(await deploy_local(plane, app_dir))
+                    name = app_dir.definition.name
+                    announce(f"  {name}: http://{name}.{shown}:{port}/")
+                signum = await wait_for_signal()
                 announce(
-                    f"  {app_dir.definition.name}: http://{app_dir.definition.name}.{shown}:{port}/"
+                    f"stopping ({signal.Signals(signum).name}): finishing requests, "
+                    "stopping sandboxes"
                 )
-            signum = await wait_for_signal()
-            announce(
-                f"stopping ({signal.Signals(signum).name}): finishing requests, stopping sandboxes"
-            )
             tasks.cancel_scope.cancel()
     with contextlib.suppress(FileNotFoundError):
         (data_dir / CONTROL_FILE).unlink()

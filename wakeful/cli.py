@@ -12,7 +12,7 @@ Errors name the flag, file or field and the value, and exit with status 2 (usage
 from __future__ import annotations
 
 import argparse
-import importlib
+import errno
 import json
 import logging
 import sys
@@ -87,7 +87,6 @@ def cmd_up(args: argparse.Namespace) -> int:
     admin = _check_address(args.admin, "--admin")
     data_dir = Path(args.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
-    serve_ingress = _ingress_entry()
 
     def announce(line: str) -> None:
         print(line, flush=True)
@@ -102,20 +101,18 @@ def cmd_up(args: argparse.Namespace) -> int:
                 app_dirs=apps,
                 idle_interval=args.idle_interval,
                 announce=announce,
-                serve_ingress=serve_ingress,
-            )
+            ),
+            backend_options={"use_uvloop": True},
         )
     except AddressInUse as exc:
         raise CliError(str(exc)) from None
+    except OSError as exc:
+        if exc.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
+            raise CliError(
+                f"cannot listen: {exc.strerror} (check --listen, --admin, --api)"
+            ) from None
+        raise
     return 0
-
-
-def _ingress_entry() -> Any:
-    try:
-        module = importlib.import_module("ingress.embedded")
-    except ImportError:
-        return None
-    return module.serve_embedded
 
 
 # -- talking to a running control plane ---------------------------------------------------

@@ -1,0 +1,341 @@
+"""Benchmark the proxy path: one trivial sandbox driven directly, through the ingress, and
+through nginx, with wrk (peak throughput) and hey (latency at a fixed rate).
+
+- The sandbox: a minimal HTTP/1.1 responder on raw asyncio + uvloop (this module run with
+  `--sandbox PORT`, a subprocess): it answers every request with a 2-byte body, keep-alive.
+  The stdlib hello app is far too slow to be the thing measured against.
+- The ingress: `ingress.Ingress` in this process on uvloop with httptools, the real
+  `Activator` in-process (`InProcessLeases`) on the memory store; app `bench` with one
+  running sandbox and a large `requests_per_instance`, so one cached lease carries the load.
+- nginx: Debian's nginx as our own process (one worker, like the single-process ingress),
+  generated config, upstream keep-alive, access log off.
+- wrk: 1 thread, 32 connections. hey: 10 workers at a fixed total rate (`--rate`).
+
+Only loopback. From the repository root (needs `apt-get install nginx wrk hey`):
+
+    python -m bench.proxy [--seconds 10] [--rate 1000]
+"""
+
+from __future__ import annotations
+
+import sys
+
+if __name__ == "__main__" and not __package__:
+    sys.exit("run it from the repository root as a module: python -m bench.proxy")
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import platform
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+import anyio
+from prometheus_client import CollectorRegistry
+
+from activator.client import InProcessLeases
+from activator.core import Activator
+from activator.settings import ActivatorSettings
+from ingress import Ingress, IngressSettings
+from store import Store
+from store.url import open_store
+from wakeful.models import App, AppSpec, Concurrency, Pool, Sandbox, SandboxStatus
+
+HOST = "bench.localhost"
+CONNECTIONS = 32
+HEY_WORKERS = 10
+RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok"
+
+
+# -- the trivial sandbox (a subprocess) ------------------------------------------------------
+
+
+class _Responder(asyncio.Protocol):
+    """Answers each request head with RESPONSE; requests here never carry bodies."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self._buffer = b""
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        answers = self._buffer.count(b"\r\n\r\n")
+        if answers:
+            self._buffer = self._buffer[self._buffer.rfind(b"\r\n\r\n") + 4 :]
+            self._transport.write(RESPONSE * answers)
+
+
+def run_sandbox(port: int) -> None:
+    import uvloop
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(_Responder, "127.0.0.1", port, backlog=4096)
+        async with server:
+            await server.serve_forever()
+
+    uvloop.run(main())
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_listening(port: int, within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def process(args: list[str], port: int) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_listening(port)
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+NGINX_CONF = """
+worker_processes 1;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {dir}/body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+    upstream sandbox {{ server 127.0.0.1:{upstream}; keepalive 64; }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass http://sandbox;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host $host;
+            proxy_set_header X-Forwarded-For $remote_addr;
+        }}
+    }}
+}}
+"""
+
+
+@dataclass
+class Result:
+    rps: float = 0.0
+    p50_ms: float = 0.0
+    p99_ms: float = 0.0
+    errors: str = ""
+
+
+def _ms(value: str, unit: str) -> float:
+    return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+
+
+async def run_wrk(url: str, seconds: int) -> Result:
+    done = await anyio.run_process(
+        [
+            "wrk",
+            "-t1",
+            f"-c{CONNECTIONS}",
+            f"-d{seconds}s",
+            "--latency",
+            "-H",
+            f"Host: {HOST}",
+            url,
+        ],
+        check=False,
+    )
+    out = done.stdout.decode()
+    result = Result()
+    if found := re.search(r"Requests/sec:\s+([\d.]+)", out):
+        result.rps = float(found.group(1))
+    for pct, attr in (("50", "p50_ms"), ("99", "p99_ms")):
+        if found := re.search(rf"^\s+{pct}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M):
+            setattr(result, attr, _ms(found.group(1), found.group(2)))
+    if found := re.search(r"Non-2xx or 3xx responses: (\d+)|Socket errors: (.*)", out):
+        result.errors = found.group(0)
+    return result
+
+
+async def run_hey(url: str, seconds: int, rate: int) -> Result:
+    per_worker = max(1, rate // HEY_WORKERS)
+    args = ["-z", f"{seconds}s", "-c", str(HEY_WORKERS), "-q", str(per_worker), "-host", HOST]
+    done = await anyio.run_process(["hey", *args, url], check=False)
+    out = done.stdout.decode()
+    result = Result()
+    if found := re.search(r"Requests/sec:\s+([\d.]+)", out):
+        result.rps = float(found.group(1))
+    for pct, attr in (("50", "p50_ms"), ("99", "p99_ms")):
+        if found := re.search(rf"{pct}% in ([\d.]+) secs", out):
+            setattr(result, attr, float(found.group(1)) * 1000)
+    codes = re.findall(r"\[(\d{3})\]\s+(\d+) responses", out)
+    bad = [f"{code}x{n}" for code, n in codes if not code.startswith("2")]
+    result.errors = " ".join(bad)
+    return result
+
+
+async def seed(store: Store, sandbox_port: int) -> None:
+    spec = AppSpec(
+        command=["bench"],
+        concurrency=Concurrency(requests_per_instance=1000, max_instances=1),
+    )
+    await store.put("apps/bench", App(name="bench", active_version="v1"))
+    await store.put(
+        "pools/bench-v1",
+        Pool(name="bench-v1", app="bench", version="v1", spec=spec, desired_instances=1),
+    )
+    await store.put(
+        "sandboxes/sb-1",
+        Sandbox(
+            id="sb-1",
+            pool="bench-v1",
+            app="bench",
+            node="n1",
+            status=SandboxStatus.RUNNING,
+            ready=True,
+            address=f"127.0.0.1:{sandbox_port}",
+        ),
+    )
+
+
+@contextlib.asynccontextmanager
+async def ingress_on(sandbox_port: int) -> AsyncIterator[str]:
+    async with open_store("memory://") as store:
+        await seed(store, sandbox_port)
+        registry = CollectorRegistry()
+        activator = Activator(
+            store, ActivatorSettings(store_url="memory://", token="bench"), registry
+        )
+        settings = IngressSettings(
+            store_url="memory://", listen="127.0.0.1:0", admin_listen="127.0.0.1:0"
+        )
+        ingress = Ingress(settings, InProcessLeases(activator), store, registry)
+        async with activator.running(), ingress.running():
+            yield "http://{}:{}/".format(*ingress.address)
+
+
+async def measure(name: str, url: str, seconds: int, rate: int) -> tuple[Result, Result]:
+    print(f"  {name}: wrk {seconds}s ...", flush=True)
+    peak = await run_wrk(url, seconds)
+    print(f"  {name}: hey {seconds}s at {rate} req/s ...", flush=True)
+    latency = await run_hey(url, seconds, rate)
+    return peak, latency
+
+
+async def main(seconds: int, rate: int) -> None:
+    missing = [tool for tool in ("nginx", "wrk", "hey") if shutil.which(tool) is None]
+    if missing:
+        sys.exit(f"missing {', '.join(missing)}: apt-get install nginx wrk hey")
+    print(
+        f"python {platform.python_version()}, {os.cpu_count()} CPUs, "
+        f"wrk -t1 -c{CONNECTIONS} {seconds}s, hey -c{HEY_WORKERS} at {rate} req/s {seconds}s"
+    )
+    print("sandbox: raw asyncio + uvloop responder (2-byte body, keep-alive), a subprocess")
+    results: dict[str, tuple[Result, Result]] = {}
+    sandbox_port = free_port()
+    with (
+        tempfile.TemporaryDirectory(prefix="wakeful-bench-") as tmp,
+        process(
+            [sys.executable, "-m", "bench.proxy", "--sandbox", str(sandbox_port)], sandbox_port
+        ),
+    ):
+        direct = f"http://127.0.0.1:{sandbox_port}/"
+        results["direct"] = await measure("direct", direct, seconds, rate)
+        async with ingress_on(sandbox_port) as url:
+            results["ingress"] = await measure("ingress", url, seconds, rate)
+        nginx_port = free_port()
+        conf = Path(tmp) / "nginx.conf"
+        conf.write_text(NGINX_CONF.format(dir=tmp, upstream=sandbox_port, port=nginx_port))
+        nginx = ["nginx", "-p", tmp, "-c", str(conf), "-g", "daemon off;"]
+        with process(nginx, nginx_port):
+            results["nginx"] = await measure(
+                "nginx", f"http://127.0.0.1:{nginx_port}/", seconds, rate
+            )
+
+    row = "{:<9} {:>12} {:>9} {:>9}   {:>10} {:>9} {:>9}  {}"
+    print()
+    print(
+        row.format(
+            "path", "wrk req/s", "p50 ms", "p99 ms", "hey req/s", "p50 ms", "p99 ms", "errors"
+        )
+    )
+    for name, (peak, latency) in results.items():
+        errors = " ".join(e for e in (peak.errors, latency.errors) if e) or "-"
+        print(
+            row.format(
+                name,
+                f"{peak.rps:,.0f}",
+                f"{peak.p50_ms:.2f}",
+                f"{peak.p99_ms:.2f}",
+                f"{latency.rps:,.0f}",
+                f"{latency.p50_ms:.2f}",
+                f"{latency.p99_ms:.2f}",
+                errors,
+            )
+        )
+    (ing, ing_lat), (base, base_lat), (ngx, ngx_lat) = (
+        results["ingress"],
+        results["direct"],
+        results["nginx"],
+    )
+
+    def ratio(a: float, b: float) -> str:
+        return f"{a / b:.2f}" if b else "n/a"
+
+    print()
+    print(
+        f"ingress/direct: throughput {ratio(ing.rps, base.rps)}, "
+        f"p50 at {rate}/s {ratio(ing_lat.p50_ms, base_lat.p50_ms)}x, "
+        f"p99 {ratio(ing_lat.p99_ms, base_lat.p99_ms)}x"
+    )
+    print(
+        f"ingress/nginx:  throughput {ratio(ing.rps, ngx.rps)}, "
+        f"p50 at {rate}/s {ratio(ing_lat.p50_ms, ngx_lat.p50_ms)}x, "
+        f"p99 {ratio(ing_lat.p99_ms, ngx_lat.p99_ms)}x"
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--rate", type=int, default=1000, help="hey's total request rate")
+    parser.add_argument("--sandbox", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.sandbox:
+        run_sandbox(args.sandbox)
+    else:
+        logging.basicConfig(level=logging.WARNING)
+        anyio.run(main, args.seconds, args.rate, backend_options={"use_uvloop": True})

@@ -1,0 +1,247 @@
+"""The lease cache: capacity the ingress holds per app, shared by the requests it carries.
+
+Rules (ARCHITECTURE.md invariants 7-9), each kept in one place below:
+- A cached lease of size S carries at most S requests at once: a use is added only while
+  uses < S (`pick`).
+- An overflow lease carries the one request that took it and goes straight back; it never
+  enters the cache (`LeaseCache.acquire`, `LeaseCache.put`).
+- Every `Use` is handed back exactly once (`Use.returned`); a lease leaves the cache when it
+  has been idle `idle_ttl`, when renew says it is gone, or when its sandbox refused a
+  connection. A lease that leaves while uses remain is released when the last one returns.
+- `take` and `put` never await, so on one event loop they are atomic; only activator calls
+  (acquire, renew, release) await, and they run outside any bookkeeping step.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Container, Sequence
+from dataclasses import dataclass, field
+
+import anyio
+
+from activator.api import LeaseGrant
+from activator.client import Leases
+from activator.errors import ActivatorError, LeaseGone
+
+from .errors import ActivatorUnreachable
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str | None]
+"""(app, version); version None is the app's active version."""
+
+
+@dataclass(eq=False, slots=True)
+class CachedLease:
+    grant: LeaseGrant
+    key: Key
+    renewed_at: float
+    idle_since: float
+    uses: int = 0
+    used: bool = False
+    """Carried a request since the last renew (the activator records it as activity)."""
+    cached: bool = True
+    """False once it left the cache: no new uses; released when `uses` reaches 0."""
+    gone: bool = False
+    """The activator no longer has it (renew said so): nothing to release."""
+
+    @property
+    def has_room(self) -> bool:
+        return self.cached and not self.grant.overflow and self.uses < self.grant.size
+
+
+@dataclass(eq=False, slots=True)
+class Use:
+    """One request's share of a lease. `LeaseCache.put` takes it back once, however called."""
+
+    lease: CachedLease
+    hit: bool
+    returned: bool = False
+
+    @property
+    def sandbox_id(self) -> str:
+        return self.lease.grant.sandbox_id
+
+    @property
+    def url(self) -> str:
+        return self.lease.grant.url
+
+
+@dataclass(frozen=True, slots=True)
+class Maintenance:
+    renew: list[CachedLease] = field(default_factory=list)
+    release: list[CachedLease] = field(default_factory=list)
+
+
+def pick(entries: Sequence[CachedLease], avoid: Container[str] = ()) -> CachedLease | None:
+    """The lease with room and the fewest uses (spreads load); first wins a tie."""
+    best: CachedLease | None = None
+    for entry in entries:
+        if not entry.has_room or entry.grant.sandbox_id in avoid:
+            continue
+        if best is None or entry.uses < best.uses:
+            best = entry
+    return best
+
+
+def plan(
+    entries: Sequence[CachedLease], now: float, idle_ttl: float, report_every: float = 5.0
+) -> Maintenance:
+    """Which cached leases to hand back (idle long enough) and which to renew.
+
+    A lease is renewed once a third of its TTL has passed, so two renewals can fail before
+    the activator expires it; and sooner, every `report_every` seconds, when it carried
+    traffic: the renewal tells the activator the sandbox is in use, so the idle monitor never
+    scales down a sandbox whose requests all go through a cached lease.
+    """
+    out = Maintenance()
+    for entry in entries:
+        since = now - entry.renewed_at
+        if entry.uses == 0 and now - entry.idle_since >= idle_ttl:
+            out.release.append(entry)
+        elif since >= entry.grant.ttl_seconds / 3 or (entry.used and since >= report_every):
+            out.renew.append(entry)
+    return out
+
+
+class LeaseCache:
+    def __init__(
+        self,
+        leases: Leases,
+        *,
+        idle_ttl: float,
+        report_every: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+        on_hit: Callable[[str], None] = lambda app: None,
+        on_miss: Callable[[str], None] = lambda app: None,
+    ) -> None:
+        self._leases = leases
+        self._idle_ttl = idle_ttl
+        self._report_every = report_every
+        self._clock = clock
+        self._on_hit = on_hit
+        self._on_miss = on_miss
+        self._entries: dict[Key, list[CachedLease]] = {}
+
+    # -- the request path -------------------------------------------------------------------
+
+    def take(self, key: Key, avoid: Container[str] = ()) -> Use | None:
+        """A use of a cached lease with room, or None (then `acquire`). Never awaits."""
+        entry = pick(self._entries.get(key, ()), avoid)
+        if entry is None:
+            return None
+        entry.uses += 1
+        entry.used = True
+        self._on_hit(key[0])
+        return Use(entry, hit=True)
+
+    async def acquire(self, key: Key) -> Use:
+        """A use of a fresh lease from the activator (it may wait, bounded, for capacity)."""
+        self._on_miss(key[0])
+        try:
+            grant = await self._leases.acquire(key[0], key[1])
+        except ActivatorError:
+            raise
+        except Exception as exc:  # the HTTP adapter lets transport errors through
+            raise ActivatorUnreachable(f"the activator did not answer: {exc}") from exc
+        # No await from here to the return: the grant is recorded before any cancellation
+        # can land, so whoever holds the Use will hand it back.
+        now = self._clock()
+        entry = CachedLease(grant, key, renewed_at=now, idle_since=now, uses=1, used=True)
+        if grant.overflow:
+            entry.cached = False
+        else:
+            self._entries.setdefault(key, []).append(entry)
+        return Use(entry, hit=False)
+
+    def put(self, use: Use) -> LeaseGrant | None:
+        """Take a use back; returns a lease the caller must release now, if any."""
+        if use.returned:
+            return None
+        use.returned = True
+        entry = use.lease
+        entry.uses -= 1
+        if entry.uses == 0:
+            entry.idle_since = self._clock()
+            if not entry.cached and not entry.gone:
+                return entry.grant
+        return None
+
+    def drop_sandbox(self, sandbox_id: str) -> list[LeaseGrant]:
+        """Take every lease on a sandbox out of the cache; returns those free to release now."""
+        free = []
+        for key, entries in list(self._entries.items()):
+            for entry in [e for e in entries if e.grant.sandbox_id == sandbox_id]:
+                self._evict(key, entry)
+                if entry.uses == 0:
+                    free.append(entry.grant)
+        return free
+
+    async def give_back(self, use: Use) -> None:
+        """`put`, then release the lease if that freed it. Shielded: runs even when cancelled."""
+        with anyio.CancelScope(shield=True):
+            grant = self.put(use)
+            if grant is not None:
+                await self.release(grant)
+
+    async def release(self, grant: LeaseGrant) -> None:
+        with anyio.CancelScope(shield=True):
+            try:
+                await self._leases.release(grant.lease_id)
+            except Exception as exc:  # the activator expires it by TTL; nothing else to do
+                log.warning("could not release lease: %s", exc, extra={"lease": grant.lease_id})
+
+    # -- background -------------------------------------------------------------------------
+
+    async def run(self, interval: float) -> None:
+        """Renew held leases and hand back idle ones, until cancelled."""
+        while True:
+            await anyio.sleep(interval)
+            await self.maintain()
+
+    async def maintain(self) -> None:
+        entries = [e for group in self._entries.values() for e in group]
+        todo = plan(entries, self._clock(), self._idle_ttl, self._report_every)
+        for entry in todo.release:
+            if entry.uses == 0 and entry.cached:  # a request may have taken it meanwhile
+                self._evict(entry.key, entry)
+                await self.release(entry.grant)
+        for entry in todo.renew:
+            if not entry.cached:
+                continue
+            used, entry.used = entry.used, False
+            try:
+                await self._leases.renew(entry.grant.lease_id, used=used)
+            except LeaseGone:
+                log.info("lease gone; dropping it", extra={"lease": entry.grant.lease_id})
+                entry.gone = True
+                self._evict(entry.key, entry)
+                continue
+            except Exception as exc:  # try again next tick; past its TTL it reads LeaseGone
+                entry.used = entry.used or used
+                log.warning("renew failed: %s", exc, extra={"lease": entry.grant.lease_id})
+                continue
+            entry.renewed_at = self._clock()
+
+    async def close(self) -> None:
+        """Release every cached lease (at shutdown, after in-flight requests finished)."""
+        entries = [e for group in self._entries.values() for e in group]
+        self._entries.clear()
+        for entry in entries:
+            entry.cached = False
+            if entry.uses == 0:
+                await self.release(entry.grant)
+
+    def _evict(self, key: Key, entry: CachedLease) -> None:
+        entry.cached = False
+        group = self._entries.get(key)
+        if group is not None and entry in group:
+            group.remove(entry)
+            if not group:
+                del self._entries[key]
+
+    def snapshot(self) -> list[CachedLease]:
+        """Every cached lease (tests and the admin view read it)."""
+        return [e for group in self._entries.values() for e in group]

@@ -1,0 +1,60 @@
+"""What can go wrong on the proxy path; the edge alone turns these into status codes.
+
+IngressError
+├── NoRoute            the Host header names no app (404)
+├── BadRequest         a request we refuse to forward (400)
+│   └── HeadersTooLarge  request line and headers past the bound (431)
+├── ClientGone         the client hung up before its request body was read (no answer)
+├── ActivatorUnreachable  the lease API failed in a way it does not name (503)
+└── UpstreamError      the sandbox did not answer properly
+    ├── ConnectFailed    nothing reached the sandbox (refused, unreachable): safe to retry
+    ├── UpstreamFailed   the exchange broke after bytes were sent (502, never retried)
+    └── UpstreamTimeout  the sandbox stayed silent past the timeout (504)
+
+Activator errors (`activator.errors`) pass through unchanged: Unavailable is 503 +
+Retry-After, UnknownApp is 404.
+"""
+
+from __future__ import annotations
+
+
+class IngressError(Exception):
+    """Base of every error the ingress raises on the proxy path."""
+
+
+class NoRoute(IngressError):
+    def __init__(self, host: str) -> None:
+        super().__init__(f"no app is served at host {host!r}")
+        self.host = host
+
+
+class BadRequest(IngressError):
+    pass
+
+
+class HeadersTooLarge(BadRequest):
+    pass
+
+
+class ClientGone(IngressError):
+    pass
+
+
+class ActivatorUnreachable(IngressError):
+    pass
+
+
+class UpstreamError(IngressError):
+    pass
+
+
+class ConnectFailed(UpstreamError):
+    pass
+
+
+class UpstreamFailed(UpstreamError):
+    pass
+
+
+class UpstreamTimeout(UpstreamError):
+    pass

@@ -1,0 +1,76 @@
+"""Error answers in the client's format, with one stable shape.
+
+JSON `{"error", "detail", "request_id"[, "log"]}` for clients that accept JSON, a short HTML
+page for browsers, plain text otherwise. Pure: the edge sends what these return.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Format(StrEnum):
+    JSON = "json"
+    HTML = "html"
+    TEXT = "text"
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorAnswer:
+    status: int
+    error: str
+    detail: str
+    retry_after: int | None = None
+    log: str | None = None
+
+
+def choose_format(accept: str) -> Format:
+    """JSON when asked for by name, HTML for browsers, text for everything else (curl's */*).
+
+    Browsers send `text/html,...,*/*;q=0.8`, so `text/html` is checked before `*/*` matters;
+    JSON wins a tie because API clients that send both want the machine-readable shape.
+    """
+    kinds = {part.split(";", 1)[0].strip().lower() for part in accept.split(",")}
+    if kinds & {"application/json", "application/problem+json"} or any(
+        kind.endswith("+json") for kind in kinds
+    ):
+        return Format.JSON
+    if "text/html" in kinds or "application/xhtml+xml" in kinds:
+        return Format.HTML
+    return Format.TEXT
+
+
+def render(
+    answer: ErrorAnswer, fmt: Format, request_id: str
+) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    """The body and headers (content type, Retry-After) of an error answer."""
+    headers: list[tuple[bytes, bytes]] = []
+    if answer.retry_after is not None:
+        headers.append((b"retry-after", str(answer.retry_after).encode()))
+    if fmt is Format.JSON:
+        doc: dict[str, str] = {"error": answer.error, "detail": answer.detail}
+        if answer.log is not None:
+            doc["log"] = answer.log
+        doc["request_id"] = request_id
+        body = json.dumps(doc).encode()
+        content_type = b"application/json"
+    elif fmt is Format.HTML:
+        log = f"<pre>{html.escape(answer.log)}</pre>\n" if answer.log else ""
+        body = (
+            "<!doctype html>\n<html><head><meta charset=utf-8>"
+            f"<title>{answer.status} {html.escape(answer.error)}</title></head>\n"
+            f"<body><h1>{answer.status} {html.escape(answer.error)}</h1>\n"
+            f"<p>{html.escape(answer.detail)}</p>\n{log}"
+            f"<p><small>request {html.escape(request_id)}</small></p></body></html>\n"
+        ).encode()
+        content_type = b"text/html; charset=utf-8"
+    else:
+        log = f"\n{answer.log}" if answer.log else ""
+        body = f"{answer.status} {answer.error}: {answer.detail}{log}\n".encode()
+        content_type = b"text/plain; charset=utf-8"
+    headers.append((b"content-type", content_type))
+    headers.append((b"content-length", str(len(body)).encode()))
+    return body, headers

@@ -1,0 +1,147 @@
+"""The ingress's metrics, and the per-request tracker that keeps the load gauges honest.
+
+Seed 001: `requests_in_flight` counts only requests being proxied to a sandbox (holding
+capacity); a request waiting for capacity is in `requests_queued` instead. Each request owns a
+`Tracker` whose phase changes follow one table; repeating a move is a no-op, so a retry
+that holds capacity again never counts the request twice.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class Phase(StrEnum):
+    NEW = "new"
+    QUEUED = "queued"
+    PROXYING = "proxying"
+    DONE = "done"
+
+
+class Move(StrEnum):
+    WAIT = "wait"
+    """Waiting for the activator to grant capacity."""
+    HOLD = "hold"
+    """Holds capacity: about to be, or being, proxied."""
+    FINISH = "finish"
+
+
+TRANSITIONS: dict[tuple[Phase, Move], Phase] = {
+    (Phase.NEW, Move.WAIT): Phase.QUEUED,
+    (Phase.NEW, Move.HOLD): Phase.PROXYING,
+    (Phase.NEW, Move.FINISH): Phase.DONE,
+    (Phase.QUEUED, Move.WAIT): Phase.QUEUED,
+    (Phase.QUEUED, Move.HOLD): Phase.PROXYING,
+    (Phase.QUEUED, Move.FINISH): Phase.DONE,
+    (Phase.PROXYING, Move.WAIT): Phase.PROXYING,
+    (Phase.PROXYING, Move.HOLD): Phase.PROXYING,
+    (Phase.PROXYING, Move.FINISH): Phase.DONE,
+    (Phase.DONE, Move.FINISH): Phase.DONE,
+}
+"""A retry asks for capacity again while it still holds the lease it failed on (kept until the
+request ends, so the activator steers the retry elsewhere): it stays PROXYING, counted once.
+Nothing moves out of DONE but FINISH."""
+
+
+class IllegalMove(RuntimeError):
+    pass
+
+
+def advance(phase: Phase, move: Move) -> Phase:
+    try:
+        return TRANSITIONS[(phase, move)]
+    except KeyError:
+        raise IllegalMove(f"a request in phase {phase} cannot {move}") from None
+
+
+class IngressMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "wakeful_ingress_requests",
+            "Requests answered, by app and status class (2xx..5xx); app '-' when unrouted",
+            ["app", "status_class"],
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "wakeful_ingress_request_duration_seconds",
+            "Time from request to the end of the answer",
+            ["app"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=registry,
+        )
+        self.in_flight = Gauge(
+            "wakeful_ingress_requests_in_flight",
+            "Requests being proxied to a sandbox (holding capacity); waiting ones excluded",
+            ["app"],
+            registry=registry,
+        )
+        self.queued = Gauge(
+            "wakeful_ingress_requests_queued",
+            "Requests waiting for the activator to grant capacity",
+            ["app"],
+            registry=registry,
+        )
+        self.cache_hits = Counter(
+            "wakeful_ingress_lease_cache_hits",
+            "Requests carried by a cached lease",
+            ["app"],
+            registry=registry,
+        )
+        self.cache_misses = Counter(
+            "wakeful_ingress_lease_cache_misses",
+            "Requests that asked the activator for a lease",
+            ["app"],
+            registry=registry,
+        )
+        self.connect_retries = Counter(
+            "wakeful_ingress_connect_retries",
+            "Retries on another sandbox after nothing reached the first",
+            ["app"],
+            registry=registry,
+        )
+        self.upstream_errors = Counter(
+            "wakeful_ingress_upstream_errors",
+            "Upstream failures by kind: connect, failed, timeout",
+            ["app", "kind"],
+            registry=registry,
+        )
+
+        self._gauges: dict[str, tuple[Gauge, Gauge]] = {}
+
+    def tracker(self, app: str) -> Tracker:
+        # labels() costs a lock and a dict lookup per call; the hot path reuses children
+        gauges = self._gauges.get(app)
+        if gauges is None:
+            gauges = self._gauges[app] = (
+                self.in_flight.labels(app=app),
+                self.queued.labels(app=app),
+            )
+        return Tracker(*gauges)
+
+
+class Tracker:
+    """One request's place in the load gauges."""
+
+    __slots__ = ("_in_flight", "_queued", "phase")
+
+    def __init__(self, in_flight: Gauge, queued: Gauge) -> None:
+        self._in_flight = in_flight
+        self._queued = queued
+        self.phase = Phase.NEW
+
+    def move(self, move: Move) -> None:
+        before = self.phase
+        after = advance(before, move)
+        if after is before:
+            return
+        if before is Phase.QUEUED:
+            self._queued.dec()
+        elif before is Phase.PROXYING:
+            self._in_flight.dec()
+        if after is Phase.QUEUED:
+            self._queued.inc()
+        elif after is Phase.PROXYING:
+            self._in_flight.inc()
+        self.phase = after

@@ -1,0 +1,193 @@
+"""The ingress as a running service: one place where its pieces are wired and stopped.
+
+Shutdown runs in a fixed order: fail readiness, stop accepting (the listener closes; idle
+keep-alive connections close), let in-flight requests finish within `shutdown_timeout`,
+cancel what is left (their uses are given back, shielded), release every cached lease, stop
+the admin server, close the upstream session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+from collections.abc import AsyncIterator, Iterator
+
+import anyio
+import anyio.abc
+import uvicorn
+from prometheus_client import CollectorRegistry
+
+from activator.client import Leases
+from store import Store
+
+from .cache import LeaseCache
+from .edge import AdminApp, ProxyApp
+from .metrics import IngressMetrics
+from .proxy import Proxy
+from .routing import RoutingTable
+from .sandboxes import follow_sandboxes
+from .settings import IngressSettings, split_address
+from .transport import AiohttpTransport, Transport
+
+log = logging.getLogger(__name__)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server without its signal handlers: `serve()` owns SIGTERM, and uvicorn
+    would re-raise the signal on exit, killing the process before cached leases go back."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _bind(address: str, backlog: int) -> socket.socket:
+    host, port = split_address(address)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class Ingress:
+    def __init__(
+        self,
+        settings: IngressSettings,
+        leases: Leases,
+        store: Store,
+        registry: CollectorRegistry,
+        *,
+        transport: Transport | None = None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = IngressMetrics(registry)
+        self.routes = RoutingTable(store)
+        self._store = store
+        self.cache = LeaseCache(
+            leases,
+            idle_ttl=settings.lease_idle_ttl,
+            report_every=settings.activity_report_interval,
+            on_hit=lambda app: self.metrics.cache_hits.labels(app=app).inc(),
+            on_miss=lambda app: self.metrics.cache_misses.labels(app=app).inc(),
+        )
+        self._registry = registry
+        self._transport = transport
+        self._draining = False
+        self.address: tuple[str, int] = ("", 0)
+        """Where the proxy listens, once running (the port is real even when 0 was asked)."""
+        self.admin_address: tuple[str, int] = ("", 0)
+
+    @property
+    def ready(self) -> bool:
+        return self.routes.synced.is_set() and not self._draining
+
+    def _config(self, app: ProxyApp | AdminApp) -> uvicorn.Config:
+        return uvicorn.Config(
+            app,
+            interface="asgi3",
+            http="httptools",
+            ws="none",
+            lifespan="off",
+            log_config=None,
+            access_log=False,
+            proxy_headers=False,  # X-Forwarded-* are ours to set (see headers.py)
+            server_header=False,
+            date_header=False,  # the sandbox's own headers pass through
+            timeout_keep_alive=int(max(1, self.settings.client_keepalive)),
+            timeout_graceful_shutdown=int(self.settings.shutdown_timeout),
+            backlog=self.settings.backlog,
+            h11_max_incomplete_event_size=self.settings.max_header_bytes,
+        )
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[Ingress]:
+        """Serve until the block exits, then shut down in order (see the module docstring)."""
+        async with contextlib.AsyncExitStack() as stack:
+            transport = self._transport
+            if transport is None:
+                transport = await stack.enter_async_context(
+                    AiohttpTransport(
+                        connect_timeout=self.settings.connect_timeout,
+                        max_connections=self.settings.upstream_connections,
+                        keepalive=self.settings.upstream_keepalive,
+                    )
+                )
+            proxy = Proxy(self.settings, self.routes, self.cache, transport, self.metrics)
+            tasks = await stack.enter_async_context(anyio.create_task_group())
+            stack.callback(tasks.cancel_scope.cancel)  # runs before the group waits
+            tasks.start_soon(self.routes.run)
+            tasks.start_soon(self.cache.run, self.settings.maintenance_interval)
+            tasks.start_soon(follow_sandboxes, self._store, self.cache)
+            with anyio.fail_after(60):
+                await self.routes.synced.wait()
+            admin = _Server(self._config(AdminApp(self._registry, lambda: self.ready)))
+            admin_sock = _bind(self.settings.admin_listen, self.settings.backlog)
+            await self._start(admin, admin_sock, tasks)
+            self.admin_address = admin_sock.getsockname()[:2]
+            edge = ProxyApp(proxy, self.metrics, self.settings.max_header_bytes)
+            server = _Server(self._config(edge))
+            sock = _bind(self.settings.listen, self.settings.backlog)
+            try:
+                await self._start(server, sock, tasks)
+            except BaseException:
+                await self._stop(admin, admin_sock)
+                raise
+            self.address = sock.getsockname()[:2]
+            log.info("ingress listening on %s:%d", *self.address)
+            try:
+                yield self
+            finally:
+                with anyio.CancelScope(shield=True):
+                    self._draining = True
+                    await self._stop(server, sock)
+                    await self.cache.close()
+                    await self._stop(admin, admin_sock)
+                    log.info("ingress stopped")
+
+    @staticmethod
+    async def _start(server: _Server, sock: socket.socket, tasks: anyio.abc.TaskGroup) -> None:
+        server.config.load()
+        server.lifespan = server.config.lifespan_class(server.config)
+        try:
+            await server.startup(sockets=[sock])
+        except BaseException:
+            sock.close()
+            raise
+        tasks.start_soon(server.main_loop)
+
+    @staticmethod
+    async def _stop(server: _Server, sock: socket.socket) -> None:
+        server.should_exit = True
+        await server.shutdown(sockets=[sock])
+        # uvicorn cancels requests still running past the graceful deadline without
+        # waiting for them; wait here so their shielded lease releases happen first.
+        pending = set(server.server_state.tasks)
+        if pending:
+            await asyncio.wait(pending, timeout=10)
+
+
+async def serve(
+    settings: IngressSettings,
+    leases: Leases,
+    store: Store,
+    registry: CollectorRegistry,
+) -> None:
+    """Run the ingress until SIGTERM or SIGINT, then shut it down gracefully.
+
+    Run it on uvloop: `anyio.run(serve, ..., backend_options={"use_uvloop": True})`.
+    """
+    async with Ingress(settings, leases, store, registry).running():
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                log.info("received %s; shutting down", signal.Signals(signum).name)
+                return

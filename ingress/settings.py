@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+from pydantic import Field
+
+from wakeful.settings import StoreSettings
+
+
+class IngressSettings(StoreSettings):
+    listen: str = "127.0.0.1:8080"
+    """host:port the proxy listens on (port 0 picks a free one)."""
+    admin_listen: str = "127.0.0.1:8081"
+    """host:port of /healthz, /readyz and /metrics; never served on the proxy port."""
+    base_domain: str = "localhost"
+    """`<app>.<base_domain>` routes to the app (so http://hello.localhost:8080/ works)."""
+    lease_idle_ttl: float = Field(default=30.0, gt=0, le=3600)
+    """A cached lease carrying no request for this long is handed back to the activator."""
+    activity_report_interval: float = Field(default=5.0, gt=0, le=3600)
+    """A cached lease that carried traffic is renewed at least this often, which is how the
+    activator learns the sandbox is busy (keep it below the apps' scale_down_delay / 2)."""
+    maintenance_interval: float = Field(default=1.0, gt=0, le=60)
+    """How often cached leases are checked for renewal and idleness."""
+    connect_timeout: float = Field(default=5.0, gt=0, le=300)
+    request_timeout: float = Field(default=300.0, gt=0, le=86_400)
+    """Seconds a sandbox may stay silent: before its answer starts, and between body reads."""
+    request_timeouts: dict[str, float] = Field(default_factory=dict)
+    """Per-app overrides of `request_timeout`, by app name."""
+    connect_retries: int = Field(default=2, ge=0, le=10)
+    """Retries on another sandbox when nothing reached the first (connection refused)."""
+    trust_forwarded: bool = False
+    """Append to an incoming X-Forwarded-* chain (only behind a trusted load balancer)."""
+    max_header_bytes: int = Field(default=32 * 1024, ge=1024, le=1024 * 1024)
+    """Request line plus headers past this many bytes are answered 431."""
+    upstream_connections: int = Field(default=1024, ge=1, le=100_000)
+    """Connections the upstream session keeps open at most, over every sandbox."""
+    upstream_keepalive: float = Field(default=4.0, gt=0, le=3600)
+    """Idle upstream connections are closed after this many seconds: below the sandbox's own
+    idle timeout (uvicorn's is 5 s), so a request is never written to a closing connection."""
+    client_keepalive: float = Field(default=5.0, gt=0, le=3600)
+    shutdown_timeout: float = Field(default=30.0, ge=0, le=3600)
+    """On SIGTERM, in-flight requests get this long to finish before they are cancelled."""
+    backlog: int = Field(default=2048, ge=1, le=65_535)
+
+    def timeout_for(self, app: str) -> float:
+        return self.request_timeouts.get(app, self.request_timeout)
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """`host:port` (or `[v6]:port`) as a pair; refuses anything else with a readable reason."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65_535:
+        raise ValueError(f"expected host:port, got {address!r}")
+    return host.strip("[]"), int(port)

@@ -1,0 +1,301 @@
+"""`wakeful up` as a real process: real sandboxes, real HTTP through the ingress.
+
+Each test starts its own `wakeful up` on free ports with a temporary data directory and an
+app directory made from examples/hello with the settings the test needs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+from store.testing import free_port
+
+pytestmark = pytest.mark.anyio
+HELLO = Path(__file__).parents[2] / "examples" / "hello"
+WAKEFUL = [sys.executable, "-m", "wakeful.cli"]
+
+
+def make_app(
+    root: Path,
+    name: str = "hello",
+    *,
+    rpi: int = 10,
+    delay: str = "60s",
+    max_instances: int = 10,
+    command: str = '["python3", "app.py"]',
+) -> Path:
+    target = root / name
+    shutil.copytree(HELLO, target)
+    (target / "wakeful.toml").write_text(
+        f'name = "{name}"\ncommand = {command}\nshutdown_timeout = 5\n'
+        '[health]\npath = "/healthz"\ntimeout = 20\n'
+        f'[concurrency]\nrequests_per_instance = {rpi}\nscale_down_delay = "{delay}"\n'
+        f"max_instances = {max_instances}\n"
+    )
+    return target
+
+
+@dataclass
+class Up:
+    process: subprocess.Popen[str]
+    data_dir: Path
+    proxy: str
+    api: str
+    token: str
+
+    def host(self, app: str = "hello") -> dict[str, str]:
+        return {"Host": f"{app}.localhost"}
+
+    async def pools(self) -> list[dict[str, object]]:
+        async with httpx.AsyncClient(base_url=self.api) as client:
+            answer = await client.get(
+                "/v1/pools", headers={"Authorization": f"Bearer {self.token}"}
+            )
+        answer.raise_for_status()
+        result: list[dict[str, object]] = answer.json()
+        return result
+
+    async def pool(self, app: str = "hello") -> dict[str, object]:
+        return next(p for p in await self.pools() if p["app"] == app)
+
+    def sandbox_pids(self) -> list[int]:
+        """Processes whose working directory is one of this control plane's sandboxes."""
+        root = str((self.data_dir / "sandboxes").resolve())
+        found = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if os.readlink(entry / "cwd").startswith(root):
+                        found.append(int(entry.name))
+                except OSError:
+                    continue
+        return found
+
+
+def start_up(tmp_path: Path, *apps: Path, idle_interval: float = 1.0) -> Up:
+    data_dir = tmp_path / "state"
+    proxy, api, admin = free_port(), free_port(), free_port()
+    process = subprocess.Popen(
+        [
+            *WAKEFUL,
+            "--data-dir",
+            str(data_dir),
+            "up",
+            *map(str, apps),
+            "--listen",
+            f"127.0.0.1:{proxy}",
+            "--api",
+            f"127.0.0.1:{api}",
+            "--admin",
+            f"127.0.0.1:{admin}",
+            "--idle-interval",
+            str(idle_interval),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    control = data_dir / "control.json"
+    deadline = time.monotonic() + 30
+    while not control.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            output = process.communicate()[0]
+            raise RuntimeError(f"wakeful up did not start: {output}")
+        time.sleep(0.05)
+    token = json.loads(control.read_text())["token"]
+    return Up(process, data_dir, f"http://127.0.0.1:{proxy}", f"http://127.0.0.1:{api}", token)
+
+
+def stop_up(up: Up) -> str:
+    if up.process.poll() is None:
+        up.process.send_signal(signal.SIGTERM)
+        try:
+            up.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            up.process.kill()
+            up.process.wait()
+    if up.process.stdout is None:
+        return ""
+    with up.process.stdout:
+        return up.process.stdout.read()
+
+
+async def no_sandbox_left(up: Up, within: float = 20) -> None:
+    """Stopping is SIGTERM and a wait: give the processes their moment to finish."""
+    with anyio.fail_after(within):
+        for _ in range(int(within * 20)):
+            if not up.sandbox_pids():
+                return
+            await anyio.sleep(0.05)
+    raise AssertionError(f"sandbox processes left: {up.sandbox_pids()}")
+
+
+@pytest.fixture
+def hello_up(tmp_path: Path) -> Iterator[Up]:
+    up = start_up(tmp_path, make_app(tmp_path, rpi=2, delay="6s"))
+    yield up
+    stop_up(up)
+
+
+async def eventually_pool(
+    up: Up, check: Callable[[dict[str, object]], bool], within: float = 30
+) -> dict[str, object]:
+    """Wait until `check` holds for the app's pool report."""
+    with anyio.fail_after(within):
+        while True:
+            pool = await up.pool()
+            if check(pool):
+                return pool
+            await anyio.sleep(0.1)
+
+
+@pytest.fixture
+async def client(hello_up: Up) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=hello_up.proxy, timeout=60) as http:
+        yield http
+
+
+async def test_the_first_request_wakes_a_scaled_to_zero_app(
+    hello_up: Up, client: httpx.AsyncClient
+) -> None:
+    assert (await hello_up.pool())["live"] == 0
+    answer = await client.get("/", headers=hello_up.host())
+    assert answer.status_code == 200
+    assert answer.text.startswith("hello from")
+    assert (await hello_up.pool())["ready"] == 1
+
+
+async def test_a_burst_grows_the_pool_in_one_step_and_every_request_succeeds(
+    hello_up: Up, client: httpx.AsyncClient
+) -> None:
+    statuses: list[int] = []
+
+    async def one() -> None:
+        answer = await client.get("/sleep", params={"s": "1"}, headers=hello_up.host())
+        statuses.append(answer.status_code)
+
+    async with anyio.create_task_group() as burst:
+        for _ in range(12):
+            burst.start_soon(one)
+    assert statuses == [200] * 12
+    pool = await hello_up.pool()
+    # 12 requests at target 2: the pool is sized from demand, far beyond +1 steps.
+    assert int(pool["desired_instances"]) >= 5  # type: ignore[call-overload]
+
+
+async def test_an_idle_app_goes_to_zero_and_the_next_request_wakes_it(
+    hello_up: Up, client: httpx.AsyncClient
+) -> None:
+    assert (await client.get("/", headers=hello_up.host())).status_code == 200
+    await eventually_pool(
+        hello_up, lambda p: p["desired_instances"] == 0 and p["live"] == 0, within=60
+    )
+    await no_sandbox_left(hello_up)
+    answer = await client.get("/", headers=hello_up.host())
+    assert answer.status_code == 200
+
+
+async def test_scale_down_under_steady_load_drops_no_request(
+    hello_up: Up, client: httpx.AsyncClient
+) -> None:
+    statuses: list[int] = []
+
+    async def one() -> None:
+        answer = await client.get("/sleep", params={"s": "0.5"}, headers=hello_up.host())
+        statuses.append(answer.status_code)
+
+    async with anyio.create_task_group() as burst:  # grow the pool first
+        for _ in range(10):
+            burst.start_soon(one)
+    grown = int((await hello_up.pool())["desired_instances"])  # type: ignore[call-overload]
+    assert grown >= 3
+    # Steady light load while the idle monitor takes the unused sandboxes away.
+    with anyio.fail_after(90):
+        while int((await hello_up.pool())["live"]) > 1:  # type: ignore[call-overload]
+            await one()
+    for _ in range(5):
+        await one()
+    assert set(statuses) == {200}
+
+
+async def test_a_killed_sandbox_is_replaced(hello_up: Up, client: httpx.AsyncClient) -> None:
+    first = await client.get("/", headers=hello_up.host())
+    pid = int(first.text.split()[-1])
+    os.kill(pid, signal.SIGKILL)
+    with anyio.fail_after(30):
+        while True:
+            answer = await client.get("/", headers=hello_up.host())
+            if answer.status_code == 200 and int(answer.text.split()[-1]) != pid:
+                break
+            await anyio.sleep(0.1)
+
+
+async def test_a_crash_looping_app_answers_503_with_its_log_quickly(tmp_path: Path) -> None:
+    app = make_app(
+        tmp_path,
+        "broken",
+        command=(
+            '["python3", "-c", '
+            "\"import sys; print('ImportError: no module named flask'); sys.exit(1)\"]"
+        ),
+    )
+    up = start_up(tmp_path, app)
+    try:
+        async with httpx.AsyncClient(base_url=up.proxy, timeout=60) as http:
+            started = time.monotonic()
+            answer = await http.get(
+                "/", headers={**up.host("broken"), "Accept": "application/json"}
+            )
+            elapsed = time.monotonic() - started
+        assert answer.status_code == 503
+        assert "Retry-After" in answer.headers
+        assert "flask" in answer.text
+        assert elapsed < 30  # far below the 120 s activation timeout
+    finally:
+        stop_up(up)
+
+
+def test_a_bad_manifest_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    app = make_app(tmp_path, rpi=0)
+    data_dir = tmp_path / "state"
+    done = subprocess.run(
+        [*WAKEFUL, "--data-dir", str(data_dir), "up", str(app)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "concurrency.requests_per_instance" in done.stderr
+    assert "wakeful.toml" in done.stderr
+    assert not (data_dir / "store.db").exists()
+
+
+async def test_sigterm_leaves_no_sandbox_running(tmp_path: Path) -> None:
+    up = start_up(tmp_path, make_app(tmp_path, rpi=1))
+    async with httpx.AsyncClient(base_url=up.proxy, timeout=60) as http:
+
+        async def one() -> None:
+            await http.get("/sleep", params={"s": "0.2"}, headers=up.host())
+
+        async with anyio.create_task_group() as burst:
+            for _ in range(4):
+                burst.start_soon(one)
+    assert up.sandbox_pids() != []
+    output = stop_up(up)
+    assert up.process.returncode == 0, output
+    assert up.sandbox_pids() == []

@@ -1,0 +1,186 @@
+"""Routing, header rules, error formats and the bounded wait, over real HTTP."""
+
+from __future__ import annotations
+
+import gc
+import time
+import tracemalloc
+from collections.abc import Callable
+
+import anyio
+import httpx
+import pytest
+
+from tests.activator.conftest import eventually
+from wakeful.models import App
+
+from .conftest import stack
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_hosts_route_exact_then_wildcard_then_app_dot_domain(
+    hello: Callable[[], int],
+) -> None:
+    hosts = ["www.example.com", "*.apps.example.org"]
+    async with stack({"sb-1": hello()}, hosts=hosts, base_domain="test.internal") as s:
+        for host in ("WWW.Example.COM:8080", "a.b.apps.example.org", "hello.test.internal:1"):
+            answer = await s.client.get("/", headers={"Host": host})
+            assert answer.status_code == 200, (host, answer.text)
+        missing = await s.client.get("/", headers={"Host": "nope.test.internal"})
+        assert missing.status_code == 404
+        assert "nope.test.internal" in missing.text
+        assert "unknown host" in missing.text
+        # the table follows the store
+        await s.store.put(
+            "apps/hello", App(name="hello", hosts=["late.example.com"], active_version="v1")
+        )
+        await eventually(lambda: "late.example.com" in s.ingress.routes.index.exact)
+        assert (await s.client.get("/", headers={"Host": "late.example.com"})).status_code == 200
+        gone = await s.client.get("/", headers={"Host": "www.example.com"})
+        assert gone.status_code == 404
+
+
+async def test_an_app_without_a_pool_is_404_and_unrouted_hosts_never_reach_a_sandbox() -> None:
+    async with stack(extra_apps=[App(name="other")]) as s:
+        answer = await s.client.get("/", headers={"Host": "other.localhost"})
+        assert answer.status_code == 404
+        assert "unknown app" in answer.text
+        assert s.sample("requests_total", app="other", status_class="4xx") == 1
+        # control-plane hosts are not apps: nothing to forward to
+        assert (await s.client.get("/", headers={"Host": "127.0.0.1"})).status_code == 404
+        assert s.sample("requests_total", app="-", status_class="4xx") == 1
+
+
+def _seen(text: str) -> dict[str, str]:
+    return {k.lower(): v for k, _, v in (line.partition(": ") for line in text.splitlines())}
+
+
+async def test_request_headers_are_rewritten(hello: Callable[[], int]) -> None:
+    sent = {
+        "Connection": "keep-alive, X-Drop",
+        "X-Drop": "1",
+        "Keep-Alive": "timeout=5",
+        "TE": "trailers",
+        "Proxy-Authorization": "Basic eA==",
+        "X-Forwarded-For": "203.0.113.9",
+        "X-Forwarded-Proto": "https",
+        "X-Custom": "kept",
+    }
+    async with stack({"sb-1": hello()}) as s:
+        answer = await s.client.get("/headers", headers=sent)
+        seen = _seen(answer.text)
+        for name in ("x-drop", "keep-alive", "te", "proxy-authorization", "trailer"):
+            assert name not in seen
+        assert seen["x-custom"] == "kept"
+        assert seen["x-forwarded-for"] == "127.0.0.1"  # the client's claim is not trusted
+        assert seen["x-forwarded-proto"] == "http"
+        assert seen["x-forwarded-host"] == "hello.localhost"
+        assert seen["host"] == "hello.localhost"
+        assert seen["x-request-id"] == answer.headers["x-request-id"]
+        assert len(answer.headers["x-request-id"]) == 32
+        again = await s.client.get("/headers", headers={"X-Request-Id": "abc-123"})
+        assert _seen(again.text)["x-request-id"] == "abc-123"
+        assert again.headers["x-request-id"] == "abc-123"
+    async with stack({"sb-1": hello()}, trust_forwarded=True) as s:
+        seen = _seen((await s.client.get("/headers", headers=sent)).text)
+        assert seen["x-forwarded-for"] == "203.0.113.9, 127.0.0.1"
+        assert seen["x-forwarded-proto"] == "https"
+
+
+async def test_oversized_headers_get_431() -> None:
+    async with stack(max_header_bytes=4096) as s:
+        answer = await s.client.get("/", headers={"X-Big": "x" * 5000})
+        assert answer.status_code == 431
+
+
+@pytest.mark.parametrize(
+    ("accept", "content_type", "marker"),
+    [
+        ("application/json", "application/json", '"error": "unknown host"'),
+        ("text/html,application/xhtml+xml,*/*;q=0.8", "text/html", "<h1>404 unknown host</h1>"),
+        ("*/*", "text/plain", "404 unknown host: no app is served at host 'x.localhost'"),
+    ],
+    ids=["json for APIs", "html for browsers", "text for curl"],
+)
+async def test_errors_come_in_the_clients_format(
+    accept: str, content_type: str, marker: str
+) -> None:
+    async with stack() as s:
+        answer = await s.client.get("/", headers={"Host": "x.localhost", "Accept": accept})
+        assert answer.status_code == 404
+        assert answer.headers["content-type"].startswith(content_type)
+        assert marker in answer.text
+        assert answer.headers["x-request-id"]
+
+
+async def test_the_bounded_wait_answers_503_with_retry_after() -> None:
+    async with stack({"sb-1": None}, activation_timeout=0.3) as s:
+        answer = await s.client.get("/", headers={"Accept": "application/json"})
+        assert answer.status_code == 503
+        assert answer.json()["error"] == "no capacity"
+        assert int(answer.headers["retry-after"]) >= 1
+        assert s.sample("requests_queued", app="hello") == 0
+
+
+async def test_an_app_that_fails_to_boot_answers_503_with_its_log() -> None:
+    crashing = {
+        "crash_cooldown_until": time.time() + 60,
+        "crash_count": 3,
+        "last_crash_log": "Traceback (most recent call last):\nImportError: no module x",
+    }
+    async with stack({"sb-1": None}, pool_update=crashing) as s:
+        answer = await s.client.get("/", headers={"Accept": "application/json"})
+        assert answer.status_code == 503
+        body = answer.json()
+        assert body["error"] == "app failed to boot"
+        assert "ImportError: no module x" in body["log"]
+        assert int(answer.headers["retry-after"]) > 1
+        text = await s.client.get("/")
+        assert "ImportError: no module x" in text.text
+
+
+async def test_a_flood_past_the_bound_is_refused_and_leaves_nothing_behind() -> None:
+    waves, per_wave = 5, 100
+    async with stack({"sb-1": None}, activation_timeout=0.3, activator={"max_waiters": 5}) as s:
+        statuses: list[int] = []
+        most_waiting = 0
+
+        async def call(client: httpx.AsyncClient) -> None:
+            answer = await client.get("/")
+            assert "retry-after" in answer.headers
+            statuses.append(answer.status_code)
+
+        async def watch() -> None:
+            nonlocal most_waiting
+            while True:
+                most_waiting = max(most_waiting, s.activator.snapshot()[0].waiters)
+                await anyio.sleep(0.005)
+
+        sizes = []
+        tracemalloc.start()
+        try:
+            async with anyio.create_task_group() as watcher:
+                watcher.start_soon(watch)
+                for _ in range(waves):
+                    # a fresh client per wave: httpx's pool slows badly when reused this wide
+                    limits = httpx.Limits(max_connections=per_wave)
+                    async with (
+                        httpx.AsyncClient(
+                            base_url=s.url, headers={"Host": "hello.localhost"}, limits=limits
+                        ) as client,
+                        anyio.create_task_group() as tg,
+                    ):
+                        for _ in range(per_wave):
+                            tg.start_soon(call, client)
+                    gc.collect()
+                    sizes.append(tracemalloc.get_traced_memory()[0])
+                watcher.cancel_scope.cancel()
+        finally:
+            tracemalloc.stop()
+        assert statuses == [503] * waves * per_wave
+        assert most_waiting <= 5
+        assert s.activator.snapshot()[0].waiters == 0
+        assert s.sample("requests_queued", app="hello") == 0
+        # once the first waves warmed every pool and cache, later waves leave nothing behind
+        assert sizes[-1] - sizes[1] < 256 * 1024, sizes

@@ -1,0 +1,151 @@
+"""Lease use through the real stack: invariants 7-10 of ARCHITECTURE.md."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import anyio
+import httpx
+import pytest
+
+from tests.activator.conftest import eventually
+from wakeful.models import SandboxStatus
+
+from .conftest import closed_port, stack
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_a_size_s_lease_never_carries_s_plus_one_requests(hello: Callable[[], int]) -> None:
+    # rpi 10 gives leases of size 2: the third concurrent request needs a second lease.
+    async with (
+        stack({"sb-1": hello()}, rpi=10, max_instances=1) as s,
+        anyio.create_task_group() as tg,
+    ):
+        for n in range(1, 4):
+            tg.start_soon(s.client.get, "/sleep?s=1")
+            await eventually(lambda n=n: s.sample("requests_in_flight", app="hello") == n)  # type: ignore[misc]
+        cached = s.ingress.cache.snapshot()
+        assert all(entry.uses <= entry.grant.size for entry in cached)
+        assert [entry.uses for entry in cached] == [2, 1]
+        assert s.activator.leased_on("sb-1") == 4  # two leases cover three requests
+        assert s.sample("lease_cache_hits_total", app="hello") == 1
+        assert s.sample("lease_cache_misses_total", app="hello") == 2
+
+
+async def test_an_overflow_lease_carries_one_request_and_goes_straight_back(
+    hello: Callable[[], int],
+) -> None:
+    # rpi 1: one normal lease of size 1 fills the sandbox; the next request overflows.
+    async with stack({"sb-1": hello()}, rpi=1, max_instances=1) as s:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(s.client.get, "/sleep?s=1.5")
+            await eventually(lambda: s.sample("requests_in_flight", app="hello") == 1)
+            overflowed = await s.client.get("/sleep?s=0.2")
+            assert overflowed.status_code == 200
+            assert s.activator.snapshot()[0].overflow == 0  # released right after its request
+            assert s.activator.leased_on("sb-1") == 1  # only the cached normal lease
+            assert [e.grant.overflow for e in s.ingress.cache.snapshot()] == [False]
+        hits = s.sample("lease_cache_hits_total", app="hello")
+        assert (await s.client.get("/")).status_code == 200
+        assert s.sample("lease_cache_hits_total", app="hello") == hits + 1
+        assert s.activator.leased_on("sb-1") == 1
+
+
+async def test_a_client_that_hangs_up_mid_download_leaves_nothing_leased(
+    hello: Callable[[], int],
+) -> None:
+    async with stack({"sb-1": hello()}, lease_idle_ttl=0.3, maintenance_interval=0.05) as s:
+        async with s.client.stream("GET", f"/bytes?n={10**12}") as answer:
+            received = 0
+            async for chunk in answer.aiter_raw():
+                received += len(chunk)
+                if received > 1 << 20:
+                    break
+        # The ingress must notice, stop the transfer, and hand its use back; the idle
+        # lease then goes back to the activator.
+        await eventually(lambda: s.activator.leased_on("sb-1") == 0)
+        assert s.ingress.cache.snapshot() == []
+        assert s.sample("requests_in_flight", app="hello") == 0
+        assert s.sample("requests_total", app="hello", status_class="4xx") == 1
+
+
+async def test_an_idle_lease_is_handed_back_and_a_gone_one_dropped(
+    hello: Callable[[], int],
+) -> None:
+    async with stack(
+        {"sb-1": hello()},
+        lease_idle_ttl=60,
+        maintenance_interval=0.05,
+        activator={"lease_ttl": 0.6},  # renewed every 0.2 s
+    ) as s:
+        assert (await s.client.get("/")).status_code == 200
+        [entry] = s.ingress.cache.snapshot()
+        s.activator.release(entry.grant.lease_id)  # the activator forgets it (say, expiry)
+        await eventually(lambda: s.ingress.cache.snapshot() == [])  # renew said LeaseGone
+        assert (await s.client.get("/")).status_code == 200
+        assert s.sample("lease_cache_misses_total", app="hello") == 2
+    async with stack({"sb-1": hello()}, lease_idle_ttl=0.2, maintenance_interval=0.05) as s:
+        assert (await s.client.get("/")).status_code == 200
+        assert s.activator.leased_on("sb-1") == 1
+        await eventually(lambda: s.activator.leased_on("sb-1") == 0)
+
+
+async def test_a_queued_request_is_counted_as_queued_not_in_flight(
+    hello: Callable[[], int],
+) -> None:
+    port = hello()
+    async with stack({"sb-1": None}) as s, anyio.create_task_group() as tg:
+        answers: list[httpx.Response] = []
+
+        async def call() -> None:
+            answers.append(await s.client.get("/sleep?s=0.5"))
+
+        tg.start_soon(call)
+        await eventually(lambda: s.sample("requests_queued", app="hello") == 1)
+        assert s.sample("requests_in_flight", app="hello") == 0
+        await s.put_sandbox("sb-1", port, SandboxStatus.RUNNING)
+        await eventually(lambda: s.sample("requests_in_flight", app="hello") == 1)
+        assert s.sample("requests_queued", app="hello") == 0
+        await eventually(lambda: len(answers) == 1)
+        assert answers[0].status_code == 200
+        assert s.sample("requests_in_flight", app="hello") == 0
+        assert s.sample("requests_queued", app="hello") == 0
+
+
+async def test_a_retried_request_is_counted_once(hello: Callable[[], int]) -> None:
+    # sb-a refuses connections; admission picks it first (ties go to the first id).
+    async with (
+        stack({"sb-a": closed_port(), "sb-b": hello()}) as s,
+        anyio.create_task_group() as tg,
+    ):
+        answers: list[httpx.Response] = []
+
+        async def call() -> None:
+            answers.append(await s.client.get("/sleep?s=1"))
+
+        tg.start_soon(call)
+        await eventually(lambda: s.sample("connect_retries_total", app="hello") == 1)
+        await eventually(lambda: s.activator.leased_on("sb-b") == 1)
+        assert s.sample("requests_in_flight", app="hello") == 1
+        assert s.sample("requests_queued", app="hello") == 0
+        await eventually(lambda: len(answers) == 1)
+        assert answers[0].status_code == 200
+        assert s.sample("requests_in_flight", app="hello") == 0
+
+
+async def test_a_sandbox_leaving_admission_takes_its_cached_leases_with_it(
+    hello: Callable[[], int],
+) -> None:
+    # Idle TTL and renewals far away: only the sandbox watch can drop the lease quickly.
+    async with stack({"sb-1": hello(), "sb-2": hello()}, lease_idle_ttl=600, rpi=10) as s:
+        assert (await s.client.get("/")).status_code == 200
+        (cached,) = s.ingress.cache.snapshot()
+        draining = cached.grant.sandbox_id
+        port = int(cached.grant.url.rsplit(":", 1)[1])
+        await s.put_sandbox(draining, port, SandboxStatus.DRAINING)
+        await eventually(lambda: s.activator.leased_on(draining) == 0)
+        assert s.ingress.cache.snapshot() == []
+        answer = await s.client.get("/")  # a new request goes to the other sandbox
+        assert answer.status_code == 200
+        assert [e.grant.sandbox_id for e in s.ingress.cache.snapshot()] != [draining]

@@ -1,0 +1,320 @@
+"""The pure decisions of the ingress, as tables of named cases."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from activator.api import LeaseGrant
+from activator.errors import AppFailedToBoot, NoCapacity, Overloaded, UnknownApp
+from ingress.cache import CachedLease, pick, plan
+from ingress.edge import answer_for
+from ingress.errors import (
+    ActivatorUnreachable,
+    ConnectFailed,
+    HeadersTooLarge,
+    NoRoute,
+    UpstreamFailed,
+    UpstreamTimeout,
+)
+from ingress.formats import Format, choose_format
+from ingress.headers import client_response_headers, upstream_request_headers
+from ingress.metrics import IllegalMove, IngressMetrics, Move, Phase, advance
+from ingress.routing import build_index, match, normalize_host
+from wakeful.models import App
+
+# -- routing -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "host"),
+    [
+        ("Hello.LocalHost:8080", "hello.localhost"),
+        ("example.com.", "example.com"),
+        ("[::1]:8080", "::1"),
+        ("[::1]", "::1"),
+        ("", ""),
+    ],
+    ids=["port and case", "trailing dot", "ipv6 with port", "ipv6 bare", "empty"],
+)
+def test_normalize_host(raw: str, host: str) -> None:
+    assert normalize_host(raw) == host
+
+
+INDEX = build_index(
+    [
+        App(name="shop", hosts=["shop.example.com", "*.example.com"]),
+        App(name="deep", hosts=["*.eu.example.com"]),
+        App(name="hello"),
+        App(name="thief", hosts=["shop.example.com"]),
+    ]
+)
+
+
+@pytest.mark.parametrize(
+    ("host", "app"),
+    [
+        ("shop.example.com", "shop"),
+        ("a.example.com", "shop"),
+        ("x.eu.example.com", "deep"),
+        ("a.b.eu.example.com", "deep"),
+        ("example.com", None),
+        ("hello.localhost", "hello"),
+        ("shop.localhost", "shop"),
+        ("nobody.localhost", None),
+        ("hello.localhost.evil.com", None),
+        ("hello.other", None),
+    ],
+    ids=[
+        "exact host",
+        "wildcard",
+        "longest wildcard wins",
+        "wildcard spans labels",
+        "wildcard needs a label",
+        "app dot base domain",
+        "any app dot base domain",
+        "unknown app name",
+        "base domain must end the host",
+        "other domain",
+    ],
+)
+def test_match(host: str, app: str | None) -> None:
+    assert match(INDEX, host, "localhost") == app
+
+
+def test_a_host_claimed_twice_goes_to_the_first_app_by_name() -> None:
+    assert INDEX.exact["shop.example.com"] == "shop"
+
+
+# -- headers -------------------------------------------------------------------------------
+
+INCOMING = [
+    ("host", "hello.localhost"),
+    ("connection", "keep-alive, x-secret"),
+    ("x-secret", "1"),
+    ("keep-alive", "timeout=5"),
+    ("te", "trailers"),
+    ("transfer-encoding", "chunked"),
+    ("proxy-authorization", "Basic eA=="),
+    ("upgrade", "websocket"),
+    ("x-forwarded-for", "10.0.0.1"),
+    ("x-forwarded-proto", "https"),
+    ("x-forwarded-host", "public.example.com"),
+    ("x-request-id", "client-id"),
+    ("accept", "*/*"),
+]
+
+
+@pytest.mark.parametrize(
+    ("trust", "expected"),
+    [
+        (
+            False,
+            {
+                "x-forwarded-for": "192.0.2.7",
+                "x-forwarded-proto": "http",
+                "x-forwarded-host": "hello.localhost",
+            },
+        ),
+        (
+            True,
+            {
+                "x-forwarded-for": "10.0.0.1, 192.0.2.7",
+                "x-forwarded-proto": "https",
+                "x-forwarded-host": "public.example.com",
+            },
+        ),
+    ],
+    ids=["untrusted peer: chain replaced", "trusted peer: chain appended"],
+)
+def test_upstream_request_headers(trust: bool, expected: dict[str, str]) -> None:
+    out = upstream_request_headers(
+        INCOMING, client_ip="192.0.2.7", scheme="http", request_id="rid", trust_forwarded=trust
+    )
+    names = [name for name, _ in out]
+    for hop in ("connection", "x-secret", "keep-alive", "te", "transfer-encoding", "upgrade"):
+        assert hop not in names
+    assert "proxy-authorization" not in names
+    assert dict(out) == {"host": "hello.localhost", "accept": "*/*", "x-request-id": "rid"} | (
+        expected
+    )
+    assert names.count("x-request-id") == 1
+
+
+def test_client_response_headers() -> None:
+    raw = [
+        (b"Content-Type", b"text/plain"),
+        (b"Connection", b"close, X-Private"),
+        (b"X-Private", b"1"),
+        (b"Transfer-Encoding", b"chunked"),
+        (b"Trailer", b"X-Sum"),
+        (b"Set-Cookie", b"a=1"),
+        (b"Set-Cookie", b"b=2"),
+        (b"X-Request-Id", b"sandbox-id"),
+    ]
+    assert client_response_headers(raw, "rid") == [
+        (b"content-type", b"text/plain"),
+        (b"set-cookie", b"a=1"),
+        (b"set-cookie", b"b=2"),
+        (b"x-request-id", b"rid"),
+    ]
+
+
+# -- error answers -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("accept", "fmt"),
+    [
+        ("application/json", Format.JSON),
+        ("application/problem+json", Format.JSON),
+        ("text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8", Format.HTML),
+        ("application/json, text/html", Format.JSON),
+        ("*/*", Format.TEXT),
+        ("", Format.TEXT),
+        ("text/plain", Format.TEXT),
+    ],
+    ids=["json", "json flavour", "browser", "both: json wins", "curl", "none", "text"],
+)
+def test_choose_format(accept: str, fmt: Format) -> None:
+    assert choose_format(accept) is fmt
+
+
+@pytest.mark.parametrize(
+    ("exc", "status", "error", "retry_after"),
+    [
+        (NoRoute("x.localhost"), 404, "unknown host", None),
+        (UnknownApp("no app"), 404, "unknown app", None),
+        (HeadersTooLarge("big"), 431, "request header fields too large", None),
+        (NoCapacity("slow", 7), 503, "no capacity", 7),
+        (Overloaded("full", 5), 503, "no capacity", 5),
+        (AppFailedToBoot("crash", 30, "log"), 503, "app failed to boot", 30),
+        (ActivatorUnreachable("down"), 503, "activator unavailable", 5),
+        (ConnectFailed("refused"), 502, "upstream failed", None),
+        (UpstreamFailed("reset"), 502, "upstream failed", None),
+        (UpstreamTimeout("quiet"), 504, "upstream timed out", None),
+        (RuntimeError("bug"), 500, "internal error", None),
+    ],
+    ids=lambda v: type(v).__name__ if isinstance(v, Exception) else None,
+)
+def test_answer_for(exc: Exception, status: int, error: str, retry_after: int | None) -> None:
+    answer = answer_for(exc)
+    assert (answer.status, answer.error, answer.retry_after) == (status, error, retry_after)
+
+
+# -- the lease cache -----------------------------------------------------------------------
+
+
+def lease(
+    sandbox: str, size: int, uses: int, *, overflow: bool = False, **kw: float
+) -> CachedLease:
+    grant = LeaseGrant(
+        lease_id=f"{sandbox}-{size}-{uses}",
+        sandbox_id=sandbox,
+        url="http://127.0.0.1:1",
+        size=size,
+        overflow=overflow,
+        ttl_seconds=kw.get("ttl", 60.0),
+    )
+    return CachedLease(
+        grant,
+        ("hello", None),
+        renewed_at=kw.get("renewed_at", 0.0),
+        idle_since=kw.get("idle_since", 0.0),
+        uses=uses,
+        used=bool(kw.get("used", False)),
+    )
+
+
+@pytest.mark.parametrize(
+    ("entries", "avoid", "chosen"),
+    [
+        ([], (), None),
+        ([lease("a", 2, 2)], (), None),
+        ([lease("a", 2, 1)], (), 0),
+        ([lease("a", 3, 2), lease("b", 3, 1)], (), 1),
+        ([lease("a", 3, 1), lease("b", 3, 1)], (), 0),
+        ([lease("a", 1, 0, overflow=True)], (), None),
+        ([lease("a", 2, 0), lease("b", 2, 1)], ("a",), 1),
+    ],
+    ids=[
+        "empty cache",
+        "size 2 with 2 uses is full",
+        "room left",
+        "fewest uses wins",
+        "first wins a tie",
+        "overflow never carries another",
+        "a refused sandbox is skipped",
+    ],
+)
+def test_pick(entries: list[CachedLease], avoid: tuple[str, ...], chosen: int | None) -> None:
+    found = pick(entries, avoid)
+    assert found is (None if chosen is None else entries[chosen])
+
+
+@pytest.mark.parametrize(
+    ("entry", "now", "action"),
+    [
+        (lease("a", 2, 0, idle_since=0, renewed_at=0), 31, "release"),
+        (lease("a", 2, 0, idle_since=10, renewed_at=25), 31, None),
+        (lease("a", 2, 1, idle_since=0, renewed_at=0), 31, "renew"),
+        (lease("a", 2, 1, idle_since=0, renewed_at=0), 19, None),
+        (lease("a", 2, 0, idle_since=5, renewed_at=0, ttl=30), 11, "renew"),
+        (lease("a", 2, 1, idle_since=0, renewed_at=0, used=True), 6, "renew"),
+        (lease("a", 2, 1, idle_since=0, renewed_at=0, used=True), 4, None),
+        (lease("a", 2, 1, idle_since=0, renewed_at=0), 6, None),
+    ],
+    ids=[
+        "idle past the ttl goes back",
+        "idle but not long enough",
+        "busy past a third of its ttl is renewed",
+        "busy, renewed recently",
+        "idle and due is renewed until it has idled enough",
+        "traffic since the last renew is reported after 5 s",
+        "traffic is not reported more often than that",
+        "no traffic, nothing to report before a third of the ttl",
+    ],
+)
+def test_plan(entry: CachedLease, now: float, action: str | None) -> None:
+    todo = plan([entry], now, idle_ttl=30)
+    got = "release" if todo.release else "renew" if todo.renew else None
+    assert got == action
+
+
+# -- request tracking ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("moves", "phase", "queued", "in_flight"),
+    [
+        ([Move.WAIT], Phase.QUEUED, 1, 0),
+        ([Move.WAIT, Move.HOLD], Phase.PROXYING, 0, 1),
+        ([Move.HOLD, Move.HOLD], Phase.PROXYING, 0, 1),
+        ([Move.HOLD, Move.WAIT, Move.HOLD], Phase.PROXYING, 0, 1),
+        ([Move.WAIT, Move.FINISH], Phase.DONE, 0, 0),
+        ([Move.HOLD, Move.FINISH, Move.FINISH], Phase.DONE, 0, 0),
+    ],
+    ids=[
+        "waiting is queued",
+        "holding capacity is in flight",
+        "holding twice counts once",
+        "a retry counts once",
+        "finishing a wait",
+        "finishing twice",
+    ],
+)
+def test_tracker(moves: list[Move], phase: Phase, queued: int, in_flight: int) -> None:
+    registry = CollectorRegistry()
+    tracker = IngressMetrics(registry).tracker("hello")
+    for move in moves:
+        tracker.move(move)
+    assert tracker.phase is phase
+    labels = {"app": "hello"}
+    assert registry.get_sample_value("wakeful_ingress_requests_queued", labels) == queued
+    assert registry.get_sample_value("wakeful_ingress_requests_in_flight", labels) == in_flight
+
+
+@pytest.mark.parametrize("move", [Move.WAIT, Move.HOLD])
+def test_nothing_moves_out_of_done_but_finish(move: Move) -> None:
+    with pytest.raises(IllegalMove):
+        advance(Phase.DONE, move)
