@@ -5,7 +5,7 @@ Both adapters raise the same `activator.errors`, so the ingress cannot tell them
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import httpx
 
@@ -18,6 +18,7 @@ from .errors import (
     NoCapacity,
     Unauthorized,
     UnknownApp,
+    Unreachable,
 )
 
 
@@ -60,15 +61,22 @@ class HttpLeases:
         body: dict[str, str] = {"app": app}
         if version is not None:
             body["version"] = version
-        answer = await self._client.post("/v1/leases", json=body)
+        answer = await self._send("POST", "/v1/leases", json=body)
         return LeaseGrant.model_validate(self._checked(answer).json())
 
     async def renew(self, lease_id: str, *, used: bool = False) -> LeaseGrant:
-        answer = await self._client.post(f"/v1/leases/{lease_id}/renew", json={"used": used})
+        answer = await self._send("POST", f"/v1/leases/{lease_id}/renew", json={"used": used})
         return LeaseGrant.model_validate(self._checked(answer).json())
 
     async def release(self, lease_id: str) -> None:
-        self._checked(await self._client.delete(f"/v1/leases/{lease_id}"))
+        self._checked(await self._send("DELETE", f"/v1/leases/{lease_id}"))
+
+    async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """httpx's transport errors become ours here, at the adapter's edge."""
+        try:
+            return await self._client.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise Unreachable(f"the activator did not answer: {exc}", retry_after=1) from exc
 
     @staticmethod
     def _checked(answer: httpx.Response) -> httpx.Response:

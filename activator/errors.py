@@ -6,7 +6,8 @@ ActivatorError
 ├── Unavailable       capacity cannot be had now; carries retry_after (503 + Retry-After)
 │   ├── NoCapacity      nothing became routable within the activation timeout
 │   ├── Overloaded      the pool's waiter queue is full
-│   └── AppFailedToBoot the app's sandboxes keep dying at boot; carries their last log
+│   ├── AppFailedToBoot the app's sandboxes keep dying at boot; carries their last log
+│   └── Unreachable     the activator itself did not answer (HTTP adapter only)
 └── Unauthorized      missing or wrong bearer token (401; HTTP client only)
 """
 
@@ -40,6 +41,10 @@ class NoCapacity(Unavailable):
 
 
 class Overloaded(Unavailable):
+    pass
+
+
+class Unreachable(Unavailable):
     pass
 
 

@@ -16,11 +16,18 @@ import time
 from collections.abc import Callable, Sequence
 
 import anyio
+from pydantic import Field
 
 from store import Conflict, Item, Store, StoreError
 from wakeful.models import Pool, Sandbox, SandboxStatus
+from wakeful.settings import StoreSettings
 
 log = logging.getLogger(__name__)
+
+
+class IdleMonitorSettings(StoreSettings):
+    idle_interval: float = Field(default=30.0, gt=0, le=3600)
+    """Seconds between ticks."""
 
 
 def idle_target(pool: Pool, sandboxes: Sequence[Sandbox], now: float) -> int | None:

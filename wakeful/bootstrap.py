@@ -152,7 +152,7 @@ async def control_plane(
     settings: ActivatorSettings,
     data_dir: Path,
     *,
-    idle_interval: float,
+    idle_interval: float | None,
     reconcile_interval: float = 1.0,
 ) -> AsyncIterator[ControlPlane]:
     registry = CollectorRegistry()
@@ -167,7 +167,8 @@ async def control_plane(
         api_started = anyio.Event()
         tasks.start_soon(serve_asgi, api, settings.listen, "--api", api_started)
         tasks.start_soon(Reconciler(store, activator.leased_on, interval=reconcile_interval).run)
-        tasks.start_soon(IdleMonitor(store, interval=idle_interval).run)
+        if idle_interval is not None:
+            tasks.start_soon(IdleMonitor(store, interval=idle_interval).run)
         with anyio.fail_after(30):
             await api_started.wait()
         try:

@@ -4,7 +4,8 @@
     wakeful deploy APP_DIR       deploy to a running control plane
     wakeful status [APP]         pools: desired, live, ready, leased, waiters
     wakeful apps | versions APP | logs APP | rollback APP
-    wakeful activator | node     run one piece against a shared store (etcd)
+    wakeful activator | node | ingress | idle-monitor
+                                 run one piece against a shared store (etcd)
 
 Errors name the flag, file or field and the value, and exit with status 2 (usage) or 1.
 """
@@ -278,7 +279,12 @@ def cmd_activator(args: argparse.Namespace) -> int:
             open_store(
                 settings.store_url, namespace=settings.store_namespace, tls=settings.tls
             ) as store,
-            control_plane(store, settings, data_dir, idle_interval=args.idle_interval),
+            control_plane(
+                store,
+                settings,
+                data_dir,
+                idle_interval=None if args.no_idle_monitor else args.idle_interval,
+            ),
         ):
             print(f"activator listening on http://{settings.listen}", flush=True)
             await wait_for_signal()
@@ -315,6 +321,59 @@ def cmd_node(args: argparse.Namespace) -> int:
                 print(f"node {settings.node_name} running", flush=True)
                 await wait_for_signal()
                 tasks.cancel_scope.cancel()
+
+    anyio.run(main)
+    return 0
+
+
+def cmd_ingress(args: argparse.Namespace) -> int:
+    from prometheus_client import CollectorRegistry
+
+    from activator.client import HttpLeases
+    from ingress import IngressSettings, serve
+
+    settings = IngressSettings()
+    cli = CliSettings()
+    if cli.api is None or cli.token is None:
+        raise CliError("WAKEFUL_API and WAKEFUL_TOKEN must be set: the ingress asks the activator")
+    api, token = cli.api, cli.token.get_secret_value()
+
+    async def main() -> None:
+        from store import open_store
+
+        async with (
+            open_store(
+                settings.store_url, namespace=settings.store_namespace, tls=settings.tls
+            ) as store,
+            HttpLeases(api, token) as leases,
+        ):
+            print(f"ingress listening on http://{settings.listen}", flush=True)
+            await serve(settings, leases, store, CollectorRegistry())
+
+    anyio.run(main, backend_options={"use_uvloop": True})
+    return 0
+
+
+def cmd_idle_monitor(args: argparse.Namespace) -> int:
+    from idle_monitor.monitor import IdleMonitor, IdleMonitorSettings
+
+    from .bootstrap import wait_for_signal
+
+    settings = IdleMonitorSettings()
+
+    async def main() -> None:
+        from store import open_store
+
+        async with (
+            open_store(
+                settings.store_url, namespace=settings.store_namespace, tls=settings.tls
+            ) as store,
+            anyio.create_task_group() as tasks,
+        ):
+            tasks.start_soon(IdleMonitor(store, interval=settings.idle_interval).run)
+            print(f"idle monitor: every {settings.idle_interval:g} s", flush=True)
+            await wait_for_signal()
+            tasks.cancel_scope.cancel()
 
     anyio.run(main)
     return 0
@@ -364,7 +423,14 @@ def build_parser() -> argparse.ArgumentParser:
     activator = sub.add_parser("activator", help="the activator and control API (WAKEFUL_*)")
     activator.add_argument("--idle-interval", type=float, default=30.0)
     activator.set_defaults(func=cmd_activator)
+    activator.add_argument(
+        "--no-idle-monitor", action="store_true", help="run `wakeful idle-monitor` apart instead"
+    )
     sub.add_parser("node", help="a node agent (WAKEFUL_*)").set_defaults(func=cmd_node)
+    sub.add_parser("ingress", help="the ingress (WAKEFUL_*)").set_defaults(func=cmd_ingress)
+    sub.add_parser("idle-monitor", help="the idle monitor (WAKEFUL_*)").set_defaults(
+        func=cmd_idle_monitor
+    )
     return parser
 
 

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from activator.api import create_app
 from activator.client import HttpLeases
 from activator.core import Activator
-from activator.errors import LeaseGone, NoCapacity, Unauthorized, UnknownApp
+from activator.errors import LeaseGone, NoCapacity, Unauthorized, UnknownApp, Unreachable
 from activator.settings import ActivatorSettings
 from store import Store, open_store
 from store.testing import free_port
@@ -146,3 +146,10 @@ async def test_no_capacity_in_time_is_503_with_retry_after(api: tuple[str, Store
     async with HttpLeases(url, TOKEN) as leases:
         with pytest.raises(NoCapacity):
             await leases.acquire("hello")
+
+
+async def test_an_unreachable_activator_is_a_typed_503_error() -> None:
+    async with HttpLeases(f"http://127.0.0.1:{free_port()}", TOKEN) as leases:
+        with pytest.raises(Unreachable) as refused:
+            await leases.acquire("hello")
+    assert refused.value.retry_after >= 1
