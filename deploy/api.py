@@ -3,7 +3,6 @@
 Mounted behind the same bearer token as the lease API (see `activator.api.create_app`).
 """
 
-import hashlib
 from pathlib import Path
 
 import anyio.abc
@@ -14,7 +13,7 @@ from store import Store
 from wakeful.models import App, Sandbox, Version
 
 from .appdir import AppDefinition
-from .artifacts import MAX_ARTIFACT_BYTES, ArtifactError, LocalArtifacts
+from .artifacts import ArtifactError, LocalArtifacts
 from .service import Deployer, DeployError, Phase, Rollout
 
 
@@ -69,14 +68,12 @@ def deploy_router(
     async def upload(digest: str, request: Request) -> dict[str, str]:
         if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
             raise bad(422, "invalid request", f"digest: not a sha256 hex string (got {digest!r})")
-        received = hashlib.sha256()
         chunks: list[bytes] = []
         size = 0
         async for chunk in request.stream():
             size += len(chunk)
-            if size > MAX_ARTIFACT_BYTES:
-                raise bad(413, "artifact too large", f"the bound is {MAX_ARTIFACT_BYTES} bytes")
-            received.update(chunk)
+            if size > artifacts.max_bytes:
+                raise bad(413, "artifact too large", f"the bound is {artifacts.max_bytes} bytes")
             chunks.append(chunk)
         try:
             stored = await artifacts.put(b"".join(chunks), expected=digest)

@@ -66,15 +66,16 @@ def unpack(data: bytes, destination: Path) -> None:
 class LocalArtifacts:
     """Artifacts in a directory, named by their sha256 (the control plane's copy)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, max_bytes: int = MAX_ARTIFACT_BYTES) -> None:
         self._dir = directory
+        self.max_bytes = max_bytes
 
     async def put(self, data: bytes, expected: str | None = None) -> str:
         digest = digest_of(data)
         if expected is not None and expected != digest:
             raise ArtifactError(f"upload's sha256 is {digest}, not {expected}")
-        if len(data) > MAX_ARTIFACT_BYTES:
-            raise ArtifactError(f"artifact is {len(data)} bytes; the bound is {MAX_ARTIFACT_BYTES}")
+        if len(data) > self.max_bytes:
+            raise ArtifactError(f"artifact is {len(data)} bytes; the bound is {self.max_bytes}")
         await anyio.to_thread.run_sync(_validate, data)
         path = self._dir / f"{digest}.tar.gz"
         if not path.exists():

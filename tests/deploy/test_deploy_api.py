@@ -1,0 +1,152 @@
+"""Deploys through the control API: versions, no-op redeploys, refused uploads, start size."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import tarfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+import uvicorn
+from prometheus_client import CollectorRegistry
+
+from activator.api import create_app
+from activator.core import Activator
+from activator.settings import ActivatorSettings
+from deploy.api import deploy_router
+from deploy.appdir import load_app_dir
+from deploy.artifacts import LocalArtifacts, digest_of, pack
+from deploy.service import Deployer, starting_size
+from store import open_store
+from store.testing import free_port
+from wakeful.models import AppSpec, Pool
+
+pytestmark = pytest.mark.anyio
+HELLO = Path(__file__).parents[2] / "examples" / "hello"
+TOKEN = "deploy-token"
+
+
+@pytest.fixture
+async def api(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+    async with open_store("memory://") as store:
+        registry = CollectorRegistry()
+        activator = Activator(
+            store, ActivatorSettings(store_url="memory://", token=TOKEN), registry
+        )
+        artifacts = LocalArtifacts(tmp_path / "artifacts", max_bytes=64 * 1024)
+        deployer = Deployer(store, artifacts, timeout=2)
+        port = free_port()
+        async with activator.running(), anyio.create_task_group() as tasks:
+            app = create_app(
+                activator, TOKEN, registry, [deploy_router(store, deployer, artifacts, tasks)]
+            )
+            server = uvicorn.Server(
+                uvicorn.Config(
+                    app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"
+                )
+            )
+            tasks.start_soon(server.serve)
+            with anyio.fail_after(10):
+                while not server.started:  # noqa: ASYNC110 - uvicorn exposes a flag, no event
+                    await anyio.sleep(0.01)
+            async with httpx.AsyncClient(
+                base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {TOKEN}"}
+            ) as client:
+                yield client
+            server.should_exit = True
+
+
+async def upload(
+    client: httpx.AsyncClient, data: bytes, digest: str | None = None
+) -> httpx.Response:
+    return await client.put(f"/v1/artifacts/{digest or digest_of(data)}", content=data)
+
+
+async def test_a_deploy_creates_a_version_and_an_unchanged_one_is_a_no_op(
+    api: httpx.AsyncClient,
+) -> None:
+    data = pack(HELLO)
+    assert (await upload(api, data)).status_code == 201
+    body = {
+        "definition": load_app_dir(HELLO).definition.model_dump(mode="json"),
+        "artifact": digest_of(data),
+    }
+    first = await api.post("/v1/deploys", json=body)
+    assert first.status_code == 202
+    assert (first.json()["version"], first.json()["phase"]) == ("v1", "rolling")
+    with anyio.fail_after(10):
+        while (await api.get("/v1/deploys/hello/v1")).json()["phase"] != "live":  # noqa: ASYNC110
+            await anyio.sleep(0.05)
+    again = await api.post("/v1/deploys", json=body)
+    assert again.json()["phase"] == "unchanged"
+    assert "nothing changed" in again.json()["message"]
+    apps = (await api.get("/v1/apps")).json()
+    assert [(a["name"], a["active_version"], a["versions"]) for a in apps] == [
+        ("hello", "v1", ["v1"])
+    ]
+
+
+async def test_corrupt_mismatched_and_oversized_uploads_are_refused(api: httpx.AsyncClient) -> None:
+    garbage = await upload(api, b"not a tarball")
+    assert garbage.status_code == 400
+    assert garbage.json()["error"] == "invalid artifact"
+    data = pack(HELLO)
+    mismatched = await upload(api, data, digest="0" * 64)
+    assert mismatched.status_code == 400
+    assert "sha256" in mismatched.json()["detail"]
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        info = tarfile.TarInfo("../escape.txt")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+    escaping = await upload(api, gzip.compress(raw.getvalue()))
+    assert escaping.status_code == 400
+    big = await upload(api, b"x" * (65 * 1024))
+    assert big.status_code == 413
+    missing = await api.post(
+        "/v1/deploys",
+        json={
+            "definition": load_app_dir(HELLO).definition.model_dump(mode="json"),
+            "artifact": "f" * 64,
+        },
+    )
+    assert missing.status_code == 400
+    assert "was not uploaded" in missing.json()["detail"]
+    assert (await api.get("/v1/apps")).json() == []
+
+
+async def test_a_malformed_definition_is_refused_naming_the_field(api: httpx.AsyncClient) -> None:
+    answer = await api.post(
+        "/v1/deploys",
+        json={"definition": {"name": "ok", "spec": {"command": []}}},
+    )
+    assert answer.status_code == 422
+    assert "definition.spec.command" in answer.json()["detail"]
+    unauthorized = await api.post("/v1/deploys", json={}, headers={"Authorization": "Bearer no"})
+    assert unauthorized.status_code == 401
+
+
+SPEC = AppSpec(command=["x"])
+
+
+@pytest.mark.parametrize(
+    ("old_desired", "old_running", "new_min", "expected"),
+    [
+        pytest.param(None, 0, 0, 0, id="a first deploy starts at min_instances"),
+        pytest.param(6, 6, 0, 6, id="a busy app's new version starts at the old size"),
+        pytest.param(0, 0, 0, 0, id="an idle app's new version starts at zero"),
+        pytest.param(0, 2, 0, 2, id="sandboxes still serving count even if desired fell"),
+        pytest.param(1, 1, 3, 3, id="never below the new min_instances"),
+    ],
+)
+def test_starting_size(
+    old_desired: int | None, old_running: int, new_min: int, expected: int
+) -> None:
+    old = None
+    if old_desired is not None:
+        old = Pool(name="a-v1", app="a", version="v1", spec=SPEC, desired_instances=old_desired)
+    assert starting_size(old, old_running, new_min) == expected
