@@ -24,7 +24,6 @@ if __name__ == "__main__" and not __package__:
 import argparse
 import collections
 import contextlib
-import json
 import math
 import os
 import platform
@@ -37,6 +36,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from subprocess import DEVNULL
 
 import anyio
 import httpx
@@ -46,10 +46,11 @@ from store.testing import free_port
 HELLO = Path(__file__).resolve().parents[1] / "examples" / "hello"
 WAKEFUL = [sys.executable, "-m", "wakeful.cli"]
 MARKS = ("ERROR", "CRITICAL", "WARNING", "Traceback")
+PROBE = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
 
 
 def pct(values: list[float], q: float) -> float:
-    """Nearest-rank percentile."""
+    """Nearest-rank percentile (with 20 samples, p99 is the largest)."""
     ordered = sorted(values)
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)] if ordered else math.nan
 
@@ -57,35 +58,36 @@ def pct(values: list[float], q: float) -> float:
 def healthz_ok(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
-            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            sock.sendall(PROBE)
             return sock.recv(64).split(b" ", 2)[1:2] == [b"200"]
     except OSError:
         return False
 
 
 def baseline_once() -> float:
-    port = free_port()
-    started = time.perf_counter()
+    port, started = free_port(), time.perf_counter()
+    env = {**os.environ, "PORT": str(port)}
     app = subprocess.Popen(
-        ["python3", "app.py"],
-        cwd=HELLO,
-        env={**os.environ, "PORT": str(port)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        ["python3", "app.py"], cwd=HELLO, env=env, stdout=DEVNULL, stderr=DEVNULL
     )
     try:
         while not healthz_ok(port):
             if app.poll() is not None or time.perf_counter() - started > 30:
-                raise RuntimeError(f"baseline app not ready (exit code {app.returncode})")
+                raise RuntimeError(f"the app alone did not get ready (exit {app.returncode})")
             time.sleep(0.002)
         return time.perf_counter() - started
     finally:
-        app.terminate()
+        stop(app, 10)
+
+
+def stop(process: subprocess.Popen[bytes], grace: float) -> None:
+    if process.poll() is None:
+        process.terminate()
         try:
-            app.wait(10)
+            process.wait(grace)
         except subprocess.TimeoutExpired:
-            app.kill()
-            app.wait()
+            process.kill()
+            process.wait()
 
 
 def make_apps(root: Path, prefix: str, count: int) -> list[str]:
@@ -104,29 +106,37 @@ def make_apps(root: Path, prefix: str, count: int) -> list[str]:
 class Up:
     process: subprocess.Popen[bytes]
     data_dir: Path
-    log: Path
-    proxy: str = ""
-    api: str = ""
-    token: str = ""
+    proxy: str
+    api: str
     stop_seconds: float = math.nan
-    left: list[int] = field(default_factory=list)
-    issues: list[str] = field(default_factory=list)
+    at_exit: int = 0  # sandbox processes still alive the moment `wakeful up` exited
+    left: list[int] = field(default_factory=list)  # ... and 10 s later (then killed)
+    issues: list[str] = field(default_factory=list)  # warning/error lines of its output
 
     def pools(self) -> list[dict[str, object]]:
-        auth = {"Authorization": f"Bearer {self.token}"}
+        auth = {"Authorization": f"Bearer {(self.data_dir / 'token').read_text().strip()}"}
         answer = httpx.get(f"{self.api}/v1/pools", headers=auth, timeout=30)
         answer.raise_for_status()
         pools: list[dict[str, object]] = answer.json()
         return pools
 
     def sandbox_pids(self) -> list[int]:
-        root = str((self.data_dir / "sandboxes").resolve())
-        found = []
+        root, found = str((self.data_dir / "sandboxes").resolve()), []
         for entry in Path("/proc").iterdir():
             with contextlib.suppress(OSError):
                 if entry.name.isdigit() and os.readlink(entry / "cwd").startswith(root):
                     found.append(int(entry.name))
         return found
+
+    def report(self) -> None:
+        print(
+            f"      wakeful up: exit code {self.process.returncode}, stopped in"
+            f" {self.stop_seconds:.1f} s, sandboxes alive at its exit: {self.at_exit},"
+            f" 10 s later: {len(self.left)},"
+            f" warning/error lines in its output: {len(self.issues)}"
+        )
+        for line in self.issues[:5]:
+            print(f"      | {line[:160]}")
 
 
 @contextlib.contextmanager
@@ -139,26 +149,19 @@ def running_up(root: Path, names: list[str], keep_logs: Path | None) -> Iterator
     command += ["--admin", f"127.0.0.1:{admin}", "--idle-interval", "0.5"]
     with log.open("wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    up = Up(process, data_dir, log, f"http://127.0.0.1:{proxy}", f"http://127.0.0.1:{api}")
+    up = Up(process, data_dir, f"http://127.0.0.1:{proxy}", f"http://127.0.0.1:{api}")
     try:
         deadline = time.monotonic() + 60
         while not (data_dir / "control.json").exists():
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"wakeful up did not start:\n{log.read_text()}")
             time.sleep(0.05)
-        time.sleep(0.05)  # the file is written in one go; give the write a moment
-        up.token = json.loads((data_dir / "control.json").read_text())["token"]
         yield up
     finally:
         started = time.perf_counter()
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop(process, 60)
         up.stop_seconds = time.perf_counter() - started
+        up.at_exit = len(up.sandbox_pids())
         for _ in range(200):  # sandboxes get SIGTERM, then a moment to go
             up.left = up.sandbox_pids()
             if not up.left:
@@ -177,56 +180,40 @@ def running_up(root: Path, names: list[str], keep_logs: Path | None) -> Iterator
 def wait_all_at_zero(up: Up, names: list[str], within: float = 300) -> float:
     started = time.perf_counter()
     while time.perf_counter() - started < within:
-        pools = {str(p["app"]): p for p in up.pools()}
-        if all(n in pools and pools[n]["live"] == 0 for n in names):
-            return time.perf_counter() - started
+        with contextlib.suppress(httpx.TransportError):
+            pools = {str(p["app"]): p for p in up.pools()}
+            if all(n in pools and pools[n]["live"] == 0 for n in names):
+                return time.perf_counter() - started
         time.sleep(0.1)
     raise RuntimeError(f"not every app was deployed at zero within {within:g} s")
 
 
-def print_issues(up: Up, verbose: bool = True) -> None:
-    found = up.issues
-    if verbose or found or up.process.returncode != 0:
-        print(
-            f"      wakeful up: exit code {up.process.returncode}, stopped in"
-            f" {up.stop_seconds:.1f} s, sandboxes left after stop: {len(up.left)},"
-            f" warning/error log lines: {len(found)}"
-        )
-    for line in found[:5]:
-        print(f"      | {line[:160]}")
-
-
 def cold_starts(count: int, keep_logs: Path | None) -> None:
+    base: list[float] = []
+    first: list[float] = []
+    statuses: collections.Counter[int] = collections.Counter()
     with tempfile.TemporaryDirectory(prefix="wakeful-cold-") as tmp:
-        root = Path(tmp)
-        names = make_apps(root, "cold", count)
-        base: list[float] = []
-        first: list[float] = []
-        outcomes: collections.Counter[str] = collections.Counter()
-        no_keepalive = httpx.Limits(max_keepalive_connections=0)
-        with running_up(root, names, keep_logs) as up:
+        names = make_apps(Path(tmp), "cold", count)
+        with running_up(Path(tmp), names, keep_logs) as up:
             wait_all_at_zero(up, names)
-            with httpx.Client(base_url=up.proxy, timeout=120, limits=no_keepalive) as client:
+            limits = httpx.Limits(max_keepalive_connections=0)  # a fresh connection each
+            with httpx.Client(base_url=up.proxy, timeout=120, limits=limits) as client:
                 for name in names:
                     base.append(baseline_once())
                     started = time.perf_counter()
                     answer = client.get("/", headers={"Host": f"{name}.localhost"})
                     first.append(time.perf_counter() - started)
-                    outcomes[str(answer.status_code)] += 1
-    row = "{:<40} {:>9} {:>9} {:>9}"
+                    statuses[answer.status_code] += 1
+    row = "{:<42} {:>8} {:>8} {:>8}"
     print(f"\nCold starts: {count} apps at zero, one request each, a fresh connection each")
     print(row.format("", "p50 ms", "p99 ms", "max ms"))
-    for label, values in (
-        ("app alone: spawn -> first /healthz 200", base),
-        ("through wakeful: first request", first),
-    ):
-        print(row.format(label, *(f"{pct(values, q) * 1000:.1f}" for q in (0.5, 0.99, 1.0))))
-    diff = [(pct(first, q) - pct(base, q)) * 1000 for q in (0.5, 0.99)]
-    print(
-        row.format("overhead (difference of percentiles)", f"{diff[0]:.1f}", f"{diff[1]:.1f}", "")
-    )
-    print(f"      statuses: {dict(outcomes)}")
-    print_issues(up)
+    alone, wakeful = "app alone: spawn -> first /healthz 200", "through wakeful: first request"
+    for label, values in ((alone, base), (wakeful, first)):
+        print(row.format(label, *(f"{pct(values, q) * 1e3:.1f}" for q in (0.5, 0.99, 1))))
+    over = [f"{(pct(first, q) - pct(base, q)) * 1e3:.1f}" for q in (0.5, 0.99)]
+    print(row.format("overhead (wakeful - alone, per percentile)", *over, ""))
+    print(f"      statuses: {dict(statuses)}")
+    up.report()
 
 
 async def burst(proxy: str, names: list[str]) -> list[tuple[str, float]]:
@@ -251,21 +238,8 @@ async def burst(proxy: str, names: list[str]) -> list[tuple[str, float]]:
 
 def woken_at_once(sizes: list[int], keep_logs: Path | None) -> None:
     print("\nN apps woken at once: one request per app, all sent together (timeout 120 s)")
-    row = "{:>5} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6} {:>9} {:>7} {:>7}"
-    print(
-        row.format(
-            "N",
-            "ok/N",
-            "p50 ms",
-            "p95 ms",
-            "max ms",
-            "burst s",
-            "ready",
-            "deploy s",
-            "stop s",
-            "left",
-        )
-    )
+    row = "{:>5} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6} {:>9}"
+    print(row.format("N", "ok/N", "p50 ms", "p95 ms", "max ms", "burst s", "ready", "deploy s"))
     for n in sizes:
         with tempfile.TemporaryDirectory(prefix=f"wakeful-burst{n}-") as tmp:
             names = make_apps(Path(tmp), "app", n)
@@ -275,49 +249,37 @@ def woken_at_once(sizes: list[int], keep_logs: Path | None) -> None:
                 results = anyio.run(burst, up.proxy, names)
                 wall = time.perf_counter() - started
                 ready = sum(int(str(p["ready"])) for p in up.pools())
-        ok = [seconds for outcome, seconds in results if outcome == "200"]
-        every = [seconds * 1000 for _, seconds in results]
-        figures = [f"{pct(every, q):.0f}" for q in (0.5, 0.95, 1.0)]
-        print(
-            row.format(
-                n,
-                f"{len(ok)}/{n}",
-                *figures,
-                f"{wall:.1f}",
-                ready,
-                f"{deployed:.1f}",
-                f"{up.stop_seconds:.1f}",
-                len(up.left),
-            )
-        )
-        outcomes = collections.Counter(outcome for outcome, _ in results)
+        ok = [seconds * 1e3 for outcome, seconds in results if outcome == "200"]
+        every = [seconds * 1e3 for _, seconds in results]
+        figures = [f"{pct(every, q):.0f}" for q in (0.5, 0.95, 1)]
+        print(row.format(n, f"{len(ok)}/{n}", *figures, f"{wall:.1f}", ready, f"{deployed:.1f}"))
         if len(ok) < n:
+            outcomes = collections.Counter(outcome for outcome, _ in results)
             print(
-                f"      outcomes: {dict(outcomes)}; successes only: p50 "
-                f"{pct(ok, 0.5) * 1000:.0f} ms, p95 {pct(ok, 0.95) * 1000:.0f} ms"
+                f"      outcomes: {dict(outcomes)}; successes only: p50 {pct(ok, 0.5):.0f} ms,"
+                f" p95 {pct(ok, 0.95):.0f} ms"
             )
         if wall > 180:
             print(f"      NOTE: the burst took more than 3 minutes ({wall:.0f} s)")
-        print_issues(up, verbose=False)
+        up.report()
     print(
-        "  (latency percentiles are over every request; ready = sandboxes ready after the"
-        " burst;\n   deploy = time until every app's pool was at zero; left = sandboxes left"
-        " after stop)"
+        "  (percentiles over every request; ready = sandboxes ready after the burst;\n"
+        "   deploy s = from the control file to every app's pool listed at zero)"
     )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--cold", type=int, default=20, help="cold starts (default 20)")
-    parser.add_argument("--apps", default="10,50,100", help="N apps woken at once, e.g. 10,50")
-    parser.add_argument("--keep-logs", type=Path, help="copy each `wakeful up` log here")
+    parser.add_argument("--apps", default="10,50,100", help="N apps woken at once (10,50,100)")
+    parser.add_argument("--keep-logs", type=Path, help="copy each `wakeful up` output here")
     args = parser.parse_args()
     sizes = [int(part) for part in args.apps.split(",") if part.strip()]
-    python3 = subprocess.run(["python3", "--version"], capture_output=True, text=True, check=True)
+    apps_python = subprocess.run(["python3", "-V"], capture_output=True, text=True, check=True)
     print(
-        f"wakeful cold-start benchmark: Python {platform.python_version()} (control plane),"
-        f" {python3.stdout.strip()} (apps), {platform.machine()},"
-        f" {os.cpu_count()} cores ({len(os.sched_getaffinity(0))} usable)"
+        f"wakeful cold start: Python {platform.python_version()} (control plane),"
+        f" {apps_python.stdout.strip()} (apps), {platform.machine()}, {os.cpu_count()} cores"
+        f" ({len(os.sched_getaffinity(0))} usable)"
     )
     if args.cold > 0:
         cold_starts(args.cold, args.keep_logs)

@@ -112,7 +112,7 @@ class LeaseCache:
         leases: Leases,
         *,
         idle_ttl: float,
-        report_every: float = 5.0,
+        report_every: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
         on_hit: Callable[[str], None] = lambda app: None,
         on_miss: Callable[[str], None] = lambda app: None,

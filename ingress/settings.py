@@ -14,9 +14,10 @@ class IngressSettings(StoreSettings):
     """`<app>.<base_domain>` routes to the app (so http://hello.localhost:8080/ works)."""
     lease_idle_ttl: float = Field(default=30.0, gt=0, le=3600)
     """A cached lease carrying no request for this long is handed back to the activator."""
-    activity_report_interval: float = Field(default=5.0, gt=0, le=3600)
+    activity_report_interval: float = Field(default=2.0, gt=0, le=3600)
     """A cached lease that carried traffic is renewed at least this often, which is how the
-    activator learns the sandbox is busy (keep it below the apps' scale_down_delay / 2)."""
+    activator learns the sandbox is busy. Apps' scale_down_delay is at least 5 s, so 2 s
+    leaves room for the activator's own write (at most every scale_down_delay / 3)."""
     maintenance_interval: float = Field(default=1.0, gt=0, le=60)
     """How often cached leases are checked for renewal and idleness."""
     connect_timeout: float = Field(default=5.0, gt=0, le=300)

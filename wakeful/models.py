@@ -63,7 +63,13 @@ class Concurrency(Model):
 
     mode: Literal["auto", "fixed"] = "auto"
     requests_per_instance: int = Field(default=10, ge=1, le=10_000)
-    scale_down_delay: float = Field(default=300.0, ge=0, le=86_400, description="seconds")
+    scale_down_delay: float = Field(
+        default=300.0,
+        ge=5,
+        le=86_400,
+        description="seconds without traffic before a sandbox counts as idle (traffic is "
+        "reported every 2 s, so shorter delays would stop busy sandboxes)",
+    )
     min_instances: int = Field(default=0, ge=0, le=1000)
     max_instances: int = Field(default=20, ge=1, le=1000)
 
