@@ -10,6 +10,7 @@ import secrets
 from collections.abc import Sequence
 from typing import Annotated
 
+import anyio
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -130,8 +131,29 @@ def create_app(
         return _error(500, "activator error", str(exc))
 
     @api.post("/v1/leases", dependencies=guarded, response_model=LeaseGrant)
-    async def acquire(body: LeaseRequest) -> LeaseGrant:
-        return LeaseGrant.of(await activator.acquire(body.app, body.version))
+    async def acquire(body: LeaseRequest, request: Request) -> Response:
+        """A client that hangs up while waiting leaves the waiter list at once: a parked
+        waiter nobody will use would inflate demand and fill the queue (seed 001)."""
+        lease: Lease | None = None
+        failure: ActivatorError | None = None
+        async with anyio.create_task_group() as tasks:
+
+            async def until_disconnect() -> None:
+                while (await request.receive())["type"] != "http.disconnect":
+                    pass
+                tasks.cancel_scope.cancel()
+
+            tasks.start_soon(until_disconnect)
+            try:
+                lease = await activator.acquire(body.app, body.version)
+            except ActivatorError as exc:
+                failure = exc  # raised outside the task group, to reach the error handler
+            tasks.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
+        if lease is None:  # the client left; nobody will read an answer
+            return Response(status_code=499)
+        return JSONResponse(LeaseGrant.of(lease).model_dump(mode="json"))
 
     @api.post("/v1/leases/{lease_id}/renew", dependencies=guarded, response_model=LeaseGrant)
     async def renew(lease_id: str, body: RenewRequest | None = None) -> LeaseGrant:

@@ -50,11 +50,20 @@ class HttpLeases:
     """The activator's HTTP API, through one long-lived httpx client."""
 
     def __init__(self, base_url: str, token: str, *, timeout: float = 130.0) -> None:
+        headers = {"Authorization": f"Bearer {token}"}
+        # Two pools: acquires may park for the activation timeout, and must never starve the
+        # renewals and releases that keep every other lease alive.
         self._client = httpx.AsyncClient(
             base_url=base_url,
-            headers={"Authorization": f"Bearer {token}"},
+            headers=headers,
             timeout=httpx.Timeout(timeout, connect=5.0),
-            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+            limits=httpx.Limits(max_connections=512, max_keepalive_connections=64),
+        )
+        self._upkeep = httpx.AsyncClient(
+            base_url=base_url,
+            headers=headers,
+            timeout=httpx.Timeout(10.0, connect=5.0),
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
         )
 
     async def acquire(self, app: str, version: str | None = None) -> LeaseGrant:
@@ -65,16 +74,20 @@ class HttpLeases:
         return LeaseGrant.model_validate(self._checked(answer).json())
 
     async def renew(self, lease_id: str, *, used: bool = False) -> LeaseGrant:
-        answer = await self._send("POST", f"/v1/leases/{lease_id}/renew", json={"used": used})
+        answer = await self._send(
+            "POST", f"/v1/leases/{lease_id}/renew", json={"used": used}, client=self._upkeep
+        )
         return LeaseGrant.model_validate(self._checked(answer).json())
 
     async def release(self, lease_id: str) -> None:
-        self._checked(await self._send("DELETE", f"/v1/leases/{lease_id}"))
+        self._checked(await self._send("DELETE", f"/v1/leases/{lease_id}", client=self._upkeep))
 
-    async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    async def _send(
+        self, method: str, path: str, client: httpx.AsyncClient | None = None, **kwargs: Any
+    ) -> httpx.Response:
         """httpx's transport errors become ours here, at the adapter's edge."""
         try:
-            return await self._client.request(method, path, **kwargs)
+            return await (client or self._client).request(method, path, **kwargs)
         except httpx.TransportError as exc:
             raise Unreachable(f"the activator did not answer: {exc}", retry_after=1) from exc
 
@@ -100,6 +113,7 @@ class HttpLeases:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+        await self._upkeep.aclose()
 
     async def __aenter__(self) -> HttpLeases:
         return self

@@ -45,7 +45,8 @@ class CachedLease:
     cached: bool = True
     """False once it left the cache: no new uses; released when `uses` reaches 0."""
     gone: bool = False
-    """The activator no longer has it (renew said so): nothing to release."""
+    """Renew said the activator will not extend it (expired, or its sandbox is leaving):
+    no more renewals; it is still released, idempotently, once its last use returns."""
 
     @property
     def has_room(self) -> bool:
@@ -124,6 +125,9 @@ class LeaseCache:
         self._on_hit = on_hit
         self._on_miss = on_miss
         self._entries: dict[Key, list[CachedLease]] = {}
+        self._held: set[CachedLease] = set()
+        """Leases out of the cache that still carry requests (an overflow lease, or one whose
+        sandbox is leaving): renewed until their last use returns, so none expires mid-request."""
 
     # -- the request path -------------------------------------------------------------------
 
@@ -152,6 +156,7 @@ class LeaseCache:
         entry = CachedLease(grant, key, renewed_at=now, idle_since=now, uses=1, used=True)
         if grant.overflow:
             entry.cached = False
+            self._held.add(entry)
         else:
             self._entries.setdefault(key, []).append(entry)
         return Use(entry, hit=False)
@@ -165,7 +170,8 @@ class LeaseCache:
         entry.uses -= 1
         if entry.uses == 0:
             entry.idle_since = self._clock()
-            if not entry.cached and not entry.gone:
+            self._held.discard(entry)
+            if not entry.cached:
                 return entry.grant
         return None
 
@@ -203,21 +209,26 @@ class LeaseCache:
 
     async def maintain(self) -> None:
         entries = [e for group in self._entries.values() for e in group]
+        entries += [e for e in self._held if not e.gone]
         todo = plan(entries, self._clock(), self._idle_ttl, self._report_every)
         for entry in todo.release:
             if entry.uses == 0 and entry.cached:  # a request may have taken it meanwhile
                 self._evict(entry.key, entry)
                 await self.release(entry.grant)
         for entry in todo.renew:
-            if not entry.cached:
+            if entry.gone:
                 continue
-            used, entry.used = entry.used, False
+            # A request still running on it is traffic, whether or not a new one started.
+            used, entry.used = entry.used or entry.uses > 0, False
             try:
                 await self._leases.renew(entry.grant.lease_id, used=used)
             except LeaseGone:
                 log.info("lease gone; dropping it", extra={"lease": entry.grant.lease_id})
                 entry.gone = True
+                was_cached = entry.cached
                 self._evict(entry.key, entry)
+                if was_cached and entry.uses == 0:
+                    await self.release(entry.grant)  # a draining sandbox waits for it
                 continue
             except Exception as exc:  # try again next tick; past its TTL it reads LeaseGone
                 entry.used = entry.used or used
@@ -236,6 +247,8 @@ class LeaseCache:
 
     def _evict(self, key: Key, entry: CachedLease) -> None:
         entry.cached = False
+        if entry.uses > 0:
+            self._held.add(entry)
         group = self._entries.get(key)
         if group is not None and entry in group:
             group.remove(entry)

@@ -153,3 +153,31 @@ async def test_an_unreachable_activator_is_a_typed_503_error() -> None:
         with pytest.raises(Unreachable) as refused:
             await leases.acquire("hello")
     assert refused.value.retry_after >= 1
+
+
+async def test_a_client_that_hangs_up_while_waiting_leaves_no_waiter(
+    api: tuple[str, Store],
+) -> None:
+    url, store = api
+    from wakeful.models import Pool
+
+    from .conftest import POOL_KEY, set_status
+
+    listed = await store.get(POOL_KEY, Pool)
+    assert listed is not None
+    patient = listed.value.spec.model_copy(update={"activation_timeout": 60})
+    await store.update(POOL_KEY, listed.value.model_copy(update={"spec": patient}), listed.revision)
+    await set_status(store, "sb-1", SandboxStatus.BOOTING)
+    await anyio.sleep(0.05)
+    async with httpx.AsyncClient(base_url=url, timeout=0.3) as client:
+        with pytest.raises(httpx.ReadTimeout):
+            await client.post(
+                "/v1/leases", json={"app": "hello"}, headers={"Authorization": f"Bearer {TOKEN}"}
+            )
+    async with httpx.AsyncClient(base_url=url) as client:
+        with anyio.fail_after(5):
+            while True:
+                pools = await client.get("/v1/pools", headers={"Authorization": f"Bearer {TOKEN}"})
+                if pools.json()[0]["waiters"] == 0:
+                    break
+                await anyio.sleep(0.05)

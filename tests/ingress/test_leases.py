@@ -149,3 +149,32 @@ async def test_a_sandbox_leaving_admission_takes_its_cached_leases_with_it(
         answer = await s.client.get("/")  # a new request goes to the other sandbox
         assert answer.status_code == 200
         assert [e.grant.sandbox_id for e in s.ingress.cache.snapshot()] != [draining]
+
+
+async def test_a_lease_carrying_a_long_request_is_renewed_even_out_of_the_cache(
+    hello: Callable[[], int],
+) -> None:
+    # rpi 1, one sandbox: the second request overflows. Both outlive the lease TTL (1.5 s);
+    # neither lease may expire while its request runs.
+    async with stack(
+        {"sb-1": hello()},
+        rpi=1,
+        max_instances=1,
+        maintenance_interval=0.05,
+        activator={"lease_ttl": 1.5, "expiry_interval": 0.05},
+    ) as s:
+        statuses: list[int] = []
+
+        async def slow() -> None:
+            statuses.append((await s.client.get("/sleep?s=3")).status_code)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(slow)
+            await eventually(lambda: s.sample("requests_in_flight", app="hello") == 1)
+            tg.start_soon(slow)
+            await eventually(lambda: s.activator.snapshot()[0].overflow == 1)
+        assert statuses == [200, 200]
+        expired = s.registry.get_sample_value(
+            "wakeful_activator_expired_leases_total", {"pool": "hello-v1"}
+        )
+        assert not expired
