@@ -25,6 +25,7 @@ from store import Store
 
 from .cache import LeaseCache
 from .edge import AdminApp, ProxyApp
+from .limits import bounded_httptools
 from .metrics import IngressMetrics
 from .proxy import Proxy
 from .routing import RoutingTable
@@ -95,7 +96,7 @@ class Ingress:
         return uvicorn.Config(
             app,
             interface="asgi3",
-            http="httptools",
+            http=bounded_httptools(self.settings.max_header_bytes),
             ws="none",
             lifespan="off",
             log_config=None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import socket
 import time
 import tracemalloc
 from collections.abc import Callable
@@ -92,6 +93,39 @@ async def test_oversized_headers_get_431() -> None:
     async with stack(max_header_bytes=4096) as s:
         answer = await s.client.get("/", headers={"X-Big": "x" * 5000})
         assert answer.status_code == 431
+
+
+def _endless_header(port: int) -> tuple[bytes, int]:
+    """Send a header that never ends; return the answer and how many bytes got through."""
+    sent = 0
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: hello.localhost\r\nX-Big: ")
+        chunk = b"a" * 65536
+        try:
+            while sent < 64 * 1024 * 1024:
+                sock.sendall(chunk)
+                sent += len(chunk)
+        except OSError:
+            pass  # the ingress closed the connection: what we want
+        sock.settimeout(5)
+        try:
+            answer = sock.recv(200)
+        except OSError:
+            answer = b""
+    return answer, sent
+
+
+async def test_a_header_that_never_ends_is_cut_off_at_the_bound() -> None:
+    async with stack(max_header_bytes=16 * 1024) as s:
+        tracemalloc.start()
+        try:
+            answer, sent = await anyio.to_thread.run_sync(_endless_header, s.ingress.address[1])
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert sent < 64 * 1024 * 1024  # the ingress hung up long before the 64 MiB were sent
+    assert answer == b"" or answer.startswith(b"HTTP/1.1 431")
+    assert peak < 16 * 1024 * 1024
 
 
 @pytest.mark.parametrize(
