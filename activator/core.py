@@ -297,8 +297,16 @@ class Activator:
         waiter: Waiter | None = None
         try:
             while True:
-                if self._pools.get(state.name) is not state:
-                    state = self._resolve(app, version)
+                if self._pools.get(state.name) is not state or state.item.value.retired:
+                    # A deploy retired this pool (or it went away): follow the app's route to
+                    # its new pool, taking this request's place in the queue along.
+                    fresh = self._resolve(app, version)
+                    if waiter is not None and fresh is not state:
+                        if waiter in state.waiters:
+                            state.waiters.remove(waiter)
+                            self._publish(state)
+                        fresh.waiters.append(waiter)
+                    state = fresh
                 if waiter is not None:
                     waiter.wake = anyio.Event()
                 lease = self._try_admit(state, waiter)

@@ -112,6 +112,9 @@ def deploy_router(
             rollout = await deployer.rollback(app)
         except DeployError as exc:
             raise bad(400, "rollback refused", str(exc)) from exc
+        current = await store.get(f"apps/{app}", App)
+        hosts = list(current.value.hosts) if current else []
+        tasks.start_soon(deployer.roll_out, rollout, hosts)
         return RolloutReport.of(rollout)
 
     @router.get("/v1/apps", response_model=list[AppReport])

@@ -21,7 +21,7 @@ from enum import StrEnum
 
 import anyio
 
-from store import Conflict, Item, Put, Require, Store
+from store import Conflict, Item, Put, Require, Store, StoreError
 from wakeful.models import App, Pool, Sandbox, Version
 
 from .appdir import AppDefinition
@@ -156,7 +156,20 @@ class Deployer:
         return rollout
 
     async def roll_out(self, rollout: Rollout, hosts: list[str]) -> Rollout:
-        """Wait for the new pool to be ready enough, then flip the route; or abandon it."""
+        """Wait for the new pool to be ready enough, then flip the route; or abandon it.
+
+        Never raises (it runs in the control plane's task group): a store outage or a lost
+        race fails this rollout, with the reason, and nothing else.
+        """
+        try:
+            return await self._roll_out(rollout, hosts)
+        except (StoreError, DeployError) as exc:
+            rollout.phase = Phase.FAILED
+            rollout.message = f"{rollout.app} {rollout.version} failed: {exc}"
+            log.error("%s", rollout.message, extra={"app": rollout.app})
+            return rollout
+
+    async def _roll_out(self, rollout: Rollout, hosts: list[str]) -> Rollout:
         if rollout.phase is not Phase.ROLLING:
             return rollout
         deadline = anyio.current_time() + self._timeout
@@ -223,6 +236,7 @@ class Deployer:
         return rollout
 
     async def rollback(self, app: str) -> Rollout:
+        """Bring the previous version's pool back (at the current size); `roll_out` flips."""
         found = await self._store.get(f"apps/{app}", App)
         if found is None:
             raise DeployError(f"no app named {app!r}")
@@ -255,7 +269,8 @@ class Deployer:
             f"rolling back {app} to {previous}",
             1 if size else 0,
         )
-        return await self.roll_out(rollout, found.value.hosts)
+        self.rollouts[(app, previous)] = rollout
+        return rollout
 
 
 __all__ = ["Deployer", "Item"]

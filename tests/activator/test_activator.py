@@ -8,10 +8,10 @@ import pytest
 
 from activator.core import Lease
 from activator.errors import AppFailedToBoot, LeaseGone, NoCapacity, Overloaded, UnknownApp
-from store import Event, Store, open_store
-from wakeful.models import Pool, SandboxStatus
+from store import Event, Put, Require, Store, open_store
+from wakeful.models import App, Pool, SandboxStatus
 
-from .conftest import POOL_KEY, eventually, make_activator, pool, seed, set_status
+from .conftest import POOL_KEY, eventually, make_activator, pool, sandbox, seed, set_status
 
 pytestmark = pytest.mark.anyio
 
@@ -251,3 +251,37 @@ async def test_a_crash_looping_app_fails_fast_with_its_log(store: Store) -> None
             await activator.acquire("hello")
     assert "flask" in failed.value.log
     assert failed.value.retry_after == 8
+
+
+async def test_a_request_waiting_on_a_retired_pool_follows_the_route_to_the_new_one(
+    store: Store,
+) -> None:
+    await seed(store, rpi=5, sandboxes={"sb-1": SandboxStatus.BOOTING})
+    activator = make_activator(store)
+    leases: list[Lease] = []
+
+    async def acquire() -> None:
+        leases.append(await activator.acquire("hello"))
+
+    async with activator.running(), anyio.create_task_group() as requests:
+        requests.start_soon(acquire)
+        await eventually(lambda: activator.snapshot()[0].waiters == 1)
+        old = await pool(store)
+        new = old.value.model_copy(update={"name": "hello-v2", "version": "v2"})
+        await store.put("pools/hello-v2", new)
+        await store.put(
+            "sandboxes/sb-2",
+            sandbox("sb-2", SandboxStatus.RUNNING, 9100).model_copy(update={"pool": "hello-v2"}),
+        )
+        app = await store.get("apps/hello", App)
+        assert app is not None
+        await store.txn(
+            [Require("apps/hello", app.revision), Require(POOL_KEY, old.revision)],
+            [
+                Put("apps/hello", app.value.model_copy(update={"active_version": "v2"})),
+                Put(POOL_KEY, old.value.model_copy(update={"retired": True})),
+            ],
+        )
+        await eventually(lambda: len(leases) == 1)
+    assert leases[0].sandbox_id == "sb-2"
+    assert all(s.waiters == 0 for s in activator.snapshot())
