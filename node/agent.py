@@ -32,13 +32,16 @@ from store import Conflict, Event, Item, LeaseNotFound, Resync, Store, StoreErro
 from store.testing import free_port
 from wakeful.models import Node, Pool, Sandbox, SandboxStatus, Version
 
-from .lifecycle import IllegalTransition, Transition, can, transition
+from .lifecycle import IllegalTransition, Transition, transition
 from .probe import wait_ready
 from .runtime import ProcessRuntime, Runtime, SandboxProcess
 from .settings import NodeSettings
 from .workdir import Artifacts, prepare_workdir
 
 log = logging.getLogger(__name__)
+HAD_PROCESS = frozenset(
+    {SandboxStatus.BOOTING, SandboxStatus.RUNNING, SandboxStatus.DRAINING, SandboxStatus.STOPPING}
+)
 
 
 @dataclass(eq=False)
@@ -65,6 +68,7 @@ class NodeAgent:
         self._running: dict[str, Running] = {}
         self._tasks: anyio.abc.TaskGroup | None = None
         self._registered = anyio.Event()
+        self._serving = anyio.Event()
 
     @property
     def name(self) -> str:
@@ -82,12 +86,14 @@ class NodeAgent:
                 await self._registered.wait()
                 await self._bury_orphans()
                 tasks.start_soon(self._watch_loop)
+                self._serving.set()
         finally:
             with anyio.CancelScope(shield=True):
                 await self._stop_all()
 
     async def wait_registered(self) -> None:
-        await self._registered.wait()
+        """Registered, and done with what a previous run left behind."""
+        await self._serving.wait()
 
     # -- registration -----------------------------------------------------------------------
 
@@ -116,7 +122,8 @@ class NodeAgent:
         for item in listing.items:
             sandbox = item.value
             mine = sandbox.node == self.name and sandbox.id not in self._running
-            if mine and can(sandbox.status, Transition.FAIL):
+            # Only states in which a process of ours existed; a pending one is started below.
+            if mine and sandbox.status in HAD_PROCESS:
                 await self._change(sandbox.id, Transition.FAIL, last_log="the node agent restarted")
 
     # -- watching ---------------------------------------------------------------------------

@@ -15,13 +15,13 @@ import os
 import shutil
 import signal
 import sys
-from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
 MAX_LOG_BYTES = 1024 * 1024
 TAIL_LINES = 20
+RECENT_BYTES = 16 * 1024
 
 
 class SandboxProcess(Protocol):
@@ -58,29 +58,34 @@ class LocalProcess:
         self._process = process
         self._log_path = log_path
         self._max = max_log_bytes
-        self._tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self._recent = bytearray()
 
     @property
     def pid(self) -> int:
         return self._process.pid
 
     async def pump(self) -> None:
-        """Copy output into the bounded log file until the process closes its output."""
+        """Copy output into the bounded log file until the process closes its output.
+
+        Reads in chunks, not lines: a line of any length (a minified blob, a binary dump)
+        must not break the copy, nor the sandbox.
+        """
         stream = self._process.stdout
         assert stream is not None
         log = self._log_path.open("ab")
         try:
             written = log.tell()
-            while line := await stream.readline():
-                self._tail.append(line.decode(errors="replace").rstrip("\n"))
-                if written + len(line) > self._max:
+            while chunk := await stream.read(65536):
+                self._recent += chunk
+                del self._recent[: max(0, len(self._recent) - RECENT_BYTES)]
+                if written + len(chunk) > self._max:
                     log.close()
                     self._log_path.replace(self._log_path.with_name(self._log_path.name + ".1"))
                     log = self._log_path.open("ab")
                     written = 0
-                log.write(line)
+                log.write(chunk)
                 log.flush()
-                written += len(line)
+                written += len(chunk)
         finally:
             log.close()
 
@@ -102,7 +107,8 @@ class LocalProcess:
             os.killpg(self._process.pid, signum)
 
     def tail(self) -> str:
-        return "\n".join(self._tail)
+        lines = self._recent.decode(errors="replace").splitlines()
+        return "\n".join(line[-1000:] for line in lines[-TAIL_LINES:])
 
 
 class ProcessRuntime:

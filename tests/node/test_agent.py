@@ -42,6 +42,15 @@ async def node(tmp_path: Path) -> AsyncIterator[tuple[Store, NodeAgent]]:
                 "crash",
                 [sys.executable, "-c", "import sys; print('boom: missing config'); sys.exit(3)"],
             ),
+            (
+                "chatty",
+                [
+                    sys.executable,
+                    "-c",
+                    "print('x' * 200_000, flush=True); import runpy; "
+                    "runpy.run_path('app.py', run_name='__main__')",
+                ],
+            ),
         ]:
             spec = AppSpec(
                 command=command, health=HealthCheck(path="/healthz", timeout=10), shutdown_timeout=5
@@ -122,3 +131,16 @@ async def test_stopping_a_sandbox_ends_its_process(node: tuple[Store, NodeAgent]
         async with httpx.AsyncClient() as client:
             await client.get(f"http://{sandbox.address}/")
     assert agent.running_ids() == []
+
+
+async def test_a_very_long_output_line_neither_breaks_the_log_nor_the_sandbox(
+    node: tuple[Store, NodeAgent], tmp_path: Path
+) -> None:
+    store, agent = node
+    await place(store, "sb-3", "chatty-v1")
+    sandbox = await status_of(store, "sb-3", SandboxStatus.RUNNING)
+    async with httpx.AsyncClient() as client:
+        assert (await client.get(f"http://{sandbox.address}/")).status_code == 200
+    log = (tmp_path / "sandboxes" / "sb-3" / "output.log").read_text()
+    assert "x" * 200_000 in log
+    assert agent.running_ids() == ["sb-3"]
