@@ -46,8 +46,12 @@ CLIENT_GONE = 499
 """nginx's code for a client that left before its answer: logged and counted, never sent."""
 
 
-def answer_for(exc: Exception) -> ErrorAnswer:
-    """The status and shape of an error answer, for errors raised before the answer started."""
+def answer_for(exc: Exception, show_boot_log: bool = False) -> ErrorAnswer:
+    """The status and shape of an error answer, for errors raised before the answer started.
+
+    An app's boot log goes to anonymous clients only when `show_boot_log` says so: it can hold
+    configuration, paths and secrets. Operators read it with `wakeful logs`.
+    """
     if isinstance(exc, NoRoute):
         return ErrorAnswer(404, "unknown host", str(exc))
     if isinstance(exc, UnknownApp):
@@ -57,7 +61,8 @@ def answer_for(exc: Exception) -> ErrorAnswer:
     if isinstance(exc, BadRequest):
         return ErrorAnswer(400, "bad request", str(exc))
     if isinstance(exc, AppFailedToBoot):
-        return ErrorAnswer(503, "app failed to boot", str(exc), exc.retry_after, exc.log)
+        log_lines = exc.log if show_boot_log else None
+        return ErrorAnswer(503, "app failed to boot", str(exc), exc.retry_after, log_lines)
     if isinstance(exc, Unavailable):
         return ErrorAnswer(503, "no capacity", str(exc), exc.retry_after)
     if isinstance(exc, ActivatorUnreachable | ActivatorError):
@@ -150,10 +155,17 @@ class _DisconnectWatch:
 
 
 class ProxyApp:
-    def __init__(self, proxy: Proxy, metrics: IngressMetrics, max_header_bytes: int) -> None:
+    def __init__(
+        self,
+        proxy: Proxy,
+        metrics: IngressMetrics,
+        max_header_bytes: int,
+        show_boot_log: bool = False,
+    ) -> None:
         self._proxy = proxy
         self._metrics = metrics
         self._max_header_bytes = max_header_bytes
+        self._show_boot_log = show_boot_log
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -264,7 +276,7 @@ class ProxyApp:
         send: Send,
         exchange: _Exchange,
     ) -> None:
-        answer = answer_for(exc)
+        answer = answer_for(exc, self._show_boot_log)
         exchange.status = answer.status
         accept = next((v for n, v in headers if n == "accept"), "")
         body, extra = render(answer, choose_format(accept), request_id)

@@ -135,7 +135,9 @@ class Ingress:
             admin_sock = _bind(self.settings.admin_listen, self.settings.backlog)
             await self._start(admin, admin_sock, tasks)
             self.admin_address = admin_sock.getsockname()[:2]
-            edge = ProxyApp(proxy, self.metrics, self.settings.max_header_bytes)
+            edge = ProxyApp(
+                proxy, self.metrics, self.settings.max_header_bytes, self.settings.show_boot_log
+            )
             server = _Server(self._config(edge))
             sock = _bind(self.settings.listen, self.settings.backlog)
             try:

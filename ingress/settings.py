@@ -39,6 +39,9 @@ class IngressSettings(StoreSettings):
     client_keepalive: float = Field(default=5.0, gt=0, le=3600)
     shutdown_timeout: float = Field(default=30.0, ge=0, le=3600)
     """On SIGTERM, in-flight requests get this long to finish before they are cancelled."""
+    show_boot_log: bool = False
+    """Put a crash-looping app's last log lines in its 503 answer. Off by default: the log can
+    hold secrets, and the answer goes to anyone. `wakeful up` (one machine) turns it on."""
     backlog: int = Field(default=2048, ge=1, le=65_535)
 
     def timeout_for(self, app: str) -> float:

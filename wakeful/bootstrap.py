@@ -214,7 +214,9 @@ async def run_up(
     store_url = f"sqlite:///{data_dir / 'store.db'}"
     settings = ActivatorSettings(store_url=store_url, token=token, listen=api)
     node_settings = NodeSettings(store_url=store_url, node_name="local", data_dir=data_dir)
-    ingress_settings = IngressSettings(store_url=store_url, listen=listen, admin_listen=admin)
+    ingress_settings = IngressSettings(
+        store_url=store_url, listen=listen, admin_listen=admin, show_boot_log=True
+    )
     async with (
         open_store(store_url) as store,
         control_plane(store, settings, data_dir, idle_interval=idle_interval) as plane,

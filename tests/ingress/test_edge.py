@@ -157,13 +157,15 @@ async def test_the_bounded_wait_answers_503_with_retry_after() -> None:
         assert s.sample("requests_queued", app="hello") == 0
 
 
-async def test_an_app_that_fails_to_boot_answers_503_with_its_log() -> None:
-    crashing = {
-        "crash_cooldown_until": time.time() + 60,
-        "crash_count": 3,
-        "last_crash_log": "Traceback (most recent call last):\nImportError: no module x",
-    }
-    async with stack({"sb-1": None}, pool_update=crashing) as s:
+CRASHING = {
+    "crash_count": 3,
+    "last_crash_log": "Traceback (most recent call last):\nImportError: no module x",
+}
+
+
+async def test_an_app_that_fails_to_boot_answers_503_with_its_log_when_allowed() -> None:
+    crashing = {**CRASHING, "crash_cooldown_until": time.time() + 60}
+    async with stack({"sb-1": None}, pool_update=crashing, show_boot_log=True) as s:
         answer = await s.client.get("/", headers={"Accept": "application/json"})
         assert answer.status_code == 503
         body = answer.json()
@@ -172,6 +174,16 @@ async def test_an_app_that_fails_to_boot_answers_503_with_its_log() -> None:
         assert int(answer.headers["retry-after"]) > 1
         text = await s.client.get("/")
         assert "ImportError: no module x" in text.text
+
+
+async def test_the_boot_log_is_not_shown_to_anonymous_clients_by_default() -> None:
+    crashing = {**CRASHING, "crash_cooldown_until": time.time() + 60}
+    async with stack({"sb-1": None}, pool_update=crashing) as s:
+        answer = await s.client.get("/", headers={"Accept": "application/json"})
+        assert answer.status_code == 503
+        assert answer.json()["error"] == "app failed to boot"
+        assert "log" not in answer.json()
+        assert "ImportError" not in (await s.client.get("/")).text
 
 
 async def test_a_flood_past_the_bound_is_refused_and_leaves_nothing_behind() -> None:
