@@ -31,12 +31,17 @@ class Reconciler:
         leased_on: Callable[[str], int],
         *,
         interval: float = 1.0,
+        drain_grace: float = 0.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
         self._leased_on = leased_on
         self._interval = interval
         self._clock = clock
+        self._trust_leases_after = clock() + drain_grace
+        """Lease counts live in the activator's memory: right after it (re)starts they read 0
+        although ingresses still hold leases they will renew. Until one lease TTL has passed,
+        a draining sandbox is assumed busy, so a restart cuts no request short."""
 
     async def run(self) -> None:
         """Reconcile on every change to pools, sandboxes or nodes, and every interval anyway
@@ -85,6 +90,8 @@ class Reconciler:
             if pool_item is not None:
                 pool_item = await self._track_crashes(pool_item, list(items.values()), now)
             leased = {sandbox_id: self._leased_on(sandbox_id) for sandbox_id in items}
+            if now < self._trust_leases_after:
+                leased = {sandbox_id: max(count, 1) for sandbox_id, count in leased.items()}
             actions = plan_pool(
                 pool_item.value if pool_item else None,
                 [i.value for i in items.values()],

@@ -132,6 +132,10 @@ class NodeAgent:
         while True:
             try:
                 listing = await self._store.list("sandboxes/", Sandbox)
+                placed_here = {i.value.id for i in listing.items if i.value.node == self.name}
+                for sandbox_id, running in list(self._running.items()):
+                    if sandbox_id not in placed_here:  # deleted or moved while we were away
+                        running.stop_requested.set()
                 for item in listing.items:
                     self._consider(item.value)
                 async for change in self._store.watch("sandboxes/", listing.revision + 1):

@@ -154,7 +154,10 @@ async def control_plane(
     *,
     idle_interval: float | None,
     reconcile_interval: float = 1.0,
+    drain_grace: float = 0.0,
 ) -> AsyncIterator[ControlPlane]:
+    """`drain_grace`: how long after start lease counts are not trusted (see Reconciler); one
+    lease TTL when ingresses run in other processes, 0 when every holder is in this one."""
     registry = CollectorRegistry()
     activator = Activator(store, settings, registry)
     artifacts = LocalArtifacts(data_dir / "artifacts")
@@ -166,7 +169,13 @@ async def control_plane(
         )
         api_started = anyio.Event()
         tasks.start_soon(serve_asgi, api, settings.listen, "--api", api_started)
-        tasks.start_soon(Reconciler(store, activator.leased_on, interval=reconcile_interval).run)
+        reconciler = Reconciler(
+            store,
+            activator.leased_on,
+            interval=reconcile_interval,
+            drain_grace=drain_grace,
+        )
+        tasks.start_soon(reconciler.run)
         if idle_interval is not None:
             tasks.start_soon(IdleMonitor(store, interval=idle_interval).run)
         with anyio.fail_after(30):

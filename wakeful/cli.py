@@ -284,6 +284,7 @@ def cmd_activator(args: argparse.Namespace) -> int:
                 settings,
                 data_dir,
                 idle_interval=None if args.no_idle_monitor else args.idle_interval,
+                drain_grace=settings.lease_ttl,
             ),
         ):
             print(f"activator listening on http://{settings.listen}", flush=True)

@@ -1,0 +1,82 @@
+"""The pool controller's shell against a real store."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.reconciler import Reconciler
+from store import Store
+from wakeful.models import AppSpec, Node, Pool, Sandbox, SandboxStatus
+
+pytestmark = pytest.mark.anyio
+
+
+async def seed(store: Store, desired: int, *sandboxes: Sandbox) -> None:
+    await store.put("nodes/n1", Node(name="n1", address="127.0.0.1"))
+    pool = Pool(
+        name="p", app="a", version="v1", spec=AppSpec(command=["x"]), desired_instances=desired
+    )
+    await store.put("pools/p", pool)
+    for sandbox in sandboxes:
+        await store.put(f"sandboxes/{sandbox.id}", sandbox)
+
+
+async def statuses(store: Store) -> dict[str, SandboxStatus]:
+    return {i.value.id: i.value.status for i in (await store.list("sandboxes/", Sandbox)).items}
+
+
+async def test_grows_a_pool_with_placed_records(store: Store) -> None:
+    await seed(store, 2)
+    await Reconciler(store, lambda sandbox_id: 0).tick()
+    created = (await store.list("sandboxes/", Sandbox)).items
+    assert len(created) == 2
+    assert {(s.value.node, s.value.status) for s in created} == {("n1", SandboxStatus.PENDING)}
+
+
+async def test_a_draining_sandbox_stops_only_when_its_leases_are_gone(store: Store) -> None:
+    draining = Sandbox(
+        id="s1", pool="p", app="a", node="n1", status=SandboxStatus.DRAINING, address="127.0.0.1:1"
+    )
+    await seed(store, 0, draining)
+    leased = {"s1": 1}
+    reconciler = Reconciler(store, lambda sandbox_id: leased.get(sandbox_id, 0))
+    await reconciler.tick()
+    assert await statuses(store) == {"s1": SandboxStatus.DRAINING}
+    leased["s1"] = 0
+    await reconciler.tick()
+    assert await statuses(store) == {"s1": SandboxStatus.STOPPING}
+
+
+async def test_after_a_restart_lease_counts_are_trusted_only_after_the_grace(
+    store: Store,
+) -> None:
+    draining = Sandbox(
+        id="s1", pool="p", app="a", node="n1", status=SandboxStatus.DRAINING, address="127.0.0.1:1"
+    )
+    await seed(store, 0, draining)
+    now = [1000.0]
+    reconciler = Reconciler(store, lambda sandbox_id: 0, drain_grace=60, clock=lambda: now[0])
+    await reconciler.tick()  # a fresh activator reads 0 leases: an ingress may still hold some
+    assert await statuses(store) == {"s1": SandboxStatus.DRAINING}
+    now[0] += 61
+    await reconciler.tick()
+    assert await statuses(store) == {"s1": SandboxStatus.STOPPING}
+
+
+async def test_crashes_start_a_cooldown_with_the_log_and_the_record_goes(store: Store) -> None:
+    crashed = Sandbox(
+        id="s1",
+        pool="p",
+        app="a",
+        node="n1",
+        status=SandboxStatus.DEAD,
+        last_log="ImportError: flask",
+    )
+    await seed(store, 1, crashed)
+    await Reconciler(store, lambda sandbox_id: 0, clock=lambda: 1000.0).tick()
+    pool = await store.get("pools/p", Pool)
+    assert pool is not None
+    assert pool.value.crash_count == 1
+    assert pool.value.crash_cooldown_until == 1001.0
+    assert "flask" in pool.value.last_crash_log
+    assert await statuses(store) == {}  # removed, and no replacement during the cooldown
