@@ -69,6 +69,7 @@ class NodeAgent:
         self._tasks: anyio.abc.TaskGroup | None = None
         self._registered = anyio.Event()
         self._serving = anyio.Event()
+        self._node_lease: int | None = None
 
     @property
     def name(self) -> str:
@@ -90,6 +91,9 @@ class NodeAgent:
         finally:
             with anyio.CancelScope(shield=True):
                 await self._stop_all()
+                if self._node_lease is not None:  # leave at once, not after the TTL
+                    with anyio.move_on_after(5), contextlib.suppress(StoreError):
+                        await self._store.revoke(self._node_lease)
 
     async def wait_registered(self) -> None:
         """Registered, and done with what a previous run left behind."""
@@ -104,7 +108,7 @@ class NodeAgent:
         ttl = self._settings.node_ttl
         while True:
             try:
-                lease = await self._store.grant(ttl)
+                lease = self._node_lease = await self._store.grant(ttl)
                 await self._store.put(f"nodes/{self.name}", record, lease=lease)
                 self._registered.set()
                 while True:
@@ -183,7 +187,22 @@ class NodeAgent:
             self._running.pop(sandbox_id, None)
             if running.process is not None:
                 with anyio.CancelScope(shield=True):
-                    await running.process.stop(self._settings.stop_grace)
+                    await self._shut_down(sandbox_id, running.process)
+
+    async def _shut_down(self, sandbox_id: str, process: SandboxProcess) -> None:
+        """The agent is stopping: take the sandbox out of admission, give the requests on it
+        `shutdown_drain` seconds, then stop it and say so. Store writes are bounded: a store
+        that is down must not keep the process running."""
+        with anyio.move_on_after(5), contextlib.suppress(StoreError):
+            await self._change(sandbox_id, Transition.DRAIN)
+        await anyio.sleep(self._settings.shutdown_drain)
+        with anyio.move_on_after(5), contextlib.suppress(StoreError):
+            await self._change(sandbox_id, Transition.STOP)
+        code = await process.stop(self._settings.stop_grace)
+        with anyio.move_on_after(5), contextlib.suppress(StoreError):
+            await self._change(
+                sandbox_id, Transition.STOPPED, exit_code=code, last_log="the node agent stopped"
+            )
 
     async def _serve_inner(self, running: Running) -> None:
         sandbox_id = running.sandbox_id

@@ -25,3 +25,6 @@ class NodeSettings(StoreSettings):
     """Seconds without a keep-alive after which the node counts as dead."""
     data_dir: Path = Path(".wakeful")
     stop_grace: float = Field(default=10.0, gt=0)
+    shutdown_drain: float = Field(default=2.0, ge=0, le=600)
+    """When the agent stops: seconds between taking its sandboxes out of admission and
+    stopping them, for the requests already on them (0 when no ingress can still send any)."""

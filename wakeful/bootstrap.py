@@ -222,7 +222,10 @@ async def run_up(
     token = load_or_create_token(data_dir)
     store_url = f"sqlite:///{data_dir / 'store.db'}"
     settings = ActivatorSettings(store_url=store_url, token=token, listen=api)
-    node_settings = NodeSettings(store_url=store_url, node_name="local", data_dir=data_dir)
+    # The in-process ingress has stopped before the node agent does: nothing left to drain.
+    node_settings = NodeSettings(
+        store_url=store_url, node_name="local", data_dir=data_dir, shutdown_drain=0
+    )
     ingress_settings = IngressSettings(
         store_url=store_url, listen=listen, admin_listen=admin, show_boot_log=True
     )

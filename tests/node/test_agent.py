@@ -144,3 +144,50 @@ async def test_a_very_long_output_line_neither_breaks_the_log_nor_the_sandbox(
     log = (tmp_path / "sandboxes" / "sb-3" / "output.log").read_text()
     assert "x" * 200_000 in log
     assert agent.running_ids() == ["sb-3"]
+
+
+async def test_a_stopping_agent_drains_stops_and_reports_its_sandboxes(tmp_path: Path) -> None:
+    async with open_store("memory://") as store:
+        artifacts = LocalArtifacts(tmp_path / "artifacts")
+        digest = await artifacts.put(pack(HELLO))
+        spec = AppSpec(command=[sys.executable, "app.py"], health=HealthCheck(path="/healthz"))
+        await store.put(
+            "versions/hello/v1", Version(app="hello", version="v1", spec=spec, artifact=digest)
+        )
+        await store.put(
+            "pools/hello-v1",
+            Pool(name="hello-v1", app="hello", version="v1", spec=spec, desired_instances=1),
+        )
+        settings = NodeSettings(
+            store_url="memory://",
+            node_name="n1",
+            data_dir=tmp_path,
+            node_ttl=30,
+            shutdown_drain=0.2,
+        )
+        agent = NodeAgent(store, settings, artifacts)
+        seen: list[SandboxStatus] = []
+        async with anyio.create_task_group() as observers:
+
+            async def record(after: int) -> None:
+                async for event in store.watch("sandboxes/", after + 1):
+                    seen.append(event.decode(Sandbox).status)  # type: ignore[union-attr]
+
+            async with anyio.create_task_group() as agent_tasks:
+                agent_tasks.start_soon(agent.run)
+                await agent.wait_registered()
+                await place(store, "sb-1", "hello-v1")
+                running = await status_of(store, "sb-1", SandboxStatus.RUNNING)
+                listing = await store.list("sandboxes/", Sandbox)
+                observers.start_soon(record, listing.revision)
+                await anyio.sleep(0.05)
+                agent_tasks.cancel_scope.cancel()  # the agent stops
+            await anyio.sleep(0.05)
+            observers.cancel_scope.cancel()
+        final = await store.get("sandboxes/sb-1", Sandbox)
+        assert final is not None and final.value.status is SandboxStatus.STOPPED
+        assert seen == [SandboxStatus.DRAINING, SandboxStatus.STOPPING, SandboxStatus.STOPPED]
+        assert await store.get("nodes/n1", Node) is None  # left at once, not after 30 s
+        with pytest.raises(httpx.ConnectError):
+            async with httpx.AsyncClient() as client:
+                await client.get(f"http://{running.address}/")
