@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 
 from wakeful.models import NAME_PATTERN
 
-from .core import Activator, Lease
+from .core import Activator, Lease, PoolSnapshot
 from .errors import ActivatorError, AppFailedToBoot, LeaseGone, Unavailable, UnknownApp
 
 
@@ -51,19 +51,6 @@ class LeaseGrant(BaseModel):
             overflow=lease.overflow,
             ttl_seconds=lease.ttl,
         )
-
-
-class PoolReport(BaseModel):
-    pool: str
-    app: str
-    version: str
-    desired_instances: int
-    live: int
-    ready: int
-    leased: int
-    overflow: int
-    waiters: int
-    revision: int
 
 
 def _error(status: int, error: str, detail: str, headers: dict[str, str] | None = None) -> Response:
@@ -164,9 +151,9 @@ def create_app(
         activator.release(lease_id)
         return Response(status_code=204)
 
-    @api.get("/v1/pools", dependencies=guarded, response_model=list[PoolReport])
-    async def pools() -> list[PoolReport]:
-        return [PoolReport.model_validate(s, from_attributes=True) for s in activator.snapshot()]
+    @api.get("/v1/pools", dependencies=guarded, response_model=list[PoolSnapshot])
+    async def pools() -> list[PoolSnapshot]:
+        return activator.snapshot()
 
     for router in routers:
         api.include_router(router, dependencies=guarded)

@@ -31,10 +31,8 @@ import os
 import platform
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +46,7 @@ from activator.core import Activator
 from activator.settings import ActivatorSettings
 from ingress import Ingress, IngressSettings
 from store import Store
+from store.testing import free_port, wait_listening
 from store.url import open_store
 from wakeful.models import App, AppSpec, Concurrency, Pool, Sandbox, SandboxStatus
 
@@ -88,24 +87,6 @@ def run_sandbox(port: int) -> None:
 
 
 # -- helpers ---------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_listening(port: int, within: float = 10.0) -> None:
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.02)
 
 
 @contextlib.contextmanager

@@ -25,22 +25,10 @@ from pathlib import Path
 
 import httpx
 
+from node.testing import sandbox_pids
 from store.testing import free_port
 
 HELLO = Path(__file__).resolve().parents[1] / "examples" / "hello"
-
-
-def sandbox_pids(data_dir: Path) -> list[int]:
-    root = str((data_dir / "sandboxes").resolve())
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if os.readlink(entry / "cwd").startswith(root):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 def one_run(delay: float, idle_interval: float) -> tuple[float, float]:

@@ -14,7 +14,7 @@ from wakeful.models import App, Sandbox, Version
 
 from .appdir import AppDefinition
 from .artifacts import ArtifactError, LocalArtifacts
-from .service import Deployer, DeployError, Phase, Rollout
+from .service import Deployer, DeployError, Phase
 
 
 class DeployRequest(BaseModel):
@@ -30,18 +30,6 @@ class RolloutReport(BaseModel):
     message: str
     ready: int
     target_ready: int
-
-    @classmethod
-    def of(cls, rollout: Rollout) -> "RolloutReport":
-        return cls(
-            app=rollout.app,
-            version=rollout.version,
-            pool=rollout.pool,
-            phase=rollout.phase,
-            message=rollout.message,
-            ready=rollout.ready,
-            target_ready=rollout.target_ready,
-        )
 
 
 class AppReport(BaseModel):
@@ -97,14 +85,14 @@ def deploy_router(
             raise bad(400, "deploy refused", str(exc)) from exc
         if rollout.phase is Phase.ROLLING:
             tasks.start_soon(deployer.roll_out, rollout, list(body.definition.hosts))
-        return RolloutReport.of(rollout)
+        return RolloutReport.model_validate(rollout, from_attributes=True)
 
     @router.get("/v1/deploys/{app}/{version}", response_model=RolloutReport)
     async def progress(app: str, version: str) -> RolloutReport:
         rollout = deployer.rollouts.get((app, version))
         if rollout is None:
             raise bad(404, "unknown deploy", f"no deploy of {app} {version} in this control plane")
-        return RolloutReport.of(rollout)
+        return RolloutReport.model_validate(rollout, from_attributes=True)
 
     @router.post("/v1/apps/{app}/rollback", status_code=202, response_model=RolloutReport)
     async def rollback(app: str) -> RolloutReport:
@@ -115,7 +103,7 @@ def deploy_router(
         current = await store.get(f"apps/{app}", App)
         hosts = list(current.value.hosts) if current else []
         tasks.start_soon(deployer.roll_out, rollout, hosts)
-        return RolloutReport.of(rollout)
+        return RolloutReport.model_validate(rollout, from_attributes=True)
 
     @router.get("/v1/apps", response_model=list[AppReport])
     async def apps() -> list[AppReport]:

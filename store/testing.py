@@ -25,6 +25,19 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def wait_listening(port: int, within: float = 10.0) -> None:
+    """Block until something accepts connections on 127.0.0.1:port."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
 class EtcdNotInstalled(RuntimeError):
     pass
 

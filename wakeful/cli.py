@@ -24,10 +24,11 @@ from typing import Any
 
 import anyio
 import httpx
-from pydantic import SecretStr
+from pydantic import SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from deploy.appdir import AppDir, AppDirError, load_app_dir
+from wakeful.models import describe_validation_error
 
 from .bootstrap import CONTROL_FILE, AddressInUse, split_address
 
@@ -262,6 +263,13 @@ def cmd_logs(args: argparse.Namespace) -> int:
 # -- pieces on their own --------------------------------------------------------------------
 
 
+def _control_credentials(why: str) -> tuple[str, str]:
+    cli = CliSettings()
+    if cli.api is None or cli.token is None:
+        raise CliError(f"WAKEFUL_API and WAKEFUL_TOKEN must be set: {why}")
+    return cli.api, cli.token.get_secret_value()
+
+
 def cmd_activator(args: argparse.Namespace) -> int:
     from activator.settings import ActivatorSettings
 
@@ -273,12 +281,8 @@ def cmd_activator(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir)
 
     async def main() -> None:
-        from store import open_store
-
         async with (
-            open_store(
-                settings.store_url, namespace=settings.store_namespace, tls=settings.tls
-            ) as store,
+            settings.open_store() as store,
             control_plane(
                 store,
                 settings,
@@ -302,18 +306,11 @@ def cmd_node(args: argparse.Namespace) -> int:
     from .remote import HttpArtifacts
 
     settings = NodeSettings()
-    cli = CliSettings()
-    if cli.api is None or cli.token is None:
-        raise CliError("WAKEFUL_API and WAKEFUL_TOKEN must be set: nodes fetch artifacts from it")
-    api, token = cli.api, cli.token.get_secret_value()
+    api, token = _control_credentials("nodes fetch artifacts from it")
 
     async def main() -> None:
-        from store import open_store
-
         async with (
-            open_store(
-                settings.store_url, namespace=settings.store_namespace, tls=settings.tls
-            ) as store,
+            settings.open_store() as store,
             HttpArtifacts(api, token) as artifacts,
         ):
             agent = NodeAgent(store, settings, artifacts)
@@ -334,18 +331,11 @@ def cmd_ingress(args: argparse.Namespace) -> int:
     from ingress import IngressSettings, serve
 
     settings = IngressSettings()
-    cli = CliSettings()
-    if cli.api is None or cli.token is None:
-        raise CliError("WAKEFUL_API and WAKEFUL_TOKEN must be set: the ingress asks the activator")
-    api, token = cli.api, cli.token.get_secret_value()
+    api, token = _control_credentials("the ingress asks the activator")
 
     async def main() -> None:
-        from store import open_store
-
         async with (
-            open_store(
-                settings.store_url, namespace=settings.store_namespace, tls=settings.tls
-            ) as store,
+            settings.open_store() as store,
             HttpLeases(api, token) as leases,
         ):
             print(f"ingress listening on http://{settings.listen}", flush=True)
@@ -363,12 +353,8 @@ def cmd_idle_monitor(args: argparse.Namespace) -> int:
     settings = IdleMonitorSettings()
 
     async def main() -> None:
-        from store import open_store
-
         async with (
-            open_store(
-                settings.store_url, namespace=settings.store_namespace, tls=settings.tls
-            ) as store,
+            settings.open_store() as store,
             anyio.create_task_group() as tasks,
         ):
             tasks.start_soon(IdleMonitor(store, interval=settings.idle_interval).run)
@@ -443,6 +429,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.func(args)
     except CliError as exc:
         print(f"wakeful: error: {exc}", file=sys.stderr)
+        return 2
+    except ValidationError as exc:  # settings from WAKEFUL_* variables
+        print(f"wakeful: error: {describe_validation_error(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

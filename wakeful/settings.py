@@ -4,12 +4,13 @@ entry point, then passed down. Nothing else reads the environment."""
 
 from __future__ import annotations
 
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 from pydantic import field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from store import TLSFiles, parse_store_url
+from store import Store, TLSFiles, open_store, parse_store_url
 
 
 class StoreSettings(BaseSettings):
@@ -31,3 +32,7 @@ class StoreSettings(BaseSettings):
     @property
     def tls(self) -> TLSFiles:
         return TLSFiles(ca=self.etcd_ca, cert=self.etcd_cert, key=self.etcd_key)
+
+    def open_store(self) -> AbstractAsyncContextManager[Store]:
+        """The store these settings name, open for the duration of an `async with`."""
+        return open_store(self.store_url, namespace=self.store_namespace, tls=self.tls)

@@ -21,6 +21,7 @@ import anyio
 import httpx
 import pytest
 
+from node.testing import sandbox_pids
 from store.testing import free_port
 
 pytestmark = pytest.mark.anyio
@@ -72,17 +73,7 @@ class Up:
         return next(p for p in await self.pools() if p["app"] == app)
 
     def sandbox_pids(self) -> list[int]:
-        """Processes whose working directory is one of this control plane's sandboxes."""
-        root = str((self.data_dir / "sandboxes").resolve())
-        found = []
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    if os.readlink(entry / "cwd").startswith(root):
-                        found.append(int(entry.name))
-                except OSError:
-                    continue
-        return found
+        return sandbox_pids(self.data_dir)
 
 
 def start_up(tmp_path: Path, *apps: Path, idle_interval: float = 1.0) -> Up:

@@ -10,7 +10,6 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,22 +23,10 @@ from activator.core import Activator
 from activator.settings import ActivatorSettings
 from ingress import Ingress, IngressSettings
 from store import Store, open_store
-from store.testing import free_port
+from store.testing import free_port, wait_listening
 from wakeful.models import App, AppSpec, Concurrency, Pool, Sandbox, SandboxStatus
 
 HELLO = Path(__file__).resolve().parents[2] / "examples" / "hello" / "app.py"
-
-
-def wait_listening(port: int, within: float = 10.0) -> None:
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.02)
 
 
 @pytest.fixture
