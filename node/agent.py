@@ -29,10 +29,10 @@ import anyio.abc
 
 from deploy.artifacts import ArtifactError
 from store import Conflict, Event, Item, LeaseNotFound, Resync, Store, StoreError
-from store.testing import free_port
 from wakeful.models import Node, Pool, Sandbox, SandboxStatus, Version
 
 from .lifecycle import IllegalTransition, Transition, transition
+from .ports import NoFreePort, PortPool, bindable
 from .probe import wait_ready
 from .runtime import ProcessRuntime, Runtime, SandboxProcess
 from .settings import NodeSettings
@@ -49,6 +49,7 @@ class Running:
     sandbox_id: str
     stop_requested: anyio.Event = field(default_factory=anyio.Event)
     process: SandboxProcess | None = None
+    port: int | None = None
 
 
 class NodeAgent:
@@ -70,6 +71,7 @@ class NodeAgent:
         self._registered = anyio.Event()
         self._serving = anyio.Event()
         self._node_lease: int | None = None
+        self._ports = PortPool(*settings.port_range)
 
     @property
     def name(self) -> str:
@@ -185,6 +187,8 @@ class NodeAgent:
                 await self._change(sandbox_id, Transition.FAIL, last_log="node agent error")
         finally:
             self._running.pop(sandbox_id, None)
+            if running.port is not None:
+                self._ports.give_back(running.port)
             if running.process is not None:
                 with anyio.CancelScope(shield=True):
                     await self._shut_down(sandbox_id, running.process)
@@ -223,7 +227,20 @@ class NodeAgent:
         except (OSError, ArtifactError) as exc:
             await self._change(sandbox_id, Transition.FAIL, last_log=f"could not unpack: {exc}")
             return
-        port = spec.port or free_port()
+        if spec.port is not None:
+            port = spec.port
+            if not bindable(port):
+                await self._change(
+                    sandbox_id, Transition.FAIL, last_log=f"port {port} is already in use"
+                )
+                return
+        else:
+            try:
+                port = self._ports.take()
+            except NoFreePort as exc:
+                await self._change(sandbox_id, Transition.FAIL, last_log=str(exc))
+                return
+            running.port = port
         env = {**_base_env(), **spec.env, "PORT": str(port)}
         if not await self._change(sandbox_id, Transition.START):
             return

@@ -4,7 +4,7 @@ import re
 import socket
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from wakeful.settings import StoreSettings
 
@@ -24,6 +24,18 @@ class NodeSettings(StoreSettings):
     node_ttl: int = Field(default=10, ge=2, le=300)
     """Seconds without a keep-alive after which the node counts as dead."""
     data_dir: Path = Path(".wakeful")
+    port_range: tuple[int, int] = (20000, 29999)
+    """Ports handed to sandboxes: below Linux's ephemeral range (32768-60999), so no outgoing
+    connection takes one between the pick and the app's bind. WAKEFUL_PORT_RANGE=[low,high]."""
+
+    @field_validator("port_range")
+    @classmethod
+    def _sane_range(cls, value: tuple[int, int]) -> tuple[int, int]:
+        low, high = value
+        if not 1024 <= low <= high <= 65535:
+            raise ValueError(f"must be [low, high] within 1024-65535 (got {list(value)})")
+        return value
+
     stop_grace: float = Field(default=10.0, gt=0)
     shutdown_drain: float = Field(default=2.0, ge=0, le=600)
     """When the agent stops: seconds between taking its sandboxes out of admission and

@@ -1,0 +1,46 @@
+"""Ports for sandboxes, picked so that nothing else is likely to take them before the app binds.
+
+A port from the kernel's "free port" trick lies in the ephemeral range, where every outgoing
+connection on the machine also draws its source port: between our pick and the app's bind
+(seconds, when many apps boot at once) one of them can take it, and the app dies with
+"address in use". Sandbox ports therefore come from a range below the ephemeral one, are never
+handed to two live sandboxes, and are checked free at the moment they are picked.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+
+
+class NoFreePort(RuntimeError):
+    pass
+
+
+def bindable(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+class PortPool:
+    def __init__(self, low: int, high: int) -> None:
+        if not 1024 <= low <= high <= 65535:
+            raise ValueError(f"port range {low}-{high} must lie within 1024-65535")
+        self._low, self._high = low, high
+        self._taken: set[int] = set()
+
+    def take(self) -> int:
+        candidates = list(range(self._low, self._high + 1))
+        random.shuffle(candidates)
+        for port in candidates:
+            if port not in self._taken and bindable(port):
+                self._taken.add(port)
+                return port
+        raise NoFreePort(f"no free port left in {self._low}-{self._high}")
+
+    def give_back(self, port: int) -> None:
+        self._taken.discard(port)

@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from node.ports import NoFreePort, PortPool, bindable
+from node.settings import NodeSettings
+
+
+def test_ports_come_from_the_range_and_are_never_handed_out_twice() -> None:
+    pool = PortPool(21000, 21004)
+    taken = {pool.take() for _ in range(5)}
+    assert taken == set(range(21000, 21005))
+    with pytest.raises(NoFreePort):
+        pool.take()
+    pool.give_back(21002)
+    assert pool.take() == 21002
+
+
+def test_a_port_something_else_holds_is_skipped() -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 21010))
+        holder.listen()
+        assert not bindable(21010)
+        pool = PortPool(21010, 21011)
+        assert pool.take() == 21011
+
+
+def test_the_default_range_lies_below_the_ephemeral_ports() -> None:
+    _, high = NodeSettings(store_url="memory://").port_range
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as ranges:
+        ephemeral_low = int(ranges.read().split()[0])
+    assert high < ephemeral_low
+
+
+def test_a_bad_range_is_refused_naming_the_field() -> None:
+    with pytest.raises(ValueError, match="port_range"):
+        NodeSettings(store_url="memory://", port_range=(30000, 20000))
