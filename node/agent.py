@@ -71,7 +71,7 @@ class NodeAgent:
         self._registered = anyio.Event()
         self._serving = anyio.Event()
         self._node_lease: int | None = None
-        self._ports = PortPool(*settings.port_range)
+        self._ports = PortPool(*settings.port_range, host=settings.node_address)
 
     @property
     def name(self) -> str:
@@ -229,7 +229,7 @@ class NodeAgent:
             return
         if spec.port is not None:
             port = spec.port
-            if not bindable(port):
+            if not bindable(port, self._settings.node_address):
                 await self._change(
                     sandbox_id, Transition.FAIL, last_log=f"port {port} is already in use"
                 )
@@ -241,7 +241,8 @@ class NodeAgent:
                 await self._change(sandbox_id, Transition.FAIL, last_log=str(exc))
                 return
             running.port = port
-        env = {**_base_env(), **spec.env, "PORT": str(port)}
+        host = self._settings.node_address
+        env = {**_base_env(), **spec.env, "PORT": str(port), "HOST": host}
         if not await self._change(sandbox_id, Transition.START):
             return
         try:
@@ -263,7 +264,7 @@ class NodeAgent:
 
             tasks.start_soon(watch_exit)
             ready = await wait_ready(
-                "127.0.0.1", port, spec.health.path, spec.health.timeout, process.wait
+                host, port, spec.health.path, spec.health.timeout, process.wait
             )
             if not ready or not await self._change(
                 sandbox_id, Transition.READY, address=address, ready=True

@@ -27,17 +27,18 @@ def bindable(port: int, host: str = "127.0.0.1") -> bool:
 
 
 class PortPool:
-    def __init__(self, low: int, high: int) -> None:
+    def __init__(self, low: int, high: int, host: str = "127.0.0.1") -> None:
         if not 1024 <= low <= high <= 65535:
             raise ValueError(f"port range {low}-{high} must lie within 1024-65535")
         self._low, self._high = low, high
         self._taken: set[int] = set()
+        self._host = host
 
     def take(self) -> int:
         candidates = list(range(self._low, self._high + 1))
         random.shuffle(candidates)
         for port in candidates:
-            if port not in self._taken and bindable(port):
+            if port not in self._taken and bindable(port, self._host):
                 self._taken.add(port)
                 return port
         raise NoFreePort(f"no free port left in {self._low}-{self._high}")

@@ -37,7 +37,7 @@ Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
 HOST_PATTERN = r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 Host = Annotated[str, StringConstraints(pattern=HOST_PATTERN, max_length=253)]
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-RESERVED_ENV = frozenset({"PORT"})
+RESERVED_ENV = frozenset({"PORT", "HOST"})
 
 
 class Model(BaseModel):

@@ -1,4 +1,4 @@
-"""A small stdlib-only HTTP app for wakeful: it listens on 127.0.0.1:$PORT.
+"""A small stdlib-only HTTP app for wakeful: it listens on $HOST:$PORT (wakeful sets both).
 
 GET /            -> "hello from <pid>"
 GET /sleep?s=N   -> waits N seconds, then answers (to hold a request in flight)
@@ -83,11 +83,12 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def main() -> None:
+    host = os.environ.get("HOST", "127.0.0.1")
     port = int(os.environ.get("PORT", "8000"))
-    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    server = ThreadingHTTPServer((host, port), Handler)
     server.daemon_threads = True
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    print(f"hello listening on 127.0.0.1:{port}", flush=True)
+    print(f"hello listening on {host}:{port}", flush=True)
     try:
         server.serve_forever()
     finally:
