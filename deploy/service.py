@@ -210,7 +210,8 @@ class Deployer:
                 old = await self._store.get(f"pools/{pool_name(rollout.app, previous)}", Pool)
                 if old is not None:
                     require.append(Require(old.key, old.revision))
-                    ops.append(Put(old.key, old.value.model_copy(update={"retired": True})))
+                    retired = {"retired": True, "retired_at": self._clock()}
+                    ops.append(Put(old.key, old.value.model_copy(update=retired)))
             try:
                 await self._store.txn(require, ops)
                 return
@@ -225,7 +226,9 @@ class Deployer:
                 break
             try:
                 await self._store.update(
-                    pool.key, pool.value.model_copy(update={"retired": True}), pool.revision
+                    pool.key,
+                    pool.value.model_copy(update={"retired": True, "retired_at": self._clock()}),
+                    pool.revision,
                 )
                 break
             except Conflict:
@@ -254,17 +257,23 @@ class Deployer:
             current.value.desired_instances if current else 0,
             version.value.spec.concurrency.min_instances,
         )
-        if old is None:
-            raise DeployError(f"the pool of {app} {previous} is gone")
-        await self._store.update(
-            old.key,
-            old.value.model_copy(update={"retired": False, "desired_instances": size}),
-            old.revision,
-        )
+        name = pool_name(app, previous)
+        if old is None:  # retired long ago and swept: the version still says how to run it
+            fresh = Pool(
+                name=name,
+                app=app,
+                version=previous,
+                spec=version.value.spec,
+                desired_instances=size,
+            )
+            await self._store.create(f"pools/{name}", fresh)
+        else:
+            back = {"retired": False, "retired_at": 0.0, "desired_instances": size}
+            await self._store.update(old.key, old.value.model_copy(update=back), old.revision)
         rollout = Rollout(
             app,
             previous,
-            old.key.removeprefix("pools/"),
+            name,
             Phase.ROLLING,
             f"rolling back {app} to {previous}",
             1 if size else 0,

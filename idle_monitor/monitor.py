@@ -28,6 +28,18 @@ log = logging.getLogger(__name__)
 class IdleMonitorSettings(StoreSettings):
     idle_interval: float = Field(default=30.0, gt=0, le=3600)
     """Seconds between ticks."""
+    retired_retention: float = Field(default=3600.0, ge=0)
+    """A retired pool with nothing running is deleted this long after it was retired."""
+
+
+def sweepable(pool: Pool, sandboxes: Sequence[Sandbox], now: float, retention: float) -> bool:
+    """A retired pool nothing runs in any more, retired long enough ago to forget."""
+    return (
+        pool.retired
+        and pool.retired_at > 0
+        and now - pool.retired_at >= retention
+        and not any(s.pool == pool.name for s in sandboxes)
+    )
 
 
 def idle_target(pool: Pool, sandboxes: Sequence[Sandbox], now: float) -> int | None:
@@ -53,10 +65,16 @@ def idle_target(pool: Pool, sandboxes: Sequence[Sandbox], now: float) -> int | N
 
 class IdleMonitor:
     def __init__(
-        self, store: Store, *, interval: float = 30.0, clock: Callable[[], float] = time.time
+        self,
+        store: Store,
+        *,
+        interval: float = 30.0,
+        retention: float = 3600.0,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
         self._interval = interval
+        self._retention = retention
         self._clock = clock
 
     async def run(self) -> None:
@@ -69,7 +87,27 @@ class IdleMonitor:
 
     async def tick(self) -> list[str]:
         """One pass; returns the pools it scaled down."""
-        return await self.apply(await self.plan())
+        scaled = await self.apply(await self.plan())
+        await self.sweep()
+        return scaled
+
+    async def sweep(self) -> list[str]:
+        """Delete retired pools with nothing left running, past the retention time."""
+        pools = await self._store.list("pools/", Pool)
+        sandboxes = [s.value for s in (await self._store.list("sandboxes/", Sandbox)).items]
+        now = self._clock()
+        swept = []
+        for item in pools.items:
+            if sweepable(item.value, sandboxes, now, self._retention):
+                try:
+                    await self._store.delete(item.key, expect_revision=item.revision)
+                except Conflict:
+                    continue
+                log.info(
+                    "deleted retired pool %s", item.value.name, extra={"pool": item.value.name}
+                )
+                swept.append(item.value.name)
+        return swept
 
     async def plan(self) -> list[tuple[Item[Pool], int]]:
         """Pools to shrink, each with the listed item whose revision the write must match."""

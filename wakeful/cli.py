@@ -357,7 +357,10 @@ def cmd_idle_monitor(args: argparse.Namespace) -> int:
             settings.open_store() as store,
             anyio.create_task_group() as tasks,
         ):
-            tasks.start_soon(IdleMonitor(store, interval=settings.idle_interval).run)
+            monitor = IdleMonitor(
+                store, interval=settings.idle_interval, retention=settings.retired_retention
+            )
+            tasks.start_soon(monitor.run)
             print(f"idle monitor: every {settings.idle_interval:g} s", flush=True)
             await wait_for_signal()
             tasks.cancel_scope.cancel()

@@ -145,6 +145,8 @@ class Pool(Model):
     spec: AppSpec
     desired_instances: int = Field(default=0, ge=0, le=1000)
     retired: bool = False
+    retired_at: float = 0.0
+    """When it stopped taking traffic; the idle monitor deletes it after a retention time."""
     crash_cooldown_until: float = 0.0
     crash_count: int = Field(default=0, ge=0)
     last_crash_log: str = ""

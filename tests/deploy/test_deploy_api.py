@@ -150,3 +150,23 @@ def test_starting_size(
     if old_desired is not None:
         old = Pool(name="a-v1", app="a", version="v1", spec=SPEC, desired_instances=old_desired)
     assert starting_size(old, old_running, new_min) == expected
+
+
+async def test_rollback_recreates_a_swept_pool_from_its_version(tmp_path: Path) -> None:
+    from wakeful.models import App, Version
+
+    async with open_store("memory://") as store:
+        spec = AppSpec(command=["x"])
+        await store.put("versions/a/v1", Version(app="a", version="v1", spec=spec))
+        await store.put("versions/a/v2", Version(app="a", version="v2", spec=spec))
+        await store.put(
+            "pools/a-v2", Pool(name="a-v2", app="a", version="v2", spec=spec, desired_instances=3)
+        )
+        await store.put("apps/a", App(name="a", active_version="v2", previous_version="v1"))
+        deployer = Deployer(store, LocalArtifacts(tmp_path), timeout=1)
+        rollout = await deployer.rollback("a")
+        assert (rollout.version, rollout.pool) == ("v1", "a-v1")
+        recreated = await store.get("pools/a-v1", Pool)
+        assert recreated is not None
+        assert recreated.value.desired_instances == 3  # the current size, not a cold one
+        assert not recreated.value.retired

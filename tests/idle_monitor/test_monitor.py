@@ -115,3 +115,21 @@ async def test_a_scale_up_between_listing_and_write_survives(store: Store) -> No
     assert await monitor.apply(planned) == []
     after = await store.get("pools/p", Pool)
     assert after is not None and after.value.desired_instances == 6 and after.revision == grown
+
+
+async def test_a_retired_pool_is_deleted_once_empty_and_past_the_retention(store: Store) -> None:
+    retired = make_pool(0).model_copy(update={"retired": True, "retired_at": 1000.0})
+    await store.put("pools/p", retired)
+    await store.put("sandboxes/a", running("a", 0))
+    now = [1000.0 + 7200]
+    monitor = IdleMonitor(store, retention=3600, clock=lambda: now[0])
+    assert await monitor.sweep() == []  # a sandbox still runs in it
+    await store.delete("sandboxes/a")
+    now[0] = 1000.0 + 100
+    assert await monitor.sweep() == []  # not retired long enough
+    now[0] = 1000.0 + 3600
+    assert await monitor.sweep() == ["p"]
+    assert await store.get("pools/p", Pool) is None
+    active = make_pool(0)
+    await store.put("pools/q", active.model_copy(update={"name": "q"}))
+    assert await monitor.sweep() == []  # a pool in use is never swept
