@@ -77,6 +77,7 @@ def plan_pool(
     `placed` counts live sandboxes per node across all pools; creations update it.
     """
     live_nodes = {n.name for n in nodes}
+    evacuating = {n.name for n in nodes if n.evacuating}
     actions: list[Action] = []
     live: list[Sandbox] = []
     for sandbox in sandboxes:
@@ -89,18 +90,23 @@ def plan_pool(
         elif sandbox.status in LIVE:
             live.append(sandbox)
     desired = 0 if pool is None or pool.retired else pool.desired_instances
-    if len(live) < desired:
+    # Sandboxes on an evacuating node keep serving until replacements elsewhere serve too.
+    staying = [s for s in live if s.node not in evacuating]
+    leaving = [s for s in live if s.node in evacuating]
+    if len(staying) < desired:
         if pool is not None and pool.crash_cooldown_until > now:
             return actions
         candidates = [n for n in nodes if not n.cordoned and not n.evacuating]
-        for _ in range(desired - len(live)):
+        for _ in range(desired - len(staying)):
             if not candidates:
-                break
+                break  # no adopter: what is on a leaving node stays and keeps serving
             node = min(candidates, key=lambda n: (placed.get(n.name, 0), n.name))
             placed[node.name] = placed.get(node.name, 0) + 1
             actions.append(Create(node.name))
-    elif len(live) > desired:
-        actions.extend(_shrink(live, len(live) - desired, leased))
+    elif len(staying) > desired:
+        actions.extend(_shrink(staying, len(staying) - desired, leased))
+    if leaving and sum(1 for s in staying if s.routable) >= desired:
+        actions.extend(_shrink(leaving, len(leaving), leased))
     return actions
 
 

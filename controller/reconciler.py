@@ -16,12 +16,18 @@ from collections.abc import Callable
 import anyio
 
 from store import Conflict, Item, Resync, Store, StoreError
-from wakeful.models import Node, Pool, Sandbox, SandboxStatus
+from wakeful.models import Cordon, Node, Pool, Sandbox, SandboxStatus
 
 from .plan import Create, Drain, MarkDead, Remove, Stop, cooldown, plan_pool
 
 log = logging.getLogger(__name__)
-WATCHED = ("pools/", "sandboxes/", "nodes/")
+WATCHED = ("pools/", "sandboxes/", "nodes/", "cordons/")
+
+
+def with_cordon(node: Node, cordon: Cordon | None) -> Node:
+    if cordon is None:
+        return node
+    return node.model_copy(update={"cordoned": True, "evacuating": cordon.evacuate})
 
 
 class Reconciler:
@@ -73,7 +79,13 @@ class Reconciler:
     async def tick(self) -> None:
         pools = {p.value.name: p for p in (await self._store.list("pools/", Pool)).items}
         sandboxes = (await self._store.list("sandboxes/", Sandbox)).items
-        nodes = [n.value for n in (await self._store.list("nodes/", Node)).items]
+        cordons = {
+            c.value.node: c.value for c in (await self._store.list("cordons/", Cordon)).items
+        }
+        nodes = [
+            with_cordon(n.value, cordons.get(n.value.name))
+            for n in (await self._store.list("nodes/", Node)).items
+        ]
         now = self._clock()
         by_pool: dict[str, list[Item[Sandbox]]] = defaultdict(list)
         placed: dict[str, int] = defaultdict(int)

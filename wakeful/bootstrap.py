@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry
 from activator.api import create_app
 from activator.core import Activator
 from activator.settings import ActivatorSettings
+from controller.api import node_router
 from controller.reconciler import Reconciler
 from deploy.api import deploy_router
 from deploy.appdir import AppDir
@@ -165,7 +166,10 @@ async def control_plane(
     token = settings.token.get_secret_value() if settings.token else ""
     async with activator.running(), anyio.create_task_group() as tasks:
         api = create_app(
-            activator, token, registry, [deploy_router(store, deployer, artifacts, tasks, data_dir)]
+            activator,
+            token,
+            registry,
+            [deploy_router(store, deployer, artifacts, tasks, data_dir), node_router(store)],
         )
         api_started = anyio.Event()
         tasks.start_soon(serve_asgi, api, settings.listen, "--api", api_started)

@@ -239,6 +239,37 @@ def cmd_versions(args: argparse.Namespace) -> int:
     raise CliError(f"no app named {args.app!r}")
 
 
+def cmd_nodes(args: argparse.Namespace) -> int:
+    for node in _request(args, "GET", "/v1/nodes"):
+        state = "evacuating" if node["evacuating"] else "cordoned" if node["cordoned"] else "ready"
+        if not node["registered"]:
+            state += " (not registered)"
+        print(f"{node['name']}  {state}  sandboxes={node['sandboxes']}")
+    return 0
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    if args.undo:
+        _request(args, "DELETE", f"/v1/nodes/{args.node}/drain")
+        print(f"{args.node} takes new sandboxes again")
+        return 0
+    _request(args, "POST", f"/v1/nodes/{args.node}/drain", params={"evacuate": args.evacuate})
+    if not args.evacuate:
+        print(f"{args.node} is cordoned: no new sandboxes; the ones there keep running")
+        return 0
+    print(f"evacuating {args.node}: replacing its sandboxes elsewhere, then draining them")
+    last = None
+    while True:
+        found = [n for n in _request(args, "GET", "/v1/nodes") if n["name"] == args.node]
+        left = found[0]["sandboxes"] if found else 0
+        if left != last:
+            print(f"  {left} sandbox(es) left on {args.node}", flush=True)
+            last = left
+        if left == 0:
+            return 0
+        time.sleep(0.5)
+
+
 def cmd_logs(args: argparse.Namespace) -> int:
     try:
         with _control(args) as client:
@@ -406,6 +437,17 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("--follow", "-f", action="store_true")
     logs.add_argument("--tail", type=int, default=200)
     logs.set_defaults(func=cmd_logs)
+    sub.add_parser("nodes", help="nodes and their drain state").set_defaults(func=cmd_nodes)
+    drain = sub.add_parser("drain", help="move every sandbox off a node (--undo to uncordon)")
+    drain.add_argument("node")
+    drain.add_argument(
+        "--no-evacuate",
+        dest="evacuate",
+        action="store_false",
+        help="only cordon: take no new sandboxes, keep the ones there",
+    )
+    drain.add_argument("--undo", action="store_true", help="uncordon the node")
+    drain.set_defaults(func=cmd_drain)
     rollback = sub.add_parser("rollback", help="go back to the previous version")
     rollback.add_argument("app")
     rollback.set_defaults(func=cmd_rollback)

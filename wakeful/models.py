@@ -11,6 +11,7 @@ was refused (`describe_validation_error`).
 | `pools/{pool}`              | Pool     |
 | `sandboxes/{id}`            | Sandbox  |
 | `nodes/{node}`              | Node     |
+| `cordons/{node}`            | Cordon   |
 | `routes/{host}`             | Route    |
 """
 
@@ -201,6 +202,16 @@ class Node(Model):
     capacity: int = Field(default=100, ge=0)
     cordoned: bool = False
     evacuating: bool = False
+
+
+class Cordon(Model):
+    """An operator's drain of a node (`cordons/{node}`), kept apart from the node's own
+    TTL-bound record so a re-registering agent cannot clear it. A cordoned node takes no new
+    sandboxes; an evacuating one also has its sandboxes replaced elsewhere, then drained."""
+
+    node: Name
+    evacuate: bool = True
+    since: float = 0.0
 
 
 class Route(Model):

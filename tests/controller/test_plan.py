@@ -121,3 +121,31 @@ def test_cordoned_nodes_take_nothing_and_a_retired_pool_goes_to_zero() -> None:
 )
 def test_cooldown_is_exponential_and_capped(count: int, seconds: float) -> None:
     assert cooldown(count) == seconds
+
+
+EVACUATING = [
+    Node(name="n1", address="a", cordoned=True, evacuating=True),
+    Node(name="n2", address="b"),
+]
+
+
+def test_evacuation_replaces_first_and_drains_once_the_replacement_serves() -> None:
+    on_leaving = sb("a", S.RUNNING, node="n1")
+    # The replacement does not exist yet: create it on n2; a keeps serving meanwhile.
+    assert plan_pool(pool(1), [on_leaving], {}, EVACUATING, {}, now=0) == [Create("n2")]
+    booting = sb("b", S.BOOTING, node="n2")
+    assert plan_pool(pool(1), [on_leaving, booting], {}, EVACUATING, {}, now=0) == []
+    serving = sb("b", S.RUNNING, node="n2")
+    assert plan_pool(pool(1), [on_leaving, serving], {}, EVACUATING, {}, now=0) == [Drain("a")]
+
+
+def test_evacuation_with_no_adopter_keeps_the_sandbox_serving() -> None:
+    alone = [Node(name="n1", address="a", cordoned=True, evacuating=True)]
+    assert plan_pool(pool(1), [sb("a", S.RUNNING, node="n1")], {}, alone, {}, now=0) == []
+
+
+def test_a_cordon_without_evacuation_keeps_what_runs_and_places_nothing_new() -> None:
+    cordoned = [Node(name="n1", address="a", cordoned=True), Node(name="n2", address="b")]
+    assert plan_pool(pool(2), [sb("a", S.RUNNING, node="n1")], {}, cordoned, {}, now=0) == [
+        Create("n2")
+    ]

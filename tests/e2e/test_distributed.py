@@ -29,12 +29,22 @@ def cluster(etcd_server: EtcdServer, tmp_path: Path) -> Iterator[tuple[str, str,
         "WAKEFUL_STORE_NAMESPACE": f"/dist-{uuid.uuid4().hex[:8]}/",
         "WAKEFUL_TOKEN": "distributed-token",
         "WAKEFUL_API": f"http://{api}",
+        # Short leases: a fresh activator distrusts lease counts for one TTL (see Reconciler).
+        "WAKEFUL_LEASE_TTL": "5",
     }
     pieces = [
         ([*WAKEFUL, "--data-dir", str(tmp_path / "act"), "activator"], {"WAKEFUL_LISTEN": api}),
         (
             [*WAKEFUL, "node"],
             {"WAKEFUL_NODE_NAME": "n1", "WAKEFUL_DATA_DIR": str(tmp_path / "n1")},
+        ),
+        (
+            [*WAKEFUL, "node"],
+            {
+                "WAKEFUL_NODE_NAME": "n2",
+                "WAKEFUL_DATA_DIR": str(tmp_path / "n2"),
+                "WAKEFUL_PORT_RANGE": "[25000, 25999]",
+            },
         ),
         (
             [*WAKEFUL, "ingress"],
@@ -88,3 +98,42 @@ def test_separate_pieces_deploy_and_serve_through_etcd(
         check=True,
     )
     assert '"ready": 1' in status.stdout
+
+
+def test_draining_a_node_moves_its_sandboxes_without_failing_a_request(
+    cluster: tuple[str, str, dict[str, str]],
+) -> None:
+    api, proxy, env = cluster
+    deployed = subprocess.run(
+        [*WAKEFUL, "--api", api, "deploy", str(HELLO)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    headers = {"Host": "hello.localhost"}
+    with httpx.Client(base_url=proxy, timeout=60) as client:
+        assert client.get("/", headers=headers).status_code == 200
+        nodes = httpx.get(f"{api}/v1/nodes", headers={"Authorization": "Bearer distributed-token"})
+        busy = next(n["name"] for n in nodes.json() if n["sandboxes"] == 1)
+        drain = subprocess.Popen(
+            [*WAKEFUL, "--api", api, "drain", busy],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        statuses = []
+        while drain.poll() is None:  # requests all through the move
+            statuses.append(client.get("/", headers=headers).status_code)
+        output = drain.communicate(timeout=60)[0]
+        assert drain.returncode == 0, output
+        statuses.append(client.get("/", headers=headers).status_code)
+    assert set(statuses) == {200}
+    nodes = httpx.get(f"{api}/v1/nodes", headers={"Authorization": "Bearer distributed-token"})
+    by_name = {n["name"]: n for n in nodes.json()}
+    assert by_name[busy]["evacuating"] and by_name[busy]["sandboxes"] == 0
+    other = next(name for name in by_name if name != busy)
+    assert by_name[other]["sandboxes"] == 1
