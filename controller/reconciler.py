@@ -159,7 +159,13 @@ class Reconciler:
                 pool = pool_item.value
                 sandbox_id = f"{pool.name}-{uuid.uuid4().hex[:8]}"
                 record = Sandbox(
-                    id=sandbox_id, pool=pool.name, app=pool.app, node=action.node, created_at=now
+                    id=sandbox_id,
+                    pool=pool.name,
+                    app=pool.app,
+                    node=action.node,
+                    owner=action.node,
+                    epoch=1,
+                    created_at=now,
                 )
                 await self._store.create(f"sandboxes/{sandbox_id}", record)
                 log.info("placed %s on %s", sandbox_id, action.node, extra={"pool": pool.name})
@@ -176,7 +182,9 @@ class Reconciler:
                 }[type(action)]
                 update: dict[str, object] = {"status": status, "ready": False}
                 if isinstance(action, MarkDead):
-                    update["last_log"] = action.reason
+                    # The owner is gone: release ownership in the same write, at a new epoch,
+                    # so a node that comes back cannot write over what replaced it.
+                    update.update(last_log=action.reason, owner=None, epoch=item.value.epoch + 1)
                 await self._store.update(
                     item.key, item.value.model_copy(update=update), item.revision
                 )

@@ -71,6 +71,8 @@ class NodeAgent:
         self._registered = anyio.Event()
         self._serving = anyio.Event()
         self._node_lease: int | None = None
+        self._epochs: dict[str, int] = {}
+        """The ownership epoch each sandbox was started at; writes are fenced on it."""
         self._ports = PortPool(*settings.port_range, host=settings.node_address)
 
     @property
@@ -192,6 +194,7 @@ class NodeAgent:
             if running.process is not None:
                 with anyio.CancelScope(shield=True):
                     await self._shut_down(sandbox_id, running.process)
+            self._epochs.pop(sandbox_id, None)
 
     async def _shut_down(self, sandbox_id: str, process: SandboxProcess) -> None:
         """The agent is stopping: take the sandbox out of admission, give the requests on it
@@ -213,6 +216,12 @@ class NodeAgent:
         item = await self._store.get(f"sandboxes/{sandbox_id}", Sandbox)
         if item is None or item.value.status is not SandboxStatus.PENDING:
             return
+        if item.value.owner != self.name:
+            log.warning(
+                "placed here but owned by %s", item.value.owner, extra={"sandbox": sandbox_id}
+            )
+            return
+        self._epochs[sandbox_id] = item.value.epoch
         pool = await self._store.get(f"pools/{item.value.pool}", Pool)
         if pool is None:
             await self._change(sandbox_id, Transition.FAIL, last_log="its pool no longer exists")
@@ -288,11 +297,26 @@ class NodeAgent:
             await self._change(sandbox_id, Transition.FAIL, exit_code=exit_code, last_log=reason)
 
     async def _change(self, sandbox_id: str, event: Transition, **fields: object) -> bool:
-        """Apply a lifecycle event by compare-and-set; False when it no longer applies."""
+        """Apply a lifecycle event by compare-and-set; False when it no longer applies.
+
+        Fenced (invariant 15): only while this node owns the record at the epoch it started
+        the sandbox at. Once ownership was released or moved (the epoch went up), every
+        write of ours is refused, even one the lifecycle table would allow.
+        """
         key = f"sandboxes/{sandbox_id}"
         for _ in range(20):
             item = await self._store.get(key, Sandbox)
             if item is None:
+                return False
+            epoch = self._epochs.get(sandbox_id, item.value.epoch)
+            if item.value.owner != self.name or item.value.epoch != epoch:
+                log.warning(
+                    "not writing %s: the sandbox is owned by %s at epoch %d now",
+                    event.value,
+                    item.value.owner,
+                    item.value.epoch,
+                    extra={"sandbox": sandbox_id},
+                )
                 return False
             try:
                 status = transition(item.value.status, event)

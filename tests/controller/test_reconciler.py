@@ -80,3 +80,35 @@ async def test_crashes_start_a_cooldown_with_the_log_and_the_record_goes(store: 
     assert pool.value.crash_cooldown_until == 1001.0
     assert "flask" in pool.value.last_crash_log
     assert await statuses(store) == {}  # removed, and no replacement during the cooldown
+
+
+async def test_a_sandbox_on_a_gone_node_is_released_at_a_new_epoch_and_replaced(
+    store: Store,
+) -> None:
+    orphan = Sandbox(
+        id="s1",
+        pool="p",
+        app="a",
+        node="gone",
+        owner="gone",
+        epoch=3,
+        status=SandboxStatus.RUNNING,
+        ready=True,
+        address="127.0.0.1:1",
+    )
+    await seed(store, 1, orphan)
+    reconciler = Reconciler(store, lambda sandbox_id: 0)
+    await reconciler.tick()
+    released = await store.get("sandboxes/s1", Sandbox)
+    assert released is not None
+    assert (released.value.status, released.value.owner, released.value.epoch) == (
+        SandboxStatus.DEAD,
+        None,
+        4,
+    )
+    created = [
+        s.value for s in (await store.list("sandboxes/", Sandbox)).items if s.value.id != "s1"
+    ]
+    assert [(s.node, s.owner, s.epoch) for s in created] == [("n1", "n1", 1)]
+    await reconciler.tick()
+    assert await store.get("sandboxes/s1", Sandbox) is None  # no record no node lists remains

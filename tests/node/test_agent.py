@@ -76,7 +76,7 @@ async def node(tmp_path: Path) -> AsyncIterator[tuple[Store, NodeAgent]]:
 async def place(store: Store, sandbox_id: str, pool: str) -> None:
     await store.create(
         f"sandboxes/{sandbox_id}",
-        Sandbox(id=sandbox_id, pool=pool, app=pool.split("-")[0], node="n1"),
+        Sandbox(id=sandbox_id, pool=pool, app=pool.split("-")[0], node="n1", owner="n1", epoch=1),
     )
 
 
@@ -191,3 +191,33 @@ async def test_a_stopping_agent_drains_stops_and_reports_its_sandboxes(tmp_path:
         with pytest.raises(httpx.ConnectError):
             async with httpx.AsyncClient() as client:
                 await client.get(f"http://{running.address}/")
+
+
+async def test_after_ownership_is_released_the_old_owner_cannot_write(
+    node: tuple[Store, NodeAgent],
+) -> None:
+    store, agent = node
+    await place(store, "sb-1", "hello-v1")
+    running = await status_of(store, "sb-1", SandboxStatus.RUNNING)
+    item = await store.get("sandboxes/sb-1", Sandbox)
+    assert item is not None
+    # Ownership moves away (a hand-off in progress) while the record still reads running.
+    released = await store.update(
+        item.key, running.model_copy(update={"owner": None, "epoch": 2}), item.revision
+    )
+    async with httpx.AsyncClient() as client:
+        pid = int((await client.get(f"http://{running.address}/")).text.split()[-1])
+    os.kill(pid, signal.SIGKILL)  # the old owner now wants to write "dead"
+    with anyio.fail_after(10):
+        for _ in range(1000):  # the agent noticed the exit and tried to report it
+            if agent.running_ids() == []:
+                break
+            await anyio.sleep(0.01)
+    after = await store.get("sandboxes/sb-1", Sandbox)
+    assert after is not None
+    assert after.revision == released  # refused: nothing was written
+    assert (after.value.status, after.value.owner, after.value.epoch) == (
+        SandboxStatus.RUNNING,
+        None,
+        2,
+    )
