@@ -123,11 +123,14 @@ def create_app(
         waiter nobody will use would inflate demand and fill the queue (seed 001)."""
         lease: Lease | None = None
         failure: ActivatorError | None = None
+        gone = False
         async with anyio.create_task_group() as tasks:
 
             async def until_disconnect() -> None:
+                nonlocal gone
                 while (await request.receive())["type"] != "http.disconnect":
                     pass
+                gone = True
                 tasks.cancel_scope.cancel()
 
             tasks.start_soon(until_disconnect)
@@ -138,7 +141,9 @@ def create_app(
             tasks.cancel_scope.cancel()
         if failure is not None:
             raise failure
-        if lease is None:  # the client left; nobody will read an answer
+        if gone or lease is None:  # the client left; nobody will read an answer
+            if lease is not None:  # granted in the same step it left: hand it straight back
+                activator.release(lease.lease_id)
             return Response(status_code=499)
         return JSONResponse(LeaseGrant.of(lease).model_dump(mode="json"))
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+import anyio
 import httpx
 
 from .api import LeaseGrant
@@ -49,8 +50,14 @@ class InProcessLeases:
 class HttpLeases:
     """The activator's HTTP API, through one long-lived httpx client."""
 
-    def __init__(self, base_url: str, token: str, *, timeout: float = 130.0) -> None:
+    def __init__(
+        self, base_url: str, token: str, *, timeout: float = 130.0, per_app: int = 128
+    ) -> None:
         headers = {"Authorization": f"Bearer {token}"}
+        self._per_app = per_app
+        self._app_slots: dict[str, anyio.Semaphore] = {}
+        """At most `per_app` acquires of one app in flight: a cold app's parked requests must
+        not take every connection while other apps have capacity (invariant 12, per app)."""
         # Two pools: acquires may park for the activation timeout, and must never starve the
         # renewals and releases that keep every other lease alive.
         self._client = httpx.AsyncClient(
@@ -70,7 +77,11 @@ class HttpLeases:
         body: dict[str, str] = {"app": app}
         if version is not None:
             body["version"] = version
-        answer = await self._send("POST", "/v1/leases", json=body)
+        slots = self._app_slots.get(app)
+        if slots is None:
+            slots = self._app_slots[app] = anyio.Semaphore(self._per_app)
+        async with slots:
+            answer = await self._send("POST", "/v1/leases", json=body)
         return LeaseGrant.model_validate(self._checked(answer).json())
 
     async def renew(self, lease_id: str, *, used: bool = False) -> LeaseGrant:

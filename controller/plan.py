@@ -56,8 +56,15 @@ Action = Create | Drain | Stop | Remove | MarkDead
 
 
 def crashed(sandbox: Sandbox) -> bool:
-    """Died without ever becoming ready: the app failed to boot."""
-    return sandbox.status is SandboxStatus.DEAD and sandbox.address is None
+    """Died without ever becoming ready, as its node reported: the app failed to boot.
+
+    A sandbox the controller declared dead (its node went away) had its ownership released
+    in that write; that is not the app's fault and is not counted."""
+    return (
+        sandbox.status is SandboxStatus.DEAD
+        and sandbox.address is None
+        and not (sandbox.owner is None and sandbox.epoch > 0)
+    )
 
 
 def cooldown(crash_count: int) -> float:
@@ -85,6 +92,9 @@ def plan_pool(
             actions.append(Remove(sandbox.id, crashed(sandbox)))
         elif sandbox.node not in live_nodes:
             actions.append(MarkDead(sandbox.id, f"node {sandbox.node} is gone"))
+        elif sandbox.owner is None and sandbox.epoch > 0:
+            # Ownership was released and nobody took it: no node serves or reports it.
+            actions.append(MarkDead(sandbox.id, "ownership released; nobody took it"))
         elif sandbox.status is SandboxStatus.DRAINING and leased.get(sandbox.id, 0) == 0:
             actions.append(Stop(sandbox.id))
         elif sandbox.status in LIVE:

@@ -18,7 +18,7 @@ import anyio
 from store import Conflict, Item, Resync, Store, StoreError
 from wakeful.models import Cordon, Node, Pool, Sandbox, SandboxStatus
 
-from .plan import Create, Drain, MarkDead, Remove, Stop, cooldown, plan_pool
+from .plan import Create, Drain, MarkDead, Remove, Stop, cooldown, crashed, plan_pool
 
 log = logging.getLogger(__name__)
 WATCHED = ("pools/", "sandboxes/", "nodes/", "cordons/")
@@ -120,9 +120,7 @@ class Reconciler:
     ) -> Item[Pool]:
         """Count crashes before their records are removed; a routable sandbox ends a streak."""
         pool = pool_item.value
-        crashes = [
-            i.value for i in items if i.value.status is SandboxStatus.DEAD and not i.value.address
-        ]
+        crashes = [i.value for i in items if crashed(i.value)]
         if crashes:
             count = pool.crash_count + len(crashes)
             updated = pool.model_copy(

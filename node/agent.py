@@ -29,7 +29,7 @@ import anyio.abc
 
 from deploy.artifacts import ArtifactError
 from store import Conflict, Event, Item, LeaseNotFound, Resync, Store, StoreError
-from wakeful.models import Node, Pool, Sandbox, SandboxStatus, Version
+from wakeful.models import Cordon, Node, Pool, Sandbox, SandboxStatus, Version
 
 from .lifecycle import IllegalTransition, Transition, transition
 from .ports import NoFreePort, PortPool, bindable
@@ -89,15 +89,32 @@ class NodeAgent:
                 self._tasks = tasks
                 tasks.start_soon(self._register_loop)
                 await self._registered.wait()
+                await self._lift_own_cordon()
                 await self._bury_orphans()
                 tasks.start_soon(self._watch_loop)
                 self._serving.set()
         finally:
             with anyio.CancelScope(shield=True):
+                # No replacement may be placed here while we stop: they would never start.
+                with anyio.move_on_after(5), contextlib.suppress(StoreError):
+                    await self._cordon_self()
                 await self._stop_all()
                 if self._node_lease is not None:  # leave at once, not after the TTL
                     with anyio.move_on_after(5), contextlib.suppress(StoreError):
                         await self._store.revoke(self._node_lease)
+
+    async def _cordon_self(self) -> None:
+        key = f"cordons/{self.name}"
+        if await self._store.get(key, Cordon) is None:
+            cordon = Cordon(node=self.name, evacuate=False, since=self._clock(), by_agent=True)
+            with contextlib.suppress(Conflict):
+                await self._store.create(key, cordon)
+
+    async def _lift_own_cordon(self) -> None:
+        found = await self._store.get(f"cordons/{self.name}", Cordon)
+        if found is not None and found.value.by_agent:
+            with contextlib.suppress(Conflict):
+                await self._store.delete(found.key, expect_revision=found.revision)
 
     async def wait_registered(self) -> None:
         """Registered, and done with what a previous run left behind."""
@@ -129,7 +146,9 @@ class NodeAgent:
         listing = await self._store.list("sandboxes/", Sandbox)
         for item in listing.items:
             sandbox = item.value
-            mine = sandbox.node == self.name and sandbox.id not in self._running
+            mine = sandbox.id not in self._running and (
+                sandbox.owner == self.name or _unowned(sandbox, self.name)
+            )
             # Only states in which a process of ours existed; a pending one is started below.
             if mine and sandbox.status in HAD_PROCESS:
                 await self._change(sandbox.id, Transition.FAIL, last_log="the node agent restarted")
@@ -216,12 +235,12 @@ class NodeAgent:
         item = await self._store.get(f"sandboxes/{sandbox_id}", Sandbox)
         if item is None or item.value.status is not SandboxStatus.PENDING:
             return
-        if item.value.owner != self.name:
+        if item.value.owner != self.name and not _unowned(item.value, self.name):
             log.warning(
                 "placed here but owned by %s", item.value.owner, extra={"sandbox": sandbox_id}
             )
             return
-        self._epochs[sandbox_id] = item.value.epoch
+        self._epochs[sandbox_id] = max(item.value.epoch, 1)
         pool = await self._store.get(f"pools/{item.value.pool}", Pool)
         if pool is None:
             await self._change(sandbox_id, Transition.FAIL, last_log="its pool no longer exists")
@@ -309,7 +328,8 @@ class NodeAgent:
             if item is None:
                 return False
             epoch = self._epochs.get(sandbox_id, item.value.epoch)
-            if item.value.owner != self.name or item.value.epoch != epoch:
+            adopt = _unowned(item.value, self.name)
+            if not adopt and (item.value.owner != self.name or item.value.epoch != epoch):
                 log.warning(
                     "not writing %s: the sandbox is owned by %s at epoch %d now",
                     event.value,
@@ -323,7 +343,8 @@ class NodeAgent:
             except IllegalTransition as exc:
                 log.info("skipping %s: %s", event.value, exc, extra={"sandbox": sandbox_id})
                 return False
-            updated = item.value.model_copy(update={"status": status, **fields})
+            owned = {"owner": self.name, "epoch": 1} if adopt else {}
+            updated = item.value.model_copy(update={"status": status, **owned, **fields})
             if status is not SandboxStatus.RUNNING:
                 updated = updated.model_copy(update={"ready": False})
             try:
@@ -344,6 +365,13 @@ class NodeAgent:
 
     def running_ids(self) -> list[str]:
         return sorted(self._running)
+
+
+def _unowned(sandbox: Sandbox, node: str) -> bool:
+    """Placed on `node` but never owned (epoch 0: written before ownership existed, or by a
+    tool that does not set it). The node adopts it with its first write, at epoch 1. A record
+    whose ownership was released has a later epoch and is never adopted."""
+    return sandbox.owner is None and sandbox.epoch == 0 and sandbox.node == node
 
 
 def _base_env() -> dict[str, str]:

@@ -15,16 +15,18 @@ Rules every backend keeps (the contract suite in tests/store checks each):
 
 from __future__ import annotations
 
+import logging
 import re
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from .errors import AlreadyExists, Conflict, CorruptValue, InvalidKey, ValueTooLarge
 
+log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
 
@@ -49,6 +51,8 @@ class Listing(Generic[T]):
     items: list[Item[T]]
     revision: int
     """The store's revision when listed: watch from `revision + 1` to miss nothing."""
+    invalid: list[str] = field(default_factory=list)
+    """Keys under the prefix whose values did not validate as the model (left out)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,9 +228,19 @@ class StoreBase(ABC):
         return Item(key, decode(key, found[0], model), found[1])
 
     async def list(self, prefix: str, model: type[M]) -> Listing[M]:
+        """Every valid item under `prefix`. A value that does not validate is left out and
+        named in `Listing.invalid` (and logged): one bad record must not hide all the others
+        from the components that list them (the activator, the controller)."""
         rows, revision = await self._list(check_prefix(prefix))
-        items = [Item(key, decode(key, data, model), rev) for key, data, rev in rows]
-        return Listing(items, revision)
+        items: list[Item[M]] = []
+        invalid: list[str] = []
+        for key, data, rev in rows:
+            try:
+                items.append(Item(key, decode(key, data, model), rev))
+            except CorruptValue as exc:
+                log.error("skipping an invalid record: %s", exc, extra={"key": key})
+                invalid.append(key)
+        return Listing(items, revision, invalid)
 
     async def create(self, key: str, value: BaseModel, *, lease: int | None = None) -> int:
         op = RawPut(check_key(key), encode(key, value), lease)

@@ -212,6 +212,9 @@ class Cordon(Model):
     node: Name
     evacuate: bool = True
     since: float = 0.0
+    by_agent: bool = False
+    """Set by the node's own agent while it shuts down (cleared when it starts again);
+    an operator's cordon stays until `wakeful drain NODE --undo`."""
 
 
 class Route(Model):

@@ -112,3 +112,36 @@ async def test_a_sandbox_on_a_gone_node_is_released_at_a_new_epoch_and_replaced(
     assert [(s.node, s.owner, s.epoch) for s in created] == [("n1", "n1", 1)]
     await reconciler.tick()
     assert await store.get("sandboxes/s1", Sandbox) is None  # no record no node lists remains
+
+
+async def test_a_sandbox_that_never_ran_on_a_vanished_node_is_not_a_crash(store: Store) -> None:
+    # A node stopped (or died) before starting what was placed on it: the app is not at fault.
+    never_ran = Sandbox(id="s1", pool="p", app="a", node="gone", owner="gone", epoch=1)
+    await seed(store, 1, never_ran)
+    reconciler = Reconciler(store, lambda sandbox_id: 0)
+    await reconciler.tick()  # marked dead, ownership released
+    await reconciler.tick()  # removed, and replaced without any cooldown
+    pool = await store.get("pools/p", Pool)
+    assert pool is not None and pool.value.crash_count == 0
+    assert [s.value.node for s in (await store.list("sandboxes/", Sandbox)).items] == ["n1"]
+
+
+async def test_a_released_sandbox_nobody_took_is_cleaned_up(store: Store) -> None:
+    released = Sandbox(
+        id="s1",
+        pool="p",
+        app="a",
+        node="n1",
+        owner=None,
+        epoch=2,
+        status=SandboxStatus.RUNNING,
+        ready=True,
+        address="127.0.0.1:1",
+    )
+    await seed(store, 1, released)
+    reconciler = Reconciler(store, lambda sandbox_id: 0)
+    await reconciler.tick()
+    await reconciler.tick()
+    assert await store.get("sandboxes/s1", Sandbox) is None
+    remaining = [s.value for s in (await store.list("sandboxes/", Sandbox)).items]
+    assert [(s.owner, s.epoch) for s in remaining] == [("n1", 1)]

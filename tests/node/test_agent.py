@@ -16,7 +16,16 @@ from deploy.artifacts import LocalArtifacts, pack
 from node.agent import NodeAgent
 from node.settings import NodeSettings
 from store import Store, open_store
-from wakeful.models import AppSpec, HealthCheck, Node, Pool, Sandbox, SandboxStatus, Version
+from wakeful.models import (
+    AppSpec,
+    Cordon,
+    HealthCheck,
+    Node,
+    Pool,
+    Sandbox,
+    SandboxStatus,
+    Version,
+)
 
 pytestmark = pytest.mark.anyio
 HELLO = Path(__file__).parents[2] / "examples" / "hello"
@@ -221,3 +230,35 @@ async def test_after_ownership_is_released_the_old_owner_cannot_write(
         None,
         2,
     )
+
+
+async def test_an_unowned_record_placed_here_is_adopted_and_run(
+    node: tuple[Store, NodeAgent],
+) -> None:
+    store, _ = node
+    legacy = Sandbox(id="sb-9", pool="hello-v1", app="hello", node="n1")  # epoch 0, no owner
+    await store.create("sandboxes/sb-9", legacy)
+    running = await status_of(store, "sb-9", SandboxStatus.RUNNING)
+    assert (running.owner, running.epoch) == ("n1", 1)
+
+
+async def test_a_stopping_agent_cordons_its_node_and_lifts_it_when_back(tmp_path: Path) -> None:
+    async with open_store("memory://") as store:
+        settings = NodeSettings(
+            store_url="memory://", node_name="n1", data_dir=tmp_path, shutdown_drain=0
+        )
+        artifacts = LocalArtifacts(tmp_path / "artifacts")
+        await store.put("cordons/n2", Cordon(node="n2"))  # an operator's, elsewhere
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(NodeAgent(store, settings, artifacts).run)
+            await anyio.sleep(0.2)
+            tasks.cancel_scope.cancel()
+        cordon = await store.get("cordons/n1", Cordon)
+        assert cordon is not None and cordon.value.by_agent and not cordon.value.evacuate
+        async with anyio.create_task_group() as tasks:
+            agent = NodeAgent(store, settings, artifacts)
+            tasks.start_soon(agent.run)
+            await agent.wait_registered()
+            assert await store.get("cordons/n1", Cordon) is None
+            assert await store.get("cordons/n2", Cordon) is not None
+            tasks.cancel_scope.cancel()

@@ -292,3 +292,12 @@ async def test_reading_a_value_as_the_wrong_model_is_a_typed_error(store: Store)
     await store.put("a/x", Blob(text="hello"))
     with pytest.raises(CorruptValue):
         await store.get("a/x", Counter)
+
+
+async def test_list_leaves_out_values_that_do_not_validate_and_names_them(store: Store) -> None:
+    await store.put("mixed/a", Counter(n=1))
+    await store.put("mixed/b", Blob(text="not a counter"))
+    await store.put("mixed/c", Counter(n=3))
+    listing = await store.list("mixed/", Counter)
+    assert [item.value.n for item in listing.items] == [1, 3]
+    assert listing.invalid == ["mixed/b"]
