@@ -386,14 +386,14 @@ class Activator:
         now = self._clock()
         if lease is None or lease.expires_at <= now:
             raise LeaseGone(f"lease {lease_id!r} expired, was released, or lost its sandbox")
-        sandbox = self._sandboxes.get(lease.sandbox_id)
-        if sandbox is None or not sandbox.value.routable:
-            # Draining: the lease stays valid for the requests already on it (they finish and
-            # release it), but the holder must not start new ones there, nor keep it cached.
-            raise LeaseGone(f"lease {lease_id!r} is on a sandbox that is leaving admission")
         lease.expires_at = now + lease.ttl
         if used:
             self._activity[lease.sandbox_id] = now
+        sandbox = self._sandboxes.get(lease.sandbox_id)
+        if sandbox is None or not sandbox.value.routable:
+            # Draining: the lease stays valid (renewed just now) for the requests already on
+            # it, which finish and release it; the holder must not start new ones there.
+            raise LeaseGone(f"lease {lease_id!r} is on a sandbox that is leaving admission")
         return lease
 
     def release(self, lease_id: str) -> None:
