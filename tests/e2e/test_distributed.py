@@ -72,10 +72,7 @@ def cluster(etcd_server: EtcdServer, tmp_path: Path) -> Iterator[tuple[str, str,
             process.communicate(timeout=30)
 
 
-def test_separate_pieces_deploy_and_serve_through_etcd(
-    cluster: tuple[str, str, dict[str, str]],
-) -> None:
-    api, proxy, env = cluster
+def deploy(api: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     deployed = subprocess.run(
         [*WAKEFUL, "--api", api, "deploy", str(HELLO)],
         env=env,
@@ -85,6 +82,14 @@ def test_separate_pieces_deploy_and_serve_through_etcd(
         check=False,
     )
     assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    return deployed
+
+
+def test_separate_pieces_deploy_and_serve_through_etcd(
+    cluster: tuple[str, str, dict[str, str]],
+) -> None:
+    api, proxy, env = cluster
+    deployed = deploy(api, env)
     assert "live" in deployed.stdout
     answer = httpx.get(f"{proxy}/", headers={"Host": "hello.localhost"}, timeout=60)
     assert answer.status_code == 200
@@ -104,15 +109,7 @@ def test_draining_a_node_moves_its_sandboxes_without_failing_a_request(
     cluster: tuple[str, str, dict[str, str]],
 ) -> None:
     api, proxy, env = cluster
-    deployed = subprocess.run(
-        [*WAKEFUL, "--api", api, "deploy", str(HELLO)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    deploy(api, env)
     headers = {"Host": "hello.localhost"}
     with httpx.Client(base_url=proxy, timeout=60) as client:
         assert client.get("/", headers=headers).status_code == 200
