@@ -102,7 +102,9 @@ def plan(
         since = now - entry.renewed_at
         if entry.uses == 0 and now - entry.idle_since >= idle_ttl:
             out.release.append(entry)
-        elif since >= entry.grant.ttl_seconds / 3 or (entry.used and since >= report_every):
+        elif since >= entry.grant.ttl_seconds / 3 or (
+            (entry.used or entry.uses > 0) and since >= report_every
+        ):
             out.renew.append(entry)
     return out
 
@@ -186,11 +188,12 @@ class LeaseCache:
         return free
 
     async def give_back(self, use: Use) -> None:
-        """`put`, then release the lease if that freed it. Shielded: runs even when cancelled."""
-        with anyio.CancelScope(shield=True):
-            grant = self.put(use)
-            if grant is not None:
-                await self.release(grant)
+        """`put`, then release the lease if that freed it. Runs even when cancelled: `put`
+        never awaits, and `release` is shielded (a cached lease, the usual case, awaits
+        nothing at all)."""
+        grant = self.put(use)
+        if grant is not None:
+            await self.release(grant)
 
     async def release(self, grant: LeaseGrant) -> None:
         with anyio.CancelScope(shield=True):
@@ -223,12 +226,17 @@ class LeaseCache:
             try:
                 await self._leases.renew(entry.grant.lease_id, used=used)
             except LeaseGone:
+                # Expired, or its sandbox is leaving admission: no new request may use it.
+                # While requests still run on it, keep renewing (the activator extends a
+                # draining sandbox's lease for them); it goes back when the last one ends.
                 log.info("lease gone; dropping it", extra={"lease": entry.grant.lease_id})
-                entry.gone = True
                 was_cached = entry.cached
                 self._evict(entry.key, entry)
-                if was_cached and entry.uses == 0:
-                    await self.release(entry.grant)  # a draining sandbox waits for it
+                if entry.uses == 0:
+                    entry.gone = True
+                    if was_cached:
+                        await self.release(entry.grant)  # a draining sandbox waits for it
+                entry.renewed_at = self._clock()
                 continue
             except Exception as exc:  # try again next tick; past its TTL it reads LeaseGone
                 entry.used = entry.used or used

@@ -32,7 +32,7 @@ from .errors import (
     UpstreamTimeout,
 )
 from .formats import ErrorAnswer, choose_format, render
-from .headers import header_bytes, host_of, request_id_of
+from .headers import new_request_id, read_request_head
 from .metrics import IngressMetrics, Move, Tracker
 from .proxy import Proxy, ProxyRequest
 
@@ -177,26 +177,23 @@ class ProxyApp:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
-        headers = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in scope["headers"]]
-        request_id = request_id_of(headers)
+        head = read_request_head(scope["headers"])
+        headers = head.headers
+        request_id = head.client_request_id or new_request_id()
         raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
         query: bytes = scope.get("query_string", b"")
         target = (raw_path + b"?" + query if query else raw_path).decode("latin-1")
         label = "-"
         exchange = _Exchange()
         try:
-            if header_bytes(target, scope["headers"]) > self._max_header_bytes:
+            if len(target) + head.size > self._max_header_bytes:
                 raise HeadersTooLarge(
                     f"request line and headers exceed {self._max_header_bytes} bytes"
                 )
-            app = self._proxy.route(host_of(headers))
+            app = self._proxy.route(head.host)
             label = app
             client = scope.get("client")
-            has_body = any(
-                (n == "content-length" and v.strip() not in ("", "0")) or n == "transfer-encoding"
-                for n, v in headers
-            )
-            body = _Body(receive) if has_body else None
+            body = _Body(receive) if head.has_body else None
             request = ProxyRequest(
                 scope["method"],
                 target,
@@ -222,8 +219,7 @@ class ProxyApp:
             await self._answer_error(exc, headers, request_id, send, exchange)
         finally:
             status = CLIENT_GONE if exchange.client_gone else exchange.status
-            self._metrics.requests.labels(app=label, status_class=f"{status // 100}xx").inc()
-            self._metrics.duration.labels(app=label).observe(time.perf_counter() - started)
+            self._metrics.answered(label, status, time.perf_counter() - started)
 
     async def _exchange(
         self, app: str, request: ProxyRequest, tracker: Tracker, send: Send, exchange: _Exchange

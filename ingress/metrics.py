@@ -108,27 +108,66 @@ class IngressMetrics:
             registry=registry,
         )
 
-        self._gauges: dict[str, tuple[Gauge, Gauge]] = {}
+        # labels() validates, sorts and locks on every call (a few microseconds); the hot path
+        # reuses each labelled child instead. Children are still made on first use, so a
+        # series appears exactly when it would with labels() at every call site.
+        self._loads: dict[str, Load] = {}
+        self._answered: dict[tuple[str, int], Counter] = {}
+        self._durations: dict[str, Histogram] = {}
+        self._hits: dict[str, Counter] = {}
+        self._misses: dict[str, Counter] = {}
 
     def tracker(self, app: str) -> Tracker:
-        # labels() costs a lock and a dict lookup per call; the hot path reuses children
-        gauges = self._gauges.get(app)
-        if gauges is None:
-            gauges = self._gauges[app] = (
-                self.in_flight.labels(app=app),
-                self.queued.labels(app=app),
-            )
-        return Tracker(*gauges)
+        load = self._loads.get(app)
+        if load is None:
+            load = self._loads[app] = Load()
+            # The gauges read the counts when scraped: a request moves plain ints, no lock.
+            self.in_flight.labels(app=app).set_function(lambda: load.in_flight)
+            self.queued.labels(app=app).set_function(lambda: load.queued)
+        return Tracker(load)
+
+    def answered(self, app: str, status: int, seconds: float) -> None:
+        """Count one finished request by status class, and how long it took."""
+        counter = self._answered.get((app, status))
+        if counter is None:
+            counter = self.requests.labels(app=app, status_class=f"{status // 100}xx")
+            self._answered[(app, status)] = counter
+        counter.inc()
+        duration = self._durations.get(app)
+        if duration is None:
+            duration = self._durations[app] = self.duration.labels(app=app)
+        duration.observe(seconds)
+
+    def cache_hit(self, app: str) -> None:
+        counter = self._hits.get(app)
+        if counter is None:
+            counter = self._hits[app] = self.cache_hits.labels(app=app)
+        counter.inc()
+
+    def cache_miss(self, app: str) -> None:
+        counter = self._misses.get(app)
+        if counter is None:
+            counter = self._misses[app] = self.cache_misses.labels(app=app)
+        counter.inc()
+
+
+class Load:
+    """An app's requests in each counted phase, as its gauges report them."""
+
+    __slots__ = ("in_flight", "queued")
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.queued = 0
 
 
 class Tracker:
     """One request's place in the load gauges."""
 
-    __slots__ = ("_in_flight", "_queued", "phase")
+    __slots__ = ("_load", "phase")
 
-    def __init__(self, in_flight: Gauge, queued: Gauge) -> None:
-        self._in_flight = in_flight
-        self._queued = queued
+    def __init__(self, load: Load) -> None:
+        self._load = load
         self.phase = Phase.NEW
 
     def move(self, move: Move) -> None:
@@ -136,12 +175,13 @@ class Tracker:
         after = advance(before, move)
         if after is before:
             return
+        load = self._load
         if before is Phase.QUEUED:
-            self._queued.dec()
+            load.queued -= 1
         elif before is Phase.PROXYING:
-            self._in_flight.dec()
+            load.in_flight -= 1
         if after is Phase.QUEUED:
-            self._queued.inc()
+            load.queued += 1
         elif after is Phase.PROXYING:
-            self._in_flight.inc()
+            load.in_flight += 1
         self.phase = after

@@ -14,7 +14,6 @@ Theory of operation:
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -78,33 +77,9 @@ class Proxy:
             raise NoRoute(host or host_header)
         return app
 
-    @contextlib.asynccontextmanager
-    async def forward(
-        self, app: str, request: ProxyRequest, tracker: Tracker
-    ) -> AsyncIterator[ProxyResponse]:
-        if not request.target.startswith("/"):
-            raise BadRequest(f"request target {request.target[:80]!r} is not a path")
-        headers = upstream_request_headers(
-            request.headers,
-            client_ip=request.client_ip,
-            scheme=request.scheme,
-            request_id=request.request_id,
-            trust_forwarded=self._settings.trust_forwarded,
-        )
-        held: list[Use] = []
-        try:
-            response = await self._connect(app, request, headers, tracker, held)
-            try:
-                yield ProxyResponse(
-                    response.status,
-                    client_response_headers(response.headers, request.request_id),
-                    self._counted(app, response),
-                )
-            finally:
-                response.close()
-        finally:
-            for use in held:
-                await self._cache.give_back(use)  # shielded inside
+    def forward(self, app: str, request: ProxyRequest, tracker: Tracker) -> Forwarding:
+        """`async with proxy.forward(...) as response:` the sandbox's answer, streaming."""
+        return Forwarding(self, app, request, tracker)
 
     async def _connect(
         self,
@@ -152,14 +127,88 @@ class Proxy:
                 self._count_error(app, exc)
                 raise
 
-    async def _counted(self, app: str, response: UpstreamResponse) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in response.body():
-                yield chunk
-        except UpstreamError as exc:
-            self._count_error(app, exc)
-            raise
-
     def _count_error(self, app: str, exc: UpstreamError) -> None:
         kind = "timeout" if isinstance(exc, UpstreamTimeout) else "failed"
         self._metrics.upstream_errors.labels(app=app, kind=kind).inc()
+
+
+class Forwarding:
+    """One request's trip through `Proxy.forward`, as an async context manager.
+
+    Entering sends the request (retrying while nothing reached a sandbox) and returns the
+    response; leaving closes the response and gives back every use taken, whatever ended
+    the block. A hand-written context manager rather than `contextlib.asynccontextmanager`:
+    this runs once per request, and a generator-based one costs an async generator, its
+    loop hooks and an extra frame on every entry and exit.
+    """
+
+    __slots__ = ("_app", "_held", "_proxy", "_request", "_response", "_tracker")
+
+    def __init__(self, proxy: Proxy, app: str, request: ProxyRequest, tracker: Tracker) -> None:
+        self._proxy = proxy
+        self._app = app
+        self._request = request
+        self._tracker = tracker
+        self._held: list[Use] = []
+        self._response: UpstreamResponse | None = None
+
+    async def __aenter__(self) -> ProxyResponse:
+        proxy, request = self._proxy, self._request
+        if not request.target.startswith("/"):
+            raise BadRequest(f"request target {request.target[:80]!r} is not a path")
+        headers = upstream_request_headers(
+            request.headers,
+            client_ip=request.client_ip,
+            scheme=request.scheme,
+            request_id=request.request_id,
+            trust_forwarded=proxy._settings.trust_forwarded,
+        )
+        try:
+            response = await proxy._connect(self._app, request, headers, self._tracker, self._held)
+            try:
+                answer = ProxyResponse(
+                    response.status,
+                    client_response_headers(response.headers, request.request_id),
+                    _Counted(proxy, self._app, response.body()),
+                )
+            except BaseException:
+                response.close()
+                raise
+        except BaseException:
+            await self._give_back()
+            raise
+        self._response = response
+        return answer
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        try:
+            if self._response is not None:
+                self._response.close()
+        finally:
+            await self._give_back()
+
+    async def _give_back(self) -> None:
+        cache = self._proxy._cache
+        for use in self._held:
+            await cache.give_back(use)  # shielded inside
+
+
+class _Counted:
+    """The response body, counting an upstream failure in the metrics as it passes."""
+
+    __slots__ = ("_app", "_body", "_proxy")
+
+    def __init__(self, proxy: Proxy, app: str, body: AsyncIterator[bytes]) -> None:
+        self._proxy = proxy
+        self._app = app
+        self._body = body
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            return await self._body.__anext__()
+        except UpstreamError as exc:
+            self._proxy._count_error(self._app, exc)
+            raise

@@ -78,8 +78,8 @@ class Ingress:
             leases,
             idle_ttl=settings.lease_idle_ttl,
             report_every=settings.activity_report_interval,
-            on_hit=lambda app: self.metrics.cache_hits.labels(app=app).inc(),
-            on_miss=lambda app: self.metrics.cache_misses.labels(app=app).inc(),
+            on_hit=self.metrics.cache_hit,
+            on_miss=self.metrics.cache_miss,
         )
         self._registry = registry
         self._transport = transport

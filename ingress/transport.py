@@ -66,21 +66,37 @@ def translate(exc: BaseException) -> UpstreamError:
 
 
 class _AiohttpResponse:
-    __slots__ = ("_complete", "_response", "headers", "status")
+    """The response, and its body as an async iterator of whatever has arrived.
+
+    Each step returns what aiohttp has buffered (at most its read buffer, since reading from
+    the sandbox pauses past that), so memory stays bounded. A plain iterator class, not an
+    async generator: no generator frame, no loop async-generator hooks, per response.
+    """
+
+    __slots__ = ("_complete", "_content", "_response", "headers", "status")
 
     def __init__(self, response: aiohttp.ClientResponse) -> None:
         self._response = response
+        self._content = response.content
         self._complete = False
         self.status = response.status
         self.headers = response.raw_headers
 
-    async def body(self) -> AsyncIterator[bytes]:
+    def body(self) -> AsyncIterator[bytes]:
+        return self
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self
+
+    async def __anext__(self) -> bytes:
         try:
-            async for chunk in self._response.content.iter_any():
-                yield chunk
+            chunk = await self._content.readany()
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise translate(exc) from exc
-        self._complete = True
+        if not chunk:
+            self._complete = True
+            raise StopAsyncIteration
+        return chunk
 
     def close(self) -> None:
         if self._complete:
@@ -95,6 +111,9 @@ class AiohttpTransport:
         self._max_connections = max_connections
         self._keepalive = keepalive
         self._session: aiohttp.ClientSession | None = None
+        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
+        """One ClientTimeout per request timeout in use (a handful: the default and the
+        per-app overrides), not one per request."""
 
     async def __aenter__(self) -> AiohttpTransport:
         connector = aiohttp.TCPConnector(
@@ -126,18 +145,20 @@ class AiohttpTransport:
     async def send(self, request: UpstreamRequest) -> UpstreamResponse:
         if self._session is None:
             raise UpstreamFailed("the upstream transport is closed")
+        timeout = self._timeouts.get(request.timeout)
+        if timeout is None:
+            timeout = aiohttp.ClientTimeout(
+                total=None, sock_connect=self._connect_timeout, sock_read=request.timeout
+            )
+            self._timeouts[request.timeout] = timeout
         try:
             response = await self._session.request(
                 request.method,
                 URL(request.url, encoded=True),
-                headers=list(request.headers),
+                headers=request.headers,
                 data=request.body,
                 allow_redirects=False,
-                timeout=aiohttp.ClientTimeout(
-                    total=None,
-                    sock_connect=self._connect_timeout,
-                    sock_read=request.timeout,
-                ),
+                timeout=timeout,
             )
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise translate(exc) from exc

@@ -178,3 +178,37 @@ async def test_a_lease_carrying_a_long_request_is_renewed_even_out_of_the_cache(
             "wakeful_activator_expired_leases_total", {"pool": "hello-v1"}
         )
         assert not expired
+
+
+async def test_a_long_request_on_a_draining_sandbox_keeps_its_lease_to_the_end(
+    hello: Callable[[], int],
+) -> None:
+    # The request outlives the lease TTL twice over, and its sandbox starts draining halfway:
+    # the lease must stay valid (so the controller does not stop the sandbox under it), then
+    # go back once the request ends.
+    async with stack(
+        {"sb-1": hello()},
+        rpi=10,
+        maintenance_interval=0.05,
+        activity_report_interval=0.2,
+        activator={"lease_ttl": 1.5, "expiry_interval": 0.05},
+    ) as s:
+        statuses: list[int] = []
+
+        async def slow() -> None:
+            statuses.append((await s.client.get("/sleep?s=4")).status_code)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(slow)
+            await eventually(lambda: s.sample("requests_in_flight", app="hello") == 1)
+            (cached,) = s.ingress.cache.snapshot()
+            port = int(cached.grant.url.rsplit(":", 1)[1])
+            await s.put_sandbox("sb-1", port, SandboxStatus.DRAINING)
+            await anyio.sleep(3)  # two TTLs into the drain, the request still runs
+            assert s.activator.leased_on("sb-1") > 0
+        assert statuses == [200]
+        expired = s.registry.get_sample_value(
+            "wakeful_activator_expired_leases_total", {"pool": "hello-v1"}
+        )
+        assert not expired
+        await eventually(lambda: s.activator.leased_on("sb-1") == 0)
