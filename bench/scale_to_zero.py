@@ -27,6 +27,7 @@ import httpx
 
 from node.testing import sandbox_pids
 from store.testing import free_port
+from wakeful.testing import up_command
 
 HELLO = Path(__file__).resolve().parents[1] / "examples" / "hello"
 
@@ -42,23 +43,9 @@ def one_run(delay: float, idle_interval: float) -> tuple[float, float]:
         )
         data_dir = root / "state"
         proxy, api, admin = free_port(), free_port(), free_port()
-        command = [
-            sys.executable,
-            "-m",
-            "wakeful.cli",
-            "--data-dir",
-            str(data_dir),
-            "up",
-            str(app),
-            "--listen",
-            f"127.0.0.1:{proxy}",
-            "--api",
-            f"127.0.0.1:{api}",
-            "--admin",
-            f"127.0.0.1:{admin}",
-            "--idle-interval",
-            str(idle_interval),
-        ]
+        command = up_command(
+            data_dir, [app], proxy=proxy, api=api, admin=admin, idle_interval=idle_interval
+        )
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             control = data_dir / "control.json"

@@ -23,6 +23,7 @@ import pytest
 
 from node.testing import sandbox_pids
 from store.testing import free_port
+from wakeful.testing import up_command
 
 pytestmark = pytest.mark.anyio
 HELLO = Path(__file__).parents[2] / "examples" / "hello"
@@ -80,21 +81,7 @@ def start_up(tmp_path: Path, *apps: Path, idle_interval: float = 1.0) -> Up:
     data_dir = tmp_path / "state"
     proxy, api, admin = free_port(), free_port(), free_port()
     process = subprocess.Popen(
-        [
-            *WAKEFUL,
-            "--data-dir",
-            str(data_dir),
-            "up",
-            *map(str, apps),
-            "--listen",
-            f"127.0.0.1:{proxy}",
-            "--api",
-            f"127.0.0.1:{api}",
-            "--admin",
-            f"127.0.0.1:{admin}",
-            "--idle-interval",
-            str(idle_interval),
-        ],
+        up_command(data_dir, apps, proxy=proxy, api=api, admin=admin, idle_interval=idle_interval),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
