@@ -179,6 +179,10 @@ class EtcdStore(StoreBase):
                     return
         finally:
             call.cancel()
+            # Wait for the cancellation to complete here, on this loop: left pending, grpc
+            # delivers it later, possibly to a loop that has closed since.
+            with contextlib.suppress(Exception):
+                await call.code()
         raise Unavailable(f"etcd closed the keep-alive stream for lease {lease}")
 
     async def revoke(self, lease: int) -> None:
