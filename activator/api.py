@@ -18,6 +18,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, Field
 
+from store import Conflict, InvalidKey, StoreError
 from wakeful.models import NAME_PATTERN
 
 from .core import Activator, Lease, PoolSnapshot
@@ -88,8 +89,8 @@ def create_app(
     @api.exception_handler(HTTPException)
     async def _http_error(request: Request, exc: HTTPException) -> Response:
         if isinstance(exc.detail, dict) and "error" in exc.detail:
-            return JSONResponse(exc.detail, status_code=exc.status_code)
-        return _error(exc.status_code, "error", str(exc.detail))
+            return JSONResponse(exc.detail, status_code=exc.status_code, headers=exc.headers)
+        return _error(exc.status_code, "error", str(exc.detail), exc.headers)
 
     @api.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:
@@ -116,6 +117,15 @@ def create_app(
         if isinstance(exc, Unavailable):
             return _error(503, "no capacity", str(exc), {"Retry-After": str(exc.retry_after)})
         return _error(500, "activator error", str(exc))
+
+    @api.exception_handler(StoreError)
+    async def _store_error(request: Request, exc: StoreError) -> Response:
+        """A route that meets a store error answers for it; it never becomes a 500 page."""
+        if isinstance(exc, InvalidKey):
+            return _error(422, "invalid request", str(exc))
+        if isinstance(exc, Conflict):
+            return _error(409, "conflict", f"changed concurrently, try again: {exc}")
+        return _error(503, "store unavailable", str(exc), {"Retry-After": "1"})
 
     @api.post("/v1/leases", dependencies=guarded, response_model=LeaseGrant)
     async def acquire(body: LeaseRequest, request: Request) -> Response:

@@ -13,7 +13,7 @@ from store import Store
 from wakeful.models import App, Sandbox, Version
 
 from .appdir import AppDefinition
-from .artifacts import ArtifactError, LocalArtifacts
+from .artifacts import ArtifactError, ArtifactStorageError, LocalArtifacts
 from .service import Deployer, DeployError, Phase
 
 
@@ -67,6 +67,12 @@ def deploy_router(
             stored = await artifacts.put(b"".join(chunks), expected=digest)
         except ArtifactError as exc:
             raise bad(400, "invalid artifact", str(exc)) from exc
+        except ArtifactStorageError as exc:
+            raise HTTPException(
+                503,
+                {"error": "artifact store unavailable", "detail": str(exc)},
+                headers={"Retry-After": "5"},
+            ) from exc
         return {"artifact": stored}
 
     @router.get("/v1/artifacts/{digest}")

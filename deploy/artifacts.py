@@ -24,6 +24,11 @@ class ArtifactError(ValueError):
     pass
 
 
+class ArtifactStorageError(OSError):
+    """The artifact directory cannot take a write now (a full disk, an I/O error): the
+    upload can be retried later; nothing was stored."""
+
+
 def digest_of(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -79,10 +84,16 @@ class LocalArtifacts:
         await anyio.to_thread.run_sync(_validate, data)
         path = self._dir / f"{digest}.tar.gz"
         if not path.exists():
-            self._dir.mkdir(parents=True, exist_ok=True)
             partial = path.with_suffix(".part")
-            await anyio.Path(partial).write_bytes(data)
-            partial.replace(path)
+            try:
+                self._dir.mkdir(parents=True, exist_ok=True)
+                await anyio.Path(partial).write_bytes(data)
+                partial.replace(path)
+            except OSError as exc:
+                partial.unlink(missing_ok=True)
+                raise ArtifactStorageError(
+                    exc.errno, f"cannot store artifact {digest}: {exc.strerror}"
+                ) from exc
         return digest
 
     async def fetch(self, digest: str) -> bytes:

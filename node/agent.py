@@ -89,8 +89,7 @@ class NodeAgent:
                 self._tasks = tasks
                 tasks.start_soon(self._register_loop)
                 await self._registered.wait()
-                await self._lift_own_cordon()
-                await self._bury_orphans()
+                await self._settle_previous_life()
                 tasks.start_soon(self._watch_loop)
                 self._serving.set()
         finally:
@@ -102,6 +101,20 @@ class NodeAgent:
                 if self._node_lease is not None:  # leave at once, not after the TTL
                     with anyio.move_on_after(5), contextlib.suppress(StoreError):
                         await self._store.revoke(self._node_lease)
+
+    async def _settle_previous_life(self) -> None:
+        """Lift the cordon our last shutdown left and bury what it ran; a store that is
+        briefly unavailable delays this, it never ends the agent (invariant 19)."""
+        backoff = 0.5
+        while True:
+            try:
+                await self._lift_own_cordon()
+                await self._bury_orphans()
+                return
+            except StoreError as exc:
+                log.warning("store unavailable at start, retrying: %s", exc)
+                await anyio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
 
     async def _cordon_self(self) -> None:
         key = f"cordons/{self.name}"

@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, TypeVar
 
 from .base import Event, RawOp, Require, Resync, StoreBase, WatchItem
-from .errors import Unavailable
+from .errors import StoreError, Unavailable
 
 R = TypeVar("R")
+log = logging.getLogger(__name__)
 
 DEFAULT_HISTORY = 10_000
 """Revisions of change history kept for watchers that fall behind."""
@@ -153,10 +155,21 @@ class LocalStore(StoreBase):
             await self._call(self._engine.compact, current - self._history)
 
     async def run(self) -> None:
-        """Housekeeping until cancelled; runs in the task group that owns the store."""
+        """Housekeeping until cancelled; runs in the task group that owns the store.
+
+        A store error (a database locked by another process, a full disk) never ends it:
+        it backs off, up to 5 s between tries, and tries again (invariant 19)."""
+        backoff = self._tick
         while True:
-            await self.housekeep()
-            await asyncio.sleep(self._tick)
+            try:
+                await self.housekeep()
+                backoff = self._tick
+            except StoreError as exc:
+                if self._closed:
+                    return
+                backoff = min(backoff * 2, 5.0)
+                log.warning("store housekeeping failed, retrying in %.1f s: %s", backoff, exc)
+            await asyncio.sleep(backoff)
 
     async def aclose(self) -> None:
         if self._closed:

@@ -8,17 +8,41 @@ crash; a power cut may lose the last commits, never corrupt the file.
 Tables: `kv` (current values), `events` (history for watchers, trimmed by compaction),
 `leases` (TTL leases, with wall-clock deadlines so they survive a restart), `meta`
 (the revision counter and the compaction point).
+
+Every `sqlite3` error is translated at this boundary: a locked database (another process holds
+a write lock past `busy_timeout`), a full disk or an I/O error becomes `Unavailable`, which
+callers retry; no `sqlite3` exception ever leaves this module.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import ParamSpec, TypeVar
 
 from .base import Delete, Event, RawOp, RawPut, Require, prefix_end
-from .errors import Conflict, LeaseNotFound
+from .errors import Conflict, LeaseNotFound, Unavailable
 from .local import Compacted
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _translated(method: Callable[P, R]) -> Callable[P, R]:
+    """Turn any `sqlite3.Error` raised by `method` into the store's `Unavailable`."""
+
+    @functools.wraps(method)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return method(*args, **kwargs)
+        except sqlite3.Error as exc:
+            raise Unavailable(f"sqlite: {exc}") from exc
+
+    return call
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS kv (
@@ -45,27 +69,33 @@ INSERT OR IGNORE INTO meta VALUES ('revision', 0), ('compacted', 1);
 
 
 class SqliteEngine:
-    def __init__(self, path: str | Path) -> None:
+    @_translated
+    def __init__(self, path: str | Path, *, busy_timeout: float = 5.0) -> None:
+        """`busy_timeout`: how long a write waits for another process's lock before the
+        call fails with `Unavailable`."""
         self._path = str(path)
         if self._path != ":memory:":
             Path(self._path).parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("PRAGMA busy_timeout=5000")
+        self._db.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
         self._db.executescript(_SCHEMA)
 
     def _meta(self, name: str) -> int:
         row = self._db.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
         return int(row[0])
 
+    @_translated
     def current(self) -> int:
         return self._meta("revision")
 
+    @_translated
     def get(self, key: str) -> tuple[bytes, int] | None:
         row = self._db.execute("SELECT value, revision FROM kv WHERE key = ?", (key,)).fetchone()
         return None if row is None else (bytes(row[0]), int(row[1]))
 
+    @_translated
     def scan(self, prefix: str) -> tuple[list[tuple[str, bytes, int]], int]:
         end = prefix_end(prefix)
         self._db.execute("BEGIN")
@@ -82,6 +112,7 @@ class SqliteEngine:
         finally:
             self._db.execute("COMMIT")
 
+    @_translated
     def commit(self, require: Sequence[Require], ops: Sequence[RawOp]) -> tuple[int, int]:
         db = self._db
         with self._transaction():
@@ -116,6 +147,7 @@ class SqliteEngine:
             self._db.execute("INSERT INTO events VALUES (?, ?, ?)", (revision, op.key, op.data))
         return deleted
 
+    @_translated
     def changes(self, prefix: str, from_revision: int, span: int) -> tuple[list[Event], int]:
         compacted = self._meta("compacted")
         current = self.current()
@@ -140,6 +172,7 @@ class SqliteEngine:
         ]
         return events, max(until, from_revision)
 
+    @_translated
     def compact(self, revision: int) -> None:
         current = self.current()
         if revision > current:
@@ -150,6 +183,7 @@ class SqliteEngine:
             self._db.execute("DELETE FROM events WHERE revision < ?", (revision,))
             self._db.execute("UPDATE meta SET value = ? WHERE name = 'compacted'", (revision,))
 
+    @_translated
     def grant(self, ttl: int, now: float) -> int:
         with self._transaction():
             cursor = self._db.execute(
@@ -158,6 +192,7 @@ class SqliteEngine:
         assert cursor.lastrowid is not None
         return cursor.lastrowid
 
+    @_translated
     def keep_alive(self, lease: int, now: float) -> None:
         with self._transaction():
             updated = self._db.execute(
@@ -167,6 +202,7 @@ class SqliteEngine:
         if not updated:
             raise LeaseNotFound(f"lease {lease} does not exist or has expired")
 
+    @_translated
     def revoke(self, lease: int) -> bool:
         with self._transaction():
             return self._revoke(lease)
@@ -184,6 +220,7 @@ class SqliteEngine:
         self._db.execute("UPDATE meta SET value = ? WHERE name = 'revision'", (revision,))
         return True
 
+    @_translated
     def expire(self, now: float) -> bool:
         with self._transaction():
             expired = [
@@ -198,6 +235,7 @@ class SqliteEngine:
     def _transaction(self) -> _Transaction:
         return _Transaction(self._db)
 
+    @_translated
     def close(self) -> None:
         self._db.close()
 
@@ -210,4 +248,18 @@ class _Transaction:
         self._db.execute("BEGIN IMMEDIATE")
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        self._db.execute("ROLLBACK" if exc_type is not None else "COMMIT")
+        if exc_type is not None:
+            self._rollback()
+            return
+        try:
+            self._db.execute("COMMIT")
+        except sqlite3.Error:
+            # A failed COMMIT (disk full, I/O error) may leave the transaction open; end it,
+            # or the next BEGIN on this connection fails too.
+            self._rollback()
+            raise
+
+    def _rollback(self) -> None:
+        if self._db.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("ROLLBACK")

@@ -1,0 +1,144 @@
+"""The embedded store when its file misbehaves: locked by another process, or on a full disk.
+
+Invariant 19: a store error never ends a process. Every `sqlite3` error leaves the backend as
+the store's own `Unavailable` (which every loop already retries), the housekeeping loop backs
+off and goes on, and the store works again once the cause is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+from pydantic import BaseModel
+
+from store import Unavailable
+from store.local import LocalStore
+from store.sqlite import SqliteEngine
+
+pytestmark = pytest.mark.anyio
+
+
+class Counter(BaseModel):
+    n: int
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def hold_write_lock(path: Path) -> sqlite3.Connection:
+    """What another process does to the file: take the write lock and keep it."""
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    return holder
+
+
+async def test_a_locked_database_is_unavailable_not_an_sqlite_error(tmp_path: Path) -> None:
+    path = tmp_path / "store.db"
+    store = LocalStore(SqliteEngine(path, busy_timeout=0.05), threaded=True)
+    try:
+        await store.put("pools/a", Counter(n=1))
+        holder = hold_write_lock(path)
+        with pytest.raises(Unavailable, match="locked"):
+            await store.put("pools/a", Counter(n=2))
+        with pytest.raises(Unavailable, match="locked"):
+            await store.grant(5)
+        # Reads go on beside the writer (WAL).
+        found = await store.get("pools/a", Counter)
+        assert found is not None and found.value.n == 1
+        holder.execute("ROLLBACK")
+        holder.close()
+        await store.put("pools/a", Counter(n=3))
+        found = await store.get("pools/a", Counter)
+        assert found is not None and found.value.n == 3
+    finally:
+        await store.aclose()
+
+
+async def test_housekeeping_survives_a_held_lock_and_expires_leases_after_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "store.db"
+    clock = Clock()
+    store = LocalStore(SqliteEngine(path, busy_timeout=0.01), threaded=True, clock=clock, tick=0.01)
+    lease = await store.grant(1)
+    await store.put("nodes/n1", Counter(n=1), lease=lease)
+    caplog.set_level(logging.WARNING, logger="store.local")
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(store.run)
+        holder = hold_write_lock(path)
+        clock.now += 5  # the lease is due, but the expiry cannot write
+        with anyio.fail_after(30):
+            while "housekeeping failed" not in caplog.text:  # noqa: ASYNC110 - a log, no event
+                await anyio.sleep(0.01)
+        assert await store.get("nodes/n1", Counter) is not None
+        holder.execute("ROLLBACK")
+        holder.close()
+        with anyio.fail_after(30):
+            while await store.get("nodes/n1", Counter) is not None:  # noqa: ASYNC110
+                await anyio.sleep(0.01)
+        tasks.cancel_scope.cancel()
+    await store.aclose()
+
+
+@pytest.fixture
+def small_filesystem(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs: the disk a store fills. Mounting needs root (CI runs as root)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mount = tmp_path / "small"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def fill(directory: Path) -> Path:
+    filler = directory / "filler"
+    with filler.open("wb") as handle:
+        try:
+            while True:
+                handle.write(b"\0" * 65536)
+                handle.flush()
+        except OSError:
+            pass
+    return filler
+
+
+async def test_a_full_disk_is_unavailable_and_the_store_recovers_when_space_returns(
+    small_filesystem: Path,
+) -> None:
+    store = LocalStore(SqliteEngine(small_filesystem / "store.db"), threaded=True)
+    try:
+        await store.put("pools/a", Counter(n=0))
+        filler = fill(small_filesystem)
+        big = "x" * 100_000
+        with pytest.raises(Unavailable, match=r"full|disk"):  # noqa: PT012 - writes until full
+            for n in range(50):
+                await store.put(f"apps/a{n}", _Blob(data=big))
+        # The failed commit left no transaction open: reads work, and writes do once there
+        # is room again.
+        assert await store.get("pools/a", Counter) is not None
+        filler.unlink()
+        await store.put("pools/a", Counter(n=7))
+        found = await store.get("pools/a", Counter)
+        assert found is not None and found.value.n == 7
+    finally:
+        await store.aclose()
+
+
+class _Blob(BaseModel):
+    data: str
