@@ -24,6 +24,6 @@ RUN pip install . && useradd --create-home --uid 10001 wakeful \
 
 USER wakeful
 WORKDIR /data
-EXPOSE 8080 9090
+EXPOSE 8080 8082
 ENTRYPOINT ["wakeful", "--data-dir", "/data/.wakeful"]
 CMD ["up", "--listen", "0.0.0.0:8080", "/opt/wakeful/examples/hello"]

@@ -8,7 +8,7 @@ from wakeful.settings import StoreSettings
 class ActivatorSettings(StoreSettings):
     token: SecretStr | None = None
     """Bearer token the lease API requires. The API refuses to start without one."""
-    listen: str = "127.0.0.1:9090"
+    listen: str = "127.0.0.1:8082"
     lease_ttl: float = Field(default=60.0, gt=0, le=3600)
     """A lease not renewed within this many seconds expires and its capacity returns."""
     max_waiters: int = Field(default=1000, ge=1, le=1_000_000)

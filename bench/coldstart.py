@@ -146,8 +146,8 @@ def running_up(root: Path, names: list[str], keep_logs: Path | None) -> Iterator
     data_dir, log = root / "state", root / "wakeful-up.log"
     proxy, api, admin = free_port(), free_port(), free_port()
     command = [*WAKEFUL, "--data-dir", str(data_dir), "up", *(str(root / n) for n in names)]
-    command += ["--listen", f"127.0.0.1:{proxy}", "--api", f"127.0.0.1:{api}"]
-    command += ["--admin", f"127.0.0.1:{admin}", "--idle-interval", "0.5"]
+    command += ["--listen", f"127.0.0.1:{proxy}", "--api-listen", f"127.0.0.1:{api}"]
+    command += ["--admin-listen", f"127.0.0.1:{admin}", "--idle-interval", "0.5"]
     with log.open("wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
     up = Up(process, data_dir, f"http://127.0.0.1:{proxy}", f"http://127.0.0.1:{api}")

@@ -45,7 +45,8 @@ class _Server(uvicorn.Server):
         yield
 
 
-def _bind(address: str, backlog: int) -> socket.socket:
+def _bind(address: str, backlog: int, what: str) -> socket.socket:
+    """Bind, or fail with an OSError that names the address (`what` says which one)."""
     host, port = split_address(address)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -54,9 +55,9 @@ def _bind(address: str, backlog: int) -> socket.socket:
         sock.bind((host, port))
         sock.listen(backlog)
         sock.setblocking(False)
-    except OSError:
+    except OSError as exc:
         sock.close()
-        raise
+        raise OSError(exc.errno, exc.strerror, f"{what} {address}") from exc
     return sock
 
 
@@ -132,14 +133,14 @@ class Ingress:
             with anyio.fail_after(60):
                 await self.routes.synced.wait()
             admin = _Server(self._config(AdminApp(self._registry, lambda: self.ready)))
-            admin_sock = _bind(self.settings.admin_listen, self.settings.backlog)
+            admin_sock = _bind(self.settings.admin_listen, self.settings.backlog, "admin address")
             await self._start(admin, admin_sock, tasks)
             self.admin_address = admin_sock.getsockname()[:2]
             edge = ProxyApp(
                 proxy, self.metrics, self.settings.max_header_bytes, self.settings.show_boot_log
             )
             server = _Server(self._config(edge))
-            sock = _bind(self.settings.listen, self.settings.backlog)
+            sock = _bind(self.settings.listen, self.settings.backlog, "listen address")
             try:
                 await self._start(server, sock, tasks)
             except BaseException:

@@ -22,7 +22,7 @@ from .errors import (
     Unavailable,
     ValueTooLarge,
 )
-from .url import TLSFiles, open_store, parse_store_url
+from .url import TLSFiles, absolute_store_url, open_store, parse_store_url, sqlite_url
 
 __all__ = [
     "AlreadyExists",
@@ -44,6 +44,8 @@ __all__ = [
     "Unavailable",
     "ValueTooLarge",
     "WatchItem",
+    "absolute_store_url",
     "open_store",
     "parse_store_url",
+    "sqlite_url",
 ]

@@ -31,7 +31,9 @@ def parse_store_url(url: str) -> tuple[str, str]:
     if parts.scheme == "memory":
         return "memory", ""
     if parts.scheme == "sqlite":
-        path = parts.path if not parts.netloc else parts.netloc + parts.path
+        # As elsewhere (SQLAlchemy): three slashes then a relative path, four for an
+        # absolute one. `sqlite:///.wakeful/store.db` is `.wakeful/store.db`, not `/.wakeful`.
+        path = parts.netloc + parts.path if parts.netloc else parts.path.removeprefix("/")
         if not path:
             raise ValueError(f"store URL {url!r}: sqlite needs a path, e.g. sqlite:///data/w.db")
         return "sqlite", path
@@ -44,6 +46,18 @@ def parse_store_url(url: str) -> tuple[str, str]:
             )
         return "etcd", ",".join(hosts)
     raise ValueError(f"store URL {url!r}: the scheme must be memory://, sqlite:// or etcd://")
+
+
+def sqlite_url(path: Path) -> str:
+    """The store URL of a SQLite file, absolute (resolved against the current directory)."""
+    return f"sqlite:///{path.absolute()}"
+
+
+def absolute_store_url(url: str) -> str:
+    """`url` with a relative SQLite path resolved against the current directory, once, so a
+    later change of directory cannot move the store. Other URLs are returned unchanged."""
+    scheme, location = parse_store_url(url)
+    return sqlite_url(Path(location)) if scheme == "sqlite" else url
 
 
 def _read(path: Path | None) -> bytes | None:

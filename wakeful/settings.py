@@ -10,7 +10,7 @@ from pathlib import Path
 from pydantic import field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from store import Store, TLSFiles, open_store, parse_store_url
+from store import Store, TLSFiles, absolute_store_url, open_store
 
 
 class StoreSettings(BaseSettings):
@@ -26,8 +26,8 @@ class StoreSettings(BaseSettings):
     @field_validator("store_url")
     @classmethod
     def _known_scheme(cls, url: str) -> str:
-        parse_store_url(url)
-        return url
+        """Refuses an unknown scheme; a relative SQLite path is resolved here, once."""
+        return absolute_store_url(url)
 
     @property
     def tls(self) -> TLSFiles:
