@@ -11,6 +11,8 @@ Theory of operation:
 - Each sandbox runs in its own task: start, probe until ready (first probe at once, backing
   off to ~100 ms), then wait for exit or a stop request. The exit is noticed immediately and
   recorded with its code and last log lines.
+- A sandbox's output goes to a file in its directory and, when the agent has a `LogSink`, to
+  a `LogShipper` that pushes it to the control plane in bounded batches (`node.logship`).
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ import anyio.abc
 
 from deploy.artifacts import ArtifactError
 from store import Conflict, Event, Item, LeaseNotFound, Resync, Store, StoreError
-from wakeful.models import Cordon, Node, Pool, Sandbox, SandboxStatus, Version
+from wakeful.models import Cordon, Node, Pool, Sandbox, SandboxStatus, SeenNode, Version
 
 from .lifecycle import IllegalTransition, Transition, transition
+from .logship import LogShipper, LogSink
 from .ports import NoFreePort, PortPool, bindable
 from .probe import wait_ready
 from .runtime import ProcessRuntime, Runtime, SandboxProcess
@@ -60,6 +63,7 @@ class NodeAgent:
         artifacts: Artifacts,
         runtime: Runtime | None = None,
         clock: Callable[[], float] = time.time,
+        logs: LogSink | None = None,
     ) -> None:
         self._store = store
         self._settings = settings
@@ -74,6 +78,16 @@ class NodeAgent:
         self._epochs: dict[str, int] = {}
         """The ownership epoch each sandbox was started at; writes are fenced on it."""
         self._ports = PortPool(*settings.port_range, host=settings.node_address)
+        self._shipper = (
+            None
+            if logs is None
+            else LogShipper(
+                logs,
+                settings.node_name,
+                interval=settings.log_ship_interval,
+                buffer_bytes=settings.log_buffer_bytes,
+            )
+        )
 
     @property
     def name(self) -> str:
@@ -88,6 +102,8 @@ class NodeAgent:
             async with anyio.create_task_group() as tasks:
                 self._tasks = tasks
                 tasks.start_soon(self._register_loop)
+                if self._shipper is not None:
+                    tasks.start_soon(self._shipper.run)
                 await self._registered.wait()
                 await self._settle_previous_life()
                 tasks.start_soon(self._watch_loop)
@@ -98,6 +114,9 @@ class NodeAgent:
                 with anyio.move_on_after(5), contextlib.suppress(StoreError):
                     await self._cordon_self()
                 await self._stop_all()
+                if self._shipper is not None:  # the last lines, if the control plane listens
+                    with anyio.move_on_after(3):
+                        await self._shipper.flush()
                 if self._node_lease is not None:  # leave at once, not after the TTL
                     with anyio.move_on_after(5), contextlib.suppress(StoreError):
                         await self._store.revoke(self._node_lease)
@@ -144,6 +163,10 @@ class NodeAgent:
             try:
                 lease = self._node_lease = await self._store.grant(ttl)
                 await self._store.put(f"nodes/{self.name}", record, lease=lease)
+                with contextlib.suppress(Conflict):  # present from an earlier registration
+                    await self._store.create(
+                        f"seen/{self.name}", SeenNode(name=self.name, first_seen=self._clock())
+                    )
                 self._registered.set()
                 while True:
                     await anyio.sleep(max(0.5, ttl / 3))
@@ -227,6 +250,8 @@ class NodeAgent:
                 with anyio.CancelScope(shield=True):
                     await self._shut_down(sandbox_id, running.process)
             self._epochs.pop(sandbox_id, None)
+            if self._shipper is not None:
+                self._shipper.close(sandbox_id)
 
     async def _shut_down(self, sandbox_id: str, process: SandboxProcess) -> None:
         """The agent is stopping: take the sandbox out of admission, give the requests on it
@@ -292,11 +317,16 @@ class NodeAgent:
             await self._change(sandbox_id, Transition.FAIL, last_log=f"could not start: {exc}")
             return
         running.process = process
+        forward = (
+            _discard
+            if self._shipper is None
+            else self._shipper.open(sandbox_id, item.value.app, item.value.created_at)
+        )
         address = f"{self._settings.node_address}:{port}"
         exit_code: int | None = None
         ready = False
         async with anyio.create_task_group() as tasks:
-            tasks.start_soon(process.pump)
+            tasks.start_soon(process.pump, forward)
 
             async def watch_exit() -> None:
                 nonlocal exit_code
@@ -385,6 +415,10 @@ def _unowned(sandbox: Sandbox, node: str) -> bool:
     tool that does not set it). The node adopts it with its first write, at epoch 1. A record
     whose ownership was released has a later epoch and is never adopted."""
     return sandbox.owner is None and sandbox.epoch == 0 and sandbox.node == node
+
+
+def _discard(chunk: bytes) -> None:
+    pass
 
 
 def _base_env() -> dict[str, str]:

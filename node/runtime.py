@@ -3,22 +3,25 @@
 `Runtime` is the narrow interface the node agent needs; `ProcessRuntime` is the real one.
 A sandbox's stdout and stderr go through a pipe into a log file that never grows past
 `max_log_bytes` (it is rotated once to `<name>.1`), and the last lines stay in memory so a
-crash can be reported with them. Exit is noticed the moment the process ends (we await it),
-not by polling.
+crash can be reported with them. `pump` also hands every chunk it reads to a `forward`
+callable (the node agent's log shipper), which must not block. Exit is noticed the moment
+the process ends (we await it), not by polling.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import shutil
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
+log = logging.getLogger(__name__)
 MAX_LOG_BYTES = 1024 * 1024
 TAIL_LINES = 20
 RECENT_BYTES = 16 * 1024
@@ -28,7 +31,7 @@ class SandboxProcess(Protocol):
     @property
     def pid(self) -> int: ...
 
-    async def pump(self) -> None: ...
+    async def pump(self, forward: Callable[[bytes], None]) -> None: ...
 
     async def wait(self) -> int: ...
 
@@ -59,35 +62,60 @@ class LocalProcess:
         self._log_path = log_path
         self._max = max_log_bytes
         self._recent = bytearray()
+        self._log: BinaryIO | None = None
+        self._written = 0
+        self.dropped = 0
+        """Output bytes the log file could not take (a full disk); the pipe was drained."""
 
     @property
     def pid(self) -> int:
         return self._process.pid
 
-    async def pump(self) -> None:
-        """Copy output into the bounded log file until the process closes its output.
+    async def pump(self, forward: Callable[[bytes], None] | None = None) -> None:
+        """Copy output into the bounded log file, and to `forward`, until the process closes
+        its output.
 
         Reads in chunks, not lines: a line of any length (a minified blob, a binary dump)
-        must not break the copy, nor the sandbox.
+        must not break the copy, nor the sandbox. Neither may a log file that cannot be
+        written (a full disk): the pipe is still drained, so the app never blocks on it,
+        `forward` still gets everything, and what the file missed is counted in `dropped`.
         """
         stream = self._process.stdout
         assert stream is not None
-        log = self._log_path.open("ab")
         try:
-            written = log.tell()
             while chunk := await stream.read(65536):
                 self._recent += chunk
                 del self._recent[: max(0, len(self._recent) - RECENT_BYTES)]
-                if written + len(chunk) > self._max:
-                    log.close()
-                    self._log_path.replace(self._log_path.with_name(self._log_path.name + ".1"))
-                    log = self._log_path.open("ab")
-                    written = 0
-                log.write(chunk)
-                log.flush()
-                written += len(chunk)
+                self._append(chunk)
+                if forward is not None:
+                    forward(chunk)
         finally:
-            log.close()
+            self._close_log()
+
+    def _append(self, chunk: bytes) -> None:
+        try:
+            if self._log is None:
+                self._log = self._log_path.open("ab")
+                self._written = self._log.tell()
+            if self._written + len(chunk) > self._max:
+                self._close_log()
+                self._log_path.replace(self._log_path.with_name(self._log_path.name + ".1"))
+                self._log = self._log_path.open("ab")
+                self._written = 0
+            self._log.write(chunk)
+            self._log.flush()
+            self._written += len(chunk)
+        except OSError as exc:
+            if not self.dropped:
+                log.warning("cannot write %s, dropping output: %s", self._log_path, exc)
+            self.dropped += len(chunk)
+            self._close_log()
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            with contextlib.suppress(OSError):
+                self._log.close()
+            self._log = None
 
     async def wait(self) -> int:
         return await self._process.wait()

@@ -28,6 +28,12 @@ class NodeSettings(StoreSettings):
     """Ports handed to sandboxes: below Linux's ephemeral range (32768-60999), so no outgoing
     connection takes one between the pick and the app's bind. WAKEFUL_PORT_RANGE=[low,high]."""
 
+    @field_validator("data_dir")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        """Resolved against the current directory once, at start."""
+        return value.absolute()
+
     @field_validator("port_range")
     @classmethod
     def _sane_range(cls, value: tuple[int, int]) -> tuple[int, int]:
@@ -40,3 +46,8 @@ class NodeSettings(StoreSettings):
     shutdown_drain: float = Field(default=2.0, ge=0, le=600)
     """When the agent stops: seconds between taking its sandboxes out of admission and
     stopping them, for the requests already on them (0 when no ingress can still send any)."""
+    log_ship_interval: float = Field(default=1.0, gt=0, le=60)
+    """Seconds between batches of sandbox output pushed to the control plane."""
+    log_buffer_bytes: int = Field(default=256 * 1024, ge=4096, le=64 * 1024 * 1024)
+    """Output per sandbox held while the control plane is unreachable; past it the oldest
+    bytes are dropped (and counted)."""

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -85,6 +87,17 @@ def deploy(api: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return deployed
 
 
+def wakeful_logs(api: str, env: dict[str, str], app: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*WAKEFUL, "--api", api, "logs", app],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
 def test_separate_pieces_deploy_and_serve_through_etcd(
     cluster: tuple[str, str, dict[str, str]],
 ) -> None:
@@ -103,6 +116,23 @@ def test_separate_pieces_deploy_and_serve_through_etcd(
         check=True,
     )
     assert '"ready": 1' in status.stdout
+    # The sandbox's output is on its node's disk only; the node pushes it to the control
+    # plane, and `wakeful logs` reads it there (the node ships about once a second).
+    deadline = time.monotonic() + 30
+    while True:
+        logs = wakeful_logs(api, env, "hello")
+        assert logs.returncode == 0, logs.stderr
+        if "hello listening" in logs.stdout or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    lines = logs.stdout.splitlines()
+    assert lines, logs.stderr
+    assert all(
+        re.fullmatch(r"\[[a-z0-9-]+\] hello listening on 127\.0\.0\.1:\d+", x) for x in lines
+    )
+    unknown = wakeful_logs(api, env, "nope")
+    assert unknown.returncode != 0
+    assert "no app named 'nope'" in unknown.stderr
 
 
 def test_draining_a_node_moves_its_sandboxes_without_failing_a_request(

@@ -155,6 +155,15 @@ async def test_the_first_request_wakes_a_scaled_to_zero_app(
     assert answer.status_code == 200
     assert answer.text.startswith("hello from")
     assert (await hello_up.pool())["ready"] == 1
+    # The in-process node agent hands its output to the control plane's log book directly.
+    logs = [*WAKEFUL, "--data-dir", str(hello_up.data_dir), "logs", "hello"]
+    with anyio.fail_after(30):
+        while True:  # another process: polled, no event to wait on
+            shown = (await anyio.run_process(logs)).stdout.decode()
+            if "hello listening" in shown:
+                break
+            await anyio.sleep(0.2)
+    assert shown.startswith("[")
 
 
 async def test_a_burst_grows_the_pool_in_one_step_and_every_request_succeeds(
