@@ -7,7 +7,7 @@ Errors are `{"error": ..., "detail": ...}` with a one-line reason; 503s carry Re
 # No `from __future__ import annotations` here: FastAPI reads the dependency annotations at
 # runtime, and they name a local (the bearer scheme).
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Annotated
 
 import anyio
@@ -54,7 +54,9 @@ class LeaseGrant(BaseModel):
         )
 
 
-def _error(status: int, error: str, detail: str, headers: dict[str, str] | None = None) -> Response:
+def _error(
+    status: int, error: str, detail: str, headers: Mapping[str, str] | None = None
+) -> Response:
     return JSONResponse({"error": error, "detail": detail}, status_code=status, headers=headers)
 
 

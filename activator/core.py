@@ -86,7 +86,10 @@ class PoolSnapshot:
     pool: str
     app: str
     version: str
+    state: str
+    """`active` (takes traffic), `draining` (retired, sandboxes still finishing) or `retired`."""
     desired_instances: int
+    """What the pool controller acts on: 0 for a retired pool, whatever its record says."""
     live: int
     ready: int
     leased: int
@@ -603,13 +606,15 @@ class Activator:
         for name in sorted(self._pools):
             state = self._pools[name]
             pool = state.item.value
+            live = self._live(state)
             found.append(
                 PoolSnapshot(
                     pool=name,
                     app=pool.app,
                     version=pool.version,
-                    desired_instances=pool.desired_instances,
-                    live=self._live(state),
+                    state=("draining" if live else "retired") if pool.retired else "active",
+                    desired_instances=0 if pool.retired else pool.desired_instances,
+                    live=live,
                     ready=sum(1 for s in state.sandboxes if self._sandboxes[s].value.routable),
                     leased=sum(self._leased.get(s, 0) for s in state.sandboxes),
                     overflow=state.overflow_leases,

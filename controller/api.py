@@ -1,22 +1,27 @@
 """Node drain through the control API (behind its bearer token).
 
 POST   /v1/nodes/{node}/drain   cordon the node; with evacuate (the default) its sandboxes
-                                are replaced elsewhere first, then drained and stopped
+                                are replaced elsewhere first, then drained and stopped. A node
+                                that never registered is a 404 (a typo would stay cordoned
+                                forever, unseen), unless `force=true`; a registered node whose
+                                agent is down can be cordoned.
 DELETE /v1/nodes/{node}/drain   uncordon: the node takes new sandboxes again
 GET    /v1/nodes                every node: cordoned, evacuating, live sandboxes
 """
 
-import re
 import time
+from typing import Annotated
 
 from fastapi import APIRouter, HTTPException
+from fastapi import Path as PathParam
 from pydantic import BaseModel
 
 from store import Store
-from wakeful.models import NAME_PATTERN, Cordon, Node, Sandbox, SandboxStatus
+from wakeful.models import NAME_PATTERN, Cordon, Node, Sandbox, SandboxStatus, SeenNode
 
 from .reconciler import with_cordon
 
+NodeName = Annotated[str, PathParam(pattern=NAME_PATTERN, description="a node name")]
 LIVE = (SandboxStatus.PENDING, SandboxStatus.BOOTING, SandboxStatus.RUNNING, SandboxStatus.DRAINING)
 
 
@@ -31,13 +36,6 @@ class NodeReport(BaseModel):
 
 def node_router(store: Store) -> APIRouter:
     router = APIRouter()
-
-    def check(node: str) -> str:
-        if not re.match(NAME_PATTERN, node):
-            raise HTTPException(
-                422, {"error": "invalid request", "detail": f"node: not a node name (got {node!r})"}
-            )
-        return node
 
     @router.get("/v1/nodes", response_model=list[NodeReport])
     async def nodes() -> list[NodeReport]:
@@ -61,13 +59,29 @@ def node_router(store: Store) -> APIRouter:
         return reports
 
     @router.post("/v1/nodes/{node}/drain", status_code=202)
-    async def drain(node: str, evacuate: bool = True) -> dict[str, object]:
-        cordon = Cordon(node=check(node), evacuate=evacuate, since=time.time())
+    async def drain(
+        node: NodeName, evacuate: bool = True, force: bool = False
+    ) -> dict[str, object]:
+        known = (
+            await store.get(f"seen/{node}", SeenNode) is not None
+            or await store.get(f"nodes/{node}", Node) is not None
+            or await store.get(f"cordons/{node}", Cordon) is not None
+        )
+        if not known and not force:
+            raise HTTPException(
+                404,
+                {
+                    "error": "unknown node",
+                    "detail": f"no node named {node!r} has ever registered "
+                    "(force=true cordons it anyway)",
+                },
+            )
+        cordon = Cordon(node=node, evacuate=evacuate, since=time.time())
         await store.put(f"cordons/{node}", cordon)
         return cordon.model_dump()
 
     @router.delete("/v1/nodes/{node}/drain", status_code=204)
-    async def uncordon(node: str) -> None:
-        await store.delete(f"cordons/{check(node)}")
+    async def uncordon(node: NodeName) -> None:
+        await store.delete(f"cordons/{node}")
 
     return router

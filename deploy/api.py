@@ -1,20 +1,28 @@
-"""The deploy half of the control API: artifacts, deploys, rollbacks, apps and logs.
+"""The deploy half of the control API: artifacts, deploys, rollbacks and apps.
 
-Mounted behind the same bearer token as the lease API (see `activator.api.create_app`).
+Mounted behind the same bearer token as the lease API (see `activator.api.create_app`);
+sandbox output is served by `deploy.logs_api`.
 """
 
-from pathlib import Path
+from typing import Annotated
 
 import anyio.abc
 from fastapi import APIRouter, HTTPException, Request, Response
+from fastapi import Path as PathParam
 from pydantic import BaseModel
 
 from store import Store
-from wakeful.models import App, Sandbox, Version
+from wakeful.models import NAME_PATTERN, App, Version
 
 from .appdir import AppDefinition
 from .artifacts import ArtifactError, ArtifactStorageError, LocalArtifacts
-from .service import Deployer, DeployError, Phase
+from .service import Deployer, DeployError, Phase, UnknownApp
+
+# Names from a URL are checked before they become store keys: a malformed one is a 422 that
+# names the value, never a store error.
+AppName = Annotated[str, PathParam(pattern=NAME_PATTERN, description="an app name")]
+VersionName = Annotated[str, PathParam(pattern=NAME_PATTERN, description="a version, e.g. v3")]
+Digest = Annotated[str, PathParam(pattern=r"^[0-9a-f]{64}$", description="a sha256, hex")]
 
 
 class DeployRequest(BaseModel):
@@ -32,6 +40,14 @@ class RolloutReport(BaseModel):
     target_ready: int
 
 
+class DeletionReport(BaseModel):
+    app: str
+    versions: int
+    pools: list[str]
+    """Retired: their sandboxes drain (requests on them finish), then the pools go."""
+    artifacts_removed: int
+
+
 class AppReport(BaseModel):
     name: str
     hosts: list[str]
@@ -45,7 +61,6 @@ def deploy_router(
     deployer: Deployer,
     artifacts: LocalArtifacts,
     tasks: anyio.abc.TaskGroup,
-    data_dir: Path | None = None,
 ) -> APIRouter:
     router = APIRouter()
 
@@ -53,9 +68,7 @@ def deploy_router(
         return HTTPException(status, {"error": error, "detail": detail})
 
     @router.put("/v1/artifacts/{digest}", status_code=201)
-    async def upload(digest: str, request: Request) -> dict[str, str]:
-        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-            raise bad(422, "invalid request", f"digest: not a sha256 hex string (got {digest!r})")
+    async def upload(digest: Digest, request: Request) -> dict[str, str]:
         chunks: list[bytes] = []
         size = 0
         async for chunk in request.stream():
@@ -76,7 +89,7 @@ def deploy_router(
         return {"artifact": stored}
 
     @router.get("/v1/artifacts/{digest}")
-    async def download(digest: str) -> Response:
+    async def download(digest: Digest) -> Response:
         try:
             data = await artifacts.fetch(digest)
         except ArtifactError as exc:
@@ -94,14 +107,14 @@ def deploy_router(
         return RolloutReport.model_validate(rollout, from_attributes=True)
 
     @router.get("/v1/deploys/{app}/{version}", response_model=RolloutReport)
-    async def progress(app: str, version: str) -> RolloutReport:
+    async def progress(app: AppName, version: VersionName) -> RolloutReport:
         rollout = deployer.rollouts.get((app, version))
         if rollout is None:
             raise bad(404, "unknown deploy", f"no deploy of {app} {version} in this control plane")
         return RolloutReport.model_validate(rollout, from_attributes=True)
 
     @router.post("/v1/apps/{app}/rollback", status_code=202, response_model=RolloutReport)
-    async def rollback(app: str) -> RolloutReport:
+    async def rollback(app: AppName) -> RolloutReport:
         try:
             rollout = await deployer.rollback(app)
         except DeployError as exc:
@@ -110,6 +123,16 @@ def deploy_router(
         hosts = list(current.value.hosts) if current else []
         tasks.start_soon(deployer.roll_out, rollout, hosts)
         return RolloutReport.model_validate(rollout, from_attributes=True)
+
+    @router.delete("/v1/apps/{app}", status_code=202, response_model=DeletionReport)
+    async def delete_app(app: AppName) -> DeletionReport:
+        try:
+            deletion = await deployer.delete(app)
+        except UnknownApp as exc:
+            raise bad(404, "unknown app", str(exc)) from exc
+        except DeployError as exc:
+            raise bad(409, "delete refused", str(exc)) from exc
+        return DeletionReport.model_validate(deletion, from_attributes=True)
 
     @router.get("/v1/apps", response_model=list[AppReport])
     async def apps() -> list[AppReport]:
@@ -127,34 +150,5 @@ def deploy_router(
                 )
             )
         return found
-
-    @router.get("/v1/apps/{app}/logs")
-    async def app_logs(app: str, tail: int = 200) -> Response:
-        """The last lines of every sandbox of the app that ran on this machine."""
-        if data_dir is None:
-            raise bad(404, "no logs", "this control plane runs no node agent")
-        sandboxes = [s.value for s in (await store.list("sandboxes/", Sandbox)).items]
-        parts: list[str] = []
-        for sandbox in sorted(sandboxes, key=lambda s: s.created_at):
-            if sandbox.app != app:
-                continue
-            path = anyio.Path(data_dir / "sandboxes" / sandbox.id / "output.log")
-            if not await path.exists():
-                continue
-            text = await path.read_text(errors="replace")
-            lines = text.splitlines()[-max(1, min(tail, 10_000)) :]
-            parts.extend(f"[{sandbox.id}] {line}" for line in lines)
-        return Response("\n".join(parts) + ("\n" if parts else ""), media_type="text/plain")
-
-    @router.get("/v1/sandboxes/{sandbox_id}/log")
-    async def sandbox_log(sandbox_id: str, tail: int = 200) -> Response:
-        if data_dir is None or "/" in sandbox_id or sandbox_id.startswith("."):
-            raise bad(404, "unknown sandbox", f"no log for {sandbox_id!r} on this machine")
-        path = data_dir / "sandboxes" / sandbox_id / "output.log"
-        if not await anyio.Path(path).exists():
-            raise bad(404, "unknown sandbox", f"no log for {sandbox_id!r} on this machine")
-        text = await anyio.Path(path).read_text(errors="replace")
-        lines = text.splitlines()[-max(1, min(tail, 10_000)) :]
-        return Response("\n".join(lines) + "\n", media_type="text/plain")
 
     return router

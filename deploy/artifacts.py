@@ -63,7 +63,10 @@ def unpack(data: bytes, destination: Path) -> None:
                 target = (destination / member.name).resolve()
                 if not member.isfile() or not target.is_relative_to(destination):
                     raise ArtifactError(f"refusing artifact member {member.name!r}")
-            tar.extractall(destination, filter="data")
+            if hasattr(tarfile, "data_filter"):  # Python >= 3.11.4; Debian 12 has 3.11.2
+                tar.extractall(destination, filter="data")
+            else:  # every member was checked above: regular files inside the destination
+                tar.extractall(destination)
     except (tarfile.TarError, EOFError, gzip.BadGzipFile, OSError) as exc:
         raise ArtifactError(f"corrupt artifact: {exc}") from exc
 
@@ -104,6 +107,14 @@ class LocalArtifacts:
 
     def has(self, digest: str) -> bool:
         return (self._dir / f"{digest}.tar.gz").exists()
+
+    async def remove(self, digest: str) -> bool:
+        """Delete a stored artifact; False if there was none."""
+        try:
+            await anyio.Path(self._dir / f"{digest}.tar.gz").unlink()
+        except FileNotFoundError:
+            return False
+        return True
 
 
 def _validate(data: bytes) -> None:

@@ -21,7 +21,7 @@ from enum import StrEnum
 
 import anyio
 
-from store import Conflict, Item, Put, Require, Store, StoreError
+from store import Conflict, Delete, Item, Op, Put, Require, Store, StoreError
 from wakeful.models import App, Pool, Sandbox, Version
 
 from .appdir import AppDefinition
@@ -32,6 +32,18 @@ log = logging.getLogger(__name__)
 
 class DeployError(ValueError):
     pass
+
+
+class UnknownApp(DeployError):
+    pass
+
+
+@dataclass
+class Deletion:
+    app: str
+    versions: int
+    pools: list[str]
+    artifacts_removed: int
 
 
 class Phase(StrEnum):
@@ -238,6 +250,46 @@ class Deployer:
         log.warning("%s", rollout.message, extra={"app": rollout.app})
         return rollout
 
+    async def delete(self, app: str) -> Deletion:
+        """Delete an app: its route, its versions and its pools' claim on sandboxes go in one
+        transaction (so no reader sees a route to a version that is gone); its pools are
+        retired and marked deleted, so the pool controller drains their sandboxes as in a
+        scale-down (never one holding a lease) and the idle monitor removes each pool once
+        nothing runs in it. Artifacts no remaining version uses are then deleted."""
+        for _ in range(20):
+            found = await self._store.get(f"apps/{app}", App)
+            if found is None:
+                raise UnknownApp(f"no app named {app!r}")
+            versions = (await self._store.list(f"versions/{app}/", Version)).items
+            pools = [
+                p for p in (await self._store.list("pools/", Pool)).items if p.value.app == app
+            ]
+            now = self._clock()
+            require = [Require(found.key, found.revision)]
+            require += [Require(v.key, v.revision) for v in versions]
+            require += [Require(p.key, p.revision) for p in pools]
+            ops: list[Op] = [Delete(found.key), *(Delete(v.key) for v in versions)]
+            for pool in pools:
+                retired_at = pool.value.retired_at if pool.value.retired else now
+                gone = {"retired": True, "retired_at": retired_at, "deleted": True}
+                ops.append(Put(pool.key, pool.value.model_copy(update=gone)))
+            try:
+                await self._store.txn(require, ops)
+            except Conflict:
+                continue
+            break
+        else:
+            raise DeployError(f"could not delete {app!r}: it kept changing under us")
+        for version in versions:
+            self.rollouts.pop((app, version.value.version), None)
+        used = {v.value.artifact for v in (await self._store.list("versions/", Version)).items}
+        removed = 0
+        for digest in {v.value.artifact for v in versions} - used:
+            if digest is not None and await self._artifacts.remove(digest):
+                removed += 1
+        log.info("deleted app %s", app, extra={"app": app})
+        return Deletion(app, len(versions), [p.value.name for p in pools], removed)
+
     async def rollback(self, app: str) -> Rollout:
         """Bring the previous version's pool back (at the current size); `roll_out` flips."""
         found = await self._store.get(f"apps/{app}", App)
@@ -282,4 +334,4 @@ class Deployer:
         return rollout
 
 
-__all__ = ["Deployer", "Item"]
+__all__ = ["Deletion", "Deployer", "Item", "UnknownApp"]

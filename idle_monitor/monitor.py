@@ -33,13 +33,10 @@ class IdleMonitorSettings(StoreSettings):
 
 
 def sweepable(pool: Pool, sandboxes: Sequence[Sandbox], now: float, retention: float) -> bool:
-    """A retired pool nothing runs in any more, retired long enough ago to forget."""
-    return (
-        pool.retired
-        and pool.retired_at > 0
-        and now - pool.retired_at >= retention
-        and not any(s.pool == pool.name for s in sandboxes)
-    )
+    """A retired pool nothing runs in any more, retired long enough ago to forget (or at
+    once, when its app was deleted)."""
+    forgotten = pool.deleted or (pool.retired_at > 0 and now - pool.retired_at >= retention)
+    return pool.retired and forgotten and not any(s.pool == pool.name for s in sandboxes)
 
 
 def idle_target(pool: Pool, sandboxes: Sequence[Sandbox], now: float) -> int | None:

@@ -33,11 +33,13 @@ from controller.reconciler import Reconciler
 from deploy.api import deploy_router
 from deploy.appdir import AppDir
 from deploy.artifacts import LocalArtifacts, pack
+from deploy.logbook import LogBook
+from deploy.logs_api import logs_router
 from deploy.service import Deployer, Phase
 from idle_monitor.monitor import IdleMonitor
 from node.agent import NodeAgent
 from node.settings import NodeSettings
-from store import Store, open_store
+from store import Store, open_store, sqlite_url
 
 log = logging.getLogger(__name__)
 CONTROL_FILE = "control.json"
@@ -145,6 +147,8 @@ class ControlPlane:
     artifacts: LocalArtifacts
     registry: CollectorRegistry
     tasks: anyio.abc.TaskGroup
+    logbook: LogBook
+    """Sandbox output pushed by node agents: through `POST /v1/logs`, or directly in-process."""
 
 
 @contextlib.asynccontextmanager
@@ -163,16 +167,21 @@ async def control_plane(
     activator = Activator(store, settings, registry)
     artifacts = LocalArtifacts(data_dir / "artifacts")
     deployer = Deployer(store, artifacts)
+    logbook = LogBook()
     token = settings.token.get_secret_value() if settings.token else ""
     async with activator.running(), anyio.create_task_group() as tasks:
         api = create_app(
             activator,
             token,
             registry,
-            [deploy_router(store, deployer, artifacts, tasks, data_dir), node_router(store)],
+            [
+                deploy_router(store, deployer, artifacts, tasks),
+                node_router(store),
+                logs_router(store, logbook),
+            ],
         )
         api_started = anyio.Event()
-        tasks.start_soon(serve_asgi, api, settings.listen, "--api", api_started)
+        tasks.start_soon(serve_asgi, api, settings.listen, "--api-listen", api_started)
         reconciler = Reconciler(
             store,
             activator.leased_on,
@@ -185,7 +194,7 @@ async def control_plane(
         with anyio.fail_after(30):
             await api_started.wait()
         try:
-            yield ControlPlane(store, activator, deployer, artifacts, registry, tasks)
+            yield ControlPlane(store, activator, deployer, artifacts, registry, tasks, logbook)
         finally:
             tasks.cancel_scope.cancel()
 
@@ -223,8 +232,10 @@ async def run_up(
     from ingress.server import Ingress
     from ingress.settings import IngressSettings
 
+    if not data_dir.is_absolute():  # every path below is derived from it: resolve it once
+        raise ValueError(f"data_dir must be absolute, got {data_dir}")
     token = load_or_create_token(data_dir)
-    store_url = f"sqlite:///{data_dir / 'store.db'}"
+    store_url = sqlite_url(data_dir / "store.db")
     settings = ActivatorSettings(store_url=store_url, token=token, listen=api)
     # The in-process ingress has stopped before the node agent does: nothing left to drain.
     node_settings = NodeSettings(
@@ -237,7 +248,8 @@ async def run_up(
         open_store(store_url) as store,
         control_plane(store, settings, data_dir, idle_interval=idle_interval) as plane,
     ):
-        agent = NodeAgent(store, node_settings, plane.artifacts)
+        # The same LogSink a node elsewhere reaches over HTTP, handed over directly.
+        agent = NodeAgent(store, node_settings, plane.artifacts, logs=plane.logbook)
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(agent.run)
             with anyio.fail_after(30):

@@ -3,7 +3,7 @@
     wakeful up [APP_DIR ...]     every piece in one process on the embedded store
     wakeful deploy APP_DIR       deploy to a running control plane
     wakeful status [APP]         pools: desired, live, ready, leased, waiters
-    wakeful apps | versions APP | logs APP | rollback APP
+    wakeful apps | versions APP | logs APP | rollback APP | delete APP
     wakeful activator | node | ingress | idle-monitor
                                  run one piece against a shared store (etcd)
 
@@ -13,7 +13,6 @@ Errors name the flag, file or field and the value, and exit with status 2 (usage
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import logging
 import sys
@@ -21,6 +20,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import anyio
 import httpx
@@ -28,6 +28,7 @@ from pydantic import SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from deploy.appdir import AppDir, AppDirError, load_app_dir
+from store import StoreError
 from wakeful.models import describe_validation_error
 
 from .bootstrap import CONTROL_FILE, AddressInUse, split_address
@@ -36,7 +37,11 @@ log = logging.getLogger("wakeful")
 
 
 class CliError(Exception):
-    pass
+    """A failure the user can act on: printed as one line, exit 2 (usage) or 1 (runtime)."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class CliSettings(BaseSettings):
@@ -85,10 +90,13 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     apps = _load_apps(args.app_dirs)
     listen = _check_address(args.listen, "--listen")
-    api = _check_address(args.api_listen, "--api")
-    admin = _check_address(args.admin, "--admin")
-    data_dir = Path(args.data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
+    api = _check_address(args.api_listen, "--api-listen")
+    admin = _check_address(args.admin_listen, "--admin-listen")
+    data_dir = Path(args.data_dir).absolute()
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CliError(f"--data-dir {data_dir}: cannot create it: {exc.strerror}", 1) from None
 
     def announce(line: str) -> None:
         print(line, flush=True)
@@ -106,14 +114,13 @@ def cmd_up(args: argparse.Namespace) -> int:
             ),
             backend_options={"use_uvloop": True},
         )
-    except AddressInUse as exc:
-        raise CliError(str(exc)) from None
+    except AddressInUse as exc:  # bind() names the flag and the address
+        raise CliError(str(exc), 1) from None
+    except StoreError as exc:
+        raise CliError(f"the store in {data_dir} cannot be used: {exc}", 1) from None
     except OSError as exc:
-        if exc.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
-            raise CliError(
-                f"cannot listen: {exc.strerror} (check --listen, --admin, --api)"
-            ) from None
-        raise
+        where = f"{exc.filename}: " if exc.filename else ""
+        raise CliError(f"{where}{exc.strerror or exc}", 1) from None
     return 0
 
 
@@ -185,6 +192,24 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     return _follow(args, report)
 
 
+def cmd_delete(args: argparse.Namespace) -> int:
+    report = _request(args, "DELETE", f"/v1/apps/{args.app}")
+    pools = report["pools"]
+    print(
+        f"deleted {args.app}: {report['versions']} version(s), "
+        f"{report['artifacts_removed']} artifact(s); its sandboxes finish their requests and stop",
+        flush=True,
+    )
+    if args.no_wait:
+        return 0
+    while True:
+        left = [p for p in _request(args, "GET", "/v1/pools") if p["pool"] in pools]
+        if not left:
+            print(f"{args.app} is gone", flush=True)
+            return 0
+        time.sleep(0.5)
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     pools = _request(args, "GET", "/v1/pools")
     if args.app:
@@ -196,6 +221,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         "pool",
         "app",
         "version",
+        "state",
         "desired_instances",
         "live",
         "ready",
@@ -207,6 +233,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         "POOL",
         "APP",
         "VERSION",
+        "STATE",
         "DESIRED",
         "LIVE",
         "READY",
@@ -214,7 +241,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         "OVERFLOW",
         "WAITERS",
     ]
-    rows = [[str(p[c]) for c in columns] for p in pools]
+    # A retired pool's size is nobody's target: show its state, not a number.
+    rows = [
+        ["-" if c == "desired_instances" and p["state"] != "active" else str(p[c]) for c in columns]
+        for p in pools
+    ]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
     for line in [headers, *rows]:
         print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)))
@@ -253,7 +284,12 @@ def cmd_drain(args: argparse.Namespace) -> int:
         _request(args, "DELETE", f"/v1/nodes/{args.node}/drain")
         print(f"{args.node} takes new sandboxes again")
         return 0
-    _request(args, "POST", f"/v1/nodes/{args.node}/drain", params={"evacuate": args.evacuate})
+    _request(
+        args,
+        "POST",
+        f"/v1/nodes/{args.node}/drain",
+        params={"evacuate": args.evacuate, "force": args.force},
+    )
     if not args.evacuate:
         print(f"{args.node} is cordoned: no new sandboxes; the ones there keep running")
         return 0
@@ -271,14 +307,23 @@ def cmd_drain(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
+    """The output nodes pushed to the control plane. When some of it has not arrived (a node
+    not heard from lately, output still buffered or lost there), a note says so on stderr."""
     try:
         with _control(args) as client:
             seen: list[str] = []
+            noted = ""
             while True:
-                answer = client.get(f"/v1/apps/{args.app}/logs", params={"tail": args.tail})
+                answer = client.get(
+                    f"/v1/apps/{quote(args.app, safe='')}/logs", params={"tail": args.tail}
+                )
                 text = answer.text if answer.is_success else ""
                 if not answer.is_success:
                     _checked(answer)
+                note = answer.headers.get("Wakeful-Logs-Behind", "")
+                if note and note != noted:
+                    print(f"wakeful: note: logs behind: {note}", file=sys.stderr, flush=True)
+                noted = note
                 lines = text.splitlines()
                 fresh = lines[len(seen) :] if lines[: len(seen)] == seen else lines
                 for line in fresh:
@@ -309,7 +354,7 @@ def cmd_activator(args: argparse.Namespace) -> int:
     settings = ActivatorSettings()
     if settings.token is None:
         raise CliError("WAKEFUL_TOKEN must be set: the control API refuses to run without a token")
-    data_dir = Path(args.data_dir)
+    data_dir = Path(args.data_dir).absolute()
 
     async def main() -> None:
         async with (
@@ -334,17 +379,18 @@ def cmd_node(args: argparse.Namespace) -> int:
     from node.settings import NodeSettings
 
     from .bootstrap import wait_for_signal
-    from .remote import HttpArtifacts
+    from .remote import HttpArtifacts, HttpLogSink
 
     settings = NodeSettings()
-    api, token = _control_credentials("nodes fetch artifacts from it")
+    api, token = _control_credentials("nodes fetch artifacts from it and push logs to it")
 
     async def main() -> None:
         async with (
             settings.open_store() as store,
             HttpArtifacts(api, token) as artifacts,
+            HttpLogSink(api, token) as logs,
         ):
-            agent = NodeAgent(store, settings, artifacts)
+            agent = NodeAgent(store, settings, artifacts, logs=logs)
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(agent.run)
                 print(f"node {settings.node_name} running", flush=True)
@@ -413,9 +459,11 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("app_dirs", nargs="*", metavar="APP_DIR")
     up.add_argument("--listen", default="127.0.0.1:8080", help="ingress address")
     up.add_argument(
-        "--api", dest="api_listen", default="127.0.0.1:9090", help="control API address"
+        "--api-listen", default="127.0.0.1:8082", help="control API address (host:port)"
     )
-    up.add_argument("--admin", default="127.0.0.1:8081", help="ingress admin address (metrics)")
+    up.add_argument(
+        "--admin-listen", default="127.0.0.1:8081", help="ingress admin address (metrics)"
+    )
     up.add_argument("--idle-interval", type=float, default=5.0, help="idle monitor tick, seconds")
     up.set_defaults(func=cmd_up)
 
@@ -447,7 +495,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="only cordon: take no new sandboxes, keep the ones there",
     )
     drain.add_argument("--undo", action="store_true", help="uncordon the node")
+    drain.add_argument(
+        "--force", action="store_true", help="cordon a name no node has registered under yet"
+    )
     drain.set_defaults(func=cmd_drain)
+    delete = sub.add_parser("delete", help="delete an app: its route, versions and sandboxes")
+    delete.add_argument("app")
+    delete.add_argument(
+        "--no-wait", action="store_true", help="return at once; sandboxes stop in the background"
+    )
+    delete.set_defaults(func=cmd_delete)
     rollback = sub.add_parser("rollback", help="go back to the previous version")
     rollback.add_argument("app")
     rollback.set_defaults(func=cmd_rollback)
@@ -474,7 +531,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.func(args)
     except CliError as exc:
         print(f"wakeful: error: {exc}", file=sys.stderr)
-        return 2
+        return exc.code
     except ValidationError as exc:  # settings from WAKEFUL_* variables
         print(f"wakeful: error: {describe_validation_error(exc)}", file=sys.stderr)
         return 2

@@ -12,6 +12,7 @@ was refused (`describe_validation_error`).
 | `sandboxes/{id}`            | Sandbox  |
 | `nodes/{node}`              | Node     |
 | `cordons/{node}`            | Cordon   |
+| `seen/{node}`               | SeenNode |
 | `routes/{host}`             | Route    |
 """
 
@@ -148,6 +149,8 @@ class Pool(Model):
     retired: bool = False
     retired_at: float = 0.0
     """When it stopped taking traffic; the idle monitor deletes it after a retention time."""
+    deleted: bool = False
+    """Its app was deleted: the idle monitor removes it as soon as nothing runs in it."""
     crash_cooldown_until: float = 0.0
     crash_count: int = Field(default=0, ge=0)
     last_crash_log: str = ""
@@ -215,6 +218,15 @@ class Cordon(Model):
     by_agent: bool = False
     """Set by the node's own agent while it shuts down (cleared when it starts again);
     an operator's cordon stays until `wakeful drain NODE --undo`."""
+
+
+class SeenNode(Model):
+    """That a node has registered at least once (`seen/{node}`, no TTL, written by its agent
+    when it registers). A drain names a node by hand: this tells a node whose agent is down
+    from a typo."""
+
+    name: Name
+    first_seen: float = 0.0
 
 
 class Route(Model):

@@ -1,0 +1,163 @@
+"""The control API as one piece (every router, the real activator and pool controller) on the
+memory store: malformed names, drains of unknown nodes, retired pools, app deletion."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+from activator.settings import ActivatorSettings
+from deploy.artifacts import LocalArtifacts, digest_of, pack
+from node.agent import NodeAgent
+from node.settings import NodeSettings
+from store import Store, open_store
+from store.testing import free_port
+from wakeful.bootstrap import control_plane
+from wakeful.models import App, AppSpec, Pool, Version
+
+pytestmark = pytest.mark.anyio
+TOKEN = "control-token"
+HELLO = Path(__file__).parents[2] / "examples" / "hello"
+
+
+@dataclass
+class Control:
+    http: httpx.AsyncClient
+    store: Store
+    data_dir: Path
+
+
+@pytest.fixture
+async def control(tmp_path: Path) -> AsyncIterator[Control]:
+    listen = f"127.0.0.1:{free_port()}"
+    settings = ActivatorSettings(store_url="memory://", token=TOKEN, listen=listen)
+    async with (
+        open_store("memory://") as store,
+        control_plane(store, settings, tmp_path, idle_interval=None),
+        httpx.AsyncClient(
+            base_url=f"http://{listen}", headers={"Authorization": f"Bearer {TOKEN}"}
+        ) as http,
+    ):
+        yield Control(http, store, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/v1/apps/a%01/rollback"),
+        ("GET", "/v1/deploys/a%01/v1"),
+        ("GET", "/v1/deploys/hello/v%20"),
+        ("DELETE", "/v1/apps/A"),
+        ("POST", "/v1/nodes/n%2F1/drain"),
+        ("GET", "/v1/artifacts/..%2Ftoken"),
+    ],
+)
+async def test_a_malformed_name_in_a_url_is_a_422_naming_it(
+    control: Control, method: str, path: str
+) -> None:
+    answer = await control.http.request(method, path)
+    assert answer.status_code in (404, 422), answer.text
+    if answer.status_code == 422:
+        body = answer.json()
+        assert body["error"] == "invalid request"
+        assert "got" in body["detail"]
+
+
+async def test_draining_a_node_that_never_registered_is_a_404_unless_forced(
+    control: Control,
+) -> None:
+    answer = await control.http.post("/v1/nodes/nosuchnode/drain")
+    assert answer.status_code == 404
+    assert "nosuchnode" in answer.json()["detail"]
+    assert (await control.http.get("/v1/nodes")).json() == []
+    forced = await control.http.post("/v1/nodes/nosuchnode/drain", params={"force": True})
+    assert forced.status_code == 202
+    assert [n["name"] for n in (await control.http.get("/v1/nodes")).json()] == ["nosuchnode"]
+
+
+async def test_a_node_whose_agent_is_down_can_still_be_cordoned(control: Control) -> None:
+    settings = NodeSettings(store_url="memory://", node_name="n1", data_dir=control.data_dir)
+    agent = NodeAgent(control.store, settings, LocalArtifacts(control.data_dir / "artifacts"))
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(agent.run)
+        with anyio.fail_after(30):
+            await agent.wait_registered()
+        tasks.cancel_scope.cancel()  # the agent stops and its node record goes with it
+    nodes = (await control.http.get("/v1/nodes")).json()
+    assert all(not n["registered"] for n in nodes)
+    answer = await control.http.post("/v1/nodes/n1/drain", params={"evacuate": False})
+    assert answer.status_code == 202
+
+
+async def test_a_retired_pool_reports_its_state_not_a_size_nobody_acts_on(
+    control: Control,
+) -> None:
+    spec = AppSpec(command=["true"])
+    old = Pool(name="web-v1", app="web", version="v1", spec=spec, desired_instances=4)
+    await control.store.put("pools/web-v1", old.model_copy(update={"retired": True}))
+    await control.store.put("pools/web-v2", Pool(name="web-v2", app="web", version="v2", spec=spec))
+    with anyio.fail_after(10):
+        while len(pools := (await control.http.get("/v1/pools")).json()) < 2:  # noqa: ASYNC110
+            await anyio.sleep(0.02)
+    by_name = {p["pool"]: p for p in pools}
+    assert by_name["web-v1"]["state"] == "retired"
+    assert by_name["web-v1"]["desired_instances"] == 0
+    assert by_name["web-v2"]["state"] == "active"
+
+
+async def test_deleting_an_app_removes_route_versions_and_unused_artifacts(
+    control: Control,
+) -> None:
+    artifacts = LocalArtifacts(control.data_dir / "artifacts")
+    data = pack(HELLO)
+    digest = digest_of(data)
+    await artifacts.put(data)
+    spec = AppSpec(command=["true"])
+    await control.store.put("apps/web", App(name="web", active_version="v1"))
+    await control.store.put("apps/other", App(name="other", active_version="v1"))
+    await control.store.put(
+        "versions/web/v1", Version(app="web", version="v1", spec=spec, artifact=digest)
+    )
+    await control.store.put("pools/web-v1", Pool(name="web-v1", app="web", version="v1", spec=spec))
+    await control.store.put(
+        "pools/other-v1", Pool(name="other-v1", app="other", version="v1", spec=spec)
+    )
+
+    answer = await control.http.delete("/v1/apps/web")
+    assert answer.status_code == 202, answer.text
+    assert answer.json() == {
+        "app": "web",
+        "versions": 1,
+        "pools": ["web-v1"],
+        "artifacts_removed": 1,
+    }
+    assert await control.store.get("apps/web", App) is None
+    assert (await control.store.list("versions/web/", Version)).items == []
+    pool = await control.store.get("pools/web-v1", Pool)
+    assert pool is not None and pool.value.retired and pool.value.deleted
+    assert not artifacts.has(digest)
+    other = await control.store.get("pools/other-v1", Pool)
+    assert other is not None and not other.value.retired
+    again = await control.http.delete("/v1/apps/web")
+    assert again.status_code == 404
+    assert "web" in again.json()["detail"]
+
+
+async def test_an_artifact_another_app_uses_survives_a_delete(control: Control) -> None:
+    artifacts = LocalArtifacts(control.data_dir / "artifacts")
+    data = pack(HELLO)
+    digest = await artifacts.put(data)
+    spec = AppSpec(command=["true"])
+    for app in ("a", "b"):
+        await control.store.put(f"apps/{app}", App(name=app, active_version="v1"))
+        await control.store.put(
+            f"versions/{app}/v1", Version(app=app, version="v1", spec=spec, artifact=digest)
+        )
+    answer = await control.http.delete("/v1/apps/a")
+    assert answer.json()["artifacts_removed"] == 0
+    assert artifacts.has(digest)
