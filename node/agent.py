@@ -78,6 +78,8 @@ class NodeAgent:
         self._epochs: dict[str, int] = {}
         """The ownership epoch each sandbox was started at; writes are fenced on it."""
         self._ports = PortPool(*settings.port_range, host=settings.node_address)
+        self._cordon_lock = anyio.Lock()
+        self._cordoned = False
         self._shipper = (
             None
             if logs is None
@@ -110,9 +112,7 @@ class NodeAgent:
                 self._serving.set()
         finally:
             with anyio.CancelScope(shield=True):
-                # No replacement may be placed here while we stop: they would never start.
-                with anyio.move_on_after(5), contextlib.suppress(StoreError):
-                    await self._cordon_self()
+                await self._cordon_once()  # already done if a sandbox was shutting down
                 await self._stop_all()
                 if self._shipper is not None:  # the last lines, if the control plane listens
                     with anyio.move_on_after(3):
@@ -134,6 +134,17 @@ class NodeAgent:
                 log.warning("store unavailable at start, retrying: %s", exc)
                 await anyio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
+
+    async def _cordon_once(self) -> None:
+        """The agent is stopping: no replacement may be placed here while it does, since
+        none would ever start. Done once, before the first sandbox drains; bounded, so a
+        store that is down does not keep the process running."""
+        async with self._cordon_lock:
+            if self._cordoned:
+                return
+            self._cordoned = True
+            with anyio.move_on_after(5), contextlib.suppress(StoreError):
+                await self._cordon_self()
 
     async def _cordon_self(self) -> None:
         key = f"cordons/{self.name}"
@@ -254,9 +265,10 @@ class NodeAgent:
                 self._shipper.close(sandbox_id)
 
     async def _shut_down(self, sandbox_id: str, process: SandboxProcess) -> None:
-        """The agent is stopping: take the sandbox out of admission, give the requests on it
-        `shutdown_drain` seconds, then stop it and say so. Store writes are bounded: a store
-        that is down must not keep the process running."""
+        """The agent is stopping: cordon the node, take the sandbox out of admission, give the
+        requests on it `shutdown_drain` seconds, then stop it and say so. Store writes are
+        bounded: a store that is down must not keep the process running."""
+        await self._cordon_once()
         with anyio.move_on_after(5), contextlib.suppress(StoreError):
             await self._change(sandbox_id, Transition.DRAIN)
         await anyio.sleep(self._settings.shutdown_drain)

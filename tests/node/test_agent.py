@@ -15,7 +15,7 @@ import pytest
 from deploy.artifacts import LocalArtifacts, pack
 from node.agent import NodeAgent
 from node.settings import NodeSettings
-from store import Store, open_store
+from store import Event, Store, open_store
 from wakeful.models import (
     AppSpec,
     Cordon,
@@ -175,12 +175,16 @@ async def test_a_stopping_agent_drains_stops_and_reports_its_sandboxes(tmp_path:
             shutdown_drain=0.2,
         )
         agent = NodeAgent(store, settings, artifacts)
-        seen: list[SandboxStatus] = []
+        seen: list[str] = []
         async with anyio.create_task_group() as observers:
 
             async def record(after: int) -> None:
-                async for event in store.watch("sandboxes/", after + 1):
-                    seen.append(event.decode(Sandbox).status)  # type: ignore[union-attr]
+                async for event in store.watch("", after + 1):
+                    assert isinstance(event, Event)
+                    if event.key.startswith("sandboxes/"):
+                        seen.append(event.decode(Sandbox).status.value)
+                    elif event.key == "cordons/n1" and event.kind == "put":
+                        seen.append("cordoned")
 
             async with anyio.create_task_group() as agent_tasks:
                 agent_tasks.start_soon(agent.run)
@@ -195,7 +199,8 @@ async def test_a_stopping_agent_drains_stops_and_reports_its_sandboxes(tmp_path:
             observers.cancel_scope.cancel()
         final = await store.get("sandboxes/sb-1", Sandbox)
         assert final is not None and final.value.status is SandboxStatus.STOPPED
-        assert seen == [SandboxStatus.DRAINING, SandboxStatus.STOPPING, SandboxStatus.STOPPED]
+        # The node is cordoned first: nothing new is placed on it while its sandboxes drain.
+        assert seen == ["cordoned", "draining", "stopping", "stopped"]
         assert await store.get("nodes/n1", Node) is None  # left at once, not after 30 s
         with pytest.raises(httpx.ConnectError):
             async with httpx.AsyncClient() as client:
