@@ -1,6 +1,6 @@
 """The lease cache: capacity the ingress holds per app, shared by the requests it carries.
 
-Rules (ARCHITECTURE.md invariants 7-9), each kept in one place below:
+Rules (docs/architecture.md, invariants 7-9), each kept in one place below:
 - A cached lease of size S carries at most S requests at once: a use is added only while
   uses < S (`pick`).
 - An overflow lease carries the one request that took it and goes straight back; it never

@@ -1,4 +1,4 @@
-"""Lease use through the real stack: invariants 7-10 of ARCHITECTURE.md."""
+"""Lease use through the real stack: invariants 7-10 of docs/architecture.md."""
 
 from __future__ import annotations
 
