@@ -36,7 +36,7 @@ from pydantic import BaseModel
 
 from store import Store
 from store.testing import EtcdServer
-from store.url import open_store
+from store.url import open_store, sqlite_url
 
 BACKENDS = ("memory", "sqlite", "etcd")
 DEFAULT_OPS = {"memory": 2000, "sqlite": 2000, "etcd": 1000}
@@ -113,7 +113,7 @@ async def backend_url(backend: str) -> AsyncIterator[str]:
         yield "memory://"
     elif backend == "sqlite":
         with tempfile.TemporaryDirectory(prefix="wakeful-bench-") as directory:
-            yield f"sqlite://{Path(directory, 'store.db').as_posix()}"
+            yield sqlite_url(Path(directory, "store.db"))
     else:
         server = EtcdServer()
         try:
