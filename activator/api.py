@@ -18,11 +18,17 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, Field
 
-from store import Conflict, InvalidKey, StoreError
-from wakeful.models import NAME_PATTERN
-
-from .core import Activator, Lease, PoolSnapshot
-from .errors import ActivatorError, AppFailedToBoot, LeaseGone, Unavailable, UnknownApp
+from wakeful.activator.core import Activator, Lease, PoolSnapshot
+from wakeful.domain.leases import (
+    ActivatorError,
+    AppFailedToBoot,
+    LeaseGone,
+    LeaseGrant,
+    Unavailable,
+    UnknownApp,
+)
+from wakeful.domain.models import NAME_PATTERN
+from wakeful.store import Conflict, InvalidKey, StoreError
 
 
 class LeaseRequest(BaseModel):
@@ -32,26 +38,6 @@ class LeaseRequest(BaseModel):
 
 class RenewRequest(BaseModel):
     used: bool = Field(default=False, description="the lease carried traffic since last renew")
-
-
-class LeaseGrant(BaseModel):
-    lease_id: str
-    sandbox_id: str
-    url: str
-    size: int
-    overflow: bool
-    ttl_seconds: float
-
-    @classmethod
-    def of(cls, lease: Lease) -> "LeaseGrant":
-        return cls(
-            lease_id=lease.lease_id,
-            sandbox_id=lease.sandbox_id,
-            url=lease.url,
-            size=lease.size,
-            overflow=lease.overflow,
-            ttl_seconds=lease.ttl,
-        )
 
 
 def _error(
@@ -157,11 +143,11 @@ def create_app(
             if lease is not None:  # granted in the same step it left: hand it straight back
                 activator.release(lease.lease_id)
             return Response(status_code=499)
-        return JSONResponse(LeaseGrant.of(lease).model_dump(mode="json"))
+        return JSONResponse(lease.grant().model_dump(mode="json"))
 
     @api.post("/v1/leases/{lease_id}/renew", dependencies=guarded, response_model=LeaseGrant)
     async def renew(lease_id: str, body: RenewRequest | None = None) -> LeaseGrant:
-        return LeaseGrant.of(activator.renew(lease_id, used=body is not None and body.used))
+        return activator.renew(lease_id, used=body is not None and body.used).grant()
 
     @api.delete("/v1/leases/{lease_id}", dependencies=guarded, status_code=204)
     async def release(lease_id: str) -> Response:

@@ -1,34 +1,26 @@
-"""What the ingress needs of the activator (`Leases`), in-process or over HTTP.
-
-Both adapters raise the same `activator.errors`, so the ingress cannot tell them apart.
+"""The two adapters of `wakeful.domain.leases.Leases` (what the ingress needs of the
+activator): in-process, and over HTTP. Both raise the same errors, so the ingress cannot tell
+them apart.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 import httpx
 
-from .api import LeaseGrant
-from .core import Activator
-from .errors import (
+from wakeful.activator.core import Activator
+from wakeful.domain.leases import (
     ActivatorError,
     AppFailedToBoot,
     LeaseGone,
+    LeaseGrant,
     NoCapacity,
     Unauthorized,
     UnknownApp,
     Unreachable,
 )
-
-
-class Leases(Protocol):
-    async def acquire(self, app: str, version: str | None = None) -> LeaseGrant: ...
-
-    async def renew(self, lease_id: str, *, used: bool = False) -> LeaseGrant: ...
-
-    async def release(self, lease_id: str) -> None: ...
 
 
 class InProcessLeases:
@@ -38,10 +30,10 @@ class InProcessLeases:
         self._activator = activator
 
     async def acquire(self, app: str, version: str | None = None) -> LeaseGrant:
-        return LeaseGrant.of(await self._activator.acquire(app, version))
+        return (await self._activator.acquire(app, version)).grant()
 
     async def renew(self, lease_id: str, *, used: bool = False) -> LeaseGrant:
-        return LeaseGrant.of(self._activator.renew(lease_id, used=used))
+        return self._activator.renew(lease_id, used=used).grant()
 
     async def release(self, lease_id: str) -> None:
         self._activator.release(lease_id)

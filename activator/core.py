@@ -27,13 +27,19 @@ import anyio
 import anyio.abc
 from prometheus_client import CollectorRegistry, Gauge
 
-from store import Conflict, CorruptValue, Event, Item, Resync, Store, StoreError
-from wakeful.models import App, Pool, Sandbox, SandboxStatus
-
-from . import decisions
-from .errors import AppFailedToBoot, LeaseGone, NoCapacity, Overloaded, UnknownApp
-from .metrics import ActivatorMetrics
-from .settings import ActivatorSettings
+from wakeful.activator import decisions
+from wakeful.activator.metrics import ActivatorMetrics
+from wakeful.activator.settings import ActivatorSettings
+from wakeful.domain.leases import (
+    AppFailedToBoot,
+    LeaseGone,
+    LeaseGrant,
+    NoCapacity,
+    Overloaded,
+    UnknownApp,
+)
+from wakeful.domain.models import App, Pool, Sandbox, SandboxStatus
+from wakeful.store import Conflict, CorruptValue, Event, Item, Resync, Store, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +59,17 @@ class Lease:
     overflow: bool
     ttl: float
     expires_at: float
+
+    def grant(self) -> LeaseGrant:
+        """What the holder is told: the lease as the ingress sees it."""
+        return LeaseGrant(
+            lease_id=self.lease_id,
+            sandbox_id=self.sandbox_id,
+            url=self.url,
+            size=self.size,
+            overflow=self.overflow,
+            ttl_seconds=self.ttl,
+        )
 
 
 @dataclass(slots=True, eq=False)

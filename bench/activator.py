@@ -44,14 +44,14 @@ from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
 
-from activator import decisions
-from activator.api import LeaseGrant, create_app
-from activator.client import HttpLeases, InProcessLeases
-from activator.core import Activator
-from activator.errors import ActivatorError
-from activator.settings import ActivatorSettings
-from store.url import open_store
-from wakeful.models import App, AppSpec, Concurrency, Pool, Sandbox, SandboxStatus
+from wakeful.activator import decisions
+from wakeful.activator.api import create_app
+from wakeful.activator.client import HttpLeases, InProcessLeases
+from wakeful.activator.core import Activator
+from wakeful.activator.settings import ActivatorSettings
+from wakeful.domain.leases import ActivatorError, LeaseGrant
+from wakeful.domain.models import App, AppSpec, Concurrency, Pool, Sandbox, SandboxStatus
+from wakeful.store.url import open_store
 
 TOKEN = "bench-token"
 WORKERS = 50

@@ -42,7 +42,7 @@ from subprocess import DEVNULL
 import anyio
 import httpx
 
-from store.testing import free_port
+from wakeful.store.testing import free_port
 
 HELLO = Path(__file__).resolve().parents[1] / "examples" / "hello"
 WAKEFUL = [sys.executable, "-m", "wakeful.cli"]

@@ -41,14 +41,14 @@ from typing import cast
 import anyio
 from prometheus_client import CollectorRegistry
 
-from activator.client import InProcessLeases
-from activator.core import Activator
-from activator.settings import ActivatorSettings
-from ingress import Ingress, IngressSettings
-from store import Store
-from store.testing import free_port, wait_listening
-from store.url import open_store
-from wakeful.models import App, AppSpec, Concurrency, Pool, Sandbox, SandboxStatus
+from wakeful.activator.client import InProcessLeases
+from wakeful.activator.core import Activator
+from wakeful.activator.settings import ActivatorSettings
+from wakeful.domain.models import App, AppSpec, Concurrency, Pool, Sandbox, SandboxStatus
+from wakeful.ingress import Ingress, IngressSettings
+from wakeful.store import Store
+from wakeful.store.testing import free_port, wait_listening
+from wakeful.store.url import open_store
 
 HOST = "bench.localhost"
 CONNECTIONS = 32

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import httpx
 
-from node.testing import sandbox_pids
-from store.testing import free_port
+from wakeful.node.testing import sandbox_pids
+from wakeful.store.testing import free_port
 from wakeful.testing import up_command
 
 HELLO = Path(__file__).resolve().parents[1] / "examples" / "hello"

@@ -34,9 +34,9 @@ from pathlib import Path
 import anyio
 from pydantic import BaseModel
 
-from store import Store
-from store.testing import EtcdServer
-from store.url import open_store, sqlite_url
+from wakeful.store import Store
+from wakeful.store.testing import EtcdServer
+from wakeful.store.url import open_store, sqlite_url
 
 BACKENDS = ("memory", "sqlite", "etcd")
 DEFAULT_OPS = {"memory": 2000, "sqlite": 2000, "etcd": 1000}

@@ -11,12 +11,12 @@ from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi import Path as PathParam
 from pydantic import BaseModel
 
-from store import Store
-from wakeful.models import NAME_PATTERN, App, Version
-
-from .appdir import AppDefinition
-from .artifacts import ArtifactError, ArtifactStorageError, LocalArtifacts
-from .service import Deployer, DeployError, Phase, UnknownApp
+from wakeful.deploy.appdir import AppDefinition
+from wakeful.deploy.artifacts import ArtifactStorageError, LocalArtifacts
+from wakeful.deploy.service import Deployer, DeployError, Phase, UnknownApp
+from wakeful.domain.artifacts import ArtifactError
+from wakeful.domain.models import NAME_PATTERN, App, Version
+from wakeful.store import Store
 
 # Names from a URL are checked before they become store keys: a malformed one is a 422 that
 # names the value, never a store error.

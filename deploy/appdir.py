@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from wakeful.models import NAME_PATTERN, AppSpec, Host, describe_validation_error
+from wakeful.domain.models import NAME_PATTERN, AppSpec, Host, describe_validation_error
 
 MANIFEST = "wakeful.toml"
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")

@@ -1,74 +1,18 @@
-"""Packed app directories, stored by content: the same directory always packs to the same bytes.
-
-A pack is a gzip'd tar of the directory's regular files (no links, devices, or the usual build
-litter), with fixed owners and times, so its sha256 names its content. Unpacking refuses any
-member that would land outside the destination.
-"""
+"""The control plane's artifact store: packed app directories in a directory, named by their
+sha256 (the format itself is `wakeful.domain.artifacts`)."""
 
 from __future__ import annotations
 
-import gzip
-import hashlib
-import io
-import os
-import tarfile
 from pathlib import Path
 
 import anyio
 
-MAX_ARTIFACT_BYTES = 100 * 1024 * 1024
-SKIP_DIRS = frozenset({".git", "__pycache__", ".wakeful", ".venv", "node_modules", ".mypy_cache"})
-
-
-class ArtifactError(ValueError):
-    pass
+from wakeful.domain.artifacts import MAX_ARTIFACT_BYTES, ArtifactError, digest_of, validate
 
 
 class ArtifactStorageError(OSError):
     """The artifact directory cannot take a write now (a full disk, an I/O error): the
     upload can be retried later; nothing was stored."""
-
-
-def digest_of(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def pack(directory: Path) -> bytes:
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for root, dirs, files in os.walk(directory):
-            dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
-            for name in sorted(files):
-                path = Path(root) / name
-                if path.is_symlink() or not path.is_file():
-                    continue
-                info = tarfile.TarInfo(path.relative_to(directory).as_posix())
-                info.size = path.stat().st_size
-                info.mode = 0o755 if os.access(path, os.X_OK) else 0o644
-                with path.open("rb") as handle:
-                    tar.addfile(info, handle)
-    packed = gzip.compress(raw.getvalue(), mtime=0)
-    if len(packed) > MAX_ARTIFACT_BYTES:
-        raise ArtifactError(
-            f"{directory} packs to {len(packed)} bytes; the bound is {MAX_ARTIFACT_BYTES}"
-        )
-    return packed
-
-
-def unpack(data: bytes, destination: Path) -> None:
-    destination = destination.resolve()
-    try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-            for member in tar.getmembers():
-                target = (destination / member.name).resolve()
-                if not member.isfile() or not target.is_relative_to(destination):
-                    raise ArtifactError(f"refusing artifact member {member.name!r}")
-            if hasattr(tarfile, "data_filter"):  # Python >= 3.11.4; Debian 12 has 3.11.2
-                tar.extractall(destination, filter="data")
-            else:  # every member was checked above: regular files inside the destination
-                tar.extractall(destination)
-    except (tarfile.TarError, EOFError, gzip.BadGzipFile, OSError) as exc:
-        raise ArtifactError(f"corrupt artifact: {exc}") from exc
 
 
 class LocalArtifacts:
@@ -84,7 +28,7 @@ class LocalArtifacts:
             raise ArtifactError(f"upload's sha256 is {digest}, not {expected}")
         if len(data) > self.max_bytes:
             raise ArtifactError(f"artifact is {len(data)} bytes; the bound is {self.max_bytes}")
-        await anyio.to_thread.run_sync(_validate, data)
+        await anyio.to_thread.run_sync(validate, data)
         path = self._dir / f"{digest}.tar.gz"
         if not path.exists():
             partial = path.with_suffix(".part")
@@ -115,18 +59,3 @@ class LocalArtifacts:
         except FileNotFoundError:
             return False
         return True
-
-
-def _validate(data: bytes) -> None:
-    """A corrupt upload is refused before it is stored."""
-    try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-            for member in tar.getmembers():
-                if (
-                    not member.isfile()
-                    or member.name.startswith("/")
-                    or ".." in member.name.split("/")
-                ):
-                    raise ArtifactError(f"refusing artifact member {member.name!r}")
-    except (tarfile.TarError, EOFError, gzip.BadGzipFile) as exc:
-        raise ArtifactError(f"corrupt artifact: {exc}") from exc

@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from wakeful.logbatch import LogBatch, OutputChunk
+from wakeful.domain.logbatch import LogBatch, OutputChunk
 
 MAX_LINES = 10_000
 MAX_BYTES = 256 * 1024

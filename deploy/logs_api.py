@@ -16,11 +16,16 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 from pydantic import ValidationError
 
-from store import Store
-from wakeful.logbatch import MAX_BODY_BYTES, LogBatch
-from wakeful.models import NAME_PATTERN, App, Sandbox, SandboxStatus, describe_validation_error
-
-from .logbook import LogBook
+from wakeful.deploy.logbook import LogBook
+from wakeful.domain.logbatch import MAX_BODY_BYTES, LogBatch
+from wakeful.domain.models import (
+    NAME_PATTERN,
+    App,
+    Sandbox,
+    SandboxStatus,
+    describe_validation_error,
+)
+from wakeful.store import Store
 
 BEHIND_HEADER = "Wakeful-Logs-Behind"
 MAX_TAIL = 10_000

@@ -21,11 +21,10 @@ from enum import StrEnum
 
 import anyio
 
-from store import Conflict, Delete, Item, Op, Put, Require, Store, StoreError
-from wakeful.models import App, Pool, Sandbox, Version
-
-from .appdir import AppDefinition
-from .artifacts import LocalArtifacts
+from wakeful.deploy.appdir import AppDefinition
+from wakeful.deploy.artifacts import LocalArtifacts
+from wakeful.domain.models import App, Pool, Sandbox, Version
+from wakeful.store import Conflict, Delete, Item, Op, Put, Require, Store, StoreError
 
 log = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ from collections.abc import Callable, Sequence
 import anyio
 from pydantic import Field
 
-from store import Conflict, Item, Store, StoreError
-from wakeful.models import Pool, Sandbox, SandboxStatus
-from wakeful.settings import StoreSettings
+from wakeful.domain.models import Pool, Sandbox, SandboxStatus
+from wakeful.store import Conflict, Item, Store, StoreError
+from wakeful.store.settings import StoreSettings
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ Layers on the proxy path: `edge` (ASGI) → `proxy` (routing, leases, headers, r
 streaming) → `transport` (one aiohttp session). `server.Ingress` wires and runs them.
 """
 
-from .server import Ingress, serve
-from .settings import IngressSettings
+from wakeful.ingress.server import Ingress, serve
+from wakeful.ingress.settings import IngressSettings
 
 __all__ = ["Ingress", "IngressSettings", "serve"]

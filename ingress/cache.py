@@ -21,11 +21,8 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from activator.api import LeaseGrant
-from activator.client import Leases
-from activator.errors import ActivatorError, LeaseGone
-
-from .errors import ActivatorUnreachable
+from wakeful.domain.leases import ActivatorError, LeaseGone, LeaseGrant, Leases
+from wakeful.ingress.errors import ActivatorUnreachable
 
 log = logging.getLogger(__name__)
 

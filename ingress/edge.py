@@ -19,9 +19,8 @@ from typing import Any
 import anyio
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from activator.errors import ActivatorError, AppFailedToBoot, Unavailable, UnknownApp
-
-from .errors import (
+from wakeful.domain.leases import ActivatorError, AppFailedToBoot, Unavailable, UnknownApp
+from wakeful.ingress.errors import (
     ActivatorUnreachable,
     BadRequest,
     ClientGone,
@@ -31,10 +30,10 @@ from .errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from .formats import ErrorAnswer, choose_format, render
-from .headers import new_request_id, read_request_head
-from .metrics import IngressMetrics, Move, Tracker
-from .proxy import Proxy, ProxyRequest
+from wakeful.ingress.formats import ErrorAnswer, choose_format, render
+from wakeful.ingress.headers import new_request_id, read_request_head
+from wakeful.ingress.metrics import IngressMetrics, Move, Tracker
+from wakeful.ingress.proxy import Proxy, ProxyRequest
 
 log = logging.getLogger(__name__)
 

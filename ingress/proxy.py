@@ -18,13 +18,19 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from .cache import LeaseCache, Use
-from .errors import BadRequest, ConnectFailed, NoRoute, UpstreamError, UpstreamTimeout
-from .headers import client_response_headers, upstream_request_headers
-from .metrics import IngressMetrics, Move, Tracker
-from .routing import RoutingTable, match, normalize_host
-from .settings import IngressSettings
-from .transport import Transport, UpstreamRequest, UpstreamResponse
+from wakeful.ingress.cache import LeaseCache, Use
+from wakeful.ingress.errors import (
+    BadRequest,
+    ConnectFailed,
+    NoRoute,
+    UpstreamError,
+    UpstreamTimeout,
+)
+from wakeful.ingress.headers import client_response_headers, upstream_request_headers
+from wakeful.ingress.metrics import IngressMetrics, Move, Tracker
+from wakeful.ingress.routing import RoutingTable, match, normalize_host
+from wakeful.ingress.settings import IngressSettings
+from wakeful.ingress.transport import Transport, UpstreamRequest, UpstreamResponse
 
 
 class RequestBody(Protocol):

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from store import CorruptValue, Item, Resync, Store, StoreError
-from wakeful.models import App
+from wakeful.domain.models import App
+from wakeful.store import CorruptValue, Item, Resync, Store, StoreError
 
 log = logging.getLogger(__name__)
 

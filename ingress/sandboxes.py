@@ -12,10 +12,9 @@ import logging
 
 import anyio
 
-from store import CorruptValue, Resync, Store, StoreError
-from wakeful.models import Sandbox
-
-from .cache import LeaseCache
+from wakeful.domain.models import Sandbox
+from wakeful.ingress.cache import LeaseCache
+from wakeful.store import CorruptValue, Resync, Store, StoreError
 
 log = logging.getLogger(__name__)
 

@@ -20,18 +20,17 @@ import anyio.abc
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-from activator.client import Leases
-from store import Store
-
-from .cache import LeaseCache
-from .edge import AdminApp, ProxyApp
-from .limits import bounded_httptools
-from .metrics import IngressMetrics
-from .proxy import Proxy
-from .routing import RoutingTable
-from .sandboxes import follow_sandboxes
-from .settings import IngressSettings, split_address
-from .transport import AiohttpTransport, Transport
+from wakeful.domain.leases import Leases
+from wakeful.ingress.cache import LeaseCache
+from wakeful.ingress.edge import AdminApp, ProxyApp
+from wakeful.ingress.limits import bounded_httptools
+from wakeful.ingress.metrics import IngressMetrics
+from wakeful.ingress.proxy import Proxy
+from wakeful.ingress.routing import RoutingTable
+from wakeful.ingress.sandboxes import follow_sandboxes
+from wakeful.ingress.settings import IngressSettings, split_address
+from wakeful.ingress.transport import AiohttpTransport, Transport
+from wakeful.store import Store
 
 log = logging.getLogger(__name__)
 

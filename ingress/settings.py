@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from wakeful.settings import StoreSettings
+from wakeful.store.settings import StoreSettings
 
 
 class IngressSettings(StoreSettings):

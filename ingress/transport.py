@@ -15,7 +15,7 @@ from typing import Protocol
 import aiohttp
 from yarl import URL
 
-from .errors import ConnectFailed, UpstreamError, UpstreamFailed, UpstreamTimeout
+from wakeful.ingress.errors import ConnectFailed, UpstreamError, UpstreamFailed, UpstreamTimeout
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from store import Store, open_store
-from store.testing import EtcdServer
+from wakeful.store import Store, open_store
+from wakeful.store.testing import EtcdServer
 
 BACKENDS = ["memory", "sqlite", "etcd"]
 

@@ -25,21 +25,22 @@ import anyio.abc
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-from activator.api import create_app
-from activator.core import Activator
-from activator.settings import ActivatorSettings
-from controller.api import node_router
-from controller.reconciler import Reconciler
-from deploy.api import deploy_router
-from deploy.appdir import AppDir
-from deploy.artifacts import LocalArtifacts, pack
-from deploy.logbook import LogBook
-from deploy.logs_api import logs_router
-from deploy.service import Deployer, Phase
-from idle_monitor.monitor import IdleMonitor
-from node.agent import NodeAgent
-from node.settings import NodeSettings
-from store import Store, open_store, sqlite_url
+from wakeful.activator.api import create_app
+from wakeful.activator.core import Activator
+from wakeful.activator.settings import ActivatorSettings
+from wakeful.controller.api import node_router
+from wakeful.controller.reconciler import Reconciler
+from wakeful.deploy.api import deploy_router
+from wakeful.deploy.appdir import AppDir
+from wakeful.deploy.artifacts import LocalArtifacts
+from wakeful.deploy.logbook import LogBook
+from wakeful.deploy.logs_api import logs_router
+from wakeful.deploy.service import Deployer, Phase
+from wakeful.domain.artifacts import pack
+from wakeful.idle_monitor.monitor import IdleMonitor, IdleMonitorSettings
+from wakeful.node.agent import NodeAgent
+from wakeful.node.settings import NodeSettings
+from wakeful.store import Store, open_store, sqlite_url
 
 log = logging.getLogger(__name__)
 CONTROL_FILE = "control.json"
@@ -157,12 +158,13 @@ async def control_plane(
     settings: ActivatorSettings,
     data_dir: Path,
     *,
-    idle_interval: float | None,
+    idle: IdleMonitorSettings | None,
     reconcile_interval: float = 1.0,
     drain_grace: float = 0.0,
 ) -> AsyncIterator[ControlPlane]:
-    """`drain_grace`: how long after start lease counts are not trusted (see Reconciler); one
-    lease TTL when ingresses run in other processes, 0 when every holder is in this one."""
+    """`idle`: the idle monitor's settings, None to run it elsewhere. `drain_grace`: how long
+    after start lease counts are not trusted (see Reconciler); one lease TTL when ingresses run
+    in other processes, 0 when every holder is in this one."""
     registry = CollectorRegistry()
     activator = Activator(store, settings, registry)
     artifacts = LocalArtifacts(data_dir / "artifacts")
@@ -189,8 +191,11 @@ async def control_plane(
             drain_grace=drain_grace,
         )
         tasks.start_soon(reconciler.run)
-        if idle_interval is not None:
-            tasks.start_soon(IdleMonitor(store, interval=idle_interval).run)
+        if idle is not None:
+            monitor = IdleMonitor(
+                store, interval=idle.idle_interval, retention=idle.retired_retention
+            )
+            tasks.start_soon(monitor.run)
         with anyio.fail_after(30):
             await api_started.wait()
         try:
@@ -223,14 +228,14 @@ async def run_up(
     listen: str,
     admin: str,
     app_dirs: Sequence[AppDir],
-    idle_interval: float,
+    idle: IdleMonitorSettings,
     announce: Callable[[str], None],
 ) -> None:
     """Everything in one process. Shutdown: the ingress stops taking requests and finishes the
     ones in flight, hands its leases back; then the sandboxes stop; then the control plane."""
-    from activator.client import InProcessLeases
-    from ingress.server import Ingress
-    from ingress.settings import IngressSettings
+    from wakeful.activator.client import InProcessLeases
+    from wakeful.ingress.server import Ingress
+    from wakeful.ingress.settings import IngressSettings
 
     if not data_dir.is_absolute():  # every path below is derived from it: resolve it once
         raise ValueError(f"data_dir must be absolute, got {data_dir}")
@@ -246,7 +251,7 @@ async def run_up(
     )
     async with (
         open_store(store_url) as store,
-        control_plane(store, settings, data_dir, idle_interval=idle_interval) as plane,
+        control_plane(store, settings, data_dir, idle=idle) as plane,
     ):
         # The same LogSink a node elsewhere reaches over HTTP, handed over directly.
         agent = NodeAgent(store, node_settings, plane.artifacts, logs=plane.logbook)

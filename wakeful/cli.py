@@ -13,6 +13,7 @@ Errors name the flag, file or field and the value, and exit with status 2 (usage
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import sys
@@ -27,19 +28,26 @@ import httpx
 from pydantic import SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from deploy.appdir import AppDir, AppDirError, load_app_dir
-from store import StoreError
-from wakeful.models import describe_validation_error
+from wakeful.deploy.appdir import AppDir, AppDirError, load_app_dir
+from wakeful.domain.models import describe_validation_error
+from wakeful.store import StoreError
 
 from .bootstrap import CONTROL_FILE, AddressInUse, split_address
 
 log = logging.getLogger("wakeful")
 
 
-class CliError(Exception):
-    """A failure the user can act on: printed as one line, exit 2 (usage) or 1 (runtime)."""
+USAGE = 2
+"""Exit status for a command line or configuration that cannot work (a flag, a file, a
+variable): nothing was tried."""
+RUNTIME = 1
+"""Exit status for a failure while doing the work (nothing to talk to, a refusal, a port)."""
 
-    def __init__(self, message: str, code: int = 2) -> None:
+
+class CliError(Exception):
+    """A failure the user can act on: printed as one line, exit USAGE or RUNTIME."""
+
+    def __init__(self, message: str, code: int = USAGE) -> None:
         super().__init__(message)
         self.code = code
 
@@ -82,6 +90,19 @@ def _load_apps(paths: Sequence[str]) -> list[AppDir]:
     return found
 
 
+def _idle_settings(args: argparse.Namespace, default_interval: float | None = None) -> Any:
+    """The idle monitor's settings (WAKEFUL_IDLE_INTERVAL, WAKEFUL_RETIRED_RETENTION), with
+    --idle-interval over them when given, and the command's own default tick otherwise."""
+    from wakeful.idle_monitor.monitor import IdleMonitorSettings
+
+    settings = IdleMonitorSettings()
+    if args.idle_interval is not None:
+        return settings.model_copy(update={"idle_interval": args.idle_interval})
+    if default_interval is not None and "idle_interval" not in settings.model_fields_set:
+        return settings.model_copy(update={"idle_interval": default_interval})
+    return settings
+
+
 # -- up ---------------------------------------------------------------------------------
 
 
@@ -96,7 +117,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise CliError(f"--data-dir {data_dir}: cannot create it: {exc.strerror}", 1) from None
+        raise CliError(
+            f"--data-dir {data_dir}: cannot create it: {exc.strerror}", RUNTIME
+        ) from None
 
     def announce(line: str) -> None:
         print(line, flush=True)
@@ -109,18 +132,18 @@ def cmd_up(args: argparse.Namespace) -> int:
                 listen=listen,
                 admin=admin,
                 app_dirs=apps,
-                idle_interval=args.idle_interval,
+                idle=_idle_settings(args, default_interval=5.0),
                 announce=announce,
             ),
             backend_options={"use_uvloop": True},
         )
     except AddressInUse as exc:  # bind() names the flag and the address
-        raise CliError(str(exc), 1) from None
+        raise CliError(str(exc), RUNTIME) from None
     except StoreError as exc:
-        raise CliError(f"the store in {data_dir} cannot be used: {exc}", 1) from None
+        raise CliError(f"the store in {data_dir} cannot be used: {exc}", RUNTIME) from None
     except OSError as exc:
         where = f"{exc.filename}: " if exc.filename else ""
-        raise CliError(f"{where}{exc.strerror or exc}", 1) from None
+        raise CliError(f"{where}{exc.strerror or exc}", RUNTIME) from None
     return 0
 
 
@@ -139,7 +162,8 @@ def _control(args: argparse.Namespace) -> httpx.Client:
     if api is None or token is None:
         raise CliError(
             f"no running control plane found: {control} does not exist; start `wakeful up`, "
-            "or pass --api and set WAKEFUL_TOKEN"
+            "or pass --api and set WAKEFUL_TOKEN",
+            RUNTIME,
         )
     return httpx.Client(base_url=api, headers={"Authorization": f"Bearer {token}"}, timeout=60)
 
@@ -152,7 +176,7 @@ def _checked(answer: httpx.Response) -> Any:
         reason = f"{body.get('error')}: {body.get('detail')}"
     except ValueError:
         reason = answer.text[:300]
-    raise CliError(f"the control plane answered {answer.status_code}: {reason}")
+    raise CliError(f"the control plane answered {answer.status_code}: {reason}", RUNTIME)
 
 
 def _request(args: argparse.Namespace, method: str, path: str, **kwargs: Any) -> Any:
@@ -160,11 +184,11 @@ def _request(args: argparse.Namespace, method: str, path: str, **kwargs: Any) ->
         with _control(args) as client:
             return _checked(client.request(method, path, **kwargs))
     except httpx.TransportError as exc:
-        raise CliError(f"cannot reach the control plane: {exc}") from None
+        raise CliError(f"cannot reach the control plane: {exc}", RUNTIME) from None
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    from deploy.artifacts import digest_of, pack
+    from wakeful.domain.artifacts import digest_of, pack
 
     (app_dir,) = _load_apps([args.app_dir])
     data = pack(app_dir.path)
@@ -267,7 +291,7 @@ def cmd_versions(args: argparse.Namespace) -> int:
                 marker = "*" if version == app["active_version"] else " "
                 print(f"{marker} {version}")
             return 0
-    raise CliError(f"no app named {args.app!r}")
+    raise CliError(f"no app named {args.app!r}", RUNTIME)
 
 
 def cmd_nodes(args: argparse.Namespace) -> int:
@@ -333,7 +357,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
                     return 0
                 time.sleep(1)
     except httpx.TransportError as exc:
-        raise CliError(f"cannot reach the control plane: {exc}") from None
+        raise CliError(f"cannot reach the control plane: {exc}", RUNTIME) from None
 
 
 # -- pieces on their own --------------------------------------------------------------------
@@ -347,7 +371,7 @@ def _control_credentials(why: str) -> tuple[str, str]:
 
 
 def cmd_activator(args: argparse.Namespace) -> int:
-    from activator.settings import ActivatorSettings
+    from wakeful.activator.settings import ActivatorSettings
 
     from .bootstrap import control_plane, wait_for_signal
 
@@ -363,7 +387,7 @@ def cmd_activator(args: argparse.Namespace) -> int:
                 store,
                 settings,
                 data_dir,
-                idle_interval=None if args.no_idle_monitor else args.idle_interval,
+                idle=None if args.no_idle_monitor else _idle_settings(args),
                 drain_grace=settings.lease_ttl,
             ),
         ):
@@ -375,8 +399,8 @@ def cmd_activator(args: argparse.Namespace) -> int:
 
 
 def cmd_node(args: argparse.Namespace) -> int:
-    from node.agent import NodeAgent
-    from node.settings import NodeSettings
+    from wakeful.node.agent import NodeAgent
+    from wakeful.node.settings import NodeSettings
 
     from .bootstrap import wait_for_signal
     from .remote import HttpArtifacts, HttpLogSink
@@ -404,8 +428,8 @@ def cmd_node(args: argparse.Namespace) -> int:
 def cmd_ingress(args: argparse.Namespace) -> int:
     from prometheus_client import CollectorRegistry
 
-    from activator.client import HttpLeases
-    from ingress import IngressSettings, serve
+    from wakeful.activator.client import HttpLeases
+    from wakeful.ingress import IngressSettings, serve
 
     settings = IngressSettings()
     api, token = _control_credentials("the ingress asks the activator")
@@ -423,7 +447,7 @@ def cmd_ingress(args: argparse.Namespace) -> int:
 
 
 def cmd_idle_monitor(args: argparse.Namespace) -> int:
-    from idle_monitor.monitor import IdleMonitor, IdleMonitorSettings
+    from wakeful.idle_monitor.monitor import IdleMonitor, IdleMonitorSettings
 
     from .bootstrap import wait_for_signal
 
@@ -448,12 +472,17 @@ def cmd_idle_monitor(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="wakeful", description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--data-dir", default=".wakeful", help="state directory (default ./.wakeful)"
-    )
-    parser.add_argument("--api", default=None, help="control API URL (default: from --data-dir)")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO")
+    parser.set_defaults(data_dir=".wakeful", api=None, verbose=False)
+    # The global flags, accepted before or after the subcommand (`wakeful up --data-dir D`).
+    # SUPPRESS: a subcommand sets them only when given there, so it never resets them.
+    common = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
+    for flags in (parser, common):
+        flags.add_argument("--data-dir", help="state directory (default ./.wakeful)")
+        flags.add_argument("--api", help="control API URL (default: from --data-dir)")
+        flags.add_argument("-v", "--verbose", action="store_true", help="log at INFO")
     sub = parser.add_subparsers(dest="command", required=True)
+    add_parser = sub.add_parser
+    sub.add_parser = functools.partial(add_parser, parents=[common])  # type: ignore[method-assign]
 
     up = sub.add_parser("up", help="run everything in one process on the embedded store")
     up.add_argument("app_dirs", nargs="*", metavar="APP_DIR")
@@ -464,7 +493,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--admin-listen", default="127.0.0.1:8081", help="ingress admin address (metrics)"
     )
-    up.add_argument("--idle-interval", type=float, default=5.0, help="idle monitor tick, seconds")
+    up.add_argument(
+        "--idle-interval",
+        type=float,
+        default=None,
+        help="idle monitor tick, seconds (default WAKEFUL_IDLE_INTERVAL, else 5)",
+    )
     up.set_defaults(func=cmd_up)
 
     deploy = sub.add_parser("deploy", help="deploy an app directory")
@@ -510,7 +544,12 @@ def build_parser() -> argparse.ArgumentParser:
     rollback.set_defaults(func=cmd_rollback)
 
     activator = sub.add_parser("activator", help="the activator and control API (WAKEFUL_*)")
-    activator.add_argument("--idle-interval", type=float, default=30.0)
+    activator.add_argument(
+        "--idle-interval",
+        type=float,
+        default=None,
+        help="idle monitor tick, seconds (default WAKEFUL_IDLE_INTERVAL, else 30)",
+    )
     activator.set_defaults(func=cmd_activator)
     activator.add_argument(
         "--no-idle-monitor", action="store_true", help="run `wakeful idle-monitor` apart instead"

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import httpx
 
-from deploy.artifacts import ArtifactError, digest_of
-from node.logship import ShipFailed
-from wakeful.logbatch import LogBatch
+from wakeful.domain.artifacts import ArtifactError, digest_of
+from wakeful.domain.logbatch import LogBatch
+from wakeful.node.logship import ShipFailed
 
 
 class HttpArtifacts:

@@ -5,10 +5,10 @@ from collections.abc import Callable
 import anyio
 from prometheus_client import CollectorRegistry
 
-from activator.core import Activator
-from activator.settings import ActivatorSettings
-from store import Item, Store
-from wakeful.models import App, AppSpec, Concurrency, Pool, Sandbox, SandboxStatus
+from wakeful.activator.core import Activator
+from wakeful.activator.settings import ActivatorSettings
+from wakeful.domain.models import App, AppSpec, Concurrency, Pool, Sandbox, SandboxStatus
+from wakeful.store import Item, Store
 
 POOL_KEY = "pools/hello-v1"
 

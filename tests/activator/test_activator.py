@@ -1,4 +1,4 @@
-"""The real activator on each store (memory, sqlite, etcd): invariants 1-6 of docs/architecture.md."""
+"""The real activator on each store (memory, sqlite, etcd): docs/architecture.md, invariants 1-6."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from activator.core import Lease
-from activator.errors import AppFailedToBoot, LeaseGone, NoCapacity, Overloaded, UnknownApp
-from store import Event, Put, Require, Store, open_store
-from wakeful.models import App, Pool, SandboxStatus
+from wakeful.activator.core import Lease
+from wakeful.domain.leases import AppFailedToBoot, LeaseGone, NoCapacity, Overloaded, UnknownApp
+from wakeful.domain.models import App, Pool, SandboxStatus
+from wakeful.store import Event, Put, Require, Store, open_store
 
 from .conftest import POOL_KEY, eventually, make_activator, pool, sandbox, seed, set_status
 

@@ -10,14 +10,14 @@ import pytest
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-from activator.api import create_app
-from activator.client import HttpLeases
-from activator.core import Activator
-from activator.errors import LeaseGone, NoCapacity, Unauthorized, UnknownApp, Unreachable
-from activator.settings import ActivatorSettings
-from store import Store, open_store
-from store.testing import free_port
-from wakeful.models import SandboxStatus
+from wakeful.activator.api import create_app
+from wakeful.activator.client import HttpLeases
+from wakeful.activator.core import Activator
+from wakeful.activator.settings import ActivatorSettings
+from wakeful.domain.leases import LeaseGone, NoCapacity, Unauthorized, UnknownApp, Unreachable
+from wakeful.domain.models import SandboxStatus
+from wakeful.store import Store, open_store
+from wakeful.store.testing import free_port
 
 from .conftest import seed
 
@@ -159,7 +159,7 @@ async def test_a_client_that_hangs_up_while_waiting_leaves_no_waiter(
     api: tuple[str, Store],
 ) -> None:
     url, store = api
-    from wakeful.models import Pool
+    from wakeful.domain.models import Pool
 
     from .conftest import POOL_KEY, set_status
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from activator.decisions import (
+from wakeful.activator.decisions import (
     Admit,
     Candidate,
     Gate,

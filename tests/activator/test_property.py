@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from activator.core import Lease
-from store import open_store
-from wakeful.models import SandboxStatus
+from wakeful.activator.core import Lease
+from wakeful.domain.models import SandboxStatus
+from wakeful.store import open_store
 
 from .conftest import eventually, make_activator, seed, set_status
 

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from controller.plan import Create, Drain, MarkDead, Remove, Stop, cooldown, plan_pool
-from wakeful.models import AppSpec, Node, Pool, Sandbox
-from wakeful.models import SandboxStatus as S
+from wakeful.controller.plan import Create, Drain, MarkDead, Remove, Stop, cooldown, plan_pool
+from wakeful.domain.models import AppSpec, Node, Pool, Sandbox
+from wakeful.domain.models import SandboxStatus as S
 
 SPEC = AppSpec(command=["serve"])
 

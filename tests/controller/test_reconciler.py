@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from controller.reconciler import Reconciler
-from store import Store
-from wakeful.models import AppSpec, Node, Pool, Sandbox, SandboxStatus
+from wakeful.controller.reconciler import Reconciler
+from wakeful.domain.models import AppSpec, Node, Pool, Sandbox, SandboxStatus
+from wakeful.store import Store
 
 pytestmark = pytest.mark.anyio
 

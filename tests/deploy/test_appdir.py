@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.appdir import AppDirError, load_app_dir, parse_duration
+from wakeful.deploy.appdir import AppDirError, load_app_dir, parse_duration
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "hello"
 

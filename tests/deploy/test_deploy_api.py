@@ -14,16 +14,17 @@ import pytest
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-from activator.api import create_app
-from activator.core import Activator
-from activator.settings import ActivatorSettings
-from deploy.api import deploy_router
-from deploy.appdir import load_app_dir
-from deploy.artifacts import LocalArtifacts, digest_of, pack
-from deploy.service import Deployer, starting_size
-from store import open_store
-from store.testing import free_port
-from wakeful.models import AppSpec, Pool
+from wakeful.activator.api import create_app
+from wakeful.activator.core import Activator
+from wakeful.activator.settings import ActivatorSettings
+from wakeful.deploy.api import deploy_router
+from wakeful.deploy.appdir import load_app_dir
+from wakeful.deploy.artifacts import LocalArtifacts
+from wakeful.deploy.service import Deployer, starting_size
+from wakeful.domain.artifacts import digest_of, pack
+from wakeful.domain.models import AppSpec, Pool
+from wakeful.store import open_store
+from wakeful.store.testing import free_port
 
 pytestmark = pytest.mark.anyio
 HELLO = Path(__file__).parents[2] / "examples" / "hello"
@@ -153,7 +154,7 @@ def test_starting_size(
 
 
 async def test_rollback_recreates_a_swept_pool_from_its_version(tmp_path: Path) -> None:
-    from wakeful.models import App, Version
+    from wakeful.domain.models import App, Version
 
     async with open_store("memory://") as store:
         spec = AppSpec(command=["x"])

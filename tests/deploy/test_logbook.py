@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from deploy.logbook import LogBook
-from wakeful.logbatch import LogBatch, OutputChunk
+from wakeful.deploy.logbook import LogBook
+from wakeful.domain.logbatch import LogBatch, OutputChunk
 
 
 class Stream:

@@ -9,14 +9,14 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from activator.api import create_app
-from activator.core import Activator
-from activator.settings import ActivatorSettings
-from deploy.logbook import LogBook
-from deploy.logs_api import BEHIND_HEADER, logs_router
-from store import Store, open_store
-from wakeful.logbatch import MAX_BODY_BYTES, LogBatch, OutputChunk
-from wakeful.models import App, Sandbox, SandboxStatus
+from wakeful.activator.api import create_app
+from wakeful.activator.core import Activator
+from wakeful.activator.settings import ActivatorSettings
+from wakeful.deploy.logbook import LogBook
+from wakeful.deploy.logs_api import BEHIND_HEADER, logs_router
+from wakeful.domain.logbatch import MAX_BODY_BYTES, LogBatch, OutputChunk
+from wakeful.domain.models import App, Sandbox, SandboxStatus
+from wakeful.store import Store, open_store
 
 pytestmark = pytest.mark.anyio
 TOKEN = "logs-token"

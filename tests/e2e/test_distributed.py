@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from store.testing import EtcdServer, free_port
+from wakeful.store.testing import EtcdServer, free_port
 
 HELLO = Path(__file__).parents[2] / "examples" / "hello"
 WAKEFUL = [sys.executable, "-m", "wakeful.cli"]

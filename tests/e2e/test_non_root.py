@@ -23,9 +23,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from store import parse_store_url
-from store.testing import free_port
 from tests.e2e.test_up import make_app
+from wakeful.store import parse_store_url
+from wakeful.store.testing import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SYSTEM_PYTHON = Path("/usr/bin/python3")
@@ -139,7 +139,7 @@ def test_sqlite_urls_take_three_slashes_for_relative_and_four_for_absolute(
 def test_a_relative_store_url_is_resolved_once_at_start(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from node.settings import NodeSettings
+    from wakeful.node.settings import NodeSettings
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("WAKEFUL_STORE_URL", raising=False)

@@ -21,8 +21,8 @@ import anyio
 import httpx
 import pytest
 
-from node.testing import sandbox_pids
-from store.testing import free_port
+from wakeful.node.testing import sandbox_pids
+from wakeful.store.testing import free_port
 from wakeful.testing import up_command
 
 pytestmark = pytest.mark.anyio

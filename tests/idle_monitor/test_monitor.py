@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from idle_monitor.monitor import IdleMonitor, idle_target
-from store import Store
-from wakeful.models import AppSpec, Concurrency, Pool, Sandbox
-from wakeful.models import SandboxStatus as S
+from wakeful.domain.models import AppSpec, Concurrency, Pool, Sandbox
+from wakeful.domain.models import SandboxStatus as S
+from wakeful.idle_monitor.monitor import IdleMonitor, idle_target
+from wakeful.store import Store
 
 pytestmark = pytest.mark.anyio
 

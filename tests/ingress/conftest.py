@@ -18,13 +18,13 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from activator.client import InProcessLeases
-from activator.core import Activator
-from activator.settings import ActivatorSettings
-from ingress import Ingress, IngressSettings
-from store import Store, open_store
-from store.testing import free_port, wait_listening
-from wakeful.models import App, AppSpec, Concurrency, Pool, Sandbox, SandboxStatus
+from wakeful.activator.client import InProcessLeases
+from wakeful.activator.core import Activator
+from wakeful.activator.settings import ActivatorSettings
+from wakeful.domain.models import App, AppSpec, Concurrency, Pool, Sandbox, SandboxStatus
+from wakeful.ingress import Ingress, IngressSettings
+from wakeful.store import Store, open_store
+from wakeful.store.testing import free_port, wait_listening
 
 HELLO = Path(__file__).resolve().parents[2] / "examples" / "hello" / "app.py"
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.activator.conftest import eventually
-from wakeful.models import App
+from wakeful.domain.models import App
 
 from .conftest import stack
 

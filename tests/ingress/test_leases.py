@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tests.activator.conftest import eventually
-from wakeful.models import SandboxStatus
+from wakeful.domain.models import SandboxStatus
 
 from .conftest import closed_port, stack
 

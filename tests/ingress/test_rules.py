@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from activator.api import LeaseGrant
-from activator.errors import AppFailedToBoot, NoCapacity, Overloaded, UnknownApp
-from ingress.cache import CachedLease, pick, plan
-from ingress.edge import answer_for
-from ingress.errors import (
+from wakeful.domain.leases import AppFailedToBoot, LeaseGrant, NoCapacity, Overloaded, UnknownApp
+from wakeful.domain.models import App
+from wakeful.ingress.cache import CachedLease, pick, plan
+from wakeful.ingress.edge import answer_for
+from wakeful.ingress.errors import (
     ActivatorUnreachable,
     ConnectFailed,
     HeadersTooLarge,
@@ -17,11 +17,10 @@ from ingress.errors import (
     UpstreamFailed,
     UpstreamTimeout,
 )
-from ingress.formats import Format, choose_format
-from ingress.headers import client_response_headers, upstream_request_headers
-from ingress.metrics import IllegalMove, IngressMetrics, Move, Phase, advance
-from ingress.routing import build_index, match, normalize_host
-from wakeful.models import App
+from wakeful.ingress.formats import Format, choose_format
+from wakeful.ingress.headers import client_response_headers, upstream_request_headers
+from wakeful.ingress.metrics import IllegalMove, IngressMetrics, Move, Phase, advance
+from wakeful.ingress.routing import build_index, match, normalize_host
 
 # -- routing -------------------------------------------------------------------------------
 

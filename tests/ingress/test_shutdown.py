@@ -10,13 +10,13 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from activator.client import InProcessLeases
-from activator.core import Activator
-from activator.settings import ActivatorSettings
-from ingress import Ingress, IngressSettings
-from store import open_store
 from tests.activator.conftest import eventually
-from wakeful.models import App, AppSpec, Concurrency, Pool, SandboxStatus
+from wakeful.activator.client import InProcessLeases
+from wakeful.activator.core import Activator
+from wakeful.activator.settings import ActivatorSettings
+from wakeful.domain.models import App, AppSpec, Concurrency, Pool, SandboxStatus
+from wakeful.ingress import Ingress, IngressSettings
+from wakeful.store import open_store
 
 from .conftest import sandbox
 

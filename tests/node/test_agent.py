@@ -12,11 +12,9 @@ import anyio
 import httpx
 import pytest
 
-from deploy.artifacts import LocalArtifacts, pack
-from node.agent import NodeAgent
-from node.settings import NodeSettings
-from store import Event, Store, open_store
-from wakeful.models import (
+from wakeful.deploy.artifacts import LocalArtifacts
+from wakeful.domain.artifacts import pack
+from wakeful.domain.models import (
     AppSpec,
     Cordon,
     HealthCheck,
@@ -26,6 +24,9 @@ from wakeful.models import (
     SandboxStatus,
     Version,
 )
+from wakeful.node.agent import NodeAgent
+from wakeful.node.settings import NodeSettings
+from wakeful.store import Event, Store, open_store
 
 pytestmark = pytest.mark.anyio
 HELLO = Path(__file__).parents[2] / "examples" / "hello"

@@ -8,14 +8,15 @@ from pathlib import Path
 import anyio
 import pytest
 
-from deploy.artifacts import LocalArtifacts, pack
-from deploy.logbook import LogBook
-from node.agent import NodeAgent
-from node.logship import LogShipper, OutputBuffer, ShipFailed, utf8_cut
-from node.settings import NodeSettings
-from store import open_store
-from wakeful.logbatch import LogBatch
-from wakeful.models import AppSpec, HealthCheck, Pool, Sandbox, SandboxStatus, Version
+from wakeful.deploy.artifacts import LocalArtifacts
+from wakeful.deploy.logbook import LogBook
+from wakeful.domain.artifacts import pack
+from wakeful.domain.logbatch import LogBatch
+from wakeful.domain.models import AppSpec, HealthCheck, Pool, Sandbox, SandboxStatus, Version
+from wakeful.node.agent import NodeAgent
+from wakeful.node.logship import LogShipper, OutputBuffer, ShipFailed, utf8_cut
+from wakeful.node.settings import NodeSettings
+from wakeful.store import open_store
 
 pytestmark = pytest.mark.anyio
 HELLO = Path(__file__).parents[2] / "examples" / "hello"

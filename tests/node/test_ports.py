@@ -4,8 +4,8 @@ import socket
 
 import pytest
 
-from node.ports import NoFreePort, PortPool, bindable
-from node.settings import NodeSettings
+from wakeful.node.ports import NoFreePort, PortPool, bindable
+from wakeful.node.settings import NodeSettings
 
 
 def test_ports_come_from_the_range_and_are_never_handed_out_twice() -> None:

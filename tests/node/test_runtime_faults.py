@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from node.runtime import ProcessRuntime
+from wakeful.node.runtime import ProcessRuntime
 
 pytestmark = pytest.mark.anyio
 

@@ -8,7 +8,7 @@ import anyio
 import pytest
 from pydantic import BaseModel
 
-from store import (
+from wakeful.store import (
     AlreadyExists,
     Conflict,
     CorruptValue,
@@ -23,7 +23,7 @@ from store import (
     ValueTooLarge,
     WatchItem,
 )
-from store.base import MAX_VALUE_BYTES
+from wakeful.store.base import MAX_VALUE_BYTES
 
 pytestmark = pytest.mark.anyio
 

@@ -10,8 +10,8 @@ import anyio
 import pytest
 from pydantic import BaseModel
 
-from store import Event, open_store
-from store.testing import EtcdServer
+from wakeful.store import Event, open_store
+from wakeful.store.testing import EtcdServer
 
 pytestmark = pytest.mark.anyio
 
@@ -26,7 +26,7 @@ async def test_sqlite_keeps_data_and_revisions_across_a_process_restart(tmp_path
         f"""
         import anyio
         from pydantic import BaseModel
-        from store import open_store
+        from wakeful.store import open_store
 
         class Counter(BaseModel):
             n: int

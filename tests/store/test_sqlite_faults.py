@@ -18,9 +18,9 @@ import anyio
 import pytest
 from pydantic import BaseModel
 
-from store import Unavailable
-from store.local import LocalStore
-from store.sqlite import SqliteEngine
+from wakeful.store import Unavailable
+from wakeful.store.local import LocalStore
+from wakeful.store.sqlite import SqliteEngine
 
 pytestmark = pytest.mark.anyio
 
@@ -74,7 +74,7 @@ async def test_housekeeping_survives_a_held_lock_and_expires_leases_after_it(
     store = LocalStore(SqliteEngine(path, busy_timeout=0.01), threaded=True, clock=clock, tick=0.01)
     lease = await store.grant(1)
     await store.put("nodes/n1", Counter(n=1), lease=lease)
-    caplog.set_level(logging.WARNING, logger="store.local")
+    caplog.set_level(logging.WARNING, logger="wakeful.store.local")
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(store.run)
         holder = hold_write_lock(path)

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from schemathesis.generation.modes import GenerationMode
 
-from store.testing import free_port
+from wakeful.store.testing import free_port
 
 TOKEN = "fuzz-token"
 EXAMPLES = int(os.environ.get("WAKEFUL_FUZZ_EXAMPLES", "25"))

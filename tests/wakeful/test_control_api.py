@@ -11,14 +11,15 @@ import anyio
 import httpx
 import pytest
 
-from activator.settings import ActivatorSettings
-from deploy.artifacts import LocalArtifacts, digest_of, pack
-from node.agent import NodeAgent
-from node.settings import NodeSettings
-from store import Store, open_store
-from store.testing import free_port
+from wakeful.activator.settings import ActivatorSettings
 from wakeful.bootstrap import control_plane
-from wakeful.models import App, AppSpec, Pool, Version
+from wakeful.deploy.artifacts import LocalArtifacts
+from wakeful.domain.artifacts import digest_of, pack
+from wakeful.domain.models import App, AppSpec, Pool, Version
+from wakeful.node.agent import NodeAgent
+from wakeful.node.settings import NodeSettings
+from wakeful.store import Store, open_store
+from wakeful.store.testing import free_port
 
 pytestmark = pytest.mark.anyio
 TOKEN = "control-token"
@@ -38,7 +39,7 @@ async def control(tmp_path: Path) -> AsyncIterator[Control]:
     settings = ActivatorSettings(store_url="memory://", token=TOKEN, listen=listen)
     async with (
         open_store("memory://") as store,
-        control_plane(store, settings, tmp_path, idle_interval=None),
+        control_plane(store, settings, tmp_path, idle=None),
         httpx.AsyncClient(
             base_url=f"http://{listen}", headers={"Authorization": f"Bearer {TOKEN}"}
         ) as http,

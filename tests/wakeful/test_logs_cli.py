@@ -7,19 +7,19 @@ import anyio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from activator.api import create_app
-from activator.core import Activator
-from activator.settings import ActivatorSettings
-from deploy.logbook import LogBook
-from deploy.logs_api import logs_router
-from node.logship import ShipFailed
-from store import open_store
-from store.testing import free_port
+from wakeful.activator.api import create_app
+from wakeful.activator.core import Activator
+from wakeful.activator.settings import ActivatorSettings
 from wakeful.bootstrap import serve_asgi
 from wakeful.cli import main
-from wakeful.logbatch import LogBatch, OutputChunk
-from wakeful.models import App, Sandbox, SandboxStatus
+from wakeful.deploy.logbook import LogBook
+from wakeful.deploy.logs_api import logs_router
+from wakeful.domain.logbatch import LogBatch, OutputChunk
+from wakeful.domain.models import App, Sandbox, SandboxStatus
+from wakeful.node.logship import ShipFailed
 from wakeful.remote import HttpLogSink
+from wakeful.store import open_store
+from wakeful.store.testing import free_port
 
 pytestmark = pytest.mark.anyio
 TOKEN = "cli-token"

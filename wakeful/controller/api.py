@@ -16,8 +16,8 @@ from fastapi import APIRouter, HTTPException
 from fastapi import Path as PathParam
 from pydantic import BaseModel
 
-from store import Store
-from wakeful.models import NAME_PATTERN, Cordon, Node, Sandbox, SandboxStatus, SeenNode
+from wakeful.domain.models import NAME_PATTERN, Cordon, Node, Sandbox, SandboxStatus, SeenNode
+from wakeful.store import Store
 
 from .reconciler import with_cordon
 

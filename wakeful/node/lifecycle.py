@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from wakeful.models import SandboxStatus as S
+from wakeful.domain.models import SandboxStatus as S
 
 
 class Transition(StrEnum):

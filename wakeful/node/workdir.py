@@ -8,7 +8,7 @@ from typing import Protocol
 
 import anyio
 
-from deploy.artifacts import unpack
+from wakeful.domain.artifacts import unpack
 
 
 class Artifacts(Protocol):

@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import anyio
 
-from store import Conflict, Item, Resync, Store, StoreError
-from wakeful.models import Cordon, Node, Pool, Sandbox, SandboxStatus
+from wakeful.domain.models import Cordon, Node, Pool, Sandbox, SandboxStatus
+from wakeful.store import Conflict, Item, Resync, Store, StoreError
 
 from .plan import Create, Drain, MarkDead, Remove, Stop, cooldown, crashed, plan_pool
 

@@ -29,9 +29,9 @@ from pathlib import Path
 import anyio
 import anyio.abc
 
-from deploy.artifacts import ArtifactError
-from store import Conflict, Event, Item, LeaseNotFound, Resync, Store, StoreError
-from wakeful.models import Cordon, Node, Pool, Sandbox, SandboxStatus, SeenNode, Version
+from wakeful.domain.artifacts import ArtifactError
+from wakeful.domain.models import Cordon, Node, Pool, Sandbox, SandboxStatus, SeenNode, Version
+from wakeful.store import Conflict, Event, Item, LeaseNotFound, Resync, Store, StoreError
 
 from .lifecycle import IllegalTransition, Transition, transition
 from .logship import LogShipper, LogSink

@@ -25,7 +25,7 @@ from typing import Protocol
 
 import anyio
 
-from wakeful.logbatch import MAX_BATCH_BYTES, LogBatch, OutputChunk
+from wakeful.domain.logbatch import MAX_BATCH_BYTES, LogBatch, OutputChunk
 
 log = logging.getLogger(__name__)
 

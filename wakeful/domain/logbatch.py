@@ -12,7 +12,7 @@ from typing import Annotated, Self
 
 from pydantic import Field, StringConstraints, model_validator
 
-from wakeful.models import Model, Name
+from wakeful.domain.models import Model, Name
 
 MAX_BATCH_BYTES = 256 * 1024
 """Raw output bytes in one batch, over all its chunks."""

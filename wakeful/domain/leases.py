@@ -1,4 +1,6 @@
-"""What can go wrong when asking for capacity; the HTTP API and its client map these 1:1.
+"""The lease interface between the ingress and the activator: what a grant says (`LeaseGrant`),
+what the ingress may ask (`Leases`), and what can go wrong (the HTTP API and its client map
+these errors 1:1).
 
 ActivatorError
 ├── UnknownApp        no such app or version (404)
@@ -12,6 +14,10 @@ ActivatorError
 """
 
 from __future__ import annotations
+
+from typing import Protocol
+
+from pydantic import BaseModel
 
 
 class ActivatorError(Exception):
@@ -52,3 +58,24 @@ class AppFailedToBoot(Unavailable):
     def __init__(self, message: str, retry_after: float, log: str) -> None:
         super().__init__(message, retry_after)
         self.log = log
+
+
+class LeaseGrant(BaseModel):
+    """A lease as its holder sees it: `size` concurrent requests on one sandbox at `url`."""
+
+    lease_id: str
+    sandbox_id: str
+    url: str
+    size: int
+    overflow: bool
+    ttl_seconds: float
+
+
+class Leases(Protocol):
+    """What the ingress needs of the activator, in-process or over HTTP."""
+
+    async def acquire(self, app: str, version: str | None = None) -> LeaseGrant: ...
+
+    async def renew(self, lease_id: str, *, used: bool = False) -> LeaseGrant: ...
+
+    async def release(self, lease_id: str) -> None: ...

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from wakeful.models import Node, Pool, Sandbox, SandboxStatus
+from wakeful.domain.models import Node, Pool, Sandbox, SandboxStatus
 
 LIVE = (SandboxStatus.PENDING, SandboxStatus.BOOTING, SandboxStatus.RUNNING)
 FINISHED = (SandboxStatus.STOPPED, SandboxStatus.DEAD)

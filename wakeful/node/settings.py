@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import Field, field_validator
 
-from wakeful.settings import StoreSettings
+from wakeful.store.settings import StoreSettings
 
 
 def _default_name() -> str:

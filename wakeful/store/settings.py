@@ -10,7 +10,7 @@ from pathlib import Path
 from pydantic import field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from store import Store, TLSFiles, absolute_store_url, open_store
+from wakeful.store import Store, TLSFiles, absolute_store_url, open_store
 
 
 class StoreSettings(BaseSettings):

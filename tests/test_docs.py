@@ -1,0 +1,28 @@
+"""The documentation stays in step with the code: every relative link and every file path it
+names exists, and nothing points outside the repository."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = sorted([ROOT / "README.md", *ROOT.joinpath("docs").rglob("*.md")])
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+TOP = "wakeful|activator|ingress|idle_monitor|deploy|tests|bench"
+CODE_PATH = re.compile(rf"`((?:{TOP})/[\w/.]+\.py)")
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=[str(d.relative_to(ROOT)) for d in DOCS])
+def test_links_and_named_files_exist(doc: Path) -> None:
+    text = doc.read_text()
+    missing = [
+        target
+        for target in LINK.findall(text)
+        if "://" not in target and not (doc.parent / target).exists()
+    ]
+    missing += [path for path in CODE_PATH.findall(text) if not (ROOT / path).exists()]
+    assert not missing, f"{doc.name} names what does not exist: {missing}"
+    assert "shared/" not in text, f"{doc.name} points outside the repository"

@@ -1,0 +1,64 @@
+"""The command line: global flags on either side of the subcommand, exit statuses that tell a
+usage error (2) from a failure while working (1), and one source for the idle monitor's
+settings."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from wakeful.cli import _idle_settings, build_parser
+
+WAKEFUL = [sys.executable, "-m", "wakeful.cli"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--data-dir", "D", "-v", "status"],
+        ["status", "--data-dir", "D", "-v"],
+        ["--data-dir", "X", "status", "--data-dir", "D", "-v"],
+    ],
+    ids=["before", "after", "after wins"],
+)
+def test_global_flags_work_before_and_after_the_subcommand(argv: list[str]) -> None:
+    args = build_parser().parse_args(argv)
+    assert (args.data_dir, args.verbose, args.api) == ("D", True, None)
+
+
+def test_defaults_stay_when_a_subcommand_does_not_set_them() -> None:
+    args = build_parser().parse_args(["up"])
+    assert (args.data_dir, args.verbose, args.api) == (".wakeful", False, None)
+
+
+def run(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*WAKEFUL, *argv], cwd=cwd, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_a_bad_flag_value_exits_2_and_nothing_to_talk_to_exits_1(tmp_path: Path) -> None:
+    usage = run("up", "--listen", "nowhere", cwd=tmp_path)
+    assert usage.returncode == 2
+    assert "--listen" in usage.stderr and "nowhere" in usage.stderr
+    runtime = run("status", "--data-dir", str(tmp_path / "none"), cwd=tmp_path)
+    assert runtime.returncode == 1
+    assert "no running control plane" in runtime.stderr
+
+
+def test_the_idle_monitor_reads_its_settings_and_the_flag_wins(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("WAKEFUL_RETIRED_RETENTION", "120")
+    monkeypatch.delenv("WAKEFUL_IDLE_INTERVAL", raising=False)
+    settings = _idle_settings(argparse.Namespace(idle_interval=None), default_interval=5.0)
+    assert (settings.idle_interval, settings.retired_retention) == (5.0, 120.0)
+    monkeypatch.setenv("WAKEFUL_IDLE_INTERVAL", "7")
+    from_env = _idle_settings(argparse.Namespace(idle_interval=None), default_interval=5.0)
+    assert from_env.idle_interval == 7.0
+    flag = _idle_settings(argparse.Namespace(idle_interval=2.0), default_interval=5.0)
+    assert flag.idle_interval == 2.0

@@ -1,0 +1,2 @@
+"""The ground layer: models, formats and interfaces every component shares; it imports no
+component."""
