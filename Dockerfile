@@ -10,14 +10,12 @@ RUN apt-get update \
 
 WORKDIR /opt/wakeful
 COPY pyproject.toml README.md ./
+# wakeful/ links to the four component folders beside it; the wheel gets real files.
 COPY wakeful ./wakeful
-COPY store ./store
 COPY activator ./activator
 COPY ingress ./ingress
 COPY idle_monitor ./idle_monitor
 COPY deploy ./deploy
-COPY node ./node
-COPY controller ./controller
 COPY examples ./examples
 RUN pip install . && useradd --create-home --uid 10001 wakeful \
     && mkdir /data && chown wakeful /data
