@@ -1,0 +1,63 @@
+"""Every store key, built in one place: `keys.pool("web-v1")`, not `f"pools/{name}"`.
+
+The prefixes are what watches and lists take; each builder names one record. Keys are relative
+to the store's namespace (the store adds it).
+
+| builder                    | key                         | model (wakeful.domain.models) |
+|----------------------------|-----------------------------|-------------------------------|
+| `app(name)`                | `apps/{app}`                | App                           |
+| `version(app, version)`    | `versions/{app}/{version}`  | Version                       |
+| `pool(name)`               | `pools/{pool}`              | Pool                          |
+| `sandbox(id)`              | `sandboxes/{id}`            | Sandbox                       |
+| `node(name)`               | `nodes/{node}`              | Node (bound to a TTL lease)   |
+| `cordon(node)`             | `cordons/{node}`            | Cordon                        |
+| `seen(node)`               | `seen/{node}`               | SeenNode                      |
+"""
+
+from __future__ import annotations
+
+APPS = "apps/"
+VERSIONS = "versions/"
+POOLS = "pools/"
+SANDBOXES = "sandboxes/"
+NODES = "nodes/"
+CORDONS = "cordons/"
+SEEN = "seen/"
+
+
+def app(name: str) -> str:
+    return f"{APPS}{name}"
+
+
+def versions_of(app: str) -> str:
+    """The prefix of one app's versions."""
+    return f"{VERSIONS}{app}/"
+
+
+def version(app: str, version: str) -> str:
+    return f"{VERSIONS}{app}/{version}"
+
+
+def pool(name: str) -> str:
+    return f"{POOLS}{name}"
+
+
+def sandbox(sandbox_id: str) -> str:
+    return f"{SANDBOXES}{sandbox_id}"
+
+
+def node(name: str) -> str:
+    return f"{NODES}{name}"
+
+
+def cordon(node: str) -> str:
+    return f"{CORDONS}{node}"
+
+
+def seen(node: str) -> str:
+    return f"{SEEN}{node}"
+
+
+def name_in(key: str, prefix: str) -> str:
+    """The last part of a key under `prefix`: `name_in("sandboxes/sb-1", SANDBOXES)`."""
+    return key.removeprefix(prefix)
