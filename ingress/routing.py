@@ -1,7 +1,7 @@
 """Host → app. A pure matcher over an immutable index, and the table that keeps it current.
 
-Only the sync task writes the table (from a watch of `apps/`, re-listing on `Resync`); the
-request path reads `table.index`, a snapshot replaced whole, so it never sees half an update.
+Only the reflection of `apps/` writes the table (`wakeful.store.reflector`); the request path
+reads `table.index`, a snapshot replaced whole, so it never sees half an update.
 Precedence: an exact host, then the longest matching `*.domain`, then `<app>.<base_domain>`.
 """
 
@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 
 import anyio
 
+from wakeful.domain import keys
 from wakeful.domain.models import App
-from wakeful.store import CorruptValue, Item, Resync, Store, StoreError
+from wakeful.store import Item, Store
+from wakeful.store.reflector import reflect
 
 log = logging.getLogger(__name__)
 
@@ -72,44 +74,32 @@ def match(index: RouteIndex, host: str, base_domain: str) -> str | None:
 
 
 class RoutingTable:
+    """The routing index, kept current by `run` (a reflection of `apps/`)."""
+
     def __init__(self, store: Store) -> None:
         self._store = store
         self._apps: dict[str, Item[App]] = {}
         self.index = RouteIndex()
         self.synced = anyio.Event()
 
-    async def resync(self) -> int:
-        listing = await self._store.list("apps/", App)
-        self._apps = {item.value.name: item for item in listing.items}
-        self._publish()
-        self.synced.set()
-        return listing.revision
-
     async def run(self) -> None:
         """Keep the index current until cancelled."""
-        while True:
-            try:
-                revision = await self.resync()
-                async for change in self._store.watch("apps/", revision + 1):
-                    if isinstance(change, Resync):
-                        log.warning("apps watch lost continuity (%s); re-listing", change.reason)
-                        break
-                    name = change.key.partition("/")[2]
-                    cached = self._apps.get(name)
-                    if cached is not None and cached.revision >= change.revision:
-                        continue
-                    if change.kind == "delete":
-                        self._apps.pop(name, None)
-                    else:
-                        try:
-                            self._apps[name] = Item(change.key, change.decode(App), change.revision)
-                        except CorruptValue as exc:
-                            log.error("ignoring an invalid app record: %s", exc)
-                            continue
-                    self._publish()
-            except StoreError as exc:
-                log.warning("store unavailable for the routing table: %s", exc)
-                await anyio.sleep(1)
+        await reflect(self._store, keys.APPS, App, self, what="routing table")
+
+    def replace(self, items: list[Item[App]], revision: int) -> None:
+        self._apps = {item.value.name: item for item in items}
+        self._publish()
+        self.synced.set()
+
+    def put(self, item: Item[App]) -> None:
+        cached = self._apps.get(item.value.name)
+        if cached is None or cached.revision < item.revision:
+            self._apps[item.value.name] = item
+            self._publish()
+
+    def delete(self, key: str, revision: int) -> None:
+        if self._apps.pop(keys.name_in(key, keys.APPS), None) is not None:
+            self._publish()
 
     def _publish(self) -> None:
         self.index = build_index(item.value for item in self._apps.values())

@@ -8,41 +8,41 @@ wait for the lease's idle TTL or its next renewal.
 
 from __future__ import annotations
 
-import logging
-
 import anyio
+import anyio.abc
 
+from wakeful.domain import keys
 from wakeful.domain.models import Sandbox
 from wakeful.ingress.cache import LeaseCache
-from wakeful.store import CorruptValue, Resync, Store, StoreError
+from wakeful.store import Item, Store
+from wakeful.store.reflector import reflect
 
-log = logging.getLogger(__name__)
 
+class _Leaving:
+    """A view of `sandboxes/` that only acts: a sandbox that is not routable (or gone) has its
+    cached leases dropped at once, and handed back once their requests finish."""
 
-async def _drop(cache: LeaseCache, sandbox_id: str) -> None:
-    for grant in cache.drop_sandbox(sandbox_id):
-        await cache.release(grant)
+    def __init__(self, cache: LeaseCache, tasks: anyio.abc.TaskGroup) -> None:
+        self._cache = cache
+        self._tasks = tasks
+
+    def replace(self, items: list[Item[Sandbox]], revision: int) -> None:
+        for item in items:
+            self.put(item)
+
+    def put(self, item: Item[Sandbox]) -> None:
+        if not item.value.routable:
+            self._drop(item.value.id)
+
+    def delete(self, key: str, revision: int) -> None:
+        self._drop(keys.name_in(key, keys.SANDBOXES))
+
+    def _drop(self, sandbox_id: str) -> None:
+        for grant in self._cache.drop_sandbox(sandbox_id):
+            self._tasks.start_soon(self._cache.release, grant)
 
 
 async def follow_sandboxes(store: Store, cache: LeaseCache) -> None:
     """Until cancelled: drop cached leases on every sandbox that stops being routable."""
-    while True:
-        try:
-            listing = await store.list("sandboxes/", Sandbox)
-            for item in listing.items:
-                if not item.value.routable:
-                    await _drop(cache, item.value.id)
-            async for change in store.watch("sandboxes/", listing.revision + 1):
-                if isinstance(change, Resync):
-                    break
-                sandbox_id = change.key.removeprefix("sandboxes/")
-                try:
-                    leaving = change.kind == "delete" or not change.decode(Sandbox).routable
-                except CorruptValue as exc:
-                    log.error("ignoring an invalid sandbox record: %s", exc)
-                    continue
-                if leaving:
-                    await _drop(cache, sandbox_id)
-        except StoreError as exc:
-            log.warning("store unavailable for the sandbox watch: %s", exc)
-            await anyio.sleep(1)
+    async with anyio.create_task_group() as tasks:
+        await reflect(store, keys.SANDBOXES, Sandbox, _Leaving(cache, tasks), what="lease cache")
