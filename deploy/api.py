@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from wakeful.deploy.appdir import AppDefinition
 from wakeful.deploy.artifacts import ArtifactStorageError, LocalArtifacts
 from wakeful.deploy.service import Deployer, DeployError, Phase, UnknownApp
+from wakeful.domain import keys
 from wakeful.domain.artifacts import ArtifactError
 from wakeful.domain.models import NAME_PATTERN, App, Version
 from wakeful.store import Store
@@ -119,7 +120,7 @@ def deploy_router(
             rollout = await deployer.rollback(app)
         except DeployError as exc:
             raise bad(400, "rollback refused", str(exc)) from exc
-        current = await store.get(f"apps/{app}", App)
+        current = await store.get(keys.app(app), App)
         hosts = list(current.value.hosts) if current else []
         tasks.start_soon(deployer.roll_out, rollout, hosts)
         return RolloutReport.model_validate(rollout, from_attributes=True)
@@ -137,9 +138,9 @@ def deploy_router(
     @router.get("/v1/apps", response_model=list[AppReport])
     async def apps() -> list[AppReport]:
         found = []
-        for item in (await store.list("apps/", App)).items:
+        for item in (await store.list(keys.APPS, App)).items:
             app = item.value
-            versions = (await store.list(f"versions/{app.name}/", Version)).items
+            versions = (await store.list(keys.versions_of(app.name), Version)).items
             found.append(
                 AppReport(
                     name=app.name,

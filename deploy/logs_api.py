@@ -17,6 +17,7 @@ from fastapi import APIRouter, HTTPException, Query, Request, Response
 from pydantic import ValidationError
 
 from wakeful.deploy.logbook import LogBook
+from wakeful.domain import keys
 from wakeful.domain.logbatch import MAX_BODY_BYTES, LogBatch
 from wakeful.domain.models import (
     NAME_PATTERN,
@@ -72,9 +73,9 @@ def logs_router(store: Store, logbook: LogBook) -> APIRouter:
     async def app_logs(app: str, tail: Tail = 200) -> Response:
         if not re.fullmatch(NAME_PATTERN, app):
             raise _bad(422, "invalid request", f"app: not an app name (got {app!r})")
-        if await store.get(f"apps/{app}", App) is None:
+        if await store.get(keys.app(app), App) is None:
             raise _bad(404, "unknown app", f"no app named {app!r}")
-        sandboxes = (await store.list("sandboxes/", Sandbox)).items
+        sandboxes = (await store.list(keys.SANDBOXES, Sandbox)).items
         nodes = {
             s.value.node
             for s in sandboxes
@@ -91,7 +92,7 @@ def logs_router(store: Store, logbook: LogBook) -> APIRouter:
         if not SANDBOX_ID.fullmatch(sandbox_id):
             raise _bad(422, "invalid request", f"sandbox: not a sandbox id (got {sandbox_id!r})")
         if not logbook.knows(sandbox_id) and (
-            await store.get(f"sandboxes/{sandbox_id}", Sandbox) is None
+            await store.get(keys.sandbox(sandbox_id), Sandbox) is None
         ):
             raise _bad(404, "unknown sandbox", f"no sandbox {sandbox_id!r}")
         return Response(_text(logbook.sandbox_lines(sandbox_id, tail)), media_type="text/plain")

@@ -23,6 +23,7 @@ import anyio
 
 from wakeful.deploy.appdir import AppDefinition
 from wakeful.deploy.artifacts import LocalArtifacts
+from wakeful.domain import keys
 from wakeful.domain.models import App, Pool, Sandbox, Version
 from wakeful.store import Conflict, Delete, Item, Op, Put, Require, Store, StoreError
 
@@ -95,8 +96,8 @@ class Deployer:
         if artifact is not None and not self._artifacts.has(artifact):
             raise DeployError(f"artifact {artifact} was not uploaded")
         name = definition.name
-        app = await self._store.get(f"apps/{name}", App)
-        versions = (await self._store.list(f"versions/{name}/", Version)).items
+        app = await self._store.get(keys.app(name), App)
+        versions = (await self._store.list(keys.versions_of(name), Version)).items
         active = None
         if app is not None and app.value.active_version is not None:
             active = next(
@@ -126,10 +127,10 @@ class Deployer:
         old_running = 0
         if app is not None and app.value.active_version is not None:
             found = await self._store.get(
-                f"pools/{pool_name(name, app.value.active_version)}", Pool
+                keys.pool(pool_name(name, app.value.active_version)), Pool
             )
             old_pool = found.value if found else None
-            sandboxes = (await self._store.list("sandboxes/", Sandbox)).items
+            sandboxes = (await self._store.list(keys.SANDBOXES, Sandbox)).items
             old_running = sum(
                 1
                 for s in sandboxes
@@ -152,8 +153,8 @@ class Deployer:
             desired_instances=size,
         )
         await self._store.txn(
-            [Require(f"versions/{name}/{version}", 0), Require(f"pools/{pool.name}", 0)],
-            [Put(f"versions/{name}/{version}", record), Put(f"pools/{pool.name}", pool)],
+            [Require(keys.version(name, version), 0), Require(keys.pool(pool.name), 0)],
+            [Put(keys.version(name, version), record), Put(keys.pool(pool.name), pool)],
         )
         rollout = Rollout(
             name,
@@ -185,10 +186,10 @@ class Deployer:
             return rollout
         deadline = anyio.current_time() + self._timeout
         while rollout.target_ready > 0:
-            sandboxes = (await self._store.list("sandboxes/", Sandbox)).items
+            sandboxes = (await self._store.list(keys.SANDBOXES, Sandbox)).items
             mine = [s.value for s in sandboxes if s.value.pool == rollout.pool]
             rollout.ready = sum(1 for s in mine if s.routable)
-            pool = await self._store.get(f"pools/{rollout.pool}", Pool)
+            pool = await self._store.get(keys.pool(rollout.pool), Pool)
             if pool is not None and pool.value.crash_count >= 3:
                 return await self._abandon(
                     rollout, "crash-looping: " + pool.value.last_crash_log[-2000:]
@@ -207,7 +208,7 @@ class Deployer:
 
     async def _flip(self, rollout: Rollout, hosts: list[str]) -> None:
         for _ in range(20):
-            app = await self._store.get(f"apps/{rollout.app}", App)
+            app = await self._store.get(keys.app(rollout.app), App)
             previous = app.value.active_version if app else None
             record = App(
                 name=rollout.app,
@@ -215,10 +216,10 @@ class Deployer:
                 active_version=rollout.version,
                 previous_version=previous if previous != rollout.version else None,
             )
-            require = [Require(f"apps/{rollout.app}", app.revision if app else 0)]
-            ops: list[Put] = [Put(f"apps/{rollout.app}", record)]
+            require = [Require(keys.app(rollout.app), app.revision if app else 0)]
+            ops: list[Put] = [Put(keys.app(rollout.app), record)]
             if previous is not None and previous != rollout.version:
-                old = await self._store.get(f"pools/{pool_name(rollout.app, previous)}", Pool)
+                old = await self._store.get(keys.pool(pool_name(rollout.app, previous)), Pool)
                 if old is not None:
                     require.append(Require(old.key, old.revision))
                     retired = {"retired": True, "retired_at": self._clock()}
@@ -232,7 +233,7 @@ class Deployer:
 
     async def _abandon(self, rollout: Rollout, reason: str) -> Rollout:
         for _ in range(20):
-            pool = await self._store.get(f"pools/{rollout.pool}", Pool)
+            pool = await self._store.get(keys.pool(rollout.pool), Pool)
             if pool is None:
                 break
             try:
@@ -256,12 +257,12 @@ class Deployer:
         scale-down (never one holding a lease) and the idle monitor removes each pool once
         nothing runs in it. Artifacts no remaining version uses are then deleted."""
         for _ in range(20):
-            found = await self._store.get(f"apps/{app}", App)
+            found = await self._store.get(keys.app(app), App)
             if found is None:
                 raise UnknownApp(f"no app named {app!r}")
-            versions = (await self._store.list(f"versions/{app}/", Version)).items
+            versions = (await self._store.list(keys.versions_of(app), Version)).items
             pools = [
-                p for p in (await self._store.list("pools/", Pool)).items if p.value.app == app
+                p for p in (await self._store.list(keys.POOLS, Pool)).items if p.value.app == app
             ]
             now = self._clock()
             require = [Require(found.key, found.revision)]
@@ -281,7 +282,7 @@ class Deployer:
             raise DeployError(f"could not delete {app!r}: it kept changing under us")
         for version in versions:
             self.rollouts.pop((app, version.value.version), None)
-        used = {v.value.artifact for v in (await self._store.list("versions/", Version)).items}
+        used = {v.value.artifact for v in (await self._store.list(keys.VERSIONS, Version)).items}
         removed = 0
         for digest in {v.value.artifact for v in versions} - used:
             if digest is not None and await self._artifacts.remove(digest):
@@ -291,18 +292,18 @@ class Deployer:
 
     async def rollback(self, app: str) -> Rollout:
         """Bring the previous version's pool back (at the current size); `roll_out` flips."""
-        found = await self._store.get(f"apps/{app}", App)
+        found = await self._store.get(keys.app(app), App)
         if found is None:
             raise DeployError(f"no app named {app!r}")
         previous = found.value.previous_version
         if previous is None:
             raise DeployError(f"app {app!r} has no previous version to roll back to")
-        version = await self._store.get(f"versions/{app}/{previous}", Version)
+        version = await self._store.get(keys.version(app, previous), Version)
         if version is None:
             raise DeployError(f"version {previous} of {app!r} is gone")
-        old = await self._store.get(f"pools/{pool_name(app, previous)}", Pool)
+        old = await self._store.get(keys.pool(pool_name(app, previous)), Pool)
         current = await self._store.get(
-            f"pools/{pool_name(app, found.value.active_version or '')}", Pool
+            keys.pool(pool_name(app, found.value.active_version or "")), Pool
         )
         size = max(
             current.value.desired_instances if current else 0,
@@ -317,7 +318,7 @@ class Deployer:
                 spec=version.value.spec,
                 desired_instances=size,
             )
-            await self._store.create(f"pools/{name}", fresh)
+            await self._store.create(keys.pool(name), fresh)
         else:
             back = {"retired": False, "retired_at": 0.0, "desired_instances": size}
             await self._store.update(old.key, old.value.model_copy(update=back), old.revision)

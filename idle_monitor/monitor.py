@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 import anyio
 from pydantic import Field
 
+from wakeful.domain import keys
 from wakeful.domain.models import Pool, Sandbox, SandboxStatus
 from wakeful.store import Conflict, Item, Store, StoreError
 from wakeful.store.settings import StoreSettings
@@ -90,8 +91,8 @@ class IdleMonitor:
 
     async def sweep(self) -> list[str]:
         """Delete retired pools with nothing left running, past the retention time."""
-        pools = await self._store.list("pools/", Pool)
-        sandboxes = [s.value for s in (await self._store.list("sandboxes/", Sandbox)).items]
+        pools = await self._store.list(keys.POOLS, Pool)
+        sandboxes = [s.value for s in (await self._store.list(keys.SANDBOXES, Sandbox)).items]
         now = self._clock()
         swept = []
         for item in pools.items:
@@ -108,8 +109,8 @@ class IdleMonitor:
 
     async def plan(self) -> list[tuple[Item[Pool], int]]:
         """Pools to shrink, each with the listed item whose revision the write must match."""
-        pools = await self._store.list("pools/", Pool)
-        sandboxes = [s.value for s in (await self._store.list("sandboxes/", Sandbox)).items]
+        pools = await self._store.list(keys.POOLS, Pool)
+        sandboxes = [s.value for s in (await self._store.list(keys.SANDBOXES, Sandbox)).items]
         now = self._clock()
         found = []
         for item in pools.items:

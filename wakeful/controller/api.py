@@ -16,6 +16,7 @@ from fastapi import APIRouter, HTTPException
 from fastapi import Path as PathParam
 from pydantic import BaseModel
 
+from wakeful.domain import keys
 from wakeful.domain.models import NAME_PATTERN, Cordon, Node, Sandbox, SandboxStatus, SeenNode
 from wakeful.store import Store
 
@@ -39,9 +40,9 @@ def node_router(store: Store) -> APIRouter:
 
     @router.get("/v1/nodes", response_model=list[NodeReport])
     async def nodes() -> list[NodeReport]:
-        registered = {n.value.name: n.value for n in (await store.list("nodes/", Node)).items}
-        cordons = {c.value.node: c.value for c in (await store.list("cordons/", Cordon)).items}
-        sandboxes = [s.value for s in (await store.list("sandboxes/", Sandbox)).items]
+        registered = {n.value.name: n.value for n in (await store.list(keys.NODES, Node)).items}
+        cordons = {c.value.node: c.value for c in (await store.list(keys.CORDONS, Cordon)).items}
+        sandboxes = [s.value for s in (await store.list(keys.SANDBOXES, Sandbox)).items]
         reports = []
         for name in sorted(set(registered) | set(cordons)):
             node = registered.get(name) or Node(name=name, address="")
@@ -63,9 +64,9 @@ def node_router(store: Store) -> APIRouter:
         node: NodeName, evacuate: bool = True, force: bool = False
     ) -> dict[str, object]:
         known = (
-            await store.get(f"seen/{node}", SeenNode) is not None
-            or await store.get(f"nodes/{node}", Node) is not None
-            or await store.get(f"cordons/{node}", Cordon) is not None
+            await store.get(keys.seen(node), SeenNode) is not None
+            or await store.get(keys.node(node), Node) is not None
+            or await store.get(keys.cordon(node), Cordon) is not None
         )
         if not known and not force:
             raise HTTPException(
@@ -77,11 +78,11 @@ def node_router(store: Store) -> APIRouter:
                 },
             )
         cordon = Cordon(node=node, evacuate=evacuate, since=time.time())
-        await store.put(f"cordons/{node}", cordon)
+        await store.put(keys.cordon(node), cordon)
         return cordon.model_dump()
 
     @router.delete("/v1/nodes/{node}/drain", status_code=204)
     async def uncordon(node: NodeName) -> None:
-        await store.delete(f"cordons/{node}")
+        await store.delete(keys.cordon(node))
 
     return router

@@ -15,13 +15,14 @@ from collections.abc import Callable
 
 import anyio
 
+from wakeful.domain import keys
 from wakeful.domain.models import Cordon, Node, Pool, Sandbox, SandboxStatus
 from wakeful.store import Conflict, Item, Resync, Store, StoreError
 
 from .plan import Create, Drain, MarkDead, Remove, Stop, cooldown, crashed, plan_pool
 
 log = logging.getLogger(__name__)
-WATCHED = ("pools/", "sandboxes/", "nodes/", "cordons/")
+WATCHED = (keys.POOLS, keys.SANDBOXES, keys.NODES, keys.CORDONS)
 
 
 def with_cordon(node: Node, cordon: Cordon | None) -> Node:
@@ -77,14 +78,14 @@ class Reconciler:
                     await changed.wait()
 
     async def tick(self) -> None:
-        pools = {p.value.name: p for p in (await self._store.list("pools/", Pool)).items}
-        sandboxes = (await self._store.list("sandboxes/", Sandbox)).items
+        pools = {p.value.name: p for p in (await self._store.list(keys.POOLS, Pool)).items}
+        sandboxes = (await self._store.list(keys.SANDBOXES, Sandbox)).items
         cordons = {
-            c.value.node: c.value for c in (await self._store.list("cordons/", Cordon)).items
+            c.value.node: c.value for c in (await self._store.list(keys.CORDONS, Cordon)).items
         }
         nodes = [
             with_cordon(n.value, cordons.get(n.value.name))
-            for n in (await self._store.list("nodes/", Node)).items
+            for n in (await self._store.list(keys.NODES, Node)).items
         ]
         now = self._clock()
         by_pool: dict[str, list[Item[Sandbox]]] = defaultdict(list)
@@ -165,11 +166,11 @@ class Reconciler:
                     epoch=1,
                     created_at=now,
                 )
-                await self._store.create(f"sandboxes/{sandbox_id}", record)
+                await self._store.create(keys.sandbox(sandbox_id), record)
                 log.info("placed %s on %s", sandbox_id, action.node, extra={"pool": pool.name})
             elif isinstance(action, Remove):
                 await self._store.delete(
-                    f"sandboxes/{action.sandbox_id}", items[action.sandbox_id].revision
+                    keys.sandbox(action.sandbox_id), items[action.sandbox_id].revision
                 )
             else:
                 item = items[action.sandbox_id]
