@@ -20,20 +20,16 @@ from wakeful.deploy.logbook import LogBook
 from wakeful.domain import keys
 from wakeful.domain.logbatch import MAX_BODY_BYTES, LogBatch
 from wakeful.domain.models import (
+    HAS_PROCESS,
     NAME_PATTERN,
     App,
     Sandbox,
-    SandboxStatus,
     describe_validation_error,
 )
 from wakeful.store import Store
 
 BEHIND_HEADER = "Wakeful-Logs-Behind"
 MAX_TAIL = 10_000
-WRITING = frozenset(
-    {SandboxStatus.BOOTING, SandboxStatus.RUNNING, SandboxStatus.DRAINING, SandboxStatus.STOPPING}
-)
-"""Statuses in which a sandbox has a process whose output may still be on its way."""
 SANDBOX_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,127}")
 Tail = Annotated[int, Query(ge=1, le=MAX_TAIL, description="lines per sandbox")]
 
@@ -79,7 +75,7 @@ def logs_router(store: Store, logbook: LogBook) -> APIRouter:
         nodes = {
             s.value.node
             for s in sandboxes
-            if s.value.app == app and s.value.status in WRITING and s.value.node
+            if s.value.app == app and s.value.status in HAS_PROCESS and s.value.node
         }
         notes = logbook.behind(app, nodes, logbook.now())
         headers = {BEHIND_HEADER: "; ".join(notes)} if notes else None

@@ -19,7 +19,7 @@ import anyio
 from pydantic import Field
 
 from wakeful.domain import keys
-from wakeful.domain.models import Pool, Sandbox, SandboxStatus
+from wakeful.domain.models import STARTING, Pool, Sandbox, SandboxStatus
 from wakeful.store import Conflict, Item, Store, StoreError
 from wakeful.store.settings import StoreSettings
 
@@ -51,10 +51,7 @@ def idle_target(pool: Pool, sandboxes: Sequence[Sandbox], now: float) -> int | N
         for s in running
         if now - max(s.last_activity, s.created_at) >= concurrency.scale_down_delay
     )
-    booting = any(
-        s.pool == pool.name and s.status in (SandboxStatus.PENDING, SandboxStatus.BOOTING)
-        for s in sandboxes
-    )
+    booting = any(s.pool == pool.name and s.status in STARTING for s in sandboxes)
     if idle == 0 or booting:
         return None
     target = max(concurrency.min_instances, pool.desired_instances - idle)

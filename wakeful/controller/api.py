@@ -17,13 +17,12 @@ from fastapi import Path as PathParam
 from pydantic import BaseModel
 
 from wakeful.domain import keys
-from wakeful.domain.models import NAME_PATTERN, Cordon, Node, Sandbox, SandboxStatus, SeenNode
+from wakeful.domain.models import NAME_PATTERN, ON_NODE, Cordon, Node, Sandbox, SeenNode
 from wakeful.store import Store
 
 from .reconciler import with_cordon
 
 NodeName = Annotated[str, PathParam(pattern=NAME_PATTERN, description="a node name")]
-LIVE = (SandboxStatus.PENDING, SandboxStatus.BOOTING, SandboxStatus.RUNNING, SandboxStatus.DRAINING)
 
 
 class NodeReport(BaseModel):
@@ -54,7 +53,7 @@ def node_router(store: Store) -> APIRouter:
                     registered=name in registered,
                     cordoned=merged.cordoned,
                     evacuating=merged.evacuating,
-                    sandboxes=sum(1 for s in sandboxes if s.node == name and s.status in LIVE),
+                    sandboxes=sum(1 for s in sandboxes if s.node == name and s.status in ON_NODE),
                 )
             )
         return reports

@@ -17,10 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from wakeful.domain.models import Node, Pool, Sandbox, SandboxStatus
+from wakeful.domain.models import FINISHED, SIZED, Node, Pool, Sandbox, SandboxStatus
 
-LIVE = (SandboxStatus.PENDING, SandboxStatus.BOOTING, SandboxStatus.RUNNING)
-FINISHED = (SandboxStatus.STOPPED, SandboxStatus.DEAD)
 COOLDOWN_BASE = 1.0
 COOLDOWN_CAP = 60.0
 
@@ -97,7 +95,7 @@ def plan_pool(
             actions.append(MarkDead(sandbox.id, "ownership released; nobody took it"))
         elif sandbox.status is SandboxStatus.DRAINING and leased.get(sandbox.id, 0) == 0:
             actions.append(Stop(sandbox.id))
-        elif sandbox.status in LIVE:
+        elif sandbox.status in SIZED:
             live.append(sandbox)
     desired = 0 if pool is None or pool.retired else pool.desired_instances
     # Sandboxes on an evacuating node keep serving until replacements elsewhere serve too.

@@ -178,6 +178,23 @@ class SandboxStatus(StrEnum):
     DEAD = "dead"
 
 
+# Named sets of statuses, defined once (a sandbox's transitions are wakeful.node.lifecycle's).
+STARTING = frozenset({SandboxStatus.PENDING, SandboxStatus.BOOTING})
+"""Placed, not yet serving."""
+SIZED = frozenset({SandboxStatus.PENDING, SandboxStatus.BOOTING, SandboxStatus.RUNNING})
+"""Counted in a pool's size: what the pool controller and the activator call live."""
+ON_NODE = SIZED | {SandboxStatus.DRAINING}
+"""Still occupying its node: what a drain waits for."""
+HAS_PROCESS = frozenset(
+    {SandboxStatus.BOOTING, SandboxStatus.RUNNING, SandboxStatus.DRAINING, SandboxStatus.STOPPING}
+)
+"""A process of its node runs it (or may): it has output, and a restarted agent must bury it."""
+GONE = frozenset({SandboxStatus.STOPPING, SandboxStatus.STOPPED, SandboxStatus.DEAD})
+"""Leaving or left: it takes no lease."""
+FINISHED = frozenset({SandboxStatus.STOPPED, SandboxStatus.DEAD})
+"""Its record only waits to be cleaned up."""
+
+
 class Sandbox(Model):
     id: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,127}$")]
     pool: Name
