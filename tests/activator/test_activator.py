@@ -1,4 +1,4 @@
-"""The real activator on each store (memory, sqlite, etcd): invariants 1-6 of docs/architecture.md."""
+"""The real activator on each store (memory, sqlite, etcd): docs/architecture.md, invariants 1-6."""
 
 from __future__ import annotations
 
