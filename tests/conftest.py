@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -7,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from wakeful.store import Store, open_store
+from wakeful.store.etcd import EtcdStore
 from wakeful.store.testing import EtcdServer
 
 BACKENDS = ["memory", "sqlite", "etcd"]
@@ -14,9 +16,53 @@ BACKENDS = ["memory", "sqlite", "etcd"]
 
 @pytest.fixture(scope="session")
 def anyio_backend() -> str:
-    """One event loop for the whole session: grpc.aio binds its poller to the first loop it
-    sees and fails on a later one (the etcd client is grpc-based)."""
+    """asyncio only: the etcd client is grpc.aio, which runs on asyncio."""
     return "asyncio"
+
+
+@pytest.fixture(scope="session", autouse=True)
+async def session_loop(anyio_backend: str) -> AsyncIterator[asyncio.AbstractEventLoop]:
+    """One event loop for the whole session, under every async test and fixture.
+
+    anyio's pytest plugin keeps one test runner (one event loop) only while a test or an async
+    fixture holds it, and closes it when the last lets go: without this fixture every test
+    ran on a loop of its own, closed at its end. grpc.aio (the etcd client) has one process-wide
+    poller and reading socket that every loop it was ever used on keeps listening to; a grpc
+    completion that arrives after its loop closed (a cancelled watch or keep-alive stream, a
+    closed channel's calls) is then handed, by whichever loop reads it next, to the closed one:
+    `RuntimeError: Event loop is closed` at a later etcd test's setup. Held from the start of
+    the session to its end, this runner's loop is the only one grpc ever sees, and it never
+    closes while grpc is in use."""
+    # A generator, not a coroutine: anyio holds the runner for as long as this is suspended.
+    yield asyncio.get_running_loop()  # noqa: PT022
+
+
+def _of_the_runner(task: asyncio.Task[object]) -> bool:
+    """anyio's test runner drives each test and fixture step from a task of its own (one is
+    running this teardown): not a leftover."""
+    code = getattr(task.get_coro(), "cr_code", None)
+    return code is not None and code.co_qualname.startswith("TestRunner.")
+
+
+@pytest.fixture(autouse=True)
+async def cancel_leftover_tasks() -> AsyncIterator[None]:
+    """Cancel the tasks a test leaves running, as closing a loop of its own used to.
+
+    On the session's one loop such a task would run on into later tests, or be collected there
+    still pending and fail whichever test runs then. grpc leaves one behind whenever a stream
+    call ends before it is cancelled (an etcd watch cut by an etcd restart): the task feeding
+    the call's requests waits forever. Exceptions of the cancelled tasks are dropped, as they
+    were when the loop closed."""
+    before = asyncio.all_tasks()
+    yield
+    leftovers = {task for task in asyncio.all_tasks() - before if not _of_the_runner(task)}
+    for task in leftovers:
+        task.cancel()
+    if leftovers:
+        await asyncio.wait(leftovers, timeout=10)
+        for task in leftovers:
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved, so never logged as unretrieved
 
 
 @pytest.fixture(scope="session")
@@ -24,6 +70,18 @@ def etcd_server() -> Iterator[EtcdServer]:
     """One real etcd for the session. A missing etcd fails the run: it is never skipped."""
     with EtcdServer() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+async def etcd_session(etcd_server: EtcdServer) -> AsyncIterator[EtcdStore]:
+    """One etcd client (one grpc channel) for the session, on the session's loop. Each etcd
+    test gets a view of it under its own namespace (the `store` fixture)."""
+    connection = EtcdStore([etcd_server.endpoint], namespace="/t/")
+    await connection.connect()
+    try:
+        yield connection
+    finally:
+        await connection.aclose()
 
 
 @pytest.fixture
@@ -44,7 +102,26 @@ def namespace(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-async def store(store_url: str, namespace: str) -> AsyncIterator[Store]:
+def etcd_connection(request: pytest.FixtureRequest, store_url: str) -> EtcdStore | None:
+    """The session's etcd client when this test runs on etcd, else None. (Resolved here, in a
+    plain fixture: an async fixture cannot ask for another async fixture by name.)"""
+    if not store_url.startswith("etcd://"):
+        return None
+    connection: EtcdStore = request.getfixturevalue("etcd_session")
+    return connection
+
+
+@pytest.fixture
+async def store(
+    store_url: str,
+    namespace: str,
+    etcd_connection: EtcdStore | None,
+    session_loop: asyncio.AbstractEventLoop,
+) -> AsyncIterator[Store]:
+    if etcd_connection is not None:
+        assert asyncio.get_running_loop() is session_loop, "grpc must stay on the session loop"
+        yield etcd_connection.view(namespace)
+        return
     async with open_store(store_url, namespace=namespace) as opened:
         yield opened
 

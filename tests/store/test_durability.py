@@ -10,7 +10,7 @@ import anyio
 import pytest
 from pydantic import BaseModel
 
-from wakeful.store import Event, open_store
+from wakeful.store import Event, Store, Unavailable, open_store
 from wakeful.store.testing import EtcdServer
 
 pytestmark = pytest.mark.anyio
@@ -64,6 +64,21 @@ async def test_sqlite_keeps_data_and_revisions_across_a_process_restart(tmp_path
         await stream.aclose()  # type: ignore[attr-defined]
 
 
+async def until_it_answers(store: Store, within: float = 30) -> None:
+    """Wait for `store` to answer again after its etcd restarted. etcd is healthy once `start()`
+    returns, but grpc's connection to it may still be in reconnect backoff from the refusals
+    while etcd was down (longer the slower the restart, as under load), and calls fail fast
+    as Unavailable until it reconnects; a new client to the same address shares that
+    connection."""
+    with anyio.fail_after(within):
+        while True:
+            try:
+                await store.get("w/a", Counter)
+                return
+            except Unavailable:
+                await anyio.sleep(0.1)
+
+
 async def test_etcd_watch_continues_without_a_gap_across_sigkill_and_restart() -> None:
     with EtcdServer() as server:
         async with open_store(server.url, namespace="/restart/") as store:
@@ -75,6 +90,7 @@ async def test_etcd_watch_continues_without_a_gap_across_sigkill_and_restart() -
 
             server.kill()
             server.start()
+            await until_it_answers(store)
 
             async with open_store(server.url, namespace="/restart/") as writer:
                 revisions = [await writer.put(f"w/k{n}", Counter(n=n)) for n in range(5)]

@@ -10,6 +10,7 @@ without a gap; when etcd has compacted that revision away, the watch yields `Res
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import AsyncIterator, Iterator, Sequence
 
 import grpc
@@ -39,6 +40,12 @@ def _translated(operation: str) -> Iterator[None]:
         raise StoreError(f"etcd {operation}: {exc}") from exc
 
 
+def _checked_namespace(namespace: str) -> str:
+    if not namespace.startswith("/") or not namespace.endswith("/"):
+        raise ValueError(f"namespace must start and end with '/', got {namespace!r}")
+    return namespace
+
+
 class EtcdStore(StoreBase):
     def __init__(
         self,
@@ -52,10 +59,9 @@ class EtcdStore(StoreBase):
         tls_server_name: str | None = None,
         watch_max_backoff: float = 2.0,
     ) -> None:
-        if not namespace.startswith("/") or not namespace.endswith("/"):
-            raise ValueError(f"namespace must start and end with '/', got {namespace!r}")
-        self._ns = namespace
+        self._ns = _checked_namespace(namespace)
         self._timeout = timeout
+        self._owns_client = True
         self._client = Etcd3Client(
             list(endpoints),
             watch_max_reconnect_backoff_seconds=watch_max_backoff,
@@ -69,6 +75,16 @@ class EtcdStore(StoreBase):
         await self._client.connect()
         with _translated("connect"):
             await self._kv.get(self._ns, timeout=self._timeout)
+
+    def view(self, namespace: str) -> EtcdStore:
+        """This connected store under another namespace, over the same client (one grpc
+        channel). The view never closes the client: `aclose()` on it does nothing, and the
+        client closes with this store. Tests use it to give each test its own namespace on one
+        connection that lives, with its event loop, for the whole session."""
+        view = copy.copy(self)
+        view._ns = _checked_namespace(namespace)
+        view._owns_client = False
+        return view
 
     @property
     def _kv(self) -> KVService:
@@ -199,4 +215,5 @@ class EtcdStore(StoreBase):
                     raise
 
     async def aclose(self) -> None:
-        await self._client.close()
+        if self._owns_client:
+            await self._client.close()

@@ -81,11 +81,11 @@ async def open_store(
             cert_key=_read(tls.key),
             cert_chain=_read(tls.cert),
         )
-        await etcd.connect()
         try:
+            await etcd.connect()
             yield etcd
         finally:
-            await etcd.aclose()
+            await etcd.aclose()  # also when connect() failed: the client holds a channel
         return
     engine = MemoryEngine() if scheme == "memory" else SqliteEngine(location)
     local = LocalStore(engine, threaded=scheme == "sqlite")
