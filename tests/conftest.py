@@ -1,15 +1,19 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 
 from wakeful.store import Store, open_store
 from wakeful.store.etcd import EtcdStore
+from wakeful.store.local import LocalStore
 from wakeful.store.testing import EtcdServer
+from wakeful.testing import ManualClock
 
 BACKENDS = ["memory", "sqlite", "etcd"]
 
@@ -112,17 +116,36 @@ def etcd_connection(request: pytest.FixtureRequest, store_url: str) -> EtcdStore
 
 
 @pytest.fixture
+def ttl_clock(store_url: str) -> ManualClock | None:
+    """The clock the embedded stores' TTLs run on, moved by hand; None on etcd, which keeps
+    its own time (see `pass_time`)."""
+    return None if store_url.startswith("etcd://") else ManualClock(time.time())
+
+
+async def pass_time(store: Store, clock: ManualClock | None, seconds: float) -> None:
+    """Let `seconds` pass for the store's TTLs: move the clock and run the embedded store's
+    housekeeping (so what is due expires now, not at its next tick), or on etcd really wait."""
+    if clock is None:
+        await anyio.sleep(seconds)
+        return
+    clock.advance(seconds)
+    assert isinstance(store, LocalStore)
+    await store.housekeep()
+
+
+@pytest.fixture
 async def store(
     store_url: str,
     namespace: str,
     etcd_connection: EtcdStore | None,
     session_loop: asyncio.AbstractEventLoop,
+    ttl_clock: ManualClock | None,
 ) -> AsyncIterator[Store]:
     if etcd_connection is not None:
         assert asyncio.get_running_loop() is session_loop, "grpc must stay on the session loop"
         yield etcd_connection.view(namespace)
         return
-    async with open_store(store_url, namespace=namespace) as opened:
+    async with open_store(store_url, namespace=namespace, clock=ttl_clock) as opened:
         yield opened
 
 

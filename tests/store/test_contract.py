@@ -8,6 +8,7 @@ import anyio
 import pytest
 from pydantic import BaseModel
 
+from tests.conftest import pass_time
 from wakeful.store import (
     AlreadyExists,
     Conflict,
@@ -24,6 +25,7 @@ from wakeful.store import (
     WatchItem,
 )
 from wakeful.store.base import MAX_VALUE_BYTES
+from wakeful.testing import ManualClock
 
 pytestmark = pytest.mark.anyio
 
@@ -221,10 +223,13 @@ async def test_watch_from_a_compacted_revision_yields_resync(store: Store) -> No
         await stream.__anext__()
 
 
-async def test_ttl_expiry_deletes_the_key_and_emits_a_delete(store: Store) -> None:
+async def test_ttl_expiry_deletes_the_key_and_emits_a_delete(
+    store: Store, ttl_clock: ManualClock | None
+) -> None:
     lease = await store.grant(2)
     revision = await store.put("nodes/n1", Counter(n=1), lease=lease)
     stream = store.watch("nodes/", revision + 1)
+    await pass_time(store, ttl_clock, 3)
     (event,) = await collect(stream, 1, within=15)
     assert isinstance(event, Event) and (event.kind, event.key) == ("delete", "nodes/n1")
     assert await store.get("nodes/n1", Counter) is None
@@ -233,12 +238,14 @@ async def test_ttl_expiry_deletes_the_key_and_emits_a_delete(store: Store) -> No
     await stream.aclose()  # type: ignore[attr-defined]
 
 
-async def test_keep_alive_holds_a_ttl_key_and_revoke_deletes_it(store: Store) -> None:
+async def test_keep_alive_holds_a_ttl_key_and_revoke_deletes_it(
+    store: Store, ttl_clock: ManualClock | None
+) -> None:
     lease = await store.grant(2)
     revision = await store.put("nodes/n1", Counter(n=1), lease=lease)
     stream = store.watch("nodes/", revision + 1)
     for _ in range(4):  # 4 s: twice the TTL
-        await anyio.sleep(1)
+        await pass_time(store, ttl_clock, 1)
         await store.keep_alive(lease)
     assert await store.get("nodes/n1", Counter) is not None
     await store.revoke(lease)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -66,9 +67,16 @@ def _read(path: Path | None) -> bytes | None:
 
 @contextlib.asynccontextmanager
 async def open_store(
-    url: str, *, namespace: str = "/wakeful/", tls: TLSFiles | None = None
+    url: str,
+    *,
+    namespace: str = "/wakeful/",
+    tls: TLSFiles | None = None,
+    clock: Callable[[], float] | None = None,
 ) -> AsyncIterator[Store]:
-    """Open the store at `url` and run its housekeeping for as long as the block runs."""
+    """Open the store at `url` and run its housekeeping for as long as the block runs.
+
+    `clock` (wall-clock seconds) decides when the embedded stores' TTL leases expire; tests
+    pass one they move by hand. etcd keeps its own time and ignores it."""
     scheme, location = parse_store_url(url)
     if scheme == "etcd":
         from .etcd import EtcdStore  # grpc is only imported when etcd is used
@@ -88,7 +96,7 @@ async def open_store(
             await etcd.aclose()  # also when connect() failed: the client holds a channel
         return
     engine = MemoryEngine() if scheme == "memory" else SqliteEngine(location)
-    local = LocalStore(engine, threaded=scheme == "sqlite")
+    local = LocalStore(engine, threaded=scheme == "sqlite", clock=clock or time.time)
     try:
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(local.run)
