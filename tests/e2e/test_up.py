@@ -180,8 +180,11 @@ async def test_a_burst_grows_the_pool_in_one_step_and_every_request_succeeds(
             burst.start_soon(one)
     assert statuses == [200] * 12
     pool = await hello_up.pool()
-    # 12 requests at target 2: the pool is sized from demand, far beyond +1 steps.
-    assert int(pool["desired_instances"]) >= 5  # type: ignore[call-overload]
+    # 12 requests at target 2 need 6 sandboxes (7 with a lease of headroom). Each scale-up
+    # write is sized from the whole demand known when it is made; requests still arriving
+    # while a write is in flight can add writes, but the size covers every request, where
+    # growing by a step per saturated admission would lag behind it.
+    assert int(pool["desired_instances"]) >= 6  # type: ignore[call-overload]
 
 
 async def test_an_idle_app_goes_to_zero_and_the_next_request_wakes_it(
