@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import anyio
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry
@@ -194,3 +195,17 @@ def reset_after_reading(conn: socket.socket) -> None:
     """Read the request, then reset the connection: bytes reached the sandbox."""
     read_head(conn)
     conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+async def held(client: httpx.AsyncClient, release: anyio.Event, size: int = 4096) -> int:
+    """A request that stays in flight until `release` is set, however slow the machine: a POST
+    whose second half of the body is sent only then (the sandbox answers once it has it all).
+    Returns the status."""
+
+    async def body() -> AsyncIterator[bytes]:
+        yield b"x" * (size // 2)
+        await release.wait()
+        yield b"x" * (size - size // 2)
+
+    answer = await client.post("/", content=body(), headers={"Content-Length": str(size)})
+    return answer.status_code

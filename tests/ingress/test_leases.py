@@ -5,25 +5,25 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import anyio
-import httpx
 import pytest
 
 from tests.activator.conftest import eventually
 from wakeful.domain.models import SandboxStatus
 
-from .conftest import closed_port, stack
+from .conftest import closed_port, held, stack
 
 pytestmark = pytest.mark.anyio
 
 
 async def test_a_size_s_lease_never_carries_s_plus_one_requests(hello: Callable[[], int]) -> None:
     # rpi 10 gives leases of size 2: the third concurrent request needs a second lease.
+    release = anyio.Event()
     async with (
         stack({"sb-1": hello()}, rpi=10, max_instances=1) as s,
         anyio.create_task_group() as tg,
     ):
         for n in range(1, 4):
-            tg.start_soon(s.client.get, "/sleep?s=1")
+            tg.start_soon(held, s.client, release)
             await eventually(lambda n=n: s.sample("requests_in_flight", app="hello") == n)  # type: ignore[misc]
         cached = s.ingress.cache.snapshot()
         assert all(entry.uses <= entry.grant.size for entry in cached)
@@ -31,21 +31,24 @@ async def test_a_size_s_lease_never_carries_s_plus_one_requests(hello: Callable[
         assert s.activator.leased_on("sb-1") == 4  # two leases cover three requests
         assert s.sample("lease_cache_hits_total", app="hello") == 1
         assert s.sample("lease_cache_misses_total", app="hello") == 2
+        release.set()
 
 
 async def test_an_overflow_lease_carries_one_request_and_goes_straight_back(
     hello: Callable[[], int],
 ) -> None:
     # rpi 1: one normal lease of size 1 fills the sandbox; the next request overflows.
+    release = anyio.Event()
     async with stack({"sb-1": hello()}, rpi=1, max_instances=1) as s:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(s.client.get, "/sleep?s=1.5")
+            tg.start_soon(held, s.client, release)
             await eventually(lambda: s.sample("requests_in_flight", app="hello") == 1)
-            overflowed = await s.client.get("/sleep?s=0.2")
+            overflowed = await s.client.get("/")
             assert overflowed.status_code == 200
             assert s.activator.snapshot()[0].overflow == 0  # released right after its request
             assert s.activator.leased_on("sb-1") == 1  # only the cached normal lease
             assert [e.grant.overflow for e in s.ingress.cache.snapshot()] == [False]
+            release.set()
         hits = s.sample("lease_cache_hits_total", app="hello")
         assert (await s.client.get("/")).status_code == 200
         assert s.sample("lease_cache_hits_total", app="hello") == hits + 1
@@ -96,10 +99,11 @@ async def test_a_queued_request_is_counted_as_queued_not_in_flight(
 ) -> None:
     port = hello()
     async with stack({"sb-1": None}) as s, anyio.create_task_group() as tg:
-        answers: list[httpx.Response] = []
+        answers: list[int] = []
+        release = anyio.Event()
 
         async def call() -> None:
-            answers.append(await s.client.get("/sleep?s=0.5"))
+            answers.append(await held(s.client, release))
 
         tg.start_soon(call)
         await eventually(lambda: s.sample("requests_queued", app="hello") == 1)
@@ -107,8 +111,9 @@ async def test_a_queued_request_is_counted_as_queued_not_in_flight(
         await s.put_sandbox("sb-1", port, SandboxStatus.RUNNING)
         await eventually(lambda: s.sample("requests_in_flight", app="hello") == 1)
         assert s.sample("requests_queued", app="hello") == 0
+        release.set()
         await eventually(lambda: len(answers) == 1)
-        assert answers[0].status_code == 200
+        assert answers == [200]
         assert s.sample("requests_in_flight", app="hello") == 0
         assert s.sample("requests_queued", app="hello") == 0
 
@@ -119,18 +124,20 @@ async def test_a_retried_request_is_counted_once(hello: Callable[[], int]) -> No
         stack({"sb-a": closed_port(), "sb-b": hello()}) as s,
         anyio.create_task_group() as tg,
     ):
-        answers: list[httpx.Response] = []
+        answers: list[int] = []
+        release = anyio.Event()
 
         async def call() -> None:
-            answers.append(await s.client.get("/sleep?s=1"))
+            answers.append(await held(s.client, release))
 
         tg.start_soon(call)
         await eventually(lambda: s.sample("connect_retries_total", app="hello") == 1)
         await eventually(lambda: s.activator.leased_on("sb-b") == 1)
         assert s.sample("requests_in_flight", app="hello") == 1
         assert s.sample("requests_queued", app="hello") == 0
+        release.set()
         await eventually(lambda: len(answers) == 1)
-        assert answers[0].status_code == 200
+        assert answers == [200]
         assert s.sample("requests_in_flight", app="hello") == 0
 
 
