@@ -1,9 +1,10 @@
 """The one place where wakeful's pieces are wired together, for `wakeful up` and friends.
 
-`run_control_plane` runs the activator, its API (leases + deploys), the pool controller and
-the idle monitor; `run_up` adds a node agent and the ingress in the same process, on the
-embedded store. Shutdown follows one order: stop taking traffic, let in-flight requests
-finish, stop the sandboxes, close the store.
+`control_plane` runs the activator, its API (leases + deploys), the pool controller and the
+idle monitor; `run_up` adds a node agent and the ingress in the same process, on the embedded
+store; `run_activator`, `run_node`, `run_ingress` and `run_idle_monitor` run one piece on its
+own against a shared store. Shutdown follows one order: stop taking traffic, let in-flight
+requests finish, stop the sandboxes, close the store.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import socket
 from collections.abc import AsyncIterator, Callable, Generator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -40,7 +41,11 @@ from wakeful.domain.artifacts import pack
 from wakeful.idle_monitor.monitor import IdleMonitor, IdleMonitorSettings
 from wakeful.node.agent import NodeAgent
 from wakeful.node.settings import NodeSettings
+from wakeful.remote import Endpoint, HttpArtifacts, HttpLogSink
 from wakeful.store import Store, open_store, sqlite_url
+
+if TYPE_CHECKING:  # the ingress (aiohttp, uvloop) is imported only by what runs one
+    from wakeful.ingress.settings import IngressSettings
 
 log = logging.getLogger(__name__)
 CONTROL_FILE = "control.json"
@@ -279,6 +284,70 @@ async def run_up(
             tasks.cancel_scope.cancel()
     with contextlib.suppress(FileNotFoundError):
         (data_dir / CONTROL_FILE).unlink()
+
+
+# -- one piece on its own, against a shared store (`wakeful activator | node | ...`) ---------
+
+
+async def run_activator(
+    settings: ActivatorSettings,
+    data_dir: Path,
+    *,
+    idle: IdleMonitorSettings | None,
+    announce: Callable[[str], None],
+) -> None:
+    """The control plane (activator, control API, pool controller, and the idle monitor unless
+    `idle` is None) until a signal. Ingresses are other processes: lease counts are trusted
+    only after one lease TTL."""
+    async with (
+        settings.open_store() as store,
+        control_plane(store, settings, data_dir, idle=idle, drain_grace=settings.lease_ttl),
+    ):
+        announce(f"activator listening on http://{settings.listen}")
+        await wait_for_signal()
+
+
+async def run_node(
+    settings: NodeSettings, control: Endpoint, *, announce: Callable[[str], None]
+) -> None:
+    """A node agent that fetches artifacts from, and pushes logs to, the control API."""
+    async with (
+        settings.open_store() as store,
+        HttpArtifacts(control.api, control.token) as artifacts,
+        HttpLogSink(control.api, control.token) as logs,
+    ):
+        agent = NodeAgent(store, settings, artifacts, logs=logs)
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(agent.run)
+            announce(f"node {settings.node_name} running")
+            await wait_for_signal()
+            tasks.cancel_scope.cancel()
+
+
+async def run_ingress(
+    settings: IngressSettings, control: Endpoint, *, announce: Callable[[str], None]
+) -> None:
+    """An ingress taking its leases from the activator's HTTP API; `serve` owns the signals.
+    Run it on uvloop."""
+    from wakeful.activator.client import HttpLeases
+    from wakeful.ingress import serve
+
+    async with settings.open_store() as store, HttpLeases(control.api, control.token) as leases:
+        announce(f"ingress listening on http://{settings.listen}")
+        await serve(settings, leases, store, CollectorRegistry())
+
+
+async def run_idle_monitor(
+    settings: IdleMonitorSettings, *, announce: Callable[[str], None]
+) -> None:
+    async with settings.open_store() as store, anyio.create_task_group() as tasks:
+        monitor = IdleMonitor(
+            store, interval=settings.idle_interval, retention=settings.retired_retention
+        )
+        tasks.start_soon(monitor.run)
+        announce(f"idle monitor: every {settings.idle_interval:g} s")
+        await wait_for_signal()
+        tasks.cancel_scope.cancel()
 
 
 __all__ = ["ControlPlane", "control_plane", "open_store", "run_up"]

@@ -1,45 +1,289 @@
-"""The control API as seen by node agents on other machines: artifacts are fetched from
-it, sandbox output is pushed to it. A node only ever calls the control plane, never the
-other way round, so a node behind NAT works."""
+"""The one place that speaks to the control API from outside the control plane.
+
+Two kinds of caller:
+- the CLI's commands (`wakeful status`, `deploy`, `logs`, ...) through a blocking
+  `ControlClient`, whose `Endpoint` `locate` finds: --api, then WAKEFUL_API / WAKEFUL_TOKEN
+  (`CliSettings`), then the control file `wakeful up` writes in its data directory;
+- a node agent on another machine: `HttpArtifacts` fetches artifacts and `HttpLogSink` pushes
+  sandbox output. A node only ever calls the control plane, never the other way round, so a
+  node behind NAT works.
+
+Every request carries the bearer token. httpx's exceptions never leave this module: the CLI
+gets one of
+
+    ControlApiError        a one-line reason the CLI prints before exiting 1
+     ├── NoControlPlane    nothing says where the control plane is, or the control file is bad
+     ├── ApiUnreachable    no answer: refused, timed out, cut off, not a URL
+     └── ApiRefused        an error answer: its status, and the body's error and detail
+
+and a node gets the errors its own interfaces define (`ArtifactError`, `ShipFailed`).
+"""
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Self
+from urllib.parse import quote
+
 import httpx
+from pydantic import SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from wakeful.domain.artifacts import ArtifactError, digest_of
 from wakeful.domain.logbatch import LogBatch
 from wakeful.node.logship import ShipFailed
 
+LOGS_BEHIND_HEADER = "Wakeful-Logs-Behind"
+"""Set on a logs answer when some of the app's output has not reached the control plane."""
 
-class HttpArtifacts:
-    def __init__(self, api: str, token: str) -> None:
-        self._client = httpx.AsyncClient(
-            base_url=api, headers={"Authorization": f"Bearer {token}"}, timeout=120
+
+class ControlApiError(Exception):
+    """Talking to the control API failed; the message is one line a person can act on."""
+
+
+class NoControlPlane(ControlApiError):
+    pass
+
+
+class ApiUnreachable(ControlApiError):
+    pass
+
+
+class ApiRefused(ControlApiError):
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(f"the control plane answered {status}: {reason}")
+        self.status = status
+        self.reason = reason
+
+
+class CliSettings(BaseSettings):
+    """How CLI commands find a control plane: flags, then WAKEFUL_API/WAKEFUL_TOKEN, then the
+    control file `wakeful up` writes in its data directory."""
+
+    model_config = SettingsConfigDict(env_prefix="WAKEFUL_", extra="ignore")
+    api: str | None = None
+    token: SecretStr | None = None
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where the control API is, and the bearer token it wants."""
+
+    api: str
+    token: str = field(repr=False)
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+
+def locate(settings: CliSettings, control_file: Path, api: str | None = None) -> Endpoint:
+    """`api` (the --api flag) over WAKEFUL_API; WAKEFUL_TOKEN; whatever is still missing comes
+    from `control_file`."""
+    api = api or settings.api
+    token = settings.token.get_secret_value() if settings.token else None
+    if api is None or token is None:
+        recorded = _read_control_file(control_file)
+        if recorded is not None:
+            api = api or recorded.api
+            token = token or recorded.token
+    if api is None or token is None:
+        if api is None and token is None:
+            missing = "start `wakeful up`, or pass --api and set WAKEFUL_TOKEN"
+        elif token is None:
+            missing = f"set WAKEFUL_TOKEN for {api}"
+        else:
+            missing = "pass --api or set WAKEFUL_API"
+        raise NoControlPlane(
+            f"no running control plane found: {control_file} does not exist; {missing}"
+        )
+    return Endpoint(api, token)
+
+
+def _read_control_file(path: Path) -> Endpoint | None:
+    try:
+        recorded = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise NoControlPlane(f"{path}: cannot read it: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise NoControlPlane(f"{path}: not JSON ({exc}); is it from `wakeful up`?") from None
+    if not isinstance(recorded, dict) or not all(
+        isinstance(recorded.get(key), str) for key in ("api", "token")
+    ):
+        raise NoControlPlane(f"{path}: expected the strings `api` and `token` in it")
+    return Endpoint(recorded["api"], recorded["token"])
+
+
+def _segment(name: str) -> str:
+    """A name as one path segment: a `?` or `#` in it cannot cut the path short."""
+    return quote(name, safe="")
+
+
+@dataclass(frozen=True)
+class AppLogs:
+    lines: list[str]
+    behind: str
+    """Why lines may be missing (nodes not heard from lately), or "" when none are."""
+
+
+class ControlClient:
+    """The control API for the CLI: blocking, one connection pool per command. Every call goes
+    through `_send`, where httpx's errors and error answers become `ControlApiError`s."""
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        *,
+        timeout: float = 60.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        try:
+            self._http = httpx.Client(
+                base_url=endpoint.api,
+                headers=endpoint.headers(),
+                timeout=timeout,
+                transport=transport,
+            )
+        except httpx.InvalidURL as exc:
+            raise ApiUnreachable(f"{endpoint.api!r} is not a control API URL: {exc}") from None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    # -- the calls the commands make ------------------------------------------------------
+
+    def put_artifact(self, digest: str, data: bytes) -> None:
+        self._send("PUT", f"/v1/artifacts/{_segment(digest)}", content=data)
+
+    def start_deploy(self, definition: dict[str, Any], digest: str) -> Any:
+        return self._json(
+            "POST", "/v1/deploys", json={"definition": definition, "artifact": digest}
         )
 
-    async def fetch(self, digest: str) -> bytes:
-        answer = await self._client.get(f"/v1/artifacts/{digest}")
-        if answer.status_code != 200:
-            raise ArtifactError(f"control API answered {answer.status_code} for {digest}")
-        if digest_of(answer.content) != digest:
-            raise ArtifactError(f"artifact {digest} arrived corrupt")
-        return answer.content
+    def rollout(self, app: str, version: str) -> Any:
+        return self._json("GET", f"/v1/deploys/{_segment(app)}/{_segment(version)}")
 
-    async def __aenter__(self) -> HttpArtifacts:
+    def rollback(self, app: str) -> Any:
+        return self._json("POST", f"/v1/apps/{_segment(app)}/rollback")
+
+    def delete_app(self, app: str) -> Any:
+        return self._json("DELETE", f"/v1/apps/{_segment(app)}")
+
+    def pools(self) -> list[dict[str, Any]]:
+        return list(self._json("GET", "/v1/pools"))
+
+    def apps(self) -> list[dict[str, Any]]:
+        return list(self._json("GET", "/v1/apps"))
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return list(self._json("GET", "/v1/nodes"))
+
+    def drain(self, node: str, *, evacuate: bool, force: bool) -> None:
+        params = {"evacuate": evacuate, "force": force}
+        self._send("POST", f"/v1/nodes/{_segment(node)}/drain", params=params)
+
+    def undrain(self, node: str) -> None:
+        self._send("DELETE", f"/v1/nodes/{_segment(node)}/drain")
+
+    def app_logs(self, app: str, tail: int) -> AppLogs:
+        answer = self._send("GET", f"/v1/apps/{_segment(app)}/logs", params={"tail": tail})
+        # One line per "\n" (str.splitlines would also split at \f, \x1c, \u2028...).
+        lines = answer.text.split("\n")
+        if lines[-1] == "":  # the newline that ends the last line
+            lines.pop()
+        return AppLogs(lines, answer.headers.get(LOGS_BEHIND_HEADER, ""))
+
+    # -- the boundary ---------------------------------------------------------------------
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        answer = self._send(method, path, **kwargs)
+        if not answer.content:
+            return None
+        try:
+            return answer.json()
+        except ValueError:
+            raise ControlApiError(
+                f"{self.endpoint.api} answered {method} {path} with no JSON: "
+                f"{answer.text[:100]!r}; is it a wakeful control API?"
+            ) from None
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            answer = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise ApiUnreachable(
+                f"cannot reach the control plane at {self.endpoint.api}: {exc}"
+            ) from None
+        if not answer.is_success:
+            raise ApiRefused(answer.status_code, _reason(answer))
+        return answer
+
+
+def _reason(answer: httpx.Response) -> str:
+    """An error answer in one line: the control API's `{"error", "detail"}` body, else text."""
+    try:
+        body = answer.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and "error" in body:
+        return f"{body['error']}: {body.get('detail')}"
+    if isinstance(body, dict) and "detail" in body:  # FastAPI's own answers (an unknown route)
+        return str(body["detail"])
+    return " ".join(answer.text.split())[:300]  # a proxy's HTML page, say: on one line
+
+
+# -- what a node on another machine needs of the control plane -------------------------------
+
+
+class _NodeClient:
+    """One long-lived async client with the bearer token; closed on leaving the context."""
+
+    def __init__(self, api: str, token: str, timeout: float) -> None:
+        self._client = httpx.AsyncClient(
+            base_url=api, headers=Endpoint(api, token).headers(), timeout=timeout
+        )
+
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self._client.aclose()
 
 
-class HttpLogSink:
+class HttpArtifacts(_NodeClient):
+    """A node's `Artifacts`: fetched whole, checked against their digest."""
+
+    def __init__(self, api: str, token: str, timeout: float = 120.0) -> None:
+        super().__init__(api, token, timeout)
+
+    async def fetch(self, digest: str) -> bytes:
+        try:
+            answer = await self._client.get(f"/v1/artifacts/{_segment(digest)}")
+        except httpx.HTTPError as exc:
+            raise ArtifactError(f"cannot fetch {digest} from the control API: {exc!r}") from exc
+        if answer.status_code != 200:
+            raise ArtifactError(f"control API answered {answer.status_code} for {digest}")
+        if digest_of(answer.content) != digest:
+            raise ArtifactError(f"artifact {digest} arrived corrupt")
+        return answer.content
+
+
+class HttpLogSink(_NodeClient):
     """A node's `LogSink`: each batch is one `POST /v1/logs`. httpx's errors and refusals
     become `ShipFailed`, so the shipper keeps the output and tries again."""
 
     def __init__(self, api: str, token: str, timeout: float = 10.0) -> None:
-        self._client = httpx.AsyncClient(
-            base_url=api, headers={"Authorization": f"Bearer {token}"}, timeout=timeout
-        )
+        super().__init__(api, token, timeout)
 
     async def ship(self, batch: LogBatch) -> None:
         try:
@@ -52,9 +296,3 @@ class HttpLogSink:
             raise ShipFailed(f"cannot reach the control API: {exc!r}") from exc
         if answer.status_code != 204:
             raise ShipFailed(f"the control API answered {answer.status_code}: {answer.text[:300]}")
-
-    async def __aenter__(self) -> HttpLogSink:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self._client.aclose()

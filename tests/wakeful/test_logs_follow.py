@@ -1,0 +1,164 @@
+"""`wakeful logs -f` against the real control plane: each line is printed once, also after a
+sandbox has more lines than `--tail` and the window the control API answers with slides (it
+used to print the whole window again every second from then on)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+import pytest
+from anyio.abc import Process
+from anyio.streams.text import TextReceiveStream
+
+from wakeful import commands
+from wakeful.activator.settings import ActivatorSettings
+from wakeful.bootstrap import ControlPlane, control_plane
+from wakeful.domain.logbatch import LogBatch, OutputChunk
+from wakeful.domain.models import App
+from wakeful.remote import ControlClient, Endpoint
+from wakeful.store import open_store
+from wakeful.store.testing import free_port
+
+pytestmark = pytest.mark.anyio
+TOKEN = "follow-token"
+
+
+@dataclass
+class Node:
+    """Ships sandbox output to the control plane's log book the way a node agent does: each
+    chunk names its bytes of the sandbox's output stream."""
+
+    plane: ControlPlane
+    offsets: dict[str, int] = field(default_factory=dict)
+
+    async def write(self, sandbox: str, text: str) -> None:
+        offset = self.offsets.get(sandbox, 0)
+        size = len(text.encode())
+        self.offsets[sandbox] = offset + size
+        chunk = OutputChunk(
+            sandbox=sandbox,
+            app="hello",
+            created_at=1 if sandbox == "sb-1" else 2,
+            offset=offset,
+            size=size,
+            text=text,
+        )
+        await self.plane.logbook.ship(
+            LogBatch(node="n1", interval=1, pending=0, dropped=0, chunks=[chunk])
+        )
+
+
+@dataclass
+class Running:
+    node: Node
+    endpoint: Endpoint
+
+
+@pytest.fixture
+async def running(tmp_path: Path) -> AsyncIterator[Running]:
+    listen = f"127.0.0.1:{free_port()}"
+    settings = ActivatorSettings(store_url="memory://", token=TOKEN, listen=listen)
+    async with (
+        open_store("memory://") as store,
+        control_plane(store, settings, tmp_path, idle=None) as plane,
+    ):
+        await store.put("apps/hello", App(name="hello"))
+        yield Running(Node(plane), Endpoint(f"http://{listen}", TOKEN))
+
+
+class Stop(Exception):
+    pass
+
+
+async def test_follow_prints_each_line_once_as_the_window_slides(
+    running: Running, capsys: pytest.CaptureFixture[str]
+) -> None:
+    node = running.node
+    await node.write("sb-1", "".join(f"line {i}\n" for i in range(5)))
+    polls = iter(
+        [
+            [("sb-1", "line 5\nline 6\n")],
+            [],
+            [("sb-2", "ready\n")],
+            [("sb-1", "line 7\nline 8 par")],
+            [("sb-1", "t\n")],
+            [("sb-1", "line 9\n"), ("sb-2", "GET /\nGET /\n")],
+        ]
+    )
+
+    async def write(lines: list[tuple[str, str]]) -> None:
+        for sandbox, text in lines:
+            await node.write(sandbox, text)
+
+    def pause(seconds: float) -> None:
+        """Between two polls: what the node pushed meanwhile arrives."""
+        assert seconds == commands.LOGS_POLL
+        step = next(polls, None)
+        if step is None:
+            raise Stop
+        anyio.from_thread.run(write, step)
+
+    def follow() -> int:
+        with ControlClient(running.endpoint) as api:
+            return commands.logs(api, "hello", tail=3, follow=True, pause=pause)
+
+    with pytest.raises(Stop):
+        await anyio.to_thread.run_sync(follow)
+    assert capsys.readouterr().out.splitlines() == [
+        "[sb-1] line 2",
+        "[sb-1] line 3",
+        "[sb-1] line 4",
+        "[sb-1] line 5",
+        "[sb-1] line 6",
+        "[sb-2] ready",
+        "[sb-1] line 7",
+        "[sb-1] line 8 par",
+        "[sb-1] line 8 part",  # the line being written, whole once it ended
+        "[sb-1] line 9",
+        "[sb-2] GET /",
+        "[sb-2] GET /",
+    ]
+
+
+class Lines:
+    """A process's stdout, line by line, each read waiting at most 30 s."""
+
+    def __init__(self, process: Process) -> None:
+        assert process.stdout is not None
+        self._stream = TextReceiveStream(process.stdout)
+        self._buffered = ""
+
+    async def next(self, count: int) -> list[str]:
+        with anyio.fail_after(30):
+            while self._buffered.count("\n") < count:
+                self._buffered += await self._stream.receive()
+        *found, self._buffered = self._buffered.split("\n", count)
+        return found
+
+
+async def test_the_real_command_prints_new_lines_only_until_interrupted(
+    running: Running,
+) -> None:
+    node = running.node
+    await node.write("sb-1", "".join(f"line {i}\n" for i in range(5)))
+    env = {k: v for k, v in os.environ.items() if k != "WAKEFUL_API"} | {"WAKEFUL_TOKEN": TOKEN}
+    command = [sys.executable, "-m", "wakeful.cli", "--api", running.endpoint.api]
+    async with await anyio.open_process(
+        [*command, "logs", "hello", "-f", "--tail", "3"], env=env
+    ) as process:
+        stdout = Lines(process)
+        assert await stdout.next(3) == [f"[sb-1] line {i}" for i in (2, 3, 4)]
+        await node.write("sb-1", "line 5\nline 6\n")
+        assert await stdout.next(2) == ["[sb-1] line 5", "[sb-1] line 6"]
+        # Had it printed the window again (line 4 first), the next line would not be this one.
+        await node.write("sb-1", "line 7\n")
+        assert await stdout.next(1) == ["[sb-1] line 7"]
+        process.send_signal(signal.SIGINT)
+        with anyio.fail_after(30):
+            assert await process.wait() == 130

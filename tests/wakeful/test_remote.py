@@ -1,0 +1,217 @@
+"""The one client of the control API (`wakeful.remote`): how a command finds the control plane
+(--api, WAKEFUL_API/WAKEFUL_TOKEN, the data directory's control file), and how every way a
+call can fail becomes one `ControlApiError` that the CLI prints as one line and exits 1. The
+calls go to the real control plane, served in-process on the memory store."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import anyio
+import pytest
+from pydantic import SecretStr
+
+from wakeful.activator.settings import ActivatorSettings
+from wakeful.bootstrap import CONTROL_FILE, control_plane, write_control_file
+from wakeful.cli import main
+from wakeful.domain.artifacts import ArtifactError
+from wakeful.domain.models import App
+from wakeful.remote import (
+    ApiRefused,
+    ApiUnreachable,
+    CliSettings,
+    ControlApiError,
+    ControlClient,
+    Endpoint,
+    HttpArtifacts,
+    NoControlPlane,
+    locate,
+)
+from wakeful.store import Store, open_store
+from wakeful.store.testing import free_port
+
+pytestmark = pytest.mark.anyio
+TOKEN = "remote-token"
+T = TypeVar("T")
+
+
+@pytest.fixture(autouse=True)
+def _no_control_plane_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WAKEFUL_API", raising=False)
+    monkeypatch.delenv("WAKEFUL_TOKEN", raising=False)
+
+
+# -- finding the control plane ----------------------------------------------------------------
+
+
+def settings(api: str | None = None, token: str | None = None) -> CliSettings:
+    return CliSettings(api=api, token=SecretStr(token) if token else None)
+
+
+@pytest.mark.parametrize(
+    ("flag", "env_api", "env_token", "recorded", "found"),
+    [
+        (None, None, None, ("http://file", "t-file"), ("http://file", "t-file")),
+        ("http://flag", "http://env", "t-env", None, ("http://flag", "t-env")),
+        (None, "http://env", "t-env", ("http://file", "t-file"), ("http://env", "t-env")),
+        ("http://flag", None, None, ("http://file", "t-file"), ("http://flag", "t-file")),
+        (None, None, "t-env", ("http://file", "t-file"), ("http://file", "t-env")),
+    ],
+    ids=[
+        "the control file alone is enough",
+        "--api wins over WAKEFUL_API",
+        "the environment wins over the control file",
+        "--api with the control file's token",
+        "WAKEFUL_TOKEN with the control file's address",
+    ],
+)
+def test_the_control_plane_is_found_by_flag_then_environment_then_control_file(
+    tmp_path: Path,
+    flag: str | None,
+    env_api: str | None,
+    env_token: str | None,
+    recorded: tuple[str, str] | None,
+    found: tuple[str, str],
+) -> None:
+    if recorded is not None:
+        write_control_file(tmp_path, recorded[0], recorded[1], None)
+    endpoint = locate(settings(env_api, env_token), tmp_path / CONTROL_FILE, flag)
+    assert (endpoint.api, endpoint.token) == found
+    assert found[1] not in repr(endpoint)
+
+
+@pytest.mark.parametrize(
+    ("content", "env_api", "message"),
+    [
+        (None, None, "does not exist; start `wakeful up`, or pass --api and set WAKEFUL_TOKEN"),
+        (None, "http://env", "set WAKEFUL_TOKEN for http://env"),
+        ("{not json", None, "not JSON"),
+        ('{"api": "http://x"}', None, "expected the strings `api` and `token`"),
+        ("[1, 2]", None, "expected the strings `api` and `token`"),
+    ],
+    ids=["nothing at all", "an address but no token", "not JSON", "no token in it", "a list"],
+)
+def test_no_usable_control_plane_is_an_error_naming_the_control_file(
+    tmp_path: Path, content: str | None, env_api: str | None, message: str
+) -> None:
+    control = tmp_path / CONTROL_FILE
+    if content is not None:
+        control.write_text(content)
+    with pytest.raises(NoControlPlane, match=r"control\.json") as caught:
+        locate(settings(env_api), control)
+    assert message in str(caught.value)
+    assert str(control) in str(caught.value)
+
+
+# -- calls against the real control plane ---------------------------------------------------
+
+
+@dataclass
+class Plane:
+    store: Store
+    endpoint: Endpoint
+    data_dir: Path
+
+
+@pytest.fixture
+async def plane(tmp_path: Path) -> AsyncIterator[Plane]:
+    listen = f"127.0.0.1:{free_port()}"
+    activator = ActivatorSettings(store_url="memory://", token=TOKEN, listen=listen)
+    async with (
+        open_store("memory://") as store,
+        control_plane(store, activator, tmp_path, idle=None),
+    ):
+        yield Plane(store, Endpoint(f"http://{listen}", TOKEN), tmp_path)
+
+
+async def in_thread(call: Callable[[], T]) -> T:
+    """The client blocks: it runs beside the event loop that serves the control plane."""
+    return await anyio.to_thread.run_sync(call)
+
+
+async def test_an_error_answer_becomes_api_refused_with_its_status_and_detail(
+    plane: Plane,
+) -> None:
+    with ControlClient(plane.endpoint) as api:
+        with pytest.raises(ApiRefused) as refused:
+            await in_thread(lambda: api.rollback("nope"))
+        assert refused.value.status == 400
+        assert str(refused.value) == (
+            "the control plane answered 400: rollback refused: no app named 'nope'"
+        )
+        with pytest.raises(ApiRefused, match="answered 422") as invalid:
+            await in_thread(lambda: api.app_logs("hello", tail=-5))
+        assert "tail" in str(invalid.value)
+        # A name is one path segment: `a?b` is refused, not taken for the app `a`.
+        with pytest.raises(ApiRefused, match=r"answered 422: invalid request: .*'a\?b'"):
+            await in_thread(lambda: api.delete_app("a?b"))
+        with pytest.raises(ApiRefused, match="answered 404: Not Found"):
+            await in_thread(lambda: api.rollout("a/b", "v1"))
+        assert await in_thread(api.pools) == []
+
+
+async def test_a_wrong_token_is_refused_as_401(plane: Plane) -> None:
+    with (
+        ControlClient(Endpoint(plane.endpoint.api, "wrong")) as api,
+        pytest.raises(ApiRefused, match="answered 401") as refused,
+    ):
+        await in_thread(api.apps)
+    assert refused.value.status == 401
+
+
+async def test_no_answer_becomes_api_unreachable_naming_the_address() -> None:
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    with (
+        ControlClient(Endpoint(nowhere, TOKEN), timeout=5) as api,
+        pytest.raises(ApiUnreachable, match=f"cannot reach the control plane at {nowhere}"),
+    ):
+        await in_thread(api.nodes)
+    with pytest.raises(ControlApiError, match="not a control API URL"):
+        ControlClient(Endpoint("http://[::1", TOKEN))
+
+
+async def test_a_node_gets_artifact_errors_not_httpx_ones(plane: Plane) -> None:
+    missing = "0" * 64
+    async with HttpArtifacts(plane.endpoint.api, TOKEN) as artifacts:
+        with pytest.raises(ArtifactError, match="404"):
+            await artifacts.fetch(missing)
+    async with HttpArtifacts(f"http://127.0.0.1:{free_port()}", TOKEN) as artifacts:
+        with pytest.raises(ArtifactError, match="cannot fetch"):
+            await artifacts.fetch(missing)
+
+
+# -- the CLI around it ----------------------------------------------------------------------
+
+
+async def test_the_cli_finds_the_control_plane_through_its_control_file_or_the_environment(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await plane.store.put("apps/hello", App(name="hello"))
+    data_dir = str(plane.data_dir)
+    write_control_file(plane.data_dir, plane.endpoint.api, TOKEN, None)
+    assert await in_thread(lambda: main(["--data-dir", data_dir, "status"])) == 0
+    assert capsys.readouterr().out.startswith("POOL  APP  VERSION  STATE")
+    assert await in_thread(lambda: main(["--data-dir", data_dir, "versions", "nope"])) == 1
+    assert capsys.readouterr().err == "wakeful: error: no app named 'nope'\n"
+
+    (plane.data_dir / CONTROL_FILE).unlink()
+    monkeypatch.setenv("WAKEFUL_API", plane.endpoint.api)
+    monkeypatch.setenv("WAKEFUL_TOKEN", TOKEN)
+    assert await in_thread(lambda: main(["--data-dir", data_dir, "apps"])) == 0
+    assert capsys.readouterr().out == "hello  active=None  versions=\n"
+    assert await in_thread(lambda: main(["--data-dir", data_dir, "rollback", "nope"])) == 1
+    assert capsys.readouterr().err == (
+        "wakeful: error: the control plane answered 400: rollback refused: no app named 'nope'\n"
+    )
+
+    monkeypatch.setenv("WAKEFUL_TOKEN", "wrong")
+    assert await in_thread(lambda: main(["--data-dir", data_dir, "nodes"])) == 1
+    assert "answered 401" in capsys.readouterr().err
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    assert await in_thread(lambda: main(["--api", nowhere, "nodes"])) == 1
+    assert capsys.readouterr().err.startswith(
+        f"wakeful: error: cannot reach the control plane at {nowhere}: "
+    )

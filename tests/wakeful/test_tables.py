@@ -1,0 +1,60 @@
+"""How the CLI shows the control API's answers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from wakeful.tables import node_line, pool_table, version_lines
+
+
+def pool(name: str, state: str, desired: int) -> dict[str, Any]:
+    return {
+        "pool": name,
+        "app": "web",
+        "version": name.rpartition("-")[2],
+        "state": state,
+        "desired_instances": desired,
+        "live": 1,
+        "ready": 1,
+        "leased": 0,
+        "overflow": 0,
+        "waiters": 0,
+    }
+
+
+def test_no_pools_is_a_header_alone() -> None:
+    assert pool_table([]) == [
+        "POOL  APP  VERSION  STATE  DESIRED  LIVE  READY  LEASED  OVERFLOW  WAITERS"
+    ]
+
+
+def test_a_retired_pool_shows_no_desired_size_and_columns_line_up() -> None:
+    shown = pool_table([pool("web-v1", "retired", 4), pool("web-v10", "active", 12)])
+    assert [line.split() for line in shown[1:]] == [
+        ["web-v1", "web", "v1", "retired", "-", "1", "1", "0", "0", "0"],
+        ["web-v10", "web", "v10", "active", "12", "1", "1", "0", "0", "0"],
+    ]
+    assert shown[0].index("STATE") == shown[1].index("retired") == shown[2].index("active")
+
+
+@pytest.mark.parametrize(
+    ("flags", "shown"),
+    [
+        ({"evacuating": True, "cordoned": True, "registered": True}, "n1  evacuating  sandboxes=2"),
+        ({"evacuating": False, "cordoned": True, "registered": True}, "n1  cordoned  sandboxes=2"),
+        (
+            {"evacuating": False, "cordoned": False, "registered": False},
+            "n1  ready (not registered)  sandboxes=2",
+        ),
+    ],
+    ids=["evacuating", "cordoned", "not registered"],
+)
+def test_a_node_shows_its_drain_state(flags: dict[str, bool], shown: str) -> None:
+    assert node_line({"name": "n1", "sandboxes": 2, **flags}) == shown
+
+
+def test_the_active_version_is_marked() -> None:
+    app = {"name": "web", "active_version": "v2", "versions": ["v1", "v2"]}
+    assert version_lines(app) == ["  v1", "* v2"]

@@ -1,0 +1,164 @@
+"""What the commands that talk to a running control plane do: each takes a `ControlClient`
+and the arguments it needs, prints, and returns an exit status. Failures to talk to the control
+API arrive as `ControlApiError`s; a failure of the command's own is a `CliError`. `pause`
+(`time.sleep` by default) is how the commands that watch something wait between looks.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from wakeful.deploy.appdir import AppDir
+from wakeful.domain.artifacts import digest_of, pack
+
+from .logfollow import LogFollower
+from .remote import ControlClient
+from .tables import app_line, deletion_line, node_line, pool_table, version_lines
+
+USAGE = 2
+"""Exit status for a command line or configuration that cannot work (a flag, a file, a
+variable): nothing was tried."""
+RUNTIME = 1
+"""Exit status for a failure while doing the work (nothing to talk to, a refusal, a port)."""
+
+Pause = Callable[[float], None]
+POLL = 0.5
+"""Seconds between looks at a rollout, a deletion or a drain."""
+LOGS_POLL = 1.0
+"""Seconds between looks at the logs: nodes push output about once a second."""
+
+
+class CliError(Exception):
+    """A failure the user can act on: printed as one line, exit USAGE or RUNTIME."""
+
+    def __init__(self, message: str, code: int = USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+def deploy(api: ControlClient, app_dir: AppDir, *, pause: Pause = time.sleep) -> int:
+    data = pack(app_dir.path)
+    digest = digest_of(data)
+    api.put_artifact(digest, data)
+    report = api.start_deploy(app_dir.definition.model_dump(mode="json"), digest)
+    return _follow_rollout(api, report, pause)
+
+
+def rollback(api: ControlClient, app: str, *, pause: Pause = time.sleep) -> int:
+    return _follow_rollout(api, api.rollback(app), pause)
+
+
+def _follow_rollout(api: ControlClient, report: dict[str, Any], pause: Pause) -> int:
+    """Each new message of the rollout until it is done; non-zero when it was abandoned."""
+    say(report["message"])
+    last = report["message"]
+    while report["phase"] == "rolling":
+        pause(POLL)
+        report = api.rollout(report["app"], report["version"])
+        if report["message"] != last:
+            say(report["message"])
+            last = report["message"]
+    return 1 if report["phase"] == "failed" else 0
+
+
+def delete(api: ControlClient, app: str, *, wait: bool, pause: Pause = time.sleep) -> int:
+    report = api.delete_app(app)
+    say(deletion_line(app, report))
+    if not wait:
+        return 0
+    pools = report["pools"]
+    while [p for p in api.pools() if p["pool"] in pools]:
+        pause(POLL)
+    say(f"{app} is gone")
+    return 0
+
+
+def status(api: ControlClient, app: str | None, *, as_json: bool) -> int:
+    pools = api.pools()
+    if app:
+        pools = [p for p in pools if p["app"] == app]
+    if as_json:
+        print(json.dumps(pools, indent=2))
+        return 0
+    for line in pool_table(pools):
+        print(line)
+    return 0
+
+
+def apps(api: ControlClient) -> int:
+    for app in api.apps():
+        print(app_line(app))
+    return 0
+
+
+def versions(api: ControlClient, app: str) -> int:
+    for found in api.apps():
+        if found["name"] == app:
+            for line in version_lines(found):
+                print(line)
+            return 0
+    raise CliError(f"no app named {app!r}", RUNTIME)
+
+
+def nodes(api: ControlClient) -> int:
+    for node in api.nodes():
+        print(node_line(node))
+    return 0
+
+
+def drain(
+    api: ControlClient,
+    node: str,
+    *,
+    evacuate: bool,
+    force: bool,
+    undo: bool,
+    pause: Pause = time.sleep,
+) -> int:
+    if undo:
+        api.undrain(node)
+        print(f"{node} takes new sandboxes again")
+        return 0
+    api.drain(node, evacuate=evacuate, force=force)
+    if not evacuate:
+        print(f"{node} is cordoned: no new sandboxes; the ones there keep running")
+        return 0
+    print(f"evacuating {node}: replacing its sandboxes elsewhere, then draining them")
+    last = None
+    while True:
+        found = [n for n in api.nodes() if n["name"] == node]
+        left = found[0]["sandboxes"] if found else 0
+        if left != last:
+            say(f"  {left} sandbox(es) left on {node}")
+            last = left
+        if left == 0:
+            return 0
+        pause(POLL)
+
+
+def logs(
+    api: ControlClient, app: str, *, tail: int, follow: bool, pause: Pause = time.sleep
+) -> int:
+    """The output nodes pushed to the control plane. When some of it has not arrived (a node
+    not heard from lately, output still buffered or lost there), a note says so on stderr.
+    `follow`: look again every second and print only the lines not printed yet."""
+    follower = LogFollower()
+    noted = ""
+    while True:
+        answer = api.app_logs(app, tail)
+        if answer.behind and answer.behind != noted:
+            print(f"wakeful: note: logs behind: {answer.behind}", file=sys.stderr, flush=True)
+        noted = answer.behind
+        for line in follower.take(answer.lines) if follow else answer.lines:
+            say(line)
+        if not follow:
+            return 0
+        pause(LOGS_POLL)

@@ -1,0 +1,66 @@
+"""How the CLI shows what the control API answers: pure functions from its JSON to lines."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+POOL_COLUMNS = [
+    ("pool", "POOL"),
+    ("app", "APP"),
+    ("version", "VERSION"),
+    ("state", "STATE"),
+    ("desired_instances", "DESIRED"),
+    ("live", "LIVE"),
+    ("ready", "READY"),
+    ("leased", "LEASED"),
+    ("overflow", "OVERFLOW"),
+    ("waiters", "WAITERS"),
+]
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """Left-aligned columns two spaces apart, each as wide as its widest cell."""
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
+    return [
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True))
+        for line in [headers, *rows]
+    ]
+
+
+def pool_table(pools: Sequence[Mapping[str, Any]]) -> list[str]:
+    # A retired pool's size is nobody's target: show its state, not a number.
+    rows = [
+        [
+            "-" if key == "desired_instances" and p["state"] != "active" else str(p[key])
+            for key, _ in POOL_COLUMNS
+        ]
+        for p in pools
+    ]
+    return table([header for _, header in POOL_COLUMNS], rows)
+
+
+def app_line(app: Mapping[str, Any]) -> str:
+    return f"{app['name']}  active={app['active_version']}  versions={','.join(app['versions'])}"
+
+
+def version_lines(app: Mapping[str, Any]) -> list[str]:
+    """The active version marked `*`."""
+    return [
+        f"{'*' if version == app['active_version'] else ' '} {version}"
+        for version in app["versions"]
+    ]
+
+
+def node_line(node: Mapping[str, Any]) -> str:
+    state = "evacuating" if node["evacuating"] else "cordoned" if node["cordoned"] else "ready"
+    if not node["registered"]:
+        state += " (not registered)"
+    return f"{node['name']}  {state}  sandboxes={node['sandboxes']}"
+
+
+def deletion_line(app: str, report: Mapping[str, Any]) -> str:
+    return (
+        f"deleted {app}: {report['versions']} version(s), "
+        f"{report['artifacts_removed']} artifact(s); its sandboxes finish their requests and stop"
+    )
