@@ -1,4 +1,8 @@
-"""The node agent with real processes: boot, probe, exit detection, stop."""
+"""The node agent with real processes: boot, probe, exit detection, stop.
+
+No test sleeps and then asserts: each waits for the store to say so (`status_of` follows a
+watch), for the agent to let go of a sandbox (`wait_finished`), or drives the agent's clock.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import httpx
 import pytest
 
 from wakeful.deploy.artifacts import LocalArtifacts
+from wakeful.domain import keys
 from wakeful.domain.artifacts import pack
 from wakeful.domain.models import (
     AppSpec,
@@ -22,23 +27,43 @@ from wakeful.domain.models import (
     Pool,
     Sandbox,
     SandboxStatus,
+    SeenNode,
     Version,
 )
 from wakeful.node.agent import NodeAgent
 from wakeful.node.settings import NodeSettings
 from wakeful.store import Event, Store, open_store
+from wakeful.testing import ManualClock
 
 pytestmark = pytest.mark.anyio
 HELLO = Path(__file__).parents[2] / "examples" / "hello"
 
 
 async def status_of(store: Store, sandbox_id: str, *wanted: SandboxStatus) -> Sandbox:
+    """The record once its status is one of `wanted`: listed, then followed by a watch."""
+    key = keys.sandbox(sandbox_id)
     with anyio.fail_after(20):
-        while True:
-            item = await store.get(f"sandboxes/{sandbox_id}", Sandbox)
-            if item is not None and item.value.status in wanted:
+        listing = await store.list(keys.SANDBOXES, Sandbox)
+        for item in listing.items:
+            if item.key == key and item.value.status in wanted:
                 return item.value
-            await anyio.sleep(0.02)
+        changes = store.watch(key, listing.revision + 1)
+        try:
+            async for change in changes:
+                assert isinstance(change, Event), "the watch lost continuity"
+                if change.key == key and change.kind == "put":
+                    sandbox = change.decode(Sandbox)
+                    if sandbox.status in wanted:
+                        return sandbox
+        finally:
+            await changes.aclose()  # type: ignore[attr-defined]
+    raise AssertionError(f"the watch on {key} ended")
+
+
+async def let_go(agent: NodeAgent, sandbox_id: str) -> None:
+    """Until the agent runs nothing for the sandbox any more."""
+    with anyio.fail_after(20):
+        await agent.wait_finished(sandbox_id)
 
 
 @pytest.fixture
@@ -66,10 +91,11 @@ async def node(tmp_path: Path) -> AsyncIterator[tuple[Store, NodeAgent]]:
                 command=command, health=HealthCheck(path="/healthz", timeout=10), shutdown_timeout=5
             )
             await store.put(
-                f"versions/{name}/v1", Version(app=name, version="v1", spec=spec, artifact=digest)
+                keys.version(name, "v1"),
+                Version(app=name, version="v1", spec=spec, artifact=digest),
             )
             await store.put(
-                f"pools/{name}-v1",
+                keys.pool(f"{name}-v1"),
                 Pool(name=f"{name}-v1", app=name, version="v1", spec=spec, desired_instances=1),
             )
         settings = NodeSettings(
@@ -85,7 +111,7 @@ async def node(tmp_path: Path) -> AsyncIterator[tuple[Store, NodeAgent]]:
 
 async def place(store: Store, sandbox_id: str, pool: str) -> None:
     await store.create(
-        f"sandboxes/{sandbox_id}",
+        keys.sandbox(sandbox_id),
         Sandbox(id=sandbox_id, pool=pool, app=pool.split("-")[0], node="n1", owner="n1", epoch=1),
     )
 
@@ -94,7 +120,7 @@ async def test_a_placed_sandbox_boots_serves_and_is_registered(
     node: tuple[Store, NodeAgent],
 ) -> None:
     store, _ = node
-    assert await store.get("nodes/n1", Node) is not None
+    assert await store.get(keys.node("n1"), Node) is not None
     await place(store, "sb-1", "hello-v1")
     sandbox = await status_of(store, "sb-1", SandboxStatus.RUNNING)
     assert sandbox.ready and sandbox.address
@@ -114,6 +140,7 @@ async def test_an_exit_is_recorded_at_once_with_code_and_log(node: tuple[Store, 
     assert dead.exit_code == -signal.SIGKILL
     assert "hello listening" in dead.last_log
     assert not dead.ready
+    await let_go(agent, "sb-1")
     assert agent.running_ids() == []
 
 
@@ -130,7 +157,7 @@ async def test_stopping_a_sandbox_ends_its_process(node: tuple[Store, NodeAgent]
     store, agent = node
     await place(store, "sb-1", "hello-v1")
     sandbox = await status_of(store, "sb-1", SandboxStatus.RUNNING)
-    item = await store.get("sandboxes/sb-1", Sandbox)
+    item = await store.get(keys.sandbox("sb-1"), Sandbox)
     assert item is not None
     await store.update(
         item.key, sandbox.model_copy(update={"status": SandboxStatus.STOPPING}), item.revision
@@ -140,6 +167,7 @@ async def test_stopping_a_sandbox_ends_its_process(node: tuple[Store, NodeAgent]
     with pytest.raises(httpx.ConnectError):
         async with httpx.AsyncClient() as client:
             await client.get(f"http://{sandbox.address}/")
+    await let_go(agent, "sb-1")
     assert agent.running_ids() == []
 
 
@@ -162,10 +190,11 @@ async def test_a_stopping_agent_drains_stops_and_reports_its_sandboxes(tmp_path:
         digest = await artifacts.put(pack(HELLO))
         spec = AppSpec(command=[sys.executable, "app.py"], health=HealthCheck(path="/healthz"))
         await store.put(
-            "versions/hello/v1", Version(app="hello", version="v1", spec=spec, artifact=digest)
+            keys.version("hello", "v1"),
+            Version(app="hello", version="v1", spec=spec, artifact=digest),
         )
         await store.put(
-            "pools/hello-v1",
+            keys.pool("hello-v1"),
             Pool(name="hello-v1", app="hello", version="v1", spec=spec, desired_instances=1),
         )
         settings = NodeSettings(
@@ -177,14 +206,19 @@ async def test_a_stopping_agent_drains_stops_and_reports_its_sandboxes(tmp_path:
         )
         agent = NodeAgent(store, settings, artifacts)
         seen: list[str] = []
+        reported = anyio.Event()
         async with anyio.create_task_group() as observers:
 
             async def record(after: int) -> None:
+                """Every write since `after`, replayed from the store's history."""
                 async for event in store.watch("", after + 1):
                     assert isinstance(event, Event)
-                    if event.key.startswith("sandboxes/"):
-                        seen.append(event.decode(Sandbox).status.value)
-                    elif event.key == "cordons/n1" and event.kind == "put":
+                    if event.key.startswith(keys.SANDBOXES):
+                        status = event.decode(Sandbox).status
+                        seen.append(status.value)
+                        if status is SandboxStatus.STOPPED:
+                            reported.set()
+                    elif event.key == keys.cordon("n1") and event.kind == "put":
                         seen.append("cordoned")
 
             async with anyio.create_task_group() as agent_tasks:
@@ -192,17 +226,17 @@ async def test_a_stopping_agent_drains_stops_and_reports_its_sandboxes(tmp_path:
                 await agent.wait_registered()
                 await place(store, "sb-1", "hello-v1")
                 running = await status_of(store, "sb-1", SandboxStatus.RUNNING)
-                listing = await store.list("sandboxes/", Sandbox)
+                listing = await store.list(keys.SANDBOXES, Sandbox)
                 observers.start_soon(record, listing.revision)
-                await anyio.sleep(0.05)
                 agent_tasks.cancel_scope.cancel()  # the agent stops
-            await anyio.sleep(0.05)
+            with anyio.fail_after(10):
+                await reported.wait()
             observers.cancel_scope.cancel()
-        final = await store.get("sandboxes/sb-1", Sandbox)
+        final = await store.get(keys.sandbox("sb-1"), Sandbox)
         assert final is not None and final.value.status is SandboxStatus.STOPPED
         # The node is cordoned first: nothing new is placed on it while its sandboxes drain.
         assert seen == ["cordoned", "draining", "stopping", "stopped"]
-        assert await store.get("nodes/n1", Node) is None  # left at once, not after 30 s
+        assert await store.get(keys.node("n1"), Node) is None  # left at once, not after 30 s
         with pytest.raises(httpx.ConnectError):
             async with httpx.AsyncClient() as client:
                 await client.get(f"http://{running.address}/")
@@ -214,7 +248,7 @@ async def test_after_ownership_is_released_the_old_owner_cannot_write(
     store, agent = node
     await place(store, "sb-1", "hello-v1")
     running = await status_of(store, "sb-1", SandboxStatus.RUNNING)
-    item = await store.get("sandboxes/sb-1", Sandbox)
+    item = await store.get(keys.sandbox("sb-1"), Sandbox)
     assert item is not None
     # Ownership moves away (a hand-off in progress) while the record still reads running.
     released = await store.update(
@@ -223,12 +257,8 @@ async def test_after_ownership_is_released_the_old_owner_cannot_write(
     async with httpx.AsyncClient() as client:
         pid = int((await client.get(f"http://{running.address}/")).text.split()[-1])
     os.kill(pid, signal.SIGKILL)  # the old owner now wants to write "dead"
-    with anyio.fail_after(10):
-        for _ in range(1000):  # the agent noticed the exit and tried to report it
-            if agent.running_ids() == []:
-                break
-            await anyio.sleep(0.01)
-    after = await store.get("sandboxes/sb-1", Sandbox)
+    await let_go(agent, "sb-1")  # it noticed the exit and tried to report it
+    after = await store.get(keys.sandbox("sb-1"), Sandbox)
     assert after is not None
     assert after.revision == released  # refused: nothing was written
     assert (after.value.status, after.value.owner, after.value.epoch) == (
@@ -243,28 +273,70 @@ async def test_an_unowned_record_placed_here_is_adopted_and_run(
 ) -> None:
     store, _ = node
     legacy = Sandbox(id="sb-9", pool="hello-v1", app="hello", node="n1")  # epoch 0, no owner
-    await store.create("sandboxes/sb-9", legacy)
+    await store.create(keys.sandbox("sb-9"), legacy)
     running = await status_of(store, "sb-9", SandboxStatus.RUNNING)
     assert (running.owner, running.epoch) == ("n1", 1)
 
 
+async def run_agent_once(
+    store: Store, settings: NodeSettings, artifacts: LocalArtifacts, clock: ManualClock
+) -> None:
+    """Start an agent, wait until it serves, move the clock a minute, stop it."""
+    async with anyio.create_task_group() as tasks:
+        agent = NodeAgent(store, settings, artifacts, clock=clock)
+        tasks.start_soon(agent.run)
+        with anyio.fail_after(20):
+            await agent.wait_registered()
+        clock.advance(60)
+        tasks.cancel_scope.cancel()
+
+
 async def test_a_stopping_agent_cordons_its_node_and_lifts_it_when_back(tmp_path: Path) -> None:
+    clock = ManualClock(start=1_000)
     async with open_store("memory://") as store:
         settings = NodeSettings(
             store_url="memory://", node_name="n1", data_dir=tmp_path, shutdown_drain=0
         )
         artifacts = LocalArtifacts(tmp_path / "artifacts")
-        await store.put("cordons/n2", Cordon(node="n2"))  # an operator's, elsewhere
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(NodeAgent(store, settings, artifacts).run)
-            await anyio.sleep(0.2)
-            tasks.cancel_scope.cancel()
-        cordon = await store.get("cordons/n1", Cordon)
+        await store.put(keys.cordon("n2"), Cordon(node="n2"))  # an operator's, elsewhere
+        await run_agent_once(store, settings, artifacts, clock)
+        cordon = await store.get(keys.cordon("n1"), Cordon)
         assert cordon is not None and cordon.value.by_agent and not cordon.value.evacuate
+        assert cordon.value.since == 1_060  # stamped when the agent stopped
         async with anyio.create_task_group() as tasks:
-            agent = NodeAgent(store, settings, artifacts)
+            agent = NodeAgent(store, settings, artifacts, clock=clock)
             tasks.start_soon(agent.run)
             await agent.wait_registered()
-            assert await store.get("cordons/n1", Cordon) is None
-            assert await store.get("cordons/n2", Cordon) is not None
+            assert await store.get(keys.cordon("n1"), Cordon) is None
+            assert await store.get(keys.cordon("n2"), Cordon) is not None
             tasks.cancel_scope.cancel()
+
+
+async def test_an_operators_cordon_on_the_node_outlives_the_agents_restart(
+    tmp_path: Path,
+) -> None:
+    clock = ManualClock(start=1_000)
+    async with open_store("memory://") as store:
+        settings = NodeSettings(
+            store_url="memory://", node_name="n1", data_dir=tmp_path, shutdown_drain=0
+        )
+        artifacts = LocalArtifacts(tmp_path / "artifacts")
+        theirs = Cordon(node="n1", evacuate=True, since=500)  # `wakeful drain n1 --evacuate`
+        await store.put(keys.cordon("n1"), theirs)
+        await run_agent_once(store, settings, artifacts, clock)  # stops: finds it, keeps it
+        await run_agent_once(store, settings, artifacts, clock)  # starts: not its to lift
+        cordon = await store.get(keys.cordon("n1"), Cordon)
+        assert cordon is not None and cordon.value == theirs
+
+
+async def test_a_node_is_seen_from_its_first_registration_on(tmp_path: Path) -> None:
+    clock = ManualClock(start=1_000)
+    async with open_store("memory://") as store:
+        settings = NodeSettings(
+            store_url="memory://", node_name="n1", data_dir=tmp_path, shutdown_drain=0
+        )
+        artifacts = LocalArtifacts(tmp_path / "artifacts")
+        await run_agent_once(store, settings, artifacts, clock)
+        await run_agent_once(store, settings, artifacts, clock)  # a minute later, again
+        seen = await store.get(keys.seen("n1"), SeenNode)
+        assert seen is not None and seen.value.first_seen == 1_000

@@ -10,6 +10,7 @@ import pytest
 
 from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.deploy.logbook import LogBook
+from wakeful.domain import keys
 from wakeful.domain.artifacts import pack
 from wakeful.domain.logbatch import LogBatch
 from wakeful.domain.models import AppSpec, HealthCheck, Pool, Sandbox, SandboxStatus, Version
@@ -190,10 +191,11 @@ async def test_the_agent_ships_a_sandboxs_output_and_still_writes_its_file(tmp_p
             shutdown_timeout=5,
         )
         await store.put(
-            "versions/hello/v1", Version(app="hello", version="v1", spec=spec, artifact=digest)
+            keys.version("hello", "v1"),
+            Version(app="hello", version="v1", spec=spec, artifact=digest),
         )
         await store.put(
-            "pools/hello-v1",
+            keys.pool("hello-v1"),
             Pool(name="hello-v1", app="hello", version="v1", spec=spec, desired_instances=1),
         )
         settings = NodeSettings(
@@ -208,14 +210,14 @@ async def test_the_agent_ships_a_sandboxs_output_and_still_writes_its_file(tmp_p
             tasks.start_soon(agent.run)
             await agent.wait_registered()
             await store.create(
-                "sandboxes/sb-1",
+                keys.sandbox("sb-1"),
                 Sandbox(id="sb-1", pool="hello-v1", app="hello", node="n1", owner="n1", epoch=1),
             )
             with anyio.fail_after(20):
                 while not any("hello listening" in line for line in book.app_lines("hello", 10)):
                     await sink.arrived.wait()
             tasks.cancel_scope.cancel()
-        item = await store.get("sandboxes/sb-1", Sandbox)
+        item = await store.get(keys.sandbox("sb-1"), Sandbox)
         assert item is not None and item.value.status is SandboxStatus.STOPPED
     assert "hello listening" in (tmp_path / "sandboxes" / "sb-1" / "output.log").read_text()
     assert book.app_lines("hello", 10)[0].startswith("[sb-1] hello listening on 127.0.0.1:")

@@ -46,6 +46,13 @@ class Runtime(Protocol):
     ) -> SandboxProcess: ...
 
 
+def tail_of(recent: bytes | bytearray) -> str:
+    """What a crash is reported with: the last `TAIL_LINES` lines, each cut to its last 1000
+    characters."""
+    lines = recent.decode(errors="replace").splitlines()
+    return "\n".join(line[-1000:] for line in lines[-TAIL_LINES:])
+
+
 def _guarded(command: Sequence[str]) -> list[str]:
     """Wrap the command so the sandbox gets SIGKILL if the node agent dies (Linux's parent-death
     signal, set by util-linux's `setpriv`, survives exec). Without it, shutdown still stops
@@ -135,8 +142,7 @@ class LocalProcess:
             os.killpg(self._process.pid, signum)
 
     def tail(self) -> str:
-        lines = self._recent.decode(errors="replace").splitlines()
-        return "\n".join(line[-1000:] for line in lines[-TAIL_LINES:])
+        return tail_of(self._recent)
 
 
 class ProcessRuntime:

@@ -1,9 +1,35 @@
-"""For tests and benchmarks: which processes are a control plane's sandboxes."""
+"""For tests and benchmarks: which processes are a control plane's sandboxes, and a `Runtime`
+that runs none.
+
+`FakeRuntime` passes the same contract suite as `ProcessRuntime`
+(tests/node/test_runtime_contract.py): `start` refuses a missing directory with an `OSError`,
+`pump` hands every byte to `forward` and to the log file and returns once the process has
+exited, `wait` returns the exit code, `stop` sends a SIGTERM and a SIGKILL after the grace,
+`tail` is the last lines. What a fake process does is a `FakeProgram`, named by the first word
+of its command; a test makes one crash with `exit`. A program that `serve_http` answers every
+HTTP request with 200 on its `$HOST:$PORT`, so the node agent's probe finds it ready; that
+needs the runtime entered (`async with`), whose task group runs the listeners. Fake pids lie
+above Linux's `pid_max`, so no signal ever reaches a real process by mistake.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import signal
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
+
+import anyio
+import anyio.abc
+
+from .runtime import RECENT_BYTES, Runtime, tail_of
+
+FIRST_FAKE_PID = 10_000_000
+"""Above Linux's largest `pid_max` (2**22)."""
 
 
 def sandbox_pids(data_dir: Path) -> list[int]:
@@ -18,3 +44,164 @@ def sandbox_pids(data_dir: Path) -> list[int]:
             except OSError:
                 continue
     return found
+
+
+@dataclass(frozen=True)
+class FakeProgram:
+    output: bytes = b""
+    """Written as soon as it starts."""
+    exit_code: int | None = None
+    """Exits by itself with this code right after its output; None: runs until stopped."""
+    on_terminate: int | None = 0
+    """The code it exits with on SIGTERM; None: it ignores SIGTERM and is killed after the
+    grace (exit code -SIGKILL, as `ProcessRuntime` reports a killed process)."""
+    serve_http: bool = False
+    """Answers every HTTP request on `$HOST:$PORT` with 200 `fake <pid>` until it exits."""
+
+
+class FakeProcess:
+    def __init__(
+        self,
+        pid: int,
+        program: FakeProgram,
+        command: Sequence[str],
+        env: Mapping[str, str],
+        log_path: Path,
+    ) -> None:
+        self._pid = pid
+        self.program = program
+        self.command = list(command)
+        self.env = dict(env)
+        self.log_path = log_path
+        self.terminated = False
+        """A SIGTERM was sent (`stop` was called)."""
+        self._pending: list[bytes] = [program.output] if program.output else []
+        self._recent = bytearray()
+        self._changed = anyio.Event()
+        self._exited = anyio.Event()
+        self._code: int | None = None
+        self._listening = anyio.CancelScope()
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    def exit(self, code: int) -> None:
+        """The process ends with `code` (a crash, when nobody asked it to stop)."""
+        if not self._exited.is_set():
+            self._code = code
+            self._exited.set()
+            self._changed.set()
+            self._listening.cancel()
+
+    async def pump(self, forward: Callable[[bytes], None] | None = None) -> None:
+        while True:
+            while self._pending:
+                chunk = self._pending.pop(0)
+                self._recent += chunk
+                del self._recent[: max(0, len(self._recent) - RECENT_BYTES)]
+                self._append(chunk)
+                if forward is not None:
+                    forward(chunk)
+            if self._exited.is_set():
+                return
+            await self._changed.wait()
+            self._changed = anyio.Event()
+
+    def _append(self, chunk: bytes) -> None:
+        with self.log_path.open("ab") as log:
+            log.write(chunk)
+
+    async def wait(self) -> int:
+        await self._exited.wait()
+        assert self._code is not None
+        return self._code
+
+    async def stop(self, grace: float) -> int:
+        """SIGTERM, then SIGKILL after `grace` seconds if the program ignores it."""
+        self.terminated = True
+        if self.program.on_terminate is not None:
+            self.exit(self.program.on_terminate)
+        with anyio.move_on_after(grace):
+            await self._exited.wait()
+        self.exit(-signal.SIGKILL)  # a no-op when it has exited
+        return await self.wait()
+
+    def tail(self) -> str:
+        return tail_of(self._recent)
+
+    async def _serve(self, listener: anyio.abc.Listener[anyio.abc.SocketStream]) -> None:
+        with self._listening:
+            async with listener:
+                await listener.serve(self._answer)
+
+    async def _answer(self, stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+                head = b""
+                while b"\r\n\r\n" not in head and len(head) < 65536:
+                    head += await stream.receive()
+                body = f"fake {self._pid}".encode()
+                await stream.send(
+                    b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+                    % (len(body), body)
+                )
+
+
+class FakeRuntime:
+    """Starts `FakeProcess`es for the programs it knows; `started` lists them in order."""
+
+    def __init__(self, programs: Mapping[str, FakeProgram] | None = None) -> None:
+        self.programs = dict(programs or {})
+        self.started: list[FakeProcess] = []
+        self._next_pid = FIRST_FAKE_PID
+        self._exit_stack: contextlib.AsyncExitStack | None = None
+        self._tasks: anyio.abc.TaskGroup | None = None
+
+    async def __aenter__(self) -> FakeRuntime:
+        self._exit_stack = contextlib.AsyncExitStack()
+        self._tasks = await self._exit_stack.enter_async_context(anyio.create_task_group())
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool | None:
+        assert self._exit_stack is not None and self._tasks is not None
+        self._tasks.cancel_scope.cancel()  # every listener goes
+        stack, self._exit_stack, self._tasks = self._exit_stack, None, None
+        return await stack.__aexit__(exc_type, exc, traceback)
+
+    async def start(
+        self, command: Sequence[str], env: Mapping[str, str], workdir: Path, log_path: Path
+    ) -> FakeProcess:
+        _check_paths(workdir, log_path)
+        program = self.programs.get(command[0])
+        if program is None:
+            raise FileNotFoundError(errno.ENOENT, "no such program", command[0])
+        process = FakeProcess(self._next_pid, program, command, env, log_path)
+        self._next_pid += 1
+        if program.serve_http:
+            if self._tasks is None:
+                raise RuntimeError("enter the FakeRuntime (async with) to serve HTTP")
+            listener = await anyio.create_tcp_listener(
+                local_host=env["HOST"], local_port=int(env["PORT"])
+            )
+            self._tasks.start_soon(process._serve, listener)
+        self.started.append(process)
+        if program.exit_code is not None:
+            process.exit(program.exit_code)
+        return process
+
+
+def _check_paths(workdir: Path, log_path: Path) -> None:
+    """As a real start: a missing working directory is an OSError; the log's is made."""
+    if not workdir.is_dir():
+        raise FileNotFoundError(errno.ENOENT, "no such directory", str(workdir))
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+
+
+def _is_a_runtime(fake: FakeRuntime) -> Runtime:
+    return fake  # mypy checks that the fake has the interface the agent takes

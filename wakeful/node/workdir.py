@@ -17,6 +17,15 @@ class Artifacts(Protocol):
     async def fetch(self, digest: str) -> bytes: ...
 
 
+def sandbox_dir(data_dir: Path, sandbox_id: str) -> Path:
+    """Where a sandbox lives on its node: `app/` (the unpacked artifact) and `output.log`."""
+    return data_dir / "sandboxes" / sandbox_id
+
+
+def remove_sandbox_dir(data_dir: Path, sandbox_id: str) -> None:
+    shutil.rmtree(sandbox_dir(data_dir, sandbox_id), ignore_errors=True)
+
+
 async def prepare_workdir(path: Path, artifacts: Artifacts, digest: str | None) -> Path:
     await anyio.to_thread.run_sync(_fresh, path)
     if digest is not None:

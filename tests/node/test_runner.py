@@ -1,0 +1,171 @@
+"""How one sandbox's life ends, as its runner records it, on the fake runtime the package ships:
+the status, exit code and last log for each way a sandbox can fail or be stopped."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import anyio
+import httpx
+import pytest
+
+from wakeful.domain import keys
+from wakeful.domain.models import AppSpec, HealthCheck, Pool, Sandbox, Version
+from wakeful.domain.models import SandboxStatus as S
+from wakeful.node.agent import NodeAgent
+from wakeful.node.settings import NodeSettings
+from wakeful.node.testing import FakeProgram, FakeRuntime
+from wakeful.store import Event, Store, open_store
+
+pytestmark = pytest.mark.anyio
+SERVES = FakeProgram(output=b"web listening\n", serve_http=True)
+
+
+@dataclass(frozen=True)
+class Case:
+    program: FakeProgram | None
+    """What the command `web` does; None: there is no such program, the start fails."""
+    then: Literal["wait", "crash", "stop"] = "wait"
+    """Once it runs: wait for it to end, make it crash (exit 137), or stop it as the pool
+    controller does."""
+    status: S = S.DEAD
+    exit_code: int | None = None
+    last_log: str = ""
+    terminated: bool = False
+    """The agent sent its process a SIGTERM (it had one, and it had not exited already)."""
+    health_timeout: float = 10
+    fixed_port_taken: bool = False
+    pool: str = "web-v1"
+
+
+class NoArtifacts:
+    async def fetch(self, digest: str) -> bytes:
+        raise AssertionError("these versions have no artifact")
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+@contextlib.asynccontextmanager
+async def node_running(
+    tmp_path: Path, case: Case, taken_port: int
+) -> AsyncIterator[tuple[Store, NodeAgent, FakeRuntime]]:
+    spec = AppSpec(
+        command=["web"],
+        health=HealthCheck(path="/healthz", timeout=case.health_timeout),
+        port=taken_port if case.fixed_port_taken else None,
+        shutdown_timeout=1,
+    )
+    settings = NodeSettings(store_url="memory://", node_name="n1", data_dir=tmp_path)
+    programs = {} if case.program is None else {"web": case.program}
+    async with open_store("memory://") as store, FakeRuntime(programs) as runtime:
+        await store.put(keys.version("web", "v1"), Version(app="web", version="v1", spec=spec))
+        await store.put(
+            keys.pool("web-v1"), Pool(name="web-v1", app="web", version="v1", spec=spec)
+        )
+        agent = NodeAgent(store, settings, NoArtifacts(), runtime=runtime)
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(agent.run)
+            await agent.wait_registered()
+            yield store, agent, runtime
+            tasks.cancel_scope.cancel()
+
+
+async def first_write(store: Store, after: int, *wanted: S) -> Sandbox:
+    """The first write of sb-1 at one of `wanted` after revision `after`."""
+    changes = store.watch(keys.sandbox("sb-1"), after + 1)
+    try:
+        async for change in changes:
+            assert isinstance(change, Event) and change.kind == "put"
+            sandbox = change.decode(Sandbox)
+            if sandbox.status in wanted:
+                return sandbox
+    finally:
+        await changes.aclose()  # type: ignore[attr-defined]
+    raise AssertionError("the watch ended")
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(
+            Case(None, last_log="could not start: [Errno 2] no such program: 'web'"),
+            id="a start that fails is dead, saying why",
+        ),
+        pytest.param(
+            Case(
+                FakeProgram(b"boom: missing config\n", exit_code=3),
+                exit_code=3,
+                last_log="boom: missing config",
+            ),
+            id="an exit before ready is dead with its code and its last output",
+        ),
+        pytest.param(
+            Case(
+                FakeProgram(),
+                exit_code=0,
+                last_log="not ready within 0.2 s",
+                terminated=True,
+                health_timeout=0.2,
+            ),
+            id="silent and never ready: stopped, and dead naming the health timeout",
+        ),
+        pytest.param(
+            Case(SERVES, then="crash", exit_code=137, last_log="web listening"),
+            id="a crash while running is dead with its code and its last output",
+        ),
+        pytest.param(
+            Case(
+                FakeProgram(serve_http=True, on_terminate=7),
+                then="stop",
+                status=S.STOPPED,
+                exit_code=7,
+                terminated=True,
+            ),
+            id="a stop request ends it stopped, with the code it exited with",
+        ),
+        pytest.param(
+            Case(SERVES, last_log="its pool no longer exists", pool="gone-v1"),
+            id="a sandbox whose pool is gone is dead, saying so",
+        ),
+        pytest.param(
+            Case(SERVES, last_log="port {port} is already in use", fixed_port_taken=True),
+            id="a fixed port that is taken: dead, naming the port",
+        ),
+    ],
+)
+async def test_how_a_sandbox_ends_is_recorded(case: Case, tmp_path: Path, taken_port: int) -> None:
+    async with node_running(tmp_path, case, taken_port) as (store, agent, runtime):
+        placed = Sandbox(id="sb-1", pool=case.pool, app="web", node="n1", owner="n1", epoch=1)
+        revision = await store.create(keys.sandbox("sb-1"), placed)
+        with anyio.fail_after(20):
+            if case.then != "wait":
+                running = await first_write(store, revision, S.RUNNING)
+                async with httpx.AsyncClient() as client:  # it serves where it was recorded
+                    answer = await client.get(f"http://{running.address}/")
+                assert answer.text == f"fake {runtime.started[0].pid}"
+                if case.then == "crash":
+                    runtime.started[0].exit(137)
+                else:
+                    item = await store.get(keys.sandbox("sb-1"), Sandbox)
+                    assert item is not None
+                    stopping = item.value.model_copy(update={"status": S.STOPPING})
+                    await store.update(item.key, stopping, item.revision)
+            ended = await first_write(store, revision, S.DEAD, S.STOPPED)
+            await agent.wait_finished("sb-1")
+    assert ended.status is case.status
+    assert ended.exit_code == case.exit_code
+    assert ended.last_log == case.last_log.format(port=taken_port)
+    assert not ended.ready
+    assert agent.running_ids() == []
+    assert any(process.terminated for process in runtime.started) is case.terminated

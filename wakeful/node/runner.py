@@ -1,0 +1,277 @@
+"""One sandbox's life on this node: prepare its directory and port, start it, probe it, serve
+until it exits or is stopped, report.
+
+Theory of operation:
+- The agent makes one `SandboxRunner` per sandbox placed here in `pending`, runs it in its task
+  group, and calls `stop()` when the pool controller moves the sandbox to `stopping` or
+  deletes it.
+- `run` re-reads the record: it must still be pending and this node's to run. The epoch it
+  runs at goes to the `SandboxWriter`, which fences every later write on it (invariant 15).
+- Preparing takes the pool's spec, unpacks the version's artifact into a fresh directory and
+  picks a port; a failure there, or at start, is recorded dead with a reason a person can act
+  on.
+- Started, the process is probed until ready (first probe at once, backing off to ~100 ms),
+  then waited on until it exits or a stop is requested. An exit is noticed the moment it
+  happens and recorded with its code and last log lines. Output goes to `output.log` in the
+  sandbox's directory and, when the node ships logs, to its `LogShipper`.
+- When the agent itself stops (the runner is cancelled with a process alive), the sandbox is
+  drained, given `shutdown_drain` seconds, stopped and recorded stopped: shielded, and with
+  bounded store writes, so a store that is down does not keep the process running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+
+from wakeful.domain import keys
+from wakeful.domain.artifacts import ArtifactError
+from wakeful.domain.models import AppSpec, Pool, Sandbox, SandboxStatus, Version
+from wakeful.store import Store, StoreError
+
+from .fencing import start_epoch
+from .lifecycle import Transition
+from .logship import LogShipper
+from .ports import NoFreePort, PortPool, bindable
+from .probe import wait_ready
+from .runtime import Runtime, SandboxProcess
+from .settings import NodeSettings
+from .workdir import Artifacts, prepare_workdir, sandbox_dir
+from .writer import SandboxWriter
+
+log = logging.getLogger(__name__)
+STORE_WRITE_BOUND = 5.0
+"""Seconds a shutdown waits for one store write before going on without it."""
+
+
+@dataclass(frozen=True)
+class NodeServices:
+    """What every sandbox runner on one node shares."""
+
+    store: Store
+    settings: NodeSettings
+    artifacts: Artifacts
+    runtime: Runtime
+    ports: PortPool
+    writer: SandboxWriter
+    shipper: LogShipper | None
+    before_shutdown: Callable[[], Awaitable[None]]
+    """Awaited when the agent stops, before a live sandbox is drained (it cordons the node)."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A sandbox ready to start: its spec, directory, port and environment."""
+
+    spec: AppSpec
+    base: Path
+    workdir: Path
+    host: str
+    port: int
+    env: dict[str, str]
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+class CannotRun(Exception):
+    """The sandbox cannot be prepared or started; the message is its recorded `last_log`."""
+
+
+class SandboxRunner:
+    def __init__(self, sandbox_id: str, node: NodeServices) -> None:
+        self.sandbox_id = sandbox_id
+        self._node = node
+        self._stop_requested = anyio.Event()
+        self.finished = anyio.Event()
+        """Set as the last step of `run`."""
+        self._process: SandboxProcess | None = None
+        self._port: int | None = None
+        """A port taken from the node's pool, given back when the runner ends."""
+
+    def stop(self) -> None:
+        """Stop the sandbox (SIGTERM, then SIGKILL after its shutdown timeout) and report."""
+        self._stop_requested.set()
+
+    async def stop_process(self, grace: float) -> None:
+        if self._process is not None:
+            await self._process.stop(grace)
+
+    async def run(self) -> None:
+        try:
+            await self._run()
+        except StoreError as exc:
+            log.error("lost track of sandbox: %s", exc, extra={"sandbox": self.sandbox_id})
+        except Exception:
+            # One sandbox's failure must not take the agent and every other sandbox down.
+            log.exception("sandbox failed", extra={"sandbox": self.sandbox_id})
+            with anyio.CancelScope(shield=True), contextlib.suppress(StoreError):
+                await self._change(Transition.FAIL, last_log="node agent error")
+        finally:
+            if self._port is not None:
+                self._node.ports.give_back(self._port)
+            if self._process is not None:
+                with anyio.CancelScope(shield=True):
+                    await self._shut_down(self._process)
+            self._node.writer.forget(self.sandbox_id)
+            if self._node.shipper is not None:
+                self._node.shipper.close(self.sandbox_id)
+            self.finished.set()
+
+    async def _change(self, event: Transition, **fields: object) -> bool:
+        return await self._node.writer.change(self.sandbox_id, event, **fields)
+
+    async def _run(self) -> None:
+        record = await self._claim()
+        if record is None:
+            return
+        try:
+            launch = await self._prepare(record)
+            if not await self._change(Transition.START):
+                return
+            process = await self._start(launch)
+        except CannotRun as exc:
+            await self._change(Transition.FAIL, last_log=str(exc))
+            return
+        self._process = process
+        shipper = self._node.shipper
+        forward = (
+            _discard
+            if shipper is None
+            else shipper.open(self.sandbox_id, record.app, record.created_at)
+        )
+        ready, exit_code = await self._supervise(process, launch, forward)
+        self._process = None
+        await self._report(process, launch, ready, exit_code)
+
+    async def _claim(self) -> Sandbox | None:
+        """The record, if it is still pending and this node's to run; its epoch is noted."""
+        item = await self._node.store.get(keys.sandbox(self.sandbox_id), Sandbox)
+        if item is None or item.value.status is not SandboxStatus.PENDING:
+            return None
+        epoch = start_epoch(item.value, self._node.settings.node_name)
+        if epoch is None:
+            log.warning(
+                "placed here but owned by %s", item.value.owner, extra={"sandbox": self.sandbox_id}
+            )
+            return None
+        self._node.writer.started(self.sandbox_id, epoch)
+        return item.value
+
+    async def _prepare(self, record: Sandbox) -> Launch:
+        store, settings = self._node.store, self._node.settings
+        pool = await store.get(keys.pool(record.pool), Pool)
+        if pool is None:
+            raise CannotRun("its pool no longer exists")
+        spec = pool.value.spec
+        version = await store.get(keys.version(pool.value.app, pool.value.version), Version)
+        base = sandbox_dir(settings.data_dir, self.sandbox_id)
+        try:
+            workdir = await prepare_workdir(
+                base / "app", self._node.artifacts, version.value.artifact if version else None
+            )
+        except (OSError, ArtifactError) as exc:
+            raise CannotRun(f"could not unpack: {exc}") from exc
+        host = settings.node_address
+        port = self._pick_port(spec, host)
+        env = {**_base_env(), **spec.env, "PORT": str(port), "HOST": host}
+        return Launch(spec=spec, base=base, workdir=workdir, host=host, port=port, env=env)
+
+    def _pick_port(self, spec: AppSpec, host: str) -> int:
+        if spec.port is not None:
+            if not bindable(spec.port, host):
+                raise CannotRun(f"port {spec.port} is already in use")
+            return spec.port
+        try:
+            self._port = self._node.ports.take()
+        except NoFreePort as exc:
+            raise CannotRun(str(exc)) from exc
+        return self._port
+
+    async def _start(self, launch: Launch) -> SandboxProcess:
+        try:
+            return await self._node.runtime.start(
+                launch.spec.command, launch.env, launch.workdir, launch.base / "output.log"
+            )
+        except OSError as exc:
+            raise CannotRun(f"could not start: {exc}") from exc
+
+    async def _supervise(
+        self, process: SandboxProcess, launch: Launch, forward: Callable[[bytes], None]
+    ) -> tuple[bool, int | None]:
+        """Probe until ready, then wait for an exit or a stop request. (ready, exit code)."""
+        spec = launch.spec
+        exit_code: int | None = None
+        ready = False
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(process.pump, forward)
+
+            async def watch_exit() -> None:
+                nonlocal exit_code
+                exit_code = await process.wait()
+                tasks.cancel_scope.cancel()
+
+            tasks.start_soon(watch_exit)
+            ready = await wait_ready(
+                launch.host, launch.port, spec.health.path, spec.health.timeout, process.wait
+            )
+            if not ready or not await self._change(
+                Transition.READY, address=launch.address, ready=True
+            ):
+                self._stop_requested.set()
+            await self._stop_requested.wait()
+            exit_code = await process.stop(spec.shutdown_timeout)
+            tasks.cancel_scope.cancel()
+        return ready, exit_code
+
+    async def _report(
+        self, process: SandboxProcess, launch: Launch, ready: bool, exit_code: int | None
+    ) -> None:
+        """Stopped, when it was asked to stop; dead otherwise, with the reason."""
+        tail = process.tail()
+        current = await self._node.store.get(keys.sandbox(self.sandbox_id), Sandbox)
+        if current is None:
+            return
+        if current.value.status is SandboxStatus.STOPPING:
+            await self._change(Transition.STOPPED, exit_code=exit_code, last_log=tail)
+        else:
+            timeout = launch.spec.health.timeout
+            reason = tail if ready else (tail or f"not ready within {timeout:g} s")
+            log.warning(
+                "sandbox exited with %s", exit_code, extra={"sandbox": self.sandbox_id, "log": tail}
+            )
+            await self._change(Transition.FAIL, exit_code=exit_code, last_log=reason)
+
+    async def _shut_down(self, process: SandboxProcess) -> None:
+        """The agent is stopping: cordon the node, take the sandbox out of admission, give the
+        requests on it `shutdown_drain` seconds, then stop it and say so. Store writes are
+        bounded: a store that is down must not keep the process running."""
+        settings = self._node.settings
+        await self._node.before_shutdown()
+        with anyio.move_on_after(STORE_WRITE_BOUND), contextlib.suppress(StoreError):
+            await self._change(Transition.DRAIN)
+        await anyio.sleep(settings.shutdown_drain)
+        with anyio.move_on_after(STORE_WRITE_BOUND), contextlib.suppress(StoreError):
+            await self._change(Transition.STOP)
+        code = await process.stop(settings.stop_grace)
+        with anyio.move_on_after(STORE_WRITE_BOUND), contextlib.suppress(StoreError):
+            await self._change(
+                Transition.STOPPED, exit_code=code, last_log="the node agent stopped"
+            )
+
+
+def _discard(chunk: bytes) -> None:
+    pass
+
+
+def _base_env() -> dict[str, str]:
+    """What a sandbox inherits: a PATH to find its interpreter, a locale, a home. No secrets."""
+    keep = ("PATH", "LANG", "LC_ALL", "HOME", "TZ", "PYTHONPATH", "VIRTUAL_ENV")
+    return {name: os.environ[name] for name in keep if name in os.environ}
