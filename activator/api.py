@@ -18,7 +18,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, Field
 
-from wakeful.activator.core import Activator, Lease, PoolSnapshot
+from wakeful.activator.core import Activator, PoolSnapshot
+from wakeful.activator.ledger import Lease
 from wakeful.domain.leases import (
     ActivatorError,
     AppFailedToBoot,

@@ -1,7 +1,8 @@
 """The activator's decisions: pure functions of (pool state, observations, now).
 
-No I/O, no clock reads, no awaits: the async shell (`activator.core`) gathers the inputs,
-calls these, and carries out what they return. Seed 000 is the specification:
+No I/O, no clock reads, no awaits: the shells (`activator.core`, `activator.scale_up`,
+`activator.ledger`) gather the inputs, call these, and carry out what they return. Seed 000
+is the specification:
 
 - Admission: a request waits only when nothing in its pool is routable. When every routable
   sandbox is at its `requests_per_instance` target, the request still goes to the least-loaded

@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 class ActivatorMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
+        self._pool_gauges: dict[str, tuple[Gauge, Gauge, Gauge]] = {}
         self.leases = Gauge(
             "wakeful_activator_leases",
             "Leases held, by pool and kind (normal or overflow)",
@@ -44,8 +45,22 @@ class ActivatorMetrics:
             registry=registry,
         )
 
+    def publish(self, pool: str, normal: int, overflow: int, waiters: int) -> None:
+        """A pool's lease and waiter gauges, after every change to them."""
+        gauges = self._pool_gauges.get(pool)
+        if gauges is None:
+            gauges = self._pool_gauges[pool] = (
+                self.leases.labels(pool=pool, kind="normal"),
+                self.leases.labels(pool=pool, kind="overflow"),
+                self.waiters.labels(pool=pool),
+            )
+        gauges[0].set(normal)
+        gauges[1].set(overflow)
+        gauges[2].set(waiters)
+
     def forget_pool(self, pool: str) -> None:
         """Stop exporting a pool that no longer exists."""
+        self._pool_gauges.pop(pool, None)
         for labels, gauge in [
             ((pool, "normal"), self.leases),
             ((pool, "overflow"), self.leases),

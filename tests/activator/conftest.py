@@ -3,23 +3,32 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import anyio
+import anyio.lowlevel
 from prometheus_client import CollectorRegistry
 
 from wakeful.activator.core import Activator
 from wakeful.activator.settings import ActivatorSettings
+from wakeful.domain import keys
 from wakeful.domain.models import App, AppSpec, Concurrency, Pool, Sandbox, SandboxStatus
 from wakeful.store import Item, Store
 
-POOL_KEY = "pools/hello-v1"
+POOL_KEY = keys.pool("hello-v1")
 
 
 def make_activator(
-    store: Store, clock: Callable[[], float] | None = None, **settings: object
+    store: Store,
+    clock: Callable[[], float] | None = None,
+    wall_clock: Callable[[], float] | None = None,
+    **settings: object,
 ) -> Activator:
+    """`clock` times leases and waiters (monotonic); `wall_clock` stamps shared records."""
     config = ActivatorSettings(store_url="memory://", token="t", **settings)  # type: ignore[arg-type]
-    if clock is None:
-        return Activator(store, config, CollectorRegistry())
-    return Activator(store, config, CollectorRegistry(), clock=clock)
+    clocks: dict[str, Callable[[], float]] = {}
+    if clock is not None:
+        clocks["clock"] = clock
+    if wall_clock is not None:
+        clocks["wall_clock"] = wall_clock
+    return Activator(store, config, CollectorRegistry(), **clocks)
 
 
 async def seed(
@@ -36,13 +45,13 @@ async def seed(
         concurrency=Concurrency(requests_per_instance=rpi, max_instances=max_instances),
         activation_timeout=activation_timeout,
     )
-    await store.put("apps/hello", App(name="hello", active_version="v1"))
+    await store.put(keys.app("hello"), App(name="hello", active_version="v1"))
     await store.put(
         POOL_KEY,
         Pool(name="hello-v1", app="hello", version="v1", spec=spec, desired_instances=desired),
     )
     for index, (sandbox_id, status) in enumerate((sandboxes or {}).items()):
-        await store.put(f"sandboxes/{sandbox_id}", sandbox(sandbox_id, status, 9000 + index))
+        await store.put(keys.sandbox(sandbox_id), sandbox(sandbox_id, status, 9000 + index))
 
 
 def sandbox(sandbox_id: str, status: SandboxStatus, port: int = 9000) -> Sandbox:
@@ -59,13 +68,19 @@ def sandbox(sandbox_id: str, status: SandboxStatus, port: int = 9000) -> Sandbox
 
 
 async def set_status(store: Store, sandbox_id: str, status: SandboxStatus, port: int = 9000) -> int:
-    return await store.put(f"sandboxes/{sandbox_id}", sandbox(sandbox_id, status, port))
+    return await store.put(keys.sandbox(sandbox_id), sandbox(sandbox_id, status, port))
 
 
 async def pool(store: Store) -> Item[Pool]:
     found = await store.get(POOL_KEY, Pool)
     assert found is not None
     return found
+
+
+async def settle(rounds: int = 10) -> None:
+    """Let every task that can run take its steps (a woken waiter runs to its next await)."""
+    for _ in range(rounds):
+        await anyio.lowlevel.checkpoint()
 
 
 async def eventually(check: Callable[[], bool], within: float = 10.0) -> None:

@@ -6,12 +6,14 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from wakeful.activator.core import Lease
+from wakeful.activator.ledger import Lease
+from wakeful.domain import keys
 from wakeful.domain.leases import AppFailedToBoot, LeaseGone, NoCapacity, Overloaded, UnknownApp
 from wakeful.domain.models import App, Pool, SandboxStatus
 from wakeful.store import Event, Put, Require, Store, open_store
+from wakeful.testing import ManualClock
 
-from .conftest import POOL_KEY, eventually, make_activator, pool, sandbox, seed, set_status
+from .conftest import POOL_KEY, eventually, make_activator, pool, sandbox, seed, set_status, settle
 
 pytestmark = pytest.mark.anyio
 
@@ -21,7 +23,7 @@ async def test_35_waiters_grow_the_pool_in_one_step_and_are_all_admitted_when_re
 ) -> None:
     await seed(store, rpi=5, desired=1, sandboxes={"sb-1": SandboxStatus.BOOTING})
     start = (await pool(store)).revision
-    pool_writes = store.watch("pools/", start + 1)
+    pool_writes = store.watch(keys.POOLS, start + 1)
     activator = make_activator(store)
     leases: list[Lease] = []
 
@@ -127,7 +129,7 @@ async def test_a_missed_scale_down_heals_through_the_reread(store: Store) -> Non
         )
         requests.start_soon(activator.acquire, "hello")
         with anyio.fail_after(10):
-            async for change in store.watch("pools/", listed.revision + 2):
+            async for change in store.watch(keys.POOLS, listed.revision + 2):
                 assert isinstance(change, Event)
                 break
         requests.cancel_scope.cancel()
@@ -181,8 +183,8 @@ async def test_the_watch_loop_relists_after_a_resync_event() -> None:
 
 async def test_released_and_expired_leases_return_their_capacity(store: Store) -> None:
     await seed(store, rpi=10, sandboxes={"sb-1": SandboxStatus.RUNNING})
-    now = [1000.0]
-    activator = make_activator(store, clock=lambda: now[0], lease_ttl=60)
+    clock = ManualClock()
+    activator = make_activator(store, clock=clock, lease_ttl=60)
     async with activator.running():
         first = await activator.acquire("hello")
         second = await activator.acquire("hello")
@@ -192,11 +194,11 @@ async def test_released_and_expired_leases_return_their_capacity(store: Store) -
         activator.release(first.lease_id)  # idempotent
         assert activator.leased_on("sb-1") == 2
 
-        now[0] += 45
+        clock.advance(45)
         activator.renew(second.lease_id)
-        now[0] += 45  # 90 s after the grant, 45 after the renew
+        clock.advance(45)  # 90 s after the grant, 45 after the renew
         assert activator.expire_leases() == 0
-        now[0] += 16
+        clock.advance(16)
         assert activator.expire_leases() == 1
         assert activator.leased_on("sb-1") == 0
         with pytest.raises(LeaseGone):
@@ -215,14 +217,34 @@ async def test_a_dead_sandbox_drops_its_leases(store: Store) -> None:
 
 
 async def test_bounds_unknown_apps_a_full_queue_and_the_activation_timeout(store: Store) -> None:
-    await seed(store, rpi=5, activation_timeout=0.3, sandboxes={"sb-1": SandboxStatus.BOOTING})
-    activator = make_activator(store, max_waiters=3)
+    await seed(store, rpi=5, activation_timeout=120, sandboxes={"sb-1": SandboxStatus.BOOTING})
+    clock = ManualClock()
+    activator = make_activator(store, clock=clock, max_waiters=3)
+    timed_out: list[NoCapacity] = []
+
+    async def wait_for_capacity() -> None:
+        with pytest.raises(NoCapacity) as failed:
+            await activator.acquire("hello")
+        timed_out.append(failed.value)
+
     async with activator.running():
         with pytest.raises(UnknownApp):
             await activator.acquire("nope")
-        with pytest.raises(NoCapacity) as timed_out:
-            await activator.acquire("hello")
-        assert timed_out.value.retry_after >= 1
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as requests:
+                requests.start_soon(wait_for_capacity)
+                await eventually(lambda: activator.snapshot()[0].waiters == 1)
+                clock.advance(119.9)
+                activator.expire_leases()
+                await settle()
+                assert (timed_out, activator.snapshot()[0].waiters) == ([], 1)  # not yet
+                clock.advance(0.1)
+                activator.expire_leases()  # the deadline passed: the waiter gives up
+        (failure,) = timed_out
+        assert failure.retry_after >= 1
+        assert activator.snapshot()[0].waiters == 0
+
         async with anyio.create_task_group() as requests:
             for _ in range(3):
                 requests.start_soon(activator.acquire, "hello")
@@ -236,16 +258,16 @@ async def test_bounds_unknown_apps_a_full_queue_and_the_activation_timeout(store
 async def test_a_crash_looping_app_fails_fast_with_its_log(store: Store) -> None:
     await seed(store, rpi=5, sandboxes={"sb-1": SandboxStatus.DEAD})
     listed = await pool(store)
-    now = 1000.0
+    wall = ManualClock(1_700_000_000.0)  # the pool controller writes wall-clock times
     crashed = listed.value.model_copy(
         update={
             "crash_count": 3,
-            "crash_cooldown_until": now + 8,
+            "crash_cooldown_until": wall.now + 8,
             "last_crash_log": "ImportError: no module named flask",
         }
     )
     await store.update(POOL_KEY, crashed, listed.revision)
-    activator = make_activator(store, clock=lambda: now)
+    activator = make_activator(store, wall_clock=wall)
     async with activator.running():
         with anyio.fail_after(2), pytest.raises(AppFailedToBoot) as failed:
             await activator.acquire("hello")
@@ -268,17 +290,17 @@ async def test_a_request_waiting_on_a_retired_pool_follows_the_route_to_the_new_
         await eventually(lambda: activator.snapshot()[0].waiters == 1)
         old = await pool(store)
         new = old.value.model_copy(update={"name": "hello-v2", "version": "v2"})
-        await store.put("pools/hello-v2", new)
+        await store.put(keys.pool("hello-v2"), new)
         await store.put(
-            "sandboxes/sb-2",
+            keys.sandbox("sb-2"),
             sandbox("sb-2", SandboxStatus.RUNNING, 9100).model_copy(update={"pool": "hello-v2"}),
         )
-        app = await store.get("apps/hello", App)
+        app = await store.get(keys.app("hello"), App)
         assert app is not None
         await store.txn(
-            [Require("apps/hello", app.revision), Require(POOL_KEY, old.revision)],
+            [Require(keys.app("hello"), app.revision), Require(POOL_KEY, old.revision)],
             [
-                Put("apps/hello", app.value.model_copy(update={"active_version": "v2"})),
+                Put(keys.app("hello"), app.value.model_copy(update={"active_version": "v2"})),
                 Put(POOL_KEY, old.value.model_copy(update={"retired": True})),
             ],
         )

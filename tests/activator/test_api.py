@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 
 import anyio
 import httpx
@@ -18,20 +19,40 @@ from wakeful.domain.leases import LeaseGone, NoCapacity, Unauthorized, UnknownAp
 from wakeful.domain.models import SandboxStatus
 from wakeful.store import Store, open_store
 from wakeful.store.testing import free_port
+from wakeful.testing import ManualClock
 
-from .conftest import seed
+from .conftest import eventually, seed, set_status
 
 pytestmark = pytest.mark.anyio
 TOKEN = "s3cret-token"
 
 
+ACTIVATION_TIMEOUT = 120.0
+"""Long enough that only moving the clock (never real time) ends a wait in these tests."""
+
+
+@dataclass(frozen=True)
+class Served:
+    url: str
+    store: Store
+    activator: Activator
+    clock: ManualClock
+    """The activator's clock: waiters time out only when a test moves it."""
+
+
 @pytest.fixture
-async def api() -> AsyncIterator[tuple[str, Store]]:
+async def api() -> AsyncIterator[Served]:
     async with open_store("memory://") as store:
-        await seed(store, rpi=10, activation_timeout=0.3, sandboxes={"sb-1": SandboxStatus.RUNNING})
+        await seed(
+            store,
+            rpi=10,
+            activation_timeout=ACTIVATION_TIMEOUT,
+            sandboxes={"sb-1": SandboxStatus.RUNNING},
+        )
         settings = ActivatorSettings(store_url="memory://", token=TOKEN)
         registry = CollectorRegistry()
-        activator = Activator(store, settings, registry)
+        clock = ManualClock()
+        activator = Activator(store, settings, registry, clock=clock)
         port = free_port()
         server = uvicorn.Server(
             uvicorn.Config(
@@ -47,12 +68,29 @@ async def api() -> AsyncIterator[tuple[str, Store]]:
             with anyio.fail_after(10):
                 while not server.started:  # noqa: ASYNC110 - uvicorn exposes a flag, no event
                     await anyio.sleep(0.01)
-            yield f"http://127.0.0.1:{port}", store
+            yield Served(f"http://127.0.0.1:{port}", store, activator, clock)
             server.should_exit = True
 
 
-async def test_leases_round_trip_through_the_http_client(api: tuple[str, Store]) -> None:
-    url, _ = api
+async def nothing_routable(api: Served) -> None:
+    await set_status(api.store, "sb-1", SandboxStatus.BOOTING)
+    await eventually(lambda: api.activator.snapshot()[0].ready == 0)
+
+
+async def past_the_activation_timeout(
+    api: Served, request: Callable[[], Awaitable[object]]
+) -> None:
+    """Run `request` until it is parked, then move the clock past its deadline."""
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(request)
+            await eventually(lambda: api.activator.snapshot()[0].waiters == 1)
+            api.clock.advance(ACTIVATION_TIMEOUT)
+            api.activator.expire_leases()
+
+
+async def test_leases_round_trip_through_the_http_client(api: Served) -> None:
+    url = api.url
     leases = HttpLeases(url, TOKEN)
     try:
         grant = await leases.acquire("hello")
@@ -89,10 +127,8 @@ async def test_leases_round_trip_through_the_http_client(api: tuple[str, Store])
     [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic czNjcmV0"}],
     ids=["missing", "wrong-token", "not-bearer"],
 )
-async def test_the_lease_api_needs_the_bearer_token(
-    api: tuple[str, Store], headers: dict[str, str]
-) -> None:
-    url, _ = api
+async def test_the_lease_api_needs_the_bearer_token(api: Served, headers: dict[str, str]) -> None:
+    url = api.url
     async with httpx.AsyncClient(base_url=url) as client:
         for answer in [
             await client.post("/v1/leases", json={"app": "hello"}, headers=headers),
@@ -116,9 +152,9 @@ async def test_the_lease_api_needs_the_bearer_token(
     ids=["missing-app", "bad-app-name", "version-not-a-string"],
 )
 async def test_malformed_requests_get_422_naming_the_field(
-    api: tuple[str, Store], body: dict[str, object], field: str
+    api: Served, body: dict[str, object], field: str
 ) -> None:
-    url, _ = api
+    url = api.url
     async with httpx.AsyncClient(base_url=url) as client:
         answer = await client.post(
             "/v1/leases", json=body, headers={"Authorization": f"Bearer {TOKEN}"}
@@ -128,24 +164,32 @@ async def test_malformed_requests_get_422_naming_the_field(
     assert field in answer.json()["detail"]
 
 
-async def test_no_capacity_in_time_is_503_with_retry_after(api: tuple[str, Store]) -> None:
-    url, store = api
-    from .conftest import set_status
+async def test_no_capacity_in_time_is_503_with_retry_after(api: Served) -> None:
+    await nothing_routable(api)
+    answers: list[httpx.Response] = []
+    async with httpx.AsyncClient(base_url=api.url) as client:
 
-    await set_status(store, "sb-1", SandboxStatus.BOOTING)
-    async with httpx.AsyncClient(base_url=url) as client:
-        await anyio.sleep(0.05)
-        answer = await client.post(
-            "/v1/leases", json={"app": "hello"}, headers={"Authorization": f"Bearer {TOKEN}"}
-        )
+        async def ask() -> None:
+            headers = {"Authorization": f"Bearer {TOKEN}"}
+            answers.append(await client.post("/v1/leases", json={"app": "hello"}, headers=headers))
+
+        await past_the_activation_timeout(api, ask)
         metrics = await client.get("/metrics")
+    (answer,) = answers
     assert answer.status_code == 503
     assert int(answer.headers["Retry-After"]) >= 1
     assert answer.json()["error"] == "no capacity"
     assert "wakeful_activator_lease_wait_seconds" in metrics.text
-    async with HttpLeases(url, TOKEN) as leases:
-        with pytest.raises(NoCapacity):
-            await leases.acquire("hello")
+    refused: list[NoCapacity] = []
+    async with HttpLeases(api.url, TOKEN) as leases:
+
+        async def acquire() -> None:
+            with pytest.raises(NoCapacity) as failed:
+                await leases.acquire("hello")
+            refused.append(failed.value)
+
+        await past_the_activation_timeout(api, acquire)
+    assert len(refused) == 1
 
 
 async def test_an_unreachable_activator_is_a_typed_503_error() -> None:
@@ -155,26 +199,14 @@ async def test_an_unreachable_activator_is_a_typed_503_error() -> None:
     assert refused.value.retry_after >= 1
 
 
-async def test_a_client_that_hangs_up_while_waiting_leaves_no_waiter(
-    api: tuple[str, Store],
-) -> None:
-    url, store = api
-    from wakeful.domain.models import Pool
-
-    from .conftest import POOL_KEY, set_status
-
-    listed = await store.get(POOL_KEY, Pool)
-    assert listed is not None
-    patient = listed.value.spec.model_copy(update={"activation_timeout": 60})
-    await store.update(POOL_KEY, listed.value.model_copy(update={"spec": patient}), listed.revision)
-    await set_status(store, "sb-1", SandboxStatus.BOOTING)
-    await anyio.sleep(0.05)
-    async with httpx.AsyncClient(base_url=url, timeout=0.3) as client:
+async def test_a_client_that_hangs_up_while_waiting_leaves_no_waiter(api: Served) -> None:
+    await nothing_routable(api)  # and the clock stands still: the request waits until it leaves
+    async with httpx.AsyncClient(base_url=api.url, timeout=0.3) as client:
         with pytest.raises(httpx.ReadTimeout):
             await client.post(
                 "/v1/leases", json={"app": "hello"}, headers={"Authorization": f"Bearer {TOKEN}"}
             )
-    async with httpx.AsyncClient(base_url=url) as client:
+    async with httpx.AsyncClient(base_url=api.url) as client:
         with anyio.fail_after(5):
             while True:
                 pools = await client.get("/v1/pools", headers={"Authorization": f"Bearer {TOKEN}"})

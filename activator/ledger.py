@@ -1,0 +1,301 @@
+"""Leases and parked waiters: what the activator holds in memory, on one clock.
+
+Theory of operation:
+- Every method is synchronous. A step that reads and changes leases or waiters runs without an
+  await, which on one event loop is the lock: a waiter granted a lease leaves the waiter list
+  in the same step that records the lease, so demand never counts it twice (invariant 6).
+- One injected monotonic clock (`clock`) times both: a lease's TTL and a waiter's deadline.
+  A caller may bound its real wait by a timeout computed from it, but `expire()` on this
+  clock is what decides, so a test moves the clock instead of sleeping.
+- A lease's life is the table below. A lease leaves `leases_by_id`, and its size leaves
+  `leased_capacity_by_sandbox` and its pool's counts, in the same step that moves it out of
+  `active`; an illegal move raises and changes nothing.
+
+      active ──renew──▶ active
+      active ──release──▶ released      (the holder handed it back)
+      active ──expire──▶ expired        (its TTL passed unrenewed)
+      active ──lose──▶ lost             (its sandbox stopped, died or went away)
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import anyio
+
+from wakeful.activator import decisions
+from wakeful.domain.leases import LeaseGone, LeaseGrant, Overloaded
+
+
+class LeaseState(StrEnum):
+    ACTIVE = "active"
+    RELEASED = "released"
+    EXPIRED = "expired"
+    LOST = "lost"
+
+
+class LeaseEvent(StrEnum):
+    RENEW = "renew"
+    RELEASE = "release"
+    EXPIRE = "expire"
+    LOSE = "lose"
+
+
+class IllegalLeaseTransition(ValueError):
+    pass
+
+
+TABLE: dict[tuple[LeaseState, LeaseEvent], LeaseState] = {
+    (LeaseState.ACTIVE, LeaseEvent.RENEW): LeaseState.ACTIVE,
+    (LeaseState.ACTIVE, LeaseEvent.RELEASE): LeaseState.RELEASED,
+    (LeaseState.ACTIVE, LeaseEvent.EXPIRE): LeaseState.EXPIRED,
+    (LeaseState.ACTIVE, LeaseEvent.LOSE): LeaseState.LOST,
+}
+
+
+def transition(state: LeaseState, event: LeaseEvent) -> LeaseState:
+    try:
+        return TABLE[(state, event)]
+    except KeyError:
+        raise IllegalLeaseTransition(f"a {state.value} lease cannot {event.value}") from None
+
+
+@dataclass(slots=True)
+class Lease:
+    lease_id: str
+    pool: str
+    app: str
+    sandbox_id: str
+    url: str
+    size: int
+    overflow: bool
+    ttl: float
+    expires_at: float
+    """On the ledger's clock."""
+    state: LeaseState = LeaseState.ACTIVE
+
+    def grant(self) -> LeaseGrant:
+        """What the holder is told: the lease as the ingress sees it."""
+        return LeaseGrant(
+            lease_id=self.lease_id,
+            sandbox_id=self.sandbox_id,
+            url=self.url,
+            size=self.size,
+            overflow=self.overflow,
+            ttl_seconds=self.ttl,
+        )
+
+
+@dataclass(slots=True, eq=False)
+class Waiter:
+    """A request parked until something in its pool is routable, or its deadline passes."""
+
+    pool: str
+    deadline: float
+    """On the ledger's clock."""
+    wake: anyio.Event = field(default_factory=anyio.Event)
+
+
+@dataclass(slots=True, eq=False)
+class PoolLedger:
+    """One pool's waiters and lease counts, kept by pool name."""
+
+    waiters: list[Waiter] = field(default_factory=list)
+    normal_leases: int = 0
+    overflow_leases: int = 0
+    forgotten: bool = False
+    """The view no longer has the pool: drop this entry once nothing is left in it."""
+
+    def idle(self) -> bool:
+        return not self.waiters and not self.normal_leases and not self.overflow_leases
+
+    def wake_all(self) -> None:
+        for waiter in self.waiters:
+            waiter.wake.set()
+
+
+class LeaseLedger:
+    def __init__(
+        self,
+        *,
+        lease_ttl: float,
+        max_waiters: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.clock = clock
+        self._lease_ttl = lease_ttl
+        self._max_waiters = max_waiters
+        self.leases_by_id: dict[str, Lease] = {}
+        self.leased_capacity_by_sandbox: dict[str, int] = {}
+        self._pools: dict[str, PoolLedger] = {}
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def leased_on(self, sandbox_id: str) -> int:
+        return self.leased_capacity_by_sandbox.get(sandbox_id, 0)
+
+    def counts(self, pool: str) -> tuple[int, int, int]:
+        """(normal leases, overflow leases, waiters) of one pool."""
+        entry = self._pools.get(pool)
+        if entry is None:
+            return 0, 0, 0
+        return entry.normal_leases, entry.overflow_leases, len(entry.waiters)
+
+    def waiting(self, pool: str) -> int:
+        entry = self._pools.get(pool)
+        return 0 if entry is None else len(entry.waiters)
+
+    # -- leases -----------------------------------------------------------------------------
+
+    def grant(self, pool: str, app: str, admitted: decisions.Admit, waiter: Waiter | None) -> Lease:
+        """Record an admission; a granted waiter leaves its queue in this same step."""
+        if waiter is not None:
+            self._entry(waiter.pool).waiters.remove(waiter)
+        lease = Lease(
+            lease_id=uuid.uuid4().hex,
+            pool=pool,
+            app=app,
+            sandbox_id=admitted.sandbox_id,
+            url=admitted.url,
+            size=admitted.size,
+            overflow=admitted.overflow,
+            ttl=self._lease_ttl,
+            expires_at=self.clock() + self._lease_ttl,
+        )
+        self.leases_by_id[lease.lease_id] = lease
+        capacity = self.leased_capacity_by_sandbox
+        capacity[lease.sandbox_id] = capacity.get(lease.sandbox_id, 0) + lease.size
+        entry = self._entry(pool)
+        if lease.overflow:
+            entry.overflow_leases += 1
+        else:
+            entry.normal_leases += 1
+        if waiter is not None and waiter.pool != pool:
+            self._tidy(waiter.pool)
+        return lease
+
+    def renew(self, lease_id: str) -> Lease:
+        """Extend a lease's TTL. A lease past its TTL is gone even before `expire()` runs."""
+        lease = self.leases_by_id.get(lease_id)
+        now = self.clock()
+        if lease is None or lease.expires_at <= now:
+            raise LeaseGone(f"lease {lease_id!r} expired, was released, or lost its sandbox")
+        lease.state = transition(lease.state, LeaseEvent.RENEW)
+        lease.expires_at = now + lease.ttl
+        return lease
+
+    def release(self, lease_id: str) -> Lease | None:
+        """Hand a lease back. Idempotent: an unknown lease id (released, expired) is None."""
+        lease = self.leases_by_id.get(lease_id)
+        if lease is None:
+            return None
+        self._end(lease, LeaseEvent.RELEASE)
+        return lease
+
+    def lose_leases_on(self, sandbox_id: str) -> list[Lease]:
+        """Drop every lease on a sandbox that stopped, died or went away."""
+        lost = [lease for lease in self.leases_by_id.values() if lease.sandbox_id == sandbox_id]
+        for lease in lost:
+            self._end(lease, LeaseEvent.LOSE)
+        return lost
+
+    def forget_sandbox(self, sandbox_id: str) -> list[Lease]:
+        """The sandbox left the store: lose its leases and anything counted on it."""
+        lost = self.lose_leases_on(sandbox_id)
+        self.leased_capacity_by_sandbox.pop(sandbox_id, None)
+        return lost
+
+    def expire(self) -> list[Lease]:
+        """Drop every lease whose TTL passed unrenewed, and wake every waiter whose deadline
+        passed (it then gives up). Returns the expired leases."""
+        now = self.clock()
+        deadlines = {lease_id: lease.expires_at for lease_id, lease in self.leases_by_id.items()}
+        gone = [self.leases_by_id[lease_id] for lease_id in decisions.expired(deadlines, now)]
+        for lease in gone:
+            self._end(lease, LeaseEvent.EXPIRE)
+        for entry in self._pools.values():
+            for waiter in entry.waiters:
+                if waiter.deadline <= now:
+                    waiter.wake.set()
+        return gone
+
+    def _end(self, lease: Lease, event: LeaseEvent) -> None:
+        lease.state = transition(lease.state, event)  # raises before anything changes
+        del self.leases_by_id[lease.lease_id]
+        capacity = self.leased_capacity_by_sandbox
+        left = capacity.get(lease.sandbox_id, 0) - lease.size
+        if left > 0:
+            capacity[lease.sandbox_id] = left
+        else:
+            capacity.pop(lease.sandbox_id, None)
+        entry = self._entry(lease.pool)
+        if lease.overflow:
+            entry.overflow_leases -= 1
+        else:
+            entry.normal_leases -= 1
+        entry.wake_all()
+        self._tidy(lease.pool)
+
+    # -- waiters ----------------------------------------------------------------------------
+
+    def park(self, pool: str, app: str, deadline: float) -> Waiter:
+        """Queue a request on a pool, bounded in depth (`Overloaded` past `max_waiters`)."""
+        entry = self._entry(pool)
+        if len(entry.waiters) >= self._max_waiters:
+            raise Overloaded(
+                f"app {app!r} has {len(entry.waiters)} requests waiting already", retry_after=5
+            )
+        waiter = Waiter(pool, deadline)
+        entry.waiters.append(waiter)
+        return waiter
+
+    def unpark(self, waiter: Waiter) -> bool:
+        """Take a waiter off its queue (it gave up or was cancelled); False if it was not on."""
+        entry = self._pools.get(waiter.pool)
+        if entry is None or waiter not in entry.waiters:
+            return False
+        entry.waiters.remove(waiter)
+        self._tidy(waiter.pool)
+        return True
+
+    def move(self, waiter: Waiter, pool: str) -> None:
+        """Follow a route to another pool, keeping the request's deadline."""
+        if waiter.pool == pool:
+            return
+        self.unpark(waiter)
+        waiter.pool = pool
+        self._entry(pool).waiters.append(waiter)
+
+    def wake(self, pool: str) -> None:
+        """Every waiter of the pool runs admission again."""
+        entry = self._pools.get(pool)
+        if entry is not None:
+            entry.wake_all()
+
+    def wake_all(self) -> None:
+        for entry in self._pools.values():
+            entry.wake_all()
+
+    def forget_pool(self, pool: str) -> None:
+        """The view dropped the pool: wake its waiters (they follow the route or give up), and
+        keep its counts only while leases or waiters remain."""
+        entry = self._pools.get(pool)
+        if entry is not None:
+            entry.wake_all()
+            entry.forgotten = True
+            self._tidy(pool)
+
+    def _entry(self, pool: str) -> PoolLedger:
+        entry = self._pools.get(pool)
+        if entry is None:
+            entry = self._pools[pool] = PoolLedger()
+        return entry
+
+    def _tidy(self, pool: str) -> None:
+        entry = self._pools.get(pool)
+        if entry is not None and entry.forgotten and entry.idle():
+            del self._pools[pool]
