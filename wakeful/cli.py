@@ -20,7 +20,7 @@ import argparse
 import functools
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import anyio
@@ -112,27 +112,45 @@ def cmd_up(args: argparse.Namespace) -> int:
         raise CliError(
             f"--data-dir {data_dir}: cannot create it: {exc.strerror}", RUNTIME
         ) from None
-    try:
-        anyio.run(
-            lambda: run_up(
-                data_dir=data_dir,
-                api=api,
-                listen=listen,
-                admin=admin,
-                app_dirs=apps,
-                idle=idle,
-                announce=commands.say,
-            ),
-            backend_options={"use_uvloop": True},
-        )
-    except AddressInUse as exc:  # bind() names the flag and the address
-        raise CliError(str(exc), RUNTIME) from None
-    except StoreError as exc:
-        raise CliError(f"the store in {data_dir} cannot be used: {exc}", RUNTIME) from None
-    except OSError as exc:
-        where = f"{exc.filename}: " if exc.filename else ""
-        raise CliError(f"{where}{exc.strerror or exc}", RUNTIME) from None
+    _serve(
+        lambda: run_up(
+            data_dir=data_dir,
+            api=api,
+            listen=listen,
+            admin=admin,
+            app_dirs=apps,
+            idle=idle,
+            announce=commands.say,
+        ),
+        store=f"the store in {data_dir}",
+        uvloop=True,
+    )
     return 0
+
+
+def _serve(main: Callable[[], Awaitable[None]], *, store: str, uvloop: bool = False) -> None:
+    """Run a long-lived piece until it stops. What ends it early (a taken port, a file it may
+    not write, a store it cannot open) becomes one line naming the address, file or store,
+    however deep in its task groups it was raised, and exit status 1."""
+    try:
+        anyio.run(main, backend_options={"use_uvloop": uvloop})
+    except (OSError, StoreError, BaseExceptionGroup) as raised:
+        cause = _single_cause(raised)
+        if isinstance(cause, AddressInUse):  # bind() names the flag and the address
+            raise CliError(str(cause), RUNTIME) from None
+        if isinstance(cause, StoreError):
+            raise CliError(f"{store} cannot be used: {cause}", RUNTIME) from None
+        if isinstance(cause, OSError):
+            where = f"{cause.filename}: " if cause.filename else ""
+            raise CliError(f"{where}{cause.strerror or cause}", RUNTIME) from None
+        raise
+
+
+def _single_cause(raised: BaseException) -> BaseException:
+    """The one exception inside nested task-group exception groups (or the group itself)."""
+    while isinstance(raised, BaseExceptionGroup) and len(raised.exceptions) == 1:
+        raised = raised.exceptions[0]
+    return raised
 
 
 def _control_from_env(why: str) -> Endpoint:
@@ -149,14 +167,20 @@ def cmd_activator(args: argparse.Namespace) -> int:
         raise CliError("WAKEFUL_TOKEN must be set: the control API refuses to run without a token")
     idle = None if args.no_idle_monitor else _idle_settings(args)
     data_dir = Path(args.data_dir).absolute()
-    anyio.run(lambda: run_activator(settings, data_dir, idle=idle, announce=commands.say))
+    _serve(
+        lambda: run_activator(settings, data_dir, idle=idle, announce=commands.say),
+        store=f"the store at {settings.store_url}",
+    )
     return 0
 
 
 def cmd_node(args: argparse.Namespace) -> int:
     settings = NodeSettings()
     control = _control_from_env("nodes fetch artifacts from it and push logs to it")
-    anyio.run(lambda: run_node(settings, control, announce=commands.say))
+    _serve(
+        lambda: run_node(settings, control, announce=commands.say),
+        store=f"the store at {settings.store_url}",
+    )
     return 0
 
 
@@ -165,16 +189,20 @@ def cmd_ingress(args: argparse.Namespace) -> int:
 
     settings = IngressSettings()
     control = _control_from_env("the ingress asks the activator")
-    anyio.run(
+    _serve(
         lambda: run_ingress(settings, control, announce=commands.say),
-        backend_options={"use_uvloop": True},
+        store=f"the store at {settings.store_url}",
+        uvloop=True,
     )
     return 0
 
 
 def cmd_idle_monitor(args: argparse.Namespace) -> int:
     settings = IdleMonitorSettings()
-    anyio.run(lambda: run_idle_monitor(settings, announce=commands.say))
+    _serve(
+        lambda: run_idle_monitor(settings, announce=commands.say),
+        store=f"the store at {settings.store_url}",
+    )
     return 0
 
 

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,6 +78,18 @@ class Up:
 
 
 def start_up(tmp_path: Path, *apps: Path, idle_interval: float = 1.0) -> Up:
+    """`wakeful up` on free ports. A port found free can be taken before wakeful binds it (by
+    any process's outgoing connection): then, and only then, it starts again on other ports."""
+    for _ in range(3):
+        up = _try_start(tmp_path, apps, idle_interval)
+        if isinstance(up, Up):
+            return up
+        if "Address already in use" not in up:
+            break
+    raise RuntimeError(f"wakeful up did not start: {up}")
+
+
+def _try_start(tmp_path: Path, apps: Sequence[Path], idle_interval: float) -> Up | str:
     data_dir = tmp_path / "state"
     proxy, api, admin = free_port(), free_port(), free_port()
     process = subprocess.Popen(
@@ -91,8 +103,7 @@ def start_up(tmp_path: Path, *apps: Path, idle_interval: float = 1.0) -> Up:
     while not control.exists():
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
-            output = process.communicate()[0]
-            raise RuntimeError(f"wakeful up did not start: {output}")
+            return process.communicate()[0]
         time.sleep(0.05)
     token = json.loads(control.read_text())["token"]
     return Up(process, data_dir, f"http://127.0.0.1:{proxy}", f"http://127.0.0.1:{api}", token)

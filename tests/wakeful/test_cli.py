@@ -62,3 +62,22 @@ def test_the_idle_monitor_reads_its_settings_and_the_flag_wins(
     assert from_env.idle_interval == 7.0
     flag = _idle_settings(argparse.Namespace(idle_interval=2.0), default_interval=5.0)
     assert flag.idle_interval == 2.0
+
+
+def test_a_taken_port_is_named_with_exit_1_whichever_piece_binds_it(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        free = [str(s) for s in (port + 1, port + 2)]
+        for flag in ("--listen", "--api-listen"):
+            others = [f for f in ("--listen", "--api-listen", "--admin-listen") if f != flag]
+            argv = ["up", flag, f"127.0.0.1:{port}"]
+            for other, other_port in zip(others, free, strict=True):
+                argv += [other, f"127.0.0.1:{other_port}"]
+            done = run(*argv, "--data-dir", str(tmp_path / flag), cwd=tmp_path)
+            assert done.returncode == 1, done.stderr
+            assert f"127.0.0.1:{port}: Address already in use" in done.stderr
+            assert "Traceback" not in done.stderr
