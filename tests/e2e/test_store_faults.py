@@ -5,7 +5,6 @@ cached leases throughout, and the platform writes again once the cause is gone.
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import httpx
 import pytest
 
 from tests.e2e.test_up import Up, make_app, start_up, stop_up
+from tests.faults import fill, small_filesystem
 
 pytestmark = pytest.mark.anyio
 WAKEFUL = [sys.executable, "-m", "wakeful.cli"]
@@ -79,16 +79,9 @@ async def test_a_store_locked_for_10_s_slows_nothing_warm_and_kills_nothing(
 
 @pytest.fixture
 def small_data_dir(tmp_path: Path) -> Iterator[Path]:
-    """The data directory on a 16 MiB tmpfs, so a test can fill its disk (needs root)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    mount = tmp_path / "small"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)], check=True)
-    try:
+    """The data directory on a 16 MiB filesystem, so a test can fill its disk."""
+    with small_filesystem(tmp_path / "small", "16m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=True)
 
 
 async def test_a_full_disk_serves_warm_apps_and_recovers(
@@ -97,14 +90,7 @@ async def test_a_full_disk_serves_warm_apps_and_recovers(
     up = start_up(small_data_dir, make_app(tmp_path))
     try:
         statuses = await probe(up, 0.5)
-        filler = small_data_dir / "filler"
-        with filler.open("wb") as handle:
-            try:
-                while True:
-                    handle.write(b"\0" * 65536)
-                    handle.flush()
-            except OSError:
-                pass
+        filler = fill(small_data_dir)
         refused = deploy(up, make_app(tmp_path / "full", "refused"))
         statuses += await probe(up, 3)
         assert up.process.poll() is None, stop_up(up)

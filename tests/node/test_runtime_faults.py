@@ -4,13 +4,13 @@ drained and forwarded, and what the file missed is counted, not raised."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.faults import fill, small_filesystem
 from wakeful.node.runtime import ProcessRuntime
 
 pytestmark = pytest.mark.anyio
@@ -18,23 +18,10 @@ pytestmark = pytest.mark.anyio
 
 @pytest.fixture
 def full_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 64 KiB tmpfs, filled up (mounting needs root; CI runs as root)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    mount = tmp_path / "small"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], check=True)
-    try:
-        with (mount / "filler").open("wb", buffering=0) as handle:
-            try:
-                while True:
-                    handle.write(b"\0" * 4096)
-                    handle.flush()
-            except OSError:
-                pass
+    """A 64 KiB filesystem, filled up."""
+    with small_filesystem(tmp_path / "small", "64k") as mount:
+        fill(mount)
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=True)
 
 
 async def test_output_on_a_full_disk_is_forwarded_counted_and_never_fatal(

@@ -8,9 +8,7 @@ off and goes on, and the store works again once the cause is gone.
 from __future__ import annotations
 
 import logging
-import os
 import sqlite3
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +16,7 @@ import anyio
 import pytest
 from pydantic import BaseModel
 
+from tests.faults import fill, small_filesystem
 from wakeful.store import Unavailable
 from wakeful.store.local import LocalStore
 from wakeful.store.sqlite import SqliteEngine
@@ -93,38 +92,19 @@ async def test_housekeeping_survives_a_held_lock_and_expires_leases_after_it(
 
 
 @pytest.fixture
-def small_filesystem(tmp_path: Path) -> Iterator[Path]:
-    """A 1 MiB tmpfs: the disk a store fills. Mounting needs root (CI runs as root)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    mount = tmp_path / "small"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], check=True)
-    try:
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB filesystem: the disk a store fills."""
+    with small_filesystem(tmp_path / "small", "1m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=True)
-
-
-def fill(directory: Path) -> Path:
-    filler = directory / "filler"
-    with filler.open("wb") as handle:
-        try:
-            while True:
-                handle.write(b"\0" * 65536)
-                handle.flush()
-        except OSError:
-            pass
-    return filler
 
 
 async def test_a_full_disk_is_unavailable_and_the_store_recovers_when_space_returns(
-    small_filesystem: Path,
+    small_disk: Path,
 ) -> None:
-    store = LocalStore(SqliteEngine(small_filesystem / "store.db"), threaded=True)
+    store = LocalStore(SqliteEngine(small_disk / "store.db"), threaded=True)
     try:
         await store.put("pools/a", Counter(n=0))
-        filler = fill(small_filesystem)
+        filler = fill(small_disk)
         big = "x" * 100_000
         with pytest.raises(Unavailable, match=r"full|disk"):  # noqa: PT012 - writes until full
             for n in range(50):
