@@ -11,18 +11,15 @@ import anyio
 import httpx
 import pytest
 
-from wakeful.activator.settings import ActivatorSettings
-from wakeful.bootstrap import control_plane
+from tests.wakeful.conftest import running_control_plane
 from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.domain.artifacts import digest_of, pack
 from wakeful.domain.models import App, AppSpec, Pool, Version
 from wakeful.node.agent import NodeAgent
 from wakeful.node.settings import NodeSettings
-from wakeful.store import Store, open_store
-from wakeful.store.testing import free_port
+from wakeful.store import Store
 
 pytestmark = pytest.mark.anyio
-TOKEN = "control-token"
 HELLO = Path(__file__).parents[2] / "examples" / "hello"
 
 
@@ -35,16 +32,13 @@ class Control:
 
 @pytest.fixture
 async def control(tmp_path: Path) -> AsyncIterator[Control]:
-    listen = f"127.0.0.1:{free_port()}"
-    settings = ActivatorSettings(store_url="memory://", token=TOKEN, listen=listen)
     async with (
-        open_store("memory://") as store,
-        control_plane(store, settings, tmp_path, idle=None),
+        running_control_plane(tmp_path) as running,
         httpx.AsyncClient(
-            base_url=f"http://{listen}", headers={"Authorization": f"Bearer {TOKEN}"}
+            base_url=running.url, headers={"Authorization": f"Bearer {running.token}"}
         ) as http,
     ):
-        yield Control(http, store, tmp_path)
+        yield Control(http, running.store, tmp_path)
 
 
 @pytest.mark.parametrize(

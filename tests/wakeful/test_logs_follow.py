@@ -16,17 +16,14 @@ import pytest
 from anyio.abc import Process
 from anyio.streams.text import TextReceiveStream
 
+from tests.wakeful.conftest import TOKEN, running_control_plane
 from wakeful import commands
-from wakeful.activator.settings import ActivatorSettings
-from wakeful.bootstrap import ControlPlane, control_plane
+from wakeful.bootstrap import ControlPlane
 from wakeful.domain.logbatch import LogBatch, OutputChunk
 from wakeful.domain.models import App
 from wakeful.remote import ControlClient, Endpoint
-from wakeful.store import open_store
-from wakeful.store.testing import free_port
 
 pytestmark = pytest.mark.anyio
-TOKEN = "follow-token"
 
 
 @dataclass
@@ -62,14 +59,9 @@ class Running:
 
 @pytest.fixture
 async def running(tmp_path: Path) -> AsyncIterator[Running]:
-    listen = f"127.0.0.1:{free_port()}"
-    settings = ActivatorSettings(store_url="memory://", token=TOKEN, listen=listen)
-    async with (
-        open_store("memory://") as store,
-        control_plane(store, settings, tmp_path, idle=None) as plane,
-    ):
-        await store.put("apps/hello", App(name="hello"))
-        yield Running(Node(plane), Endpoint(f"http://{listen}", TOKEN))
+    async with running_control_plane(tmp_path) as control:
+        await control.store.put("apps/hello", App(name="hello"))
+        yield Running(Node(control.plane), Endpoint(control.url, control.token))
 
 
 class Stop(Exception):

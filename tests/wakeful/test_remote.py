@@ -14,8 +14,8 @@ import anyio
 import pytest
 from pydantic import SecretStr
 
-from wakeful.activator.settings import ActivatorSettings
-from wakeful.bootstrap import CONTROL_FILE, control_plane, write_control_file
+from tests.wakeful.conftest import TOKEN, running_control_plane
+from wakeful.bootstrap import CONTROL_FILE, write_control_file
 from wakeful.cli import main
 from wakeful.domain.artifacts import ArtifactError
 from wakeful.domain.models import App
@@ -30,11 +30,11 @@ from wakeful.remote import (
     NoControlPlane,
     locate,
 )
-from wakeful.store import Store, open_store
+from wakeful.store import Store
 from wakeful.store.testing import free_port
 
 pytestmark = pytest.mark.anyio
-TOKEN = "remote-token"
+
 T = TypeVar("T")
 
 
@@ -118,13 +118,8 @@ class Plane:
 
 @pytest.fixture
 async def plane(tmp_path: Path) -> AsyncIterator[Plane]:
-    listen = f"127.0.0.1:{free_port()}"
-    activator = ActivatorSettings(store_url="memory://", token=TOKEN, listen=listen)
-    async with (
-        open_store("memory://") as store,
-        control_plane(store, activator, tmp_path, idle=None),
-    ):
-        yield Plane(store, Endpoint(f"http://{listen}", TOKEN), tmp_path)
+    async with running_control_plane(tmp_path) as running:
+        yield Plane(running.store, Endpoint(running.url, running.token), tmp_path)
 
 
 async def in_thread(call: Callable[[], T]) -> T:
