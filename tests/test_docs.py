@@ -11,6 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = sorted([ROOT / "README.md", *ROOT.joinpath("docs").rglob("*.md")])
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+OUTSIDE = re.compile(r"\.\./shared\b|\bshared[/]seeds\b")
 TOP = "wakeful|activator|ingress|idle_monitor|deploy|tests|bench"
 CODE_PATH = re.compile(rf"`((?:{TOP})/[\w/.]+\.py)")
 
@@ -25,4 +26,4 @@ def test_links_and_named_files_exist(doc: Path) -> None:
     ]
     missing += [path for path in CODE_PATH.findall(text) if not (ROOT / path).exists()]
     assert not missing, f"{doc.name} names what does not exist: {missing}"
-    assert "shared/" not in text, f"{doc.name} points outside the repository"
+    assert not OUTSIDE.search(text), f"{doc.name} points outside the repository"
