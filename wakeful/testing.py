@@ -1,11 +1,16 @@
-"""For tests and benchmarks: a clock you drive, and the command line of a `wakeful up` on given
-loopback ports."""
+"""For tests and benchmarks: a clock you drive, a lease service in memory (`FakeLeases`, which
+passes the same contract suite as the activator in-process and over HTTP), and the command line
+of a `wakeful up` on given loopback ports."""
 
 from __future__ import annotations
 
+import itertools
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+
+from wakeful.domain.leases import LeaseGone, LeaseGrant, NoCapacity, UnknownApp
 
 
 class ManualClock:
@@ -23,6 +28,60 @@ class ManualClock:
             raise ValueError(f"a clock does not go back (advance by {seconds})")
         self.now += seconds
         return self.now
+
+
+@dataclass(frozen=True)
+class FakeSandbox:
+    sandbox_id: str
+    url: str
+    capacity: int = 1
+    """How many requests it takes at once; a lease has size 1 here."""
+
+
+class FakeLeases:
+    """`wakeful.domain.leases.Leases` in memory, for tests of what holds leases (the ingress):
+    fixed sandboxes per app, leases of size 1 while a sandbox has room, `NoCapacity` when none
+    has, `UnknownApp` for an app it was not given, `LeaseGone` on renewing a lease that was
+    released. Release is idempotent. `leased` shows what each sandbox carries."""
+
+    def __init__(self, apps: Mapping[str, Sequence[FakeSandbox]], ttl: float = 60.0) -> None:
+        self._apps = {app: list(sandboxes) for app, sandboxes in apps.items()}
+        self._ttl = ttl
+        self._ids = itertools.count(1)
+        self._leases: dict[str, LeaseGrant] = {}
+        self.leased: dict[str, int] = {
+            s.sandbox_id: 0 for sandboxes in self._apps.values() for s in sandboxes
+        }
+
+    async def acquire(self, app: str, version: str | None = None) -> LeaseGrant:
+        sandboxes = self._apps.get(app)
+        if sandboxes is None:
+            raise UnknownApp(f"no app named {app!r}")
+        for sandbox in sandboxes:
+            if self.leased[sandbox.sandbox_id] < sandbox.capacity:
+                self.leased[sandbox.sandbox_id] += 1
+                grant = LeaseGrant(
+                    lease_id=f"fake-{next(self._ids)}",
+                    sandbox_id=sandbox.sandbox_id,
+                    url=sandbox.url,
+                    size=1,
+                    overflow=False,
+                    ttl_seconds=self._ttl,
+                )
+                self._leases[grant.lease_id] = grant
+                return grant
+        raise NoCapacity(f"every sandbox of {app!r} is full", retry_after=1)
+
+    async def renew(self, lease_id: str, *, used: bool = False) -> LeaseGrant:
+        grant = self._leases.get(lease_id)
+        if grant is None:
+            raise LeaseGone(f"no lease {lease_id!r}")
+        return grant
+
+    async def release(self, lease_id: str) -> None:
+        grant = self._leases.pop(lease_id, None)
+        if grant is not None:
+            self.leased[grant.sandbox_id] -= 1
 
 
 def up_command(

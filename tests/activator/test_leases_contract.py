@@ -1,0 +1,79 @@
+"""One contract for every implementation of `wakeful.domain.leases.Leases`: the activator
+in-process, the activator over HTTP, and the package's `FakeLeases`. A test of something that
+holds leases can use the fake because it answers as the real thing does."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import anyio
+import pytest
+
+from tests.wakeful.conftest import running_control_plane
+from wakeful.activator.client import HttpLeases, InProcessLeases
+from wakeful.domain import keys
+from wakeful.domain.leases import LeaseGone, Leases, UnknownApp
+from wakeful.domain.models import App, AppSpec, Node, Pool, Sandbox, SandboxStatus
+from wakeful.testing import FakeLeases, FakeSandbox
+
+pytestmark = pytest.mark.anyio
+URL = "http://127.0.0.1:9"
+
+
+@pytest.fixture(params=["in-process", "http", "fake"])
+async def leases(request: pytest.FixtureRequest, tmp_path: object) -> AsyncIterator[Leases]:
+    if request.param == "fake":
+        yield FakeLeases({"hello": [FakeSandbox("sb-1", URL, capacity=10)]})
+        return
+    async with running_control_plane(tmp_path) as control:  # type: ignore[arg-type]
+        store = control.store
+        # A live node holds the sandbox, or the pool controller would release it.
+        node_lease = await store.grant(60)
+        await store.put(keys.node("n1"), Node(name="n1", address="127.0.0.1"), lease=node_lease)
+        await store.put(keys.app("hello"), App(name="hello", active_version="v1"))
+        pool = Pool(
+            name="hello-v1", app="hello", version="v1", spec=AppSpec(command=["serve"]),
+            desired_instances=1,
+        )  # fmt: skip
+        await store.put(keys.pool("hello-v1"), pool)
+        sandbox = Sandbox(
+            id="sb-1", pool="hello-v1", app="hello", node="n1", owner="n1", epoch=1,
+            status=SandboxStatus.RUNNING, ready=True, address="127.0.0.1:9",
+        )  # fmt: skip
+        await store.put(keys.sandbox("sb-1"), sandbox)
+        if request.param == "in-process":
+            yield InProcessLeases(control.plane.activator)
+        else:
+            async with HttpLeases(control.url, control.token) as http:
+                yield http
+
+
+async def test_an_unknown_app_is_refused(leases: Leases) -> None:
+    with pytest.raises(UnknownApp):
+        await leases.acquire("nosuchapp")
+
+
+async def test_a_grant_names_a_sandbox_of_the_app_and_renews_as_itself(leases: Leases) -> None:
+    with anyio.fail_after(30):
+        grant = await leases.acquire("hello")
+    assert (grant.sandbox_id, grant.url) == ("sb-1", URL)
+    assert grant.size >= 1 and grant.ttl_seconds > 0 and not grant.overflow
+    renewed = await leases.renew(grant.lease_id, used=True)
+    assert (renewed.lease_id, renewed.sandbox_id) == (grant.lease_id, grant.sandbox_id)
+    other = await leases.acquire("hello")
+    assert other.lease_id != grant.lease_id
+    await leases.release(other.lease_id)
+    await leases.release(grant.lease_id)
+
+
+async def test_a_released_lease_is_gone_and_releasing_it_again_is_harmless(
+    leases: Leases,
+) -> None:
+    with anyio.fail_after(30):
+        grant = await leases.acquire("hello")
+    await leases.release(grant.lease_id)
+    with pytest.raises(LeaseGone):
+        await leases.renew(grant.lease_id)
+    await leases.release(grant.lease_id)
+    with pytest.raises(LeaseGone):
+        await leases.renew("never-granted")
