@@ -140,17 +140,31 @@ async def test_the_real_command_prints_new_lines_only_until_interrupted(
     node = running.node
     await node.write("sb-1", "".join(f"line {i}\n" for i in range(5)))
     env = {k: v for k, v in os.environ.items() if k != "WAKEFUL_API"} | {"WAKEFUL_TOKEN": TOKEN}
-    command = [sys.executable, "-m", "wakeful.cli", "--api", running.endpoint.api]
+    # Ctrl-C as a terminal sends it, even when this test runs where SIGINT is ignored (a
+    # background job of a script): Python leaves an inherited "ignore" in place.
+    wakeful = (
+        "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "from wakeful.cli import main; sys.exit(main())"
+    )
+    command = [sys.executable, "-c", wakeful, "--api", running.endpoint.api]
     async with await anyio.open_process(
         [*command, "logs", "hello", "-f", "--tail", "3"], env=env
     ) as process:
-        stdout = Lines(process)
-        assert await stdout.next(3) == [f"[sb-1] line {i}" for i in (2, 3, 4)]
-        await node.write("sb-1", "line 5\nline 6\n")
-        assert await stdout.next(2) == ["[sb-1] line 5", "[sb-1] line 6"]
-        # Had it printed the window again (line 4 first), the next line would not be this one.
-        await node.write("sb-1", "line 7\n")
-        assert await stdout.next(1) == ["[sb-1] line 7"]
-        process.send_signal(signal.SIGINT)
-        with anyio.fail_after(30):
-            assert await process.wait() == 130
+        try:
+            await follow_until_interrupted(process, node)
+        finally:
+            if process.returncode is None:  # never wait forever on a follow that did not end
+                process.kill()
+
+
+async def follow_until_interrupted(process: Process, node: Node) -> None:
+    stdout = Lines(process)
+    assert await stdout.next(3) == [f"[sb-1] line {i}" for i in (2, 3, 4)]
+    await node.write("sb-1", "line 5\nline 6\n")
+    assert await stdout.next(2) == ["[sb-1] line 5", "[sb-1] line 6"]
+    # Had it printed the window again (line 4 first), the next line would not be this one.
+    await node.write("sb-1", "line 7\n")
+    assert await stdout.next(1) == ["[sb-1] line 7"]
+    process.send_signal(signal.SIGINT)
+    with anyio.fail_after(30):
+        assert await process.wait() == 130
