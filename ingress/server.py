@@ -13,7 +13,8 @@ import contextlib
 import logging
 import signal
 import socket
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import anyio
 import anyio.abc
@@ -69,7 +70,9 @@ class Ingress:
         registry: CollectorRegistry,
         *,
         transport: Transport | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`clock`: the lease cache's time (renewals, idle hand-back); tests move it by hand."""
         self.settings = settings
         self.metrics = IngressMetrics(registry)
         self.routes = RoutingTable(store)
@@ -80,6 +83,7 @@ class Ingress:
             report_every=settings.activity_report_interval,
             on_hit=self.metrics.cache_hit,
             on_miss=self.metrics.cache_miss,
+            clock=clock,
         )
         self._registry = registry
         self._transport = transport

@@ -108,10 +108,12 @@ async def stack(
     extra_apps: list[App] | None = None,
     pool_update: dict[str, object] | None = None,
     activator: dict[str, object] | None = None,
+    clock: Callable[[], float] | None = None,
     **settings: object,
 ) -> AsyncIterator[Stack]:
     """The whole path on the memory store. `sandboxes` maps id → port (running) or None
-    (booting). Keyword arguments left over are IngressSettings fields."""
+    (booting). `clock`: one clock for the activator's leases and the ingress's lease cache.
+    Keyword arguments left over are IngressSettings fields."""
     async with open_store("memory://") as store:
         spec = AppSpec(
             command=["serve"],
@@ -130,14 +132,20 @@ async def stack(
             await store.put(f"sandboxes/{sandbox_id}", sandbox(sandbox_id, port, status))
         registry = CollectorRegistry()
         config = ActivatorSettings(store_url="memory://", token="t", **activator or {})  # type: ignore[arg-type]
-        the_activator = Activator(store, config, registry)
+        the_activator = Activator(store, config, registry, **({"clock": clock} if clock else {}))
         ingress_settings = IngressSettings(
             store_url="memory://",
             listen="127.0.0.1:0",
             admin_listen="127.0.0.1:0",
             **settings,  # type: ignore[arg-type]
         )
-        ingress = Ingress(ingress_settings, InProcessLeases(the_activator), store, registry)
+        ingress = Ingress(
+            ingress_settings,
+            InProcessLeases(the_activator),
+            store,
+            registry,
+            **({"clock": clock} if clock else {}),  # type: ignore[arg-type]
+        )
         async with the_activator.running(), ingress.running():
             host, port = ingress.address
             async with httpx.AsyncClient(

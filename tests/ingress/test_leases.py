@@ -9,8 +9,9 @@ import pytest
 
 from tests.activator.conftest import eventually
 from wakeful.domain.models import SandboxStatus
+from wakeful.testing import ManualClock
 
-from .conftest import closed_port, held, stack
+from .conftest import Stack, closed_port, held, stack
 
 pytestmark = pytest.mark.anyio
 
@@ -158,28 +159,46 @@ async def test_a_sandbox_leaving_admission_takes_its_cached_leases_with_it(
         assert [e.grant.sandbox_id for e in s.ingress.cache.snapshot()] != [draining]
 
 
+async def outlive_the_ttl_twice(s: Stack, clock: ManualClock, ttl: float) -> None:
+    """Two lease TTLs pass, in steps shorter than a third of one, each followed by the
+    ingress's upkeep and then the activator's expiry, in that order: what a healthy ingress
+    does in time, with no race against a loaded machine."""
+    passed = 0.0
+    while passed < 2 * ttl:
+        clock.advance(ttl / 3)
+        passed += ttl / 3
+        await s.ingress.cache.maintain()
+        s.activator.expire_leases()
+
+
 async def test_a_lease_carrying_a_long_request_is_renewed_even_out_of_the_cache(
     hello: Callable[[], int],
 ) -> None:
-    # rpi 1, one sandbox: the second request overflows. Both outlive the lease TTL (1.5 s);
+    # rpi 1, one sandbox: the second request overflows. Both outlive the lease TTL twice;
     # neither lease may expire while its request runs.
+    clock = ManualClock()
+    release = anyio.Event()
     async with stack(
         {"sb-1": hello()},
         rpi=1,
         max_instances=1,
-        maintenance_interval=0.05,
-        activator={"lease_ttl": 1.5, "expiry_interval": 0.05},
+        clock=clock,
+        maintenance_interval=60,  # never within the test: it runs the upkeep itself
+        activator={"lease_ttl": 1.5, "expiry_interval": 60},
     ) as s:
         statuses: list[int] = []
 
         async def slow() -> None:
-            statuses.append((await s.client.get("/sleep?s=3")).status_code)
+            statuses.append(await held(s.client, release))
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(slow)
             await eventually(lambda: s.sample("requests_in_flight", app="hello") == 1)
             tg.start_soon(slow)
             await eventually(lambda: s.activator.snapshot()[0].overflow == 1)
+            await outlive_the_ttl_twice(s, clock, ttl=1.5)
+            assert s.activator.leased_on("sb-1") == 2  # the cached lease and the overflow
+            release.set()
         assert statuses == [200, 200]
         expired = s.registry.get_sample_value(
             "wakeful_activator_expired_leases_total", {"pool": "hello-v1"}
@@ -190,20 +209,23 @@ async def test_a_lease_carrying_a_long_request_is_renewed_even_out_of_the_cache(
 async def test_a_long_request_on_a_draining_sandbox_keeps_its_lease_to_the_end(
     hello: Callable[[], int],
 ) -> None:
-    # The request outlives the lease TTL twice over, and its sandbox starts draining halfway:
+    # The request outlives the lease TTL twice over, and its sandbox starts draining first:
     # the lease must stay valid (so the controller does not stop the sandbox under it), then
     # go back once the request ends.
+    clock = ManualClock()
+    release = anyio.Event()
     async with stack(
         {"sb-1": hello()},
         rpi=10,
-        maintenance_interval=0.05,
+        clock=clock,
+        maintenance_interval=60,
         activity_report_interval=0.2,
-        activator={"lease_ttl": 1.5, "expiry_interval": 0.05},
+        activator={"lease_ttl": 1.5, "expiry_interval": 60},
     ) as s:
         statuses: list[int] = []
 
         async def slow() -> None:
-            statuses.append((await s.client.get("/sleep?s=4")).status_code)
+            statuses.append(await held(s.client, release))
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(slow)
@@ -211,8 +233,10 @@ async def test_a_long_request_on_a_draining_sandbox_keeps_its_lease_to_the_end(
             (cached,) = s.ingress.cache.snapshot()
             port = int(cached.grant.url.rsplit(":", 1)[1])
             await s.put_sandbox("sb-1", port, SandboxStatus.DRAINING)
-            await anyio.sleep(3)  # two TTLs into the drain, the request still runs
+            await eventually(lambda: s.ingress.cache.snapshot() == [])  # left admission
+            await outlive_the_ttl_twice(s, clock, ttl=1.5)
             assert s.activator.leased_on("sb-1") > 0
+            release.set()
         assert statuses == [200]
         expired = s.registry.get_sample_value(
             "wakeful_activator_expired_leases_total", {"pool": "hello-v1"}
