@@ -169,3 +169,60 @@ async def test_how_a_sandbox_ends_is_recorded(case: Case, tmp_path: Path, taken_
     assert not ended.ready
     assert agent.running_ids() == []
     assert any(process.terminated for process in runtime.started) is case.terminated
+
+
+async def test_a_sandbox_that_loses_its_record_to_the_store_stops_without_cordoning_the_node(
+    tmp_path: Path,
+) -> None:
+    """Only an agent that stops cordons its node. A sandbox whose record can no longer be
+    written (the store went away while it booted) is stopped on its own, and the node stays
+    open for new sandboxes."""
+    from wakeful.node.ports import PortPool
+    from wakeful.node.runner import NodeServices, SandboxRunner
+    from wakeful.node.writer import SandboxWriter
+
+    spec = AppSpec(command=["web"], health=HealthCheck(path="/healthz", timeout=60))
+    settings = NodeSettings(
+        store_url="memory://", node_name="n1", data_dir=tmp_path, shutdown_drain=0
+    )
+    cordons: list[str] = []
+
+    async def before_shutdown() -> None:
+        cordons.append("cordoned")
+
+    booted = anyio.Event()
+    slow = FakeProgram(output=b"starting\n", serve_http=True, answer_after=booted)
+    async with open_store("memory://") as store, FakeRuntime({"web": slow}) as runtime:
+        await store.put(keys.version("web", "v1"), Version(app="web", version="v1", spec=spec))
+        await store.put(
+            keys.pool("web-v1"), Pool(name="web-v1", app="web", version="v1", spec=spec)
+        )
+        await store.put(
+            keys.sandbox("sb-1"),
+            Sandbox(id="sb-1", pool="web-v1", app="web", node="n1", owner="n1", epoch=1),
+        )
+        services = NodeServices(
+            store=store,
+            settings=settings,
+            artifacts=NoArtifacts(),
+            runtime=runtime,
+            ports=PortPool(*settings.port_range, host=settings.node_address),
+            writer=SandboxWriter(store, "n1"),
+            shipper=None,
+            before_shutdown=before_shutdown,
+        )
+        runner = SandboxRunner("sb-1", services)
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(runner.run)
+            with anyio.fail_after(30):
+                while True:
+                    found = await store.get(keys.sandbox("sb-1"), Sandbox)
+                    if found is not None and found.value.status is S.BOOTING:
+                        break
+                    await anyio.sleep(0.01)
+            await store.aclose()  # its "ready" cannot be written now
+            booted.set()
+            with anyio.fail_after(30):
+                await runner.finished.wait()
+        assert [p.terminated for p in runtime.started] == [True]
+        assert cordons == []

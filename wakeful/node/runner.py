@@ -105,21 +105,26 @@ class SandboxRunner:
             await self._process.stop(grace)
 
     async def run(self) -> None:
+        agent_stopping = False
         try:
             await self._run()
-        except StoreError as exc:
-            log.error("lost track of sandbox: %s", exc, extra={"sandbox": self.sandbox_id})
-        except Exception:
-            # One sandbox's failure must not take the agent and every other sandbox down.
-            log.exception("sandbox failed", extra={"sandbox": self.sandbox_id})
-            with anyio.CancelScope(shield=True), contextlib.suppress(StoreError):
-                await self._change(Transition.FAIL, last_log="node agent error")
+        except anyio.get_cancelled_exc_class():
+            agent_stopping = True  # the agent's task group is being cancelled: it stops
+            raise
+        except Exception as exc:
+            if _all_store_errors(exc):  # from this task or from its supervising task group
+                log.error("lost track of sandbox: %s", exc, extra={"sandbox": self.sandbox_id})
+            else:
+                # One sandbox's failure must not take the agent and every other sandbox down.
+                log.exception("sandbox failed", extra={"sandbox": self.sandbox_id})
+                with anyio.CancelScope(shield=True), contextlib.suppress(StoreError):
+                    await self._change(Transition.FAIL, last_log="node agent error")
         finally:
-            if self._port is not None:
-                self._node.ports.give_back(self._port)
             if self._process is not None:
                 with anyio.CancelScope(shield=True):
-                    await self._shut_down(self._process)
+                    await self._shut_down(self._process, agent_stopping=agent_stopping)
+            if self._port is not None:  # only once nothing listens on it any more
+                self._node.ports.give_back(self._port)
             self._node.writer.forget(self.sandbox_id)
             if self._node.shipper is not None:
                 self._node.shipper.close(self.sandbox_id)
@@ -249,12 +254,15 @@ class SandboxRunner:
             )
             await self._change(Transition.FAIL, exit_code=exit_code, last_log=reason)
 
-    async def _shut_down(self, process: SandboxProcess) -> None:
-        """The agent is stopping: cordon the node, take the sandbox out of admission, give the
-        requests on it `shutdown_drain` seconds, then stop it and say so. Store writes are
+    async def _shut_down(self, process: SandboxProcess, *, agent_stopping: bool) -> None:
+        """Take the sandbox out of admission, give the requests on it `shutdown_drain` seconds,
+        then stop it and say so. When the whole agent is stopping, its node is cordoned first
+        (nothing new may be placed where it would never start); a sandbox that ends alone
+        (its record lost to a store error) leaves the node as it is. Store writes are
         bounded: a store that is down must not keep the process running."""
         settings = self._node.settings
-        await self._node.before_shutdown()
+        if agent_stopping:
+            await self._node.before_shutdown()
         with anyio.move_on_after(STORE_WRITE_BOUND), contextlib.suppress(StoreError):
             await self._change(Transition.DRAIN)
         await anyio.sleep(settings.shutdown_drain)
@@ -275,3 +283,10 @@ def _base_env() -> dict[str, str]:
     """What a sandbox inherits: a PATH to find its interpreter, a locale, a home. No secrets."""
     keep = ("PATH", "LANG", "LC_ALL", "HOME", "TZ", "PYTHONPATH", "VIRTUAL_ENV")
     return {name: os.environ[name] for name in keep if name in os.environ}
+
+
+def _all_store_errors(exc: BaseException) -> bool:
+    """A store error, or a task-group group of nothing but store errors."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_all_store_errors(inner) for inner in exc.exceptions)
+    return isinstance(exc, StoreError)

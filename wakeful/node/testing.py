@@ -57,6 +57,8 @@ class FakeProgram:
     grace (exit code -SIGKILL, as `ProcessRuntime` reports a killed process)."""
     serve_http: bool = False
     """Answers every HTTP request on `$HOST:$PORT` with 200 `fake <pid>` until it exits."""
+    answer_after: anyio.Event | None = None
+    """With `serve_http`: hold every answer until this is set (a slow boot the test ends)."""
 
 
 class FakeProcess:
@@ -141,6 +143,8 @@ class FakeProcess:
                 head = b""
                 while b"\r\n\r\n" not in head and len(head) < 65536:
                     head += await stream.receive()
+                if self.program.answer_after is not None:
+                    await self.program.answer_after.wait()
                 body = f"fake {self._pid}".encode()
                 await stream.send(
                     b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
