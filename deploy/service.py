@@ -209,6 +209,11 @@ class Deployer:
     async def _flip(self, rollout: Rollout, hosts: list[str]) -> None:
         for _ in range(20):
             app = await self._store.get(keys.app(rollout.app), App)
+            # The version must still exist when the route points at it: an app deleted during
+            # its rollout stays deleted (the check is part of the transaction below).
+            version = await self._store.get(keys.version(rollout.app, rollout.version), Version)
+            if version is None:
+                raise DeployError(f"{rollout.app} was deleted during the rollout")
             previous = app.value.active_version if app else None
             record = App(
                 name=rollout.app,
@@ -216,7 +221,10 @@ class Deployer:
                 active_version=rollout.version,
                 previous_version=previous if previous != rollout.version else None,
             )
-            require = [Require(keys.app(rollout.app), app.revision if app else 0)]
+            require = [
+                Require(keys.app(rollout.app), app.revision if app else 0),
+                Require(version.key, version.revision),
+            ]
             ops: list[Put] = [Put(keys.app(rollout.app), record)]
             if previous is not None and previous != rollout.version:
                 old = await self._store.get(keys.pool(pool_name(rollout.app, previous)), Pool)

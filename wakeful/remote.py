@@ -85,8 +85,10 @@ def locate(settings: CliSettings, control_file: Path, api: str | None = None) ->
     token = settings.token.get_secret_value() if settings.token else None
     if api is None or token is None:
         recorded = _read_control_file(control_file)
-        if recorded is not None:
-            api = api or recorded.api
+        # The recorded token goes only to the recorded control plane: never to an address
+        # given elsewhere, which could be anyone's.
+        if recorded is not None and api in (None, recorded.api):
+            api = recorded.api
             token = token or recorded.token
     if api is None or token is None:
         if api is None and token is None:

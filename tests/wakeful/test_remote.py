@@ -57,14 +57,14 @@ def settings(api: str | None = None, token: str | None = None) -> CliSettings:
         (None, None, None, ("http://file", "t-file"), ("http://file", "t-file")),
         ("http://flag", "http://env", "t-env", None, ("http://flag", "t-env")),
         (None, "http://env", "t-env", ("http://file", "t-file"), ("http://env", "t-env")),
-        ("http://flag", None, None, ("http://file", "t-file"), ("http://flag", "t-file")),
+        ("http://file", None, None, ("http://file", "t-file"), ("http://file", "t-file")),
         (None, None, "t-env", ("http://file", "t-file"), ("http://file", "t-env")),
     ],
     ids=[
         "the control file alone is enough",
         "--api wins over WAKEFUL_API",
         "the environment wins over the control file",
-        "--api with the control file's token",
+        "--api naming the recorded control plane takes its token",
         "WAKEFUL_TOKEN with the control file's address",
     ],
 )
@@ -81,6 +81,12 @@ def test_the_control_plane_is_found_by_flag_then_environment_then_control_file(
     endpoint = locate(settings(env_api, env_token), tmp_path / CONTROL_FILE, flag)
     assert (endpoint.api, endpoint.token) == found
     assert found[1] not in repr(endpoint)
+
+
+def test_the_recorded_token_never_goes_to_another_address(tmp_path: Path) -> None:
+    write_control_file(tmp_path, "http://file", "t-file", None)
+    with pytest.raises(NoControlPlane, match="set WAKEFUL_TOKEN for http://elsewhere"):
+        locate(settings(), tmp_path / CONTROL_FILE, "http://elsewhere")
 
 
 @pytest.mark.parametrize(
