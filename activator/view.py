@@ -23,14 +23,14 @@ import anyio
 from wakeful.activator import decisions
 from wakeful.domain import keys
 from wakeful.domain.leases import UnknownApp
-from wakeful.domain.models import App, Pool, Sandbox, SandboxStatus
+from wakeful.domain.models import GONE, SIZED, App, Pool, Sandbox, SandboxStatus
 from wakeful.store import CorruptValue, Event, Item, Resync, Store, StoreError
 
 log = logging.getLogger(__name__)
 
-GONE = frozenset({SandboxStatus.STOPPING, SandboxStatus.STOPPED, SandboxStatus.DEAD})
-"""Statuses whose leases are dropped. A draining sandbox keeps its leases until released."""
-LIVE = frozenset({SandboxStatus.PENDING, SandboxStatus.BOOTING, SandboxStatus.RUNNING})
+# GONE: statuses whose leases are dropped (a draining sandbox keeps its leases until they are
+# released); LIVE: counted in the pool's size. Both defined once, in wakeful.domain.models.
+LIVE = SIZED
 
 
 @dataclass(slots=True, eq=False)

@@ -29,6 +29,10 @@ class _Leaving:
     def replace(self, items: list[Item[Sandbox]], revision: int) -> None:
         for item in items:
             self.put(item)
+        # A sandbox deleted while the watch was away is in no listing: drop its leases too.
+        listed = {item.value.id for item in items}
+        for held in {entry.grant.sandbox_id for entry in self._cache.snapshot()} - listed:
+            self._drop(held)
 
     def put(self, item: Item[Sandbox]) -> None:
         if not item.value.routable:

@@ -26,7 +26,7 @@ import anyio
 import anyio.abc
 
 from wakeful.domain import keys
-from wakeful.domain.models import Cordon, Node, Sandbox, SandboxStatus, SeenNode
+from wakeful.domain.models import HAS_PROCESS, Cordon, Node, Sandbox, SandboxStatus, SeenNode
 from wakeful.store import Conflict, Event, Item, LeaseNotFound, Resync, Store, StoreError
 
 from .fencing import claims
@@ -40,9 +40,6 @@ from .workdir import Artifacts, remove_sandbox_dir, sandbox_dir
 from .writer import SandboxWriter
 
 log = logging.getLogger(__name__)
-HAD_PROCESS = frozenset(
-    {SandboxStatus.BOOTING, SandboxStatus.RUNNING, SandboxStatus.DRAINING, SandboxStatus.STOPPING}
-)
 
 
 class NodeAgent:
@@ -191,7 +188,7 @@ class NodeAgent:
             sandbox = item.value
             mine = sandbox.id not in self._running and claims(sandbox, self.name)
             # Only states in which a process of ours existed; a pending one is started below.
-            if mine and sandbox.status in HAD_PROCESS:
+            if mine and sandbox.status in HAS_PROCESS:
                 await self._writer.change(
                     sandbox.id, Transition.FAIL, last_log="the node agent restarted"
                 )

@@ -1,0 +1,39 @@
+"""Cached leases follow their sandbox through every listing: one deleted while the watch was
+away (a reconnect, a store outage) is in no later listing, and its leases leave the cache when
+the ingress lists again."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from wakeful.domain.models import Sandbox, SandboxStatus
+from wakeful.ingress.cache import LeaseCache
+from wakeful.ingress.sandboxes import _Leaving
+from wakeful.store import Item
+from wakeful.testing import FakeLeases, FakeSandbox
+
+pytestmark = pytest.mark.anyio
+
+
+def running(sandbox_id: str) -> Item[Sandbox]:
+    record = Sandbox(
+        id=sandbox_id, pool="hello-v1", app="hello", node="n1",
+        status=SandboxStatus.RUNNING, ready=True, address="127.0.0.1:9",
+    )  # fmt: skip
+    return Item(f"sandboxes/{sandbox_id}", record, 1)
+
+
+async def test_a_relisting_drops_the_leases_of_sandboxes_no_longer_listed() -> None:
+    leases = FakeLeases(
+        {"hello": [FakeSandbox("sb-1", "http://a", 1), FakeSandbox("sb-2", "http://b", 1)]}
+    )
+    cache = LeaseCache(leases, idle_ttl=60)
+    for _ in range(2):
+        use = await cache.acquire(("hello", None))
+        cache.put(use)  # idle in the cache now
+    assert sorted(e.grant.sandbox_id for e in cache.snapshot()) == ["sb-1", "sb-2"]
+    async with anyio.create_task_group() as tasks:
+        _Leaving(cache, tasks).replace([running("sb-1")], revision=7)  # sb-2 was deleted
+    assert [e.grant.sandbox_id for e in cache.snapshot()] == ["sb-1"]
+    assert leases.leased == {"sb-1": 1, "sb-2": 0}  # handed back to the lease service
