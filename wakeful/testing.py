@@ -40,9 +40,11 @@ class FakeSandbox:
 
 class FakeLeases:
     """`wakeful.domain.leases.Leases` in memory, for tests of what holds leases (the ingress):
-    fixed sandboxes per app, leases of size 1 while a sandbox has room, `NoCapacity` when none
-    has, `UnknownApp` for an app it was not given, `LeaseGone` on renewing a lease that was
-    released. Release is idempotent. `leased` shows what each sandbox carries."""
+    fixed sandboxes per app; a lease of size 1 on the first sandbox with room, and when every
+    one is full an overflow lease of size 1 on the least loaded (as the activator admits over
+    target, invariant 2); `UnknownApp` for an app it was not given, `NoCapacity` for an app
+    with no sandbox; `LeaseGone` on renewing a lease that was released. Release is
+    idempotent. `leased` shows what each sandbox carries."""
 
     def __init__(self, apps: Mapping[str, Sequence[FakeSandbox]], ttl: float = 60.0) -> None:
         self._apps = {app: list(sandboxes) for app, sandboxes in apps.items()}
@@ -57,20 +59,21 @@ class FakeLeases:
         sandboxes = self._apps.get(app)
         if sandboxes is None:
             raise UnknownApp(f"no app named {app!r}")
-        for sandbox in sandboxes:
-            if self.leased[sandbox.sandbox_id] < sandbox.capacity:
-                self.leased[sandbox.sandbox_id] += 1
-                grant = LeaseGrant(
-                    lease_id=f"fake-{next(self._ids)}",
-                    sandbox_id=sandbox.sandbox_id,
-                    url=sandbox.url,
-                    size=1,
-                    overflow=False,
-                    ttl_seconds=self._ttl,
-                )
-                self._leases[grant.lease_id] = grant
-                return grant
-        raise NoCapacity(f"every sandbox of {app!r} is full", retry_after=1)
+        if not sandboxes:
+            raise NoCapacity(f"{app!r} has no sandbox", retry_after=1)
+        room = [s for s in sandboxes if self.leased[s.sandbox_id] < s.capacity]
+        chosen = room[0] if room else min(sandboxes, key=lambda s: self.leased[s.sandbox_id])
+        self.leased[chosen.sandbox_id] += 1
+        grant = LeaseGrant(
+            lease_id=f"fake-{next(self._ids)}",
+            sandbox_id=chosen.sandbox_id,
+            url=chosen.url,
+            size=1,
+            overflow=not room,
+            ttl_seconds=self._ttl,
+        )
+        self._leases[grant.lease_id] = grant
+        return grant
 
     async def renew(self, lease_id: str, *, used: bool = False) -> LeaseGrant:
         grant = self._leases.get(lease_id)

@@ -13,7 +13,15 @@ from tests.wakeful.conftest import running_control_plane
 from wakeful.activator.client import HttpLeases, InProcessLeases
 from wakeful.domain import keys
 from wakeful.domain.leases import LeaseGone, Leases, UnknownApp
-from wakeful.domain.models import App, AppSpec, Node, Pool, Sandbox, SandboxStatus
+from wakeful.domain.models import (
+    App,
+    AppSpec,
+    Concurrency,
+    Node,
+    Pool,
+    Sandbox,
+    SandboxStatus,
+)
 from wakeful.testing import FakeLeases, FakeSandbox
 
 pytestmark = pytest.mark.anyio
@@ -23,7 +31,7 @@ URL = "http://127.0.0.1:9"
 @pytest.fixture(params=["in-process", "http", "fake"])
 async def leases(request: pytest.FixtureRequest, tmp_path: object) -> AsyncIterator[Leases]:
     if request.param == "fake":
-        yield FakeLeases({"hello": [FakeSandbox("sb-1", URL, capacity=10)]})
+        yield FakeLeases({"hello": [FakeSandbox("sb-1", URL, capacity=1)]})
         return
     async with running_control_plane(tmp_path) as control:  # type: ignore[arg-type]
         store = control.store
@@ -32,8 +40,12 @@ async def leases(request: pytest.FixtureRequest, tmp_path: object) -> AsyncItera
         await store.put(keys.node("n1"), Node(name="n1", address="127.0.0.1"), lease=node_lease)
         await store.put(keys.app("hello"), App(name="hello", active_version="v1"))
         pool = Pool(
-            name="hello-v1", app="hello", version="v1", spec=AppSpec(command=["serve"]),
-            desired_instances=1,
+            name="hello-v1", app="hello", version="v1", desired_instances=1,
+            # max 1: the full sandbox is all there is, so the next request overflows on it.
+            spec=AppSpec(
+                command=["serve"],
+                concurrency=Concurrency(requests_per_instance=1, max_instances=1),
+            ),
         )  # fmt: skip
         await store.put(keys.pool("hello-v1"), pool)
         sandbox = Sandbox(
@@ -60,8 +72,12 @@ async def test_a_grant_names_a_sandbox_of_the_app_and_renews_as_itself(leases: L
     assert grant.size >= 1 and grant.ttl_seconds > 0 and not grant.overflow
     renewed = await leases.renew(grant.lease_id, used=True)
     assert (renewed.lease_id, renewed.sandbox_id) == (grant.lease_id, grant.sandbox_id)
-    other = await leases.acquire("hello")
+    # The sandbox is at its target (one request): the next request is admitted over it, on
+    # an overflow lease of size 1 (invariant 2), not refused and not kept waiting.
+    with anyio.fail_after(30):
+        other = await leases.acquire("hello")
     assert other.lease_id != grant.lease_id
+    assert (other.sandbox_id, other.size, other.overflow) == ("sb-1", 1, True)
     await leases.release(other.lease_id)
     await leases.release(grant.lease_id)
 
