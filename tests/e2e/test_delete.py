@@ -5,16 +5,25 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
 import httpx
 import pytest
 
-from tests.e2e.test_up import make_app, no_sandbox_left, start_up, stop_up
+from tests.e2e.test_up import Up, make_app, no_sandbox_left, start_up, stop_up
 
 pytestmark = pytest.mark.anyio
 WAKEFUL = [sys.executable, "-m", "wakeful.cli"]
+
+
+async def in_flight(up: Up) -> float:
+    async with httpx.AsyncClient(base_url=up.admin) as admin:
+        for line in (await admin.get("/metrics")).text.splitlines():
+            if line.startswith('wakeful_ingress_requests_in_flight{app="hello"}'):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 async def test_delete_lets_the_request_in_flight_finish_then_removes_everything(
@@ -25,18 +34,25 @@ async def test_delete_lets_the_request_in_flight_finish_then_removes_everything(
         async with httpx.AsyncClient(base_url=up.proxy, timeout=60) as http:
             assert (await http.get("/", headers=up.host())).status_code == 200
             statuses: list[int] = []
+            release = anyio.Event()
+            deleted: list[subprocess.CompletedProcess[str]] = []
 
             async def slow() -> None:
-                answer = await http.get("/sleep", params={"s": "2"}, headers=up.host())
+                # In flight until the test releases the rest of its body, however slow the
+                # machine: the delete certainly happens while it runs.
+                async def body() -> AsyncIterator[bytes]:
+                    yield b"x" * 1024
+                    await release.wait()
+                    yield b"x" * 1024
+
+                answer = await http.post(
+                    "/", content=body(), headers={**up.host(), "Content-Length": "2048"}
+                )
                 statuses.append(answer.status_code)
 
-            async with anyio.create_task_group() as tasks:
-                tasks.start_soon(slow)
-                with anyio.fail_after(30):
-                    while int((await up.pool())["leased"]) == 0:  # type: ignore[call-overload]  # noqa: ASYNC110
-                        await anyio.sleep(0.02)
-                done = await anyio.to_thread.run_sync(
-                    lambda: subprocess.run(
+            def delete() -> None:
+                deleted.append(
+                    subprocess.run(
                         [*WAKEFUL, "--data-dir", str(up.data_dir), "delete", "hello"],
                         capture_output=True,
                         text=True,
@@ -44,11 +60,22 @@ async def test_delete_lets_the_request_in_flight_finish_then_removes_everything(
                         check=False,
                     )
                 )
+
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(slow)
+                with anyio.fail_after(30):
+                    while await in_flight(up) < 1:  # noqa: ASYNC110 - polled over HTTP
+                        await anyio.sleep(0.02)
+                tasks.start_soon(anyio.to_thread.run_sync, delete)
+                with anyio.fail_after(60):  # the route goes first: new requests find no app
+                    while (await http.get("/", headers=up.host())).status_code != 404:  # noqa: ASYNC110
+                        await anyio.sleep(0.05)
+                assert statuses == []  # still in flight, its sandbox still serving it
+                release.set()
+            (done,) = deleted
             assert done.returncode == 0, done.stdout + done.stderr
             assert "hello is gone" in done.stdout
             assert statuses == [200]
-            after = await http.get("/", headers=up.host())
-            assert after.status_code == 404
         await no_sandbox_left(up)
         assert await up.pools() == []
         assert list((up.data_dir / "artifacts").iterdir()) == []

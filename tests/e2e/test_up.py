@@ -57,6 +57,8 @@ class Up:
     proxy: str
     api: str
     token: str
+    admin: str = ""
+    """The ingress's admin address (its /metrics)."""
 
     def host(self, app: str = "hello") -> dict[str, str]:
         return {"Host": f"{app}.localhost"}
@@ -106,7 +108,14 @@ def _try_start(tmp_path: Path, apps: Sequence[Path], idle_interval: float) -> Up
             return process.communicate()[0]
         time.sleep(0.05)
     token = json.loads(control.read_text())["token"]
-    return Up(process, data_dir, f"http://127.0.0.1:{proxy}", f"http://127.0.0.1:{api}", token)
+    return Up(
+        process,
+        data_dir,
+        f"http://127.0.0.1:{proxy}",
+        f"http://127.0.0.1:{api}",
+        token,
+        f"http://127.0.0.1:{admin}",
+    )
 
 
 def stop_up(up: Up) -> str:

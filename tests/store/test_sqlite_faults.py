@@ -20,20 +20,13 @@ from tests.faults import fill, small_filesystem
 from wakeful.store import Unavailable
 from wakeful.store.local import LocalStore
 from wakeful.store.sqlite import SqliteEngine
+from wakeful.testing import ManualClock
 
 pytestmark = pytest.mark.anyio
 
 
 class Counter(BaseModel):
     n: int
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def hold_write_lock(path: Path) -> sqlite3.Connection:
@@ -69,7 +62,7 @@ async def test_housekeeping_survives_a_held_lock_and_expires_leases_after_it(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = tmp_path / "store.db"
-    clock = Clock()
+    clock = ManualClock()
     store = LocalStore(SqliteEngine(path, busy_timeout=0.01), threaded=True, clock=clock, tick=0.01)
     lease = await store.grant(1)
     await store.put("nodes/n1", Counter(n=1), lease=lease)
@@ -77,7 +70,7 @@ async def test_housekeeping_survives_a_held_lock_and_expires_leases_after_it(
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(store.run)
         holder = hold_write_lock(path)
-        clock.now += 5  # the lease is due, but the expiry cannot write
+        clock.advance(5)  # the lease is due, but the expiry cannot write
         with anyio.fail_after(30):
             while "housekeeping failed" not in caplog.text:  # noqa: ASYNC110 - a log, no event
                 await anyio.sleep(0.01)
