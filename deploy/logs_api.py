@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from wakeful.deploy.logbook import LogBook
 from wakeful.domain import keys
-from wakeful.domain.logbatch import MAX_BODY_BYTES, LogBatch
+from wakeful.domain.logbatch import BEHIND_HEADER, MAX_BODY_BYTES, LogBatch
 from wakeful.domain.models import (
     HAS_PROCESS,
     NAME_PATTERN,
@@ -28,7 +28,6 @@ from wakeful.domain.models import (
 )
 from wakeful.store import Store
 
-BEHIND_HEADER = "Wakeful-Logs-Behind"
 MAX_TAIL = 10_000
 SANDBOX_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,127}")
 Tail = Annotated[int, Query(ge=1, le=MAX_TAIL, description="lines per sandbox")]

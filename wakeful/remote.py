@@ -32,10 +32,9 @@ from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from wakeful.domain.artifacts import ArtifactError, digest_of
-from wakeful.domain.logbatch import LogBatch
+from wakeful.domain.logbatch import BEHIND_HEADER, LogBatch
 from wakeful.node.logship import ShipFailed
 
-LOGS_BEHIND_HEADER = "Wakeful-Logs-Behind"
 """Set on a logs answer when some of the app's output has not reached the control plane."""
 
 
@@ -203,7 +202,7 @@ class ControlClient:
         lines = answer.text.split("\n")
         if lines[-1] == "":  # the newline that ends the last line
             lines.pop()
-        return AppLogs(lines, answer.headers.get(LOGS_BEHIND_HEADER, ""))
+        return AppLogs(lines, answer.headers.get(BEHIND_HEADER, ""))
 
     # -- the boundary ---------------------------------------------------------------------
 

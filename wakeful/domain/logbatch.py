@@ -19,6 +19,8 @@ MAX_BATCH_BYTES = 256 * 1024
 MAX_BODY_BYTES = 2 * 1024 * 1024
 """A batch as JSON: escaping can grow text up to 6x (a control byte becomes `\\u00XX`)."""
 MAX_CHUNKS = 1024
+BEHIND_HEADER = "Wakeful-Logs-Behind"
+"""The logs answer's header saying which nodes' latest lines have not arrived."""
 SandboxId = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,127}$")]
 """As `Sandbox.id`."""
 
