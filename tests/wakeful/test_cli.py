@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from wakeful.cli import _idle_settings, build_parser
+from wakeful.store.testing import free_port
 
 WAKEFUL = [sys.executable, "-m", "wakeful.cli"]
 
@@ -71,7 +72,7 @@ def test_a_taken_port_is_named_with_exit_1_whichever_piece_binds_it(tmp_path: Pa
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        free = [str(s) for s in (port + 1, port + 2)]
+        free = [str(free_port()), str(free_port())]  # not port+1: that may well be in use
         for flag in ("--listen", "--api-listen"):
             others = [f for f in ("--listen", "--api-listen", "--admin-listen") if f != flag]
             argv = ["up", flag, f"127.0.0.1:{port}"]
