@@ -35,6 +35,8 @@ from wakeful.node.settings import NodeSettings
 from wakeful.store import Event, Store, open_store
 from wakeful.testing import ManualClock
 
+from .conftest import put_hello
+
 pytestmark = pytest.mark.anyio
 HELLO = Path(__file__).parents[2] / "examples" / "hello"
 
@@ -189,14 +191,7 @@ async def test_a_stopping_agent_drains_stops_and_reports_its_sandboxes(tmp_path:
         artifacts = LocalArtifacts(tmp_path / "artifacts")
         digest = await artifacts.put(pack(HELLO))
         spec = AppSpec(command=[sys.executable, "app.py"], health=HealthCheck(path="/healthz"))
-        await store.put(
-            keys.version("hello", "v1"),
-            Version(app="hello", version="v1", spec=spec, artifact=digest),
-        )
-        await store.put(
-            keys.pool("hello-v1"),
-            Pool(name="hello-v1", app="hello", version="v1", spec=spec, desired_instances=1),
-        )
+        await put_hello(store, spec, digest)
         settings = NodeSettings(
             store_url="memory://",
             node_name="n1",

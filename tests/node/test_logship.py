@@ -13,11 +13,13 @@ from wakeful.deploy.logbook import LogBook
 from wakeful.domain import keys
 from wakeful.domain.artifacts import pack
 from wakeful.domain.logbatch import LogBatch
-from wakeful.domain.models import AppSpec, HealthCheck, Pool, Sandbox, SandboxStatus, Version
+from wakeful.domain.models import AppSpec, HealthCheck, Sandbox, SandboxStatus
 from wakeful.node.agent import NodeAgent
 from wakeful.node.logship import LogShipper, OutputBuffer, ShipFailed, utf8_cut
 from wakeful.node.settings import NodeSettings
 from wakeful.store import open_store
+
+from .conftest import put_hello
 
 pytestmark = pytest.mark.anyio
 HELLO = Path(__file__).parents[2] / "examples" / "hello"
@@ -190,14 +192,7 @@ async def test_the_agent_ships_a_sandboxs_output_and_still_writes_its_file(tmp_p
             health=HealthCheck(path="/healthz", timeout=10),
             shutdown_timeout=5,
         )
-        await store.put(
-            keys.version("hello", "v1"),
-            Version(app="hello", version="v1", spec=spec, artifact=digest),
-        )
-        await store.put(
-            keys.pool("hello-v1"),
-            Pool(name="hello-v1", app="hello", version="v1", spec=spec, desired_instances=1),
-        )
+        await put_hello(store, spec, digest)
         settings = NodeSettings(
             store_url="memory://",
             node_name="n1",

@@ -1,0 +1,19 @@
+"""What node tests share: the sample app's version and pool, recorded as a deploy leaves them."""
+
+from __future__ import annotations
+
+from wakeful.domain import keys
+from wakeful.domain.models import AppSpec, Pool, Version
+from wakeful.store import Store
+
+
+async def put_hello(store: Store, spec: AppSpec, artifact: str | None) -> None:
+    """`hello` v1 with `spec`, and its pool `hello-v1` at one instance."""
+    await store.put(
+        keys.version("hello", "v1"),
+        Version(app="hello", version="v1", spec=spec, artifact=artifact),
+    )
+    await store.put(
+        keys.pool("hello-v1"),
+        Pool(name="hello-v1", app="hello", version="v1", spec=spec, desired_instances=1),
+    )
