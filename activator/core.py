@@ -111,9 +111,9 @@ class Activator:
                 tasks.cancel_scope.cancel()
                 self._scale_up.tasks = None
 
-    async def resync(self) -> int:
-        """Re-list the view and wake every waiter; returns the revision to watch from, - 1."""
-        return await self._view.resync()
+    async def resync(self) -> None:
+        """Re-list the view and wake every waiter."""
+        await self._view.resync()
 
     # -- admission --------------------------------------------------------------------------
 

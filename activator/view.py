@@ -1,10 +1,12 @@
 """The activator's watched view of apps, pools and sandboxes.
 
 Theory of operation:
-- The view is the only consumer of the store watch (`follow`). It is written by that task, and
+- The view is the only consumer of the store watch (`follow`, one reflection of `apps/`,
+  `pools/` and `sandboxes/` through `wakeful.store.reflector`). It is written by that task, and
   by the scale-up and activity writers applying what they wrote or re-read; every write takes
-  only a revision newer than the cached one (invariant 5). After a `Resync` it re-lists and
-  refreshes whatever the store has moved past.
+  only a revision newer than the cached one (invariant 5), and a listing removes only what the
+  store deleted before the listing's revision. A record that does not validate counts as
+  absent, as everywhere else.
 - The request path reads it synchronously (`resolve`, `candidates`) and never awaits while
   holding what it read.
 - What the rest of the activator must do about a change (wake a pool's waiters, drop the
@@ -16,7 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import anyio
 
@@ -24,7 +26,8 @@ from wakeful.activator import decisions
 from wakeful.domain import keys
 from wakeful.domain.leases import UnknownApp
 from wakeful.domain.models import GONE, SIZED, App, Pool, Sandbox, SandboxStatus
-from wakeful.store import CorruptValue, Event, Item, Resync, Store, StoreError
+from wakeful.store import Item, Store
+from wakeful.store.reflector import Feed, reflect_all
 
 log = logging.getLogger(__name__)
 
@@ -77,78 +80,28 @@ class View:
 
     # -- feeding it -------------------------------------------------------------------------
 
-    async def resync(self) -> int:
-        """Re-list everything, refresh what the store has moved past, wake every waiter.
-
-        Returns the revision to watch from, minus one.
-        """
-        apps = await self._store.list(keys.APPS, App)
-        pools = await self._store.list(keys.POOLS, Pool)
-        sandboxes = await self._store.list(keys.SANDBOXES, Sandbox)
-        app_names = {a.value.name for a in apps.items}
-        for name in [n for n in self.apps if n not in app_names]:
-            if self.apps[name].revision <= apps.revision:
-                del self.apps[name]
-        for app in apps.items:
-            self.apply_app(app)
-        pool_items = {p.value.name: p for p in pools.items}
-        for name in [n for n in self.pools if n not in pool_items]:
-            if self.pools[name].item.revision <= pools.revision:
-                self.remove_pool(name)
-        for item in pools.items:
-            self.apply_pool(item)
-        listed = {s.value.id for s in sandboxes.items}
-        for sandbox_id in [s for s in self.sandboxes if s not in listed]:
-            if self.sandboxes[sandbox_id].revision <= sandboxes.revision:
-                self.remove_sandbox(sandbox_id)
-        for sandbox in sandboxes.items:
-            self.apply_sandbox(sandbox)
-        self.synced.set()
-        self._listener.relisted()
-        return min(apps.revision, pools.revision, sandboxes.revision)
+    def feeds(self) -> list[Feed[Any]]:
+        """The three prefixes the view mirrors, for `wakeful.store.reflector`."""
+        return [
+            Feed(keys.APPS, App, _Apps(self)),
+            Feed(keys.POOLS, Pool, _Pools(self)),
+            Feed(keys.SANDBOXES, Sandbox, _Sandboxes(self)),
+        ]
 
     async def follow(self) -> None:
-        """List, then apply watch events; list again after a `Resync` or a store error."""
-        while True:
-            try:
-                revision = await self.resync()
-                async for change in self._store.watch("", revision + 1):
-                    if isinstance(change, Resync):
-                        log.warning("store watch lost continuity (%s); re-listing", change.reason)
-                        break
-                    self.apply_event(change)
-            except StoreError as exc:
-                log.warning("store unavailable for the activator's view: %s", exc)
-                await anyio.sleep(1)
+        """Mirror the store until cancelled (list, watch, list again after a resync)."""
+        await reflect_all(self._store, self.feeds(), what="activator view", listed=self._listed)
 
-    def apply_event(self, event: Event) -> None:
-        key = event.key
-        deleted = event.kind == "delete"
-        try:
-            if key.startswith(keys.APPS):
-                name = keys.name_in(key, keys.APPS)
-                if not deleted:
-                    self.apply_app(Item(key, event.decode(App), event.revision))
-                elif (app := self.apps.get(name)) is not None and app.revision < event.revision:
-                    del self.apps[name]
-            elif key.startswith(keys.POOLS):
-                name = keys.name_in(key, keys.POOLS)
-                if not deleted:
-                    self.apply_pool(Item(key, event.decode(Pool), event.revision))
-                elif (pool := self.pools.get(name)) is not None and (
-                    pool.item.revision < event.revision
-                ):
-                    self.remove_pool(name)
-            elif key.startswith(keys.SANDBOXES):
-                name = keys.name_in(key, keys.SANDBOXES)
-                if not deleted:
-                    self.apply_sandbox(Item(key, event.decode(Sandbox), event.revision))
-                elif (sandbox := self.sandboxes.get(name)) is not None and (
-                    sandbox.revision < event.revision
-                ):
-                    self.remove_sandbox(name)
-        except CorruptValue as exc:
-            log.error("ignoring an invalid value in the store: %s", exc)
+    async def resync(self) -> None:
+        """Re-list everything once, refresh what the store has moved past, wake every waiter."""
+        for feed in self.feeds():
+            listing = await self._store.list(feed.prefix, feed.model)
+            feed.view.replace(listing.items, listing.revision)
+        self._listed()
+
+    def _listed(self) -> None:
+        self.synced.set()
+        self._listener.relisted()
 
     def apply_app(self, item: Item[App]) -> None:
         cached = self.apps.get(item.value.name)
@@ -250,3 +203,75 @@ class View:
     def routable(self, sandbox_id: str) -> bool:
         item = self.sandboxes.get(sandbox_id)
         return item is not None and item.value.routable
+
+
+# -- the three prefixes, as reflector views ---------------------------------------------------
+
+
+class _Apps:
+    def __init__(self, view: View) -> None:
+        self._view = view
+
+    def replace(self, items: list[Item[App]], revision: int) -> None:
+        apps = self._view.apps
+        listed = {item.value.name for item in items}
+        for name in [n for n, app in apps.items() if n not in listed and app.revision <= revision]:
+            del apps[name]
+        for item in items:
+            self._view.apply_app(item)
+
+    def put(self, item: Item[App]) -> None:
+        self._view.apply_app(item)
+
+    def delete(self, key: str, revision: int) -> None:
+        name = keys.name_in(key, keys.APPS)
+        app = self._view.apps.get(name)
+        if app is not None and app.revision < revision:
+            del self._view.apps[name]
+
+
+class _Pools:
+    def __init__(self, view: View) -> None:
+        self._view = view
+
+    def replace(self, items: list[Item[Pool]], revision: int) -> None:
+        pools = self._view.pools
+        listed = {item.value.name for item in items}
+        gone = [n for n in pools if n not in listed]
+        for name in [n for n in gone if pools[n].item.revision <= revision]:
+            self._view.remove_pool(name)
+        for item in items:
+            self._view.apply_pool(item)
+
+    def put(self, item: Item[Pool]) -> None:
+        self._view.apply_pool(item)
+
+    def delete(self, key: str, revision: int) -> None:
+        name = keys.name_in(key, keys.POOLS)
+        pool = self._view.pools.get(name)
+        if pool is not None and pool.item.revision < revision:
+            self._view.remove_pool(name)
+
+
+class _Sandboxes:
+    def __init__(self, view: View) -> None:
+        self._view = view
+
+    def replace(self, items: list[Item[Sandbox]], revision: int) -> None:
+        sandboxes = self._view.sandboxes
+        listed = {item.value.id for item in items}
+        for sandbox_id in [
+            s for s, item in sandboxes.items() if s not in listed and item.revision <= revision
+        ]:
+            self._view.remove_sandbox(sandbox_id)
+        for item in items:
+            self._view.apply_sandbox(item)
+
+    def put(self, item: Item[Sandbox]) -> None:
+        self._view.apply_sandbox(item)
+
+    def delete(self, key: str, revision: int) -> None:
+        sandbox_id = keys.name_in(key, keys.SANDBOXES)
+        sandbox = self._view.sandboxes.get(sandbox_id)
+        if sandbox is not None and sandbox.revision < revision:
+            self._view.remove_sandbox(sandbox_id)

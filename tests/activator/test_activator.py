@@ -216,6 +216,21 @@ async def test_a_dead_sandbox_drops_its_leases(store: Store) -> None:
             activator.renew(lease.lease_id)
 
 
+async def test_a_sandbox_record_that_stops_validating_counts_as_gone(store: Store) -> None:
+    """Uniform with every reflector view: an invalid record is absent, its leases end, and the
+    view goes on following the other records."""
+    await seed(store, rpi=10, sandboxes={"sb-1": SandboxStatus.RUNNING})
+    activator = make_activator(store)
+    async with activator.running():
+        lease = await activator.acquire("hello")
+        await store.put(keys.sandbox("sb-1"), App(name="not-a-sandbox"))
+        await eventually(lambda: activator.snapshot()[0].ready == 0)
+        with pytest.raises(LeaseGone):
+            activator.renew(lease.lease_id)
+        await set_status(store, "sb-2", SandboxStatus.RUNNING, port=9001)
+        assert (await activator.acquire("hello")).sandbox_id == "sb-2"
+
+
 async def test_bounds_unknown_apps_a_full_queue_and_the_activation_timeout(store: Store) -> None:
     await seed(store, rpi=5, activation_timeout=120, sandboxes={"sb-1": SandboxStatus.BOOTING})
     clock = ManualClock()

@@ -12,23 +12,41 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
+from typing import Any
 
 import anyio
 
 from wakeful.domain import keys
 from wakeful.domain.models import Cordon, Node, Pool, Sandbox, SandboxStatus
-from wakeful.store import Conflict, Item, Resync, Store, StoreError
+from wakeful.store import Conflict, Item, Store, StoreError
+from wakeful.store.reflector import Feed, reflect_all
 
 from .plan import Create, Drain, MarkDead, Remove, Stop, cooldown, crashed, plan_pool
 
 log = logging.getLogger(__name__)
-WATCHED = (keys.POOLS, keys.SANDBOXES, keys.NODES, keys.CORDONS)
 
 
 def with_cordon(node: Node, cordon: Cordon | None) -> Node:
     if cordon is None:
         return node
     return node.model_copy(update={"cordoned": True, "evacuating": cordon.evacuate})
+
+
+class ChangeSignal:
+    """A reflector view that keeps nothing: any listing or change sets `changed`. The controller
+    re-reads what it plans from on every tick, so it only needs to know that something moved."""
+
+    def __init__(self) -> None:
+        self.changed = anyio.Event()
+
+    def replace(self, items: list[Item[Any]], revision: int) -> None:
+        self.changed.set()
+
+    def put(self, item: Item[Any]) -> None:
+        self.changed.set()
+
+    def delete(self, key: str, revision: int) -> None:
+        self.changed.set()
 
 
 class Reconciler:
@@ -51,31 +69,25 @@ class Reconciler:
         a draining sandbox is assumed busy, so a restart cuts no request short."""
 
     async def run(self) -> None:
-        """Reconcile on every change to pools, sandboxes or nodes, and every interval anyway
-        (lease releases that unblock a drain are not store changes)."""
-        changed = anyio.Event()
-
-        async def watch() -> None:
-            nonlocal changed
-            while True:
-                try:
-                    async for event in self._store.watch(""):
-                        if isinstance(event, Resync) or event.key.startswith(WATCHED):
-                            changed.set()
-                except StoreError:
-                    await anyio.sleep(1)
-                changed.set()
-
+        """Reconcile on every change to pools, sandboxes, nodes or cordons, and every interval
+        anyway (lease releases that unblock a drain are not store changes)."""
+        signal = ChangeSignal()
+        feeds: list[Feed[Any]] = [
+            Feed(keys.POOLS, Pool, signal),
+            Feed(keys.SANDBOXES, Sandbox, signal),
+            Feed(keys.NODES, Node, signal),
+            Feed(keys.CORDONS, Cordon, signal),
+        ]
         async with anyio.create_task_group() as tasks:
-            tasks.start_soon(watch)
+            tasks.start_soon(lambda: reflect_all(self._store, feeds, what="pool controller"))
             while True:
-                changed = anyio.Event()
+                signal.changed = anyio.Event()
                 try:
                     await self.tick()
                 except StoreError as exc:
                     log.warning("pool controller could not reconcile: %s", exc)
                 with anyio.move_on_after(self._interval):
-                    await changed.wait()
+                    await signal.changed.wait()
 
     async def tick(self) -> None:
         pools = {p.value.name: p for p in (await self._store.list(keys.POOLS, Pool)).items}

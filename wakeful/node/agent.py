@@ -27,7 +27,8 @@ import anyio.abc
 
 from wakeful.domain import keys
 from wakeful.domain.models import HAS_PROCESS, Cordon, Node, Sandbox, SandboxStatus, SeenNode
-from wakeful.store import Conflict, Event, Item, LeaseNotFound, Resync, Store, StoreError
+from wakeful.store import Conflict, Item, LeaseNotFound, Store, StoreError
+from wakeful.store.reflector import reflect
 
 from .fencing import claims
 from .lifecycle import Transition
@@ -196,31 +197,26 @@ class NodeAgent:
     # -- watching ---------------------------------------------------------------------------
 
     async def _watch_loop(self) -> None:
-        while True:
-            try:
-                listing = await self._store.list(keys.SANDBOXES, Sandbox)
-                placed_here = {i.value.id for i in listing.items if i.value.node == self.name}
-                for sandbox_id, runner in list(self._running.items()):
-                    if sandbox_id not in placed_here:  # deleted or moved while we were away
-                        runner.stop()
-                for item in listing.items:
-                    self._consider(item.value)
-                async for change in self._store.watch(keys.SANDBOXES, listing.revision + 1):
-                    if isinstance(change, Resync):
-                        break
-                    self._on_event(change)
-            except StoreError as exc:
-                log.warning("sandbox watch failed: %s", exc)
-                await anyio.sleep(1)
+        await reflect(self._store, keys.SANDBOXES, Sandbox, self, what="node agent")
 
-    def _on_event(self, event: Event) -> None:
-        sandbox_id = keys.name_in(event.key, keys.SANDBOXES)
-        if event.kind == "delete":
-            runner = self._running.get(sandbox_id)
-            if runner is not None:
+    # The reflector's view of `sandboxes/` (wakeful.store.reflector): start what is placed here
+    # and pending, stop what left, was moved away, or is being stopped.
+
+    def replace(self, items: list[Item[Sandbox]], revision: int) -> None:
+        placed_here = {i.value.id for i in items if i.value.node == self.name}
+        for sandbox_id, runner in list(self._running.items()):
+            if sandbox_id not in placed_here:  # deleted or moved while we were away
                 runner.stop()
-            return
-        self._consider(event.decode(Sandbox))
+        for item in items:
+            self._consider(item.value)
+
+    def put(self, item: Item[Sandbox]) -> None:
+        self._consider(item.value)
+
+    def delete(self, key: str, revision: int) -> None:
+        runner = self._running.get(keys.name_in(key, keys.SANDBOXES))
+        if runner is not None:
+            runner.stop()
 
     def _consider(self, sandbox: Sandbox) -> None:
         if sandbox.node != self.name:

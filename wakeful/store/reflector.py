@@ -1,19 +1,26 @@
-"""Keeping a view of one prefix current: list, then watch from the listing's revision, and list
-again whenever continuity is lost. Every component that mirrors the store uses this one loop.
+"""Keeping views of store prefixes current: list, then watch from the listing's revision, and
+list again whenever continuity is lost. Every component that mirrors the store uses this one
+loop (the activator's view, the ingress's routing table and lease cache, the node agent, the
+pool controller's change signal).
 
-Theory of operation: `reflect` calls the view's `replace` with a full listing, then `put` and
-`delete` for each change after it, in revision order, until cancelled. A `Resync` from the
-watch (a reconnect, a compaction) or a store error ends the watch; after a back-off that grows
-while the store stays unavailable (invariant 19: never an exit), it lists again and calls
-`replace`, so the view converges on the store however much it missed. A value that does not
-validate is handled as `list` handles it, uniformly: it is logged and the key counts as absent
-(a `delete`), so a corrupt record never hides the others and never stops the loop.
+Theory of operation: `reflect_all` lists each feed's prefix and calls its view's `replace`
+with the full listing, then `listed`; then it watches once, from the oldest listing's
+revision, and calls `put` and `delete` on the feed whose prefix the key is under, in revision
+order, until cancelled. An event a feed's listing already contained (its revision is not newer
+than that listing's) is skipped, so each view sees every change exactly once. A `Resync` from
+the watch (a reconnect, a compaction) or a store error ends the watch; after a back-off that
+grows while the store stays unavailable (invariant 19: never an exit), it lists again, so the
+views converge on the store however much they missed. A value that does not validate is
+handled as `list` handles it, uniformly: it is logged and the key counts as absent (a
+`delete`), so a corrupt record never hides the others and never stops the loop.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Protocol, TypeVar
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
 
 import anyio
 from pydantic import BaseModel
@@ -38,6 +45,15 @@ class View(Protocol[M]):
         """A key was deleted at `revision`, or its new value does not validate."""
 
 
+@dataclass(frozen=True)
+class Feed(Generic[M]):
+    """One prefix, the model its values validate against, and the view that mirrors it."""
+
+    prefix: str
+    model: type[M]
+    view: View[M]
+
+
 async def reflect(
     store: Store,
     prefix: str,
@@ -49,19 +65,47 @@ async def reflect(
     max_backoff: float = 5.0,
 ) -> None:
     """Mirror `prefix` into `view` until cancelled. `what` names the view in logs."""
+    await reflect_all(
+        store, [Feed(prefix, model, view)], what=what, backoff=backoff, max_backoff=max_backoff
+    )
+
+
+async def reflect_all(
+    store: Store,
+    feeds: Sequence[Feed[Any]],
+    *,
+    what: str,
+    listed: Callable[[], None] | None = None,
+    backoff: float = 0.5,
+    max_backoff: float = 5.0,
+) -> None:
+    """Mirror every feed's prefix into its view, on one watch, until cancelled.
+
+    `listed` is called after every full listing, once every view has been replaced.
+    """
+    prefix = shared_prefix([feed.prefix for feed in feeds])
     delay = backoff
     while True:
         try:
-            listing = await store.list(prefix, model)
-            view.replace(listing.items, listing.revision)
+            revisions: list[int] = []
+            for feed in feeds:
+                listing = await store.list(feed.prefix, feed.model)
+                feed.view.replace(listing.items, listing.revision)
+                revisions.append(listing.revision)
+            if listed is not None:
+                listed()
             delay = backoff
-            async for change in store.watch(prefix, listing.revision + 1):
+            async for change in store.watch(prefix, min(revisions) + 1):
                 if isinstance(change, Resync):
                     log.warning(
                         "%s: watch lost continuity (%s); listing again", what, change.reason
                     )
                     break
-                apply(view, change, model)
+                for feed, revision in zip(feeds, revisions, strict=True):
+                    if change.key.startswith(feed.prefix):
+                        if change.revision > revision:
+                            apply(feed.view, change, feed.model)
+                        break
         except StoreError as exc:
             log.warning("%s: store unavailable, retrying in %.1f s: %s", what, delay, exc)
             await anyio.sleep(delay)
@@ -80,3 +124,13 @@ def apply(view: View[M], event: Event, model: type[M]) -> None:
         view.delete(event.key, event.revision)
         return
     view.put(Item(event.key, value, event.revision))
+
+
+def shared_prefix(prefixes: Sequence[str]) -> str:
+    """The longest string every prefix starts with (store keys are strings, not paths)."""
+    first = min(prefixes, default="")
+    last = max(prefixes, default="")
+    for i, char in enumerate(first):
+        if last[i] != char:
+            return first[:i]
+    return first
