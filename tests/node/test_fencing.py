@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from wakeful.domain.lifecycle import Transition as T
 from wakeful.domain.models import Sandbox
 from wakeful.domain.models import SandboxStatus as S
 from wakeful.node.fencing import Refusal, Refuse, Write, decide, start_epoch
-from wakeful.node.lifecycle import Transition as T
 
 ME = "n1"
 

@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 
 from wakeful.domain import keys
+from wakeful.domain.lifecycle import Transition, can, transition
 from wakeful.domain.models import Cordon, Node, Pool, Sandbox, SandboxStatus
 from wakeful.store import Conflict, Item, Store, StoreError
 from wakeful.store.reflector import Feed, reflect_all
@@ -186,11 +187,21 @@ class Reconciler:
                 )
             else:
                 item = items[action.sandbox_id]
-                status = {
-                    Drain: SandboxStatus.DRAINING,
-                    Stop: SandboxStatus.STOPPING,
-                    MarkDead: SandboxStatus.DEAD,
+                event = {
+                    Drain: Transition.DRAIN,
+                    Stop: Transition.STOP,
+                    MarkDead: Transition.FAIL,
                 }[type(action)]
+                if not can(item.value.status, event):
+                    # The plan is made from the same record: this is a planner bug, not a race.
+                    log.error(
+                        "refusing to %s a %s sandbox",
+                        event.value,
+                        item.value.status.value,
+                        extra={"sandbox": action.sandbox_id},
+                    )
+                    return
+                status = transition(item.value.status, event)
                 update: dict[str, object] = {"status": status, "ready": False}
                 if isinstance(action, MarkDead):
                     # The owner is gone: release ownership in the same write, at a new epoch,

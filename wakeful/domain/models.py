@@ -178,7 +178,7 @@ class SandboxStatus(StrEnum):
     DEAD = "dead"
 
 
-# Named sets of statuses, defined once (a sandbox's transitions are wakeful.node.lifecycle's).
+# Named sets of statuses, defined once (a sandbox's transitions are wakeful.domain.lifecycle's).
 STARTING = frozenset({SandboxStatus.PENDING, SandboxStatus.BOOTING})
 """Placed, not yet serving."""
 SIZED = frozenset({SandboxStatus.PENDING, SandboxStatus.BOOTING, SandboxStatus.RUNNING})

@@ -8,7 +8,7 @@ Theory of operation:
   `SandboxRunner` (`node.runner`: prepare, start, probe, wait, report) in the agent's task
   group; one the controller moved to `stopping` (or deleted) is told to stop.
 - Every status write goes through one `SandboxWriter` (`node.writer`): fenced on ownership
-  (`node.fencing`, invariant 15), along the lifecycle table (`node.lifecycle`), by
+  (`node.fencing`, invariant 15), along the lifecycle table (`wakeful.domain.lifecycle`), by
   compare-and-set on the sandbox record, retried on conflict against the fresh record, so the
   activator's activity writes and the controller's drains are never overwritten.
 - A sandbox's output goes to a file in its directory and, when the agent has a `LogSink`, to
@@ -26,12 +26,12 @@ import anyio
 import anyio.abc
 
 from wakeful.domain import keys
+from wakeful.domain.lifecycle import Transition
 from wakeful.domain.models import HAS_PROCESS, Cordon, Node, Sandbox, SandboxStatus, SeenNode
 from wakeful.store import Conflict, Item, LeaseNotFound, Store, StoreError
 from wakeful.store.reflector import reflect
 
 from .fencing import claims
-from .lifecycle import Transition
 from .logship import LogShipper, LogSink
 from .ports import PortPool
 from .runner import NodeServices, SandboxRunner

@@ -17,9 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from wakeful.domain.lifecycle import IllegalTransition, Transition, transition
 from wakeful.domain.models import Sandbox, SandboxStatus
-
-from .lifecycle import IllegalTransition, Transition, transition
 
 
 class Refusal(StrEnum):

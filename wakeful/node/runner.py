@@ -32,11 +32,11 @@ import anyio
 
 from wakeful.domain import keys
 from wakeful.domain.artifacts import ArtifactError
+from wakeful.domain.lifecycle import Transition
 from wakeful.domain.models import AppSpec, Pool, Sandbox, SandboxStatus, Version
 from wakeful.store import Store, StoreError
 
 from .fencing import start_epoch
-from .lifecycle import Transition
 from .logship import LogShipper
 from .ports import NoFreePort, PortPool, bindable
 from .probe import wait_ready

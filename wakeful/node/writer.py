@@ -12,11 +12,11 @@ from __future__ import annotations
 import logging
 
 from wakeful.domain import keys
+from wakeful.domain.lifecycle import Transition
 from wakeful.domain.models import Sandbox
 from wakeful.store import Conflict, Store
 
 from .fencing import Refusal, Refuse, decide
-from .lifecycle import Transition
 
 log = logging.getLogger(__name__)
 MAX_CONFLICTS = 20

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
+from wakeful.domain.lifecycle import TABLE, IllegalTransition, Transition, transition
 from wakeful.domain.models import SandboxStatus as S
-from wakeful.node.lifecycle import TABLE, IllegalTransition, Transition, transition
 
 
 @pytest.mark.parametrize(
