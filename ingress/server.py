@@ -139,8 +139,14 @@ class Ingress:
             admin_sock = _bind(self.settings.admin_listen, self.settings.backlog, "admin address")
             await self._start(admin, admin_sock, tasks)
             self.admin_address = admin_sock.getsockname()[:2]
+            if self.settings.show_boot_log and not self.settings.boot_log_shown:
+                log.warning(
+                    "boot logs stay out of 503 answers: the ingress listens on %s, not on "
+                    "loopback (`wakeful logs` shows them)",
+                    self.settings.listen,
+                )
             edge = ProxyApp(
-                proxy, self.metrics, self.settings.max_header_bytes, self.settings.show_boot_log
+                proxy, self.metrics, self.settings.max_header_bytes, self.settings.boot_log_shown
             )
             server = _Server(self._config(edge))
             sock = _bind(self.settings.listen, self.settings.backlog, "listen address")

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import ipaddress
+
 from pydantic import Field
 
 from wakeful.store.settings import StoreSettings
@@ -40,12 +42,18 @@ class IngressSettings(StoreSettings):
     shutdown_timeout: float = Field(default=30.0, ge=0, le=3600)
     """On SIGTERM, in-flight requests get this long to finish before they are cancelled."""
     show_boot_log: bool = False
-    """Put a crash-looping app's last log lines in its 503 answer. Off by default: the log can
-    hold secrets, and the answer goes to anyone. `wakeful up` (one machine) turns it on."""
+    """Put a crash-looping app's last log lines in its 503 answer, but only while `listen` is
+    a loopback address (see `boot_log_shown`). Off by default: the log can hold secrets, and
+    the answer goes to anyone who can connect. `wakeful up` turns it on."""
     backlog: int = Field(default=2048, ge=1, le=65_535)
 
     def timeout_for(self, app: str) -> float:
         return self.request_timeouts.get(app, self.request_timeout)
+
+    @property
+    def boot_log_shown(self) -> bool:
+        """Whether 503 answers carry boot logs: asked for, and only this machine can connect."""
+        return self.show_boot_log and listens_on_loopback(self.listen)
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -54,3 +62,22 @@ def split_address(address: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65_535:
         raise ValueError(f"expected host:port, got {address!r}")
     return host.strip("[]"), int(port)
+
+
+def listens_on_loopback(address: str) -> bool:
+    """Whether a listener on `host:port` takes connections only from this machine: a host in
+    127.0.0.0/8, ::1 (or ::ffff:127.x), or `localhost`. A wildcard (0.0.0.0, ::), any other
+    address, any other name, or an address that does not parse counts as public."""
+    try:
+        host, _ = split_address(address)
+    except ValueError:
+        return False
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback

@@ -135,9 +135,7 @@ async def stack(
         the_activator = Activator(store, config, registry, **({"clock": clock} if clock else {}))
         ingress_settings = IngressSettings(
             store_url="memory://",
-            listen="127.0.0.1:0",
-            admin_listen="127.0.0.1:0",
-            **settings,  # type: ignore[arg-type]
+            **{"listen": "127.0.0.1:0", "admin_listen": "127.0.0.1:0", **settings},  # type: ignore[arg-type]
         )
         ingress = Ingress(
             ingress_settings,

@@ -14,6 +14,7 @@ import pytest
 
 from tests.activator.conftest import eventually
 from wakeful.domain.models import App
+from wakeful.ingress.settings import IngressSettings, listens_on_loopback
 
 from .conftest import stack
 
@@ -179,6 +180,46 @@ async def test_an_app_that_fails_to_boot_answers_503_with_its_log_when_allowed()
 async def test_the_boot_log_is_not_shown_to_anonymous_clients_by_default() -> None:
     crashing = {**CRASHING, "crash_cooldown_until": time.time() + 60}
     async with stack({"sb-1": None}, pool_update=crashing) as s:
+        answer = await s.client.get("/", headers={"Accept": "application/json"})
+        assert answer.status_code == 503
+        assert answer.json()["error"] == "app failed to boot"
+        assert "log" not in answer.json()
+        assert "ImportError" not in (await s.client.get("/")).text
+
+
+@pytest.mark.parametrize(
+    ("listen", "loopback"),
+    [
+        ("127.0.0.1:8080", True),
+        ("127.8.9.10:8080", True),
+        ("localhost:8080", True),
+        ("LOCALHOST:0", True),
+        ("[::1]:8080", True),
+        ("::1:8080", True),
+        ("[::ffff:127.0.0.1]:8080", True),
+        ("0.0.0.0:8080", False),
+        ("[::]:8080", False),
+        ("192.168.1.20:8080", False),
+        ("10.0.0.1:80", False),
+        ("[2001:db8::1]:8080", False),
+        ("example.com:8080", False),
+        ("localhost.example.com:8080", False),
+        ("not an address", False),
+    ],
+)
+def test_boot_logs_are_shown_only_on_a_loopback_listener(listen: str, loopback: bool) -> None:
+    assert listens_on_loopback(listen) is loopback
+    shown = IngressSettings(store_url="memory://", listen=listen, show_boot_log=True)
+    assert shown.boot_log_shown is loopback
+    assert not IngressSettings(store_url="memory://", listen=listen).boot_log_shown
+
+
+async def test_an_ingress_on_a_public_address_keeps_the_boot_log_out_even_when_asked() -> None:
+    """As `wakeful up --listen 0.0.0.0:PORT` runs it: boot logs asked for, not shown."""
+    crashing = {**CRASHING, "crash_cooldown_until": time.time() + 60}
+    async with stack(
+        {"sb-1": None}, pool_update=crashing, show_boot_log=True, listen="0.0.0.0:0"
+    ) as s:
         answer = await s.client.get("/", headers={"Accept": "application/json"})
         assert answer.status_code == 503
         assert answer.json()["error"] == "app failed to boot"
