@@ -17,3 +17,9 @@ class ActivatorSettings(StoreSettings):
     activity_write_interval: float = Field(default=30.0, ge=0)
     """A sandbox's last_activity is written to the store at most this often."""
     expiry_interval: float = Field(default=1.0, gt=0)
+    artifact_grace: float = Field(default=600.0, ge=0, le=30 * 86_400)
+    """An artifact no version references is deleted only this many seconds after it was
+    uploaded (or claimed by a deploy): it may be an upload whose version is not written yet."""
+    artifact_gc_interval: float = Field(default=60.0, gt=0, le=86_400)
+    """Seconds between collections of unreferenced artifacts (also run after each app
+    deletion)."""

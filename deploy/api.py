@@ -47,6 +47,8 @@ class DeletionReport(BaseModel):
     pools: list[str]
     """Retired: their sandboxes drain (requests on them finish), then the pools go."""
     artifacts_removed: int
+    """Deleted by the artifact collection run after the deletion: unreferenced artifacts
+    uploaded more than the grace period ago (a newer one goes in a later run)."""
 
 
 class AppReport(BaseModel):

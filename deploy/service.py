@@ -23,6 +23,7 @@ import anyio
 
 from wakeful.deploy.appdir import AppDefinition
 from wakeful.deploy.artifacts import LocalArtifacts
+from wakeful.deploy.collect import ArtifactCollector
 from wakeful.domain import keys
 from wakeful.domain.models import App, Pool, Sandbox, Version
 from wakeful.store import Conflict, Delete, Item, Op, Put, Require, Store, StoreError
@@ -82,18 +83,24 @@ class Deployer:
         store: Store,
         artifacts: LocalArtifacts,
         *,
+        collector: ArtifactCollector | None = None,
         timeout: float = 300.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """`collector`: deletes the artifacts an app deletion leaves unreferenced (by
+        default one with the default grace period, on `clock`)."""
         self._store = store
         self._artifacts = artifacts
+        self.collector = collector or ArtifactCollector(store, artifacts, clock=clock)
         self._timeout = timeout
         self._clock = clock
         self.rollouts: dict[tuple[str, str], Rollout] = {}
 
     async def prepare(self, definition: AppDefinition, artifact: str | None) -> Rollout:
         """Validate, then write the new version and its pool (not yet routed)."""
-        if artifact is not None and not self._artifacts.has(artifact):
+        # Claimed (its grace period starts again) so the collector leaves it alone until the
+        # version below references it.
+        if artifact is not None and not await self._artifacts.keep(artifact):
             raise DeployError(f"artifact {artifact} was not uploaded")
         name = definition.name
         app = await self._store.get(keys.app(name), App)
@@ -263,7 +270,9 @@ class Deployer:
         transaction (so no reader sees a route to a version that is gone); its pools are
         retired and marked deleted, so the pool controller drains their sandboxes as in a
         scale-down (never one holding a lease) and the idle monitor removes each pool once
-        nothing runs in it. Artifacts no remaining version uses are then deleted."""
+        nothing runs in it. The artifact collector then runs: artifacts no remaining version
+        uses are deleted, unless uploaded within its grace period (another deploy may be about
+        to use one)."""
         for _ in range(20):
             found = await self._store.get(keys.app(app), App)
             if found is None:
@@ -290,13 +299,9 @@ class Deployer:
             raise DeployError(f"could not delete {app!r}: it kept changing under us")
         for version in versions:
             self.rollouts.pop((app, version.value.version), None)
-        used = {v.value.artifact for v in (await self._store.list(keys.VERSIONS, Version)).items}
-        removed = 0
-        for digest in {v.value.artifact for v in versions} - used:
-            if digest is not None and await self._artifacts.remove(digest):
-                removed += 1
+        removed = await self.collector.collect_quietly()
         log.info("deleted app %s", app, extra={"app": app})
-        return Deletion(app, len(versions), [p.value.name for p in pools], removed)
+        return Deletion(app, len(versions), [p.value.name for p in pools], len(removed))
 
     async def rollback(self, app: str) -> Rollout:
         """Bring the previous version's pool back (at the current size); `roll_out` flips."""

@@ -27,8 +27,11 @@ async def in_flight(up: Up) -> float:
 
 
 async def test_delete_lets_the_request_in_flight_finish_then_removes_everything(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # No grace for unreferenced artifacts (10 min by default): the delete's own collection
+    # removes the app's artifact at once (the grace is proved in tests/deploy/test_artifact_gc.py).
+    monkeypatch.setenv("WAKEFUL_ARTIFACT_GRACE", "0")
     up = start_up(tmp_path, make_app(tmp_path))
     try:
         async with httpx.AsyncClient(base_url=up.proxy, timeout=60) as http:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,12 +25,15 @@ class Running:
 
 
 @contextlib.asynccontextmanager
-async def running_control_plane(data_dir: Path) -> AsyncIterator[Running]:
-    """Every router, the real activator and pool controller; no idle monitor, no node."""
+async def running_control_plane(
+    data_dir: Path, *, artifact_clock: Callable[[], float] = time.time, **settings: float
+) -> AsyncIterator[Running]:
+    """Every router, the real activator and pool controller; no idle monitor, no node.
+    `settings`: ActivatorSettings fields (`artifact_grace`, ...)."""
     listen = f"127.0.0.1:{free_port()}"
-    settings = ActivatorSettings(store_url="memory://", token=TOKEN, listen=listen)
+    config = ActivatorSettings(store_url="memory://", token=TOKEN, listen=listen, **settings)
     async with (
         open_store("memory://") as store,
-        control_plane(store, settings, data_dir, idle=None) as plane,
+        control_plane(store, config, data_dir, idle=None, artifact_clock=artifact_clock) as plane,
     ):
         yield Running(store, plane, f"http://{listen}")

@@ -12,12 +12,14 @@ import httpx
 import pytest
 
 from tests.wakeful.conftest import running_control_plane
+from wakeful.bootstrap import ControlPlane
 from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.domain.artifacts import digest_of, pack
 from wakeful.domain.models import App, AppSpec, Pool, Version
 from wakeful.node.agent import NodeAgent
 from wakeful.node.settings import NodeSettings
 from wakeful.store import Store
+from wakeful.testing import ManualClock
 
 pytestmark = pytest.mark.anyio
 HELLO = Path(__file__).parents[2] / "examples" / "hello"
@@ -28,17 +30,24 @@ class Control:
     http: httpx.AsyncClient
     store: Store
     data_dir: Path
+    plane: ControlPlane
+    clock: ManualClock
+    """When artifacts were uploaded, for their collection (default grace: GRACE)."""
+
+
+GRACE = 600.0
 
 
 @pytest.fixture
 async def control(tmp_path: Path) -> AsyncIterator[Control]:
+    clock = ManualClock()
     async with (
-        running_control_plane(tmp_path) as running,
+        running_control_plane(tmp_path, artifact_clock=clock) as running,
         httpx.AsyncClient(
             base_url=running.url, headers={"Authorization": f"Bearer {running.token}"}
         ) as http,
     ):
-        yield Control(http, running.store, tmp_path)
+        yield Control(http, running.store, tmp_path, running.plane, clock)
 
 
 @pytest.mark.parametrize(
@@ -108,10 +117,11 @@ async def test_a_retired_pool_reports_its_state_not_a_size_nobody_acts_on(
 async def test_deleting_an_app_removes_route_versions_and_unused_artifacts(
     control: Control,
 ) -> None:
-    artifacts = LocalArtifacts(control.data_dir / "artifacts")
+    artifacts = control.plane.artifacts
     data = pack(HELLO)
     digest = digest_of(data)
     await artifacts.put(data)
+    control.clock.advance(GRACE + 1)  # uploaded long ago
     spec = AppSpec(command=["true"])
     await control.store.put("apps/web", App(name="web", active_version="v1"))
     await control.store.put("apps/other", App(name="other", active_version="v1"))
@@ -144,9 +154,10 @@ async def test_deleting_an_app_removes_route_versions_and_unused_artifacts(
 
 
 async def test_an_artifact_another_app_uses_survives_a_delete(control: Control) -> None:
-    artifacts = LocalArtifacts(control.data_dir / "artifacts")
+    artifacts = control.plane.artifacts
     data = pack(HELLO)
     digest = await artifacts.put(data)
+    control.clock.advance(GRACE + 1)
     spec = AppSpec(command=["true"])
     for app in ("a", "b"):
         await control.store.put(f"apps/{app}", App(name=app, active_version="v1"))
@@ -156,3 +167,42 @@ async def test_an_artifact_another_app_uses_survives_a_delete(control: Control) 
     answer = await control.http.delete("/v1/apps/a")
     assert answer.json()["artifacts_removed"] == 0
     assert artifacts.has(digest)
+
+
+async def test_an_artifact_uploaded_just_before_a_delete_stays_for_the_grace(
+    control: Control,
+) -> None:
+    """An upload in flight (its version not written yet) outlives the deletion of the app it
+    was for; a later collection deletes it once the grace has passed."""
+    data = pack(HELLO)
+    digest = digest_of(data)
+    assert (await control.http.put(f"/v1/artifacts/{digest}", content=data)).status_code == 201
+    await control.store.put("apps/web", App(name="web", active_version="v1"))
+    await control.store.put(
+        "versions/web/v1",
+        Version(app="web", version="v1", spec=AppSpec(command=["true"]), artifact=digest),
+    )
+    answer = await control.http.delete("/v1/apps/web")
+    assert answer.json()["artifacts_removed"] == 0
+    assert (await control.http.get(f"/v1/artifacts/{digest}")).status_code == 200
+    control.clock.advance(GRACE - 1)
+    assert await control.plane.deployer.collector.collect() == []
+    control.clock.advance(2)
+    assert await control.plane.deployer.collector.collect() == [digest]
+    assert (await control.http.get(f"/v1/artifacts/{digest}")).status_code == 404
+
+
+async def test_the_control_plane_collects_unreferenced_artifacts_on_its_own(
+    tmp_path: Path,
+) -> None:
+    """The periodic collection: an upload nobody deployed goes once its grace has passed."""
+    clock = ManualClock()
+    async with running_control_plane(
+        tmp_path, artifact_clock=clock, artifact_grace=60, artifact_gc_interval=0.05
+    ) as running:
+        artifacts = running.plane.artifacts
+        digest = await artifacts.put(pack(HELLO))
+        clock.advance(61)
+        with anyio.fail_after(10):
+            while artifacts.has(digest):  # noqa: ASYNC110 - a file on disk, no event
+                await anyio.sleep(0.02)

@@ -1,0 +1,90 @@
+"""Artifact garbage collection: stored artifacts no version references any more are deleted.
+
+Versions (`versions/{app}/{version}`) are the only references to an artifact; they go when
+their app is deleted (`Deployer.delete`), and an upload whose deploy never happened (refused,
+or the client gave up) never gets one. The collector runs after each app deletion and every
+`artifact_gc_interval` seconds in the control plane (`wakeful.bootstrap.control_plane`), so
+an unreferenced artifact stays on disk at most `grace` + one interval.
+
+It never deletes an artifact that any version references, nor one uploaded or claimed by a
+deploy (`LocalArtifacts.keep`) less than `grace` seconds ago: that is an upload in flight whose
+version is not written yet. When some version record does not validate, what it references is
+unknown, and the collector deletes nothing that round.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import anyio
+
+from wakeful.deploy.artifacts import LocalArtifacts
+from wakeful.domain import keys
+from wakeful.domain.models import Version
+from wakeful.store import Store, StoreError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_GRACE = 600.0
+"""Seconds an unreferenced artifact is kept after its upload (or a deploy's claim)."""
+DEFAULT_INTERVAL = 60.0
+
+
+class ArtifactCollector:
+    def __init__(
+        self,
+        store: Store,
+        artifacts: LocalArtifacts,
+        *,
+        grace: float = DEFAULT_GRACE,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """`clock`: the same wall clock as `artifacts`' (it wrote the upload times)."""
+        self._store = store
+        self._artifacts = artifacts
+        self._grace = grace
+        self._clock = clock
+
+    async def collect(self) -> list[str]:
+        """One pass; returns the digests it deleted. Raises `StoreError` when the versions
+        cannot be listed (then nothing is deleted)."""
+        listing = await self._store.list(keys.VERSIONS, Version)
+        if listing.invalid:
+            log.warning(
+                "not collecting artifacts: version records %s do not validate, so what they "
+                "reference is unknown",
+                ", ".join(listing.invalid),
+            )
+            return []
+        referenced = {item.value.artifact for item in listing.items}
+        before = self._clock() - self._grace
+        removed = []
+        for digest, touched in await self._artifacts.stored():
+            if digest in referenced or touched >= before:
+                continue
+            if await self._artifacts.remove_idle(digest, before):
+                removed.append(digest)
+        partials = await self._artifacts.remove_partials()
+        if removed or partials:
+            log.info(
+                "deleted %d unreferenced artifact(s) and %d partial upload(s): %s",
+                len(removed),
+                partials,
+                ", ".join(removed),
+            )
+        return removed
+
+    async def collect_quietly(self) -> list[str]:
+        """`collect`, with a store or disk failure logged: the next pass tries again."""
+        try:
+            return await self.collect()
+        except (StoreError, OSError) as exc:
+            log.warning("artifact collection failed, trying again later: %s", exc)
+            return []
+
+    async def run(self, interval: float = DEFAULT_INTERVAL) -> None:
+        while True:
+            await anyio.sleep(interval)
+            await self.collect_quietly()
