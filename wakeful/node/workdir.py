@@ -1,14 +1,22 @@
-"""A sandbox's working directory: the version's artifact unpacked into a fresh directory."""
+"""A sandbox's working directory: the version's artifact unpacked into a fresh directory.
+
+The artifact's bytes are checked against its sha256 before anything is unpacked, whichever
+`Artifacts` served them (the control plane's own files in `wakeful up`, or the control API):
+a file changed on disk or in transit is refused with an `ArtifactError` naming the digest, and
+the sandbox goes dead with that reason. The unpacked tree is private to its owner (files keep
+only their owner's bits, directories are 0700), like everything else in the data directory.
+"""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Protocol
 
 import anyio
 
-from wakeful.domain.artifacts import unpack
+from wakeful.domain.artifacts import ArtifactError, digest_of, unpack
 
 
 class Artifacts(Protocol):
@@ -30,11 +38,34 @@ async def prepare_workdir(path: Path, artifacts: Artifacts, digest: str | None) 
     await anyio.to_thread.run_sync(_fresh, path)
     if digest is not None:
         data = await artifacts.fetch(digest)
+        await anyio.to_thread.run_sync(verify, data, digest)
         await anyio.to_thread.run_sync(unpack, data, path)
+        await anyio.to_thread.run_sync(_private, path)
     return path
+
+
+def verify(data: bytes, digest: str) -> None:
+    """Refuse bytes that are not the artifact `digest` names."""
+    actual = digest_of(data)
+    if actual != digest:
+        raise ArtifactError(
+            f"artifact {digest} does not match its sha256 (the bytes served hash to "
+            f"{actual}): refusing to unpack it"
+        )
 
 
 def _fresh(path: Path) -> None:
     if path.exists():
         shutil.rmtree(path)
-    path.mkdir(parents=True)
+    path.mkdir(mode=0o700, parents=True)
+
+
+def _private(root: Path) -> None:
+    """Group and other permissions off the unpacked tree (an artifact's files are 0644 or
+    0755); the owner's own bits, the executable one included, stay."""
+    for parent, dirs, files in os.walk(root):
+        for name in dirs:
+            os.chmod(os.path.join(parent, name), 0o700)
+        for name in files:
+            path = os.path.join(parent, name)
+            os.chmod(path, os.stat(path).st_mode & 0o700)

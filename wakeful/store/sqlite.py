@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import sqlite3
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -68,6 +69,15 @@ INSERT OR IGNORE INTO meta VALUES ('revision', 0), ('compacted', 1);
 """
 
 
+def _create_private(path: Path) -> None:
+    """Create the database file 0600 (in a 0700 directory when that is new) before SQLite
+    opens it: SQLite gives its `-wal` and `-shm` files the database file's permissions, so
+    none of the three is readable by other users, whatever the process's umask."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+
+
 class SqliteEngine:
     @_translated
     def __init__(self, path: str | Path, *, busy_timeout: float = 5.0) -> None:
@@ -75,7 +85,7 @@ class SqliteEngine:
         call fails with `Unavailable`."""
         self._path = str(path)
         if self._path != ":memory:":
-            Path(self._path).parent.mkdir(parents=True, exist_ok=True)
+            _create_private(Path(self._path))
         self._db = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
