@@ -10,16 +10,14 @@ requests finish, stop the sandboxes, close the store.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
-import secrets
 import signal
 import socket
+import time
 from collections.abc import AsyncIterator, Callable, Generator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 import anyio.abc
@@ -31,9 +29,11 @@ from wakeful.activator.core import Activator
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.controller.api import node_router
 from wakeful.controller.reconciler import Reconciler
+from wakeful.datadir import CONTROL_FILE, load_or_create_token, private_data_dir, write_control_file
 from wakeful.deploy.api import deploy_router
 from wakeful.deploy.appdir import AppDir
 from wakeful.deploy.artifacts import LocalArtifacts
+from wakeful.deploy.collect import ArtifactCollector
 from wakeful.deploy.logbook import LogBook
 from wakeful.deploy.logs_api import logs_router
 from wakeful.deploy.service import Deployer, Phase
@@ -48,7 +48,6 @@ if TYPE_CHECKING:  # the ingress (aiohttp, uvloop) is imported only by what runs
     from wakeful.ingress.settings import IngressSettings
 
 log = logging.getLogger(__name__)
-CONTROL_FILE = "control.json"
 
 
 class EmbeddedServer(uvicorn.Server):
@@ -124,27 +123,6 @@ async def serve_asgi(app: Any, address: str, what: str, started: anyio.Event | N
         sock.close()
 
 
-def load_or_create_token(data_dir: Path) -> str:
-    path = data_dir / "token"
-    if path.exists():
-        return path.read_text().strip()
-    token = secrets.token_urlsafe(32)
-    data_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(token + "\n")
-    return token
-
-
-def write_control_file(data_dir: Path, api_url: str, token: str, ingress_url: str | None) -> None:
-    path = data_dir / CONTROL_FILE
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(
-            {"api": api_url, "token": token, "ingress": ingress_url, "pid": os.getpid()}, handle
-        )
-
-
 @dataclass
 class ControlPlane:
     store: Store
@@ -166,14 +144,19 @@ async def control_plane(
     idle: IdleMonitorSettings | None,
     reconcile_interval: float = 1.0,
     drain_grace: float = 0.0,
+    artifact_clock: Callable[[], float] = time.time,
 ) -> AsyncIterator[ControlPlane]:
     """`idle`: the idle monitor's settings, None to run it elsewhere. `drain_grace`: how long
     after start lease counts are not trusted (see Reconciler); one lease TTL when ingresses run
-    in other processes, 0 when every holder is in this one."""
+    in other processes, 0 when every holder is in this one. `artifact_clock`: when artifacts
+    were uploaded, for their collection (tests drive it)."""
     registry = CollectorRegistry()
     activator = Activator(store, settings, registry)
-    artifacts = LocalArtifacts(data_dir / "artifacts")
-    deployer = Deployer(store, artifacts)
+    artifacts = LocalArtifacts(data_dir / "artifacts", clock=artifact_clock)
+    collector = ArtifactCollector(
+        store, artifacts, grace=settings.artifact_grace, clock=artifact_clock
+    )
+    deployer = Deployer(store, artifacts, collector=collector)
     logbook = LogBook()
     token = settings.token.get_secret_value() if settings.token else ""
     async with activator.running(), anyio.create_task_group() as tasks:
@@ -196,6 +179,7 @@ async def control_plane(
             drain_grace=drain_grace,
         )
         tasks.start_soon(reconciler.run)
+        tasks.start_soon(collector.run, settings.artifact_gc_interval)
         if idle is not None:
             monitor = IdleMonitor(
                 store, interval=idle.idle_interval, retention=idle.retired_retention
@@ -235,6 +219,7 @@ async def run_up(
     app_dirs: Sequence[AppDir],
     idle: IdleMonitorSettings,
     announce: Callable[[str], None],
+    isolation: Literal["bwrap", "none"] | None = None,
 ) -> None:
     """Everything in one process. Shutdown: the ingress stops taking requests and finishes the
     ones in flight, hands its leases back; then the sandboxes stop; then the control plane."""
@@ -244,13 +229,20 @@ async def run_up(
 
     if not data_dir.is_absolute():  # every path below is derived from it: resolve it once
         raise ValueError(f"data_dir must be absolute, got {data_dir}")
+    private_data_dir(data_dir)
     token = load_or_create_token(data_dir)
     store_url = sqlite_url(data_dir / "store.db")
     settings = ActivatorSettings(store_url=store_url, token=token, listen=api)
     # The in-process ingress has stopped before the node agent does: nothing left to drain.
     node_settings = NodeSettings(
-        store_url=store_url, node_name="local", data_dir=data_dir, shutdown_drain=0
+        store_url=store_url,
+        node_name="local",
+        data_dir=data_dir,
+        shutdown_drain=0,
     )
+    if isolation is not None:  # the flag beats WAKEFUL_ISOLATION
+        node_settings = node_settings.model_copy(update={"isolation": isolation})
+    # Shown in 503 answers only while the ingress listens on loopback (boot_log_shown).
     ingress_settings = IngressSettings(
         store_url=store_url, listen=listen, admin_listen=admin, show_boot_log=True
     )
@@ -299,6 +291,7 @@ async def run_activator(
     """The control plane (activator, control API, pool controller, and the idle monitor unless
     `idle` is None) until a signal. Ingresses are other processes: lease counts are trusted
     only after one lease TTL."""
+    private_data_dir(data_dir)
     async with (
         settings.open_store() as store,
         control_plane(store, settings, data_dir, idle=idle, drain_grace=settings.lease_ttl),
@@ -311,6 +304,7 @@ async def run_node(
     settings: NodeSettings, control: Endpoint, *, announce: Callable[[str], None]
 ) -> None:
     """A node agent that fetches artifacts from, and pushes logs to, the control API."""
+    private_data_dir(settings.data_dir)
     async with (
         settings.open_store() as store,
         HttpArtifacts(control.api, control.token) as artifacts,
@@ -350,4 +344,12 @@ async def run_idle_monitor(
         tasks.cancel_scope.cancel()
 
 
-__all__ = ["ControlPlane", "control_plane", "open_store", "run_up"]
+__all__ = [
+    "CONTROL_FILE",
+    "ControlPlane",
+    "control_plane",
+    "load_or_create_token",
+    "open_store",
+    "run_up",
+    "write_control_file",
+]

@@ -30,6 +30,7 @@ from wakeful.activator.settings import ActivatorSettings
 from wakeful.deploy.appdir import AppDir, AppDirError, load_app_dir
 from wakeful.domain.models import describe_validation_error
 from wakeful.idle_monitor.monitor import IdleMonitorSettings
+from wakeful.node.isolation import IsolationUnavailable
 from wakeful.node.settings import NodeSettings
 from wakeful.store import StoreError
 
@@ -107,7 +108,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     idle = _idle_settings(args, default_interval=5.0)
     data_dir = Path(args.data_dir).absolute()
     try:
-        data_dir.mkdir(parents=True, exist_ok=True)
+        data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
         raise CliError(
             f"--data-dir {data_dir}: cannot create it: {exc.strerror}", RUNTIME
@@ -121,6 +122,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             app_dirs=apps,
             idle=idle,
             announce=commands.say,
+            isolation=args.isolation,
         ),
         store=f"the store in {data_dir}",
         uvloop=True,
@@ -134,9 +136,11 @@ def _serve(main: Callable[[], Awaitable[None]], *, store: str, uvloop: bool = Fa
     however deep in its task groups it was raised, and exit status 1."""
     try:
         anyio.run(main, backend_options={"use_uvloop": uvloop})
-    except (OSError, StoreError, BaseExceptionGroup) as raised:
+    except (OSError, StoreError, IsolationUnavailable, BaseExceptionGroup) as raised:
         cause = _single_cause(raised)
         if isinstance(cause, AddressInUse):  # bind() names the flag and the address
+            raise CliError(str(cause), RUNTIME) from None
+        if isinstance(cause, IsolationUnavailable):  # says how to install bubblewrap
             raise CliError(str(cause), RUNTIME) from None
         if isinstance(cause, StoreError):
             raise CliError(f"{store} cannot be used: {cause}", RUNTIME) from None
@@ -174,8 +178,20 @@ def cmd_activator(args: argparse.Namespace) -> int:
     return 0
 
 
+def _isolation_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--isolation",
+        choices=["bwrap", "none"],
+        default=None,
+        help="bwrap (default, WAKEFUL_ISOLATION): each app in its own namespaces, uid and "
+        "limits; none: apps run as this user and can read its files (trusted code only)",
+    )
+
+
 def cmd_node(args: argparse.Namespace) -> int:
     settings = NodeSettings()
+    if args.isolation is not None:  # the flag beats WAKEFUL_ISOLATION
+        settings = settings.model_copy(update={"isolation": args.isolation})
     control = _control_from_env("nodes fetch artifacts from it and push logs to it")
     _serve(
         lambda: run_node(settings, control, announce=commands.say),
@@ -255,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="idle monitor tick, seconds (default WAKEFUL_IDLE_INTERVAL, else 5)",
     )
+    _isolation_flag(up)
     up.set_defaults(func=cmd_up)
 
     deploy = sub.add_parser("deploy", help="deploy an app directory")
@@ -324,7 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
     activator.add_argument(
         "--no-idle-monitor", action="store_true", help="run `wakeful idle-monitor` apart instead"
     )
-    sub.add_parser("node", help="a node agent (WAKEFUL_*)").set_defaults(func=cmd_node)
+    node = sub.add_parser("node", help="a node agent (WAKEFUL_*)")
+    _isolation_flag(node)
+    node.set_defaults(func=cmd_node)
     sub.add_parser("ingress", help="the ingress (WAKEFUL_*)").set_defaults(func=cmd_ingress)
     sub.add_parser("idle-monitor", help="the idle monitor (WAKEFUL_*)").set_defaults(
         func=cmd_idle_monitor

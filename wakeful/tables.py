@@ -56,7 +56,8 @@ def node_line(node: Mapping[str, Any]) -> str:
     state = "evacuating" if node["evacuating"] else "cordoned" if node["cordoned"] else "ready"
     if not node["registered"]:
         state += " (not registered)"
-    return f"{node['name']}  {state}  sandboxes={node['sandboxes']}"
+    isolation = node.get("isolation") or "unknown"
+    return f"{node['name']}  {state}  sandboxes={node['sandboxes']}  isolation: {isolation}"
 
 
 def deletion_line(app: str, report: Mapping[str, Any]) -> str:

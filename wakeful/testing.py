@@ -95,6 +95,7 @@ def up_command(
     api: int,
     admin: int,
     idle_interval: float,
+    flags: Sequence[str] = (),
 ) -> list[str]:
     return [
         sys.executable,
@@ -112,4 +113,5 @@ def up_command(
         f"127.0.0.1:{admin}",
         "--idle-interval",
         str(idle_interval),
+        *flags,
     ]

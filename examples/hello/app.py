@@ -1,6 +1,7 @@
 """A small stdlib-only HTTP app for wakeful: it listens on $HOST:$PORT (wakeful sets both).
 
-GET /            -> "hello from <pid>"
+GET /            -> "hello from <pid> instance <id>" (the pid is the one inside its sandbox,
+                    often 2; the instance id tells sandboxes apart)
 GET /sleep?s=N   -> waits N seconds, then answers (to hold a request in flight)
 GET /bytes?n=N   -> N bytes of data, streamed in 64 KiB chunks
 POST /echo       -> the request body back, streamed, with its sha256 in X-Body-Sha256
@@ -18,6 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 CHUNK = 64 * 1024
+INSTANCE = os.urandom(4).hex()
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -43,7 +45,7 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, b"ok")
         elif url.path == "/sleep":
             time.sleep(float(query.get("s", ["1"])[0]))
-            self._send(200, f"slept in {os.getpid()}\n".encode())
+            self._send(200, f"slept in {os.getpid()} instance {INSTANCE}\n".encode())
         elif url.path == "/bytes":
             total = int(query.get("n", ["0"])[0])
             self.send_response(200)
@@ -59,7 +61,7 @@ class Handler(BaseHTTPRequestHandler):
             lines = "".join(f"{k}: {v}\n" for k, v in self.headers.items())
             self._send(200, lines.encode())
         else:
-            self._send(200, f"hello from {os.getpid()}\n".encode())
+            self._send(200, f"hello from {os.getpid()} instance {INSTANCE}\n".encode())
 
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length", "0"))

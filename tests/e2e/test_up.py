@@ -21,7 +21,7 @@ import anyio
 import httpx
 import pytest
 
-from wakeful.node.testing import sandbox_pids
+from wakeful.node.testing import app_pids, sandbox_pids
 from wakeful.store.testing import free_port
 from wakeful.testing import up_command
 
@@ -79,11 +79,13 @@ class Up:
         return sandbox_pids(self.data_dir)
 
 
-def start_up(tmp_path: Path, *apps: Path, idle_interval: float = 1.0) -> Up:
+def start_up(
+    tmp_path: Path, *apps: Path, idle_interval: float = 1.0, flags: Sequence[str] = ()
+) -> Up:
     """`wakeful up` on free ports. A port found free can be taken before wakeful binds it (by
     any process's outgoing connection): then, and only then, it starts again on other ports."""
     for _ in range(3):
-        up = _try_start(tmp_path, apps, idle_interval)
+        up = _try_start(tmp_path, apps, idle_interval, flags)
         if isinstance(up, Up):
             return up
         if "Address already in use" not in up:
@@ -91,11 +93,21 @@ def start_up(tmp_path: Path, *apps: Path, idle_interval: float = 1.0) -> Up:
     raise RuntimeError(f"wakeful up did not start: {up}")
 
 
-def _try_start(tmp_path: Path, apps: Sequence[Path], idle_interval: float) -> Up | str:
+def _try_start(
+    tmp_path: Path, apps: Sequence[Path], idle_interval: float, flags: Sequence[str]
+) -> Up | str:
     data_dir = tmp_path / "state"
     proxy, api, admin = free_port(), free_port(), free_port()
     process = subprocess.Popen(
-        up_command(data_dir, apps, proxy=proxy, api=api, admin=admin, idle_interval=idle_interval),
+        up_command(
+            data_dir,
+            apps,
+            proxy=proxy,
+            api=api,
+            admin=admin,
+            idle_interval=idle_interval,
+            flags=flags,
+        ),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -244,14 +256,15 @@ async def test_scale_down_under_steady_load_drops_no_request(
 
 async def test_a_killed_sandbox_is_replaced(hello_up: Up, client: httpx.AsyncClient) -> None:
     first = await client.get("/", headers=hello_up.host())
-    pid = int(first.text.split()[-1])
+    (pid,) = app_pids(hello_up.data_dir, "app.py")  # its pid on this machine, not in the jail
     os.kill(pid, signal.SIGKILL)
     with anyio.fail_after(30):
         while True:
             answer = await client.get("/", headers=hello_up.host())
-            if answer.status_code == 200 and int(answer.text.split()[-1]) != pid:
-                break
+            if answer.status_code == 200 and answer.text.split()[-1] != first.text.split()[-1]:
+                break  # another instance answers
             await anyio.sleep(0.1)
+    assert pid not in hello_up.sandbox_pids()
 
 
 async def test_a_crash_looping_app_answers_503_with_its_log_quickly(tmp_path: Path) -> None:

@@ -101,7 +101,11 @@ async def node(tmp_path: Path) -> AsyncIterator[tuple[Store, NodeAgent]]:
                 Pool(name=f"{name}-v1", app=name, version="v1", spec=spec, desired_instances=1),
             )
         settings = NodeSettings(
-            store_url="memory://", node_name="n1", data_dir=tmp_path, node_ttl=2
+            isolation="none",  # the agent's own logic here; isolation: tests/security
+            store_url="memory://",
+            node_name="n1",
+            data_dir=tmp_path,
+            node_ttl=2,
         )
         agent = NodeAgent(store, settings, artifacts)
         async with anyio.create_task_group() as tasks:
@@ -136,7 +140,7 @@ async def test_an_exit_is_recorded_at_once_with_code_and_log(node: tuple[Store, 
     await place(store, "sb-1", "hello-v1")
     sandbox = await status_of(store, "sb-1", SandboxStatus.RUNNING)
     async with httpx.AsyncClient() as client:
-        pid = int((await client.get(f"http://{sandbox.address}/")).text.split()[-1])
+        pid = int((await client.get(f"http://{sandbox.address}/")).text.split()[2])
     os.kill(pid, signal.SIGKILL)
     dead = await status_of(store, "sb-1", SandboxStatus.DEAD)
     assert dead.exit_code == -signal.SIGKILL
@@ -193,6 +197,7 @@ async def test_a_stopping_agent_drains_stops_and_reports_its_sandboxes(tmp_path:
         spec = AppSpec(command=[sys.executable, "app.py"], health=HealthCheck(path="/healthz"))
         await put_hello(store, spec, digest)
         settings = NodeSettings(
+            isolation="none",  # the agent's own logic here; isolation: tests/security
             store_url="memory://",
             node_name="n1",
             data_dir=tmp_path,
@@ -250,7 +255,7 @@ async def test_after_ownership_is_released_the_old_owner_cannot_write(
         item.key, running.model_copy(update={"owner": None, "epoch": 2}), item.revision
     )
     async with httpx.AsyncClient() as client:
-        pid = int((await client.get(f"http://{running.address}/")).text.split()[-1])
+        pid = int((await client.get(f"http://{running.address}/")).text.split()[2])
     os.kill(pid, signal.SIGKILL)  # the old owner now wants to write "dead"
     await let_go(agent, "sb-1")  # it noticed the exit and tried to report it
     after = await store.get(keys.sandbox("sb-1"), Sandbox)
@@ -290,7 +295,11 @@ async def test_a_stopping_agent_cordons_its_node_and_lifts_it_when_back(tmp_path
     clock = ManualClock(start=1_000)
     async with open_store("memory://") as store:
         settings = NodeSettings(
-            store_url="memory://", node_name="n1", data_dir=tmp_path, shutdown_drain=0
+            isolation="none",  # the agent's own logic here; isolation: tests/security
+            store_url="memory://",
+            node_name="n1",
+            data_dir=tmp_path,
+            shutdown_drain=0,
         )
         artifacts = LocalArtifacts(tmp_path / "artifacts")
         await store.put(keys.cordon("n2"), Cordon(node="n2"))  # an operator's, elsewhere
@@ -313,7 +322,11 @@ async def test_an_operators_cordon_on_the_node_outlives_the_agents_restart(
     clock = ManualClock(start=1_000)
     async with open_store("memory://") as store:
         settings = NodeSettings(
-            store_url="memory://", node_name="n1", data_dir=tmp_path, shutdown_drain=0
+            isolation="none",  # the agent's own logic here; isolation: tests/security
+            store_url="memory://",
+            node_name="n1",
+            data_dir=tmp_path,
+            shutdown_drain=0,
         )
         artifacts = LocalArtifacts(tmp_path / "artifacts")
         theirs = Cordon(node="n1", evacuate=True, since=500)  # `wakeful drain n1 --evacuate`
@@ -328,7 +341,11 @@ async def test_a_node_is_seen_from_its_first_registration_on(tmp_path: Path) -> 
     clock = ManualClock(start=1_000)
     async with open_store("memory://") as store:
         settings = NodeSettings(
-            store_url="memory://", node_name="n1", data_dir=tmp_path, shutdown_drain=0
+            isolation="none",  # the agent's own logic here; isolation: tests/security
+            store_url="memory://",
+            node_name="n1",
+            data_dir=tmp_path,
+            shutdown_drain=0,
         )
         artifacts = LocalArtifacts(tmp_path / "artifacts")
         await run_agent_once(store, settings, artifacts, clock)

@@ -52,7 +52,15 @@ def test_a_retired_pool_shows_no_desired_size_and_columns_line_up() -> None:
     ids=["evacuating", "cordoned", "not registered"],
 )
 def test_a_node_shows_its_drain_state(flags: dict[str, bool], shown: str) -> None:
-    assert node_line({"name": "n1", "sandboxes": 2, **flags}) == shown
+    assert node_line({"name": "n1", "sandboxes": 2, **flags}).startswith(shown + "  isolation")
+
+
+def test_a_node_says_how_it_isolates_and_what_it_cannot_enforce() -> None:
+    node = {"name": "n1", "sandboxes": 0, "cordoned": False, "evacuating": False}
+    described = "bwrap, agent's uid, rlimits; network not isolated"
+    shown = node_line({**node, "registered": True, "isolation": described})
+    assert shown.endswith(f"isolation: {described}")
+    assert node_line({**node, "registered": False}).endswith("isolation: unknown")
 
 
 def test_the_active_version_is_marked() -> None:

@@ -32,6 +32,7 @@ class NodeReport(BaseModel):
     cordoned: bool
     evacuating: bool
     sandboxes: int
+    isolation: str = ""
 
 
 def node_router(store: Store) -> APIRouter:
@@ -53,6 +54,7 @@ def node_router(store: Store) -> APIRouter:
                     registered=name in registered,
                     cordoned=merged.cordoned,
                     evacuating=merged.evacuating,
+                    isolation=merged.isolation,
                     sandboxes=sum(1 for s in sandboxes if s.node == name and s.status in ON_NODE),
                 )
             )

@@ -92,6 +92,63 @@ class Concurrency(Model):
         return self
 
 
+UNITS = {"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
+SIZE = re.compile(r"^\s*(\d{1,12})\s*(Ki|Mi|Gi)?\s*$")
+MIN_SIZE, MAX_SIZE = 16 << 20, 64 << 30
+
+
+def parse_size(text: str | int) -> int:
+    """`"256Mi"` -> bytes. Plain integers are bytes; Ki, Mi and Gi are powers of 1024."""
+    if isinstance(text, int):
+        return text
+    found = SIZE.match(text)
+    if found is None:
+        raise ValueError(f"{text!r} is not a size (write e.g. 256Mi, 1Gi or a number of bytes)")
+    return int(found.group(1)) * UNITS[found.group(2) or ""]
+
+
+def format_size(size: int) -> str:
+    for unit in ("Gi", "Mi", "Ki"):
+        if size % UNITS[unit] == 0:
+            return f"{size // UNITS[unit]}{unit}"
+    return str(size)
+
+
+class Resources(Model):
+    """What one sandbox may use. Enforced by the node: cgroups (memory, pids) where it can
+    write them, rlimits otherwise; `open_files` is always an rlimit."""
+
+    memory: int = Field(
+        default=512 << 20,
+        description="bytes, or a size such as 256Mi or 1Gi (16Mi to 64Gi); past it the "
+        "sandbox is killed and reported as out of memory",
+    )
+    disk: int = Field(
+        default=1 << 30,
+        description="bytes the app may write into its own directory (16Mi to 64Gi); the "
+        "directory is memory-backed where the node is root, so writes count against memory",
+    )
+    processes: int = Field(default=256, ge=8, le=65_536, description="processes and threads")
+    open_files: int = Field(default=4096, ge=64, le=1_048_576)
+
+    @field_validator("memory", "disk", mode="before")
+    @classmethod
+    def _size(cls, value: object) -> object:
+        if isinstance(value, str):
+            return parse_size(value)
+        return value
+
+    @field_validator("memory", "disk")
+    @classmethod
+    def _size_bounds(cls, value: int) -> int:
+        if not MIN_SIZE <= value <= MAX_SIZE:
+            raise ValueError(
+                f"must be between {format_size(MIN_SIZE)} and {format_size(MAX_SIZE)} "
+                f"(got {format_size(value)})"
+            )
+        return value
+
+
 class AppSpec(Model):
     """What a user deploys: how to run the app and how to size it."""
 
@@ -109,6 +166,7 @@ class AppSpec(Model):
     )
     health: HealthCheck = Field(default_factory=HealthCheck)
     concurrency: Concurrency = Field(default_factory=Concurrency)
+    resources: Resources = Field(default_factory=Resources)
     shutdown_timeout: float = Field(default=10.0, gt=0, le=3600)
     activation_timeout: float = Field(default=120.0, gt=0, le=3600)
 
@@ -222,6 +280,8 @@ class Node(Model):
     capacity: int = Field(default=100, ge=0)
     cordoned: bool = False
     evacuating: bool = False
+    isolation: str = Field(default="", max_length=500)
+    """How this node isolates sandboxes, and what it cannot enforce (`Jail.describe`)."""
 
 
 class Cordon(Model):

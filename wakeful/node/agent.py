@@ -32,6 +32,7 @@ from wakeful.store import Conflict, Item, LeaseNotFound, Store, StoreError
 from wakeful.store.reflector import reflect
 
 from .fencing import claims
+from .isolation import Jail, UidTable
 from .logship import LogShipper, LogSink
 from .ports import PortPool
 from .runner import NodeServices, SandboxRunner
@@ -41,6 +42,27 @@ from .workdir import Artifacts, remove_sandbox_dir, sandbox_dir
 from .writer import SandboxWriter
 
 log = logging.getLogger(__name__)
+
+
+def runtime_for(settings: NodeSettings) -> ProcessRuntime:
+    """The runtime the settings ask for; IsolationUnavailable when this machine cannot."""
+    if settings.isolation == "none":
+        log.warning(
+            "isolation is off (--isolation=none): apps run as this user and can read the "
+            "control plane's files and tokens; run only code you trust"
+        )
+        return ProcessRuntime()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    jail = Jail.detect(settings.data_dir, settings.sandbox_paths)
+    log.info("sandboxes are isolated: %s", jail.describe())
+    return ProcessRuntime(jail=jail, uids=UidTable(settings.data_dir / "uids.json"))
+
+
+def isolation_of(runtime: Runtime) -> str:
+    if not isinstance(runtime, ProcessRuntime):
+        return f"{type(runtime).__name__} (not a process runtime)"
+    jail = runtime.jail
+    return "none: apps run unisolated (--isolation=none)" if jail is None else jail.describe()
 
 
 class NodeAgent:
@@ -74,11 +96,13 @@ class NodeAgent:
                 buffer_bytes=settings.log_buffer_bytes,
             )
         )
+        runtime = runtime or runtime_for(settings)
+        self._isolation = isolation_of(runtime)
         self._services = NodeServices(
             store=store,
             settings=settings,
             artifacts=artifacts,
-            runtime=runtime or ProcessRuntime(),
+            runtime=runtime,
             ports=PortPool(*settings.port_range, host=settings.node_address),
             writer=self._writer,
             shipper=self._shipper,
@@ -161,7 +185,10 @@ class NodeAgent:
 
     async def _register_loop(self) -> None:
         record = Node(
-            name=self.name, address=self._settings.node_address, capacity=self._settings.capacity
+            name=self.name,
+            address=self._settings.node_address,
+            capacity=self._settings.capacity,
+            isolation=self._isolation,
         )
         ttl = self._settings.node_ttl
         while True:

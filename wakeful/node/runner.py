@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,9 +39,9 @@ from .fencing import start_epoch
 from .logship import LogShipper
 from .ports import NoFreePort, PortPool, bindable
 from .probe import wait_ready
-from .runtime import Runtime, SandboxProcess
+from .runtime import Identity, Runtime, SandboxProcess
 from .settings import NodeSettings
-from .workdir import Artifacts, prepare_workdir, sandbox_dir
+from .workdir import Artifacts, prepare_workdir, remove_sandbox_dir, sandbox_dir
 from .writer import SandboxWriter
 
 log = logging.getLogger(__name__)
@@ -70,6 +69,7 @@ class Launch:
     """A sandbox ready to start: its spec, directory, port and environment."""
 
     spec: AppSpec
+    app: str
     base: Path
     workdir: Path
     host: str
@@ -128,6 +128,11 @@ class SandboxRunner:
             self._node.writer.forget(self.sandbox_id)
             if self._node.shipper is not None:
                 self._node.shipper.close(self.sandbox_id)
+            # Its output was shipped and its record holds the tail: nothing here is needed.
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(
+                    remove_sandbox_dir, self._node.settings.data_dir, self.sandbox_id
+                )
             self.finished.set()
 
     async def _change(self, event: Transition, **fields: object) -> bool:
@@ -186,8 +191,10 @@ class SandboxRunner:
             raise CannotRun(f"could not unpack: {exc}") from exc
         host = settings.node_address
         port = self._pick_port(spec, host)
-        env = {**_base_env(), **spec.env, "PORT": str(port), "HOST": host}
-        return Launch(spec=spec, base=base, workdir=workdir, host=host, port=port, env=env)
+        env = {**BASE_ENV, **spec.env, "PORT": str(port), "HOST": host}
+        return Launch(
+            spec=spec, app=record.app, base=base, workdir=workdir, host=host, port=port, env=env
+        )
 
     def _pick_port(self, spec: AppSpec, host: str) -> int:
         if spec.port is not None:
@@ -202,8 +209,13 @@ class SandboxRunner:
 
     async def _start(self, launch: Launch) -> SandboxProcess:
         try:
+            identity = Identity(self.sandbox_id, launch.app, launch.spec.resources)
             return await self._node.runtime.start(
-                launch.spec.command, launch.env, launch.workdir, launch.base / "output.log"
+                launch.spec.command,
+                launch.env,
+                launch.workdir,
+                launch.base / "output.log",
+                identity,
             )
         except OSError as exc:
             raise CannotRun(f"could not start: {exc}") from exc
@@ -241,6 +253,8 @@ class SandboxRunner:
     ) -> None:
         """Stopped, when it was asked to stop; dead otherwise, with the reason."""
         tail = process.tail()
+        if (reason := process.reason()) is not None:
+            tail = f"{reason}\n{tail}" if tail else reason
         current = await self._node.store.get(keys.sandbox(self.sandbox_id), Sandbox)
         if current is None:
             return
@@ -275,14 +289,12 @@ class SandboxRunner:
             )
 
 
+BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+"""All a sandbox gets besides its `wakeful.toml` env, PORT and HOST: nothing of the agent's."""
+
+
 def _discard(chunk: bytes) -> None:
     pass
-
-
-def _base_env() -> dict[str, str]:
-    """What a sandbox inherits: a PATH to find its interpreter, a locale, a home. No secrets."""
-    keep = ("PATH", "LANG", "LC_ALL", "HOME", "TZ", "PYTHONPATH", "VIRTUAL_ENV")
-    return {name: os.environ[name] for name in keep if name in os.environ}
 
 
 def _all_store_errors(exc: BaseException) -> bool:

@@ -18,8 +18,21 @@ import shutil
 import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Protocol
+
+from wakeful.domain.models import Resources
+
+from .isolation import (
+    Jail,
+    SandboxCgroup,
+    UidTable,
+    chown_tree,
+    mount_app_tmpfs,
+    oom_message,
+    unmount,
+)
 
 log = logging.getLogger(__name__)
 MAX_LOG_BYTES = 1024 * 1024
@@ -39,10 +52,31 @@ class SandboxProcess(Protocol):
 
     def tail(self) -> str: ...
 
+    def reason(self) -> str | None:
+        """Why it ended, when the runtime knows better than its exit code (out of memory)."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Which sandbox of which app a process is, and what it may use."""
+
+    sandbox_id: str = "sandbox"
+    app: str = "app"
+    limits: Resources = field(default_factory=Resources)
+
+
+UNNAMED = Identity()
+"""For a process started outside any sandbox record (tests, tools): default limits."""
+
 
 class Runtime(Protocol):
     async def start(
-        self, command: Sequence[str], env: Mapping[str, str], workdir: Path, log_path: Path
+        self,
+        command: Sequence[str],
+        env: Mapping[str, str],
+        workdir: Path,
+        log_path: Path,
+        identity: Identity = ...,
     ) -> SandboxProcess: ...
 
 
@@ -64,8 +98,15 @@ def _guarded(command: Sequence[str]) -> list[str]:
 
 
 class LocalProcess:
-    def __init__(self, process: asyncio.subprocess.Process, log_path: Path, max_log_bytes: int):
+    def __init__(
+        self,
+        process: asyncio.subprocess.Process,
+        log_path: Path,
+        max_log_bytes: int,
+        jailed: Jailed | None = None,
+    ):
         self._process = process
+        self._jailed = jailed
         self._log_path = log_path
         self._max = max_log_bytes
         self._recent = bytearray()
@@ -125,41 +166,173 @@ class LocalProcess:
             self._log = None
 
     async def wait(self) -> int:
-        return await self._process.wait()
+        code = await self._process.wait()
+        if self._jailed is not None:
+            self._jailed.release()  # a few file operations: cheap enough for the loop
+        return code
 
     async def stop(self, grace: float) -> int:
-        """SIGTERM to the process group, SIGKILL after `grace` seconds."""
-        self._signal_group(signal.SIGTERM)
+        """SIGTERM to the sandbox's processes, SIGKILL to all of them after `grace` seconds."""
+        self._signal(signal.SIGTERM)
         try:
             async with asyncio.timeout(grace):
-                return await self._process.wait()
+                return await self.wait()
         except TimeoutError:
-            self._signal_group(signal.SIGKILL)
-            return await self._process.wait()
+            self._signal(signal.SIGKILL)
+            return await self.wait()
 
-    def _signal_group(self, signum: int) -> None:
+    def _signal(self, signum: int) -> None:
+        if self._jailed is not None:
+            self._jailed.signal(self._process.pid, signum)
+            return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._process.pid, signum)
 
     def tail(self) -> str:
         return tail_of(self._recent)
 
+    def reason(self) -> str | None:
+        return None if self._jailed is None else self._jailed.reason()
+
 
 class ProcessRuntime:
-    def __init__(self, max_log_bytes: int = MAX_LOG_BYTES) -> None:
+    """Sandboxes as local processes; isolated when given a `Jail` (wakeful.node.isolation)."""
+
+    def __init__(
+        self,
+        max_log_bytes: int = MAX_LOG_BYTES,
+        *,
+        jail: Jail | None = None,
+        uids: UidTable | None = None,
+    ) -> None:
         self._max_log_bytes = max_log_bytes
+        self._jail = jail
+        self._uids = uids
+        if jail is not None and jail.as_root and uids is None:
+            raise ValueError("an isolating runtime run as root needs a UidTable")
+
+    @property
+    def jail(self) -> Jail | None:
+        return self._jail
 
     async def start(
-        self, command: Sequence[str], env: Mapping[str, str], workdir: Path, log_path: Path
+        self,
+        command: Sequence[str],
+        env: Mapping[str, str],
+        workdir: Path,
+        log_path: Path,
+        identity: Identity = UNNAMED,
     ) -> LocalProcess:
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        process = await asyncio.create_subprocess_exec(
-            *_guarded(command),
-            cwd=workdir,
-            env=dict(env),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True,
-        )
-        return LocalProcess(process, log_path, self._max_log_bytes)
+        jailed: Jailed | None = None
+        argv = _guarded(command)
+        if self._jail is not None:
+            jailed = await asyncio.to_thread(self._enter, workdir, identity)
+            argv = self._jail.command(
+                list(command), jailed.workdir, identity.limits, jailed.uid, jailed.cgroup
+            )
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *argv,
+                cwd=workdir,
+                env=dict(env),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except BaseException:
+            if jailed is not None:
+                jailed.release()
+            raise
+        return LocalProcess(process, log_path, self._max_log_bytes, jailed)
+
+    def _enter(self, workdir: Path, identity: Identity) -> Jailed:
+        """The sandbox's uid, cgroup and bounded writable copy of its directory."""
+        jail = self._jail
+        assert jail is not None
+        uid = self._uids.uid(identity.app) if jail.as_root and self._uids else None
+        jailed = Jailed(identity.limits, uid, workdir)
+        try:
+            if uid is not None:
+                writable = workdir.with_name("rw")
+                mount_app_tmpfs(writable, identity.limits, uid)
+                jailed.mounted = writable
+                shutil.copytree(workdir, writable, symlinks=True, dirs_exist_ok=True)
+                chown_tree(writable, uid)
+                jailed.workdir = writable
+            if jail.cgroups is not None:
+                cgroup = jail.cgroups.sandbox(identity.sandbox_id)
+                jailed.cgroup = cgroup
+                cgroup.create(identity.limits)
+        except BaseException:
+            jailed.release()
+            raise
+        return jailed
+
+
+class Jailed:
+    """What one isolated sandbox holds on the node, released once when it ends."""
+
+    def __init__(self, limits: Resources, uid: int | None, workdir: Path) -> None:
+        self.limits = limits
+        self.uid = uid
+        self.workdir = workdir
+        self.cgroup: SandboxCgroup | None = None
+        self.mounted: Path | None = None
+        self._oom = False
+        self._released = False
+
+    def signal(self, pid: int, signum: int) -> None:
+        """SIGTERM reaches the app and everything it started (not bwrap, whose death would
+        kill them at once); SIGKILL goes to bwrap too, and the kernel empties the namespace."""
+        tree = descendants(pid)
+        init = set(children(pid))
+        targets = [p for p in tree if p not in init] if signum != signal.SIGKILL else tree
+        if signum == signal.SIGKILL:
+            targets.append(pid)
+        for target in targets:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(target, signum)
+
+    def release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        if self.cgroup is not None:
+            self._oom = self.cgroup.oom_kills() > 0
+            self.cgroup.remove()
+        if self.mounted is not None:
+            unmount(self.mounted)
+
+    def reason(self) -> str | None:
+        return oom_message(self.limits) if self._oom else None
+
+
+def _parent_map() -> dict[int, list[int]]:
+    found: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        found.setdefault(int(fields[1]), []).append(int(entry.name))
+    return found
+
+
+def children(pid: int) -> list[int]:
+    return _parent_map().get(pid, [])
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process under `pid` (not `pid` itself), read from /proc."""
+    tree = _parent_map()
+    found, todo = [], list(tree.get(pid, []))
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo.extend(tree.get(current, []))
+    return found

@@ -3,6 +3,7 @@ from __future__ import annotations
 import re
 import socket
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 
@@ -51,3 +52,10 @@ class NodeSettings(StoreSettings):
     log_buffer_bytes: int = Field(default=256 * 1024, ge=4096, le=64 * 1024 * 1024)
     """Output per sandbox held while the control plane is unreachable; past it the oldest
     bytes are dropped (and counted)."""
+    isolation: Literal["bwrap", "none"] = "bwrap"
+    """`bwrap`: every sandbox in its own namespaces, uid and limits (wakeful.node.isolation);
+    the agent refuses to start without bubblewrap. `none` runs apps as the agent's own user,
+    able to read everything it can: for trusted code only, and logged at every start."""
+    sandbox_paths: tuple[Path, ...] = ()
+    """Directories shown read-only inside every sandbox besides /usr, /etc and the /lib ones
+    (e.g. an interpreter installed under /opt). WAKEFUL_SANDBOX_PATHS='["/opt/python"]'."""

@@ -26,23 +26,44 @@ from types import TracebackType
 import anyio
 import anyio.abc
 
-from .runtime import RECENT_BYTES, Runtime, tail_of
+from .runtime import RECENT_BYTES, UNNAMED, Identity, Runtime, tail_of
 
 FIRST_FAKE_PID = 10_000_000
 """Above Linux's largest `pid_max` (2**22)."""
 
 
 def sandbox_pids(data_dir: Path) -> list[int]:
-    """Processes whose working directory lies under `data_dir`'s sandboxes (Linux /proc)."""
+    """Every process of `data_dir`'s sandboxes (Linux /proc): unisolated ones by their working
+    directory; isolated ones are bwrap processes whose command names a sandbox directory,
+    and everything under them."""
+    from .runtime import descendants
+
     root = str((data_dir / "sandboxes").resolve())
-    found = []
+    found: set[int] = set()
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if os.readlink(entry / "cwd").startswith(root):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.readlink(entry / "cwd").startswith(root):
+                found.add(int(entry.name))
+            elif root + "/" in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                found.add(int(entry.name))
+                found.update(descendants(int(entry.name)))
+        except OSError:
+            continue
+    return sorted(found)
+
+
+def app_pids(data_dir: Path, marker: str) -> list[int]:
+    """The sandbox processes of `data_dir` whose command line contains `marker` (host pids)."""
+    found = []
+    for pid in sandbox_pids(data_dir):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if marker in command and "bwrap" not in command:
+            found.append(pid)
     return found
 
 
@@ -132,6 +153,9 @@ class FakeProcess:
     def tail(self) -> str:
         return tail_of(self._recent)
 
+    def reason(self) -> str | None:
+        return None
+
     async def _serve(self, listener: anyio.abc.Listener[anyio.abc.SocketStream]) -> None:
         with self._listening:
             async with listener:
@@ -158,6 +182,8 @@ class FakeRuntime:
     def __init__(self, programs: Mapping[str, FakeProgram] | None = None) -> None:
         self.programs = dict(programs or {})
         self.started: list[FakeProcess] = []
+        self.identities: list[Identity] = []
+        """What each start was told about its sandbox (id, app, limits), in order."""
         self._next_pid = FIRST_FAKE_PID
         self._exit_stack: contextlib.AsyncExitStack | None = None
         self._tasks: anyio.abc.TaskGroup | None = None
@@ -179,7 +205,12 @@ class FakeRuntime:
         return await stack.__aexit__(exc_type, exc, traceback)
 
     async def start(
-        self, command: Sequence[str], env: Mapping[str, str], workdir: Path, log_path: Path
+        self,
+        command: Sequence[str],
+        env: Mapping[str, str],
+        workdir: Path,
+        log_path: Path,
+        identity: Identity = UNNAMED,
     ) -> FakeProcess:
         _check_paths(workdir, log_path)
         program = self.programs.get(command[0])
@@ -195,6 +226,7 @@ class FakeRuntime:
             )
             self._tasks.start_soon(process._serve, listener)
         self.started.append(process)
+        self.identities.append(identity)
         if program.exit_code is not None:
             process.exit(program.exit_code)
         return process

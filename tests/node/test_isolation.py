@@ -1,0 +1,81 @@
+"""The isolating runtime on this machine (wakeful.node.isolation): what a sandbox sees, what
+it is told when the kernel kills it for memory, and a refusal that says how to install bwrap.
+The hostile-app suite (tests/security) covers the attacks end to end."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import anyio
+import pytest
+
+from wakeful.domain.models import Resources
+from wakeful.node.isolation import IsolationUnavailable, Jail, UidTable
+from wakeful.node.runner import BASE_ENV
+from wakeful.node.runtime import Identity, ProcessRuntime
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs Debian's bubblewrap"),
+]
+
+
+def runtime(data_dir: Path) -> ProcessRuntime:
+    data_dir.mkdir(exist_ok=True)
+    return ProcessRuntime(jail=Jail.detect(data_dir), uids=UidTable(data_dir / "uids.json"))
+
+
+async def run(
+    data_dir: Path, code: str, limits: Resources | None = None, app: str = "a"
+) -> tuple[int, str, str | None]:
+    workdir = data_dir / "sandboxes" / "sb" / "app"
+    workdir.mkdir(parents=True, exist_ok=True)
+    process = await runtime(data_dir).start(
+        ["python3", "-c", code],
+        BASE_ENV,
+        workdir,
+        workdir.parent / "output.log",
+        Identity("sb", app, limits or Resources()),
+    )
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(process.pump, None)
+            code_ = await process.wait()
+    return code_, process.tail(), process.reason()
+
+
+async def test_a_sandbox_sees_its_own_tree_its_own_uid_and_nothing_else(tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("secret")
+    code = (
+        "import os; print(os.getcwd(), os.getuid(), sorted(os.listdir('/')), "
+        "sorted(k for k in os.environ if k not in ('PWD', 'SHLVL', '_', 'LC_CTYPE')), "
+        "os.path.exists(" + repr(str(tmp_path / "token")) + "))"
+    )
+    exit_code, tail, _ = await run(tmp_path, code)
+    assert exit_code == 0, tail
+    cwd, uid, rest = tail.split(" ", 2)
+    assert cwd == "/app"
+    if os.geteuid() == 0:
+        assert int(uid) >= 400_000  # its app's own uid, never root
+        assert UidTable(tmp_path / "uids.json").uid("a") == int(uid)  # recorded
+    assert "'root'" not in rest and "'home'" not in rest and "'run'" not in rest
+    assert rest.endswith("['LANG', 'PATH'] False")  # no token file, no agent environment
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="cgroups need root")
+async def test_a_sandbox_killed_for_memory_is_reported_as_such(tmp_path: Path) -> None:
+    limits = Resources(memory="32Mi")
+    code = "b = bytearray(256 << 20); b[::4096] = b'x' * len(b[::4096])"
+    exit_code, _, reason = await run(tmp_path, code, limits)
+    assert exit_code != 0
+    assert reason == "killed: out of memory (limit 32Mi)"
+
+
+async def test_without_bwrap_the_agent_refuses_and_says_how_to_install_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # nothing to find there
+    with pytest.raises(IsolationUnavailable, match="apt-get install bubblewrap"):
+        Jail.detect(tmp_path)

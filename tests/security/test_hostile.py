@@ -1,0 +1,204 @@
+"""A hostile app under `wakeful up` (tests/security/hostile/app.py): every attempt on the
+control plane must fail or be contained, while a second app keeps serving, and nothing of the
+hostile sandbox is left after it stops. The same app run with `--isolation=none` shows that
+each check can fail: there, every attempt succeeds.
+
+Run alone: `.venv/bin/pytest tests/security` (needs root for the per-app uid and cgroups,
+and Debian's bubblewrap; scripts/test installs it)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+from tests.e2e.test_deploy import cli_async
+from tests.e2e.test_up import Up, make_app, start_up, stop_up
+from wakeful.node.testing import app_pids, sandbox_pids
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="per-app uids and cgroups need root")
+HOSTILE = Path(__file__).parent / "hostile"
+MEMORY, PROCESSES, DISK = 64 << 20, 32, 32 << 20
+MACHINE_DEPENDENT = {"read /proc/1/environ"}
+"""Where pid 1 is itself confined (a container's init), even root cannot read its environ."""
+
+
+@dataclass
+class Attack:
+    results: dict[str, dict[str, object]]
+    failures: int
+    """Requests to the second app that failed while the attack ran."""
+    leftovers: list[int]
+    """Processes of the hostile sandbox still alive after it stopped."""
+    token: str
+
+
+def hostile_app(root: Path, up: Up, marker: str, hello_port: int) -> Path:
+    target = root / "hostile"
+    shutil.copytree(HOSTILE, target)
+    api_port = up.api.rsplit(":", 1)[1]
+    admin_port = up.admin.rsplit(":", 1)[1]
+    env = {
+        "DATA_DIR": str(up.data_dir),
+        "CONTROL_PID": str(up.process.pid),
+        "PORTS": f"the control API={api_port},the ingress admin port={admin_port},"
+        f"another app's port={hello_port}",
+        "MARKER": marker,
+        "MEMORY": str(MEMORY),
+        "PROCESSES": str(PROCESSES),
+        "DISK": str(DISK),
+    }
+    (target / "wakeful.toml").write_text(
+        'name = "hostile"\ncommand = ["python3", "app.py"]\nshutdown_timeout = 5\n'
+        '[health]\npath = "/healthz"\n'
+        "[env]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in env.items()) + "\n"
+        f"[resources]\nmemory = {MEMORY}\nprocesses = {PROCESSES}\ndisk = {DISK}\n"
+    )
+    return target
+
+
+async def attack(tmp_path: Path, *flags: str) -> Attack:
+    up = start_up(tmp_path, make_app(tmp_path, "hello"), flags=flags)
+    marker = f"{random.randint(10**6, 10**7)}.{random.randint(1, 999)}"
+    failures = 0
+    try:
+        async with httpx.AsyncClient(base_url=up.proxy, timeout=120) as client:
+            assert (await client.get("/", headers=up.host("hello"))).status_code == 200
+        hostile = hostile_app(tmp_path, up, marker, hello_port(up))
+        deployed = await cli_async(up, "deploy", str(hostile))
+        assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+        async with httpx.AsyncClient(base_url=up.proxy, timeout=120) as client:
+            stop = anyio.Event()
+
+            async def probe() -> None:
+                nonlocal failures
+                while not stop.is_set():
+                    answer = await client.get("/", headers=up.host("hello"))
+                    failures += answer.status_code != 200
+                    await anyio.sleep(0.05)
+
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(probe)
+                answer = await client.get("/attack", headers=up.host("hostile"))
+                assert answer.status_code == 200, answer.text
+                results = answer.json()
+                started = await client.get("/grandchild", headers=up.host("hostile"))
+                assert started.status_code == 200
+                stop.set()
+        stopped = await cli_async(up, "delete", "hostile")
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        leftovers = await processes_with(marker, within=10)
+        return Attack(results, failures, leftovers, up.token)
+    finally:
+        remove_written(marker)
+        for pid in await processes_with(marker, within=0):  # never leave one behind
+            os.kill(pid, 9)
+        stop_up(up)
+        assert not sandbox_pids(up.data_dir)
+
+
+def remove_written(marker: str) -> None:
+    """What the unisolated run managed to write outside its directory."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(f"/etc/wakeful-pwned-{marker}")
+
+
+def hello_port(up: Up) -> int:
+    """The port the running hello sandbox listens on, from its environment (we are root)."""
+    for pid in app_pids(up.data_dir, "app.py"):
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        values = dict(item.decode().partition("=")[::2] for item in env if b"=" in item)
+        if "MARKER" not in values:
+            return int(values["PORT"])
+    raise AssertionError("no hello sandbox runs")
+
+
+async def processes_with(marker: str, within: float) -> list[int]:
+    """Processes whose command line holds `marker`, once none is left or `within` passed."""
+    found = await anyio.to_thread.run_sync(scan, marker)
+    with anyio.move_on_after(within):
+        while found:
+            await anyio.sleep(0.1)
+            found = await anyio.to_thread.run_sync(scan, marker)
+    return found
+
+
+def scan(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def isolated(tmp_path_factory: pytest.TempPathFactory) -> Attack:
+    return anyio.run(attack, tmp_path_factory.mktemp("isolated"))
+
+
+@pytest.fixture(scope="module")
+def unisolated(tmp_path_factory: pytest.TempPathFactory) -> Attack:
+    return anyio.run(attack, tmp_path_factory.mktemp("unisolated"), "--isolation=none")
+
+
+ATTEMPTS = [
+    "read the token file",
+    "read /proc/1/environ",
+    "read its parent's environ",
+    "read the control plane's environ",
+    "read store.db",
+    "read another app's files",
+    "write outside its directory",
+    "signal the control plane",
+    "fork past `processes`",
+    "allocate past `memory`",
+    "fill the disk",
+    "connect to the control API",
+    "connect to the ingress admin port",
+    "connect to another app's port",
+]
+
+
+@pytest.mark.parametrize("name", ATTEMPTS)
+def test_each_attempt_fails_under_isolation_and_succeeds_without(
+    name: str, isolated: Attack, unisolated: Attack
+) -> None:
+    if name not in MACHINE_DEPENDENT:
+        assert unisolated.results[name]["done"], unisolated.results[name]  # it can fail
+    assert not isolated.results[name]["done"], isolated.results[name]
+    assert isolated.token not in str(isolated.results[name]["detail"])
+
+
+def test_the_other_app_kept_serving_throughout(isolated: Attack, unisolated: Attack) -> None:
+    assert isolated.failures == 0
+    assert unisolated.failures == 0
+
+
+def test_no_process_of_the_hostile_sandbox_is_left(isolated: Attack, unisolated: Attack) -> None:
+    assert isolated.leftovers == []
+    assert unisolated.leftovers != []  # a setsid grandchild escapes a process-group kill
+
+
+def test_the_table_for_the_closing_note(isolated: Attack, unisolated: Attack) -> None:
+    """Prints attempt | without isolation | with isolation (run with -s to see it)."""
+    rows = [f"| {name} | {cell(unisolated, name)} | {cell(isolated, name)} |" for name in ATTEMPTS]
+    print("\n| attempt | without isolation | with isolation |\n|---|---|---|\n" + "\n".join(rows))
+    assert len(rows) == len(ATTEMPTS)
+
+
+def cell(result: Attack, name: str) -> str:
+    found = result.results[name]
+    state = "**succeeded**" if found["done"] else "failed"
+    return f"{state}: {str(found['detail'])[:70]}".replace("|", "/").replace("\n", " ")

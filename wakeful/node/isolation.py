@@ -1,0 +1,342 @@
+"""Sandboxes that cannot touch the control plane: bubblewrap namespaces, an unprivileged uid
+per app, cgroup or rlimit limits, a bounded writable tree.
+
+Theory of operation. `Jail.detect` runs once when the node agent starts and finds what this
+machine allows; `Jail.command` turns an app's command into the chain that starts it:
+
+    sh -c 'join the cgroups; exec "$@"'        (root, only when cgroups are writable)
+      prlimit --nofile --nproc/--as            (the rlimits the cgroups do not cover)
+        setpriv --pdeathsig KILL               (the sandbox dies with the agent)
+          bwrap --unshare-pid,ipc,uts --die-with-parent --new-session
+                --ro-bind /usr /etc ... --proc --dev --tmpfs /tmp --bind APP /app
+            setpriv --reuid U --regid U --clear-groups --no-new-privs --bounding-set -all
+              the app's command, in /app
+
+bwrap runs as root when the agent does (it needs no user namespace then, and can bind the app
+directory from inside the 0700 data directory); the last `setpriv` drops to the app's own uid
+with no capabilities and no way back (no_new_privs makes set-uid programs in /usr inert).
+When the agent is not root, bwrap makes a user namespace and the sandbox keeps the agent's
+uid (`setpriv` is left out). The sandbox's PID namespace is the sandbox: when its first
+process exits, or bwrap is killed, the kernel kills everything left in it, escaped `setsid`
+grandchildren included.
+
+Only the system directories (`SYSTEM_PATHS`, plus `sandbox_paths` from the node settings) are
+visible, read-only; the data directory, other sandboxes, /root, /home, /run (and its sockets)
+and the agent's /proc are not. The app's directory is the only writable tree besides /tmp;
+as root it is a tmpfs of the app's `disk` size (`mount_app_tmpfs`), so a sandbox cannot fill
+the node's disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from wakeful.domain.models import Resources, format_size
+
+log = logging.getLogger(__name__)
+
+SYSTEM_PATHS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+"""Read-only inside every sandbox (the ones that exist; merged-/usr symlinks stay symlinks)."""
+APP_DIR = "/app"
+UID_BASE = 400_000
+"""Per-app uids are UID_BASE + n: above the usual subordinate-uid ranges (100000-165535)."""
+UID_COUNT = 100_000
+CGROUP_V1 = Path("/sys/fs/cgroup")
+INSTALL_HINT = (
+    "bubblewrap is not installed: run `apt-get install bubblewrap` (Debian/Ubuntu), or start "
+    "with --isolation=none to run apps unisolated (they can then read the control plane's "
+    "files and tokens)"
+)
+
+
+class IsolationUnavailable(RuntimeError):
+    """The machine cannot isolate sandboxes as configured; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class Cgroups:
+    """The v1 `memory` and `pids` hierarchies' `wakeful/` directories, when writable."""
+
+    memory: Path
+    pids: Path
+
+    @classmethod
+    def detect(cls, root: Path = CGROUP_V1) -> Cgroups | None:
+        memory, pids = root / "memory" / "wakeful", root / "pids" / "wakeful"
+        try:
+            for path in (memory, pids):
+                path.mkdir(exist_ok=True)
+                (path / "cgroup.procs").stat()
+        except OSError:
+            return None
+        return cls(memory, pids)
+
+    def sandbox(self, sandbox_id: str) -> SandboxCgroup:
+        return SandboxCgroup(self.memory / sandbox_id, self.pids / sandbox_id)
+
+
+@dataclass(frozen=True)
+class SandboxCgroup:
+    memory: Path
+    pids: Path
+
+    def create(self, limits: Resources) -> None:
+        for path in (self.memory, self.pids):
+            path.mkdir(exist_ok=True)
+        (self.memory / "memory.limit_in_bytes").write_text(str(limits.memory))
+        with contextlib.suppress(OSError):  # no swap accounting: the limit above is the bound
+            (self.memory / "memory.memsw.limit_in_bytes").write_text(str(limits.memory))
+        (self.pids / "pids.max").write_text(str(limits.processes))
+
+    def procs_files(self) -> list[str]:
+        return [str(self.memory / "cgroup.procs"), str(self.pids / "cgroup.procs")]
+
+    def pids_in(self) -> set[int]:
+        found: set[int] = set()
+        for path in (self.memory, self.pids):
+            with contextlib.suppress(OSError, ValueError):
+                found.update(int(p) for p in (path / "cgroup.procs").read_text().split())
+        return found
+
+    def oom_kills(self) -> int:
+        """How many of the sandbox's processes the kernel killed for memory."""
+        try:
+            text = (self.memory / "memory.oom_control").read_text()
+        except OSError:
+            return 0
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            if name == "oom_kill":
+                return int(value)
+        return 0
+
+    def remove(self) -> None:
+        """Kill what is left, then remove both directories (a cgroup with members stays)."""
+        for pid in self.pids_in():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        for path in (self.memory, self.pids):
+            with contextlib.suppress(OSError):
+                path.rmdir()
+
+
+class UidTable:
+    """Each app's own uid on this node, allocated once and recorded in `uids.json`."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._uids: dict[str, int] = {}
+        with contextlib.suppress(FileNotFoundError):
+            loaded = json.loads(path.read_text())
+            self._uids = {str(k): int(v) for k, v in loaded.items()}
+
+    def uid(self, app: str) -> int:
+        found = self._uids.get(app)
+        if found is not None:
+            return found
+        taken = set(self._uids.values())
+        uid = next((UID_BASE + n for n in range(UID_COUNT) if UID_BASE + n not in taken), None)
+        if uid is None:
+            raise IsolationUnavailable(f"no free sandbox uid left for app {app!r}")
+        self._uids[app] = uid
+        tmp = self._path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump(self._uids, out)
+            out.flush()
+            os.fsync(out.fileno())
+        tmp.replace(self._path)
+        return uid
+
+
+@dataclass(frozen=True)
+class Jail:
+    bwrap: str
+    setpriv: str
+    prlimit: str
+    sh: str
+    as_root: bool
+    cgroups: Cgroups | None
+    visible: tuple[str, ...] = SYSTEM_PATHS
+    hidden: tuple[str, ...] = ()
+    notes: tuple[str, ...] = field(default=())
+    """What this machine does not enforce (shown by `wakeful status` and logged at start)."""
+
+    @classmethod
+    def detect(cls, data_dir: Path, extra_paths: tuple[Path, ...] = ()) -> Jail:
+        tools = {name: shutil.which(name) for name in ("bwrap", "setpriv", "prlimit", "sh")}
+        if tools["bwrap"] is None:
+            raise IsolationUnavailable(INSTALL_HINT)
+        missing = [name for name, path in tools.items() if path is None]
+        if missing:
+            raise IsolationUnavailable(f"isolation needs {', '.join(missing)} (util-linux)")
+        as_root = os.geteuid() == 0
+        cgroups = Cgroups.detect() if as_root else None
+        visible = (*SYSTEM_PATHS, *(str(p.absolute()) for p in extra_paths))
+        hidden = tuple(str(data_dir) for path in visible if data_dir.is_relative_to(Path(path)))
+        notes = []
+        if not as_root:
+            notes.append("not root: sandboxes share the agent's uid; network not isolated")
+        elif (failed := install_network_rules()) is not None:
+            notes.append(f"network not isolated: {failed}")
+        if cgroups is None:
+            notes.append("no writable cgroups: memory is an address-space rlimit")
+            if not as_root:
+                notes.append("processes not limited")
+        jail = cls(
+            bwrap=str(tools["bwrap"]),
+            setpriv=str(tools["setpriv"]),
+            prlimit=str(tools["prlimit"]),
+            sh=str(tools["sh"]),
+            as_root=as_root,
+            cgroups=cgroups,
+            visible=visible,
+            hidden=hidden,
+            notes=tuple(notes),
+        )
+        jail.check()
+        return jail
+
+    def check(self) -> None:
+        """Start one empty sandbox, so a machine that cannot make namespaces fails at start."""
+        argv = [self.bwrap, *self._mounts(None), "--", "true"]
+        done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
+        if done.returncode != 0:
+            raise IsolationUnavailable(
+                f"bwrap cannot make a sandbox here: {done.stderr.strip() or done.returncode}"
+                " (start with --isolation=none to run apps unisolated)"
+            )
+
+    def command(
+        self,
+        command: list[str],
+        workdir: Path,
+        limits: Resources,
+        uid: int | None,
+        cgroup: SandboxCgroup | None,
+    ) -> list[str]:
+        """The argv that starts `command` in a sandbox over `workdir`."""
+        argv: list[str] = []
+        if cgroup is not None:
+            files = cgroup.procs_files()
+            joins = " && ".join(f'echo $$ > "${n}"' for n in range(1, len(files) + 1))
+            argv += [self.sh, "-c", f'{joins} && shift {len(files)} && exec "$@"', "sh", *files]
+        rlimits = [f"--nofile={limits.open_files}:{limits.open_files}"]
+        if cgroup is None:
+            rlimits.append(f"--as={limits.memory}:{limits.memory}")
+            if uid is not None:  # a uid of its own: the per-uid count is the app's alone
+                rlimits.append(f"--nproc={limits.processes}:{limits.processes}")
+        argv += [self.prlimit, *rlimits, "--"]
+        argv += [self.setpriv, "--pdeathsig", "KILL", "--", self.bwrap, *self._mounts(workdir)]
+        argv.append("--")
+        if uid is not None:
+            argv += [
+                self.setpriv,
+                f"--reuid={uid}",
+                f"--regid={uid}",
+                "--clear-groups",
+                "--inh-caps=-all",
+                "--bounding-set=-all",
+                "--no-new-privs",
+                "--",
+            ]
+        return argv + command
+
+    def _mounts(self, workdir: Path | None) -> list[str]:
+        args = [
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--hostname",
+            "sandbox",
+            "--die-with-parent",
+            "--new-session",
+        ]
+        for path in self.visible:
+            if os.path.islink(path):
+                args += ["--symlink", os.readlink(path), path]
+            elif os.path.isdir(path):
+                args += ["--ro-bind", path, path]
+        for path in self.hidden:
+            args += ["--tmpfs", path]
+        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+        if workdir is not None:
+            args += ["--bind", str(workdir), APP_DIR, "--chdir", APP_DIR]
+        return args
+
+    def describe(self) -> str:
+        parts = ["bwrap", "own uid per app" if self.as_root else "agent's uid"]
+        parts.append("cgroups" if self.cgroups else "rlimits")
+        return ", ".join(parts) + "".join(f"; {note}" for note in self.notes)
+
+
+# -- the network ----------------------------------------------------------------------------
+
+NFT_RULES = f"""
+add table inet wakeful
+flush table inet wakeful
+add chain inet wakeful out {{ type filter hook output priority 0; policy accept; }}
+add rule inet wakeful out meta skuid != {UID_BASE}-{UID_BASE + UID_COUNT - 1} accept
+add rule inet wakeful out ct state established,related accept
+add rule inet wakeful out fib daddr type local meta l4proto {{ tcp, udp }} th dport 53 accept
+add rule inet wakeful out fib daddr type local reject
+"""
+"""Packets from sandbox uids to any address of this machine are refused unless they answer a
+connection someone else opened (the ingress's requests) or ask a local DNS resolver: a sandbox
+cannot reach the control API, the lease API, etcd, the ingress admin port or another
+sandbox's port, while its own port serves and the internet stays reachable. One transaction,
+the same for every agent on the machine: re-installing it is harmless."""
+
+
+def install_network_rules() -> str | None:
+    """Install `NFT_RULES` (root, Debian's nftables); the reason when that is impossible."""
+    nft = shutil.which("nft")
+    if nft is None:
+        return "nft not found (apt-get install nftables)"
+    done = subprocess.run(
+        [nft, "-f", "-"], input=NFT_RULES, capture_output=True, text=True, check=False, timeout=30
+    )
+    if done.returncode != 0:
+        return f"nft refused the rules: {done.stderr.strip()[:200]}"
+    return None
+
+
+# -- the app's writable tree, bounded ----------------------------------------------------------
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def mount_app_tmpfs(path: Path, limits: Resources, uid: int) -> None:
+    """Make `path` a tmpfs of the app's `disk` size owned by its uid (root only): what the app
+    writes lives there, charged to its memory, and can never fill the node's disk."""
+    path.mkdir(parents=True, exist_ok=True)
+    options = f"size={limits.disk},mode=0700,uid={uid},gid={uid}".encode()
+    if _libc.mount(b"tmpfs", str(path).encode(), b"tmpfs", 0, options) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"cannot mount a tmpfs on {path}: {os.strerror(err)}")
+
+
+def unmount(path: Path) -> None:
+    """Undo `mount_app_tmpfs` (lazily: a process still holding a file there goes on)."""
+    mnt_detach = 2
+    _libc.umount2(str(path).encode(), mnt_detach)
+
+
+def chown_tree(path: Path, uid: int) -> None:
+    for root, dirs, files in os.walk(path):
+        os.chown(root, uid, uid)
+        for name in dirs + files:
+            os.chown(os.path.join(root, name), uid, uid, follow_symlinks=False)
+
+
+def oom_message(limits: Resources) -> str:
+    return f"killed: out of memory (limit {format_size(limits.memory)})"
