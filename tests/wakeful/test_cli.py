@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from wakeful.cli import _idle_settings, build_parser
+from wakeful.cli import build_parser
+from wakeful.pieces import _idle_settings
 from wakeful.store.testing import free_port
 
 WAKEFUL = [sys.executable, "-m", "wakeful.cli"]

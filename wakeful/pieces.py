@@ -1,0 +1,196 @@
+"""The long-lived pieces of the `wakeful` command: `up`, `activator`, `node`, `ingress`,
+`idle-monitor`. Each turns its arguments and WAKEFUL_* variables into settings, hands them to
+`wakeful.bootstrap`, and runs it until it stops; what ends a piece early becomes one line
+naming the address, file or store, with exit status 1 (`serve`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+
+import anyio
+
+from wakeful.activator.settings import ActivatorSettings
+from wakeful.deploy.appdir import AppDir, AppDirError, load_app_dir
+from wakeful.idle_monitor.monitor import IdleMonitorSettings
+from wakeful.node.isolation import IsolationUnavailable
+from wakeful.node.settings import NodeSettings
+from wakeful.store import StoreError
+
+from . import commands
+from .bootstrap import (
+    AddressInUse,
+    run_activator,
+    run_idle_monitor,
+    run_ingress,
+    run_node,
+    run_up,
+    split_address,
+)
+from .commands import RUNTIME, CliError
+from .remote import CliSettings, Endpoint
+
+
+def _check_address(value: str, flag: str) -> str:
+    try:
+        split_address(value, flag)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    return value
+
+
+def load_apps(paths: Sequence[str]) -> list[AppDir]:
+    """Every app directory is validated before anything starts or is written."""
+    found = []
+    for raw in paths:
+        try:
+            found.append(load_app_dir(Path(raw)))
+        except AppDirError as exc:
+            raise CliError(str(exc)) from None
+    names = [a.definition.name for a in found]
+    if len(set(names)) != len(names):
+        raise CliError(f"two app directories name the same app: {sorted(names)}")
+    return found
+
+
+def _idle_settings(
+    args: argparse.Namespace, default_interval: float | None = None
+) -> IdleMonitorSettings:
+    """The idle monitor's settings (WAKEFUL_IDLE_INTERVAL, WAKEFUL_RETIRED_RETENTION), with
+    --idle-interval over them when given, and the command's own default tick otherwise."""
+    settings = IdleMonitorSettings()
+    if args.idle_interval is not None:
+        return settings.model_copy(update={"idle_interval": args.idle_interval})
+    if default_interval is not None and "idle_interval" not in settings.model_fields_set:
+        return settings.model_copy(update={"idle_interval": default_interval})
+    return settings
+
+
+# -- up and the pieces on their own: settings, then bootstrap ------------------------------
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    apps = load_apps(args.app_dirs)
+    listen = _check_address(args.listen, "--listen")
+    api = _check_address(args.api_listen, "--api-listen")
+    admin = _check_address(args.admin_listen, "--admin-listen")
+    idle = _idle_settings(args, default_interval=5.0)
+    data_dir = Path(args.data_dir).absolute()
+    try:
+        data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CliError(
+            f"--data-dir {data_dir}: cannot create it: {exc.strerror}", RUNTIME
+        ) from None
+    _serve(
+        lambda: run_up(
+            data_dir=data_dir,
+            api=api,
+            listen=listen,
+            admin=admin,
+            app_dirs=apps,
+            idle=idle,
+            announce=commands.say,
+            isolation=args.isolation,
+        ),
+        store=f"the store in {data_dir}",
+        uvloop=True,
+    )
+    return 0
+
+
+def _serve(main: Callable[[], Awaitable[None]], *, store: str, uvloop: bool = False) -> None:
+    """Run a long-lived piece until it stops. What ends it early (a taken port, a file it may
+    not write, a store it cannot open) becomes one line naming the address, file or store,
+    however deep in its task groups it was raised, and exit status 1."""
+    try:
+        anyio.run(main, backend_options={"use_uvloop": uvloop})
+    except (OSError, StoreError, IsolationUnavailable, BaseExceptionGroup) as raised:
+        cause = _single_cause(raised)
+        if isinstance(cause, AddressInUse):  # bind() names the flag and the address
+            raise CliError(str(cause), RUNTIME) from None
+        if isinstance(cause, IsolationUnavailable):  # says how to install bubblewrap
+            raise CliError(str(cause), RUNTIME) from None
+        if isinstance(cause, StoreError):
+            raise CliError(f"{store} cannot be used: {cause}", RUNTIME) from None
+        if isinstance(cause, OSError):
+            where = f"{cause.filename}: " if cause.filename else ""
+            raise CliError(f"{where}{cause.strerror or cause}", RUNTIME) from None
+        raise
+
+
+def _single_cause(raised: BaseException) -> BaseException:
+    """The one exception inside nested task-group exception groups (or the group itself)."""
+    while isinstance(raised, BaseExceptionGroup) and len(raised.exceptions) == 1:
+        raised = raised.exceptions[0]
+    return raised
+
+
+def _control_from_env(why: str) -> Endpoint:
+    """A piece on another machine finds the control API through WAKEFUL_API/WAKEFUL_TOKEN."""
+    settings = CliSettings()
+    if settings.api is None or settings.token is None:
+        raise CliError(f"WAKEFUL_API and WAKEFUL_TOKEN must be set: {why}")
+    return Endpoint(settings.api, settings.token.get_secret_value())
+
+
+def cmd_activator(args: argparse.Namespace) -> int:
+    settings = ActivatorSettings()
+    if settings.token is None:
+        raise CliError("WAKEFUL_TOKEN must be set: the control API refuses to run without a token")
+    idle = None if args.no_idle_monitor else _idle_settings(args)
+    data_dir = Path(args.data_dir).absolute()
+    _serve(
+        lambda: run_activator(settings, data_dir, idle=idle, announce=commands.say),
+        store=f"the store at {settings.store_url}",
+    )
+    return 0
+
+
+def isolation_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--isolation",
+        choices=["bwrap", "none"],
+        default=None,
+        help="bwrap (default, WAKEFUL_ISOLATION): each app in its own namespaces, uid and "
+        "limits; none: apps run as this user and can read its files (trusted code only)",
+    )
+
+
+def cmd_node(args: argparse.Namespace) -> int:
+    settings = NodeSettings()
+    if args.isolation is not None:  # the flag beats WAKEFUL_ISOLATION
+        settings = settings.model_copy(update={"isolation": args.isolation})
+    control = _control_from_env("nodes fetch artifacts from it and push logs to it")
+    _serve(
+        lambda: run_node(settings, control, announce=commands.say),
+        store=f"the store at {settings.store_url}",
+    )
+    return 0
+
+
+def cmd_ingress(args: argparse.Namespace) -> int:
+    from wakeful.ingress import IngressSettings  # aiohttp and uvloop: only when it runs
+
+    settings = IngressSettings()
+    control = _control_from_env("the ingress asks the activator")
+    _serve(
+        lambda: run_ingress(settings, control, announce=commands.say),
+        store=f"the store at {settings.store_url}",
+        uvloop=True,
+    )
+    return 0
+
+
+def cmd_idle_monitor(args: argparse.Namespace) -> int:
+    settings = IdleMonitorSettings()
+    _serve(
+        lambda: run_idle_monitor(settings, announce=commands.say),
+        store=f"the store at {settings.store_url}",
+    )
+    return 0
+
+
+# -- commands that talk to a running control plane -----------------------------------------
