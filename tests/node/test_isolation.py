@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import anyio
@@ -79,3 +80,14 @@ async def test_without_bwrap_the_agent_refuses_and_says_how_to_install_it(
     monkeypatch.setenv("PATH", str(tmp_path))  # nothing to find there
     with pytest.raises(IsolationUnavailable, match="apt-get install bubblewrap"):
         Jail.detect(tmp_path)
+
+
+def test_apps_starting_at_once_each_get_their_own_recorded_uid(tmp_path: Path) -> None:
+    """Sandboxes are prepared in worker threads: ten apps waking together once raced on the
+    record's temporary file (a start failed with ENOENT)."""
+    table = UidTable(tmp_path / "uids.json")
+    apps = [f"app{i}" for i in range(40)]
+    with ThreadPoolExecutor(max_workers=40) as pool:
+        uids = list(pool.map(table.uid, apps))
+    assert len(set(uids)) == len(apps) and min(uids) >= 400_000
+    assert [UidTable(tmp_path / "uids.json").uid(app) for app in apps] == uids  # as recorded

@@ -37,6 +37,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -134,12 +135,17 @@ class UidTable:
 
     def __init__(self, path: Path) -> None:
         self._path = path
+        self._lock = threading.Lock()  # sandboxes start in worker threads, several at once
         self._uids: dict[str, int] = {}
         with contextlib.suppress(FileNotFoundError):
             loaded = json.loads(path.read_text())
             self._uids = {str(k): int(v) for k, v in loaded.items()}
 
     def uid(self, app: str) -> int:
+        with self._lock:
+            return self._uid(app)
+
+    def _uid(self, app: str) -> int:
         found = self._uids.get(app)
         if found is not None:
             return found
