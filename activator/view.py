@@ -16,9 +16,9 @@ Theory of operation:
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import anyio
 
@@ -30,6 +30,7 @@ from wakeful.store import Item, Store
 from wakeful.store.reflector import Feed, reflect_all
 
 log = logging.getLogger(__name__)
+M = TypeVar("M")
 
 # GONE: statuses whose leases are dropped (a draining sandbox keeps its leases until they are
 # released); LIVE: counted in the pool's size. Both defined once, in wakeful.domain.models.
@@ -82,11 +83,7 @@ class View:
 
     def feeds(self) -> list[Feed[Any]]:
         """The three prefixes the view mirrors, for `wakeful.store.reflector`."""
-        return [
-            Feed(keys.APPS, App, _Apps(self)),
-            Feed(keys.POOLS, Pool, _Pools(self)),
-            Feed(keys.SANDBOXES, Sandbox, _Sandboxes(self)),
-        ]
+        return _mirrors(self)
 
     async def follow(self) -> None:
         """Mirror the store until cancelled (list, watch, list again after a resync)."""
@@ -208,70 +205,75 @@ class View:
 # -- the three prefixes, as reflector views ---------------------------------------------------
 
 
-class _Apps:
-    def __init__(self, view: View) -> None:
-        self._view = view
+@dataclass(frozen=True)
+class _Mirror(Generic[M]):
+    """One prefix of the view: a write applies when newer, a delete or a listing that lacks
+    the key removes it only when the cached record is older than the delete or the listing
+    (the activator's own writes may have put a newer one)."""
 
-    def replace(self, items: list[Item[App]], revision: int) -> None:
-        apps = self._view.apps
-        listed = {item.value.name for item in items}
-        for name in [n for n, app in apps.items() if n not in listed and app.revision <= revision]:
-            del apps[name]
+    prefix: str
+    name_of: Callable[[M], str]
+    cached_revision: Callable[[str], int | None]
+    apply: Callable[[Item[M]], None]
+    remove: Callable[[str], None]
+    names: Callable[[], list[str]]
+
+    def replace(self, items: list[Item[M]], revision: int) -> None:
+        listed = {self.name_of(item.value) for item in items}
+        for name in self.names():
+            cached = self.cached_revision(name)
+            if name not in listed and cached is not None and cached <= revision:
+                self.remove(name)
         for item in items:
-            self._view.apply_app(item)
+            self.apply(item)
 
-    def put(self, item: Item[App]) -> None:
-        self._view.apply_app(item)
+    def put(self, item: Item[M]) -> None:
+        self.apply(item)
 
     def delete(self, key: str, revision: int) -> None:
-        name = keys.name_in(key, keys.APPS)
-        app = self._view.apps.get(name)
-        if app is not None and app.revision < revision:
-            del self._view.apps[name]
+        name = keys.name_in(key, self.prefix)
+        cached = self.cached_revision(name)
+        if cached is not None and cached < revision:
+            self.remove(name)
 
 
-class _Pools:
-    def __init__(self, view: View) -> None:
-        self._view = view
+def _mirrors(view: View) -> list[Feed[Any]]:
+    def app_revision(name: str) -> int | None:
+        app = view.apps.get(name)
+        return None if app is None else app.revision
 
-    def replace(self, items: list[Item[Pool]], revision: int) -> None:
-        pools = self._view.pools
-        listed = {item.value.name for item in items}
-        gone = [n for n in pools if n not in listed]
-        for name in [n for n in gone if pools[n].item.revision <= revision]:
-            self._view.remove_pool(name)
-        for item in items:
-            self._view.apply_pool(item)
+    def pool_revision(name: str) -> int | None:
+        pool = view.pools.get(name)
+        return None if pool is None else pool.item.revision
 
-    def put(self, item: Item[Pool]) -> None:
-        self._view.apply_pool(item)
+    def sandbox_revision(name: str) -> int | None:
+        sandbox = view.sandboxes.get(name)
+        return None if sandbox is None else sandbox.revision
 
-    def delete(self, key: str, revision: int) -> None:
-        name = keys.name_in(key, keys.POOLS)
-        pool = self._view.pools.get(name)
-        if pool is not None and pool.item.revision < revision:
-            self._view.remove_pool(name)
+    def remove_app(name: str) -> None:
+        del view.apps[name]
 
-
-class _Sandboxes:
-    def __init__(self, view: View) -> None:
-        self._view = view
-
-    def replace(self, items: list[Item[Sandbox]], revision: int) -> None:
-        sandboxes = self._view.sandboxes
-        listed = {item.value.id for item in items}
-        for sandbox_id in [
-            s for s, item in sandboxes.items() if s not in listed and item.revision <= revision
-        ]:
-            self._view.remove_sandbox(sandbox_id)
-        for item in items:
-            self._view.apply_sandbox(item)
-
-    def put(self, item: Item[Sandbox]) -> None:
-        self._view.apply_sandbox(item)
-
-    def delete(self, key: str, revision: int) -> None:
-        sandbox_id = keys.name_in(key, keys.SANDBOXES)
-        sandbox = self._view.sandboxes.get(sandbox_id)
-        if sandbox is not None and sandbox.revision < revision:
-            self._view.remove_sandbox(sandbox_id)
+    apps: _Mirror[App] = _Mirror(
+        keys.APPS, lambda a: a.name, app_revision, view.apply_app, remove_app, lambda: [*view.apps]
+    )
+    pools: _Mirror[Pool] = _Mirror(
+        keys.POOLS,
+        lambda p: p.name,
+        pool_revision,
+        view.apply_pool,
+        view.remove_pool,
+        lambda: [*view.pools],
+    )
+    sandboxes: _Mirror[Sandbox] = _Mirror(
+        keys.SANDBOXES,
+        lambda s: s.id,
+        sandbox_revision,
+        view.apply_sandbox,
+        view.remove_sandbox,
+        lambda: [*view.sandboxes],
+    )
+    return [
+        Feed(keys.APPS, App, apps),
+        Feed(keys.POOLS, Pool, pools),
+        Feed(keys.SANDBOXES, Sandbox, sandboxes),
+    ]
