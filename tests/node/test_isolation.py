@@ -50,7 +50,8 @@ async def run(
 async def test_a_sandbox_sees_its_own_tree_its_own_uid_and_nothing_else(tmp_path: Path) -> None:
     (tmp_path / "token").write_text("secret")
     code = (
-        "import os; print(os.getcwd(), os.getuid(), sorted(os.listdir('/')), "
+        "import os; open('/tmp/scratch', 'w').write('x'); open('/dev/shm/s', 'w').write('x'); "
+        "print(os.getcwd(), os.getuid(), sorted(os.listdir('/')), "
         "sorted(k for k in os.environ if k not in ('PWD', 'SHLVL', '_', 'LC_CTYPE')), "
         "os.path.exists(" + repr(str(tmp_path / "token")) + "))"
     )
@@ -91,3 +92,44 @@ def test_apps_starting_at_once_each_get_their_own_recorded_uid(tmp_path: Path) -
         uids = list(pool.map(table.uid, apps))
     assert len(set(uids)) == len(apps) and min(uids) >= 400_000
     assert [UidTable(tmp_path / "uids.json").uid(app) for app in apps] == uids  # as recorded
+
+
+async def test_the_apps_environment_reaches_the_app_and_nothing_before_it(tmp_path: Path) -> None:
+    """An app's `env` (LD_PRELOAD, LD_DEBUG...) must not reach prlimit, setpriv or bwrap,
+    which run as root before the sandbox exists: the dynamic loader's debug output names every
+    program it loads, so bwrap must not appear in it, while the app does see the variable."""
+    workdir = tmp_path / "sandboxes" / "sb" / "app"
+    workdir.mkdir(parents=True)
+    log = workdir.parent / "output.log"
+    process = await runtime(tmp_path).start(
+        ["python3", "-c", "import os; print('app sees', os.environ.get('LD_DEBUG'))"],
+        {**BASE_ENV, "LD_DEBUG": "libs"},
+        workdir,
+        log,
+        Identity("sb", "a", Resources()),
+    )
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(process.pump, None)
+            assert await process.wait() == 0
+    output = await anyio.Path(log).read_text()
+    assert "app sees libs" in output
+    assert "bwrap" not in output and "prlimit" not in output
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="cgroups need root")
+def test_left_over_empty_cgroups_are_swept_and_fresh_ones_kept(tmp_path: Path) -> None:
+    cgroups = Jail.detect(tmp_path).cgroups
+    assert cgroups is not None
+    stale, fresh = cgroups.sandbox("sweep-stale-test"), cgroups.sandbox("sweep-fresh-test")
+    for cgroup in (stale, fresh):
+        cgroup.create(Resources())
+    for path in (stale.memory, stale.pids):
+        os.utime(path, (1, 1))  # left behind long ago
+    try:
+        cgroups.sweep()
+        assert not stale.memory.exists() and not stale.pids.exists()
+        assert fresh.memory.exists() and fresh.pids.exists()  # may be waiting for its sandbox
+    finally:
+        stale.remove()
+        fresh.remove()

@@ -38,6 +38,7 @@ import shutil
 import signal
 import subprocess
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,6 +84,25 @@ class Cgroups:
 
     def sandbox(self, sandbox_id: str) -> SandboxCgroup:
         return SandboxCgroup(self.memory / sandbox_id, self.pids / sandbox_id)
+
+    def sweep(self, older_than: float = 30.0) -> int:
+        """Remove sandbox cgroups left empty (a kernel still tearing a namespace down refuses
+        the first rmdir; an agent that crashed never tried). Only ones untouched for
+        `older_than` seconds: a fresh one may be waiting for its sandbox to join it."""
+        removed = 0
+        now = time.time()
+        for root in (self.memory, self.pids):
+            for path in root.iterdir():
+                try:
+                    if not path.is_dir() or now - path.stat().st_mtime < older_than:
+                        continue
+                    if (path / "cgroup.procs").read_text().strip():
+                        continue
+                    path.rmdir()
+                    removed += 1
+                except OSError:
+                    continue
+        return removed
 
 
 @dataclass(frozen=True)
@@ -229,8 +249,11 @@ class Jail:
         limits: Resources,
         uid: int | None,
         cgroup: SandboxCgroup | None,
+        env_fd: int | None = None,
     ) -> list[str]:
-        """The argv that starts `command` in a sandbox over `workdir`."""
+        """The argv that starts `command` in a sandbox over `workdir`. `env_fd`: a file of
+        NUL-separated bwrap arguments (`env_arguments`) that set the app's environment inside
+        the sandbox only; the chain before it runs with `CHAIN_ENV`."""
         argv: list[str] = []
         if cgroup is not None:
             files = cgroup.procs_files()
@@ -242,7 +265,10 @@ class Jail:
             if uid is not None:  # a uid of its own: the per-uid count is the app's alone
                 rlimits.append(f"--nproc={limits.processes}:{limits.processes}")
         argv += [self.prlimit, *rlimits, "--"]
-        argv += [self.setpriv, "--pdeathsig", "KILL", "--", self.bwrap, *self._mounts(workdir)]
+        mounts = self._mounts(workdir, limits.disk)
+        argv += [self.setpriv, "--pdeathsig", "KILL", "--", self.bwrap, *mounts]
+        if env_fd is not None:
+            argv += ["--args", str(env_fd)]
         argv.append("--")
         if uid is not None:
             argv += [
@@ -257,7 +283,7 @@ class Jail:
             ]
         return argv + command
 
-    def _mounts(self, workdir: Path | None) -> list[str]:
+    def _mounts(self, workdir: Path | None, disk: int = 16 << 20) -> list[str]:
         args = [
             "--unshare-pid",
             "--unshare-ipc",
@@ -274,7 +300,9 @@ class Jail:
                 args += ["--ro-bind", path, path]
         for path in self.hidden:
             args += ["--tmpfs", path]
-        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+        args += ["--proc", "/proc", "--dev", "/dev"]
+        for scratch in ("/tmp", "/dev/shm"):  # writable by the app, bounded like its /app
+            args += ["--perms", "1777", "--size", str(disk), "--tmpfs", scratch]
         if workdir is not None:
             args += ["--bind", str(workdir), APP_DIR, "--chdir", APP_DIR]
         return args
@@ -283,6 +311,20 @@ class Jail:
         parts = ["bwrap", "own uid per app" if self.as_root else "agent's uid"]
         parts.append("cgroups" if self.cgroups else "rlimits")
         return ", ".join(parts) + "".join(f"; {note}" for note in self.notes)
+
+
+CHAIN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+"""The environment of everything that runs as root before the sandbox exists: nothing of the
+app's (an app's LD_PRELOAD must never reach prlimit or bwrap)."""
+
+
+def env_arguments(env: dict[str, str]) -> bytes:
+    """bwrap arguments that give the sandbox exactly `env`, for `--args FD` (kept out of the
+    command line, where any local user could read an app's secrets)."""
+    args = ["--clearenv"]
+    for name, value in env.items():
+        args += ["--setenv", name, value]
+    return b"".join(arg.encode() + b"\0" for arg in args)
 
 
 # -- the network ----------------------------------------------------------------------------
@@ -294,7 +336,7 @@ add chain inet wakeful out {{ type filter hook output priority 0; policy accept;
 add rule inet wakeful out meta skuid != {UID_BASE}-{UID_BASE + UID_COUNT - 1} accept
 add rule inet wakeful out ct state established,related accept
 add rule inet wakeful out fib daddr type local meta l4proto {{ tcp, udp }} th dport 53 accept
-add rule inet wakeful out fib daddr type local reject
+add rule inet wakeful out fib daddr type {{ local, broadcast, multicast }} reject
 """
 """Packets from sandbox uids to any address of this machine are refused unless they answer a
 connection someone else opened (the ingress's requests) or ask a local DNS resolver: a sandbox

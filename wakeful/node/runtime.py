@@ -25,10 +25,12 @@ from typing import BinaryIO, Protocol
 from wakeful.domain.models import Resources
 
 from .isolation import (
+    CHAIN_ENV,
     Jail,
     SandboxCgroup,
     UidTable,
     chown_tree,
+    env_arguments,
     mount_app_tmpfs,
     oom_message,
     unmount,
@@ -225,26 +227,33 @@ class ProcessRuntime:
     ) -> LocalProcess:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         jailed: Jailed | None = None
-        argv = _guarded(command)
+        argv, chain_env, cwd = _guarded(command), dict(env), workdir
+        fds: tuple[int, ...] = ()
         if self._jail is not None:
             jailed = await asyncio.to_thread(self._enter, workdir, identity)
+            env_fd = _env_file(log_path.with_name("env-args"), dict(env))
             argv = self._jail.command(
-                list(command), jailed.workdir, identity.limits, jailed.uid, jailed.cgroup
+                list(command), jailed.workdir, identity.limits, jailed.uid, jailed.cgroup, env_fd
             )
+            chain_env, cwd, fds = dict(CHAIN_ENV), Path("/"), (env_fd,)
         try:
             process = await asyncio.create_subprocess_exec(
                 *argv,
-                cwd=workdir,
-                env=dict(env),
+                cwd=cwd,
+                env=chain_env,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,
+                pass_fds=fds,
             )
         except BaseException:
             if jailed is not None:
                 jailed.release()
             raise
+        finally:
+            for fd in fds:
+                os.close(fd)
         return LocalProcess(process, log_path, self._max_log_bytes, jailed)
 
     def _enter(self, workdir: Path, identity: Identity) -> Jailed:
@@ -262,6 +271,7 @@ class ProcessRuntime:
                 chown_tree(writable, uid)
                 jailed.workdir = writable
             if jail.cgroups is not None:
+                jail.cgroups.sweep()
                 cgroup = jail.cgroups.sandbox(identity.sandbox_id)
                 jailed.cgroup = cgroup
                 cgroup.create(identity.limits)
@@ -307,6 +317,19 @@ class Jailed:
 
     def reason(self) -> str | None:
         return oom_message(self.limits) if self._oom else None
+
+
+def _env_file(path: Path, env: dict[str, str]) -> int:
+    """An open, already unlinked 0600 file holding the sandbox's environment for bwrap."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.unlink(path)
+        os.write(fd, env_arguments(env))
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _parent_map() -> dict[int, list[int]]:
