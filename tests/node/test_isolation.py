@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -14,8 +15,10 @@ import pytest
 
 from wakeful.domain.models import Resources
 from wakeful.node.isolation import IsolationUnavailable, Jail, UidTable
+from wakeful.node.ports import listeners
 from wakeful.node.runner import BASE_ENV
 from wakeful.node.runtime import Identity, ProcessRuntime
+from wakeful.store.testing import free_port
 
 pytestmark = [
     pytest.mark.anyio,
@@ -133,3 +136,41 @@ def test_left_over_empty_cgroups_are_swept_and_fresh_ones_kept(tmp_path: Path) -
     finally:
         stale.remove()
         fresh.remove()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a uid of its own needs root")
+async def test_a_port_answered_by_someone_else_is_not_the_sandboxs(tmp_path: Path) -> None:
+    """Another app could bind a sandbox's port first, and its probe would succeed: the agent
+    checks who listens before it calls the sandbox ready."""
+    workdir = tmp_path / "sandboxes" / "sb" / "app"
+    workdir.mkdir(parents=True)
+    listen = (
+        "import socket, sys, time; s = socket.socket(); "
+        "s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(); print('up', flush=True); "
+        "time.sleep(60)"
+    )
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    taken = squatter.getsockname()[1]
+    free = free_port()
+    process = await runtime(tmp_path).start(
+        ["python3", "-c", listen, str(free)], BASE_ENV, workdir, workdir.parent / "o.log"
+    )
+    listening = anyio.Event()
+
+    def seen(chunk: bytes) -> None:
+        if b"up" in chunk:
+            listening.set()
+
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(process.pump, seen)
+            with anyio.fail_after(30):
+                await listening.wait()
+            assert listeners(free)  # our own parser finds it
+            assert process.owns_port(free)
+            assert not process.owns_port(taken)  # root's socket, not the sandbox's uid
+            await process.stop(5)
+    finally:
+        squatter.close()

@@ -165,6 +165,7 @@ ATTEMPTS = [
     "fork past `processes`",
     "allocate past `memory`",
     "fill the disk",
+    "create a user namespace",
     "connect to the control API",
     "connect to the ingress admin port",
     "connect to another app's port",

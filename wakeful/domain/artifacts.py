@@ -16,6 +16,10 @@ import tarfile
 from pathlib import Path
 
 MAX_ARTIFACT_BYTES = 100 * 1024 * 1024
+MAX_UNPACKED_BYTES = 2 * 1024 * 1024 * 1024
+"""What an artifact may expand to: a compression bomb under MAX_ARTIFACT_BYTES must not fill
+a node's disk when it is unpacked."""
+MAX_MEMBERS = 100_000
 SKIP_DIRS = frozenset({".git", "__pycache__", ".wakeful", ".venv", "node_modules", ".mypy_cache"})
 
 
@@ -49,11 +53,13 @@ def pack(directory: Path) -> bytes:
     return packed
 
 
-def unpack(data: bytes, destination: Path) -> None:
+def unpack(data: bytes, destination: Path, max_bytes: int = MAX_UNPACKED_BYTES) -> None:
     destination = destination.resolve()
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-            for member in tar.getmembers():
+            members = tar.getmembers()
+            _bounded(members, max_bytes)
+            for member in members:
                 target = (destination / member.name).resolve()
                 if not member.isfile() or not target.is_relative_to(destination):
                     raise ArtifactError(f"refusing artifact member {member.name!r}")
@@ -65,11 +71,13 @@ def unpack(data: bytes, destination: Path) -> None:
         raise ArtifactError(f"corrupt artifact: {exc}") from exc
 
 
-def validate(data: bytes) -> None:
+def validate(data: bytes, max_bytes: int = MAX_UNPACKED_BYTES) -> None:
     """A corrupt upload is refused before it is stored."""
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-            for member in tar.getmembers():
+            members = tar.getmembers()
+            _bounded(members, max_bytes)
+            for member in members:
                 if (
                     not member.isfile()
                     or member.name.startswith("/")
@@ -78,3 +86,12 @@ def validate(data: bytes) -> None:
                     raise ArtifactError(f"refusing artifact member {member.name!r}")
     except (tarfile.TarError, EOFError, gzip.BadGzipFile) as exc:
         raise ArtifactError(f"corrupt artifact: {exc}") from exc
+
+
+def _bounded(members: list[tarfile.TarInfo], max_bytes: int) -> None:
+    size = sum(member.size for member in members)
+    if size > max_bytes or len(members) > MAX_MEMBERS:
+        raise ArtifactError(
+            f"artifact unpacks to {size} bytes in {len(members)} files; the bounds are "
+            f"{max_bytes} bytes and {MAX_MEMBERS} files"
+        )

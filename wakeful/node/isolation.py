@@ -30,29 +30,35 @@ the node's disk.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import logging
 import os
+import platform
 import shutil
-import signal
 import subprocess
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from wakeful.domain.models import Resources, format_size
+from wakeful.domain.models import Resources
+
+from .cgroups import Cgroups, SandboxCgroup
+from .hardening import (
+    UID_BASE,
+    UID_COUNT,
+    chown_tree,
+    install_network_rules,
+    mount_app_tmpfs,
+    oom_message,
+    unmount,
+    userns_filter,
+)
 
 log = logging.getLogger(__name__)
 
 SYSTEM_PATHS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 """Read-only inside every sandbox (the ones that exist; merged-/usr symlinks stay symlinks)."""
 APP_DIR = "/app"
-UID_BASE = 400_000
-"""Per-app uids are UID_BASE + n: above the usual subordinate-uid ranges (100000-165535)."""
-UID_COUNT = 100_000
-CGROUP_V1 = Path("/sys/fs/cgroup")
 INSTALL_HINT = (
     "bubblewrap is not installed: run `apt-get install bubblewrap` (Debian/Ubuntu), or start "
     "with --isolation=none to run apps unisolated (they can then read the control plane's "
@@ -62,92 +68,6 @@ INSTALL_HINT = (
 
 class IsolationUnavailable(RuntimeError):
     """The machine cannot isolate sandboxes as configured; the message says what to do."""
-
-
-@dataclass(frozen=True)
-class Cgroups:
-    """The v1 `memory` and `pids` hierarchies' `wakeful/` directories, when writable."""
-
-    memory: Path
-    pids: Path
-
-    @classmethod
-    def detect(cls, root: Path = CGROUP_V1) -> Cgroups | None:
-        memory, pids = root / "memory" / "wakeful", root / "pids" / "wakeful"
-        try:
-            for path in (memory, pids):
-                path.mkdir(exist_ok=True)
-                (path / "cgroup.procs").stat()
-        except OSError:
-            return None
-        return cls(memory, pids)
-
-    def sandbox(self, sandbox_id: str) -> SandboxCgroup:
-        return SandboxCgroup(self.memory / sandbox_id, self.pids / sandbox_id)
-
-    def sweep(self, older_than: float = 30.0) -> int:
-        """Remove sandbox cgroups left empty (a kernel still tearing a namespace down refuses
-        the first rmdir; an agent that crashed never tried). Only ones untouched for
-        `older_than` seconds: a fresh one may be waiting for its sandbox to join it."""
-        removed = 0
-        now = time.time()
-        for root in (self.memory, self.pids):
-            for path in root.iterdir():
-                try:
-                    if not path.is_dir() or now - path.stat().st_mtime < older_than:
-                        continue
-                    if (path / "cgroup.procs").read_text().strip():
-                        continue
-                    path.rmdir()
-                    removed += 1
-                except OSError:
-                    continue
-        return removed
-
-
-@dataclass(frozen=True)
-class SandboxCgroup:
-    memory: Path
-    pids: Path
-
-    def create(self, limits: Resources) -> None:
-        for path in (self.memory, self.pids):
-            path.mkdir(exist_ok=True)
-        (self.memory / "memory.limit_in_bytes").write_text(str(limits.memory))
-        with contextlib.suppress(OSError):  # no swap accounting: the limit above is the bound
-            (self.memory / "memory.memsw.limit_in_bytes").write_text(str(limits.memory))
-        (self.pids / "pids.max").write_text(str(limits.processes))
-
-    def procs_files(self) -> list[str]:
-        return [str(self.memory / "cgroup.procs"), str(self.pids / "cgroup.procs")]
-
-    def pids_in(self) -> set[int]:
-        found: set[int] = set()
-        for path in (self.memory, self.pids):
-            with contextlib.suppress(OSError, ValueError):
-                found.update(int(p) for p in (path / "cgroup.procs").read_text().split())
-        return found
-
-    def oom_kills(self) -> int:
-        """How many of the sandbox's processes the kernel killed for memory."""
-        try:
-            text = (self.memory / "memory.oom_control").read_text()
-        except OSError:
-            return 0
-        for line in text.splitlines():
-            name, _, value = line.partition(" ")
-            if name == "oom_kill":
-                return int(value)
-        return 0
-
-    def remove(self) -> None:
-        """Kill what is left, then remove both directories (a cgroup with members stays)."""
-        for pid in self.pids_in():
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        for path in (self.memory, self.pids):
-            with contextlib.suppress(OSError):
-                path.rmdir()
 
 
 class UidTable:
@@ -194,6 +114,8 @@ class Jail:
     cgroups: Cgroups | None
     visible: tuple[str, ...] = SYSTEM_PATHS
     hidden: tuple[str, ...] = ()
+    seccomp: bytes | None = None
+    """`userns_filter` for this machine; None where it is not known (and said in `notes`)."""
     notes: tuple[str, ...] = field(default=())
     """What this machine does not enforce (shown by `wakeful status` and logged at start)."""
 
@@ -214,6 +136,9 @@ class Jail:
             notes.append("not root: sandboxes share the agent's uid; network not isolated")
         elif (failed := install_network_rules()) is not None:
             notes.append(f"network not isolated: {failed}")
+        seccomp = userns_filter(platform.machine())
+        if seccomp is None:
+            notes.append(f"user namespaces not refused (no filter for {platform.machine()})")
         if cgroups is None:
             notes.append("no writable cgroups: memory is an address-space rlimit")
             if not as_root:
@@ -227,6 +152,7 @@ class Jail:
             cgroups=cgroups,
             visible=visible,
             hidden=hidden,
+            seccomp=seccomp,
             notes=tuple(notes),
         )
         jail.check()
@@ -250,6 +176,7 @@ class Jail:
         uid: int | None,
         cgroup: SandboxCgroup | None,
         env_fd: int | None = None,
+        seccomp_fd: int | None = None,
     ) -> list[str]:
         """The argv that starts `command` in a sandbox over `workdir`. `env_fd`: a file of
         NUL-separated bwrap arguments (`env_arguments`) that set the app's environment inside
@@ -269,6 +196,8 @@ class Jail:
         argv += [self.setpriv, "--pdeathsig", "KILL", "--", self.bwrap, *mounts]
         if env_fd is not None:
             argv += ["--args", str(env_fd)]
+        if seccomp_fd is not None:
+            argv += ["--seccomp", str(seccomp_fd)]
         argv.append("--")
         if uid is not None:
             argv += [
@@ -327,64 +256,16 @@ def env_arguments(env: dict[str, str]) -> bytes:
     return b"".join(arg.encode() + b"\0" for arg in args)
 
 
-# -- the network ----------------------------------------------------------------------------
-
-NFT_RULES = f"""
-add table inet wakeful
-flush table inet wakeful
-add chain inet wakeful out {{ type filter hook output priority 0; policy accept; }}
-add rule inet wakeful out meta skuid != {UID_BASE}-{UID_BASE + UID_COUNT - 1} accept
-add rule inet wakeful out ct state established,related accept
-add rule inet wakeful out fib daddr type local meta l4proto {{ tcp, udp }} th dport 53 accept
-add rule inet wakeful out fib daddr type {{ local, broadcast, multicast }} reject
-"""
-"""Packets from sandbox uids to any address of this machine are refused unless they answer a
-connection someone else opened (the ingress's requests) or ask a local DNS resolver: a sandbox
-cannot reach the control API, the lease API, etcd, the ingress admin port or another
-sandbox's port, while its own port serves and the internet stays reachable. One transaction,
-the same for every agent on the machine: re-installing it is harmless."""
-
-
-def install_network_rules() -> str | None:
-    """Install `NFT_RULES` (root, Debian's nftables); the reason when that is impossible."""
-    nft = shutil.which("nft")
-    if nft is None:
-        return "nft not found (apt-get install nftables)"
-    done = subprocess.run(
-        [nft, "-f", "-"], input=NFT_RULES, capture_output=True, text=True, check=False, timeout=30
-    )
-    if done.returncode != 0:
-        return f"nft refused the rules: {done.stderr.strip()[:200]}"
-    return None
-
-
-# -- the app's writable tree, bounded ----------------------------------------------------------
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def mount_app_tmpfs(path: Path, limits: Resources, uid: int) -> None:
-    """Make `path` a tmpfs of the app's `disk` size owned by its uid (root only): what the app
-    writes lives there, charged to its memory, and can never fill the node's disk."""
-    path.mkdir(parents=True, exist_ok=True)
-    options = f"size={limits.disk},mode=0700,uid={uid},gid={uid}".encode()
-    if _libc.mount(b"tmpfs", str(path).encode(), b"tmpfs", 0, options) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"cannot mount a tmpfs on {path}: {os.strerror(err)}")
-
-
-def unmount(path: Path) -> None:
-    """Undo `mount_app_tmpfs` (lazily: a process still holding a file there goes on)."""
-    mnt_detach = 2
-    _libc.umount2(str(path).encode(), mnt_detach)
-
-
-def chown_tree(path: Path, uid: int) -> None:
-    for root, dirs, files in os.walk(path):
-        os.chown(root, uid, uid)
-        for name in dirs + files:
-            os.chown(os.path.join(root, name), uid, uid, follow_symlinks=False)
-
-
-def oom_message(limits: Resources) -> str:
-    return f"killed: out of memory (limit {format_size(limits.memory)})"
+__all__ = [
+    "CHAIN_ENV",
+    "Cgroups",
+    "IsolationUnavailable",
+    "Jail",
+    "SandboxCgroup",
+    "UidTable",
+    "chown_tree",
+    "env_arguments",
+    "mount_app_tmpfs",
+    "oom_message",
+    "unmount",
+]

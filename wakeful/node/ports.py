@@ -45,3 +45,24 @@ class PortPool:
 
     def give_back(self, port: int) -> None:
         self._taken.discard(port)
+
+    def handed_out(self, port: int) -> bool:
+        """Given to a sandbox of this node (a fixed `port` must not take it from that one)."""
+        return port in self._taken
+
+
+def listeners(port: int) -> list[int]:
+    """The uids owning TCP sockets that listen on `port`, on any address (Linux /proc/net)."""
+    owners = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as lines:
+                next(lines)
+                for line in lines:
+                    fields = line.split()
+                    local, state, uid = fields[1], fields[3], fields[7]
+                    if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+                        owners.append(int(uid))
+        except OSError:
+            continue
+    return owners

@@ -94,6 +94,7 @@ class SandboxRunner:
         """Set as the last step of `run`."""
         self._process: SandboxProcess | None = None
         self._port: int | None = None
+        self._squatted = False
         """A port taken from the node's pool, given back when the runner ends."""
 
     def stop(self) -> None:
@@ -198,6 +199,8 @@ class SandboxRunner:
 
     def _pick_port(self, spec: AppSpec, host: str) -> int:
         if spec.port is not None:
+            if self._node.ports.handed_out(spec.port):
+                raise CannotRun(f"port {spec.port} is handed out to another sandbox here")
             if not bindable(spec.port, host):
                 raise CannotRun(f"port {spec.port} is already in use")
             return spec.port
@@ -239,6 +242,9 @@ class SandboxRunner:
             ready = await wait_ready(
                 launch.host, launch.port, spec.health.path, spec.health.timeout, process.wait
             )
+            if ready and not process.owns_port(launch.port):
+                self._squatted = True  # another app answered on our port: never route to it
+                ready = False
             if not ready or not await self._change(
                 Transition.READY, address=launch.address, ready=True
             ):
@@ -263,6 +269,8 @@ class SandboxRunner:
         else:
             timeout = launch.spec.health.timeout
             reason = tail if ready else (tail or f"not ready within {timeout:g} s")
+            if self._squatted:
+                reason = f"port {launch.port} answered, but not from this sandbox\n{tail}"
             log.warning(
                 "sandbox exited with %s", exit_code, extra={"sandbox": self.sandbox_id, "log": tail}
             )

@@ -27,14 +27,13 @@ from wakeful.domain.models import Resources
 from .isolation import (
     CHAIN_ENV,
     Jail,
-    SandboxCgroup,
     UidTable,
     chown_tree,
     env_arguments,
     mount_app_tmpfs,
-    oom_message,
-    unmount,
 )
+from .jailed import Jailed, sealed
+from .ports import listeners
 
 log = logging.getLogger(__name__)
 MAX_LOG_BYTES = 1024 * 1024
@@ -56,6 +55,9 @@ class SandboxProcess(Protocol):
 
     def reason(self) -> str | None:
         """Why it ended, when the runtime knows better than its exit code (out of memory)."""
+
+    def owns_port(self, port: int) -> bool:
+        """Whatever listens on `port` is this sandbox (not another app squatting it)."""
 
 
 @dataclass(frozen=True)
@@ -196,6 +198,14 @@ class LocalProcess:
     def reason(self) -> str | None:
         return None if self._jailed is None else self._jailed.reason()
 
+    def owns_port(self, port: int) -> bool:
+        """Only an isolated sandbox has a uid of its own to tell it by: every socket listening
+        on `port` must be its."""
+        if self._jailed is None or self._jailed.uid is None:
+            return True
+        owners = listeners(port)
+        return bool(owners) and all(owner == self._jailed.uid for owner in owners)
+
 
 class ProcessRuntime:
     """Sandboxes as local processes; isolated when given a `Jail` (wakeful.node.isolation)."""
@@ -231,11 +241,22 @@ class ProcessRuntime:
         fds: tuple[int, ...] = ()
         if self._jail is not None:
             jailed = await asyncio.to_thread(self._enter, workdir, identity)
-            env_fd = _env_file(log_path.with_name("env-args"), dict(env))
+            env_fd = sealed(log_path.with_name("env-args"), env_arguments(dict(env)))
+            fds = (env_fd,)
+            seccomp_fd = None
+            if self._jail.seccomp is not None:
+                seccomp_fd = sealed(log_path.with_name("seccomp"), self._jail.seccomp)
+                fds += (seccomp_fd,)
             argv = self._jail.command(
-                list(command), jailed.workdir, identity.limits, jailed.uid, jailed.cgroup, env_fd
+                list(command),
+                jailed.workdir,
+                identity.limits,
+                jailed.uid,
+                jailed.cgroup,
+                env_fd,
+                seccomp_fd,
             )
-            chain_env, cwd, fds = dict(CHAIN_ENV), Path("/"), (env_fd,)
+            chain_env, cwd = dict(CHAIN_ENV), Path("/")
         try:
             process = await asyncio.create_subprocess_exec(
                 *argv,
@@ -265,7 +286,11 @@ class ProcessRuntime:
         try:
             if uid is not None:
                 writable = workdir.with_name("rw")
-                mount_app_tmpfs(writable, identity.limits, uid)
+                # Charged to the sandbox's memory cgroup when there is one; without, it is
+                # charged to nothing, so it may not exceed the memory limit either.
+                limits = identity.limits
+                size = limits.disk if jail.cgroups else min(limits.disk, limits.memory)
+                mount_app_tmpfs(writable, size, uid)
                 jailed.mounted = writable
                 shutil.copytree(workdir, writable, symlinks=True, dirs_exist_ok=True)
                 chown_tree(writable, uid)
@@ -279,83 +304,3 @@ class ProcessRuntime:
             jailed.release()
             raise
         return jailed
-
-
-class Jailed:
-    """What one isolated sandbox holds on the node, released once when it ends."""
-
-    def __init__(self, limits: Resources, uid: int | None, workdir: Path) -> None:
-        self.limits = limits
-        self.uid = uid
-        self.workdir = workdir
-        self.cgroup: SandboxCgroup | None = None
-        self.mounted: Path | None = None
-        self._oom = False
-        self._released = False
-
-    def signal(self, pid: int, signum: int) -> None:
-        """SIGTERM reaches the app and everything it started (not bwrap, whose death would
-        kill them at once); SIGKILL goes to bwrap too, and the kernel empties the namespace."""
-        tree = descendants(pid)
-        init = set(children(pid))
-        targets = [p for p in tree if p not in init] if signum != signal.SIGKILL else tree
-        if signum == signal.SIGKILL:
-            targets.append(pid)
-        for target in targets:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(target, signum)
-
-    def release(self) -> None:
-        if self._released:
-            return
-        self._released = True
-        if self.cgroup is not None:
-            self._oom = self.cgroup.oom_kills() > 0
-            self.cgroup.remove()
-        if self.mounted is not None:
-            unmount(self.mounted)
-
-    def reason(self) -> str | None:
-        return oom_message(self.limits) if self._oom else None
-
-
-def _env_file(path: Path, env: dict[str, str]) -> int:
-    """An open, already unlinked 0600 file holding the sandbox's environment for bwrap."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.unlink(path)
-        os.write(fd, env_arguments(env))
-        os.lseek(fd, 0, os.SEEK_SET)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _parent_map() -> dict[int, list[int]]:
-    found: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as stat:
-                fields = stat.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        found.setdefault(int(fields[1]), []).append(int(entry.name))
-    return found
-
-
-def children(pid: int) -> list[int]:
-    return _parent_map().get(pid, [])
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process under `pid` (not `pid` itself), read from /proc."""
-    tree = _parent_map()
-    found, todo = [], list(tree.get(pid, []))
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        todo.extend(tree.get(current, []))
-    return found

@@ -36,7 +36,7 @@ def sandbox_pids(data_dir: Path) -> list[int]:
     """Every process of `data_dir`'s sandboxes (Linux /proc): unisolated ones by their working
     directory; isolated ones are bwrap processes whose command names a sandbox directory,
     and everything under them."""
-    from .runtime import descendants
+    from .jailed import descendants
 
     root = str((data_dir / "sandboxes").resolve())
     found: set[int] = set()
@@ -155,6 +155,9 @@ class FakeProcess:
 
     def reason(self) -> str | None:
         return None
+
+    def owns_port(self, port: int) -> bool:
+        return True
 
     async def _serve(self, listener: anyio.abc.Listener[anyio.abc.SocketStream]) -> None:
         with self._listening:

@@ -115,6 +115,12 @@ def allocate() -> tuple[bool, str]:
     return done.returncode == 0, f"exit {done.returncode}"
 
 
+def user_namespace() -> tuple[bool, str]:
+    """In a user namespace of its own an app holds every capability over it."""
+    done = subprocess.run(["unshare", "-Ur", "true"], capture_output=True, text=True, timeout=30)
+    return done.returncode == 0, done.stderr.strip() or f"exit {done.returncode}"
+
+
 def fill_disk() -> tuple[bool, str]:
     """Write up to 4x `disk` into its own directory; passing it counts as not contained."""
     limit = int(os.environ["DISK"]) * 4
@@ -148,6 +154,7 @@ def attacks() -> dict[str, dict[str, object]]:
         "fork past `processes`": attempt(fork_bomb),
         "allocate past `memory`": attempt(allocate),
         "fill the disk": attempt(fill_disk),
+        "create a user namespace": attempt(user_namespace),
     }
     for name_port in os.environ.get("PORTS", "").split(","):
         if name_port:

@@ -1,0 +1,132 @@
+"""What the kernel enforces around a sandbox besides namespaces: nftables rules for sandbox
+uids, a seccomp filter against user namespaces, and the bounded tmpfs of the app's tree."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+from wakeful.domain.models import Resources, format_size
+
+UID_BASE = 400_000
+"""Per-app uids are UID_BASE + n: above the usual subordinate-uid ranges (100000-165535)."""
+UID_COUNT = 100_000
+
+
+# -- the network ----------------------------------------------------------------------------
+
+NFT_RULES = f"""
+add table inet wakeful
+flush table inet wakeful
+add chain inet wakeful out {{ type filter hook output priority 0; policy accept; }}
+add rule inet wakeful out meta skuid != {UID_BASE}-{UID_BASE + UID_COUNT - 1} accept
+add rule inet wakeful out ct state established,related accept
+add rule inet wakeful out ip daddr 169.254.0.0/16 reject
+add rule inet wakeful out ip6 daddr fd00:ec2::254 reject
+add rule inet wakeful out fib daddr type local meta l4proto {{ tcp, udp }} th dport 53 accept
+add rule inet wakeful out fib daddr type {{ local, broadcast, multicast }} reject
+"""
+"""Packets from sandbox uids to any address of this machine are refused unless they answer a
+connection someone else opened (the ingress's requests) or ask a local DNS resolver: a sandbox
+cannot reach the control API, the lease API, etcd, the ingress admin port or another
+sandbox's port, nor a cloud's link-local metadata service (its credentials), while its own
+port serves and the internet stays reachable. One transaction,
+the same for every agent on the machine: re-installing it is harmless."""
+
+
+def install_network_rules() -> str | None:
+    """Install `NFT_RULES` (root, Debian's nftables); the reason when that is impossible."""
+    nft = shutil.which("nft")
+    if nft is None:
+        return "nft not found (apt-get install nftables)"
+    done = subprocess.run(
+        [nft, "-f", "-"], input=NFT_RULES, capture_output=True, text=True, check=False, timeout=30
+    )
+    if done.returncode != 0:
+        return f"nft refused the rules: {done.stderr.strip()[:200]}"
+    return None
+
+
+# -- the app's writable tree, bounded ----------------------------------------------------------
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def mount_app_tmpfs(path: Path, size: int, uid: int) -> None:
+    """Make `path` a tmpfs of `size` bytes owned by `uid` (root only): what the app writes
+    lives there and can never fill the node's disk."""
+    path.mkdir(parents=True, exist_ok=True)
+    options = f"size={size},mode=0700,uid={uid},gid={uid}".encode()
+    ms_nosuid, ms_nodev = 2, 4  # no set-uid program or device node works from there
+    if _libc.mount(b"tmpfs", str(path).encode(), b"tmpfs", ms_nosuid | ms_nodev, options) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"cannot mount a tmpfs on {path}: {os.strerror(err)}")
+
+
+def unmount(path: Path) -> None:
+    """Undo `mount_app_tmpfs` (lazily: a process still holding a file there goes on)."""
+    mnt_detach = 2
+    _libc.umount2(str(path).encode(), mnt_detach)
+
+
+def chown_tree(path: Path, uid: int) -> None:
+    for root, dirs, files in os.walk(path):
+        os.chown(root, uid, uid)
+        for name in dirs + files:
+            os.chown(os.path.join(root, name), uid, uid, follow_symlinks=False)
+
+
+def oom_message(limits: Resources) -> str:
+    return f"killed: out of memory (limit {format_size(limits.memory)})"
+
+
+# -- no user namespaces inside ---------------------------------------------------------------
+
+CLONE_NEWUSER = 0x10000000
+_ARCHES = {  # machine: (AUDIT_ARCH_*, unshare, clone, clone3, has the x32 ABI)
+    "x86_64": (0xC000003E, 272, 56, 435, True),
+    "aarch64": (0xC00000B7, 97, 220, 435, False),
+}
+
+
+def userns_filter(machine: str) -> bytes | None:
+    """A seccomp program (for `bwrap --seccomp FD`) that refuses new user namespaces: unshare
+    and clone with CLONE_NEWUSER fail with EPERM, clone3 (whose flags a filter cannot read)
+    with ENOSYS so libc falls back to clone, and any other ABI (i386, x32) with ENOSYS. In its
+    own user namespace an app would hold every capability over it: the kernel's largest attack
+    surface. None on a machine this module does not know."""
+    found = _ARCHES.get(machine)
+    if found is None:
+        return None
+    arch, unshare, clone, clone3, x32 = found
+    allow, eperm, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    # (code, jump-if-true label, jump-if-false label, k); labels are resolved below.
+    program: list[tuple[int, str, str, int]] = [
+        (ld, "", "", 4),
+        (jeq, "", "foreign", arch),
+        (ld, "", "", 0),
+        *([(jge, "foreign", "", 0x40000000)] if x32 else []),
+        (jeq, "enosys", "", clone3),
+        (jeq, "flags", "", unshare),
+        (jeq, "flags", "", clone),
+        (ret, "", "", allow),
+        (ld, "", "", 16),  # flags: the first argument's low 32 bits
+        (jset, "eperm", "", CLONE_NEWUSER),
+        (ret, "", "", allow),
+        (ret, "", "", enosys),
+        (ret, "", "", eperm),
+        (ret, "", "", enosys),
+    ]
+    labels = {"flags": len(program) - 6, "enosys": len(program) - 3}
+    labels.update({"eperm": len(program) - 2, "foreign": len(program) - 1})
+    out = b""
+    for index, (code, true, false, k) in enumerate(program):
+        jt = labels[true] - index - 1 if true else 0
+        jf = labels[false] - index - 1 if false else 0
+        out += struct.pack("=HBBI", code, jt, jf, k)
+    return out
