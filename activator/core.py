@@ -35,6 +35,7 @@ from wakeful.activator.metrics import ActivatorMetrics
 from wakeful.activator.scale_up import ScaleUpRunner
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.activator.view import PoolState, View
+from wakeful.domain import trace
 from wakeful.domain.leases import AppFailedToBoot, LeaseGone, NoCapacity
 from wakeful.store import Store
 
@@ -141,11 +142,14 @@ class Activator:
                 lease = self._try_admit(state, waiter)
                 if lease is not None:
                     self._metrics.wait.observe(self._ledger.clock() - started)
+                    if waiter is not None:
+                        trace.mark("lease", app)
                     return lease
                 self._fail_if_crashing(state)
                 if waiter is None:
                     waiter = self._ledger.park(state.name, app, deadline)
                     self._publish(state.name)
+                    trace.mark("wait", app)
                 self._scale_up.start(state)
                 remaining = waiter.deadline - self._ledger.clock()
                 if remaining <= 0:

@@ -22,6 +22,7 @@ from wakeful.activator import decisions
 from wakeful.activator.ledger import LeaseLedger
 from wakeful.activator.metrics import ActivatorMetrics
 from wakeful.activator.view import PoolState, View
+from wakeful.domain import trace
 from wakeful.store import Conflict, Item, Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -130,6 +131,7 @@ class ScaleUpRunner:
                         return
                     continue
                 self._metrics.scale_ups.labels(pool=pool.name, result="applied").inc()
+                trace.mark("scale_up", pool.app)
                 log.info(
                     "scaled up %s from %d to %d",
                     pool.name,

@@ -45,6 +45,19 @@ import httpx
 from wakeful.store.testing import free_port
 
 HELLO = Path(__file__).resolve().parents[1] / "examples" / "hello"
+APP_PYTHON = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or "python3"
+"""The interpreter a sandbox's `python3` is (its PATH is fixed): the baseline starts the same."""
+PHASES = [
+    ("request -> parked (ingress, lease API)", "send", "wait"),
+    ("parked -> scale-up written", "wait", "scale_up"),
+    ("scale-up -> placed (controller)", "scale_up", "placed"),
+    ("placed -> claimed (node agent)", "placed", "claimed"),
+    ("claimed -> spawned (dir, uid, cgroups, exec)", "claimed", "spawned"),
+    ("spawned -> first probe ok (app boot + probe)", "spawned", "probed"),
+    ("probe ok -> ready record written", "probed", "ready"),
+    ("ready record -> lease granted", "ready", "lease"),
+    ("lease -> full response (proxy, app)", "lease", "done"),
+]
 WAKEFUL = [sys.executable, "-m", "wakeful.cli"]
 MARKS = ("ERROR", "CRITICAL", "WARNING", "Traceback")
 PROBE = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
@@ -65,14 +78,23 @@ def healthz_ok(port: int) -> bool:
         return False
 
 
-def baseline_once() -> float:
-    port, started = free_port(), time.perf_counter()
-    env = {**os.environ, "PORT": str(port)}
-    app = subprocess.Popen(
-        ["python3", "app.py"], cwd=HELLO, env=env, stdout=DEVNULL, stderr=DEVNULL
-    )
+def listening(port: int) -> bool:
     try:
-        while not healthz_ok(port):
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def baseline_once(http: bool = True) -> float:
+    port, started = free_port(), time.perf_counter()
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PORT": str(port)}
+    app = subprocess.Popen(
+        [APP_PYTHON, "app.py"], cwd=HELLO, env=env, stdout=DEVNULL, stderr=DEVNULL
+    )
+    ready = healthz_ok if http else listening
+    try:
+        while not ready(port):
             if app.poll() is not None or time.perf_counter() - started > 30:
                 raise RuntimeError(f"the app alone did not get ready (exit {app.returncode})")
             time.sleep(0.002)
@@ -91,14 +113,15 @@ def stop(process: subprocess.Popen[bytes], grace: float) -> None:
             process.wait()
 
 
-def make_apps(root: Path, prefix: str, count: int) -> list[str]:
+def make_apps(root: Path, prefix: str, count: int, http: bool = True) -> list[str]:
     names = [f"{prefix}{i}" for i in range(1, count + 1)]
+    health = '[health]\npath = "/healthz"\ntimeout = 30\n' if http else "[health]\ntimeout = 30\n"
     for name in names:
         shutil.copytree(HELLO, root / name, ignore=shutil.ignore_patterns("__pycache__"))
         (root / name / "wakeful.toml").write_text(
             f'name = "{name}"\ncommand = ["python3", "app.py"]\nshutdown_timeout = 5\n'
-            '[health]\npath = "/healthz"\ntimeout = 30\n'
-            '[concurrency]\nscale_down_delay = "1h"\nmin_instances = 0\n'
+            + health
+            + '[concurrency]\nscale_down_delay = "1h"\nmin_instances = 0\n'
         )
     return names
 
@@ -113,6 +136,7 @@ class Up:
     at_exit: int = 0  # sandbox processes still alive the moment `wakeful up` exited
     left: list[int] = field(default_factory=list)  # ... and 10 s later (then killed)
     issues: list[str] = field(default_factory=list)  # warning/error lines of its output
+    traces: dict[str, dict[str, float]] = field(default_factory=dict)  # app -> event -> t
 
     def pools(self) -> list[dict[str, object]]:
         auth = {"Authorization": f"Bearer {(self.data_dir / 'token').read_text().strip()}"}
@@ -148,8 +172,9 @@ def running_up(root: Path, names: list[str], keep_logs: Path | None) -> Iterator
     command = [*WAKEFUL, "--data-dir", str(data_dir), "up", *(str(root / n) for n in names)]
     command += ["--listen", f"127.0.0.1:{proxy}", "--api-listen", f"127.0.0.1:{api}"]
     command += ["--admin-listen", f"127.0.0.1:{admin}", "--idle-interval", "0.5"]
+    env = {**os.environ, "WAKEFUL_TRACE": "1"}  # wakeful.domain.trace: where the wake goes
     with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
     up = Up(process, data_dir, f"http://127.0.0.1:{proxy}", f"http://127.0.0.1:{api}")
     try:
         deadline = time.monotonic() + 60
@@ -173,6 +198,7 @@ def running_up(root: Path, names: list[str], keep_logs: Path | None) -> Iterator
                 os.kill(pid, signal.SIGKILL)
         lines = log.read_text(errors="replace").splitlines()
         up.issues = [line for line in lines if any(mark in line for mark in MARKS)]
+        up.traces = traces(lines)
         if keep_logs is not None:
             keep_logs.mkdir(parents=True, exist_ok=True)
             shutil.copy(log, keep_logs / f"wakeful-up-{root.name}.log")
@@ -189,30 +215,55 @@ def wait_all_at_zero(up: Up, names: list[str], within: float = 300) -> None:
     raise RuntimeError(f"not every app was deployed at zero within {within:g} s")
 
 
-def cold_starts(count: int, keep_logs: Path | None) -> None:
+def traces(lines: list[str]) -> dict[str, dict[str, float]]:
+    """app -> event -> monotonic time, from `trace EVENT app=APP t=T` lines (first of each)."""
+    found: dict[str, dict[str, float]] = collections.defaultdict(dict)
+    for line in lines:
+        _, marker, rest = line.partition(" trace ")
+        if not marker:
+            continue
+        event, app, at = rest.split()[:3]
+        found[app.removeprefix("app=")].setdefault(event, float(at.removeprefix("t=")))
+    return found
+
+
+def cold_starts(count: int, keep_logs: Path | None, http: bool = True) -> None:
     base: list[float] = []
     first: list[float] = []
+    sent: dict[str, tuple[float, float]] = {}
     statuses: collections.Counter[int] = collections.Counter()
     with tempfile.TemporaryDirectory(prefix="wakeful-cold-") as tmp:
-        names = make_apps(Path(tmp), "cold", count)
+        names = make_apps(Path(tmp), "cold", count, http)
         with running_up(Path(tmp), names, keep_logs) as up:
             wait_all_at_zero(up, names)
             limits = httpx.Limits(max_keepalive_connections=0)  # a fresh connection each
             with httpx.Client(base_url=up.proxy, timeout=120, limits=limits) as client:
                 for name in names:
-                    base.append(baseline_once())
-                    started = time.perf_counter()
+                    base.append(baseline_once(http))
+                    started = time.monotonic()
                     answer = client.get("/", headers={"Host": f"{name}.localhost"})
-                    first.append(time.perf_counter() - started)
+                    done = time.monotonic()
+                    first.append(done - started)
+                    sent[name] = (started, done)
                     statuses[answer.status_code] += 1
-    row = "{:<42} {:>8} {:>8} {:>8}"
-    print(f"\nCold starts: {count} apps at zero, one request each, a fresh connection each")
+    row = "{:<46} {:>8} {:>8} {:>8}"
+    kind = "HTTP /healthz" if http else "TCP connect"
+    print(f"\nCold starts ({kind} readiness): {count} apps at zero, one request each")
     print(row.format("", "p50 ms", "p99 ms", "max ms"))
-    alone, wakeful = "app alone: spawn -> first /healthz 200", "through wakeful: first request"
-    for label, values in ((alone, base), (wakeful, first)):
+    alone = f"app alone: spawn -> ready ({kind})"
+    for label, values in ((alone, base), ("through wakeful: first request", first)):
         print(row.format(label, *(f"{pct(values, q) * 1e3:.1f}" for q in (0.5, 0.99, 1))))
     over = [f"{(pct(first, q) - pct(base, q)) * 1e3:.1f}" for q in (0.5, 0.99)]
     print(row.format("overhead (wakeful - alone, per percentile)", *over, ""))
+    print("  where the time goes (each phase's own percentiles; from WAKEFUL_TRACE):")
+    for label, start, end in PHASES:
+        spans = []
+        for name, (began, ended) in sent.items():
+            events = {**up.traces.get(name, {}), "send": began, "done": ended}
+            if start in events and end in events:
+                spans.append(events[end] - events[start])
+        if spans:
+            print(row.format("  " + label, *(f"{pct(spans, q) * 1e3:.1f}" for q in (0.5, 0.99, 1))))
     print(f"      statuses: {dict(statuses)}")
     up.report()
 
@@ -271,14 +322,15 @@ def main() -> None:
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clean up on SIGTERM too
     sizes = [int(part) for part in args.apps.split(",") if part.strip()]
-    apps_python = subprocess.run(["python3", "-V"], capture_output=True, text=True, check=True)
+    apps_python = subprocess.run([APP_PYTHON, "-V"], capture_output=True, text=True, check=True)
     print(
         f"wakeful cold start: Python {platform.python_version()} (control plane),"
         f" {apps_python.stdout.strip()} (apps), {platform.machine()}, {os.cpu_count()} cores"
         f" ({len(os.sched_getaffinity(0))} usable)"
     )
     if args.cold > 0:
-        cold_starts(args.cold, args.keep_logs)
+        cold_starts(args.cold, args.keep_logs, http=True)
+        cold_starts(args.cold, args.keep_logs, http=False)
     if sizes:
         woken_at_once(sizes, args.keep_logs)
 

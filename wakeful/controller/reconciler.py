@@ -16,7 +16,7 @@ from typing import Any
 
 import anyio
 
-from wakeful.domain import keys
+from wakeful.domain import keys, trace
 from wakeful.domain.lifecycle import Transition, can, transition
 from wakeful.domain.models import Cordon, Node, Pool, Sandbox, SandboxStatus
 from wakeful.store import Conflict, Item, Store, StoreError
@@ -181,6 +181,7 @@ class Reconciler:
                 )
                 await self._store.create(keys.sandbox(sandbox_id), record)
                 log.info("placed %s on %s", sandbox_id, action.node, extra={"pool": pool.name})
+                trace.mark("placed", pool.app)
             elif isinstance(action, Remove):
                 await self._store.delete(
                     keys.sandbox(action.sandbox_id), items[action.sandbox_id].revision

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import anyio
 
-from wakeful.domain import keys
+from wakeful.domain import keys, trace
 from wakeful.domain.artifacts import ArtifactError
 from wakeful.domain.lifecycle import Transition
 from wakeful.domain.models import AppSpec, Pool, Sandbox, SandboxStatus, Version
@@ -148,6 +148,7 @@ class SandboxRunner:
             if not await self._change(Transition.START):
                 return
             process = await self._start(launch)
+            trace.mark("spawned", record.app)
         except CannotRun as exc:
             await self._change(Transition.FAIL, last_log=str(exc))
             return
@@ -174,6 +175,7 @@ class SandboxRunner:
             )
             return None
         self._node.writer.started(self.sandbox_id, epoch)
+        trace.mark("claimed", item.value.app)
         return item.value
 
     async def _prepare(self, record: Sandbox) -> Launch:
@@ -245,10 +247,13 @@ class SandboxRunner:
             if ready and not process.owns_port(launch.port):
                 self._squatted = True  # another app answered on our port: never route to it
                 ready = False
+            trace.mark("probed", launch.app)
             if not ready or not await self._change(
                 Transition.READY, address=launch.address, ready=True
             ):
                 self._stop_requested.set()
+            else:
+                trace.mark("ready", launch.app)
             await self._stop_requested.wait()
             exit_code = await process.stop(spec.shutdown_timeout)
             tasks.cancel_scope.cancel()

@@ -1,0 +1,34 @@
+"""Cold-start trace points: where a woken request's time goes.
+
+With `WAKEFUL_TRACE=1` in the environment, each step of a wake logs one line on the
+`wakeful.trace` logger: `trace EVENT app=APP t=SECONDS`, `t` on the machine's monotonic clock
+(CLOCK_MONOTONIC, the same in every process of one machine, so `bench/coldstart.py` can put its
+own send and receive times beside them). The events, in order:
+
+    wait       the activator found nothing routable and parked the request
+    scale_up   the pool's new size is written
+    placed     the pool controller created the sandbox record on a node
+    claimed    the node agent took the record and starts preparing the sandbox
+    spawned    the sandbox's process started (directory, uid, cgroups, exec chain done)
+    probed     the first readiness probe succeeded
+    ready      the ready record is written
+    lease      the parked request got its lease
+
+Off (the default) a mark costs one boolean test.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+log = logging.getLogger("wakeful.trace")
+ENABLED = os.environ.get("WAKEFUL_TRACE", "") not in ("", "0")
+if ENABLED:
+    log.setLevel(logging.DEBUG)
+
+
+def mark(event: str, app: str) -> None:
+    if ENABLED:
+        log.debug("trace %s app=%s t=%.6f", event, app, time.monotonic())
