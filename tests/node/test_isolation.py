@@ -14,10 +14,12 @@ import anyio
 import pytest
 
 from wakeful.domain.models import Resources
+from wakeful.node.hardening import mount_app_tmpfs, unmount
 from wakeful.node.isolation import IsolationUnavailable, Jail, UidTable
 from wakeful.node.ports import listeners
 from wakeful.node.runner import BASE_ENV
 from wakeful.node.runtime import Identity, ProcessRuntime
+from wakeful.node.workdir import clear_sandboxes
 from wakeful.store.testing import free_port
 
 pytestmark = [
@@ -174,3 +176,21 @@ async def test_a_port_answered_by_someone_else_is_not_the_sandboxs(tmp_path: Pat
             await process.stop(5)
     finally:
         squatter.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting needs root")
+def test_what_a_crashed_agent_left_is_unmounted_and_removed_at_start(tmp_path: Path) -> None:
+    """A killed agent leaves its sandboxes' tmpfs mounted (memory held) and their directories
+    on disk; the next start clears both before anything runs."""
+    left = tmp_path / "sandboxes" / "old-1" / "rw"
+    mount_app_tmpfs(left, 1 << 20, 400_000)
+    (left / "data").write_text("x")
+    (tmp_path / "sandboxes" / "old-2" / "app").mkdir(parents=True)
+    try:
+        clear_sandboxes(tmp_path)
+        mounts = Path("/proc/self/mounts").read_text()
+        assert str(left) not in mounts
+        assert not (tmp_path / "sandboxes").exists()
+    finally:
+        if str(left) in Path("/proc/self/mounts").read_text():
+            unmount(left)

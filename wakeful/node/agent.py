@@ -38,7 +38,7 @@ from .ports import PortPool
 from .runner import NodeServices, SandboxRunner
 from .runtime import ProcessRuntime, Runtime
 from .settings import NodeSettings
-from .workdir import Artifacts, remove_sandbox_dir, sandbox_dir
+from .workdir import Artifacts, clear_sandboxes, remove_sandbox_dir, sandbox_dir
 from .writer import SandboxWriter
 
 log = logging.getLogger(__name__)
@@ -126,6 +126,9 @@ class NodeAgent:
                     tasks.start_soon(self._shipper.run)
                 await self._registered.wait()
                 await self._settle_previous_life()
+                # Nothing of ours runs yet: what a previous life left on disk (a crash leaves
+                # sandbox directories and their tmpfs mounts) goes before anything starts.
+                await anyio.to_thread.run_sync(clear_sandboxes, self._settings.data_dir)
                 tasks.start_soon(self._watch_loop)
                 self._serving.set()
         finally:

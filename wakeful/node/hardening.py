@@ -130,3 +130,20 @@ def userns_filter(machine: str) -> bytes | None:
         jf = labels[false] - index - 1 if false else 0
         out += struct.pack("=HBBI", code, jt, jf, k)
     return out
+
+
+def unmount_under(root: Path) -> list[str]:
+    """Detach every mount below `root` (from /proc/self/mounts); the mount points it undid."""
+    prefix = str(root.resolve()) + "/"
+    try:
+        with open("/proc/self/mounts") as mounts:
+            points = [line.split()[1] for line in mounts]
+    except OSError:
+        return []
+    undone = []
+    for point in sorted(points, key=len, reverse=True):  # deepest first
+        decoded = point.encode().decode("unicode_escape")  # /proc escapes spaces as \040
+        if decoded.startswith(prefix):
+            unmount(Path(decoded))
+            undone.append(decoded)
+    return undone

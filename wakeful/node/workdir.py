@@ -18,6 +18,8 @@ import anyio
 
 from wakeful.domain.artifacts import ArtifactError, digest_of, unpack
 
+from .hardening import unmount_under
+
 
 class Artifacts(Protocol):
     """Where a node gets a version's packed app directory, by its sha256."""
@@ -69,3 +71,11 @@ def _private(root: Path) -> None:
         for name in files:
             path = os.path.join(parent, name)
             os.chmod(path, os.stat(path).st_mode & 0o700)
+
+
+def clear_sandboxes(data_dir: Path) -> None:
+    """Remove every sandbox directory under `data_dir`, unmounting what a crashed agent left
+    mounted there first (an isolated sandbox's tmpfs). Only when none of ours runs."""
+    root = sandbox_dir(data_dir, "x").parent
+    unmount_under(root)
+    shutil.rmtree(root, ignore_errors=True)
