@@ -9,7 +9,9 @@ own send and receive times beside them). The events, in order:
     scale_up   the pool's new size is written
     placed     the pool controller created the sandbox record on a node
     claimed    the node agent took the record and starts preparing the sandbox
-    spawned    the sandbox's process started (directory, uid, cgroups, exec chain done)
+    prepared   its records are read, its artifact fetched, checked and unpacked
+    booting    the booting status is written
+    spawned    the sandbox's first process started (uid, tmpfs, cgroups done)
     probed     the first readiness probe succeeded
     ready      the ready record is written
     lease      the parked request got its lease

@@ -145,8 +145,10 @@ class SandboxRunner:
             return
         try:
             launch = await self._prepare(record)
+            trace.mark("prepared", record.app)
             if not await self._change(Transition.START):
                 return
+            trace.mark("booting", record.app)
             process = await self._start(launch)
             trace.mark("spawned", record.app)
         except CannotRun as exc:
