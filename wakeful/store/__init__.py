@@ -19,6 +19,7 @@ from .errors import (
     InvalidKey,
     LeaseNotFound,
     StoreError,
+    TLSConfigError,
     Unavailable,
     ValueTooLarge,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "Resync",
     "Store",
     "StoreError",
+    "TLSConfigError",
     "TLSFiles",
     "Unavailable",
     "ValueTooLarge",

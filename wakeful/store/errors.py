@@ -7,7 +7,10 @@
     ├── ValueTooLarge        a serialised value over the backend's size bound
     ├── CorruptValue         stored bytes that do not validate as the model asked for
     ├── LeaseNotFound        keep-alive or attach to a TTL lease that expired or never was
-    └── Unavailable          the backend cannot be reached (etcd down, database closed)
+    ├── TLSConfigError       WAKEFUL_ETCD_* settings that cannot work (a half pair, a missing
+    │                        file); raised before any connection
+    └── Unavailable          the backend cannot be reached (etcd down or silent, database
+                             closed, a TLS handshake refused)
 
 Backends translate their client library's exceptions into these at their boundary.
 """
@@ -49,6 +52,11 @@ class CorruptValue(StoreError):
 
 class LeaseNotFound(StoreError):
     pass
+
+
+class TLSConfigError(StoreError, ValueError):
+    """etcd TLS settings that cannot work; the message names the settings and the file.
+    A ValueError too, so a settings validator that raises it reports it as a bad value."""
 
 
 class Unavailable(StoreError):

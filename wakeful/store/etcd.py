@@ -20,7 +20,7 @@ from etcd3aio._protobuf import Compare, RequestOp
 from etcd3aio.kv import KVService, prefix_range_end
 
 from .base import Delete, Event, RawOp, RawPut, Require, Resync, StoreBase, WatchItem
-from .errors import Conflict, LeaseNotFound, StoreError, Unavailable
+from .errors import Conflict, LeaseNotFound, StoreError, TLSConfigError, Unavailable
 
 _DELETE_EVENT = 1  # mvccpb.Event.EventType.DELETE
 
@@ -31,6 +31,8 @@ def _translated(operation: str) -> Iterator[None]:
         yield
     except (EtcdConnectionError, EtcdTransientError) as exc:
         raise Unavailable(f"etcd {operation}: {exc}") from exc
+    except TimeoutError as exc:  # etcd3aio bounds each call and its retries with asyncio.timeout
+        raise Unavailable(f"etcd {operation}: no answer in time") from exc
     except grpc.aio.AioRpcError as exc:
         details = exc.details() or ""
         if exc.code() == grpc.StatusCode.NOT_FOUND and "lease" in details:
@@ -59,6 +61,8 @@ class EtcdStore(StoreBase):
         tls_server_name: str | None = None,
         watch_max_backoff: float = 2.0,
     ) -> None:
+        if (cert_key is None) != (cert_chain is None):  # grpc would abort the process
+            raise TLSConfigError("a client certificate needs both its chain and its key")
         self._ns = _checked_namespace(namespace)
         self._timeout = timeout
         self._owns_client = True

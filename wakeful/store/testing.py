@@ -2,6 +2,7 @@
 
 `EtcdServer` starts Debian's `etcd` binary, waits for `/health`, and stops it by its process
 id. `kill()` and `start()` again on the same data directory simulate a crash and restart.
+Given `EtcdServerTLS`, it serves https only and requires client certificates.
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -42,8 +45,34 @@ class EtcdNotInstalled(RuntimeError):
     pass
 
 
+@dataclass(frozen=True)
+class EtcdServerTLS:
+    """PEM files for an etcd that serves only mutual TLS: its certificate and key, the CA
+    whose client certificates it accepts (`--client-cert-auth --trusted-ca-file`), and one
+    such client certificate, for the health check."""
+
+    ca: Path
+    cert: Path
+    key: Path
+    client_cert: Path
+    client_key: Path
+
+    def flags(self) -> list[str]:
+        return [
+            f"--cert-file={self.cert}",
+            f"--key-file={self.key}",
+            "--client-cert-auth",
+            f"--trusted-ca-file={self.ca}",
+        ]
+
+    def client_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.ca))
+        context.load_cert_chain(self.client_cert, self.client_key)
+        return context
+
+
 class EtcdServer:
-    def __init__(self, binary: str | None = None) -> None:
+    def __init__(self, binary: str | None = None, *, tls: EtcdServerTLS | None = None) -> None:
         found = binary or shutil.which("etcd")
         if found is None:
             raise EtcdNotInstalled(
@@ -54,6 +83,7 @@ class EtcdServer:
         self.client_port = free_port()
         self.peer_port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
+        self.tls = tls
 
     @property
     def endpoint(self) -> str:
@@ -63,8 +93,12 @@ class EtcdServer:
     def url(self) -> str:
         return f"etcd://{self.endpoint}"
 
+    @property
+    def client_url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://{self.endpoint}"
+
     def start(self, timeout: float = 30.0) -> None:
-        client = f"http://{self.endpoint}"
+        client = self.client_url
         peer = f"http://127.0.0.1:{self.peer_port}"
         log = (self.data_dir / "etcd.log").open("ab")
         self.process = subprocess.Popen(
@@ -78,6 +112,7 @@ class EtcdServer:
                 f"--initial-advertise-peer-urls={peer}",
                 f"--initial-cluster=wakeful-test={peer}",
                 "--log-level=error",
+                *(self.tls.flags() if self.tls else []),
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -96,8 +131,10 @@ class EtcdServer:
         raise RuntimeError(f"etcd did not become healthy in {timeout} s: {self.log_tail()}")
 
     def _healthy(self) -> bool:
+        context = self.tls.client_context() if self.tls else None
         try:
-            with urllib.request.urlopen(f"http://{self.endpoint}/health", timeout=1) as answer:
+            url = f"{self.client_url}/health"
+            with urllib.request.urlopen(url, timeout=1, context=context) as answer:
                 return bool(json.load(answer).get("health") == "true")
         except (OSError, urllib.error.URLError, ValueError):
             return False

@@ -3,27 +3,31 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import anyio
 
 from .base import Store
+from .errors import Unavailable
 from .local import LocalStore
 from .memory import MemoryEngine
 from .sqlite import SqliteEngine
+from .tls import TLSFiles, connect_hint, exposure_warning, load_tls
 
+log = logging.getLogger(__name__)
 
-@dataclass(frozen=True)
-class TLSFiles:
-    """PEM files for etcd over TLS: `ca` alone for server TLS, with `cert`+`key` for mTLS."""
-
-    ca: Path | None = None
-    cert: Path | None = None
-    key: Path | None = None
+__all__ = [
+    "TLSFiles",
+    "absolute_store_url",
+    "etcd_endpoints",
+    "open_store",
+    "parse_store_url",
+    "sqlite_url",
+]
 
 
 def parse_store_url(url: str) -> tuple[str, str]:
@@ -61,8 +65,12 @@ def absolute_store_url(url: str) -> str:
     return sqlite_url(Path(location)) if scheme == "sqlite" else url
 
 
-def _read(path: Path | None) -> bytes | None:
-    return None if path is None else path.read_bytes()
+def etcd_endpoints(url: str) -> list[str]:
+    """The host:port endpoints of an `etcd://` URL."""
+    scheme, location = parse_store_url(url)
+    if scheme != "etcd":
+        raise ValueError(f"store URL {url!r} is not an etcd:// URL")
+    return location.split(",")
 
 
 @contextlib.asynccontextmanager
@@ -82,15 +90,24 @@ async def open_store(
         from .etcd import EtcdStore  # grpc is only imported when etcd is used
 
         tls = tls or TLSFiles()
+        endpoints = location.split(",")
+        pem = load_tls(tls, endpoints)  # TLSConfigError, naming the setting, before connecting
+        warning = exposure_warning(endpoints, tls)
+        if warning is not None:
+            log.warning("%s", warning)
         etcd = EtcdStore(
-            location.split(","),
+            endpoints,
             namespace=namespace,
-            ca_cert=_read(tls.ca),
-            cert_key=_read(tls.key),
-            cert_chain=_read(tls.cert),
+            ca_cert=pem.ca,
+            cert_key=pem.key,
+            cert_chain=pem.cert,
+            tls_server_name=pem.server_name,
         )
         try:
-            await etcd.connect()
+            try:
+                await etcd.connect()
+            except Unavailable as exc:  # a refused handshake looks like an unreachable etcd
+                raise Unavailable(f"{exc}; {connect_hint(tls)}") from exc
             yield etcd
         finally:
             await etcd.aclose()  # also when connect() failed: the client holds a channel
