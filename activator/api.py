@@ -1,25 +1,34 @@
-"""The activator's HTTP API: the lease protocol and pool state, behind a bearer token.
+"""The control API: the lease protocol and pool state, plus the routers mounted on it, behind
+role-scoped bearer tokens.
 
-Errors are `{"error": ..., "detail": ...}` with a one-line reason; 503s carry Retry-After.
-`/healthz` and `/metrics` need no token (they reveal no app data beyond pool names).
+Every route is checked by one dependency of the whole app (`authorize`): the route's decision
+in `wakeful.activator.roles.ROUTES` (admin-only when it has none), then the token's role from
+the `TokenBook`. No token or an unknown one is a 401; a token of another role a 403 that
+names the role needed. Errors are `{"error": ..., "detail": ...}` with a one-line reason;
+503s carry Retry-After. `/healthz`, `/metrics` and `/openapi.json` need no token (they reveal
+no app data beyond pool names).
 """
 
 # No `from __future__ import annotations` here: FastAPI reads the dependency annotations at
 # runtime, and they name a local (the bearer scheme).
-import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Annotated
 
 import anyio
+import fastapi.routing
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, Field
+from starlette.routing import BaseRoute
 
 from wakeful.activator.core import Activator, PoolSnapshot
+from wakeful.activator.credentials import TokenBook
 from wakeful.activator.ledger import Lease
+from wakeful.activator.roles import ADMIN_ONLY, PUBLIC, Access, access, needed
 from wakeful.domain.leases import (
     ActivatorError,
     AppFailedToBoot,
@@ -28,7 +37,7 @@ from wakeful.domain.leases import (
     Unavailable,
     UnknownApp,
 )
-from wakeful.domain.models import NAME_PATTERN
+from wakeful.domain.models import NAME_PATTERN, Role
 from wakeful.store import Conflict, InvalidKey, StoreError
 
 
@@ -49,30 +58,52 @@ def _error(
 
 def create_app(
     activator: Activator,
-    token: str,
+    tokens: TokenBook,
     registry: CollectorRegistry,
     routers: Sequence[APIRouter] = (),
 ) -> FastAPI:
-    """The control API: leases and pools, plus `routers` (deploys) behind the same token."""
-    if not token:
-        raise ValueError("the activator API needs a bearer token (WAKEFUL_TOKEN)")
+    """The control API: leases and pools, plus `routers` (deploys, nodes, logs, tokens), each
+    route open to the roles `wakeful.activator.roles` names for it."""
     bearer = HTTPBearer(auto_error=False)
 
-    async def authorized(
+    async def authorize(
+        request: Request,
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
     ) -> None:
-        if credentials is None or not secrets.compare_digest(
-            credentials.credentials.encode(), token.encode()
-        ):
+        # The route this request matched, decided once below (unknown: admin-only).
+        path, allowed = decisions.get(
+            (id(request.scope.get("route")), request.method), (request.url.path, ADMIN_ONLY)
+        )
+        if not isinstance(allowed, frozenset):  # PUBLIC
+            return
+        token = None if credentials is None else tokens.verify(credentials.credentials)
+        if token is None:
             raise _Unauthorized()
+        if token.role not in allowed:
+            raise _Forbidden(f"{request.method} {path}", allowed, token.role)
 
-    api = FastAPI(title="wakeful activator", version="1")
-    guarded = [Depends(authorized)]
+    # No Swagger UI or ReDoc pages (scripts from a CDN, nothing the CLI needs); the schema
+    # stays at /openapi.json.
+    api = FastAPI(
+        title="wakeful control API",
+        version="1",
+        docs_url=None,
+        redoc_url=None,
+        dependencies=[Depends(authorize)],
+    )
 
     @api.exception_handler(_Unauthorized)
     async def _unauthorized(request: Request, exc: _Unauthorized) -> Response:
         return _error(
             401, "unauthorized", "a valid bearer token is required", {"WWW-Authenticate": "Bearer"}
+        )
+
+    @api.exception_handler(_Forbidden)
+    async def _forbidden(request: Request, exc: _Forbidden) -> Response:
+        return _error(
+            403,
+            "forbidden",
+            f"{exc.route} needs {needed(exc.allowed)}; this token has the {exc.role} role",
         )
 
     @api.exception_handler(HTTPException)
@@ -116,7 +147,7 @@ def create_app(
             return _error(409, "conflict", f"changed concurrently, try again: {exc}")
         return _error(503, "store unavailable", str(exc), {"Retry-After": "1"})
 
-    @api.post("/v1/leases", dependencies=guarded, response_model=LeaseGrant)
+    @api.post("/v1/leases", response_model=LeaseGrant)
     async def acquire(body: LeaseRequest, request: Request) -> Response:
         """A client that hangs up while waiting leaves the waiter list at once: a parked
         waiter nobody will use would inflate demand and fill the queue (seed 001)."""
@@ -146,21 +177,21 @@ def create_app(
             return Response(status_code=499)
         return JSONResponse(lease.grant().model_dump(mode="json"))
 
-    @api.post("/v1/leases/{lease_id}/renew", dependencies=guarded, response_model=LeaseGrant)
+    @api.post("/v1/leases/{lease_id}/renew", response_model=LeaseGrant)
     async def renew(lease_id: str, body: RenewRequest | None = None) -> LeaseGrant:
         return activator.renew(lease_id, used=body is not None and body.used).grant()
 
-    @api.delete("/v1/leases/{lease_id}", dependencies=guarded, status_code=204)
+    @api.delete("/v1/leases/{lease_id}", status_code=204)
     async def release(lease_id: str) -> Response:
         activator.release(lease_id)
         return Response(status_code=204)
 
-    @api.get("/v1/pools", dependencies=guarded, response_model=list[PoolSnapshot])
+    @api.get("/v1/pools", response_model=list[PoolSnapshot])
     async def pools() -> list[PoolSnapshot]:
         return activator.snapshot()
 
     for router in routers:
-        api.include_router(router, dependencies=guarded)
+        api.include_router(router)
 
     @api.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -170,8 +201,38 @@ def create_app(
     async def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
+    decisions: dict[tuple[int, str], tuple[str, Access]] = {}
+    for method, path, route in served_routes(api):
+        decided = access(method, path)
+        # The app's dependency runs for FastAPI's own routes only; any other (the schema)
+        # must be public, or it would be served to anyone whatever the map says.
+        if not isinstance(route, APIRoute) and decided != PUBLIC:
+            raise RuntimeError(f"{method} {path} would be served without the role check")
+        decisions[(id(route), method)] = (path, decided)
     return api
+
+
+def served_routes(api: FastAPI) -> Iterator[tuple[str, str, BaseRoute]]:
+    """(method, path, route) for every route `api` serves, where `route` is what a request's
+    scope names (`scope["route"]`). Newer FastAPI keeps an included router as one entry of
+    `api.routes`; its `iter_route_contexts` opens them."""
+    contexts = getattr(fastapi.routing, "iter_route_contexts", None)
+    if contexts is None:
+        entries = [(route, route) for route in api.routes]
+    else:
+        entries = [(context, context.original_route) for context in contexts(api.routes)]
+    for shown, original in entries:
+        for method in sorted(getattr(shown, "methods", None) or ()):
+            yield str(method), str(getattr(shown, "path", "")), original
 
 
 class _Unauthorized(Exception):
     pass
+
+
+class _Forbidden(Exception):
+    def __init__(self, route: str, allowed: frozenset[Role], role: Role) -> None:
+        super().__init__(route)
+        self.route = route
+        self.allowed = allowed
+        self.role = role

@@ -104,7 +104,7 @@ class HttpLeases:
         except ValueError:
             body, error, detail = {}, "", answer.text[:200]
         retry_after = float(answer.headers.get("Retry-After", "5") or 5)
-        if answer.status_code == 401:
+        if answer.status_code in (401, 403):  # no valid token, or one of another role
             raise Unauthorized(detail or "the activator refused the token")
         if answer.status_code == 404:
             raise (LeaseGone if error == "lease gone" else UnknownApp)(detail)

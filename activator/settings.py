@@ -7,7 +7,8 @@ from wakeful.store.settings import StoreSettings
 
 class ActivatorSettings(StoreSettings):
     token: SecretStr | None = None
-    """Bearer token the lease API requires. The API refuses to start without one."""
+    """WAKEFUL_TOKEN: bootstraps the control API's admin token (`tokens/admin`) while the store
+    holds none (see `wakeful.activator.credentials.install_admin`). Required."""
     listen: str = "127.0.0.1:8082"
     lease_ttl: float = Field(default=60.0, gt=0, le=3600)
     """A lease not renewed within this many seconds expires and its capacity returns."""

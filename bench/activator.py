@@ -48,9 +48,10 @@ from wakeful.activator import decisions
 from wakeful.activator.api import create_app
 from wakeful.activator.client import HttpLeases, InProcessLeases
 from wakeful.activator.core import Activator
+from wakeful.activator.credentials import TokenBook
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.domain.leases import ActivatorError, LeaseGrant
-from wakeful.domain.models import App, AppSpec, Concurrency, Pool, Sandbox, SandboxStatus
+from wakeful.domain.models import App, AppSpec, Concurrency, Pool, Role, Sandbox, SandboxStatus
 from wakeful.store.url import open_store
 
 TOKEN = "bench-token"
@@ -225,7 +226,8 @@ async def run(seconds: float) -> None:
     async with hello_activator(registry) as activator:
         notes = await round_trips("InProcessLeases", InProcessLeases(activator), seconds)
         servers = [
-            ("HttpLeases", create_app(activator, TOKEN, registry)),
+            # The token an ingress has: the role check is part of what is measured.
+            ("HttpLeases", create_app(activator, TokenBook.of({TOKEN: Role.INGRESS}), registry)),
             ("HTTP baseline (no-op)", baseline_app()),
         ]
         for path, app in servers:

@@ -1,7 +1,8 @@
 """The deploy half of the control API: artifacts, deploys, rollbacks and apps.
 
-Mounted behind the same bearer token as the lease API (see `activator.api.create_app`);
-sandbox output is served by `deploy.logs_api`.
+Mounted behind the role check of the control API (`activator.api.create_app`; the decisions
+are in `activator.roles`): every route here is admin-only except `GET /v1/artifacts/{digest}`,
+which a node token may call too. Sandbox output is served by `deploy.logs_api`.
 """
 
 from typing import Annotated

@@ -1,4 +1,5 @@
-"""Sandbox output through the control API (behind its bearer token).
+"""Sandbox output through the control API (behind its role check, `activator.roles`: a node
+token may push, only an admin token may read).
 
 POST /v1/logs                        a node pushes a batch of its sandboxes' output
 GET  /v1/apps/{app}/logs?tail=N      the last N lines of each of the app's sandboxes

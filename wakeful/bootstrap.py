@@ -12,24 +12,32 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
-import socket
 import time
-from collections.abc import AsyncIterator, Callable, Generator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import anyio
 import anyio.abc
-import uvicorn
+from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from wakeful.activator.api import create_app
 from wakeful.activator.core import Activator
+from wakeful.activator.credentials import TokenBook, install_admin
 from wakeful.activator.settings import ActivatorSettings
+from wakeful.activator.tokens_api import tokens_router
 from wakeful.controller.api import node_router
 from wakeful.controller.reconciler import Reconciler
-from wakeful.datadir import CONTROL_FILE, load_or_create_token, private_data_dir, write_control_file
+from wakeful.datadir import (
+    CONTROL_FILE,
+    load_or_create_token,
+    private_data_dir,
+    write_control_file,
+    write_token,
+)
 from wakeful.deploy.api import deploy_router
 from wakeful.deploy.appdir import AppDir
 from wakeful.deploy.artifacts import LocalArtifacts
@@ -37,90 +45,21 @@ from wakeful.deploy.collect import ArtifactCollector
 from wakeful.deploy.logbook import LogBook
 from wakeful.deploy.logs_api import logs_router
 from wakeful.deploy.service import Deployer, Phase
+from wakeful.domain import keys
 from wakeful.domain.artifacts import pack
+from wakeful.domain.models import Token
 from wakeful.idle_monitor.monitor import IdleMonitor, IdleMonitorSettings
 from wakeful.node.agent import NodeAgent
 from wakeful.node.settings import NodeSettings
 from wakeful.remote import Endpoint, HttpArtifacts, HttpLogSink
+from wakeful.serving import AddressInUse, serve_asgi, split_address
 from wakeful.store import Store, open_store, sqlite_url
+from wakeful.store.reflector import reflect
 
 if TYPE_CHECKING:  # the ingress (aiohttp, uvloop) is imported only by what runs one
     from wakeful.ingress.settings import IngressSettings
 
 log = logging.getLogger(__name__)
-
-
-class EmbeddedServer(uvicorn.Server):
-    """uvicorn without its own signal handlers: the process's lifecycle decides shutdown."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        yield
-
-
-def split_address(address: str, what: str) -> tuple[str, int]:
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or not host or not 0 < int(port) < 65536:
-        raise ValueError(f"{what}: expected host:port, got {address!r}")
-    return host, int(port)
-
-
-class AddressInUse(OSError):
-    pass
-
-
-def bind(address: str, what: str) -> socket.socket:
-    """Bind before serving, so a taken port is a clear error naming the flag."""
-    host, port = split_address(address, what)
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise AddressInUse(f"{what} {address}: {exc.strerror}") from exc
-    sock.listen(2048)
-    sock.setblocking(False)
-    return sock
-
-
-async def serve_asgi(app: Any, address: str, what: str, started: anyio.Event | None = None) -> None:
-    """Serve until cancelled; then stop accepting and let open requests finish (10 s)."""
-    sock = bind(address, what)
-    server = EmbeddedServer(
-        uvicorn.Config(
-            app,
-            log_level="warning",
-            lifespan="off",
-            access_log=False,
-            timeout_graceful_shutdown=10,
-        )
-    )
-    done = anyio.Event()
-
-    async def run() -> None:
-        with anyio.CancelScope(shield=True):
-            try:
-                await server.serve(sockets=[sock])
-            finally:
-                done.set()
-
-    try:
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(run)
-            try:
-                while not server.started and not done.is_set():  # noqa: ASYNC110 - a flag, no event
-                    await anyio.sleep(0.01)
-                if started is not None:
-                    started.set()
-                await anyio.sleep_forever()
-            finally:
-                # Inside the task group: `run` is shielded and ends only once told to exit.
-                # uvicorn then stops accepting and gives open requests
-                # timeout_graceful_shutdown seconds to finish.
-                server.should_exit = True
-    finally:
-        sock.close()
 
 
 @dataclass
@@ -133,6 +72,9 @@ class ControlPlane:
     tasks: anyio.abc.TaskGroup
     logbook: LogBook
     """Sandbox output pushed by node agents: through `POST /v1/logs`, or directly in-process."""
+    tokens: TokenBook
+    """The control API's credentials, following `tokens/` in the store."""
+    api: FastAPI
 
 
 @contextlib.asynccontextmanager
@@ -145,11 +87,16 @@ async def control_plane(
     reconcile_interval: float = 1.0,
     drain_grace: float = 0.0,
     artifact_clock: Callable[[], float] = time.time,
+    replace_admin: bool = False,
+    write_admin: Callable[[str], str] | None = None,
 ) -> AsyncIterator[ControlPlane]:
     """`idle`: the idle monitor's settings, None to run it elsewhere. `drain_grace`: how long
     after start lease counts are not trusted (see Reconciler); one lease TTL when ingresses run
     in other processes, 0 when every holder is in this one. `artifact_clock`: when artifacts
-    were uploaded, for their collection (tests drive it)."""
+    were uploaded, for their collection (tests drive it). `settings.token` bootstraps the
+    admin token: it becomes the admin token when the store has none, or with `replace_admin`
+    (`wakeful up`, whose token file is as private as its store). `write_admin`: where a
+    rotated admin secret goes (see `tokens_router`)."""
     registry = CollectorRegistry()
     activator = Activator(store, settings, registry)
     artifacts = LocalArtifacts(data_dir / "artifacts", clock=artifact_clock)
@@ -159,15 +106,28 @@ async def control_plane(
     deployer = Deployer(store, artifacts, collector=collector)
     logbook = LogBook()
     token = settings.token.get_secret_value() if settings.token else ""
+    if not token:
+        raise ValueError("the control API needs a bootstrap admin token (WAKEFUL_TOKEN)")
+    if not await install_admin(store, token, replace=replace_admin):
+        log.warning(
+            "WAKEFUL_TOKEN is not the admin token in the store (it was rotated with `wakeful "
+            "tokens rotate-admin`): it grants nothing; `wakeful activator --reset-admin-token` "
+            "makes it the admin token again"
+        )
+    tokens = TokenBook()
     async with activator.running(), anyio.create_task_group() as tasks:
+        tasks.start_soon(partial(reflect, store, keys.TOKENS, Token, tokens, what="tokens"))
+        with anyio.fail_after(30):
+            await tokens.caught_up(0)  # listed: no request is refused for want of a listing
         api = create_app(
             activator,
-            token,
+            tokens,
             registry,
             [
                 deploy_router(store, deployer, artifacts, tasks),
                 node_router(store),
                 logs_router(store, logbook),
+                tokens_router(store, tokens, write_admin=write_admin),
             ],
         )
         api_started = anyio.Event()
@@ -188,7 +148,9 @@ async def control_plane(
         with anyio.fail_after(30):
             await api_started.wait()
         try:
-            yield ControlPlane(store, activator, deployer, artifacts, registry, tasks, logbook)
+            yield ControlPlane(
+                store, activator, deployer, artifacts, registry, tasks, logbook, tokens, api
+            )
         finally:
             tasks.cancel_scope.cancel()
 
@@ -246,9 +208,20 @@ async def run_up(
     ingress_settings = IngressSettings(
         store_url=store_url, listen=listen, admin_listen=admin, show_boot_log=True
     )
+
+    def write_admin(secret: str) -> str:
+        """A rotated admin token goes where this process's user finds it: the token file,
+        and the control file the other commands read."""
+        write_control_file(data_dir, f"http://{api}", secret, f"http://{listen}")
+        return str(write_token(data_dir, secret))
+
+    # The token file is the admin token at every start: it is as private as the store beside
+    # it, and `wakeful tokens rotate-admin` rewrites it.
     async with (
         open_store(store_url) as store,
-        control_plane(store, settings, data_dir, idle=idle) as plane,
+        control_plane(
+            store, settings, data_dir, idle=idle, replace_admin=True, write_admin=write_admin
+        ) as plane,
     ):
         # The same LogSink a node elsewhere reaches over HTTP, handed over directly.
         agent = NodeAgent(store, node_settings, plane.artifacts, logs=plane.logbook)
@@ -287,14 +260,23 @@ async def run_activator(
     *,
     idle: IdleMonitorSettings | None,
     announce: Callable[[str], None],
+    reset_admin: bool = False,
 ) -> None:
     """The control plane (activator, control API, pool controller, and the idle monitor unless
     `idle` is None) until a signal. Ingresses are other processes: lease counts are trusted
-    only after one lease TTL."""
+    only after one lease TTL. WAKEFUL_TOKEN bootstraps the admin token (`reset_admin`: it
+    replaces the one in the store)."""
     private_data_dir(data_dir)
     async with (
         settings.open_store() as store,
-        control_plane(store, settings, data_dir, idle=idle, drain_grace=settings.lease_ttl),
+        control_plane(
+            store,
+            settings,
+            data_dir,
+            idle=idle,
+            drain_grace=settings.lease_ttl,
+            replace_admin=reset_admin,
+        ),
     ):
         announce(f"activator listening on http://{settings.listen}")
         await wait_for_signal()
@@ -346,10 +328,13 @@ async def run_idle_monitor(
 
 __all__ = [
     "CONTROL_FILE",
+    "AddressInUse",
     "ControlPlane",
     "control_plane",
     "load_or_create_token",
     "open_store",
     "run_up",
+    "serve_asgi",
+    "split_address",
     "write_control_file",
 ]

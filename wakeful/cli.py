@@ -4,6 +4,8 @@
     wakeful deploy APP_DIR       deploy to a running control plane
     wakeful status [APP]         pools: desired, live, ready, leased, waiters
     wakeful apps | versions APP | logs APP | rollback APP | delete APP
+    wakeful tokens create|list|revoke|rotate|rotate-admin
+                                 role tokens for nodes and ingresses
     wakeful activator | node | ingress | idle-monitor
                                  run one piece against a shared store (etcd)
 
@@ -19,13 +21,14 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pydantic import ValidationError
 
-from wakeful.domain.models import describe_validation_error
+from wakeful.domain.models import ADMIN_TOKEN, NAME_PATTERN, Role, describe_validation_error
 
 from . import commands
 from .bootstrap import CONTROL_FILE
@@ -159,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     rollback = sub.add_parser("rollback", help="go back to the previous version")
     rollback.add_argument("app")
     rollback.set_defaults(func=_remote(lambda api, a: commands.rollback(api, a.app)))
+    tokens = sub.add_parser("tokens", help="role tokens: create, list, revoke, rotate")
+    _tokens_parser(tokens, common)
 
     activator = sub.add_parser("activator", help="the activator and control API (WAKEFUL_*)")
     activator.add_argument(
@@ -171,6 +176,12 @@ def build_parser() -> argparse.ArgumentParser:
     activator.add_argument(
         "--no-idle-monitor", action="store_true", help="run `wakeful idle-monitor` apart instead"
     )
+    activator.add_argument(
+        "--reset-admin-token",
+        action="store_true",
+        help="make WAKEFUL_TOKEN the admin token even though the store holds another (after "
+        "losing a rotated one)",
+    )
     node = sub.add_parser("node", help="a node agent (WAKEFUL_*)")
     isolation_flag(node)
     node.set_defaults(func=cmd_node)
@@ -179,6 +190,42 @@ def build_parser() -> argparse.ArgumentParser:
         func=cmd_idle_monitor
     )
     return parser
+
+
+def token_name(value: str) -> str:
+    if not re.fullmatch(NAME_PATTERN, value):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a token name: lowercase letters, digits and '-', 1 to 63 "
+            "characters, starting and ending with a letter or digit"
+        )
+    return value
+
+
+def _tokens_parser(tokens: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
+    """`wakeful tokens ...`: each subcommand takes the global flags (`common`) too."""
+    sub = tokens.add_subparsers(dest="tokens_command", required=True)
+    create = sub.add_parser(
+        "create", parents=[common], help="a new token; prints its secret, this once"
+    )
+    create.add_argument("--role", required=True, choices=[r.value for r in Role])
+    create.add_argument("--name", required=True, type=token_name, help="e.g. the node's name")
+    create.set_defaults(func=_remote(lambda api, a: commands.tokens_create(api, a.name, a.role)))
+    listing = sub.add_parser("list", parents=[common], help="name, role, created, id")
+    listing.add_argument("--json", action="store_true")
+    listing.set_defaults(func=_remote(lambda api, a: commands.tokens_list(api, as_json=a.json)))
+    revoke = sub.add_parser("revoke", parents=[common], help="the token stops working")
+    revoke.add_argument("name", type=token_name)
+    revoke.set_defaults(func=_remote(lambda api, a: commands.tokens_revoke(api, a.name)))
+    rotate = sub.add_parser(
+        "rotate", parents=[common], help="a new secret; the old one stops working"
+    )
+    rotate.add_argument("name", type=token_name)
+    rotate.set_defaults(func=_remote(lambda api, a: commands.tokens_rotate(api, a.name)))
+    sub.add_parser(
+        "rotate-admin",
+        parents=[common],
+        help="a new admin token: into DATA_DIR/token for `wakeful up`, else printed",
+    ).set_defaults(func=_remote(lambda api, _: commands.tokens_rotate(api, ADMIN_TOKEN)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -17,7 +17,7 @@ from wakeful.domain.artifacts import digest_of, pack
 
 from .logfollow import LogFollower
 from .remote import ControlClient
-from .tables import app_line, deletion_line, node_line, pool_table, version_lines
+from .tables import app_line, deletion_line, node_line, pool_table, token_table, version_lines
 
 USAGE = 2
 """Exit status for a command line or configuration that cannot work (a flag, a file, a
@@ -162,3 +162,55 @@ def logs(
         if not follow:
             return 0
         pause(LOGS_POLL)
+
+
+# -- role tokens ------------------------------------------------------------------------------
+
+WHERE = {
+    "node": "set it as WAKEFUL_NODE_TOKEN for `wakeful node`",
+    "ingress": "set it as WAKEFUL_INGRESS_TOKEN for `wakeful ingress`",
+    "admin": "set it as WAKEFUL_TOKEN for the commands that talk to the control plane",
+}
+
+
+def note(line: str) -> None:
+    print(f"wakeful: {line}", file=sys.stderr, flush=True)
+
+
+def _secret(issued: dict[str, Any], what: str) -> int:
+    """A secret alone on stdout (`export X=$(wakeful tokens create ...)`), what to do with it
+    on stderr; or, for `wakeful up`'s admin token, where it was written."""
+    if issued.get("written_to"):
+        say(f"{what}: written to {issued['written_to']}; the old one is refused from now on")
+    else:
+        print(issued["secret"], flush=True)
+        note(f"{what}: shown this once; {WHERE[issued['role']]}")
+    if not issued.get("effective", True):
+        note("the control plane has not applied it yet: the old secret works until it does")
+    return 0
+
+
+def tokens_create(api: ControlClient, name: str, role: str) -> int:
+    issued = api.create_token(name, role)
+    return _secret(issued, f"token {name} (role {role}, id {issued['id']})")
+
+
+def tokens_rotate(api: ControlClient, name: str) -> int:
+    issued = api.rotate_token(name)
+    return _secret(issued, f"new secret for {name} (role {issued['role']}, id {issued['id']})")
+
+
+def tokens_revoke(api: ControlClient, name: str) -> int:
+    api.revoke_token(name)
+    say(f"revoked {name}: its secret is refused from now on")
+    return 0
+
+
+def tokens_list(api: ControlClient, *, as_json: bool) -> int:
+    found = api.tokens()
+    if as_json:
+        print(json.dumps(found, indent=2))
+        return 0
+    for line in token_table(found):
+        print(line)
+    return 0

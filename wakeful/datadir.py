@@ -11,11 +11,14 @@ directories in it that are ours, so a data directory from an older wakeful is no
 readable by others. Sandbox trees (`sandboxes/`) are left alone: each is recreated for each
 sandbox, and they may belong to the sandbox's own uid.
 
-The token file and `control.json` are also written here, each created 0600.
+The token file and `control.json` are also written here, each created 0600. The token file
+bootstraps the admin token of `wakeful up` (see `wakeful.activator.credentials`) and is
+rewritten when it is rotated (`write_token`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -97,6 +100,19 @@ def load_or_create_token(data_dir: Path) -> str:
     with os.fdopen(fd, "w") as handle:
         handle.write(token + "\n")
     return token
+
+
+def write_token(data_dir: Path, token: str) -> Path:
+    """Replace `<data-dir>/token` (0600) in one rename: a reader sees the old or the new."""
+    path = data_dir / "token"
+    fresh = data_dir / ".token.new"
+    with contextlib.suppress(FileNotFoundError):
+        fresh.unlink()
+    fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(token + "\n")
+    os.replace(fresh, path)
+    return path
 
 
 def write_control_file(data_dir: Path, api_url: str, token: str, ingress_url: str | None) -> None:

@@ -9,8 +9,11 @@ from __future__ import annotations
 import argparse
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import Literal
 
 import anyio
+from pydantic import SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.deploy.appdir import AppDir, AppDirError, load_app_dir
@@ -128,22 +131,53 @@ def _single_cause(raised: BaseException) -> BaseException:
     return raised
 
 
-def _control_from_env(why: str) -> Endpoint:
-    """A piece on another machine finds the control API through WAKEFUL_API/WAKEFUL_TOKEN."""
+class RoleTokens(BaseSettings):
+    """The token a node or an ingress on another machine calls the control API with."""
+
+    model_config = SettingsConfigDict(env_prefix="WAKEFUL_", extra="ignore")
+    node_token: SecretStr | None = None
+    ingress_token: SecretStr | None = None
+
+
+def _control_for(role: Literal["node", "ingress"], why: str) -> Endpoint:
+    """A piece on another machine finds the control API through WAKEFUL_API, and calls it with
+    its role's token (WAKEFUL_NODE_TOKEN, WAKEFUL_INGRESS_TOKEN). WAKEFUL_TOKEN, the admin
+    token, is still taken in its place, with a warning: it can do everything."""
     settings = CliSettings()
-    if settings.api is None or settings.token is None:
-        raise CliError(f"WAKEFUL_API and WAKEFUL_TOKEN must be set: {why}")
+    variable = f"WAKEFUL_{role.upper()}_TOKEN"
+    own = getattr(RoleTokens(), f"{role}_token")
+    if settings.api is None:
+        raise CliError(f"WAKEFUL_API must be set: {why}")
+    if own is not None:
+        return Endpoint(settings.api, own.get_secret_value())
+    if settings.token is None:
+        raise CliError(
+            f"{variable} must be set: {why} (make one with `wakeful tokens create --role "
+            f"{role} --name NAME` against the control plane)"
+        )
+    commands.note(
+        f"warning: {variable} is not set, so this {role} uses WAKEFUL_TOKEN, the admin token: "
+        f"whoever takes over this machine can deploy, delete apps and make tokens with it. "
+        f"Make a {role} token (`wakeful tokens create --role {role} --name NAME`), set "
+        f"{variable} to it and unset WAKEFUL_TOKEN here; this fallback will go."
+    )
     return Endpoint(settings.api, settings.token.get_secret_value())
 
 
 def cmd_activator(args: argparse.Namespace) -> int:
     settings = ActivatorSettings()
     if settings.token is None:
-        raise CliError("WAKEFUL_TOKEN must be set: the control API refuses to run without a token")
+        raise CliError("WAKEFUL_TOKEN must be set: it bootstraps the control API's admin token")
     idle = None if args.no_idle_monitor else _idle_settings(args)
     data_dir = Path(args.data_dir).absolute()
     _serve(
-        lambda: run_activator(settings, data_dir, idle=idle, announce=commands.say),
+        lambda: run_activator(
+            settings,
+            data_dir,
+            idle=idle,
+            announce=commands.say,
+            reset_admin=args.reset_admin_token,
+        ),
         store=f"the store at {settings.store_url}",
     )
     return 0
@@ -163,7 +197,7 @@ def cmd_node(args: argparse.Namespace) -> int:
     settings = NodeSettings()
     if args.isolation is not None:  # the flag beats WAKEFUL_ISOLATION
         settings = settings.model_copy(update={"isolation": args.isolation})
-    control = _control_from_env("nodes fetch artifacts from it and push logs to it")
+    control = _control_for("node", "nodes fetch artifacts from it and push logs to it")
     _serve(
         lambda: run_node(settings, control, announce=commands.say),
         store=f"the store at {settings.store_url}",
@@ -175,7 +209,7 @@ def cmd_ingress(args: argparse.Namespace) -> int:
     from wakeful.ingress import IngressSettings  # aiohttp and uvloop: only when it runs
 
     settings = IngressSettings()
-    control = _control_from_env("the ingress asks the activator")
+    control = _control_for("ingress", "the ingress takes its leases from the activator")
     _serve(
         lambda: run_ingress(settings, control, announce=commands.say),
         store=f"the store at {settings.store_url}",

@@ -5,11 +5,12 @@ Two kinds of caller:
   `ControlClient`, whose `Endpoint` `locate` finds: --api, then WAKEFUL_API / WAKEFUL_TOKEN
   (`CliSettings`), then the control file `wakeful up` writes in its data directory;
 - a node agent on another machine: `HttpArtifacts` fetches artifacts and `HttpLogSink` pushes
-  sandbox output. A node only ever calls the control plane, never the other way round, so a
-  node behind NAT works.
+  sandbox output, with a node token (WAKEFUL_NODE_TOKEN: these two calls are all the node role
+  may make, `wakeful.activator.roles`). A node only ever calls the control plane, never the
+  other way round, so a node behind NAT works.
 
-Every request carries the bearer token. httpx's exceptions never leave this module: the CLI
-gets one of
+Every request carries the bearer token, in a header: never in a URL, never in a message.
+httpx's exceptions never leave this module: the CLI gets one of
 
     ControlApiError        a one-line reason the CLI prints before exiting 1
      ├── NoControlPlane    nothing says where the control plane is, or the control file is bad
@@ -196,6 +197,18 @@ class ControlClient:
     def undrain(self, node: str) -> None:
         self._send("DELETE", f"/v1/nodes/{_segment(node)}/drain")
 
+    def tokens(self) -> list[dict[str, Any]]:
+        return list(self._json("GET", "/v1/tokens"))
+
+    def create_token(self, name: str, role: str) -> Any:
+        return self._json("POST", "/v1/tokens", json={"name": name, "role": role})
+
+    def rotate_token(self, name: str) -> Any:
+        return self._json("POST", f"/v1/tokens/{_segment(name)}/rotate")
+
+    def revoke_token(self, name: str) -> None:
+        self._send("DELETE", f"/v1/tokens/{_segment(name)}")
+
     def app_logs(self, app: str, tail: int) -> AppLogs:
         answer = self._send("GET", f"/v1/apps/{_segment(app)}/logs", params={"tail": tail})
         # One line per "\n" (str.splitlines would also split at \f, \x1c, \u2028...).
@@ -273,7 +286,9 @@ class HttpArtifacts(_NodeClient):
         except httpx.HTTPError as exc:
             raise ArtifactError(f"cannot fetch {digest} from the control API: {exc!r}") from exc
         if answer.status_code != 200:
-            raise ArtifactError(f"control API answered {answer.status_code} for {digest}")
+            raise ArtifactError(
+                f"control API answered {answer.status_code} for {digest}: {_reason(answer)}"
+            )
         if digest_of(answer.content) != digest:
             raise ArtifactError(f"artifact {digest} arrived corrupt")
         return answer.content
@@ -296,4 +311,4 @@ class HttpLogSink(_NodeClient):
         except httpx.HTTPError as exc:
             raise ShipFailed(f"cannot reach the control API: {exc!r}") from exc
         if answer.status_code != 204:
-            raise ShipFailed(f"the control API answered {answer.status_code}: {answer.text[:300]}")
+            raise ShipFailed(f"the control API answered {answer.status_code}: {_reason(answer)}")

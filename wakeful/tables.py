@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -65,3 +66,16 @@ def deletion_line(app: str, report: Mapping[str, Any]) -> str:
         f"deleted {app}: {report['versions']} version(s), "
         f"{report['artifacts_removed']} artifact(s); its sandboxes finish their requests and stop"
     )
+
+
+def _when(stamp: float | None) -> str:
+    return "-" if not stamp else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
+
+
+def token_table(tokens: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Name, role, when made and rotated, id: what the control API lists (never a secret)."""
+    rows = [
+        [t["name"], t["role"], _when(t["created_at"]), _when(t["rotated_at"]), t["id"]]
+        for t in tokens
+    ]
+    return table(["NAME", "ROLE", "CREATED", "ROTATED", "ID"], rows)

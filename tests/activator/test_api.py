@@ -14,9 +14,10 @@ from prometheus_client import CollectorRegistry
 from wakeful.activator.api import create_app
 from wakeful.activator.client import HttpLeases
 from wakeful.activator.core import Activator
+from wakeful.activator.credentials import TokenBook
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.domain.leases import LeaseGone, NoCapacity, Unauthorized, UnknownApp, Unreachable
-from wakeful.domain.models import SandboxStatus
+from wakeful.domain.models import Role, SandboxStatus
 from wakeful.store import Store, open_store
 from wakeful.store.testing import free_port
 from wakeful.testing import ManualClock
@@ -25,6 +26,8 @@ from .conftest import eventually, seed, set_status
 
 pytestmark = pytest.mark.anyio
 TOKEN = "s3cret-token"
+ADMIN = TokenBook.of({TOKEN: Role.ADMIN})
+"""The control API's credentials: TOKEN, as an admin token."""
 
 
 ACTIVATION_TIMEOUT = 120.0
@@ -56,7 +59,7 @@ async def api() -> AsyncIterator[Served]:
         port = free_port()
         server = uvicorn.Server(
             uvicorn.Config(
-                create_app(activator, TOKEN, registry),
+                create_app(activator, ADMIN, registry),
                 host="127.0.0.1",
                 port=port,
                 log_level="warning",

@@ -16,19 +16,22 @@ from prometheus_client import CollectorRegistry
 
 from wakeful.activator.api import create_app
 from wakeful.activator.core import Activator
+from wakeful.activator.credentials import TokenBook
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.deploy.api import deploy_router
 from wakeful.deploy.appdir import load_app_dir
 from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.deploy.service import Deployer, starting_size
 from wakeful.domain.artifacts import digest_of, pack
-from wakeful.domain.models import AppSpec, Pool
+from wakeful.domain.models import AppSpec, Pool, Role
 from wakeful.store import open_store
 from wakeful.store.testing import free_port
 
 pytestmark = pytest.mark.anyio
 HELLO = Path(__file__).parents[2] / "examples" / "hello"
 TOKEN = "deploy-token"
+ADMIN = TokenBook.of({TOKEN: Role.ADMIN})
+"""The control API's credentials: TOKEN, as an admin token."""
 
 
 @pytest.fixture
@@ -43,7 +46,7 @@ async def api(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
         port = free_port()
         async with activator.running(), anyio.create_task_group() as tasks:
             app = create_app(
-                activator, TOKEN, registry, [deploy_router(store, deployer, artifacts, tasks)]
+                activator, ADMIN, registry, [deploy_router(store, deployer, artifacts, tasks)]
             )
             server = uvicorn.Server(
                 uvicorn.Config(

@@ -11,15 +11,18 @@ from prometheus_client import CollectorRegistry
 
 from wakeful.activator.api import create_app
 from wakeful.activator.core import Activator
+from wakeful.activator.credentials import TokenBook
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.deploy.logbook import LogBook
 from wakeful.deploy.logs_api import BEHIND_HEADER, logs_router
 from wakeful.domain.logbatch import MAX_BODY_BYTES, LogBatch, OutputChunk
-from wakeful.domain.models import App, Sandbox, SandboxStatus
+from wakeful.domain.models import App, Role, Sandbox, SandboxStatus
 from wakeful.store import Store, open_store
 
 pytestmark = pytest.mark.anyio
 TOKEN = "logs-token"
+ADMIN = TokenBook.of({TOKEN: Role.ADMIN})
+"""The control API's credentials: TOKEN, as an admin token."""
 
 
 @dataclass
@@ -46,7 +49,7 @@ async def control() -> AsyncIterator[Control]:
             store, ActivatorSettings(store_url="memory://", token=TOKEN), registry
         )
         book = LogBook(clock=lambda: clock[0])
-        api = create_app(activator, TOKEN, registry, [logs_router(store, book)])
+        api = create_app(activator, ADMIN, registry, [logs_router(store, book)])
         async with httpx.AsyncClient(
             transport=httpx.ASGITransport(app=api),
             base_url="http://control",

@@ -1,4 +1,5 @@
-"""The pieces as separate processes on a real etcd: activator, node agent, ingress, CLI."""
+"""The pieces as separate processes on a real etcd: activator, node agents and an ingress,
+each node and the ingress with a token of its own role, and the CLI with the admin token."""
 
 from __future__ import annotations
 
@@ -56,9 +57,14 @@ def cluster(etcd_server: EtcdServer, tmp_path: Path) -> Iterator[tuple[str, str,
     processes = []
     try:
         for command, extra in pieces:
+            if command[-1] in ("node", "ingress"):
+                # Each with a token of its own role, made once the control plane runs: never
+                # the admin token (invariant 17).
+                role = command[-1]
+                extra = {**extra, f"WAKEFUL_{role.upper()}_TOKEN": make_token(env, role, extra)}
             process = subprocess.Popen(
                 command,
-                env={**env, **extra},
+                env={**env, **extra} if command[-1] == "activator" else piece_env(env, extra),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
@@ -72,6 +78,25 @@ def cluster(etcd_server: EtcdServer, tmp_path: Path) -> Iterator[tuple[str, str,
         for process in reversed(processes):
             process.send_signal(signal.SIGTERM)
             process.communicate(timeout=30)
+
+
+def piece_env(env: dict[str, str], extra: dict[str, str]) -> dict[str, str]:
+    """A node's or an ingress's environment: no admin token in it."""
+    return {k: v for k, v in {**env, **extra}.items() if k != "WAKEFUL_TOKEN"}
+
+
+def make_token(env: dict[str, str], role: str, extra: dict[str, str]) -> str:
+    name = extra.get("WAKEFUL_NODE_NAME", role)
+    made = subprocess.run(
+        [*WAKEFUL, "tokens", "create", "--role", role, "--name", name],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert made.returncode == 0, made.stderr
+    return made.stdout.strip()
 
 
 def deploy(api: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -105,7 +130,7 @@ def test_separate_pieces_deploy_and_serve_through_etcd(
     deployed = deploy(api, env)
     assert "live" in deployed.stdout
     answer = httpx.get(f"{proxy}/", headers={"Host": "hello.localhost"}, timeout=60)
-    assert answer.status_code == 200
+    assert answer.status_code == 200, answer.text
     assert answer.text.startswith("hello from")
     status = subprocess.run(
         [*WAKEFUL, "--api", api, "status", "--json"],

@@ -26,14 +26,34 @@ class Running:
 
 @contextlib.asynccontextmanager
 async def running_control_plane(
-    data_dir: Path, *, artifact_clock: Callable[[], float] = time.time, **settings: float
+    data_dir: Path,
+    *,
+    artifact_clock: Callable[[], float] = time.time,
+    store: Store | None = None,
+    store_url: str = "memory://",
+    replace_admin: bool = False,
+    write_admin: Callable[[str], str] | None = None,
+    token: str = TOKEN,
+    **settings: float,
 ) -> AsyncIterator[Running]:
     """Every router, the real activator and pool controller; no idle monitor, no node.
-    `settings`: ActivatorSettings fields (`artifact_grace`, ...)."""
+    `store`: an open store to run on (one that outlives this control plane), else one opened
+    from `store_url`. `token` bootstraps the admin token. `settings`: ActivatorSettings fields
+    (`artifact_grace`, ...)."""
     listen = f"127.0.0.1:{free_port()}"
-    config = ActivatorSettings(store_url="memory://", token=TOKEN, listen=listen, **settings)
-    async with (
-        open_store("memory://") as store,
-        control_plane(store, config, data_dir, idle=None, artifact_clock=artifact_clock) as plane,
-    ):
-        yield Running(store, plane, f"http://{listen}")
+    config = ActivatorSettings(store_url="memory://", token=token, listen=listen, **settings)
+    async with contextlib.AsyncExitStack() as stack:
+        if store is None:
+            store = await stack.enter_async_context(open_store(store_url))
+        plane = await stack.enter_async_context(
+            control_plane(
+                store,
+                config,
+                data_dir,
+                idle=None,
+                artifact_clock=artifact_clock,
+                replace_admin=replace_admin,
+                write_admin=write_admin,
+            )
+        )
+        yield Running(store, plane, f"http://{listen}", token)

@@ -9,13 +9,14 @@ from prometheus_client import CollectorRegistry
 
 from wakeful.activator.api import create_app
 from wakeful.activator.core import Activator
+from wakeful.activator.credentials import TokenBook
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.bootstrap import serve_asgi
 from wakeful.cli import main
 from wakeful.deploy.logbook import LogBook
 from wakeful.deploy.logs_api import logs_router
 from wakeful.domain.logbatch import LogBatch, OutputChunk
-from wakeful.domain.models import App, Sandbox, SandboxStatus
+from wakeful.domain.models import App, Role, Sandbox, SandboxStatus
 from wakeful.node.logship import ShipFailed
 from wakeful.remote import HttpLogSink
 from wakeful.store import open_store
@@ -23,6 +24,8 @@ from wakeful.store.testing import free_port
 
 pytestmark = pytest.mark.anyio
 TOKEN = "cli-token"
+ADMIN = TokenBook.of({TOKEN: Role.ADMIN})
+"""The control API's credentials: TOKEN, as an admin token."""
 
 
 async def test_logs_prints_the_lines_and_notes_a_node_gone_quiet(
@@ -50,7 +53,7 @@ async def test_logs_prints_the_lines_and_notes_a_node_gone_quiet(
         activator = Activator(
             store, ActivatorSettings(store_url="memory://", token=TOKEN), registry
         )
-        api = create_app(activator, TOKEN, registry, [logs_router(store, book)])
+        api = create_app(activator, ADMIN, registry, [logs_router(store, book)])
 
         def cli(*args: str) -> int:
             return main(["--api", f"http://{address}", "logs", *args])
@@ -82,7 +85,7 @@ async def test_the_http_sink_turns_a_refusal_or_an_unreachable_api_into_ship_fai
             store, ActivatorSettings(store_url="memory://", token=TOKEN), registry
         )
         book = LogBook()
-        api = create_app(activator, TOKEN, registry, [logs_router(store, book)])
+        api = create_app(activator, ADMIN, registry, [logs_router(store, book)])
         async with anyio.create_task_group() as tasks:
             started = anyio.Event()
             tasks.start_soon(serve_asgi, api, address, "--api-listen", started)

@@ -1,4 +1,4 @@
-"""Node drain through the control API (behind its bearer token).
+"""Node drain through the control API (admin-only, `wakeful.activator.roles`).
 
 POST   /v1/nodes/{node}/drain   cordon the node; with evacuate (the default) its sandboxes
                                 are replaced elsewhere first, then drained and stopped. A node

@@ -12,6 +12,7 @@ to the store's namespace (the store adds it).
 | `node(name)`               | `nodes/{node}`              | Node (bound to a TTL lease)   |
 | `cordon(node)`             | `cordons/{node}`            | Cordon                        |
 | `seen(node)`               | `seen/{node}`               | SeenNode                      |
+| `token(name)`              | `tokens/{name}`             | Token (a hash, never a secret)|
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ SANDBOXES = "sandboxes/"
 NODES = "nodes/"
 CORDONS = "cordons/"
 SEEN = "seen/"
+TOKENS = "tokens/"
 
 
 def app(name: str) -> str:
@@ -56,6 +58,10 @@ def cordon(node: str) -> str:
 
 def seen(node: str) -> str:
     return f"{SEEN}{node}"
+
+
+def token(name: str) -> str:
+    return f"{TOKENS}{name}"
 
 
 def name_in(key: str, prefix: str) -> str:

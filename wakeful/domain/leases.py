@@ -10,7 +10,8 @@ ActivatorError
 │   ├── Overloaded      the pool's waiter queue is full
 │   ├── AppFailedToBoot the app's sandboxes keep dying at boot; carries their last log
 │   └── Unreachable     the activator itself did not answer (HTTP adapter only)
-└── Unauthorized      missing or wrong bearer token (401; HTTP client only)
+└── Unauthorized      missing or wrong bearer token, or one of another role (401, 403;
+                      HTTP client only)
 """
 
 from __future__ import annotations

@@ -1,0 +1,73 @@
+"""Which role may call which route of the control API: one explicit decision per route.
+
+Every route of the app `create_app` builds (the lease API, and the deploy, node, logs and
+token routers mounted on it) is a key of `ROUTES`, as `(METHOD, path template)`. A route the
+map does not name is admin-only (`access`): a new route is denied to nodes and ingresses until
+someone decides otherwise here, and tests/wakeful/test_roles.py fails until they do.
+
+An admin token may call everything; a node token and an ingress token only what their
+component needs of the control plane (see `wakeful.remote`'s `HttpArtifacts` and
+`HttpLogSink`, and `wakeful.activator.client.HttpLeases`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final, Literal
+
+from wakeful.domain.models import Role
+
+Public = Literal["public"]
+PUBLIC: Final[Public] = "public"
+"""No token: health, metrics and the API's own schema reveal no app data and no secret."""
+Access = frozenset[Role] | Public
+
+ADMIN_ONLY: Final = frozenset({Role.ADMIN})
+NODE: Final = frozenset({Role.ADMIN, Role.NODE})
+INGRESS: Final = frozenset({Role.ADMIN, Role.INGRESS})
+
+ROUTES: Final[Mapping[tuple[str, str], Access]] = {
+    ("GET", "/healthz"): PUBLIC,
+    ("GET", "/metrics"): PUBLIC,
+    ("GET", "/openapi.json"): PUBLIC,
+    ("HEAD", "/openapi.json"): PUBLIC,
+    # leases: what an ingress does (activator/api.py)
+    ("POST", "/v1/leases"): INGRESS,
+    ("POST", "/v1/leases/{lease_id}/renew"): INGRESS,
+    ("DELETE", "/v1/leases/{lease_id}"): INGRESS,
+    ("GET", "/v1/pools"): ADMIN_ONLY,
+    # artifacts and deploys (deploy/api.py): a node fetches what it runs
+    ("GET", "/v1/artifacts/{digest}"): NODE,
+    ("PUT", "/v1/artifacts/{digest}"): ADMIN_ONLY,
+    ("POST", "/v1/deploys"): ADMIN_ONLY,
+    ("GET", "/v1/deploys/{app}/{version}"): ADMIN_ONLY,
+    ("POST", "/v1/apps/{app}/rollback"): ADMIN_ONLY,
+    ("DELETE", "/v1/apps/{app}"): ADMIN_ONLY,
+    ("GET", "/v1/apps"): ADMIN_ONLY,
+    # sandbox output (deploy/logs_api.py): a node pushes, only an admin reads
+    ("POST", "/v1/logs"): NODE,
+    ("GET", "/v1/apps/{app}/logs"): ADMIN_ONLY,
+    ("GET", "/v1/sandboxes/{sandbox_id}/log"): ADMIN_ONLY,
+    # nodes (wakeful/controller/api.py)
+    ("GET", "/v1/nodes"): ADMIN_ONLY,
+    ("POST", "/v1/nodes/{node}/drain"): ADMIN_ONLY,
+    ("DELETE", "/v1/nodes/{node}/drain"): ADMIN_ONLY,
+    # tokens (activator/tokens_api.py)
+    ("GET", "/v1/tokens"): ADMIN_ONLY,
+    ("POST", "/v1/tokens"): ADMIN_ONLY,
+    ("POST", "/v1/tokens/{name}/rotate"): ADMIN_ONLY,
+    ("DELETE", "/v1/tokens/{name}"): ADMIN_ONLY,
+}
+
+
+def access(method: str, path: str | None) -> Access:
+    """The decision for a route; admin-only when the map has none (default deny)."""
+    if path is None:
+        return ADMIN_ONLY
+    return ROUTES.get((method, path), ADMIN_ONLY)
+
+
+def needed(allowed: frozenset[Role]) -> str:
+    """`"the node or admin role"`: the roles that may, for an error answer."""
+    names = sorted(allowed, key=lambda role: (role is Role.ADMIN, role.value))
+    return "the " + " or ".join(names) + " role"

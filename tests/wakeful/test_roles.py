@@ -1,0 +1,208 @@
+"""Role-scoped credentials on the control API (invariant 17), over real HTTP to the whole
+control plane: every route has an explicit decision in `wakeful.activator.roles`; a node
+token and an ingress token do what their piece needs and get 403 on everything else; no
+token or an unknown one is 401; a route nobody mapped is admin-only."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi import APIRouter, FastAPI
+from prometheus_client import CollectorRegistry
+
+from tests.activator.conftest import seed
+from tests.wakeful.conftest import Running, running_control_plane
+from wakeful.activator.api import create_app, served_routes
+from wakeful.activator.client import HttpLeases
+from wakeful.activator.core import Activator
+from wakeful.activator.credentials import TokenBook
+from wakeful.activator.roles import PUBLIC, ROUTES
+from wakeful.activator.settings import ActivatorSettings
+from wakeful.domain import keys
+from wakeful.domain.artifacts import pack
+from wakeful.domain.leases import Unauthorized
+from wakeful.domain.logbatch import LogBatch
+from wakeful.domain.models import Node, Role, SandboxStatus
+from wakeful.remote import HttpArtifacts, HttpLogSink
+from wakeful.store import open_store
+
+pytestmark = pytest.mark.anyio
+HELLO = Path(__file__).parents[2] / "examples" / "hello"
+EXAMPLE = {
+    "lease_id": "l-1",
+    "digest": "0" * 64,
+    "app": "hello",
+    "version": "v1",
+    "node": "n1",
+    "sandbox_id": "sb-1",
+    "name": "n1",
+}
+"""A value for every path parameter of the control API."""
+
+
+def routes_of(app: FastAPI) -> set[tuple[str, str]]:
+    """Every (method, path) in `app.routes`, included routers opened."""
+    return {(method, path) for method, path, _ in served_routes(app)}
+
+
+NODE_MAY = {("GET", "/v1/artifacts/{digest}"), ("POST", "/v1/logs")}
+"""What `wakeful node` calls (`HttpArtifacts`, `HttpLogSink`), written out here rather than
+read from the map, so a map that grants more fails these tests."""
+INGRESS_MAY = {
+    ("POST", "/v1/leases"),
+    ("POST", "/v1/leases/{lease_id}/renew"),
+    ("DELETE", "/v1/leases/{lease_id}"),
+}
+"""What `wakeful ingress` calls (`HttpLeases`)."""
+
+
+def refused(app: FastAPI, may: set[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Every route `app` serves that needs a token, except `may`."""
+    return sorted(
+        (method, path)
+        for method, path in routes_of(app)
+        if ROUTES.get((method, path)) != PUBLIC and (method, path) not in may
+    )
+
+
+@dataclass
+class Control:
+    running: Running
+    http: httpx.AsyncClient
+    """No token of its own: each call names the one it sends."""
+    node: str
+    ingress: str
+
+    async def call(self, method: str, path: str, token: str | None) -> httpx.Response:
+        headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+        return await self.http.request(method, path.format(**EXAMPLE), headers=headers)
+
+
+@pytest.fixture
+async def control(tmp_path: Path) -> AsyncIterator[Control]:
+    async with (
+        running_control_plane(tmp_path) as running,
+        httpx.AsyncClient(base_url=running.url) as http,
+    ):
+        secrets = {}
+        for role in ("node", "ingress"):
+            made = await http.post(
+                "/v1/tokens",
+                json={"name": f"{role}-1", "role": role},
+                headers={"Authorization": f"Bearer {running.token}"},
+            )
+            assert made.status_code == 201, made.text
+            secrets[role] = made.json()["secret"]
+        yield Control(running, http, secrets["node"], secrets["ingress"])
+
+
+async def test_every_route_of_the_control_api_has_an_explicit_role_decision(
+    control: Control,
+) -> None:
+    """A route added without a decision in wakeful/activator/roles.py fails here (it would be
+    admin-only meanwhile); a decision for a route that is gone fails too."""
+    served = routes_of(control.running.plane.api)
+    assert served - ROUTES.keys() == set(), "no role decision in activator/roles.py"
+    assert ROUTES.keys() - served == set(), "a decision for a route that does not exist"
+
+
+async def test_a_route_nobody_mapped_is_admin_only() -> None:
+    extra = APIRouter()
+
+    @extra.get("/v1/unmapped")
+    async def unmapped() -> dict[str, str]:
+        return {"ok": "yes"}
+
+    tokens = {"a": Role.ADMIN, "n": Role.NODE, "i": Role.INGRESS}
+    async with open_store("memory://") as store:
+        registry = CollectorRegistry()
+        activator = Activator(store, ActivatorSettings(store_url="memory://"), registry)
+        app = create_app(activator, TokenBook.of(tokens), registry, [extra])
+        assert ("GET", "/v1/unmapped") in routes_of(app) - ROUTES.keys()  # the test above fails
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://control") as http:
+
+            async def get(token: str | None) -> httpx.Response:
+                headers = {"Authorization": f"Bearer {token}"} if token else {}
+                return await http.get("/v1/unmapped", headers=headers)
+
+            assert (await get("a")).status_code == 200
+            for token, role in (("n", "node"), ("i", "ingress")):
+                refused = await get(token)
+                assert refused.status_code == 403
+                assert refused.json() == {
+                    "error": "forbidden",
+                    "detail": f"GET /v1/unmapped needs the admin role; this token has the "
+                    f"{role} role",
+                }
+            assert (await get(None)).status_code == 401
+
+
+async def test_a_node_token_fetches_artifacts_and_pushes_logs_and_nothing_else(
+    control: Control,
+) -> None:
+    data = pack(HELLO)
+    digest = await control.running.plane.artifacts.put(data)
+    # The very clients `wakeful node` uses, with the node's token.
+    async with HttpArtifacts(control.running.url, control.node) as artifacts:
+        assert await artifacts.fetch(digest) == data
+    async with HttpLogSink(control.running.url, control.node) as logs:
+        await logs.ship(LogBatch(node="n1", interval=1, pending=0, dropped=0))
+    # ... and not the ones the ingress uses.
+    async with HttpLeases(control.running.url, control.node) as leases:
+        with pytest.raises(Unauthorized, match="needs the ingress or admin role"):
+            await leases.acquire("hello")
+    forbidden = refused(control.running.plane.api, NODE_MAY)
+    for named in [
+        ("POST", "/v1/deploys"),
+        ("POST", "/v1/nodes/{node}/drain"),
+        ("POST", "/v1/tokens"),
+        ("POST", "/v1/tokens/{name}/rotate"),
+        ("GET", "/v1/apps/{app}/logs"),
+    ]:
+        assert named in forbidden
+    for method, path in forbidden:
+        answer = await control.call(method, path, control.node)
+        assert answer.status_code == 403, (method, path, answer.text)
+        assert answer.json()["error"] == "forbidden"
+        assert f"{method} {path} needs the " in answer.json()["detail"]
+        assert answer.json()["detail"].endswith("role; this token has the node role")
+
+
+async def test_an_ingress_token_takes_renews_and_releases_leases_and_nothing_else(
+    control: Control,
+) -> None:
+    store = control.running.store
+    await store.put(keys.node("n1"), Node(name="n1", address="127.0.0.1"))
+    await seed(store, sandboxes={"sb-1": SandboxStatus.RUNNING})
+    async with HttpLeases(control.running.url, control.ingress) as leases:
+        grant = await leases.acquire("hello")
+        assert grant.sandbox_id == "sb-1"
+        assert (await leases.renew(grant.lease_id, used=True)).lease_id == grant.lease_id
+        await leases.release(grant.lease_id)
+    assert control.running.plane.activator.leased_on("sb-1") == 0
+    forbidden = refused(control.running.plane.api, INGRESS_MAY)
+    assert ("GET", "/v1/artifacts/{digest}") in forbidden and ("POST", "/v1/logs") in forbidden
+    for method, path in forbidden:
+        answer = await control.call(method, path, control.ingress)
+        assert answer.status_code == 403, (method, path, answer.text)
+        assert answer.json()["detail"].endswith("role; this token has the ingress role")
+
+
+async def test_no_token_or_an_unknown_one_is_401_and_public_routes_need_none(
+    control: Control,
+) -> None:
+    for (method, path), allowed in ROUTES.items():
+        if allowed == PUBLIC:
+            if method == "GET":
+                assert (await control.call(method, path, None)).status_code == 200, path
+            continue
+        for token in (None, "not-a-token", control.node + "x"):
+            answer = await control.call(method, path, token)
+            assert answer.status_code == 401, (method, path, token, answer.text)
+            assert answer.json()["error"] == "unauthorized"
+            assert answer.headers["WWW-Authenticate"] == "Bearer"
