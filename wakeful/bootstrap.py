@@ -49,7 +49,7 @@ from wakeful.domain import keys
 from wakeful.domain.artifacts import pack
 from wakeful.domain.models import Token
 from wakeful.idle_monitor.monitor import IdleMonitor, IdleMonitorSettings
-from wakeful.node.agent import NodeAgent
+from wakeful.node.agent import NodeAgent, runtime_for
 from wakeful.node.settings import NodeSettings
 from wakeful.remote import Endpoint, HttpArtifacts, HttpLogSink
 from wakeful.serving import AddressInUse, serve_asgi, split_address
@@ -292,7 +292,9 @@ async def run_node(
         HttpArtifacts(control.api, control.token) as artifacts,
         HttpLogSink(control.api, control.token) as logs,
     ):
-        agent = NodeAgent(store, settings, artifacts, logs=logs)
+        # Sandboxes must not reach the control API or the store, wherever they run.
+        runtime = runtime_for(settings, control_plane=[control.api])
+        agent = NodeAgent(store, settings, artifacts, logs=logs, runtime=runtime)
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(agent.run)
             announce(f"node {settings.node_name} running")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -14,7 +15,12 @@ import anyio
 import pytest
 
 from wakeful.domain.models import Resources
-from wakeful.node.hardening import mount_app_tmpfs, unmount
+from wakeful.node.hardening import (
+    control_endpoints,
+    install_network_rules,
+    mount_app_tmpfs,
+    unmount,
+)
 from wakeful.node.isolation import IsolationUnavailable, Jail, UidTable
 from wakeful.node.ports import listeners
 from wakeful.node.runner import BASE_ENV
@@ -194,3 +200,39 @@ def test_what_a_crashed_agent_left_is_unmounted_and_removed_at_start(tmp_path: P
     finally:
         if str(left) in Path("/proc/self/mounts").read_text():
             unmount(left)
+
+
+def test_control_plane_endpoints_are_read_from_the_urls_a_node_is_given() -> None:
+    urls = [
+        "etcd://127.0.0.1:2379,10.1.2.3:2380",  # loopback: refused by the base rules already
+        "http://192.0.2.7:8082",
+        "https://[2001:db8::1]:9000",
+        "http://198.51.100.4",  # the scheme's port
+        "sqlite:///state/store.db",  # not a network address
+        "http://nosuch.invalid:1",  # does not resolve: the node could not reach it either
+    ]
+    assert control_endpoints(urls) == [
+        ("10.1.2.3", 2380),
+        ("192.0.2.7", 8082),
+        ("198.51.100.4", 80),
+        ("2001:db8::1", 9000),
+    ]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="nftables needs root")
+def test_a_control_plane_on_another_machine_is_refused_to_sandbox_uids() -> None:
+    """192.0.2.7 (TEST-NET) stands for the control API on another machine: unreachable here,
+    so without the rule a connect times out; with it, it is refused at once."""
+    code = (
+        "import socket\ntry:\n socket.create_connection(('192.0.2.7', 8082), timeout=1)\n"
+        "except Exception as e:\n print(type(e).__name__)"
+    )
+    sandbox_uid = ["setpriv", "--reuid=400001", "--regid=400001", "--clear-groups"]
+    try:
+        assert install_network_rules([("192.0.2.7", 8082)]) is None
+        done = subprocess.run([*sandbox_uid, "/usr/bin/python3", "-c", code], capture_output=True)
+        assert done.stdout.decode().strip() == "ConnectionRefusedError"
+        root = subprocess.run(["/usr/bin/python3", "-c", code], capture_output=True)
+        assert root.stdout.decode().strip() != "ConnectionRefusedError"  # only sandbox uids
+    finally:
+        install_network_rules()

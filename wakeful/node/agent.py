@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import anyio
 import anyio.abc
@@ -32,6 +32,7 @@ from wakeful.store import Conflict, Item, LeaseNotFound, Store, StoreError
 from wakeful.store.reflector import reflect
 
 from .fencing import claims
+from .hardening import control_endpoints
 from .isolation import Jail, UidTable
 from .logship import LogShipper, LogSink
 from .ports import PortPool
@@ -44,8 +45,9 @@ from .writer import SandboxWriter
 log = logging.getLogger(__name__)
 
 
-def runtime_for(settings: NodeSettings) -> ProcessRuntime:
-    """The runtime the settings ask for; IsolationUnavailable when this machine cannot."""
+def runtime_for(settings: NodeSettings, control_plane: Sequence[str] = ()) -> ProcessRuntime:
+    """The runtime the settings ask for; IsolationUnavailable when this machine cannot.
+    `control_plane`: URLs of the control API and the store, which sandboxes must not reach."""
     if settings.isolation == "none":
         log.warning(
             "isolation is off (--isolation=none): apps run as this user and can read the "
@@ -53,7 +55,8 @@ def runtime_for(settings: NodeSettings) -> ProcessRuntime:
         )
         return ProcessRuntime()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    jail = Jail.detect(settings.data_dir, settings.sandbox_paths)
+    refused = control_endpoints([settings.store_url, *control_plane])
+    jail = Jail.detect(settings.data_dir, settings.sandbox_paths, refused)
     log.info("sandboxes are isolated: %s", jail.describe())
     return ProcessRuntime(jail=jail, uids=UidTable(settings.data_dir / "uids.json"))
 

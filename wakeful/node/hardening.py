@@ -4,10 +4,13 @@ uids, a seccomp filter against user namespaces, and the bounded tmpfs of the app
 from __future__ import annotations
 
 import ctypes
+import ipaddress
 import os
 import shutil
+import socket
 import struct
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 from wakeful.domain.models import Resources, format_size
@@ -38,17 +41,57 @@ port serves and the internet stays reachable. One transaction,
 the same for every agent on the machine: re-installing it is harmless."""
 
 
-def install_network_rules() -> str | None:
-    """Install `NFT_RULES` (root, Debian's nftables); the reason when that is impossible."""
+def install_network_rules(refused: Sequence[tuple[str, int]] = ()) -> str | None:
+    """Install `NFT_RULES` (root, Debian's nftables), plus a rule per control-plane endpoint on
+    another machine (`refused`: address, port); the reason when that is impossible."""
     nft = shutil.which("nft")
     if nft is None:
         return "nft not found (apt-get install nftables)"
+    rules = NFT_RULES + "".join(
+        f"add rule inet wakeful out {'ip6' if ':' in address else 'ip'} daddr {address} "
+        f"tcp dport {port} reject\n"
+        for address, port in refused
+    )
     done = subprocess.run(
-        [nft, "-f", "-"], input=NFT_RULES, capture_output=True, text=True, check=False, timeout=30
+        [nft, "-f", "-"], input=rules, capture_output=True, text=True, check=False, timeout=30
     )
     if done.returncode != 0:
         return f"nft refused the rules: {done.stderr.strip()[:200]}"
     return None
+
+
+def control_endpoints(urls: Sequence[str]) -> list[tuple[str, int]]:
+    """The addresses and ports of the control plane (`etcd://h:p,h:p`, `http(s)://h:p`) that
+    are not on this machine, resolved now: what a sandbox must not reach across the network.
+    Loopback ones are refused by `NFT_RULES` already; a name that does not resolve is skipped
+    (the node could not reach it either)."""
+    found: set[tuple[str, int]] = set()
+    for url in urls:
+        scheme, _, rest = url.partition("://")
+        default = {"http": 80, "https": 443, "etcd": 2379}.get(scheme)
+        if default is None:
+            continue
+        for hostport in rest.split("/", 1)[0].split(","):
+            host, port = _split_host_port(hostport)
+            try:
+                number = int(port) if port else default
+                infos = socket.getaddrinfo(host, number, type=socket.SOCK_STREAM)
+            except (OSError, ValueError):
+                continue
+            for info in infos:
+                address = str(info[4][0])
+                if not ipaddress.ip_address(address).is_loopback:
+                    found.add((address, number))
+    return sorted(found)
+
+
+def _split_host_port(hostport: str) -> tuple[str, str]:
+    """`h:p`, `[v6]:p`, `h` -> (host, port or "")."""
+    if hostport.startswith("["):
+        host, _, rest = hostport[1:].partition("]")
+        return host, rest.removeprefix(":")
+    host, colon, port = hostport.rpartition(":")
+    return (host, port) if colon else (hostport, "")
 
 
 # -- the app's writable tree, bounded ----------------------------------------------------------

@@ -37,6 +37,7 @@ import platform
 import shutil
 import subprocess
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -120,7 +121,13 @@ class Jail:
     """What this machine does not enforce (shown by `wakeful status` and logged at start)."""
 
     @classmethod
-    def detect(cls, data_dir: Path, extra_paths: tuple[Path, ...] = ()) -> Jail:
+    def detect(
+        cls,
+        data_dir: Path,
+        extra_paths: tuple[Path, ...] = (),
+        refused: Sequence[tuple[str, int]] = (),
+    ) -> Jail:
+        """`refused`: control-plane endpoints on other machines no sandbox may reach."""
         tools = {name: shutil.which(name) for name in ("bwrap", "setpriv", "prlimit", "sh")}
         if tools["bwrap"] is None:
             raise IsolationUnavailable(INSTALL_HINT)
@@ -134,7 +141,7 @@ class Jail:
         notes = []
         if not as_root:
             notes.append("not root: sandboxes share the agent's uid; network not isolated")
-        elif (failed := install_network_rules()) is not None:
+        elif (failed := install_network_rules(refused)) is not None:
             notes.append(f"network not isolated: {failed}")
         seccomp = userns_filter(platform.machine())
         if seccomp is None:
