@@ -42,15 +42,26 @@ class Attack:
 
 
 def hostile_app(root: Path, up: Up, marker: str, hello_port: int) -> Path:
-    target = root / "hostile"
-    shutil.copytree(HOSTILE, target)
     api_port = up.api.rsplit(":", 1)[1]
     admin_port = up.admin.rsplit(":", 1)[1]
+    ports = {
+        "the control API": int(api_port),
+        "the ingress admin port": int(admin_port),
+        "another app's port": hello_port,
+    }
+    return write_hostile(root, up.data_dir, up.process.pid, ports, marker)
+
+
+def write_hostile(
+    root: Path, data_dir: Path, control_pid: int, ports: dict[str, int], marker: str
+) -> Path:
+    """The hostile app's directory, told where to aim (it learns nothing it could not guess)."""
+    target = root / "hostile"
+    shutil.copytree(HOSTILE, target)
     env = {
-        "DATA_DIR": str(up.data_dir),
-        "CONTROL_PID": str(up.process.pid),
-        "PORTS": f"the control API={api_port},the ingress admin port={admin_port},"
-        f"another app's port={hello_port}",
+        "DATA_DIR": str(data_dir),
+        "CONTROL_PID": str(control_pid),
+        "PORTS": ",".join(f"{name}={port}" for name, port in ports.items()),
         "MARKER": marker,
         "MEMORY": str(MEMORY),
         "PROCESSES": str(PROCESSES),
