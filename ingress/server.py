@@ -22,6 +22,7 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 
 from wakeful.domain.leases import Leases
+from wakeful.domain.net import hold_loopback_twin
 from wakeful.ingress.cache import LeaseCache
 from wakeful.ingress.edge import AdminApp, ProxyApp
 from wakeful.ingress.limits import bounded_httptools
@@ -58,6 +59,7 @@ def _bind(address: str, backlog: int, what: str) -> socket.socket:
     except OSError as exc:
         sock.close()
         raise OSError(exc.errno, exc.strerror, f"{what} {address}") from exc
+    hold_loopback_twin(sock)  # no sandbox may answer on the other loopback for us
     return sock
 
 

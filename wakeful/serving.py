@@ -12,6 +12,8 @@ from typing import Any
 import anyio
 import uvicorn
 
+from wakeful.domain.net import hold_loopback_twin
+
 
 class EmbeddedServer(uvicorn.Server):
     """uvicorn without its own signal handlers: the process's lifecycle decides shutdown."""
@@ -44,6 +46,7 @@ def bind(address: str, what: str) -> socket.socket:
         raise AddressInUse(f"{what} {address}: {exc.strerror}") from exc
     sock.listen(2048)
     sock.setblocking(False)
+    hold_loopback_twin(sock)  # no sandbox may answer on [::1] for us
     return sock
 
 

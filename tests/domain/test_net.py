@@ -1,0 +1,58 @@
+"""A loopback listener holds the other loopback address's port: a sandbox cannot answer on
+[::1] for a control-plane piece that serves on 127.0.0.1 (clients try ::1 first for
+`localhost` names), and a client that tries it is refused at once."""
+
+from __future__ import annotations
+
+import gc
+import socket
+
+import pytest
+
+from wakeful.domain.net import hold_loopback_twin
+from wakeful.serving import bind
+from wakeful.store.testing import free_port
+
+
+def ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+pytestmark = pytest.mark.skipif(not ipv6_loopback(), reason="no IPv6 loopback here")
+
+
+def test_a_listener_on_127_0_0_1_holds_the_same_port_on_ipv6_loopback() -> None:
+    port = free_port()
+    listener = bind(f"127.0.0.1:{port}", "--listen")
+    try:
+        squatter = socket.socket(socket.AF_INET6)
+        with squatter, pytest.raises(OSError, match="Address already in use"):
+            squatter.bind(("::1", port))
+        client = socket.socket(socket.AF_INET6)
+        with client, pytest.raises(ConnectionRefusedError):  # refused, not hung
+            client.connect(("::1", port))
+    finally:
+        listener.close()
+
+
+def test_the_hold_ends_with_the_listener() -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    assert hold_loopback_twin(listener) is not None
+    listener.close()
+    del listener
+    gc.collect()
+    with socket.socket(socket.AF_INET6) as later:
+        later.bind(("::1", port))  # free again
+
+
+def test_a_non_loopback_listener_holds_nothing() -> None:
+    with socket.socket() as listener:
+        listener.bind(("0.0.0.0", 0))
+        assert hold_loopback_twin(listener) is None

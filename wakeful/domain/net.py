@@ -1,0 +1,36 @@
+"""A listener on one loopback address holds the other one's port too.
+
+A control-plane piece that listens on 127.0.0.1:P leaves [::1]:P free, and clients that
+resolve `localhost` (or `app.localhost`) try ::1 first: a sandbox that binds [::1]:P would get
+the requests meant for the ingress or the control API. `hold_loopback_twin` binds the twin
+address without listening, so nobody else can take it and a client trying it is refused at
+once (then falls back to the address we serve on). The twin closes when the listener is
+garbage collected, or at exit.
+"""
+
+from __future__ import annotations
+
+import socket
+import weakref
+
+TWINS = {"127.0.0.1": "::1", "::1": "127.0.0.1"}
+
+
+def hold_loopback_twin(listener: socket.socket) -> socket.socket | None:
+    """Bind the other loopback address at `listener`'s port; None when there is none to hold
+    (not a loopback listener, no IPv6, or someone holds it already)."""
+    host, port = listener.getsockname()[:2]
+    twin_host = TWINS.get(host)
+    if twin_host is None:
+        return None
+    family = socket.AF_INET6 if ":" in twin_host else socket.AF_INET
+    twin = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        if family == socket.AF_INET6:
+            twin.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        twin.bind((twin_host, port))
+    except OSError:
+        twin.close()
+        return None
+    weakref.finalize(listener, twin.close)
+    return twin
