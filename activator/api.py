@@ -12,7 +12,7 @@ no app data beyond pool names).
 # No `from __future__ import annotations` here: FastAPI reads the dependency annotations at
 # runtime, and they name a local (the bearer scheme).
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Annotated
+from typing import Annotated, Any
 
 import anyio
 import fastapi.routing
@@ -23,7 +23,8 @@ from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, Field
-from starlette.routing import BaseRoute
+from starlette.routing import BaseRoute, Host, Mount
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from wakeful.activator.core import Activator, PoolSnapshot
 from wakeful.activator.credentials import TokenBook
@@ -208,22 +209,69 @@ def create_app(
         # must be public, or it would be served to anyone whatever the map says.
         if not isinstance(route, APIRoute) and decided != PUBLIC:
             raise RuntimeError(f"{method} {path} would be served without the role check")
+        earlier = decisions.get((id(route), method))
+        if earlier is not None and earlier[1] != decided:  # one router included twice
+            raise RuntimeError(f"{method} {path} and {earlier[0]} share a route object")
         decisions[(id(route), method)] = (path, decided)
+    for entry in _entries(api):
+        if isinstance(entry, Mount | Host):  # a mounted app never sees the dependency
+            raise RuntimeError(f"{entry!r}: a mount would be served without the role check")
+    public = frozenset(path for path, decided in decisions.values() if decided == PUBLIC)
+    api.add_middleware(TokenGate, tokens=tokens, public=public)
     return api
+
+
+class TokenGate:
+    """Refuses a request without a valid token before anything reads its body: FastAPI
+    parses a body before it runs dependencies, so `authorize` alone would let anyone make
+    the control plane buffer and parse megabytes. The role check stays in `authorize`."""
+
+    def __init__(self, app: ASGIApp, tokens: TokenBook, public: frozenset[str]) -> None:
+        self._app = app
+        self._tokens = tokens
+        self._public = public
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in self._public:
+            await self._app(scope, receive, send)
+            return
+        secret = _bearer(dict(scope["headers"]).get(b"authorization", b""))
+        if secret is None or self._tokens.verify(secret) is None:
+            response = _error(
+                401,
+                "unauthorized",
+                "a valid bearer token is required",
+                {"WWW-Authenticate": "Bearer"},
+            )
+            await response(scope, receive, send)
+            return
+        await self._app(scope, receive, send)
+
+
+def _bearer(header: bytes) -> str | None:
+    scheme, _, value = header.decode("latin-1").partition(" ")
+    return value.strip() or None if scheme.lower() == "bearer" else None
 
 
 def served_routes(api: FastAPI) -> Iterator[tuple[str, str, BaseRoute]]:
     """(method, path, route) for every route `api` serves, where `route` is what a request's
     scope names (`scope["route"]`). Newer FastAPI keeps an included router as one entry of
     `api.routes`; its `iter_route_contexts` opens them."""
-    contexts = getattr(fastapi.routing, "iter_route_contexts", None)
-    if contexts is None:
-        entries = [(route, route) for route in api.routes]
-    else:
-        entries = [(context, context.original_route) for context in contexts(api.routes)]
-    for shown, original in entries:
+    for shown, original in _contexts(api):
         for method in sorted(getattr(shown, "methods", None) or ()):
             yield str(method), str(getattr(shown, "path", "")), original
+
+
+def _contexts(api: FastAPI) -> list[tuple[Any, BaseRoute]]:
+    contexts = getattr(fastapi.routing, "iter_route_contexts", None)
+    if contexts is None:
+        return [(route, route) for route in api.routes]
+    return [(context, context.original_route) for context in contexts(api.routes)]
+
+
+def _entries(api: FastAPI) -> list[BaseRoute]:
+    """Every route object `api` serves, routers opened, mounts included."""
+    return [original for _, original in _contexts(api)]
 
 
 class _Unauthorized(Exception):

@@ -206,3 +206,40 @@ async def test_no_token_or_an_unknown_one_is_401_and_public_routes_need_none(
             assert answer.status_code == 401, (method, path, token, answer.text)
             assert answer.json()["error"] == "unauthorized"
             assert answer.headers["WWW-Authenticate"] == "Bearer"
+
+
+async def test_without_a_token_no_body_is_read_or_parsed() -> None:
+    """FastAPI parses a body before it runs dependencies: without the gate, a malformed body
+    with no token got a 422 naming the parse error, and megabytes were buffered first."""
+    read: list[int] = []
+    async with open_store("memory://") as store:
+        registry = CollectorRegistry()
+        activator = Activator(store, ActivatorSettings(store_url="memory://"), registry)
+        app = create_app(activator, TokenBook.of({"a": Role.ADMIN}), registry)
+
+        async def body() -> AsyncIterator[bytes]:
+            for _ in range(64):  # 64 MiB offered; counted as it is read
+                read.append(1)
+                yield b"{" * (1 << 20)
+
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://control") as http:
+            answer = await http.post(
+                "/v1/leases", content=body(), headers={"Content-Type": "application/json"}
+            )
+            assert answer.status_code == 401
+            assert answer.json()["error"] == "unauthorized"
+            assert len(read) <= 1  # the gate answered before reading the body
+            bad = await http.post("/v1/leases", content=b"{", headers={"Authorization": "Bearer a"})
+            assert bad.status_code == 422  # with a token, the body is parsed as before
+
+
+async def test_a_mounted_app_is_refused_when_the_api_is_built() -> None:
+    """A mount never sees the role dependency: building an API with one fails loudly."""
+    extra = APIRouter()
+    extra.mount("/v1/files", FastAPI())
+    async with open_store("memory://") as store:
+        registry = CollectorRegistry()
+        activator = Activator(store, ActivatorSettings(store_url="memory://"), registry)
+        with pytest.raises(RuntimeError, match="a mount would be served without the role"):
+            create_app(activator, TokenBook.of({"a": Role.ADMIN}), registry, [extra])
