@@ -7,6 +7,7 @@ naming the address, file or store, with exit status 1 (`serve`).
 from __future__ import annotations
 
 import argparse
+import ipaddress
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Literal
@@ -148,7 +149,18 @@ def _control_for(role: Literal["node", "ingress"], why: str) -> Endpoint:
     own = getattr(RoleTokens(), f"{role}_token")
     if settings.api is None:
         raise CliError(f"WAKEFUL_API must be set: {why}")
+    if cleartext_to_another_machine(settings.api):
+        commands.note(
+            f"warning: WAKEFUL_API {settings.api} is plain HTTP to another machine: this {role}'s "
+            "token crosses the network readable; put a TLS proxy in front of the control API "
+            "and use an https:// URL"
+        )
     if own is not None:
+        if settings.token is not None:
+            commands.note(
+                f"warning: WAKEFUL_TOKEN (the admin token) is set beside {variable}; it is not "
+                f"used, but whoever takes over this {role} can read it: unset it here"
+            )
         return Endpoint(settings.api, own.get_secret_value())
     if settings.token is None:
         raise CliError(
@@ -228,3 +240,17 @@ def cmd_idle_monitor(args: argparse.Namespace) -> int:
 
 
 # -- commands that talk to a running control plane -----------------------------------------
+
+
+def cleartext_to_another_machine(url: str) -> bool:
+    """`http://` to a host that is not this machine's loopback."""
+    scheme, _, rest = url.partition("://")
+    if scheme != "http":
+        return False
+    host = rest.split("/", 1)[0].rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return True  # a name: another machine as far as we can tell

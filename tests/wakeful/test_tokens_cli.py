@@ -19,7 +19,7 @@ import pytest
 from tests.e2e.test_up import start_up, stop_up
 from tests.wakeful.conftest import TOKEN, Running, running_control_plane
 from wakeful.commands import CliError
-from wakeful.pieces import _control_for
+from wakeful.pieces import _control_for, cleartext_to_another_machine
 
 pytestmark = pytest.mark.anyio
 WAKEFUL = [sys.executable, "-m", "wakeful.cli"]
@@ -142,14 +142,35 @@ def test_a_piece_takes_its_role_token_and_warns_when_given_only_the_admin_token(
 ) -> None:
     for name in ("WAKEFUL_TOKEN", "WAKEFUL_NODE_TOKEN", "WAKEFUL_INGRESS_TOKEN"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("WAKEFUL_API", "http://control:8082")
+    monkeypatch.setenv("WAKEFUL_API", "http://127.0.0.1:8082")
     with pytest.raises(CliError, match="WAKEFUL_NODE_TOKEN must be set"):
         _control_for("node", "why")
-    monkeypatch.setenv("WAKEFUL_TOKEN", "the-admin-token")
     monkeypatch.setenv("WAKEFUL_INGRESS_TOKEN", "the-ingress-token")
     assert _control_for("ingress", "why").token == "the-ingress-token"
     assert capsys.readouterr().err == ""
+    monkeypatch.setenv("WAKEFUL_TOKEN", "the-admin-token")
+    assert _control_for("ingress", "why").token == "the-ingress-token"
+    beside = capsys.readouterr().err  # the admin token left beside the role token
+    assert "is set beside WAKEFUL_INGRESS_TOKEN" in beside and "the-admin-token" not in beside
+    monkeypatch.setenv("WAKEFUL_API", "http://control:8082")
+    _control_for("ingress", "why")
+    assert "plain HTTP to another machine" in capsys.readouterr().err
     assert _control_for("node", "why").token == "the-admin-token"
     warned = capsys.readouterr().err
     assert "WAKEFUL_NODE_TOKEN is not set" in warned and "the admin token" in warned
     assert "the-admin-token" not in warned
+
+
+@pytest.mark.parametrize(
+    ("url", "warned"),
+    [
+        ("http://127.0.0.1:8082", False),
+        ("http://[::1]:8082", False),
+        ("http://localhost:8082", False),
+        ("https://control.example:8443", False),
+        ("http://10.0.0.5:8082", True),
+        ("http://control.example", True),
+    ],
+)
+def test_plain_http_to_another_machine_is_called_out(url: str, warned: bool) -> None:
+    assert cleartext_to_another_machine(url) is warned
