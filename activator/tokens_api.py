@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Annotated
 
 import anyio
-from fastapi import APIRouter, HTTPException, Response
+from fastapi import APIRouter, HTTPException
 from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -31,6 +31,11 @@ from wakeful.store import AlreadyExists, Conflict, Delete, Require, Store
 TokenName = Annotated[str, PathParam(pattern=NAME_PATTERN, description="a token's name")]
 WAIT = 10.0
 """Seconds a write waits for the control plane's own view to apply it."""
+
+
+class Revoked(BaseModel):
+    name: str
+    effective: bool
 
 
 class TokenRequest(BaseModel):
@@ -128,8 +133,9 @@ def tokens_router(
             return IssuedToken(**report, written_to=write_admin(secret), effective=effective)
         return IssuedToken(**report, secret=secret, effective=effective)
 
-    @router.delete("/v1/tokens/{name}", status_code=204)
-    async def revoke(name: TokenName) -> Response:
+    @router.delete("/v1/tokens/{name}", response_model=Revoked)
+    async def revoke(name: TokenName) -> Revoked:
+        """`effective`: this control plane refuses the secret already (else within seconds)."""
         if name == ADMIN_TOKEN:
             raise bad(
                 409,
@@ -145,7 +151,6 @@ def tokens_router(
             )
         except Conflict:
             raise bad(409, "conflict", f"token {name!r} changed meanwhile, try again") from None
-        await applied(revision)
-        return Response(status_code=204)
+        return Revoked(name=name, effective=await applied(revision))
 
     return router

@@ -201,8 +201,10 @@ def tokens_rotate(api: ControlClient, name: str) -> int:
 
 
 def tokens_revoke(api: ControlClient, name: str) -> int:
-    api.revoke_token(name)
-    say(f"revoked {name}: its secret is refused from now on")
+    if api.revoke_token(name):
+        say(f"revoked {name}: its secret is refused from now on")
+    else:
+        say(f"revoked {name}: the control plane has not applied it yet; it will within seconds")
     return 0
 
 

@@ -206,8 +206,10 @@ class ControlClient:
     def rotate_token(self, name: str) -> Any:
         return self._json("POST", f"/v1/tokens/{_segment(name)}/rotate")
 
-    def revoke_token(self, name: str) -> None:
-        self._send("DELETE", f"/v1/tokens/{_segment(name)}")
+    def revoke_token(self, name: str) -> bool:
+        """True when the control plane refuses the secret already."""
+        answer = self._send("DELETE", f"/v1/tokens/{_segment(name)}")
+        return bool(answer.json().get("effective", True))
 
     def app_logs(self, app: str, tail: int) -> AppLogs:
         answer = self._send("GET", f"/v1/apps/{_segment(app)}/logs", params={"tail": tail})
