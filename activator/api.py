@@ -82,6 +82,7 @@ def create_app(
             raise _Unauthorized()
         if token.role not in allowed:
             raise _Forbidden(f"{request.method} {path}", allowed, token.role)
+        request.state.token = token  # who is calling, for routes that narrow by identity
 
     # No Swagger UI or ReDoc pages (scripts from a CDN, nothing the CLI needs); the schema
     # stays at /openapi.json.

@@ -24,6 +24,7 @@ from wakeful.domain.models import (
     HAS_PROCESS,
     NAME_PATTERN,
     App,
+    Role,
     Sandbox,
     describe_validation_error,
 )
@@ -40,6 +41,24 @@ def _bad(status: int, error: str, detail: str) -> HTTPException:
 
 def _text(lines: list[str]) -> str:
     return "\n".join(lines) + ("\n" if lines else "")
+
+
+async def own_output(store: Store, batch: LogBatch, node: str) -> LogBatch:
+    """A node token (named after its node) pushes only its node's batch, and only the output
+    of sandboxes recorded on that node for the app they say: a node cannot silence, evict or
+    forge another's logs. Chunks of a sandbox whose record is gone are dropped."""
+    if batch.node != node:
+        raise _bad(
+            403,
+            "forbidden",
+            f"this node token is {node!r}'s; it cannot push node {batch.node!r}'s output",
+        )
+    kept = []
+    for chunk in batch.chunks:
+        record = await store.get(keys.sandbox(chunk.sandbox), Sandbox)
+        if record is not None and record.value.node == node and record.value.app == chunk.app:
+            kept.append(chunk)
+    return batch.model_copy(update={"chunks": kept})
 
 
 def logs_router(store: Store, logbook: LogBook) -> APIRouter:
@@ -62,6 +81,9 @@ def logs_router(store: Store, logbook: LogBook) -> APIRouter:
             batch = LogBatch.model_validate_json(bytes(body))
         except ValidationError as exc:
             raise _bad(422, "invalid request", describe_validation_error(exc)[:500]) from exc
+        token = getattr(request.state, "token", None)
+        if token is not None and token.role is Role.NODE:
+            batch = await own_output(store, batch, token.name)
         await logbook.ship(batch)
         return Response(status_code=204)
 

@@ -22,11 +22,13 @@ from wakeful.activator.core import Activator
 from wakeful.activator.credentials import TokenBook
 from wakeful.activator.roles import PUBLIC, ROUTES
 from wakeful.activator.settings import ActivatorSettings
+from wakeful.deploy.logs_api import own_output
 from wakeful.domain import keys
 from wakeful.domain.artifacts import pack
 from wakeful.domain.leases import Unauthorized
-from wakeful.domain.logbatch import LogBatch
-from wakeful.domain.models import Node, Role, SandboxStatus
+from wakeful.domain.logbatch import LogBatch, OutputChunk
+from wakeful.domain.models import Node, Role, Sandbox, SandboxStatus
+from wakeful.node.logship import ShipFailed
 from wakeful.remote import HttpArtifacts, HttpLogSink
 from wakeful.store import open_store
 
@@ -92,7 +94,7 @@ async def control(tmp_path: Path) -> AsyncIterator[Control]:
         for role in ("node", "ingress"):
             made = await http.post(
                 "/v1/tokens",
-                json={"name": f"{role}-1", "role": role},
+                json={"name": "n1" if role == "node" else "edge", "role": role},
                 headers={"Authorization": f"Bearer {running.token}"},
             )
             assert made.status_code == 201, made.text
@@ -243,3 +245,39 @@ async def test_a_mounted_app_is_refused_when_the_api_is_built() -> None:
         activator = Activator(store, ActivatorSettings(store_url="memory://"), registry)
         with pytest.raises(RuntimeError, match="a mount would be served without the role"):
             create_app(activator, TokenBook.of({"a": Role.ADMIN}), registry, [extra])
+
+
+async def test_a_node_token_pushes_only_its_own_nodes_output(control: Control) -> None:
+    """Named after its node, a node token cannot push another node's batch (403)."""
+    async with HttpLogSink(control.running.url, control.node) as logs:
+        with pytest.raises(ShipFailed, match="cannot push node 'n2'"):
+            await logs.ship(LogBatch(node="n2", interval=1, pending=0, dropped=0))
+
+
+async def test_a_nodes_batch_keeps_only_output_of_sandboxes_recorded_on_it() -> None:
+    """Output for a sandbox recorded elsewhere, under another app, or nowhere is dropped: a
+    node cannot forge, mislabel or evict another node's logs."""
+    async with open_store("memory://") as store:
+        for sandbox_id, node in (("mine-1", "n1"), ("theirs-1", "n2")):
+            record = Sandbox(id=sandbox_id, pool="hello-v1", app="hello", node=node, owner=node)
+            await store.put(keys.sandbox(sandbox_id), record)
+
+        def chunk(sandbox_id: str, app: str) -> OutputChunk:
+            return OutputChunk(
+                sandbox=sandbox_id, app=app, created_at=1, offset=0, size=2, text="x\n"
+            )
+
+        batch = LogBatch(
+            node="n1",
+            interval=1,
+            pending=0,
+            dropped=0,
+            chunks=[
+                chunk("mine-1", "hello"),
+                chunk("theirs-1", "hello"),
+                chunk("mine-1", "other"),
+                chunk("made-up-1", "hello"),
+            ],
+        )
+        kept = await own_output(store, batch, "n1")
+    assert [(c.sandbox, c.app) for c in kept.chunks] == [("mine-1", "hello")]
