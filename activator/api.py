@@ -199,6 +199,10 @@ def create_app(
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
+    @api.head("/healthz", include_in_schema=False)  # load balancers' health checks
+    async def healthz_head() -> Response:
+        return Response(status_code=200)
+
     @api.get("/metrics")
     async def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

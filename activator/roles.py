@@ -28,6 +28,7 @@ INGRESS: Final = frozenset({Role.ADMIN, Role.INGRESS})
 
 ROUTES: Final[Mapping[tuple[str, str], Access]] = {
     ("GET", "/healthz"): PUBLIC,
+    ("HEAD", "/healthz"): PUBLIC,  # load balancers' health checks
     ("GET", "/metrics"): PUBLIC,
     ("GET", "/openapi.json"): PUBLIC,
     ("HEAD", "/openapi.json"): PUBLIC,

@@ -14,6 +14,7 @@ by `WAIT`): when the CLI returns, a revoked secret is already refused here.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the annotations at runtime.
+import logging
 import time
 from collections.abc import Callable
 from typing import Annotated
@@ -31,6 +32,7 @@ from wakeful.store import AlreadyExists, Conflict, Delete, Require, Store
 TokenName = Annotated[str, PathParam(pattern=NAME_PATTERN, description="a token's name")]
 WAIT = 10.0
 """Seconds a write waits for the control plane's own view to apply it."""
+log = logging.getLogger(__name__)
 
 
 class Revoked(BaseModel):
@@ -130,7 +132,10 @@ def tokens_router(
         effective = await applied(revision)
         report = TokenReport.of(token).model_dump()
         if name == ADMIN_TOKEN and write_admin is not None:
-            return IssuedToken(**report, written_to=write_admin(secret), effective=effective)
+            try:
+                return IssuedToken(**report, written_to=write_admin(secret), effective=effective)
+            except OSError as exc:  # the store has it already: the caller must get the secret
+                log.error("could not write the new admin token to its file: %s", exc.strerror)
         return IssuedToken(**report, secret=secret, effective=effective)
 
     @router.delete("/v1/tokens/{name}", response_model=Revoked)

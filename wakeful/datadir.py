@@ -118,8 +118,12 @@ def write_token(data_dir: Path, token: str) -> Path:
 def write_control_file(data_dir: Path, api_url: str, token: str, ingress_url: str | None) -> None:
     """`<data-dir>/control.json` (0600): where the other commands find `wakeful up`."""
     path = data_dir / CONTROL_FILE
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fresh = data_dir / f".{CONTROL_FILE}.new"
+    with contextlib.suppress(FileNotFoundError):
+        fresh.unlink()
+    fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as handle:
         json.dump(
             {"api": api_url, "token": token, "ingress": ingress_url, "pid": os.getpid()}, handle
         )
+    os.replace(fresh, path)  # a reader sees the old file or the new one, never half of one

@@ -161,3 +161,20 @@ async def test_no_secret_reaches_a_log_line_or_an_error_answer(
     for shown in [caplog.text, *(a.text for a in answers[1:])]:
         for token in (secret, rotated, running.token):
             assert token not in shown
+
+
+async def test_a_new_admin_token_that_cannot_be_written_to_its_file_is_shown_instead(
+    tmp_path: Path,
+) -> None:
+    """The store holds the new admin secret before the file does: when the file cannot be
+    written, the answer carries the secret, so nobody is locked out."""
+
+    def unwritable(secret: str) -> str:
+        raise PermissionError(13, "Permission denied", str(tmp_path / "token"))
+
+    async with running_control_plane(tmp_path, write_admin=unwritable) as running:
+        rotated = await admin(running, "POST", "/v1/tokens/admin/rotate")
+        assert rotated.status_code == 200, rotated.text
+        secret = rotated.json()["secret"]
+        assert await call(running, secret) == 200
+        assert await call(running, TOKEN) == 401
