@@ -246,7 +246,8 @@ class SandboxRunner:
             ready = await wait_ready(
                 launch.host, launch.port, spec.health.path, spec.health.timeout, process.wait
             )
-            if ready and not process.owns_port(launch.port):
+            # /proc/net/tcp lists every socket of the machine: read it off the event loop.
+            if ready and not await anyio.to_thread.run_sync(process.owns_port, launch.port):
                 self._squatted = True  # another app answered on our port: never route to it
                 ready = False
             trace.mark("probed", launch.app)

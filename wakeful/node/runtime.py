@@ -177,17 +177,20 @@ class LocalProcess:
 
     async def stop(self, grace: float) -> int:
         """SIGTERM to the sandbox's processes, SIGKILL to all of them after `grace` seconds."""
-        self._signal(signal.SIGTERM)
+        await self._signal(signal.SIGTERM)
         try:
             async with asyncio.timeout(grace):
                 return await self.wait()
         except TimeoutError:
-            self._signal(signal.SIGKILL)
+            await self._signal(signal.SIGKILL)
             return await self.wait()
 
-    def _signal(self, signum: int) -> None:
+    async def _signal(self, signum: int) -> None:
+        if self._process.returncode is not None:
+            return  # reaped: its pid may already be another process's
         if self._jailed is not None:
-            self._jailed.signal(self._process.pid, signum)
+            # Finding an isolated sandbox's processes reads /proc: not on the event loop.
+            await asyncio.to_thread(self._jailed.signal, self._process.pid, signum)
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._process.pid, signum)
