@@ -35,7 +35,7 @@ from wakeful.node.settings import NodeSettings
 from wakeful.store import Event, Store, open_store
 from wakeful.testing import ManualClock
 
-from .conftest import put_hello
+from .conftest import agent_settings, put_hello
 
 pytestmark = pytest.mark.anyio
 HELLO = Path(__file__).parents[2] / "examples" / "hello"
@@ -100,13 +100,7 @@ async def node(tmp_path: Path) -> AsyncIterator[tuple[Store, NodeAgent]]:
                 keys.pool(f"{name}-v1"),
                 Pool(name=f"{name}-v1", app=name, version="v1", spec=spec, desired_instances=1),
             )
-        settings = NodeSettings(
-            isolation="none",  # the agent's own logic here; isolation: tests/security
-            store_url="memory://",
-            node_name="n1",
-            data_dir=tmp_path,
-            node_ttl=2,
-        )
+        settings = agent_settings(tmp_path, node_ttl=2)
         agent = NodeAgent(store, settings, artifacts)
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(agent.run)
@@ -196,14 +190,7 @@ async def test_a_stopping_agent_drains_stops_and_reports_its_sandboxes(tmp_path:
         digest = await artifacts.put(pack(HELLO))
         spec = AppSpec(command=[sys.executable, "app.py"], health=HealthCheck(path="/healthz"))
         await put_hello(store, spec, digest)
-        settings = NodeSettings(
-            isolation="none",  # the agent's own logic here; isolation: tests/security
-            store_url="memory://",
-            node_name="n1",
-            data_dir=tmp_path,
-            node_ttl=30,
-            shutdown_drain=0.2,
-        )
+        settings = agent_settings(tmp_path, node_ttl=30, shutdown_drain=0.2)
         agent = NodeAgent(store, settings, artifacts)
         seen: list[str] = []
         reported = anyio.Event()
@@ -294,13 +281,7 @@ async def run_agent_once(
 async def test_a_stopping_agent_cordons_its_node_and_lifts_it_when_back(tmp_path: Path) -> None:
     clock = ManualClock(start=1_000)
     async with open_store("memory://") as store:
-        settings = NodeSettings(
-            isolation="none",  # the agent's own logic here; isolation: tests/security
-            store_url="memory://",
-            node_name="n1",
-            data_dir=tmp_path,
-            shutdown_drain=0,
-        )
+        settings = agent_settings(tmp_path, shutdown_drain=0)
         artifacts = LocalArtifacts(tmp_path / "artifacts")
         await store.put(keys.cordon("n2"), Cordon(node="n2"))  # an operator's, elsewhere
         await run_agent_once(store, settings, artifacts, clock)
@@ -321,13 +302,7 @@ async def test_an_operators_cordon_on_the_node_outlives_the_agents_restart(
 ) -> None:
     clock = ManualClock(start=1_000)
     async with open_store("memory://") as store:
-        settings = NodeSettings(
-            isolation="none",  # the agent's own logic here; isolation: tests/security
-            store_url="memory://",
-            node_name="n1",
-            data_dir=tmp_path,
-            shutdown_drain=0,
-        )
+        settings = agent_settings(tmp_path, shutdown_drain=0)
         artifacts = LocalArtifacts(tmp_path / "artifacts")
         theirs = Cordon(node="n1", evacuate=True, since=500)  # `wakeful drain n1 --evacuate`
         await store.put(keys.cordon("n1"), theirs)
@@ -340,13 +315,7 @@ async def test_an_operators_cordon_on_the_node_outlives_the_agents_restart(
 async def test_a_node_is_seen_from_its_first_registration_on(tmp_path: Path) -> None:
     clock = ManualClock(start=1_000)
     async with open_store("memory://") as store:
-        settings = NodeSettings(
-            isolation="none",  # the agent's own logic here; isolation: tests/security
-            store_url="memory://",
-            node_name="n1",
-            data_dir=tmp_path,
-            shutdown_drain=0,
-        )
+        settings = agent_settings(tmp_path, shutdown_drain=0)
         artifacts = LocalArtifacts(tmp_path / "artifacts")
         await run_agent_once(store, settings, artifacts, clock)
         await run_agent_once(store, settings, artifacts, clock)  # a minute later, again

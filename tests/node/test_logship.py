@@ -16,10 +16,9 @@ from wakeful.domain.logbatch import LogBatch
 from wakeful.domain.models import AppSpec, HealthCheck, Sandbox, SandboxStatus
 from wakeful.node.agent import NodeAgent
 from wakeful.node.logship import LogShipper, OutputBuffer, ShipFailed, utf8_cut
-from wakeful.node.settings import NodeSettings
 from wakeful.store import open_store
 
-from .conftest import put_hello
+from .conftest import agent_settings, put_hello
 
 pytestmark = pytest.mark.anyio
 HELLO = Path(__file__).parents[2] / "examples" / "hello"
@@ -193,14 +192,7 @@ async def test_the_agent_ships_a_sandboxs_output_and_still_writes_its_file(tmp_p
             shutdown_timeout=5,
         )
         await put_hello(store, spec, digest)
-        settings = NodeSettings(
-            isolation="none",  # the agent's own logic here; isolation: tests/security
-            store_url="memory://",
-            node_name="n1",
-            data_dir=tmp_path,
-            log_ship_interval=0.05,
-            shutdown_drain=0,
-        )
+        settings = agent_settings(tmp_path, log_ship_interval=0.05, shutdown_drain=0)
         agent = NodeAgent(store, settings, artifacts, logs=sink)
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(agent.run)
