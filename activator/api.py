@@ -77,12 +77,14 @@ def create_app(
         )
         if not isinstance(allowed, frozenset):  # PUBLIC
             return
-        token = None if credentials is None else tokens.verify(credentials.credentials)
-        if token is None:
+        # `TokenGate` verified the token before the body was read and left it in the request's
+        # state (who is calling, also for routes that narrow by identity); `credentials` only
+        # puts the bearer scheme in the schema.
+        token = getattr(request.state, "token", None)
+        if credentials is None or token is None:
             raise _Unauthorized()
         if token.role not in allowed:
             raise _Forbidden(f"{request.method} {path}", allowed, token.role)
-        request.state.token = token  # who is calling, for routes that narrow by identity
 
     # No Swagger UI or ReDoc pages (scripts from a CDN, nothing the CLI needs); the schema
     # stays at /openapi.json.
@@ -241,7 +243,8 @@ class TokenGate:
             await self._app(scope, receive, send)
             return
         secret = _bearer(dict(scope["headers"]).get(b"authorization", b""))
-        if secret is None or self._tokens.verify(secret) is None:
+        token = None if secret is None else self._tokens.verify(secret)
+        if token is None:
             response = _error(
                 401,
                 "unauthorized",
@@ -250,6 +253,7 @@ class TokenGate:
             )
             await response(scope, receive, send)
             return
+        scope.setdefault("state", {})["token"] = token  # `authorize` reads it: verified once
         await self._app(scope, receive, send)
 
 
