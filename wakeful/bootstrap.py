@@ -233,7 +233,6 @@ async def run_up(
                 ingress_settings, InProcessLeases(plane.activator), store, CollectorRegistry()
             )
             async with ingress.running():
-                write_control_file(data_dir, f"http://{api}", token, f"http://{listen}")
                 announce(f"wakeful is up: control API http://{api} (token in {data_dir / 'token'})")
                 host, _, port = listen.rpartition(":")
                 shown = "localhost" if host in ("127.0.0.1", "0.0.0.0", "localhost") else host
@@ -241,6 +240,9 @@ async def run_up(
                     announce(await deploy_local(plane, app_dir))
                     name = app_dir.definition.name
                     announce(f"  {name}: http://{name}.{shown}:{port}/")
+                # Written once the apps named on the command line are deployed: whoever waits
+                # for the control file (a script, a test) finds them routable.
+                write_control_file(data_dir, f"http://{api}", token, f"http://{listen}")
                 signum = await wait_for_signal()
                 announce(
                     f"stopping ({signal.Signals(signum).name}): finishing requests, "

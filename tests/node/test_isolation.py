@@ -4,10 +4,12 @@ The hostile-app suite (tests/security) covers the attacks end to end."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
 import subprocess
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -34,31 +36,60 @@ pytestmark = [
 ]
 
 
-def runtime(data_dir: Path) -> ProcessRuntime:
+WARM = [pytest.param(0, id="cold-join"), pytest.param(1, id="warm-slot")]
+"""Every start path: the chain joins the cgroups itself, or a warm slot (wakeful.node.slots)
+already sits in them. Without cgroups (not root) both are the same path."""
+
+
+def runtime(data_dir: Path, warm_slots: int = 0) -> ProcessRuntime:
     data_dir.mkdir(exist_ok=True)
-    return ProcessRuntime(jail=Jail.detect(data_dir), uids=UidTable(data_dir / "uids.json"))
+    jail = Jail.detect(data_dir)
+    uids = UidTable(data_dir / "uids.json")
+    return ProcessRuntime(jail=jail, uids=uids, warm_slots=warm_slots)
+
+
+@contextlib.asynccontextmanager
+async def warm(runtime: ProcessRuntime) -> AsyncIterator[ProcessRuntime]:
+    """The runtime with its warm slots filled (as the node agent keeps them) until the end."""
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(runtime.keep_warm)
+        if runtime.slots is not None:
+            with anyio.fail_after(30):
+                await runtime.slots.filled()
+        yield runtime
+        tasks.cancel_scope.cancel()
 
 
 async def run(
-    data_dir: Path, code: str, limits: Resources | None = None, app: str = "a"
+    data_dir: Path,
+    code: str,
+    limits: Resources | None = None,
+    app: str = "a",
+    warm_slots: int = 0,
 ) -> tuple[int, str, str | None]:
     workdir = data_dir / "sandboxes" / "sb" / "app"
     workdir.mkdir(parents=True, exist_ok=True)
-    process = await runtime(data_dir).start(
-        ["python3", "-c", code],
-        BASE_ENV,
-        workdir,
-        workdir.parent / "output.log",
-        Identity("sb", app, limits or Resources()),
-    )
-    with anyio.fail_after(60):
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(process.pump, None)
-            code_ = await process.wait()
+    async with warm(runtime(data_dir, warm_slots)) as started:
+        process = await started.start(
+            ["python3", "-c", code],
+            BASE_ENV,
+            workdir,
+            workdir.parent / "output.log",
+            Identity("sb", app, limits or Resources()),
+        )
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(process.pump, None)
+                code_ = await process.wait()
+        if warm_slots and started.slots is not None:
+            assert started.slots.taken == 1  # the path under test was the one taken
     return code_, process.tail(), process.reason()
 
 
-async def test_a_sandbox_sees_its_own_tree_its_own_uid_and_nothing_else(tmp_path: Path) -> None:
+@pytest.mark.parametrize("warm_slots", WARM)
+async def test_a_sandbox_sees_its_own_tree_its_own_uid_and_nothing_else(
+    tmp_path: Path, warm_slots: int
+) -> None:
     (tmp_path / "token").write_text("secret")
     code = (
         "import os; open('/tmp/scratch', 'w').write('x'); open('/dev/shm/s', 'w').write('x'); "
@@ -66,7 +97,7 @@ async def test_a_sandbox_sees_its_own_tree_its_own_uid_and_nothing_else(tmp_path
         "sorted(k for k in os.environ if k not in ('PWD', 'SHLVL', '_', 'LC_CTYPE')), "
         "os.path.exists(" + repr(str(tmp_path / "token")) + "))"
     )
-    exit_code, tail, _ = await run(tmp_path, code)
+    exit_code, tail, _ = await run(tmp_path, code, warm_slots=warm_slots)
     assert exit_code == 0, tail
     cwd, uid, rest = tail.split(" ", 2)
     assert cwd == "/app"
@@ -78,10 +109,13 @@ async def test_a_sandbox_sees_its_own_tree_its_own_uid_and_nothing_else(tmp_path
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="cgroups need root")
-async def test_a_sandbox_killed_for_memory_is_reported_as_such(tmp_path: Path) -> None:
+@pytest.mark.parametrize("warm_slots", WARM)
+async def test_a_sandbox_killed_for_memory_is_reported_as_such(
+    tmp_path: Path, warm_slots: int
+) -> None:
     limits = Resources(memory="32Mi")
     code = "b = bytearray(256 << 20); b[::4096] = b'x' * len(b[::4096])"
-    exit_code, _, reason = await run(tmp_path, code, limits)
+    exit_code, _, reason = await run(tmp_path, code, limits, warm_slots=warm_slots)
     assert exit_code != 0
     assert reason == "killed: out of memory (limit 32Mi)"
 
@@ -105,24 +139,28 @@ def test_apps_starting_at_once_each_get_their_own_recorded_uid(tmp_path: Path) -
     assert [UidTable(tmp_path / "uids.json").uid(app) for app in apps] == uids  # as recorded
 
 
-async def test_the_apps_environment_reaches_the_app_and_nothing_before_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("warm_slots", WARM)
+async def test_the_apps_environment_reaches_the_app_and_nothing_before_it(
+    tmp_path: Path, warm_slots: int
+) -> None:
     """An app's `env` (LD_PRELOAD, LD_DEBUG...) must not reach prlimit, setpriv or bwrap,
     which run as root before the sandbox exists: the dynamic loader's debug output names every
     program it loads, so bwrap must not appear in it, while the app does see the variable."""
     workdir = tmp_path / "sandboxes" / "sb" / "app"
     workdir.mkdir(parents=True)
     log = workdir.parent / "output.log"
-    process = await runtime(tmp_path).start(
-        ["python3", "-c", "import os; print('app sees', os.environ.get('LD_DEBUG'))"],
-        {**BASE_ENV, "LD_DEBUG": "libs"},
-        workdir,
-        log,
-        Identity("sb", "a", Resources()),
-    )
-    with anyio.fail_after(60):
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(process.pump, None)
-            assert await process.wait() == 0
+    async with warm(runtime(tmp_path, warm_slots)) as started:
+        process = await started.start(
+            ["python3", "-c", "import os; print('app sees', os.environ.get('LD_DEBUG'))"],
+            {**BASE_ENV, "LD_DEBUG": "libs"},
+            workdir,
+            log,
+            Identity("sb", "a", Resources()),
+        )
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(process.pump, None)
+                assert await process.wait() == 0
     output = await anyio.Path(log).read_text()
     assert "app sees libs" in output
     assert "bwrap" not in output and "prlimit" not in output
@@ -236,3 +274,48 @@ def test_a_control_plane_on_another_machine_is_refused_to_sandbox_uids() -> None
         assert root.stdout.decode().strip() != "ConnectionRefusedError"  # only sandbox uids
     finally:
         install_network_rules()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="cgroups need root")
+async def test_a_warm_slot_becomes_the_sandbox_in_its_own_cgroups_and_is_replaced(
+    tmp_path: Path,
+) -> None:
+    """The slot's cgroups take the sandbox's name and the app's limits (a 24Mi app must not
+    keep the slot's looser ones); the rlimits the chain's prlimit would set are set; the pool
+    fills up again; and when the runtime stops, no idle slot and no slot cgroup is left."""
+    workdir = tmp_path / "sandboxes" / "sb" / "app"
+    workdir.mkdir(parents=True)
+    started = runtime(tmp_path, warm_slots=1)
+    assert started.slots is not None and started.jail is not None
+    cgroups = started.jail.cgroups
+    assert cgroups is not None
+    code = (
+        "import resource; "
+        "print(open('/proc/self/cgroup').read().replace(chr(10), ' '), "
+        "resource.getrlimit(resource.RLIMIT_NOFILE))"
+    )
+    limits = Resources(memory="24Mi", open_files=99)
+    async with warm(started):
+        idle = list(started.slots._idle)
+        process = await started.start(
+            ["python3", "-c", code],
+            BASE_ENV,
+            workdir,
+            workdir.parent / "output.log",
+            Identity("sb-warm", "a", limits),
+        )
+        assert process.pid == idle[0].process.pid  # the slot itself became the sandbox
+        memory = cgroups.sandbox("sb-warm").memory
+        assert (memory / "memory.limit_in_bytes").read_text().strip() == str(24 << 20)
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(process.pump, None)
+                assert await process.wait() == 0
+            await started.slots.filled()
+        assert started.slots.taken == 1
+        spare = list(started.slots._idle)
+    assert "wakeful/sb-warm" in process.tail() and "(99, 99)" in process.tail()
+    assert all(slot.process.returncode is not None for slot in spare)
+    left = [p.name for p in cgroups.memory.iterdir() if p.name.startswith("slot-")]
+    left_pids = {pid for name in left for pid in cgroups.sandbox(name).pids_in()}
+    assert not left_pids & {slot.process.pid for slot in spare}

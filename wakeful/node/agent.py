@@ -58,7 +58,8 @@ def runtime_for(settings: NodeSettings, control_plane: Sequence[str] = ()) -> Pr
     refused = control_endpoints([settings.store_url, *control_plane])
     jail = Jail.detect(settings.data_dir, settings.sandbox_paths, refused)
     log.info("sandboxes are isolated: %s", jail.describe())
-    return ProcessRuntime(jail=jail, uids=UidTable(settings.data_dir / "uids.json"))
+    uids = UidTable(settings.data_dir / "uids.json")
+    return ProcessRuntime(jail=jail, uids=uids, warm_slots=settings.warm_slots)
 
 
 def isolation_of(runtime: Runtime) -> str:
@@ -132,6 +133,8 @@ class NodeAgent:
                 # Nothing of ours runs yet: what a previous life left on disk (a crash leaves
                 # sandbox directories and their tmpfs mounts) goes before anything starts.
                 await anyio.to_thread.run_sync(clear_sandboxes, self._settings.data_dir)
+                if isinstance(self._services.runtime, ProcessRuntime):
+                    tasks.start_soon(self._services.runtime.keep_warm)
                 tasks.start_soon(self._watch_loop)
                 self._serving.set()
         finally:

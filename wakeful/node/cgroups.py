@@ -64,9 +64,14 @@ class SandboxCgroup:
     def create(self, limits: Resources) -> None:
         for path in (self.memory, self.pids):
             path.mkdir(exist_ok=True)
+        # memory+swap may never be below memory alone: raising both goes memsw first,
+        # lowering goes memory first; writing memsw on both sides covers either.
+        memsw = self.memory / "memory.memsw.limit_in_bytes"
+        with contextlib.suppress(OSError):  # no swap accounting: memory alone is the bound
+            memsw.write_text(str(limits.memory))
         (self.memory / "memory.limit_in_bytes").write_text(str(limits.memory))
-        with contextlib.suppress(OSError):  # no swap accounting: the limit above is the bound
-            (self.memory / "memory.memsw.limit_in_bytes").write_text(str(limits.memory))
+        with contextlib.suppress(OSError):
+            memsw.write_text(str(limits.memory))
         (self.pids / "pids.max").write_text(str(limits.processes))
 
     def procs_files(self) -> list[str]:

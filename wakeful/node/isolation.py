@@ -185,7 +185,8 @@ class Jail:
         env_fd: int | None = None,
         seccomp_fd: int | None = None,
     ) -> list[str]:
-        """The argv that starts `command` in a sandbox over `workdir`. `env_fd`: a file of
+        """The argv that starts `command` in a sandbox over `workdir`: the cgroup join,
+        `prlimit` and `setpriv --pdeathsig`, then `sandbox_command`. `env_fd`: a file of
         NUL-separated bwrap arguments (`env_arguments`) that set the app's environment inside
         the sandbox only; the chain before it runs with `CHAIN_ENV`."""
         argv: list[str] = []
@@ -193,14 +194,33 @@ class Jail:
             files = cgroup.procs_files()
             joins = " && ".join(f'echo $$ > "${n}"' for n in range(1, len(files) + 1))
             argv += [self.sh, "-c", f'{joins} && shift {len(files)} && exec "$@"', "sh", *files]
-        rlimits = [f"--nofile={limits.open_files}:{limits.open_files}"]
-        if cgroup is None:
-            rlimits.append(f"--as={limits.memory}:{limits.memory}")
+        rlimits = [f"--{name.lower()}={value}:{value}" for name, value in self.rlimits(limits, uid)]
+        argv += [self.prlimit, *rlimits, "--", self.setpriv, "--pdeathsig", "KILL", "--"]
+        return argv + self.sandbox_command(command, workdir, limits, uid, env_fd, seccomp_fd)
+
+    def rlimits(self, limits: Resources, uid: int | None) -> list[tuple[str, int]]:
+        """(resource, soft=hard) for what the cgroups do not cover; names as `prlimit --NAME`
+        and `resource.RLIMIT_NAME` spell them."""
+        found = [("NOFILE", limits.open_files)]
+        if self.cgroups is None:
+            found.append(("AS", limits.memory))
             if uid is not None:  # a uid of its own: the per-uid count is the app's alone
-                rlimits.append(f"--nproc={limits.processes}:{limits.processes}")
-        argv += [self.prlimit, *rlimits, "--"]
-        mounts = self._mounts(workdir, limits.disk)
-        argv += [self.setpriv, "--pdeathsig", "KILL", "--", self.bwrap, *mounts]
+                found.append(("NPROC", limits.processes))
+        return found
+
+    def sandbox_command(
+        self,
+        command: list[str],
+        workdir: Path,
+        limits: Resources,
+        uid: int | None,
+        env_fd: int | None = None,
+        seccomp_fd: int | None = None,
+    ) -> list[str]:
+        """bwrap and the uid drop: what runs once the process is in its cgroups, with its
+        rlimits and parent-death signal (a warm slot sets those itself)."""
+        argv: list[str] = []
+        argv += [self.bwrap, *self._mounts(workdir, limits.disk)]
         if env_fd is not None:
             argv += ["--args", str(env_fd)]
         if seccomp_fd is not None:

@@ -24,6 +24,7 @@ from typing import BinaryIO, Protocol
 
 from wakeful.domain.models import Resources
 
+from .cgroups import SandboxCgroup
 from .isolation import (
     CHAIN_ENV,
     Jail,
@@ -34,6 +35,7 @@ from .isolation import (
 )
 from .jailed import Jailed, sealed
 from .ports import listeners
+from .slots import ARGS_FD, SECCOMP_FD, SlotPool
 
 log = logging.getLogger(__name__)
 MAX_LOG_BYTES = 1024 * 1024
@@ -219,12 +221,22 @@ class ProcessRuntime:
         *,
         jail: Jail | None = None,
         uids: UidTable | None = None,
+        warm_slots: int = 0,
     ) -> None:
         self._max_log_bytes = max_log_bytes
         self._jail = jail
         self._uids = uids
         if jail is not None and jail.as_root and uids is None:
             raise ValueError("an isolating runtime run as root needs a UidTable")
+        self.slots: SlotPool | None = None
+        """Sandbox starters already in their cgroups (wakeful.node.slots); only with cgroups."""
+        if jail is not None and jail.cgroups is not None and warm_slots > 0:
+            self.slots = SlotPool(jail.cgroups, warm_slots, jail.setpriv, jail.sh)
+
+    async def keep_warm(self) -> None:
+        """Keep the warm slots filled until cancelled (returns at once without slots)."""
+        if self.slots is not None:
+            await self.slots.run()
 
     @property
     def jail(self) -> Jail | None:
@@ -243,7 +255,31 @@ class ProcessRuntime:
         argv, chain_env, cwd = _guarded(command), dict(env), workdir
         fds: tuple[int, ...] = ()
         if self._jail is not None:
-            jailed = await asyncio.to_thread(self._enter, workdir, identity)
+            slot = None
+            if self.slots is not None:
+                slot = self.slots.take(identity.sandbox_id, identity.limits)
+            try:
+                jailed = await asyncio.to_thread(
+                    self._enter, workdir, identity, None if slot is None else slot.cgroup
+                )
+            except BaseException:
+                if slot is not None:
+                    await slot.discard()
+                raise
+            if slot is not None:
+                seccomp = self._jail.seccomp
+                argv = self._jail.sandbox_command(
+                    list(command),
+                    jailed.workdir,
+                    identity.limits,
+                    jailed.uid,
+                    ARGS_FD,
+                    None if seccomp is None else SECCOMP_FD,
+                )
+                rlimits = self._jail.rlimits(identity.limits, jailed.uid)
+                args = env_arguments(dict(env))
+                process = await slot.launch(argv, dict(CHAIN_ENV), rlimits, args, seccomp)
+                return LocalProcess(process, log_path, self._max_log_bytes, jailed)
             env_fd = sealed(log_path.with_name("env-args"), env_arguments(dict(env)))
             fds = (env_fd,)
             seccomp_fd = None
@@ -280,8 +316,11 @@ class ProcessRuntime:
                 os.close(fd)
         return LocalProcess(process, log_path, self._max_log_bytes, jailed)
 
-    def _enter(self, workdir: Path, identity: Identity) -> Jailed:
-        """The sandbox's uid, cgroup and bounded writable copy of its directory."""
+    def _enter(
+        self, workdir: Path, identity: Identity, cgroup: SandboxCgroup | None = None
+    ) -> Jailed:
+        """The sandbox's uid, cgroup (`cgroup`: a warm slot's, already made) and bounded
+        writable copy of its directory."""
         jail = self._jail
         assert jail is not None
         uid = self._uids.uid(identity.app) if jail.as_root and self._uids else None
@@ -300,9 +339,12 @@ class ProcessRuntime:
                 jailed.workdir = writable
             if jail.cgroups is not None:
                 jail.cgroups.sweep()
-                cgroup = jail.cgroups.sandbox(identity.sandbox_id)
+            if cgroup is not None:
                 jailed.cgroup = cgroup
-                cgroup.create(identity.limits)
+            elif jail.cgroups is not None:
+                made = jail.cgroups.sandbox(identity.sandbox_id)
+                jailed.cgroup = made
+                made.create(identity.limits)
         except BaseException:
             jailed.release()
             raise

@@ -56,6 +56,10 @@ class NodeSettings(StoreSettings):
     """`bwrap`: every sandbox in its own namespaces, uid and limits (wakeful.node.isolation);
     the agent refuses to start without bubblewrap. `none` runs apps as the agent's own user,
     able to read everything it can: for trusted code only, and logged at every start."""
+    warm_slots: int = Field(default=2, ge=0, le=64)
+    """Sandbox starters kept ready in their cgroups, so a cold start skips the kernel's slow
+    cgroup join (~10-30 ms here; wakeful.node.slots). ~8 MB each; 0 turns them off. Used only
+    where the agent writes cgroups (root, isolation on). WAKEFUL_WARM_SLOTS."""
     sandbox_paths: tuple[Path, ...] = ()
     """Directories shown read-only inside every sandbox besides /usr, /etc and the /lib ones
     (e.g. an interpreter installed under /opt). WAKEFUL_SANDBOX_PATHS='["/opt/python"]'."""

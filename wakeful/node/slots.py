@@ -1,0 +1,219 @@
+"""Warm slots: sandbox starters that already sit in their cgroups, so a cold start does not wait
+for the kernel to move a process into one.
+
+Joining a cgroup v1 hierarchy waits for an RCU grace period (measured here: 5-17 ms per
+hierarchy, two hierarchies per sandbox) while creating, renaming and limiting one costs
+~0.1 ms. So the agent keeps `warm_slots` small processes (`slot_main.py`, ~8 MB each) that
+joined a `slot-*` cgroup pair ahead of time and wait on stdin. A start takes one: its cgroups
+are renamed to the sandbox's and given the app's limits, and it gets the chain's argv (the
+same `Jail.command`, minus the join) and execs it, keeping its pid, its cgroups and its output
+pipe. The pool refills in the background; when it is empty a start joins the slow way.
+
+Slots die with the agent (parent-death signal); a slot's cgroups left by a crash are swept
+like any sandbox's once empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import logging
+import secrets
+import signal
+import sys
+from pathlib import Path
+
+import anyio
+
+from wakeful.domain.models import Resources
+
+from .cgroups import Cgroups, SandboxCgroup
+
+log = logging.getLogger(__name__)
+
+SLOT_MAIN = Path(__file__).with_name("slot_main.py")
+ARGS_FD, SECCOMP_FD = 3, 4
+"""Where the slot puts the bwrap `--args` and `--seccomp` contents (slot_main.FDS)."""
+IDLE_LIMITS = Resources(memory=64 << 20, processes=16)
+JOIN_TIMEOUT = 5.0
+
+
+class Slot:
+    def __init__(self, process: asyncio.subprocess.Process, cgroup: SandboxCgroup) -> None:
+        self.process = process
+        self.cgroup = cgroup
+
+    def joined(self) -> bool:
+        """Its process lives and sits in both cgroups (it joins `pids` last)."""
+        if self.process.returncode is not None:
+            return False
+        try:
+            members = (self.cgroup.pids / "cgroup.procs").read_text().split()
+        except OSError:
+            return False
+        return str(self.process.pid) in members
+
+    def bind(self, sandbox_id: str, limits: Resources, cgroups: Cgroups) -> SandboxCgroup:
+        """Rename the slot's cgroups to the sandbox's and give them its limits."""
+        target = cgroups.sandbox(sandbox_id)
+        self.cgroup.memory.rename(target.memory)
+        self.cgroup = SandboxCgroup(target.memory, self.cgroup.pids)
+        self.cgroup.pids.rename(target.pids)
+        self.cgroup = target
+        target.create(limits)
+        return target
+
+    async def launch(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        rlimits: list[tuple[str, int]],
+        args: bytes,
+        seccomp: bytes | None,
+    ) -> asyncio.subprocess.Process:
+        """Send the start message; the slot sets `rlimits` and becomes `argv` (slot_main).
+        Its parent-death signal was set when it started and survives the exec."""
+        message: dict[str, object] = {
+            "argv": argv,
+            "env": env,
+            "rlimits": rlimits,
+            "args": args.hex(),
+        }
+        if seccomp is not None:
+            message["seccomp"] = seccomp.hex()
+        stdin = self.process.stdin
+        assert stdin is not None
+        stdin.write(json.dumps(message).encode())
+        stdin.close()
+        with contextlib.suppress(ConnectionError):
+            await stdin.drain()
+        return self.process
+
+    async def discard(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.process.send_signal(signal.SIGKILL)
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        await self.process.wait()
+        self.cgroup.remove()
+
+
+class SlotPool:
+    """Keeps `size` joined slots; `take` hands one out (or None) and asks for a new one."""
+
+    def __init__(self, cgroups: Cgroups, size: int, setpriv: str, sh: str) -> None:
+        self._cgroups = cgroups
+        self._size = size
+        self._setpriv = setpriv
+        self._sh = sh
+        self._idle: collections.deque[Slot] = collections.deque()
+        self._wanted = asyncio.Event()
+        self._full = asyncio.Event()
+        self._reaping: set[asyncio.Task[None]] = set()
+        self.taken = 0
+        self.missed = 0
+
+    @property
+    def idle(self) -> tuple[Slot, ...]:
+        return tuple(self._idle)
+
+    async def filled(self) -> None:
+        """Return once the pool holds `size` slots (the next `run` pass may have to make them)."""
+        while len(self._idle) < self._size:
+            self._full.clear()
+            await self._full.wait()
+
+    def take(self, sandbox_id: str, limits: Resources) -> Slot | None:
+        """A slot bound to `sandbox_id` (cgroups renamed, limits set), or None."""
+        self._wanted.set()
+        while self._idle:
+            slot = self._idle.popleft()
+            if not slot.joined():
+                self._reap(slot)
+                continue
+            try:
+                slot.bind(sandbox_id, limits, self._cgroups)
+            except OSError as exc:
+                log.warning("a warm slot could not take sandbox %s: %s", sandbox_id, exc)
+                self._reap(slot)
+                break
+            self.taken += 1
+            return slot
+        self.missed += 1
+        return None
+
+    def _reap(self, slot: Slot) -> None:
+        task = asyncio.get_running_loop().create_task(slot.discard())
+        task.add_done_callback(_log_failure)
+        self._reaping.add(task)
+        task.add_done_callback(self._reaping.discard)
+
+    async def run(self) -> None:
+        """Fill the pool and keep it full until cancelled; then end every idle slot."""
+        try:
+            while True:
+                while len(self._idle) < self._size:
+                    slot = await self._spawn()
+                    if slot is None:
+                        await asyncio.sleep(5)  # a machine refusing slots: starts go slow
+                        break
+                    self._idle.append(slot)
+                self._wanted.clear()
+                if len(self._idle) >= self._size:
+                    self._full.set()
+                    await self._wanted.wait()
+        finally:
+            idle, self._idle = list(self._idle), collections.deque()
+            with anyio.CancelScope(shield=True):
+                await self._close(idle)
+
+    async def _close(self, idle: list[Slot]) -> None:
+        await asyncio.gather(*(slot.discard() for slot in idle), *self._reaping)
+
+    async def _spawn(self) -> Slot | None:
+        cgroup = self._cgroups.sandbox(f"slot-{secrets.token_hex(6)}")
+        try:
+            cgroup.create(IDLE_LIMITS)
+            files = cgroup.procs_files()
+            joins = " && ".join(f'echo $$ > "${n}"' for n in range(1, len(files) + 1))
+            process = await asyncio.create_subprocess_exec(
+                self._setpriv,
+                "--pdeathsig",
+                "KILL",
+                "--",
+                self._sh,
+                "-c",
+                f'{joins} && shift {len(files)} && exec "$@"',
+                "sh",
+                *files,
+                sys.executable,
+                "-I",
+                "-S",
+                str(SLOT_MAIN),
+                cwd="/",
+                env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            log.warning("cannot start a warm slot: %s", exc)
+            cgroup.remove()
+            return None
+        slot = Slot(process, cgroup)
+        deadline = asyncio.get_running_loop().time() + JOIN_TIMEOUT
+        while not slot.joined():
+            if process.returncode is not None or asyncio.get_running_loop().time() > deadline:
+                log.warning("a warm slot did not join its cgroups (exit %s)", process.returncode)
+                await slot.discard()
+                return None
+            await asyncio.sleep(0.002)
+        return slot
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.warning("discarding a warm slot failed: %s", exc)
