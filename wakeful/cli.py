@@ -8,6 +8,7 @@
                                  role tokens for nodes and ingresses
     wakeful activator | node | ingress | idle-monitor
                                  run one piece against a shared store (etcd)
+    wakeful etcd-auth            etcd users and roles per piece; authentication on
 
 Errors name the flag, file or field and the value, and exit with status 2 (usage) or 1.
 
@@ -35,6 +36,7 @@ from .bootstrap import CONTROL_FILE
 from .commands import RUNTIME, USAGE, CliError
 from .pieces import (
     cmd_activator,
+    cmd_etcd_auth,
     cmd_idle_monitor,
     cmd_ingress,
     cmd_node,
@@ -189,6 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("idle-monitor", help="the idle monitor (WAKEFUL_*)").set_defaults(
         func=cmd_idle_monitor
     )
+    sub.add_parser(
+        "etcd-auth", help="etcd users and roles per piece, then authentication on (WAKEFUL_*)"
+    ).set_defaults(func=cmd_etcd_auth)
     return parser
 
 

@@ -22,6 +22,9 @@ from wakeful.idle_monitor.monitor import IdleMonitorSettings
 from wakeful.node.isolation import IsolationUnavailable
 from wakeful.node.settings import NodeSettings
 from wakeful.store import StoreError
+from wakeful.store.etcd import EtcdStore
+from wakeful.store.etcd_auth import ROOT, common_name, enable_auth
+from wakeful.store.settings import StoreSettings
 
 from . import commands
 from .bootstrap import (
@@ -236,6 +239,38 @@ def cmd_idle_monitor(args: argparse.Namespace) -> int:
         lambda: run_idle_monitor(settings, announce=commands.say),
         store=f"the store at {settings.store_url}",
     )
+    return 0
+
+
+def cmd_etcd_auth(args: argparse.Namespace) -> int:
+    """etcd users and roles for the pieces, then authentication on (wakeful.store.etcd_auth)."""
+    settings = StoreSettings()
+    if not settings.store_url.startswith("etcd://"):
+        raise CliError(f"etcd-auth needs WAKEFUL_STORE_URL=etcd://... (got {settings.store_url})")
+    cert = settings.tls.cert
+    if cert is None:
+        raise CliError(
+            "etcd-auth needs the root user's client certificate (common name root): set "
+            "WAKEFUL_ETCD_CA, WAKEFUL_ETCD_CERT and WAKEFUL_ETCD_KEY"
+        )
+    name = common_name(cert)
+    if name != ROOT:
+        raise CliError(
+            f"WAKEFUL_ETCD_CERT={cert} is for {name!r}, not {ROOT!r}: run etcd-auth with the "
+            "root user's certificate, or turning authentication on would lock it out"
+        )
+
+    async def run() -> list[str]:
+        async with settings.open_store() as store:
+            assert isinstance(store, EtcdStore)
+            return await enable_auth(store.client, settings.store_namespace)
+
+    try:
+        done = anyio.run(run)
+    except StoreError as exc:
+        raise CliError(f"etcd-auth: {exc}", RUNTIME) from None
+    for line in done:
+        commands.say(line)
     return 0
 
 

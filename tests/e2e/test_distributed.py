@@ -3,6 +3,7 @@ each node and the ingress with a token of its own role, and the CLI with the adm
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -10,7 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -24,47 +25,58 @@ WAKEFUL = [sys.executable, "-m", "wakeful.cli"]
 
 @pytest.fixture
 def cluster(etcd_server: EtcdServer, tmp_path: Path) -> Iterator[tuple[str, str, dict[str, str]]]:
+    with start_cluster(etcd_server.url, tmp_path) as started:
+        yield started
+
+
+@contextlib.contextmanager
+def start_cluster(
+    store_url: str,
+    tmp_path: Path,
+    nodes: Sequence[str] = ("n1", "n2"),
+    role_env: Mapping[str, Mapping[str, str]] | None = None,
+) -> Iterator[tuple[str, str, dict[str, str]]]:
+    """An activator, `nodes` and an ingress as processes on the store at `store_url`:
+    (control API URL, ingress URL, the CLI's environment). `role_env`: more variables for the
+    pieces of one role ("activator", "node", "ingress"), e.g. each its own etcd certificate."""
     api = f"127.0.0.1:{free_port()}"
     proxy = f"127.0.0.1:{free_port()}"
     env = {
         **os.environ,
-        "WAKEFUL_STORE_URL": etcd_server.url,
+        "WAKEFUL_STORE_URL": store_url,
         "WAKEFUL_STORE_NAMESPACE": f"/dist-{uuid.uuid4().hex[:8]}/",
         "WAKEFUL_TOKEN": "distributed-token",
         "WAKEFUL_API": f"http://{api}",
         # Short leases: a fresh activator distrusts lease counts for one TTL (see Reconciler).
         "WAKEFUL_LEASE_TTL": "5",
     }
-    pieces = [
-        ([*WAKEFUL, "--data-dir", str(tmp_path / "act"), "activator"], {"WAKEFUL_LISTEN": api}),
-        (
-            [*WAKEFUL, "node"],
-            {"WAKEFUL_NODE_NAME": "n1", "WAKEFUL_DATA_DIR": str(tmp_path / "n1")},
-        ),
-        (
-            [*WAKEFUL, "node"],
-            {
-                "WAKEFUL_NODE_NAME": "n2",
-                "WAKEFUL_DATA_DIR": str(tmp_path / "n2"),
-                "WAKEFUL_PORT_RANGE": "[25000, 25999]",
-            },
-        ),
+    pieces: list[tuple[list[str], dict[str, str]]] = [
+        ([*WAKEFUL, "--data-dir", str(tmp_path / "act"), "activator"], {"WAKEFUL_LISTEN": api})
+    ]
+    for number, name in enumerate(nodes):
+        node_env = {"WAKEFUL_NODE_NAME": name, "WAKEFUL_DATA_DIR": str(tmp_path / name)}
+        if number:  # the first node takes the default range
+            low = 24000 + 1000 * number
+            node_env["WAKEFUL_PORT_RANGE"] = f"[{low}, {low + 999}]"
+        pieces.append(([*WAKEFUL, "node"], node_env))
+    pieces.append(
         (
             [*WAKEFUL, "ingress"],
             {"WAKEFUL_LISTEN": proxy, "WAKEFUL_ADMIN_LISTEN": f"127.0.0.1:{free_port()}"},
-        ),
-    ]
+        )
+    )
     processes = []
     try:
         for command, extra in pieces:
-            if command[-1] in ("node", "ingress"):
+            role = command[-1]
+            extra = {**extra, **(role_env or {}).get(role, {})}
+            if role in ("node", "ingress"):
                 # Each with a token of its own role, made once the control plane runs: never
                 # the admin token (invariant 17).
-                role = command[-1]
                 extra = {**extra, f"WAKEFUL_{role.upper()}_TOKEN": make_token(env, role, extra)}
             process = subprocess.Popen(
                 command,
-                env={**env, **extra} if command[-1] == "activator" else piece_env(env, extra),
+                env={**env, **extra} if role == "activator" else piece_env(env, extra),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
@@ -72,7 +84,7 @@ def cluster(etcd_server: EtcdServer, tmp_path: Path) -> Iterator[tuple[str, str,
             processes.append(process)
             assert process.stdout is not None
             first = process.stdout.readline()  # each piece prints one line once it serves
-            assert first.strip(), f"{command[-1]} did not start: {process.communicate()[0]}"
+            assert first.strip(), f"{role} did not start: {process.communicate()[0]}"
         yield f"http://{api}", f"http://{proxy}", env
     finally:
         for process in reversed(processes):

@@ -91,6 +91,12 @@ class EtcdStore(StoreBase):
         return view
 
     @property
+    def client(self) -> Etcd3Client:
+        """The connected etcd client, for what the `Store` protocol does not cover (users and
+        roles: `wakeful.store.etcd_auth`)."""
+        return self._client
+
+    @property
     def _kv(self) -> KVService:
         if self._client.kv is None:
             raise Unavailable("etcd client is closed")

@@ -1,0 +1,155 @@
+"""etcd users and roles per piece (`wakeful etcd-auth`, wakeful/store/etcd_auth.py) on a real
+etcd that serves mutual TLS only, with certificates made by the README's own commands.
+
+The command refuses any certificate but root's; then each piece's certificate reaches only its
+own key ranges (a node cannot touch an app's spec or the tokens, an ingress writes nothing,
+a certificate that names no user gets nothing), running it again changes nothing, and the real
+pieces, each with its own certificate, deploy and serve an app.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+from pydantic import BaseModel
+
+from tests.e2e.test_distributed import WAKEFUL, deploy, start_cluster
+from wakeful.store import StoreError, TLSFiles, open_store
+from wakeful.store.testing import EtcdServer
+
+from .test_etcd_tls import BOUND, README, Pki, environment, make_pki
+
+pytestmark = pytest.mark.anyio
+NAMESPACE = "/authns/"
+
+
+class Thing(BaseModel):
+    n: int
+
+
+def readme_piece_commands() -> str:
+    """The `sh` block of the README's "A user and a role per piece" step."""
+    section = README.read_text().split("**A user and a role per piece.**", 1)[1]
+    block = section.split("```sh\n", 1)[1].split("```", 1)[0]
+    return "\n".join(line.strip() for line in block.splitlines())
+
+
+def certificate(pki: Pki, name: str) -> TLSFiles:
+    return TLSFiles(ca=pki.ca, cert=pki.dir / f"{name}.crt", key=pki.dir / f"{name}.key")
+
+
+def etcd_auth(server: EtcdServer, tls: TLSFiles) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **environment(server, tls), "WAKEFUL_STORE_NAMESPACE": NAMESPACE}
+    return subprocess.run(
+        [*WAKEFUL, "etcd-auth"], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    made = make_pki(tmp_path_factory.mktemp("auth") / "pki")
+    done = subprocess.run(
+        ["sh", "-ec", readme_piece_commands()], cwd=made.dir, capture_output=True, check=False
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    return made
+
+
+@pytest.fixture(scope="module")
+def auth_etcd(pki: Pki) -> Iterator[EtcdServer]:
+    """A real etcd on mutual TLS whose authentication `wakeful etcd-auth` turned on (refusing,
+    first, a certificate that is not root's)."""
+    with EtcdServer(tls=pki.server()) as server:
+        refused = etcd_auth(server, certificate(pki, "wakeful-node"))
+        assert refused.returncode == 2
+        assert "is for 'wakeful-node', not 'root'" in refused.stderr, refused.stderr
+        enabled = etcd_auth(server, certificate(pki, "root"))
+        assert enabled.returncode == 0, enabled.stderr
+        assert "authentication: enabled" in enabled.stdout
+        yield server
+
+
+async def outcome(server: EtcdServer, tls: TLSFiles, operation: str) -> str:
+    """ "ok" or "denied": one store call with `tls`'s certificate under the namespace."""
+    kind, _, key = operation.partition(" ")
+    try:
+        with anyio.fail_after(BOUND):
+            async with open_store(server.url, namespace=NAMESPACE, tls=tls) as store:
+                if kind == "put":
+                    await store.put(key, Thing(n=1))
+                elif kind == "list":
+                    await store.list(key, Thing)
+                else:
+                    await store.get(key, Thing)
+    except StoreError as exc:
+        refusal = ("permission denied", "user name not found", "PERMISSION_DENIED")
+        return "denied" if any(text in str(exc) for text in refusal) else f"error: {exc}"
+    return "ok"
+
+
+EXPECTED = {
+    "wakeful-control": {"put apps/a": "ok", "put tokens/t": "ok", "list tokens/": "ok"},
+    "wakeful-node": {
+        "put sandboxes/s": "ok",
+        "put nodes/n": "ok",
+        "put cordons/n": "ok",
+        "get pools/p": "ok",
+        "get versions/a/v1": "ok",
+        "put apps/a": "denied",
+        "put pools/p": "denied",
+        "put versions/a/v1": "denied",
+        "put tokens/t": "denied",
+        "list tokens/": "denied",
+        "get apps/a": "denied",
+    },
+    "wakeful-ingress": {
+        "get apps/a": "ok",
+        "list sandboxes/": "ok",
+        "put sandboxes/s": "denied",
+        "put apps/a": "denied",
+        "list tokens/": "denied",
+        "get pools/p": "denied",
+    },
+    "wakeful": {"get apps/a": "denied"},  # step 1's certificate: no such user
+}
+
+
+@pytest.mark.parametrize("user", list(EXPECTED))
+async def test_each_certificate_reaches_only_its_own_keys(
+    auth_etcd: EtcdServer, pki: Pki, user: str
+) -> None:
+    tls = certificate(pki, user) if user != "wakeful" else pki.client()
+    found = {op: await outcome(auth_etcd, tls, op) for op in EXPECTED[user]}
+    assert found == EXPECTED[user]
+
+
+def test_running_it_again_changes_nothing(auth_etcd: EtcdServer, pki: Pki) -> None:
+    again = etcd_auth(auth_etcd, certificate(pki, "root"))
+    assert again.returncode == 0, again.stderr
+    assert "created" not in again.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the node isolates its sandboxes as root")
+def test_the_pieces_serve_an_app_each_with_its_own_certificate(
+    auth_etcd: EtcdServer, pki: Pki, tmp_path: Path
+) -> None:
+    def variables(user: str) -> dict[str, str]:
+        files = environment(auth_etcd, certificate(pki, user))
+        return {**files, "WAKEFUL_STORE_NAMESPACE": NAMESPACE}
+
+    role_env = {
+        "activator": variables("wakeful-control"),
+        "node": variables("wakeful-node"),
+        "ingress": variables("wakeful-ingress"),
+    }
+    with start_cluster(auth_etcd.url, tmp_path, nodes=("n1",), role_env=role_env) as cluster:
+        api, proxy, env = cluster
+        assert "live" in deploy(api, env).stdout
+        answer = httpx.get(f"{proxy}/", headers={"Host": "hello.localhost"}, timeout=60)
+        assert answer.status_code == 200, answer.text
