@@ -257,7 +257,7 @@ class ProcessRuntime:
         if self._jail is not None:
             slot = None
             if self.slots is not None:
-                slot = self.slots.take(identity.sandbox_id, identity.limits)
+                slot = await self.slots.take(identity.sandbox_id, identity.limits)
             try:
                 jailed = await asyncio.to_thread(
                     self._enter, workdir, identity, None if slot is None else slot.cgroup
@@ -278,7 +278,12 @@ class ProcessRuntime:
                 )
                 rlimits = self._jail.rlimits(identity.limits, jailed.uid)
                 args = env_arguments(dict(env))
-                process = await slot.launch(argv, dict(CHAIN_ENV), rlimits, args, seccomp)
+                try:
+                    process = await slot.launch(argv, dict(CHAIN_ENV), rlimits, args, seccomp)
+                except BaseException:
+                    await slot.discard()
+                    jailed.release()
+                    raise
                 return LocalProcess(process, log_path, self._max_log_bytes, jailed)
             env_fd = sealed(log_path.with_name("env-args"), env_arguments(dict(env)))
             fds = (env_fd,)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import signal
 import sys
 
 FDS = {"args": 3, "seccomp": 4}
@@ -37,6 +38,10 @@ def main() -> None:
             os.close(fd)
         else:
             os.set_inheritable(fd, True)
+    # Python ignores SIGPIPE and SIGXFSZ at start, and an ignored signal stays ignored across
+    # exec: the app must get the defaults, as from the chain that starts without a slot.
+    for signum in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(signum, signal.SIG_DFL)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)

@@ -5,12 +5,14 @@ Joining a cgroup v1 hierarchy waits for an RCU grace period (measured here: 5-17
 hierarchy, two hierarchies per sandbox) while creating, renaming and limiting one costs
 ~0.1 ms. So the agent keeps `warm_slots` small processes (`slot_main.py`, ~8 MB each) that
 joined a `slot-*` cgroup pair ahead of time and wait on stdin. A start takes one: its cgroups
-are renamed to the sandbox's and given the app's limits, and it gets the chain's argv (the
-same `Jail.command`, minus the join) and execs it, keeping its pid, its cgroups and its output
-pipe. The pool refills in the background; when it is empty a start joins the slow way.
+are renamed to the sandbox's and given the app's limits, and it gets `Jail.sandbox_command`
+(bwrap onwards: the join, prlimit and the parent-death signal are the slot's own doing) and
+execs it, keeping its pid, its cgroups and its output pipe. The pool refills in the
+background; when it is empty a start joins the slow way.
 
 Slots die with the agent (parent-death signal); a slot's cgroups left by a crash are swept
-like any sandbox's once empty.
+like any sandbox's once empty. A slot that dies while idle is noticed when a start takes it
+(that start goes the slow way, and the pool refills).
 """
 
 from __future__ import annotations
@@ -56,8 +58,13 @@ class Slot:
         return str(self.process.pid) in members
 
     def bind(self, sandbox_id: str, limits: Resources, cgroups: Cgroups) -> SandboxCgroup:
-        """Rename the slot's cgroups to the sandbox's and give them its limits."""
+        """Rename the slot's cgroups to the sandbox's and give them its limits. An empty
+        cgroup of that name (a kernel refuses the first rmdir after a sandbox ends) goes first;
+        one with members stays, and the rename fails."""
         target = cgroups.sandbox(sandbox_id)
+        for leftover in (target.memory, target.pids):
+            with contextlib.suppress(FileNotFoundError):
+                leftover.rmdir()
         self.cgroup.memory.rename(target.memory)
         self.cgroup = SandboxCgroup(target.memory, self.cgroup.pids)
         self.cgroup.pids.rename(target.pids)
@@ -87,16 +94,20 @@ class Slot:
         assert stdin is not None
         stdin.write(json.dumps(message).encode())
         stdin.close()
-        with contextlib.suppress(ConnectionError):
+        # Once written, the slot becomes the sandbox whatever happens here: the caller must
+        # get it back (to stop and release it), so the drain is not cut short by a cancel.
+        with anyio.CancelScope(shield=True), contextlib.suppress(ConnectionError):
             await stdin.drain()
         return self.process
 
     async def discard(self) -> None:
+        """Kill it, reap it and remove its cgroups; not cut short by a cancel."""
         with contextlib.suppress(ProcessLookupError):
             self.process.send_signal(signal.SIGKILL)
         if self.process.stdin is not None:
             self.process.stdin.close()
-        await self.process.wait()
+        with anyio.CancelScope(shield=True):
+            await self.process.wait()
         self.cgroup.remove()
 
 
@@ -125,7 +136,7 @@ class SlotPool:
             self._full.clear()
             await self._full.wait()
 
-    def take(self, sandbox_id: str, limits: Resources) -> Slot | None:
+    async def take(self, sandbox_id: str, limits: Resources) -> Slot | None:
         """A slot bound to `sandbox_id` (cgroups renamed, limits set), or None."""
         self._wanted.set()
         while self._idle:
@@ -137,7 +148,9 @@ class SlotPool:
                 slot.bind(sandbox_id, limits, self._cgroups)
             except OSError as exc:
                 log.warning("a warm slot could not take sandbox %s: %s", sandbox_id, exc)
-                self._reap(slot)
+                # Half renamed, its cgroups may carry the sandbox's name: gone before the
+                # start falls back to making them, or their removal would kill the sandbox.
+                await slot.discard()
                 break
             self.taken += 1
             return slot
@@ -178,39 +191,50 @@ class SlotPool:
             cgroup.create(IDLE_LIMITS)
             files = cgroup.procs_files()
             joins = " && ".join(f'echo $$ > "${n}"' for n in range(1, len(files) + 1))
-            process = await asyncio.create_subprocess_exec(
-                self._setpriv,
-                "--pdeathsig",
-                "KILL",
-                "--",
-                self._sh,
-                "-c",
-                f'{joins} && shift {len(files)} && exec "$@"',
-                "sh",
-                *files,
-                sys.executable,
-                "-I",
-                "-S",
-                str(SLOT_MAIN),
-                cwd="/",
-                env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,
-            )
+            # Not cut short: a process half made by a cancel could join the cgroup unseen.
+            with anyio.CancelScope(shield=True):
+                process = await asyncio.create_subprocess_exec(
+                    self._setpriv,
+                    "--pdeathsig",
+                    "KILL",
+                    "--",
+                    self._sh,
+                    "-c",
+                    f'{joins} && shift {len(files)} && exec "$@"',
+                    "sh",
+                    *files,
+                    sys.executable,
+                    "-I",
+                    "-S",
+                    str(SLOT_MAIN),
+                    cwd="/",
+                    env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.STDOUT,
+                    start_new_session=True,
+                )
         except OSError as exc:
             log.warning("cannot start a warm slot: %s", exc)
             cgroup.remove()
             return None
+        except BaseException:
+            cgroup.remove()
+            raise
         slot = Slot(process, cgroup)
         deadline = asyncio.get_running_loop().time() + JOIN_TIMEOUT
-        while not slot.joined():
-            if process.returncode is not None or asyncio.get_running_loop().time() > deadline:
-                log.warning("a warm slot did not join its cgroups (exit %s)", process.returncode)
-                await slot.discard()
-                return None
-            await asyncio.sleep(0.002)
+        try:
+            while not slot.joined():
+                if process.returncode is not None or asyncio.get_running_loop().time() > deadline:
+                    log.warning(
+                        "a warm slot did not join its cgroups (exit %s)", process.returncode
+                    )
+                    await slot.discard()
+                    return None
+                await asyncio.sleep(0.002)
+        except BaseException:
+            await slot.discard()  # stopped while it joined: nothing of it may stay
+            raise
         return slot
 
 
