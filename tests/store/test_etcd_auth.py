@@ -23,21 +23,16 @@ from tests.e2e.test_distributed import WAKEFUL, deploy, start_cluster
 from wakeful.store import StoreError, TLSFiles, open_store
 from wakeful.store.testing import EtcdServer
 
-from .test_etcd_tls import BOUND, README, Pki, environment, make_pki
+from .test_etcd_tls import BOUND, Pki, environment, make_pki, readme_commands
 
 pytestmark = pytest.mark.anyio
 NAMESPACE = "/authns/"
+PIECE_STEP = "**A user and a role per piece.**"
+"""The README step whose `sh` block makes a certificate per piece."""
 
 
 class Thing(BaseModel):
     n: int
-
-
-def readme_piece_commands() -> str:
-    """The `sh` block of the README's "A user and a role per piece" step."""
-    section = README.read_text().split("**A user and a role per piece.**", 1)[1]
-    block = section.split("```sh\n", 1)[1].split("```", 1)[0]
-    return "\n".join(line.strip() for line in block.splitlines())
 
 
 def certificate(pki: Pki, name: str) -> TLSFiles:
@@ -55,7 +50,7 @@ def etcd_auth(server: EtcdServer, tls: TLSFiles) -> subprocess.CompletedProcess[
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     made = make_pki(tmp_path_factory.mktemp("auth") / "pki")
     done = subprocess.run(
-        ["sh", "-ec", readme_piece_commands()], cwd=made.dir, capture_output=True, check=False
+        ["sh", "-ec", readme_commands(PIECE_STEP)], cwd=made.dir, capture_output=True, check=False
     )
     assert done.returncode == 0, done.stderr.decode()
     return made

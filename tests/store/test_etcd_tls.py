@@ -36,9 +36,10 @@ class Counter(BaseModel):
     n: int
 
 
-def readme_commands() -> str:
-    """The first `sh` block of the README's "etcd over mutual TLS" section."""
-    section = README.read_text().split("### etcd over mutual TLS", 1)[1]
+def readme_commands(after: str = "### etcd over mutual TLS") -> str:
+    """The first `sh` block of the README after `after` (by default, of the "etcd over mutual
+    TLS" section: the CA, etcd's certificate and a client certificate)."""
+    section = README.read_text().split(after, 1)[1]
     block = section.split("```sh\n", 1)[1].split("```", 1)[0]
     return "\n".join(line.strip() for line in block.splitlines())
 
