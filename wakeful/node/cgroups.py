@@ -77,6 +77,12 @@ class SandboxCgroup:
     def procs_files(self) -> list[str]:
         return [str(self.memory / "cgroup.procs"), str(self.pids / "cgroup.procs")]
 
+    def join_prefix(self, sh: str) -> list[str]:
+        """argv that moves itself into both cgroups, then execs the argv that follows it."""
+        files = self.procs_files()
+        joins = " && ".join(f'echo $$ > "${n}"' for n in range(1, len(files) + 1))
+        return [sh, "-c", f'{joins} && shift {len(files)} && exec "$@"', "sh", *files]
+
     def pids_in(self) -> set[int]:
         found: set[int] = set()
         for path in (self.memory, self.pids):

@@ -192,9 +192,7 @@ class Jail:
         the sandbox only; the chain before it runs with `CHAIN_ENV`."""
         argv: list[str] = []
         if cgroup is not None:
-            files = cgroup.procs_files()
-            joins = " && ".join(f'echo $$ > "${n}"' for n in range(1, len(files) + 1))
-            argv += [self.sh, "-c", f'{joins} && shift {len(files)} && exec "$@"', "sh", *files]
+            argv += cgroup.join_prefix(self.sh)
         rlimits = [f"--{name.lower()}={value}:{value}" for name, value in self.rlimits(limits, uid)]
         argv += [self.prlimit, *rlimits, "--", self.setpriv, "--pdeathsig", "KILL", "--"]
         return argv + self.sandbox_command(command, workdir, limits, uid, env_fd, seccomp_fd)

@@ -32,6 +32,7 @@ import anyio
 from wakeful.domain.models import Resources
 
 from .cgroups import Cgroups, SandboxCgroup
+from .isolation import CHAIN_ENV
 
 log = logging.getLogger(__name__)
 
@@ -189,8 +190,6 @@ class SlotPool:
         cgroup = self._cgroups.sandbox(f"slot-{secrets.token_hex(6)}")
         try:
             cgroup.create(IDLE_LIMITS)
-            files = cgroup.procs_files()
-            joins = " && ".join(f'echo $$ > "${n}"' for n in range(1, len(files) + 1))
             # Not cut short: a process half made by a cancel could join the cgroup unseen.
             with anyio.CancelScope(shield=True):
                 process = await asyncio.create_subprocess_exec(
@@ -198,17 +197,13 @@ class SlotPool:
                     "--pdeathsig",
                     "KILL",
                     "--",
-                    self._sh,
-                    "-c",
-                    f'{joins} && shift {len(files)} && exec "$@"',
-                    "sh",
-                    *files,
+                    *cgroup.join_prefix(self._sh),
                     sys.executable,
                     "-I",
                     "-S",
                     str(SLOT_MAIN),
                     cwd="/",
-                    env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+                    env=dict(CHAIN_ENV),
                     stdin=asyncio.subprocess.PIPE,
                     stdout=asyncio.subprocess.PIPE,
                     stderr=asyncio.subprocess.STDOUT,
