@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
 
 import pytest
 
-from wakeful.node.ports import NoFreePort, PortPool, bindable
+from wakeful.node.ports import NoFreePort, PortPool, bindable, listeners, listeners_from_proc
 from wakeful.node.settings import NodeSettings
 
 
@@ -37,3 +39,21 @@ def test_the_default_range_lies_below_the_ephemeral_ports() -> None:
 def test_a_bad_range_is_refused_naming_the_field() -> None:
     with pytest.raises(ValueError, match="port_range"):
         NodeSettings(store_url="memory://", port_range=(30000, 20000))
+
+
+def test_listeners_are_found_by_netlink_as_by_proc_net_tcp() -> None:
+    """The socket-diagnostics reader agrees with the /proc/net reader: a listener on IPv4 and
+    one on IPv6 with its owner's uid; a connected (not listening) socket and a closed port not."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+            listener = stack.enter_context(socket.socket(family, socket.SOCK_STREAM))
+            listener.bind((host, 0))
+            listener.listen()
+            ports.append(listener.getsockname()[1])
+        client = stack.enter_context(socket.create_connection(("127.0.0.1", ports[0])))
+        outgoing = client.getsockname()[1]
+        for port in ports:
+            assert listeners(port) == listeners_from_proc(port) == [os.getuid()]
+        assert listeners(outgoing) == listeners_from_proc(outgoing) == []
+    assert listeners(ports[0]) == []

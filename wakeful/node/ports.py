@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import socket
+import struct
 
 
 class NoFreePort(RuntimeError):
@@ -52,8 +53,52 @@ class PortPool:
 
 
 def listeners(port: int) -> list[int]:
-    """The uids owning TCP sockets that listen on `port`, on any address (Linux /proc/net)."""
-    owners = []
+    """The uids owning TCP sockets that listen on `port`, on any address, in this network
+    namespace. Asked of the kernel's socket-diagnostics netlink (what `ss` uses), which walks
+    only the listening sockets: ~0.1 ms. /proc/net/tcp, the fallback where netlink is refused,
+    walks the whole connection hash table: ~10 ms here, on every sandbox's way to ready."""
+    try:
+        return [uid for family in (socket.AF_INET, socket.AF_INET6) for uid in _diag(family, port)]
+    except OSError:
+        return listeners_from_proc(port)
+
+
+NETLINK_SOCK_DIAG, SOCK_DIAG_BY_FAMILY = 4, 20
+NLM_F_REQUEST, NLM_F_DUMP, NLMSG_ERROR, NLMSG_DONE = 0x1, 0x300, 2, 3
+TCP_LISTEN = 10
+_HEADER = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, seq, pid
+_REQUEST = struct.Struct("=BBBBI48x")  # inet_diag_req_v2, its inet_diag_sockid left zero
+_SPORT, _UID = 4, 64  # offsets in inet_diag_msg: id.idiag_sport (big-endian), idiag_uid
+
+
+def _diag(family: int, port: int) -> list[int]:
+    request = _REQUEST.pack(family, socket.IPPROTO_TCP, 0, 0, 1 << TCP_LISTEN)
+    header = _HEADER.pack(
+        _HEADER.size + len(request), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, 1, 0
+    )
+    owners: list[int] = []
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG) as sock:
+        sock.settimeout(2)
+        sock.sendto(header + request, (0, 0))
+        while True:
+            data = sock.recv(1 << 16)
+            if not data:
+                raise OSError("sock_diag closed before it was done")
+            offset = 0
+            while offset + _HEADER.size <= len(data):
+                length, kind, _, _, _ = _HEADER.unpack_from(data, offset)
+                if kind == NLMSG_DONE:
+                    return owners
+                if kind == NLMSG_ERROR or length < _HEADER.size:
+                    raise OSError("sock_diag refused the request")
+                body = offset + _HEADER.size
+                if struct.unpack_from("!H", data, body + _SPORT)[0] == port:
+                    owners.append(struct.unpack_from("=I", data, body + _UID)[0])
+                offset += (length + 3) & ~3
+
+
+def listeners_from_proc(port: int) -> list[int]:
+    owners: list[int] = []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(table) as lines:

@@ -246,8 +246,9 @@ class SandboxRunner:
             ready = await wait_ready(
                 launch.host, launch.port, spec.health.path, spec.health.timeout, process.wait
             )
-            # /proc/net/tcp lists every socket of the machine: read it off the event loop.
-            if ready and not await anyio.to_thread.run_sync(process.owns_port, launch.port):
+            # A netlink query of the listening sockets (~0.1 ms): on the loop, where a thread
+            # hop would cost a busy node more than the query (wakeful.node.ports.listeners).
+            if ready and not process.owns_port(launch.port):
                 self._squatted = True  # another app answered on our port: never route to it
                 ready = False
             trace.mark("probed", launch.app)
