@@ -55,6 +55,7 @@ class DeletionReport(BaseModel):
 class AppReport(BaseModel):
     name: str
     hosts: list[str]
+    default_host: bool
     active_version: str | None
     previous_version: str | None
     versions: list[str]
@@ -107,7 +108,9 @@ def deploy_router(
         except DeployError as exc:
             raise bad(400, "deploy refused", str(exc)) from exc
         if rollout.phase is Phase.ROLLING:
-            tasks.start_soon(deployer.roll_out, rollout, list(body.definition.hosts))
+            definition = body.definition
+            hosts = list(definition.hosts)
+            tasks.start_soon(deployer.roll_out, rollout, hosts, definition.default_host)
         return RolloutReport.model_validate(rollout, from_attributes=True)
 
     @router.get("/v1/deploys/{app}/{version}", response_model=RolloutReport)
@@ -125,7 +128,8 @@ def deploy_router(
             raise bad(400, "rollback refused", str(exc)) from exc
         current = await store.get(keys.app(app), App)
         hosts = list(current.value.hosts) if current else []
-        tasks.start_soon(deployer.roll_out, rollout, hosts)
+        default_host = current.value.default_host if current else True
+        tasks.start_soon(deployer.roll_out, rollout, hosts, default_host)
         return RolloutReport.model_validate(rollout, from_attributes=True)
 
     @router.delete("/v1/apps/{app}", status_code=202, response_model=DeletionReport)
@@ -148,6 +152,7 @@ def deploy_router(
                 AppReport(
                     name=app.name,
                     hosts=list(app.hosts),
+                    default_host=app.default_host,
                     active_version=app.active_version,
                     previous_version=app.previous_version,
                     versions=[v.value.version for v in versions],

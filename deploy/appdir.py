@@ -33,6 +33,8 @@ class AppDefinition(BaseModel):
 
     name: str = Field(pattern=NAME_PATTERN)
     hosts: list[Host] = Field(default_factory=list, max_length=64)
+    default_host: bool = Field(default=True, strict=True)
+    """False: `<name>.<base_domain>` does not route to it (only its `hosts` do)."""
     spec: AppSpec
 
 
@@ -57,6 +59,9 @@ def definition_from_manifest(raw: dict[str, Any]) -> AppDefinition:
     raw = dict(raw)
     name = raw.pop("name", None)
     hosts = raw.pop("hosts", [])
+    routing: dict[str, Any] = {}
+    if "default_host" in raw:
+        routing["default_host"] = raw.pop("default_host")
     concurrency = raw.get("concurrency")
     if isinstance(concurrency, dict) and "scale_down_delay" in concurrency:
         raw["concurrency"] = {
@@ -69,7 +74,7 @@ def definition_from_manifest(raw: dict[str, Any]) -> AppDefinition:
     health = raw.get("health")
     if isinstance(health, dict) and "timeout" in health:
         raw["health"] = {**health, "timeout": parse_duration(health["timeout"])}
-    return AppDefinition.model_validate({"name": name, "hosts": hosts, "spec": raw})
+    return AppDefinition.model_validate({"name": name, "hosts": hosts, **routing, "spec": raw})
 
 
 def load_app_dir(path: Path) -> AppDir:

@@ -2,6 +2,7 @@
 
 Rules (seed 000 and invariant 4):
 - An unchanged deploy (same spec, hosts and artifact as the active version) is a no-op.
+- A host that overlaps another app's (`wakeful.domain.hosts`) refuses the deploy.
 - A new version's pool starts at the size of the pool it replaces (never below min_instances,
   at least 1 when the old one was serving), so a busy app's new version does not start on one
   sandbox and take the whole load there.
@@ -25,6 +26,7 @@ from wakeful.deploy.appdir import AppDefinition
 from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.deploy.collect import ArtifactCollector
 from wakeful.domain import keys
+from wakeful.domain.hosts import conflicts
 from wakeful.domain.models import App, Pool, Sandbox, Version
 from wakeful.store import Conflict, Delete, Item, Op, Put, Require, Store, StoreError
 
@@ -103,6 +105,11 @@ class Deployer:
         if artifact is not None and not await self._artifacts.keep(artifact):
             raise DeployError(f"artifact {artifact} was not uploaded")
         name = definition.name
+        claimed = (await self._store.list(keys.APPS, App)).items
+        others = ((a.value.name, a.value.hosts) for a in claimed)
+        clashes = conflicts(name, definition.hosts, others)
+        if clashes:
+            raise DeployError("; ".join(clashes) + ": a host routes to one app only")
         app = await self._store.get(keys.app(name), App)
         versions = (await self._store.list(keys.versions_of(name), Version)).items
         active = None
@@ -116,6 +123,7 @@ class Deployer:
             and active.value.spec == definition.spec
             and active.value.artifact == artifact
             and app.value.hosts == definition.hosts
+            and app.value.default_host == definition.default_host
         ):
             version = active.value.version
             return Rollout(
@@ -174,21 +182,23 @@ class Deployer:
         self.rollouts[(name, version)] = rollout
         return rollout
 
-    async def roll_out(self, rollout: Rollout, hosts: list[str]) -> Rollout:
+    async def roll_out(
+        self, rollout: Rollout, hosts: list[str], default_host: bool = True
+    ) -> Rollout:
         """Wait for the new pool to be ready enough, then flip the route; or abandon it.
 
         Never raises (it runs in the control plane's task group): a store outage or a lost
         race fails this rollout, with the reason, and nothing else.
         """
         try:
-            return await self._roll_out(rollout, hosts)
+            return await self._roll_out(rollout, hosts, default_host)
         except (StoreError, DeployError) as exc:
             rollout.phase = Phase.FAILED
             rollout.message = f"{rollout.app} {rollout.version} failed: {exc}"
             log.error("%s", rollout.message, extra={"app": rollout.app})
             return rollout
 
-    async def _roll_out(self, rollout: Rollout, hosts: list[str]) -> Rollout:
+    async def _roll_out(self, rollout: Rollout, hosts: list[str], default_host: bool) -> Rollout:
         if rollout.phase is not Phase.ROLLING:
             return rollout
         deadline = anyio.current_time() + self._timeout
@@ -207,13 +217,13 @@ class Deployer:
                 return await self._abandon(rollout, f"not ready within {self._timeout:g} s")
             rollout.message = f"{rollout.ready}/{rollout.target_ready} sandboxes ready"
             await anyio.sleep(0.2)
-        await self._flip(rollout, hosts)
+        await self._flip(rollout, hosts, default_host)
         rollout.phase = Phase.LIVE
         rollout.message = f"{rollout.app} {rollout.version} is live"
         log.info("deployed %s %s", rollout.app, rollout.version, extra={"app": rollout.app})
         return rollout
 
-    async def _flip(self, rollout: Rollout, hosts: list[str]) -> None:
+    async def _flip(self, rollout: Rollout, hosts: list[str], default_host: bool) -> None:
         for _ in range(20):
             app = await self._store.get(keys.app(rollout.app), App)
             # The version must still exist when the route points at it: an app deleted during
@@ -225,6 +235,7 @@ class Deployer:
             record = App(
                 name=rollout.app,
                 hosts=hosts,
+                default_host=default_host,
                 active_version=rollout.version,
                 previous_version=previous if previous != rollout.version else None,
             )

@@ -2,7 +2,10 @@
 
 Only the reflection of `apps/` writes the table (`wakeful.store.reflector`); the request path
 reads `table.index`, a snapshot replaced whole, so it never sees half an update.
-Precedence: an exact host, then the longest matching `*.domain`, then `<app>.<base_domain>`.
+Precedence: `<app>.<base_domain>` for an app with its default host, then an exact host, then
+the longest matching `*.domain`. So no app's `hosts` can take another app's default host,
+whatever base domain an ingress uses (the control plane does not know it); overlaps between
+apps' `hosts` are refused at deploy (`wakeful.domain.hosts`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ class RouteIndex:
     wildcard: Mapping[str, str] = field(default_factory=dict)
     """`example.com` → app, for a `*.example.com` host."""
     apps: frozenset[str] = frozenset()
+    """The apps `<app>.<base_domain>` routes to (`default_host`)."""
 
 
 def normalize_host(raw: str) -> str:
@@ -45,7 +49,8 @@ def build_index(apps: Iterable[App]) -> RouteIndex:
     wildcard: dict[str, str] = {}
     names: set[str] = set()
     for app in sorted(apps, key=lambda a: a.name):
-        names.add(app.name)
+        if app.default_host:
+            names.add(app.name)
         for host in app.hosts:
             host = host.casefold()
             table, key = (wildcard, host[2:]) if host.startswith("*.") else (exact, host)
@@ -58,6 +63,9 @@ def build_index(apps: Iterable[App]) -> RouteIndex:
 
 def match(index: RouteIndex, host: str, base_domain: str) -> str | None:
     """The app serving `host` (already normalized), or None."""
+    label, _, domain = host.partition(".")
+    if domain == base_domain and label in index.apps:
+        return label
     found = index.exact.get(host)
     if found is not None:
         return found
@@ -67,9 +75,6 @@ def match(index: RouteIndex, host: str, base_domain: str) -> str | None:
         found = index.wildcard.get(rest)
         if found is not None:
             return found
-    label, _, domain = host.partition(".")
-    if domain == base_domain and label in index.apps:
-        return label
     return None
 
 

@@ -161,7 +161,9 @@ async def deploy_local(plane: ControlPlane, app_dir: AppDir) -> str:
     digest = await plane.artifacts.put(data)
     rollout = await plane.deployer.prepare(app_dir.definition, digest)
     if rollout.phase is Phase.ROLLING:
-        plane.tasks.start_soon(plane.deployer.roll_out, rollout, list(app_dir.definition.hosts))
+        definition = app_dir.definition
+        hosts = list(definition.hosts)
+        plane.tasks.start_soon(plane.deployer.roll_out, rollout, hosts, definition.default_host)
     return rollout.message
 
 

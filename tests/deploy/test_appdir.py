@@ -50,6 +50,9 @@ def test_durations(raw: object, seconds: float) -> None:
             'name = "ok"\ncommand = ["x"]\nenv = { PORT = "1" }', "PORT", id="reserved-env"
         ),
         pytest.param('name = = "ok"', "not valid TOML", id="not-toml"),
+        pytest.param(
+            'name = "ok"\ncommand = ["x"]\ndefault_host = "no"', "default_host", id="bad-flag"
+        ),
     ],
 )
 def test_a_bad_manifest_names_the_file_field_and_reason(
@@ -60,6 +63,12 @@ def test_a_bad_manifest_names_the_file_field_and_reason(
     message = str(refused.value)
     assert message.startswith(str(tmp_path / "wakeful.toml"))
     assert expected in message
+
+
+def test_an_app_may_opt_out_of_its_default_host(tmp_path: Path) -> None:
+    app = load_app_dir(write(tmp_path, 'name = "ok"\ncommand = ["x"]\ndefault_host = false'))
+    assert app.definition.default_host is False
+    assert load_app_dir(EXAMPLE).definition.default_host is True
 
 
 def test_a_directory_without_a_manifest_is_refused(tmp_path: Path) -> None:

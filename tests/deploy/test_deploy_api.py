@@ -174,3 +174,49 @@ async def test_rollback_recreates_a_swept_pool_from_its_version(tmp_path: Path) 
         assert recreated is not None
         assert recreated.value.desired_instances == 3  # the current size, not a cold one
         assert not recreated.value.retired
+
+
+async def deploy_as(
+    client: httpx.AsyncClient, name: str, hosts: list[str], **routing: object
+) -> httpx.Response:
+    data = pack(HELLO)
+    await upload(client, data)
+    definition = load_app_dir(HELLO).definition.model_dump(mode="json")
+    definition.update(name=name, hosts=hosts, **routing)
+    return await client.post(
+        "/v1/deploys", json={"definition": definition, "artifact": digest_of(data)}
+    )
+
+
+async def live(client: httpx.AsyncClient, app: str) -> None:
+    with anyio.fail_after(10):
+        while (await client.get(f"/v1/deploys/{app}/v1")).json()["phase"] != "live":  # noqa: ASYNC110
+            await anyio.sleep(0.05)
+
+
+async def test_a_host_another_app_serves_refuses_the_deploy_naming_both(
+    api: httpx.AsyncClient,
+) -> None:
+    assert (await deploy_as(api, "shop", ["*.example.com", "shop.example.org"])).status_code == 202
+    await live(api, "shop")
+    for hosts in (["a.example.com"], ["*.eu.example.com"], ["*.example.com"], ["shop.example.org"]):
+        refused = await deploy_as(api, "thief", ["thief.example.net", *hosts])
+        assert refused.status_code == 400, hosts
+        assert f"host {hosts[0]} of thief overlaps" in refused.json()["detail"]
+        assert "of app shop" in refused.json()["detail"]
+    apps = (await api.get("/v1/apps")).json()
+    assert [a["name"] for a in apps] == ["shop"]  # nothing of thief was written
+    assert (await deploy_as(api, "other", ["example.com", "*.example.org"])).status_code == 400
+    assert (await deploy_as(api, "other", ["example.com", "shop.example.net"])).status_code == 202
+    # An app's own hosts never clash with themselves: redeploying it changes nothing.
+    again = await deploy_as(api, "shop", ["*.example.com", "shop.example.org"])
+    assert again.json()["phase"] == "unchanged"
+
+
+async def test_an_app_can_opt_out_of_its_default_host(api: httpx.AsyncClient) -> None:
+    assert (
+        await deploy_as(api, "quiet", ["quiet.example.com"], default_host=False)
+    ).status_code == 202
+    await live(api, "quiet")
+    apps = (await api.get("/v1/apps")).json()
+    assert [(a["name"], a["default_host"]) for a in apps] == [("quiet", False)]

@@ -45,7 +45,8 @@ INDEX = build_index(
         App(name="shop", hosts=["shop.example.com", "*.example.com"]),
         App(name="deep", hosts=["*.eu.example.com"]),
         App(name="hello"),
-        App(name="thief", hosts=["shop.example.com"]),
+        App(name="thief", hosts=["shop.example.com", "hello.localhost"]),
+        App(name="quiet", hosts=["quiet.example.com"], default_host=False),
     ]
 )
 
@@ -58,11 +59,13 @@ INDEX = build_index(
         ("x.eu.example.com", "deep"),
         ("a.b.eu.example.com", "deep"),
         ("example.com", None),
-        ("hello.localhost", "hello"),
+        ("hello.localhost", "hello"),  # though thief claims it as an exact host
         ("shop.localhost", "shop"),
         ("nobody.localhost", None),
         ("hello.localhost.evil.com", None),
         ("hello.other", None),
+        ("quiet.localhost", None),
+        ("quiet.example.com", "quiet"),
     ],
     ids=[
         "exact host",
@@ -75,6 +78,8 @@ INDEX = build_index(
         "unknown app name",
         "base domain must end the host",
         "other domain",
+        "an app without its default host",
+        "that app by its own host",
     ],
 )
 def test_match(host: str, app: str | None) -> None:

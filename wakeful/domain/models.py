@@ -185,6 +185,8 @@ class AppSpec(Model):
 class App(Model):
     name: Name
     hosts: list[Host] = Field(default_factory=list, max_length=64)
+    default_host: bool = True
+    """Whether `<name>.<base_domain>` routes to it (`default_host = false` in wakeful.toml)."""
     active_version: Name | None = None
     previous_version: Name | None = None
 
