@@ -19,7 +19,11 @@ class NoFreePort(RuntimeError):
 
 
 def bindable(port: int, host: str = "127.0.0.1") -> bool:
+    """A server could listen on it now. With SO_REUSEADDR, as servers bind: a connection of an
+    earlier sandbox's still in TIME-WAIT there does not make the port unusable (a listener
+    does, on Linux)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:

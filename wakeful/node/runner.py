@@ -258,6 +258,7 @@ class SandboxRunner:
                 self._stop_requested.set()
             else:
                 trace.mark("ready", launch.app)
+            process.settled()  # after the ready record: a refilled warm slot must not delay it
             await self._stop_requested.wait()
             exit_code = await process.stop(spec.shutdown_timeout)
             tasks.cancel_scope.cancel()

@@ -36,6 +36,7 @@ from .isolation import (
 from .jailed import Jailed, sealed
 from .ports import listeners
 from .slots import ARGS_FD, SECCOMP_FD, SlotPool
+from .spawn import Child, spawn
 
 log = logging.getLogger(__name__)
 MAX_LOG_BYTES = 1024 * 1024
@@ -60,6 +61,10 @@ class SandboxProcess(Protocol):
 
     def owns_port(self, port: int) -> bool:
         """Whatever listens on `port` is this sandbox (not another app squatting it)."""
+
+    def settled(self) -> None:
+        """Its start is over (the first probe answered or gave up): work the runtime held
+        back so as not to slow the start may run. Idempotent; `wait` implies it."""
 
 
 @dataclass(frozen=True)
@@ -106,12 +111,14 @@ def _guarded(command: Sequence[str]) -> list[str]:
 class LocalProcess:
     def __init__(
         self,
-        process: asyncio.subprocess.Process,
+        process: Child,
         log_path: Path,
         max_log_bytes: int,
         jailed: Jailed | None = None,
+        on_settled: Callable[[], None] | None = None,
     ):
         self._process = process
+        self._on_settled = on_settled
         self._jailed = jailed
         self._log_path = log_path
         self._max = max_log_bytes
@@ -171,8 +178,14 @@ class LocalProcess:
                 self._log.close()
             self._log = None
 
+    def settled(self) -> None:
+        on_settled, self._on_settled = self._on_settled, None
+        if on_settled is not None:
+            on_settled()
+
     async def wait(self) -> int:
         code = await self._process.wait()
+        self.settled()
         if self._jailed is not None:
             self._jailed.release()  # a few file operations: cheap enough for the loop
         return code
@@ -255,18 +268,19 @@ class ProcessRuntime:
         argv, chain_env, cwd = _guarded(command), dict(env), workdir
         fds: tuple[int, ...] = ()
         if self._jail is not None:
-            slot = None
-            if self.slots is not None:
-                slot = await self.slots.take(identity.sandbox_id, identity.limits)
+            pool, slot = self.slots, None
+            if pool is not None:
+                slot = await pool.take(identity.sandbox_id, identity.limits)
             try:
                 jailed = await asyncio.to_thread(
                     self._enter, workdir, identity, None if slot is None else slot.cgroup
                 )
             except BaseException:
-                if slot is not None:
+                if pool is not None and slot is not None:
+                    pool.settle()
                     await slot.discard()
                 raise
-            if slot is not None:
+            if pool is not None and slot is not None:
                 seccomp = self._jail.seccomp
                 argv = self._jail.sandbox_command(
                     list(command),
@@ -281,10 +295,11 @@ class ProcessRuntime:
                 try:
                     process = await slot.launch(argv, dict(CHAIN_ENV), rlimits, args, seccomp)
                 except BaseException:
+                    pool.settle()
                     await slot.discard()
                     jailed.release()
                     raise
-                return LocalProcess(process, log_path, self._max_log_bytes, jailed)
+                return LocalProcess(process, log_path, self._max_log_bytes, jailed, pool.settle)
             env_fd = sealed(log_path.with_name("env-args"), env_arguments(dict(env)))
             fds = (env_fd,)
             seccomp_fd = None
@@ -302,16 +317,7 @@ class ProcessRuntime:
             )
             chain_env, cwd = dict(CHAIN_ENV), Path("/")
         try:
-            process = await asyncio.create_subprocess_exec(
-                *argv,
-                cwd=cwd,
-                env=chain_env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,
-                pass_fds=fds,
-            )
+            process = await spawn(argv, cwd=cwd, env=chain_env, pass_fds=fds)
         except BaseException:
             if jailed is not None:
                 jailed.release()

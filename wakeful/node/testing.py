@@ -159,6 +159,9 @@ class FakeProcess:
     def owns_port(self, port: int) -> bool:
         return True
 
+    def settled(self) -> None:
+        pass
+
     async def _serve(self, listener: anyio.abc.Listener[anyio.abc.SocketStream]) -> None:
         with self._listening:
             async with listener:
