@@ -27,6 +27,7 @@ from wakeful.ingress.errors import (
     HeadersTooLarge,
     IngressError,
     NoRoute,
+    UpstreamBusy,
     UpstreamError,
     UpstreamTimeout,
 )
@@ -64,6 +65,8 @@ def answer_for(exc: Exception, show_boot_log: bool = False) -> ErrorAnswer:
         return ErrorAnswer(503, "app failed to boot", str(exc), exc.retry_after, log_lines)
     if isinstance(exc, Unavailable):
         return ErrorAnswer(503, "no capacity", str(exc), exc.retry_after)
+    if isinstance(exc, UpstreamBusy):
+        return ErrorAnswer(503, "upstream busy", str(exc), exc.retry_after)
     if isinstance(exc, ActivatorUnreachable | ActivatorError):
         return ErrorAnswer(503, "activator unavailable", str(exc), 5)
     if isinstance(exc, UpstreamTimeout):
@@ -185,6 +188,8 @@ class ProxyApp:
         label = "-"
         exchange = _Exchange()
         try:
+            if head.hosts > 1:
+                raise BadRequest(f"{head.hosts} Host headers: a request has exactly one")
             if len(target) + head.size > self._max_header_bytes:
                 raise HeadersTooLarge(
                     f"request line and headers exceed {self._max_header_bytes} bytes"

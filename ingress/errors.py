@@ -6,6 +6,7 @@ IngressError
 │   └── HeadersTooLarge  request line and headers past the bound (431)
 ├── ClientGone         the client hung up before its request body was read (no answer)
 ├── ActivatorUnreachable  the lease API failed in a way it does not name (503)
+├── UpstreamBusy       the app's share of upstream connections stayed full (503 + Retry-After)
 └── UpstreamError      the sandbox did not answer properly
     ├── ConnectFailed    nothing reached the sandbox (refused, unreachable): safe to retry
     ├── UpstreamFailed   the exchange broke after bytes were sent (502, never retried)
@@ -42,6 +43,12 @@ class ClientGone(IngressError):
 
 class ActivatorUnreachable(IngressError):
     pass
+
+
+class UpstreamBusy(IngressError):
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class UpstreamError(IngressError):

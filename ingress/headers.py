@@ -32,8 +32,9 @@ FORWARDED = frozenset({"x-forwarded-for", "x-forwarded-proto", "x-forwarded-host
 REQUEST_ID = "x-request-id"
 _SANE_ID = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,200}$")
 
-_UPSTREAM_DROP = HOP_BY_HOP | FORWARDED | {REQUEST_ID}
-"""Never forwarded as received: X-Forwarded-* and X-Request-Id are set anew."""
+_UPSTREAM_DROP = HOP_BY_HOP | FORWARDED | {REQUEST_ID, "expect"}
+"""Never forwarded as received: X-Forwarded-* and X-Request-Id are set anew; the ingress
+answers `Expect: 100-continue` itself (the server sends 100 when the body is first read)."""
 _RESPONSE_DROP = frozenset(h.encode() for h in HOP_BY_HOP | {REQUEST_ID})
 _REQUEST_ID_BYTES = REQUEST_ID.encode()
 _NOTABLE = frozenset({"host", REQUEST_ID, "content-length", "transfer-encoding"})
@@ -53,6 +54,9 @@ class RequestHead(NamedTuple):
     size: int
     """The size the headers took on the wire (name, value, ": " and CRLF), near enough for
     a bound on the request head."""
+    hosts: int
+    """How many Host headers came: more than one is refused (RFC 9112 §3.2), or the route
+    would follow one and the sandbox might read the other."""
 
 
 def read_request_head(raw: Iterable[tuple[bytes, bytes]]) -> RequestHead:
@@ -61,6 +65,7 @@ def read_request_head(raw: Iterable[tuple[bytes, bytes]]) -> RequestHead:
     headers: list[tuple[str, str]] = []
     append = headers.append
     host: str | None = None
+    hosts = 0
     request_id: str | None = None
     has_body = False
     size = 0
@@ -71,6 +76,7 @@ def read_request_head(raw: Iterable[tuple[bytes, bytes]]) -> RequestHead:
         size += len(raw_name) + len(raw_value) + 4
         if name in _NOTABLE:
             if name == "host":
+                hosts += 1
                 if host is None:
                     host = value
             elif name == REQUEST_ID:
@@ -78,7 +84,7 @@ def read_request_head(raw: Iterable[tuple[bytes, bytes]]) -> RequestHead:
                     request_id = value
             elif name == "transfer-encoding" or value.strip() not in ("", "0"):
                 has_body = True
-    return RequestHead(headers, host or "", request_id, has_body, size)
+    return RequestHead(headers, host or "", request_id, has_body, size, hosts)
 
 
 def new_request_id() -> str:

@@ -112,6 +112,7 @@ class Proxy:
                     raise ConnectFailed(f"sandbox {use.sandbox_id} refused this request already")
                 return await self._transport.send(
                     UpstreamRequest(
+                        app,
                         request.method,
                         use.url + request.target,
                         headers,

@@ -31,7 +31,8 @@ from wakeful.ingress.proxy import Proxy
 from wakeful.ingress.routing import RoutingTable
 from wakeful.ingress.sandboxes import follow_sandboxes
 from wakeful.ingress.settings import IngressSettings, split_address
-from wakeful.ingress.transport import AiohttpTransport, Transport
+from wakeful.ingress.transport import Transport
+from wakeful.ingress.upstream import RawTransport
 from wakeful.store import Store
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,8 @@ class Ingress:
         )
         self._registry = registry
         self._transport = transport
+        self.transport: Transport | None = None
+        """The upstream transport while running (the one given, or a RawTransport)."""
         self._draining = False
         self.address: tuple[str, int] = ("", 0)
         """Where the proxy listens, once running (the port is real even when 0 was asked)."""
@@ -123,12 +126,15 @@ class Ingress:
             transport = self._transport
             if transport is None:
                 transport = await stack.enter_async_context(
-                    AiohttpTransport(
+                    RawTransport(
                         connect_timeout=self.settings.connect_timeout,
-                        max_connections=self.settings.upstream_connections,
                         keepalive=self.settings.upstream_keepalive,
+                        per_app=self.settings.upstream_connections_per_app,
+                        total=self.settings.upstream_connections,
+                        wait=self.settings.upstream_wait,
                     )
                 )
+            self.transport = transport
             proxy = Proxy(self.settings, self.routes, self.cache, transport, self.metrics)
             tasks = await stack.enter_async_context(anyio.create_task_group())
             stack.callback(tasks.cancel_scope.cancel)  # runs before the group waits

@@ -34,7 +34,12 @@ class IngressSettings(StoreSettings):
     max_header_bytes: int = Field(default=32 * 1024, ge=1024, le=1024 * 1024)
     """Request line plus headers past this many bytes are answered 431."""
     upstream_connections: int = Field(default=1024, ge=1, le=100_000)
-    """Connections the upstream session keeps open at most, over every sandbox."""
+    """Requests holding an upstream connection at once, over every app."""
+    upstream_connections_per_app: int = Field(default=256, ge=1, le=100_000)
+    """Requests of one app holding an upstream connection at once: one app's flood (or its
+    long-lived streams) cannot take the connections every other app needs."""
+    upstream_wait: float = Field(default=5.0, ge=0, le=300)
+    """Seconds a request waits for one of those connections before 503 + Retry-After."""
     upstream_keepalive: float = Field(default=4.0, gt=0, le=3600)
     """Idle upstream connections are closed after this many seconds: below the sandbox's own
     idle timeout (uvicorn's is 5 s), so a request is never written to a closing connection."""

@@ -56,7 +56,7 @@ from wakeful.serving import AddressInUse, serve_asgi, split_address
 from wakeful.store import Store, open_store, sqlite_url
 from wakeful.store.reflector import reflect
 
-if TYPE_CHECKING:  # the ingress (aiohttp, uvloop) is imported only by what runs one
+if TYPE_CHECKING:  # the ingress (httptools, uvloop) is imported only by what runs one
     from wakeful.ingress.settings import IngressSettings
 
 log = logging.getLogger(__name__)

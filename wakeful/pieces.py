@@ -221,7 +221,7 @@ def cmd_node(args: argparse.Namespace) -> int:
 
 
 def cmd_ingress(args: argparse.Namespace) -> int:
-    from wakeful.ingress import IngressSettings  # aiohttp and uvloop: only when it runs
+    from wakeful.ingress import IngressSettings  # httptools and uvloop: only when it runs
 
     settings = IngressSettings()
     control = _control_for("ingress", "the ingress takes its leases from the activator")

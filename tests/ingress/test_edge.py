@@ -16,7 +16,7 @@ from tests.activator.conftest import eventually
 from wakeful.domain.models import App
 from wakeful.ingress.settings import IngressSettings, listens_on_loopback
 
-from .conftest import stack
+from .conftest import RawServer, read_head, stack
 
 pytestmark = pytest.mark.anyio
 
@@ -271,3 +271,58 @@ async def test_a_flood_past_the_bound_is_refused_and_leaves_nothing_behind() -> 
         assert s.sample("requests_queued", app="hello") == 0
         # once the first waves warmed every pool and cache, later waves leave nothing behind
         assert sizes[-1] - sizes[1] < 256 * 1024, sizes
+
+
+def _exchange(port: int, request: bytes, then: bytes = b"", timeout: float = 30) -> bytes:
+    """Send `request`; once something comes back, send `then`; return all that came back
+    until the ingress answered in full (Connection: close) or closed."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(request)
+        got = sock.recv(65536)
+        if then:
+            sock.sendall(then)
+        while chunk := sock.recv(65536):
+            got += chunk
+    return got
+
+
+def _echo_head(conn: socket.socket) -> None:
+    """A sandbox answering with the request head it got (after reading a 5-byte body)."""
+    data = read_head(conn)
+    while len(data.split(b"\r\n\r\n", 1)[1]) < 5:
+        data += conn.recv(65536)
+    conn.sendall(
+        b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(data), data)
+    )
+
+
+async def test_two_host_headers_are_refused_before_any_sandbox_sees_them() -> None:
+    with RawServer(_echo_head) as server:
+        async with stack({"sb-1": server.port}) as s:
+            answer = await anyio.to_thread.run_sync(
+                _exchange,
+                s.ingress.address[1],
+                b"GET / HTTP/1.1\r\nHost: hello.localhost\r\nHost: other.localhost\r\n"
+                b"Connection: close\r\n\r\n",
+            )
+    assert answer.startswith(b"HTTP/1.1 400"), answer
+    assert b"2 Host headers" in answer
+    assert server.connections == 0
+
+
+async def test_expect_100_continue_is_answered_by_the_ingress() -> None:
+    """The client waits for 100 Continue before it sends its body: the ingress sends it (the
+    sandbox never sees the Expect header, so it cannot stall the request)."""
+    with RawServer(_echo_head) as server:
+        async with stack({"sb-1": server.port}) as s:
+            answer = await anyio.to_thread.run_sync(
+                _exchange,
+                s.ingress.address[1],
+                b"POST /up HTTP/1.1\r\nHost: hello.localhost\r\nContent-Length: 5\r\n"
+                b"Expect: 100-continue\r\nConnection: close\r\n\r\n",
+                b"hello",
+            )
+    assert answer.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200"), answer
+    echoed = answer.split(b"\r\n\r\n", 2)[2].lower()
+    assert echoed.startswith(b"post /up http/1.1")
+    assert b"expect" not in echoed and echoed.endswith(b"hello")

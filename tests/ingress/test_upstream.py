@@ -5,9 +5,21 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable
 
+import anyio
 import pytest
 
-from .conftest import RawServer, closed_port, read_head, reset_after_reading, stack
+from wakeful.domain.models import App, Pool, SandboxStatus
+from wakeful.ingress.upstream import RawTransport
+
+from .conftest import (
+    RawServer,
+    closed_port,
+    held,
+    read_head,
+    reset_after_reading,
+    sandbox,
+    stack,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -36,18 +48,44 @@ async def test_retries_stop_after_the_bound() -> None:
         assert s.sample("requests_in_flight", app="hello") == 0
 
 
-async def test_a_reset_after_the_request_was_sent_is_not_retried(
+async def test_a_reset_before_any_answer_is_retried_once_only_when_it_can_be_replayed(
     hello: Callable[[], int],
 ) -> None:
+    """Invariant 11: an idempotent request without a body whose connection is reset before
+    any byte of the answer is sent once more, on a fresh connection to the same sandbox; a
+    POST (or anything with a body) never is, and neither goes to another sandbox."""
     with RawServer(reset_after_reading) as broken:
         async with stack({"sb-a": broken.port, "sb-b": hello()}) as s:
             answer = await s.client.get("/")
             assert answer.status_code == 502, answer.text
-            assert broken.connections == 1
+            assert broken.connections == 2  # the first try and one retry, both to sb-a
+            answer = await s.client.post("/", content=b"once")
+            assert answer.status_code == 502, answer.text
+            assert broken.connections == 3  # the POST went out once
             assert s.sample("connect_retries_total", app="hello") == 0
-            assert s.sample("upstream_errors_total", app="hello", kind="failed") == 1
+            assert s.sample("upstream_errors_total", app="hello", kind="failed") == 2
             assert s.sample("requests_in_flight", app="hello") == 0
             assert all(e.uses == 0 for e in s.ingress.cache.snapshot())
+
+
+def _answer_then_close(conn: socket.socket) -> None:
+    """Answer one request as if keeping the connection alive, then read the next and close
+    without a word: the race a pooled connection loses when the sandbox's idle timeout fires
+    as a request goes out."""
+    read_head(conn)
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+    read_head(conn)
+
+
+async def test_a_pooled_connection_the_sandbox_closed_is_not_a_502() -> None:
+    with RawServer(_answer_then_close) as server:
+        async with stack({"sb-a": server.port}) as s:
+            for _ in range(3):
+                answer = await s.client.get("/")
+                assert answer.status_code == 200, answer.text
+                assert answer.text == "ok"
+            assert server.connections == 3
+            assert s.sample("upstream_errors_total", app="hello", kind="failed") == 0
 
 
 async def test_a_silent_sandbox_times_out_with_504(hello: Callable[[], int]) -> None:
@@ -87,3 +125,51 @@ async def test_hop_by_hop_response_headers_are_stripped() -> None:
                 assert name not in answer.headers
             assert answer.headers.get_list("set-cookie") == ["a=1", "b=2"]
             assert answer.headers["x-request-id"] == "req-42"
+
+
+async def test_one_app_cannot_take_every_upstream_connection(
+    hello: Callable[[], int],
+) -> None:
+    """Past its share of upstream connections an app's requests get 503 + Retry-After (after
+    `upstream_wait`, 0 here) while another app's requests go through."""
+    other = App(name="other", hosts=[], active_version="v1")
+    async with stack(
+        {"sb-1": hello()},
+        rpi=100,
+        extra_apps=[other],
+        upstream_connections_per_app=2,
+        upstream_wait=0,
+    ) as s:
+        pool = await s.store.get("pools/hello-v1", Pool)
+        assert pool is not None
+        await s.store.put(
+            "pools/other-v1",
+            pool.value.model_copy(update={"name": "other-v1", "app": "other"}),
+        )
+        record = sandbox("sb-o", hello(), SandboxStatus.RUNNING)
+        other_record = record.model_copy(update={"pool": "other-v1", "app": "other"})
+        await s.store.put("sandboxes/sb-o", other_record)
+        transport = s.ingress.transport
+        assert isinstance(transport, RawTransport)
+        release = anyio.Event()
+        statuses: list[int] = []
+
+        async def hold() -> None:
+            statuses.append(await held(s.client, release))
+
+        async with anyio.create_task_group() as tasks:
+            for _ in range(2):
+                tasks.start_soon(hold)
+            with anyio.fail_after(30):
+                while transport.slots.busy["hello"] < 2:  # noqa: ASYNC110 -- no event to wait on
+                    await anyio.sleep(0.01)
+            busy = await s.client.get("/", headers={"Accept": "application/json"})
+            assert busy.status_code == 503, busy.text
+            assert busy.headers["retry-after"] == "1"
+            assert busy.json()["error"] == "upstream busy"
+            elsewhere = await s.client.get("/", headers={"Host": "other.localhost"})
+            assert elsewhere.status_code == 200, elsewhere.text
+            release.set()
+        assert statuses == [200, 200]
+        assert (await s.client.get("/")).status_code == 200  # the slots came back
+        assert transport.slots.in_use == 0

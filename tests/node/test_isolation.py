@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from wakeful.domain.models import Resources
@@ -285,7 +286,8 @@ async def test_a_warm_slot_becomes_the_sandbox_in_its_own_cgroups_and_is_replace
 ) -> None:
     """The slot's cgroups take the sandbox's name and the app's limits (a 24Mi app must not
     keep the slot's looser ones); the rlimits the chain's prlimit would set are set; the pool
-    fills up again once the start settled; and when the runtime stops, no idle slot and no slot cgroup is left."""
+    fills up again once the start settled; and when the runtime stops, no idle slot and no
+    slot cgroup is left."""
     workdir = tmp_path / "sandboxes" / "sb" / "app"
     workdir.mkdir(parents=True)
     started = runtime(tmp_path, warm_slots=1)
@@ -310,7 +312,7 @@ async def test_a_warm_slot_becomes_the_sandbox_in_its_own_cgroups_and_is_replace
         )
         assert process.pid == idle[0].process.pid  # the slot itself became the sandbox
         for _ in range(20):
-            await anyio.sleep(0)  # the pool's task would start a refill here
+            await anyio.lowlevel.checkpoint()  # the pool's task would start a refill here
         assert started.slots.spawned == 1  # held back while the start boots (slots.py)
         memory = cgroups.sandbox(sandbox_id).memory
         assert (memory / "memory.limit_in_bytes").read_text().strip() == str(24 << 20)

@@ -1,0 +1,549 @@
+"""The upstream transport on asyncio protocols: requests to sandboxes without a client library.
+
+`RawTransport` implements `Transport` with one `asyncio.Protocol` per upstream connection and
+httptools (the C parser uvicorn uses) for response heads and framing. Nothing per request is
+built that the exchange does not need: the request head is one `bytes`, the body chunks pass
+through, and the response body is handed up as it arrives.
+
+Connections are pooled per sandbox address; an idle one is closed after `keepalive` seconds
+(below the sandbox's own idle timeout). What bounds them:
+
+- **Per app.** At most `per_app` exchanges of one app hold a connection at once, and at most
+  `total` over every app. A request past either waits up to `wait` seconds for a slot, first
+  come first served, then gets `UpstreamBusy` (503 + Retry-After). One app with a thousand
+  open streams cannot take the connections every other app needs.
+- **Backpressure both ways.** Reading from the sandbox pauses while more than `HIGH_WATER`
+  bytes of its answer wait for the client; writing the request body waits while the
+  sandbox's socket buffer is full.
+- **Silence.** `request.timeout` seconds before the answer's head, and between body reads.
+
+**Retries (invariant 11).** A connection that closes or resets before a single byte of the
+answer arrived is retried once, on a fresh connection to the same sandbox, when the method is
+idempotent (RFC 9110 §9.2.2: GET, HEAD, OPTIONS, PUT, DELETE, TRACE) and the request has no
+body, so it can be sent again exactly. That is the keep-alive race (the sandbox closed an
+idle connection as the request went out) and a sandbox that died mid-request; nginx's
+`proxy_next_upstream error` does the same for idempotent requests. Anything else that broke
+after the request was written is `UpstreamFailed`; nothing written is ever sent twice
+otherwise. A connection that could not be opened is `ConnectFailed` (the proxy tries another
+sandbox).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import socket
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import cast
+
+import httptools
+
+from wakeful.ingress.errors import (
+    ConnectFailed,
+    UpstreamBusy,
+    UpstreamFailed,
+    UpstreamTimeout,
+)
+from wakeful.ingress.transport import UpstreamRequest, UpstreamResponse
+
+HIGH_WATER = 256 * 1024
+"""Answer bytes buffered for a slow client before reading from the sandbox pauses."""
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
+MAX_IDLE_PER_SANDBOX = 256
+
+
+class _Stale(Exception):
+    """The connection ended before any byte of the answer: maybe safe to send again."""
+
+
+class _Connection(asyncio.Protocol):
+    """One upstream connection; carries one exchange at a time."""
+
+    def __init__(self, pool: _Pool) -> None:
+        self._pool = pool
+        self._loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self._idle_timer: asyncio.TimerHandle | None = None
+        # the exchange in progress
+        self._parser: httptools.HttpResponseParser | None = None
+        self._head_only = False
+        self._interim = False
+        self._got_bytes = False
+        self._status = 0
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._head: asyncio.Future[None] | None = None
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._buffered = 0
+        self._paused = False
+        self._complete = False
+        self._keep_alive = False
+        self._error: BaseException | None = None
+        self._wakeup: asyncio.Future[None] | None = None
+        self._writable: asyncio.Future[None] | None = None
+        self._writer: asyncio.Task[None] | None = None
+        self._body_sent = True
+
+    # -- asyncio.Protocol --------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport = cast(asyncio.Transport, transport)  # uvloop's is one, not a subclass
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        transport.set_write_buffer_limits(high=HIGH_WATER)
+
+    def data_received(self, data: bytes) -> None:
+        parser = self._parser
+        if parser is None or self._complete:  # bytes nobody asked for: unusable
+            self._abort(UpstreamFailed("the sandbox sent bytes outside an answer"))
+            return
+        self._got_bytes = True
+        try:
+            parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._abort(UpstreamFailed("the sandbox switched protocols unasked"))
+        except httptools.HttpParserError as exc:
+            self._abort(UpstreamFailed(f"the sandbox's answer is not valid HTTP: {exc}"))
+
+    def eof_received(self) -> bool:
+        self._ended(None)
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._pool.forget(self)
+        self._ended(exc)
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_exception(UpstreamFailed("the sandbox closed the connection"))
+
+    def pause_writing(self) -> None:
+        if self._writable is None or self._writable.done():
+            self._writable = self._loop.create_future()
+
+    def resume_writing(self) -> None:
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+
+    # -- httptools callbacks -----------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        assert self._parser is not None
+        status = self._parser.get_status_code()
+        if 100 <= status < 200:  # 100 Continue and friends: not the answer
+            self._interim = True
+            self._headers = []
+            return
+        self._status = status
+        if self._head is not None and not self._head.done():
+            self._head.set_result(None)
+        if self._head_only:  # no body follows a HEAD answer, whatever it says
+            self._keep_alive = self._parser.should_keep_alive()
+            self._finish()
+
+    def on_body(self, body: bytes) -> None:
+        self._chunks.append(body)
+        self._buffered += len(body)
+        if self._buffered > HIGH_WATER and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
+        assert self._parser is not None
+        # Asked now: llhttp resets what it knows once the callback returns.
+        self._keep_alive = self._parser.should_keep_alive()
+        self._finish()
+
+    # -- the exchange ------------------------------------------------------------------
+
+    def _finish(self) -> None:
+        if not self._complete:
+            self._complete = True
+            self._wake()
+
+    def _ended(self, exc: BaseException | None) -> None:
+        """The sandbox closed its side, or the connection broke."""
+        if self._parser is None or self._complete:
+            return
+        if not self._got_bytes:
+            self._fail(_Stale("the connection closed before any answer"))
+        elif self._head is not None and self._head.done() and self._until_close():
+            self._finish()  # an answer framed by the end of the connection
+        else:
+            reason = f": {exc}" if exc else ""
+            self._fail(UpstreamFailed(f"the sandbox closed the connection mid-answer{reason}"))
+
+    def _until_close(self) -> bool:
+        names = {name.lower() for name, _ in self._headers}
+        return b"content-length" not in names and b"transfer-encoding" not in names
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._error is None:
+            self._error = exc
+        if self._head is not None and not self._head.done():
+            self._head.set_exception(exc)
+            self._head.exception()  # retrieved: a caller that left must not log it
+        self._wake()
+
+    def _abort(self, exc: BaseException) -> None:
+        self._fail(exc)
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _wake(self) -> None:
+        if self._wakeup is not None and not self._wakeup.done():
+            self._wakeup.set_result(None)
+
+    async def exchange(
+        self, head: bytes, body: AsyncIterable[bytes] | None, chunked: bool, method: str
+    ) -> None:
+        """Write the request and return once the answer's head is in; raises `_Stale`,
+        UpstreamFailed or UpstreamTimeout (the caller applies the timeout)."""
+        assert self.transport is not None
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+        self._parser = httptools.HttpResponseParser(self)
+        self._head_only = method == "HEAD"
+        self._interim = self._got_bytes = self._complete = self._paused = False
+        self._keep_alive = False
+        self._status, self._headers, self._error = 0, [], None
+        self._chunks.clear()
+        self._buffered = 0
+        self._head = self._loop.create_future()
+        self.transport.write(head)
+        self._body_sent = body is None
+        if body is not None:
+            self._writer = self._loop.create_task(self._send_body(body, chunked))
+        await self._head
+
+    async def _send_body(self, body: AsyncIterable[bytes], chunked: bool) -> None:
+        transport = self.transport
+        assert transport is not None
+        try:
+            async with contextlib.aclosing(_iterate(body)) as chunks:
+                async for chunk in chunks:
+                    if self.closed or self._error is not None:
+                        return
+                    if chunked:
+                        transport.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
+                    else:
+                        transport.write(chunk)
+                    if self._writable is not None and not self._writable.done():
+                        await self._writable
+            if chunked and not self.closed:
+                transport.write(b"0\r\n\r\n")
+            self._body_sent = True
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # the client left mid-body, or the sandbox did
+            if isinstance(exc, UpstreamFailed) and self._got_bytes:
+                return  # the sandbox answered early and stopped reading: its answer stands
+            self._abort(exc)
+
+    async def next_chunk(self, silence: float) -> bytes:
+        """The next piece of the answer's body; b"" at its end."""
+        while True:
+            if self._chunks:
+                chunk = self._chunks.popleft()
+                self._buffered -= len(chunk)
+                if self._paused and self._buffered <= HIGH_WATER // 4 and self.transport:
+                    self._paused = False
+                    self.transport.resume_reading()
+                return chunk
+            if self._error is not None:
+                error = self._error
+                raise error if not isinstance(error, _Stale) else UpstreamFailed(str(error))
+            if self._complete:
+                return b""
+            self._wakeup = self._loop.create_future()
+            timer = self._loop.call_later(silence, self._timed_out)
+            try:
+                await self._wakeup
+            finally:
+                timer.cancel()
+                self._wakeup = None
+
+    def _timed_out(self) -> None:
+        self._abort(UpstreamTimeout("the sandbox stayed silent past the request timeout"))
+
+    def reusable(self) -> bool:
+        return (
+            not self.closed
+            and self._complete
+            and self._keep_alive
+            and self._error is None
+            and self._body_sent
+        )
+
+    def done(self, keepalive: float) -> None:
+        """The exchange is over: back to the pool when it ended cleanly, else closed."""
+        writer, self._writer = self._writer, None
+        if writer is not None and not writer.done():
+            writer.cancel()
+        if self.reusable():
+            self._parser = None
+            self._idle_timer = self._loop.call_later(keepalive, self.close)
+            self._pool.give_back(self)
+        else:
+            self.close()
+
+    def close(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.close()
+        self.closed = True
+        self._pool.forget(self)
+
+
+class _Pool:
+    """Idle connections to one sandbox address."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+        self.idle: collections.deque[_Connection] = collections.deque()
+
+    def give_back(self, conn: _Connection) -> None:
+        if len(self.idle) >= MAX_IDLE_PER_SANDBOX:
+            conn.close()
+            return
+        self.idle.append(conn)
+
+    def forget(self, conn: _Connection) -> None:
+        with contextlib.suppress(ValueError):
+            self.idle.remove(conn)
+
+    def take(self) -> _Connection | None:
+        while self.idle:
+            conn = self.idle.pop()  # the most recently used: least likely to be closing
+            if not conn.closed:
+                return conn
+        return None
+
+
+@dataclass
+class _Slots:
+    """How many exchanges hold a connection, per app and in all; who waits for one."""
+
+    per_app: int
+    total: int
+    wait: float
+    busy: collections.Counter[str] = field(default_factory=collections.Counter)
+    in_use: int = 0
+    waiters: collections.deque[tuple[str, asyncio.Future[None]]] = field(
+        default_factory=collections.deque
+    )
+
+    def _free(self, app: str) -> bool:
+        return self.in_use < self.total and self.busy[app] < self.per_app
+
+    async def take(self, app: str) -> None:
+        if not self.waiters and self._free(app):
+            self._hold(app)
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        entry = (app, waiter)
+        self.waiters.append(entry)
+        try:
+            async with asyncio.timeout(self.wait):
+                await waiter
+        except BaseException as exc:
+            granted = waiter.done() and not waiter.cancelled()
+            if isinstance(exc, TimeoutError):
+                if granted:
+                    return  # granted just as the wait ran out: it is ours
+                raise UpstreamBusy(
+                    f"app {app!r} has {self.busy[app]} requests in flight to its sandboxes "
+                    f"(at most {self.per_app}; {self.in_use} of {self.total} in all) and "
+                    f"none finished within {self.wait:g} s",
+                    retry_after=1,
+                ) from None
+            if granted:
+                self.give_back(app)  # granted as it was cancelled: pass it on
+            raise
+        finally:
+            with contextlib.suppress(ValueError):
+                self.waiters.remove(entry)
+
+    def _hold(self, app: str) -> None:
+        self.busy[app] += 1
+        self.in_use += 1
+
+    def give_back(self, app: str) -> None:
+        self.busy[app] -= 1
+        if not self.busy[app]:
+            del self.busy[app]
+        self.in_use -= 1
+        for entry in list(self.waiters):
+            waiting_app, waiter = entry
+            if waiter.done():
+                continue
+            if self._free(waiting_app):
+                self.waiters.remove(entry)
+                self._hold(waiting_app)
+                waiter.set_result(None)
+            if self.in_use >= self.total:
+                break
+
+
+class _RawResponse:
+    __slots__ = ("_app", "_conn", "_done", "_timeout", "_transport", "headers", "status")
+
+    def __init__(
+        self, transport: RawTransport, app: str, conn: _Connection, timeout: float
+    ) -> None:
+        self._transport = transport
+        self._app = app
+        self._conn = conn
+        self._timeout = timeout
+        self._done = False
+        self.status = conn._status
+        self.headers: Sequence[tuple[bytes, bytes]] = conn._headers
+
+    def body(self) -> AsyncIterator[bytes]:
+        return self
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self
+
+    async def __anext__(self) -> bytes:
+        chunk = await self._conn.next_chunk(self._timeout)
+        if not chunk:
+            raise StopAsyncIteration
+        return chunk
+
+    def close(self) -> None:
+        if not self._done:
+            self._done = True
+            self._conn.done(self._transport.keepalive)
+            self._transport.slots.give_back(self._app)
+
+
+class RawTransport:
+    def __init__(
+        self,
+        *,
+        connect_timeout: float,
+        keepalive: float,
+        per_app: int,
+        total: int,
+        wait: float,
+    ) -> None:
+        self._connect_timeout = connect_timeout
+        self.keepalive = keepalive
+        self.slots = _Slots(per_app, total, wait)
+        self._pools: dict[str, tuple[_Pool, str]] = {}
+        self._closed = False
+
+    async def __aenter__(self) -> RawTransport:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._closed = True
+        for pool, _ in self._pools.values():
+            for conn in list(pool.idle):
+                conn.close()
+        self._pools.clear()
+
+    def _pool(self, url: str) -> tuple[_Pool, str, str]:
+        """The pool of the sandbox a URL names, and the request target the URL carries."""
+        rest = url.removeprefix("http://")
+        cut = rest.find("/")
+        authority, target = (rest, "/") if cut < 0 else (rest[:cut], rest[cut:])
+        found = self._pools.get(authority)
+        if found is None:
+            host, _, port = authority.rpartition(":")
+            found = (_Pool(host.strip("[]"), int(port)), authority)
+            if len(self._pools) > 65_536:  # sandboxes come and go: forget idle ones
+                for key, (pool, _) in list(self._pools.items()):
+                    if not pool.idle:
+                        del self._pools[key]
+            self._pools[authority] = found
+        return found[0], authority, target
+
+    async def send(self, request: UpstreamRequest) -> UpstreamResponse:
+        if self._closed:
+            raise UpstreamFailed("the upstream transport is closed")
+        pool, authority, target = self._pool(request.url)
+        head, chunked = _request_head(request, target, authority)
+        replayable = request.body is None and request.method in IDEMPOTENT
+        await self.slots.take(request.app)
+        try:
+            conn = pool.take()
+            for attempt in (1, 2):
+                if conn is None:
+                    conn = await self._connect(pool)
+                try:
+                    async with asyncio.timeout(request.timeout):
+                        await conn.exchange(head, request.body, chunked, request.method)
+                except TimeoutError:
+                    conn.close()
+                    raise UpstreamTimeout(
+                        f"the sandbox stayed silent for {request.timeout:g} s"
+                    ) from None
+                except _Stale as exc:
+                    conn.close()
+                    if attempt == 2 or not replayable:
+                        raise UpstreamFailed(str(exc)) from None
+                    conn = None
+                    continue
+                except BaseException:
+                    conn.close()
+                    raise
+                return _RawResponse(self, request.app, conn, request.timeout)
+            raise AssertionError("unreachable")
+        except BaseException:
+            self.slots.give_back(request.app)
+            raise
+
+    async def _connect(self, pool: _Pool) -> _Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(pool), pool.host, pool.port
+                )
+        except TimeoutError:
+            raise ConnectFailed(
+                f"could not connect to {pool.host}:{pool.port} within {self._connect_timeout:g} s"
+            ) from None
+        except OSError as exc:
+            raise ConnectFailed(f"could not connect to {pool.host}:{pool.port}: {exc}") from None
+        return conn
+
+
+async def _iterate(body: AsyncIterable[bytes]) -> AsyncGenerator[bytes, None]:
+    """`body`'s non-empty chunks, as a generator `aclosing` can close."""
+    async for chunk in body:
+        if chunk:
+            yield chunk
+
+
+def _request_head(request: UpstreamRequest, target: str, authority: str) -> tuple[bytes, bool]:
+    """The request line and headers as one `bytes`; whether the body goes chunked."""
+    lines = [f"{request.method} {target} HTTP/1.1\r\n"]
+    has_host = has_length = False
+    for name, value in request.headers:
+        if name == "host":
+            has_host = True
+        elif name == "content-length":
+            has_length = True
+        lines.append(f"{name}: {value}\r\n")
+    if not has_host:
+        lines.append(f"host: {authority}\r\n")
+    chunked = request.body is not None and not has_length
+    if chunked:
+        lines.append("transfer-encoding: chunked\r\n")
+    lines.append("\r\n")
+    return "".join(lines).encode("latin-1"), chunked
