@@ -24,6 +24,7 @@ from wakeful.ingress.errors import (
     ActivatorUnreachable,
     BadRequest,
     ClientGone,
+    ClientTooSlow,
     HeadersTooLarge,
     IngressError,
     NoRoute,
@@ -56,6 +57,8 @@ def answer_for(exc: Exception, show_boot_log: bool = False) -> ErrorAnswer:
         return ErrorAnswer(404, "unknown host", str(exc))
     if isinstance(exc, UnknownApp):
         return ErrorAnswer(404, "unknown app", str(exc))
+    if isinstance(exc, ClientTooSlow):
+        return ErrorAnswer(408, "request timeout", str(exc))
     if isinstance(exc, HeadersTooLarge):
         return ErrorAnswer(431, "request header fields too large", str(exc))
     if isinstance(exc, BadRequest):
@@ -77,12 +80,14 @@ def answer_for(exc: Exception, show_boot_log: bool = False) -> ErrorAnswer:
 
 
 class _Body:
-    """The request body as the transport pulls it: straight from `receive`, nothing kept."""
+    """The request body as the transport pulls it: straight from `receive`, nothing kept. A
+    client silent for `timeout` seconds mid-body ends the request (ClientTooSlow, 408)."""
 
-    __slots__ = ("_receive", "client_gone", "finished", "started")
+    __slots__ = ("_receive", "_timeout", "client_gone", "finished", "started")
 
-    def __init__(self, receive: Receive) -> None:
+    def __init__(self, receive: Receive, timeout: float) -> None:
         self._receive = receive
+        self._timeout = timeout
         self.started = False
         self.client_gone = False
         self.finished = anyio.Event()
@@ -90,7 +95,13 @@ class _Body:
     async def stream(self) -> AsyncIterator[bytes]:
         self.started = True
         while True:
-            message = await self._receive()
+            try:
+                async with asyncio.timeout(self._timeout):
+                    message = await self._receive()
+            except TimeoutError:
+                raise ClientTooSlow(
+                    f"the client sent none of its body for {self._timeout:g} s"
+                ) from None
             if message["type"] == "http.disconnect":
                 self.client_gone = True
                 raise ClientGone("the client hung up while sending its body")
@@ -163,8 +174,10 @@ class ProxyApp:
         metrics: IngressMetrics,
         max_header_bytes: int,
         show_boot_log: bool = False,
+        client_timeout: float = 60.0,
     ) -> None:
         self._proxy = proxy
+        self._client_timeout = client_timeout
         self._metrics = metrics
         self._max_header_bytes = max_header_bytes
         self._show_boot_log = show_boot_log
@@ -197,7 +210,7 @@ class ProxyApp:
             app = self._proxy.route(head.host)
             label = app
             client = scope.get("client")
-            body = _Body(receive) if head.has_body else None
+            body = _Body(receive, self._client_timeout) if head.has_body else None
             request = ProxyRequest(
                 scope["method"],
                 target,
@@ -247,9 +260,12 @@ class ProxyApp:
                 try:
                     async for chunk in response.body:
                         if held:
-                            await send(
-                                {"type": "http.response.body", "body": held, "more_body": True}
-                            )
+                            # A client that stops reading blocks this send: bounded, so it
+                            # cannot hold the sandbox's capacity for ever.
+                            async with asyncio.timeout(self._client_timeout):
+                                await send(
+                                    {"type": "http.response.body", "body": held, "more_body": True}
+                                )
                         held = chunk
                 except UpstreamError as exc:
                     log.warning(
@@ -259,14 +275,29 @@ class ProxyApp:
                     )
                     exchange.status = 502
                     return  # uvicorn closes a connection whose answer was not completed
+                except TimeoutError:
+                    self._too_slow(app, request, exchange)
+                    return
                 exchange.answered = True
-                await send({"type": "http.response.body", "body": held, "more_body": False})
+                try:
+                    async with asyncio.timeout(self._client_timeout):
+                        await send({"type": "http.response.body", "body": held, "more_body": False})
+                except TimeoutError:
+                    self._too_slow(app, request, exchange)
         except (IngressError, ActivatorError) as exc:
             gone = request.body is not None and request.body.client_gone
             if gone or exchange.started:
                 log.warning("request ended without an answer: %s", exc, extra={"app": app})
                 return
             await self._answer_error(exc, request.headers, request.request_id, send, exchange)
+
+    def _too_slow(self, app: str, request: ProxyRequest, exchange: _Exchange) -> None:
+        log.warning(
+            "the client read none of its answer for %g s; cutting it off",
+            self._client_timeout,
+            extra={"app": app, "request_id": request.request_id},
+        )
+        exchange.client_gone = True  # uvicorn closes a connection whose answer is incomplete
 
     async def _answer_error(
         self,

@@ -3,7 +3,8 @@
 IngressError
 ├── NoRoute            the Host header names no app (404)
 ├── BadRequest         a request we refuse to forward (400)
-│   └── HeadersTooLarge  request line and headers past the bound (431)
+│   ├── HeadersTooLarge  request line and headers past the bound (431)
+│   └── ClientTooSlow    the client went silent mid-body past `client_timeout` (408)
 ├── ClientGone         the client hung up before its request body was read (no answer)
 ├── ActivatorUnreachable  the lease API failed in a way it does not name (503)
 ├── UpstreamBusy       the app's share of upstream connections stayed full (503 + Retry-After)
@@ -34,6 +35,10 @@ class BadRequest(IngressError):
 
 
 class HeadersTooLarge(BadRequest):
+    pass
+
+
+class ClientTooSlow(BadRequest):
     pass
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import resource
 import signal
 import socket
 import time
@@ -64,6 +65,15 @@ def _bind(address: str, backlog: int, what: str) -> socket.socket:
     return sock
 
 
+def raise_open_files_limit() -> None:
+    """Open files up to the hard limit: each client and upstream connection is one, and the
+    soft limit (often 1024) would refuse connections long before `max_client_connections`."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 class Ingress:
     def __init__(
         self,
@@ -105,7 +115,11 @@ class Ingress:
         return uvicorn.Config(
             app,
             interface="asgi3",
-            http=bounded_httptools(self.settings.max_header_bytes),
+            http=bounded_httptools(
+                self.settings.max_header_bytes,
+                self.settings.client_header_timeout,
+                self.settings.max_client_connections,
+            ),
             ws="none",
             lifespan="off",
             log_config=None,
@@ -122,6 +136,7 @@ class Ingress:
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Ingress]:
         """Serve until the block exits, then shut down in order (see the module docstring)."""
+        raise_open_files_limit()
         async with contextlib.AsyncExitStack() as stack:
             transport = self._transport
             if transport is None:
@@ -154,7 +169,11 @@ class Ingress:
                     self.settings.listen,
                 )
             edge = ProxyApp(
-                proxy, self.metrics, self.settings.max_header_bytes, self.settings.boot_log_shown
+                proxy,
+                self.metrics,
+                self.settings.max_header_bytes,
+                self.settings.boot_log_shown,
+                self.settings.client_timeout,
             )
             server = _Server(self._config(edge))
             sock = _bind(self.settings.listen, self.settings.backlog, "listen address")

@@ -44,6 +44,16 @@ class IngressSettings(StoreSettings):
     """Idle upstream connections are closed after this many seconds: below the sandbox's own
     idle timeout (uvicorn's is 5 s), so a request is never written to a closing connection."""
     client_keepalive: float = Field(default=5.0, gt=0, le=3600)
+    client_header_timeout: float = Field(default=10.0, gt=0, le=3600)
+    """A client connection must complete each request head within this many seconds of
+    opening or of its previous answer; otherwise it is closed (408 if a head had begun)."""
+    client_timeout: float = Field(default=60.0, gt=0, le=86_400)
+    """Seconds a client may stay silent while sending its body, or not read while its answer
+    is written, before the request ends (408 / the connection is cut) and its lease goes
+    back (nginx's client_body_timeout and send_timeout)."""
+    max_client_connections: int = Field(default=10_000, ge=1, le=1_000_000)
+    """Client connections open at once; a new one past it is answered 503 and closed, those
+    already open keep working. The process's open-file limit is raised to its hard limit."""
     shutdown_timeout: float = Field(default=30.0, ge=0, le=3600)
     """On SIGTERM, in-flight requests get this long to finish before they are cancelled."""
     show_boot_log: bool = False

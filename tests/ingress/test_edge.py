@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import socket
 import time
@@ -16,7 +17,7 @@ from tests.activator.conftest import eventually
 from wakeful.domain.models import App
 from wakeful.ingress.settings import IngressSettings, listens_on_loopback
 
-from .conftest import RawServer, read_head, stack
+from .conftest import RawServer, Stack, read_head, stack
 
 pytestmark = pytest.mark.anyio
 
@@ -296,33 +297,158 @@ def _echo_head(conn: socket.socket) -> None:
     )
 
 
-async def test_two_host_headers_are_refused_before_any_sandbox_sees_them() -> None:
+async def _via_echo(request: bytes, then: bytes = b"") -> tuple[bytes, int]:
+    """`_exchange` through an ingress whose one sandbox echoes the head it got; the answer,
+    and how many connections reached that sandbox."""
     with RawServer(_echo_head) as server:
         async with stack({"sb-1": server.port}) as s:
-            answer = await anyio.to_thread.run_sync(
-                _exchange,
-                s.ingress.address[1],
-                b"GET / HTTP/1.1\r\nHost: hello.localhost\r\nHost: other.localhost\r\n"
-                b"Connection: close\r\n\r\n",
-            )
+            answer = await anyio.to_thread.run_sync(_exchange, s.ingress.address[1], request, then)
+    return answer, server.connections
+
+
+async def test_two_host_headers_are_refused_before_any_sandbox_sees_them() -> None:
+    answer, connections = await _via_echo(
+        b"GET / HTTP/1.1\r\nHost: hello.localhost\r\nHost: other.localhost\r\n"
+        b"Connection: close\r\n\r\n"
+    )
     assert answer.startswith(b"HTTP/1.1 400"), answer
     assert b"2 Host headers" in answer
-    assert server.connections == 0
+    assert connections == 0
 
 
 async def test_expect_100_continue_is_answered_by_the_ingress() -> None:
     """The client waits for 100 Continue before it sends its body: the ingress sends it (the
     sandbox never sees the Expect header, so it cannot stall the request)."""
-    with RawServer(_echo_head) as server:
-        async with stack({"sb-1": server.port}) as s:
-            answer = await anyio.to_thread.run_sync(
-                _exchange,
-                s.ingress.address[1],
-                b"POST /up HTTP/1.1\r\nHost: hello.localhost\r\nContent-Length: 5\r\n"
-                b"Expect: 100-continue\r\nConnection: close\r\n\r\n",
-                b"hello",
-            )
+    answer, _ = await _via_echo(
+        b"POST /up HTTP/1.1\r\nHost: hello.localhost\r\nContent-Length: 5\r\n"
+        b"Expect: 100-continue\r\nConnection: close\r\n\r\n",
+        b"hello",
+    )
     assert answer.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200"), answer
     echoed = answer.split(b"\r\n\r\n", 2)[2].lower()
     assert echoed.startswith(b"post /up http/1.1")
     assert b"expect" not in echoed and echoed.endswith(b"hello")
+
+
+def _ask(sock: socket.socket) -> bytes:
+    """One keep-alive GET on an open connection: the answer's status line."""
+    sock.sendall(b"GET / HTTP/1.1\r\nHost: hello.localhost\r\n\r\n")
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"closed after {data!r}"
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = int(
+        next(
+            line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+        ).split(b":")[1]
+    )
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head.split(b"\r\n", 1)[0]
+
+
+def _until_closed(sock: socket.socket) -> bytes:
+    got = b""
+    while chunk := sock.recv(65536):
+        got += chunk
+    return got
+
+
+async def test_connections_that_do_not_complete_a_head_in_time_are_closed(
+    hello: Callable[[], int],
+) -> None:
+    """A partial head (slowloris) gets 408 and is closed, a silent connection is closed, and
+    one that was answered is closed when no next head follows; none is kept forever."""
+    async with stack({"sb-1": hello()}, client_header_timeout=0.3, client_keepalive=3600) as s:
+        address = ("127.0.0.1", s.ingress.address[1])
+
+        def clients() -> tuple[bytes, bytes, bytes, bytes]:
+            with (
+                socket.create_connection(address, timeout=30) as partial,
+                socket.create_connection(address, timeout=30) as silent,
+                socket.create_connection(address, timeout=30) as answered,
+            ):
+                partial.sendall(b"GET / HTTP/1.1\r\nHost: hel")
+                status = _ask(answered)
+                return (
+                    status,
+                    _until_closed(partial),
+                    _until_closed(silent),
+                    _until_closed(answered),
+                )
+
+        status, partial, silent, answered = await anyio.to_thread.run_sync(clients)
+    assert status == b"HTTP/1.1 200 OK"
+    assert partial.startswith(b"HTTP/1.1 408"), partial
+    assert silent == b"" and answered == b""
+
+
+async def test_past_the_connection_cap_a_new_connection_gets_503_and_open_ones_keep_working(
+    hello: Callable[[], int],
+) -> None:
+    async with stack({"sb-1": hello()}, max_client_connections=2) as s:
+        address = ("127.0.0.1", s.ingress.address[1])
+
+        def clients() -> tuple[bytes, bytes, bytes, bytes]:
+            with (
+                socket.create_connection(address, timeout=30) as first,
+                socket.create_connection(address, timeout=30) as second,
+            ):
+                before = _ask(first) + _ask(second)  # both accepted and served
+                with socket.create_connection(address, timeout=30) as third:
+                    refused = _until_closed(third)
+                return before, refused, _ask(first), _ask(second)
+
+        before, refused, first, second = await anyio.to_thread.run_sync(clients)
+    assert before == b"HTTP/1.1 200 OK" * 2
+    assert refused.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in refused
+    assert first == second == b"HTTP/1.1 200 OK"
+
+
+def _swallow(conn: socket.socket) -> None:
+    """A sandbox that reads until the ingress hangs up, and never answers."""
+    _until_closed(conn)
+
+
+def _flood(conn: socket.socket) -> None:
+    """A sandbox answering with 256 MiB, until the ingress stops taking them."""
+    read_head(conn)
+    size = 256 << 20
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size)
+    chunk = b"x" * (1 << 20)
+    with contextlib.suppress(OSError):
+        for _ in range(size // len(chunk)):
+            conn.sendall(chunk)
+
+
+def _nothing_held(s: Stack) -> bool:
+    return s.sample("requests_in_flight", app="hello") == 0 and all(
+        e.uses == 0 for e in s.ingress.cache.snapshot()
+    )
+
+
+async def test_a_client_silent_mid_body_gets_408_and_gives_its_capacity_back() -> None:
+    with RawServer(_swallow) as server:
+        async with stack({"sb-1": server.port}, client_timeout=0.3) as s:
+            answer = await anyio.to_thread.run_sync(
+                _exchange,
+                s.ingress.address[1],
+                b"POST / HTTP/1.1\r\nHost: hello.localhost\r\nContent-Length: 10\r\n\r\nhalf!",
+            )
+            assert answer.startswith(b"HTTP/1.1 408"), answer
+            await eventually(lambda: _nothing_held(s))
+
+
+async def test_a_client_that_stops_reading_is_cut_off_and_gives_its_capacity_back() -> None:
+    with RawServer(_flood) as server:
+        async with stack({"sb-1": server.port}, client_timeout=0.3) as s:
+            address = ("127.0.0.1", s.ingress.address[1])
+            with socket.create_connection(address, timeout=30) as client:
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                client.sendall(b"GET / HTTP/1.1\r\nHost: hello.localhost\r\n\r\n")
+                await eventually(lambda: s.sample("requests_in_flight", app="hello") == 1)
+                # Not reading: the ingress's writes block, then it gives up on this client.
+                await eventually(lambda: _nothing_held(s), within=60)
+                assert s.sample("requests_total", app="hello", status_class="4xx") == 1  # 499
