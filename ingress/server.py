@@ -8,25 +8,23 @@ the admin server, close the upstream session.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import resource
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 
 import anyio
 import anyio.abc
-import uvicorn
 from prometheus_client import CollectorRegistry
 
 from wakeful.domain.leases import Leases
 from wakeful.domain.net import hold_loopback_twin
 from wakeful.ingress.cache import LeaseCache
-from wakeful.ingress.edge import AdminApp, ProxyApp
-from wakeful.ingress.limits import bounded_httptools
+from wakeful.ingress.edge import AdminEdge, ProxyEdge
+from wakeful.ingress.http1 import HttpServer, Limits
 from wakeful.ingress.metrics import IngressMetrics
 from wakeful.ingress.proxy import Proxy
 from wakeful.ingress.routing import RoutingTable
@@ -37,15 +35,6 @@ from wakeful.ingress.upstream import RawTransport
 from wakeful.store import Store
 
 log = logging.getLogger(__name__)
-
-
-class _Server(uvicorn.Server):
-    """uvicorn's server without its signal handlers: `serve()` owns SIGTERM, and uvicorn
-    would re-raise the signal on exit, killing the process before cached leases go back."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
 
 
 def _bind(address: str, backlog: int, what: str) -> socket.socket:
@@ -111,28 +100,6 @@ class Ingress:
     def ready(self) -> bool:
         return self.routes.synced.is_set() and not self._draining
 
-    def _config(self, app: ProxyApp | AdminApp) -> uvicorn.Config:
-        return uvicorn.Config(
-            app,
-            interface="asgi3",
-            http=bounded_httptools(
-                self.settings.max_header_bytes,
-                self.settings.client_header_timeout,
-                self.settings.max_client_connections,
-            ),
-            ws="none",
-            lifespan="off",
-            log_config=None,
-            access_log=False,
-            proxy_headers=False,  # X-Forwarded-* are ours to set (see headers.py)
-            server_header=False,
-            date_header=False,  # the sandbox's own headers pass through
-            timeout_keep_alive=int(max(1, self.settings.client_keepalive)),
-            timeout_graceful_shutdown=int(self.settings.shutdown_timeout),
-            backlog=self.settings.backlog,
-            h11_max_incomplete_event_size=self.settings.max_header_bytes,
-        )
-
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Ingress]:
         """Serve until the block exits, then shut down in order (see the module docstring)."""
@@ -158,9 +125,16 @@ class Ingress:
             tasks.start_soon(follow_sandboxes, self._store, self.cache)
             with anyio.fail_after(60):
                 await self.routes.synced.wait()
-            admin = _Server(self._config(AdminApp(self._registry, lambda: self.ready)))
+            limits = Limits(
+                max_head_bytes=self.settings.max_header_bytes,
+                head_timeout=self.settings.client_header_timeout,
+                keepalive=self.settings.client_keepalive,
+                max_connections=self.settings.max_client_connections,
+                client_timeout=self.settings.client_timeout,
+            )
+            admin = HttpServer(AdminEdge(self._registry, lambda: self.ready), limits)
             admin_sock = _bind(self.settings.admin_listen, self.settings.backlog, "admin address")
-            await self._start(admin, admin_sock, tasks)
+            await _start(admin, admin_sock, self.settings.backlog)
             self.admin_address = admin_sock.getsockname()[:2]
             if self.settings.show_boot_log and not self.settings.boot_log_shown:
                 log.warning(
@@ -168,19 +142,15 @@ class Ingress:
                     "loopback (`wakeful logs` shows them)",
                     self.settings.listen,
                 )
-            edge = ProxyApp(
-                proxy,
-                self.metrics,
-                self.settings.max_header_bytes,
-                self.settings.boot_log_shown,
-                self.settings.client_timeout,
+            edge = ProxyEdge(
+                proxy, self.metrics, self.settings.max_header_bytes, self.settings.boot_log_shown
             )
-            server = _Server(self._config(edge))
+            server = HttpServer(edge, limits)
             sock = _bind(self.settings.listen, self.settings.backlog, "listen address")
             try:
-                await self._start(server, sock, tasks)
+                await _start(server, sock, self.settings.backlog)
             except BaseException:
-                await self._stop(admin, admin_sock)
+                await admin.stop(0)
                 raise
             self.address = sock.getsockname()[:2]
             log.info("ingress listening on %s:%d", *self.address)
@@ -189,31 +159,18 @@ class Ingress:
             finally:
                 with anyio.CancelScope(shield=True):
                     self._draining = True
-                    await self._stop(server, sock)
+                    await server.stop(self.settings.shutdown_timeout)
                     await self.cache.close()
-                    await self._stop(admin, admin_sock)
+                    await admin.stop(0)
                     log.info("ingress stopped")
 
-    @staticmethod
-    async def _start(server: _Server, sock: socket.socket, tasks: anyio.abc.TaskGroup) -> None:
-        server.config.load()
-        server.lifespan = server.config.lifespan_class(server.config)
-        try:
-            await server.startup(sockets=[sock])
-        except BaseException:
-            sock.close()
-            raise
-        tasks.start_soon(server.main_loop)
 
-    @staticmethod
-    async def _stop(server: _Server, sock: socket.socket) -> None:
-        server.should_exit = True
-        await server.shutdown(sockets=[sock])
-        # uvicorn cancels requests still running past the graceful deadline without
-        # waiting for them; wait here so their shielded lease releases happen first.
-        pending = set(server.server_state.tasks)
-        if pending:
-            await asyncio.wait(pending, timeout=10)
+async def _start(server: HttpServer, sock: socket.socket, backlog: int) -> None:
+    try:
+        await server.start(sock, backlog)
+    except BaseException:
+        sock.close()
+        raise
 
 
 async def serve(

@@ -361,7 +361,7 @@ async def test_connections_that_do_not_complete_a_head_in_time_are_closed(
 ) -> None:
     """A partial head (slowloris) gets 408 and is closed, a silent connection is closed, and
     one that was answered is closed when no next head follows; none is kept forever."""
-    async with stack({"sb-1": hello()}, client_header_timeout=0.3, client_keepalive=3600) as s:
+    async with stack({"sb-1": hello()}, client_header_timeout=2, client_keepalive=3600) as s:
         address = ("127.0.0.1", s.ingress.address[1])
 
         def clients() -> tuple[bytes, bytes, bytes, bytes]:

@@ -1,0 +1,512 @@
+"""The proxy port's HTTP/1.1 server: asyncio protocols and httptools, no ASGI in between.
+
+One `_Connection` per client. httptools (llhttp, in its strict mode) parses request heads
+and bodies; a parse error (smuggling shapes such as Content-Length with Transfer-Encoding,
+two Content-Lengths, obs-fold, a bare LF) is answered 400 and the connection closes. Parsed
+requests queue on the connection and one task answers them in order (pipelining), each
+through `Handler.handle(request, responder)`; at most `PIPELINE_DEPTH` wait, then reading
+pauses.
+
+Bounds (invariant 18), all per connection, none kept for ever:
+
+- the head's size (431 past `max_head_bytes`, counted while it is read);
+- the head's time: complete within `head_timeout` of opening or of the previous answer, or
+  the connection closes (408 when a head had begun); an idle keep-alive connection closes
+  after `keepalive` seconds;
+- open connections: past `max_connections` a new one gets 503 + Retry-After and closes;
+- the request body: at most `BODY_BUFFER` bytes wait for the proxy, then reading pauses;
+- writes: `Responder.write` waits for the client's socket at most `client_timeout` seconds.
+
+A client that hangs up cancels the exchange answering it (the lease goes back through
+`Forwarding`'s exit). `stop` closes the listener, closes idle connections, lets exchanges in
+progress finish for `grace` seconds, then cancels what is left and waits for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import http
+import logging
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol, cast
+
+import httptools
+
+from wakeful.ingress.errors import BadRequest, ClientGone, ClientTooSlow
+
+log = logging.getLogger(__name__)
+
+PIPELINE_DEPTH = 16
+BODY_BUFFER = 256 * 1024
+_REASONS = {status.value: status.phrase.encode() for status in http.HTTPStatus}
+
+
+def _canned(status: int, text: str, *extra: bytes) -> bytes:
+    body = text.encode() + b"\n"
+    return (
+        b"HTTP/1.1 %d %s\r\ncontent-type: text/plain; charset=utf-8\r\n"
+        b"content-length: %d\r\nconnection: close\r\n%s\r\n%s"
+        % (status, _REASONS[status], len(body), b"".join(extra), body)
+    )
+
+
+BAD_REQUEST = _canned(400, "the request is malformed")
+TOO_LARGE = _canned(431, "request line and headers are too large")
+TOO_SLOW = _canned(408, "the request head did not come in time")
+TOO_MANY = _canned(503, "too many connections to this ingress", b"retry-after: 1\r\n")
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_head_bytes: int = 32 * 1024
+    head_timeout: float = 10.0
+    keepalive: float = 5.0
+    max_connections: int = 10_000
+    client_timeout: float = 60.0
+
+
+class Body:
+    """A request's body as the proxy pulls it; implements `proxy.RequestBody`."""
+
+    __slots__ = (
+        "_chunks",
+        "_conn",
+        "_continue",
+        "_done",
+        "_error",
+        "_size",
+        "_waiter",
+        "client_gone",
+        "started",
+    )
+
+    def __init__(self, conn: _Connection, expect_continue: bool) -> None:
+        self._conn = conn
+        self._continue = expect_continue
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._size = 0
+        self._done = False
+        self._error: Exception | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self.started = False
+        self.client_gone = False
+
+    @property
+    def complete(self) -> bool:
+        return self._done and not self._chunks
+
+    def feed(self, chunk: bytes) -> None:
+        self._chunks.append(chunk)
+        self._size += len(chunk)
+        if self._size > BODY_BUFFER:
+            self._conn.pause_reading("body")
+        self._wake()
+
+    def end(self) -> None:
+        self._done = True
+        self._wake()
+
+    def fail(self, exc: Exception) -> None:
+        """The rest of the body cannot be read (it is malformed): `stream` raises `exc`."""
+        self._error = exc
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def stream(self) -> AsyncIterator[bytes]:
+        self.started = True
+        if self._continue and not self._done and not self._chunks:
+            self._continue = False
+            self._conn.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        timeout = self._conn.limits.client_timeout
+        while True:
+            if self._chunks:
+                chunk = self._chunks.popleft()
+                self._size -= len(chunk)
+                if self._size <= BODY_BUFFER // 4:
+                    self._conn.resume_reading("body")
+                yield chunk
+                continue
+            if self._done:
+                return
+            if self._error is not None:
+                raise self._error
+            if self._conn.gone:
+                self.client_gone = True
+                raise ClientGone("the client hung up while sending its body")
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._waiter
+            except TimeoutError:
+                raise ClientTooSlow(f"the client sent none of its body for {timeout:g} s") from None
+            finally:
+                self._waiter = None
+
+
+@dataclass(slots=True)
+class Request:
+    method: str
+    target: bytes
+    """Path and query exactly as received."""
+    headers: list[tuple[bytes, bytes]]
+    """Names lower-cased, values as received, in order."""
+    version: str
+    keep_alive: bool
+    client: str
+    head_bytes: int
+    body: Body | None
+
+
+class Handler(Protocol):
+    async def handle(self, request: Request, out: Responder) -> None:
+        """Answer `request` through `out`; never raises (but may be cancelled)."""
+
+
+class Responder:
+    """Writes one answer, framing its body: Content-Length when the head has one, chunked for
+    HTTP/1.1 otherwise, the end of the connection for HTTP/1.0; no body after HEAD, 1xx, 204
+    or 304."""
+
+    __slots__ = ("_chunked", "_conn", "_no_body", "_request", "_sent", "complete", "started")
+
+    def __init__(self, conn: _Connection, request: Request) -> None:
+        self._conn = conn
+        self._request = request
+        self._chunked = False
+        self._no_body = False
+        self._sent = 0
+        self.started = False
+        self.complete = False
+
+    def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        request = self._request
+        self.started = True
+        self._no_body = request.method == "HEAD" or status in (204, 304) or status < 200
+        has_length = any(name == b"content-length" for name, _ in headers)
+        keep = request.keep_alive and not self._conn.closing
+        lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Unknown"))]
+        lines.extend(b"%s: %s\r\n" % pair for pair in headers)
+        if not self._no_body and not has_length:
+            if request.version == "1.1":
+                self._chunked = True
+                lines.append(b"transfer-encoding: chunked\r\n")
+            else:
+                keep = False  # the end of the connection ends the body
+        if not keep:
+            request.keep_alive = False
+            lines.append(b"connection: close\r\n")
+        lines.append(b"\r\n")
+        self._conn.write(b"".join(lines))
+
+    async def write(self, chunk: bytes) -> None:
+        """Send a piece of the body; TimeoutError when the client reads none of it in time."""
+        if self._no_body or not chunk:
+            return
+        if self._chunked:
+            self._conn.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        else:
+            self._conn.write(chunk)
+        await self._conn.drain()
+
+    def end(self) -> None:
+        if self._chunked:
+            self._conn.write(b"0\r\n\r\n")
+        self.complete = True
+
+    def send_whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """A complete small answer at once (error answers)."""
+        self.start(status, [*headers, (b"content-length", b"%d" % len(body))])
+        if not self._no_body:
+            self._conn.write(body)
+        self.complete = True
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, server: HttpServer) -> None:
+        self._server = server
+        self.limits = server.limits
+        self._loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpRequestParser(self)
+        self._client = ""
+        self.gone = False
+        """The client hung up."""
+        self.closing = False
+        """No request after the one being answered."""
+        self._halt = False
+        self._queue: collections.deque[Request] = collections.deque()
+        self._runner: asyncio.Task[None] | None = None
+        self._paused: set[str] = set()
+        self._drain: asyncio.Future[None] | None = None
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
+        # the request being parsed
+        self._in_head = False
+        self._head_bytes = 0
+        self._url = b""
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._body: Body | None = None
+
+    # -- asyncio.Protocol --------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport = cast(asyncio.Transport, transport)  # uvloop's is one, not a subclass
+        self.transport = transport
+        self._server.connections.add(self)
+        if len(self._server.connections) > self.limits.max_connections:
+            transport.write(TOO_MANY)
+            transport.close()
+            return
+        peer = transport.get_extra_info("peername")
+        self._client = peer[0] if isinstance(peer, tuple) else ""
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._arm_head_timer()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing and not self._queue and self._runner is None:
+            return
+        if self._in_head:
+            self._head_bytes += len(data)
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._stop_reading()  # a protocol switch is not served: answer what came, close
+        except httptools.HttpParserError as exc:
+            if self._body is not None:  # mid-body: the request already went on; it fails
+                self._body.fail(BadRequest(f"the request body is malformed: {exc}"))
+            self._refuse(BAD_REQUEST)
+            return
+        if self._in_head and self._head_bytes > self.limits.max_head_bytes:
+            self._refuse(TOO_LARGE)
+
+    def eof_received(self) -> bool:
+        # A client may half-close once it sent its request: answer what came, then close.
+        self.closing = True
+        return self._runner is not None or bool(self._queue)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.gone = True
+        self.closing = True
+        self._halt = True
+        self._server.connections.discard(self)
+        self._cancel_timers()
+        if self._body is not None:
+            self._body._wake()
+        for request in self._queue:
+            if request.body is not None:
+                request.body._wake()
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+        if self._runner is not None:
+            self._runner.cancel()  # the exchange under way: its client is gone
+
+    def pause_writing(self) -> None:
+        if self._drain is None or self._drain.done():
+            self._drain = self._loop.create_future()
+
+    def resume_writing(self) -> None:
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+
+    # -- httptools callbacks -----------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._in_head = True
+        self._head_bytes = 0
+        self._url = b""
+        self._headers = []
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        parser = self._parser
+        expect = False
+        has_body = False
+        for name, value in self._headers:
+            if name == b"transfer-encoding" or (
+                name == b"content-length" and value.strip() not in (b"", b"0")
+            ):
+                has_body = True
+            elif name == b"expect" and value.lower() == b"100-continue":
+                expect = True
+        body = Body(self, expect) if has_body else None
+        self._body = body
+        request = Request(
+            parser.get_method().decode("latin-1"),
+            self._url,
+            self._headers,
+            parser.get_http_version(),
+            parser.should_keep_alive(),
+            self._client,
+            self._head_bytes,
+            body,
+        )
+        self._queue.append(request)
+        if len(self._queue) >= PIPELINE_DEPTH:
+            self.pause_reading("pipeline")
+        if self._runner is None:
+            self._runner = self._loop.create_task(self._run())
+
+    def on_body(self, body: bytes) -> None:
+        if self._body is not None:
+            self._body.feed(body)
+
+    def on_message_complete(self) -> None:
+        if self._body is not None:
+            self._body.end()
+            self._body = None
+
+    # -- answering -----------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        try:
+            while self._queue and not self._halt:
+                request = self._queue.popleft()
+                self.resume_reading("pipeline")
+                out = Responder(self, request)
+                try:
+                    await self._server.handler.handle(request, out)
+                except Exception:
+                    log.exception("answering a request failed")
+                    self._close()
+                    return
+                body_left = request.body is not None and not request.body.complete
+                if not out.complete or body_left or not request.keep_alive or self.closing:
+                    self._close()  # an unread body or a cut answer leaves the stream unusable
+                    return
+        except asyncio.CancelledError:
+            self._close()
+            return
+        finally:
+            self._runner = None
+        if not self.gone:
+            self._arm_idle_timers()
+
+    def write(self, data: bytes) -> None:
+        if self.transport is not None and not self.gone:
+            self.transport.write(data)
+
+    async def drain(self) -> None:
+        drain = self._drain
+        if drain is None or drain.done():
+            return
+        async with asyncio.timeout(self.limits.client_timeout):
+            await asyncio.shield(drain)
+
+    def pause_reading(self, why: str) -> None:
+        if not self._paused and self.transport is not None and not self.gone:
+            self.transport.pause_reading()
+        self._paused.add(why)
+
+    def resume_reading(self, why: str) -> None:
+        if why not in self._paused:
+            return
+        self._paused.discard(why)
+        if not self._paused and self.transport is not None and not self.gone:
+            self.transport.resume_reading()
+
+    def _stop_reading(self) -> None:
+        self.closing = True
+        self.pause_reading("closing")
+
+    def _refuse(self, answer: bytes) -> None:
+        """A request that cannot be parsed or bounded: answer it (unless an earlier answer is
+        still being written) and close once the queue is done."""
+        self._stop_reading()
+        if self._runner is None and not self._queue:
+            self.write(answer)
+            self._close()
+
+    def _close(self) -> None:
+        self.closing = True
+        self._cancel_timers()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    def shutdown(self) -> None:
+        """Stop after the answer under way (now, when there is none)."""
+        self.closing = True
+        if self._runner is None:
+            self._close()
+
+    def cancel(self) -> asyncio.Task[None] | None:
+        self._halt = True
+        runner = self._runner
+        if runner is not None:
+            runner.cancel()
+        return runner
+
+    # -- timers --------------------------------------------------------------------------
+
+    def _arm_head_timer(self) -> None:
+        self._head_timer = self._loop.call_later(self.limits.head_timeout, self._head_late)
+
+    def _arm_idle_timers(self) -> None:
+        self._arm_head_timer()
+        if not self._in_head:  # a head under way has its own deadline, not the idle one
+            self._idle_timer = self._loop.call_later(self.limits.keepalive, self._close)
+
+    def _cancel_timers(self) -> None:
+        for timer in (self._head_timer, self._idle_timer):
+            if timer is not None:
+                timer.cancel()
+        self._head_timer = self._idle_timer = None
+
+    def _head_late(self) -> None:
+        self._head_timer = None
+        if self._runner is not None or self._queue:
+            return  # answering: the next head's time starts after this answer
+        if self._in_head:
+            self.write(TOO_SLOW)
+        self._close()
+
+
+class HttpServer:
+    def __init__(self, handler: Handler, limits: Limits) -> None:
+        self.handler = handler
+        self.limits = limits
+        self.connections: set[_Connection] = set()
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self, sock: socket.socket, backlog: int) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _Connection(self), sock=sock, backlog=backlog
+        )
+
+    async def stop(self, grace: float) -> None:
+        """Stop accepting, let the answers under way finish for `grace` seconds, then cancel
+        the rest and wait for them (their leases go back on the way out)."""
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            conn.shutdown()
+        answering = [conn._runner for conn in self.connections if conn._runner is not None]
+        if answering:
+            await asyncio.wait(answering, timeout=grace)
+        running = [task for conn in list(self.connections) if (task := conn.cancel())]
+        if running:
+            await asyncio.wait(running, timeout=10)
+        for conn in list(self.connections):
+            conn._close()

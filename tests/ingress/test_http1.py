@@ -1,0 +1,142 @@
+"""The proxy port's HTTP/1.1 server: smuggling shapes refused (h11 as an independent oracle),
+pipelined requests answered in order, HTTP/1.0 and HEAD framed right."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+
+import anyio
+import h11
+import pytest
+
+from .conftest import RawServer, read_head, stack
+
+pytestmark = pytest.mark.anyio
+
+
+def _talk(port: int, data: bytes) -> bytes:
+    """Send `data` at once, then read until the ingress closes the connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(data)
+        got = b""
+        while chunk := sock.recv(65536):
+            got += chunk
+    return got
+
+
+def _h11_refuses(data: bytes) -> bool:
+    server = h11.Connection(h11.SERVER)
+    server.receive_data(data)
+    try:
+        while True:
+            event = server.next_event()
+            if event is h11.NEED_DATA or isinstance(event, h11.EndOfMessage):
+                return False
+    except h11.RemoteProtocolError:
+        return True
+
+
+def _answer_anything(conn: socket.socket) -> None:
+    read_head(conn)
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+
+
+SMUGGLING = {
+    "content-length and transfer-encoding": (
+        b"POST / HTTP/1.1\r\nHost: hello.localhost\r\nContent-Length: 5\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /x HTTP/1.1\r\n\r\n"
+    ),
+    "two content-lengths": (
+        b"POST / HTTP/1.1\r\nHost: hello.localhost\r\nContent-Length: 5\r\n"
+        b"Content-Length: 6\r\n\r\nhello!"
+    ),
+    "obs-fold": b"GET / HTTP/1.1\r\nHost: hello.localhost\r\nX-A: a\r\n b\r\n\r\n",
+    "bare LF": b"GET / HTTP/1.1\nHost: hello.localhost\n\n",
+    "space before the colon": b"GET / HTTP/1.1\r\nHost : hello.localhost\r\n\r\n",
+}
+H11_REFUSES_TOO = {"two content-lengths", "space before the colon"}
+"""h11 (an independent parser) refuses these as well; it tolerates the others (it unfolds
+obs-fold, takes a bare LF, lets Transfer-Encoding win over Content-Length), which a proxy in
+front of servers that may read them differently must not."""
+
+
+@pytest.mark.parametrize("shape", SMUGGLING)
+async def test_request_smuggling_shapes_are_refused_and_reach_no_sandbox(shape: str) -> None:
+    request_bytes = SMUGGLING[shape]
+    if shape in H11_REFUSES_TOO:
+        assert _h11_refuses(request_bytes)
+    with RawServer(_answer_anything) as sandbox:
+        async with stack({"sb-1": sandbox.port}) as s:
+            answer = await anyio.to_thread.run_sync(_talk, s.ingress.address[1], request_bytes)
+    assert answer.startswith(b"HTTP/1.1 400"), answer
+    assert answer.count(b"HTTP/1.1") == 1  # nothing after it was read as a second request
+    assert sandbox.connections == 0
+
+
+class _Recorder:
+    """A sandbox that keeps what it received and answers nothing until the ingress hangs up."""
+
+    def __init__(self) -> None:
+        self.received = b""
+
+    def __call__(self, conn: socket.socket) -> None:
+        while chunk := conn.recv(65536):
+            self.received += chunk
+
+
+async def test_a_malformed_chunked_body_fails_the_request_and_never_completes_upstream() -> None:
+    bad_chunk = (
+        b"POST / HTTP/1.1\r\nHost: hello.localhost\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5\r\nhello\r\nzz\r\nworld\r\n0\r\n\r\n"
+    )
+    assert _h11_refuses(bad_chunk)
+    recorder = _Recorder()
+    with RawServer(recorder) as sandbox:
+        async with stack({"sb-1": sandbox.port}) as s:
+            answer = await anyio.to_thread.run_sync(_talk, s.ingress.address[1], bad_chunk)
+    assert answer.startswith(b"HTTP/1.1 400"), answer
+    # The head went on before the body broke; the sandbox never saw the body end.
+    assert b"world" not in recorder.received and not recorder.received.endswith(b"0\r\n\r\n")
+
+
+def _responses(data: bytes) -> list[tuple[int, bytes]]:
+    """Status and body of each Content-Length framed answer in `data`, in order."""
+    out = []
+    while data:
+        head, _, rest = data.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        status = int(lines[0].split()[1])
+        length = next(
+            int(line.split(b":")[1]) for line in lines if line.lower().startswith(b"content-length")
+        )
+        out.append((status, rest[:length]))
+        data = rest[length:]
+    return out
+
+
+async def test_pipelined_requests_are_answered_in_order(hello: Callable[[], int]) -> None:
+    async with stack({"sb-1": hello()}) as s:
+        pipelined = b"".join(
+            b"GET /bytes?n=%d HTTP/1.1\r\nHost: hello.localhost\r\n%s\r\n"
+            % (n, b"Connection: close\r\n" if n == 3 else b"")
+            for n in (1, 2, 3)
+        )
+        answer = await anyio.to_thread.run_sync(_talk, s.ingress.address[1], pipelined)
+    assert _responses(answer) == [(200, b"w"), (200, b"ww"), (200, b"www")]
+
+
+async def test_http_1_0_and_head_answers_are_framed_right(hello: Callable[[], int]) -> None:
+    async with stack({"sb-1": hello()}) as s:
+        port = s.ingress.address[1]
+        old = await anyio.to_thread.run_sync(
+            _talk, port, b"GET /bytes?n=4 HTTP/1.0\r\nHost: hello.localhost\r\n\r\n"
+        )
+        head = await anyio.to_thread.run_sync(
+            _talk,
+            port,
+            b"HEAD /bytes?n=4 HTTP/1.1\r\nHost: hello.localhost\r\nConnection: close\r\n\r\n",
+        )
+    assert old.startswith(b"HTTP/1.1 200") and old.endswith(b"\r\n\r\nwwww")
+    assert b"connection: close" in old.lower()
+    assert head.startswith(b"HTTP/1.1") and head.endswith(b"\r\n\r\n")  # a head, no body
