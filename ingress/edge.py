@@ -106,6 +106,8 @@ class ProxyEdge:
         try:
             if head.hosts > 1:
                 raise BadRequest(f"{head.hosts} Host headers: a request has exactly one")
+            if not head.hosts and request.version == "1.1":
+                raise BadRequest("no Host header: an HTTP/1.1 request has exactly one")
             if len(target) + head.size > self._max_header_bytes:
                 raise HeadersTooLarge(
                     f"request line and headers exceed {self._max_header_bytes} bytes"

@@ -2,10 +2,11 @@
 
 One `_Connection` per client. httptools (llhttp, in its strict mode) parses request heads
 and bodies; a parse error (smuggling shapes such as Content-Length with Transfer-Encoding,
-two Content-Lengths, obs-fold, a bare LF) is answered 400 and the connection closes. Parsed
-requests queue on the connection and one task answers them in order (pipelining), each
-through `Handler.handle(request, responder)`; at most `PIPELINE_DEPTH` wait, then reading
-pauses.
+two Content-Lengths, obs-fold, a bare LF, a Transfer-Encoding other than `chunked`) is
+answered 400 and the connection closes. Parsed requests queue on the connection and one task
+answers them in order (pipelining), each through `Handler.handle(request, responder)`; past
+`PIPELINE_DEPTH` queued, reading pauses, and past `PIPELINE_MAX` parsed from one read the
+connection is refused. Each answer is drained to the client before the next is started.
 
 Bounds (invariant 18), all per connection, none kept for ever:
 
@@ -17,9 +18,13 @@ Bounds (invariant 18), all per connection, none kept for ever:
 - the request body: at most `BODY_BUFFER` bytes wait for the proxy, then reading pauses;
 - writes: `Responder.write` waits for the client's socket at most `client_timeout` seconds.
 
-A client that hangs up cancels the exchange answering it (the lease goes back through
-`Forwarding`'s exit). `stop` closes the listener, closes idle connections, lets exchanges in
-progress finish for `grace` seconds, then cancels what is left and waits for it.
+A client that hangs up, or closes its side (a FIN: as nginx does, taken as giving up; nothing
+queued behind it is answered), cancels the exchange answering it (the lease goes back through
+`Forwarding`'s exit). A connection cut short (an answer not finished, a body not read, a
+client not reading) is aborted, not closed: nothing unsent is kept for it.
+
+`stop` closes the listener, closes idle connections, lets exchanges in progress finish for
+`grace` seconds, then cancels what is left and waits for it.
 """
 
 from __future__ import annotations
@@ -36,11 +41,15 @@ from typing import Protocol, cast
 
 import httptools
 
-from wakeful.ingress.errors import BadRequest, ClientGone, ClientTooSlow
+from wakeful.ingress.errors import BadRequest, ClientGone, ClientTooSlow, UpstreamFailed
 
 log = logging.getLogger(__name__)
 
 PIPELINE_DEPTH = 16
+"""Requests queued on one connection before reading from it pauses."""
+PIPELINE_MAX = 128
+"""Requests parsed out of what was already read past which the connection is refused: a
+pause stops new reads, not the parsing of the last one (up to 256 KiB of tiny requests)."""
 BODY_BUFFER = 256 * 1024
 _REASONS = {status.value: status.phrase.encode() for status in http.HTTPStatus}
 
@@ -174,14 +183,15 @@ class Responder:
     HTTP/1.1 otherwise, the end of the connection for HTTP/1.0; no body after HEAD, 1xx, 204
     or 304."""
 
-    __slots__ = ("_chunked", "_conn", "_no_body", "_request", "_sent", "complete", "started")
+    __slots__ = ("_chunked", "_conn", "_left", "_no_body", "_request", "complete", "started")
 
     def __init__(self, conn: _Connection, request: Request) -> None:
         self._conn = conn
         self._request = request
         self._chunked = False
         self._no_body = False
-        self._sent = 0
+        self._left: int | None = None
+        """Body bytes the Content-Length sent still promises (None: no length sent)."""
         self.started = False
         self.complete = False
 
@@ -189,11 +199,14 @@ class Responder:
         request = self._request
         self.started = True
         self._no_body = request.method == "HEAD" or status in (204, 304) or status < 200
-        has_length = any(name == b"content-length" for name, _ in headers)
-        keep = request.keep_alive and not self._conn.closing
+        length = next((value for name, value in headers if name == b"content-length"), None)
+        if length is not None and not self._no_body:
+            self._left = int(length)  # the sandbox's, checked by the upstream parser
+        body_unread = request.body is not None and not request.body.complete
+        keep = request.keep_alive and not self._conn.closing and not body_unread
         lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Unknown"))]
         lines.extend(b"%s: %s\r\n" % pair for pair in headers)
-        if not self._no_body and not has_length:
+        if not self._no_body and length is None:
             if request.version == "1.1":
                 self._chunked = True
                 lines.append(b"transfer-encoding: chunked\r\n")
@@ -202,13 +215,20 @@ class Responder:
         if not keep:
             request.keep_alive = False
             lines.append(b"connection: close\r\n")
+        elif request.version == "1.0":
+            lines.append(b"connection: keep-alive\r\n")
         lines.append(b"\r\n")
         self._conn.write(b"".join(lines))
 
     async def write(self, chunk: bytes) -> None:
-        """Send a piece of the body; TimeoutError when the client reads none of it in time."""
+        """Send a piece of the body; TimeoutError when the client reads none of it in time.
+        Never more than the Content-Length sent promised: past it the answer is cut."""
         if self._no_body or not chunk:
             return
+        if self._left is not None:
+            if len(chunk) > self._left:
+                raise UpstreamFailed("the sandbox sent more body than its Content-Length")
+            self._left -= len(chunk)
         if self._chunked:
             self._conn.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
         else:
@@ -218,13 +238,16 @@ class Responder:
     def end(self) -> None:
         if self._chunked:
             self._conn.write(b"0\r\n\r\n")
-        self.complete = True
+        self.complete = not self._left  # a body short of its Content-Length is cut
 
     def send_whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-        """A complete small answer at once (error answers)."""
-        self.start(status, [*headers, (b"content-length", b"%d" % len(body))])
+        """A complete small answer at once (error answers, which carry their length)."""
+        if not any(name == b"content-length" for name, _ in headers):
+            headers = [*headers, (b"content-length", b"%d" % len(body))]
+        self.start(status, headers)
         if not self._no_body:
             self._conn.write(body)
+        self._left = None
         self.complete = True
 
 
@@ -290,11 +313,15 @@ class _Connection(asyncio.Protocol):
             self._refuse(TOO_LARGE)
 
     def eof_received(self) -> bool:
-        # A client may half-close once it sent its request: answer what came, then close.
-        self.closing = True
-        return self._runner is not None or bool(self._queue)
+        """The client closed its side: taken as hanging up (nginx does the same), so the
+        exchange under way ends at once and gives its lease back; nothing queued is answered.
+        A body still coming can never complete."""
+        self.connection_lost(None)
+        return False
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.gone:
+            return
         self.gone = True
         self.closing = True
         self._halt = True
@@ -341,22 +368,27 @@ class _Connection(asyncio.Protocol):
             self._head_timer.cancel()
             self._head_timer = None
         parser = self._parser
+        version = parser.get_http_version()
         expect = False
         has_body = False
         for name, value in self._headers:
-            if name == b"transfer-encoding" or (
-                name == b"content-length" and value.strip() not in (b"", b"0")
-            ):
+            if name == b"transfer-encoding":
+                if value.strip().lower() != b"chunked":  # no other coding is understood
+                    raise BadRequest("unsupported transfer-encoding")
+                has_body = True
+            elif name == b"content-length" and value.strip() not in (b"", b"0"):
                 has_body = True
             elif name == b"expect" and value.lower() == b"100-continue":
-                expect = True
+                expect = version == "1.1"  # HTTP/1.0 has no expectations (RFC 9110 10.1.1)
+        if len(self._queue) >= PIPELINE_MAX:
+            raise BadRequest("too many pipelined requests")
         body = Body(self, expect) if has_body else None
         self._body = body
         request = Request(
             parser.get_method().decode("latin-1"),
             self._url,
             self._headers,
-            parser.get_http_version(),
+            version,
             parser.should_keep_alive(),
             self._client,
             self._head_bytes,
@@ -383,20 +415,29 @@ class _Connection(asyncio.Protocol):
         try:
             while self._queue and not self._halt:
                 request = self._queue.popleft()
-                self.resume_reading("pipeline")
+                if len(self._queue) < PIPELINE_DEPTH // 2:
+                    self.resume_reading("pipeline")
                 out = Responder(self, request)
                 try:
                     await self._server.handler.handle(request, out)
                 except Exception:
                     log.exception("answering a request failed")
-                    self._close()
+                    self._close(abort=True)
                     return
                 body_left = request.body is not None and not request.body.complete
-                if not out.complete or body_left or not request.keep_alive or self.closing:
-                    self._close()  # an unread body or a cut answer leaves the stream unusable
+                if not out.complete or body_left:
+                    self._close(abort=True)  # the stream is unusable: drop what is unsent
+                    return
+                if not request.keep_alive or self.closing:
+                    self._close()
+                    return
+                try:  # one answer at a time in the buffer, however fast they come
+                    await self.drain()
+                except TimeoutError:
+                    self._close(abort=True)
                     return
         except asyncio.CancelledError:
-            self._close()
+            self._close(abort=True)
             return
         finally:
             self._runner = None
@@ -438,11 +479,16 @@ class _Connection(asyncio.Protocol):
             self.write(answer)
             self._close()
 
-    def _close(self) -> None:
+    def _close(self, abort: bool = False) -> None:
+        """Close once what is written went out; `abort`: now, dropping it (a client that does
+        not read would otherwise keep the connection, and its slot, for ever)."""
         self.closing = True
         self._cancel_timers()
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.close()
+        if self.transport is not None:
+            if abort:
+                self.transport.abort()
+            elif not self.transport.is_closing():
+                self.transport.close()
 
     def shutdown(self) -> None:
         """Stop after the answer under way (now, when there is none)."""
@@ -509,4 +555,4 @@ class HttpServer:
         if running:
             await asyncio.wait(running, timeout=10)
         for conn in list(self.connections):
-            conn._close()
+            conn._close(abort=True)

@@ -51,7 +51,15 @@ from wakeful.ingress.transport import UpstreamRequest, UpstreamResponse
 HIGH_WATER = 256 * 1024
 """Answer bytes buffered for a slow client before reading from the sandbox pauses."""
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
+MAX_FRAMING_BYTES = 64 * 1024
+"""Bytes of an answer that are not body (status line, headers, chunk sizes, trailers) in a row:
+past it the answer is refused. httptools buffers a header line whole, so without this a
+sandbox sending one endless header could fill the ingress's memory."""
 MAX_IDLE_PER_SANDBOX = 256
+
+
+class _Extra(Exception):
+    """A second answer began on the connection before a request asked for it."""
 
 
 class _Stale(Exception):
@@ -80,6 +88,10 @@ class _Connection(asyncio.Protocol):
         self._paused = False
         self._complete = False
         self._keep_alive = False
+        self._extra = False
+        self._chunked_body = False
+        self._framing = 0
+        self._body_bytes = 0
         self._error: BaseException | None = None
         self._wakeup: asyncio.Future[None] | None = None
         self._writable: asyncio.Future[None] | None = None
@@ -103,12 +115,27 @@ class _Connection(asyncio.Protocol):
             self._abort(UpstreamFailed("the sandbox sent bytes outside an answer"))
             return
         self._got_bytes = True
+        body_before = self._body_bytes
         try:
             parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._abort(UpstreamFailed("the sandbox switched protocols unasked"))
+            return
         except httptools.HttpParserError as exc:
-            self._abort(UpstreamFailed(f"the sandbox's answer is not valid HTTP: {exc}"))
+            cause = exc.__cause__ or exc.__context__
+            if isinstance(cause, _Extra) or self._extra:
+                self._abort(UpstreamFailed("the sandbox sent more than one answer"))
+            elif isinstance(cause, UpstreamFailed):
+                self._abort(cause)
+            else:
+                self._abort(UpstreamFailed(f"the sandbox's answer is not valid HTTP: {exc}"))
+            return
+        if self._complete:
+            return
+        # Framing read in a row (no body byte came with it): bounded, see MAX_FRAMING_BYTES.
+        self._framing = 0 if self._body_bytes != body_before else self._framing + len(data)
+        if self._framing > MAX_FRAMING_BYTES:
+            self._abort(UpstreamFailed("the sandbox's answer head or trailers are too large"))
 
     def eof_received(self) -> bool:
         self._ended(None)
@@ -131,6 +158,11 @@ class _Connection(asyncio.Protocol):
 
     # -- httptools callbacks -----------------------------------------------------------
 
+    def on_message_begin(self) -> None:
+        if self._complete:  # a second answer in the same read: the stream is not ours
+            self._extra = True
+            raise _Extra
+
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name, value))
 
@@ -141,6 +173,8 @@ class _Connection(asyncio.Protocol):
             self._interim = True
             self._headers = []
             return
+        if not 200 <= status <= 599:
+            raise UpstreamFailed(f"the sandbox answered with status {status}")
         self._status = status
         if self._head is not None and not self._head.done():
             self._head.set_result(None)
@@ -149,6 +183,7 @@ class _Connection(asyncio.Protocol):
             self._finish()
 
     def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
         self._chunks.append(body)
         self._buffered += len(body)
         if self._buffered > HIGH_WATER and not self._paused and self.transport is not None:
@@ -189,6 +224,8 @@ class _Connection(asyncio.Protocol):
         return b"content-length" not in names and b"transfer-encoding" not in names
 
     def _fail(self, exc: BaseException) -> None:
+        if self._complete:
+            return  # the answer is whole: only the connection is lost (see `reusable`)
         if self._error is None:
             self._error = exc
         if self._head is not None and not self._head.done():
@@ -217,7 +254,9 @@ class _Connection(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self._head_only = method == "HEAD"
         self._interim = self._got_bytes = self._complete = self._paused = False
-        self._keep_alive = False
+        self._keep_alive = self._extra = False
+        self._chunked_body = chunked
+        self._framing = self._body_bytes = 0
         self._status, self._headers, self._error = 0, [], None
         self._chunks.clear()
         self._buffered = 0
@@ -262,11 +301,11 @@ class _Connection(asyncio.Protocol):
                     self._paused = False
                     self.transport.resume_reading()
                 return chunk
+            if self._complete:
+                return b""
             if self._error is not None:
                 error = self._error
                 raise error if not isinstance(error, _Stale) else UpstreamFailed(str(error))
-            if self._complete:
-                return b""
             self._wakeup = self._loop.create_future()
             timer = self._loop.call_later(silence, self._timed_out)
             try:
@@ -285,6 +324,10 @@ class _Connection(asyncio.Protocol):
             and self._keep_alive
             and self._error is None
             and self._body_sent
+            and not self._extra
+            # A body sent chunked may have been left unread by an app that reads only
+            # Content-Length bodies: its bytes would be taken as the next request.
+            and not self._chunked_body
         )
 
     def done(self, keepalive: float) -> None:

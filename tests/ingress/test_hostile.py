@@ -1,0 +1,178 @@
+"""What a hostile sandbox or client tried against the HTTP/1.1 server and the upstream
+transport, each a case that broke before its fix."""
+
+from __future__ import annotations
+
+import socket
+import tracemalloc
+from collections.abc import Callable
+
+import anyio
+import pytest
+
+from tests.activator.conftest import eventually
+from wakeful.ingress.upstream import RawTransport
+
+from .conftest import RawServer, read_head, stack
+from .test_http1 import _responses, _talk
+
+pytestmark = pytest.mark.anyio
+
+FORGED = b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\nSet-Cookie: stolen=1\r\n\r\nforged"
+
+
+def _two_answers(conn: socket.socket) -> None:
+    """Answers every request with its answer and a second, unasked one in the same write."""
+    while read_head(conn):
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok" + FORGED)
+
+
+async def test_a_sandbox_cannot_slip_a_second_answer_onto_a_client_connection() -> None:
+    with RawServer(_two_answers) as sandbox:
+        async with stack({"sb-1": sandbox.port}) as s:
+            asks = b"GET / HTTP/1.1\r\nHost: hello.localhost\r\n\r\n" * 2
+            asks += b"GET / HTTP/1.1\r\nHost: hello.localhost\r\nConnection: close\r\n\r\n"
+            answer = await anyio.to_thread.run_sync(_talk, s.ingress.address[1], asks)
+    assert _responses(answer) == [(200, b"ok")] * 3, answer
+    assert b"stolen" not in answer and answer.lower().count(b"content-length") == 3
+
+
+def _endless(first: bytes, line: bytes) -> Callable[[socket.socket], None]:
+    def handle(conn: socket.socket) -> None:
+        read_head(conn)
+        try:
+            conn.sendall(first)
+            for _ in range(1 << 16):
+                conn.sendall(line * 1024)
+        except OSError:
+            pass  # the ingress hung up: what it should do
+
+    return handle
+
+
+@pytest.mark.parametrize(
+    ("first", "line"),
+    [
+        (b"HTTP/1.1 200 OK\r\n", b"X-Flood: aaaaaaaaaaaaaaaaaaaaaaaa\r\n"),
+        (b"HTTP/1.1 200 OK\r\nX-Long: ", b"a" * 64),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n", b"X-Trailer: aaaa\r\n"),
+    ],
+    ids=["endless headers", "one endless header", "endless trailers"],
+)
+async def test_an_endless_answer_head_is_refused_within_a_bound(first: bytes, line: bytes) -> None:
+    with RawServer(_endless(first, line)) as sandbox:
+        async with stack({"sb-1": sandbox.port}) as s:
+            tracemalloc.start()
+            try:
+                answer = await anyio.to_thread.run_sync(
+                    _talk,
+                    s.ingress.address[1],
+                    b"GET / HTTP/1.1\r\nHost: hello.localhost\r\nConnection: close\r\n\r\n",
+                )
+                _, peak = tracemalloc.get_traced_memory()
+            finally:
+                tracemalloc.stop()
+    # 502 before the answer started; once it started (trailers), the answer is cut short.
+    assert answer.startswith(b"HTTP/1.1 502") or not answer.endswith(b"0\r\n\r\n"), answer
+    assert peak < 16 * 1024 * 1024
+
+
+def _status(code: bytes) -> Callable[[socket.socket], None]:
+    def handle(conn: socket.socket) -> None:
+        while read_head(conn):
+            conn.sendall(b"HTTP/1.1 " + code + b" X\r\nContent-Length: 2\r\n\r\nok")
+
+    return handle
+
+
+async def test_an_answer_with_a_status_outside_200_599_is_a_502() -> None:
+    with RawServer(_status(b"000")) as sandbox:
+        async with stack({"sb-1": sandbox.port}) as s:
+            answer = await s.client.get("/")
+    assert answer.status_code == 502, answer.text
+
+
+async def test_an_error_answer_has_one_content_length() -> None:
+    async with stack() as s:
+        answer = await anyio.to_thread.run_sync(
+            _talk,
+            s.ingress.address[1],
+            b"GET / HTTP/1.1\r\nHost: nope.localhost\r\nConnection: close\r\n\r\n",
+        )
+    assert answer.startswith(b"HTTP/1.1 404")
+    assert answer.lower().count(b"content-length") == 1
+
+
+def _flood(conn: socket.socket) -> None:
+    read_head(conn)
+    size = 1 << 30
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size)
+    chunk = b"x" * (1 << 20)
+    try:
+        for _ in range(size // len(chunk)):
+            conn.sendall(chunk)
+    except OSError:
+        pass
+
+
+def _served(port: int) -> bool:
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: nope.localhost\r\nConnection: close\r\n\r\n")
+        return sock.recv(20).startswith(b"HTTP/1.1 404")
+
+
+async def test_a_client_cut_off_for_not_reading_leaves_its_connection_slot() -> None:
+    with RawServer(_flood) as sandbox:
+        async with stack({"sb-1": sandbox.port}, client_timeout=0.3, max_client_connections=1) as s:
+            port = s.ingress.address[1]
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as stuck:
+                stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                stuck.sendall(b"GET /big HTTP/1.1\r\nHost: hello.localhost\r\n\r\n")
+                # Never read: once cut off, the connection is gone and a new client is served.
+                with anyio.fail_after(60):
+                    while not await anyio.to_thread.run_sync(_served, port):  # noqa: ASYNC110
+                        await anyio.sleep(0.1)
+
+
+def _silent(conn: socket.socket) -> None:
+    """Reads the request and answers nothing until the ingress hangs up."""
+    read_head(conn)
+    while conn.recv(65536):
+        pass
+
+
+async def test_a_client_that_closes_its_side_ends_its_exchange_at_once() -> None:
+    with RawServer(_silent) as sandbox:
+        async with stack({"sb-1": sandbox.port}, request_timeout=3600) as s:
+            transport = s.ingress.transport
+            assert isinstance(transport, RawTransport)
+            with socket.create_connection(("127.0.0.1", s.ingress.address[1])) as client:
+                client.sendall(b"GET / HTTP/1.1\r\nHost: hello.localhost\r\n\r\n")
+                await eventually(lambda: s.sample("requests_in_flight", app="hello") == 1)
+                client.shutdown(socket.SHUT_WR)  # a plain FIN, as `curl -m 1` leaves
+                await eventually(lambda: s.sample("requests_in_flight", app="hello") == 0)
+            assert transport.slots.in_use == 0
+            assert all(e.uses == 0 for e in s.ingress.cache.snapshot())
+
+
+async def test_a_pipelined_flood_in_one_write_is_refused_not_queued() -> None:
+    async with stack() as s:
+        flood = b"GET / HTTP/1.1\r\nHost: nope.localhost\r\n\r\n" * 2000
+        answer = await anyio.to_thread.run_sync(_talk, s.ingress.address[1], flood)
+    assert answer.count(b"HTTP/1.1 404") < 200  # at most the queue's bound, then closed
+
+
+async def test_a_chunked_body_the_app_ignores_does_not_poison_the_next_request(
+    hello: Callable[[], int],
+) -> None:
+    """The sample app reads only Content-Length bodies: the connection a chunked body went
+    out on is not reused, so the next request gets its own answer."""
+    async with stack({"sb-1": hello()}) as s:
+        asks = (
+            b"POST / HTTP/1.1\r\nHost: hello.localhost\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"5\r\nhello\r\n0\r\n\r\n"
+            b"GET /bytes?n=3 HTTP/1.1\r\nHost: hello.localhost\r\nConnection: close\r\n\r\n"
+        )
+        answer = await anyio.to_thread.run_sync(_talk, s.ingress.address[1], asks)
+    statuses = [status for status, _ in _responses(answer)]
+    assert statuses[-1] == 200 and _responses(answer)[-1][1] == b"www", answer
