@@ -22,6 +22,8 @@ def test_ports_come_from_the_range_and_are_never_handed_out_twice() -> None:
 
 def test_a_port_something_else_holds_is_skipped() -> None:
     with socket.socket() as holder:
+        # As servers bind: a connection of an earlier test in TIME-WAIT there must not matter.
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         holder.bind(("127.0.0.1", 21010))
         holder.listen()
         assert not bindable(21010)
