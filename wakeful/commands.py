@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from wakeful.deploy.appdir import AppDir
@@ -85,12 +85,7 @@ def status(api: ControlClient, app: str | None, *, as_json: bool) -> int:
     pools = api.pools()
     if app:
         pools = [p for p in pools if p["app"] == app]
-    if as_json:
-        print(json.dumps(pools, indent=2))
-        return 0
-    for line in pool_table(pools):
-        print(line)
-    return 0
+    return _show(pools, pool_table, as_json)
 
 
 def apps(api: ControlClient) -> int:
@@ -209,10 +204,18 @@ def tokens_revoke(api: ControlClient, name: str) -> int:
 
 
 def tokens_list(api: ControlClient, *, as_json: bool) -> int:
-    found = api.tokens()
+    return _show(api.tokens(), token_table, as_json)
+
+
+def _show(
+    rows: Sequence[Mapping[str, Any]],
+    table: Callable[[Sequence[Mapping[str, Any]]], list[str]],
+    as_json: bool,
+) -> int:
+    """Print `rows` as JSON, or as the lines `table` makes of them."""
     if as_json:
-        print(json.dumps(found, indent=2))
+        print(json.dumps(rows, indent=2))
         return 0
-    for line in token_table(found):
+    for line in table(rows):
         print(line)
     return 0
