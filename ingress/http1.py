@@ -169,7 +169,6 @@ class Request:
     version: str
     keep_alive: bool
     client: str
-    head_bytes: int
     body: Body | None
 
 
@@ -391,7 +390,6 @@ class _Connection(asyncio.Protocol):
             version,
             parser.should_keep_alive(),
             self._client,
-            self._head_bytes,
             body,
         )
         self._queue.append(request)

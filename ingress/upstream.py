@@ -147,6 +147,7 @@ class _Connection(asyncio.Protocol):
         self._ended(exc)
         if self._writable is not None and not self._writable.done():
             self._writable.set_exception(UpstreamFailed("the sandbox closed the connection"))
+            self._writable.exception()  # retrieved: no body writer may be waiting on it
 
     def pause_writing(self) -> None:
         if self._writable is None or self._writable.done():
@@ -377,27 +378,27 @@ class _Pool:
 
 @dataclass
 class _Slots:
-    """How many exchanges hold a connection, per app and in all; who waits for one."""
+    """How many exchanges hold a connection, per app and in all; who waits for one. Waiters
+    queue per app, first come first served within an app: a request of an app below its
+    share never waits behind another app's queue."""
 
     per_app: int
     total: int
     wait: float
     busy: collections.Counter[str] = field(default_factory=collections.Counter)
     in_use: int = 0
-    waiters: collections.deque[tuple[str, asyncio.Future[None]]] = field(
-        default_factory=collections.deque
-    )
+    waiters: dict[str, collections.deque[asyncio.Future[None]]] = field(default_factory=dict)
 
     def _free(self, app: str) -> bool:
         return self.in_use < self.total and self.busy[app] < self.per_app
 
     async def take(self, app: str) -> None:
-        if not self.waiters and self._free(app):
+        if not self.waiters.get(app) and self._free(app):
             self._hold(app)
             return
         waiter = asyncio.get_running_loop().create_future()
-        entry = (app, waiter)
-        self.waiters.append(entry)
+        queue = self.waiters.setdefault(app, collections.deque())
+        queue.append(waiter)
         try:
             async with asyncio.timeout(self.wait):
                 await waiter
@@ -417,7 +418,9 @@ class _Slots:
             raise
         finally:
             with contextlib.suppress(ValueError):
-                self.waiters.remove(entry)
+                queue.remove(waiter)
+            if not queue and self.waiters.get(app) is queue:
+                del self.waiters[app]
 
     def _hold(self, app: str) -> None:
         self.busy[app] += 1
@@ -428,16 +431,19 @@ class _Slots:
         if not self.busy[app]:
             del self.busy[app]
         self.in_use -= 1
-        for entry in list(self.waiters):
-            waiting_app, waiter = entry
-            if waiter.done():
-                continue
-            if self._free(waiting_app):
-                self.waiters.remove(entry)
-                self._hold(waiting_app)
-                waiter.set_result(None)
+        self._grant(app)  # its own queue first: only it was short of its share
+        for other in list(self.waiters):  # then whoever waited for the total
             if self.in_use >= self.total:
                 break
+            self._grant(other)
+
+    def _grant(self, app: str) -> None:
+        queue = self.waiters.get(app)
+        while queue and self._free(app):
+            waiter = queue.popleft()
+            if not waiter.done():
+                self._hold(app)
+                waiter.set_result(None)
 
 
 class _RawResponse:

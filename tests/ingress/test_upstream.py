@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import anyio
 import pytest
@@ -13,6 +14,7 @@ from wakeful.ingress.upstream import RawTransport
 
 from .conftest import (
     RawServer,
+    Stack,
     closed_port,
     held,
     read_head,
@@ -127,18 +129,18 @@ async def test_hop_by_hop_response_headers_are_stripped() -> None:
             assert answer.headers["x-request-id"] == "req-42"
 
 
-async def test_one_app_cannot_take_every_upstream_connection(
-    hello: Callable[[], int],
-) -> None:
-    """Past its share of upstream connections an app's requests get 503 + Retry-After (after
-    `upstream_wait`, 0 here) while another app's requests go through."""
+@contextlib.asynccontextmanager
+async def _two_apps(
+    hello: Callable[[], int], wait: float
+) -> AsyncIterator[tuple[Stack, RawTransport]]:
+    """`hello` and `other`, one sandbox each, two upstream connections per app at most."""
     other = App(name="other", hosts=[], active_version="v1")
     async with stack(
         {"sb-1": hello()},
         rpi=100,
         extra_apps=[other],
         upstream_connections_per_app=2,
-        upstream_wait=0,
+        upstream_wait=wait,
     ) as s:
         pool = await s.store.get("pools/hello-v1", Pool)
         assert pool is not None
@@ -151,6 +153,21 @@ async def test_one_app_cannot_take_every_upstream_connection(
         await s.store.put("sandboxes/sb-o", other_record)
         transport = s.ingress.transport
         assert isinstance(transport, RawTransport)
+        yield s, transport
+
+
+async def _until(check: Callable[[], bool]) -> None:
+    with anyio.fail_after(30):
+        while not check():  # noqa: ASYNC110 -- no event to wait on
+            await anyio.sleep(0.01)
+
+
+async def test_one_app_cannot_take_every_upstream_connection(
+    hello: Callable[[], int],
+) -> None:
+    """Past its share of upstream connections an app's requests get 503 + Retry-After (after
+    `upstream_wait`, 0 here) while another app's requests go through."""
+    async with _two_apps(hello, wait=0) as (s, transport):
         release = anyio.Event()
         statuses: list[int] = []
 
@@ -160,9 +177,7 @@ async def test_one_app_cannot_take_every_upstream_connection(
         async with anyio.create_task_group() as tasks:
             for _ in range(2):
                 tasks.start_soon(hold)
-            with anyio.fail_after(30):
-                while transport.slots.busy["hello"] < 2:  # noqa: ASYNC110 -- no event to wait on
-                    await anyio.sleep(0.01)
+            await _until(lambda: transport.slots.busy["hello"] == 2)
             busy = await s.client.get("/", headers={"Accept": "application/json"})
             assert busy.status_code == 503, busy.text
             assert busy.headers["retry-after"] == "1"
@@ -173,3 +188,32 @@ async def test_one_app_cannot_take_every_upstream_connection(
         assert statuses == [200, 200]
         assert (await s.client.get("/")).status_code == 200  # the slots came back
         assert transport.slots.in_use == 0
+
+
+async def test_a_request_waiting_for_its_apps_share_does_not_hold_up_another_app(
+    hello: Callable[[], int],
+) -> None:
+    """hello is at its share with a third request queued for a slot (a long wait): other's
+    request goes straight through, and the queued one gets the first slot hello frees."""
+    async with _two_apps(hello, wait=300) as (s, transport):
+        release = anyio.Event()
+        statuses: list[int] = []
+
+        async def hold() -> None:
+            statuses.append(await held(s.client, release))
+
+        async def queued() -> None:
+            statuses.append((await s.client.get("/")).status_code)
+
+        async with anyio.create_task_group() as tasks:
+            for _ in range(2):
+                tasks.start_soon(hold)
+            await _until(lambda: transport.slots.busy["hello"] == 2)
+            tasks.start_soon(queued)
+            await _until(lambda: bool(transport.slots.waiters))
+            elsewhere = await s.client.get("/", headers={"Host": "other.localhost"})
+            assert elsewhere.status_code == 200, elsewhere.text
+            assert statuses == []  # hello's three are all still in flight or queued
+            release.set()
+        assert sorted(statuses) == [200, 200, 200]
+        assert transport.slots.in_use == 0 and not transport.slots.waiters
