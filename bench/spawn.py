@@ -120,7 +120,8 @@ async def main(runs: int) -> None:
         jail = Jail.detect(data)
         uids = UidTable(data / "uids.json")
         cold = ProcessRuntime(jail=jail, uids=uids)
-        warm = ProcessRuntime(jail=jail, uids=uids, warm_slots=1)
+        homes = data / "sandboxes"
+        warm = ProcessRuntime(jail=jail, uids=uids, warm_slots=1, slot_homes=homes)
         kinds["cold join"], kinds["warm slot"] = through(cold), through(warm)
         runtimes.append(warm)
         print(f"isolation: {jail.describe()}")

@@ -4,6 +4,7 @@ The hostile-app suite (tests/security) covers the attacks end to end."""
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import os
 import shutil
@@ -22,7 +23,7 @@ from wakeful.domain.models import Resources
 from wakeful.node.hardening import (
     control_endpoints,
     install_network_rules,
-    mount_app_tmpfs,
+    mount_sandbox_fs,
     unmount,
 )
 from wakeful.node.isolation import IsolationUnavailable, Jail, UidTable
@@ -47,7 +48,8 @@ def runtime(data_dir: Path, warm_slots: int = 0) -> ProcessRuntime:
     data_dir.mkdir(exist_ok=True)
     jail = Jail.detect(data_dir)
     uids = UidTable(data_dir / "uids.json")
-    return ProcessRuntime(jail=jail, uids=uids, warm_slots=warm_slots)
+    homes = data_dir / "sandboxes"
+    return ProcessRuntime(jail=jail, uids=uids, warm_slots=warm_slots, slot_homes=homes)
 
 
 @contextlib.asynccontextmanager
@@ -110,6 +112,41 @@ async def test_a_sandbox_sees_its_own_tree_its_own_uid_and_nothing_else(
         assert UidTable(tmp_path / "uids.json").uid("a") == int(uid)  # recorded
     assert "'root'" not in rest and "'home'" not in rest and "'run'" not in rest
     assert rest.endswith("['LANG', 'PATH'] False")  # no token file, no agent environment
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a uid of its own needs root")
+@pytest.mark.parametrize("warm_slots", WARM)
+async def test_the_app_runs_without_any_privilege_left(tmp_path: Path, warm_slots: int) -> None:
+    """Whichever path started it (setpriv, or a warm slot dropping privileges itself): every
+    uid and gid the app's, no group, every capability set empty, no_new_privs on."""
+    fields = ("Uid", "Gid", "Groups", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")
+    code = (
+        "status = dict(line.split(':', 1) for line in open('/proc/self/status')); "
+        f"print(repr([status[name].split() for name in {fields!r} + ('NoNewPrivs',)]))"
+    )
+    exit_code, tail, _ = await run(tmp_path, code, warm_slots=warm_slots)
+    assert exit_code == 0, tail
+    uid = str(UidTable(tmp_path / "uids.json").uid("a"))
+    none = ["0000000000000000"]
+    assert ast.literal_eval(tail) == [[uid] * 4, [uid] * 4, [], *[none] * 5, ["1"]]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a tmpfs needs root")
+@pytest.mark.parametrize("warm_slots", WARM)
+async def test_disk_bounds_app_tmp_and_shm_together(tmp_path: Path, warm_slots: int) -> None:
+    """10 MiB into each of /app, /tmp and /dev/shm with a 16 MiB `disk`: the third write
+    fails (with a tmpfs each, all three would fit)."""
+    code = (
+        "import errno\n"
+        "for path in ('/app/a', '/tmp/b', '/dev/shm/c'):\n"
+        "    try:\n"
+        "        open(path, 'wb').write(bytes(10 << 20))\n"
+        "    except OSError as exc:\n"
+        "        print(path, errno.errorcode[exc.errno])\n"
+    )
+    exit_code, tail, _ = await run(tmp_path, code, Resources(disk="16Mi"), warm_slots=warm_slots)
+    assert exit_code == 0, tail
+    assert tail.split() == ["/tmp/b", "ENOSPC", "/dev/shm/c", "ENOSPC"]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="cgroups need root")
@@ -230,8 +267,8 @@ async def test_a_port_answered_by_someone_else_is_not_the_sandboxs(tmp_path: Pat
 def test_what_a_crashed_agent_left_is_unmounted_and_removed_at_start(tmp_path: Path) -> None:
     """A killed agent leaves its sandboxes' tmpfs mounted (memory held) and their directories
     on disk; the next start clears both before anything runs."""
-    left = tmp_path / "sandboxes" / "old-1" / "rw"
-    mount_app_tmpfs(left, 1 << 20, 400_000)
+    left = tmp_path / "sandboxes" / "old-1" / "fs"
+    mount_sandbox_fs(left, 1 << 20)
     (left / "data").write_text("x")
     (tmp_path / "sandboxes" / "old-2" / "app").mkdir(parents=True)
     try:

@@ -59,7 +59,8 @@ def runtime_for(settings: NodeSettings, control_plane: Sequence[str] = ()) -> Pr
     jail = Jail.detect(settings.data_dir, settings.sandbox_paths, refused)
     log.info("sandboxes are isolated: %s", jail.describe())
     uids = UidTable(settings.data_dir / "uids.json")
-    return ProcessRuntime(jail=jail, uids=uids, warm_slots=settings.warm_slots)
+    homes = sandbox_dir(settings.data_dir, "-").parent
+    return ProcessRuntime(jail=jail, uids=uids, warm_slots=settings.warm_slots, slot_homes=homes)
 
 
 def isolation_of(runtime: Runtime) -> str:

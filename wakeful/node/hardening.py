@@ -99,19 +99,48 @@ def _split_host_port(hostport: str) -> tuple[str, str]:
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def mount_app_tmpfs(path: Path, size: int, uid: int) -> None:
-    """Make `path` a tmpfs of `size` bytes owned by `uid` (root only): what the app writes
-    lives there and can never fill the node's disk."""
-    path.mkdir(parents=True, exist_ok=True)
-    options = f"size={size},mode=0700,uid={uid},gid={uid}".encode()
-    ms_nosuid, ms_nodev = 2, 4  # no set-uid program or device node works from there
-    if _libc.mount(b"tmpfs", str(path).encode(), b"tmpfs", ms_nosuid | ms_nodev, options) != 0:
+SCRATCH = ("tmp", "shm")
+"""Bound at the sandbox's `/tmp` and `/dev/shm` (mode 1777), beside `app` (its `/app`)."""
+MS_NOSUID, MS_NODEV, MS_REMOUNT = 2, 4, 32
+
+
+def mount_sandbox_fs(root: Path, size: int) -> None:
+    """Make `root` a tmpfs of `size` bytes (root only) holding `app/` (root's, 0700, until
+    `own_app_dir`) and the `SCRATCH` directories: everything a sandbox can write lives there,
+    and it can never fill the node's disk. Its own root is never visible inside."""
+    root.mkdir(parents=True, exist_ok=True)
+    options = f"size={size},mode=0700".encode()
+    if _libc.mount(b"tmpfs", str(root).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options) != 0:
         err = ctypes.get_errno()
-        raise OSError(err, f"cannot mount a tmpfs on {path}: {os.strerror(err)}")
+        raise OSError(err, f"cannot mount a tmpfs on {root}: {os.strerror(err)}")
+    try:
+        (root / "app").mkdir(mode=0o700)
+        for name in SCRATCH:
+            (root / name).mkdir()
+            os.chmod(root / name, 0o1777)
+    except BaseException:
+        unmount(root)
+        raise
+
+
+def resize_sandbox_fs(root: Path, size: int) -> None:
+    """Give the tmpfs of `mount_sandbox_fs` a new size (what a warm slot's becomes the app's)."""
+    options = f"size={size}".encode()
+    flags = MS_REMOUNT | MS_NOSUID | MS_NODEV
+    if _libc.mount(b"tmpfs", str(root).encode(), b"tmpfs", flags, options) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"cannot resize the tmpfs on {root}: {os.strerror(err)}")
+
+
+def fill_app_dir(root: Path, source: Path, uid: int) -> None:
+    """Copy the unpacked app `source` into the tmpfs's `app/`, all of it owned by `uid`."""
+    app = root / "app"
+    shutil.copytree(source, app, symlinks=True, dirs_exist_ok=True)
+    chown_tree(app, uid)
 
 
 def unmount(path: Path) -> None:
-    """Undo `mount_app_tmpfs` (lazily: a process still holding a file there goes on)."""
+    """Undo `mount_sandbox_fs` (lazily: a process still holding a file there goes on)."""
     mnt_detach = 2
     _libc.umount2(str(path).encode(), mnt_detach)
 

@@ -22,9 +22,13 @@ grandchildren included.
 
 Only the system directories (`SYSTEM_PATHS`, plus `sandbox_paths` from the node settings) are
 visible, read-only; the data directory, other sandboxes, /root, /home, /run (and its sockets)
-and the agent's /proc are not. The app's directory is the only writable tree besides /tmp;
-as root it is a tmpfs of the app's `disk` size (`mount_app_tmpfs`), so a sandbox cannot fill
-the node's disk.
+and the agent's /proc are not. The app's directory is the only writable tree besides /tmp
+and /dev/shm; as root all three are directories of one tmpfs of the app's `disk` size
+(`mount_sandbox_fs`), so a sandbox cannot fill the node's disk.
+
+A warm slot (`slots.py`) is this chain started ahead of time with `slot_main.py` in place of the
+last `setpriv` and the app: it waits inside its namespaces and cgroups, and does the uid drop
+itself once it is told which app it becomes (`slot_command`).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -49,7 +54,7 @@ from .hardening import (
     UID_COUNT,
     chown_tree,
     install_network_rules,
-    mount_app_tmpfs,
+    mount_sandbox_fs,
     oom_message,
     unmount,
     userns_filter,
@@ -60,6 +65,12 @@ log = logging.getLogger(__name__)
 SYSTEM_PATHS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 """Read-only inside every sandbox (the ones that exist; merged-/usr symlinks stay symlinks)."""
 APP_DIR = "/app"
+SLOT_MAIN = Path(__file__).with_name("slot_main.py")
+SLOT_MARK = "wakeful-warm-slot"
+"""In an idle warm slot's command line (its first argument): what tells it from a sandbox."""
+PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
+"""Where a warm slot looks for a Python inside the sandbox when the control plane's own is not
+under a visible path (a virtual environment's or pyenv's)."""
 INSTALL_HINT = (
     "bubblewrap is not installed: run `apt-get install bubblewrap` (Debian/Ubuntu), or start "
     "with --isolation=none to run apps unisolated (they can then read the control plane's "
@@ -118,6 +129,9 @@ class Jail:
     hidden: tuple[str, ...] = ()
     seccomp: bytes | None = None
     """`userns_filter` for this machine; None where it is not known (and said in `notes`)."""
+    slot_python: str | None = None
+    """A Python 3 visible inside a sandbox, for warm slots; None: no warm slots (said in
+    `notes`)."""
     notes: tuple[str, ...] = field(default=())
     """What this machine does not enforce (shown by `wakeful status` and logged at start)."""
 
@@ -147,6 +161,9 @@ class Jail:
         seccomp = userns_filter(platform.machine())
         if seccomp is None:
             notes.append(f"user namespaces not refused (no filter for {platform.machine()})")
+        slot_python = _visible_python(visible)
+        if slot_python is None and cgroups is not None:
+            notes.append("no Python 3 under the visible system paths: no warm slots")
         if cgroups is None:
             notes.append("no writable cgroups: memory is an address-space rlimit")
             if not as_root:
@@ -161,6 +178,7 @@ class Jail:
             visible=visible,
             hidden=hidden,
             seccomp=seccomp,
+            slot_python=slot_python,
             notes=tuple(notes),
         )
         jail.check()
@@ -168,7 +186,7 @@ class Jail:
 
     def check(self) -> None:
         """Start one empty sandbox, so a machine that cannot make namespaces fails at start."""
-        argv = [self.bwrap, *self._mounts(None), "--", "true"]
+        argv = [self.bwrap, *self._mounts(None, None), "--", "true"]
         done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
         if done.returncode != 0:
             raise IsolationUnavailable(
@@ -179,15 +197,16 @@ class Jail:
     def command(
         self,
         command: list[str],
-        workdir: Path,
+        root: Path,
         limits: Resources,
         uid: int | None,
         cgroup: SandboxCgroup | None,
         env_fd: int | None = None,
         seccomp_fd: int | None = None,
     ) -> list[str]:
-        """The argv that starts `command` in a sandbox over `workdir`: the cgroup join,
-        `prlimit` and `setpriv --pdeathsig`, then `sandbox_command`. `env_fd`: a file of
+        """The argv that starts `command` in a sandbox: the cgroup join, `prlimit` and
+        `setpriv --pdeathsig`, bwrap and the uid drop. `root`: with a `uid`, the sandbox's
+        tmpfs (`mount_sandbox_fs`); without, the app's directory itself. `env_fd`: a file of
         NUL-separated bwrap arguments (`env_arguments`) that set the app's environment inside
         the sandbox only; the chain before it runs with `CHAIN_ENV`."""
         argv: list[str] = []
@@ -195,31 +214,8 @@ class Jail:
             argv += cgroup.join_prefix(self.sh)
         rlimits = [f"--{name.lower()}={value}:{value}" for name, value in self.rlimits(limits, uid)]
         argv += [self.prlimit, *rlimits, "--", self.setpriv, "--pdeathsig", "KILL", "--"]
-        return argv + self.sandbox_command(command, workdir, limits, uid, env_fd, seccomp_fd)
-
-    def rlimits(self, limits: Resources, uid: int | None) -> list[tuple[str, int]]:
-        """(resource, soft=hard) for what the cgroups do not cover; names as `prlimit --NAME`
-        and `resource.RLIMIT_NAME` spell them."""
-        found = [("NOFILE", limits.open_files)]
-        if self.cgroups is None:
-            found.append(("AS", limits.memory))
-            if uid is not None:  # a uid of its own: the per-uid count is the app's alone
-                found.append(("NPROC", limits.processes))
-        return found
-
-    def sandbox_command(
-        self,
-        command: list[str],
-        workdir: Path,
-        limits: Resources,
-        uid: int | None,
-        env_fd: int | None = None,
-        seccomp_fd: int | None = None,
-    ) -> list[str]:
-        """bwrap and the uid drop: what runs once the process is in its cgroups, with its
-        rlimits and parent-death signal (a warm slot sets those itself)."""
-        argv: list[str] = []
-        argv += [self.bwrap, *self._mounts(workdir, limits.disk)]
+        tree, workdir = (root, None) if uid is not None else (None, root)
+        argv += [self.bwrap, *self._mounts(tree, workdir, limits.disk)]
         if env_fd is not None:
             argv += ["--args", str(env_fd)]
         if seccomp_fd is not None:
@@ -238,7 +234,34 @@ class Jail:
             ]
         return argv + command
 
-    def _mounts(self, workdir: Path | None, disk: int = 16 << 20) -> list[str]:
+    def slot_command(
+        self, tree: Path, cgroup: SandboxCgroup, seccomp_fd: int | None, ready_fd: int
+    ) -> list[str]:
+        """A warm slot: the chain of `command` for a sandbox over `tree` with `slot_main.py`
+        (run by `slot_python`, as root inside) where the uid drop and the app would be. It
+        writes to `ready_fd` once it waits for its start message. The rlimits are the slot's
+        to set, with the app's."""
+        assert self.slot_python is not None
+        argv = [self.setpriv, "--pdeathsig", "KILL", "--", *cgroup.join_prefix(self.sh)]
+        argv += [self.bwrap, *self._mounts(tree, None)]
+        if seccomp_fd is not None:
+            argv += ["--seccomp", str(seccomp_fd)]
+        source = SLOT_MAIN.read_text()
+        return [*argv, "--", self.slot_python, "-I", "-S", "-c", source, SLOT_MARK, str(ready_fd)]
+
+    def rlimits(self, limits: Resources, uid: int | None) -> list[tuple[str, int]]:
+        """(resource, soft=hard) for what the cgroups do not cover; names as `prlimit --NAME`
+        and `resource.RLIMIT_NAME` spell them."""
+        found = [("NOFILE", limits.open_files)]
+        if self.cgroups is None:
+            found.append(("AS", limits.memory))
+            if uid is not None:  # a uid of its own: the per-uid count is the app's alone
+                found.append(("NPROC", limits.processes))
+        return found
+
+    def _mounts(self, tree: Path | None, workdir: Path | None, disk: int = 16 << 20) -> list[str]:
+        """`tree`: a sandbox tmpfs, whose `app/` and scratch directories are bound; else
+        `workdir` is bound at /app (when given) and /tmp and /dev/shm are tmpfs of `disk`."""
         args = [
             "--unshare-pid",
             "--unshare-ipc",
@@ -256,6 +279,9 @@ class Jail:
         for path in self.hidden:
             args += ["--tmpfs", path]
         args += ["--proc", "/proc", "--dev", "/dev"]
+        if tree is not None:  # all in one tmpfs, bounded together
+            args += ["--bind", str(tree / "tmp"), "/tmp", "--bind", str(tree / "shm"), "/dev/shm"]
+            return [*args, "--bind", str(tree / "app"), APP_DIR, "--chdir", APP_DIR]
         for scratch in ("/tmp", "/dev/shm"):  # writable by the app, bounded like its /app
             args += ["--perms", "1777", "--size", str(disk), "--tmpfs", scratch]
         if workdir is not None:
@@ -271,6 +297,17 @@ class Jail:
 CHAIN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 """The environment of everything that runs as root before the sandbox exists: nothing of the
 app's (an app's LD_PRELOAD must never reach prlimit or bwrap)."""
+
+
+def _visible_python(visible: Sequence[str]) -> str | None:
+    """The control plane's own Python when a sandbox can see it, else a system one."""
+    for candidate in (os.path.realpath(sys.executable), *PYTHONS):
+        real = os.path.realpath(candidate)
+        if os.access(real, os.X_OK) and any(
+            real.startswith(os.path.realpath(path) + "/") for path in visible
+        ):
+            return real
+    return None
 
 
 def env_arguments(env: dict[str, str]) -> bytes:
@@ -291,7 +328,7 @@ __all__ = [
     "UidTable",
     "chown_tree",
     "env_arguments",
-    "mount_app_tmpfs",
+    "mount_sandbox_fs",
     "oom_message",
     "unmount",
 ]

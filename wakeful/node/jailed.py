@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 from pathlib import Path
 
@@ -23,6 +24,9 @@ class Jailed:
         self.workdir = workdir
         self.cgroup: SandboxCgroup | None = None
         self.mounted: Path | None = None
+        """Its tmpfs (`mount_sandbox_fs`), unmounted when it ends."""
+        self.home: Path | None = None
+        """A directory of its own besides its sandbox directory (a warm slot's), removed then."""
         self._oom = False
         self._released = False
 
@@ -47,6 +51,8 @@ class Jailed:
             self.cgroup.remove()
         if self.mounted is not None:
             unmount(self.mounted)
+        if self.home is not None:
+            shutil.rmtree(self.home, ignore_errors=True)
 
     def reason(self) -> str | None:
         return oom_message(self.limits) if self._oom else None

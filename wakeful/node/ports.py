@@ -13,6 +13,8 @@ import random
 import socket
 import struct
 
+RANDOM_DRAWS = 16
+
 
 class NoFreePort(RuntimeError):
     pass
@@ -40,13 +42,25 @@ class PortPool:
         self._host = host
 
     def take(self) -> int:
+        """A random free port of the range: a few random draws first (shuffling a range of
+        10,000 ports cost every cold start ~2 ms), then every port in random order."""
+        for _ in range(RANDOM_DRAWS):
+            port = random.randint(self._low, self._high)
+            if self._free(port):
+                return self._hand_out(port)
         candidates = list(range(self._low, self._high + 1))
         random.shuffle(candidates)
         for port in candidates:
-            if port not in self._taken and bindable(port, self._host):
-                self._taken.add(port)
-                return port
+            if self._free(port):
+                return self._hand_out(port)
         raise NoFreePort(f"no free port left in {self._low}-{self._high}")
+
+    def _free(self, port: int) -> bool:
+        return port not in self._taken and bindable(port, self._host)
+
+    def _hand_out(self, port: int) -> int:
+        self._taken.add(port)
+        return port
 
     def give_back(self, port: int) -> None:
         self._taken.discard(port)

@@ -1,17 +1,28 @@
-"""Readiness probing: the first probe right after start, every 5 ms at most during the first
-second, then backing off to ~100 ms.
+"""Readiness probing: the first probe right after start, every 1 ms during the first 0.2 s,
+every 5 ms until 1 s, then backing off to ~100 ms.
 
-An HTTP check (GET `path`; a 2xx or 3xx answer is ready) when the app
-names a health path, a TCP connect otherwise. Stops early when the process exits.
+An HTTP check (GET `path`; a 2xx or 3xx answer is ready) when the app names a health path, a
+TCP connect otherwise. Before each, a non-blocking connect (`knock`): to an address of this
+machine it is refused or accepted by the time the call returns (~20 us, no task, no timer),
+so the port can be watched every millisecond, and the full probe runs only once something
+listens. Stops early when the process exits.
 """
 
 from __future__ import annotations
 
+import errno
+import ipaddress
+import select
+import socket
 from collections.abc import Awaitable, Callable
+from enum import Enum
 
 import anyio
 
-FIRST_DELAY = 0.002
+QUICK_DELAY = 0.001
+QUICK_PHASE = 0.2
+"""While apps usually get ready, the port is knocked on every millisecond: a 5 ms step cost
+every cold start ~2.5 ms on average."""
 FAST_DELAY = 0.005
 """During the first second, probes at most this far apart: most apps get ready then, and a
 coarser step adds up to its own length to every cold start (measured: ~90 ms at p50 with
@@ -19,6 +30,44 @@ coarser step adds up to its own length to every cold start (measured: ~90 ms at 
 of a port nobody listens on yet is one refused loopback connect: ~200 a second cost little."""
 FAST_PHASE = 1.0
 MAX_DELAY = 0.1
+
+
+class Knock(Enum):
+    REFUSED = "refused"
+    ACCEPTED = "accepted"
+    UNKNOWN = "unknown"
+
+
+def knock(host: str, port: int) -> Knock:
+    """A non-blocking connect, closed at once: REFUSED when nothing listens, ACCEPTED when
+    something does, UNKNOWN when the kernel did not say at once (or `host` is a name, which
+    would need a lookup)."""
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    except ValueError:
+        return Knock.UNKNOWN
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setblocking(False)
+        code = sock.connect_ex((host, port))
+        if code == errno.EINPROGRESS:  # a local handshake is over by the time it returns
+            poller = select.poll()
+            poller.register(sock, select.POLLOUT)
+            if not poller.poll(0):
+                return Knock.UNKNOWN
+            code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    if code == errno.ECONNREFUSED:
+        return Knock.REFUSED
+    return Knock.ACCEPTED if code == 0 else Knock.UNKNOWN
+
+
+async def probe(host: str, port: int, path: str | None) -> bool:
+    """The full probe, unless a knock already answers it."""
+    knocked = knock(host, port)
+    if knocked is Knock.REFUSED:
+        return False
+    if knocked is Knock.ACCEPTED and path is None:
+        return True
+    return await probe_once(host, port, path)
 
 
 async def probe_once(host: str, port: int, path: str | None) -> bool:
@@ -56,11 +105,14 @@ async def wait_ready(
         tasks.start_soon(until_exit)
         with anyio.move_on_after(within):
             started = anyio.current_time()
-            delay = FIRST_DELAY
-            while not await probe_once(host, port, path):
+            delay = FAST_DELAY
+            while not await probe(host, port, path):
+                elapsed = anyio.current_time() - started
+                if elapsed < QUICK_PHASE:
+                    await anyio.sleep(QUICK_DELAY)
+                    continue
                 await anyio.sleep(delay)
-                fast = anyio.current_time() - started < FAST_PHASE
-                delay = min(delay * 2, FAST_DELAY if fast else MAX_DELAY)
+                delay = FAST_DELAY if elapsed < FAST_PHASE else min(delay * 2, MAX_DELAY)
             ready = True
         tasks.cancel_scope.cancel()
     return ready

@@ -24,18 +24,11 @@ from typing import BinaryIO, Protocol
 
 from wakeful.domain.models import Resources
 
-from .cgroups import SandboxCgroup
-from .isolation import (
-    CHAIN_ENV,
-    Jail,
-    UidTable,
-    chown_tree,
-    env_arguments,
-    mount_app_tmpfs,
-)
+from .hardening import fill_app_dir, mount_sandbox_fs, resize_sandbox_fs
+from .isolation import CHAIN_ENV, Jail, UidTable, env_arguments
 from .jailed import Jailed, sealed
 from .ports import listeners
-from .slots import ARGS_FD, SECCOMP_FD, SlotPool
+from .slots import Slot, SlotPool
 from .spawn import Child, spawn
 
 log = logging.getLogger(__name__)
@@ -235,16 +228,28 @@ class ProcessRuntime:
         jail: Jail | None = None,
         uids: UidTable | None = None,
         warm_slots: int = 0,
+        slot_homes: Path | None = None,
     ) -> None:
+        """`slot_homes`: where warm slots keep their directories (the node's sandbox
+        directories); needed for `warm_slots`."""
         self._max_log_bytes = max_log_bytes
         self._jail = jail
         self._uids = uids
         if jail is not None and jail.as_root and uids is None:
             raise ValueError("an isolating runtime run as root needs a UidTable")
         self.slots: SlotPool | None = None
-        """Sandbox starters already in their cgroups (wakeful.node.slots); only with cgroups."""
-        if jail is not None and jail.cgroups is not None and warm_slots > 0:
-            self.slots = SlotPool(jail.cgroups, warm_slots, jail.setpriv, jail.sh)
+        """Sandboxes started ahead of time (wakeful.node.slots); only as root, with cgroups and
+        a Python visible inside."""
+        if (
+            jail is not None
+            and jail.as_root
+            and jail.cgroups is not None
+            and jail.slot_python is not None
+            and warm_slots > 0
+        ):
+            if slot_homes is None:
+                raise ValueError("warm slots need a directory for their trees (slot_homes)")
+            self.slots = SlotPool(jail, jail.cgroups, warm_slots, slot_homes)
 
     async def keep_warm(self) -> None:
         """Keep the warm slots filled until cancelled (returns at once without slots)."""
@@ -271,35 +276,9 @@ class ProcessRuntime:
             pool, slot = self.slots, None
             if pool is not None:
                 slot = await pool.take(identity.sandbox_id, identity.limits)
-            try:
-                jailed = await asyncio.to_thread(
-                    self._enter, workdir, identity, None if slot is None else slot.cgroup
-                )
-            except BaseException:
-                if pool is not None and slot is not None:
-                    pool.settle()
-                    await slot.discard()
-                raise
             if pool is not None and slot is not None:
-                seccomp = self._jail.seccomp
-                argv = self._jail.sandbox_command(
-                    list(command),
-                    jailed.workdir,
-                    identity.limits,
-                    jailed.uid,
-                    ARGS_FD,
-                    None if seccomp is None else SECCOMP_FD,
-                )
-                rlimits = self._jail.rlimits(identity.limits, jailed.uid)
-                args = env_arguments(dict(env))
-                try:
-                    process = await slot.launch(argv, dict(CHAIN_ENV), rlimits, args, seccomp)
-                except BaseException:
-                    pool.settle()
-                    await slot.discard()
-                    jailed.release()
-                    raise
-                return LocalProcess(process, log_path, self._max_log_bytes, jailed, pool.settle)
+                return await self._launch(pool, slot, command, env, workdir, log_path, identity)
+            jailed = await asyncio.to_thread(self._enter, workdir, identity)
             env_fd = sealed(log_path.with_name("env-args"), env_arguments(dict(env)))
             fds = (env_fd,)
             seccomp_fd = None
@@ -308,7 +287,7 @@ class ProcessRuntime:
                 fds += (seccomp_fd,)
             argv = self._jail.command(
                 list(command),
-                jailed.workdir,
+                jailed.workdir if jailed.mounted is None else jailed.mounted,
                 identity.limits,
                 jailed.uid,
                 jailed.cgroup,
@@ -327,32 +306,62 @@ class ProcessRuntime:
                 os.close(fd)
         return LocalProcess(process, log_path, self._max_log_bytes, jailed)
 
-    def _enter(
-        self, workdir: Path, identity: Identity, cgroup: SandboxCgroup | None = None
-    ) -> Jailed:
-        """The sandbox's uid, cgroup (`cgroup`: a warm slot's, already made) and bounded
-        writable copy of its directory."""
+    async def _launch(
+        self,
+        pool: SlotPool,
+        slot: Slot,
+        command: Sequence[str],
+        env: Mapping[str, str],
+        workdir: Path,
+        log_path: Path,
+        identity: Identity,
+    ) -> LocalProcess:
+        """Start from a warm slot: its tree sized and filled for the app, then the message."""
+        jail, uids = self._jail, self._uids
+        assert jail is not None and uids is not None
+        jailed: Jailed | None = None
+        try:
+            jailed = await asyncio.to_thread(self._enter_slot, slot, workdir, identity)
+            assert jailed.uid is not None
+            rlimits = jail.rlimits(identity.limits, jailed.uid)
+            process = await slot.launch(list(command), dict(env), rlimits, jailed.uid)
+        except BaseException:
+            pool.settle()
+            await slot.discard()
+            if jailed is not None:
+                jailed.release()
+            raise
+        return LocalProcess(process, log_path, self._max_log_bytes, jailed, pool.settle)
+
+    def _enter_slot(self, slot: Slot, workdir: Path, identity: Identity) -> Jailed:
+        assert self._uids is not None
+        uid = self._uids.uid(identity.app)
+        jailed = Jailed(identity.limits, uid, workdir)
+        jailed.cgroup = slot.cgroup
+        jailed.home = slot.home
+        jailed.mounted = slot.tree
+        resize_sandbox_fs(slot.tree, identity.limits.disk)
+        fill_app_dir(slot.tree, workdir, uid)
+        return jailed
+
+    def _enter(self, workdir: Path, identity: Identity) -> Jailed:
+        """The sandbox's uid, cgroup and bounded writable copy of its directory."""
         jail = self._jail
         assert jail is not None
         uid = self._uids.uid(identity.app) if jail.as_root and self._uids else None
         jailed = Jailed(identity.limits, uid, workdir)
         try:
             if uid is not None:
-                writable = workdir.with_name("rw")
+                tree = workdir.with_name("fs")
                 # Charged to the sandbox's memory cgroup when there is one; without, it is
                 # charged to nothing, so it may not exceed the memory limit either.
                 limits = identity.limits
                 size = limits.disk if jail.cgroups else min(limits.disk, limits.memory)
-                mount_app_tmpfs(writable, size, uid)
-                jailed.mounted = writable
-                shutil.copytree(workdir, writable, symlinks=True, dirs_exist_ok=True)
-                chown_tree(writable, uid)
-                jailed.workdir = writable
+                mount_sandbox_fs(tree, size)
+                jailed.mounted = tree
+                fill_app_dir(tree, workdir, uid)
             if jail.cgroups is not None:
                 jail.cgroups.sweep()
-            if cgroup is not None:
-                jailed.cgroup = cgroup
-            elif jail.cgroups is not None:
                 made = jail.cgroups.sandbox(identity.sandbox_id)
                 jailed.cgroup = made
                 made.create(identity.limits)

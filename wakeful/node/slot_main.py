@@ -1,52 +1,109 @@
-"""A warm slot's program (stdlib only, run as `python -I -S slot_main.py`): it waits, already in
-its cgroups, for one start message on stdin, then becomes the sandbox's chain.
+"""A warm slot's program, already inside its sandbox: bwrap started it (as root, in the
+sandbox's namespaces, mounts and cgroups) and it waits for one start message, then drops to the
+app's uid and becomes the app.
 
-The message is JSON: `argv` and `env` for execve, `rlimits` ([name, value] pairs, soft = hard)
-to set first, and the bwrap `--args` and `--seccomp`
-contents (hex) that go into memory files at fds 3 and 4 (the numbers the argv names). EOF
-without a message (the agent discards the slot) is a quiet exit.
+Stdlib only, compatible with any Python 3 a machine has in its visible system directories (it
+runs inside the sandbox, where the control plane's own Python may not be): the node agent runs
+it as `python3 -I -S -c SOURCE READY_FD`. It writes one byte to READY_FD once it waits, then
+reads the message from stdin, JSON: `argv` (the app's command, found through the `PATH` of
+`env`), `env` (the app's whole environment), `rlimits` ([name, value] pairs, soft = hard) and
+`uid` (the app's uid and gid). It sets the rlimits; drops every capability from the bounding,
+ambient and inheritable sets, the groups, then gid and uid (which empties the permitted and
+effective sets), and sets no_new_privs; reads /proc/self/status back and refuses to go on (exit
+126) unless all of that holds; resets SIGPIPE and SIGXFSZ (Python ignores them, and an ignored
+signal stays ignored across exec); and execs the command. EOF without a message (the agent
+discards the slot) is a quiet exit.
 """
 
-from __future__ import annotations
-
+import ctypes
 import json
 import os
 import resource
 import signal
 import sys
+from typing import Any, NoReturn
 
-FDS = {"args": 3, "seccomp": 4}
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+CAP_VERSION_3 = 0x20080522
+
+
+def fail(message: str, code: int = 126) -> NoReturn:
+    sys.stderr.write("wakeful slot: " + message + "\n")
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def drop_privileges(libc: Any, uid: int) -> None:
+    with open("/proc/sys/kernel/cap_last_cap") as file:
+        last = int(file.read())
+    for cap in range(last + 1):
+        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            fail(f"cannot drop capability {cap}: errno {ctypes.get_errno()}")
+    libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)  # from root to a uid: permitted and effective sets emptied
+    header = (ctypes.c_uint32 * 2)(CAP_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable (x2): all empty
+    if libc.capset(header, data) != 0:
+        fail(f"cannot clear capabilities: errno {ctypes.get_errno()}")
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        fail(f"cannot set no_new_privs: errno {ctypes.get_errno()}")
+
+
+def check_dropped(uid: int) -> None:
+    """What /proc says, not what the calls returned: the app starts only without privileges."""
+    status: dict[str, list[str]] = {}
+    with open("/proc/self/status") as file:
+        for line in file:
+            name, _, value = line.partition(":")
+            status[name] = value.split()
+    wanted = {
+        "Uid": [str(uid)] * 4,
+        "Gid": [str(uid)] * 4,
+        "Groups": [],
+        "CapInh": ["0000000000000000"],
+        "CapPrm": ["0000000000000000"],
+        "CapEff": ["0000000000000000"],
+        "CapBnd": ["0000000000000000"],
+        "CapAmb": ["0000000000000000"],
+        "NoNewPrivs": ["1"],
+    }
+    for field, expected in wanted.items():
+        if status.get(field) != expected:
+            fail(f"privileges not dropped: {field} is {status.get(field)}")
 
 
 def main() -> None:
+    ready = int(sys.argv[2])  # after the mark that tells an idle slot in `ps`
+    os.write(ready, b"r")
+    os.close(ready)
     raw = sys.stdin.buffer.read()
     if not raw:
         return
     message = json.loads(raw)
+    uid = int(message["uid"])
+    if uid <= 0:
+        fail(f"refusing uid {uid}")
     for name, value in message["rlimits"]:
         limit = getattr(resource, f"RLIMIT_{name}")
         resource.setrlimit(limit, (int(value), int(value)))
-    for key, number in FDS.items():
-        data = message.get(key)
-        if data is None:
-            continue
-        fd = os.memfd_create(key, 0)
-        os.write(fd, bytes.fromhex(data))
-        os.lseek(fd, 0, os.SEEK_SET)
-        if fd != number:
-            os.dup2(fd, number)  # inheritable, unlike the memfd itself
-            os.close(fd)
-        else:
-            os.set_inheritable(fd, True)
-    # Python ignores SIGPIPE and SIGXFSZ at start, and an ignored signal stays ignored across
-    # exec: the app must get the defaults, as from the chain that starts without a slot.
+    drop_privileges(ctypes.CDLL(None, use_errno=True), uid)
+    check_dropped(uid)
     for signum in (signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(signum, signal.SIG_DFL)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
     argv = [str(arg) for arg in message["argv"]]
-    os.execve(argv[0], argv, {str(k): str(v) for k, v in message["env"].items()})
+    env = {str(k): str(v) for k, v in message["env"].items()}
+    try:
+        os.execvpe(argv[0], argv, env)
+    except OSError as exc:
+        fail(f"cannot run {argv[0]}: {exc.strerror}", 127)
 
 
 if __name__ == "__main__":

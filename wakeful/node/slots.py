@@ -1,21 +1,23 @@
-"""Warm slots: sandbox starters that already sit in their cgroups, so a cold start does not wait
-for the kernel to move a process into one.
+"""Warm slots: sandboxes started ahead of time, already in their cgroups, namespaces and mounts,
+waiting to become an app, so a cold start pays neither the cgroup join nor bwrap's set-up.
 
 Joining a cgroup v1 hierarchy waits for an RCU grace period (measured here: 5-17 ms per
 hierarchy, two hierarchies per sandbox) while creating, renaming and limiting one costs
-~0.1 ms. So the agent keeps `warm_slots` small processes (`slot_main.py`, ~8 MB each) that
-joined a `slot-*` cgroup pair ahead of time and wait on stdin. A start takes one: its cgroups
-are renamed to the sandbox's and given the app's limits, and it gets `Jail.sandbox_command`
-(bwrap onwards: the join, prlimit and the parent-death signal are the slot's own doing) and
-execs it, keeping its pid, its cgroups and its output pipe. The pool refills in the
-background once every start that took a slot has settled (its first probe answered, or it
-ended): a refill is a fork of the agent and a Python boot, and run beside a start it cost that
-start ~7 ms of the agent's loop and a share of the CPU the app boots on. When the pool is
-empty a start joins the slow way.
+~0.1 ms; bwrap's namespaces and mounts and the `setpriv` exec after them cost ~3.5 ms more. So
+the agent keeps `warm_slots` sandboxes (`Jail.slot_command`: the whole isolation chain over a
+tmpfs of its own, with `slot_main.py`, ~8 MB, where the app would be) that wait on stdin as
+root inside. A start takes one: its cgroups are renamed to the sandbox's and given the app's
+limits, its tmpfs is resized to the app's `disk` and filled with the app (`runtime.py`), and it
+gets the start message: the app's command, environment, rlimits and uid. It drops to that uid
+(checking /proc that nothing of root's is left) and execs the app, keeping its pid, its cgroups
+and its output pipe. The pool refills in the background once every start that took a slot has
+settled (its first probe answered, or it ended): a refill is a fork of the agent and a Python
+boot, and run beside a start it cost that start ~7 ms of the agent's loop and a share of the
+CPU the app boots on. When the pool is empty a start takes the whole chain.
 
-Slots die with the agent (parent-death signal); a slot's cgroups left by a crash are swept
-like any sandbox's once empty. A slot that dies while idle is noticed when a start takes it
-(that start goes the slow way, and the pool refills).
+Slots die with the agent (parent-death signal); a slot's cgroups and tmpfs left by a crash are
+swept like any sandbox's. A slot that dies while idle is noticed when a start takes it (that
+start goes the slow way, and the pool refills).
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ import collections
 import contextlib
 import json
 import logging
+import os
 import secrets
+import shutil
 import signal
-import sys
 from pathlib import Path
 
 import anyio
@@ -35,32 +38,52 @@ import anyio
 from wakeful.domain.models import Resources
 
 from .cgroups import Cgroups, SandboxCgroup
-from .isolation import CHAIN_ENV
-from .spawn import PIPE, Child, spawn
+from .hardening import mount_sandbox_fs, unmount
+from .isolation import CHAIN_ENV, Jail
+from .spawn import PIPE, STDOUT, Child, spawn
 
 log = logging.getLogger(__name__)
 
-SLOT_MAIN = Path(__file__).with_name("slot_main.py")
-ARGS_FD, SECCOMP_FD = 3, 4
-"""Where the slot puts the bwrap `--args` and `--seccomp` contents (slot_main.FDS)."""
-IDLE_LIMITS = Resources(memory=64 << 20, processes=16)
+IDLE_LIMITS = Resources(memory=64 << 20, processes=16, disk=16 << 20)
 JOIN_TIMEOUT = 5.0
 
 
 class Slot:
-    def __init__(self, process: Child, cgroup: SandboxCgroup) -> None:
+    def __init__(self, process: Child, cgroup: SandboxCgroup, home: Path, ready: int) -> None:
         self.process = process
         self.cgroup = cgroup
+        self.home = home
+        """The slot's own directory: `tree` in it, removed with it."""
+        self._ready = ready
+        """The read end of the pipe `slot_main` writes one byte to once it waits; -1 after."""
+
+    @property
+    def tree(self) -> Path:
+        """Its tmpfs (`mount_sandbox_fs`): `app/` is the sandbox's /app."""
+        return self.home / "fs"
 
     def joined(self) -> bool:
-        """Its process lives and sits in both cgroups (it joins `pids` last)."""
+        """Its process lives, sits in both cgroups (it joins `pids` last) and waits inside."""
         if self.process.returncode is not None:
             return False
+        if self._ready >= 0:
+            try:
+                said = os.read(self._ready, 1)
+            except BlockingIOError:
+                return False
+            self._close_ready()
+            if not said:
+                return False  # it ended before it got to wait
         try:
             members = (self.cgroup.pids / "cgroup.procs").read_text().split()
         except OSError:
             return False
         return str(self.process.pid) in members
+
+    def _close_ready(self) -> None:
+        if self._ready >= 0:
+            os.close(self._ready)
+            self._ready = -1
 
     def bind(self, sandbox_id: str, limits: Resources, cgroups: Cgroups) -> SandboxCgroup:
         """Rename the slot's cgroups to the sandbox's and give them its limits. An empty
@@ -78,23 +101,11 @@ class Slot:
         return target
 
     async def launch(
-        self,
-        argv: list[str],
-        env: dict[str, str],
-        rlimits: list[tuple[str, int]],
-        args: bytes,
-        seccomp: bytes | None,
+        self, argv: list[str], env: dict[str, str], rlimits: list[tuple[str, int]], uid: int
     ) -> Child:
-        """Send the start message; the slot sets `rlimits` and becomes `argv` (slot_main).
-        Its parent-death signal was set when it started and survives the exec."""
-        message: dict[str, object] = {
-            "argv": argv,
-            "env": env,
-            "rlimits": rlimits,
-            "args": args.hex(),
-        }
-        if seccomp is not None:
-            message["seccomp"] = seccomp.hex()
+        """Send the start message; the slot sets `rlimits`, drops to `uid` and becomes `argv`
+        with exactly `env` (slot_main). Its parent-death signal was set when it started."""
+        message = {"argv": argv, "env": env, "rlimits": rlimits, "uid": uid}
         stdin = self.process.stdin
         assert stdin is not None
         stdin.write(json.dumps(message).encode())
@@ -106,24 +117,33 @@ class Slot:
         return self.process
 
     async def discard(self) -> None:
-        """Kill it, reap it and remove its cgroups; not cut short by a cancel."""
+        """Kill it, reap it and remove its cgroups and tree; not cut short by a cancel."""
         with contextlib.suppress(ProcessLookupError):
             self.process.send_signal(signal.SIGKILL)
         if self.process.stdin is not None:
             self.process.stdin.close()
+        self._close_ready()
         with anyio.CancelScope(shield=True):
             await self.process.wait()
         self.cgroup.remove()
+        remove_home(self.home)
+
+
+def remove_home(home: Path) -> None:
+    """A slot's directory and the tmpfs in it (what it held as a sandbox, too)."""
+    unmount(home / "fs")
+    shutil.rmtree(home, ignore_errors=True)
 
 
 class SlotPool:
     """Keeps `size` joined slots; `take` hands one out (or None) and asks for a new one."""
 
-    def __init__(self, cgroups: Cgroups, size: int, setpriv: str, sh: str) -> None:
+    def __init__(self, jail: Jail, cgroups: Cgroups, size: int, homes: Path) -> None:
+        """`homes`: where the slots' directories go (the node's sandbox directories)."""
+        self._jail = jail
         self._cgroups = cgroups
         self._size = size
-        self._setpriv = setpriv
-        self._sh = sh
+        self._homes = homes
         self._idle: collections.deque[Slot] = collections.deque()
         self._wanted = asyncio.Event()
         self._full = asyncio.Event()
@@ -206,35 +226,42 @@ class SlotPool:
 
     async def _spawn(self) -> Slot | None:
         self.spawned += 1
-        cgroup = self._cgroups.sandbox(f"slot-{secrets.token_hex(6)}")
+        name = f"slot-{secrets.token_hex(6)}"
+        cgroup, home = self._cgroups.sandbox(name), self._homes / name
+        seccomp = self._jail.seccomp
+        fds: list[int] = []
+        slot: Slot | None = None
         try:
             cgroup.create(IDLE_LIMITS)
+            mount_sandbox_fs(home / "fs", IDLE_LIMITS.disk)
+            ready, ready_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+            fds += [ready_w]
+            seccomp_fd = None
+            if seccomp is not None:
+                seccomp_fd = os.memfd_create("seccomp", os.MFD_CLOEXEC)
+                fds.append(seccomp_fd)
+                os.write(seccomp_fd, seccomp)
+                os.lseek(seccomp_fd, 0, os.SEEK_SET)
+            argv = self._jail.slot_command(home / "fs", cgroup, seccomp_fd, ready_w)
             # Not cut short: a process half made by a cancel could join the cgroup unseen.
             with anyio.CancelScope(shield=True):
                 process = await spawn(
-                    [
-                        self._setpriv,
-                        "--pdeathsig",
-                        "KILL",
-                        "--",
-                        *cgroup.join_prefix(self._sh),
-                        sys.executable,
-                        "-I",
-                        "-S",
-                        str(SLOT_MAIN),
-                    ],
-                    cwd="/",
-                    env=CHAIN_ENV,
-                    stdin=PIPE,
+                    argv, cwd="/", env=CHAIN_ENV, stdin=PIPE, stderr=STDOUT, pass_fds=fds
                 )
+            slot = Slot(process, cgroup, home, ready)
         except OSError as exc:
             log.warning("cannot start a warm slot: %s", exc)
-            cgroup.remove()
-            return None
         except BaseException:
             cgroup.remove()
+            remove_home(home)
             raise
-        slot = Slot(process, cgroup)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        if slot is None:
+            cgroup.remove()
+            remove_home(home)
+            return None
         deadline = asyncio.get_running_loop().time() + JOIN_TIMEOUT
         try:
             while not slot.joined():

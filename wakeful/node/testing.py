@@ -35,7 +35,8 @@ FIRST_FAKE_PID = 10_000_000
 def sandbox_pids(data_dir: Path) -> list[int]:
     """Every process of `data_dir`'s sandboxes (Linux /proc): unisolated ones by their working
     directory; isolated ones are bwrap processes whose command names a sandbox directory,
-    and everything under them."""
+    and everything under them, unless that is an idle warm slot (`SLOT_MARK`)."""
+    from .isolation import SLOT_MARK
     from .jailed import descendants
 
     root = str((data_dir / "sandboxes").resolve())
@@ -46,12 +47,29 @@ def sandbox_pids(data_dir: Path) -> list[int]:
         try:
             if os.readlink(entry / "cwd").startswith(root):
                 found.add(int(entry.name))
-            elif root + "/" in (entry / "cmdline").read_bytes().decode(errors="replace"):
-                found.add(int(entry.name))
-                found.update(descendants(int(entry.name)))
+            elif root + "/" in _command(int(entry.name)):
+                tree = [int(entry.name), *descendants(int(entry.name))]
+                # bwrap's own command line names the slot's program too: only a process
+                # that runs that program (python, not bwrap) is an idle slot.
+                idle = any(
+                    SLOT_MARK in words and not words[0].endswith("bwrap")
+                    for words in (_command(pid).split() for pid in tree)
+                    if words
+                )
+                if not idle:
+                    found.update(tree)
         except OSError:
             continue
     return sorted(found)
+
+
+def _command(pid: int) -> str:
+    try:
+        return (
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
+    except OSError:
+        return ""
 
 
 def app_pids(data_dir: Path, marker: str) -> list[int]:
