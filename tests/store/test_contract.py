@@ -211,6 +211,40 @@ async def test_watch_from_a_past_revision_replays_the_gap(store: Store) -> None:
     await stream.aclose()  # type: ignore[attr-defined]
 
 
+async def test_many_watchers_see_every_change_once_and_in_order(store: Store) -> None:
+    """Twelve watchers on overlapping prefixes, watching while writes (some of several keys
+    at one revision) go on: each gets exactly its prefix's events, in revision order."""
+    start = (await store.list("m/", Counter)).revision + 1
+    prefixes = ["m/", "m/a/", "m/b/", "m/a/x"] * 3
+    streams = [store.watch(prefix, start) for prefix in prefixes]
+    plan = [[f"m/{'ab'[i % 2]}/{'xy'[i % 3 % 2]}{i % 5}"] for i in range(120)]
+    for i in range(0, 120, 10):
+        plan[i] = [f"m/a/x{i}", f"m/b/y{i}", f"m/a/z{i}"]  # one transaction, one revision
+    written: list[tuple[str, int]] = []
+    expected = {
+        prefix: sum(1 for keys in plan for key in keys if key.startswith(prefix))
+        for prefix in prefixes
+    }
+    seen: dict[int, list[WatchItem]] = {}
+    async with anyio.create_task_group() as tasks:
+        for index, (prefix, stream) in enumerate(zip(prefixes, streams, strict=True)):
+
+            async def consume(index: int, stream: AsyncIterator[WatchItem], count: int) -> None:
+                seen[index] = await collect(stream, count, within=60)
+
+            tasks.start_soon(consume, index, stream, expected[prefix])
+        for n, keys in enumerate(plan):
+            revision = await store.txn([], [Put(key, Counter(n=n)) for key in sorted(keys)])
+            written += [(key, revision) for key in sorted(keys)]
+            if n % 7 == 0:
+                await anyio.sleep(0.001)  # let the watchers fall behind and catch up
+    for index, prefix in enumerate(prefixes):
+        got = [(e.key, e.revision) for e in seen[index] if isinstance(e, Event)]
+        assert got == [(key, rev) for key, rev in written if key.startswith(prefix)], prefix
+    for stream in streams:
+        await stream.aclose()  # type: ignore[attr-defined]
+
+
 async def test_watch_from_a_compacted_revision_yields_resync(store: Store) -> None:
     old = await store.put("w/a", Counter(n=1))
     await store.put("w/a", Counter(n=2))

@@ -100,13 +100,15 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 
 SCRATCH = ("tmp", "shm")
-"""Bound at the sandbox's `/tmp` and `/dev/shm` (mode 1777), beside `app` (its `/app`)."""
+"""Bound at the sandbox's `/tmp` and `/dev/shm`, beside `app` (its `/app`); like `app`, 0700
+and the app's own once filled (every process of a sandbox runs as its app's uid, so nothing
+there needs to be open to others, in the sandbox or on the node)."""
 MS_NOSUID, MS_NODEV, MS_REMOUNT = 2, 4, 32
 
 
 def mount_sandbox_fs(root: Path, size: int) -> None:
-    """Make `root` a tmpfs of `size` bytes (root only) holding `app/` (root's, 0700, until
-    `own_app_dir`) and the `SCRATCH` directories: everything a sandbox can write lives there,
+    """Make `root` a tmpfs of `size` bytes (root only) holding `app/` and the `SCRATCH`
+    directories (root's, 0700, until `fill_app_dir`): everything a sandbox can write lives there,
     and it can never fill the node's disk. Its own root is never visible inside."""
     root.mkdir(parents=True, exist_ok=True)
     options = f"size={size},mode=0700".encode()
@@ -114,10 +116,8 @@ def mount_sandbox_fs(root: Path, size: int) -> None:
         err = ctypes.get_errno()
         raise OSError(err, f"cannot mount a tmpfs on {root}: {os.strerror(err)}")
     try:
-        (root / "app").mkdir(mode=0o700)
-        for name in SCRATCH:
-            (root / name).mkdir()
-            os.chmod(root / name, 0o1777)
+        for name in ("app", *SCRATCH):
+            (root / name).mkdir(mode=0o700)
     except BaseException:
         unmount(root)
         raise
@@ -133,10 +133,13 @@ def resize_sandbox_fs(root: Path, size: int) -> None:
 
 
 def fill_app_dir(root: Path, source: Path, uid: int) -> None:
-    """Copy the unpacked app `source` into the tmpfs's `app/`, all of it owned by `uid`."""
+    """Copy the unpacked app `source` into the tmpfs's `app/`, all of it owned by `uid`, and
+    give `uid` the scratch directories."""
     app = root / "app"
     shutil.copytree(source, app, symlinks=True, dirs_exist_ok=True)
     chown_tree(app, uid)
+    for name in SCRATCH:
+        os.chown(root / name, uid, uid)
 
 
 def unmount(path: Path) -> None:

@@ -7,11 +7,19 @@ dedicated thread, inside one SQLite transaction). The engine keeps an event log 
 revisions; watchers read the log from their next revision and park on a notification that
 every write fires. Housekeeping (`run`) expires TTL leases and trims the log; a watcher that
 falls behind the trimmed log gets `Resync`.
+
+The recent end of the log is also kept in memory (`_Tail`, the last `TAIL_EVENTS` events of every
+key): after a write, the first watcher to wake reads the new events from the engine once and
+every other watcher takes its own from memory. Without it each of a node's watchers (activator,
+controller, node agent, ingress routes...) read the log twice per write through the store's one
+thread, and a cold start, which is a chain of writes each waited on by the next piece, paid
+that on every hop. A watcher behind the memory's start reads the engine, as before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import functools
 import logging
 import time
@@ -27,6 +35,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_HISTORY = 10_000
 """Revisions of change history kept for watchers that fall behind."""
+TAIL_EVENTS = 4096
+"""Events kept in memory for watchers (at most twice that between trims)."""
 
 
 class Compacted(Exception):
@@ -81,6 +91,9 @@ class LocalStore(StoreBase):
         self._history = history
         self._tick = tick
         self._changed = asyncio.Event()
+        self._generation = 0
+        """Writes notified so far: a tail read at generation g has seen every one of them."""
+        self._tail = _Tail()
         self._closed = False
 
     async def _call(self, fn: Callable[..., R], *args: object) -> R:
@@ -92,6 +105,7 @@ class LocalStore(StoreBase):
         return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
 
     def _notify(self) -> None:
+        self._generation += 1
         fired, self._changed = self._changed, asyncio.Event()
         fired.set()
 
@@ -114,22 +128,57 @@ class LocalStore(StoreBase):
         while True:
             # Take the notification before reading, so a write between the read and the
             # wait still wakes us.
-            changed = self._changed
-            try:
-                events, position_after = await self._call(
-                    self._engine.changes, prefix, position, 1024
-                )
-            except Compacted as exc:
-                yield Resync(exc.current, str(exc))
-                return
+            changed, generation = self._changed, self._generation
+            await self._refresh(generation)
+            tail = self._tail
+            if position >= tail.start:
+                events, position_after = tail.since(prefix, position)
+                caught_up = True
+            else:
+                try:
+                    events, position_after = await self._call(
+                        self._engine.changes, prefix, position, 1024
+                    )
+                except Compacted as exc:
+                    yield Resync(exc.current, str(exc))
+                    return
+                caught_up = False  # the tail has the rest; the next round reads it there
             for event in events:
                 yield event
-            caught_up = position_after > await self._call(self._engine.current)
             position = position_after
             if caught_up:
                 await changed.wait()
                 if self._closed:
                     raise Unavailable("the store was closed while watching")
+
+    async def _refresh(self, generation: int) -> None:
+        """Bring the tail up to the engine as it was at `generation` (or later): one reader
+        at a time; the others wait for it and read nothing themselves."""
+        tail = self._tail
+        while tail.generation < generation:
+            if tail.reading is not None:
+                await asyncio.wait([tail.reading])  # its failure is its reader's to raise
+                continue
+            reading = asyncio.get_running_loop().create_future()
+            tail.reading = reading
+            started = self._generation
+            try:
+                if tail.next < 0:
+                    tail.reset(await self._call(self._engine.current) + 1)
+                while True:
+                    try:
+                        events, after = await self._call(self._engine.changes, "", tail.next, 1024)
+                    except Compacted as exc:  # nobody read for a whole history: start over
+                        tail.reset(exc.current + 1)
+                        continue
+                    full = after - tail.next >= 1024
+                    tail.add(events, after)
+                    if not full:
+                        break
+                tail.generation = started
+            finally:
+                tail.reading = None
+                reading.set_result(None)
 
     async def grant(self, ttl: int) -> int:
         if ttl < 1:
@@ -181,3 +230,38 @@ class LocalStore(StoreBase):
             self._engine.close()
         self._closed = True
         self._notify()
+
+
+class _Tail:
+    """The recent end of the event log, every key: events with revision >= `start`, up to
+    `next` (exclusive), ordered by revision."""
+
+    def __init__(self) -> None:
+        self.start = 1 << 62
+        """No watcher reads here before the first refresh."""
+        self.next = -1
+        self.generation = -1
+        self.reading: asyncio.Future[None] | None = None
+        self._events: list[Event] = []
+        self._revisions: list[int] = []
+
+    def reset(self, revision: int) -> None:
+        self.start = self.next = revision
+        self._events, self._revisions = [], []
+
+    def add(self, events: list[Event], after: int) -> None:
+        self._events += events
+        self._revisions += [event.revision for event in events]
+        self.next = max(self.next, after)
+        if len(self._events) > 2 * TAIL_EVENTS:
+            cut = len(self._events) - TAIL_EVENTS
+            while cut < len(self._events) and self._revisions[cut] == self._revisions[cut - 1]:
+                cut += 1  # never half a revision
+            self.start = self._revisions[cut] if cut < len(self._events) else self.next
+            del self._events[:cut], self._revisions[:cut]
+
+    def since(self, prefix: str, position: int) -> tuple[list[Event], int]:
+        """Events under `prefix` from revision `position` on, and where to go on from."""
+        first = bisect.bisect_left(self._revisions, position)
+        found = [event for event in self._events[first:] if event.key.startswith(prefix)]
+        return found, max(position, self.next)
