@@ -34,6 +34,7 @@ itself once it is told which app it becomes (`slot_command`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -246,7 +247,7 @@ class Jail:
         argv += [self.bwrap, *self._mounts(tree, None)]
         if seccomp_fd is not None:
             argv += ["--seccomp", str(seccomp_fd)]
-        source = SLOT_MAIN.read_text()
+        source = _slot_source()
         return [*argv, "--", self.slot_python, "-I", "-S", "-c", source, SLOT_MARK, str(ready_fd)]
 
     def rlimits(self, limits: Resources, uid: int | None) -> list[tuple[str, int]]:
@@ -297,6 +298,12 @@ class Jail:
 CHAIN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 """The environment of everything that runs as root before the sandbox exists: nothing of the
 app's (an app's LD_PRELOAD must never reach prlimit or bwrap)."""
+
+
+@functools.cache
+def _slot_source() -> str:
+    """`slot_main.py`, read once: not a file read on the loop at every slot's start."""
+    return SLOT_MAIN.read_text()
 
 
 def _visible_python(visible: Sequence[str]) -> str | None:

@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 
 IDLE_LIMITS = Resources(memory=64 << 20, processes=16, disk=16 << 20)
 JOIN_TIMEOUT = 5.0
+EMPTY_POLLS = 1000
+"""2 ms apart: how long a discarded slot's namespace may take to die."""
 
 
 class Slot:
@@ -117,7 +119,9 @@ class Slot:
         return self.process
 
     async def discard(self) -> None:
-        """Kill it, reap it and remove its cgroups and tree; not cut short by a cancel."""
+        """Kill it (bwrap and everything in its namespace, found by its cgroups), reap it,
+        wait until its cgroups are empty and remove them and its tree; not cut short by a
+        cancel. A namespace's processes die after bwrap does, not with it."""
         with contextlib.suppress(ProcessLookupError):
             self.process.send_signal(signal.SIGKILL)
         if self.process.stdin is not None:
@@ -125,6 +129,11 @@ class Slot:
         self._close_ready()
         with anyio.CancelScope(shield=True):
             await self.process.wait()
+            for _ in range(EMPTY_POLLS):
+                if not self.cgroup.pids_in():
+                    break
+                self.cgroup.remove()  # kills what is left; removes nothing while it lives
+                await asyncio.sleep(0.002)
         self.cgroup.remove()
         remove_home(self.home)
 

@@ -76,10 +76,7 @@ def app_pids(data_dir: Path, marker: str) -> list[int]:
     """The sandbox processes of `data_dir` whose command line contains `marker` (host pids)."""
     found = []
     for pid in sandbox_pids(data_dir):
-        try:
-            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
+        command = _command(pid)
         if marker in command and "bwrap" not in command:
             found.append(pid)
     return found
