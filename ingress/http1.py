@@ -42,6 +42,7 @@ from typing import Protocol, cast
 import httptools
 
 from wakeful.ingress.errors import BadRequest, ClientGone, ClientTooSlow, UpstreamFailed
+from wakeful.ingress.flow import WriteGate
 
 log = logging.getLogger(__name__)
 
@@ -266,7 +267,7 @@ class _Connection(asyncio.Protocol):
         self._queue: collections.deque[Request] = collections.deque()
         self._runner: asyncio.Task[None] | None = None
         self._paused: set[str] = set()
-        self._drain: asyncio.Future[None] | None = None
+        self._drain = WriteGate(self._loop)
         self._head_timer: asyncio.TimerHandle | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
         # the request being parsed
@@ -331,18 +332,15 @@ class _Connection(asyncio.Protocol):
         for request in self._queue:
             if request.body is not None:
                 request.body._wake()
-        if self._drain is not None and not self._drain.done():
-            self._drain.set_result(None)
+        self._drain.open()
         if self._runner is not None:
             self._runner.cancel()  # the exchange under way: its client is gone
 
     def pause_writing(self) -> None:
-        if self._drain is None or self._drain.done():
-            self._drain = self._loop.create_future()
+        self._drain.close()
 
     def resume_writing(self) -> None:
-        if self._drain is not None and not self._drain.done():
-            self._drain.set_result(None)
+        self._drain.open()
 
     # -- httptools callbacks -----------------------------------------------------------
 
@@ -447,8 +445,8 @@ class _Connection(asyncio.Protocol):
             self.transport.write(data)
 
     async def drain(self) -> None:
-        drain = self._drain
-        if drain is None or drain.done():
+        drain = self._drain.waiting()
+        if drain is None:
             return
         async with asyncio.timeout(self.limits.client_timeout):
             await asyncio.shield(drain)

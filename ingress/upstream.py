@@ -46,6 +46,7 @@ from wakeful.ingress.errors import (
     UpstreamFailed,
     UpstreamTimeout,
 )
+from wakeful.ingress.flow import WriteGate
 from wakeful.ingress.transport import UpstreamRequest, UpstreamResponse
 
 HIGH_WATER = 256 * 1024
@@ -94,7 +95,7 @@ class _Connection(asyncio.Protocol):
         self._body_bytes = 0
         self._error: BaseException | None = None
         self._wakeup: asyncio.Future[None] | None = None
-        self._writable: asyncio.Future[None] | None = None
+        self._writable = WriteGate(self._loop)
         self._writer: asyncio.Task[None] | None = None
         self._body_sent = True
 
@@ -145,17 +146,13 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         self._pool.forget(self)
         self._ended(exc)
-        if self._writable is not None and not self._writable.done():
-            self._writable.set_exception(UpstreamFailed("the sandbox closed the connection"))
-            self._writable.exception()  # retrieved: no body writer may be waiting on it
+        self._writable.fail(UpstreamFailed("the sandbox closed the connection"))
 
     def pause_writing(self) -> None:
-        if self._writable is None or self._writable.done():
-            self._writable = self._loop.create_future()
+        self._writable.close()
 
     def resume_writing(self) -> None:
-        if self._writable is not None and not self._writable.done():
-            self._writable.set_result(None)
+        self._writable.open()
 
     # -- httptools callbacks -----------------------------------------------------------
 
@@ -280,8 +277,8 @@ class _Connection(asyncio.Protocol):
                         transport.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
                     else:
                         transport.write(chunk)
-                    if self._writable is not None and not self._writable.done():
-                        await self._writable
+                    if (closed := self._writable.waiting()) is not None:
+                        await closed
             if chunked and not self.closed:
                 transport.write(b"0\r\n\r\n")
             self._body_sent = True
