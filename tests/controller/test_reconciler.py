@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from wakeful.controller.reconciler import Reconciler
+from wakeful.controller.reconciler import Mirror, Reconciler
 from wakeful.domain.models import AppSpec, Node, Pool, Sandbox, SandboxStatus
-from wakeful.store import Store
+from wakeful.store import Item, Store
 
 pytestmark = pytest.mark.anyio
 
@@ -145,3 +145,40 @@ async def test_a_released_sandbox_nobody_took_is_cleaned_up(store: Store) -> Non
     assert await store.get("sandboxes/s1", Sandbox) is None
     remaining = [s.value for s in (await store.list("sandboxes/", Sandbox)).items]
     assert [(s.owner, s.epoch) for s in remaining] == [("n1", 1)]
+
+
+async def mirrored(store: Store) -> Mirror:
+    """A `Mirror` as the watch would have filled it, listed from the store now."""
+    mirror = Mirror()
+    pools = await store.list("pools/", Pool)
+    mirror.pools.replace(pools.items, pools.revision)
+    nodes = await store.list("nodes/", Node)
+    mirror.nodes.replace(nodes.items, nodes.revision)
+    sandboxes = await store.list("sandboxes/", Sandbox)
+    mirror.sandboxes.replace(sandboxes.items, sandboxes.revision)
+    mirror.listed = True
+    return mirror
+
+
+async def test_it_plans_from_its_mirror_only_when_the_mirror_has_its_own_writes(
+    store: Store,
+) -> None:
+    """Running, the controller plans from what its watch delivered (`Mirror`), not from a
+    listing per tick. A watch lags (etcd's by a network round trip): a plan from a mirror
+    without the sandboxes the controller just created would create them again, so such a
+    mirror is not planned from."""
+    await seed(store, 2)
+    stale = await mirrored(store)
+    reconciler = Reconciler(store, lambda sandbox_id: 0)
+    await reconciler.tick()
+    assert len(await statuses(store)) == 2
+    await reconciler.step(stale)  # the watch has not delivered the two creates yet
+    assert len(await statuses(store)) == 2
+    current = await mirrored(store)
+    # What the mirror says is what is planned from: a pool it holds at 3 gets a third.
+    pool = current.pools.items["pools/p"]
+    current.pools.put(
+        Item(pool.key, pool.value.model_copy(update={"desired_instances": 3}), pool.revision)
+    )
+    await reconciler.step(current)
+    assert len(await statuses(store)) == 3

@@ -16,7 +16,7 @@ from wakeful.domain.artifacts import ArtifactError, digest_of, pack
 from wakeful.domain.models import AppSpec, HealthCheck, SandboxStatus
 from wakeful.node.agent import NodeAgent
 from wakeful.node.settings import NodeSettings
-from wakeful.node.workdir import prepare_workdir
+from wakeful.node.workdir import fetch_packed, fill_workdir
 from wakeful.store import open_store
 
 from .conftest import put_hello
@@ -69,10 +69,11 @@ async def test_a_tampered_artifact_is_refused_and_its_sandbox_is_dead_with_the_r
 async def test_an_intact_artifact_unpacks_into_a_private_tree(tmp_path: Path) -> None:
     artifacts = LocalArtifacts(tmp_path / "artifacts")
     digest = await artifacts.put(pack(HELLO))
-    workdir = await prepare_workdir(tmp_path / "sb" / "app", artifacts, digest)
+    workdir = tmp_path / "sb" / "app"
+    fill_workdir(workdir, await fetch_packed(artifacts, digest))
     assert (workdir / "app.py").read_text() == (HELLO / "app.py").read_text()
     for path in [workdir, *workdir.rglob("*")]:
         assert path.stat().st_mode & 0o077 == 0, path
     tamper(tmp_path, tmp_path / "artifacts", digest)
     with pytest.raises(ArtifactError, match=digest):
-        await prepare_workdir(tmp_path / "sb" / "app", artifacts, digest)
+        fill_workdir(tmp_path / "sb" / "app", await fetch_packed(artifacts, digest))

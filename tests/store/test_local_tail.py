@@ -64,3 +64,39 @@ async def test_a_watcher_from_before_the_tail_gets_everything_once(
     following = await store.put("t/last", Counter(n=99))
     assert await take(live, 1) == [("t/last", following)]
     await live.aclose()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("url", ["memory://", "sqlite"])
+async def test_a_write_reaches_caught_up_watchers_without_reading_the_engine(
+    url: str, tmp_path: Path
+) -> None:
+    """A cold start is a chain of writes each awaited by the next piece's watcher: a put's
+    events come from the write itself, and the engine's log is read only when the write
+    cannot tell (a delete, which makes an event only if the key existed)."""
+    url = url if url == "memory://" else f"sqlite:///{tmp_path / 'store.db'}"
+    async with open_store(url) as store:
+        assert isinstance(store, local.LocalStore)
+        engine = store._engine
+        reads = 0
+        changes = engine.changes
+
+        def counted(prefix: str, from_revision: int, span: int) -> tuple[list[Event], int]:
+            nonlocal reads
+            reads += 1
+            return changes(prefix, from_revision, span)
+
+        engine.changes = counted  # type: ignore[method-assign]
+        start = await store.put("t/0", Counter(n=0)) + 1
+        watchers = [store.watch("t/", start) for _ in range(3)]
+        first = await store.put("t/a", Counter(n=1))
+        assert [await take(w, 1) for w in watchers] == [[("t/a", first)]] * 3
+        before = reads
+        second = await store.txn([], [Put("t/c", Counter(n=2)), Put("t/b", Counter(n=3))])
+        expected = [("t/b", second), ("t/c", second)]
+        assert [await take(w, 2) for w in watchers] == [expected] * 3
+        assert reads == before, "a put's watchers read the engine"
+        await store.delete("t/a")
+        assert [(await take(w, 1))[0][0] for w in watchers] == ["t/a"] * 3
+        assert reads == before + 1, "a delete is read from the engine once for every watcher"
+        for watcher in watchers:
+            await watcher.aclose()  # type: ignore[attr-defined]

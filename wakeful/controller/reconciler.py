@@ -1,7 +1,10 @@
-"""The pool controller's shell: each tick, read pools, sandboxes and nodes, plan, act.
+"""The pool controller's shell: each tick, take pools, sandboxes, nodes and cordons, plan, act.
 
 Every write is a compare-and-set on the record it was planned from; a conflict just means
-another writer moved first, and the next tick plans again from fresh state. Lease counts come
+another writer moved first, and the next tick plans again from fresh state. Running, it plans
+from a mirror of the store kept by one watch (each record decoded once, when it changes: a tick
+that listed and decoded every record was the node's busiest code during a burst of wakes), and
+only from a mirror that holds its own last write. Lease counts come
 from the activator (`leased_on`), which runs in the same process as the controller.
 """
 
@@ -12,19 +15,22 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 import anyio
+from pydantic import BaseModel
 
 from wakeful.domain import keys, trace
 from wakeful.domain.lifecycle import Transition, can, transition
 from wakeful.domain.models import Cordon, Node, Pool, Sandbox, SandboxStatus
-from wakeful.store import Conflict, Item, Store, StoreError
+from wakeful.store import Conflict, Delete, Item, Require, Store, StoreError
 from wakeful.store.reflector import Feed, reflect_all
 
 from .plan import Create, Drain, MarkDead, Remove, Stop, cooldown, crashed, plan_pool
 
 log = logging.getLogger(__name__)
+M = TypeVar("M", bound=BaseModel)
 
 
 def with_cordon(node: Node, cordon: Cordon | None) -> Node:
@@ -33,21 +39,61 @@ def with_cordon(node: Node, cordon: Cordon | None) -> Node:
     return node.model_copy(update={"cordoned": True, "evacuating": cordon.evacuate})
 
 
-class ChangeSignal:
-    """A reflector view that keeps nothing: any listing or change sets `changed`. The controller
-    re-reads what it plans from on every tick, so it only needs to know that something moved."""
+class Mirror:
+    """What the controller plans from between listings: every pool, sandbox, node and cordon
+    as the reflector last delivered them (each decoded once, when it changed), the newest
+    revision delivered, and `changed`, set by any listing or change."""
 
     def __init__(self) -> None:
         self.changed = anyio.Event()
+        self.revision = 0
+        self.listed = False
+        self.pools: _Table[Pool] = _Table(self)
+        self.sandboxes: _Table[Sandbox] = _Table(self)
+        self.nodes: _Table[Node] = _Table(self)
+        self.cordons: _Table[Cordon] = _Table(self)
 
-    def replace(self, items: list[Item[Any]], revision: int) -> None:
+    def saw(self, revision: int) -> None:
+        self.revision = max(self.revision, revision)
         self.changed.set()
 
-    def put(self, item: Item[Any]) -> None:
-        self.changed.set()
+    def state(self) -> State:
+        return State(
+            list(self.pools.items.values()),
+            list(self.sandboxes.items.values()),
+            list(self.nodes.items.values()),
+            list(self.cordons.items.values()),
+        )
+
+
+class _Table(Generic[M]):
+    """One prefix of the `Mirror` (a reflector view)."""
+
+    def __init__(self, mirror: Mirror) -> None:
+        self._mirror = mirror
+        self.items: dict[str, Item[M]] = {}
+
+    def replace(self, items: list[Item[M]], revision: int) -> None:
+        self.items = {item.key: item for item in items}
+        self._mirror.saw(revision)
+
+    def put(self, item: Item[M]) -> None:
+        self.items[item.key] = item
+        self._mirror.saw(item.revision)
 
     def delete(self, key: str, revision: int) -> None:
-        self.changed.set()
+        self.items.pop(key, None)
+        self._mirror.saw(revision)
+
+
+@dataclass(frozen=True)
+class State:
+    """What one tick plans from."""
+
+    pools: list[Item[Pool]]
+    sandboxes: list[Item[Sandbox]]
+    nodes: list[Item[Node]]
+    cordons: list[Item[Cordon]]
 
 
 class Reconciler:
@@ -64,6 +110,8 @@ class Reconciler:
         self._leased_on = leased_on
         self._interval = interval
         self._clock = clock
+        self._written = 0
+        """The revision of this controller's latest write: a plan needs a view that has it."""
         self._trust_leases_after = clock() + drain_grace
         """Lease counts live in the activator's memory: right after it (re)starts they read 0
         although ingresses still hold leases they will renew. Until one lease TTL has passed,
@@ -71,35 +119,60 @@ class Reconciler:
 
     async def run(self) -> None:
         """Reconcile on every change to pools, sandboxes, nodes or cordons, and every interval
-        anyway (lease releases that unblock a drain are not store changes)."""
-        signal = ChangeSignal()
+        anyway (lease releases that unblock a drain are not store changes).
+
+        It plans from a `Mirror` of the four prefixes, kept by one watch, once that mirror
+        holds every write this controller made (its own last write's revision): a plan from a
+        view that has not seen the sandbox it just created would create another. Until then
+        (and before the first listing) it lists them from the store, as `tick` does."""
+        mirror = Mirror()
         feeds: list[Feed[Any]] = [
-            Feed(keys.POOLS, Pool, signal),
-            Feed(keys.SANDBOXES, Sandbox, signal),
-            Feed(keys.NODES, Node, signal),
-            Feed(keys.CORDONS, Cordon, signal),
+            Feed(keys.POOLS, Pool, mirror.pools),
+            Feed(keys.SANDBOXES, Sandbox, mirror.sandboxes),
+            Feed(keys.NODES, Node, mirror.nodes),
+            Feed(keys.CORDONS, Cordon, mirror.cordons),
         ]
+
+        def listed() -> None:
+            mirror.listed = True
+
         async with anyio.create_task_group() as tasks:
-            tasks.start_soon(lambda: reflect_all(self._store, feeds, what="pool controller"))
+            tasks.start_soon(
+                lambda: reflect_all(self._store, feeds, what="pool controller", listed=listed)
+            )
             while True:
-                signal.changed = anyio.Event()
+                mirror.changed = anyio.Event()
                 try:
-                    await self.tick()
+                    await self.step(mirror)
                 except StoreError as exc:
                     log.warning("pool controller could not reconcile: %s", exc)
                 with anyio.move_on_after(self._interval):
-                    await signal.changed.wait()
+                    await mirror.changed.wait()
+
+    async def step(self, mirror: Mirror) -> None:
+        """One reconciliation from `mirror` if it holds this controller's own last write,
+        else from a fresh listing."""
+        if mirror.listed and mirror.revision >= self._written:
+            await self._reconcile(mirror.state())
+        else:
+            await self.tick()
 
     async def tick(self) -> None:
-        pools = {p.value.name: p for p in (await self._store.list(keys.POOLS, Pool)).items}
-        sandboxes = (await self._store.list(keys.SANDBOXES, Sandbox)).items
-        cordons = {
-            c.value.node: c.value for c in (await self._store.list(keys.CORDONS, Cordon)).items
-        }
-        nodes = [
-            with_cordon(n.value, cordons.get(n.value.name))
-            for n in (await self._store.list(keys.NODES, Node)).items
-        ]
+        """One reconciliation from a fresh listing of the store."""
+        await self._reconcile(
+            State(
+                (await self._store.list(keys.POOLS, Pool)).items,
+                (await self._store.list(keys.SANDBOXES, Sandbox)).items,
+                (await self._store.list(keys.NODES, Node)).items,
+                (await self._store.list(keys.CORDONS, Cordon)).items,
+            )
+        )
+
+    async def _reconcile(self, state: State) -> None:
+        pools = {p.value.name: p for p in state.pools}
+        sandboxes = state.sandboxes
+        cordons = {c.value.node: c.value for c in state.cordons}
+        nodes = [with_cordon(n.value, cordons.get(n.value.name)) for n in state.nodes]
         now = self._clock()
         by_pool: dict[str, list[Item[Sandbox]]] = defaultdict(list)
         placed: dict[str, int] = defaultdict(int)
@@ -156,6 +229,7 @@ class Reconciler:
         else:
             return pool_item
         revision = await self._store.update(pool_item.key, updated, pool_item.revision)
+        self._wrote(revision)
         return Item(pool_item.key, updated, revision)
 
     async def _act(
@@ -179,12 +253,13 @@ class Reconciler:
                     epoch=1,
                     created_at=now,
                 )
-                await self._store.create(keys.sandbox(sandbox_id), record)
+                self._wrote(await self._store.create(keys.sandbox(sandbox_id), record))
                 log.info("placed %s on %s", sandbox_id, action.node, extra={"pool": pool.name})
                 trace.mark("placed", pool.app)
             elif isinstance(action, Remove):
-                await self._store.delete(
-                    keys.sandbox(action.sandbox_id), items[action.sandbox_id].revision
+                item = items[action.sandbox_id]
+                self._wrote(
+                    await self._store.txn([Require(item.key, item.revision)], [Delete(item.key)])
                 )
             else:
                 item = items[action.sandbox_id]
@@ -208,8 +283,13 @@ class Reconciler:
                     # The owner is gone: release ownership in the same write, at a new epoch,
                     # so a node that comes back cannot write over what replaced it.
                     update.update(last_log=action.reason, owner=None, epoch=item.value.epoch + 1)
-                await self._store.update(
-                    item.key, item.value.model_copy(update=update), item.revision
+                self._wrote(
+                    await self._store.update(
+                        item.key, item.value.model_copy(update=update), item.revision
+                    )
                 )
         except Conflict:
             pass  # another writer moved first; the next tick plans from fresh state
+
+    def _wrote(self, revision: int) -> None:
+        self._written = max(self._written, revision)

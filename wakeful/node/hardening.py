@@ -10,7 +10,7 @@ import shutil
 import socket
 import struct
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from wakeful.domain.models import Resources, format_size
@@ -132,11 +132,11 @@ def resize_sandbox_fs(root: Path, size: int) -> None:
         raise OSError(err, f"cannot resize the tmpfs on {root}: {os.strerror(err)}")
 
 
-def fill_app_dir(root: Path, source: Path, uid: int) -> None:
-    """Copy the unpacked app `source` into the tmpfs's `app/`, all of it owned by `uid`, and
-    give `uid` the scratch directories."""
+def fill_app_dir(root: Path, uid: int, place: Callable[[Path], None]) -> None:
+    """Have `place` write the app into the tmpfs's (empty) `app/`, make all of it `uid`'s,
+    and give `uid` the scratch directories."""
     app = root / "app"
-    shutil.copytree(source, app, symlinks=True, dirs_exist_ok=True)
+    place(app)
     chown_tree(app, uid)
     for name in SCRATCH:
         os.chown(root / name, uid, uid)

@@ -18,10 +18,9 @@ from .hardening import oom_message, unmount
 class Jailed:
     """What one isolated sandbox holds on the node, released once when it ends."""
 
-    def __init__(self, limits: Resources, uid: int | None, workdir: Path) -> None:
+    def __init__(self, limits: Resources, uid: int | None) -> None:
         self.limits = limits
         self.uid = uid
-        self.workdir = workdir
         self.cgroup: SandboxCgroup | None = None
         self.mounted: Path | None = None
         """Its tmpfs (`mount_sandbox_fs`), unmounted when it ends."""

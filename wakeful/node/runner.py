@@ -7,9 +7,10 @@ Theory of operation:
   deletes it.
 - `run` re-reads the record: it must still be pending and this node's to run. The epoch it
   runs at goes to the `SandboxWriter`, which fences every later write on it (invariant 15).
-- Preparing takes the pool's spec, unpacks the version's artifact into a fresh directory and
-  picks a port; a failure there, or at start, is recorded dead with a reason a person can act
-  on.
+- Preparing takes the pool's spec, fetches the version's artifact and picks a port; the runtime
+  unpacks the artifact where the sandbox will see it (its own tmpfs when isolated as root, so
+  the files are written once). A failure there, or at start, is recorded dead with a reason a
+  person can act on.
 - Started, the process is probed until ready (first probe at once, backing off to ~100 ms),
   then waited on until it exits or a stop is requested. An exit is noticed the moment it
   happens and recorded with its code and last log lines. Output goes to `output.log` in the
@@ -41,7 +42,7 @@ from .ports import NoFreePort, PortPool, bindable
 from .probe import wait_ready
 from .runtime import Identity, Runtime, SandboxProcess
 from .settings import NodeSettings
-from .workdir import Artifacts, prepare_workdir, remove_sandbox_dir, sandbox_dir
+from .workdir import Artifacts, Packed, fetch_packed, remove_sandbox_dir, sandbox_dir
 from .writer import SandboxWriter
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ class Launch:
     spec: AppSpec
     app: str
     base: Path
-    workdir: Path
+    packed: Packed | None
     host: str
     port: int
     env: dict[str, str]
@@ -189,16 +190,18 @@ class SandboxRunner:
         version = await store.get(keys.version(pool.value.app, pool.value.version), Version)
         base = sandbox_dir(settings.data_dir, self.sandbox_id)
         try:
-            workdir = await prepare_workdir(
-                base / "app", self._node.artifacts, version.value.artifact if version else None
+            packed = await fetch_packed(
+                self._node.artifacts, version.value.artifact if version else None
             )
         except (OSError, ArtifactError) as exc:
-            raise CannotRun(f"could not unpack: {exc}") from exc
+            raise CannotRun(f"could not fetch its artifact: {exc}") from exc
+        if packed is None:  # an app without files: an empty directory to run in
+            (base / "app").mkdir(mode=0o700, parents=True, exist_ok=True)
         host = settings.node_address
         port = self._pick_port(spec, host)
         env = {**BASE_ENV, **spec.env, "PORT": str(port), "HOST": host}
         return Launch(
-            spec=spec, app=record.app, base=base, workdir=workdir, host=host, port=port, env=env
+            spec=spec, app=record.app, base=base, packed=packed, host=host, port=port, env=env
         )
 
     def _pick_port(self, spec: AppSpec, host: str) -> int:
@@ -220,10 +223,13 @@ class SandboxRunner:
             return await self._node.runtime.start(
                 launch.spec.command,
                 launch.env,
-                launch.workdir,
+                launch.base / "app",
                 launch.base / "output.log",
                 identity,
+                launch.packed,
             )
+        except ArtifactError as exc:
+            raise CannotRun(f"could not unpack: {exc}") from exc
         except OSError as exc:
             raise CannotRun(f"could not start: {exc}") from exc
 

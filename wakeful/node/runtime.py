@@ -30,6 +30,7 @@ from .jailed import Jailed, sealed
 from .ports import listeners
 from .slots import Slot, SlotPool
 from .spawn import Child, spawn
+from .workdir import Packed, fill_workdir
 
 log = logging.getLogger(__name__)
 MAX_LOG_BYTES = 1024 * 1024
@@ -81,7 +82,12 @@ class Runtime(Protocol):
         workdir: Path,
         log_path: Path,
         identity: Identity = ...,
-    ) -> SandboxProcess: ...
+        packed: Packed | None = None,
+    ) -> SandboxProcess:
+        """Start `command` with the app's files in `workdir`; with `packed`, the runtime
+        unpacks them first (into `workdir`, or straight into the sandbox's own filesystem when
+        it gives it one, where `workdir` is then never written). Raises `ArtifactError` for
+        bytes that are not the artifact, `OSError` for a start that failed."""
 
 
 def tail_of(recent: bytes | bytearray) -> str:
@@ -267,18 +273,23 @@ class ProcessRuntime:
         workdir: Path,
         log_path: Path,
         identity: Identity = UNNAMED,
+        packed: Packed | None = None,
     ) -> LocalProcess:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         jailed: Jailed | None = None
         argv, chain_env, cwd = _guarded(command), dict(env), workdir
         fds: tuple[int, ...] = ()
+        if self._jail is None and packed is not None:
+            await asyncio.to_thread(fill_workdir, workdir, packed)
         if self._jail is not None:
             pool, slot = self.slots, None
             if pool is not None:
                 slot = await pool.take(identity.sandbox_id, identity.limits)
             if pool is not None and slot is not None:
-                return await self._launch(pool, slot, command, env, workdir, log_path, identity)
-            jailed = await asyncio.to_thread(self._enter, workdir, identity)
+                return await self._launch(
+                    pool, slot, command, env, _placer(workdir, packed), log_path, identity
+                )
+            jailed = await asyncio.to_thread(self._enter, workdir, identity, packed)
             env_fd = sealed(log_path.with_name("env-args"), env_arguments(dict(env)))
             fds = (env_fd,)
             seccomp_fd = None
@@ -287,7 +298,7 @@ class ProcessRuntime:
                 fds += (seccomp_fd,)
             argv = self._jail.command(
                 list(command),
-                jailed.workdir if jailed.mounted is None else jailed.mounted,
+                workdir if jailed.mounted is None else jailed.mounted,
                 identity.limits,
                 jailed.uid,
                 jailed.cgroup,
@@ -312,7 +323,7 @@ class ProcessRuntime:
         slot: Slot,
         command: Sequence[str],
         env: Mapping[str, str],
-        workdir: Path,
+        place: Callable[[Path], None],
         log_path: Path,
         identity: Identity,
     ) -> LocalProcess:
@@ -321,7 +332,7 @@ class ProcessRuntime:
         assert jail is not None and uids is not None
         jailed: Jailed | None = None
         try:
-            jailed = await asyncio.to_thread(self._enter_slot, slot, workdir, identity)
+            jailed = await asyncio.to_thread(self._enter_slot, slot, place, identity)
             assert jailed.uid is not None
             rlimits = jail.rlimits(identity.limits, jailed.uid)
             process = await slot.launch(list(command), dict(env), rlimits, jailed.uid)
@@ -333,24 +344,26 @@ class ProcessRuntime:
             raise
         return LocalProcess(process, log_path, self._max_log_bytes, jailed, pool.settle)
 
-    def _enter_slot(self, slot: Slot, workdir: Path, identity: Identity) -> Jailed:
+    def _enter_slot(self, slot: Slot, place: Callable[[Path], None], identity: Identity) -> Jailed:
         assert self._uids is not None
         uid = self._uids.uid(identity.app)
-        jailed = Jailed(identity.limits, uid, workdir)
+        jailed = Jailed(identity.limits, uid)
         jailed.cgroup = slot.cgroup
         jailed.home = slot.home
         jailed.mounted = slot.tree
         resize_sandbox_fs(slot.tree, identity.limits.disk)
-        fill_app_dir(slot.tree, workdir, uid)
+        fill_app_dir(slot.tree, uid, place)
         return jailed
 
-    def _enter(self, workdir: Path, identity: Identity) -> Jailed:
+    def _enter(self, workdir: Path, identity: Identity, packed: Packed | None) -> Jailed:
         """The sandbox's uid, cgroup and bounded writable copy of its directory."""
         jail = self._jail
         assert jail is not None
         uid = self._uids.uid(identity.app) if jail.as_root and self._uids else None
-        jailed = Jailed(identity.limits, uid, workdir)
+        jailed = Jailed(identity.limits, uid)
         try:
+            if uid is None and packed is not None:
+                fill_workdir(workdir, packed)  # the sandbox runs in it
             if uid is not None:
                 tree = workdir.with_name("fs")
                 # Charged to the sandbox's memory cgroup when there is one; without, it is
@@ -359,7 +372,7 @@ class ProcessRuntime:
                 size = limits.disk if jail.cgroups else min(limits.disk, limits.memory)
                 mount_sandbox_fs(tree, size)
                 jailed.mounted = tree
-                fill_app_dir(tree, workdir, uid)
+                fill_app_dir(tree, uid, _placer(workdir, packed))
             if jail.cgroups is not None:
                 jail.cgroups.sweep()
                 made = jail.cgroups.sandbox(identity.sandbox_id)
@@ -369,3 +382,15 @@ class ProcessRuntime:
             jailed.release()
             raise
         return jailed
+
+
+def _placer(workdir: Path, packed: Packed | None) -> Callable[[Path], None]:
+    """What fills a sandbox's own `app/` directory: the artifact unpacked, or a copy of
+    `workdir`."""
+    if packed is not None:
+        return packed.unpack_into
+
+    def copy(app: Path) -> None:
+        shutil.copytree(workdir, app, symlinks=True, dirs_exist_ok=True)
+
+    return copy

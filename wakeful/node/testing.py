@@ -27,6 +27,7 @@ import anyio
 import anyio.abc
 
 from .runtime import RECENT_BYTES, UNNAMED, Identity, Runtime, tail_of
+from .workdir import Packed, fill_workdir
 
 FIRST_FAKE_PID = 10_000_000
 """Above Linux's largest `pid_max` (2**22)."""
@@ -232,7 +233,10 @@ class FakeRuntime:
         workdir: Path,
         log_path: Path,
         identity: Identity = UNNAMED,
+        packed: Packed | None = None,
     ) -> FakeProcess:
+        if packed is not None:
+            fill_workdir(workdir, packed)  # checked and unpacked, as a real start does
         _check_paths(workdir, log_path)
         program = self.programs.get(command[0])
         if program is None:

@@ -1,4 +1,4 @@
-"""A sandbox's working directory: the version's artifact unpacked into a fresh directory.
+"""A sandbox's app files: the version's artifact, unpacked where the sandbox will see them.
 
 The artifact's bytes are checked against its sha256 before anything is unpacked, whichever
 `Artifacts` served them (the control plane's own files in `wakeful up`, or the control API):
@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
-
-import anyio
 
 from wakeful.domain.artifacts import ArtifactError, digest_of, unpack
 
@@ -36,22 +35,35 @@ def remove_sandbox_dir(data_dir: Path, sandbox_id: str) -> None:
     shutil.rmtree(sandbox_dir(data_dir, sandbox_id), ignore_errors=True)
 
 
-async def prepare_workdir(path: Path, artifacts: Artifacts, digest: str | None) -> Path:
-    data = None if digest is None else await artifacts.fetch(digest)
-    # One trip to a worker thread for all of it: on a busy node each trip waits for a
-    # thread and for the GIL, and this is on every cold start's path.
-    await anyio.to_thread.run_sync(_fill, path, data, digest)
-    return path
+@dataclass(frozen=True)
+class Packed:
+    """A version's artifact as fetched. Whoever places the app's files unpacks it
+    (`Runtime.start`: straight into the sandbox's own tmpfs when it has one, so a start
+    writes the files once), checking it against its digest first."""
 
+    data: bytes
+    digest: str
 
-def _fill(path: Path, data: bytes | None, digest: str | None) -> None:
-    """A fresh `path`, holding the artifact `data` (checked against `digest`) when given."""
-    if data is not None and digest is not None:
-        verify(data, digest)  # before anything is touched on disk
-    _fresh(path)
-    if data is not None:
-        unpack(data, path)
+    def unpack_into(self, path: Path) -> None:
+        """Into the existing, empty directory `path`, private to its owner; nothing is
+        written unless the bytes are the artifact `digest` names."""
+        verify(self.data, self.digest)
+        unpack(self.data, path)
         _private(path)
+
+
+async def fetch_packed(artifacts: Artifacts, digest: str | None) -> Packed | None:
+    """The version's artifact (None for a version without one), not yet checked."""
+    return None if digest is None else Packed(await artifacts.fetch(digest), digest)
+
+
+def fill_workdir(path: Path, packed: Packed | None) -> None:
+    """A fresh directory `path`, holding the app `packed` when given."""
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(mode=0o700, parents=True)
+    if packed is not None:
+        packed.unpack_into(path)
 
 
 def verify(data: bytes, digest: str) -> None:
@@ -62,12 +74,6 @@ def verify(data: bytes, digest: str) -> None:
             f"artifact {digest} does not match its sha256 (the bytes served hash to "
             f"{actual}): refusing to unpack it"
         )
-
-
-def _fresh(path: Path) -> None:
-    if path.exists():
-        shutil.rmtree(path)
-    path.mkdir(mode=0o700, parents=True)
 
 
 def _private(root: Path) -> None:

@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, TypeVar
 
-from .base import Event, RawOp, Require, Resync, StoreBase, WatchItem
+from .base import Event, RawOp, RawPut, Require, Resync, StoreBase, WatchItem
 from .errors import StoreError, Unavailable
 
 R = TypeVar("R")
@@ -116,10 +116,14 @@ class LocalStore(StoreBase):
         return await self._call(self._engine.scan, prefix)
 
     async def _commit(self, require: Sequence[Require], ops: Sequence[RawOp]) -> tuple[int, int]:
+        done: tuple[int, int] | None = None
         try:
-            return await self._call(self._engine.commit, require, ops)
+            done = await self._call(self._engine.commit, require, ops)
+            return done
         finally:
             self._notify()
+            if done is not None:
+                self._tail.committed(done[0], ops, self._generation)
 
     async def _watch(self, prefix: str, from_revision: int | None) -> AsyncIterator[WatchItem]:
         if from_revision is None:
@@ -259,6 +263,20 @@ class _Tail:
                 cut += 1  # never half a revision
             self.start = self._revisions[cut] if cut < len(self._events) else self.next
             del self._events[:cut], self._revisions[:cut]
+
+    def committed(self, revision: int, ops: Sequence[RawOp], generation: int) -> None:
+        """Take a write's events from its own ops when the tail holds every revision before
+        it and nobody is reading the engine: the watchers it wakes then read nothing there.
+        Only for puts of distinct keys (a delete makes an event only if the key existed);
+        otherwise the next reader reads the engine, as for any write."""
+        if self.reading is not None or self.next != revision or not ops:
+            return
+        puts = [op for op in ops if isinstance(op, RawPut)]
+        if len(puts) != len(ops) or len({op.key for op in puts}) != len(puts):
+            return
+        events = [Event("put", op.key, revision, op.data) for op in puts]
+        self.add(sorted(events, key=lambda event: event.key), revision + 1)
+        self.generation = generation
 
     def since(self, prefix: str, position: int) -> tuple[list[Event], int]:
         """Events under `prefix` from revision `position` on, and where to go on from."""
