@@ -23,7 +23,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import anyio
 
 from wakeful.activator import decisions
-from wakeful.domain import keys
+from wakeful.domain import keys, trace
 from wakeful.domain.leases import UnknownApp
 from wakeful.domain.models import GONE, SIZED, App, Pool, Sandbox, SandboxStatus
 from wakeful.store import Item, Store
@@ -133,6 +133,7 @@ class View:
             self._listener.sandbox_gone(sandbox.id)
         was_routable = cached is not None and cached.value.routable
         if sandbox.routable and not was_routable and state is not None:
+            trace.mark("routable", sandbox.app)
             self._listener.sandbox_routable(sandbox.pool)
 
     def remove_sandbox(self, sandbox_id: str) -> None:

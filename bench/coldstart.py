@@ -4,8 +4,10 @@
    every ~0.5 ms; the time from spawn to the first 200.
 2. Cold starts: one `wakeful up` with COLD copies of examples/hello (cold1..coldN, all at
    zero). One GET per app through the ingress (Host: coldI.localhost, a fresh connection),
-   timed from send to the full response. Baseline and cold samples alternate, so both see the
-   same machine. Overhead = first-request latency - baseline, at p50 and at p99.
+   timed from send to the answer's first byte, with the same raw-socket client as the
+   baseline's probe (an HTTP library's own overhead would count against wakeful). Baseline and
+   cold samples alternate, so both see the same machine. Overhead = first-request latency -
+   baseline, at p50 and at p99; then each phase of the wake, from WAKEFUL_TRACE marks.
 3. For each N in --apps: a fresh `wakeful up` with N apps at zero, one request per app all at
    once; successes/N and p50/p95 latency, then SIGTERM and a check that no sandbox is left.
 Each `wakeful up`'s output is scanned for warning/error lines (--keep-logs DIR keeps it).
@@ -49,17 +51,21 @@ HELLO = Path(__file__).resolve().parents[1] / "examples" / "hello"
 APP_PYTHON = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or "python3"
 """The interpreter a sandbox's `python3` is (its PATH is fixed): the baseline starts the same."""
 PHASES = [
-    ("request -> parked (ingress, lease API)", "send", "wait"),
+    ("request sent -> routed (ingress)", "send", "routed"),
+    ("routed -> parked (lease cache, activator)", "routed", "wait"),
     ("parked -> scale-up written", "wait", "scale_up"),
     ("scale-up -> placed (controller)", "scale_up", "placed"),
     ("placed -> claimed (node agent)", "placed", "claimed"),
-    ("claimed -> prepared (records, artifact, unpack)", "claimed", "prepared"),
+    ("claimed -> prepared (records, artifact)", "claimed", "prepared"),
     ("prepared -> booting written", "prepared", "booting"),
-    ("booting -> spawned (uid, tmpfs, cgroups, exec)", "booting", "spawned"),
+    ("booting -> spawned (uid, tmpfs, unpack, exec)", "booting", "spawned"),
     ("spawned -> first probe ok (app boot + probe)", "spawned", "probed"),
     ("probe ok -> ready record written", "probed", "ready"),
-    ("ready record -> lease granted", "ready", "lease"),
-    ("lease -> full response (proxy, app)", "lease", "done"),
+    ("ready record -> routable (activator view)", "ready", "routable"),
+    ("routable -> lease granted", "routable", "lease"),
+    ("lease granted -> held by the ingress", "lease", "leased"),
+    ("held -> answer head (connect, app)", "leased", "answered"),
+    ("answer head -> first byte at the client", "answered", "done"),
 ]
 WAKEFUL = [sys.executable, "-m", "wakeful.cli"]
 MARKS = ("ERROR", "CRITICAL", "WARNING", "Traceback")
@@ -79,6 +85,21 @@ def healthz_ok(port: int) -> bool:
             return sock.recv(64).split(b" ", 2)[1:2] == [b"200"]
     except OSError:
         return False
+
+
+def first_byte(port: int, host: str) -> tuple[float, float, int]:
+    """GET / through the ingress on a fresh connection, with the same raw-socket client as
+    the baseline's probe: (sent, first byte of the answer, status), on the monotonic clock."""
+    request = f"GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode()
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=120) as sock:
+        sock.sendall(request)
+        answer = sock.recv(65536)
+        done = time.monotonic()
+        while sock.recv(65536):  # the rest, so the exchange completes
+            pass
+    fields = answer.split(b" ", 2)
+    return started, done, int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else 0
 
 
 def listening(port: int) -> bool:
@@ -234,22 +255,19 @@ def cold_starts(count: int, keep_logs: Path | None, http: bool = True) -> None:
         names = make_apps(Path(tmp), "cold", count, http)
         with running_up(Path(tmp), names, keep_logs) as up:
             wait_all_at_zero(up, names)
-            limits = httpx.Limits(max_keepalive_connections=0)  # a fresh connection each
-            with httpx.Client(base_url=up.proxy, timeout=120, limits=limits) as client:
-                for name in names:
-                    base.append(baseline_once(http))
-                    started = time.monotonic()
-                    answer = client.get("/", headers={"Host": f"{name}.localhost"})
-                    done = time.monotonic()
-                    first.append(done - started)
-                    sent[name] = (started, done)
-                    statuses[answer.status_code] += 1
+            port = int(up.proxy.rsplit(":", 1)[1])
+            for name in names:
+                base.append(baseline_once(http))
+                started, done, status = first_byte(port, f"{name}.localhost")
+                first.append(done - started)
+                sent[name] = (started, done)
+                statuses[status] += 1
     row = "{:<46} {:>8} {:>8} {:>8}"
     kind = "HTTP /healthz" if http else "TCP connect"
     print(f"\nCold starts ({kind} readiness): {count} apps at zero, one request each")
     print(row.format("", "p50 ms", "p99 ms", "max ms"))
     alone = f"app alone: spawn -> ready ({kind})"
-    for label, values in ((alone, base), ("through wakeful: first request", first)):
+    for label, values in ((alone, base), ("through wakeful: first request, first byte", first)):
         print(row.format(label, *(f"{pct(values, q) * 1e3:.1f}" for q in (0.5, 0.99, 1))))
     over = [f"{(pct(first, q) - pct(base, q)) * 1e3:.1f}" for q in (0.5, 0.99)]
     print(row.format("overhead (wakeful - alone, per percentile)", *over, ""))

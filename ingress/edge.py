@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from wakeful.domain import trace
 from wakeful.domain.leases import ActivatorError, AppFailedToBoot, Unavailable, UnknownApp
 from wakeful.ingress.errors import (
     ActivatorUnreachable,
@@ -113,6 +114,7 @@ class ProxyEdge:
                     f"request line and headers exceed {self._max_header_bytes} bytes"
                 )
             app = self._proxy.route(head.host)
+            trace.mark("routed", app)
             label = app
             proxied = ProxyRequest(
                 request.method,

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
+from wakeful.domain import trace
 from wakeful.ingress.cache import LeaseCache, Use
 from wakeful.ingress.errors import (
     BadRequest,
@@ -100,17 +101,20 @@ class Proxy:
         key = (app, None)
         refused: set[str] = set()
         retries = 0
+        waited = False
         while True:
             use = self._cache.take(key, refused)
             if use is None:
                 tracker.move(Move.WAIT)
                 use = await self._cache.acquire(key)
+                waited = True
+                trace.mark("leased", app)
             held.append(use)
             tracker.move(Move.HOLD)
             try:
                 if use.sandbox_id in refused:
                     raise ConnectFailed(f"sandbox {use.sandbox_id} refused this request already")
-                return await self._transport.send(
+                response = await self._transport.send(
                     UpstreamRequest(
                         app,
                         request.method,
@@ -120,6 +124,9 @@ class Proxy:
                         self._settings.timeout_for(app),
                     )
                 )
+                if waited:
+                    trace.mark("answered", app)
+                return response
             except ConnectFailed:
                 self._metrics.upstream_errors.labels(app=app, kind="connect").inc()
                 refused.add(use.sandbox_id)

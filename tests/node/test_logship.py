@@ -136,6 +136,22 @@ async def test_ended_sandboxes_waiting_to_ship_are_bounded() -> None:
     assert (shipper.pending, shipper.dropped) == (5, 5)
 
 
+async def test_only_output_actually_lost_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    """Many sandboxes ending at once (a node stopping) push out ended ones that had nothing
+    left to ship: no warning for those; one for output that is really dropped."""
+    shipper = LogShipper(FlakySink(failures=10), "n1", max_finished=1)
+    for sandbox in ["sb-1", "sb-2", "sb-3"]:
+        shipper.open(sandbox, "hello", 1.0)
+        shipper.close(sandbox)
+    assert not [r for r in caplog.records if "never shipped" in r.getMessage()]
+    shipper.open("sb-4", "hello", 1.0)(b"12345")
+    shipper.close("sb-4")
+    shipper.open("sb-5", "hello", 1.0)
+    shipper.close("sb-5")
+    lost = [r.getMessage() for r in caplog.records if "never shipped" in r.getMessage()]
+    assert lost == ["dropping 5 bytes of output never shipped"]
+
+
 async def test_a_broken_or_hanging_sink_is_a_failed_flush_not_a_crash() -> None:
     class Broken:
         async def ship(self, batch: LogBatch) -> None:

@@ -198,11 +198,12 @@ class LogShipper:
             oldest = self._finished.pop(0)
             gone = self._open.pop(oldest)
             self._evicted_bytes += gone.buffer.dropped + len(gone.buffer)
-            log.warning(
-                "dropping %d bytes of output never shipped",
-                len(gone.buffer),
-                extra={"sandbox": oldest},
-            )
+            if len(gone.buffer):  # one with nothing left to ship is just forgotten
+                log.warning(
+                    "dropping %d bytes of output never shipped",
+                    len(gone.buffer),
+                    extra={"sandbox": oldest},
+                )
         self._wake.set()
 
     def _plan(self) -> list[tuple[str, Slice]]:

@@ -11,9 +11,11 @@ limits, its tmpfs is resized to the app's `disk` and filled with the app (`runti
 gets the start message: the app's command, environment, rlimits and uid. It drops to that uid
 (checking /proc that nothing of root's is left) and execs the app, keeping its pid, its cgroups
 and its output pipe. The pool refills in the background once every start that took a slot has
-settled (its first probe answered, or it ended): a refill is a fork of the agent and a Python
-boot, and run beside a start it cost that start ~7 ms of the agent's loop and a share of the
-CPU the app boots on. When the pool is empty a start takes the whole chain.
+settled (its first probe answered, or it ended), and `REFILL_DELAY` later: a refill is a fork
+of the agent and a Python boot, and run beside a start it cost that start ~7 ms of the agent's
+loop and a share of the CPU the app boots on; run the moment the ready record was written, its
+fork (~1 ms of the loop) came before the activator could grant the first request its lease.
+When the pool is empty a start takes the whole chain.
 
 Slots die with the agent (parent-death signal); a slot's cgroups and tmpfs left by a crash are
 swept like any sandbox's. A slot that dies while idle is noticed when a start takes it (that
@@ -47,6 +49,9 @@ log = logging.getLogger(__name__)
 IDLE_LIMITS = Resources(memory=64 << 20, processes=16, disk=16 << 20)
 JOIN_TIMEOUT = 5.0
 EMPTY_POLLS = 1000
+REFILL_DELAY = 0.02
+"""Seconds a refill waits once starts have settled: the woken request's lease and answer
+(~3 ms after the ready record) go first."""
 """2 ms apart: how long a discarded slot's namespace may take to die."""
 
 
@@ -225,6 +230,7 @@ class SlotPool:
                 if len(self._idle) >= self._size:
                     self._full.set()
                     await self._wanted.wait()
+                    await asyncio.sleep(REFILL_DELAY)
         finally:
             idle, self._idle = list(self._idle), collections.deque()
             with anyio.CancelScope(shield=True):
