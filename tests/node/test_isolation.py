@@ -174,8 +174,14 @@ def test_apps_starting_at_once_each_get_their_own_recorded_uid(tmp_path: Path) -
     record's temporary file (a start failed with ENOENT)."""
     table = UidTable(tmp_path / "uids.json")
     apps = [f"app{i}" for i in range(40)]
+
+    def start(app: str) -> int:  # as a start does: allocate, exec, then save
+        uid = table.uid(app)
+        table.save()
+        return uid
+
     with ThreadPoolExecutor(max_workers=40) as pool:
-        uids = list(pool.map(table.uid, apps))
+        uids = list(pool.map(start, apps))
     assert len(set(uids)) == len(apps) and min(uids) >= 400_000
     assert [UidTable(tmp_path / "uids.json").uid(app) for app in apps] == uids  # as recorded
 

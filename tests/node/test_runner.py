@@ -20,7 +20,7 @@ from wakeful.domain.models import SandboxStatus as S
 from wakeful.node.agent import NodeAgent
 from wakeful.node.settings import NodeSettings
 from wakeful.node.testing import FakeProgram, FakeRuntime
-from wakeful.store import Event, Store, open_store
+from wakeful.store import Event, Item, Store, open_store
 
 pytestmark = pytest.mark.anyio
 SERVES = FakeProgram(output=b"web listening\n", serve_http=True)
@@ -226,3 +226,43 @@ async def test_a_sandbox_that_loses_its_record_to_the_store_stops_without_cordon
                 await runner.finished.wait()
         assert [p.terminated for p in runtime.started] == [True]
         assert cordons == []
+
+
+async def test_a_record_that_moved_after_the_watch_saw_it_is_not_started(tmp_path: Path) -> None:
+    """The runner claims the record as the agent's watch delivered it, without reading it
+    again: one placed elsewhere since (the watch has not said so yet) gets no process here."""
+    from wakeful.node.ports import PortPool
+    from wakeful.node.runner import NodeServices, SandboxRunner
+    from wakeful.node.writer import SandboxWriter
+
+    spec = AppSpec(command=["web"], health=HealthCheck(path="/healthz", timeout=10))
+    settings = NodeSettings(store_url="memory://", node_name="n1", data_dir=tmp_path)
+
+    async def before_shutdown() -> None:
+        pass
+
+    async with open_store("memory://") as store, FakeRuntime({"web": SERVES}) as runtime:
+        await store.put(keys.version("web", "v1"), Version(app="web", version="v1", spec=spec))
+        await store.put(
+            keys.pool("web-v1"), Pool(name="web-v1", app="web", version="v1", spec=spec)
+        )
+        placed = Sandbox(id="sb-1", pool="web-v1", app="web", node="n1", owner="n1", epoch=1)
+        revision = await store.create(keys.sandbox("sb-1"), placed)
+        seen = Item(keys.sandbox("sb-1"), placed, revision)
+        moved = placed.model_copy(update={"node": "n2", "owner": "n2", "epoch": 2})
+        await store.update(keys.sandbox("sb-1"), moved, revision)
+        services = NodeServices(
+            store=store,
+            settings=settings,
+            artifacts=NoArtifacts(),
+            runtime=runtime,
+            ports=PortPool(*settings.port_range, host=settings.node_address),
+            writer=SandboxWriter(store, "n1"),
+            shipper=None,
+            before_shutdown=before_shutdown,
+        )
+        with anyio.fail_after(30):
+            await SandboxRunner("sb-1", services, seen).run()
+        now = await store.get(keys.sandbox("sb-1"), Sandbox)
+    assert runtime.started == []
+    assert now is not None and now.value == moved

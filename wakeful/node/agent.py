@@ -245,23 +245,24 @@ class NodeAgent:
             if sandbox_id not in placed_here:  # deleted or moved while we were away
                 runner.stop()
         for item in items:
-            self._consider(item.value)
+            self._consider(item)
 
     def put(self, item: Item[Sandbox]) -> None:
-        self._consider(item.value)
+        self._consider(item)
 
     def delete(self, key: str, revision: int) -> None:
         runner = self._running.get(keys.name_in(key, keys.SANDBOXES))
         if runner is not None:
             runner.stop()
 
-    def _consider(self, sandbox: Sandbox) -> None:
+    def _consider(self, item: Item[Sandbox]) -> None:
+        sandbox = item.value
         if sandbox.node != self.name:
             return
         runner = self._running.get(sandbox.id)
         if sandbox.status is SandboxStatus.PENDING and runner is None:
             assert self._tasks is not None
-            runner = self._running[sandbox.id] = SandboxRunner(sandbox.id, self._services)
+            runner = self._running[sandbox.id] = SandboxRunner(sandbox.id, self._services, item)
             self._tasks.start_soon(self._serve, runner)
         elif sandbox.status is SandboxStatus.STOPPING and runner is not None:
             runner.stop()

@@ -132,12 +132,12 @@ def resize_sandbox_fs(root: Path, size: int) -> None:
         raise OSError(err, f"cannot resize the tmpfs on {root}: {os.strerror(err)}")
 
 
-def fill_app_dir(root: Path, uid: int, place: Callable[[Path], None]) -> None:
-    """Have `place` write the app into the tmpfs's (empty) `app/`, make all of it `uid`'s,
-    and give `uid` the scratch directories."""
+def fill_app_dir(root: Path, uid: int, place: Callable[[Path, int], None]) -> None:
+    """Have `place` write the app into the tmpfs's (empty) `app/`, all of it owned by `uid`,
+    and give `uid` that directory and the scratch ones."""
     app = root / "app"
-    place(app)
-    chown_tree(app, uid)
+    place(app, uid)
+    os.chown(app, uid, uid)
     for name in SCRATCH:
         os.chown(root / name, uid, uid)
 

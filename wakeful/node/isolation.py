@@ -84,38 +84,48 @@ class IsolationUnavailable(RuntimeError):
 
 
 class UidTable:
-    """Each app's own uid on this node, allocated once and recorded in `uids.json`."""
+    """Each app's own uid on this node, allocated once and recorded in `uids.json`.
+
+    `uid` allocates in memory; `save` writes the table when it changed, which a start does
+    after its exec (`ProcessRuntime`), not before: a new app's first start paid ~0.4 ms of
+    file writing on its critical path. Writing later loses nothing that matters: the table is
+    replaced whole by a rename and never fsynced anyway, and an entry lost in a crash or a power
+    cut only gives its uid to the next app, while nothing owned by a uid outlives the agent
+    (sandbox trees are tmpfs, cleared at start)."""
 
     def __init__(self, path: Path) -> None:
         self._path = path
         self._lock = threading.Lock()  # sandboxes start in worker threads, several at once
         self._uids: dict[str, int] = {}
+        self._unsaved = False
         with contextlib.suppress(FileNotFoundError):
             loaded = json.loads(path.read_text())
             self._uids = {str(k): int(v) for k, v in loaded.items()}
 
     def uid(self, app: str) -> int:
         with self._lock:
-            return self._uid(app)
+            found = self._uids.get(app)
+            if found is not None:
+                return found
+            taken = set(self._uids.values())
+            uid = next((UID_BASE + n for n in range(UID_COUNT) if UID_BASE + n not in taken), None)
+            if uid is None:
+                raise IsolationUnavailable(f"no free sandbox uid left for app {app!r}")
+            self._uids[app] = uid
+            self._unsaved = True
+            return uid
 
-    def _uid(self, app: str) -> int:
-        found = self._uids.get(app)
-        if found is not None:
-            return found
-        taken = set(self._uids.values())
-        uid = next((UID_BASE + n for n in range(UID_COUNT) if UID_BASE + n not in taken), None)
-        if uid is None:
-            raise IsolationUnavailable(f"no free sandbox uid left for app {app!r}")
-        self._uids[app] = uid
-        # Replaced whole by a rename, never fsynced: an entry lost in a power cut only gives
-        # its uid to the next app, and nothing owned by a uid outlives the agent (sandbox
-        # trees are tmpfs, cleared at start). An fsync cost a new app's first start ~8 ms.
-        tmp = self._path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            json.dump(self._uids, out)
-        tmp.replace(self._path)
-        return uid
+    def save(self) -> None:
+        """Write the table if an allocation changed it since the last save."""
+        with self._lock:
+            if not self._unsaved:
+                return
+            tmp = self._path.with_suffix(".tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as out:
+                json.dump(self._uids, out)
+            tmp.replace(self._path)
+            self._unsaved = False
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,10 @@ Theory of operation:
 - The agent makes one `SandboxRunner` per sandbox placed here in `pending`, runs it in its task
   group, and calls `stop()` when the pool controller moves the sandbox to `stopping` or
   deletes it.
-- `run` re-reads the record: it must still be pending and this node's to run. The epoch it
-  runs at goes to the `SandboxWriter`, which fences every later write on it (invariant 15).
+- `run` claims the record as the agent's watch delivered it (read again when there is none):
+  it must be pending and this node's to run. The epoch it runs at goes to the `SandboxWriter`,
+  which fences every later write on it (invariant 15) and tries the first one (booting) on
+  that record's revision: a record that moved since is read again and decided from afresh.
 - Preparing takes the pool's spec, fetches the version's artifact and picks a port; the runtime
   unpacks the artifact where the sandbox will see it (its own tmpfs when isolated as root, so
   the files are written once). A failure there, or at start, is recorded dead with a reason a
@@ -34,7 +36,7 @@ from wakeful.domain import keys, trace
 from wakeful.domain.artifacts import ArtifactError
 from wakeful.domain.lifecycle import Transition
 from wakeful.domain.models import AppSpec, Pool, Sandbox, SandboxStatus, Version
-from wakeful.store import Store, StoreError
+from wakeful.store import Item, Store, StoreError
 
 from .fencing import start_epoch
 from .logship import LogShipper
@@ -87,9 +89,14 @@ class CannotRun(Exception):
 
 
 class SandboxRunner:
-    def __init__(self, sandbox_id: str, node: NodeServices) -> None:
+    def __init__(
+        self, sandbox_id: str, node: NodeServices, placed: Item[Sandbox] | None = None
+    ) -> None:
+        """`placed`: the record as the agent's watch delivered it, claimed from without a read
+        (a record moved since fails the first write's compare-and-set and is read then)."""
         self.sandbox_id = sandbox_id
         self._node = node
+        self._placed = placed
         self._stop_requested = anyio.Event()
         self.finished = anyio.Event()
         """Set as the last step of `run`."""
@@ -168,7 +175,9 @@ class SandboxRunner:
 
     async def _claim(self) -> Sandbox | None:
         """The record, if it is still pending and this node's to run; its epoch is noted."""
-        item = await self._node.store.get(keys.sandbox(self.sandbox_id), Sandbox)
+        item, self._placed = self._placed, None
+        if item is None:
+            item = await self._node.store.get(keys.sandbox(self.sandbox_id), Sandbox)
         if item is None or item.value.status is not SandboxStatus.PENDING:
             return None
         epoch = start_epoch(item.value, self._node.settings.node_name)
@@ -177,7 +186,7 @@ class SandboxRunner:
                 "placed here but owned by %s", item.value.owner, extra={"sandbox": self.sandbox_id}
             )
             return None
-        self._node.writer.started(self.sandbox_id, epoch)
+        self._node.writer.started(self.sandbox_id, epoch, item)
         trace.mark("claimed", item.value.app)
         return item.value
 

@@ -24,7 +24,7 @@ from typing import BinaryIO, Protocol
 
 from wakeful.domain.models import Resources
 
-from .hardening import fill_app_dir, mount_sandbox_fs, resize_sandbox_fs
+from .hardening import chown_tree, fill_app_dir, mount_sandbox_fs, resize_sandbox_fs
 from .isolation import CHAIN_ENV, Jail, UidTable, env_arguments
 from .jailed import Jailed, sealed
 from .ports import listeners
@@ -315,6 +315,7 @@ class ProcessRuntime:
         finally:
             for fd in fds:
                 os.close(fd)
+        await self._save_uids()
         return LocalProcess(process, log_path, self._max_log_bytes, jailed)
 
     async def _launch(
@@ -323,7 +324,7 @@ class ProcessRuntime:
         slot: Slot,
         command: Sequence[str],
         env: Mapping[str, str],
-        place: Callable[[Path], None],
+        place: Callable[[Path, int], None],
         log_path: Path,
         identity: Identity,
     ) -> LocalProcess:
@@ -342,9 +343,21 @@ class ProcessRuntime:
             if jailed is not None:
                 jailed.release()
             raise
+        await self._save_uids()
         return LocalProcess(process, log_path, self._max_log_bytes, jailed, pool.settle)
 
-    def _enter_slot(self, slot: Slot, place: Callable[[Path], None], identity: Identity) -> Jailed:
+    async def _save_uids(self) -> None:
+        """After the exec, off the start's critical path (`UidTable`); a table that cannot be
+        written only costs the uid's stability across an agent restart."""
+        if self._uids is not None:
+            try:
+                await asyncio.to_thread(self._uids.save)
+            except OSError as exc:
+                log.warning("cannot record sandbox uids: %s", exc)
+
+    def _enter_slot(
+        self, slot: Slot, place: Callable[[Path, int], None], identity: Identity
+    ) -> Jailed:
         assert self._uids is not None
         uid = self._uids.uid(identity.app)
         jailed = Jailed(identity.limits, uid)
@@ -384,13 +397,14 @@ class ProcessRuntime:
         return jailed
 
 
-def _placer(workdir: Path, packed: Packed | None) -> Callable[[Path], None]:
-    """What fills a sandbox's own `app/` directory: the artifact unpacked, or a copy of
-    `workdir`."""
+def _placer(workdir: Path, packed: Packed | None) -> Callable[[Path, int], None]:
+    """What fills a sandbox's own `app/` directory for a uid: the artifact unpacked, or a copy
+    of `workdir`."""
     if packed is not None:
         return packed.unpack_into
 
-    def copy(app: Path) -> None:
+    def copy(app: Path, uid: int) -> None:
         shutil.copytree(workdir, app, symlinks=True, dirs_exist_ok=True)
+        chown_tree(app, uid)
 
     return copy

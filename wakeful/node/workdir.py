@@ -9,7 +9,6 @@ only their owner's bits, directories are 0700), like everything else in the data
 
 from __future__ import annotations
 
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,12 +43,12 @@ class Packed:
     data: bytes
     digest: str
 
-    def unpack_into(self, path: Path) -> None:
-        """Into the existing, empty directory `path`, private to its owner; nothing is
-        written unless the bytes are the artifact `digest` names."""
+    def unpack_into(self, path: Path, owner: int | None = None) -> None:
+        """Into the empty directory `path`, private to its owner (only the owner's permission
+        bits; `owner`'s, uid and gid, when given); nothing is written unless the bytes are the
+        artifact `digest` names."""
         verify(self.data, self.digest)
-        unpack(self.data, path)
-        _private(path)
+        unpack(self.data, path, owner=owner)
 
 
 async def fetch_packed(artifacts: Artifacts, digest: str | None) -> Packed | None:
@@ -74,17 +73,6 @@ def verify(data: bytes, digest: str) -> None:
             f"artifact {digest} does not match its sha256 (the bytes served hash to "
             f"{actual}): refusing to unpack it"
         )
-
-
-def _private(root: Path) -> None:
-    """Group and other permissions off the unpacked tree (an artifact's files are 0644 or
-    0755); the owner's own bits, the executable one included, stay."""
-    for parent, dirs, files in os.walk(root):
-        for name in dirs:
-            os.chmod(os.path.join(parent, name), 0o700)
-        for name in files:
-            path = os.path.join(parent, name)
-            os.chmod(path, os.stat(path).st_mode & 0o700)
 
 
 def clear_sandboxes(data_dir: Path) -> None:
