@@ -271,6 +271,13 @@ def cold_starts(count: int, keep_logs: Path | None, http: bool = True) -> None:
         print(row.format(label, *(f"{pct(values, q) * 1e3:.1f}" for q in (0.5, 0.99, 1))))
     over = [f"{(pct(first, q) - pct(base, q)) * 1e3:.1f}" for q in (0.5, 0.99)]
     print(row.format("overhead (wakeful - alone, per percentile)", *over, ""))
+    paired = [f - b for f, b in zip(first, base, strict=True)]
+    print(
+        row.format(
+            "  paired: each request - the baseline beside it",
+            *(f"{pct(paired, q) * 1e3:.1f}" for q in (0.5, 0.99, 1)),
+        )
+    )
     print("  where the time goes (each phase's own percentiles; from WAKEFUL_TRACE):")
     for label, start, end in PHASES:
         spans = []
