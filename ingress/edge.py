@@ -34,6 +34,7 @@ from wakeful.ingress.headers import new_request_id, read_request_head
 from wakeful.ingress.http1 import Request, Responder
 from wakeful.ingress.metrics import IngressMetrics, Move, Tracker
 from wakeful.ingress.proxy import Proxy, ProxyRequest
+from wakeful.ingress.tunnel import relay, upgrade_headers
 
 log = logging.getLogger(__name__)
 
@@ -90,11 +91,14 @@ class ProxyEdge:
         metrics: IngressMetrics,
         max_header_bytes: int,
         show_boot_log: bool = False,
+        websocket_limits: Callable[[str], tuple[float, float]] = lambda app: (600.0, 86_400.0),
     ) -> None:
+        """`websocket_limits`: an app's WebSocket idle timeout and maximum duration."""
         self._proxy = proxy
         self._metrics = metrics
         self._max_header_bytes = max_header_bytes
         self._show_boot_log = show_boot_log
+        self._websocket_limits = websocket_limits
 
     async def handle(self, request: Request, out: Responder) -> None:
         started = time.perf_counter()
@@ -124,6 +128,7 @@ class ProxyEdge:
                 "http",
                 request_id,
                 request.body,
+                request.upgrade,
             )
             tracker = self._metrics.tracker(app)
             try:
@@ -158,6 +163,13 @@ class ProxyEdge:
         incomplete: `out` is left incomplete and the server closes the connection)."""
         async with self._proxy.forward(app, request, tracker) as response:
             exchange.status = response.status
+            if response.tunnel is not None:
+                client = out.switch(upgrade_headers(response.headers))
+                with self._metrics.websocket(app):
+                    idle, longest = self._websocket_limits(app)
+                    why = await relay(client, response.tunnel, idle, longest)
+                log.debug("websocket ended: %s", why, extra={"app": app})
+                return
             out.start(response.status, response.headers)
             try:
                 async for chunk in response.body:

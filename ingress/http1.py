@@ -23,8 +23,8 @@ queued behind it is answered), cancels the exchange answering it (the lease goes
 `Forwarding`'s exit). A connection cut short (an answer not finished, a body not read, a
 client not reading) is aborted, not closed: nothing unsent is kept for it.
 
-`stop` closes the listener, closes idle connections, lets exchanges in progress finish for
-`grace` seconds, then cancels what is left and waits for it.
+`stop` closes the listener, closes idle connections and WebSocket tunnels, lets exchanges in
+progress finish for `grace` seconds, then cancels what is left and waits for it.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ import httptools
 
 from wakeful.ingress.errors import BadRequest, ClientGone, ClientTooSlow, UpstreamFailed
 from wakeful.ingress.flow import WriteGate
+from wakeful.ingress.tunnel import Pipe, is_websocket
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +172,8 @@ class Request:
     keep_alive: bool
     client: str
     body: Body | None
+    upgrade: bool = False
+    """A WebSocket handshake (`ingress.tunnel`): nothing after it on the connection is HTTP."""
 
 
 class Handler(Protocol):
@@ -240,6 +243,19 @@ class Responder:
             self._conn.write(b"0\r\n\r\n")
         self.complete = not self._left  # a body short of its Content-Length is cut
 
+    def switch(self, headers: list[tuple[bytes, bytes]]) -> ClientSide:
+        """Answer 101 with `headers` and hand over the connection: the client's end of the
+        tunnel. The connection closes when the exchange ends."""
+        pipe = self._conn.tunnel
+        assert self._request.upgrade and pipe is not None
+        self.started = self.complete = True
+        self._request.keep_alive = False
+        lines = [b"HTTP/1.1 101 Switching Protocols\r\n"]
+        lines.extend(b"%s: %s\r\n" % pair for pair in headers)
+        lines.append(b"\r\n")
+        self._conn.write(b"".join(lines))
+        return ClientSide(self._conn, pipe)
+
     def send_whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         """A complete small answer at once (error answers, which carry their length)."""
         if not any(name == b"content-length" for name, _ in headers):
@@ -249,6 +265,24 @@ class Responder:
             self._conn.write(body)
         self._left = None
         self.complete = True
+
+
+class ClientSide:
+    """The client's end of a tunnel (`ingress.tunnel.Side`)."""
+
+    __slots__ = ("_conn", "pipe")
+
+    def __init__(self, conn: _Connection, pipe: Pipe) -> None:
+        self._conn = conn
+        self.pipe = pipe
+
+    def write(self, data: bytes) -> None:
+        self._conn.write(data)
+
+    async def drain(self) -> None:
+        await self._conn.drain()
+        if self._conn.gone:
+            raise ClientGone("the client hung up")
 
 
 class _Connection(asyncio.Protocol):
@@ -276,6 +310,9 @@ class _Connection(asyncio.Protocol):
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
         self._body: Body | None = None
+        self._last: Request | None = None
+        self.tunnel: Pipe | None = None
+        """After a WebSocket handshake: what the client sends, for the sandbox."""
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
@@ -296,14 +333,23 @@ class _Connection(asyncio.Protocol):
         self._arm_head_timer()
 
     def data_received(self, data: bytes) -> None:
+        if self.tunnel is not None:
+            self.tunnel.feed(data)
+            return
         if self.closing and not self._queue and self._runner is None:
             return
         if self._in_head:
             self._head_bytes += len(data)
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._stop_reading()  # a protocol switch is not served: answer what came, close
+        except httptools.HttpParserUpgrade as exc:
+            if self._last is not None and self._last.upgrade:  # the rest is the tunnel's
+                self.tunnel = Pipe(
+                    lambda: self.pause_reading("tunnel"), lambda: self.resume_reading("tunnel")
+                )
+                self.tunnel.feed(data[exc.args[0] :])
+                return
+            self._stop_reading()  # another protocol switch is not served: answer, close
         except httptools.HttpParserError as exc:
             if self._body is not None:  # mid-body: the request already went on; it fails
                 self._body.fail(BadRequest(f"the request body is malformed: {exc}"))
@@ -324,6 +370,8 @@ class _Connection(asyncio.Protocol):
             return
         self.gone = True
         self.closing = True
+        if self.tunnel is not None:
+            self.tunnel.end()
         self._halt = True
         self._server.connections.discard(self)
         self._cancel_timers()
@@ -381,15 +429,19 @@ class _Connection(asyncio.Protocol):
             raise BadRequest("too many pipelined requests")
         body = Body(self, expect) if has_body else None
         self._body = body
+        method = parser.get_method().decode("latin-1")
+        upgrade = parser.should_upgrade() and not has_body and is_websocket(method, self._headers)
         request = Request(
-            parser.get_method().decode("latin-1"),
+            method,
             self._url,
             self._headers,
             version,
-            parser.should_keep_alive(),
+            parser.should_keep_alive() and not upgrade,
             self._client,
             body,
+            upgrade,
         )
+        self._last = request
         self._queue.append(request)
         if len(self._queue) >= PIPELINE_DEPTH:
             self.pause_reading("pipeline")
@@ -544,6 +596,8 @@ class HttpServer:
             self._server.close()
         for conn in list(self.connections):
             conn.shutdown()
+            if conn.tunnel is not None:
+                conn.cancel()  # a WebSocket never ends by itself: closed now, clients reconnect
         answering = [conn._runner for conn in self.connections if conn._runner is not None]
         if answering:
             await asyncio.wait(answering, timeout=grace)

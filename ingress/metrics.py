@@ -8,6 +8,8 @@ that holds capacity again never counts the request twice.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from enum import StrEnum
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -101,6 +103,12 @@ class IngressMetrics:
             ["app"],
             registry=registry,
         )
+        self.websockets = Gauge(
+            "wakeful_ingress_websockets_open",
+            "WebSocket tunnels open (each also counts as a request in flight)",
+            ["app"],
+            registry=registry,
+        )
         self.upstream_errors = Counter(
             "wakeful_ingress_upstream_errors",
             "Upstream failures by kind: connect, failed, timeout",
@@ -137,6 +145,16 @@ class IngressMetrics:
         if duration is None:
             duration = self._durations[app] = self.duration.labels(app=app)
         duration.observe(seconds)
+
+    @contextlib.contextmanager
+    def websocket(self, app: str) -> Iterator[None]:
+        """Counts one open WebSocket tunnel of `app` while the block runs."""
+        gauge = self.websockets.labels(app=app)
+        gauge.inc()
+        try:
+            yield
+        finally:
+            gauge.dec()
 
     def cache_hit(self, app: str) -> None:
         counter = self._hits.get(app)

@@ -32,6 +32,7 @@ from wakeful.ingress.metrics import IngressMetrics, Move, Tracker
 from wakeful.ingress.routing import RoutingTable, match, normalize_host
 from wakeful.ingress.settings import IngressSettings
 from wakeful.ingress.transport import Transport, UpstreamRequest, UpstreamResponse
+from wakeful.ingress.tunnel import Side
 
 
 class RequestBody(Protocol):
@@ -53,6 +54,8 @@ class ProxyRequest:
     scheme: str
     request_id: str
     body: RequestBody | None
+    upgrade: bool = False
+    """A WebSocket handshake (`ingress.tunnel`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +63,8 @@ class ProxyResponse:
     status: int
     headers: list[tuple[bytes, bytes]]
     body: AsyncIterator[bytes]
+    tunnel: Side | None = None
+    """The sandbox's end, when it switched to WebSocket (101)."""
 
 
 class Proxy:
@@ -122,6 +127,7 @@ class Proxy:
                         headers,
                         request.body.stream() if request.body is not None else None,
                         self._settings.timeout_for(app),
+                        request.upgrade,
                     )
                 )
                 if waited:
@@ -184,6 +190,7 @@ class Forwarding:
                     response.status,
                     client_response_headers(response.headers, request.request_id),
                     _Counted(proxy, self._app, response.body()),
+                    response.tunnel,
                 )
             except BaseException:
                 response.close()

@@ -143,7 +143,11 @@ class Ingress:
                     self.settings.listen,
                 )
             edge = ProxyEdge(
-                proxy, self.metrics, self.settings.max_header_bytes, self.settings.boot_log_shown
+                proxy,
+                self.metrics,
+                self.settings.max_header_bytes,
+                self.settings.boot_log_shown,
+                self.settings.websocket_limits,
             )
             server = HttpServer(edge, limits)
             sock = _bind(self.settings.listen, self.settings.backlog, "listen address")

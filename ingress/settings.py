@@ -1,10 +1,14 @@
 from __future__ import annotations
 
 import ipaddress
+from typing import Annotated
 
 from pydantic import Field
 
 from wakeful.store.settings import StoreSettings
+
+Seconds = Annotated[float, Field(gt=0, le=30 * 86_400)]
+"""A per-app override of a time setting."""
 
 
 class IngressSettings(StoreSettings):
@@ -25,7 +29,7 @@ class IngressSettings(StoreSettings):
     connect_timeout: float = Field(default=5.0, gt=0, le=300)
     request_timeout: float = Field(default=300.0, gt=0, le=86_400)
     """Seconds a sandbox may stay silent: before its answer starts, and between body reads."""
-    request_timeouts: dict[str, float] = Field(default_factory=dict)
+    request_timeouts: dict[str, Seconds] = Field(default_factory=dict)
     """Per-app overrides of `request_timeout`, by app name."""
     connect_retries: int = Field(default=2, ge=0, le=10)
     """Retries on another sandbox when nothing reached the first (connection refused)."""
@@ -62,8 +66,25 @@ class IngressSettings(StoreSettings):
     the answer goes to anyone who can connect. `wakeful up` turns it on."""
     backlog: int = Field(default=2048, ge=1, le=65_535)
 
+    websocket_idle_timeout: float = Field(default=600.0, gt=0, le=7 * 86_400)
+    """A WebSocket across which nothing passed either way for this long is closed."""
+    websocket_idle_timeouts: dict[str, Seconds] = Field(default_factory=dict)
+    """Per-app overrides of `websocket_idle_timeout`, by app name."""
+    websocket_max_duration: float = Field(default=86_400.0, gt=0, le=30 * 86_400)
+    """A WebSocket is closed once it has been open this long, busy or not (its app can then
+    scale down, deploy, drain: a client reconnects)."""
+    websocket_max_durations: dict[str, Seconds] = Field(default_factory=dict)
+    """Per-app overrides of `websocket_max_duration`, by app name."""
+
     def timeout_for(self, app: str) -> float:
         return self.request_timeouts.get(app, self.request_timeout)
+
+    def websocket_limits(self, app: str) -> tuple[float, float]:
+        """The app's WebSocket idle timeout and maximum duration, in seconds."""
+        return (
+            self.websocket_idle_timeouts.get(app, self.websocket_idle_timeout),
+            self.websocket_max_durations.get(app, self.websocket_max_duration),
+        )
 
     @property
     def boot_log_shown(self) -> bool:

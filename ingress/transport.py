@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from wakeful.ingress.tunnel import Side
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +26,9 @@ class UpstreamRequest:
     body: AsyncIterable[bytes] | None
     timeout: float
     """Seconds the sandbox may stay silent: before its answer starts, and between reads."""
+    upgrade: bool = False
+    """A WebSocket handshake (`ingress.tunnel`): sent on a connection of its own with its
+    `Connection: upgrade` and `Upgrade: websocket`; a 101 answer comes with a `tunnel`."""
 
 
 class UpstreamResponse(Protocol):
@@ -38,6 +44,11 @@ class UpstreamResponse(Protocol):
 
     def close(self) -> None:
         """Give the connection back (kept alive if the body was read to the end)."""
+        ...
+
+    @property
+    def tunnel(self) -> Side | None:
+        """The sandbox's end of a switched connection (a 101 to an `upgrade` request)."""
         ...
 
 

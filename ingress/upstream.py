@@ -34,9 +34,9 @@ import asyncio
 import collections
 import contextlib
 import socket
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import TypeVar, cast
 
 import httptools
 
@@ -48,6 +48,7 @@ from wakeful.ingress.errors import (
 )
 from wakeful.ingress.flow import WriteGate
 from wakeful.ingress.transport import UpstreamRequest, UpstreamResponse
+from wakeful.ingress.tunnel import MAX_REFUSAL_BYTES, Pipe
 
 HIGH_WATER = 256 * 1024
 """Answer bytes buffered for a slow client before reading from the sandbox pauses."""
@@ -57,6 +58,7 @@ MAX_FRAMING_BYTES = 64 * 1024
 past it the answer is refused. httptools buffers a header line whole, so without this a
 sandbox sending one endless header could fill the ingress's memory."""
 MAX_IDLE_PER_SANDBOX = 256
+_C = TypeVar("_C", bound=asyncio.Protocol)
 
 
 class _Extra(Exception):
@@ -445,6 +447,7 @@ class _Slots:
 
 class _RawResponse:
     __slots__ = ("_app", "_conn", "_done", "_timeout", "_transport", "headers", "status")
+    tunnel = None
 
     def __init__(
         self, transport: RawTransport, app: str, conn: _Connection, timeout: float
@@ -523,13 +526,15 @@ class RawTransport:
             raise UpstreamFailed("the upstream transport is closed")
         pool, authority, target = self._pool(request.url)
         head, chunked = _request_head(request, target, authority)
+        if request.upgrade:
+            return await self._handshake(request, pool, head)
         replayable = request.body is None and request.method in IDEMPOTENT
         await self.slots.take(request.app)
         try:
             conn = pool.take()
             for attempt in (1, 2):
                 if conn is None:
-                    conn = await self._connect(pool)
+                    conn = await self._connect(pool, _Connection)
                 try:
                     async with asyncio.timeout(request.timeout):
                         await conn.exchange(head, request.body, chunked, request.method)
@@ -553,13 +558,32 @@ class RawTransport:
             self.slots.give_back(request.app)
             raise
 
-    async def _connect(self, pool: _Pool) -> _Connection:
+    async def _handshake(self, request: UpstreamRequest, pool: _Pool, head: bytes) -> Handshake:
+        """A WebSocket handshake on a connection of its own, holding an exchange slot only
+        until the sandbox's answer is in (`ingress.tunnel`)."""
+        await self.slots.take(request.app)
+        try:
+            conn = await self._connect(pool, Handshake)
+            try:
+                async with asyncio.timeout(request.timeout):
+                    await conn.send(head)
+            except TimeoutError:
+                conn.close()
+                raise UpstreamTimeout(
+                    f"the sandbox did not answer the handshake within {request.timeout:g} s"
+                ) from None
+            except BaseException:
+                conn.close()
+                raise
+            return conn
+        finally:
+            self.slots.give_back(request.app)
+
+    async def _connect(self, pool: _Pool, kind: Callable[[_Pool], _C]) -> _C:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self._connect_timeout):
-                _, conn = await loop.create_connection(
-                    lambda: _Connection(pool), pool.host, pool.port
-                )
+                _, conn = await loop.create_connection(lambda: kind(pool), pool.host, pool.port)
         except TimeoutError:
             raise ConnectFailed(
                 f"could not connect to {pool.host}:{pool.port} within {self._connect_timeout:g} s"
@@ -567,6 +591,174 @@ class RawTransport:
         except OSError as exc:
             raise ConnectFailed(f"could not connect to {pool.host}:{pool.port}: {exc}") from None
         return conn
+
+
+class Handshake(asyncio.Protocol):
+    """A WebSocket handshake's upstream connection, then (after a 101) the sandbox's end of
+    its tunnel (`ingress.tunnel.Side`). Never pooled; closed with the response. Any other
+    answer is read whole (bounded) and passed on as it is."""
+
+    def __init__(self, pool: _Pool) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpResponseParser(self)
+        self._head: asyncio.Future[None] = self._loop.create_future()
+        self._interim = False
+        self._switched = False
+        self._framing = 0
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self._body = bytearray()
+        self._writable = WriteGate(self._loop)
+        self.pipe = Pipe(self._pause, self._resume)
+        self.closed = False
+
+    def _pause(self) -> None:
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def _resume(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+
+    # -- asyncio.Protocol --------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport = cast(asyncio.Transport, transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        transport.set_write_buffer_limits(high=HIGH_WATER)
+
+    def data_received(self, data: bytes) -> None:
+        if self._switched:
+            self.pipe.feed(data)
+            return
+        if self._head.done():  # bytes after a refusal's answer: not ours to pass on
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade as exc:
+            if self.status != 101:
+                self._fail(UpstreamFailed("the sandbox switched protocols without a 101"))
+                return
+            self._switched = True
+            self._head.set_result(None)
+            self.pipe.feed(data[exc.args[0] :])
+            return
+        except httptools.HttpParserError as exc:
+            cause = exc.__cause__ or exc.__context__
+            reason = cause if isinstance(cause, UpstreamFailed) else None
+            self._fail(reason or UpstreamFailed(f"the sandbox's answer is not valid HTTP: {exc}"))
+            return
+        if not self.status:
+            self._framing += len(data)
+            if self._framing > MAX_FRAMING_BYTES:
+                self._fail(UpstreamFailed("the sandbox's answer head is too large"))
+
+    def eof_received(self) -> bool:
+        self._ended()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._ended()
+        self._writable.fail(UpstreamFailed("the sandbox closed the connection"))
+
+    def pause_writing(self) -> None:
+        self._writable.close()
+
+    def resume_writing(self) -> None:
+        self._writable.open()
+
+    # -- httptools callbacks -----------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        status = self._parser.get_status_code()
+        if 100 <= status < 200 and status != 101:  # an interim answer: not the answer
+            self._interim = True
+            self.headers = []
+            return
+        if not (status == 101 or 200 <= status <= 599):
+            raise UpstreamFailed(f"the sandbox answered with status {status}")
+        self.status = status
+
+    def on_body(self, body: bytes) -> None:
+        self._body += body
+        if len(self._body) > MAX_REFUSAL_BYTES:
+            raise UpstreamFailed(
+                f"the sandbox refused the WebSocket with a body over {MAX_REFUSAL_BYTES} bytes"
+            )
+
+    def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+        elif self.status != 101 and not self._head.done():
+            self._head.set_result(None)
+
+    # -- the handshake and the tunnel ----------------------------------------------------
+
+    def _ended(self) -> None:
+        self.pipe.end()
+        if self._head.done():
+            return
+        framed = {name.lower() for name, _ in self.headers}
+        if (
+            self.status
+            and self.status != 101
+            and not framed & {b"content-length", b"transfer-encoding"}
+        ):
+            self._head.set_result(None)  # a refusal framed by the end of the connection
+        else:
+            self._fail(UpstreamFailed("the sandbox closed the connection during the handshake"))
+
+    def _fail(self, exc: BaseException) -> None:
+        if not self._head.done():
+            self._head.set_exception(exc)
+            self._head.exception()  # retrieved: a caller that left must not log it
+        if self.transport is not None:
+            self.transport.abort()
+
+    async def send(self, head: bytes) -> None:
+        """Write the handshake; return once the answer is in (a 101's head, or a whole
+        refusal)."""
+        assert self.transport is not None
+        self.transport.write(head)
+        await self._head
+
+    def write(self, data: bytes) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.write(data)
+
+    async def drain(self) -> None:
+        if (closed := self._writable.waiting()) is not None:
+            await closed
+        if self.closed:
+            raise UpstreamFailed("the sandbox closed the connection")
+
+    # -- as an UpstreamResponse ----------------------------------------------------------
+
+    @property
+    def tunnel(self) -> Handshake | None:
+        return self if self._switched else None
+
+    def body(self) -> AsyncIterator[bytes]:
+        return _once(bytes(self._body))
+
+    def close(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.close()
+        self.closed = True
+
+
+async def _once(data: bytes) -> AsyncIterator[bytes]:
+    if data:
+        yield data
 
 
 async def _iterate(body: AsyncIterable[bytes]) -> AsyncGenerator[bytes, None]:
@@ -591,5 +783,7 @@ def _request_head(request: UpstreamRequest, target: str, authority: str) -> tupl
     chunked = request.body is not None and not has_length
     if chunked:
         lines.append("transfer-encoding: chunked\r\n")
+    if request.upgrade:  # this hop's own: dropped from what the client sent, put back
+        lines.append("connection: upgrade\r\nupgrade: websocket\r\n")
     lines.append("\r\n")
     return "".join(lines).encode("latin-1"), chunked

@@ -162,12 +162,12 @@ def hello_up(tmp_path: Path) -> Iterator[Up]:
 
 
 async def eventually_pool(
-    up: Up, check: Callable[[dict[str, object]], bool], within: float = 30
+    up: Up, check: Callable[[dict[str, object]], bool], within: float = 30, app: str = "hello"
 ) -> dict[str, object]:
     """Wait until `check` holds for the app's pool report."""
     with anyio.fail_after(within):
         while True:
-            pool = await up.pool()
+            pool = await up.pool(app)
             if check(pool):
                 return pool
             await anyio.sleep(0.1)

@@ -1,0 +1,164 @@
+"""WebSockets through the ingress: the handshake is proxied like any request, then bytes go both
+ways until either side ends.
+
+A client's `GET` with `Connection: upgrade` and `Upgrade: websocket` (`is_websocket`) takes a
+lease use like any request and is sent to the sandbox on a connection of its own (never a
+pooled one) with those two headers kept. A `101` answer turns both connections into a tunnel:
+`relay` copies what each side sends to the other, with backpressure each way (a `Pipe` stops
+reading from its side past `HIGH_WATER` bytes not yet written to the other), until one side
+closes, nothing has crossed for the app's idle timeout, or the tunnel has lasted its maximum
+duration. Any other answer to the handshake (a 400, a 426, a redirect) is passed on as it is,
+its body bounded by `MAX_REFUSAL_BYTES`, and the client connection closes after it.
+
+The request's lease use is held for the tunnel's whole life: the sandbox counts the socket as
+a request in flight (seed 001), the lease cache renews the lease as used, so the activator
+records activity and the idle monitor never scales an app with an open WebSocket to zero,
+and the pool controller never stops a sandbox that still carries one (it drains it last).
+A tunnel holds an upstream exchange slot only for its handshake: WebSockets are bounded by the
+ingress's client connections (`max_client_connections`), not by `upstream_connections`.
+Other `Upgrade` tokens (`h2c`, ...) are not switched to: the request is answered as a plain
+one (the upgrade headers are hop-by-hop and dropped) and the connection closes after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
+
+HIGH_WATER = 256 * 1024
+"""Bytes from one side waiting for the other before reading from the first pauses."""
+MAX_REFUSAL_BYTES = 64 * 1024
+"""The body of a handshake answered with anything but 101, passed on whole."""
+
+
+def is_websocket(method: str, headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    """A WebSocket opening handshake (RFC 6455 §4.1): GET, `Upgrade: websocket`, and
+    `Connection` naming `upgrade`."""
+    if method != "GET":
+        return False
+    upgrade = connection = False
+    for name, value in headers:
+        if name == b"upgrade":
+            upgrade = upgrade or any(
+                token.strip().lower() == b"websocket" for token in value.split(b",")
+            )
+        elif name == b"connection":
+            connection = connection or any(
+                token.strip().lower() == b"upgrade" for token in value.split(b",")
+            )
+    return upgrade and connection
+
+
+class Pipe:
+    """Bytes one side's protocol received, waiting for the task that writes them to the other
+    side. Bounded: past `HIGH_WATER` the side stops reading until the writer catches up."""
+
+    __slots__ = ("_chunks", "_ended", "_pause", "_paused", "_resume", "_size", "_waiter")
+
+    def __init__(self, pause: Callable[[], None], resume: Callable[[], None]) -> None:
+        self._pause = pause
+        self._resume = resume
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._size = 0
+        self._paused = False
+        self._ended = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def feed(self, data: bytes) -> None:
+        if not data or self._ended:
+            return
+        self._chunks.append(data)
+        self._size += len(data)
+        if self._size > HIGH_WATER and not self._paused:
+            self._paused = True
+            self._pause()
+        self._wake()
+
+    def end(self) -> None:
+        """The side closed (or broke): what was fed is still read, then b""."""
+        self._ended = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def get(self) -> bytes:
+        """The next bytes from the side; b"" once it ended and everything was read."""
+        while True:
+            if self._chunks:
+                chunk = self._chunks.popleft()
+                self._size -= len(chunk)
+                if self._paused and self._size <= HIGH_WATER // 4:
+                    self._paused = False
+                    self._resume()
+                return chunk
+            if self._ended:
+                return b""
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+
+
+class Side(Protocol):
+    """One end of a tunnel: what it sent, and how to send to it."""
+
+    @property
+    def pipe(self) -> Pipe: ...
+
+    def write(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None:
+        """Wait until the side's socket buffer has room; raises when it is gone or, for a
+        client, when it reads nothing for the client timeout."""
+        ...
+
+
+async def relay(client: Side, sandbox: Side, idle: float, max_duration: float) -> str:
+    """Copy both ways until a side ends, nothing crossed for `idle` seconds, or `max_duration`
+    passed; returns why it ended ("client closed", "sandbox closed", "idle", "max duration",
+    or the error that broke a side). The caller closes both connections."""
+    loop = asyncio.get_running_loop()
+    last = loop.time()
+
+    async def copy(source: Side, target: Side, name: str) -> str:
+        nonlocal last
+        while chunk := await source.pipe.get():
+            last = loop.time()
+            target.write(chunk)
+            await target.drain()
+        return f"{name} closed"
+
+    async def quiet() -> str:
+        while True:  # sleeps until `idle` after the last byte; the copies move `last` on
+            left = last + idle - loop.time()
+            if left <= 0:
+                return "idle"
+            await asyncio.sleep(left)
+
+    tasks = [
+        loop.create_task(copy(client, sandbox, "client")),
+        loop.create_task(copy(sandbox, client, "sandbox")),
+        loop.create_task(quiet()),
+    ]
+    try:
+        done, _ = await asyncio.wait(tasks, timeout=max_duration, return_when="FIRST_COMPLETED")
+        if not done:
+            return "max duration"
+        first = done.pop()
+        error = first.exception()
+        return first.result() if error is None else f"broken: {error}"
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def upgrade_headers(headers: Sequence[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """A 101's headers for the client: the sandbox's end-to-end ones (hop-by-hop already
+    dropped) and the two that switch this hop."""
+    return [*headers, (b"connection", b"upgrade"), (b"upgrade", b"websocket")]

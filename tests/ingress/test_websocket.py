@@ -1,0 +1,266 @@
+"""WebSockets and server-sent events through the ingress (`ingress.tunnel`), against a real
+WebSocket server (the `websockets` library's, as a sandbox process) and its real client: the
+handshake is proxied, then frames go both ways with backpressure; the lease is held for the
+connection's life (so it counts as traffic); either side's close ends it; the idle timeout and
+the maximum duration close it; a refused handshake is passed on; other upgrades are answered
+as plain requests; an event stream is passed on event by event."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import tracemalloc
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from wakeful.store.testing import free_port, wait_listening
+
+from .conftest import RawServer, Stack, read_head, stack
+
+pytestmark = pytest.mark.anyio
+WS_APP = Path(__file__).with_name("ws_app.py")
+
+
+@pytest.fixture
+def ws_sandbox() -> Iterator[Callable[[], int]]:
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start() -> int:
+        port = free_port()
+        proc = subprocess.Popen(
+            [sys.executable, str(WS_APP)], env={**os.environ, "PORT": str(port)}
+        )
+        procs.append(proc)
+        wait_listening(port)
+        return port
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        proc.wait(10)
+
+
+def opened(s: Stack, path: str = "/chat") -> connect:
+    """A client for the app `hello`: its URL names the app's host, its socket goes to the
+    ingress on loopback."""
+    host, port = s.ingress.address
+    return connect(f"ws://hello.localhost:{port}{path}", host=host, port=port, compression=None)
+
+
+async def eventually(check: Callable[[], bool]) -> None:
+    with anyio.fail_after(30):
+        while not check():  # noqa: ASYNC110 - the ingress's gauges have no event to wait on
+            await anyio.sleep(0.01)
+
+
+async def open_on_sandbox(port: int) -> int:
+    async with httpx.AsyncClient() as client:
+        return int((await client.get(f"http://127.0.0.1:{port}/open")).text)
+
+
+async def test_frames_cross_both_ways_and_the_handshake_headers_arrive(
+    ws_sandbox: Callable[[], int],
+) -> None:
+    async with stack({"s1": ws_sandbox()}) as s, opened(s) as ws:
+        for message in ["hello", b"\x00\x01binary", "x" * 100_000]:
+            await ws.send(message)
+            assert await ws.recv() == message
+        await ws.send("headers")
+        seen = json.loads(await ws.recv())
+        assert seen["upgrade"].lower() == "websocket" and "sec-websocket-key" in seen
+        assert seen["host"].startswith("hello.localhost") and seen["x-forwarded-for"] == "127.0.0.1"
+        assert "x-request-id" in seen
+
+
+async def test_a_flood_to_a_slow_reader_arrives_whole_in_bounded_memory(
+    ws_sandbox: Callable[[], int],
+) -> None:
+    """Backpressure both hops: 64 MiB from the sandbox to a client that reads slowly arrive
+    whole, and the ingress (in this process, with the client) never holds a large part."""
+    total = 64 << 20
+    async with stack({"s1": ws_sandbox()}) as s, opened(s) as ws:
+        tracemalloc.start()
+        try:
+            await ws.send(f"flood {total}")
+            got = 0
+            while got < total:
+                got += len(await ws.recv())
+                if got % (4 << 20) < 65536:
+                    await anyio.sleep(0.05)  # a slow reader: the sandbox must wait for it
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert got == total
+    assert peak < 16 << 20, f"peak {peak / 2**20:.1f} MiB"
+
+
+async def test_the_lease_is_held_while_it_is_open_and_counted_as_in_flight(
+    ws_sandbox: Callable[[], int],
+) -> None:
+    async with stack({"s1": ws_sandbox()}) as s:
+        async with opened(s) as ws:
+            await ws.send("ping")
+            assert await ws.recv() == "ping"
+            assert s.leased() == 1
+            assert s.sample("websockets_open", app="hello") == 1
+            assert s.sample("requests_in_flight", app="hello") == 1
+        await eventually(lambda: s.sample("websockets_open", app="hello") == 0)
+        assert s.sample("requests_in_flight", app="hello") == 0
+        # The use went back: the cached lease has no request on it any more.
+        assert all(entry.uses == 0 for entry in s.ingress.cache.snapshot())
+
+
+async def test_a_client_close_reaches_the_sandbox(ws_sandbox: Callable[[], int]) -> None:
+    port = ws_sandbox()
+    async with stack({"s1": port}) as s:
+        async with opened(s) as ws:
+            await ws.send("ping")
+            await ws.recv()
+            assert await open_on_sandbox(port) == 1
+        with anyio.fail_after(30):
+            while await open_on_sandbox(port):  # noqa: ASYNC110 - another process's count
+                await anyio.sleep(0.01)
+
+
+async def test_a_sandbox_close_reaches_the_client(ws_sandbox: Callable[[], int]) -> None:
+    async with stack({"s1": ws_sandbox()}) as s, opened(s) as ws:
+        await ws.send("close")
+        with pytest.raises(ConnectionClosed) as closed, anyio.fail_after(30):
+            await ws.recv()
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4000
+
+
+async def connection_ends(ws: ClientConnection) -> None:
+    with anyio.fail_after(30):
+        await ws.wait_closed()
+
+
+async def test_an_idle_websocket_is_closed(ws_sandbox: Callable[[], int]) -> None:
+    async with (
+        stack({"s1": ws_sandbox()}, websocket_idle_timeouts={"hello": 0.3}) as s,
+        opened(s) as ws,
+    ):
+        await ws.send("ping")
+        assert await ws.recv() == "ping"
+        await connection_ends(ws)  # nothing crossed for 0.3 s
+        await eventually(lambda: s.sample("websockets_open", app="hello") == 0)
+
+
+async def ping_forever(ws: ClientConnection) -> None:
+    while True:
+        await ws.send("ping")
+        await ws.recv()
+
+
+async def test_a_busy_websocket_is_closed_at_its_maximum_duration(
+    ws_sandbox: Callable[[], int],
+) -> None:
+    async with (
+        stack({"s1": ws_sandbox()}, websocket_max_durations={"hello": 0.5}) as s,
+        opened(s) as ws,
+    ):
+        with pytest.raises(ConnectionClosed), anyio.fail_after(30):
+            await ping_forever(ws)  # busy all along: only the maximum duration ends it
+
+
+async def test_a_refused_handshake_is_passed_on(ws_sandbox: Callable[[], int]) -> None:
+    async with stack({"s1": ws_sandbox()}) as s:
+        with pytest.raises(InvalidStatus) as refused:
+            async with opened(s, "/refuse"):
+                pass
+        assert refused.value.response.status_code == 403
+        assert refused.value.response.body == b"no WebSocket for you\n"
+        await eventually(
+            lambda: s.leased() == 0 or all(entry.uses == 0 for entry in s.ingress.cache.snapshot())
+        )
+
+
+def raw_exchange(port: int, request: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(request)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer
+
+
+async def test_another_upgrade_is_answered_as_a_plain_request_and_the_connection_closes(
+    hello: Callable[[], int],
+) -> None:
+    async with stack({"s1": hello()}) as s:
+        port = s.ingress.address[1]
+        request = (
+            b"GET / HTTP/1.1\r\nHost: hello.localhost\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+            b"Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n"
+        )
+        answer = await anyio.to_thread.run_sync(raw_exchange, port, request)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ")
+    assert b"connection: close" in head.lower()
+    assert body.startswith(b"hello from")
+
+
+async def test_server_sent_events_reach_the_client_one_by_one() -> None:
+    """A long-lived text/event-stream answer is streamed, not buffered: each event reaches
+    the client before the sandbox sends the next, and the request counts as in flight all
+    along (so it is activity, like a WebSocket)."""
+    sent_first, go_on = threading.Event(), threading.Event()
+
+    def events(conn: socket.socket) -> None:
+        read_head(conn)
+        conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n")
+        conn.sendall(b"transfer-encoding: chunked\r\n\r\n")
+        for n in range(3):
+            event = b"data: event %d\n\n" % n
+            conn.sendall(b"%x\r\n%s\r\n" % (len(event), event))
+            sent_first.set()
+            if not go_on.wait(30):
+                return
+            go_on.clear()
+        conn.sendall(b"0\r\n\r\n")
+
+    with RawServer(events) as sandbox:
+        async with stack({"s1": sandbox.port}) as s:
+            got: list[str] = []
+            async with s.client.stream("GET", "/events") as answer:
+                assert answer.headers["content-type"] == "text/event-stream"
+                lines = answer.aiter_lines()
+                while len(got) < 3:
+                    line = await anext(lines)
+                    if line.startswith("data: "):
+                        got.append(line)
+                        assert s.sample("requests_in_flight", app="hello") == 1
+                        go_on.set()  # the sandbox sends the next only now
+    assert got == ["data: event 0", "data: event 1", "data: event 2"]
+
+
+async def test_stopping_the_ingress_closes_open_websockets_at_once(
+    ws_sandbox: Callable[[], int],
+) -> None:
+    """A WebSocket never ends by itself: a stopping ingress closes it at once rather than wait
+    out its shutdown grace (60 s here) for it."""
+
+    async def sees_the_close(ws: ClientConnection) -> None:
+        with pytest.raises(ConnectionClosed), anyio.fail_after(20):
+            await ws.recv()
+
+    async with (
+        anyio.create_task_group() as tasks,
+        stack({"s1": ws_sandbox()}, shutdown_timeout=60) as s,
+    ):
+        ws = await opened(s)
+        await ws.send("ping")
+        assert await ws.recv() == "ping"
+        tasks.start_soon(sees_the_close, ws)
+        # leaving the block stops the ingress; the client sees its WebSocket close meanwhile
