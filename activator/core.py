@@ -153,22 +153,32 @@ class Activator:
                 self._scale_up.start(state)
                 remaining = waiter.deadline - self._ledger.clock()
                 if remaining <= 0:
-                    raise NoCapacity(
-                        f"no sandbox of app {app!r} became ready within "
-                        f"{state.item.value.spec.activation_timeout:g} s",
-                        retry_after=5,
-                    )
+                    raise self._no_capacity(state, app)
                 with anyio.move_on_after(remaining):
                     await waiter.wake.wait()
         finally:
             if waiter is not None and self._ledger.unpark(waiter):
                 self._publish(waiter.pool)
 
+    def _no_capacity(self, state: PoolState, app: str) -> NoCapacity:
+        spec = state.item.value.spec
+        if self._view.candidates(state, self._ledger.leased_capacity_by_sandbox):
+            return NoCapacity(
+                f"every sandbox of app {app!r} stayed at its hard limit of "
+                f"{spec.concurrency.hard_limit} requests for {spec.activation_timeout:g} s",
+                retry_after=5,
+            )
+        return NoCapacity(
+            f"no sandbox of app {app!r} became ready within {spec.activation_timeout:g} s",
+            retry_after=5,
+        )
+
     def _try_admit(self, state: PoolState, waiter: Waiter | None) -> Lease | None:
         pool = state.item.value
         candidates = self._view.candidates(state, self._ledger.leased_capacity_by_sandbox)
+        concurrency = pool.spec.concurrency
         decision = decisions.admit(
-            candidates, pool.spec.concurrency.mode, pool.requests_per_instance
+            candidates, concurrency.mode, pool.requests_per_instance, concurrency.hard_limit
         )
         if isinstance(decision, decisions.Park):
             return None

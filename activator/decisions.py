@@ -4,10 +4,12 @@ No I/O, no clock reads, no awaits: the shells (`activator.core`, `activator.scal
 `activator.ledger`) gather the inputs, call these, and carry out what they return. Seed 000
 is the specification:
 
-- Admission: a request waits only when nothing in its pool is routable. When every routable
+- Admission: a request waits only when no routable sandbox of its pool is below its hard limit
+  (`concurrency.hard_limit`; without one, only when nothing is routable). When every routable
   sandbox is at its `requests_per_instance` target, the request still goes to the least-loaded
-  one, on an *overflow* lease of size 1, and a scale-up is started: the target is a scaling
-  target, not an admission cap.
+  one below the hard limit, on an *overflow* lease of size 1, and a scale-up is started: the
+  target is a scaling target, the hard limit the only admission cap. A normal lease never
+  takes a sandbox past its hard limit either.
 - Scale-up is sized from demand, in one step:
   ceil((capacity leased on running sandboxes + one slot per waiter + one lease of headroom)
   / requests_per_instance), never below the current desired, never above max_instances.
@@ -58,8 +60,15 @@ def lease_size(mode: Mode, requests_per_instance: int) -> int:
     return max(1, requests_per_instance // 5)
 
 
-def admit(candidates: Sequence[Candidate], mode: Mode, requests_per_instance: int) -> Admit | Park:
+def admit(
+    candidates: Sequence[Candidate],
+    mode: Mode,
+    requests_per_instance: int,
+    hard_limit: int | None = None,
+) -> Admit | Park:
     """Where one request runs. Ties go to the first candidate, so callers pass a stable order."""
+    if hard_limit is not None:
+        candidates = [c for c in candidates if c.leased < hard_limit]
     if not candidates:
         return Park()
     least = min(candidates, key=lambda c: c.leased)

@@ -14,6 +14,8 @@ Rules (docs/architecture.md, invariants 7-9), each kept in one place below:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Container, Sequence
@@ -124,6 +126,9 @@ class LeaseCache:
         self._on_hit = on_hit
         self._on_miss = on_miss
         self._entries: dict[Key, list[CachedLease]] = {}
+        self._room: dict[Key, list[asyncio.Future[None]]] = {}
+        """Requests waiting in `acquire`, per key: told when a cached lease gets room."""
+        self._releasing: set[asyncio.Task[None]] = set()
         self._held: set[CachedLease] = set()
         """Leases out of the cache that still carry requests (an overflow lease, or one whose
         sandbox is leaving): renewed until their last use returns, so none expires mid-request."""
@@ -140,17 +145,51 @@ class LeaseCache:
         self._on_hit(key[0])
         return Use(entry, hit=True)
 
-    async def acquire(self, key: Key) -> Use:
-        """A use of a fresh lease from the activator (it may wait, bounded, for capacity)."""
+    async def acquire(self, key: Key, avoid: Container[str] = ()) -> Use:
+        """A use of a fresh lease from the activator (it may wait, bounded, for capacity), or
+        of a cached one that gets room first: while the activator makes a request wait (every
+        sandbox at its hard limit), a request of this ingress ending frees a use here that the
+        activator does not know of, and the waiting request takes it. An ask overtaken that
+        way is called off; a grant it got anyway goes into the cache, never lost."""
         self._on_miss(key[0])
+        loop = asyncio.get_running_loop()
+        ask = loop.create_task(self._ask(key))
         try:
-            grant = await self._leases.acquire(key[0], key[1])
+            while True:
+                room = loop.create_future()
+                waiting = self._room.setdefault(key, [])
+                waiting.append(room)
+                try:
+                    await asyncio.wait([ask, room], return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    room.cancel()
+                    with contextlib.suppress(ValueError):
+                        waiting.remove(room)
+                    if not waiting:
+                        self._room.pop(key, None)
+                if ask.done():
+                    return self._granted(key, ask.result())
+                use = self.take(key, avoid)
+                if use is not None:
+                    self._call_off(key, ask)
+                    return use
+                if pick(self._entries.get(key, ())) is not None:
+                    self._has_room(key)  # room on a sandbox this request avoids: pass it on
+        except BaseException:
+            self._call_off(key, ask)
+            raise
+
+    async def _ask(self, key: Key) -> LeaseGrant:
+        try:
+            return await self._leases.acquire(key[0], key[1])
         except ActivatorError:
             raise
         except Exception as exc:  # the HTTP adapter lets transport errors through
             raise ActivatorUnreachable(f"the activator did not answer: {exc}") from exc
-        # No await from here to the return: the grant is recorded before any cancellation
-        # can land, so whoever holds the Use will hand it back.
+
+    def _granted(self, key: Key, grant: LeaseGrant) -> Use:
+        # No await from the grant to the return: it is recorded before any cancellation can
+        # land, so whoever holds the Use will hand it back.
         now = self._clock()
         entry = CachedLease(grant, key, renewed_at=now, idle_since=now, uses=1, used=True)
         if grant.overflow:
@@ -158,7 +197,37 @@ class LeaseCache:
             self._held.add(entry)
         else:
             self._entries.setdefault(key, []).append(entry)
+            if entry.has_room:  # a lease of several: other misses waiting here take it
+                self._has_room(key)
         return Use(entry, hit=False)
+
+    def _has_room(self, key: Key) -> None:
+        """A cached lease of `key` has room: the first request waiting in `acquire` looks."""
+        for room in self._room.get(key, ()):
+            if not room.done():
+                room.set_result(None)
+                return
+
+    def _call_off(self, key: Key, ask: asyncio.Task[LeaseGrant]) -> None:
+        """Cancel an ask no longer needed; a grant it gets anyway is kept (cached, or released
+        at once when it is an overflow lease), so no capacity is lost."""
+        ask.cancel()
+
+        def settle(done: asyncio.Task[LeaseGrant]) -> None:
+            if done.cancelled() or done.exception() is not None:
+                return
+            grant = done.result()
+            if grant.overflow:
+                task = asyncio.get_running_loop().create_task(self.release(grant))
+                self._releasing.add(task)
+                task.add_done_callback(self._releasing.discard)
+                return
+            now = self._clock()
+            entry = CachedLease(grant, key, renewed_at=now, idle_since=now)
+            self._entries.setdefault(key, []).append(entry)
+            self._has_room(key)
+
+        ask.add_done_callback(settle)
 
     def put(self, use: Use) -> LeaseGrant | None:
         """Take a use back; returns a lease the caller must release now, if any."""
@@ -172,6 +241,8 @@ class LeaseCache:
             self._held.discard(entry)
             if not entry.cached:
                 return entry.grant
+        if entry.has_room and entry.key in self._room:
+            self._has_room(entry.key)
         return None
 
     def drop_sandbox(self, sandbox_id: str) -> list[LeaseGrant]:

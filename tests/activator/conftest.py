@@ -39,10 +39,13 @@ async def seed(
     max_instances: int = 20,
     activation_timeout: float = 120,
     sandboxes: dict[str, SandboxStatus] | None = None,
+    hard_limit: int | None = None,
 ) -> None:
     spec = AppSpec(
         command=["serve"],
-        concurrency=Concurrency(requests_per_instance=rpi, max_instances=max_instances),
+        concurrency=Concurrency(
+            requests_per_instance=rpi, max_instances=max_instances, hard_limit=hard_limit
+        ),
         activation_timeout=activation_timeout,
     )
     await store.put(keys.app("hello"), App(name="hello", active_version="v1"))

@@ -322,3 +322,31 @@ async def test_a_request_waiting_on_a_retired_pool_follows_the_route_to_the_new_
         await eventually(lambda: len(leases) == 1)
     assert leases[0].sandbox_id == "sb-2"
     assert all(s.waiters == 0 for s in activator.snapshot())
+
+
+async def test_past_the_hard_limit_a_request_waits_drives_a_scale_up_and_takes_freed_room(
+    store: Store,
+) -> None:
+    """Invariant 1 as amended: with `hard_limit`, a request waits when every routable sandbox
+    is at it (instead of taking an overflow lease there), its wait counts in the scale-up, and
+    a release lets it in."""
+    await seed(store, rpi=2, hard_limit=3, sandboxes={"sb-1": SandboxStatus.RUNNING})
+    activator = make_activator(store)
+    leases: list[Lease] = []
+
+    async def acquire() -> None:
+        leases.append(await activator.acquire("hello"))
+
+    async with activator.running(), anyio.create_task_group() as requests:
+        for _ in range(3):
+            leases.append(await activator.acquire("hello"))
+        assert activator.leased_on("sb-1") == 3  # the hard limit: overflow up to it, no further
+        requests.start_soon(acquire)
+        await eventually(lambda: activator.snapshot()[0].waiters == 1)
+        # ceil((3 leased + 1 waiter + 1 of headroom) / 2): the waiter is demand
+        await eventually(lambda: activator.snapshot()[0].desired_instances == 3)
+        assert len(leases) == 3
+        activator.release(leases[0].lease_id)
+        await eventually(lambda: len(leases) == 4)
+    assert leases[3].sandbox_id == "sb-1"
+    assert activator.leased_on("sb-1") == 3

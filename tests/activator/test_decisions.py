@@ -78,6 +78,54 @@ def test_admission(
 
 
 @pytest.mark.parametrize(
+    ("candidates", "mode", "rpi", "hard", "expected"),
+    [
+        pytest.param(
+            sandboxes(3, 3), "auto", 2, 3, Park(), id="every sandbox at its hard limit parks"
+        ),
+        pytest.param(
+            sandboxes(3, 2),
+            "auto",
+            2,
+            3,
+            Admit("s1", "http://127.0.0.1:9001", 1, True),
+            id="past the target, overflow only onto a sandbox below the hard limit",
+        ),
+        pytest.param(
+            sandboxes(9, 0),
+            "auto",
+            10,
+            10,
+            Admit("s1", "http://127.0.0.1:9001", 2, False),
+            id="below the target a normal lease as before",
+        ),
+        pytest.param(
+            sandboxes(9, 9),
+            "auto",
+            10,
+            10,
+            Admit("s0", "http://127.0.0.1:9000", 1, True),
+            id="no room for a whole lease: an overflow lease of 1, still under the cap",
+        ),
+        pytest.param(
+            sandboxes(1, 1), "fixed", 1, 1, Park(), id="fixed mode parks at the hard limit too"
+        ),
+        pytest.param([], "auto", 10, 10, Park(), id="nothing routable parks, as without a limit"),
+    ],
+)
+def test_admission_under_a_hard_limit(
+    candidates: list[Candidate], mode: str, rpi: int, hard: int, expected: Admit | Park
+) -> None:
+    """Invariant 1 as amended: a request waits only when no routable sandbox is below its
+    hard limit, and no lease takes a sandbox past it."""
+    decision = admit(candidates, mode, rpi, hard)  # type: ignore[arg-type]
+    assert decision == expected
+    if isinstance(decision, Admit):
+        chosen = next(c for c in candidates if c.sandbox_id == decision.sandbox_id)
+        assert chosen.leased + decision.size <= hard
+
+
+@pytest.mark.parametrize(
     ("mode", "rpi", "size"),
     [("auto", 10, 2), ("auto", 4, 1), ("auto", 100, 20), ("fixed", 100, 1)],
     ids=["rpi 10 gives 2", "rpi 4 gives 1", "rpi 100 gives 20", "fixed gives 1"],

@@ -243,3 +243,32 @@ async def test_a_long_request_on_a_draining_sandbox_keeps_its_lease_to_the_end(
         )
         assert not expired
         await eventually(lambda: s.activator.leased_on("sb-1") == 0)
+
+
+async def test_misses_waiting_together_lose_no_lease_and_share_what_is_granted(
+    hello: Callable[[], int],
+) -> None:
+    """Twenty requests wait for a booting sandbox. When it is ready, a waiting request may
+    take room in a lease another one was granted (its own ask is called off); an ask granted
+    anyway puts its lease in the cache. Every lease the activator counts is in the cache."""
+    port = hello()
+    async with stack({"sb-1": None}, rpi=10) as s, anyio.create_task_group() as tg:
+        answers: list[int] = []
+
+        async def call() -> None:
+            answers.append((await s.client.get("/")).status_code)
+
+        for _ in range(20):
+            tg.start_soon(call)
+        await eventually(lambda: s.sample("requests_queued", app="hello") == 20)
+        await s.put_sandbox("sb-1", port, SandboxStatus.RUNNING)
+        await eventually(lambda: len(answers) == 20)
+        assert answers == [200] * 20
+
+        def in_cache() -> int:
+            return sum(entry.grant.size for entry in s.ingress.cache.snapshot())
+
+        await eventually(lambda: s.leased() == in_cache())
+        cached = s.ingress.cache.snapshot()
+        assert all(entry.uses == 0 for entry in cached)
+        assert len(cached) < 20, cached  # some waiters took room, not a lease of their own

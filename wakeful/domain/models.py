@@ -61,7 +61,8 @@ class Concurrency(Model):
 
     `auto`: `requests_per_instance` is a scaling target (not an admission cap); the pool
     grows with demand and shrinks when idle. `fixed`: the pool keeps exactly
-    `min_instances` (= `max_instances`) sandboxes.
+    `min_instances` (= `max_instances`) sandboxes. `hard_limit`, when set, is an admission cap
+    per sandbox in either mode (Knative's containerConcurrency).
     """
 
     mode: Literal["auto", "fixed"] = "auto"
@@ -75,9 +76,21 @@ class Concurrency(Model):
     )
     min_instances: int = Field(default=0, ge=0, le=1000)
     max_instances: int = Field(default=20, ge=1, le=1000)
+    hard_limit: int | None = Field(
+        default=None,
+        ge=1,
+        le=10_000,
+        description="requests one sandbox may carry at once; past it on every sandbox a "
+        "request waits (bounded) for room or a new sandbox. None: no cap",
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> Self:
+        if self.hard_limit is not None and self.hard_limit < self.requests_per_instance:
+            raise ValueError(
+                f"hard_limit ({self.hard_limit}) must be at least requests_per_instance "
+                f"({self.requests_per_instance}): the target has to fit under the cap"
+            )
         if self.min_instances > self.max_instances:
             raise ValueError(
                 f"min_instances ({self.min_instances}) must not exceed "
