@@ -117,6 +117,8 @@ class ProxyEdge:
                 raise HeadersTooLarge(
                     f"request line and headers exceed {self._max_header_bytes} bytes"
                 )
+            if request.method == "CONNECT":  # a tunnel to anywhere: never a proxy's to open
+                raise BadRequest("CONNECT is not served here")
             app = self._proxy.route(head.host)
             trace.mark("routed", app)
             label = app

@@ -349,7 +349,12 @@ class _Connection(asyncio.Protocol):
                 )
                 self.tunnel.feed(data[exc.args[0] :])
                 return
-            self._stop_reading()  # another protocol switch is not served: answer, close
+            # Another protocol switch (h2c, CONNECT...) is not served: what is queued is
+            # answered, that request as a plain one, and the connection closes after it.
+            if self._last is not None:
+                self._last.keep_alive = False
+            self.pause_reading("upgrade")
+            return
         except httptools.HttpParserError as exc:
             if self._body is not None:  # mid-body: the request already went on; it fails
                 self._body.fail(BadRequest(f"the request body is malformed: {exc}"))
@@ -430,7 +435,12 @@ class _Connection(asyncio.Protocol):
         body = Body(self, expect) if has_body else None
         self._body = body
         method = parser.get_method().decode("latin-1")
-        upgrade = parser.should_upgrade() and not has_body and is_websocket(method, self._headers)
+        upgrade = (
+            parser.should_upgrade()
+            and version == "1.1"  # RFC 6455; and no 1xx may go to an HTTP/1.0 client
+            and not has_body
+            and is_websocket(method, self._headers)
+        )
         request = Request(
             method,
             self._url,

@@ -16,8 +16,10 @@ records activity and the idle monitor never scales an app with an open WebSocket
 and the pool controller never stops a sandbox that still carries one (it drains it last).
 A tunnel holds an upstream exchange slot only for its handshake: WebSockets are bounded by the
 ingress's client connections (`max_client_connections`), not by `upstream_connections`.
-Other `Upgrade` tokens (`h2c`, ...) are not switched to: the request is answered as a plain
-one (the upgrade headers are hop-by-hop and dropped) and the connection closes after it.
+Other `Upgrade` tokens (`h2c`, ...) and an HTTP/1.0 handshake are not switched to: the request
+is answered as a plain one (the upgrade headers are hop-by-hop and dropped), after whatever was
+pipelined before it, and the connection closes after it. `CONNECT` is refused (400). Whatever
+a sandbox writes after its answer to a handshake is never taken for an answer.
 """
 
 from __future__ import annotations
@@ -160,5 +162,6 @@ async def relay(client: Side, sandbox: Side, idle: float, max_duration: float) -
 
 def upgrade_headers(headers: Sequence[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     """A 101's headers for the client: the sandbox's end-to-end ones (hop-by-hop already
-    dropped) and the two that switch this hop."""
-    return [*headers, (b"connection", b"upgrade"), (b"upgrade", b"websocket")]
+    dropped, and no body framing: a 1xx has no body) and the two that switch this hop."""
+    kept = [(name, value) for name, value in headers if name != b"content-length"]
+    return [*kept, (b"connection", b"upgrade"), (b"upgrade", b"websocket")]

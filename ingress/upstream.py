@@ -604,6 +604,7 @@ class Handshake(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self._head: asyncio.Future[None] = self._loop.create_future()
         self._interim = False
+        self._answered = False
         self._switched = False
         self._framing = 0
         self.status = 0
@@ -641,7 +642,7 @@ class Handshake(asyncio.Protocol):
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade as exc:
-            if self.status != 101:
+            if self.status != 101 or self._head.done():
                 self._fail(UpstreamFailed("the sandbox switched protocols without a 101"))
                 return
             self._switched = True
@@ -675,6 +676,10 @@ class Handshake(asyncio.Protocol):
 
     # -- httptools callbacks -----------------------------------------------------------
 
+    def on_message_begin(self) -> None:
+        if self._answered:  # a second answer in the same read: never ours to pass on
+            raise UpstreamFailed("the sandbox sent more than one answer to the handshake")
+
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name, value))
 
@@ -698,7 +703,9 @@ class Handshake(asyncio.Protocol):
     def on_message_complete(self) -> None:
         if self._interim:
             self._interim = False
-        elif self.status != 101 and not self._head.done():
+            return
+        self._answered = True  # a 101's upgrade, or a refusal's end: nothing may follow
+        if self.status != 101 and not self._head.done():
             self._head.set_result(None)
 
     # -- the handshake and the tunnel ----------------------------------------------------

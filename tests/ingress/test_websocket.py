@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -264,3 +265,88 @@ async def test_stopping_the_ingress_closes_open_websockets_at_once(
         assert await ws.recv() == "ping"
         tasks.start_soon(sees_the_close, ws)
         # leaving the block stops the ingress; the client sees its WebSocket close meanwhile
+
+
+HANDSHAKE = (
+    b"GET /chat HTTP/%s\r\nHost: hello.localhost\r\nUpgrade: websocket\r\n"
+    b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+    b"Sec-WebSocket-Version: 13\r\n\r\n"
+)
+
+
+@pytest.mark.parametrize(
+    "answers",
+    [
+        pytest.param(
+            b"HTTP/1.1 403 Forbidden\r\nContent-Length: 2\r\n\r\nno"
+            b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nSet-Cookie: injected=1\r\n\r\nyes",
+            id="a second answer in the same write",
+        ),
+        pytest.param(
+            b"HTTP/1.1 403 Forbidden\r\nContent-Length: 2\r\n\r\nno"
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"\r\nframes",
+            id="a 101 after the refusal in the same write",
+        ),
+    ],
+)
+async def test_a_refused_handshake_is_passed_on_alone(answers: bytes) -> None:
+    """Found by a hostile tester: what a sandbox writes after its refusal is never taken for
+    the answer (it once merged a second answer's headers into the first, and a 101 after a
+    403 opened a tunnel to a closed connection)."""
+
+    def refuse_twice(conn: socket.socket) -> None:
+        read_head(conn)
+        conn.sendall(answers)
+
+    with RawServer(refuse_twice) as sandbox:
+        async with stack({"s1": sandbox.port}) as s:
+            answer = await anyio.to_thread.run_sync(
+                raw_exchange, s.ingress.address[1], HANDSHAKE % b"1.1"
+            )
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 403 ")
+    assert head.lower().count(b"content-length") == 1 and b"injected" not in head
+    assert body == b"no"
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "statuses", "sandbox_saw"),
+    [
+        pytest.param(
+            b"GET /a HTTP/1.1\r\nHost: hello.localhost\r\n\r\n"
+            b"GET /h2c HTTP/1.1\r\nHost: hello.localhost\r\nConnection: Upgrade, HTTP2-Settings"
+            b"\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n",
+            [200, 200],
+            1,
+            id="an h2c upgrade pipelined behind a request: both answered as plain requests",
+        ),
+        pytest.param(HANDSHAKE % b"1.0", [200], 1, id="an HTTP/1.0 handshake is a plain request"),
+        pytest.param(
+            b"CONNECT /x HTTP/1.1\r\nHost: hello.localhost\r\n\r\n",
+            [400],
+            0,
+            id="CONNECT is refused",
+        ),
+    ],
+)
+async def test_requests_that_are_not_websocket_handshakes(
+    request_bytes: bytes, statuses: list[int], sandbox_saw: int
+) -> None:
+    served: list[bytes] = []
+
+    def plain(conn: socket.socket) -> None:
+        while head := read_head(conn):
+            served.append(head)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    with RawServer(plain) as sandbox:
+        async with stack({"s1": sandbox.port}) as s:
+            answer = await anyio.to_thread.run_sync(
+                raw_exchange, s.ingress.address[1], request_bytes
+            )
+    got = [int(status) for status in re.findall(rb"HTTP/1\.1 (\d{3}) ", answer)]
+    assert got == statuses
+    assert b" 101 " not in answer
+    assert sandbox.connections == sandbox_saw
+    assert not [head for head in served if b"upgrade" in head.lower()]  # sent as plain ones
