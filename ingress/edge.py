@@ -34,6 +34,7 @@ from wakeful.ingress.headers import new_request_id, read_request_head
 from wakeful.ingress.http1 import Request, Responder
 from wakeful.ingress.metrics import IngressMetrics, Move, Tracker
 from wakeful.ingress.proxy import Proxy, ProxyRequest
+from wakeful.ingress.routing import normalize_host
 from wakeful.ingress.tunnel import relay, upgrade_headers
 
 log = logging.getLogger(__name__)
@@ -92,13 +93,17 @@ class ProxyEdge:
         max_header_bytes: int,
         show_boot_log: bool = False,
         websocket_limits: Callable[[str], tuple[float, float]] = lambda app: (600.0, 86_400.0),
+        https_location: Callable[[str, str, str], str | None] = lambda app, host, target: None,
     ) -> None:
-        """`websocket_limits`: an app's WebSocket idle timeout and maximum duration."""
+        """`websocket_limits`: an app's WebSocket idle timeout and maximum duration.
+        `https_location(app, host, target)`: where a plain HTTP request of the app is
+        redirected (308), or None to serve it."""
         self._proxy = proxy
         self._metrics = metrics
         self._max_header_bytes = max_header_bytes
         self._show_boot_log = show_boot_log
         self._websocket_limits = websocket_limits
+        self._https_location = https_location
 
     async def handle(self, request: Request, out: Responder) -> None:
         started = time.perf_counter()
@@ -122,12 +127,19 @@ class ProxyEdge:
             app = self._proxy.route(head.host)
             trace.mark("routed", app)
             label = app
+            if request.scheme == "http" and (
+                location := self._https_location(app, normalize_host(head.host), target)
+            ):
+                exchange.status = 308
+                moved = [(b"location", location.encode("latin-1"))]
+                out.send_whole(308, moved, b"this app is served over HTTPS\n")
+                return
             proxied = ProxyRequest(
                 request.method,
                 target,
                 headers,
                 request.client,
-                "http",
+                request.scheme,
                 request_id,
                 request.body,
                 request.upgrade,

@@ -35,6 +35,7 @@ import contextlib
 import http
 import logging
 import socket
+import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol, cast
@@ -174,6 +175,8 @@ class Request:
     body: Body | None
     upgrade: bool = False
     """A WebSocket handshake (`ingress.tunnel`): nothing after it on the connection is HTTP."""
+    scheme: str = "http"
+    """"https" on the TLS listener."""
 
 
 class Handler(Protocol):
@@ -450,6 +453,7 @@ class _Connection(asyncio.Protocol):
             self._client,
             body,
             upgrade,
+            self._server.scheme,
         )
         self._last = request
         self._queue.append(request)
@@ -587,16 +591,28 @@ class _Connection(asyncio.Protocol):
 
 
 class HttpServer:
-    def __init__(self, handler: Handler, limits: Limits) -> None:
+    def __init__(self, handler: Handler, limits: Limits, tls: ssl.SSLContext | None = None) -> None:
+        """`tls`: serve HTTPS with this context; its handshake has the head's deadline."""
         self.handler = handler
         self.limits = limits
+        self.tls = tls
+        self.scheme = "http" if tls is None else "https"
         self.connections: set[_Connection] = set()
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self, sock: socket.socket, backlog: int) -> None:
         loop = asyncio.get_running_loop()
+        if self.tls is None:
+            self._server = await loop.create_server(
+                lambda: _Connection(self), sock=sock, backlog=backlog
+            )
+            return
         self._server = await loop.create_server(
-            lambda: _Connection(self), sock=sock, backlog=backlog
+            lambda: _Connection(self),
+            sock=sock,
+            backlog=backlog,
+            ssl=self.tls,
+            ssl_handshake_timeout=self.limits.head_timeout,
         )
 
     async def stop(self, grace: float) -> None:

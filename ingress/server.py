@@ -9,6 +9,7 @@ the admin server, close the upstream session.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import resource
 import signal
@@ -30,6 +31,7 @@ from wakeful.ingress.proxy import Proxy
 from wakeful.ingress.routing import RoutingTable
 from wakeful.ingress.sandboxes import follow_sandboxes
 from wakeful.ingress.settings import IngressSettings, split_address
+from wakeful.ingress.tls import Certificates, TLSConfigError
 from wakeful.ingress.transport import Transport
 from wakeful.ingress.upstream import RawTransport
 from wakeful.store import Store
@@ -95,6 +97,9 @@ class Ingress:
         self.address: tuple[str, int] = ("", 0)
         """Where the proxy listens, once running (the port is real even when 0 was asked)."""
         self.admin_address: tuple[str, int] = ("", 0)
+        self.tls_address: tuple[str, int] = ("", 0)
+        """Where the HTTPS listener is, when there is one (`tls_listen`)."""
+        self.certificates: Certificates | None = None
 
     @property
     def ready(self) -> bool:
@@ -148,6 +153,7 @@ class Ingress:
                 self.settings.max_header_bytes,
                 self.settings.boot_log_shown,
                 self.settings.websocket_limits,
+                self._https_location,
             )
             server = HttpServer(edge, limits)
             sock = _bind(self.settings.listen, self.settings.backlog, "listen address")
@@ -158,15 +164,47 @@ class Ingress:
                 raise
             self.address = sock.getsockname()[:2]
             log.info("ingress listening on %s:%d", *self.address)
+            servers = [server]
             try:
+                if self.settings.tls_listen is not None:
+                    servers.append(await self._serve_tls(edge, limits, tasks))
                 yield self
             finally:
                 with anyio.CancelScope(shield=True):
                     self._draining = True
-                    await server.stop(self.settings.shutdown_timeout)
+                    async with anyio.create_task_group() as stopping:
+                        for each in servers:
+                            stopping.start_soon(each.stop, self.settings.shutdown_timeout)
                     await self.cache.close()
                     await admin.stop(0)
                     log.info("ingress stopped")
+
+    def _https_location(self, app: str, host: str, target: str) -> str | None:
+        """Where a plain HTTP request of `app` is sent instead, if its app asks for HTTPS."""
+        if not self.settings.redirects_to_https(app) or not self.tls_address[1]:
+            return None
+        assert self.settings.tls_listen is not None
+        port = split_address(self.settings.tls_listen)[1] or self.tls_address[1]
+        return f"https://{host}{'' if port == 443 else f':{port}'}{target}"
+
+    async def _serve_tls(
+        self, edge: ProxyEdge, limits: Limits, tasks: anyio.abc.TaskGroup
+    ) -> HttpServer:
+        """The HTTPS listener (`ingress.tls`): the same edge, certificates by SNI, reloaded by
+        a task of `tasks`. A directory that cannot serve is an OSError naming it."""
+        listen, directory = self.settings.tls_listen, self.settings.tls_dir
+        assert listen is not None and directory is not None  # the settings check both
+        try:
+            self.certificates = await anyio.to_thread.run_sync(Certificates, directory)
+        except TLSConfigError as exc:
+            raise OSError(errno.EINVAL, f"cannot serve TLS: {exc}", str(directory)) from exc
+        server = HttpServer(edge, limits, self.certificates.context)
+        sock = _bind(listen, self.settings.backlog, "TLS listen address")
+        await _start(server, sock, self.settings.backlog)
+        self.tls_address = sock.getsockname()[:2]
+        tasks.start_soon(self.certificates.watch, self.settings.tls_reload_interval)
+        log.info("ingress listening on %s:%d (TLS)", *self.tls_address)
+        return server
 
 
 async def _start(server: HttpServer, sock: socket.socket, backlog: int) -> None:

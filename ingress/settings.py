@@ -1,9 +1,10 @@
 from __future__ import annotations
 
 import ipaddress
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from wakeful.store.settings import StoreSettings
 
@@ -66,6 +67,15 @@ class IngressSettings(StoreSettings):
     the answer goes to anyone who can connect. `wakeful up` turns it on."""
     backlog: int = Field(default=2048, ge=1, le=65_535)
 
+    tls_listen: str | None = None
+    """host:port of an HTTPS listener beside `listen` (certificates from `tls_dir`)."""
+    tls_dir: Path | None = None
+    """PEM pairs by host: `HOST.crt` + `HOST.key`, `*.DOMAIN.crt` for a wildcard, and the
+    required `default.crt` + `default.key` (see `ingress.tls`); reloaded when they change."""
+    tls_reload_interval: float = Field(default=5.0, gt=0, le=3600)
+    """How often `tls_dir` is checked for changed files."""
+    tls_redirect: list[str] = Field(default_factory=list)
+    """Apps (by name; "*" for all) whose plain HTTP requests get a 308 to HTTPS."""
     websocket_idle_timeout: float = Field(default=600.0, gt=0, le=7 * 86_400)
     """A WebSocket across which nothing passed either way for this long is closed."""
     websocket_idle_timeouts: dict[str, Seconds] = Field(default_factory=dict)
@@ -75,6 +85,19 @@ class IngressSettings(StoreSettings):
     scale down, deploy, drain: a client reconnects)."""
     websocket_max_durations: dict[str, Seconds] = Field(default_factory=dict)
     """Per-app overrides of `websocket_max_duration`, by app name."""
+
+    @model_validator(mode="after")
+    def _tls(self) -> Self:
+        if self.tls_listen is not None:
+            split_address(self.tls_listen)
+            if self.tls_dir is None:
+                raise ValueError("tls_listen needs tls_dir: the certificates to serve")
+        if self.tls_redirect and self.tls_listen is None:
+            raise ValueError("tls_redirect needs tls_listen: there is no HTTPS to send to")
+        return self
+
+    def redirects_to_https(self, app: str) -> bool:
+        return bool(self.tls_redirect) and ("*" in self.tls_redirect or app in self.tls_redirect)
 
     def timeout_for(self, app: str) -> float:
         return self.request_timeouts.get(app, self.request_timeout)
