@@ -5,17 +5,19 @@ Theory of operation:
   bounded, while nothing is routable). Every use it took is handed back on the way out of
   `forward`, shielded, whatever ended it: answer sent, upstream error, client gone,
   cancellation, timeout, shutdown.
+- A request body is read up to `PREREAD_BYTES` before anything else (`preread`): a client
+  trickling a small body in holds no capacity meanwhile.
 - A retry happens only on ConnectFailed (nothing reached the sandbox) and only when none of
-  the request body was read. The refused sandbox's cached leases leave the cache; the use
-  that failed is held until the request ends, so the activator sees that sandbox loaded
-  and places the retry elsewhere.
+  the request body past what `preread` kept was read. The refused sandbox's cached leases
+  leave the cache; the use that failed is held until the request ends, so the activator sees
+  that sandbox loaded and places the retry elsewhere.
 - The sandbox URL always comes from a lease; the client supplies only the path and query.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from wakeful.domain import trace
@@ -36,10 +38,15 @@ from wakeful.ingress.tunnel import Side
 
 
 class RequestBody(Protocol):
-    started: bool
-    """Some of the body was read: the request can no longer be sent anywhere else."""
-    client_gone: bool
-    """The client hung up while sending it."""
+    @property
+    def started(self) -> bool:
+        """Some of the body was read: the request can no longer be sent anywhere else."""
+        ...
+
+    @property
+    def client_gone(self) -> bool:
+        """The client hung up while sending it."""
+        ...
 
     def stream(self) -> AsyncIterator[bytes]: ...
 
@@ -152,6 +159,60 @@ class Proxy:
         self._metrics.upstream_errors.labels(app=app, kind=kind).inc()
 
 
+PREREAD_BYTES = 64 * 1024
+"""A request body is read up to this much before the request takes a lease or an upstream
+connection."""
+
+
+async def preread(body: RequestBody, limit: int = PREREAD_BYTES) -> RequestBody:
+    """Read `body` up to `limit` bytes now. A client that trickles a small body in then holds
+    neither a lease (the sandbox's capacity) nor an upstream connection (its app's share) while
+    it does, as nginx's request buffering; a body read whole can also be sent again when a
+    sandbox refused the connection. A larger body streams on from where this stopped."""
+    chunks: list[bytes] = []
+    size = 0
+    rest = body.stream().__aiter__()
+    while size < limit:
+        try:
+            chunk = await anext(rest)
+        except StopAsyncIteration:
+            return _Preread(chunks, None, body)
+        chunks.append(chunk)
+        size += len(chunk)
+    return _Preread(chunks, rest, body)
+
+
+class _Preread:
+    """A body read before the request was sent: what was read, then the rest as it comes."""
+
+    __slots__ = ("_chunks", "_pulled", "_rest", "_source")
+
+    def __init__(
+        self, chunks: list[bytes], rest: AsyncIterator[bytes] | None, source: RequestBody
+    ) -> None:
+        self._chunks = chunks
+        self._rest = rest
+        self._source = source
+        self._pulled = False
+
+    @property
+    def started(self) -> bool:
+        """What was read before can be sent again; once the rest is being read, it cannot."""
+        return self._pulled
+
+    @property
+    def client_gone(self) -> bool:
+        return self._source.client_gone
+
+    async def stream(self) -> AsyncIterator[bytes]:
+        for chunk in self._chunks:
+            yield chunk
+        if self._rest is not None:
+            self._pulled = True
+            async for chunk in self._rest:
+                yield chunk
+
+
 class Forwarding:
     """One request's trip through `Proxy.forward`, as an async context manager.
 
@@ -176,6 +237,8 @@ class Forwarding:
         proxy, request = self._proxy, self._request
         if not request.target.startswith("/"):
             raise BadRequest(f"request target {request.target[:80]!r} is not a path")
+        if request.body is not None:  # before any capacity is taken: see `preread`
+            request = self._request = replace(request, body=await preread(request.body))
         headers = upstream_request_headers(
             request.headers,
             client_ip=request.client_ip,

@@ -24,6 +24,7 @@ from wakeful.activator.core import Activator
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.domain.models import App, AppSpec, Concurrency, Pool, Sandbox, SandboxStatus
 from wakeful.ingress import Ingress, IngressSettings
+from wakeful.ingress.proxy import PREREAD_BYTES
 from wakeful.store import Store, open_store
 from wakeful.store.testing import free_port, wait_listening
 
@@ -203,10 +204,13 @@ def reset_after_reading(conn: socket.socket) -> None:
     conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
 
-async def held(client: httpx.AsyncClient, release: anyio.Event, size: int = 4096) -> int:
+async def held(
+    client: httpx.AsyncClient, release: anyio.Event, size: int = 4 * PREREAD_BYTES
+) -> int:
     """A request that stays in flight until `release` is set, however slow the machine: a POST
     whose second half of the body is sent only then (the sandbox answers once it has it all).
-    Returns the status."""
+    The first half is past what the ingress reads before it forwards (`preread`), so the
+    request holds its lease and its upstream connection meanwhile. Returns the status."""
 
     async def body() -> AsyncIterator[bytes]:
         yield b"x" * (size // 2)

@@ -217,3 +217,26 @@ async def test_a_request_waiting_for_its_apps_share_does_not_hold_up_another_app
             release.set()
         assert sorted(statuses) == [200, 200, 200]
         assert transport.slots.in_use == 0 and not transport.slots.waiters
+
+
+async def test_a_client_trickling_a_small_body_holds_no_upstream_connection_and_no_lease(
+    hello: Callable[[], int],
+) -> None:
+    """A small body is read whole before the request takes capacity (`proxy.preread`): a
+    client that sends it slowly (or never finishes it) holds neither the app's one upstream
+    connection here nor a lease, so the app's other requests go through meanwhile."""
+    async with stack({"s1": hello()}, upstream_connections_per_app=1, upstream_wait=0) as s:
+        host, port = s.ingress.address
+        async with await anyio.connect_tcp(host, port) as stalled:
+            await stalled.send(
+                b"POST / HTTP/1.1\r\nHost: hello.localhost\r\nContent-Length: 10\r\n\r\nabc"
+            )
+            for _ in range(3):
+                answer = await s.client.get("/")
+                assert answer.status_code == 200, answer.text
+            assert s.sample("requests_in_flight", app="hello") == 0
+            assert all(entry.uses == 0 for entry in s.ingress.cache.snapshot())
+            await stalled.send(b"defghij")  # the rest: now it is forwarded and answered
+            with anyio.fail_after(30):
+                reply = await stalled.receive()
+            assert reply.startswith(b"HTTP/1.1 200 ")
