@@ -145,21 +145,17 @@ def _ms(value: str, unit: str) -> float:
     return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
 
 
-async def run_wrk(url: str, seconds: int) -> Result:
+async def run_wrk(url: str, seconds: int, host: str = HOST, script: Path | None = None) -> Result:
+    """wrk on `url` with `Host: host`, or with a Lua `script` that makes the requests."""
+    chosen = ["-s", str(script)] if script is not None else ["-H", f"Host: {host}"]
     done = await anyio.run_process(
-        [
-            "wrk",
-            "-t1",
-            f"-c{CONNECTIONS}",
-            f"-d{seconds}s",
-            "--latency",
-            "-H",
-            f"Host: {HOST}",
-            url,
-        ],
+        ["wrk", "-t1", f"-c{CONNECTIONS}", f"-d{seconds}s", "--latency", *chosen, url],
         check=False,
     )
-    out = done.stdout.decode()
+    return parse_wrk(done.stdout.decode())
+
+
+def parse_wrk(out: str) -> Result:
     result = Result()
     if found := re.search(r"Requests/sec:\s+([\d.]+)", out):
         result.rps = float(found.group(1))
