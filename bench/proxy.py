@@ -212,16 +212,21 @@ async def seed(store: Store, sandbox_port: int) -> None:
 async def ingress_on(sandbox_port: int) -> AsyncIterator[str]:
     async with open_store("memory://") as store:
         await seed(store, sandbox_port)
-        registry = CollectorRegistry()
-        activator = Activator(
-            store, ActivatorSettings(store_url="memory://", token="bench"), registry
-        )
-        settings = IngressSettings(
-            store_url="memory://", listen="127.0.0.1:0", admin_listen="127.0.0.1:0"
-        )
-        ingress = Ingress(settings, InProcessLeases(activator), store, registry)
-        async with activator.running(), ingress.running():
+        async with serving(store) as ingress:
             yield "http://{}:{}/".format(*ingress.address)
+
+
+@contextlib.asynccontextmanager
+async def serving(store: Store) -> AsyncIterator[Ingress]:
+    """The real activator (in-process leases) and an ingress on loopback, over `store`."""
+    registry = CollectorRegistry()
+    activator = Activator(store, ActivatorSettings(store_url="memory://", token="bench"), registry)
+    settings = IngressSettings(
+        store_url="memory://", listen="127.0.0.1:0", admin_listen="127.0.0.1:0"
+    )
+    ingress = Ingress(settings, InProcessLeases(activator), store, registry)
+    async with activator.running(), ingress.running():
+        yield ingress
 
 
 async def measure(name: str, url: str, seconds: int, rate: int) -> tuple[Result, Result]:

@@ -30,15 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry
-
-from bench.proxy import CONNECTIONS, process, run_wrk
+from bench.proxy import CONNECTIONS, process, run_wrk, serving
 from bench.websocket import rss
-from wakeful.activator.client import InProcessLeases
-from wakeful.activator.core import Activator
-from wakeful.activator.settings import ActivatorSettings
 from wakeful.domain.models import App, AppSpec, Concurrency, Pool, Sandbox, SandboxStatus
-from wakeful.ingress import Ingress, IngressSettings
 from wakeful.store import Put, Store
 from wakeful.store.testing import free_port
 from wakeful.store.url import open_store
@@ -102,16 +96,8 @@ async def main(apps: int, spread: int, seconds: int) -> None:
             )
             gc.collect()
             before = rss(pid)
-            registry = CollectorRegistry()
-            activator = Activator(
-                store, ActivatorSettings(store_url="memory://", token="bench"), registry
-            )
-            settings = IngressSettings(
-                store_url="memory://", listen="127.0.0.1:0", admin_listen="127.0.0.1:0"
-            )
-            ingress = Ingress(settings, InProcessLeases(activator), store, registry)
             started = time.perf_counter()
-            async with activator.running(), ingress.running():
+            async with serving(store) as ingress:
                 loaded = time.perf_counter() - started
                 gc.collect()
                 added = rss(pid) - before

@@ -31,15 +31,15 @@ from wakeful.store.testing import free_port, wait_listening
 HELLO = Path(__file__).resolve().parents[2] / "examples" / "hello" / "app.py"
 
 
-@pytest.fixture
-def hello() -> Iterator[Callable[[], int]]:
-    """Start hello sandboxes (real processes); returns each one's port. Stopped at teardown."""
+def sandbox_processes(script: Path) -> Iterator[Callable[[], int]]:
+    """A fixture's body: start sandboxes running `script` (real processes, PORT set); returns
+    each one's port. Stopped at teardown."""
     procs: list[subprocess.Popen[bytes]] = []
 
     def start() -> int:
         port = free_port()
         proc = subprocess.Popen(
-            [sys.executable, str(HELLO)],
+            [sys.executable, str(script)],
             env={**os.environ, "PORT": str(port)},
             stdout=subprocess.DEVNULL,
         )
@@ -52,6 +52,12 @@ def hello() -> Iterator[Callable[[], int]]:
         proc.terminate()
     for proc in procs:
         proc.wait(10)
+
+
+@pytest.fixture
+def hello() -> Iterator[Callable[[], int]]:
+    """Start hello sandboxes; returns each one's port."""
+    yield from sandbox_processes(HELLO)
 
 
 def closed_port() -> int:

@@ -8,11 +8,8 @@ as plain requests; an event stream is passed on event by event."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
-import subprocess
-import sys
 import threading
 import tracemalloc
 from collections.abc import Callable, Iterator
@@ -24,9 +21,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from wakeful.store.testing import free_port, wait_listening
-
-from .conftest import RawServer, Stack, read_head, stack
+from .conftest import RawServer, Stack, read_head, sandbox_processes, stack
 
 pytestmark = pytest.mark.anyio
 WS_APP = Path(__file__).with_name("ws_app.py")
@@ -34,22 +29,8 @@ WS_APP = Path(__file__).with_name("ws_app.py")
 
 @pytest.fixture
 def ws_sandbox() -> Iterator[Callable[[], int]]:
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start() -> int:
-        port = free_port()
-        proc = subprocess.Popen(
-            [sys.executable, str(WS_APP)], env={**os.environ, "PORT": str(port)}
-        )
-        procs.append(proc)
-        wait_listening(port)
-        return port
-
-    yield start
-    for proc in procs:
-        proc.terminate()
-    for proc in procs:
-        proc.wait(10)
+    """Start WebSocket sandboxes (`ws_app.py`); returns each one's port."""
+    yield from sandbox_processes(WS_APP)
 
 
 def opened(s: Stack, path: str = "/chat") -> connect:
