@@ -16,6 +16,7 @@ from tests.e2e.test_up import Up, make_app, no_sandbox_left, start_up, stop_up
 
 pytestmark = pytest.mark.anyio
 WAKEFUL = [sys.executable, "-m", "wakeful.cli"]
+FIRST = 128 * 1024
 
 
 async def in_flight(up: Up) -> float:
@@ -42,14 +43,17 @@ async def test_delete_lets_the_request_in_flight_finish_then_removes_everything(
 
             async def slow() -> None:
                 # In flight until the test releases the rest of its body, however slow the
-                # machine: the delete certainly happens while it runs.
+                # machine: the delete certainly happens while it runs. The first part is past
+                # what the ingress reads before it forwards a request (64 KiB), so the request
+                # reaches the sandbox before the rest comes.
                 async def body() -> AsyncIterator[bytes]:
-                    yield b"x" * 1024
+                    yield b"x" * FIRST
                     await release.wait()
                     yield b"x" * 1024
 
+                length = str(FIRST + 1024)
                 answer = await http.post(
-                    "/", content=body(), headers={**up.host(), "Content-Length": "2048"}
+                    "/", content=body(), headers={**up.host(), "Content-Length": length}
                 )
                 statuses.append(answer.status_code)
 
