@@ -241,7 +241,10 @@ async def run_up(
                 for app_dir in app_dirs:
                     announce(await deploy_local(plane, app_dir))
                     name = app_dir.definition.name
-                    announce(f"  {name}: http://{name}.{shown}:{port}/")
+                    https = ""
+                    if ingress.tls_address[1]:  # WAKEFUL_TLS_LISTEN: served over HTTPS too
+                        https = f" and https://{name}.{shown}:{ingress.tls_address[1]}/"
+                    announce(f"  {name}: http://{name}.{shown}:{port}/{https}")
                 # Written once the apps named on the command line are deployed: whoever waits
                 # for the control file (a script, a test) finds them routable.
                 write_control_file(data_dir, f"http://{api}", token, f"http://{listen}")
