@@ -129,6 +129,7 @@ class LeaseCache:
         self._room: dict[Key, list[asyncio.Future[None]]] = {}
         """Requests waiting in `acquire`, per key: told when a cached lease gets room."""
         self._releasing: set[asyncio.Task[None]] = set()
+        self._closed = False
         self._held: set[CachedLease] = set()
         """Leases out of the cache that still carry requests (an overflow lease, or one whose
         sandbox is leaving): renewed until their last use returns, so none expires mid-request."""
@@ -149,8 +150,13 @@ class LeaseCache:
         """A use of a fresh lease from the activator (it may wait, bounded, for capacity), or
         of a cached one that gets room first: while the activator makes a request wait (every
         sandbox at its hard limit), a request of this ingress ending frees a use here that the
-        activator does not know of, and the waiting request takes it. An ask overtaken that
-        way is called off; a grant it got anyway goes into the cache, never lost."""
+        activator does not know of, and the waiting request takes it.
+
+        A request that took such room leaves its ask running (cancelling an ask over HTTP
+        could lose a grant the activator already counted): whatever it is granted goes into
+        the cache, or straight back when it is an overflow lease. One cancelled (its client
+        left) is cancelled, as before. Room is announced to one waiter at a time; a woken
+        waiter that does not use it, or leaves more, passes the word on."""
         self._on_miss(key[0])
         loop = asyncio.get_running_loop()
         ask = loop.create_task(self._ask(key))
@@ -159,24 +165,29 @@ class LeaseCache:
                 room = loop.create_future()
                 waiting = self._room.setdefault(key, [])
                 waiting.append(room)
+                took = False
                 try:
                     await asyncio.wait([ask, room], return_when=asyncio.FIRST_COMPLETED)
+                    if room.done():
+                        use = self.take(key, avoid)
+                        if use is not None:
+                            took = True
+                            self._keep_whatever(key, ask)
+                            return use
+                    if ask.done():
+                        return self._granted(key, ask.result())
                 finally:
+                    woken = room.done() and not room.cancelled()
                     room.cancel()
                     with contextlib.suppress(ValueError):
                         waiting.remove(room)
                     if not waiting:
                         self._room.pop(key, None)
-                if ask.done():
-                    return self._granted(key, ask.result())
-                use = self.take(key, avoid)
-                if use is not None:
-                    self._call_off(key, ask)
-                    return use
-                if pick(self._entries.get(key, ())) is not None:
-                    self._has_room(key)  # room on a sandbox this request avoids: pass it on
+                    if woken or took:
+                        self._pass_room(key)  # room left (or not for this one): the next looks
         except BaseException:
-            self._call_off(key, ask)
+            ask.cancel()
+            self._keep_whatever(key, ask)
             raise
 
     async def _ask(self, key: Key) -> LeaseGrant:
@@ -208,16 +219,19 @@ class LeaseCache:
                 room.set_result(None)
                 return
 
-    def _call_off(self, key: Key, ask: asyncio.Task[LeaseGrant]) -> None:
-        """Cancel an ask no longer needed; a grant it gets anyway is kept (cached, or released
-        at once when it is an overflow lease), so no capacity is lost."""
-        ask.cancel()
+    def _pass_room(self, key: Key) -> None:
+        if pick(self._entries.get(key, ())) is not None:
+            self._has_room(key)
+
+    def _keep_whatever(self, key: Key, ask: asyncio.Task[LeaseGrant]) -> None:
+        """An ask no request waits for any more: a grant it gets is kept in the cache (or
+        released at once when it is an overflow lease, or the cache is closed), never lost."""
 
         def settle(done: asyncio.Task[LeaseGrant]) -> None:
             if done.cancelled() or done.exception() is not None:
                 return
             grant = done.result()
-            if grant.overflow:
+            if grant.overflow or self._closed:
                 task = asyncio.get_running_loop().create_task(self.release(grant))
                 self._releasing.add(task)
                 task.add_done_callback(self._releasing.discard)
@@ -314,6 +328,7 @@ class LeaseCache:
 
     async def close(self) -> None:
         """Release every cached lease (at shutdown, after in-flight requests finished)."""
+        self._closed = True
         entries = [e for group in self._entries.values() for e in group]
         self._entries.clear()
         for entry in entries:

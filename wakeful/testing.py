@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,11 +44,24 @@ class FakeLeases:
     one is full an overflow lease of size 1 on the least loaded (as the activator admits over
     target, invariant 2); `UnknownApp` for an app it was not given, `NoCapacity` for an app
     with no sandbox; `LeaseGone` on renewing a lease that was released. Release is
-    idempotent. `leased` shows what each sandbox carries."""
+    idempotent. `leased` shows what each sandbox carries.
 
-    def __init__(self, apps: Mapping[str, Sequence[FakeSandbox]], ttl: float = 60.0) -> None:
+    `size`: a normal lease's size (an overflow lease is always 1). `hold`: awaited by every
+    acquire before it is decided, as a request parked at the activator waits (a test lets
+    grants out one by one)."""
+
+    def __init__(
+        self,
+        apps: Mapping[str, Sequence[FakeSandbox]],
+        ttl: float = 60.0,
+        *,
+        size: int = 1,
+        hold: Callable[[], Awaitable[object]] | None = None,
+    ) -> None:
         self._apps = {app: list(sandboxes) for app, sandboxes in apps.items()}
         self._ttl = ttl
+        self._size = size
+        self._hold = hold
         self._ids = itertools.count(1)
         self._leases: dict[str, LeaseGrant] = {}
         self.leased: dict[str, int] = {
@@ -56,19 +69,23 @@ class FakeLeases:
         }
 
     async def acquire(self, app: str, version: str | None = None) -> LeaseGrant:
+        if self._hold is not None:
+            await self._hold()
         sandboxes = self._apps.get(app)
         if sandboxes is None:
             raise UnknownApp(f"no app named {app!r}")
         if not sandboxes:
             raise NoCapacity(f"{app!r} has no sandbox", retry_after=1)
-        room = [s for s in sandboxes if self.leased[s.sandbox_id] < s.capacity]
+        size = self._size
+        room = [s for s in sandboxes if self.leased[s.sandbox_id] + size <= s.capacity]
         chosen = room[0] if room else min(sandboxes, key=lambda s: self.leased[s.sandbox_id])
-        self.leased[chosen.sandbox_id] += 1
+        size = size if room else 1
+        self.leased[chosen.sandbox_id] += size
         grant = LeaseGrant(
             lease_id=f"fake-{next(self._ids)}",
             sandbox_id=chosen.sandbox_id,
             url=chosen.url,
-            size=1,
+            size=size,
             overflow=not room,
             ttl_seconds=self._ttl,
         )
@@ -84,7 +101,7 @@ class FakeLeases:
     async def release(self, lease_id: str) -> None:
         grant = self._leases.pop(lease_id, None)
         if grant is not None:
-            self.leased[grant.sandbox_id] -= 1
+            self.leased[grant.sandbox_id] -= grant.size
 
 
 def up_command(

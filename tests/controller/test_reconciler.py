@@ -156,7 +156,8 @@ async def mirrored(store: Store) -> Mirror:
     mirror.nodes.replace(nodes.items, nodes.revision)
     sandboxes = await store.list("sandboxes/", Sandbox)
     mirror.sandboxes.replace(sandboxes.items, sandboxes.revision)
-    mirror.listed = True
+    mirror.cordons.replace([], sandboxes.revision)
+    mirror.done_listing()
     return mirror
 
 
@@ -182,3 +183,25 @@ async def test_it_plans_from_its_mirror_only_when_the_mirror_has_its_own_writes(
     )
     await reconciler.step(current)
     assert len(await statuses(store)) == 3
+
+
+async def test_a_mirror_listed_table_by_table_is_as_old_as_its_oldest_table(store: Store) -> None:
+    """Found by a reviewer: a listing replaces the tables one by one; the sandboxes listed
+    before the controller's own create, the nodes after it. Planned from as if it were as new
+    as its newest table, it created the sandboxes again."""
+    await seed(store, 2)
+    mirror = Mirror()
+    mirror.relisting()
+    sandboxes = await store.list("sandboxes/", Sandbox)  # before the creates
+    mirror.sandboxes.replace(sandboxes.items, sandboxes.revision)
+    reconciler = Reconciler(store, lambda sandbox_id: 0)
+    await reconciler.tick()  # creates two, at revisions past that listing
+    assert len(await statuses(store)) == 2
+    pools = await store.list("pools/", Pool)
+    mirror.pools.replace(pools.items, pools.revision)
+    nodes = await store.list("nodes/", Node)
+    mirror.nodes.replace(nodes.items, nodes.revision)
+    mirror.cordons.replace([], nodes.revision)
+    mirror.done_listing()
+    await reconciler.step(mirror)
+    assert len(await statuses(store)) == 2

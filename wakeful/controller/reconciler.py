@@ -41,8 +41,12 @@ def with_cordon(node: Node, cordon: Cordon | None) -> Node:
 
 class Mirror:
     """What the controller plans from between listings: every pool, sandbox, node and cordon
-    as the reflector last delivered them (each decoded once, when it changed), the newest
-    revision delivered, and `changed`, set by any listing or change."""
+    as the reflector last delivered them (each decoded once, when it changed), and `changed`,
+    set by any listing or change.
+
+    `revision`: every write up to it is in every table. A listing replaces the tables one by
+    one, each as of its own revision, so after one it is the oldest of them (the watch then
+    goes on from there, in order); `listed` is False while a listing is under way."""
 
     def __init__(self) -> None:
         self.changed = anyio.Event()
@@ -53,7 +57,17 @@ class Mirror:
         self.nodes: _Table[Node] = _Table(self)
         self.cordons: _Table[Cordon] = _Table(self)
 
+    def relisting(self) -> None:
+        self.listed = False
+
+    def done_listing(self) -> None:
+        tables = (self.pools, self.sandboxes, self.nodes, self.cordons)
+        self.revision = min(table.listed_at for table in tables)
+        self.listed = True
+        self.changed.set()
+
     def saw(self, revision: int) -> None:
+        """A watched change: every revision before it was delivered already."""
         self.revision = max(self.revision, revision)
         self.changed.set()
 
@@ -72,10 +86,12 @@ class _Table(Generic[M]):
     def __init__(self, mirror: Mirror) -> None:
         self._mirror = mirror
         self.items: dict[str, Item[M]] = {}
+        self.listed_at = 0
 
     def replace(self, items: list[Item[M]], revision: int) -> None:
         self.items = {item.key: item for item in items}
-        self._mirror.saw(revision)
+        self.listed_at = revision
+        self._mirror.changed.set()
 
     def put(self, item: Item[M]) -> None:
         self.items[item.key] = item
@@ -112,6 +128,8 @@ class Reconciler:
         self._clock = clock
         self._written = 0
         """The revision of this controller's latest write: a plan needs a view that has it."""
+        self._unsure = False
+        """A write failed with a store error (it may have committed): plan from listings."""
         self._trust_leases_after = clock() + drain_grace
         """Lease counts live in the activator's memory: right after it (re)starts they read 0
         although ingresses still hold leases they will renew. Until one lease TTL has passed,
@@ -133,18 +151,24 @@ class Reconciler:
             Feed(keys.CORDONS, Cordon, mirror.cordons),
         ]
 
-        def listed() -> None:
-            mirror.listed = True
-
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(
-                lambda: reflect_all(self._store, feeds, what="pool controller", listed=listed)
+                lambda: reflect_all(
+                    self._store,
+                    feeds,
+                    what="pool controller",
+                    listed=mirror.done_listing,
+                    relisting=mirror.relisting,
+                )
             )
             while True:
                 mirror.changed = anyio.Event()
                 try:
                     await self.step(mirror)
                 except StoreError as exc:
+                    # A write may have committed without its revision coming back: plan from
+                    # the store until a listing has certainly seen it.
+                    self._unsure = True
                     log.warning("pool controller could not reconcile: %s", exc)
                 with anyio.move_on_after(self._interval):
                     await mirror.changed.wait()
@@ -152,13 +176,14 @@ class Reconciler:
     async def step(self, mirror: Mirror) -> None:
         """One reconciliation from `mirror` if it holds this controller's own last write,
         else from a fresh listing."""
-        if mirror.listed and mirror.revision >= self._written:
+        if mirror.listed and not self._unsure and mirror.revision >= self._written:
             await self._reconcile(mirror.state())
         else:
             await self.tick()
 
     async def tick(self) -> None:
         """One reconciliation from a fresh listing of the store."""
+        self._unsure = False  # what this lists has every write that committed before it
         await self._reconcile(
             State(
                 (await self._store.list(keys.POOLS, Pool)).items,

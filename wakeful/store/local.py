@@ -271,6 +271,8 @@ class _Tail:
         otherwise the next reader reads the engine, as for any write."""
         if self.reading is not None or self.next != revision or not ops:
             return
+        if self.generation != generation - 1:  # a notified write not read in yet: read it all
+            return
         puts = [op for op in ops if isinstance(op, RawPut)]
         if len(puts) != len(ops) or len({op.key for op in puts}) != len(puts):
             return

@@ -76,17 +76,22 @@ async def reflect_all(
     *,
     what: str,
     listed: Callable[[], None] | None = None,
+    relisting: Callable[[], None] | None = None,
     backoff: float = 0.5,
     max_backoff: float = 5.0,
 ) -> None:
     """Mirror every feed's prefix into its view, on one watch, until cancelled.
 
-    `listed` is called after every full listing, once every view has been replaced.
+    `listed` is called after every full listing, once every view has been replaced;
+    `relisting` before each (the first, and every one after a lost watch), while the views
+    are about to be replaced one by one, each as of its own revision.
     """
     prefix = shared_prefix([feed.prefix for feed in feeds])
     delay = backoff
     while True:
         try:
+            if relisting is not None:
+                relisting()
             revisions: list[int] = []
             for feed in feeds:
                 listing = await store.list(feed.prefix, feed.model)
