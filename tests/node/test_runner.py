@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -18,8 +18,11 @@ from wakeful.domain import keys
 from wakeful.domain.models import AppSpec, HealthCheck, Pool, Sandbox, Version
 from wakeful.domain.models import SandboxStatus as S
 from wakeful.node.agent import NodeAgent
+from wakeful.node.ports import PortPool
+from wakeful.node.runner import NodeServices, SandboxRunner
 from wakeful.node.settings import NodeSettings
 from wakeful.node.testing import FakeProgram, FakeRuntime
+from wakeful.node.writer import SandboxWriter
 from wakeful.store import Event, Item, Store, open_store
 
 pytestmark = pytest.mark.anyio
@@ -177,9 +180,6 @@ async def test_a_sandbox_that_loses_its_record_to_the_store_stops_without_cordon
     """Only an agent that stops cordons its node. A sandbox whose record can no longer be
     written (the store went away while it booted) is stopped on its own, and the node stays
     open for new sandboxes."""
-    from wakeful.node.ports import PortPool
-    from wakeful.node.runner import NodeServices, SandboxRunner
-    from wakeful.node.writer import SandboxWriter
 
     spec = AppSpec(command=["web"], health=HealthCheck(path="/healthz", timeout=60))
     settings = NodeSettings(
@@ -201,17 +201,7 @@ async def test_a_sandbox_that_loses_its_record_to_the_store_stops_without_cordon
             keys.sandbox("sb-1"),
             Sandbox(id="sb-1", pool="web-v1", app="web", node="n1", owner="n1", epoch=1),
         )
-        services = NodeServices(
-            store=store,
-            settings=settings,
-            artifacts=NoArtifacts(),
-            runtime=runtime,
-            ports=PortPool(*settings.port_range, host=settings.node_address),
-            writer=SandboxWriter(store, "n1"),
-            shipper=None,
-            before_shutdown=before_shutdown,
-        )
-        runner = SandboxRunner("sb-1", services)
+        runner = SandboxRunner("sb-1", node_services(store, settings, runtime, before_shutdown))
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(runner.run)
             with anyio.fail_after(30):
@@ -231,9 +221,6 @@ async def test_a_sandbox_that_loses_its_record_to_the_store_stops_without_cordon
 async def test_a_record_that_moved_after_the_watch_saw_it_is_not_started(tmp_path: Path) -> None:
     """The runner claims the record as the agent's watch delivered it, without reading it
     again: one placed elsewhere since (the watch has not said so yet) gets no process here."""
-    from wakeful.node.ports import PortPool
-    from wakeful.node.runner import NodeServices, SandboxRunner
-    from wakeful.node.writer import SandboxWriter
 
     spec = AppSpec(command=["web"], health=HealthCheck(path="/healthz", timeout=10))
     settings = NodeSettings(store_url="memory://", node_name="n1", data_dir=tmp_path)
@@ -251,18 +238,28 @@ async def test_a_record_that_moved_after_the_watch_saw_it_is_not_started(tmp_pat
         seen = Item(keys.sandbox("sb-1"), placed, revision)
         moved = placed.model_copy(update={"node": "n2", "owner": "n2", "epoch": 2})
         await store.update(keys.sandbox("sb-1"), moved, revision)
-        services = NodeServices(
-            store=store,
-            settings=settings,
-            artifacts=NoArtifacts(),
-            runtime=runtime,
-            ports=PortPool(*settings.port_range, host=settings.node_address),
-            writer=SandboxWriter(store, "n1"),
-            shipper=None,
-            before_shutdown=before_shutdown,
-        )
+        services = node_services(store, settings, runtime, before_shutdown)
         with anyio.fail_after(30):
             await SandboxRunner("sb-1", services, seen).run()
         now = await store.get(keys.sandbox("sb-1"), Sandbox)
     assert runtime.started == []
     assert now is not None and now.value == moved
+
+
+def node_services(
+    store: Store,
+    settings: NodeSettings,
+    runtime: FakeRuntime,
+    before_shutdown: Callable[[], Awaitable[None]],
+) -> NodeServices:
+    """What a runner of node n1 shares, on the fake runtime, with no artifacts and no shipper."""
+    return NodeServices(
+        store=store,
+        settings=settings,
+        artifacts=NoArtifacts(),
+        runtime=runtime,
+        ports=PortPool(*settings.port_range, host=settings.node_address),
+        writer=SandboxWriter(store, "n1"),
+        shipper=None,
+        before_shutdown=before_shutdown,
+    )
