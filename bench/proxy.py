@@ -106,18 +106,29 @@ def process(args: list[str], port: int) -> Iterator[subprocess.Popen[bytes]]:
             proc.stderr.close()
 
 
-NGINX_CONF = """
-worker_processes 1;
-pid {dir}/nginx.pid;
-error_log {dir}/error.log warn;
-events {{ worker_connections 4096; }}
-http {{
+NGINX_HTTP = """\
     access_log off;
     client_body_temp_path {dir}/body;
     proxy_temp_path {dir}/proxy;
     fastcgi_temp_path {dir}/fastcgi;
     uwsgi_temp_path {dir}/uwsgi;
     scgi_temp_path {dir}/scgi;
+"""
+"""nginx as our own process in a temporary directory: no access log, its temp files there."""
+
+
+def nginx_conf(template: str, directory: str, **ports: int) -> str:
+    """`template` (a config with `{dir}`, `{http}` and ports) filled in for `directory`."""
+    return template.format(dir=directory, http=NGINX_HTTP.format(dir=directory), **ports)
+
+
+NGINX_CONF = """
+worker_processes 1;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+{http}
     upstream sandbox {{ server 127.0.0.1:{upstream}; keepalive 64; }}
     server {{
         listen 127.0.0.1:{port};
@@ -260,7 +271,7 @@ async def main(seconds: int, rate: int) -> None:
             results["ingress"] = await measure("ingress", url, seconds, rate)
         nginx_port = free_port()
         conf = Path(tmp) / "nginx.conf"
-        conf.write_text(NGINX_CONF.format(dir=tmp, upstream=sandbox_port, port=nginx_port))
+        conf.write_text(nginx_conf(NGINX_CONF, tmp, upstream=sandbox_port, port=nginx_port))
         nginx = ["nginx", "-p", tmp, "-c", str(conf), "-g", "daemon off;"]
         with process(nginx, nginx_port):
             results["nginx"] = await measure(

@@ -38,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.proxy import ingress_on, process
+from bench.proxy import ingress_on, nginx_conf, process
 from wakeful.store.testing import free_port
 
 NGINX_CONF = """
@@ -48,12 +48,7 @@ pid {dir}/nginx.pid;
 error_log {dir}/error.log warn;
 events {{ worker_connections 30000; }}
 http {{
-    access_log off;
-    client_body_temp_path {dir}/body;
-    proxy_temp_path {dir}/proxy;
-    fastcgi_temp_path {dir}/fastcgi;
-    uwsgi_temp_path {dir}/uwsgi;
-    scgi_temp_path {dir}/scgi;
+{http}
     server {{
         listen 127.0.0.1:{port};
         location / {{
@@ -198,7 +193,7 @@ async def main(messages: int, idle: int) -> None:
             results["ingress"] = await measure("ingress", ingress_port, os.getpid(), messages, idle)
         nginx_port = free_port()
         conf = Path(tmp) / "nginx.conf"
-        conf.write_text(NGINX_CONF.format(dir=tmp, upstream=port, port=nginx_port))
+        conf.write_text(nginx_conf(NGINX_CONF, tmp, upstream=port, port=nginx_port))
         nginx = ["nginx", "-p", tmp, "-c", str(conf), "-g", "daemon off;"]
         with process(nginx, nginx_port) as master:
             worker = first_child(master.pid)

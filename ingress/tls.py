@@ -148,8 +148,9 @@ class Certificates:
         return True
 
     async def watch(self, interval: float) -> None:
-        """Reload every `interval` seconds until cancelled (a few stat calls when nothing
-        changed)."""
+        """Reload every `interval` seconds until cancelled, off the event loop (the stat calls,
+        and reading and checking the pairs when something changed); the table in use is
+        swapped in one assignment, which the SNI callback on the loop reads."""
         while True:
             await asyncio.sleep(interval)
-            self.reload()
+            await asyncio.to_thread(self.reload)

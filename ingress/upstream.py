@@ -104,13 +104,7 @@ class _Connection(asyncio.Protocol):
     # -- asyncio.Protocol --------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport = cast(asyncio.Transport, transport)  # uvloop's is one, not a subclass
-        self.transport = transport
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        transport.set_write_buffer_limits(high=HIGH_WATER)
+        self.transport = _tuned(transport)
 
     def data_received(self, data: bytes) -> None:
         parser = self._parser
@@ -625,13 +619,7 @@ class Handshake(asyncio.Protocol):
     # -- asyncio.Protocol --------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport = cast(asyncio.Transport, transport)
-        self.transport = transport
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        transport.set_write_buffer_limits(high=HIGH_WATER)
+        self.transport = _tuned(transport)
 
     def data_received(self, data: bytes) -> None:
         if self._switched:
@@ -761,6 +749,17 @@ class Handshake(asyncio.Protocol):
         if self.transport is not None and not self.closed:
             self.transport.close()
         self.closed = True
+
+
+def _tuned(transport: asyncio.BaseTransport) -> asyncio.Transport:
+    """An upstream connection as both kinds use it: no Nagle delay, writes bounded."""
+    transport = cast(asyncio.Transport, transport)  # uvloop's is one, not a subclass
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    transport.set_write_buffer_limits(high=HIGH_WATER)
+    return transport
 
 
 async def _once(data: bytes) -> AsyncIterator[bytes]:
