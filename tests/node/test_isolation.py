@@ -21,8 +21,10 @@ import pytest
 
 from wakeful.domain.models import Resources
 from wakeful.node.hardening import (
+    LANDLOCK_SCOPE_ABI,
     control_endpoints,
     install_network_rules,
+    landlock_abi,
     mount_sandbox_fs,
     unmount,
 )
@@ -129,6 +131,32 @@ async def test_the_app_runs_without_any_privilege_left(tmp_path: Path, warm_slot
     uid = str(UidTable(tmp_path / "uids.json").uid("a"))
     none = ["0000000000000000"]
     assert ast.literal_eval(tail) == [[uid] * 4, [uid] * 4, [], *[none] * 5, ["1"]]
+
+
+@pytest.mark.skipif(landlock_abi() < LANDLOCK_SCOPE_ABI, reason="needs Landlock ABI 6")
+@pytest.mark.parametrize("warm_slots", WARM)
+async def test_the_hosts_abstract_sockets_and_processes_are_out_of_reach(
+    tmp_path: Path, warm_slots: int
+) -> None:
+    """Abstract UNIX sockets live in the network namespace a sandbox shares with the host:
+    each sandbox's own Landlock domain keeps it from connecting to one made outside it, while
+    its own still work."""
+    name = f"wakeful-test-{uuid.uuid4().hex}"
+    code = (
+        "import socket\n"
+        "own = socket.socket(socket.AF_UNIX); own.bind('\\0own'); own.listen()\n"
+        "socket.socket(socket.AF_UNIX).connect('\\0own')\n"
+        "try:\n"
+        f"    socket.socket(socket.AF_UNIX).connect('\\0{name}'); print('reached')\n"
+        "except OSError as exc:\n"
+        "    print('refused', exc.errno)\n"
+    )
+    with socket.socket(socket.AF_UNIX) as host:
+        host.bind("\0" + name)
+        host.listen()
+        exit_code, tail, _ = await run(tmp_path, code, warm_slots=warm_slots)
+    assert exit_code == 0, tail
+    assert tail.strip() == "refused 1", tail  # EPERM: Landlock's answer
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a tmpfs needs root")

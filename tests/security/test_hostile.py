@@ -13,6 +13,8 @@ import json
 import os
 import random
 import shutil
+import socket
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,7 +100,8 @@ async def attack(tmp_path: Path, *flags: str) -> Attack:
 
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(probe)
-                answer = await client.get("/attack", headers=up.host("hostile"))
+                with abstract_listener(marker):
+                    answer = await client.get("/attack", headers=up.host("hostile"))
                 assert answer.status_code == 200, answer.text
                 results = answer.json()
                 started = await client.get("/grandchild", headers=up.host("hostile"))
@@ -114,6 +117,15 @@ async def attack(tmp_path: Path, *flags: str) -> Attack:
             os.kill(pid, 9)
         stop_up(up)
         assert not sandbox_pids(up.data_dir)
+
+
+@contextlib.contextmanager
+def abstract_listener(marker: str) -> Iterator[None]:
+    """The host's abstract UNIX socket the hostile app tries (app.py, `abstract_socket`)."""
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind("\0wakeful-hostile-" + marker)
+        sock.listen()
+        yield
 
 
 def remove_written(marker: str) -> None:
@@ -177,6 +189,7 @@ ATTEMPTS = [
     "allocate past `memory`",
     "fill the disk",
     "create a user namespace",
+    "connect to a host abstract socket",
     "connect to the control API",
     "connect to the ingress admin port",
     "connect to another app's port",

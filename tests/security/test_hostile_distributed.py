@@ -27,7 +27,13 @@ from tests.e2e.test_distributed import HELLO, WAKEFUL, make_token, piece_env
 from wakeful.node.testing import app_pids, sandbox_pids
 from wakeful.store.testing import EtcdServer, free_port
 
-from .test_hostile import ATTEMPTS, processes_with, remove_written, write_hostile
+from .test_hostile import (
+    ATTEMPTS,
+    abstract_listener,
+    processes_with,
+    remove_written,
+    write_hostile,
+)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="per-app uids and cgroups need root")
 
@@ -151,7 +157,8 @@ async def test_every_attempt_fails_in_the_multi_process_mode(
 
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(probe)
-                answer = await client.get("/attack", headers={"Host": "hostile.localhost"})
+                with abstract_listener(marker):
+                    answer = await client.get("/attack", headers={"Host": "hostile.localhost"})
                 assert answer.status_code == 200, answer.text
                 results = answer.json()
                 grandchild = await client.get("/grandchild", headers={"Host": "hostile.localhost"})

@@ -159,6 +159,19 @@ def oom_message(limits: Resources) -> str:
     return f"killed: out of memory (limit {format_size(limits.memory)})"
 
 
+# -- scoped abstract sockets and signals ------------------------------------------------------
+
+LANDLOCK_SCOPE_ABI = 6
+"""The Landlock ABI (Linux 6.12) that scopes abstract UNIX sockets and signals."""
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version; 0 without Landlock (not built, or not enabled)."""
+    create_ruleset, version_flag = 444, 1
+    found = int(_libc.syscall(create_ruleset, None, 0, version_flag))
+    return max(found, 0)
+
+
 # -- no user namespaces inside ---------------------------------------------------------------
 
 CLONE_NEWUSER = 0x10000000

@@ -51,15 +51,18 @@ from wakeful.domain.models import Resources
 
 from .cgroups import Cgroups, SandboxCgroup
 from .hardening import (
+    LANDLOCK_SCOPE_ABI,
     UID_BASE,
     UID_COUNT,
     chown_tree,
     install_network_rules,
+    landlock_abi,
     mount_sandbox_fs,
     oom_message,
     unmount,
     userns_filter,
 )
+from .slot_main import SCOPE_MARK
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +146,9 @@ class Jail:
     slot_python: str | None = None
     """A Python 3 visible inside a sandbox, for warm slots; None: no warm slots (said in
     `notes`)."""
+    scope: bool = False
+    """Each sandbox in a Landlock domain of its own that scopes abstract UNIX sockets and
+    signals (`slot_main.scope`): the kernel has it and `slot_python` can run it."""
     notes: tuple[str, ...] = field(default=())
     """What this machine does not enforce (shown by `wakeful status` and logged at start)."""
 
@@ -175,6 +181,10 @@ class Jail:
         slot_python = _visible_python(visible)
         if slot_python is None and cgroups is not None:
             notes.append("no Python 3 under the visible system paths: no warm slots")
+        scope = slot_python is not None and landlock_abi() >= LANDLOCK_SCOPE_ABI
+        if not scope:
+            why = "Landlock ABI < 6" if slot_python is not None else "no Python 3 visible"
+            notes.append(f"host abstract sockets reachable ({why})")
         if cgroups is None:
             notes.append("no writable cgroups: memory is an address-space rlimit")
             if not as_root:
@@ -190,6 +200,7 @@ class Jail:
             hidden=hidden,
             seccomp=seccomp,
             slot_python=slot_python,
+            scope=scope,
             notes=tuple(notes),
         )
         jail.check()
@@ -243,6 +254,9 @@ class Jail:
                 "--no-new-privs",
                 "--",
             ]
+        if self.scope:
+            assert self.slot_python is not None
+            argv += [self.slot_python, "-I", "-S", "-c", _slot_source(), SCOPE_MARK]
         return argv + command
 
     def slot_command(

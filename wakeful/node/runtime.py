@@ -336,7 +336,7 @@ class ProcessRuntime:
             jailed = await asyncio.to_thread(self._enter_slot, slot, place, identity)
             assert jailed.uid is not None
             rlimits = jail.rlimits(identity.limits, jailed.uid)
-            process = await slot.launch(list(command), dict(env), rlimits, jailed.uid)
+            process = await slot.launch(list(command), dict(env), rlimits, jailed.uid, jail.scope)
         except BaseException:
             pool.settle()
             await slot.discard()

@@ -12,7 +12,11 @@ ambient and inheritable sets, the groups, then gid and uid (which empties the pe
 effective sets), and sets no_new_privs; reads /proc/self/status back and refuses to go on (exit
 126) unless all of that holds; resets SIGPIPE and SIGXFSZ (Python ignores them, and an ignored
 signal stays ignored across exec); and execs the command. EOF without a message (the agent
-discards the slot) is a quiet exit.
+discards the slot) is a quiet exit. With `scope` true in the message it first puts itself in
+a Landlock domain of its own that scopes abstract UNIX sockets and signals (`scope`).
+
+The cold chain (no warm slot) runs the same source as `python3 -I -S -c SOURCE SCOPE_MARK
+COMMAND...` after its uid drop: it only sets no_new_privs, scopes itself and execs COMMAND.
 """
 
 import ctypes
@@ -20,6 +24,7 @@ import json
 import os
 import resource
 import signal
+import struct
 import sys
 from typing import Any, NoReturn
 
@@ -28,6 +33,9 @@ PR_SET_NO_NEW_PRIVS = 38
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 CAP_VERSION_3 = 0x20080522
+SCOPE_MARK = "wakeful-scope"
+LANDLOCK_CREATE_RULESET, LANDLOCK_RESTRICT_SELF = 444, 446  # the same on every architecture
+LANDLOCK_SCOPES = 0x1 | 0x2  # LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET | LANDLOCK_SCOPE_SIGNAL
 
 
 def fail(message: str, code: int = 126) -> NoReturn:
@@ -54,6 +62,32 @@ def drop_privileges(libc: Any, uid: int) -> None:
         fail(f"cannot set no_new_privs: errno {ctypes.get_errno()}")
 
 
+def scope(libc: Any) -> None:
+    """Enter a Landlock domain of this sandbox's own (no_new_privs must be set) that handles
+    no file or port access, only scopes: no connecting to an abstract UNIX socket made outside
+    it (the host's, another sandbox's), no signal to a process outside it. Landlock ABI 6
+    (Linux 6.12); the agent asks for it only where the kernel has it."""
+    attr = ctypes.create_string_buffer(struct.pack("=QQQ", 0, 0, LANDLOCK_SCOPES))
+    ruleset = libc.syscall(LANDLOCK_CREATE_RULESET, attr, len(attr.raw), 0)
+    if ruleset < 0:
+        fail(f"cannot make a Landlock ruleset: errno {ctypes.get_errno()}")
+    if libc.syscall(LANDLOCK_RESTRICT_SELF, ruleset, 0) != 0:
+        fail(f"cannot enter a Landlock domain: errno {ctypes.get_errno()}")
+    os.close(ruleset)
+
+
+def scope_and_exec(argv: list[str]) -> NoReturn:
+    """The cold chain's last step, as the app's uid with its environment: scope, then exec."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        fail(f"cannot set no_new_privs: errno {ctypes.get_errno()}")
+    scope(libc)
+    try:
+        os.execvp(argv[0], argv)
+    except OSError as exc:
+        fail(f"cannot run {argv[0]}: {exc.strerror}", 127)
+
+
 def check_dropped(uid: int) -> None:
     """What /proc says, not what the calls returned: the app starts only without privileges."""
     status: dict[str, list[str]] = {}
@@ -78,6 +112,8 @@ def check_dropped(uid: int) -> None:
 
 
 def main() -> None:
+    if sys.argv[1] == SCOPE_MARK:
+        scope_and_exec(sys.argv[2:])
     ready = int(sys.argv[2])  # after the mark that tells an idle slot in `ps`
     os.write(ready, b"r")
     os.close(ready)
@@ -91,8 +127,11 @@ def main() -> None:
     for name, value in message["rlimits"]:
         limit = getattr(resource, f"RLIMIT_{name}")
         resource.setrlimit(limit, (int(value), int(value)))
-    drop_privileges(ctypes.CDLL(None, use_errno=True), uid)
+    libc = ctypes.CDLL(None, use_errno=True)
+    drop_privileges(libc, uid)
     check_dropped(uid)
+    if message.get("scope"):
+        scope(libc)
     for signum in (signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(signum, signal.SIG_DFL)
     null = os.open(os.devnull, os.O_RDONLY)

@@ -108,11 +108,17 @@ class Slot:
         return target
 
     async def launch(
-        self, argv: list[str], env: dict[str, str], rlimits: list[tuple[str, int]], uid: int
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        rlimits: list[tuple[str, int]],
+        uid: int,
+        scope: bool,
     ) -> Child:
-        """Send the start message; the slot sets `rlimits`, drops to `uid` and becomes `argv`
-        with exactly `env` (slot_main). Its parent-death signal was set when it started."""
-        message = {"argv": argv, "env": env, "rlimits": rlimits, "uid": uid}
+        """Send the start message; the slot sets `rlimits`, drops to `uid`, enters a Landlock
+        scope of its own when `scope`, and becomes `argv` with exactly `env` (slot_main). Its
+        parent-death signal was set when it started."""
+        message = {"argv": argv, "env": env, "rlimits": rlimits, "uid": uid, "scope": scope}
         stdin = self.process.stdin
         assert stdin is not None
         stdin.write(json.dumps(message).encode())

@@ -85,6 +85,15 @@ def connect(port: int) -> tuple[bool, str]:
         return True, f"connected to {port}"
 
 
+def abstract_socket() -> tuple[bool, str]:
+    """An abstract UNIX socket of the host (the test's, named after MARKER): the network
+    namespace is shared, so only a Landlock scope keeps it out of reach."""
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(2)
+        sock.connect("\0wakeful-hostile-" + os.environ["MARKER"])
+        return True, "connected to the host's abstract socket"
+
+
 def signal_control() -> tuple[bool, str]:
     os.kill(int(os.environ["CONTROL_PID"]), 0)  # existence and permission, no harm
     return True, "may signal the control plane"
@@ -155,6 +164,7 @@ def attacks() -> dict[str, dict[str, object]]:
         "allocate past `memory`": attempt(allocate),
         "fill the disk": attempt(fill_disk),
         "create a user namespace": attempt(user_namespace),
+        "connect to a host abstract socket": attempt(abstract_socket),
     }
     for name_port in os.environ.get("PORTS", "").split(","):
         if name_port:
