@@ -5,8 +5,8 @@ Every route is checked by one dependency of the whole app (`authorize`): the rou
 in `wakeful.activator.roles.ROUTES` (admin-only when it has none), then the token's role from
 the `TokenBook`. No token or an unknown one is a 401; a token of another role a 403 that
 names the role needed. Errors are `{"error": ..., "detail": ...}` with a one-line reason;
-503s carry Retry-After. `/healthz`, `/metrics` and `/openapi.json` need no token (they reveal
-no app data beyond pool names).
+503s carry Retry-After. `/healthz` and `/metrics` need no token (they reveal no app data
+beyond pool names); `/openapi.json` needs a token of any role.
 """
 
 # No `from __future__ import annotations` here: FastAPI reads the dependency annotations at
@@ -86,13 +86,14 @@ def create_app(
         if token.role not in allowed:
             raise _Forbidden(f"{request.method} {path}", allowed, token.role)
 
-    # No Swagger UI or ReDoc pages (scripts from a CDN, nothing the CLI needs); the schema
-    # stays at /openapi.json.
+    # No Swagger UI or ReDoc pages (scripts from a CDN, nothing the CLI needs). The schema is
+    # served below as a route of our own, so the role check covers it too.
     api = FastAPI(
         title="wakeful control API",
         version="1",
         docs_url=None,
         redoc_url=None,
+        openapi_url=None,
         dependencies=[Depends(authorize)],
     )
 
@@ -204,6 +205,10 @@ def create_app(
     @api.head("/healthz", include_in_schema=False)  # load balancers' health checks
     async def healthz_head() -> Response:
         return Response(status_code=200)
+
+    @api.get("/openapi.json", include_in_schema=False)
+    async def schema() -> dict[str, Any]:
+        return api.openapi()
 
     @api.get("/metrics")
     async def metrics() -> Response:

@@ -19,19 +19,19 @@ from wakeful.domain.models import Role
 
 Public = Literal["public"]
 PUBLIC: Final[Public] = "public"
-"""No token: health, metrics and the API's own schema reveal no app data and no secret."""
+"""No token: health and metrics reveal no app data and no secret."""
 Access = frozenset[Role] | Public
 
 ADMIN_ONLY: Final = frozenset({Role.ADMIN})
 NODE: Final = frozenset({Role.ADMIN, Role.NODE})
 INGRESS: Final = frozenset({Role.ADMIN, Role.INGRESS})
+ANY_ROLE: Final = frozenset(Role)
 
 ROUTES: Final[Mapping[tuple[str, str], Access]] = {
     ("GET", "/healthz"): PUBLIC,
     ("HEAD", "/healthz"): PUBLIC,  # load balancers' health checks
     ("GET", "/metrics"): PUBLIC,
-    ("GET", "/openapi.json"): PUBLIC,
-    ("HEAD", "/openapi.json"): PUBLIC,
+    ("GET", "/openapi.json"): ANY_ROLE,  # the routes' shapes: for whoever may call some
     # leases: what an ingress does (activator/api.py)
     ("POST", "/v1/leases"): INGRESS,
     ("POST", "/v1/leases/{lease_id}/renew"): INGRESS,

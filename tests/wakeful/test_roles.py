@@ -51,13 +51,16 @@ def routes_of(app: FastAPI) -> set[tuple[str, str]]:
     return {(method, path) for method, path, _ in served_routes(app)}
 
 
-NODE_MAY = {("GET", "/v1/artifacts/{digest}"), ("POST", "/v1/logs")}
+SCHEMA = ("GET", "/openapi.json")
+"""The API's schema: any role's token may read it, no token may not."""
+NODE_MAY = {("GET", "/v1/artifacts/{digest}"), ("POST", "/v1/logs"), SCHEMA}
 """What `wakeful node` calls (`HttpArtifacts`, `HttpLogSink`), written out here rather than
 read from the map, so a map that grants more fails these tests."""
 INGRESS_MAY = {
     ("POST", "/v1/leases"),
     ("POST", "/v1/leases/{lease_id}/renew"),
     ("DELETE", "/v1/leases/{lease_id}"),
+    SCHEMA,
 }
 """What `wakeful ingress` calls (`HttpLeases`)."""
 
@@ -281,3 +284,15 @@ async def test_a_nodes_batch_keeps_only_output_of_sandboxes_recorded_on_it() -> 
         )
         kept = await own_output(store, batch, "n1")
     assert [(c.sandbox, c.app) for c in kept.chunks] == [("mine-1", "hello")]
+
+
+async def test_the_schema_is_served_to_any_role_and_to_no_one_without_a_token(
+    control: Control,
+) -> None:
+    """FastAPI's own schema route sits outside the app's dependency: served as ours, it is
+    checked like every other route."""
+    assert (await control.call(*SCHEMA, None)).status_code == 401
+    for token in (control.node, control.ingress):
+        answer = await control.call(*SCHEMA, token)
+        assert answer.status_code == 200
+        assert "/v1/leases" in answer.json()["paths"]
