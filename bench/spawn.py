@@ -118,7 +118,7 @@ async def main(runs: int) -> None:
     runtimes = []
     if shutil.which("bwrap") and os.geteuid() == 0:
         jail = Jail.detect(data)
-        uids = UidTable(data / "uids.json")
+        uids = UidTable(data / "uids.json", claims=data / "claims")
         cold = ProcessRuntime(jail=jail, uids=uids)
         homes = data / "sandboxes"
         warm = ProcessRuntime(jail=jail, uids=uids, warm_slots=1, slot_homes=homes)

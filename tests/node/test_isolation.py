@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import json
 import os
 import shutil
 import socket
@@ -49,9 +50,14 @@ already sits in them. Without cgroups (not root) both are the same path."""
 def runtime(data_dir: Path, warm_slots: int = 0) -> ProcessRuntime:
     data_dir.mkdir(exist_ok=True)
     jail = Jail.detect(data_dir)
-    uids = UidTable(data_dir / "uids.json")
+    uids = uid_table(data_dir)
     homes = data_dir / "sandboxes"
     return ProcessRuntime(jail=jail, uids=uids, warm_slots=warm_slots, slot_homes=homes)
+
+
+def uid_table(data_dir: Path) -> UidTable:
+    """The table of `data_dir`, its machine-wide claims kept beside it (not in /run)."""
+    return UidTable(data_dir / "uids.json", claims=data_dir / "claims")
 
 
 @contextlib.asynccontextmanager
@@ -111,7 +117,7 @@ async def test_a_sandbox_sees_its_own_tree_its_own_uid_and_nothing_else(
     assert cwd == "/app"
     if os.geteuid() == 0:
         assert int(uid) >= 400_000  # its app's own uid, never root
-        assert UidTable(tmp_path / "uids.json").uid("a") == int(uid)  # recorded
+        assert uid_table(tmp_path).uid("a") == int(uid)  # recorded
     assert "'root'" not in rest and "'home'" not in rest and "'run'" not in rest
     assert rest.endswith("['LANG', 'PATH'] False")  # no token file, no agent environment
 
@@ -128,7 +134,7 @@ async def test_the_app_runs_without_any_privilege_left(tmp_path: Path, warm_slot
     )
     exit_code, tail, _ = await run(tmp_path, code, warm_slots=warm_slots)
     assert exit_code == 0, tail
-    uid = str(UidTable(tmp_path / "uids.json").uid("a"))
+    uid = str(uid_table(tmp_path).uid("a"))
     none = ["0000000000000000"]
     assert ast.literal_eval(tail) == [[uid] * 4, [uid] * 4, [], *[none] * 5, ["1"]]
 
@@ -200,7 +206,7 @@ async def test_without_bwrap_the_agent_refuses_and_says_how_to_install_it(
 def test_apps_starting_at_once_each_get_their_own_recorded_uid(tmp_path: Path) -> None:
     """Sandboxes are prepared in worker threads: ten apps waking together once raced on the
     record's temporary file (a start failed with ENOENT)."""
-    table = UidTable(tmp_path / "uids.json")
+    table = uid_table(tmp_path)
     apps = [f"app{i}" for i in range(40)]
 
     def start(app: str) -> int:  # as a start does: allocate, exec, then save
@@ -211,7 +217,28 @@ def test_apps_starting_at_once_each_get_their_own_recorded_uid(tmp_path: Path) -
     with ThreadPoolExecutor(max_workers=40) as pool:
         uids = list(pool.map(start, apps))
     assert len(set(uids)) == len(apps) and min(uids) >= 400_000
-    assert [UidTable(tmp_path / "uids.json").uid(app) for app in apps] == uids  # as recorded
+    assert [uid_table(tmp_path).uid(app) for app in apps] == uids  # as recorded
+
+
+def test_two_data_directories_on_one_machine_never_share_a_uid(tmp_path: Path) -> None:
+    """Two agents with their own data directories (and uid tables) claim uids machine-wide:
+    the second skips the first's, and a recorded uid the other claimed since is given up."""
+    claims = tmp_path / "claims"
+    first_dir, second_dir = tmp_path / "one", tmp_path / "two"
+    first_dir.mkdir()
+    second_dir.mkdir()
+    first = UidTable(first_dir / "uids.json", claims=claims)
+    second = UidTable(second_dir / "uids.json", claims=claims)
+    assert first.uid("a") != second.uid("b")
+    assert first.uid("a") == UidTable(first_dir / "uids.json", claims=claims).uid("a")
+    # A table copied from the first (or one that lost its claims): it takes none of its uids.
+    (second_dir / "uids.json").write_text(json.dumps({"c": first.uid("a")}))
+    assert UidTable(second_dir / "uids.json", claims=claims).uid("c") != first.uid("a")
+    # A claim whose data directory is gone is taken over.
+    shutil.rmtree(first_dir)
+    third_dir = tmp_path / "three"
+    third_dir.mkdir()
+    assert UidTable(third_dir / "uids.json", claims=claims).uid("d") == 400_000
 
 
 @pytest.mark.parametrize("warm_slots", WARM)

@@ -86,6 +86,12 @@ class IsolationUnavailable(RuntimeError):
     """The machine cannot isolate sandboxes as configured; the message says what to do."""
 
 
+UID_CLAIMS = Path("/run/wakeful/uids")
+"""One file per sandbox uid in use on this machine, named by the uid, holding the data
+directory whose agent holds it: agents with different data directories on one machine never
+hand one uid to two apps. Under /run, so a reboot clears it with everything the uids owned."""
+
+
 class UidTable:
     """Each app's own uid on this node, allocated once and recorded in `uids.json`.
 
@@ -94,16 +100,28 @@ class UidTable:
     file writing on its critical path. Writing later loses nothing that matters: the table is
     replaced whole by a rename and never fsynced anyway, and an entry lost in a crash or a power
     cut only gives its uid to the next app, while nothing owned by a uid outlives the agent
-    (sandbox trees are tmpfs, cleared at start)."""
+    (sandbox trees are tmpfs, cleared at start).
 
-    def __init__(self, path: Path) -> None:
+    A uid is also claimed machine-wide in `claims` (`UID_CLAIMS`), by an exclusive create,
+    before it is given to an app: a uid another data directory's agent claimed is skipped, and
+    a recorded uid such an agent claimed since is given up (re-allocated). A claim whose data
+    directory no longer exists is stale and taken over."""
+
+    def __init__(self, path: Path, claims: Path = UID_CLAIMS) -> None:
         self._path = path
+        self._claims = claims
+        self._owner = str(path.parent.resolve())
         self._lock = threading.Lock()  # sandboxes start in worker threads, several at once
         self._uids: dict[str, int] = {}
         self._unsaved = False
         with contextlib.suppress(FileNotFoundError):
             loaded = json.loads(path.read_text())
             self._uids = {str(k): int(v) for k, v in loaded.items()}
+        claims.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for app, uid in list(self._uids.items()):
+            if not self._claim(uid):
+                del self._uids[app]
+                self._unsaved = True
 
     def uid(self, app: str) -> int:
         with self._lock:
@@ -111,12 +129,42 @@ class UidTable:
             if found is not None:
                 return found
             taken = set(self._uids.values())
-            uid = next((UID_BASE + n for n in range(UID_COUNT) if UID_BASE + n not in taken), None)
+            uid = next(
+                (
+                    UID_BASE + n
+                    for n in range(UID_COUNT)
+                    if UID_BASE + n not in taken and self._claim(UID_BASE + n)
+                ),
+                None,
+            )
             if uid is None:
                 raise IsolationUnavailable(f"no free sandbox uid left for app {app!r}")
             self._uids[app] = uid
             self._unsaved = True
             return uid
+
+    def _claim(self, uid: int) -> bool:
+        """Hold `uid` for this data directory machine-wide: True when it is (or now is) ours."""
+        claim = self._claims / str(uid)
+        for _ in range(2):
+            try:
+                fd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                try:
+                    owner = claim.read_text()
+                except FileNotFoundError:
+                    continue  # released between the two calls: try again
+                if owner == self._owner:
+                    return True
+                if owner and Path(owner).is_dir():
+                    return False
+                with contextlib.suppress(FileNotFoundError):
+                    claim.unlink()  # stale: its data directory is gone
+                continue
+            with os.fdopen(fd, "w") as out:
+                out.write(self._owner)
+            return True
+        return False
 
     def save(self) -> None:
         """Write the table if an allocation changed it since the last save."""

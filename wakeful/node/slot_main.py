@@ -82,10 +82,17 @@ def scope_and_exec(argv: list[str]) -> NoReturn:
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         fail(f"cannot set no_new_privs: errno {ctypes.get_errno()}")
     scope(libc)
+    default_signals()
     try:
         os.execvp(argv[0], argv)
     except OSError as exc:
         fail(f"cannot run {argv[0]}: {exc.strerror}", 127)
+
+
+def default_signals() -> None:
+    """Python ignores SIGPIPE and SIGXFSZ, and an ignored signal stays ignored across exec."""
+    for signum in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def check_dropped(uid: int) -> None:
@@ -132,8 +139,7 @@ def main() -> None:
     check_dropped(uid)
     if message.get("scope"):
         scope(libc)
-    for signum in (signal.SIGPIPE, signal.SIGXFSZ):
-        signal.signal(signum, signal.SIG_DFL)
+    default_signals()
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
