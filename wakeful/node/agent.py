@@ -35,6 +35,7 @@ from .fencing import claims
 from .hardening import control_endpoints
 from .isolation import Jail, UidTable
 from .logship import LogShipper, LogSink
+from .peers import PeerFence
 from .ports import PortPool
 from .runner import NodeServices, SandboxRunner
 from .runtime import ProcessRuntime, Runtime
@@ -56,7 +57,8 @@ def runtime_for(settings: NodeSettings, control_plane: Sequence[str] = ()) -> Pr
         return ProcessRuntime()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     refused = control_endpoints([settings.store_url, *control_plane])
-    jail = Jail.detect(settings.data_dir, settings.sandbox_paths, refused)
+    networks = settings.refused_networks()
+    jail = Jail.detect(settings.data_dir, settings.sandbox_paths, refused, networks)
     log.info("sandboxes are isolated: %s", jail.describe())
     uids = UidTable(settings.data_dir / "uids.json") if jail.as_root else None
     homes = sandbox_dir(settings.data_dir, "-").parent
@@ -136,6 +138,9 @@ class NodeAgent:
                 await anyio.to_thread.run_sync(clear_sandboxes, self._settings.data_dir)
                 if isinstance(self._services.runtime, ProcessRuntime):
                     tasks.start_soon(self._services.runtime.keep_warm)
+                    jail = self._services.runtime.jail
+                    if jail is not None and jail.fenced:
+                        tasks.start_soon(PeerFence(self._store, self.name).run)
                 tasks.start_soon(self._watch_loop)
                 self._serving.set()
         finally:

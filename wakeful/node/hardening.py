@@ -15,6 +15,8 @@ from pathlib import Path
 
 from wakeful.domain.models import Resources, format_size
 
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
 UID_BASE = 400_000
 """Per-app uids are UID_BASE + n: above the usual subordinate-uid ranges (100000-165535)."""
 UID_COUNT = 100_000
@@ -32,6 +34,10 @@ add rule inet wakeful out ip daddr 169.254.0.0/16 reject
 add rule inet wakeful out ip6 daddr fd00:ec2::254 reject
 add rule inet wakeful out fib daddr type local meta l4proto {{ tcp, udp }} th dport 53 accept
 add rule inet wakeful out fib daddr type {{ local, broadcast, multicast }} reject
+add set inet wakeful peers4 {{ type ipv4_addr; flags interval; }}
+add set inet wakeful peers6 {{ type ipv6_addr; flags interval; }}
+add rule inet wakeful out ip daddr @peers4 reject
+add rule inet wakeful out ip6 daddr @peers6 reject
 """
 """Packets from sandbox uids to any address of this machine are refused unless they answer a
 connection someone else opened (the ingress's requests) or ask a local DNS resolver: a sandbox
@@ -41,17 +47,58 @@ port serves and the internet stays reachable. One transaction,
 the same for every agent on the machine: re-installing it is harmless."""
 
 
-def install_network_rules(refused: Sequence[tuple[str, int]] = ()) -> str | None:
+def install_network_rules(
+    refused: Sequence[tuple[str, int]] = (), networks: Sequence[Network] = ()
+) -> str | None:
     """Install `NFT_RULES` (root, Debian's nftables), plus a rule per control-plane endpoint on
-    another machine (`refused`: address, port); the reason when that is impossible."""
-    nft = shutil.which("nft")
-    if nft is None:
-        return "nft not found (apt-get install nftables)"
+    another machine (`refused`: address, port) and per refused network (the operator's
+    `sandbox_refused_networks`); the reason when that is impossible. The peer sets start
+    empty: `fence_peers` fills them."""
     rules = NFT_RULES + "".join(
         f"add rule inet wakeful out {'ip6' if ':' in address else 'ip'} daddr {address} "
         f"tcp dport {port} reject\n"
         for address, port in refused
     )
+    rules += "".join(
+        f"add rule inet wakeful out {'ip6' if net.version == 6 else 'ip'} daddr {net} reject\n"
+        for net in networks
+    )
+    return _nft(rules)
+
+
+def fence_peers(addresses: Sequence[str]) -> str | None:
+    """Make the peer sets exactly `addresses` (the other nodes', where their sandboxes listen),
+    in one transaction; the reason when nft refuses."""
+    found = sorted({ipaddress.ip_address(a) for a in addresses}, key=lambda a: (a.version, a))
+    rules = "flush set inet wakeful peers4\nflush set inet wakeful peers6\n"
+    for version, name in ((4, "peers4"), (6, "peers6")):
+        members = [str(a) for a in found if a.version == version]
+        if members:
+            rules += f"add element inet wakeful {name} {{ {', '.join(members)} }}\n"
+    return _nft(rules)
+
+
+def peer_addresses(hosts: Sequence[str]) -> list[str]:
+    """The addresses other nodes advertise (`Node.address`: an IP, or a name resolved here),
+    without the loopback and unspecified ones (this machine's are refused already)."""
+    found: set[str] = set()
+    for host in hosts:
+        try:
+            infos = [ipaddress.ip_address(host)]
+        except ValueError:
+            try:
+                resolved = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+            except OSError:
+                continue
+            infos = [ipaddress.ip_address(str(info[4][0])) for info in resolved]
+        found.update(str(a) for a in infos if not (a.is_loopback or a.is_unspecified))
+    return sorted(found)
+
+
+def _nft(rules: str) -> str | None:
+    nft = shutil.which("nft")
+    if nft is None:
+        return "nft not found (apt-get install nftables)"
     done = subprocess.run(
         [nft, "-f", "-"], input=rules, capture_output=True, text=True, check=False, timeout=30
     )

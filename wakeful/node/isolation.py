@@ -54,6 +54,7 @@ from .hardening import (
     LANDLOCK_SCOPE_ABI,
     UID_BASE,
     UID_COUNT,
+    Network,
     chown_tree,
     install_network_rules,
     landlock_abi,
@@ -194,6 +195,9 @@ class Jail:
     slot_python: str | None = None
     """A Python 3 visible inside a sandbox, for warm slots; None: no warm slots (said in
     `notes`)."""
+    fenced: bool = False
+    """The network rules are installed (root, nftables): `PeerFence` can keep other nodes'
+    addresses out of reach too."""
     scope: bool = False
     """Each sandbox in a Landlock domain of its own that scopes abstract UNIX sockets and
     signals (`slot_main.scope`): the kernel has it and `slot_python` can run it."""
@@ -206,8 +210,10 @@ class Jail:
         data_dir: Path,
         extra_paths: tuple[Path, ...] = (),
         refused: Sequence[tuple[str, int]] = (),
+        networks: Sequence[Network] = (),
     ) -> Jail:
-        """`refused`: control-plane endpoints on other machines no sandbox may reach."""
+        """`refused`: control-plane endpoints on other machines no sandbox may reach;
+        `networks`: the operator's refused networks (`sandbox_refused_networks`)."""
         tools = {name: shutil.which(name) for name in ("bwrap", "setpriv", "prlimit", "sh")}
         if tools["bwrap"] is None:
             raise IsolationUnavailable(INSTALL_HINT)
@@ -216,13 +222,15 @@ class Jail:
             raise IsolationUnavailable(f"isolation needs {', '.join(missing)} (util-linux)")
         as_root = os.geteuid() == 0
         cgroups = Cgroups.detect() if as_root else None
+        failed: str | None = None
         visible = (*SYSTEM_PATHS, *(str(p.absolute()) for p in extra_paths))
         hidden = tuple(str(data_dir) for path in visible if data_dir.is_relative_to(Path(path)))
         notes = []
         if not as_root:
             notes.append("not root: sandboxes share the agent's uid; network not isolated")
-        elif (failed := install_network_rules(refused)) is not None:
+        elif (failed := install_network_rules(refused, networks)) is not None:
             notes.append(f"network not isolated: {failed}")
+        fenced = as_root and failed is None
         seccomp = userns_filter(platform.machine())
         if seccomp is None:
             notes.append(f"user namespaces not refused (no filter for {platform.machine()})")
@@ -249,6 +257,7 @@ class Jail:
             seccomp=seccomp,
             slot_python=slot_python,
             scope=scope,
+            fenced=fenced,
             notes=tuple(notes),
         )
         jail.check()

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import ipaddress
 import re
 import socket
 from pathlib import Path
@@ -60,6 +61,24 @@ class NodeSettings(StoreSettings):
     """Sandbox starters kept ready in their cgroups, so a cold start skips the kernel's slow
     cgroup join (~10-30 ms here; wakeful.node.slots). ~8 MB each; 0 turns them off. Used only
     where the agent writes cgroups (root, isolation on). WAKEFUL_WARM_SLOTS."""
+    sandbox_refused_networks: tuple[str, ...] = ()
+    """Networks no sandbox may reach (CIDRs, e.g. a private network with databases apps must
+    not see), besides this machine, the control plane and the other nodes, which are always
+    refused (as root with nftables). WAKEFUL_SANDBOX_REFUSED_NETWORKS='["10.0.0.0/8"]'."""
+
+    @field_validator("sandbox_refused_networks")
+    @classmethod
+    def _networks(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for network in value:
+            try:
+                ipaddress.ip_network(network, strict=False)
+            except ValueError:
+                raise ValueError(f"not a network (CIDR): {network!r}") from None
+        return value
+
+    def refused_networks(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+        return [ipaddress.ip_network(n, strict=False) for n in self.sandbox_refused_networks]
+
     sandbox_paths: tuple[Path, ...] = ()
     """Directories shown read-only inside every sandbox besides /usr, /etc and the /lib ones
     (e.g. an interpreter installed under /opt). WAKEFUL_SANDBOX_PATHS='["/opt/python"]'."""

@@ -1,0 +1,105 @@
+"""Other nodes and the operator's refused networks, out of a sandbox uid's reach
+(wakeful.node.peers, wakeful.node.hardening): the nft sets follow `nodes/`, and a connection
+from a sandbox uid to a fenced address is refused at once while any other still leaves."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import shutil
+import subprocess
+
+import anyio
+import pytest
+
+from wakeful.domain import keys
+from wakeful.domain.models import Node
+from wakeful.node.hardening import fence_peers, install_network_rules, peer_addresses
+from wakeful.node.peers import PeerFence
+from wakeful.node.settings import NodeSettings
+from wakeful.store import open_store
+
+pytestmark = pytest.mark.anyio
+root_with_nft = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("nft") is None, reason="nftables needs root"
+)
+SANDBOX_UID = ["setpriv", "--reuid=400001", "--regid=400001", "--clear-groups"]
+
+
+def connect_as_sandbox(address: str, port: int) -> str:
+    """What a sandbox uid gets connecting to `address` (TEST-NET: nothing answers there, so
+    an unfenced connect times out, a fenced one is refused at once)."""
+    code = (
+        "import socket\ntry:\n"
+        f" socket.create_connection(({address!r}, {port}), timeout=0.5)\n"
+        "except Exception as e:\n print(type(e).__name__)"
+    )
+    done = subprocess.run([*SANDBOX_UID, "/usr/bin/python3", "-c", code], capture_output=True)
+    return done.stdout.decode().strip()
+
+
+def peer_set(name: str) -> list[str]:
+    listed = subprocess.run(
+        ["nft", "-j", "list", "set", "inet", "wakeful", name], capture_output=True, check=True
+    )
+    for entry in json.loads(listed.stdout)["nftables"]:
+        if "set" in entry:
+            return sorted(str(e) for e in entry["set"].get("elem", []))
+    return []
+
+
+@root_with_nft
+def test_other_nodes_and_refused_networks_are_refused_to_sandbox_uids() -> None:
+    try:
+        assert install_network_rules(networks=[ipaddress.ip_network("198.51.100.0/24")]) is None
+        assert fence_peers(["192.0.2.9"]) is None
+        assert connect_as_sandbox("192.0.2.9", 20001) == "ConnectionRefusedError"  # a peer
+        assert connect_as_sandbox("198.51.100.4", 80) == "ConnectionRefusedError"  # refused net
+        assert connect_as_sandbox("192.0.2.10", 20001) == "TimeoutError"  # the world: open
+        assert fence_peers([]) is None
+        assert connect_as_sandbox("192.0.2.9", 20001) == "TimeoutError"  # no longer a peer
+    finally:
+        install_network_rules()
+        fence_peers([])  # a set keeps its elements through `flush table`
+
+
+@root_with_nft
+async def test_the_fence_follows_the_nodes_registered_in_the_store() -> None:
+    """Its own record and loopback addresses are left out; a node that leaves is unfenced."""
+    try:
+        assert install_network_rules() is None
+        async with open_store("memory://") as store, anyio.create_task_group() as tasks:
+            await store.put(keys.node("self"), Node(name="self", address="192.0.2.1"))
+            await store.put(keys.node("b"), Node(name="b", address="192.0.2.9"))
+            await store.put(keys.node("c"), Node(name="c", address="127.0.0.1"))
+            fence = PeerFence(store, "self")
+            tasks.start_soon(fence.run)
+            with anyio.fail_after(10):
+                while fence.applied != ["192.0.2.9"]:  # noqa: ASYNC110 -- polls the fence
+                    await anyio.sleep(0.01)
+            assert peer_set("peers4") == ["192.0.2.9"]
+            await store.put(keys.node("d"), Node(name="d", address="2001:db8::5"))
+            await store.delete(keys.node("b"))
+            with anyio.fail_after(10):
+                while fence.applied != ["2001:db8::5"]:  # noqa: ASYNC110 -- polls the fence
+                    await anyio.sleep(0.01)
+            assert peer_set("peers4") == [] and peer_set("peers6") == ["2001:db8::5"]
+            tasks.cancel_scope.cancel()
+    finally:
+        install_network_rules()
+        fence_peers([])  # a set keeps its elements through `flush table`
+
+
+def test_peer_addresses_leave_out_loopback_and_resolve_names() -> None:
+    assert peer_addresses(["192.0.2.9", "127.0.0.1", "::1", "0.0.0.0", "localhost"]) == [
+        "192.0.2.9"
+    ]
+
+
+def test_a_refused_network_that_is_not_one_is_an_error_naming_it() -> None:
+    with pytest.raises(ValueError, match=re.escape("not a network (CIDR): '10.0.0.0/33'")):
+        NodeSettings(sandbox_refused_networks=("10.0.0.0/33",))
+    settings = NodeSettings(sandbox_refused_networks=("10.1.2.3/8",))
+    assert [str(n) for n in settings.refused_networks()] == ["10.0.0.0/8"]

@@ -1,0 +1,75 @@
+"""Other nodes' addresses refused to this node's sandboxes.
+
+The ingress dials a sandbox at its node's address, so every sandbox port of every node is
+open to whoever can reach that address, other nodes' sandboxes included. `NFT_RULES` refuses a
+sandbox uid this machine's own addresses; `PeerFence` keeps two nft sets (`peers4`, `peers6`)
+equal to the addresses the other registered nodes advertise (`nodes/{name}`.address), from a
+watch on `nodes/`, so a sandbox cannot reach another node's sandboxes either. Started by the
+agent only where its network rules are installed (root, nftables).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+import anyio
+
+from wakeful.domain import keys
+from wakeful.domain.models import Node
+from wakeful.store import Item, Store
+from wakeful.store.reflector import reflect
+
+from .hardening import fence_peers, peer_addresses
+
+log = logging.getLogger(__name__)
+
+
+class PeerFence:
+    def __init__(
+        self,
+        store: Store,
+        own_name: str,
+        apply: Callable[[Sequence[str]], str | None] = fence_peers,
+    ) -> None:
+        self._store = store
+        self._own = keys.node(own_name)
+        self._apply = apply
+        self._hosts: dict[str, str] = {}
+        self._changed = anyio.Event()
+        self.applied: list[str] | None = None
+        """The addresses the sets hold, once a fence was applied."""
+
+    def replace(self, items: list[Item[Node]], revision: int) -> None:
+        self._hosts = {item.key: item.value.address for item in items if item.key != self._own}
+        self._changed.set()
+
+    def put(self, item: Item[Node]) -> None:
+        if item.key != self._own and self._hosts.get(item.key) != item.value.address:
+            self._hosts[item.key] = item.value.address
+            self._changed.set()
+
+    def delete(self, key: str, revision: int) -> None:
+        if self._hosts.pop(key, None) is not None:
+            self._changed.set()
+
+    async def _follow(self) -> None:
+        await reflect(self._store, keys.NODES, Node, self, what="peer fence")
+
+    async def run(self) -> None:
+        """Follow `nodes/` and re-fence on every change of an address, until cancelled."""
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(self._follow)
+            while True:
+                await self._changed.wait()
+                self._changed = anyio.Event()
+                hosts = sorted(set(self._hosts.values()))
+                addresses = await anyio.to_thread.run_sync(peer_addresses, hosts)
+                if addresses == self.applied:
+                    continue
+                failed = await anyio.to_thread.run_sync(self._apply, addresses)
+                if failed is not None:
+                    log.warning("cannot refuse other nodes to sandboxes: %s", failed)
+                    continue
+                self.applied = addresses
+                log.info("other nodes refused to sandboxes: %s", ", ".join(addresses) or "none")
