@@ -139,6 +139,23 @@ async def test_the_app_runs_without_any_privilege_left(tmp_path: Path, warm_slot
     assert ast.literal_eval(tail) == [[uid] * 4, [uid] * 4, [], *[none] * 5, ["1"]]
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="a uid of its own needs root")
+@pytest.mark.parametrize("warm_slots", WARM)
+async def test_the_apps_uid_has_a_name_and_a_home_and_the_hosts_accounts_are_hidden(
+    tmp_path: Path, warm_slots: int
+) -> None:
+    """Programs that look their user up (`whoami`, `~`, getpass) work, and the host's user
+    list is not shown."""
+    code = (
+        "import getpass, os, pwd; "
+        "print(getpass.getuser(), os.path.expanduser('~'), "
+        "sorted(p.pw_name for p in pwd.getpwall()), os.popen('whoami').read().strip())"
+    )
+    exit_code, tail, _ = await run(tmp_path, code, warm_slots=warm_slots)
+    assert exit_code == 0, tail
+    assert tail.strip() == "app /app ['app', 'nobody', 'root'] app"
+
+
 @pytest.mark.skipif(landlock_abi() < LANDLOCK_SCOPE_ABI, reason="needs Landlock ABI 6")
 @pytest.mark.parametrize("warm_slots", WARM)
 async def test_the_hosts_abstract_sockets_and_processes_are_out_of_reach(

@@ -165,9 +165,27 @@ def mount_sandbox_fs(root: Path, size: int) -> None:
     try:
         for name in ("app", *SCRATCH):
             (root / name).mkdir(mode=0o700)
+        for name in ACCOUNTS:
+            os.close(os.open(root / name, os.O_WRONLY | os.O_CREAT, 0o644))
     except BaseException:
         unmount(root)
         raise
+
+
+ACCOUNTS = ("passwd", "group")
+"""Files beside `app/`, bound read-only at the sandbox's /etc/passwd and /etc/group: the app's
+uid has a name (`app`) and a home (`/app`), so `getpwuid`, `whoami` and `~` work for it, the
+lookup ends in the file instead of loading another NSS module, and the host's accounts are not
+listed to it."""
+
+
+def accounts(uid: int) -> dict[str, str]:
+    return {
+        "passwd": "root:x:0:0:root:/root:/usr/sbin/nologin\n"
+        f"app:x:{uid}:{uid}:app:/app:/usr/sbin/nologin\n"
+        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+        "group": f"root:x:0:\napp:x:{uid}:\nnogroup:x:65534:\n",
+    }
 
 
 def resize_sandbox_fs(root: Path, size: int) -> None:
@@ -181,12 +199,16 @@ def resize_sandbox_fs(root: Path, size: int) -> None:
 
 def fill_app_dir(root: Path, uid: int, place: Callable[[Path, int], None]) -> None:
     """Have `place` write the app into the tmpfs's (empty) `app/`, all of it owned by `uid`,
-    and give `uid` that directory and the scratch ones."""
+    give `uid` that directory and the scratch ones, and name it in the sandbox's accounts."""
     app = root / "app"
     place(app, uid)
     os.chown(app, uid, uid)
     for name in SCRATCH:
         os.chown(root / name, uid, uid)
+    for name, text in accounts(uid).items():
+        with open(root / name, "r+") as file:  # in place: the sandbox has this inode bound
+            file.write(text)
+            file.truncate()
 
 
 def unmount(path: Path) -> None:

@@ -51,6 +51,7 @@ from wakeful.domain.models import Resources
 
 from .cgroups import Cgroups, SandboxCgroup
 from .hardening import (
+    ACCOUNTS,
     LANDLOCK_SCOPE_ABI,
     UID_BASE,
     UID_COUNT,
@@ -363,6 +364,8 @@ class Jail:
         args += ["--proc", "/proc", "--dev", "/dev"]
         if tree is not None:  # all in one tmpfs, bounded together
             args += ["--bind", str(tree / "tmp"), "/tmp", "--bind", str(tree / "shm"), "/dev/shm"]
+            for name in ACCOUNTS:  # filled for the app's uid by `fill_app_dir`
+                args += ["--ro-bind", str(tree / name), f"/etc/{name}"]
             return [*args, "--bind", str(tree / "app"), APP_DIR, "--chdir", APP_DIR]
         for scratch in ("/tmp", "/dev/shm"):  # writable by the app, bounded like its /app
             args += ["--perms", "1777", "--size", str(disk), "--tmpfs", scratch]

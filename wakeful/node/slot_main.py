@@ -20,9 +20,7 @@ COMMAND...` after its uid drop: it only sets no_new_privs, scopes itself and exe
 """
 
 import ctypes
-import json
 import os
-import resource
 import signal
 import struct
 import sys
@@ -121,6 +119,10 @@ def check_dropped(uid: int) -> None:
 def main() -> None:
     if sys.argv[1] == SCOPE_MARK:
         scope_and_exec(sys.argv[2:])
+    # Imported here, not at the top: json alone costs the cold chain's scope step ~4 ms.
+    import json
+    import resource
+
     ready = int(sys.argv[2])  # after the mark that tells an idle slot in `ps`
     os.write(ready, b"r")
     os.close(ready)
