@@ -86,6 +86,7 @@ class RoutingTable:
         self._apps: dict[str, Item[App]] = {}
         self.index = RouteIndex()
         self.synced = anyio.Event()
+        self._changed = anyio.Event()
 
     async def run(self) -> None:
         """Keep the index current until cancelled."""
@@ -106,5 +107,12 @@ class RoutingTable:
         if self._apps.pop(keys.name_in(key, keys.APPS), None) is not None:
             self._publish()
 
+    async def wait_for(self, app: str) -> None:
+        """Until `app` is in the index (a deploy written to the store has reached it)."""
+        while app not in self._apps:
+            await self._changed.wait()
+
     def _publish(self) -> None:
         self.index = build_index(item.value for item in self._apps.values())
+        self._changed.set()
+        self._changed = anyio.Event()

@@ -7,10 +7,12 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from wakeful.domain.models import Sandbox, SandboxStatus
+from wakeful.domain import keys
+from wakeful.domain.models import App, Sandbox, SandboxStatus
 from wakeful.ingress.cache import LeaseCache
+from wakeful.ingress.routing import RoutingTable, match
 from wakeful.ingress.sandboxes import _Leaving
-from wakeful.store import Item
+from wakeful.store import Item, open_store
 from wakeful.testing import FakeLeases, FakeSandbox
 
 pytestmark = pytest.mark.anyio
@@ -37,3 +39,26 @@ async def test_a_relisting_drops_the_leases_of_sandboxes_no_longer_listed() -> N
         _Leaving(cache, tasks).replace([running("sb-1")], revision=7)  # sb-2 was deleted
     assert [e.grant.sandbox_id for e in cache.snapshot()] == ["sb-1"]
     assert leases.leased == {"sb-1": 1, "sb-2": 0}  # handed back to the lease service
+
+
+async def test_the_routing_table_says_when_an_app_written_to_the_store_is_routed() -> None:
+    """`wakeful up` writes its control file only once the apps it deployed are routed: a
+    script that waits for the file never meets a 404 for them."""
+    async with open_store("memory://") as store, anyio.create_task_group() as tasks:
+        table = RoutingTable(store)
+        tasks.start_soon(table.run)
+        routed = anyio.Event()
+
+        async def wait() -> None:
+            await table.wait_for("hello")
+            routed.set()
+
+        tasks.start_soon(wait)
+        await table.synced.wait()
+        await anyio.sleep(0.05)
+        assert not routed.is_set()  # no such app yet
+        await store.put(keys.app("hello"), App(name="hello", active_version="v1"))
+        with anyio.fail_after(10):
+            await routed.wait()
+        assert match(table.index, "hello.localhost", "localhost") == "hello"
+        tasks.cancel_scope.cancel()
