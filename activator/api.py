@@ -16,20 +16,32 @@ from typing import Annotated, Any
 
 import anyio
 import fastapi.routing
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, Response
+from fastapi import (
+    APIRouter,
+    Depends,
+    FastAPI,
+    HTTPException,
+    Request,
+    Response,
+    WebSocket,
+    WebSocketException,
+)
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute
+from fastapi.routing import APIRoute, APIWebSocketRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, Field
+from starlette.requests import HTTPConnection
 from starlette.routing import BaseRoute, Host, Mount
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from wakeful.activator.channel import PATH as CHANNEL_PATH
+from wakeful.activator.channel import Channel
 from wakeful.activator.core import Activator, PoolSnapshot
 from wakeful.activator.credentials import TokenBook
 from wakeful.activator.ledger import Lease
-from wakeful.activator.roles import ADMIN_ONLY, PUBLIC, Access, access, needed
+from wakeful.activator.roles import ADMIN_ONLY, PUBLIC, WEBSOCKET, Access, access, needed
 from wakeful.domain.leases import (
     ActivatorError,
     AppFailedToBoot,
@@ -40,6 +52,9 @@ from wakeful.domain.leases import (
 )
 from wakeful.domain.models import NAME_PATTERN, Role
 from wakeful.store import Conflict, InvalidKey, StoreError
+
+POLICY_VIOLATION = 1008
+"""A WebSocket refused for its token (before its handshake completes: an HTTP 403)."""
 
 
 class LeaseRequest(BaseModel):
@@ -65,15 +80,17 @@ def create_app(
 ) -> FastAPI:
     """The control API: leases and pools, plus `routers` (deploys, nodes, logs, tokens), each
     route open to the roles `wakeful.activator.roles` names for it."""
-    bearer = HTTPBearer(auto_error=False)
+    bearer = _Bearer(auto_error=False)
 
     async def authorize(
-        request: Request,
+        request: HTTPConnection,
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
     ) -> None:
-        # The route this request matched, decided once below (unknown: admin-only).
+        # The route this request matched, decided once below (unknown: admin-only). A
+        # WebSocket's handshake has no method of its own: its routes are keyed "WEBSOCKET".
+        method = request.scope.get("method", WEBSOCKET)
         path, allowed = decisions.get(
-            (id(request.scope.get("route")), request.method), (request.url.path, ADMIN_ONLY)
+            (id(request.scope.get("route")), method), (request.url.path, ADMIN_ONLY)
         )
         if not isinstance(allowed, frozenset):  # PUBLIC
             return
@@ -84,7 +101,9 @@ def create_app(
         if credentials is None or token is None:
             raise _Unauthorized()
         if token.role not in allowed:
-            raise _Forbidden(f"{request.method} {path}", allowed, token.role)
+            if method == WEBSOCKET:  # refused before the handshake completes: an HTTP 403
+                raise WebSocketException(POLICY_VIOLATION, f"{path} needs {needed(allowed)}")
+            raise _Forbidden(f"{method} {path}", allowed, token.role)
 
     # No Swagger UI or ReDoc pages (scripts from a CDN, nothing the CLI needs). The schema is
     # served below as a route of our own, so the role check covers it too.
@@ -191,6 +210,11 @@ def create_app(
         activator.release(lease_id)
         return Response(status_code=204)
 
+    @api.websocket(CHANNEL_PATH)
+    async def lease_channel(websocket: WebSocket) -> None:
+        """The lease protocol for an ingress, many calls in flight (activator/channel.py)."""
+        await Channel(websocket, activator).serve()
+
     @api.get("/v1/pools", response_model=list[PoolSnapshot])
     async def pools() -> list[PoolSnapshot]:
         return activator.snapshot()
@@ -219,7 +243,7 @@ def create_app(
         decided = access(method, path)
         # The app's dependency runs for FastAPI's own routes only; any other (the schema)
         # must be public, or it would be served to anyone whatever the map says.
-        if not isinstance(route, APIRoute) and decided != PUBLIC:
+        if not isinstance(route, APIRoute | APIWebSocketRoute) and decided != PUBLIC:
             raise RuntimeError(f"{method} {path} would be served without the role check")
         earlier = decisions.get((id(route), method))
         if earlier is not None and earlier[1] != decided:  # one router included twice
@@ -229,26 +253,57 @@ def create_app(
         if isinstance(entry, Mount | Host):  # a mounted app never sees the dependency
             raise RuntimeError(f"{entry!r}: a mount would be served without the role check")
     public = frozenset(path for path, decided in decisions.values() if decided == PUBLIC)
-    api.add_middleware(TokenGate, tokens=tokens, public=public)
+    sockets = {
+        path: decided
+        for (_, method), (path, decided) in decisions.items()
+        if method == WEBSOCKET and isinstance(decided, frozenset)
+    }
+    api.add_middleware(TokenGate, tokens=tokens, public=public, sockets=sockets)
     return api
+
+
+class _Bearer(HTTPBearer):
+    """FastAPI's bearer scheme (it puts the scheme in the schema), for WebSocket routes too:
+    FastAPI gives a WebSocket's dependencies an `HTTPConnection`, never a `Request`."""
+
+    async def __call__(self, request: HTTPConnection) -> HTTPAuthorizationCredentials | None:
+        secret = _bearer(request.headers.get("authorization", "").encode("latin-1"))
+        if secret is None:
+            return None
+        return HTTPAuthorizationCredentials(scheme="Bearer", credentials=secret)
 
 
 class TokenGate:
     """Refuses a request without a valid token before anything reads its body: FastAPI
     parses a body before it runs dependencies, so `authorize` alone would let anyone make
-    the control plane buffer and parse megabytes. The role check stays in `authorize`."""
+    the control plane buffer and parse megabytes. The role check stays in `authorize`, except
+    for WebSocket routes (`sockets`: path -> roles), refused here with the same 401 and 403
+    answers as any route (an HTTP answer to the handshake), where a dependency can only close."""
 
-    def __init__(self, app: ASGIApp, tokens: TokenBook, public: frozenset[str]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        tokens: TokenBook,
+        public: frozenset[str],
+        sockets: Mapping[str, frozenset[Role]],
+    ) -> None:
         self._app = app
         self._tokens = tokens
         self._public = public
+        self._sockets = sockets
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self._public:
+        if scope["type"] not in ("http", "websocket") or scope["path"] in self._public:
             await self._app(scope, receive, send)
             return
         secret = _bearer(dict(scope["headers"]).get(b"authorization", b""))
         token = None if secret is None else self._tokens.verify(secret)
+        allowed = self._sockets.get(scope["path"], ADMIN_ONLY)
+        if token is not None and scope["type"] == "websocket" and token.role not in allowed:
+            route = f"{WEBSOCKET} {scope['path']}"
+            detail = f"{route} needs {needed(allowed)}; this token has the {token.role} role"
+            await _error(403, "forbidden", detail)(scope, receive, send)
+            return
         if token is None:
             response = _error(
                 401,
@@ -272,6 +327,8 @@ def served_routes(api: FastAPI) -> Iterator[tuple[str, str, BaseRoute]]:
     scope names (`scope["route"]`). Newer FastAPI keeps an included router as one entry of
     `api.routes`; its `iter_route_contexts` opens them."""
     for shown, original in _contexts(api):
+        if isinstance(original, APIWebSocketRoute):
+            yield WEBSOCKET, str(getattr(shown, "path", "")), original
         for method in sorted(getattr(shown, "methods", None) or ()):
             yield str(method), str(getattr(shown, "path", "")), original
 

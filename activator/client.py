@@ -1,15 +1,23 @@
-"""The two adapters of `wakeful.domain.leases.Leases` (what the ingress needs of the
-activator): in-process, and over HTTP. Both raise the same errors, so the ingress cannot tell
+"""The adapters of `wakeful.domain.leases.Leases` (what the ingress needs of the activator):
+in-process, over the lease channel (one WebSocket, many calls in flight: what `wakeful
+ingress` uses), and over plain HTTP. All raise the same errors, so the ingress cannot tell
 them apart.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import json
 from typing import Any
 
 import anyio
 import httpx
+import websockets
+import websockets.asyncio.client
+from websockets.asyncio.client import ClientConnection
 
+from wakeful.activator.channel import PATH as CHANNEL_PATH
 from wakeful.activator.core import Activator
 from wakeful.domain.leases import (
     ActivatorError,
@@ -123,3 +131,223 @@ class HttpLeases:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+class ChannelLeases:
+    """The activator's lease channel (`activator/channel.py`): one WebSocket, opened on first
+    use and again after it is lost; calls made while a frame is on the way go together in the
+    next one.
+
+    A call cancelled while its acquire is in flight sends a `cancel`; a grant that still
+    arrives for it is released here, so a lease nobody holds is never kept. When the channel
+    is lost, every call in flight fails with `Unreachable` (Retry-After 1): acquires are taken
+    out of the activator's waiters by the close, and leases already held stay valid, renewed on
+    the next channel. At most `per_app` acquires of one app are in flight (invariant 12)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        timeout: float = 130.0,
+        upkeep_timeout: float = 10.0,
+        per_app: int = 128,
+    ) -> None:
+        scheme, _, rest = base_url.rstrip("/").partition("://")
+        self._url = ("wss" if scheme == "https" else "ws") + "://" + rest + CHANNEL_PATH
+        self._headers = {"Authorization": f"Bearer {token}"}
+        self._timeout = timeout
+        self._upkeep_timeout = upkeep_timeout
+        self._per_app = per_app
+        self._app_slots: dict[str, anyio.Semaphore] = {}
+        self._ids = itertools.count(1)
+        self._link: _Link | None = None
+        self._opening = anyio.Lock()
+        self._closed = False
+
+    async def acquire(self, app: str, version: str | None = None) -> LeaseGrant:
+        slots = self._app_slots.get(app)
+        if slots is None:
+            slots = self._app_slots[app] = anyio.Semaphore(self._per_app)
+        async with slots:
+            answer = await self._call(
+                {"op": "acquire", "app": app, "version": version}, self._timeout
+            )
+        return LeaseGrant.model_validate(answer["grant"])
+
+    async def renew(self, lease_id: str, *, used: bool = False) -> LeaseGrant:
+        operation = {"op": "renew", "lease": lease_id, "used": used}
+        answer = await self._call(operation, self._upkeep_timeout)
+        return LeaseGrant.model_validate(answer["grant"])
+
+    async def release(self, lease_id: str) -> None:
+        await self._call({"op": "release", "lease": lease_id}, self._upkeep_timeout)
+
+    async def _call(self, operation: dict[str, Any], within: float) -> dict[str, Any]:
+        link = await self._open()
+        ident = next(self._ids)
+        answered = link.send({"id": ident, **operation})
+        try:
+            with anyio.fail_after(within):
+                answer = await answered
+        except TimeoutError:
+            link.abandon(ident, operation["op"], answered)
+            raise Unreachable(f"the activator did not answer in {within:g} s", 1) from None
+        except BaseException:
+            link.abandon(ident, operation["op"], answered)
+            raise
+        if "error" in answer:
+            raise _error(answer)
+        return answer
+
+    async def _open(self) -> _Link:
+        link = self._link
+        if link is not None and link.alive:
+            return link
+        async with self._opening:
+            if self._closed:
+                raise Unreachable("the lease channel is closed", 1)
+            link = self._link
+            if link is None or not link.alive:
+                link = self._link = await _Link.open(self._url, self._headers)
+            return link
+
+    async def aclose(self) -> None:
+        self._closed = True
+        async with self._opening:
+            if self._link is not None:
+                await self._link.close()
+
+    async def __aenter__(self) -> ChannelLeases:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class _Link:
+    """One open channel: a writer that sends what queued up as one frame, a reader that
+    hands each answer to its caller."""
+
+    def __init__(self, connection: ClientConnection) -> None:
+        self._connection = connection
+        self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._abandoned: set[int] = set()
+        """Acquires given up by their callers: the grant that may still come is released."""
+        self._outbox: list[dict[str, Any]] = []
+        self._queued = asyncio.Event()
+        self.alive = True
+        self._tasks = [
+            asyncio.ensure_future(self._read()),
+            asyncio.ensure_future(self._write()),
+        ]
+
+    @classmethod
+    async def open(cls, url: str, headers: dict[str, str]) -> _Link:
+        try:
+            with anyio.fail_after(10):
+                connection = await websockets.asyncio.client.connect(
+                    url,
+                    additional_headers=headers,
+                    max_size=16 << 20,
+                    compression=None,
+                    open_timeout=None,
+                )
+        except websockets.InvalidStatus as exc:
+            status = exc.response.status_code
+            if status in (401, 403):
+                raise Unauthorized(f"the activator refused the token ({status})") from exc
+            raise Unreachable(f"the activator refused the lease channel: {status}", 1) from exc
+        except (OSError, TimeoutError, websockets.WebSocketException) as exc:
+            raise Unreachable(f"the activator did not answer: {exc!r}", 1) from exc
+        return cls(connection)
+
+    def send(self, operation: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        if not self.alive:
+            future.set_exception(Unreachable("the lease channel was lost", 1))
+            return future
+        self._waiting[operation["id"]] = future
+        self._queue(operation)
+        return future
+
+    def abandon(self, ident: int, op: str, answered: asyncio.Future[dict[str, Any]]) -> None:
+        """The caller stopped waiting for `ident`'s answer (cancelled, or out of time)."""
+        if op != "acquire" or not self.alive:
+            self._waiting.pop(ident, None)
+            return
+        if self._waiting.pop(ident, None) is not None:
+            self._abandoned.add(ident)
+            self._queue({"op": "cancel", "of": ident})
+        elif answered.done() and not answered.cancelled() and answered.exception() is None:
+            self._release_unheld(ident, answered.result())  # answered as the caller left
+
+    def _release_unheld(self, ident: int, answer: dict[str, Any]) -> None:
+        grant = answer.get("grant")
+        if grant is not None:  # nobody holds it
+            self._queue({"id": -ident, "op": "release", "lease": grant["lease_id"]})
+
+    def _queue(self, operation: dict[str, Any]) -> None:
+        self._outbox.append(operation)
+        self._queued.set()
+
+    async def _write(self) -> None:
+        try:
+            while True:
+                await self._queued.wait()
+                self._queued.clear()
+                batch, self._outbox = self._outbox, []
+                await self._connection.send(json.dumps(batch))
+        except (websockets.WebSocketException, OSError):
+            self._lost()
+
+    async def _read(self) -> None:
+        try:
+            async for frame in self._connection:
+                for answer in json.loads(frame):
+                    self._answered(answer)
+        except (websockets.WebSocketException, OSError, ValueError, TypeError):
+            pass
+        self._lost()
+
+    def _answered(self, answer: dict[str, Any]) -> None:
+        ident = answer["id"]
+        future = self._waiting.pop(ident, None)
+        if future is not None:
+            if not future.done():
+                future.set_result(answer)
+            return
+        if ident in self._abandoned:  # granted before the cancel arrived, or cancelled
+            self._abandoned.discard(ident)
+            self._release_unheld(ident, answer)
+
+    def _lost(self) -> None:
+        if not self.alive:
+            return
+        self.alive = False
+        waiting, self._waiting = self._waiting, {}
+        for future in waiting.values():
+            if not future.done():
+                future.set_exception(Unreachable("the lease channel was lost", 1))
+        for task in self._tasks:
+            task.cancel()
+
+    async def close(self) -> None:
+        self._lost()
+        await self._connection.close()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _error(answer: dict[str, Any]) -> ActivatorError:
+    """The exception `HttpLeases._checked` raises for the same answer over HTTP."""
+    error, detail = str(answer.get("error", "")), str(answer.get("detail", ""))
+    retry_after = float(answer.get("retry_after", 5) or 5)
+    if error == "unknown app":
+        return UnknownApp(detail)
+    if error == "lease gone":
+        return LeaseGone(detail)
+    if error == "app failed to boot":
+        return AppFailedToBoot(detail, retry_after, str(answer.get("log", "")))
+    if error in ("no capacity", "store unavailable"):
+        return NoCapacity(detail, retry_after)
+    return ActivatorError(f"activator answered: {error} {detail}")

@@ -27,6 +27,9 @@ NODE: Final = frozenset({Role.ADMIN, Role.NODE})
 INGRESS: Final = frozenset({Role.ADMIN, Role.INGRESS})
 ANY_ROLE: Final = frozenset(Role)
 
+WEBSOCKET: Final = "WEBSOCKET"
+"""The method a WebSocket route is keyed by: its handshake is a GET, but not an HTTP route."""
+
 ROUTES: Final[Mapping[tuple[str, str], Access]] = {
     ("GET", "/healthz"): PUBLIC,
     ("HEAD", "/healthz"): PUBLIC,  # load balancers' health checks
@@ -36,6 +39,7 @@ ROUTES: Final[Mapping[tuple[str, str], Access]] = {
     ("POST", "/v1/leases"): INGRESS,
     ("POST", "/v1/leases/{lease_id}/renew"): INGRESS,
     ("DELETE", "/v1/leases/{lease_id}"): INGRESS,
+    (WEBSOCKET, "/v1/leases/channel"): INGRESS,  # the same, many calls in flight
     ("GET", "/v1/pools"): ADMIN_ONLY,
     # artifacts and deploys (deploy/api.py): a node fetches what it runs
     ("GET", "/v1/artifacts/{digest}"): NODE,

@@ -11,6 +11,10 @@ over HTTP, each as throughput and per-op latency (p50, p99).
 3. The same pairs through `HttpLeases` against `create_app(...)` served by uvicorn in this
    process; and a baseline for the HTTP layer alone: `HttpLeases` against a trivial FastAPI
    app on the same paths (POST answers a constant grant, DELETE answers 204).
+4. Between two processes, as `wakeful ingress` and `wakeful activator` run: the same
+   activator and app served by uvicorn (uvloop, httptools) in a child process
+   (`--serve PORT`), called from this one through `HttpLeases` and through `ChannelLeases`
+   (the lease channel: one WebSocket, many calls in flight; what `wakeful ingress` uses).
 
 Round trips run sequentially, then with 50 concurrent workers (latency then includes the wait
 behind the others). Figures only: no assertions. From the repository root, as a module
@@ -32,6 +36,7 @@ import os
 import platform
 import socket
 import statistics
+import subprocess
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
@@ -40,21 +45,24 @@ import anyio
 import anyio.lowlevel
 import httpx
 import uvicorn
+import uvloop
 from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
 
 from wakeful.activator import decisions
 from wakeful.activator.api import create_app
-from wakeful.activator.client import HttpLeases, InProcessLeases
+from wakeful.activator.client import ChannelLeases, HttpLeases, InProcessLeases
 from wakeful.activator.core import Activator
 from wakeful.activator.credentials import TokenBook
 from wakeful.activator.settings import ActivatorSettings
+from wakeful.bootstrap import settle_heap
 from wakeful.domain.leases import ActivatorError, LeaseGrant
 from wakeful.domain.models import App, AppSpec, Concurrency, Pool, Role, Sandbox, SandboxStatus
 from wakeful.store.url import open_store
 
 TOKEN = "bench-token"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKERS = 50
 BATCH = 1000
 ROW = "{:<24} {:<13} {:>11} {:>10} {:>10}"
@@ -250,10 +258,57 @@ async def run(seconds: float) -> None:
                     print(f"scale-up attempts, {sample.labels['result']}: {sample.value:.0f}")
 
 
+async def serve_apart(port: int) -> None:
+    """The child process of part 4: the activator and its API on `port` until killed."""
+    registry = CollectorRegistry()
+    async with hello_activator(registry) as activator:
+        app = create_app(activator, TokenBook.of({TOKEN: Role.INGRESS}), registry)
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"
+        )
+        settle_heap()  # as `wakeful activator` does once it is up
+        await uvicorn.Server(config).serve()
+
+
+async def apart(seconds: float) -> list[str]:
+    """Part 4: HttpLeases and ChannelLeases against an activator in another process."""
+    settle_heap()  # as `wakeful ingress` does once it is up
+    port = free_port()
+    child = subprocess.Popen(  # noqa: ASYNC220 -- once, before anything is measured
+        [sys.executable, "-m", "bench.activator", "--serve", str(port)], cwd=ROOT
+    )
+    notes: list[str] = []
+    try:
+        url = f"http://127.0.0.1:{port}"
+        with anyio.fail_after(30):
+            while True:
+                try:
+                    await anyio.connect_tcp("127.0.0.1", port)
+                    break
+                except OSError:
+                    await anyio.sleep(0.05)
+        for path, leases in (
+            ("HttpLeases, 2 processes", HttpLeases(url, TOKEN)),
+            ("ChannelLeases, 2 procs", ChannelLeases(url, TOKEN)),
+        ):
+            try:
+                notes += await round_trips(path, leases, seconds)
+            finally:
+                await leases.aclose()
+    finally:
+        child.terminate()
+        child.wait(10)
+    return notes
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--seconds", type=float, default=3.0, help="per measurement (3)")
+    parser.add_argument("--serve", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve is not None:
+        uvloop.run(serve_apart(args.serve))
+        return
     if args.seconds < 0.1:
         parser.error("--seconds must be at least 0.1")
     print(f"Python {platform.python_version()} ({platform.python_implementation()})")
@@ -263,6 +318,8 @@ def main() -> None:
     print(ROW.format("-" * 24, "-" * 13, "-" * 11, "-" * 10, "-" * 10))
     measure_decisions(args.seconds)
     anyio.run(run, args.seconds, backend="asyncio")
+    notes = anyio.run(apart, args.seconds, backend="asyncio", backend_options={"use_uvloop": True})
+    print("\n" + "\n".join(notes))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """One contract for every implementation of `wakeful.domain.leases.Leases`: the activator
-in-process, the activator over HTTP, and the package's `FakeLeases`. A test of something that
-holds leases can use the fake because it answers as the real thing does."""
+in-process, over HTTP and over the lease channel, and the package's `FakeLeases`. A test of
+something that holds leases can use the fake because it answers as the real thing does."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from tests.wakeful.conftest import running_control_plane
-from wakeful.activator.client import HttpLeases, InProcessLeases
+from wakeful.activator.client import ChannelLeases, HttpLeases, InProcessLeases
 from wakeful.domain import keys
 from wakeful.domain.leases import LeaseGone, Leases, UnknownApp
 from wakeful.domain.models import (
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.anyio
 URL = "http://127.0.0.1:9"
 
 
-@pytest.fixture(params=["in-process", "http", "fake"])
+@pytest.fixture(params=["in-process", "http", "channel", "fake"])
 async def leases(request: pytest.FixtureRequest, tmp_path: object) -> AsyncIterator[Leases]:
     if request.param == "fake":
         yield FakeLeases({"hello": [FakeSandbox("sb-1", URL, capacity=1)]})
@@ -55,6 +55,9 @@ async def leases(request: pytest.FixtureRequest, tmp_path: object) -> AsyncItera
         await store.put(keys.sandbox("sb-1"), sandbox)
         if request.param == "in-process":
             yield InProcessLeases(control.plane.activator)
+        elif request.param == "channel":
+            async with ChannelLeases(control.url, control.token) as channel:
+                yield channel
         else:
             async with HttpLeases(control.url, control.token) as http:
                 yield http

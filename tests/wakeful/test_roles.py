@@ -20,7 +20,7 @@ from wakeful.activator.api import create_app, served_routes
 from wakeful.activator.client import HttpLeases
 from wakeful.activator.core import Activator
 from wakeful.activator.credentials import TokenBook
-from wakeful.activator.roles import PUBLIC, ROUTES
+from wakeful.activator.roles import PUBLIC, ROUTES, WEBSOCKET
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.deploy.logs_api import own_output
 from wakeful.domain import keys
@@ -58,6 +58,7 @@ NODE_MAY = {("GET", "/v1/artifacts/{digest}"), ("POST", "/v1/logs"), SCHEMA}
 read from the map, so a map that grants more fails these tests."""
 INGRESS_MAY = {
     ("POST", "/v1/leases"),
+    (WEBSOCKET, "/v1/leases/channel"),
     ("POST", "/v1/leases/{lease_id}/renew"),
     ("DELETE", "/v1/leases/{lease_id}"),
     SCHEMA,
@@ -84,6 +85,14 @@ class Control:
 
     async def call(self, method: str, path: str, token: str | None) -> httpx.Response:
         headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+        if method == WEBSOCKET:  # a handshake: refused with an HTTP answer, or a 101
+            method = "GET"
+            headers |= {
+                "Connection": "Upgrade",
+                "Upgrade": "websocket",
+                "Sec-WebSocket-Version": "13",
+                "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+            }
         return await self.http.request(method, path.format(**EXAMPLE), headers=headers)
 
 

@@ -1,0 +1,150 @@
+"""The lease channel (activator/channel.py) and its client (`ChannelLeases`), over a real
+WebSocket through uvicorn: calls in flight together, a cancelled or abandoned acquire that
+leaves no waiter and no lease behind, a lost channel, and frames that are not the protocol."""
+
+from __future__ import annotations
+
+import json
+
+import anyio
+import pytest
+import websockets
+import websockets.asyncio.client
+
+from wakeful.activator.channel import MAX_OPS_PER_FRAME, PATH
+from wakeful.activator.client import ChannelLeases
+from wakeful.domain.leases import LeaseGone, LeaseGrant, Unauthorized, UnknownApp, Unreachable
+from wakeful.domain.models import SandboxStatus
+from wakeful.store.testing import free_port
+
+from .conftest import eventually, set_status
+from .test_api import TOKEN, Served, api, nothing_routable
+
+pytestmark = pytest.mark.anyio
+__all__ = ["api"]  # the fixture, imported to be used here
+
+
+def waiters(api: Served) -> int:
+    return api.activator.snapshot()[0].waiters
+
+
+def leased(api: Served) -> int:
+    return api.activator.snapshot()[0].leased
+
+
+async def test_many_calls_in_flight_share_the_channel_and_every_lease_comes_back(
+    api: Served,
+) -> None:
+    async with ChannelLeases(api.url, TOKEN) as leases:
+
+        async def one() -> None:
+            grant = await leases.acquire("hello")
+            renewed = await leases.renew(grant.lease_id, used=True)
+            assert renewed.lease_id == grant.lease_id
+            await leases.release(grant.lease_id)
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tasks:
+                for _ in range(300):
+                    tasks.start_soon(one)
+        assert leased(api) == 0
+        with pytest.raises(LeaseGone):
+            await leases.renew("never-granted")
+        with pytest.raises(UnknownApp):
+            await leases.acquire("nope")
+
+
+async def test_a_cancelled_acquire_leaves_no_waiter_and_a_later_grant_is_handed_back(
+    api: Served,
+) -> None:
+    await nothing_routable(api)  # the clock stands still (ACTIVATION_TIMEOUT): it waits on
+    async with ChannelLeases(api.url, TOKEN) as leases:
+        with anyio.move_on_after(0.3):
+            await leases.acquire("hello")
+        with anyio.fail_after(10):
+            await eventually(lambda: waiters(api) == 0)
+        # The channel still serves, and nothing is leased: no grant went unheld.
+        grant = await _when_routable(api, leases)
+        assert leased(api) == grant.size
+        await leases.release(grant.lease_id)
+        assert leased(api) == 0
+
+
+async def test_a_lost_channel_fails_the_calls_in_flight_and_drops_their_waiters(
+    api: Served,
+) -> None:
+    await nothing_routable(api)
+    leases = ChannelLeases(api.url, TOKEN)
+    failed: list[BaseException] = []
+
+    async def parked() -> None:
+        try:
+            await leases.acquire("hello")
+        except Unreachable as exc:
+            failed.append(exc)
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tasks:
+            for _ in range(3):
+                tasks.start_soon(parked)
+            await eventually(lambda: waiters(api) == 3)
+            await leases.aclose()  # the channel goes; the calls on it fail at once
+    assert len(failed) == 3
+    with anyio.fail_after(10):
+        await eventually(lambda: waiters(api) == 0)
+
+
+async def test_a_new_channel_is_opened_after_the_last_one_was_lost(api: Served) -> None:
+    async with ChannelLeases(api.url, TOKEN) as leases:
+        grant = await leases.acquire("hello")
+        link = leases._link
+        assert link is not None
+        await link.close()  # lost, as when the activator restarts
+        renewed = await leases.renew(grant.lease_id)  # the lease outlived its channel
+        assert renewed.lease_id == grant.lease_id and leases._link is not link
+        await leases.release(grant.lease_id)
+
+
+async def test_a_wrong_token_and_an_absent_activator_are_typed_errors(api: Served) -> None:
+    async with ChannelLeases(api.url, "wrong") as leases:
+        with pytest.raises(Unauthorized):
+            await leases.acquire("hello")
+    async with ChannelLeases(f"http://127.0.0.1:{free_port()}", TOKEN) as leases:
+        with pytest.raises(Unreachable) as refused:
+            await leases.acquire("hello")
+    assert refused.value.retry_after >= 1
+
+
+@pytest.mark.parametrize(
+    ("frame", "reason"),
+    [
+        ("not json", "invalid operation"),
+        (b"\x00binary", "frames are JSON text"),
+        ('[{"id": 1, "op": "acquire", "app": "../etc"}]', "invalid operation at 0.acquire.app"),
+        ('[{"id": 1, "op": "shutdown"}]', "invalid operation"),
+        ('{"id": 1, "op": "release", "lease": "x"}', "invalid operation"),
+        (json.dumps([{"op": "cancel", "of": 1}] * (MAX_OPS_PER_FRAME + 1)), "more than"),
+    ],
+    ids=["not-json", "binary", "bad-app", "unknown-op", "not-a-list", "too-many"],
+)
+async def test_a_frame_that_is_not_the_protocol_closes_only_its_channel(
+    api: Served, frame: str | bytes, reason: str
+) -> None:
+    url = api.url.replace("http", "ws", 1) + PATH
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with websockets.asyncio.client.connect(url, additional_headers=headers) as hostile:
+        await hostile.send(frame)
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            with anyio.fail_after(10):
+                await hostile.recv()
+    assert closed.value.rcvd is not None
+    assert closed.value.rcvd.code == 1007 and reason in closed.value.rcvd.reason
+    async with ChannelLeases(api.url, TOKEN) as leases:  # the activator serves on
+        grant = await leases.acquire("hello")
+        await leases.release(grant.lease_id)
+
+
+async def _when_routable(api: Served, leases: ChannelLeases) -> LeaseGrant:
+    await set_status(api.store, "sb-1", SandboxStatus.RUNNING)
+    with anyio.fail_after(10):
+        return await leases.acquire("hello")
