@@ -224,7 +224,7 @@ class Responder:
         elif request.version == "1.0":
             lines.append(b"connection: keep-alive\r\n")
         lines.append(b"\r\n")
-        self._conn.write(b"".join(lines))
+        self._conn.hold(b"".join(lines))
 
     async def write(self, chunk: bytes) -> None:
         """Send a piece of the body; TimeoutError when the client reads none of it in time.
@@ -305,6 +305,8 @@ class _Connection(asyncio.Protocol):
         self._runner: asyncio.Task[None] | None = None
         self._paused: set[str] = set()
         self._drain = WriteGate(self._loop)
+        self._held: bytes | None = None
+        """An answer's head not written yet (`hold`)."""
         self._head_timer: asyncio.TimerHandle | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
         # the request being parsed
@@ -506,11 +508,29 @@ class _Connection(asyncio.Protocol):
         if not self.gone:
             self._arm_idle_timers()
 
+    def hold(self, head: bytes) -> None:
+        """An answer's head, sent with the first body bytes written in the same step of the
+        loop (one write, one segment: most answers are one read from the sandbox), or at the
+        end of that step when none come (a stream whose body comes later)."""
+        if self._held is None:
+            self._held = head
+            self._loop.call_soon(self._flush)
+        else:
+            self._held += head
+
+    def _flush(self) -> None:
+        if self._held is not None:
+            held, self._held = self._held, None
+            self.write(held)
+
     def write(self, data: bytes) -> None:
+        if self._held is not None:
+            data, self._held = self._held + data, None
         if self.transport is not None and not self.gone:
             self.transport.write(data)
 
     async def drain(self) -> None:
+        self._flush()
         drain = self._drain.waiting()
         if drain is None:
             return
@@ -546,6 +566,8 @@ class _Connection(asyncio.Protocol):
         not read would otherwise keep the connection, and its slot, for ever)."""
         self.closing = True
         self._cancel_timers()
+        if not abort:
+            self._flush()
         if self.transport is not None:
             if abort:
                 self.transport.abort()

@@ -18,7 +18,11 @@ from wakeful.ingress.errors import (
     UpstreamTimeout,
 )
 from wakeful.ingress.formats import Format, choose_format
-from wakeful.ingress.headers import client_response_headers, upstream_request_headers
+from wakeful.ingress.headers import (
+    client_response_headers,
+    new_request_id,
+    upstream_request_headers,
+)
 from wakeful.ingress.metrics import IllegalMove, IngressMetrics, Move, Phase, advance
 from wakeful.ingress.routing import build_index, match, normalize_host
 
@@ -324,3 +328,10 @@ def test_tracker(moves: list[Move], phase: Phase, queued: int, in_flight: int) -
 def test_nothing_moves_out_of_done_but_finish(move: Move) -> None:
     with pytest.raises(IllegalMove):
         advance(Phase.DONE, move)
+
+
+def test_request_ids_are_32_hex_digits_and_never_repeat_across_refills() -> None:
+    """Read from the CSPRNG 4 KiB at a time: ids made across several refills stay distinct."""
+    ids = [new_request_id() for _ in range(2000)]  # ~8 refills
+    assert len(set(ids)) == len(ids)
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
