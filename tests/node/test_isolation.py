@@ -262,9 +262,10 @@ def test_two_data_directories_on_one_machine_never_share_a_uid(tmp_path: Path) -
 async def test_the_apps_environment_reaches_the_app_and_nothing_before_it(
     tmp_path: Path, warm_slots: int
 ) -> None:
-    """An app's `env` (LD_PRELOAD, LD_DEBUG...) must not reach prlimit, setpriv or bwrap,
-    which run as root before the sandbox exists: the dynamic loader's debug output names every
-    program it loads, so bwrap must not appear in it, while the app does see the variable."""
+    """An app's `env` (LD_PRELOAD, LD_DEBUG...) must not reach prlimit, bwrap or setpriv,
+    which run as root (setpriv with root's capabilities), nor the scope step, which runs before
+    the Landlock scope: the dynamic loader's debug output names every program it hands control
+    to, so only the app may appear in it, while the app does see the variable."""
     workdir = tmp_path / "sandboxes" / "sb" / "app"
     workdir.mkdir(parents=True)
     log = workdir.parent / "output.log"
@@ -282,7 +283,8 @@ async def test_the_apps_environment_reaches_the_app_and_nothing_before_it(
                 assert await process.wait() == 0
     output = await anyio.Path(log).read_text()
     assert "app sees libs" in output
-    assert "bwrap" not in output and "prlimit" not in output
+    assert "bwrap" not in output and "prlimit" not in output and "setpriv" not in output
+    assert output.count("transferring control:") == 1, output  # the app's python3 alone
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="cgroups need root")

@@ -286,9 +286,12 @@ class Jail:
     ) -> list[str]:
         """The argv that starts `command` in a sandbox: the cgroup join, `prlimit` and
         `setpriv --pdeathsig`, bwrap and the uid drop. `root`: with a `uid`, the sandbox's
-        tmpfs (`mount_sandbox_fs`); without, the app's directory itself. `env_fd`: a file of
-        NUL-separated bwrap arguments (`env_arguments`) that set the app's environment inside
-        the sandbox only; the chain before it runs with `CHAIN_ENV`."""
+        tmpfs (`mount_sandbox_fs`); without, the app's directory itself. `env_fd`: a file the
+        app's uid may read, of `export` lines (`env_script`) that the chain's last step, a
+        shell already running as the app's uid, inside its scope, sources before it execs the
+        app: everything before it, root's steps and the scope step included, runs with
+        `CHAIN_ENV` (an app's LD_PRELOAD must never reach setpriv, which still holds root's
+        capabilities, nor run before the Landlock scope)."""
         argv: list[str] = []
         if cgroup is not None:
             argv += cgroup.join_prefix(self.sh)
@@ -296,8 +299,6 @@ class Jail:
         argv += [self.prlimit, *rlimits, "--", self.setpriv, "--pdeathsig", "KILL", "--"]
         tree, workdir = (root, None) if uid is not None else (None, root)
         argv += [self.bwrap, *self._mounts(tree, workdir, limits.disk)]
-        if env_fd is not None:
-            argv += ["--args", str(env_fd)]
         if seccomp_fd is not None:
             argv += ["--seccomp", str(seccomp_fd)]
         argv.append("--")
@@ -315,6 +316,8 @@ class Jail:
         if self.scope:
             assert self.slot_python is not None
             argv += [self.slot_python, "-I", "-S", "-c", _slot_source(), SCOPE_MARK]
+        if env_fd is not None:
+            argv += [self.sh, "-c", f'. /dev/fd/{env_fd} && exec "$@"', ENV_STEP]
         return argv + command
 
     def slot_command(
@@ -401,13 +404,22 @@ def _visible_python(visible: Sequence[str]) -> str | None:
     return None
 
 
-def env_arguments(env: dict[str, str]) -> bytes:
-    """bwrap arguments that give the sandbox exactly `env`, for `--args FD` (kept out of the
-    command line, where any local user could read an app's secrets)."""
-    args = ["--clearenv"]
+ENV_STEP = "wakeful-env"
+"""The name the chain's environment step runs under (its `$0`)."""
+
+
+def env_script(env: dict[str, str]) -> bytes:
+    """`export NAME='value'` lines that give the app exactly `env` on top of `CHAIN_ENV` (whose
+    one variable, PATH, every app's environment sets), read from a file descriptor, never a
+    command line, where any local user could read an app's secrets. Names are shell names
+    (`ENV_NAME`); a value is quoted whole, its own single quotes closed and escaped."""
+    lines = []
     for name, value in env.items():
-        args += ["--setenv", name, value]
-    return b"".join(arg.encode() + b"\0" for arg in args)
+        if not name.isidentifier() or not name.isascii():
+            raise ValueError(f"{name!r} is not a valid environment variable name")
+        quoted = "'" + value.replace("'", "'\\''") + "'"
+        lines.append(f"export {name}={quoted}\n")
+    return "".join(lines).encode()
 
 
 __all__ = [
@@ -418,7 +430,7 @@ __all__ = [
     "SandboxCgroup",
     "UidTable",
     "chown_tree",
-    "env_arguments",
+    "env_script",
     "mount_sandbox_fs",
     "oom_message",
     "unmount",

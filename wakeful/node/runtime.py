@@ -25,7 +25,7 @@ from typing import BinaryIO, Protocol
 from wakeful.domain.models import Resources
 
 from .hardening import chown_tree, fill_app_dir, mount_sandbox_fs, resize_sandbox_fs
-from .isolation import CHAIN_ENV, Jail, UidTable, env_arguments
+from .isolation import CHAIN_ENV, Jail, UidTable, env_script
 from .jailed import Jailed, sealed
 from .ports import listeners
 from .slots import Slot, SlotPool
@@ -290,7 +290,9 @@ class ProcessRuntime:
                     pool, slot, command, env, _placer(workdir, packed), log_path, identity
                 )
             jailed = await asyncio.to_thread(self._enter, workdir, identity, packed)
-            env_fd = sealed(log_path.with_name("env-args"), env_arguments(dict(env)))
+            env_fd = sealed(log_path.with_name("env"), env_script(dict(env)))
+            if jailed.uid is not None:  # read by the chain's last step, as the app's uid
+                os.fchown(env_fd, jailed.uid, jailed.uid)
             fds = (env_fd,)
             seccomp_fd = None
             if self._jail.seccomp is not None:
