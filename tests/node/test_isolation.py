@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import json
+import multiprocessing
 import os
 import shutil
 import socket
@@ -15,6 +16,7 @@ import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -476,3 +478,35 @@ async def test_stopping_the_pool_while_it_spawns_leaves_no_slot(
     # An empty one may stay a moment (the kernel refuses the first rmdir of a cgroup whose
     # last process just died); `sweep` removes those (test above). None may hold a process.
     assert [name for name in made if cgroups.sandbox(name).pids_in()] == []
+
+
+def _claim_one(data_dir: str, claims: str, go: Any, out: Any) -> None:
+    go.wait()
+    out.put(UidTable(Path(data_dir) / "uids.json", claims=Path(claims)).uid("a"))
+
+
+def test_agents_claiming_at_the_same_moment_never_share_a_uid(tmp_path: Path) -> None:
+    """Six agents (processes, data directories of their own) allocating at once, over claims
+    some of which are stale: every claim is made under one machine-wide lock. Without it an
+    empty or just-replaced claim was taken over twice in most rounds."""
+    context = multiprocessing.get_context("fork")
+    for round_ in range(10):
+        claims = tmp_path / f"claims-{round_}"
+        claims.mkdir()
+        for uid in range(400_000, 400_003):  # stale: their data directories are gone
+            (claims / str(uid)).write_text(str(tmp_path / "gone"))
+        go, out = context.Event(), context.Queue()
+        dirs = []
+        for n in range(6):
+            (data_dir := tmp_path / f"r{round_}-agent{n}").mkdir()
+            dirs.append(data_dir)
+        workers = [
+            context.Process(target=_claim_one, args=(str(d), str(claims), go, out)) for d in dirs
+        ]
+        for worker in workers:
+            worker.start()
+        go.set()
+        uids = [out.get(timeout=30) for _ in workers]
+        for worker in workers:
+            worker.join(30)
+        assert len(set(uids)) == len(uids), uids

@@ -34,6 +34,7 @@ itself once it is told which app it becomes (`slot_command`).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import json
 import logging
@@ -43,7 +44,7 @@ import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -104,10 +105,10 @@ class UidTable:
     cut only gives its uid to the next app, while nothing owned by a uid outlives the agent
     (sandbox trees are tmpfs, cleared at start).
 
-    A uid is also claimed machine-wide in `claims` (`UID_CLAIMS`), by an exclusive create,
-    before it is given to an app: a uid another data directory's agent claimed is skipped, and
-    a recorded uid such an agent claimed since is given up (re-allocated). A claim whose data
-    directory no longer exists is stale and taken over."""
+    A uid is also claimed machine-wide in `claims` (`UID_CLAIMS`), under a lock every agent
+    takes (`_machine_lock`), before it is given to an app: a uid another data directory's
+    agent claimed is skipped, and a recorded uid such an agent claimed since is given up
+    (re-allocated). A claim whose data directory no longer exists is stale and taken over."""
 
     def __init__(self, path: Path, claims: Path = UID_CLAIMS) -> None:
         self._path = path
@@ -120,10 +121,11 @@ class UidTable:
             loaded = json.loads(path.read_text())
             self._uids = {str(k): int(v) for k, v in loaded.items()}
         claims.mkdir(mode=0o700, parents=True, exist_ok=True)
-        for app, uid in list(self._uids.items()):
-            if not self._claim(uid):
-                del self._uids[app]
-                self._unsaved = True
+        with self._machine_lock():
+            for app, uid in list(self._uids.items()):
+                if not self._claim(uid):
+                    del self._uids[app]
+                    self._unsaved = True
 
     def uid(self, app: str) -> int:
         with self._lock:
@@ -131,42 +133,48 @@ class UidTable:
             if found is not None:
                 return found
             taken = set(self._uids.values())
-            uid = next(
-                (
-                    UID_BASE + n
-                    for n in range(UID_COUNT)
-                    if UID_BASE + n not in taken and self._claim(UID_BASE + n)
-                ),
-                None,
-            )
+            with self._machine_lock():
+                uid = next(
+                    (
+                        UID_BASE + n
+                        for n in range(UID_COUNT)
+                        if UID_BASE + n not in taken and self._claim(UID_BASE + n)
+                    ),
+                    None,
+                )
             if uid is None:
                 raise IsolationUnavailable(f"no free sandbox uid left for app {app!r}")
             self._uids[app] = uid
             self._unsaved = True
             return uid
 
+    @contextlib.contextmanager
+    def _machine_lock(self) -> Iterator[None]:
+        """Every agent's claims are made under one lock (`flock` on `claims/.lock`): a claim
+        read, judged stale and replaced is one step no other agent can interleave with."""
+        fd = os.open(self._claims / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
     def _claim(self, uid: int) -> bool:
-        """Hold `uid` for this data directory machine-wide: True when it is (or now is) ours."""
+        """Hold `uid` for this data directory machine-wide (under `_machine_lock`): True when
+        it is (or now is) ours; False when another data directory that still exists holds it."""
         claim = self._claims / str(uid)
-        for _ in range(2):
-            try:
-                fd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            except FileExistsError:
-                try:
-                    owner = claim.read_text()
-                except FileNotFoundError:
-                    continue  # released between the two calls: try again
-                if owner == self._owner:
-                    return True
-                if owner and Path(owner).is_dir():
-                    return False
-                with contextlib.suppress(FileNotFoundError):
-                    claim.unlink()  # stale: its data directory is gone
-                continue
-            with os.fdopen(fd, "w") as out:
-                out.write(self._owner)
+        try:
+            owner = claim.read_text()
+        except FileNotFoundError:
+            owner = ""
+        if owner == self._owner:
             return True
-        return False
+        if owner and Path(owner).is_dir():
+            return False
+        tmp = claim.with_name(f".{uid}.tmp")
+        tmp.write_text(self._owner)
+        tmp.replace(claim)  # never seen empty or half written
+        return True
 
     def save(self) -> None:
         """Write the table if an allocation changed it since the last save."""
