@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Sequence
 
 import anyio
 import pytest
@@ -75,10 +76,9 @@ async def test_the_fence_follows_the_nodes_registered_in_the_store() -> None:
             await store.put(keys.node("b"), Node(name="b", address="192.0.2.9"))
             await store.put(keys.node("c"), Node(name="c", address="127.0.0.1"))
             fence = PeerFence(store, "self")
-            tasks.start_soon(fence.run)
             with anyio.fail_after(10):
-                while fence.applied != ["192.0.2.9"]:  # noqa: ASYNC110 -- polls the fence
-                    await anyio.sleep(0.01)
+                await tasks.start(fence.run)  # the agent starts sandboxes only after this
+            assert fence.applied == ["192.0.2.9"]
             assert peer_set("peers4") == ["192.0.2.9"]
             await store.put(keys.node("d"), Node(name="d", address="2001:db8::5"))
             await store.delete(keys.node("b"))
@@ -101,5 +101,29 @@ def test_peer_addresses_leave_out_loopback_and_resolve_names() -> None:
 def test_a_refused_network_that_is_not_one_is_an_error_naming_it() -> None:
     with pytest.raises(ValueError, match=re.escape("not a network (CIDR): '10.0.0.0/33'")):
         NodeSettings(sandbox_refused_networks=("10.0.0.0/33",))
+    with pytest.raises(ValueError, match=re.escape("'fe80::%eth0/64'")):
+        NodeSettings(sandbox_refused_networks=("fe80::%eth0/64",))
     settings = NodeSettings(sandbox_refused_networks=("10.1.2.3/8",))
     assert [str(n) for n in settings.refused_networks()] == ["10.0.0.0/8"]
+
+
+async def test_an_address_nft_or_the_resolver_refuses_and_a_failing_apply_never_end_it() -> None:
+    """A node record is anyone's with store access: a name the resolver cannot take (a label
+    over 63 bytes raised UnicodeError, not OSError) and a zoned IPv6 address once ended the
+    fence's task, and with it the agent and every sandbox. A failed apply is retried."""
+    calls: list[list[str]] = []
+
+    def flaky(addresses: Sequence[str]) -> str | None:
+        calls.append(list(addresses))
+        return "nft is busy" if len(calls) == 1 else None
+
+    async with open_store("memory://") as store, anyio.create_task_group() as tasks:
+        await store.put(keys.node("a"), Node(name="a", address="x" * 70 + ".example"))
+        await store.put(keys.node("b"), Node(name="b", address="fe80::1%eth0"))
+        fence = PeerFence(store, "self", apply=flaky, retry=(0.01, 0.05))
+        with anyio.fail_after(10):
+            await tasks.start(fence.run)
+            while fence.applied is None:  # noqa: ASYNC110 -- polls the retry
+                await anyio.sleep(0.01)
+        assert calls == [["fe80::1"], ["fe80::1"]] and fence.applied == ["fe80::1"]
+        tasks.cancel_scope.cancel()

@@ -139,8 +139,8 @@ class NodeAgent:
                 if isinstance(self._services.runtime, ProcessRuntime):
                     tasks.start_soon(self._services.runtime.keep_warm)
                     jail = self._services.runtime.jail
-                    if jail is not None and jail.fenced:
-                        tasks.start_soon(PeerFence(self._store, self.name).run)
+                    if jail is not None and jail.fenced:  # no sandbox starts before the fence
+                        await tasks.start(PeerFence(self._store, self.name).run)
                 tasks.start_soon(self._watch_loop)
                 self._serving.set()
         finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import ipaddress
+import logging
 import os
 import shutil
 import socket
@@ -16,6 +17,7 @@ from pathlib import Path
 from wakeful.domain.models import Resources, format_size
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+log = logging.getLogger(__name__)
 
 UID_BASE = 400_000
 """Per-app uids are UID_BASE + n: above the usual subordinate-uid ranges (100000-165535)."""
@@ -84,24 +86,33 @@ def peer_addresses(hosts: Sequence[str]) -> list[str]:
     found: set[str] = set()
     for host in hosts:
         try:
-            infos = [ipaddress.ip_address(host)]
+            infos = [_unscoped(host)]
         except ValueError:
             try:
                 resolved = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-            except OSError:
+                infos = [_unscoped(str(info[4][0])) for info in resolved]
+            except (OSError, ValueError) as exc:  # a name over 63 bytes is a UnicodeError
+                log.warning("cannot refuse node address %r to sandboxes: %s", host[:100], exc)
                 continue
-            infos = [ipaddress.ip_address(str(info[4][0])) for info in resolved]
         found.update(str(a) for a in infos if not (a.is_loopback or a.is_unspecified))
     return sorted(found)
+
+
+def _unscoped(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """An address without its IPv6 zone (`fe80::1%eth0`), which nft does not take."""
+    return ipaddress.ip_address(text.split("%", 1)[0])
 
 
 def _nft(rules: str) -> str | None:
     nft = shutil.which("nft")
     if nft is None:
         return "nft not found (apt-get install nftables)"
-    done = subprocess.run(
-        [nft, "-f", "-"], input=rules, capture_output=True, text=True, check=False, timeout=30
-    )
+    try:
+        done = subprocess.run(
+            [nft, "-f", "-"], input=rules, capture_output=True, text=True, check=False, timeout=30
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"nft failed: {exc}"
     if done.returncode != 0:
         return f"nft refused the rules: {done.stderr.strip()[:200]}"
     return None

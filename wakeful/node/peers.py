@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 import anyio
+from anyio.abc import TaskStatus
 
 from wakeful.domain import keys
 from wakeful.domain.models import Node
@@ -23,6 +24,8 @@ from wakeful.store.reflector import reflect
 from .hardening import fence_peers, peer_addresses
 
 log = logging.getLogger(__name__)
+RETRY_FIRST, RETRY_MAX = 1.0, 30.0
+"""Seconds before a failed fence is tried again, doubling."""
 
 
 class PeerFence:
@@ -31,17 +34,21 @@ class PeerFence:
         store: Store,
         own_name: str,
         apply: Callable[[Sequence[str]], str | None] = fence_peers,
+        retry: tuple[float, float] = (RETRY_FIRST, RETRY_MAX),
     ) -> None:
         self._store = store
         self._own = keys.node(own_name)
         self._apply = apply
+        self._retry = retry
         self._hosts: dict[str, str] = {}
         self._changed = anyio.Event()
+        self._listed = False
         self.applied: list[str] | None = None
         """The addresses the sets hold, once a fence was applied."""
 
     def replace(self, items: list[Item[Node]], revision: int) -> None:
         self._hosts = {item.key: item.value.address for item in items if item.key != self._own}
+        self._listed = True
         self._changed.set()
 
     def put(self, item: Item[Node]) -> None:
@@ -56,20 +63,45 @@ class PeerFence:
     async def _follow(self) -> None:
         await reflect(self._store, keys.NODES, Node, self, what="peer fence")
 
-    async def run(self) -> None:
-        """Follow `nodes/` and re-fence on every change of an address, until cancelled."""
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Follow `nodes/` and re-fence on every change of an address, until cancelled;
+        started (`task_status`) once the first listing is fenced, or could not be: the agent
+        starts no sandbox before. A failure is logged and retried, never raised: the fence
+        must not take the agent and its sandboxes down."""
+        started = False
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(self._follow)
+            first, longest = self._retry
+            delay = first
             while True:
-                await self._changed.wait()
-                self._changed = anyio.Event()
-                hosts = sorted(set(self._hosts.values()))
-                addresses = await anyio.to_thread.run_sync(peer_addresses, hosts)
-                if addresses == self.applied:
-                    continue
-                failed = await anyio.to_thread.run_sync(self._apply, addresses)
-                if failed is not None:
-                    log.warning("cannot refuse other nodes to sandboxes: %s", failed)
-                    continue
-                self.applied = addresses
-                log.info("other nodes refused to sandboxes: %s", ", ".join(addresses) or "none")
+                fenced = await self._fence()
+                if not started and self._listed:  # the first listing, fenced or tried
+                    started = True
+                    task_status.started()
+                if fenced:
+                    delay = first
+                    await self._changed.wait()
+                else:
+                    with anyio.move_on_after(delay):
+                        await self._changed.wait()
+                    delay = min(delay * 2, longest)
+
+    async def _fence(self) -> bool:
+        """Apply the addresses known now; False when that failed (retry later)."""
+        self._changed = anyio.Event()
+        if not self._listed:
+            return True
+        hosts = sorted(set(self._hosts.values()))
+        try:
+            addresses = await anyio.to_thread.run_sync(peer_addresses, hosts)
+            if addresses == self.applied:
+                return True
+            failed = await anyio.to_thread.run_sync(self._apply, addresses)
+        except Exception as exc:
+            failed = f"{type(exc).__name__}: {exc}"
+        if failed is not None:
+            log.warning("cannot refuse other nodes to sandboxes (retrying): %s", failed)
+            return False
+        self.applied = addresses
+        log.info("other nodes refused to sandboxes: %s", ", ".join(addresses) or "none")
+        return True

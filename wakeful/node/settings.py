@@ -74,6 +74,8 @@ class NodeSettings(StoreSettings):
                 ipaddress.ip_network(network, strict=False)
             except ValueError:
                 raise ValueError(f"not a network (CIDR): {network!r}") from None
+            if "%" in network:  # nft takes no IPv6 zone: the whole rule set would fail
+                raise ValueError(f"a network with a zone (%...) cannot be refused: {network!r}")
         return value
 
     def refused_networks(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:

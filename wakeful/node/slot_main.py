@@ -22,7 +22,6 @@ COMMAND...` after its uid drop: it only sets no_new_privs, scopes itself and exe
 import ctypes
 import os
 import signal
-import struct
 import sys
 from typing import Any, NoReturn
 
@@ -65,8 +64,8 @@ def scope(libc: Any) -> None:
     no file or port access, only scopes: no connecting to an abstract UNIX socket made outside
     it (the host's, another sandbox's), no signal to a process outside it. Landlock ABI 6
     (Linux 6.12); the agent asks for it only where the kernel has it."""
-    attr = ctypes.create_string_buffer(struct.pack("=QQQ", 0, 0, LANDLOCK_SCOPES))
-    ruleset = libc.syscall(LANDLOCK_CREATE_RULESET, attr, len(attr.raw), 0)
+    attr = (ctypes.c_uint64 * 3)(0, 0, LANDLOCK_SCOPES)  # fs, net, scoped: 24 bytes
+    ruleset = libc.syscall(LANDLOCK_CREATE_RULESET, attr, ctypes.sizeof(attr), 0)
     if ruleset < 0:
         fail(f"cannot make a Landlock ruleset: errno {ctypes.get_errno()}")
     if libc.syscall(LANDLOCK_RESTRICT_SELF, ruleset, 0) != 0:
