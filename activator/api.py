@@ -37,7 +37,7 @@ from starlette.routing import BaseRoute, Host, Mount
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from wakeful.activator.channel import PATH as CHANNEL_PATH
-from wakeful.activator.channel import Channel
+from wakeful.activator.channel import POLICY_VIOLATION, Channel
 from wakeful.activator.core import Activator, PoolSnapshot
 from wakeful.activator.credentials import TokenBook
 from wakeful.activator.ledger import Lease
@@ -52,9 +52,6 @@ from wakeful.domain.leases import (
 )
 from wakeful.domain.models import NAME_PATTERN, Role
 from wakeful.store import Conflict, InvalidKey, StoreError
-
-POLICY_VIOLATION = 1008
-"""A WebSocket refused for its token (before its handshake completes: an HTTP 403)."""
 
 
 class LeaseRequest(BaseModel):
@@ -213,7 +210,8 @@ def create_app(
     @api.websocket(CHANNEL_PATH)
     async def lease_channel(websocket: WebSocket) -> None:
         """The lease protocol for an ingress, many calls in flight (activator/channel.py)."""
-        await Channel(websocket, activator).serve()
+        secret = _bearer(websocket.headers.get("authorization", "").encode("latin-1")) or ""
+        await Channel(websocket, activator, lambda: tokens.verify(secret) is not None).serve()
 
     @api.get("/v1/pools", response_model=list[PoolSnapshot])
     async def pools() -> list[PoolSnapshot]:

@@ -25,28 +25,34 @@ straight back, so the activator never counts a lease nobody holds. A cancelled a
 answered with the error `cancelled`. Grants queued but never sent when the channel closes are
 released too. Leases already held outlive the channel: they are renewed on the next one.
 
-Bounds: at most `MAX_OPS_PER_FRAME` operations per frame and `MAX_IN_FLIGHT` acquires per
-channel (past it, an acquire is answered `overloaded` with a Retry-After); while more than
-`MAX_UNSENT` answers wait for the ingress to read them, the channel reads nothing more. A frame
-that is not a list of valid operations closes the channel with 1007 and a reason; nothing
-half-done stays behind (parked acquires are cancelled as on any close).
+Bounds: frames of at most `MAX_FRAME_BYTES` (uncompressed: the control API turns
+permessage-deflate off) and `MAX_OPS_PER_FRAME` operations; at most `MAX_IN_FLIGHT` acquires
+per channel (past it, an acquire is answered `no capacity` with a Retry-After); while more than
+`MAX_UNSENT` answers wait for the ingress to read them, the channel reads nothing more; answers
+go out in frames of about `FRAME_BYTES`. An operation that is not the protocol but has an id is
+answered with the error `invalid request` (as a 422 over HTTP: its neighbours go on); a frame
+that is not JSON, not a list, too long, or holds an operation without an id closes the channel
+with 1007 and a reason. The token the channel was opened with is checked at every frame: once
+revoked, the channel closes with 1008. Nothing half-done stays behind a close (parked acquires
+are cancelled as on any close).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Annotated, Any, Literal
 
 import anyio
 import anyio.abc
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
-from starlette.websockets import WebSocket
+from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from wakeful.activator.core import Activator
 from wakeful.activator.ledger import Lease
 from wakeful.domain.leases import (
+    CHANNEL_MAX_FRAME_BYTES,
     ActivatorError,
     AppFailedToBoot,
     LeaseGone,
@@ -62,7 +68,11 @@ PATH = "/v1/leases/channel"
 MAX_OPS_PER_FRAME = 1000
 MAX_IN_FLIGHT = 10_000
 MAX_UNSENT = 10_000
+MAX_FRAME_BYTES = CHANNEL_MAX_FRAME_BYTES
+FRAME_BYTES = 256 * 1024
+"""Answers go out in frames of about this size at most."""
 INVALID_FRAME = 1007
+POLICY_VIOLATION = 1008
 
 
 class Acquire(BaseModel):
@@ -91,7 +101,7 @@ class Cancel(BaseModel):
 
 
 Operation = Annotated[Acquire | Renew | Release | Cancel, Field(discriminator="op")]
-_OPERATIONS: TypeAdapter[list[Operation]] = TypeAdapter(list[Operation])
+_OPERATION: TypeAdapter[Operation] = TypeAdapter(Operation)
 
 
 def error_answer(exc: ActivatorError | StoreError) -> dict[str, Any]:
@@ -113,9 +123,17 @@ def error_answer(exc: ActivatorError | StoreError) -> dict[str, Any]:
 class Channel:
     """One ingress's channel, from the accepted WebSocket to its close."""
 
-    def __init__(self, websocket: WebSocket, activator: Activator) -> None:
+    def __init__(
+        self,
+        websocket: WebSocket,
+        activator: Activator,
+        allowed: Callable[[], bool] = lambda: True,
+    ) -> None:
+        """`allowed`: whether the token the channel was opened with is still valid, asked at
+        every frame (a revoked token's channel closes, as its next HTTP call would be 401)."""
         self._ws = websocket
         self._activator = activator
+        self._allowed = allowed
         self._unsent: list[dict[str, Any]] = []
         self._queued = anyio.Event()
         self._room = anyio.Event()
@@ -143,18 +161,41 @@ class Channel:
             if text is None:
                 await self._close("frames are JSON text")
                 return
-            try:
-                operations = _OPERATIONS.validate_json(text)
-            except ValidationError as exc:
-                first = exc.errors()[0]
-                where = ".".join(str(part) for part in first["loc"])
-                await self._close(f"invalid operation at {where}: {first['msg']}")
+            if not self._allowed():
+                await self._close("the token was revoked", POLICY_VIOLATION)
                 return
-            if len(operations) > MAX_OPS_PER_FRAME:
+            try:
+                raw = json.loads(text)
+            except ValueError as exc:
+                await self._close(f"invalid operation: not JSON ({exc})")
+                return
+            if not isinstance(raw, list):
+                await self._close("invalid operation: a frame is a list of operations")
+                return
+            if len(raw) > MAX_OPS_PER_FRAME:
                 await self._close(f"more than {MAX_OPS_PER_FRAME} operations in one frame")
                 return
-            for operation in operations:
+            for index, item in enumerate(raw):
+                try:
+                    operation = _OPERATION.validate_python(item)
+                except ValidationError as exc:
+                    if not await self._refuse(index, item, exc):
+                        return
+                    continue
                 self._start(operation, tasks)
+
+    async def _refuse(self, index: int, item: object, exc: ValidationError) -> bool:
+        """An operation that is not the protocol: answered as an error when it has an id (like
+        a 422 over HTTP, its neighbours unharmed), else the channel closes. False: closed."""
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        detail = f"invalid operation at {index}.{where}: {first['msg']}"
+        ident = item.get("id") if isinstance(item, dict) else None
+        if type(ident) is not int:
+            await self._close(detail)
+            return False
+        self._answer({"id": ident, "error": "invalid request", "detail": detail[:500]})
+        return True
 
     def _start(self, operation: Operation, tasks: anyio.abc.TaskGroup) -> None:
         if isinstance(operation, Cancel):
@@ -215,9 +256,15 @@ class Channel:
             self._queued = anyio.Event()
             batch, self._unsent = self._unsent, []
             self._room.set()
-            # Once handed to the socket a grant may have reached the ingress: if this send
-            # fails, its leases are not released here but expire (never counted twice).
-            await self._ws.send_text(json.dumps(list(_public(batch))))
+            for start, frame in _frames(batch):
+                try:
+                    await self._ws.send_text(frame)
+                except WebSocketDisconnect:
+                    # Refused before a byte was written (the ingress is gone): these grants
+                    # reached no one, and `serve` gives them back. A send that fails after
+                    # writing raises something else: its leases expire, never counted twice.
+                    self._unsent = batch[start:] + self._unsent
+                    return
 
     def _release_unsent(self) -> None:
         """Grants that never reached the ingress: nobody holds them."""
@@ -227,16 +274,28 @@ class Channel:
                 self._activator.release(lease_id)
         self._unsent = []
 
-    async def _close(self, reason: str) -> None:
-        log.warning("closing a lease channel: %s", reason)
+    async def _close(self, reason: str, code: int = INVALID_FRAME) -> None:
+        log.warning("closing a lease channel: %s", reason[:500])
+        short = reason.encode()[:120].decode(errors="ignore")  # a close reason: <= 123 bytes
         with anyio.move_on_after(5):
-            await self._ws.close(INVALID_FRAME, reason[:120])
+            await self._ws.close(code, short)
 
 
 def _grant(lease: Lease) -> dict[str, Any]:
     return lease.grant().model_dump(mode="json")
 
 
-def _public(batch: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-    for answer in batch:
-        yield {key: value for key, value in answer.items() if key != "_lease"}
+def _frames(batch: list[dict[str, Any]]) -> Iterator[tuple[int, str]]:
+    """(index of its first answer, text) for frames of at most ~`FRAME_BYTES` each (one
+    answer alone may be longer: a boot log), without the private `_lease` field."""
+    parts: list[str] = []
+    size = start = 0
+    for index, answer in enumerate(batch):
+        part = json.dumps({key: value for key, value in answer.items() if key != "_lease"})
+        if parts and size + len(part) > FRAME_BYTES:
+            yield start, "[" + ",".join(parts) + "]"
+            parts, size, start = [], 0, index
+        parts.append(part)
+        size += len(part) + 1
+    if parts:
+        yield start, "[" + ",".join(parts) + "]"

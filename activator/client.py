@@ -314,7 +314,9 @@ class _Link:
         ident = answer["id"]
         future = self._waiting.pop(ident, None)
         if future is not None:
-            if not future.done():
+            if future.cancelled():  # its caller was cancelled in this same step: it is gone
+                self._release_unheld(ident, answer)
+            elif not future.done():
                 future.set_result(answer)
             return
         if ident in self._abandoned:  # granted before the cancel arrived, or cancelled

@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 import uvicorn
 
+from wakeful.domain.leases import CHANNEL_MAX_FRAME_BYTES
 from wakeful.domain.net import hold_loopback_twin
 
 
@@ -60,6 +61,10 @@ async def serve_asgi(app: Any, address: str, what: str, started: anyio.Event | N
             lifespan="off",
             access_log=False,
             timeout_graceful_shutdown=10,
+            # The lease channel is the only WebSocket served: its frames are small, and a
+            # compressed one could inflate 16 MiB from 40 KB of wire (uvicorn's defaults).
+            ws_max_size=CHANNEL_MAX_FRAME_BYTES,
+            ws_per_message_deflate=False,
         )
     )
     done = anyio.Event()

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from tests.activator.conftest import seed
 from tests.wakeful.conftest import Running, running_control_plane
 from wakeful.activator.api import create_app, served_routes
-from wakeful.activator.client import HttpLeases
+from wakeful.activator.client import ChannelLeases, HttpLeases
 from wakeful.activator.core import Activator
 from wakeful.activator.credentials import TokenBook
 from wakeful.activator.roles import PUBLIC, ROUTES, WEBSOCKET
@@ -25,7 +25,7 @@ from wakeful.activator.settings import ActivatorSettings
 from wakeful.deploy.logs_api import own_output
 from wakeful.domain import keys
 from wakeful.domain.artifacts import pack
-from wakeful.domain.leases import Unauthorized
+from wakeful.domain.leases import Unauthorized, Unreachable
 from wakeful.domain.logbatch import LogBatch, OutputChunk
 from wakeful.domain.models import Node, Role, Sandbox, SandboxStatus
 from wakeful.node.logship import ShipFailed
@@ -305,3 +305,20 @@ async def test_the_schema_is_served_to_any_role_and_to_no_one_without_a_token(
         answer = await control.call(*SCHEMA, token)
         assert answer.status_code == 200
         assert "/v1/leases" in answer.json()["paths"]
+
+
+async def test_a_revoked_ingress_token_closes_its_open_lease_channel(control: Control) -> None:
+    """Checked at every frame, not only at the handshake: the channel an ingress opened keeps
+    no power its token lost."""
+    store = control.running.store
+    await store.put(keys.node("n1"), Node(name="n1", address="127.0.0.1"))
+    await seed(store, sandboxes={"sb-1": SandboxStatus.RUNNING})
+    async with ChannelLeases(control.running.url, control.ingress) as leases:
+        grant = await leases.acquire("hello")
+        await leases.release(grant.lease_id)
+        revoked = await control.call("DELETE", "/v1/tokens/edge", control.running.token)
+        assert revoked.status_code in (200, 204), revoked.text
+        with pytest.raises(Unreachable):  # the channel closes under the call (1008)
+            await leases.acquire("hello")
+        with pytest.raises(Unauthorized):  # and cannot be opened again
+            await leases.acquire("hello")

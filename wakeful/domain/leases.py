@@ -20,6 +20,11 @@ from typing import Protocol
 
 from pydantic import BaseModel
 
+CHANNEL_MAX_FRAME_BYTES = 1 << 20
+"""The largest frame of the lease channel (`activator/channel.py`) the control API takes,
+and so the largest WebSocket frame of any ASGI server of ours: 1,000 operations fit in a
+third of it."""
+
 
 class ActivatorError(Exception):
     """Base of every error the activator raises."""
