@@ -48,6 +48,10 @@ from wakeful.ingress.tunnel import Pipe, is_websocket
 
 log = logging.getLogger(__name__)
 
+LINGER_SECONDS = 5.0
+LINGER_BYTES = 16 << 20
+"""How long, and how much, a connection answered before its request body was read keeps
+reading it away (`_Connection._linger`); nginx's lingering_timeout is 5 s too."""
 PIPELINE_DEPTH = 16
 """Requests queued on one connection before reading from it pauses."""
 PIPELINE_MAX = 128
@@ -307,6 +311,9 @@ class _Connection(asyncio.Protocol):
         self._drain = WriteGate(self._loop)
         self._held: bytes | None = None
         """An answer's head not written yet (`hold`)."""
+        self._lingering = False
+        self._lingered = 0
+        self._linger_timer: asyncio.TimerHandle | None = None
         self._head_timer: asyncio.TimerHandle | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
         # the request being parsed
@@ -338,6 +345,11 @@ class _Connection(asyncio.Protocol):
         self._arm_head_timer()
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:  # the rest of a body nobody will read
+            self._lingered += len(data)
+            if self._lingered > LINGER_BYTES:
+                self._close(abort=True)
+            return
         if self.tunnel is not None:
             self.tunnel.feed(data)
             return
@@ -489,8 +501,11 @@ class _Connection(asyncio.Protocol):
                     self._close(abort=True)
                     return
                 body_left = request.body is not None and not request.body.complete
-                if not out.complete or body_left:
+                if not out.complete:
                     self._close(abort=True)  # the stream is unusable: drop what is unsent
+                    return
+                if body_left:  # answered before the body was read (a refusal): no more
+                    self._linger()
                     return
                 if not request.keep_alive or self.closing:
                     self._close()
@@ -574,6 +589,27 @@ class _Connection(asyncio.Protocol):
             elif not self.transport.is_closing():
                 self.transport.close()
 
+    def _linger(self) -> None:
+        """A complete answer sent before the request's body was read: half-close (FIN after
+        the answer) and read what the client still sends away, for at most `LINGER_SECONDS`
+        and `LINGER_BYTES`, before closing. Closing with its bytes unread would make the
+        kernel reset the connection, and a client that reads only once it has sent all (curl,
+        most libraries) would never see the answer (nginx's lingering close)."""
+        self.closing = True
+        self._cancel_timers()
+        self._flush()
+        transport = self.transport
+        if transport is None or transport.is_closing() or self.gone:
+            return
+        if not transport.can_write_eof():  # TLS: no half-close; close after the answer
+            transport.close()
+            return
+        self._lingering = True
+        transport.write_eof()
+        self._paused.clear()
+        transport.resume_reading()
+        self._linger_timer = self._loop.call_later(LINGER_SECONDS, self._close, True)
+
     def shutdown(self) -> None:
         """Stop after the answer under way (now, when there is none)."""
         self.closing = True
@@ -598,10 +634,10 @@ class _Connection(asyncio.Protocol):
             self._idle_timer = self._loop.call_later(self.limits.keepalive, self._close)
 
     def _cancel_timers(self) -> None:
-        for timer in (self._head_timer, self._idle_timer):
+        for timer in (self._head_timer, self._idle_timer, self._linger_timer):
             if timer is not None:
                 timer.cancel()
-        self._head_timer = self._idle_timer = None
+        self._head_timer = self._idle_timer = self._linger_timer = None
 
     def _head_late(self) -> None:
         self._head_timer = None

@@ -452,3 +452,42 @@ async def test_a_client_that_stops_reading_is_cut_off_and_gives_its_capacity_bac
                 # Not reading: the ingress's writes block, then it gives up on this client.
                 await eventually(lambda: _nothing_held(s), within=60)
                 assert s.sample("requests_total", app="hello", status_class="4xx") == 1  # 499
+
+
+async def test_an_early_answer_reaches_a_client_still_sending_its_body() -> None:
+    """A refusal answered before the body is read (here: no such app) must not be lost to a
+    reset: the ingress half-closes after its answer and reads the rest away (a lingering close,
+    as nginx does), instead of closing with the client's bytes unread, which makes the kernel
+    reset the connection: a client that reads only once it has sent all (curl, most HTTP
+    libraries) then fails to send and never sees the answer."""
+    async with stack() as s:
+        host, port = s.ingress.address
+
+        def send_then_read(size: int = 8 << 20) -> tuple[bytes, str]:
+            body = b"x" * size
+            with socket.create_connection((host, port), timeout=30) as conn:
+                conn.sendall(
+                    b"POST / HTTP/1.1\r\nHost: nosuch.localhost\r\n"
+                    b"Content-Length: %d\r\n\r\n" % len(body)
+                )
+                sent, how = 0, "sent all"
+                try:
+                    while sent < len(body):
+                        sent += conn.send(body[sent : sent + 65536])
+                except OSError as exc:  # the ingress stopped reading: fine, if it answered
+                    how = type(exc).__name__
+                with contextlib.suppress(OSError):  # not connected any more: reset
+                    conn.shutdown(socket.SHUT_WR)
+                answer = b""
+                with contextlib.suppress(OSError):
+                    while chunk := conn.recv(65536):
+                        answer += chunk
+                return answer, how
+
+        for _ in range(3):
+            answer, how = await anyio.to_thread.run_sync(send_then_read)
+            assert answer.startswith(b"HTTP/1.1 404"), (answer[:200], how)
+            assert how == "sent all"  # a client that reads only once it has sent (curl) too
+        # Bounded: past LINGER_BYTES (16 MiB) nothing more is read away; the connection goes.
+        answer, how = await anyio.to_thread.run_sync(send_then_read, 64 << 20)
+        assert how != "sent all"
