@@ -34,6 +34,8 @@ from wakeful.domain.leases import (
 class InProcessLeases:
     """The activator in the same process: no serialisation, no network."""
 
+    cancels_cleanly = True  # a grant is made and returned in one step of the acquire
+
     def __init__(self, activator: Activator) -> None:
         self._activator = activator
 
@@ -49,6 +51,8 @@ class InProcessLeases:
 
 class HttpLeases:
     """The activator's HTTP API, through one long-lived httpx client."""
+
+    cancels_cleanly = False
 
     def __init__(
         self, base_url: str, token: str, *, timeout: float = 130.0, per_app: int = 128
@@ -143,6 +147,8 @@ class ChannelLeases:
     is lost, every call in flight fails with `Unreachable` (Retry-After 1): acquires are taken
     out of the activator's waiters by the close, and leases already held stay valid, renewed on
     the next channel. At most `per_app` acquires of one app are in flight (invariant 12)."""
+
+    cancels_cleanly = True
 
     def __init__(
         self,

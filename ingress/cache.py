@@ -152,11 +152,13 @@ class LeaseCache:
         sandbox at its hard limit), a request of this ingress ending frees a use here that the
         activator does not know of, and the waiting request takes it.
 
-        A request that took such room leaves its ask running (cancelling an ask over HTTP
-        could lose a grant the activator already counted): whatever it is granted goes into
-        the cache, or straight back when it is an overflow lease. One cancelled (its client
-        left) is cancelled, as before. Room is announced to one waiter at a time; a woken
-        waiter that does not use it, or leaves more, passes the word on."""
+        A request that took such room withdraws its ask when the adapter cancels cleanly
+        (`Leases.cancels_cleanly`: in-process, the lease channel), so the activator does not
+        count it as demand; over plain HTTP, where cancelling could lose a grant the
+        activator already counted, the ask is left running. Whatever such an ask is still
+        granted goes into the cache, or straight back when it is an overflow lease. One
+        cancelled (its client left) is cancelled, as before. Room is announced to one waiter
+        at a time; a woken waiter that does not use it, or leaves more, passes the word on."""
         self._on_miss(key[0])
         loop = asyncio.get_running_loop()
         ask = loop.create_task(self._ask(key))
@@ -172,6 +174,8 @@ class LeaseCache:
                         use = self.take(key, avoid)
                         if use is not None:
                             took = True
+                            if self._leases.cancels_cleanly:  # no phantom waiter upstream
+                                ask.cancel()
                             self._keep_whatever(key, ask)
                             return use
                     if ask.done():

@@ -48,7 +48,7 @@ class FakeLeases:
 
     `size`: a normal lease's size (an overflow lease is always 1). `hold`: awaited by every
     acquire before it is decided, as a request parked at the activator waits (a test lets
-    grants out one by one)."""
+    grants out one by one). `cancels_cleanly`: see below."""
 
     def __init__(
         self,
@@ -57,11 +57,15 @@ class FakeLeases:
         *,
         size: int = 1,
         hold: Callable[[], Awaitable[object]] | None = None,
+        cancels_cleanly: bool = True,
     ) -> None:
         self._apps = {app: list(sandboxes) for app, sandboxes in apps.items()}
         self._ttl = ttl
         self._size = size
         self._hold = hold
+        self.cancels_cleanly = cancels_cleanly
+        """As the real adapters say it (`Leases.cancels_cleanly`): True like the in-process one
+        (a cancelled acquire made no grant), False to stand in for plain HTTP's."""
         self._ids = itertools.count(1)
         self._leases: dict[str, LeaseGrant] = {}
         self.leased: dict[str, int] = {

@@ -80,6 +80,11 @@ class LeaseGrant(BaseModel):
 class Leases(Protocol):
     """What the ingress needs of the activator, in-process or over HTTP."""
 
+    cancels_cleanly: bool
+    """Cancelling an `acquire` loses no grant: the activator forgets the waiter, or a grant
+    that crosses the cancel is handed back (in-process; the lease channel). Over plain HTTP a
+    grant the activator sent just as the caller left is lost until its TTL."""
+
     async def acquire(self, app: str, version: str | None = None) -> LeaseGrant: ...
 
     async def renew(self, lease_id: str, *, used: bool = False) -> LeaseGrant: ...
