@@ -15,6 +15,11 @@ Each `wakeful up`'s output is scanned for warning/error lines (--keep-logs DIR k
 Figures only, no assertions. From the repository root, as a module:
 
     .venv/bin/python -m bench.coldstart [--cold 20] [--apps 10,50,100] [--keep-logs DIR]
+
+`--gap S` waits S seconds before each cold-start sample. Back to back (0, the default), each
+baseline and each wake shares the CPU with the warm-slot refill of the wake before it (a
+bwrap and a Python start, ~50 ms of one core, 20 ms after that wake settled); with a gap of
+0.3 s every sample starts on a quiet machine, as a single wake does.
 """
 
 from __future__ import annotations
@@ -246,7 +251,7 @@ def traces(lines: list[str]) -> dict[str, dict[str, float]]:
     return found
 
 
-def cold_starts(count: int, keep_logs: Path | None, http: bool = True) -> None:
+def cold_starts(count: int, keep_logs: Path | None, http: bool = True, gap: float = 0.0) -> None:
     base: list[float] = []
     first: list[float] = []
     sent: dict[str, tuple[float, float]] = {}
@@ -257,6 +262,7 @@ def cold_starts(count: int, keep_logs: Path | None, http: bool = True) -> None:
             wait_all_at_zero(up, names)
             port = int(up.proxy.rsplit(":", 1)[1])
             for name in names:
+                time.sleep(gap)  # the node's warm-slot refill after the last wake settles first
                 base.append(baseline_once(http))
                 started, done, status = first_byte(port, f"{name}.localhost")
                 first.append(done - started)
@@ -342,6 +348,13 @@ def main() -> None:
     parser.add_argument("--cold", type=int, default=20, help="cold starts (default 20)")
     parser.add_argument("--apps", default="10,50,100", help="N apps woken at once (10,50,100)")
     parser.add_argument("--keep-logs", type=Path, help="copy each `wakeful up` output here")
+    parser.add_argument(
+        "--gap",
+        type=float,
+        default=0.0,
+        help="seconds between cold-start samples (0: back to back, each baseline and wake then "
+        "sharing the CPU with the warm-slot refill of the wake before it)",
+    )
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clean up on SIGTERM too
     sizes = [int(part) for part in args.apps.split(",") if part.strip()]
@@ -352,8 +365,8 @@ def main() -> None:
         f" ({len(os.sched_getaffinity(0))} usable)"
     )
     if args.cold > 0:
-        cold_starts(args.cold, args.keep_logs, http=True)
-        cold_starts(args.cold, args.keep_logs, http=False)
+        cold_starts(args.cold, args.keep_logs, http=True, gap=args.gap)
+        cold_starts(args.cold, args.keep_logs, http=False, gap=args.gap)
     if sizes:
         woken_at_once(sizes, args.keep_logs)
 
