@@ -14,7 +14,7 @@ Each `wakeful up`'s output is scanned for warning/error lines (--keep-logs DIR k
 
 Figures only, no assertions. From the repository root, as a module:
 
-    .venv/bin/python -m bench.coldstart [--cold 20] [--apps 10,50,100] [--keep-logs DIR]
+    .venv/bin/python -m bench.coldstart [--cold 20] [--apps 10,50,100] [--gap S] [--keep-logs DIR]
 
 `--gap S` waits S seconds before each cold-start sample. Back to back (0, the default), each
 baseline and each wake shares the CPU with the warm-slot refill of the wake before it (a
