@@ -4,13 +4,15 @@ from a sandbox uid to a fenced address is refused at once while any other still 
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
 import re
 import shutil
 import subprocess
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterator, Sequence
 
 import anyio
 import pytest
@@ -127,3 +129,106 @@ async def test_an_address_nft_or_the_resolver_refuses_and_a_failing_apply_never_
                 await anyio.sleep(0.01)
         assert calls == [["fe80::1"], ["fe80::1"]] and fence.applied == ["fe80::1"]
         tasks.cancel_scope.cancel()
+
+
+@contextlib.contextmanager
+def peer_machine() -> Iterator[tuple[str, str]]:
+    """Another machine, as far as this one can tell: a network namespace behind a veth pair,
+    198.18.7.9 there, 198.18.7.1 here (RFC 2544's benchmark range). Yields (its, our) address."""
+    name = f"wkpeer{os.getpid() % 10000}"
+    ours, theirs = f"wk{os.getpid() % 10000}a", f"wk{os.getpid() % 10000}b"
+    steps = [
+        ["ip", "netns", "add", name],
+        ["ip", "link", "add", ours, "type", "veth", "peer", "name", theirs],
+        ["ip", "link", "set", theirs, "netns", name],
+        ["ip", "addr", "add", "198.18.7.1/24", "dev", ours],
+        ["ip", "link", "set", ours, "up"],
+        ["ip", "netns", "exec", name, "ip", "addr", "add", "198.18.7.9/24", "dev", theirs],
+        ["ip", "netns", "exec", name, "ip", "link", "set", theirs, "up"],
+    ]
+    try:
+        for step in steps:
+            subprocess.run(step, check=True, capture_output=True)
+        yield name, "198.18.7.1"
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        subprocess.run(["ip", "link", "del", ours], capture_output=True)
+
+
+ECHO = (
+    "import socket, sys\n"
+    "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+    "s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(); print('up', flush=True)\n"
+    "while True:\n"
+    "    c, _ = s.accept()\n"
+    "    while data := c.recv(100):\n"
+    "        c.sendall(data)\n"
+)
+TALKER = (
+    "import socket, sys\n"
+    "c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)\n"
+    "for line in sys.stdin:\n"
+    "    try:\n"
+    "        c.sendall(b'x'); print('echo' if c.recv(10) == b'x' else 'closed', flush=True)\n"
+    "    except OSError as e:\n"
+    "        print(type(e).__name__, flush=True)\n"
+)
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("nft") is None or shutil.which("ip") is None,
+    reason="nftables and network namespaces need root",
+)
+def test_a_fence_cuts_a_sandboxs_open_connection_yet_its_answers_to_the_peer_flow() -> None:
+    """The fence rules come before the rule that lets established traffic through, and match
+    only connections a sandbox opened: one opened before its peer was fenced is cut at its
+    next packet, while a connection the peer opened into a sandbox (an ingress on that
+    machine) is answered."""
+    try:
+        assert install_network_rules() is None and fence_peers([]) is None
+        with peer_machine() as (netns, ours):
+            echo = subprocess.Popen(
+                ["ip", "netns", "exec", netns, sys.executable, "-c", ECHO, "198.18.7.9", "20001"],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            sandbox_server = subprocess.Popen(
+                [*SANDBOX_UID, sys.executable, "-c", ECHO, ours, "20002"],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            talker: subprocess.Popen[str] | None = None
+            try:
+                assert echo.stdout is not None and echo.stdout.readline() == "up\n"
+                assert sandbox_server.stdout is not None
+                assert sandbox_server.stdout.readline() == "up\n"
+                talker = subprocess.Popen(
+                    [*SANDBOX_UID, sys.executable, "-c", TALKER, "198.18.7.9", "20001"],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+                assert talker.stdin is not None and talker.stdout is not None
+                talker.stdin.write("go\n")
+                talker.stdin.flush()
+                assert talker.stdout.readline() == "echo\n"  # not fenced yet: open
+                assert fence_peers(["198.18.7.9"]) is None
+                talker.stdin.write("go\n")
+                talker.stdin.flush()
+                assert talker.stdout.readline() == "ConnectionResetError\n"  # cut at once
+                inbound = subprocess.run(
+                    ["ip", "netns", "exec", netns, sys.executable, "-c", TALKER, ours, "20002"],
+                    input="go\n",
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                )
+                assert inbound.stdout == "echo\n", inbound.stderr  # the sandbox answered
+            finally:
+                for process in (echo, sandbox_server, talker):
+                    if process is not None:
+                        process.kill()
+                        process.communicate()
+    finally:
+        install_network_rules()
+        fence_peers([])

@@ -26,46 +26,61 @@ UID_COUNT = 100_000
 
 # -- the network ----------------------------------------------------------------------------
 
-NFT_RULES = f"""
+_OUT = "add rule inet wakeful out"
+_SANDBOX_UIDS = f"{UID_BASE}-{UID_BASE + UID_COUNT - 1}"
+_FENCED = "ct direction original"
+"""A fence rule matches only packets of connections a sandbox opened: its answers to
+connections others opened (an ingress on a fenced machine) are never refused, and a
+connection it opened before the fence went up is cut by its next packet (a TCP reset)."""
+
+
+def _fence(match: str) -> str:
+    """Refuse a sandbox's own traffic to `match`: TCP with a reset, the rest with ICMP."""
+    return (
+        f"{_OUT} {_FENCED} {match} meta l4proto tcp reject with tcp reset\n"
+        f"{_OUT} {_FENCED} {match} reject\n"
+    )
+
+
+NFT_HEAD = f"""
 add table inet wakeful
 flush table inet wakeful
 add chain inet wakeful out {{ type filter hook output priority 0; policy accept; }}
-add rule inet wakeful out meta skuid != {UID_BASE}-{UID_BASE + UID_COUNT - 1} accept
-add rule inet wakeful out ct state established,related accept
-add rule inet wakeful out ip daddr 169.254.0.0/16 reject
-add rule inet wakeful out ip6 daddr fd00:ec2::254 reject
-add rule inet wakeful out fib daddr type local meta l4proto {{ tcp, udp }} th dport 53 accept
-add rule inet wakeful out fib daddr type {{ local, broadcast, multicast }} reject
 add set inet wakeful peers4 {{ type ipv4_addr; flags interval; }}
 add set inet wakeful peers6 {{ type ipv6_addr; flags interval; }}
-add rule inet wakeful out ip daddr @peers4 reject
-add rule inet wakeful out ip6 daddr @peers6 reject
+{_OUT} meta skuid != {_SANDBOX_UIDS} accept
 """
+NFT_FENCES = _fence("ip daddr @peers4") + _fence("ip6 daddr @peers6")
+NFT_TAIL = f"""{_OUT} ct state established,related accept
+{_OUT} ip daddr 169.254.0.0/16 reject
+{_OUT} ip6 daddr fd00:ec2::254 reject
+{_OUT} fib daddr type local meta l4proto {{ tcp, udp }} th dport 53 accept
+{_OUT} fib daddr type {{ local, broadcast, multicast }} reject
+"""
+NFT_RULES = NFT_HEAD + NFT_FENCES + NFT_TAIL
 """Packets from sandbox uids to any address of this machine are refused unless they answer a
 connection someone else opened (the ingress's requests) or ask a local DNS resolver: a sandbox
 cannot reach the control API, the lease API, etcd, the ingress admin port or another
 sandbox's port, nor a cloud's link-local metadata service (its credentials), while its own
-port serves and the internet stays reachable. One transaction,
+port serves and the internet stays reachable. Before that, the fences (`_fence`): the other
+nodes (sets filled by `fence_peers`), and what `install_network_rules` adds. One transaction,
 the same for every agent on the machine: re-installing it is harmless."""
 
 
 def install_network_rules(
     refused: Sequence[tuple[str, int]] = (), networks: Sequence[Network] = ()
 ) -> str | None:
-    """Install `NFT_RULES` (root, Debian's nftables), plus a rule per control-plane endpoint on
-    another machine (`refused`: address, port) and per refused network (the operator's
+    """Install `NFT_RULES` (root, Debian's nftables), with a fence per control-plane endpoint
+    on another machine (`refused`: address, port) and per refused network (the operator's
     `sandbox_refused_networks`); the reason when that is impossible. The peer sets start
     empty: `fence_peers` fills them."""
-    rules = NFT_RULES + "".join(
-        f"add rule inet wakeful out {'ip6' if ':' in address else 'ip'} daddr {address} "
-        f"tcp dport {port} reject\n"
+    fences = NFT_FENCES + "".join(
+        f"{_OUT} {_FENCED} {'ip6' if ':' in address else 'ip'} daddr {address} "
+        f"tcp dport {port} reject with tcp reset\n"
         for address, port in refused
     )
-    rules += "".join(
-        f"add rule inet wakeful out {'ip6' if net.version == 6 else 'ip'} daddr {net} reject\n"
-        for net in networks
-    )
-    return _nft(rules)
+    fences += "".join(_fence(f"{'ip6' if n.version == 6 else 'ip'} daddr {n}") for n in networks)
+    return _nft(NFT_HEAD + fences + NFT_TAIL)
 
 
 def fence_peers(addresses: Sequence[str]) -> str | None:
