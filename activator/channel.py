@@ -143,7 +143,7 @@ class Channel:
         await self._ws.accept()
         try:
             async with anyio.create_task_group() as tasks:
-                tasks.start_soon(self._write)
+                tasks.start_soon(self._write, tasks)
                 await self._read(tasks)
                 tasks.cancel_scope.cancel()
         finally:
@@ -250,7 +250,9 @@ class Channel:
         self._unsent.append(answer)
         self._queued.set()
 
-    async def _write(self) -> None:
+    async def _write(self, tasks: anyio.abc.TaskGroup) -> None:
+        """Send what is queued, in frames; when the ingress is gone, end the channel (a reader
+        waiting for room would wait for ever)."""
         while True:
             await self._queued.wait()
             self._queued = anyio.Event()
@@ -259,12 +261,16 @@ class Channel:
             for start, frame in _frames(batch):
                 try:
                     await self._ws.send_text(frame)
-                except WebSocketDisconnect:
-                    # Refused before a byte was written (the ingress is gone): these grants
-                    # reached no one, and `serve` gives them back. A send that fails after
-                    # writing raises something else: its leases expire, never counted twice.
+                except BaseException as exc:
+                    # uvicorn writes a frame only once the socket is writable, and nothing
+                    # can fail after that: a send that raised (the ingress gone) or was
+                    # cancelled (the channel closing) wrote nothing, so these grants reached
+                    # no one and `serve` gives them back.
                     self._unsent = batch[start:] + self._unsent
-                    return
+                    if isinstance(exc, WebSocketDisconnect):
+                        tasks.cancel_scope.cancel()
+                        return
+                    raise
 
     def _release_unsent(self) -> None:
         """Grants that never reached the ingress: nobody holds them."""

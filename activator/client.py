@@ -7,8 +7,10 @@ them apart.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
+import time
 from typing import Any
 
 import anyio
@@ -17,6 +19,7 @@ import websockets
 import websockets.asyncio.client
 from websockets.asyncio.client import ClientConnection
 
+from wakeful.activator.channel import MAX_OPS_PER_FRAME
 from wakeful.activator.channel import PATH as CHANNEL_PATH
 from wakeful.activator.core import Activator
 from wakeful.domain.leases import (
@@ -137,6 +140,10 @@ class HttpLeases:
         await self.aclose()
 
 
+REOPEN_PAUSE = 1.0
+"""Seconds after a failed attempt to open the lease channel during which calls fail at once."""
+
+
 class ChannelLeases:
     """The activator's lease channel (`activator/channel.py`): one WebSocket, opened on first
     use and again after it is lost; calls made while a frame is on the way go together in the
@@ -168,7 +175,8 @@ class ChannelLeases:
         self._app_slots: dict[str, anyio.Semaphore] = {}
         self._ids = itertools.count(1)
         self._link: _Link | None = None
-        self._opening = anyio.Lock()
+        self._attempt: asyncio.Future[_Link] | None = None
+        self._failed: tuple[float, ActivatorError] | None = None
         self._closed = False
 
     async def acquire(self, app: str, version: str | None = None) -> LeaseGrant:
@@ -190,7 +198,11 @@ class ChannelLeases:
         await self._call({"op": "release", "lease": lease_id}, self._upkeep_timeout)
 
     async def _call(self, operation: dict[str, Any], within: float) -> dict[str, Any]:
-        link = await self._open()
+        try:
+            with anyio.fail_after(within):  # opening the channel counts against the call
+                link = await self._open()
+        except TimeoutError:
+            raise Unreachable(f"the activator did not answer in {within:g} s", 1) from None
         ident = next(self._ids)
         answered = link.send({"id": ident, **operation})
         try:
@@ -207,22 +219,45 @@ class ChannelLeases:
         return answer
 
     async def _open(self) -> _Link:
+        """The open channel, or one attempt to open it that every caller shares: callers
+        never queue behind each other's attempts (each waits for its own deadline only), and
+        for `REOPEN_PAUSE` after a failed attempt they fail at once with its error."""
         link = self._link
         if link is not None and link.alive:
             return link
-        async with self._opening:
-            if self._closed:
-                raise Unreachable("the lease channel is closed", 1)
-            link = self._link
-            if link is None or not link.alive:
-                link = self._link = await _Link.open(self._url, self._headers)
-            return link
+        if self._closed:
+            raise Unreachable("the lease channel is closed", 1)
+        failed = self._failed
+        if failed is not None and time.monotonic() - failed[0] < REOPEN_PAUSE:
+            raise failed[1]
+        attempt = self._attempt
+        if attempt is None or attempt.done():
+            attempt = self._attempt = asyncio.ensure_future(self._connect())
+            attempt.add_done_callback(_retrieved)
+        return await asyncio.shield(attempt)
+
+    async def _connect(self) -> _Link:
+        try:
+            link = await _Link.open(self._url, self._headers)
+        except ActivatorError as exc:
+            self._failed = (time.monotonic(), exc)
+            raise
+        self._failed = None
+        if self._closed:  # closed while it opened
+            await link.close()
+            raise Unreachable("the lease channel is closed", 1)
+        self._link = link
+        return link
 
     async def aclose(self) -> None:
         self._closed = True
-        async with self._opening:
-            if self._link is not None:
-                await self._link.close()
+        attempt = self._attempt
+        if attempt is not None and not attempt.done():
+            attempt.cancel()
+            with contextlib.suppress(BaseException):
+                await attempt
+        if self._link is not None:
+            await self._link.close()
 
     async def __aenter__(self) -> ChannelLeases:
         return self
@@ -303,7 +338,8 @@ class _Link:
                 await self._queued.wait()
                 self._queued.clear()
                 batch, self._outbox = self._outbox, []
-                await self._connection.send(json.dumps(batch))
+                for at in range(0, len(batch), MAX_OPS_PER_FRAME):  # the activator's bound
+                    await self._connection.send(json.dumps(batch[at : at + MAX_OPS_PER_FRAME]))
         except (websockets.WebSocketException, OSError):
             self._lost()
 
@@ -312,8 +348,8 @@ class _Link:
             async for frame in self._connection:
                 for answer in json.loads(frame):
                     self._answered(answer)
-        except (websockets.WebSocketException, OSError, ValueError, TypeError):
-            pass
+        except (websockets.WebSocketException, OSError, ValueError, TypeError, KeyError):
+            pass  # a lost connection, or answers that are not the protocol: the link is done
         self._lost()
 
     def _answered(self, answer: dict[str, Any]) -> None:
@@ -344,6 +380,12 @@ class _Link:
         self._lost()
         await self._connection.close()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _retrieved(attempt: asyncio.Future[_Link]) -> None:
+    """An attempt nobody awaits any more (its callers left) must not log its failure."""
+    if not attempt.cancelled():
+        attempt.exception()
 
 
 def _error(answer: dict[str, Any]) -> ActivatorError:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import socket
 
 import anyio
 import pytest
@@ -209,3 +210,70 @@ async def test_an_invalid_operation_is_answered_alone_and_its_neighbours_go_on(
             json.dumps([{"id": 3, "op": "release", "lease": answers[2]["grant"]["lease_id"]}])
         )  # type: ignore[index]
         assert json.loads(await raw.recv()) == [{"id": 3, "released": True}]
+
+
+async def test_more_operations_at_once_than_a_frame_takes_all_get_answered(api: Served) -> None:
+    """The ingress splits what queued up into frames of at most MAX_OPS_PER_FRAME: one frame
+    past it closed the channel, failing every call on it."""
+    async with ChannelLeases(api.url, TOKEN) as leases:
+        grant = await leases.acquire("hello")
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tasks:
+                for _ in range(MAX_OPS_PER_FRAME + 500):
+                    tasks.start_soon(leases.renew, grant.lease_id)
+        await leases.release(grant.lease_id)
+    assert leased(api) == 0
+
+
+async def test_an_ingress_that_stops_reading_then_drops_leaves_nothing_behind(
+    api: Served,
+) -> None:
+    """Past MAX_UNSENT unread answers the channel stops reading; when the connection then
+    dies, the channel must still end: its parked acquire leaves the waiters, its grants go
+    back. (Its reader once waited for room for ever.)"""
+    await nothing_routable(api)
+    host, port = api.url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((host, int(port)))
+    url = api.url.replace("http", "ws", 1) + PATH
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    raw = await websockets.asyncio.client.connect(
+        url, sock=sock, additional_headers=headers, max_queue=1, compression=None
+    )
+    await raw.send(json.dumps([{"id": 0, "op": "acquire", "app": "hello"}]))
+    with anyio.fail_after(10):
+        await eventually(lambda: waiters(api) == 1)
+    with anyio.move_on_after(5):  # renews of no lease: answers it never reads
+        for frame in range(80):
+            renews = [
+                {"id": frame * 1000 + n + 1, "op": "renew", "lease": "x" * 200} for n in range(1000)
+            ]
+            await raw.send(json.dumps(renews))
+    raw.transport.abort()
+    with anyio.fail_after(10):
+        await eventually(lambda: waiters(api) == 0)
+
+
+async def test_callers_do_not_queue_behind_each_others_attempts_to_open_the_channel() -> None:
+    """An activator that accepts connections and never answers: each call fails within its
+    own deadline. (Each caller once took its turn at a 10 s open attempt, the fourth failing
+    after 40 s.)"""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        port = silent.getsockname()[1]
+        async with ChannelLeases(f"http://127.0.0.1:{port}", TOKEN, timeout=1) as leases:
+            failed: list[BaseException] = []
+
+            async def call() -> None:
+                try:
+                    await leases.acquire("hello")
+                except Unreachable as exc:
+                    failed.append(exc)
+
+            with anyio.fail_after(9):  # under the 10 s of one open attempt
+                async with anyio.create_task_group() as tasks:
+                    for _ in range(4):
+                        tasks.start_soon(call)
+    assert len(failed) == 4
