@@ -69,7 +69,19 @@ class _Stale(Exception):
     """The connection ended before any byte of the answer: maybe safe to send again."""
 
 
-class _Connection(asyncio.Protocol):
+class _Gated(asyncio.Protocol):
+    """A sandbox connection whose writes wait at `_writable` while the transport is full."""
+
+    _writable: WriteGate
+
+    def pause_writing(self) -> None:
+        self._writable.close()
+
+    def resume_writing(self) -> None:
+        self._writable.open()
+
+
+class _Connection(_Gated):
     """One upstream connection; carries one exchange at a time."""
 
     def __init__(self, pool: _Pool) -> None:
@@ -143,12 +155,6 @@ class _Connection(asyncio.Protocol):
         self._pool.forget(self)
         self._ended(exc)
         self._writable.fail(UpstreamFailed("the sandbox closed the connection"))
-
-    def pause_writing(self) -> None:
-        self._writable.close()
-
-    def resume_writing(self) -> None:
-        self._writable.open()
 
     # -- httptools callbacks -----------------------------------------------------------
 
@@ -587,7 +593,7 @@ class RawTransport:
         return conn
 
 
-class Handshake(asyncio.Protocol):
+class Handshake(_Gated):
     """A WebSocket handshake's upstream connection, then (after a 101) the sandbox's end of
     its tunnel (`ingress.tunnel.Side`). Never pooled; closed with the response. Any other
     answer is read whole (bounded) and passed on as it is."""
@@ -655,12 +661,6 @@ class Handshake(asyncio.Protocol):
         self.closed = True
         self._ended()
         self._writable.fail(UpstreamFailed("the sandbox closed the connection"))
-
-    def pause_writing(self) -> None:
-        self._writable.close()
-
-    def resume_writing(self) -> None:
-        self._writable.open()
 
     # -- httptools callbacks -----------------------------------------------------------
 
