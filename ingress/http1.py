@@ -44,6 +44,7 @@ import httptools
 
 from wakeful.ingress.errors import BadRequest, ClientGone, ClientTooSlow, UpstreamFailed
 from wakeful.ingress.flow import WriteGate
+from wakeful.ingress.timers import Deadline
 from wakeful.ingress.tunnel import Pipe, is_websocket
 
 log = logging.getLogger(__name__)
@@ -314,8 +315,11 @@ class _Connection(asyncio.Protocol):
         self._lingering = False
         self._lingered = 0
         self._linger_timer: asyncio.TimerHandle | None = None
-        self._head_timer: asyncio.TimerHandle | None = None
-        self._idle_timer: asyncio.TimerHandle | None = None
+        self._deadline = Deadline(self._loop, self._timed_out)
+        self._head_due: float | None = None
+        """When the request head under way (or the next one) must be complete."""
+        self._idle_due: float | None = None
+        """When a keep-alive connection with no request begun closes."""
         # the request being parsed
         self._in_head = False
         self._head_bytes = 0
@@ -419,9 +423,7 @@ class _Connection(asyncio.Protocol):
         self._head_bytes = 0
         self._url = b""
         self._headers = []
-        if self._idle_timer is not None:
-            self._idle_timer.cancel()
-            self._idle_timer = None
+        self._idle_due = None  # the deadline is the head's now (`_timed_out` looks)
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -431,9 +433,7 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+        self._head_due = None
         parser = self._parser
         version = parser.get_http_version()
         expect = False
@@ -626,21 +626,39 @@ class _Connection(asyncio.Protocol):
     # -- timers --------------------------------------------------------------------------
 
     def _arm_head_timer(self) -> None:
-        self._head_timer = self._loop.call_later(self.limits.head_timeout, self._head_late)
+        self._head_due = self._loop.time() + self.limits.head_timeout
+        self._deadline.at(self._head_due)
 
     def _arm_idle_timers(self) -> None:
-        self._arm_head_timer()
+        now = self._loop.time()
+        self._head_due = now + self.limits.head_timeout
         if not self._in_head:  # a head under way has its own deadline, not the idle one
-            self._idle_timer = self._loop.call_later(self.limits.keepalive, self._close)
+            self._idle_due = now + self.limits.keepalive
+        self._deadline.at(min(self._head_due, self._idle_due or self._head_due))
 
     def _cancel_timers(self) -> None:
-        for timer in (self._head_timer, self._idle_timer, self._linger_timer):
-            if timer is not None:
-                timer.cancel()
-        self._head_timer = self._idle_timer = self._linger_timer = None
+        self._deadline.cancel()
+        self._head_due = self._idle_due = None
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+            self._linger_timer = None
+
+    def _timed_out(self) -> None:
+        """The deadline passed: the idle one's or the head's, or neither any more (it
+        moved: wait for what is still due)."""
+        now = self._loop.time()
+        if self._head_due is not None and now >= self._head_due:
+            self._head_due = None
+            self._head_late()
+        elif self._idle_due is not None and now >= self._idle_due:
+            self._idle_due = None
+            self._close()
+        else:
+            due = [d for d in (self._head_due, self._idle_due) if d is not None]
+            if due:
+                self._deadline.at(min(due))
 
     def _head_late(self) -> None:
-        self._head_timer = None
         if self._runner is not None or self._queue:
             return  # answering: the next head's time starts after this answer
         if self._in_head:

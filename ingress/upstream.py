@@ -47,6 +47,7 @@ from wakeful.ingress.errors import (
     UpstreamTimeout,
 )
 from wakeful.ingress.flow import WriteGate
+from wakeful.ingress.timers import Deadline
 from wakeful.ingress.transport import UpstreamRequest, UpstreamResponse
 from wakeful.ingress.tunnel import MAX_REFUSAL_BYTES, Pipe
 
@@ -89,7 +90,12 @@ class _Connection(_Gated):
         self._loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.closed = False
-        self._idle_timer: asyncio.TimerHandle | None = None
+        self._deadline = Deadline(self._loop, self._timed_out)
+        """While pooled: when the idle connection closes. During an exchange: when the
+        sandbox's silence ends it (pushed on by every read)."""
+        self._silence = 0.0
+        self._idle = True
+        self._head_seen = False
         # the exchange in progress
         self._parser: httptools.HttpResponseParser | None = None
         self._head_only = False
@@ -124,6 +130,8 @@ class _Connection(_Gated):
             self._abort(UpstreamFailed("the sandbox sent bytes outside an answer"))
             return
         self._got_bytes = True
+        if self._head_seen and not self._complete:  # silence: from the last read, now
+            self._deadline.after(self._silence)
         body_before = self._body_bytes
         try:
             parser.feed_data(data)
@@ -152,6 +160,7 @@ class _Connection(_Gated):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._deadline.cancel()
         self._pool.forget(self)
         self._ended(exc)
         self._writable.fail(UpstreamFailed("the sandbox closed the connection"))
@@ -176,6 +185,7 @@ class _Connection(_Gated):
         if not 200 <= status <= 599:
             raise UpstreamFailed(f"the sandbox answered with status {status}")
         self._status = status
+        self._head_seen = True
         if self._head is not None and not self._head.done():
             self._head.set_result(None)
         if self._head_only:  # no body follows a HEAD answer, whatever it says
@@ -189,6 +199,7 @@ class _Connection(_Gated):
         if self._buffered > HIGH_WATER and not self._paused and self.transport is not None:
             self._paused = True
             self.transport.pause_reading()
+            self._deadline.clear()  # not the sandbox's silence while we do not read
         self._wake()
 
     def on_message_complete(self) -> None:
@@ -205,6 +216,7 @@ class _Connection(_Gated):
     def _finish(self) -> None:
         if not self._complete:
             self._complete = True
+            self._deadline.clear()
             self._wake()
 
     def _ended(self, exc: BaseException | None) -> None:
@@ -243,14 +255,21 @@ class _Connection(_Gated):
             self._wakeup.set_result(None)
 
     async def exchange(
-        self, head: bytes, body: AsyncIterable[bytes] | None, chunked: bool, method: str
+        self,
+        head: bytes,
+        body: AsyncIterable[bytes] | None,
+        chunked: bool,
+        method: str,
+        silence: float,
     ) -> None:
         """Write the request and return once the answer's head is in; raises `_Stale`,
-        UpstreamFailed or UpstreamTimeout (the caller applies the timeout)."""
+        UpstreamFailed, or UpstreamTimeout when the head took longer than `silence` seconds
+        (then each body read may take as long)."""
         assert self.transport is not None
-        if self._idle_timer is not None:
-            self._idle_timer.cancel()
-            self._idle_timer = None
+        self._idle = False
+        self._silence = silence
+        self._head_seen = False
+        self._deadline.after(silence)
         self._parser = httptools.HttpResponseParser(self)
         self._head_only = method == "HEAD"
         self._interim = self._got_bytes = self._complete = self._paused = False
@@ -291,8 +310,9 @@ class _Connection(_Gated):
                 return  # the sandbox answered early and stopped reading: its answer stands
             self._abort(exc)
 
-    async def next_chunk(self, silence: float) -> bytes:
-        """The next piece of the answer's body; b"" at its end."""
+    async def next_chunk(self) -> bytes:
+        """The next piece of the answer's body; b"" at its end. Raises UpstreamTimeout when
+        the sandbox stays silent (see `exchange`)."""
         while True:
             if self._chunks:
                 chunk = self._chunks.popleft()
@@ -300,6 +320,7 @@ class _Connection(_Gated):
                 if self._paused and self._buffered <= HIGH_WATER // 4 and self.transport:
                     self._paused = False
                     self.transport.resume_reading()
+                    self._deadline.after(self._silence)
                 return chunk
             if self._complete:
                 return b""
@@ -307,15 +328,16 @@ class _Connection(_Gated):
                 error = self._error
                 raise error if not isinstance(error, _Stale) else UpstreamFailed(str(error))
             self._wakeup = self._loop.create_future()
-            timer = self._loop.call_later(silence, self._timed_out)
             try:
                 await self._wakeup
             finally:
-                timer.cancel()
                 self._wakeup = None
 
     def _timed_out(self) -> None:
-        self._abort(UpstreamTimeout("the sandbox stayed silent past the request timeout"))
+        if self._idle:
+            self.close()
+        else:
+            self._abort(UpstreamTimeout(f"the sandbox stayed silent for {self._silence:g} s"))
 
     def reusable(self) -> bool:
         return (
@@ -337,7 +359,8 @@ class _Connection(_Gated):
             writer.cancel()
         if self.reusable():
             self._parser = None
-            self._idle_timer = self._loop.call_later(keepalive, self.close)
+            self._idle = True
+            self._deadline.after(keepalive)
             self._pool.give_back(self)
         else:
             self.close()
@@ -346,6 +369,7 @@ class _Connection(_Gated):
         if self.transport is not None and not self.closed:
             self.transport.close()
         self.closed = True
+        self._deadline.cancel()
         self._pool.forget(self)
 
 
@@ -446,16 +470,13 @@ class _Slots:
 
 
 class _RawResponse:
-    __slots__ = ("_app", "_conn", "_done", "_timeout", "_transport", "headers", "status")
+    __slots__ = ("_app", "_conn", "_done", "_transport", "headers", "status")
     tunnel = None
 
-    def __init__(
-        self, transport: RawTransport, app: str, conn: _Connection, timeout: float
-    ) -> None:
+    def __init__(self, transport: RawTransport, app: str, conn: _Connection) -> None:
         self._transport = transport
         self._app = app
         self._conn = conn
-        self._timeout = timeout
         self._done = False
         self.status = conn._status
         self.headers: Sequence[tuple[bytes, bytes]] = conn._headers
@@ -467,7 +488,7 @@ class _RawResponse:
         return self
 
     async def __anext__(self) -> bytes:
-        chunk = await self._conn.next_chunk(self._timeout)
+        chunk = await self._conn.next_chunk()
         if not chunk:
             raise StopAsyncIteration
         return chunk
@@ -536,13 +557,9 @@ class RawTransport:
                 if conn is None:
                     conn = await self._connect(pool, _Connection)
                 try:
-                    async with asyncio.timeout(request.timeout):
-                        await conn.exchange(head, request.body, chunked, request.method)
-                except TimeoutError:
-                    conn.close()
-                    raise UpstreamTimeout(
-                        f"the sandbox stayed silent for {request.timeout:g} s"
-                    ) from None
+                    await conn.exchange(
+                        head, request.body, chunked, request.method, request.timeout
+                    )
                 except _Stale as exc:
                     conn.close()
                     if attempt == 2 or not replayable:
@@ -552,7 +569,7 @@ class RawTransport:
                 except BaseException:
                     conn.close()
                     raise
-                return _RawResponse(self, request.app, conn, request.timeout)
+                return _RawResponse(self, request.app, conn)
             raise AssertionError("unreachable")
         except BaseException:
             self.slots.give_back(request.app)

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable
 import anyio
 import pytest
 
+from tests.activator.conftest import eventually
 from wakeful.domain.models import App, Pool, SandboxStatus
 from wakeful.ingress.upstream import RawTransport
 
@@ -99,6 +100,55 @@ async def test_a_silent_sandbox_times_out_with_504(hello: Callable[[], int]) -> 
         assert all(e.uses == 0 for e in s.ingress.cache.snapshot())
     async with stack({"sb-1": hello()}, request_timeouts={"hello": 5.0}, request_timeout=0.3) as s:
         assert (await s.client.get("/sleep?s=0.6")).status_code == 200  # per-app override
+
+
+def _half_answer_then_silent(conn: socket.socket) -> None:
+    """Sends the head and part of the body, then nothing until the ingress hangs up."""
+    read_head(conn)
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf-")
+    while conn.recv(65536):
+        pass
+
+
+async def test_a_sandbox_silent_mid_answer_is_cut_off_and_counted() -> None:
+    """Silence counts from the sandbox's last byte once its head is in: the client gets what
+    came and then the end of its connection, never a hang."""
+    with RawServer(_half_answer_then_silent) as sandbox_server:
+        async with stack({"sb-1": sandbox_server.port}, request_timeout=0.3) as s:
+            port = s.ingress.address[1]
+
+            def ask() -> bytes:
+                with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+                    conn.sendall(b"GET / HTTP/1.1\r\nHost: hello.localhost\r\n\r\n")
+                    got = b""
+                    while chunk := conn.recv(65536):
+                        got += chunk
+                    return got
+
+            answer = await anyio.to_thread.run_sync(ask)
+            assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"half-")
+            assert s.sample("upstream_errors_total", app="hello", kind="timeout") == 1
+            assert s.sample("requests_in_flight", app="hello") == 0
+            assert all(e.uses == 0 for e in s.ingress.cache.snapshot())
+
+
+def _keep_alive_then_watch(closed: list[float]) -> Callable[[socket.socket], None]:
+    def handle(conn: socket.socket) -> None:
+        read_head(conn)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        while conn.recv(65536):
+            pass
+        closed.append(1.0)
+
+    return handle
+
+
+async def test_an_idle_pooled_connection_is_closed_after_the_upstream_keepalive() -> None:
+    closed: list[float] = []
+    with RawServer(_keep_alive_then_watch(closed)) as sandbox_server:
+        async with stack({"sb-1": sandbox_server.port}, upstream_keepalive=0.2) as s:
+            assert (await s.client.get("/")).status_code == 200
+            await eventually(lambda: closed == [1.0])
 
 
 def _canned(conn: socket.socket) -> None:
