@@ -30,11 +30,10 @@ from wakeful.ingress.errors import (
     UpstreamTimeout,
 )
 from wakeful.ingress.formats import ErrorAnswer, choose_format, render
-from wakeful.ingress.headers import new_request_id, read_request_head
+from wakeful.ingress.headers import header, new_request_id, read_request_head
 from wakeful.ingress.http1 import Request, Responder
 from wakeful.ingress.metrics import IngressMetrics, Move, Tracker
 from wakeful.ingress.proxy import Proxy, ProxyRequest
-from wakeful.ingress.routing import normalize_host
 from wakeful.ingress.tunnel import relay, upgrade_headers
 
 log = logging.getLogger(__name__)
@@ -93,7 +92,7 @@ class ProxyEdge:
         max_header_bytes: int,
         show_boot_log: bool = False,
         websocket_limits: Callable[[str], tuple[float, float]] = lambda app: (600.0, 86_400.0),
-        https_location: Callable[[str, str, str], str | None] = lambda app, host, target: None,
+        https_location: Callable[[str, str, bytes], str | None] = lambda app, host, target: None,
     ) -> None:
         """`websocket_limits`: an app's WebSocket idle timeout and maximum duration.
         `https_location(app, host, target)`: where a plain HTTP request of the app is
@@ -107,10 +106,10 @@ class ProxyEdge:
 
     async def handle(self, request: Request, out: Responder) -> None:
         started = time.perf_counter()
-        head = read_request_head(request.headers)
-        headers = head.headers
+        headers = request.headers
+        head = read_request_head(headers)
         request_id = head.client_request_id or new_request_id()
-        target = request.target.decode("latin-1")
+        target = request.target
         label = "-"
         exchange = _Exchange()
         try:
@@ -128,7 +127,7 @@ class ProxyEdge:
             trace.mark("routed", app)
             label = app
             if request.scheme == "http" and (
-                location := self._https_location(app, normalize_host(head.host), target)
+                location := self._https_location(app, head.host, target)
             ):
                 exchange.status = 308
                 moved = [(b"location", location.encode("latin-1"))]
@@ -189,6 +188,7 @@ class ProxyEdge:
                 async for chunk in response.body:
                     await out.write(chunk)
             except UpstreamError as exc:
+                self._proxy.count_error(app, exc)
                 log.warning(
                     "upstream broke mid-answer; cutting the client off: %s",
                     exc,
@@ -208,14 +208,14 @@ class ProxyEdge:
     def _answer_error(
         self,
         exc: Exception,
-        headers: list[tuple[str, str]],
+        headers: list[tuple[bytes, bytes]],
         request_id: str,
         out: Responder,
         exchange: _Exchange,
     ) -> None:
         answer = answer_for(exc, self._show_boot_log)
         exchange.status = answer.status
-        accept = next((v for n, v in headers if n == "accept"), "")
+        accept = (header(headers, b"accept") or b"").decode("latin-1")
         body, extra = render(answer, choose_format(accept), request_id)
         extra.append((b"x-request-id", request_id.encode("latin-1")))
         out.send_whole(answer.status, extra, body)

@@ -8,11 +8,16 @@ that holds capacity again never counts the request twice.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 from collections.abc import Iterator
 from enum import StrEnum
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
 class Phase(StrEnum):
@@ -60,19 +65,9 @@ def advance(phase: Phase, move: Move) -> Phase:
 
 class IngressMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.requests = Counter(
-            "wakeful_ingress_requests",
-            "Requests answered, by app and status class (2xx..5xx); app '-' when unrouted",
-            ["app", "status_class"],
-            registry=registry,
-        )
-        self.duration = Histogram(
-            "wakeful_ingress_request_duration_seconds",
-            "Time from request to the end of the answer",
-            ["app"],
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
-            registry=registry,
-        )
+        self._counts: dict[str, AppCounts] = {}
+        """Per app, what every request moves: plain ints, read by `_Counts` when scraped."""
+        registry.register(_Counts(self._counts))
         self.in_flight = Gauge(
             "wakeful_ingress_requests_in_flight",
             "Requests being proxied to a sandbox (holding capacity); waiting ones excluded",
@@ -82,18 +77,6 @@ class IngressMetrics:
         self.queued = Gauge(
             "wakeful_ingress_requests_queued",
             "Requests waiting for the activator to grant capacity",
-            ["app"],
-            registry=registry,
-        )
-        self.cache_hits = Counter(
-            "wakeful_ingress_lease_cache_hits",
-            "Requests carried by a cached lease",
-            ["app"],
-            registry=registry,
-        )
-        self.cache_misses = Counter(
-            "wakeful_ingress_lease_cache_misses",
-            "Requests that asked the activator for a lease",
             ["app"],
             registry=registry,
         )
@@ -116,14 +99,14 @@ class IngressMetrics:
             registry=registry,
         )
 
-        # labels() validates, sorts and locks on every call (a few microseconds); the hot path
-        # reuses each labelled child instead. Children are still made on first use, so a
-        # series appears exactly when it would with labels() at every call site.
         self._loads: dict[str, Load] = {}
-        self._answered: dict[tuple[str, int], Counter] = {}
-        self._durations: dict[str, Histogram] = {}
-        self._hits: dict[str, Counter] = {}
-        self._misses: dict[str, Counter] = {}
+
+    def counts(self, app: str) -> AppCounts:
+        """`app`'s counts, made on first use (a series appears with its first request)."""
+        counts = self._counts.get(app)
+        if counts is None:
+            counts = self._counts[app] = AppCounts()
+        return counts
 
     def tracker(self, app: str) -> Tracker:
         load = self._loads.get(app)
@@ -136,15 +119,10 @@ class IngressMetrics:
 
     def answered(self, app: str, status: int, seconds: float) -> None:
         """Count one finished request by status class, and how long it took."""
-        counter = self._answered.get((app, status))
-        if counter is None:
-            counter = self.requests.labels(app=app, status_class=f"{status // 100}xx")
-            self._answered[(app, status)] = counter
-        counter.inc()
-        duration = self._durations.get(app)
-        if duration is None:
-            duration = self._durations[app] = self.duration.labels(app=app)
-        duration.observe(seconds)
+        counts = self._counts.get(app) or self.counts(app)
+        counts.classes[status // 100] += 1
+        counts.buckets[bisect.bisect_left(DURATION_BUCKETS, seconds)] += 1
+        counts.seconds += seconds
 
     @contextlib.contextmanager
     def websocket(self, app: str) -> Iterator[None]:
@@ -157,16 +135,75 @@ class IngressMetrics:
             gauge.dec()
 
     def cache_hit(self, app: str) -> None:
-        counter = self._hits.get(app)
-        if counter is None:
-            counter = self._hits[app] = self.cache_hits.labels(app=app)
-        counter.inc()
+        (self._counts.get(app) or self.counts(app)).hits += 1
 
     def cache_miss(self, app: str) -> None:
-        counter = self._misses.get(app)
-        if counter is None:
-            counter = self._misses[app] = self.cache_misses.labels(app=app)
-        counter.inc()
+        (self._counts.get(app) or self.counts(app)).misses += 1
+
+
+class AppCounts:
+    """An app's request counts. Every request adds to these, so they are plain ints rather
+    than prometheus_client children (which validate and lock on every call, ~1 µs each)."""
+
+    __slots__ = ("buckets", "classes", "hits", "misses", "seconds")
+
+    def __init__(self) -> None:
+        self.classes = [0] * 6
+        """Answers by status // 100 (1xx..5xx; 499, a client gone, is a 4xx)."""
+        self.buckets = [0] * (len(DURATION_BUCKETS) + 1)
+        """Answers by the first duration bucket they fit (the last: over every bound)."""
+        self.seconds = 0.0
+        self.hits = 0
+        self.misses = 0
+
+
+class _Counts(Collector):
+    """`AppCounts` as the metrics they always were."""
+
+    def __init__(self, counts: dict[str, AppCounts]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        requests = CounterMetricFamily(
+            "wakeful_ingress_requests",
+            "Requests answered, by app and status class (2xx..5xx); app '-' when unrouted",
+            labels=["app", "status_class"],
+        )
+        duration = HistogramMetricFamily(
+            "wakeful_ingress_request_duration_seconds",
+            "Time from request to the end of the answer",
+            labels=["app"],
+        )
+        hits = CounterMetricFamily(
+            "wakeful_ingress_lease_cache_hits",
+            "Requests carried by a cached lease",
+            labels=["app"],
+        )
+        misses = CounterMetricFamily(
+            "wakeful_ingress_lease_cache_misses",
+            "Requests that asked the activator for a lease",
+            labels=["app"],
+        )
+        for app, counts in list(self._counts.items()):
+            for klass, n in enumerate(counts.classes):
+                if n:
+                    requests.add_metric([app, f"{klass}xx"], n)
+            if any(counts.buckets):
+                cumulative, total = [], 0
+                for bound, n in zip(DURATION_BUCKETS, counts.buckets, strict=False):
+                    total += n
+                    cumulative.append((_bound(bound), total))
+                cumulative.append(("+Inf", total + counts.buckets[-1]))
+                duration.add_metric([app], cumulative, counts.seconds)
+            if counts.hits:
+                hits.add_metric([app], counts.hits)
+            if counts.misses:
+                misses.add_metric([app], counts.misses)
+        yield from (requests, duration, hits, misses)
+
+
+def _bound(value: float) -> str:
+    return repr(float(value))  # as prometheus_client writes `le` ("0.001", "1.0", "30.0")
 
 
 class Load:

@@ -17,7 +17,7 @@ Theory of operation:
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol
 
 from wakeful.domain import trace
@@ -31,10 +31,13 @@ from wakeful.ingress.errors import (
 )
 from wakeful.ingress.headers import client_response_headers, upstream_request_headers
 from wakeful.ingress.metrics import IngressMetrics, Move, Tracker
-from wakeful.ingress.routing import RoutingTable, match, normalize_host
+from wakeful.ingress.routing import RouteIndex, RoutingTable, match, normalize_host
 from wakeful.ingress.settings import IngressSettings
 from wakeful.ingress.transport import Transport, UpstreamRequest, UpstreamResponse
 from wakeful.ingress.tunnel import Side
+
+ROUTE_MEMORY = 4096
+"""Host header values `Proxy.route` remembers the app of."""
 
 
 class RequestBody(Protocol):
@@ -51,12 +54,13 @@ class RequestBody(Protocol):
     def stream(self) -> AsyncIterator[bytes]: ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ProxyRequest:
     method: str
-    target: str
+    target: bytes
     """Path and query exactly as received (`/a%20b?x=1`)."""
-    headers: list[tuple[str, str]]
+    headers: list[tuple[bytes, bytes]]
+    """Names lower-cased, values as received, in order."""
     client_ip: str
     scheme: str
     request_id: str
@@ -65,7 +69,7 @@ class ProxyRequest:
     """A WebSocket handshake (`ingress.tunnel`)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ProxyResponse:
     status: int
     headers: list[tuple[bytes, bytes]]
@@ -88,12 +92,27 @@ class Proxy:
         self._cache = cache
         self._transport = transport
         self._metrics = metrics
+        self._routed: dict[str, str] = {}
+        """Host header → app ("" for none), for `_routed_by`."""
+        self._routed_by: RouteIndex | None = None
 
     def route(self, host_header: str) -> str:
-        host = normalize_host(host_header)
-        app = match(self._routes.index, host, self._settings.base_domain)
+        """The app serving a Host header; NoRoute when none does. Remembered per header
+        value while the routing table stays the same (bounded: a client sending a new Host
+        each time only empties the memory)."""
+        index = self._routes.index
+        if index is not self._routed_by:
+            self._routed.clear()
+            self._routed_by = index
+        app = self._routed.get(host_header)
         if app is None:
-            raise NoRoute(host or host_header)
+            host = normalize_host(host_header)
+            app = match(index, host, self._settings.base_domain) or ""
+            if len(self._routed) >= ROUTE_MEMORY:
+                self._routed.clear()
+            self._routed[host_header] = app
+        if not app:
+            raise NoRoute(normalize_host(host_header) or host_header)
         return app
 
     def forward(self, app: str, request: ProxyRequest, tracker: Tracker) -> Forwarding:
@@ -104,7 +123,7 @@ class Proxy:
         self,
         app: str,
         request: ProxyRequest,
-        headers: list[tuple[str, str]],
+        headers: list[tuple[bytes, bytes]],
         tracker: Tracker,
         held: list[Use],
     ) -> UpstreamResponse:
@@ -130,7 +149,8 @@ class Proxy:
                     UpstreamRequest(
                         app,
                         request.method,
-                        use.url + request.target,
+                        use.url,
+                        request.target,
                         headers,
                         request.body.stream() if request.body is not None else None,
                         self._settings.timeout_for(app),
@@ -151,10 +171,10 @@ class Proxy:
                 retries += 1
                 self._metrics.connect_retries.labels(app=app).inc()
             except UpstreamError as exc:
-                self._count_error(app, exc)
+                self.count_error(app, exc)
                 raise
 
-    def _count_error(self, app: str, exc: UpstreamError) -> None:
+    def count_error(self, app: str, exc: UpstreamError) -> None:
         kind = "timeout" if isinstance(exc, UpstreamTimeout) else "failed"
         self._metrics.upstream_errors.labels(app=app, kind=kind).inc()
 
@@ -235,10 +255,11 @@ class Forwarding:
 
     async def __aenter__(self) -> ProxyResponse:
         proxy, request = self._proxy, self._request
-        if not request.target.startswith("/"):
-            raise BadRequest(f"request target {request.target[:80]!r} is not a path")
+        if not request.target.startswith(b"/"):
+            target = request.target[:80].decode("latin-1")
+            raise BadRequest(f"request target {target!r} is not a path")
         if request.body is not None:  # before any capacity is taken: see `preread`
-            request = self._request = replace(request, body=await preread(request.body))
+            request.body = await preread(request.body)
         headers = upstream_request_headers(
             request.headers,
             client_ip=request.client_ip,
@@ -252,7 +273,7 @@ class Forwarding:
                 answer = ProxyResponse(
                     response.status,
                     client_response_headers(response.headers, request.request_id),
-                    _Counted(proxy, self._app, response.body()),
+                    response.body(),
                     response.tunnel,
                 )
             except BaseException:
@@ -275,24 +296,3 @@ class Forwarding:
         cache = self._proxy._cache
         for use in self._held:
             await cache.give_back(use)  # shielded inside
-
-
-class _Counted:
-    """The response body, counting an upstream failure in the metrics as it passes."""
-
-    __slots__ = ("_app", "_body", "_proxy")
-
-    def __init__(self, proxy: Proxy, app: str, body: AsyncIterator[bytes]) -> None:
-        self._proxy = proxy
-        self._app = app
-        self._body = body
-
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return self
-
-    async def __anext__(self) -> bytes:
-        try:
-            return await self._body.__anext__()
-        except UpstreamError as exc:
-            self._proxy._count_error(self._app, exc)
-            raise

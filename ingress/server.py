@@ -28,7 +28,7 @@ from wakeful.ingress.edge import AdminEdge, ProxyEdge
 from wakeful.ingress.http1 import HttpServer, Limits
 from wakeful.ingress.metrics import IngressMetrics
 from wakeful.ingress.proxy import Proxy
-from wakeful.ingress.routing import RoutingTable
+from wakeful.ingress.routing import RoutingTable, normalize_host
 from wakeful.ingress.sandboxes import follow_sandboxes
 from wakeful.ingress.settings import IngressSettings, split_address
 from wakeful.ingress.tls import Certificates, TLSConfigError
@@ -179,13 +179,14 @@ class Ingress:
                     await admin.stop(0)
                     log.info("ingress stopped")
 
-    def _https_location(self, app: str, host: str, target: str) -> str | None:
+    def _https_location(self, app: str, host_header: str, target: bytes) -> str | None:
         """Where a plain HTTP request of `app` is sent instead, if its app asks for HTTPS."""
         if not self.settings.redirects_to_https(app) or not self.tls_address[1]:
             return None
         assert self.settings.tls_listen is not None
         port = split_address(self.settings.tls_listen)[1] or self.tls_address[1]
-        return f"https://{host}{'' if port == 443 else f':{port}'}{target}"
+        host = normalize_host(host_header)
+        return f"https://{host}{'' if port == 443 else f':{port}'}{target.decode('latin-1')}"
 
     async def _serve_tls(
         self, edge: ProxyEdge, limits: Limits, tasks: anyio.abc.TaskGroup

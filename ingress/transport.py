@@ -15,14 +15,16 @@ if TYPE_CHECKING:
     from wakeful.ingress.tunnel import Side
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class UpstreamRequest:
     app: str
     """Whose request it is: upstream connections are bounded per app."""
     method: str
-    url: str
-    """The sandbox's base URL (from a lease) plus the request target, already encoded."""
-    headers: Sequence[tuple[str, str]]
+    sandbox: str
+    """The sandbox's base URL, from a lease (`http://10.0.0.5:8080`)."""
+    target: bytes
+    """The request target as the client sent it (a path and query)."""
+    headers: Sequence[tuple[bytes, bytes]]
     body: AsyncIterable[bytes] | None
     timeout: float
     """Seconds the sandbox may stay silent: before its answer starts, and between reads."""

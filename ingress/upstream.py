@@ -513,7 +513,7 @@ class RawTransport:
         self._connect_timeout = connect_timeout
         self.keepalive = keepalive
         self.slots = _Slots(per_app, total, wait)
-        self._pools: dict[str, tuple[_Pool, str]] = {}
+        self._pools: dict[str, tuple[_Pool, bytes, bytes]] = {}
         self._closed = False
 
     async def __aenter__(self) -> RawTransport:
@@ -521,32 +521,34 @@ class RawTransport:
 
     async def __aexit__(self, *exc: object) -> None:
         self._closed = True
-        for pool, _ in self._pools.values():
+        for pool, _, _ in self._pools.values():
             for conn in list(pool.idle):
                 conn.close()
         self._pools.clear()
 
-    def _pool(self, url: str) -> tuple[_Pool, str, str]:
-        """The pool of the sandbox a URL names, and the request target the URL carries."""
-        rest = url.removeprefix("http://")
-        cut = rest.find("/")
-        authority, target = (rest, "/") if cut < 0 else (rest[:cut], rest[cut:])
-        found = self._pools.get(authority)
+    def _pool(self, sandbox: str) -> tuple[_Pool, bytes, bytes]:
+        """The pool of the sandbox a base URL names, its authority, and the path the URL
+        carries (prefixed to every request target; usually none)."""
+        found = self._pools.get(sandbox)
         if found is None:
+            rest = sandbox.removeprefix("http://")
+            cut = rest.find("/")
+            authority, prefix = (rest, "") if cut < 0 else (rest[:cut], rest[cut:].rstrip("/"))
             host, _, port = authority.rpartition(":")
-            found = (_Pool(host.strip("[]"), int(port)), authority)
+            pool = _Pool(host.strip("[]"), int(port))
+            found = (pool, authority.encode("latin-1"), prefix.encode("latin-1"))
             if len(self._pools) > 65_536:  # sandboxes come and go: forget idle ones
-                for key, (pool, _) in list(self._pools.items()):
-                    if not pool.idle:
+                for key, (each, _, _) in list(self._pools.items()):
+                    if not each.idle:
                         del self._pools[key]
-            self._pools[authority] = found
-        return found[0], authority, target
+            self._pools[sandbox] = found
+        return found
 
     async def send(self, request: UpstreamRequest) -> UpstreamResponse:
         if self._closed:
             raise UpstreamFailed("the upstream transport is closed")
-        pool, authority, target = self._pool(request.url)
-        head, chunked = _request_head(request, target, authority)
+        pool, authority, prefix = self._pool(request.sandbox)
+        head, chunked = _request_head(request, prefix + request.target, authority)
         if request.upgrade:
             return await self._handshake(request, pool, head)
         replayable = request.body is None and request.method in IDEMPOTENT
@@ -791,22 +793,22 @@ async def _iterate(body: AsyncIterable[bytes]) -> AsyncGenerator[bytes, None]:
             yield chunk
 
 
-def _request_head(request: UpstreamRequest, target: str, authority: str) -> tuple[bytes, bool]:
+def _request_head(request: UpstreamRequest, target: bytes, authority: bytes) -> tuple[bytes, bool]:
     """The request line and headers as one `bytes`; whether the body goes chunked."""
-    lines = [f"{request.method} {target} HTTP/1.1\r\n"]
+    lines = [b"%s %s HTTP/1.1\r\n" % (request.method.encode(), target)]
     has_host = has_length = False
     for name, value in request.headers:
-        if name == "host":
+        if name == b"host":
             has_host = True
-        elif name == "content-length":
+        elif name == b"content-length":
             has_length = True
-        lines.append(f"{name}: {value}\r\n")
+        lines.append(b"%s: %s\r\n" % (name, value))
     if not has_host:
-        lines.append(f"host: {authority}\r\n")
+        lines.append(b"host: %s\r\n" % authority)
     chunked = request.body is not None and not has_length
     if chunked:
-        lines.append("transfer-encoding: chunked\r\n")
+        lines.append(b"transfer-encoding: chunked\r\n")
     if request.upgrade:  # this hop's own: dropped from what the client sent, put back
-        lines.append("connection: upgrade\r\nupgrade: websocket\r\n")
-    lines.append("\r\n")
-    return "".join(lines).encode("latin-1"), chunked
+        lines.append(b"connection: upgrade\r\nupgrade: websocket\r\n")
+    lines.append(b"\r\n")
+    return b"".join(lines), chunked

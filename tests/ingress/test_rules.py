@@ -137,16 +137,29 @@ INCOMING = [
 )
 def test_upstream_request_headers(trust: bool, expected: dict[str, str]) -> None:
     out = upstream_request_headers(
-        INCOMING, client_ip="192.0.2.7", scheme="http", request_id="rid", trust_forwarded=trust
+        [(name.encode(), value.encode()) for name, value in INCOMING],
+        client_ip="192.0.2.7",
+        scheme="http",
+        request_id="rid",
+        trust_forwarded=trust,
     )
-    names = [name for name, _ in out]
+    decoded = [(name.decode(), value.decode()) for name, value in out]
+    names = [name for name, _ in decoded]
     for hop in ("connection", "x-secret", "keep-alive", "te", "transfer-encoding", "upgrade"):
         assert hop not in names
     assert "proxy-authorization" not in names
-    assert dict(out) == {"host": "hello.localhost", "accept": "*/*", "x-request-id": "rid"} | (
+    assert dict(decoded) == {"host": "hello.localhost", "accept": "*/*", "x-request-id": "rid"} | (
         expected
     )
     assert names.count("x-request-id") == 1
+
+
+def test_a_header_the_connection_header_names_is_dropped_wherever_it_comes() -> None:
+    raw = [(b"x-before", b"1"), (b"connection", b"X-Before, x-after"), (b"x-after", b"2")]
+    out = upstream_request_headers(
+        raw, client_ip="192.0.2.7", scheme="http", request_id="rid", trust_forwarded=False
+    )
+    assert not {b"x-before", b"x-after", b"connection"} & {name for name, _ in out}
 
 
 def test_client_response_headers() -> None:
@@ -335,3 +348,30 @@ def test_request_ids_are_32_hex_digits_and_never_repeat_across_refills() -> None
     ids = [new_request_id() for _ in range(2000)]  # ~8 refills
     assert len(set(ids)) == len(ids)
     assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+
+
+def test_answers_are_counted_by_class_and_duration_as_prometheus_would() -> None:
+    """Plain counts behind the request metrics: a bucket holds what is at most its bound."""
+    registry = CollectorRegistry()
+    metrics = IngressMetrics(registry)
+    for status, seconds in ((200, 0.001), (204, 0.0011), (499, 3.0), (502, 45.0)):
+        metrics.answered("hello", status, seconds)
+    metrics.cache_hit("hello")
+    metrics.cache_miss("hello")
+    metrics.cache_miss("hello")
+
+    def sample(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(f"wakeful_ingress_{name}", {"app": "hello", **labels})
+
+    assert sample("requests_total", status_class="2xx") == 2
+    assert sample("requests_total", status_class="4xx") == 1
+    assert sample("requests_total", status_class="5xx") == 1
+    assert sample("requests_total", status_class="3xx") is None  # no series before its first
+    buckets = {"0.001": 1, "0.0025": 2, "2.5": 2, "5.0": 3, "30.0": 3, "+Inf": 4}
+    for bound, count in buckets.items():
+        assert sample("request_duration_seconds_bucket", le=bound) == count, bound
+    assert sample("request_duration_seconds_count") == 4
+    assert sample("request_duration_seconds_sum") == pytest.approx(0.001 + 0.0011 + 3 + 45)
+    assert sample("lease_cache_hits_total") == 1
+    assert sample("lease_cache_misses_total") == 2
+    assert registry.get_sample_value("wakeful_ingress_requests_total", {"app": "other"}) is None
