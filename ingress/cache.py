@@ -78,11 +78,14 @@ class Maintenance:
 def pick(entries: Sequence[CachedLease], avoid: Container[str] = ()) -> CachedLease | None:
     """The lease with room and the fewest uses (spreads load); first wins a tie."""
     best: CachedLease | None = None
+    fewest = 0
     for entry in entries:
-        if not entry.has_room or entry.grant.sandbox_id in avoid:
+        uses = entry.uses
+        # `entry.has_room`, spelled out: this runs for every cached lease on every request
+        if not entry.cached or entry.grant.overflow or uses >= entry.grant.size:
             continue
-        if best is None or entry.uses < best.uses:
-            best = entry
+        if (best is None or uses < fewest) and entry.grant.sandbox_id not in avoid:
+            best, fewest = entry, uses
     return best
 
 

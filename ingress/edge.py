@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from wakeful.domain import trace
 from wakeful.domain.leases import ActivatorError, AppFailedToBoot, Unavailable, UnknownApp
+from wakeful.ingress.cache import Use
 from wakeful.ingress.errors import (
     ActivatorUnreachable,
     BadRequest,
@@ -173,22 +174,35 @@ class ProxyEdge:
     ) -> None:
         """Forward and stream the answer back. Errors before the answer starts become an
         error answer (raised to `handle`); after, the client connection is cut (its body is
-        incomplete: `out` is left incomplete and the server closes the connection)."""
-        async with self._proxy.forward(app, request, tracker) as response:
+        incomplete: `out` is left incomplete and the server closes the connection). Whatever
+        ends it, the lease uses it took go back (`Proxy.finish`)."""
+        proxy = self._proxy
+        held: list[Use] = []
+        response = None
+        try:
+            response = await proxy.open(app, request, tracker, held)
             exchange.status = response.status
-            if response.tunnel is not None:
+            upstream = response.upstream
+            if upstream.tunnel is not None:
                 client = out.switch(upgrade_headers(response.headers))
                 with self._metrics.websocket(app):
                     idle, longest = self._websocket_limits(app)
-                    why = await relay(client, response.tunnel, idle, longest)
+                    why = await relay(client, upstream.tunnel, idle, longest)
                 log.debug("websocket ended: %s", why, extra={"app": app})
                 return
             out.start(response.status, response.headers)
             try:
-                async for chunk in response.body:
-                    await out.write(chunk)
+                while True:
+                    chunk = upstream.next_nowait()
+                    if chunk is None:  # the rest comes later: the head goes out meanwhile
+                        out.flush()
+                        chunk = await upstream.next()
+                    if not chunk:
+                        break
+                    if out.write(chunk):
+                        await out.drain()
             except UpstreamError as exc:
-                self._proxy.count_error(app, exc)
+                proxy.count_error(app, exc)
                 log.warning(
                     "upstream broke mid-answer; cutting the client off: %s",
                     exc,
@@ -204,6 +218,10 @@ class ProxyEdge:
                 exchange.client_gone = True
                 return
             out.end()
+        finally:
+            freed = proxy.finish(response, held)
+            if freed:
+                await proxy.release(freed)
 
     def _answer_error(
         self,

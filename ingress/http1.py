@@ -210,13 +210,16 @@ class Responder:
         request = self._request
         self.started = True
         self._no_body = request.method == "HEAD" or status in (204, 304) or status < 200
-        length = next((value for name, value in headers if name == b"content-length"), None)
+        lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Unknown"))]
+        length: bytes | None = None
+        for pair in headers:
+            if length is None and pair[0] == b"content-length":
+                length = pair[1]
+            lines.append(b"%s: %s\r\n" % pair)
         if length is not None and not self._no_body:
             self._left = int(length)  # the sandbox's, checked by the upstream parser
         body_unread = request.body is not None and not request.body.complete
         keep = request.keep_alive and not self._conn.closing and not body_unread
-        lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Unknown"))]
-        lines.extend(b"%s: %s\r\n" % pair for pair in headers)
         if not self._no_body and length is None:
             if request.version == "1.1":
                 self._chunked = True
@@ -231,19 +234,30 @@ class Responder:
         lines.append(b"\r\n")
         self._conn.hold(b"".join(lines))
 
-    async def write(self, chunk: bytes) -> None:
-        """Send a piece of the body; TimeoutError when the client reads none of it in time.
-        Never more than the Content-Length sent promised: past it the answer is cut."""
+    def write(self, chunk: bytes) -> bool:
+        """Send a piece of the body (with the head, the first time). Never more than the
+        Content-Length sent promised: past it the answer is cut. True when the client's
+        buffer is full: then `await drain()` before writing more."""
         if self._no_body or not chunk:
-            return
+            return False
         if self._left is not None:
             if len(chunk) > self._left:
                 raise UpstreamFailed("the sandbox sent more body than its Content-Length")
             self._left -= len(chunk)
+        conn = self._conn
         if self._chunked:
-            self._conn.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            conn.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
         else:
-            self._conn.write(chunk)
+            conn.write(chunk)
+        return conn._drain.waiting() is not None
+
+    def flush(self) -> None:
+        """Send the head now if no body went with it yet: call before waiting for the body."""
+        self._conn._flush()
+
+    async def drain(self) -> None:
+        """Wait for room in the client's buffer; TimeoutError when the client reads none of
+        it within its timeout."""
         await self._conn.drain()
 
     def end(self) -> None:
@@ -511,7 +525,9 @@ class _Connection(asyncio.Protocol):
                     self._close()
                     return
                 try:  # one answer at a time in the buffer, however fast they come
-                    await self.drain()
+                    self._flush()
+                    if self._drain.waiting() is not None:
+                        await self.drain()
                 except TimeoutError:
                     self._close(abort=True)
                     return
@@ -524,12 +540,11 @@ class _Connection(asyncio.Protocol):
             self._arm_idle_timers()
 
     def hold(self, head: bytes) -> None:
-        """An answer's head, sent with the first body bytes written in the same step of the
-        loop (one write, one segment: most answers are one read from the sandbox), or at the
-        end of that step when none come (a stream whose body comes later)."""
+        """An answer's head, sent with the first body bytes written (one write, one segment:
+        most answers are one read from the sandbox). The handler flushes it before it waits
+        for a body (`Responder.flush`); whatever is held goes out when the answer ends."""
         if self._held is None:
             self._held = head
-            self._loop.call_soon(self._flush)
         else:
             self._held += head
 

@@ -227,7 +227,7 @@ class Tracker:
 
     def move(self, move: Move) -> None:
         before = self.phase
-        after = advance(before, move)
+        after = TRANSITIONS.get((before, move)) or advance(before, move)  # raises if illegal
         if after is before:
             return
         load = self._load

@@ -2,9 +2,9 @@
 
 Theory of operation:
 - A request takes a use of a cached lease, or a fresh lease from the activator (waiting,
-  bounded, while nothing is routable). Every use it took is handed back on the way out of
-  `forward`, shielded, whatever ended it: answer sent, upstream error, client gone,
-  cancellation, timeout, shutdown.
+  bounded, while nothing is routable) in `open`. Every use it took is handed back by
+  `finish`, which never awaits, whatever ended the exchange: answer sent, upstream error,
+  client gone, cancellation, timeout, shutdown.
 - A request body is read up to `PREREAD_BYTES` before anything else (`preread`): a client
   trickling a small body in holds no capacity meanwhile.
 - A retry happens only on ConnectFailed (nothing reached the sandbox) and only when none of
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from wakeful.domain import trace
+from wakeful.domain.leases import LeaseGrant
 from wakeful.ingress.cache import LeaseCache, Use
 from wakeful.ingress.errors import (
     BadRequest,
@@ -34,7 +35,6 @@ from wakeful.ingress.metrics import IngressMetrics, Move, Tracker
 from wakeful.ingress.routing import RouteIndex, RoutingTable, match, normalize_host
 from wakeful.ingress.settings import IngressSettings
 from wakeful.ingress.transport import Transport, UpstreamRequest, UpstreamResponse
-from wakeful.ingress.tunnel import Side
 
 ROUTE_MEMORY = 4096
 """Host header values `Proxy.route` remembers the app of."""
@@ -73,9 +73,10 @@ class ProxyRequest:
 class ProxyResponse:
     status: int
     headers: list[tuple[bytes, bytes]]
-    body: AsyncIterator[bytes]
-    tunnel: Side | None = None
-    """The sandbox's end, when it switched to WebSocket (101)."""
+    """As the client gets them (`client_response_headers`)."""
+    upstream: UpstreamResponse
+    """The sandbox's answer: its body, read with `next_nowait` and `next`, and its `tunnel`
+    when it switched to WebSocket (101)."""
 
 
 class Proxy:
@@ -115,20 +116,25 @@ class Proxy:
             raise NoRoute(normalize_host(host_header) or host_header)
         return app
 
-    def forward(self, app: str, request: ProxyRequest, tracker: Tracker) -> Forwarding:
-        """`async with proxy.forward(...) as response:` the sandbox's answer, streaming."""
-        return Forwarding(self, app, request, tracker)
-
-    async def _connect(
-        self,
-        app: str,
-        request: ProxyRequest,
-        headers: list[tuple[bytes, bytes]],
-        tracker: Tracker,
-        held: list[Use],
-    ) -> UpstreamResponse:
-        """Send to a sandbox, retrying elsewhere while nothing reached one; every use taken
-        goes into `held` before anything can fail, so the caller gives it back."""
+    async def open(
+        self, app: str, request: ProxyRequest, tracker: Tracker, held: list[Use]
+    ) -> ProxyResponse:
+        """Send the request to a sandbox, retrying elsewhere while nothing reached one, and
+        return once the answer's head is in. Every use of a lease taken goes into `held`
+        before anything can fail: the caller hands them back with `finish`, whatever ends
+        the exchange."""
+        if not request.target.startswith(b"/"):
+            target = request.target[:80].decode("latin-1")
+            raise BadRequest(f"request target {target!r} is not a path")
+        if request.body is not None:  # before any capacity is taken: see `preread`
+            request.body = await preread(request.body)
+        headers = upstream_request_headers(
+            request.headers,
+            client_ip=request.client_ip,
+            scheme=request.scheme,
+            request_id=request.request_id,
+            trust_forwarded=self._settings.trust_forwarded,
+        )
         key = (app, None)
         refused: set[str] = set()
         retries = 0
@@ -157,9 +163,6 @@ class Proxy:
                         request.upgrade,
                     )
                 )
-                if waited:
-                    trace.mark("answered", app)
-                return response
             except ConnectFailed:
                 self._metrics.upstream_errors.labels(app=app, kind="connect").inc()
                 refused.add(use.sandbox_id)
@@ -170,9 +173,39 @@ class Proxy:
                     raise
                 retries += 1
                 self._metrics.connect_retries.labels(app=app).inc()
+                continue
             except UpstreamError as exc:
                 self.count_error(app, exc)
                 raise
+            if waited:
+                trace.mark("answered", app)
+            try:
+                return ProxyResponse(
+                    response.status,
+                    client_response_headers(response.headers, request.request_id),
+                    response,
+                )
+            except BaseException:
+                response.close()
+                raise
+
+    def finish(self, response: ProxyResponse | None, held: list[Use]) -> list[LeaseGrant]:
+        """The exchange is over: close the sandbox's answer (its connection is kept when it
+        was read to the end) and hand back every use in `held`. Never awaits, so nothing can
+        interrupt it; returns the leases that freed, which the caller gives to `release`."""
+        if response is not None:
+            response.upstream.close()
+        freed = []
+        for use in held:
+            grant = self._cache.put(use)
+            if grant is not None:
+                freed.append(grant)
+        return freed
+
+    async def release(self, grants: list[LeaseGrant]) -> None:
+        """Give freed leases back to the activator (shielded from cancellation)."""
+        for grant in grants:
+            await self._cache.release(grant)
 
     def count_error(self, app: str, exc: UpstreamError) -> None:
         kind = "timeout" if isinstance(exc, UpstreamTimeout) else "failed"
@@ -231,68 +264,3 @@ class _Preread:
             self._pulled = True
             async for chunk in self._rest:
                 yield chunk
-
-
-class Forwarding:
-    """One request's trip through `Proxy.forward`, as an async context manager.
-
-    Entering sends the request (retrying while nothing reached a sandbox) and returns the
-    response; leaving closes the response and gives back every use taken, whatever ended
-    the block. A hand-written context manager rather than `contextlib.asynccontextmanager`:
-    this runs once per request, and a generator-based one costs an async generator, its
-    loop hooks and an extra frame on every entry and exit.
-    """
-
-    __slots__ = ("_app", "_held", "_proxy", "_request", "_response", "_tracker")
-
-    def __init__(self, proxy: Proxy, app: str, request: ProxyRequest, tracker: Tracker) -> None:
-        self._proxy = proxy
-        self._app = app
-        self._request = request
-        self._tracker = tracker
-        self._held: list[Use] = []
-        self._response: UpstreamResponse | None = None
-
-    async def __aenter__(self) -> ProxyResponse:
-        proxy, request = self._proxy, self._request
-        if not request.target.startswith(b"/"):
-            target = request.target[:80].decode("latin-1")
-            raise BadRequest(f"request target {target!r} is not a path")
-        if request.body is not None:  # before any capacity is taken: see `preread`
-            request.body = await preread(request.body)
-        headers = upstream_request_headers(
-            request.headers,
-            client_ip=request.client_ip,
-            scheme=request.scheme,
-            request_id=request.request_id,
-            trust_forwarded=proxy._settings.trust_forwarded,
-        )
-        try:
-            response = await proxy._connect(self._app, request, headers, self._tracker, self._held)
-            try:
-                answer = ProxyResponse(
-                    response.status,
-                    client_response_headers(response.headers, request.request_id),
-                    response.body(),
-                    response.tunnel,
-                )
-            except BaseException:
-                response.close()
-                raise
-        except BaseException:
-            await self._give_back()
-            raise
-        self._response = response
-        return answer
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        try:
-            if self._response is not None:
-                self._response.close()
-        finally:
-            await self._give_back()
-
-    async def _give_back(self) -> None:
-        cache = self._proxy._cache
-        for use in self._held:
-            await cache.give_back(use)  # shielded inside

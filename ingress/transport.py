@@ -7,7 +7,7 @@ body into memory.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator, Sequence
+from collections.abc import AsyncIterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -40,8 +40,13 @@ class UpstreamResponse(Protocol):
     @property
     def headers(self) -> Sequence[tuple[bytes, bytes]]: ...
 
-    def body(self) -> AsyncIterator[bytes]:
-        """The body as it arrives; raises UpstreamFailed / UpstreamTimeout."""
+    def next_nowait(self) -> bytes | None:
+        """The next piece of the body already here; b"" at its end; None when the next has
+        not come yet (then `await next()`). Raises UpstreamFailed / UpstreamTimeout."""
+        ...
+
+    async def next(self) -> bytes:
+        """The next piece of the body, once it comes; b"" at its end."""
         ...
 
     def close(self) -> None:

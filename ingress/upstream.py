@@ -34,7 +34,7 @@ import asyncio
 import collections
 import contextlib
 import socket
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar, cast
 
@@ -310,23 +310,31 @@ class _Connection(_Gated):
                 return  # the sandbox answered early and stopped reading: its answer stands
             self._abort(exc)
 
+    def next_nowait(self) -> bytes | None:
+        """The next piece of the answer's body already read; b"" at its end; None when it
+        has not come yet."""
+        if self._chunks:
+            chunk = self._chunks.popleft()
+            self._buffered -= len(chunk)
+            if self._paused and self._buffered <= HIGH_WATER // 4 and self.transport:
+                self._paused = False
+                self.transport.resume_reading()
+                self._deadline.after(self._silence)
+            return chunk
+        if self._complete:
+            return b""
+        if self._error is not None:
+            error = self._error
+            raise error if not isinstance(error, _Stale) else UpstreamFailed(str(error))
+        return None
+
     async def next_chunk(self) -> bytes:
         """The next piece of the answer's body; b"" at its end. Raises UpstreamTimeout when
         the sandbox stays silent (see `exchange`)."""
         while True:
-            if self._chunks:
-                chunk = self._chunks.popleft()
-                self._buffered -= len(chunk)
-                if self._paused and self._buffered <= HIGH_WATER // 4 and self.transport:
-                    self._paused = False
-                    self.transport.resume_reading()
-                    self._deadline.after(self._silence)
+            chunk = self.next_nowait()
+            if chunk is not None:
                 return chunk
-            if self._complete:
-                return b""
-            if self._error is not None:
-                error = self._error
-                raise error if not isinstance(error, _Stale) else UpstreamFailed(str(error))
             self._wakeup = self._loop.create_future()
             try:
                 await self._wakeup
@@ -415,9 +423,17 @@ class _Slots:
     def _free(self, app: str) -> bool:
         return self.in_use < self.total and self.busy[app] < self.per_app
 
+    def try_take(self, app: str) -> bool:
+        """Take a slot now if one is free and nobody of `app` waits for one."""
+        if self.in_use < self.total and self.busy[app] < self.per_app and not self.waiters.get(app):
+            self.busy[app] += 1
+            self.in_use += 1
+            return True
+        return False
+
     async def take(self, app: str) -> None:
-        if not self.waiters.get(app) and self._free(app):
-            self._hold(app)
+        """A slot, waiting for one at most `wait` seconds (UpstreamBusy past it)."""
+        if self.try_take(app):
             return
         waiter = asyncio.get_running_loop().create_future()
         queue = self.waiters.setdefault(app, collections.deque())
@@ -450,10 +466,14 @@ class _Slots:
         self.in_use += 1
 
     def give_back(self, app: str) -> None:
-        self.busy[app] -= 1
-        if not self.busy[app]:
+        busy = self.busy[app] - 1
+        if busy:
+            self.busy[app] = busy
+        else:
             del self.busy[app]
         self.in_use -= 1
+        if not self.waiters:
+            return
         self._grant(app)  # its own queue first: only it was short of its share
         for other in list(self.waiters):  # then whoever waited for the total
             if self.in_use >= self.total:
@@ -481,17 +501,11 @@ class _RawResponse:
         self.status = conn._status
         self.headers: Sequence[tuple[bytes, bytes]] = conn._headers
 
-    def body(self) -> AsyncIterator[bytes]:
-        return self
+    def next_nowait(self) -> bytes | None:
+        return self._conn.next_nowait()
 
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return self
-
-    async def __anext__(self) -> bytes:
-        chunk = await self._conn.next_chunk()
-        if not chunk:
-            raise StopAsyncIteration
-        return chunk
+    async def next(self) -> bytes:
+        return await self._conn.next_chunk()
 
     def close(self) -> None:
         if not self._done:
@@ -552,7 +566,8 @@ class RawTransport:
         if request.upgrade:
             return await self._handshake(request, pool, head)
         replayable = request.body is None and request.method in IDEMPOTENT
-        await self.slots.take(request.app)
+        if not self.slots.try_take(request.app):
+            await self.slots.take(request.app)
         try:
             conn = pool.take()
             for attempt in (1, 2):
@@ -761,8 +776,13 @@ class Handshake(_Gated):
     def tunnel(self) -> Handshake | None:
         return self if self._switched else None
 
-    def body(self) -> AsyncIterator[bytes]:
-        return _once(bytes(self._body))
+    def next_nowait(self) -> bytes:
+        """The refusal's body, whole (read before the head was handed up), then b""."""
+        body, self._body = bytes(self._body), bytearray()
+        return body
+
+    async def next(self) -> bytes:
+        return self.next_nowait()
 
     def close(self) -> None:
         if self.transport is not None and not self.closed:
@@ -779,11 +799,6 @@ def _tuned(transport: asyncio.BaseTransport) -> asyncio.Transport:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     transport.set_write_buffer_limits(high=HIGH_WATER)
     return transport
-
-
-async def _once(data: bytes) -> AsyncIterator[bytes]:
-    if data:
-        yield data
 
 
 async def _iterate(body: AsyncIterable[bytes]) -> AsyncGenerator[bytes, None]:

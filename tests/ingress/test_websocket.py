@@ -227,6 +227,43 @@ async def test_server_sent_events_reach_the_client_one_by_one() -> None:
     assert got == ["data: event 0", "data: event 1", "data: event 2"]
 
 
+async def test_an_answer_head_goes_out_before_a_body_that_comes_late() -> None:
+    """The head is held only to go out with the first body bytes of the same read: a stream
+    whose body starts later gets its head at once (the client sees the status, and can
+    act on it, while the sandbox prepares the first event)."""
+    go_on = threading.Event()
+
+    def late_body(conn: socket.socket) -> None:
+        read_head(conn)
+        conn.sendall(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"transfer-encoding: chunked\r\n\r\n"
+        )
+        if go_on.wait(60):
+            conn.sendall(b"5\r\nhello\r\n0\r\n\r\n")
+
+    with RawServer(late_body) as sandbox:
+        async with stack({"s1": sandbox.port}) as s:
+
+            def head_then_body() -> tuple[bytes, bytes]:
+                with socket.create_connection(("127.0.0.1", s.ingress.address[1])) as conn:
+                    conn.sendall(b"GET /events HTTP/1.1\r\nHost: hello.localhost\r\n\r\n")
+                    conn.settimeout(10)  # held back, the head would come only with the body
+                    head = b""
+                    while b"\r\n\r\n" not in head:
+                        head += conn.recv(65536)
+                    go_on.set()
+                    conn.settimeout(60)
+                    rest = head.partition(b"\r\n\r\n")[2]
+                    while not rest.endswith(b"0\r\n\r\n"):
+                        rest += conn.recv(65536)
+                    return head, rest
+
+            head, rest = await anyio.to_thread.run_sync(head_then_body)
+    assert head.startswith(b"HTTP/1.1 200")
+    assert rest == b"5\r\nhello\r\n0\r\n\r\n"
+
+
 async def test_stopping_the_ingress_closes_open_websockets_at_once(
     ws_sandbox: Callable[[], int],
 ) -> None:
