@@ -84,7 +84,7 @@ class _Exchange:
 class ProxyEdge:
     """Answers each request the HTTP/1.1 server (`http1.py`) parsed: route, forward through
     the proxy, stream the answer back. A client that hangs up cancels this (the server does),
-    and `Forwarding`'s exit gives the lease back."""
+    and `Proxy.finish` gives the lease back."""
 
     def __init__(
         self,
@@ -93,11 +93,11 @@ class ProxyEdge:
         max_header_bytes: int,
         show_boot_log: bool = False,
         websocket_limits: Callable[[str], tuple[float, float]] = lambda app: (600.0, 86_400.0),
-        https_location: Callable[[str, str, bytes], str | None] = lambda app, host, target: None,
+        https_location: Callable[[str, str, bytes], str | None] | None = None,
     ) -> None:
         """`websocket_limits`: an app's WebSocket idle timeout and maximum duration.
         `https_location(app, host, target)`: where a plain HTTP request of the app is
-        redirected (308), or None to serve it."""
+        redirected (308), or None to serve it; None when no app is."""
         self._proxy = proxy
         self._metrics = metrics
         self._max_header_bytes = max_header_bytes
@@ -127,8 +127,10 @@ class ProxyEdge:
             app = self._proxy.route(head.host)
             trace.mark("routed", app)
             label = app
-            if request.scheme == "http" and (
-                location := self._https_location(app, head.host, target)
+            if (
+                self._https_location is not None
+                and request.scheme == "http"
+                and (location := self._https_location(app, head.host, target))
             ):
                 exchange.status = 308
                 moved = [(b"location", location.encode("latin-1"))]

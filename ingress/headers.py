@@ -157,12 +157,18 @@ def upstream_request_headers(
     return out
 
 
-def client_response_headers(raw: Iterable[tuple[bytes, bytes]], request_id: str) -> Headers:
+def client_response_headers(raw: Sequence[tuple[bytes, bytes]], request_id: str) -> Headers:
     """What the client sees: hop-by-hop gone, our X-Request-Id echoed (the sandbox's dropped)."""
-    pairs = [(name.lower(), value) for name, value in raw]
-    drop = _RESPONSE_DROP
-    if any(pair[0] == b"connection" for pair in pairs):
-        drop = drop | connection_named(pairs)
-    out = [pair for pair in pairs if pair[0] not in drop]
+    out: Headers = []
+    connection = False
+    for name, value in raw:
+        name = name.lower()
+        if name in _RESPONSE_DROP:
+            connection = connection or name == b"connection"
+            continue
+        out.append((name, value))
+    if connection:  # rare: what the Connection header names goes too, wherever it came
+        named = connection_named((name.lower(), value) for name, value in raw)
+        out = [pair for pair in out if pair[0] not in named]
     out.append((REQUEST_ID, request_id.encode("latin-1")))
     return out

@@ -59,6 +59,8 @@ PIPELINE_MAX = 128
 """Requests parsed out of what was already read past which the connection is refused: a
 pause stops new reads, not the parsing of the last one (up to 256 KiB of tiny requests)."""
 BODY_BUFFER = 256 * 1024
+_FRAMING = frozenset({b"transfer-encoding", b"content-length", b"expect"})
+"""The request headers the server itself reads."""
 _REASONS = {status.value: status.phrase.encode() for status in http.HTTPStatus}
 
 
@@ -322,6 +324,12 @@ class _Connection(asyncio.Protocol):
         self._halt = False
         self._queue: collections.deque[Request] = collections.deque()
         self._runner: asyncio.Task[None] | None = None
+        """The task answering, while it answers."""
+        self._task: asyncio.Task[None] | None = None
+        """The connection's task: answers requests in order, waits for the next between them
+        (one task per connection, not per request)."""
+        self._next: asyncio.Future[None] | None = None
+        """What the task waits on while the connection is idle."""
         self._paused: set[str] = set()
         self._drain = WriteGate(self._loop)
         self._held: bytes | None = None
@@ -421,8 +429,8 @@ class _Connection(asyncio.Protocol):
             if request.body is not None:
                 request.body._wake()
         self._drain.open()
-        if self._runner is not None:
-            self._runner.cancel()  # the exchange under way: its client is gone
+        if self._task is not None:
+            self._task.cancel()  # the exchange under way, if any: its client is gone
 
     def pause_writing(self) -> None:
         self._drain.close()
@@ -453,6 +461,8 @@ class _Connection(asyncio.Protocol):
         expect = False
         has_body = False
         for name, value in self._headers:
+            if name not in _FRAMING:
+                continue
             if name == b"transfer-encoding":
                 if value.strip().lower() != b"chunked":  # no other coding is understood
                     raise BadRequest("unsupported transfer-encoding")
@@ -488,7 +498,12 @@ class _Connection(asyncio.Protocol):
         if len(self._queue) >= PIPELINE_DEPTH:
             self.pause_reading("pipeline")
         if self._runner is None:
-            self._runner = self._loop.create_task(self._run())
+            if self._next is not None:  # the connection's task waits: wake it
+                self._runner = self._task
+                if not self._next.done():
+                    self._next.set_result(None)
+            else:
+                self._runner = self._task = self._loop.create_task(self._run())
 
     def on_body(self, body: bytes) -> None:
         if self._body is not None:
@@ -503,41 +518,52 @@ class _Connection(asyncio.Protocol):
 
     async def _run(self) -> None:
         try:
-            while self._queue and not self._halt:
-                request = self._queue.popleft()
-                if len(self._queue) < PIPELINE_DEPTH // 2:
-                    self.resume_reading("pipeline")
-                out = Responder(self, request)
+            while True:
+                if not await self._answer_queued():
+                    return
+                self._runner = None
+                self._arm_idle_timers()
+                self._next = self._loop.create_future()
                 try:
-                    await self._server.handler.handle(request, out)
-                except Exception:
-                    log.exception("answering a request failed")
-                    self._close(abort=True)
-                    return
-                body_left = request.body is not None and not request.body.complete
-                if not out.complete:
-                    self._close(abort=True)  # the stream is unusable: drop what is unsent
-                    return
-                if body_left:  # answered before the body was read (a refusal): no more
-                    self._linger()
-                    return
-                if not request.keep_alive or self.closing:
-                    self._close()
-                    return
-                try:  # one answer at a time in the buffer, however fast they come
-                    self._flush()
-                    if self._drain.waiting() is not None:
-                        await self.drain()
-                except TimeoutError:
-                    self._close(abort=True)
-                    return
+                    await self._next  # woken with a request queued (and `_runner` set)
+                finally:
+                    self._next = None
         except asyncio.CancelledError:
             self._close(abort=True)
-            return
         finally:
-            self._runner = None
-        if not self.gone:
-            self._arm_idle_timers()
+            self._runner = self._task = None
+
+    async def _answer_queued(self) -> bool:
+        """Answer what is queued, in order; False once the connection is done with."""
+        while self._queue and not self._halt:
+            request = self._queue.popleft()
+            if len(self._queue) < PIPELINE_DEPTH // 2:
+                self.resume_reading("pipeline")
+            out = Responder(self, request)
+            try:
+                await self._server.handler.handle(request, out)
+            except Exception:
+                log.exception("answering a request failed")
+                self._close(abort=True)
+                return False
+            body_left = request.body is not None and not request.body.complete
+            if not out.complete:
+                self._close(abort=True)  # the stream is unusable: drop what is unsent
+                return False
+            if body_left:  # answered before the body was read (a refusal): no more
+                self._linger()
+                return False
+            if not request.keep_alive or self.closing:
+                self._close()
+                return False
+            try:  # one answer at a time in the buffer, however fast they come
+                self._flush()
+                if self._drain.waiting() is not None:
+                    await self.drain()
+            except TimeoutError:
+                self._close(abort=True)
+                return False
+        return not self.gone and not self._halt
 
     def hold(self, head: bytes) -> None:
         """An answer's head, sent with the first body bytes written (one write, one segment:
@@ -721,5 +747,10 @@ class HttpServer:
         running = [task for conn in list(self.connections) if (task := conn.cancel())]
         if running:
             await asyncio.wait(running, timeout=10)
+        idle = [task for conn in list(self.connections) if (task := conn._task)]
         for conn in list(self.connections):
             conn._close(abort=True)
+        for task in idle:
+            task.cancel()
+        if idle:
+            await asyncio.wait(idle, timeout=10)

@@ -153,7 +153,7 @@ class Ingress:
                 self.settings.max_header_bytes,
                 self.settings.boot_log_shown,
                 self.settings.websocket_limits,
-                self._https_location,
+                self._https_location if self.settings.tls_redirect else None,
             )
             server = HttpServer(edge, limits)
             sock = _bind(self.settings.listen, self.settings.backlog, "listen address")

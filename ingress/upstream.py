@@ -254,17 +254,17 @@ class _Connection(_Gated):
         if self._wakeup is not None and not self._wakeup.done():
             self._wakeup.set_result(None)
 
-    async def exchange(
+    def exchange(
         self,
         head: bytes,
         body: AsyncIterable[bytes] | None,
         chunked: bool,
         method: str,
         silence: float,
-    ) -> None:
-        """Write the request and return once the answer's head is in; raises `_Stale`,
-        UpstreamFailed, or UpstreamTimeout when the head took longer than `silence` seconds
-        (then each body read may take as long)."""
+    ) -> asyncio.Future[None]:
+        """Write the request; the future is done once the answer's head is in, or raises
+        `_Stale`, UpstreamFailed, or UpstreamTimeout when the head took longer than
+        `silence` seconds (then each body read may take as long)."""
         assert self.transport is not None
         self._idle = False
         self._silence = silence
@@ -284,7 +284,7 @@ class _Connection(_Gated):
         self._body_sent = body is None
         if body is not None:
             self._writer = self._loop.create_task(self._send_body(body, chunked))
-        await self._head
+        return self._head
 
     async def _send_body(self, body: AsyncIterable[bytes], chunked: bool) -> None:
         transport = self.transport
