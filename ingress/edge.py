@@ -12,7 +12,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -33,7 +32,7 @@ from wakeful.ingress.errors import (
 from wakeful.ingress.formats import ErrorAnswer, choose_format, render
 from wakeful.ingress.headers import header, new_request_id, read_request_head
 from wakeful.ingress.http1 import Request, Responder
-from wakeful.ingress.metrics import IngressMetrics, Move, Tracker
+from wakeful.ingress.metrics import IngressMetrics, Move
 from wakeful.ingress.proxy import Proxy, ProxyRequest
 from wakeful.ingress.tunnel import relay, upgrade_headers
 
@@ -75,12 +74,6 @@ def answer_for(exc: Exception, show_boot_log: bool = False) -> ErrorAnswer:
     return ErrorAnswer(500, "internal error", f"{type(exc).__name__}: {exc}")
 
 
-@dataclass(slots=True)
-class _Exchange:
-    status: int = 500
-    client_gone: bool = False
-
-
 class ProxyEdge:
     """Answers each request the HTTP/1.1 server (`http1.py`) parsed: route, forward through
     the proxy, stream the answer back. A client that hangs up cancels this (the server does),
@@ -106,13 +99,19 @@ class ProxyEdge:
         self._https_location = https_location
 
     async def handle(self, request: Request, out: Responder) -> None:
+        """Route, forward and stream the answer back. Errors before the answer starts become
+        an error answer (`answer_for`); after, the client connection is cut (its body is
+        incomplete: `out` is left incomplete and the server closes the connection). Whatever
+        ends it, the lease uses it took go back (`Proxy.finish`). One coroutine, not one
+        per step: this runs for every request."""
         started = time.perf_counter()
         headers = request.headers
         head = read_request_head(headers)
         request_id = head.client_request_id or new_request_id()
         target = request.target
         label = "-"
-        exchange = _Exchange()
+        status = 500
+        client_gone = False
         try:
             if head.hosts > 1:
                 raise BadRequest(f"{head.hosts} Host headers: a request has exactly one")
@@ -124,15 +123,15 @@ class ProxyEdge:
                 )
             if request.method == "CONNECT":  # a tunnel to anywhere: never a proxy's to open
                 raise BadRequest("CONNECT is not served here")
-            app = self._proxy.route(head.host)
+            proxy = self._proxy
+            app = label = proxy.route(head.host)
             trace.mark("routed", app)
-            label = app
             if (
                 self._https_location is not None
                 and request.scheme == "http"
                 and (location := self._https_location(app, head.host, target))
             ):
-                exchange.status = 308
+                status = 308
                 moved = [(b"location", location.encode("latin-1"))]
                 out.send_whole(308, moved, b"this app is served over HTTPS\n")
                 return
@@ -147,53 +146,22 @@ class ProxyEdge:
                 request.upgrade,
             )
             tracker = self._metrics.tracker(app)
+            held: list[Use] = []
+            response = None
+            streaming = False
             try:
-                await self._exchange(app, proxied, tracker, out, exchange)
-            finally:
-                tracker.move(Move.FINISH)
-        except (IngressError, ActivatorError) as exc:
-            gone = request.body is not None and request.body.client_gone
-            if gone:
-                exchange.client_gone = True
-            elif out.started:
-                log.warning("request ended without an answer: %s", exc, extra={"app": label})
-            else:
-                self._answer_error(exc, headers, request_id, out, exchange)
-        except asyncio.CancelledError:
-            exchange.client_gone = True  # the client hung up (or the ingress is stopping)
-            raise
-        finally:
-            status = CLIENT_GONE if exchange.client_gone else exchange.status
-            self._metrics.answered(label, status, time.perf_counter() - started)
-
-    async def _exchange(
-        self,
-        app: str,
-        request: ProxyRequest,
-        tracker: Tracker,
-        out: Responder,
-        exchange: _Exchange,
-    ) -> None:
-        """Forward and stream the answer back. Errors before the answer starts become an
-        error answer (raised to `handle`); after, the client connection is cut (its body is
-        incomplete: `out` is left incomplete and the server closes the connection). Whatever
-        ends it, the lease uses it took go back (`Proxy.finish`)."""
-        proxy = self._proxy
-        held: list[Use] = []
-        response = None
-        try:
-            response = await proxy.open(app, request, tracker, held)
-            exchange.status = response.status
-            upstream = response.upstream
-            if upstream.tunnel is not None:
-                client = out.switch(upgrade_headers(response.headers))
-                with self._metrics.websocket(app):
-                    idle, longest = self._websocket_limits(app)
-                    why = await relay(client, upstream.tunnel, idle, longest)
-                log.debug("websocket ended: %s", why, extra={"app": app})
-                return
-            out.start(response.status, response.headers)
-            try:
+                response = await proxy.open(app, proxied, tracker, held)
+                status = response.status
+                upstream = response.upstream
+                if upstream.tunnel is not None:
+                    client = out.switch(upgrade_headers(response.headers))
+                    with self._metrics.websocket(app):
+                        idle, longest = self._websocket_limits(app)
+                        why = await relay(client, upstream.tunnel, idle, longest)
+                    log.debug("websocket ended: %s", why, extra={"app": app})
+                    return
+                out.start(status, response.headers)
+                streaming = True
                 while True:
                     chunk = upstream.next_nowait()
                     if chunk is None:  # the rest comes later: the head goes out meanwhile
@@ -203,27 +171,44 @@ class ProxyEdge:
                         break
                     if out.write(chunk):
                         await out.drain()
+                out.end()
             except UpstreamError as exc:
+                if not streaming:
+                    raise  # an error answer (or, past a 101, the end of a tunnel), below
                 proxy.count_error(app, exc)
                 log.warning(
                     "upstream broke mid-answer; cutting the client off: %s",
                     exc,
-                    extra={"app": app, "request_id": request.request_id},
+                    extra={"app": app, "request_id": request_id},
                 )
-                exchange.status = 502
-                return
+                status = 502
             except TimeoutError:
+                if not streaming:
+                    raise
                 log.warning(
                     "the client read none of its answer in time; cutting it off",
-                    extra={"app": app, "request_id": request.request_id},
+                    extra={"app": app, "request_id": request_id},
                 )
-                exchange.client_gone = True
-                return
-            out.end()
+                client_gone = True
+            finally:
+                tracker.move(Move.FINISH)
+                freed = proxy.finish(response, held)
+                if freed:
+                    await proxy.release(freed)
+        except (IngressError, ActivatorError) as exc:
+            if request.body is not None and request.body.client_gone:
+                client_gone = True
+            elif out.started:
+                log.warning("request ended without an answer: %s", exc, extra={"app": label})
+            else:
+                status = self._answer_error(exc, headers, request_id, out)
+        except asyncio.CancelledError:
+            client_gone = True  # the client hung up (or the ingress is stopping)
+            raise
         finally:
-            freed = proxy.finish(response, held)
-            if freed:
-                await proxy.release(freed)
+            self._metrics.answered(
+                label, CLIENT_GONE if client_gone else status, time.perf_counter() - started
+            )
 
     def _answer_error(
         self,
@@ -231,14 +216,14 @@ class ProxyEdge:
         headers: list[tuple[bytes, bytes]],
         request_id: str,
         out: Responder,
-        exchange: _Exchange,
-    ) -> None:
+    ) -> int:
+        """Answer `exc` in the client's format; returns the status sent."""
         answer = answer_for(exc, self._show_boot_log)
-        exchange.status = answer.status
         accept = (header(headers, b"accept") or b"").decode("latin-1")
         body, extra = render(answer, choose_format(accept), request_id)
         extra.append((b"x-request-id", request_id.encode("latin-1")))
         out.send_whole(answer.status, extra, body)
+        return answer.status
 
 
 class AdminEdge:

@@ -517,9 +517,39 @@ class _Connection(asyncio.Protocol):
     # -- answering -----------------------------------------------------------------------
 
     async def _run(self) -> None:
+        """Answer what is queued, in order, then wait for the next request; until the
+        connection is done with."""
         try:
             while True:
-                if not await self._answer_queued():
+                while self._queue and not self._halt:
+                    request = self._queue.popleft()
+                    if len(self._queue) < PIPELINE_DEPTH // 2:
+                        self.resume_reading("pipeline")
+                    out = Responder(self, request)
+                    try:
+                        await self._server.handler.handle(request, out)
+                    except Exception:
+                        log.exception("answering a request failed")
+                        self._close(abort=True)
+                        return
+                    body_left = request.body is not None and not request.body.complete
+                    if not out.complete:
+                        self._close(abort=True)  # the stream is unusable: drop what is unsent
+                        return
+                    if body_left:  # answered before the body was read (a refusal): no more
+                        self._linger()
+                        return
+                    if not request.keep_alive or self.closing:
+                        self._close()
+                        return
+                    try:  # one answer at a time in the buffer, however fast they come
+                        self._flush()
+                        if self._drain.waiting() is not None:
+                            await self.drain()
+                    except TimeoutError:
+                        self._close(abort=True)
+                        return
+                if self.gone or self._halt:
                     return
                 self._runner = None
                 self._arm_idle_timers()
@@ -532,38 +562,6 @@ class _Connection(asyncio.Protocol):
             self._close(abort=True)
         finally:
             self._runner = self._task = None
-
-    async def _answer_queued(self) -> bool:
-        """Answer what is queued, in order; False once the connection is done with."""
-        while self._queue and not self._halt:
-            request = self._queue.popleft()
-            if len(self._queue) < PIPELINE_DEPTH // 2:
-                self.resume_reading("pipeline")
-            out = Responder(self, request)
-            try:
-                await self._server.handler.handle(request, out)
-            except Exception:
-                log.exception("answering a request failed")
-                self._close(abort=True)
-                return False
-            body_left = request.body is not None and not request.body.complete
-            if not out.complete:
-                self._close(abort=True)  # the stream is unusable: drop what is unsent
-                return False
-            if body_left:  # answered before the body was read (a refusal): no more
-                self._linger()
-                return False
-            if not request.keep_alive or self.closing:
-                self._close()
-                return False
-            try:  # one answer at a time in the buffer, however fast they come
-                self._flush()
-                if self._drain.waiting() is not None:
-                    await self.drain()
-            except TimeoutError:
-                self._close(abort=True)
-                return False
-        return not self.gone and not self._halt
 
     def hold(self, head: bytes) -> None:
         """An answer's head, sent with the first body bytes written (one write, one segment:
