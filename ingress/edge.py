@@ -125,7 +125,8 @@ class ProxyEdge:
                 raise BadRequest("CONNECT is not served here")
             proxy = self._proxy
             app = label = proxy.route(head.host)
-            trace.mark("routed", app)
+            if trace.ENABLED:
+                trace.mark("routed", app)
             if (
                 self._https_location is not None
                 and request.scheme == "http"

@@ -523,7 +523,7 @@ class _Connection(asyncio.Protocol):
             while True:
                 while self._queue and not self._halt:
                     request = self._queue.popleft()
-                    if len(self._queue) < PIPELINE_DEPTH // 2:
+                    if self._paused and len(self._queue) < PIPELINE_DEPTH // 2:
                         self.resume_reading("pipeline")
                     out = Responder(self, request)
                     try:

@@ -145,17 +145,18 @@ class Proxy:
                 tracker.move(Move.WAIT)
                 use = await self._cache.acquire(key)
                 waited = True
-                trace.mark("leased", app)
+                trace.mark("leased", app)  # a miss: rare enough to pay for the call
             held.append(use)
             tracker.move(Move.HOLD)
+            grant = use.lease.grant
             try:
-                if use.sandbox_id in refused:
-                    raise ConnectFailed(f"sandbox {use.sandbox_id} refused this request already")
+                if refused and grant.sandbox_id in refused:
+                    raise ConnectFailed(f"sandbox {grant.sandbox_id} refused this request already")
                 response = await self._transport.send(
                     UpstreamRequest(
                         app,
                         request.method,
-                        use.url,
+                        grant.url,
                         request.target,
                         headers,
                         request.body.stream() if request.body is not None else None,

@@ -200,7 +200,8 @@ class _Connection(_Gated):
             self._paused = True
             self.transport.pause_reading()
             self._deadline.clear()  # not the sandbox's silence while we do not read
-        self._wake()
+        if self._wakeup is not None:
+            self._wake()
 
     def on_message_complete(self) -> None:
         if self._interim:
@@ -217,7 +218,8 @@ class _Connection(_Gated):
         if not self._complete:
             self._complete = True
             self._deadline.clear()
-            self._wake()
+            if self._wakeup is not None:
+                self._wake()
 
     def _ended(self, exc: BaseException | None) -> None:
         """The sandbox closed its side, or the connection broke."""
