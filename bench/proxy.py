@@ -44,6 +44,7 @@ from prometheus_client import CollectorRegistry
 from wakeful.activator.client import InProcessLeases
 from wakeful.activator.core import Activator
 from wakeful.activator.settings import ActivatorSettings
+from wakeful.bootstrap import settle_heap
 from wakeful.domain.models import App, AppSpec, Concurrency, Pool, Sandbox, SandboxStatus
 from wakeful.ingress import Ingress, IngressSettings
 from wakeful.store import Store
@@ -60,7 +61,11 @@ RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\
 
 
 class _Responder(asyncio.Protocol):
-    """Answers each request head with RESPONSE; requests here never carry bodies."""
+    """Answers each request head with RESPONSE, `delay` seconds after it came; requests here
+    never carry bodies."""
+
+    def __init__(self, delay: float) -> None:
+        self._delay = delay
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
@@ -71,15 +76,25 @@ class _Responder(asyncio.Protocol):
         answers = self._buffer.count(b"\r\n\r\n")
         if answers:
             self._buffer = self._buffer[self._buffer.rfind(b"\r\n\r\n") + 4 :]
+            if self._delay:
+                loop = asyncio.get_running_loop()
+                loop.call_later(self._delay, self._answer, answers)
+            else:
+                self._answer(answers)
+
+    def _answer(self, answers: int) -> None:
+        if not self._transport.is_closing():
             self._transport.write(RESPONSE * answers)
 
 
-def run_sandbox(port: int) -> None:
+def run_sandbox(port: int, delay: float = 0.0) -> None:
     import uvloop
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(_Responder, "127.0.0.1", port, backlog=4096)
+        server = await loop.create_server(
+            lambda: _Responder(delay), "127.0.0.1", port, backlog=4096
+        )
         async with server:
             await server.serve_forever()
 
@@ -148,6 +163,7 @@ http {{
 class Result:
     rps: float = 0.0
     p50_ms: float = 0.0
+    p95_ms: float = 0.0
     p99_ms: float = 0.0
     errors: str = ""
 
@@ -178,15 +194,15 @@ def parse_wrk(out: str) -> Result:
     return result
 
 
-async def run_hey(url: str, seconds: int, rate: int) -> Result:
-    per_worker = max(1, rate // HEY_WORKERS)
-    args = ["-z", f"{seconds}s", "-c", str(HEY_WORKERS), "-q", str(per_worker), "-host", HOST]
+async def run_hey(url: str, seconds: int, rate: int, workers: int = HEY_WORKERS) -> Result:
+    per_worker = max(1, rate // workers)
+    args = ["-z", f"{seconds}s", "-c", str(workers), "-q", str(per_worker), "-host", HOST]
     done = await anyio.run_process(["hey", *args, url], check=False)
     out = done.stdout.decode()
     result = Result()
     if found := re.search(r"Requests/sec:\s+([\d.]+)", out):
         result.rps = float(found.group(1))
-    for pct, attr in (("50", "p50_ms"), ("99", "p99_ms")):
+    for pct, attr in (("50", "p50_ms"), ("95", "p95_ms"), ("99", "p99_ms")):
         if found := re.search(rf"{pct}% in ([\d.]+) secs", out):
             setattr(result, attr, float(found.group(1)) * 1000)
     codes = re.findall(r"\[(\d{3})\]\s+(\d+) responses", out)
@@ -237,6 +253,7 @@ async def serving(store: Store) -> AsyncIterator[Ingress]:
     )
     ingress = Ingress(settings, InProcessLeases(activator), store, registry)
     async with activator.running(), ingress.running():
+        settle_heap()  # as `wakeful up` and `wakeful ingress` do once they are up
         yield ingress
 
 
@@ -277,6 +294,7 @@ async def main(seconds: int, rate: int) -> None:
             results["nginx"] = await measure(
                 "nginx", f"http://127.0.0.1:{nginx_port}/", seconds, rate
             )
+    slow = await slow_backend(seconds, rate)
 
     row = "{:<9} {:>12} {:>9} {:>9}   {:>10} {:>9} {:>9}  {}"
     print()
@@ -319,6 +337,44 @@ async def main(seconds: int, rate: int) -> None:
         f"p50 at {rate}/s {ratio(ing_lat.p50_ms, ngx_lat.p50_ms)}x, "
         f"p99 {ratio(ing_lat.p99_ms, ngx_lat.p99_ms)}x"
     )
+    print(
+        f"ingress adds at {rate}/s: p50 {ing_lat.p50_ms - base_lat.p50_ms:+.2f} ms, "
+        f"p99 {ing_lat.p99_ms - base_lat.p99_ms:+.2f} ms over direct"
+    )
+    print()
+    print(f"a {SLOW_DELAY * 1000:.0f} ms backend at {rate} req/s (hey -c{SLOW_WORKERS}):")
+    for name, result in slow.items():
+        errors = result.errors or "-"
+        print(
+            f"  {name:<8} {result.rps:>7,.0f} req/s  p50 {result.p50_ms:6.1f} ms  "
+            f"p95 {result.p95_ms:6.1f} ms  p99 {result.p99_ms:6.1f} ms  errors {errors}"
+        )
+    added = slow["ingress"].p95_ms - slow["direct"].p95_ms
+    print(f"  ingress adds {added:+.1f} ms at p95")
+
+
+SLOW_DELAY = 0.1
+SLOW_WORKERS = 200
+"""Enough workers that a 100 ms answer each still makes the rate: 1000 req/s needs 100 in
+flight."""
+
+
+async def slow_backend(seconds: int, rate: int) -> dict[str, Result]:
+    """Direct and through the ingress, against a sandbox that answers after SLOW_DELAY."""
+    port = free_port()
+    sandbox = [sys.executable, "-m", "bench.proxy", "--sandbox", str(port)]
+    results: dict[str, Result] = {}
+    with process([*sandbox, "--delay", str(SLOW_DELAY)], port):
+        print(f"  slow backend: hey {seconds}s at {rate} req/s, direct and ingress ...")
+        for name, url in (("direct", f"http://127.0.0.1:{port}/"), ("ingress", None)):
+            async with contextlib.AsyncExitStack() as stack:
+                if url is None:
+                    url = await stack.enter_async_context(ingress_on(port))
+                # Warm-up, not counted: hey opens its 200 connections at once, and the first
+                # answers through any proxy wait for 200 new upstream connections too.
+                await run_hey(url, 1, rate, SLOW_WORKERS)
+                results[name] = await run_hey(url, seconds, rate, SLOW_WORKERS)
+    return results
 
 
 if __name__ == "__main__":
@@ -326,9 +382,10 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--rate", type=int, default=1000, help="hey's total request rate")
     parser.add_argument("--sandbox", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--delay", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.sandbox:
-        run_sandbox(args.sandbox)
+        run_sandbox(args.sandbox, args.delay)
     else:
         logging.basicConfig(level=logging.WARNING)
         anyio.run(main, args.seconds, args.rate, backend_options={"use_uvloop": True})

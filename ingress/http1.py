@@ -16,11 +16,11 @@ Bounds (invariant 18), all per connection, none kept for ever:
   after `keepalive` seconds;
 - open connections: past `max_connections` a new one gets 503 + Retry-After and closes;
 - the request body: at most `BODY_BUFFER` bytes wait for the proxy, then reading pauses;
-- writes: `Responder.write` waits for the client's socket at most `client_timeout` seconds.
+- writes: `Responder.drain` waits for the client's socket at most `client_timeout` seconds.
 
 A client that hangs up, or closes its side (a FIN: as nginx does, taken as giving up; nothing
 queued behind it is answered), cancels the exchange answering it (the lease goes back through
-`Forwarding`'s exit). A connection cut short (an answer not finished, a body not read, a
+`Proxy.finish`). A connection cut short (an answer not finished, a body not read, a
 client not reading) is aborted, not closed: nothing unsent is kept for it.
 
 `stop` closes the listener, closes idle connections and WebSocket tunnels, lets exchanges in
