@@ -130,6 +130,8 @@ def upstream_request_headers(
     forwarded: dict[bytes, bytes] = {}
     for pair in headers:
         name = pair[0]
+        if name == b"host" and not host:  # even when Connection names it: still the host
+            host = pair[1]
         if name in drop:
             if name in FORWARDED:
                 forwarded[name] = pair[1]  # the last, as a dict of them would keep
@@ -137,8 +139,6 @@ def upstream_request_headers(
                 drop = drop | connection_named(headers)
                 out = [each for each in out if each[0] not in drop]
             continue
-        if name == b"host" and not host:
-            host = pair[1]
         out.append(pair)
     ip = client_ip.encode("latin-1")
     if trust_forwarded:

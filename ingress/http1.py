@@ -265,6 +265,8 @@ class Responder:
     def end(self) -> None:
         if self._chunked:
             self._conn.write(b"0\r\n\r\n")
+        else:
+            self._conn._flush()  # an answer with no body: its head goes now, not at the end
         self.complete = not self._left  # a body short of its Content-Length is cut
 
     def switch(self, headers: list[tuple[bytes, bytes]]) -> ClientSide:
@@ -551,6 +553,9 @@ class _Connection(asyncio.Protocol):
                         return
                 if self.gone or self._halt:
                     return
+                if self.closing:  # told to stop (`shutdown`) while the last answer drained
+                    self._close()
+                    return
                 self._runner = None
                 self._arm_idle_timers()
                 self._next = self._loop.create_future()
@@ -732,7 +737,10 @@ class HttpServer:
 
     async def stop(self, grace: float) -> None:
         """Stop accepting, let the answers under way finish for `grace` seconds, then cancel
-        the rest and wait for them (their leases go back on the way out)."""
+        the rest and wait for them (their leases go back on the way out). An answer complete
+        but not yet read by its client is still sent until the grace ends."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + grace
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections):
@@ -745,6 +753,8 @@ class HttpServer:
         running = [task for conn in list(self.connections) if (task := conn.cancel())]
         if running:
             await asyncio.wait(running, timeout=10)
+        while self.connections and loop.time() < until:  # noqa: ASYNC110 (once, at shutdown)
+            await asyncio.sleep(0.05)  # closing connections: their last bytes go out
         idle = [task for conn in list(self.connections) if (task := conn._task)]
         for conn in list(self.connections):
             conn._close(abort=True)

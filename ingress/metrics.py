@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import time
 from collections.abc import Iterator
 from enum import StrEnum
 
+import prometheus_client.metrics
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -145,9 +148,12 @@ class AppCounts:
     """An app's request counts. Every request adds to these, so they are plain ints rather
     than prometheus_client children (which validate and lock on every call, ~1 µs each)."""
 
-    __slots__ = ("buckets", "classes", "hits", "misses", "seconds")
+    __slots__ = ("buckets", "classes", "created", "hits", "misses", "seconds")
 
     def __init__(self) -> None:
+        self.created = time.time()
+        """Every series of the app counts from here (its `_created`, as prometheus_client
+        reports for its own counters)."""
         self.classes = [0] * 6
         """Answers by status // 100 (1xx..5xx; 499, a client gone, is a 4xx)."""
         self.buckets = [0] * (len(DURATION_BUCKETS) + 1)
@@ -184,10 +190,12 @@ class _Counts(Collector):
             "Requests that asked the activator for a lease",
             labels=["app"],
         )
+        created = prometheus_client.metrics._use_created  # its PROMETHEUS_DISABLE_CREATED_SERIES
         for app, counts in list(self._counts.items()):
+            since = counts.created if created else None
             for klass, n in enumerate(counts.classes):
                 if n:
-                    requests.add_metric([app, f"{klass}xx"], n)
+                    requests.add_metric([app, f"{klass}xx"], n, created=since)
             if any(counts.buckets):
                 cumulative, total = [], 0
                 for bound, n in zip(DURATION_BUCKETS, counts.buckets, strict=False):
@@ -195,10 +203,13 @@ class _Counts(Collector):
                     cumulative.append((_bound(bound), total))
                 cumulative.append(("+Inf", total + counts.buckets[-1]))
                 duration.add_metric([app], cumulative, counts.seconds)
+                if since is not None:
+                    name = f"{duration.name}_created"
+                    duration.samples.append(Sample(name, {"app": app}, since))
             if counts.hits:
-                hits.add_metric([app], counts.hits)
+                hits.add_metric([app], counts.hits, created=since)
             if counts.misses:
-                misses.add_metric([app], counts.misses)
+                misses.add_metric([app], counts.misses, created=since)
         yield from (requests, duration, hits, misses)
 
 

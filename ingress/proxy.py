@@ -32,12 +32,9 @@ from wakeful.ingress.errors import (
 )
 from wakeful.ingress.headers import client_response_headers, upstream_request_headers
 from wakeful.ingress.metrics import IngressMetrics, Move, Tracker
-from wakeful.ingress.routing import RouteIndex, RoutingTable, match, normalize_host
+from wakeful.ingress.routing import Router, RoutingTable, normalize_host
 from wakeful.ingress.settings import IngressSettings
 from wakeful.ingress.transport import Transport, UpstreamRequest, UpstreamResponse
-
-ROUTE_MEMORY = 4096
-"""Host header values `Proxy.route` remembers the app of."""
 
 
 class RequestBody(Protocol):
@@ -93,26 +90,12 @@ class Proxy:
         self._cache = cache
         self._transport = transport
         self._metrics = metrics
-        self._routed: dict[str, str] = {}
-        """Host header → app ("" for none), for `_routed_by`."""
-        self._routed_by: RouteIndex | None = None
+        self._router = Router(lambda: routes.index, settings.base_domain)
 
     def route(self, host_header: str) -> str:
-        """The app serving a Host header; NoRoute when none does. Remembered per header
-        value while the routing table stays the same (bounded: a client sending a new Host
-        each time only empties the memory)."""
-        index = self._routes.index
-        if index is not self._routed_by:
-            self._routed.clear()
-            self._routed_by = index
-        app = self._routed.get(host_header)
+        """The app serving a Host header; NoRoute when none does."""
+        app = self._router.app_for(host_header)
         if app is None:
-            host = normalize_host(host_header)
-            app = match(index, host, self._settings.base_domain) or ""
-            if len(self._routed) >= ROUTE_MEMORY:
-                self._routed.clear()
-            self._routed[host_header] = app
-        if not app:
             raise NoRoute(normalize_host(host_header) or host_header)
         return app
 

@@ -11,7 +11,7 @@ apps' `hosts` are refused at deploy (`wakeful.domain.hosts`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import anyio
@@ -76,6 +76,44 @@ def match(index: RouteIndex, host: str, base_domain: str) -> str | None:
         if found is not None:
             return found
     return None
+
+
+ROUTE_MEMORY = 4096
+"""Host header values a `Router` remembers the app of."""
+MAX_HOST_REMEMBERED = 270
+"""Longer Host values (no host name is: 253 bytes, then a port) are routed, not remembered."""
+
+
+class Router:
+    """Host header → app, remembered per header value while the index stays the same (the
+    index is replaced whole on every change, so a new one empties the memory). Bounded: a
+    client sending a new Host each time only empties it, and a Host longer than any name is
+    never kept."""
+
+    def __init__(self, index: Callable[[], RouteIndex], base_domain: str) -> None:
+        self._index = index
+        self._base_domain = base_domain
+        self._routed: dict[str, str] = {}
+        """Host header → app ("" for none), for `_routed_by`."""
+        self._routed_by: RouteIndex | None = None
+
+    def app_for(self, host_header: str) -> str | None:
+        index = self._index()
+        if index is not self._routed_by:
+            self._routed.clear()
+            self._routed_by = index
+        app = self._routed.get(host_header)
+        if app is None:
+            app = match(index, normalize_host(host_header), self._base_domain) or ""
+            if len(host_header) <= MAX_HOST_REMEMBERED:
+                if len(self._routed) >= ROUTE_MEMORY:
+                    self._routed.clear()
+                self._routed[host_header] = app
+        return app or None
+
+    def __len__(self) -> int:
+        """Host values remembered."""
+        return len(self._routed)
 
 
 class RoutingTable:

@@ -186,6 +186,7 @@ class _Connection(_Gated):
             raise UpstreamFailed(f"the sandbox answered with status {status}")
         self._status = status
         self._head_seen = True
+        self._deadline.after(self._silence)  # the head ended a silence: the body's starts
         if self._head is not None and not self._head.done():
             self._head.set_result(None)
         if self._head_only:  # no body follows a HEAD answer, whatever it says
@@ -321,7 +322,8 @@ class _Connection(_Gated):
             if self._paused and self._buffered <= HIGH_WATER // 4 and self.transport:
                 self._paused = False
                 self.transport.resume_reading()
-                self._deadline.after(self._silence)
+                if not self._complete:
+                    self._deadline.after(self._silence)
             return chunk
         if self._complete:
             return b""

@@ -10,6 +10,8 @@ import anyio
 import h11
 import pytest
 
+from wakeful.ingress.http1 import Handler, HttpServer, Limits, Request, Responder
+
 from .conftest import RawServer, read_head, stack
 
 pytestmark = pytest.mark.anyio
@@ -146,3 +148,80 @@ async def test_http_1_0_and_head_answers_are_framed_right(hello: Callable[[], in
     assert old.startswith(b"HTTP/1.1 200") and old.endswith(b"\r\n\r\nwwww")
     assert b"connection: close" in old.lower()
     assert head.startswith(b"HTTP/1.1") and head.endswith(b"\r\n\r\n")  # a head, no body
+
+
+class _Server:
+    """The HTTP/1.1 server alone on loopback, answering with `handler`."""
+
+    def __init__(self, handler: Handler, limits: Limits) -> None:
+        self.server = HttpServer(handler, limits)
+        self.port = 0
+
+    async def __aenter__(self) -> _Server:
+        sock = socket.create_server(("127.0.0.1", 0))
+        sock.setblocking(False)
+        self.port = int(sock.getsockname()[1])
+        await self.server.start(sock, 16)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.server.stop(0)
+
+
+async def test_an_answer_without_a_body_goes_out_before_the_handler_returns() -> None:
+    """The head held for the body's first bytes goes out when the answer ends without any:
+    a 204 is not kept back while the handler still does its own work (a lease release)."""
+    released = anyio.Event()
+
+    class NoContent:
+        async def handle(self, request: Request, out: Responder) -> None:
+            out.start(204, [])
+            out.end()
+            await released.wait()
+
+    async with _Server(NoContent(), Limits()) as served:
+
+        def first_line() -> bytes:
+            with socket.create_connection(("127.0.0.1", served.port), timeout=30) as sock:
+                sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                return sock.recv(65536)
+
+        with anyio.fail_after(30):
+            line = await anyio.to_thread.run_sync(first_line)
+        released.set()
+    assert line.startswith(b"HTTP/1.1 204")
+
+
+async def test_a_shutdown_while_the_last_answer_drains_closes_the_connection_after_it() -> None:
+    """Stopping while a slow client still reads the last answer: the answer is read whole,
+    then the connection closes (no new request is taken, and `stop` does not wait out its
+    grace for a connection that has become idle)."""
+    body = b"x" * (32 << 20)  # past what the two sockets buffer: the task waits to drain
+
+    class Big:
+        async def handle(self, request: Request, out: Responder) -> None:
+            out.send_whole(200, [], body)
+
+    async with _Server(Big(), Limits(keepalive=3600, head_timeout=3600)) as served:
+        with socket.create_connection(("127.0.0.1", served.port), timeout=60) as sock:
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            with anyio.fail_after(30):  # the answer fills the socket; the task drains
+                while not any(c._drain.waiting() for c in served.server.connections):  # noqa: ASYNC110
+                    await anyio.sleep(0.01)
+
+            def read_then_ask() -> tuple[int, bytes]:
+                got = 0
+                while got < len(body):  # the whole answer (its head is small)
+                    got += len(sock.recv(1 << 20))
+                sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                rest = b""
+                while chunk := sock.recv(1 << 20):
+                    rest += chunk
+                return got, rest
+
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(served.server.stop, 3600)
+                with anyio.fail_after(60):
+                    got, rest = await anyio.to_thread.run_sync(read_then_ask)
+    assert got >= len(body)
+    assert b"HTTP/1.1" not in rest  # the request after the shutdown was not answered

@@ -24,7 +24,7 @@ from wakeful.ingress.headers import (
     upstream_request_headers,
 )
 from wakeful.ingress.metrics import IllegalMove, IngressMetrics, Move, Phase, advance
-from wakeful.ingress.routing import build_index, match, normalize_host
+from wakeful.ingress.routing import ROUTE_MEMORY, Router, build_index, match, normalize_host
 
 # -- routing -------------------------------------------------------------------------------
 
@@ -94,6 +94,23 @@ def test_a_host_claimed_twice_goes_to_the_first_app_by_name() -> None:
     assert INDEX.exact["shop.example.com"] == "shop"
 
 
+def test_the_router_remembers_hosts_until_the_index_changes_and_never_a_long_one() -> None:
+    index = INDEX
+    router = Router(lambda: index, "localhost")
+    assert router.app_for("SHOP.example.com:8080") == "shop"
+    assert router.app_for("nope.example.org") is None
+    assert len(router) == 2  # misses too: an unknown host costs one lookup, not one per request
+    assert router.app_for("x" * 300 + ".example.org") is None
+    assert len(router) == 2  # longer than any host name: answered, not kept
+    for n in range(ROUTE_MEMORY + 10):  # a client inventing hosts only empties the memory
+        router.app_for(f"h{n}.example.org")
+    assert len(router) <= ROUTE_MEMORY
+    index = build_index([App(name="shop", hosts=["other.example.com"])])
+    assert router.app_for("shop.example.com") is None  # a new index: nothing remembered holds
+    assert router.app_for("SHOP.example.com:8080") is None
+    assert router.app_for("other.example.com") == "shop"
+
+
 # -- headers -------------------------------------------------------------------------------
 
 INCOMING = [
@@ -160,6 +177,11 @@ def test_a_header_the_connection_header_names_is_dropped_wherever_it_comes() -> 
         raw, client_ip="192.0.2.7", scheme="http", request_id="rid", trust_forwarded=False
     )
     assert not {b"x-before", b"x-after", b"connection"} & {name for name, _ in out}
+    named_host = [(b"connection", b"host"), (b"host", b"hello.localhost")]
+    out = upstream_request_headers(
+        named_host, client_ip="192.0.2.7", scheme="http", request_id="r", trust_forwarded=False
+    )
+    assert (b"x-forwarded-host", b"hello.localhost") in out  # the host, even when named
 
 
 def test_client_response_headers() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import time
 from collections.abc import AsyncIterator, Callable
 
 import anyio
@@ -130,6 +131,25 @@ async def test_a_sandbox_silent_mid_answer_is_cut_off_and_counted() -> None:
             assert s.sample("upstream_errors_total", app="hello", kind="timeout") == 1
             assert s.sample("requests_in_flight", app="hello") == 0
             assert all(e.uses == 0 for e in s.ingress.cache.snapshot())
+
+
+def _late_head_then_late_body(conn: socket.socket) -> None:
+    """Each part comes after a pause shorter than the request timeout (2 s), the two longer."""
+    read_head(conn)
+    time.sleep(1.2)
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\n")
+    time.sleep(1.2)
+    conn.sendall(b"body")
+
+
+async def test_silence_counts_from_the_head_once_it_came() -> None:
+    """The head ends one silence and starts the next: an answer whose every pause is shorter
+    than the timeout completes, however long it takes in all."""
+    with RawServer(_late_head_then_late_body) as sandbox_server:
+        async with stack({"sb-1": sandbox_server.port}, request_timeout=2.0) as s:
+            answer = await s.client.get("/")
+            assert (answer.status_code, answer.text) == (200, "body")
+            assert s.sample("upstream_errors_total", app="hello", kind="timeout") == 0
 
 
 def _keep_alive_then_watch(closed: list[float]) -> Callable[[socket.socket], None]:
