@@ -13,6 +13,7 @@ import pytest
 import websockets
 import websockets.asyncio.client
 
+from wakeful.activator import channel
 from wakeful.activator.channel import MAX_OPS_PER_FRAME, PATH
 from wakeful.activator.client import ChannelLeases
 from wakeful.domain.leases import LeaseGone, LeaseGrant, Unauthorized, UnknownApp, Unreachable
@@ -210,6 +211,33 @@ async def test_an_invalid_operation_is_answered_alone_and_its_neighbours_go_on(
             json.dumps([{"id": 3, "op": "release", "lease": answers[2]["grant"]["lease_id"]}])
         )  # type: ignore[index]
         assert json.loads(await raw.recv()) == [{"id": 3, "released": True}]
+
+
+async def test_acquires_past_the_bound_in_flight_are_refused_and_the_rest_still_wait(
+    api: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One channel holds at most MAX_IN_FLIGHT acquires at once (10,000; 3 here, as a pool's
+    1,000 waiters would refuse first): past it an acquire is answered at once, "no capacity"
+    with a retry hint, and those already waiting are unharmed."""
+    monkeypatch.setattr(channel, "MAX_IN_FLIGHT", 3)
+    await nothing_routable(api)  # acquires wait: the clock stands still
+    url = api.url.replace("http", "ws", 1) + PATH
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with websockets.asyncio.client.connect(url, additional_headers=headers) as raw:
+        await raw.send(json.dumps([{"id": n, "op": "acquire", "app": "hello"} for n in range(5)]))
+        with anyio.fail_after(10):
+            refused = json.loads(await raw.recv())
+            await eventually(lambda: waiters(api) == 3)
+        assert {a["id"] for a in refused} == {3, 4}
+        assert all(a["error"] == "no capacity" and a["retry_after"] == 1 for a in refused)
+        await raw.send(json.dumps([{"id": 10 + n, "op": "cancel", "of": n} for n in range(3)]))
+        answers: list[dict[str, object]] = []
+        with anyio.fail_after(10):
+            while len(answers) < 3:
+                answers += json.loads(await raw.recv())
+        assert sorted(a["id"] for a in answers) == [0, 1, 2]  # type: ignore[type-var]
+        assert all(a["error"] == "cancelled" for a in answers)
+    assert waiters(api) == 0
 
 
 async def test_more_operations_at_once_than_a_frame_takes_all_get_answered(api: Served) -> None:
