@@ -381,8 +381,8 @@ class _Connection(asyncio.Protocol):
         if self.tunnel is not None:
             self.tunnel.feed(data)
             return
-        if self.closing and not self._queue and self._runner is None:
-            return
+        if self.closing and self._body is None:  # no new request (`shutdown`, a refusal);
+            return  # the body of one being answered is still read
         if self._in_head:
             self._head_bytes += len(data)
         try:

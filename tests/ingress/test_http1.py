@@ -221,6 +221,9 @@ async def test_a_shutdown_while_the_last_answer_drains_closes_the_connection_aft
 
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(served.server.stop, 3600)
+                with anyio.fail_after(30):  # told to stop before the client reads on
+                    while not all(c.closing for c in served.server.connections):  # noqa: ASYNC110
+                        await anyio.sleep(0.01)
                 with anyio.fail_after(60):
                     got, rest = await anyio.to_thread.run_sync(read_then_ask)
     assert got >= len(body)
