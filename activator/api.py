@@ -11,6 +11,7 @@ beyond pool names); `/openapi.json` needs a token of any role.
 
 # No `from __future__ import annotations` here: FastAPI reads the dependency annotations at
 # runtime, and they name a local (the bearer scheme).
+import collections
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Annotated, Any
 
@@ -36,8 +37,8 @@ from starlette.requests import HTTPConnection
 from starlette.routing import BaseRoute, Host, Mount
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from wakeful.activator.channel import MAX_CHANNELS_PER_TOKEN, POLICY_VIOLATION, Channel
 from wakeful.activator.channel import PATH as CHANNEL_PATH
-from wakeful.activator.channel import POLICY_VIOLATION, Channel
 from wakeful.activator.core import Activator, PoolSnapshot
 from wakeful.activator.credentials import TokenBook
 from wakeful.activator.ledger import Lease
@@ -168,6 +169,9 @@ def create_app(
             return _error(409, "conflict", f"changed concurrently, try again: {exc}")
         return _error(503, "store unavailable", str(exc), {"Retry-After": "1"})
 
+    open_channels: collections.Counter[str] = collections.Counter()
+    """Lease channels open, by the name of the token that opened them."""
+
     @api.post("/v1/leases", response_model=LeaseGrant)
     async def acquire(body: LeaseRequest, request: Request) -> Response:
         """A client that hangs up while waiting leaves the waiter list at once: a parked
@@ -211,7 +215,19 @@ def create_app(
     async def lease_channel(websocket: WebSocket) -> None:
         """The lease protocol for an ingress, many calls in flight (activator/channel.py)."""
         secret = _bearer(websocket.headers.get("authorization", "").encode("latin-1")) or ""
-        await Channel(websocket, activator, lambda: tokens.verify(secret) is not None).serve()
+        token = tokens.verify(secret)  # the gate let it through: a token, or the admin secret
+        holder = token.name if token is not None else ""
+        channel = Channel(websocket, activator, lambda: tokens.verify(secret) is not None)
+        if open_channels[holder] >= MAX_CHANNELS_PER_TOKEN:
+            await channel.refuse(f"more than {MAX_CHANNELS_PER_TOKEN} lease channels open")
+            return
+        open_channels[holder] += 1
+        try:
+            await channel.serve()
+        finally:
+            open_channels[holder] -= 1
+            if not open_channels[holder]:
+                del open_channels[holder]
 
     @api.get("/v1/pools", response_model=list[PoolSnapshot])
     async def pools() -> list[PoolSnapshot]:

@@ -32,9 +32,12 @@ per channel (past it, an acquire is answered `no capacity` with a Retry-After); 
 go out in frames of about `FRAME_BYTES`. An operation that is not the protocol but has an id is
 answered with the error `invalid request` (as a 422 over HTTP: its neighbours go on); a frame
 that is not JSON, not a list, too long, or holds an operation without an id closes the channel
-with 1007 and a reason. The token the channel was opened with is checked at every frame: once
-revoked, the channel closes with 1008. Nothing half-done stays behind a close (parked acquires
-are cancelled as on any close).
+with 1007 and a reason. The token the channel was opened with is checked at every frame and
+every `TOKEN_CHECK_SECONDS` between them: once revoked, the channel closes with 1008, whether or
+not the ingress still sends. One token holds at most `MAX_CHANNELS_PER_TOKEN` channels at once
+(an ingress needs one per activator); past it a new one is closed at once with 1013 ("try
+again later"). Nothing half-done stays behind a close (parked acquires are cancelled as on any
+close).
 """
 
 from __future__ import annotations
@@ -73,6 +76,9 @@ FRAME_BYTES = 256 * 1024
 """Answers go out in frames of about this size at most."""
 INVALID_FRAME = 1007
 POLICY_VIOLATION = 1008
+TRY_AGAIN_LATER = 1013
+TOKEN_CHECK_SECONDS = 1.0
+MAX_CHANNELS_PER_TOKEN = 16
 
 
 class Acquire(BaseModel):
@@ -144,10 +150,25 @@ class Channel:
         try:
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(self._write, tasks)
+                tasks.start_soon(self._watch_token, tasks)
                 await self._read(tasks)
                 tasks.cancel_scope.cancel()
         finally:
             self._release_unsent()
+
+    async def refuse(self, reason: str) -> None:
+        """Accept, then close at once with 1013 (a channel this token may not open now)."""
+        await self._ws.accept()
+        await self._close(reason, TRY_AGAIN_LATER)
+
+    async def _watch_token(self, tasks: anyio.abc.TaskGroup) -> None:
+        """A revoked token's channel closes even while the ingress sends nothing."""
+        while True:
+            await anyio.sleep(TOKEN_CHECK_SECONDS)
+            if not self._allowed():
+                await self._close("the token was revoked", POLICY_VIOLATION)
+                tasks.cancel_scope.cancel()
+                return
 
     async def _read(self, tasks: anyio.abc.TaskGroup) -> None:
         while True:

@@ -5,18 +5,25 @@ token or an unknown one is 401; a route nobody mapped is admin-only."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import anyio
 import httpx
 import pytest
+import websockets.asyncio.client
 from fastapi import APIRouter, FastAPI
 from prometheus_client import CollectorRegistry
+from websockets.exceptions import ConnectionClosed
 
 from tests.activator.conftest import seed
 from tests.wakeful.conftest import Running, running_control_plane
 from wakeful.activator.api import create_app, served_routes
+from wakeful.activator.channel import MAX_CHANNELS_PER_TOKEN
+from wakeful.activator.channel import PATH as CHANNEL_PATH
 from wakeful.activator.client import ChannelLeases, HttpLeases
 from wakeful.activator.core import Activator
 from wakeful.activator.credentials import TokenBook
@@ -322,3 +329,43 @@ async def test_a_revoked_ingress_token_closes_its_open_lease_channel(control: Co
             await leases.acquire("hello")
         with pytest.raises(Unauthorized):  # and cannot be opened again
             await leases.acquire("hello")
+
+
+def _channel(control: Control, token: str) -> websockets.asyncio.client.connect:
+    url = control.running.url.replace("http", "ws", 1) + CHANNEL_PATH
+    return websockets.asyncio.client.connect(
+        url, additional_headers={"Authorization": f"Bearer {token}"}
+    )
+
+
+async def test_a_revoked_token_closes_its_channel_even_while_the_ingress_sends_nothing(
+    control: Control,
+) -> None:
+    """Checked between frames too: an ingress that keeps a channel open and idle does not
+    keep a power its token lost."""
+    async with _channel(control, control.ingress) as idle:
+        revoked = await control.call("DELETE", "/v1/tokens/edge", control.running.token)
+        assert revoked.status_code in (200, 204), revoked.text
+        with anyio.fail_after(30), pytest.raises(ConnectionClosed) as closed:
+            await idle.recv()
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+
+
+async def test_one_token_opens_a_bounded_number_of_lease_channels(control: Control) -> None:
+    """An ingress needs one channel per activator; a token opening channels without end
+    (each may park thousands of acquires) is refused past the bound, with 1013."""
+    async with contextlib.AsyncExitStack() as stack:
+        for _ in range(MAX_CHANNELS_PER_TOKEN):
+            await stack.enter_async_context(_channel(control, control.ingress))
+        async with _channel(control, control.ingress) as extra:
+            with anyio.fail_after(30), pytest.raises(ConnectionClosed) as closed:
+                await extra.recv()
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
+        async with _channel(control, control.running.token) as other:  # other tokens: theirs
+            await other.send(json.dumps([{"id": 1, "op": "release", "lease": "none"}]))
+            with anyio.fail_after(30):
+                assert json.loads(await other.recv())[0]["id"] == 1
+    async with _channel(control, control.ingress) as again:  # the bound counts open ones
+        await again.send(json.dumps([{"id": 1, "op": "release", "lease": "none"}]))
+        with anyio.fail_after(30):
+            assert json.loads(await again.recv())[0]["id"] == 1
