@@ -649,7 +649,11 @@ class _Connection(asyncio.Protocol):
             transport.close()
             return
         self._lingering = True
-        transport.write_eof()
+        try:
+            transport.write_eof()
+        except OSError:  # the client reset meanwhile (asyncio's loop raises; uvloop does not)
+            self._close(abort=True)
+            return
         self._paused.clear()
         transport.resume_reading()
         self._linger_timer = self._loop.call_later(LINGER_SECONDS, self._close, True)

@@ -362,6 +362,9 @@ class _Connection(_Gated):
             # A body sent chunked may have been left unread by an app that reads only
             # Content-Length bodies: its bytes would be taken as the next request.
             and not self._chunked_body
+            # A HEAD answer ends with its head, whatever it says: a sandbox that sends a body
+            # after it anyway would have those bytes read as the next request's answer.
+            and not self._head_only
         )
 
     def done(self, keepalive: float) -> None:

@@ -152,6 +152,28 @@ async def test_silence_counts_from_the_head_once_it_came() -> None:
             assert s.sample("upstream_errors_total", app="hello", kind="timeout") == 0
 
 
+def _head_then_a_late_body(conn: socket.socket) -> None:
+    """Answers HEAD with a Content-Length and, a second later, sends bytes shaped as an
+    answer anyway; answers GET with "ok"."""
+    if read_head(conn).startswith(b"HEAD"):
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 52\r\n\r\n")
+        time.sleep(1.0)
+        with contextlib.suppress(OSError):
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 13\r\n\r\nINJECTED-BODY")
+        return
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+
+async def test_bytes_a_sandbox_sends_after_a_head_answer_never_reach_another_request() -> None:
+    """A HEAD answer's connection is not reused: what the sandbox writes after it cannot be
+    taken as the answer to the next request (found by a hostile tester)."""
+    with RawServer(_head_then_a_late_body) as sandbox_server:
+        async with stack({"sb-1": sandbox_server.port}) as s:
+            assert (await s.client.head("/")).status_code == 200
+            answer = await s.client.get("/victim")
+            assert (answer.status_code, answer.text) == (200, "ok")
+
+
 def _keep_alive_then_watch(closed: list[float]) -> Callable[[socket.socket], None]:
     def handle(conn: socket.socket) -> None:
         read_head(conn)
