@@ -276,14 +276,6 @@ class LeaseCache:
                     free.append(entry.grant)
         return free
 
-    async def give_back(self, use: Use) -> None:
-        """`put`, then release the lease if that freed it. Runs even when cancelled: `put`
-        never awaits, and `release` is shielded (a cached lease, the usual case, awaits
-        nothing at all)."""
-        grant = self.put(use)
-        if grant is not None:
-            await self.release(grant)
-
     async def release(self, grant: LeaseGrant) -> None:
         with anyio.CancelScope(shield=True):
             try:

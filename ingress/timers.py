@@ -25,11 +25,6 @@ class Deadline:
         self._armed = 0.0
         self._handle: asyncio.TimerHandle | None = None
 
-    @property
-    def due(self) -> float | None:
-        """The loop time it fires at, or None while unset."""
-        return self._due
-
     def after(self, seconds: float) -> None:
         """Fire `seconds` from now (replacing any earlier setting)."""
         self.at(self._loop.time() + seconds)
