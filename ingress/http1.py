@@ -6,7 +6,8 @@ two Content-Lengths, obs-fold, a bare LF, a Transfer-Encoding other than `chunke
 answered 400 and the connection closes. Parsed requests queue on the connection and one task
 answers them in order (pipelining), each through `Handler.handle(request, responder)`; past
 `PIPELINE_DEPTH` queued, reading pauses, and past `PIPELINE_MAX` parsed from one read the
-connection is refused. Each answer is drained to the client before the next is started.
+connection is refused: those parsed are answered, then a 400, then it closes. Each answer is
+drained to the client before the next is started.
 
 Bounds (invariant 18), all per connection, none kept for ever:
 
@@ -221,7 +222,7 @@ class Responder:
         if length is not None and not self._no_body:
             self._left = int(length)  # the sandbox's, checked by the upstream parser
         body_unread = request.body is not None and not request.body.complete
-        keep = request.keep_alive and not self._conn.closing and not body_unread
+        keep = request.keep_alive and not self._conn.last_answer and not body_unread
         if not self._no_body and length is None:
             if request.version == "1.1":
                 self._chunked = True
@@ -324,6 +325,9 @@ class _Connection(asyncio.Protocol):
         self.closing = False
         """No request after the one being answered."""
         self._halt = False
+        self._refusal: bytes | None = None
+        """The answer owed to a request refused while earlier ones are still queued: written
+        after theirs, then the connection closes (`_refuse`)."""
         self._queue: collections.deque[Request] = collections.deque()
         self._runner: asyncio.Task[None] | None = None
         """The task answering, while it answers."""
@@ -403,6 +407,8 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             if self._body is not None:  # mid-body: the request already went on; it fails
                 self._body.fail(BadRequest(f"the request body is malformed: {exc}"))
+                self._stop_reading()  # and its own answer says so
+                return
             self._refuse(BAD_REQUEST)
             return
         if self._in_head and self._head_bytes > self.limits.max_head_bytes:
@@ -541,7 +547,7 @@ class _Connection(asyncio.Protocol):
                     if body_left:  # answered before the body was read (a refusal): no more
                         self._linger()
                         return
-                    if not request.keep_alive or self.closing:
+                    if not request.keep_alive or self.last_answer:
                         self._close()
                         return
                     try:  # one answer at a time in the buffer, however fast they come
@@ -553,7 +559,11 @@ class _Connection(asyncio.Protocol):
                         return
                 if self.gone or self._halt:
                     return
-                if self.closing:  # told to stop (`shutdown`) while the last answer drained
+                if self.closing:  # told to stop (`shutdown`) while the last answer drained,
+                    if self._refusal is not None:  # or the requests before a refused one done
+                        self.write(self._refusal)
+                        self._linger()
+                        return
                     self._close()
                     return
                 self._runner = None
@@ -612,13 +622,20 @@ class _Connection(asyncio.Protocol):
         self.closing = True
         self.pause_reading("closing")
 
+    @property
+    def last_answer(self) -> bool:
+        """No request after the one being answered is (a refusal owed is not a request)."""
+        return self.closing and self._refusal is None
+
     def _refuse(self, answer: bytes) -> None:
-        """A request that cannot be parsed or bounded: answer it (unless an earlier answer is
-        still being written) and close once the queue is done."""
+        """A request that cannot be parsed or bounded: nothing after it is read; the requests
+        parsed before it are answered in order, then it is, and the connection closes."""
         self._stop_reading()
         if self._runner is None and not self._queue:
             self.write(answer)
-            self._close()
+            self._linger()  # closing with the client's bytes unread could reset it unread
+        else:
+            self._refusal = answer
 
     def _close(self, abort: bool = False) -> None:
         """Close once what is written went out; `abort`: now, dropping it (a client that does
@@ -659,8 +676,10 @@ class _Connection(asyncio.Protocol):
         self._linger_timer = self._loop.call_later(LINGER_SECONDS, self._close, True)
 
     def shutdown(self) -> None:
-        """Stop after the answer under way (now, when there is none)."""
+        """Stop after the answer under way (now, when there is none); nothing queued behind
+        it is answered, not even a refusal."""
         self.closing = True
+        self._refusal = None
         if self._runner is None:
             self._close()
 

@@ -3,7 +3,6 @@ transport, each a case that broke before its fix."""
 
 from __future__ import annotations
 
-import functools
 import socket
 import tracemalloc
 from collections.abc import Callable
@@ -12,6 +11,7 @@ import anyio
 import pytest
 
 from tests.activator.conftest import eventually
+from wakeful.ingress.http1 import PIPELINE_MAX
 from wakeful.ingress.upstream import RawTransport
 
 from .conftest import RawServer, read_head, stack
@@ -157,12 +157,27 @@ async def test_a_client_that_closes_its_side_ends_its_exchange_at_once() -> None
 
 
 async def test_a_pipelined_flood_in_one_write_is_refused_not_queued() -> None:
+    """2,000 requests in one write: those parsed before the queue's bound are answered in
+    order, the one past it gets a 400, nothing after it is read, and no answer is lost to a
+    reset (the rest is read away before the close)."""
     async with stack() as s:
         flood = b"GET / HTTP/1.1\r\nHost: nope.localhost\r\n\r\n" * 2000
-        answer = await anyio.to_thread.run_sync(
-            functools.partial(_talk, s.ingress.address[1], flood, reset_ok=True)
+        answer = await anyio.to_thread.run_sync(_talk, s.ingress.address[1], flood)
+    statuses = [status for status, _ in _responses(answer)]
+    assert statuses[-1] == 400 and set(statuses[:-1]) == {404}, statuses[-3:]
+    assert PIPELINE_MAX <= len(statuses) - 1 < 2000
+    assert answer.count(b"connection: close") == 1  # only the last answer ends it
+
+
+async def test_a_malformed_request_behind_a_good_one_is_refused_after_its_answer() -> None:
+    async with stack() as s:
+        asks = (
+            b"GET / HTTP/1.1\r\nHost: nope.localhost\r\n\r\n"
+            b"GET / HTTP/1.1\r\nHost: nope.localhost\r\nX: a\r\n folded\r\n\r\n"
+            b"GET / HTTP/1.1\r\nHost: nope.localhost\r\n\r\n"
         )
-    assert answer.count(b"HTTP/1.1 404") < 200  # at most the queue's bound, then closed
+        answer = await anyio.to_thread.run_sync(_talk, s.ingress.address[1], asks)
+    assert [status for status, _ in _responses(answer)] == [404, 400]
 
 
 async def test_a_chunked_body_the_app_ignores_does_not_poison_the_next_request(
