@@ -10,8 +10,10 @@ through nginx, with wrk (peak throughput) and hey (latency at a fixed rate).
 - nginx: Debian's nginx as our own process (one worker, like the single-process ingress),
   generated config, upstream keep-alive, access log off.
 - wrk: 1 thread, 32 connections. hey: 10 workers at a fixed total rate (`--rate`).
-- Then a sandbox that answers after 100 ms, at the same rate with 200 hey workers (enough to
-  keep 100 requests in flight): p95 direct, through nginx and through the ingress.
+- Then a sandbox that answers after 100 ms, at the same rate on 200 connections (enough to
+  keep 100 requests in flight), in two shapes: hey (its workers fire together: bursts of 200)
+  and wrk paced by a random think time (arrivals spread out): p95 direct, through nginx and
+  through the ingress.
 - A node agent's firewall (the nftables table of `wakeful/node/hardening.py`) turns on
   connection tracking for every packet of the machine; nginx, whose cost per request is mostly
   the kernel's, loses more to it than the ingress does. Compare runs on the same footing
@@ -178,11 +180,17 @@ def _ms(value: str, unit: str) -> float:
     return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
 
 
-async def run_wrk(url: str, seconds: int, host: str = HOST, script: Path | None = None) -> Result:
+async def run_wrk(
+    url: str,
+    seconds: int,
+    host: str = HOST,
+    script: Path | None = None,
+    connections: int = CONNECTIONS,
+) -> Result:
     """wrk on `url` with `Host: host`, or with a Lua `script` that makes the requests."""
     chosen = ["-s", str(script)] if script is not None else ["-H", f"Host: {host}"]
     done = await anyio.run_process(
-        ["wrk", "-t1", f"-c{CONNECTIONS}", f"-d{seconds}s", "--latency", *chosen, url],
+        ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", *chosen, url],
         check=False,
     )
     return parse_wrk(done.stdout.decode())
@@ -195,6 +203,8 @@ def parse_wrk(out: str) -> Result:
     for pct, attr in (("50", "p50_ms"), ("99", "p99_ms")):
         if found := re.search(rf"^\s+{pct}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M):
             setattr(result, attr, _ms(found.group(1), found.group(2)))
+    if found := re.search(r"^p95_us (\d+)$", out, re.M):  # printed by a script's `done`
+        result.p95_ms = int(found.group(1)) / 1000
     if found := re.search(r"Non-2xx or 3xx responses: (\d+)|Socket errors: (.*)", out):
         result.errors = found.group(0)
     return result
@@ -348,16 +358,17 @@ async def main(seconds: int, rate: int) -> None:
         f"p99 {ing_lat.p99_ms - base_lat.p99_ms:+.2f} ms over direct"
     )
     print()
-    print(f"a {SLOW_DELAY * 1000:.0f} ms backend at {rate} req/s (hey -c{SLOW_WORKERS}):")
-    for name, result in slow.items():
-        errors = result.errors or "-"
-        print(
-            f"  {name:<8} {result.rps:>7,.0f} req/s  p50 {result.p50_ms:6.1f} ms  "
-            f"p95 {result.p95_ms:6.1f} ms  p99 {result.p99_ms:6.1f} ms  errors {errors}"
-        )
-    for name in ("nginx", "ingress"):
-        added = slow[name].p95_ms - slow["direct"].p95_ms
-        print(f"  {name} adds {added:+.1f} ms at p95")
+    for shape, results in slow.items():
+        print(f"a {SLOW_DELAY * 1000:.0f} ms backend at {rate} req/s, {shape}:")
+        for name, result in results.items():
+            errors = result.errors or "-"
+            print(
+                f"  {name:<8} {result.rps:>7,.0f} req/s  p50 {result.p50_ms:6.1f} ms  "
+                f"p95 {result.p95_ms:6.1f} ms  p99 {result.p99_ms:6.1f} ms  errors {errors}"
+            )
+        for name in ("nginx", "ingress"):
+            added = results[name].p95_ms - results["direct"].p95_ms
+            print(f"  {name} adds {added:+.1f} ms at p95")
 
 
 SLOW_DELAY = 0.1
@@ -366,18 +377,43 @@ SLOW_WORKERS = 200
 flight."""
 
 
-async def slow_backend(seconds: int, rate: int) -> dict[str, Result]:
+PACED_LUA = """
+math.randomseed(os.time())
+local mean = %(mean_ms)f
+wrk.headers["Host"] = "%(host)s"
+function delay() return math.floor(-math.log(1 - math.random()) * mean) end
+function done(summary, latency, requests)
+  io.write(string.format("p95_us %%d\\n", latency:percentile(95)))
+end
+"""
+"""wrk with a random think time before each request (exponential, so arrivals spread out
+rather than come in ticks); wrk's latency does not count the think time."""
+
+
+async def slow_backend(seconds: int, rate: int) -> dict[str, dict[str, Result]]:
     """Direct, through nginx and through the ingress, against a sandbox that answers after
-    SLOW_DELAY. hey's workers fire on the same tick, so each tick is a burst of 200 requests:
-    what a proxy adds here is mostly how long the last of a burst waits behind the others."""
+    SLOW_DELAY, under two shapes of the same rate:
+
+    - hey: its workers fire on the same tick, so each tick is a burst of 200 requests: what a
+      proxy adds is mostly how long the last of a burst waits behind the others, which is its
+      CPU per request times the burst;
+    - paced: wrk on 200 connections, each waiting a random (exponential) think time before
+      each request, sized so the total comes near `rate`: requests arrive spread out."""
     port = free_port()
     sandbox = [sys.executable, "-m", "bench.proxy", "--sandbox", str(port)]
-    results: dict[str, Result] = {}
+    results: dict[str, dict[str, Result]] = {
+        f"hey -c{SLOW_WORKERS} (bursts)": {},
+        f"wrk -c{SLOW_WORKERS} paced": {},
+    }
+    bursts, paced = results.values()
     with (
         tempfile.TemporaryDirectory(prefix="wakeful-bench-") as tmp,
         process([*sandbox, "--delay", str(SLOW_DELAY)], port),
     ):
-        print(f"  slow backend: hey {seconds}s at {rate} req/s, direct, nginx and ingress ...")
+        print(f"  slow backend: {seconds}s at {rate} req/s, direct, nginx and ingress ...")
+        think = max(0.0, SLOW_WORKERS / rate - SLOW_DELAY) * 1000
+        script = Path(tmp) / "paced.lua"
+        script.write_text(PACED_LUA % {"mean_ms": think, "host": HOST})
         nginx_port = free_port()
         conf = Path(tmp) / "nginx.conf"
         conf.write_text(nginx_conf(NGINX_CONF, tmp, upstream=port, port=nginx_port))
@@ -396,7 +432,8 @@ async def slow_backend(seconds: int, rate: int) -> dict[str, Result]:
                 # Warm-up, not counted: hey opens its 200 connections at once, and the first
                 # answers through any proxy wait for 200 new upstream connections too.
                 await run_hey(url, 1, rate, SLOW_WORKERS)
-                results[name] = await run_hey(url, seconds, rate, SLOW_WORKERS)
+                bursts[name] = await run_hey(url, seconds, rate, SLOW_WORKERS)
+                paced[name] = await run_wrk(url, seconds, script=script, connections=SLOW_WORKERS)
     return results
 
 
