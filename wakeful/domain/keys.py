@@ -13,6 +13,7 @@ to the store's namespace (the store adds it).
 | `cordon(node)`             | `cordons/{node}`            | Cordon                        |
 | `seen(node)`               | `seen/{node}`               | SeenNode                      |
 | `token(name)`              | `tokens/{name}`             | Token (a hash, never a secret)|
+| `leader(role)`             | `leaders/{role}`            | Leader (bound to a TTL lease) |
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ NODES = "nodes/"
 CORDONS = "cordons/"
 SEEN = "seen/"
 TOKENS = "tokens/"
+LEADERS = "leaders/"
 
 
 def app(name: str) -> str:
@@ -67,3 +69,8 @@ def token(name: str) -> str:
 def name_in(key: str, prefix: str) -> str:
     """The last part of a key under `prefix`: `name_in("sandboxes/sb-1", SANDBOXES)`."""
     return key.removeprefix(prefix)
+
+
+def leader(role: str) -> str:
+    """The elected holder of a role that runs once cluster-wide (`activator`)."""
+    return f"{LEADERS}{role}"

@@ -322,6 +322,16 @@ class SeenNode(Model):
     first_seen: float = 0.0
 
 
+class Leader(Model):
+    """Who holds a role that runs once cluster-wide (`leaders/{role}`, bound to the holder's
+    TTL lease). Its revision fences the holder's writes (`wakeful.store.election`)."""
+
+    holder: str = Field(min_length=1, max_length=200)
+    url: str = Field(default="", max_length=2000)
+    """Where the holder serves (the activator's control API), for those that follow it."""
+    since: float = 0.0
+
+
 class Role(StrEnum):
     """What a control API token may do: admin everything, node fetch artifacts and push logs,
     ingress take, renew and release leases (the route map: `wakeful.activator.roles`)."""

@@ -9,6 +9,8 @@
     ├── LeaseNotFound        keep-alive or attach to a TTL lease that expired or never was
     ├── TLSConfigError       WAKEFUL_ETCD_* settings that cannot work (a half pair, a missing
     │                        file); raised before any connection
+    ├── Deposed              a write fenced by an election term that has ended; nothing
+    │                        written
     └── Unavailable          the backend cannot be reached (etcd down or silent, database
                              closed, a TLS handshake refused)
 
@@ -57,6 +59,11 @@ class LeaseNotFound(StoreError):
 class TLSConfigError(StoreError, ValueError):
     """etcd TLS settings that cannot work; the message names the settings and the file.
     A ValueError too, so a settings validator that raises it reports it as a bad value."""
+
+
+class Deposed(StoreError):
+    """A write made under an election term (`wakeful.store.election.FencedStore`) found the
+    term over: another holder was elected, or the lease expired. Nothing was written."""
 
 
 class Unavailable(StoreError):

@@ -1,0 +1,138 @@
+"""Leader election and fenced writes (`wakeful.store.election`), on every backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+from pydantic import BaseModel
+
+from tests.conftest import pass_time
+from tests.store.test_sqlite_faults import hold_write_lock
+from wakeful.domain.models import Leader
+from wakeful.store import Conflict, Deposed, Put, Require, Store
+from wakeful.store.base import StoreBase
+from wakeful.store.election import Election, FencedStore
+from wakeful.store.local import LocalStore
+from wakeful.store.sqlite import SqliteEngine
+from wakeful.testing import ManualClock
+
+pytestmark = pytest.mark.anyio
+
+
+class Counter(BaseModel):
+    n: int
+
+
+def candidate(store: Store, name: str, **kwargs: float) -> Election:
+    assert isinstance(store, StoreBase)
+    return Election(
+        store, "leaders/activator", Leader(holder=name, url=f"http://{name}"), ttl=2, **kwargs
+    )
+
+
+async def test_one_candidate_holds_the_role_and_the_next_takes_over_when_it_resigns(
+    store: Store,
+) -> None:
+    a, b = candidate(store, "a", retry=0.05), candidate(store, "b", retry=0.05)
+    first = await a.campaign()
+    assert (await b.current()) == a.leader
+    elected = []
+    async with anyio.create_task_group() as tasks:
+
+        async def run_b() -> None:
+            elected.append(await b.campaign())
+
+        tasks.start_soon(run_b)
+        await anyio.sleep(0.3)
+        assert not elected  # the role is held: b waits
+        await a.resign(first)
+        with anyio.fail_after(10):
+            while not elected:  # noqa: ASYNC110
+                await anyio.sleep(0.02)
+    assert elected[0].revision > first.revision
+    assert (await a.current()) == b.leader
+
+
+async def test_a_deposed_holders_writes_are_refused_and_write_nothing(
+    store: Store, ttl_clock: ManualClock | None
+) -> None:
+    assert isinstance(store, StoreBase)
+    a, b = candidate(store, "a"), candidate(store, "b")
+    term = await a.campaign()
+    fenced = FencedStore(store, term)
+    at = await fenced.create("pools/p", Counter(n=1))
+    at = await fenced.update("pools/p", Counter(n=2), expect_revision=at)
+    with pytest.raises(Conflict) as stale:  # a plain conflict stays a conflict
+        await fenced.update("pools/p", Counter(n=3), expect_revision=at - 1)
+    assert not isinstance(stale.value, Deposed)
+
+    await pass_time(store, ttl_clock, 3)  # a's lease expires unrenewed (a stalled holder)
+    await b.campaign()
+    writes = [
+        fenced.put("pools/p", Counter(n=9)),
+        fenced.update("pools/p", Counter(n=9), expect_revision=at),
+        fenced.create("pools/q", Counter(n=9)),
+        fenced.delete("pools/p"),
+        fenced.txn([Require("pools/p", at)], [Put("pools/p", Counter(n=9))]),
+    ]
+    for write in writes:
+        with pytest.raises(Deposed):
+            await write
+    item = await store.get("pools/p", Counter)
+    assert item is not None and (item.value.n, item.revision) == (2, at)
+    assert await store.get("pools/q", Counter) is None
+
+
+async def test_the_holder_learns_its_term_is_over_when_its_lease_goes(store: Store) -> None:
+    a = candidate(store, "a")
+    term = await a.campaign()
+
+    async def expire() -> None:
+        await anyio.sleep(0.1)
+        await store.revoke(term.lease)  # as when the store expires it
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(expire)
+        with pytest.raises(Deposed, match="expired"), anyio.fail_after(10):
+            await a.hold(term)
+
+
+async def test_a_holder_cut_off_from_the_store_gives_up_within_half_its_ttl(
+    tmp_path: Path,
+) -> None:
+    """The store would expire the key a full TTL after the last renewal it saw; the holder
+    stops at half of it, so two holders never act at once."""
+    path = tmp_path / "store.db"
+    clock = ManualClock()
+    store = LocalStore(SqliteEngine(path, busy_timeout=0.05), threaded=True)
+    try:
+        a = Election(store, "leaders/activator", Leader(holder="a"), ttl=2, clock=clock)
+        term = await a.campaign()
+        holder = hold_write_lock(path)  # renewals now fail (Unavailable)
+        ended: list[BaseException] = []
+
+        async def hold() -> None:
+            try:
+                await a.hold(term)
+            except Deposed as exc:
+                ended.append(exc)
+
+        try:
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(hold)
+                await anyio.sleep(1)  # renewals fail, but not for half the TTL yet
+                clock.advance(0.9)
+                await anyio.sleep(1)
+                assert not ended
+                clock.advance(0.2)  # past half the TTL since the last renewal
+                with anyio.fail_after(10):
+                    while not ended:  # noqa: ASYNC110
+                        await anyio.sleep(0.05)
+            assert "no renewal" in str(ended[0])
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+    finally:
+        await store.aclose()

@@ -1,0 +1,176 @@
+"""Leader election on the store's TTL leases, and writes fenced by the term they were made in.
+
+Theory of operation:
+- A candidate holds a role (`leaders/{role}`) by creating its key under a TTL lease of its
+  own. The key's revision at creation identifies the term: it only grows, and no two terms
+  share it. Whoever finds the key present waits (`retry` seconds between looks) until it is
+  gone: released by `resign`, or expired with its holder's lease.
+- The holder keeps its lease alive (`Term` is held by `hold`) and gives the term up by itself
+  when it cannot: its lease is gone, its key changed, or no keep-alive succeeded for half the
+  TTL. The store expires the lease only a full TTL after the last keep-alive it saw, so a
+  holder cut off from the store stops acting (it has half a TTL to notice) before another can
+  be elected.
+- Every write the holder makes goes through `FencedStore`, which adds one requirement to it:
+  the key is still at the term's revision. A deposed holder whose write was already on its
+  way (a stalled process, a network pause longer than the TTL) finds the requirement failed and
+  writes nothing (`Deposed`): the store itself is the judge, not the holder's clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+
+import anyio
+
+from wakeful.domain.models import Leader
+
+from .base import RawOp, Require, StoreBase, WatchItem
+from .errors import AlreadyExists, Conflict, Deposed, LeaseNotFound, StoreError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Term:
+    key: str
+    revision: int
+    """The key's revision when this term began: the fence."""
+    lease: int
+
+
+class Election:
+    def __init__(
+        self,
+        store: StoreBase,
+        key: str,
+        leader: Leader,
+        *,
+        ttl: int = 5,
+        retry: float = 0.5,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`ttl`: seconds the store keeps the key after the holder's last keep-alive (a
+        takeover after a crash takes about this long); `retry`: seconds between looks at a
+        held key."""
+        if ttl < 2:
+            raise ValueError(f"an election's ttl must be at least 2 seconds, got {ttl}")
+        self._store = store
+        self.key = key
+        self.leader = leader
+        self._ttl = ttl
+        self._retry = retry
+        self._clock = clock
+
+    async def current(self) -> Leader | None:
+        item = await self._store.get(self.key, Leader)
+        return None if item is None else item.value
+
+    async def campaign(self) -> Term:
+        """Wait until this candidate holds the key; a store error is waited out, not raised."""
+        announced = False
+        while True:
+            try:
+                held = await self._store.get(self.key, Leader)
+                if held is None:
+                    lease = await self._store.grant(self._ttl)
+                    try:
+                        revision = await self._store.create(self.key, self.leader, lease=lease)
+                    except AlreadyExists:
+                        await self._store.revoke(lease)
+                    else:
+                        log.info("elected", extra={"key": self.key, "revision": revision})
+                        return Term(self.key, revision, lease)
+                elif not announced:
+                    announced = True
+                    log.info(
+                        "standing by: %s holds %s",
+                        held.value.holder,
+                        self.key,
+                        extra={"leader_url": held.value.url},
+                    )
+            except StoreError as exc:
+                log.warning("campaign: the store failed, retrying: %s", exc)
+            await anyio.sleep(self._retry)
+
+    async def hold(self, term: Term) -> None:
+        """Keep the term alive; raises `Deposed` once it is over (see the module's notes).
+        Never returns otherwise: cancel it to stop, then `resign`."""
+        interval = max(0.2, self._ttl / 5)
+        last_ok = self._clock()
+        while True:
+            sent = self._clock()
+            try:
+                with anyio.fail_after(interval):
+                    await self._store.keep_alive(term.lease)
+                    item = await self._store.get(self.key, Leader)
+            except LeaseNotFound:
+                raise Deposed(f"the lease of {self.key!r} expired: the term is over") from None
+            except (StoreError, TimeoutError) as exc:
+                log.warning("could not renew %s: %s", self.key, exc)
+            else:
+                if item is None or item.revision != term.revision:
+                    raise Deposed(f"{self.key!r} changed hands: the term is over")
+                last_ok = sent
+            if self._clock() - last_ok >= self._ttl / 2:
+                raise Deposed(
+                    f"no renewal of {self.key!r} for {self._ttl / 2:g} s: giving the term up "
+                    "before the store can elect another holder"
+                )
+            await anyio.sleep(interval)
+
+    async def resign(self, term: Term) -> None:
+        """End the term now (the lease and its key go), so another candidate takes over at
+        once instead of after the TTL. Best effort: the TTL ends it anyway."""
+        try:
+            with anyio.fail_after(5):
+                await self._store.revoke(term.lease)
+        except (StoreError, TimeoutError) as exc:
+            log.warning("could not resign %s: %s (it expires with its TTL)", self.key, exc)
+
+
+class FencedStore(StoreBase):
+    """`inner`, with every write required to happen while `term` is current (`Deposed` when
+    it is not: nothing written). Reads, watches and leases pass through."""
+
+    def __init__(self, inner: StoreBase, term: Term) -> None:
+        self._inner = inner
+        self.term = term
+        self._fence = Require(term.key, term.revision)
+
+    async def _get(self, key: str) -> tuple[bytes, int] | None:
+        return await self._inner._get(key)
+
+    async def _list(self, prefix: str) -> tuple[list[tuple[str, bytes, int]], int]:
+        return await self._inner._list(prefix)
+
+    async def _commit(self, require: Sequence[Require], ops: Sequence[RawOp]) -> tuple[int, int]:
+        try:
+            return await self._inner._commit([self._fence, *require], ops)
+        except Conflict as exc:
+            if exc.key == self._fence.key:  # the backend names the first check that failed
+                raise Deposed(
+                    f"a write after the term of {self._fence.key!r} at revision "
+                    f"{self._fence.revision} ended; nothing was written"
+                ) from None
+            raise
+
+    def _watch(self, prefix: str, from_revision: int | None) -> AsyncIterator[WatchItem]:
+        return self._inner._watch(prefix, from_revision)
+
+    async def grant(self, ttl: int) -> int:
+        return await self._inner.grant(ttl)
+
+    async def keep_alive(self, lease: int) -> None:
+        await self._inner.keep_alive(lease)
+
+    async def revoke(self, lease: int) -> None:
+        await self._inner.revoke(lease)
+
+    async def compact(self, revision: int) -> None:
+        await self._inner.compact(revision)
+
+    async def aclose(self) -> None:
+        """The inner store belongs to whoever opened it."""
