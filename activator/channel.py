@@ -12,8 +12,11 @@ choosing (unique among its operations in flight):
     {"id": 2, "op": "renew", "lease": "L", "used": true}
     {"id": 3, "op": "release", "lease": "L"}
     {"id": 4, "op": "cancel", "of": 1}          (no answer of its own)
+    {"id": 5, "op": "adopt", "app": "hello", "grant": {...LeaseGrant...}}
 
-and gets a list of answers, exactly one per acquire, renewal and release:
+(`adopt`: a lease granted by another activator, reported by its holder on the first channel
+it opens to this one after a takeover; answered like a renewal) and gets a list of answers,
+exactly one per acquire, renewal, release and adoption:
 
     {"id": 1, "grant": {...LeaseGrant...}}
     {"id": 3, "released": true}
@@ -49,7 +52,7 @@ from typing import Annotated, Any, Literal
 
 import anyio
 import anyio.abc
-from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError, field_validator
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from wakeful.activator.core import Activator
@@ -59,6 +62,7 @@ from wakeful.domain.leases import (
     ActivatorError,
     AppFailedToBoot,
     LeaseGone,
+    LeaseGrant,
     Unavailable,
     UnknownApp,
 )
@@ -101,12 +105,26 @@ class Release(BaseModel):
     lease: str = Field(max_length=200)
 
 
+class Adopt(BaseModel):
+    id: int
+    op: Literal["adopt"]
+    app: str = Field(pattern=NAME_PATTERN)
+    grant: LeaseGrant
+
+    @field_validator("grant")
+    @classmethod
+    def _bounded(cls, grant: LeaseGrant) -> LeaseGrant:
+        if not 0 < len(grant.lease_id) <= 200 or not 1 <= grant.size <= 10_000:
+            raise ValueError("a lease id of 1 to 200 characters and a size of 1 to 10000")
+        return grant
+
+
 class Cancel(BaseModel):
     op: Literal["cancel"]
     of: int
 
 
-Operation = Annotated[Acquire | Renew | Release | Cancel, Field(discriminator="op")]
+Operation = Annotated[Acquire | Renew | Release | Adopt | Cancel, Field(discriminator="op")]
 _OPERATION: TypeAdapter[Operation] = TypeAdapter(Operation)
 
 
@@ -239,10 +257,13 @@ class Channel:
         else:
             self._answer(self._upkeep(operation))
 
-    def _upkeep(self, operation: Renew | Release) -> dict[str, Any]:
+    def _upkeep(self, operation: Renew | Release | Adopt) -> dict[str, Any]:
         try:
             if isinstance(operation, Renew):
                 lease = self._activator.renew(operation.lease, used=operation.used)
+                return {"id": operation.id, "grant": _grant(lease)}
+            if isinstance(operation, Adopt):
+                lease = self._activator.adopt(operation.app, operation.grant)
                 return {"id": operation.id, "grant": _grant(lease)}
             self._activator.release(operation.lease)
             return {"id": operation.id, "released": True}

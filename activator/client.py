@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
+import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -140,6 +143,8 @@ class HttpLeases:
         await self.aclose()
 
 
+log = logging.getLogger(__name__)
+
 REOPEN_PAUSE = 1.0
 """Seconds after a failed attempt to open the lease channel during which calls fail at once."""
 
@@ -165,9 +170,20 @@ class ChannelLeases:
         timeout: float = 130.0,
         upkeep_timeout: float = 10.0,
         per_app: int = 128,
+        locate: Callable[[], Awaitable[str | None]] | None = None,
+        failover: float = 15.0,
     ) -> None:
-        scheme, _, rest = base_url.rstrip("/").partition("://")
-        self._url = ("wss" if scheme == "https" else "ws") + "://" + rest + CHANNEL_PATH
+        """`locate`: where the activator that leads is now (its control API's URL), asked at
+        each attempt to open the channel; `base_url` when it knows none. `failover`: how long
+        an acquire whose channel was lost, or could not be opened, keeps trying (the time a
+        standby needs to take over)."""
+        self._base_url = base_url
+        self._locate = locate
+        self._failover = failover
+        self._held: dict[str, tuple[str, LeaseGrant]] = {}
+        """Leases granted through this client and not handed back, by id, with their app:
+        reported to the activator on every new channel (`adopt`), so one that took over, or
+        restarted, counts them."""
         self._headers = {"Authorization": f"Bearer {token}"}
         self._timeout = timeout
         self._upkeep_timeout = upkeep_timeout
@@ -184,17 +200,36 @@ class ChannelLeases:
         if slots is None:
             slots = self._app_slots[app] = anyio.Semaphore(self._per_app)
         async with slots:
-            answer = await self._call(
-                {"op": "acquire", "app": app, "version": version}, self._timeout
+            answer = await self._acquire_through_failover(
+                {"op": "acquire", "app": app, "version": version}
             )
-        return LeaseGrant.model_validate(answer["grant"])
+        grant = LeaseGrant.model_validate(answer["grant"])
+        self._held[grant.lease_id] = (app, grant)
+        return grant
+
+    async def _acquire_through_failover(self, operation: dict[str, Any]) -> dict[str, Any]:
+        """An acquire whose channel is lost (the activator died) or cannot be opened is made
+        again, on whichever activator leads by then, for up to `failover` seconds."""
+        give_up = time.monotonic() + self._failover
+        while True:
+            try:
+                return await self._call(operation, self._timeout)
+            except Unreachable:
+                if self._closed or time.monotonic() >= give_up:
+                    raise
+            await anyio.sleep(REOPEN_PAUSE / 2)
 
     async def renew(self, lease_id: str, *, used: bool = False) -> LeaseGrant:
         operation = {"op": "renew", "lease": lease_id, "used": used}
-        answer = await self._call(operation, self._upkeep_timeout)
+        try:
+            answer = await self._call(operation, self._upkeep_timeout)
+        except LeaseGone:
+            self._held.pop(lease_id, None)
+            raise
         return LeaseGrant.model_validate(answer["grant"])
 
     async def release(self, lease_id: str) -> None:
+        self._held.pop(lease_id, None)  # a release that fails is the TTL's to finish
         await self._call({"op": "release", "lease": lease_id}, self._upkeep_timeout)
 
     async def _call(self, operation: dict[str, Any], within: float) -> dict[str, Any]:
@@ -238,7 +273,7 @@ class ChannelLeases:
 
     async def _connect(self) -> _Link:
         try:
-            link = await _Link.open(self._url, self._headers)
+            link = await _Link.open(await self._channel_url(), self._headers)
         except ActivatorError as exc:
             self._failed = (time.monotonic(), exc)
             raise
@@ -247,7 +282,36 @@ class ChannelLeases:
             await link.close()
             raise Unreachable("the lease channel is closed", 1)
         self._link = link
+        self._report_held(link)
         return link
+
+    async def _channel_url(self) -> str:
+        base = self._base_url
+        if self._locate is not None:
+            try:
+                base = await self._locate() or base
+            except Exception as exc:  # the store is away: try the configured URL
+                log.warning("could not look the leading activator up: %s", exc)
+        scheme, _, rest = base.rstrip("/").partition("://")
+        return ("wss" if scheme == "https" else "ws") + "://" + rest + CHANNEL_PATH
+
+    def _report_held(self, link: _Link) -> None:
+        """Every lease held, first on a new channel: an activator that took over (or
+        restarted) counts their capacity before it grants any (invariant 20)."""
+        for lease_id, (app, grant) in list(self._held.items()):
+            operation = {
+                "id": next(self._ids),
+                "op": "adopt",
+                "app": app,
+                "grant": grant.model_dump(mode="json"),
+            }
+            link.send(operation).add_done_callback(functools.partial(self._adopted, lease_id))
+
+    def _adopted(self, lease_id: str, answer: asyncio.Future[dict[str, Any]]) -> None:
+        if answer.cancelled() or answer.exception() is not None:
+            return  # the channel went: reported again on the next one
+        if "error" in answer.result():
+            self._held.pop(lease_id, None)  # its renewal will say LeaseGone too
 
     async def aclose(self) -> None:
         self._closed = True

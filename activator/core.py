@@ -36,7 +36,8 @@ from wakeful.activator.scale_up import ScaleUpRunner
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.activator.view import PoolState, View
 from wakeful.domain import trace
-from wakeful.domain.leases import AppFailedToBoot, LeaseGone, NoCapacity
+from wakeful.domain.leases import AppFailedToBoot, LeaseGone, LeaseGrant, NoCapacity
+from wakeful.domain.models import GONE
 from wakeful.store import Store
 
 __all__ = ["Activator", "Lease", "PoolSnapshot"]
@@ -88,15 +89,25 @@ class Activator:
         self._activity = ActivityWriter(
             store, self._view, interval=settings.activity_write_interval, clock=clock
         )
+        self._admitting = anyio.Event()
+        """Set once admission may grant: at once, or after a takeover's adoption window."""
 
     @contextlib.asynccontextmanager
-    async def running(self, *, watch: bool = True) -> AsyncIterator[Activator]:
+    async def running(
+        self, *, watch: bool = True, adopt_for: float = 0.0
+    ) -> AsyncIterator[Activator]:
         """Run the activator's loops for the duration of the block.
 
         With `watch=False` the view is loaded once and then changes only through `resync()`
         and the activator's own writes: tests use it to hold the view stale on purpose.
+        `adopt_for`: seconds after start during which nothing is granted, only leases other
+        activators granted are adopted from their holders (a takeover: see `adopt`).
         """
         async with anyio.create_task_group() as tasks:
+            if adopt_for > 0:
+                tasks.start_soon(self._open_admission_after, adopt_for)
+            else:
+                self._admitting.set()
             self._scale_up.tasks = tasks
             if watch:
                 tasks.start_soon(self._view.follow)
@@ -112,6 +123,16 @@ class Activator:
                 tasks.cancel_scope.cancel()
                 self._scale_up.tasks = None
 
+    async def _open_admission_after(self, seconds: float) -> None:
+        await anyio.sleep(seconds)
+        self.open_admission()
+
+    def open_admission(self) -> None:
+        """End the adoption window now (see `running`)."""
+        if not self._admitting.is_set():
+            log.info("admission open: %d leases adopted", len(self._ledger.leases_by_id))
+            self._admitting.set()
+
     async def resync(self) -> None:
         """Re-list the view and wake every waiter."""
         await self._view.resync()
@@ -121,6 +142,7 @@ class Activator:
     async def acquire(self, app: str, version: str | None = None) -> Lease:
         """A lease on a sandbox of the app's pool, waiting (bounded) only when none is routable."""
         await self._view.synced.wait()
+        await self._admitting.wait()
         state = self._view.resolve(app, version)
         started = self._ledger.clock()
         deadline = started + state.item.value.spec.activation_timeout
@@ -213,6 +235,18 @@ class Activator:
             # Draining: the lease stays valid (renewed just now) for the requests already on
             # it, which finish and release it; the holder must not start new ones there.
             raise LeaseGone(f"lease {lease_id!r} is on a sandbox that is leaving admission")
+        return lease
+
+    def adopt(self, app: str, grant: LeaseGrant) -> Lease:
+        """Take over a lease another activator granted, reported by its holder after a
+        takeover (invariant 20): its capacity stays counted, so none is granted twice. A lease
+        on a sandbox this view does not have, or that is leaving, is `LeaseGone` (its holder
+        drops it, as on a failed renewal)."""
+        item = self._view.sandboxes.get(grant.sandbox_id)
+        if item is None or item.value.status in GONE or item.value.app != app:
+            raise LeaseGone(f"lease {grant.lease_id!r} is on no sandbox of {app!r} here")
+        lease = self._ledger.adopt(item.value.pool, app, grant)
+        self._publish(lease.pool)
         return lease
 
     def release(self, lease_id: str) -> None:

@@ -166,16 +166,39 @@ class LeaseLedger:
             ttl=self._lease_ttl,
             expires_at=self.clock() + self._lease_ttl,
         )
+        self._record(lease)
+        if waiter is not None and waiter.pool != pool:
+            self._tidy(waiter.pool)
+        return lease
+
+    def _record(self, lease: Lease) -> None:
         self.leases_by_id[lease.lease_id] = lease
         capacity = self.leased_capacity_by_sandbox
         capacity[lease.sandbox_id] = capacity.get(lease.sandbox_id, 0) + lease.size
-        entry = self._entry(pool)
+        entry = self._entry(lease.pool)
         if lease.overflow:
             entry.overflow_leases += 1
         else:
             entry.normal_leases += 1
-        if waiter is not None and waiter.pool != pool:
-            self._tidy(waiter.pool)
+
+    def adopt(self, pool: str, app: str, grant: LeaseGrant) -> Lease:
+        """Record a lease another activator granted and its holder still holds (reported
+        after a takeover), under its own id; a lease already known is renewed instead."""
+        known = self.leases_by_id.get(grant.lease_id)
+        if known is not None:
+            return self.renew(grant.lease_id)
+        lease = Lease(
+            lease_id=grant.lease_id,
+            pool=pool,
+            app=app,
+            sandbox_id=grant.sandbox_id,
+            url=grant.url,
+            size=grant.size,
+            overflow=grant.overflow,
+            ttl=self._lease_ttl,
+            expires_at=self.clock() + self._lease_ttl,
+        )
+        self._record(lease)
         return lease
 
     def renew(self, lease_id: str) -> Lease:

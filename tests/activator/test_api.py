@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
@@ -52,27 +53,34 @@ async def api() -> AsyncIterator[Served]:
             activation_timeout=ACTIVATION_TIMEOUT,
             sandboxes={"sb-1": SandboxStatus.RUNNING},
         )
-        settings = ActivatorSettings(store_url="memory://", token=TOKEN)
-        registry = CollectorRegistry()
-        clock = ManualClock()
-        activator = Activator(store, settings, registry, clock=clock)
-        port = free_port()
-        server = uvicorn.Server(
-            uvicorn.Config(
-                create_app(activator, ADMIN, registry),
-                host="127.0.0.1",
-                port=port,
-                log_level="warning",
-                lifespan="off",
-            )
+        async with serve_activator(store) as served:
+            yield served
+
+
+@contextlib.asynccontextmanager
+async def serve_activator(store: Store, adopt_for: float = 0.0) -> AsyncIterator[Served]:
+    """An activator on `store` (its clock a ManualClock) with its API on uvicorn."""
+    settings = ActivatorSettings(store_url="memory://", token=TOKEN)
+    registry = CollectorRegistry()
+    clock = ManualClock()
+    activator = Activator(store, settings, registry, clock=clock)
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(activator, ADMIN, registry),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            lifespan="off",
         )
-        async with activator.running(), anyio.create_task_group() as tasks:
-            tasks.start_soon(server.serve)
-            with anyio.fail_after(10):
-                while not server.started:  # noqa: ASYNC110 - uvicorn exposes a flag, no event
-                    await anyio.sleep(0.01)
-            yield Served(f"http://127.0.0.1:{port}", store, activator, clock)
-            server.should_exit = True
+    )
+    async with activator.running(adopt_for=adopt_for), anyio.create_task_group() as tasks:
+        tasks.start_soon(server.serve)
+        with anyio.fail_after(10):
+            while not server.started:  # noqa: ASYNC110 - uvicorn exposes a flag, no event
+                await anyio.sleep(0.01)
+        yield Served(f"http://127.0.0.1:{port}", store, activator, clock)
+        server.should_exit = True
 
 
 async def nothing_routable(api: Served) -> None:

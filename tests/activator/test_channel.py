@@ -21,7 +21,7 @@ from wakeful.domain.models import SandboxStatus
 from wakeful.store.testing import free_port
 
 from .conftest import eventually, set_status
-from .test_api import TOKEN, Served, api, nothing_routable
+from .test_api import TOKEN, Served, api, nothing_routable, serve_activator
 
 pytestmark = pytest.mark.anyio
 __all__ = ["api"]  # the fixture, imported to be used here
@@ -112,7 +112,7 @@ async def test_a_wrong_token_and_an_absent_activator_are_typed_errors(api: Serve
     async with ChannelLeases(api.url, "wrong") as leases:
         with pytest.raises(Unauthorized):
             await leases.acquire("hello")
-    async with ChannelLeases(f"http://127.0.0.1:{free_port()}", TOKEN) as leases:
+    async with ChannelLeases(f"http://127.0.0.1:{free_port()}", TOKEN, failover=0) as leases:
         with pytest.raises(Unreachable) as refused:
             await leases.acquire("hello")
     assert refused.value.retry_after >= 1
@@ -291,7 +291,9 @@ async def test_callers_do_not_queue_behind_each_others_attempts_to_open_the_chan
         silent.bind(("127.0.0.1", 0))
         silent.listen(64)
         port = silent.getsockname()[1]
-        async with ChannelLeases(f"http://127.0.0.1:{port}", TOKEN, timeout=1) as leases:
+        async with ChannelLeases(
+            f"http://127.0.0.1:{port}", TOKEN, timeout=1, failover=0
+        ) as leases:
             failed: list[BaseException] = []
 
             async def call() -> None:
@@ -305,3 +307,62 @@ async def test_callers_do_not_queue_behind_each_others_attempts_to_open_the_chan
                     for _ in range(4):
                         tasks.start_soon(call)
     assert len(failed) == 4
+
+
+async def test_an_activator_that_takes_over_adopts_the_leases_held_before_it_grants_any(
+    api: Served,
+) -> None:
+    """Invariant 20: the leases an ingress holds keep their capacity on the activator that
+    takes over (reported on its first channel there), and that one grants nothing until its
+    adoption window ends: none is lost, none granted twice."""
+    leading = [api.url]
+
+    async def locate() -> str:
+        return leading[0]
+
+    async with ChannelLeases(api.url, TOKEN, locate=locate) as leases:
+        held = await leases.acquire("hello")
+        async with serve_activator(api.store, adopt_for=3600) as heir:
+            leading[0] = heir.url
+            link = leases._link
+            assert link is not None
+            await link.close()  # the leader is gone
+            renewed = await leases.renew(held.lease_id)  # on the heir: adopted, not gone
+            assert renewed.lease_id == held.lease_id
+            assert leased(heir) == held.size
+            granted: list[LeaseGrant] = []
+
+            async def acquire() -> None:
+                granted.append(await leases.acquire("hello"))
+
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(acquire)
+                await anyio.sleep(0.3)
+                assert not granted  # the adoption window: nothing granted yet
+                heir.activator.open_admission()
+                with anyio.fail_after(10):
+                    await eventually(lambda: bool(granted))
+            assert leased(heir) == held.size + granted[0].size
+            await leases.release(held.lease_id)
+            await leases.release(granted[0].lease_id)
+            assert leased(heir) == 0
+
+
+async def test_a_lease_on_a_sandbox_that_is_gone_is_not_adopted(api: Served) -> None:
+    leading = [api.url]
+
+    async def locate() -> str:
+        return leading[0]
+
+    async with ChannelLeases(api.url, TOKEN, locate=locate) as leases:
+        held = await leases.acquire("hello")
+        async with serve_activator(api.store) as heir:
+            await set_status(api.store, "sb-1", SandboxStatus.STOPPED)
+            await eventually(lambda: not heir.activator.snapshot()[0].ready)
+            leading[0] = heir.url
+            link = leases._link
+            assert link is not None
+            await link.close()
+            with pytest.raises(LeaseGone):
+                await leases.renew(held.lease_id)
+            assert leased(heir) == 0
