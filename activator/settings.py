@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field, SecretStr
 
 from wakeful.store.settings import StoreSettings
@@ -24,3 +26,18 @@ class ActivatorSettings(StoreSettings):
     artifact_gc_interval: float = Field(default=60.0, gt=0, le=86_400)
     """Seconds between collections of unreferenced artifacts (also run after each app
     deletion)."""
+    advertise_url: str | None = Field(default=None, max_length=2000)
+    """WAKEFUL_ADVERTISE_URL: where ingresses and nodes reach this activator's control API
+    when it leads (written in `leaders/activator`); `http://{listen}` when unset."""
+    election_ttl: int = Field(default=5, ge=2, le=60)
+    """Seconds after a leading activator's last renewal before a standby may take over (a
+    crash's takeover time); a leader cut off from the store stops acting after half of it."""
+    adopt_window: float = Field(default=3.0, ge=0, le=120)
+    """Seconds after taking over during which an activator grants nothing and only adopts
+    the leases ingresses report holding (they report on reconnecting)."""
+    artifact_dir: Path | None = None
+    """WAKEFUL_ARTIFACT_DIR: where artifacts are kept; `<data dir>/artifacts` when unset.
+    Activators that stand in for each other share it (one directory, or one network mount)."""
+
+    def advertised(self) -> str:
+        return self.advertise_url or f"http://{self.listen}"

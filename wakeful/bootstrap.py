@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import logging
+import os
 import signal
+import socket
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 import anyio
 import anyio.abc
@@ -29,6 +32,7 @@ from wakeful.activator.api import create_app
 from wakeful.activator.core import Activator
 from wakeful.activator.credentials import TokenBook, install_admin
 from wakeful.activator.settings import ActivatorSettings
+from wakeful.activator.standby import StandbyApp
 from wakeful.activator.tokens_api import tokens_router
 from wakeful.controller.api import node_router
 from wakeful.controller.reconciler import Reconciler
@@ -48,13 +52,15 @@ from wakeful.deploy.logs_api import logs_router
 from wakeful.deploy.service import Deployer, Phase
 from wakeful.domain import keys
 from wakeful.domain.artifacts import pack
-from wakeful.domain.models import Token
+from wakeful.domain.models import Leader, Token
 from wakeful.idle_monitor.monitor import IdleMonitor, IdleMonitorSettings
 from wakeful.node.agent import NodeAgent, runtime_for
 from wakeful.node.settings import NodeSettings
 from wakeful.remote import Endpoint, HttpArtifacts, HttpLogSink
 from wakeful.serving import AddressInUse, serve_asgi, split_address
-from wakeful.store import Store, open_store, sqlite_url
+from wakeful.store import Store, StoreError, open_store, sqlite_url
+from wakeful.store.base import StoreBase
+from wakeful.store.election import Election, FencedStore, Term
 from wakeful.store.reflector import reflect
 
 if TYPE_CHECKING:  # the ingress (httptools, uvloop) is imported only by what runs one
@@ -90,6 +96,7 @@ async def control_plane(
     artifact_clock: Callable[[], float] = time.time,
     replace_admin: bool = False,
     write_admin: Callable[[str], str] | None = None,
+    adopt_for: float = 0.0,
 ) -> AsyncIterator[ControlPlane]:
     """`idle`: the idle monitor's settings, None to run it elsewhere. `drain_grace`: how long
     after start lease counts are not trusted (see Reconciler); one lease TTL when ingresses run
@@ -97,10 +104,13 @@ async def control_plane(
     were uploaded, for their collection (tests drive it). `settings.token` bootstraps the
     admin token: it becomes the admin token when the store has none, or with `replace_admin`
     (`wakeful up`, whose token file is as private as its store). `write_admin`: where a
-    rotated admin secret goes (see `tokens_router`)."""
+    rotated admin secret goes (see `tokens_router`). `adopt_for`: the activator's adoption
+    window after a takeover (`Activator.running`)."""
     registry = CollectorRegistry()
     activator = Activator(store, settings, registry)
-    artifacts = LocalArtifacts(data_dir / "artifacts", clock=artifact_clock)
+    artifacts = LocalArtifacts(
+        settings.artifact_dir or data_dir / "artifacts", clock=artifact_clock
+    )
     collector = ArtifactCollector(
         store, artifacts, grace=settings.artifact_grace, clock=artifact_clock
     )
@@ -116,7 +126,7 @@ async def control_plane(
             "makes it the admin token again"
         )
     tokens = TokenBook()
-    async with activator.running(), anyio.create_task_group() as tasks:
+    async with activator.running(adopt_for=adopt_for), anyio.create_task_group() as tasks:
         tasks.start_soon(partial(reflect, store, keys.TOKENS, Token, tokens, what="tokens"))
         with anyio.fail_after(30):
             await tokens.caught_up(0)  # listed: no request is refused for want of a listing
@@ -286,24 +296,63 @@ async def run_activator(
     reset_admin: bool = False,
 ) -> None:
     """The control plane (activator, control API, pool controller, and the idle monitor unless
-    `idle` is None) until a signal. Ingresses are other processes: lease counts are trusted
-    only after one lease TTL. WAKEFUL_TOKEN bootstraps the admin token (`reset_admin`: it
-    replaces the one in the store)."""
+    `idle` is None) until a signal, while this activator leads (invariant 20).
+
+    Any number of activators may run on one store: one is elected (`leaders/activator`) and
+    runs the control plane with every write fenced by its term; the others serve
+    `StandbyApp` on the same port and wait to take over. A leader that loses its term
+    raises `Deposed` (the process ends; a supervisor starts it again, as a standby); one told
+    to stop resigns, so a standby takes over at once. Ingresses are other processes: lease
+    counts are rebuilt from what they report for `adopt_window` seconds after a takeover, and
+    the pool controller trusts them only after one lease TTL. WAKEFUL_TOKEN bootstraps the
+    admin token (`reset_admin`: it replaces the one in the store)."""
     private_data_dir(data_dir)
-    async with (
-        settings.open_store() as store,
-        control_plane(
-            store,
-            settings,
-            data_dir,
-            idle=idle,
-            drain_grace=settings.lease_ttl,
-            replace_admin=reset_admin,
-        ),
-    ):
-        announce(f"activator listening on http://{settings.listen}")
-        settle_heap()
+    async with settings.open_store() as store, anyio.create_task_group() as tasks:
+        election = Election(
+            cast(StoreBase, store),
+            keys.leader("activator"),
+            Leader(holder=_identity(), url=settings.advertised(), since=time.time()),
+            ttl=settings.election_ttl,
+        )
+
+        async def lead() -> None:
+            term = await _stand_by(election, settings.listen, announce)
+            try:
+                async with control_plane(
+                    FencedStore(cast(StoreBase, store), term),
+                    settings,
+                    data_dir,
+                    idle=idle,
+                    drain_grace=settings.lease_ttl,
+                    replace_admin=reset_admin,
+                    adopt_for=settings.adopt_window,
+                ):
+                    announce(f"activator listening on http://{settings.listen} (leading)")
+                    settle_heap()
+                    await election.hold(term)  # until cancelled, or `Deposed`
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await election.resign(term)
+
+        tasks.start_soon(lead)
         await wait_for_signal()
+        tasks.cancel_scope.cancel()
+
+
+def _identity() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+async def _stand_by(election: Election, listen: str, announce: Callable[[str], None]) -> Term:
+    """Campaign, serving `StandbyApp` on the control API's port meanwhile."""
+    async with anyio.create_task_group() as standby:
+        standby.start_soon(serve_asgi, StandbyApp(election.current), listen, "--api-listen")
+        holder = await election.current()
+        if holder is not None:
+            announce(f"activator standing by on http://{listen}: {holder.holder} leads")
+        term = await election.campaign()
+        standby.cancel_scope.cancel()
+    return term
 
 
 async def run_node(
@@ -311,20 +360,40 @@ async def run_node(
 ) -> None:
     """A node agent that fetches artifacts from, and pushes logs to, the control API."""
     private_data_dir(settings.data_dir)
-    async with (
-        settings.open_store() as store,
-        HttpArtifacts(control.api, control.token) as artifacts,
-        HttpLogSink(control.api, control.token) as logs,
-    ):
-        # Sandboxes must not reach the control API or the store, wherever they run.
-        runtime = runtime_for(settings, control_plane=[control.api])
-        agent = NodeAgent(store, settings, artifacts, logs=logs, runtime=runtime)
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(agent.run)
-            announce(f"node {settings.node_name} running")
-            settle_heap()
-            await wait_for_signal()
-            tasks.cancel_scope.cancel()
+    async with settings.open_store() as store:
+        locate = leader_locator(store, control.apis)
+        async with (
+            HttpArtifacts(control.apis[0], control.token, locate=locate) as artifacts,
+            HttpLogSink(control.apis[0], control.token, locate=locate) as logs,
+        ):
+            # Sandboxes must not reach the control API or the store, wherever they run.
+            runtime = runtime_for(settings, control_plane=control.apis)
+            agent = NodeAgent(store, settings, artifacts, logs=logs, runtime=runtime)
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(agent.run)
+                announce(f"node {settings.node_name} running")
+                settle_heap()
+                await wait_for_signal()
+                tasks.cancel_scope.cancel()
+
+
+def leader_locator(store: Store, apis: Sequence[str]) -> Callable[[], Awaitable[str]]:
+    """Where the leading activator's control API is: its record in the store
+    (`leaders/activator`), else the configured URLs in turn (a store away, or an activator
+    from before elections)."""
+    turn = itertools.cycle(apis)
+
+    async def locate() -> str:
+        try:
+            item = await store.get(keys.leader("activator"), Leader)
+        except StoreError as exc:
+            log.warning("could not read the leading activator's record: %s", exc)
+            item = None
+        if item is not None and item.value.url:
+            return item.value.url
+        return next(turn)
+
+    return locate
 
 
 async def run_ingress(
@@ -335,7 +404,12 @@ async def run_ingress(
     from wakeful.activator.client import ChannelLeases
     from wakeful.ingress import serve
 
-    async with settings.open_store() as store, ChannelLeases(control.api, control.token) as leases:
+    async with (
+        settings.open_store() as store,
+        ChannelLeases(
+            control.apis[0], control.token, locate=leader_locator(store, control.apis)
+        ) as leases,
+    ):
         announce(f"ingress listening on http://{settings.listen}")
         settle_heap()
         await serve(settings, leases, store, CollectorRegistry())

@@ -21,7 +21,7 @@ from wakeful.deploy.appdir import AppDir, AppDirError, load_app_dir
 from wakeful.idle_monitor.monitor import IdleMonitorSettings
 from wakeful.node.isolation import IsolationUnavailable
 from wakeful.node.settings import NodeSettings
-from wakeful.store import StoreError
+from wakeful.store import Deposed, StoreError
 from wakeful.store.etcd import EtcdStore
 from wakeful.store.etcd_auth import ROOT, common_name, enable_auth
 from wakeful.store.settings import StoreSettings
@@ -120,6 +120,12 @@ def _serve(main: Callable[[], Awaitable[None]], *, store: str, uvloop: bool = Fa
             raise CliError(str(cause), RUNTIME) from None
         if isinstance(cause, IsolationUnavailable):  # says how to install bubblewrap
             raise CliError(str(cause), RUNTIME) from None
+        if isinstance(cause, Deposed):
+            raise CliError(
+                f"this activator stopped leading ({cause}): it exits so that it starts again "
+                "as a standby (run it under a supervisor that restarts it)",
+                RUNTIME,
+            ) from None
         if isinstance(cause, StoreError):
             raise CliError(f"{store} cannot be used: {cause}", RUNTIME) from None
         if isinstance(cause, OSError):
@@ -152,12 +158,13 @@ def _control_for(role: Literal["node", "ingress"], why: str) -> Endpoint:
     own = getattr(RoleTokens(), f"{role}_token")
     if settings.api is None:
         raise CliError(f"WAKEFUL_API must be set: {why}")
-    if cleartext_to_another_machine(settings.api):
-        commands.note(
-            f"warning: WAKEFUL_API {settings.api} is plain HTTP to another machine: this {role}'s "
-            "token crosses the network readable; put a TLS proxy in front of the control API "
-            "and use an https:// URL"
-        )
+    for url in Endpoint(settings.api, "").apis:  # one URL, or every activator's
+        if cleartext_to_another_machine(url):
+            commands.note(
+                f"warning: WAKEFUL_API {url} is plain HTTP to another machine: this {role}'s "
+                "token crosses the network readable; put a TLS proxy in front of the control "
+                "API and use an https:// URL"
+            )
     if own is not None:
         if settings.token is not None:
             commands.note(

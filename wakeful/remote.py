@@ -23,6 +23,7 @@ and a node gets the errors its own interfaces define (`ArtifactError`, `ShipFail
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
@@ -72,10 +73,16 @@ class Endpoint:
     """Where the control API is, and the bearer token it wants."""
 
     api: str
+    """One URL; for a node or an ingress, possibly several, comma-separated: every activator
+    that may lead (`apis`)."""
     token: str = field(repr=False)
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"}
+
+    @property
+    def apis(self) -> list[str]:
+        return [url.strip() for url in self.api.split(",") if url.strip()]
 
 
 def locate(settings: CliSettings, control_file: Path, api: str | None = None) -> Endpoint:
@@ -262,12 +269,23 @@ def _reason(answer: httpx.Response) -> str:
 
 
 class _NodeClient:
-    """One long-lived async client with the bearer token; closed on leaving the context."""
+    """One long-lived async client with the bearer token; closed on leaving the context.
+    `locate`: where the leading activator is now, asked before each call (`api` when None)."""
 
-    def __init__(self, api: str, token: str, timeout: float) -> None:
-        self._client = httpx.AsyncClient(
-            base_url=api, headers=Endpoint(api, token).headers(), timeout=timeout
-        )
+    def __init__(
+        self,
+        api: str,
+        token: str,
+        timeout: float,
+        locate: Callable[[], Awaitable[str]] | None = None,
+    ) -> None:
+        self._api = api.rstrip("/")
+        self._locate = locate
+        self._client = httpx.AsyncClient(headers=Endpoint(api, token).headers(), timeout=timeout)
+
+    async def _url(self, path: str) -> str:
+        base = self._api if self._locate is None else (await self._locate()).rstrip("/")
+        return base + path
 
     async def __aenter__(self) -> Self:
         return self
@@ -279,12 +297,18 @@ class _NodeClient:
 class HttpArtifacts(_NodeClient):
     """A node's `Artifacts`: fetched whole, checked against their digest."""
 
-    def __init__(self, api: str, token: str, timeout: float = 120.0) -> None:
-        super().__init__(api, token, timeout)
+    def __init__(
+        self,
+        api: str,
+        token: str,
+        timeout: float = 120.0,
+        locate: Callable[[], Awaitable[str]] | None = None,
+    ) -> None:
+        super().__init__(api, token, timeout, locate)
 
     async def fetch(self, digest: str) -> bytes:
         try:
-            answer = await self._client.get(f"/v1/artifacts/{_segment(digest)}")
+            answer = await self._client.get(await self._url(f"/v1/artifacts/{_segment(digest)}"))
         except httpx.HTTPError as exc:
             raise ArtifactError(f"cannot fetch {digest} from the control API: {exc!r}") from exc
         if answer.status_code != 200:
@@ -300,13 +324,19 @@ class HttpLogSink(_NodeClient):
     """A node's `LogSink`: each batch is one `POST /v1/logs`. httpx's errors and refusals
     become `ShipFailed`, so the shipper keeps the output and tries again."""
 
-    def __init__(self, api: str, token: str, timeout: float = 10.0) -> None:
-        super().__init__(api, token, timeout)
+    def __init__(
+        self,
+        api: str,
+        token: str,
+        timeout: float = 10.0,
+        locate: Callable[[], Awaitable[str]] | None = None,
+    ) -> None:
+        super().__init__(api, token, timeout, locate)
 
     async def ship(self, batch: LogBatch) -> None:
         try:
             answer = await self._client.post(
-                "/v1/logs",
+                await self._url("/v1/logs"),
                 content=batch.model_dump_json(),
                 headers={"Content-Type": "application/json"},
             )

@@ -32,7 +32,7 @@ from wakeful.activator.settings import ActivatorSettings
 from wakeful.deploy.logs_api import own_output
 from wakeful.domain import keys
 from wakeful.domain.artifacts import pack
-from wakeful.domain.leases import Unauthorized, Unreachable
+from wakeful.domain.leases import Unauthorized
 from wakeful.domain.logbatch import LogBatch, OutputChunk
 from wakeful.domain.models import Node, Role, Sandbox, SandboxStatus
 from wakeful.node.logship import ShipFailed
@@ -325,9 +325,12 @@ async def test_a_revoked_ingress_token_closes_its_open_lease_channel(control: Co
         await leases.release(grant.lease_id)
         revoked = await control.call("DELETE", "/v1/tokens/edge", control.running.token)
         assert revoked.status_code in (200, 204), revoked.text
-        with pytest.raises(Unreachable):  # the channel closes under the call (1008)
+        # The channel closes under the call (1008); the acquire is made again on a new
+        # channel (as after a failover), which the token cannot open any more.
+        with pytest.raises(Unauthorized):
             await leases.acquire("hello")
-        with pytest.raises(Unauthorized):  # and cannot be opened again
+        assert leases._link is None or not leases._link.alive
+        with pytest.raises(Unauthorized):
             await leases.acquire("hello")
 
 
