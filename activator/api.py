@@ -5,7 +5,7 @@ Every route is checked by one dependency of the whole app (`authorize`): the rou
 in `wakeful.activator.roles.ROUTES` (admin-only when it has none), then the token's role from
 the `TokenBook`. No token or an unknown one is a 401; a token of another role a 403 that
 names the role needed. Errors are `{"error": ..., "detail": ...}` with a one-line reason;
-503s carry Retry-After. `/healthz` and `/metrics` need no token (they reveal no app data
+503s carry Retry-After. `/healthz`, `/readyz` and `/metrics` need no token (they reveal no app data
 beyond pool names); `/openapi.json` needs a token of any role.
 """
 
@@ -243,6 +243,12 @@ def create_app(
     @api.head("/healthz", include_in_schema=False)  # load balancers' health checks
     async def healthz_head() -> Response:
         return Response(status_code=200)
+
+    @api.get("/readyz")
+    async def readyz() -> dict[str, str]:
+        """200 on the activator that leads (a standby answers 503: `standby.py`), so a load
+        balancer in front of several sends control traffic to the leader only."""
+        return {"status": "leading"}
 
     @api.get("/openapi.json", include_in_schema=False)
     async def schema() -> dict[str, Any]:

@@ -245,8 +245,11 @@ class Activator:
         item = self._view.sandboxes.get(grant.sandbox_id)
         if item is None or item.value.status in GONE or item.value.app != app:
             raise LeaseGone(f"lease {grant.lease_id!r} is on no sandbox of {app!r} here")
+        known = grant.lease_id in self._ledger.leases_by_id
         lease = self._ledger.adopt(item.value.pool, app, grant)
-        self._publish(lease.pool)
+        if not known:
+            self._metrics.adopted.inc()
+            self._publish(lease.pool)
         return lease
 
     def release(self, lease_id: str) -> None:

@@ -38,6 +38,11 @@ class ActivatorMetrics:
             buckets=(0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
             registry=registry,
         )
+        self.adopted = Counter(
+            "wakeful_activator_adopted_leases_total",
+            "Leases another activator granted, taken over from the ingresses holding them",
+            registry=registry,
+        )
         self.expired = Counter(
             "wakeful_activator_expired_leases_total",
             "Leases that expired unrenewed; their capacity returned",

@@ -33,6 +33,7 @@ WEBSOCKET: Final = "WEBSOCKET"
 ROUTES: Final[Mapping[tuple[str, str], Access]] = {
     ("GET", "/healthz"): PUBLIC,
     ("HEAD", "/healthz"): PUBLIC,  # load balancers' health checks
+    ("GET", "/readyz"): PUBLIC,  # the leader answers 200, a standby 503
     ("GET", "/metrics"): PUBLIC,
     ("GET", "/openapi.json"): ANY_ROLE,  # the routes' shapes: for whoever may call some
     # leases: what an ingress does (activator/api.py)

@@ -35,11 +35,20 @@ def start_cluster(
     tmp_path: Path,
     nodes: Sequence[str] = ("n1", "n2"),
     role_env: Mapping[str, Mapping[str, str]] | None = None,
+    activators: int = 1,
+    processes: list[subprocess.Popen[str]] | None = None,
+    activator_urls: list[str] | None = None,
 ) -> Iterator[tuple[str, str, dict[str, str]]]:
-    """An activator, `nodes` and an ingress as processes on the store at `store_url`:
-    (control API URL, ingress URL, the CLI's environment). `role_env`: more variables for the
-    pieces of one role ("activator", "node", "ingress"), e.g. each its own etcd certificate."""
-    api = f"127.0.0.1:{free_port()}"
+    """Activators (the first leads; `activators` - 1 stand by), `nodes` and an ingress as
+    processes on the store at `store_url`: (the leading control API's URL, ingress URL, the
+    CLI's environment). `role_env`: more variables for the pieces of one role ("activator",
+    "node", "ingress"), e.g. each its own etcd certificate. `processes`: filled with the
+    pieces' processes, activators first, for a test to kill one; `activator_urls`: filled
+    with the activators' control API URLs, in the same order."""
+    apis = [f"127.0.0.1:{free_port()}" for _ in range(activators)]
+    if activator_urls is not None:
+        activator_urls.extend(f"http://{listen}" for listen in apis)
+    api = apis[0]
     proxy = f"127.0.0.1:{free_port()}"
     env = {
         **os.environ,
@@ -51,7 +60,18 @@ def start_cluster(
         "WAKEFUL_LEASE_TTL": "5",
     }
     pieces: list[tuple[list[str], dict[str, str]]] = [
-        ([*WAKEFUL, "--data-dir", str(tmp_path / "act"), "activator"], {"WAKEFUL_LISTEN": api})
+        (
+            [*WAKEFUL, "--data-dir", str(tmp_path / f"act{number or ''}"), "activator"],
+            {
+                "WAKEFUL_LISTEN": listen,
+                # One artifact directory all activators share (a network mount across
+                # machines), and a quick takeover.
+                "WAKEFUL_ARTIFACT_DIR": str(tmp_path / "artifacts"),
+                "WAKEFUL_ELECTION_TTL": "2",
+                "WAKEFUL_ADOPT_WINDOW": "1",
+            },
+        )
+        for number, listen in enumerate(apis)
     ]
     for number, name in enumerate(nodes):
         node_env = {"WAKEFUL_NODE_NAME": name, "WAKEFUL_DATA_DIR": str(tmp_path / name)}
@@ -65,7 +85,8 @@ def start_cluster(
             {"WAKEFUL_LISTEN": proxy, "WAKEFUL_ADMIN_LISTEN": f"127.0.0.1:{free_port()}"},
         )
     )
-    processes = []
+    processes = [] if processes is None else processes
+    every_api = ",".join(f"http://{listen}" for listen in apis)  # nodes and ingresses follow
     try:
         for command, extra in pieces:
             role = command[-1]
@@ -74,6 +95,7 @@ def start_cluster(
                 # Each with a token of its own role, made once the control plane runs: never
                 # the admin token (invariant 17).
                 extra = {**extra, f"WAKEFUL_{role.upper()}_TOKEN": make_token(env, role, extra)}
+                extra["WAKEFUL_API"] = every_api
             process = subprocess.Popen(
                 command,
                 env={**env, **extra} if role == "activator" else piece_env(env, extra),
@@ -88,7 +110,8 @@ def start_cluster(
         yield f"http://{api}", f"http://{proxy}", env
     finally:
         for process in reversed(processes):
-            process.send_signal(signal.SIGTERM)
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
             process.communicate(timeout=30)
 
 

@@ -1,0 +1,145 @@
+"""Two activators on one etcd (invariant 20): the leader killed under load, the standby takes
+over, and a user sees at worst a slower answer.
+
+A prober asks a warm app all along; once the leader is SIGKILLed, the standby is elected
+after the leader's election TTL (2 s here), adopts the leases the ingress reports holding, and
+then serves the control API and grants leases: a cold app asked the moment the leader died
+wakes through it (the ingress makes its acquire again there)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import pytest
+
+from wakeful.store.testing import EtcdServer
+
+from .test_distributed import HELLO, WAKEFUL, deploy, start_cluster
+
+ADMIN = {"Authorization": "Bearer distributed-token"}
+
+
+def _cold_app(tmp_path: Path) -> Path:
+    """The sample app under another name, deployed and never asked until the failover."""
+    cold = tmp_path / "cold"
+    shutil.copytree(HELLO, cold)
+    toml = cold / "wakeful.toml"
+    toml.write_text(toml.read_text().replace('name = "hello"', 'name = "cold"'))
+    return cold
+
+
+class Prober(threading.Thread):
+    """Asks the warm app every 20 ms until stopped, counting answers by status (a connection
+    error counts as 0)."""
+
+    def __init__(self, proxy: str) -> None:
+        super().__init__(daemon=True)
+        self.proxy = proxy
+        self.statuses: Counter[int] = Counter()
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        with httpx.Client(base_url=self.proxy, timeout=30) as client:
+            while not self.done.is_set():
+                try:
+                    status = client.get("/", headers={"Host": "hello.localhost"}).status_code
+                except httpx.HTTPError:
+                    status = 0
+                self.statuses[status] += 1
+                time.sleep(0.02)
+
+
+def _leads(api: str) -> bool:
+    try:
+        return httpx.get(f"{api}/readyz", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.mark.parametrize("kill", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
+def test_killing_the_leading_activator_under_load_fails_no_request(
+    etcd_server: EtcdServer, tmp_path: Path, kill: signal.Signals
+) -> None:
+    """SIGTERM: the leader resigns as it stops, and the standby takes over at once; SIGKILL:
+    after the election's TTL."""
+    processes: list[subprocess.Popen[str]] = []
+    urls: list[str] = []
+    with start_cluster(
+        etcd_server.url,
+        tmp_path,
+        nodes=("n1",),
+        activators=2,
+        processes=processes,
+        activator_urls=urls,
+    ) as (api, proxy, env):
+        leader, heir = processes[0], urls[1]
+        deploy(api, env)
+        cold = subprocess.run(
+            [*WAKEFUL, "--api", api, "deploy", str(_cold_app(tmp_path))],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert cold.returncode == 0, cold.stdout + cold.stderr
+        standing_by = httpx.get(f"{heir}/v1/pools", headers=ADMIN, timeout=10)
+        assert standing_by.status_code == 503 and "standby" in standing_by.text
+        assert api in standing_by.json()["detail"]  # it names the leader
+        assert _leads(api) and not _leads(heir)
+
+        prober = Prober(proxy)
+        prober.start()
+        try:
+            deadline = time.monotonic() + 30
+            while prober.statuses[200] < 20 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            leader.send_signal(kill)
+            killed_at = time.monotonic()
+            # Asked while no activator leads: the ingress makes the acquire again on the heir.
+            woke: list[httpx.Response] = []
+            waking = threading.Thread(
+                target=lambda: woke.append(
+                    httpx.get(f"{proxy}/", headers={"Host": "cold.localhost"}, timeout=60)
+                )
+            )
+            waking.start()
+            took_over = None
+            while time.monotonic() < killed_at + 60:
+                if _leads(heir):
+                    took_over = time.monotonic() - killed_at
+                    break
+                time.sleep(0.1)
+            assert took_over is not None, "the standby never took over"
+            # The cold app wakes through the new leader (its artifact in the shared directory).
+            waking.join(timeout=60)
+            assert woke and woke[0].status_code == 200, woke and woke[0].text
+            woke_after = time.monotonic() - killed_at
+            served_after = prober.statuses[200]
+            deadline = time.monotonic() + 30
+            while prober.statuses[200] < served_after + 20 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            pools = httpx.get(f"{heir}/v1/pools", headers=ADMIN, timeout=10)
+            metrics = httpx.get(f"{heir}/metrics", timeout=10).text
+        finally:
+            prober.done.set()
+            prober.join(timeout=60)
+        print(
+            f"took over in {took_over:.1f} s; a cold app asked at the kill answered after "
+            f"{woke_after:.1f} s; warm app answers: {dict(prober.statuses)}"
+        )
+        assert set(prober.statuses) == {200}, prober.statuses
+        assert pools.status_code == 200
+        hello = next(p for p in pools.json() if p["app"] == "hello" and p["state"] == "active")
+        assert hello["ready"] == 1 and hello["leased"] >= 1
+        # The ingress's cached lease kept its capacity on the heir: adopted, not re-granted.
+        adopted = re.search(r"^wakeful_activator_adopted_leases_total (\S+)$", metrics, re.M)
+        assert adopted is not None and float(adopted.group(1)) >= 1, metrics
