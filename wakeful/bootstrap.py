@@ -418,12 +418,35 @@ async def run_ingress(
 async def run_idle_monitor(
     settings: IdleMonitorSettings, *, announce: Callable[[str], None]
 ) -> None:
+    """An idle monitor apart from the activators (which then run with --no-idle-monitor). Any
+    number may run: one is elected (`leaders/idle-monitor`) and acts, its writes fenced by
+    its term; the others wait to take over."""
     async with settings.open_store() as store, anyio.create_task_group() as tasks:
-        monitor = IdleMonitor(
-            store, interval=settings.idle_interval, retention=settings.retired_retention
+        election = Election(
+            cast(StoreBase, store), keys.leader("idle-monitor"), Leader(holder=_identity())
         )
-        tasks.start_soon(monitor.run)
-        announce(f"idle monitor: every {settings.idle_interval:g} s")
+        holder = await election.current()
+        every = f"every {settings.idle_interval:g} s"
+        announce(
+            f"idle monitor: {every}" + (f", standing by: {holder.holder} acts" if holder else "")
+        )
+
+        async def lead() -> None:
+            term = await election.campaign()
+            try:
+                monitor = IdleMonitor(
+                    FencedStore(cast(StoreBase, store), term),
+                    interval=settings.idle_interval,
+                    retention=settings.retired_retention,
+                )
+                async with anyio.create_task_group() as acting:
+                    acting.start_soon(monitor.run)
+                    await election.hold(term)  # until cancelled, or `Deposed`
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await election.resign(term)
+
+        tasks.start_soon(lead)
         await wait_for_signal()
         tasks.cancel_scope.cancel()
 

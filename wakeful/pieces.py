@@ -122,8 +122,8 @@ def _serve(main: Callable[[], Awaitable[None]], *, store: str, uvloop: bool = Fa
             raise CliError(str(cause), RUNTIME) from None
         if isinstance(cause, Deposed):
             raise CliError(
-                f"this activator stopped leading ({cause}): it exits so that it starts again "
-                "as a standby (run it under a supervisor that restarts it)",
+                f"stopped leading ({cause}): exiting so that it starts again as a standby "
+                "(run it under a supervisor that restarts it)",
                 RUNTIME,
             ) from None
         if isinstance(cause, StoreError):

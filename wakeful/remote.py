@@ -150,15 +150,15 @@ class ControlClient:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.endpoint = endpoint
-        try:
-            self._http = httpx.Client(
-                base_url=endpoint.api,
-                headers=endpoint.headers(),
-                timeout=timeout,
-                transport=transport,
-            )
-        except httpx.InvalidURL as exc:
-            raise ApiUnreachable(f"{endpoint.api!r} is not a control API URL: {exc}") from None
+        self._apis = endpoint.apis or [endpoint.api]
+        """Every activator the endpoint names; calls go to the one that answered last."""
+        self._at = 0
+        for api in self._apis:
+            try:
+                httpx.URL(api).copy_with(path="/")
+            except (httpx.InvalidURL, TypeError) as exc:
+                raise ApiUnreachable(f"{api!r} is not a control API URL: {exc}") from None
+        self._http = httpx.Client(headers=endpoint.headers(), timeout=timeout, transport=transport)
 
     def __enter__(self) -> Self:
         return self
@@ -241,15 +241,36 @@ class ControlClient:
             ) from None
 
     def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        try:
-            answer = self._http.request(method, path, **kwargs)
-        except httpx.HTTPError as exc:
-            raise ApiUnreachable(
-                f"cannot reach the control plane at {self.endpoint.api}: {exc}"
-            ) from None
-        if not answer.is_success:
-            raise ApiRefused(answer.status_code, _reason(answer))
-        return answer
+        """One call, on the activator that leads among those named: one that refuses the
+        connection, or answers that it stands by, did nothing, so the call goes to the next.
+        Only the URLs the endpoint names are tried (the token goes nowhere else)."""
+        failed: ControlApiError | None = None
+        for _ in self._apis:
+            api = self._apis[self._at]
+            try:
+                answer = self._http.request(method, api.rstrip("/") + path, **kwargs)
+            except httpx.ConnectError as exc:
+                failed = ApiUnreachable(f"cannot reach the control plane at {api}: {exc}")
+            except (httpx.HTTPError, httpx.InvalidURL) as exc:
+                raise ApiUnreachable(f"cannot reach the control plane at {api}: {exc}") from None
+            else:
+                if answer.is_success:
+                    return answer
+                failed = ApiRefused(answer.status_code, _reason(answer))
+                if not _standing_by(answer):
+                    raise failed
+            self._at = (self._at + 1) % len(self._apis)
+        assert failed is not None
+        raise failed
+
+
+def _standing_by(answer: httpx.Response) -> bool:
+    if answer.status_code != 503:
+        return False
+    try:
+        return bool(answer.json().get("error") == "standby")
+    except (ValueError, AttributeError):
+        return False
 
 
 def _reason(answer: httpx.Response) -> str:

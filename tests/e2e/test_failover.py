@@ -95,6 +95,8 @@ def test_killing_the_leading_activator_under_load_fails_no_request(
         assert standing_by.status_code == 503 and "standby" in standing_by.text
         assert api in standing_by.json()["detail"]  # it names the leader
         assert _leads(api) and not _leads(heir)
+        # The CLI given every activator finds the leader, whichever is named first.
+        assert "hello" in _status(env, f"{heir},{api}")
 
         prober = Prober(proxy)
         prober.start()
@@ -137,9 +139,23 @@ def test_killing_the_leading_activator_under_load_fails_no_request(
             f"{woke_after:.1f} s; warm app answers: {dict(prober.statuses)}"
         )
         assert set(prober.statuses) == {200}, prober.statuses
+        assert "hello" in _status(env, f"{api},{heir}")  # the dead one first
         assert pools.status_code == 200
         hello = next(p for p in pools.json() if p["app"] == "hello" and p["state"] == "active")
         assert hello["ready"] == 1 and hello["leased"] >= 1
         # The ingress's cached lease kept its capacity on the heir: adopted, not re-granted.
         adopted = re.search(r"^wakeful_activator_adopted_leases_total (\S+)$", metrics, re.M)
         assert adopted is not None and float(adopted.group(1)) >= 1, metrics
+
+
+def _status(env: dict[str, str], apis: str) -> str:
+    done = subprocess.run(
+        [*WAKEFUL, "status"],
+        env={**env, "WAKEFUL_API": apis},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
