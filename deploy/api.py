@@ -108,14 +108,12 @@ def deploy_router(
         except DeployError as exc:
             raise bad(400, "deploy refused", str(exc)) from exc
         if rollout.phase is Phase.ROLLING:
-            definition = body.definition
-            hosts = list(definition.hosts)
-            tasks.start_soon(deployer.roll_out, rollout, hosts, definition.default_host)
+            tasks.start_soon(deployer.roll_out, rollout)
         return RolloutReport.model_validate(rollout, from_attributes=True)
 
     @router.get("/v1/deploys/{app}/{version}", response_model=RolloutReport)
     async def progress(app: AppName, version: VersionName) -> RolloutReport:
-        rollout = deployer.rollouts.get((app, version))
+        rollout = await deployer.progress(app, version)
         if rollout is None:
             raise bad(404, "unknown deploy", f"no deploy of {app} {version} in this control plane")
         return RolloutReport.model_validate(rollout, from_attributes=True)
@@ -126,10 +124,7 @@ def deploy_router(
             rollout = await deployer.rollback(app)
         except DeployError as exc:
             raise bad(400, "rollback refused", str(exc)) from exc
-        current = await store.get(keys.app(app), App)
-        hosts = list(current.value.hosts) if current else []
-        default_host = current.value.default_host if current else True
-        tasks.start_soon(deployer.roll_out, rollout, hosts, default_host)
+        tasks.start_soon(deployer.roll_out, rollout)
         return RolloutReport.model_validate(rollout, from_attributes=True)
 
     @router.delete("/v1/apps/{app}", status_code=202, response_model=DeletionReport)

@@ -17,8 +17,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Literal, cast
 
 import anyio
 
@@ -27,8 +28,8 @@ from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.deploy.collect import ArtifactCollector
 from wakeful.domain import keys
 from wakeful.domain.hosts import conflicts
-from wakeful.domain.models import App, Pool, Sandbox, Version
-from wakeful.store import Conflict, Delete, Item, Op, Put, Require, Store, StoreError
+from wakeful.domain.models import App, Pool, RolloutRecord, Sandbox, Version
+from wakeful.store import Conflict, Delete, Deposed, Item, Op, Put, Require, Store, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,37 @@ class Rollout:
     message: str
     target_ready: int
     ready: int = 0
+    hosts: list[str] = field(default_factory=list)
+    default_host: bool = True
+    started_at: float = 0.0
+
+    def record(self) -> RolloutRecord:
+        phase = self.phase.value if self.phase is not Phase.UNCHANGED else "live"
+        return RolloutRecord(
+            app=self.app,
+            version=self.version,
+            pool=self.pool,
+            phase=cast(Literal["rolling", "live", "failed"], phase),
+            message=self.message[:4000],
+            target_ready=self.target_ready,
+            hosts=self.hosts,
+            default_host=self.default_host,
+            started_at=self.started_at,
+        )
+
+    @classmethod
+    def of(cls, record: RolloutRecord) -> Rollout:
+        return cls(
+            record.app,
+            record.version,
+            record.pool,
+            Phase(record.phase),
+            record.message,
+            record.target_ready,
+            hosts=list(record.hosts),
+            default_host=record.default_host,
+            started_at=record.started_at,
+        )
 
 
 def pool_name(app: str, version: str) -> str:
@@ -167,10 +199,6 @@ class Deployer:
             spec=definition.spec,
             desired_instances=size,
         )
-        await self._store.txn(
-            [Require(keys.version(name, version), 0), Require(keys.pool(pool.name), 0)],
-            [Put(keys.version(name, version), record), Put(keys.pool(pool.name), pool)],
-        )
         rollout = Rollout(
             name,
             version,
@@ -178,30 +206,70 @@ class Deployer:
             Phase.ROLLING,
             f"{name} {version}: starting {size} sandbox(es)",
             old_running,
+            hosts=list(definition.hosts),
+            default_host=definition.default_host,
+            started_at=self._clock(),
+        )
+        await self._store.txn(
+            [Require(keys.version(name, version), 0), Require(keys.pool(pool.name), 0)],
+            [
+                Put(keys.version(name, version), record),
+                Put(keys.pool(pool.name), pool),
+                Put(keys.rollout(name, version), rollout.record()),
+            ],
         )
         self.rollouts[(name, version)] = rollout
         return rollout
 
-    async def roll_out(
-        self, rollout: Rollout, hosts: list[str], default_host: bool = True
-    ) -> Rollout:
-        """Wait for the new pool to be ready enough, then flip the route; or abandon it.
+    async def roll_out(self, rollout: Rollout) -> Rollout:
+        """Wait for the new pool to be ready enough, then flip the route; or abandon it. How
+        it ended goes in its record (`rollouts/{app}/{version}`).
 
         Never raises (it runs in the control plane's task group): a store outage or a lost
-        race fails this rollout, with the reason, and nothing else.
+        race fails this rollout, with the reason, and nothing else. `Deposed`: this control
+        plane stopped leading; the next one carries the rollout on (`resume`).
         """
         try:
-            return await self._roll_out(rollout, hosts, default_host)
+            await self._roll_out(rollout)
+        except Deposed:
+            return rollout
         except (StoreError, DeployError) as exc:
             rollout.phase = Phase.FAILED
             rollout.message = f"{rollout.app} {rollout.version} failed: {exc}"
             log.error("%s", rollout.message, extra={"app": rollout.app})
-            return rollout
+        try:
+            await self._store.put(keys.rollout(rollout.app, rollout.version), rollout.record())
+        except StoreError as exc:
+            log.warning("could not record how %s ended: %s", rollout.app, exc)
+        return rollout
 
-    async def _roll_out(self, rollout: Rollout, hosts: list[str], default_host: bool) -> Rollout:
+    async def resume(self) -> list[Rollout]:
+        """The rollouts another control plane left under way (it stopped leading): carried on
+        here, each within its deadline from when it began. Returns them; the caller runs
+        `roll_out` on each."""
+        found = []
+        for item in (await self._store.list(keys.ROLLOUTS, RolloutRecord)).items:
+            record = item.value
+            if record.phase != "rolling" or (record.app, record.version) in self.rollouts:
+                continue
+            rollout = self.rollouts[(record.app, record.version)] = Rollout.of(record)
+            log.info("resuming the rollout of %s %s", record.app, record.version)
+            found.append(rollout)
+        return found
+
+    async def progress(self, app: str, version: str) -> Rollout | None:
+        """A rollout this control plane runs, or the record of one (run by another, or
+        finished before this one led)."""
+        rollout = self.rollouts.get((app, version))
+        if rollout is not None:
+            return rollout
+        found = await self._store.get(keys.rollout(app, version), RolloutRecord)
+        return None if found is None else Rollout.of(found.value)
+
+    async def _roll_out(self, rollout: Rollout) -> Rollout:
         if rollout.phase is not Phase.ROLLING:
             return rollout
-        deadline = anyio.current_time() + self._timeout
+        deadline = rollout.started_at + self._timeout
         while rollout.target_ready > 0:
             sandboxes = (await self._store.list(keys.SANDBOXES, Sandbox)).items
             mine = [s.value for s in sandboxes if s.value.pool == rollout.pool]
@@ -213,11 +281,11 @@ class Deployer:
                 )
             if rollout.ready >= rollout.target_ready:
                 break
-            if anyio.current_time() > deadline:
+            if self._clock() > deadline:
                 return await self._abandon(rollout, f"not ready within {self._timeout:g} s")
             rollout.message = f"{rollout.ready}/{rollout.target_ready} sandboxes ready"
             await anyio.sleep(0.2)
-        await self._flip(rollout, hosts, default_host)
+        await self._flip(rollout, rollout.hosts, rollout.default_host)
         rollout.phase = Phase.LIVE
         rollout.message = f"{rollout.app} {rollout.version} is live"
         log.info("deployed %s %s", rollout.app, rollout.version, extra={"app": rollout.app})
@@ -292,11 +360,13 @@ class Deployer:
             pools = [
                 p for p in (await self._store.list(keys.POOLS, Pool)).items if p.value.app == app
             ]
+            records = (await self._store.list(keys.rollouts_of(app), RolloutRecord)).items
             now = self._clock()
             require = [Require(found.key, found.revision)]
             require += [Require(v.key, v.revision) for v in versions]
             require += [Require(p.key, p.revision) for p in pools]
             ops: list[Op] = [Delete(found.key), *(Delete(v.key) for v in versions)]
+            ops += [Delete(r.key) for r in records]
             for pool in pools:
                 retired_at = pool.value.retired_at if pool.value.retired else now
                 gone = {"retired": True, "retired_at": retired_at, "deleted": True}
@@ -334,18 +404,6 @@ class Deployer:
             version.value.spec.concurrency.min_instances,
         )
         name = pool_name(app, previous)
-        if old is None:  # retired long ago and swept: the version still says how to run it
-            fresh = Pool(
-                name=name,
-                app=app,
-                version=previous,
-                spec=version.value.spec,
-                desired_instances=size,
-            )
-            await self._store.create(keys.pool(name), fresh)
-        else:
-            back = {"retired": False, "retired_at": 0.0, "desired_instances": size}
-            await self._store.update(old.key, old.value.model_copy(update=back), old.revision)
         rollout = Rollout(
             app,
             previous,
@@ -353,6 +411,26 @@ class Deployer:
             Phase.ROLLING,
             f"rolling back {app} to {previous}",
             1 if size else 0,
+            hosts=list(found.value.hosts),
+            default_host=found.value.default_host,
+            started_at=self._clock(),
+        )
+        if old is None:  # retired long ago and swept: the version still says how to run it
+            pool = Pool(
+                name=name,
+                app=app,
+                version=previous,
+                spec=version.value.spec,
+                desired_instances=size,
+            )
+            require = Require(keys.pool(name), 0)
+        else:
+            back = {"retired": False, "retired_at": 0.0, "desired_instances": size}
+            pool = old.value.model_copy(update=back)
+            require = Require(old.key, old.revision)
+        await self._store.txn(
+            [require],
+            [Put(keys.pool(name), pool), Put(keys.rollout(app, previous), rollout.record())],
         )
         self.rollouts[(app, previous)] = rollout
         return rollout

@@ -156,6 +156,7 @@ async def control_plane(
                 store, interval=idle.idle_interval, retention=idle.retired_retention
             )
             tasks.start_soon(monitor.run)
+        tasks.start_soon(_resume_rollouts, deployer, tasks)
         with anyio.fail_after(30):
             await api_started.wait()
         try:
@@ -166,15 +167,29 @@ async def control_plane(
             tasks.cancel_scope.cancel()
 
 
+async def _resume_rollouts(deployer: Deployer, tasks: anyio.abc.TaskGroup) -> None:
+    """Carry on the rollouts a previous leader left under way; a store away is waited out."""
+    backoff = 0.5
+    while True:
+        try:
+            resumed = await deployer.resume()
+        except StoreError as exc:
+            log.warning("could not list the rollouts under way (retrying): %s", exc)
+            await anyio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+            continue
+        for rollout in resumed:
+            tasks.start_soon(deployer.roll_out, rollout)
+        return
+
+
 async def deploy_local(plane: ControlPlane, app_dir: AppDir) -> str:
     """Deploy an app directory straight into the control plane (no HTTP round trip)."""
     data = await anyio.to_thread.run_sync(pack, app_dir.path)
     digest = await plane.artifacts.put(data)
     rollout = await plane.deployer.prepare(app_dir.definition, digest)
     if rollout.phase is Phase.ROLLING:
-        definition = app_dir.definition
-        hosts = list(definition.hosts)
-        plane.tasks.start_soon(plane.deployer.roll_out, rollout, hosts, definition.default_host)
+        plane.tasks.start_soon(plane.deployer.roll_out, rollout)
     return rollout.message
 
 

@@ -32,7 +32,7 @@ async def test_a_rollout_after_its_app_was_deleted_fails_and_leaves_it_deleted(
         rollout = await deployer.prepare(AppDefinition(name="web", spec=changed), None)
         assert rollout.phase is Phase.ROLLING
         await deployer.delete("web")
-        finished = await deployer.roll_out(rollout, [])
+        finished = await deployer.roll_out(rollout)
         assert finished.phase is Phase.FAILED
         assert "deleted" in finished.message
         assert await store.get(keys.app("web"), App) is None

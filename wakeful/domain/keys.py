@@ -14,6 +14,7 @@ to the store's namespace (the store adds it).
 | `seen(node)`               | `seen/{node}`               | SeenNode                      |
 | `token(name)`              | `tokens/{name}`             | Token (a hash, never a secret)|
 | `leader(role)`             | `leaders/{role}`            | Leader (bound to a TTL lease) |
+| `rollout(app, version)`    | `rollouts/{app}/{version}`  | RolloutRecord                 |
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ CORDONS = "cordons/"
 SEEN = "seen/"
 TOKENS = "tokens/"
 LEADERS = "leaders/"
+ROLLOUTS = "rollouts/"
 
 
 def app(name: str) -> str:
@@ -74,3 +76,12 @@ def name_in(key: str, prefix: str) -> str:
 def leader(role: str) -> str:
     """The elected holder of a role that runs once cluster-wide (`activator`)."""
     return f"{LEADERS}{role}"
+
+
+def rollouts_of(app: str) -> str:
+    """The prefix of one app's rollouts."""
+    return f"{ROLLOUTS}{app}/"
+
+
+def rollout(app: str, version: str) -> str:
+    return f"{ROLLOUTS}{app}/{version}"

@@ -322,6 +322,22 @@ class SeenNode(Model):
     first_seen: float = 0.0
 
 
+class RolloutRecord(Model):
+    """A deploy or rollback in progress, or how it ended (`rollouts/{app}/{version}`): what a
+    control plane that takes over needs to carry it on, and what `wakeful deploy` reads."""
+
+    app: Name
+    version: Name
+    pool: str
+    phase: Literal["rolling", "live", "failed"]
+    message: str = Field(default="", max_length=4000)
+    target_ready: int = Field(default=0, ge=0)
+    hosts: list[str] = Field(default_factory=list)
+    default_host: bool = True
+    started_at: float = 0.0
+    """Wall-clock time it began: its deadline runs from here, whoever carries it on."""
+
+
 class Leader(Model):
     """Who holds a role that runs once cluster-wide (`leaders/{role}`, bound to the holder's
     TTL lease). Its revision fences the holder's writes (`wakeful.store.election`)."""
