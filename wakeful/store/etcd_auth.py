@@ -46,9 +46,9 @@ PIECES: dict[str, tuple[Grant, ...]] = {
     CONTROL: (Grant("", READWRITE),),
     NODE: (
         *(Grant(p, READWRITE) for p in (keys.SANDBOXES, keys.NODES, keys.SEEN, keys.CORDONS)),
-        *(Grant(p, READ) for p in (keys.POOLS, keys.VERSIONS)),
+        *(Grant(p, READ) for p in (keys.POOLS, keys.VERSIONS, keys.LEADERS)),
     ),
-    INGRESS: (Grant(keys.APPS, READ), Grant(keys.SANDBOXES, READ)),
+    INGRESS: (Grant(keys.APPS, READ), Grant(keys.SANDBOXES, READ), Grant(keys.LEADERS, READ)),
 }
 
 
