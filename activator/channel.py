@@ -81,6 +81,7 @@ FRAME_BYTES = 256 * 1024
 INVALID_FRAME = 1007
 POLICY_VIOLATION = 1008
 TRY_AGAIN_LATER = 1013
+SERVICE_RESTART = 1012
 TOKEN_CHECK_SECONDS = 1.0
 MAX_CHANNELS_PER_TOKEN = 16
 
@@ -169,6 +170,7 @@ class Channel:
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(self._write, tasks)
                 tasks.start_soon(self._watch_token, tasks)
+                tasks.start_soon(self._watch_leading, tasks)
                 await self._read(tasks)
                 tasks.cancel_scope.cancel()
         finally:
@@ -187,6 +189,13 @@ class Channel:
                 await self._close("the token was revoked", POLICY_VIOLATION)
                 tasks.cancel_scope.cancel()
                 return
+
+    async def _watch_leading(self, tasks: anyio.abc.TaskGroup) -> None:
+        """An activator that stopped leading closes its channels (1012, "service restart"):
+        their ingresses look the new leader up and make their acquires again there."""
+        await self._activator.deposed.wait()
+        await self._close("this activator stopped leading", SERVICE_RESTART)
+        tasks.cancel_scope.cancel()
 
     async def _read(self, tasks: anyio.abc.TaskGroup) -> None:
         while True:
@@ -286,7 +295,11 @@ class Channel:
                 answer = {"id": operation.id, "grant": _grant(lease), "_lease": lease.lease_id}
         finally:
             del self._acquires[operation.id]
-            self._answer(answer)  # released by `serve` if the channel closes before it is sent
+            # Released by `serve` if the channel closes before it is sent. Not answered when
+            # this activator stopped leading: the channel closes, and the ingress makes the
+            # acquire again on the new leader instead of failing its request.
+            if lease is not None or not self._activator.deposed.is_set():
+                self._answer(answer)
 
     def _answer(self, answer: dict[str, Any]) -> None:
         self._unsent.append(answer)

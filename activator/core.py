@@ -36,7 +36,7 @@ from wakeful.activator.scale_up import ScaleUpRunner
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.activator.view import PoolState, View
 from wakeful.domain import trace
-from wakeful.domain.leases import AppFailedToBoot, LeaseGone, LeaseGrant, NoCapacity
+from wakeful.domain.leases import AppFailedToBoot, LeaseGone, LeaseGrant, NoCapacity, Unreachable
 from wakeful.domain.models import GONE
 from wakeful.store import Store
 
@@ -91,6 +91,9 @@ class Activator:
         )
         self._admitting = anyio.Event()
         """Set once admission may grant: at once, or after a takeover's adoption window."""
+        self.deposed = anyio.Event()
+        """Set when this activator stopped leading (`stop_granting`): it grants nothing more,
+        and its lease channels close so their ingresses go to the new leader."""
 
     @contextlib.asynccontextmanager
     async def running(
@@ -127,6 +130,16 @@ class Activator:
         await anyio.sleep(seconds)
         self.open_admission()
 
+    def stop_granting(self) -> None:
+        """This activator no longer leads: nothing more is granted or adopted, and every
+        waiter gives up (`Unreachable`, which an ingress retries on the new leader)."""
+        self.deposed.set()
+        self._ledger.wake_all()
+
+    def _check_leading(self) -> None:
+        if self.deposed.is_set():
+            raise Unreachable("this activator stopped leading", retry_after=1)
+
     def open_admission(self) -> None:
         """End the adoption window now (see `running`)."""
         if not self._admitting.is_set():
@@ -143,6 +156,7 @@ class Activator:
         """A lease on a sandbox of the app's pool, waiting (bounded) only when none is routable."""
         await self._view.synced.wait()
         await self._admitting.wait()
+        self._check_leading()
         state = self._view.resolve(app, version)
         started = self._ledger.clock()
         deadline = started + state.item.value.spec.activation_timeout
@@ -161,6 +175,7 @@ class Activator:
                     state = fresh
                 if waiter is not None:
                     waiter.wake = anyio.Event()
+                self._check_leading()
                 lease = self._try_admit(state, waiter)
                 if lease is not None:
                     self._metrics.wait.observe(self._ledger.clock() - started)
@@ -242,6 +257,7 @@ class Activator:
         takeover (invariant 20): its capacity stays counted, so none is granted twice. A lease
         on a sandbox this view does not have, or that is leaving, is `LeaseGone` (its holder
         drops it, as on a failed renewal)."""
+        self._check_leading()
         item = self._view.sandboxes.get(grant.sandbox_id)
         if item is None or item.value.status in GONE or item.value.app != app:
             raise LeaseGone(f"lease {grant.lease_id!r} is on no sandbox of {app!r} here")

@@ -58,7 +58,7 @@ from wakeful.node.agent import NodeAgent, runtime_for
 from wakeful.node.settings import NodeSettings
 from wakeful.remote import Endpoint, HttpArtifacts, HttpLogSink
 from wakeful.serving import AddressInUse, serve_asgi, split_address
-from wakeful.store import Store, StoreError, open_store, sqlite_url
+from wakeful.store import Deposed, Store, StoreError, open_store, sqlite_url
 from wakeful.store.base import StoreBase
 from wakeful.store.election import Election, FencedStore, Term
 from wakeful.store.reflector import reflect
@@ -315,8 +315,10 @@ async def run_activator(
 
     Any number of activators may run on one store: one is elected (`leaders/activator`) and
     runs the control plane with every write fenced by its term; the others serve
-    `StandbyApp` on the same port and wait to take over. A leader that loses its term
-    raises `Deposed` (the process ends; a supervisor starts it again, as a standby); one told
+    `StandbyApp` on the same port and wait to take over. A leader that loses its term (a
+    store away for half the election TTL, a long pause) stops granting at once, closes its
+    lease channels, stops its control plane and stands by again in the same process (a store
+    outage ends no process, invariant 19); one told
     to stop resigns, so a standby takes over at once. Ingresses are other processes: lease
     counts are rebuilt from what they report for `adopt_window` seconds after a takeover, and
     the pool controller trusts them only after one lease TTL. WAKEFUL_TOKEN bootstraps the
@@ -331,23 +333,31 @@ async def run_activator(
         )
 
         async def lead() -> None:
-            term = await _stand_by(election, settings.listen, announce)
-            try:
-                async with control_plane(
-                    FencedStore(cast(StoreBase, store), term),
-                    settings,
-                    data_dir,
-                    idle=idle,
-                    drain_grace=settings.lease_ttl,
-                    replace_admin=reset_admin,
-                    adopt_for=settings.adopt_window,
-                ):
-                    announce(f"activator listening on http://{settings.listen} (leading)")
-                    settle_heap()
-                    await election.hold(term)  # until cancelled, or `Deposed`
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await election.resign(term)
+            announced = False
+            while True:
+                term = await _stand_by(election, settings.listen, announce, quiet=announced)
+                try:
+                    async with control_plane(
+                        FencedStore(cast(StoreBase, store), term),
+                        settings,
+                        data_dir,
+                        idle=idle,
+                        drain_grace=settings.lease_ttl,
+                        replace_admin=reset_admin,
+                        adopt_for=settings.adopt_window,
+                    ) as plane:
+                        if not announced:
+                            announce(f"activator listening on http://{settings.listen} (leading)")
+                            announced = True
+                        settle_heap()
+                        try:
+                            await election.hold(term)  # until cancelled, or `Deposed`
+                        except Deposed as exc:
+                            plane.activator.stop_granting()  # before anything shuts down
+                            log.error("stopped leading: %s; standing by again", exc)
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await election.resign(term)
 
         tasks.start_soon(lead)
         await wait_for_signal()
@@ -358,12 +368,17 @@ def _identity() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-async def _stand_by(election: Election, listen: str, announce: Callable[[str], None]) -> Term:
+async def _stand_by(
+    election: Election, listen: str, announce: Callable[[str], None], *, quiet: bool = False
+) -> Term:
     """Campaign, serving `StandbyApp` on the control API's port meanwhile."""
     async with anyio.create_task_group() as standby:
         standby.start_soon(serve_asgi, StandbyApp(election.current), listen, "--api-listen")
-        holder = await election.current()
-        if holder is not None:
+        try:
+            holder = await election.current()
+        except StoreError:
+            holder = None  # the campaign waits the store out
+        if holder is not None and not quiet:
             announce(f"activator standing by on http://{listen}: {holder.holder} leads")
         term = await election.campaign()
         standby.cancel_scope.cancel()
@@ -447,19 +462,24 @@ async def run_idle_monitor(
         )
 
         async def lead() -> None:
-            term = await election.campaign()
-            try:
-                monitor = IdleMonitor(
-                    FencedStore(cast(StoreBase, store), term),
-                    interval=settings.idle_interval,
-                    retention=settings.retired_retention,
-                )
-                async with anyio.create_task_group() as acting:
-                    acting.start_soon(monitor.run)
-                    await election.hold(term)  # until cancelled, or `Deposed`
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await election.resign(term)
+            while True:
+                term = await election.campaign()
+                try:
+                    monitor = IdleMonitor(
+                        FencedStore(cast(StoreBase, store), term),
+                        interval=settings.idle_interval,
+                        retention=settings.retired_retention,
+                    )
+                    async with anyio.create_task_group() as acting:
+                        acting.start_soon(monitor.run)
+                        try:
+                            await election.hold(term)  # until cancelled, or `Deposed`
+                        except Deposed as exc:
+                            log.error("stopped acting: %s; standing by again", exc)
+                        acting.cancel_scope.cancel()
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await election.resign(term)
 
         tasks.start_soon(lead)
         await wait_for_signal()

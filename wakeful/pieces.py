@@ -21,7 +21,7 @@ from wakeful.deploy.appdir import AppDir, AppDirError, load_app_dir
 from wakeful.idle_monitor.monitor import IdleMonitorSettings
 from wakeful.node.isolation import IsolationUnavailable
 from wakeful.node.settings import NodeSettings
-from wakeful.store import Deposed, StoreError
+from wakeful.store import StoreError
 from wakeful.store.etcd import EtcdStore
 from wakeful.store.etcd_auth import ROOT, common_name, enable_auth
 from wakeful.store.settings import StoreSettings
@@ -120,12 +120,6 @@ def _serve(main: Callable[[], Awaitable[None]], *, store: str, uvloop: bool = Fa
             raise CliError(str(cause), RUNTIME) from None
         if isinstance(cause, IsolationUnavailable):  # says how to install bubblewrap
             raise CliError(str(cause), RUNTIME) from None
-        if isinstance(cause, Deposed):
-            raise CliError(
-                f"stopped leading ({cause}): exiting so that it starts again as a standby "
-                "(run it under a supervisor that restarts it)",
-                RUNTIME,
-            ) from None
         if isinstance(cause, StoreError):
             raise CliError(f"{store} cannot be used: {cause}", RUNTIME) from None
         if isinstance(cause, OSError):

@@ -366,3 +366,31 @@ async def test_a_lease_on_a_sandbox_that_is_gone_is_not_adopted(api: Served) -> 
             with pytest.raises(LeaseGone):
                 await leases.renew(held.lease_id)
             assert leased(heir) == 0
+
+
+async def test_an_activator_that_stops_leading_sends_its_parked_acquires_elsewhere(
+    api: Served,
+) -> None:
+    """Deposed, it grants nothing more and closes its channels, so the ingress makes its
+    acquires again on the new leader: they fail here as `Unreachable` (retried), never as an
+    answer the ingress would pass on as a 503."""
+    await nothing_routable(api)
+    async with ChannelLeases(api.url, TOKEN, failover=0) as leases:
+        failed: list[BaseException] = []
+
+        async def parked() -> None:
+            try:
+                await leases.acquire("hello")
+            except Exception as exc:
+                failed.append(exc)
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(parked)
+                await eventually(lambda: waiters(api) == 1)
+                api.activator.stop_granting()
+        assert len(failed) == 1 and isinstance(failed[0], Unreachable), failed
+        assert "lost" in str(failed[0])
+        with pytest.raises(Unreachable):  # a new channel here is closed at once too
+            await leases.acquire("hello")
+    assert waiters(api) == 0 and leased(api) == 0
