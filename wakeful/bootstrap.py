@@ -334,8 +334,11 @@ async def run_activator(
 
         async def lead() -> None:
             announced = False
+            term: Term | None = None
             while True:
-                term = await _stand_by(election, settings.listen, announce, quiet=announced)
+                term = await _stand_by(
+                    election, settings.listen, announce, quiet=announced, previous=term
+                )
                 try:
                     async with control_plane(
                         FencedStore(cast(StoreBase, store), term),
@@ -355,9 +358,10 @@ async def run_activator(
                         except Deposed as exc:
                             plane.activator.stop_granting()  # before anything shuts down
                             log.error("stopped leading: %s; standing by again", exc)
-                finally:
+                except BaseException:
                     with anyio.CancelScope(shield=True):
                         await election.resign(term)
+                    raise
 
         tasks.start_soon(lead)
         await wait_for_signal()
@@ -369,7 +373,12 @@ def _identity() -> str:
 
 
 async def _stand_by(
-    election: Election, listen: str, announce: Callable[[str], None], *, quiet: bool = False
+    election: Election,
+    listen: str,
+    announce: Callable[[str], None],
+    *,
+    quiet: bool = False,
+    previous: Term | None = None,
 ) -> Term:
     """Campaign, serving `StandbyApp` on the control API's port meanwhile."""
     async with anyio.create_task_group() as standby:
@@ -380,7 +389,7 @@ async def _stand_by(
             holder = None  # the campaign waits the store out
         if holder is not None and not quiet:
             announce(f"activator standing by on http://{listen}: {holder.holder} leads")
-        term = await election.campaign()
+        term = await election.campaign(previous)
         standby.cancel_scope.cancel()
     return term
 
@@ -462,8 +471,9 @@ async def run_idle_monitor(
         )
 
         async def lead() -> None:
+            term: Term | None = None
             while True:
-                term = await election.campaign()
+                term = await election.campaign(term)
                 try:
                     monitor = IdleMonitor(
                         FencedStore(cast(StoreBase, store), term),
@@ -477,9 +487,10 @@ async def run_idle_monitor(
                         except Deposed as exc:
                             log.error("stopped acting: %s; standing by again", exc)
                         acting.cancel_scope.cancel()
-                finally:
+                except BaseException:
                     with anyio.CancelScope(shield=True):
                         await election.resign(term)
+                    raise
 
         tasks.start_soon(lead)
         await wait_for_signal()

@@ -105,8 +105,8 @@ async def test_a_holder_cut_off_from_the_store_gives_up_within_half_its_ttl(
     """The store would expire the key a full TTL after the last renewal it saw; the holder
     stops at half of it, so two holders never act at once."""
     path = tmp_path / "store.db"
-    clock = ManualClock()
-    store = LocalStore(SqliteEngine(path, busy_timeout=0.05), threaded=True)
+    clock = ManualClock()  # the holder's and the store's: a TTL passes only when moved
+    store = LocalStore(SqliteEngine(path, busy_timeout=0.05), threaded=True, clock=clock)
     try:
         a = Election(store, "leaders/activator", Leader(holder="a"), ttl=2, clock=clock)
         term = await a.campaign()
@@ -134,5 +134,18 @@ async def test_a_holder_cut_off_from_the_store_gives_up_within_half_its_ttl(
         finally:
             holder.execute("ROLLBACK")
             holder.close()
+        # The store is back and nobody was elected meanwhile: the same term is taken up again
+        # at once (its key and lease are still there), without waiting for them to expire.
+        with anyio.fail_after(5):
+            assert await a.campaign(previous=term) == term
     finally:
         await store.aclose()
+
+
+async def test_a_term_whose_lease_went_is_not_taken_up_again(store: Store) -> None:
+    a = candidate(store, "a", retry=0.05)
+    term = await a.campaign()
+    await store.revoke(term.lease)
+    with anyio.fail_after(10):
+        again = await a.campaign(previous=term)
+    assert again != term and again.revision > term.revision

@@ -68,12 +68,25 @@ class Election:
         item = await self._store.get(self.key, Leader)
         return None if item is None else item.value
 
-    async def campaign(self) -> Term:
-        """Wait until this candidate holds the key; a store error is waited out, not raised."""
+    async def campaign(self, previous: Term | None = None) -> Term:
+        """Wait until this candidate holds the key; a store error is waited out, not raised.
+
+        `previous`: a term this candidate gave up (`hold` raised `Deposed` because the store
+        was away). While its key is still there at the same revision nobody else was elected
+        since, so once its lease can be renewed again it is taken up again at once, instead
+        of waiting a TTL for it to expire (after an etcd restart, which keeps leases)."""
         announced = False
         while True:
             try:
                 held = await self._store.get(self.key, Leader)
+                if (
+                    previous is not None
+                    and held is not None
+                    and held.revision == previous.revision
+                    and await self._renewed(previous)
+                ):
+                    log.info("resumed the term", extra={"key": self.key})
+                    return previous
                 if held is None:
                     lease = await self._store.grant(self._ttl)
                     try:
@@ -94,6 +107,13 @@ class Election:
             except StoreError as exc:
                 log.warning("campaign: the store failed, retrying: %s", exc)
             await anyio.sleep(self._retry)
+
+    async def _renewed(self, term: Term) -> bool:
+        try:
+            await self._store.keep_alive(term.lease)
+        except LeaseNotFound:
+            return False
+        return True
 
     async def hold(self, term: Term) -> None:
         """Keep the term alive; raises `Deposed` once it is over (see the module's notes).

@@ -1,0 +1,710 @@
+"""The fault suite (issue 13): faults injected into the multi-process mode on a real etcd while
+a prober asks a warm app at a fixed rate; after each, a fresh cold app is asked to wake.
+
+The cluster: one etcd, two activators (one leads), two nodes, two ingresses behind Debian's
+nginx as the load balancer, every piece a `wakeful` process of its own, restarted after a
+fault as a supervisor would. The warm app (the sample app, `min_instances = 2`) is asked
+through nginx at `--rate` requests per second all along. Each scenario:
+
+1. `activator-sigterm`, `activator-sigkill`: the leading activator (a standby runs);
+2. `etcd-sigkill`: etcd killed, restarted after `--outage` seconds;
+3. `ingress-sigkill`: one ingress replica (nginx sends the rest to the other);
+4. `sandbox-sigkill`: one of the warm app's sandboxes; `node-sigkill`: a node agent (its
+   sandboxes are replaced on the other node once its record expires);
+5. `deploy-under-load`: a new version of the warm app rolled out;
+6. `flood`: 10x the activator's waiter bound at once on a cold app (the admitted are served,
+   the rest get 503 with Retry-After; the ingress's and activator's memory stay flat);
+7. `aborted-downloads`: downloads of 256 KiB, a fifth of them cut off mid-body by the client.
+
+For each it prints: requests the prober sent while it ran, the failed ones by kind, how long
+until a cold app asked as the fault healed answered (`wake`), and what leaked: leases still
+held or waiters still parked once traffic stopped for the lease idle TTL. At the end, the
+cluster is stopped and any process left under its directory is reported.
+
+From the repository root (needs `apt-get install etcd-server nginx`):
+
+    python -m bench.faults [--short] [--only NAME ...] [--rate 50]
+
+`--short` is what CI runs (`tests/e2e/test_faults.py`): every scenario once, smaller numbers.
+"""
+
+from __future__ import annotations
+
+import sys
+
+if __name__ == "__main__" and not __package__:
+    sys.exit("run it from the repository root as a module: python -m bench.faults")
+
+import argparse
+import collections
+import contextlib
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+import httpx
+
+from wakeful.node.testing import sandbox_pids
+from wakeful.store.testing import EtcdServer, free_port
+
+WAKEFUL = [sys.executable, "-m", "wakeful.cli"]
+HELLO = Path(__file__).parents[1] / "examples" / "hello"
+ADMIN_TOKEN = "faults-admin-token"
+MAX_WAITERS = 20
+LEASE_IDLE_TTL = 2.0
+
+
+# -- the cluster ------------------------------------------------------------------------------
+
+
+class Piece:
+    """One `wakeful` process, started again with the same command after a fault."""
+
+    def __init__(self, name: str, role: str, argv: list[str], env: dict[str, str]) -> None:
+        self.name = name
+        self.role = role
+        self.argv = argv
+        self.env = env
+        self.process: subprocess.Popen[str] | None = None
+        self.output: collections.deque[str] = collections.deque(maxlen=200)
+        self.events: collections.Counter[str] = collections.Counter()
+        """Lines of its output naming a leadership change, counted by `EVENTS` entry."""
+
+    def start(self) -> None:
+        process = self.process = subprocess.Popen(
+            self.argv,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        assert process.stdout is not None
+        while True:  # each piece prints a line starting with its role once it serves
+            line = process.stdout.readline()
+            if not line:
+                output = "\n".join(self.output)
+                raise RuntimeError(f"{self.name} did not start: {output[-3000:]}")
+            self.output.append(line.rstrip())
+            if line.startswith(self.role + " "):
+                break
+        # Read the rest all along: a full pipe would stop the piece.
+        threading.Thread(target=self._drain, args=(process,), daemon=True).start()
+
+    def _drain(self, process: subprocess.Popen[str]) -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            self.output.append(line.rstrip())
+            for event in EVENTS:
+                if event in line:
+                    self.events[event] += 1
+
+    def signal(self, signum: int) -> None:
+        process = self.process
+        if process is not None and process.poll() is None:
+            process.send_signal(signum)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+
+EVENTS = ("elected", "resumed the term", "stopped leading:")
+
+
+def leadership(c: Cluster) -> collections.Counter[str]:
+    total: collections.Counter[str] = collections.Counter()
+    for piece in c.activators:
+        total.update(piece.events)
+    return total
+
+
+NGINX_CONF = """
+worker_processes 1;
+pid {root}/nginx.pid;
+error_log {root}/nginx-error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    upstream ingresses {{
+        server {a} max_fails=0;
+        server {b} max_fails=0;
+        keepalive 64;
+    }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass http://ingresses;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host $host;
+            proxy_next_upstream error timeout;
+            proxy_read_timeout 120s;
+        }}
+    }}
+}}
+"""
+
+
+@dataclass
+class Cluster:
+    root: Path
+    etcd: EtcdServer
+    env: dict[str, str]
+    activators: list[Piece] = field(default_factory=list)
+    activator_urls: list[str] = field(default_factory=list)
+    nodes: list[Piece] = field(default_factory=list)
+    ingresses: list[Piece] = field(default_factory=list)
+    ingress_admin: list[str] = field(default_factory=list)
+    nginx: subprocess.Popen[bytes] | None = None
+    proxy: str = ""
+    apps: int = 0
+
+    def admin(self, method: str, path: str) -> httpx.Response:
+        """A control API call on whichever activator leads."""
+        headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        failed: Exception | None = None
+        for url in self.activator_urls:
+            try:
+                answer = httpx.request(method, url + path, headers=headers, timeout=30)
+            except httpx.HTTPError as exc:
+                failed = exc
+                continue
+            if answer.status_code == 503 and "standby" in answer.text:
+                continue
+            return answer
+        raise RuntimeError(f"no activator leads: {failed}")
+
+    def leader(self) -> Piece | None:
+        for piece, url in zip(self.activators, self.activator_urls, strict=True):
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
+                    return piece
+        return None
+
+    def cli(self, *args: str) -> str:
+        done = subprocess.run(
+            [*WAKEFUL, *args],
+            env={**self.env, "WAKEFUL_API": ",".join(self.activator_urls)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if done.returncode:
+            raise RuntimeError(f"wakeful {' '.join(args)}: {done.stdout}{done.stderr}")
+        return done.stdout
+
+    def app(self, name: str, **concurrency: object) -> Path:
+        """The sample app under `name`, its concurrency settings changed."""
+        where = self.root / "apps" / name
+        shutil.copytree(HELLO, where)
+        toml = where / "wakeful.toml"
+        text = toml.read_text().replace('name = "hello"', f'name = "{name}"')
+        for key, value in concurrency.items():
+            lines = [ln for ln in text.splitlines() if not ln.startswith(f"{key} =")]
+            text = "\n".join(lines).replace("[concurrency]", f"[concurrency]\n{key} = {value}")
+        toml.write_text(text + "\n")
+        return where
+
+    def cold_app(self) -> str:
+        self.apps += 1
+        name = f"cold{self.apps}"
+        self.cli("deploy", str(self.app(name)))
+        return name
+
+    def pools(self) -> list[dict[str, object]]:
+        answer = self.admin("GET", "/v1/pools")
+        answer.raise_for_status()
+        found: list[dict[str, object]] = answer.json()
+        return found
+
+    def rss_kib(self, piece: Piece) -> int:
+        assert piece.process is not None
+        status = Path(f"/proc/{piece.process.pid}/status").read_text()
+        return int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("VmRSS")))
+
+
+@contextlib.contextmanager
+def cluster(root: Path) -> Iterator[Cluster]:
+    etcd = EtcdServer()
+    etcd.start()
+    env = {
+        **os.environ,
+        "WAKEFUL_STORE_URL": etcd.url,
+        "WAKEFUL_STORE_NAMESPACE": f"/faults-{uuid.uuid4().hex[:8]}/",
+        "WAKEFUL_TOKEN": ADMIN_TOKEN,
+        "WAKEFUL_LEASE_TTL": "5",
+        "WAKEFUL_ELECTION_TTL": "2",
+        "WAKEFUL_ADOPT_WINDOW": "1",
+        "WAKEFUL_MAX_WAITERS": str(MAX_WAITERS),
+        "WAKEFUL_LEASE_IDLE_TTL": str(LEASE_IDLE_TTL),
+        "WAKEFUL_NODE_TTL": "3",
+        "WAKEFUL_ARTIFACT_DIR": str(root / "artifacts"),
+    }
+    c = Cluster(root, etcd, env)
+    try:
+        for number in range(2):
+            listen = f"127.0.0.1:{free_port()}"
+            c.activator_urls.append(f"http://{listen}")
+            c.activators.append(
+                Piece(
+                    f"activator{number}",
+                    "activator",
+                    [*WAKEFUL, "-v", "--data-dir", str(root / f"activator{number}"), "activator"],
+                    {**env, "WAKEFUL_LISTEN": listen, "WAKEFUL_ADVERTISE_URL": f"http://{listen}"},
+                )
+            )
+            c.activators[-1].start()
+        every = ",".join(c.activator_urls)
+        piece_env = {k: v for k, v in env.items() if k != "WAKEFUL_TOKEN"} | {"WAKEFUL_API": every}
+        for number in range(2):
+            name = f"n{number + 1}"
+            token = c.cli("tokens", "create", "--role", "node", "--name", name).strip()
+            low = 21000 + 2000 * number
+            c.nodes.append(
+                Piece(
+                    name,
+                    "node",
+                    [*WAKEFUL, "node"],
+                    piece_env
+                    | {
+                        "WAKEFUL_NODE_NAME": name,
+                        "WAKEFUL_DATA_DIR": str(root / name),
+                        "WAKEFUL_NODE_TOKEN": token,
+                        "WAKEFUL_PORT_RANGE": f"[{low}, {low + 1999}]",
+                    },
+                )
+            )
+            c.nodes[-1].start()
+        token = c.cli("tokens", "create", "--role", "ingress", "--name", "edge").strip()
+        listens = []
+        for number in range(2):
+            listen, admin = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+            listens.append(listen)
+            c.ingress_admin.append(f"http://{admin}")
+            c.ingresses.append(
+                Piece(
+                    f"ingress{number}",
+                    "ingress",
+                    [*WAKEFUL, "ingress"],
+                    piece_env
+                    | {
+                        "WAKEFUL_LISTEN": listen,
+                        "WAKEFUL_ADMIN_LISTEN": admin,
+                        "WAKEFUL_INGRESS_TOKEN": token,
+                    },
+                )
+            )
+            c.ingresses[-1].start()
+        port = free_port()
+        conf = root / "nginx.conf"
+        conf.write_text(NGINX_CONF.format(root=root, a=listens[0], b=listens[1], port=port))
+        c.nginx = subprocess.Popen(
+            ["nginx", "-p", str(root), "-c", str(conf), "-g", "daemon off;"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        c.proxy = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.get(c.proxy, timeout=1)
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError("nginx did not start")
+            time.sleep(0.05)
+        c.cli("deploy", str(c.app("warm", min_instances=2)))
+        yield c
+    finally:
+        if c.nginx is not None:
+            c.nginx.terminate()
+            c.nginx.wait(timeout=30)
+        for piece in [*c.ingresses, *c.nodes, *reversed(c.activators)]:
+            piece.signal(signal.SIGTERM)
+        etcd.close()
+
+
+def left_behind(root: Path) -> list[str]:
+    """Processes still running from the cluster's directory (pieces, sandboxes, nginx)."""
+    found = []
+    needle = str(root)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cwd = os.readlink(entry / "cwd")
+        except OSError:
+            continue
+        if needle in command or cwd.startswith(needle):
+            found.append(f"{entry.name} {command[:120]}")
+    return found
+
+
+# -- the prober -------------------------------------------------------------------------------
+
+
+class Prober:
+    """Asks the warm app through the load balancer at a fixed rate (open loop: a slow answer
+    does not delay the next request), recording each outcome: an HTTP status, or
+    `connect`, `reset`, `timeout`."""
+
+    def __init__(self, proxy: str, rate: float) -> None:
+        self.proxy = proxy
+        self.rate = rate
+        self.outcomes: list[str] = []
+
+    async def run(self) -> None:
+        limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+        async with (
+            httpx.AsyncClient(base_url=self.proxy, timeout=60, limits=limits) as client,
+            anyio.create_task_group() as tasks,
+        ):
+            gap = 1 / self.rate
+            next_at = time.monotonic()
+            while True:
+                tasks.start_soon(self._one, client)
+                next_at += gap
+                await anyio.sleep(max(0.0, next_at - time.monotonic()))
+
+    async def _one(self, client: httpx.AsyncClient) -> None:
+        try:
+            answer = await client.get("/", headers={"Host": "warm.localhost"})
+            outcome = str(answer.status_code)
+        except httpx.ConnectError:
+            outcome = "connect"
+        except httpx.TimeoutException:
+            outcome = "timeout"
+        except httpx.HTTPError:
+            outcome = "reset"
+        self.outcomes.append(outcome)
+
+
+# -- scenarios --------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    scenario: str
+    requests: int = 0
+    failed: dict[str, int] = field(default_factory=dict)
+    wake: float | None = None
+    """Seconds from the fault healing until a cold app asked then answered 200."""
+    leaked: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+async def wake(c: Cluster, app: str, within: float = 60.0) -> float | None:
+    """Ask `app` (retrying as a client told Retry-After would) until it answers 200."""
+    started = time.monotonic()
+    async with httpx.AsyncClient(base_url=c.proxy, timeout=60) as client:
+        while time.monotonic() - started < within:
+            with contextlib.suppress(httpx.HTTPError):
+                answer = await client.get("/", headers={"Host": f"{app}.localhost"})
+                if answer.status_code == 200:
+                    return time.monotonic() - started
+            await anyio.sleep(0.2)
+    return None
+
+
+async def settled(c: Cluster, apps: set[str], within: float) -> list[str]:
+    """What of `apps` still holds a lease or a waiter after `within` seconds without traffic
+    (empty when nothing leaked)."""
+    deadline = time.monotonic() + within
+    while True:
+        pools = await anyio.to_thread.run_sync(c.pools)
+        held = [
+            f"{p['pool']}: {p['leased']} leased, {p['waiters']} waiting"
+            for p in pools
+            if p["app"] in apps and (p["leased"] or p["waiters"])
+        ]
+        if not held or time.monotonic() > deadline:
+            return held
+        await anyio.sleep(0.5)
+
+
+async def restarted(piece: Piece) -> None:
+    """As a supervisor would: the piece started again once it is gone."""
+    await anyio.to_thread.run_sync(piece.start)
+
+
+async def kill_leader(c: Cluster, signum: int) -> Callable[[], Awaitable[None]]:
+    leader = await anyio.to_thread.run_sync(c.leader)
+    assert leader is not None, "no activator leads"
+    await anyio.to_thread.run_sync(leader.signal, signum)
+    return lambda: restarted(leader)
+
+
+async def kill_etcd(c: Cluster, outage: float) -> Callable[[], Awaitable[None]]:
+    c.etcd.kill()
+    await anyio.sleep(outage)
+    await anyio.to_thread.run_sync(c.etcd.start)
+
+    async def nothing() -> None:
+        return None
+
+    return nothing
+
+
+async def kill_ingress(c: Cluster) -> Callable[[], Awaitable[None]]:
+    await anyio.to_thread.run_sync(c.ingresses[0].signal, signal.SIGKILL)
+    return lambda: restarted(c.ingresses[0])
+
+
+async def kill_sandbox(c: Cluster) -> Callable[[], Awaitable[None]]:
+    pids = sandbox_pids(c.root / "n1") or sandbox_pids(c.root / "n2")
+    assert pids, "no sandbox runs"
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(min(pids), signal.SIGKILL)  # the outermost process of one sandbox
+
+    async def nothing() -> None:
+        return None
+
+    return nothing
+
+
+async def kill_node(c: Cluster) -> Callable[[], Awaitable[None]]:
+    node = c.nodes[0]
+    await anyio.to_thread.run_sync(node.signal, signal.SIGKILL)
+    return lambda: restarted(node)
+
+
+async def deploy_new_version(c: Cluster) -> Callable[[], Awaitable[None]]:
+    where = c.root / "apps" / "warm"
+    (where / "VERSION").write_text(uuid.uuid4().hex)  # a new artifact: a new version
+    await anyio.to_thread.run_sync(c.cli, "deploy", str(where))
+
+    async def nothing() -> None:
+        return None
+
+    return nothing
+
+
+async def run_scenario(
+    c: Cluster,
+    prober: Prober,
+    name: str,
+    fault: Callable[[], Awaitable[Callable[[], Awaitable[None]]]],
+    after: float,
+) -> Row:
+    row = Row(name)
+    cold = await anyio.to_thread.run_sync(c.cold_app)
+    first = len(prober.outcomes)
+    changes = leadership(c)
+    heal = await fault()
+    row.wake = await wake(c, cold)
+    await anyio.sleep(after)
+    await heal()
+    outcomes = prober.outcomes[first:]
+    row.requests = len(outcomes)
+    row.failed = dict(collections.Counter(o for o in outcomes if o != "200"))
+    row.leaked = await settled(c, {cold}, within=LEASE_IDLE_TTL + 10)
+    changed = leadership(c) - changes
+    if changed:
+        row.notes.append(", ".join(f"{k}: {v}" for k, v in sorted(changed.items())))
+    return row
+
+
+async def flood(c: Cluster) -> Row:
+    """10x the waiter bound at once on a cold app."""
+    row = Row("flood")
+    cold = await anyio.to_thread.run_sync(c.cold_app)
+    pieces = [*c.ingresses, *c.activators]
+    before = {p.name: c.rss_kib(p) for p in pieces if p.alive}
+    statuses: list[str] = []
+    retry_after = 0
+
+    async def one(client: httpx.AsyncClient) -> None:
+        nonlocal retry_after
+        try:
+            answer = await client.get("/", headers={"Host": f"{cold}.localhost"})
+            statuses.append(str(answer.status_code))
+            if answer.status_code == 503 and answer.headers.get("retry-after"):
+                retry_after += 1
+        except httpx.HTTPError as exc:
+            statuses.append(type(exc).__name__)
+
+    limits = httpx.Limits(max_connections=2000)
+    async with (
+        httpx.AsyncClient(base_url=c.proxy, timeout=120, limits=limits) as client,
+        anyio.create_task_group() as tasks,
+    ):
+        for _ in range(10 * MAX_WAITERS * 2):  # two ingresses, each its own acquires
+            tasks.start_soon(one, client)
+    after = {p.name: c.rss_kib(p) for p in pieces if p.alive}
+    row.requests = len(statuses)
+    row.failed = dict(collections.Counter(s for s in statuses if s not in ("200", "503")))
+    shed = statuses.count("503")
+    row.notes.append(
+        f"{statuses.count('200')} served, {shed} shed ({retry_after} with Retry-After)"
+    )
+    grown = max(after[n] - before[n] for n in after) / 1024
+    row.notes.append(f"RSS grew by at most {grown:.1f} MiB")
+    if shed != retry_after:
+        row.failed["503 without Retry-After"] = shed - retry_after
+    row.leaked = await settled(c, {cold}, within=LEASE_IDLE_TTL + 10)
+    return row
+
+
+async def aborted_downloads(c: Cluster, count: int) -> Row:
+    """`count` downloads of 256 KiB, every fifth cut off by its client after the head."""
+    row = Row("aborted-downloads")
+    results: list[str] = []
+    gate = anyio.Semaphore(32)
+
+    async def one(client: httpx.AsyncClient, number: int) -> None:
+        async with gate:
+            try:
+                async with client.stream(
+                    "GET", "/bytes?n=262144", headers={"Host": "warm.localhost"}
+                ) as answer:
+                    if number % 5 == 0:
+                        results.append("aborted")
+                        return  # leaving the block closes the connection mid-body
+                    size = sum([len(chunk) async for chunk in answer.aiter_bytes()])
+                    results.append(
+                        "200"
+                        if answer.status_code == 200 and size == 262144
+                        else f"{answer.status_code}/{size}"
+                    )
+            except httpx.HTTPError as exc:
+                results.append(type(exc).__name__)
+
+    async with (
+        httpx.AsyncClient(base_url=c.proxy, timeout=60) as client,
+        anyio.create_task_group() as tasks,
+    ):
+        for number in range(count):
+            tasks.start_soon(one, client, number)
+    row.requests = len(results)
+    row.failed = dict(collections.Counter(r for r in results if r not in ("200", "aborted")))
+    row.notes.append(f"{results.count('aborted')} aborted by their clients")
+    return row
+
+
+async def main(short: bool, only: list[str], rate: float) -> list[Row]:
+    after = 3.0 if short else 10.0
+    outage = 2.0 if short else 5.0
+    downloads = 500 if short else 10_000
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="wakeful-faults-") as tmp:
+        root = Path(tmp)
+        with cluster(root) as c:
+            prober = Prober(c.proxy, rate)
+            scenarios: list[tuple[str, Callable[[], Awaitable[Row]]]] = [
+                (
+                    "activator-sigterm",
+                    lambda: run_scenario(
+                        c,
+                        prober,
+                        "activator-sigterm",
+                        lambda: kill_leader(c, signal.SIGTERM),
+                        after,
+                    ),
+                ),
+                (
+                    "activator-sigkill",
+                    lambda: run_scenario(
+                        c,
+                        prober,
+                        "activator-sigkill",
+                        lambda: kill_leader(c, signal.SIGKILL),
+                        after,
+                    ),
+                ),
+                (
+                    "etcd-sigkill",
+                    lambda: run_scenario(
+                        c, prober, "etcd-sigkill", lambda: kill_etcd(c, outage), after
+                    ),
+                ),
+                (
+                    "ingress-sigkill",
+                    lambda: run_scenario(
+                        c, prober, "ingress-sigkill", lambda: kill_ingress(c), after
+                    ),
+                ),
+                (
+                    "sandbox-sigkill",
+                    lambda: run_scenario(
+                        c, prober, "sandbox-sigkill", lambda: kill_sandbox(c), after
+                    ),
+                ),
+                (
+                    "node-sigkill",
+                    lambda: run_scenario(
+                        c, prober, "node-sigkill", lambda: kill_node(c), after + 5
+                    ),
+                ),
+                (
+                    "deploy-under-load",
+                    lambda: run_scenario(
+                        c, prober, "deploy-under-load", lambda: deploy_new_version(c), after
+                    ),
+                ),
+            ]
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(prober.run)
+                await anyio.sleep(2)  # warm: both ingresses hold a lease
+                for name, run in scenarios:
+                    if only and name not in only:
+                        continue
+                    print(f"  {name} ...", flush=True)
+                    rows.append(await run())
+                tasks.cancel_scope.cancel()
+            if not only or "flood" in only:
+                print("  flood ...", flush=True)
+                rows.append(await flood(c))
+            if not only or "aborted-downloads" in only:
+                print("  aborted-downloads ...", flush=True)
+                rows.append(await aborted_downloads(c, downloads))
+            final = Row("after all (traffic stopped)")
+            final.leaked = await settled(
+                c, {str(p["app"]) for p in c.pools()}, within=LEASE_IDLE_TTL + 15
+            )
+            rows.append(final)
+        left = left_behind(root)
+        if left:
+            rows[-1].leaked += [f"process left: {line}" for line in left]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    return rows
+
+
+def print_table(rows: list[Row]) -> None:
+    print()
+    print(f"{'scenario':<28} {'requests':>8}  {'failed':<28} {'wake s':>7}  leaked / notes")
+    for row in rows:
+        failed = " ".join(f"{k}x{v}" for k, v in sorted(row.failed.items())) or "-"
+        woke = "-" if row.wake is None else f"{row.wake:.1f}"
+        extra = "; ".join(row.leaked) or "nothing leaked"
+        if row.notes:
+            extra += " | " + "; ".join(row.notes)
+        print(f"{row.scenario:<28} {row.requests:>8}  {failed:<28} {woke:>7}  {extra}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--short", action="store_true", help="each scenario once, smaller")
+    parser.add_argument("--only", nargs="*", default=[], help="scenario names")
+    parser.add_argument("--rate", type=float, default=50.0, help="prober requests per second")
+    args = parser.parse_args()
+    found = anyio.run(main, args.short, args.only, args.rate)
+    print_table(found)
