@@ -103,11 +103,12 @@ class Piece:
 
     def _drain(self, process: subprocess.Popen[str]) -> None:
         assert process.stdout is not None
-        for line in process.stdout:
-            self.output.append(line.rstrip())
-            for event in EVENTS:
-                if event in line:
-                    self.events[event] += 1
+        with process.stdout:  # closed at the end of the output, when the process ended
+            for line in process.stdout:
+                self.output.append(line.rstrip())
+                for label, text in EVENTS.items():
+                    if text in line:
+                        self.events[label] += 1
 
     def signal(self, signum: int) -> None:
         process = self.process
@@ -124,7 +125,12 @@ class Piece:
         return self.process is not None and self.process.poll() is None
 
 
-EVENTS = ("elected", "resumed the term", "stopped leading:")
+EVENTS = {
+    "elected": "elected",
+    "resumed its term": "resumed the term",
+    "stepped down": "stopped leading:",
+}
+"""What an activator's output says when its leadership changes: label, then the text."""
 
 
 def leadership(c: Cluster) -> collections.Counter[str]:
@@ -518,6 +524,11 @@ async def run_scenario(
     changed = leadership(c) - changes
     if changed:
         row.notes.append(", ".join(f"{k}: {v}" for k, v in sorted(changed.items())))
+    if name in ("sandbox-sigkill", "node-sigkill"):
+        nodes = (await anyio.to_thread.run_sync(c.admin, "GET", "/v1/nodes")).json()
+        row.notes.append(
+            "sandboxes by node after: " + ", ".join(f"{n['name']} {n['sandboxes']}" for n in nodes)
+        )
     return row
 
 

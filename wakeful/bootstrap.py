@@ -59,6 +59,7 @@ from wakeful.node.settings import NodeSettings
 from wakeful.remote import Endpoint, HttpArtifacts, HttpLogSink
 from wakeful.serving import AddressInUse, serve_asgi, split_address
 from wakeful.store import Deposed, Store, StoreError, open_store, sqlite_url
+from wakeful.store.backup import SCHEMA_VERSION, check_schema
 from wakeful.store.base import StoreBase
 from wakeful.store.election import Election, FencedStore, Term
 from wakeful.store.reflector import reflect
@@ -106,6 +107,10 @@ async def control_plane(
     (`wakeful up`, whose token file is as private as its store). `write_admin`: where a
     rotated admin secret goes (see `tokens_router`). `adopt_for`: the activator's adoption
     window after a takeover (`Activator.running`)."""
+    if isinstance(store, StoreBase):  # every store but a test's own
+        found = await check_schema(store)  # SchemaError: a newer wakeful's, or half restored
+        if found < SCHEMA_VERSION:
+            log.info("the store's schema is now %d (was %d)", SCHEMA_VERSION, found)
     registry = CollectorRegistry()
     activator = Activator(store, settings, registry)
     artifacts = LocalArtifacts(

@@ -9,6 +9,8 @@
     wakeful activator | node | ingress | idle-monitor
                                  run one piece against a shared store (etcd)
     wakeful etcd-auth            etcd users and roles per piece; authentication on
+    wakeful backup FILE | restore FILE
+                                 the store's records into a file, and back into an empty store
 
 Errors name the flag, file or field and the value, and exit with status 2 (usage) or 1.
 
@@ -36,10 +38,12 @@ from .bootstrap import CONTROL_FILE
 from .commands import RUNTIME, USAGE, CliError
 from .pieces import (
     cmd_activator,
+    cmd_backup,
     cmd_etcd_auth,
     cmd_idle_monitor,
     cmd_ingress,
     cmd_node,
+    cmd_restore,
     cmd_up,
     isolation_flag,
     load_apps,
@@ -194,6 +198,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "etcd-auth", help="etcd users and roles per piece, then authentication on (WAKEFUL_*)"
     ).set_defaults(func=cmd_etcd_auth)
+    saved = sub.add_parser(
+        "backup",
+        help="every record of the store (WAKEFUL_STORE_URL, else --data-dir's) into FILE",
+    )
+    saved.add_argument("file", metavar="FILE")
+    saved.set_defaults(func=cmd_backup)
+    back = sub.add_parser(
+        "restore", help="a backup into an empty store (WAKEFUL_STORE_URL, else --data-dir's)"
+    )
+    back.add_argument("file", metavar="FILE")
+    back.set_defaults(func=cmd_restore)
     return parser
 
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import os
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 import anyio
 from pydantic import SecretStr
@@ -18,10 +19,14 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.deploy.appdir import AppDir, AppDirError, load_app_dir
+from wakeful.deploy.artifacts import LocalArtifacts
+from wakeful.domain.artifacts import ArtifactError
 from wakeful.idle_monitor.monitor import IdleMonitorSettings
 from wakeful.node.isolation import IsolationUnavailable
 from wakeful.node.settings import NodeSettings
-from wakeful.store import StoreError
+from wakeful.store import StoreError, sqlite_url
+from wakeful.store.backup import BackupError, Summary, backup, read_backup, restore
+from wakeful.store.base import StoreBase
 from wakeful.store.etcd import EtcdStore
 from wakeful.store.etcd_auth import ROOT, common_name, enable_auth
 from wakeful.store.settings import StoreSettings
@@ -37,6 +42,7 @@ from .bootstrap import (
     split_address,
 )
 from .commands import RUNTIME, CliError
+from .datadir import private_data_dir
 from .remote import CliSettings, Endpoint
 
 
@@ -273,6 +279,97 @@ def cmd_etcd_auth(args: argparse.Namespace) -> int:
     for line in done:
         commands.say(line)
     return 0
+
+
+def _store_settings(data_dir: str) -> StoreSettings:
+    """WAKEFUL_STORE_URL when set, else the store `wakeful up` keeps in the data directory."""
+    settings = StoreSettings()
+    if "WAKEFUL_STORE_URL" not in os.environ:
+        where = Path(data_dir).absolute() / "store.db"
+        settings = settings.model_copy(update={"store_url": sqlite_url(where)})
+    return settings
+
+
+def _store_path(settings: StoreSettings) -> Path | None:
+    if not settings.store_url.startswith("sqlite:///"):
+        return None
+    return Path(settings.store_url.removeprefix("sqlite://"))
+
+
+def cmd_backup(args: argparse.Namespace) -> int:
+    settings = _store_settings(args.data_dir)
+    path = _store_path(settings)
+    if path is not None and not path.exists():
+        raise CliError(f"no store at {path}: pass --data-dir, or set WAKEFUL_STORE_URL")
+    target = Path(args.file).absolute()
+    if not target.parent.is_dir():
+        raise CliError(f"FILE {args.file}: its directory {target.parent} does not exist")
+
+    artifacts = _artifacts(args.data_dir)
+
+    async def read(digest: str) -> bytes | None:
+        try:
+            return await artifacts.fetch(digest)
+        except ArtifactError:
+            return None
+
+    async def run() -> Summary:
+        async with settings.open_store() as store:
+            return await backup(cast(StoreBase, store), target, read)
+
+    summary = _run_store_command(run, "backup", settings.store_url)
+    commands.say(
+        f"backed up {summary.records} records of {settings.store_url} (schema "
+        f"{summary.schema}, revision {summary.revision}) and {summary.blobs} artifacts to "
+        f"{target}"
+    )
+    return 0
+
+
+def _artifacts(data_dir: str) -> LocalArtifacts:
+    """WAKEFUL_ARTIFACT_DIR when set, else the data directory's, as the control plane has."""
+    where = os.environ.get("WAKEFUL_ARTIFACT_DIR") or str(Path(data_dir) / "artifacts")
+    return LocalArtifacts(Path(where).absolute())
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    settings = _store_settings(args.data_dir)
+    source = Path(args.file).absolute()
+    try:
+        read_backup(source)  # a bad file is refused before the store is touched
+    except BackupError as exc:
+        raise CliError(f"restore: {exc}") from None
+    path = _store_path(settings)
+    if path is not None:
+        private_data_dir(path.parent)
+
+    artifacts = _artifacts(args.data_dir)
+
+    async def write(digest: str, data: bytes) -> None:
+        await artifacts.put(data, expected=digest)
+
+    async def run() -> Summary:
+        async with settings.open_store() as store:
+            return await restore(cast(StoreBase, store), source, write)
+
+    summary = _run_store_command(run, "restore", settings.store_url)
+    commands.say(
+        f"restored {summary.records} records (schema {summary.schema}) and {summary.blobs} "
+        f"artifacts into {settings.store_url}; start the control plane on it"
+    )
+    return 0
+
+
+def _run_store_command(run: Callable[[], Awaitable[Summary]], what: str, url: str) -> Summary:
+    try:
+        return anyio.run(run)
+    except BackupError as exc:
+        raise CliError(f"{what}: {exc}", RUNTIME) from None
+    except StoreError as exc:
+        raise CliError(f"{what}: the store at {url} cannot be used: {exc}", RUNTIME) from None
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        raise CliError(f"{what}: {where}{exc.strerror or exc}", RUNTIME) from None
 
 
 # -- commands that talk to a running control plane -----------------------------------------

@@ -1,0 +1,75 @@
+"""`wakeful backup` and `wakeful restore` (issue 13) with `wakeful up`: a data directory's
+store and artifacts into a file, then into a new data directory, whose `wakeful up` serves
+the same app without a deploy. And the schema version: `wakeful up` refuses a store a newer
+wakeful wrote, naming both versions, and writes nothing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import httpx
+
+from wakeful.store import open_store, sqlite_url
+from wakeful.store.backup import SCHEMA_KEY, SCHEMA_VERSION, Schema
+
+from .test_up import make_app, start_up, stop_up
+
+WAKEFUL = [sys.executable, "-m", "wakeful.cli"]
+
+
+def wakeful(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*WAKEFUL, *args], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_a_backup_restored_into_a_new_data_directory_serves_the_same_app(
+    tmp_path: Path,
+) -> None:
+    first = start_up(tmp_path / "a", make_app(tmp_path))
+    try:
+        answer = httpx.get(f"{first.proxy}/", headers=first.host(), timeout=60)
+        assert answer.status_code == 200, answer.text
+        saved = wakeful("--data-dir", str(first.data_dir), "backup", str(tmp_path / "b.jsonl"))
+        assert saved.returncode == 0, saved.stderr
+        assert "1 artifacts" in saved.stdout
+    finally:
+        stop_up(first)
+
+    restored_dir = tmp_path / "b" / "state"
+    again = wakeful("--data-dir", str(restored_dir), "restore", str(tmp_path / "b.jsonl"))
+    assert again.returncode == 0, again.stderr
+    twice = wakeful("--data-dir", str(restored_dir), "restore", str(tmp_path / "b.jsonl"))
+    assert twice.returncode == 1 and "not empty" in twice.stderr  # nothing written over it
+
+    second = start_up(tmp_path / "b")  # no app directory: the app comes from the backup
+    try:
+        answer = httpx.get(f"{second.proxy}/", headers=second.host(), timeout=60)
+        assert answer.status_code == 200, answer.text
+        assert answer.text.startswith("hello from")
+    finally:
+        stop_up(second)
+
+
+def test_a_store_written_by_a_newer_wakeful_is_refused_by_name(tmp_path: Path) -> None:
+    up = start_up(tmp_path, make_app(tmp_path))
+    stop_up(up)
+
+    async def newer() -> None:
+        async with open_store(sqlite_url(up.data_dir / "store.db")) as store:
+            await store.put(SCHEMA_KEY, Schema(version=SCHEMA_VERSION + 1))
+
+    anyio.run(newer)
+    refused = subprocess.run(
+        [*WAKEFUL, "--data-dir", str(up.data_dir), "up"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert refused.returncode == 1
+    assert f"schema {SCHEMA_VERSION + 1}" in refused.stderr
+    assert "newer wakeful" in refused.stderr
