@@ -106,3 +106,60 @@ def test_no_input_gets_a_server_error(control_api: str) -> None:
         call()
     assert not failures, "\n".join(failures)
     assert len(calls) >= len(operations) * 2
+
+
+def _token(control_api: str, role: str) -> str:
+    made = httpx.post(
+        f"{control_api}/v1/tokens",
+        json={"name": f"fuzz-{role}", "role": role},
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=30,
+    )
+    assert made.status_code in (200, 201), made.text
+    secret: str = made.json()["secret"]
+    return secret
+
+
+def test_a_missing_or_wrong_credential_gets_401_on_every_route(control_api: str) -> None:
+    """Every operation but the public ones (/healthz, /readyz, /metrics), one example each,
+    asked with no credential, a made-up token, another scheme, and each role's real token
+    with one character changed: always 401, never what the route does."""
+    real = {role: _token(control_api, role) for role in ("admin", "node", "ingress")}
+    wrong: list[dict[str, str]] = [
+        {},
+        {"Authorization": "Bearer not-a-token"},
+        {"Authorization": f"Basic {TOKEN}"},
+        {"Authorization": "Bearer"},
+    ]
+    for secret in real.values():
+        changed = secret[:-1] + ("a" if secret[-1] != "a" else "b")
+        wrong.append({"Authorization": f"Bearer {changed}"})
+    schema = schemathesis.openapi.from_url(
+        f"{control_api}/openapi.json", headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+    public = {"/healthz", "/readyz", "/metrics"}
+    refused: list[str] = []
+    operations = [r.ok() for r in schema.get_all_operations() if r.ok().path not in public]
+    assert len(operations) >= 10
+    for operation in operations:
+
+        @given(case=operation.as_strategy(GenerationMode.POSITIVE))
+        @settings(
+            max_examples=1,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            derandomize=True,
+            database=None,
+            phases=[Phase.explicit, Phase.generate],
+        )
+        def call(case: schemathesis.Case) -> None:
+            for headers in wrong:
+                response = case.call(base_url=control_api, headers=headers, timeout=30)
+                if response.status_code != 401:
+                    refused.append(
+                        f"{case.method} {case.formatted_path} with {sorted(headers.values())}"
+                        f" -> {response.status_code}"
+                    )
+
+        call()
+    assert not refused, "\n".join(refused)
