@@ -1,13 +1,15 @@
 """The fault suite (issue 13): faults injected into the multi-process mode on a real etcd while
 a prober asks a warm app at a fixed rate; after each, a fresh cold app is asked to wake.
 
-The cluster: one etcd, two activators (one leads), two nodes, two ingresses behind Debian's
-nginx as the load balancer, every piece a `wakeful` process of its own, restarted after a
-fault as a supervisor would. The warm app (the sample app, `min_instances = 2`) is asked
+The cluster: three etcd members, two activators (one leads), two nodes, two ingresses behind
+Debian's nginx as the load balancer, every piece a `wakeful` process of its own, restarted
+after a fault as a supervisor would. The warm app (the sample app, `min_instances = 2`) is asked
 through nginx at `--rate` requests per second all along. Each scenario:
 
 1. `activator-sigterm`, `activator-sigkill`: the leading activator (a standby runs);
-2. `etcd-sigkill`: etcd killed, restarted after `--outage` seconds;
+2. `etcd-sigkill`: every etcd member killed at once (the store gone, as when a single-member
+   etcd dies), restarted after 5 s (2 s short); `etcd-member-sigkill`: the leading member of
+   three, restarted after as long;
 3. `ingress-sigkill`: one ingress replica (nginx sends the rest to the other);
 4. `sandbox-sigkill`: one of the warm app's sandboxes; `node-sigkill`: a node agent (its
    sandboxes are replaced on the other node once its record expires);
@@ -55,7 +57,7 @@ import anyio
 import httpx
 
 from wakeful.node.testing import sandbox_pids
-from wakeful.store.testing import EtcdServer, free_port
+from wakeful.store.testing import EtcdCluster, free_port
 
 WAKEFUL = [sys.executable, "-m", "wakeful.cli"]
 HELLO = Path(__file__).parents[1] / "examples" / "hello"
@@ -170,7 +172,7 @@ http {{
 @dataclass
 class Cluster:
     root: Path
-    etcd: EtcdServer
+    etcd: EtcdCluster
     env: dict[str, str]
     activators: list[Piece] = field(default_factory=list)
     activator_urls: list[str] = field(default_factory=list)
@@ -198,10 +200,16 @@ class Cluster:
 
     def leader(self) -> Piece | None:
         for piece, url in zip(self.activators, self.activator_urls, strict=True):
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
-                    return piece
+            if _leads(url):
+                return piece
         return None
+
+
+def _leads(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/readyz", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
 
     def cli(self, *args: str) -> str:
         done = subprocess.run(
@@ -248,7 +256,7 @@ class Cluster:
 
 @contextlib.contextmanager
 def cluster(root: Path) -> Iterator[Cluster]:
-    etcd = EtcdServer()
+    etcd = EtcdCluster(3)
     etcd.start()
     env = {
         **os.environ,
@@ -458,9 +466,24 @@ async def kill_leader(c: Cluster, signum: int) -> Callable[[], Awaitable[None]]:
 
 
 async def kill_etcd(c: Cluster, outage: float) -> Callable[[], Awaitable[None]]:
-    c.etcd.kill()
+    """Every member at once: the store is gone, as when a single-member etcd dies."""
+    for member in c.etcd.members:
+        member.kill()
     await anyio.sleep(outage)
     await anyio.to_thread.run_sync(c.etcd.start)
+
+    async def nothing() -> None:
+        return None
+
+    return nothing
+
+
+async def kill_etcd_member(c: Cluster, outage: float) -> Callable[[], Awaitable[None]]:
+    """The member the others follow: the other two keep the quorum and elect another."""
+    member = await anyio.to_thread.run_sync(c.etcd.leader)
+    member.kill()
+    await anyio.sleep(outage)
+    await anyio.to_thread.run_sync(member.start)
 
     async def nothing() -> None:
         return None
@@ -521,6 +544,13 @@ async def run_scenario(
     row.requests = len(outcomes)
     row.failed = dict(collections.Counter(o for o in outcomes if o != "200"))
     row.leaked = await settled(c, {cold}, within=LEASE_IDLE_TTL + 10)
+    leading = [
+        piece.name
+        for piece, url in zip(c.activators, c.activator_urls, strict=True)
+        if await anyio.to_thread.run_sync(_leads, url)
+    ]
+    if len(leading) != 1:  # none: nothing can wake; two: a split brain
+        row.failed[f"activators leading: {len(leading)}"] = 1
     changed = leadership(c) - changes
     if changed:
         row.notes.append(", ".join(f"{k}: {v}" for k, v in sorted(changed.items())))
@@ -645,6 +675,16 @@ async def main(short: bool, only: list[str], rate: float) -> list[Row]:
                     "etcd-sigkill",
                     lambda: run_scenario(
                         c, prober, "etcd-sigkill", lambda: kill_etcd(c, outage), after
+                    ),
+                ),
+                (
+                    "etcd-member-sigkill",
+                    lambda: run_scenario(
+                        c,
+                        prober,
+                        "etcd-member-sigkill",
+                        lambda: kill_etcd_member(c, outage),
+                        after,
                     ),
                 ),
                 (

@@ -9,9 +9,11 @@ without a gap; when etcd has compacted that revision away, the watch yields `Res
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
@@ -40,6 +42,31 @@ def _translated(operation: str) -> Iterator[None]:
         raise StoreError(f"etcd {operation}: {exc.code().name} {details}") from exc
     except EtcdError as exc:
         raise StoreError(f"etcd {operation}: {exc}") from exc
+
+
+T = TypeVar("T")
+
+
+async def _isolated(call: Awaitable[T]) -> T:
+    """One etcd call, run in a task of its own and waited for. grpc raises CancelledErrors of
+    its own making when a call is cancelled (its response runs in another task; a locally
+    cancelled call raises a fresh one), and an anyio cancel scope does not recognise those as
+    its own: a timeout around a call to an etcd member that just died let a CancelledError
+    through, which ended an activator's election loop without a word. Waiting through a
+    shield, a cancelled caller gets its own CancelledError, which its scope turns into the
+    timeout it asked for; the abandoned call is cancelled and its outcome consumed."""
+    task = asyncio.ensure_future(call)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.cancel()
+        task.add_done_callback(_consumed)
+        raise
+
+
+def _consumed(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _checked_namespace(namespace: str) -> str:
@@ -104,7 +131,7 @@ class EtcdStore(StoreBase):
 
     async def _get(self, key: str) -> tuple[bytes, int] | None:
         with _translated("get"):
-            response = await self._kv.get(self._ns + key, timeout=self._timeout)
+            response = await _isolated(self._kv.get(self._ns + key, timeout=self._timeout))
         if not response.kvs:
             return None
         found = response.kvs[0]
@@ -113,8 +140,8 @@ class EtcdStore(StoreBase):
     async def _list(self, prefix: str) -> tuple[list[tuple[str, bytes, int]], int]:
         full = self._ns + prefix
         with _translated("list"):
-            response = await self._kv.get(
-                full, range_end=prefix_range_end(full), timeout=self._timeout
+            response = await _isolated(
+                self._kv.get(full, range_end=prefix_range_end(full), timeout=self._timeout)
             )
         strip = len(self._ns)
         rows = [
@@ -128,7 +155,9 @@ class EtcdStore(StoreBase):
         success = [self._op(op) for op in ops]
         failure = [KVService.txn_op_get(self._ns + check.key) for check in require]
         with _translated("txn"):
-            response = await self._kv.txn(compare, success, failure, timeout=self._timeout)
+            response = await _isolated(
+                self._kv.txn(compare, success, failure, timeout=self._timeout)
+            )
         if not response.succeeded:
             for check, result in zip(require, response.responses, strict=True):
                 kvs = result.response_range.kvs
@@ -191,10 +220,13 @@ class EtcdStore(StoreBase):
             raise ValueError(f"ttl must be >= 1 second, got {ttl}")
         assert self._client.lease is not None
         with _translated("lease grant"):
-            response = await self._client.lease.grant(ttl, timeout=self._timeout)
+            response = await _isolated(self._client.lease.grant(ttl, timeout=self._timeout))
         return int(response.ID)
 
     async def keep_alive(self, lease: int) -> None:
+        await _isolated(self._keep_alive(lease))
+
+    async def _keep_alive(self, lease: int) -> None:
         assert self._client.lease is not None
         call = self._client.lease.keep_alive(lease)
         try:
@@ -214,12 +246,12 @@ class EtcdStore(StoreBase):
     async def revoke(self, lease: int) -> None:
         assert self._client.lease is not None
         with contextlib.suppress(LeaseNotFound), _translated("lease revoke"):
-            await self._client.lease.revoke(lease, timeout=self._timeout)
+            await _isolated(self._client.lease.revoke(lease, timeout=self._timeout))
 
     async def compact(self, revision: int) -> None:
         with _translated("compact"):
             try:
-                await self._kv.compact(revision, physical=True, timeout=self._timeout)
+                await _isolated(self._kv.compact(revision, physical=True, timeout=self._timeout))
             except grpc.aio.AioRpcError as exc:
                 if "compacted" not in (exc.details() or ""):
                     raise

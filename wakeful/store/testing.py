@@ -72,7 +72,17 @@ class EtcdServerTLS:
 
 
 class EtcdServer:
-    def __init__(self, binary: str | None = None, *, tls: EtcdServerTLS | None = None) -> None:
+    def __init__(
+        self,
+        binary: str | None = None,
+        *,
+        tls: EtcdServerTLS | None = None,
+        name: str = "wakeful-test",
+        peer_port: int | None = None,
+        initial_cluster: str | None = None,
+    ) -> None:
+        """`name`, `peer_port` and `initial_cluster`: a member of a cluster (`EtcdCluster`);
+        alone by default."""
         found = binary or shutil.which("etcd")
         if found is None:
             raise EtcdNotInstalled(
@@ -81,9 +91,11 @@ class EtcdServer:
         self.binary = found
         self.data_dir = Path(tempfile.mkdtemp(prefix="wakeful-etcd-"))
         self.client_port = free_port()
-        self.peer_port = free_port()
+        self.peer_port = peer_port or free_port()
         self.process: subprocess.Popen[bytes] | None = None
         self.tls = tls
+        self.name = name
+        self.initial_cluster = initial_cluster
 
     @property
     def endpoint(self) -> str:
@@ -98,19 +110,25 @@ class EtcdServer:
         return f"{'https' if self.tls else 'http'}://{self.endpoint}"
 
     def start(self, timeout: float = 30.0) -> None:
+        self.spawn()
+        self.wait_healthy(timeout)
+
+    def spawn(self) -> None:
+        """Start the process, without waiting for it to serve (a cluster's members wait for
+        each other)."""
         client = self.client_url
         peer = f"http://127.0.0.1:{self.peer_port}"
         log = (self.data_dir / "etcd.log").open("ab")
         self.process = subprocess.Popen(
             [
                 self.binary,
-                "--name=wakeful-test",
+                f"--name={self.name}",
                 f"--data-dir={self.data_dir / 'data'}",
                 f"--listen-client-urls={client}",
                 f"--advertise-client-urls={client}",
                 f"--listen-peer-urls={peer}",
                 f"--initial-advertise-peer-urls={peer}",
-                f"--initial-cluster=wakeful-test={peer}",
+                f"--initial-cluster={self.initial_cluster or f'{self.name}={peer}'}",
                 "--log-level=error",
                 *(self.tls.flags() if self.tls else []),
             ],
@@ -120,6 +138,9 @@ class EtcdServer:
             start_new_session=True,
         )
         log.close()
+
+    def wait_healthy(self, timeout: float = 30.0) -> None:
+        assert self.process is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -174,3 +195,60 @@ class EtcdServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class EtcdCluster:
+    """`size` etcd members on loopback, each `EtcdServer`; `url` names them all. Kill one
+    (`members[i].kill()`) and start it again (`members[i].start()`) to lose and regain a
+    member while the others keep the quorum."""
+
+    def __init__(self, size: int = 3) -> None:
+        peers = [free_port() for _ in range(size)]
+        cluster = ",".join(f"m{i}=http://127.0.0.1:{port}" for i, port in enumerate(peers))
+        self.members = [
+            EtcdServer(name=f"m{i}", peer_port=port, initial_cluster=cluster)
+            for i, port in enumerate(peers)
+        ]
+
+    @property
+    def url(self) -> str:
+        return "etcd://" + ",".join(member.endpoint for member in self.members)
+
+    def start(self, timeout: float = 60.0) -> None:
+        for member in self.members:
+            member.spawn()
+        for member in self.members:
+            member.wait_healthy(timeout)
+
+    def leader(self, within: float = 15.0) -> EtcdServer:
+        """The member the others follow now (from each member's /v3/maintenance/status),
+        waiting up to `within` seconds for one to be elected."""
+        deadline = time.monotonic() + within
+        while True:
+            found = self._leader()
+            if found is not None:
+                return found
+            if time.monotonic() > deadline:
+                raise RuntimeError("no etcd member leads")
+            time.sleep(0.1)
+
+    def _leader(self) -> EtcdServer | None:
+        for member in self.members:
+            if member.process is None:
+                continue
+            try:
+                request = urllib.request.Request(
+                    f"{member.client_url}/v3/maintenance/status", data=b"{}", method="POST"
+                )
+                with urllib.request.urlopen(request, timeout=2) as answer:
+                    status = json.load(answer)
+            except (OSError, urllib.error.URLError, ValueError):
+                continue
+            header = status.get("header", {})
+            if str(status.get("leader")) == str(header.get("member_id")):
+                return member
+        return None
+
+    def close(self) -> None:
+        for member in self.members:
+            member.close()
