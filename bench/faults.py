@@ -169,6 +169,13 @@ http {{
 """
 
 
+def _leads(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/readyz", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 @dataclass
 class Cluster:
     root: Path
@@ -203,13 +210,6 @@ class Cluster:
             if _leads(url):
                 return piece
         return None
-
-
-def _leads(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/readyz", timeout=5).status_code == 200
-    except httpx.HTTPError:
-        return False
 
     def cli(self, *args: str) -> str:
         done = subprocess.run(

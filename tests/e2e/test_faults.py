@@ -29,6 +29,7 @@ def test_the_fault_suite_in_its_short_mode_loses_nothing() -> None:
         "activator-sigterm",
         "activator-sigkill",
         "etcd-sigkill",
+        "etcd-member-sigkill",
         "node-sigkill",
         "deploy-under-load",
         "aborted-downloads",
