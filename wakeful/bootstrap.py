@@ -17,7 +17,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -59,7 +59,7 @@ from wakeful.node.settings import NodeSettings
 from wakeful.remote import Endpoint, HttpArtifacts, HttpLogSink
 from wakeful.serving import AddressInUse, serve_asgi, split_address
 from wakeful.store import Deposed, Store, StoreError, open_store, sqlite_url
-from wakeful.store.backup import SCHEMA_VERSION, check_schema
+from wakeful.store.backup import check_schema
 from wakeful.store.base import StoreBase
 from wakeful.store.election import Election, FencedStore, Term
 from wakeful.store.reflector import reflect
@@ -108,9 +108,7 @@ async def control_plane(
     rotated admin secret goes (see `tokens_router`). `adopt_for`: the activator's adoption
     window after a takeover (`Activator.running`)."""
     if isinstance(store, StoreBase):  # every store but a test's own
-        found = await check_schema(store)  # SchemaError: a newer wakeful's, or half restored
-        if found < SCHEMA_VERSION:
-            log.info("the store's schema is now %d (was %d)", SCHEMA_VERSION, found)
+        await check_schema(store)  # SchemaError: a newer wakeful's, or a restore half done
     registry = CollectorRegistry()
     activator = Activator(store, settings, registry)
     artifacts = LocalArtifacts(
@@ -198,7 +196,29 @@ async def deploy_local(plane: ControlPlane, app_dir: AppDir) -> str:
     return rollout.message
 
 
+_caught: list[AsyncIterator[int]] = []
+"""The receiver `signals_caught` opened, while it is open."""
+
+
+@contextlib.contextmanager
+def signals_caught() -> Iterator[None]:
+    """SIGINT and SIGTERM caught from here on (run inside the event loop, before a piece
+    starts anything): one that comes while the piece starts waits until it has started, then
+    stops it in order. Before, the default action killed a `wakeful up` told to stop while it
+    started, leaving its warm sandboxes and their mounts behind."""
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        _caught.append(signals)
+        try:
+            yield
+        finally:
+            _caught.remove(signals)
+
+
 async def wait_for_signal(extra: Sequence[signal.Signals] = ()) -> int:
+    if _caught and not extra:
+        async for signum in _caught[-1]:
+            return signum
+        return 0
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, *extra) as signals:
         async for signum in signals:
             return signum

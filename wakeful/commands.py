@@ -16,7 +16,7 @@ from wakeful.deploy.appdir import AppDir
 from wakeful.domain.artifacts import digest_of, pack
 
 from .logfollow import LogFollower
-from .remote import ControlClient
+from .remote import ApiRefused, ApiUnreachable, ControlClient
 from .tables import app_line, deletion_line, node_line, pool_table, token_table, version_lines
 
 USAGE = 2
@@ -27,6 +27,9 @@ RUNTIME = 1
 
 Pause = Callable[[float], None]
 POLL = 0.5
+FAILOVER_WAIT = 30.0
+"""How long a command following a rollout waits for a control plane that stopped answering
+(a new leader takes over within seconds)."""
 """Seconds between looks at a rollout, a deletion or a drain."""
 LOGS_POLL = 1.0
 """Seconds between looks at the logs: nodes push output about once a second."""
@@ -57,12 +60,26 @@ def rollback(api: ControlClient, app: str, *, pause: Pause = time.sleep) -> int:
 
 
 def _follow_rollout(api: ControlClient, report: dict[str, Any], pause: Pause) -> int:
-    """Each new message of the rollout until it is done; non-zero when it was abandoned."""
+    """Each new message of the rollout until it is done; non-zero when it was abandoned.
+    While no activator answers (a leader changing: the rollout goes on, carried on by the next
+    one), it keeps asking for up to `FAILOVER_WAIT` seconds."""
     say(report["message"])
     last = report["message"]
+    away = 0
     while report["phase"] == "rolling":
         pause(POLL)
-        report = api.rollout(report["app"], report["version"])
+        try:
+            report = api.rollout(report["app"], report["version"])
+        except (ApiUnreachable, ApiRefused) as exc:
+            if isinstance(exc, ApiRefused) and exc.status != 503:
+                raise
+            if away == 0:
+                note(f"the control plane does not answer ({exc}); still following")
+            away += 1
+            if away * POLL > FAILOVER_WAIT:
+                raise
+            continue
+        away = 0
         if report["message"] != last:
             say(report["message"])
             last = report["message"]

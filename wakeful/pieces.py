@@ -39,6 +39,7 @@ from .bootstrap import (
     run_ingress,
     run_node,
     run_up,
+    signals_caught,
     split_address,
 )
 from .commands import RUNTIME, CliError
@@ -118,8 +119,13 @@ def _serve(main: Callable[[], Awaitable[None]], *, store: str, uvloop: bool = Fa
     """Run a long-lived piece until it stops. What ends it early (a taken port, a file it may
     not write, a store it cannot open) becomes one line naming the address, file or store,
     however deep in its task groups it was raised, and exit status 1."""
+
+    async def caught() -> None:
+        with signals_caught():  # before anything starts (`signals_caught`)
+            await main()
+
     try:
-        anyio.run(main, backend_options={"use_uvloop": uvloop})
+        anyio.run(caught, backend_options={"use_uvloop": uvloop})
     except (OSError, StoreError, IsolationUnavailable, BaseExceptionGroup) as raised:
         cause = _single_cause(raised)
         if isinstance(cause, AddressInUse):  # bind() names the flag and the address

@@ -36,6 +36,16 @@ def _cold_app(tmp_path: Path) -> Path:
     return cold
 
 
+def _slow_new_version(tmp_path: Path) -> Path:
+    """The sample app's next version, whose sandboxes take 3 s to start."""
+    slow = tmp_path / "hello-v2"
+    shutil.copytree(HELLO, slow)
+    toml = slow / "wakeful.toml"
+    command = 'command = ["sh", "-c", "sleep 3 && exec python3 app.py"]'
+    toml.write_text(toml.read_text().replace('command = ["python3", "app.py"]', command))
+    return slow
+
+
 class Prober(threading.Thread):
     """Asks the warm app every 20 ms until stopped, counting answers by status (a connection
     error counts as 0)."""
@@ -104,6 +114,16 @@ def test_killing_the_leading_activator_under_load_fails_no_request(
             deadline = time.monotonic() + 30
             while prober.statuses[200] < 20 and time.monotonic() < deadline:
                 time.sleep(0.05)
+            # A deploy under way when the leader goes: its new version takes 3 s to start.
+            rolling = subprocess.Popen(
+                [*WAKEFUL, "deploy", str(_slow_new_version(tmp_path))],
+                env={**env, "WAKEFUL_API": f"{api},{heir}"},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            assert rolling.stdout is not None
+            assert "starting" in rolling.stdout.readline()  # prepared by the leader
             leader.send_signal(kill)
             killed_at = time.monotonic()
             # Asked while no activator leads: the ingress makes the acquire again on the heir.
@@ -138,6 +158,9 @@ def test_killing_the_leading_activator_under_load_fails_no_request(
             f"took over in {took_over:.1f} s; a cold app asked at the kill answered after "
             f"{woke_after:.1f} s; warm app answers: {dict(prober.statuses)}"
         )
+        # The heir carried the rollout on, and the CLI followed it there.
+        deployed = rolling.communicate(timeout=120)[0]
+        assert rolling.returncode == 0 and "hello v2 is live" in deployed, deployed
         assert set(prober.statuses) == {200}, prober.statuses
         assert "hello" in _status(env, f"{api},{heir}")  # the dead one first
         assert pools.status_code == 200

@@ -322,3 +322,47 @@ async def test_sigterm_leaves_no_sandbox_running(tmp_path: Path) -> None:
     output = stop_up(up)
     assert up.process.returncode == 0, output
     assert up.sandbox_pids() == []
+
+
+def _mounts_under(root: Path) -> list[str]:
+    with open("/proc/self/mounts") as mounts:
+        return [line.split()[1] for line in mounts if line.split()[1].startswith(str(root))]
+
+
+@pytest.mark.parametrize("after", [0.0, 0.03, 0.5, 1.0])
+def test_sigterm_while_starting_stops_in_order_and_leaves_nothing(
+    tmp_path: Path, after: float
+) -> None:
+    """Told to stop at some moment of its start (`after` seconds from the start, or, for
+    0.0 and 0.03, from when its control file appears, as a script that waits for it would),
+    `wakeful up` finishes starting, then stops as usual: no sandbox, no mount left behind.
+    (SIGTERM's default action once killed it between writing its control file and waiting
+    for signals, leaving its warm sandboxes' tmpfs mounts; only a signal that comes before
+    Python runs wakeful's code at all may still kill it, and then nothing was started.)"""
+    data_dir = tmp_path / "state"
+    ports = [free_port() for _ in range(3)]
+    process = subprocess.Popen(
+        up_command(
+            data_dir,
+            [make_app(tmp_path)],
+            proxy=ports[0],
+            api=ports[1],
+            admin=ports[2],
+            idle_interval=1.0,
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    if after < 0.1:
+        deadline = time.monotonic() + 30
+        while not (data_dir / "control.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.002)
+    time.sleep(after)
+    process.send_signal(signal.SIGTERM)
+    output = process.communicate(timeout=60)[0]
+    assert process.returncode in (0, -signal.SIGTERM), output
+    if process.returncode:
+        assert not (data_dir / "sandboxes").exists(), output  # killed before it began
+    assert sandbox_pids(data_dir) == []
+    assert _mounts_under(tmp_path) == [], output

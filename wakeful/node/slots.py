@@ -294,7 +294,10 @@ class SlotPool:
                     return None
                 await asyncio.sleep(0.002)
         except BaseException:
-            await slot.discard()  # stopped while it joined: nothing of it may stay
+            # Stopped while it joined: nothing of it may stay, so its discard is not cut short
+            # by the same cancel (its tmpfs stayed mounted when it was).
+            with anyio.CancelScope(shield=True):
+                await slot.discard()
             raise
         return slot
 

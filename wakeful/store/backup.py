@@ -125,7 +125,12 @@ async def check_schema(store: StoreBase) -> int:
         )
     if found is not None and version == SCHEMA_VERSION:
         return version
-    for step in range(version, SCHEMA_VERSION):
+    start = version
+    if found is None:
+        rows, _ = await store._list("")
+        if all(key.startswith(EPHEMERAL) for key, _, _ in rows):  # a new store: no data
+            start = SCHEMA_VERSION
+    for step in range(start, SCHEMA_VERSION):
         await MIGRATIONS[step](store)
         log.warning("migrated the store's data from schema %d to %d", step, step + 1)
     current = Schema(version=SCHEMA_VERSION, written_at=time.time())
