@@ -155,23 +155,41 @@ class LeaseLedger:
         """Record an admission; a granted waiter leaves its queue in this same step."""
         if waiter is not None:
             self._entry(waiter.pool).waiters.remove(waiter)
-        lease = Lease(
-            lease_id=uuid.uuid4().hex,
-            pool=pool,
-            app=app,
-            sandbox_id=admitted.sandbox_id,
-            url=admitted.url,
-            size=admitted.size,
-            overflow=admitted.overflow,
-            ttl=self._lease_ttl,
-            expires_at=self.clock() + self._lease_ttl,
+        lease = self._record(
+            uuid.uuid4().hex,
+            pool,
+            app,
+            admitted.sandbox_id,
+            admitted.url,
+            admitted.size,
+            admitted.overflow,
         )
-        self._record(lease)
         if waiter is not None and waiter.pool != pool:
             self._tidy(waiter.pool)
         return lease
 
-    def _record(self, lease: Lease) -> None:
+    def _record(
+        self,
+        lease_id: str,
+        pool: str,
+        app: str,
+        sandbox_id: str,
+        url: str,
+        size: int,
+        overflow: bool,
+    ) -> Lease:
+        """A new active lease, counted on its sandbox and its pool."""
+        lease = Lease(
+            lease_id=lease_id,
+            pool=pool,
+            app=app,
+            sandbox_id=sandbox_id,
+            url=url,
+            size=size,
+            overflow=overflow,
+            ttl=self._lease_ttl,
+            expires_at=self.clock() + self._lease_ttl,
+        )
         self.leases_by_id[lease.lease_id] = lease
         capacity = self.leased_capacity_by_sandbox
         capacity[lease.sandbox_id] = capacity.get(lease.sandbox_id, 0) + lease.size
@@ -180,26 +198,16 @@ class LeaseLedger:
             entry.overflow_leases += 1
         else:
             entry.normal_leases += 1
+        return lease
 
     def adopt(self, pool: str, app: str, grant: LeaseGrant) -> Lease:
         """Record a lease another activator granted and its holder still holds (reported
         after a takeover), under its own id; a lease already known is renewed instead."""
-        known = self.leases_by_id.get(grant.lease_id)
-        if known is not None:
+        if grant.lease_id in self.leases_by_id:
             return self.renew(grant.lease_id)
-        lease = Lease(
-            lease_id=grant.lease_id,
-            pool=pool,
-            app=app,
-            sandbox_id=grant.sandbox_id,
-            url=grant.url,
-            size=grant.size,
-            overflow=grant.overflow,
-            ttl=self._lease_ttl,
-            expires_at=self.clock() + self._lease_ttl,
+        return self._record(
+            grant.lease_id, pool, app, grant.sandbox_id, grant.url, grant.size, grant.overflow
         )
-        self._record(lease)
-        return lease
 
     def renew(self, lease_id: str) -> Lease:
         """Extend a lease's TTL. A lease past its TTL is gone even before `expire()` runs."""

@@ -319,11 +319,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
         except ArtifactError:
             return None
 
-    async def run() -> Summary:
-        async with settings.open_store() as store:
-            return await backup(cast(StoreBase, store), target, read)
-
-    summary = _run_store_command(run, "backup", settings.store_url)
+    summary = _on_store(settings, "backup", lambda store: backup(store, target, read))
     commands.say(
         f"backed up {summary.records} records of {settings.store_url} (schema "
         f"{summary.schema}, revision {summary.revision}) and {summary.blobs} artifacts to "
@@ -354,11 +350,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     async def write(digest: str, data: bytes) -> None:
         await artifacts.put(data, expected=digest)
 
-    async def run() -> Summary:
-        async with settings.open_store() as store:
-            return await restore(cast(StoreBase, store), source, write)
-
-    summary = _run_store_command(run, "restore", settings.store_url)
+    summary = _on_store(settings, "restore", lambda store: restore(store, source, write))
     commands.say(
         f"restored {summary.records} records (schema {summary.schema}) and {summary.blobs} "
         f"artifacts into {settings.store_url}; start the control plane on it"
@@ -366,7 +358,16 @@ def cmd_restore(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_store_command(run: Callable[[], Awaitable[Summary]], what: str, url: str) -> Summary:
+def _on_store(
+    settings: StoreSettings, what: str, operation: Callable[[StoreBase], Awaitable[Summary]]
+) -> Summary:
+    """`operation` on the store `settings` name; its errors become one line naming it."""
+    url = settings.store_url
+
+    async def run() -> Summary:
+        async with settings.open_store() as store:
+            return await operation(cast(StoreBase, store))
+
     try:
         return anyio.run(run)
     except BackupError as exc:

@@ -134,9 +134,11 @@ def make_token(env: dict[str, str], role: str, extra: dict[str, str]) -> str:
     return made.stdout.strip()
 
 
-def deploy(api: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def deploy(
+    api: str, env: dict[str, str], app_dir: Path = HELLO
+) -> subprocess.CompletedProcess[str]:
     deployed = subprocess.run(
-        [*WAKEFUL, "--api", api, "deploy", str(HELLO)],
+        [*WAKEFUL, "--api", api, "deploy", str(app_dir)],
         env=env,
         capture_output=True,
         text=True,
