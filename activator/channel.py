@@ -28,8 +28,9 @@ straight back, so the activator never counts a lease nobody holds. A cancelled a
 answered with the error `cancelled`. Grants queued but never sent when the channel closes are
 released too. Leases already held outlive the channel: they are renewed on the next one.
 
-Bounds: frames of at most `MAX_FRAME_BYTES` (uncompressed: the control API turns
-permessage-deflate off) and `MAX_OPS_PER_FRAME` operations; at most `MAX_IN_FLIGHT` acquires
+Bounds: at most `MAX_ADOPTS_PER_CHANNEL` leases reported per channel; frames of at most
+`MAX_FRAME_BYTES` (uncompressed: the control API turns permessage-deflate off) and
+`MAX_OPS_PER_FRAME` operations; at most `MAX_IN_FLIGHT` acquires
 per channel (past it, an acquire is answered `no capacity` with a Retry-After); while more than
 `MAX_UNSENT` answers wait for the ingress to read them, the channel reads nothing more; answers
 go out in frames of about `FRAME_BYTES`. An operation that is not the protocol but has an id is
@@ -84,6 +85,9 @@ TRY_AGAIN_LATER = 1013
 SERVICE_RESTART = 1012
 TOKEN_CHECK_SECONDS = 1.0
 MAX_CHANNELS_PER_TOKEN = 16
+MAX_ADOPTS_PER_CHANNEL = 100_000
+"""Leases one channel may report holding (an ingress holds far fewer): the ledger stays
+bounded whatever an ingress token sends."""
 
 
 class Acquire(BaseModel):
@@ -163,6 +167,7 @@ class Channel:
         self._queued = anyio.Event()
         self._room = anyio.Event()
         self._acquires: dict[int, anyio.CancelScope] = {}
+        self._adopts = 0
 
     async def serve(self) -> None:
         await self._ws.accept()
@@ -272,6 +277,10 @@ class Channel:
                 lease = self._activator.renew(operation.lease, used=operation.used)
                 return {"id": operation.id, "grant": _grant(lease)}
             if isinstance(operation, Adopt):
+                self._adopts += 1
+                if self._adopts > MAX_ADOPTS_PER_CHANNEL:
+                    detail = f"more than {MAX_ADOPTS_PER_CHANNEL} leases reported on a channel"
+                    return {"id": operation.id, "error": "activator error", "detail": detail}
                 lease = self._activator.adopt(operation.app, operation.grant)
                 return {"id": operation.id, "grant": _grant(lease)}
             self._activator.release(operation.lease)

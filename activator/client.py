@@ -191,6 +191,7 @@ class ChannelLeases:
         self._app_slots: dict[str, anyio.Semaphore] = {}
         self._ids = itertools.count(1)
         self._link: _Link | None = None
+        self._reconnecting: asyncio.Task[None] | None = None
         self._attempt: asyncio.Future[_Link] | None = None
         self._failed: tuple[float, ActivatorError] | None = None
         self._closed = False
@@ -273,7 +274,7 @@ class ChannelLeases:
 
     async def _connect(self) -> _Link:
         try:
-            link = await _Link.open(await self._channel_url(), self._headers)
+            link = await _Link.open(await self._channel_url(), self._headers, self._link_lost)
         except ActivatorError as exc:
             self._failed = (time.monotonic(), exc)
             raise
@@ -295,6 +296,22 @@ class ChannelLeases:
         scheme, _, rest = base.rstrip("/").partition("://")
         return ("wss" if scheme == "https" else "ws") + "://" + rest + CHANNEL_PATH
 
+    def _link_lost(self) -> None:
+        """A channel went while leases are held: a new one is opened now, not at the next
+        call (for an idle cached lease that may be a third of a lease TTL away), so they are
+        reported while an activator that took over still waits for them."""
+        idle = self._reconnecting is None or self._reconnecting.done()
+        if self._held and not self._closed and idle:
+            self._reconnecting = asyncio.ensure_future(self._reconnect())
+
+    async def _reconnect(self) -> None:
+        while self._held and not self._closed:
+            try:
+                await self._open()
+                return
+            except ActivatorError:
+                await asyncio.sleep(REOPEN_PAUSE / 2)
+
     def _report_held(self, link: _Link) -> None:
         """Every lease held, first on a new channel: an activator that took over (or
         restarted) counts their capacity before it grants any (invariant 20)."""
@@ -310,11 +327,15 @@ class ChannelLeases:
     def _adopted(self, lease_id: str, answer: asyncio.Future[dict[str, Any]]) -> None:
         if answer.cancelled() or answer.exception() is not None:
             return  # the channel went: reported again on the next one
-        if "error" in answer.result():
+        if answer.result().get("error") == "lease gone":
             self._held.pop(lease_id, None)  # its renewal will say LeaseGone too
 
     async def aclose(self) -> None:
         self._closed = True
+        if self._reconnecting is not None:
+            self._reconnecting.cancel()
+            with contextlib.suppress(BaseException):
+                await self._reconnecting
         attempt = self._attempt
         if attempt is not None and not attempt.done():
             attempt.cancel()
@@ -334,8 +355,9 @@ class _Link:
     """One open channel: a writer that sends what queued up as one frame, a reader that
     hands each answer to its caller."""
 
-    def __init__(self, connection: ClientConnection) -> None:
+    def __init__(self, connection: ClientConnection, on_lost: Callable[[], None]) -> None:
         self._connection = connection
+        self._on_lost = on_lost
         self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._abandoned: set[int] = set()
         """Acquires given up by their callers: the grant that may still come is released."""
@@ -348,7 +370,7 @@ class _Link:
         ]
 
     @classmethod
-    async def open(cls, url: str, headers: dict[str, str]) -> _Link:
+    async def open(cls, url: str, headers: dict[str, str], on_lost: Callable[[], None]) -> _Link:
         try:
             with anyio.fail_after(10):
                 connection = await websockets.asyncio.client.connect(
@@ -365,7 +387,7 @@ class _Link:
             raise Unreachable(f"the activator refused the lease channel: {status}", 1) from exc
         except (OSError, TimeoutError, websockets.WebSocketException) as exc:
             raise Unreachable(f"the activator did not answer: {exc!r}", 1) from exc
-        return cls(connection)
+        return cls(connection, on_lost)
 
     def send(self, operation: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
@@ -439,6 +461,7 @@ class _Link:
                 future.set_exception(Unreachable("the lease channel was lost", 1))
         for task in self._tasks:
             task.cancel()
+        self._on_lost()
 
     async def close(self) -> None:
         self._lost()

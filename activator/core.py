@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -70,8 +71,13 @@ class Activator:
         registry: CollectorRegistry,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        leading: Callable[[], bool] = lambda: True,
     ) -> None:
+        """`leading`: whether this activator's election term is certainly still current;
+        checked before every grant, adoption and renewal (a process paused past its term
+        grants nothing when it wakes, before it has noticed)."""
         self._settings = settings
+        self._leading = leading
         self._wall_clock = wall_clock
         self._metrics = ActivatorMetrics(registry)
         self._ledger = LeaseLedger(
@@ -107,10 +113,10 @@ class Activator:
         activators granted are adopted from their holders (a takeover: see `adopt`).
         """
         async with anyio.create_task_group() as tasks:
-            if adopt_for > 0:
-                tasks.start_soon(self._open_admission_after, adopt_for)
-            else:
+            if adopt_for == 0:
                 self._admitting.set()
+            elif adopt_for != math.inf:  # inf: until `open_admission`
+                tasks.start_soon(self.open_admission_after, adopt_for)
             self._scale_up.tasks = tasks
             if watch:
                 tasks.start_soon(self._view.follow)
@@ -126,7 +132,7 @@ class Activator:
                 tasks.cancel_scope.cancel()
                 self._scale_up.tasks = None
 
-    async def _open_admission_after(self, seconds: float) -> None:
+    async def open_admission_after(self, seconds: float) -> None:
         await anyio.sleep(seconds)
         self.open_admission()
 
@@ -137,7 +143,7 @@ class Activator:
         self._ledger.wake_all()
 
     def _check_leading(self) -> None:
-        if self.deposed.is_set():
+        if self.deposed.is_set() or not self._leading():
             raise Unreachable("this activator stopped leading", retry_after=1)
 
     def open_admission(self) -> None:
@@ -243,6 +249,7 @@ class Activator:
 
     def renew(self, lease_id: str, *, used: bool = False) -> Lease:
         """Extend a lease's TTL; `used` says it carried traffic since the last renew."""
+        self._check_leading()
         lease = self._ledger.renew(lease_id)
         if used:
             self._activity.touch(lease.sandbox_id, self._wall_clock())

@@ -14,6 +14,8 @@ Rules (seed 000 and invariant 4):
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -252,6 +254,21 @@ class Deployer:
             record = item.value
             if record.phase != "rolling" or (record.app, record.version) in self.rollouts:
                 continue
+            app = await self._store.get(keys.app(record.app), App)
+            active = app.value.active_version if app is not None else None
+            replaced = False
+            if active is not None and active != record.version:
+                current = await self._store.get(keys.version(record.app, active), Version)
+                replaced = current is not None and current.value.created_at > record.started_at
+            if active == record.version or replaced:
+                # It flipped (its end was not written), or a version deployed after it began
+                # replaced it: carrying it on would take the route back.
+                phase = "live" if active == record.version else "failed"
+                message = f"{record.app} {record.version} is {phase} ({active} is active)"
+                ended = record.model_copy(update={"phase": phase, "message": message})
+                with contextlib.suppress(Conflict):
+                    await self._store.update(item.key, ended, item.revision)
+                continue
             rollout = self.rollouts[(record.app, record.version)] = Rollout.of(record)
             log.info("resuming the rollout of %s %s", record.app, record.version)
             found.append(rollout)
@@ -300,6 +317,8 @@ class Deployer:
             if version is None:
                 raise DeployError(f"{rollout.app} was deleted during the rollout")
             previous = app.value.active_version if app else None
+            if app is not None and previous == rollout.version:  # flipped already: keep it
+                previous = app.value.previous_version
             record = App(
                 name=rollout.app,
                 hosts=hosts,
@@ -311,9 +330,18 @@ class Deployer:
                 Require(keys.app(rollout.app), app.revision if app else 0),
                 Require(version.key, version.revision),
             ]
-            ops: list[Put] = [Put(keys.app(rollout.app), record)]
-            if previous is not None and previous != rollout.version:
-                old = await self._store.get(keys.pool(pool_name(rollout.app, previous)), Pool)
+            live = dataclasses.replace(
+                rollout, phase=Phase.LIVE, message=f"{rollout.app} {rollout.version} is live"
+            )
+            # How it ended goes with the flip: a record left "rolling" would be resumed,
+            # and flipped again, by the next leader.
+            ops: list[Put] = [
+                Put(keys.app(rollout.app), record),
+                Put(keys.rollout(rollout.app, rollout.version), live.record()),
+            ]
+            active = app.value.active_version if app else None
+            if active is not None and active != rollout.version:
+                old = await self._store.get(keys.pool(pool_name(rollout.app, active)), Pool)
                 if old is not None:
                     require.append(Require(old.key, old.revision))
                     retired = {"retired": True, "retired_at": self._clock()}
@@ -326,21 +354,24 @@ class Deployer:
         raise DeployError(f"could not flip {rollout.app} to {rollout.version}: too many conflicts")
 
     async def _abandon(self, rollout: Rollout, reason: str) -> Rollout:
+        rollout.phase = Phase.FAILED
+        rollout.message = f"{rollout.app} {rollout.version} abandoned: {reason}"
         for _ in range(20):
             pool = await self._store.get(keys.pool(rollout.pool), Pool)
-            if pool is None:
-                break
+            ended = Put(keys.rollout(rollout.app, rollout.version), rollout.record())
             try:
-                await self._store.update(
-                    pool.key,
-                    pool.value.model_copy(update={"retired": True, "retired_at": self._clock()}),
-                    pool.revision,
+                if pool is None:
+                    await self._store.txn([], [ended])
+                    break
+                retired = pool.value.model_copy(
+                    update={"retired": True, "retired_at": self._clock()}
+                )
+                await self._store.txn(  # with how it ended, as the flip does
+                    [Require(pool.key, pool.revision)], [Put(pool.key, retired), ended]
                 )
                 break
             except Conflict:
                 continue
-        rollout.phase = Phase.FAILED
-        rollout.message = f"{rollout.app} {rollout.version} abandoned: {reason}"
         log.warning("%s", rollout.message, extra={"app": rollout.app})
         return rollout
 

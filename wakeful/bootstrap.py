@@ -13,6 +13,7 @@ import contextlib
 import gc
 import itertools
 import logging
+import math
 import os
 import signal
 import socket
@@ -59,7 +60,7 @@ from wakeful.node.settings import NodeSettings
 from wakeful.remote import Endpoint, HttpArtifacts, HttpLogSink
 from wakeful.serving import AddressInUse, serve_asgi, split_address
 from wakeful.store import Deposed, Store, StoreError, open_store, sqlite_url
-from wakeful.store.backup import check_schema
+from wakeful.store.backup import SchemaError, check_schema
 from wakeful.store.base import StoreBase
 from wakeful.store.election import Election, FencedStore, Term
 from wakeful.store.reflector import reflect
@@ -98,6 +99,7 @@ async def control_plane(
     replace_admin: bool = False,
     write_admin: Callable[[str], str] | None = None,
     adopt_for: float = 0.0,
+    leading: Callable[[], bool] = lambda: True,
 ) -> AsyncIterator[ControlPlane]:
     """`idle`: the idle monitor's settings, None to run it elsewhere. `drain_grace`: how long
     after start lease counts are not trusted (see Reconciler); one lease TTL when ingresses run
@@ -106,11 +108,13 @@ async def control_plane(
     admin token: it becomes the admin token when the store has none, or with `replace_admin`
     (`wakeful up`, whose token file is as private as its store). `write_admin`: where a
     rotated admin secret goes (see `tokens_router`). `adopt_for`: the activator's adoption
-    window after a takeover (`Activator.running`)."""
+    window after a takeover, counted from when the API listens (`Activator.running`).
+    `leading`: whether this control plane's term is still certainly current (the activator
+    grants nothing once it is not)."""
     if isinstance(store, StoreBase):  # every store but a test's own
         await check_schema(store)  # SchemaError: a newer wakeful's, or a restore half done
     registry = CollectorRegistry()
-    activator = Activator(store, settings, registry)
+    activator = Activator(store, settings, registry, leading=leading)
     artifacts = LocalArtifacts(
         settings.artifact_dir or data_dir / "artifacts", clock=artifact_clock
     )
@@ -129,7 +133,8 @@ async def control_plane(
             "makes it the admin token again"
         )
     tokens = TokenBook()
-    async with activator.running(adopt_for=adopt_for), anyio.create_task_group() as tasks:
+    closed = math.inf if adopt_for > 0 else 0.0  # opened below, once the API listens
+    async with activator.running(adopt_for=closed), anyio.create_task_group() as tasks:
         tasks.start_soon(partial(reflect, store, keys.TOKENS, Token, tokens, what="tokens"))
         with anyio.fail_after(30):
             await tokens.caught_up(0)  # listed: no request is refused for want of a listing
@@ -162,6 +167,8 @@ async def control_plane(
         tasks.start_soon(_resume_rollouts, deployer, tasks)
         with anyio.fail_after(30):
             await api_started.wait()
+        if adopt_for > 0:  # ingresses reconnect to the API now: their reports come from here
+            tasks.start_soon(activator.open_admission_after, adopt_for)
         try:
             yield ControlPlane(
                 store, activator, deployer, artifacts, registry, tasks, logbook, tokens, api
@@ -360,29 +367,72 @@ async def run_activator(
         async def lead() -> None:
             announced = False
             term: Term | None = None
+            first = True
             while True:
                 term = await _stand_by(
                     election, settings.listen, announce, quiet=announced, previous=term
                 )
+                planes: list[ControlPlane] = []
+                lost: list[Deposed] = []
                 try:
-                    async with control_plane(
-                        FencedStore(cast(StoreBase, store), term),
-                        settings,
-                        data_dir,
-                        idle=idle,
-                        drain_grace=settings.lease_ttl,
-                        replace_admin=reset_admin,
-                        adopt_for=settings.adopt_window,
-                    ) as plane:
-                        if not announced:
-                            announce(f"activator listening on http://{settings.listen} (leading)")
-                            announced = True
-                        settle_heap()
-                        try:
-                            await election.hold(term)  # until cancelled, or `Deposed`
-                        except Deposed as exc:
-                            plane.activator.stop_granting()  # before anything shuts down
-                            log.error("stopped leading: %s; standing by again", exc)
+                    async with anyio.create_task_group() as leading:
+                        ended = anyio.CancelScope()
+
+                        async def keep(
+                            term: Term = term,
+                            lost: list[Deposed] = lost,
+                            planes: list[ControlPlane] = planes,
+                            ended: anyio.CancelScope = ended,
+                        ) -> None:
+                            """The term, renewed from its first moment (a control plane that
+                            starts slowly must not let it lapse); when it ends, nothing more
+                            is granted, and the control plane goes, started or not."""
+                            try:
+                                await election.hold(term)
+                            except Deposed as exc:
+                                lost.append(exc)
+                                for plane in planes:
+                                    plane.activator.stop_granting()
+                                log.error("stopped leading: %s; standing by again", exc)
+                                ended.cancel()
+
+                        leading.start_soon(keep)
+                        with ended:
+                            try:
+                                async with control_plane(
+                                    FencedStore(cast(StoreBase, store), term),
+                                    settings,
+                                    data_dir,
+                                    idle=idle,
+                                    drain_grace=settings.lease_ttl,
+                                    replace_admin=reset_admin and first,
+                                    adopt_for=settings.adopt_window,
+                                    leading=election.leading,
+                                ) as plane:
+                                    planes.append(plane)
+                                    first = False
+                                    if not announced:
+                                        announce(
+                                            f"activator listening on http://{settings.listen}"
+                                            " (leading)"
+                                        )
+                                        announced = True
+                                    settle_heap()
+                                    try:
+                                        await anyio.sleep_forever()
+                                    finally:
+                                        plane.activator.stop_granting()
+                                        if not lost:  # told to stop: hand over before the
+                                            # slow part (the API's graceful shutdown), so a
+                                            # standby leads now; a lost term is kept, to be
+                                            # taken up again if nobody else was elected
+                                            with anyio.CancelScope(shield=True):
+                                                await election.resign(term)
+                            except SchemaError:
+                                raise
+                            except StoreError as exc:  # the store failed it as it started
+                                log.error("could not start leading: %s; standing by again", exc)
+                        leading.cancel_scope.cancel()
                 except BaseException:
                     with anyio.CancelScope(shield=True):
                         await election.resign(term)
@@ -442,10 +492,12 @@ async def run_node(
 
 
 def leader_locator(store: Store, apis: Sequence[str]) -> Callable[[], Awaitable[str]]:
-    """Where the leading activator's control API is: its record in the store
-    (`leaders/activator`), else the configured URLs in turn (a store away, or an activator
-    from before elections)."""
+    """Where the leading activator's control API is: the configured URL its record in the
+    store (`leaders/activator`) names, else the configured URLs in turn (a store away, a
+    leader being elected, or one URL in front of them all: a load balancer). A URL only the
+    store names gets no token: it is not one this piece was told to trust."""
     turn = itertools.cycle(apis)
+    known = {url.rstrip("/") for url in apis}
 
     async def locate() -> str:
         try:
@@ -453,7 +505,7 @@ def leader_locator(store: Store, apis: Sequence[str]) -> Callable[[], Awaitable[
         except StoreError as exc:
             log.warning("could not read the leading activator's record: %s", exc)
             item = None
-        if item is not None and item.value.url:
+        if item is not None and item.value.url.rstrip("/") in known:
             return item.value.url
         return next(turn)
 

@@ -196,6 +196,13 @@ def cmd_activator(args: argparse.Namespace) -> int:
     settings = ActivatorSettings()
     if settings.token is None:
         raise CliError("WAKEFUL_TOKEN must be set: it bootstraps the control API's admin token")
+    host = split_address(settings.listen, "WAKEFUL_LISTEN")[0].strip("[]")
+    if settings.advertise_url is None and host in ("0.0.0.0", "::", ""):
+        raise CliError(
+            f"WAKEFUL_LISTEN={settings.listen} listens on every address: set "
+            "WAKEFUL_ADVERTISE_URL to the URL ingresses and nodes reach this activator at "
+            "(the one their WAKEFUL_API names)"
+        )
     idle = None if args.no_idle_monitor else _idle_settings(args)
     data_dir = Path(args.data_dir).absolute()
     _serve(

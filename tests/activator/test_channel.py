@@ -394,3 +394,26 @@ async def test_an_activator_that_stops_leading_sends_its_parked_acquires_elsewhe
         with pytest.raises(Unreachable):  # a new channel here is closed at once too
             await leases.acquire("hello")
     assert waiters(api) == 0 and leased(api) == 0
+
+
+async def test_held_leases_are_reported_at_once_when_the_channel_goes_not_at_the_next_call(
+    api: Served,
+) -> None:
+    """An idle cached lease makes no call for a third of a lease TTL; the activator that took
+    over must still count it within its adoption window: the client opens a new channel as
+    soon as the old one is lost, and reports what it holds there."""
+    leading = [api.url]
+
+    async def locate() -> str:
+        return leading[0]
+
+    async with ChannelLeases(api.url, TOKEN, locate=locate) as leases:
+        held = await leases.acquire("hello")
+        async with serve_activator(api.store, adopt_for=3600) as heir:
+            leading[0] = heir.url
+            link = leases._link
+            assert link is not None
+            await link.close()  # the leader is gone; nothing is asked of the client after
+            with anyio.fail_after(10):
+                await eventually(lambda: leased(heir) == held.size)
+            await leases.release(held.lease_id)

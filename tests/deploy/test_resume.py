@@ -4,6 +4,7 @@ store (`rollouts/{app}/{version}`) as it begins and as it ends, and the next lea
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import anyio
@@ -22,9 +23,9 @@ V1 = AppSpec(command=["serve"])
 V2 = AppSpec(command=["serve", "--v2"])
 
 
-async def serving_v1(store: Store) -> None:
-    """`web` at v1, one sandbox serving it."""
-    deployer = Deployer(store, LocalArtifacts(Path("/nonexistent")))
+async def serving_v1(store: Store, clock: ManualClock | None = None) -> None:
+    """`web` at v1, one sandbox serving it (deployed at `clock`'s time)."""
+    deployer = Deployer(store, LocalArtifacts(Path("/nonexistent")), clock=clock or time.time)
     rollout = await deployer.prepare(AppDefinition(name="web", spec=V1), None)
     assert (await deployer.roll_out(rollout)).phase is Phase.LIVE  # nothing to wait for
     await routable(store, "sb-1", rollout.pool)
@@ -73,7 +74,7 @@ async def test_a_rollout_left_under_way_is_carried_on_by_the_next_leader(tmp_pat
 async def test_a_resumed_rollout_keeps_the_deadline_it_began_with(tmp_path: Path) -> None:
     clock = ManualClock(1_000_000.0)
     async with open_store("memory://") as store:
-        await serving_v1(store)
+        await serving_v1(store, clock)
         first = Deployer(store, LocalArtifacts(tmp_path), timeout=300, clock=clock)
         await first.prepare(AppDefinition(name="web", spec=V2), None)
         clock.advance(301)  # the takeover came after its deadline
@@ -96,3 +97,37 @@ async def test_deleting_an_app_removes_its_rollout_records(tmp_path: Path) -> No
         await deployer.delete("web")
         assert (await store.list(keys.ROLLOUTS, RolloutRecord)).items == []
         assert await Deployer(store, LocalArtifacts(tmp_path)).resume() == []
+
+
+async def test_a_rolling_record_left_after_its_flip_or_replaced_is_not_carried_on(
+    tmp_path: Path,
+) -> None:
+    """A record still `rolling` whose flip happened (its end never written), or whose app a
+    later deploy took elsewhere, must not be flipped again by the next leader: the route
+    would go back."""
+    clock = ManualClock(1_000_000.0)
+    async with open_store("memory://") as store:
+        deployer = Deployer(store, LocalArtifacts(tmp_path), clock=clock)
+        v1 = await deployer.prepare(AppDefinition(name="web", spec=V1), None)
+        stale = v1.record()  # as it was before its flip
+        await deployer.roll_out(v1)
+        clock.advance(10)
+        v2 = await deployer.prepare(AppDefinition(name="web", spec=V2), None)
+        await deployer.roll_out(v2)  # nothing served v1 yet: v2 flips at once
+        # v1's record says `rolling` again (a leader died between its flip and its record).
+        await store.put(keys.rollout("web", "v1"), stale)
+        heir = Deployer(store, LocalArtifacts(tmp_path), clock=clock)
+        assert await heir.resume() == []
+        app = await store.get(keys.app("web"), App)
+        assert app is not None and app.value.active_version == "v2"
+        record = await store.get(keys.rollout("web", "v1"), RolloutRecord)
+        assert record is not None and record.value.phase == "failed"
+
+
+async def test_the_end_of_a_rollout_is_written_with_its_flip(tmp_path: Path) -> None:
+    async with open_store("memory://") as store:
+        deployer = Deployer(store, LocalArtifacts(tmp_path))
+        rollout = await deployer.prepare(AppDefinition(name="web", spec=V1), None)
+        await deployer._roll_out(rollout)  # the flip alone, not the write after it
+        record = await store.get(keys.rollout("web", rollout.version), RolloutRecord)
+        assert record is not None and record.value.phase == "live"

@@ -42,6 +42,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import anyio
 from pydantic import BaseModel, Field
 
 from wakeful.domain import keys
@@ -173,9 +174,22 @@ async def backup(store: StoreBase, path: Path, blobs: ReadBlob | None = None) ->
         "blobs": len(found),
         "taken_at": time.time(),
     }
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    await anyio.to_thread.run_sync(_write, path, header, kept, found)
+    return Summary(len(kept), revision, schema, len(found))
+
+
+def _write(
+    path: Path,
+    header: dict[str, object],
+    kept: list[tuple[str, bytes]],
+    found: list[tuple[str, bytes]],
+) -> None:
+    """The backup file, whole or not at all: a temporary file, fsync, rename."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    # Created 0600 (tokens' digests, apps' environments), never through a planted link.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        with temporary.open("w", encoding="utf-8") as out:
+        with open(os.open(temporary, flags, 0o600), "w", encoding="utf-8") as out:
             out.write(json.dumps(header) + "\n")
             for key, data in kept:
                 out.write(json.dumps({"key": key, "value": json.loads(data)}) + "\n")
@@ -184,12 +198,10 @@ async def backup(store: StoreBase, path: Path, blobs: ReadBlob | None = None) ->
                 out.write(json.dumps({"blob": digest, "data": encoded}) + "\n")
             out.flush()
             os.fsync(out.fileno())
-        os.chmod(temporary, 0o600)  # tokens' digests, apps' environments
         temporary.replace(path)
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
-    return Summary(len(kept), revision, schema, len(found))
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ Theory of operation:
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -63,6 +64,14 @@ class Election:
         self._ttl = ttl
         self._retry = retry
         self._clock = clock
+        self._valid_until = -math.inf
+        """On `clock`: until when the term held is certainly current (half a TTL after the
+        last renewal that began before it succeeded)."""
+
+    def leading(self) -> bool:
+        """The term held is certainly still current: checked before each grant, so a
+        process paused past its term grants nothing when it wakes, before `hold` notices."""
+        return self._clock() < self._valid_until
 
     async def current(self) -> Leader | None:
         item = await self._store.get(self.key, Leader)
@@ -86,8 +95,10 @@ class Election:
                     and await self._renewed(previous)
                 ):
                     log.info("resumed the term", extra={"key": self.key})
+                    self._valid_until = self._clock() + self._ttl / 2
                     return previous
                 if held is None:
+                    asked = self._clock()
                     lease = await self._store.grant(self._ttl)
                     try:
                         revision = await self._store.create(self.key, self.leader, lease=lease)
@@ -95,6 +106,7 @@ class Election:
                         await self._store.revoke(lease)
                     else:
                         log.info("elected", extra={"key": self.key, "revision": revision})
+                        self._valid_until = asked + self._ttl / 2
                         return Term(self.key, revision, lease)
                 elif not announced:
                     announced = True
@@ -116,14 +128,15 @@ class Election:
         return True
 
     async def hold(self, term: Term) -> None:
-        """Keep the term alive; raises `Deposed` once it is over (see the module's notes).
-        Never returns otherwise: cancel it to stop, then `resign`."""
+        """Keep the term alive; raises `Deposed` once it is over (see the module's notes),
+        at the latest half a TTL after the last renewal: no attempt and no pause between
+        attempts runs past that. Never returns otherwise: cancel it to stop, then `resign`."""
         interval = max(0.2, self._ttl / 5)
-        last_ok = self._clock()
         while True:
             sent = self._clock()
+            left = self._valid_until - sent
             try:
-                with anyio.fail_after(interval):
+                with anyio.fail_after(max(0.0, min(interval, left))):
                     await self._store.keep_alive(term.lease)
                     item = await self._store.get(self.key, Leader)
             except LeaseNotFound:
@@ -133,13 +146,14 @@ class Election:
             else:
                 if item is None or item.revision != term.revision:
                     raise Deposed(f"{self.key!r} changed hands: the term is over")
-                last_ok = sent
-            if self._clock() - last_ok >= self._ttl / 2:
+                self._valid_until = sent + self._ttl / 2
+            left = self._valid_until - self._clock()
+            if left <= 0:
                 raise Deposed(
                     f"no renewal of {self.key!r} for {self._ttl / 2:g} s: giving the term up "
                     "before the store can elect another holder"
                 )
-            await anyio.sleep(interval)
+            await anyio.sleep(min(interval, left))
 
     async def resign(self, term: Term) -> None:
         """End the term now (the lease and its key go), so another candidate takes over at
