@@ -27,6 +27,23 @@ pytestmark = pytest.mark.anyio
 __all__ = ["api"]  # the fixture, imported to be used here
 
 
+class Leading:
+    """Where `locate` says the leading activator is; `move_to` another, the old channel lost
+    (as when the leader dies)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    async def locate(self) -> str:
+        return self.url
+
+    async def move_to(self, url: str, leases: ChannelLeases) -> None:
+        self.url = url
+        link = leases._link
+        assert link is not None
+        await link.close()
+
+
 def waiters(api: Served) -> int:
     return api.activator.snapshot()[0].waiters
 
@@ -315,18 +332,11 @@ async def test_an_activator_that_takes_over_adopts_the_leases_held_before_it_gra
     """Invariant 20: the leases an ingress holds keep their capacity on the activator that
     takes over (reported on its first channel there), and that one grants nothing until its
     adoption window ends: none is lost, none granted twice."""
-    leading = [api.url]
-
-    async def locate() -> str:
-        return leading[0]
-
-    async with ChannelLeases(api.url, TOKEN, locate=locate) as leases:
+    leading = Leading(api.url)
+    async with ChannelLeases(api.url, TOKEN, locate=leading.locate) as leases:
         held = await leases.acquire("hello")
         async with serve_activator(api.store, adopt_for=3600) as heir:
-            leading[0] = heir.url
-            link = leases._link
-            assert link is not None
-            await link.close()  # the leader is gone
+            await leading.move_to(heir.url, leases)  # the leader is gone
             renewed = await leases.renew(held.lease_id)  # on the heir: adopted, not gone
             assert renewed.lease_id == held.lease_id
             assert leased(heir) == held.size
@@ -349,20 +359,13 @@ async def test_an_activator_that_takes_over_adopts_the_leases_held_before_it_gra
 
 
 async def test_a_lease_on_a_sandbox_that_is_gone_is_not_adopted(api: Served) -> None:
-    leading = [api.url]
-
-    async def locate() -> str:
-        return leading[0]
-
-    async with ChannelLeases(api.url, TOKEN, locate=locate) as leases:
+    leading = Leading(api.url)
+    async with ChannelLeases(api.url, TOKEN, locate=leading.locate) as leases:
         held = await leases.acquire("hello")
         async with serve_activator(api.store) as heir:
             await set_status(api.store, "sb-1", SandboxStatus.STOPPED)
             await eventually(lambda: not heir.activator.snapshot()[0].ready)
-            leading[0] = heir.url
-            link = leases._link
-            assert link is not None
-            await link.close()
+            await leading.move_to(heir.url, leases)
             with pytest.raises(LeaseGone):
                 await leases.renew(held.lease_id)
             assert leased(heir) == 0
@@ -402,18 +405,13 @@ async def test_held_leases_are_reported_at_once_when_the_channel_goes_not_at_the
     """An idle cached lease makes no call for a third of a lease TTL; the activator that took
     over must still count it within its adoption window: the client opens a new channel as
     soon as the old one is lost, and reports what it holds there."""
-    leading = [api.url]
-
-    async def locate() -> str:
-        return leading[0]
-
-    async with ChannelLeases(api.url, TOKEN, locate=locate) as leases:
+    leading = Leading(api.url)
+    async with ChannelLeases(api.url, TOKEN, locate=leading.locate) as leases:
         held = await leases.acquire("hello")
         async with serve_activator(api.store, adopt_for=3600) as heir:
-            leading[0] = heir.url
-            link = leases._link
-            assert link is not None
-            await link.close()  # the leader is gone; nothing is asked of the client after
+            await leading.move_to(
+                heir.url, leases
+            )  # the leader is gone; nothing is asked of the client after
             with anyio.fail_after(10):
                 await eventually(lambda: leased(heir) == held.size)
             await leases.release(held.lease_id)
