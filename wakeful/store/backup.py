@@ -261,7 +261,7 @@ def read_backup(path: Path) -> BackupFile:
 async def restore(store: StoreBase, path: Path, blobs: WriteBlob | None = None) -> Summary:
     """The records of a backup into an empty store (see the module's notes); with `blobs`,
     its artifacts too, before any record (a version never names a missing one)."""
-    read = read_backup(path)
+    read = await anyio.to_thread.run_sync(read_backup, path)  # it may be large
     header, records = read.header, read.records
     rows, _ = await store._list("")
     present = [key for key, _, _ in rows if not key.startswith(EPHEMERAL)]
