@@ -211,6 +211,13 @@ class Activator:
                 f"{spec.concurrency.hard_limit} requests for {spec.activation_timeout:g} s",
                 retry_after=5,
             )
+        if spec.state is not None:  # its one sandbox waits for its state to be handed over
+            return NoCapacity(
+                f"app {app!r} keeps state and was not ready within {spec.activation_timeout:g} "
+                "s: its sandbox is moving to another node or waits for its state to be handed "
+                "back (`wakeful nodes` shows moves in progress)",
+                retry_after=5,
+            )
         return NoCapacity(
             f"no sandbox of app {app!r} became ready within {spec.activation_timeout:g} s",
             retry_after=5,

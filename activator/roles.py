@@ -45,6 +45,7 @@ ROUTES: Final[Mapping[tuple[str, str], Access]] = {
     # artifacts and deploys (deploy/api.py): a node fetches what it runs
     ("GET", "/v1/artifacts/{digest}"): NODE,
     ("PUT", "/v1/artifacts/{digest}"): ADMIN_ONLY,
+    ("PUT", "/v1/states/{digest}"): NODE,  # a stateful app's archive, when its sandbox stops
     ("POST", "/v1/deploys"): ADMIN_ONLY,
     ("GET", "/v1/deploys/{app}/{version}"): ADMIN_ONLY,
     ("POST", "/v1/apps/{app}/rollback"): ADMIN_ONLY,
@@ -56,6 +57,7 @@ ROUTES: Final[Mapping[tuple[str, str], Access]] = {
     ("GET", "/v1/sandboxes/{sandbox_id}/log"): ADMIN_ONLY,
     # nodes (wakeful/controller/api.py)
     ("GET", "/v1/nodes"): ADMIN_ONLY,
+    ("GET", "/v1/nodes/{node}"): ADMIN_ONLY,
     ("POST", "/v1/nodes/{node}/drain"): ADMIN_ONLY,
     ("DELETE", "/v1/nodes/{node}/drain"): ADMIN_ONLY,
     # tokens (activator/tokens_api.py)

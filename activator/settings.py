@@ -38,6 +38,14 @@ class ActivatorSettings(StoreSettings):
     artifact_dir: Path | None = None
     """WAKEFUL_ARTIFACT_DIR: where artifacts are kept; `<data dir>/artifacts` when unset.
     Activators that stand in for each other share it (one directory, or one network mount)."""
+    state_max_bytes: int = Field(default=256 << 20, ge=1 << 20, le=64 << 30)
+    """The largest state archive a node may store (`PUT /v1/states/{digest}`); nodes have the
+    same setting. WAKEFUL_STATE_MAX_BYTES."""
+    evacuate_concurrency: int = Field(default=4, ge=1, le=256)
+    """Stateful sandboxes a drain moves at once, cluster-wide. WAKEFUL_EVACUATE_CONCURRENCY."""
+    evacuate_grace: float = Field(default=30.0, ge=0, le=3600)
+    """Seconds a moving stateful sandbox waits for its in-flight requests before it is
+    stopped anyway. WAKEFUL_EVACUATE_GRACE."""
 
     def advertised(self) -> str:
         return self.advertise_url or f"http://{self.listen}"

@@ -1,8 +1,9 @@
 """The deploy half of the control API: artifacts, deploys, rollbacks and apps.
 
 Mounted behind the role check of the control API (`activator.api.create_app`; the decisions
-are in `activator.roles`): every route here is admin-only except `GET /v1/artifacts/{digest}`,
-which a node token may call too. Sandbox output is served by `deploy.logs_api`.
+are in `activator.roles`): every route here is admin-only except `GET /v1/artifacts/{digest}`
+and `PUT /v1/states/{digest}` (a stateful app's archive), which a node token may call too.
+Sandbox output is served by `deploy.logs_api`.
 """
 
 from typing import Annotated
@@ -72,26 +73,34 @@ def deploy_router(
     def bad(status: int, error: str, detail: str) -> HTTPException:
         return HTTPException(status, {"error": error, "detail": detail})
 
-    @router.put("/v1/artifacts/{digest}", status_code=201)
-    async def upload(digest: Digest, request: Request) -> dict[str, str]:
+    async def receive(request: Request, digest: str, limit: int, what: str) -> str:
         chunks: list[bytes] = []
         size = 0
         async for chunk in request.stream():
             size += len(chunk)
-            if size > artifacts.max_bytes:
-                raise bad(413, "artifact too large", f"the bound is {artifacts.max_bytes} bytes")
+            if size > limit:
+                raise bad(413, f"{what} too large", f"the bound is {limit} bytes")
             chunks.append(chunk)
         try:
-            stored = await artifacts.put(b"".join(chunks), expected=digest)
+            return await artifacts.put(b"".join(chunks), expected=digest, limit=limit)
         except ArtifactError as exc:
-            raise bad(400, "invalid artifact", str(exc)) from exc
+            raise bad(400, f"invalid {what}", str(exc)) from exc
         except ArtifactStorageError as exc:
             raise HTTPException(
                 503,
                 {"error": "artifact store unavailable", "detail": str(exc)},
                 headers={"Retry-After": "5"},
             ) from exc
-        return {"artifact": stored}
+
+    @router.put("/v1/artifacts/{digest}", status_code=201)
+    async def upload(digest: Digest, request: Request) -> dict[str, str]:
+        return {"artifact": await receive(request, digest, artifacts.max_bytes, "artifact")}
+
+    @router.put("/v1/states/{digest}", status_code=201)
+    async def upload_state(digest: Digest, request: Request) -> dict[str, str]:
+        """A node stores a stateful app's archive (fetched back as `/v1/artifacts/{digest}`)."""
+        limit = artifacts.state_max_bytes
+        return {"archive": await receive(request, digest, limit, "state archive")}
 
     @router.get("/v1/artifacts/{digest}")
     async def download(digest: Digest) -> Response:

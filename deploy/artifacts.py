@@ -43,24 +43,29 @@ class LocalArtifacts:
         directory: Path,
         max_bytes: int = MAX_ARTIFACT_BYTES,
         *,
+        state_max_bytes: int = 256 << 20,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._dir = directory
         self.max_bytes = max_bytes
+        self.state_max_bytes = state_max_bytes
+        """The bound on a stateful app's archive (`store_state`), stored here too."""
         self._clock = clock
         self._lock = anyio.Lock()
 
     def _path(self, digest: str) -> Path:
         return self._dir / f"{digest}{SUFFIX}"
 
-    async def put(self, data: bytes, expected: str | None = None) -> str:
+    async def put(self, data: bytes, expected: str | None = None, limit: int | None = None) -> str:
         """Store `data` (or, when it is stored already, start its grace period again: an
-        upload whose version is not written yet must not be collected)."""
+        upload whose version is not written yet must not be collected). `limit`: the bound,
+        `max_bytes` when None."""
         digest = digest_of(data)
         if expected is not None and expected != digest:
             raise ArtifactError(f"upload's sha256 is {digest}, not {expected}")
-        if len(data) > self.max_bytes:
-            raise ArtifactError(f"artifact is {len(data)} bytes; the bound is {self.max_bytes}")
+        limit = self.max_bytes if limit is None else limit
+        if len(data) > limit:
+            raise ArtifactError(f"archive is {len(data)} bytes; the bound is {limit}")
         await anyio.to_thread.run_sync(validate, data)
         async with self._lock:
             await anyio.to_thread.run_sync(self._write, digest, data, self._clock())
@@ -88,6 +93,11 @@ class LocalArtifacts:
             raise ArtifactStorageError(
                 exc.errno, f"cannot store artifact {digest}: {exc.strerror}"
             ) from exc
+
+    async def store_state(self, data: bytes, digest: str) -> None:
+        """A node's state archive (the same format and directory as artifacts; the collector
+        keeps what an `AppState` names)."""
+        await self.put(data, expected=digest, limit=self.state_max_bytes)
 
     async def fetch(self, digest: str) -> bytes:
         """The stored bytes, as they are on disk: whoever unpacks them checks their sha256

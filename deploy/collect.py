@@ -1,10 +1,12 @@
 """Artifact garbage collection: stored artifacts no version references any more are deleted.
 
-Versions (`versions/{app}/{version}`) are the only references to an artifact; they go when
-their app is deleted (`Deployer.delete`), and an upload whose deploy never happened (refused,
-or the client gave up) never gets one. The collector runs after each app deletion and every
-`artifact_gc_interval` seconds in the control plane (`wakeful.bootstrap.control_plane`), so
-an unreferenced artifact stays on disk at most `grace` + one interval.
+Versions (`versions/{app}/{version}`) reference artifacts, and stateful apps' records
+(`states/{app}`) their latest state archive (kept in the same directory); versions go when
+their app is deleted (`Deployer.delete`), an archive when a newer one supersedes it, and an
+upload whose deploy (or release) never happened never gets a reference. The collector runs
+after each app deletion and every `artifact_gc_interval` seconds in the control plane
+(`wakeful.bootstrap.control_plane`), so an unreferenced artifact stays on disk at most
+`grace` + one interval.
 
 It never deletes an artifact that any version references, nor one uploaded or claimed by a
 deploy (`LocalArtifacts.keep`) less than `grace` seconds ago: that is an upload in flight whose
@@ -22,7 +24,7 @@ import anyio
 
 from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.domain import keys
-from wakeful.domain.models import Version
+from wakeful.domain.models import AppState, Version
 from wakeful.store import Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -58,7 +60,16 @@ class ArtifactCollector:
                 ", ".join(listing.invalid),
             )
             return []
+        states = await self._store.list(keys.STATES, AppState)
+        if states.invalid:
+            log.warning(
+                "not collecting artifacts: state records %s do not validate, so which "
+                "archives they reference is unknown",
+                ", ".join(states.invalid),
+            )
+            return []
         referenced = {item.value.artifact for item in listing.items}
+        referenced |= {item.value.archive for item in states.items}
         before = self._clock() - self._grace
         removed = []
         for digest, touched in await self._artifacts.stored():

@@ -206,8 +206,12 @@ class Deployer:
             version,
             pool.name,
             Phase.ROLLING,
-            f"{name} {version}: starting {size} sandbox(es)",
-            old_running,
+            f"{name} {version}: starting {size} sandbox(es)"
+            if definition.spec.state is None
+            else f"{name} {version}: stateful, so the old version hands its state over first",
+            # A stateful app has one writer: the route flips at once and the new version
+            # starts once the old one has stopped and handed its state back (requests wait).
+            old_running if definition.spec.state is None else 0,
             hosts=list(definition.hosts),
             default_host=definition.default_host,
             started_at=self._clock(),
@@ -398,6 +402,7 @@ class Deployer:
             require += [Require(p.key, p.revision) for p in pools]
             ops: list[Op] = [Delete(found.key), *(Delete(v.key) for v in versions)]
             ops += [Delete(r.key) for r in records]
+            ops.append(Delete(keys.state(app)))  # its archive is collected with the artifacts
             for pool in pools:
                 retired_at = pool.value.retired_at if pool.value.retired else now
                 gone = {"retired": True, "retired_at": retired_at, "deleted": True}

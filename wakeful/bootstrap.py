@@ -116,7 +116,9 @@ async def control_plane(
     registry = CollectorRegistry()
     activator = Activator(store, settings, registry, leading=leading)
     artifacts = LocalArtifacts(
-        settings.artifact_dir or data_dir / "artifacts", clock=artifact_clock
+        settings.artifact_dir or data_dir / "artifacts",
+        state_max_bytes=settings.state_max_bytes,
+        clock=artifact_clock,
     )
     collector = ArtifactCollector(
         store, artifacts, grace=settings.artifact_grace, clock=artifact_clock
@@ -156,6 +158,9 @@ async def control_plane(
             activator.leased_on,
             interval=reconcile_interval,
             drain_grace=drain_grace,
+            evacuate_concurrency=settings.evacuate_concurrency,
+            evacuate_grace=settings.evacuate_grace,
+            registry=registry,
         )
         tasks.start_soon(reconciler.run)
         tasks.start_soon(collector.run, settings.artifact_gc_interval)

@@ -17,7 +17,15 @@ from wakeful.domain.artifacts import digest_of, pack
 
 from .logfollow import LogFollower
 from .remote import ApiRefused, ApiUnreachable, ControlClient
-from .tables import app_line, deletion_line, node_line, pool_table, token_table, version_lines
+from .tables import (
+    app_line,
+    deletion_line,
+    node_line,
+    pool_table,
+    progress_counts,
+    token_table,
+    version_lines,
+)
 
 USAGE = 2
 """Exit status for a command line or configuration that cannot work (a flag, a file, a
@@ -143,17 +151,28 @@ def drain(
     if not evacuate:
         print(f"{node} is cordoned: no new sandboxes; the ones there keep running")
         return 0
-    print(f"evacuating {node}: replacing its sandboxes elsewhere, then draining them")
+    print(
+        f"evacuating {node}: replacing its stateless sandboxes elsewhere, moving stateful "
+        "ones with their state, then draining them"
+    )
     last = None
     while True:
-        found = [n for n in api.nodes() if n["name"] == node]
-        left = found[0]["sandboxes"] if found else 0
-        if left != last:
-            say(f"  {left} sandbox(es) left on {node}")
-            last = left
-        if left == 0:
-            return 0
+        report = api.node(node)
+        moving = report.get("progress") or {}
+        line = f"  {node}: {progress_counts(moving)}"
+        if line != last:
+            say(line)
+            last = line
+        if moving.get("done", True):
+            break
         pause(POLL)
+    for problem in moving.get("problems", []):
+        where = problem.get("sandbox") or "its state"
+        say(f"  cannot move {problem['app']} ({where}): {problem['reason']}")
+    if moving.get("failed"):
+        raise CliError(f"{moving['failed']} could not leave {node} (reasons above)", RUNTIME)
+    say(f"{node} is empty: nothing of any app is left on it")
+    return 0
 
 
 def logs(

@@ -197,6 +197,9 @@ class ControlClient:
     def nodes(self) -> list[dict[str, Any]]:
         return list(self._json("GET", "/v1/nodes"))
 
+    def node(self, node: str) -> Any:
+        return self._json("GET", f"/v1/nodes/{_segment(node)}")
+
     def drain(self, node: str, *, evacuate: bool, force: bool) -> None:
         params = {"evacuate": evacuate, "force": force}
         self._send("POST", f"/v1/nodes/{_segment(node)}/drain", params=params)
@@ -339,6 +342,19 @@ class HttpArtifacts(_NodeClient):
         if digest_of(answer.content) != digest:
             raise ArtifactError(f"artifact {digest} arrived corrupt")
         return answer.content
+
+    async def store_state(self, data: bytes, digest: str) -> None:
+        """Upload a stateful app's archive (`ArtifactError` when it is refused or cannot be
+        sent: the node keeps it and tries again)."""
+        url = await self._url(f"/v1/states/{_segment(digest)}")
+        try:
+            answer = await self._client.put(url, content=data)
+        except httpx.HTTPError as exc:
+            raise ArtifactError(f"cannot store {digest} through the control API: {exc!r}") from exc
+        if answer.status_code != 201:
+            raise ArtifactError(
+                f"control API answered {answer.status_code} for {digest}: {_reason(answer)}"
+            )
 
 
 class HttpLogSink(_NodeClient):

@@ -58,7 +58,17 @@ def node_line(node: Mapping[str, Any]) -> str:
     if not node["registered"]:
         state += " (not registered)"
     isolation = node.get("isolation") or "unknown"
-    return f"{node['name']}  {state}  sandboxes={node['sandboxes']}  isolation: {isolation}"
+    moving = node.get("progress")
+    counts = "" if not moving else f"  {progress_counts(moving)}"
+    return f"{node['name']}  {state}  sandboxes={node['sandboxes']}{counts}  isolation: {isolation}"
+
+
+PROGRESS = ("owned", "running", "moving", "archived", "moved", "failed")
+
+
+def progress_counts(progress: Mapping[str, Any]) -> str:
+    """`owned=3 running=2 moving=1 archived=0 moved=4 failed=0`: a drain's progress."""
+    return " ".join(f"{name}={progress.get(name, 0)}" for name in PROGRESS)
 
 
 def deletion_line(app: str, report: Mapping[str, Any]) -> str:

@@ -157,6 +157,7 @@ async def mirrored(store: Store) -> Mirror:
     sandboxes = await store.list("sandboxes/", Sandbox)
     mirror.sandboxes.replace(sandboxes.items, sandboxes.revision)
     mirror.cordons.replace([], sandboxes.revision)
+    mirror.states.replace([], sandboxes.revision)
     mirror.done_listing()
     return mirror
 
@@ -202,6 +203,7 @@ async def test_a_mirror_listed_table_by_table_is_as_old_as_its_oldest_table(stor
     nodes = await store.list("nodes/", Node)
     mirror.nodes.replace(nodes.items, nodes.revision)
     mirror.cordons.replace([], nodes.revision)
+    mirror.states.replace([], nodes.revision)
     mirror.done_listing()
     await reconciler.step(mirror)
     assert len(await statuses(store)) == 2

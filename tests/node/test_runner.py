@@ -21,6 +21,7 @@ from wakeful.node.agent import NodeAgent
 from wakeful.node.ports import PortPool
 from wakeful.node.runner import NodeServices, SandboxRunner
 from wakeful.node.settings import NodeSettings
+from wakeful.node.statehold import StateHold
 from wakeful.node.testing import FakeProgram, FakeRuntime
 from wakeful.node.writer import SandboxWriter
 from wakeful.store import Event, Item, Store, open_store
@@ -49,6 +50,9 @@ class Case:
 class NoArtifacts:
     async def fetch(self, digest: str) -> bytes:
         raise AssertionError("these versions have no artifact")
+
+    async def store_state(self, data: bytes, digest: str) -> None:
+        raise AssertionError("these apps have no state")
 
 
 @pytest.fixture
@@ -262,4 +266,5 @@ def node_services(
         writer=SandboxWriter(store, "n1"),
         shipper=None,
         before_shutdown=before_shutdown,
+        states=StateHold(store, NoArtifacts(), "n1", settings.data_dir, 1 << 20),
     )

@@ -31,7 +31,7 @@ from wakeful.activator.roles import PUBLIC, ROUTES, WEBSOCKET
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.deploy.logs_api import own_output
 from wakeful.domain import keys
-from wakeful.domain.artifacts import pack
+from wakeful.domain.artifacts import digest_of, pack
 from wakeful.domain.leases import Unauthorized
 from wakeful.domain.logbatch import LogBatch, OutputChunk
 from wakeful.domain.models import Node, Role, Sandbox, SandboxStatus
@@ -60,7 +60,12 @@ def routes_of(app: FastAPI) -> set[tuple[str, str]]:
 
 SCHEMA = ("GET", "/openapi.json")
 """The API's schema: any role's token may read it, no token may not."""
-NODE_MAY = {("GET", "/v1/artifacts/{digest}"), ("POST", "/v1/logs"), SCHEMA}
+NODE_MAY = {
+    ("GET", "/v1/artifacts/{digest}"),
+    ("PUT", "/v1/states/{digest}"),
+    ("POST", "/v1/logs"),
+    SCHEMA,
+}
 """What `wakeful node` calls (`HttpArtifacts`, `HttpLogSink`), written out here rather than
 read from the map, so a map that grants more fails these tests."""
 INGRESS_MAY = {
@@ -171,6 +176,8 @@ async def test_a_node_token_fetches_artifacts_and_pushes_logs_and_nothing_else(
     # The very clients `wakeful node` uses, with the node's token.
     async with HttpArtifacts(control.running.url, control.node) as artifacts:
         assert await artifacts.fetch(digest) == data
+        state = pack(HELLO, skip=frozenset({"nothing"}))
+        await artifacts.store_state(state, digest_of(state))  # a stateful app's archive
     async with HttpLogSink(control.running.url, control.node) as logs:
         await logs.ship(LogBatch(node="n1", interval=1, pending=0, dropped=0))
     # ... and not the ones the ingress uses.

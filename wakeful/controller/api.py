@@ -6,7 +6,9 @@ POST   /v1/nodes/{node}/drain   cordon the node; with evacuate (the default) its
                                 forever, unseen), unless `force=true`; a registered node whose
                                 agent is down can be cordoned.
 DELETE /v1/nodes/{node}/drain   uncordon: the node takes new sandboxes again
-GET    /v1/nodes                every node: cordoned, evacuating, live sandboxes
+GET    /v1/nodes                every node: cordoned, evacuating, live sandboxes, and while it
+                                evacuates, its progress (`Progress`)
+GET    /v1/nodes/{node}         one node, the same
 """
 
 import time
@@ -17,12 +19,46 @@ from fastapi import Path as PathParam
 from pydantic import BaseModel
 
 from wakeful.domain import keys
-from wakeful.domain.models import NAME_PATTERN, ON_NODE, Cordon, Node, Sandbox, SeenNode
+from wakeful.domain.models import (
+    NAME_PATTERN,
+    ON_NODE,
+    AppState,
+    Cordon,
+    Node,
+    Pool,
+    Sandbox,
+    SandboxStatus,
+    SeenNode,
+)
 from wakeful.store import Store
 
 from .reconciler import with_cordon
 
 NodeName = Annotated[str, PathParam(pattern=NAME_PATTERN, description="a node name")]
+
+
+class Problem(BaseModel):
+    app: str
+    sandbox: str | None = None
+    reason: str
+
+
+class Progress(BaseModel):
+    """What a drain of a node has done. `owned`: sandboxes still on it; `running`: of those,
+    running; `moving`: stateful sandboxes gated or stopping there, and states it handed back
+    that wait for their new node; `archived`: states it handed back that rest (their app is at
+    zero: they wake on any node); `moved`: states adopted elsewhere since the drain began;
+    `failed`: what cannot leave, each in `problems` with the reason. `done`: nothing is left
+    to move, or what is left cannot move."""
+
+    owned: int = 0
+    running: int = 0
+    moving: int = 0
+    archived: int = 0
+    moved: int = 0
+    failed: int = 0
+    done: bool = True
+    problems: list[Problem] = []
 
 
 class NodeReport(BaseModel):
@@ -33,21 +69,72 @@ class NodeReport(BaseModel):
     evacuating: bool
     sandboxes: int
     isolation: str = ""
+    progress: Progress | None = None
+    """While it is drained with evacuation."""
+
+
+LEAVING = frozenset({SandboxStatus.DRAINING, SandboxStatus.STOPPING})
+
+
+def progress(
+    node: str,
+    since: float,
+    sandboxes: list[Sandbox],
+    states: list[AppState],
+    pools: dict[str, Pool],
+    nodes: list[Node],
+) -> Progress:
+    """A drain's progress on `node` since `since` (see `Progress`), from what the store holds."""
+    here = [s for s in sandboxes if s.node == node and s.status in ON_NODE]
+    stateful = {name for name, pool in pools.items() if pool.spec.state is not None}
+    wanted = {
+        pool.app for pool in pools.values() if not pool.retired and pool.desired_instances > 0
+    }
+    peers = [n for n in nodes if n.name != node and not n.cordoned and not n.evacuating]
+    report = Progress(owned=len(here))
+    report.running = sum(1 for s in here if s.status is SandboxStatus.RUNNING)
+    report.moving = sum(1 for s in here if s.pool in stateful and s.status in LEAVING)
+    for held in states:
+        if held.node == node and held.kept:
+            report.problems.append(Problem(app=held.app, sandbox=held.sandbox, reason=held.error))
+        elif held.node is None and held.released_by == node and held.released_at >= since:
+            if held.app in wanted:
+                report.moving += 1
+            else:
+                report.archived += 1
+        if held.moved_from == node and held.moved_at >= since and held.node not in (None, node):
+            report.moved += 1
+    if not peers:
+        for sandbox in here:
+            reason = "no other node takes sandboxes (all are cordoned or gone)"
+            report.problems.append(Problem(app=sandbox.app, sandbox=sandbox.id, reason=reason))
+    report.failed = len(report.problems)
+    stuck = {p.sandbox for p in report.problems}
+    report.done = report.moving == 0 and all(s.id in stuck for s in here)
+    return report
 
 
 def node_router(store: Store) -> APIRouter:
     router = APIRouter()
 
-    @router.get("/v1/nodes", response_model=list[NodeReport])
-    async def nodes() -> list[NodeReport]:
+    async def reports(only: str | None = None) -> list[NodeReport]:
         registered = {n.value.name: n.value for n in (await store.list(keys.NODES, Node)).items}
         cordons = {c.value.node: c.value for c in (await store.list(keys.CORDONS, Cordon)).items}
         sandboxes = [s.value for s in (await store.list(keys.SANDBOXES, Sandbox)).items]
-        reports = []
+        states = [s.value for s in (await store.list(keys.STATES, AppState)).items]
+        pools = {p.value.name: p.value for p in (await store.list(keys.POOLS, Pool)).items}
+        merged_nodes = [with_cordon(n, cordons.get(name)) for name, n in registered.items()]
+        found = []
         for name in sorted(set(registered) | set(cordons)):
+            if only is not None and name != only:
+                continue
             node = registered.get(name) or Node(name=name, address="")
-            merged = with_cordon(node, cordons.get(name))
-            reports.append(
+            cordon = cordons.get(name)
+            merged = with_cordon(node, cordon)
+            moving = None
+            if cordon is not None and cordon.evacuate:
+                moving = progress(name, cordon.since, sandboxes, states, pools, merged_nodes)
+            found.append(
                 NodeReport(
                     name=name,
                     address=merged.address,
@@ -56,9 +143,23 @@ def node_router(store: Store) -> APIRouter:
                     evacuating=merged.evacuating,
                     isolation=merged.isolation,
                     sandboxes=sum(1 for s in sandboxes if s.node == name and s.status in ON_NODE),
+                    progress=moving,
                 )
             )
-        return reports
+        return found
+
+    @router.get("/v1/nodes", response_model=list[NodeReport])
+    async def nodes() -> list[NodeReport]:
+        return await reports()
+
+    @router.get("/v1/nodes/{node}", response_model=NodeReport)
+    async def one_node(node: NodeName) -> NodeReport:
+        found = await reports(node)
+        if not found:
+            raise HTTPException(
+                404, {"error": "unknown node", "detail": f"no node named {node!r} is registered"}
+            )
+        return found[0]
 
     @router.post("/v1/nodes/{node}/drain", status_code=202)
     async def drain(

@@ -10,6 +10,12 @@ Rules:
   when its last lease is gone, so no request is lost to a scale-down.
 - A crash is a sandbox that died before it was ever ready; crashes in a row back off
   exponentially (capped); a routable sandbox ends the streak.
+- A stateful app (`[state]`, one sandbox at most) has one writer: its sandbox is created only
+  while its state belongs to no node, adopting it in the same write (`Create.adopt`). On an
+  evacuating node it is moved, not replaced: gated (drained) when the reconciler's budget of
+  moves has room for it, stopped once its leases end or `grace` has passed, and created again
+  elsewhere once its node handed the state back. A state held by a node that is gone is taken
+  back with its last archive.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from wakeful.domain.models import FINISHED, SIZED, Node, Pool, Sandbox, SandboxStatus
+from wakeful.domain.models import FINISHED, SIZED, AppState, Node, Pool, Sandbox, SandboxStatus
 
 COOLDOWN_BASE = 1.0
 COOLDOWN_CAP = 60.0
@@ -26,6 +32,8 @@ COOLDOWN_CAP = 60.0
 @dataclass(frozen=True, slots=True)
 class Create:
     node: str
+    adopt: int | None = None
+    """A stateful app's sandbox: adopt its state, free at this epoch, in the same write."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +58,43 @@ class MarkDead:
     reason: str
 
 
-Action = Create | Drain | Stop | Remove | MarkDead
+@dataclass(frozen=True, slots=True)
+class TakeBack:
+    """The node holding a stateful app's state is gone: release it with its last archive."""
+
+    app: str
+    node: str
+
+
+Action = Create | Drain | Stop | Remove | MarkDead | TakeBack
+
+
+@dataclass(frozen=True)
+class Moves:
+    """How the reconciler paces stateful sandboxes off evacuating nodes: `now`, the ids it
+    lets move in this tick (within its budget); `grace`, seconds a gated one waits for its
+    leases before it is stopped anyway."""
+
+    now: frozenset[str] = frozenset()
+    grace: float = 30.0
+
+
+MOVE_ORDER = {SandboxStatus.PENDING: 0, SandboxStatus.BOOTING: 1, SandboxStatus.RUNNING: 2}
+
+
+def choose_moves(
+    stateful: Sequence[Sandbox], leased: Mapping[str, int], evacuating: set[str], budget: int
+) -> frozenset[str]:
+    """Which stateful sandboxes on evacuating nodes start moving now: at most `budget` more
+    than are moving already (draining or stopping there), those not serving yet first, then
+    those holding no lease, the least recently active first."""
+    there = [s for s in stateful if s.node in evacuating]
+    moving = sum(1 for s in there if s.status in (SandboxStatus.DRAINING, SandboxStatus.STOPPING))
+    waiting = sorted(
+        (s for s in there if s.status in MOVE_ORDER),
+        key=lambda s: (MOVE_ORDER[s.status], leased.get(s.id, 0) > 0, s.last_activity, s.id),
+    )
+    return frozenset(s.id for s in waiting[: max(0, budget - moving)])
 
 
 def crashed(sandbox: Sandbox) -> bool:
@@ -76,11 +120,18 @@ def plan_pool(
     nodes: Sequence[Node],
     placed: dict[str, int],
     now: float,
+    *,
+    state: AppState | None = None,
+    moves: Moves | None = None,
 ) -> list[Action]:
     """Actions for one pool (None: the pool is gone, so everything of it goes).
 
-    `placed` counts live sandboxes per node across all pools; creations update it.
+    `placed` counts live sandboxes per node across all pools; creations update it. `state`:
+    the app's state record when the pool's app is stateful; `moves`: how stateful sandboxes
+    leave evacuating nodes.
     """
+    moves = moves or Moves()
+    stateful = pool is not None and pool.spec.state is not None
     live_nodes = {n.name for n in nodes}
     evacuating = {n.name for n in nodes if n.evacuating}
     actions: list[Action] = []
@@ -93,29 +144,56 @@ def plan_pool(
         elif sandbox.owner is None and sandbox.epoch > 0:
             # Ownership was released and nobody took it: no node serves or reports it.
             actions.append(MarkDead(sandbox.id, "ownership released; nobody took it"))
-        elif sandbox.status is SandboxStatus.DRAINING and leased.get(sandbox.id, 0) == 0:
+        elif sandbox.status is SandboxStatus.DRAINING and (
+            leased.get(sandbox.id, 0) == 0
+            or _gate_passed(sandbox, stateful, evacuating, moves, now)
+        ):
             actions.append(Stop(sandbox.id))
         elif sandbox.status in SIZED:
             live.append(sandbox)
+    if stateful and state is not None and state.node is not None and state.node not in live_nodes:
+        actions.append(TakeBack(state.app, state.node))
     desired = 0 if pool is None or pool.retired else pool.desired_instances
     # Sandboxes on an evacuating node keep serving until replacements elsewhere serve too.
     staying = [s for s in live if s.node not in evacuating]
     leaving = [s for s in live if s.node in evacuating]
+    candidates = [n for n in nodes if not n.cordoned and not n.evacuating]
+    if stateful:
+        # One writer: moved (gated, stopped, created again elsewhere), never replaced first.
+        if candidates:
+            actions.extend(_shrink([s for s in leaving if s.id in moves.now], len(leaving), {}))
+        leaving = []
     if len(staying) < desired:
         if pool is not None and pool.crash_cooldown_until > now:
             return actions
-        candidates = [n for n in nodes if not n.cordoned and not n.evacuating]
+        adopt = None
+        if stateful:
+            if state is not None and state.node is not None:
+                return actions  # its state comes free when the sandbox holding it stops
+            adopt = 0 if state is None else state.epoch
         for _ in range(desired - len(staying)):
             if not candidates:
                 break  # no adopter: what is on a leaving node stays and keeps serving
             node = min(candidates, key=lambda n: (placed.get(n.name, 0), n.name))
             placed[node.name] = placed.get(node.name, 0) + 1
-            actions.append(Create(node.name))
+            actions.append(Create(node.name, adopt))
     elif len(staying) > desired:
         actions.extend(_shrink(staying, len(staying) - desired, leased))
     if leaving and sum(1 for s in staying if s.routable) >= desired:
         actions.extend(_shrink(leaving, len(leaving), leased))
     return actions
+
+
+def _gate_passed(
+    sandbox: Sandbox, stateful: bool, evacuating: set[str], moves: Moves, now: float
+) -> bool:
+    """A stateful sandbox gated to move has waited `grace` for its leases: it stops anyway."""
+    return (
+        stateful
+        and sandbox.node in evacuating
+        and sandbox.draining_since > 0
+        and now - sandbox.draining_since >= moves.grace
+    )
 
 
 def _shrink(live: list[Sandbox], excess: int, leased: Mapping[str, int]) -> list[Action]:

@@ -19,18 +19,62 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import anyio
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import BaseModel
 
 from wakeful.domain import keys, trace
+from wakeful.domain import state as state_rules
 from wakeful.domain.lifecycle import Transition, can, transition
-from wakeful.domain.models import Cordon, Node, Pool, Sandbox, SandboxStatus
-from wakeful.store import Conflict, Delete, Item, Require, Store, StoreError
+from wakeful.domain.models import ON_NODE, AppState, Cordon, Node, Pool, Sandbox, SandboxStatus
+from wakeful.store import Conflict, Delete, Item, Put, Require, Store, StoreError
 from wakeful.store.reflector import Feed, reflect_all
 
-from .plan import Create, Drain, MarkDead, Remove, Stop, cooldown, crashed, plan_pool
+from .plan import (
+    Action,
+    Create,
+    Drain,
+    MarkDead,
+    Moves,
+    Remove,
+    Stop,
+    TakeBack,
+    choose_moves,
+    cooldown,
+    crashed,
+    plan_pool,
+)
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
+
+
+class EvacuationMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.evacuating = Gauge(
+            "wakeful_node_evacuating",
+            "1 while a node is drained with evacuation and still holds sandboxes or state",
+            ["node"],
+            registry=registry,
+        )
+        self.evacuations = Counter(
+            "wakeful_node_evacuations_total",
+            "Stateful sandboxes moved off an evacuating node (moved), or whose state its node "
+            "had to keep (failed)",
+            ["result"],
+            registry=registry,
+        )
+        self.conflicts = Counter(
+            "wakeful_node_release_conflicts_total",
+            "Adoptions of a state refused because another writer moved it first (stale epoch)",
+            registry=registry,
+        )
+        self._seen: set[str] = set()
+
+    def observe(self, evacuating: set[str]) -> None:
+        """`evacuating`: the nodes drained with evacuation that still hold something."""
+        for node in self._seen | evacuating:
+            self.evacuating.labels(node=node).set(1 if node in evacuating else 0)
+        self._seen |= evacuating
 
 
 def with_cordon(node: Node, cordon: Cordon | None) -> Node:
@@ -56,12 +100,13 @@ class Mirror:
         self.sandboxes: _Table[Sandbox] = _Table(self)
         self.nodes: _Table[Node] = _Table(self)
         self.cordons: _Table[Cordon] = _Table(self)
+        self.states: _Table[AppState] = _Table(self)
 
     def relisting(self) -> None:
         self.listed = False
 
     def done_listing(self) -> None:
-        tables = (self.pools, self.sandboxes, self.nodes, self.cordons)
+        tables = (self.pools, self.sandboxes, self.nodes, self.cordons, self.states)
         self.revision = min(table.listed_at for table in tables)
         self.listed = True
         self.changed.set()
@@ -77,6 +122,7 @@ class Mirror:
             list(self.sandboxes.items.values()),
             list(self.nodes.items.values()),
             list(self.cordons.items.values()),
+            list(self.states.items.values()),
         )
 
 
@@ -110,6 +156,7 @@ class State:
     sandboxes: list[Item[Sandbox]]
     nodes: list[Item[Node]]
     cordons: list[Item[Cordon]]
+    states: list[Item[AppState]]
 
 
 class Reconciler:
@@ -121,8 +168,17 @@ class Reconciler:
         interval: float = 1.0,
         drain_grace: float = 0.0,
         clock: Callable[[], float] = time.time,
+        evacuate_concurrency: int = 4,
+        evacuate_grace: float = 30.0,
+        registry: CollectorRegistry | None = None,
     ) -> None:
+        """`evacuate_concurrency`: stateful sandboxes moving off evacuating nodes at once;
+        `evacuate_grace`: how long a moving one waits for its leases (`plan.Moves`)."""
         self._store = store
+        self._budget = evacuate_concurrency
+        self._grace = evacuate_grace
+        self.metrics = EvacuationMetrics(registry or CollectorRegistry())
+        self._failed_seen: set[tuple[str, int]] = set()
         self._leased_on = leased_on
         self._interval = interval
         self._clock = clock
@@ -149,6 +205,7 @@ class Reconciler:
             Feed(keys.SANDBOXES, Sandbox, mirror.sandboxes),
             Feed(keys.NODES, Node, mirror.nodes),
             Feed(keys.CORDONS, Cordon, mirror.cordons),
+            Feed(keys.STATES, AppState, mirror.states),
         ]
 
         async with anyio.create_task_group() as tasks:
@@ -190,6 +247,7 @@ class Reconciler:
                 (await self._store.list(keys.SANDBOXES, Sandbox)).items,
                 (await self._store.list(keys.NODES, Node)).items,
                 (await self._store.list(keys.CORDONS, Cordon)).items,
+                (await self._store.list(keys.STATES, AppState)).items,
             )
         )
 
@@ -198,6 +256,7 @@ class Reconciler:
         sandboxes = state.sandboxes
         cordons = {c.value.node: c.value for c in state.cordons}
         nodes = [with_cordon(n.value, cordons.get(n.value.name)) for n in state.nodes]
+        states = {s.value.app: s for s in state.states}
         now = self._clock()
         by_pool: dict[str, list[Item[Sandbox]]] = defaultdict(list)
         placed: dict[str, int] = defaultdict(int)
@@ -208,24 +267,62 @@ class Reconciler:
                 SandboxStatus.DEAD,
             ):
                 placed[item.value.node] += 1
+        leased = {i.value.id: self._leased_on(i.value.id) for i in sandboxes}
+        if now < self._trust_leases_after:
+            leased = {sandbox_id: max(count, 1) for sandbox_id, count in leased.items()}
+        evacuating = {n.name for n in nodes if n.evacuating}
+        stateful_pools = {name for name, p in pools.items() if p.value.spec.state is not None}
+        moves = Moves(
+            choose_moves(
+                [i.value for i in sandboxes if i.value.pool in stateful_pools],
+                leased,
+                evacuating,
+                self._budget,
+            ),
+            self._grace,
+        )
+        self._observe(states, cordons, sandboxes)
         for name in sorted(set(pools) | set(by_pool)):
             pool_item = pools.get(name)
             items = {i.value.id: i for i in by_pool.get(name, [])}
             if pool_item is not None:
                 pool_item = await self._track_crashes(pool_item, list(items.values()), now)
-            leased = {sandbox_id: self._leased_on(sandbox_id) for sandbox_id in items}
-            if now < self._trust_leases_after:
-                leased = {sandbox_id: max(count, 1) for sandbox_id, count in leased.items()}
+            app_state = None if pool_item is None else states.get(pool_item.value.app)
             actions = plan_pool(
                 pool_item.value if pool_item else None,
                 [i.value for i in items.values()],
-                leased,
+                {sandbox_id: leased[sandbox_id] for sandbox_id in items},
                 nodes,
                 placed,
                 now,
+                state=None if app_state is None else app_state.value,
+                moves=moves,
             )
             for action in actions:
-                await self._act(action, pool_item, items, now)
+                await self._act(action, pool_item, items, now, app_state, evacuating)
+
+    def _observe(
+        self,
+        states: dict[str, Item[AppState]],
+        cordons: dict[str, Cordon],
+        sandboxes: list[Item[Sandbox]],
+    ) -> None:
+        """The evacuation metrics: which nodes still hold sandboxes or state while evacuating,
+        and each state an evacuating node had to keep (counted once)."""
+        holding = {s.value.node for s in sandboxes if s.value.status in ON_NODE}
+        holding |= {s.value.node for s in states.values()}
+        self.metrics.observe(
+            {name for name, c in cordons.items() if c.evacuate and name in holding}
+        )
+        for item in states.values():
+            held = item.value
+            key = (held.app, held.epoch)
+            cordon = cordons.get(held.node or "")
+            if not held.kept or cordon is None or not cordon.evacuate:
+                continue
+            if key not in self._failed_seen:
+                self._failed_seen.add(key)
+                self.metrics.evacuations.labels(result="failed").inc()
 
     async def _track_crashes(
         self, pool_item: Item[Pool], items: list[Item[Sandbox]], now: float
@@ -259,10 +356,12 @@ class Reconciler:
 
     async def _act(
         self,
-        action: Create | Drain | Stop | Remove | MarkDead,
+        action: Action,
         pool_item: Item[Pool] | None,
         items: dict[str, Item[Sandbox]],
         now: float,
+        app_state: Item[AppState] | None = None,
+        evacuating: frozenset[str] | set[str] = frozenset(),
     ) -> None:
         try:
             if isinstance(action, Create):
@@ -278,9 +377,19 @@ class Reconciler:
                     epoch=1,
                     created_at=now,
                 )
-                self._wrote(await self._store.create(keys.sandbox(sandbox_id), record))
+                if action.adopt is None:
+                    self._wrote(await self._store.create(keys.sandbox(sandbox_id), record))
+                else:
+                    await self._adopt(action, app_state, record, now, evacuating)
                 log.info("placed %s on %s", sandbox_id, action.node, extra={"pool": pool.name})
                 trace.mark("placed", pool.app)
+            elif isinstance(action, TakeBack):
+                assert app_state is not None
+                taken = state_rules.take_back(app_state.value, action.node, now)
+                if isinstance(taken, state_rules.Stale):
+                    return
+                self._wrote(await self._store.update(app_state.key, taken, app_state.revision))
+                log.warning("took back the state of %s: %s", action.app, taken.error)
             elif isinstance(action, Remove):
                 item = items[action.sandbox_id]
                 self._wrote(
@@ -304,6 +413,8 @@ class Reconciler:
                     return
                 status = transition(item.value.status, event)
                 update: dict[str, object] = {"status": status, "ready": False}
+                if isinstance(action, Drain):
+                    update["draining_since"] = now
                 if isinstance(action, MarkDead):
                     # The owner is gone: release ownership in the same write, at a new epoch,
                     # so a node that comes back cannot write over what replaced it.
@@ -315,6 +426,37 @@ class Reconciler:
                 )
         except Conflict:
             pass  # another writer moved first; the next tick plans from fresh state
+
+    async def _adopt(
+        self,
+        action: Create,
+        app_state: Item[AppState] | None,
+        record: Sandbox,
+        now: float,
+        evacuating: frozenset[str] | set[str],
+    ) -> None:
+        """Create a stateful app's sandbox and adopt its state for it, in one transaction on
+        the state record as planned (absent, or free at `action.adopt`). A conflict is
+        another adopter that won: nothing is written."""
+        assert action.adopt is not None
+        current = None if app_state is None else app_state.value
+        adopted = state_rules.adopt(current, record.app, action.node, record.id, action.adopt, now)
+        if isinstance(adopted, state_rules.Stale):
+            self.metrics.conflicts.inc()
+            return
+        key = keys.state(record.app)
+        require = [Require(key, 0 if app_state is None else app_state.revision)]
+        require.append(Require(keys.sandbox(record.id), 0))
+        try:
+            revision = await self._store.txn(
+                require, [Put(key, adopted), Put(keys.sandbox(record.id), record)]
+            )
+        except Conflict:
+            self.metrics.conflicts.inc()
+            raise
+        self._wrote(revision)
+        if current is not None and current.released_by in evacuating and adopted.moved_from:
+            self.metrics.evacuations.labels(result="moved").inc()
 
     def _wrote(self, revision: int) -> None:
         self._written = max(self._written, revision)

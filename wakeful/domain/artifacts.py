@@ -32,25 +32,34 @@ def digest_of(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def pack(directory: Path) -> bytes:
+def pack(
+    directory: Path, *, skip: frozenset[str] = SKIP_DIRS, max_bytes: int = MAX_ARTIFACT_BYTES
+) -> bytes:
+    """The regular files under `directory` (not in a directory named in `skip`), packed;
+    `ArtifactError` when they add up to more than `max_bytes`, before or after compression.
+    A missing `directory` packs to an empty archive."""
     raw = io.BytesIO()
+    total = 0
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for root, dirs, files in os.walk(directory):
-            dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
+            dirs[:] = sorted(d for d in dirs if d not in skip)
             for name in sorted(files):
                 path = Path(root) / name
                 if path.is_symlink() or not path.is_file():
                     continue
                 info = tarfile.TarInfo(path.relative_to(directory).as_posix())
                 info.size = path.stat().st_size
+                total += info.size
+                if total > max_bytes:
+                    raise ArtifactError(
+                        f"{directory} holds more than {max_bytes} bytes; the bound is {max_bytes}"
+                    )
                 info.mode = 0o755 if os.access(path, os.X_OK) else 0o644
                 with path.open("rb") as handle:
                     tar.addfile(info, handle)
     packed = gzip.compress(raw.getvalue(), mtime=0)
-    if len(packed) > MAX_ARTIFACT_BYTES:
-        raise ArtifactError(
-            f"{directory} packs to {len(packed)} bytes; the bound is {MAX_ARTIFACT_BYTES}"
-        )
+    if len(packed) > max_bytes:
+        raise ArtifactError(f"{directory} packs to {len(packed)} bytes; the bound is {max_bytes}")
     return packed
 
 

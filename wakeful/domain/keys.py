@@ -15,6 +15,7 @@ to the store's namespace (the store adds it).
 | `token(name)`              | `tokens/{name}`             | Token (a hash, never a secret)|
 | `leader(role)`             | `leaders/{role}`            | Leader (bound to a TTL lease) |
 | `rollout(app, version)`    | `rollouts/{app}/{version}`  | RolloutRecord                 |
+| `state(app)`               | `states/{app}`              | AppState                      |
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ SEEN = "seen/"
 TOKENS = "tokens/"
 LEADERS = "leaders/"
 ROLLOUTS = "rollouts/"
+STATES = "states/"
 
 
 def app(name: str) -> str:
@@ -85,3 +87,8 @@ def rollouts_of(app: str) -> str:
 
 def rollout(app: str, version: str) -> str:
     return f"{ROLLOUTS}{app}/{version}"
+
+
+def state(app: str) -> str:
+    """Who holds a stateful app's state, and the digest of its latest archive."""
+    return f"{STATES}{app}"

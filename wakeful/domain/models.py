@@ -15,6 +15,7 @@ was refused (`describe_validation_error`).
 | `seen/{node}`               | SeenNode |
 | `tokens/{name}`             | Token    |
 | `routes/{host}`             | Route    |
+| `states/{app}`              | AppState |
 """
 
 from __future__ import annotations
@@ -163,6 +164,27 @@ class Resources(Model):
         return value
 
 
+STATE_PATH = r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$"
+"""A relative path inside the app's tree: plain names, no leading `/` (and no `.` or `..`
+part, `StateSpec._inside`)."""
+
+
+class StateSpec(Model):
+    """`[state]` in wakeful.toml: a directory of the app's tree that outlives its sandbox.
+    It is archived when the sandbox stops and restored when the app wakes, on any node."""
+
+    path: Annotated[str, StringConstraints(pattern=STATE_PATH, max_length=255)] = Field(
+        description="a directory inside the app's tree, e.g. data"
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _inside(cls, path: str) -> str:
+        if any(part in (".", "..") for part in path.split("/")):
+            raise ValueError(f"{path!r} must name a directory inside the app's tree")
+        return path
+
+
 class AppSpec(Model):
     """What a user deploys: how to run the app and how to size it."""
 
@@ -183,6 +205,16 @@ class AppSpec(Model):
     resources: Resources = Field(default_factory=Resources)
     shutdown_timeout: float = Field(default=10.0, gt=0, le=3600)
     activation_timeout: float = Field(default=120.0, gt=0, le=3600)
+    state: StateSpec | None = None
+
+    @model_validator(mode="after")
+    def _one_writer(self) -> Self:
+        if self.state is not None and self.concurrency.max_instances != 1:
+            raise ValueError(
+                "state: an app with [state] runs one sandbox at a time, so it needs "
+                f"concurrency.max_instances = 1 (got {self.concurrency.max_instances})"
+            )
+        return self
 
     @field_validator("env")
     @classmethod
@@ -283,6 +315,8 @@ class Sandbox(Model):
     exit_code: int | None = None
     last_log: str = ""
     created_at: float = 0.0
+    draining_since: float = 0.0
+    """Wall-clock time the pool controller drained it (0: never drained)."""
 
     @property
     def routable(self) -> bool:
@@ -298,6 +332,39 @@ class Node(Model):
     evacuating: bool = False
     isolation: str = Field(default="", max_length=500)
     """How this node isolates sandboxes, and what it cannot enforce (`Jail.describe`)."""
+
+
+Digest = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+
+
+class AppState(Model):
+    """The state of an app with `[state]` (`states/{app}`): who holds it and its latest archive.
+
+    Ownership moves only by compare-and-set on (node, epoch) (`wakeful.domain.state`): the pool
+    controller adopts it for the sandbox it places (`node`, `sandbox` set, epoch + 1); the
+    holding node releases it when that sandbox stops, with the archive it just stored (`node`
+    cleared, epoch + 1). At rest (the app at zero) it belongs to no node. Only the digest lives
+    here; the archive's bytes are in the control plane's blob store, beside the artifacts."""
+
+    app: Name
+    node: Name | None = None
+    epoch: int = Field(default=0, ge=0)
+    sandbox: str | None = Field(default=None, max_length=200)
+    archive: Digest | None = None
+    """sha256 of the latest archive (None: never archived; the app's files seed the state)."""
+    size: int = Field(default=0, ge=0)
+    archived_at: float = 0.0
+    archived_epoch: int = Field(default=0, ge=0)
+    """The epoch of the holder that wrote `archive`."""
+    released_by: Name | None = None
+    released_at: float = 0.0
+    moved_from: Name | None = None
+    """The node that held it before its current (or last) holder, when they differ."""
+    moved_at: float = 0.0
+    error: str = Field(default="", max_length=4000)
+    """Why the last hand-off did not go as it should (cleared when it is adopted again)."""
+    kept: bool = False
+    """Its holder could not archive or store it and keeps it, with `error` saying where."""
 
 
 class Cordon(Model):

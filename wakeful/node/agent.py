@@ -40,6 +40,7 @@ from .ports import PortPool
 from .runner import NodeServices, SandboxRunner
 from .runtime import ProcessRuntime, Runtime
 from .settings import NodeSettings
+from .statehold import StateHold
 from .workdir import Artifacts, clear_sandboxes, remove_sandbox_dir, sandbox_dir
 from .writer import SandboxWriter
 
@@ -105,6 +106,9 @@ class NodeAgent:
         )
         runtime = runtime or runtime_for(settings)
         self._isolation = isolation_of(runtime)
+        self.states = StateHold(
+            store, artifacts, settings.node_name, settings.data_dir, settings.state_max_bytes, clock
+        )
         self._services = NodeServices(
             store=store,
             settings=settings,
@@ -114,6 +118,7 @@ class NodeAgent:
             writer=self._writer,
             shipper=self._shipper,
             before_shutdown=self._cordon_once,
+            states=self.states,
         )
 
     @property
@@ -142,6 +147,7 @@ class NodeAgent:
                     if jail is not None and jail.fenced:  # no sandbox starts before the fence
                         await tasks.start(PeerFence(self._store, self.name).run)
                 tasks.start_soon(self._watch_loop)
+                tasks.start_soon(self.states.run, lambda: set(self._running))
                 self._serving.set()
         finally:
             with anyio.CancelScope(shield=True):
@@ -161,7 +167,10 @@ class NodeAgent:
         while True:
             try:
                 await self._lift_own_cordon()
-                await self._bury_orphans()
+                listing = await self._store.list(keys.SANDBOXES, Sandbox)
+                await self._bury_orphans(listing.items)
+                # What a killed run's stateful sandboxes wrote, before their trees are cleared.
+                await self.states.salvage(listing.items)
                 return
             except StoreError as exc:
                 log.warning("store unavailable at start, retrying: %s", exc)
@@ -224,10 +233,9 @@ class NodeAgent:
                 log.warning("node registration failed: %s", exc, extra={"node": self.name})
                 await anyio.sleep(1)
 
-    async def _bury_orphans(self) -> None:
+    async def _bury_orphans(self, items: list[Item[Sandbox]]) -> None:
         """Sandboxes recorded on this node from a previous run have no process any more."""
-        listing = await self._store.list(keys.SANDBOXES, Sandbox)
-        for item in listing.items:
+        for item in items:
             sandbox = item.value
             mine = sandbox.id not in self._running and claims(sandbox, self.name)
             # Only states in which a process of ours existed; a pending one is started below.

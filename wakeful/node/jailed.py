@@ -46,17 +46,24 @@ class Jailed:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(target, signum)
 
-    def release(self) -> None:
+    def release(self, *, keep_tree: bool = False) -> None:
+        """Its cgroup, and its tree unless `keep_tree` (then `release_tree` lets go of it)."""
         if self._released:
             return
         self._released = True
         if self.cgroup is not None:
             self._oom = self.cgroup.oom_kills() > 0
             self.cgroup.remove()
-        if self.mounted is not None:
-            unmount(self.mounted)
-        if self.home is not None:
-            shutil.rmtree(self.home, ignore_errors=True)
+        if not keep_tree:
+            self.release_tree()
+
+    def release_tree(self) -> None:
+        mounted, self.mounted = self.mounted, None
+        if mounted is not None:
+            unmount(mounted)
+        home, self.home = self.home, None
+        if home is not None:
+            shutil.rmtree(home, ignore_errors=True)
 
     def reason(self) -> str | None:
         return oom_message(self.limits) if self._oom else None

@@ -44,12 +44,16 @@ from .ports import NoFreePort, PortPool, bindable
 from .probe import wait_ready
 from .runtime import Identity, Runtime, SandboxProcess
 from .settings import NodeSettings
+from .statehold import StateHold, StateRefused
 from .workdir import Artifacts, Packed, fetch_packed, remove_sandbox_dir, sandbox_dir
 from .writer import SandboxWriter
 
 log = logging.getLogger(__name__)
 STORE_WRITE_BOUND = 5.0
 """Seconds a shutdown waits for one store write before going on without it."""
+HAND_BACK_BOUND = 60.0
+"""Seconds a stopping stateful sandbox spends archiving, storing and releasing its state
+before the agent's `StateHold.settle` takes over (from the archive saved on this node)."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,8 @@ class NodeServices:
     shipper: LogShipper | None
     before_shutdown: Callable[[], Awaitable[None]]
     """Awaited when the agent stops, before a live sandbox is drained (it cordons the node)."""
+    states: StateHold
+    """Stateful apps' state: restored at start, archived and handed back at the end."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +107,10 @@ class SandboxRunner:
         self.finished = anyio.Event()
         """Set as the last step of `run`."""
         self._process: SandboxProcess | None = None
+        self._started: SandboxProcess | None = None
+        """The process this runner started (kept after it ended: its tree holds the state)."""
+        self._held: tuple[str, int, str] | None = None
+        """A stateful app's state this sandbox holds: (app, epoch, path in the tree)."""
         self._port: int | None = None
         self._squatted = False
         """A port taken from the node's pool, given back when the runner ends."""
@@ -132,6 +142,9 @@ class SandboxRunner:
             if self._process is not None:
                 with anyio.CancelScope(shield=True):
                     await self._shut_down(self._process, agent_stopping=agent_stopping)
+            await self._hand_back()  # done already on every path that stopped a process
+            if self._started is not None:
+                self._started.dispose()
             if self._port is not None:  # only once nothing listens on it any more
                 self._node.ports.give_back(self._port)
             self._node.writer.forget(self.sandbox_id)
@@ -171,7 +184,29 @@ class SandboxRunner:
         )
         ready, exit_code = await self._supervise(process, launch, forward)
         self._process = None
+        await self._hand_back()
         await self._report(process, launch, ready, exit_code)
+
+    async def _hand_back(self) -> None:
+        """A stateful app's state, archived from the ended process's tree (or unchanged when
+        none ran) and released: before the sandbox is reported ended, so the next placement
+        finds it free. Shielded and bounded; what a store outage interrupts, the agent's
+        `StateHold.settle` finishes from the local archive."""
+        held, self._held = self._held, None
+        if held is None:
+            return
+        app, epoch, path = held
+        source = None if self._started is None else self._started.app_dir / path
+        with anyio.CancelScope(shield=True), anyio.move_on_after(HAND_BACK_BOUND):
+            try:
+                await self._node.states.hand_back(app, epoch, source)
+            except StoreError as exc:
+                log.warning(
+                    "could not hand back the state of %s yet: %s",
+                    app,
+                    exc,
+                    extra={"sandbox": self.sandbox_id},
+                )
 
     async def _claim(self) -> Sandbox | None:
         """The record, if it is still pending and this node's to run; its epoch is noted."""
@@ -198,9 +233,18 @@ class SandboxRunner:
         spec = pool.value.spec
         version = await store.get(keys.version(pool.value.app, pool.value.version), Version)
         base = sandbox_dir(settings.data_dir, self.sandbox_id)
+        layer = None
+        if spec.state is not None:
+            try:
+                epoch, layer = await self._node.states.claim(
+                    record.app, self.sandbox_id, spec.state.path
+                )
+            except StateRefused as exc:
+                raise CannotRun(str(exc)) from exc
+            self._held = (record.app, epoch, spec.state.path)
         try:
             packed = await fetch_packed(
-                self._node.artifacts, version.value.artifact if version else None
+                self._node.artifacts, version.value.artifact if version else None, layer
             )
         except (OSError, ArtifactError) as exc:
             raise CannotRun(f"could not fetch its artifact: {exc}") from exc
@@ -228,8 +272,9 @@ class SandboxRunner:
 
     async def _start(self, launch: Launch) -> SandboxProcess:
         try:
-            identity = Identity(self.sandbox_id, launch.app, launch.spec.resources)
-            return await self._node.runtime.start(
+            stateful = launch.spec.state is not None
+            identity = Identity(self.sandbox_id, launch.app, launch.spec.resources, stateful)
+            self._started = await self._node.runtime.start(
                 launch.spec.command,
                 launch.env,
                 launch.base / "app",
@@ -237,6 +282,7 @@ class SandboxRunner:
                 identity,
                 launch.packed,
             )
+            return self._started
         except ArtifactError as exc:
             raise CannotRun(f"could not unpack: {exc}") from exc
         except OSError as exc:
@@ -316,6 +362,7 @@ class SandboxRunner:
         with anyio.move_on_after(STORE_WRITE_BOUND), contextlib.suppress(StoreError):
             await self._change(Transition.STOP)
         code = await process.stop(settings.stop_grace)
+        await self._hand_back()
         with anyio.move_on_after(STORE_WRITE_BOUND), contextlib.suppress(StoreError):
             await self._change(
                 Transition.STOPPED, exit_code=code, last_log="the node agent stopped"

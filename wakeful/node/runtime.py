@@ -60,6 +60,14 @@ class SandboxProcess(Protocol):
         """Its start is over (the first probe answered or gave up): work the runtime held
         back so as not to slow the start may run. Idempotent; `wait` implies it."""
 
+    @property
+    def app_dir(self) -> Path:
+        """Where the app's tree is on this node. For a stateful sandbox (`Identity.stateful`)
+        it stays there after the process ends, until `dispose`, so its state can be archived."""
+
+    def dispose(self) -> None:
+        """Let go of the app's tree (idempotent; only a stateful sandbox's is still held)."""
+
 
 @dataclass(frozen=True)
 class Identity:
@@ -68,6 +76,9 @@ class Identity:
     sandbox_id: str = "sandbox"
     app: str = "app"
     limits: Resources = field(default_factory=Resources)
+    stateful: bool = False
+    """Its tree outlives its process (until `SandboxProcess.dispose`): it never takes a warm
+    slot, whose tree a restarted agent could not find again."""
 
 
 UNNAMED = Identity()
@@ -115,10 +126,15 @@ class LocalProcess:
         max_log_bytes: int,
         jailed: Jailed | None = None,
         on_settled: Callable[[], None] | None = None,
+        *,
+        app_dir: Path | None = None,
+        keep_tree: bool = False,
     ):
         self._process = process
         self._on_settled = on_settled
         self._jailed = jailed
+        self._app_dir = app_dir if app_dir is not None else log_path.with_name("app")
+        self._keep_tree = keep_tree
         self._log_path = log_path
         self._max = max_log_bytes
         self._recent = bytearray()
@@ -185,9 +201,17 @@ class LocalProcess:
     async def wait(self) -> int:
         code = await self._process.wait()
         self.settled()
-        if self._jailed is not None:
-            self._jailed.release()  # a few file operations: cheap enough for the loop
+        if self._jailed is not None:  # a few file operations: cheap enough for the loop
+            self._jailed.release(keep_tree=self._keep_tree)
         return code
+
+    @property
+    def app_dir(self) -> Path:
+        return self._app_dir
+
+    def dispose(self) -> None:
+        if self._jailed is not None:
+            self._jailed.release_tree()
 
     async def stop(self, grace: float) -> int:
         """SIGTERM to the sandbox's processes, SIGKILL to all of them after `grace` seconds."""
@@ -283,7 +307,7 @@ class ProcessRuntime:
             await asyncio.to_thread(fill_workdir, workdir, packed)
         if self._jail is not None:
             pool, slot = self.slots, None
-            if pool is not None:
+            if pool is not None and not identity.stateful:
                 slot = await pool.take(identity.sandbox_id, identity.limits)
             if pool is not None and slot is not None:
                 return await self._launch(
@@ -318,7 +342,15 @@ class ProcessRuntime:
             for fd in fds:
                 os.close(fd)
         await self._save_uids()
-        return LocalProcess(process, log_path, self._max_log_bytes, jailed)
+        mounted = None if jailed is None else jailed.mounted
+        return LocalProcess(
+            process,
+            log_path,
+            self._max_log_bytes,
+            jailed,
+            app_dir=workdir if mounted is None else mounted / "app",
+            keep_tree=identity.stateful,
+        )
 
     async def _launch(
         self,
@@ -346,7 +378,9 @@ class ProcessRuntime:
                 jailed.release()
             raise
         await self._save_uids()
-        return LocalProcess(process, log_path, self._max_log_bytes, jailed, pool.settle)
+        return LocalProcess(
+            process, log_path, self._max_log_bytes, jailed, pool.settle, app_dir=slot.tree / "app"
+        )
 
     async def _save_uids(self) -> None:
         """After the exec, off the start's critical path (`UidTable`); a table that cannot be

@@ -81,6 +81,10 @@ class NodeSettings(StoreSettings):
     def refused_networks(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
         return [ipaddress.ip_network(n, strict=False) for n in self.sandbox_refused_networks]
 
+    state_max_bytes: int = Field(default=256 << 20, ge=1 << 20, le=64 << 30)
+    """The largest state archive (an app's `[state]` directory, packed) this node stores when
+    the app stops; past it the archive stays on this node and the state is not handed on
+    (`wakeful nodes` names it). The control plane has the same bound. WAKEFUL_STATE_MAX_BYTES."""
     sandbox_paths: tuple[Path, ...] = ()
     """Directories shown read-only inside every sandbox besides /usr, /etc and the /lib ones
     (e.g. an interpreter installed under /opt). WAKEFUL_SANDBOX_PATHS='["/opt/python"]'."""

@@ -106,8 +106,10 @@ class FakeProcess:
         command: Sequence[str],
         env: Mapping[str, str],
         log_path: Path,
+        app_dir: Path | None = None,
     ) -> None:
         self._pid = pid
+        self._app_dir = app_dir if app_dir is not None else log_path.with_name("app")
         self.program = program
         self.command = list(command)
         self.env = dict(env)
@@ -178,6 +180,13 @@ class FakeProcess:
     def settled(self) -> None:
         pass
 
+    @property
+    def app_dir(self) -> Path:
+        return self._app_dir
+
+    def dispose(self) -> None:
+        pass
+
     async def _serve(self, listener: anyio.abc.Listener[anyio.abc.SocketStream]) -> None:
         with self._listening:
             async with listener:
@@ -241,7 +250,7 @@ class FakeRuntime:
         program = self.programs.get(command[0])
         if program is None:
             raise FileNotFoundError(errno.ENOENT, "no such program", command[0])
-        process = FakeProcess(self._next_pid, program, command, env, log_path)
+        process = FakeProcess(self._next_pid, program, command, env, log_path, workdir)
         self._next_pid += 1
         if program.serve_http:
             if self._tasks is None:

@@ -9,6 +9,7 @@ only their owner's bits, directories are 0700), like everything else in the data
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,9 +21,13 @@ from .hardening import unmount_under
 
 
 class Artifacts(Protocol):
-    """Where a node gets a version's packed app directory, by its sha256."""
+    """Where a node gets a version's packed app directory, by its sha256, and keeps the
+    archives of stateful apps (same format, same store)."""
 
     async def fetch(self, digest: str) -> bytes: ...
+
+    async def store_state(self, data: bytes, digest: str) -> None:
+        """Raises `ArtifactError` when it is refused or cannot be stored now."""
 
 
 def sandbox_dir(data_dir: Path, sandbox_id: str) -> Path:
@@ -35,25 +40,66 @@ def remove_sandbox_dir(data_dir: Path, sandbox_id: str) -> None:
 
 
 @dataclass(frozen=True)
-class Packed:
-    """A version's artifact as fetched. Whoever places the app's files unpacks it
-    (`Runtime.start`: straight into the sandbox's own tmpfs when it has one, so a start
-    writes the files once), checking it against its digest first."""
+class StateLayer:
+    """A stateful app's state, placed at `path` in its tree over the artifact's files:
+    `data` is its latest archive (None: never archived, the artifact's files are the state)."""
 
-    data: bytes
-    digest: str
+    path: str
+    data: bytes | None = None
+    digest: str | None = None
+
+
+@dataclass(frozen=True)
+class Packed:
+    """A version's artifact as fetched (`data` None for an app without files), and a stateful
+    app's state. Whoever places the app's files unpacks it (`Runtime.start`: straight into the
+    sandbox's own tmpfs when it has one, so a start writes the files once), checking each
+    archive against its digest first."""
+
+    data: bytes | None
+    digest: str | None
+    state: StateLayer | None = None
 
     def unpack_into(self, path: Path, owner: int | None = None) -> None:
         """Into the empty directory `path`, private to its owner (only the owner's permission
         bits; `owner`'s, uid and gid, when given); nothing is written unless the bytes are the
-        artifact `digest` names."""
-        verify(self.data, self.digest)
-        unpack(self.data, path, owner=owner)
+        archives their digests name."""
+        if self.data is not None and self.digest is not None:
+            verify(self.data, self.digest)
+        state = self.state
+        if state is not None and state.data is not None and state.digest is not None:
+            verify(state.data, state.digest)
+        if self.data is not None:
+            unpack(self.data, path, owner=owner)
+        else:
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if state is not None:
+            target = path / state.path
+            if state.data is not None:  # the archive replaces what the artifact had there
+                shutil.rmtree(target, ignore_errors=True)
+                unpack(state.data, target, owner=owner)
+            _make_dirs(path, state.path, owner)
 
 
-async def fetch_packed(artifacts: Artifacts, digest: str | None) -> Packed | None:
-    """The version's artifact (None for a version without one), not yet checked."""
-    return None if digest is None else Packed(await artifacts.fetch(digest), digest)
+def _make_dirs(root: Path, relative: str, owner: int | None) -> None:
+    """`root/relative` and the directories above it, each 0700 and `owner`'s when given."""
+    current = root
+    for part in relative.split("/"):
+        current = current / part
+        if not current.exists():
+            current.mkdir(mode=0o700)
+            if owner is not None:
+                os.chown(current, owner, owner)
+
+
+async def fetch_packed(
+    artifacts: Artifacts, digest: str | None, state: StateLayer | None = None
+) -> Packed | None:
+    """The version's artifact and the app's state (None for a version without files or
+    state), not yet checked."""
+    if digest is None and state is None:
+        return None
+    return Packed(None if digest is None else await artifacts.fetch(digest), digest, state)
 
 
 def fill_workdir(path: Path, packed: Packed | None) -> None:

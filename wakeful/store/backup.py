@@ -14,8 +14,9 @@ not in a backup, and come back when those processes do.
     {"blob": "<sha256>", "data": "<base64>"}
     ...
 
-The blobs are the artifacts the versions name, when the caller can read them (`blobs`): a
-store's records without them would restore apps no node can run.
+The blobs are the artifacts the versions name and the state archives stateful apps' records
+name, when the caller can read them (`blobs`): a store's records without them would restore
+apps no node can run.
 
 `restore` writes into an empty store only (or over an unfinished restore of its own). It
 marks the store first (`meta/restore`), writes the records in batches that each create only
@@ -154,10 +155,11 @@ async def backup(store: StoreBase, path: Path, blobs: ReadBlob | None = None) ->
             schema = Schema.model_validate_json(data).version
         if key == RESTORE_KEY:
             raise BackupError("the store holds an unfinished restore: nothing to back up")
-        if key.startswith(keys.VERSIONS):
-            artifact = json.loads(data).get("artifact")
-            if isinstance(artifact, str):
-                digests.add(artifact)
+        for prefix, field in ((keys.VERSIONS, "artifact"), (keys.STATES, "archive")):
+            if key.startswith(prefix):  # an artifact, or a stateful app's latest archive
+                digest = json.loads(data).get(field)
+                if isinstance(digest, str):
+                    digests.add(digest)
     found: list[tuple[str, bytes]] = []
     if blobs is not None:
         for digest in sorted(digests):

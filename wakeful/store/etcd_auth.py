@@ -6,8 +6,8 @@ common name as the user. Each piece's certificate names one of `PIECES`; the rol
 name grants key ranges under the store's namespace:
 
 - `wakeful-control` (activator, idle monitor): reads and writes everything under it;
-- `wakeful-node`: reads and writes sandboxes/, nodes/, seen/ and cordons/ (its own cordon when
-  it stops); reads pools/ and versions/;
+- `wakeful-node`: reads and writes sandboxes/, nodes/, seen/, cordons/ (its own cordon when
+  it stops) and states/ (releasing a stateful app's state); reads pools/ and versions/;
 - `wakeful-ingress`: reads apps/ and sandboxes/; writes nothing.
 
 Every role also reads the namespace key itself (the store's connect check). etcd needs a
@@ -45,7 +45,10 @@ class Grant:
 PIECES: dict[str, tuple[Grant, ...]] = {
     CONTROL: (Grant("", READWRITE),),
     NODE: (
-        *(Grant(p, READWRITE) for p in (keys.SANDBOXES, keys.NODES, keys.SEEN, keys.CORDONS)),
+        *(
+            Grant(p, READWRITE)
+            for p in (keys.SANDBOXES, keys.NODES, keys.SEEN, keys.CORDONS, keys.STATES)
+        ),
         *(Grant(p, READ) for p in (keys.POOLS, keys.VERSIONS, keys.LEADERS)),
     ),
     INGRESS: (Grant(keys.APPS, READ), Grant(keys.SANDBOXES, READ), Grant(keys.LEADERS, READ)),
