@@ -2,8 +2,19 @@ from __future__ import annotations
 
 import pytest
 
-from wakeful.controller.plan import Create, Drain, MarkDead, Remove, Stop, cooldown, plan_pool
-from wakeful.domain.models import AppSpec, Node, Pool, Sandbox
+from wakeful.controller.plan import (
+    Create,
+    Drain,
+    MarkDead,
+    Moves,
+    Remove,
+    Stop,
+    TakeBack,
+    choose_moves,
+    cooldown,
+    plan_pool,
+)
+from wakeful.domain.models import AppSpec, AppState, Node, Pool, Sandbox
 from wakeful.domain.models import SandboxStatus as S
 
 SPEC = AppSpec(command=["serve"])
@@ -149,3 +160,81 @@ def test_a_cordon_without_evacuation_keeps_what_runs_and_places_nothing_new() ->
     assert plan_pool(pool(2), [sb("a", S.RUNNING, node="n1")], {}, cordoned, {}, now=0) == [
         Create("n2")
     ]
+
+
+# -- stateful apps (one writer; moved, not replaced) -------------------------------------------
+
+STATEFUL = AppSpec(command=["serve"], state={"path": "data"}, concurrency={"max_instances": 1})
+
+
+def stateful_pool(desired: int = 1) -> Pool:
+    return Pool(name="p", app="a", version="v1", spec=STATEFUL, desired_instances=desired)
+
+
+def app_state(node: str | None, epoch: int = 4) -> AppState:
+    return AppState(app="a", node=node, epoch=epoch)
+
+
+EVACUATING = [Node(name="n1", address="a", cordoned=True, evacuating=True), NODES[1]]
+
+
+def test_a_stateful_sandbox_is_created_only_adopting_a_free_state() -> None:
+    first = plan_pool(stateful_pool(), [], {}, NODES, {}, 0.0, state=None)
+    assert first == [Create("n1", adopt=0)]
+    free = plan_pool(stateful_pool(), [], {}, NODES, {}, 0.0, state=app_state(None))
+    assert free == [Create("n1", adopt=4)]
+    # Held (the old sandbox still stopping, or a node still archiving): wait, never a second.
+    held = plan_pool(stateful_pool(), [], {}, NODES, {}, 0.0, state=app_state("n2"))
+    assert held == []
+
+
+def test_evacuation_moves_a_stateful_sandbox_instead_of_replacing_it_first() -> None:
+    running = sb("a", S.RUNNING)
+    moves = Moves(now=frozenset({"a"}))
+    held = app_state("n1")
+    plan = plan_pool(
+        stateful_pool(), [running], {"a": 1}, EVACUATING, {}, 0.0, state=held, moves=moves
+    )
+    assert plan == [Drain("a")]  # gated at once; no Create while it holds the state
+    # Not in this tick's budget: it keeps serving where it is.
+    assert plan_pool(stateful_pool(), [running], {}, EVACUATING, {}, 0.0, moves=Moves()) == []
+
+
+def test_a_gated_stateful_sandbox_stops_when_its_leases_end_or_the_grace_passes() -> None:
+    gated = sb("a", S.DRAINING).model_copy(update={"draining_since": 100.0})
+    moves = Moves(grace=30.0)
+    busy = {"a": 2}
+    assert plan_pool(stateful_pool(), [gated], busy, EVACUATING, {}, 120.0, moves=moves) == []
+    assert plan_pool(stateful_pool(), [gated], busy, EVACUATING, {}, 130.0, moves=moves) == [
+        Stop("a")
+    ]
+    assert plan_pool(stateful_pool(), [gated], {}, EVACUATING, {}, 101.0, moves=moves) == [
+        Stop("a")
+    ]
+
+
+def test_with_no_node_to_move_to_a_stateful_sandbox_stays_and_serves() -> None:
+    alone = [Node(name="n1", address="a", cordoned=True, evacuating=True)]
+    moves = Moves(now=frozenset({"a"}))
+    assert plan_pool(stateful_pool(), [sb("a", S.RUNNING)], {}, alone, {}, 0.0, moves=moves) == []
+
+
+def test_a_state_held_by_a_gone_node_is_taken_back() -> None:
+    plan = plan_pool(stateful_pool(), [], {}, NODES[1:], {}, 0.0, state=app_state("n1"))
+    assert plan == [TakeBack("a", "n1")]
+
+
+def test_moves_start_with_what_does_not_serve_then_the_idlest_within_the_budget() -> None:
+    sandboxes = [
+        sb("busy", S.RUNNING, activity=1),
+        sb("idle", S.RUNNING, activity=5),
+        sb("older", S.RUNNING, activity=2),
+        sb("booting", S.BOOTING),
+        sb("elsewhere", S.RUNNING, node="n2"),
+    ]
+    leased = {"busy": 3}
+    assert choose_moves(sandboxes, leased, {"n1"}, 2) == {"booting", "older"}
+    assert choose_moves(sandboxes, leased, {"n1"}, 10) == {"booting", "older", "idle", "busy"}
+    # Moves under way count against the budget.
+    moving = [*sandboxes, sb("gated", S.DRAINING)]
+    assert choose_moves(moving, leased, {"n1"}, 2) == {"booting"}

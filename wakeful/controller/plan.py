@@ -23,7 +23,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from wakeful.domain.models import FINISHED, SIZED, AppState, Node, Pool, Sandbox, SandboxStatus
+from wakeful.domain.models import (
+    FINISHED,
+    ON_NODE,
+    SIZED,
+    AppState,
+    Node,
+    Pool,
+    Sandbox,
+    SandboxStatus,
+)
 
 COOLDOWN_BASE = 1.0
 COOLDOWN_CAP = 60.0
@@ -168,7 +177,8 @@ def plan_pool(
             return actions
         adopt = None
         if stateful:
-            if state is not None and state.node is not None:
+            held = state is not None and state.node is not None
+            if held or any(s.status in ON_NODE for s in sandboxes):
                 return actions  # its state comes free when the sandbox holding it stops
             adopt = 0 if state is None else state.epoch
         for _ in range(desired - len(staying)):

@@ -70,6 +70,7 @@ class StateHold:
         self._data_dir = data_dir
         self._max = max_bytes
         self._clock = clock
+        self.upload_tries = UPLOAD_TRIES
         self.conflicts = 0
         """Releases refused because the state had moved (this node had lost it)."""
 
@@ -153,12 +154,12 @@ class StateHold:
     async def _store_and_release(self, app: str, epoch: int, local: Path, data: bytes) -> None:
         digest = digest_of(data)
         backoff = 0.5
-        for attempt in range(UPLOAD_TRIES):
+        for attempt in range(self.upload_tries):
             try:
                 await self._artifacts.store_state(data, digest)
                 break
-            except ArtifactError as exc:
-                if attempt == UPLOAD_TRIES - 1:
+            except (ArtifactError, OSError) as exc:  # refused, or the blob store cannot write
+                if attempt == self.upload_tries - 1:
                     await self._keep(
                         app,
                         epoch,

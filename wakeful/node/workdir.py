@@ -86,10 +86,9 @@ def _make_dirs(root: Path, relative: str, owner: int | None) -> None:
     current = root
     for part in relative.split("/"):
         current = current / part
-        if not current.exists():
-            current.mkdir(mode=0o700)
-            if owner is not None:
-                os.chown(current, owner, owner)
+        current.mkdir(mode=0o700, exist_ok=True)
+        if owner is not None:  # made by the unpack too, as root: the app writes here
+            os.chown(current, owner, owner)
 
 
 async def fetch_packed(

@@ -1,0 +1,194 @@
+"""A stateful app's state on a node (wakeful.node.statehold) and its adoption by the pool
+controller, on every store backend, with the control plane's real blob store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from wakeful.controller.reconciler import Mirror, Reconciler
+from wakeful.deploy.artifacts import LocalArtifacts
+from wakeful.domain import keys
+from wakeful.domain.artifacts import digest_of, pack
+from wakeful.domain.models import AppSpec, AppState, Node, Pool, Sandbox
+from wakeful.node.statehold import StateHold, StateRefused
+from wakeful.store import Store
+
+STATEFUL = AppSpec(command=["serve"], state={"path": "data"}, concurrency={"max_instances": 1})
+
+
+def state_dir(root: Path, notes: str) -> Path:
+    data = root / "app" / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    (data / "notes.txt").write_text(notes)
+    return data
+
+
+def hold(store: Store, blobs: LocalArtifacts, tmp_path: Path, node: str = "n1") -> StateHold:
+    return StateHold(store, blobs, node, tmp_path / node, max_bytes=1 << 20)
+
+
+async def held_by(store: Store, node: str, epoch: int, archive: str | None = None) -> None:
+    await store.put(
+        keys.state("notes"),
+        AppState(app="notes", node=node, epoch=epoch, sandbox="s1", archive=archive),
+    )
+
+
+async def current(store: Store) -> AppState:
+    found = await store.get(keys.state("notes"), AppState)
+    assert found is not None
+    return found.value
+
+
+async def test_a_stopped_sandbox_s_state_is_archived_stored_and_released_with_its_digest(
+    store: Store, tmp_path: Path
+) -> None:
+    blobs = LocalArtifacts(tmp_path / "blobs")
+    await held_by(store, "n1", 7)
+    source = state_dir(tmp_path / "tree", "written before scale-to-zero")
+    await hold(store, blobs, tmp_path).hand_back("notes", 7, source)
+    record = await current(store)
+    assert (record.node, record.epoch, record.archived_epoch) == (None, 8, 7)
+    assert record.archive is not None
+    data = await blobs.fetch(record.archive)
+    assert digest_of(data) == record.archive and record.size == len(data)
+    assert list((tmp_path / "n1" / "states").iterdir()) == []  # the local copy went once stored
+    # ... and it is what the next holder restores, on another node.
+    record = record.model_copy(update={"node": "n2", "epoch": 9, "sandbox": "s2"})
+    await store.put(keys.state("notes"), record)
+    epoch, layer = await hold(store, blobs, tmp_path, "n2").claim("notes", "s2", "data")
+    assert epoch == 9 and layer.data == data and layer.path == "data"
+
+
+async def test_a_release_at_a_stale_epoch_writes_nothing(store: Store, tmp_path: Path) -> None:
+    """The node was presumed dead: its state was taken back and adopted elsewhere (epoch 9).
+    Its late release must not overwrite the new holder's record."""
+    blobs = LocalArtifacts(tmp_path / "blobs")
+    await held_by(store, "n2", 9, archive="c" * 64)
+    node = hold(store, blobs, tmp_path)
+    await node.hand_back("notes", 7, state_dir(tmp_path / "tree", "stale"))
+    record = await current(store)
+    assert (record.node, record.epoch, record.archive) == ("n2", 9, "c" * 64)
+    assert node.conflicts == 1
+    assert list((tmp_path / "n1" / "states").iterdir()) == []
+
+
+async def test_a_corrupted_archive_is_refused_not_restored(store: Store, tmp_path: Path) -> None:
+    blobs = LocalArtifacts(tmp_path / "blobs")
+    good = pack(state_dir(tmp_path / "tree", "the notes"), skip=frozenset())
+    digest = await blobs.put(good)
+    stored = tmp_path / "blobs" / f"{digest}.tar.gz"
+    stored.write_bytes(good[:-8] + b"corrupt!")  # flipped on disk after it was stored
+    await held_by(store, "n1", 3, archive=digest)
+    with pytest.raises(StateRefused, match="does not match its sha256"):
+        await hold(store, blobs, tmp_path).claim("notes", "s1", "data")
+    record = await current(store)
+    # Handed back unchanged (its archive is still the one named), with the reason.
+    assert (record.node, record.epoch, record.archive) == (None, 4, digest)
+    assert "refused, not restored" in record.error
+
+
+async def test_a_claim_for_another_sandbox_or_node_is_refused(store: Store, tmp_path: Path) -> None:
+    blobs = LocalArtifacts(tmp_path / "blobs")
+    await held_by(store, "n1", 3)
+    with pytest.raises(StateRefused, match="held by node n1, not for s9"):
+        await hold(store, blobs, tmp_path).claim("notes", "s9", "data")
+    with pytest.raises(StateRefused, match="held by node n1"):
+        await hold(store, blobs, tmp_path, "n2").claim("notes", "s1", "data")
+    assert (await current(store)).epoch == 3  # nothing written
+
+
+async def test_state_over_the_bound_is_kept_on_its_node_with_the_reason(
+    store: Store, tmp_path: Path
+) -> None:
+    blobs = LocalArtifacts(tmp_path / "blobs")
+    await held_by(store, "n1", 3)
+    source = state_dir(tmp_path / "tree", "x" * (2 << 20))
+    node = hold(store, blobs, tmp_path)
+    await node.hand_back("notes", 3, source)
+    record = await current(store)
+    assert (record.node, record.epoch, record.kept) == ("n1", 3, True)  # never released bare
+    assert "more than 1048576 bytes" in record.error
+    kept = tmp_path / "n1" / "kept-states" / "notes.3" / "notes.txt"
+    assert kept.read_text() == "x" * (2 << 20)
+    # Kept with no archive to hand on: an operator's to act on, not released by `settle`.
+    await node.settle(in_use=())
+    assert (await current(store)).node == "n1"
+
+
+async def test_an_archive_the_blob_store_refuses_stays_here_and_is_handed_on_later(
+    store: Store, tmp_path: Path
+) -> None:
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the blob directory should be")
+    blobs = LocalArtifacts(blocked / "blobs")
+    await held_by(store, "n1", 3)
+    node = hold(store, blobs, tmp_path)
+    node.upload_tries = 1
+    await node.hand_back("notes", 3, state_dir(tmp_path / "tree", "only copy"))
+    record = await current(store)
+    assert (record.node, record.kept) == ("n1", True)
+    assert "kept on node n1" in record.error
+    local = tmp_path / "n1" / "states" / "notes.3.tar.gz"
+    assert local.exists()
+    # The blob store mends; the agent's periodic settle stores the local archive and releases.
+    blocked.unlink()
+    await node.settle(in_use=())
+    record = await current(store)
+    assert (record.node, record.epoch, record.kept) == (None, 4, False)
+    assert record.archive is not None and record.archive == digest_of(
+        await blobs.fetch(record.archive)
+    )
+    assert not local.exists()
+
+
+async def test_settle_hands_back_a_state_no_sandbox_of_this_run_uses(
+    store: Store, tmp_path: Path
+) -> None:
+    """Adopted for a sandbox that was then stopped before it started: nothing newer than the
+    archive exists here, so it is released unchanged; one in use, or pending, is left."""
+    blobs = LocalArtifacts(tmp_path / "blobs")
+    await held_by(store, "n1", 3, archive="d" * 64)
+    node = hold(store, blobs, tmp_path)
+    await node.settle(in_use={"s1"})
+    assert (await current(store)).node == "n1"
+    await store.put(keys.sandbox("s1"), Sandbox(id="s1", pool="p", app="notes", node="n1"))
+    await node.settle(in_use=())
+    assert (await current(store)).node == "n1"  # pending: about to start here
+    await store.delete(keys.sandbox("s1"))
+    await node.settle(in_use=())
+    record = await current(store)
+    assert (record.node, record.epoch, record.archive) == (None, 4, "d" * 64)
+
+
+async def test_of_two_adopters_exactly_one_wins(store: Store) -> None:
+    """Two pool controllers (an old leader and a new one) plan the same free state at once:
+    one sandbox is created, and the state names it."""
+    pool = Pool(name="notes-v1", app="notes", version="v1", spec=STATEFUL, desired_instances=1)
+    await store.put(keys.pool(pool.name), pool)
+    for name in ("n1", "n2"):
+        await store.put(keys.node(name), Node(name=name, address=name))
+    await store.put(keys.state("notes"), AppState(app="notes", epoch=4, released_by="n1"))
+    # Both plan from the same view, taken before either wrote: each decides to adopt at 4.
+    seen = Mirror()
+    for table, prefix, model in (
+        (seen.pools, keys.POOLS, Pool),
+        (seen.nodes, keys.NODES, Node),
+        (seen.sandboxes, keys.SANDBOXES, Sandbox),
+        (seen.states, keys.STATES, AppState),
+    ):
+        listing = await store.list(prefix, model)
+        table.replace(listing.items, listing.revision)  # type: ignore[arg-type]
+    seen.cordons.replace([], 0)
+    seen.done_listing()
+    first, second = Reconciler(store, lambda _: 0), Reconciler(store, lambda _: 0)
+    await first.step(seen)
+    await second.step(seen)
+    sandboxes = (await store.list(keys.SANDBOXES, Sandbox)).items
+    assert len(sandboxes) == 1
+    record = await current(store)
+    assert (record.sandbox, record.epoch) == (sandboxes[0].value.id, 5)
+    assert record.node == sandboxes[0].value.node
+    assert second.metrics.conflicts._value.get() == 1  # the loser wrote nothing
