@@ -238,3 +238,15 @@ def test_moves_start_with_what_does_not_serve_then_the_idlest_within_the_budget(
     # Moves under way count against the budget.
     moving = [*sandboxes, sb("gated", S.DRAINING)]
     assert choose_moves(moving, leased, {"n1"}, 2) == {"booting"}
+
+
+def test_after_undo_nothing_new_moves_and_a_gated_one_finishes_its_move() -> None:
+    """`wakeful drain NODE --undo` mid-run: the node is no longer evacuating, so no sandbox is
+    gated any more; one already gated ends as any drain does (stopped once its leases end,
+    its state handed back), then wakes on whichever node is emptiest, this one included."""
+    uncordoned = NODES
+    running, gated = sb("a", S.RUNNING), sb("b", S.DRAINING)
+    moves = Moves(now=frozenset({"a"}))
+    assert plan_pool(stateful_pool(), [running], {}, uncordoned, {}, 0.0, moves=moves) == []
+    assert plan_pool(stateful_pool(), [gated], {"b": 1}, uncordoned, {}, 99.0, moves=moves) == []
+    assert plan_pool(stateful_pool(), [gated], {}, uncordoned, {}, 99.0, moves=moves) == [Stop("b")]

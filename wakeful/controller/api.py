@@ -85,7 +85,7 @@ def progress(
     nodes: list[Node],
 ) -> Progress:
     """A drain's progress on `node` since `since` (see `Progress`), from what the store holds."""
-    here = [s for s in sandboxes if s.node == node and s.status in ON_NODE]
+    here = [s for s in sandboxes if s.node == node and s.status in ON_NODE | LEAVING]
     stateful = {name for name, pool in pools.items() if pool.spec.state is not None}
     wanted = {
         pool.app for pool in pools.values() if not pool.retired and pool.desired_instances > 0
@@ -94,9 +94,12 @@ def progress(
     report = Progress(owned=len(here))
     report.running = sum(1 for s in here if s.status is SandboxStatus.RUNNING)
     report.moving = sum(1 for s in here if s.pool in stateful and s.status in LEAVING)
+    on_node = {s.id for s in here}
     for held in states:
         if held.node == node and held.kept:
             report.problems.append(Problem(app=held.app, sandbox=held.sandbox, reason=held.error))
+        elif held.node == node and held.sandbox not in on_node:
+            report.moving += 1  # its sandbox has stopped; the state is being handed back
         elif held.node is None and held.released_by == node and held.released_at >= since:
             if held.app in wanted:
                 report.moving += 1

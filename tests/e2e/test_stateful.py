@@ -1,0 +1,186 @@
+"""Stateful apps end to end: the notes sample app's SQLite file outlives scale-to-zero and
+agent kills in `wakeful up`, and moves with `wakeful drain` between node agents running as
+separate processes on a real etcd, with requests held at the gate and none failing."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.e2e.test_distributed import WAKEFUL, deploy, start_cluster
+from tests.e2e.test_up import Up, start_up, stop_up
+from wakeful.store.testing import EtcdServer
+
+NOTES = Path(__file__).parents[2] / "examples" / "notes"
+HOST = {"Host": "notes.localhost"}
+
+
+def notes_app(root: Path, delay: str = "60s", activation: str = "120s") -> Path:
+    target = root / "notes"
+    shutil.copytree(NOTES, target)
+    manifest = (target / "wakeful.toml").read_text()
+    manifest = manifest.replace('scale_down_delay = "60s"', f'scale_down_delay = "{delay}"')
+    manifest = manifest.replace(
+        'name = "notes"', f'name = "notes"\nactivation_timeout = "{activation}"'
+    )
+    (target / "wakeful.toml").write_text(manifest)
+    return target
+
+
+def add(client: httpx.Client, note: str) -> None:
+    answer = client.post("/", content=note, headers=HOST)
+    assert answer.status_code == 201, answer.text
+
+
+def read(client: httpx.Client) -> list[str]:
+    answer = client.get("/", headers=HOST)
+    assert answer.status_code == 200, answer.text
+    return answer.text.splitlines()
+
+
+def test_notes_survive_scale_to_zero_and_an_agent_killed_while_holding_them(
+    tmp_path: Path,
+) -> None:
+    app = notes_app(tmp_path, delay="5s")
+    up = start_up(tmp_path, app)
+    try:
+        with httpx.Client(base_url=up.proxy, timeout=60) as client:
+            add(client, "before scale-to-zero")
+            first = client.get("/", headers=HOST).headers["x-instance"]
+            asleep(up)  # idle: stopped, archived, handed back
+            assert read(client) == ["before scale-to-zero"]
+            assert client.get("/", headers=HOST).headers["x-instance"] != first
+            add(client, "while it runs")
+        up.process.send_signal(signal.SIGKILL)  # no hand-back: the state stays held here
+        up.process.wait()
+    finally:
+        stop_up(up)
+    (up.data_dir / "control.json").unlink()  # written again once the next run serves
+    again = start_up(tmp_path, app)  # salvages what the killed run's sandbox wrote
+    try:
+        with httpx.Client(base_url=again.proxy, timeout=60) as client:
+            assert read(client) == ["before scale-to-zero", "while it runs"]
+    finally:
+        stop_up(again)
+    asleep(again)
+
+
+def asleep(up: Up, within: float = 60) -> None:
+    """Until no sandbox process of `up` runs (its app scaled to zero, or it stopped)."""
+    deadline = time.monotonic() + within
+    while up.sandbox_pids():
+        assert time.monotonic() < deadline, f"sandbox processes left: {up.sandbox_pids()}"
+        time.sleep(0.1)
+
+
+def admin(env: dict[str, str]) -> dict[str, str]:
+    return {"Authorization": f"Bearer {env['WAKEFUL_TOKEN']}"}
+
+
+def holder(api: str, env: dict[str, str]) -> str:
+    nodes = httpx.get(f"{api}/v1/nodes", headers=admin(env), timeout=30).json()
+    busy = [n["name"] for n in nodes if n["sandboxes"] == 1]
+    assert len(busy) == 1, nodes
+    return str(busy[0])
+
+
+class Prober:
+    """GETs the notes in a loop from its own thread, recording each status and latency."""
+
+    def __init__(self, proxy: str) -> None:
+        self.results: list[tuple[int, float, str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(proxy,), daemon=True)
+
+    def __enter__(self) -> Prober:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=180)
+
+    def _run(self, proxy: str) -> None:
+        with httpx.Client(base_url=proxy, timeout=180) as client:
+            while not self._stop.is_set():
+                started = time.monotonic()
+                answer = client.get("/", headers=HOST)
+                self.results.append((answer.status_code, time.monotonic() - started, answer.text))
+                time.sleep(0.02)
+
+
+def test_drain_moves_a_stateful_app_with_its_notes_and_fails_no_request(
+    etcd_server: EtcdServer, tmp_path: Path
+) -> None:
+    with start_cluster(etcd_server.url, tmp_path) as (api, proxy, env):
+        deploy(api, env, notes_app(tmp_path))
+        with httpx.Client(base_url=proxy, timeout=60) as client:
+            add(client, "written on the first node")
+            before = holder(api, env)
+            with Prober(proxy) as prober:
+                time.sleep(0.3)
+                drained = subprocess.run(
+                    [*WAKEFUL, "--api", api, "drain", before],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                    check=False,
+                )
+            assert drained.returncode == 0, drained.stdout + drained.stderr
+            assert "moved=1" in drained.stderr + drained.stdout, drained.stdout
+            # Every request through the move was answered, and with the note.
+            statuses = {status for status, _, _ in prober.results}
+            assert statuses == {200}, prober.results[-5:]
+            assert all(text == "written on the first node\n" for _, _, text in prober.results)
+            after = holder(api, env)
+            assert after != before
+            assert read(client) == ["written on the first node"]
+            add(client, "written on the second node")
+        report = httpx.get(f"{api}/v1/nodes/{before}", headers=admin(env), timeout=30).json()
+        assert report["sandboxes"] == 0
+        assert report["progress"]["moved"] == 1 and report["progress"]["done"]
+        metrics = httpx.get(f"{api}/metrics", timeout=30).text
+        assert 'wakeful_node_evacuations_total{result="moved"} 1.0' in metrics
+        assert f'wakeful_node_evacuating{{node="{before}"}} 0.0' in metrics
+
+
+def test_a_request_past_the_activation_budget_during_a_move_gets_503_naming_it(
+    etcd_server: EtcdServer, tmp_path: Path
+) -> None:
+    """With no node to move to, the drain reports it and the app stays, serving; a request
+    that waits longer than the app's activation budget (here: while the only node holding its
+    state is gone and nothing can adopt it) is answered 503 with Retry-After, saying why."""
+    processes: list[subprocess.Popen[str]] = []
+    with start_cluster(etcd_server.url, tmp_path, nodes=("n1",), processes=processes) as (
+        api,
+        proxy,
+        env,
+    ):
+        deploy(api, env, notes_app(tmp_path, activation="3s"))
+        with httpx.Client(base_url=proxy, timeout=60) as client:
+            add(client, "kept")
+            drained = subprocess.run(
+                [*WAKEFUL, "--api", api, "drain", "n1"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            assert drained.returncode == 1, drained.stdout + drained.stderr
+            assert "no other node takes sandboxes" in drained.stdout
+            assert read(client) == ["kept"]  # it stayed, and serves
+            node = processes[1]
+            node.send_signal(signal.SIGTERM)  # the node leaves: nothing can run the app now
+            node.communicate(timeout=60)
+            answer = client.get("/", headers=HOST)
+        assert answer.status_code == 503, answer.text
+        assert "Retry-After" in answer.headers or "retry-after" in answer.headers
+        assert "keeps state" in answer.text and "moving to another node" in answer.text
