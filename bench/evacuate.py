@@ -29,7 +29,6 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
 import tempfile
 import threading
 import time
@@ -38,7 +37,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.e2e.test_distributed import WAKEFUL, start_cluster
+from tests.e2e.test_distributed import start_cluster, wakeful_cli
 from wakeful.store.testing import EtcdServer
 
 NOTES = Path(__file__).parents[1] / "examples" / "notes"
@@ -78,14 +77,7 @@ def make_app(root: Path, name: str, state_mb: int) -> Path:
 
 
 def cli(api: str, env: dict[str, str], *args: str, timeout: float = 600) -> str:
-    done = subprocess.run(
-        [*WAKEFUL, "--api", api, *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    done = wakeful_cli(api, env, *args, timeout=timeout)
     if done.returncode != 0:
         raise SystemExit(f"wakeful {' '.join(args)} failed:\n{done.stdout}{done.stderr}")
     return done.stdout

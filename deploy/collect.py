@@ -52,24 +52,9 @@ class ArtifactCollector:
     async def collect(self) -> list[str]:
         """One pass; returns the digests it deleted. Raises `StoreError` when the versions
         cannot be listed (then nothing is deleted)."""
-        listing = await self._store.list(keys.VERSIONS, Version)
-        if listing.invalid:
-            log.warning(
-                "not collecting artifacts: version records %s do not validate, so what they "
-                "reference is unknown",
-                ", ".join(listing.invalid),
-            )
+        referenced = await self._referenced()
+        if referenced is None:
             return []
-        states = await self._store.list(keys.STATES, AppState)
-        if states.invalid:
-            log.warning(
-                "not collecting artifacts: state records %s do not validate, so which "
-                "archives they reference is unknown",
-                ", ".join(states.invalid),
-            )
-            return []
-        referenced = {item.value.artifact for item in listing.items}
-        referenced |= {item.value.archive for item in states.items}
         before = self._clock() - self._grace
         removed = []
         for digest, touched in await self._artifacts.stored():
@@ -86,6 +71,22 @@ class ArtifactCollector:
                 ", ".join(removed),
             )
         return removed
+
+    async def _referenced(self) -> set[str | None] | None:
+        """Every digest a version or a stateful app's record names; None when some record
+        does not validate (what it names is unknown, so nothing may be deleted)."""
+        versions = await self._store.list(keys.VERSIONS, Version)
+        states = await self._store.list(keys.STATES, AppState)
+        invalid = [*versions.invalid, *states.invalid]
+        if invalid:
+            log.warning(
+                "not collecting artifacts: records %s do not validate, so what they reference "
+                "is unknown",
+                ", ".join(invalid),
+            )
+            return None
+        referenced: set[str | None] = {item.value.artifact for item in versions.items}
+        return referenced | {item.value.archive for item in states.items}
 
     async def collect_quietly(self) -> list[str]:
         """`collect`, with a store or disk failure logged: the next pass tries again."""

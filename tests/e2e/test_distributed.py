@@ -134,30 +134,30 @@ def make_token(env: dict[str, str], role: str, extra: dict[str, str]) -> str:
     return made.stdout.strip()
 
 
-def deploy(
-    api: str, env: dict[str, str], app_dir: Path = HELLO
+def wakeful_cli(
+    api: str, env: dict[str, str], *args: str, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
-    deployed = subprocess.run(
-        [*WAKEFUL, "--api", api, "deploy", str(app_dir)],
+    """`wakeful --api API ARGS...` with the admin's environment, its output captured."""
+    return subprocess.run(
+        [*WAKEFUL, "--api", api, *args],
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
         check=False,
     )
+
+
+def deploy(
+    api: str, env: dict[str, str], app_dir: Path = HELLO
+) -> subprocess.CompletedProcess[str]:
+    deployed = wakeful_cli(api, env, "deploy", str(app_dir))
     assert deployed.returncode == 0, deployed.stdout + deployed.stderr
     return deployed
 
 
 def wakeful_logs(api: str, env: dict[str, str], app: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*WAKEFUL, "--api", api, "logs", app],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    return wakeful_cli(api, env, "logs", app, timeout=30)
 
 
 def test_separate_pieces_deploy_and_serve_through_etcd(

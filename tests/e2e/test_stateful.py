@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.e2e.test_distributed import WAKEFUL, deploy, start_cluster
+from tests.e2e.test_distributed import deploy, start_cluster, wakeful_cli
 from tests.e2e.test_up import Up, start_up, stop_up
 from wakeful.store.testing import EtcdServer
 
@@ -125,14 +125,7 @@ def test_drain_moves_a_stateful_app_with_its_notes_and_fails_no_request(
             before = holder(api, env)
             with Prober(proxy) as prober:
                 time.sleep(0.3)
-                drained = subprocess.run(
-                    [*WAKEFUL, "--api", api, "drain", before],
-                    env=env,
-                    capture_output=True,
-                    text=True,
-                    timeout=120,
-                    check=False,
-                )
+                drained = wakeful_cli(api, env, "drain", before, timeout=120)
             assert drained.returncode == 0, drained.stdout + drained.stderr
             assert "moved=1" in drained.stderr + drained.stdout, drained.stdout
             # Every request through the move was answered, and with the note.
@@ -166,14 +159,7 @@ def test_a_request_past_the_activation_budget_during_a_move_gets_503_naming_it(
         deploy(api, env, notes_app(tmp_path, activation="3s"))
         with httpx.Client(base_url=proxy, timeout=60) as client:
             add(client, "kept")
-            drained = subprocess.run(
-                [*WAKEFUL, "--api", api, "drain", "n1"],
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=False,
-            )
+            drained = wakeful_cli(api, env, "drain", "n1")
             assert drained.returncode == 1, drained.stdout + drained.stderr
             assert "no other node takes sandboxes" in drained.stdout
             assert read(client) == ["kept"]  # it stayed, and serves
