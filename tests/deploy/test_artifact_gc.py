@@ -16,7 +16,7 @@ from wakeful.deploy.collect import ArtifactCollector
 from wakeful.deploy.service import Deployer
 from wakeful.domain import keys
 from wakeful.domain.artifacts import pack
-from wakeful.domain.models import App, AppSpec, Version
+from wakeful.domain.models import App, AppSpec, AppState, Version
 from wakeful.store import Store, open_store
 from wakeful.testing import ManualClock
 
@@ -161,3 +161,24 @@ async def test_stored_artifacts_are_private_and_a_crashed_upload_is_swept(
     assert await ArtifactCollector(store, artifacts, clock=clock).collect() == []
     assert not left.exists()
     assert [p.name for p in directory.iterdir()] == [f"{digest}.tar.gz"]
+
+
+async def test_a_state_archive_is_kept_while_named_and_collected_once_superseded(
+    tmp_path: Path, store: Store
+) -> None:
+    """A stateful app's archives live beside the artifacts; its record names the latest. A
+    release that names a newer one supersedes the old, which goes after its grace period."""
+    clock = ManualClock()
+    artifacts = LocalArtifacts(tmp_path / "artifacts", clock=clock)
+    collector = ArtifactCollector(store, artifacts, grace=GRACE, clock=clock)
+    old = await artifacts.put(packed(tmp_path, "notes-1"))
+    newer = packed(tmp_path, "notes-2")
+    new = await artifacts.put(newer)
+    await store.put(keys.state("notes"), AppState(app="notes", epoch=3, archive=old))
+    clock.advance(GRACE + 1)
+    assert await collector.collect() == [new]  # uploaded, never released: an orphan
+    await artifacts.put(newer)  # stored again by the next hand-back, then released
+    await store.put(keys.state("notes"), AppState(app="notes", epoch=4, archive=new))
+    clock.advance(GRACE + 1)
+    assert await collector.collect() == [old]
+    assert artifacts.has(new)
