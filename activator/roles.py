@@ -60,6 +60,7 @@ ROUTES: Final[Mapping[tuple[str, str], Access]] = {
     ("GET", "/v1/nodes/{node}"): ADMIN_ONLY,
     ("POST", "/v1/nodes/{node}/drain"): ADMIN_ONLY,
     ("DELETE", "/v1/nodes/{node}/drain"): ADMIN_ONLY,
+    ("POST", "/v1/apps/{app}/state/release"): ADMIN_ONLY,
     # tokens (activator/tokens_api.py)
     ("GET", "/v1/tokens"): ADMIN_ONLY,
     ("POST", "/v1/tokens"): ADMIN_ONLY,

@@ -44,8 +44,12 @@ class ActivatorSettings(StoreSettings):
     evacuate_concurrency: int = Field(default=4, ge=1, le=256)
     """Stateful sandboxes a drain moves at once, cluster-wide. WAKEFUL_EVACUATE_CONCURRENCY."""
     evacuate_grace: float = Field(default=30.0, ge=0, le=3600)
-    """Seconds a moving stateful sandbox waits for its in-flight requests before it is
-    stopped anyway. WAKEFUL_EVACUATE_GRACE."""
+    """Seconds a stateful sandbox leaving service waits for its in-flight requests before it
+    is stopped anyway (the next one cannot start before). WAKEFUL_EVACUATE_GRACE."""
+    state_takeback_after: float = Field(default=300.0, ge=0, le=30 * 86_400)
+    """Seconds a node holding a stateful app's state must be gone before the state is taken
+    back with its last archive (what the app wrote since is lost with the node); a node back
+    sooner hands it back itself. WAKEFUL_STATE_TAKEBACK_AFTER."""
 
     def advertised(self) -> str:
         return self.advertise_url or f"http://{self.listen}"

@@ -8,6 +8,7 @@ Sandbox output is served by `deploy.logs_api`.
 
 from typing import Annotated
 
+import anyio
 import anyio.abc
 from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi import Path as PathParam
@@ -73,7 +74,13 @@ def deploy_router(
     def bad(status: int, error: str, detail: str) -> HTTPException:
         return HTTPException(status, {"error": error, "detail": detail})
 
+    uploads = anyio.Semaphore(4)  # each holds its body in memory: at most this many at once
+
     async def receive(request: Request, digest: str, limit: int, what: str) -> str:
+        async with uploads:
+            return await receive_one(request, digest, limit, what)
+
+    async def receive_one(request: Request, digest: str, limit: int, what: str) -> str:
         chunks: list[bytes] = []
         size = 0
         async for chunk in request.stream():

@@ -20,14 +20,20 @@ from pathlib import Path
 
 import anyio
 
-from wakeful.domain.artifacts import MAX_ARTIFACT_BYTES, ArtifactError, digest_of, validate
+from wakeful.domain.artifacts import (
+    MAX_ARTIFACT_BYTES,
+    ArtifactError,
+    ArtifactUnavailable,
+    digest_of,
+    validate,
+)
 
 SUFFIX = ".tar.gz"
 PARTIAL = ".part"
 _NAME = re.compile(r"^([0-9a-f]{64})\.tar\.gz$")
 
 
-class ArtifactStorageError(OSError):
+class ArtifactStorageError(ArtifactUnavailable):
     """The artifact directory cannot take a write now (a full disk, an I/O error): the
     upload can be retried later; nothing was stored."""
 
@@ -60,7 +66,7 @@ class LocalArtifacts:
         """Store `data` (or, when it is stored already, start its grace period again: an
         upload whose version is not written yet must not be collected). `limit`: the bound,
         `max_bytes` when None."""
-        digest = digest_of(data)
+        digest = await anyio.to_thread.run_sync(digest_of, data)  # up to hundreds of MB
         if expected is not None and expected != digest:
             raise ArtifactError(f"upload's sha256 is {digest}, not {expected}")
         limit = self.max_bytes if limit is None else limit

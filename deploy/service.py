@@ -446,7 +446,9 @@ class Deployer:
             name,
             Phase.ROLLING,
             f"rolling back {app} to {previous}",
-            1 if size else 0,
+            # A stateful app flips at once: the previous version's sandbox can only start
+            # once the current one has stopped and handed its state back.
+            1 if size and version.value.spec.state is None else 0,
             hosts=list(found.value.hosts),
             default_host=found.value.default_host,
             started_at=self._clock(),

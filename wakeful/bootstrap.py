@@ -160,6 +160,7 @@ async def control_plane(
             drain_grace=drain_grace,
             evacuate_concurrency=settings.evacuate_concurrency,
             evacuate_grace=settings.evacuate_grace,
+            takeback_after=settings.state_takeback_after,
             registry=registry,
         )
         tasks.start_soon(reconciler.run)

@@ -4,6 +4,8 @@
     wakeful deploy APP_DIR       deploy to a running control plane
     wakeful status [APP]         pools: desired, live, ready, leased, waiters
     wakeful apps | versions APP | logs APP | rollback APP | delete APP
+    wakeful nodes | drain NODE   nodes; move everything off one (stateful apps with their state)
+    wakeful release-state APP    free a stateful app's state a node keeps, at its last archive
     wakeful tokens create|list|revoke|rotate|rotate-admin
                                  role tokens for nodes and ingresses
     wakeful activator | node | ingress | idle-monitor
@@ -157,6 +159,13 @@ def build_parser() -> argparse.ArgumentParser:
             )
         )
     )
+    release = sub.add_parser(
+        "release-state",
+        help="give up on what a node keeps of a stateful app's state (kept there, or the node "
+        "is gone): free it at its last archive",
+    )
+    release.add_argument("app")
+    release.set_defaults(func=_remote(lambda api, a: commands.release_state(api, a.app)))
     delete = sub.add_parser("delete", help="delete an app: its route, versions and sandboxes")
     delete.add_argument("app")
     delete.add_argument(

@@ -158,6 +158,8 @@ def drain(
     last = None
     while True:
         report = api.node(node)
+        if not report.get("evacuating"):
+            raise CliError(f"the drain of {node} was undone before it finished", RUNTIME)
         moving = report.get("progress") or {}
         line = f"  {node}: {progress_counts(moving)}"
         if line != last:
@@ -172,6 +174,12 @@ def drain(
     if moving.get("failed"):
         raise CliError(f"{moving['failed']} could not leave {node} (reasons above)", RUNTIME)
     say(f"{node} is empty: nothing of any app is left on it")
+    return 0
+
+
+def release_state(api: ControlClient, app: str) -> int:
+    released = api.release_state(app)
+    say(f"the state of {app} is free again at its last archive: {released['error']}")
     return 0
 
 

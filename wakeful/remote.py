@@ -29,11 +29,12 @@ from pathlib import Path
 from typing import Any, Self
 from urllib.parse import quote
 
+import anyio
 import httpx
 from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from wakeful.domain.artifacts import ArtifactError, digest_of
+from wakeful.domain.artifacts import ArtifactError, ArtifactUnavailable, digest_of
 from wakeful.domain.logbatch import BEHIND_HEADER, LogBatch
 from wakeful.node.logship import ShipFailed
 
@@ -197,6 +198,9 @@ class ControlClient:
     def nodes(self) -> list[dict[str, Any]]:
         return list(self._json("GET", "/v1/nodes"))
 
+    def release_state(self, app: str) -> Any:
+        return self._json("POST", f"/v1/apps/{_segment(app)}/state/release")
+
     def node(self, node: str) -> Any:
         return self._json("GET", f"/v1/nodes/{_segment(node)}")
 
@@ -331,30 +335,40 @@ class HttpArtifacts(_NodeClient):
         super().__init__(api, token, timeout, locate)
 
     async def fetch(self, digest: str) -> bytes:
+        """`ArtifactUnavailable` when the control API cannot answer now; `ArtifactError` when
+        it has no such artifact or the bytes are not it."""
         try:
             answer = await self._client.get(await self._url(f"/v1/artifacts/{_segment(digest)}"))
         except httpx.HTTPError as exc:
-            raise ArtifactError(f"cannot fetch {digest} from the control API: {exc!r}") from exc
-        if answer.status_code != 200:
-            raise ArtifactError(
-                f"control API answered {answer.status_code} for {digest}: {_reason(answer)}"
-            )
-        if digest_of(answer.content) != digest:
+            raise ArtifactUnavailable(
+                f"cannot fetch {digest} from the control API: {exc!r}"
+            ) from exc
+        _raise_for(answer, 200, digest)
+        if await anyio.to_thread.run_sync(digest_of, answer.content) != digest:
             raise ArtifactError(f"artifact {digest} arrived corrupt")
         return answer.content
 
     async def store_state(self, data: bytes, digest: str) -> None:
-        """Upload a stateful app's archive (`ArtifactError` when it is refused or cannot be
-        sent: the node keeps it and tries again)."""
+        """Upload a stateful app's archive: `ArtifactUnavailable` when it cannot be sent now
+        (the node keeps it and tries again), `ArtifactError` when it is refused."""
         url = await self._url(f"/v1/states/{_segment(digest)}")
         try:
             answer = await self._client.put(url, content=data)
         except httpx.HTTPError as exc:
-            raise ArtifactError(f"cannot store {digest} through the control API: {exc!r}") from exc
-        if answer.status_code != 201:
-            raise ArtifactError(
-                f"control API answered {answer.status_code} for {digest}: {_reason(answer)}"
-            )
+            raise ArtifactUnavailable(
+                f"cannot store {digest} through the control API: {exc!r}"
+            ) from exc
+        _raise_for(answer, 201, digest)
+
+
+def _raise_for(answer: httpx.Response, expected: int, digest: str) -> None:
+    """A refusal (4xx but 408 and 429) is for good; anything else unexpected may pass."""
+    if answer.status_code == expected:
+        return
+    text = f"control API answered {answer.status_code} for {digest}: {_reason(answer)}"
+    if 400 <= answer.status_code < 500 and answer.status_code not in (408, 429):
+        raise ArtifactError(text)
+    raise ArtifactUnavailable(text)
 
 
 class HttpLogSink(_NodeClient):

@@ -219,9 +219,28 @@ def test_with_no_node_to_move_to_a_stateful_sandbox_stays_and_serves() -> None:
     assert plan_pool(stateful_pool(), [sb("a", S.RUNNING)], {}, alone, {}, 0.0, moves=moves) == []
 
 
-def test_a_state_held_by_a_gone_node_is_taken_back() -> None:
-    plan = plan_pool(stateful_pool(), [], {}, NODES[1:], {}, 0.0, state=app_state("n1"))
+def test_a_state_held_by_a_node_gone_long_enough_is_taken_back() -> None:
+    """A node back soon hands back what its killed run left (the app's latest writes): only
+    once it has been gone for the reconciler's `takeback_after` is its state taken back."""
+    held = app_state("n1")
+    assert plan_pool(stateful_pool(), [], {}, NODES[1:], {}, 0.0, state=held) == []
+    lost = Moves(lost=frozenset({"n1"}))
+    plan = plan_pool(stateful_pool(), [], {}, NODES[1:], {}, 0.0, state=held, moves=lost)
     assert plan == [TakeBack("a", "n1")]
+    assert plan_pool(stateful_pool(), [], {}, NODES, {}, 0.0, state=held, moves=lost) == []
+
+
+def test_any_stateful_sandbox_leaving_service_waits_its_grace_at_most() -> None:
+    """Scaled down, or its pool retired by a deploy: the next sandbox cannot start before it
+    stops, so a long request on it does not hold the app's waiters past the grace."""
+    leaving = sb("a", S.DRAINING).model_copy(update={"draining_since": 100.0})
+    moves = Moves(grace=30.0)
+    assert plan_pool(stateful_pool(0), [leaving], {"a": 1}, NODES, {}, 129.0, moves=moves) == []
+    assert plan_pool(stateful_pool(0), [leaving], {"a": 1}, NODES, {}, 130.0, moves=moves) == [
+        Stop("a")
+    ]
+    stateless = pool(0)
+    assert plan_pool(stateless, [leaving], {"a": 1}, NODES, {}, 999.0, moves=moves) == []
 
 
 def test_moves_start_with_what_does_not_serve_then_the_idlest_within_the_budget() -> None:

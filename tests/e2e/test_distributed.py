@@ -38,13 +38,15 @@ def start_cluster(
     activators: int = 1,
     processes: list[subprocess.Popen[str]] | None = None,
     activator_urls: list[str] | None = None,
+    launched: dict[str, tuple[list[str], dict[str, str]]] | None = None,
 ) -> Iterator[tuple[str, str, dict[str, str]]]:
     """Activators (the first leads; `activators` - 1 stand by), `nodes` and an ingress as
     processes on the store at `store_url`: (the leading control API's URL, ingress URL, the
     CLI's environment). `role_env`: more variables for the pieces of one role ("activator",
-    "node", "ingress"), e.g. each its own etcd certificate. `processes`: filled with the
-    pieces' processes, activators first, for a test to kill one; `activator_urls`: filled
-    with the activators' control API URLs, in the same order."""
+    "node", "ingress"), e.g. each its own etcd certificate, or of one node ("node:n1").
+    `processes`: filled with the pieces' processes, activators first, for a test to kill one;
+    `activator_urls`: filled with the activators' control API URLs, in the same order;
+    `launched`: each node's command and environment by name, for a test to start it again."""
     apis = [f"127.0.0.1:{free_port()}" for _ in range(activators)]
     if activator_urls is not None:
         activator_urls.extend(f"http://{listen}" for listen in apis)
@@ -91,11 +93,15 @@ def start_cluster(
         for command, extra in pieces:
             role = command[-1]
             extra = {**extra, **(role_env or {}).get(role, {})}
+            name = extra.get("WAKEFUL_NODE_NAME", "")
+            extra = {**extra, **(role_env or {}).get(f"{role}:{name}", {})}
             if role in ("node", "ingress"):
                 # Each with a token of its own role, made once the control plane runs: never
                 # the admin token (invariant 17).
                 extra = {**extra, f"WAKEFUL_{role.upper()}_TOKEN": make_token(env, role, extra)}
                 extra["WAKEFUL_API"] = every_api
+            if launched is not None and role == "node":
+                launched[name] = (command, piece_env(env, extra))
             process = subprocess.Popen(
                 command,
                 env={**env, **extra} if role == "activator" else piece_env(env, extra),

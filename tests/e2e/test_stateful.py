@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
-from tests.e2e.test_distributed import deploy, start_cluster, wakeful_cli
+from tests.e2e.test_distributed import WAKEFUL, deploy, start_cluster, wakeful_cli
 from tests.e2e.test_up import Up, start_up, stop_up
 from wakeful.store.testing import EtcdServer
 
@@ -170,3 +171,62 @@ def test_a_request_past_the_activation_budget_during_a_move_gets_503_naming_it(
         assert answer.status_code == 503, answer.text
         assert "Retry-After" in answer.headers or "retry-after" in answer.headers
         assert "keeps state" in answer.text and "moving to another node" in answer.text
+
+
+@pytest.mark.parametrize(
+    ("failpoint", "victim"),
+    [
+        pytest.param("state-before-archive", "n1", id="before-archive"),
+        pytest.param("state-after-archive", "n1", id="after-archive"),
+        pytest.param("state-after-release", "n1", id="after-release"),
+        pytest.param("state-before-restore", "n2", id="after-adopt"),
+    ],
+)
+def test_an_agent_killed_at_each_step_of_a_move_loses_nothing_and_the_move_completes(
+    etcd_server: EtcdServer, tmp_path: Path, failpoint: str, victim: str
+) -> None:
+    """`wakeful drain n1` moves the notes app to n2; the agent holding the state at the step
+    named (n1 for the hand-back's steps, n2 once it adopted it) dies there with SIGKILL and is
+    started again. The note written before is on n2 afterwards, no request failed (they wait
+    at the gate), and the state is not left held by anyone or without its archive."""
+    processes: list[subprocess.Popen[str]] = []
+    launched: dict[str, tuple[list[str], dict[str, str]]] = {}
+    armed = {f"node:{victim}": {"WAKEFUL_FAILPOINTS": failpoint}}
+    # The take-back of a gone node's state must not pre-empt the restarted agent's salvage.
+    role_env = {**armed, "activator": {"WAKEFUL_STATE_TAKEBACK_AFTER": "600"}}
+    with start_cluster(
+        etcd_server.url, tmp_path, role_env=role_env, processes=processes, launched=launched
+    ) as (api, proxy, env):
+        deploy(api, env, notes_app(tmp_path))
+        with httpx.Client(base_url=proxy, timeout=60) as client:
+            add(client, "written before the kill")
+            assert holder(api, env) == "n1"
+            node = processes[1 if victim == "n1" else 2]
+            with Prober(proxy) as prober:
+                drain = subprocess.Popen(
+                    [*WAKEFUL, "--api", api, "drain", "n1"],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+                output = node.communicate(timeout=60)[0]  # it dies at the failpoint
+                assert f"failpoint {failpoint} reached" in output, output[-2000:]
+                command, node_env = launched[victim]
+                node_env = {k: v for k, v in node_env.items() if k != "WAKEFUL_FAILPOINTS"}
+                again = subprocess.Popen(
+                    command,
+                    env=node_env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+                processes.append(again)
+                assert again.stdout is not None and again.stdout.readline().strip()
+                drained = drain.communicate(timeout=120)[0]
+                assert drain.returncode == 0, drained
+            assert {status for status, _, _ in prober.results} == {200}, prober.results[-3:]
+            assert read(client) == ["written before the kill"]
+        assert holder(api, env) == "n2"
+        states = httpx.get(f"{api}/v1/nodes/n1", headers=admin(env), timeout=30).json()
+        assert states["progress"]["moved"] == 1 and states["progress"]["failed"] == 0

@@ -3,6 +3,8 @@ controller, on every store backend, with the control plane's real blob store."""
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -10,19 +12,20 @@ import pytest
 from wakeful.controller.reconciler import Mirror, Reconciler
 from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.domain import keys
-from wakeful.domain.artifacts import digest_of, pack
-from wakeful.domain.models import AppSpec, AppState, Node, Pool, Sandbox
-from wakeful.node.statehold import StateHold, StateRefused
+from wakeful.domain.artifacts import digest_of, pack, unpack
+from wakeful.domain.models import AppSpec, AppState, Node, Pool, Sandbox, SandboxStatus
+from wakeful.node.statehold import StateHold, StateRefused, mark_restored
 from wakeful.store import Store
 
 STATEFUL = AppSpec(command=["serve"], state={"path": "data"}, concurrency={"max_instances": 1})
 
 
 def state_dir(root: Path, notes: str) -> Path:
+    """An ended sandbox's app tree under `root`, its state directory `data` holding `notes`."""
     data = root / "app" / "data"
     data.mkdir(parents=True, exist_ok=True)
     (data / "notes.txt").write_text(notes)
-    return data
+    return root / "app"
 
 
 def hold(store: Store, blobs: LocalArtifacts, tmp_path: Path, node: str = "n1") -> StateHold:
@@ -47,8 +50,8 @@ async def test_a_stopped_sandbox_s_state_is_archived_stored_and_released_with_it
 ) -> None:
     blobs = LocalArtifacts(tmp_path / "blobs")
     await held_by(store, "n1", 7)
-    source = state_dir(tmp_path / "tree", "written before scale-to-zero")
-    await hold(store, blobs, tmp_path).hand_back("notes", 7, source)
+    tree = state_dir(tmp_path / "tree", "written before scale-to-zero")
+    await hold(store, blobs, tmp_path).hand_back("notes", 7, tree, "data")
     record = await current(store)
     assert (record.node, record.epoch, record.archived_epoch) == (None, 8, 7)
     assert record.archive is not None
@@ -68,7 +71,7 @@ async def test_a_release_at_a_stale_epoch_writes_nothing(store: Store, tmp_path:
     blobs = LocalArtifacts(tmp_path / "blobs")
     await held_by(store, "n2", 9, archive="c" * 64)
     node = hold(store, blobs, tmp_path)
-    await node.hand_back("notes", 7, state_dir(tmp_path / "tree", "stale"))
+    await node.hand_back("notes", 7, state_dir(tmp_path / "tree", "stale"), "data")
     record = await current(store)
     assert (record.node, record.epoch, record.archive) == ("n2", 9, "c" * 64)
     assert node.conflicts == 1
@@ -77,7 +80,7 @@ async def test_a_release_at_a_stale_epoch_writes_nothing(store: Store, tmp_path:
 
 async def test_a_corrupted_archive_is_refused_not_restored(store: Store, tmp_path: Path) -> None:
     blobs = LocalArtifacts(tmp_path / "blobs")
-    good = pack(state_dir(tmp_path / "tree", "the notes"), skip=frozenset())
+    good = pack(state_dir(tmp_path / "tree", "the notes") / "data", skip=frozenset())
     digest = await blobs.put(good)
     stored = tmp_path / "blobs" / f"{digest}.tar.gz"
     stored.write_bytes(good[:-8] + b"corrupt!")  # flipped on disk after it was stored
@@ -105,16 +108,16 @@ async def test_state_over_the_bound_is_kept_on_its_node_with_the_reason(
 ) -> None:
     blobs = LocalArtifacts(tmp_path / "blobs")
     await held_by(store, "n1", 3)
-    source = state_dir(tmp_path / "tree", "x" * (2 << 20))
+    tree = state_dir(tmp_path / "tree", "x" * (2 << 20))
     node = hold(store, blobs, tmp_path)
-    await node.hand_back("notes", 3, source)
+    await node.hand_back("notes", 3, tree, "data")
     record = await current(store)
     assert (record.node, record.epoch, record.kept) == ("n1", 3, True)  # never released bare
     assert "more than 1048576 bytes" in record.error
     kept = tmp_path / "n1" / "kept-states" / "notes.3" / "notes.txt"
     assert kept.read_text() == "x" * (2 << 20)
     # Kept with no archive to hand on: an operator's to act on, not released by `settle`.
-    await node.settle(in_use=())
+    await node.settle(lambda: ())
     assert (await current(store)).node == "n1"
 
 
@@ -126,8 +129,8 @@ async def test_an_archive_the_blob_store_refuses_stays_here_and_is_handed_on_lat
     blobs = LocalArtifacts(blocked / "blobs")
     await held_by(store, "n1", 3)
     node = hold(store, blobs, tmp_path)
-    node.upload_tries = 1
-    await node.hand_back("notes", 3, state_dir(tmp_path / "tree", "only copy"))
+    node.tries = 1
+    await node.hand_back("notes", 3, state_dir(tmp_path / "tree", "only copy"), "data")
     record = await current(store)
     assert (record.node, record.kept) == ("n1", True)
     assert "kept on node n1" in record.error
@@ -135,7 +138,7 @@ async def test_an_archive_the_blob_store_refuses_stays_here_and_is_handed_on_lat
     assert local.exists()
     # The blob store mends; the agent's periodic settle stores the local archive and releases.
     blocked.unlink()
-    await node.settle(in_use=())
+    await node.settle(lambda: ())
     record = await current(store)
     assert (record.node, record.epoch, record.kept) == (None, 4, False)
     assert record.archive is not None and record.archive == digest_of(
@@ -148,17 +151,21 @@ async def test_settle_hands_back_a_state_no_sandbox_of_this_run_uses(
     store: Store, tmp_path: Path
 ) -> None:
     """Adopted for a sandbox that was then stopped before it started: nothing newer than the
-    archive exists here, so it is released unchanged; one in use, or pending, is left."""
+    archive exists here, so it is released unchanged; one a runner of this run has, or whose
+    record says it is starting or running (a runner made after `settle` looked), is left."""
     blobs = LocalArtifacts(tmp_path / "blobs")
     await held_by(store, "n1", 3, archive="d" * 64)
     node = hold(store, blobs, tmp_path)
-    await node.settle(in_use={"s1"})
+    await node.settle(lambda: {"s1"})
     assert (await current(store)).node == "n1"
-    await store.put(keys.sandbox("s1"), Sandbox(id="s1", pool="p", app="notes", node="n1"))
-    await node.settle(in_use=())
-    assert (await current(store)).node == "n1"  # pending: about to start here
+    sandbox = Sandbox(id="s1", pool="p", app="notes", node="n1")
+    await store.put(keys.sandbox("s1"), sandbox)
+    for status in (SandboxStatus.PENDING, SandboxStatus.BOOTING, SandboxStatus.RUNNING):
+        await store.put(keys.sandbox("s1"), sandbox.model_copy(update={"status": status}))
+        await node.settle(lambda: ())
+        assert (await current(store)).node == "n1"  # started by this run (or about to be)
     await store.delete(keys.sandbox("s1"))
-    await node.settle(in_use=())
+    await node.settle(lambda: ())
     record = await current(store)
     assert (record.node, record.epoch, record.archive) == (None, 4, "d" * 64)
 
@@ -192,3 +199,95 @@ async def test_of_two_adopters_exactly_one_wins(store: Store) -> None:
     assert (record.sandbox, record.epoch) == (sandboxes[0].value.id, 5)
     assert record.node == sandboxes[0].value.node
     assert second.metrics.conflicts._value.get() == 1  # the loser wrote nothing
+
+
+async def test_a_state_path_that_is_a_symbolic_link_is_never_followed(
+    store: Store, tmp_path: Path
+) -> None:
+    """The app owns its tree: pointing its state at a host path must not make the agent (root)
+    archive that path and hand it to the app on its next wake."""
+    secret = tmp_path / "host-secret"
+    secret.mkdir()
+    (secret / "token").write_text("the node's credential")
+    tree = tmp_path / "tree" / "app"
+    tree.mkdir(parents=True)
+    (tree / "data").symlink_to(secret)
+    blobs = LocalArtifacts(tmp_path / "blobs")
+    await held_by(store, "n1", 3, archive="e" * 64)
+    await hold(store, blobs, tmp_path).hand_back("notes", 3, tree, "data")
+    record = await current(store)
+    assert (record.node, record.epoch, record.archive) == (None, 4, "e" * 64)  # its last one
+    assert "symbolic link" in record.error
+    assert [d for d, _ in await blobs.stored()] == []  # nothing of the host's was stored
+    # A link deeper in the path, and a linked file inside it, are refused or left out too.
+    (tree / "data").unlink()
+    (tree / "data").mkdir()
+    (tree / "data" / "notes.txt").write_text("mine")
+    (tree / "data" / "stolen").symlink_to(secret / "token")
+    await held_by(store, "n1", 5)
+    await hold(store, blobs, tmp_path).hand_back("notes", 5, tree, "data")
+    archive = (await current(store)).archive
+    assert archive is not None
+    unpacked = tmp_path / "unpacked"
+    unpack(await blobs.fetch(archive), unpacked)
+    assert sorted(p.name for p in unpacked.iterdir()) == ["notes.txt"]
+
+
+async def test_a_restarted_agent_salvages_what_a_killed_run_left_only_from_a_restored_tree(
+    store: Store, tmp_path: Path
+) -> None:
+    """Killed while its sandbox ran: the next run packs the left tree before clearing it and
+    hands it back with the app's latest writes. A tree whose restore never finished (no mark)
+    is not packed: the state goes back unchanged, its archive still the latest."""
+    blobs = LocalArtifacts(tmp_path / "blobs")
+    pool = Pool(name="notes-v1", app="notes", version="v1", spec=STATEFUL, desired_instances=1)
+    await store.put(keys.pool(pool.name), pool)
+    # Its record may be gone already (stopped, then removed before the kill was noticed).
+    await held_by(store, "n1", 3, archive="f" * 64)
+    base = tmp_path / "n1" / "sandboxes" / "s1"
+    state_dir(base, "the latest note")
+    node = hold(store, blobs, tmp_path)
+    await node.salvage((await store.list(keys.SANDBOXES, Sandbox)).items)
+    await node.settle(lambda: ())
+    assert (await current(store)).archive == "f" * 64  # no mark: released unchanged
+    await held_by(store, "n1", 5, archive="f" * 64)
+    mark_restored(base, "data")
+    await node.salvage((await store.list(keys.SANDBOXES, Sandbox)).items)
+    shutil.rmtree(base)  # the agent clears the previous run's directories next
+    await node.settle(lambda: ())
+    record = await current(store)
+    assert (record.node, record.epoch) == (None, 6)
+    assert record.archive is not None and record.archive != "f" * 64
+    unpacked = tmp_path / "unpacked"
+    unpack(await blobs.fetch(record.archive), unpacked)
+    assert (unpacked / "notes.txt").read_text() == "the latest note"
+
+
+async def test_an_archive_the_blob_store_refuses_for_good_is_kept_not_retried(
+    store: Store, tmp_path: Path
+) -> None:
+    blobs = LocalArtifacts(tmp_path / "blobs", state_max_bytes=1024)
+    await held_by(store, "n1", 3)
+    node = hold(store, blobs, tmp_path)
+    await node.hand_back("notes", 3, state_dir(tmp_path / "tree", os.urandom(4096).hex()), "data")
+    record = await current(store)
+    assert (record.node, record.kept) == ("n1", True)
+    assert "refused" in record.error and "bound is 1024" in record.error
+    assert (tmp_path / "n1" / "kept-states" / "notes.3.tar.gz").exists()
+    assert not (tmp_path / "n1" / "states" / "notes.3.tar.gz").exists()  # settle leaves it
+    await node.settle(lambda: ())
+    assert (await current(store)).kept
+
+
+async def test_a_blob_store_that_cannot_answer_is_not_a_corrupt_archive(
+    store: Store, tmp_path: Path
+) -> None:
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the blob directory should be")
+    blobs = LocalArtifacts(blocked / "blobs")
+    await held_by(store, "n1", 3, archive="a" * 64)
+    node = hold(store, blobs, tmp_path)
+    node.tries = 1
+    with pytest.raises(StateRefused, match="no artifact"):  # missing: refused for good
+        await node.claim("notes", "s1", "data")
+    assert (await current(store)).epoch == 4

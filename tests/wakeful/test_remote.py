@@ -17,7 +17,7 @@ from pydantic import SecretStr
 from tests.wakeful.conftest import TOKEN, running_control_plane
 from wakeful.bootstrap import CONTROL_FILE, write_control_file
 from wakeful.cli import main
-from wakeful.domain.artifacts import ArtifactError
+from wakeful.domain.artifacts import ArtifactError, ArtifactUnavailable
 from wakeful.domain.models import App
 from wakeful.remote import (
     ApiRefused,
@@ -175,13 +175,19 @@ async def test_no_answer_becomes_api_unreachable_naming_the_address() -> None:
 
 
 async def test_a_node_gets_artifact_errors_not_httpx_ones(plane: Plane) -> None:
+    """A refusal is an `ArtifactError` (trying again will not help); a control API that
+    cannot be reached is `ArtifactUnavailable` (an OSError: the node tries again)."""
     missing = "0" * 64
     async with HttpArtifacts(plane.endpoint.api, TOKEN) as artifacts:
         with pytest.raises(ArtifactError, match="404"):
             await artifacts.fetch(missing)
+        with pytest.raises(ArtifactError, match="400"):  # not the archive its name says
+            await artifacts.store_state(b"not a tar", missing)
     async with HttpArtifacts(f"http://127.0.0.1:{free_port()}", TOKEN) as artifacts:
-        with pytest.raises(ArtifactError, match="cannot fetch"):
+        with pytest.raises(ArtifactUnavailable, match="cannot fetch"):
             await artifacts.fetch(missing)
+        with pytest.raises(ArtifactUnavailable, match="cannot store"):
+            await artifacts.store_state(b"x", missing)
 
 
 # -- the CLI around it ----------------------------------------------------------------------

@@ -9,6 +9,10 @@ DELETE /v1/nodes/{node}/drain   uncordon: the node takes new sandboxes again
 GET    /v1/nodes                every node: cordoned, evacuating, live sandboxes, and while it
                                 evacuates, its progress (`Progress`)
 GET    /v1/nodes/{node}         one node, the same
+POST   /v1/apps/{app}/state/release
+                                give up on what a node holds of a stateful app's state (kept
+                                there, or the node is gone): released with its last archive;
+                                refused while a sandbox of the app is on a node
 """
 
 import time
@@ -30,11 +34,13 @@ from wakeful.domain.models import (
     SandboxStatus,
     SeenNode,
 )
-from wakeful.store import Store
+from wakeful.domain.state import Stale, take_back
+from wakeful.store import Conflict, Store
 
 from .reconciler import with_cordon
 
 NodeName = Annotated[str, PathParam(pattern=NAME_PATTERN, description="a node name")]
+AppName = Annotated[str, PathParam(pattern=NAME_PATTERN, description="an app name")]
 
 
 class Problem(BaseModel):
@@ -150,6 +156,40 @@ def node_router(store: Store) -> APIRouter:
                 )
             )
         return found
+
+    @router.post("/v1/apps/{app}/state/release")
+    async def release_state(app: AppName) -> dict[str, object]:
+        found = await store.get(keys.state(app), AppState)
+        if found is None:
+            raise HTTPException(
+                404, {"error": "unknown state", "detail": f"app {app!r} has no state record"}
+            )
+        held = found.value
+        if held.node is None:
+            raise HTTPException(
+                409, {"error": "not held", "detail": f"the state of {app!r} is held by no node"}
+            )
+        sandboxes = (await store.list(keys.SANDBOXES, Sandbox)).items
+        if any(s.value.id == held.sandbox and s.value.status in ON_NODE for s in sandboxes):
+            raise HTTPException(
+                409,
+                {
+                    "error": "in use",
+                    "detail": f"sandbox {held.sandbox} on node {held.node} runs with it: "
+                    "stop it first (it hands the state back itself)",
+                },
+            )
+        why = f"released by an operator from node {held.node}"
+        released = take_back(held, held.node, time.time(), why)
+        if isinstance(released, Stale):
+            raise HTTPException(409, {"error": "moved", "detail": released.reason})
+        try:
+            await store.update(found.key, released, expect_revision=found.revision)
+        except Conflict as exc:
+            raise HTTPException(
+                409, {"error": "moved", "detail": "the state changed meanwhile: look again"}
+            ) from exc
+        return released.model_dump()
 
     @router.get("/v1/nodes", response_model=list[NodeReport])
     async def nodes() -> list[NodeReport]:

@@ -14,8 +14,8 @@ Rules:
   while its state belongs to no node, adopting it in the same write (`Create.adopt`). On an
   evacuating node it is moved, not replaced: gated (drained) when the reconciler's budget of
   moves has room for it, stopped once its leases end or `grace` has passed, and created again
-  elsewhere once its node handed the state back. A state held by a node that is gone is taken
-  back with its last archive.
+  elsewhere once its node handed the state back. A state held by a node gone for longer than
+  `Moves.lost` allows is taken back with its last archive.
 """
 
 from __future__ import annotations
@@ -81,11 +81,14 @@ Action = Create | Drain | Stop | Remove | MarkDead | TakeBack
 @dataclass(frozen=True)
 class Moves:
     """How the reconciler paces stateful sandboxes off evacuating nodes: `now`, the ids it
-    lets move in this tick (within its budget); `grace`, seconds a gated one waits for its
-    leases before it is stopped anyway."""
+    lets move in this tick (within its budget); `grace`, seconds a stateful sandbox leaving
+    service waits for its leases before it is stopped anyway (requests wait behind it)."""
 
     now: frozenset[str] = frozenset()
     grace: float = 30.0
+    lost: frozenset[str] = frozenset()
+    """Nodes gone long enough that the states they hold are taken back (a node that returns
+    sooner hands back what its killed run left, with the app's latest writes)."""
 
 
 MOVE_ORDER = {SandboxStatus.PENDING: 0, SandboxStatus.BOOTING: 1, SandboxStatus.RUNNING: 2}
@@ -154,13 +157,12 @@ def plan_pool(
             # Ownership was released and nobody took it: no node serves or reports it.
             actions.append(MarkDead(sandbox.id, "ownership released; nobody took it"))
         elif sandbox.status is SandboxStatus.DRAINING and (
-            leased.get(sandbox.id, 0) == 0
-            or _gate_passed(sandbox, stateful, evacuating, moves, now)
+            leased.get(sandbox.id, 0) == 0 or _gate_passed(sandbox, stateful, moves, now)
         ):
             actions.append(Stop(sandbox.id))
         elif sandbox.status in SIZED:
             live.append(sandbox)
-    if stateful and state is not None and state.node is not None and state.node not in live_nodes:
+    if stateful and state is not None and state.node in moves.lost - live_nodes:
         actions.append(TakeBack(state.app, state.node))
     desired = 0 if pool is None or pool.retired else pool.desired_instances
     # Sandboxes on an evacuating node keep serving until replacements elsewhere serve too.
@@ -194,16 +196,10 @@ def plan_pool(
     return actions
 
 
-def _gate_passed(
-    sandbox: Sandbox, stateful: bool, evacuating: set[str], moves: Moves, now: float
-) -> bool:
-    """A stateful sandbox gated to move has waited `grace` for its leases: it stops anyway."""
-    return (
-        stateful
-        and sandbox.node in evacuating
-        and sandbox.draining_since > 0
-        and now - sandbox.draining_since >= moves.grace
-    )
+def _gate_passed(sandbox: Sandbox, stateful: bool, moves: Moves, now: float) -> bool:
+    """A stateful sandbox leaving service (moved, scaled down, replaced by a deploy) has waited
+    `grace` for its leases: it stops anyway, since the next one cannot start before it."""
+    return stateful and sandbox.draining_since > 0 and now - sandbox.draining_since >= moves.grace
 
 
 def _shrink(live: list[Sandbox], excess: int, leased: Mapping[str, int]) -> list[Action]:

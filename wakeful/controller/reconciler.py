@@ -170,13 +170,19 @@ class Reconciler:
         clock: Callable[[], float] = time.time,
         evacuate_concurrency: int = 4,
         evacuate_grace: float = 30.0,
+        takeback_after: float = 300.0,
         registry: CollectorRegistry | None = None,
     ) -> None:
         """`evacuate_concurrency`: stateful sandboxes moving off evacuating nodes at once;
-        `evacuate_grace`: how long a moving one waits for its leases (`plan.Moves`)."""
+        `evacuate_grace`: how long a moving one waits for its leases; `takeback_after`: how
+        long a node holding a state must be gone before it is taken back (`plan.Moves`)."""
         self._store = store
         self._budget = evacuate_concurrency
         self._grace = evacuate_grace
+        self._takeback_after = takeback_after
+        self._gone_since: dict[str, float] = {}
+        """When this controller first saw each node holding a state gone (its own memory:
+        a new leader waits the whole time again, the safe way)."""
         self.metrics = EvacuationMetrics(registry or CollectorRegistry())
         self._failed_seen: set[tuple[str, int]] = set()
         self._leased_on = leased_on
@@ -280,6 +286,7 @@ class Reconciler:
                 self._budget,
             ),
             self._grace,
+            self._lost(states, {n.name for n in nodes}, now),
         )
         self._observe(states, cordons, sandboxes)
         for name in sorted(set(pools) | set(by_pool)):
@@ -300,6 +307,17 @@ class Reconciler:
             )
             for action in actions:
                 await self._act(action, pool_item, items, now, app_state, evacuating)
+
+    def _lost(
+        self, states: dict[str, Item[AppState]], live: set[str], now: float
+    ) -> frozenset[str]:
+        """The nodes holding a state that have been gone `takeback_after` seconds."""
+        holders = {s.value.node for s in states.values() if s.value.node is not None}
+        gone = holders - live
+        self._gone_since = {n: self._gone_since.get(n, now) for n in gone}
+        return frozenset(
+            n for n, since in self._gone_since.items() if now - since >= self._takeback_after
+        )
 
     def _observe(
         self,
@@ -380,7 +398,7 @@ class Reconciler:
                 if action.adopt is None:
                     self._wrote(await self._store.create(keys.sandbox(sandbox_id), record))
                 else:
-                    await self._adopt(action, app_state, record, now, evacuating)
+                    await self._adopt(action, pool_item, app_state, record, now, evacuating)
                 log.info("placed %s on %s", sandbox_id, action.node, extra={"pool": pool.name})
                 trace.mark("placed", pool.app)
             elif isinstance(action, TakeBack):
@@ -430,14 +448,16 @@ class Reconciler:
     async def _adopt(
         self,
         action: Create,
+        pool_item: Item[Pool],
         app_state: Item[AppState] | None,
         record: Sandbox,
         now: float,
         evacuating: frozenset[str] | set[str],
     ) -> None:
         """Create a stateful app's sandbox and adopt its state for it, in one transaction on
-        the state record as planned (absent, or free at `action.adopt`). A conflict is
-        another adopter that won: nothing is written."""
+        the state record as planned (absent, or free at `action.adopt`) and on the pool (an app
+        deleted meanwhile gets no state record back). A conflict is another writer that moved
+        first: nothing is written."""
         assert action.adopt is not None
         current = None if app_state is None else app_state.value
         adopted = state_rules.adopt(current, record.app, action.node, record.id, action.adopt, now)
@@ -447,12 +467,15 @@ class Reconciler:
         key = keys.state(record.app)
         require = [Require(key, 0 if app_state is None else app_state.revision)]
         require.append(Require(keys.sandbox(record.id), 0))
+        require.append(Require(pool_item.key, pool_item.revision))  # its app not deleted since
         try:
             revision = await self._store.txn(
                 require, [Put(key, adopted), Put(keys.sandbox(record.id), record)]
             )
         except Conflict:
-            self.metrics.conflicts.inc()
+            now_state = await self._store.get(key, AppState)
+            if (now_state and now_state.revision) != (app_state and app_state.revision):
+                self.metrics.conflicts.inc()  # another adopter (or holder) moved it first
             raise
         self._wrote(revision)
         if current is not None and current.released_by in evacuating and adopted.moved_from:

@@ -13,6 +13,7 @@ import hashlib
 import io
 import os
 import shutil
+import stat
 import tarfile
 from pathlib import Path
 
@@ -25,7 +26,11 @@ SKIP_DIRS = frozenset({".git", "__pycache__", ".wakeful", ".venv", "node_modules
 
 
 class ArtifactError(ValueError):
-    pass
+    """Bytes that are not what they should be, or refused: trying again will not help."""
+
+
+class ArtifactUnavailable(OSError):
+    """The store of artifacts and archives cannot be reached or written now: try again."""
 
 
 def digest_of(data: bytes) -> str:
@@ -36,28 +41,40 @@ def pack(
     directory: Path, *, skip: frozenset[str] = SKIP_DIRS, max_bytes: int = MAX_ARTIFACT_BYTES
 ) -> bytes:
     """The regular files under `directory` (not in a directory named in `skip`), packed;
-    `ArtifactError` when they add up to more than `max_bytes`, before or after compression.
-    A missing `directory` packs to an empty archive."""
+    `ArtifactError` when they add up to more than `max_bytes` (before or after compression) or
+    `MAX_MEMBERS` files. A missing `directory` packs to an empty archive. Symbolic links are
+    never followed (a linked file or directory is left out); the tar goes through gzip as it
+    is written, so only the compressed bytes are held."""
     raw = io.BytesIO()
-    total = 0
-    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+    total = members = 0
+    with (
+        gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as zipped,
+        tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT) as tar,
+    ):
         for root, dirs, files in os.walk(directory):
             dirs[:] = sorted(d for d in dirs if d not in skip)
             for name in sorted(files):
                 path = Path(root) / name
-                if path.is_symlink() or not path.is_file():
-                    continue
-                info = tarfile.TarInfo(path.relative_to(directory).as_posix())
-                info.size = path.stat().st_size
-                total += info.size
-                if total > max_bytes:
-                    raise ArtifactError(
-                        f"{directory} holds more than {max_bytes} bytes; the bound is {max_bytes}"
-                    )
-                info.mode = 0o755 if os.access(path, os.X_OK) else 0o644
-                with path.open("rb") as handle:
+                try:
+                    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                except OSError:
+                    continue  # a symbolic link (or gone): never followed
+                with os.fdopen(fd, "rb") as handle:
+                    found = os.fstat(fd)
+                    if not stat.S_ISREG(found.st_mode):
+                        continue
+                    total += found.st_size
+                    members += 1
+                    if total > max_bytes or members > MAX_MEMBERS:
+                        raise ArtifactError(
+                            f"{directory} holds more than {max_bytes} bytes or {MAX_MEMBERS} "
+                            f"files; the bounds are {max_bytes} bytes and {MAX_MEMBERS} files"
+                        )
+                    info = tarfile.TarInfo(path.relative_to(directory).as_posix())
+                    info.size = found.st_size
+                    info.mode = 0o755 if found.st_mode & 0o100 else 0o644
                     tar.addfile(info, handle)
-    packed = gzip.compress(raw.getvalue(), mtime=0)
+    packed = raw.getvalue()
     if len(packed) > max_bytes:
         raise ArtifactError(f"{directory} packs to {len(packed)} bytes; the bound is {max_bytes}")
     return packed

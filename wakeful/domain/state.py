@@ -88,7 +88,7 @@ def release(
         "sandbox": None,
         "released_by": node,
         "released_at": now,
-        "error": error,
+        "error": error[:4000],
         "kept": False,
     }
     if archive is not None:
@@ -106,11 +106,13 @@ def keep(record: AppState, node: str, epoch: int, error: str) -> AppState | Stal
     return record.model_copy(update={"error": error[:4000], "kept": True})
 
 
-def take_back(record: AppState, gone: str, now: float) -> AppState | Stale:
-    """`record`, held by the node `gone` that left the cluster, released with its last archive."""
+def take_back(record: AppState, gone: str, now: float, why: str = "") -> AppState | Stale:
+    """`record`, held by the node `gone` that left the cluster (or that an operator gave up
+    on, `why`), released with its last archive."""
     if record.node != gone:
         return Stale(f"the state of app {record.app!r} is held by {holder(record)} now")
     when = "never archived" if record.archive is None else "restored from its last archive"
+    why = why or f"node {gone} was lost while it held the state"
     return record.model_copy(
         update={
             "node": None,
@@ -118,7 +120,8 @@ def take_back(record: AppState, gone: str, now: float) -> AppState | Stale:
             "sandbox": None,
             "released_by": gone,
             "released_at": now,
-            "error": f"node {gone} was lost while it held the state ({when}; what the app "
-            "wrote after that is lost with the node)",
+            "kept": False,
+            "error": f"{why} ({when}; what the app wrote after that stays on node {gone}, "
+            "if anywhere)",
         }
     )

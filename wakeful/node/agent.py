@@ -147,7 +147,7 @@ class NodeAgent:
                     if jail is not None and jail.fenced:  # no sandbox starts before the fence
                         await tasks.start(PeerFence(self._store, self.name).run)
                 tasks.start_soon(self._watch_loop)
-                tasks.start_soon(self.states.run, lambda: set(self._running))
+                tasks.start_soon(self.states.run, self.running_ids)
                 self._serving.set()
         finally:
             with anyio.CancelScope(shield=True):
@@ -172,8 +172,8 @@ class NodeAgent:
                 # What a killed run's stateful sandboxes wrote, before their trees are cleared.
                 await self.states.salvage(listing.items)
                 return
-            except StoreError as exc:
-                log.warning("store unavailable at start, retrying: %s", exc)
+            except (StoreError, OSError) as exc:  # OSError: a salvage's disk
+                log.warning("cannot settle what the previous run left, retrying: %s", exc)
                 await anyio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
 

@@ -44,7 +44,7 @@ from .ports import NoFreePort, PortPool, bindable
 from .probe import wait_ready
 from .runtime import Identity, Runtime, SandboxProcess
 from .settings import NodeSettings
-from .statehold import StateHold, StateRefused
+from .statehold import StateHold, StateRefused, mark_restored
 from .workdir import Artifacts, Packed, fetch_packed, remove_sandbox_dir, sandbox_dir
 from .writer import SandboxWriter
 
@@ -111,6 +111,8 @@ class SandboxRunner:
         """The process this runner started (kept after it ended: its tree holds the state)."""
         self._held: tuple[str, int, str] | None = None
         """A stateful app's state this sandbox holds: (app, epoch, path in the tree)."""
+        self._restored = False
+        """Its state was placed in its tree and the app started (`statehold.RESTORED`)."""
         self._port: int | None = None
         self._squatted = False
         """A port taken from the node's pool, given back when the runner ends."""
@@ -171,6 +173,9 @@ class SandboxRunner:
                 return
             trace.mark("booting", record.app)
             process = await self._start(launch)
+            if self._held is not None:
+                await anyio.to_thread.run_sync(mark_restored, launch.base, self._held[2])
+                self._restored = True
             trace.mark("spawned", record.app)
         except CannotRun as exc:
             await self._change(Transition.FAIL, last_log=str(exc))
@@ -184,22 +189,23 @@ class SandboxRunner:
         )
         ready, exit_code = await self._supervise(process, launch, forward)
         self._process = None
-        await self._hand_back()
         await self._report(process, launch, ready, exit_code)
+        await self._hand_back()
 
     async def _hand_back(self) -> None:
-        """A stateful app's state, archived from the ended process's tree (or unchanged when
-        none ran) and released: before the sandbox is reported ended, so the next placement
-        finds it free. Shielded and bounded; what a store outage interrupts, the agent's
-        `StateHold.settle` finishes from the local archive."""
+        """A stateful app's state, archived from the ended process's tree (unchanged when none
+        ran, or its restore did not finish) and released. After the sandbox is reported
+        ended (it is not routable while this runs); the state, held meanwhile, keeps the next
+        sandbox from being placed. Shielded and bounded; what a store outage interrupts, the
+        agent's `StateHold.settle` finishes from the archive saved on this node."""
         held, self._held = self._held, None
         if held is None:
             return
         app, epoch, path = held
-        source = None if self._started is None else self._started.app_dir / path
+        tree = self._started.app_dir if self._started is not None and self._restored else None
         with anyio.CancelScope(shield=True), anyio.move_on_after(HAND_BACK_BOUND):
             try:
-                await self._node.states.hand_back(app, epoch, source)
+                await self._node.states.hand_back(app, epoch, tree, path)
             except StoreError as exc:
                 log.warning(
                     "could not hand back the state of %s yet: %s",
@@ -207,6 +213,8 @@ class SandboxRunner:
                     exc,
                     extra={"sandbox": self.sandbox_id},
                 )
+            except Exception:  # one sandbox's failure must not end the agent
+                log.exception("handing back the state failed", extra={"sandbox": self.sandbox_id})
 
     async def _claim(self) -> Sandbox | None:
         """The record, if it is still pending and this node's to run; its epoch is noted."""
@@ -362,11 +370,11 @@ class SandboxRunner:
         with anyio.move_on_after(STORE_WRITE_BOUND), contextlib.suppress(StoreError):
             await self._change(Transition.STOP)
         code = await process.stop(settings.stop_grace)
-        await self._hand_back()
         with anyio.move_on_after(STORE_WRITE_BOUND), contextlib.suppress(StoreError):
             await self._change(
                 Transition.STOPPED, exit_code=code, last_log="the node agent stopped"
             )
+        await self._hand_back()
 
 
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}

@@ -7,20 +7,26 @@ Theory of operation:
   for that sandbox, fetches its latest archive from the control plane's blob store and checks
   its sha256: an archive that does not match is refused, never restored, and the state is
   handed back unchanged with the reason (the app does not start on an empty state).
-- When the sandbox's process has ended, `hand_back` packs its state directory, writes the
-  archive to `<data dir>/states/` (temporary file, fsync, rename), stores it in the blob store
-  with the node's credential, and releases the state by compare-and-set on (node, epoch) with
-  the archive's digest; only then is the local copy deleted. A release that finds the state
-  moved (this node was presumed dead and it was taken back) writes nothing.
-- Nothing is released without its latest archive. An archive over the bound, or one the blob
-  store would not take, stays on this node and the state stays held here, with the reason in
-  its record (`wakeful nodes` shows it); `settle` tries again.
+- When the sandbox's process has ended, `hand_back` packs its state directory (never through
+  a symbolic link: an app cannot make the agent archive a host path), writes the archive to
+  `<data dir>/states/` (temporary file, fsync, rename), stores it in the blob store with the
+  node's credential, and releases the state by compare-and-set on (node, epoch) with the
+  archive's digest; only then is the local copy deleted. A release that finds the state moved
+  (this node was presumed dead and it was taken back) writes nothing.
+- Nothing is released without its latest archive. An archive over the bound, one the blob
+  store refuses, or a directory that cannot be read or saved stays on this node (set aside in
+  `<data dir>/kept-states/`) and the state stays held here, `kept` with the reason in its
+  record (`wakeful nodes` shows it). An archive the blob store could not take *now* stays in
+  `<data dir>/states/`, and `settle` tries again.
+- A tree whose restore did not finish (no `restored` mark beside it) holds no state worth
+  keeping: its state is handed back unchanged.
 - `salvage`, when the agent starts (before the previous run's sandbox directories are
   cleared), packs what a killed agent left: the state directory of each state this node holds
-  whose sandbox is not about to start. `settle` (every few seconds) then hands back every state
-  this node holds that no sandbox of this run is using, from its local archive when there is
-  one. So a kill at any step leaves the state either held here (and handed back by the next
-  run) or released with its latest archive.
+  whose sandbox had been restored and is not about to start. `settle` (every few seconds)
+  hands back every state this node holds whose sandbox no runner of this run has and whose
+  record is gone or finished (a transaction on that record's revision), from its local archive
+  when there is one. So a kill at any step leaves the state either held here (and handed back
+  by the next run) or released with its latest archive.
 """
 
 from __future__ import annotations
@@ -28,29 +34,71 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import shutil
+import stat
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import anyio
 
 from wakeful.domain import keys, state
 from wakeful.domain.artifacts import ArtifactError, digest_of, pack
-from wakeful.domain.models import AppState, Pool, Sandbox, SandboxStatus
-from wakeful.store import Conflict, Item, Store, StoreError
+from wakeful.domain.models import FINISHED, AppState, Sandbox, SandboxStatus, StateSpec
+from wakeful.store import Conflict, Item, Put, Require, Store, StoreError
 
+from . import failpoints
 from .workdir import Artifacts, StateLayer, sandbox_dir, verify
 
 log = logging.getLogger(__name__)
-UPLOAD_TRIES = 4
-"""Tries to store an archive before the state is kept here (`settle` tries again later)."""
-_LOCAL = re.compile(r"^([a-z0-9-]+)\.(\d+)\.tar\.gz$")
+TRIES = 4
+"""Tries to fetch or store an archive while the blob store is unavailable (backing off)."""
+T = TypeVar("T")
 
 
 class StateRefused(Exception):
     """The sandbox cannot have its state; the message says why (its `last_log`)."""
+
+
+RESTORED = "restored"
+"""The mark beside a sandbox's tree (in its directory, out of the app's reach) that its state
+was restored and the app started: only such a tree holds state worth archiving."""
+
+
+def mark_restored(base: Path, path: str) -> None:
+    """Durably, in the sandbox's directory `base`, with the state's `path` in its tree (what a
+    restarted agent packs, whether or not the sandbox's record is still there)."""
+    fd = os.open(base / RESTORED, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, path.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _restored_path(base: Path) -> str | None:
+    """The state path `mark_restored` wrote in `base`, None when there is no valid mark."""
+    try:
+        path = (base / RESTORED).read_text()
+        return StateSpec(path=path).path
+    except (OSError, ValueError):
+        return None
+
+
+def state_source(tree: Path, path: str) -> Path:
+    """`tree/path`, refused (`ArtifactError`) when any part of it is a symbolic link: the app
+    owns its tree and could point its state at any host path the agent can read."""
+    current = tree
+    for part in path.split("/"):
+        current = current / part
+        try:
+            found = current.lstat()
+        except FileNotFoundError:
+            return tree / path  # nothing there: an empty state
+        if stat.S_ISLNK(found.st_mode):
+            raise ArtifactError(f"its state path {path!r} is a symbolic link: not archived")
+    return current
 
 
 class StateHold:
@@ -70,7 +118,8 @@ class StateHold:
         self._data_dir = data_dir
         self._max = max_bytes
         self._clock = clock
-        self.upload_tries = UPLOAD_TRIES
+        self.tries = TRIES
+        """Tries to fetch or store an archive before giving up for now."""
         self.conflicts = 0
         """Releases refused because the state had moved (this node had lost it)."""
 
@@ -78,8 +127,9 @@ class StateHold:
 
     async def claim(self, app: str, sandbox_id: str, path: str) -> tuple[int, StateLayer]:
         """The epoch this node holds the app's state at for `sandbox_id`, and the state to
-        place at `path` in its tree. `StateRefused` when it is not held here for it, or its
-        archive cannot be had or does not match its sha256 (then it is handed back)."""
+        place at `path` in its tree. `StateRefused` when it is not held here for it, when its
+        archive does not match its sha256 (then it is handed back, refused), or when the blob
+        store cannot be reached (then `settle` hands it back once the sandbox has ended)."""
         item = await self._store.get(keys.state(app), AppState)
         if item is None or item.value.node != self._node or item.value.sandbox != sandbox_id:
             where = "nobody" if item is None else state.holder(item.value)
@@ -87,31 +137,60 @@ class StateHold:
         record = item.value
         if record.archive is None:
             return record.epoch, StateLayer(path)
+        digest = record.archive
+        failpoints.reach("state-before-restore")
         try:
-            data = await self._artifacts.fetch(record.archive)
-            verify(data, record.archive)
-        except (OSError, ArtifactError) as exc:
+            data = await self._retried(lambda: self._artifacts.fetch(digest))
+            await anyio.to_thread.run_sync(verify, data, digest)
+        except ArtifactError as exc:
             reason = f"its state archive was refused, not restored: {exc}"
             await self._release(app, record.epoch, error=reason)
             raise StateRefused(reason) from exc
-        return record.epoch, StateLayer(path, data, record.archive)
+        except OSError as exc:
+            raise StateRefused(f"its state archive cannot be fetched now: {exc}") from exc
+        return record.epoch, StateLayer(path, data, digest)
+
+    async def _retried(self, call: Callable[[], Awaitable[T]]) -> T:
+        """`call`, tried again (backing off) while it raises `OSError` (unavailable)."""
+        backoff = 0.5
+        for _ in range(self.tries - 1):
+            try:
+                return await call()
+            except OSError:
+                await anyio.sleep(backoff)
+                backoff *= 2
+        return await call()
 
     # -- stop -----------------------------------------------------------------------------------
 
-    async def hand_back(self, app: str, epoch: int, source: Path | None) -> None:
-        """Archive `source` (the state directory; None: nothing newer than the state's own
-        archive), store the archive and release the state held at `epoch`."""
-        if source is None:
+    async def hand_back(self, app: str, epoch: int, tree: Path | None, path: str) -> None:
+        """Archive the state at `path` in the ended sandbox's `tree` (None: it never ran, or its
+        restore did not finish, so nothing newer than the state's own archive exists), store
+        the archive and release the state held at `epoch`."""
+        if tree is None:
             await self._release(app, epoch)
             return
+        failpoints.reach("state-before-archive")
+        try:
+            source = state_source(tree, path)
+        except ArtifactError as exc:  # the app's doing: its last archive stays the state
+            log.warning("the state of %s: %s", app, exc, extra={"node": self._node})
+            await self._release(app, epoch, error=str(exc))
+            return
+        await self._archive(app, epoch, source)
+
+    async def _archive(
+        self, app: str, epoch: int, source: Path, also: Sequence[Require] = ()
+    ) -> None:
         try:
             data = await anyio.to_thread.run_sync(self._pack, source)
+            local = await anyio.to_thread.run_sync(self._save, app, epoch, data)
         except (ArtifactError, OSError) as exc:
             kept = await anyio.to_thread.run_sync(self._set_aside, source, app, epoch)
             await self._keep(app, epoch, f"its state was not archived: {exc}; {kept}")
             return
-        local = await anyio.to_thread.run_sync(self._save, app, epoch, data)
-        await self._store_and_release(app, epoch, local, data)
+        failpoints.reach("state-after-archive")
+        await self._store_and_release(app, epoch, local, data, also)
 
     def _pack(self, source: Path) -> bytes:
         return pack(source, skip=frozenset(), max_bytes=self._max)
@@ -142,58 +221,73 @@ class StateHold:
         return path
 
     def _set_aside(self, source: Path, app: str, epoch: int) -> str:
-        """A state directory that could not be archived, copied where it outlives its sandbox."""
+        """A state directory that could not be archived, copied where it outlives its sandbox
+        (links copied as links, never followed)."""
         target = self._data_dir / "kept-states" / f"{app}.{epoch}"
         try:
             shutil.rmtree(target, ignore_errors=True)
-            shutil.copytree(source, target, symlinks=True)
+            if source.is_dir() and not source.is_symlink():
+                shutil.copytree(source, target, symlinks=True)
         except OSError as exc:
             return f"it could not be kept on node {self._node} either ({exc})"
         return f"kept on node {self._node} in {target}"
 
-    async def _store_and_release(self, app: str, epoch: int, local: Path, data: bytes) -> None:
-        digest = digest_of(data)
-        backoff = 0.5
-        for attempt in range(self.upload_tries):
-            try:
-                await self._artifacts.store_state(data, digest)
-                break
-            except (ArtifactError, OSError) as exc:  # refused, or the blob store cannot write
-                if attempt == self.upload_tries - 1:
-                    await self._keep(
-                        app,
-                        epoch,
-                        f"its archive could not be stored: {exc}; kept on node {self._node} "
-                        f"in {local}, handed on when the blob store takes it",
-                    )
-                    return
-                await anyio.sleep(backoff)
-                backoff *= 2
-        if await self._release(app, epoch, archive=digest, size=len(data)) is not None:
+    async def _store_and_release(
+        self, app: str, epoch: int, local: Path, data: bytes, also: Sequence[Require] = ()
+    ) -> None:
+        digest = await anyio.to_thread.run_sync(digest_of, data)
+        try:
+            await self._retried(lambda: self._artifacts.store_state(data, digest))
+        except ArtifactError as exc:  # refused for good: trying again will not help
+            aside = self._data_dir / "kept-states" / local.name
+            await anyio.to_thread.run_sync(_move, local, aside)
+            await self._keep(app, epoch, f"its archive was refused: {exc}; kept in {aside}")
+            return
+        except OSError as exc:
+            await self._keep(
+                app,
+                epoch,
+                f"its archive could not be stored yet: {exc}; kept on node {self._node} in "
+                f"{local}, handed on when the blob store takes it",
+            )
+            return
+        if await self._release(app, epoch, archive=digest, size=len(data), also=also):
             await anyio.Path(local).unlink(missing_ok=True)
 
     async def _release(
-        self, app: str, epoch: int, *, archive: str | None = None, size: int = 0, error: str = ""
+        self,
+        app: str,
+        epoch: int,
+        *,
+        archive: str | None = None,
+        size: int = 0,
+        error: str = "",
+        also: Sequence[Require] = (),
     ) -> AppState | None:
         """Release by compare-and-set; the record written, or None when it had moved (or is
-        gone). A local archive of a state this node no longer holds is of no use: deleted."""
+        gone, or `also` no longer holds). A local archive of a state this node no longer holds
+        is of no use: deleted."""
         now = self._clock()
         written = await self._change(
             app,
             lambda record: state.release(
                 record, self._node, epoch, now, archive=archive, size=size, error=error
             ),
+            also,
         )
-        if written is None:
-            await anyio.Path(self._local(app, epoch)).unlink(missing_ok=True)
-        else:
-            log.info(
-                "handed back the state of %s at epoch %d%s",
-                app,
-                epoch,
-                "" if archive is None else f" with archive {archive[:12]} ({size} bytes)",
-                extra={"node": self._node},
-            )
+        if not isinstance(written, AppState):
+            if isinstance(written, state.Stale):  # no longer ours: its archive is of no use
+                await anyio.Path(self._local(app, epoch)).unlink(missing_ok=True)
+            return None
+        failpoints.reach("state-after-release")
+        await anyio.Path(self._local(app, epoch)).unlink(missing_ok=True)
+        log.info(
+            "handed back the state of %s at epoch %d%s",
+            app,
+            epoch,
+            "" if archive is None else f" with archive {archive[:12]} ({size} bytes)",
+            extra={"node": self._node},
+        )
         return written
 
     async def _keep(self, app: str, epoch: int, error: str) -> None:
@@ -201,8 +295,15 @@ class StateHold:
         await self._change(app, lambda record: state.keep(record, self._node, epoch, error))
 
     async def _change(
-        self, app: str, decide: Callable[[AppState], AppState | state.Stale]
-    ) -> AppState | None:
+        self,
+        app: str,
+        decide: Callable[[AppState], AppState | state.Stale],
+        also: Sequence[Require] = (),
+    ) -> AppState | state.Stale | None:
+        """Write what `decide` makes of the state record, by compare-and-set on its revision
+        (and on `also`: a conflict there gives up, for the caller to look again later). What
+        was written, the refusal (nothing written), or None (the record is gone, or `also`
+        no longer holds)."""
         key = keys.state(app)
         while True:
             item = await self._store.get(key, AppState)
@@ -212,10 +313,12 @@ class StateHold:
             if isinstance(decided, state.Stale):
                 self.conflicts += 1
                 log.warning("not writing the state: %s", decided.reason, extra={"node": self._node})
-                return None
+                return decided
             try:
-                await self._store.update(key, decided, expect_revision=item.revision)
+                await self._store.txn([Require(key, item.revision), *also], [Put(key, decided)])
             except Conflict:
+                if also:
+                    return None
                 continue  # decide again from the fresh record
             return decided
 
@@ -223,76 +326,96 @@ class StateHold:
 
     async def salvage(self, sandboxes: list[Item[Sandbox]]) -> None:
         """Before a restarted agent clears its sandbox directories: pack the state directory
-        of each state this node holds whose sandbox is not about to start (and that has no
-        local archive yet), so `settle` hands it back with what the app last wrote."""
+        of each state this node holds whose sandbox had been restored and is not about to
+        start (and has no local archive yet), so `settle` hands it back with what the app last
+        wrote. A state that cannot be packed is set aside and kept, with the reason."""
         records = {item.value.id: item.value for item in sandboxes}
+        for item in (await self._store.list(keys.STATES, AppState)).items:
+            held = item.value
+            if held.node != self._node or held.sandbox is None:
+                continue
+            sandbox = records.get(held.sandbox)
+            if sandbox is not None and sandbox.status is SandboxStatus.PENDING:
+                continue  # started (and restored) by this run
+            if self._local(held.app, held.epoch).exists():
+                continue
+            base = sandbox_dir(self._data_dir, held.sandbox)
+            path, tree = _restored_path(base), _left_tree(base)
+            if path is None or tree is None:
+                continue  # nothing newer than its archive: `settle` releases it unchanged
+            try:
+                source = state_source(tree, path)
+                data = await anyio.to_thread.run_sync(self._pack, source)
+                await anyio.to_thread.run_sync(self._save, held.app, held.epoch, data)
+            except (ArtifactError, OSError) as exc:
+                kept = await anyio.to_thread.run_sync(
+                    self._set_aside, tree / path, held.app, held.epoch
+                )
+                await self._keep(held.app, held.epoch, f"its state was not archived: {exc}; {kept}")
+                continue
+            log.info("salvaged the state of %s left by the previous run", held.app)
+
+    async def settle(self, in_use: Callable[[], Collection[str]]) -> None:
+        """Hand back every state this node holds whose sandbox no runner of this run has
+        (`in_use`, asked again before each) and whose record is gone or finished: from its
+        local archive when there is one, else unchanged (nothing newer than its archive exists
+        here). The release requires the sandbox record as read, so a sandbox that started
+        meanwhile keeps its state."""
+        held_here = set()
         for item in (await self._store.list(keys.STATES, AppState)).items:
             held = item.value
             if held.node != self._node:
                 continue
-            sandbox = records.get(held.sandbox or "")
-            if sandbox is not None and sandbox.status is SandboxStatus.PENDING:
-                continue  # started (and restored) by this run
-            if self._local(held.app, held.epoch).exists() or sandbox is None:
+            held_here.add(self._local(held.app, held.epoch).name)
+            if held.sandbox in in_use():
                 continue
-            pool = await self._store.get(keys.pool(sandbox.pool), Pool)
-            spec = None if pool is None else pool.value.spec.state
-            if spec is None:
-                continue
-            source = _left_tree(self._data_dir, sandbox.id, spec.path)
-            if source is None:
-                continue
-            try:
-                data = await anyio.to_thread.run_sync(self._pack, source)
-            except (ArtifactError, OSError) as exc:
-                kept = await anyio.to_thread.run_sync(self._set_aside, source, held.app, held.epoch)
-                await self._keep(held.app, held.epoch, f"its state was not archived: {exc}; {kept}")
-                continue
-            await anyio.to_thread.run_sync(self._save, held.app, held.epoch, data)
-            log.info("salvaged the state of %s left by the previous run", held.app)
-
-    async def settle(self, in_use: Collection[str]) -> None:
-        """Hand back every state this node holds that no sandbox of this run uses (`in_use`:
-        the sandboxes it runs) and that no pending sandbox waits for: from its local archive
-        when there is one, else unchanged (nothing newer than its archive exists here)."""
-        for item in (await self._store.list(keys.STATES, AppState)).items:
-            held = item.value
-            if held.node != self._node or held.sandbox in in_use:
-                continue
+            found = None
             if held.sandbox is not None:
-                sandbox = await self._store.get(keys.sandbox(held.sandbox), Sandbox)
-                if sandbox is not None and sandbox.value.status is SandboxStatus.PENDING:
-                    continue  # placed here, about to start (or being started)
+                found = await self._store.get(keys.sandbox(held.sandbox), Sandbox)
+                if found is not None and found.value.status not in FINISHED:
+                    continue  # about to start here, starting, or running
+            if held.sandbox in in_use():
+                continue
+            also = (
+                []
+                if held.sandbox is None
+                else [Require(keys.sandbox(held.sandbox), 0 if found is None else found.revision)]
+            )
             local = self._local(held.app, held.epoch)
             if local.exists():
                 data = await anyio.Path(local).read_bytes()
-                await self._store_and_release(held.app, held.epoch, local, data)
-            elif not held.kept:  # kept with a reason and no archive: an operator's to act on
-                await self._release(held.app, held.epoch)
-        await anyio.to_thread.run_sync(self._forget_stale)
+                await self._store_and_release(held.app, held.epoch, local, data, also)
+            elif not held.kept:  # kept with no archive here: an operator's to act on
+                await self._release(held.app, held.epoch, also=also)
+        await anyio.to_thread.run_sync(self._forget_stale, held_here)
 
-    def _forget_stale(self) -> None:
-        """Partial writes (a crash mid-save) are of no use."""
+    def _forget_stale(self, held_here: set[str]) -> None:
+        """Partial writes (a crash mid-save), and archives of states this node no longer
+        holds at their epoch (released or taken back since), are of no use."""
         with contextlib.suppress(OSError):
             for entry in self._dir.iterdir():
-                if entry.name.endswith(".part"):
+                if entry.name.endswith(".part") or entry.name not in held_here:
                     entry.unlink(missing_ok=True)
 
     async def run(self, in_use: Callable[[], Collection[str]], interval: float = 5.0) -> None:
         """`settle` every `interval` seconds; a store or blob store that is down only delays it."""
         while True:
             try:
-                await self.settle(in_use())
+                await self.settle(in_use)
             except (StoreError, OSError) as exc:
                 log.warning("cannot settle held states now: %s", exc)
             await anyio.sleep(interval)
 
 
-def _left_tree(data_dir: Path, sandbox_id: str, path: str) -> Path | None:
-    """A previous run's state directory of `sandbox_id`: in its tmpfs (isolated as root) or in
-    its working directory."""
-    base = sandbox_dir(data_dir, sandbox_id)
+def _left_tree(base: Path) -> Path | None:
+    """A previous run's app tree in the sandbox directory `base`: in its tmpfs (isolated as
+    root) or its working directory."""
     for tree in (base / "fs" / "app", base / "app"):
-        if (tree / path).is_dir():
-            return tree / path
+        if tree.is_dir() and not tree.is_symlink():
+            return tree
     return None
+
+
+def _move(source: Path, target: Path) -> None:
+    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    source.replace(target)
