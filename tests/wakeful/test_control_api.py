@@ -14,8 +14,9 @@ import pytest
 from tests.wakeful.conftest import running_control_plane
 from wakeful.bootstrap import ControlPlane
 from wakeful.deploy.artifacts import LocalArtifacts
+from wakeful.domain import keys
 from wakeful.domain.artifacts import digest_of, pack
-from wakeful.domain.models import App, AppSpec, Pool, Version
+from wakeful.domain.models import App, AppSpec, AppState, Node, Pool, Sandbox, Version
 from wakeful.node.agent import NodeAgent
 from wakeful.node.settings import NodeSettings
 from wakeful.store import Store
@@ -82,6 +83,31 @@ async def test_draining_a_node_that_never_registered_is_a_404_unless_forced(
     forced = await control.http.post("/v1/nodes/nosuchnode/drain", params={"force": True})
     assert forced.status_code == 202
     assert [n["name"] for n in (await control.http.get("/v1/nodes")).json()] == ["nosuchnode"]
+
+
+async def test_an_operator_frees_a_state_a_node_keeps_but_never_one_in_use(
+    control: Control,
+) -> None:
+    assert (await control.http.post("/v1/apps/notes/state/release")).status_code == 404
+    kept = AppState(
+        app="notes", node="n9", epoch=4, sandbox="s1", archive="a" * 64, kept=True, error="big"
+    )
+    await control.store.put(keys.state("notes"), kept)
+    await control.store.put(keys.node("n9"), Node(name="n9", address="n9"))
+    running = Sandbox(id="s1", pool="notes-v1", app="notes", node="n9", status="running")
+    await control.store.put(keys.sandbox("s1"), running)  # the controller stops it, no agent
+    in_use = await control.http.post("/v1/apps/notes/state/release")
+    assert in_use.status_code == 409 and "s1" in in_use.json()["detail"]
+    await control.store.delete(keys.sandbox("s1"))
+    freed = await control.http.post("/v1/apps/notes/state/release")
+    assert freed.status_code == 200, freed.text
+    record = await control.store.get(keys.state("notes"), AppState)
+    assert record is not None
+    assert (record.value.node, record.value.epoch, record.value.kept) == (None, 5, False)
+    assert record.value.archive == "a" * 64  # its last archive is the state again
+    assert "released by an operator from node n9" in record.value.error
+    again = await control.http.post("/v1/apps/notes/state/release")
+    assert again.status_code == 409 and again.json()["error"] == "not held"
 
 
 async def test_a_node_whose_agent_is_down_can_still_be_cordoned(control: Control) -> None:

@@ -24,6 +24,7 @@ from pydantic import BaseModel
 
 from wakeful.domain import keys
 from wakeful.domain.models import (
+    FINISHED,
     NAME_PATTERN,
     ON_NODE,
     AppState,
@@ -170,13 +171,13 @@ def node_router(store: Store) -> APIRouter:
                 409, {"error": "not held", "detail": f"the state of {app!r} is held by no node"}
             )
         sandboxes = (await store.list(keys.SANDBOXES, Sandbox)).items
-        if any(s.value.id == held.sandbox and s.value.status in ON_NODE for s in sandboxes):
+        if any(s.value.id == held.sandbox and s.value.status not in FINISHED for s in sandboxes):
             raise HTTPException(
                 409,
                 {
                     "error": "in use",
-                    "detail": f"sandbox {held.sandbox} on node {held.node} runs with it: "
-                    "stop it first (it hands the state back itself)",
+                    "detail": f"sandbox {held.sandbox} on node {held.node} has not ended: its "
+                    "node hands the state back itself when it does",
                 },
             )
         why = f"released by an operator from node {held.node}"
