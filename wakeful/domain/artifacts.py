@@ -56,7 +56,8 @@ def pack(
             for name in sorted(files):
                 path = Path(root) / name
                 try:
-                    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                    # O_NONBLOCK: a FIFO (an app can make one) must not block the open
+                    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
                 except OSError:
                     continue  # a symbolic link (or gone): never followed
                 with os.fdopen(fd, "rb") as handle:
