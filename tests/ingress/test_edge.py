@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import socket
 import time
 import tracemalloc
@@ -229,7 +230,7 @@ async def test_an_ingress_on_a_public_address_keeps_the_boot_log_out_even_when_a
 
 
 async def test_a_flood_past_the_bound_is_refused_and_leaves_nothing_behind() -> None:
-    waves, per_wave = 5, 100
+    waves, per_wave = 6, 100
     async with stack({"sb-1": None}, activation_timeout=0.3, activator={"max_waiters": 5}) as s:
         statuses: list[int] = []
         most_waiting = 0
@@ -270,8 +271,12 @@ async def test_a_flood_past_the_bound_is_refused_and_leaves_nothing_behind() -> 
         assert most_waiting <= 5
         assert s.activator.snapshot()[0].waiters == 0
         assert s.sample("requests_queued", app="hello") == 0
-        # once the first waves warmed every pool and cache, later waves leave nothing behind
-        assert sizes[-1] - sizes[1] < 256 * 1024, sizes
+        # Once the first waves warmed every pool and cache, later waves leave nothing behind.
+        # The memory traced is the whole process's: another thread (the session's etcd client,
+        # an earlier test's leftovers) once allocated 4 MB during a wave, once. So one step may
+        # jump; a leak grows with every wave, and the other three add up past the bound.
+        steps = [after - before for before, after in itertools.pairwise(sizes[1:])]
+        assert sum(steps) - max(steps) < 256 * 1024, sizes
 
 
 def _exchange(port: int, request: bytes, then: bytes = b"", timeout: float = 30) -> bytes:
