@@ -230,3 +230,67 @@ def test_an_agent_killed_at_each_step_of_a_move_loses_nothing_and_the_move_compl
         assert holder(api, env) == "n2"
         states = httpx.get(f"{api}/v1/nodes/n1", headers=admin(env), timeout=30).json()
         assert states["progress"]["moved"] == 1 and states["progress"]["failed"] == 0
+
+
+def test_undo_mid_run_lets_the_move_under_way_finish_and_leaves_the_rest_where_they_are(
+    etcd_server: EtcdServer, tmp_path: Path
+) -> None:
+    """Two stateful apps on n1, each with a long request in flight, moved one at a time: the
+    first is gated behind its request, the other waits its turn. `wakeful drain n1 --undo`
+    then: the gated one finishes its move (its request ends with 200; stopped, state handed
+    back, started again with its note), the other stays on n1 untouched, nothing is stuck, and
+    the drain command says it was undone."""
+    one_at_a_time = {"activator": {"WAKEFUL_EVACUATE_CONCURRENCY": "1"}}
+    with start_cluster(etcd_server.url, tmp_path, role_env=one_at_a_time) as (api, proxy, env):
+        assert wakeful_cli(api, env, "drain", "n2", "--no-evacuate").returncode == 0
+        apps = {}
+        for name in ("a", "b"):
+            app = notes_app(tmp_path / name)
+            manifest = (app / "wakeful.toml").read_text()
+            (app / "wakeful.toml").write_text(manifest.replace('"notes"', f'"notes-{name}"'))
+            deploy(api, env, app)
+            apps[name] = {"Host": f"notes-{name}.localhost"}
+        with httpx.Client(base_url=proxy, timeout=60) as client:
+            for name, host in apps.items():  # woken: both on n1
+                assert client.post("/", content=f"note of {name}", headers=host).status_code == 201
+            assert wakeful_cli(api, env, "drain", "n2", "--undo").returncode == 0
+            answers: dict[str, int] = {}
+
+            def hold(name: str) -> None:
+                answers[name] = client.get("/sleep?s=6", headers=apps[name]).status_code
+
+            holders = [threading.Thread(target=hold, args=(name,)) for name in apps]
+            for thread in holders:
+                thread.start()
+            time.sleep(0.5)  # both requests in flight
+            drain = subprocess.Popen(
+                [*WAKEFUL, "--api", api, "drain", "n1"],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            deadline = time.monotonic() + 60
+            while True:  # one gated behind its request, the other waiting its turn
+                report = httpx.get(f"{api}/v1/nodes/n1", headers=admin(env), timeout=30).json()
+                moving = report.get("progress") or {}
+                if moving.get("moving") == 1 and moving.get("owned") == 2:
+                    break
+                assert time.monotonic() < deadline, moving
+                time.sleep(0.1)
+            assert wakeful_cli(api, env, "drain", "n1", "--undo").returncode == 0
+            output = drain.communicate(timeout=60)[0]
+            assert drain.returncode == 1 and "undone" in output, output
+            for thread in holders:
+                thread.join(timeout=60)
+            assert answers == {"a": 200, "b": 200}
+            for name, host in apps.items():  # both serve, each with its note
+                answer = client.get("/", headers=host)
+                assert (answer.status_code, answer.text) == (200, f"note of {name}\n")
+        nodes = {
+            n["name"]: n
+            for n in httpx.get(f"{api}/v1/nodes", headers=admin(env), timeout=30).json()
+        }
+        assert not any(n["cordoned"] for n in nodes.values())
+        # The one that was moving went to the emptiest node; the other never left n1.
+        assert (nodes["n1"]["sandboxes"], nodes["n2"]["sandboxes"]) == (1, 1)
