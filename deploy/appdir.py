@@ -90,6 +90,8 @@ def load_app_dir(path: Path) -> AppDir:
     try:
         definition = definition_from_manifest(raw)
     except ValidationError as exc:
-        described = describe_validation_error(exc).replace("spec.", "")
+        # The manifest is flat: `spec.` is not a path a user wrote, and a check of the
+        # whole spec names its fields in its own message.
+        described = describe_validation_error(exc).replace("spec.", "").replace("spec: ", "")
         raise AppDirError(f"{manifest}: {described}") from exc
     return AppDir(path, definition)

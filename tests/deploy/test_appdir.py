@@ -53,6 +53,24 @@ def test_durations(raw: object, seconds: float) -> None:
         pytest.param(
             'name = "ok"\ncommand = ["x"]\ndefault_host = "no"', "default_host", id="bad-flag"
         ),
+        pytest.param(
+            'name = "ok"\ncommand = ["x"]\n[state]\npath = "data"',
+            "state: an app with [state] runs one sandbox at a time, so it needs "
+            "concurrency.max_instances = 1 (got 20)",
+            id="stateful-without-one-instance",
+        ),
+        pytest.param(
+            'name = "ok"\ncommand = ["x"]\n[state]\npath = "../up"\n[concurrency]\n'
+            "max_instances = 1",
+            "state.path: '../up' must name a directory inside the app's tree",
+            id="state-outside-the-tree",
+        ),
+        pytest.param(
+            'name = "ok"\ncommand = ["x"]\n[state]\npath = "/abs"\n[concurrency]\n'
+            "max_instances = 1",
+            "state.path: String should match pattern",
+            id="state-absolute",
+        ),
     ],
 )
 def test_a_bad_manifest_names_the_file_field_and_reason(
@@ -63,6 +81,12 @@ def test_a_bad_manifest_names_the_file_field_and_reason(
     message = str(refused.value)
     assert message.startswith(str(tmp_path / "wakeful.toml"))
     assert expected in message
+
+
+def test_the_stateful_sample_app_loads() -> None:
+    notes = load_app_dir(EXAMPLE.parent / "notes").definition.spec
+    assert notes.state is not None and notes.state.path == "data"
+    assert notes.concurrency.max_instances == 1
 
 
 def test_an_app_may_opt_out_of_its_default_host(tmp_path: Path) -> None:

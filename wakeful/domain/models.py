@@ -454,5 +454,6 @@ def describe_validation_error(exc: ValidationError) -> str:
         where = ".".join(str(part) for part in error["loc"]) or "value"
         got = error.get("input")
         got_text = "" if isinstance(got, dict | list) else f" (got {got!r})"
-        lines.append(f"{where}: {error['msg']}{got_text}")
+        message = str(error["msg"]).removeprefix("Value error, ")  # pydantic's, not ours
+        lines.append(f"{where}: {message}{got_text}")
     return "; ".join(lines)
