@@ -36,10 +36,10 @@ from wakeful.activator.metrics import ActivatorMetrics
 from wakeful.activator.scale_up import ScaleUpRunner
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.activator.view import PoolState, View
-from wakeful.domain import trace
+from wakeful.domain import keys, trace
 from wakeful.domain.leases import AppFailedToBoot, LeaseGone, LeaseGrant, NoCapacity, Unreachable
-from wakeful.domain.models import GONE
-from wakeful.store import Store
+from wakeful.domain.models import GONE, AppState
+from wakeful.store import Store, StoreError
 
 __all__ = ["Activator", "Lease", "PoolSnapshot"]
 
@@ -77,6 +77,7 @@ class Activator:
         checked before every grant, adoption and renewal (a process paused past its term
         grants nothing when it wakes, before it has noticed)."""
         self._settings = settings
+        self._store = store
         self._leading = leading
         self._wall_clock = wall_clock
         self._metrics = ActivatorMetrics(registry)
@@ -189,6 +190,8 @@ class Activator:
                         trace.mark("lease", app)
                     return lease
                 self._fail_if_crashing(state)
+                if waiter is None and state.item.value.spec.state is not None:
+                    await self._fail_if_state_kept(app)
                 if waiter is None:
                     waiter = self._ledger.park(state.name, app, deadline)
                     self._publish(state.name)
@@ -239,6 +242,20 @@ class Activator:
             self._scale_up.start(state)
         self._publish(pool.name)
         return lease
+
+    async def _fail_if_state_kept(self, app: str) -> None:
+        """A stateful app whose state a node keeps (it could not hand it back) cannot start
+        until an operator acts: answered at once, rather than after the activation budget.
+        One store read, only for a stateful app with nothing routable."""
+        with contextlib.suppress(StoreError):
+            found = await self._store.get(keys.state(app), AppState)
+            if found is not None and found.value.kept:
+                raise NoCapacity(
+                    f"app {app!r} keeps state that node {found.value.node} could not hand "
+                    "back: it starts again once an operator frees it (`wakeful nodes` says "
+                    f"why; `wakeful release-state {app}`)",
+                    retry_after=60,
+                )
 
     def _fail_if_crashing(self, state: PoolState) -> None:
         """A pool in a crash cooldown (a wall-clock time the pool controller wrote) answers at

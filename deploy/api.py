@@ -63,6 +63,14 @@ class AppReport(BaseModel):
     versions: list[str]
 
 
+UPLOADS = 4
+"""Uploads (artifacts and state archives) received at once."""
+UPLOAD_SLOT_WAIT = 10.0
+"""Seconds an upload waits for a slot before 503 + Retry-After."""
+UPLOAD_IDLE = 30.0
+"""Seconds an upload may send nothing before it is refused (408) and its slot freed."""
+
+
 def deploy_router(
     store: Store,
     deployer: Deployer,
@@ -74,16 +82,33 @@ def deploy_router(
     def bad(status: int, error: str, detail: str) -> HTTPException:
         return HTTPException(status, {"error": error, "detail": detail})
 
-    uploads = anyio.Semaphore(4)  # each holds its body in memory: at most this many at once
+    uploads = anyio.Semaphore(UPLOADS)  # each holds its body in memory: at most this many
 
     async def receive(request: Request, digest: str, limit: int, what: str) -> str:
-        async with uploads:
+        with anyio.move_on_after(UPLOAD_SLOT_WAIT) as waited:
+            await uploads.acquire()  # only the wait for a slot is bounded so, not the upload
+        if waited.cancelled_caught:
+            raise HTTPException(
+                503,
+                {"error": "busy", "detail": f"{UPLOADS} uploads are being received; try again"},
+                headers={"Retry-After": "5"},
+            )
+        try:
             return await receive_one(request, digest, limit, what)
+        finally:
+            uploads.release()
 
     async def receive_one(request: Request, digest: str, limit: int, what: str) -> str:
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.stream():
+        body = aiter(request.stream())
+        while True:
+            with anyio.move_on_after(UPLOAD_IDLE) as idle:
+                chunk = await anext(body, None)
+            if idle.cancel_called:  # a slow sender must not hold a slot for ever
+                raise bad(408, "upload stalled", f"no bytes for {UPLOAD_IDLE:g} s")
+            if chunk is None:
+                break
             size += len(chunk)
             if size > limit:
                 raise bad(413, f"{what} too large", f"the bound is {limit} bytes")

@@ -22,6 +22,7 @@ import anyio
 
 from wakeful.domain.artifacts import (
     MAX_ARTIFACT_BYTES,
+    MAX_UNPACKED_BYTES,
     ArtifactError,
     ArtifactUnavailable,
     digest_of,
@@ -72,7 +73,10 @@ class LocalArtifacts:
         limit = self.max_bytes if limit is None else limit
         if len(data) > limit:
             raise ArtifactError(f"archive is {len(data)} bytes; the bound is {limit}")
-        await anyio.to_thread.run_sync(validate, data)
+        # What it may unpack to: a state archive no more than its bound (it was packed from
+        # that much), an artifact the artifact bound.
+        unpacked = MAX_UNPACKED_BYTES if limit == self.max_bytes else limit
+        await anyio.to_thread.run_sync(validate, data, unpacked)
         async with self._lock:
             await anyio.to_thread.run_sync(self._write, digest, data, self._clock())
         return digest

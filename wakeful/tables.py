@@ -60,7 +60,10 @@ def node_line(node: Mapping[str, Any]) -> str:
     isolation = node.get("isolation") or "unknown"
     moving = node.get("progress")
     counts = "" if not moving else f"  {progress_counts(moving)}"
-    return f"{node['name']}  {state}  sandboxes={node['sandboxes']}{counts}  isolation: {isolation}"
+    line = f"{node['name']}  {state}  sandboxes={node['sandboxes']}{counts}  isolation: {isolation}"
+    for kept in node.get("kept") or []:
+        line += f"\n  keeps the state of {kept['app']}, not handed back: {kept['reason']}"
+    return line
 
 
 PROGRESS = ("owned", "running", "moving", "archived", "moved", "failed")

@@ -9,7 +9,7 @@ import pytest
 from wakeful.activator.ledger import Lease
 from wakeful.domain import keys
 from wakeful.domain.leases import AppFailedToBoot, LeaseGone, NoCapacity, Overloaded, UnknownApp
-from wakeful.domain.models import App, Pool, SandboxStatus
+from wakeful.domain.models import App, AppState, Pool, SandboxStatus, StateSpec
 from wakeful.store import Event, Put, Require, Store, open_store
 from wakeful.testing import ManualClock
 
@@ -288,6 +288,26 @@ async def test_a_crash_looping_app_fails_fast_with_its_log(store: Store) -> None
             await activator.acquire("hello")
     assert "flask" in failed.value.log
     assert failed.value.retry_after == 8
+
+
+async def test_a_stateful_app_whose_state_a_node_keeps_fails_fast_saying_so(
+    store: Store,
+) -> None:
+    """Its one sandbox cannot start until an operator frees the state: a request is answered
+    at once (not after the activation budget), without the node's reason (public)."""
+    await seed(store, rpi=5, max_instances=1)
+    listed = await pool(store)
+    spec = listed.value.spec.model_copy(update={"state": StateSpec(path="data")})
+    await store.update(POOL_KEY, listed.value.model_copy(update={"spec": spec}), listed.revision)
+    kept = AppState(app="hello", node="n1", epoch=3, kept=True, error="/var/x: too large")
+    await store.put(keys.state("hello"), kept)
+    activator = make_activator(store)
+    async with activator.running():
+        with anyio.fail_after(2), pytest.raises(NoCapacity) as refused:
+            await activator.acquire("hello")
+    assert "keeps state that node n1 could not hand back" in str(refused.value)
+    assert "wakeful release-state hello" in str(refused.value)
+    assert "/var/x" not in str(refused.value) and refused.value.retry_after == 60
 
 
 async def test_a_request_waiting_on_a_retired_pool_follows_the_route_to_the_new_one(

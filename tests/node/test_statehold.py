@@ -292,3 +292,49 @@ async def test_a_blob_store_that_cannot_answer_is_not_a_corrupt_archive(
     with pytest.raises(StateRefused, match="no artifact"):  # missing: refused for good
         await node.claim("notes", "s1", "data")
     assert (await current(store)).epoch == 4
+
+
+async def test_state_too_large_to_even_copy_goes_back_at_its_last_archive(
+    store: Store, tmp_path: Path
+) -> None:
+    """A sparse file of 1 GiB takes no room in the sandbox, but a copy would write it out
+    whole on the node's disk: past 4x the bound nothing is copied, and since nothing of it
+    can be kept the state goes back at its last archive, saying what was lost."""
+    blobs = LocalArtifacts(tmp_path / "blobs")
+    await held_by(store, "n1", 3, archive="b" * 64)
+    tree = state_dir(tmp_path / "tree", "small")
+    with (tree / "data" / "sparse.bin").open("wb") as sparse:
+        sparse.truncate(1 << 30)
+    await hold(store, blobs, tmp_path).hand_back("notes", 3, tree, "data")
+    record = await current(store)
+    assert (record.node, record.epoch, record.archive, record.kept) == (None, 4, "b" * 64, False)
+    assert "no copy of it could be kept" in record.error
+    assert not (tmp_path / "n1" / "kept-states").exists()
+
+
+async def test_a_file_that_cannot_be_read_is_never_a_silent_gap(
+    store: Store, tmp_path: Path
+) -> None:
+    """A path too long to unpack again on a node (past PATH_MAX there) is refused, not left
+    out of the archive in silence; such a tree cannot be copied aside either, so the state
+    goes back at its last archive with the reason."""
+    blobs = LocalArtifacts(tmp_path / "blobs")
+    await held_by(store, "n1", 3)
+    tree = state_dir(tmp_path / "tree", "top")
+    deep = os.open(tree / "data", os.O_RDONLY)
+    try:
+        for _ in range(450):  # 450 * 10 bytes: past PATH_MAX from the node's root
+            os.mkdir("d" * 9, dir_fd=deep)
+            inner = os.open("d" * 9, os.O_RDONLY, dir_fd=deep)
+            os.close(deep)
+            deep = inner
+        fd = os.open("deepfile.txt", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=deep)
+        os.write(fd, b"far down")
+        os.close(fd)
+    finally:
+        os.close(deep)
+    await hold(store, blobs, tmp_path).hand_back("notes", 3, tree, "data")
+    record = await current(store)
+    assert (record.node, record.epoch, record.archive) == (None, 4, None)
+    assert "is a path of more than 2048 bytes" in record.error
+    assert "no copy of it could be kept" in record.error

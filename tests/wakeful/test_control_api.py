@@ -8,11 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
+import anyio.abc
 import httpx
 import pytest
 
 from tests.wakeful.conftest import running_control_plane
 from wakeful.bootstrap import ControlPlane
+from wakeful.deploy import api as deploy_api
 from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.domain import keys
 from wakeful.domain.artifacts import digest_of, pack
@@ -105,9 +107,14 @@ async def test_an_operator_frees_a_state_a_node_keeps_but_never_one_in_use(
     assert record is not None
     assert (record.value.node, record.value.epoch, record.value.kept) == (None, 5, False)
     assert record.value.archive == "a" * 64  # its last archive is the state again
-    assert "released by an operator from node n9" in record.value.error
+    assert "freed by an operator from node n9, which kept it: big" in record.value.error
     again = await control.http.post("/v1/apps/notes/state/release")
     assert again.status_code == 409 and again.json()["error"] == "not held"
+    # Held by a node that is up and keeps nothing: it is handing it back itself (archiving
+    # what the app last wrote); freeing it now would lose that.
+    await control.store.put(keys.state("notes"), AppState(app="notes", node="n9", epoch=9))
+    in_hand = await control.http.post("/v1/apps/notes/state/release")
+    assert in_hand.status_code == 409 and in_hand.json()["error"] == "in hand"
 
 
 async def test_a_node_whose_agent_is_down_can_still_be_cordoned(control: Control) -> None:
@@ -232,3 +239,39 @@ async def test_the_control_plane_collects_unreferenced_artifacts_on_its_own(
         with anyio.fail_after(10):
             while artifacts.has(digest):  # noqa: ASYNC110 - a file on disk, no event
                 await anyio.sleep(0.02)
+
+
+async def stalled_upload(url: str, token: str) -> anyio.abc.SocketStream:
+    """A node's upload that sends its head and one byte of body, then nothing."""
+    host, port = url.removeprefix("http://").split(":")
+    stream = await anyio.connect_tcp(host, int(port))
+    await stream.send(
+        f"PUT /v1/states/{'0' * 64} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n1\r\nx\r\n".encode()
+    )
+    return stream
+
+
+async def test_uploads_that_stall_are_refused_and_never_hold_every_slot(
+    control: Control, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four uploads that send a byte and stop hold every slot: the next is told to come back
+    (503 + Retry-After) rather than wait; a stalled one is refused (408) once it has sent
+    nothing for the idle time, and its slot goes back."""
+    token = control.http.headers["Authorization"].removeprefix("Bearer ")
+    url = str(control.http.base_url).rstrip("/")
+    monkeypatch.setattr(deploy_api, "UPLOAD_SLOT_WAIT", 0.2)
+    monkeypatch.setattr(deploy_api, "UPLOAD_IDLE", 30.0)
+    stalled = [await stalled_upload(url, token) for _ in range(deploy_api.UPLOADS)]
+    await anyio.sleep(0.2)  # each has taken its slot
+    busy = await control.http.put(f"/v1/states/{'1' * 64}", content=b"x")
+    assert busy.status_code == 503 and busy.headers["retry-after"] == "5"
+    for stream in stalled:
+        await stream.aclose()
+    monkeypatch.setattr(deploy_api, "UPLOAD_IDLE", 0.3)
+    stream = await stalled_upload(url, token)
+    async with stream:
+        with anyio.fail_after(30):
+            answer = await stream.receive()
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert b"upload stalled" in answer

@@ -66,3 +66,13 @@ def test_a_node_says_how_it_isolates_and_what_it_cannot_enforce() -> None:
 def test_the_active_version_is_marked() -> None:
     app = {"name": "web", "active_version": "v2", "versions": ["v1", "v2"]}
     assert version_lines(app) == ["  v1", "* v2"]
+
+
+def test_a_drained_node_shows_its_progress_and_a_node_the_states_it_keeps() -> None:
+    node = {"name": "n1", "sandboxes": 1, "cordoned": True, "evacuating": True}
+    progress = {"owned": 1, "running": 0, "moving": 1, "archived": 0, "moved": 3, "failed": 0}
+    kept = [{"app": "notes", "sandbox": "s1", "reason": "over the bound; kept in /k"}]
+    shown = node_line({**node, "registered": True, "progress": progress, "kept": kept})
+    first, second = shown.splitlines()
+    assert "sandboxes=1  owned=1 running=0 moving=1 archived=0 moved=3 failed=0" in first
+    assert second == "  keeps the state of notes, not handed back: over the bound; kept in /k"

@@ -78,6 +78,9 @@ class NodeReport(BaseModel):
     isolation: str = ""
     progress: Progress | None = None
     """While it is drained with evacuation."""
+    kept: list[Problem] = []
+    """Stateful apps' states it keeps because it could not hand them back (`wakeful
+    release-state APP` gives up on one)."""
 
 
 LEAVING = frozenset({SandboxStatus.DRAINING, SandboxStatus.STOPPING})
@@ -154,6 +157,11 @@ def node_router(store: Store) -> APIRouter:
                     isolation=merged.isolation,
                     sandboxes=sum(1 for s in sandboxes if s.node == name and s.status in ON_NODE),
                     progress=moving,
+                    kept=[
+                        Problem(app=held.app, sandbox=held.sandbox, reason=held.error)
+                        for held in states
+                        if held.node == name and held.kept
+                    ],
                 )
             )
         return found
@@ -170,6 +178,16 @@ def node_router(store: Store) -> APIRouter:
             raise HTTPException(
                 409, {"error": "not held", "detail": f"the state of {app!r} is held by no node"}
             )
+        registered = await store.get(keys.node(held.node), Node) is not None
+        if not held.kept and registered:
+            raise HTTPException(
+                409,
+                {
+                    "error": "in hand",
+                    "detail": f"node {held.node} holds the state and is up: it hands it back "
+                    "itself (only a state it keeps, or one a gone node holds, can be freed)",
+                },
+            )
         sandboxes = (await store.list(keys.SANDBOXES, Sandbox)).items
         if any(s.value.id == held.sandbox and s.value.status not in FINISHED for s in sandboxes):
             raise HTTPException(
@@ -180,7 +198,9 @@ def node_router(store: Store) -> APIRouter:
                     "node hands the state back itself when it does",
                 },
             )
-        why = f"released by an operator from node {held.node}"
+        why = f"freed by an operator from node {held.node}" + (
+            f", which kept it: {held.error}" if held.kept else ", which is gone"
+        )
         released = take_back(held, held.node, time.time(), why)
         if isinstance(released, Stale):
             raise HTTPException(409, {"error": "moved", "detail": released.reason})

@@ -37,41 +37,50 @@ def digest_of(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+MAX_NAME_BYTES = 2048
+"""The longest path a packed file may have inside its directory: the node unpacks it under
+its own data directory, and the whole must stay under the kernel's PATH_MAX (4096)."""
+
+
 def pack(
     directory: Path, *, skip: frozenset[str] = SKIP_DIRS, max_bytes: int = MAX_ARTIFACT_BYTES
 ) -> bytes:
-    """The regular files under `directory` (not in a directory named in `skip`), packed;
+    """The regular files under `directory` (not in a directory named in `skip`), packed.
     `ArtifactError` when they add up to more than `max_bytes` (before or after compression) or
-    `MAX_MEMBERS` files. A missing `directory` packs to an empty archive. Symbolic links are
-    never followed (a linked file or directory is left out); the tar goes through gzip as it
-    is written, so only the compressed bytes are held."""
+    `MAX_MEMBERS` files, or a path is longer than `MAX_NAME_BYTES`; `OSError` when a file or
+    directory cannot be read (never a silent gap). A missing `directory` packs to an empty
+    archive. Symbolic links are never followed and, like FIFOs, sockets and devices, left out.
+    Walked by directory descriptor, so a tree deeper than PATH_MAX is read all the same; the
+    tar goes through gzip as it is written, so only the compressed bytes are held."""
     raw = io.BytesIO()
     total = members = 0
+    walked = os.fwalk(directory, onerror=_raise) if os.path.lexists(directory) else iter(())
     with (
         gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as zipped,
         tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT) as tar,
     ):
-        for root, dirs, files in os.walk(directory):
+        for root, dirs, files, root_fd in walked:
             dirs[:] = sorted(d for d in dirs if d not in skip)
+            inside = os.path.relpath(root, directory)
             for name in sorted(files):
-                path = Path(root) / name
-                try:
-                    # O_NONBLOCK: a FIFO (an app can make one) must not block the open
-                    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-                except OSError:
-                    continue  # a symbolic link (or gone): never followed
+                relative = name if inside == "." else f"{inside}/{name}"
+                found = os.stat(name, dir_fd=root_fd, follow_symlinks=False)
+                if not stat.S_ISREG(found.st_mode):
+                    continue  # a link, FIFO, socket or device: never opened
+                if len(os.fsencode(relative)) > MAX_NAME_BYTES:
+                    raise ArtifactError(
+                        f"{relative[:80]}... is a path of more than {MAX_NAME_BYTES} bytes"
+                    )
+                total += found.st_size
+                members += 1
+                if total > max_bytes:
+                    raise ArtifactError(f"{directory} holds more than {max_bytes} bytes")
+                if members > MAX_MEMBERS:
+                    raise ArtifactError(f"{directory} holds more than {MAX_MEMBERS} files")
+                flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+                fd = os.open(name, flags, dir_fd=root_fd)
                 with os.fdopen(fd, "rb") as handle:
-                    found = os.fstat(fd)
-                    if not stat.S_ISREG(found.st_mode):
-                        continue
-                    total += found.st_size
-                    members += 1
-                    if total > max_bytes or members > MAX_MEMBERS:
-                        raise ArtifactError(
-                            f"{directory} holds more than {max_bytes} bytes or {MAX_MEMBERS} "
-                            f"files; the bounds are {max_bytes} bytes and {MAX_MEMBERS} files"
-                        )
-                    info = tarfile.TarInfo(path.relative_to(directory).as_posix())
+                    info = tarfile.TarInfo(relative)
                     info.size = found.st_size
                     info.mode = 0o755 if found.st_mode & 0o100 else 0o644
                     tar.addfile(info, handle)
@@ -79,6 +88,10 @@ def pack(
     if len(packed) > max_bytes:
         raise ArtifactError(f"{directory} packs to {len(packed)} bytes; the bound is {max_bytes}")
     return packed
+
+
+def _raise(error: OSError) -> None:
+    raise error
 
 
 def unpack(
@@ -133,11 +146,13 @@ def _make_parents(directory: Path, made: set[Path], owner: int | None) -> None:
 
 
 def validate(data: bytes, max_bytes: int = MAX_UNPACKED_BYTES) -> None:
-    """A corrupt upload is refused before it is stored."""
+    """A corrupt upload is refused before it is stored: a member that is not a regular file
+    inside the archive, a name given twice, or more than `max_bytes` unpacked."""
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
             members = tar.getmembers()
             _bounded(members, max_bytes)
+            names = set()
             for member in members:
                 if (
                     not member.isfile()
@@ -145,6 +160,9 @@ def validate(data: bytes, max_bytes: int = MAX_UNPACKED_BYTES) -> None:
                     or ".." in member.name.split("/")
                 ):
                     raise ArtifactError(f"refusing artifact member {member.name!r}")
+                if member.name in names:
+                    raise ArtifactError(f"{member.name!r} is in the archive twice")
+                names.add(member.name)
     except (tarfile.TarError, EOFError, gzip.BadGzipFile) as exc:
         raise ArtifactError(f"corrupt artifact: {exc}") from exc
 

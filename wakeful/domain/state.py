@@ -121,7 +121,7 @@ def take_back(record: AppState, gone: str, now: float, why: str = "") -> AppStat
             "released_by": gone,
             "released_at": now,
             "kept": False,
-            "error": f"{why} ({when}; what the app wrote after that stays on node {gone}, "
-            "if anywhere)",
+            "error": f"{why} ({when}; anything newer is only on node {gone}: in its "
+            "kept-states directory if it kept it, lost if the node is)",
         }
     )

@@ -52,6 +52,8 @@ from . import failpoints
 from .workdir import Artifacts, StateLayer, sandbox_dir, verify
 
 log = logging.getLogger(__name__)
+SET_ASIDE_FACTOR = 4
+"""A state too large to archive is copied aside only up to this many times the bound."""
 TRIES = 4
 """Tries to fetch or store an archive while the blob store is unavailable (backing off)."""
 T = TypeVar("T")
@@ -87,8 +89,9 @@ def _restored_path(base: Path) -> str | None:
 
 
 def state_source(tree: Path, path: str) -> Path:
-    """`tree/path`, refused (`ArtifactError`) when any part of it is a symbolic link: the app
-    owns its tree and could point its state at any host path the agent can read."""
+    """`tree/path`, refused (`ArtifactError`) when any part of it is a symbolic link (the app
+    owns its tree and could point its state at any host path the agent can read) or not a
+    directory. A missing one is an empty state: the app removed it."""
     current = tree
     for part in path.split("/"):
         current = current / part
@@ -98,6 +101,8 @@ def state_source(tree: Path, path: str) -> Path:
             return tree / path  # nothing there: an empty state
         if stat.S_ISLNK(found.st_mode):
             raise ArtifactError(f"its state path {path!r} is a symbolic link: not archived")
+        if not stat.S_ISDIR(found.st_mode):
+            raise ArtifactError(f"its state path {path!r} is not a directory: not archived")
     return current
 
 
@@ -186,8 +191,7 @@ class StateHold:
             data = await anyio.to_thread.run_sync(self._pack, source)
             local = await anyio.to_thread.run_sync(self._save, app, epoch, data)
         except (ArtifactError, OSError) as exc:
-            kept = await anyio.to_thread.run_sync(self._set_aside, source, app, epoch)
-            await self._keep(app, epoch, f"its state was not archived: {exc}; {kept}")
+            await self._cannot_archive(app, epoch, source, str(exc))
             return
         failpoints.reach("state-after-archive")
         await self._store_and_release(app, epoch, local, data, also)
@@ -220,17 +224,37 @@ class StateHold:
             os.close(directory)
         return path
 
-    def _set_aside(self, source: Path, app: str, epoch: int) -> str:
+    def _set_aside(self, source: Path, app: str, epoch: int) -> str | None:
         """A state directory that could not be archived, copied where it outlives its sandbox
-        (links copied as links, never followed)."""
+        (links copied as links, never followed): where, or None when there is nothing to copy
+        or it is too large to (a sparse file, say, would be written out whole: past
+        `SET_ASIDE_FACTOR` times the archive bound it is not copied at all)."""
         target = self._data_dir / "kept-states" / f"{app}.{epoch}"
+        budget = SET_ASIDE_FACTOR * self._max
         try:
+            if not source.is_dir() or source.is_symlink() or _size(source) > budget:
+                return None
             shutil.rmtree(target, ignore_errors=True)
-            if source.is_dir() and not source.is_symlink():
-                shutil.copytree(source, target, symlinks=True)
+            shutil.copytree(source, target, symlinks=True)
         except OSError as exc:
-            return f"it could not be kept on node {self._node} either ({exc})"
-        return f"kept on node {self._node} in {target}"
+            log.error("could not keep a copy of %s: %.300s", source, exc)
+            shutil.rmtree(target, ignore_errors=True)
+            return None
+        return str(target)
+
+    async def _cannot_archive(self, app: str, epoch: int, source: Path, why: str) -> None:
+        """Keep the state here, with a copy set aside, if a copy can be made; else nothing of
+        what the sandbox wrote can be had, and the state goes back at its last archive."""
+        kept = await anyio.to_thread.run_sync(self._set_aside, source, app, epoch)
+        if kept is None:
+            await self._release(
+                app,
+                epoch,
+                error=f"its state was not archived ({why}) and no copy of it could be kept "
+                "(too large, or unreadable): the app goes on from its last archive",
+            )
+            return
+        await self._keep(app, epoch, f"its state was not archived ({why}); kept in {kept}")
 
     async def _store_and_release(
         self, app: str, epoch: int, local: Path, data: bytes, also: Sequence[Require] = ()
@@ -345,13 +369,14 @@ class StateHold:
                 continue  # nothing newer than its archive: `settle` releases it unchanged
             try:
                 source = state_source(tree, path)
+            except ArtifactError as exc:  # the app's doing: its last archive stays the state
+                await self._release(held.app, held.epoch, error=str(exc))
+                continue
+            try:
                 data = await anyio.to_thread.run_sync(self._pack, source)
                 await anyio.to_thread.run_sync(self._save, held.app, held.epoch, data)
             except (ArtifactError, OSError) as exc:
-                kept = await anyio.to_thread.run_sync(
-                    self._set_aside, tree / path, held.app, held.epoch
-                )
-                await self._keep(held.app, held.epoch, f"its state was not archived: {exc}; {kept}")
+                await self._cannot_archive(held.app, held.epoch, source, str(exc))
                 continue
             log.info("salvaged the state of %s left by the previous run", held.app)
 
@@ -362,7 +387,8 @@ class StateHold:
         here). The release requires the sandbox record as read, so a sandbox that started
         meanwhile keeps its state."""
         held_here = set()
-        for item in (await self._store.list(keys.STATES, AppState)).items:
+        records = (await self._store.list(keys.STATES, AppState)).items
+        for item in records:
             held = item.value
             if held.node != self._node:
                 continue
@@ -387,15 +413,22 @@ class StateHold:
                 await self._store_and_release(held.app, held.epoch, local, data, also)
             elif not held.kept:  # kept with no archive here: an operator's to act on
                 await self._release(held.app, held.epoch, also=also)
-        await anyio.to_thread.run_sync(self._forget_stale, held_here)
+        released = {f"{i.value.app}.{i.value.archived_epoch}.tar.gz" for i in records}
+        await anyio.to_thread.run_sync(self._forget_stale, held_here, released)
 
-    def _forget_stale(self, held_here: set[str]) -> None:
-        """Partial writes (a crash mid-save), and archives of states this node no longer
-        holds at their epoch (released or taken back since), are of no use."""
+    def _forget_stale(self, held_here: set[str], released: set[str]) -> None:
+        """Partial writes (a crash mid-save) and archives this node released (killed before
+        it deleted them) are of no use. An archive of a state this node no longer holds that
+        it did not release (taken back, or given up on by an operator) may be the only copy
+        of the app's last writes: moved to `kept-states/`, for recovery by hand."""
         with contextlib.suppress(OSError):
             for entry in self._dir.iterdir():
-                if entry.name.endswith(".part") or entry.name not in held_here:
+                if entry.name in held_here:
+                    continue
+                if entry.name.endswith(".part") or entry.name in released:
                     entry.unlink(missing_ok=True)
+                else:
+                    _move(entry, self._data_dir / "kept-states" / entry.name)
 
     async def run(self, in_use: Callable[[], Collection[str]], interval: float = 5.0) -> None:
         """`settle` every `interval` seconds; a store or blob store that is down only delays it."""
@@ -414,6 +447,19 @@ def _left_tree(base: Path) -> Path | None:
         if tree.is_dir() and not tree.is_symlink():
             return tree
     return None
+
+
+def _size(directory: Path) -> int:
+    """The bytes of the regular files under `directory` (their length, not their blocks: a
+    copy writes the length)."""
+    total = 0
+    for root, _, files, root_fd in os.fwalk(directory):
+        del root
+        for name in files:
+            found = os.stat(name, dir_fd=root_fd, follow_symlinks=False)
+            if stat.S_ISREG(found.st_mode):
+                total += found.st_size
+    return total
 
 
 def _move(source: Path, target: Path) -> None:
