@@ -98,6 +98,10 @@ class Activator:
         )
         self._admitting = anyio.Event()
         """Set once admission may grant: at once, or after a takeover's adoption window."""
+        self.last_lease_gone: Callable[[], None] = lambda: None
+        """Called when the last lease on a sandbox out of admission (draining) is released:
+        the pool controller (`Reconciler.nudge`) stops it then, not at its next tick (lease
+        releases are not store changes it would see)."""
         self.deposed = anyio.Event()
         """Set when this activator stopped leading (`stop_granting`): it grants nothing more,
         and its lease channels close so their ingresses go to the new leader."""
@@ -305,6 +309,9 @@ class Activator:
         if lease is not None:
             self._activity.touch(lease.sandbox_id, self._wall_clock())
             self._publish(lease.pool)
+            sandbox = lease.sandbox_id
+            if not self._view.routable(sandbox) and self.leased_on(sandbox) == 0:
+                self.last_lease_gone()  # a draining sandbox may stop now, not at the next tick
 
     def expire_leases(self) -> int:
         """Drop every lease whose TTL passed unrenewed (its capacity returns) and wake every

@@ -163,6 +163,7 @@ async def control_plane(
             takeback_after=settings.state_takeback_after,
             registry=registry,
         )
+        activator.last_lease_gone = reconciler.nudge
         tasks.start_soon(reconciler.run)
         tasks.start_soon(collector.run, settings.artifact_gc_interval)
         if idle is not None:

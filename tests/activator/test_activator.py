@@ -205,6 +205,29 @@ async def test_released_and_expired_leases_return_their_capacity(store: Store) -
             activator.renew(second.lease_id)
 
 
+async def test_the_last_lease_on_a_draining_sandbox_nudges_the_pool_controller(
+    store: Store,
+) -> None:
+    """Lease releases are not store changes: without a nudge the controller would stop a
+    drained sandbox only at its next tick (up to a second of every move and drain)."""
+    await seed(store, rpi=10, sandboxes={"sb-1": SandboxStatus.RUNNING})
+    activator = make_activator(store)
+    nudges: list[str] = []
+    activator.last_lease_gone = lambda: nudges.append("nudge")
+    async with activator.running():
+        first = await activator.acquire("hello")
+        second = await activator.acquire("hello")
+        activator.release(first.lease_id)
+        assert nudges == []  # routable: nothing waits for its leases
+        third = await activator.acquire("hello")
+        await set_status(store, "sb-1", SandboxStatus.DRAINING)
+        await eventually(lambda: not activator.snapshot()[0].ready)
+        activator.release(second.lease_id)
+        assert nudges == []  # one lease still on it
+        activator.release(third.lease_id)
+        assert nudges == ["nudge"]
+
+
 async def test_a_dead_sandbox_drops_its_leases(store: Store) -> None:
     await seed(store, rpi=10, sandboxes={"sb-1": SandboxStatus.RUNNING})
     activator = make_activator(store)

@@ -185,6 +185,7 @@ class Reconciler:
         a new leader waits the whole time again, the safe way)."""
         self.metrics = EvacuationMetrics(registry or CollectorRegistry())
         self._failed_seen: set[tuple[str, int]] = set()
+        self._mirror: Mirror | None = None
         self._leased_on = leased_on
         self._interval = interval
         self._clock = clock
@@ -205,7 +206,7 @@ class Reconciler:
         holds every write this controller made (its own last write's revision): a plan from a
         view that has not seen the sandbox it just created would create another. Until then
         (and before the first listing) it lists them from the store, as `tick` does."""
-        mirror = Mirror()
+        mirror = self._mirror = Mirror()
         feeds: list[Feed[Any]] = [
             Feed(keys.POOLS, Pool, mirror.pools),
             Feed(keys.SANDBOXES, Sandbox, mirror.sandboxes),
@@ -235,6 +236,12 @@ class Reconciler:
                     log.warning("pool controller could not reconcile: %s", exc)
                 with anyio.move_on_after(self._interval):
                     await mirror.changed.wait()
+
+    def nudge(self) -> None:
+        """Reconcile now: something it plans from but does not watch changed (the last lease
+        on a draining sandbox was released)."""
+        if self._mirror is not None:
+            self._mirror.changed.set()
 
     async def step(self, mirror: Mirror) -> None:
         """One reconciliation from `mirror` if it holds this controller's own last write,
