@@ -91,6 +91,17 @@ def holder(api: str, env: dict[str, str]) -> str:
     return str(busy[0])
 
 
+def drain_in_background(api: str, env: dict[str, str], node: str) -> subprocess.Popen[str]:
+    """`wakeful drain NODE`, running (it prints progress until the drain is done)."""
+    return subprocess.Popen(
+        [*WAKEFUL, "--api", api, "drain", node],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
 class Prober:
     """GETs the notes in a loop from its own thread, recording each status and latency."""
 
@@ -203,13 +214,7 @@ def test_an_agent_killed_at_each_step_of_a_move_loses_nothing_and_the_move_compl
             assert holder(api, env) == "n1"
             node = processes[1 if victim == "n1" else 2]
             with Prober(proxy) as prober:
-                drain = subprocess.Popen(
-                    [*WAKEFUL, "--api", api, "drain", "n1"],
-                    env=env,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    text=True,
-                )
+                drain = drain_in_background(api, env, "n1")
                 output = node.communicate(timeout=60)[0]  # it dies at the failpoint
                 assert f"failpoint {failpoint} reached" in output, output[-2000:]
                 command, node_env = launched[victim]
@@ -263,13 +268,7 @@ def test_undo_mid_run_lets_the_move_under_way_finish_and_leaves_the_rest_where_t
             for thread in holders:
                 thread.start()
             time.sleep(0.5)  # both requests in flight
-            drain = subprocess.Popen(
-                [*WAKEFUL, "--api", api, "drain", "n1"],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
+            drain = drain_in_background(api, env, "n1")
             deadline = time.monotonic() + 60
             while True:  # one gated behind its request, the other waiting its turn
                 report = httpx.get(f"{api}/v1/nodes/n1", headers=admin(env), timeout=30).json()

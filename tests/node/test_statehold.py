@@ -32,6 +32,14 @@ def hold(store: Store, blobs: LocalArtifacts, tmp_path: Path, node: str = "n1") 
     return StateHold(store, blobs, node, tmp_path / node, max_bytes=1 << 20)
 
 
+def blocked_blobs(tmp_path: Path) -> tuple[Path, LocalArtifacts]:
+    """A blob store that cannot write (a file where its directory should be) until the file
+    returned is removed."""
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the blob directory should be")
+    return blocked, LocalArtifacts(blocked / "blobs")
+
+
 async def held_by(store: Store, node: str, epoch: int, archive: str | None = None) -> None:
     await store.put(
         keys.state("notes"),
@@ -124,9 +132,7 @@ async def test_state_over_the_bound_is_kept_on_its_node_with_the_reason(
 async def test_an_archive_the_blob_store_refuses_stays_here_and_is_handed_on_later(
     store: Store, tmp_path: Path
 ) -> None:
-    blocked = tmp_path / "blocked"
-    blocked.write_text("a file where the blob directory should be")
-    blobs = LocalArtifacts(blocked / "blobs")
+    blocked, blobs = blocked_blobs(tmp_path)
     await held_by(store, "n1", 3)
     node = hold(store, blobs, tmp_path)
     node.tries = 1
@@ -283,15 +289,22 @@ async def test_an_archive_the_blob_store_refuses_for_good_is_kept_not_retried(
 async def test_a_blob_store_that_cannot_answer_is_not_a_corrupt_archive(
     store: Store, tmp_path: Path
 ) -> None:
-    blocked = tmp_path / "blocked"
-    blocked.write_text("a file where the blob directory should be")
-    blobs = LocalArtifacts(blocked / "blobs")
+    """An archive that cannot be read now (here: its file is unreadable) is tried again and
+    then refused for now, the state left held (`settle` hands it back once the sandbox has
+    ended); only an archive that is not there, or not what its digest says, is refused for
+    good and handed back with the reason."""
+    blobs = LocalArtifacts(tmp_path / "blobs")
+    (tmp_path / "blobs" / f"{'a' * 64}.tar.gz").mkdir(parents=True)  # reading it fails
     await held_by(store, "n1", 3, archive="a" * 64)
     node = hold(store, blobs, tmp_path)
-    node.tries = 1
-    with pytest.raises(StateRefused, match="no artifact"):  # missing: refused for good
+    node.tries = 2
+    with pytest.raises(StateRefused, match="cannot be fetched now"):
         await node.claim("notes", "s1", "data")
-    assert (await current(store)).epoch == 4
+    assert ((await current(store)).node, (await current(store)).epoch) == ("n1", 3)
+    await held_by(store, "n1", 3, archive="c" * 64)
+    with pytest.raises(StateRefused, match="refused, not restored: no artifact"):
+        await node.claim("notes", "s1", "data")
+    assert ((await current(store)).node, (await current(store)).epoch) == (None, 4)
 
 
 async def test_state_too_large_to_even_copy_goes_back_at_its_last_archive(
