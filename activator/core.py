@@ -251,15 +251,16 @@ class Activator:
         """A stateful app whose state a node keeps (it could not hand it back) cannot start
         until an operator acts: answered at once, rather than after the activation budget.
         One store read, only for a stateful app with nothing routable."""
-        with contextlib.suppress(StoreError):
+        found = None
+        with anyio.move_on_after(0.5), contextlib.suppress(StoreError):  # never a long wait
             found = await self._store.get(keys.state(app), AppState)
-            if found is not None and found.value.kept:
-                raise NoCapacity(
-                    f"app {app!r} keeps state that node {found.value.node} could not hand "
-                    "back: it starts again once an operator frees it (`wakeful nodes` says "
-                    f"why; `wakeful release-state {app}`)",
-                    retry_after=60,
-                )
+        if found is not None and found.value.kept:
+            raise NoCapacity(
+                f"app {app!r} keeps state that node {found.value.node} could not hand "
+                "back: it starts again once an operator frees it (`wakeful nodes` says "
+                f"why; `wakeful release-state {app}`)",
+                retry_after=60,
+            )
 
     def _fail_if_crashing(self, state: PoolState) -> None:
         """A pool in a crash cooldown (a wall-clock time the pool controller wrote) answers at
@@ -322,6 +323,11 @@ class Activator:
             self._metrics.expired.labels(pool=lease.pool).inc()
         for pool in {lease.pool for lease in gone}:
             self._publish(pool)
+        if any(
+            not self._view.routable(lease.sandbox_id) and self.leased_on(lease.sandbox_id) == 0
+            for lease in gone
+        ):
+            self.last_lease_gone()
         return len(gone)
 
     async def _expiry_loop(self) -> None:

@@ -69,6 +69,9 @@ UPLOAD_SLOT_WAIT = 10.0
 """Seconds an upload waits for a slot before 503 + Retry-After."""
 UPLOAD_IDLE = 30.0
 """Seconds an upload may send nothing before it is refused (408) and its slot freed."""
+UPLOAD_MAX_SECONDS = 600.0
+"""Seconds a whole upload may take (about 450 KB/s for the largest state archive): a node
+trickling bytes cannot hold a slot for ever either."""
 
 
 def deploy_router(
@@ -99,20 +102,10 @@ def deploy_router(
             uploads.release()
 
     async def receive_one(request: Request, digest: str, limit: int, what: str) -> str:
-        chunks: list[bytes] = []
-        size = 0
-        body = aiter(request.stream())
-        while True:
-            with anyio.move_on_after(UPLOAD_IDLE) as idle:
-                chunk = await anext(body, None)
-            if idle.cancel_called:  # a slow sender must not hold a slot for ever
-                raise bad(408, "upload stalled", f"no bytes for {UPLOAD_IDLE:g} s")
-            if chunk is None:
-                break
-            size += len(chunk)
-            if size > limit:
-                raise bad(413, f"{what} too large", f"the bound is {limit} bytes")
-            chunks.append(chunk)
+        with anyio.move_on_after(UPLOAD_MAX_SECONDS) as whole:
+            chunks = await read_body(request, limit, what)
+        if whole.cancel_called:
+            raise bad(408, "upload too slow", f"not received in {UPLOAD_MAX_SECONDS:g} s")
         try:
             return await artifacts.put(b"".join(chunks), expected=digest, limit=limit)
         except ArtifactError as exc:
@@ -123,6 +116,22 @@ def deploy_router(
                 {"error": "artifact store unavailable", "detail": str(exc)},
                 headers={"Retry-After": "5"},
             ) from exc
+
+    async def read_body(request: Request, limit: int, what: str) -> list[bytes]:
+        chunks: list[bytes] = []
+        size = 0
+        body = aiter(request.stream())
+        while True:
+            with anyio.move_on_after(UPLOAD_IDLE) as idle:
+                chunk = await anext(body, None)
+            if idle.cancel_called:  # a slow sender must not hold a slot for ever
+                raise bad(408, "upload stalled", f"no bytes for {UPLOAD_IDLE:g} s")
+            if chunk is None:
+                return chunks
+            size += len(chunk)
+            if size > limit:
+                raise bad(413, f"{what} too large", f"the bound is {limit} bytes")
+            chunks.append(chunk)
 
     @router.put("/v1/artifacts/{digest}", status_code=201)
     async def upload(digest: Digest, request: Request) -> dict[str, str]:

@@ -78,6 +78,8 @@ def definition_from_manifest(raw: dict[str, Any]) -> AppDefinition:
 
 
 def load_app_dir(path: Path) -> AppDir:
+    # A link to an app directory is that directory (packing never follows links inside it).
+    path = path.resolve()
     manifest = path / MANIFEST
     if not path.is_dir():
         raise AppDirError(f"{path}: not a directory")

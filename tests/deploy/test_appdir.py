@@ -83,6 +83,14 @@ def test_a_bad_manifest_names_the_file_field_and_reason(
     assert expected in message
 
 
+def test_a_link_to_an_app_directory_is_that_directory(tmp_path: Path) -> None:
+    """Packing never follows links inside the app, so the app's own path is resolved first:
+    `wakeful deploy ./link-to-app` must not deploy an empty artifact."""
+    link = tmp_path / "link"
+    link.symlink_to(EXAMPLE)
+    assert load_app_dir(link).path == EXAMPLE.resolve()
+
+
 def test_the_stateful_sample_app_loads() -> None:
     notes = load_app_dir(EXAMPLE.parent / "notes").definition.spec
     assert notes.state is not None and notes.state.path == "data"

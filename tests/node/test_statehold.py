@@ -83,7 +83,9 @@ async def test_a_release_at_a_stale_epoch_writes_nothing(store: Store, tmp_path:
     record = await current(store)
     assert (record.node, record.epoch, record.archive) == ("n2", 9, "c" * 64)
     assert node.conflicts == 1
+    # What this node archived may be the only copy of the app's last writes: set aside.
     assert list((tmp_path / "n1" / "states").iterdir()) == []
+    assert (tmp_path / "n1" / "kept-states" / "notes.7.tar.gz").exists()
 
 
 async def test_a_corrupted_archive_is_refused_not_restored(store: Store, tmp_path: Path) -> None:
@@ -138,8 +140,9 @@ async def test_an_archive_the_blob_store_refuses_stays_here_and_is_handed_on_lat
     node.tries = 1
     await node.hand_back("notes", 3, state_dir(tmp_path / "tree", "only copy"), "data")
     record = await current(store)
-    assert (record.node, record.kept) == ("n1", True)
-    assert "kept on node n1" in record.error
+    # Held here, in hand (not `kept`: no operator is needed, requests keep waiting for it).
+    assert (record.node, record.kept) == ("n1", False)
+    assert "could not be stored yet" in record.error
     local = tmp_path / "n1" / "states" / "notes.3.tar.gz"
     assert local.exists()
     # The blob store mends; the agent's periodic settle stores the local archive and releases.

@@ -96,14 +96,17 @@ def release(
     return record.model_copy(update=update)
 
 
-def keep(record: AppState, node: str, epoch: int, error: str) -> AppState | Stale:
-    """`record` kept by `node` (which holds it at `epoch`), with why it was not handed back."""
+def keep(
+    record: AppState, node: str, epoch: int, error: str, *, kept: bool = True
+) -> AppState | Stale:
+    """`record` kept by `node` (which holds it at `epoch`), with why it was not handed back:
+    `kept`, until an operator acts; otherwise the node is still handing it back."""
     if record.node != node or record.epoch != epoch:
         return Stale(
             f"the state of app {record.app!r} is held by {holder(record)} at epoch "
             f"{record.epoch}, not by node {node} at epoch {epoch}"
         )
-    return record.model_copy(update={"error": error[:4000], "kept": True})
+    return record.model_copy(update={"error": error[:4000], "kept": kept})
 
 
 def take_back(record: AppState, gone: str, now: float, why: str = "") -> AppState | Stale:

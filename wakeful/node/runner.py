@@ -172,15 +172,14 @@ class SandboxRunner:
             if not await self._change(Transition.START):
                 return
             trace.mark("booting", record.app)
-            process = await self._start(launch)
-            if self._held is not None:
-                await anyio.to_thread.run_sync(mark_restored, launch.base, self._held[2])
-                self._restored = True
+            process = self._process = await self._start(launch)  # stopped by `run` from now on
             trace.mark("spawned", record.app)
         except CannotRun as exc:
             await self._change(Transition.FAIL, last_log=str(exc))
             return
-        self._process = process
+        if self._held is not None:
+            self._restored = True  # its tree holds the state now: what ends it archives it
+            await self._mark_restored(launch.base, self._held[2])
         shipper = self._node.shipper
         forward = (
             _discard
@@ -215,6 +214,17 @@ class SandboxRunner:
                 )
             except Exception:  # one sandbox's failure must not end the agent
                 log.exception("handing back the state failed", extra={"sandbox": self.sandbox_id})
+
+    async def _mark_restored(self, base: Path, path: str) -> None:
+        """The mark a restarted agent salvages this tree by (`statehold.RESTORED`). Without it
+        only a crash of the agent costs more: the next run hands the state back unchanged."""
+        with anyio.CancelScope(shield=True):
+            try:
+                await anyio.to_thread.run_sync(mark_restored, base, path)
+            except OSError as exc:
+                log.warning(
+                    "cannot mark the restored state: %s", exc, extra={"sandbox": self.sandbox_id}
+                )
 
     async def _claim(self) -> Sandbox | None:
         """The record, if it is still pending and this node's to run; its epoch is noted."""

@@ -123,6 +123,9 @@ class StateHold:
         self._data_dir = data_dir
         self._max = max_bytes
         self._clock = clock
+        self._in_hand: set[str] = set()
+        """Local archive names of states a runner of this run holds (claimed, not yet handed
+        back): `settle`'s clean-up never touches them, whatever its listing said."""
         self.tries = TRIES
         """Tries to fetch or store an archive before giving up for now."""
         self.conflicts = 0
@@ -140,6 +143,7 @@ class StateHold:
             where = "nobody" if item is None else state.holder(item.value)
             raise StateRefused(f"the state of app {app!r} is held by {where}, not for {sandbox_id}")
         record = item.value
+        self._in_hand.add(self._local(app, record.epoch).name)
         if record.archive is None:
             return record.epoch, StateLayer(path)
         digest = record.archive
@@ -148,10 +152,12 @@ class StateHold:
             data = await self._retried(lambda: self._artifacts.fetch(digest))
             await anyio.to_thread.run_sync(verify, data, digest)
         except ArtifactError as exc:
+            self._in_hand.discard(self._local(app, record.epoch).name)
             reason = f"its state archive was refused, not restored: {exc}"
             await self._release(app, record.epoch, error=reason)
             raise StateRefused(reason) from exc
         except OSError as exc:
+            self._in_hand.discard(self._local(app, record.epoch).name)
             raise StateRefused(f"its state archive cannot be fetched now: {exc}") from exc
         return record.epoch, StateLayer(path, data, digest)
 
@@ -172,17 +178,20 @@ class StateHold:
         """Archive the state at `path` in the ended sandbox's `tree` (None: it never ran, or its
         restore did not finish, so nothing newer than the state's own archive exists), store
         the archive and release the state held at `epoch`."""
-        if tree is None:
-            await self._release(app, epoch)
-            return
-        failpoints.reach("state-before-archive")
         try:
-            source = state_source(tree, path)
-        except ArtifactError as exc:  # the app's doing: its last archive stays the state
-            log.warning("the state of %s: %s", app, exc, extra={"node": self._node})
-            await self._release(app, epoch, error=str(exc))
-            return
-        await self._archive(app, epoch, source)
+            if tree is None:
+                await self._release(app, epoch)
+                return
+            failpoints.reach("state-before-archive")
+            try:
+                source = state_source(tree, path)
+            except ArtifactError as exc:  # the app's doing: its last archive stays the state
+                log.warning("the state of %s: %s", app, exc, extra={"node": self._node})
+                await self._release(app, epoch, error=str(exc))
+                return
+            await self._archive(app, epoch, source)
+        finally:
+            self._in_hand.discard(self._local(app, epoch).name)
 
     async def _archive(
         self, app: str, epoch: int, source: Path, also: Sequence[Require] = ()
@@ -267,12 +276,13 @@ class StateHold:
             await anyio.to_thread.run_sync(_move, local, aside)
             await self._keep(app, epoch, f"its archive was refused: {exc}; kept in {aside}")
             return
-        except OSError as exc:
+        except OSError as exc:  # in hand: `settle` tries again; no operator is needed
             await self._keep(
                 app,
                 epoch,
-                f"its archive could not be stored yet: {exc}; kept on node {self._node} in "
-                f"{local}, handed on when the blob store takes it",
+                f"its archive could not be stored yet: {exc}; saved on node {self._node}, "
+                "handed on when the blob store takes it",
+                for_good=False,
             )
             return
         if await self._release(app, epoch, archive=digest, size=len(data), also=also):
@@ -300,8 +310,17 @@ class StateHold:
             also,
         )
         if not isinstance(written, AppState):
-            if isinstance(written, state.Stale):  # no longer ours: its archive is of no use
-                await anyio.Path(self._local(app, epoch)).unlink(missing_ok=True)
+            if isinstance(written, state.Stale):  # no longer ours: maybe the only copy of it
+                local = self._local(app, epoch)
+                if await anyio.Path(local).exists():
+                    aside = self._data_dir / "kept-states" / local.name
+                    await anyio.to_thread.run_sync(_move, local, aside)
+                    log.error(
+                        "the state of %s moved on without this node's archive; kept in %s",
+                        app,
+                        aside,
+                        extra={"node": self._node},
+                    )
             return None
         failpoints.reach("state-after-release")
         await anyio.Path(self._local(app, epoch)).unlink(missing_ok=True)
@@ -314,9 +333,13 @@ class StateHold:
         )
         return written
 
-    async def _keep(self, app: str, epoch: int, error: str) -> None:
+    async def _keep(self, app: str, epoch: int, error: str, *, for_good: bool = True) -> None:
+        """Hold the state here with the reason: `for_good`, until an operator acts (`kept`);
+        otherwise only until `settle` manages to hand it back."""
         log.error("keeping the state of %s here: %s", app, error, extra={"node": self._node})
-        await self._change(app, lambda record: state.keep(record, self._node, epoch, error))
+        await self._change(
+            app, lambda record: state.keep(record, self._node, epoch, error, kept=for_good)
+        )
 
     async def _change(
         self,
@@ -423,7 +446,8 @@ class StateHold:
         of the app's last writes: moved to `kept-states/`, for recovery by hand."""
         with contextlib.suppress(OSError):
             for entry in self._dir.iterdir():
-                if entry.name in held_here:
+                name = entry.name.removesuffix(".part")
+                if name in held_here or name in self._in_hand:
                     continue
                 if entry.name.endswith(".part") or entry.name in released:
                     entry.unlink(missing_ok=True)
