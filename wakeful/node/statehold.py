@@ -17,7 +17,7 @@ Theory of operation:
   store refuses, or a directory that cannot be read or saved stays on this node (set aside in
   `<data dir>/kept-states/`) and the state stays held here, `kept` with the reason in its
   record (`wakeful nodes` shows it). An archive the blob store could not take *now* stays in
-  `<data dir>/states/`, and `settle` tries again.
+  `<data dir>/states/`, the state held here but not `kept`, and `settle` tries again.
 - A tree whose restore did not finish (no `restored` mark beside it) holds no state worth
   keeping: its state is handed back unchanged.
 - `salvage`, when the agent starts (before the previous run's sandbox directories are
