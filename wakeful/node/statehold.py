@@ -121,6 +121,8 @@ class StateHold:
         self._node = node
         self._dir = data_dir / "states"
         self._data_dir = data_dir
+        self._kept = data_dir / "kept-states"
+        """What could not be handed on, for recovery by hand (never cleaned by the agent)."""
         self._max = max_bytes
         self._clock = clock
         self._in_hand: set[str] = set()
@@ -159,7 +161,7 @@ class StateHold:
         except OSError as exc:
             self._in_hand.discard(self._local(app, record.epoch).name)
             raise StateRefused(f"its state archive cannot be fetched now: {exc}") from exc
-        return record.epoch, StateLayer(path, data, digest)
+        return record.epoch, StateLayer(path, data, digest, checked=True)
 
     async def _retried(self, call: Callable[[], Awaitable[T]]) -> T:
         """`call`, tried again (backing off) while it raises `OSError` (unavailable)."""
@@ -238,7 +240,7 @@ class StateHold:
         (links copied as links, never followed): where, or None when there is nothing to copy
         or it is too large to (a sparse file, say, would be written out whole: past
         `SET_ASIDE_FACTOR` times the archive bound it is not copied at all)."""
-        target = self._data_dir / "kept-states" / f"{app}.{epoch}"
+        target = self._kept / f"{app}.{epoch}"
         budget = SET_ASIDE_FACTOR * self._max
         try:
             if not source.is_dir() or source.is_symlink() or _size(source) > budget:
@@ -272,7 +274,7 @@ class StateHold:
         try:
             await self._retried(lambda: self._artifacts.store_state(data, digest))
         except ArtifactError as exc:  # refused for good: trying again will not help
-            aside = self._data_dir / "kept-states" / local.name
+            aside = self._kept / local.name
             await anyio.to_thread.run_sync(_move, local, aside)
             await self._keep(app, epoch, f"its archive was refused: {exc}; kept in {aside}")
             return
@@ -313,7 +315,7 @@ class StateHold:
             if isinstance(written, state.Stale):  # no longer ours: maybe the only copy of it
                 local = self._local(app, epoch)
                 if await anyio.Path(local).exists():
-                    aside = self._data_dir / "kept-states" / local.name
+                    aside = self._kept / local.name
                     await anyio.to_thread.run_sync(_move, local, aside)
                     log.error(
                         "the state of %s moved on without this node's archive; kept in %s",
@@ -452,7 +454,7 @@ class StateHold:
                 if entry.name.endswith(".part") or entry.name in released:
                     entry.unlink(missing_ok=True)
                 else:
-                    _move(entry, self._data_dir / "kept-states" / entry.name)
+                    _move(entry, self._kept / entry.name)
 
     async def run(self, in_use: Callable[[], Collection[str]], interval: float = 5.0) -> None:
         """`settle` every `interval` seconds; a store or blob store that is down only delays it."""

@@ -47,6 +47,9 @@ class StateLayer:
     path: str
     data: bytes | None = None
     digest: str | None = None
+    checked: bool = False
+    """`data` was checked against `digest` already (by `StateHold.claim`, which must know
+    before the start whether to refuse it): not hashed a second time on the start path."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,12 @@ class Packed:
         if self.data is not None and self.digest is not None:
             verify(self.data, self.digest)
         state = self.state
-        if state is not None and state.data is not None and state.digest is not None:
+        if (
+            state is not None
+            and not state.checked
+            and state.data is not None
+            and state.digest is not None
+        ):
             verify(state.data, state.digest)
         if self.data is not None:
             unpack(self.data, path, owner=owner)
