@@ -40,7 +40,6 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from wakeful.activator.channel import MAX_CHANNELS_PER_TOKEN, POLICY_VIOLATION, Channel
 from wakeful.activator.channel import PATH as CHANNEL_PATH
 from wakeful.activator.core import Activator, PoolSnapshot
-from wakeful.activator.credentials import TokenBook
 from wakeful.activator.ledger import Lease
 from wakeful.activator.roles import ADMIN_ONLY, PUBLIC, WEBSOCKET, Access, access, needed
 from wakeful.domain.leases import (
@@ -53,6 +52,7 @@ from wakeful.domain.leases import (
 )
 from wakeful.domain.models import NAME_PATTERN, Role
 from wakeful.store import Conflict, InvalidKey, StoreError
+from wakeful.store.tokenbook import TokenBook
 
 
 class LeaseRequest(BaseModel):

@@ -24,10 +24,11 @@ from fastapi import APIRouter, HTTPException
 from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
 
-from wakeful.activator.credentials import TokenBook, digest, new_id, new_secret
+from wakeful.activator.credentials import new_secret
 from wakeful.domain import keys
 from wakeful.domain.models import ADMIN_TOKEN, NAME_PATTERN, Role, Token
 from wakeful.store import AlreadyExists, Conflict, Delete, Require, Store
+from wakeful.store.tokenbook import TokenBook, digest, new_id
 
 TokenName = Annotated[str, PathParam(pattern=NAME_PATTERN, description="a token's name")]
 WAIT = 10.0

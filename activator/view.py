@@ -25,7 +25,7 @@ import anyio
 from wakeful.activator import decisions
 from wakeful.domain import keys, trace
 from wakeful.domain.leases import UnknownApp
-from wakeful.domain.models import GONE, SIZED, App, Pool, Sandbox, SandboxStatus
+from wakeful.domain.models import GONE, SIZED, App, Node, Pool, Sandbox, SandboxStatus
 from wakeful.store import Item, Store
 from wakeful.store.reflector import Feed, reflect_all
 
@@ -77,12 +77,15 @@ class View:
         self.apps: dict[str, Item[App]] = {}
         self.pools: dict[str, PoolState] = {}
         self.sandboxes: dict[str, Item[Sandbox]] = {}
+        self.tunnelled: dict[str, Item[Node]] = {}
+        """Nodes that dial out (`Node.tunnel`): their sandboxes are routable only while the
+        node holds a stream on some ingress replica (seed 003)."""
         self.synced = anyio.Event()
 
     # -- feeding it -------------------------------------------------------------------------
 
     def feeds(self) -> list[Feed[Any]]:
-        """The three prefixes the view mirrors, for `wakeful.store.reflector`."""
+        """The four prefixes the view mirrors, for `wakeful.store.reflector`."""
         return _mirrors(self)
 
     async def follow(self) -> None:
@@ -136,6 +139,42 @@ class View:
             trace.mark("routable", sandbox.app)
             self._listener.sandbox_routable(sandbox.pool)
 
+    def apply_node(self, item: Item[Node]) -> None:
+        node = item.value
+        cached = self.tunnelled.get(node.name)
+        if cached is not None and item.revision <= cached.revision:
+            return
+        was = self._reachable_by_tunnel(node.name)
+        if node.tunnel is None:
+            self.tunnelled.pop(node.name, None)
+        else:
+            self.tunnelled[node.name] = item
+        if not was and self._reachable_by_tunnel(node.name):
+            self._tunnel_back(node.name)
+
+    def remove_node(self, name: str) -> None:
+        self.tunnelled.pop(name, None)
+
+    def _reachable_by_tunnel(self, node: str) -> bool:
+        item = self.tunnelled.get(node)
+        return item is not None and item.value.tunnel is not None and item.value.tunnel.reachable
+
+    def _tunnel_back(self, node: str) -> None:
+        """A dial-out node holds a stream again: its routable sandboxes' pools wake."""
+        for item in self.sandboxes.values():
+            sandbox = item.value
+            if sandbox.node == node and sandbox.routable and sandbox.pool in self.pools:
+                self._listener.sandbox_routable(sandbox.pool)
+
+    def serves(self, sandbox: Sandbox) -> bool:
+        """Admission may place a request on it: routable, and reachable (a sandbox of a
+        dial-out node only while that node holds a tunnel stream somewhere)."""
+        if not sandbox.routable or not sandbox.address:
+            return False
+        if sandbox.address.startswith("tunnel://"):
+            return sandbox.node is not None and self._reachable_by_tunnel(sandbox.node)
+        return True
+
     def remove_sandbox(self, sandbox_id: str) -> None:
         item = self.sandboxes.pop(sandbox_id)
         state = self.pools.get(item.value.pool)
@@ -178,7 +217,8 @@ class View:
         found = []
         for sandbox_id in sorted(state.sandboxes):
             sandbox = self.sandboxes[sandbox_id].value
-            if sandbox.routable and sandbox.address:
+            if self.serves(sandbox):
+                assert sandbox.address is not None
                 url = sandbox.address
                 if "://" not in url:
                     url = f"http://{url}"
@@ -200,7 +240,7 @@ class View:
 
     def routable(self, sandbox_id: str) -> bool:
         item = self.sandboxes.get(sandbox_id)
-        return item is not None and item.value.routable
+        return item is not None and self.serves(item.value)
 
 
 # -- the three prefixes, as reflector views ---------------------------------------------------
@@ -273,8 +313,22 @@ def _mirrors(view: View) -> list[Feed[Any]]:
         view.remove_sandbox,
         lambda: [*view.sandboxes],
     )
+
+    def node_revision(name: str) -> int | None:
+        node = view.tunnelled.get(name)
+        return None if node is None else node.revision
+
+    nodes: _Mirror[Node] = _Mirror(
+        keys.NODES,
+        lambda n: n.name,
+        node_revision,
+        view.apply_node,
+        view.remove_node,
+        lambda: [*view.tunnelled],
+    )
     return [
         Feed(keys.APPS, App, apps),
         Feed(keys.POOLS, Pool, pools),
         Feed(keys.SANDBOXES, Sandbox, sandboxes),
+        Feed(keys.NODES, Node, nodes),
     ]

@@ -119,7 +119,8 @@ class Proxy:
             trust_forwarded=self._settings.trust_forwarded,
         )
         key = (app, None)
-        refused: set[str] = set()
+        refused: dict[str, str] = {}
+        """Sandboxes nothing reached, with why: the answer names the first reason."""
         retries = 0
         waited = False
         while True:
@@ -134,7 +135,10 @@ class Proxy:
             grant = use.lease.grant
             try:
                 if refused and grant.sandbox_id in refused:
-                    raise ConnectFailed(f"sandbox {grant.sandbox_id} refused this request already")
+                    raise ConnectFailed(
+                        f"sandbox {grant.sandbox_id} refused this request already: "
+                        f"{refused[grant.sandbox_id]}"
+                    )
                 response = await self._transport.send(
                     UpstreamRequest(
                         app,
@@ -147,9 +151,9 @@ class Proxy:
                         request.upgrade,
                     )
                 )
-            except ConnectFailed:
+            except ConnectFailed as exc:
                 self._metrics.upstream_errors.labels(app=app, kind="connect").inc()
-                refused.add(use.sandbox_id)
+                refused.setdefault(use.sandbox_id, str(exc))
                 for grant in self._cache.drop_sandbox(use.sandbox_id):
                     await self._cache.release(grant)
                 body_read = request.body is not None and request.body.started

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable
 
 import anyio
 import anyio.abc
+import grpc.aio
 from prometheus_client import CollectorRegistry
 
 from wakeful.domain.leases import Leases
@@ -27,6 +28,7 @@ from wakeful.ingress.cache import LeaseCache
 from wakeful.ingress.edge import AdminEdge, ProxyEdge
 from wakeful.ingress.http1 import HttpServer, Limits
 from wakeful.ingress.metrics import IngressMetrics
+from wakeful.ingress.nodestreams import SERVER_OPTIONS, Tunnels, default_replica_name
 from wakeful.ingress.proxy import Proxy
 from wakeful.ingress.routing import RoutingTable, normalize_host
 from wakeful.ingress.sandboxes import follow_sandboxes
@@ -75,8 +77,10 @@ class Ingress:
         *,
         transport: Transport | None = None,
         clock: Callable[[], float] = time.monotonic,
+        relay_token: str | None = None,
     ) -> None:
-        """`clock`: the lease cache's time (renewals, idle hand-back); tests move it by hand."""
+        """`clock`: the lease cache's time (renewals, idle hand-back); tests move it by hand.
+        `relay_token`: the ingress token this replica relays to its peers with (tunnels)."""
         self.settings = settings
         self.metrics = IngressMetrics(registry)
         self.routes = RoutingTable(store)
@@ -100,6 +104,10 @@ class Ingress:
         self.tls_address: tuple[str, int] = ("", 0)
         """Where the HTTPS listener is, when there is one (`tls_listen`)."""
         self.certificates: Certificates | None = None
+        self._relay_token = relay_token
+        self.tunnels: Tunnels | None = None
+        """Dial-out nodes' streams on this replica, when it listens for them."""
+        self.tunnel_address: tuple[str, int] = ("", 0)
 
     @property
     def ready(self) -> bool:
@@ -110,6 +118,10 @@ class Ingress:
         """Serve until the block exits, then shut down in order (see the module docstring)."""
         raise_open_files_limit()
         async with contextlib.AsyncExitStack() as stack:
+            tasks = await stack.enter_async_context(anyio.create_task_group())
+            stack.callback(tasks.cancel_scope.cancel)  # runs before the group waits
+            if self.settings.tunnel_listen is not None:
+                await self._serve_tunnels(stack, tasks)
             transport = self._transport
             if transport is None:
                 transport = await stack.enter_async_context(
@@ -119,12 +131,11 @@ class Ingress:
                         per_app=self.settings.upstream_connections_per_app,
                         total=self.settings.upstream_connections,
                         wait=self.settings.upstream_wait,
+                        dialer=None if self.tunnels is None else self.tunnels.dial,
                     )
                 )
             self.transport = transport
             proxy = Proxy(self.settings, self.routes, self.cache, transport, self.metrics)
-            tasks = await stack.enter_async_context(anyio.create_task_group())
-            stack.callback(tasks.cancel_scope.cancel)  # runs before the group waits
             tasks.start_soon(self.routes.run)
             tasks.start_soon(self.cache.run, self.settings.maintenance_interval)
             tasks.start_soon(follow_sandboxes, self._store, self.cache)
@@ -179,6 +190,36 @@ class Ingress:
                     await admin.stop(0)
                     log.info("ingress stopped")
 
+    async def _serve_tunnels(
+        self, stack: contextlib.AsyncExitStack, tasks: anyio.abc.TaskGroup
+    ) -> None:
+        """The gRPC listener for dial-out nodes' streams and peers' relays
+        (`ingress.nodestreams`), stopped after the proxy's listeners."""
+        listen = self.settings.tunnel_listen
+        assert listen is not None
+        server = grpc.aio.server(options=SERVER_OPTIONS)
+        port = server.add_insecure_port(listen)  # raises naming the address when it cannot
+        host, _ = split_address(listen)
+        self.tunnel_address = (host, port)
+        advertise = self.settings.tunnel_advertise
+        if advertise is None:
+            shown = socket.gethostname() if host in ("0.0.0.0", "::", "") else host
+            advertise = f"[{shown}]:{port}" if ":" in shown else f"{shown}:{port}"
+        replica = self.settings.tunnel_replica or default_replica_name(f"{host}:{port}")
+        self.tunnels = Tunnels(
+            self._store,
+            replica=replica,
+            advertise=advertise,
+            per_node=self.settings.tunnel_streams_per_node,
+            wait=self.settings.tunnel_wait,
+            ingress_token=self._relay_token,
+            registry=self._registry,
+        )
+        tasks.start_soon(self.tunnels.run, server)
+        await server.start()
+        stack.push_async_callback(_stop_grpc, server)
+        log.info("ingress replica %s takes tunnels on %s:%d", replica, host, port)
+
     def _https_location(self, app: str, host_header: str, target: bytes) -> str | None:
         """Where a plain HTTP request of `app` is sent instead, if its app asks for HTTPS."""
         if not self.settings.redirects_to_https(app) or not self.tls_address[1]:
@@ -208,6 +249,11 @@ class Ingress:
         return server
 
 
+async def _stop_grpc(server: grpc.aio.Server) -> None:
+    with anyio.CancelScope(shield=True):
+        await server.stop(1.0)
+
+
 async def _start(server: HttpServer, sock: socket.socket, backlog: int) -> None:
     try:
         await server.start(sock, backlog)
@@ -221,12 +267,14 @@ async def serve(
     leases: Leases,
     store: Store,
     registry: CollectorRegistry,
+    *,
+    relay_token: str | None = None,
 ) -> None:
     """Run the ingress until SIGTERM or SIGINT, then shut it down gracefully.
 
     Run it on uvloop: `anyio.run(serve, ..., backend_options={"use_uvloop": True})`.
     """
-    async with Ingress(settings, leases, store, registry).running():
+    async with Ingress(settings, leases, store, registry, relay_token=relay_token).running():
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
                 log.info("received %s; shutting down", signal.Signals(signum).name)

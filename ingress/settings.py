@@ -86,12 +86,32 @@ class IngressSettings(StoreSettings):
     websocket_max_durations: dict[str, Seconds] = Field(default_factory=dict)
     """Per-app overrides of `websocket_max_duration`, by app name."""
 
+    tunnel_listen: str | None = None
+    """host:port of the gRPC listener where dial-out nodes open their tunnel streams (behind
+    an L7 load balancer: nginx `grpc_pass`, haproxy `proto h2`), and where the other replicas
+    relay to this one (ingress.nodestreams). Off by default. WAKEFUL_TUNNEL_LISTEN."""
+    tunnel_advertise: str | None = None
+    """host:port the other replicas dial to relay here (default: `tunnel_listen`, with this
+    machine's name when it listens on every address). WAKEFUL_TUNNEL_ADVERTISE."""
+    tunnel_replica: str | None = None
+    """This replica's name in `ingresses/` and in the nodes' coverage tables (default:
+    `HOSTNAME-PORT`). WAKEFUL_TUNNEL_REPLICA."""
+    tunnel_streams_per_node: int = Field(default=1024, ge=1, le=65_536)
+    """Streams one node may hold on this replica (seed 003); one past it is refused."""
+    tunnel_wait: float = Field(default=30.0, gt=0, le=300)
+    """Seconds a request waits for one of its node's busy streams here to free (a burst
+    waits while the node grows its streams: doubling each second, 1,000 in about 8 s)."""
+
     @model_validator(mode="after")
     def _tls(self) -> Self:
         if self.tls_listen is not None:
             split_address(self.tls_listen)
             if self.tls_dir is None:
                 raise ValueError("tls_listen needs tls_dir: the certificates to serve")
+        if self.tunnel_listen is not None:
+            split_address(self.tunnel_listen)
+        if self.tunnel_advertise is not None:
+            split_address(self.tunnel_advertise)
         if self.tls_redirect and self.tls_listen is None:
             raise ValueError("tls_redirect needs tls_listen: there is no HTTPS to send to")
         return self

@@ -34,7 +34,7 @@ import asyncio
 import collections
 import contextlib
 import socket
-from collections.abc import AsyncGenerator, AsyncIterable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar, cast
 
@@ -226,7 +226,9 @@ class _Connection(_Gated):
         """The sandbox closed its side, or the connection broke."""
         if self._parser is None or self._complete:
             return
-        if not self._got_bytes:
+        if isinstance(exc, ConnectFailed) and not self._got_bytes:
+            self._fail(exc)  # a tunnel's node could not reach the sandbox: nothing did
+        elif not self._got_bytes:
             self._fail(_Stale("the connection closed before any answer"))
         elif self._head is not None and self._head.done() and self._until_close():
             self._finish()  # an answer framed by the end of the connection
@@ -414,6 +416,34 @@ class _Pool:
         return None
 
 
+class _TunnelPool(_Pool):
+    """A sandbox on a node reached through its tunnel (`tunnel://NODE/SANDBOX`,
+    `ingress.nodestreams`): every exchange takes a stream of its own, and a clean end gives
+    the stream back to the node's idle streams (the node keeps its socket to the sandbox)."""
+
+    def __init__(self, node: str, sandbox: str) -> None:
+        super().__init__(node, 0)
+        self.node = node
+        self.sandbox = sandbox
+
+    def give_back(self, conn: _Connection) -> None:
+        transport = conn.transport
+        conn.closed = True
+        conn._deadline.cancel()
+        release = getattr(transport, "release", None)
+        if release is not None:
+            release(True)
+        elif transport is not None:
+            transport.close()
+
+    def take(self) -> _Connection | None:
+        return None
+
+
+Dialer = Callable[[str, str, asyncio.Protocol], Awaitable[asyncio.Transport]]
+"""Opens a connection to a tunnelled node's sandbox (node, sandbox id, protocol)."""
+
+
 @dataclass
 class _Slots:
     """How many exchanges hold a connection, per app and in all; who waits for one. Waiters
@@ -530,8 +560,11 @@ class RawTransport:
         per_app: int,
         total: int,
         wait: float,
+        dialer: Dialer | None = None,
     ) -> None:
+        """`dialer`: how `tunnel://` sandboxes are reached (none: they are refused)."""
         self._connect_timeout = connect_timeout
+        self._dialer = dialer
         self.keepalive = keepalive
         self.slots = _Slots(per_app, total, wait)
         self._pools: dict[str, tuple[_Pool, bytes, bytes]] = {}
@@ -551,7 +584,11 @@ class RawTransport:
         """The pool of the sandbox a base URL names, its authority, and the path the URL
         carries (prefixed to every request target; usually none)."""
         found = self._pools.get(sandbox)
-        if found is None:
+        if found is None and sandbox.startswith("tunnel://"):
+            node, _, sandbox_id = sandbox.removeprefix("tunnel://").partition("/")
+            found = (_TunnelPool(node, sandbox_id), sandbox_id.encode("latin-1"), b"")
+            self._pools[sandbox] = found
+        elif found is None:
             rest = sandbox.removeprefix("http://")
             cut = rest.find("/")
             authority, prefix = (rest, "") if cut < 0 else (rest[:cut], rest[cut:].rstrip("/"))
@@ -621,6 +658,8 @@ class RawTransport:
             self.slots.give_back(request.app)
 
     async def _connect(self, pool: _Pool, kind: Callable[[_Pool], _C]) -> _C:
+        if isinstance(pool, _TunnelPool):
+            return await self._dial(pool, kind)
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self._connect_timeout):
@@ -631,6 +670,17 @@ class RawTransport:
             ) from None
         except OSError as exc:
             raise ConnectFailed(f"could not connect to {pool.host}:{pool.port}: {exc}") from None
+        return conn
+
+    async def _dial(self, pool: _TunnelPool, kind: Callable[[_Pool], _C]) -> _C:
+        """A connection through the node's tunnel; the dialer bounds its own wait for a
+        free stream (`tunnel_wait`), which a burst may need while the node grows them."""
+        if self._dialer is None:
+            raise ConnectFailed(
+                f"sandbox {pool.sandbox!r} is behind a tunnel and this ingress serves none"
+            )
+        conn = kind(pool)
+        await self._dialer(pool.node, pool.sandbox, conn)
         return conn
 
 

@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry
 
 from wakeful.activator.api import create_app
 from wakeful.activator.core import Activator
-from wakeful.activator.credentials import TokenBook, install_admin
+from wakeful.activator.credentials import install_admin
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.activator.standby import StandbyApp
 from wakeful.activator.tokens_api import tokens_router
@@ -64,6 +64,7 @@ from wakeful.store.backup import SchemaError, check_schema
 from wakeful.store.base import StoreBase
 from wakeful.store.election import Election, FencedStore, Term
 from wakeful.store.reflector import reflect
+from wakeful.store.tokenbook import TokenBook
 
 if TYPE_CHECKING:  # the ingress (httptools, uvloop) is imported only by what runs one
     from wakeful.ingress.settings import IngressSettings
@@ -307,7 +308,11 @@ async def run_up(
             with anyio.fail_after(30):
                 await agent.wait_registered()
             ingress = Ingress(
-                ingress_settings, InProcessLeases(plane.activator), store, CollectorRegistry()
+                ingress_settings,
+                InProcessLeases(plane.activator),
+                store,
+                CollectorRegistry(),
+                relay_token=token,
             )
             async with ingress.running():
                 announce(f"wakeful is up: control API http://{api} (token in {data_dir / 'token'})")
@@ -489,7 +494,9 @@ async def run_node(
         ):
             # Sandboxes must not reach the control API or the store, wherever they run.
             runtime = runtime_for(settings, control_plane=control.apis)
-            agent = NodeAgent(store, settings, artifacts, logs=logs, runtime=runtime)
+            agent = NodeAgent(
+                store, settings, artifacts, logs=logs, runtime=runtime, tunnel_token=control.token
+            )
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(agent.run)
                 announce(f"node {settings.node_name} running")
@@ -535,7 +542,7 @@ async def run_ingress(
     ):
         announce(f"ingress listening on http://{settings.listen}")
         settle_heap()
-        await serve(settings, leases, store, CollectorRegistry())
+        await serve(settings, leases, store, CollectorRegistry(), relay_token=control.token)
 
 
 async def run_idle_monitor(

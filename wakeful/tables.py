@@ -63,6 +63,15 @@ def node_line(node: Mapping[str, Any]) -> str:
     line = f"{node['name']}  {state}  sandboxes={node['sandboxes']}{counts}  isolation: {isolation}"
     for kept in node.get("kept") or []:
         line += f"\n  keeps the state of {kept['app']}, not handed back: {kept['reason']}"
+    tunnel = node.get("tunnel")
+    if tunnel is not None:
+        reach = "reachable" if tunnel.get("reachable") else "UNREACHABLE: no stream on any replica"
+        line += f"\n  tunnel: {reach} (since {_when(tunnel.get('since'))})"
+        for replica in tunnel.get("replicas") or []:
+            line += (
+                f"\n    replica {replica['replica']}: streams={replica['streams']} "
+                f"busy={replica['busy']} budget={replica['budget']} {replica['state']}"
+            )
     return line
 
 

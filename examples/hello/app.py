@@ -84,11 +84,15 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 1024  # a burst of connections waits in the backlog, not refused
+
+
 def main() -> None:
     host = os.environ.get("HOST", "127.0.0.1")
     port = int(os.environ.get("PORT", "8000"))
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
+    server = Server((host, port), Handler)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     print(f"hello listening on {host}:{port}", flush=True)
     try:

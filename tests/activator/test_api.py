@@ -15,12 +15,12 @@ from prometheus_client import CollectorRegistry
 from wakeful.activator.api import create_app
 from wakeful.activator.client import HttpLeases
 from wakeful.activator.core import Activator
-from wakeful.activator.credentials import TokenBook
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.domain.leases import LeaseGone, NoCapacity, Unauthorized, UnknownApp, Unreachable
 from wakeful.domain.models import Role, SandboxStatus
 from wakeful.store import Store, open_store
 from wakeful.store.testing import free_port
+from wakeful.store.tokenbook import TokenBook
 from wakeful.testing import ManualClock
 
 from .conftest import eventually, seed, set_status

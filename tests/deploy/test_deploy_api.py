@@ -16,7 +16,6 @@ from prometheus_client import CollectorRegistry
 
 from wakeful.activator.api import create_app
 from wakeful.activator.core import Activator
-from wakeful.activator.credentials import TokenBook
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.deploy.api import deploy_router
 from wakeful.deploy.appdir import load_app_dir
@@ -26,6 +25,7 @@ from wakeful.domain.artifacts import digest_of, pack
 from wakeful.domain.models import AppSpec, Pool, Role
 from wakeful.store import open_store
 from wakeful.store.testing import free_port
+from wakeful.store.tokenbook import TokenBook
 
 pytestmark = pytest.mark.anyio
 HELLO = Path(__file__).parents[2] / "examples" / "hello"

@@ -11,13 +11,13 @@ from prometheus_client import CollectorRegistry
 
 from wakeful.activator.api import create_app
 from wakeful.activator.core import Activator
-from wakeful.activator.credentials import TokenBook
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.deploy.logbook import LogBook
 from wakeful.deploy.logs_api import BEHIND_HEADER, logs_router
 from wakeful.domain.logbatch import MAX_BODY_BYTES, LogBatch, OutputChunk
 from wakeful.domain.models import App, Role, Sandbox, SandboxStatus
 from wakeful.store import Store, open_store
+from wakeful.store.tokenbook import TokenBook
 
 pytestmark = pytest.mark.anyio
 TOKEN = "logs-token"

@@ -9,7 +9,6 @@ from prometheus_client import CollectorRegistry
 
 from wakeful.activator.api import create_app
 from wakeful.activator.core import Activator
-from wakeful.activator.credentials import TokenBook
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.bootstrap import serve_asgi
 from wakeful.cli import main
@@ -21,6 +20,7 @@ from wakeful.node.logship import ShipFailed
 from wakeful.remote import HttpLogSink
 from wakeful.store import open_store
 from wakeful.store.testing import free_port
+from wakeful.store.tokenbook import TokenBook
 
 pytestmark = pytest.mark.anyio
 TOKEN = "cli-token"

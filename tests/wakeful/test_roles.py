@@ -26,7 +26,6 @@ from wakeful.activator.channel import MAX_CHANNELS_PER_TOKEN
 from wakeful.activator.channel import PATH as CHANNEL_PATH
 from wakeful.activator.client import ChannelLeases, HttpLeases
 from wakeful.activator.core import Activator
-from wakeful.activator.credentials import TokenBook
 from wakeful.activator.roles import PUBLIC, ROUTES, WEBSOCKET
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.deploy.logs_api import own_output
@@ -38,6 +37,7 @@ from wakeful.domain.models import Node, Role, Sandbox, SandboxStatus
 from wakeful.node.logship import ShipFailed
 from wakeful.remote import HttpArtifacts, HttpLogSink
 from wakeful.store import open_store
+from wakeful.store.tokenbook import TokenBook
 
 pytestmark = pytest.mark.anyio
 HELLO = Path(__file__).parents[2] / "examples" / "hello"

@@ -13,10 +13,10 @@ import httpx
 import pytest
 
 from tests.wakeful.conftest import TOKEN, Running, running_control_plane
-from wakeful.activator.credentials import digest
 from wakeful.domain import keys
 from wakeful.domain.models import Token
 from wakeful.store import Delete, Put, open_store, sqlite_url
+from wakeful.store.tokenbook import digest
 
 pytestmark = pytest.mark.anyio
 

@@ -34,6 +34,7 @@ from wakeful.domain.models import (
     Sandbox,
     SandboxStatus,
     SeenNode,
+    Tunnel,
 )
 from wakeful.domain.state import Stale, take_back
 from wakeful.store import Conflict, Store
@@ -81,6 +82,8 @@ class NodeReport(BaseModel):
     kept: list[Problem] = []
     """Stateful apps' states it keeps because it could not hand them back (`wakeful
     release-state APP` gives up on one)."""
+    tunnel: Tunnel | None = None
+    """A dial-out node's reachability and its streams per ingress replica (seed 003)."""
 
 
 LEAVING = frozenset({SandboxStatus.DRAINING, SandboxStatus.STOPPING})
@@ -162,6 +165,7 @@ def node_router(store: Store) -> APIRouter:
                         for held in states
                         if held.node == name and held.kept
                     ],
+                    tunnel=node.tunnel,
                 )
             )
         return found

@@ -168,7 +168,7 @@ def plan_pool(
     # Sandboxes on an evacuating node keep serving until replacements elsewhere serve too.
     staying = [s for s in live if s.node not in evacuating]
     leaving = [s for s in live if s.node in evacuating]
-    candidates = [n for n in nodes if not n.cordoned and not n.evacuating]
+    candidates = [n for n in nodes if not n.cordoned and not n.evacuating and _reachable(n)]
     if stateful:
         # One writer: moved (gated, stopped, created again elsewhere), never replaced first.
         if candidates:
@@ -215,3 +215,9 @@ def _shrink(live: list[Sandbox], excess: int, leased: Mapping[str, int]) -> list
         else:
             actions.append(Stop(sandbox.id))
     return actions
+
+
+def _reachable(node: Node) -> bool:
+    """A dial-out node takes new sandboxes only while it holds a tunnel stream somewhere:
+    one nobody can reach would only make requests wait for it (seed 003)."""
+    return node.tunnel is None or node.tunnel.reachable

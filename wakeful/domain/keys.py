@@ -16,6 +16,7 @@ to the store's namespace (the store adds it).
 | `leader(role)`             | `leaders/{role}`            | Leader (bound to a TTL lease) |
 | `rollout(app, version)`    | `rollouts/{app}/{version}`  | RolloutRecord                 |
 | `state(app)`               | `states/{app}`              | AppState                      |
+| `ingress(replica)`         | `ingresses/{replica}`       | IngressReplica (TTL lease)    |
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ TOKENS = "tokens/"
 LEADERS = "leaders/"
 ROLLOUTS = "rollouts/"
 STATES = "states/"
+INGRESSES = "ingresses/"
 
 
 def app(name: str) -> str:
@@ -92,3 +94,8 @@ def rollout(app: str, version: str) -> str:
 def state(app: str) -> str:
     """Who holds a stateful app's state, and the digest of its latest archive."""
     return f"{STATES}{app}"
+
+
+def ingress(replica: str) -> str:
+    """An ingress replica that serves tunnels, and where its peers relay to it."""
+    return f"{INGRESSES}{replica}"

@@ -324,6 +324,31 @@ class Sandbox(Model):
         return self.status is SandboxStatus.RUNNING and self.ready and bool(self.address)
 
 
+class ReplicaCoverage(Model):
+    """A tunnelled node's streams on one ingress replica, as its last coverage tick saw them
+    (`wakeful.domain.coverage`, seed 003)."""
+
+    replica: str = Field(min_length=1, max_length=200)
+    streams: int = Field(ge=0)
+    busy: int = Field(ge=0)
+    budget: int = Field(ge=0)
+    state: str = Field(max_length=20)
+
+
+class Tunnel(Model):
+    """How a node that dials out is reached: through its streams on the ingress replicas.
+    `reachable` is false while it holds no stream on any replica: then its sandboxes are out
+    of admission (the activator grants nothing on capacity nobody can reach)."""
+
+    reachable: bool = False
+    replicas: list[ReplicaCoverage] = Field(default_factory=list, max_length=256)
+    since: float = 0.0
+    """When `reachable` last changed."""
+    actions: dict[str, int] = Field(default_factory=dict, max_length=16)
+    """Streams opened or closed by each coverage action since the agent started (grow,
+    fill, evacuate, recycle, prune, cap)."""
+
+
 class Node(Model):
     name: Name
     address: str
@@ -332,6 +357,19 @@ class Node(Model):
     evacuating: bool = False
     isolation: str = Field(default="", max_length=500)
     """How this node isolates sandboxes, and what it cannot enforce (`Jail.describe`)."""
+    tunnel: Tunnel | None = None
+    """Set when the node dials out to the ingress tier instead of being dialed
+    (`WAKEFUL_TUNNEL`); its sandboxes' addresses are then `tunnel://NODE/SANDBOX`."""
+
+
+class IngressReplica(Model):
+    """An ingress replica that serves tunnels (`ingresses/{replica}`, bound to its TTL lease):
+    where its peers relay a request for a node whose streams it holds."""
+
+    name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:-]+$")
+    relay: str = Field(min_length=3, max_length=300)
+    """host:port of its tunnel listener, as its peers dial it."""
+    since: float = 0.0
 
 
 Digest = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]

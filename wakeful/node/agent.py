@@ -25,9 +25,17 @@ from collections.abc import Callable, Sequence
 import anyio
 import anyio.abc
 
-from wakeful.domain import keys
+from wakeful.domain import coverage, keys
 from wakeful.domain.lifecycle import Transition
-from wakeful.domain.models import HAS_PROCESS, Cordon, Node, Sandbox, SandboxStatus, SeenNode
+from wakeful.domain.models import (
+    HAS_PROCESS,
+    Cordon,
+    Node,
+    Sandbox,
+    SandboxStatus,
+    SeenNode,
+    Tunnel,
+)
 from wakeful.store import Conflict, Item, LeaseNotFound, Store, StoreError
 from wakeful.store.reflector import reflect
 
@@ -41,6 +49,7 @@ from .runner import NodeServices, SandboxRunner
 from .runtime import ProcessRuntime, Runtime
 from .settings import NodeSettings
 from .statehold import StateHold
+from .tunnel import TunnelClient
 from .workdir import Artifacts, clear_sandboxes, remove_sandbox_dir, sandbox_dir
 from .writer import SandboxWriter
 
@@ -82,7 +91,9 @@ class NodeAgent:
         runtime: Runtime | None = None,
         clock: Callable[[], float] = time.time,
         logs: LogSink | None = None,
+        tunnel_token: str | None = None,
     ) -> None:
+        """`tunnel_token`: the node token its tunnel streams carry (with `settings.tunnel`)."""
         self._store = store
         self._settings = settings
         self._clock = clock
@@ -106,6 +117,29 @@ class NodeAgent:
         )
         runtime = runtime or runtime_for(settings)
         self._isolation = isolation_of(runtime)
+        self._record = Node(
+            name=settings.node_name,
+            address=settings.node_address,
+            capacity=settings.capacity,
+            isolation=self._isolation,
+            tunnel=Tunnel() if settings.tunnel else None,
+        )
+        self.tunnel: TunnelClient | None = None
+        if settings.tunnel:
+            if not tunnel_token:
+                raise ValueError("WAKEFUL_TUNNEL needs the node's token (WAKEFUL_NODE_TOKEN)")
+            self.tunnel = TunnelClient(
+                settings.tunnel,
+                settings.node_name,
+                tunnel_token,
+                self.tunnel_target,
+                self.publish_tunnel,
+                limits=coverage.Limits(
+                    node_cap=settings.tunnel_streams_max,
+                    replica_cap=settings.tunnel_streams_per_replica,
+                ),
+                ca_file=str(settings.tunnel_ca) if settings.tunnel_ca else None,
+            )
         self.states = StateHold(
             store, artifacts, settings.node_name, settings.data_dir, settings.state_max_bytes, clock
         )
@@ -148,6 +182,8 @@ class NodeAgent:
                         await tasks.start(PeerFence(self._store, self.name).run)
                 tasks.start_soon(self._watch_loop)
                 tasks.start_soon(self.states.run, self.running_ids)
+                if self.tunnel is not None:
+                    tasks.start_soon(self.tunnel.run)
                 self._serving.set()
         finally:
             with anyio.CancelScope(shield=True):
@@ -208,17 +244,11 @@ class NodeAgent:
     # -- registration -----------------------------------------------------------------------
 
     async def _register_loop(self) -> None:
-        record = Node(
-            name=self.name,
-            address=self._settings.node_address,
-            capacity=self._settings.capacity,
-            isolation=self._isolation,
-        )
         ttl = self._settings.node_ttl
         while True:
             try:
                 lease = self._node_lease = await self._store.grant(ttl)
-                await self._store.put(keys.node(self.name), record, lease=lease)
+                await self._store.put(keys.node(self.name), self._record, lease=lease)
                 with contextlib.suppress(Conflict):  # present from an earlier registration
                     await self._store.create(
                         keys.seen(self.name), SeenNode(name=self.name, first_seen=self._clock())
@@ -232,6 +262,19 @@ class NodeAgent:
             except StoreError as exc:
                 log.warning("node registration failed: %s", exc, extra={"node": self.name})
                 await anyio.sleep(1)
+
+    async def publish_tunnel(self, table: Tunnel) -> None:
+        """Rewrite the node record with the tunnel's coverage table (under its lease)."""
+        self._record = self._record.model_copy(update={"tunnel": table})
+        lease = self._node_lease
+        if lease is not None and self._registered.is_set():
+            await self._store.put(keys.node(self.name), self._record, lease=lease)
+
+    def tunnel_target(self, sandbox_id: str) -> tuple[str, int] | None:
+        """Where a tunnel exchange naming `sandbox_id` connects: only a sandbox this agent
+        runs and has seen ready."""
+        runner = self._running.get(sandbox_id)
+        return None if runner is None else runner.local_target
 
     async def _bury_orphans(self, items: list[Item[Sandbox]]) -> None:
         """Sandboxes recorded on this node from a previous run have no process any more."""

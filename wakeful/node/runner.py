@@ -117,6 +117,10 @@ class SandboxRunner:
         self._squatted = False
         """A port taken from the node's pool, given back when the runner ends."""
 
+        self.local_target: tuple[str, int] | None = None
+        """Where the sandbox answers on this node, while it is ready and not stopping: what
+        a tunnel exchange naming it connects to (`wakeful.node.tunnel`)."""
+
     def stop(self) -> None:
         """Stop the sandbox (SIGTERM, then SIGKILL after its shutdown timeout) and report."""
         self._stop_requested.set()
@@ -331,14 +335,21 @@ class SandboxRunner:
                 self._squatted = True  # another app answered on our port: never route to it
                 ready = False
             trace.mark("probed", launch.app)
-            if not ready or not await self._change(
-                Transition.READY, address=launch.address, ready=True
-            ):
+            settings = self._node.settings
+            address = (
+                f"tunnel://{settings.node_name}/{self.sandbox_id}"
+                if settings.tunnel
+                else launch.address
+            )
+            if ready:
+                self.local_target = (launch.host, launch.port)
+            if not ready or not await self._change(Transition.READY, address=address, ready=True):
                 self._stop_requested.set()
             else:
                 trace.mark("ready", launch.app)
             process.settled()  # after the ready record: a refilled warm slot must not delay it
             await self._stop_requested.wait()
+            self.local_target = None
             exit_code = await process.stop(spec.shutdown_timeout)
             tasks.cancel_scope.cancel()
         return ready, exit_code

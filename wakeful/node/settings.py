@@ -85,6 +85,30 @@ class NodeSettings(StoreSettings):
     """The largest state archive (an app's `[state]` directory, packed) this node stores when
     the app stops; past it the archive stays on this node and the state is not handed on
     (`wakeful nodes` names it). The control plane has the same bound. WAKEFUL_STATE_MAX_BYTES."""
+    tunnel: str | None = None
+    """Dial out instead of being dialed: the URL of the load balancer in front of the ingress
+    replicas' tunnel listeners (`https://edge.example/`, or `http://HOST:PORT` on a private
+    network). The node opens streams there with its node token and serves its sandboxes over
+    them (wakeful.node.tunnel); nothing needs to reach this machine. WAKEFUL_TUNNEL."""
+    tunnel_ca: Path | None = None
+    """A PEM bundle that verifies the tunnel's TLS certificate (default: the system's
+    roots). WAKEFUL_TUNNEL_CA."""
+    tunnel_streams_max: int = Field(default=2048, ge=2, le=65_536)
+    """Streams this node holds over every ingress replica, at most (seed 003).
+    WAKEFUL_TUNNEL_STREAMS_MAX."""
+    tunnel_streams_per_replica: int = Field(default=1024, ge=2, le=65_536)
+    """Streams this node holds on one ingress replica, at most (the replicas enforce their
+    own cap, `WAKEFUL_TUNNEL_STREAMS_PER_NODE`). WAKEFUL_TUNNEL_STREAMS_PER_REPLICA."""
+
+    @field_validator("tunnel")
+    @classmethod
+    def _tunnel_url(cls, value: str | None) -> str | None:
+        if value:
+            from wakeful.node.tunnel import parse_url
+
+            parse_url(value)  # refused here, naming the value, not when the agent runs
+        return value or None
+
     sandbox_paths: tuple[Path, ...] = ()
     """Directories shown read-only inside every sandbox besides /usr, /etc and the /lib ones
     (e.g. an interpreter installed under /opt). WAKEFUL_SANDBOX_PATHS='["/opt/python"]'."""

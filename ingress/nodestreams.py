@@ -1,0 +1,923 @@
+"""The ingress replica's end of the tunnels that dial-out nodes open (seed 003).
+
+A node behind NAT cannot be dialed, so it dials out: `wakeful node` with `WAKEFUL_TUNNEL`
+opens gRPC bidirectional streams through the load balancer to the ingress tier, and the
+balancer places each stream on a replica of its choosing. This module is what a replica does
+with the streams that land on it (`wakeful.domain.tunnelwire` is the protocol):
+
+- **Accept** (`TunnelServer`, a `grpc.aio` server on `tunnel_listen`): a stream must carry a
+  node token (`authorization: Bearer ...`, checked against the store's digests by a
+  `TokenBook`), then says which node it serves. It joins that node's streams on this replica
+  (`StreamHub`), at most `tunnel_streams_per_node` of them.
+- **Carry** (`TunnelDialer`, the upstream transport's dialer for `tunnel://NODE/SANDBOX`
+  addresses): a request for the node's sandbox takes the node's newest idle stream *here*, and
+  the stream becomes the request's connection (`Exchange`, an `asyncio.Transport`), so the
+  upstream transport writes and parses HTTP over it exactly as over TCP: retries, bounds,
+  timeouts and WebSockets all stay as they are. One stream carries one exchange at a time.
+- **Relay**: a replica where the node holds no stream (the public balancer sent the request
+  to a replica the node's streams did not land on), or holds only busy ones while another
+  replica has idle ones, relays the exchange to a replica that does, found through the node's
+  coverage table (`nodes/{node}`) and the replicas' own records (`ingresses/{replica}`,
+  which this module writes for itself, bound to a TTL lease). A relay is authenticated with
+  an ingress token. The request keeps its lease here: the lease is taken and handed back
+  exactly once, by the replica the client reached.
+
+Nothing reaches a node's sandbox through a replica without the node's credential, and no
+address a node writes is ever dialed: a replica dials only its peers' recorded addresses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import logging
+import socket
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+import anyio
+import grpc
+import grpc.aio
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from pydantic import BaseModel
+
+from wakeful.domain import keys
+from wakeful.domain import tunnelwire as wire
+from wakeful.domain.models import IngressReplica, Node, Role, Token
+from wakeful.ingress.errors import ConnectFailed
+from wakeful.store import Item, Store, StoreError
+from wakeful.store.errors import LeaseNotFound
+from wakeful.store.reflector import Feed, reflect_all
+from wakeful.store.tokenbook import TokenBook
+
+log = logging.getLogger(__name__)
+M = TypeVar("M", bound=BaseModel)
+
+HIGH_WATER = 256 * 1024
+"""Request bytes queued for a stream before the writer is told to wait."""
+FORWARD_QUEUE = 64
+"""Messages a relay holds for a slow peer before it stops reading the node's stream."""
+GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", wire.MAX_MESSAGE + 1024),
+    ("grpc.max_send_message_length", wire.MAX_MESSAGE + 1024),
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
+]
+SERVER_OPTIONS = [
+    *GRPC_OPTIONS,
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ("grpc.max_concurrent_streams", 4096),
+]
+
+
+class TunnelClosed(ConnectionResetError):
+    """The stream (or the relay) carrying an exchange broke."""
+
+
+# -- one exchange over a stream -----------------------------------------------------------------
+
+
+class Link(Protocol):
+    """Where an exchange's messages go: a node's stream, or a relay call to a peer."""
+
+    what: str
+
+    async def send(self, message: bytes) -> None: ...
+
+
+class Receiver(Protocol):
+    """What a stream's reader hands the messages of the exchange in progress to."""
+
+    def on_message(self, message: bytes) -> None: ...
+
+    def on_lost(self, exc: BaseException) -> None: ...
+
+    def readable(self) -> bool: ...
+
+    async def wait_readable(self) -> None: ...
+
+
+class Exchange(asyncio.Transport):
+    """One request's connection to a sandbox, carried over a tunnel stream.
+
+    To the upstream transport's protocol it is a TCP connection: `write`, `close`, `abort`,
+    flow control both ways. `release(reuse)` ends it as a pooled connection would be given
+    back (the node may keep its socket to the sandbox for the next exchange). When it ends,
+    END goes to the node after whatever was queued (nothing after an abort); `on_over` runs
+    once the node's ENDED came back, or at once if nothing was ever sent."""
+
+    def __init__(
+        self,
+        link: Link,
+        sandbox: str,
+        protocol: asyncio.Protocol,
+        on_over: Callable[[], None],
+    ) -> None:
+        super().__init__()
+        self._loop = asyncio.get_running_loop()
+        self._link = link
+        self._sandbox = sandbox
+        self._protocol: asyncio.Protocol | None = protocol
+        self._on_over: Callable[[], None] | None = on_over
+        self._outbox: collections.deque[bytes] = collections.deque()
+        self._queued = 0
+        self._high = HIGH_WATER
+        self._writing_paused = False
+        self._connect_sent = False
+        self._end: bool | None = None
+        self._end_sent = False
+        self._pump: asyncio.Task[None] | None = None
+        self._reading = asyncio.Event()
+        self._reading.set()
+        protocol.connection_made(self)
+
+    # -- asyncio.Transport ------------------------------------------------------------------
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._protocol is None or self._end is not None or not data:
+            return
+        self._outbox.append(bytes(data))
+        self._queued += len(data)
+        if not self._writing_paused and self._queued > self._high:
+            self._writing_paused = True
+            self._protocol.pause_writing()
+        self._kick()
+
+    def writelines(self, list_of_data: Any) -> None:
+        self.write(b"".join(list_of_data))
+
+    def can_write_eof(self) -> bool:
+        return False
+
+    def is_closing(self) -> bool:
+        return self._protocol is None
+
+    def close(self) -> None:
+        protocol = self._detach()
+        if protocol is not None:
+            self._finish(reuse=False)
+            self._loop.call_soon(protocol.connection_lost, None)
+
+    def abort(self) -> None:
+        protocol = self._detach()
+        if protocol is not None:
+            self._outbox.clear()
+            self._queued = 0
+            self._finish(reuse=False)
+            self._loop.call_soon(protocol.connection_lost, None)
+
+    def release(self, reuse: bool) -> None:
+        """The exchange ended cleanly: no `connection_lost`; the node may keep its socket."""
+        if self._detach() is not None:
+            self._finish(reuse=reuse)
+
+    def pause_reading(self) -> None:
+        self._reading.clear()
+
+    def resume_reading(self) -> None:
+        self._reading.set()
+
+    def is_reading(self) -> bool:
+        return self._reading.is_set()
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        if high is not None:
+            self._high = high
+
+    def get_write_buffer_size(self) -> int:
+        return self._queued
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        if name == "peername":
+            return (self._link.what, 0)
+        return default
+
+    # -- from the stream ----------------------------------------------------------------------
+
+    def readable(self) -> bool:
+        return self._reading.is_set() or self._protocol is None
+
+    async def wait_readable(self) -> None:
+        await self._reading.wait()
+
+    def on_message(self, message: bytes) -> None:
+        kind = message[0]
+        protocol = self._protocol
+        if kind == wire.DATA:
+            if protocol is not None:
+                protocol.data_received(message[1:])
+        elif kind == wire.ENDED:
+            if not self._end_sent:
+                raise wire.WireError("ENDED before END")
+            self._over()
+        elif kind == wire.FIN:
+            if protocol is not None:
+                protocol.eof_received()
+                self._lost(None)
+        elif kind == wire.REFUSED:
+            if protocol is not None:
+                reason = message[1:].decode(errors="replace")
+                self._lost(ConnectFailed(f"{self._link.what}: {reason}"))
+        else:
+            raise wire.WireError(f"unexpected message kind {kind!r} during an exchange")
+
+    def on_lost(self, exc: BaseException) -> None:
+        """The stream broke: the exchange with it."""
+        self._on_over = None  # the stream is gone: nothing goes back to the idle list
+        if self._protocol is not None:
+            if self._connect_sent:
+                self._lost(TunnelClosed(f"{self._link.what} broke: {exc}"))
+            else:  # nothing was sent: nothing reached the sandbox
+                self._lost(ConnectFailed(f"{self._link.what} broke before the request: {exc}"))
+        if self._pump is not None:
+            self._pump.cancel()
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _detach(self) -> asyncio.Protocol | None:
+        protocol, self._protocol = self._protocol, None
+        self._reading.set()
+        return protocol
+
+    def _lost(self, exc: Exception | None) -> None:
+        protocol = self._detach()
+        if protocol is not None:
+            self._finish(reuse=False)
+            protocol.connection_lost(exc)
+
+    def _finish(self, reuse: bool) -> None:
+        if self._end is not None:
+            return
+        self._end = reuse
+        if not self._connect_sent and not self._outbox:
+            self._over()  # nothing reached the stream: it is idle as it was
+        else:
+            self._kick()
+
+    def _over(self) -> None:
+        on_over, self._on_over = self._on_over, None
+        if on_over is not None:
+            on_over()
+
+    def _kick(self) -> None:
+        if self._pump is None or self._pump.done():
+            self._pump = self._loop.create_task(self._send_queued())
+
+    async def _send_queued(self) -> None:
+        try:
+            while self._outbox:
+                parts: list[bytes] = []
+                size = 0
+                while self._outbox and size < wire.CHUNK:
+                    part = self._outbox.popleft()
+                    parts.append(part)
+                    size += len(part)
+                payload = b"".join(parts)
+                self._queued -= len(payload)
+                for start in range(0, len(payload), wire.CHUNK):
+                    piece = payload[start : start + wire.CHUNK]
+                    if self._connect_sent:
+                        await self._link.send(wire.data(piece))
+                    else:
+                        self._connect_sent = True
+                        await self._link.send(wire.connect(self._sandbox, piece))
+                protocol = self._protocol
+                if self._writing_paused and self._queued <= self._high // 4:
+                    self._writing_paused = False
+                    if protocol is not None:
+                        protocol.resume_writing()
+            if self._end is not None and not self._end_sent and self._connect_sent:
+                self._end_sent = True
+                await self._link.send(wire.end(self._end))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.on_lost(exc)
+
+
+# -- a node's streams on this replica -------------------------------------------------------------
+
+
+class NodeStream:
+    """One stream a node opened to this replica: its reader loop, and the exchange it
+    carries (None while idle)."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, hub: StreamHub, node: str, context: grpc.aio.ServicerContext) -> None:
+        self.id = next(self._ids)
+        self.hub = hub
+        self.node = node
+        self.what = f"the tunnel of node {node!r} on ingress replica {hub.replica!r}"
+        self._context = context
+        self._lock = asyncio.Lock()
+        self.receiver: Receiver | None = None
+        self.opened_at = time.monotonic()
+
+    async def send(self, message: bytes) -> None:
+        async with self._lock:
+            await self._context.write(message)
+
+    async def serve(self) -> None:
+        """Read until the node closes the stream or it breaks; hand messages to the exchange."""
+        error: BaseException = TunnelClosed("the node closed the stream")
+        try:
+            while True:
+                receiver = self.receiver
+                if receiver is not None and not receiver.readable():
+                    await receiver.wait_readable()
+                    continue
+                message = await self._context.read()
+                if message is grpc.aio.EOF or not message:
+                    return
+                assert isinstance(message, bytes)
+                kind = message[0]
+                if kind == wire.PING:
+                    await self.send(wire.PONG_MESSAGE)
+                elif kind == wire.PONG:
+                    pass
+                elif self.receiver is not None:
+                    self.receiver.on_message(message)
+                else:
+                    raise wire.WireError(f"message kind {kind!r} on an idle stream")
+        except wire.WireError as exc:
+            log.warning("%s: closed, it broke the protocol: %s", self.what, exc)
+            error = exc
+        except asyncio.CancelledError:
+            error = TunnelClosed("the replica is stopping")
+            raise
+        except Exception as exc:
+            error = exc
+        finally:
+            self.hub.remove(self)
+            receiver, self.receiver = self.receiver, None
+            if receiver is not None:
+                receiver.on_lost(error)
+
+
+@dataclass
+class _NodeStreams:
+    all: set[NodeStream] = field(default_factory=set)
+    idle: list[NodeStream] = field(default_factory=list)
+    """Idle streams, the most recently idle last: each exchange takes the newest, so the old
+    ones stay idle and the node prunes them (seed 003)."""
+    waiters: collections.deque[asyncio.Future[NodeStream]] = field(
+        default_factory=collections.deque
+    )
+
+
+class StreamHub:
+    """Every node's streams on this replica, idle and busy."""
+
+    def __init__(self, replica: str, per_node: int) -> None:
+        self.replica = replica
+        self.per_node = per_node
+        self._nodes: dict[str, _NodeStreams] = {}
+
+    def add(self, stream: NodeStream) -> bool:
+        streams = self._nodes.setdefault(stream.node, _NodeStreams())
+        if len(streams.all) >= self.per_node:
+            return False
+        streams.all.add(stream)
+        self.idle(stream)
+        return True
+
+    def remove(self, stream: NodeStream) -> None:
+        streams = self._nodes.get(stream.node)
+        if streams is None:
+            return
+        streams.all.discard(stream)
+        with contextlib.suppress(ValueError):
+            streams.idle.remove(stream)
+        if not streams.all and not streams.waiters:
+            del self._nodes[stream.node]
+
+    def idle(self, stream: NodeStream) -> None:
+        """The stream finished its exchange (or just opened): the next waiter takes it."""
+        stream.receiver = None
+        streams = self._nodes.get(stream.node)
+        if streams is None or stream not in streams.all:
+            return
+        while streams.waiters:
+            waiter = streams.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(stream)
+                return
+        streams.idle.append(stream)
+
+    def try_take(self, node: str) -> NodeStream | None:
+        streams = self._nodes.get(node)
+        if streams is None or not streams.idle:
+            return None
+        return streams.idle.pop()
+
+    async def take(self, node: str, wait: float) -> NodeStream | None:
+        """An idle stream of `node`, waiting up to `wait` seconds for one to free."""
+        stream = self.try_take(node)
+        if stream is not None:
+            return stream
+        streams = self._nodes.setdefault(node, _NodeStreams())
+        waiter: asyncio.Future[NodeStream] = asyncio.get_running_loop().create_future()
+        streams.waiters.append(waiter)
+        try:
+            async with asyncio.timeout(wait):
+                return await waiter
+        except TimeoutError:
+            return None
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self.idle(waiter.result())  # granted as it was cancelled: pass it on
+            raise
+        finally:
+            with contextlib.suppress(ValueError):
+                streams.waiters.remove(waiter)
+            if not streams.all and not streams.waiters:
+                self._nodes.pop(node, None)
+
+    def holds(self, node: str) -> int:
+        streams = self._nodes.get(node)
+        return 0 if streams is None else len(streams.all)
+
+    def counts(self) -> Iterator[tuple[str, int, int]]:
+        """(node, streams, idle) for every node with streams here."""
+        for node, streams in self._nodes.items():
+            if streams.all:
+                yield node, len(streams.all), len(streams.idle)
+
+
+# -- what the replica knows of its peers and of the nodes' tables ---------------------------------
+
+
+class _Records(Generic[M]):
+    """A reflector view of one prefix: the records by name."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.items: dict[str, M] = {}
+
+    def replace(self, items: list[Item[M]], revision: int) -> None:
+        self.items = {keys.name_in(item.key, self.prefix): item.value for item in items}
+
+    def put(self, item: Item[M]) -> None:
+        self.items[keys.name_in(item.key, self.prefix)] = item.value
+
+    def delete(self, key: str, revision: int) -> None:
+        self.items.pop(keys.name_in(key, self.prefix), None)
+
+
+class Peers:
+    """The other replicas (`ingresses/`) and where each node's streams are (`nodes/`)."""
+
+    def __init__(self, replica: str) -> None:
+        self.replica = replica
+        self.replicas: _Records[IngressReplica] = _Records(keys.INGRESSES)
+        self.nodes: _Records[Node] = _Records(keys.NODES)
+
+    def feeds(self) -> list[Feed[Any]]:
+        return [
+            Feed(keys.INGRESSES, IngressReplica, self.replicas),
+            Feed(keys.NODES, Node, self.nodes),
+        ]
+
+    def known(self) -> list[str]:
+        return sorted({self.replica, *self.replicas.items})
+
+    def holding(self, node: str, *, idle_only: bool) -> list[IngressReplica]:
+        """Peers where `node` holds streams (with idle ones, if asked), most idle first."""
+        record = self.nodes.items.get(node)
+        if record is None or record.tunnel is None:
+            return []
+        found = []
+        for coverage in record.tunnel.replicas:
+            peer = self.replicas.items.get(coverage.replica)
+            idle = coverage.streams - coverage.busy
+            if coverage.replica == self.replica or peer is None or coverage.streams == 0:
+                continue
+            if idle_only and idle <= 0:
+                continue
+            found.append((idle, peer))
+        found.sort(key=lambda pair: -pair[0])
+        return [peer for _, peer in found]
+
+
+# -- relays between replicas ---------------------------------------------------------------------
+
+
+class _RelayLink:
+    """A relay call to a peer, as the link an `Exchange` writes to."""
+
+    def __init__(self, call: grpc.aio.StreamStreamCall, what: str) -> None:
+        self._call = call
+        self.what = what
+        self._lock = asyncio.Lock()
+
+    async def send(self, message: bytes) -> None:
+        async with self._lock:
+            await self._call.write(message)
+
+
+class _Forward:
+    """On the replica relayed to: the node stream's messages, queued for the peer."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[bytes | BaseException] = asyncio.Queue()
+        self._room = asyncio.Event()
+        self._room.set()
+
+    def on_message(self, message: bytes) -> None:
+        self.queue.put_nowait(message)
+        if self.queue.qsize() >= FORWARD_QUEUE:
+            self._room.clear()
+
+    def on_lost(self, exc: BaseException) -> None:
+        self.queue.put_nowait(exc)
+        self._room.set()
+
+    def readable(self) -> bool:
+        return self._room.is_set()
+
+    async def wait_readable(self) -> None:
+        await self._room.wait()
+
+    async def get(self) -> bytes | BaseException:
+        item = await self.queue.get()
+        if self.queue.qsize() < FORWARD_QUEUE // 2:
+            self._room.set()
+        return item
+
+
+# -- the replica's tunnel service ------------------------------------------------------------------
+
+
+@dataclass
+class TunnelCounts:
+    local: int = 0
+    relayed: int = 0
+    relayed_in: int = 0
+    unreachable: int = 0
+    refused_streams: int = 0
+
+
+class Tunnels:
+    """The tunnel side of one ingress replica: its gRPC server, its streams, its peers."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        replica: str,
+        advertise: str,
+        per_node: int,
+        wait: float,
+        ingress_token: str | None,
+        registry: CollectorRegistry | None = None,
+        record_ttl: int = 10,
+    ) -> None:
+        self._store = store
+        self.replica = replica
+        self.advertise = advertise
+        self.hub = StreamHub(replica, per_node)
+        self.peers = Peers(replica)
+        self.tokens = TokenBook()
+        self._wait = wait
+        self._ingress_token = ingress_token
+        self._record_ttl = record_ttl
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self.counts = TunnelCounts()
+        self.synced = anyio.Event()
+        if registry is not None:
+            registry.register(_TunnelCollector(self))
+
+    # -- running -----------------------------------------------------------------------------
+
+    async def run(self, server: grpc.aio.Server) -> None:
+        """Follow tokens, peers and nodes; keep this replica's record; until cancelled."""
+        server.add_generic_rpc_handlers((_Handlers(self),))
+        try:
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(self._follow)
+                tasks.start_soon(self._register)
+        finally:
+            with anyio.CancelScope(shield=True):
+                for channel in self._channels.values():
+                    await channel.close(None)
+                self._channels.clear()
+
+    async def _follow(self) -> None:
+        await reflect_all(
+            self._store,
+            [Feed(keys.TOKENS, Token, self.tokens), *self.peers.feeds()],
+            what="ingress tunnels",
+            listed=self.synced.set,
+        )
+
+    async def _register(self) -> None:
+        record = IngressReplica(name=self.replica, relay=self.advertise, since=time.time())
+        while True:
+            try:
+                lease = await self._store.grant(self._record_ttl)
+                await self._store.put(keys.ingress(self.replica), record, lease=lease)
+                while True:
+                    await anyio.sleep(max(0.5, self._record_ttl / 3))
+                    await self._store.keep_alive(lease)
+            except LeaseNotFound:
+                log.warning("ingress replica %s: its record's lease expired", self.replica)
+            except StoreError as exc:
+                log.warning("ingress replica %s: cannot keep its record: %s", self.replica, exc)
+                await anyio.sleep(1)
+
+    # -- the dialer's side: an exchange for a sandbox of a tunnelled node ----------------------
+
+    async def dial(self, node: str, sandbox: str, protocol: asyncio.Protocol) -> Exchange:
+        """A connection to `sandbox` on `node` through one of its streams: here if one is
+        idle, else through a peer with an idle one, else here once one frees (up to the
+        wait). ConnectFailed when the node holds no stream anywhere (it is unreachable)."""
+        stream = self.hub.try_take(node)
+        if stream is None:
+            for peer in self.peers.holding(node, idle_only=True):
+                exchange = await self._relay(peer, node, sandbox, protocol)
+                if exchange is not None:
+                    return exchange
+            if self.hub.holds(node):
+                stream = await self.hub.take(node, self._wait)
+                if stream is None:
+                    raise ConnectFailed(
+                        f"every stream of node {node!r} on ingress replica {self.replica!r} "
+                        f"stayed busy for {self._wait:g} s"
+                    )
+            else:
+                for peer in self.peers.holding(node, idle_only=False):
+                    exchange = await self._relay(peer, node, sandbox, protocol)
+                    if exchange is not None:
+                        return exchange
+                self.counts.unreachable += 1
+                raise ConnectFailed(
+                    f"node {node!r} holds no tunnel stream on any ingress replica: "
+                    "it is unreachable until it connects again"
+                )
+        self.counts.local += 1
+        return self._exchange_on(stream, sandbox, protocol)
+
+    def _exchange_on(self, stream: NodeStream, sandbox: str, protocol: Any) -> Exchange:
+        exchange = Exchange(stream, sandbox, protocol, lambda: self.hub.idle(stream))
+        stream.receiver = exchange
+        return exchange
+
+    def _channel(self, peer: IngressReplica) -> grpc.aio.Channel:
+        channel = self._channels.get(peer.relay)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(peer.relay, options=GRPC_OPTIONS)
+            self._channels[peer.relay] = channel
+        return channel
+
+    async def _relay(
+        self, peer: IngressReplica, node: str, sandbox: str, protocol: asyncio.Protocol
+    ) -> Exchange | None:
+        """The exchange through `peer`, or None when the relay could not begin."""
+        if self._ingress_token is None:
+            return None
+        metadata = (
+            ("authorization", f"Bearer {self._ingress_token}"),
+            (wire.NODE_HEADER, node),
+        )
+        call = self._channel(peer).stream_stream(wire.RELAY)(metadata=metadata)
+        link = _RelayLink(call, f"the tunnel of node {node!r} relayed to {peer.name!r}")
+        exchange = Exchange(link, sandbox, protocol, lambda: call.cancel())
+        self.counts.relayed += 1
+
+        async def read() -> None:
+            try:
+                while True:
+                    if not exchange.readable():
+                        await exchange.wait_readable()
+                        continue
+                    message = await call.read()
+                    if message is grpc.aio.EOF or not message:
+                        exchange.on_lost(TunnelClosed(f"{peer.name!r} ended the relay"))
+                        return
+                    assert isinstance(message, bytes)
+                    exchange.on_message(message)
+                    if message[0] == wire.ENDED:
+                        with contextlib.suppress(Exception):
+                            await call.done_writing()
+                        return
+            except asyncio.CancelledError:
+                exchange.on_lost(TunnelClosed("the relay was cancelled"))
+            except Exception as exc:
+                exchange.on_lost(exc)
+
+        task = asyncio.get_running_loop().create_task(read())
+        _background.add(task)
+        task.add_done_callback(_background.discard)
+        return exchange
+
+    # -- the server's side ------------------------------------------------------------------------
+
+    def _credential(self, context: grpc.aio.ServicerContext) -> Token | None:
+        for name, value in context.invocation_metadata() or ():
+            if name == "authorization" and isinstance(value, str):
+                scheme, _, secret = value.partition(" ")
+                if scheme.lower() == "bearer" and secret:
+                    return self.tokens.verify(secret.strip())
+        return None
+
+    async def open(self, context: grpc.aio.ServicerContext) -> None:
+        """A node's stream: check its token and hello, then serve it until it ends."""
+        token = self._credential(context)
+        if token is None or token.role not in (Role.NODE, Role.ADMIN):
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "a tunnel needs a node token (authorization: Bearer ...)",
+            )
+            return
+        try:
+            async with asyncio.timeout(10):
+                first = await context.read()
+            fields = wire.read_hello(first if isinstance(first, bytes) else b"")
+        except (TimeoutError, wire.WireError) as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"no valid hello: {exc}")
+            return
+        node = fields.get("node")
+        if not isinstance(node, str) or not node or len(node) > 63:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the hello names no node")
+            return
+        stream = NodeStream(self.hub, node, context)
+        await stream.send(wire.hello({"replica": self.replica, "replicas": self.peers.known()}))
+        if not self.hub.add(stream):
+            self.counts.refused_streams += 1
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"node {node!r} holds {self.hub.per_node} streams on replica "
+                f"{self.replica!r} (the cap)",
+            )
+            return
+        await stream.serve()
+
+    async def relay_in(self, context: grpc.aio.ServicerContext) -> None:
+        """A peer's relay: carry its exchange over an idle stream of the node here."""
+        token = self._credential(context)
+        if token is None or token.role not in (Role.INGRESS, Role.ADMIN):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "a relay needs an ingress token")
+            return
+        node = dict(context.invocation_metadata() or ()).get(wire.NODE_HEADER)
+        if not isinstance(node, str) or not node:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a relay names no node")
+            return
+        self.counts.relayed_in += 1
+        stream = await self.hub.take(node, self._wait)
+        if stream is None:
+            await _refuse(context, f"node {node!r} has no free stream on replica {self.replica!r}")
+            return
+        forward = _Forward()
+        stream.receiver = forward
+        released = False
+
+        async def to_peer() -> None:
+            nonlocal released
+            while True:
+                item = await forward.get()
+                if isinstance(item, BaseException):
+                    raise TunnelClosed(str(item))
+                await context.write(item)
+                if item[0] == wire.ENDED:
+                    released = True
+                    self.hub.idle(stream)
+                    return
+
+        try:
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(to_peer)
+                while True:
+                    message = await context.read()
+                    if message is grpc.aio.EOF or not message:
+                        break
+                    assert isinstance(message, bytes)
+                    await stream.send(message)
+        except TunnelClosed:
+            return
+        finally:
+            if not released and stream.receiver is forward:
+                # The peer left mid-exchange: end it on the node, then the stream is free.
+                exchange_over = _Drain(stream, self.hub)
+                stream.receiver = exchange_over
+                with contextlib.suppress(Exception):
+                    await stream.send(wire.end(False))
+
+
+class _Drain:
+    """A stream whose relayed exchange was abandoned: wait for the node's ENDED."""
+
+    def __init__(self, stream: NodeStream, hub: StreamHub) -> None:
+        self._stream = stream
+        self._hub = hub
+
+    def on_message(self, message: bytes) -> None:
+        if message[0] == wire.ENDED:
+            self._hub.idle(self._stream)
+
+    def on_lost(self, exc: BaseException) -> None:
+        pass
+
+    def readable(self) -> bool:
+        return True
+
+    async def wait_readable(self) -> None:
+        return
+
+
+async def _refuse(context: grpc.aio.ServicerContext, reason: str) -> None:
+    """Answer a relay that cannot be carried: REFUSED, then ENDED once the peer sends END."""
+    await context.write(wire.refused(reason))
+    while True:
+        message = await context.read()
+        if message is grpc.aio.EOF or not message:
+            return
+        if isinstance(message, bytes) and message[0] == wire.END:
+            await context.write(wire.ENDED_MESSAGE)
+            return
+
+
+_background: set[asyncio.Task[None]] = set()
+
+
+class _Handlers(grpc.GenericRpcHandler):  # type: ignore[misc]
+    def __init__(self, tunnels: Tunnels) -> None:
+        self._tunnels = tunnels
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> Any:
+        method = handler_call_details.method
+        if method == wire.OPEN:
+            return grpc.stream_stream_rpc_method_handler(self._open)
+        if method == wire.RELAY:
+            return grpc.stream_stream_rpc_method_handler(self._relay)
+        return None
+
+    async def _open(self, _requests: Any, context: grpc.aio.ServicerContext) -> None:
+        await self._tunnels.open(context)
+
+    async def _relay(self, _requests: Any, context: grpc.aio.ServicerContext) -> None:
+        await self._tunnels.relay_in(context)
+
+
+class _TunnelCollector(Collector):
+    def __init__(self, tunnels: Tunnels) -> None:
+        self._tunnels = tunnels
+
+    def collect(self) -> Iterator[Metric]:
+        streams = GaugeMetricFamily(
+            "wakeful_ingress_tunnel_streams",
+            "Streams dial-out nodes hold on this replica, by node and state (idle, busy)",
+            labels=["node", "state"],
+        )
+        for node, total, idle in self._tunnels.hub.counts():
+            streams.add_metric([node, "idle"], idle)
+            streams.add_metric([node, "busy"], total - idle)
+        yield streams
+        counts = self._tunnels.counts
+        requests = CounterMetricFamily(
+            "wakeful_ingress_tunnel_requests",
+            "Requests for tunnelled nodes' sandboxes, by path: on a stream here (local), "
+            "relayed to the replica holding one (relayed), relayed here by a peer "
+            "(relayed_in), or for a node with no stream anywhere (unreachable)",
+            labels=["path"],
+        )
+        requests.add_metric(["local"], counts.local)
+        requests.add_metric(["relayed"], counts.relayed)
+        requests.add_metric(["relayed_in"], counts.relayed_in)
+        requests.add_metric(["unreachable"], counts.unreachable)
+        yield requests
+        refused = CounterMetricFamily(
+            "wakeful_ingress_tunnel_streams_refused",
+            "Streams refused because their node held the cap of streams on this replica",
+        )
+        refused.add_metric([], counts.refused_streams)
+        yield refused
+
+
+def default_replica_name(listen: str) -> str:
+    host = socket.gethostname().split(".")[0] or "ingress"
+    port = listen.rpartition(":")[2]
+    return f"{host}-{port}"
+
+
+def parse_tunnel_address(url: str) -> tuple[str, str] | None:
+    """(node, sandbox) from `tunnel://NODE/SANDBOX`, or None for any other address."""
+    if not url.startswith("tunnel://"):
+        return None
+    node, _, sandbox = url[len("tunnel://") :].partition("/")
+    sandbox = sandbox.rstrip("/")
+    if not node or not sandbox or "/" in sandbox:
+        return None
+    return node, sandbox
+
+
+def tunnel_counts(hub: StreamHub) -> Mapping[str, tuple[int, int]]:
+    return {node: (total, idle) for node, total, idle in hub.counts()}

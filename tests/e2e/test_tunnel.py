@@ -1,0 +1,129 @@
+"""Dial-out nodes served through tunnels (seed 003), every piece a process of its own: etcd, an
+activator, two ingress replicas behind Debian's nginx (plain HTTP for clients, `grpc_pass` for
+the tunnels, so nginx places each stream on a replica of its choosing), and a node that is
+never dialed (`bench/tunnel.py`'s cluster)."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bench.tunnel import TunnelCluster, tunnel_cluster
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("nginx") is None, reason="needs nginx (scripts/test installs it)"
+)
+
+IN_FLIGHT_ON_THE_KILLED = 3
+"""Requests forgiven when a replica is killed under them: those it was carrying (the prober
+sends one every 20 ms, each takes a few)."""
+
+
+def _peers_of_sandbox(port: int) -> set[int]:
+    """The pids of the processes holding connections to a local TCP port."""
+    done = subprocess.run(
+        ["ss", "-Htnp", "state", "established", f"( dport = :{port} )"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    pids = set()
+    for line in done.stdout.splitlines():
+        for part in line.split("pid=")[1:]:
+            pids.add(int(part.split(",")[0]))
+    return pids
+
+
+class Prober:
+    """GET / through nginx every 20 ms from its own thread; statuses counted by second."""
+
+    def __init__(self, c: TunnelCluster, app: str) -> None:
+        self._c = c
+        self._app = app
+        self.results: list[tuple[float, int | str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Prober:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    def _run(self) -> None:
+        with httpx.Client(base_url=self._c.proxy, timeout=30) as client:
+            while not self._stop.is_set():
+                try:
+                    answer = client.get("/", headers={"Host": f"{self._app}.localhost"})
+                    result: int | str = answer.status_code
+                except httpx.HTTPError as exc:
+                    result = type(exc).__name__
+                self.results.append((time.monotonic(), result))
+                self._stop.wait(0.02)
+
+    def failed(self, since: float = 0.0) -> list[int | str]:
+        return [r for at, r in self.results if at >= since and r != 200]
+
+
+def test_a_node_behind_nat_serves_through_the_replicas_and_survives_losing_one(
+    tmp_path: Path,
+) -> None:
+    with tunnel_cluster(tmp_path, replicas=2, direct_node=False) as c:
+        # Cold: the app is at zero; the first request wakes it through the tunnel.
+        c.cli("deploy", str(c.app("cold")))
+        first = c.get("cold")
+        assert first.status_code == 200, first.text
+        assert first.text.startswith("hello from")
+        # Both replicas hold streams of the node (the balancer places them; coverage fills
+        # each to its reserve), and `wakeful nodes` says so.
+        deadline = time.monotonic() + 60
+        while len([n for n in c.streams_by_replica().values() if n >= 2]) < 2:
+            assert time.monotonic() < deadline, c.node_record()
+            time.sleep(0.2)
+        table = c.cli("nodes")
+        assert "tunnel: reachable" in table
+        assert "replica r0: streams=" in table and "replica r1: streams=" in table
+        with Prober(c, "cold") as prober:
+            time.sleep(3)
+            # Nothing but the node agent ever connected to the sandbox: the replicas had no
+            # address of it to dial (its record names `tunnel://n1/...`).
+            node = c.nodes["n1"].process
+            assert node is not None
+            ports = {
+                int(line.rsplit(":", 1)[1])
+                for log in (tmp_path / "n1").rglob("output.log")
+                for line in log.read_text().splitlines()
+                if "hello listening on" in line
+            }
+            assert ports
+            for port in ports:
+                peers = _peers_of_sandbox(port)
+                assert peers and peers <= {node.pid}, (peers, node.pid)
+            warm_failures = prober.failed()
+            killed = c.replicas[0]
+            assert killed.process is not None
+            at = time.monotonic()
+            killed.process.send_signal(signal.SIGKILL)
+            killed.process.wait(timeout=30)
+            # The node notices (its streams there broke), the table drops r0, and every
+            # request goes through r1.
+            deadline = time.monotonic() + 60
+            while "r0" in c.streams_by_replica():
+                assert time.monotonic() < deadline, c.node_record()
+                time.sleep(0.2)
+            settled = time.monotonic()
+            time.sleep(3)
+        print(f"failed when r0 was killed: {prober.failed(at)} of {len(prober.results)}")
+        assert warm_failures == []
+        assert len(prober.failed(at)) <= IN_FLIGHT_ON_THE_KILLED, prober.failed(at)
+        assert prober.failed(settled + 0.5) == []
+        assert len([r for at_, r in prober.results if at_ > settled]) > 50

@@ -1,0 +1,586 @@
+"""A dial-out node's end of its tunnels to the ingress tier (seed 003).
+
+With `WAKEFUL_TUNNEL` set, the node agent is never dialed: it opens gRPC bidirectional
+streams (`wakeful.domain.tunnelwire`) through the load balancer in front of the ingress
+replicas, and each replica hands requests for this node's sandboxes to the streams that landed
+on it. The node cannot choose where a stream lands, so it sizes its streams per replica, from
+what each replica's streams carry, every second (`wakeful.domain.coverage`): grow where calls
+are in flight and every stream is busy, fill toward the reserve where a replica is short,
+evacuate a replica the balancer starves, prune what sat unused. It publishes each replica's
+streams, busy, budget and state in its node record (`Node.tunnel`), which is also how the
+activator learns whether it is reachable at all and how replicas learn where to relay.
+
+An exchange is a byte pipe from a stream to a socket on one of this node's own sandboxes:
+the CONNECT names a sandbox id, and `targets` answers with its local address only for a
+sandbox this agent runs and has seen ready. Nothing else on the node's network is reachable
+through a tunnel. A socket the ingress says may be reused (its answer was whole) is kept for
+the next exchange to the same sandbox for a few seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import anyio
+import grpc
+import grpc.aio
+
+from wakeful.domain import coverage
+from wakeful.domain import tunnelwire as wire
+from wakeful.domain.models import ReplicaCoverage, Tunnel
+
+log = logging.getLogger(__name__)
+
+STREAMS_PER_CHANNEL = 100
+"""Streams opened on one HTTP/2 connection: below the 128 concurrent streams nginx allows
+a client connection by default, so a stream never queues behind the limit."""
+PING_EVERY = 20.0
+"""An idle stream says something this often, so no balancer's idle timeout (nginx: 60 s)
+closes it."""
+SOCKET_KEEPALIVE = 4.0
+"""A sandbox socket kept for the next exchange is closed after this long (below uvicorn's 5 s)."""
+MAX_KEPT_PER_SANDBOX = 8
+HIGH_WATER = 256 * 1024
+CONNECT_TIMEOUT = 5.0
+PUBLISH_EVERY = 5.0
+"""Busy counts change with every call: the table is rewritten at most this often unless a
+replica's streams or state, or reachability, changed."""
+
+GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", wire.MAX_MESSAGE + 1024),
+    ("grpc.max_send_message_length", wire.MAX_MESSAGE + 1024),
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.use_local_subchannel_pool", 1),
+    ("grpc.initial_reconnect_backoff_ms", 500),
+    ("grpc.max_reconnect_backoff_ms", 10_000),
+]
+
+Targets = Callable[[str], tuple[str, int] | None]
+Publish = Callable[[Tunnel], Awaitable[None]]
+
+
+class TunnelURLError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    target: str
+    """host:port for grpc."""
+    secure: bool
+    authority: str
+
+
+def parse_url(url: str) -> Endpoint:
+    """`https://edge.example[:port]/` (TLS, the usual) or `http://host:port` (plain: for a
+    load balancer on the same private network, or tests)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("https", "http", "grpcs", "grpc"):
+        raise TunnelURLError(f"WAKEFUL_TUNNEL: {url!r} must start with https:// or http://")
+    if not parts.hostname:
+        raise TunnelURLError(f"WAKEFUL_TUNNEL: {url!r} names no host")
+    secure = parts.scheme in ("https", "grpcs")
+    try:
+        port = parts.port or (443 if secure else 80)
+    except ValueError:
+        raise TunnelURLError(f"WAKEFUL_TUNNEL: {url!r} has an invalid port") from None
+    host = parts.hostname
+    shown = f"[{host}]" if ":" in host else host
+    return Endpoint(f"{shown}:{port}", secure, shown)
+
+
+class _Socket(asyncio.Protocol):
+    """A socket to a sandbox: what it sent, waiting to go up the stream; writes with flow
+    control."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.chunks: collections.deque[bytes] = collections.deque()
+        self.buffered = 0
+        self.eof = False
+        self.closed = False
+        self._paused = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self.expiry: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.chunks.append(data)
+        self.buffered += len(data)
+        if self.buffered > HIGH_WATER and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        self._wake()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.eof = self.closed = True
+        self._writable.set()
+        self._wake()
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def read(self) -> bytes:
+        """The next bytes the sandbox sent; b"" once it closed."""
+        while not self.chunks:
+            if self.eof:
+                return b""
+            self._waiter = self._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        parts = []
+        size = 0
+        while self.chunks and size < wire.CHUNK:
+            part = self.chunks.popleft()
+            parts.append(part)
+            size += len(part)
+        self.buffered -= size
+        if self._paused and self.buffered < HIGH_WATER // 4 and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+        return b"".join(parts)
+
+    async def write(self, data: bytes) -> None:
+        if self.closed or self.transport is None:
+            return
+        self.transport.write(data)
+        await self._writable.wait()
+
+    def close(self) -> None:
+        if self.expiry is not None:
+            self.expiry.cancel()
+        if self.transport is not None:
+            self.transport.close()
+        self.closed = True
+
+
+class _Sockets:
+    """Sockets kept between exchanges, per sandbox."""
+
+    def __init__(self) -> None:
+        self._kept: dict[str, list[_Socket]] = {}
+
+    def take(self, sandbox: str) -> _Socket | None:
+        kept = self._kept.get(sandbox)
+        while kept:
+            sock = kept.pop()
+            if sock.expiry is not None:
+                sock.expiry.cancel()
+            if not sock.closed and not sock.eof and not sock.chunks:
+                return sock
+            sock.close()
+        return None
+
+    def keep(self, sandbox: str, sock: _Socket) -> None:
+        kept = self._kept.setdefault(sandbox, [])
+        if len(kept) >= MAX_KEPT_PER_SANDBOX or sock.closed or sock.eof or sock.chunks:
+            sock.close()
+            return
+        kept.append(sock)
+
+        def expire() -> None:
+            with contextlib.suppress(ValueError):
+                kept.remove(sock)
+            sock.close()
+            if not kept and self._kept.get(sandbox) is kept:
+                del self._kept[sandbox]
+
+        sock.expiry = asyncio.get_running_loop().call_later(SOCKET_KEEPALIVE, expire)
+
+    def close(self) -> None:
+        for kept in self._kept.values():
+            for sock in kept:
+                sock.close()
+        self._kept.clear()
+
+
+class _Stream:
+    """One stream: its call, the replica it landed on, and what it carries."""
+
+    def __init__(self, sid: int, call: Any, opened_at: float) -> None:
+        self.id = sid
+        self.call = call
+        self.replica = ""
+        self.opened_at = opened_at
+        self.last_used = opened_at
+        self.last_sent = opened_at
+        self.busy = False
+        self.closing = False
+        self._lock = asyncio.Lock()
+
+    async def send(self, message: bytes, now: float) -> None:
+        async with self._lock:
+            await self.call.write(message)
+        self.last_sent = now
+
+
+class TunnelClient:
+    """Opens, carries and sizes this node's streams until cancelled."""
+
+    def __init__(
+        self,
+        url: str,
+        node: str,
+        token: str,
+        targets: Targets,
+        publish: Publish,
+        *,
+        limits: coverage.Limits | None = None,
+        ca_file: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        tick: float = 1.0,
+    ) -> None:
+        self.endpoint = parse_url(url)
+        self.node = node
+        self._token = token
+        self._targets = targets
+        self._publish = publish
+        self.limits = limits or coverage.Limits()
+        self._ca_file = ca_file
+        self._clock = clock
+        self._tick = tick
+        self.streams: dict[int, _Stream] = {}
+        self._opening = 0
+        self._ids = 0
+        self._channels: list[tuple[grpc.aio.Channel, set[int]]] = []
+        self._sockets = _Sockets()
+        self.known: set[str] = set()
+        self.memory = coverage.Memory()
+        self.actions: collections.Counter[str] = collections.Counter()
+        self.last_plan: coverage.Plan | None = None
+        self._backoff = 0.0
+        self._retry_at = 0.0
+        self._published: Tunnel | None = None
+        self._published_at = -1e9
+        self._reachable_since = time.time()
+        self._tasks: anyio.abc.TaskGroup | None = None
+        self.reachable_changed = anyio.Event()
+
+    # -- running -------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            async with anyio.create_task_group() as tasks:
+                self._tasks = tasks
+                while True:
+                    await self.tick_once()
+                    await anyio.sleep(self._tick)
+        finally:
+            with anyio.CancelScope(shield=True):
+                self._sockets.close()
+                for channel, _ in self._channels:
+                    await channel.close(None)
+                self._channels.clear()
+
+    @property
+    def reachable(self) -> bool:
+        return any(s.replica for s in self.streams.values())
+
+    async def tick_once(self) -> None:
+        """One sizing tick (seed 003): plan from the streams per replica, carry it out,
+        keep idle streams alive, publish the table."""
+        now = self._clock()
+        landed = [s for s in self.streams.values() if s.replica and not s.closing]
+        views = [
+            coverage.Stream(
+                id=s.id,
+                replica=s.replica,
+                busy=s.busy,
+                opened_at=s.opened_at,
+                last_used=s.last_used,
+            )
+            for s in landed
+        ]
+        plan = coverage.plan(views, self.known, self.memory, now, self.limits)
+        self.memory = plan.memory
+        self.last_plan = plan
+        self.actions.update(plan.actions)
+        for sid in plan.close:
+            stream = self.streams.get(sid)
+            if stream is not None and not stream.busy:
+                self._close(stream)
+        opens = max(0, plan.open - self._opening)
+        if opens and now >= self._retry_at and self._tasks is not None:
+            for _ in range(opens):
+                self._tasks.start_soon(self._open_stream)
+        for stream in landed:
+            if not stream.busy and not stream.closing and now - stream.last_sent >= PING_EVERY:
+                self._ping(stream, now)
+        await self._publish_table(plan, now)
+
+    def _ping(self, stream: _Stream, now: float) -> None:
+        async def ping() -> None:
+            with contextlib.suppress(Exception):
+                await stream.send(wire.PING_MESSAGE, now)
+
+        if self._tasks is not None:
+            self._tasks.start_soon(ping)
+
+    def _close(self, stream: _Stream) -> None:
+        stream.closing = True
+        stream.call.cancel()
+
+    async def _publish_table(self, plan: coverage.Plan, now: float) -> None:
+        reachable = self.reachable
+        table = Tunnel(
+            reachable=reachable,
+            replicas=[
+                ReplicaCoverage(
+                    replica=r.replica,
+                    streams=r.streams,
+                    busy=r.busy,
+                    budget=r.budget,
+                    state=str(r.state),
+                )
+                for r in plan.replicas
+            ][:256],
+            since=self._reachable_since,
+            actions=dict(self.actions),
+        )
+        last = self._published
+        if last is not None and last.reachable != reachable:
+            self._reachable_since = time.time()
+            table = table.model_copy(update={"since": self._reachable_since})
+        shape_changed = last is None or _shape(last) != _shape(table)
+        if not shape_changed and (last == table or now - self._published_at < PUBLISH_EVERY):
+            return
+        try:
+            await self._publish(table)
+        except Exception as exc:  # the store is away: the next tick tries again
+            log.warning("could not publish the tunnel table: %s", exc)
+            return
+        self._published = table
+        self._published_at = now
+
+    # -- streams -------------------------------------------------------------------------------
+
+    def _channel(self) -> tuple[grpc.aio.Channel, set[int]]:
+        for channel, members in self._channels:
+            if len(members) < STREAMS_PER_CHANNEL:
+                return channel, members
+        if self.endpoint.secure:
+            roots = None
+            if self._ca_file:
+                with open(self._ca_file, "rb") as handle:
+                    roots = handle.read()
+            credentials = grpc.ssl_channel_credentials(root_certificates=roots)
+            channel = grpc.aio.secure_channel(self.endpoint.target, credentials, GRPC_OPTIONS)
+        else:
+            channel = grpc.aio.insecure_channel(self.endpoint.target, GRPC_OPTIONS)
+        found = (channel, set[int]())
+        self._channels.append(found)
+        return found
+
+    async def _open_stream(self) -> None:
+        if len(self.streams) + self._opening >= self.limits.node_cap:
+            return
+        self._opening += 1
+        self._ids += 1
+        sid = self._ids
+        channel, members = self._channel()
+        members.add(sid)
+        metadata = (("authorization", f"Bearer {self._token}"),)
+        call = channel.stream_stream(wire.OPEN)(metadata=metadata)
+        stream = _Stream(sid, call, self._clock())
+        self.streams[sid] = stream
+        try:
+            try:
+                await call.write(wire.hello({"node": self.node}))
+                async with asyncio.timeout(15):
+                    answer = await call.read()
+                if answer is grpc.aio.EOF:
+                    raise wire.WireError("the replica closed the stream at once")
+                fields = wire.read_hello(answer)
+            except (grpc.aio.AioRpcError, wire.WireError, TimeoutError) as exc:
+                self._opening -= 1
+                self._failed(exc)
+                return
+            replica = fields.get("replica")
+            if not isinstance(replica, str) or not replica:
+                self._opening -= 1
+                self._failed(wire.WireError("the replica's hello names no replica"))
+                return
+            peers = fields.get("replicas")
+            if isinstance(peers, list):
+                self.known = {p for p in peers if isinstance(p, str) and p} | {replica}
+            stream.replica = replica
+            stream.opened_at = stream.last_used = stream.last_sent = self._clock()
+            self._opening -= 1
+            self._backoff = 0.0
+            await self._carry(stream)
+        except asyncio.CancelledError:
+            raise
+        except grpc.aio.AioRpcError as exc:
+            if not stream.closing and exc.code() != grpc.StatusCode.CANCELLED:
+                log.info("tunnel stream %d to %s ended: %s", sid, stream.replica, _why(exc))
+        except Exception as exc:
+            log.warning("tunnel stream %d to %s ended: %s", sid, stream.replica, exc)
+        finally:
+            self.streams.pop(sid, None)
+            members.discard(sid)
+            stream.call.cancel()
+
+    def _failed(self, exc: BaseException) -> None:
+        self._backoff = min(30.0, max(0.5, self._backoff * 2))
+        self._retry_at = self._clock() + self._backoff
+        level = logging.ERROR if _code(exc) == grpc.StatusCode.UNAUTHENTICATED else logging.WARNING
+        log.log(
+            level,
+            "could not open a tunnel stream to %s: %s; retrying in %.1f s",
+            self.endpoint.target,
+            _why(exc),
+            self._backoff,
+        )
+
+    async def _carry(self, stream: _Stream) -> None:
+        """Serve the stream's exchanges until it ends."""
+        call = stream.call
+        while True:
+            message = await call.read()
+            if message is grpc.aio.EOF or not message:
+                return
+            kind = message[0]
+            if kind == wire.CONNECT:
+                stream.busy = True
+                try:
+                    await self._exchange(stream, message)
+                finally:
+                    stream.busy = False
+                    stream.last_used = self._clock()
+            elif kind == wire.PING:
+                await stream.send(wire.PONG_MESSAGE, self._clock())
+            elif kind == wire.PONG:
+                pass
+            else:
+                raise wire.WireError(f"message kind {kind!r} on an idle stream")
+
+    async def _exchange(self, stream: _Stream, first: bytes) -> None:
+        sandbox, data = wire.read_connect(first)
+        sock = await self._connect(sandbox)
+        if sock is None:
+            await stream.send(
+                wire.refused(f"node {self.node!r} cannot reach sandbox {sandbox!r}"), self._clock()
+            )
+            await self._until_end(stream)
+            return
+        if data:
+            await sock.write(data)
+        state = {"sending": False, "stop": False, "dirty": False}
+
+        async def upward() -> None:
+            while True:
+                chunk = await sock.read()
+                if state["stop"]:
+                    state["dirty"] = True  # bytes after the answer: the socket is spoiled
+                    return
+                state["sending"] = True
+                try:
+                    await stream.send(
+                        wire.data(chunk) if chunk else wire.FIN_MESSAGE, self._clock()
+                    )
+                finally:
+                    state["sending"] = False
+                if not chunk or state["stop"]:
+                    return
+
+        pump = asyncio.get_running_loop().create_task(upward())
+        reuse = False
+        try:
+            while True:
+                message = await stream.call.read()
+                if message is grpc.aio.EOF or not message:
+                    raise wire.WireError("the stream ended mid-exchange")
+                kind = message[0]
+                if kind == wire.DATA:
+                    await sock.write(message[1:])
+                elif kind == wire.END:
+                    reuse = message[1:] == b"1"
+                    break
+                elif kind == wire.PING:
+                    await stream.send(wire.PONG_MESSAGE, self._clock())
+                elif kind != wire.PONG:
+                    raise wire.WireError(f"message kind {kind!r} during an exchange")
+        finally:
+            state["stop"] = True
+            if not state["sending"]:
+                pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await pump
+            if reuse and not state["dirty"]:
+                self._sockets.keep(sandbox, sock)  # it checks the sandbox kept quiet
+            else:
+                sock.close()
+        await stream.send(wire.ENDED_MESSAGE, self._clock())
+
+    async def _until_end(self, stream: _Stream) -> None:
+        while True:
+            message = await stream.call.read()
+            if message is grpc.aio.EOF or not message:
+                raise wire.WireError("the stream ended mid-exchange")
+            if message[0] == wire.END:
+                await stream.send(wire.ENDED_MESSAGE, self._clock())
+                return
+
+    async def _connect(self, sandbox: str) -> _Socket | None:
+        target = self._targets(sandbox)
+        if target is None:
+            return None
+        kept = self._sockets.take(sandbox)
+        if kept is not None:
+            return kept
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT):
+                _, sock = await loop.create_connection(_Socket, target[0], target[1])
+        except (OSError, TimeoutError):
+            return None
+        return sock
+
+
+def _shape(table: Tunnel) -> tuple[Any, ...]:
+    """What makes a table worth publishing at once: reachability, replicas, their streams
+    and states (busy counts alone wait for PUBLISH_EVERY)."""
+    return (
+        table.reachable,
+        tuple((r.replica, r.streams, r.state) for r in table.replicas),
+    )
+
+
+def _code(exc: BaseException) -> grpc.StatusCode | None:
+    return exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    return str(exc) or type(exc).__name__
