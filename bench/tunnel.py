@@ -2,10 +2,10 @@
 behind Debian's nginx (seed 003).
 
 The cluster: one etcd, one activator, `--replicas` ingress replicas, and nginx in front of
-them twice: plain HTTP for clients (`proxy_pass`, round robin) and HTTP/2 for tunnels
-(`grpc_pass`, which places each stream on a replica of its own choosing, as any L7 balancer
-does). Node `n1` dials out through nginx (`WAKEFUL_TUNNEL`); node `n2` is dialed directly,
-as before. Every piece is a `wakeful` process of its own.
+them twice: for clients, and for tunnels (each stream a WebSocket, which nginx places on a
+replica of its own choosing, round robin, as any balancer does). Node `n1` dials out through
+nginx (`WAKEFUL_TUNNEL`); node `n2` is dialed directly, as before. Every piece is a `wakeful`
+process of its own.
 
 1. **Fixed rate**: the same app (the sample, one sandbox each) on `n2` (direct) and on `n1`
    (through a tunnel), `hey` at `--rate` requests per second through nginx for `--seconds`:
@@ -49,6 +49,9 @@ from wakeful.store.testing import EtcdServer, free_port
 WAKEFUL = [sys.executable, "-m", "wakeful.cli"]
 HELLO = Path(__file__).parents[1] / "examples" / "hello"
 ADMIN_TOKEN = "tunnel-bench-admin-token"
+STEADY: dict[str, object] = {"min_instances": 1, "max_instances": 1, "requests_per_instance": 100}
+"""The fixed-rate apps: one sandbox each, whose cached leases cover the rate, so the figures
+are the data path's and not the activator's (an overflow lease is one round trip each)."""
 
 NGINX_CONF = """
 worker_processes 1;
@@ -67,8 +70,7 @@ http {{
         keepalive 256;
     }}
     upstream tunnels {{
-{grpc_servers}
-        keepalive 64;
+{tunnel_servers}
     }}
     server {{
         listen 127.0.0.1:{http};
@@ -82,14 +84,16 @@ http {{
         }}
     }}
     server {{
-        listen 127.0.0.1:{grpc} http2;
-        http2_max_concurrent_streams 1024;
-        client_body_timeout 3600s;
+        listen 127.0.0.1:{tunnel};
         location / {{
-            grpc_pass grpc://tunnels;
-            grpc_read_timeout 3600s;
-            grpc_send_timeout 3600s;
-            grpc_socket_keepalive on;
+            proxy_pass http://tunnels;
+            proxy_http_version 1.1;
+            proxy_set_header Upgrade $http_upgrade;
+            proxy_set_header Connection "upgrade";
+            proxy_set_header Host $host;
+            proxy_read_timeout 3600s;
+            proxy_send_timeout 3600s;
+            proxy_buffering off;
         }}
     }}
 }}
@@ -236,15 +240,15 @@ def tunnel_cluster(
             )
             piece.start()
             c.replicas.append(piece)
-        http_port, grpc_port = free_port(), free_port()
+        http_port, tunnel_port = free_port(), free_port()
         conf = root / "nginx.conf"
         conf.write_text(
             NGINX_CONF.format(
                 root=root,
                 http=http_port,
-                grpc=grpc_port,
+                tunnel=tunnel_port,
                 http_servers="\n".join(f"        server {a} max_fails=0;" for a in http_listens),
-                grpc_servers="\n".join(f"        server {a} max_fails=0;" for a in tunnel_listens),
+                tunnel_servers="\n".join(f"        server {a};" for a in tunnel_listens),
             )
         )
         c.nginx = subprocess.Popen(
@@ -253,7 +257,7 @@ def tunnel_cluster(
             stderr=subprocess.DEVNULL,
         )
         c.proxy = f"http://127.0.0.1:{http_port}"
-        c.tunnel = f"http://127.0.0.1:{grpc_port}"
+        c.tunnel = f"http://127.0.0.1:{tunnel_port}"
         _wait_http(c.proxy)
         names = ["n1", "n2"] if direct_node else ["n1"]
         for number, name in enumerate(names):
@@ -330,12 +334,24 @@ def hey_at_rate(c: TunnelCluster, app: str, rate: int, seconds: int, label: str)
         check=True,
     )
     out = done.stdout
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
-    p50 = float(re.search(r"50%+ in ([\d.]+) secs", out).group(1)) * 1000  # type: ignore[union-attr]
-    p99 = float(re.search(r"99%+ in ([\d.]+) secs", out).group(1)) * 1000  # type: ignore[union-attr]
+    if "Latency distribution" not in out:
+        raise RuntimeError(f"hey got no answers from {app}: {out[-1500:]}")
+    try:
+        rps = float(_found(r"Requests/sec:\s+([\d.]+)", out))
+        p50 = float(_found(r"50%+ in ([\d.]+) secs", out)) * 1000
+        p99 = float(_found(r"99%+ in ([\d.]+) secs", out)) * 1000
+    except LookupError:
+        raise RuntimeError(f"cannot read hey's figures for {app}: {out[-2000:]}") from None
     codes = dict(re.findall(r"\[(\d{3})\]\s+(\d+) responses", out))
     errors = sum(int(n) for code, n in codes.items() if code != "200")
     return Rate(label, rps, p50, p99, errors)
+
+
+def _found(pattern: str, text: str) -> str:
+    match = re.search(pattern, text)
+    if match is None:
+        raise LookupError(pattern)
+    return match.group(1)
 
 
 @dataclass
@@ -431,8 +447,8 @@ def main() -> None:
     node_env = {"WAKEFUL_TUNNEL_PRUNE_UNUSED": "10", "WAKEFUL_TUNNEL_PRUNE_MIN_AGE": "5"}
     try:
         with tunnel_cluster(root, replicas=args.replicas, node_env=node_env) as c:
-            c.deploy_on("n2", "direct", min_instances=1)
-            c.deploy_on("n1", "tunnelled", min_instances=1)
+            c.deploy_on("n2", "direct", **STEADY)
+            c.deploy_on("n1", "tunnelled", **STEADY)
             for app in ("direct", "tunnelled"):
                 assert c.get(app).status_code == 200
             hey_at_rate(c, "direct", args.rate, 2, "warm-up")

@@ -1,11 +1,11 @@
 """The ingress replica's end of the tunnels that dial-out nodes open (seed 003).
 
 A node behind NAT cannot be dialed, so it dials out: `wakeful node` with `WAKEFUL_TUNNEL`
-opens gRPC bidirectional streams through the load balancer to the ingress tier, and the
+opens streams (one WebSocket each) through the load balancer to the ingress tier, and the
 balancer places each stream on a replica of its choosing. This module is what a replica does
 with the streams that land on it (`wakeful.domain.tunnelwire` is the protocol):
 
-- **Accept** (`TunnelServer`, a `grpc.aio` server on `tunnel_listen`): a stream must carry a
+- **Accept** (`Tunnels.serve`, a WebSocket listener on `tunnel_listen`): a stream must carry a
   node token (`authorization: Bearer ...`, checked against the store's digests by a
   `TokenBook`), then says which node it serves. It joins that node's streams on this replica
   (`StreamHub`), at most `tunnel_streams_per_node` of them.
@@ -40,12 +40,15 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 import anyio
-import grpc
-import grpc.aio
+import websockets
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from pydantic import BaseModel
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.http11 import Request, Response
 
 from wakeful.domain import keys
 from wakeful.domain import tunnelwire as wire
@@ -63,19 +66,27 @@ HIGH_WATER = 256 * 1024
 """Request bytes queued for a stream before the writer is told to wait."""
 FORWARD_QUEUE = 64
 """Messages a relay holds for a slow peer before it stops reading the node's stream."""
-GRPC_OPTIONS = [
-    ("grpc.max_receive_message_length", wire.MAX_MESSAGE + 1024),
-    ("grpc.max_send_message_length", wire.MAX_MESSAGE + 1024),
-    ("grpc.keepalive_time_ms", 20_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
-    ("grpc.http2.max_pings_without_data", 0),
-    ("grpc.keepalive_permit_without_calls", 1),
-]
-SERVER_OPTIONS = [
-    *GRPC_OPTIONS,
-    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-    ("grpc.max_concurrent_streams", 4096),
-]
+WS_OPTIONS: dict[str, Any] = {
+    "compression": None,
+    "max_size": wire.MAX_MESSAGE + 1024,
+    "max_queue": 16,
+    "ping_interval": 20,
+    "ping_timeout": 20,
+}
+"""Each stream is one WebSocket: no compression (bodies pass as they are), messages bounded,
+16 queued before reading pauses (backpressure), a ping every 20 s keeps it alive through a
+balancer's idle timeout and finds a dead peer."""
+
+
+async def receive(connection: ServerConnection | ClientConnection) -> bytes | None:
+    """The next message; None once the connection closed. Text is a protocol error."""
+    try:
+        message = await connection.recv()
+    except websockets.ConnectionClosed:
+        return None
+    if not isinstance(message, bytes):
+        raise wire.WireError("a text message on a tunnel")
+    return message
 
 
 class TunnelClosed(ConnectionResetError):
@@ -312,19 +323,19 @@ class NodeStream:
 
     _ids = itertools.count(1)
 
-    def __init__(self, hub: StreamHub, node: str, context: grpc.aio.ServicerContext) -> None:
+    def __init__(self, hub: StreamHub, node: str, connection: ServerConnection) -> None:
         self.id = next(self._ids)
         self.hub = hub
         self.node = node
         self.what = f"the tunnel of node {node!r} on ingress replica {hub.replica!r}"
-        self._context = context
+        self._connection = connection
         self._lock = asyncio.Lock()
         self.receiver: Receiver | None = None
         self.opened_at = time.monotonic()
 
     async def send(self, message: bytes) -> None:
         async with self._lock:
-            await self._context.write(message)
+            await self._connection.send(message)
 
     async def serve(self) -> None:
         """Read until the node closes the stream or it breaks; hand messages to the exchange."""
@@ -335,10 +346,9 @@ class NodeStream:
                 if receiver is not None and not receiver.readable():
                     await receiver.wait_readable()
                     continue
-                message = await self._context.read()
-                if message is grpc.aio.EOF or not message:
+                message = await receive(self._connection)
+                if not message:
                     return
-                assert isinstance(message, bytes)
                 kind = message[0]
                 if kind == wire.PING:
                     await self.send(wire.PONG_MESSAGE)
@@ -514,14 +524,14 @@ class Peers:
 class _RelayLink:
     """A relay call to a peer, as the link an `Exchange` writes to."""
 
-    def __init__(self, call: grpc.aio.StreamStreamCall, what: str) -> None:
-        self._call = call
+    def __init__(self, connection: ClientConnection, what: str) -> None:
+        self._connection = connection
         self.what = what
         self._lock = asyncio.Lock()
 
     async def send(self, message: bytes) -> None:
         async with self._lock:
-            await self._call.write(message)
+            await self._connection.send(message)
 
 
 class _Forward:
@@ -590,7 +600,6 @@ class Tunnels:
         self._wait = wait
         self._ingress_token = ingress_token
         self._record_ttl = record_ttl
-        self._channels: dict[str, grpc.aio.Channel] = {}
         self.counts = TunnelCounts()
         self.synced = anyio.Event()
         if registry is not None:
@@ -598,18 +607,16 @@ class Tunnels:
 
     # -- running -----------------------------------------------------------------------------
 
-    async def run(self, server: grpc.aio.Server) -> None:
+    async def run(self) -> None:
         """Follow tokens, peers and nodes; keep this replica's record; until cancelled."""
-        server.add_generic_rpc_handlers((_Handlers(self),))
-        try:
-            async with anyio.create_task_group() as tasks:
-                tasks.start_soon(self._follow)
-                tasks.start_soon(self._register)
-        finally:
-            with anyio.CancelScope(shield=True):
-                for channel in self._channels.values():
-                    await channel.close(None)
-                self._channels.clear()
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(self._follow)
+            tasks.start_soon(self._register)
+
+    async def serve(self, sock: Any) -> Server:
+        """The tunnel listener on `sock` (bound and listening): `/v1/tunnel` for nodes'
+        streams, `/v1/relay` for peers' relays."""
+        return await serve(self._handle, sock=sock, process_request=self._check, **WS_OPTIONS)
 
     async def _follow(self) -> None:
         await reflect_all(
@@ -638,12 +645,14 @@ class Tunnels:
 
     async def dial(self, node: str, sandbox: str, protocol: asyncio.Protocol) -> Exchange:
         """A connection to `sandbox` on `node` through one of its streams: here if one is
-        idle, else through a peer with an idle one, else here once one frees (up to the
-        wait). ConnectFailed when the node holds no stream anywhere (it is unreachable)."""
+        idle; else through a peer that has one idle now (it answers at once, yes or no);
+        else here once one frees; else, when the node holds none here, through the peer
+        holding the most, waiting there. Each wait is bounded by `tunnel_wait`.
+        ConnectFailed when the node holds no stream anywhere (it is unreachable)."""
         stream = self.hub.try_take(node)
         if stream is None:
             for peer in self.peers.holding(node, idle_only=True):
-                exchange = await self._relay(peer, node, sandbox, protocol)
+                exchange = await self._relay(peer, node, sandbox, protocol, wait=0)
                 if exchange is not None:
                     return exchange
             if self.hub.holds(node):
@@ -655,7 +664,7 @@ class Tunnels:
                     )
             else:
                 for peer in self.peers.holding(node, idle_only=False):
-                    exchange = await self._relay(peer, node, sandbox, protocol)
+                    exchange = await self._relay(peer, node, sandbox, protocol, wait=self._wait)
                     if exchange is not None:
                         return exchange
                 self.counts.unreachable += 1
@@ -671,26 +680,38 @@ class Tunnels:
         stream.receiver = exchange
         return exchange
 
-    def _channel(self, peer: IngressReplica) -> grpc.aio.Channel:
-        channel = self._channels.get(peer.relay)
-        if channel is None:
-            channel = grpc.aio.insecure_channel(peer.relay, options=GRPC_OPTIONS)
-            self._channels[peer.relay] = channel
-        return channel
-
     async def _relay(
-        self, peer: IngressReplica, node: str, sandbox: str, protocol: asyncio.Protocol
+        self,
+        peer: IngressReplica,
+        node: str,
+        sandbox: str,
+        protocol: asyncio.Protocol,
+        *,
+        wait: float,
     ) -> Exchange | None:
-        """The exchange through `peer`, or None when the relay could not begin."""
+        """The exchange through `peer` once it has given it a stream of the node (it waits
+        up to `wait` seconds for one), or None when it has none, or cannot be reached."""
         if self._ingress_token is None:
             return None
-        metadata = (
-            ("authorization", f"Bearer {self._ingress_token}"),
-            (wire.NODE_HEADER, node),
-        )
-        call = self._channel(peer).stream_stream(wire.RELAY)(metadata=metadata)
+        headers = {
+            "Authorization": f"Bearer {self._ingress_token}",
+            wire.NODE_HEADER: node,
+            wire.WAIT_HEADER: f"{wait:g}",
+        }
+        try:
+            async with asyncio.timeout(wait + 5):
+                call = await connect(
+                    f"ws://{peer.relay}{wire.RELAY}", additional_headers=headers, **WS_OPTIONS
+                )
+                answer = await receive(call)
+        except (TimeoutError, OSError, websockets.WebSocketException, wire.WireError) as exc:
+            log.info("relay to %s for node %r failed: %s", peer.name, node, exc)
+            return None
+        if answer != wire.ACCEPTED_MESSAGE:
+            await call.close()
+            return None
         link = _RelayLink(call, f"the tunnel of node {node!r} relayed to {peer.name!r}")
-        exchange = Exchange(link, sandbox, protocol, lambda: call.cancel())
+        exchange = Exchange(link, sandbox, protocol, lambda: _close_soon(call))
         self.counts.relayed += 1
 
         async def read() -> None:
@@ -699,15 +720,12 @@ class Tunnels:
                     if not exchange.readable():
                         await exchange.wait_readable()
                         continue
-                    message = await call.read()
-                    if message is grpc.aio.EOF or not message:
+                    message = await receive(call)
+                    if not message:
                         exchange.on_lost(TunnelClosed(f"{peer.name!r} ended the relay"))
                         return
-                    assert isinstance(message, bytes)
                     exchange.on_message(message)
                     if message[0] == wire.ENDED:
-                        with contextlib.suppress(Exception):
-                            await call.done_writing()
                         return
             except asyncio.CancelledError:
                 exchange.on_lost(TunnelClosed("the relay was cancelled"))
@@ -721,93 +739,107 @@ class Tunnels:
 
     # -- the server's side ------------------------------------------------------------------------
 
-    def _credential(self, context: grpc.aio.ServicerContext) -> Token | None:
-        for name, value in context.invocation_metadata() or ():
-            if name == "authorization" and isinstance(value, str):
-                scheme, _, secret = value.partition(" ")
-                if scheme.lower() == "bearer" and secret:
-                    return self.tokens.verify(secret.strip())
+    def _credential(self, headers: Headers) -> Token | None:
+        value = headers.get("Authorization", "")
+        scheme, _, secret = value.partition(" ")
+        if scheme.lower() != "bearer" or not secret.strip():
+            return None
+        return self.tokens.verify(secret.strip())
+
+    def _check(self, connection: ServerConnection, request: Request) -> Response | None:
+        """Before the upgrade: the path, and a token of the role that path needs (a node's
+        for a stream, an ingress's for a relay); refused with 401/403/404 otherwise."""
+        wanted = {wire.OPEN: Role.NODE, wire.RELAY: Role.INGRESS}.get(_route(request.path))
+        if wanted is None:
+            return connection.respond(404, "not a tunnel path\n")
+        token = self._credential(request.headers)
+        if token is None:
+            return connection.respond(401, f"{request.path} needs a {wanted} token\n")
+        if token.role not in (wanted, Role.ADMIN):
+            return connection.respond(403, f"{request.path} needs a {wanted} token\n")
         return None
 
-    async def open(self, context: grpc.aio.ServicerContext) -> None:
-        """A node's stream: check its token and hello, then serve it until it ends."""
-        token = self._credential(context)
-        if token is None or token.role not in (Role.NODE, Role.ADMIN):
-            await context.abort(
-                grpc.StatusCode.UNAUTHENTICATED,
-                "a tunnel needs a node token (authorization: Bearer ...)",
-            )
-            return
+    async def _handle(self, connection: ServerConnection) -> None:
+        request = connection.request
+        assert request is not None
+        if _route(request.path) == wire.OPEN:
+            await self.open(connection)
+        else:
+            await self.relay_in(connection, request.headers)
+
+    async def open(self, connection: ServerConnection) -> None:
+        """A node's stream: its hello, then serve it until it ends."""
         try:
             async with asyncio.timeout(10):
-                first = await context.read()
-            fields = wire.read_hello(first if isinstance(first, bytes) else b"")
+                first = await receive(connection)
+            fields = wire.read_hello(first or b"")
         except (TimeoutError, wire.WireError) as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"no valid hello: {exc}")
+            await connection.close(1008, f"no valid hello: {exc}"[:120])
             return
         node = fields.get("node")
         if not isinstance(node, str) or not node or len(node) > 63:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the hello names no node")
+            await connection.close(1008, "the hello names no node")
             return
-        stream = NodeStream(self.hub, node, context)
+        stream = NodeStream(self.hub, node, connection)
         await stream.send(wire.hello({"replica": self.replica, "replicas": self.peers.known()}))
         if not self.hub.add(stream):
             self.counts.refused_streams += 1
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"node {node!r} holds {self.hub.per_node} streams on replica "
-                f"{self.replica!r} (the cap)",
-            )
+            await connection.close(1013, f"node {node!r} holds the cap of streams here")
             return
         await stream.serve()
 
-    async def relay_in(self, context: grpc.aio.ServicerContext) -> None:
-        """A peer's relay: carry its exchange over an idle stream of the node here."""
-        token = self._credential(context)
-        if token is None or token.role not in (Role.INGRESS, Role.ADMIN):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "a relay needs an ingress token")
+    async def relay_in(self, connection: ServerConnection, headers: Headers) -> None:
+        """A peer's relay: give it an idle stream of the node here (waiting as long as it
+        asks, at most `tunnel_wait`), answer ACCEPTED, then carry its exchange; REFUSED at
+        once when there is none."""
+        node = headers.get(wire.NODE_HEADER, "")
+        if not node:
+            await connection.close(1008, "a relay names no node")
             return
-        node = dict(context.invocation_metadata() or ()).get(wire.NODE_HEADER)
-        if not isinstance(node, str) or not node:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a relay names no node")
+        try:
+            wait = min(self._wait, max(0.0, float(headers.get(wire.WAIT_HEADER, "0"))))
+        except ValueError:
+            wait = 0.0
+        stream = self.hub.try_take(node) if wait <= 0 else await self.hub.take(node, wait)
+        if stream is None:
+            await connection.send(wire.refused(f"node {node!r} has no free stream here"))
             return
         self.counts.relayed_in += 1
-        stream = await self.hub.take(node, self._wait)
-        if stream is None:
-            await _refuse(context, f"node {node!r} has no free stream on replica {self.replica!r}")
-            return
         forward = _Forward()
         stream.receiver = forward
-        released = False
+        state = {"over": False}
 
         async def to_peer() -> None:
-            nonlocal released
             while True:
                 item = await forward.get()
                 if isinstance(item, BaseException):
                     raise TunnelClosed(str(item))
-                await context.write(item)
                 if item[0] == wire.ENDED:
-                    released = True
+                    # The node is done with the exchange: the stream is free, whatever the
+                    # peer does with the last message.
+                    state["over"] = True
                     self.hub.idle(stream)
+                await connection.send(item)
+                if state["over"]:
                     return
 
         try:
+            await connection.send(wire.ACCEPTED_MESSAGE)
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(to_peer)
                 while True:
-                    message = await context.read()
-                    if message is grpc.aio.EOF or not message:
+                    message = await receive(connection)
+                    if not message:
                         break
-                    assert isinstance(message, bytes)
                     await stream.send(message)
-        except TunnelClosed:
+                    if message[0] == wire.END:
+                        break  # the peer's part of the exchange is over
+        except (TunnelClosed, websockets.ConnectionClosed, wire.WireError):
             return
         finally:
-            if not released and stream.receiver is forward:
+            if not state["over"] and stream.receiver is forward:
                 # The peer left mid-exchange: end it on the node, then the stream is free.
-                exchange_over = _Drain(stream, self.hub)
-                stream.receiver = exchange_over
+                stream.receiver = _Drain(stream, self.hub)
                 with contextlib.suppress(Exception):
                     await stream.send(wire.end(False))
 
@@ -833,38 +865,22 @@ class _Drain:
         return
 
 
-async def _refuse(context: grpc.aio.ServicerContext, reason: str) -> None:
-    """Answer a relay that cannot be carried: REFUSED, then ENDED once the peer sends END."""
-    await context.write(wire.refused(reason))
-    while True:
-        message = await context.read()
-        if message is grpc.aio.EOF or not message:
-            return
-        if isinstance(message, bytes) and message[0] == wire.END:
-            await context.write(wire.ENDED_MESSAGE)
-            return
-
-
 _background: set[asyncio.Task[None]] = set()
 
 
-class _Handlers(grpc.GenericRpcHandler):  # type: ignore[misc]
-    def __init__(self, tunnels: Tunnels) -> None:
-        self._tunnels = tunnels
+def _route(path: str) -> str:
+    """OPEN or RELAY, whatever prefix a balancer kept before it (`/edge/v1/tunnel`)."""
+    path = path.partition("?")[0]
+    for route in (wire.OPEN, wire.RELAY):
+        if path.endswith(route):
+            return route
+    return path
 
-    def service(self, handler_call_details: grpc.HandlerCallDetails) -> Any:
-        method = handler_call_details.method
-        if method == wire.OPEN:
-            return grpc.stream_stream_rpc_method_handler(self._open)
-        if method == wire.RELAY:
-            return grpc.stream_stream_rpc_method_handler(self._relay)
-        return None
 
-    async def _open(self, _requests: Any, context: grpc.aio.ServicerContext) -> None:
-        await self._tunnels.open(context)
-
-    async def _relay(self, _requests: Any, context: grpc.aio.ServicerContext) -> None:
-        await self._tunnels.relay_in(context)
+def _close_soon(connection: ClientConnection) -> None:
+    task = asyncio.get_running_loop().create_task(connection.close())
+    _background.add(task)
+    task.add_done_callback(_background.discard)
 
 
 class _TunnelCollector(Collector):

@@ -19,8 +19,8 @@ from collections.abc import AsyncIterator, Callable
 
 import anyio
 import anyio.abc
-import grpc.aio
 from prometheus_client import CollectorRegistry
+from websockets.asyncio.server import Server as WebSocketServer
 
 from wakeful.domain.leases import Leases
 from wakeful.domain.net import hold_loopback_twin
@@ -28,7 +28,7 @@ from wakeful.ingress.cache import LeaseCache
 from wakeful.ingress.edge import AdminEdge, ProxyEdge
 from wakeful.ingress.http1 import HttpServer, Limits
 from wakeful.ingress.metrics import IngressMetrics
-from wakeful.ingress.nodestreams import SERVER_OPTIONS, Tunnels, default_replica_name
+from wakeful.ingress.nodestreams import Tunnels, default_replica_name
 from wakeful.ingress.proxy import Proxy
 from wakeful.ingress.routing import RoutingTable, normalize_host
 from wakeful.ingress.sandboxes import follow_sandboxes
@@ -193,13 +193,12 @@ class Ingress:
     async def _serve_tunnels(
         self, stack: contextlib.AsyncExitStack, tasks: anyio.abc.TaskGroup
     ) -> None:
-        """The gRPC listener for dial-out nodes' streams and peers' relays
+        """The WebSocket listener for dial-out nodes' streams and peers' relays
         (`ingress.nodestreams`), stopped after the proxy's listeners."""
         listen = self.settings.tunnel_listen
         assert listen is not None
-        server = grpc.aio.server(options=SERVER_OPTIONS)
-        port = server.add_insecure_port(listen)  # raises naming the address when it cannot
-        host, _ = split_address(listen)
+        sock = _bind(listen, self.settings.backlog, "tunnel listen address")
+        host, port = sock.getsockname()[:2]
         self.tunnel_address = (host, port)
         advertise = self.settings.tunnel_advertise
         if advertise is None:
@@ -215,9 +214,13 @@ class Ingress:
             ingress_token=self._relay_token,
             registry=self._registry,
         )
-        tasks.start_soon(self.tunnels.run, server)
-        await server.start()
-        stack.push_async_callback(_stop_grpc, server)
+        tasks.start_soon(self.tunnels.run)
+        try:
+            server = await self.tunnels.serve(sock)
+        except BaseException:
+            sock.close()
+            raise
+        stack.push_async_callback(_stop_tunnels, server)
         log.info("ingress replica %s takes tunnels on %s:%d", replica, host, port)
 
     def _https_location(self, app: str, host_header: str, target: bytes) -> str | None:
@@ -249,9 +252,12 @@ class Ingress:
         return server
 
 
-async def _stop_grpc(server: grpc.aio.Server) -> None:
+async def _stop_tunnels(server: WebSocketServer) -> None:
+    """Close the tunnel listener and every stream on it (their nodes reconnect elsewhere)."""
     with anyio.CancelScope(shield=True):
-        await server.stop(1.0)
+        server.close()
+        with anyio.move_on_after(5):
+            await server.wait_closed()
 
 
 async def _start(server: HttpServer, sock: socket.socket, backlog: int) -> None:

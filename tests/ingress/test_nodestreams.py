@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import anyio
-import grpc
-import grpc.aio
 import pytest
+import websockets
+from websockets.asyncio.client import connect
 
 from tests.activator.conftest import eventually
 from wakeful.domain import tunnelwire as wire
@@ -149,14 +149,16 @@ async def test_a_sandbox_the_node_does_not_run_is_refused_and_nothing_is_sent_tw
 
 async def test_a_stream_without_a_node_token_is_refused(hello: Callable[[], int]) -> None:
     async with tunnelled({"sb-1": hello()}) as t:
-        for secret in (None, "wrong", INGRESS_SECRET):
-            async with grpc.aio.insecure_channel(t.tunnel) as channel:
-                metadata = () if secret is None else (("authorization", f"Bearer {secret}"),)
-                call = channel.stream_stream(wire.OPEN)(metadata=metadata)
-                await call.write(wire.hello({"node": "n1"}))
-                with pytest.raises(grpc.aio.AioRpcError) as refused:
-                    await call.read()
-                assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED
+        await eventually(lambda: t.client.reachable)
+        for secret, status in ((None, 401), ("wrong", 401), (INGRESS_SECRET, 403)):
+            headers = {} if secret is None else {"Authorization": f"Bearer {secret}"}
+            with pytest.raises(websockets.InvalidStatus) as refused:
+                await connect(f"ws://{t.tunnel}{wire.OPEN}", additional_headers=headers)
+            assert refused.value.response.status_code == status
+        headers = {"Authorization": f"Bearer {NODE_SECRET}"}
+        with pytest.raises(websockets.InvalidStatus) as elsewhere:
+            await connect(f"ws://{t.tunnel}/v1/apps", additional_headers=headers)
+        assert elsewhere.value.response.status_code == 404
         assert t.s.ingress.tunnels is not None
         assert t.s.ingress.tunnels.hub.holds("n1") == len(
             [s for s in t.client.streams.values() if s.replica]

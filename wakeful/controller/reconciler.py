@@ -14,12 +14,14 @@ import logging
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import anyio
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 from pydantic import BaseModel
 
 from wakeful.domain import keys, trace
@@ -75,6 +77,53 @@ class EvacuationMetrics:
         for node in self._seen | evacuating:
             self.evacuating.labels(node=node).set(1 if node in evacuating else 0)
         self._seen |= evacuating
+
+
+class TunnelCollector(Collector):
+    """Dial-out nodes' streams and coverage actions, from the coverage tables they publish in
+    their records (seed 003): a node behind NAT cannot be scraped, the control plane can."""
+
+    def __init__(self, mirror: Callable[[], Mirror | None]) -> None:
+        self._mirror = mirror
+
+    def collect(self) -> Iterator[Metric]:
+        streams = GaugeMetricFamily(
+            "wakeful_node_tunnel_streams",
+            "A dial-out node's tunnel streams on each ingress replica, by state (idle, busy), "
+            "as its last coverage tick saw them",
+            labels=["node", "replica", "state"],
+        )
+        coverage = GaugeMetricFamily(
+            "wakeful_node_tunnel_coverage",
+            "1 for a dial-out node's coverage state on each ingress replica (covered, growing, "
+            "filling, overdue, evacuated)",
+            labels=["node", "replica", "state"],
+        )
+        reachable = GaugeMetricFamily(
+            "wakeful_node_tunnel_reachable",
+            "1 while a dial-out node holds a tunnel stream on some ingress replica",
+            labels=["node"],
+        )
+        actions = CounterMetricFamily(
+            "wakeful_node_tunnel_coverage_actions",
+            "Streams a dial-out node opened or closed, by coverage action (grow, fill, "
+            "evacuate, recycle, prune, cap), since its agent started",
+            labels=["node", "action"],
+        )
+        mirror = self._mirror()
+        for item in [] if mirror is None else list(mirror.nodes.items.values()):
+            node, tunnel = item.value.name, item.value.tunnel
+            if tunnel is None:
+                continue
+            reachable.add_metric([node], 1 if tunnel.reachable else 0)
+            for replica in tunnel.replicas:
+                streams.add_metric([node, replica.replica, "busy"], replica.busy)
+                idle = max(0, replica.streams - replica.busy)
+                streams.add_metric([node, replica.replica, "idle"], idle)
+                coverage.add_metric([node, replica.replica, replica.state], 1)
+            for action, count in sorted(tunnel.actions.items()):
+                actions.add_metric([node, action], count)
+        yield from (streams, coverage, reachable, actions)
 
 
 def with_cordon(node: Node, cordon: Cordon | None) -> Node:
@@ -184,6 +233,8 @@ class Reconciler:
         """When this controller first saw each node holding a state gone (its own memory:
         a new leader waits the whole time again, the safe way)."""
         self.metrics = EvacuationMetrics(registry or CollectorRegistry())
+        if registry is not None:
+            registry.register(TunnelCollector(lambda: self._mirror))
         self._failed_seen: set[tuple[str, int]] = set()
         self._mirror: Mirror | None = None
         self._leased_on = leased_on

@@ -1,12 +1,12 @@
 """The messages a tunnel stream carries between a dial-out node and an ingress replica (seed 003).
 
-A node opens each stream as a gRPC bidirectional call (`OPEN`, authenticated with the node's
-token) through the load balancer to whichever ingress replica the balancer picks. Every
-message is one gRPC message of raw bytes: a kind byte, then its payload. The stream carries
-one exchange at a time, and an exchange is a byte pipe to one sandbox: the ingress writes the
-HTTP/1.1 request exactly as it would on a TCP connection and parses the answer itself, so the
-node never parses HTTP (all the ingress's bounds on a hostile sandbox still apply), and the
-node's part is a socket to a sandbox of its own.
+A node opens each stream as a WebSocket (`OPEN`, with the node's token in its
+`Authorization` header) through the load balancer to whichever ingress replica the balancer
+picks. Every message is one binary WebSocket message: a kind byte, then its payload. The
+stream carries one exchange at a time, and an exchange is a byte pipe to one sandbox: the
+ingress writes the HTTP/1.1 request exactly as it would on a TCP connection and parses the
+answer itself, so the node never parses HTTP (all the ingress's bounds on a hostile sandbox
+still apply), and the node's part is a socket to a sandbox of its own.
 
 | kind      | from    | payload                                                   |
 |-----------|---------|-----------------------------------------------------------|
@@ -18,13 +18,15 @@ node's part is a socket to a sandbox of its own.
 | REFUSED   | node    | why: nothing reached the sandbox (safe to retry elsewhere)|
 | END       | ingress | `1`: the connection may be kept for the next, `0`: close  |
 | ENDED     | node    | the exchange is over; the stream is idle again            |
-| PING/PONG | both    | keeps an idle stream alive through the load balancer      |
+| PING/PONG | both    | (spare: WebSocket pings keep idle streams alive)           |
+| ACCEPTED  | replica | (RELAY only) a stream of the node is the relay's now      |
 
 An exchange starts with CONNECT and ends with END from the ingress, answered by ENDED; after
 REFUSED or FIN the node discards DATA until END. Messages on a stream are ordered, so
 nothing of one exchange can arrive after ENDED: the ingress hands the stream to the next
 request only then. `RELAY` carries the same exchange between two ingress replicas (one that
-holds no idle stream of the node asks one that does), authenticated with an ingress token.
+holds no idle stream of the node asks one that does), authenticated with an ingress token;
+the replica asked answers ACCEPTED once it gives the relay a stream, or REFUSED at once.
 """
 
 from __future__ import annotations
@@ -32,11 +34,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-SERVICE = "/wakeful.tunnel.v1.Tunnel/"
-OPEN = SERVICE + "Open"
-RELAY = SERVICE + "Relay"
+OPEN = "/v1/tunnel"
+"""The path a node opens each stream on (a WebSocket, with its node token)."""
+RELAY = "/v1/relay"
+"""The path a replica relays an exchange to a peer on (with an ingress token)."""
 NODE_HEADER = "x-wakeful-node"
-"""RELAY's metadata: the node whose stream should carry the exchange."""
+"""RELAY's header: the node whose stream should carry the exchange."""
+WAIT_HEADER = "x-wakeful-wait"
+"""RELAY's header: seconds the replica relayed to may wait for a stream to free (0: answer
+at once)."""
 
 HELLO = 0x48  # H
 CONNECT = 0x43  # C
@@ -45,11 +51,12 @@ FIN = 0x46  # F
 REFUSED = 0x52  # R
 END = 0x45  # E
 ENDED = 0x41  # A
+ACCEPTED = 0x4B  # K
 PING = 0x50  # P
 PONG = 0x51  # Q
 
 MAX_MESSAGE = 1024 * 1024
-"""Bytes in one message, at most (gRPC's default limit is 4 MiB): DATA is cut below it."""
+"""Bytes in one message, at most: DATA is cut below it."""
 CHUNK = 256 * 1024
 MAX_HELLO = 64 * 1024
 
@@ -109,5 +116,6 @@ def refused(reason: str) -> bytes:
 
 FIN_MESSAGE = b"F"
 ENDED_MESSAGE = b"A"
+ACCEPTED_MESSAGE = b"K"
 PING_MESSAGE = b"P"
 PONG_MESSAGE = b"Q"

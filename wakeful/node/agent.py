@@ -137,6 +137,8 @@ class NodeAgent:
                 limits=coverage.Limits(
                     node_cap=settings.tunnel_streams_max,
                     replica_cap=settings.tunnel_streams_per_replica,
+                    prune_unused=settings.tunnel_prune_unused,
+                    prune_min_age=settings.tunnel_prune_min_age,
                 ),
                 ca_file=str(settings.tunnel_ca) if settings.tunnel_ca else None,
             )

@@ -100,6 +100,12 @@ class NodeSettings(StoreSettings):
     """Streams this node holds on one ingress replica, at most (the replicas enforce their
     own cap, `WAKEFUL_TUNNEL_STREAMS_PER_NODE`). WAKEFUL_TUNNEL_STREAMS_PER_REPLICA."""
 
+    tunnel_prune_unused: float = Field(default=600.0, ge=1, le=86_400)
+    """An idle stream unused this long is closed (down to each replica's reserve).
+    WAKEFUL_TUNNEL_PRUNE_UNUSED."""
+    tunnel_prune_min_age: float = Field(default=120.0, ge=0, le=86_400)
+    """...and only once it is this old. WAKEFUL_TUNNEL_PRUNE_MIN_AGE."""
+
     @field_validator("tunnel")
     @classmethod
     def _tunnel_url(cls, value: str | None) -> str | None:

@@ -1,7 +1,7 @@
 """A dial-out node's end of its tunnels to the ingress tier (seed 003).
 
-With `WAKEFUL_TUNNEL` set, the node agent is never dialed: it opens gRPC bidirectional
-streams (`wakeful.domain.tunnelwire`) through the load balancer in front of the ingress
+With `WAKEFUL_TUNNEL` set, the node agent is never dialed: it opens streams (one WebSocket
+each, `wakeful.domain.tunnelwire`) through the load balancer in front of the ingress
 replicas, and each replica hands requests for this node's sandboxes to the streams that landed
 on it. The node cannot choose where a stream lands, so it sizes its streams per replica, from
 what each replica's streams carry, every second (`wakeful.domain.coverage`): grow where calls
@@ -23,6 +23,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -30,8 +31,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
-import grpc
-import grpc.aio
+import websockets
+from websockets.asyncio.client import ClientConnection, connect
 
 from wakeful.domain import coverage
 from wakeful.domain import tunnelwire as wire
@@ -39,12 +40,6 @@ from wakeful.domain.models import ReplicaCoverage, Tunnel
 
 log = logging.getLogger(__name__)
 
-STREAMS_PER_CHANNEL = 100
-"""Streams opened on one HTTP/2 connection: below the 128 concurrent streams nginx allows
-a client connection by default, so a stream never queues behind the limit."""
-PING_EVERY = 20.0
-"""An idle stream says something this often, so no balancer's idle timeout (nginx: 60 s)
-closes it."""
 SOCKET_KEEPALIVE = 4.0
 """A sandbox socket kept for the next exchange is closed after this long (below uvicorn's 5 s)."""
 MAX_KEPT_PER_SANDBOX = 8
@@ -54,17 +49,16 @@ PUBLISH_EVERY = 5.0
 """Busy counts change with every call: the table is rewritten at most this often unless a
 replica's streams or state, or reachability, changed."""
 
-GRPC_OPTIONS = [
-    ("grpc.max_receive_message_length", wire.MAX_MESSAGE + 1024),
-    ("grpc.max_send_message_length", wire.MAX_MESSAGE + 1024),
-    ("grpc.keepalive_time_ms", 20_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-    ("grpc.use_local_subchannel_pool", 1),
-    ("grpc.initial_reconnect_backoff_ms", 500),
-    ("grpc.max_reconnect_backoff_ms", 10_000),
-]
+WS_OPTIONS: dict[str, Any] = {
+    "compression": None,
+    "max_size": wire.MAX_MESSAGE + 1024,
+    "max_queue": 16,
+    "ping_interval": 20,
+    "ping_timeout": 20,
+    "open_timeout": 15,
+}
+"""As the replicas' (`ingress.nodestreams.WS_OPTIONS`); a ping every 20 s keeps an idle
+stream alive through the balancer's idle timeout (nginx: 60 s) and finds a dead one."""
 
 Targets = Callable[[str], tuple[str, int] | None]
 Publish = Callable[[Tunnel], Awaitable[None]]
@@ -76,28 +70,29 @@ class TunnelURLError(ValueError):
 
 @dataclass(frozen=True)
 class Endpoint:
-    target: str
-    """host:port for grpc."""
+    url: str
+    """The WebSocket URL each stream opens (`wss://HOST[:PORT][/PATH]/v1/tunnel`)."""
     secure: bool
-    authority: str
 
 
 def parse_url(url: str) -> Endpoint:
-    """`https://edge.example[:port]/` (TLS, the usual) or `http://host:port` (plain: for a
-    load balancer on the same private network, or tests)."""
+    """`https://edge.example[:port][/path]/` (TLS, the usual) or `http://host:port` (plain:
+    for a load balancer on the same private network, or tests)."""
     parts = urlsplit(url)
-    if parts.scheme not in ("https", "http", "grpcs", "grpc"):
+    if parts.scheme not in ("https", "http", "wss", "ws"):
         raise TunnelURLError(f"WAKEFUL_TUNNEL: {url!r} must start with https:// or http://")
     if not parts.hostname:
         raise TunnelURLError(f"WAKEFUL_TUNNEL: {url!r} names no host")
-    secure = parts.scheme in ("https", "grpcs")
+    secure = parts.scheme in ("https", "wss")
     try:
         port = parts.port or (443 if secure else 80)
     except ValueError:
         raise TunnelURLError(f"WAKEFUL_TUNNEL: {url!r} has an invalid port") from None
     host = parts.hostname
     shown = f"[{host}]" if ":" in host else host
-    return Endpoint(f"{shown}:{port}", secure, shown)
+    scheme = "wss" if secure else "ws"
+    path = parts.path.rstrip("/")
+    return Endpoint(f"{scheme}://{shown}:{port}{path}{wire.OPEN}", secure)
 
 
 class _Socket(asyncio.Protocol):
@@ -227,9 +222,9 @@ class _Sockets:
 class _Stream:
     """One stream: its call, the replica it landed on, and what it carries."""
 
-    def __init__(self, sid: int, call: Any, opened_at: float) -> None:
+    def __init__(self, sid: int, opened_at: float) -> None:
         self.id = sid
-        self.call = call
+        self.connection: ClientConnection | None = None
         self.replica = ""
         self.opened_at = opened_at
         self.last_used = opened_at
@@ -239,9 +234,21 @@ class _Stream:
         self._lock = asyncio.Lock()
 
     async def send(self, message: bytes, now: float) -> None:
+        assert self.connection is not None
         async with self._lock:
-            await self.call.write(message)
+            await self.connection.send(message)
         self.last_sent = now
+
+    async def recv(self) -> bytes | None:
+        """The next message; None once the stream closed."""
+        assert self.connection is not None
+        try:
+            message = await self.connection.recv()
+        except websockets.ConnectionClosed:
+            return None
+        if not isinstance(message, bytes):
+            raise wire.WireError("a text message on a tunnel")
+        return message
 
 
 class TunnelClient:
@@ -272,7 +279,7 @@ class TunnelClient:
         self.streams: dict[int, _Stream] = {}
         self._opening = 0
         self._ids = 0
-        self._channels: list[tuple[grpc.aio.Channel, set[int]]] = []
+        self._ssl: ssl.SSLContext | None = None
         self._sockets = _Sockets()
         self.known: set[str] = set()
         self.memory = coverage.Memory()
@@ -296,11 +303,7 @@ class TunnelClient:
                     await self.tick_once()
                     await anyio.sleep(self._tick)
         finally:
-            with anyio.CancelScope(shield=True):
-                self._sockets.close()
-                for channel, _ in self._channels:
-                    await channel.close(None)
-                self._channels.clear()
+            self._sockets.close()
 
     @property
     def reachable(self) -> bool:
@@ -333,22 +336,12 @@ class TunnelClient:
         if opens and now >= self._retry_at and self._tasks is not None:
             for _ in range(opens):
                 self._tasks.start_soon(self._open_stream)
-        for stream in landed:
-            if not stream.busy and not stream.closing and now - stream.last_sent >= PING_EVERY:
-                self._ping(stream, now)
         await self._publish_table(plan, now)
-
-    def _ping(self, stream: _Stream, now: float) -> None:
-        async def ping() -> None:
-            with contextlib.suppress(Exception):
-                await stream.send(wire.PING_MESSAGE, now)
-
-        if self._tasks is not None:
-            self._tasks.start_soon(ping)
 
     def _close(self, stream: _Stream) -> None:
         stream.closing = True
-        stream.call.cancel()
+        if stream.connection is not None and self._tasks is not None:
+            self._tasks.start_soon(stream.connection.close)
 
     async def _publish_table(self, plan: coverage.Plan, now: float) -> None:
         reachable = self.reachable
@@ -384,22 +377,12 @@ class TunnelClient:
 
     # -- streams -------------------------------------------------------------------------------
 
-    def _channel(self) -> tuple[grpc.aio.Channel, set[int]]:
-        for channel, members in self._channels:
-            if len(members) < STREAMS_PER_CHANNEL:
-                return channel, members
-        if self.endpoint.secure:
-            roots = None
-            if self._ca_file:
-                with open(self._ca_file, "rb") as handle:
-                    roots = handle.read()
-            credentials = grpc.ssl_channel_credentials(root_certificates=roots)
-            channel = grpc.aio.secure_channel(self.endpoint.target, credentials, GRPC_OPTIONS)
-        else:
-            channel = grpc.aio.insecure_channel(self.endpoint.target, GRPC_OPTIONS)
-        found = (channel, set[int]())
-        self._channels.append(found)
-        return found
+    def _context(self) -> ssl.SSLContext | None:
+        if not self.endpoint.secure:
+            return None
+        if self._ssl is None:
+            self._ssl = ssl.create_default_context(cafile=self._ca_file)
+        return self._ssl
 
     async def _open_stream(self) -> None:
         if len(self.streams) + self._opening >= self.limits.node_cap:
@@ -407,21 +390,23 @@ class TunnelClient:
         self._opening += 1
         self._ids += 1
         sid = self._ids
-        channel, members = self._channel()
-        members.add(sid)
-        metadata = (("authorization", f"Bearer {self._token}"),)
-        call = channel.stream_stream(wire.OPEN)(metadata=metadata)
-        stream = _Stream(sid, call, self._clock())
+        stream = _Stream(sid, self._clock())
         self.streams[sid] = stream
         try:
             try:
-                await call.write(wire.hello({"node": self.node}))
+                stream.connection = await connect(
+                    self.endpoint.url,
+                    additional_headers={"Authorization": f"Bearer {self._token}"},
+                    ssl=self._context(),
+                    **WS_OPTIONS,
+                )
+                await stream.send(wire.hello({"node": self.node}), self._clock())
                 async with asyncio.timeout(15):
-                    answer = await call.read()
-                if answer is grpc.aio.EOF:
+                    answer = await stream.recv()
+                if answer is None:
                     raise wire.WireError("the replica closed the stream at once")
                 fields = wire.read_hello(answer)
-            except (grpc.aio.AioRpcError, wire.WireError, TimeoutError) as exc:
+            except (OSError, TimeoutError, websockets.WebSocketException, wire.WireError) as exc:
                 self._opening -= 1
                 self._failed(exc)
                 return
@@ -440,34 +425,37 @@ class TunnelClient:
             await self._carry(stream)
         except asyncio.CancelledError:
             raise
-        except grpc.aio.AioRpcError as exc:
-            if not stream.closing and exc.code() != grpc.StatusCode.CANCELLED:
-                log.info("tunnel stream %d to %s ended: %s", sid, stream.replica, _why(exc))
+        except (websockets.ConnectionClosed, OSError) as exc:
+            if not stream.closing:
+                log.info("tunnel stream %d to %s ended: %s", sid, stream.replica, exc)
         except Exception as exc:
             log.warning("tunnel stream %d to %s ended: %s", sid, stream.replica, exc)
         finally:
             self.streams.pop(sid, None)
-            members.discard(sid)
-            stream.call.cancel()
+            if stream.connection is not None:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(1):
+                    await stream.connection.close()
 
     def _failed(self, exc: BaseException) -> None:
         self._backoff = min(30.0, max(0.5, self._backoff * 2))
         self._retry_at = self._clock() + self._backoff
-        level = logging.ERROR if _code(exc) == grpc.StatusCode.UNAUTHENTICATED else logging.WARNING
+        refused = isinstance(exc, websockets.InvalidStatus) and exc.response.status_code in (
+            401,
+            403,
+        )
         log.log(
-            level,
+            logging.ERROR if refused else logging.WARNING,
             "could not open a tunnel stream to %s: %s; retrying in %.1f s",
-            self.endpoint.target,
+            self.endpoint.url,
             _why(exc),
             self._backoff,
         )
 
     async def _carry(self, stream: _Stream) -> None:
         """Serve the stream's exchanges until it ends."""
-        call = stream.call
         while True:
-            message = await call.read()
-            if message is grpc.aio.EOF or not message:
+            message = await stream.recv()
+            if not message:
                 return
             kind = message[0]
             if kind == wire.CONNECT:
@@ -517,8 +505,8 @@ class TunnelClient:
         reuse = False
         try:
             while True:
-                message = await stream.call.read()
-                if message is grpc.aio.EOF or not message:
+                message = await stream.recv()
+                if not message:
                     raise wire.WireError("the stream ended mid-exchange")
                 kind = message[0]
                 if kind == wire.DATA:
@@ -544,8 +532,8 @@ class TunnelClient:
 
     async def _until_end(self, stream: _Stream) -> None:
         while True:
-            message = await stream.call.read()
-            if message is grpc.aio.EOF or not message:
+            message = await stream.recv()
+            if not message:
                 raise wire.WireError("the stream ended mid-exchange")
             if message[0] == wire.END:
                 await stream.send(wire.ENDED_MESSAGE, self._clock())
@@ -576,11 +564,5 @@ def _shape(table: Tunnel) -> tuple[Any, ...]:
     )
 
 
-def _code(exc: BaseException) -> grpc.StatusCode | None:
-    return exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
-
-
 def _why(exc: BaseException) -> str:
-    if isinstance(exc, grpc.aio.AioRpcError):
-        return f"{exc.code().name}: {exc.details()}"
     return str(exc) or type(exc).__name__
