@@ -49,7 +49,7 @@ from wakeful.store.testing import EtcdServer, free_port
 WAKEFUL = [sys.executable, "-m", "wakeful.cli"]
 HELLO = Path(__file__).parents[1] / "examples" / "hello"
 ADMIN_TOKEN = "tunnel-bench-admin-token"
-STEADY: dict[str, object] = {"min_instances": 1, "max_instances": 1, "requests_per_instance": 100}
+STEADY: dict[str, object] = {"min_instances": 1, "max_instances": 1, "requests_per_instance": 1000}
 """The fixed-rate apps: one sandbox each, whose cached leases cover the rate, so the figures
 are the data path's and not the activator's (an overflow lease is one round trip each)."""
 
@@ -450,7 +450,11 @@ def main() -> None:
             c.deploy_on("n2", "direct", **STEADY)
             c.deploy_on("n1", "tunnelled", **STEADY)
             for app in ("direct", "tunnelled"):
-                assert c.get(app).status_code == 200
+                # One request at a time first, so each replica caches a lease of its own:
+                # misses at once would each take a lease, and one replica could end up holding
+                # every lease while the other pays an overflow lease per request.
+                for _ in range(2 * args.replicas):
+                    assert c.get(app).status_code == 200
             hey_at_rate(c, "direct", args.rate, 2, "warm-up")
             hey_at_rate(c, "tunnelled", args.rate, 2, "warm-up")
             rows = [

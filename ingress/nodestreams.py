@@ -64,6 +64,8 @@ M = TypeVar("M", bound=BaseModel)
 
 HIGH_WATER = 256 * 1024
 """Request bytes queued for a stream before the writer is told to wait."""
+RELAY_AFTER = 0.05
+"""Seconds a request waits for one of its node's busy streams here before it asks a peer."""
 FORWARD_QUEUE = 64
 """Messages a relay holds for a slow peer before it stops reading the node's stream."""
 WS_OPTIONS: dict[str, Any] = {
@@ -123,7 +125,8 @@ class Exchange(asyncio.Transport):
     flow control both ways. `release(reuse)` ends it as a pooled connection would be given
     back (the node may keep its socket to the sandbox for the next exchange). When it ends,
     END goes to the node after whatever was queued (nothing after an abort); `on_over` runs
-    once the node's ENDED came back, or at once if nothing was ever sent."""
+    once END is sent (the stream is free: the node reads END before anything after it), or at
+    once if nothing was ever sent. Answers carrying another exchange's tag are dropped."""
 
     def __init__(
         self,
@@ -131,8 +134,10 @@ class Exchange(asyncio.Transport):
         sandbox: str,
         protocol: asyncio.Protocol,
         on_over: Callable[[], None],
+        tag: int = 0,
     ) -> None:
         super().__init__()
+        self.tag = tag
         self._loop = asyncio.get_running_loop()
         self._link = link
         self._sandbox = sandbox
@@ -221,24 +226,24 @@ class Exchange(asyncio.Transport):
 
     def on_message(self, message: bytes) -> None:
         kind = message[0]
+        if kind not in wire.ANSWERS or len(message) < 2:
+            raise wire.WireError(f"unexpected message kind {kind!r} during an exchange")
+        if message[1] != self.tag:
+            return  # an answer of an exchange this stream carried before: dropped
         protocol = self._protocol
+        if protocol is None:
+            return
         if kind == wire.DATA:
-            if protocol is not None:
-                protocol.data_received(message[1:])
-        elif kind == wire.ENDED:
-            if not self._end_sent:
-                raise wire.WireError("ENDED before END")
-            self._over()
-        elif kind == wire.FIN:
-            if protocol is not None:
+            protocol.data_received(message[2:])
+        elif kind == wire.REFUSED:
+            reason = message[2:].decode(errors="replace")
+            self._lost(ConnectFailed(f"{self._link.what}: {reason}"))
+        else:  # FIN, DATA_FIN
+            if kind == wire.DATA_FIN:
+                protocol.data_received(message[2:])
+            if self._protocol is not None:  # it may have ended the exchange itself
                 protocol.eof_received()
                 self._lost(None)
-        elif kind == wire.REFUSED:
-            if protocol is not None:
-                reason = message[1:].decode(errors="replace")
-                self._lost(ConnectFailed(f"{self._link.what}: {reason}"))
-        else:
-            raise wire.WireError(f"unexpected message kind {kind!r} during an exchange")
 
     def on_lost(self, exc: BaseException) -> None:
         """The stream broke: the exchange with it."""
@@ -299,7 +304,7 @@ class Exchange(asyncio.Transport):
                         await self._link.send(wire.data(piece))
                     else:
                         self._connect_sent = True
-                        await self._link.send(wire.connect(self._sandbox, piece))
+                        await self._link.send(wire.connect(self.tag, self._sandbox, piece))
                 protocol = self._protocol
                 if self._writing_paused and self._queued <= self._high // 4:
                     self._writing_paused = False
@@ -308,6 +313,7 @@ class Exchange(asyncio.Transport):
             if self._end is not None and not self._end_sent and self._connect_sent:
                 self._end_sent = True
                 await self._link.send(wire.end(self._end))
+                self._over()  # END is on its way: the stream can carry the next exchange
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -332,6 +338,10 @@ class NodeStream:
         self._lock = asyncio.Lock()
         self.receiver: Receiver | None = None
         self.opened_at = time.monotonic()
+        self._tags = itertools.count(1)
+
+    def next_tag(self) -> int:
+        return next(self._tags) % 256
 
     async def send(self, message: bytes) -> None:
         async with self._lock:
@@ -350,13 +360,9 @@ class NodeStream:
                 if not message:
                     return
                 kind = message[0]
-                if kind == wire.PING:
-                    await self.send(wire.PONG_MESSAGE)
-                elif kind == wire.PONG:
-                    pass
-                elif self.receiver is not None:
+                if self.receiver is not None:
                     self.receiver.on_message(message)
-                else:
+                elif kind not in wire.ANSWERS:  # an answer to an exchange over: dropped
                     raise wire.WireError(f"message kind {kind!r} on an idle stream")
         except wire.WireError as exc:
             log.warning("%s: closed, it broke the protocol: %s", self.what, exc)
@@ -535,14 +541,20 @@ class _RelayLink:
 
 
 class _Forward:
-    """On the replica relayed to: the node stream's messages, queued for the peer."""
+    """On the replica relayed to: the node's answers to the relayed exchange (its tag),
+    queued for the peer."""
 
     def __init__(self) -> None:
         self.queue: asyncio.Queue[bytes | BaseException] = asyncio.Queue()
         self._room = asyncio.Event()
         self._room.set()
+        self.tag: int | None = None
 
     def on_message(self, message: bytes) -> None:
+        if message[0] not in wire.ANSWERS or len(message) < 2:
+            raise wire.WireError(f"unexpected message kind {message[0]!r} during an exchange")
+        if message[1] != self.tag:
+            return
         self.queue.put_nowait(message)
         if self.queue.qsize() >= FORWARD_QUEUE:
             self._room.clear()
@@ -645,11 +657,16 @@ class Tunnels:
 
     async def dial(self, node: str, sandbox: str, protocol: asyncio.Protocol) -> Exchange:
         """A connection to `sandbox` on `node` through one of its streams: here if one is
-        idle; else through a peer that has one idle now (it answers at once, yes or no);
+        idle or frees within `RELAY_AFTER`; else through a peer that has one idle now (it
+        answers at once, yes or no);
         else here once one frees; else, when the node holds none here, through the peer
         holding the most, waiting there. Each wait is bounded by `tunnel_wait`.
         ConnectFailed when the node holds no stream anywhere (it is unreachable)."""
         stream = self.hub.try_take(node)
+        if stream is None and self.hub.holds(node):
+            # A stream here frees within a request's time, usually: a relay costs a connection
+            # to the peer, and relays both ways would take each other's streams.
+            stream = await self.hub.take(node, RELAY_AFTER)
         if stream is None:
             for peer in self.peers.holding(node, idle_only=True):
                 exchange = await self._relay(peer, node, sandbox, protocol, wait=0)
@@ -676,7 +693,9 @@ class Tunnels:
         return self._exchange_on(stream, sandbox, protocol)
 
     def _exchange_on(self, stream: NodeStream, sandbox: str, protocol: Any) -> Exchange:
-        exchange = Exchange(stream, sandbox, protocol, lambda: self.hub.idle(stream))
+        exchange = Exchange(
+            stream, sandbox, protocol, lambda: self.hub.idle(stream), stream.next_tag()
+        )
         stream.receiver = exchange
         return exchange
 
@@ -725,8 +744,6 @@ class Tunnels:
                         exchange.on_lost(TunnelClosed(f"{peer.name!r} ended the relay"))
                         return
                     exchange.on_message(message)
-                    if message[0] == wire.ENDED:
-                        return
             except asyncio.CancelledError:
                 exchange.on_lost(TunnelClosed("the relay was cancelled"))
             except Exception as exc:
@@ -802,26 +819,19 @@ class Tunnels:
             wait = 0.0
         stream = self.hub.try_take(node) if wait <= 0 else await self.hub.take(node, wait)
         if stream is None:
-            await connection.send(wire.refused(f"node {node!r} has no free stream here"))
+            await connection.send(wire.refused(0, f"node {node!r} has no free stream here"))
             return
         self.counts.relayed_in += 1
         forward = _Forward()
         stream.receiver = forward
-        state = {"over": False}
+        state = {"connected": False, "over": False}
 
         async def to_peer() -> None:
             while True:
                 item = await forward.get()
                 if isinstance(item, BaseException):
                     raise TunnelClosed(str(item))
-                if item[0] == wire.ENDED:
-                    # The node is done with the exchange: the stream is free, whatever the
-                    # peer does with the last message.
-                    state["over"] = True
-                    self.hub.idle(stream)
                 await connection.send(item)
-                if state["over"]:
-                    return
 
         try:
             await connection.send(wire.ACCEPTED_MESSAGE)
@@ -831,38 +841,27 @@ class Tunnels:
                     message = await receive(connection)
                     if not message:
                         break
+                    if message[0] == wire.CONNECT:
+                        if state["connected"]:
+                            raise wire.WireError("a second CONNECT in one relay")
+                        forward.tag = wire.read_connect(message)[0]
+                        state["connected"] = True
+                    elif not state["connected"] or message[0] not in (wire.DATA, wire.END):
+                        raise wire.WireError(f"message kind {message[0]!r} in a relay")
                     await stream.send(message)
                     if message[0] == wire.END:
-                        break  # the peer's part of the exchange is over
+                        state["over"] = True
+                        break
+                tasks.cancel_scope.cancel()
         except (TunnelClosed, websockets.ConnectionClosed, wire.WireError):
-            return
+            pass
         finally:
-            if not state["over"] and stream.receiver is forward:
-                # The peer left mid-exchange: end it on the node, then the stream is free.
-                stream.receiver = _Drain(stream, self.hub)
-                with contextlib.suppress(Exception):
-                    await stream.send(wire.end(False))
-
-
-class _Drain:
-    """A stream whose relayed exchange was abandoned: wait for the node's ENDED."""
-
-    def __init__(self, stream: NodeStream, hub: StreamHub) -> None:
-        self._stream = stream
-        self._hub = hub
-
-    def on_message(self, message: bytes) -> None:
-        if message[0] == wire.ENDED:
-            self._hub.idle(self._stream)
-
-    def on_lost(self, exc: BaseException) -> None:
-        pass
-
-    def readable(self) -> bool:
-        return True
-
-    async def wait_readable(self) -> None:
-        return
+            if stream.receiver is forward:
+                if state["connected"] and not state["over"]:
+                    # The peer left mid-exchange: end it on the node.
+                    with contextlib.suppress(Exception):
+                        await stream.send(wire.end(False))
+                self.hub.idle(stream)
 
 
 _background: set[asyncio.Task[None]] = set()

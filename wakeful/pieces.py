@@ -233,9 +233,10 @@ def cmd_node(args: argparse.Namespace) -> int:
     if args.isolation is not None:  # the flag beats WAKEFUL_ISOLATION
         settings = settings.model_copy(update={"isolation": args.isolation})
     control = _control_for("node", "nodes fetch artifacts from it and push logs to it")
-    _serve(
+    _serve(  # uvloop, as under `wakeful up`: a tunnel's every message crosses this loop
         lambda: run_node(settings, control, announce=commands.say),
         store=f"the store at {settings.store_url}",
+        uvloop=True,
     )
     return 0
 

@@ -8,25 +8,28 @@ ingress writes the HTTP/1.1 request exactly as it would on a TCP connection and 
 answer itself, so the node never parses HTTP (all the ingress's bounds on a hostile sandbox
 still apply), and the node's part is a socket to a sandbox of its own.
 
-| kind      | from    | payload                                                   |
-|-----------|---------|-----------------------------------------------------------|
-| HELLO     | node    | JSON: `{"node": NAME}` (first message of a stream)        |
-| HELLO     | ingress | JSON: `{"replica": ID, "replicas": [ID, ...]}` (answer)   |
-| CONNECT   | ingress | 2-byte length, sandbox id, then the first request bytes   |
-| DATA      | both    | bytes of the exchange                                     |
-| FIN       | node    | the sandbox closed the connection                         |
-| REFUSED   | node    | why: nothing reached the sandbox (safe to retry elsewhere)|
-| END       | ingress | `1`: the connection may be kept for the next, `0`: close  |
-| ENDED     | node    | the exchange is over; the stream is idle again            |
-| PING/PONG | both    | (spare: WebSocket pings keep idle streams alive)           |
-| ACCEPTED  | replica | (RELAY only) a stream of the node is the relay's now      |
+| kind      | from    | payload                                                    |
+|-----------|---------|------------------------------------------------------------|
+| HELLO     | node    | JSON: `{"node": NAME}` (first message of a stream)         |
+| HELLO     | ingress | JSON: `{"replica": ID, "replicas": [ID, ...]}` (answer)    |
+| CONNECT   | ingress | tag, 2-byte length, sandbox id, the first request bytes    |
+| DATA      | ingress | request bytes of the exchange in progress                  |
+| END       | ingress | `1`: the node may keep its socket for the next, `0`: close |
+| DATA      | node    | tag, answer bytes                                          |
+| DATA_FIN  | node    | tag, the last answer bytes; the sandbox closed             |
+| FIN       | node    | tag: the sandbox closed the connection                     |
+| REFUSED   | node    | tag, why: nothing reached the sandbox (retry elsewhere)    |
+| ACCEPTED  | replica | (RELAY only) a stream of the node is the relay's now       |
 
-An exchange starts with CONNECT and ends with END from the ingress, answered by ENDED; after
-REFUSED or FIN the node discards DATA until END. Messages on a stream are ordered, so
-nothing of one exchange can arrive after ENDED: the ingress hands the stream to the next
-request only then. `RELAY` carries the same exchange between two ingress replicas (one that
-holds no idle stream of the node asks one that does), authenticated with an ingress token;
-the replica asked answers ACCEPTED once it gives the relay a stream, or REFUSED at once.
+An exchange starts with CONNECT, which carries its tag (one byte, counting per stream), and
+ends with END; after REFUSED or FIN the node reads on to the END. The ingress hands the stream
+to the next request as soon as END is sent: messages are ordered, so the node reads END before
+the next CONNECT, and whatever the node sent for the old exchange meanwhile carries the old tag
+and is dropped. (An earlier version had the node answer END with ENDED and kept the stream out
+of use for that round trip: at 500 requests/s a replica's two resting streams were then often
+both in it.) `RELAY` carries the same exchange between two ingress replicas (one that holds no
+idle stream of the node asks one that does), authenticated with an ingress token; the replica
+asked answers ACCEPTED once it gives the relay a stream, or REFUSED at once.
 """
 
 from __future__ import annotations
@@ -48,12 +51,12 @@ HELLO = 0x48  # H
 CONNECT = 0x43  # C
 DATA = 0x44  # D
 FIN = 0x46  # F
+DATA_FIN = 0x47  # G
 REFUSED = 0x52  # R
 END = 0x45  # E
-ENDED = 0x41  # A
 ACCEPTED = 0x4B  # K
-PING = 0x50  # P
-PONG = 0x51  # Q
+ANSWERS = frozenset({DATA, DATA_FIN, FIN, REFUSED})
+"""What the node sends about an exchange: each carries the exchange's tag."""
 
 MAX_MESSAGE = 1024 * 1024
 """Bytes in one message, at most: DATA is cut below it."""
@@ -81,41 +84,44 @@ def read_hello(message: bytes) -> dict[str, Any]:
     return fields
 
 
-def connect(sandbox: str, data: bytes = b"") -> bytes:
+def connect(tag: int, sandbox: str, data: bytes = b"") -> bytes:
     name = sandbox.encode()
     if len(name) > 0xFFFF:
         raise WireError("the sandbox id is too long")
-    return bytes((CONNECT,)) + len(name).to_bytes(2, "big") + name + data
+    return bytes((CONNECT, tag)) + len(name).to_bytes(2, "big") + name + data
 
 
-def read_connect(message: bytes) -> tuple[str, bytes]:
-    """The sandbox a CONNECT names, and the request bytes that came with it."""
-    if len(message) < 3:
+def read_connect(message: bytes) -> tuple[int, str, bytes]:
+    """The tag and the sandbox a CONNECT names, and the request bytes that came with it."""
+    if len(message) < 4:
         raise WireError("a CONNECT too short to name a sandbox")
-    size = int.from_bytes(message[1:3], "big")
-    if len(message) < 3 + size:
+    tag = message[1]
+    size = int.from_bytes(message[2:4], "big")
+    if len(message) < 4 + size:
         raise WireError("a CONNECT shorter than the sandbox id it announces")
     try:
-        name = message[3 : 3 + size].decode()
+        name = message[4 : 4 + size].decode()
     except UnicodeDecodeError:
         raise WireError("a CONNECT whose sandbox id is not UTF-8") from None
-    return name, message[3 + size :]
+    return tag, name, message[4 + size :]
 
 
 def data(chunk: bytes) -> bytes:
+    """Request bytes (ingress to node)."""
     return b"D" + chunk
+
+
+def answer(kind: int, tag: int, payload: bytes = b"") -> bytes:
+    """DATA, DATA_FIN, FIN or REFUSED from the node, for the exchange `tag`."""
+    return bytes((kind, tag)) + payload
+
+
+def refused(tag: int, reason: str) -> bytes:
+    return answer(REFUSED, tag, reason.encode()[:1000])
 
 
 def end(reuse: bool) -> bytes:
     return b"E1" if reuse else b"E0"
 
 
-def refused(reason: str) -> bytes:
-    return b"R" + reason.encode()[:1000]
-
-
-FIN_MESSAGE = b"F"
-ENDED_MESSAGE = b"A"
 ACCEPTED_MESSAGE = b"K"
-PING_MESSAGE = b"P"
-PONG_MESSAGE = b"Q"

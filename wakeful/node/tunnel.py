@@ -458,27 +458,22 @@ class TunnelClient:
             if not message:
                 return
             kind = message[0]
-            if kind == wire.CONNECT:
-                stream.busy = True
-                try:
-                    await self._exchange(stream, message)
-                finally:
-                    stream.busy = False
-                    stream.last_used = self._clock()
-            elif kind == wire.PING:
-                await stream.send(wire.PONG_MESSAGE, self._clock())
-            elif kind == wire.PONG:
-                pass
-            else:
+            if kind != wire.CONNECT:
                 raise wire.WireError(f"message kind {kind!r} on an idle stream")
+            stream.busy = True
+            try:
+                await self._exchange(stream, message)
+            finally:
+                stream.busy = False
+                stream.last_used = self._clock()
 
     async def _exchange(self, stream: _Stream, first: bytes) -> None:
-        sandbox, data = wire.read_connect(first)
+        """One exchange: a socket to the sandbox it names, bytes both ways, until END."""
+        tag, sandbox, data = wire.read_connect(first)
         sock = await self._connect(sandbox)
         if sock is None:
-            await stream.send(
-                wire.refused(f"node {self.node!r} cannot reach sandbox {sandbox!r}"), self._clock()
-            )
+            reason = f"node {self.node!r} cannot reach sandbox {sandbox!r}"
+            await stream.send(wire.refused(tag, reason), self._clock())
             await self._until_end(stream)
             return
         if data:
@@ -491,14 +486,19 @@ class TunnelClient:
                 if state["stop"]:
                     state["dirty"] = True  # bytes after the answer: the socket is spoiled
                     return
+                last = not chunk or (sock.eof and not sock.chunks)
+                if not chunk:
+                    message = wire.answer(wire.FIN, tag)
+                elif last:  # the answer and the close in one message (an HTTP/1.0 sandbox)
+                    message = wire.answer(wire.DATA_FIN, tag, chunk)
+                else:
+                    message = wire.answer(wire.DATA, tag, chunk)
                 state["sending"] = True
                 try:
-                    await stream.send(
-                        wire.data(chunk) if chunk else wire.FIN_MESSAGE, self._clock()
-                    )
+                    await stream.send(message, self._clock())
                 finally:
                     state["sending"] = False
-                if not chunk or state["stop"]:
+                if last or state["stop"]:
                     return
 
         pump = asyncio.get_running_loop().create_task(upward())
@@ -514,9 +514,7 @@ class TunnelClient:
                 elif kind == wire.END:
                     reuse = message[1:] == b"1"
                     break
-                elif kind == wire.PING:
-                    await stream.send(wire.PONG_MESSAGE, self._clock())
-                elif kind != wire.PONG:
+                else:
                     raise wire.WireError(f"message kind {kind!r} during an exchange")
         finally:
             state["stop"] = True
@@ -528,15 +526,14 @@ class TunnelClient:
                 self._sockets.keep(sandbox, sock)  # it checks the sandbox kept quiet
             else:
                 sock.close()
-        await stream.send(wire.ENDED_MESSAGE, self._clock())
 
     async def _until_end(self, stream: _Stream) -> None:
+        """After a REFUSED: the request's bytes are dropped until its END."""
         while True:
             message = await stream.recv()
             if not message:
                 raise wire.WireError("the stream ended mid-exchange")
             if message[0] == wire.END:
-                await stream.send(wire.ENDED_MESSAGE, self._clock())
                 return
 
     async def _connect(self, sandbox: str) -> _Socket | None:
