@@ -10,11 +10,12 @@ process of its own.
 1. **Fixed rate**: the same app (the sample, one sandbox each) on `n2` (direct) and on `n1`
    (through a tunnel), `hey` at `--rate` requests per second through nginx for `--seconds`:
    throughput, p50 and p99 for each. Goal: the tunnel's p50 at most 2x the direct path's.
-2. **Cold burst**: `--burst` concurrent calls (each `GET /sleep?s=S`) at an app on `n1` whose
-   node holds only its resting reserve: the time until every call is in flight (its answer's
-   latency minus S, the longest), the streams the node opened on each replica, and, after
-   the pruning window (`--prune`, shortened with WAKEFUL_TUNNEL_PRUNE_* in this run), the
-   streams left.
+2. **Cold burst**: `--burst` concurrent calls (each `GET /sleep?s=S`, 10 s by default, so
+   none ends before all have begun) at an app on `n1` whose node holds only its resting
+   reserve: the longest any call waited for a stream (its latency minus S; with S longer than
+   that, every call is then in flight at once), the streams the node opened on each replica,
+   and, after the pruning window (`--prune`; pruning is shortened to 10 s unused in this
+   run), the streams left.
 
 From the repository root (needs `apt-get install etcd-server nginx hey`):
 
@@ -436,7 +437,7 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=500)
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--burst", type=int, default=1000)
-    parser.add_argument("--sleep", type=float, default=3.0)
+    parser.add_argument("--sleep", type=float, default=10.0, help="seconds each burst call takes")
     parser.add_argument("--prune", type=float, default=60.0, help="seconds to wait for pruning")
     args = parser.parse_args()
     for tool in ("nginx", "hey", "etcd"):
@@ -486,7 +487,10 @@ def main() -> None:
             result = burst(c, "burst", args.burst, args.sleep, args.prune)
             print(f"\ncold burst: {result.calls} concurrent calls of {result.sleep:g} s")
             print(f"  failed: {result.failed}")
-            print(f"  all in flight after: {result.all_in_flight_s:.2f} s")
+            print(
+                f"  longest wait for a stream (the slowest call's latency - {result.sleep:g} s): "
+                f"{result.all_in_flight_s:.2f} s"
+            )
             print(f"  streams per replica before: {result.streams_before}")
             print(f"  streams per replica at peak: {result.streams_peak}")
             print(f"  streams per replica after pruning: {result.streams_after_prune}")
