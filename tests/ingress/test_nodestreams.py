@@ -10,13 +10,17 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import anyio
+import httpx
 import pytest
 import websockets
+from prometheus_client import CollectorRegistry
 from websockets.asyncio.client import connect
 
 from tests.activator.conftest import eventually
+from wakeful.activator.client import InProcessLeases
 from wakeful.domain import tunnelwire as wire
 from wakeful.domain.models import Node, Role, Sandbox, SandboxStatus, Token, Tunnel
+from wakeful.ingress import Ingress
 from wakeful.node.tunnel import TunnelClient
 from wakeful.store.tokenbook import digest
 
@@ -184,3 +188,68 @@ async def test_a_node_with_no_stream_is_out_of_admission_until_it_has_one(
             t.client._token = NODE_SECRET  # the right token: streams open, it is reachable
             t.client._retry_at = 0
         assert answers == [200]
+
+
+async def test_a_replica_holding_no_stream_of_the_node_relays_to_one_that_does(
+    hello: Callable[[], int],
+) -> None:
+    """The balancer sent the request to replica r2, where the node holds no stream: r2 finds
+    r1 in the node's coverage table and `ingresses/`, relays with its ingress token, and the
+    answer comes back whole; the lease is r2's and goes back once."""
+    async with tunnelled({"sb-1": hello()}) as t:
+        await eventually(lambda: t.client.reachable)
+        settings = t.s.ingress.settings.model_copy(
+            update={
+                "listen": "127.0.0.1:0",
+                "admin_listen": "127.0.0.1:0",
+                "tunnel_listen": "127.0.0.1:0",
+                "tunnel_replica": "r2",
+            }
+        )
+        registry = CollectorRegistry()
+        other = Ingress(
+            settings,
+            InProcessLeases(t.s.activator),
+            t.s.store,
+            registry,
+            relay_token=INGRESS_SECRET,
+        )
+        async with other.running():
+            assert other.tunnels is not None
+            await other.tunnels.synced.wait()
+            await eventually(
+                lambda: bool(other.tunnels and other.tunnels.peers.holding("n1", idle_only=True))
+            )
+            host, port = other.address
+            async with httpx.AsyncClient(
+                base_url=f"http://{host}:{port}", headers={"Host": "hello.localhost"}, timeout=30
+            ) as client:
+                body = b"relayed " * 100_000
+                echoed = await client.post("/echo", content=body)
+                assert echoed.status_code == 200
+                assert echoed.content == body
+                assert (await client.get("/")).text.startswith("hello from")
+            relayed = registry.get_sample_value(
+                "wakeful_ingress_tunnel_requests_total", {"path": "relayed"}
+            )
+            assert relayed == 2
+            assert (
+                t.s.registry.get_sample_value(
+                    "wakeful_ingress_tunnel_requests_total", {"path": "relayed_in"}
+                )
+                == 2
+            )
+            # Its streams were carried on r1 and are idle there again.
+            assert t.s.ingress.tunnels is not None
+            await eventually(lambda: not any(s.busy for s in t.client.streams.values()))
+
+
+async def test_a_relay_needs_an_ingress_token(hello: Callable[[], int]) -> None:
+    async with tunnelled({"sb-1": hello()}) as t:
+        await eventually(lambda: t.client.reachable)
+        for secret, status in ((None, 401), (NODE_SECRET, 403)):
+            headers = {} if secret is None else {"Authorization": f"Bearer {secret}"}
+            headers[wire.NODE_HEADER] = "n1"
+            with pytest.raises(websockets.InvalidStatus) as refused:
+                await connect(f"ws://{t.tunnel}{wire.RELAY}", additional_headers=headers)
+            assert refused.value.response.status_code == status
