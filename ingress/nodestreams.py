@@ -35,7 +35,7 @@ import itertools
 import logging
 import socket
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -53,7 +53,7 @@ from websockets.http11 import Request, Response
 from wakeful.domain import keys
 from wakeful.domain import tunnelwire as wire
 from wakeful.domain.models import IngressReplica, Node, Role, Token
-from wakeful.ingress.errors import ConnectFailed
+from wakeful.ingress.errors import ConnectFailed, UpstreamBusy
 from wakeful.store import Item, Store, StoreError
 from wakeful.store.errors import LeaseNotFound
 from wakeful.store.reflector import Feed, reflect_all
@@ -66,18 +66,27 @@ HIGH_WATER = 256 * 1024
 """Request bytes queued for a stream before the writer is told to wait."""
 RELAY_AFTER = 0.05
 """Seconds a request waits for one of its node's busy streams here before it asks a peer."""
-FORWARD_QUEUE = 64
-"""Messages a relay holds for a slow peer before it stops reading the node's stream."""
+FORWARD_QUEUE = 16
+"""Messages (of at most `wire.MAX_MESSAGE`) a relay holds for a slow peer before it stops
+reading the node's stream."""
+RELAY_OPEN = 5.0
+"""Seconds a relay's connection to a peer may take to open."""
+RELAY_CONNECT_WAIT = 10.0
+"""Seconds a replica that accepted a relay waits for its CONNECT before it takes the stream
+back."""
 WS_OPTIONS: dict[str, Any] = {
     "compression": None,
-    "max_size": wire.MAX_MESSAGE + 1024,
-    "max_queue": 16,
+    "max_size": wire.MAX_MESSAGE,
+    "max_queue": 4,
     "ping_interval": 20,
-    "ping_timeout": 20,
+    "ping_timeout": 90,
 }
-"""Each stream is one WebSocket: no compression (bodies pass as they are), messages bounded,
-16 queued before reading pauses (backpressure), a ping every 20 s keeps it alive through a
-balancer's idle timeout and finds a dead peer."""
+"""Each stream is one WebSocket: no compression (bodies pass as they are); messages of at most
+`wire.MAX_MESSAGE` (64 KiB of body and its header), 4 queued before reading pauses
+(backpressure: a paused stream holds ~260 KiB); a ping every 20 s keeps it alive through a
+balancer's idle timeout. A pong may take 90 s: while a client does not read its answer the
+stream is not read either (its pong waits behind the answer), and the ingress cuts such a
+client off after `client_timeout` (60 s) anyway, so only a dead peer reaches that bound."""
 
 
 async def receive(connection: ServerConnection | ClientConnection) -> bytes | None:
@@ -329,10 +338,16 @@ class NodeStream:
 
     _ids = itertools.count(1)
 
-    def __init__(self, hub: StreamHub, node: str, connection: ServerConnection) -> None:
+    def __init__(
+        self, hub: StreamHub, node: str, connection: ServerConnection, digest: str = ""
+    ) -> None:
         self.id = next(self._ids)
         self.hub = hub
         self.node = node
+        self.digest = digest
+        """The sha256 of the token that opened it: revoked or rotated, the stream is closed."""
+        self.draining = False
+        """The node asked to close it (DRAIN): it carries no new exchange."""
         self.what = f"the tunnel of node {node!r} on ingress replica {hub.replica!r}"
         self._connection = connection
         self._lock = asyncio.Lock()
@@ -347,6 +362,14 @@ class NodeStream:
         async with self._lock:
             await self._connection.send(message)
 
+    def close(self) -> None:
+        _spawn(self._connection.close(1008, "its token was revoked"))
+
+    def retire(self) -> None:
+        """Out of use at the node's request: DRAINED tells the node nothing more comes."""
+        self.hub.remove(self)
+        _spawn(self.send(wire.DRAINED_MESSAGE))
+
     async def serve(self) -> None:
         """Read until the node closes the stream or it breaks; hand messages to the exchange."""
         error: BaseException = TunnelClosed("the node closed the stream")
@@ -360,7 +383,11 @@ class NodeStream:
                 if not message:
                     return
                 kind = message[0]
-                if self.receiver is not None:
+                if kind == wire.DRAIN:
+                    self.draining = True
+                    if self.receiver is None:  # idle: out of use at once; else at its end
+                        self.retire()
+                elif self.receiver is not None:
                     self.receiver.on_message(message)
                 elif kind not in wire.ANSWERS:  # an answer to an exchange over: dropped
                     raise wire.WireError(f"message kind {kind!r} on an idle stream")
@@ -393,24 +420,39 @@ class _NodeStreams:
 class StreamHub:
     """Every node's streams on this replica, idle and busy."""
 
-    def __init__(self, replica: str, per_node: int) -> None:
+    def __init__(self, replica: str, per_node: int, total: int) -> None:
         self.replica = replica
         self.per_node = per_node
+        self.total = total
         self._nodes: dict[str, _NodeStreams] = {}
+        self._count = 0
+
+    def full(self, node: str) -> str | None:
+        """Why one more stream of `node` is refused here, or None."""
+        if self.holds(node) >= self.per_node:
+            return f"node {node!r} holds {self.per_node} streams on replica {self.replica!r}"
+        if self._count >= self.total:
+            return f"replica {self.replica!r} holds {self.total} streams in all"
+        return None
 
     def add(self, stream: NodeStream) -> bool:
-        streams = self._nodes.setdefault(stream.node, _NodeStreams())
-        if len(streams.all) >= self.per_node:
+        if self.full(stream.node) is not None:
             return False
+        streams = self._nodes.setdefault(stream.node, _NodeStreams())
         streams.all.add(stream)
+        self._count += 1
         self.idle(stream)
         return True
 
+    def streams(self) -> list[NodeStream]:
+        return [stream for streams in self._nodes.values() for stream in streams.all]
+
     def remove(self, stream: NodeStream) -> None:
         streams = self._nodes.get(stream.node)
-        if streams is None:
+        if streams is None or stream not in streams.all:
             return
         streams.all.discard(stream)
+        self._count -= 1
         with contextlib.suppress(ValueError):
             streams.idle.remove(stream)
         if not streams.all and not streams.waiters:
@@ -421,6 +463,9 @@ class StreamHub:
         stream.receiver = None
         streams = self._nodes.get(stream.node)
         if streams is None or stream not in streams.all:
+            return
+        if stream.draining:
+            stream.retire()
             return
         while streams.waiters:
             waiter = streams.waiters.popleft()
@@ -447,6 +492,8 @@ class StreamHub:
             async with asyncio.timeout(wait):
                 return await waiter
         except TimeoutError:
+            if waiter.done() and not waiter.cancelled():
+                return waiter.result()  # granted in the very step the wait ran out
             return None
         except BaseException:
             if waiter.done() and not waiter.cancelled():
@@ -549,13 +596,16 @@ class _Forward:
         self._room = asyncio.Event()
         self._room.set()
         self.tag: int | None = None
+        """The exchange's tag on the node's stream here."""
+        self.peer_tag = 0
+        """...and on the relay: answers are passed on under it."""
 
     def on_message(self, message: bytes) -> None:
         if message[0] not in wire.ANSWERS or len(message) < 2:
             raise wire.WireError(f"unexpected message kind {message[0]!r} during an exchange")
         if message[1] != self.tag:
             return
-        self.queue.put_nowait(message)
+        self.queue.put_nowait(bytes((message[0], self.peer_tag)) + message[2:])
         if self.queue.qsize() >= FORWARD_QUEUE:
             self._room.clear()
 
@@ -589,7 +639,7 @@ class TunnelCounts:
 
 
 class Tunnels:
-    """The tunnel side of one ingress replica: its gRPC server, its streams, its peers."""
+    """The tunnel side of one ingress replica: its listener, its streams, its peers."""
 
     def __init__(
         self,
@@ -598,6 +648,7 @@ class Tunnels:
         replica: str,
         advertise: str,
         per_node: int,
+        total: int = 16_384,
         wait: float,
         ingress_token: str | None,
         registry: CollectorRegistry | None = None,
@@ -606,7 +657,7 @@ class Tunnels:
         self._store = store
         self.replica = replica
         self.advertise = advertise
-        self.hub = StreamHub(replica, per_node)
+        self.hub = StreamHub(replica, per_node, total)
         self.peers = Peers(replica)
         self.tokens = TokenBook()
         self._wait = wait
@@ -614,54 +665,82 @@ class Tunnels:
         self._record_ttl = record_ttl
         self.counts = TunnelCounts()
         self.synced = anyio.Event()
+        self._listed: set[str] = set()
         if registry is not None:
             registry.register(_TunnelCollector(self))
 
     # -- running -----------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Follow tokens, peers and nodes; keep this replica's record; until cancelled."""
+        """Follow tokens, peers and nodes; keep this replica's record; close the streams of
+        revoked tokens; until cancelled."""
         async with anyio.create_task_group() as tasks:
-            tasks.start_soon(self._follow)
+            for feed in (Feed(keys.TOKENS, Token, self.tokens), *self.peers.feeds()):
+                tasks.start_soon(self._follow, feed)  # a watch each: no common prefix
             tasks.start_soon(self._register)
+            tasks.start_soon(self._close_revoked)
 
     async def serve(self, sock: Any) -> Server:
         """The tunnel listener on `sock` (bound and listening): `/v1/tunnel` for nodes'
         streams, `/v1/relay` for peers' relays."""
         return await serve(self._handle, sock=sock, process_request=self._check, **WS_OPTIONS)
 
-    async def _follow(self) -> None:
+    async def _follow(self, feed: Feed[Any]) -> None:
+        def listed() -> None:
+            self._listed.add(feed.prefix)
+            if len(self._listed) == 3:
+                self.synced.set()
+
         await reflect_all(
-            self._store,
-            [Feed(keys.TOKENS, Token, self.tokens), *self.peers.feeds()],
-            what="ingress tunnels",
-            listed=self.synced.set,
+            self._store, [feed], what=f"ingress tunnels ({feed.prefix})", listed=listed
         )
 
     async def _register(self) -> None:
         record = IngressReplica(name=self.replica, relay=self.advertise, since=time.time())
+        lease: int | None = None
+        try:
+            while True:
+                try:
+                    lease = await self._store.grant(self._record_ttl)
+                    await self._store.put(keys.ingress(self.replica), record, lease=lease)
+                    while True:
+                        await anyio.sleep(max(0.5, self._record_ttl / 3))
+                        await self._store.keep_alive(lease)
+                except LeaseNotFound:
+                    log.warning("ingress replica %s: its record's lease expired", self.replica)
+                except StoreError as exc:
+                    log.warning("ingress replica %s: cannot keep its record: %s", self.replica, exc)
+                    await anyio.sleep(1)
+        finally:
+            if lease is not None:  # gone at once, so no peer relays here any more
+                with (
+                    anyio.CancelScope(shield=True),
+                    anyio.move_on_after(2),
+                    contextlib.suppress(StoreError),
+                ):
+                    await self._store.revoke(lease)
+
+    async def _close_revoked(self) -> None:
+        """A stream lives only as long as the token that opened it (invariant 17)."""
         while True:
-            try:
-                lease = await self._store.grant(self._record_ttl)
-                await self._store.put(keys.ingress(self.replica), record, lease=lease)
-                while True:
-                    await anyio.sleep(max(0.5, self._record_ttl / 3))
-                    await self._store.keep_alive(lease)
-            except LeaseNotFound:
-                log.warning("ingress replica %s: its record's lease expired", self.replica)
-            except StoreError as exc:
-                log.warning("ingress replica %s: cannot keep its record: %s", self.replica, exc)
-                await anyio.sleep(1)
+            await anyio.sleep(1)
+            for stream in self.hub.streams():
+                token = self.tokens.by_digest(stream.digest)
+                if token is None or not _may_serve(token, stream.node):
+                    log.warning("%s: closed, its token was revoked or rotated", stream.what)
+                    self.hub.remove(stream)
+                    stream.close()
 
     # -- the dialer's side: an exchange for a sandbox of a tunnelled node ----------------------
 
     async def dial(self, node: str, sandbox: str, protocol: asyncio.Protocol) -> Exchange:
         """A connection to `sandbox` on `node` through one of its streams: here if one is
         idle or frees within `RELAY_AFTER`; else through a peer that has one idle now (it
-        answers at once, yes or no);
-        else here once one frees; else, when the node holds none here, through the peer
-        holding the most, waiting there. Each wait is bounded by `tunnel_wait`.
-        ConnectFailed when the node holds no stream anywhere (it is unreachable)."""
+        answers at once, yes or no); else here once one frees; else, when the node holds none
+        here, through the peer holding the most, waiting there. All of it within
+        `tunnel_wait`. UpstreamBusy (503) when every stream stayed busy; ConnectFailed when
+        the node holds no stream anywhere (it is unreachable)."""
+        deadline = asyncio.get_running_loop().time() + self._wait
         stream = self.hub.try_take(node)
         if stream is None and self.hub.holds(node):
             # A stream here frees within a request's time, usually: a relay costs a connection
@@ -669,25 +748,34 @@ class Tunnels:
             stream = await self.hub.take(node, RELAY_AFTER)
         if stream is None:
             for peer in self.peers.holding(node, idle_only=True):
-                exchange = await self._relay(peer, node, sandbox, protocol, wait=0)
+                exchange = await self._relay(peer, node, sandbox, protocol, 0, deadline)
                 if exchange is not None:
                     return exchange
             if self.hub.holds(node):
-                stream = await self.hub.take(node, self._wait)
+                stream = await self.hub.take(node, _left(deadline))
                 if stream is None:
-                    raise ConnectFailed(
+                    raise UpstreamBusy(
                         f"every stream of node {node!r} on ingress replica {self.replica!r} "
-                        f"stayed busy for {self._wait:g} s"
+                        f"stayed busy for {self._wait:g} s",
+                        retry_after=1,
                     )
             else:
-                for peer in self.peers.holding(node, idle_only=False):
-                    exchange = await self._relay(peer, node, sandbox, protocol, wait=self._wait)
+                peers = self.peers.holding(node, idle_only=False)
+                for peer in peers:
+                    wait = _left(deadline)
+                    exchange = await self._relay(peer, node, sandbox, protocol, wait, deadline)
                     if exchange is not None:
                         return exchange
-                self.counts.unreachable += 1
-                raise ConnectFailed(
-                    f"node {node!r} holds no tunnel stream on any ingress replica: "
-                    "it is unreachable until it connects again"
+                if not peers:
+                    self.counts.unreachable += 1
+                    raise ConnectFailed(
+                        f"node {node!r} holds no tunnel stream on any ingress replica: "
+                        "it is unreachable until it connects again"
+                    )
+                raise UpstreamBusy(
+                    f"no replica holding a stream of node {node!r} had one free within "
+                    f"{self._wait:g} s",
+                    retry_after=1,
                 )
         self.counts.local += 1
         return self._exchange_on(stream, sandbox, protocol)
@@ -705,32 +793,41 @@ class Tunnels:
         node: str,
         sandbox: str,
         protocol: asyncio.Protocol,
-        *,
         wait: float,
+        deadline: float,
     ) -> Exchange | None:
         """The exchange through `peer` once it has given it a stream of the node (it waits
-        up to `wait` seconds for one), or None when it has none, or cannot be reached."""
-        if self._ingress_token is None:
+        up to `wait` seconds for one), or None when it has none, or cannot be reached
+        before `deadline`."""
+        if self._ingress_token is None or _left(deadline) <= 0:
             return None
         headers = {
             "Authorization": f"Bearer {self._ingress_token}",
             wire.NODE_HEADER: node,
             wire.WAIT_HEADER: f"{wait:g}",
         }
+        call: ClientConnection | None = None
         try:
-            async with asyncio.timeout(wait + 5):
+            async with asyncio.timeout(min(_left(deadline), RELAY_OPEN)):
                 call = await connect(
                     f"ws://{peer.relay}{wire.RELAY}", additional_headers=headers, **WS_OPTIONS
                 )
+            async with asyncio.timeout(max(0.0, _left(deadline)) + 1):
                 answer = await receive(call)
         except (TimeoutError, OSError, websockets.WebSocketException, wire.WireError) as exc:
             log.info("relay to %s for node %r failed: %s", peer.name, node, exc)
+            answer = None
+        except BaseException:
+            if call is not None:  # cancelled (the client left): the peer's stream goes back
+                _spawn(call.close())
+            raise
+        if call is None:
             return None
         if answer != wire.ACCEPTED_MESSAGE:
-            await call.close()
+            _spawn(call.close())
             return None
         link = _RelayLink(call, f"the tunnel of node {node!r} relayed to {peer.name!r}")
-        exchange = Exchange(link, sandbox, protocol, lambda: _close_soon(call))
+        exchange = Exchange(link, sandbox, protocol, lambda: _spawn(call.close()))
         self.counts.relayed += 1
 
         async def read() -> None:
@@ -746,15 +843,15 @@ class Tunnels:
                     exchange.on_message(message)
             except asyncio.CancelledError:
                 exchange.on_lost(TunnelClosed("the relay was cancelled"))
+                raise
             except Exception as exc:
                 exchange.on_lost(exc)
+                _spawn(call.close())
 
-        task = asyncio.get_running_loop().create_task(read())
-        _background.add(task)
-        task.add_done_callback(_background.discard)
+        _spawn(read())
         return exchange
 
-    # -- the server's side ------------------------------------------------------------------------
+    # -- the listener's side ------------------------------------------------------------------
 
     def _credential(self, headers: Headers) -> Token | None:
         value = headers.get("Authorization", "")
@@ -764,28 +861,44 @@ class Tunnels:
         return self.tokens.verify(secret.strip())
 
     def _check(self, connection: ServerConnection, request: Request) -> Response | None:
-        """Before the upgrade: the path, and a token of the role that path needs (a node's
-        for a stream, an ingress's for a relay); refused with 401/403/404 otherwise."""
-        wanted = {wire.OPEN: Role.NODE, wire.RELAY: Role.INGRESS}.get(_route(request.path))
+        """Before the upgrade: the path, a token of the role that path needs (a node's, named
+        after the node it serves, for a stream; an ingress's for a relay), and room for one
+        more stream; refused with 404, 401, 403 or 503 (with Retry-After) otherwise."""
+        route = _route(request.path)
+        wanted = {wire.OPEN: Role.NODE, wire.RELAY: Role.INGRESS}.get(route)
         if wanted is None:
             return connection.respond(404, "not a tunnel path\n")
+        if not self.synced.is_set():
+            return _busy(connection, f"replica {self.replica!r} is starting", 1)
         token = self._credential(request.headers)
         if token is None:
-            return connection.respond(401, f"{request.path} needs a {wanted} token\n")
+            return connection.respond(401, f"{route} needs a {wanted} token\n")
         if token.role not in (wanted, Role.ADMIN):
-            return connection.respond(403, f"{request.path} needs a {wanted} token\n")
+            return connection.respond(403, f"{route} needs a {wanted} token\n")
+        if route == wire.OPEN:
+            node = request.headers.get(wire.NODE_HEADER, "")
+            if not _may_serve(token, node):
+                return connection.respond(
+                    403, f"the token {token.name!r} opens streams only for node {token.name!r}\n"
+                )
+            full = self.hub.full(node)
+            if full is not None:
+                self.counts.refused_streams += 1
+                return _busy(connection, full, 5)
         return None
 
     async def _handle(self, connection: ServerConnection) -> None:
         request = connection.request
         assert request is not None
         if _route(request.path) == wire.OPEN:
-            await self.open(connection)
+            await self.open(connection, request.headers)
         else:
             await self.relay_in(connection, request.headers)
 
-    async def open(self, connection: ServerConnection) -> None:
+    async def open(self, connection: ServerConnection, headers: Headers) -> None:
         """A node's stream: its hello, then serve it until it ends."""
+        node = headers.get(wire.NODE_HEADER, "")
+        token = self._credential(headers)
         try:
             async with asyncio.timeout(10):
                 first = await receive(connection)
@@ -793,11 +906,10 @@ class Tunnels:
         except (TimeoutError, wire.WireError) as exc:
             await connection.close(1008, f"no valid hello: {exc}"[:120])
             return
-        node = fields.get("node")
-        if not isinstance(node, str) or not node or len(node) > 63:
-            await connection.close(1008, "the hello names no node")
+        if fields.get("node") != node or token is None:
+            await connection.close(1008, "the hello names another node than the request")
             return
-        stream = NodeStream(self.hub, node, connection)
+        stream = NodeStream(self.hub, node, connection, token.sha256)
         await stream.send(wire.hello({"replica": self.replica, "replicas": self.peers.known()}))
         if not self.hub.add(stream):
             self.counts.refused_streams += 1
@@ -807,8 +919,8 @@ class Tunnels:
 
     async def relay_in(self, connection: ServerConnection, headers: Headers) -> None:
         """A peer's relay: give it an idle stream of the node here (waiting as long as it
-        asks, at most `tunnel_wait`), answer ACCEPTED, then carry its exchange; REFUSED at
-        once when there is none."""
+        asks, at most `tunnel_wait`), answer ACCEPTED, then carry its exchange under a tag of
+        this stream's own; REFUSED at once when there is none."""
         node = headers.get(wire.NODE_HEADER, "")
         if not node:
             await connection.close(1008, "a relay names no node")
@@ -824,47 +936,79 @@ class Tunnels:
         self.counts.relayed_in += 1
         forward = _Forward()
         stream.receiver = forward
-        state = {"connected": False, "over": False}
+        connected = over = False
+        to_peer: asyncio.Task[None] | None = None
 
-        async def to_peer() -> None:
+        async def answers() -> None:
             while True:
                 item = await forward.get()
                 if isinstance(item, BaseException):
-                    raise TunnelClosed(str(item))
+                    await connection.close(1011, "the node's stream broke")
+                    return
                 await connection.send(item)
 
         try:
             await connection.send(wire.ACCEPTED_MESSAGE)
-            async with anyio.create_task_group() as tasks:
-                tasks.start_soon(to_peer)
-                while True:
+            to_peer = asyncio.get_running_loop().create_task(answers())
+            while True:
+                limit = None if connected else RELAY_CONNECT_WAIT
+                async with asyncio.timeout(limit):
                     message = await receive(connection)
-                    if not message:
-                        break
-                    if message[0] == wire.CONNECT:
-                        if state["connected"]:
-                            raise wire.WireError("a second CONNECT in one relay")
-                        forward.tag = wire.read_connect(message)[0]
-                        state["connected"] = True
-                    elif not state["connected"] or message[0] not in (wire.DATA, wire.END):
-                        raise wire.WireError(f"message kind {message[0]!r} in a relay")
-                    await stream.send(message)
-                    if message[0] == wire.END:
-                        state["over"] = True
-                        break
-                tasks.cancel_scope.cancel()
-        except (TunnelClosed, websockets.ConnectionClosed, wire.WireError):
-            pass
+                if not message:
+                    break
+                kind = message[0]
+                if kind == wire.CONNECT and not connected:
+                    # The peer's tag is its own; on this stream the exchange takes one of
+                    # this stream's, so no answer of an earlier exchange here reaches it.
+                    forward.peer_tag, forward.tag = message[1], stream.next_tag()
+                    message = bytes((wire.CONNECT, forward.tag)) + message[2:]
+                    connected = True
+                elif not connected or kind not in (wire.DATA, wire.END):
+                    raise wire.WireError(f"message kind {kind!r} in a relay")
+                await stream.send(message)
+                if kind == wire.END:
+                    over = True
+                    break
+        except (TimeoutError, websockets.ConnectionClosed, wire.WireError) as exc:
+            log.info("relay of node %r from a peer ended: %s", node, exc)
         finally:
+            if to_peer is not None:
+                to_peer.cancel()
             if stream.receiver is forward:
-                if state["connected"] and not state["over"]:
-                    # The peer left mid-exchange: end it on the node.
+                if connected and not over:  # the peer left mid-exchange: end it on the node
                     with contextlib.suppress(Exception):
                         await stream.send(wire.end(False))
                 self.hub.idle(stream)
 
 
-_background: set[asyncio.Task[None]] = set()
+_background: set[asyncio.Task[Any]] = set()
+
+
+def _spawn(coroutine: Any) -> None:
+    """Run `coroutine` on its own, kept referenced until it ends; its errors are dropped."""
+
+    async def quietly() -> None:
+        with contextlib.suppress(Exception):
+            await coroutine
+
+    task = asyncio.get_running_loop().create_task(quietly())
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+
+
+def _left(deadline: float) -> float:
+    return max(0.0, deadline - asyncio.get_running_loop().time())
+
+
+def _may_serve(token: Token, node: str) -> bool:
+    """A node token opens streams only for the node it is named after; admin for any."""
+    return bool(node) and (token.role is Role.ADMIN or token.name == node)
+
+
+def _busy(connection: ServerConnection, why: str, retry_after: int) -> Response:
+    response = connection.respond(503, why + "\n")
+    response.headers["Retry-After"] = str(retry_after)
+    return response
 
 
 def _route(path: str) -> str:
@@ -874,12 +1018,6 @@ def _route(path: str) -> str:
         if path.endswith(route):
             return route
     return path
-
-
-def _close_soon(connection: ClientConnection) -> None:
-    task = asyncio.get_running_loop().create_task(connection.close())
-    _background.add(task)
-    task.add_done_callback(_background.discard)
 
 
 class _TunnelCollector(Collector):
@@ -921,18 +1059,3 @@ def default_replica_name(listen: str) -> str:
     host = socket.gethostname().split(".")[0] or "ingress"
     port = listen.rpartition(":")[2]
     return f"{host}-{port}"
-
-
-def parse_tunnel_address(url: str) -> tuple[str, str] | None:
-    """(node, sandbox) from `tunnel://NODE/SANDBOX`, or None for any other address."""
-    if not url.startswith("tunnel://"):
-        return None
-    node, _, sandbox = url[len("tunnel://") :].partition("/")
-    sandbox = sandbox.rstrip("/")
-    if not node or not sandbox or "/" in sandbox:
-        return None
-    return node, sandbox
-
-
-def tunnel_counts(hub: StreamHub) -> Mapping[str, tuple[int, int]]:
-    return {node: (total, idle) for node, total, idle in hub.counts()}

@@ -87,9 +87,9 @@ class IngressSettings(StoreSettings):
     """Per-app overrides of `websocket_max_duration`, by app name."""
 
     tunnel_listen: str | None = None
-    """host:port of the gRPC listener where dial-out nodes open their tunnel streams (behind
-    an L7 load balancer: nginx `grpc_pass`, haproxy `proto h2`), and where the other replicas
-    relay to this one (ingress.nodestreams). Off by default. WAKEFUL_TUNNEL_LISTEN."""
+    """host:port of the listener where dial-out nodes open their tunnel streams (WebSockets,
+    behind a load balancer: nginx `proxy_pass` with the upgrade headers), and where the other
+    replicas relay to this one (ingress.nodestreams). Off by default. WAKEFUL_TUNNEL_LISTEN."""
     tunnel_advertise: str | None = None
     """host:port the other replicas dial to relay here (default: `tunnel_listen`, with this
     machine's name when it listens on every address). WAKEFUL_TUNNEL_ADVERTISE."""

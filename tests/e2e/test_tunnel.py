@@ -1,6 +1,6 @@
 """Dial-out nodes served through tunnels (seed 003), every piece a process of its own: etcd, an
-activator, two ingress replicas behind Debian's nginx (plain HTTP for clients, `grpc_pass` for
-the tunnels, so nginx places each stream on a replica of its choosing), and a node that is
+activator, two ingress replicas behind Debian's nginx (for clients, and for the tunnels, whose
+every stream nginx places on a replica of its choosing), and a node that is
 never dialed (`bench/tunnel.py`'s cluster)."""
 
 from __future__ import annotations

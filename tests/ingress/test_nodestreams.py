@@ -1,4 +1,4 @@
-"""Requests over dial-out nodes' tunnels (seed 003): a real ingress (its gRPC tunnel listener,
+"""Requests over dial-out nodes' tunnels (seed 003): a real ingress (its tunnel listener,
 its proxy, a real activator on the memory store) and a real node-side `TunnelClient` in one
 process, carrying requests to a real hello sandbox process it alone knows the address of."""
 

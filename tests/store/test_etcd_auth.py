@@ -2,8 +2,9 @@
 etcd that serves mutual TLS only, with certificates made by the README's own commands.
 
 The command refuses any certificate but root's; then each piece's certificate reaches only its
-own key ranges (a node cannot touch an app's spec or the tokens, an ingress writes nothing,
-a certificate that names no user gets nothing), running it again changes nothing, and the real
+own key ranges (a node cannot touch an app's spec or the tokens, an ingress writes only its
+own record among the tunnel replicas', a certificate that names no user gets nothing), running
+it again changes nothing, and the real
 pieces, each with its own certificate, deploy and serve an app.
 """
 
@@ -106,9 +107,13 @@ EXPECTED = {
     "wakeful-ingress": {
         "get apps/a": "ok",
         "list sandboxes/": "ok",
+        "list tokens/": "ok",
+        "list nodes/": "ok",
+        "put ingresses/r": "ok",
         "put sandboxes/s": "denied",
         "put apps/a": "denied",
-        "list tokens/": "denied",
+        "put tokens/t": "denied",
+        "put nodes/n": "denied",
         "get pools/p": "denied",
     },
     "wakeful": {"get apps/a": "denied"},  # step 1's certificate: no such user

@@ -1,7 +1,7 @@
 """How many tunnel streams a node opens and closes each sizing tick, decided per ingress
 replica (seed 003).
 
-A node behind NAT dials out to the ingress tier and holds many gRPC streams, one call at a
+A node behind NAT dials out to the ingress tier and holds many streams, one call at a
 time on each. The L7 balancer places each new stream on whichever replica it likes, and a
 replica can hand a call for the node only to one of the node's idle streams on that same
 replica. Sized as one total across replicas (`plan_total`, the incident of seed 003), the

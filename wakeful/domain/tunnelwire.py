@@ -19,17 +19,22 @@ still apply), and the node's part is a socket to a sandbox of its own.
 | DATA_FIN  | node    | tag, the last answer bytes; the sandbox closed             |
 | FIN       | node    | tag: the sandbox closed the connection                     |
 | REFUSED   | node    | tag, why: nothing reached the sandbox (retry elsewhere)    |
+| DRAIN     | node    | the node wants to close this stream: no new exchange on it |
+| DRAINED   | ingress | the stream is out of use: the node closes it               |
 | ACCEPTED  | replica | (RELAY only) a stream of the node is the relay's now       |
 
-An exchange starts with CONNECT, which carries its tag (one byte, counting per stream), and
-ends with END; after REFUSED or FIN the node reads on to the END. The ingress hands the stream
-to the next request as soon as END is sent: messages are ordered, so the node reads END before
-the next CONNECT, and whatever the node sent for the old exchange meanwhile carries the old tag
-and is dropped. (An earlier version had the node answer END with ENDED and kept the stream out
-of use for that round trip: at 500 requests/s a replica's two resting streams were then often
-both in it.) `RELAY` carries the same exchange between two ingress replicas (one that holds no
-idle stream of the node asks one that does), authenticated with an ingress token; the replica
-asked answers ACCEPTED once it gives the relay a stream, or REFUSED at once.
+A node closes a stream it no longer wants (pruned, recycled) with DRAIN, and only once the
+replica answered DRAINED: a request may have taken the stream as DRAIN went out, and is
+carried first. An exchange starts with CONNECT, which carries its tag (one byte, counting
+per stream), and ends with END; after REFUSED or FIN the node reads on to the END. The
+ingress hands the stream to the next request as soon as END is sent: messages are ordered,
+so the node reads END before the next CONNECT, and whatever the node sent for the old
+exchange meanwhile carries the old tag and is dropped. (An earlier version had the node
+answer END with ENDED and kept the stream out of use for that round trip: at 500 requests/s
+a replica's two resting streams were then often both in it.) `RELAY` carries the same
+exchange between two ingress replicas (one that holds no idle stream of the node asks one
+that does), authenticated with an ingress token; the replica asked answers ACCEPTED once it
+gives the relay a stream, or REFUSED at once.
 """
 
 from __future__ import annotations
@@ -55,13 +60,17 @@ DATA_FIN = 0x47  # G
 REFUSED = 0x52  # R
 END = 0x45  # E
 ACCEPTED = 0x4B  # K
+DRAIN = 0x58  # X
+DRAINED = 0x59  # Y
 ANSWERS = frozenset({DATA, DATA_FIN, FIN, REFUSED})
 """What the node sends about an exchange: each carries the exchange's tag."""
 
-MAX_MESSAGE = 1024 * 1024
-"""Bytes in one message, at most: DATA is cut below it."""
-CHUNK = 256 * 1024
-MAX_HELLO = 64 * 1024
+CHUNK = 64 * 1024
+"""Body bytes in one DATA message, at most."""
+MAX_MESSAGE = CHUNK + 1024
+"""Bytes in one message, at most (the WebSocket's limit): a kind, a tag and a CHUNK, or a
+CONNECT with its sandbox id, or a hello."""
+MAX_HELLO = 16 * 1024
 
 
 class WireError(ValueError):
@@ -125,3 +134,5 @@ def end(reuse: bool) -> bytes:
 
 
 ACCEPTED_MESSAGE = b"K"
+DRAIN_MESSAGE = b"X"
+DRAINED_MESSAGE = b"Y"

@@ -45,6 +45,8 @@ SOCKET_KEEPALIVE = 4.0
 MAX_KEPT_PER_SANDBOX = 8
 HIGH_WATER = 256 * 1024
 CONNECT_TIMEOUT = 5.0
+WRITE_STALL = 60.0
+"""Seconds a sandbox may leave a request's bytes unread (the ingress's `client_timeout`)."""
 PUBLISH_EVERY = 5.0
 """Busy counts change with every call: the table is rewritten at most this often unless a
 replica's streams or state, or reachability, changed."""
@@ -157,6 +159,10 @@ class _Socket(asyncio.Protocol):
         size = 0
         while self.chunks and size < wire.CHUNK:
             part = self.chunks.popleft()
+            if size + len(part) > wire.CHUNK:  # one message carries a CHUNK at most
+                cut = wire.CHUNK - size
+                self.chunks.appendleft(part[cut:])
+                part = part[:cut]
             parts.append(part)
             size += len(part)
         self.buffered -= size
@@ -166,10 +172,19 @@ class _Socket(asyncio.Protocol):
         return b"".join(parts)
 
     async def write(self, data: bytes) -> None:
+        """Write; wait while the sandbox does not read, at most `WRITE_STALL` seconds, then
+        give up on it (the socket is aborted): the stream must get back to reading its END."""
         if self.closed or self.transport is None:
             return
         self.transport.write(data)
-        await self._writable.wait()
+        if self._writable.is_set():
+            return
+        try:
+            async with asyncio.timeout(WRITE_STALL):
+                await self._writable.wait()
+        except TimeoutError:
+            self.transport.abort()
+            self.closed = True
 
     def close(self) -> None:
         if self.expiry is not None:
@@ -339,9 +354,16 @@ class TunnelClient:
         await self._publish_table(plan, now)
 
     def _close(self, stream: _Stream) -> None:
+        """Ask the replica to take the stream out of use (DRAIN); it is closed once the
+        replica answers DRAINED, after any exchange that took it meanwhile."""
         stream.closing = True
-        if stream.connection is not None and self._tasks is not None:
-            self._tasks.start_soon(stream.connection.close)
+        if self._tasks is not None:
+
+            async def drain() -> None:
+                with contextlib.suppress(Exception):
+                    await stream.send(wire.DRAIN_MESSAGE, self._clock())
+
+            self._tasks.start_soon(drain)
 
     async def _publish_table(self, plan: coverage.Plan, now: float) -> None:
         reachable = self.reachable
@@ -396,7 +418,10 @@ class TunnelClient:
             try:
                 stream.connection = await connect(
                     self.endpoint.url,
-                    additional_headers={"Authorization": f"Bearer {self._token}"},
+                    additional_headers={
+                        "Authorization": f"Bearer {self._token}",
+                        wire.NODE_HEADER: self.node,
+                    },
                     ssl=self._context(),
                     **WS_OPTIONS,
                 )
@@ -437,6 +462,11 @@ class TunnelClient:
                     await stream.connection.close()
 
     def _failed(self, exc: BaseException) -> None:
+        if isinstance(exc, websockets.InvalidStatus) and exc.response.status_code == 503:
+            # The replica the balancer chose is full for this node, or starting: the next
+            # stream may land elsewhere, and coverage decides how many to try.
+            log.info("a tunnel stream was refused for now: %s", _why(exc))
+            return
         self._backoff = min(30.0, max(0.5, self._backoff * 2))
         self._retry_at = self._clock() + self._backoff
         refused = isinstance(exc, websockets.InvalidStatus) and exc.response.status_code in (
@@ -458,6 +488,8 @@ class TunnelClient:
             if not message:
                 return
             kind = message[0]
+            if kind == wire.DRAINED:
+                return  # out of use on the replica: closed in `_open_stream`
             if kind != wire.CONNECT:
                 raise wire.WireError(f"message kind {kind!r} on an idle stream")
             stream.busy = True

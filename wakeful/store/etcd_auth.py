@@ -8,7 +8,9 @@ name grants key ranges under the store's namespace:
 - `wakeful-control` (activator, idle monitor): reads and writes everything under it;
 - `wakeful-node`: reads and writes sandboxes/, nodes/, seen/, cordons/ (its own cordon when
   it stops) and states/ (releasing a stateful app's state); reads pools/ and versions/;
-- `wakeful-ingress`: reads apps/ and sandboxes/; writes nothing.
+- `wakeful-ingress`: reads apps/ and sandboxes/; for tunnels (invariant 22) it also reads
+  tokens/ (digests only: it checks nodes' streams and peers' relays) and nodes/ (where each
+  node's streams are), and writes ingresses/ (its own record); nothing else.
 
 Every role also reads the namespace key itself (the store's connect check). etcd needs a
 `root` user with the `root` role before authentication can be turned on: the certificate that
@@ -51,7 +53,13 @@ PIECES: dict[str, tuple[Grant, ...]] = {
         ),
         *(Grant(p, READ) for p in (keys.POOLS, keys.VERSIONS, keys.LEADERS)),
     ),
-    INGRESS: (Grant(keys.APPS, READ), Grant(keys.SANDBOXES, READ), Grant(keys.LEADERS, READ)),
+    INGRESS: (
+        *(Grant(p, READ) for p in (keys.APPS, keys.SANDBOXES, keys.LEADERS)),
+        # A replica serving tunnels: the token digests it checks streams against, the
+        # nodes' coverage tables it relays by, and its own record among its peers'.
+        *(Grant(p, READ) for p in (keys.TOKENS, keys.NODES)),
+        Grant(keys.INGRESSES, READWRITE),
+    ),
 }
 
 

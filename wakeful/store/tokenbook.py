@@ -90,6 +90,10 @@ class TokenBook:
             return None
         return found
 
+    def by_digest(self, digest: str) -> Token | None:
+        """The token whose secret hashes to `digest`, while it is current."""
+        return self._by_digest.get(digest)
+
     async def caught_up(self, revision: int) -> None:
         """Until the book has applied the store's changes up to `revision` (and been listed)."""
         while not self._listed or self._revision < revision:
