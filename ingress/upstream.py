@@ -584,21 +584,23 @@ class RawTransport:
         """The pool of the sandbox a base URL names, its authority, and the path the URL
         carries (prefixed to every request target; usually none)."""
         found = self._pools.get(sandbox)
-        if found is None and sandbox.startswith("tunnel://"):
+        if found is not None:
+            return found
+        if len(self._pools) > 65_536:  # sandboxes come and go: forget idle ones
+            for key, (each, _, _) in list(self._pools.items()):
+                if not each.idle:
+                    del self._pools[key]
+        if sandbox.startswith("tunnel://"):
             node, _, sandbox_id = sandbox.removeprefix("tunnel://").partition("/")
             found = (_TunnelPool(node, sandbox_id), sandbox_id.encode("latin-1"), b"")
             self._pools[sandbox] = found
-        elif found is None:
+        else:
             rest = sandbox.removeprefix("http://")
             cut = rest.find("/")
             authority, prefix = (rest, "") if cut < 0 else (rest[:cut], rest[cut:].rstrip("/"))
             host, _, port = authority.rpartition(":")
             pool = _Pool(host.strip("[]"), int(port))
             found = (pool, authority.encode("latin-1"), prefix.encode("latin-1"))
-            if len(self._pools) > 65_536:  # sandboxes come and go: forget idle ones
-                for key, (each, _, _) in list(self._pools.items()):
-                    if not each.idle:
-                        del self._pools[key]
             self._pools[sandbox] = found
         return found
 

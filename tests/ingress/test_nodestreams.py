@@ -134,6 +134,14 @@ async def test_a_client_that_hangs_up_mid_download_frees_the_stream_and_the_leas
         # the stream is idle again; the request's use goes back once.
         await eventually(lambda: t.s.activator.leased_on("sb-1") == 0)
         await eventually(lambda: not any(s.busy for s in t.client.streams.values()))
+        tunnels = t.s.ingress.tunnels
+        assert tunnels is not None  # and on the replica every stream is idle again
+        await eventually(
+            lambda: (
+                all(total == free for _, total, free in tunnels.hub.counts())
+                and tunnels.hub.holds("n1") > 0
+            )
+        )
         assert t.s.sample("requests_in_flight", app="hello") == 0
         again = await t.s.client.get("/")
         assert again.status_code == 200
