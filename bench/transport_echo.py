@@ -9,8 +9,11 @@ per round trip (both ends together).
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from typing import Any
+
+os.environ.setdefault("GRPC_VERBOSITY", "NONE")  # grpc's C core logs its own shutdown
 
 import grpc
 import grpc.aio
