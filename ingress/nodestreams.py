@@ -69,6 +69,8 @@ RELAY_AFTER = 0.05
 FORWARD_QUEUE = 16
 """Messages (of at most `wire.MAX_MESSAGE`) a relay holds for a slow peer before it stops
 reading the node's stream."""
+OPEN_TIMEOUT = 3.0
+"""Seconds a connection to the tunnel listener has to complete its upgrade request."""
 RELAY_OPEN = 5.0
 """Seconds a relay's connection to a peer may take to open."""
 RELAY_CONNECT_WAIT = 10.0
@@ -366,9 +368,16 @@ class NodeStream:
         _spawn(self._connection.close(1008, "its token was revoked"))
 
     def retire(self) -> None:
-        """Out of use at the node's request: DRAINED tells the node nothing more comes."""
+        """Out of use at the node's request: DRAINED tells the node nothing more comes, and
+        the replica closes the connection itself (a stream out of the hub must not outlive
+        its caps and its token's revocation because a node kept it open)."""
         self.hub.remove(self)
-        _spawn(self.send(wire.DRAINED_MESSAGE))
+
+        async def drained() -> None:
+            await self.send(wire.DRAINED_MESSAGE)
+            await self._connection.close(1000, "drained")
+
+        _spawn(drained())
 
     async def serve(self) -> None:
         """Read until the node closes the stream or it breaks; hand messages to the exchange."""
@@ -619,6 +628,10 @@ class _Forward:
     async def wait_readable(self) -> None:
         await self._room.wait()
 
+    def release(self) -> None:
+        """The relay is over: the stream's reader must not wait on this queue any more."""
+        self._room.set()
+
     async def get(self) -> bytes | BaseException:
         item = await self.queue.get()
         if self.queue.qsize() < FORWARD_QUEUE // 2:
@@ -683,7 +696,13 @@ class Tunnels:
     async def serve(self, sock: Any) -> Server:
         """The tunnel listener on `sock` (bound and listening): `/v1/tunnel` for nodes'
         streams, `/v1/relay` for peers' relays."""
-        return await serve(self._handle, sock=sock, process_request=self._check, **WS_OPTIONS)
+        return await serve(
+            self._handle,
+            sock=sock,
+            process_request=self._check,
+            open_timeout=OPEN_TIMEOUT,
+            **WS_OPTIONS,
+        )
 
     async def _follow(self, feed: Feed[Any]) -> None:
         def listed() -> None:
@@ -960,6 +979,7 @@ class Tunnels:
                 if kind == wire.CONNECT and not connected:
                     # The peer's tag is its own; on this stream the exchange takes one of
                     # this stream's, so no answer of an earlier exchange here reaches it.
+                    wire.read_connect(message)  # a malformed one ends the relay, not the stream
                     forward.peer_tag, forward.tag = message[1], stream.next_tag()
                     message = bytes((wire.CONNECT, forward.tag)) + message[2:]
                     connected = True
@@ -974,6 +994,7 @@ class Tunnels:
         finally:
             if to_peer is not None:
                 to_peer.cancel()
+            forward.release()
             if stream.receiver is forward:
                 if connected and not over:  # the peer left mid-exchange: end it on the node
                     with contextlib.suppress(Exception):

@@ -257,6 +257,7 @@ async def test_a_stream_the_node_drains_carries_the_exchange_it_took_then_leaves
         await until(lambda: crossing.data == b"answer" and crossing.lost is not None)
         assert await received(node) == wire.end(False)
         assert await received(node) == wire.DRAINED_MESSAGE  # only after the exchange
+        assert await closes(node)  # by the replica: kept open, it would escape the caps
         assert r1.hub.streams() == []
         with pytest.raises(ConnectFailed):
             await r1.dial("n1", "sb-1", Recorder())
@@ -277,3 +278,37 @@ async def test_garbage_from_a_node_closes_only_its_own_stream() -> None:
         await r1.dial("n1", "sb-1", exchange_on)
         assert (await received(good))[0] == wire.CONNECT
         await good.close()
+
+
+async def test_a_relay_whose_client_stopped_reading_and_left_does_not_wedge_the_stream() -> None:
+    """The relayed answer filled the relay's queue (its client stopped reading), then the
+    client left: the stream's reader, waiting for room in that queue, must wake, or every
+    later request on the stream would hang."""
+    async with replicas() as (store, (r1, r2)):
+        node = await open_stream(r1)
+        await until(lambda: idle(r1) == 1)
+        await table(store, r1=(1, 0))
+        await until(lambda: r2.peers.holding("n1", idle_only=True))
+        slow = Recorder()
+        exchange = await r2.dial("n1", "sb-1", slow)
+        exchange.pause_reading()  # the client does not read
+        tag = (await received(node))[1]
+
+        async def flood() -> None:  # until the relay's queue on r1 is full
+            with contextlib.suppress(websockets.ConnectionClosed):
+                for _ in range(2000):
+                    await node.send(wire.answer(wire.DATA, tag, b"x" * 60_000))
+
+        flooding = asyncio.ensure_future(flood())
+        (stream,) = r1.hub.streams()
+        await until(lambda: stream.receiver is not None and not stream.receiver.readable())
+        exchange.abort()  # the client left
+        flooding.cancel()
+        assert await received(node) == wire.end(False)
+        await until(lambda: idle(r1) == 1)
+        after = Recorder()
+        await r1.dial("n1", "sb-1", after)
+        connect_2 = await received(node)
+        await node.send(wire.answer(wire.DATA_FIN, connect_2[1], b"fine"))
+        await until(lambda: after.data == b"fine")
+        await node.close()
