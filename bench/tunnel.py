@@ -85,7 +85,7 @@ http {{
         }}
     }}
     server {{
-        listen 127.0.0.1:{tunnel};
+        listen 127.0.0.1:{tunnel}{tls};
         location / {{
             proxy_pass http://tunnels;
             proxy_http_version 1.1;
@@ -191,8 +191,11 @@ def tunnel_cluster(
     direct_node: bool = True,
     node_env: dict[str, str] | None = None,
     ingress_env: dict[str, str] | None = None,
+    tls: tuple[Path, Path, Path] | None = None,
 ) -> Iterator[TunnelCluster]:
-    """The cluster described in the module docstring, torn down on exit."""
+    """The cluster described in the module docstring, torn down on exit. `tls`: (CA,
+    certificate, key): nginx terminates TLS for the tunnels, and the node dials `https://`
+    trusting that CA (`WAKEFUL_TUNNEL_CA`)."""
     etcd = EtcdServer()
     etcd.start()
     env = {
@@ -248,6 +251,12 @@ def tunnel_cluster(
                 root=root,
                 http=http_port,
                 tunnel=tunnel_port,
+                tls=(
+                    ""
+                    if tls is None
+                    else f" ssl;\n        ssl_certificate {tls[1]};\n"
+                    f"        ssl_certificate_key {tls[2]}"
+                ),
                 http_servers="\n".join(f"        server {a} max_fails=0;" for a in http_listens),
                 tunnel_servers="\n".join(f"        server {a};" for a in tunnel_listens),
             )
@@ -258,7 +267,7 @@ def tunnel_cluster(
             stderr=subprocess.DEVNULL,
         )
         c.proxy = f"http://127.0.0.1:{http_port}"
-        c.tunnel = f"http://127.0.0.1:{tunnel_port}"
+        c.tunnel = f"{'https' if tls else 'http'}://127.0.0.1:{tunnel_port}"
         _wait_http(c.proxy)
         names = ["n1", "n2"] if direct_node else ["n1"]
         for number, name in enumerate(names):
@@ -272,6 +281,8 @@ def tunnel_cluster(
             }
             if name == "n1":
                 extra |= {"WAKEFUL_TUNNEL": c.tunnel, **(node_env or {})}
+                if tls is not None:
+                    extra["WAKEFUL_TUNNEL_CA"] = str(tls[0])
             piece = Piece(name, "node", [*WAKEFUL, "node"], piece_env | extra)
             piece.start()
             c.nodes[name] = piece

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from bench.tunnel import TunnelCluster, tunnel_cluster
+from tests.store.test_etcd_tls import make_pki
 
 pytestmark = pytest.mark.skipif(
     shutil.which("nginx") is None, reason="needs nginx (scripts/test installs it)"
@@ -127,3 +128,20 @@ def test_a_node_behind_nat_serves_through_the_replicas_and_survives_losing_one(
         assert len(prober.failed(at)) <= IN_FLIGHT_ON_THE_KILLED, prober.failed(at)
         assert prober.failed(settled + 0.5) == []
         assert len([r for at_, r in prober.results if at_ > settled]) > 50
+
+
+def test_a_node_dials_its_tunnel_over_tls_trusting_the_ca_it_is_given(tmp_path: Path) -> None:
+    """The README's setup: the balancer terminates TLS for the tunnels (nginx here, with a
+    certificate from the README's own commands), and the node dials `https://` with
+    `WAKEFUL_TUNNEL_CA`."""
+    pki = make_pki(tmp_path / "pki")
+    tls = (pki.ca, pki.dir / "etcd.crt", pki.dir / "etcd.key")
+    with tunnel_cluster(tmp_path / "cluster", replicas=1, direct_node=False, tls=tls) as c:
+        assert c.tunnel.startswith("https://")
+        c.cli("deploy", str(c.app("secure")))
+        answer = c.get("secure")
+        assert answer.status_code == 200, answer.text
+        assert c.tunnel_table().get("reachable")
+        # Plain HTTP to that listener is not a tunnel: nginx answers 400, nothing is served.
+        plain = httpx.get(c.tunnel.replace("https://", "http://") + "/v1/tunnel", timeout=10)
+        assert plain.status_code == 400

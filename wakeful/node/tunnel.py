@@ -342,13 +342,17 @@ class TunnelClient:
         plan = coverage.plan(views, self.known, self.memory, now, self.limits)
         self.memory = plan.memory
         self.last_plan = plan
-        self.actions.update(plan.actions)
+        backing_off = now < self._retry_at
+        # Counted as carried out: while opens back off, growth and fills are not.
+        self.actions.update(
+            {a: n for a, n in plan.actions.items() if not (backing_off and a in ("grow", "fill"))}
+        )
         for sid in plan.close:
             stream = self.streams.get(sid)
             if stream is not None and not stream.busy:
                 self._close(stream)
         opens = max(0, plan.open - self._opening)
-        if opens and now >= self._retry_at and self._tasks is not None:
+        if opens and not backing_off and self._tasks is not None:
             for _ in range(opens):
                 self._tasks.start_soon(self._open_stream)
         await self._publish_table(plan, now)
