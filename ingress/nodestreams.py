@@ -76,19 +76,7 @@ RELAY_OPEN = 5.0
 RELAY_CONNECT_WAIT = 10.0
 """Seconds a replica that accepted a relay waits for its CONNECT before it takes the stream
 back."""
-WS_OPTIONS: dict[str, Any] = {
-    "compression": None,
-    "max_size": wire.MAX_MESSAGE,
-    "max_queue": 4,
-    "ping_interval": 20,
-    "ping_timeout": 90,
-}
-"""Each stream is one WebSocket: no compression (bodies pass as they are); messages of at most
-`wire.MAX_MESSAGE` (64 KiB of body and its header), 4 queued before reading pauses
-(backpressure: a paused stream holds ~260 KiB); a ping every 20 s keeps it alive through a
-balancer's idle timeout. A pong may take 90 s: while a client does not read its answer the
-stream is not read either (its pong waits behind the answer), and the ingress cuts such a
-client off after `client_timeout` (60 s) anyway, so only a dead peer reaches that bound."""
+WS_OPTIONS = wire.WEBSOCKET_OPTIONS
 
 
 async def receive(connection: ServerConnection | ClientConnection) -> bytes | None:

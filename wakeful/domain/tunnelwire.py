@@ -72,6 +72,21 @@ MAX_MESSAGE = CHUNK + 1024
 CONNECT with its sandbox id, or a hello."""
 MAX_HELLO = 16 * 1024
 
+WEBSOCKET_OPTIONS: dict[str, Any] = {
+    "compression": None,
+    "max_size": MAX_MESSAGE,
+    "max_queue": 4,
+    "ping_interval": 20,
+    "ping_timeout": 90,
+}
+"""Both ends of every stream (the `websockets` library's options). No compression: bodies pass
+as they are. Messages of at most `MAX_MESSAGE`, 4 queued before reading pauses (backpressure:
+a paused stream holds ~260 KiB). A ping every 20 s keeps an idle stream alive through a
+balancer's idle timeout (nginx: 60 s). A pong may take 90 s: while an exchange is paused (a
+client not reading its answer, a sandbox not reading its request) the stream is not read, so
+its pong waits too, and such a client is cut off after the ingress's `client_timeout` (60 s),
+such a sandbox after the node's 60 s; only a dead peer reaches the bound."""
+
 
 class WireError(ValueError):
     """A message that breaks the protocol: the stream is closed."""

@@ -51,16 +51,7 @@ PUBLISH_EVERY = 5.0
 """Busy counts change with every call: the table is rewritten at most this often unless a
 replica's streams or state, or reachability, changed."""
 
-WS_OPTIONS: dict[str, Any] = {
-    "compression": None,
-    "max_size": wire.MAX_MESSAGE + 1024,
-    "max_queue": 16,
-    "ping_interval": 20,
-    "ping_timeout": 20,
-    "open_timeout": 15,
-}
-"""As the replicas' (`ingress.nodestreams.WS_OPTIONS`); a ping every 20 s keeps an idle
-stream alive through the balancer's idle timeout (nginx: 60 s) and finds a dead one."""
+WS_OPTIONS: dict[str, Any] = {**wire.WEBSOCKET_OPTIONS, "open_timeout": 15}
 
 Targets = Callable[[str], tuple[str, int] | None]
 Publish = Callable[[Tunnel], Awaitable[None]]
@@ -243,16 +234,14 @@ class _Stream:
         self.replica = ""
         self.opened_at = opened_at
         self.last_used = opened_at
-        self.last_sent = opened_at
         self.busy = False
         self.closing = False
         self._lock = asyncio.Lock()
 
-    async def send(self, message: bytes, now: float) -> None:
+    async def send(self, message: bytes) -> None:
         assert self.connection is not None
         async with self._lock:
             await self.connection.send(message)
-        self.last_sent = now
 
     async def recv(self) -> bytes | None:
         """The next message; None once the stream closed."""
@@ -299,14 +288,12 @@ class TunnelClient:
         self.known: set[str] = set()
         self.memory = coverage.Memory()
         self.actions: collections.Counter[str] = collections.Counter()
-        self.last_plan: coverage.Plan | None = None
         self._backoff = 0.0
         self._retry_at = 0.0
         self._published: Tunnel | None = None
         self._published_at = -1e9
         self._reachable_since = time.time()
         self._tasks: anyio.abc.TaskGroup | None = None
-        self.reachable_changed = anyio.Event()
 
     # -- running -------------------------------------------------------------------------------
 
@@ -341,7 +328,6 @@ class TunnelClient:
         ]
         plan = coverage.plan(views, self.known, self.memory, now, self.limits)
         self.memory = plan.memory
-        self.last_plan = plan
         backing_off = now < self._retry_at
         # Counted as carried out: while opens back off, growth and fills are not.
         self.actions.update(
@@ -365,7 +351,7 @@ class TunnelClient:
 
             async def drain() -> None:
                 with contextlib.suppress(Exception):
-                    await stream.send(wire.DRAIN_MESSAGE, self._clock())
+                    await stream.send(wire.DRAIN_MESSAGE)
 
             self._tasks.start_soon(drain)
 
@@ -429,7 +415,7 @@ class TunnelClient:
                     ssl=self._context(),
                     **WS_OPTIONS,
                 )
-                await stream.send(wire.hello({"node": self.node}), self._clock())
+                await stream.send(wire.hello({"node": self.node}))
                 async with asyncio.timeout(15):
                     answer = await stream.recv()
                 if answer is None:
@@ -448,7 +434,7 @@ class TunnelClient:
             if isinstance(peers, list):
                 self.known = {p for p in peers if isinstance(p, str) and p} | {replica}
             stream.replica = replica
-            stream.opened_at = stream.last_used = stream.last_sent = self._clock()
+            stream.opened_at = stream.last_used = self._clock()
             self._opening -= 1
             self._backoff = 0.0
             await self._carry(stream)
@@ -509,7 +495,7 @@ class TunnelClient:
         sock = await self._connect(sandbox)
         if sock is None:
             reason = f"node {self.node!r} cannot reach sandbox {sandbox!r}"
-            await stream.send(wire.refused(tag, reason), self._clock())
+            await stream.send(wire.refused(tag, reason))
             await self._until_end(stream)
             return
         if data:
@@ -531,7 +517,7 @@ class TunnelClient:
                     message = wire.answer(wire.DATA, tag, chunk)
                 state["sending"] = True
                 try:
-                    await stream.send(message, self._clock())
+                    await stream.send(message)
                 finally:
                     state["sending"] = False
                 if last or state["stop"]:
