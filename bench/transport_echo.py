@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 os.environ.setdefault("GRPC_VERBOSITY", "NONE")  # grpc's C core logs its own shutdown
@@ -23,6 +24,23 @@ from websockets.asyncio.server import ServerConnection, serve
 
 METHOD = "/bench.Echo/Open"
 MESSAGE = b"x" * 200
+
+
+async def _measure(
+    name: str,
+    rounds: int,
+    send: Callable[[bytes], Awaitable[Any]],
+    receive: Callable[[], Awaitable[Any]],
+) -> str:
+    """`rounds` round trips of MESSAGE: latency of each, CPU of all."""
+    latencies = []
+    cpu = time.process_time()
+    for _ in range(rounds):
+        started = time.perf_counter()
+        await send(MESSAGE)
+        await receive()
+        latencies.append(time.perf_counter() - started)
+    return _figures(name, latencies, time.process_time() - cpu)
 
 
 def _figures(name: str, latencies: list[float], cpu: float) -> str:
@@ -52,17 +70,10 @@ async def grpc_echo(rounds: int) -> str:
     await server.start()
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         call = channel.stream_stream(METHOD)()
-        latencies = []
-        cpu = time.process_time()
-        for _ in range(rounds):
-            started = time.perf_counter()
-            await call.write(MESSAGE)
-            await call.read()
-            latencies.append(time.perf_counter() - started)
-        cpu = time.process_time() - cpu
+        figures = await _measure("grpc.aio", rounds, call.write, call.read)
         call.cancel()
     await server.stop(None)
-    return _figures("grpc.aio", latencies, cpu)
+    return figures
 
 
 async def websocket_echo(rounds: int) -> str:
@@ -73,15 +84,7 @@ async def websocket_echo(rounds: int) -> str:
     async with serve(echo, "127.0.0.1", 0, compression=None) as server:
         port = next(iter(server.sockets)).getsockname()[1]
         async with connect(f"ws://127.0.0.1:{port}", compression=None) as connection:
-            latencies = []
-            cpu = time.process_time()
-            for _ in range(rounds):
-                started = time.perf_counter()
-                await connection.send(MESSAGE)
-                await connection.recv()
-                latencies.append(time.perf_counter() - started)
-            cpu = time.process_time() - cpu
-    return _figures("websockets", latencies, cpu)
+            return await _measure("websockets", rounds, connection.send, connection.recv)
 
 
 async def main(rounds: int) -> None:

@@ -45,6 +45,7 @@ from pathlib import Path
 import httpx
 
 from bench.faults import Piece
+from bench.proxy import NGINX_HTTP
 from wakeful.store.testing import EtcdServer, free_port
 
 WAKEFUL = [sys.executable, "-m", "wakeful.cli"]
@@ -60,12 +61,7 @@ pid {root}/nginx.pid;
 error_log {root}/nginx-error.log warn;
 events {{ worker_connections 8192; }}
 http {{
-    access_log off;
-    client_body_temp_path {root}/body;
-    proxy_temp_path {root}/proxy;
-    fastcgi_temp_path {root}/fastcgi;
-    uwsgi_temp_path {root}/uwsgi;
-    scgi_temp_path {root}/scgi;
+{own_files}
     upstream ingresses {{
 {http_servers}
         keepalive 256;
@@ -249,6 +245,7 @@ def tunnel_cluster(
         conf.write_text(
             NGINX_CONF.format(
                 root=root,
+                own_files=NGINX_HTTP.format(dir=root),
                 http=http_port,
                 tunnel=tunnel_port,
                 tls=(
