@@ -14,7 +14,7 @@ from wakeful.controller.plan import (
     cooldown,
     plan_pool,
 )
-from wakeful.domain.models import AppSpec, AppState, Node, Pool, Sandbox
+from wakeful.domain.models import AppSpec, AppState, Node, Pool, Sandbox, Tunnel
 from wakeful.domain.models import SandboxStatus as S
 
 SPEC = AppSpec(command=["serve"])
@@ -123,6 +123,17 @@ def test_cordoned_nodes_take_nothing_and_a_retired_pool_goes_to_zero() -> None:
     assert plan_pool(pool(3, retired=True), [sb("a", S.RUNNING)], {}, NODES, {}, now=0) == [
         Drain("a")
     ]
+
+
+def test_a_dial_out_node_that_holds_no_tunnel_stream_takes_no_new_sandbox() -> None:
+    """Invariant 22: nobody can reach its sandboxes, so a request would only wait for one
+    placed there; once it holds a stream again it takes sandboxes like any node."""
+    cut_off = Node(name="n1", address="", tunnel=Tunnel(reachable=False))
+    reached = Node(name="n1", address="", tunnel=Tunnel(reachable=True))
+    other = Node(name="n2", address="b")
+    assert plan_pool(pool(2), [], {}, [cut_off, other], {}, now=0) == [Create("n2"), Create("n2")]
+    assert plan_pool(pool(2), [], {}, [reached, other], {}, now=0) == [Create("n1"), Create("n2")]
+    assert plan_pool(pool(1), [], {}, [cut_off], {}, now=0) == []
 
 
 @pytest.mark.parametrize(

@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import pytest
+from prometheus_client import CollectorRegistry
 
-from wakeful.controller.reconciler import Mirror, Reconciler
-from wakeful.domain.models import AppSpec, Node, Pool, Sandbox, SandboxStatus
+from wakeful.controller.reconciler import Mirror, Reconciler, TunnelCollector
+from wakeful.domain.models import (
+    AppSpec,
+    Node,
+    Pool,
+    ReplicaCoverage,
+    Sandbox,
+    SandboxStatus,
+    Tunnel,
+)
 from wakeful.store import Item, Store
 
 pytestmark = pytest.mark.anyio
@@ -207,3 +216,31 @@ async def test_a_mirror_listed_table_by_table_is_as_old_as_its_oldest_table(stor
     mirror.done_listing()
     await reconciler.step(mirror)
     assert len(await statuses(store)) == 2
+
+
+def test_dial_out_nodes_streams_and_coverage_actions_are_in_the_control_planes_metrics() -> None:
+    """A node behind NAT cannot be scraped: its coverage table, published in its record, is
+    what the control plane's /metrics shows (invariant 22)."""
+    mirror = Mirror()
+    table = Tunnel(
+        reachable=True,
+        replicas=[
+            ReplicaCoverage(replica="r1", streams=10, busy=3, budget=5, state="covered"),
+            ReplicaCoverage(replica="r2", streams=1, busy=1, budget=3, state="growing"),
+        ],
+        actions={"grow": 8, "prune": 2},
+    )
+    mirror.nodes.put(Item("nodes/n9", Node(name="n9", address="", tunnel=table), 1))
+    mirror.nodes.put(Item("nodes/n1", Node(name="n1", address="a"), 2))  # dialed: not listed
+    registry = CollectorRegistry()
+    registry.register(TunnelCollector(lambda: mirror))
+
+    def sample(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    assert sample("wakeful_node_tunnel_streams", node="n9", replica="r1", state="busy") == 3
+    assert sample("wakeful_node_tunnel_streams", node="n9", replica="r1", state="idle") == 7
+    assert sample("wakeful_node_tunnel_coverage", node="n9", replica="r2", state="growing") == 1
+    assert sample("wakeful_node_tunnel_reachable", node="n9") == 1
+    assert sample("wakeful_node_tunnel_coverage_actions_total", node="n9", action="grow") == 8
+    assert sample("wakeful_node_tunnel_reachable", node="n1") is None
