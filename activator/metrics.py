@@ -59,6 +59,8 @@ class ActivatorMetrics:
                 self.leases.labels(pool=pool, kind="overflow"),
                 self.waiters.labels(pool=pool),
             )
+            # At 0 from the pool's first lease: `increase()` then counts its first expiry.
+            self.expired.labels(pool=pool)
         gauges[0].set(normal)
         gauges[1].set(overflow)
         gauges[2].set(waiters)
