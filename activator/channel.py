@@ -13,13 +13,16 @@ choosing (unique among its operations in flight):
     {"id": 3, "op": "release", "lease": "L"}
     {"id": 4, "op": "cancel", "of": 1}          (no answer of its own)
     {"id": 5, "op": "adopt", "app": "hello", "grant": {...LeaseGrant...}}
+    {"id": 6, "op": "traffic", "apps": {"hello": {"requests": 9, "errors": 0, "buckets": [...]}}}
 
 (`adopt`: a lease granted by another activator, reported by its holder on the first channel
-it opens to this one after a takeover; answered like a renewal) and gets a list of answers,
-exactly one per acquire, renewal, release and adoption:
+it opens to this one after a takeover; answered like a renewal; `traffic`: what the ingress
+answered per app since its last report, `wakeful.domain.traffic`, for the dashboard's charts)
+and gets a list of answers, exactly one per acquire, renewal, release, adoption and report:
 
     {"id": 1, "grant": {...LeaseGrant...}}
     {"id": 3, "released": true}
+    {"id": 6, "recorded": 1}
     {"id": 2, "error": "lease gone", "detail": "...", "retry_after": 1}
 
 An acquire parks (bounded) like `POST /v1/leases`; a `cancel` of it, or the channel closing,
@@ -68,6 +71,7 @@ from wakeful.domain.leases import (
     UnknownApp,
 )
 from wakeful.domain.models import NAME_PATTERN
+from wakeful.domain.traffic import MAX_APPS_PER_REPORT, TrafficReport
 from wakeful.store import StoreError
 
 log = logging.getLogger(__name__)
@@ -129,7 +133,15 @@ class Cancel(BaseModel):
     of: int
 
 
-Operation = Annotated[Acquire | Renew | Release | Adopt | Cancel, Field(discriminator="op")]
+class Traffic(BaseModel):
+    id: int
+    op: Literal["traffic"]
+    apps: TrafficReport = Field(max_length=MAX_APPS_PER_REPORT)
+
+
+Operation = Annotated[
+    Acquire | Renew | Release | Adopt | Cancel | Traffic, Field(discriminator="op")
+]
 _OPERATION: TypeAdapter[Operation] = TypeAdapter(Operation)
 
 
@@ -271,8 +283,11 @@ class Channel:
         else:
             self._answer(self._upkeep(operation))
 
-    def _upkeep(self, operation: Renew | Release | Adopt) -> dict[str, Any]:
+    def _upkeep(self, operation: Renew | Release | Adopt | Traffic) -> dict[str, Any]:
         try:
+            if isinstance(operation, Traffic):
+                recorded = self._activator.record_traffic(operation.apps)
+                return {"id": operation.id, "recorded": recorded}
             if isinstance(operation, Renew):
                 lease = self._activator.renew(operation.lease, used=operation.used)
                 return {"id": operation.id, "grant": _grant(lease)}

@@ -35,6 +35,7 @@ from wakeful.domain.leases import (
     UnknownApp,
     Unreachable,
 )
+from wakeful.domain.traffic import MAX_APPS_PER_REPORT, TrafficReport
 
 
 class InProcessLeases:
@@ -53,6 +54,9 @@ class InProcessLeases:
 
     async def release(self, lease_id: str) -> None:
         self._activator.release(lease_id)
+
+    def report(self, traffic: TrafficReport) -> None:
+        self._activator.record_traffic(traffic)
 
 
 class HttpLeases:
@@ -102,6 +106,10 @@ class HttpLeases:
 
     async def release(self, lease_id: str) -> None:
         self._checked(await self._send("DELETE", f"/v1/leases/{lease_id}", client=self._upkeep))
+
+    def report(self, traffic: TrafficReport) -> None:
+        """Plain HTTP sends no traffic reports (a request each would cost more than the
+        charts are worth); `ChannelLeases`, what `wakeful ingress` uses, does."""
 
     async def _send(
         self, method: str, path: str, client: httpx.AsyncClient | None = None, **kwargs: Any
@@ -232,6 +240,19 @@ class ChannelLeases:
     async def release(self, lease_id: str) -> None:
         self._held.pop(lease_id, None)  # a release that fails is the TTL's to finish
         await self._call({"op": "release", "lease": lease_id}, self._upkeep_timeout)
+
+    def report(self, traffic: TrafficReport) -> None:
+        """Sent in the next frame on the open channel, answered `recorded`; dropped while no
+        channel is open (charts miss a few seconds; nothing else depends on it)."""
+        link = self._link
+        if not traffic or link is None or not link.alive or self._closed:
+            return
+        apps = [(app, counts.model_dump()) for app, counts in traffic.items()]
+        for start in range(0, len(apps), MAX_APPS_PER_REPORT):
+            chunk = dict(apps[start : start + MAX_APPS_PER_REPORT])
+            operation = {"id": next(self._ids), "op": "traffic", "apps": chunk}
+            # The answer (`recorded`, or an error) says nothing the ingress acts on.
+            link.send(operation).add_done_callback(_retrieved)
 
     async def _call(self, operation: dict[str, Any], within: float) -> dict[str, Any]:
         try:
@@ -469,7 +490,7 @@ class _Link:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-def _retrieved(attempt: asyncio.Future[_Link]) -> None:
+def _retrieved(attempt: asyncio.Future[Any]) -> None:
     """An attempt nobody awaits any more (its callers left) must not log its failure."""
     if not attempt.cancelled():
         attempt.exception()

@@ -38,7 +38,8 @@ from wakeful.activator.settings import ActivatorSettings
 from wakeful.activator.view import PoolState, View
 from wakeful.domain import keys, trace
 from wakeful.domain.leases import AppFailedToBoot, LeaseGone, LeaseGrant, NoCapacity, Unreachable
-from wakeful.domain.models import GONE, AppState
+from wakeful.domain.models import GONE, App, AppState
+from wakeful.domain.traffic import TrafficReport, TrafficRing
 from wakeful.store import Store, StoreError
 
 __all__ = ["Activator", "Lease", "PoolSnapshot"]
@@ -105,6 +106,9 @@ class Activator:
         self.deposed = anyio.Event()
         """Set when this activator stopped leading (`stop_granting`): it grants nothing more,
         and its lease channels close so their ingresses go to the new leader."""
+        self.traffic = TrafficRing()
+        """The last 15 minutes of each app's traffic, from the ingresses' reports
+        (`record_traffic`) and this activator's waiters: the dashboard's charts."""
 
     @contextlib.asynccontextmanager
     async def running(
@@ -129,6 +133,7 @@ class Activator:
                 await self._view.resync()
             tasks.start_soon(self._expiry_loop)
             tasks.start_soon(self._activity.run)
+            tasks.start_soon(self._sample_waiters)
             with anyio.fail_after(60):
                 await self._view.synced.wait()
             try:
@@ -172,6 +177,7 @@ class Activator:
         started = self._ledger.clock()
         deadline = started + state.item.value.spec.activation_timeout
         waiter: Waiter | None = None
+        asleep = False
         try:
             while True:
                 if not self._view.current(state):
@@ -189,14 +195,18 @@ class Activator:
                 self._check_leading()
                 lease = self._try_admit(state, waiter)
                 if lease is not None:
-                    self._metrics.wait.observe(self._ledger.clock() - started)
+                    waited = self._ledger.clock() - started
+                    self._metrics.wait.observe(waited)
                     if waiter is not None:
                         trace.mark("lease", app)
+                        if asleep:
+                            lease.woke_after = waited
                     return lease
                 self._fail_if_crashing(state)
                 if waiter is None and state.item.value.spec.state is not None:
                     await self._fail_if_state_kept(app)
                 if waiter is None:
+                    asleep = self._view.ready(state) == 0  # this request waits for a wake
                     waiter = self._ledger.park(state.name, app, deadline)
                     self._publish(state.name)
                     trace.mark("wait", app)
@@ -240,6 +250,7 @@ class Activator:
         if isinstance(decision, decisions.Park):
             return None
         lease = self._ledger.grant(pool.name, pool.app, decision, waiter)
+        lease.server_timing = pool.spec.server_timing
         self._activity.touch(lease.sandbox_id, self._wall_clock())
         if decision.overflow:
             self._metrics.overflow.labels(pool=pool.name).inc()
@@ -369,6 +380,36 @@ class Activator:
                 )
             )
         return found
+
+    def record_traffic(self, report: TrafficReport) -> int:
+        """An ingress's traffic report (`Leases.report`), into the ring; apps this activator
+        does not know are left out (the ring holds known apps only). Returns how many went in."""
+        now = self._wall_clock()
+        recorded = 0
+        for app, counts in report.items():
+            if app in self._view.apps:
+                self.traffic.add(app, counts, now)
+                recorded += 1
+        return recorded
+
+    async def _sample_waiters(self) -> None:
+        """Once a second, each app's waiters into the ring (its slot keeps the most); apps
+        deleted leave it."""
+        while True:
+            now = self._wall_clock()
+            waiting: dict[str, int] = dict.fromkeys(self._view.apps, 0)
+            for name, state in self._view.pools.items():
+                app = state.item.value.app
+                if app in waiting:
+                    waiting[app] += self._ledger.waiting(name)
+            for app, count in waiting.items():
+                self.traffic.waiters(app, count, now)
+            self.traffic.keep(set(waiting))
+            await anyio.sleep(1.0)
+
+    def apps(self) -> list[App]:
+        """Every app record, by name."""
+        return [self._view.apps[name].value for name in sorted(self._view.apps)]
 
     def leased_on(self, sandbox_id: str) -> int:
         """Capacity leased on one sandbox (the pool controller stops only sandboxes at 0)."""

@@ -77,6 +77,10 @@ class Lease:
     expires_at: float
     """On the ledger's clock."""
     state: LeaseState = LeaseState.ACTIVE
+    woke_after: float = 0.0
+    """Seconds its request waited for the app to wake (parked while nothing of its pool was
+    ready); 0 for any other grant. The ingress's `Server-Timing: wake`."""
+    server_timing: bool = False
 
     def grant(self) -> LeaseGrant:
         """What the holder is told: the lease as the ingress sees it."""
@@ -87,6 +91,8 @@ class Lease:
             size=self.size,
             overflow=self.overflow,
             ttl_seconds=self.ttl,
+            woke_after=self.woke_after,
+            server_timing=self.server_timing,
         )
 
 

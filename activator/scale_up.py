@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ from wakeful.activator.ledger import LeaseLedger
 from wakeful.activator.metrics import ActivatorMetrics
 from wakeful.activator.view import PoolState, View
 from wakeful.domain import trace
+from wakeful.domain.models import ScaleChange
 from wakeful.store import Conflict, Item, Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,7 @@ class ScaleUpRunner:
         *,
         backoff: float,
         clock: Callable[[], float],
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
         self._view = view
@@ -55,6 +58,7 @@ class ScaleUpRunner:
         self._metrics = metrics
         self._backoff = backoff
         self._clock = clock
+        self._wall_clock = wall_clock
         self._by_pool: dict[str, ScaleState] = {}
         self.tasks: anyio.abc.TaskGroup | None = None
         """Where scale-ups run; None while the activator is not running (then none starts)."""
@@ -100,11 +104,13 @@ class ScaleUpRunner:
                 item = state.item
                 pool = item.value
                 now = self._clock()
+                leased = self._view.leased_on_running(
+                    state, self._ledger.leased_capacity_by_sandbox
+                )
+                waiters = self._ledger.waiting(state.name)
                 plan = decisions.plan_scale_up(
-                    leased=self._view.leased_on_running(
-                        state, self._ledger.leased_capacity_by_sandbox
-                    ),
-                    waiters=self._ledger.waiting(state.name),
+                    leased=leased,
+                    waiters=waiters,
                     lease_size=decisions.lease_size("auto", pool.requests_per_instance),
                     requests_per_instance=pool.requests_per_instance,
                     desired=pool.desired_instances,
@@ -120,7 +126,19 @@ class ScaleUpRunner:
                     if not await self._view.reread(state):
                         return
                     continue
-                grown = pool.model_copy(update={"desired_instances": plan.target})
+                change = ScaleChange(
+                    at=self._wall_clock(),
+                    by="demand",
+                    from_instances=pool.desired_instances,
+                    to_instances=plan.target,
+                    reason=(
+                        f"demand: {leased} leased + {waiters} waiting at "
+                        f"{pool.requests_per_instance} per sandbox"
+                    ),
+                )
+                grown = pool.model_copy(
+                    update={"desired_instances": plan.target, "last_scale": change}
+                )
                 try:
                     revision = await self._store.update(
                         item.key, grown, expect_revision=item.revision

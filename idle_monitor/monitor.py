@@ -19,7 +19,7 @@ import anyio
 from pydantic import Field
 
 from wakeful.domain import keys
-from wakeful.domain.models import STARTING, Pool, Sandbox, SandboxStatus
+from wakeful.domain.models import STARTING, Pool, Sandbox, SandboxStatus, ScaleChange
 from wakeful.store import Conflict, Item, Store, StoreError
 from wakeful.store.settings import StoreSettings
 
@@ -42,6 +42,12 @@ def sweepable(pool: Pool, sandboxes: Sequence[Sandbox], now: float, retention: f
 
 def idle_target(pool: Pool, sandboxes: Sequence[Sandbox], now: float) -> int | None:
     """The smaller size an idle pool should have, or None to leave it alone."""
+    found = idle_plan(pool, sandboxes, now)
+    return None if found is None else found[0]
+
+
+def idle_plan(pool: Pool, sandboxes: Sequence[Sandbox], now: float) -> tuple[int, int] | None:
+    """`idle_target`, with how many running sandboxes were idle."""
     concurrency = pool.spec.concurrency
     if concurrency.mode == "fixed" or pool.retired or pool.desired_instances == 0:
         return None
@@ -55,7 +61,7 @@ def idle_target(pool: Pool, sandboxes: Sequence[Sandbox], now: float) -> int | N
     if idle == 0 or booting:
         return None
     target = max(concurrency.min_instances, pool.desired_instances - idle)
-    return target if target < pool.desired_instances else None
+    return (target, idle) if target < pool.desired_instances else None
 
 
 class IdleMonitor:
@@ -104,22 +110,32 @@ class IdleMonitor:
                 swept.append(item.value.name)
         return swept
 
-    async def plan(self) -> list[tuple[Item[Pool], int]]:
-        """Pools to shrink, each with the listed item whose revision the write must match."""
+    async def plan(self) -> list[tuple[Item[Pool], int, int]]:
+        """Pools to shrink, each with the listed item whose revision the write must match, the
+        target size and how many sandboxes were idle."""
         pools = await self._store.list(keys.POOLS, Pool)
         sandboxes = [s.value for s in (await self._store.list(keys.SANDBOXES, Sandbox)).items]
         now = self._clock()
         found = []
         for item in pools.items:
-            target = idle_target(item.value, sandboxes, now)
-            if target is not None:
-                found.append((item, target))
+            planned = idle_plan(item.value, sandboxes, now)
+            if planned is not None:
+                found.append((item, *planned))
         return found
 
-    async def apply(self, planned: list[tuple[Item[Pool], int]]) -> list[str]:
+    async def apply(self, planned: list[tuple[Item[Pool], int, int]]) -> list[str]:
         scaled = []
-        for item, target in planned:
-            smaller = item.value.model_copy(update={"desired_instances": target})
+        for item, target, idle in planned:
+            pool = item.value
+            delay = pool.spec.concurrency.scale_down_delay
+            change = ScaleChange(
+                at=self._clock(),
+                by="idle",
+                from_instances=pool.desired_instances,
+                to_instances=target,
+                reason=f"idle: {idle} sandbox(es) carried no traffic for {delay:g} s",
+            )
+            smaller = pool.model_copy(update={"desired_instances": target, "last_scale": change})
             try:
                 await self._store.update(item.key, smaller, expect_revision=item.revision)
             except Conflict:

@@ -20,7 +20,16 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
-DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+from wakeful.domain.traffic import BOUNDS, AppTraffic, TrafficReport
+
+DURATION_BUCKETS = BOUNDS
+"""The activator merges the ingresses' counts in these buckets (`wakeful.domain.traffic`)."""
+
+
+PHASES = ("queue", "wake", "upstream")
+"""What a proxied request's time went on, as `Server-Timing` names them: waiting for a lease,
+of which waiting for its app to wake (only a request that woke it), and the sandbox's time
+to the answer's head."""
 
 
 class Phase(StrEnum):
@@ -103,6 +112,8 @@ class IngressMetrics:
         )
 
         self._loads: dict[str, Load] = {}
+        self._reported: dict[str, tuple[int, int, list[int]]] = {}
+        """Per app, its counts at the last `traffic_since_last`."""
 
     def counts(self, app: str) -> AppCounts:
         """`app`'s counts, made on first use (a series appears with its first request)."""
@@ -137,6 +148,39 @@ class IngressMetrics:
         finally:
             gauge.dec()
 
+    def phases(self, app: str, queue: float, wake: float, upstream: float) -> None:
+        """One proxied request's phases (`PHASES`); `wake` only when it woke its app."""
+        counts = self._counts.get(app) or self.counts(app)
+        buckets = counts.phase_buckets
+        buckets[0][bisect.bisect_left(DURATION_BUCKETS, queue)] += 1
+        buckets[2][bisect.bisect_left(DURATION_BUCKETS, upstream)] += 1
+        seconds = counts.phase_seconds
+        seconds[0] += queue
+        seconds[2] += upstream
+        if wake:
+            buckets[1][bisect.bisect_left(DURATION_BUCKETS, wake)] += 1
+            seconds[1] += wake
+
+    def traffic_since_last(self) -> TrafficReport:
+        """What each app answered since the last call: the ingress's report to the activator
+        (`Leases.report`), made of the counts the metrics keep anyway."""
+        report: TrafficReport = {}
+        for app, counts in list(self._counts.items()):
+            if app == "-":  # unrouted: no app to chart
+                continue
+            sent = self._reported.get(app)
+            now = (sum(counts.classes), counts.classes[5], list(counts.buckets))
+            self._reported[app] = now
+            if sent is None:
+                sent = (0, 0, [0] * len(now[2]))
+            requests = now[0] - sent[0]
+            if requests:
+                buckets = [a - b for a, b in zip(now[2], sent[2], strict=True)]
+                report[app] = AppTraffic(
+                    requests=requests, errors=now[1] - sent[1], buckets=buckets
+                )
+        return report
+
     def cache_hit(self, app: str) -> None:
         (self._counts.get(app) or self.counts(app)).hits += 1
 
@@ -148,7 +192,16 @@ class AppCounts:
     """An app's request counts. Every request adds to these, so they are plain ints rather
     than prometheus_client children (which validate and lock on every call, ~1 µs each)."""
 
-    __slots__ = ("buckets", "classes", "created", "hits", "misses", "seconds")
+    __slots__ = (
+        "buckets",
+        "classes",
+        "created",
+        "hits",
+        "misses",
+        "phase_buckets",
+        "phase_seconds",
+        "seconds",
+    )
 
     def __init__(self) -> None:
         self.created = time.time()
@@ -161,6 +214,9 @@ class AppCounts:
         self.seconds = 0.0
         self.hits = 0
         self.misses = 0
+        self.phase_buckets = [[0] * (len(DURATION_BUCKETS) + 1) for _ in PHASES]
+        """Per phase (`PHASES`), like `buckets`."""
+        self.phase_seconds = [0.0] * len(PHASES)
 
 
 class _Counts(Collector):
@@ -190,6 +246,13 @@ class _Counts(Collector):
             "Requests that asked the activator for a lease",
             labels=["app"],
         )
+        phases = HistogramMetricFamily(
+            "wakeful_ingress_request_phase_seconds",
+            "Proxied requests' time by phase: queue (waiting for a lease), wake (of which "
+            "waiting for the app to wake; only requests that woke it), upstream (the "
+            "sandbox's time to the answer's head)",
+            labels=["app", "phase"],
+        )
         created = prometheus_client.metrics._use_created  # its PROMETHEUS_DISABLE_CREATED_SERIES
         for app, counts in list(self._counts.items()):
             since = counts.created if created else None
@@ -197,20 +260,34 @@ class _Counts(Collector):
                 if n:
                     requests.add_metric([app, f"{klass}xx"], n, created=since)
             if any(counts.buckets):
-                cumulative, total = [], 0
-                for bound, n in zip(DURATION_BUCKETS, counts.buckets, strict=False):
-                    total += n
-                    cumulative.append((_bound(bound), total))
-                cumulative.append(("+Inf", total + counts.buckets[-1]))
-                duration.add_metric([app], cumulative, counts.seconds)
+                duration.add_metric([app], _cumulative(counts.buckets), counts.seconds)
                 if since is not None:
                     name = f"{duration.name}_created"
                     duration.samples.append(Sample(name, {"app": app}, since))
+            for phase, buckets, seconds in zip(
+                PHASES, counts.phase_buckets, counts.phase_seconds, strict=True
+            ):
+                if any(buckets):
+                    phases.add_metric([app, phase], _cumulative(buckets), seconds)
+                    if since is not None:
+                        name = f"{phases.name}_created"
+                        phases.samples.append(Sample(name, {"app": app, "phase": phase}, since))
             if counts.hits:
                 hits.add_metric([app], counts.hits, created=since)
             if counts.misses:
                 misses.add_metric([app], counts.misses, created=since)
-        yield from (requests, duration, hits, misses)
+        yield from (requests, duration, phases, hits, misses)
+
+
+def _cumulative(buckets: list[int]) -> list[tuple[str, float]]:
+    """Counts per bucket as a histogram's cumulative `le` samples."""
+    cumulative: list[tuple[str, float]] = []
+    total = 0
+    for bound, n in zip(DURATION_BUCKETS, buckets, strict=False):
+        total += n
+        cumulative.append((_bound(bound), total))
+    cumulative.append(("+Inf", total + buckets[-1]))
+    return cumulative
 
 
 def _bound(value: float) -> str:

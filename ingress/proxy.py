@@ -16,6 +16,7 @@ Theory of operation:
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -123,11 +124,17 @@ class Proxy:
         """Sandboxes nothing reached, with why: the answer names the first reason."""
         retries = 0
         waited = False
+        queued = woke = 0.0
+        """Seconds spent waiting for leases, and of those, for the app to wake (`PHASES`)."""
         while True:
             use = self._cache.take(key, refused)
             if use is None:
                 tracker.move(Move.WAIT)
+                asked = time.perf_counter()
                 use = await self._cache.acquire(key)
+                queued += time.perf_counter() - asked
+                if not use.hit:  # its own grant: the activator says whether it woke the app
+                    woke = max(woke, min(use.lease.grant.woke_after, queued))
                 waited = True
                 trace.mark("leased", app)  # a miss: rare enough to pay for the call
             held.append(use)
@@ -139,6 +146,7 @@ class Proxy:
                         f"sandbox {grant.sandbox_id} refused this request already: "
                         f"{refused[grant.sandbox_id]}"
                     )
+                sent = time.perf_counter()
                 response = await self._transport.send(
                     UpstreamRequest(
                         app,
@@ -165,14 +173,15 @@ class Proxy:
             except UpstreamError as exc:
                 self.count_error(app, exc)
                 raise
+            upstream = time.perf_counter() - sent
+            self._metrics.phases(app, queued, woke, upstream)
             if waited:
                 trace.mark("answered", app)
             try:
-                return ProxyResponse(
-                    response.status,
-                    client_response_headers(response.headers, request.request_id),
-                    response,
-                )
+                answer = client_response_headers(response.headers, request.request_id)
+                if self._settings.server_timing or grant.server_timing:
+                    answer.append((b"server-timing", server_timing(queued, woke, upstream)))
+                return ProxyResponse(response.status, answer, response)
             except BaseException:
                 response.close()
                 raise
@@ -198,6 +207,16 @@ class Proxy:
     def count_error(self, app: str, exc: UpstreamError) -> None:
         kind = "timeout" if isinstance(exc, UpstreamTimeout) else "failed"
         self._metrics.upstream_errors.labels(app=app, kind=kind).inc()
+
+
+def server_timing(queued: float, woke: float, upstream: float) -> bytes:
+    """The `Server-Timing` value of a proxied answer, in milliseconds: `queue` (waiting for a
+    lease), `wake` (of which waiting for the app to wake; only when this request woke it),
+    `upstream` (the sandbox's time to the answer's head)."""
+    wake = f"wake;dur={woke * 1000:.1f}, " if woke else ""
+    return (f"queue;dur={queued * 1000:.1f}, {wake}upstream;dur={upstream * 1000:.1f}").encode(
+        "ascii"
+    )
 
 
 PREREAD_BYTES = 64 * 1024

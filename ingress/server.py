@@ -94,6 +94,7 @@ class Ingress:
             clock=clock,
         )
         self._registry = registry
+        self._leases = leases
         self._transport = transport
         self.transport: Transport | None = None
         """The upstream transport while running (the one given, or a RawTransport)."""
@@ -139,6 +140,7 @@ class Ingress:
             tasks.start_soon(self.routes.run)
             tasks.start_soon(self.cache.run, self.settings.maintenance_interval)
             tasks.start_soon(follow_sandboxes, self._store, self.cache)
+            tasks.start_soon(self._report_traffic)
             with anyio.fail_after(60):
                 await self.routes.synced.wait()
             limits = Limits(
@@ -189,6 +191,13 @@ class Ingress:
                     await self.cache.close()
                     await admin.stop(0)
                     log.info("ingress stopped")
+
+    async def _report_traffic(self) -> None:
+        """What this ingress answered per app, to the activator every `traffic_report_interval`
+        (beside the lease renewals): the dashboard's charts of every ingress together."""
+        while True:
+            await anyio.sleep(self.settings.traffic_report_interval)
+            self._leases.report(self.metrics.traffic_since_last())
 
     async def _serve_tunnels(
         self, stack: contextlib.AsyncExitStack, tasks: anyio.abc.TaskGroup

@@ -65,6 +65,13 @@ class IngressSettings(StoreSettings):
     """Put a crash-looping app's last log lines in its 503 answer, but only while `listen` is
     a loopback address (see `boot_log_shown`). Off by default: the log can hold secrets, and
     the answer goes to anyone who can connect. `wakeful up` turns it on."""
+    traffic_report_interval: float = Field(default=2.0, gt=0, le=60)
+    """Seconds between the reports of what this ingress answered per app to the activator
+    (the dashboard's charts)."""
+    server_timing: bool = False
+    """Every app's answers carry `Server-Timing` (queue, wake, upstream), not only those of
+    apps that ask for it (`server_timing = true` in wakeful.toml). It tells anyone whether an
+    app was asleep: off by default; `wakeful up`, which is for development, turns it on."""
     backlog: int = Field(default=2048, ge=1, le=65_535)
 
     tls_listen: str | None = None

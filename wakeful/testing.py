@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from wakeful.domain.leases import LeaseGone, LeaseGrant, NoCapacity, UnknownApp
+from wakeful.domain.traffic import TrafficReport
 
 
 class ManualClock:
@@ -68,9 +69,14 @@ class FakeLeases:
         (a cancelled acquire made no grant), False to stand in for plain HTTP's."""
         self._ids = itertools.count(1)
         self._leases: dict[str, LeaseGrant] = {}
+        self.reports: list[TrafficReport] = []
+        """Every traffic report the ingress sent, in order."""
         self.leased: dict[str, int] = {
             s.sandbox_id: 0 for sandboxes in self._apps.values() for s in sandboxes
         }
+
+    def report(self, traffic: TrafficReport) -> None:
+        self.reports.append(traffic)
 
     async def acquire(self, app: str, version: str | None = None) -> LeaseGrant:
         if self._hold is not None:

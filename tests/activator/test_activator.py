@@ -37,7 +37,13 @@ async def test_35_waiters_grow_the_pool_in_one_step_and_are_all_admitted_when_re
         with anyio.fail_after(10):
             write = await pool_writes.__anext__()
         assert isinstance(write, Event)
-        assert write.decode(Pool).desired_instances == 8  # ceil((0 + 35 + 1) / 5), not +3
+        grown = write.decode(Pool)
+        assert grown.desired_instances == 8  # ceil((0 + 35 + 1) / 5), not +3
+        # Why, in the same write (the dashboard's scale event).
+        assert grown.last_scale is not None
+        assert (grown.last_scale.by, grown.last_scale.from_instances) == ("demand", 1)
+        assert grown.last_scale.to_instances == 8
+        assert grown.last_scale.reason == "demand: 0 leased + 35 waiting at 5 per sandbox"
         assert leases == []  # nothing routable yet: everyone waits
 
         await set_status(store, "sb-1", SandboxStatus.RUNNING)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 import socket
+import time
 
 import anyio
 import pytest
@@ -18,6 +19,7 @@ from wakeful.activator.channel import MAX_OPS_PER_FRAME, PATH
 from wakeful.activator.client import ChannelLeases
 from wakeful.domain.leases import LeaseGone, LeaseGrant, Unauthorized, UnknownApp, Unreachable
 from wakeful.domain.models import SandboxStatus
+from wakeful.domain.traffic import BUCKETS, AppTraffic
 from wakeful.store.testing import free_port
 
 from .conftest import eventually, set_status
@@ -415,3 +417,52 @@ async def test_held_leases_are_reported_at_once_when_the_channel_goes_not_at_the
             with anyio.fail_after(10):
                 await eventually(lambda: leased(heir) == held.size)
             await leases.release(held.lease_id)
+
+
+async def test_traffic_reports_reach_the_ring_and_bad_ones_are_answered_alone(
+    api: Served,
+) -> None:
+    """What an ingress answered per app, beside its lease calls: counted for the apps the
+    activator knows, and a report that is not the protocol is refused without closing the
+    channel."""
+    buckets = [0] * BUCKETS
+    buckets[3] = 8  # 5-10 ms
+    buckets[6] = 2  # 50-100 ms
+    async with ChannelLeases(api.url, TOKEN) as leases:
+        grant = await leases.acquire("hello")  # the channel is open: reports go on it
+        leases.report(
+            {
+                "hello": AppTraffic(requests=10, errors=1, buckets=buckets),
+                "unknown": AppTraffic(requests=5, buckets=[5] + [0] * (BUCKETS - 1)),
+            }
+        )
+
+        def measured(app: str, what: str) -> list[float]:
+            series = api.activator.traffic.series(app, time.time())
+            return [value for value in series[what] if value is not None]
+
+        with anyio.fail_after(10):
+            await eventually(lambda: bool(measured("hello", "p99_ms")))
+        assert measured("hello", "p50_ms") == [pytest.approx(8.12, abs=0.01)]  # 5/8 into 5-10
+        assert 50 < measured("hello", "p99_ms")[0] <= 100
+        assert measured("unknown", "p50_ms") == []
+        await leases.release(grant.lease_id)
+    url = api.url.replace("http", "ws", 1) + PATH
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with websockets.asyncio.client.connect(url, additional_headers=headers) as raw:
+        good = {"requests": 1, "errors": 0, "buckets": [1] + [0] * (BUCKETS - 1)}
+        frame = [
+            {"id": 1, "op": "traffic", "apps": {"hello": {**good, "buckets": [1]}}},
+            {"id": 2, "op": "traffic", "apps": {"Bad_Name": good}},
+            {"id": 3, "op": "traffic", "apps": {f"a{i}": good for i in range(1001)}},
+            {"id": 4, "op": "traffic", "apps": {"hello": {**good, "requests": -1}}},
+            {"id": 5, "op": "traffic", "apps": {"hello": good}},
+        ]
+        await raw.send(json.dumps(frame))
+        answers: dict[int, dict[str, object]] = {}
+        with anyio.fail_after(10):
+            while len(answers) < 5:
+                answers |= {a["id"]: a for a in json.loads(await raw.recv())}
+        for refused in (1, 2, 3, 4):
+            assert answers[refused]["error"] == "invalid request", answers[refused]
+        assert answers[5] == {"id": 5, "recorded": 1}

@@ -99,13 +99,18 @@ async def test_an_idle_pool_is_scaled_down_against_the_listed_revision(store: St
     assert await IdleMonitor(store, clock=lambda: 1000).tick() == ["p"]
     item = await store.get("pools/p", Pool)
     assert item is not None and item.value.desired_instances == 0
+    # Why, in the same write: the dashboard's scale event.
+    assert item.value.last_scale is not None
+    assert (item.value.last_scale.by, item.value.last_scale.at) == ("idle", 1000)
+    assert (item.value.last_scale.from_instances, item.value.last_scale.to_instances) == (2, 0)
+    assert item.value.last_scale.reason.startswith("idle: 2 sandbox(es) carried no traffic")
 
 
 async def test_a_scale_up_between_listing_and_write_survives(store: Store) -> None:
     await seed(store, desired=2)
     monitor = IdleMonitor(store, clock=lambda: 1000)
     planned = await monitor.plan()
-    assert [(item.value.name, target) for item, target in planned] == [("p", 0)]
+    assert [(item.value.name, target) for item, target, _ in planned] == [("p", 0)]
     # The activator scales the pool up after the monitor listed it.
     listed = await store.get("pools/p", Pool)
     assert listed is not None

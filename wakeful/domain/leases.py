@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
+
+from wakeful.domain.traffic import TrafficReport
 
 CHANNEL_MAX_FRAME_BYTES = 1 << 20
 """The largest frame of the lease channel (`activator/channel.py`) the control API takes,
@@ -75,6 +77,11 @@ class LeaseGrant(BaseModel):
     size: int
     overflow: bool
     ttl_seconds: float
+    woke_after: float = Field(default=0.0, ge=0)
+    """Seconds the request that asked for it waited for its app to wake (it was parked while
+    none of the pool's sandboxes was ready); 0 when capacity was there or merely busy."""
+    server_timing: bool = False
+    """The app asks for `Server-Timing` on its answers (`AppSpec.server_timing`)."""
 
 
 class Leases(Protocol):
@@ -90,3 +97,8 @@ class Leases(Protocol):
     async def renew(self, lease_id: str, *, used: bool = False) -> LeaseGrant: ...
 
     async def release(self, lease_id: str) -> None: ...
+
+    def report(self, traffic: TrafficReport) -> None:
+        """What the ingress answered per app since its last report, for the activator's
+        charts (`wakeful.domain.traffic`). Best effort: never waits, and a report that cannot
+        go now (no channel open) is dropped."""

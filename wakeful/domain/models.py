@@ -206,6 +206,9 @@ class AppSpec(Model):
     shutdown_timeout: float = Field(default=10.0, gt=0, le=3600)
     activation_timeout: float = Field(default=120.0, gt=0, le=3600)
     state: StateSpec | None = None
+    server_timing: bool = Field(default=False, strict=True)
+    """Answers carry `Server-Timing` (queue, wake, upstream): it tells anyone whether the app
+    was asleep, so it is off unless the app, or the ingress as a whole, turns it on."""
 
     @model_validator(mode="after")
     def _one_writer(self) -> Self:
@@ -244,6 +247,20 @@ class Version(Model):
     created_at: float = 0.0
 
 
+class ScaleChange(Model):
+    """Why a pool last changed size: written in the same compare-and-set as the size, by the
+    activator (`demand`) or the idle monitor (`idle`). The dashboard's scale events."""
+
+    at: float
+    """Wall-clock time of the write."""
+    by: Literal["demand", "idle"]
+    from_instances: int = Field(ge=0)
+    to_instances: int = Field(ge=0)
+    reason: str = Field(max_length=300)
+    """The numbers it decided on, for a person: `demand: 3 leased + 12 waiting at 10 per
+    sandbox`, `idle: 2 sandbox(es) carried no traffic for 30 s`."""
+
+
 class Pool(Model):
     """The sized set of sandboxes serving one version. Written only by compare-and-set."""
 
@@ -260,6 +277,7 @@ class Pool(Model):
     crash_cooldown_until: float = 0.0
     crash_count: int = Field(default=0, ge=0)
     last_crash_log: str = ""
+    last_scale: ScaleChange | None = None
 
     @property
     def min_instances(self) -> int:
@@ -441,6 +459,14 @@ class RolloutRecord(Model):
     default_host: bool = True
     started_at: float = 0.0
     """Wall-clock time it began: its deadline runs from here, whoever carries it on."""
+
+
+class SessionKey(Model):
+    """The key dashboard sessions are signed with (`ui/session-key`): shared by every control
+    plane, so a session outlives a restart and a change of leader."""
+
+    key: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+    created_at: float = 0.0
 
 
 class Leader(Model):
