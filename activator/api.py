@@ -41,7 +41,15 @@ from wakeful.activator.channel import MAX_CHANNELS_PER_TOKEN, POLICY_VIOLATION, 
 from wakeful.activator.channel import PATH as CHANNEL_PATH
 from wakeful.activator.core import Activator, PoolSnapshot
 from wakeful.activator.ledger import Lease
-from wakeful.activator.roles import ADMIN_ONLY, PUBLIC, WEBSOCKET, Access, access, needed
+from wakeful.activator.roles import (
+    ADMIN_ONLY,
+    PUBLIC,
+    SESSION,
+    WEBSOCKET,
+    Access,
+    access,
+    needed,
+)
 from wakeful.domain.leases import (
     ActivatorError,
     AppFailedToBoot,
@@ -90,7 +98,7 @@ def create_app(
         path, allowed = decisions.get(
             (id(request.scope.get("route")), method), (request.url.path, ADMIN_ONLY)
         )
-        if not isinstance(allowed, frozenset):  # PUBLIC
+        if not isinstance(allowed, frozenset):  # PUBLIC, or SESSION (the route checks)
             return
         # `TokenGate` verified the token before the body was read and left it in the request's
         # state (who is calling, also for routes that narrow by identity); `credentials` only
@@ -263,7 +271,10 @@ def create_app(
         decided = access(method, path)
         # The app's dependency runs for FastAPI's own routes only; any other (the schema)
         # must be public, or it would be served to anyone whatever the map says.
-        if not isinstance(route, APIRoute | APIWebSocketRoute) and decided != PUBLIC:
+        if not isinstance(route, APIRoute | APIWebSocketRoute) and decided not in (
+            PUBLIC,
+            SESSION,
+        ):
             raise RuntimeError(f"{method} {path} would be served without the role check")
         earlier = decisions.get((id(route), method))
         if earlier is not None and earlier[1] != decided:  # one router included twice
@@ -272,7 +283,9 @@ def create_app(
     for entry in _entries(api):
         if isinstance(entry, Mount | Host):  # a mounted app never sees the dependency
             raise RuntimeError(f"{entry!r}: a mount would be served without the role check")
-    public = frozenset(path for path, decided in decisions.values() if decided == PUBLIC)
+    # The bearer gate lets public and session routes through (a session route checks its
+    # cookie itself); `authorize` below returns for both.
+    public = frozenset(path for path, decided in decisions.values() if decided in (PUBLIC, SESSION))
     sockets = {
         path: decided
         for (_, method), (path, decided) in decisions.items()

@@ -20,7 +20,11 @@ from wakeful.domain.models import Role
 Public = Literal["public"]
 PUBLIC: Final[Public] = "public"
 """No token: health and metrics reveal no app data and no secret."""
-Access = frozenset[Role] | Public
+Session = Literal["session"]
+SESSION: Final[Session] = "session"
+"""No bearer token: the dashboard's routes (`wakeful.dashboard`), which check an
+admin token's signed session cookie themselves, and serve only the login form without it."""
+Access = frozenset[Role] | Public | Session
 
 ADMIN_ONLY: Final = frozenset({Role.ADMIN})
 NODE: Final = frozenset({Role.ADMIN, Role.NODE})
@@ -66,6 +70,14 @@ ROUTES: Final[Mapping[tuple[str, str], Access]] = {
     ("POST", "/v1/tokens"): ADMIN_ONLY,
     ("POST", "/v1/tokens/{name}/rotate"): ADMIN_ONLY,
     ("DELETE", "/v1/tokens/{name}"): ADMIN_ONLY,
+    # the dashboard (wakeful/dashboard/server.py): a browser logs in with the admin token once
+    ("GET", "/ui"): SESSION,  # the login form, or with a session the page
+    ("GET", "/ui/dashboard.js"): SESSION,  # static, no data
+    ("GET", "/ui/dashboard.css"): SESSION,
+    ("POST", "/ui/login"): SESSION,
+    ("POST", "/ui/logout"): SESSION,
+    ("GET", "/ui/session"): SESSION,
+    ("GET", "/ui/events"): SESSION,
 }
 
 

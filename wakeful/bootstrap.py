@@ -32,11 +32,14 @@ from prometheus_client import CollectorRegistry
 from wakeful.activator.api import create_app
 from wakeful.activator.core import Activator
 from wakeful.activator.credentials import install_admin
+from wakeful.activator.pool_metrics import PoolCollector
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.activator.standby import StandbyApp
 from wakeful.activator.tokens_api import tokens_router
 from wakeful.controller.api import node_router
+from wakeful.controller.health import StoreProbe
 from wakeful.controller.reconciler import Reconciler
+from wakeful.dashboard.server import Dashboard, Sessions, dashboard_router, session_key
 from wakeful.datadir import (
     CONTROL_FILE,
     load_or_create_token,
@@ -116,6 +119,9 @@ async def control_plane(
         await check_schema(store)  # SchemaError: a newer wakeful's, or a restore half done
     registry = CollectorRegistry()
     activator = Activator(store, settings, registry, leading=leading)
+    probe = StoreProbe(store)  # wakeful_store_up, wakeful_node_registered
+    for metrics in (PoolCollector(activator.snapshot), probe):
+        registry.register(metrics)
     artifacts = LocalArtifacts(
         settings.artifact_dir or data_dir / "artifacts",
         state_max_bytes=settings.state_max_bytes,
@@ -141,19 +147,6 @@ async def control_plane(
         tasks.start_soon(partial(reflect, store, keys.TOKENS, Token, tokens, what="tokens"))
         with anyio.fail_after(30):
             await tokens.caught_up(0)  # listed: no request is refused for want of a listing
-        api = create_app(
-            activator,
-            tokens,
-            registry,
-            [
-                deploy_router(store, deployer, artifacts, tasks),
-                node_router(store),
-                logs_router(store, logbook),
-                tokens_router(store, tokens, write_admin=write_admin),
-            ],
-        )
-        api_started = anyio.Event()
-        tasks.start_soon(serve_asgi, api, settings.listen, "--api-listen", api_started)
         reconciler = Reconciler(
             store,
             activator.leased_on,
@@ -164,9 +157,27 @@ async def control_plane(
             takeback_after=settings.state_takeback_after,
             registry=registry,
         )
+        dashboard = Dashboard(activator, lambda: reconciler.mirror, store)
+        sessions = Sessions(await session_key(store), tokens)
+        api = create_app(
+            activator,
+            tokens,
+            registry,
+            [
+                deploy_router(store, deployer, artifacts, tasks),
+                node_router(store),
+                logs_router(store, logbook),
+                tokens_router(store, tokens, write_admin=write_admin),
+                dashboard_router(dashboard, sessions, tokens),
+            ],
+        )
+        api_started = anyio.Event()
+        tasks.start_soon(serve_asgi, api, settings.listen, "--api-listen", api_started)
         activator.last_lease_gone = reconciler.nudge
         tasks.start_soon(reconciler.run)
+        tasks.start_soon(dashboard.run)
         tasks.start_soon(collector.run, settings.artifact_gc_interval)
+        tasks.start_soon(probe.run)
         if idle is not None:
             monitor = IdleMonitor(
                 store, interval=idle.idle_interval, retention=idle.retired_retention
@@ -284,7 +295,11 @@ async def run_up(
         node_settings = node_settings.model_copy(update={"isolation": isolation})
     # Shown in 503 answers only while the ingress listens on loopback (boot_log_shown).
     ingress_settings = IngressSettings(
-        store_url=store_url, listen=listen, admin_listen=admin, show_boot_log=True
+        store_url=store_url,
+        listen=listen,
+        admin_listen=admin,
+        show_boot_log=True,
+        server_timing=True,
     )
 
     def write_admin(secret: str) -> str:

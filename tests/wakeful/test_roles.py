@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ from wakeful.activator.channel import MAX_CHANNELS_PER_TOKEN
 from wakeful.activator.channel import PATH as CHANNEL_PATH
 from wakeful.activator.client import ChannelLeases, HttpLeases
 from wakeful.activator.core import Activator
-from wakeful.activator.roles import PUBLIC, ROUTES, WEBSOCKET
+from wakeful.activator.roles import PUBLIC, ROUTES, SESSION, WEBSOCKET
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.deploy.logs_api import own_output
 from wakeful.domain import keys
@@ -83,7 +84,7 @@ def refused(app: FastAPI, may: set[tuple[str, str]]) -> list[tuple[str, str]]:
     return sorted(
         (method, path)
         for method, path in routes_of(app)
-        if ROUTES.get((method, path)) != PUBLIC and (method, path) not in may
+        if ROUTES.get((method, path)) not in (PUBLIC, SESSION) and (method, path) not in may
     )
 
 
@@ -228,6 +229,16 @@ async def test_no_token_or_an_unknown_one_is_401_and_public_routes_need_none(
         if allowed == PUBLIC:
             if method == "GET":
                 assert (await control.call(method, path, None)).status_code == 200, path
+            continue
+        if allowed == SESSION:  # the dashboard: no bearer token opens it, nor needs to
+            for token in (None, control.node):
+                answer = await control.call(method, path, token)
+                if path in ("/ui/session", "/ui/events"):
+                    assert answer.status_code == 401, (method, path, token)
+                # No session is ever issued (logging out clears one: an empty value).
+                assert not re.search(
+                    r"wakeful_session=[^\";]", answer.headers.get("set-cookie", "")
+                )
             continue
         for token in (None, "not-a-token", control.node + "x"):
             answer = await control.call(method, path, token)

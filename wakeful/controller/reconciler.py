@@ -31,6 +31,7 @@ from wakeful.domain.models import ON_NODE, AppState, Cordon, Node, Pool, Sandbox
 from wakeful.store import Conflict, Delete, Item, Put, Require, Store, StoreError
 from wakeful.store.reflector import Feed, reflect_all
 
+from .health import CrashCollector
 from .plan import (
     Action,
     Create,
@@ -235,6 +236,7 @@ class Reconciler:
         self.metrics = EvacuationMetrics(registry or CollectorRegistry())
         if registry is not None:
             registry.register(TunnelCollector(lambda: self._mirror))
+            registry.register(CrashCollector(lambda: self._mirror, clock))
         self._failed_seen: set[tuple[str, int]] = set()
         self._mirror: Mirror | None = None
         self._leased_on = leased_on
@@ -248,6 +250,11 @@ class Reconciler:
         """Lease counts live in the activator's memory: right after it (re)starts they read 0
         although ingresses still hold leases they will renew. Until one lease TTL has passed,
         a draining sandbox is assumed busy, so a restart cuts no request short."""
+
+    @property
+    def mirror(self) -> Mirror | None:
+        """What it plans from, once it runs (the dashboard reads it too)."""
+        return self._mirror
 
     async def run(self) -> None:
         """Reconcile on every change to pools, sandboxes, nodes or cordons, and every interval

@@ -33,6 +33,8 @@ LEADERS = "leaders/"
 ROLLOUTS = "rollouts/"
 STATES = "states/"
 INGRESSES = "ingresses/"
+UI_SESSION_KEY = "ui/session-key"
+"""The key the dashboard's session cookies are signed with (`wakeful.dashboard`)."""
 
 
 def app(name: str) -> str:

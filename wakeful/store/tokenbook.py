@@ -90,6 +90,10 @@ class TokenBook:
             return None
         return found
 
+    def by_name(self, name: str) -> Token | None:
+        """The token named `name`, while it exists."""
+        return self._by_key.get(keys.token(name))
+
     def by_digest(self, digest: str) -> Token | None:
         """The token whose secret hashes to `digest`, while it is current."""
         return self._by_digest.get(digest)

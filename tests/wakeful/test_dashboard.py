@@ -1,0 +1,234 @@
+"""The dashboard's server side (`wakeful.dashboard.server`) on a real control plane: the login
+and its session cookie (signed under a key in the store, bound to the token), hostile posts,
+and the event stream. The page itself is driven in a real browser in
+tests/e2e/test_dashboard_browser.py."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from tests.wakeful.conftest import Running, running_control_plane
+from wakeful.dashboard.server import COOKIE, MAX_STREAMS
+from wakeful.domain import keys
+from wakeful.domain.models import App, AppSpec, Pool, ScaleChange
+from wakeful.store import open_store
+
+pytestmark = pytest.mark.anyio
+
+
+async def log_in(url: str, secret: str) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=url) as http:
+        return await http.post("/ui/login", data={"token": secret})
+
+
+def session_of(answer: httpx.Response) -> str:
+    cookie = answer.cookies.get(COOKIE)
+    assert cookie, answer.headers
+    return cookie
+
+
+async def session_status(url: str, cookie: str) -> int:
+    async with httpx.AsyncClient(base_url=url, cookies={COOKIE: cookie}) as http:
+        return (await http.get("/ui/session")).status_code
+
+
+async def test_the_page_is_a_login_form_until_the_admin_token_is_posted(tmp_path: Path) -> None:
+    async with (
+        running_control_plane(tmp_path) as running,
+        httpx.AsyncClient(base_url=running.url) as http,
+    ):
+        page = await http.get("/ui")
+        assert page.status_code == 200
+        assert 'id="login"' in page.text and "EventSource" not in page.text
+        policy = page.headers["content-security-policy"]
+        assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy
+        assert (await http.get("/ui/session")).status_code == 401
+        assert (await http.get("/ui/events")).status_code == 401
+        bearer = {"Authorization": f"Bearer {running.token}"}  # a session, not a bearer token
+        assert (await http.get("/ui/events", headers=bearer)).status_code == 401
+
+        wrong = await http.post("/ui/login", data={"token": "not-the-token"})
+        assert wrong.status_code == 401 and "not valid" in wrong.text
+        assert COOKIE not in wrong.cookies
+
+        answer = await http.post("/ui/login", data={"token": running.token})
+        assert answer.status_code == 303 and answer.headers["location"] == "/ui"
+        assert running.token not in answer.headers["location"]
+        set_cookie = answer.headers["set-cookie"]
+        assert "HttpOnly" in set_cookie and "SameSite=strict" in set_cookie
+        assert "Path=/ui" in set_cookie
+        assert running.token not in set_cookie  # a signature over a fingerprint, not the secret
+        cookie = session_of(answer)
+        http.cookies.set(COOKIE, cookie)
+        page = await http.get("/ui")
+        assert 'id="apps"' in page.text and 'id="login"' not in page.text
+        assert (await http.get("/ui/session")).json() == {"token": "admin"}
+        # The bearer-token API is not opened by a session cookie.
+        assert (await http.get("/v1/pools")).status_code == 401
+
+
+async def test_tokens_of_other_roles_are_refused_and_a_rotated_token_ends_its_sessions(
+    tmp_path: Path,
+) -> None:
+    async with (
+        running_control_plane(tmp_path) as running,
+        httpx.AsyncClient(
+            base_url=running.url, headers={"Authorization": f"Bearer {running.token}"}
+        ) as api,
+    ):
+        made = {}
+        for name, role in (("n1", "node"), ("edge", "ingress"), ("ops", "admin")):
+            answer = await api.post("/v1/tokens", json={"name": name, "role": role})
+            assert answer.status_code == 201, answer.text
+            made[name] = answer.json()["secret"]
+        for name in ("n1", "edge"):
+            refused = await log_in(running.url, made[name])
+            assert refused.status_code == 403 and "needs the admin token" in refused.text
+            assert COOKIE not in refused.cookies
+
+        ops = session_of(await log_in(running.url, made["ops"]))
+        admin = session_of(await log_in(running.url, running.token))
+        assert await session_status(running.url, ops) == 200
+        assert (await api.post("/v1/tokens/ops/rotate")).status_code == 200
+        assert await session_status(running.url, ops) == 401  # its secret changed
+        assert await session_status(running.url, admin) == 200
+        # A new session with the new secret works; revoking the token ends it.
+        rotated = (await api.get("/v1/tokens")).json()
+        assert any(t["name"] == "ops" for t in rotated)
+        assert (await api.delete("/v1/tokens/ops")).status_code == 200
+        assert await session_status(running.url, ops) == 401
+
+
+async def test_a_session_survives_a_restart_and_a_forged_one_is_refused(tmp_path: Path) -> None:
+    async with open_store("memory://") as store:
+        async with running_control_plane(tmp_path, store=store) as first:
+            cookie = session_of(await log_in(first.url, first.token))
+        async with running_control_plane(tmp_path, store=store) as second:
+            # Another process (a restart, a new leader): the key is the store's, not its own.
+            assert await session_status(second.url, cookie) == 200
+            encoded, _, signature = cookie.partition(".")
+            flipped = signature[:-1] + ("0" if signature[-1] != "0" else "1")
+            for forged in (f"{encoded}.{flipped}", encoded, "", "x" * 5000, "a.b.c"):
+                assert await session_status(second.url, forged) == 401, forged
+    async with running_control_plane(tmp_path / "other") as elsewhere:
+        # A store of its own has a key of its own: a cookie from another cluster means nothing.
+        assert await session_status(elsewhere.url, cookie) == 401
+
+
+@pytest.mark.parametrize(
+    ("headers", "content", "status"),
+    [
+        ({"content-type": "application/x-www-form-urlencoded"}, b"token=" + b"a" * 8000, 413),
+        ({"content-type": "application/json"}, b'{"token": "x"}', 415),
+        (
+            {
+                "content-type": "application/x-www-form-urlencoded",
+                "origin": "https://evil.example",
+            },
+            b"token=x",
+            403,
+        ),
+        ({"content-type": "application/x-www-form-urlencoded"}, b"token=%ff%fe&&&=", 401),
+        ({"content-type": "application/x-www-form-urlencoded"}, b"a=1&" * 200, 400),
+    ],
+    ids=["too-long", "not-a-form", "cross-site", "garbage", "many-fields"],
+)
+async def test_hostile_logins_get_a_clear_4xx(
+    tmp_path: Path, headers: dict[str, str], content: bytes, status: int
+) -> None:
+    async with (
+        running_control_plane(tmp_path) as running,
+        httpx.AsyncClient(base_url=running.url) as http,
+    ):
+        answer = await http.post("/ui/login", headers=headers, content=content)
+        assert answer.status_code == status, answer.text
+        assert COOKIE not in answer.cookies
+        assert 'id="login-error"' in answer.text
+
+
+async def snapshots(running: Running, cookie: str) -> AsyncIterator[dict[str, Any]]:
+    async with (
+        httpx.AsyncClient(base_url=running.url, cookies={COOKIE: cookie}, timeout=30) as http,
+        http.stream("GET", "/ui/events") as stream,
+    ):
+        assert stream.status_code == 200
+        assert stream.headers["content-type"].startswith("text/event-stream")
+        async for line in stream.aiter_lines():
+            if line.startswith("data: ") and line != "data: {}":
+                yield json.loads(line[6:])
+
+
+async def test_the_event_stream_carries_apps_pools_and_scale_events(tmp_path: Path) -> None:
+    async with running_control_plane(tmp_path) as running:
+        cookie = session_of(await log_in(running.url, running.token))
+        spec = AppSpec(command=["true"])
+        await running.store.put(keys.app("web"), App(name="web", active_version="v1"))
+        pool = Pool(name="web-v1", app="web", version="v1", spec=spec)
+        revision = await running.store.put(keys.pool("web-v1"), pool)
+        with anyio.fail_after(30):
+            async for snapshot in snapshots(running, cookie):
+                apps = {a["app"]: a for a in snapshot["apps"]}
+                if "web" in apps and apps["web"]["pools"]:
+                    break
+        web = apps["web"]
+        assert web["version"] == "v1"
+        assert web["pools"][0] | {"desired": 0, "ready": 0} == web["pools"][0]
+        assert len(web["series"]["requests_per_s"]) == 90
+        assert snapshot["events"] == []
+
+        change = ScaleChange(
+            at=1000.0,
+            by="demand",
+            from_instances=0,
+            to_instances=3,
+            reason="demand: 0 leased + 25 waiting at 10 per sandbox",
+        )
+        grown = pool.model_copy(update={"desired_instances": 3, "last_scale": change})
+        await running.store.update(keys.pool("web-v1"), grown, expect_revision=revision)
+        with anyio.fail_after(30):
+            async for snapshot in snapshots(running, cookie):
+                if snapshot["events"]:
+                    break
+        assert snapshot["events"] == [
+            {
+                "at": 1000.0,
+                "app": "web",
+                "pool": "web-v1",
+                "kind": "scale_up",
+                "from": 0,
+                "to": 3,
+                "reason": "demand: 0 leased + 25 waiting at 10 per sandbox",
+            }
+        ]
+        assert snapshot["apps"][0]["pools"][0]["desired"] == 3
+
+
+async def test_event_streams_are_bounded(tmp_path: Path) -> None:
+    async with running_control_plane(tmp_path) as running:
+        cookie = session_of(await log_in(running.url, running.token))
+        async with contextlib.AsyncExitStack() as stack:
+            http = await stack.enter_async_context(
+                httpx.AsyncClient(
+                    base_url=running.url,
+                    cookies={COOKIE: cookie},
+                    timeout=30,
+                    limits=httpx.Limits(max_connections=MAX_STREAMS + 8),
+                )
+            )
+            readers = []  # each stream's reader, kept: one collected would close its stream
+            for _ in range(MAX_STREAMS):
+                stream = await stack.enter_async_context(http.stream("GET", "/ui/events"))
+                assert stream.status_code == 200
+                readers.append(stream.aiter_lines())
+                with anyio.fail_after(30):  # registered once its first line is out
+                    assert await anext(readers[-1]) == "retry: 2000"
+            busy = await http.get("/ui/events")
+            assert busy.status_code == 503 and busy.headers["retry-after"] == "5"

@@ -1,0 +1,1 @@
+"""The dashboard at `/ui`: its server side (`server.py`) and its page (`ui/`)."""
