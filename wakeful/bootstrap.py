@@ -331,6 +331,7 @@ async def run_up(
             )
             async with ingress.running():
                 announce(f"wakeful is up: control API http://{api} (token in {data_dir / 'token'})")
+                announce(f"  dashboard: http://{api}/ui")
                 host, _, port = listen.rpartition(":")
                 shown = "localhost" if host in ("127.0.0.1", "0.0.0.0", "localhost") else host
                 for app_dir in app_dirs:
