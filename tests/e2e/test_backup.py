@@ -11,6 +11,7 @@ from pathlib import Path
 
 import anyio
 import httpx
+import pytest
 
 from wakeful.store import open_store, sqlite_url
 from wakeful.store.backup import SCHEMA_KEY, SCHEMA_VERSION, Schema
@@ -54,22 +55,18 @@ def test_a_backup_restored_into_a_new_data_directory_serves_the_same_app(
         stop_up(second)
 
 
-def test_a_store_written_by_a_newer_wakeful_is_refused_by_name(tmp_path: Path) -> None:
+@pytest.mark.anyio
+async def test_a_store_written_by_a_newer_wakeful_is_refused_by_name(tmp_path: Path) -> None:
+    # On the session's loop (tests/conftest.py): anyio.run would find it running already.
     up = start_up(tmp_path, make_app(tmp_path))
     stop_up(up)
-
-    async def newer() -> None:
-        async with open_store(sqlite_url(up.data_dir / "store.db")) as store:
-            await store.put(SCHEMA_KEY, Schema(version=SCHEMA_VERSION + 1))
-
-    anyio.run(newer)
-    refused = subprocess.run(
-        [*WAKEFUL, "--data-dir", str(up.data_dir), "up"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    async with open_store(sqlite_url(up.data_dir / "store.db")) as store:
+        await store.put(SCHEMA_KEY, Schema(version=SCHEMA_VERSION + 1))
+    with anyio.fail_after(60):
+        refused = await anyio.run_process(
+            [*WAKEFUL, "--data-dir", str(up.data_dir), "up"], check=False
+        )
     assert refused.returncode == 1
-    assert f"schema {SCHEMA_VERSION + 1}" in refused.stderr
-    assert "newer wakeful" in refused.stderr
+    stderr = refused.stderr.decode()
+    assert f"schema {SCHEMA_VERSION + 1}" in stderr
+    assert "newer wakeful" in stderr

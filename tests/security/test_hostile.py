@@ -26,7 +26,10 @@ from tests.e2e.test_deploy import cli_async
 from tests.e2e.test_up import Up, make_app, start_up, stop_up
 from wakeful.node.testing import app_pids, sandbox_pids
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="per-app uids and cgroups need root")
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="per-app uids and cgroups need root"),
+    pytest.mark.anyio,
+]
 HOSTILE = Path(__file__).parent / "hostile"
 MEMORY, PROCESSES, DISK = 64 << 20, 32, 32 << 20
 MACHINE_DEPENDENT = {"read /proc/1/environ"}
@@ -166,14 +169,15 @@ def scan(marker: str) -> list[int]:
     return found
 
 
+# Async fixtures, on the session's loop (tests/conftest.py): anyio.run would find it running.
 @pytest.fixture(scope="module")
-def isolated(tmp_path_factory: pytest.TempPathFactory) -> Attack:
-    return anyio.run(attack, tmp_path_factory.mktemp("isolated"))
+async def isolated(tmp_path_factory: pytest.TempPathFactory) -> Attack:
+    return await attack(tmp_path_factory.mktemp("isolated"))
 
 
 @pytest.fixture(scope="module")
-def unisolated(tmp_path_factory: pytest.TempPathFactory) -> Attack:
-    return anyio.run(attack, tmp_path_factory.mktemp("unisolated"), "--isolation=none")
+async def unisolated(tmp_path_factory: pytest.TempPathFactory) -> Attack:
+    return await attack(tmp_path_factory.mktemp("unisolated"), "--isolation=none")
 
 
 ATTEMPTS = [
