@@ -33,7 +33,9 @@ released too. Leases already held outlive the channel: they are renewed on the n
 
 Bounds: at most `MAX_ADOPTS_PER_CHANNEL` leases reported per channel; frames of at most
 `MAX_FRAME_BYTES` (uncompressed: the control API turns permessage-deflate off) and
-`MAX_OPS_PER_FRAME` operations; at most `MAX_IN_FLIGHT` acquires
+`MAX_OPS_PER_FRAME` operations (the client cuts its frames by size too: a `traffic` report
+names at most `MAX_APPS_PER_REPORT` apps, and many of them fill frames fast); at most
+`MAX_IN_FLIGHT` acquires
 per channel (past it, an acquire is answered `no capacity` with a Retry-After); while more than
 `MAX_UNSENT` answers wait for the ingress to read them, the channel reads nothing more; answers
 go out in frames of about `FRAME_BYTES`. An operation that is not the protocol but has an id is

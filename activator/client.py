@@ -13,7 +13,7 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import anyio
@@ -22,7 +22,7 @@ import websockets
 import websockets.asyncio.client
 from websockets.asyncio.client import ClientConnection
 
-from wakeful.activator.channel import MAX_OPS_PER_FRAME
+from wakeful.activator.channel import FRAME_BYTES, MAX_OPS_PER_FRAME
 from wakeful.activator.channel import PATH as CHANNEL_PATH
 from wakeful.activator.core import Activator
 from wakeful.domain.leases import (
@@ -445,8 +445,8 @@ class _Link:
                 await self._queued.wait()
                 self._queued.clear()
                 batch, self._outbox = self._outbox, []
-                for at in range(0, len(batch), MAX_OPS_PER_FRAME):  # the activator's bound
-                    await self._connection.send(json.dumps(batch[at : at + MAX_OPS_PER_FRAME]))
+                for frame in _frames(batch):
+                    await self._connection.send(frame)
         except (websockets.WebSocketException, OSError):
             self._lost()
 
@@ -488,6 +488,23 @@ class _Link:
         self._lost()
         await self._connection.close()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _frames(batch: list[dict[str, Any]]) -> Iterator[str]:
+    """Frames within the activator's bounds: at most `MAX_OPS_PER_FRAME` operations and about
+    `FRAME_BYTES` each (a traffic report is large: counted by bytes, not by operations, a
+    batch of them would pass the activator's `MAX_FRAME_BYTES` and close the channel)."""
+    parts: list[str] = []
+    size = 0
+    for operation in batch:
+        part = json.dumps(operation)
+        if parts and (size + len(part) > FRAME_BYTES or len(parts) >= MAX_OPS_PER_FRAME):
+            yield "[" + ",".join(parts) + "]"
+            parts, size = [], 0
+        parts.append(part)
+        size += len(part) + 1
+    if parts:
+        yield "[" + ",".join(parts) + "]"
 
 
 def _retrieved(attempt: asyncio.Future[Any]) -> None:

@@ -93,6 +93,7 @@ class Activator:
             self._metrics,
             backoff=settings.scale_up_backoff,
             clock=clock,
+            wall_clock=wall_clock,
         )
         self._activity = ActivityWriter(
             store, self._view, interval=settings.activity_write_interval, clock=clock
@@ -190,6 +191,8 @@ class Activator:
                         self._publish(moved_from)
                         self._publish(fresh.name)
                     state = fresh
+                    if waiter is not None:  # its place moved: is it now waiting for a wake?
+                        asleep = asleep or self._view.ready(state) == 0
                 if waiter is not None:
                     waiter.wake = anyio.Event()
                 self._check_leading()
@@ -394,17 +397,21 @@ class Activator:
 
     async def _sample_waiters(self) -> None:
         """Once a second, each app's waiters into the ring (its slot keeps the most); apps
-        deleted leave it."""
+        deleted leave it. A failure is logged, never the end of the activator."""
         while True:
-            now = self._wall_clock()
-            waiting: dict[str, int] = dict.fromkeys(self._view.apps, 0)
-            for name, state in self._view.pools.items():
-                app = state.item.value.app
-                if app in waiting:
-                    waiting[app] += self._ledger.waiting(name)
-            for app, count in waiting.items():
-                self.traffic.waiters(app, count, now)
-            self.traffic.keep(set(waiting))
+            try:
+                now = self._wall_clock()
+                waiting: dict[str, int] = {}
+                for name, state in self._view.pools.items():
+                    count = self._ledger.waiting(name)
+                    if count:
+                        app = state.item.value.app
+                        waiting[app] = waiting.get(app, 0) + count
+                for app, count in waiting.items():
+                    self.traffic.waiters(app, count, now)
+                self.traffic.keep(set(self._view.apps))
+            except Exception:
+                log.exception("could not sample the waiters for the charts")
             await anyio.sleep(1.0)
 
     def apps(self) -> list[App]:

@@ -463,7 +463,13 @@ class Deployer:
             )
             require = Require(keys.pool(name), 0)
         else:
-            back = {"retired": False, "retired_at": 0.0, "desired_instances": size}
+            # `last_scale` explained the old size: this one is the rollback's.
+            back = {
+                "retired": False,
+                "retired_at": 0.0,
+                "desired_instances": size,
+                "last_scale": None,
+            }
             pool = old.value.model_copy(update=back)
             require = Require(old.key, old.revision)
         await self._store.txn(

@@ -152,7 +152,8 @@ class IngressMetrics:
         """One proxied request's phases (`PHASES`); `wake` only when it woke its app."""
         counts = self._counts.get(app) or self.counts(app)
         buckets = counts.phase_buckets
-        buckets[0][bisect.bisect_left(DURATION_BUCKETS, queue)] += 1
+        # A cached lease (most requests) waited 0: the first bucket, no search.
+        buckets[0][bisect.bisect_left(DURATION_BUCKETS, queue) if queue else 0] += 1
         buckets[2][bisect.bisect_left(DURATION_BUCKETS, upstream)] += 1
         seconds = counts.phase_seconds
         seconds[0] += queue
@@ -168,17 +169,18 @@ class IngressMetrics:
         for app, counts in list(self._counts.items()):
             if app == "-":  # unrouted: no app to chart
                 continue
+            total = sum(counts.classes)
             sent = self._reported.get(app)
-            now = (sum(counts.classes), counts.classes[5], list(counts.buckets))
+            if sent is not None and sent[0] == total:
+                continue  # nothing since: no copy, no report
+            now = (total, counts.classes[5], list(counts.buckets))
             self._reported[app] = now
             if sent is None:
                 sent = (0, 0, [0] * len(now[2]))
-            requests = now[0] - sent[0]
-            if requests:
-                buckets = [a - b for a, b in zip(now[2], sent[2], strict=True)]
-                report[app] = AppTraffic(
-                    requests=requests, errors=now[1] - sent[1], buckets=buckets
-                )
+            buckets = [a - b for a, b in zip(now[2], sent[2], strict=True)]
+            report[app] = AppTraffic.model_construct(  # our own counts: nothing to validate
+                requests=total - sent[0], errors=now[1] - sent[1], buckets=buckets
+            )
         return report
 
     def cache_hit(self, app: str) -> None:

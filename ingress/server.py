@@ -197,7 +197,10 @@ class Ingress:
         (beside the lease renewals): the dashboard's charts of every ingress together."""
         while True:
             await anyio.sleep(self.settings.traffic_report_interval)
-            self._leases.report(self.metrics.traffic_since_last())
+            try:
+                self._leases.report(self.metrics.traffic_since_last())
+            except Exception:  # the charts are never worth the ingress
+                log.exception("could not report traffic to the activator")
 
     async def _serve_tunnels(
         self, stack: contextlib.AsyncExitStack, tasks: anyio.abc.TaskGroup

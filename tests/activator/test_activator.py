@@ -49,6 +49,8 @@ async def test_35_waiters_grow_the_pool_in_one_step_and_are_all_admitted_when_re
         await set_status(store, "sb-1", SandboxStatus.RUNNING)
         await eventually(lambda: len(leases) == 35)
     assert {lease.sandbox_id for lease in leases} == {"sb-1"}
+    # Each waited while nothing was ready: each grant says how long (`Server-Timing: wake`).
+    assert all(lease.woke_after > 0 for lease in leases)
     assert sum(not lease.overflow for lease in leases) == 5  # the target's worth
     assert all(lease.size == 1 for lease in leases if lease.overflow)
     snapshot = activator.snapshot()[0]
@@ -399,3 +401,5 @@ async def test_past_the_hard_limit_a_request_waits_drives_a_scale_up_and_takes_f
         await eventually(lambda: len(leases) == 4)
     assert leases[3].sandbox_id == "sb-1"
     assert activator.leased_on("sb-1") == 3
+    # It waited for room on a ready sandbox, not for a wake: `Server-Timing` says no wake.
+    assert leases[3].woke_after == 0 and leases[3].grant().woke_after == 0

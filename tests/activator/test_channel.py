@@ -466,3 +466,21 @@ async def test_traffic_reports_reach_the_ring_and_bad_ones_are_answered_alone(
         for refused in (1, 2, 3, 4):
             assert answers[refused]["error"] == "invalid request", answers[refused]
         assert answers[5] == {"id": 5, "recorded": 1}
+
+
+async def test_a_report_of_many_apps_goes_in_frames_the_activator_takes(api: Served) -> None:
+    """Frames are cut by size, not only by count: 5,000 apps' report in one batch would pass
+    the activator's 1 MiB frame bound and close the channel, failing every call on it."""
+    buckets = [1] + [0] * (BUCKETS - 1)
+    report = {
+        f"app-with-a-long-name-{i:05d}": AppTraffic(requests=1, buckets=buckets)
+        for i in range(5000)
+    }
+    async with ChannelLeases(api.url, TOKEN) as leases:
+        grant = await leases.acquire("hello")
+        link = leases._link
+        leases.report(report | {"hello": AppTraffic(requests=3, buckets=[3] + [0] * (BUCKETS - 1))})
+        with anyio.fail_after(10):
+            await eventually(lambda: api.activator.traffic.requests("hello") == 3)
+        await leases.release(grant.lease_id)
+        assert leases._link is link and link is not None and link.alive  # the same channel

@@ -156,7 +156,8 @@ def test_log_in_watch_an_app_wake_and_follow_a_restart(tmp_path: Path, browser: 
                 if httpx.get(up.api + "/healthz", timeout=2).status_code == 200:
                     break
             except httpx.TransportError:
-                time.sleep(0.1)
+                pass
+            time.sleep(0.1)
         until(browser, lambda d: text(d, "#conn") == "live", "the stream live again")
         until(browser, lambda d: text(d, row) is not None, "hello after the restart")
         assert browser.execute_script("return window.wakefulNotReloaded") is True

@@ -12,14 +12,18 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import httpx
 import pytest
 
 from tests.wakeful.conftest import Running, running_control_plane
-from wakeful.dashboard.server import COOKIE, MAX_STREAMS
+from wakeful.controller.reconciler import Mirror
+from wakeful.dashboard.server import COOKIE, MAX_STREAMS, SESSION_SECONDS, Dashboard, Sessions
 from wakeful.domain import keys
-from wakeful.domain.models import App, AppSpec, Pool, ScaleChange
-from wakeful.store import open_store
+from wakeful.domain.models import App, AppSpec, Pool, Role, Sandbox, ScaleChange
+from wakeful.store import Item, open_store
+from wakeful.store.tokenbook import TokenBook
+from wakeful.testing import ManualClock
 
 pytestmark = pytest.mark.anyio
 
@@ -232,3 +236,119 @@ async def test_event_streams_are_bounded(tmp_path: Path) -> None:
                     assert await anext(readers[-1]) == "retry: 2000"
             busy = await http.get("/ui/events")
             assert busy.status_code == 503 and busy.headers["retry-after"] == "5"
+
+
+async def test_a_closed_stream_gives_its_place_back_and_streams_end_with_the_control_plane(
+    tmp_path: Path,
+) -> None:
+    async with running_control_plane(tmp_path) as running:
+        cookie = session_of(await log_in(running.url, running.token))
+        async with httpx.AsyncClient(
+            base_url=running.url,
+            cookies={COOKIE: cookie},
+            timeout=30,
+            limits=httpx.Limits(max_connections=MAX_STREAMS + 8),
+        ) as http:
+            async with contextlib.AsyncExitStack() as stack:
+                readers = []
+                for _ in range(MAX_STREAMS):
+                    stream = await stack.enter_async_context(http.stream("GET", "/ui/events"))
+                    readers.append(stream.aiter_lines())
+                    with anyio.fail_after(30):
+                        assert await anext(readers[-1]) == "retry: 2000"
+                assert (await http.get("/ui/events")).status_code == 503
+            # All closed by their clients: every place is free again.
+            with anyio.fail_after(30):
+                while (await http.get("/ui/session")).status_code == 200:
+                    async with http.stream("GET", "/ui/events") as again:
+                        if again.status_code == 200:
+                            break
+                    await anyio.sleep(0.05)
+        async with (
+            httpx.AsyncClient(base_url=running.url, cookies={COOKIE: cookie}, timeout=60) as http,
+            http.stream("GET", "/ui/events") as stream,
+        ):
+            lines = stream.aiter_lines()
+            assert await anext(lines) == "retry: 2000"
+            ended = anyio.Event()
+
+            async def read_to_the_end() -> None:
+                async for _ in lines:  # a clean end of the body, not a connection cut
+                    pass
+                ended.set()
+
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(read_to_the_end)
+                # Stopping the control plane ends the stream (its graceful shutdown does
+                # not wait on it): the reader sees the body end, not an error.
+                running.plane.tasks.cancel_scope.cancel()
+                with anyio.fail_after(30):
+                    await ended.wait()
+
+
+async def test_an_open_stream_ends_when_its_token_is_revoked(tmp_path: Path) -> None:
+    async with (
+        running_control_plane(tmp_path) as running,
+        httpx.AsyncClient(
+            base_url=running.url, headers={"Authorization": f"Bearer {running.token}"}
+        ) as api,
+    ):
+        secret = (await api.post("/v1/tokens", json={"name": "ops", "role": "admin"})).json()
+        cookie = session_of(await log_in(running.url, secret["secret"]))
+        seen: list[str] = []
+        async with (
+            httpx.AsyncClient(base_url=running.url, cookies={COOKIE: cookie}, timeout=60) as http,
+            http.stream("GET", "/ui/events") as stream,
+        ):
+            with anyio.fail_after(60):
+                async for line in stream.aiter_lines():
+                    seen.append(line)
+                    if line == "event: snapshot" and len(seen) < 10:
+                        assert (await api.delete("/v1/tokens/ops")).status_code == 200
+        assert "event: ended" in seen  # told, then the body ended
+
+
+def test_a_session_expires_after_its_lifetime() -> None:
+    clock = ManualClock(1_000_000.0)
+    tokens = TokenBook.of({"secret": Role.ADMIN})
+    sessions = Sessions(b"k" * 32, tokens, clock=clock)
+    token = tokens.verify("secret")
+    assert token is not None
+    cookie = sessions.issue(token)
+    clock.advance(SESSION_SECONDS - 1)
+    assert sessions.check(cookie) == token
+    clock.advance(2)
+    assert sessions.check(cookie) is None
+    assert Sessions(b"x" * 32, tokens, clock=clock).check(sessions.issue(token)) is None
+
+
+async def test_a_record_holding_an_infinite_time_does_not_stop_the_snapshots(
+    tmp_path: Path,
+) -> None:
+    """JSON has no infinity: a sandbox record with one (a hostile node can write `-1e999` to
+    etcd; our own writes turn it into null) would make every browser refuse every snapshot
+    while it exists."""
+    evil = Sandbox.model_validate_json(
+        '{"id": "evil", "pool": "web-v1", "app": "web", "created_at": -1e999}'
+    )
+    mirror = Mirror()
+    mirror.sandboxes.put(Item(keys.sandbox("evil"), evil, 1))
+    async with running_control_plane(tmp_path) as running:
+        dashboard = Dashboard(running.plane.activator, lambda: mirror, running.store)
+        snapshot = dashboard.snapshot()
+    assert snapshot["sandboxes"][0]["created_at"] is None
+    json.dumps(snapshot, allow_nan=False)  # what a browser's JSON.parse takes
+
+
+async def test_a_stopping_dashboard_ends_every_stream_at_once(tmp_path: Path) -> None:
+    """So the control API's graceful shutdown (10 s for requests in flight) does not wait on
+    browsers that would never leave by themselves."""
+    async with running_control_plane(tmp_path) as running:
+        dashboard = Dashboard(running.plane.activator, lambda: None, running.store)
+        queue = dashboard.open_stream()
+        assert queue is not None
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(dashboard.run)
+            await anyio.lowlevel.checkpoint()
+            tasks.cancel_scope.cancel()
+        assert queue.get_nowait() == ""  # the end, for `messages` to return on

@@ -31,21 +31,25 @@ import hashlib
 import hmac
 import json
 import logging
+import math
 import secrets
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from importlib import resources
 from typing import Any
 
 import anyio
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
+from starlette.requests import ClientDisconnect
+from starlette.types import Receive, Scope, Send
 
-from wakeful.activator.core import Activator
+from wakeful.activator.core import Activator, PoolSnapshot
 from wakeful.controller.reconciler import Mirror, with_cordon
 from wakeful.domain import keys
 from wakeful.domain.models import (
+    App,
     Role,
     RolloutRecord,
     SeenNode,
@@ -62,6 +66,9 @@ SESSION_SECONDS = 12 * 3600
 MAX_LOGIN_BYTES = 4096
 MAX_STREAMS = 32
 """Event streams open at once, every browser together."""
+MAX_APPS = 100
+"""Apps in one snapshot, busiest first (the count says how many there are): a snapshot costs
+the control plane's event loop time in proportion, every second someone watches."""
 MAX_SANDBOXES = 500
 """Sandboxes listed in one snapshot (the count says how many there are)."""
 MAX_EVENTS = 50
@@ -179,10 +186,13 @@ class Dashboard:
     async def run(self) -> None:
         try:
             while True:
-                self._record_scales()
-                if self._streams:
-                    await self._list_now_and_then()
-                    self._publish()
+                try:
+                    self._record_scales()
+                    if self._streams:
+                        await self._list_now_and_then()
+                        self._publish()
+                except Exception:  # a chart is never worth the control plane
+                    log.exception("the dashboard could not build its snapshot")
                 await anyio.sleep(self._interval)
         finally:
             # The control plane stops: every stream ends now, so the API's graceful shutdown
@@ -205,7 +215,7 @@ class Dashboard:
             self._seen_scales[pool.name] = change.at
             fresh.append(
                 {
-                    "at": change.at,
+                    "at": _finite(change.at),
                     "app": pool.app,
                     "pool": pool.name,
                     "kind": "scale_up"
@@ -216,7 +226,7 @@ class Dashboard:
                     "reason": change.reason,
                 }
             )
-        for event in sorted(fresh, key=lambda e: float(e["at"])):
+        for event in sorted(fresh, key=lambda e: float(e["at"] or 0.0)):
             self.events.appendleft(event)
         gone = set(self._seen_scales) - {i.value.name for i in mirror.pools.items.values()}
         for name in gone:
@@ -244,10 +254,21 @@ class Dashboard:
         now = self._clock()
         pools = self._activator.snapshot()
         ready = {p.pool: p.ready for p in pools}
+        by_app: dict[str, list[PoolSnapshot]] = collections.defaultdict(list)
+        for counted in pools:
+            by_app[counted.app].append(counted)
+
+        def busy(record: App) -> tuple[bool, str]:
+            mine = by_app.get(record.name, ())
+            return (not any(p.live or p.waiters or p.desired_instances for p in mine), record.name)
+
+        known = self._activator.apps()
         apps = []
-        for record in self._activator.apps():
-            mine = [p for p in pools if p.app == record.name]
-            mine.sort(key=lambda p: (p.version != record.active_version, p.pool))
+        for record in sorted(known, key=busy)[:MAX_APPS]:
+            mine = sorted(
+                by_app.get(record.name, ()),
+                key=lambda p: (p.version != record.active_version, p.pool),
+            )
             apps.append(
                 {
                     "app": record.name,
@@ -289,9 +310,7 @@ class Dashboard:
                         "node": sandbox.node,
                         "status": sandbox.status.value,
                         "ready": sandbox.ready,
-                        "age_s": round(max(0.0, now - sandbox.created_at), 1)
-                        if sandbox.created_at
-                        else None,
+                        "created_at": _finite(sandbox.created_at) or None,
                     }
                 )
             per_node = collections.Counter(s.node for s in records if s.node)
@@ -323,13 +342,14 @@ class Dashboard:
                 "ready": ready.get(r.pool, 0),
                 "target_ready": r.target_ready,
                 "message": r.message[:500],
-                "started_at": r.started_at,
+                "started_at": _finite(r.started_at),
             }
             for r in self._rollouts
         ]
         return {
             "at": now,
             "apps": apps,
+            "apps_total": len(known),
             "sandboxes": sandboxes,
             "sandboxes_total": total,
             "events": list(self.events),
@@ -340,31 +360,49 @@ class Dashboard:
     def _publish(self) -> None:
         snapshot = self.snapshot()
         at = snapshot.pop("at")
-        body = json.dumps(snapshot, separators=(",", ":"), sort_keys=True)
+        body = json.dumps(snapshot, separators=(",", ":"))
         if body == self._sent and at - self._sent_at < RESEND_SECONDS:
             return
         self._sent, self._sent_at = body, at
-        data = json.dumps({**snapshot, "at": at}, separators=(",", ":"))
-        message = f"event: snapshot\ndata: {data}\n\n"
+        message = f'event: snapshot\ndata: {body[:-1]},"at":{at!r}}}\n\n'  # one encoding
         for queue in self._streams:
             if queue.full():  # a browser that reads slowly gets the newest, never a backlog
                 queue.get_nowait()
             queue.put_nowait(message)
 
-    @property
-    def full(self) -> bool:
-        return len(self._streams) >= MAX_STREAMS
-
-    @contextlib.contextmanager
-    def stream(self) -> Iterator[asyncio.Queue[str]]:
-        """A queue of snapshot messages for one event stream; the current state comes first."""
+    def open_stream(self) -> asyncio.Queue[str] | None:
+        """A queue of snapshot messages for one more event stream (the current state comes
+        first), or None at `MAX_STREAMS`. Counted here, in the same step as the check, so
+        streams opened at once cannot pass the bound together; `close_stream` gives it back."""
+        if len(self._streams) >= MAX_STREAMS:
+            return None
         queue: asyncio.Queue[str] = asyncio.Queue(maxsize=1)
         self._streams.add(queue)
         self._sent = ""
+        return queue
+
+    def close_stream(self, queue: asyncio.Queue[str]) -> None:
+        self._streams.discard(queue)
+
+
+class _EventStream(StreamingResponse):
+    """A stream that gives its place back however it ends, also when its client left before
+    the first byte (Starlette then never starts the body's generator, whose own `finally`
+    would never run)."""
+
+    def __init__(self, content: AsyncIterator[str], done: Callable[[], None]) -> None:
+        super().__init__(
+            content,
+            media_type="text/event-stream",
+            headers={**HEADERS, "X-Accel-Buffering": "no"},
+        )
+        self._done = done
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            yield queue
+            await super().__call__(scope, receive, send)
         finally:
-            self._streams.discard(queue)
+            self._done()
 
 
 def _asset(name: str) -> bytes:
@@ -386,6 +424,14 @@ def dashboard_router(dashboard: Dashboard, sessions: Sessions, tokens: TokenBook
     def login_form(error: str = "", status: int = 200) -> Response:
         # `error` is one of the fixed sentences below: nothing a client sent.
         return html(login_page.replace("<!--error-->", error), status)
+
+    def unauthorized() -> Response:
+        return Response(
+            '{"error":"unauthorized","detail":"log in at /ui"}',
+            401,
+            headers=HEADERS,
+            media_type="application/json",
+        )
 
     def session(request: Request) -> Token | None:
         return sessions.check(request.cookies.get(COOKIE))
@@ -410,10 +456,13 @@ def dashboard_router(dashboard: Dashboard, sessions: Sessions, tokens: TokenBook
         if kind != "application/x-www-form-urlencoded":
             return login_form("The form was not sent as a form.", 415)
         body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > MAX_LOGIN_BYTES:
-                return login_form("That is far longer than a token.", 413)
+        try:
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > MAX_LOGIN_BYTES:
+                    return login_form("That is far longer than a token.", 413)
+        except ClientDisconnect:  # it left mid-body: nobody reads an answer, nothing to log
+            return Response(status_code=400, headers=HEADERS)
         try:
             fields = urllib.parse.parse_qs(body.decode("latin-1"), max_num_fields=8)
         except ValueError:  # more fields than a login form has
@@ -451,12 +500,7 @@ def dashboard_router(dashboard: Dashboard, sessions: Sessions, tokens: TokenBook
     async def ui_session(request: Request) -> Response:
         token = session(request)
         if token is None:
-            return Response(
-                '{"error":"unauthorized","detail":"log in at /ui"}',
-                401,
-                headers=HEADERS,
-                media_type="application/json",
-            )
+            return unauthorized()
         body = json.dumps({"token": token.name})
         return Response(body, headers=HEADERS, media_type="application/json")
 
@@ -464,13 +508,9 @@ def dashboard_router(dashboard: Dashboard, sessions: Sessions, tokens: TokenBook
     async def events(request: Request) -> Response:
         cookie = request.cookies.get(COOKIE)
         if sessions.check(cookie) is None:
-            return Response(
-                '{"error":"unauthorized","detail":"log in at /ui"}',
-                401,
-                headers=HEADERS,
-                media_type="application/json",
-            )
-        if dashboard.full:
+            return unauthorized()
+        queue = dashboard.open_stream()
+        if queue is None:
             return Response(
                 '{"error":"busy","detail":"too many dashboards open"}',
                 503,
@@ -479,29 +519,29 @@ def dashboard_router(dashboard: Dashboard, sessions: Sessions, tokens: TokenBook
             )
 
         async def messages() -> AsyncIterator[str]:
-            # Registered here, not in the route: a stream that never starts holds nothing.
-            with dashboard.stream() as queue:
-                yield "retry: 2000\n\n"
-                while True:
-                    try:
-                        with anyio.fail_after(HEARTBEAT_SECONDS):
-                            message = await queue.get()
-                    except TimeoutError:
-                        message = ": still here\n\n"
-                    if not message:  # the control plane stops
-                        return
-                    if sessions.check(cookie) is None:  # revoked, rotated or expired
-                        yield "event: ended\ndata: {}\n\n"
-                        return
-                    yield message
+            yield "retry: 2000\n\n"
+            while True:
+                try:
+                    with anyio.fail_after(HEARTBEAT_SECONDS):
+                        message = await queue.get()
+                except TimeoutError:
+                    message = ": still here\n\n"
+                if not message:  # the control plane stops
+                    return
+                if sessions.check(cookie) is None:  # revoked, rotated or expired
+                    yield "event: ended\ndata: {}\n\n"
+                    return
+                yield message
 
-        return StreamingResponse(
-            messages(),
-            media_type="text/event-stream",
-            headers={**HEADERS, "X-Accel-Buffering": "no"},
-        )
+        return _EventStream(messages(), lambda: dashboard.close_stream(queue))
 
     return router
+
+
+def _finite(value: float) -> float | None:
+    """A float from a stored record, or None: JSON has no infinity or NaN (the browser's
+    `JSON.parse` would refuse the whole snapshot), and a record may hold one."""
+    return value if math.isfinite(value) else None
 
 
 def _same_origin(request: Request) -> bool:

@@ -12,7 +12,7 @@ ring per app the activator knows, each of `SLOTS` slots.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
@@ -26,7 +26,7 @@ STEP = 10.0
 """Seconds per slot of the ring."""
 SLOTS = 90
 """Slots kept: 15 minutes."""
-MAX_APPS_PER_REPORT = 1000
+MAX_APPS_PER_REPORT = 500
 """Apps in one report operation (the ingress splits a larger report)."""
 
 
@@ -71,8 +71,9 @@ class _Slot:
     start: float
     requests: int = 0
     errors: int = 0
-    buckets: list[int] = field(default_factory=lambda: [0] * BUCKETS)
-    waiters: int | None = None
+    buckets: list[int] | None = None
+    """None until traffic comes: an app with waiters only costs no bucket list."""
+    waiters: int = 0
 
 
 class TrafficRing:
@@ -98,13 +99,18 @@ class TrafficRing:
         slot = self._slot(app, now)
         slot.requests += traffic.requests
         slot.errors += traffic.errors
-        for index, count in enumerate(traffic.buckets):
-            slot.buckets[index] += count
+        if slot.buckets is None:
+            slot.buckets = list(traffic.buckets)
+        else:
+            for index, count in enumerate(traffic.buckets):
+                slot.buckets[index] += count
 
     def waiters(self, app: str, waiting: int, now: float) -> None:
-        """A sample of the app's waiters: its slot keeps the most it saw."""
-        slot = self._slot(app, now)
-        slot.waiters = waiting if slot.waiters is None else max(slot.waiters, waiting)
+        """A sample of the app's waiters: its slot keeps the most it saw. None waiting costs
+        nothing (a slot with no sample reads 0): 10,000 idle apps hold no slots."""
+        if waiting > 0:
+            slot = self._slot(app, now)
+            slot.waiters = max(slot.waiters, waiting)
 
     def requests(self, app: str) -> int:
         """Requests the ring holds for `app` (its last 15 minutes)."""
@@ -117,27 +123,27 @@ class TrafficRing:
 
     def series(self, app: str, now: float) -> dict[str, Any]:
         """The app's last `SLOTS` slots, oldest first, ending with the one `now` is in:
-        requests per second, p50 and p99 in ms, and the most waiters; None where a slot has
-        no data."""
+        requests per second, p50 and p99 in ms (None where a slot had no answers), and the
+        most waiters (0 where none was seen)."""
         last = math.floor(now / self._step)
         ring = self._apps.get(app, {})
         rate: list[float | None] = []
         p50: list[float | None] = []
         p99: list[float | None] = []
-        waiting: list[int | None] = []
+        waiting: list[int] = []
         for index in range(last - self._slots + 1, last + 1):
             slot = ring.get(index)
             if slot is None:
                 rate.append(None)
                 p50.append(None)
                 p99.append(None)
-                waiting.append(None)
+                waiting.append(0)
                 continue
             # The slot under way is divided by the part of it that has passed.
             span = self._step if index < last else max(1.0, now - slot.start)
             rate.append(round(slot.requests / span, 3))
-            p50.append(_ms(quantile(slot.buckets, 0.5)))
-            p99.append(_ms(quantile(slot.buckets, 0.99)))
+            p50.append(None if slot.buckets is None else _ms(quantile(slot.buckets, 0.5)))
+            p99.append(None if slot.buckets is None else _ms(quantile(slot.buckets, 0.99)))
             waiting.append(slot.waiters)
         return {
             "step": self._step,

@@ -58,8 +58,10 @@ SCHEMA_KEY = "meta/schema"
 RESTORE_KEY = "meta/restore"
 FORMAT = "wakeful-backup"
 FORMAT_VERSION = 1
-EPHEMERAL = (keys.NODES, keys.LEADERS)
-"""Records bound to a TTL lease: never in a backup."""
+EPHEMERAL = (keys.NODES, keys.LEADERS, keys.UI_SESSION_KEY)
+"""Never in a backup: records bound to a TTL lease, and the dashboard's session key (with the
+token digests beside it, a backup's reader could make sessions; a restored cluster makes a new
+one, and sessions end)."""
 BATCH = 100
 """Records written per transaction (etcd takes at most 128 operations in one)."""
 

@@ -153,7 +153,7 @@ function poolCounts(pool, withHooks) {
       el('dd', withHooks ? { 'data-field': f } : {}, String(num(pool[f]))))));
 }
 
-function renderApps(apps) {
+function renderApps(apps, total) {
   if (!apps.length) {
     charts.clear();
     return fill('apps', empty('no apps deployed'));
@@ -182,7 +182,9 @@ function renderApps(apps) {
         poolCounts(p, false)))) : null);
   });
   for (const name of [...charts.keys()]) if (!seen.has(name)) charts.delete(name);
-  fill('apps', el('div', { class: 'cards' }, ...cards));
+  const more = num(total) > apps.length
+    ? el('p', { class: 'muted' }, `showing ${apps.length} of ${num(total)} apps (busiest first)`) : null;
+  fill('apps', el('div', { class: 'cards' }, ...cards), ...(more ? [more] : []));
 }
 
 function renderRollouts(rollouts, at) {
@@ -202,7 +204,7 @@ function renderRollouts(rollouts, at) {
   })));
 }
 
-function renderSandboxes(sandboxes, total) {
+function renderSandboxes(sandboxes, total, at) {
   if (!sandboxes.length) return fill('sandboxes', empty('no sandboxes'));
   const groups = new Map();
   for (const s of sandboxes) {
@@ -220,7 +222,7 @@ function renderSandboxes(sandboxes, total) {
         el('span', { class: 'id' }, str(s.id)),
         el('span', { class: 'meta' },
           status === 'running' && !s.ready ? el('span', { class: 'not-ready' }, 'not ready') : null,
-          el('span', { class: 'state-age' }, `${status} · ${age(s.age_s)}`)));
+          el('span', { class: 'state-age' }, `${status} · ${s.created_at ? age(at - num(s.created_at)) : '—'}`)));
     }))));
   if (num(total) > sandboxes.length) {
     parts.push(el('p', { class: 'muted' }, `showing ${sandboxes.length} of ${num(total)} sandboxes`));
@@ -256,10 +258,10 @@ function renderNodes(nodes) {
 function render(snap) {
   const at = num(snap.at);
   const list = (v) => (Array.isArray(v) ? v : []);
-  renderApps(list(snap.apps));
+  renderApps(list(snap.apps), snap.apps_total);
   renderRollouts(list(snap.rollouts), at);
   renderNodes(list(snap.nodes));
-  renderSandboxes(list(snap.sandboxes), snap.sandboxes_total);
+  renderSandboxes(list(snap.sandboxes), snap.sandboxes_total, at);
   renderEvents(list(snap.events));
   document.getElementById('updated').textContent = at ? `updated ${clock(at)}` : '';
 }
