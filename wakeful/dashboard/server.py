@@ -76,6 +76,8 @@ MAX_ROLLOUTS = 20
 HEARTBEAT_SECONDS = 15.0
 RESEND_SECONDS = 5.0
 """A snapshot goes out at least this often while it is unchanged: its ages move on."""
+SHARE = 20
+"""The loop waits at least this many times as long as its last snapshot took to build."""
 LIST_SECONDS = 3.0
 """How often rollouts and seen nodes are listed from the store while someone watches."""
 
@@ -186,14 +188,19 @@ class Dashboard:
     async def run(self) -> None:
         try:
             while True:
+                took = 0.0
                 try:
                     self._record_scales()
                     if self._streams:
                         await self._list_now_and_then()
+                        started = time.perf_counter()
                         self._publish()
+                        took = time.perf_counter() - started
                 except Exception:  # a chart is never worth the control plane
                     log.exception("the dashboard could not build its snapshot")
-                await anyio.sleep(self._interval)
+                # At most ~5% of the event loop (leases, the API and the election share it):
+                # with thousands of apps a snapshot takes longer, and comes less often.
+                await anyio.sleep(max(self._interval, took * SHARE))
         finally:
             # The control plane stops: every stream ends now, so the API's graceful shutdown
             # does not wait on them (a browser reconnects to whoever serves next).

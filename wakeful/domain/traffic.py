@@ -74,6 +74,9 @@ class _Slot:
     buckets: list[int] | None = None
     """None until traffic comes: an app with waiters only costs no bucket list."""
     waiters: int = 0
+    shown: tuple[float, float | None, float | None] | None = None
+    """Its rate, p50 and p99 once it is over: a closed slot never changes, so a dashboard
+    that asks every second computes each slot's quantiles once."""
 
 
 class TrafficRing:
@@ -139,11 +142,20 @@ class TrafficRing:
                 p99.append(None)
                 waiting.append(0)
                 continue
-            # The slot under way is divided by the part of it that has passed.
-            span = self._step if index < last else max(1.0, now - slot.start)
-            rate.append(round(slot.requests / span, 3))
-            p50.append(None if slot.buckets is None else _ms(quantile(slot.buckets, 0.5)))
-            p99.append(None if slot.buckets is None else _ms(quantile(slot.buckets, 0.99)))
+            shown = slot.shown
+            if shown is None:
+                # The slot under way is divided by the part of it that has passed.
+                span = self._step if index < last else max(1.0, now - slot.start)
+                shown = (
+                    round(slot.requests / span, 3),
+                    None if slot.buckets is None else _ms(quantile(slot.buckets, 0.5)),
+                    None if slot.buckets is None else _ms(quantile(slot.buckets, 0.99)),
+                )
+                if index < last:
+                    slot.shown = shown
+            rate.append(shown[0])
+            p50.append(shown[1])
+            p99.append(shown[2])
             waiting.append(slot.waiters)
         return {
             "step": self._step,
