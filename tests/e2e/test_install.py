@@ -47,6 +47,8 @@ def test_the_wheel_installs_one_package_and_runs_beside_store_and_deploy(tmp_pat
         assert core.file_size > 1000 and (core.external_attr >> 16) & 0o170000 != 0o120000
         for part in ("activator", "ingress", "idle_monitor", "deploy", "store", "node"):
             assert f"wakeful/{part}/__init__.py" in names, part
+        for page in ("login.html", "dashboard.html", "dashboard.css", "dashboard.js"):
+            assert f"wakeful/dashboard/ui/{page}" in names, page  # package data, not code
 
     venv = tmp_path / "venv"
     run(sys.executable, "-m", "venv", "--without-pip", venv)
