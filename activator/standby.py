@@ -1,6 +1,8 @@
 """What an activator serves on its control API's port while another one leads.
 
-`/healthz` answers 200 (the process is up); everything else, `/readyz` included, answers
+`/healthz` answers 200 (the process is up), and `/metrics` the standby's own (whether the
+store answers it, and `wakeful_activator_leading 0`: a Prometheus that scrapes every activator
+sees the store from each, and which one leads); everything else, `/readyz` included, answers
 503 with Retry-After and says where the leader is, so a load balancer that checks `/readyz`
 sends traffic to the leader only, and a person pointing the CLI at a standby reads why it
 refused. A WebSocket (the lease channel) is accepted and closed at once with 1013 ("try again
@@ -15,6 +17,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from prometheus_client import CONTENT_TYPE_LATEST
+
 from wakeful.domain.models import Leader
 
 LOOKUP_SECONDS = 1.0
@@ -26,9 +30,11 @@ class StandbyApp:
         self,
         leader: Callable[[], Awaitable[Leader | None]],
         clock: Callable[[], float] = time.monotonic,
+        metrics: Callable[[], bytes] | None = None,
     ) -> None:
         self._leader = leader
         self._clock = clock
+        self._metrics = metrics
         self._known: tuple[float, Leader | None] | None = None
 
     async def _where(self) -> Leader | None:
@@ -51,6 +57,15 @@ class StandbyApp:
             return
         if scope["path"] == "/healthz":
             await _answer(send, 200, {"status": "standby"})
+            return
+        if scope["path"] == "/metrics" and self._metrics is not None:
+            data = self._metrics()
+            headers = [
+                (b"content-type", CONTENT_TYPE_LATEST.encode()),
+                (b"content-length", str(len(data)).encode()),
+            ]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": data})
             return
         leader = await self._where()
         where = f"the leader is at {leader.url}" if leader and leader.url else "no leader yet"

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Literal, cast
 import anyio
 import anyio.abc
 from fastapi import FastAPI
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 
 from wakeful.activator.api import create_app
 from wakeful.activator.core import Activator
@@ -37,7 +37,7 @@ from wakeful.activator.settings import ActivatorSettings
 from wakeful.activator.standby import StandbyApp
 from wakeful.activator.tokens_api import tokens_router
 from wakeful.controller.api import node_router
-from wakeful.controller.health import StoreProbe
+from wakeful.controller.health import StoreProbe, leading_gauge
 from wakeful.controller.reconciler import Reconciler
 from wakeful.dashboard.server import Dashboard, Sessions, dashboard_router, session_key
 from wakeful.datadir import (
@@ -122,6 +122,7 @@ async def control_plane(
     probe = StoreProbe(store)  # wakeful_store_up, wakeful_node_registered
     for metrics in (PoolCollector(activator.snapshot), probe):
         registry.register(metrics)
+    leading_gauge(registry).set(1)  # a standby's /metrics says 0 (`run_activator`)
     artifacts = LocalArtifacts(
         settings.artifact_dir or data_dir / "artifacts",
         state_max_bytes=settings.state_max_bytes,
@@ -385,6 +386,12 @@ async def run_activator(
     admin token (`reset_admin`: it replaces the one in the store)."""
     private_data_dir(data_dir)
     async with settings.open_store() as store, anyio.create_task_group() as tasks:
+        # What a standby exports on /metrics: the store as it sees it, and that it does not
+        # lead (the leader's control plane exports its own, with `wakeful_activator_leading 1`).
+        standby_registry = CollectorRegistry()
+        standby_probe = StoreProbe(store)
+        standby_registry.register(standby_probe)
+        leading_gauge(standby_registry).set(0)
         election = Election(
             cast(StoreBase, store),
             keys.leader("activator"),
@@ -398,7 +405,13 @@ async def run_activator(
             first = True
             while True:
                 term = await _stand_by(
-                    election, settings.listen, announce, quiet=announced, previous=term
+                    election,
+                    settings.listen,
+                    announce,
+                    quiet=announced,
+                    previous=term,
+                    probe=standby_probe,
+                    metrics=partial(generate_latest, standby_registry),
                 )
                 planes: list[ControlPlane] = []
                 lost: list[Deposed] = []
@@ -482,10 +495,16 @@ async def _stand_by(
     *,
     quiet: bool = False,
     previous: Term | None = None,
+    probe: StoreProbe | None = None,
+    metrics: Callable[[], bytes] | None = None,
 ) -> Term:
-    """Campaign, serving `StandbyApp` on the control API's port meanwhile."""
+    """Campaign, serving `StandbyApp` on the control API's port meanwhile (with `metrics` on
+    its /metrics, kept by `probe`)."""
     async with anyio.create_task_group() as standby:
-        standby.start_soon(serve_asgi, StandbyApp(election.current), listen, "--api-listen")
+        app = StandbyApp(election.current, metrics=metrics)
+        standby.start_soon(serve_asgi, app, listen, "--api-listen")
+        if probe is not None:
+            standby.start_soon(probe.run)
         try:
             holder = await election.current()
         except StoreError:

@@ -106,6 +106,13 @@ def test_killing_the_leading_activator_under_load_fails_no_request(
         assert standing_by.status_code == 503 and "standby" in standing_by.text
         assert api in standing_by.json()["detail"]  # it names the leader
         assert _leads(api) and not _leads(heir)
+        # Both answer /metrics: which leads, and whether each reaches the store (so the
+        # store alert has a series whichever leads, ops/prometheus/wakeful-rules.yml).
+        standby_metrics = httpx.get(f"{heir}/metrics", timeout=10)
+        assert standby_metrics.status_code == 200
+        assert "wakeful_activator_leading 0.0" in standby_metrics.text
+        assert "wakeful_store_up 1.0" in standby_metrics.text
+        assert "wakeful_activator_leading 1.0" in httpx.get(f"{api}/metrics", timeout=10).text
         # The CLI given every activator finds the leader, whichever is named first.
         assert "hello" in _status(env, f"{heir},{api}")
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import anyio
+from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -139,3 +140,13 @@ class StoreProbe(Collector):
 
 def _names(prefix: str, found: list[str]) -> frozenset[str]:
     return frozenset(key.removeprefix(prefix) for key in found)
+
+
+def leading_gauge(registry: CollectorRegistry) -> Gauge:
+    """`wakeful_activator_leading`: 1 on the control plane that leads, 0 on a standby (whose
+    /metrics exports its own store probe beside it), so "no activator leads" is an alert."""
+    return Gauge(
+        "wakeful_activator_leading",
+        "1 on the activator that leads (runs the control plane), 0 on a standby",
+        registry=registry,
+    )
