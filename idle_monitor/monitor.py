@@ -40,14 +40,9 @@ def sweepable(pool: Pool, sandboxes: Sequence[Sandbox], now: float, retention: f
     return pool.retired and forgotten and not any(s.pool == pool.name for s in sandboxes)
 
 
-def idle_target(pool: Pool, sandboxes: Sequence[Sandbox], now: float) -> int | None:
-    """The smaller size an idle pool should have, or None to leave it alone."""
-    found = idle_plan(pool, sandboxes, now)
-    return None if found is None else found[0]
-
-
 def idle_plan(pool: Pool, sandboxes: Sequence[Sandbox], now: float) -> tuple[int, int] | None:
-    """`idle_target`, with how many running sandboxes were idle."""
+    """The smaller size an idle pool should have and how many running sandboxes were idle
+    (the reason the write records), or None to leave it alone."""
     concurrency = pool.spec.concurrency
     if concurrency.mode == "fixed" or pool.retired or pool.desired_instances == 0:
         return None

@@ -6,7 +6,7 @@ import pytest
 
 from wakeful.domain.models import AppSpec, Concurrency, Pool, Sandbox
 from wakeful.domain.models import SandboxStatus as S
-from wakeful.idle_monitor.monitor import IdleMonitor, idle_target
+from wakeful.idle_monitor.monitor import IdleMonitor, idle_plan
 from wakeful.store import Store
 
 pytestmark = pytest.mark.anyio
@@ -84,7 +84,8 @@ def running(sid: str, activity: float) -> Sandbox:
 def test_idle_target(
     pool: Pool, sandboxes: list[Sandbox], now: float, expected: int | None
 ) -> None:
-    assert idle_target(pool, sandboxes, now) == expected
+    planned = idle_plan(pool, sandboxes, now)
+    assert (None if planned is None else planned[0]) == expected
 
 
 async def seed(store: Store, desired: int) -> int:
