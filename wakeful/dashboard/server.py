@@ -31,7 +31,6 @@ import hashlib
 import hmac
 import json
 import logging
-import math
 import secrets
 import time
 import urllib.parse
@@ -222,7 +221,7 @@ class Dashboard:
             self._seen_scales[pool.name] = change.at
             fresh.append(
                 {
-                    "at": _finite(change.at),
+                    "at": change.at,
                     "app": pool.app,
                     "pool": pool.name,
                     "kind": "scale_up"
@@ -233,7 +232,7 @@ class Dashboard:
                     "reason": change.reason,
                 }
             )
-        for event in sorted(fresh, key=lambda e: float(e["at"] or 0.0)):
+        for event in sorted(fresh, key=lambda e: float(e["at"])):
             self.events.appendleft(event)
         gone = set(self._seen_scales) - {i.value.name for i in mirror.pools.items.values()}
         for name in gone:
@@ -317,7 +316,7 @@ class Dashboard:
                         "node": sandbox.node,
                         "status": sandbox.status.value,
                         "ready": sandbox.ready,
-                        "created_at": _finite(sandbox.created_at) or None,
+                        "created_at": sandbox.created_at or None,
                     }
                 )
             per_node = collections.Counter(s.node for s in records if s.node)
@@ -349,7 +348,7 @@ class Dashboard:
                 "ready": ready.get(r.pool, 0),
                 "target_ready": r.target_ready,
                 "message": r.message[:500],
-                "started_at": _finite(r.started_at),
+                "started_at": r.started_at,
             }
             for r in self._rollouts
         ]
@@ -543,12 +542,6 @@ def dashboard_router(dashboard: Dashboard, sessions: Sessions, tokens: TokenBook
         return _EventStream(messages(), lambda: dashboard.close_stream(queue))
 
     return router
-
-
-def _finite(value: float) -> float | None:
-    """A float from a stored record, or None: JSON has no infinity or NaN (the browser's
-    `JSON.parse` would refuse the whole snapshot), and a record may hold one."""
-    return value if math.isfinite(value) else None
 
 
 def _same_origin(request: Request) -> bool:

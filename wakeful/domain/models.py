@@ -45,9 +45,11 @@ RESERVED_ENV = frozenset({"PORT", "HOST"})
 
 
 class Model(BaseModel):
-    """Base for stored values: unknown fields are refused, values are immutable."""
+    """Base for stored values: unknown fields are refused, values are immutable, and a float
+    is a finite number (JSON has no infinity: `-1e999` written to etcd by a hostile node would
+    otherwise reach every reader, the dashboard's browsers included, as one)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class HealthCheck(Model):
