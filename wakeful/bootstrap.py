@@ -158,7 +158,7 @@ async def control_plane(
             takeback_after=settings.state_takeback_after,
             registry=registry,
         )
-        dashboard = Dashboard(activator, lambda: reconciler.mirror, store)
+        dashboard = Dashboard(activator, lambda: reconciler.mirror, store, seen=lambda: probe.seen)
         sessions = Sessions(await session_key(store), tokens)
         api = create_app(
             activator,

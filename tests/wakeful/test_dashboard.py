@@ -18,6 +18,7 @@ import pytest
 from pydantic import ValidationError
 
 from tests.wakeful.conftest import Running, running_control_plane
+from wakeful.controller.reconciler import Mirror
 from wakeful.dashboard.server import COOKIE, MAX_STREAMS, SESSION_SECONDS, Dashboard, Sessions
 from wakeful.domain import keys
 from wakeful.domain.models import App, AppSpec, Pool, Role, Sandbox, ScaleChange
@@ -345,3 +346,45 @@ async def test_a_stopping_dashboard_ends_every_stream_at_once(tmp_path: Path) ->
             await anyio.lowlevel.checkpoint()
             tasks.cancel_scope.cancel()
         assert queue.get_nowait() == ""  # the end, for `messages` to return on
+
+
+async def test_a_snapshot_that_fails_is_logged_and_the_loop_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Invariant 19: an observing loop never ends its process. The pool controller's mirror
+    raising once must not end the dashboard (nor, through its task group, the control
+    plane); the next tick serves, with nodes that registered once from the store probe."""
+    failures = [RuntimeError("a mirror that broke once")]
+
+    def mirror() -> Mirror:
+        if failures:
+            raise failures.pop()
+        return Mirror()
+
+    async with running_control_plane(tmp_path) as running:
+        dashboard = Dashboard(
+            running.plane.activator,
+            mirror,
+            running.store,
+            seen=lambda: {"gone-node"},
+            interval=0.01,
+        )
+        queue = dashboard.open_stream()
+        assert queue is not None
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(dashboard.run)
+            with anyio.fail_after(30):
+                message = await queue.get()
+            tasks.cancel_scope.cancel()
+    assert "could not build its snapshot" in caplog.text and not failures
+    snapshot = json.loads(message.split("data: ", 1)[1])
+    assert snapshot["nodes"] == [
+        {
+            "name": "gone-node",
+            "registered": False,
+            "cordoned": False,
+            "evacuating": False,
+            "sandboxes": 0,
+            "reachable": None,
+        }
+    ]

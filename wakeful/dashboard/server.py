@@ -12,9 +12,10 @@
   same compare-and-set as the size), and while a browser listens, builds one snapshot of the
   apps, pools, sandboxes, nodes, rollouts, events and charts from what the process already
   holds (the activator's view and ledger, the pool controller's mirror, the traffic ring) and
-  sends it to every stream when it changed. Rollouts and seen nodes are listed from the store
-  every few seconds, only while someone watches. Streams are bounded (`MAX_STREAMS`, then
-  503 + Retry-After); each holds at most one unsent snapshot (a slow browser gets the newest).
+  sends it to every stream when it changed. Rollouts are listed from the store every few
+  seconds, only while someone watches; nodes that registered once come from the store probe.
+  Streams are bounded (`MAX_STREAMS`, then 503 + Retry-After); each holds at most one unsent
+  snapshot (a slow browser gets the newest).
 - **Hostile input.** The login body is read up to `MAX_LOGIN_BYTES` (413 past it) before any
   token is known; a POST whose `Origin` is another site is refused (403). Every page carries a
   Content-Security-Policy that allows only this origin's script and style, and the page puts
@@ -34,7 +35,7 @@ import logging
 import secrets
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from importlib import resources
 from typing import Any
 
@@ -51,7 +52,6 @@ from wakeful.domain.models import (
     App,
     Role,
     RolloutRecord,
-    SeenNode,
     SessionKey,
     Token,
 )
@@ -78,7 +78,7 @@ RESEND_SECONDS = 5.0
 SHARE = 20
 """The loop waits at least this many times as long as its last snapshot took to build."""
 LIST_SECONDS = 3.0
-"""How often rollouts and seen nodes are listed from the store while someone watches."""
+"""How often rollouts are listed from the store while someone watches."""
 
 HEADERS = {
     "Content-Security-Policy": (
@@ -161,11 +161,15 @@ class Dashboard:
         mirror: Callable[[], Mirror | None],
         store: Store,
         *,
+        seen: Callable[[], Iterable[str]] = tuple,
         interval: float = 1.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """`seen`: every node that ever registered (the store probe's last listing of
+        `seen/`, `wakeful.controller.health.StoreProbe`: listed once, not again here)."""
         self._activator = activator
         self._mirror = mirror
+        self._seen = seen
         self._store = store
         self._interval = interval
         self._clock = clock
@@ -175,7 +179,6 @@ class Dashboard:
         """Per pool, the `last_scale.at` already recorded."""
         self._streams: set[asyncio.Queue[str]] = set()
         self._rollouts: list[RolloutRecord] = []
-        self._seen_nodes: list[str] = []
         self._listed_at = -LIST_SECONDS
         self._sent = ""
         self._sent_at = 0.0
@@ -239,8 +242,8 @@ class Dashboard:
             del self._seen_scales[name]
 
     async def _list_now_and_then(self) -> None:
-        """Rollouts and seen nodes, from the store every `LIST_SECONDS` (a store away keeps
-        the last listing; the page shows the rest)."""
+        """Rollouts, from the store every `LIST_SECONDS` (a store away keeps the last
+        listing; the page shows the rest)."""
         now = time.monotonic()
         if now - self._listed_at < LIST_SECONDS:
             return
@@ -248,13 +251,11 @@ class Dashboard:
         try:
             with anyio.fail_after(2):
                 rollouts = await self._store.list(keys.ROLLOUTS, RolloutRecord)
-                seen = await self._store.list(keys.SEEN, SeenNode)
         except (StoreError, TimeoutError) as exc:
-            log.debug("dashboard could not list rollouts and nodes: %s", exc)
+            log.debug("dashboard could not list rollouts: %s", exc)
             return
         records = sorted((i.value for i in rollouts.items), key=lambda r: -r.started_at)
         self._rollouts = records[:MAX_ROLLOUTS]
-        self._seen_nodes = sorted(i.value.name for i in seen.items)
 
     def snapshot(self) -> dict[str, Any]:
         now = self._clock()
@@ -325,7 +326,7 @@ class Dashboard:
             for item in mirror.nodes.items.values():
                 node = with_cordon(item.value, cordons.get(item.value.name))
                 registered[node.name] = node
-            for name in sorted(set(registered) | set(self._seen_nodes)):
+            for name in sorted(set(registered) | set(self._seen())):
                 found = registered.get(name)
                 cordon = cordons.get(name)
                 nodes.append(
