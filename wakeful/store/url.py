@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
+import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -65,6 +67,36 @@ def absolute_store_url(url: str) -> str:
     return sqlite_url(Path(location)) if scheme == "sqlite" else url
 
 
+def resolve_endpoints(endpoints: Sequence[str]) -> tuple[list[str], list[str]]:
+    """`endpoints` (host:port) with every name replaced by its IPv4 addresses, and the names.
+
+    etcd3aio dials one `ipv4:` target, which takes addresses only: `etcd://etcd:2379` (a
+    compose service, a DNS name) failed with grpc's "the target uri is not valid". A name is
+    resolved once, here, to all its addresses (the client balances over them); a name that
+    resolves to none is `Unavailable`, naming it. `localhost` stays (etcd3aio maps it)."""
+    dialed: list[str] = []
+    names: list[str] = []
+    for endpoint in endpoints:
+        host, _, port = endpoint.rpartition(":")
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            if host != "localhost":
+                try:
+                    found = socket.getaddrinfo(host, int(port), socket.AF_INET, socket.SOCK_STREAM)
+                except (OSError, UnicodeError) as exc:
+                    raise Unavailable(
+                        f"etcd endpoint {endpoint!r}: {host!r} resolves to no IPv4 address ({exc})"
+                    ) from exc
+                addresses = sorted({str(info[4][0]) for info in found})
+                dialed += [f"{address}:{port}" for address in addresses if address not in dialed]
+                if host not in names:
+                    names.append(host)
+                continue
+        dialed.append(endpoint)
+    return dialed, names
+
+
 def etcd_endpoints(url: str) -> list[str]:
     """The host:port endpoints of an `etcd://` URL."""
     scheme, location = parse_store_url(url)
@@ -95,13 +127,17 @@ async def open_store(
         warning = exposure_warning(endpoints, tls)
         if warning is not None:
             log.warning("%s", warning)
+        dialed, names = await anyio.to_thread.run_sync(resolve_endpoints, endpoints)
+        server_name = pem.server_name
+        if server_name is None and pem.ca is not None and len(names) == 1:
+            server_name = names[0]  # TLS checks the name it was given, not its address
         etcd = EtcdStore(
-            endpoints,
+            dialed,
             namespace=namespace,
             ca_cert=pem.ca,
             cert_key=pem.key,
             cert_chain=pem.cert,
-            tls_server_name=pem.server_name,
+            tls_server_name=server_name,
         )
         try:
             try:
