@@ -31,7 +31,13 @@ from wakeful.node.hardening import (
     mount_sandbox_fs,
     unmount,
 )
-from wakeful.node.isolation import IsolationUnavailable, Jail, UidTable
+from wakeful.node.isolation import (
+    CONTAINER_HINT,
+    IsolationUnavailable,
+    Jail,
+    UidTable,
+    in_container,
+)
 from wakeful.node.ports import listeners
 from wakeful.node.runner import BASE_ENV
 from wakeful.node.runtime import Identity, ProcessRuntime
@@ -511,3 +517,14 @@ def test_agents_claiming_at_the_same_moment_never_share_a_uid(tmp_path: Path) ->
         for worker in workers:
             worker.join(30)
         assert len(set(uids)) == len(uids), uids
+
+
+def test_a_container_is_told_by_its_marks(tmp_path: Path) -> None:
+    """In a container, a refusal names the container flags (CONTAINER_HINT), not host advice."""
+    absent, present = tmp_path / "absent", tmp_path / ".containerenv"
+    present.touch()
+    assert not in_container({}, absent)
+    assert in_container({"container": "oci"}, absent)  # wakeful's image sets it
+    assert in_container({}, present)  # podman's mark
+    assert "--cap-add SYS_ADMIN,NET_ADMIN" in CONTAINER_HINT
+    assert "WAKEFUL_ISOLATION=none" in CONTAINER_HINT

@@ -44,7 +44,7 @@ import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,6 +83,22 @@ INSTALL_HINT = (
     "with --isolation=none to run apps unisolated (they can then read the control plane's "
     "files and tokens)"
 )
+
+
+CONTAINER_MARK = Path("/run/.containerenv")
+"""What podman puts in every container; wakeful's image also sets `container=oci` (systemd's
+convention, which docker does not follow). `/.dockerenv` is not used: some CI and build hosts
+that are machines of their own carry it."""
+CONTAINER_HINT = (
+    "in a container, give it what sandboxes need: --user 0 --userns=auto:size=500001 "
+    "--cap-drop ALL --cap-add SYS_ADMIN,NET_ADMIN,SETUID,SETGID,SETPCAP,CHOWN,FOWNER,"
+    'DAC_OVERRIDE,KILL (the README\'s "As a container"), or set WAKEFUL_ISOLATION=none '
+    "to run apps unisolated (they can then read the control plane's files and tokens)"
+)
+
+
+def in_container(environ: Mapping[str, str] = os.environ, mark: Path = CONTAINER_MARK) -> bool:
+    return bool(environ.get("container")) or mark.exists()
 
 
 class IsolationUnavailable(RuntimeError):
@@ -305,9 +321,14 @@ class Jail:
         argv = [self.bwrap, *self._mounts(None, None), "--", "true"]
         done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
         if done.returncode != 0:
+            hint = (
+                CONTAINER_HINT
+                if in_container()
+                else "start with --isolation=none to run apps unisolated"
+            )
             raise IsolationUnavailable(
                 f"bwrap cannot make a sandbox here: {done.stderr.strip() or done.returncode}"
-                " (start with --isolation=none to run apps unisolated)"
+                f" ({hint})"
             )
 
     def command(
