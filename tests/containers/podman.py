@@ -1,0 +1,206 @@
+"""Podman for the container tests: its settings, the base image, wakeful's image, and
+containers that are always removed.
+
+Everything runs through Debian's `podman` with `ops/container/containers.conf` (runc, cgroupfs,
+rlimits that fit the host), as the README's commands do. The base image,
+`docker.io/library/debian:bookworm-slim`, is made by `scripts/base-image` when podman does not
+have it (debootstrap; ~1 minute once, then cached in podman's storage); wakeful's image is
+built from the repository's own `Dockerfile`, with podman's layer cache, so a run that changed
+only wakeful's code rebuilds one layer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CONF = ROOT / "ops" / "container" / "containers.conf"
+IMAGE = "localhost/wakeful:test"
+INFRA_IMAGE = "localhost/wakeful-infra:test"
+CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt",)
+"""The host's CA bundle, passed to the image build as the `extra_ca` secret: where this host
+reaches PyPI through a proxy with its own CA, pip inside the build needs it too."""
+LEAST_PRIVILEGE = (
+    "--user",
+    "0",
+    "--userns=auto:size=500001",
+    "--cap-drop",
+    "ALL",
+    "--cap-add",
+    "SYS_ADMIN,NET_ADMIN,SETUID,SETGID,SETPCAP,CHOWN,FOWNER,DAC_OVERRIDE,KILL",
+)
+"""What sandboxes need inside the container (the README's "As a container"): root in the
+container, in a user namespace of its own (`--userns=auto`, so it is not the host's root),
+with nine capabilities and no others."""
+SUBID_RANGE = "containers:2000000:1000000"
+"""The subordinate ids podman's `--userns=auto` takes from, for the user `containers`."""
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "CONTAINERS_CONF": str(CONF)}
+
+
+def podman(
+    *args: str, timeout: float = 120, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        ["podman", *args], env=env(), capture_output=True, text=True, timeout=timeout
+    )
+    if check and done.returncode != 0:
+        raise AssertionError(f"podman {' '.join(args)}: {done.returncode}\n{done.stderr[-3000:]}")
+    return done
+
+
+def usable() -> str | None:
+    """Why podman cannot run containers here, or None."""
+    if shutil.which("podman") is None:
+        return "podman is not installed (scripts/test installs Debian's podman)"
+    if os.geteuid() != 0:
+        return "the container tests run podman as root (CI is root)"
+    done = podman("info", "--format", "json", check=False, timeout=60)
+    if done.returncode != 0:
+        return f"podman cannot run here: {done.stderr.strip()[-300:]}"
+    return None
+
+
+def subordinate_ids() -> None:
+    """`--userns=auto` needs a range for the user `containers` in /etc/subuid and /etc/subgid;
+    `scripts/test` adds one where there is none."""
+    for name in ("/etc/subuid", "/etc/subgid"):
+        path = Path(name)
+        lines = path.read_text().splitlines() if path.exists() else []
+        if not any(line.startswith("containers:") for line in lines):
+            pytest.fail(f"{name} has no range for `containers` (add {SUBID_RANGE!r})")
+
+
+def base_image() -> None:
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "base-image")],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def build_command(tag: str, dockerfile: Path, context: Path) -> list[str]:
+    secrets = [f"--secret=id=extra_ca,src={ca}" for ca in CA_BUNDLES if Path(ca).is_file()]
+    # --jobs 2: a Dockerfile's stages build at once where they do not depend on each other.
+    return [
+        "podman",
+        "build",
+        "--jobs",
+        "2",
+        "--format",
+        "docker",
+        *secrets,
+        "-f",
+        str(dockerfile),
+        "-t",
+        tag,
+        str(context),
+    ]
+
+
+def build_images() -> None:
+    """wakeful's image and the infra image, built at once (each mostly waits on apt and pip)."""
+    folder = ROOT / "ops" / "container"
+    with subprocess.Popen(
+        build_command(INFRA_IMAGE, folder / "infra.Dockerfile", folder),
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    ) as infra:
+        done = subprocess.run(
+            build_command(IMAGE, ROOT / "Dockerfile", ROOT),
+            env=env(),
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        said, _ = infra.communicate(timeout=900)
+    assert done.returncode == 0, f"building {IMAGE}:\n{done.stderr[-3000:]}"
+    assert infra.returncode == 0, f"building {INFRA_IMAGE}:\n{said[-3000:]}"
+
+
+@contextlib.contextmanager
+def container(name: str, args: Sequence[str]) -> Iterator[str]:
+    """A container started detached (`podman run -d --name NAME ARGS`), removed however the
+    test ends."""
+    podman("rm", "--force", "--ignore", name, check=False)
+    podman("run", "--detach", "--name", name, *args)
+    try:
+        yield name
+    finally:
+        podman("rm", "--force", "--ignore", "--time", "0", name, check=False)
+
+
+@contextlib.contextmanager
+def volume(name: str) -> Iterator[str]:
+    """A named volume, removed with what it holds however the test ends."""
+    try:
+        yield name
+    finally:
+        podman("volume", "rm", "--force", name, check=False)
+
+
+def state(name: str) -> dict[str, object]:
+    found = json.loads(podman("inspect", "--type", "container", name).stdout)
+    return dict(found[0]["State"])
+
+
+def logs(name: str) -> str:
+    done = podman("logs", name, check=False)
+    return done.stdout + done.stderr
+
+
+def wait_for(url: str, host: str | None = None, within: float = 120) -> httpx.Response:
+    """The first 200 from `url` (a published port), polled; the last answer or error in the
+    failure after `within` seconds."""
+    headers = {"host": host} if host else {}
+    deadline = time.monotonic() + within
+    last = "nothing"
+    while time.monotonic() < deadline:
+        try:
+            answer = httpx.get(url, headers=headers, timeout=10)
+            if answer.status_code == 200:
+                return answer
+            last = f"{answer.status_code} {answer.text[:300]}"
+        except httpx.HTTPError as exc:
+            last = repr(exc)
+        time.sleep(0.25)
+    raise AssertionError(f"{url} ({host}) never answered 200 in {within} s: {last}")
+
+
+def wait_exited(name: str, within: float = 60) -> dict[str, object]:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        found = state(name)
+        if found.get("Status") in ("exited", "stopped"):
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"{name} still runs after {within} s:\n{logs(name)[-2000:]}")
+
+
+def host_processes_of(container_id: str) -> list[int]:
+    """Host processes whose cgroup names the container: what it left behind, if anything."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if container_id in (proc / "cgroup").read_text():
+                found.append(int(proc.name))
+    return found
