@@ -1,12 +1,10 @@
 # One image for every piece of wakeful; the entry point is the `wakeful` CLI.
 #
-#   podman build --format docker -t wakeful .          (or: docker build -t wakeful .)
-#   podman run --rm -p 127.0.0.1:8080:8080 -p 127.0.0.1:8082:8082 -v wakeful-data:/data \
-#       -e WAKEFUL_ISOLATION=none localhost/wakeful
+#   podman build --format docker -t wakeful .          (or: docker build -t localhost/wakeful .)
 #
-# The README's "As a container" says which flags give apps their sandboxes back.
-# The base is Debian's own slim image; `scripts/base-image` makes it locally where no image
-# registry is reachable.
+# The README's "As containers" says how to run it: the flags that give apps their sandboxes,
+# the volume, the ports, and docker-compose.yml. The base is Debian's own slim image;
+# `scripts/base-image` makes it locally where no image registry is reachable.
 ARG BASE=docker.io/library/debian:bookworm-slim
 
 # -- build: a virtual environment with wakeful and its dependencies, nothing else ----------
@@ -14,7 +12,7 @@ FROM ${BASE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 RUN apt-get update \
     && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \
-    && rm -rf /var/lib/apt/lists/*
+    && apt-get clean && rm -rf /var/lib/apt/lists/*
 RUN python3 -m venv /opt/wakeful
 WORKDIR /src
 # An optional extra CA bundle for pip, where the build host reaches PyPI through a proxy with
@@ -49,7 +47,7 @@ ENV container=oci PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PATH=/opt/wakeful
 # and reaps what sandboxes leave behind.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends python3 bubblewrap nftables tini \
-    && rm -rf /var/lib/apt/lists/* \
+    && apt-get clean && rm -rf /var/lib/apt/lists/* \
     && useradd --create-home --uid 10001 --user-group wakeful \
     && mkdir -p /data /artifacts && chown wakeful:wakeful /data /artifacts
 COPY --from=build /opt/wakeful /opt/wakeful
@@ -63,10 +61,10 @@ USER wakeful
 # 8080: the ingress (apps' traffic); 8082: the control API, the dashboard (/ui) and /metrics.
 EXPOSE 8080 8082
 # Healthy when a control API (8082: `up`, `activator`) or an ingress's admin port (8081) on
-# this container answers /healthz. A node agent serves no port: docker-compose.yml turns the
-# check off for nodes (`wakeful nodes` shows their state).
+# this container answers /healthz, asked directly (never through a proxy the environment
+# names). A node agent serves no port: docker-compose.yml turns the check off for nodes.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=20s --retries=3 CMD ["python3", "-c", \
-    "import sys, urllib.request as u\nfor p in (8082, 8081):\n    try:\n        u.urlopen(f'http://127.0.0.1:{p}/healthz', timeout=2); sys.exit(0)\n    except OSError: pass\nsys.exit(1)"]
+    "import sys, urllib.request as u\nask = u.build_opener(u.ProxyHandler({})).open\nfor p in (8082, 8081):\n    try:\n        ask(f'http://127.0.0.1:{p}/healthz', timeout=2); sys.exit(0)\n    except OSError: pass\nsys.exit(1)"]
 STOPSIGNAL SIGTERM
 # The data directory is ./.wakeful, in /data: `podman exec C wakeful status` finds it too.
 ENTRYPOINT ["/usr/bin/tini", "--", "wakeful"]

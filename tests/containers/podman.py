@@ -15,9 +15,10 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -33,7 +34,7 @@ reaches PyPI through a proxy with its own CA, pip inside the build needs it too.
 LEAST_PRIVILEGE = (
     "--user",
     "0",
-    "--userns=auto:size=500001",
+    "--userns=auto:size=500000",
     "--cap-drop",
     "ALL",
     "--cap-add",
@@ -42,8 +43,9 @@ LEAST_PRIVILEGE = (
 """What sandboxes need inside the container (the README's "As a container"): root in the
 container, in a user namespace of its own (`--userns=auto`, so it is not the host's root),
 with nine capabilities and no others."""
-SUBID_RANGE = "containers:2000000:1000000"
-"""The subordinate ids podman's `--userns=auto` takes from, for the user `containers`."""
+SUBID_RANGE = "containers:2000000:5000000"
+"""The subordinate ids podman's `--userns=auto` takes from, for the user `containers`: ten
+containers of 500000 ids (wakeful's per-app uids end at 499999)."""
 
 
 def env() -> dict[str, str]:
@@ -144,7 +146,7 @@ def container(name: str, args: Sequence[str]) -> Iterator[str]:
     try:
         yield name
     finally:
-        podman("rm", "--force", "--ignore", "--time", "0", name, check=False)
+        podman("rm", "--force", "--ignore", "--volumes", "--time", "0", name, check=False)
 
 
 @contextlib.contextmanager
@@ -194,13 +196,21 @@ def wait_exited(name: str, within: float = 60) -> dict[str, object]:
     raise AssertionError(f"{name} still runs after {within} s:\n{logs(name)[-2000:]}")
 
 
-def host_processes_of(container_id: str) -> list[int]:
-    """Host processes whose cgroup names the container: what it left behind, if anything."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            if container_id in (proc / "cgroup").read_text():
-                found.append(int(proc.name))
-    return found
+@contextlib.contextmanager
+def listener() -> Iterator[tuple[Callable[[], bytes], str]]:
+    """A TCP listener of the test's on podman's default network gateway (which containers
+    reach), and a call that waits for one connection and returns what it sent."""
+    network = json.loads(podman("network", "inspect", "podman").stdout)[0]
+    gateway = network["subnets"][0]["gateway"]
+    with socket.socket() as server:
+        server.bind((gateway, 0))
+        server.listen()
+        server.settimeout(60)
+
+        def received() -> bytes:
+            connection, _ = server.accept()
+            with connection:
+                connection.settimeout(30)
+                return connection.recv(4096)
+
+        yield received, f"{gateway}:{server.getsockname()[1]}"

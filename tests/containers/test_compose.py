@@ -1,15 +1,19 @@
 """docker-compose.yml, brought up by Debian's podman-compose as the README says: etcd, two
 activators, two node agents, two ingresses behind haproxy, from wakeful's image and the infra
 image (Debian's etcd-server and haproxy). From the host, through the published ports: the
-control plane elects one leader, role tokens are made with `wakeful tokens create`, both nodes
-register isolated, `wakeful deploy examples/hello` goes live, and hello answers through the
-balancer. `podman-compose down -v` then leaves no container and no volume of the project.
+control plane elects one leader, role tokens are made with `wakeful tokens create` and go
+into the secrets files (never onto a command line podman-compose prints), both nodes register
+isolated, each with its own part of the sandbox uids, `wakeful deploy examples/hello` goes
+live, and hello answers through the balancer from both ingresses. `podman-compose down -v`
+(and removing the network podman-compose 1.0.3 leaves) then leaves no container, volume or
+network behind.
 
 Run alone: `.venv/bin/pytest tests/containers/test_compose.py` (root, podman, podman-compose).
 """
 
 from __future__ import annotations
 
+import json
 import random
 import secrets
 import shutil
@@ -17,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TypeVar
 
 import httpx
@@ -32,9 +37,15 @@ T = TypeVar("T")
 
 
 class Stack:
-    def __init__(self, project: str, env: dict[str, str]) -> None:
+    def __init__(self, project: str, env: dict[str, str], secrets: Path) -> None:
         self.project = project
         self.env = env
+        self.secrets = secrets
+        self.said = ""
+        """Everything podman-compose printed: no token may be in it."""
+
+    def secret(self, file: str, name: str, value: str) -> None:
+        (self.secrets / file).write_text(f"{name}={value}\n")
 
     def compose(self, *args: str, timeout: float = 300) -> str:
         done = subprocess.run(
@@ -69,6 +80,10 @@ class Stack:
         listed = podman.podman("volume", "ls", "--format", "{{.Name}}").stdout.split()
         return [name for name in listed if name.startswith(f"{self.project}_")]
 
+    def network(self) -> list[str]:
+        listed = podman.podman("network", "ls", "--format", "{{.Name}}").stdout.split()
+        return [name for name in listed if name.startswith(f"{self.project}_")]
+
     def logs(self) -> str:
         return "\n".join(f"== {name}\n{podman.logs(name)[-1500:]}" for name in self.containers())
 
@@ -82,9 +97,11 @@ def infra_image(wakeful_image: str) -> str:
 
 
 @pytest.fixture
-def stack(wakeful_image: str, infra_image: str) -> Iterator[Stack]:
+def stack(wakeful_image: str, infra_image: str, tmp_path: Path) -> Iterator[Stack]:
     http, api1, api2 = free_port(), free_port(), free_port()
     admin = secrets.token_hex(32)
+    folder = tmp_path / "secrets"
+    folder.mkdir(mode=0o700)
     env = {
         **podman.env(),
         "WAKEFUL_IMAGE": wakeful_image,
@@ -92,13 +109,14 @@ def stack(wakeful_image: str, infra_image: str) -> Iterator[Stack]:
         "WAKEFUL_HTTP_PORT": str(http),
         "WAKEFUL_API_PORT_1": str(api1),
         "WAKEFUL_API_PORT_2": str(api2),
-        "WAKEFUL_ADMIN_TOKEN": admin,
+        "WAKEFUL_COMPOSE_SECRETS": str(folder),
         "WAKEFUL_API": f"http://127.0.0.1:{api1},http://127.0.0.1:{api2}",
         "WAKEFUL_TOKEN": admin,
     }
-    for name in ("WAKEFUL_STORE_URL", "WAKEFUL_NODE_TOKEN", "WAKEFUL_INGRESS_TOKEN"):
+    for name in ("WAKEFUL_STORE_URL", "WAKEFUL_NODE_TOKEN", "WAKEFUL_INGRESS_TOKEN", "container"):
         env.pop(name, None)
-    stack = Stack(f"wakefultest{random.randint(10**5, 10**6)}", env)
+    stack = Stack(f"wakefultest{random.randint(10**5, 10**6)}", env, folder)
+    stack.secret("admin.env", "WAKEFUL_TOKEN", admin)
     try:
         yield stack
     finally:
@@ -113,6 +131,8 @@ def stack(wakeful_image: str, infra_image: str) -> Iterator[Stack]:
             podman.podman("rm", "--force", "--time", "0", name, check=False)
         for name in stack.volumes():
             podman.podman("volume", "rm", "--force", name, check=False)
+        for name in stack.network():
+            podman.podman("network", "rm", "--force", name, check=False)
         assert down.returncode == 0, down.stderr[-2000:]
 
 
@@ -123,12 +143,10 @@ def test_the_multi_process_mode_as_containers(stack: Stack) -> None:
     leaders = wait(lambda: [url for url in (api1, api2) if ready(url)], "an activator leads", stack)
     assert len(leaders) == 1, leaders  # one leads, the other stands by
 
-    env["WAKEFUL_NODE_TOKEN"] = stack.wakeful(
-        "tokens", "create", "--role", "node", "--name", "compose-nodes"
-    ).strip()
-    env["WAKEFUL_INGRESS_TOKEN"] = stack.wakeful(
-        "tokens", "create", "--role", "ingress", "--name", "compose-ingresses"
-    ).strip()
+    node = stack.wakeful("tokens", "create", "--role", "node", "--name", "compose-nodes")
+    stack.secret("node.env", "WAKEFUL_NODE_TOKEN", node.strip())
+    edge = stack.wakeful("tokens", "create", "--role", "ingress", "--name", "compose-ingresses")
+    stack.secret("ingress.env", "WAKEFUL_INGRESS_TOKEN", edge.strip())
     stack.compose("up", "-d")
 
     def both_nodes() -> str | None:
@@ -149,14 +167,38 @@ def test_the_multi_process_mode_as_containers(stack: Stack) -> None:
     for _ in range(20):  # round robin over both ingresses: every answer a 200
         answer = httpx.get(url, headers={"host": "hello.localhost"}, timeout=30)
         assert answer.status_code == 200, answer.text
+    for ingress in ("ingress-1", "ingress-2"):  # both served some
+        assert answered(stack, ingress) > 0, ingress
     status = stack.wakeful("status", "hello")
     assert "hello-v1" in status, status
+    for token in (env["WAKEFUL_TOKEN"], node.strip(), edge.strip()):
+        assert token not in stack.said
 
     containers = stack.containers()
     assert len(containers) == 8, containers
+    # Every volume a container holds is one the compose file names (an unnamed one, as the
+    # image's VOLUME /data makes, would outlive `down -v`).
+    for box in containers:
+        found = json.loads(podman.podman("inspect", "--type", "container", box).stdout)
+        for mount in found[0]["Mounts"]:
+            if mount["Type"] == "volume":
+                assert mount["Name"].startswith(f"{stack.project}_"), (box, mount)
+    assert len(stack.volumes()) == 8  # etcd, artifacts, and each piece's /data
     down = stack.compose("down", "-v")
     assert stack.containers() == [], down
     assert stack.volumes() == [], down
+
+
+def answered(stack: Stack, service: str) -> float:
+    """Requests an ingress answered, from its own /metrics (inside its container)."""
+    script = (
+        "import urllib.request as u\n"
+        "text = u.urlopen('http://127.0.0.1:8081/metrics', timeout=5).read().decode()\n"
+        "print(sum(float(line.rsplit(' ', 1)[1]) for line in text.splitlines()\n"
+        "          if line.startswith('wakeful_ingress_requests_total{')))\n"
+    )
+    name = f"{stack.project}_{service}_1"
+    return float(podman.podman("exec", name, "python3", "-c", script).stdout.strip())
 
 
 def ready(url: str) -> bool:

@@ -41,6 +41,7 @@ from wakeful.node.isolation import (
 from wakeful.node.ports import listeners
 from wakeful.node.runner import BASE_ENV
 from wakeful.node.runtime import Identity, ProcessRuntime
+from wakeful.node.settings import NodeSettings
 from wakeful.node.workdir import clear_sandboxes
 from wakeful.store.testing import free_port
 
@@ -528,3 +529,26 @@ def test_a_container_is_told_by_its_marks(tmp_path: Path) -> None:
     assert in_container({}, present)  # podman's mark
     assert "--cap-add SYS_ADMIN,NET_ADMIN" in CONTAINER_HINT
     assert "WAKEFUL_ISOLATION=none" in CONTAINER_HINT
+
+
+def test_an_agent_gives_only_the_uids_of_its_range(tmp_path: Path) -> None:
+    """WAKEFUL_SANDBOX_UIDS: agents that cannot see each other's claims (compose nodes whose
+    root is the host's) take parts of the sandbox range that do not meet."""
+    claims = tmp_path / "claims"
+    table = UidTable(tmp_path / "uids.json", claims=claims, uids=(450_000, 450_001))
+    assert {table.uid("a"), table.uid("b")} == {450_000, 450_001}
+    with pytest.raises(IsolationUnavailable, match="no free sandbox uid left for app 'c'"):
+        table.uid("c")
+    table.save()
+    # The same table read with another range: its recorded uids outside it are given anew.
+    moved = UidTable(tmp_path / "uids.json", claims=claims, uids=(460_000, 460_009))
+    assert 460_000 <= moved.uid("a") <= 460_009
+
+
+@pytest.mark.parametrize("value", ["[399999,400010]", "[400010,400009]", "[499000,500000]"])
+def test_a_uid_range_outside_the_sandbox_range_is_refused(
+    value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WAKEFUL_SANDBOX_UIDS", value)
+    with pytest.raises(ValueError, match="sandbox_uids"):
+        NodeSettings()

@@ -70,7 +70,11 @@ def runtime_for(settings: NodeSettings, control_plane: Sequence[str] = ()) -> Pr
     networks = settings.refused_networks()
     jail = Jail.detect(settings.data_dir, settings.sandbox_paths, refused, networks)
     log.info("sandboxes are isolated: %s", jail.describe())
-    uids = UidTable(settings.data_dir / "uids.json") if jail.as_root else None
+    uids = (
+        UidTable(settings.data_dir / "uids.json", uids=settings.sandbox_uids)
+        if jail.as_root
+        else None
+    )
     homes = sandbox_dir(settings.data_dir, "-").parent
     return ProcessRuntime(jail=jail, uids=uids, warm_slots=settings.warm_slots, slot_homes=homes)
 

@@ -127,16 +127,23 @@ class UidTable:
     (re-allocated). A claim whose data directory no longer exists is stale: swept when a
     table is made (an agent starts), taken over when no unclaimed uid is left."""
 
-    def __init__(self, path: Path, claims: Path = UID_CLAIMS) -> None:
+    def __init__(
+        self,
+        path: Path,
+        claims: Path = UID_CLAIMS,
+        uids: tuple[int, int] = (UID_BASE, UID_BASE + UID_COUNT - 1),
+    ) -> None:
         self._path = path
         self._claims = claims
+        self._range = range(uids[0], uids[1] + 1)
         self._owner = str(path.parent.resolve())
         self._lock = threading.Lock()  # sandboxes start in worker threads, several at once
         self._uids: dict[str, int] = {}
         self._unsaved = False
         with contextlib.suppress(FileNotFoundError):
             loaded = json.loads(path.read_text())
-            self._uids = {str(k): int(v) for k, v in loaded.items()}
+            # A uid outside this agent's range (WAKEFUL_SANDBOX_UIDS changed) is allocated anew.
+            self._uids = {str(k): int(v) for k, v in loaded.items() if int(v) in self._range}
         claims.mkdir(mode=0o700, parents=True, exist_ok=True)
         with self._machine_lock():
             self._sweep()
@@ -156,20 +163,11 @@ class UidTable:
                 # written (reading every claim cost a new app's start ~1.5 ms with 60 of them);
                 # stale claims are taken over only when none is left.
                 claimed = {int(n) for n in os.listdir(self._claims) if n.isdigit()} | taken
-                uid = next(
-                    (UID_BASE + n for n in range(UID_COUNT) if UID_BASE + n not in claimed), None
-                )
+                uid = next((n for n in self._range if n not in claimed), None)
                 if uid is not None:
                     self._write_claim(uid)
                 else:
-                    uid = next(
-                        (
-                            UID_BASE + n
-                            for n in range(UID_COUNT)
-                            if UID_BASE + n not in taken and self._claim(UID_BASE + n)
-                        ),
-                        None,
-                    )
+                    uid = next((n for n in self._range if n not in taken and self._claim(n)), None)
             if uid is None:
                 raise IsolationUnavailable(f"no free sandbox uid left for app {app!r}")
             self._uids[app] = uid
@@ -282,6 +280,11 @@ class Jail:
         if not as_root:
             notes.append("not root: sandboxes share the agent's uid; network not isolated")
         elif (failed := install_network_rules(refused, networks)) is not None:
+            if in_container():  # a container without NET_ADMIN: say so, as without SYS_ADMIN
+                raise IsolationUnavailable(
+                    f"nft cannot fence sandboxes off the control plane here ({failed}): "
+                    + CONTAINER_HINT
+                )
             notes.append(f"network not isolated: {failed}")
         fenced = as_root and failed is None
         seccomp = userns_filter(platform.machine())

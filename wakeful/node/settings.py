@@ -10,6 +10,8 @@ from pydantic import Field, field_validator
 
 from wakeful.store.settings import StoreSettings
 
+from .hardening import UID_BASE, UID_COUNT
+
 
 def _default_name() -> str:
     name = re.sub(r"[^a-z0-9-]+", "-", socket.gethostname().lower()).strip("-")
@@ -42,6 +44,21 @@ class NodeSettings(StoreSettings):
         low, high = value
         if not 1024 <= low <= high <= 65535:
             raise ValueError(f"must be [low, high] within 1024-65535 (got {list(value)})")
+        return value
+
+    sandbox_uids: tuple[int, int] = (UID_BASE, UID_BASE + UID_COUNT - 1)
+    """The uids this agent gives apps (as root), first and last: a part of 400000-499999,
+    which the network rules know as sandboxes'. Agents that cannot see each other's claims
+    (node containers whose root is the host's, docker-compose.yml) each take a part of their
+    own. WAKEFUL_SANDBOX_UIDS=[400000,449999]."""
+
+    @field_validator("sandbox_uids")
+    @classmethod
+    def _uid_range(cls, value: tuple[int, int]) -> tuple[int, int]:
+        first, last = value
+        top = UID_BASE + UID_COUNT - 1
+        if not UID_BASE <= first <= last <= top:
+            raise ValueError(f"must be [first, last] within {UID_BASE}-{top} (got {list(value)})")
         return value
 
     stop_grace: float = Field(default=10.0, gt=0)
