@@ -154,13 +154,18 @@ async def test_the_apps_uid_has_a_name_and_a_home_and_the_hosts_accounts_are_hid
     tmp_path: Path, warm_slots: int
 ) -> None:
     """Programs that look their user up (`whoami`, `~`, getpass) work, and the host's user
-    list is not shown."""
+    list is not shown; also under the umask an agent runs with (077, `private_data_dir`),
+    which once made the sandbox's /etc/passwd unreadable to the app."""
     code = (
         "import getpass, os, pwd; "
         "print(getpass.getuser(), os.path.expanduser('~'), "
         "sorted(p.pw_name for p in pwd.getpwall()), os.popen('whoami').read().strip())"
     )
-    exit_code, tail, _ = await run(tmp_path, code, warm_slots=warm_slots)
+    umask = os.umask(0o077)
+    try:
+        exit_code, tail, _ = await run(tmp_path, code, warm_slots=warm_slots)
+    finally:
+        os.umask(umask)
     assert exit_code == 0, tail
     assert tail.strip() == "app /app ['app', 'nobody', 'root'] app"
 

@@ -192,7 +192,11 @@ def mount_sandbox_fs(root: Path, size: int) -> None:
         for name in ("app", *SCRATCH):
             (root / name).mkdir(mode=0o700)
         for name in ACCOUNTS:
-            os.close(os.open(root / name, os.O_WRONLY | os.O_CREAT, 0o644))
+            fd = os.open(root / name, os.O_WRONLY | os.O_CREAT, 0o644)
+            try:  # readable by the app whatever the agent's umask (077 in a data directory)
+                os.fchmod(fd, 0o644)
+            finally:
+                os.close(fd)
     except BaseException:
         unmount(root)
         raise
