@@ -60,14 +60,17 @@ class Stack:
         )
         return done.stdout
 
-    def wakeful(self, *args: str, timeout: float = 180) -> str:
-        done = subprocess.run(
+    def run_wakeful(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
             [sys.executable, "-m", "wakeful.cli", *args],
             env=self.env,
             capture_output=True,
             text=True,
             timeout=timeout,
         )
+
+    def wakeful(self, *args: str, timeout: float = 180) -> str:
+        done = self.run_wakeful(*args, timeout=timeout)
         assert done.returncode == 0, f"wakeful {args}:\n{done.stdout}\n{done.stderr}"
         return done.stdout
 
@@ -143,8 +146,11 @@ def test_the_multi_process_mode_as_containers(stack: Stack) -> None:
     leaders = wait(lambda: [url for url in (api1, api2) if ready(url)], "an activator leads", stack)
     assert len(leaders) == 1, leaders  # one leads, the other stands by
 
-    node = stack.wakeful("tokens", "create", "--role", "node", "--name", "compose-nodes")
-    stack.secret("node.env", "WAKEFUL_NODE_TOKEN", node.strip())
+    nodes_tokens = []
+    for node in ("node-1", "node-2"):  # a node token pushes only its own node's logs
+        made = stack.wakeful("tokens", "create", "--role", "node", "--name", node).strip()
+        stack.secret(f"{node}.env", "WAKEFUL_NODE_TOKEN", made)
+        nodes_tokens.append(made)
     edge = stack.wakeful("tokens", "create", "--role", "ingress", "--name", "compose-ingresses")
     stack.secret("ingress.env", "WAKEFUL_INGRESS_TOKEN", edge.strip())
     stack.compose("up", "-d")
@@ -171,8 +177,10 @@ def test_the_multi_process_mode_as_containers(stack: Stack) -> None:
         assert answered(stack, ingress) > 0, ingress
     status = stack.wakeful("status", "hello")
     assert "hello-v1" in status, status
-    for token in (env["WAKEFUL_TOKEN"], node.strip(), edge.strip()):
+    for token in (env["WAKEFUL_TOKEN"], *nodes_tokens, edge.strip()):
         assert token not in stack.said
+    logs = stack.run_wakeful("logs", "hello", "--tail", "5")
+    assert logs.returncode == 0 and "behind" not in logs.stderr, logs.stderr
 
     containers = stack.containers()
     assert len(containers) == 8, containers

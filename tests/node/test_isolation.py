@@ -26,6 +26,7 @@ from wakeful.domain.models import Resources
 from wakeful.node.hardening import (
     LANDLOCK_SCOPE_ABI,
     control_endpoints,
+    fence_control,
     install_network_rules,
     landlock_abi,
     mount_sandbox_fs,
@@ -402,12 +403,21 @@ def test_a_control_plane_on_another_machine_is_refused_to_sandbox_uids() -> None
         "except Exception as e:\n print(type(e).__name__)"
     )
     sandbox_uid = ["setpriv", "--reuid=400001", "--regid=400001", "--clear-groups"]
+
+    def tried(address: str, *prefix: str) -> str:
+        attempt = code.replace("192.0.2.7", address)
+        done = subprocess.run([*prefix, "/usr/bin/python3", "-c", attempt], capture_output=True)
+        return done.stdout.decode().strip()
+
     try:
         assert install_network_rules([("192.0.2.7", 8082)]) is None
-        done = subprocess.run([*sandbox_uid, "/usr/bin/python3", "-c", code], capture_output=True)
-        assert done.stdout.decode().strip() == "ConnectionRefusedError"
-        root = subprocess.run(["/usr/bin/python3", "-c", code], capture_output=True)
-        assert root.stdout.decode().strip() != "ConnectionRefusedError"  # only sandbox uids
+        assert tried("192.0.2.7", *sandbox_uid) == "ConnectionRefusedError"
+        assert tried("192.0.2.7") != "ConnectionRefusedError"  # only sandbox uids
+        # The control plane moved (a container restarted on another address): the sets
+        # follow, the old address is no longer refused and the new one is.
+        assert fence_control([("192.0.2.8", 8082)]) is None
+        assert tried("192.0.2.8", *sandbox_uid) == "ConnectionRefusedError"
+        assert tried("192.0.2.7", *sandbox_uid) != "ConnectionRefusedError"
     finally:
         install_network_rules()
 

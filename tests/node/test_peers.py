@@ -20,7 +20,7 @@ import pytest
 from wakeful.domain import keys
 from wakeful.domain.models import Node
 from wakeful.node.hardening import fence_peers, install_network_rules, peer_addresses
-from wakeful.node.peers import PeerFence
+from wakeful.node.peers import ControlFence, PeerFence
 from wakeful.node.settings import NodeSettings
 from wakeful.store import open_store
 
@@ -232,3 +232,39 @@ def test_a_fence_cuts_a_sandboxs_open_connection_yet_its_answers_to_the_peer_flo
     finally:
         install_network_rules()
         fence_peers([])
+
+
+async def test_the_control_fence_follows_the_control_planes_names() -> None:
+    """A name that resolves elsewhere replaces its address in the sets; a name that resolves
+    to nothing keeps the one it had (a DNS hiccup must not open the fence); a refused apply
+    changes nothing and is tried again at the next pass."""
+    answers = [
+        [("10.0.0.5", 2379), ("10.0.0.7", 8082)],  # etcd restarted on .5
+        [("10.0.0.7", 8082)],  # etcd's name resolves to nothing now
+        [("10.0.0.6", 2379), ("10.0.0.7", 8082)],  # back, elsewhere: nft refuses at first
+        [("10.0.0.6", 2379), ("10.0.0.7", 8082)],
+    ]
+    applied: list[list[tuple[str, int]]] = []
+    refusals = ["nft refused the rules: busy", None]
+
+    def apply(endpoints: Sequence[tuple[str, int]]) -> str | None:
+        failed = refusals.pop(0) if applied else None
+        if failed is None:
+            applied.append(list(endpoints))
+        return failed
+
+    fence = ControlFence(
+        ("etcd://etcd:2379", "http://activator:8082"),
+        [("10.0.0.2", 2379), ("10.0.0.7", 8082)],
+        resolve=lambda urls: answers.pop(0),
+        apply=apply,
+    )
+    await fence.refresh()
+    assert fence.applied == [("10.0.0.5", 2379), ("10.0.0.7", 8082)]
+    await fence.refresh()
+    assert fence.applied == [("10.0.0.5", 2379), ("10.0.0.7", 8082)]  # kept
+    await fence.refresh()
+    assert fence.applied == [("10.0.0.5", 2379), ("10.0.0.7", 8082)]  # refused: unchanged
+    await fence.refresh()
+    assert fence.applied == [("10.0.0.6", 2379), ("10.0.0.7", 8082)]
+    assert applied == [[("10.0.0.5", 2379), ("10.0.0.7", 8082)], fence.applied]

@@ -54,3 +54,8 @@ async def test_a_name_that_resolves_to_nothing_is_named() -> None:
     with pytest.raises(Unavailable, match=r"'no-such-etcd\.invalid' resolves to no IPv4"):
         async with open_store("etcd://no-such-etcd.invalid:2379"):
             pass
+
+
+def test_an_ipv6_endpoint_is_refused_saying_why() -> None:
+    with pytest.raises(Unavailable, match="IPv6 address; the etcd client dials IPv4 only"):
+        resolve_endpoints(["[::1]:2379"])

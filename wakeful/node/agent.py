@@ -18,6 +18,7 @@ Theory of operation:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -43,7 +44,7 @@ from .fencing import claims
 from .hardening import control_endpoints
 from .isolation import Jail, UidTable
 from .logship import LogShipper, LogSink
-from .peers import PeerFence
+from .peers import ControlFence, PeerFence
 from .ports import PortPool
 from .runner import NodeServices, SandboxRunner
 from .runtime import ProcessRuntime, Runtime
@@ -66,9 +67,11 @@ def runtime_for(settings: NodeSettings, control_plane: Sequence[str] = ()) -> Pr
         )
         return ProcessRuntime()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    refused = control_endpoints([settings.store_url, *control_plane])
+    urls = (settings.store_url, *control_plane)
+    refused = control_endpoints(urls)
     networks = settings.refused_networks()
     jail = Jail.detect(settings.data_dir, settings.sandbox_paths, refused, networks)
+    jail = dataclasses.replace(jail, control_urls=urls)
     log.info("sandboxes are isolated: %s", jail.describe())
     uids = (
         UidTable(settings.data_dir / "uids.json", uids=settings.sandbox_uids)
@@ -186,6 +189,8 @@ class NodeAgent:
                     jail = self._services.runtime.jail
                     if jail is not None and jail.fenced:  # no sandbox starts before the fence
                         await tasks.start(PeerFence(self._store, self.name).run)
+                        fence = ControlFence(jail.control_urls, jail.control)
+                        tasks.start_soon(fence.run)
                 tasks.start_soon(self._watch_loop)
                 tasks.start_soon(self.states.run, self.running_ids)
                 if self.tunnel is not None:

@@ -48,9 +48,16 @@ flush table inet wakeful
 add chain inet wakeful out {{ type filter hook output priority 0; policy accept; }}
 add set inet wakeful peers4 {{ type ipv4_addr; flags interval; }}
 add set inet wakeful peers6 {{ type ipv6_addr; flags interval; }}
+add set inet wakeful control4 {{ type ipv4_addr . inet_service; }}
+add set inet wakeful control6 {{ type ipv6_addr . inet_service; }}
 {_OUT} meta skuid != {_SANDBOX_UIDS} accept
 """
-NFT_FENCES = _fence("ip daddr @peers4") + _fence("ip6 daddr @peers6")
+NFT_FENCES = (
+    _fence("ip daddr @peers4")
+    + _fence("ip6 daddr @peers6")
+    + f"{_OUT} {_FENCED} ip daddr . tcp dport @control4 reject with tcp reset\n"
+    + f"{_OUT} {_FENCED} ip6 daddr . tcp dport @control6 reject with tcp reset\n"
+)
 NFT_TAIL = f"""{_OUT} ct state established,related accept
 {_OUT} ip daddr 169.254.0.0/16 reject
 {_OUT} ip6 daddr fd00:ec2::254 reject
@@ -70,17 +77,32 @@ the same for every agent on the machine: re-installing it is harmless."""
 def install_network_rules(
     refused: Sequence[tuple[str, int]] = (), networks: Sequence[Network] = ()
 ) -> str | None:
-    """Install `NFT_RULES` (root, Debian's nftables), with a fence per control-plane endpoint
-    on another machine (`refused`: address, port) and per refused network (the operator's
-    `sandbox_refused_networks`); the reason when that is impossible. The peer sets start
-    empty: `fence_peers` fills them."""
+    """Install `NFT_RULES` (root, Debian's nftables), the control-plane endpoints on other
+    machines (`refused`: address, port) in the control sets, and a fence per refused network
+    (the operator's `sandbox_refused_networks`); the reason when that is impossible. The peer
+    sets start empty: `fence_peers` fills them; `fence_control` replaces the control sets
+    when the control plane's names resolve to other addresses (`ControlFence`)."""
     fences = NFT_FENCES + "".join(
-        f"{_OUT} {_FENCED} {'ip6' if ':' in address else 'ip'} daddr {address} "
-        f"tcp dport {port} reject with tcp reset\n"
-        for address, port in refused
+        _fence(f"{'ip6' if n.version == 6 else 'ip'} daddr {n}") for n in networks
     )
-    fences += "".join(_fence(f"{'ip6' if n.version == 6 else 'ip'} daddr {n}") for n in networks)
-    return _nft(NFT_HEAD + fences + NFT_TAIL)
+    return _nft(NFT_HEAD + fences + NFT_TAIL + _control_elements(refused))
+
+
+def fence_control(refused: Sequence[tuple[str, int]]) -> str | None:
+    """Make the control sets exactly `refused` (address, port), in one transaction; the
+    reason when nft refuses."""
+    rules = "flush set inet wakeful control4\nflush set inet wakeful control6\n"
+    return _nft(rules + _control_elements(refused))
+
+
+def _control_elements(refused: Sequence[tuple[str, int]]) -> str:
+    found = sorted({(ipaddress.ip_address(a), p) for a, p in refused}, key=str)
+    rules = ""
+    for version, name in ((4, "control4"), (6, "control6")):
+        members = [f"{a} . {p}" for a, p in found if a.version == version]
+        if members:
+            rules += f"add element inet wakeful {name} {{ {', '.join(members)} }}\n"
+    return rules
 
 
 def fence_peers(addresses: Sequence[str]) -> str | None:

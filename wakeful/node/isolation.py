@@ -252,6 +252,11 @@ class Jail:
     scope: bool = False
     """Each sandbox in a Landlock domain of its own that scopes abstract UNIX sockets and
     signals (`slot_main.scope`): the kernel has it and `slot_python` can run it."""
+    control: tuple[tuple[str, int], ...] = ()
+    """The control plane's endpoints on other machines, fenced at start (`ControlFence`
+    keeps them current)."""
+    control_urls: tuple[str, ...] = ()
+    """The URLs they were resolved from (the store's, the control API's)."""
     notes: tuple[str, ...] = field(default=())
     """What this machine does not enforce (shown by `wakeful status` and logged at start)."""
 
@@ -314,6 +319,7 @@ class Jail:
             slot_python=slot_python,
             scope=scope,
             fenced=fenced,
+            control=tuple(refused),
             notes=tuple(notes),
         )
         jail.check()

@@ -87,7 +87,11 @@ class EtcdStore(StoreBase):
         cert_chain: bytes | None = None,
         tls_server_name: str | None = None,
         watch_max_backoff: float = 2.0,
+        dns_name: str | None = None,
     ) -> None:
+        """`dns_name` (`host:port`): dial it through grpc's DNS resolver instead of the
+        addresses in `endpoints`, so a member that comes back at another address (a container
+        restarted) is found again: etcd3aio itself dials fixed addresses only."""
         if (cert_key is None) != (cert_chain is None):  # grpc would abort the process
             raise TLSConfigError("a client certificate needs both its chain and its key")
         self._ns = _checked_namespace(namespace)
@@ -101,6 +105,11 @@ class EtcdStore(StoreBase):
             cert_key=cert_key,
             cert_chain=cert_chain,
         )
+        if dns_name is not None:
+            manager = self._client._manager  # etcd3aio has no setting for the target
+            manager.target = f"dns:///{dns_name}"
+            # Re-resolve at most once a second when connections fail (grpc's default: 30 s).
+            manager.grpc_options.append(("grpc.dns_min_time_between_resolutions_ms", 1000))
 
     async def connect(self) -> None:
         await self._client.connect()

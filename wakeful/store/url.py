@@ -72,12 +72,19 @@ def resolve_endpoints(endpoints: Sequence[str]) -> tuple[list[str], list[str]]:
 
     etcd3aio dials one `ipv4:` target, which takes addresses only: `etcd://etcd:2379` (a
     compose service, a DNS name) failed with grpc's "the target uri is not valid". A name is
-    resolved once, here, to all its addresses (the client balances over them); a name that
-    resolves to none is `Unavailable`, naming it. `localhost` stays (etcd3aio maps it)."""
+    resolved here, to all its addresses (the client balances over them); a name that
+    resolves to none is `Unavailable`, naming it. `localhost` stays (etcd3aio maps it). A
+    single endpoint that is a name is then dialed by name (`EtcdStore`'s `dns_name`), so grpc
+    resolves it again when it moves; several are dialed at the addresses found here."""
     dialed: list[str] = []
     names: list[str] = []
     for endpoint in endpoints:
         host, _, port = endpoint.rpartition(":")
+        if host.startswith("["):
+            raise Unavailable(
+                f"etcd endpoint {endpoint!r}: an IPv6 address; the etcd client dials IPv4 "
+                "only (give a name or an IPv4 address)"
+            )
         try:
             ipaddress.IPv4Address(host)
         except ValueError:
@@ -138,6 +145,8 @@ async def open_store(
             cert_key=pem.key,
             cert_chain=pem.cert,
             tls_server_name=server_name,
+            # One name (etcd://etcd:2379): grpc resolves it again when its addresses fail.
+            dns_name=endpoints[0] if len(endpoints) == 1 and names else None,
         )
         try:
             try:
