@@ -262,7 +262,9 @@ def test_undo_mid_run_lets_the_move_under_way_finish_and_leaves_the_rest_where_t
             answers: dict[str, int] = {}
 
             def hold(name: str) -> None:
-                answers[name] = client.get("/sleep?s=6", headers=apps[name]).status_code
+                # Long enough that the undo below lands while the first is still gated, on a
+                # loaded machine too (at 6 s a CI run beside container builds lost the race).
+                answers[name] = client.get("/sleep?s=15", headers=apps[name]).status_code
 
             holders = [threading.Thread(target=hold, args=(name,)) for name in apps]
             for thread in holders:
