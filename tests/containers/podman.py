@@ -196,14 +196,26 @@ def wait_exited(name: str, within: float = 60) -> dict[str, object]:
     raise AssertionError(f"{name} still runs after {within} s:\n{logs(name)[-2000:]}")
 
 
-@contextlib.contextmanager
-def listener() -> Iterator[tuple[Callable[[], bytes], str]]:
-    """A TCP listener of the test's on podman's default network gateway (which containers
-    reach), and a call that waits for one connection and returns what it sent."""
+def gateway() -> str:
+    """podman's default network's gateway: the host, as its containers see it."""
     network = json.loads(podman("network", "inspect", "podman").stdout)[0]
-    gateway = network["subnets"][0]["gateway"]
+    return str(network["subnets"][0]["gateway"])
+
+
+def host_address() -> str:
+    """The host's own address toward its default route (no packet is sent): another of the
+    host's addresses than the gateway, which containers reach through it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.1", 9))
+        return str(probe.getsockname()[0])
+
+
+@contextlib.contextmanager
+def listener(address: str) -> Iterator[tuple[Callable[[], bytes], str]]:
+    """A TCP listener of the test's on `address`, and a call that waits for one connection
+    and returns what it sent."""
     with socket.socket() as server:
-        server.bind((gateway, 0))
+        server.bind((address, 0))
         server.listen()
         server.settimeout(60)
 
@@ -213,4 +225,4 @@ def listener() -> Iterator[tuple[Callable[[], bytes], str]]:
                 connection.settimeout(30)
                 return connection.recv(4096)
 
-        yield received, f"{gateway}:{server.getsockname()[1]}"
+        yield received, f"{address}:{server.getsockname()[1]}"

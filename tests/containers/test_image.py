@@ -43,6 +43,7 @@ AIMED = (
     "signal the control plane",
     "connect to the control API",
     "connect to the ingress admin port",
+    "connect to the host through the gateway",
 )
 """What the hostile app gets unisolated: where it aims is right."""
 MUST_FAIL = (
@@ -144,7 +145,7 @@ def test_isolated_in_the_container_and_stopped_clean(wakeful_image: str, tmp_pat
             assert results[attempt]["done"] is False, f"{attempt} succeeded:\n{table}"
         assert podman.wait_for(f"http://127.0.0.1:{port}/", HELLO).status_code == 200
 
-        with podman.listener() as (reported, address):
+        with podman.listener(podman.host_address()) as (reported, address):
             stopping = tmp_path / "stopping"
             stopping.mkdir()
             (stopping / "app.py").write_text(STOPPING_APP)
@@ -183,13 +184,19 @@ def deploy(box: str, api: int, app: Path) -> None:
 def attack(box: str, port: int, api: int, tmp_path: Path) -> dict[str, dict[str, object]]:
     """The security suite's hostile app, deployed from the host and asked to attack: its
     table of attempts (printed, for `-s`)."""
-    ports = {"the control API": 8082, "the ingress admin port": 8081}
-    marker = str(random.randint(10**6, 10**7))
-    hostile = write_hostile(tmp_path, Path("/data/.wakeful"), wakeful_pid(box), ports, marker)
-    deploy(box, api, hostile)
-    answer = httpx.get(
-        f"http://127.0.0.1:{port}/attack", headers={"host": "hostile.localhost"}, timeout=180
-    )
+    with podman.listener(podman.gateway()) as (_, on_host):
+        ports: dict[str, int | str] = {
+            "the control API": 8082,
+            "the ingress admin port": 8081,
+            "the host through the gateway": on_host,  # host.containers.internal
+        }
+        marker = str(random.randint(10**6, 10**7))
+        data_dir = Path("/data/.wakeful")
+        hostile = write_hostile(tmp_path, data_dir, wakeful_pid(box), ports, marker)
+        deploy(box, api, hostile)
+        answer = httpx.get(
+            f"http://127.0.0.1:{port}/attack", headers={"host": "hostile.localhost"}, timeout=180
+        )
     assert answer.status_code == 200, answer.text
     results: dict[str, dict[str, object]] = answer.json()
     print(json.dumps(results, indent=1))

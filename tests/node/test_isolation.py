@@ -26,6 +26,7 @@ from wakeful.domain.models import Resources
 from wakeful.node.hardening import (
     LANDLOCK_SCOPE_ABI,
     control_endpoints,
+    default_gateways,
     fence_control,
     install_network_rules,
     landlock_abi,
@@ -567,3 +568,38 @@ def test_a_uid_range_outside_the_sandbox_range_is_refused(
     monkeypatch.setenv("WAKEFUL_SANDBOX_UIDS", value)
     with pytest.raises(ValueError, match="sandbox_uids"):
         NodeSettings()
+
+
+def test_the_default_gateway_is_read_from_the_routes(tmp_path: Path) -> None:
+    routes = tmp_path / "route"
+    routes.write_text(
+        "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\n"
+        "eth0\t00000000\t0100580A\t0003\t0\t0\t0\t00000000\n"  # default via 10.88.0.1
+        "eth0\t0000580A\t00000000\t0001\t0\t0\t0\t0000FFFF\n"
+    )
+    assert default_gateways(routes) == ["10.88.0.1"]
+    assert default_gateways(tmp_path / "absent") == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="nftables needs root")
+def test_a_gateway_is_refused_to_sandbox_uids_but_for_dns() -> None:
+    """In a container the default gateway is the host: refused, but for DNS (podman's
+    networks answer names there). 192.0.2.9 (TEST-NET) stands for it: without the rule a
+    connect times out; with it, it is refused at once."""
+    code = (
+        "import socket, sys\ntry:\n"
+        " socket.create_connection(('192.0.2.9', int(sys.argv[1])), timeout=1)\n"
+        "except Exception as e:\n print(type(e).__name__)"
+    )
+    sandbox_uid = ["setpriv", "--reuid=400001", "--regid=400001", "--clear-groups"]
+
+    def tried(port: int) -> str:
+        command = [*sandbox_uid, "/usr/bin/python3", "-c", code, str(port)]
+        return subprocess.run(command, capture_output=True).stdout.decode().strip()
+
+    try:
+        assert install_network_rules(gateways=["192.0.2.9"]) is None
+        assert tried(8082) == "ConnectionRefusedError"
+        assert tried(53) != "ConnectionRefusedError"
+    finally:
+        install_network_rules()

@@ -58,7 +58,7 @@ def hostile_app(root: Path, up: Up, marker: str, hello_port: int) -> Path:
 
 
 def write_hostile(
-    root: Path, data_dir: Path, control_pid: int, ports: dict[str, int], marker: str
+    root: Path, data_dir: Path, control_pid: int, ports: dict[str, int | str], marker: str
 ) -> Path:
     """The hostile app's directory, told where to aim (it learns nothing it could not guess)."""
     target = root / "hostile"

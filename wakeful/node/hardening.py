@@ -3,6 +3,7 @@ uids, a seccomp filter against user namespaces, and the bounded tmpfs of the app
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ipaddress
 import logging
@@ -75,7 +76,9 @@ the same for every agent on the machine: re-installing it is harmless."""
 
 
 def install_network_rules(
-    refused: Sequence[tuple[str, int]] = (), networks: Sequence[Network] = ()
+    refused: Sequence[tuple[str, int]] = (),
+    networks: Sequence[Network] = (),
+    gateways: Sequence[str] = (),
 ) -> str | None:
     """Install `NFT_RULES` (root, Debian's nftables), the control-plane endpoints on other
     machines (`refused`: address, port) in the control sets, and a fence per refused network
@@ -85,7 +88,29 @@ def install_network_rules(
     fences = NFT_FENCES + "".join(
         _fence(f"{'ip6' if n.version == 6 else 'ip'} daddr {n}") for n in networks
     )
+    for gateway in gateways:  # all but DNS, which the gateway may answer (podman's networks)
+        family = "ip6" if ":" in gateway else "ip"
+        fences += (
+            f"{_OUT} {_FENCED} {family} daddr {gateway} meta l4proto tcp th dport != 53 "
+            "reject with tcp reset\n"
+            f"{_OUT} {_FENCED} {family} daddr {gateway} meta l4proto udp th dport != 53 reject\n"
+        )
     return _nft(NFT_HEAD + fences + NFT_TAIL + _control_elements(refused))
+
+
+def default_gateways(routes: Path = Path("/proc/net/route")) -> list[str]:
+    """The IPv4 default gateways of this network namespace. In a container the gateway is the
+    host (podman's 10.88.0.1, `host.containers.internal`): another address, so the rules for
+    "this machine" do not cover it, and a sandbox could reach the host's services, and the
+    container's own published ports through them."""
+    found = []
+    with contextlib.suppress(OSError):
+        for line in routes.read_text().splitlines()[1:]:
+            fields = line.split()
+            if len(fields) > 2 and fields[1] == "00000000" and fields[2] != "00000000":
+                address = ipaddress.IPv4Address(int(fields[2], 16).to_bytes(4, "little"))
+                found.append(str(address))
+    return sorted(set(found))
 
 
 def fence_control(refused: Sequence[tuple[str, int]]) -> str | None:

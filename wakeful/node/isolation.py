@@ -58,6 +58,7 @@ from .hardening import (
     UID_COUNT,
     Network,
     chown_tree,
+    default_gateways,
     install_network_rules,
     landlock_abi,
     mount_sandbox_fs,
@@ -284,7 +285,11 @@ class Jail:
         notes = []
         if not as_root:
             notes.append("not root: sandboxes share the agent's uid; network not isolated")
-        elif (failed := install_network_rules(refused, networks)) is not None:
+        elif (
+            failed := install_network_rules(
+                refused, networks, default_gateways() if in_container() else ()
+            )
+        ) is not None:
             if in_container():  # a container without NET_ADMIN: say so, as without SYS_ADMIN
                 raise IsolationUnavailable(
                     f"nft cannot fence sandboxes off the control plane here ({failed}): "

@@ -7,7 +7,8 @@ GET /attack   -> a JSON object, one entry per attempt: {"done": bool, "detail": 
 GET /grandchild -> starts a `setsid` grandchild (a sleep with a marker argument) and answers.
 
 It learns its targets from its environment (set by the test in wakeful.toml): DATA_DIR,
-CONTROL_PID, PORTS (comma-separated host ports of the control plane and another app),
+CONTROL_PID, PORTS (comma-separated name=port or name=host:port: the control plane's and
+another app's ports),
 MARKER (a unique number the test looks for among processes later).
 Stdlib only, like the sample app.
 """
@@ -80,9 +81,11 @@ def write_outside() -> tuple[bool, str]:
     return bool(wrote), f"wrote {wrote}"
 
 
-def connect(port: int) -> tuple[bool, str]:
-    with socket.create_connection(("127.0.0.1", port), timeout=2):
-        return True, f"connected to {port}"
+def connect(target: str) -> tuple[bool, str]:
+    """`target`: a port on 127.0.0.1, or host:port."""
+    host, _, port = target.rpartition(":")
+    with socket.create_connection((host or "127.0.0.1", int(port)), timeout=2):
+        return True, f"connected to {target}"
 
 
 def abstract_socket() -> tuple[bool, str]:
@@ -168,8 +171,8 @@ def attacks() -> dict[str, dict[str, object]]:
     }
     for name_port in os.environ.get("PORTS", "").split(","):
         if name_port:
-            name, _, port = name_port.partition("=")
-            found[f"connect to {name}"] = attempt(lambda p=int(port): connect(p))
+            name, _, target = name_port.partition("=")
+            found[f"connect to {name}"] = attempt(lambda t=target: connect(t))
     return found
 
 
