@@ -43,6 +43,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -91,10 +92,11 @@ CONTAINER_MARK = Path("/run/.containerenv")
 convention, which docker does not follow). `/.dockerenv` is not used: some CI and build hosts
 that are machines of their own carry it."""
 CONTAINER_HINT = (
-    "in a container, give it what sandboxes need: --user 0 --userns=auto:size=500001 "
-    "--cap-drop ALL --cap-add SYS_ADMIN,NET_ADMIN,SETUID,SETGID,SETPCAP,CHOWN,FOWNER,"
-    'DAC_OVERRIDE,KILL (the README\'s "As a container"), or set WAKEFUL_ISOLATION=none '
-    "to run apps unisolated (they can then read the control plane's files and tokens)"
+    "in a container, give it what sandboxes need: --user 0 --cap-drop ALL --cap-add "
+    "SYS_ADMIN,NET_ADMIN,SETUID,SETGID,SETPCAP,CHOWN,FOWNER,DAC_OVERRIDE,KILL, with podman "
+    'also --userns=auto:size=500000 (the README\'s "As containers"), or set '
+    "WAKEFUL_ISOLATION=none to run apps unisolated (they can then read the control plane's "
+    "files and tokens)"
 )
 
 
@@ -331,19 +333,55 @@ class Jail:
         return jail
 
     def check(self) -> None:
-        """Start one empty sandbox, so a machine that cannot make namespaces fails at start."""
+        """Start one empty sandbox, so a machine that cannot make namespaces fails at start;
+        as root, drop to a sandbox uid in it as `command` does, and give a file to that uid,
+        so a machine (a container) without the capabilities for that fails at start too: the
+        drop of the bounding set fails quietly without CAP_SETPCAP, and without CAP_SETUID or
+        CAP_CHOWN every app's start failed later with a misleading error."""
+        hint = (
+            CONTAINER_HINT
+            if in_container()
+            else "start with --isolation=none to run apps unisolated"
+        )
         argv = [self.bwrap, *self._mounts(None, None), "--", "true"]
         done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
         if done.returncode != 0:
-            hint = (
-                CONTAINER_HINT
-                if in_container()
-                else "start with --isolation=none to run apps unisolated"
-            )
             raise IsolationUnavailable(
                 f"bwrap cannot make a sandbox here: {done.stderr.strip() or done.returncode}"
                 f" ({hint})"
             )
+        if not self.as_root:
+            return
+        drop = [
+            self.setpriv,
+            f"--reuid={UID_BASE}",
+            f"--regid={UID_BASE}",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--no-new-privs",
+            "--",
+        ]
+        argv = [self.bwrap, *self._mounts(None, None), "--", *drop, "cat", "/proc/self/status"]
+        done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
+        status = dict(line.split(":", 1) for line in done.stdout.splitlines() if ":" in line)
+        dropped = (
+            done.returncode == 0
+            and status.get("Uid", "").split()[:1] == [str(UID_BASE)]
+            and all(int(status.get(name, "1"), 16) == 0 for name in ("CapBnd", "CapEff"))
+        )
+        if not dropped:
+            said = done.stderr.strip() or f"CapBnd {status.get('CapBnd', '?').strip()}"
+            raise IsolationUnavailable(
+                f"a sandbox cannot drop to its own uid with no capabilities here: {said} ({hint})"
+            )
+        with tempfile.NamedTemporaryFile() as probe:
+            try:
+                os.chown(probe.name, UID_BASE, UID_BASE)
+            except OSError as exc:
+                raise IsolationUnavailable(
+                    f"an app's files cannot be given to its uid here: {exc} ({hint})"
+                ) from None
 
     def command(
         self,
