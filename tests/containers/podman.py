@@ -31,6 +31,17 @@ INFRA_IMAGE = "localhost/wakeful-infra:test"
 CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt",)
 """The host's CA bundle, passed to the image build as the `extra_ca` secret: where this host
 reaches PyPI through a proxy with its own CA, pip inside the build needs it too."""
+CAPABILITIES = (
+    "SYS_ADMIN",
+    "NET_ADMIN",
+    "SETUID",
+    "SETGID",
+    "SETPCAP",
+    "CHOWN",
+    "FOWNER",
+    "DAC_OVERRIDE",
+    "KILL",
+)
 LEAST_PRIVILEGE = (
     "--user",
     "0",
@@ -38,7 +49,7 @@ LEAST_PRIVILEGE = (
     "--cap-drop",
     "ALL",
     "--cap-add",
-    "SYS_ADMIN,NET_ADMIN,SETUID,SETGID,SETPCAP,CHOWN,FOWNER,DAC_OVERRIDE,KILL",
+    ",".join(CAPABILITIES),
 )
 """What sandboxes need inside the container (the README's "As a container"): root in the
 container, in a user namespace of its own (`--userns=auto`, so it is not the host's root),

@@ -39,6 +39,7 @@ from wakeful.node.isolation import (
     Jail,
     UidTable,
     in_container,
+    missing_capabilities,
 )
 from wakeful.node.ports import listeners
 from wakeful.node.runner import BASE_ENV
@@ -603,3 +604,11 @@ def test_a_gateway_is_refused_to_sandbox_uids_but_for_dns() -> None:
         assert tried(53) != "ConnectionRefusedError"
     finally:
         install_network_rules()
+
+
+def test_the_capabilities_sandboxes_need_are_read_from_the_status(tmp_path: Path) -> None:
+    status = tmp_path / "status"
+    status.write_text("Name:\tx\nCapEff:\t00000000002011eb\n")  # the nine
+    assert missing_capabilities(status) == []
+    status.write_text("Name:\tx\nCapEff:\t00000000002010eb\n")  # no SETPCAP (bit 8)
+    assert missing_capabilities(status) == ["SETPCAP"]

@@ -235,36 +235,37 @@ def test_a_fence_cuts_a_sandboxs_open_connection_yet_its_answers_to_the_peer_flo
 
 
 async def test_the_control_fence_follows_the_control_planes_names() -> None:
-    """A name that resolves elsewhere replaces its address in the sets; a name that resolves
-    to nothing keeps the one it had (a DNS hiccup must not open the fence); a refused apply
-    changes nothing and is tried again at the next pass."""
+    """A name that resolves elsewhere replaces its addresses in the sets; a name that resolves
+    to nothing keeps the ones it had, each name on its own (two activators on one port: one
+    failing to resolve must not unfence the other's, nor its own); the sets are applied every
+    pass (whoever replaced them meanwhile); a refused apply changes nothing and is tried again."""
+    one, two = "activator-1:8082", "activator-2:8082"
     answers = [
-        [("10.0.0.5", 2379), ("10.0.0.7", 8082)],  # etcd restarted on .5
-        [("10.0.0.7", 8082)],  # etcd's name resolves to nothing now
-        [("10.0.0.6", 2379), ("10.0.0.7", 8082)],  # back, elsewhere: nft refuses at first
-        [("10.0.0.6", 2379), ("10.0.0.7", 8082)],
+        {one: [("10.0.0.3", 8082)], two: [("10.0.0.4", 8082)]},
+        {one: [("10.0.0.5", 8082)], two: []},  # one moved; two's name resolves to nothing
+        {one: [("10.0.0.5", 8082)], two: [("10.0.0.6", 8082)]},  # nft refuses this pass
+        {one: [("10.0.0.5", 8082)], two: [("10.0.0.6", 8082)]},
     ]
     applied: list[list[tuple[str, int]]] = []
-    refusals = ["nft refused the rules: busy", None]
+    refusals = [None, None, "nft refused the rules: busy", None]
 
     def apply(endpoints: Sequence[tuple[str, int]]) -> str | None:
-        failed = refusals.pop(0) if applied else None
+        failed = refusals.pop(0)
         if failed is None:
             applied.append(list(endpoints))
         return failed
 
     fence = ControlFence(
-        ("etcd://etcd:2379", "http://activator:8082"),
-        [("10.0.0.2", 2379), ("10.0.0.7", 8082)],
+        ("http://activator-1:8082,http://activator-2:8082",),
         resolve=lambda urls: answers.pop(0),
         apply=apply,
     )
     await fence.refresh()
-    assert fence.applied == [("10.0.0.5", 2379), ("10.0.0.7", 8082)]
+    assert fence.applied == [("10.0.0.3", 8082), ("10.0.0.4", 8082)]
     await fence.refresh()
-    assert fence.applied == [("10.0.0.5", 2379), ("10.0.0.7", 8082)]  # kept
+    assert fence.applied == [("10.0.0.4", 8082), ("10.0.0.5", 8082)]  # two's kept
     await fence.refresh()
-    assert fence.applied == [("10.0.0.5", 2379), ("10.0.0.7", 8082)]  # refused: unchanged
+    assert fence.applied == [("10.0.0.4", 8082), ("10.0.0.5", 8082)]  # refused: unchanged
     await fence.refresh()
-    assert fence.applied == [("10.0.0.6", 2379), ("10.0.0.7", 8082)]
-    assert applied == [[("10.0.0.5", 2379), ("10.0.0.7", 8082)], fence.applied]
+    assert fence.applied == [("10.0.0.5", 8082), ("10.0.0.6", 8082)]
+    assert len(applied) == 3  # every pass that nft took, changed or not

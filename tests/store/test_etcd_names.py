@@ -12,6 +12,7 @@ import pytest
 from pydantic import BaseModel
 
 from wakeful.store import Unavailable, open_store
+from wakeful.store.etcd import EtcdStore
 from wakeful.store.testing import EtcdServer
 from wakeful.store.url import resolve_endpoints
 
@@ -37,6 +38,9 @@ async def test_a_store_named_by_host_name_connects(etcd_server: EtcdServer) -> N
     name = loopback_name()
     port = etcd_server.endpoint.rsplit(":", 1)[1]
     async with open_store(f"etcd://{name}:{port}", namespace="/names/") as store:
+        assert isinstance(store, EtcdStore)
+        # Dialed by name, so grpc resolves it again when it moves (a restarted container).
+        assert store.client._manager.target == f"dns:///{name}:{port}"
         await store.put("k", Note(text="v"))
         found = await store.get("k", Note)
         assert found is not None

@@ -70,7 +70,13 @@ def runtime_for(settings: NodeSettings, control_plane: Sequence[str] = ()) -> Pr
     urls = (settings.store_url, *control_plane)
     refused = control_endpoints(urls)
     networks = settings.refused_networks()
-    jail = Jail.detect(settings.data_dir, settings.sandbox_paths, refused, networks)
+    jail = Jail.detect(
+        settings.data_dir,
+        settings.sandbox_paths,
+        refused,
+        networks,
+        probe_uid=settings.sandbox_uids[0],
+    )
     jail = dataclasses.replace(jail, control_urls=urls)
     log.info("sandboxes are isolated: %s", jail.describe())
     uids = (
@@ -189,8 +195,7 @@ class NodeAgent:
                     jail = self._services.runtime.jail
                     if jail is not None and jail.fenced:  # no sandbox starts before the fence
                         await tasks.start(PeerFence(self._store, self.name).run)
-                        fence = ControlFence(jail.control_urls, jail.control)
-                        tasks.start_soon(fence.run)
+                        tasks.start_soon(ControlFence(jail.control_urls).run)
                 tasks.start_soon(self._watch_loop)
                 tasks.start_soon(self.states.run, self.running_ids)
                 if self.tunnel is not None:

@@ -185,7 +185,13 @@ def control_endpoints(urls: Sequence[str]) -> list[tuple[str, int]]:
     are not on this machine, resolved now: what a sandbox must not reach across the network.
     Loopback ones are refused by `NFT_RULES` already; a name that does not resolve is skipped
     (the node could not reach it either)."""
-    found: set[tuple[str, int]] = set()
+    return sorted({e for found in control_names(urls).values() for e in found})
+
+
+def control_names(urls: Sequence[str]) -> dict[str, list[tuple[str, int]]]:
+    """`control_endpoints` per `host:port` the URLs name: an empty list for one that resolves
+    to nothing now (`ControlFence` then keeps what it had)."""
+    found: dict[str, list[tuple[str, int]]] = {}
     for url in urls:
         scheme, _, rest = url.partition("://")
         default = {"http": 80, "https": 443, "etcd": 2379}.get(scheme)
@@ -193,16 +199,19 @@ def control_endpoints(urls: Sequence[str]) -> list[tuple[str, int]]:
             continue
         for hostport in rest.split("/", 1)[0].split(","):
             host, port = _split_host_port(hostport)
+            addresses: set[tuple[str, int]] = set()
             try:
                 number = int(port) if port else default
                 infos = socket.getaddrinfo(host, number, type=socket.SOCK_STREAM)
+                for info in infos:
+                    address = _unscoped(str(info[4][0]))  # nft takes no IPv6 zone
+                    if not address.is_loopback:
+                        addresses.add((str(address), number))
             except (OSError, ValueError):
-                continue
-            for info in infos:
-                address = str(info[4][0])
-                if not ipaddress.ip_address(address).is_loopback:
-                    found.add((address, number))
-    return sorted(found)
+                pass
+            found.setdefault(hostport, [])
+            found[hostport] = sorted(set(found[hostport]) | addresses)
+    return found
 
 
 def _split_host_port(hostport: str) -> tuple[str, str]:

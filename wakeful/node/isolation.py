@@ -100,6 +100,29 @@ CONTAINER_HINT = (
 )
 
 
+CAPABILITIES = {
+    "CHOWN": 0,
+    "DAC_OVERRIDE": 1,
+    "FOWNER": 3,
+    "KILL": 5,
+    "SETGID": 6,
+    "SETUID": 7,
+    "SETPCAP": 8,
+    "NET_ADMIN": 12,
+    "SYS_ADMIN": 21,
+}
+"""What a root agent needs for sandboxes (their bits in CapEff): the nine of CONTAINER_HINT."""
+
+
+def missing_capabilities(status: Path = Path("/proc/self/status")) -> list[str]:
+    """The `CAPABILITIES` this process lacks (a container started without them)."""
+    for line in status.read_text().splitlines():
+        if line.startswith("CapEff:"):
+            held = int(line.split()[1], 16)
+            return [name for name, bit in CAPABILITIES.items() if not held >> bit & 1]
+    return list(CAPABILITIES)
+
+
 def in_container(environ: Mapping[str, str] = os.environ, mark: Path = CONTAINER_MARK) -> bool:
     return bool(environ.get("container")) or mark.exists()
 
@@ -255,11 +278,9 @@ class Jail:
     scope: bool = False
     """Each sandbox in a Landlock domain of its own that scopes abstract UNIX sockets and
     signals (`slot_main.scope`): the kernel has it and `slot_python` can run it."""
-    control: tuple[tuple[str, int], ...] = ()
-    """The control plane's endpoints on other machines, fenced at start (`ControlFence`
-    keeps them current)."""
     control_urls: tuple[str, ...] = ()
-    """The URLs they were resolved from (the store's, the control API's)."""
+    """The control plane's URLs (the store's, the control API's), whose endpoints on other
+    machines are fenced (`ControlFence` keeps them current)."""
     notes: tuple[str, ...] = field(default=())
     """What this machine does not enforce (shown by `wakeful status` and logged at start)."""
 
@@ -270,9 +291,11 @@ class Jail:
         extra_paths: tuple[Path, ...] = (),
         refused: Sequence[tuple[str, int]] = (),
         networks: Sequence[Network] = (),
+        probe_uid: int = UID_BASE,
     ) -> Jail:
         """`refused`: control-plane endpoints on other machines no sandbox may reach;
-        `networks`: the operator's refused networks (`sandbox_refused_networks`)."""
+        `networks`: the operator's refused networks (`sandbox_refused_networks`);
+        `probe_uid`: the first of the agent's sandbox uids, which `check` drops to."""
         tools = {name: shutil.which(name) for name in ("bwrap", "setpriv", "prlimit", "sh")}
         if tools["bwrap"] is None:
             raise IsolationUnavailable(INSTALL_HINT)
@@ -280,6 +303,13 @@ class Jail:
         if missing:
             raise IsolationUnavailable(f"isolation needs {', '.join(missing)} (util-linux)")
         as_root = os.geteuid() == 0
+        if as_root and in_container():
+            lacking = missing_capabilities()
+            if lacking:
+                raise IsolationUnavailable(
+                    f"the container lacks {', '.join(lacking)}, which sandboxes need: "
+                    + CONTAINER_HINT
+                )
         cgroups = Cgroups.detect() if as_root else None
         failed: str | None = None
         visible = (*SYSTEM_PATHS, *(str(p.absolute()) for p in extra_paths))
@@ -326,13 +356,12 @@ class Jail:
             slot_python=slot_python,
             scope=scope,
             fenced=fenced,
-            control=tuple(refused),
             notes=tuple(notes),
         )
-        jail.check()
+        jail.check(data_dir, probe_uid)
         return jail
 
-    def check(self) -> None:
+    def check(self, probe_dir: Path, probe_uid: int = UID_BASE) -> None:
         """Start one empty sandbox, so a machine that cannot make namespaces fails at start;
         as root, drop to a sandbox uid in it as `command` does, and give a file to that uid,
         so a machine (a container) without the capabilities for that fails at start too: the
@@ -354,8 +383,8 @@ class Jail:
             return
         drop = [
             self.setpriv,
-            f"--reuid={UID_BASE}",
-            f"--regid={UID_BASE}",
+            f"--reuid={probe_uid}",
+            f"--regid={probe_uid}",
             "--clear-groups",
             "--inh-caps=-all",
             "--bounding-set=-all",
@@ -363,11 +392,14 @@ class Jail:
             "--",
         ]
         argv = [self.bwrap, *self._mounts(None, None), "--", *drop, "cat", "/proc/self/status"]
-        done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
+        except subprocess.SubprocessError as exc:
+            raise IsolationUnavailable(f"a sandbox did not start in time here: {exc}") from None
         status = dict(line.split(":", 1) for line in done.stdout.splitlines() if ":" in line)
         dropped = (
             done.returncode == 0
-            and status.get("Uid", "").split()[:1] == [str(UID_BASE)]
+            and status.get("Uid", "").split() == [str(probe_uid)] * 4
             and all(int(status.get(name, "1"), 16) == 0 for name in ("CapBnd", "CapEff"))
         )
         if not dropped:
@@ -375,13 +407,13 @@ class Jail:
             raise IsolationUnavailable(
                 f"a sandbox cannot drop to its own uid with no capabilities here: {said} ({hint})"
             )
-        with tempfile.NamedTemporaryFile() as probe:
-            try:
-                os.chown(probe.name, UID_BASE, UID_BASE)
-            except OSError as exc:
-                raise IsolationUnavailable(
-                    f"an app's files cannot be given to its uid here: {exc} ({hint})"
-                ) from None
+        try:
+            with tempfile.NamedTemporaryFile(dir=probe_dir) as probe:
+                os.chown(probe.name, probe_uid, probe_uid)
+        except OSError as exc:
+            raise IsolationUnavailable(
+                f"an app's files cannot be given to its uid here: {exc} ({hint})"
+            ) from None
 
     def command(
         self,

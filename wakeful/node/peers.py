@@ -21,7 +21,7 @@ from wakeful.domain.models import Node
 from wakeful.store import Item, Store
 from wakeful.store.reflector import reflect
 
-from .hardening import control_endpoints, fence_control, fence_peers, peer_addresses
+from .hardening import control_names, fence_control, fence_peers, peer_addresses
 
 log = logging.getLogger(__name__)
 RETRY_FIRST, RETRY_MAX = 1.0, 30.0
@@ -116,15 +116,15 @@ class ControlFence:
     plane's URLs (the store's, the activators') resolve to now. Installed once at start, a
     fence on an address goes stale when a name moves: a container restarted on a new address
     (etcd, an activator under docker-compose) was then open to sandboxes, etcd without
-    authentication among them. Resolved every `interval` seconds; a failure is logged and
-    tried again at the next, never raised; a name that resolves to nothing keeps the addresses
-    it had (a brief DNS failure must not open the fence)."""
+    authentication among them. Resolved at start and every `interval` seconds, and applied
+    every pass (whoever replaced the sets meanwhile, they are ours again); a failure is logged
+    and tried again at the next, never raised. A name that resolves to nothing keeps the
+    addresses it had (a DNS failure must not open the fence), each name on its own."""
 
     def __init__(
         self,
         urls: Sequence[str],
-        applied: Sequence[tuple[str, int]],
-        resolve: Callable[[Sequence[str]], list[tuple[str, int]]] = control_endpoints,
+        resolve: Callable[[Sequence[str]], dict[str, list[tuple[str, int]]]] = control_names,
         apply: Callable[[Sequence[tuple[str, int]]], str | None] = fence_control,
         interval: float = CONTROL_REFRESH,
     ) -> None:
@@ -132,33 +132,28 @@ class ControlFence:
         self._resolve = resolve
         self._apply = apply
         self._interval = interval
-        self.applied = sorted(applied)
-        """The endpoints the sets hold."""
-        self.refreshed = anyio.Event()
-        """Set after each pass (tests wait on it)."""
+        self._names: dict[str, list[tuple[str, int]]] = {}
+        self.applied: list[tuple[str, int]] | None = None
+        """The endpoints the sets hold, once applied."""
 
     async def run(self) -> None:
         while True:
-            await anyio.sleep(self._interval)
             await self.refresh()
+            await anyio.sleep(self._interval)
 
     async def refresh(self) -> None:
         try:
             found = await anyio.to_thread.run_sync(self._resolve, self._urls)
-            # Per port, keep what a name no longer resolves to only when it resolves to
-            # nothing now: a DNS hiccup must not open the fence.
-            ports = {port for _, port in found}
-            kept = [(a, p) for a, p in self.applied if p not in ports]
-            wanted = sorted(set(found) | set(kept))
+            for name, endpoints in found.items():
+                if endpoints or name not in self._names:
+                    self._names[name] = endpoints
+            wanted = sorted({e for endpoints in self._names.values() for e in endpoints})
+            failed = await anyio.to_thread.run_sync(self._apply, wanted)
+            if failed is not None:
+                log.warning("cannot refresh the control plane's fence: %s", failed)
+                return
             if wanted != self.applied:
-                failed = await anyio.to_thread.run_sync(self._apply, wanted)
-                if failed is not None:
-                    log.warning("cannot refresh the control plane's fence: %s", failed)
-                else:
-                    log.info("control plane refused to sandboxes: %s", wanted)
-                    self.applied = wanted
+                log.info("control plane refused to sandboxes: %s", wanted)
+            self.applied = wanted
         except Exception as exc:  # logged, tried again at the next pass
             log.warning("cannot refresh the control plane's fence: %s", exc)
-        finally:
-            self.refreshed.set()
-            self.refreshed = anyio.Event()
