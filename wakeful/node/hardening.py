@@ -247,12 +247,8 @@ def mount_sandbox_fs(root: Path, size: int) -> None:
     try:
         for name in ("app", *SCRATCH):
             (root / name).mkdir(mode=0o700)
-        for name in ACCOUNTS:
-            fd = os.open(root / name, os.O_WRONLY | os.O_CREAT, 0o644)
-            try:  # readable by the app whatever the agent's umask (077 in a data directory)
-                os.fchmod(fd, 0o644)
-            finally:
-                os.close(fd)
+        for name in ACCOUNTS:  # root's, 0600, until `fill_app_dir` gives them to the app
+            os.close(os.open(root / name, os.O_WRONLY | os.O_CREAT, 0o600))
     except BaseException:
         unmount(root)
         raise
@@ -295,6 +291,10 @@ def fill_app_dir(root: Path, uid: int, place: Callable[[Path, int], None]) -> No
         with open(root / name, "r+") as file:  # in place: the sandbox has this inode bound
             file.write(text)
             file.truncate()
+        # The app's own (bound read-only, so it cannot change them): readable by it whatever
+        # the agent's umask (077 in a data directory made them 0600, and getpwuid, whoami
+        # and ~ failed), and by nobody else.
+        os.chown(root / name, uid, uid)
 
 
 def unmount(path: Path) -> None:
