@@ -417,8 +417,8 @@ def test_a_control_plane_on_another_machine_is_refused_to_sandbox_uids() -> None
         assert tried("192.0.2.7") != "ConnectionRefusedError"  # only sandbox uids
         # The control plane moved (a container restarted on another address): the sets
         # follow, the old address is no longer refused and the new one is.
-        assert fence_control([("192.0.2.8", 8082)]) is None
-        assert tried("192.0.2.8", *sandbox_uid) == "ConnectionRefusedError"
+        assert fence_control([("203.0.113.8", 8082)]) is None
+        assert tried("203.0.113.8", *sandbox_uid) == "ConnectionRefusedError"
         assert tried("192.0.2.7", *sandbox_uid) != "ConnectionRefusedError"
     finally:
         install_network_rules()
@@ -585,11 +585,13 @@ def test_the_default_gateway_is_read_from_the_routes(tmp_path: Path) -> None:
 @pytest.mark.skipif(os.geteuid() != 0, reason="nftables needs root")
 def test_a_gateway_is_refused_to_sandbox_uids_but_for_dns() -> None:
     """In a container the default gateway is the host: refused, but for DNS (podman's
-    networks answer names there). 192.0.2.9 (TEST-NET) stands for it: without the rule a
-    connect times out; with it, it is refused at once."""
+    networks answer names there). 203.0.113.9 (TEST-NET-3) stands for it: without the rule a
+    connect times out; with it, it is refused at once. Not in 192.0.2.0/24, which CI's own
+    network may hold: a neighbour that failed to resolve there made test_peers' unfenced
+    connects fail at once instead of timing out."""
     code = (
         "import socket, sys\ntry:\n"
-        " socket.create_connection(('192.0.2.9', int(sys.argv[1])), timeout=1)\n"
+        " socket.create_connection(('203.0.113.9', int(sys.argv[1])), timeout=1)\n"
         "except Exception as e:\n print(type(e).__name__)"
     )
     sandbox_uid = ["setpriv", "--reuid=400001", "--regid=400001", "--clear-groups"]
@@ -599,7 +601,7 @@ def test_a_gateway_is_refused_to_sandbox_uids_but_for_dns() -> None:
         return subprocess.run(command, capture_output=True).stdout.decode().strip()
 
     try:
-        assert install_network_rules(gateways=["192.0.2.9"]) is None
+        assert install_network_rules(gateways=["203.0.113.9"]) is None
         assert tried(8082) == "ConnectionRefusedError"
         assert tried(53) != "ConnectionRefusedError"
     finally:

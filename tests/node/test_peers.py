@@ -29,6 +29,8 @@ root_with_nft = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("nft") is None, reason="nftables needs root"
 )
 SANDBOX_UID = ["setpriv", "--reuid=400001", "--regid=400001", "--clear-groups"]
+OPEN = ("TimeoutError", "OSError")
+"""What an unfenced connect to TEST-NET gets: no answer (a fenced one: ConnectionRefusedError)."""
 
 
 def connect_as_sandbox(address: str, port: int) -> str:
@@ -60,9 +62,11 @@ def test_other_nodes_and_refused_networks_are_refused_to_sandbox_uids() -> None:
         assert fence_peers(["192.0.2.9"]) is None
         assert connect_as_sandbox("192.0.2.9", 20001) == "ConnectionRefusedError"  # a peer
         assert connect_as_sandbox("198.51.100.4", 80) == "ConnectionRefusedError"  # refused net
-        assert connect_as_sandbox("192.0.2.10", 20001) == "TimeoutError"  # the world: open
+        # Open: no answer. A timeout, or "no route" where this machine's own network holds
+        # 192.0.2.0/24 (CI's does) and the neighbour failed to resolve: never refused by us.
+        assert connect_as_sandbox("192.0.2.10", 20001) in OPEN  # the world
         assert fence_peers([]) is None
-        assert connect_as_sandbox("192.0.2.9", 20001) == "TimeoutError"  # no longer a peer
+        assert connect_as_sandbox("192.0.2.9", 20001) in OPEN  # no longer a peer
     finally:
         install_network_rules()
         fence_peers([])  # a set keeps its elements through `flush table`
