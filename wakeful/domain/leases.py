@@ -16,7 +16,7 @@ ActivatorError
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, Field
 
@@ -80,6 +80,8 @@ class LeaseGrant(BaseModel):
     woke_after: float = Field(default=0.0, ge=0)
     """Seconds the request that asked for it waited for its app to wake (it was parked while
     none of the pool's sandboxes was ready); 0 when capacity was there or merely busy."""
+    woke_by: Literal["", "thaw", "start"] = ""
+    """How the app woke for it: `thaw` (a suspended sandbox) or `start` (a new one)."""
     server_timing: bool = False
     """The app asks for `Server-Timing` on its answers (`AppSpec.server_timing`)."""
 

@@ -1,11 +1,17 @@
 """A sandbox's lifecycle, as data. The one rule: a status changes only along this table.
 
     pending ──start──▶ booting ──ready──▶ running ──drain──▶ draining ──stop──▶ stopping
-       │                 │                  │                  │                   │
+       │                 │                ▲    │                  │                   │
+       │                 │           thaw │    │ suspend          │                   │
+       │                 │                │    ▼                  │                   │
+       │                 │               suspended ─drain─────────┘                   │
        └──────────────── exit / fail (any live status) ──────────────────▶ dead   stopped
 
-`stop` is also allowed from pending, booting and running (a scale-down of a sandbox that never
-served, or one that holds no leases). An illegal event raises and changes nothing.
+`stop` is also allowed from pending, booting, running and suspended (a scale-down of a
+sandbox that never served, or one that holds no leases). `suspend` and `thaw` are the
+activator's (a frozen sandbox holds no lease; `wakeful.activator.suspend`); the node freezes
+a sandbox while its record says `suspended` and thaws it on any other status. An illegal
+event raises and changes nothing.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ class Transition(StrEnum):
     READY = "ready"
     DRAIN = "drain"
     STOP = "stop"
+    SUSPEND = "suspend"
+    THAW = "thaw"
     STOPPED = "stopped"
     FAIL = "fail"
 
@@ -32,6 +40,11 @@ TABLE: dict[tuple[S, Transition], S] = {
     (S.PENDING, Transition.START): S.BOOTING,
     (S.BOOTING, Transition.READY): S.RUNNING,
     (S.RUNNING, Transition.DRAIN): S.DRAINING,
+    (S.RUNNING, Transition.SUSPEND): S.SUSPENDED,
+    (S.SUSPENDED, Transition.THAW): S.RUNNING,
+    (S.SUSPENDED, Transition.DRAIN): S.DRAINING,
+    (S.SUSPENDED, Transition.STOP): S.STOPPING,
+    (S.SUSPENDED, Transition.FAIL): S.DEAD,
     (S.PENDING, Transition.STOP): S.STOPPING,
     (S.BOOTING, Transition.STOP): S.STOPPING,
     (S.RUNNING, Transition.STOP): S.STOPPING,

@@ -77,6 +77,14 @@ class Concurrency(Model):
         description="seconds without traffic before a sandbox counts as idle (traffic is "
         "reported every 2 s, so shorter delays would stop busy sandboxes)",
     )
+    suspend_delay: float = Field(
+        default=30.0,
+        ge=0,
+        le=86_400,
+        description="seconds without traffic (and with no lease on it) before a running "
+        "sandbox is frozen: it keeps its memory and its port, uses no CPU, and wakes in "
+        "milliseconds; 0 turns the suspended tier off (at least 1 otherwise)",
+    )
     min_instances: int = Field(default=0, ge=0, le=1000)
     max_instances: int = Field(default=20, ge=1, le=1000)
     hard_limit: int | None = Field(
@@ -106,6 +114,11 @@ class Concurrency(Model):
             )
         if self.mode == "fixed" and self.min_instances == 0:
             raise ValueError("fixed mode needs min_instances >= 1")
+        if 0 < self.suspend_delay < 1:
+            raise ValueError(
+                f"suspend_delay ({self.suspend_delay:g}) must be 0 (no suspended tier) or at "
+                "least 1 second"
+            )
         return self
 
 
@@ -251,11 +264,12 @@ class Version(Model):
 
 class ScaleChange(Model):
     """Why a pool last changed size: written in the same compare-and-set as the size, by the
-    activator (`demand`) or the idle monitor (`idle`). The dashboard's scale events."""
+    activator (`demand`, or `memory` when a node's suspended sandboxes hold more than its cap)
+    or the idle monitor (`idle`). The dashboard's scale events."""
 
     at: float
     """Wall-clock time of the write."""
-    by: Literal["demand", "idle"]
+    by: Literal["demand", "idle", "memory"]
     from_instances: int = Field(ge=0)
     to_instances: int = Field(ge=0)
     reason: str = Field(max_length=300)
@@ -298,6 +312,7 @@ class SandboxStatus(StrEnum):
     PENDING = "pending"
     BOOTING = "booting"
     RUNNING = "running"
+    SUSPENDED = "suspended"
     DRAINING = "draining"
     STOPPING = "stopping"
     STOPPED = "stopped"
@@ -307,12 +322,21 @@ class SandboxStatus(StrEnum):
 # Named sets of statuses, defined once (a sandbox's transitions are wakeful.domain.lifecycle's).
 STARTING = frozenset({SandboxStatus.PENDING, SandboxStatus.BOOTING})
 """Placed, not yet serving."""
-SIZED = frozenset({SandboxStatus.PENDING, SandboxStatus.BOOTING, SandboxStatus.RUNNING})
-"""Counted in a pool's size: what the pool controller and the activator call live."""
+SIZED = frozenset(
+    {SandboxStatus.PENDING, SandboxStatus.BOOTING, SandboxStatus.RUNNING, SandboxStatus.SUSPENDED}
+)
+"""Counted in a pool's size: what the pool controller and the activator call live. A
+suspended sandbox counts: it is frozen, not gone, and wakes faster than any start."""
 ON_NODE = SIZED | {SandboxStatus.DRAINING}
 """Still occupying its node: what a drain waits for."""
 HAS_PROCESS = frozenset(
-    {SandboxStatus.BOOTING, SandboxStatus.RUNNING, SandboxStatus.DRAINING, SandboxStatus.STOPPING}
+    {
+        SandboxStatus.BOOTING,
+        SandboxStatus.RUNNING,
+        SandboxStatus.SUSPENDED,
+        SandboxStatus.DRAINING,
+        SandboxStatus.STOPPING,
+    }
 )
 """A process of its node runs it (or may): it has output, and a restarted agent must bury it."""
 GONE = frozenset({SandboxStatus.STOPPING, SandboxStatus.STOPPED, SandboxStatus.DEAD})
@@ -337,6 +361,10 @@ class Sandbox(Model):
     created_at: float = 0.0
     draining_since: float = 0.0
     """Wall-clock time the pool controller drained it (0: never drained)."""
+    suspended_at: float = 0.0
+    """Wall-clock time the activator suspended it (0 unless `suspended`): the longest
+    suspended goes first when its node's memory cap is passed, and a scale-down stops
+    suspended sandboxes before running ones."""
 
     @property
     def routable(self) -> bool:
@@ -380,6 +408,18 @@ class Node(Model):
     tunnel: Tunnel | None = None
     """Set when the node dials out to the ingress tier instead of being dialed
     (`WAKEFUL_TUNNEL`); its sandboxes' addresses are then `tunnel://NODE/SANDBOX`."""
+    suspended: int = Field(default=0, ge=0, le=100_000)
+    """Sandboxes frozen on this node now."""
+    suspended_memory: int = Field(default=0, ge=0)
+    """Bytes they hold, as measured when each was frozen."""
+    suspended_memory_cap: int = Field(default=0, ge=0)
+    """The most they may hold (`WAKEFUL_SUSPENDED_MEMORY`); past it, or under memory pressure,
+    the longest suspended are named in `evict`."""
+    evict: list[Annotated[str, StringConstraints(max_length=128)]] = Field(
+        default_factory=list, max_length=1000
+    )
+    """Suspended sandboxes this node asks to stop for memory, the longest suspended first:
+    the activator stops each with its pool shrunk by one in the same transaction."""
 
 
 class IngressReplica(Model):
