@@ -41,6 +41,10 @@ class ActivityWriter:
     def touch(self, sandbox_id: str, when: float) -> None:
         self._touched[sandbox_id] = when
 
+    def latest(self, sandbox_id: str) -> float:
+        """The newest traffic of the sandbox not yet written (0 when none)."""
+        return self._touched.get(sandbox_id, 0.0)
+
     def forget(self, sandbox_id: str) -> None:
         self._touched.pop(sandbox_id, None)
         self._written_at.pop(sandbox_id, None)

@@ -1,10 +1,12 @@
 """The activator: admission, leases, parked waiters and scale-up over a watched view.
 
-A facade over four parts, each the one writer of its state:
+A facade over five parts, each the one writer of its state:
 - `view.View`: apps, pools and sandboxes, fed by the store watch (the only consumer of it);
 - `ledger.LeaseLedger`: leases and parked waiters, synchronous, on one monotonic clock;
 - `scale_up.ScaleUpRunner`: the compare-and-set growth of `desired_instances`;
-- `activity.ActivityWriter`: `last_activity` writes, at most one per sandbox per interval.
+- `activity.ActivityWriter`: `last_activity` writes, at most one per sandbox per interval;
+- `suspend.Suspender`: the suspended tier (idle sandboxes frozen, thawed for demand before any
+  scale-up, evicted for a node's memory cap).
 
 Theory of operation:
 - A request parks only when nothing in its pool is routable. A sandbox becoming routable, a
@@ -35,10 +37,11 @@ from wakeful.activator.ledger import Lease, LeaseLedger, Waiter
 from wakeful.activator.metrics import ActivatorMetrics
 from wakeful.activator.scale_up import ScaleUpRunner
 from wakeful.activator.settings import ActivatorSettings
+from wakeful.activator.suspend import Suspender
 from wakeful.activator.view import PoolState, View
 from wakeful.domain import keys, trace
 from wakeful.domain.leases import AppFailedToBoot, LeaseGone, LeaseGrant, NoCapacity, Unreachable
-from wakeful.domain.models import GONE, App, AppState
+from wakeful.domain.models import GONE, App, AppState, SandboxStatus
 from wakeful.domain.traffic import TrafficReport, TrafficRing
 from wakeful.store import Store, StoreError
 
@@ -58,6 +61,8 @@ class PoolSnapshot:
     """What the pool controller acts on: 0 for a retired pool, whatever its record says."""
     live: int
     ready: int
+    suspended: int
+    """Of `live`: frozen, waking in milliseconds on the next request."""
     leased: int
     overflow: int
     waiters: int
@@ -98,6 +103,15 @@ class Activator:
         self._activity = ActivityWriter(
             store, self._view, interval=settings.activity_write_interval, clock=clock
         )
+        self._suspender = Suspender(
+            store,
+            self._view,
+            self._ledger,
+            self._activity,
+            self._metrics,
+            wall_clock=wall_clock,
+            changed=self._ledger.wake,
+        )
         self._admitting = anyio.Event()
         """Set once admission may grant: at once, or after a takeover's adoption window."""
         self.last_lease_gone: Callable[[], None] = lambda: None
@@ -113,7 +127,7 @@ class Activator:
 
     @contextlib.asynccontextmanager
     async def running(
-        self, *, watch: bool = True, adopt_for: float = 0.0
+        self, *, watch: bool = True, adopt_for: float = 0.0, suspend: bool = True
     ) -> AsyncIterator[Activator]:
         """Run the activator's loops for the duration of the block.
 
@@ -121,6 +135,8 @@ class Activator:
         and the activator's own writes: tests use it to hold the view stale on purpose.
         `adopt_for`: seconds after start during which nothing is granted, only leases other
         activators granted are adopted from their holders (a takeover: see `adopt`).
+        `suspend=False`: idle sandboxes are suspended only by `suspend_idle` (tests that
+        drive the wall clock by hand); thaws still run.
         """
         async with anyio.create_task_group() as tasks:
             if adopt_for == 0:
@@ -128,6 +144,7 @@ class Activator:
             elif adopt_for != math.inf:  # inf: until `open_admission`
                 tasks.start_soon(self.open_admission_after, adopt_for)
             self._scale_up.tasks = tasks
+            self._suspender.tasks = tasks
             if watch:
                 tasks.start_soon(self._view.follow)
             else:
@@ -135,6 +152,8 @@ class Activator:
             tasks.start_soon(self._expiry_loop)
             tasks.start_soon(self._activity.run)
             tasks.start_soon(self._sample_waiters)
+            if suspend:
+                tasks.start_soon(self._suspender.run)
             with anyio.fail_after(60):
                 await self._view.synced.wait()
             try:
@@ -142,6 +161,7 @@ class Activator:
             finally:
                 tasks.cancel_scope.cancel()
                 self._scale_up.tasks = None
+                self._suspender.tasks = None
 
     async def open_admission_after(self, seconds: float) -> None:
         await anyio.sleep(seconds)
@@ -204,6 +224,9 @@ class Activator:
                         trace.mark("lease", app)
                         if asleep:
                             lease.woke_after = waited
+                            thawed = lease.sandbox_id in self._suspender.thawed
+                            lease.woke_by = "thaw" if thawed else "start"
+                            self._metrics.wake.labels(kind=lease.woke_by).observe(waited)
                     return lease
                 self._fail_if_crashing(state)
                 if waiter is None and state.item.value.spec.state is not None:
@@ -213,6 +236,7 @@ class Activator:
                     waiter = self._ledger.park(state.name, app, deadline)
                     self._publish(state.name)
                     trace.mark("wait", app)
+                self._suspender.wake(state)  # thaw before start: the fast path
                 self._scale_up.start(state)
                 remaining = waiter.deadline - self._ledger.clock()
                 if remaining <= 0:
@@ -257,6 +281,7 @@ class Activator:
         self._activity.touch(lease.sandbox_id, self._wall_clock())
         if decision.overflow:
             self._metrics.overflow.labels(pool=pool.name).inc()
+            self._suspender.wake(state)
             self._scale_up.start(state)
         self._publish(pool.name)
         return lease
@@ -313,6 +338,8 @@ class Activator:
             raise LeaseGone(f"lease {grant.lease_id!r} is on no sandbox of {app!r} here")
         known = grant.lease_id in self._ledger.leases_by_id
         lease = self._ledger.adopt(item.value.pool, app, grant)
+        if item.value.status is SandboxStatus.SUSPENDED:
+            self._suspender.thaw(item)  # a frozen sandbox must not hold a lease: wake it
         if not known:
             self._metrics.adopted.inc()
             self._publish(lease.pool)
@@ -349,6 +376,11 @@ class Activator:
             await anyio.sleep(self._settings.expiry_interval)
             self.expire_leases()
 
+    async def suspend_idle(self) -> list[str]:
+        """One pass of the suspended tier (`activator.suspend`): suspend what is idle, stop
+        what nodes evict for memory. Returns the sandboxes suspended."""
+        return await self._suspender.tick()
+
     async def flush_activity(self) -> int:
         """Write last_activity for sandboxes that carried leases, at most once an interval each."""
         return await self._activity.flush()
@@ -376,6 +408,7 @@ class Activator:
                     desired_instances=0 if pool.retired else pool.desired_instances,
                     live=live,
                     ready=self._view.ready(state),
+                    suspended=len(self._view.suspended(state)),
                     leased=sum(leased.get(s, 0) for s in state.sandboxes),
                     overflow=overflow,
                     waiters=waiters,
@@ -448,6 +481,7 @@ class _Reactions:
         for pool in {lease.pool for lease in self._activator._ledger.forget_sandbox(sandbox_id)}:
             self._activator._publish(pool)
         self._activator._activity.forget(sandbox_id)
+        self._activator._suspender.forget(sandbox_id)
 
     def relisted(self) -> None:
         self._activator._ledger.wake_all()

@@ -98,6 +98,24 @@ def demanded_instances(
     return min(max(need, desired), max_instances)
 
 
+def to_thaw(
+    *,
+    leased: int,
+    waiters: int,
+    lease_size: int,
+    requests_per_instance: int,
+    serving: int,
+    suspended: int,
+) -> int:
+    """How many suspended sandboxes to thaw for the demand (the suspended tier's fast path):
+    what the demand needs in sandboxes, as a scale-up sizes it, beyond those serving now
+    (routable, or thawing already), at most the suspended ones there are."""
+    need = math.ceil((leased + waiters + lease_size) / requests_per_instance)
+    if waiters > 0:
+        need = max(need, serving + 1)  # someone waits: nothing serving has room for it
+    return max(0, min(suspended, need - serving))
+
+
 class Gate(StrEnum):
     IN_FLIGHT = "in_flight"
     BACKOFF = "backoff"

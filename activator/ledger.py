@@ -80,6 +80,8 @@ class Lease:
     woke_after: float = 0.0
     """Seconds its request waited for the app to wake (parked while nothing of its pool was
     ready); 0 for any other grant. The ingress's `Server-Timing: wake`."""
+    woke_by: str = ""
+    """How: `thaw` (a suspended sandbox) or `start`; empty unless `woke_after` is set."""
     server_timing: bool = False
 
     def grant(self) -> LeaseGrant:
@@ -92,6 +94,7 @@ class Lease:
             overflow=self.overflow,
             ttl_seconds=self.ttl,
             woke_after=self.woke_after,
+            woke_by=self.woke_by,
             server_timing=self.server_timing,
         )
 

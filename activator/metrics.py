@@ -38,6 +38,33 @@ class ActivatorMetrics:
             buckets=(0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
             registry=registry,
         )
+        self.wake = Histogram(
+            "wakeful_activator_wake_seconds",
+            "Requests that waited for their app to wake (nothing of its pool was ready), by "
+            "how it woke: thaw (a suspended sandbox) or start (a new one); their wait",
+            ["kind"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=registry,
+        )
+        self.suspends = Counter(
+            "wakeful_activator_suspends_total",
+            "Idle sandboxes suspended, by result: applied, conflict, failed",
+            ["pool", "result"],
+            registry=registry,
+        )
+        self.thaws = Counter(
+            "wakeful_activator_thaws_total",
+            "Suspended sandboxes thawed for demand, by result: applied, conflict, failed",
+            ["pool", "result"],
+            registry=registry,
+        )
+        self.evictions = Counter(
+            "wakeful_activator_suspended_evictions_total",
+            "Suspended sandboxes stopped because their node's cap for suspended memory was "
+            "passed (or it was under memory pressure)",
+            ["pool"],
+            registry=registry,
+        )
         self.adopted = Counter(
             "wakeful_activator_adopted_leases_total",
             "Leases another activator granted, taken over from the ingresses holding them",

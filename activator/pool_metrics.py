@@ -35,12 +35,17 @@ class PoolCollector(Collector):
         )
         live = GaugeMetricFamily(
             "wakeful_pool_live_sandboxes",
-            "Sandboxes counted in the pool's size: pending, booting or running",
+            "Sandboxes counted in the pool's size: pending, booting, running or suspended",
             labels=labels,
         )
         ready = GaugeMetricFamily(
             "wakeful_pool_ready_sandboxes",
             "Sandboxes that take requests (running, passed their health check)",
+            labels=labels,
+        )
+        suspended = GaugeMetricFamily(
+            "wakeful_pool_suspended_sandboxes",
+            "Sandboxes frozen while idle (counted in live): they wake in milliseconds",
             labels=labels,
         )
         leased = GaugeMetricFamily(
@@ -64,7 +69,8 @@ class PoolCollector(Collector):
             desired.add_metric(key, pool.desired_instances)
             live.add_metric(key, pool.live)
             ready.add_metric(key, pool.ready)
+            suspended.add_metric(key, pool.suspended)
             leased.add_metric(key, pool.leased)
             overflow.add_metric(key, pool.overflow)
             waiters.add_metric(key, pool.waiters)
-        yield from (info, desired, live, ready, leased, overflow, waiters)
+        yield from (info, desired, live, ready, suspended, leased, overflow, waiters)

@@ -77,6 +77,12 @@ class View:
         self.apps: dict[str, Item[App]] = {}
         self.pools: dict[str, PoolState] = {}
         self.sandboxes: dict[str, Item[Sandbox]] = {}
+        self.withheld: set[str] = set()
+        """Sandboxes being suspended: out of admission from the step that decided it until
+        the write is done (`wakeful.activator.suspend`), so no lease lands on one in between."""
+        self.evicting: dict[str, frozenset[str]] = {}
+        """Per node, the suspended sandboxes it asks to stop for memory (`Node.evict`)."""
+        self.nodes: dict[str, Item[Node]] = {}
         self.tunnelled: dict[str, Item[Node]] = {}
         """Nodes that dial out (`Node.tunnel`): their sandboxes are routable only while the
         node holds a stream on some ingress replica (seed 003)."""
@@ -141,9 +147,14 @@ class View:
 
     def apply_node(self, item: Item[Node]) -> None:
         node = item.value
-        cached = self.tunnelled.get(node.name)
+        cached = self.nodes.get(node.name)
         if cached is not None and item.revision <= cached.revision:
             return
+        self.nodes[node.name] = item
+        if node.evict:
+            self.evicting[node.name] = frozenset(node.evict)
+        else:
+            self.evicting.pop(node.name, None)
         was = self._reachable_by_tunnel(node.name)
         if node.tunnel is None:
             self.tunnelled.pop(node.name, None)
@@ -153,7 +164,9 @@ class View:
             self._tunnel_back(node.name)
 
     def remove_node(self, name: str) -> None:
+        self.nodes.pop(name, None)
         self.tunnelled.pop(name, None)
+        self.evicting.pop(name, None)
 
     def _reachable_by_tunnel(self, node: str) -> bool:
         item = self.tunnelled.get(node)
@@ -169,7 +182,7 @@ class View:
     def serves(self, sandbox: Sandbox) -> bool:
         """Admission may place a request on it: routable, and reachable (a sandbox of a
         dial-out node only while that node holds a tunnel stream somewhere)."""
-        if not sandbox.routable or not sandbox.address:
+        if not sandbox.routable or not sandbox.address or sandbox.id in self.withheld:
             return False
         if sandbox.address.startswith("tunnel://"):
             return sandbox.node is not None and self._reachable_by_tunnel(sandbox.node)
@@ -229,7 +242,21 @@ class View:
         return sum(1 for s in state.sandboxes if self.sandboxes[s].value.status in LIVE)
 
     def ready(self, state: PoolState) -> int:
-        return sum(1 for s in state.sandboxes if self.sandboxes[s].value.routable)
+        """Routable sandboxes, those being suspended left out."""
+        return sum(
+            1
+            for s in state.sandboxes
+            if self.sandboxes[s].value.routable and s not in self.withheld
+        )
+
+    def suspended(self, state: PoolState) -> list[Item[Sandbox]]:
+        """The pool's suspended sandboxes, the most recently suspended first (the warmest)."""
+        found = [
+            self.sandboxes[s]
+            for s in state.sandboxes
+            if self.sandboxes[s].value.status is SandboxStatus.SUSPENDED
+        ]
+        return sorted(found, key=lambda i: (-i.value.suspended_at, i.value.id))
 
     def leased_on_running(self, state: PoolState, leased: Mapping[str, int]) -> int:
         return sum(
@@ -315,7 +342,7 @@ def _mirrors(view: View) -> list[Feed[Any]]:
     )
 
     def node_revision(name: str) -> int | None:
-        node = view.tunnelled.get(name)
+        node = view.nodes.get(name)
         return None if node is None else node.revision
 
     nodes: _Mirror[Node] = _Mirror(
@@ -324,7 +351,7 @@ def _mirrors(view: View) -> list[Feed[Any]]:
         node_revision,
         view.apply_node,
         view.remove_node,
-        lambda: [*view.tunnelled],
+        lambda: [*view.nodes],
     )
     return [
         Feed(keys.APPS, App, apps),

@@ -16,6 +16,7 @@ from wakeful.activator.decisions import (
     lease_size,
     plan_scale_up,
     scale_up_gate,
+    to_thaw,
 )
 
 
@@ -158,6 +159,33 @@ def test_demanded_instances(
             requests_per_instance=rpi,
             desired=desired,
             max_instances=cap,
+        )
+        == expected
+    )
+
+
+@pytest.mark.parametrize(
+    ("leased", "waiters", "size", "rpi", "serving", "suspended", "expected"),
+    [
+        pytest.param(0, 1, 1, 5, 0, 3, 1, id="one waiter thaws one of three"),
+        pytest.param(0, 35, 1, 5, 0, 3, 3, id="35 waiters at target 5 thaw all three"),
+        pytest.param(0, 1, 1, 5, 1, 3, 1, id="a waiter means nothing serving has room"),
+        pytest.param(10, 0, 2, 10, 1, 2, 1, id="an overflow at target thaws one more"),
+        pytest.param(3, 0, 2, 10, 1, 2, 0, id="room left: nothing thaws"),
+        pytest.param(0, 4, 1, 5, 0, 0, 0, id="nothing suspended: the scale-up's job"),
+    ],
+)
+def test_to_thaw(
+    leased: int, waiters: int, size: int, rpi: int, serving: int, suspended: int, expected: int
+) -> None:
+    assert (
+        to_thaw(
+            leased=leased,
+            waiters=waiters,
+            lease_size=size,
+            requests_per_instance=rpi,
+            serving=serving,
+            suspended=suspended,
         )
         == expected
     )

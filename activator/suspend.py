@@ -1,0 +1,331 @@
+"""The suspended tier: freezing idle sandboxes, thawing them before anything starts, and
+stopping the longest suspended when a node's memory cap is passed (issue 18).
+
+Theory of operation:
+- The activator alone decides, because it alone knows the leases. Every `TICK` seconds a
+  running sandbox that holds no lease, whose pool has no waiter, and that carried no traffic
+  for its app's `concurrency.suspend_delay` is withheld from admission (`View.withheld`) in the
+  same step as those checks, then written `suspended` by compare-and-set on the revision it
+  was decided from. No lease can land on it in between (one event loop; the checks and the
+  withholding have no await between them), and a conflict (a node's or the pool controller's
+  write) leaves it running. The node freezes a sandbox whose record says `suspended`
+  (`wakeful.node.runner`), so a frozen sandbox never holds a lease.
+- A request that finds nothing routable (or an overflow admission) calls `wake` before any
+  scale-up: suspended sandboxes are thawed, as many as the demand needs
+  (`decisions.to_thaw`), the most recently suspended first, by compare-and-set back to
+  `running`. A thawed record is routable at once (it was ready when frozen): the node thaws
+  the process as it sees the record, and a request sent meanwhile waits in the sandbox's
+  listen backlog. Demand beyond the suspended sandboxes is the normal scale-up's, which counts
+  them in the pool's size (`SIZED`), so it asks only for the rest.
+- A node past its cap for suspended memory names sandboxes in `Node.evict`; each is stopped
+  with its pool shrunk by one in one transaction (both compare-and-set), so the pool
+  controller does not replace it, and never below `min_instances`.
+- Scale-down after `scale_down_delay` stays the idle monitor's: it counts suspended sandboxes
+  as idle, and the pool controller stops suspended ones first.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import anyio
+import anyio.abc
+
+from wakeful.activator import decisions
+from wakeful.activator.activity import ActivityWriter
+from wakeful.activator.ledger import LeaseLedger
+from wakeful.activator.metrics import ActivatorMetrics
+from wakeful.activator.view import PoolState, View
+from wakeful.domain import keys, trace
+from wakeful.domain.lifecycle import Transition, transition
+from wakeful.domain.models import STARTING, Sandbox, SandboxStatus, ScaleChange
+from wakeful.store import Conflict, Item, Put, Require, Store, StoreError
+
+log = logging.getLogger(__name__)
+
+TICK = 1.0
+"""Seconds between two looks for idle sandboxes to suspend and evictions to carry out."""
+ROUNDS = 5
+"""Conflicts in a row after which a thaw gives up (the next request tries again)."""
+
+
+class Suspender:
+    def __init__(
+        self,
+        store: Store,
+        view: View,
+        ledger: LeaseLedger,
+        activity: ActivityWriter,
+        metrics: ActivatorMetrics,
+        *,
+        wall_clock: Callable[[], float] = time.time,
+        changed: Callable[[str], None] = lambda pool: None,
+    ) -> None:
+        """`changed(pool)`: a sandbox of the pool may have become routable again (a suspend
+        that did not happen, a thaw): its waiters run admission."""
+        self._store = store
+        self._view = view
+        self._ledger = ledger
+        self._activity = activity
+        self._metrics = metrics
+        self._wall_clock = wall_clock
+        self._changed = changed
+        self._thawing: dict[str, str] = {}
+        """Sandbox id to its pool, while its thaw is being written."""
+        self._unsure: dict[str, int] = {}
+        """Withheld sandboxes whose suspend write ended in a store error: the revision it was
+        decided from. Out of admission until a read says whether the write landed."""
+        self.thawed: set[str] = set()
+        """Sandboxes this activator thawed (a request that waited for one woke it by `thaw`)."""
+        self.tasks: anyio.abc.TaskGroup | None = None
+        """Where thaws run; None while the activator is not running (then none starts)."""
+
+    async def run(self) -> None:
+        while True:
+            await anyio.sleep(TICK)
+            try:
+                await self.tick()
+            except StoreError as exc:
+                log.warning("suspended tier: %s", exc)
+
+    async def tick(self) -> list[str]:
+        """One pass: settle unsure writes, suspend what is idle, carry out evictions. Returns
+        the sandboxes suspended."""
+        await self._settle_unsure()
+        now = self._wall_clock()
+        chosen = self.idle(now)
+        suspended = []
+        for item in chosen:
+            if await self.suspend(item, now):
+                suspended.append(item.value.id)
+        await self.evict()
+        return suspended
+
+    # -- suspending -------------------------------------------------------------------------
+
+    def idle(self, now: float) -> list[Item[Sandbox]]:
+        """The sandboxes to suspend now, withheld from admission in this very step."""
+        chosen = []
+        leased = self._ledger.leased_capacity_by_sandbox
+        for state in self._view.pools.values():
+            pool = state.item.value
+            delay = pool.spec.concurrency.suspend_delay
+            if delay <= 0 or pool.retired or self._ledger.waiting(pool.name):
+                continue
+            for sandbox_id in sorted(state.sandboxes):
+                item = self._view.sandboxes[sandbox_id]
+                sandbox = item.value
+                if not self._view.serves(sandbox) or leased.get(sandbox_id, 0):
+                    continue
+                last = max(
+                    sandbox.last_activity,
+                    sandbox.created_at,
+                    self._activity.latest(sandbox_id),
+                )
+                if now - last >= delay:
+                    self._view.withheld.add(sandbox_id)
+                    chosen.append(item)
+        return chosen
+
+    async def suspend(self, item: Item[Sandbox], now: float) -> bool:
+        """Write one sandbox `idle` chose as suspended (it stays withheld until this ends)."""
+        sandbox = item.value
+        update = {"status": transition(sandbox.status, Transition.SUSPEND), "suspended_at": now}
+        frozen = sandbox.model_copy(update=update)
+        try:
+            revision = await self._store.update(item.key, frozen, expect_revision=item.revision)
+        except Conflict:
+            self._metrics.suspends.labels(pool=sandbox.pool, result="conflict").inc()
+            self._release(sandbox)
+            return False
+        except StoreError as exc:
+            log.warning("could not suspend: %s", exc, extra={"sandbox": sandbox.id})
+            self._metrics.suspends.labels(pool=sandbox.pool, result="failed").inc()
+            self._unsure[sandbox.id] = item.revision  # it may have landed: stays withheld
+            return False
+        self._metrics.suspends.labels(pool=sandbox.pool, result="applied").inc()
+        self.thawed.discard(sandbox.id)
+        self._view.apply_sandbox(Item(item.key, frozen, revision))
+        trace.mark("suspended", sandbox.app)
+        log.info("suspended idle sandbox", extra={"sandbox": sandbox.id, "pool": sandbox.pool})
+        self._release(sandbox)
+        return True
+
+    def _release(self, sandbox: Sandbox) -> None:
+        """Back into admission (or known suspended); a request that parked meanwhile wakes,
+        and thaws it if it is suspended now."""
+        self._view.withheld.discard(sandbox.id)
+        self._unsure.pop(sandbox.id, None)
+        self._changed(sandbox.pool)
+        state = self._view.pools.get(sandbox.pool)
+        if state is not None and self._ledger.waiting(state.name):
+            self.wake(state)
+
+    async def _settle_unsure(self) -> None:
+        for sandbox_id, revision in list(self._unsure.items()):
+            fresh = await self._store.get(keys.sandbox(sandbox_id), Sandbox)
+            if fresh is not None:
+                self._view.apply_sandbox(fresh)
+            landed = fresh is None or fresh.revision != revision
+            log.info(
+                "an unsure suspend %s",
+                "landed" if landed else "did not land",
+                extra={"sandbox": sandbox_id},
+            )
+            cached = self._view.sandboxes.get(sandbox_id)
+            if cached is None:
+                self._view.withheld.discard(sandbox_id)
+                self._unsure.pop(sandbox_id, None)
+            else:
+                self._release(cached.value)
+
+    # -- thawing ----------------------------------------------------------------------------
+
+    def wake(self, state: PoolState) -> int:
+        """Thaw as many of the pool's suspended sandboxes as its demand needs, now (no await:
+        called on the request path). Returns how many thaws it started."""
+        if self.tasks is None:
+            return 0
+        suspended = [i for i in self._view.suspended(state) if i.value.id not in self._thawing]
+        if not suspended:
+            return 0
+        pool = state.item.value
+        leased = self._ledger.leased_capacity_by_sandbox
+        concurrency = pool.spec.concurrency
+        serving = sum(1 for s in state.sandboxes if self._view.routable(s))
+        serving += sum(1 for p in self._thawing.values() if p == pool.name)
+        count = decisions.to_thaw(
+            leased=self._view.leased_on_running(state, leased),
+            waiters=self._ledger.waiting(pool.name),
+            lease_size=decisions.lease_size(concurrency.mode, pool.requests_per_instance),
+            requests_per_instance=pool.requests_per_instance,
+            serving=serving,
+            suspended=len(suspended),
+        )
+        for item in suspended[:count]:
+            self.thaw(item)
+        return count
+
+    def thaw(self, item: Item[Sandbox]) -> None:
+        """Thaw one suspended sandbox (a request needs it, or a lease on it was adopted)."""
+        sandbox = item.value
+        if self.tasks is None or sandbox.id in self._thawing:
+            return
+        self._thawing[sandbox.id] = sandbox.pool
+        self.tasks.start_soon(self._thaw, item)
+
+    async def _thaw(self, item: Item[Sandbox]) -> None:
+        sandbox_id, pool = item.value.id, item.value.pool
+        # Before the write: the watch may bring it back (and a waiter its lease on it) before
+        # the write's own answer does.
+        self.thawed.add(sandbox_id)
+        done = False
+        try:
+            for _ in range(ROUNDS):
+                sandbox = item.value
+                if sandbox.status is not SandboxStatus.SUSPENDED:
+                    return
+                update = {
+                    "status": transition(sandbox.status, Transition.THAW),
+                    "suspended_at": 0.0,
+                }
+                running = sandbox.model_copy(update=update)
+                try:
+                    revision = await self._store.update(
+                        item.key, running, expect_revision=item.revision
+                    )
+                except Conflict:
+                    self._metrics.thaws.labels(pool=pool, result="conflict").inc()
+                    fresh = await self._store.get(item.key, Sandbox)
+                    if fresh is None:
+                        return
+                    self._view.apply_sandbox(fresh)
+                    item = fresh
+                    continue
+                self._metrics.thaws.labels(pool=pool, result="applied").inc()
+                # Waking is traffic: it must not look idle (and be frozen again) before the
+                # request that woke it takes its lease.
+                self._activity.touch(sandbox_id, self._wall_clock())
+                done = True
+                trace.mark("thawed", sandbox.app)
+                self._view.apply_sandbox(Item(item.key, running, revision))
+                return
+        except StoreError as exc:
+            log.warning("could not thaw: %s", exc, extra={"sandbox": sandbox_id})
+            self._metrics.thaws.labels(pool=pool, result="failed").inc()
+        finally:
+            if not done:
+                self.thawed.discard(sandbox_id)
+            self._thawing.pop(sandbox_id, None)
+            self._changed(pool)
+
+    def forget(self, sandbox_id: str) -> None:
+        self.thawed.discard(sandbox_id)
+        self._unsure.pop(sandbox_id, None)
+        self._view.withheld.discard(sandbox_id)
+
+    # -- evicting ---------------------------------------------------------------------------
+
+    async def evict(self) -> list[str]:
+        """Stop the suspended sandboxes their nodes name for memory, each with its pool shrunk
+        by one in the same transaction. Returns those stopped."""
+        stopped = []
+        for node, ids in sorted(self._view.evicting.items()):
+            for sandbox_id in sorted(ids, key=self._suspended_at):
+                item = self._view.sandboxes.get(sandbox_id)
+                if item is None or item.value.node != node:
+                    continue
+                if await self._evict(item):
+                    stopped.append(sandbox_id)
+        return stopped
+
+    def _suspended_at(self, sandbox_id: str) -> float:
+        item = self._view.sandboxes.get(sandbox_id)
+        return item.value.suspended_at if item is not None else 0.0
+
+    async def _evict(self, item: Item[Sandbox]) -> bool:
+        sandbox = item.value
+        state = self._view.pools.get(sandbox.pool)
+        if sandbox.status is not SandboxStatus.SUSPENDED or state is None:
+            return False
+        pool_item = state.item
+        pool = pool_item.value
+        if pool.retired or pool.desired_instances <= pool.min_instances:
+            return False  # a retired pool's are stopped anyway; min_instances are kept
+        if any(self._view.sandboxes[s].value.status in STARTING for s in state.sandboxes):
+            return False  # the pool is growing: shrinking it now would undo that
+        target = pool.desired_instances - 1
+        change = ScaleChange(
+            at=self._wall_clock(),
+            by="memory",
+            from_instances=pool.desired_instances,
+            to_instances=target,
+            reason=f"memory: node {sandbox.node} holds too much for suspended sandboxes; "
+            f"stopped {sandbox.id}, suspended the longest",
+        )
+        smaller = pool.model_copy(update={"desired_instances": target, "last_scale": change})
+        stopping = sandbox.model_copy(
+            update={
+                "status": transition(sandbox.status, Transition.STOP),
+                "ready": False,
+                "last_log": "stopped while suspended: its node's memory cap for suspended "
+                "sandboxes was passed",
+            }
+        )
+        try:
+            revision = await self._store.txn(
+                [Require(pool_item.key, pool_item.revision), Require(item.key, item.revision)],
+                [Put(pool_item.key, smaller), Put(item.key, stopping)],
+            )
+        except Conflict:
+            return False  # decided again from the fresh records on the next tick
+        self._metrics.evictions.labels(pool=pool.name).inc()
+        log.info(
+            "stopped a suspended sandbox for memory",
+            extra={"sandbox": sandbox.id, "pool": pool.name},
+        )
+        self._view.apply_pool(Item(pool_item.key, smaller, revision))
+        self._view.apply_sandbox(Item(item.key, stopping, revision))
+        return True

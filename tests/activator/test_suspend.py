@@ -1,0 +1,240 @@
+"""The suspended tier in the activator (issue 18), on each store: idle sandboxes are frozen
+after `suspend_delay` and never while they hold a lease; a request thaws them before anything
+starts, and demand beyond them scales up in the same step; a node's memory cap stops the
+longest suspended with its pool shrunk in one transaction."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from wakeful.activator.ledger import Lease
+from wakeful.domain import keys
+from wakeful.domain.leases import LeaseGrant
+from wakeful.domain.models import (
+    AppSpec,
+    Concurrency,
+    Node,
+    Pool,
+    Sandbox,
+    SandboxStatus,
+)
+from wakeful.store import Store
+from wakeful.testing import ManualClock
+
+from .conftest import POOL_KEY, eventually, make_activator, pool, sandbox, seed
+
+pytestmark = pytest.mark.anyio
+T0 = 1_000.0
+
+
+async def seed_suspendable(
+    store: Store,
+    statuses: dict[str, SandboxStatus],
+    *,
+    rpi: int = 5,
+    desired: int | None = None,
+    min_instances: int = 0,
+    delay: float = 30.0,
+) -> None:
+    """The pool of `seed`, with `suspend_delay`, and sandboxes made at T0 (a suspended one
+    was ready, as a suspend leaves it)."""
+    await seed(store, rpi=rpi, desired=desired if desired is not None else len(statuses))
+    found = await pool(store)
+    spec = found.value.spec.model_copy(
+        update={
+            "concurrency": Concurrency(
+                requests_per_instance=rpi, suspend_delay=delay, min_instances=min_instances
+            )
+        }
+    )
+    AppSpec.model_validate(spec.model_dump())
+    await store.put(POOL_KEY, found.value.model_copy(update={"spec": spec}))
+    for index, (sandbox_id, status) in enumerate(statuses.items()):
+        made = sandbox(sandbox_id, SandboxStatus.RUNNING, 9000 + index)
+        update: dict[str, object] = {"created_at": T0, "status": status}
+        if status is SandboxStatus.SUSPENDED:
+            update["suspended_at"] = T0 + index  # sb-1 the longest suspended
+        await store.put(keys.sandbox(sandbox_id), made.model_copy(update=update))
+
+
+async def record(store: Store, sandbox_id: str) -> Sandbox:
+    found = await store.get(keys.sandbox(sandbox_id), Sandbox)
+    assert found is not None
+    return found.value
+
+
+async def test_an_idle_sandbox_is_suspended_after_its_delay_and_not_before(store: Store) -> None:
+    await seed_suspendable(store, {"sb-1": SandboxStatus.RUNNING})
+    wall = ManualClock(T0)
+    activator = make_activator(store, wall_clock=wall)
+    async with activator.running(suspend=False):
+        wall.advance(29.9)
+        assert await activator.suspend_idle() == []
+        wall.advance(0.2)
+        assert await activator.suspend_idle() == ["sb-1"]
+        frozen = await record(store, "sb-1")
+        assert frozen.status is SandboxStatus.SUSPENDED
+        assert frozen.suspended_at == wall.now
+        assert frozen.ready and frozen.address  # routable again the moment it is thawed
+        snapshot = activator.snapshot()[0]
+        assert (snapshot.live, snapshot.ready, snapshot.suspended) == (1, 0, 1)
+
+
+async def test_a_sandbox_holding_a_lease_is_never_suspended(store: Store) -> None:
+    await seed_suspendable(store, {"sb-1": SandboxStatus.RUNNING})
+    wall = ManualClock(T0)
+    activator = make_activator(store, wall_clock=wall)
+    async with activator.running(suspend=False):
+        lease = await activator.acquire("hello")
+        wall.advance(3600)  # idle by its record: nobody renewed with use
+        assert await activator.suspend_idle() == []
+        activator.release(lease.lease_id)  # the release is traffic, at the current time
+        wall.advance(29)
+        assert await activator.suspend_idle() == []
+        wall.advance(2)
+        assert await activator.suspend_idle() == ["sb-1"]
+
+
+async def test_a_pool_with_suspend_delay_0_is_never_suspended(store: Store) -> None:
+    await seed_suspendable(store, {"sb-1": SandboxStatus.RUNNING}, delay=0)
+    wall = ManualClock(T0)
+    activator = make_activator(store, wall_clock=wall)
+    async with activator.running(suspend=False):
+        wall.advance(86_400)
+        assert await activator.suspend_idle() == []
+
+
+async def test_a_request_thaws_a_suspended_sandbox_and_starts_nothing(store: Store) -> None:
+    await seed_suspendable(store, {"sb-1": SandboxStatus.SUSPENDED})
+    before = await pool(store)
+    activator = make_activator(store)
+    async with activator.running(suspend=False):
+        with anyio.fail_after(10):
+            lease = await activator.acquire("hello")
+    assert lease.sandbox_id == "sb-1"
+    assert lease.woke_by == "thaw" and lease.woke_after > 0
+    assert lease.grant().woke_by == "thaw"  # what the ingress's Server-Timing says
+    thawed = await record(store, "sb-1")
+    assert thawed.status is SandboxStatus.RUNNING and thawed.suspended_at == 0
+    assert (await pool(store)).revision == before.revision  # no scale-up write at all
+
+
+async def test_a_burst_thaws_every_suspended_sandbox_and_scales_up_beyond_in_one_step(
+    store: Store,
+) -> None:
+    await seed_suspendable(
+        store,
+        {f"sb-{n}": SandboxStatus.SUSPENDED for n in (1, 2, 3)},
+        rpi=5,
+    )
+    start = (await pool(store)).revision
+    pool_writes = store.watch(keys.POOLS, start + 1)
+    activator = make_activator(store)
+    leases: list[Lease] = []
+
+    async def acquire() -> None:
+        leases.append(await activator.acquire("hello"))
+
+    async with activator.running(suspend=False), anyio.create_task_group() as requests:
+        for _ in range(35):
+            requests.start_soon(acquire)
+        with anyio.fail_after(10):
+            write = await pool_writes.__anext__()
+        grown = write.decode(Pool)  # type: ignore[union-attr]
+        assert grown.desired_instances == 8  # ceil((0 + 35 + 1) / 5): 3 thawed + 5 new
+        await eventually(lambda: len(leases) == 35)
+        await eventually(lambda: activator.snapshot()[0].ready == 3)
+    await pool_writes.aclose()  # type: ignore[attr-defined]
+    # Which sandbox each took depends on when it arrived (after the first thaw, the rest may
+    # be admitted over target there); all three are thawed for the demand either way.
+    assert {lease.woke_by for lease in leases if lease.woke_after} == {"thaw"}
+    for n in (1, 2, 3):
+        assert (await record(store, f"sb-{n}")).status is SandboxStatus.RUNNING
+    assert (await pool(store)).revision == write.revision  # one pool write
+
+
+async def test_one_request_thaws_one_of_three_the_most_recently_suspended(store: Store) -> None:
+    await seed_suspendable(store, {f"sb-{n}": SandboxStatus.SUSPENDED for n in (1, 2, 3)})
+    activator = make_activator(store)
+    async with activator.running(suspend=False):
+        with anyio.fail_after(10):
+            lease = await activator.acquire("hello")
+    assert lease.sandbox_id == "sb-3"  # the warmest
+    statuses = [(await record(store, f"sb-{n}")).status for n in (1, 2, 3)]
+    assert statuses == [SandboxStatus.SUSPENDED, SandboxStatus.SUSPENDED, SandboxStatus.RUNNING]
+
+
+async def test_a_request_arriving_while_a_suspend_is_written_waits_and_thaws_it(
+    store: Store,
+) -> None:
+    """The suspend decision withholds the sandbox in the same step: a request in between
+    gets no lease on it (it would be frozen under the request), it waits, and thaws it."""
+    await seed_suspendable(store, {"sb-1": SandboxStatus.RUNNING})
+    wall = ManualClock(T0 + 60)
+    activator = make_activator(store, wall_clock=wall)
+    suspender = activator._suspender
+    leases: list[Lease] = []
+    seen: list[tuple[SandboxStatus, int]] = []
+
+    async def acquire() -> None:
+        leases.append(await activator.acquire("hello"))
+
+    async with activator.running(suspend=False), anyio.create_task_group() as tasks:
+        chosen = suspender.idle(wall.now)
+        assert [item.value.id for item in chosen] == ["sb-1"]
+        tasks.start_soon(acquire)
+        await eventually(lambda: activator.snapshot()[0].waiters == 1)
+        assert leases == []  # withheld: not granted on a sandbox about to freeze
+        assert await suspender.suspend(chosen[0], wall.now)
+        await eventually(lambda: len(leases) == 1)
+        seen.append(((await record(store, "sb-1")).status, activator.leased_on("sb-1")))
+    assert leases[0].sandbox_id == "sb-1" and leases[0].woke_by == "thaw"
+    assert seen == [(SandboxStatus.RUNNING, leases[0].size)]
+
+
+async def test_a_lease_adopted_on_a_suspended_sandbox_thaws_it(store: Store) -> None:
+    await seed_suspendable(store, {"sb-1": SandboxStatus.SUSPENDED})
+    activator = make_activator(store)
+    grant = LeaseGrant(
+        lease_id="held-1",
+        sandbox_id="sb-1",
+        url="http://127.0.0.1:9000",
+        size=1,
+        overflow=False,
+        ttl_seconds=60,
+    )
+    async with activator.running(suspend=False):
+        activator.adopt("hello", grant)
+        await eventually(lambda: activator.snapshot()[0].ready == 1)
+    assert (await record(store, "sb-1")).status is SandboxStatus.RUNNING
+
+
+async def test_a_node_over_its_memory_cap_gets_its_longest_suspended_stopped_and_the_pool_shrunk(
+    store: Store,
+) -> None:
+    await seed_suspendable(
+        store, {"sb-1": SandboxStatus.SUSPENDED, "sb-2": SandboxStatus.SUSPENDED}, desired=2
+    )
+    await store.put(keys.node("n1"), Node(name="n1", address="127.0.0.1", evict=["sb-1"]))
+    activator = make_activator(store)
+    async with activator.running(suspend=False):
+        await eventually(lambda: "n1" in activator._view.evicting)
+        await activator.suspend_idle()
+    stopped = await record(store, "sb-1")
+    assert stopped.status is SandboxStatus.STOPPING and "memory cap" in stopped.last_log
+    assert (await record(store, "sb-2")).status is SandboxStatus.SUSPENDED
+    shrunk = (await pool(store)).value
+    assert shrunk.desired_instances == 1  # so the pool controller replaces nothing
+    assert shrunk.last_scale is not None and shrunk.last_scale.by == "memory"
+
+
+async def test_the_memory_cap_never_takes_a_pool_below_its_minimum(store: Store) -> None:
+    await seed_suspendable(store, {"sb-1": SandboxStatus.SUSPENDED}, desired=1, min_instances=1)
+    await store.put(keys.node("n1"), Node(name="n1", address="127.0.0.1", evict=["sb-1"]))
+    activator = make_activator(store)
+    async with activator.running(suspend=False):
+        await eventually(lambda: "n1" in activator._view.evicting)
+        await activator.suspend_idle()
+    assert (await record(store, "sb-1")).status is SandboxStatus.SUSPENDED
+    assert (await pool(store)).value.desired_instances == 1
