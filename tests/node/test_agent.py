@@ -321,3 +321,77 @@ async def test_a_node_is_seen_from_its_first_registration_on(tmp_path: Path) -> 
         await run_agent_once(store, settings, artifacts, clock)  # a minute later, again
         seen = await store.get(keys.seen("n1"), SeenNode)
         assert seen is not None and seen.value.first_seen == 1_000
+
+
+def process_states(pids: list[int]) -> set[str]:
+    found = set()
+    for pid in pids:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        found.add(next(line.split()[1] for line in status.splitlines() if line[:6] == "State:"))
+    return found
+
+
+async def set_status(store: Store, sandbox_id: str, status: SandboxStatus) -> None:
+    """What the activator writes to suspend or thaw a sandbox (and the controller to stop)."""
+    item = await store.get(keys.sandbox(sandbox_id), Sandbox)
+    assert item is not None
+    await store.update(item.key, item.value.model_copy(update={"status": status}), item.revision)
+
+
+async def frozen(pid: int, want: bool) -> None:
+    with anyio.fail_after(20):
+        while (process_states([pid]) == {"T"}) != want:  # noqa: ASYNC110 (another process: no event to wait on)
+            await anyio.sleep(0.01)
+
+
+async def test_a_suspended_sandbox_is_frozen_answers_once_thawed_and_is_named_for_memory(
+    node: tuple[Store, NodeAgent],
+) -> None:
+    """The record says `suspended`: every process stops where it is; a request sent then is
+    answered once the record says `running` again. Past the node's cap for suspended memory,
+    the longest suspended is named in the node record; a frozen sandbox still stops cleanly."""
+    store, agent = node
+    pids = {}
+    for sandbox_id in ("sb-1", "sb-2"):
+        await place(store, sandbox_id, "hello-v1")
+        sandbox = await status_of(store, sandbox_id, SandboxStatus.RUNNING)
+        async with httpx.AsyncClient() as client:
+            pids[sandbox_id] = int((await client.get(f"http://{sandbox.address}/")).text.split()[2])
+        await set_status(store, sandbox_id, SandboxStatus.SUSPENDED)
+        await frozen(pids[sandbox_id], True)
+    address = (await status_of(store, "sb-1", SandboxStatus.SUSPENDED)).address
+    answers: list[httpx.Response] = []
+
+    async def ask() -> None:
+        async with httpx.AsyncClient(timeout=30) as client:
+            answers.append(await client.get(f"http://{address}/"))
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(ask)
+        await anyio.sleep(0.2)
+        assert answers == []  # sent, and held in the frozen app's backlog
+        await set_status(store, "sb-1", SandboxStatus.RUNNING)
+    assert answers[0].status_code == 200
+    await frozen(pids["sb-1"], False)
+
+    await set_status(store, "sb-1", SandboxStatus.SUSPENDED)
+    await frozen(pids["sb-1"], True)
+    huge = (1 << 50, 1 << 49)
+    assert await agent.check_suspended(lambda: huge) == []
+    record = await store.get(keys.node("n1"), Node)
+    assert record is not None and record.value.suspended == 2
+    held = record.value.suspended_memory
+    assert held > 2 << 20  # two Python processes
+    # A cap (25% of the machine, by default) that holds one of the two: the longest suspended
+    # (sb-2 now: sb-1 was thawed and frozen again) is named.
+    assert await agent.check_suspended(lambda: (held * 3, held * 3)) == ["sb-2"]
+    record = await store.get(keys.node("n1"), Node)
+    assert record is not None and record.value.evict == ["sb-2"]
+
+    await set_status(store, "sb-2", SandboxStatus.STOPPING)
+    stopped = await status_of(store, "sb-2", SandboxStatus.STOPPED)
+    assert stopped.exit_code == 0  # thawed first, so its SIGTERM handler ran
+    await let_go(agent, "sb-2")

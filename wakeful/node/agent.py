@@ -48,13 +48,16 @@ from .peers import ControlFence, PeerFence
 from .ports import PortPool
 from .runner import NodeServices, SandboxRunner
 from .runtime import ProcessRuntime, Runtime
-from .settings import NodeSettings
+from .settings import NodeSettings, memory_share
 from .statehold import StateHold
+from .suspended import evictions, meminfo
 from .tunnel import TunnelClient
 from .workdir import Artifacts, clear_sandboxes, remove_sandbox_dir, sandbox_dir
 from .writer import SandboxWriter
 
 log = logging.getLogger(__name__)
+SUSPENDED_EVERY = 2.0
+"""Seconds between two looks at the memory suspended sandboxes hold (`check_suspended`)."""
 
 
 def runtime_for(settings: NodeSettings, control_plane: Sequence[str] = ()) -> ProcessRuntime:
@@ -189,6 +192,8 @@ class NodeAgent:
                 await self._settle_previous_life()
                 # Nothing of ours runs yet: what a previous life left on disk (a crash leaves
                 # sandbox directories and their tmpfs mounts) goes before anything starts.
+                if isinstance(self._services.runtime, ProcessRuntime):
+                    self._services.runtime.thaw_leftovers()  # frozen by a crashed run
                 await anyio.to_thread.run_sync(clear_sandboxes, self._settings.data_dir)
                 if isinstance(self._services.runtime, ProcessRuntime):
                     tasks.start_soon(self._services.runtime.keep_warm)
@@ -198,6 +203,7 @@ class NodeAgent:
                         tasks.start_soon(ControlFence(jail.control_urls).run)
                 tasks.start_soon(self._watch_loop)
                 tasks.start_soon(self.states.run, self.running_ids)
+                tasks.start_soon(self._suspended_loop)
                 if self.tunnel is not None:
                     tasks.start_soon(self.tunnel.run)
                 self._serving.set()
@@ -279,6 +285,42 @@ class NodeAgent:
                 log.warning("node registration failed: %s", exc, extra={"node": self.name})
                 await anyio.sleep(1)
 
+    async def _suspended_loop(self) -> None:
+        while True:
+            await anyio.sleep(SUSPENDED_EVERY)
+            try:
+                await self.check_suspended()
+            except (StoreError, OSError) as exc:
+                log.warning("cannot publish suspended sandboxes: %s", exc)
+
+    async def check_suspended(self, memory: Callable[[], tuple[int, int]] = meminfo) -> list[str]:
+        """Publish the frozen sandboxes' count and memory in the node record, naming in
+        `evict` those to stop (past `WAKEFUL_SUSPENDED_MEMORY`, or while less than
+        `WAKEFUL_SUSPENDED_MEMORY_FLOOR` is available). Returns `evict`."""
+        total, available = memory()
+        cap = memory_share(self._settings.suspended_memory, total)
+        floor = memory_share(self._settings.suspended_memory_floor, total)
+        frozen = [
+            (runner.frozen_since, runner.sandbox_id, runner.held)
+            for runner in self._running.values()
+            if runner.frozen_since is not None
+        ]
+        evict = evictions(frozen, cap, available < floor)
+        record = self._record.model_copy(
+            update={
+                "suspended": len(frozen),
+                "suspended_memory": sum(held for _, _, held in frozen),
+                "suspended_memory_cap": cap,
+                "evict": evict,
+            }
+        )
+        if record != self._record:
+            self._record = record
+            lease = self._node_lease
+            if lease is not None and self._registered.is_set():
+                await self._store.put(keys.node(self.name), record, lease=lease)
+        return evict
+
     async def publish_tunnel(self, table: Tunnel) -> None:
         """Rewrite the node record with the tunnel's coverage table (under its lease)."""
         self._record = self._record.model_copy(update={"tunnel": table})
@@ -338,6 +380,8 @@ class NodeAgent:
             self._tasks.start_soon(self._serve, runner)
         elif sandbox.status is SandboxStatus.STOPPING and runner is not None:
             runner.stop()
+        if runner is not None:
+            runner.want_frozen(sandbox.status is SandboxStatus.SUSPENDED)
 
     async def _serve(self, runner: SandboxRunner) -> None:
         try:

@@ -1,5 +1,8 @@
 """The sandbox's cgroups (v1 `memory` and `pids`), where the node may write them: created with
-the app's limits before it starts, read for OOM kills when it ends, swept when left behind."""
+the app's limits before it starts, read for OOM kills when it ends, swept when left behind.
+A v1 `freezer` cgroup is made when a sandbox is first suspended (the suspended tier): its
+processes join it then, off any request's path, and it is thawed before anything kills them
+(v1 delivers no signal, not even SIGKILL, to a frozen task)."""
 
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ class Cgroups:
 
     memory: Path
     pids: Path
+    freezer: Path | None = None
+    """The v1 `freezer` hierarchy's `wakeful/`, when writable (else SIGSTOP suspends)."""
 
     @classmethod
     def detect(cls, root: Path = CGROUP_V1) -> Cgroups | None:
@@ -31,10 +36,27 @@ class Cgroups:
                 (path / "cgroup.procs").stat()
         except OSError:
             return None
-        return cls(memory, pids)
+        freezer: Path | None = root / "freezer" / "wakeful"
+        try:
+            assert freezer is not None
+            freezer.mkdir(exist_ok=True)
+            (freezer / "cgroup.procs").stat()
+        except OSError:
+            freezer = None
+        return cls(memory, pids, freezer)
+
+    def thaw_all(self) -> None:
+        """Thaw every sandbox's freezer cgroup: at agent start, what a crashed run left frozen
+        (its parent-death SIGKILL waits for that) may then die."""
+        if self.freezer is not None:
+            with contextlib.suppress(OSError):
+                for path in self.freezer.iterdir():
+                    if path.is_dir():
+                        thaw(path)
 
     def sandbox(self, sandbox_id: str) -> SandboxCgroup:
-        return SandboxCgroup(self.memory / sandbox_id, self.pids / sandbox_id)
+        freezer = None if self.freezer is None else self.freezer / sandbox_id
+        return SandboxCgroup(self.memory / sandbox_id, self.pids / sandbox_id, freezer)
 
     def sweep(self, older_than: float = 30.0) -> int:
         """Remove sandbox cgroups left empty (a kernel still tearing a namespace down refuses
@@ -42,7 +64,8 @@ class Cgroups:
         `older_than` seconds: a fresh one may be waiting for its sandbox to join it."""
         removed = 0
         now = time.time()
-        for root in (self.memory, self.pids):
+        roots = [self.memory, self.pids] + ([] if self.freezer is None else [self.freezer])
+        for root in roots:
             for path in root.iterdir():
                 try:
                     if not path.is_dir() or now - path.stat().st_mtime < older_than:
@@ -56,10 +79,64 @@ class Cgroups:
         return removed
 
 
+FROZEN_WAIT = 2.0
+"""Seconds a freeze waits for the kernel to say FROZEN (a task in uninterruptible sleep can
+hold it in FREEZING) before it gives up and thaws."""
+
+
+def thaw(freezer: Path) -> None:
+    with contextlib.suppress(OSError):
+        (freezer / "freezer.state").write_text("THAWED")
+
+
 @dataclass(frozen=True)
 class SandboxCgroup:
     memory: Path
     pids: Path
+    freezer: Path | None = None
+
+    def freeze(self) -> bool:
+        """Freeze every process of the sandbox (its `memory` and `pids` members join its
+        freezer cgroup first, again until none is left out: one may fork meanwhile). False
+        when there is no freezer, or the kernel did not freeze it in `FROZEN_WAIT` (then it
+        is thawed again). Blocking: call it off the event loop."""
+        if self.freezer is None:
+            return False
+        self.freezer.mkdir(exist_ok=True)
+        state = self.freezer / "freezer.state"
+        for _ in range(10):
+            inside = self._frozen_members()
+            for pid in self.pids_in() - inside:
+                with contextlib.suppress(OSError):  # it ended meanwhile
+                    (self.freezer / "cgroup.procs").write_text(str(pid))
+            state.write_text("FROZEN")
+            deadline = time.monotonic() + FROZEN_WAIT
+            while state.read_text().strip() != "FROZEN":
+                if time.monotonic() > deadline:
+                    thaw(self.freezer)
+                    return False
+                time.sleep(0.001)
+            if self.pids_in() <= self._frozen_members():
+                return True
+        thaw(self.freezer)
+        return False
+
+    def thaw(self) -> None:
+        """Thaw it (one small write: cheap enough for the event loop)."""
+        if self.freezer is not None:
+            thaw(self.freezer)
+
+    def _frozen_members(self) -> set[int]:
+        assert self.freezer is not None
+        with contextlib.suppress(OSError, ValueError):
+            return {int(p) for p in (self.freezer / "cgroup.procs").read_text().split()}
+        return set()
+
+    def memory_held(self) -> int:
+        """Bytes charged to the sandbox's memory cgroup (its tmpfs included)."""
+        with contextlib.suppress(OSError, ValueError):
+            return int((self.memory / "memory.usage_in_bytes").read_text())
+        return 0
 
     def create(self, limits: Resources) -> None:
         for path in (self.memory, self.pids):
@@ -103,10 +180,13 @@ class SandboxCgroup:
         return 0
 
     def remove(self) -> None:
-        """Kill what is left, then remove both directories (a cgroup with members stays)."""
+        """Kill what is left (thawed first), then remove the directories (a cgroup with
+        members stays)."""
+        self.thaw()
         for pid in self.pids_in():
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-        for path in (self.memory, self.pids):
-            with contextlib.suppress(OSError):
-                path.rmdir()
+        for path in (self.memory, self.pids, self.freezer):
+            if path is not None:
+                with contextlib.suppress(OSError):
+                    path.rmdir()

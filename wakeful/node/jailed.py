@@ -46,6 +46,23 @@ class Jailed:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(target, signum)
 
+    def stop_all(self, pid: int) -> list[int]:
+        """SIGSTOP to `pid` and everything under it (bwrap, and every process of the PID
+        namespace), again until a pass finds no new one (a process may fork meanwhile).
+        Returns the pids stopped, for SIGCONT."""
+        stopped: list[int] = []
+        for _ in range(5):
+            members = None if self.cgroup is None else self.cgroup.pids_in()
+            tree = [pid, *_below(_parent_map(members), pid)]
+            new = [p for p in tree if p not in stopped]
+            if not new:
+                break
+            for target in new:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(target, signal.SIGSTOP)
+                stopped.append(target)
+        return stopped
+
     def release(self, *, keep_tree: bool = False) -> None:
         """Its cgroup, and its tree unless `keep_tree` (then `release_tree` lets go of it)."""
         if self._released:

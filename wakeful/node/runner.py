@@ -117,6 +117,14 @@ class SandboxRunner:
         self._squatted = False
         """A port taken from the node's pool, given back when the runner ends."""
 
+        self._want_frozen = False
+        self._freeze_changed = anyio.Event()
+        self.frozen_since: float | None = None
+        """When (node monotonic clock) it was frozen; None while it is not (the suspended
+        tier: the activator wrote it `suspended`, `want_frozen`)."""
+        self.held = 0
+        """Bytes it held when frozen."""
+
         self.local_target: tuple[str, int] | None = None
         """Where the sandbox answers on this node, while it is ready and not stopping: what
         a tunnel exchange naming it connects to (`wakeful.node.tunnel`)."""
@@ -124,6 +132,27 @@ class SandboxRunner:
     def stop(self) -> None:
         """Stop the sandbox (SIGTERM, then SIGKILL after its shutdown timeout) and report."""
         self._stop_requested.set()
+
+    def want_frozen(self, frozen: bool) -> None:
+        """Its record says `suspended` (freeze it) or anything else (thaw it): followed in
+        order by `_follow_freezes` once the sandbox is ready."""
+        if frozen != self._want_frozen:
+            self._want_frozen = frozen
+            self._freeze_changed.set()
+
+    async def _follow_freezes(self, process: SandboxProcess) -> None:
+        while True:
+            await self._freeze_changed.wait()
+            self._freeze_changed = anyio.Event()
+            want = self._want_frozen
+            if want and self.frozen_since is None:
+                self.held = await process.freeze()
+                self.frozen_since = anyio.current_time()
+                log.info("froze sandbox", extra={"sandbox": self.sandbox_id, "bytes": self.held})
+            elif not want and self.frozen_since is not None:
+                await process.thaw()
+                self.frozen_since = None
+                log.info("thawed sandbox", extra={"sandbox": self.sandbox_id})
 
     async def stop_process(self, grace: float) -> None:
         if self._process is not None:
@@ -348,8 +377,10 @@ class SandboxRunner:
             else:
                 trace.mark("ready", launch.app)
             process.settled()  # after the ready record: a refilled warm slot must not delay it
+            tasks.start_soon(self._follow_freezes, process)
             await self._stop_requested.wait()
             self.local_target = None
+            self.frozen_since = None  # the stop thaws it first
             exit_code = await process.stop(spec.shutdown_timeout)
             tasks.cancel_scope.cancel()
         return ready, exit_code

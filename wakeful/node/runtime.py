@@ -26,7 +26,7 @@ from wakeful.domain.models import Resources
 
 from .hardening import chown_tree, fill_app_dir, mount_sandbox_fs, resize_sandbox_fs
 from .isolation import CHAIN_ENV, Jail, UidTable, env_script
-from .jailed import Jailed, sealed
+from .jailed import Jailed, descendants, sealed
 from .ports import listeners
 from .slots import Slot, SlotPool
 from .spawn import Child, spawn
@@ -67,6 +67,13 @@ class SandboxProcess(Protocol):
 
     def dispose(self) -> None:
         """Let go of the app's tree (idempotent; only a stateful sandbox's is still held)."""
+
+    async def freeze(self) -> int:
+        """Stop every process of the sandbox where it is (the suspended tier); returns the
+        bytes it holds. Does nothing once a stop began."""
+
+    async def thaw(self) -> None:
+        """Let a frozen sandbox run again (at once: this is a wake's fast path)."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +145,10 @@ class LocalProcess:
         self._log_path = log_path
         self._max = max_log_bytes
         self._recent = bytearray()
+        self._freezing = asyncio.Lock()
+        self._frozen: list[int] | None = None
+        """While frozen: the pids SIGSTOP stopped ([] when the cgroup freezer holds it)."""
+        self._stopping = False
         self._log: BinaryIO | None = None
         self._written = 0
         self.dropped = 0
@@ -213,8 +224,47 @@ class LocalProcess:
         if self._jailed is not None:
             self._jailed.release_tree()
 
+    async def freeze(self) -> int:
+        """The cgroup freezer where the sandbox has cgroups and the node a freezer hierarchy;
+        else SIGSTOP to each of its processes (every process of its PID namespace; the
+        process group when unisolated). Returns the bytes it holds: its memory cgroup's
+        charge, else the resident size of what was stopped."""
+        async with self._freezing:
+            if self._stopping or self._frozen is not None or self._process.returncode is not None:
+                return 0
+            jailed = self._jailed
+            cgroup = None if jailed is None else jailed.cgroup
+            if cgroup is not None and await asyncio.to_thread(cgroup.freeze):
+                self._frozen = []
+                return await asyncio.to_thread(cgroup.memory_held)
+            if jailed is not None:
+                stopped = await asyncio.to_thread(jailed.stop_all, self._process.pid)
+            else:
+                stopped = await asyncio.to_thread(_stop_group, self._process.pid)
+            self._frozen = stopped
+            return await asyncio.to_thread(resident_bytes, stopped)
+
+    async def thaw(self) -> None:
+        async with self._freezing:
+            self._thaw()
+
+    def _thaw(self) -> None:
+        frozen, self._frozen = self._frozen, None
+        if frozen is None:
+            return
+        cgroup = None if self._jailed is None else self._jailed.cgroup
+        if not frozen and cgroup is not None:
+            cgroup.thaw()
+        for pid in frozen:  # SIGCONT to the pids it stopped: no /proc walk on a wake
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGCONT)
+
     async def stop(self, grace: float) -> int:
-        """SIGTERM to the sandbox's processes, SIGKILL to all of them after `grace` seconds."""
+        """SIGTERM to the sandbox's processes, SIGKILL to all of them after `grace` seconds
+        (thawed first: a frozen process takes no signal)."""
+        self._stopping = True
+        async with self._freezing:
+            self._thaw()
         await self._signal(signal.SIGTERM)
         try:
             async with asyncio.timeout(grace):
@@ -246,6 +296,27 @@ class LocalProcess:
             return True
         owners = listeners(port)
         return bool(owners) and all(owner == self._jailed.uid for owner in owners)
+
+
+def _stop_group(pid: int) -> list[int]:
+    """SIGSTOP to an unisolated sandbox's process group; the pids to SIGCONT later."""
+    members = [pid, *descendants(pid)]
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGSTOP)
+    return members
+
+
+def resident_bytes(pids: Sequence[int]) -> int:
+    """The resident memory of `pids` (shared pages counted once per process)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = 0
+    for pid in pids:
+        with (
+            contextlib.suppress(OSError, ValueError, IndexError),
+            open(f"/proc/{pid}/statm", "rb") as statm,
+        ):
+            total += int(statm.read().split()[1]) * page
+    return total
 
 
 class ProcessRuntime:
@@ -280,6 +351,11 @@ class ProcessRuntime:
             if slot_homes is None:
                 raise ValueError("warm slots need a directory for their trees (slot_homes)")
             self.slots = SlotPool(jail, jail.cgroups, warm_slots, slot_homes)
+
+    def thaw_leftovers(self) -> None:
+        """Thaw what a crashed run of the agent left frozen, so it can die (at agent start)."""
+        if self._jail is not None and self._jail.cgroups is not None:
+            self._jail.cgroups.thaw_all()
 
     async def keep_warm(self) -> None:
         """Keep the warm slots filled until cancelled (returns at once without slots)."""

@@ -8,9 +8,24 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from wakeful.domain.models import parse_size
 from wakeful.store.settings import StoreSettings
 
 from .hardening import UID_BASE, UID_COUNT
+
+
+def memory_share(text: str, total: int) -> int:
+    """`25%` of `total`, or a size (`2Gi`, `512Mi`, bytes) -> bytes."""
+    text = text.strip()
+    if text.endswith("%"):
+        try:
+            share = float(text[:-1])
+        except ValueError:
+            share = -1.0
+        if not 0 <= share <= 100:
+            raise ValueError(f"{text!r} is not a share of memory (write e.g. 25%)")
+        return int(total * share / 100)
+    return parse_size(text)
 
 
 def _default_name() -> str:
@@ -131,6 +146,21 @@ class NodeSettings(StoreSettings):
 
             parse_url(value)  # refused here, naming the value, not when the agent runs
         return value or None
+
+    suspended_memory: str = "25%"
+    """The most memory suspended (frozen) sandboxes may hold on this node: a size (`2Gi`,
+    bytes) or a share of the machine's memory (`25%`). Past it, or while the machine has less
+    than `suspended_memory_floor` available, the longest suspended are stopped (their pools
+    shrink by one each). WAKEFUL_SUSPENDED_MEMORY."""
+    suspended_memory_floor: str = "5%"
+    """Memory pressure, for the suspended tier: less than this available (MemAvailable), as a
+    size or a share of the machine's memory. WAKEFUL_SUSPENDED_MEMORY_FLOOR."""
+
+    @field_validator("suspended_memory", "suspended_memory_floor")
+    @classmethod
+    def _memory_share(cls, value: str) -> str:
+        memory_share(value, 1 << 30)  # refused here, naming the value
+        return value
 
     sandbox_paths: tuple[Path, ...] = ()
     """Directories shown read-only inside every sandbox besides /usr, /etc and the /lib ones

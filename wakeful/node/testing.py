@@ -122,10 +122,28 @@ class FakeProcess:
         self._exited = anyio.Event()
         self._code: int | None = None
         self._listening = anyio.CancelScope()
+        self.frozen = False
+        """Frozen by the suspended tier: it answers nothing until thawed."""
+        self._thawed = anyio.Event()
+        self._thawed.set()
+        self.freezes = 0
+        """How many times it was frozen."""
 
     @property
     def pid(self) -> int:
         return self._pid
+
+    async def freeze(self) -> int:
+        if self.terminated or self._exited.is_set() or self.frozen:
+            return 0
+        self.frozen = True
+        self.freezes += 1
+        self._thawed = anyio.Event()
+        return 1 << 20
+
+    async def thaw(self) -> None:
+        self.frozen = False
+        self._thawed.set()
 
     def exit(self, code: int) -> None:
         """The process ends with `code` (a crash, when nobody asked it to stop)."""
@@ -161,6 +179,7 @@ class FakeProcess:
     async def stop(self, grace: float) -> int:
         """SIGTERM, then SIGKILL after `grace` seconds if the program ignores it."""
         self.terminated = True
+        await self.thaw()
         if self.program.on_terminate is not None:
             self.exit(self.program.on_terminate)
         with anyio.move_on_after(grace):
@@ -193,6 +212,7 @@ class FakeProcess:
                 await listener.serve(self._answer)
 
     async def _answer(self, stream: anyio.abc.SocketStream) -> None:
+        await self._thawed.wait()  # frozen: the connection waits in the backlog, as a real one
         async with stream:
             with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError, OSError):
                 head = b""

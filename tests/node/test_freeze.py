@@ -1,0 +1,146 @@
+"""Freezing a sandbox for the suspended tier, on real processes: the cgroup v1 freezer (root,
+isolated), SIGSTOP to every process of its PID namespace (isolated without a freezer) and to
+its process group (unisolated). A request sent while it is frozen waits in the listen backlog
+and is answered once it is thawed; a frozen sandbox still stops."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import anyio
+import pytest
+
+from wakeful.domain.models import Resources
+from wakeful.node.isolation import Jail
+from wakeful.node.jailed import descendants
+from wakeful.node.runner import BASE_ENV
+from wakeful.node.runtime import Identity, LocalProcess, ProcessRuntime
+from wakeful.store.testing import free_port
+
+from .test_isolation import uid_table
+
+pytestmark = pytest.mark.anyio
+
+SERVER = (
+    "import http.server, os\n"
+    "class H(http.server.BaseHTTPRequestHandler):\n"
+    "    def do_GET(self):\n"
+    "        body = str(os.getpid()).encode()\n"
+    "        self.send_response(200); self.send_header('Content-Length', str(len(body)))\n"
+    "        self.end_headers(); self.wfile.write(body)\n"
+    "    def log_message(self, *args): pass\n"
+    "import subprocess; child = subprocess.Popen(['sleep', '600'])\n"
+    "http.server.HTTPServer(('127.0.0.1', int(os.environ['PORT'])), H).serve_forever()\n"
+)
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="cgroups need root")
+
+
+def make_runtime(kind: str, data_dir: Path) -> ProcessRuntime:
+    if kind == "unisolated":
+        return ProcessRuntime()
+    jail = Jail.detect(data_dir)
+    if kind == "sigstop" and jail.cgroups is not None:
+        jail = dataclasses.replace(jail, cgroups=dataclasses.replace(jail.cgroups, freezer=None))
+    if kind == "freezer" and (jail.cgroups is None or jail.cgroups.freezer is None):
+        pytest.skip("no writable cgroup v1 freezer here")
+    uids = uid_table(data_dir) if jail.as_root else None
+    return ProcessRuntime(jail=jail, uids=uids)
+
+
+def ask(port: int) -> socket.socket:
+    """A GET sent, its answer not read yet."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    return sock
+
+
+def answer(sock: socket.socket) -> bytes:
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    sock.close()
+    return data
+
+
+def states(pids: list[int]) -> set[str]:
+    found = set()
+    for pid in pids:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        found.add(next(line.split()[1] for line in status.splitlines() if line[:6] == "State:"))
+    return found
+
+
+async def serving(port: int) -> None:
+    with anyio.fail_after(60):
+        while True:
+            try:
+                await anyio.to_thread.run_sync(lambda: answer(ask(port)))
+                return
+            except OSError:
+                await anyio.sleep(0.05)
+
+
+KINDS = [
+    pytest.param("freezer", marks=[needs_bwrap, needs_root]),
+    pytest.param("sigstop", marks=[needs_bwrap]),
+    pytest.param("unisolated"),
+]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_frozen_sandbox_answers_once_thawed_and_still_stops(
+    kind: str, tmp_path: Path
+) -> None:
+    runtime = make_runtime(kind, tmp_path)
+    workdir = tmp_path / "sandboxes" / "sb" / "app"
+    workdir.mkdir(parents=True)
+    port = free_port()
+    env = {**BASE_ENV, "PORT": str(port), "HOST": "127.0.0.1"}
+    sandbox_id = f"sb-freeze-{kind}"
+    process = await runtime.start(
+        ["python3", "-c", SERVER],
+        env,
+        workdir,
+        workdir.parent / "output.log",
+        Identity(sandbox_id, "a", Resources()),
+    )
+    assert isinstance(process, LocalProcess)
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(process.pump, None)
+        await serving(port)
+        tree = [process.pid, *descendants(process.pid)]
+        held = await process.freeze()
+        assert held > 1 << 20  # a Python server holds megabytes
+        jail = runtime.jail
+        if kind == "freezer":
+            assert jail is not None and jail.cgroups is not None
+            freezer = jail.cgroups.sandbox(sandbox_id).freezer
+            assert freezer is not None
+            assert (freezer / "freezer.state").read_text().strip() == "FROZEN"
+            members = {int(p) for p in (freezer / "cgroup.procs").read_text().split()}
+            assert jail.cgroups.sandbox(sandbox_id).pids_in() <= members
+        else:
+            assert states(tree) == {"T"}  # every process stopped, the app's child too
+        sent = await anyio.to_thread.run_sync(ask, port)  # accepted by the kernel meanwhile
+        sent.settimeout(0.3)
+        with pytest.raises(TimeoutError):
+            sent.recv(1)  # nothing answers while frozen
+        sent.settimeout(30)
+        await process.thaw()
+        assert (await anyio.to_thread.run_sync(answer, sent)).startswith(b"HTTP/1.0 200")
+        assert "T" not in states(tree)
+
+        await process.freeze()  # frozen again, then stopped: the stop thaws it first
+        with anyio.fail_after(30):
+            code = await process.stop(5)
+        assert code is not None
+        tasks.cancel_scope.cancel()
+    assert not [pid for pid in tree if states([pid]) - {"Z"}]  # nothing left running
