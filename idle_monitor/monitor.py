@@ -1,8 +1,9 @@
 """Scale-down of idle pools, against the revision it listed (seed 000, invariants 13 and 14).
 
-Each tick lists the pools and sandboxes. In an `auto` pool a running sandbox is idle when it
-has carried no traffic (a lease taken, released, or renewed after use) for the app's
-`scale_down_delay`; the new size is `max(min_instances, desired - idle)`. The write is
+Each tick lists the pools and sandboxes. In an `auto` pool a running or suspended sandbox is
+idle when it has carried no traffic (a lease taken, released, or renewed after use) for the
+app's `scale_down_delay` (a suspended one was frozen after `suspend_delay` of that and stays
+in the pool until then); the new size is `max(min_instances, desired - idle)`. The write is
 `update(pool, expect_revision=<the listing's revision>)`: a scale-up made between the listing
 and the write makes it conflict, and the monitor does nothing more for that pool this tick.
 It never undoes a scale-up. Which sandboxes stop is the pool controller's choice (idle ones
@@ -26,6 +27,10 @@ from wakeful.store.settings import StoreSettings
 log = logging.getLogger(__name__)
 
 
+IDLE_CANDIDATES = frozenset({SandboxStatus.RUNNING, SandboxStatus.SUSPENDED})
+"""What may count as idle: serving, or frozen for want of traffic."""
+
+
 class IdleMonitorSettings(StoreSettings):
     idle_interval: float = Field(default=30.0, gt=0, le=3600)
     """Seconds between ticks."""
@@ -46,7 +51,7 @@ def idle_plan(pool: Pool, sandboxes: Sequence[Sandbox], now: float) -> tuple[int
     concurrency = pool.spec.concurrency
     if concurrency.mode == "fixed" or pool.retired or pool.desired_instances == 0:
         return None
-    running = [s for s in sandboxes if s.pool == pool.name and s.status is SandboxStatus.RUNNING]
+    running = [s for s in sandboxes if s.pool == pool.name and s.status in IDLE_CANDIDATES]
     idle = sum(
         1
         for s in running

@@ -33,18 +33,25 @@ def pool(desired: int, *, cooldown_until: float = 0.0, retired: bool = False) ->
 
 
 def sb(
-    sid: str, status: S, *, node: str = "n1", activity: float = 0.0, address: str | None = None
+    sid: str,
+    status: S,
+    *,
+    node: str = "n1",
+    activity: float = 0.0,
+    address: str | None = None,
+    frozen: float = 0.0,
 ) -> Sandbox:
-    running = status in (S.RUNNING, S.DRAINING)
+    running = status in (S.RUNNING, S.DRAINING, S.SUSPENDED)
     return Sandbox(
         id=sid,
         pool="p",
         app="a",
         node=node,
         status=status,
-        ready=status is S.RUNNING,
+        ready=status in (S.RUNNING, S.SUSPENDED),
         address=address or ("127.0.0.1:1" if running else None),
         last_activity=activity,
+        suspended_at=frozen,
     )
 
 
@@ -75,6 +82,20 @@ NODES = [Node(name="n1", address="a"), Node(name="n2", address="b")]
             {},
             [Stop("b")],
             id="booting ones go before running ones",
+        ),
+        pytest.param(
+            1,
+            [sb("a", S.RUNNING), sb("b", S.SUSPENDED, frozen=50), sb("c", S.SUSPENDED, frozen=40)],
+            {},
+            [Stop("c"), Stop("b")],
+            id="suspended ones go before running ones, stopped without a drain",
+        ),
+        pytest.param(
+            2,
+            [sb("a", S.RUNNING), sb("b", S.SUSPENDED, frozen=50), sb("c", S.SUSPENDED, frozen=40)],
+            {},
+            [Stop("c")],
+            id="the longest suspended goes first",
         ),
         pytest.param(
             0,

@@ -28,13 +28,13 @@ def make_pool(desired: int, *, delay: float = 10, minimum: int = 0, mode: str = 
     )
 
 
-def running(sid: str, activity: float) -> Sandbox:
+def running(sid: str, activity: float, status: S = S.RUNNING) -> Sandbox:
     return Sandbox(
         id=sid,
         pool="p",
         app="a",
         node="n",
-        status=S.RUNNING,
+        status=status,
         ready=True,
         address="127.0.0.1:1",
         last_activity=activity,
@@ -71,6 +71,20 @@ def running(sid: str, activity: float) -> Sandbox:
             100,
             1,
             id="never below min_instances",
+        ),
+        pytest.param(
+            make_pool(2),
+            [running("a", 80, S.SUSPENDED), running("b", 99)],
+            100,
+            1,
+            id="a suspended sandbox idle past the delay is taken off too",
+        ),
+        pytest.param(
+            make_pool(1),
+            [running("a", 95, S.SUSPENDED)],
+            100,
+            None,
+            id="one suspended within the delay stays suspended",
         ),
         pytest.param(
             make_pool(3, minimum=3, mode="fixed"),

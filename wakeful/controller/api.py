@@ -84,6 +84,10 @@ class NodeReport(BaseModel):
     release-state APP` gives up on one)."""
     tunnel: Tunnel | None = None
     """A dial-out node's reachability and its streams per ingress replica (seed 003)."""
+    suspended: int = 0
+    suspended_memory: int = 0
+    suspended_memory_cap: int = 0
+    """Its frozen sandboxes, the bytes they hold and the most they may (the suspended tier)."""
 
 
 LEAVING = frozenset({SandboxStatus.DRAINING, SandboxStatus.STOPPING})
@@ -105,7 +109,9 @@ def progress(
     }
     peers = [n for n in nodes if n.name != node and not n.cordoned and not n.evacuating]
     report = Progress(owned=len(here))
-    report.running = sum(1 for s in here if s.status is SandboxStatus.RUNNING)
+    report.running = sum(
+        1 for s in here if s.status in (SandboxStatus.RUNNING, SandboxStatus.SUSPENDED)
+    )
     report.moving = sum(1 for s in here if s.pool in stateful and s.status in LEAVING)
     on_node = {s.id for s in here}
     for held in states:
@@ -166,6 +172,9 @@ def node_router(store: Store) -> APIRouter:
                         if held.node == name and held.kept
                     ],
                     tunnel=node.tunnel,
+                    suspended=node.suspended,
+                    suspended_memory=node.suspended_memory,
+                    suspended_memory_cap=node.suspended_memory_cap,
                 )
             )
         return found

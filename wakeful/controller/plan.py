@@ -5,9 +5,10 @@ Rules:
 - Dead and stopped sandboxes are removed; a draining one is stopped once it holds no leases.
 - Too few live sandboxes (pending, booting, running): create records on live, uncordoned nodes
   with the fewest sandboxes -- unless the pool is in a crash cooldown.
-- Too many: stop pending, then booting ones; then drain running ones, those holding no leases
-  first, oldest activity first. A draining sandbox leaves admission at once and is stopped only
-  when its last lease is gone, so no request is lost to a scale-down.
+- Too many: stop pending, then booting ones, then suspended ones (the longest suspended
+  first: frozen, they hold no lease and serve nothing); then drain running ones, those holding
+  no leases first, oldest activity first. A draining sandbox leaves admission at once and is
+  stopped only when its last lease is gone, so no request is lost to a scale-down.
 - A crash is a sandbox that died before it was ever ready; crashes in a row back off
   exponentially (capped); a routable sandbox ends the streak.
 - A stateful app (`[state]`, one sandbox at most) has one writer: its sandbox is created only
@@ -91,7 +92,14 @@ class Moves:
     sooner hands back what its killed run left, with the app's latest writes)."""
 
 
-MOVE_ORDER = {SandboxStatus.PENDING: 0, SandboxStatus.BOOTING: 1, SandboxStatus.RUNNING: 2}
+MOVE_ORDER = {
+    SandboxStatus.PENDING: 0,
+    SandboxStatus.BOOTING: 1,
+    SandboxStatus.SUSPENDED: 2,
+    SandboxStatus.RUNNING: 3,
+}
+"""Which go first when a pool sheds or moves sandboxes: those serving nothing yet, then the
+frozen ones, then those running."""
 
 
 def choose_moves(
@@ -191,7 +199,8 @@ def plan_pool(
             actions.append(Create(node.name, adopt))
     elif len(staying) > desired:
         actions.extend(_shrink(staying, len(staying) - desired, leased))
-    if leaving and sum(1 for s in staying if s.routable) >= desired:
+    serving = sum(1 for s in staying if s.routable or s.status is SandboxStatus.SUSPENDED)
+    if leaving and serving >= desired:
         actions.extend(_shrink(leaving, len(leaving), leased))
     return actions
 
@@ -203,10 +212,15 @@ def _gate_passed(sandbox: Sandbox, stateful: bool, moves: Moves, now: float) -> 
 
 
 def _shrink(live: list[Sandbox], excess: int, leased: Mapping[str, int]) -> list[Action]:
-    order = {SandboxStatus.PENDING: 0, SandboxStatus.BOOTING: 1, SandboxStatus.RUNNING: 2}
     ranked = sorted(
         live,
-        key=lambda s: (order[s.status], leased.get(s.id, 0) > 0, s.last_activity, s.id),
+        key=lambda s: (
+            MOVE_ORDER[s.status],
+            leased.get(s.id, 0) > 0,
+            s.suspended_at,
+            s.last_activity,
+            s.id,
+        ),
     )
     actions: list[Action] = []
     for sandbox in ranked[:excess]:
