@@ -63,10 +63,14 @@ def definition_from_manifest(raw: dict[str, Any]) -> AppDefinition:
     if "default_host" in raw:
         routing["default_host"] = raw.pop("default_host")
     concurrency = raw.get("concurrency")
-    if isinstance(concurrency, dict) and "scale_down_delay" in concurrency:
+    if isinstance(concurrency, dict):
         raw["concurrency"] = {
             **concurrency,
-            "scale_down_delay": parse_duration(concurrency["scale_down_delay"]),
+            **{
+                key: parse_duration(concurrency[key])
+                for key in ("scale_down_delay", "suspend_delay")
+                if key in concurrency
+            },
         }
     for key in ("shutdown_timeout", "activation_timeout"):
         if key in raw:

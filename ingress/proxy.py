@@ -126,6 +126,8 @@ class Proxy:
         waited = False
         queued = woke = 0.0
         """Seconds spent waiting for leases, and of those, for the app to wake (`PHASES`)."""
+        woke_by = ""
+        """How it woke: `thaw` (a suspended sandbox) or `start`."""
         while True:
             use = self._cache.take(key, refused)
             if use is None:
@@ -135,6 +137,7 @@ class Proxy:
                 queued += time.perf_counter() - asked
                 if not use.hit:  # its own grant: the activator says whether it woke the app
                     woke = max(woke, min(use.lease.grant.woke_after, queued))
+                    woke_by = use.lease.grant.woke_by or woke_by
                 waited = True
                 trace.mark("leased", app)  # a miss: rare enough to pay for the call
             held.append(use)
@@ -180,7 +183,9 @@ class Proxy:
             try:
                 answer = client_response_headers(response.headers, request.request_id)
                 if self._settings.server_timing or grant.server_timing:
-                    answer.append((b"server-timing", server_timing(queued, woke, upstream)))
+                    answer.append(
+                        (b"server-timing", server_timing(queued, woke, upstream, woke_by))
+                    )
                 return ProxyResponse(response.status, answer, response)
             except BaseException:
                 response.close()
@@ -209,11 +214,13 @@ class Proxy:
         self._metrics.upstream_errors.labels(app=app, kind=kind).inc()
 
 
-def server_timing(queued: float, woke: float, upstream: float) -> bytes:
+def server_timing(queued: float, woke: float, upstream: float, woke_by: str = "") -> bytes:
     """The `Server-Timing` value of a proxied answer, in milliseconds: `queue` (waiting for a
-    lease), `wake` (of which waiting for the app to wake; only when this request woke it),
-    `upstream` (the sandbox's time to the answer's head)."""
-    wake = f"wake;dur={woke * 1000:.1f}, " if woke else ""
+    lease), `wake` (of which waiting for the app to wake; only when this request woke it; its
+    `desc` says how: `thaw` of a suspended sandbox or `start` of a new one), `upstream` (the
+    sandbox's time to the answer's head)."""
+    desc = f';desc="{woke_by}"' if woke_by in ("thaw", "start") else ""
+    wake = f"wake;dur={woke * 1000:.1f}{desc}, " if woke else ""
     return (f"queue;dur={queued * 1000:.1f}, {wake}upstream;dur={upstream * 1000:.1f}").encode(
         "ascii"
     )

@@ -2,7 +2,7 @@
 
     wakeful up [APP_DIR ...]     every piece in one process on the embedded store
     wakeful deploy APP_DIR       deploy to a running control plane
-    wakeful status [APP]         pools: desired, live, ready, leased, waiters
+    wakeful status [APP]         pools: desired, live, ready, suspended, leased, waiters
     wakeful apps | versions APP | logs APP | rollback APP | delete APP
     wakeful nodes | drain NODE   nodes; move everything off one (stateful apps with their state)
     wakeful release-state APP    free a stateful app's state a node keeps, at its last archive

@@ -14,6 +14,7 @@ POOL_COLUMNS = [
     ("desired_instances", "DESIRED"),
     ("live", "LIVE"),
     ("ready", "READY"),
+    ("suspended", "SUSPENDED"),
     ("leased", "LEASED"),
     ("overflow", "OVERFLOW"),
     ("waiters", "WAITERS"),
@@ -33,7 +34,7 @@ def pool_table(pools: Sequence[Mapping[str, Any]]) -> list[str]:
     # A retired pool's size is nobody's target: show its state, not a number.
     rows = [
         [
-            "-" if key == "desired_instances" and p["state"] != "active" else str(p[key])
+            "-" if key == "desired_instances" and p["state"] != "active" else str(p.get(key, 0))
             for key, _ in POOL_COLUMNS
         ]
         for p in pools
@@ -61,6 +62,9 @@ def node_line(node: Mapping[str, Any]) -> str:
     moving = node.get("progress")
     counts = "" if not moving else f"  {progress_counts(moving)}"
     line = f"{node['name']}  {state}  sandboxes={node['sandboxes']}{counts}  isolation: {isolation}"
+    if node.get("suspended"):
+        held, cap = node.get("suspended_memory", 0), node.get("suspended_memory_cap", 0)
+        line += f"\n  suspended: {node['suspended']} holding {_mib(held)} of {_mib(cap)}"
     for kept in node.get("kept") or []:
         line += f"\n  keeps the state of {kept['app']}, not handed back: {kept['reason']}"
     tunnel = node.get("tunnel")
@@ -88,6 +92,10 @@ def deletion_line(app: str, report: Mapping[str, Any]) -> str:
         f"deleted {app}: {report['versions']} version(s), "
         f"{report['artifacts_removed']} artifact(s); its sandboxes finish their requests and stop"
     )
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):.0f} MiB"
 
 
 def _when(stamp: float | None) -> str:

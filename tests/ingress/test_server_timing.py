@@ -17,7 +17,9 @@ from wakeful.domain.models import AppSpec, Concurrency
 from .conftest import Stack, stack
 
 pytestmark = pytest.mark.anyio
-TIMING = re.compile(r"^queue;dur=([\d.]+), (?:wake;dur=([\d.]+), )?upstream;dur=([\d.]+)$")
+TIMING = re.compile(
+    r'^queue;dur=([\d.]+), (?:wake;dur=([\d.]+);desc="(?:start|thaw)", )?upstream;dur=([\d.]+)$'
+)
 
 
 def phases(answer: httpx.Response) -> tuple[float, float | None, float]:
@@ -75,6 +77,7 @@ async def test_a_request_that_woke_the_app_says_how_long_it_waited(
             await s.put_sandbox("sb-1", hello())
         queue, wake, _ = phases(answers[0])
         assert wake is not None and 50 <= wake <= queue
+        assert 'desc="start"' in answers[0].headers["server-timing"]  # a boot, not a thaw
         assert observed(s, "wake") == 1
         later = await s.client.get("/")
         assert phases(later)[1] is None  # awake now: nobody else paid for it

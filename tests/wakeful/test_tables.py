@@ -18,6 +18,7 @@ def pool(name: str, state: str, desired: int) -> dict[str, Any]:
         "desired_instances": desired,
         "live": 1,
         "ready": 1,
+        "suspended": 2,
         "leased": 0,
         "overflow": 0,
         "waiters": 0,
@@ -26,15 +27,15 @@ def pool(name: str, state: str, desired: int) -> dict[str, Any]:
 
 def test_no_pools_is_a_header_alone() -> None:
     assert pool_table([]) == [
-        "POOL  APP  VERSION  STATE  DESIRED  LIVE  READY  LEASED  OVERFLOW  WAITERS"
+        "POOL  APP  VERSION  STATE  DESIRED  LIVE  READY  SUSPENDED  LEASED  OVERFLOW  WAITERS"
     ]
 
 
 def test_a_retired_pool_shows_no_desired_size_and_columns_line_up() -> None:
     shown = pool_table([pool("web-v1", "retired", 4), pool("web-v10", "active", 12)])
     assert [line.split() for line in shown[1:]] == [
-        ["web-v1", "web", "v1", "retired", "-", "1", "1", "0", "0", "0"],
-        ["web-v10", "web", "v10", "active", "12", "1", "1", "0", "0", "0"],
+        ["web-v1", "web", "v1", "retired", "-", "1", "1", "2", "0", "0", "0"],
+        ["web-v10", "web", "v10", "active", "12", "1", "1", "2", "0", "0", "0"],
     ]
     assert shown[0].index("STATE") == shown[1].index("retired") == shown[2].index("active")
 
@@ -61,6 +62,21 @@ def test_a_node_says_how_it_isolates_and_what_it_cannot_enforce() -> None:
     shown = node_line({**node, "registered": True, "isolation": described})
     assert shown.endswith(f"isolation: {described}")
     assert node_line({**node, "registered": False}).endswith("isolation: unknown")
+
+
+def test_a_node_with_suspended_sandboxes_says_what_they_hold_of_its_cap() -> None:
+    node = {"name": "n1", "sandboxes": 3, "cordoned": False, "evacuating": False}
+    shown = node_line(
+        {
+            **node,
+            "registered": True,
+            "suspended": 2,
+            "suspended_memory": 96 << 20,
+            "suspended_memory_cap": 1 << 30,
+        }
+    )
+    assert shown.splitlines()[1] == "  suspended: 2 holding 96 MiB of 1024 MiB"
+    assert len(node_line({**node, "registered": True}).splitlines()) == 1
 
 
 def test_the_active_version_is_marked() -> None:

@@ -289,6 +289,7 @@ class Dashboard:
                             "desired": p.desired_instances,
                             "live": p.live,
                             "ready": p.ready,
+                            "suspended": p.suspended,
                             "leased": p.leased,
                             "overflow": p.overflow,
                             "waiters": p.waiters,

@@ -3,7 +3,7 @@
 'use strict';
 
 const SVG_NS = 'http://www.w3.org/2000/svg';
-const FIELDS = ['desired', 'live', 'ready', 'leased', 'overflow', 'waiters'];
+const FIELDS = ['desired', 'live', 'ready', 'suspended', 'leased', 'overflow', 'waiters'];
 const charts = new Map(); // app name -> {root, update}
 
 // ---- small DOM helpers -------------------------------------------------------------------

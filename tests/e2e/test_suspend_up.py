@@ -1,0 +1,54 @@
+"""The suspended tier under `wakeful up` (issue 18), with real sandboxes: an idle app is
+frozen, not stopped; its next request thaws the same process and is answered with no error,
+saying so in `Server-Timing`; a stop while it is frozen leaves nothing behind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .test_up import eventually_pool, make_app, no_sandbox_left, start_up, stop_up
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_an_idle_app_is_suspended_and_its_next_request_thaws_the_same_sandbox(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WAKEFUL_LEASE_IDLE_TTL", "0.5")  # the ingress hands its lease back soon
+    app = make_app(tmp_path, delay="600s")
+    with (app / "wakeful.toml").open("a") as manifest:
+        manifest.write('suspend_delay = "1s"\n')  # under [concurrency]
+    up = start_up(tmp_path, app)
+    try:
+        async with httpx.AsyncClient(base_url=up.proxy, timeout=60) as client:
+            first = await client.get("/", headers=up.host())
+            assert first.status_code == 200
+            assert 'desc="start"' in first.headers["server-timing"]
+            pool = await eventually_pool(up, lambda p: p["suspended"] == 1, within=60)
+            assert (pool["live"], pool["ready"]) == (1, 0)
+            pids = up.sandbox_pids()
+            assert pids  # frozen, not stopped
+
+            for _ in range(2):  # thawed, frozen again, thawed again: each time the same one
+                answer = await client.get("/", headers=up.host())
+                assert answer.status_code == 200
+                assert answer.text == first.text  # the same process and instance
+                timing = answer.headers["server-timing"]
+                assert 'desc="thaw"' in timing and "wake;dur=" in timing
+                assert up.sandbox_pids() == pids
+                await eventually_pool(up, lambda p: p["suspended"] == 1, within=60)
+
+            metrics = (await client.get(f"{up.api}/metrics")).text
+            woken = {
+                line.split("{")[1].split("}")[0]: float(line.split()[-1])
+                for line in metrics.splitlines()
+                if line.startswith("wakeful_activator_wake_seconds_count")
+            }
+            assert woken == {'kind="start"': 1.0, 'kind="thaw"': 2.0}
+            assert (await up.pool())["desired_instances"] == 1  # nothing was started for it
+    finally:
+        stop_up(up)  # while frozen: the stop thaws it first
+    await no_sandbox_left(up)
