@@ -10,11 +10,27 @@
    baseline, at p50 and at p99; then each phase of the wake, from WAKEFUL_TRACE marks.
 3. For each N in --apps: a fresh `wakeful up` with N apps at zero, one request per app all at
    once; successes/N and p50/p95 latency, then SIGTERM and a check that no sandbox is left.
+4. Wakes, --wakes N per cell (0 skips it): the first request to an app that is warm, suspended
+   or stopped. One `wakeful up` (WAKEFUL_LEASE_IDLE_TTL=0.5, so the ingress soon hands an idle
+   lease back and the sandbox can be frozen; WAKEFUL_TRACE off) with two apps: examples/hello,
+   and "heavy", the same app behind a 1 s sleep before it serves (a Django/Rails/JVM boot);
+   each with suspend_delay 1 s, and N copies of each at zero (suspend_delay 0: once woken they
+   stay running, and quiet). For each app in turn, N rounds of: once its sandbox is frozen
+   (`suspended == 1`, `ready == 0` in /v1/pools), one request (from suspended: a thaw); one
+   while the ingress still holds the lease it took (warm); once that lease is handed back
+   (`leased == 0`), one more (warm, lease handed back: a thaw has to take a lease too); one to
+   a copy at zero (from stopped: a start). Each is sent after 0.2 s of quiet, with the same
+   raw-socket client as section 2. p50/p99/max of send -> first byte, how each request woke
+   (the `desc` of the `wake` entry of its Server-Timing: thaw, start, or - for none) and the
+   statuses; then suspended - warm and stopped - warm per percentile, and under them the
+   issue's goal: from suspended, <= 5 ms over a warm request at p50 and <= 15 ms at p99,
+   whatever the app's boot time.
 Each `wakeful up`'s output is scanned for warning/error lines (--keep-logs DIR keeps it).
 
 Figures only, no assertions. From the repository root, as a module:
 
-    .venv/bin/python -m bench.coldstart [--cold 20] [--apps 10,50,100] [--gap S] [--keep-logs DIR]
+    .venv/bin/python -m bench.coldstart [--cold 20] [--apps 10,50,100] [--wakes 20] [--gap S]
+        [--keep-logs DIR]
 
 `--gap S` waits S seconds before each cold-start sample. Back to back (0, the default), each
 baseline and each wake shares the CPU with the warm-slot refill of the wake before it (a
@@ -32,16 +48,18 @@ if __name__ == "__main__" and not __package__:
 import argparse
 import collections
 import contextlib
+import json
 import math
 import os
 import platform
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from subprocess import DEVNULL
@@ -75,6 +93,19 @@ PHASES = [
 WAKEFUL = [sys.executable, "-m", "wakeful.cli"]
 MARKS = ("ERROR", "CRITICAL", "WARNING", "Traceback")
 PROBE = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+HELLO_COMMAND = ["python3", "app.py"]
+HEAVY_COMMAND = [
+    "python3",
+    "-c",
+    "import time; time.sleep(1); import runpy; runpy.run_path('app.py', run_name='__main__')",
+]
+"""examples/hello behind a 1 s "import" before it serves: a Django/Rails/JVM boot's stand-in."""
+LEASE_IDLE_TTL = 0.5
+"""Seconds the ingress keeps an idle lease (section 4): a sandbox is frozen only without one."""
+QUIET = 0.2
+"""Seconds each request of section 4 waits first: what came before has settled (the node's
+freeze once the record says suspended, a request's bookkeeping, the pool poll)."""
+WAKE = re.compile(rb'\bwake;dur=[0-9.]+(?:;desc="(\w+)")?')
 
 
 def pct(values: list[float], q: float) -> float:
@@ -95,16 +126,37 @@ def healthz_ok(port: int) -> bool:
 def first_byte(port: int, host: str) -> tuple[float, float, int]:
     """GET / through the ingress on a fresh connection, with the same raw-socket client as
     the baseline's probe: (sent, first byte of the answer, status), on the monotonic clock."""
+    started, done, answer = exchange(port, host)
+    return started, done, status_of(answer)
+
+
+def exchange(port: int, host: str) -> tuple[float, float, bytes]:
+    """`first_byte`'s exchange: (sent, first byte of the answer, the whole answer)."""
     request = f"GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode()
     started = time.monotonic()
     with socket.create_connection(("127.0.0.1", port), timeout=120) as sock:
         sock.sendall(request)
-        answer = sock.recv(65536)
+        chunks = [sock.recv(65536)]
         done = time.monotonic()
-        while sock.recv(65536):  # the rest, so the exchange completes
-            pass
+        while chunks[-1]:  # the rest, so the exchange completes
+            chunks.append(sock.recv(65536))
+    return started, done, b"".join(chunks)
+
+
+def status_of(answer: bytes) -> int:
     fields = answer.split(b" ", 2)
-    return started, done, int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else 0
+    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else 0
+
+
+def woken_by(answer: bytes) -> str:
+    """How a request woke its app, from its answer's `Server-Timing` (`wakeful up` adds it):
+    the `desc` of its `wake` entry (thaw, start), "-" without one (it woke nothing)."""
+    for line in answer.split(b"\r\n\r\n", 1)[0].split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"server-timing":
+            found = WAKE.search(value)
+            return "-" if found is None else (found.group(1) or b"?").decode()
+    return "no Server-Timing"
 
 
 def listening(port: int) -> bool:
@@ -142,15 +194,26 @@ def stop(process: subprocess.Popen[bytes], grace: float) -> None:
             process.wait()
 
 
-def make_apps(root: Path, prefix: str, count: int, http: bool = True) -> list[str]:
+def make_apps(
+    root: Path,
+    prefix: str,
+    count: int,
+    http: bool = True,
+    command: list[str] = HELLO_COMMAND,
+    suspend_delay: str | None = None,
+) -> list[str]:
+    """COUNT copies of examples/hello under ROOT (PREFIX1..PREFIXCOUNT), at zero, run by
+    `command`; with `suspend_delay` when given (a duration), the default one otherwise."""
     names = [f"{prefix}{i}" for i in range(1, count + 1)]
     health = '[health]\npath = "/healthz"\ntimeout = 30\n' if http else "[health]\ntimeout = 30\n"
+    suspend = "" if suspend_delay is None else f'suspend_delay = "{suspend_delay}"\n'
     for name in names:
         shutil.copytree(HELLO, root / name, ignore=shutil.ignore_patterns("__pycache__"))
         (root / name / "wakeful.toml").write_text(
-            f'name = "{name}"\ncommand = ["python3", "app.py"]\nshutdown_timeout = 5\n'
+            f'name = "{name}"\ncommand = {json.dumps(command)}\nshutdown_timeout = 5\n'
             + health
             + '[concurrency]\nscale_down_delay = "1h"\nmin_instances = 0\n'
+            + suspend
         )
     return names
 
@@ -189,16 +252,20 @@ class Up:
 
 
 @contextlib.contextmanager
-def running_up(root: Path, names: list[str], keep_logs: Path | None) -> Iterator[Up]:
-    """`wakeful up` on free ports; on the way out SIGTERM, wait, and reap any sandbox left."""
+def running_up(
+    root: Path, names: list[str], keep_logs: Path | None, env: dict[str, str] | None = None
+) -> Iterator[Up]:
+    """`wakeful up` on free ports, with `env` added to its environment; on the way out
+    SIGTERM, wait, and reap any sandbox left."""
     data_dir, log = root / "state", root / "wakeful-up.log"
     proxy, api, admin = free_port(), free_port(), free_port()
     command = [*WAKEFUL, "--data-dir", str(data_dir), "up", *(str(root / n) for n in names)]
     command += ["--listen", f"127.0.0.1:{proxy}", "--api-listen", f"127.0.0.1:{api}"]
     command += ["--admin-listen", f"127.0.0.1:{admin}", "--idle-interval", "0.5"]
-    env = {**os.environ, "WAKEFUL_TRACE": "1"}  # wakeful.domain.trace: where the wake goes
+    # WAKEFUL_TRACE: wakeful.domain.trace, where the wake goes
+    environment = {**os.environ, "WAKEFUL_TRACE": "1", **(env or {})}
     with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=environment)
     up = Up(process, data_dir, f"http://127.0.0.1:{proxy}", f"http://127.0.0.1:{api}")
     try:
         deadline = time.monotonic() + 60
@@ -343,10 +410,121 @@ def woken_at_once(sizes: list[int], keep_logs: Path | None) -> None:
     print("  (latency percentiles over every request; ready after = sandboxes ready after it)")
 
 
+@dataclass
+class Cell:
+    """One row of the wake table: its requests' latencies, how each woke, their statuses."""
+
+    seconds: list[float] = field(default_factory=list)
+    woken: collections.Counter[str] = field(default_factory=collections.Counter)
+    statuses: collections.Counter[int] = field(default_factory=collections.Counter)
+
+    def sample(self, port: int, app: str) -> None:
+        time.sleep(QUIET)
+        started, done, answer = exchange(port, f"{app}.localhost")
+        self.seconds.append(done - started)
+        self.woken[woken_by(answer)] += 1
+        self.statuses[status_of(answer)] += 1
+
+
+WAKE_ROWS = [
+    ("warm", "warm: ready, the ingress holds a lease"),
+    ("released", "warm: ready, its lease handed back"),
+    ("suspended", "from suspended: frozen, thawed"),
+    ("stopped", "from stopped: at zero, started"),
+]
+WAKE_DELTAS = [
+    ("suspended - warm", "suspended", "warm"),
+    ("suspended - warm, its lease handed back", "suspended", "released"),
+    ("stopped - warm", "stopped", "warm"),
+]
+WAKE_APPS = [
+    ("hello", HELLO_COMMAND, "hello: examples/hello"),
+    ("heavy", HEAVY_COMMAND, 'heavy: examples/hello behind a 1 s sleep ("imports")'),
+]
+
+
+def wait_pool(
+    up: Up, app: str, state: Callable[[dict[str, object]], bool], within: float = 60
+) -> None:
+    """Poll /v1/pools until the app's pool is in `state`."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.TransportError):
+            if any(p["app"] == app and state(p) for p in up.pools()):
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"{app}: its pool did not get where it was awaited within {within:g} s")
+
+
+def frozen(pool: dict[str, object]) -> bool:
+    return pool["suspended"] == 1 and pool["ready"] == 0
+
+
+def lease_handed_back(pool: dict[str, object]) -> bool:
+    return pool["leased"] == 0 and pool["ready"] == 1 and pool["suspended"] == 0
+
+
+def wakes(count: int, keep_logs: Path | None) -> None:
+    cells: dict[str, dict[str, Cell]] = {}
+    with tempfile.TemporaryDirectory(prefix="wakeful-wake-") as tmp:
+        root = Path(tmp)
+        plan: dict[str, tuple[str, list[str]]] = {}
+        for label, command, _ in WAKE_APPS:
+            (main,) = make_apps(root, label, 1, command=command, suspend_delay="1s")
+            # Copies never frozen: once started they stay running, and idle, beside the samples.
+            copies = make_apps(root, f"{label}-stopped", count, command=command, suspend_delay="0s")
+            plan[label] = (main, copies)
+        names = [name for main, copies in plan.values() for name in (main, *copies)]
+        env = {"WAKEFUL_LEASE_IDLE_TTL": str(LEASE_IDLE_TTL), "WAKEFUL_TRACE": "0"}
+        with running_up(root, names, keep_logs, env) as up:
+            wait_all_at_zero(up, names)
+            port = int(up.proxy.rsplit(":", 1)[1])
+            for label, (main, copies) in plan.items():  # one app after the other, all quiet
+                row = cells[label] = {kind: Cell() for kind, _ in WAKE_ROWS}
+                first_byte(port, f"{main}.localhost")  # its one sandbox, from now on
+                for copy in copies:
+                    wait_pool(up, main, frozen)
+                    row["suspended"].sample(port, main)
+                    row["warm"].sample(port, main)
+                    wait_pool(up, main, lease_handed_back)
+                    row["released"].sample(port, main)
+                    row["stopped"].sample(port, copy)
+                wait_pool(up, main, frozen)  # quiet again before the next app
+    line = "{:<46} {:>8} {:>8} {:>8}  {:<14} {}"
+    print(
+        f"\nWakes: the first request to an app (send -> first byte), {count} per row;"
+        f" suspend_delay 1 s, WAKEFUL_LEASE_IDLE_TTL={LEASE_IDLE_TTL:g}"
+    )
+    print(line.format("", "p50 ms", "p99 ms", "max ms", "woke by", "statuses"))
+    for label, _, title in WAKE_APPS:
+        print(title)
+        for kind, text in WAKE_ROWS:
+            cell = cells[label][kind]
+            figures = [f"{pct(cell.seconds, q) * 1e3:.1f}" for q in (0.5, 0.99, 1)]
+            woke = ", ".join(f"{how} {n}" for how, n in sorted(cell.woken.items()))
+            print(line.format("  " + text, *figures, woke, dict(cell.statuses)))
+        for text, kind, base in WAKE_DELTAS:
+            over, warm = cells[label][kind].seconds, cells[label][base].seconds
+            delta = [f"{(pct(over, q) - pct(warm, q)) * 1e3:.1f}" for q in (0.5, 0.99)]
+            print(line.format("  " + text, *delta, "", "", "").rstrip())
+    print(
+        "  goal: from suspended, <= 5 ms over a warm request at p50 and <= 15 ms at p99,"
+        " whatever the app's boot time"
+    )
+    print("  (woke by: the desc of the wake entry of each answer's Server-Timing; -: none)")
+    up.report()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--cold", type=int, default=20, help="cold starts (default 20)")
     parser.add_argument("--apps", default="10,50,100", help="N apps woken at once (10,50,100)")
+    parser.add_argument(
+        "--wakes",
+        type=int,
+        default=20,
+        help="samples per row of the warm/suspended/stopped table (default 20; 0 skips it)",
+    )
     parser.add_argument("--keep-logs", type=Path, help="copy each `wakeful up` output here")
     parser.add_argument(
         "--gap",
@@ -369,6 +547,8 @@ def main() -> None:
         cold_starts(args.cold, args.keep_logs, http=False, gap=args.gap)
     if sizes:
         woken_at_once(sizes, args.keep_logs)
+    if args.wakes > 0:
+        wakes(args.wakes, args.keep_logs)
 
 
 if __name__ == "__main__":
