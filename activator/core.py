@@ -50,6 +50,19 @@ __all__ = ["Activator", "Lease", "PoolSnapshot"]
 log = logging.getLogger(__name__)
 
 
+@dataclass(slots=True)
+class WakeTally:
+    """An app's requests that waited for it to wake, by how it woke, and the latest one: what
+    the dashboard shows (`Server-Timing` says it per request)."""
+
+    thaw: int = 0
+    start: int = 0
+    last_kind: str = ""
+    last_seconds: float = 0.0
+    last_at: float = 0.0
+    """Wall-clock time of the latest."""
+
+
 @dataclass(frozen=True, slots=True)
 class PoolSnapshot:
     pool: str
@@ -109,9 +122,14 @@ class Activator:
             self._ledger,
             self._activity,
             self._metrics,
+            clock=clock,
             wall_clock=wall_clock,
             changed=self._ledger.wake,
+            allowed=self._suspending_allowed,
         )
+        self._suspend_from = math.inf
+        """On `clock`: when this activator may start suspending (it knows every lease)."""
+        self._took_over = False
         self._admitting = anyio.Event()
         """Set once admission may grant: at once, or after a takeover's adoption window."""
         self.last_lease_gone: Callable[[], None] = lambda: None
@@ -121,6 +139,7 @@ class Activator:
         self.deposed = anyio.Event()
         """Set when this activator stopped leading (`stop_granting`): it grants nothing more,
         and its lease channels close so their ingresses go to the new leader."""
+        self._wakes: dict[str, WakeTally] = {}
         self.traffic = TrafficRing()
         """The last 15 minutes of each app's traffic, from the ingresses' reports
         (`record_traffic`) and this activator's waiters: the dashboard's charts."""
@@ -139,8 +158,9 @@ class Activator:
         drive the wall clock by hand); thaws still run.
         """
         async with anyio.create_task_group() as tasks:
+            self._took_over = adopt_for > 0
             if adopt_for == 0:
-                self._admitting.set()
+                self.open_admission()
             elif adopt_for != math.inf:  # inf: until `open_admission`
                 tasks.start_soon(self.open_admission_after, adopt_for)
             self._scale_up.tasks = tasks
@@ -178,10 +198,22 @@ class Activator:
             raise Unreachable("this activator stopped leading", retry_after=1)
 
     def open_admission(self) -> None:
-        """End the adoption window now (see `running`)."""
+        """End the adoption window now (see `running`). After a takeover nothing is suspended
+        for one lease TTL more: an ingress cut off for longer than the window reports its
+        leases late, and a sandbox it still uses must not be frozen under its requests."""
         if not self._admitting.is_set():
-            log.info("admission open: %d leases adopted", len(self._ledger.leases_by_id))
+            if self._took_over:
+                log.info("admission open: %d leases adopted", len(self._ledger.leases_by_id))
+            grace = self._settings.lease_ttl if self._took_over else 0.0
+            self._suspend_from = self._ledger.clock() + grace
             self._admitting.set()
+
+    def _suspending_allowed(self) -> bool:
+        return (
+            self._admitting.is_set()
+            and not self.deposed.is_set()
+            and self._ledger.clock() >= self._suspend_from
+        )
 
     async def resync(self) -> None:
         """Re-list the view and wake every waiter."""
@@ -227,6 +259,7 @@ class Activator:
                             thawed = lease.sandbox_id in self._suspender.thawed
                             lease.woke_by = "thaw" if thawed else "start"
                             self._metrics.wake.labels(kind=lease.woke_by).observe(waited)
+                            self._tally_wake(app, lease.woke_by, waited)
                     return lease
                 self._fail_if_crashing(state)
                 if waiter is None and state.item.value.spec.state is not None:
@@ -246,6 +279,20 @@ class Activator:
         finally:
             if waiter is not None and self._ledger.unpark(waiter):
                 self._publish(waiter.pool)
+
+    def _tally_wake(self, app: str, kind: str, waited: float) -> None:
+        tally = self._wakes.get(app)
+        if tally is None:
+            tally = self._wakes[app] = WakeTally()
+        if kind == "thaw":
+            tally.thaw += 1
+        else:
+            tally.start += 1
+        tally.last_kind, tally.last_seconds, tally.last_at = kind, waited, self._wall_clock()
+
+    def wakes(self, app: str) -> WakeTally | None:
+        """How the app's waiting requests woke it since this activator leads (None: never)."""
+        return self._wakes.get(app)
 
     def _no_capacity(self, state: PoolState, app: str) -> NoCapacity:
         spec = state.item.value.spec
@@ -443,6 +490,8 @@ class Activator:
                 for app, count in waiting.items():
                     self.traffic.waiters(app, count, now)
                 self.traffic.keep(set(self._view.apps))
+                for gone in set(self._wakes) - set(self._view.apps):
+                    del self._wakes[gone]
             except Exception:
                 log.exception("could not sample the waiters for the charts")
             await anyio.sleep(1.0)

@@ -104,16 +104,19 @@ def to_thaw(
     waiters: int,
     lease_size: int,
     requests_per_instance: int,
-    serving: int,
+    routable: int,
+    thawing: int,
     suspended: int,
 ) -> int:
     """How many suspended sandboxes to thaw for the demand (the suspended tier's fast path):
-    what the demand needs in sandboxes, as a scale-up sizes it, beyond those serving now
-    (routable, or thawing already), at most the suspended ones there are."""
+    what the demand needs in sandboxes, as a scale-up sizes it, beyond those routable and those
+    thawing already, at most the suspended ones there are. A waiter means nothing routable had
+    room for it, so one more than the routable ones is needed, unless a thaw (with room) is
+    on its way already."""
     need = math.ceil((leased + waiters + lease_size) / requests_per_instance)
-    if waiters > 0:
-        need = max(need, serving + 1)  # someone waits: nothing serving has room for it
-    return max(0, min(suspended, need - serving))
+    if waiters > 0 and thawing == 0:
+        need = max(need, routable + 1)
+    return max(0, min(suspended, need - routable - thawing))
 
 
 class Gate(StrEnum):

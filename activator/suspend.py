@@ -2,14 +2,20 @@
 stopping the longest suspended when a node's memory cap is passed (issue 18).
 
 Theory of operation:
-- The activator alone decides, because it alone knows the leases. Every `TICK` seconds a
-  running sandbox that holds no lease, whose pool has no waiter, and that carried no traffic
-  for its app's `concurrency.suspend_delay` is withheld from admission (`View.withheld`) in the
-  same step as those checks, then written `suspended` by compare-and-set on the revision it
-  was decided from. No lease can land on it in between (one event loop; the checks and the
-  withholding have no await between them), and a conflict (a node's or the pool controller's
-  write) leaves it running. The node freezes a sandbox whose record says `suspended`
-  (`wakeful.node.runner`), so a frozen sandbox never holds a lease.
+- The activator alone decides, because it alone knows the leases, and only once it knows them
+  (`allowed`: admission is open, and after a takeover a lease TTL has passed, so every
+  ingress has reported what it holds). Every `TICK` seconds a running sandbox of an `auto`
+  pool that its app routes to (a pool rolling out is not suspended), that holds no lease,
+  whose pool has no waiter, and that carried no traffic for its app's
+  `concurrency.suspend_delay` (counted at the earliest from when this activator first saw it
+  routable: a boot does not count, nor the time before a takeover) is withheld from
+  admission (`View.withheld`) in the same step as those checks, then written `suspended` by
+  compare-and-set on the revision it was decided from. No lease can land on it in between
+  (one event loop; the checks and the withholding have no await between them), and a
+  conflict (a node's or the pool controller's write) leaves it running. The node freezes a
+  sandbox whose record says `suspended` (`wakeful.node.runner`), so a frozen sandbox never
+  holds a lease: one adopted meanwhile (a takeover's late report) thaws it as soon as the
+  write is done.
 - A request that finds nothing routable (or an overflow admission) calls `wake` before any
   scale-up: suspended sandboxes are thawed, as many as the demand needs
   (`decisions.to_thaw`), the most recently suspended first, by compare-and-set back to
@@ -17,9 +23,12 @@ Theory of operation:
   the process as it sees the record, and a request sent meanwhile waits in the sandbox's
   listen backlog. Demand beyond the suspended sandboxes is the normal scale-up's, which counts
   them in the pool's size (`SIZED`), so it asks only for the rest.
-- A node past its cap for suspended memory names sandboxes in `Node.evict`; each is stopped
-  with its pool shrunk by one in one transaction (both compare-and-set), so the pool
-  controller does not replace it, and never below `min_instances`.
+- A node past its cap for suspended memory names sandboxes in `Node.evict`, the longest
+  suspended first; each is stopped with its pool shrunk by one in one transaction (both
+  compare-and-set), so the pool controller does not replace it: never below `min_instances`,
+  never one holding a lease or being thawed, never while its pool's size and its sandboxes
+  disagree (a scale-up or a scale-down in progress). One that cannot go is replaced by the
+  longest suspended sandbox of the same node that can.
 - Scale-down after `scale_down_delay` stays the idle monitor's: it counts suspended sandboxes
   as idle, and the pool controller stops suspended ones first.
 """
@@ -27,6 +36,7 @@ Theory of operation:
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -49,6 +59,8 @@ TICK = 1.0
 """Seconds between two looks for idle sandboxes to suspend and evictions to carry out."""
 ROUNDS = 5
 """Conflicts in a row after which a thaw gives up (the next request tries again)."""
+THAW_BACKOFF = 1.0
+"""Seconds a sandbox whose thaw failed on a store error is not tried again."""
 
 
 class Suspender:
@@ -60,18 +72,27 @@ class Suspender:
         activity: ActivityWriter,
         metrics: ActivatorMetrics,
         *,
+        clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         changed: Callable[[str], None] = lambda pool: None,
+        allowed: Callable[[], bool] = lambda: True,
     ) -> None:
         """`changed(pool)`: a sandbox of the pool may have become routable again (a suspend
-        that did not happen, a thaw): its waiters run admission."""
+        that did not happen, a thaw): its waiters run admission. `allowed()`: whether this
+        activator knows every lease yet (not during a takeover's first lease TTL)."""
         self._store = store
         self._view = view
         self._ledger = ledger
         self._activity = activity
         self._metrics = metrics
+        self._clock = clock
         self._wall_clock = wall_clock
         self._changed = changed
+        self._allowed = allowed
+        self._routable_since: dict[str, float] = {}
+        """Wall-clock time this activator first saw each sandbox routable (not withheld)."""
+        self._backoff_until: dict[str, float] = {}
+        """Sandbox id to when (on `clock`) its thaw may be tried again after a store error."""
         self._thawing: dict[str, str] = {}
         """Sandbox id to its pool, while its thaw is being written."""
         self._unsure: dict[str, int] = {}
@@ -107,25 +128,42 @@ class Suspender:
 
     def idle(self, now: float) -> list[Item[Sandbox]]:
         """The sandboxes to suspend now, withheld from admission in this very step."""
-        chosen = []
+        chosen: list[Item[Sandbox]] = []
+        if not self._allowed():
+            return chosen
         leased = self._ledger.leased_capacity_by_sandbox
         for state in self._view.pools.values():
             pool = state.item.value
-            delay = pool.spec.concurrency.suspend_delay
-            if delay <= 0 or pool.retired or self._ledger.waiting(pool.name):
+            concurrency = pool.spec.concurrency
+            delay = concurrency.suspend_delay
+            app = self._view.apps.get(pool.app)
+            if (
+                delay <= 0
+                or concurrency.mode == "fixed"  # fixed: exactly that many, running
+                or pool.retired
+                or app is None
+                or app.value.active_version != pool.version  # rolling out: not routed yet
+                or self._ledger.waiting(pool.name)
+            ):
                 continue
             for sandbox_id in sorted(state.sandboxes):
                 item = self._view.sandboxes[sandbox_id]
                 sandbox = item.value
-                if not self._view.serves(sandbox) or leased.get(sandbox_id, 0):
+                if not self._view.serves(sandbox):
+                    self._routable_since.pop(sandbox_id, None)
+                    continue
+                since = self._routable_since.setdefault(sandbox_id, now)
+                if leased.get(sandbox_id, 0):
                     continue
                 last = max(
                     sandbox.last_activity,
                     sandbox.created_at,
+                    since,
                     self._activity.latest(sandbox_id),
                 )
                 if now - last >= delay:
                     self._view.withheld.add(sandbox_id)
+                    self.thawed.discard(sandbox_id)  # before the write: a thaw may follow it
                     chosen.append(item)
         return chosen
 
@@ -138,7 +176,7 @@ class Suspender:
             revision = await self._store.update(item.key, frozen, expect_revision=item.revision)
         except Conflict:
             self._metrics.suspends.labels(pool=sandbox.pool, result="conflict").inc()
-            self._release(sandbox)
+            self._release(sandbox.id, sandbox.pool)
             return False
         except StoreError as exc:
             log.warning("could not suspend: %s", exc, extra={"sandbox": sandbox.id})
@@ -146,26 +184,39 @@ class Suspender:
             self._unsure[sandbox.id] = item.revision  # it may have landed: stays withheld
             return False
         self._metrics.suspends.labels(pool=sandbox.pool, result="applied").inc()
-        self.thawed.discard(sandbox.id)
         self._view.apply_sandbox(Item(item.key, frozen, revision))
         trace.mark("suspended", sandbox.app)
         log.info("suspended idle sandbox", extra={"sandbox": sandbox.id, "pool": sandbox.pool})
-        self._release(sandbox)
+        self._release(sandbox.id, sandbox.pool)
         return True
 
-    def _release(self, sandbox: Sandbox) -> None:
-        """Back into admission (or known suspended); a request that parked meanwhile wakes,
+    def _release(self, sandbox_id: str, pool: str) -> None:
+        """Back into admission (or known suspended). A lease adopted on it meanwhile (a
+        takeover's late report) thaws it at once; a request that parked meanwhile wakes,
         and thaws it if it is suspended now."""
-        self._view.withheld.discard(sandbox.id)
-        self._unsure.pop(sandbox.id, None)
-        self._changed(sandbox.pool)
-        state = self._view.pools.get(sandbox.pool)
+        self._view.withheld.discard(sandbox_id)
+        self._unsure.pop(sandbox_id, None)
+        item = self._view.sandboxes.get(sandbox_id)
+        if (
+            item is not None
+            and item.value.status is SandboxStatus.SUSPENDED
+            and self._ledger.leased_on(sandbox_id) > 0
+        ):
+            self.thaw(item)
+        self._changed(pool)
+        state = self._view.pools.get(pool)
         if state is not None and self._ledger.waiting(state.name):
             self.wake(state)
 
     async def _settle_unsure(self) -> None:
+        """Read each sandbox whose suspend write ended in a store error: whether it landed,
+        the view then says (a read that fails leaves it withheld until the next tick)."""
         for sandbox_id, revision in list(self._unsure.items()):
-            fresh = await self._store.get(keys.sandbox(sandbox_id), Sandbox)
+            try:
+                fresh = await self._store.get(keys.sandbox(sandbox_id), Sandbox)
+            except StoreError as exc:
+                log.warning("cannot settle a suspend yet: %s", exc, extra={"sandbox": sandbox_id})
+                continue
             if fresh is not None:
                 self._view.apply_sandbox(fresh)
             landed = fresh is None or fresh.revision != revision
@@ -179,7 +230,7 @@ class Suspender:
                 self._view.withheld.discard(sandbox_id)
                 self._unsure.pop(sandbox_id, None)
             else:
-                self._release(cached.value)
+                self._release(sandbox_id, cached.value.pool)
 
     # -- thawing ----------------------------------------------------------------------------
 
@@ -188,20 +239,25 @@ class Suspender:
         called on the request path). Returns how many thaws it started."""
         if self.tasks is None:
             return 0
-        suspended = [i for i in self._view.suspended(state) if i.value.id not in self._thawing]
+        now = self._clock()
+        suspended = [
+            i
+            for i in self._view.suspended(state)
+            if i.value.id not in self._thawing
+            and self._backoff_until.get(i.value.id, -math.inf) <= now
+        ]
         if not suspended:
             return 0
         pool = state.item.value
         leased = self._ledger.leased_capacity_by_sandbox
         concurrency = pool.spec.concurrency
-        serving = sum(1 for s in state.sandboxes if self._view.routable(s))
-        serving += sum(1 for p in self._thawing.values() if p == pool.name)
         count = decisions.to_thaw(
             leased=self._view.leased_on_running(state, leased),
             waiters=self._ledger.waiting(pool.name),
             lease_size=decisions.lease_size(concurrency.mode, pool.requests_per_instance),
             requests_per_instance=pool.requests_per_instance,
-            serving=serving,
+            routable=sum(1 for s in state.sandboxes if self._view.routable(s)),
+            thawing=sum(1 for p in self._thawing.values() if p == pool.name),
             suspended=len(suspended),
         )
         for item in suspended[:count]:
@@ -226,6 +282,7 @@ class Suspender:
             for _ in range(ROUNDS):
                 sandbox = item.value
                 if sandbox.status is not SandboxStatus.SUSPENDED:
+                    self._changed(pool)  # it went elsewhere: its waiters decide again
                     return
                 update = {
                     "status": transition(sandbox.status, Transition.THAW),
@@ -248,52 +305,82 @@ class Suspender:
                 # Waking is traffic: it must not look idle (and be frozen again) before the
                 # request that woke it takes its lease.
                 self._activity.touch(sandbox_id, self._wall_clock())
+                self._backoff_until.pop(sandbox_id, None)
                 done = True
                 trace.mark("thawed", sandbox.app)
-                self._view.apply_sandbox(Item(item.key, running, revision))
+                self._view.apply_sandbox(Item(item.key, running, revision))  # waiters wake
                 return
         except StoreError as exc:
+            # No waiter is woken for this: each would only try again at once. The next
+            # request (or scale-up) after the backoff does.
             log.warning("could not thaw: %s", exc, extra={"sandbox": sandbox_id})
             self._metrics.thaws.labels(pool=pool, result="failed").inc()
+            self._backoff_until[sandbox_id] = self._clock() + THAW_BACKOFF
         finally:
             if not done:
                 self.thawed.discard(sandbox_id)
             self._thawing.pop(sandbox_id, None)
-            self._changed(pool)
 
     def forget(self, sandbox_id: str) -> None:
         self.thawed.discard(sandbox_id)
         self._unsure.pop(sandbox_id, None)
+        self._routable_since.pop(sandbox_id, None)
+        self._backoff_until.pop(sandbox_id, None)
         self._view.withheld.discard(sandbox_id)
 
     # -- evicting ---------------------------------------------------------------------------
 
     async def evict(self) -> list[str]:
         """Stop the suspended sandboxes their nodes name for memory, each with its pool shrunk
-        by one in the same transaction. Returns those stopped."""
-        stopped = []
+        by one in the same transaction; one that cannot go is replaced by the longest
+        suspended one of its node that can. Returns those stopped."""
+        stopped: list[str] = []
         for node, ids in sorted(self._view.evicting.items()):
-            for sandbox_id in sorted(ids, key=self._suspended_at):
-                item = self._view.sandboxes.get(sandbox_id)
-                if item is None or item.value.node != node:
-                    continue
-                if await self._evict(item):
+            named = sorted(ids, key=self._suspended_at)
+            others = sorted(
+                (
+                    s
+                    for s, item in self._view.sandboxes.items()
+                    if item.value.node == node
+                    and item.value.status is SandboxStatus.SUSPENDED
+                    and s not in ids
+                ),
+                key=self._suspended_at,
+            )
+            for sandbox_id in named:
+                if await self._evict(sandbox_id, node):
                     stopped.append(sandbox_id)
+                    continue
+                while others:  # named, but it must stay: the next longest suspended goes
+                    substitute = others.pop(0)
+                    if await self._evict(substitute, node):
+                        stopped.append(substitute)
+                        break
         return stopped
 
     def _suspended_at(self, sandbox_id: str) -> float:
         item = self._view.sandboxes.get(sandbox_id)
         return item.value.suspended_at if item is not None else 0.0
 
-    async def _evict(self, item: Item[Sandbox]) -> bool:
+    async def _evict(self, sandbox_id: str, node: str) -> bool:
+        item = self._view.sandboxes.get(sandbox_id)
+        if item is None or item.value.node != node:
+            return False
         sandbox = item.value
         state = self._view.pools.get(sandbox.pool)
-        if sandbox.status is not SandboxStatus.SUSPENDED or state is None:
+        if (
+            sandbox.status is not SandboxStatus.SUSPENDED
+            or state is None
+            or sandbox_id in self._thawing
+            or self._ledger.leased_on(sandbox_id) > 0
+        ):
             return False
         pool_item = state.item
         pool = pool_item.value
         if pool.retired or pool.desired_instances <= pool.min_instances:
             return False  # a retired pool's are stopped anyway; min_instances are kept
+        if self._view.live(state) != pool.desired_instances:
+            return False  # growing or shrinking: a smaller size would undo that, or doubly
         if any(self._view.sandboxes[s].value.status in STARTING for s in state.sandboxes):
             return False  # the pool is growing: shrinking it now would undo that
         target = pool.desired_instances - 1

@@ -30,7 +30,7 @@ from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.deploy.collect import ArtifactCollector
 from wakeful.domain import keys
 from wakeful.domain.hosts import conflicts
-from wakeful.domain.models import App, Pool, RolloutRecord, Sandbox, Version
+from wakeful.domain.models import App, Pool, RolloutRecord, Sandbox, SandboxStatus, Version
 from wakeful.store import Conflict, Delete, Deposed, Item, Op, Put, Require, Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -180,10 +180,12 @@ class Deployer:
             )
             old_pool = found.value if found else None
             sandboxes = (await self._store.list(keys.SANDBOXES, Sandbox)).items
-            old_running = sum(
+            old_running = sum(  # a suspended one serves too: it wakes in milliseconds
                 1
                 for s in sandboxes
-                if old_pool and s.value.pool == old_pool.name and s.value.routable
+                if old_pool
+                and s.value.pool == old_pool.name
+                and (s.value.routable or s.value.status is SandboxStatus.SUSPENDED)
             )
         size = starting_size(old_pool, old_running, definition.spec.concurrency.min_instances)
         size = min(size, definition.spec.concurrency.max_instances)

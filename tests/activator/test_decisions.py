@@ -165,18 +165,27 @@ def test_demanded_instances(
 
 
 @pytest.mark.parametrize(
-    ("leased", "waiters", "size", "rpi", "serving", "suspended", "expected"),
+    ("leased", "waiters", "size", "rpi", "routable", "thawing", "suspended", "expected"),
     [
-        pytest.param(0, 1, 1, 5, 0, 3, 1, id="one waiter thaws one of three"),
-        pytest.param(0, 35, 1, 5, 0, 3, 3, id="35 waiters at target 5 thaw all three"),
-        pytest.param(0, 1, 1, 5, 1, 3, 1, id="a waiter means nothing serving has room"),
-        pytest.param(10, 0, 2, 10, 1, 2, 1, id="an overflow at target thaws one more"),
-        pytest.param(3, 0, 2, 10, 1, 2, 0, id="room left: nothing thaws"),
-        pytest.param(0, 4, 1, 5, 0, 0, 0, id="nothing suspended: the scale-up's job"),
+        pytest.param(0, 1, 1, 5, 0, 0, 3, 1, id="one waiter thaws one of three"),
+        pytest.param(0, 35, 1, 5, 0, 0, 3, 3, id="35 waiters at target 5 thaw all three"),
+        pytest.param(0, 1, 1, 5, 1, 0, 3, 1, id="a waiter means nothing routable has room"),
+        pytest.param(0, 3, 1, 5, 0, 1, 2, 0, id="three waiters fit the one thawing already"),
+        pytest.param(0, 8, 1, 5, 0, 1, 2, 1, id="eight do not: one more"),
+        pytest.param(10, 0, 2, 10, 1, 0, 2, 1, id="an overflow at target thaws one more"),
+        pytest.param(3, 0, 2, 10, 1, 0, 2, 0, id="room left: nothing thaws"),
+        pytest.param(0, 4, 1, 5, 0, 0, 0, 0, id="nothing suspended: the scale-up's job"),
     ],
 )
 def test_to_thaw(
-    leased: int, waiters: int, size: int, rpi: int, serving: int, suspended: int, expected: int
+    leased: int,
+    waiters: int,
+    size: int,
+    rpi: int,
+    routable: int,
+    thawing: int,
+    suspended: int,
+    expected: int,
 ) -> None:
     assert (
         to_thaw(
@@ -184,7 +193,8 @@ def test_to_thaw(
             waiters=waiters,
             lease_size=size,
             requests_per_instance=rpi,
-            serving=serving,
+            routable=routable,
+            thawing=thawing,
             suspended=suspended,
         )
         == expected

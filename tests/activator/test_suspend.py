@@ -5,6 +5,8 @@ longest suspended with its pool shrunk in one transaction."""
 
 from __future__ import annotations
 
+import math
+
 import anyio
 import pytest
 
@@ -12,6 +14,7 @@ from wakeful.activator.ledger import Lease
 from wakeful.domain import keys
 from wakeful.domain.leases import LeaseGrant
 from wakeful.domain.models import (
+    App,
     AppSpec,
     Concurrency,
     Node,
@@ -69,6 +72,7 @@ async def test_an_idle_sandbox_is_suspended_after_its_delay_and_not_before(store
     wall = ManualClock(T0)
     activator = make_activator(store, wall_clock=wall)
     async with activator.running(suspend=False):
+        assert await activator.suspend_idle() == []  # first seen routable now
         wall.advance(29.9)
         assert await activator.suspend_idle() == []
         wall.advance(0.2)
@@ -171,7 +175,7 @@ async def test_a_request_arriving_while_a_suspend_is_written_waits_and_thaws_it(
     """The suspend decision withholds the sandbox in the same step: a request in between
     gets no lease on it (it would be frozen under the request), it waits, and thaws it."""
     await seed_suspendable(store, {"sb-1": SandboxStatus.RUNNING})
-    wall = ManualClock(T0 + 60)
+    wall = ManualClock(T0)
     activator = make_activator(store, wall_clock=wall)
     suspender = activator._suspender
     leases: list[Lease] = []
@@ -181,6 +185,8 @@ async def test_a_request_arriving_while_a_suspend_is_written_waits_and_thaws_it(
         leases.append(await activator.acquire("hello"))
 
     async with activator.running(suspend=False), anyio.create_task_group() as tasks:
+        assert suspender.idle(wall.now) == []
+        wall.advance(31)
         chosen = suspender.idle(wall.now)
         assert [item.value.id for item in chosen] == ["sb-1"]
         tasks.start_soon(acquire)
@@ -238,3 +244,98 @@ async def test_the_memory_cap_never_takes_a_pool_below_its_minimum(store: Store)
         await activator.suspend_idle()
     assert (await record(store, "sb-1")).status is SandboxStatus.SUSPENDED
     assert (await pool(store)).value.desired_instances == 1
+
+
+async def test_a_lease_adopted_while_the_suspend_is_written_thaws_it_once_written(
+    store: Store,
+) -> None:
+    """A takeover's late report lands between the decision and the write: the write lands,
+    and the sandbox is thawed at once, so its requests are not held frozen."""
+    await seed_suspendable(store, {"sb-1": SandboxStatus.RUNNING})
+    wall = ManualClock(T0)
+    activator = make_activator(store, wall_clock=wall)
+    suspender = activator._suspender
+    async with activator.running(suspend=False):
+        suspender.idle(wall.now)
+        wall.advance(31)
+        [chosen] = suspender.idle(wall.now)
+        activator.adopt("hello", grant("late-1"))
+        assert await suspender.suspend(chosen, wall.now)
+        await eventually(lambda: activator.snapshot()[0].ready == 1)
+    assert (await record(store, "sb-1")).status is SandboxStatus.RUNNING
+    assert activator.leased_on("sb-1") == 1
+
+
+async def test_after_a_takeover_nothing_is_suspended_until_every_lease_can_have_been_reported(
+    store: Store,
+) -> None:
+    await seed_suspendable(store, {"sb-1": SandboxStatus.RUNNING})
+    wall, clock = ManualClock(T0), ManualClock(0)
+    activator = make_activator(store, clock=clock, wall_clock=wall, lease_ttl=60)
+    async with activator.running(suspend=False, adopt_for=math.inf):
+        wall.advance(3600)
+        clock.advance(3600)
+        assert await activator.suspend_idle() == []  # the adoption window: leases unknown
+        activator.open_admission()
+        assert await activator.suspend_idle() == []
+        wall.advance(59)
+        clock.advance(59)
+        assert await activator.suspend_idle() == []  # idle for ages, but a late report may come
+        wall.advance(2)
+        clock.advance(2)
+        assert await activator.suspend_idle() == []  # past a lease TTL: first seen now
+        wall.advance(31)
+        clock.advance(31)
+        assert await activator.suspend_idle() == ["sb-1"]
+
+
+async def test_a_pool_rolling_out_or_of_fixed_size_is_never_suspended(store: Store) -> None:
+    await seed_suspendable(store, {"sb-1": SandboxStatus.RUNNING})
+    wall = ManualClock(T0)
+    activator = make_activator(store, wall_clock=wall)
+    found = await pool(store)
+    async with activator.running(suspend=False):
+        await store.put(keys.app("hello"), App(name="hello", active_version="v0"))
+        await eventually(lambda: activator.apps()[0].active_version == "v0")
+        for _ in range(2):
+            assert await activator.suspend_idle() == []  # v1 is not routed to yet
+            wall.advance(3600)
+        fixed = Concurrency(mode="fixed", min_instances=1, max_instances=1, suspend_delay=30)
+        spec = found.value.spec.model_copy(update={"concurrency": fixed})
+        await store.put(POOL_KEY, found.value.model_copy(update={"spec": spec}))
+        await store.put(keys.app("hello"), App(name="hello", active_version="v1"))
+        await eventually(lambda: activator.apps()[0].active_version == "v1")
+        for _ in range(2):
+            assert await activator.suspend_idle() == []  # fixed: exactly that many, running
+            wall.advance(3600)
+
+
+async def test_a_node_eviction_that_must_not_stop_its_sandbox_stops_the_next_longest_suspended(
+    store: Store,
+) -> None:
+    """sb-1 is named, but a lease was adopted on it (it is being thawed): sb-2, the next
+    longest suspended on that node, goes instead; sb-1 is never stopped while leased."""
+    await seed_suspendable(
+        store, {f"sb-{n}": SandboxStatus.SUSPENDED for n in (1, 2, 3)}, desired=3
+    )
+    await store.put(keys.node("n1"), Node(name="n1", address="127.0.0.1", evict=["sb-1"]))
+    activator = make_activator(store)
+    async with activator.running(suspend=False):
+        await eventually(lambda: "n1" in activator._view.evicting)
+        activator.adopt("hello", grant("late-1"))  # its thaw is started, not run yet
+        await activator.suspend_idle()
+        await eventually(lambda: activator.snapshot()[0].ready == 1)
+    statuses = [(await record(store, f"sb-{n}")).status for n in (1, 2, 3)]
+    assert statuses == [SandboxStatus.RUNNING, SandboxStatus.STOPPING, SandboxStatus.SUSPENDED]
+    assert (await pool(store)).value.desired_instances == 2
+
+
+def grant(lease_id: str) -> LeaseGrant:
+    return LeaseGrant(
+        lease_id=lease_id,
+        sandbox_id="sb-1",
+        url="http://127.0.0.1:9000",
+        size=1,
+        overflow=False,
+        ttl_seconds=60,
+    )

@@ -98,6 +98,13 @@ NODES = [Node(name="n1", address="a"), Node(name="n2", address="b")]
             id="the longest suspended goes first",
         ),
         pytest.param(
+            1,
+            [sb("a", S.RUNNING), sb("b", S.SUSPENDED, frozen=50)],
+            {"a": 1, "b": 1},
+            [Drain("b")],
+            id="a suspended one holding a lease (adopted at a takeover) is drained, not stopped",
+        ),
+        pytest.param(
             0,
             [sb("a", S.DRAINING)],
             {"a": 1},

@@ -143,6 +143,8 @@ def test_log_in_watch_an_app_wake_and_follow_a_restart(tmp_path: Path, browser: 
             "the scale-up event",
         )
         assert "hello" in event and "demand: 0 leased + 1 waiting at 2 per sandbox" in event
+        woke = until(browser, lambda d: text(d, f"{row} [data-wakes]"), "how it woke")
+        assert woke.startswith("woke it: 0 thaw · 1 start · last: start, ")
         assert browser.execute_script("return window.wakefulNotReloaded") is True
         shot(browser, "live")
 

@@ -39,6 +39,8 @@ from .conftest import agent_settings, put_hello
 
 pytestmark = pytest.mark.anyio
 HELLO = Path(__file__).parents[2] / "examples" / "hello"
+MACHINE = [1 << 50, 1 << 49]
+"""The memory the `node` fixture's agent sees: total and available bytes."""
 
 
 async def status_of(store: Store, sandbox_id: str, *wanted: SandboxStatus) -> Sandbox:
@@ -101,7 +103,8 @@ async def node(tmp_path: Path) -> AsyncIterator[tuple[Store, NodeAgent]]:
                 Pool(name=f"{name}-v1", app=name, version="v1", spec=spec, desired_instances=1),
             )
         settings = agent_settings(tmp_path, node_ttl=2)
-        agent = NodeAgent(store, settings, artifacts)
+        MACHINE[:] = [1 << 50, 1 << 49]
+        agent = NodeAgent(store, settings, artifacts, memory=lambda: (MACHINE[0], MACHINE[1]))
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(agent.run)
             await agent.wait_registered()
@@ -354,6 +357,7 @@ async def test_a_suspended_sandbox_is_frozen_answers_once_thawed_and_is_named_fo
     answered once the record says `running` again. Past the node's cap for suspended memory,
     the longest suspended is named in the node record; a frozen sandbox still stops cleanly."""
     store, agent = node
+    machine = MACHINE
     pids = {}
     for sandbox_id in ("sb-1", "sb-2"):
         await place(store, sandbox_id, "hello-v1")
@@ -379,17 +383,19 @@ async def test_a_suspended_sandbox_is_frozen_answers_once_thawed_and_is_named_fo
 
     await set_status(store, "sb-1", SandboxStatus.SUSPENDED)
     await frozen(pids["sb-1"], True)
-    huge = (1 << 50, 1 << 49)
-    assert await agent.check_suspended(lambda: huge) == []
+    assert await agent.check_suspended() == []  # the machine: plenty
     record = await store.get(keys.node("n1"), Node)
     assert record is not None and record.value.suspended == 2
     held = record.value.suspended_memory
     assert held > 2 << 20  # two Python processes
     # A cap (25% of the machine, by default) that holds one of the two: the longest suspended
     # (sb-2 now: sb-1 was thawed and frozen again) is named.
-    assert await agent.check_suspended(lambda: (held * 3, held * 3)) == ["sb-2"]
+    machine[:] = [held * 3, held * 3]
+    assert await agent.check_suspended() == ["sb-2"]
     record = await store.get(keys.node("n1"), Node)
     assert record is not None and record.value.evict == ["sb-2"]
+    machine[:] = [held * 100, held]  # under the cap, but less than 5% available: pressure
+    assert await agent.check_suspended() == ["sb-2"]
 
     await set_status(store, "sb-2", SandboxStatus.STOPPING)
     stopped = await status_of(store, "sb-2", SandboxStatus.STOPPED)

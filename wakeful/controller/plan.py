@@ -224,7 +224,10 @@ def _shrink(live: list[Sandbox], excess: int, leased: Mapping[str, int]) -> list
     )
     actions: list[Action] = []
     for sandbox in ranked[:excess]:
-        if sandbox.status is SandboxStatus.RUNNING:
+        # A suspended sandbox holds no lease, unless one was adopted just now (a takeover):
+        # then it is drained like a running one, and its node thaws it for those requests.
+        busy = sandbox.status is SandboxStatus.SUSPENDED and leased.get(sandbox.id, 0) > 0
+        if sandbox.status is SandboxStatus.RUNNING or busy:
             actions.append(Drain(sandbox.id))
         else:
             actions.append(Stop(sandbox.id))

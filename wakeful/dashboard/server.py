@@ -45,7 +45,7 @@ from fastapi.responses import StreamingResponse
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
-from wakeful.activator.core import Activator, PoolSnapshot
+from wakeful.activator.core import Activator, PoolSnapshot, WakeTally
 from wakeful.controller.reconciler import Mirror, with_cordon
 from wakeful.domain import keys
 from wakeful.domain.models import (
@@ -297,6 +297,7 @@ class Dashboard:
                         for p in mine
                     ],
                     "series": self._activator.traffic.series(record.name, now),
+                    "wakes": _wakes(self._activator.wakes(record.name)),
                 }
             )
         mirror = self._mirror()
@@ -558,3 +559,16 @@ def _same_origin(request: Request) -> bool:
     host = request.headers.get("host", "")
     parsed = urllib.parse.urlsplit(origin)
     return parsed.netloc == host and parsed.scheme in ("http", "https")
+
+
+def _wakes(tally: WakeTally | None) -> dict[str, Any] | None:
+    """How an app's waiting requests woke it: by `thaw` of a suspended sandbox or `start`."""
+    if tally is None:
+        return None
+    return {
+        "thaw": tally.thaw,
+        "start": tally.start,
+        "last_kind": tally.last_kind,
+        "last_ms": round(tally.last_seconds * 1000, 1),
+        "last_at": tally.last_at,
+    }

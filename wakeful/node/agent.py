@@ -58,6 +58,8 @@ from .writer import SandboxWriter
 log = logging.getLogger(__name__)
 SUSPENDED_EVERY = 2.0
 """Seconds between two looks at the memory suspended sandboxes hold (`check_suspended`)."""
+MAX_EVICT = 1000
+"""The most sandboxes one node record names in `evict` (what `Node` validates)."""
 
 
 def runtime_for(settings: NodeSettings, control_plane: Sequence[str] = ()) -> ProcessRuntime:
@@ -108,9 +110,13 @@ class NodeAgent:
         clock: Callable[[], float] = time.time,
         logs: LogSink | None = None,
         tunnel_token: str | None = None,
+        memory: Callable[[], tuple[int, int]] = meminfo,
     ) -> None:
-        """`tunnel_token`: the node token its tunnel streams carry (with `settings.tunnel`)."""
+        """`tunnel_token`: the node token its tunnel streams carry (with `settings.tunnel`);
+        `memory`: the machine's (total, available) memory, for the suspended tier's cap."""
         self._store = store
+        self._memory = memory
+        self._record_lock = anyio.Lock()
         self._settings = settings
         self._clock = clock
         self._running: dict[str, SandboxRunner] = {}
@@ -293,11 +299,11 @@ class NodeAgent:
             except (StoreError, OSError) as exc:
                 log.warning("cannot publish suspended sandboxes: %s", exc)
 
-    async def check_suspended(self, memory: Callable[[], tuple[int, int]] = meminfo) -> list[str]:
+    async def check_suspended(self) -> list[str]:
         """Publish the frozen sandboxes' count and memory in the node record, naming in
         `evict` those to stop (past `WAKEFUL_SUSPENDED_MEMORY`, or while less than
         `WAKEFUL_SUSPENDED_MEMORY_FLOOR` is available). Returns `evict`."""
-        total, available = memory()
+        total, available = self._memory()
         cap = memory_share(self._settings.suspended_memory, total)
         floor = memory_share(self._settings.suspended_memory_floor, total)
         frozen = [
@@ -305,28 +311,31 @@ class NodeAgent:
             for runner in self._running.values()
             if runner.frozen_since is not None
         ]
-        evict = evictions(frozen, cap, available < floor)
-        record = self._record.model_copy(
-            update={
-                "suspended": len(frozen),
-                "suspended_memory": sum(held for _, _, held in frozen),
-                "suspended_memory_cap": cap,
-                "evict": evict,
-            }
-        )
-        if record != self._record:
-            self._record = record
-            lease = self._node_lease
-            if lease is not None and self._registered.is_set():
-                await self._store.put(keys.node(self.name), record, lease=lease)
+        evict = evictions(frozen, cap, available < floor)[:MAX_EVICT]
+        update = {
+            "suspended": len(frozen),
+            "suspended_memory": sum(held for _, _, held in frozen),
+            "suspended_memory_cap": cap,
+            "evict": evict,
+        }
+        async with self._record_lock:
+            record = self._record.model_copy(update=update)
+            if record != self._record:
+                lease = self._node_lease
+                if lease is not None and self._registered.is_set():
+                    # Kept only once written: a write that failed is tried again next pass.
+                    await self._store.put(keys.node(self.name), record, lease=lease)
+                self._record = record
         return evict
 
     async def publish_tunnel(self, table: Tunnel) -> None:
-        """Rewrite the node record with the tunnel's coverage table (under its lease)."""
-        self._record = self._record.model_copy(update={"tunnel": table})
-        lease = self._node_lease
-        if lease is not None and self._registered.is_set():
-            await self._store.put(keys.node(self.name), self._record, lease=lease)
+        """Rewrite the node record with the tunnel's coverage table (under its lease); one
+        writer of the record at a time, so no older copy lands after a newer one."""
+        async with self._record_lock:
+            self._record = self._record.model_copy(update={"tunnel": table})
+            lease = self._node_lease
+            if lease is not None and self._registered.is_set():
+                await self._store.put(keys.node(self.name), self._record, lease=lease)
 
     def tunnel_target(self, sandbox_id: str) -> tuple[str, int] | None:
         """Where a tunnel exchange naming `sandbox_id` connects: only a sandbox this agent

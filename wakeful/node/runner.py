@@ -147,6 +147,8 @@ class SandboxRunner:
             want = self._want_frozen
             if want and self.frozen_since is None:
                 self.held = await process.freeze()
+                if self._stop_requested.is_set():
+                    return  # the stop thawed it (or it never froze)
                 self.frozen_since = anyio.current_time()
                 log.info("froze sandbox", extra={"sandbox": self.sandbox_id, "bytes": self.held})
             elif not want and self.frozen_since is not None:

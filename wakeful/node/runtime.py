@@ -148,6 +148,7 @@ class LocalProcess:
         self._freezing = asyncio.Lock()
         self._frozen: list[int] | None = None
         """While frozen: the pids SIGSTOP stopped ([] when the cgroup freezer holds it)."""
+        self._freeze_work: asyncio.Future[int] | None = None
         self._stopping = False
         self._log: BinaryIO | None = None
         self._written = 0
@@ -232,37 +233,49 @@ class LocalProcess:
         async with self._freezing:
             if self._stopping or self._frozen is not None or self._process.returncode is not None:
                 return 0
-            jailed = self._jailed
-            cgroup = None if jailed is None else jailed.cgroup
-            if cgroup is not None and await asyncio.to_thread(cgroup.freeze):
-                self._frozen = []
-                return await asyncio.to_thread(cgroup.memory_held)
-            if jailed is not None:
-                stopped = await asyncio.to_thread(jailed.stop_all, self._process.pid)
-            else:
-                stopped = await asyncio.to_thread(_stop_group, self._process.pid)
-            self._frozen = stopped
-            return await asyncio.to_thread(resident_bytes, stopped)
+            # In a thread that a cancelled caller does not cut short: it would go on and
+            # freeze the sandbox unseen. A stop waits for it first (`_freeze_work`).
+            work = asyncio.ensure_future(asyncio.to_thread(self._freeze_now))
+            self._freeze_work = work
+            return await asyncio.shield(work)
+
+    def _freeze_now(self) -> int:
+        jailed = self._jailed
+        cgroup = None if jailed is None else jailed.cgroup
+        if cgroup is not None and cgroup.freeze():
+            self._frozen = []
+            return cgroup.memory_held()
+        pid = self._process.pid
+        stopped = _stop_group(pid) if jailed is None else jailed.stop_all(pid)
+        self._frozen = stopped
+        return cgroup.memory_held() if cgroup is not None else resident_bytes(stopped)
 
     async def thaw(self) -> None:
         async with self._freezing:
             self._thaw()
 
     def _thaw(self) -> None:
+        """Undo whatever a freeze did (idempotent): the freezer cgroup is thawed whatever this
+        process believes, SIGCONT goes to every pid SIGSTOP stopped (no /proc walk on a
+        wake), and to the process group of an unisolated sandbox."""
         frozen, self._frozen = self._frozen, None
-        if frozen is None:
-            return
         cgroup = None if self._jailed is None else self._jailed.cgroup
-        if not frozen and cgroup is not None:
+        if cgroup is not None:
             cgroup.thaw()
-        for pid in frozen:  # SIGCONT to the pids it stopped: no /proc walk on a wake
+        for pid in frozen or ():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGCONT)
+        if frozen and self._jailed is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._process.pid, signal.SIGCONT)
 
     async def stop(self, grace: float) -> int:
         """SIGTERM to the sandbox's processes, SIGKILL to all of them after `grace` seconds
-        (thawed first: a frozen process takes no signal)."""
+        (thawed first, once a freeze under way has ended: a frozen process takes no signal)."""
         self._stopping = True
+        if self._freeze_work is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._freeze_work)
         async with self._freezing:
             self._thaw()
         await self._signal(signal.SIGTERM)
@@ -270,6 +283,7 @@ class LocalProcess:
             async with asyncio.timeout(grace):
                 return await self.wait()
         except TimeoutError:
+            self._thaw()
             await self._signal(signal.SIGKILL)
             return await self.wait()
 
@@ -299,11 +313,11 @@ class LocalProcess:
 
 
 def _stop_group(pid: int) -> list[int]:
-    """SIGSTOP to an unisolated sandbox's process group; the pids to SIGCONT later."""
-    members = [pid, *descendants(pid)]
+    """SIGSTOP to an unisolated sandbox's process group; its processes, listed after it (a
+    stopped process forks no more), for the memory they hold (a thaw SIGCONTs the group)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGSTOP)
-    return members
+    return [pid, *descendants(pid)]
 
 
 def resident_bytes(pids: Sequence[int]) -> int:

@@ -153,7 +153,16 @@ function poolCounts(pool, withHooks) {
       el('dd', withHooks ? { 'data-field': f } : {}, String(num(pool[f]))))));
 }
 
-function renderApps(apps, total) {
+function wakeLine(wakes, at) {
+  // How its waiting requests woke it: a thaw of a suspended sandbox, or a start.
+  if (!wakes || typeof wakes !== 'object') return null;
+  const last = wakes.last_kind
+    ? ` · last: ${str(wakes.last_kind)}, ${num(wakes.last_ms)} ms, ${age(at - num(wakes.last_at))} ago` : '';
+  return el('p', { class: 'wakes muted', 'data-wakes': '' },
+    `woke it: ${num(wakes.thaw)} thaw · ${num(wakes.start)} start${last}`);
+}
+
+function renderApps(apps, total, at) {
   if (!apps.length) {
     charts.clear();
     return fill('apps', empty('no apps deployed'));
@@ -175,6 +184,7 @@ function renderApps(apps, total) {
         active ? el('span', { class: `state st-${token(active.state)}` }, str(active.state)) : null,
         el('span', { class: 'hosts' }, (app.hosts || []).map(str).join(' · '))),
       active ? poolCounts(active, true) : el('p', { class: 'empty' }, 'no pools'),
+      wakeLine(app.wakes, at),
       chart.root,
       others.length ? el('ul', { class: 'other-pools' }, ...others.map((p) => el('li', { 'data-pool': str(p.pool) },
         el('span', { class: 'pool-name' }, str(p.pool)),
@@ -258,7 +268,7 @@ function renderNodes(nodes) {
 function render(snap) {
   const at = num(snap.at);
   const list = (v) => (Array.isArray(v) ? v : []);
-  renderApps(list(snap.apps), snap.apps_total);
+  renderApps(list(snap.apps), snap.apps_total, at);
   renderRollouts(list(snap.rollouts), at);
   renderNodes(list(snap.nodes));
   renderSandboxes(list(snap.sandboxes), snap.sandboxes_total, at);
