@@ -15,8 +15,9 @@
    lease back and the sandbox can be frozen; WAKEFUL_TRACE off) with two apps: examples/hello,
    and "heavy", the same app behind a 1 s sleep before it serves (a Django/Rails/JVM boot);
    each with suspend_delay 1 s, and N copies of each at zero (suspend_delay 0: once woken they
-   stay running, and quiet). For each app in turn, N rounds of: once its sandbox is frozen
-   (`suspended == 1`, `ready == 0` in /v1/pools), one request (from suspended: a thaw); one
+   stay running, and quiet). N rounds; in each, for each app in turn, once both apps'
+   sandboxes are frozen (`suspended == 1`, `ready == 0` in /v1/pools; so no freeze runs
+   during a sample, and both apps see the same machine), one request (from suspended: a thaw); one
    while the ingress still holds the lease it took (warm); once that lease is handed back
    (`leased == 0`), one more (warm, lease handed back: a thaw has to take a lease too); one to
    a copy at zero (from stopped: a start). Each is sent after 0.2 s of quiet, with the same
@@ -253,7 +254,11 @@ class Up:
 
 @contextlib.contextmanager
 def running_up(
-    root: Path, names: list[str], keep_logs: Path | None, env: dict[str, str] | None = None
+    root: Path,
+    names: list[str],
+    keep_logs: Path | None,
+    env: dict[str, str] | None = None,
+    idle_interval: float = 0.5,
 ) -> Iterator[Up]:
     """`wakeful up` on free ports, with `env` added to its environment; on the way out
     SIGTERM, wait, and reap any sandbox left."""
@@ -261,7 +266,7 @@ def running_up(
     proxy, api, admin = free_port(), free_port(), free_port()
     command = [*WAKEFUL, "--data-dir", str(data_dir), "up", *(str(root / n) for n in names)]
     command += ["--listen", f"127.0.0.1:{proxy}", "--api-listen", f"127.0.0.1:{api}"]
-    command += ["--admin-listen", f"127.0.0.1:{admin}", "--idle-interval", "0.5"]
+    command += ["--admin-listen", f"127.0.0.1:{admin}", "--idle-interval", f"{idle_interval:g}"]
     # WAKEFUL_TRACE: wakeful.domain.trace, where the wake goes
     environment = {**os.environ, "WAKEFUL_TRACE": "1", **(env or {})}
     with log.open("wb") as out:
@@ -476,20 +481,27 @@ def wakes(count: int, keep_logs: Path | None) -> None:
             plan[label] = (main, copies)
         names = [name for main, copies in plan.values() for name in (main, *copies)]
         env = {"WAKEFUL_LEASE_IDLE_TTL": str(LEASE_IDLE_TTL), "WAKEFUL_TRACE": "0"}
-        with running_up(root, names, keep_logs, env) as up:
+        # The idle monitor at its default pace (it lists every record on each tick; nothing
+        # here scales down): at 0.5 s its ticks would land in samples.
+        with running_up(root, names, keep_logs, env, idle_interval=30) as up:
             wait_all_at_zero(up, names)
             port = int(up.proxy.rsplit(":", 1)[1])
-            for label, (main, copies) in plan.items():  # one app after the other, all quiet
-                row = cells[label] = {kind: Cell() for kind, _ in WAKE_ROWS}
+            for label, (main, _) in plan.items():
+                cells[label] = {kind: Cell() for kind, _ in WAKE_ROWS}
                 first_byte(port, f"{main}.localhost")  # its one sandbox, from now on
-                for copy in copies:
-                    wait_pool(up, main, frozen)
+            # Round by round, the apps in turn: each sees the same machine (the copies started
+            # so far run idle beside the samples), and every main app is frozen again before
+            # the next one's samples, so no freeze runs during a sample.
+            for round_ in range(count):
+                for label, (main, copies) in plan.items():
+                    row = cells[label]
+                    for other, _ in plan.values():
+                        wait_pool(up, other, frozen)
                     row["suspended"].sample(port, main)
                     row["warm"].sample(port, main)
                     wait_pool(up, main, lease_handed_back)
                     row["released"].sample(port, main)
-                    row["stopped"].sample(port, copy)
-                wait_pool(up, main, frozen)  # quiet again before the next app
+                    row["stopped"].sample(port, copies[round_])
     line = "{:<46} {:>8} {:>8} {:>8}  {:<14} {}"
     print(
         f"\nWakes: the first request to an app (send -> first byte), {count} per row;"

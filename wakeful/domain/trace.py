@@ -20,6 +20,10 @@ own send and receive times beside them). The events, in order:
     leased     the ingress holds it
     answered   the sandbox's answer head reached the ingress (a woken request only)
 
+A thaw of a suspended sandbox (`wakeful.activator.suspend`) has its own: `wait`, then
+`thawed` (the activator's write is done), `routable`, `lease`, `leased`, and on the node
+`thaw_seen` (its watch brought the record) and `unfrozen` (the processes run again).
+
 Off (the default) a mark costs one boolean test.
 """
 

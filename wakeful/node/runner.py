@@ -117,6 +117,7 @@ class SandboxRunner:
         self._squatted = False
         """A port taken from the node's pool, given back when the runner ends."""
 
+        self._app = "" if placed is None else placed.value.app
         self._want_frozen = False
         self._freeze_changed = anyio.Event()
         self.frozen_since: float | None = None
@@ -139,6 +140,8 @@ class SandboxRunner:
         if frozen != self._want_frozen:
             self._want_frozen = frozen
             self._freeze_changed.set()
+            if not frozen:
+                trace.mark("thaw_seen", self._app)
 
     async def _follow_freezes(self, process: SandboxProcess) -> None:
         while True:
@@ -153,6 +156,7 @@ class SandboxRunner:
                 log.info("froze sandbox", extra={"sandbox": self.sandbox_id, "bytes": self.held})
             elif not want and self.frozen_since is not None:
                 await process.thaw()
+                trace.mark("unfrozen", self._app)
                 self.frozen_since = None
                 log.info("thawed sandbox", extra={"sandbox": self.sandbox_id})
 
