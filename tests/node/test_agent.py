@@ -32,6 +32,7 @@ from wakeful.domain.models import (
 )
 from wakeful.node.agent import NodeAgent
 from wakeful.node.settings import NodeSettings
+from wakeful.node.testing import process_states
 from wakeful.store import Event, Store, open_store
 from wakeful.testing import ManualClock
 
@@ -324,17 +325,6 @@ async def test_a_node_is_seen_from_its_first_registration_on(tmp_path: Path) -> 
         await run_agent_once(store, settings, artifacts, clock)  # a minute later, again
         seen = await store.get(keys.seen("n1"), SeenNode)
         assert seen is not None and seen.value.first_seen == 1_000
-
-
-def process_states(pids: list[int]) -> set[str]:
-    found = set()
-    for pid in pids:
-        try:
-            status = Path(f"/proc/{pid}/status").read_text()
-        except OSError:
-            continue
-        found.add(next(line.split()[1] for line in status.splitlines() if line[:6] == "State:"))
-    return found
 
 
 async def set_status(store: Store, sandbox_id: str, status: SandboxStatus) -> None:

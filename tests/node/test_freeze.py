@@ -20,6 +20,7 @@ from wakeful.node.isolation import Jail
 from wakeful.node.jailed import descendants
 from wakeful.node.runner import BASE_ENV
 from wakeful.node.runtime import Identity, LocalProcess, ProcessRuntime
+from wakeful.node.testing import process_states
 from wakeful.store.testing import free_port
 
 from .test_isolation import uid_table
@@ -66,17 +67,6 @@ def answer(sock: socket.socket) -> bytes:
         data += chunk
     sock.close()
     return data
-
-
-def states(pids: list[int]) -> set[str]:
-    found = set()
-    for pid in pids:
-        try:
-            status = Path(f"/proc/{pid}/status").read_text()
-        except OSError:
-            continue
-        found.add(next(line.split()[1] for line in status.splitlines() if line[:6] == "State:"))
-    return found
 
 
 async def serving(port: int) -> None:
@@ -130,7 +120,7 @@ async def test_a_frozen_sandbox_answers_once_thawed_and_still_stops(
             assert jail.cgroups.sandbox(sandbox_id).pids_in() <= members
         else:
             with anyio.fail_after(10):  # a signal lands when the process next runs
-                while states(tree) != {"T"}:  # noqa: ASYNC110 (all stopped, its child too)
+                while process_states(tree) != {"T"}:  # noqa: ASYNC110 (all stopped, its child too)
                     await anyio.sleep(0.01)
         sent = await anyio.to_thread.run_sync(ask, port)  # accepted by the kernel meanwhile
         sent.settimeout(0.3)
@@ -139,11 +129,11 @@ async def test_a_frozen_sandbox_answers_once_thawed_and_still_stops(
         sent.settimeout(30)
         await process.thaw()
         assert (await anyio.to_thread.run_sync(answer, sent)).startswith(b"HTTP/1.0 200")
-        assert "T" not in states(tree)
+        assert "T" not in process_states(tree)
 
         await process.freeze()  # frozen again, then stopped: the stop thaws it first, so
         with anyio.fail_after(60):  # SIGTERM ends it, long before the grace's SIGKILL would
             code = await process.stop(600)
         assert code in (-signal.SIGTERM, 128 + signal.SIGTERM), code
         tasks.cancel_scope.cancel()
-    assert not [pid for pid in tree if states([pid]) - {"Z"}]  # nothing left running
+    assert not [pid for pid in tree if process_states([pid]) - {"Z"}]  # nothing left running

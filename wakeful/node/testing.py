@@ -64,6 +64,18 @@ def sandbox_pids(data_dir: Path) -> list[int]:
     return sorted(found)
 
 
+def process_states(pids: Sequence[int]) -> set[str]:
+    """The scheduler states (`R`, `S`, `T` for stopped, ...) of those of `pids` still alive."""
+    found = set()
+    for pid in pids:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        found.add(next(line.split()[1] for line in status.splitlines() if line[:6] == "State:"))
+    return found
+
+
 def _command(pid: int) -> str:
     try:
         return (
