@@ -373,9 +373,14 @@ async def test_a_suspended_sandbox_is_frozen_answers_once_thawed_and_is_named_fo
 
     await set_status(store, "sb-1", SandboxStatus.SUSPENDED)
     await frozen(pids["sb-1"], True)
-    assert await agent.check_suspended() == []  # the machine: plenty
-    record = await store.get(keys.node("n1"), Node)
-    assert record is not None and record.value.suspended == 2
+    with anyio.fail_after(20):  # frozen, then measured: counted once both are done
+        while True:
+            assert await agent.check_suspended() == []  # the machine: plenty
+            record = await store.get(keys.node("n1"), Node)
+            assert record is not None
+            if record.value.suspended == 2:
+                break
+            await anyio.sleep(0.01)
     held = record.value.suspended_memory
     assert held > 2 << 20  # two Python processes
     # A cap (25% of the machine, by default) that holds one of the two: the longest suspended
