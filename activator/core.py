@@ -223,8 +223,10 @@ class Activator:
 
     async def acquire(self, app: str, version: str | None = None) -> Lease:
         """A lease on a sandbox of the app's pool, waiting (bounded) only when none is routable."""
-        await self._view.synced.wait()
-        await self._admitting.wait()
+        if not self._view.synced.is_set():  # (a set event's wait still yields the loop once)
+            await self._view.synced.wait()
+        if not self._admitting.is_set():
+            await self._admitting.wait()
         self._check_leading()
         state = self._view.resolve(app, version)
         started = self._ledger.clock()

@@ -27,8 +27,8 @@ Theory of operation:
   suspended first; each is stopped with its pool shrunk by one in one transaction (both
   compare-and-set), so the pool controller does not replace it: never below `min_instances`,
   never one holding a lease or being thawed, never while its pool's size and its sandboxes
-  disagree (a scale-up or a scale-down in progress). One that cannot go is replaced by the
-  longest suspended sandbox of the same node that can.
+  disagree (a scale-up or a scale-down in progress). A named sandbox that must stay is not
+  replaced by another: the cap waits for it.
 - Scale-down after `scale_down_delay` stays the idle monitor's: it counts suspended sandboxes
   as idle, and the pool controller stops suspended ones first.
 """
@@ -332,30 +332,14 @@ class Suspender:
 
     async def evict(self) -> list[str]:
         """Stop the suspended sandboxes their nodes name for memory, each with its pool shrunk
-        by one in the same transaction; one that cannot go is replaced by the longest
-        suspended one of its node that can. Returns those stopped."""
+        by one in the same transaction. A list read again before its node wrote the next one
+        may name a sandbox stopped or thawed since: that one is refused, and nothing is
+        stopped in its place. Returns those stopped."""
         stopped: list[str] = []
         for node, ids in sorted(self._view.evicting.items()):
-            named = sorted(ids, key=self._suspended_at)
-            others = sorted(
-                (
-                    s
-                    for s, item in self._view.sandboxes.items()
-                    if item.value.node == node
-                    and item.value.status is SandboxStatus.SUSPENDED
-                    and s not in ids
-                ),
-                key=self._suspended_at,
-            )
-            for sandbox_id in named:
+            for sandbox_id in sorted(ids, key=self._suspended_at):
                 if await self._evict(sandbox_id, node):
                     stopped.append(sandbox_id)
-                    continue
-                while others:  # named, but it must stay: the next longest suspended goes
-                    substitute = others.pop(0)
-                    if await self._evict(substitute, node):
-                        stopped.append(substitute)
-                        break
         return stopped
 
     def _suspended_at(self, sandbox_id: str) -> float:

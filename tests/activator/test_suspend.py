@@ -22,6 +22,7 @@ from wakeful.domain.models import (
     Sandbox,
     SandboxStatus,
 )
+from wakeful.domain.models import SandboxStatus as S
 from wakeful.store import Store
 from wakeful.testing import ManualClock
 
@@ -310,11 +311,12 @@ async def test_a_pool_rolling_out_or_of_fixed_size_is_never_suspended(store: Sto
             wall.advance(3600)
 
 
-async def test_a_node_eviction_that_must_not_stop_its_sandbox_stops_the_next_longest_suspended(
+async def test_a_named_sandbox_holding_a_lease_is_not_stopped_and_each_list_is_acted_on_once(
     store: Store,
 ) -> None:
-    """sb-1 is named, but a lease was adopted on it (it is being thawed): sb-2, the next
-    longest suspended on that node, goes instead; sb-1 is never stopped while leased."""
+    """sb-1 is named, but a lease was adopted on it (it is being thawed): it is not stopped,
+    nor anything in its place. The same list read again is stale (sb-1 runs now) and stops
+    nothing; the node's next list, naming sb-2, does."""
     await seed_suspendable(
         store, {f"sb-{n}": SandboxStatus.SUSPENDED for n in (1, 2, 3)}, desired=3
     )
@@ -325,8 +327,16 @@ async def test_a_node_eviction_that_must_not_stop_its_sandbox_stops_the_next_lon
         activator.adopt("hello", grant("late-1"))  # its thaw is started, not run yet
         await activator.suspend_idle()
         await eventually(lambda: activator.snapshot()[0].ready == 1)
+        await activator.suspend_idle()
+        statuses = [(await record(store, f"sb-{n}")).status for n in (1, 2, 3)]
+        assert statuses == [S.RUNNING, S.SUSPENDED, S.SUSPENDED]
+        assert (await pool(store)).value.desired_instances == 3
+
+        await store.put(keys.node("n1"), Node(name="n1", address="127.0.0.1", evict=["sb-2"]))
+        await eventually(lambda: activator._view.evicting.get("n1") == {"sb-2"})
+        await activator.suspend_idle()
     statuses = [(await record(store, f"sb-{n}")).status for n in (1, 2, 3)]
-    assert statuses == [SandboxStatus.RUNNING, SandboxStatus.STOPPING, SandboxStatus.SUSPENDED]
+    assert statuses == [S.RUNNING, S.STOPPING, S.SUSPENDED]
     assert (await pool(store)).value.desired_instances == 2
 
 

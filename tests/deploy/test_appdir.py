@@ -45,6 +45,22 @@ def test_durations(raw: object, seconds: float) -> None:
             "'soon'",
             id="bad-duration",
         ),
+        pytest.param(
+            'name = "ok"\ncommand = ["x"]\n[concurrency]\nsuspend_delay = "0.5s"',
+            "suspend_delay (0.5) must be 0 (no suspended tier) or at least 1 second",
+            id="suspend-delay-below-a-second",
+        ),
+        pytest.param(
+            'name = "ok"\ncommand = ["x"]\n[concurrency]\nsuspend_delay = true',
+            "concurrency.suspend_delay: must be a number of seconds or a duration such as 30s "
+            "(got True)",
+            id="suspend-delay-a-flag",
+        ),
+        pytest.param(
+            'name = "ok"\ncommand = ["x"]\n[concurrency]\nsuspend_delay = "-1"',
+            "'-1'",
+            id="suspend-delay-negative",
+        ),
         pytest.param('name = "ok"\ncommand = ["x"]\nbogus = 1', "bogus", id="unknown-field"),
         pytest.param(
             'name = "ok"\ncommand = ["x"]\nenv = { PORT = "1" }', "PORT", id="reserved-env"

@@ -16,6 +16,7 @@ import anyio
 import pytest
 
 from wakeful.domain.models import Resources
+from wakeful.node.cgroups import Cgroups
 from wakeful.node.isolation import Jail
 from wakeful.node.jailed import descendants
 from wakeful.node.runner import BASE_ENV
@@ -139,3 +140,25 @@ async def test_a_frozen_sandbox_answers_once_thawed_and_still_stops(
     with anyio.fail_after(20):  # nothing left: the app's child got its SIGTERM too
         while [pid for pid in tree if process_states([pid]) - {"Z"}]:  # noqa: ASYNC110
             await anyio.sleep(0.01)
+
+
+@needs_root
+def test_an_agent_thaws_only_its_own_leftovers_not_another_agents_frozen_sandboxes() -> None:
+    """At start an agent thaws what its crashed run left frozen (so it can die), named by the
+    sandbox directories that run left, and not what another agent on this machine froze."""
+    cgroups = Cgroups.detect()
+    if cgroups is None or cgroups.freezer is None:
+        pytest.skip("no writable cgroup v1 freezer here")
+    mine, theirs = (cgroups.sandbox(f"sb-thaw-{who}-{os.getpid()}") for who in ("mine", "theirs"))
+    states = []
+    try:
+        for cgroup in (mine, theirs):
+            assert cgroup.freezer is not None
+            cgroup.freezer.mkdir()
+            (cgroup.freezer / "freezer.state").write_text("FROZEN")
+            states.append(cgroup.freezer / "freezer.state")
+        cgroups.thaw_all([states[0].parent.name, "sb-never-frozen"])
+        assert [state.read_text().strip() for state in states] == ["THAWED", "FROZEN"]
+    finally:
+        for cgroup in (mine, theirs):
+            cgroup.remove()

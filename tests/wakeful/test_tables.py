@@ -76,6 +76,19 @@ def test_a_node_with_suspended_sandboxes_says_what_they_hold_of_its_cap() -> Non
         }
     )
     assert shown.splitlines()[1] == "  suspended: 2 holding 96 MiB of 1024 MiB"
+    over = node_line(
+        {
+            **node,
+            "registered": True,
+            "suspended": 1,
+            "suspended_memory": 165 << 20,
+            "suspended_memory_cap": 100 << 20,
+            "evict": ["hog-1"],
+        }
+    )
+    assert over.splitlines()[1] == (
+        "  suspended: 1 holding 165 MiB of 100 MiB (over it: asks to stop hog-1)"
+    )
     assert len(node_line({**node, "registered": True}).splitlines()) == 1
 
 

@@ -88,6 +88,8 @@ class NodeReport(BaseModel):
     suspended_memory: int = 0
     suspended_memory_cap: int = 0
     """Its frozen sandboxes, the bytes they hold and the most they may (the suspended tier)."""
+    evict: list[str] = []
+    """The suspended sandboxes it asks to stop for memory."""
 
 
 LEAVING = frozenset({SandboxStatus.DRAINING, SandboxStatus.STOPPING})
@@ -175,6 +177,7 @@ def node_router(store: Store) -> APIRouter:
                     suspended=node.suspended,
                     suspended_memory=node.suspended_memory,
                     suspended_memory_cap=node.suspended_memory_cap,
+                    evict=list(node.evict),
                 )
             )
         return found

@@ -95,6 +95,13 @@ class Concurrency(Model):
         "request waits (bounded) for room or a new sandbox. None: no cap",
     )
 
+    @field_validator("scale_down_delay", "suspend_delay", mode="before")
+    @classmethod
+    def _no_bool(cls, value: object) -> object:
+        if isinstance(value, bool):  # pydantic would take true as 1 second
+            raise ValueError("must be a number of seconds or a duration such as 30s")
+        return value
+
     @model_validator(mode="after")
     def _bounds(self) -> Self:
         if self.hard_limit is not None and self.hard_limit < self.requests_per_instance:

@@ -52,7 +52,13 @@ from .settings import NodeSettings, memory_share
 from .statehold import StateHold
 from .suspended import evictions, meminfo
 from .tunnel import TunnelClient
-from .workdir import Artifacts, clear_sandboxes, remove_sandbox_dir, sandbox_dir
+from .workdir import (
+    Artifacts,
+    clear_sandboxes,
+    left_sandboxes,
+    remove_sandbox_dir,
+    sandbox_dir,
+)
 from .writer import SandboxWriter
 
 log = logging.getLogger(__name__)
@@ -198,8 +204,8 @@ class NodeAgent:
                 await self._settle_previous_life()
                 # Nothing of ours runs yet: what a previous life left on disk (a crash leaves
                 # sandbox directories and their tmpfs mounts) goes before anything starts.
-                if isinstance(self._services.runtime, ProcessRuntime):
-                    self._services.runtime.thaw_leftovers()  # frozen by a crashed run
+                if isinstance(self._services.runtime, ProcessRuntime):  # frozen by a crashed run
+                    self._services.runtime.thaw_leftovers(left_sandboxes(self._settings.data_dir))
                 await anyio.to_thread.run_sync(clear_sandboxes, self._settings.data_dir)
                 if isinstance(self._services.runtime, ProcessRuntime):
                     tasks.start_soon(self._services.runtime.keep_warm)

@@ -10,6 +10,7 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,14 +46,15 @@ class Cgroups:
             freezer = None
         return cls(memory, pids, freezer)
 
-    def thaw_all(self) -> None:
-        """Thaw every sandbox's freezer cgroup: at agent start, what a crashed run left frozen
-        (its parent-death SIGKILL waits for that) may then die."""
+    def thaw_all(self, sandbox_ids: Iterable[str]) -> None:
+        """Thaw these sandboxes' freezer cgroups: at agent start, what a crashed run of this
+        agent left frozen (its parent-death SIGKILL waits for that) may then die. Only its
+        own: another agent on this machine keeps its frozen sandboxes frozen."""
         if self.freezer is not None:
-            with contextlib.suppress(OSError):
-                for path in self.freezer.iterdir():
-                    if path.is_dir():
-                        thaw(path)
+            for sandbox_id in sandbox_ids:
+                path = self.freezer / sandbox_id
+                if path.is_dir():
+                    thaw(path)
 
     def sandbox(self, sandbox_id: str) -> SandboxCgroup:
         freezer = None if self.freezer is None else self.freezer / sandbox_id

@@ -7,6 +7,7 @@ import contextlib
 import os
 import shutil
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 from wakeful.domain.models import Resources
@@ -48,20 +49,8 @@ class Jailed:
 
     def stop_all(self, pid: int) -> list[int]:
         """SIGSTOP to `pid` and everything under it (bwrap, and every process of the PID
-        namespace), again until a pass finds no new one (a process may fork meanwhile).
-        Returns the pids stopped, for SIGCONT."""
-        stopped: list[int] = []
-        for _ in range(5):
-            members = None if self.cgroup is None else self.cgroup.pids_in()
-            tree = [pid, *_below(_parent_map(members), pid)]
-            new = [p for p in tree if p not in stopped]
-            if not new:
-                break
-            for target in new:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(target, signal.SIGSTOP)
-                stopped.append(target)
-        return stopped
+        namespace); the pids stopped, for SIGCONT (`stop_tree`)."""
+        return stop_tree(pid, None if self.cgroup is None else self.cgroup.pids_in)
 
     def release(self, *, keep_tree: bool = False) -> None:
         """Its cgroup, and its tree unless `keep_tree` (then `release_tree` lets go of it)."""
@@ -123,6 +112,24 @@ def _below(tree: dict[int, list[int]], pid: int) -> list[int]:
         found.append(current)
         todo.extend(tree.get(current, []))
     return found
+
+
+def stop_tree(pid: int, members: Callable[[], set[int]] | None = None) -> list[int]:
+    """SIGSTOP to `pid` and every process under it (read from /proc, or among `members()`),
+    again until a pass finds no new one (a process may fork meanwhile), at most 5 passes: a
+    process that forks faster than that can outrun it (the cgroup freezer cannot be
+    outrun). Returns the pids stopped, for SIGCONT."""
+    stopped: list[int] = []
+    for _ in range(5):
+        tree = [pid, *_below(_parent_map(None if members is None else members()), pid)]
+        new = [p for p in tree if p not in stopped]
+        if not new:
+            break
+        for target in new:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(target, signal.SIGSTOP)
+            stopped.append(target)
+    return stopped
 
 
 def descendants(pid: int) -> list[int]:

@@ -17,7 +17,7 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Protocol
@@ -26,7 +26,7 @@ from wakeful.domain.models import Resources
 
 from .hardening import chown_tree, fill_app_dir, mount_sandbox_fs, resize_sandbox_fs
 from .isolation import CHAIN_ENV, Jail, UidTable, env_script
-from .jailed import Jailed, descendants, sealed
+from .jailed import Jailed, sealed, stop_tree
 from .ports import listeners
 from .slots import Slot, SlotPool
 from .spawn import Child, spawn
@@ -313,11 +313,12 @@ class LocalProcess:
 
 
 def _stop_group(pid: int) -> list[int]:
-    """SIGSTOP to an unisolated sandbox's process group; its processes, listed after it (a
-    stopped process forks no more), for the memory they hold (a thaw SIGCONTs the group)."""
+    """SIGSTOP to an unisolated sandbox's process group, then to every process under it (one
+    in a session of its own too); the pids stopped, for SIGCONT (a thaw SIGCONTs the group
+    as well)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGSTOP)
-    return [pid, *descendants(pid)]
+    return stop_tree(pid)
 
 
 def resident_bytes(pids: Sequence[int]) -> int:
@@ -366,10 +367,11 @@ class ProcessRuntime:
                 raise ValueError("warm slots need a directory for their trees (slot_homes)")
             self.slots = SlotPool(jail, jail.cgroups, warm_slots, slot_homes)
 
-    def thaw_leftovers(self) -> None:
-        """Thaw what a crashed run of the agent left frozen, so it can die (at agent start)."""
+    def thaw_leftovers(self, sandbox_ids: Iterable[str]) -> None:
+        """Thaw what a crashed run of this agent left frozen, so it can die (at agent start;
+        `sandbox_ids`: the sandboxes that run left directories for)."""
         if self._jail is not None and self._jail.cgroups is not None:
-            self._jail.cgroups.thaw_all()
+            self._jail.cgroups.thaw_all(sandbox_ids)
 
     async def keep_warm(self) -> None:
         """Keep the warm slots filled until cancelled (returns at once without slots)."""
