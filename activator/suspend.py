@@ -336,8 +336,8 @@ class Suspender:
         may name a sandbox stopped or thawed since: that one is refused, and nothing is
         stopped in its place. Returns those stopped."""
         stopped: list[str] = []
-        for node, ids in sorted(self._view.evicting.items()):
-            for sandbox_id in sorted(ids, key=self._suspended_at):
+        for node, record in sorted(self._view.nodes.items()):
+            for sandbox_id in sorted(record.value.evict, key=self._suspended_at):
                 if await self._evict(sandbox_id, node):
                     stopped.append(sandbox_id)
         return stopped

@@ -80,9 +80,8 @@ class View:
         self.withheld: set[str] = set()
         """Sandboxes being suspended: out of admission from the step that decided it until
         the write is done (`wakeful.activator.suspend`), so no lease lands on one in between."""
-        self.evicting: dict[str, frozenset[str]] = {}
-        """Per node, the suspended sandboxes it asks to stop for memory (`Node.evict`)."""
         self.nodes: dict[str, Item[Node]] = {}
+        """Every node's record (the suspended sandboxes it asks to stop: `Node.evict`)."""
         self.tunnelled: dict[str, Item[Node]] = {}
         """Nodes that dial out (`Node.tunnel`): their sandboxes are routable only while the
         node holds a stream on some ingress replica (seed 003)."""
@@ -151,10 +150,6 @@ class View:
         if cached is not None and item.revision <= cached.revision:
             return
         self.nodes[node.name] = item
-        if node.evict:
-            self.evicting[node.name] = frozenset(node.evict)
-        else:
-            self.evicting.pop(node.name, None)
         was = self._reachable_by_tunnel(node.name)
         if node.tunnel is None:
             self.tunnelled.pop(node.name, None)
@@ -166,7 +161,6 @@ class View:
     def remove_node(self, name: str) -> None:
         self.nodes.pop(name, None)
         self.tunnelled.pop(name, None)
-        self.evicting.pop(name, None)
 
     def _reachable_by_tunnel(self, node: str) -> bool:
         item = self.tunnelled.get(node)

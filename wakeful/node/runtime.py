@@ -255,12 +255,13 @@ class LocalProcess:
             self._thaw()
 
     def _thaw(self) -> None:
-        """Undo whatever a freeze did (idempotent): the freezer cgroup is thawed whatever this
-        process believes, SIGCONT goes to every pid SIGSTOP stopped (no /proc walk on a
-        wake), and to the process group of an unisolated sandbox."""
+        """Undo whatever a freeze did (idempotent): once any freeze began, the freezer cgroup
+        is thawed whatever this process believes (a cut-short wait may not have seen it
+        freeze); SIGCONT goes to every pid SIGSTOP stopped (no /proc walk on a wake), and to
+        the process group of an unisolated sandbox. A sandbox never frozen is left alone."""
         frozen, self._frozen = self._frozen, None
         cgroup = None if self._jailed is None else self._jailed.cgroup
-        if cgroup is not None:
+        if cgroup is not None and self._freeze_work is not None:  # a freeze ever began
             cgroup.thaw()
         for pid in frozen or ():
             with contextlib.suppress(ProcessLookupError, PermissionError):
