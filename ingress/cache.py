@@ -348,3 +348,7 @@ class LeaseCache:
     def snapshot(self) -> list[CachedLease]:
         """Every cached lease (tests and the admin view read it)."""
         return [e for group in self._entries.values() for e in group]
+
+    def held(self) -> list[CachedLease]:
+        """Every lease out of the cache that still carries requests (tests read it)."""
+        return [e for e in self._held if not e.gone]

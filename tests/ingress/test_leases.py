@@ -196,6 +196,8 @@ async def test_a_lease_carrying_a_long_request_is_renewed_even_out_of_the_cache(
             await eventually(lambda: s.sample("requests_in_flight", app="hello") == 1)
             tg.start_soon(slow)
             await eventually(lambda: s.activator.snapshot()[0].overflow == 1)
+            # ...and the ingress holds it: the clock moves in steps that need not yield
+            await eventually(lambda: [e.grant.overflow for e in s.ingress.cache.held()] == [True])
             await outlive_the_ttl_twice(s, clock, ttl=1.5)
             assert s.activator.leased_on("sb-1") == 2  # the cached lease and the overflow
             release.set()
