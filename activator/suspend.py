@@ -23,12 +23,14 @@ Theory of operation:
   the process as it sees the record, and a request sent meanwhile waits in the sandbox's
   listen backlog. Demand beyond the suspended sandboxes is the normal scale-up's, which counts
   them in the pool's size (`SIZED`), so it asks only for the rest.
-- A node past its cap for suspended memory names sandboxes in `Node.evict`, the longest
-  suspended first; each is stopped with its pool shrunk by one in one transaction (both
-  compare-and-set), so the pool controller does not replace it: never below `min_instances`,
-  never one holding a lease or being thawed, never while its pool's size and its sandboxes
-  disagree (a scale-up or a scale-down in progress). A named sandbox that must stay is not
-  replaced by another: the cap waits for it.
+- A node past its cap for suspended memory says how much to give up (`Node.evict_bytes`) and
+  lists its frozen sandboxes, the longest suspended first (`Node.evict`). They are stopped in
+  that order until what they held adds up to it, each with its pool shrunk by one in one
+  transaction (both compare-and-set), so the pool controller does not replace it. Passed
+  over: a pool at `min_instances`, or one whose size and sandboxes disagree (a scale-up or a
+  scale-down in progress). Counted as given up already: one no longer suspended, leased or
+  being thawed (it thaws), or of a retired pool (it stops anyway). So a pinned sandbox does
+  not hold the cap hostage, and a list read twice stops nothing twice.
 - Scale-down after `scale_down_delay` stays the idle monitor's: it counts suspended sandboxes
   as idle, and the pool controller stops suspended ones first.
 """
@@ -331,38 +333,51 @@ class Suspender:
     # -- evicting ---------------------------------------------------------------------------
 
     async def evict(self) -> list[str]:
-        """Stop the suspended sandboxes their nodes name for memory, each with its pool shrunk
-        by one in the same transaction. A list read again before its node wrote the next one
-        may name a sandbox stopped or thawed since: that one is refused, and nothing is
-        stopped in its place. Returns those stopped."""
+        """Give up what nodes ask of their suspended memory (`Node.evict_bytes`): stop their
+        frozen sandboxes in the order listed (the longest suspended first), each with its
+        pool shrunk by one in the same transaction, passing over those that must stay, until
+        they add up to what was asked. One listed that is suspended no more (stopped, thawed,
+        or being thawed) counts as given up already: so a list read again before its node
+        wrote the next one stops nothing more. Returns those stopped."""
         stopped: list[str] = []
         for node, record in sorted(self._view.nodes.items()):
-            for sandbox_id in sorted(record.value.evict, key=self._suspended_at):
-                if await self._evict(sandbox_id, node):
-                    stopped.append(sandbox_id)
+            wanted = record.value.evict_bytes
+            given = 0
+            for frozen in record.value.evict:
+                if given >= wanted:
+                    break
+                if not self._still_suspended(frozen.sandbox, node):
+                    given += frozen.weight
+                elif await self._evict(frozen.sandbox):
+                    given += frozen.weight
+                    stopped.append(frozen.sandbox)
         return stopped
 
-    def _suspended_at(self, sandbox_id: str) -> float:
-        item = self._view.sandboxes.get(sandbox_id)
-        return item.value.suspended_at if item is not None else 0.0
-
-    async def _evict(self, sandbox_id: str, node: str) -> bool:
+    def _still_suspended(self, sandbox_id: str, node: str) -> bool:
+        """Whether a listed sandbox still holds its frozen memory, and is not about to give
+        it up anyway (thawed: leased or being thawed; stopped: its pool retired)."""
         item = self._view.sandboxes.get(sandbox_id)
         if item is None or item.value.node != node:
             return False
+        state = self._view.pools.get(item.value.pool)
+        return (
+            item.value.status is SandboxStatus.SUSPENDED
+            and state is not None
+            and not state.item.value.retired
+            and sandbox_id not in self._thawing
+            and self._ledger.leased_on(sandbox_id) == 0
+        )
+
+    async def _evict(self, sandbox_id: str) -> bool:
+        """Stop one still suspended sandbox with its pool shrunk by one; False where it must
+        stay (its pool at `min_instances`, or changing size) or the write lost a race."""
+        item = self._view.sandboxes[sandbox_id]
         sandbox = item.value
-        state = self._view.pools.get(sandbox.pool)
-        if (
-            sandbox.status is not SandboxStatus.SUSPENDED
-            or state is None
-            or sandbox_id in self._thawing
-            or self._ledger.leased_on(sandbox_id) > 0
-        ):
-            return False
+        state = self._view.pools[sandbox.pool]
         pool_item = state.item
         pool = pool_item.value
-        if pool.retired or pool.desired_instances <= pool.min_instances:
-            return False  # a retired pool's are stopped anyway; min_instances are kept
+        if pool.desired_instances <= pool.min_instances:
+            return False  # min_instances are kept
         if self._view.live(state) != pool.desired_instances:
             return False  # growing or shrinking: a smaller size would undo that, or doubly
         if any(self._view.sandboxes[s].value.status in STARTING for s in state.sandboxes):

@@ -65,8 +65,14 @@ def node_line(node: Mapping[str, Any]) -> str:
     if node.get("suspended"):
         held, cap = node.get("suspended_memory", 0), node.get("suspended_memory_cap", 0)
         line += f"\n  suspended: {node['suspended']} holding {_mib(held)} of {_mib(cap)}"
-        if node.get("evict"):
-            line += " (over it: asks to stop " + ", ".join(node["evict"]) + ")"
+        if node.get("evict_bytes"):
+            listed = [frozen["sandbox"] for frozen in node.get("evict") or []]
+            shown = ", ".join(listed[:3]) + (
+                f", +{len(listed) - 3} more" if len(listed) > 3 else ""
+            )
+            line += (
+                f" (asks to give up {_mib(node['evict_bytes'])}, longest suspended first: {shown})"
+            )
     for kept in node.get("kept") or []:
         line += f"\n  keeps the state of {kept['app']}, not handed back: {kept['reason']}"
     tunnel = node.get("tunnel")

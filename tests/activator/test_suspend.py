@@ -18,6 +18,7 @@ from wakeful.domain.models import (
     App,
     AppSpec,
     Concurrency,
+    Frozen,
     Node,
     Pool,
     Sandbox,
@@ -31,6 +32,7 @@ from .conftest import POOL_KEY, eventually, make_activator, pool, sandbox, seed
 
 pytestmark = pytest.mark.anyio
 T0 = 1_000.0
+MiB = 1 << 20
 
 
 async def seed_suspendable(
@@ -224,10 +226,10 @@ async def test_a_node_over_its_memory_cap_gets_its_longest_suspended_stopped_and
     await seed_suspendable(
         store, {"sb-1": SandboxStatus.SUSPENDED, "sb-2": SandboxStatus.SUSPENDED}, desired=2
     )
-    await store.put(keys.node("n1"), Node(name="n1", address="127.0.0.1", evict=["sb-1"]))
+    await store.put(keys.node("n1"), asks(MiB, "sb-1", "sb-2"))
     activator = make_activator(store)
     async with activator.running(suspend=False):
-        await eventually(lambda: evicting(activator) == ["sb-1"])
+        await eventually(lambda: evicting(activator) == ["sb-1", "sb-2"])
         await activator.suspend_idle()
     stopped = await record(store, "sb-1")
     assert stopped.status is SandboxStatus.STOPPING and "memory cap" in stopped.last_log
@@ -239,7 +241,7 @@ async def test_a_node_over_its_memory_cap_gets_its_longest_suspended_stopped_and
 
 async def test_the_memory_cap_never_takes_a_pool_below_its_minimum(store: Store) -> None:
     await seed_suspendable(store, {"sb-1": SandboxStatus.SUSPENDED}, desired=1, min_instances=1)
-    await store.put(keys.node("n1"), Node(name="n1", address="127.0.0.1", evict=["sb-1"]))
+    await store.put(keys.node("n1"), asks(MiB, "sb-1"))
     activator = make_activator(store)
     async with activator.running(suspend=False):
         await eventually(lambda: evicting(activator) == ["sb-1"])
@@ -315,16 +317,16 @@ async def test_a_pool_rolling_out_or_of_fixed_size_is_never_suspended(store: Sto
 async def test_a_named_sandbox_holding_a_lease_is_not_stopped_and_each_list_is_acted_on_once(
     store: Store,
 ) -> None:
-    """sb-1 is named, but a lease was adopted on it (it is being thawed): it is not stopped,
-    nor anything in its place. The same list read again is stale (sb-1 runs now) and stops
-    nothing; the node's next list, naming sb-2, does."""
+    """sb-1 comes first, but a lease was adopted on it (it is being thawed, so its memory is
+    given up): it is not stopped, nor anything in its place. The same list read again is
+    stale (sb-1 runs now) and stops nothing; the node's next list, without sb-1, does."""
     await seed_suspendable(
         store, {f"sb-{n}": SandboxStatus.SUSPENDED for n in (1, 2, 3)}, desired=3
     )
-    await store.put(keys.node("n1"), Node(name="n1", address="127.0.0.1", evict=["sb-1"]))
+    await store.put(keys.node("n1"), asks(MiB, "sb-1", "sb-2", "sb-3"))
     activator = make_activator(store)
     async with activator.running(suspend=False):
-        await eventually(lambda: evicting(activator) == ["sb-1"])
+        await eventually(lambda: evicting(activator) == ["sb-1", "sb-2", "sb-3"])
         activator.adopt("hello", grant("late-1"))  # its thaw is started, not run yet
         await activator.suspend_idle()
         await eventually(lambda: activator.snapshot()[0].ready == 1)
@@ -333,8 +335,8 @@ async def test_a_named_sandbox_holding_a_lease_is_not_stopped_and_each_list_is_a
         assert statuses == [S.RUNNING, S.SUSPENDED, S.SUSPENDED]
         assert (await pool(store)).value.desired_instances == 3
 
-        await store.put(keys.node("n1"), Node(name="n1", address="127.0.0.1", evict=["sb-2"]))
-        await eventually(lambda: evicting(activator) == ["sb-2"])
+        await store.put(keys.node("n1"), asks(MiB, "sb-2", "sb-3"))
+        await eventually(lambda: evicting(activator) == ["sb-2", "sb-3"])
         await activator.suspend_idle()
     statuses = [(await record(store, f"sb-{n}")).status for n in (1, 2, 3)]
     assert statuses == [S.RUNNING, S.STOPPING, S.SUSPENDED]
@@ -342,9 +344,16 @@ async def test_a_named_sandbox_holding_a_lease_is_not_stopped_and_each_list_is_a
 
 
 def evicting(activator: Activator) -> list[str]:
-    """What node n1 asks to stop, as the activator's view has it."""
+    """The frozen sandboxes node n1 lists to give up memory from, as the activator's view has
+    it."""
     record = activator._view.nodes.get("n1")
-    return [] if record is None else record.value.evict
+    return [] if record is None else [frozen.sandbox for frozen in record.value.evict]
+
+
+def asks(wanted: int, *listed: str, each: int = MiB) -> Node:
+    """Node n1's record asking to give up `wanted` bytes from `listed`, `each` holding."""
+    frozen = [Frozen(sandbox=sandbox_id, memory=each) for sandbox_id in listed]
+    return Node(name="n1", address="127.0.0.1", evict_bytes=wanted, evict=frozen)
 
 
 def grant(lease_id: str) -> LeaseGrant:
@@ -356,3 +365,47 @@ def grant(lease_id: str) -> LeaseGrant:
         overflow=False,
         ttl_seconds=60,
     )
+
+
+async def test_a_sandbox_that_must_stay_is_passed_over_and_the_next_longest_suspended_goes(
+    store: Store,
+) -> None:
+    """sb-1, pinned by its pool's `min_instances`, is the longest suspended (pinned ones are
+    never scaled down, so they become it): it is passed over, and the next one listed, of
+    another app, stops in its place, once only: the same list read again stops nothing more
+    (sb-2 counts as given up), and only as much as asked (sb-3 stays)."""
+    await seed_suspendable(store, {"sb-1": SandboxStatus.SUSPENDED}, desired=1, min_instances=1)
+    found = (await pool(store)).value
+    spare = found.model_copy(update={"name": "spare-v1", "app": "spare"})
+    spare = spare.model_copy(
+        update={
+            "spec": spare.spec.model_copy(update={"concurrency": Concurrency()}),
+            "desired_instances": 2,
+        }
+    )
+    await store.put(keys.app("spare"), App(name="spare", active_version="v1"))
+    await store.put(keys.pool("spare-v1"), spare)
+    for index, sandbox_id in enumerate(("sb-2", "sb-3")):
+        made = sandbox(sandbox_id, SandboxStatus.RUNNING, 9100 + index)
+        await store.put(
+            keys.sandbox(sandbox_id),
+            made.model_copy(
+                update={
+                    "pool": "spare-v1",
+                    "app": "spare",
+                    "status": SandboxStatus.SUSPENDED,
+                    "suspended_at": T0 + 10 + index,
+                }
+            ),
+        )
+    await store.put(keys.node("n1"), asks(2 * MiB, "sb-1", "sb-2", "sb-3", each=2 * MiB))
+    activator = make_activator(store)
+    async with activator.running(suspend=False):
+        await eventually(lambda: evicting(activator) == ["sb-1", "sb-2", "sb-3"])
+        assert await activator._suspender.evict() == ["sb-2"]
+        assert await activator._suspender.evict() == []  # the same list again
+    statuses = [(await record(store, f"sb-{n}")).status for n in (1, 2, 3)]
+    assert statuses == [S.SUSPENDED, S.STOPPING, S.SUSPENDED]
+    assert (await pool(store)).value.desired_instances == 1
+    smaller = await store.get(keys.pool("spare-v1"), Pool)
+    assert smaller is not None and smaller.value.desired_instances == 1

@@ -15,33 +15,49 @@ GiB = 1 << 30
 
 
 @pytest.mark.parametrize(
-    ("frozen", "cap", "pressure", "expected"),
+    ("frozen", "cap", "pressure", "wanted"),
     [
-        pytest.param([(1, "a", GiB), (2, "b", GiB)], 2 * GiB, False, [], id="within the cap"),
+        pytest.param([(1, "a", GiB), (2, "b", GiB)], 2 * GiB, False, 0, id="within the cap"),
         pytest.param(
             [(2, "b", GiB), (1, "a", GiB), (3, "c", GiB)],
             2 * GiB,
             False,
-            ["a"],
-            id="past it, the longest suspended goes",
+            GiB,
+            id="past it, what the longest suspended holds",
+        ),
+        pytest.param(
+            [(2, "b", GiB), (1, "a", 3 * GiB), (3, "c", GiB)],
+            3 * GiB,
+            False,
+            3 * GiB,
+            id="what it takes: one big one",
         ),
         pytest.param(
             [(2, "b", GiB), (1, "a", GiB), (3, "c", GiB)],
             GiB // 2,
             False,
-            ["a", "b", "c"],
+            3 * GiB,
             id="as many as it takes",
         ),
         pytest.param(
-            [(2, "b", GiB), (1, "a", GiB)], 4 * GiB, True, ["a"], id="pressure: one more a pass"
+            [(2, "b", GiB), (1, "a", GiB)], 4 * GiB, True, GiB, id="pressure: one more a pass"
         ),
-        pytest.param([], 0, True, [], id="nothing frozen, nothing to give"),
+        pytest.param(
+            [(2, "b", 0), (1, "a", 0)], 0, True, 1, id="pressure, nothing measured: one still"
+        ),
+        pytest.param([], 0, True, 0, id="nothing frozen, nothing to give"),
     ],
 )
 def test_evictions(
-    frozen: list[tuple[float, str, int]], cap: int, pressure: bool, expected: list[str]
+    frozen: list[tuple[float, str, int]], cap: int, pressure: bool, wanted: int
 ) -> None:
-    assert evictions(frozen, cap, pressure) == expected
+    asked, order = evictions(frozen, cap, pressure)
+    assert asked == wanted
+    if wanted:  # every frozen sandbox, the longest suspended first, to take it from
+        assert [f.sandbox for f in order] == [s for _, s, _ in sorted(frozen)]
+        assert [f.memory for f in order] == [m for _, _, m in sorted(frozen)]
+    else:
+        assert order == []
 
 
 def test_the_cap_is_a_size_or_a_share_of_the_machine() -> None:

@@ -83,11 +83,13 @@ def test_a_node_with_suspended_sandboxes_says_what_they_hold_of_its_cap() -> Non
             "suspended": 1,
             "suspended_memory": 165 << 20,
             "suspended_memory_cap": 100 << 20,
-            "evict": ["hog-1"],
+            "evict_bytes": 65 << 20,
+            "evict": [{"sandbox": f"hog-{n}", "memory": 33 << 20} for n in range(1, 6)],
         }
     )
     assert over.splitlines()[1] == (
-        "  suspended: 1 holding 165 MiB of 100 MiB (over it: asks to stop hog-1)"
+        "  suspended: 1 holding 165 MiB of 100 MiB"
+        " (asks to give up 65 MiB, longest suspended first: hog-1, hog-2, hog-3, +2 more)"
     )
     assert len(node_line({**node, "registered": True}).splitlines()) == 1
 

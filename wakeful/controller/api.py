@@ -29,6 +29,7 @@ from wakeful.domain.models import (
     ON_NODE,
     AppState,
     Cordon,
+    Frozen,
     Node,
     Pool,
     Sandbox,
@@ -88,8 +89,10 @@ class NodeReport(BaseModel):
     suspended_memory: int = 0
     suspended_memory_cap: int = 0
     """Its frozen sandboxes, the bytes they hold and the most they may (the suspended tier)."""
-    evict: list[str] = []
-    """The suspended sandboxes it asks to stop for memory."""
+    evict_bytes: int = 0
+    """How much of that memory it asks to give up."""
+    evict: list[Frozen] = []
+    """Its frozen sandboxes to give it up from, the longest suspended first (while it asks)."""
 
 
 LEAVING = frozenset({SandboxStatus.DRAINING, SandboxStatus.STOPPING})
@@ -177,6 +180,7 @@ def node_router(store: Store) -> APIRouter:
                     suspended=node.suspended,
                     suspended_memory=node.suspended_memory,
                     suspended_memory_cap=node.suspended_memory_cap,
+                    evict_bytes=node.evict_bytes,
                     evict=list(node.evict),
                 )
             )

@@ -404,6 +404,19 @@ class Tunnel(Model):
     fill, evacuate, recycle, prune, cap)."""
 
 
+class Frozen(Model):
+    """A frozen sandbox and the bytes it holds, as measured when it was frozen (`Node.evict`)."""
+
+    sandbox: str = Field(min_length=1, max_length=128)
+    memory: int = Field(default=0, ge=0)
+
+    @property
+    def weight(self) -> int:
+        """What giving it up counts for: its bytes, and at least 1 (one measured as 0, where
+        nothing could be read, still counts, so none is given up for nothing)."""
+        return max(1, self.memory)
+
+
 class Node(Model):
     name: Name
     address: str
@@ -422,11 +435,14 @@ class Node(Model):
     suspended_memory_cap: int = Field(default=0, ge=0)
     """The most they may hold (`WAKEFUL_SUSPENDED_MEMORY`); past it, or under memory pressure,
     the longest suspended are named in `evict`."""
-    evict: list[Annotated[str, StringConstraints(max_length=128)]] = Field(
-        default_factory=list, max_length=1000
-    )
-    """Suspended sandboxes this node asks to stop for memory, the longest suspended first:
-    the activator stops each with its pool shrunk by one in the same transaction."""
+    evict_bytes: int = Field(default=0, ge=0)
+    """How much of that memory this node asks to give up (0: nothing): past its cap, what
+    brings it back under; under memory pressure, one sandbox more each pass."""
+    evict: list[Frozen] = Field(default_factory=list, max_length=1000)
+    """While `evict_bytes` is not 0, its frozen sandboxes, the longest suspended first: the
+    activator stops the first it may, each with its pool shrunk by one in the same
+    transaction, passing over those that must stay (`min_instances`), until they add up to
+    `evict_bytes`. The node does not know pools; the activator does."""
 
 
 class IngressReplica(Model):

@@ -65,7 +65,7 @@ log = logging.getLogger(__name__)
 SUSPENDED_EVERY = 2.0
 """Seconds between two looks at the memory suspended sandboxes hold (`check_suspended`)."""
 MAX_EVICT = 1000
-"""The most sandboxes one node record names in `evict` (what `Node` validates)."""
+"""The most sandboxes one node record lists in `evict` (what `Node` validates)."""
 
 
 def runtime_for(settings: NodeSettings, control_plane: Sequence[str] = ()) -> ProcessRuntime:
@@ -305,10 +305,11 @@ class NodeAgent:
             except (StoreError, OSError) as exc:
                 log.warning("cannot publish suspended sandboxes: %s", exc)
 
-    async def check_suspended(self) -> list[str]:
-        """Publish the frozen sandboxes' count and memory in the node record, naming in
-        `evict` those to stop (past `WAKEFUL_SUSPENDED_MEMORY`, or while less than
-        `WAKEFUL_SUSPENDED_MEMORY_FLOOR` is available). Returns `evict`."""
+    async def check_suspended(self) -> tuple[int, list[str]]:
+        """Publish the frozen sandboxes' count and memory in the node record, with how much
+        of it to give up (past `WAKEFUL_SUSPENDED_MEMORY`, or while less than
+        `WAKEFUL_SUSPENDED_MEMORY_FLOOR` is available) in `evict_bytes` and the sandboxes to
+        take it from in `evict`. Returns both (the sandboxes by name)."""
         total, available = self._memory()
         cap = memory_share(self._settings.suspended_memory, total)
         floor = memory_share(self._settings.suspended_memory_floor, total)
@@ -317,11 +318,13 @@ class NodeAgent:
             for runner in self._running.values()
             if runner.frozen_since is not None
         ]
-        evict = evictions(frozen, cap, available < floor)[:MAX_EVICT]
+        wanted, candidates = evictions(frozen, cap, available < floor)
+        evict = candidates[:MAX_EVICT]
         update = {
             "suspended": len(frozen),
             "suspended_memory": sum(held for _, _, held in frozen),
             "suspended_memory_cap": cap,
+            "evict_bytes": wanted,
             "evict": evict,
         }
         async with self._record_lock:
@@ -332,7 +335,7 @@ class NodeAgent:
                     # Kept only once written: a write that failed is tried again next pass.
                     await self._store.put(keys.node(self.name), record, lease=lease)
                 self._record = record
-        return evict
+        return wanted, [frozen.sandbox for frozen in evict]
 
     async def publish_tunnel(self, table: Tunnel) -> None:
         """Rewrite the node record with the tunnel's coverage table (under its lease); one

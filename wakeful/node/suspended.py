@@ -1,14 +1,18 @@
 """The node's side of the suspended tier: the memory its frozen sandboxes hold, and which of
 them to give up when that passes the node's cap or the machine runs short (issue 18).
 
-The node only names them (`Node.evict`, the longest suspended first); the activator stops
-each with its pool shrunk by one (`wakeful.activator.suspend`), so nothing replaces them.
+The node only says how much to give up and names its frozen sandboxes, the longest suspended
+first (`Node.evict_bytes`, `Node.evict`); the activator stops them in that order, passing
+over those that must stay, each with its pool shrunk by one (`wakeful.activator.suspend`), so
+nothing replaces them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+
+from wakeful.domain.models import Frozen
 
 MEMINFO = Path("/proc/meminfo")
 
@@ -23,18 +27,27 @@ def meminfo(path: Path = MEMINFO) -> tuple[int, int]:
     return found["MemTotal"], found.get("MemAvailable", found["MemTotal"])
 
 
-def evictions(frozen: Sequence[tuple[float, str, int]], cap: int, pressure: bool) -> list[str]:
-    """Which frozen sandboxes, given as (frozen since, id, bytes held), to stop: the longest
-    suspended first, until what is left holds at most `cap`; under memory pressure, one more
-    than that (each pass gives up one more while the pressure lasts)."""
-    oldest_first = sorted(frozen)
-    held = sum(size for _, _, size in frozen)
-    chosen = []
-    for _, sandbox_id, size in oldest_first:
+def evictions(
+    frozen: Sequence[tuple[float, str, int]], cap: int, pressure: bool
+) -> tuple[int, list[Frozen]]:
+    """What to give up of the frozen sandboxes, given as (frozen since, id, bytes held): how
+    many bytes (what the longest suspended hold, taken until what is left holds at most
+    `cap`; under memory pressure, one sandbox more, so each pass gives up one more while it
+    lasts), and every frozen sandbox, the longest suspended first, to take them from. The
+    activator may have to pass over some (a pool's `min_instances`): it takes the next ones
+    then. Nothing to give up: (0, [])."""
+    oldest_first = [
+        Frozen(sandbox=sandbox_id, memory=size) for _, sandbox_id, size in sorted(frozen)
+    ]
+    held = sum(sandbox.memory for sandbox in oldest_first)
+    taken = 0
+    wanted = 0
+    for sandbox in oldest_first:
         if held <= cap:
             break
-        chosen.append(sandbox_id)
-        held -= size
-    if pressure and len(chosen) < len(oldest_first):
-        chosen.append(oldest_first[len(chosen)][1])
-    return chosen
+        wanted += sandbox.weight
+        held -= sandbox.memory
+        taken += 1
+    if pressure and taken < len(oldest_first):
+        wanted += oldest_first[taken].weight
+    return (wanted, oldest_first) if wanted else (0, [])
