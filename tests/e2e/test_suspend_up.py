@@ -1,13 +1,17 @@
 """The suspended tier under `wakeful up` (issue 18), with real sandboxes: an idle app is
 frozen, not stopped; its next request thaws the same process and is answered with no error,
-saying so in `Server-Timing`; a stop while it is frozen leaves nothing behind."""
+saying so in `Server-Timing`; a stop while it is frozen leaves nothing behind, nor does a
+SIGKILL."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import anyio
 import httpx
 import pytest
+
+from wakeful.node.workdir import clear_sandboxes
 
 from .test_up import eventually_pool, make_app, no_sandbox_left, start_up, stop_up
 
@@ -52,3 +56,27 @@ async def test_an_idle_app_is_suspended_and_its_next_request_thaws_the_same_sand
     finally:
         stop_up(up)  # while frozen: the stop thaws it first
     await no_sandbox_left(up)
+
+
+async def test_a_killed_wakeful_up_leaves_no_frozen_sandbox_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGKILL while the app is frozen. A task in a frozen cgroup takes no signal, so the
+    sandbox's parent-death SIGKILL would wait for a thaw that its dead agent never writes:
+    its guard (`wakeful.node.thawguard`) writes it, and the sandbox ends."""
+    monkeypatch.setenv("WAKEFUL_LEASE_IDLE_TTL", "0.5")
+    app = make_app(tmp_path, delay="600s")
+    with (app / "wakeful.toml").open("a") as manifest:
+        manifest.write('suspend_delay = "1s"\n')
+    up = start_up(tmp_path, app)
+    try:
+        async with httpx.AsyncClient(base_url=up.proxy, timeout=60) as client:
+            assert (await client.get("/", headers=up.host())).status_code == 200
+        await eventually_pool(up, lambda p: p["suspended"] == 1, within=60)
+        assert up.sandbox_pids()
+        up.process.kill()
+        up.process.wait()
+        await no_sandbox_left(up)
+    finally:
+        stop_up(up)
+        await anyio.to_thread.run_sync(clear_sandboxes, up.data_dir)  # as a restart would

@@ -51,6 +51,7 @@ from .runtime import ProcessRuntime, Runtime
 from .settings import NodeSettings, memory_share
 from .statehold import StateHold
 from .suspended import evictions, meminfo
+from .thawguard import ThawGuard
 from .tunnel import TunnelClient
 from .workdir import (
     Artifacts,
@@ -194,6 +195,7 @@ class NodeAgent:
 
         On cancellation every sandbox this agent started is stopped (SIGTERM, then SIGKILL).
         """
+        guard: ThawGuard | None = None
         try:
             async with anyio.create_task_group() as tasks:
                 self._tasks = tasks
@@ -207,6 +209,9 @@ class NodeAgent:
                 if isinstance(self._services.runtime, ProcessRuntime):  # frozen by a crashed run
                     self._services.runtime.thaw_leftovers(left_sandboxes(self._settings.data_dir))
                 await anyio.to_thread.run_sync(clear_sandboxes, self._settings.data_dir)
+                if isinstance(self._services.runtime, ProcessRuntime):  # and by this one
+                    sandboxes = sandbox_dir(self._settings.data_dir, "x").parent
+                    guard = self._services.runtime.guard_freezes(sandboxes)
                 if isinstance(self._services.runtime, ProcessRuntime):
                     tasks.start_soon(self._services.runtime.keep_warm)
                     jail = self._services.runtime.jail
@@ -223,6 +228,8 @@ class NodeAgent:
             with anyio.CancelScope(shield=True):
                 await self._cordon_once()  # already done if a sandbox was shutting down
                 await self._stop_all()
+                if guard is not None:  # nothing of ours is frozen now
+                    await anyio.to_thread.run_sync(guard.close)
                 if self._shipper is not None:  # the last lines, if the control plane listens
                     with anyio.move_on_after(3):
                         await self._shipper.flush()

@@ -16,6 +16,8 @@ from pathlib import Path
 
 from wakeful.domain.models import Resources
 
+from .thawguard import thaw_sandboxes
+
 CGROUP_V1 = Path("/sys/fs/cgroup")
 
 
@@ -51,10 +53,7 @@ class Cgroups:
         agent left frozen (its parent-death SIGKILL waits for that) may then die. Only its
         own: another agent on this machine keeps its frozen sandboxes frozen."""
         if self.freezer is not None:
-            for sandbox_id in sandbox_ids:
-                path = self.freezer / sandbox_id
-                if path.is_dir():
-                    thaw(path)
+            thaw_sandboxes(self.freezer, sandbox_ids)
 
     def sandbox(self, sandbox_id: str) -> SandboxCgroup:
         freezer = None if self.freezer is None else self.freezer / sandbox_id

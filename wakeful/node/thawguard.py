@@ -1,0 +1,93 @@
+"""A guard that thaws an agent's frozen sandboxes when the agent dies without doing it itself
+(SIGKILL, the OOM killer, a crash of the interpreter).
+
+A task in a v1 frozen cgroup takes no signal, not even SIGKILL. A sandbox frozen when its agent
+died would keep its processes (unkillable, even by an operator's `kill -9`), its memory and its
+mounts until an agent started again on the same data directory. So an agent that can freeze
+starts this guard first: a small process in a session of its own that ignores the signals a
+stop sends (a terminal's Ctrl-C, systemd's SIGTERM) and reads a pipe only the agent holds. The
+pipe ends when the agent does, however it ends. The guard then thaws the freezer cgroup of
+every sandbox directory the agent left (its own sandboxes, not another agent's on the same
+machine); their parent-death SIGKILL, pending since, then ends them. An agent that stops
+cleanly has thawed and stopped its sandboxes already: the guard finds nothing frozen.
+
+It imports nothing but the standard library, so it stays small (it lives as long as its agent).
+Run as `python -m wakeful.node.thawguard SANDBOXES_DIR FREEZER_DIR`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+CLOSE_WAIT = 5.0
+"""Seconds an agent that stops cleanly waits for its guard to finish."""
+
+
+def thaw_sandboxes(freezer: Path, sandbox_ids: Iterable[str]) -> None:
+    """Thaw these sandboxes' freezer cgroups under `freezer` (those that exist)."""
+    for sandbox_id in sandbox_ids:
+        with contextlib.suppress(OSError):  # not frozen ever, or gone meanwhile
+            (freezer / sandbox_id / "freezer.state").write_text("THAWED")
+
+
+def left_in(sandboxes: Path) -> list[str]:
+    """The ids of the sandbox directories under `sandboxes`."""
+    try:
+        return [entry.name for entry in sandboxes.iterdir()]
+    except OSError:
+        return []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if len(args) != 2:
+        print("usage: python -m wakeful.node.thawguard SANDBOXES_DIR FREEZER_DIR", file=sys.stderr)
+        return 2
+    sandboxes, freezer = Path(args[0]), Path(args[1])
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+    while sys.stdin.buffer.read(4096):  # the agent writes nothing: this returns at its end
+        pass
+    thaw_sandboxes(freezer, left_in(sandboxes))
+    return 0
+
+
+class ThawGuard:
+    """The agent's side: the guard's process and the pipe's writing end."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        self._process = process
+
+    @classmethod
+    def start(cls, sandboxes: Path, freezer: Path) -> ThawGuard:
+        process = subprocess.Popen(
+            [sys.executable, "-m", __name__, str(sandboxes), str(freezer)],
+            stdin=subprocess.PIPE,  # not inherited by sandboxes: close_fds, and CLOEXEC
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        return cls(process)
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    def close(self) -> None:
+        """The agent stops cleanly: end the pipe and reap the guard (blocking, bounded)."""
+        if self._process.stdin is not None:
+            with contextlib.suppress(OSError):
+                self._process.stdin.close()
+        try:
+            self._process.wait(CLOSE_WAIT)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
