@@ -28,9 +28,10 @@ Theory of operation:
   that order until what they held adds up to it, each with its pool shrunk by one in one
   transaction (both compare-and-set), so the pool controller does not replace it. Passed
   over: a pool at `min_instances`, or one whose size and sandboxes disagree (a scale-up or a
-  scale-down in progress). Counted as given up already: one no longer suspended, leased or
-  being thawed (it thaws), or of a retired pool (it stops anyway). So a pinned sandbox does
-  not hold the cap hostage, and a list read twice stops nothing twice.
+  scale-down in progress). Counted as given up already, wherever listed: one no longer
+  suspended, leased or being thawed (it thaws), or of a retired pool (it stops anyway). So a
+  pinned sandbox does not hold the cap hostage, and a list read twice does not have more
+  stopped than it asked for.
 - Scale-down after `scale_down_delay` stays the idle monitor's: it counts suspended sandboxes
   as idle, and the pool controller stops suspended ones first.
 """
@@ -41,6 +42,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from typing import Literal
 
 import anyio
 import anyio.abc
@@ -336,19 +338,24 @@ class Suspender:
         """Give up what nodes ask of their suspended memory (`Node.evict_bytes`): stop their
         frozen sandboxes in the order listed (the longest suspended first), each with its
         pool shrunk by one in the same transaction, passing over those that must stay, until
-        they add up to what was asked. One listed that is suspended no more (stopped, thawed,
-        or being thawed) counts as given up already: so a list read again before its node
-        wrote the next one stops nothing more. Returns those stopped."""
+        they add up to what was asked. Every listed one that is suspended no more (stopped,
+        thawed, or being thawed), wherever it is in the list, counts as given up already:
+        so a list read again before its node wrote the next one stops nothing more, even
+        when one passed over then may go now. A write that lost a race ends the node's turn:
+        the next tick decides from fresh records. Returns those stopped."""
         stopped: list[str] = []
         for node, record in sorted(self._view.nodes.items()):
-            wanted = record.value.evict_bytes
-            given = 0
-            for frozen in record.value.evict:
-                if given >= wanted:
+            listed = record.value.evict
+            given = sum(f.weight for f in listed if not self._still_suspended(f.sandbox, node))
+            for frozen in listed:
+                if given >= record.value.evict_bytes:
                     break
                 if not self._still_suspended(frozen.sandbox, node):
-                    given += frozen.weight
-                elif await self._evict(frozen.sandbox):
+                    continue  # counted above
+                outcome = await self._evict(frozen.sandbox)
+                if outcome == "raced":
+                    break
+                if outcome == "stopped":
                     given += frozen.weight
                     stopped.append(frozen.sandbox)
         return stopped
@@ -368,20 +375,21 @@ class Suspender:
             and self._ledger.leased_on(sandbox_id) == 0
         )
 
-    async def _evict(self, sandbox_id: str) -> bool:
-        """Stop one still suspended sandbox with its pool shrunk by one; False where it must
-        stay (its pool at `min_instances`, or changing size) or the write lost a race."""
+    async def _evict(self, sandbox_id: str) -> Literal["stopped", "stays", "raced"]:
+        """Stop one still suspended sandbox with its pool shrunk by one: "stays" where it
+        must (its pool at `min_instances`, or changing size), "raced" where the write lost
+        a race."""
         item = self._view.sandboxes[sandbox_id]
         sandbox = item.value
         state = self._view.pools[sandbox.pool]
         pool_item = state.item
         pool = pool_item.value
         if pool.desired_instances <= pool.min_instances:
-            return False  # min_instances are kept
+            return "stays"  # min_instances are kept
         if self._view.live(state) != pool.desired_instances:
-            return False  # growing or shrinking: a smaller size would undo that, or doubly
+            return "stays"  # growing or shrinking: a smaller size would undo that, or doubly
         if any(self._view.sandboxes[s].value.status in STARTING for s in state.sandboxes):
-            return False  # the pool is growing: shrinking it now would undo that
+            return "stays"  # the pool is growing: shrinking it now would undo that
         target = pool.desired_instances - 1
         change = ScaleChange(
             at=self._wall_clock(),
@@ -406,7 +414,7 @@ class Suspender:
                 [Put(pool_item.key, smaller), Put(item.key, stopping)],
             )
         except Conflict:
-            return False  # decided again from the fresh records on the next tick
+            return "raced"  # decided again from the fresh records on the next tick
         self._metrics.evictions.labels(pool=pool.name).inc()
         log.info(
             "stopped a suspended sandbox for memory",
@@ -414,4 +422,4 @@ class Suspender:
         )
         self._view.apply_pool(Item(pool_item.key, smaller, revision))
         self._view.apply_sandbox(Item(item.key, stopping, revision))
-        return True
+        return "stopped"

@@ -367,38 +367,53 @@ def grant(lease_id: str) -> LeaseGrant:
     )
 
 
-async def test_a_sandbox_that_must_stay_is_passed_over_and_the_next_longest_suspended_goes(
-    store: Store,
-) -> None:
-    """sb-1, pinned by its pool's `min_instances`, is the longest suspended (pinned ones are
-    never scaled down, so they become it): it is passed over, and the next one listed, of
-    another app, stops in its place, once only: the same list read again stops nothing more
-    (sb-2 counts as given up), and only as much as asked (sb-3 stays)."""
-    await seed_suspendable(store, {"sb-1": SandboxStatus.SUSPENDED}, desired=1, min_instances=1)
+async def seed_spare(store: Store, *sandbox_ids: str) -> None:
+    """A second app, `spare`, whose pool (`spare-v1`, no minimum) holds these suspended
+    sandboxes, suspended after hello's."""
     found = (await pool(store)).value
-    spare = found.model_copy(update={"name": "spare-v1", "app": "spare"})
-    spare = spare.model_copy(
+    spec = found.spec.model_copy(update={"concurrency": Concurrency()})
+    spare = found.model_copy(
         update={
-            "spec": spare.spec.model_copy(update={"concurrency": Concurrency()}),
-            "desired_instances": 2,
+            "name": "spare-v1",
+            "app": "spare",
+            "spec": spec,
+            "desired_instances": len(sandbox_ids),
         }
     )
     await store.put(keys.app("spare"), App(name="spare", active_version="v1"))
     await store.put(keys.pool("spare-v1"), spare)
-    for index, sandbox_id in enumerate(("sb-2", "sb-3")):
+    for index, sandbox_id in enumerate(sandbox_ids):
         made = sandbox(sandbox_id, SandboxStatus.RUNNING, 9100 + index)
-        await store.put(
-            keys.sandbox(sandbox_id),
-            made.model_copy(
-                update={
-                    "pool": "spare-v1",
-                    "app": "spare",
-                    "status": SandboxStatus.SUSPENDED,
-                    "suspended_at": T0 + 10 + index,
-                }
-            ),
-        )
-    await store.put(keys.node("n1"), asks(2 * MiB, "sb-1", "sb-2", "sb-3", each=2 * MiB))
+        update = {
+            "pool": "spare-v1",
+            "app": "spare",
+            "status": SandboxStatus.SUSPENDED,
+            "suspended_at": T0 + 10 + index,
+        }
+        await store.put(keys.sandbox(sandbox_id), made.model_copy(update=update))
+
+
+async def spare_size(store: Store) -> int:
+    found = await store.get(keys.pool("spare-v1"), Pool)
+    assert found is not None
+    return found.value.desired_instances
+
+
+async def test_a_sandbox_that_must_stay_is_passed_over_and_the_next_longest_suspended_goes(
+    store: Store,
+) -> None:
+    """sb-1, pinned by its pool's `min_instances`, is the longest suspended (pinned ones are
+    never scaled down, so they become it) and holds a lot: it is passed over, and the next
+    one listed, of another app, stops in its place, only as much as is over (sb-1's size is
+    not what is asked: sb-3 stays), and once only: the same list read again stops nothing
+    more (sb-2 counts as given up)."""
+    await seed_suspendable(store, {"sb-1": SandboxStatus.SUSPENDED}, desired=1, min_instances=1)
+    await seed_spare(store, "sb-2", "sb-3")
+    big = Frozen(sandbox="sb-1", memory=1 << 30)
+    listed = [big, Frozen(sandbox="sb-2", memory=MiB), Frozen(sandbox="sb-3", memory=MiB)]
+    await store.put(
+        keys.node("n1"), Node(name="n1", address="127.0.0.1", evict_bytes=MiB, evict=listed)
+    )
     activator = make_activator(store)
     async with activator.running(suspend=False):
         await eventually(lambda: evicting(activator) == ["sb-1", "sb-2", "sb-3"])
@@ -407,5 +422,31 @@ async def test_a_sandbox_that_must_stay_is_passed_over_and_the_next_longest_susp
     statuses = [(await record(store, f"sb-{n}")).status for n in (1, 2, 3)]
     assert statuses == [S.SUSPENDED, S.STOPPING, S.SUSPENDED]
     assert (await pool(store)).value.desired_instances == 1
-    smaller = await store.get(keys.pool("spare-v1"), Pool)
-    assert smaller is not None and smaller.value.desired_instances == 1
+    assert await spare_size(store) == 1
+
+
+async def test_one_passed_over_for_a_moment_is_not_stopped_too_from_the_same_list(
+    store: Store,
+) -> None:
+    """sb-1's pool is growing (a sandbox of it boots), so sb-1 is passed over and sb-2 goes
+    in its place. The pool then settles, and the same list, read again before the node
+    writes the next, must stop nothing: sb-2, further down, already gave up what was asked."""
+    await seed_suspendable(
+        store,
+        {"sb-1": SandboxStatus.SUSPENDED, "sb-0": SandboxStatus.BOOTING},
+        desired=2,
+    )
+    await seed_spare(store, "sb-2", "sb-3")
+    await store.put(keys.node("n1"), asks(MiB, "sb-1", "sb-2", "sb-3"))
+    activator = make_activator(store)
+    async with activator.running(suspend=False):
+        await eventually(lambda: evicting(activator) == ["sb-1", "sb-2", "sb-3"])
+        assert await activator._suspender.evict() == ["sb-2"]
+        booted = await record(store, "sb-0")
+        settled = booted.model_copy(update={"status": S.RUNNING, "ready": True})
+        await store.put(keys.sandbox("sb-0"), settled)
+        await eventually(lambda: activator.snapshot()[0].ready == 1)
+        assert await activator._suspender.evict() == []  # stale: sb-2 counts
+    statuses = [(await record(store, f"sb-{n}")).status for n in (1, 2, 3)]
+    assert statuses == [S.SUSPENDED, S.STOPPING, S.SUSPENDED]
+    assert (await pool(store)).value.desired_instances == 2

@@ -5,12 +5,15 @@ SIGKILL."""
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import anyio
 import httpx
 import pytest
 
+from wakeful.node.cgroups import Cgroups
 from wakeful.node.workdir import clear_sandboxes
 
 from .test_up import eventually_pool, make_app, no_sandbox_left, start_up, stop_up
@@ -64,6 +67,9 @@ async def test_a_killed_wakeful_up_leaves_no_frozen_sandbox_behind(
     """SIGKILL while the app is frozen. A task in a frozen cgroup takes no signal, so the
     sandbox's parent-death SIGKILL would wait for a thaw that its dead agent never writes:
     its guard (`wakeful.node.thawguard`) writes it, and the sandbox ends."""
+    found = Cgroups.detect()
+    if found is None or found.freezer is None:
+        pytest.skip("no writable cgroup v1 freezer (not root?): SIGSTOP freezes, SIGKILL ends")
     monkeypatch.setenv("WAKEFUL_LEASE_IDLE_TTL", "0.5")
     app = make_app(tmp_path, delay="600s")
     with (app / "wakeful.toml").open("a") as manifest:
@@ -74,9 +80,41 @@ async def test_a_killed_wakeful_up_leaves_no_frozen_sandbox_behind(
             assert (await client.get("/", headers=up.host())).status_code == 200
         await eventually_pool(up, lambda p: p["suspended"] == 1, within=60)
         assert up.sandbox_pids()
+        # The guard itself killed first: the agent starts another (its next look, in 2 s).
+        (first,) = await guards(up.data_dir)
+        os.kill(first, signal.SIGKILL)
+        await guards(up.data_dir, not_=first)
         up.process.kill()
         up.process.wait()
         await no_sandbox_left(up)
     finally:
         stop_up(up)
         await anyio.to_thread.run_sync(clear_sandboxes, up.data_dir)  # as a restart would
+
+
+async def guards(data_dir: Path, not_: int = 0, within: float = 30) -> list[int]:
+    """The pids of the thaw guards watching `data_dir`'s sandboxes, once there is one that is
+    not `not_`."""
+    with anyio.fail_after(within):
+        while True:
+            found = await anyio.to_thread.run_sync(guard_pids, data_dir)
+            if found and not_ not in found:
+                return found
+            await anyio.sleep(0.05)
+
+
+def guard_pids(data_dir: Path) -> list[int]:
+    mark = str((data_dir / "sandboxes").resolve()).encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        guarding = any(a.endswith(b"thawguard.py") for a in argv) and mark in argv
+        if guarding and state != "Z":  # a zombie is one killed, not yet reaped
+            found.append(int(entry.name))
+    return found

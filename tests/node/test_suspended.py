@@ -23,25 +23,26 @@ GiB = 1 << 30
             2 * GiB,
             False,
             GiB,
-            id="past it, what the longest suspended holds",
+            id="past it: what is over",
         ),
         pytest.param(
             [(2, "b", GiB), (1, "a", 3 * GiB), (3, "c", GiB)],
-            3 * GiB,
+            5 * GiB - 10,
             False,
-            3 * GiB,
-            id="what it takes: one big one",
+            10,
+            id="what is over, not what the longest suspended holds (it may be pinned)",
         ),
         pytest.param(
             [(2, "b", GiB), (1, "a", GiB), (3, "c", GiB)],
             GiB // 2,
             False,
-            3 * GiB,
-            id="as many as it takes",
+            3 * GiB - GiB // 2,
+            id="far over",
         ),
         pytest.param(
-            [(2, "b", GiB), (1, "a", GiB)], 4 * GiB, True, GiB, id="pressure: one more a pass"
+            [(2, "b", GiB), (1, "a", GiB)], 4 * GiB, True, 1, id="pressure: one more a pass"
         ),
+        pytest.param([(2, "b", GiB), (1, "a", GiB)], GiB, True, GiB + 1, id="over, and pressure"),
         pytest.param(
             [(2, "b", 0), (1, "a", 0)], 0, True, 1, id="pressure, nothing measured: one still"
         ),

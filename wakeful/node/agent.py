@@ -124,6 +124,7 @@ class NodeAgent:
         self._store = store
         self._memory = memory
         self._record_lock = anyio.Lock()
+        self._guard: ThawGuard | None = None
         self._settings = settings
         self._clock = clock
         self._running: dict[str, SandboxRunner] = {}
@@ -195,7 +196,6 @@ class NodeAgent:
 
         On cancellation every sandbox this agent started is stopped (SIGTERM, then SIGKILL).
         """
-        guard: ThawGuard | None = None
         try:
             async with anyio.create_task_group() as tasks:
                 self._tasks = tasks
@@ -209,9 +209,7 @@ class NodeAgent:
                 if isinstance(self._services.runtime, ProcessRuntime):  # frozen by a crashed run
                     self._services.runtime.thaw_leftovers(left_sandboxes(self._settings.data_dir))
                 await anyio.to_thread.run_sync(clear_sandboxes, self._settings.data_dir)
-                if isinstance(self._services.runtime, ProcessRuntime):  # and by this one
-                    sandboxes = sandbox_dir(self._settings.data_dir, "x").parent
-                    guard = self._services.runtime.guard_freezes(sandboxes)
+                self._start_guard()  # what this run freezes, should it die
                 if isinstance(self._services.runtime, ProcessRuntime):
                     tasks.start_soon(self._services.runtime.keep_warm)
                     jail = self._services.runtime.jail
@@ -226,16 +224,44 @@ class NodeAgent:
                 self._serving.set()
         finally:
             with anyio.CancelScope(shield=True):
-                await self._cordon_once()  # already done if a sandbox was shutting down
-                await self._stop_all()
-                if guard is not None:  # nothing of ours is frozen now
-                    await anyio.to_thread.run_sync(guard.close)
+                try:
+                    await self._cordon_once()  # already done if a sandbox was shutting down
+                    await self._stop_all()
+                finally:
+                    await self._close_guard()  # nothing of ours is frozen now
                 if self._shipper is not None:  # the last lines, if the control plane listens
                     with anyio.move_on_after(3):
                         await self._shipper.flush()
                 if self._node_lease is not None:  # leave at once, not after the TTL
                     with anyio.move_on_after(5), contextlib.suppress(StoreError):
                         await self._store.revoke(self._node_lease)
+
+    def _start_guard(self) -> None:
+        """Start the guard that thaws this run's frozen sandboxes if the agent dies without
+        doing it (`wakeful.node.thawguard`; only where a cgroup freezes)."""
+        runtime = self._services.runtime
+        if not isinstance(runtime, ProcessRuntime):
+            return
+        try:
+            self._guard = runtime.guard_freezes(sandbox_dir(self._settings.data_dir, "x").parent)
+        except OSError as exc:
+            log.warning("cannot start the guard that thaws frozen sandboxes: %s", exc)
+
+    def _check_guard(self) -> None:
+        """A guard that ended (killed, say) is started again: until then, a frozen sandbox
+        would outlive an agent killed meanwhile."""
+        guard = self._guard
+        if guard is not None and (code := guard.ended()) is not None:
+            log.warning("the guard that thaws frozen sandboxes ended (exit code %s); again", code)
+            self._guard = None
+            self._start_guard()
+
+    async def _close_guard(self) -> None:
+        guard, self._guard = self._guard, None
+        if guard is not None:
+            code = await anyio.to_thread.run_sync(guard.close)
+            if code != 0:
+                log.warning("the guard that thaws frozen sandboxes ended with exit code %s", code)
 
     async def _settle_previous_life(self) -> None:
         """Lift the cordon our last shutdown left and bury what it ran; a store that is
@@ -307,6 +333,7 @@ class NodeAgent:
     async def _suspended_loop(self) -> None:
         while True:
             await anyio.sleep(SUSPENDED_EVERY)
+            self._check_guard()
             try:
                 await self.check_suspended()
             except (StoreError, OSError) as exc:

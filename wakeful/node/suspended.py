@@ -31,23 +31,16 @@ def evictions(
     frozen: Sequence[tuple[float, str, int]], cap: int, pressure: bool
 ) -> tuple[int, list[Frozen]]:
     """What to give up of the frozen sandboxes, given as (frozen since, id, bytes held): how
-    many bytes (what the longest suspended hold, taken until what is left holds at most
-    `cap`; under memory pressure, one sandbox more, so each pass gives up one more while it
-    lasts), and every frozen sandbox, the longest suspended first, to take them from. The
-    activator may have to pass over some (a pool's `min_instances`): it takes the next ones
-    then. Nothing to give up: (0, [])."""
+    many bytes (what they hold past `cap`; under memory pressure, 1 more, so that each pass
+    gives up at least one sandbox while it lasts), and every frozen sandbox, the longest
+    suspended first, to take them from. The activator stops them in that order until what
+    they held adds up to it, passing over those that must stay (a pool's `min_instances`):
+    the bytes, not the first sandboxes' sizes, so one big pinned sandbox at the head does
+    not make it stop that much of the others. Nothing to give up: (0, [])."""
     oldest_first = [
         Frozen(sandbox=sandbox_id, memory=size) for _, sandbox_id, size in sorted(frozen)
     ]
-    held = sum(sandbox.memory for sandbox in oldest_first)
-    taken = 0
-    wanted = 0
-    for sandbox in oldest_first:
-        if held <= cap:
-            break
-        wanted += sandbox.weight
-        held -= sandbox.memory
-        taken += 1
-    if pressure and taken < len(oldest_first):
-        wanted += oldest_first[taken].weight
+    wanted = max(0, sum(sandbox.memory for sandbox in oldest_first) - cap)
+    if pressure and oldest_first:
+        wanted += 1
     return (wanted, oldest_first) if wanted else (0, [])

@@ -11,8 +11,10 @@ every sandbox directory the agent left (its own sandboxes, not another agent's o
 machine); their parent-death SIGKILL, pending since, then ends them. An agent that stops
 cleanly has thawed and stopped its sandboxes already: the guard finds nothing frozen.
 
-It imports nothing but the standard library, so it stays small (it lives as long as its agent).
-Run as `python -m wakeful.node.thawguard SANDBOXES_DIR FREEZER_DIR`.
+It imports nothing but the standard library, so it stays small (it lives as long as its agent),
+and it runs as a script in Python's isolated mode from `/` (`python -I .../thawguard.py
+SANDBOXES_DIR FREEZER_DIR`): no module of the directory it was started from, and no
+`PYTHON*` variable, can stand in for any of it (it runs as root).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def left_in(sandboxes: Path) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     if len(args) != 2:
-        print("usage: python -m wakeful.node.thawguard SANDBOXES_DIR FREEZER_DIR", file=sys.stderr)
+        print("usage: thawguard.py SANDBOXES_DIR FREEZER_DIR", file=sys.stderr)
         return 2
     sandboxes, freezer = Path(args[0]), Path(args[1])
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -66,9 +68,11 @@ class ThawGuard:
     @classmethod
     def start(cls, sandboxes: Path, freezer: Path) -> ThawGuard:
         process = subprocess.Popen(
-            [sys.executable, "-m", __name__, str(sandboxes), str(freezer)],
+            [sys.executable, "-I", __file__, str(sandboxes), str(freezer)],
             stdin=subprocess.PIPE,  # not inherited by sandboxes: close_fds, and CLOEXEC
-            stdout=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,  # nor does it hold the agent's output open
+            stderr=subprocess.DEVNULL,
+            cwd="/",
             start_new_session=True,
         )
         return cls(process)
@@ -77,16 +81,21 @@ class ThawGuard:
     def pid(self) -> int:
         return self._process.pid
 
-    def close(self) -> None:
-        """The agent stops cleanly: end the pipe and reap the guard (blocking, bounded)."""
+    def ended(self) -> int | None:
+        """Its exit code if it ended (it should not, while its agent lives), else None."""
+        return self._process.poll()
+
+    def close(self) -> int:
+        """The agent stops cleanly: end the pipe and reap the guard (blocking, bounded).
+        Returns its exit code (0: it thawed what was left, if anything)."""
         if self._process.stdin is not None:
             with contextlib.suppress(OSError):
                 self._process.stdin.close()
         try:
-            self._process.wait(CLOSE_WAIT)
+            return self._process.wait(CLOSE_WAIT)
         except subprocess.TimeoutExpired:
             self._process.kill()
-            self._process.wait()
+            return self._process.wait()
 
 
 if __name__ == "__main__":
