@@ -70,9 +70,10 @@ def node_line(node: Mapping[str, Any]) -> str:
             shown = ", ".join(listed[:3]) + (
                 f", +{len(listed) - 3} more" if len(listed) > 3 else ""
             )
-            line += (
-                f" (asks to give up {_mib(node['evict_bytes'])}, longest suspended first: {shown})"
-            )
+            wanted = node["evict_bytes"]
+            asked = _mib(wanted) if wanted >= 1 << 20 else "less than 1 MiB"
+            why = "; memory pressure: one more each pass" if node.get("memory_pressure") else ""
+            line += f" (asks to give up {asked}{why}; longest suspended first: {shown})"
     for kept in node.get("kept") or []:
         line += f"\n  keeps the state of {kept['app']}, not handed back: {kept['reason']}"
     tunnel = node.get("tunnel")

@@ -80,7 +80,7 @@ async def test_a_killed_wakeful_up_leaves_no_frozen_sandbox_behind(
             assert (await client.get("/", headers=up.host())).status_code == 200
         await eventually_pool(up, lambda p: p["suspended"] == 1, within=60)
         assert up.sandbox_pids()
-        # The guard itself killed first: the agent starts another (its next look, in 2 s).
+        # The guard itself killed first: the agent starts another (its next look, within 0.5 s).
         (first,) = await guards(up.data_dir)
         os.kill(first, signal.SIGKILL)
         await guards(up.data_dir, not_=first)

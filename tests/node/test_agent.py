@@ -396,6 +396,8 @@ async def test_a_suspended_sandbox_is_frozen_answers_once_thawed_and_is_named_fo
     assert wanted == record.value.evict_bytes == held - record.value.suspended_memory_cap > 0
     machine[:] = [held * 100, held]  # under the cap, but less than 5% available: pressure
     assert await agent.check_suspended() == (1, ["sb-2", "sb-1"])  # at least one, each pass
+    record = await store.get(keys.node("n1"), Node)
+    assert record is not None and record.value.memory_pressure
 
     await set_status(store, "sb-2", SandboxStatus.STOPPING)
     stopped = await status_of(store, "sb-2", SandboxStatus.STOPPED)

@@ -70,7 +70,7 @@ def test_a_killed_agents_pipe_ends_too(tmp_path: Path) -> None:
 
 
 def ignoring(pid: int, signals: Iterable[signal.Signals]) -> None:
-    """Wait until the process ignores these signals (its start is over)."""
+    """Wait until the process ignores these signals (its start is over: they come last)."""
     wanted = sum(1 << (signum - 1) for signum in signals)
     deadline = time.monotonic() + 60
     while True:

@@ -89,7 +89,23 @@ def test_a_node_with_suspended_sandboxes_says_what_they_hold_of_its_cap() -> Non
     )
     assert over.splitlines()[1] == (
         "  suspended: 1 holding 165 MiB of 100 MiB"
-        " (asks to give up 65 MiB, longest suspended first: hog-1, hog-2, hog-3, +2 more)"
+        " (asks to give up 65 MiB; longest suspended first: hog-1, hog-2, hog-3, +2 more)"
+    )
+    pressed = node_line(
+        {
+            **node,
+            "registered": True,
+            "suspended": 1,
+            "suspended_memory": 22 << 20,
+            "suspended_memory_cap": 50 << 20,
+            "memory_pressure": True,
+            "evict_bytes": 1,
+            "evict": [{"sandbox": "hog-1", "memory": 22 << 20}],
+        }
+    )
+    assert pressed.splitlines()[1] == (
+        "  suspended: 1 holding 22 MiB of 50 MiB (asks to give up less than 1 MiB;"
+        " memory pressure: one more each pass; longest suspended first: hog-1)"
     )
     assert len(node_line({**node, "registered": True}).splitlines()) == 1
 

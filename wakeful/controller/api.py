@@ -89,6 +89,8 @@ class NodeReport(BaseModel):
     suspended_memory: int = 0
     suspended_memory_cap: int = 0
     """Its frozen sandboxes, the bytes they hold and the most they may (the suspended tier)."""
+    memory_pressure: bool = False
+    """Less than its floor of memory is available: it asks for one frozen sandbox more a pass."""
     evict_bytes: int = 0
     """How much of that memory it asks to give up."""
     evict: list[Frozen] = []
@@ -180,6 +182,7 @@ def node_router(store: Store) -> APIRouter:
                     suspended=node.suspended,
                     suspended_memory=node.suspended_memory,
                     suspended_memory_cap=node.suspended_memory_cap,
+                    memory_pressure=node.memory_pressure,
                     evict_bytes=node.evict_bytes,
                     evict=list(node.evict),
                 )

@@ -435,6 +435,9 @@ class Node(Model):
     suspended_memory_cap: int = Field(default=0, ge=0)
     """The most they may hold (`WAKEFUL_SUSPENDED_MEMORY`); past it, or under memory pressure,
     the longest suspended are named in `evict`."""
+    memory_pressure: bool = False
+    """Less than `WAKEFUL_SUSPENDED_MEMORY_FLOOR` of the machine's memory is available: each
+    pass asks for one frozen sandbox more."""
     evict_bytes: int = Field(default=0, ge=0)
     """How much of that memory this node asks to give up (0: nothing): past its cap, what
     brings it back under; under memory pressure, one sandbox more each pass."""

@@ -22,6 +22,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import anyio
 import anyio.abc
@@ -65,6 +66,8 @@ from .writer import SandboxWriter
 log = logging.getLogger(__name__)
 SUSPENDED_EVERY = 2.0
 """Seconds between two looks at the memory suspended sandboxes hold (`check_suspended`)."""
+GUARD_EVERY = 0.5
+"""Seconds between two looks at the thaw guard (`_guard_loop`)."""
 MAX_EVICT = 1000
 """The most sandboxes one node record lists in `evict` (what `Node` validates)."""
 
@@ -210,6 +213,8 @@ class NodeAgent:
                     self._services.runtime.thaw_leftovers(left_sandboxes(self._settings.data_dir))
                 await anyio.to_thread.run_sync(clear_sandboxes, self._settings.data_dir)
                 self._start_guard()  # what this run freezes, should it die
+                if self._freezer() is not None:
+                    tasks.start_soon(self._guard_loop)
                 if isinstance(self._services.runtime, ProcessRuntime):
                     tasks.start_soon(self._services.runtime.keep_warm)
                     jail = self._services.runtime.jail
@@ -236,24 +241,35 @@ class NodeAgent:
                     with anyio.move_on_after(5), contextlib.suppress(StoreError):
                         await self._store.revoke(self._node_lease)
 
+    def _freezer(self) -> Path | None:
+        runtime = self._services.runtime
+        return runtime.freezer if isinstance(runtime, ProcessRuntime) else None
+
     def _start_guard(self) -> None:
         """Start the guard that thaws this run's frozen sandboxes if the agent dies without
         doing it (`wakeful.node.thawguard`; only where a cgroup freezes)."""
-        runtime = self._services.runtime
-        if not isinstance(runtime, ProcessRuntime):
+        freezer = self._freezer()
+        if freezer is None:
             return
+        sandboxes = sandbox_dir(self._settings.data_dir, "x").parent
         try:
-            self._guard = runtime.guard_freezes(sandbox_dir(self._settings.data_dir, "x").parent)
-        except OSError as exc:
+            self._guard = ThawGuard.start(sandboxes, freezer)
+        except OSError as exc:  # a fork refused (pids, memory): `_guard_loop` tries again
+            self._guard = None
             log.warning("cannot start the guard that thaws frozen sandboxes: %s", exc)
 
-    def _check_guard(self) -> None:
-        """A guard that ended (killed, say) is started again: until then, a frozen sandbox
-        would outlive an agent killed meanwhile."""
-        guard = self._guard
-        if guard is not None and (code := guard.ended()) is not None:
-            log.warning("the guard that thaws frozen sandboxes ended (exit code %s); again", code)
-            self._guard = None
+    async def _guard_loop(self) -> None:
+        """Keep a guard running: one that ended (killed, say), or could not start, is started
+        again within `GUARD_EVERY`. Until then a frozen sandbox would outlive an agent killed
+        meanwhile. Its own loop, so a slow store does not stretch that window."""
+        while True:
+            await anyio.sleep(GUARD_EVERY)
+            guard = self._guard
+            if guard is not None:
+                code = guard.ended()
+                if code is None:
+                    continue
+                log.warning("the guard that thaws frozen sandboxes ended (exit code %s)", code)
             self._start_guard()
 
     async def _close_guard(self) -> None:
@@ -333,7 +349,6 @@ class NodeAgent:
     async def _suspended_loop(self) -> None:
         while True:
             await anyio.sleep(SUSPENDED_EVERY)
-            self._check_guard()
             try:
                 await self.check_suspended()
             except (StoreError, OSError) as exc:
@@ -352,12 +367,14 @@ class NodeAgent:
             for runner in self._running.values()
             if runner.frozen_since is not None
         ]
-        wanted, candidates = evictions(frozen, cap, available < floor)
+        pressure = available < floor
+        wanted, candidates = evictions(frozen, cap, pressure)
         evict = candidates[:MAX_EVICT]
         update = {
             "suspended": len(frozen),
             "suspended_memory": sum(held for _, _, held in frozen),
             "suspended_memory_cap": cap,
+            "memory_pressure": pressure,
             "evict_bytes": wanted,
             "evict": evict,
         }

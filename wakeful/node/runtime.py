@@ -30,7 +30,6 @@ from .jailed import Jailed, sealed, stop_tree
 from .ports import listeners
 from .slots import Slot, SlotPool
 from .spawn import Child, spawn
-from .thawguard import ThawGuard
 from .workdir import Packed, fill_workdir
 
 log = logging.getLogger(__name__)
@@ -375,13 +374,13 @@ class ProcessRuntime:
         if self._jail is not None and self._jail.cgroups is not None:
             self._jail.cgroups.thaw_all(sandbox_ids)
 
-    def guard_freezes(self, sandboxes: Path) -> ThawGuard | None:
-        """Start the guard that thaws this agent's frozen sandboxes if it dies without doing
-        it (`wakeful.node.thawguard`); None where nothing is frozen by a cgroup (SIGSTOP
-        stops nothing SIGKILL cannot end)."""
-        if self._jail is None or self._jail.cgroups is None or self._jail.cgroups.freezer is None:
+    @property
+    def freezer(self) -> Path | None:
+        """The freezer hierarchy's `wakeful/` where a cgroup freezes sandboxes, else None
+        (SIGSTOP stops nothing SIGKILL cannot end: no thaw guard is needed then)."""
+        if self._jail is None or self._jail.cgroups is None:
             return None
-        return ThawGuard.start(sandboxes, self._jail.cgroups.freezer)
+        return self._jail.cgroups.freezer
 
     async def keep_warm(self) -> None:
         """Keep the warm slots filled until cancelled (returns at once without slots)."""
