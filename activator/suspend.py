@@ -345,13 +345,14 @@ class Suspender:
         the next tick decides from fresh records. Returns those stopped."""
         stopped: list[str] = []
         for node, record in sorted(self._view.nodes.items()):
-            listed = record.value.evict
-            given = sum(f.weight for f in listed if not self._still_suspended(f.sandbox, node))
-            for frozen in listed:
+            holding = [f for f in record.value.evict if self._still_suspended(f.sandbox, node)]
+            given = sum(f.weight for f in record.value.evict) - sum(f.weight for f in holding)
+            for frozen in holding:
                 if given >= record.value.evict_bytes:
                     break
                 if not self._still_suspended(frozen.sandbox, node):
-                    continue  # counted above
+                    given += frozen.weight  # thawed, or gone, while a write was awaited
+                    continue
                 outcome = await self._evict(frozen.sandbox)
                 if outcome == "raced":
                     break

@@ -22,6 +22,7 @@ from wakeful.node.jailed import descendants
 from wakeful.node.runner import BASE_ENV
 from wakeful.node.runtime import Identity, LocalProcess, ProcessRuntime
 from wakeful.node.testing import process_states
+from wakeful.node.thawguard import thaw_left
 from wakeful.store.testing import free_port
 
 from .test_isolation import uid_table
@@ -143,9 +144,12 @@ async def test_a_frozen_sandbox_answers_once_thawed_and_still_stops(
 
 
 @needs_root
-def test_an_agent_thaws_only_its_own_leftovers_not_another_agents_frozen_sandboxes() -> None:
-    """At start an agent thaws what its crashed run left frozen (so it can die), named by the
-    sandbox directories that run left, and not what another agent on this machine froze."""
+def test_an_agent_thaws_only_its_own_leftovers_not_another_agents_frozen_sandboxes(
+    tmp_path: Path,
+) -> None:
+    """What an agent left frozen is thawed (by its guard, or at its next start, so it can
+    die), named by the sandbox directories it left, and not what another agent on this
+    machine froze: on the real freezer."""
     cgroups = Cgroups.detect()
     if cgroups is None or cgroups.freezer is None:
         pytest.skip("no writable cgroup v1 freezer here")
@@ -157,7 +161,9 @@ def test_an_agent_thaws_only_its_own_leftovers_not_another_agents_frozen_sandbox
             cgroup.freezer.mkdir()
             (cgroup.freezer / "freezer.state").write_text("FROZEN")
             states.append(cgroup.freezer / "freezer.state")
-        cgroups.thaw_all([states[0].parent.name, "sb-never-frozen"])
+        for left in (states[0].parent.name, "sb-never-frozen"):
+            (tmp_path / left).mkdir()
+        thaw_left(tmp_path, cgroups.freezer)
         assert [state.read_text().strip() for state in states] == ["THAWED", "FROZEN"]
     finally:
         for cgroup in (mine, theirs):

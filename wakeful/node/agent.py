@@ -52,12 +52,11 @@ from .runtime import ProcessRuntime, Runtime
 from .settings import NodeSettings, memory_share
 from .statehold import StateHold
 from .suspended import evictions, meminfo
-from .thawguard import ThawGuard
+from .thawguard import ThawGuard, thaw_left
 from .tunnel import TunnelClient
 from .workdir import (
     Artifacts,
     clear_sandboxes,
-    left_sandboxes,
     remove_sandbox_dir,
     sandbox_dir,
 )
@@ -209,12 +208,13 @@ class NodeAgent:
                 await self._settle_previous_life()
                 # Nothing of ours runs yet: what a previous life left on disk (a crash leaves
                 # sandbox directories and their tmpfs mounts) goes before anything starts.
-                if isinstance(self._services.runtime, ProcessRuntime):  # frozen by a crashed run
-                    self._services.runtime.thaw_leftovers(left_sandboxes(self._settings.data_dir))
+                freezer = self._freezer()
+                if freezer is not None:  # frozen by a crashed run whose guard died with it
+                    thaw_left(self._sandboxes, freezer)
                 await anyio.to_thread.run_sync(clear_sandboxes, self._settings.data_dir)
-                self._start_guard()  # what this run freezes, should it die
-                if self._freezer() is not None:
-                    tasks.start_soon(self._guard_loop)
+                if freezer is not None:  # what this run freezes, should it die
+                    self._start_guard(freezer)
+                    tasks.start_soon(self._guard_loop, freezer)
                 if isinstance(self._services.runtime, ProcessRuntime):
                     tasks.start_soon(self._services.runtime.keep_warm)
                     jail = self._services.runtime.jail
@@ -245,20 +245,21 @@ class NodeAgent:
         runtime = self._services.runtime
         return runtime.freezer if isinstance(runtime, ProcessRuntime) else None
 
-    def _start_guard(self) -> None:
+    @property
+    def _sandboxes(self) -> Path:
+        """Where this agent's sandbox directories are (each named by its sandbox's id)."""
+        return sandbox_dir(self._settings.data_dir, "x").parent
+
+    def _start_guard(self, freezer: Path) -> None:
         """Start the guard that thaws this run's frozen sandboxes if the agent dies without
         doing it (`wakeful.node.thawguard`; only where a cgroup freezes)."""
-        freezer = self._freezer()
-        if freezer is None:
-            return
-        sandboxes = sandbox_dir(self._settings.data_dir, "x").parent
         try:
-            self._guard = ThawGuard.start(sandboxes, freezer)
+            self._guard = ThawGuard.start(self._sandboxes, freezer)
         except OSError as exc:  # a fork refused (pids, memory): `_guard_loop` tries again
             self._guard = None
             log.warning("cannot start the guard that thaws frozen sandboxes: %s", exc)
 
-    async def _guard_loop(self) -> None:
+    async def _guard_loop(self, freezer: Path) -> None:
         """Keep a guard running: one that ended (killed, say), or could not start, is started
         again within `GUARD_EVERY`. Until then a frozen sandbox would outlive an agent killed
         meanwhile. Its own loop, so a slow store does not stretch that window."""
@@ -270,7 +271,7 @@ class NodeAgent:
                 if code is None:
                     continue
                 log.warning("the guard that thaws frozen sandboxes ended (exit code %s)", code)
-            self._start_guard()
+            self._start_guard(freezer)
 
     async def _close_guard(self) -> None:
         guard, self._guard = self._guard, None

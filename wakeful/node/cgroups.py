@@ -10,13 +10,12 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from wakeful.domain.models import Resources
 
-from .thawguard import thaw_sandboxes
+from .thawguard import thaw_cgroup
 
 CGROUP_V1 = Path("/sys/fs/cgroup")
 
@@ -48,13 +47,6 @@ class Cgroups:
             freezer = None
         return cls(memory, pids, freezer)
 
-    def thaw_all(self, sandbox_ids: Iterable[str]) -> None:
-        """Thaw these sandboxes' freezer cgroups: at agent start, what a crashed run of this
-        agent left frozen (its parent-death SIGKILL waits for that) may then die. Only its
-        own: another agent on this machine keeps its frozen sandboxes frozen."""
-        if self.freezer is not None:
-            thaw_sandboxes(self.freezer, sandbox_ids)
-
     def sandbox(self, sandbox_id: str) -> SandboxCgroup:
         freezer = None if self.freezer is None else self.freezer / sandbox_id
         return SandboxCgroup(self.memory / sandbox_id, self.pids / sandbox_id, freezer)
@@ -85,11 +77,6 @@ FROZEN_WAIT = 2.0
 hold it in FREEZING) before it gives up and thaws."""
 
 
-def thaw(freezer: Path) -> None:
-    with contextlib.suppress(OSError):
-        (freezer / "freezer.state").write_text("THAWED")
-
-
 @dataclass(frozen=True)
 class SandboxCgroup:
     memory: Path
@@ -114,18 +101,18 @@ class SandboxCgroup:
             deadline = time.monotonic() + FROZEN_WAIT
             while state.read_text().strip() != "FROZEN":
                 if time.monotonic() > deadline:
-                    thaw(self.freezer)
+                    thaw_cgroup(self.freezer)
                     return False
                 time.sleep(0.001)
             if self.pids_in() <= self._frozen_members():
                 return True
-        thaw(self.freezer)
+        thaw_cgroup(self.freezer)
         return False
 
     def thaw(self) -> None:
         """Thaw it (one small write: cheap enough for the event loop)."""
         if self.freezer is not None:
-            thaw(self.freezer)
+            thaw_cgroup(self.freezer)
 
     def _frozen_members(self) -> set[int]:
         assert self.freezer is not None

@@ -17,7 +17,7 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Protocol
@@ -367,12 +367,6 @@ class ProcessRuntime:
             if slot_homes is None:
                 raise ValueError("warm slots need a directory for their trees (slot_homes)")
             self.slots = SlotPool(jail, jail.cgroups, warm_slots, slot_homes)
-
-    def thaw_leftovers(self, sandbox_ids: Iterable[str]) -> None:
-        """Thaw what a crashed run of this agent left frozen, so it can die (at agent start;
-        `sandbox_ids`: the sandboxes that run left directories for)."""
-        if self._jail is not None and self._jail.cgroups is not None:
-            self._jail.cgroups.thaw_all(sandbox_ids)
 
     @property
     def freezer(self) -> Path | None:

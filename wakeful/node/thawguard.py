@@ -23,26 +23,30 @@ import contextlib
 import signal
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 CLOSE_WAIT = 5.0
 """Seconds an agent that stops cleanly waits for its guard to finish."""
 
 
-def thaw_sandboxes(freezer: Path, sandbox_ids: Iterable[str]) -> None:
-    """Thaw these sandboxes' freezer cgroups under `freezer` (those that exist)."""
-    for sandbox_id in sandbox_ids:
-        with contextlib.suppress(OSError):  # not frozen ever, or gone meanwhile
-            (freezer / sandbox_id / "freezer.state").write_text("THAWED")
+def thaw_cgroup(cgroup: Path) -> None:
+    """Thaw one freezer cgroup (none there: nothing to do)."""
+    with contextlib.suppress(OSError):  # never frozen, or gone meanwhile
+        (cgroup / "freezer.state").write_text("THAWED")
 
 
-def left_in(sandboxes: Path) -> list[str]:
-    """The ids of the sandbox directories under `sandboxes`."""
+def thaw_left(sandboxes: Path, freezer: Path) -> None:
+    """Thaw the freezer cgroup (under `freezer`) of every sandbox directory under
+    `sandboxes`: what an agent left, and only that agent's. Run by the guard when its agent
+    is gone, and by an agent that starts, for what its crashed run left (if its guard died
+    with it)."""
     try:
-        return [entry.name for entry in sandboxes.iterdir()]
+        left = [entry.name for entry in sandboxes.iterdir()]
     except OSError:
-        return []
+        return
+    for sandbox_id in left:
+        thaw_cgroup(freezer / sandbox_id)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -57,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signum, signal.SIG_IGN)
     while sys.stdin.buffer.read(4096):  # the agent writes nothing: this returns at its end
         pass
-    thaw_sandboxes(freezer, left_in(sandboxes))
+    thaw_left(sandboxes, freezer)
     return 0
 
 

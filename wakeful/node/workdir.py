@@ -128,14 +128,6 @@ def verify(data: bytes, digest: str) -> None:
         )
 
 
-def left_sandboxes(data_dir: Path) -> list[str]:
-    """The ids of the sandboxes whose directories a previous run left under `data_dir`."""
-    try:
-        return [entry.name for entry in sandbox_dir(data_dir, "x").parent.iterdir()]
-    except OSError:
-        return []
-
-
 def clear_sandboxes(data_dir: Path) -> None:
     """Remove every sandbox directory under `data_dir`, unmounting what a crashed agent left
     mounted there first (an isolated sandbox's tmpfs). Only when none of ours runs."""
