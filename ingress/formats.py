@@ -2,6 +2,11 @@
 
 JSON `{"error", "detail", "request_id"[, "log"]}` for clients that accept JSON, a short HTML
 page for browsers, plain text otherwise. Pure: the edge sends what these return.
+
+A detail or a boot log can hold text an app wrote, and a text or HTML answer often lands on a
+terminal (`curl`): there, control characters are shown as escapes (`wakeful.domain.shown`),
+newlines kept in the log. The JSON answer has the exact text, its control characters escaped
+as JSON escapes them.
 """
 
 from __future__ import annotations
@@ -10,6 +15,8 @@ import html
 import json
 from dataclasses import dataclass
 from enum import StrEnum
+
+from wakeful.domain.shown import shown
 
 
 class Format(StrEnum):
@@ -58,18 +65,19 @@ def render(
         body = json.dumps(doc).encode()
         content_type = b"application/json"
     elif fmt is Format.HTML:
-        log = f"<pre>{html.escape(answer.log)}</pre>\n" if answer.log else ""
+        error, detail = html.escape(shown(answer.error)), html.escape(shown(answer.detail))
+        log = f"<pre>{html.escape(shown(answer.log, multiline=True))}</pre>\n" if answer.log else ""
         body = (
             "<!doctype html>\n<html><head><meta charset=utf-8>"
-            f"<title>{answer.status} {html.escape(answer.error)}</title></head>\n"
-            f"<body><h1>{answer.status} {html.escape(answer.error)}</h1>\n"
-            f"<p>{html.escape(answer.detail)}</p>\n{log}"
-            f"<p><small>request {html.escape(request_id)}</small></p></body></html>\n"
+            f"<title>{answer.status} {error}</title></head>\n"
+            f"<body><h1>{answer.status} {error}</h1>\n"
+            f"<p>{detail}</p>\n{log}"
+            f"<p><small>request {html.escape(shown(request_id))}</small></p></body></html>\n"
         ).encode()
         content_type = b"text/html; charset=utf-8"
     else:
-        log = f"\n{answer.log}" if answer.log else ""
-        body = f"{answer.status} {answer.error}: {answer.detail}{log}\n".encode()
+        log = f"\n{shown(answer.log, multiline=True)}" if answer.log else ""
+        body = f"{answer.status} {shown(answer.error)}: {shown(answer.detail)}{log}\n".encode()
         content_type = b"text/plain; charset=utf-8"
     headers.append((b"content-type", content_type))
     headers.append((b"content-length", str(len(body)).encode()))

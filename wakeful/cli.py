@@ -34,6 +34,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from wakeful.domain.models import ADMIN_TOKEN, NAME_PATTERN, Role, describe_validation_error
+from wakeful.domain.shown import shown
 
 from . import commands
 from .bootstrap import CONTROL_FILE
@@ -59,11 +60,23 @@ __all__ = ["RUNTIME", "USAGE", "CliError", "build_parser", "main"]
 Command = Callable[[argparse.Namespace], int]
 
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class ShownFormatter(logging.Formatter):
+    """A record as `logging.Formatter` writes it, then with control characters shown as
+    escapes (`wakeful.domain.shown`): a message can quote an app (its crash log, a name), and
+    the terminal running `wakeful up` must not act on it. Newlines stay: a traceback or a
+    crash log still reads as lines."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return shown(super().format(record), multiline=True)
+
+
 def _configure_logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    handler = logging.StreamHandler()
+    handler.setFormatter(ShownFormatter(LOG_FORMAT))
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[handler])
 
 
 def _remote(run: Callable[[ControlClient, argparse.Namespace], int]) -> Command:
@@ -134,8 +147,16 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("app")
     logs.add_argument("--follow", "-f", action="store_true")
     logs.add_argument("--tail", type=int, default=200)
+    logs.add_argument(
+        "--json",
+        action="store_true",
+        help='JSON Lines, {"sandbox": ..., "line": ...}: the exact text, control characters '
+        "and all (without it they are shown as escapes, e.g. \\x1b)",
+    )
     logs.set_defaults(
-        func=_remote(lambda api, a: commands.logs(api, a.app, tail=a.tail, follow=a.follow))
+        func=_remote(
+            lambda api, a: commands.logs(api, a.app, tail=a.tail, follow=a.follow, as_json=a.json)
+        )
     )
     sub.add_parser("nodes", help="nodes and their drain state").set_defaults(
         func=_remote(lambda api, _: commands.nodes(api))
@@ -264,13 +285,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.func(args)
     except CliError as exc:
-        print(f"wakeful: error: {exc}", file=sys.stderr)
+        commands.note(f"error: {exc}")
         return exc.code
     except ControlApiError as exc:  # nothing to talk to, no answer, or a refusal
-        print(f"wakeful: error: {exc}", file=sys.stderr)
+        commands.note(f"error: {exc}")  # a refusal's detail can quote an app's value
         return RUNTIME
     except ValidationError as exc:  # settings from WAKEFUL_* variables
-        print(f"wakeful: error: {describe_validation_error(exc)}", file=sys.stderr)
+        commands.note(f"error: {describe_validation_error(exc)}")
         return USAGE
     except KeyboardInterrupt:
         return 130

@@ -2,6 +2,11 @@
 and the arguments it needs, prints, and returns an exit status. Failures to talk to the control
 API arrive as `ControlApiError`s; a failure of the command's own is a `CliError`. `pause`
 (`time.sleep` by default) is how the commands that watch something wait between looks.
+
+What the control API answers can hold text an app controls (its output, a crash log in a
+rollout message, a reason quoting it), so every line goes out through `say` (stdout) or `note`
+(stderr), which show control characters as escapes (`wakeful.domain.shown`), or through
+`say_json`, whose JSON escapes them and keeps the text exact.
 """
 
 from __future__ import annotations
@@ -14,8 +19,9 @@ from typing import Any
 
 from wakeful.deploy.appdir import AppDir
 from wakeful.domain.artifacts import digest_of, pack
+from wakeful.domain.shown import shown
 
-from .logfollow import LogFollower
+from .logfollow import LogFollower, split_line
 from .remote import ApiRefused, ApiUnreachable, ControlClient
 from .tables import (
     app_line,
@@ -51,8 +57,21 @@ class CliError(Exception):
         self.code = code
 
 
-def say(line: str) -> None:
-    print(line, flush=True)
+def say(text: str) -> None:
+    """`text`, one line or several, on stdout: control characters shown as escapes."""
+    print(shown(text, multiline=True), flush=True)
+
+
+def note(line: str) -> None:
+    """`wakeful: line` on stderr: control characters shown as escapes."""
+    print(f"wakeful: {shown(line, multiline=True)}", file=sys.stderr, flush=True)
+
+
+def say_json(value: Any, indent: int | None = None) -> None:
+    """`value` as JSON on stdout, its text exact: `json.dumps` writes each control and
+    non-ASCII character as a `\\u` escape (`ensure_ascii`), so nothing reaches the terminal
+    raw either."""
+    print(json.dumps(value, indent=indent, ensure_ascii=True), flush=True)
 
 
 def deploy(api: ControlClient, app_dir: AppDir, *, pause: Pause = time.sleep) -> int:
@@ -115,7 +134,7 @@ def status(api: ControlClient, app: str | None, *, as_json: bool) -> int:
 
 def apps(api: ControlClient) -> int:
     for app in api.apps():
-        print(app_line(app))
+        say(app_line(app))
     return 0
 
 
@@ -123,14 +142,14 @@ def versions(api: ControlClient, app: str) -> int:
     for found in api.apps():
         if found["name"] == app:
             for line in version_lines(found):
-                print(line)
+                say(line)
             return 0
     raise CliError(f"no app named {app!r}", RUNTIME)
 
 
 def nodes(api: ControlClient) -> int:
     for node in api.nodes():
-        print(node_line(node))
+        say(node_line(node))
     return 0
 
 
@@ -145,13 +164,13 @@ def drain(
 ) -> int:
     if undo:
         api.undrain(node)
-        print(f"{node} takes new sandboxes again")
+        say(f"{node} takes new sandboxes again")
         return 0
     api.drain(node, evacuate=evacuate, force=force)
     if not evacuate:
-        print(f"{node} is cordoned: no new sandboxes; the ones there keep running")
+        say(f"{node} is cordoned: no new sandboxes; the ones there keep running")
         return 0
-    print(
+    say(
         f"evacuating {node}: replacing its stateless sandboxes elsewhere, moving stateful "
         "ones with their state, then draining them"
     )
@@ -170,7 +189,7 @@ def drain(
         pause(POLL)
     for problem in moving.get("problems", []):
         where = problem.get("sandbox") or "its state"
-        say(f"  cannot move {problem['app']} ({where}): {problem['reason']}")
+        say(f"  cannot move {problem['app']} ({where}): {shown(problem['reason'])}")
     if moving.get("failed"):
         raise CliError(f"{moving['failed']} could not leave {node} (reasons above)", RUNTIME)
     say(f"{node} is empty: nothing of any app is left on it")
@@ -184,20 +203,32 @@ def release_state(api: ControlClient, app: str) -> int:
 
 
 def logs(
-    api: ControlClient, app: str, *, tail: int, follow: bool, pause: Pause = time.sleep
+    api: ControlClient,
+    app: str,
+    *,
+    tail: int,
+    follow: bool,
+    as_json: bool = False,
+    pause: Pause = time.sleep,
 ) -> int:
-    """The output nodes pushed to the control plane. When some of it has not arrived (a node
-    not heard from lately, output still buffered or lost there), a note says so on stderr.
-    `follow`: look again every second and print only the lines not printed yet."""
+    """The output nodes pushed to the control plane, a line per line the app wrote, control
+    characters shown as escapes. When some of it has not arrived (a node not heard from lately,
+    output still buffered or lost there), a note says so on stderr. `follow`: look again every
+    second and print only the lines not printed yet. `as_json`: JSON Lines instead,
+    `{"sandbox": ..., "line": ...}`, the text exact."""
     follower = LogFollower()
     noted = ""
     while True:
         answer = api.app_logs(app, tail)
         if answer.behind and answer.behind != noted:
-            print(f"wakeful: note: logs behind: {answer.behind}", file=sys.stderr, flush=True)
+            note(f"note: logs behind: {answer.behind}")
         noted = answer.behind
         for line in follower.take(answer.lines) if follow else answer.lines:
-            say(line)
+            if as_json:
+                sandbox, text = split_line(line)
+                say_json({"sandbox": sandbox, "line": text})
+            else:
+                say(line)
         if not follow:
             return 0
         pause(LOGS_POLL)
@@ -212,17 +243,13 @@ WHERE = {
 }
 
 
-def note(line: str) -> None:
-    print(f"wakeful: {line}", file=sys.stderr, flush=True)
-
-
 def _secret(issued: dict[str, Any], what: str) -> int:
     """A secret alone on stdout (`export X=$(wakeful tokens create ...)`), what to do with it
     on stderr; or, for `wakeful up`'s admin token, where it was written."""
     if issued.get("written_to"):
         say(f"{what}: written to {issued['written_to']}; the old one is refused from now on")
     else:
-        print(issued["secret"], flush=True)
+        say(issued["secret"])
         note(f"{what}: shown this once; {WHERE[issued['role']]}")
     if not issued.get("effective", True):
         note("the control plane has not applied it yet: the old secret works until it does")
@@ -258,8 +285,8 @@ def _show(
 ) -> int:
     """Print `rows` as JSON, or as the lines `table` makes of them."""
     if as_json:
-        print(json.dumps(rows, indent=2))
+        say_json(rows, indent=2)
         return 0
     for line in table(rows):
-        print(line)
+        say(line)
     return 0

@@ -17,13 +17,19 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 
+def split_line(line: str) -> tuple[str, str]:
+    """`("sb-1", "text")` of `[sb-1] text`; `("", line)` for a line without the prefix. A
+    sandbox id holds no `]`, so the first `] ` ends the prefix whatever the text holds."""
+    if line.startswith("["):
+        sandbox, sep, text = line[1:].partition("] ")
+        if sep:
+            return sandbox, text
+    return "", line
+
+
 def sandbox_of(line: str) -> str:
     """`sb-1` of `[sb-1] text`; "" for a line without the prefix."""
-    if line.startswith("["):
-        sandbox, sep, _ = line[1:].partition("] ")
-        if sep:
-            return sandbox
-    return ""
+    return split_line(line)[0]
 
 
 def by_sandbox(lines: Sequence[str]) -> dict[str, list[str]]:

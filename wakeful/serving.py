@@ -57,6 +57,10 @@ async def serve_asgi(app: Any, address: str, what: str, started: anyio.Event | N
     server = EmbeddedServer(
         uvicorn.Config(
             app,
+            # uvicorn's own handlers would print its errors (which can quote a request's
+            # values) raw: its records go to the entry point's handler instead, which shows
+            # control characters as escapes (`wakeful.cli.ShownFormatter`).
+            log_config=None,
             log_level="warning",
             lifespan="off",
             access_log=False,

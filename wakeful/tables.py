@@ -6,6 +6,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from wakeful.domain.shown import shown
+
 POOL_COLUMNS = [
     ("pool", "POOL"),
     ("app", "APP"),
@@ -67,15 +69,15 @@ def node_line(node: Mapping[str, Any]) -> str:
         line += f"\n  suspended: {node['suspended']} holding {_mib(held)} of {_mib(cap)}"
         if node.get("evict_bytes"):
             listed = [frozen["sandbox"] for frozen in node.get("evict") or []]
-            shown = ", ".join(listed[:3]) + (
+            first = ", ".join(listed[:3]) + (
                 f", +{len(listed) - 3} more" if len(listed) > 3 else ""
             )
             wanted = node["evict_bytes"]
             asked = _mib(wanted) if wanted >= 1 << 20 else "less than 1 MiB"
             why = "; memory pressure: one more each pass" if node.get("memory_pressure") else ""
-            line += f" (asks to give up {asked}{why}; longest suspended first: {shown})"
-    for kept in node.get("kept") or []:
-        line += f"\n  keeps the state of {kept['app']}, not handed back: {kept['reason']}"
+            line += f" (asks to give up {asked}{why}; longest suspended first: {first})"
+    for kept in node.get("kept") or []:  # a reason can quote the app's state: one line
+        line += f"\n  keeps the state of {kept['app']}, not handed back: {shown(kept['reason'])}"
     tunnel = node.get("tunnel")
     if tunnel is not None:
         reach = "reachable" if tunnel.get("reachable") else "UNREACHABLE: no stream on any replica"

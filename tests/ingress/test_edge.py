@@ -179,6 +179,31 @@ async def test_an_app_that_fails_to_boot_answers_503_with_its_log_when_allowed()
         assert "ImportError: no module x" in text.text
 
 
+async def test_a_boot_log_reaches_a_terminal_with_its_control_characters_shown() -> None:
+    """`curl` prints the text answer on a terminal: the app's escape sequences in its boot log
+    are shown there, not obeyed, and so in the HTML page; the JSON answer has the exact text."""
+    crash_log = "Traceback:\n\x1b]52;c;cHduZWQ=\x07\x1b[2K\rImportError\x9b2J\u202e"
+    crashing = {
+        **CRASHING,
+        "last_crash_log": crash_log,
+        "crash_cooldown_until": time.time() + 60,
+    }
+    shown_log = "Traceback:\n\\x1b]52;c;cHduZWQ=\\x07\\x1b[2K\\rImportError\\x9b2J\\u202e"
+    async with stack({"sb-1": None}, pool_update=crashing, show_boot_log=True) as s:
+        text = await s.client.get("/", headers={"Accept": "*/*"})
+        assert text.status_code == 503
+        assert text.headers["content-type"].startswith("text/plain")
+        assert text.text.endswith(f"\n{shown_log}\n")
+        page = await s.client.get("/", headers={"Accept": "text/html"})
+        assert f"<pre>{shown_log}</pre>" in page.text
+        for body in (text.text, page.text):
+            raw = [c for c in body if (ord(c) < 0x20 and c != "\n") or 0x7F <= ord(c) < 0xA0]
+            assert not raw
+            assert "\u202e" not in body
+        exact = await s.client.get("/", headers={"Accept": "application/json"})
+        assert exact.json()["log"] == crash_log
+
+
 async def test_the_boot_log_is_not_shown_to_anonymous_clients_by_default() -> None:
     crashing = {**CRASHING, "crash_cooldown_until": time.time() + 60}
     async with stack({"sb-1": None}, pool_update=crashing) as s:

@@ -83,3 +83,55 @@ def test_a_taken_port_is_named_with_exit_1_whichever_piece_binds_it(tmp_path: Pa
             assert done.returncode == 1, done.stderr
             assert f"127.0.0.1:{port}: Address already in use" in done.stderr
             assert "Traceback" not in done.stderr
+
+
+def raw_controls(text: str) -> list[str]:
+    """The characters a terminal would act on (C0 but tab and newline, DEL, C1)."""
+    return [c for c in text if c not in "\t\n" and (ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0)]
+
+
+def test_an_error_that_quotes_a_value_shows_its_control_characters(tmp_path: Path) -> None:
+    """`wakeful: error: ...` names the value, here an app definition's environment variable:
+    its escape sequence (a window title) is shown, not sent."""
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "wakeful.toml").write_text(
+        'name = "hello"\ncommand = ["python3", "app.py"]\n\n[env]\n"A\\u001b]0;pwned\\u0007" = 1\n'
+    )
+    done = run("deploy", str(app), cwd=tmp_path)
+    assert done.returncode == 2
+    assert "env.A\\x1b]0;pwned\\x07:" in done.stderr
+    assert not raw_controls(done.stderr)
+
+
+SERVER = """
+import logging, sys
+from wakeful.cli import _configure_logging
+
+_configure_logging(verbose=False)
+log = logging.getLogger("wakeful.controller.reconciler")
+crash = "Traceback:\\n  \\x1b]52;c;cHduZWQ=\\x07\\x1b[2K\\r\\x9b2J\\u202eok"
+log.warning("app %s failed to boot (%d in a row): %s", "hello", 3, crash)
+try:
+    raise ValueError("\\x1b]0;title\\x07")
+except ValueError:
+    log.exception("reconcile failed")
+"""
+
+
+def test_the_server_log_shows_control_characters_and_keeps_its_lines(tmp_path: Path) -> None:
+    """The log of `wakeful up` (and every piece) on its terminal: a crash log the control plane
+    logs cannot write the clipboard or erase a line; a traceback still reads as lines."""
+    done = subprocess.run(
+        [sys.executable, "-c", SERVER], cwd=tmp_path, capture_output=True, timeout=60, check=False
+    )
+    assert done.returncode == 0
+    err = done.stderr.decode()
+    assert not raw_controls(err)
+    assert "\u202e" not in err
+    assert (
+        "failed to boot (3 in a row): Traceback:\n  \\x1b]52;c;cHduZWQ=\\x07\\x1b[2K\\r\\x9b2J"
+        "\\u202eok\n" in err
+    )
+    assert "ERROR wakeful.controller.reconciler: reconcile failed\nTraceback" in err
+    assert "ValueError: \\x1b]0;title\\x07\n" in err

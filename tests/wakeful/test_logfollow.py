@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from wakeful.logfollow import LogFollower, sandbox_of, unseen
+from wakeful.logfollow import LogFollower, sandbox_of, split_line, unseen
 
 
 def lines(text: str) -> list[str]:
@@ -74,12 +74,19 @@ def test_an_access_log_of_ten_thousand_lines_is_followed_in_linear_time() -> Non
 
 
 @pytest.mark.parametrize(
-    ("line", "sandbox"),
-    [("[sb-1] hello", "sb-1"), ("[sb-1]hello", ""), ("hello", ""), ("[sb-2] [x] y", "sb-2")],
-    ids=["prefixed", "no space", "no prefix", "brackets in the text"],
+    ("line", "sandbox", "text"),
+    [
+        ("[sb-1] hello", "sb-1", "hello"),
+        ("[sb-1]hello", "", "[sb-1]hello"),
+        ("hello", "", "hello"),
+        ("[sb-2] [x] y", "sb-2", "[x] y"),
+        ("[sb-3] ", "sb-3", ""),
+    ],
+    ids=["prefixed", "no space", "no prefix", "brackets in the text", "empty line"],
 )
-def test_a_line_names_its_sandbox_in_its_prefix(line: str, sandbox: str) -> None:
+def test_a_line_names_its_sandbox_in_its_prefix(line: str, sandbox: str, text: str) -> None:
     assert sandbox_of(line) == sandbox
+    assert split_line(line) == (sandbox, text)
 
 
 def test_each_sandbox_is_followed_on_its_own() -> None:

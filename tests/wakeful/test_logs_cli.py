@@ -1,12 +1,17 @@
-"""`wakeful logs` against a real control API (the lines on stdout, a lag note on stderr), and
-the HTTP sink a node on another machine pushes its output through."""
+"""`wakeful logs` against a real control API (the lines on stdout, an app's control
+characters shown as escapes, the exact text with `--json`, a lag note on stderr), and the HTTP
+sink a node on another machine pushes its output through."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import anyio
 import pytest
 from prometheus_client import CollectorRegistry
 
+from tests.wakeful.conftest import running_control_plane
 from wakeful.activator.api import create_app
 from wakeful.activator.core import Activator
 from wakeful.activator.settings import ActivatorSettings
@@ -97,3 +102,49 @@ async def test_the_http_sink_turns_a_refusal_or_an_unreachable_api_into_ship_fai
                 await sink.ship(batch)
             assert book.node("n1") is not None
             tasks.cancel_scope.cancel()
+
+
+HOSTILE = (
+    "copied \x1b]52;c;ZWNobyBwd25lZA==\x07 to your clipboard\n"
+    "\x1b]0;wakeful: all good\x07\x1b[2K\r[sb-9] wakeful: deployed\n"
+    "\x9b31mred\tand tabbed\n"
+)
+"""An app's output that, sent raw to a terminal, writes the clipboard, sets the window title,
+erases its own `[sb-1]` prefix for a forged one, and starts a C1 CSI sequence."""
+
+
+async def test_logs_show_an_apps_control_characters_and_json_keeps_them_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with running_control_plane(tmp_path) as control:
+        monkeypatch.setenv("WAKEFUL_TOKEN", control.token)
+        await control.store.put("apps/hello", App(name="hello"))
+        chunk = OutputChunk(
+            sandbox="sb-1",
+            app="hello",
+            created_at=1,
+            offset=0,
+            size=len(HOSTILE.encode()),
+            text=HOSTILE,
+        )
+        await control.plane.logbook.ship(
+            LogBatch(node="n1", interval=1, pending=0, dropped=0, chunks=[chunk])
+        )
+
+        def cli(*args: str) -> int:
+            return main(["--api", control.url, "logs", "hello", *args])
+
+        assert await anyio.to_thread.run_sync(cli) == 0
+        out = capsys.readouterr().out
+        assert not [c for c in out if c not in "\t\n" and (ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0)]
+        assert out.splitlines() == [
+            "[sb-1] copied \\x1b]52;c;ZWNobyBwd25lZA==\\x07 to your clipboard",
+            "[sb-1] \\x1b]0;wakeful: all good\\x07\\x1b[2K\\r[sb-9] wakeful: deployed",
+            "[sb-1] \\x9b31mred\tand tabbed",
+        ]
+        assert await anyio.to_thread.run_sync(cli, "--json") == 0
+        out = capsys.readouterr().out
+        assert out.isascii()
+        assert [json.loads(line) for line in out.splitlines()] == [
+            {"sandbox": "sb-1", "line": line} for line in HOSTILE.removesuffix("\n").split("\n")
+        ]

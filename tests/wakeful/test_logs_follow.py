@@ -118,6 +118,41 @@ async def test_follow_prints_each_line_once_as_the_window_slides(
     ]
 
 
+@pytest.mark.parametrize(
+    ("as_json", "printed"),
+    [
+        (False, ["[sb-1] ready", "[sb-1] \\x1b]52;c;cHduZWQ=\\x07\\x1b[2K\\r\\x9b1m"]),
+        (
+            True,
+            [
+                '{"sandbox": "sb-1", "line": "ready"}',
+                '{"sandbox": "sb-1", "line": "\\u001b]52;c;cHduZWQ=\\u0007\\u001b[2K\\r\\u009b1m"}',
+            ],
+        ),
+    ],
+    ids=["control characters shown", "--json keeps them exact"],
+)
+async def test_follow_shows_what_arrives_later_as_it_shows_the_rest(
+    running: Running, capsys: pytest.CaptureFixture[str], as_json: bool, printed: list[str]
+) -> None:
+    await running.node.write("sb-1", "ready\n")
+    later = iter(["\x1b]52;c;cHduZWQ=\x07\x1b[2K\r\x9b1m\n"])
+
+    def pause(seconds: float) -> None:
+        text = next(later, None)
+        if text is None:
+            raise Stop
+        anyio.from_thread.run(running.node.write, "sb-1", text)
+
+    def follow() -> int:
+        with ControlClient(running.endpoint) as api:
+            return commands.logs(api, "hello", tail=3, follow=True, as_json=as_json, pause=pause)
+
+    with pytest.raises(Stop):
+        await anyio.to_thread.run_sync(follow)
+    assert capsys.readouterr().out.split("\n") == [*printed, ""]
+
+
 class Lines:
     """A process's stdout, line by line, each read waiting at most 30 s."""
 

@@ -123,3 +123,14 @@ def test_a_drained_node_shows_its_progress_and_a_node_the_states_it_keeps() -> N
     first, second = shown.splitlines()
     assert "sandboxes=1  owned=1 running=0 moving=1 archived=0 moved=3 failed=0" in first
     assert second == "  keeps the state of notes, not handed back: over the bound; kept in /k"
+
+
+def test_a_kept_reason_that_quotes_an_app_stays_on_its_line() -> None:
+    """A reason can quote the app's state (a member name in a refused archive): its newline
+    and escape sequences are shown, not obeyed, so it cannot add a line of its own."""
+    node = {"name": "n1", "sandboxes": 0, "cordoned": False, "evacuating": False}
+    kept = [{"app": "notes", "reason": "refused: 'a\n\x1b[2Kn2  ready  sandboxes=0'"}]
+    shown = node_line({**node, "registered": True, "kept": kept})
+    assert shown.splitlines()[1:] == [
+        "  keeps the state of notes, not handed back: refused: 'a\\n\\x1b[2Kn2  ready  sandboxes=0'"
+    ]
