@@ -1,9 +1,16 @@
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
+from typing import Annotated
+from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import NoDecode
 
+from wakeful.domain.hosts import HostRules, ends_in_number
+from wakeful.domain.models import HOST_PATTERN
 from wakeful.store.settings import StoreSettings
 
 
@@ -51,5 +58,52 @@ class ActivatorSettings(StoreSettings):
     back with its last archive (what the app wrote since is lost with the node); a node back
     sooner hands it back itself. WAKEFUL_STATE_TAKEBACK_AFTER."""
 
+    base_domain: str = "localhost"
+    """WAKEFUL_BASE_DOMAIN: `<app>.<base_domain>` is an app's default host, which no other
+    app's `hosts` may take. The ingress routes by the same variable: where they run apart, give
+    both the same value."""
+    reserved_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list, max_length=256)
+    """WAKEFUL_RESERVED_HOSTS: the names operators reach the control API and `/ui` at (behind
+    a reverse proxy, the dashboard's own host name), comma-separated or a JSON list. No app may
+    claim one, or a host overlapping one: a browser would send it the dashboard's cookie. The
+    hosts of `listen` and `advertise_url`, when they are names, are reserved as well
+    (`host_rules`)."""
+
+    @field_validator("reserved_hosts", mode="before")
+    @classmethod
+    def _host_list(cls, value: object) -> object:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)  # malformed: a ValueError, named by pydantic
+            return [part.strip() for part in text.split(",") if part.strip()]
+        return value
+
+    @field_validator("reserved_hosts")
+    @classmethod
+    def _hosts(cls, hosts: list[str]) -> list[str]:
+        found = []
+        for host in hosts:
+            name = host.strip().casefold().removesuffix(".")
+            if len(name) > 253 or not re.fullmatch(HOST_PATTERN, name):
+                raise ValueError(f"{host!r} is not a host name (e.g. wakeful.example.com)")
+            found.append(name)
+        return found
+
     def advertised(self) -> str:
         return self.advertise_url or f"http://{self.listen}"
+
+    def host_rules(self) -> HostRules:
+        """What a deploy checks hosts against: the base domain, and the names this control
+        plane answers on (`reserved_hosts`, then the hosts of `listen` and of the advertised
+        URL when they are names; an IP address is reserved anyway)."""
+        names = list(self.reserved_hosts)
+        listening = self.listen.rpartition(":")[0].strip("[]").casefold()
+        try:
+            advertised = urlsplit(self.advertised()).hostname or ""
+        except ValueError:  # not a URL: nothing reaches the control plane by it
+            advertised = ""
+        for name in (listening, advertised):
+            if name and ":" not in name and not ends_in_number(name) and name not in names:
+                names.append(name)
+        return HostRules(self.base_domain, tuple(names))

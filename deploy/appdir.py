@@ -3,6 +3,9 @@
 A bad file is refused with the file, the field and the reason, before anything is written:
 
     examples/hello/wakeful.toml: concurrency.requests_per_instance: must be >= 1 (got 0)
+
+So is a host reserved whatever the control plane's settings (an IP address, `localhost`:
+`wakeful.domain.hosts.reserved`); the control plane refuses the rest at deploy.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from wakeful.domain.hosts import reserved
 from wakeful.domain.models import NAME_PATTERN, AppSpec, Host, describe_validation_error
 
 MANIFEST = "wakeful.toml"
@@ -100,4 +104,8 @@ def load_app_dir(path: Path) -> AppDir:
         # whole spec names its fields in its own message.
         described = describe_validation_error(exc).replace("spec.", "").replace("spec: ", "")
         raise AppDirError(f"{manifest}: {described}") from exc
+    for host in definition.hosts:
+        reason = reserved(host)
+        if reason is not None:
+            raise AppDirError(f"{manifest}: hosts: {reason}")
     return AppDir(path, definition)

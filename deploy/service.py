@@ -2,7 +2,11 @@
 
 Rules (seed 000 and invariant 4):
 - An unchanged deploy (same spec, hosts and artifact as the active version) is a no-op.
-- A host that overlaps another app's (`wakeful.domain.hosts`) refuses the deploy.
+- A reserved host (an IP address, `localhost`, the base domain or a wildcard over the apps'
+  default hosts, a name the control plane answers on), a host that overlaps another app's,
+  another app's default host, or a default host another app's hosts take refuses the deploy
+  before anything is written (`wakeful.domain.hosts`). A rollback is checked the same way,
+  and every rollout again just before its route flips (it is abandoned if refused then).
 - A new version's pool starts at the size of the pool it replaces (never below min_instances,
   at least 1 when the old one was serving), so a busy app's new version does not start on one
   sandbox and take the whole load there.
@@ -29,7 +33,7 @@ from wakeful.deploy.appdir import AppDefinition
 from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.deploy.collect import ArtifactCollector
 from wakeful.domain import keys
-from wakeful.domain.hosts import conflicts
+from wakeful.domain.hosts import Claim, HostRules, refusal
 from wakeful.domain.models import App, Pool, RolloutRecord, Sandbox, SandboxStatus, Version
 from wakeful.store import Conflict, Delete, Deposed, Item, Op, Put, Require, Store, StoreError
 
@@ -122,10 +126,14 @@ class Deployer:
         collector: ArtifactCollector | None = None,
         timeout: float = 300.0,
         clock: Callable[[], float] = time.time,
+        hosts: HostRules | None = None,
     ) -> None:
         """`collector`: deletes the artifacts an app deletion leaves unreferenced (by
-        default one with the default grace period, on `clock`)."""
+        default one with the default grace period, on `clock`). `hosts`: the base domain and
+        the control plane's names (`ActivatorSettings.host_rules`; by default `localhost` and
+        none)."""
         self._store = store
+        self._hosts = hosts if hosts is not None else HostRules()
         self._artifacts = artifacts
         self.collector = collector or ArtifactCollector(store, artifacts, clock=clock)
         self._timeout = timeout
@@ -139,11 +147,9 @@ class Deployer:
         if artifact is not None and not await self._artifacts.keep(artifact):
             raise DeployError(f"artifact {artifact} was not uploaded")
         name = definition.name
-        claimed = (await self._store.list(keys.APPS, App)).items
-        others = ((a.value.name, a.value.hosts) for a in claimed)
-        clashes = conflicts(name, definition.hosts, others)
-        if clashes:
-            raise DeployError("; ".join(clashes) + ": a host routes to one app only")
+        refused = await self._refusal(Claim(name, definition.hosts, definition.default_host))
+        if refused is not None:
+            raise DeployError(refused)
         app = await self._store.get(keys.app(name), App)
         versions = (await self._store.list(keys.versions_of(name), Version)).items
         active = None
@@ -229,6 +235,12 @@ class Deployer:
         self.rollouts[(name, version)] = rollout
         return rollout
 
+    async def _refusal(self, claim: Claim) -> str | None:
+        """Why `claim` may not be routed, against the apps as they are now (None: it may)."""
+        apps = (await self._store.list(keys.APPS, App)).items
+        others = [Claim(a.value.name, a.value.hosts, a.value.default_host) for a in apps]
+        return refusal(claim, others, self._hosts)
+
     async def roll_out(self, rollout: Rollout) -> Rollout:
         """Wait for the new pool to be ready enough, then flip the route; or abandon it. How
         it ended goes in its record (`rollouts/{app}/{version}`).
@@ -308,6 +320,11 @@ class Deployer:
                 return await self._abandon(rollout, f"not ready within {self._timeout:g} s")
             rollout.message = f"{rollout.ready}/{rollout.target_ready} sandboxes ready"
             await anyio.sleep(0.2)
+        # Checked again before the route moves: another app may have taken a host since this
+        # rollout began, and the control plane carrying it on may reserve other names.
+        refused = await self._refusal(Claim(rollout.app, rollout.hosts, rollout.default_host))
+        if refused is not None:
+            return await self._abandon(rollout, refused)
         await self._flip(rollout, rollout.hosts, rollout.default_host)
         rollout.phase = Phase.LIVE
         rollout.message = f"{rollout.app} {rollout.version} is live"
@@ -430,6 +447,14 @@ class Deployer:
         previous = found.value.previous_version
         if previous is None:
             raise DeployError(f"app {app!r} has no previous version to roll back to")
+        # A version has no hosts: a rollback routes the app's current ones, which may have
+        # become reserved (or another app's) since they were deployed.
+        refused = await self._refusal(Claim(app, found.value.hosts, found.value.default_host))
+        if refused is not None:
+            raise DeployError(
+                f"cannot roll back {app}: {refused}; deploy the version you want again, with "
+                "hosts that pass"
+            )
         version = await self._store.get(keys.version(app, previous), Version)
         if version is None:
             raise DeployError(f"version {previous} of {app!r} is gone")

@@ -4,8 +4,9 @@ Only the reflection of `apps/` writes the table (`wakeful.store.reflector`); the
 reads `table.index`, a snapshot replaced whole, so it never sees half an update.
 Precedence: `<app>.<base_domain>` for an app with its default host, then an exact host, then
 the longest matching `*.domain`. So no app's `hosts` can take another app's default host,
-whatever base domain an ingress uses (the control plane does not know it); overlaps between
-apps' `hosts` are refused at deploy (`wakeful.domain.hosts`).
+whatever base domain an ingress uses. The control plane refuses at deploy what would clash
+(`wakeful.domain.hosts`): overlaps between apps' `hosts`, and hosts overlapping a default host
+under its own `WAKEFUL_BASE_DOMAIN`, which must be the ingresses'.
 """
 
 from __future__ import annotations

@@ -131,7 +131,7 @@ async def control_plane(
     collector = ArtifactCollector(
         store, artifacts, grace=settings.artifact_grace, clock=artifact_clock
     )
-    deployer = Deployer(store, artifacts, collector=collector)
+    deployer = Deployer(store, artifacts, collector=collector, hosts=settings.host_rules())
     logbook = LogBook()
     token = settings.token.get_secret_value() if settings.token else ""
     if not token:

@@ -20,6 +20,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.deploy.appdir import AppDir, AppDirError, load_app_dir
 from wakeful.deploy.artifacts import LocalArtifacts
+from wakeful.deploy.service import DeployError
 from wakeful.domain.artifacts import ArtifactError
 from wakeful.idle_monitor.monitor import IdleMonitorSettings
 from wakeful.node.isolation import IsolationUnavailable
@@ -42,7 +43,7 @@ from .bootstrap import (
     signals_caught,
     split_address,
 )
-from .commands import RUNTIME, CliError
+from .commands import RUNTIME, USAGE, CliError
 from .datadir import private_data_dir
 from .remote import CliSettings, Endpoint
 
@@ -126,10 +127,12 @@ def _serve(main: Callable[[], Awaitable[None]], *, store: str, uvloop: bool = Fa
 
     try:
         anyio.run(caught, backend_options={"use_uvloop": uvloop})
-    except (OSError, StoreError, IsolationUnavailable, BaseExceptionGroup) as raised:
+    except (OSError, StoreError, IsolationUnavailable, DeployError, BaseExceptionGroup) as raised:
         cause = _single_cause(raised)
         if isinstance(cause, AddressInUse):  # bind() names the flag and the address
             raise CliError(str(cause), RUNTIME) from None
+        if isinstance(cause, DeployError):  # an app `wakeful up` was given is refused
+            raise CliError(f"deploy refused: {cause}", USAGE) from None
         if isinstance(cause, IsolationUnavailable):  # says how to install bubblewrap
             raise CliError(str(cause), RUNTIME) from None
         if isinstance(cause, StoreError):

@@ -87,6 +87,21 @@ def test_durations(raw: object, seconds: float) -> None:
             "state.path: String should match pattern",
             id="state-absolute",
         ),
+        pytest.param(
+            'name = "ok"\ncommand = ["x"]\nhosts = ["ok.example.com", "127.0.0.1"]',
+            "hosts: 127.0.0.1 is reserved: a browser reads it as an IP address",
+            id="an-ip-address-host",
+        ),
+        pytest.param(
+            'name = "ok"\ncommand = ["x"]\nhosts = ["0x7f.1"]',
+            "hosts: 0x7f.1 is reserved: a browser reads it as an IP address",
+            id="an-ip-address-host-in-hex",
+        ),
+        pytest.param(
+            'name = "ok"\ncommand = ["x"]\nhosts = ["localhost"]',
+            "hosts: localhost is reserved: it reaches the control plane's dashboard",
+            id="localhost",
+        ),
     ],
 )
 def test_a_bad_manifest_names_the_file_field_and_reason(
@@ -122,3 +137,10 @@ def test_an_app_may_opt_out_of_its_default_host(tmp_path: Path) -> None:
 def test_a_directory_without_a_manifest_is_refused(tmp_path: Path) -> None:
     with pytest.raises(AppDirError, match="missing"):
         load_app_dir(tmp_path)
+
+
+def test_hosts_only_the_control_plane_knows_are_reserved_are_left_to_it(tmp_path: Path) -> None:
+    """`*.localhost` covers the default hosts only if the base domain is localhost, which is
+    the control plane's setting: it refuses the deploy (`test_deploy_api.py`)."""
+    text = 'name = "ok"\ncommand = ["x"]\nhosts = ["*.localhost", "a.localhost"]'
+    assert load_app_dir(write(tmp_path, text)).definition.hosts == ["*.localhost", "a.localhost"]

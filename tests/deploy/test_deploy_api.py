@@ -20,10 +20,12 @@ from wakeful.activator.settings import ActivatorSettings
 from wakeful.deploy.api import deploy_router
 from wakeful.deploy.appdir import load_app_dir
 from wakeful.deploy.artifacts import LocalArtifacts
-from wakeful.deploy.service import Deployer, starting_size
+from wakeful.deploy.service import Deployer, DeployError, Phase, starting_size
+from wakeful.domain import keys
 from wakeful.domain.artifacts import digest_of, pack
-from wakeful.domain.models import AppSpec, Pool, Role
-from wakeful.store import open_store
+from wakeful.domain.hosts import HostRules
+from wakeful.domain.models import App, AppSpec, Pool, Role, RolloutRecord, Version
+from wakeful.store import Store, open_store
 from wakeful.store.testing import free_port
 from wakeful.store.tokenbook import TokenBook
 
@@ -35,33 +37,38 @@ ADMIN = TokenBook.of({TOKEN: Role.ADMIN})
 
 
 @pytest.fixture
-async def api(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+async def store() -> AsyncIterator[Store]:
+    """The control plane's store in `api` (the same one in a test that asks for both)."""
     async with open_store("memory://") as store:
-        registry = CollectorRegistry()
-        activator = Activator(
-            store, ActivatorSettings(store_url="memory://", token=TOKEN), registry
+        yield store
+
+
+@pytest.fixture
+async def api(tmp_path: Path, store: Store) -> AsyncIterator[httpx.AsyncClient]:
+    registry = CollectorRegistry()
+    settings = ActivatorSettings(
+        store_url="memory://", token=TOKEN, reserved_hosts=["dashboard.internal"]
+    )
+    activator = Activator(store, settings, registry)
+    artifacts = LocalArtifacts(tmp_path / "artifacts", max_bytes=64 * 1024)
+    deployer = Deployer(store, artifacts, timeout=2, hosts=settings.host_rules())
+    port = free_port()
+    async with activator.running(), anyio.create_task_group() as tasks:
+        app = create_app(
+            activator, ADMIN, registry, [deploy_router(store, deployer, artifacts, tasks)]
         )
-        artifacts = LocalArtifacts(tmp_path / "artifacts", max_bytes=64 * 1024)
-        deployer = Deployer(store, artifacts, timeout=2)
-        port = free_port()
-        async with activator.running(), anyio.create_task_group() as tasks:
-            app = create_app(
-                activator, ADMIN, registry, [deploy_router(store, deployer, artifacts, tasks)]
-            )
-            server = uvicorn.Server(
-                uvicorn.Config(
-                    app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"
-                )
-            )
-            tasks.start_soon(server.serve)
-            with anyio.fail_after(10):
-                while not server.started:  # noqa: ASYNC110 - uvicorn exposes a flag, no event
-                    await anyio.sleep(0.01)
-            async with httpx.AsyncClient(
-                base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {TOKEN}"}
-            ) as client:
-                yield client
-            server.should_exit = True
+        server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+        )
+        tasks.start_soon(server.serve)
+        with anyio.fail_after(10):
+            while not server.started:  # noqa: ASYNC110 - uvicorn exposes a flag, no event
+                await anyio.sleep(0.01)
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {TOKEN}"}
+        ) as client:
+            yield client
+        server.should_exit = True
 
 
 async def upload(
@@ -157,8 +164,6 @@ def test_starting_size(
 
 
 async def test_rollback_recreates_a_swept_pool_from_its_version(tmp_path: Path) -> None:
-    from wakeful.domain.models import App, Version
-
     async with open_store("memory://") as store:
         spec = AppSpec(command=["x"])
         await store.put("versions/a/v1", Version(app="a", version="v1", spec=spec))
@@ -220,3 +225,102 @@ async def test_an_app_can_opt_out_of_its_default_host(api: httpx.AsyncClient) ->
     await live(api, "quiet")
     apps = (await api.get("/v1/apps")).json()
     assert [(a["name"], a["default_host"]) for a in apps] == [("quiet", False)]
+
+
+async def nothing_of(store: Store, app: str) -> None:
+    """No app record, version, pool or rollout of `app` was written."""
+    assert await store.get(keys.app(app), App) is None
+    assert (await store.list(keys.versions_of(app), Version)).items == []
+    assert [p for p in (await store.list(keys.POOLS, Pool)).items if p.value.app == app] == []
+    assert (await store.list(keys.rollouts_of(app), RolloutRecord)).items == []
+
+
+@pytest.mark.parametrize(
+    ("host", "why"),
+    [
+        pytest.param("127.0.0.1", "a browser reads it as an IP address", id="an IP address"),
+        pytest.param("0x7f.1", "a browser reads it as an IP address", id="127.0.0.1 in hex"),
+        pytest.param("localhost", "it reaches the control plane's dashboard", id="localhost"),
+        pytest.param("*.localhost", "it covers the apps' default hosts", id="every default host"),
+        pytest.param(
+            "dashboard.internal",
+            "the control plane answers on it",
+            id="a name in WAKEFUL_RESERVED_HOSTS",
+        ),
+    ],
+)
+async def test_a_reserved_host_refuses_the_deploy_and_writes_nothing(
+    api: httpx.AsyncClient, store: Store, host: str, why: str
+) -> None:
+    refused = await deploy_as(api, "grabby", ["grabby.example.com", host])
+    assert refused.status_code == 400
+    assert refused.json()["error"] == "deploy refused"
+    assert refused.json()["detail"].startswith(f"hosts: {host} is reserved: {why}")
+    await nothing_of(store, "grabby")
+
+
+async def test_a_host_that_is_another_apps_default_host_is_refused_naming_both(
+    api: httpx.AsyncClient, store: Store
+) -> None:
+    assert (await deploy_as(api, "hello", [])).status_code == 202
+    await live(api, "hello")
+    refused = await deploy_as(api, "foo", ["foo.example.com", "hello.localhost"])
+    assert refused.status_code == 400
+    assert (
+        "host hello.localhost of foo overlaps hello.localhost, the default host of app hello"
+        in refused.json()["detail"]
+    )
+    await nothing_of(store, "foo")
+    # Without its default host, hello leaves the name free.
+    assert (await deploy_as(api, "hello", [], default_host=False)).status_code == 202
+    with anyio.fail_after(10):
+        while (await api.get("/v1/deploys/hello/v2")).json()["phase"] != "live":  # noqa: ASYNC110
+            await anyio.sleep(0.05)
+    assert (await deploy_as(api, "foo", ["hello.localhost"])).status_code == 202
+
+
+async def test_a_default_host_another_app_claims_is_refused_naming_both(
+    api: httpx.AsyncClient, store: Store
+) -> None:
+    assert (await deploy_as(api, "bar", ["foo.localhost"])).status_code == 202
+    await live(api, "bar")
+    refused = await deploy_as(api, "foo", [])
+    assert refused.status_code == 400
+    detail = refused.json()["detail"]
+    assert "the default host foo.localhost of foo overlaps host foo.localhost of app bar" in detail
+    assert "default_host = false" in detail
+    await nothing_of(store, "foo")
+    assert (await deploy_as(api, "foo", [], default_host=False)).status_code == 202
+
+
+async def test_a_rollback_does_not_route_hosts_reserved_since(tmp_path: Path) -> None:
+    async with open_store("memory://") as store:
+        spec = AppSpec(command=["x"])
+        await store.put("versions/a/v1", Version(app="a", version="v1", spec=spec))
+        await store.put("versions/a/v2", Version(app="a", version="v2", spec=spec))
+        # Deployed before the name was reserved (WAKEFUL_RESERVED_HOSTS set since).
+        app = App(name="a", hosts=["ops.example.com"], active_version="v2", previous_version="v1")
+        await store.put("apps/a", app)
+        rules = HostRules(control=("ops.example.com",))
+        deployer = Deployer(store, LocalArtifacts(tmp_path), timeout=1, hosts=rules)
+        with pytest.raises(DeployError, match=r"cannot roll back a: hosts: ops\.example\.com is"):
+            await deployer.rollback("a")
+        assert await store.get("pools/a-v1", Pool) is None
+        assert (await store.list(keys.rollouts_of("a"), RolloutRecord)).items == []
+
+
+async def test_a_rollout_that_lost_a_host_before_its_flip_is_abandoned(tmp_path: Path) -> None:
+    async with open_store("memory://") as store:
+        deployer = Deployer(store, LocalArtifacts(tmp_path), timeout=1)
+        definition = load_app_dir(HELLO).definition.model_copy(
+            update={"name": "foo", "hosts": ["shop.example.com"]}
+        )
+        rollout = await deployer.prepare(definition, None)
+        # Another app took the host while foo's sandboxes started.
+        await store.put("apps/shop", App(name="shop", hosts=["shop.example.com"]))
+        ended = await deployer.roll_out(rollout)
+        assert ended.phase is Phase.FAILED
+        assert "overlaps host shop.example.com of app shop" in ended.message
+        assert await store.get(keys.app("foo"), App) is None
+        pool = await store.get(keys.pool(rollout.pool), Pool)
+        assert pool is not None and pool.value.retired
