@@ -49,7 +49,10 @@ ROUTES: Final[Mapping[tuple[str, str], Access]] = {
     # artifacts and deploys (deploy/api.py): a node fetches what it runs
     ("GET", "/v1/artifacts/{digest}"): NODE,
     ("PUT", "/v1/artifacts/{digest}"): ADMIN_ONLY,
-    ("PUT", "/v1/states/{digest}"): NODE,  # a stateful app's archive, when its sandbox stops
+    # a stateful app's state, handed back by the node holding it (deploy/states.py checks it)
+    ("PUT", "/v1/states/{app}/archives/{digest}"): NODE,
+    ("POST", "/v1/states/{app}/release"): NODE,
+    ("POST", "/v1/states/{app}/keep"): NODE,
     ("POST", "/v1/deploys"): ADMIN_ONLY,
     ("GET", "/v1/deploys/{app}/{version}"): ADMIN_ONLY,
     ("POST", "/v1/apps/{app}/rollback"): ADMIN_ONLY,

@@ -46,8 +46,13 @@ class ActivatorSettings(StoreSettings):
     """WAKEFUL_ARTIFACT_DIR: where artifacts are kept; `<data dir>/artifacts` when unset.
     Activators that stand in for each other share it (one directory, or one network mount)."""
     state_max_bytes: int = Field(default=256 << 20, ge=1 << 20, le=64 << 30)
-    """The largest state archive a node may store (`PUT /v1/states/{digest}`); nodes have the
-    same setting. WAKEFUL_STATE_MAX_BYTES."""
+    """The largest state archive a node may store (`PUT /v1/states/{app}/archives/{digest}`);
+    nodes have the same setting. WAKEFUL_STATE_MAX_BYTES."""
+    state_pending_node_bytes: int = Field(default=1 << 30, ge=1 << 20, le=1 << 40)
+    """Bytes of state archives one node may have stored and not yet released (past it, 507
+    and the node tries again later). WAKEFUL_STATE_PENDING_NODE_BYTES."""
+    state_pending_bytes: int = Field(default=4 << 30, ge=1 << 20, le=1 << 42)
+    """The same, for all nodes together. WAKEFUL_STATE_PENDING_BYTES."""
     evacuate_concurrency: int = Field(default=4, ge=1, le=256)
     """Stateful sandboxes a drain moves at once, cluster-wide. WAKEFUL_EVACUATE_CONCURRENCY."""
     evacuate_grace: float = Field(default=30.0, ge=0, le=3600)

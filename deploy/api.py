@@ -2,24 +2,33 @@
 
 Mounted behind the role check of the control API (`activator.api.create_app`; the decisions
 are in `activator.roles`): every route here is admin-only except `GET /v1/artifacts/{digest}`
-and `PUT /v1/states/{digest}` (a stateful app's archive), which a node token may call too.
+and the three a node hands a stateful app's state back by, which a node token may call too,
+each only for the state its own node holds (`deploy.states`):
+
+PUT  /v1/states/{app}/archives/{digest}?node=N&epoch=E   store the archive of a held state
+POST /v1/states/{app}/release                            release it, with that archive
+POST /v1/states/{app}/keep                               keep it, saying why
+
 Sandbox output is served by `deploy.logs_api`.
 """
 
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 import anyio
 import anyio.abc
-from fastapi import APIRouter, HTTPException, Request, Response
+from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi import Path as PathParam
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
 from wakeful.deploy.appdir import AppDefinition
 from wakeful.deploy.artifacts import ArtifactStorageError, LocalArtifacts
 from wakeful.deploy.service import Deployer, DeployError, Phase, UnknownApp
+from wakeful.deploy.states import ArchiveMissing, NotHeld, StateKeeper, StorageFull
 from wakeful.domain import keys
 from wakeful.domain.artifacts import ArtifactError
-from wakeful.domain.models import NAME_PATTERN, App, Version
+from wakeful.domain.models import NAME_PATTERN, SANDBOX_ID_PATTERN, App, AppState, Role, Version
+from wakeful.domain.state import Stale
 from wakeful.store import Store
 
 # Names from a URL are checked before they become store keys: a malformed one is a 422 that
@@ -27,6 +36,38 @@ from wakeful.store import Store
 AppName = Annotated[str, PathParam(pattern=NAME_PATTERN, description="an app name")]
 VersionName = Annotated[str, PathParam(pattern=NAME_PATTERN, description="a version, e.g. v3")]
 Digest = Annotated[str, PathParam(pattern=r"^[0-9a-f]{64}$", description="a sha256, hex")]
+
+
+NodeQuery = Annotated[str, Query(pattern=NAME_PATTERN, description="the node holding it")]
+EpochQuery = Annotated[int, Query(ge=1, description="the epoch it holds the state at")]
+
+
+class SandboxAt(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(pattern=SANDBOX_ID_PATTERN)
+    revision: int = Field(ge=0, description="the record's revision as read; 0: absent")
+
+
+class ReleaseRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    node: str = Field(pattern=NAME_PATTERN)
+    epoch: int = Field(ge=1)
+    archive: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    size: int = Field(default=0, ge=0)
+    error: str = Field(default="", max_length=4000)
+    sandbox: SandboxAt | None = None
+    """Release only while this sandbox's record is at this revision."""
+
+
+class KeepRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    node: str = Field(pattern=NAME_PATTERN)
+    epoch: int = Field(ge=1)
+    error: str = Field(max_length=4000)
+    for_good: bool = True
 
 
 class DeployRequest(BaseModel):
@@ -78,6 +119,7 @@ def deploy_router(
     store: Store,
     deployer: Deployer,
     artifacts: LocalArtifacts,
+    keeper: StateKeeper,
     tasks: anyio.abc.TaskGroup,
 ) -> APIRouter:
     router = APIRouter()
@@ -85,9 +127,22 @@ def deploy_router(
     def bad(status: int, error: str, detail: str) -> HTTPException:
         return HTTPException(status, {"error": error, "detail": detail})
 
+    def own_node(request: Request, node: str) -> None:
+        """A node token (named after its node) acts only for its own node."""
+        token = getattr(request.state, "token", None)
+        if token is not None and token.role is Role.NODE and token.name != node:
+            raise bad(
+                403,
+                "forbidden",
+                f"this node token is {token.name!r}'s; it cannot act for node {node!r}",
+            )
+
     uploads = anyio.Semaphore(UPLOADS)  # each holds its body in memory: at most this many
 
-    async def receive(request: Request, digest: str, limit: int, what: str) -> str:
+    async def receive(
+        request: Request, limit: int, what: str, keep: Callable[[bytes], Awaitable[str]]
+    ) -> str:
+        """The body, read within `limit` and the upload bounds, then kept by `keep`."""
         with anyio.move_on_after(UPLOAD_SLOT_WAIT) as waited:
             await uploads.acquire()  # only the wait for a slot is bounded so, not the upload
         if waited.cancelled_caught:
@@ -97,17 +152,23 @@ def deploy_router(
                 headers={"Retry-After": "5"},
             )
         try:
-            return await receive_one(request, digest, limit, what)
+            return await receive_one(request, limit, what, keep)
         finally:
             uploads.release()
 
-    async def receive_one(request: Request, digest: str, limit: int, what: str) -> str:
+    async def receive_one(
+        request: Request, limit: int, what: str, keep: Callable[[bytes], Awaitable[str]]
+    ) -> str:
         with anyio.move_on_after(UPLOAD_MAX_SECONDS) as whole:
             chunks = await read_body(request, limit, what)
         if whole.cancel_called:
             raise bad(408, "upload too slow", f"not received in {UPLOAD_MAX_SECONDS:g} s")
         try:
-            return await artifacts.put(b"".join(chunks), expected=digest, limit=limit)
+            return await keep(b"".join(chunks))
+        except NotHeld as exc:
+            raise bad(409, "state not held", str(exc)) from exc
+        except StorageFull as exc:
+            raise full(exc) from exc
         except ArtifactError as exc:
             raise bad(400, f"invalid {what}", str(exc)) from exc
         except ArtifactStorageError as exc:
@@ -116,6 +177,13 @@ def deploy_router(
                 {"error": "artifact store unavailable", "detail": str(exc)},
                 headers={"Retry-After": "5"},
             ) from exc
+
+    def full(exc: StorageFull) -> HTTPException:
+        return HTTPException(
+            507,
+            {"error": "state archives pending", "detail": str(exc)},
+            headers={"Retry-After": str(exc.retry_after)},
+        )
 
     async def read_body(request: Request, limit: int, what: str) -> list[bytes]:
         chunks: list[bytes] = []
@@ -135,13 +203,71 @@ def deploy_router(
 
     @router.put("/v1/artifacts/{digest}", status_code=201)
     async def upload(digest: Digest, request: Request) -> dict[str, str]:
-        return {"artifact": await receive(request, digest, artifacts.max_bytes, "artifact")}
+        limit = artifacts.max_bytes
 
-    @router.put("/v1/states/{digest}", status_code=201)
-    async def upload_state(digest: Digest, request: Request) -> dict[str, str]:
-        """A node stores a stateful app's archive (fetched back as `/v1/artifacts/{digest}`)."""
+        async def keep(data: bytes) -> str:
+            return await artifacts.put(data, expected=digest, limit=limit)
+
+        return {"artifact": await receive(request, limit, "artifact", keep)}
+
+    @router.put("/v1/states/{app}/archives/{digest}", status_code=201)
+    async def upload_state(
+        app: AppName, digest: Digest, node: NodeQuery, epoch: EpochQuery, request: Request
+    ) -> dict[str, str]:
+        """The node holding `app`'s state at `epoch` stores its archive (fetched back as
+        `/v1/artifacts/{digest}`). Refused before the body is read when the node does not
+        hold it, or past the bounds on what is stored and not yet released."""
+        own_node(request, node)
+        declared = request.headers.get("content-length", "")
+        try:
+            await keeper.admit(node, app, epoch, int(declared) if declared.isdigit() else 0)
+        except NotHeld as exc:
+            raise bad(409, "state not held", str(exc)) from exc
+        except StorageFull as exc:
+            raise full(exc) from exc
+
+        async def keep(data: bytes) -> str:
+            await keeper.store_archive(node, app, epoch, data, digest)
+            return digest
+
         limit = artifacts.state_max_bytes
-        return {"archive": await receive(request, digest, limit, "state archive")}
+        return {"archive": await receive(request, limit, "state archive", keep)}
+
+    @router.post("/v1/states/{app}/release", response_model=AppState)
+    async def release_state(app: AppName, body: ReleaseRequest, request: Request) -> AppState:
+        """The node holding `app`'s state at `body.epoch` hands it back: 409 when it does not
+        (nothing written), 404 when the record is gone, 412 when `body.sandbox` moved on."""
+        own_node(request, body.node)
+        sandbox_at = None if body.sandbox is None else (body.sandbox.id, body.sandbox.revision)
+        try:
+            written = await keeper.release(
+                body.node,
+                app,
+                body.epoch,
+                archive=body.archive,
+                size=body.size,
+                error=body.error,
+                sandbox_at=sandbox_at,
+            )
+        except ArchiveMissing as exc:
+            raise bad(400, "archive not stored", str(exc)) from exc
+        return settled(app, written, body.sandbox is not None)
+
+    @router.post("/v1/states/{app}/keep", response_model=AppState)
+    async def keep_state(app: AppName, body: KeepRequest, request: Request) -> AppState:
+        """The node holding `app`'s state at `body.epoch` keeps it, saying why."""
+        own_node(request, body.node)
+        written = await keeper.keep(body.node, app, body.epoch, body.error, for_good=body.for_good)
+        return settled(app, written, False)
+
+    def settled(app: str, written: AppState | Stale | None, conditional: bool) -> AppState:
+        if isinstance(written, Stale):
+            raise bad(409, "state moved", written.reason)
+        if written is None and conditional:
+            raise bad(412, "sandbox changed", "its sandbox's record changed: nothing written")
+        if written is None:
+            raise bad(404, "unknown state", f"app {app!r} has no state record")
+        return written
 
     @router.get("/v1/artifacts/{digest}")
     async def download(digest: Digest) -> Response:

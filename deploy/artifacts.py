@@ -56,7 +56,7 @@ class LocalArtifacts:
         self._dir = directory
         self.max_bytes = max_bytes
         self.state_max_bytes = state_max_bytes
-        """The bound on a stateful app's archive (`store_state`), stored here too."""
+        """The bound on a stateful app's archive (stored here too, by `deploy.states`)."""
         self._clock = clock
         self._lock = anyio.Lock()
 
@@ -103,11 +103,6 @@ class LocalArtifacts:
             raise ArtifactStorageError(
                 exc.errno, f"cannot store artifact {digest}: {exc.strerror}"
             ) from exc
-
-    async def store_state(self, data: bytes, digest: str) -> None:
-        """A node's state archive (the same format and directory as artifacts; the collector
-        keeps what an `AppState` names)."""
-        await self.put(data, expected=digest, limit=self.state_max_bytes)
 
     async def fetch(self, digest: str) -> bytes:
         """The stored bytes, as they are on disk: whoever unpacks them checks their sha256

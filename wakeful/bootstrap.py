@@ -54,13 +54,14 @@ from wakeful.deploy.collect import ArtifactCollector
 from wakeful.deploy.logbook import LogBook
 from wakeful.deploy.logs_api import logs_router
 from wakeful.deploy.service import Deployer, Phase
+from wakeful.deploy.states import Bounds, StateKeeper
 from wakeful.domain import keys
 from wakeful.domain.artifacts import pack
 from wakeful.domain.models import Leader, Token
 from wakeful.idle_monitor.monitor import IdleMonitor, IdleMonitorSettings
 from wakeful.node.agent import NodeAgent, runtime_for
 from wakeful.node.settings import NodeSettings
-from wakeful.remote import Endpoint, HttpArtifacts, HttpLogSink
+from wakeful.remote import Endpoint, HttpArtifacts, HttpKeeper, HttpLogSink
 from wakeful.serving import AddressInUse, serve_asgi, split_address
 from wakeful.store import Deposed, Store, StoreError, open_store, sqlite_url
 from wakeful.store.backup import SchemaError, check_schema
@@ -81,6 +82,8 @@ class ControlPlane:
     activator: Activator
     deployer: Deployer
     artifacts: LocalArtifacts
+    keeper: StateKeeper
+    """Stateful apps' archives and releases, from the nodes holding them."""
     registry: CollectorRegistry
     tasks: anyio.abc.TaskGroup
     logbook: LogBook
@@ -132,6 +135,14 @@ async def control_plane(
         store, artifacts, grace=settings.artifact_grace, clock=artifact_clock
     )
     deployer = Deployer(store, artifacts, collector=collector, hosts=settings.host_rules())
+    keeper = StateKeeper(
+        store,
+        artifacts,
+        Bounds(settings.state_pending_node_bytes, settings.state_pending_bytes),
+        grace=settings.artifact_grace,
+        registry=registry,
+        clock=artifact_clock,
+    )
     logbook = LogBook()
     token = settings.token.get_secret_value() if settings.token else ""
     if not token:
@@ -165,7 +176,7 @@ async def control_plane(
             tokens,
             registry,
             [
-                deploy_router(store, deployer, artifacts, tasks),
+                deploy_router(store, deployer, artifacts, keeper, tasks),
                 node_router(store),
                 logs_router(store, logbook),
                 tokens_router(store, tokens, write_admin=write_admin),
@@ -191,7 +202,16 @@ async def control_plane(
             tasks.start_soon(activator.open_admission_after, adopt_for)
         try:
             yield ControlPlane(
-                store, activator, deployer, artifacts, registry, tasks, logbook, tokens, api
+                store,
+                activator,
+                deployer,
+                artifacts,
+                keeper,
+                registry,
+                tasks,
+                logbook,
+                tokens,
+                api,
             )
         finally:
             tasks.cancel_scope.cancel()
@@ -318,7 +338,13 @@ async def run_up(
         ) as plane,
     ):
         # The same LogSink a node elsewhere reaches over HTTP, handed over directly.
-        agent = NodeAgent(store, node_settings, plane.artifacts, logs=plane.logbook)
+        agent = NodeAgent(
+            store,
+            node_settings,
+            plane.artifacts,
+            plane.keeper.for_node(node_settings.node_name),
+            logs=plane.logbook,
+        )
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(agent.run)
             with anyio.fail_after(30):
@@ -526,11 +552,18 @@ async def run_node(
         async with (
             HttpArtifacts(control.apis[0], control.token, locate=locate) as artifacts,
             HttpLogSink(control.apis[0], control.token, locate=locate) as logs,
+            HttpKeeper(control.apis[0], control.token, settings.node_name, locate=locate) as keeper,
         ):
             # Sandboxes must not reach the control API or the store, wherever they run.
             runtime = runtime_for(settings, control_plane=control.apis)
             agent = NodeAgent(
-                store, settings, artifacts, logs=logs, runtime=runtime, tunnel_token=control.token
+                store,
+                settings,
+                artifacts,
+                keeper,
+                logs=logs,
+                runtime=runtime,
+                tunnel_token=control.token,
             )
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(agent.run)

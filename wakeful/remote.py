@@ -36,6 +36,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from wakeful.domain.artifacts import ArtifactError, ArtifactUnavailable, digest_of
 from wakeful.domain.logbatch import BEHIND_HEADER, LogBatch
+from wakeful.domain.models import AppState
+from wakeful.domain.state import Stale
 from wakeful.node.logship import ShipFailed
 
 """Set on a logs answer when some of the app's output has not reached the control plane."""
@@ -348,17 +350,80 @@ class HttpArtifacts(_NodeClient):
             raise ArtifactError(f"artifact {digest} arrived corrupt")
         return answer.content
 
-    async def store_state(self, data: bytes, digest: str) -> None:
-        """Upload a stateful app's archive: `ArtifactUnavailable` when it cannot be sent now
-        (the node keeps it and tries again), `ArtifactError` when it is refused."""
-        url = await self._url(f"/v1/states/{_segment(digest)}")
-        try:
-            answer = await self._client.put(url, content=data)
-        except httpx.HTTPError as exc:
-            raise ArtifactUnavailable(
-                f"cannot store {digest} through the control API: {exc!r}"
-            ) from exc
+
+class HttpKeeper(_NodeClient):
+    """A node's `Keeper` (`wakeful.node.statehold`): the states it holds, stored and released
+    through the control API, which checks each against the record (`wakeful.deploy.states`).
+    `ArtifactUnavailable` when the control API cannot answer now (the node keeps what it has
+    and tries again), `ArtifactError` when a call is refused for good."""
+
+    def __init__(
+        self,
+        api: str,
+        token: str,
+        node: str,
+        timeout: float = 120.0,
+        locate: Callable[[], Awaitable[str]] | None = None,
+    ) -> None:
+        super().__init__(api, token, timeout, locate)
+        self._node = node
+
+    async def store(self, app: str, epoch: int, data: bytes, digest: str) -> None:
+        path = f"/v1/states/{_segment(app)}/archives/{_segment(digest)}"
+        answer = await self._call(
+            "PUT", path, digest, content=data, params={"node": self._node, "epoch": epoch}
+        )
         _raise_for(answer, 201, digest)
+
+    async def release(
+        self,
+        app: str,
+        epoch: int,
+        *,
+        archive: str | None = None,
+        size: int = 0,
+        error: str = "",
+        sandbox_at: tuple[str, int] | None = None,
+    ) -> AppState | Stale | None:
+        body: dict[str, Any] = {
+            "node": self._node,
+            "epoch": epoch,
+            "archive": archive,
+            "size": size,
+            "error": error[:4000],
+        }
+        if sandbox_at is not None:
+            body["sandbox"] = {"id": sandbox_at[0], "revision": sandbox_at[1]}
+        return await self._write(app, "release", body)
+
+    async def keep(
+        self, app: str, epoch: int, error: str, *, for_good: bool = True
+    ) -> AppState | Stale | None:
+        body = {"node": self._node, "epoch": epoch, "error": error[:4000], "for_good": for_good}
+        return await self._write(app, "keep", body)
+
+    async def _write(self, app: str, verb: str, body: dict[str, Any]) -> AppState | Stale | None:
+        """200: what was written; 409: the refusal (`Stale`, nothing written); 404 or 412:
+        None (the record is gone, or the sandbox moved on)."""
+        what = f"the state of {app}"
+        answer = await self._call("POST", f"/v1/states/{_segment(app)}/{verb}", what, json=body)
+        if answer.status_code == 200:
+            try:
+                return AppState.model_validate_json(answer.content)
+            except ValueError as exc:
+                raise ArtifactUnavailable(f"{verb} of {what}: an answer that is no state") from exc
+        if answer.status_code == 409:
+            return Stale(_reason(answer))
+        if answer.status_code in (404, 412):
+            return None
+        _raise_for(answer, 200, what)
+        return None
+
+    async def _call(self, method: str, path: str, what: str, **kwargs: Any) -> httpx.Response:
+        try:
+            return await self._client.request(method, await self._url(path), **kwargs)
+        except httpx.HTTPError as exc:
+            raise ArtifactUnavailable(f"cannot reach the control API for {what}: {exc!r}") from exc
 
 
 def _raise_for(answer: httpx.Response, expected: int, digest: str) -> None:

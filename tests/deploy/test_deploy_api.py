@@ -21,6 +21,7 @@ from wakeful.deploy.api import deploy_router
 from wakeful.deploy.appdir import load_app_dir
 from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.deploy.service import Deployer, DeployError, Phase, starting_size
+from wakeful.deploy.states import StateKeeper
 from wakeful.domain import keys
 from wakeful.domain.artifacts import digest_of, pack
 from wakeful.domain.hosts import HostRules
@@ -54,9 +55,9 @@ async def api(tmp_path: Path, store: Store) -> AsyncIterator[httpx.AsyncClient]:
     deployer = Deployer(store, artifacts, timeout=2, hosts=settings.host_rules())
     port = free_port()
     async with activator.running(), anyio.create_task_group() as tasks:
-        app = create_app(
-            activator, ADMIN, registry, [deploy_router(store, deployer, artifacts, tasks)]
-        )
+        keeper = StateKeeper(store, artifacts, registry=registry)
+        routes = deploy_router(store, deployer, artifacts, keeper, tasks)
+        app = create_app(activator, ADMIN, registry, [routes])
         server = uvicorn.Server(
             uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
         )

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from wakeful.deploy.artifacts import LocalArtifacts
+from wakeful.deploy.states import StateKeeper
 from wakeful.domain import keys
 from wakeful.domain.artifacts import pack
 from wakeful.domain.models import (
@@ -105,7 +106,13 @@ async def node(tmp_path: Path) -> AsyncIterator[tuple[Store, NodeAgent]]:
             )
         settings = agent_settings(tmp_path, node_ttl=2)
         MACHINE[:] = [1 << 50, 1 << 49]
-        agent = NodeAgent(store, settings, artifacts, memory=lambda: (MACHINE[0], MACHINE[1]))
+        agent = NodeAgent(
+            store,
+            settings,
+            artifacts,
+            StateKeeper(store, artifacts).for_node(settings.node_name),
+            memory=lambda: (MACHINE[0], MACHINE[1]),
+        )
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(agent.run)
             await agent.wait_registered()
@@ -195,7 +202,9 @@ async def test_a_stopping_agent_drains_stops_and_reports_its_sandboxes(tmp_path:
         spec = AppSpec(command=[sys.executable, "app.py"], health=HealthCheck(path="/healthz"))
         await put_hello(store, spec, digest)
         settings = agent_settings(tmp_path, node_ttl=30, shutdown_drain=0.2)
-        agent = NodeAgent(store, settings, artifacts)
+        agent = NodeAgent(
+            store, settings, artifacts, StateKeeper(store, artifacts).for_node(settings.node_name)
+        )
         seen: list[str] = []
         reported = anyio.Event()
         async with anyio.create_task_group() as observers:
@@ -274,7 +283,13 @@ async def run_agent_once(
 ) -> None:
     """Start an agent, wait until it serves, move the clock a minute, stop it."""
     async with anyio.create_task_group() as tasks:
-        agent = NodeAgent(store, settings, artifacts, clock=clock)
+        agent = NodeAgent(
+            store,
+            settings,
+            artifacts,
+            StateKeeper(store, artifacts).for_node(settings.node_name),
+            clock=clock,
+        )
         tasks.start_soon(agent.run)
         with anyio.fail_after(20):
             await agent.wait_registered()
@@ -293,7 +308,13 @@ async def test_a_stopping_agent_cordons_its_node_and_lifts_it_when_back(tmp_path
         assert cordon is not None and cordon.value.by_agent and not cordon.value.evacuate
         assert cordon.value.since == 1_060  # stamped when the agent stopped
         async with anyio.create_task_group() as tasks:
-            agent = NodeAgent(store, settings, artifacts, clock=clock)
+            agent = NodeAgent(
+                store,
+                settings,
+                artifacts,
+                StateKeeper(store, artifacts).for_node(settings.node_name),
+                clock=clock,
+            )
             tasks.start_soon(agent.run)
             await agent.wait_registered()
             assert await store.get(keys.cordon("n1"), Cordon) is None

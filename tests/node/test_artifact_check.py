@@ -12,6 +12,7 @@ import anyio
 import pytest
 
 from wakeful.deploy.artifacts import LocalArtifacts
+from wakeful.deploy.states import StateKeeper
 from wakeful.domain.artifacts import ArtifactError, digest_of, pack
 from wakeful.domain.models import AppSpec, HealthCheck, SandboxStatus
 from wakeful.node.agent import NodeAgent
@@ -53,7 +54,9 @@ async def test_a_tampered_artifact_is_refused_and_its_sandbox_is_dead_with_the_r
         settings = NodeSettings(
             store_url="memory://", node_name="n1", data_dir=tmp_path / "node", node_ttl=2
         )
-        agent = NodeAgent(store, settings, artifacts)
+        agent = NodeAgent(
+            store, settings, artifacts, StateKeeper(store, artifacts).for_node(settings.node_name)
+        )
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(agent.run)
             await agent.wait_registered()

@@ -10,6 +10,7 @@ import pytest
 
 from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.deploy.logbook import LogBook
+from wakeful.deploy.states import StateKeeper
 from wakeful.domain import keys
 from wakeful.domain.artifacts import pack
 from wakeful.domain.logbatch import LogBatch
@@ -209,7 +210,13 @@ async def test_the_agent_ships_a_sandboxs_output_and_still_writes_its_file(tmp_p
         )
         await put_hello(store, spec, digest)
         settings = agent_settings(tmp_path, log_ship_interval=0.05, shutdown_drain=0)
-        agent = NodeAgent(store, settings, artifacts, logs=sink)
+        agent = NodeAgent(
+            store,
+            settings,
+            artifacts,
+            StateKeeper(store, artifacts).for_node(settings.node_name),
+            logs=sink,
+        )
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(agent.run)
             await agent.wait_registered()

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from wakeful.domain import keys
-from wakeful.domain.models import AppSpec, HealthCheck, Pool, Sandbox, Version
+from wakeful.domain.models import AppSpec, AppState, HealthCheck, Pool, Sandbox, Version
 from wakeful.domain.models import SandboxStatus as S
 from wakeful.node.agent import NodeAgent
 from wakeful.node.ports import PortPool
@@ -51,7 +51,17 @@ class NoArtifacts:
     async def fetch(self, digest: str) -> bytes:
         raise AssertionError("these versions have no artifact")
 
-    async def store_state(self, data: bytes, digest: str) -> None:
+
+class NoKeeper:
+    """These apps have no state: nothing is ever handed back."""
+
+    async def store(self, app: str, epoch: int, data: bytes, digest: str) -> None:
+        raise AssertionError("these apps have no state")
+
+    async def release(self, app: str, epoch: int, **kwargs: object) -> AppState | None:
+        raise AssertionError("these apps have no state")
+
+    async def keep(self, app: str, epoch: int, error: str, **kwargs: object) -> AppState | None:
         raise AssertionError("these apps have no state")
 
 
@@ -80,7 +90,7 @@ async def node_running(
         await store.put(
             keys.pool("web-v1"), Pool(name="web-v1", app="web", version="v1", spec=spec)
         )
-        agent = NodeAgent(store, settings, NoArtifacts(), runtime=runtime)
+        agent = NodeAgent(store, settings, NoArtifacts(), NoKeeper(), runtime=runtime)
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(agent.run)
             await agent.wait_registered()
@@ -266,5 +276,5 @@ def node_services(
         writer=SandboxWriter(store, "n1"),
         shipper=None,
         before_shutdown=before_shutdown,
-        states=StateHold(store, NoArtifacts(), "n1", settings.data_dir, 1 << 20),
+        states=StateHold(store, NoArtifacts(), NoKeeper(), "n1", settings.data_dir, 1 << 20),
     )

@@ -11,6 +11,7 @@ import pytest
 
 from wakeful.controller.reconciler import Mirror, Reconciler
 from wakeful.deploy.artifacts import LocalArtifacts
+from wakeful.deploy.states import StateKeeper
 from wakeful.domain import keys
 from wakeful.domain.artifacts import digest_of, pack, unpack
 from wakeful.domain.models import AppSpec, AppState, Node, Pool, Sandbox, SandboxStatus
@@ -29,7 +30,9 @@ def state_dir(root: Path, notes: str) -> Path:
 
 
 def hold(store: Store, blobs: LocalArtifacts, tmp_path: Path, node: str = "n1") -> StateHold:
-    return StateHold(store, blobs, node, tmp_path / node, max_bytes=1 << 20)
+    """A node's hold on its states, handing them back to the control plane's own keeper."""
+    keeper = StateKeeper(store, blobs).for_node(node)
+    return StateHold(store, blobs, keeper, node, tmp_path / node, max_bytes=1 << 20)
 
 
 def blocked_blobs(tmp_path: Path) -> tuple[Path, LocalArtifacts]:

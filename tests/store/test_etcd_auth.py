@@ -10,8 +10,10 @@ pieces, each with its own certificate, deploy and serve an app.
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +23,10 @@ import pytest
 from pydantic import BaseModel
 
 from tests.e2e.test_distributed import WAKEFUL, deploy, start_cluster
+from tests.e2e.test_stateful import HOST as NOTES_HOST
+from tests.e2e.test_stateful import add, notes_app, read
+from wakeful.domain import keys
+from wakeful.domain.models import AppState
 from wakeful.store import StoreError, TLSFiles, open_store
 from wakeful.store.testing import EtcdServer
 
@@ -97,6 +103,9 @@ EXPECTED = {
         "put cordons/n": "ok",
         "get pools/p": "ok",
         "get versions/a/v1": "ok",
+        "get states/a": "ok",
+        # A state goes back through the control API, which checks its holder (invariant 21).
+        "put states/a": "denied",
         "put apps/a": "denied",
         "put pools/p": "denied",
         "put versions/a/v1": "denied",
@@ -144,7 +153,7 @@ def test_the_pieces_serve_an_app_each_with_its_own_certificate(
         return {**files, "WAKEFUL_STORE_NAMESPACE": NAMESPACE}
 
     role_env = {
-        "activator": variables("wakeful-control"),
+        "activator": {**variables("wakeful-control"), "WAKEFUL_IDLE_INTERVAL": "1"},
         "node": variables("wakeful-node"),
         "ingress": variables("wakeful-ingress"),
     }
@@ -153,3 +162,32 @@ def test_the_pieces_serve_an_app_each_with_its_own_certificate(
         assert "live" in deploy(api, env).stdout
         answer = httpx.get(f"{proxy}/", headers={"Host": "hello.localhost"}, timeout=60)
         assert answer.status_code == 200, answer.text
+        # A stateful app scaled to zero and woken again: its node, which cannot write
+        # states/, handed its state back through the control API.
+        deploy(api, env, notes_app(tmp_path, delay="5s"))
+        with httpx.Client(base_url=proxy, timeout=60) as client:
+            add(client, "kept across scale-to-zero")
+            first = client.get("/", headers=NOTES_HOST).headers["x-instance"]
+            control = certificate(pki, "wakeful-control")
+            deadline = time.monotonic() + 60
+            while (released := state_of(auth_etcd, control)).node is not None:
+                assert time.monotonic() < deadline, released
+                time.sleep(0.2)
+            assert released.released_by == "n1" and released.archive, released
+            assert read(client) == ["kept across scale-to-zero"]
+            assert client.get("/", headers=NOTES_HOST).headers["x-instance"] != first
+
+
+def state_of(server: EtcdServer, tls: TLSFiles) -> AppState:
+    """The notes app's state record (`states/notes`), read with the control plane's
+    certificate (on a thread of its own: this test's thread has an event loop already)."""
+
+    async def read() -> AppState | None:
+        async with open_store(server.url, namespace=NAMESPACE, tls=tls) as store:
+            found = await store.get(keys.state("notes"), AppState)
+        return None if found is None else found.value
+
+    with concurrent.futures.ThreadPoolExecutor(1) as thread:
+        found = thread.submit(anyio.run, read).result(timeout=BOUND * 2)
+    assert found is not None
+    return found

@@ -16,6 +16,7 @@ from tests.wakeful.conftest import running_control_plane
 from wakeful.bootstrap import ControlPlane
 from wakeful.deploy import api as deploy_api
 from wakeful.deploy.artifacts import LocalArtifacts
+from wakeful.deploy.states import StateKeeper
 from wakeful.domain import keys
 from wakeful.domain.artifacts import digest_of, pack
 from wakeful.domain.models import App, AppSpec, AppState, Node, Pool, Sandbox, Version
@@ -119,7 +120,9 @@ async def test_an_operator_frees_a_state_a_node_keeps_but_never_one_in_use(
 
 async def test_a_node_whose_agent_is_down_can_still_be_cordoned(control: Control) -> None:
     settings = NodeSettings(store_url="memory://", node_name="n1", data_dir=control.data_dir)
-    agent = NodeAgent(control.store, settings, LocalArtifacts(control.data_dir / "artifacts"))
+    artifacts = LocalArtifacts(control.data_dir / "artifacts")
+    keeper = StateKeeper(control.store, artifacts).for_node(settings.node_name)
+    agent = NodeAgent(control.store, settings, artifacts, keeper)
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(agent.run)
         with anyio.fail_after(30):
@@ -242,11 +245,11 @@ async def test_the_control_plane_collects_unreferenced_artifacts_on_its_own(
 
 
 async def stalled_upload(url: str, token: str) -> anyio.abc.SocketStream:
-    """A node's upload that sends its head and one byte of body, then nothing."""
+    """An upload that sends its head and one byte of body, then nothing."""
     host, port = url.removeprefix("http://").split(":")
     stream = await anyio.connect_tcp(host, int(port))
     await stream.send(
-        f"PUT /v1/states/{'0' * 64} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+        f"PUT /v1/artifacts/{'0' * 64} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
         "Transfer-Encoding: chunked\r\n\r\n1\r\nx\r\n".encode()
     )
     return stream
@@ -264,7 +267,7 @@ async def test_uploads_that_stall_are_refused_and_never_hold_every_slot(
     monkeypatch.setattr(deploy_api, "UPLOAD_IDLE", 30.0)
     stalled = [await stalled_upload(url, token) for _ in range(deploy_api.UPLOADS)]
     await anyio.sleep(0.2)  # each has taken its slot
-    busy = await control.http.put(f"/v1/states/{'1' * 64}", content=b"x")
+    busy = await control.http.put(f"/v1/artifacts/{'1' * 64}", content=b"x")
     assert busy.status_code == 503 and busy.headers["retry-after"] == "5"
     for stream in stalled:
         await stream.aclose()

@@ -17,8 +17,9 @@ from pydantic import SecretStr
 from tests.wakeful.conftest import TOKEN, running_control_plane
 from wakeful.bootstrap import CONTROL_FILE, write_control_file
 from wakeful.cli import main
+from wakeful.domain import keys
 from wakeful.domain.artifacts import ArtifactError, ArtifactUnavailable
-from wakeful.domain.models import App
+from wakeful.domain.models import App, AppState
 from wakeful.remote import (
     ApiRefused,
     ApiUnreachable,
@@ -27,6 +28,7 @@ from wakeful.remote import (
     ControlClient,
     Endpoint,
     HttpArtifacts,
+    HttpKeeper,
     NoControlPlane,
     locate,
 )
@@ -178,16 +180,25 @@ async def test_a_node_gets_artifact_errors_not_httpx_ones(plane: Plane) -> None:
     """A refusal is an `ArtifactError` (trying again will not help); a control API that
     cannot be reached is `ArtifactUnavailable` (an OSError: the node tries again)."""
     missing = "0" * 64
+    await plane.store.put(
+        keys.state("notes"), AppState(app="notes", node="n1", epoch=3, sandbox="s1")
+    )
     async with HttpArtifacts(plane.endpoint.api, TOKEN) as artifacts:
         with pytest.raises(ArtifactError, match="404"):
             await artifacts.fetch(missing)
+    async with HttpKeeper(plane.endpoint.api, TOKEN, "n1") as keeper:
         with pytest.raises(ArtifactError, match="400"):  # not the archive its name says
-            await artifacts.store_state(b"not a tar", missing)
+            await keeper.store("notes", 3, b"not a tar", missing)
+        with pytest.raises(ArtifactError, match="409"):  # a state this node does not hold
+            await keeper.store("notes", 2, b"not a tar", missing)
     async with HttpArtifacts(f"http://127.0.0.1:{free_port()}", TOKEN) as artifacts:
         with pytest.raises(ArtifactUnavailable, match="cannot fetch"):
             await artifacts.fetch(missing)
-        with pytest.raises(ArtifactUnavailable, match="cannot store"):
-            await artifacts.store_state(b"x", missing)
+    async with HttpKeeper(f"http://127.0.0.1:{free_port()}", TOKEN, "n1") as keeper:
+        with pytest.raises(ArtifactUnavailable, match="cannot reach"):
+            await keeper.store("notes", 3, b"x", missing)
+        with pytest.raises(ArtifactUnavailable, match="cannot reach"):
+            await keeper.release("notes", 3)
 
 
 # -- the CLI around it ----------------------------------------------------------------------

@@ -34,9 +34,9 @@ from wakeful.domain import keys
 from wakeful.domain.artifacts import digest_of, pack
 from wakeful.domain.leases import Unauthorized
 from wakeful.domain.logbatch import LogBatch, OutputChunk
-from wakeful.domain.models import Node, Role, Sandbox, SandboxStatus
+from wakeful.domain.models import AppState, Node, Role, Sandbox, SandboxStatus
 from wakeful.node.logship import ShipFailed
-from wakeful.remote import HttpArtifacts, HttpLogSink
+from wakeful.remote import HttpArtifacts, HttpKeeper, HttpLogSink
 from wakeful.store import open_store
 from wakeful.store.tokenbook import TokenBook
 
@@ -63,12 +63,14 @@ SCHEMA = ("GET", "/openapi.json")
 """The API's schema: any role's token may read it, no token may not."""
 NODE_MAY = {
     ("GET", "/v1/artifacts/{digest}"),
-    ("PUT", "/v1/states/{digest}"),
+    ("PUT", "/v1/states/{app}/archives/{digest}"),
+    ("POST", "/v1/states/{app}/release"),
+    ("POST", "/v1/states/{app}/keep"),
     ("POST", "/v1/logs"),
     SCHEMA,
 }
-"""What `wakeful node` calls (`HttpArtifacts`, `HttpLogSink`), written out here rather than
-read from the map, so a map that grants more fails these tests."""
+"""What `wakeful node` calls (`HttpArtifacts`, `HttpKeeper`, `HttpLogSink`), written out here
+rather than read from the map, so a map that grants more fails these tests."""
 INGRESS_MAY = {
     ("POST", "/v1/leases"),
     (WEBSOCKET, "/v1/leases/channel"),
@@ -177,8 +179,15 @@ async def test_a_node_token_fetches_artifacts_and_pushes_logs_and_nothing_else(
     # The very clients `wakeful node` uses, with the node's token.
     async with HttpArtifacts(control.running.url, control.node) as artifacts:
         assert await artifacts.fetch(digest) == data
+    # A stateful app's state that n1 holds: its archive stored, the state released with it.
+    await control.running.store.put(
+        keys.state("notes"), AppState(app="notes", node="n1", epoch=3, sandbox="s1")
+    )
+    async with HttpKeeper(control.running.url, control.node, "n1") as keeper:
         state = pack(HELLO, skip=frozenset({"nothing"}))
-        await artifacts.store_state(state, digest_of(state))  # a stateful app's archive
+        await keeper.store("notes", 3, state, digest_of(state))
+        released = await keeper.release("notes", 3, archive=digest_of(state), size=len(state))
+        assert isinstance(released, AppState) and released.archive == digest_of(state)
     async with HttpLogSink(control.running.url, control.node) as logs:
         await logs.ship(LogBatch(node="n1", interval=1, pending=0, dropped=0))
     # ... and not the ones the ingress uses.

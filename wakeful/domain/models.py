@@ -40,6 +40,7 @@ NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
 HOST_PATTERN = r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 Host = Annotated[str, StringConstraints(pattern=HOST_PATTERN, max_length=253)]
+SANDBOX_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,127}$"
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 RESERVED_ENV = frozenset({"PORT", "HOST"})
 
@@ -353,7 +354,7 @@ FINISHED = frozenset({SandboxStatus.STOPPED, SandboxStatus.DEAD})
 
 
 class Sandbox(Model):
-    id: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,127}$")]
+    id: Annotated[str, StringConstraints(pattern=SANDBOX_ID_PATTERN)]
     pool: Name
     app: Name
     node: Name | None = None

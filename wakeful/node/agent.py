@@ -50,7 +50,7 @@ from .ports import PortPool
 from .runner import NodeServices, SandboxRunner
 from .runtime import ProcessRuntime, Runtime
 from .settings import NodeSettings, memory_share
-from .statehold import StateHold
+from .statehold import Keeper, StateHold
 from .suspended import evictions, meminfo
 from .thawguard import ThawGuard, thaw_left
 from .tunnel import TunnelClient
@@ -115,13 +115,16 @@ class NodeAgent:
         store: Store,
         settings: NodeSettings,
         artifacts: Artifacts,
+        keeper: Keeper,
         runtime: Runtime | None = None,
         clock: Callable[[], float] = time.time,
         logs: LogSink | None = None,
         tunnel_token: str | None = None,
         memory: Callable[[], tuple[int, int]] = meminfo,
     ) -> None:
-        """`tunnel_token`: the node token its tunnel streams carry (with `settings.tunnel`);
+        """`keeper`: where stateful apps' states go back to (the control plane: it stores
+        their archives and writes their records). `tunnel_token`: the node token its tunnel
+        streams carry (with `settings.tunnel`);
         `memory`: the machine's (total, available) memory, for the suspended tier's cap."""
         self._store = store
         self._memory = memory
@@ -175,7 +178,12 @@ class NodeAgent:
                 ca_file=str(settings.tunnel_ca) if settings.tunnel_ca else None,
             )
         self.states = StateHold(
-            store, artifacts, settings.node_name, settings.data_dir, settings.state_max_bytes, clock
+            store,
+            artifacts,
+            keeper,
+            settings.node_name,
+            settings.data_dir,
+            settings.state_max_bytes,
         )
         self._services = NodeServices(
             store=store,

@@ -244,7 +244,7 @@ class SandboxRunner:
         with anyio.CancelScope(shield=True), anyio.move_on_after(HAND_BACK_BOUND):
             try:
                 await self._node.states.hand_back(app, epoch, tree, path)
-            except StoreError as exc:
+            except (StoreError, OSError) as exc:  # unavailable: `settle` finishes it
                 log.warning(
                     "could not hand back the state of %s yet: %s",
                     app,

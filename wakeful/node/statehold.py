@@ -9,10 +9,12 @@ Theory of operation:
   handed back unchanged with the reason (the app does not start on an empty state).
 - When the sandbox's process has ended, `hand_back` packs its state directory (never through
   a symbolic link: an app cannot make the agent archive a host path), writes the archive to
-  `<data dir>/states/` (temporary file, fsync, rename), stores it in the blob store with the
-  node's credential, and releases the state by compare-and-set on (node, epoch) with the
-  archive's digest; only then is the local copy deleted. A release that finds the state moved
-  (this node was presumed dead and it was taken back) writes nothing.
+  `<data dir>/states/` (temporary file, fsync, rename), stores it with the control plane and
+  releases the state with the archive's digest; only then is the local copy deleted. The node
+  never writes `states/` itself: its `Keeper` (the control plane, in process or through the
+  control API) stores and releases only what this node holds at the epoch it names, by
+  compare-and-set on (node, epoch) (`wakeful.deploy.states`). A release that finds the state
+  moved (this node was presumed dead and it was taken back) writes nothing.
 - Nothing is released without its latest archive. An archive over the bound, one the blob
   store refuses, or a directory that cannot be read or saved stays on this node (set aside in
   `<data dir>/kept-states/`) and the state stays held here, `kept` with the reason in its
@@ -36,17 +38,16 @@ import logging
 import os
 import shutil
 import stat
-import time
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import anyio
 
 from wakeful.domain import keys, state
 from wakeful.domain.artifacts import ArtifactError, digest_of, pack
 from wakeful.domain.models import FINISHED, AppState, Sandbox, SandboxStatus, StateSpec
-from wakeful.store import Conflict, Item, Put, Require, Store, StoreError
+from wakeful.store import Item, Store, StoreError
 
 from . import failpoints
 from .workdir import Artifacts, StateLayer, sandbox_dir, verify
@@ -57,6 +58,32 @@ SET_ASIDE_FACTOR = 4
 TRIES = 4
 """Tries to fetch or store an archive while the blob store is unavailable (backing off)."""
 T = TypeVar("T")
+
+
+class Keeper(Protocol):
+    """What a node asks of the control plane for the states it holds, each call naming the
+    epoch it holds the state at: store an archive, release the state (with it), keep it. A
+    release or keep returns what was written, the refusal (`state.Stale`: nothing written),
+    or None (the record is gone, or `sandbox_at`, a sandbox id and the revision its record
+    was read at, no longer holds). `store` raises `ArtifactError` when refused for good and
+    `ArtifactUnavailable` (an `OSError`) when it cannot be done now."""
+
+    async def store(self, app: str, epoch: int, data: bytes, digest: str) -> None: ...
+
+    async def release(
+        self,
+        app: str,
+        epoch: int,
+        *,
+        archive: str | None = None,
+        size: int = 0,
+        error: str = "",
+        sandbox_at: tuple[str, int] | None = None,
+    ) -> AppState | state.Stale | None: ...
+
+    async def keep(
+        self, app: str, epoch: int, error: str, *, for_good: bool = True
+    ) -> AppState | state.Stale | None: ...
 
 
 class StateRefused(Exception):
@@ -111,20 +138,21 @@ class StateHold:
         self,
         store: Store,
         artifacts: Artifacts,
+        keeper: Keeper,
         node: str,
         data_dir: Path,
         max_bytes: int,
-        clock: Callable[[], float] = time.time,
     ) -> None:
+        """`store`: read only (`states/`, `sandboxes/`); every write goes through `keeper`."""
         self._store = store
         self._artifacts = artifacts
+        self._keeper = keeper
         self._node = node
         self._dir = data_dir / "states"
         self._data_dir = data_dir
         self._kept = data_dir / "kept-states"
         """What could not be handed on, for recovery by hand (never cleaned by the agent)."""
         self._max = max_bytes
-        self._clock = clock
         self._in_hand: set[str] = set()
         """Local archive names of states a runner of this run holds (claimed, not yet handed
         back): `settle`'s clean-up never touches them, whatever its listing said."""
@@ -195,9 +223,7 @@ class StateHold:
         finally:
             self._in_hand.discard(self._local(app, epoch).name)
 
-    async def _archive(
-        self, app: str, epoch: int, source: Path, also: Sequence[Require] = ()
-    ) -> None:
+    async def _archive(self, app: str, epoch: int, source: Path) -> None:
         try:
             data = await anyio.to_thread.run_sync(self._pack, source)
             local = await anyio.to_thread.run_sync(self._save, app, epoch, data)
@@ -205,7 +231,7 @@ class StateHold:
             await self._cannot_archive(app, epoch, source, str(exc))
             return
         failpoints.reach("state-after-archive")
-        await self._store_and_release(app, epoch, local, data, also)
+        await self._store_and_release(app, epoch, local, data)
 
     def _pack(self, source: Path) -> bytes:
         return pack(source, skip=frozenset(), max_bytes=self._max)
@@ -268,11 +294,16 @@ class StateHold:
         await self._keep(app, epoch, f"its state was not archived ({why}); kept in {kept}")
 
     async def _store_and_release(
-        self, app: str, epoch: int, local: Path, data: bytes, also: Sequence[Require] = ()
+        self,
+        app: str,
+        epoch: int,
+        local: Path,
+        data: bytes,
+        sandbox_at: tuple[str, int] | None = None,
     ) -> None:
         digest = await anyio.to_thread.run_sync(digest_of, data)
         try:
-            await self._retried(lambda: self._artifacts.store_state(data, digest))
+            await self._retried(lambda: self._keeper.store(app, epoch, data, digest))
         except ArtifactError as exc:  # refused for good: trying again will not help
             aside = self._kept / local.name
             await anyio.to_thread.run_sync(_move, local, aside)
@@ -287,7 +318,7 @@ class StateHold:
                 for_good=False,
             )
             return
-        if await self._release(app, epoch, archive=digest, size=len(data), also=also):
+        if await self._release(app, epoch, archive=digest, size=len(data), sandbox_at=sandbox_at):
             await anyio.Path(local).unlink(missing_ok=True)
 
     async def _release(
@@ -298,21 +329,17 @@ class StateHold:
         archive: str | None = None,
         size: int = 0,
         error: str = "",
-        also: Sequence[Require] = (),
+        sandbox_at: tuple[str, int] | None = None,
     ) -> AppState | None:
-        """Release by compare-and-set; the record written, or None when it had moved (or is
-        gone, or `also` no longer holds). A local archive of a state this node no longer holds
-        is of no use: deleted."""
-        now = self._clock()
-        written = await self._change(
-            app,
-            lambda record: state.release(
-                record, self._node, epoch, now, archive=archive, size=size, error=error
-            ),
-            also,
+        """Release; the record written, or None when it had moved (or is gone, or the sandbox
+        at `sandbox_at` moved on). A local archive of a state this node no longer holds is of
+        no use: deleted."""
+        written = await self._keeper.release(
+            app, epoch, archive=archive, size=size, error=error, sandbox_at=sandbox_at
         )
         if not isinstance(written, AppState):
             if isinstance(written, state.Stale):  # no longer ours: maybe the only copy of it
+                self._refused(written)
                 local = self._local(app, epoch)
                 if await anyio.Path(local).exists():
                     aside = self._kept / local.name
@@ -339,37 +366,13 @@ class StateHold:
         """Hold the state here with the reason: `for_good`, until an operator acts (`kept`);
         otherwise only until `settle` manages to hand it back."""
         log.error("keeping the state of %s here: %s", app, error, extra={"node": self._node})
-        await self._change(
-            app, lambda record: state.keep(record, self._node, epoch, error, kept=for_good)
-        )
+        written = await self._keeper.keep(app, epoch, error, for_good=for_good)
+        if isinstance(written, state.Stale):
+            self._refused(written)
 
-    async def _change(
-        self,
-        app: str,
-        decide: Callable[[AppState], AppState | state.Stale],
-        also: Sequence[Require] = (),
-    ) -> AppState | state.Stale | None:
-        """Write what `decide` makes of the state record, by compare-and-set on its revision
-        (and on `also`: a conflict there gives up, for the caller to look again later). What
-        was written, the refusal (nothing written), or None (the record is gone, or `also`
-        no longer holds)."""
-        key = keys.state(app)
-        while True:
-            item = await self._store.get(key, AppState)
-            if item is None:
-                return None  # the app was deleted
-            decided = decide(item.value)
-            if isinstance(decided, state.Stale):
-                self.conflicts += 1
-                log.warning("not writing the state: %s", decided.reason, extra={"node": self._node})
-                return decided
-            try:
-                await self._store.txn([Require(key, item.revision), *also], [Put(key, decided)])
-            except Conflict:
-                if also:
-                    return None
-                continue  # decide again from the fresh record
-            return decided
+    def _refused(self, stale: state.Stale) -> None:
+        self.conflicts += 1
+        log.warning("the state was not written: %s", stale.reason, extra={"node": self._node})
 
     # -- what a previous run left, and what nobody uses -----------------------------------------
 
@@ -427,17 +430,17 @@ class StateHold:
                     continue  # about to start here, starting, or running
             if held.sandbox in in_use():
                 continue
-            also = (
-                []
+            sandbox_at = (
+                None
                 if held.sandbox is None
-                else [Require(keys.sandbox(held.sandbox), 0 if found is None else found.revision)]
+                else (held.sandbox, 0 if found is None else found.revision)
             )
             local = self._local(held.app, held.epoch)
             if local.exists():
                 data = await anyio.Path(local).read_bytes()
-                await self._store_and_release(held.app, held.epoch, local, data, also)
+                await self._store_and_release(held.app, held.epoch, local, data, sandbox_at)
             elif not held.kept:  # kept with no archive here: an operator's to act on
-                await self._release(held.app, held.epoch, also=also)
+                await self._release(held.app, held.epoch, sandbox_at=sandbox_at)
         released = {f"{i.value.app}.{i.value.archived_epoch}.tar.gz" for i in records}
         await anyio.to_thread.run_sync(self._forget_stale, held_here, released)
 

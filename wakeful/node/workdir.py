@@ -21,13 +21,10 @@ from .hardening import unmount_under
 
 
 class Artifacts(Protocol):
-    """Where a node gets a version's packed app directory, by its sha256, and keeps the
-    archives of stateful apps (same format, same store)."""
+    """Where a node gets a version's packed app directory, and a stateful app's archive, by
+    its sha256 (archives are stored through the node's `statehold.Keeper`)."""
 
     async def fetch(self, digest: str) -> bytes: ...
-
-    async def store_state(self, data: bytes, digest: str) -> None:
-        """Raises `ArtifactError` when it is refused or cannot be stored now."""
 
 
 def sandbox_dir(data_dir: Path, sandbox_id: str) -> Path:

@@ -6,8 +6,9 @@ common name as the user. Each piece's certificate names one of `PIECES`; the rol
 name grants key ranges under the store's namespace:
 
 - `wakeful-control` (activator, idle monitor): reads and writes everything under it;
-- `wakeful-node`: reads and writes sandboxes/, nodes/, seen/, cordons/ (its own cordon when
-  it stops) and states/ (releasing a stateful app's state); reads pools/ and versions/;
+- `wakeful-node`: reads and writes sandboxes/, nodes/, seen/ and cordons/ (its own cordon
+  when it stops); reads pools/, versions/ and states/ (a stateful app's state is stored and
+  released through the control API, which checks that the node holds it);
 - `wakeful-ingress`: reads apps/ and sandboxes/; for tunnels (invariant 22) it also reads
   tokens/ (digests only: it checks nodes' streams and peers' relays) and nodes/ (where each
   node's streams are), and writes ingresses/ (its own record); nothing else.
@@ -47,11 +48,8 @@ class Grant:
 PIECES: dict[str, tuple[Grant, ...]] = {
     CONTROL: (Grant("", READWRITE),),
     NODE: (
-        *(
-            Grant(p, READWRITE)
-            for p in (keys.SANDBOXES, keys.NODES, keys.SEEN, keys.CORDONS, keys.STATES)
-        ),
-        *(Grant(p, READ) for p in (keys.POOLS, keys.VERSIONS, keys.LEADERS)),
+        *(Grant(p, READWRITE) for p in (keys.SANDBOXES, keys.NODES, keys.SEEN, keys.CORDONS)),
+        *(Grant(p, READ) for p in (keys.POOLS, keys.VERSIONS, keys.LEADERS, keys.STATES)),
     ),
     INGRESS: (
         *(Grant(p, READ) for p in (keys.APPS, keys.SANDBOXES, keys.LEADERS)),
