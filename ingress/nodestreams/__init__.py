@@ -28,6 +28,7 @@ address a node writes is ever dialed: a replica dials only its peers' recorded a
 | module | its one job |
 |---|---|
 | `service` | `Tunnels`: the parts wired for one replica; `dial`, the dialer |
+| `decisions` | relay or wait: where a request looks for a stream next (pure) |
 | `listener` | the WebSocket server: who may open a stream or relay, and for how long |
 | `stream` | `NodeStream`: one stream a node opened, and its reader loop |
 | `hub` | `StreamHub`: every node's streams here, idle and busy, and their waiters |

@@ -116,6 +116,10 @@ class StreamHub:
         streams = self._nodes.get(node)
         return 0 if streams is None else len(streams.all)
 
+    def idle_of(self, node: str) -> int:
+        streams = self._nodes.get(node)
+        return 0 if streams is None else len(streams.idle)
+
     def counts(self) -> Iterator[tuple[str, int, int]]:
         """(node, streams, idle) for every node with streams here."""
         for node, streams in self._nodes.items():

@@ -60,20 +60,22 @@ class Peers:
 
     def holding(self, node: str, *, idle_only: bool) -> list[IngressReplica]:
         """Peers where `node` holds streams (with idle ones, if asked), most idle first."""
+        return [peer for peer, idle in self.ranked(node) if idle > 0 or not idle_only]
+
+    def ranked(self, node: str) -> list[tuple[IngressReplica, int]]:
+        """Peers where `node` holds streams, each with how many of them are idle (streams less
+        busy ones, as the node's record says: it may be a few seconds old), most idle first."""
         record = self.nodes.items.get(node)
         if record is None or record.tunnel is None:
             return []
         found = []
         for coverage in record.tunnel.replicas:
             peer = self.replicas.items.get(coverage.replica)
-            idle = coverage.streams - coverage.busy
             if coverage.replica == self.replica or peer is None or coverage.streams == 0:
                 continue
-            if idle_only and idle <= 0:
-                continue
-            found.append((idle, peer))
-        found.sort(key=lambda pair: -pair[0])
-        return [peer for _, peer in found]
+            found.append((peer, coverage.streams - coverage.busy))
+        found.sort(key=lambda pair: -pair[1])
+        return found
 
 
 async def hold_record(store: Store, record: IngressReplica, ttl: int) -> None:

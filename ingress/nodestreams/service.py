@@ -16,6 +16,7 @@ from websockets.asyncio.server import Server
 from wakeful.domain import keys
 from wakeful.domain.models import IngressReplica, Token
 from wakeful.ingress.errors import ConnectFailed, UpstreamBusy
+from wakeful.ingress.nodestreams.decisions import GiveUp, Seen, Stage, TakeHere, Why, next_step
 from wakeful.ingress.nodestreams.exchange import Exchange
 from wakeful.ingress.nodestreams.hub import StreamHub
 from wakeful.ingress.nodestreams.listener import Listener
@@ -26,9 +27,6 @@ from wakeful.ingress.nodestreams.stream import NodeStream
 from wakeful.store import Store
 from wakeful.store.reflector import Feed, reflect_all
 from wakeful.store.tokenbook import TokenBook
-
-RELAY_AFTER = 0.05
-"""Seconds a request waits for one of its node's busy streams here before it asks a peer."""
 
 
 class Tunnels:
@@ -101,51 +99,65 @@ class Tunnels:
     # -- the dialer: an exchange for a sandbox of a tunnelled node ------------------------------
 
     async def dial(self, node: str, sandbox: str, protocol: asyncio.Protocol) -> Exchange:
-        """A connection to `sandbox` on `node` through one of its streams: here if one is
-        idle or frees within `RELAY_AFTER`; else through a peer that has one idle now (it
-        answers at once, yes or no); else here once one frees; else, when the node holds none
-        here, through the peer holding the most, waiting there. All of it within
-        `tunnel_wait`. UpstreamBusy (503) when every stream stayed busy; ConnectFailed when
-        the node holds no stream anywhere (it is unreachable)."""
-        deadline = asyncio.get_running_loop().time() + self._wait
-        stream = self.hub.try_take(node)
-        if stream is None and self.hub.holds(node):
-            # A stream here frees within a request's time, usually: a relay costs a connection
-            # to the peer, and relays both ways would take each other's streams.
-            stream = await self.hub.take(node, RELAY_AFTER)
-        if stream is None:
-            for peer in self.peers.holding(node, idle_only=True):
-                exchange = await self._relay(peer, node, sandbox, protocol, 0, deadline)
-                if exchange is not None:
-                    return exchange
-            if self.hub.holds(node):
-                stream = await self.hub.take(node, _left(deadline))
-                if stream is None:
-                    raise UpstreamBusy(
-                        f"every stream of node {node!r} on ingress replica {self.replica!r} "
-                        f"stayed busy for {self._wait:g} s",
-                        retry_after=1,
-                    )
+        """A connection to `sandbox` on `node` through one of its streams, here or relayed
+        through a peer, within `tunnel_wait` (where to look, in which order: `decisions`).
+        UpstreamBusy (503) when every stream stayed busy; ConnectFailed when the node holds
+        no stream anywhere (it is unreachable)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._wait
+        stage = Stage.FIRST
+        while True:
+            seen = Seen(
+                here=self.hub.holds(node),
+                idle_here=self.hub.idle_of(node),
+                peers=self.peers.ranked(node),
+                left=max(0.0, deadline - loop.time()),
+                can_relay=self._ingress_token is not None,
+            )
+            step = next_step(stage, seen)
+            if isinstance(step, GiveUp):
+                raise self._no_stream(node, step.why)
+            if isinstance(step, TakeHere):
+                stream = await self.hub.take(node, step.wait)
+                if stream is not None:
+                    self.counts.local += 1
+                    return self._exchange_on(stream, sandbox, protocol)
             else:
-                peers = self.peers.holding(node, idle_only=False)
-                for peer in peers:
-                    wait = _left(deadline)
-                    exchange = await self._relay(peer, node, sandbox, protocol, wait, deadline)
+                token = self._ingress_token
+                assert token is not None  # next_step relays only with one
+                for peer in step.peers:  # the records as they were when the step was chosen
+                    wait = max(0.0, deadline - loop.time()) if step.patient else 0.0
+                    exchange = await relay_to(
+                        peer,
+                        node,
+                        sandbox,
+                        protocol,
+                        token=token,
+                        wait=wait,
+                        deadline=deadline,
+                        counts=self.counts,
+                    )
                     if exchange is not None:
                         return exchange
-                if not peers:
-                    self.counts.unreachable += 1
-                    raise ConnectFailed(
-                        f"node {node!r} holds no tunnel stream on any ingress replica: "
-                        "it is unreachable until it connects again"
-                    )
-                raise UpstreamBusy(
-                    f"no replica holding a stream of node {node!r} had one free within "
-                    f"{self._wait:g} s",
-                    retry_after=1,
-                )
-        self.counts.local += 1
-        return self._exchange_on(stream, sandbox, protocol)
+            stage = step.then
+
+    def _no_stream(self, node: str, why: Why) -> Exception:
+        if why is Why.UNREACHABLE:
+            self.counts.unreachable += 1
+            return ConnectFailed(
+                f"node {node!r} holds no tunnel stream on any ingress replica: "
+                "it is unreachable until it connects again"
+            )
+        if why is Why.BUSY_HERE:
+            return UpstreamBusy(
+                f"every stream of node {node!r} on ingress replica {self.replica!r} "
+                f"stayed busy for {self._wait:g} s",
+                retry_after=1,
+            )
+        return UpstreamBusy(
+            f"no replica holding a stream of node {node!r} had one free within {self._wait:g} s",
+            retry_after=1,
+        )
 
     def _exchange_on(self, stream: NodeStream, sandbox: str, protocol: Any) -> Exchange:
         exchange = Exchange(
@@ -153,32 +165,6 @@ class Tunnels:
         )
         stream.receiver = exchange
         return exchange
-
-    async def _relay(
-        self,
-        peer: IngressReplica,
-        node: str,
-        sandbox: str,
-        protocol: asyncio.Protocol,
-        wait: float,
-        deadline: float,
-    ) -> Exchange | None:
-        if self._ingress_token is None:
-            return None
-        return await relay_to(
-            peer,
-            node,
-            sandbox,
-            protocol,
-            token=self._ingress_token,
-            wait=wait,
-            deadline=deadline,
-            counts=self.counts,
-        )
-
-
-def _left(deadline: float) -> float:
-    return max(0.0, deadline - asyncio.get_running_loop().time())
 
 
 def default_replica_name(listen: str) -> str:
