@@ -34,7 +34,7 @@ from wakeful.ingress.headers import header, new_request_id, read_request_head
 from wakeful.ingress.http1 import Request, Responder
 from wakeful.ingress.metrics import IngressMetrics, Move
 from wakeful.ingress.proxy import Proxy, ProxyRequest
-from wakeful.ingress.tunnel import relay, upgrade_headers
+from wakeful.ingress.websocket import splice, upgrade_headers
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ class ProxyEdge:
                     client = out.switch(upgrade_headers(response.headers))
                     with self._metrics.websocket(app):
                         idle, longest = self._websocket_limits(app)
-                        why = await relay(client, upstream.tunnel, idle, longest)
+                        why = await splice(client, upstream.tunnel, idle, longest)
                     log.debug("websocket ended: %s", why, extra={"app": app})
                     return
                 out.start(status, response.headers)
@@ -175,7 +175,7 @@ class ProxyEdge:
                 out.end()
             except UpstreamError as exc:
                 if not streaming:
-                    raise  # an error answer (or, past a 101, the end of a tunnel), below
+                    raise  # an error answer (or, past a 101, the end of a WebSocket), below
                 proxy.count_error(app, exc)
                 log.warning(
                     "upstream broke mid-answer; cutting the client off: %s",

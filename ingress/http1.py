@@ -46,7 +46,7 @@ import httptools
 from wakeful.ingress.errors import BadRequest, ClientGone, ClientTooSlow, UpstreamFailed
 from wakeful.ingress.flow import WriteGate
 from wakeful.ingress.timers import Deadline
-from wakeful.ingress.tunnel import Pipe, is_websocket
+from wakeful.ingress.websocket import Pipe, is_websocket
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +182,7 @@ class Request:
     client: str
     body: Body | None
     upgrade: bool = False
-    """A WebSocket handshake (`ingress.tunnel`): nothing after it on the connection is HTTP."""
+    """A WebSocket handshake (`ingress.websocket`): nothing after it on the connection is HTTP."""
     scheme: str = "http"
     """"https" on the TLS listener."""
 
@@ -295,7 +295,7 @@ class Responder:
 
 
 class ClientSide:
-    """The client's end of a tunnel (`ingress.tunnel.Side`)."""
+    """The client's end of a spliced WebSocket (`ingress.websocket.Side`)."""
 
     __slots__ = ("_conn", "pipe")
 

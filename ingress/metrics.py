@@ -100,7 +100,7 @@ class IngressMetrics:
         )
         self.websockets = Gauge(
             "wakeful_ingress_websockets_open",
-            "WebSocket tunnels open (each also counts as a request in flight)",
+            "WebSockets open (each also counts as a request in flight)",
             ["app"],
             registry=registry,
         )
@@ -140,7 +140,7 @@ class IngressMetrics:
 
     @contextlib.contextmanager
     def websocket(self, app: str) -> Iterator[None]:
-        """Counts one open WebSocket tunnel of `app` while the block runs."""
+        """Counts one open WebSocket of `app` while the block runs."""
         gauge = self.websockets.labels(app=app)
         gauge.inc()
         try:

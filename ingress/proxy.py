@@ -64,7 +64,7 @@ class ProxyRequest:
     request_id: str
     body: RequestBody | None
     upgrade: bool = False
-    """A WebSocket handshake (`ingress.tunnel`)."""
+    """A WebSocket handshake (`ingress.websocket`)."""
 
 
 @dataclass(slots=True)

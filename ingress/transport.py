@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from wakeful.ingress.tunnel import Side
+    from wakeful.ingress.websocket import Side
 
 
 @dataclass(slots=True)
@@ -29,7 +29,7 @@ class UpstreamRequest:
     timeout: float
     """Seconds the sandbox may stay silent: before its answer starts, and between reads."""
     upgrade: bool = False
-    """A WebSocket handshake (`ingress.tunnel`): sent on a connection of its own with its
+    """A WebSocket handshake (`ingress.websocket`): sent on a connection of its own with its
     `Connection: upgrade` and `Upgrade: websocket`; a 101 answer comes with a `tunnel`."""
 
 

@@ -49,7 +49,7 @@ from wakeful.ingress.errors import (
 from wakeful.ingress.flow import WriteGate
 from wakeful.ingress.timers import Deadline
 from wakeful.ingress.transport import UpstreamRequest, UpstreamResponse
-from wakeful.ingress.tunnel import MAX_REFUSAL_BYTES, Pipe
+from wakeful.ingress.websocket import MAX_REFUSAL_BYTES, Pipe
 
 HIGH_WATER = 256 * 1024
 """Answer bytes buffered for a slow client before reading from the sandbox pauses."""
@@ -640,7 +640,7 @@ class RawTransport:
 
     async def _handshake(self, request: UpstreamRequest, pool: _Pool, head: bytes) -> Handshake:
         """A WebSocket handshake on a connection of its own, holding an exchange slot only
-        until the sandbox's answer is in (`ingress.tunnel`)."""
+        until the sandbox's answer is in (`ingress.websocket`)."""
         await self.slots.take(request.app)
         try:
             conn = await self._connect(pool, Handshake)
@@ -688,7 +688,7 @@ class RawTransport:
 
 class Handshake(_Gated):
     """A WebSocket handshake's upstream connection, then (after a 101) the sandbox's end of
-    its tunnel (`ingress.tunnel.Side`). Never pooled; closed with the response. Any other
+    the WebSocket (`ingress.websocket.Side`). Never pooled; closed with the response. Any other
     answer is read whole (bounded) and passed on as it is."""
 
     def __init__(self, pool: _Pool) -> None:

@@ -1,4 +1,4 @@
-"""WebSockets and server-sent events through the ingress (`ingress.tunnel`), against a real
+"""WebSockets and server-sent events through the ingress (`ingress.websocket`), against a real
 WebSocket server (the `websockets` library's, as a sandbox process) and its real client: the
 handshake is proxied, then frames go both ways with backpressure; the lease is held for the
 connection's life (so it counts as traffic); either side's close ends it; the idle timeout and

@@ -14,7 +14,6 @@ was refused (`describe_validation_error`).
 | `cordons/{node}`            | Cordon   |
 | `seen/{node}`               | SeenNode |
 | `tokens/{name}`             | Token    |
-| `routes/{host}`             | Route    |
 | `states/{app}`              | AppState |
 """
 
@@ -571,13 +570,6 @@ class Token(Model):
     sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
     created_at: float = 0.0
     rotated_at: float | None = None
-
-
-class Route(Model):
-    """A host that routes to an app (exact, or `*.domain` wildcard)."""
-
-    host: Host
-    app: Name
 
 
 def describe_validation_error(exc: ValidationError) -> str:

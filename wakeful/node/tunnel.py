@@ -62,13 +62,16 @@ class TunnelURLError(ValueError):
 
 
 @dataclass(frozen=True)
-class Endpoint:
+class TunnelURL:
+    """Where the node's streams go: the ingress tier's tunnel listeners, through their load
+    balancer (`WAKEFUL_TUNNEL`, parsed)."""
+
     url: str
     """The WebSocket URL each stream opens (`wss://HOST[:PORT][/PATH]/v1/tunnel`)."""
     secure: bool
 
 
-def parse_url(url: str) -> Endpoint:
+def parse_url(url: str) -> TunnelURL:
     """`https://edge.example[:port][/path]/` (TLS, the usual) or `http://host:port` (plain:
     for a load balancer on the same private network, or tests)."""
     parts = urlsplit(url)
@@ -85,7 +88,7 @@ def parse_url(url: str) -> Endpoint:
     shown = f"[{host}]" if ":" in host else host
     scheme = "wss" if secure else "ws"
     path = parts.path.rstrip("/")
-    return Endpoint(f"{scheme}://{shown}:{port}{path}{wire.OPEN}", secure)
+    return TunnelURL(f"{scheme}://{shown}:{port}{path}{wire.OPEN}", secure)
 
 
 class _Socket(asyncio.Protocol):
@@ -271,7 +274,7 @@ class TunnelClient:
         clock: Callable[[], float] = time.monotonic,
         tick: float = 1.0,
     ) -> None:
-        self.endpoint = parse_url(url)
+        self.ingress = parse_url(url)
         self.node = node
         self._token = token
         self._targets = targets
@@ -390,7 +393,7 @@ class TunnelClient:
     # -- streams -------------------------------------------------------------------------------
 
     def _context(self) -> ssl.SSLContext | None:
-        if not self.endpoint.secure:
+        if not self.ingress.secure:
             return None
         if self._ssl is None:
             self._ssl = ssl.create_default_context(cafile=self._ca_file)
@@ -407,7 +410,7 @@ class TunnelClient:
         try:
             try:
                 stream.connection = await connect(
-                    self.endpoint.url,
+                    self.ingress.url,
                     additional_headers={
                         "Authorization": f"Bearer {self._token}",
                         wire.NODE_HEADER: self.node,
@@ -466,7 +469,7 @@ class TunnelClient:
         log.log(
             logging.ERROR if refused else logging.WARNING,
             "could not open a tunnel stream to %s: %s; retrying in %.1f s",
-            self.endpoint.url,
+            self.ingress.url,
             _why(exc),
             self._backoff,
         )

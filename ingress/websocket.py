@@ -3,19 +3,19 @@ ways until either side ends.
 
 A client's `GET` with `Connection: upgrade` and `Upgrade: websocket` (`is_websocket`) takes a
 lease use like any request and is sent to the sandbox on a connection of its own (never a
-pooled one) with those two headers kept. A `101` answer turns both connections into a tunnel:
-`relay` copies what each side sends to the other, with backpressure each way (a `Pipe` stops
-reading from its side past `HIGH_WATER` bytes not yet written to the other), until one side
-closes, nothing has crossed for the app's idle timeout, or the tunnel has lasted its maximum
+pooled one) with those two headers kept. A `101` answer splices both connections: `splice`
+copies what each side sends to the other, with backpressure each way (a `Pipe` stops reading
+from its side past `HIGH_WATER` bytes not yet written to the other), until one side closes,
+nothing has crossed for the app's idle timeout, or the WebSocket has lasted its maximum
 duration. Any other answer to the handshake (a 400, a 426, a redirect) is passed on as it is,
 its body bounded by `MAX_REFUSAL_BYTES`, and the client connection closes after it.
 
-The request's lease use is held for the tunnel's whole life: the sandbox counts the socket as
-a request in flight (seed 001), the lease cache renews the lease as used, so the activator
+The request's lease use is held for the WebSocket's whole life: the sandbox counts the socket
+as a request in flight (seed 001), the lease cache renews the lease as used, so the activator
 records activity and the idle monitor never scales an app with an open WebSocket to zero,
 and the pool controller never stops a sandbox that still carries one (it drains it last).
-A tunnel holds an upstream exchange slot only for its handshake: WebSockets are bounded by the
-ingress's client connections (`max_client_connections`), not by `upstream_connections`.
+A WebSocket holds an upstream exchange slot only for its handshake: WebSockets are bounded by
+the ingress's client connections (`max_client_connections`), not by `upstream_connections`.
 Other `Upgrade` tokens (`h2c`, ...) and an HTTP/1.0 handshake are not switched to: the request
 is answered as a plain one (the upgrade headers are hop-by-hop and dropped), after whatever was
 pipelined before it, and the connection closes after it. `CONNECT` is refused (400). Whatever
@@ -107,7 +107,7 @@ class Pipe:
 
 
 class Side(Protocol):
-    """One end of a tunnel: what it sent, and how to send to it."""
+    """One end of a spliced WebSocket: what it sent, and how to send to it."""
 
     @property
     def pipe(self) -> Pipe: ...
@@ -120,7 +120,7 @@ class Side(Protocol):
         ...
 
 
-async def relay(client: Side, sandbox: Side, idle: float, max_duration: float) -> str:
+async def splice(client: Side, sandbox: Side, idle: float, max_duration: float) -> str:
     """Copy both ways until a side ends, nothing crossed for `idle` seconds, or `max_duration`
     passed; returns why it ended ("client closed", "sandbox closed", "idle", "max duration",
     or the error that broke a side). The caller closes both connections."""

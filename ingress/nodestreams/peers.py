@@ -1,0 +1,106 @@
+"""What a replica knows of the other replicas and of the nodes' streams: the replicas' own
+records (`ingresses/{replica}`: where each takes relays), the nodes' coverage tables
+(`nodes/{node}`: how many streams, and how many busy, each node holds on each replica), both
+followed by reflectors, and the record this replica keeps of itself, bound to a TTL lease so
+it vanishes with the replica. A replica dials only addresses from these replica records, never
+one a node wrote."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, Generic, TypeVar
+
+import anyio
+from pydantic import BaseModel
+
+from wakeful.domain import keys
+from wakeful.domain.models import IngressReplica, Node
+from wakeful.store import Item, Store, StoreError
+from wakeful.store.errors import LeaseNotFound
+from wakeful.store.reflector import Feed
+
+log = logging.getLogger(__name__)
+M = TypeVar("M", bound=BaseModel)
+
+
+class _Records(Generic[M]):
+    """A reflector view of one prefix: the records by name."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.items: dict[str, M] = {}
+
+    def replace(self, items: list[Item[M]], revision: int) -> None:
+        self.items = {keys.name_in(item.key, self.prefix): item.value for item in items}
+
+    def put(self, item: Item[M]) -> None:
+        self.items[keys.name_in(item.key, self.prefix)] = item.value
+
+    def delete(self, key: str, revision: int) -> None:
+        self.items.pop(keys.name_in(key, self.prefix), None)
+
+
+class Peers:
+    """The other replicas (`ingresses/`) and where each node's streams are (`nodes/`)."""
+
+    def __init__(self, replica: str) -> None:
+        self.replica = replica
+        self.replicas: _Records[IngressReplica] = _Records(keys.INGRESSES)
+        self.nodes: _Records[Node] = _Records(keys.NODES)
+
+    def feeds(self) -> list[Feed[Any]]:
+        return [
+            Feed(keys.INGRESSES, IngressReplica, self.replicas),
+            Feed(keys.NODES, Node, self.nodes),
+        ]
+
+    def known(self) -> list[str]:
+        return sorted({self.replica, *self.replicas.items})
+
+    def holding(self, node: str, *, idle_only: bool) -> list[IngressReplica]:
+        """Peers where `node` holds streams (with idle ones, if asked), most idle first."""
+        return [peer for peer, idle in self.ranked(node) if idle > 0 or not idle_only]
+
+    def ranked(self, node: str) -> list[tuple[IngressReplica, int]]:
+        """Peers where `node` holds streams, each with how many of them are idle (streams less
+        busy ones, as the node's record says: it may be a few seconds old), most idle first."""
+        record = self.nodes.items.get(node)
+        if record is None or record.tunnel is None:
+            return []
+        found = []
+        for coverage in record.tunnel.replicas:
+            peer = self.replicas.items.get(coverage.replica)
+            if coverage.replica == self.replica or peer is None or coverage.streams == 0:
+                continue
+            found.append((peer, coverage.streams - coverage.busy))
+        found.sort(key=lambda pair: -pair[1])
+        return found
+
+
+async def hold_record(store: Store, record: IngressReplica, ttl: int) -> None:
+    """Keep `record` (this replica's) in the store under a lease of `ttl` seconds, granted
+    again when it expires; until cancelled, then revoked at once, so no peer relays here any
+    more."""
+    lease: int | None = None
+    try:
+        while True:
+            try:
+                lease = await store.grant(ttl)
+                await store.put(keys.ingress(record.name), record, lease=lease)
+                while True:
+                    await anyio.sleep(max(0.5, ttl / 3))
+                    await store.keep_alive(lease)
+            except LeaseNotFound:
+                log.warning("ingress replica %s: its record's lease expired", record.name)
+            except StoreError as exc:
+                log.warning("ingress replica %s: cannot keep its record: %s", record.name, exc)
+                await anyio.sleep(1)
+    finally:
+        if lease is not None:
+            with (
+                anyio.CancelScope(shield=True),
+                anyio.move_on_after(2),
+                contextlib.suppress(StoreError),
+            ):
+                await store.revoke(lease)
