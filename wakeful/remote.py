@@ -351,6 +351,10 @@ class HttpArtifacts(_NodeClient):
         return answer.content
 
 
+WRITE_TIMEOUT = 30.0
+"""Seconds a release or a keep may take: a small write, unlike an upload (`timeout`)."""
+
+
 class HttpKeeper(_NodeClient):
     """A node's `Keeper` (`wakeful.node.statehold`): the states it holds, stored and released
     through the control API, which checks each against the record (`wakeful.deploy.states`).
@@ -406,7 +410,8 @@ class HttpKeeper(_NodeClient):
         """200: what was written; 409: the refusal (`Stale`, nothing written); 404 or 412:
         None (the record is gone, or the sandbox moved on)."""
         what = f"the state of {app}"
-        answer = await self._call("POST", f"/v1/states/{_segment(app)}/{verb}", what, json=body)
+        path = f"/v1/states/{_segment(app)}/{verb}"
+        answer = await self._call("POST", path, what, json=body, timeout=WRITE_TIMEOUT)
         if answer.status_code == 200:
             try:
                 return AppState.model_validate_json(answer.content)

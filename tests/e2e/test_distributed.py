@@ -115,10 +115,17 @@ def start_cluster(
             assert first.strip(), f"{role} did not start: {process.communicate()[0]}"
         yield f"http://{api}", f"http://{proxy}", env
     finally:
+        stuck = []
         for process in reversed(processes):
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
-            process.communicate(timeout=30)
+            try:
+                process.communicate(timeout=30)
+            except subprocess.TimeoutExpired:  # killed, its pipe read and closed: no leak
+                stuck.append(" ".join(process.args[-2:]))
+                process.kill()
+                process.communicate()
+        assert not stuck, f"did not stop within 30 s of SIGTERM: {stuck}"
 
 
 def piece_env(env: dict[str, str], extra: dict[str, str]) -> dict[str, str]:
