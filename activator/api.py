@@ -39,9 +39,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from wakeful.activator.channel import MAX_CHANNELS_PER_TOKEN, POLICY_VIOLATION, Channel
 from wakeful.activator.channel import PATH as CHANNEL_PATH
-from wakeful.activator.core import Activator, PoolSnapshot
+from wakeful.activator.core import Activator
 from wakeful.activator.lease_errors import FORBIDDEN, INVALID_REQUEST, UNAUTHORIZED, to_wire
 from wakeful.activator.ledger import Lease
+from wakeful.activator.reporting import PoolSnapshot
 from wakeful.activator.roles import (
     ADMIN_ONLY,
     PUBLIC,
