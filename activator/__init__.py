@@ -1,6 +1,7 @@
 """The activator: admission, leases and scale-up, the suspended tier, and the control API.
 
-- `core.py`: `Activator`, the facade over the parts below (each the one writer of its state).
+- `core.py`: `Activator`, the facade over the parts below (each the one writer of its state);
+  `term.py`: whether it may grant and suspend now (leading, the adoption window).
 - `view.py`: the watched view of apps, pools, sandboxes and nodes.
 - `ledger.py`: leases and parked waiters, in memory, on one clock.
 - `decisions.py`: the pure admission and sizing rules; `refusals.py`: what a request that

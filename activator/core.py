@@ -38,9 +38,10 @@ from wakeful.activator.reporting import Charts, PoolSnapshot, WakeTally, pool_sn
 from wakeful.activator.scale_up import ScaleUpRunner
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.activator.suspend import Suspender
+from wakeful.activator.term import Term
 from wakeful.activator.view import PoolState, View
 from wakeful.domain import keys, trace
-from wakeful.domain.leases import LeaseGone, LeaseGrant, Unreachable
+from wakeful.domain.leases import LeaseGone, LeaseGrant
 from wakeful.domain.models import GONE, App, AppState, SandboxStatus
 from wakeful.domain.traffic import TrafficReport
 from wakeful.store import Store, StoreError
@@ -65,12 +66,12 @@ class Activator:
         grants nothing when it wakes, before it has noticed)."""
         self._settings = settings
         self._store = store
-        self._leading = leading
         self._wall_clock = wall_clock
         self._metrics = ActivatorMetrics(registry)
         self._ledger = LeaseLedger(
             lease_ttl=settings.lease_ttl, max_waiters=settings.max_waiters, clock=clock
         )
+        self._term = Term(lease_ttl=settings.lease_ttl, clock=self._ledger.clock, leading=leading)
         self._view = View(store, _Reactions(self))
         self._scale_up = ScaleUpRunner(
             store,
@@ -93,18 +94,13 @@ class Activator:
             clock=clock,
             wall_clock=wall_clock,
             changed=self._ledger.wake,
-            allowed=self._suspending_allowed,
+            allowed=self._term.may_suspend,
         )
-        self._suspend_from = math.inf
-        """On `clock`: when this activator may start suspending (it knows every lease)."""
-        self._took_over = False
-        self._admitting = anyio.Event()
-        """Set once admission may grant: at once, or after a takeover's adoption window."""
         self.last_lease_gone: Callable[[], None] = lambda: None
         """Called when the last lease on a sandbox out of admission (draining) is released:
         the pool controller (`Reconciler.nudge`) stops it then, not at its next tick (lease
         releases are not store changes it would see)."""
-        self.deposed = anyio.Event()
+        self.deposed = self._term.deposed
         """Set when this activator stopped leading (`stop_granting`): it grants nothing more,
         and its lease channels close so their ingresses go to the new leader."""
         self._charts = Charts(self._view, self._ledger, wall_clock)
@@ -126,7 +122,7 @@ class Activator:
         drive the wall clock by hand); thaws still run.
         """
         async with anyio.create_task_group() as tasks:
-            self._took_over = adopt_for > 0
+            self._term.took_over = adopt_for > 0
             if adopt_for == 0:
                 self.open_admission()
             elif adopt_for != math.inf:  # inf: until `open_admission`
@@ -161,27 +157,12 @@ class Activator:
         self.deposed.set()
         self._ledger.wake_all()
 
-    def _check_leading(self) -> None:
-        if self.deposed.is_set() or not self._leading():
-            raise Unreachable("this activator stopped leading", retry_after=1)
-
     def open_admission(self) -> None:
         """End the adoption window now (see `running`). After a takeover nothing is suspended
         for one lease TTL more: an ingress cut off for longer than the window reports its
         leases late, and a sandbox it still uses must not be frozen under its requests."""
-        if not self._admitting.is_set():
-            if self._took_over:
-                log.info("admission open: %d leases adopted", len(self._ledger.leases_by_id))
-            grace = self._settings.lease_ttl if self._took_over else 0.0
-            self._suspend_from = self._ledger.clock() + grace
-            self._admitting.set()
-
-    def _suspending_allowed(self) -> bool:
-        return (
-            self._admitting.is_set()
-            and not self.deposed.is_set()
-            and self._ledger.clock() >= self._suspend_from
-        )
+        if self._term.open_admission() and self._term.took_over:
+            log.info("admission open: %d leases adopted", len(self._ledger.leases_by_id))
 
     async def resync(self) -> None:
         """Re-list the view and wake every waiter."""
@@ -193,9 +174,9 @@ class Activator:
         """A lease on a sandbox of the app's pool, waiting (bounded) only when none is routable."""
         if not self._view.synced.is_set():  # (a set event's wait still yields the loop once)
             await self._view.synced.wait()
-        if not self._admitting.is_set():
-            await self._admitting.wait()
-        self._check_leading()
+        if not self._term.admitting.is_set():
+            await self._term.admitting.wait()
+        self._term.check()
         state = self._view.resolve(app, version)
         started = self._ledger.clock()
         deadline = started + state.item.value.spec.activation_timeout
@@ -217,7 +198,7 @@ class Activator:
                         asleep = asleep or self._view.ready(state) == 0
                 if waiter is not None:
                     waiter.wake = anyio.Event()
-                self._check_leading()
+                self._term.check()
                 lease = self._try_admit(state, waiter)
                 if lease is not None:
                     waited = self._ledger.clock() - started
@@ -296,7 +277,7 @@ class Activator:
 
     def renew(self, lease_id: str, *, used: bool = False) -> Lease:
         """Extend a lease's TTL; `used` says it carried traffic since the last renew."""
-        self._check_leading()
+        self._term.check()
         lease = self._ledger.renew(lease_id)
         if used:
             self._activity.touch(lease.sandbox_id, self._wall_clock())
@@ -311,7 +292,7 @@ class Activator:
         takeover (invariant 20): its capacity stays counted, so none is granted twice. A lease
         on a sandbox this view does not have, or that is leaving, is `LeaseGone` (its holder
         drops it, as on a failed renewal)."""
-        self._check_leading()
+        self._term.check()
         item = self._view.sandboxes.get(grant.sandbox_id)
         if item is None or item.value.status in GONE or item.value.app != app:
             raise LeaseGone(f"lease {grant.lease_id!r} is on no sandbox of {app!r} here")
