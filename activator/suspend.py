@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import anyio
 import anyio.abc
@@ -48,6 +48,7 @@ from wakeful.domain.models import Sandbox, SandboxStatus
 from wakeful.store import Conflict, Item, Store, StoreError
 
 log = logging.getLogger(__name__)
+IDLE = suspend_decisions.Why.IDLE
 
 TICK = 1.0
 """Seconds between two looks for idle sandboxes to suspend and evictions to carry out."""
@@ -126,54 +127,59 @@ class Suspender:
     def idle(self, now: float) -> list[Item[Sandbox]]:
         """The sandboxes to suspend now (`suspend_decisions.suspends`), withheld from
         admission in this very step."""
-        verdicts = suspend_decisions.suspends(
+        pools = suspend_decisions.suspends(
             self._observe(), knows_every_lease=self._allowed(), now=now
         )
         chosen: list[Item[Sandbox]] = []
-        for verdict in verdicts:
-            sandbox_id = verdict.sandbox_id
-            if verdict.seen_since is None:
-                self._routable_since.pop(sandbox_id, None)
-            else:
-                self._routable_since[sandbox_id] = verdict.seen_since
-            if verdict.suspend:
-                self._view.withheld.add(sandbox_id)
-                self.thawed.discard(sandbox_id)  # before the write: a thaw may follow it
-                chosen.append(self._view.sandboxes[sandbox_id])
+        seen = self._routable_since
+        for pool in pools:
+            for sandbox_id, why, since in pool.sandboxes:
+                if since is None:
+                    seen.pop(sandbox_id, None)
+                else:
+                    seen[sandbox_id] = since
+                if why is IDLE:
+                    self._view.withheld.add(sandbox_id)
+                    self.thawed.discard(sandbox_id)  # before the write: a thaw may follow it
+                    chosen.append(self._view.sandboxes[sandbox_id])
         return chosen
 
     def _observe(self) -> list[suspend_decisions.SuspendPool]:
-        """Every pool and sandbox of the view, as the suspend rule reads them."""
-        leased = self._ledger.leased_capacity_by_sandbox
+        """Every pool of the view as the suspend rule reads it; its sandboxes are read only
+        if the rule looks at them."""
         found = []
         for state in self._view.pools.values():
             pool = state.item.value
             app = self._view.apps.get(pool.app)
-            sandboxes = []
-            for sandbox_id in sorted(state.sandboxes):
-                sandbox = self._view.sandboxes[sandbox_id].value
-                sandboxes.append(
-                    suspend_decisions.Idleness(
-                        sandbox_id,
-                        in_admission=self._view.serves(sandbox),
-                        leased=leased.get(sandbox_id, 0),
-                        last_activity=sandbox.last_activity,
-                        created_at=sandbox.created_at,
-                        touched=self._activity.latest(sandbox_id),
-                        seen_since=self._routable_since.get(sandbox_id),
-                    )
-                )
             found.append(
                 suspend_decisions.SuspendPool(
+                    name=pool.name,
                     suspend_delay=pool.spec.concurrency.suspend_delay,
                     mode=pool.spec.concurrency.mode,
                     retired=pool.retired,
                     routed=app is not None and app.value.active_version == pool.version,
                     waiters=self._ledger.waiting(pool.name),
-                    sandboxes=sandboxes,
+                    sandboxes=self._idleness(state),
                 )
             )
         return found
+
+    def _idleness(self, state: PoolState) -> Iterator[suspend_decisions.Idleness]:
+        # Read for every sandbox every second: names bound once.
+        sandboxes, serves = self._view.sandboxes, self._view.serves
+        leased = self._ledger.leased_capacity_by_sandbox.get
+        touched, seen = self._activity.latest, self._routable_since.get
+        for sandbox_id in sorted(state.sandboxes):
+            sandbox = sandboxes[sandbox_id].value
+            yield suspend_decisions.Idleness(
+                sandbox_id,
+                serves(sandbox),
+                leased(sandbox_id, 0),
+                sandbox.last_activity,
+                sandbox.created_at,
+                touched(sandbox_id),
+                seen(sandbox_id),
+            )
 
     async def suspend(self, item: Item[Sandbox], now: float) -> bool:
         """Write one sandbox `idle` chose as suspended (it stays withheld until this ends)."""

@@ -15,6 +15,7 @@ from wakeful.activator.suspend_decisions import (
     Idleness,
     Listed,
     PoolSize,
+    PoolVerdict,
     SuspendPool,
     SuspendVerdict,
     TurnOver,
@@ -40,12 +41,13 @@ def idle(**changes: Any) -> Idleness:
         touched=0.0,
         seen_since=T0,
     )
-    return dataclasses.replace(found, **changes)
+    return found._replace(**changes)
 
 
 def auto(*sandboxes: Idleness, **changes: Any) -> SuspendPool:
-    """An auto pool with a 30 s suspend_delay, routed to, without waiters."""
+    """Pool p, auto, with a 30 s suspend_delay, routed to, without waiters."""
     found = SuspendPool(
+        "p",
         suspend_delay=DELAY,
         mode="auto",
         retired=False,
@@ -53,137 +55,154 @@ def auto(*sandboxes: Idleness, **changes: Any) -> SuspendPool:
         waiters=0,
         sandboxes=sandboxes or (idle(),),
     )
-    return dataclasses.replace(found, **changes)
+    return found._replace(**changes)
+
+
+def kept(why: Why) -> PoolVerdict:
+    """Pool p keeps every sandbox, for `why`: none is looked at, nothing seen changes."""
+    return PoolVerdict("p", why)
+
+
+def looked_at(*verdicts: SuspendVerdict) -> PoolVerdict:
+    return PoolVerdict("p", None, verdicts)
 
 
 @pytest.mark.parametrize(
     ("pool", "knows", "now", "expected"),
     [
         pytest.param(
-            auto(), True, T0 + 30, SuspendVerdict("sb-1", Why.IDLE, T0), id="idle for its delay"
+            auto(),
+            True,
+            T0 + 30,
+            looked_at(SuspendVerdict("sb-1", Why.IDLE, T0)),
+            id="idle for its delay",
         ),
         pytest.param(
             auto(),
             True,
             T0 + 29.9,
-            SuspendVerdict("sb-1", Why.RECENT, T0),
+            looked_at(SuspendVerdict("sb-1", Why.RECENT, T0)),
             id="not before the delay: 29.9 s of 30",
         ),
         pytest.param(
             auto(idle(leased=1)),
             True,
             T0 + 86_400,
-            SuspendVerdict("sb-1", Why.LEASED, T0),
+            looked_at(SuspendVerdict("sb-1", Why.LEASED, T0)),
             id="never one holding a lease, however long idle",
         ),
         pytest.param(
             auto(),
             False,
             T0 + 86_400,
-            SuspendVerdict("sb-1", Why.LEASES_UNKNOWN, T0),
+            kept(Why.LEASES_UNKNOWN),
             id="not during a takeover's lease TTL: not every lease is known",
         ),
         pytest.param(
             auto(idle(seen_since=None)),
             False,
             T0 + 86_400,
-            SuspendVerdict("sb-1", Why.LEASES_UNKNOWN, None),
-            id="while leases are unknown it is not even seen routable yet",
+            kept(Why.LEASES_UNKNOWN),
+            id="while leases are unknown no sandbox is looked at, none seen routable yet",
         ),
         pytest.param(
             auto(idle(seen_since=None, created_at=0.0)),
             True,
             T0 + 86_400,
-            SuspendVerdict("sb-1", Why.RECENT, T0 + 86_400),
+            looked_at(SuspendVerdict("sb-1", Why.RECENT, T0 + 86_400)),
             id="first seen routable now: idle from now, whatever its records say",
         ),
         pytest.param(
             auto(suspend_delay=0),
             True,
             T0 + 86_400,
-            SuspendVerdict("sb-1", Why.DELAY_OFF, T0),
+            kept(Why.DELAY_OFF),
             id="suspend_delay 0 turns it off",
         ),
         pytest.param(
             auto(mode="fixed"),
             True,
             T0 + 86_400,
-            SuspendVerdict("sb-1", Why.FIXED, T0),
+            kept(Why.FIXED),
             id="not a fixed pool: it keeps exactly its size running",
         ),
         pytest.param(
             auto(routed=False),
             True,
             T0 + 86_400,
-            SuspendVerdict("sb-1", Why.NOT_ROUTED, T0),
+            kept(Why.NOT_ROUTED),
             id="not a pool rolling out: its app routes to another",
         ),
         pytest.param(
             auto(retired=True),
             True,
             T0 + 86_400,
-            SuspendVerdict("sb-1", Why.RETIRED, T0),
+            kept(Why.RETIRED),
             id="not a retired pool",
         ),
         pytest.param(
             auto(waiters=1),
             True,
             T0 + 86_400,
-            SuspendVerdict("sb-1", Why.WAITERS, T0),
+            kept(Why.WAITERS),
             id="not while its pool has a waiter",
         ),
         pytest.param(
             auto(idle(in_admission=False)),
             True,
             T0 + 86_400,
-            SuspendVerdict("sb-1", Why.OUT_OF_ADMISSION, None),
+            looked_at(SuspendVerdict("sb-1", Why.OUT_OF_ADMISSION, None)),
             id="not one out of admission, and when it was first seen is forgotten",
         ),
         pytest.param(
             auto(idle(created_at=T0 + 20)),
             True,
             T0 + 40,
-            SuspendVerdict("sb-1", Why.RECENT, T0),
+            looked_at(SuspendVerdict("sb-1", Why.RECENT, T0)),
             id="a boot does not count: idle from its creation",
         ),
         pytest.param(
             auto(idle(last_activity=T0 + 20)),
             True,
             T0 + 40,
-            SuspendVerdict("sb-1", Why.RECENT, T0),
+            looked_at(SuspendVerdict("sb-1", Why.RECENT, T0)),
             id="traffic written to last_activity counts",
         ),
         pytest.param(
             auto(idle(touched=T0 + 20)),
             True,
             T0 + 40,
-            SuspendVerdict("sb-1", Why.RECENT, T0),
+            looked_at(SuspendVerdict("sb-1", Why.RECENT, T0)),
             id="an unwritten touch counts: a lease released or a thaw just now",
         ),
         pytest.param(
             auto(idle(touched=T0 + 20)),
             True,
             T0 + 50,
-            SuspendVerdict("sb-1", Why.IDLE, T0),
+            looked_at(SuspendVerdict("sb-1", Why.IDLE, T0)),
             id="idle for its delay after the last touch",
         ),
     ],
 )
-def test_suspend(pool: SuspendPool, knows: bool, now: float, expected: SuspendVerdict) -> None:
+def test_suspend(pool: SuspendPool, knows: bool, now: float, expected: PoolVerdict) -> None:
     assert suspends([pool], knows_every_lease=knows, now=now) == [expected]
 
 
-def test_every_sandbox_of_every_pool_gets_a_verdict_in_order() -> None:
+def test_every_pool_gets_a_verdict_and_every_sandbox_looked_at_one_in_order() -> None:
     pools = [
         auto(idle(), idle(sandbox_id="sb-2", leased=2)),
         auto(idle(sandbox_id="sb-3"), waiters=4),
     ]
     verdicts = suspends(pools, knows_every_lease=True, now=T0 + 60)
-    assert [(v.sandbox_id, v.why, v.suspend) for v in verdicts] == [
-        ("sb-1", Why.IDLE, True),
-        ("sb-2", Why.LEASED, False),
-        ("sb-3", Why.WAITERS, False),
+    assert verdicts == [
+        PoolVerdict(
+            "p",
+            None,
+            (SuspendVerdict("sb-1", Why.IDLE, T0), SuspendVerdict("sb-2", Why.LEASED, T0)),
+        ),
+        PoolVerdict("p", Why.WAITERS),
     ]
+    assert [v.suspend for v in verdicts[0].sandboxes] == [True, False]
 
 
 # -- evict ---------------------------------------------------------------------------------
