@@ -39,8 +39,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from wakeful.activator.channel import MAX_CHANNELS_PER_TOKEN, POLICY_VIOLATION, Channel
 from wakeful.activator.channel import PATH as CHANNEL_PATH
-from wakeful.activator.core import Activator, PoolSnapshot
+from wakeful.activator.core import Activator
+from wakeful.activator.lease_errors import FORBIDDEN, INVALID_REQUEST, UNAUTHORIZED, to_wire
 from wakeful.activator.ledger import Lease
+from wakeful.activator.reporting import PoolSnapshot
 from wakeful.activator.roles import (
     ADMIN_ONLY,
     PUBLIC,
@@ -50,14 +52,7 @@ from wakeful.activator.roles import (
     access,
     needed,
 )
-from wakeful.domain.leases import (
-    ActivatorError,
-    AppFailedToBoot,
-    LeaseGone,
-    LeaseGrant,
-    Unavailable,
-    UnknownApp,
-)
+from wakeful.domain.leases import ActivatorError, LeaseGrant
 from wakeful.domain.models import NAME_PATTERN, Role
 from wakeful.store import Conflict, InvalidKey, StoreError
 from wakeful.store.tokenbook import TokenBook
@@ -76,6 +71,12 @@ def _error(
     status: int, error: str, detail: str, headers: Mapping[str, str] | None = None
 ) -> Response:
     return JSONResponse({"error": error, "detail": detail}, status_code=status, headers=headers)
+
+
+def _wire_answer(exc: ActivatorError | StoreError) -> Response:
+    """A lease API error, as `activator/lease_errors.py` has it over HTTP."""
+    wire = to_wire(exc)
+    return JSONResponse(wire.body(), status_code=wire.status, headers=wire.headers())
 
 
 def create_app(
@@ -125,14 +126,14 @@ def create_app(
     @api.exception_handler(_Unauthorized)
     async def _unauthorized(request: Request, exc: _Unauthorized) -> Response:
         return _error(
-            401, "unauthorized", "a valid bearer token is required", {"WWW-Authenticate": "Bearer"}
+            401, UNAUTHORIZED, "a valid bearer token is required", {"WWW-Authenticate": "Bearer"}
         )
 
     @api.exception_handler(_Forbidden)
     async def _forbidden(request: Request, exc: _Forbidden) -> Response:
         return _error(
             403,
-            "forbidden",
+            FORBIDDEN,
             f"{exc.route} needs {needed(exc.allowed)}; this token has the {exc.role} role",
         )
 
@@ -150,32 +151,22 @@ def create_app(
             got = problem.get("input")
             shown = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
             reasons.append(f"{where}: {problem['msg']}{shown}")
-        return _error(422, "invalid request", "; ".join(reasons))
+        return _error(422, INVALID_REQUEST, "; ".join(reasons))
 
     @api.exception_handler(ActivatorError)
     async def _activator_error(request: Request, exc: ActivatorError) -> Response:
-        if isinstance(exc, UnknownApp):
-            return _error(404, "unknown app", str(exc))
-        if isinstance(exc, LeaseGone):
-            return _error(404, "lease gone", str(exc))
-        if isinstance(exc, AppFailedToBoot):
-            return JSONResponse(
-                {"error": "app failed to boot", "detail": str(exc), "log": exc.log},
-                status_code=503,
-                headers={"Retry-After": str(exc.retry_after)},
-            )
-        if isinstance(exc, Unavailable):
-            return _error(503, "no capacity", str(exc), {"Retry-After": str(exc.retry_after)})
-        return _error(500, "activator error", str(exc))
+        return _wire_answer(exc)
 
     @api.exception_handler(StoreError)
     async def _store_error(request: Request, exc: StoreError) -> Response:
-        """A route that meets a store error answers for it; it never becomes a 500 page."""
+        """A route that meets a store error answers for it; it never becomes a 500 page. A
+        bad key and a lost race are the answers of the routes that write (deploys, tokens);
+        the rest is the lease API's `store unavailable`."""
         if isinstance(exc, InvalidKey):
-            return _error(422, "invalid request", str(exc))
+            return _error(422, INVALID_REQUEST, str(exc))
         if isinstance(exc, Conflict):
             return _error(409, "conflict", f"changed concurrently, try again: {exc}")
-        return _error(503, "store unavailable", str(exc), {"Retry-After": "1"})
+        return _wire_answer(exc)
 
     open_channels: collections.Counter[str] = collections.Counter()
     """Lease channels open, by the name of the token that opened them."""
@@ -335,12 +326,12 @@ class TokenGate:
         if token is not None and scope["type"] == "websocket" and token.role not in allowed:
             route = f"{WEBSOCKET} {scope['path']}"
             detail = f"{route} needs {needed(allowed)}; this token has the {token.role} role"
-            await _error(403, "forbidden", detail)(scope, receive, send)
+            await _error(403, FORBIDDEN, detail)(scope, receive, send)
             return
         if token is None:
             response = _error(
                 401,
-                "unauthorized",
+                UNAUTHORIZED,
                 "a valid bearer token is required",
                 {"WWW-Authenticate": "Bearer"},
             )

@@ -18,12 +18,13 @@ choosing (unique among its operations in flight):
 (`adopt`: a lease granted by another activator, reported by its holder on the first channel
 it opens to this one after a takeover; answered like a renewal; `traffic`: what the ingress
 answered per app since its last report, `wakeful.domain.traffic`, for the dashboard's charts)
-and gets a list of answers, exactly one per acquire, renewal, release, adoption and report:
+and gets a list of answers, exactly one per acquire, renewal, release, adoption and report
+(an error's code and fields are those of `activator/lease_errors.py`, as over HTTP):
 
     {"id": 1, "grant": {...LeaseGrant...}}
     {"id": 3, "released": true}
     {"id": 6, "recorded": 1}
-    {"id": 2, "error": "lease gone", "detail": "...", "retry_after": 1}
+    {"id": 2, "error": "lease gone", "detail": "..."}
 
 An acquire parks (bounded) like `POST /v1/leases`; a `cancel` of it, or the channel closing,
 takes it out of the waiters at once (seed 001), and a lease granted in the same step is handed
@@ -62,16 +63,9 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError, field_valid
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from wakeful.activator.core import Activator
+from wakeful.activator.lease_errors import CANCELLED, INVALID_REQUEST, WireError, to_wire
 from wakeful.activator.ledger import Lease
-from wakeful.domain.leases import (
-    CHANNEL_MAX_FRAME_BYTES,
-    ActivatorError,
-    AppFailedToBoot,
-    LeaseGone,
-    LeaseGrant,
-    Unavailable,
-    UnknownApp,
-)
+from wakeful.domain.leases import CHANNEL_MAX_FRAME_BYTES, ActivatorError, LeaseGrant, Overloaded
 from wakeful.domain.models import NAME_PATTERN
 from wakeful.domain.traffic import MAX_APPS_PER_REPORT, TrafficReport
 from wakeful.store import StoreError
@@ -145,22 +139,6 @@ Operation = Annotated[
     Acquire | Renew | Release | Adopt | Cancel | Traffic, Field(discriminator="op")
 ]
 _OPERATION: TypeAdapter[Operation] = TypeAdapter(Operation)
-
-
-def error_answer(exc: ActivatorError | StoreError) -> dict[str, Any]:
-    """The error fields of an answer; the same names `POST /v1/leases` answers with."""
-    if isinstance(exc, StoreError):
-        return {"error": "store unavailable", "detail": str(exc), "retry_after": 1}
-    if isinstance(exc, UnknownApp):
-        return {"error": "unknown app", "detail": str(exc)}
-    if isinstance(exc, LeaseGone):
-        return {"error": "lease gone", "detail": str(exc)}
-    if isinstance(exc, AppFailedToBoot):
-        found: dict[str, Any] = {"error": "app failed to boot", "detail": str(exc)}
-        return found | {"retry_after": exc.retry_after, "log": exc.log}
-    if isinstance(exc, Unavailable):
-        return {"error": "no capacity", "detail": str(exc), "retry_after": exc.retry_after}
-    return {"error": "activator error", "detail": str(exc)}
 
 
 class Channel:
@@ -261,7 +239,7 @@ class Channel:
         if type(ident) is not int:
             await self._close(detail)
             return False
-        self._answer({"id": ident, "error": "invalid request", "detail": detail[:500]})
+        self._answer({"id": ident, **WireError(INVALID_REQUEST, detail[:500]).fields()})
         return True
 
     def _start(self, operation: Operation, tasks: anyio.abc.TaskGroup) -> None:
@@ -271,14 +249,10 @@ class Channel:
                 scope.cancel()
         elif isinstance(operation, Acquire):
             if operation.id in self._acquires:  # its answer would be ambiguous
-                self._answer(
-                    {"id": operation.id, "error": "activator error", "detail": "id in use"}
-                )
+                self._answer({"id": operation.id, **to_wire(ActivatorError("id in use")).fields()})
             elif len(self._acquires) >= MAX_IN_FLIGHT:
                 detail = f"more than {MAX_IN_FLIGHT} acquires in flight on this channel"
-                self._answer(
-                    {"id": operation.id, "error": "no capacity", "detail": detail, "retry_after": 1}
-                )
+                self._answer({"id": operation.id, **to_wire(Overloaded(detail, 1)).fields()})
             else:
                 scope = self._acquires[operation.id] = anyio.CancelScope()
                 tasks.start_soon(self._acquire, operation, scope)
@@ -297,23 +271,23 @@ class Channel:
                 self._adopts += 1
                 if self._adopts > MAX_ADOPTS_PER_CHANNEL:
                     detail = f"more than {MAX_ADOPTS_PER_CHANNEL} leases reported on a channel"
-                    return {"id": operation.id, "error": "activator error", "detail": detail}
+                    return {"id": operation.id, **to_wire(ActivatorError(detail)).fields()}
                 lease = self._activator.adopt(operation.app, operation.grant)
                 return {"id": operation.id, "grant": _grant(lease)}
             self._activator.release(operation.lease)
             return {"id": operation.id, "released": True}
         except (ActivatorError, StoreError) as exc:
-            return {"id": operation.id, **error_answer(exc)}
+            return {"id": operation.id, **to_wire(exc).fields()}
 
     async def _acquire(self, operation: Acquire, scope: anyio.CancelScope) -> None:
         lease: Lease | None = None
-        answer: dict[str, Any] = {"id": operation.id, "error": "cancelled", "detail": "cancelled"}
+        answer: dict[str, Any] = {"id": operation.id, **WireError(CANCELLED, "cancelled").fields()}
         try:
             with scope:
                 try:
                     lease = await self._activator.acquire(operation.app, operation.version)
                 except (ActivatorError, StoreError) as exc:
-                    answer = {"id": operation.id, **error_answer(exc)}
+                    answer = {"id": operation.id, **to_wire(exc).fields()}
             if lease is not None and scope.cancel_called:  # granted as it was cancelled
                 self._activator.release(lease.lease_id)
                 lease = None

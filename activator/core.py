@@ -25,61 +25,30 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 
 import anyio
 import anyio.abc
 from prometheus_client import CollectorRegistry
 
-from wakeful.activator import decisions
+from wakeful.activator import decisions, refusals
 from wakeful.activator.activity import ActivityWriter
 from wakeful.activator.ledger import Lease, LeaseLedger, Waiter
 from wakeful.activator.metrics import ActivatorMetrics
+from wakeful.activator.reporting import Charts, PoolSnapshot, WakeTally, pool_snapshots
 from wakeful.activator.scale_up import ScaleUpRunner
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.activator.suspend import Suspender
+from wakeful.activator.term import Term
 from wakeful.activator.view import PoolState, View
 from wakeful.domain import keys, trace
-from wakeful.domain.leases import AppFailedToBoot, LeaseGone, LeaseGrant, NoCapacity, Unreachable
+from wakeful.domain.leases import LeaseGone, LeaseGrant
 from wakeful.domain.models import GONE, App, AppState, SandboxStatus
-from wakeful.domain.traffic import TrafficReport, TrafficRing
+from wakeful.domain.traffic import TrafficReport
 from wakeful.store import Store, StoreError
 
-__all__ = ["Activator", "Lease", "PoolSnapshot"]
+__all__ = ["Activator", "Lease", "PoolSnapshot", "WakeTally"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class WakeTally:
-    """An app's requests that waited for it to wake, by how it woke, and the latest one: what
-    the dashboard shows (`Server-Timing` says it per request)."""
-
-    thaw: int = 0
-    start: int = 0
-    last_kind: str = ""
-    last_seconds: float = 0.0
-    last_at: float = 0.0
-    """Wall-clock time of the latest."""
-
-
-@dataclass(frozen=True, slots=True)
-class PoolSnapshot:
-    pool: str
-    app: str
-    version: str
-    state: str
-    """`active` (takes traffic), `draining` (retired, sandboxes still finishing) or `retired`."""
-    desired_instances: int
-    """What the pool controller acts on: 0 for a retired pool, whatever its record says."""
-    live: int
-    ready: int
-    suspended: int
-    """Of `live`: frozen, waking in milliseconds on the next request."""
-    leased: int
-    overflow: int
-    waiters: int
-    revision: int
 
 
 class Activator:
@@ -97,12 +66,12 @@ class Activator:
         grants nothing when it wakes, before it has noticed)."""
         self._settings = settings
         self._store = store
-        self._leading = leading
         self._wall_clock = wall_clock
         self._metrics = ActivatorMetrics(registry)
         self._ledger = LeaseLedger(
             lease_ttl=settings.lease_ttl, max_waiters=settings.max_waiters, clock=clock
         )
+        self._term = Term(lease_ttl=settings.lease_ttl, clock=self._ledger.clock, leading=leading)
         self._view = View(store, _Reactions(self))
         self._scale_up = ScaleUpRunner(
             store,
@@ -125,22 +94,17 @@ class Activator:
             clock=clock,
             wall_clock=wall_clock,
             changed=self._ledger.wake,
-            allowed=self._suspending_allowed,
+            allowed=self._term.may_suspend,
         )
-        self._suspend_from = math.inf
-        """On `clock`: when this activator may start suspending (it knows every lease)."""
-        self._took_over = False
-        self._admitting = anyio.Event()
-        """Set once admission may grant: at once, or after a takeover's adoption window."""
         self.last_lease_gone: Callable[[], None] = lambda: None
         """Called when the last lease on a sandbox out of admission (draining) is released:
         the pool controller (`Reconciler.nudge`) stops it then, not at its next tick (lease
         releases are not store changes it would see)."""
-        self.deposed = anyio.Event()
+        self.deposed = self._term.deposed
         """Set when this activator stopped leading (`stop_granting`): it grants nothing more,
         and its lease channels close so their ingresses go to the new leader."""
-        self._wakes: dict[str, WakeTally] = {}
-        self.traffic = TrafficRing()
+        self._charts = Charts(self._view, self._ledger, wall_clock)
+        self.traffic = self._charts.traffic
         """The last 15 minutes of each app's traffic, from the ingresses' reports
         (`record_traffic`) and this activator's waiters: the dashboard's charts."""
 
@@ -158,7 +122,7 @@ class Activator:
         drive the wall clock by hand); thaws still run.
         """
         async with anyio.create_task_group() as tasks:
-            self._took_over = adopt_for > 0
+            self._term.took_over = adopt_for > 0
             if adopt_for == 0:
                 self.open_admission()
             elif adopt_for != math.inf:  # inf: until `open_admission`
@@ -171,7 +135,7 @@ class Activator:
                 await self._view.resync()
             tasks.start_soon(self._expiry_loop)
             tasks.start_soon(self._activity.run)
-            tasks.start_soon(self._sample_waiters)
+            tasks.start_soon(self._charts.run)
             if suspend:
                 tasks.start_soon(self._suspender.run)
             with anyio.fail_after(60):
@@ -193,27 +157,12 @@ class Activator:
         self.deposed.set()
         self._ledger.wake_all()
 
-    def _check_leading(self) -> None:
-        if self.deposed.is_set() or not self._leading():
-            raise Unreachable("this activator stopped leading", retry_after=1)
-
     def open_admission(self) -> None:
         """End the adoption window now (see `running`). After a takeover nothing is suspended
         for one lease TTL more: an ingress cut off for longer than the window reports its
         leases late, and a sandbox it still uses must not be frozen under its requests."""
-        if not self._admitting.is_set():
-            if self._took_over:
-                log.info("admission open: %d leases adopted", len(self._ledger.leases_by_id))
-            grace = self._settings.lease_ttl if self._took_over else 0.0
-            self._suspend_from = self._ledger.clock() + grace
-            self._admitting.set()
-
-    def _suspending_allowed(self) -> bool:
-        return (
-            self._admitting.is_set()
-            and not self.deposed.is_set()
-            and self._ledger.clock() >= self._suspend_from
-        )
+        if self._term.open_admission() and self._term.took_over:
+            log.info("admission open: %d leases adopted", len(self._ledger.leases_by_id))
 
     async def resync(self) -> None:
         """Re-list the view and wake every waiter."""
@@ -225,9 +174,9 @@ class Activator:
         """A lease on a sandbox of the app's pool, waiting (bounded) only when none is routable."""
         if not self._view.synced.is_set():  # (a set event's wait still yields the loop once)
             await self._view.synced.wait()
-        if not self._admitting.is_set():
-            await self._admitting.wait()
-        self._check_leading()
+        if not self._term.admitting.is_set():
+            await self._term.admitting.wait()
+        self._term.check()
         state = self._view.resolve(app, version)
         started = self._ledger.clock()
         deadline = started + state.item.value.spec.activation_timeout
@@ -249,7 +198,7 @@ class Activator:
                         asleep = asleep or self._view.ready(state) == 0
                 if waiter is not None:
                     waiter.wake = anyio.Event()
-                self._check_leading()
+                self._term.check()
                 lease = self._try_admit(state, waiter)
                 if lease is not None:
                     waited = self._ledger.clock() - started
@@ -261,7 +210,7 @@ class Activator:
                             thawed = lease.sandbox_id in self._suspender.thawed
                             lease.woke_by = "thaw" if thawed else "start"
                             self._metrics.wake.labels(kind=lease.woke_by).observe(waited)
-                            self._tally_wake(app, lease.woke_by, waited)
+                            self._charts.woke(app, lease.woke_by, waited)
                     return lease
                 self._fail_if_crashing(state)
                 if waiter is None and state.item.value.spec.state is not None:
@@ -275,46 +224,18 @@ class Activator:
                 self._scale_up.start(state)
                 remaining = waiter.deadline - self._ledger.clock()
                 if remaining <= 0:
-                    raise self._no_capacity(state, app)
+                    leased = self._ledger.leased_capacity_by_sandbox
+                    routable = bool(self._view.candidates(state, leased))
+                    raise refusals.timed_out(app, state.item.value.spec, routable=routable)
                 with anyio.move_on_after(remaining):
                     await waiter.wake.wait()
         finally:
             if waiter is not None and self._ledger.unpark(waiter):
                 self._publish(waiter.pool)
 
-    def _tally_wake(self, app: str, kind: str, waited: float) -> None:
-        tally = self._wakes.get(app)
-        if tally is None:
-            tally = self._wakes[app] = WakeTally()
-        if kind == "thaw":
-            tally.thaw += 1
-        else:
-            tally.start += 1
-        tally.last_kind, tally.last_seconds, tally.last_at = kind, waited, self._wall_clock()
-
     def wakes(self, app: str) -> WakeTally | None:
         """How the app's waiting requests woke it since this activator leads (None: never)."""
-        return self._wakes.get(app)
-
-    def _no_capacity(self, state: PoolState, app: str) -> NoCapacity:
-        spec = state.item.value.spec
-        if self._view.candidates(state, self._ledger.leased_capacity_by_sandbox):
-            return NoCapacity(
-                f"every sandbox of app {app!r} stayed at its hard limit of "
-                f"{spec.concurrency.hard_limit} requests for {spec.activation_timeout:g} s",
-                retry_after=5,
-            )
-        if spec.state is not None:  # its one sandbox waits for its state to be handed over
-            return NoCapacity(
-                f"app {app!r} keeps state and was not ready within {spec.activation_timeout:g} "
-                "s: its sandbox is moving to another node or waits for its state to be handed "
-                "back (`wakeful nodes` shows moves in progress)",
-                retry_after=5,
-            )
-        return NoCapacity(
-            f"no sandbox of app {app!r} became ready within {spec.activation_timeout:g} s",
-            retry_after=5,
-        )
+        return self._charts.wakes(app)
 
     def _try_admit(self, state: PoolState, waiter: Waiter | None) -> Lease | None:
         pool = state.item.value
@@ -342,31 +263,21 @@ class Activator:
         found = None
         with anyio.move_on_after(0.5), contextlib.suppress(StoreError):  # never a long wait
             found = await self._store.get(keys.state(app), AppState)
-        if found is not None and found.value.kept:
-            raise NoCapacity(
-                f"app {app!r} keeps state that node {found.value.node} could not hand "
-                "back: it starts again once an operator frees it (`wakeful nodes` says "
-                f"why; `wakeful release-state {app}`)",
-                retry_after=60,
-            )
+        refused = refusals.state_kept(app, None if found is None else found.value)
+        if refused is not None:
+            raise refused
 
     def _fail_if_crashing(self, state: PoolState) -> None:
-        """A pool in a crash cooldown (a wall-clock time the pool controller wrote) answers at
-        once with the last boot log."""
-        pool = state.item.value
-        now = self._wall_clock()
-        if pool.crash_cooldown_until > now:
-            raise AppFailedToBoot(
-                f"app {pool.app!r} failed to boot ({pool.crash_count} crashes in a row)",
-                retry_after=pool.crash_cooldown_until - now,
-                log=pool.last_crash_log,
-            )
+        """A pool in a crash cooldown answers at once with the last boot log."""
+        refused = refusals.crashing(state.item.value, self._wall_clock())
+        if refused is not None:
+            raise refused
 
     # -- leases -----------------------------------------------------------------------------
 
     def renew(self, lease_id: str, *, used: bool = False) -> Lease:
         """Extend a lease's TTL; `used` says it carried traffic since the last renew."""
-        self._check_leading()
+        self._term.check()
         lease = self._ledger.renew(lease_id)
         if used:
             self._activity.touch(lease.sandbox_id, self._wall_clock())
@@ -381,7 +292,7 @@ class Activator:
         takeover (invariant 20): its capacity stays counted, so none is granted twice. A lease
         on a sandbox this view does not have, or that is leaving, is `LeaseGone` (its holder
         drops it, as on a failed renewal)."""
-        self._check_leading()
+        self._term.check()
         item = self._view.sandboxes.get(grant.sandbox_id)
         if item is None or item.value.status in GONE or item.value.app != app:
             raise LeaseGone(f"lease {grant.lease_id!r} is on no sandbox of {app!r} here")
@@ -441,62 +352,12 @@ class Activator:
             self._metrics.publish(pool, *self._ledger.counts(pool))
 
     def snapshot(self) -> list[PoolSnapshot]:
-        found = []
-        leased = self._ledger.leased_capacity_by_sandbox
-        for name in sorted(self._view.pools):
-            state = self._view.pools[name]
-            pool = state.item.value
-            live = self._view.live(state)
-            _, overflow, waiters = self._ledger.counts(name)
-            found.append(
-                PoolSnapshot(
-                    pool=name,
-                    app=pool.app,
-                    version=pool.version,
-                    state=("draining" if live else "retired") if pool.retired else "active",
-                    desired_instances=0 if pool.retired else pool.desired_instances,
-                    live=live,
-                    ready=self._view.ready(state),
-                    suspended=len(self._view.suspended(state)),
-                    leased=sum(leased.get(s, 0) for s in state.sandboxes),
-                    overflow=overflow,
-                    waiters=waiters,
-                    revision=state.item.revision,
-                )
-            )
-        return found
+        return pool_snapshots(self._view, self._ledger)
 
     def record_traffic(self, report: TrafficReport) -> int:
-        """An ingress's traffic report (`Leases.report`), into the ring; apps this activator
-        does not know are left out (the ring holds known apps only). Returns how many went in."""
-        now = self._wall_clock()
-        recorded = 0
-        for app, counts in report.items():
-            if app in self._view.apps:
-                self.traffic.add(app, counts, now)
-                recorded += 1
-        return recorded
-
-    async def _sample_waiters(self) -> None:
-        """Once a second, each app's waiters into the ring (its slot keeps the most); apps
-        deleted leave it. A failure is logged, never the end of the activator."""
-        while True:
-            try:
-                now = self._wall_clock()
-                waiting: dict[str, int] = {}
-                for name, state in self._view.pools.items():
-                    count = self._ledger.waiting(name)
-                    if count:
-                        app = state.item.value.app
-                        waiting[app] = waiting.get(app, 0) + count
-                for app, count in waiting.items():
-                    self.traffic.waiters(app, count, now)
-                self.traffic.keep(set(self._view.apps))
-                for gone in set(self._wakes) - set(self._view.apps):
-                    del self._wakes[gone]
-            except Exception:
-                log.exception("could not sample the waiters for the charts")
-            await anyio.sleep(1.0)
+        """An ingress's traffic report (`Leases.report`), into the charts; apps this activator
+        does not know are left out. Returns how many went in."""
+        return self._charts.record(report)
 
     def apps(self) -> list[App]:
         """Every app record, by name."""

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from wakeful.activator.core import PoolSnapshot
+from wakeful.activator.reporting import PoolSnapshot
 
 
 class PoolCollector(Collector):

@@ -2,20 +2,17 @@
 stopping the longest suspended when a node's memory cap is passed (issue 18).
 
 Theory of operation:
-- The activator alone decides, because it alone knows the leases, and only once it knows them
-  (`allowed`: admission is open, and after a takeover a lease TTL has passed, so every
-  ingress has reported what it holds). Every `TICK` seconds a running sandbox of an `auto`
-  pool that its app routes to (a pool rolling out is not suspended), that holds no lease,
-  whose pool has no waiter, and that carried no traffic for its app's
-  `concurrency.suspend_delay` (counted at the earliest from when this activator first saw it
-  routable: a boot does not count, nor the time before a takeover) is withheld from
-  admission (`View.withheld`) in the same step as those checks, then written `suspended` by
-  compare-and-set on the revision it was decided from. No lease can land on it in between
-  (one event loop; the checks and the withholding have no await between them), and a
-  conflict (a node's or the pool controller's write) leaves it running. The node freezes a
-  sandbox whose record says `suspended` (`wakeful.node.runner`), so a frozen sandbox never
-  holds a lease: one adopted meanwhile (a takeover's late report) thaws it as soon as the
-  write is done.
+- The activator alone decides, because it alone knows the leases. The rules are pure
+  (`suspend_decisions`: which sandbox is idle, and why the others are not); this is their
+  shell. Every `TICK` seconds it reads the view and the ledger, and in the same step as the
+  decision withholds each sandbox chosen from admission (`View.withheld`), then writes it
+  `suspended` by compare-and-set on the revision it was decided from. No lease can land on
+  it in between (one event loop; the decision and the withholding have no await between
+  them), and a conflict (a node's or the pool controller's write) leaves it running. A write
+  that ends in a store error may have landed: the sandbox stays withheld until a read says
+  which. The node freezes a sandbox whose record says `suspended` (`wakeful.node.runner`),
+  so a frozen sandbox never holds a lease: one adopted meanwhile (a takeover's late report)
+  thaws it as soon as the write is done.
 - A request that finds nothing routable (or an overflow admission) calls `wake` before any
   scale-up: suspended sandboxes are thawed, as many as the demand needs
   (`decisions.to_thaw`), the most recently suspended first, by compare-and-set back to
@@ -23,15 +20,8 @@ Theory of operation:
   the process as it sees the record, and a request sent meanwhile waits in the sandbox's
   listen backlog. Demand beyond the suspended sandboxes is the normal scale-up's, which counts
   them in the pool's size (`SIZED`), so it asks only for the rest.
-- A node past its cap for suspended memory says how much to give up (`Node.evict_bytes`) and
-  lists its frozen sandboxes, the longest suspended first (`Node.evict`). They are stopped in
-  that order until what they held adds up to it, each with its pool shrunk by one in one
-  transaction (both compare-and-set), so the pool controller does not replace it. Passed
-  over: a pool at `min_instances`, or one whose size and sandboxes disagree (a scale-up or a
-  scale-down in progress). Counted as given up already, wherever listed: one no longer
-  suspended, leased or being thawed (it thaws), or of a retired pool (it stops anyway). So a
-  pinned sandbox does not hold the cap hostage, and a list read twice does not have more
-  stopped than it asked for.
+- Each tick also carries out what nodes ask of their suspended memory (`evict.Evictor`,
+  deciding with `suspend_decisions.EvictionTurn`).
 - Scale-down after `scale_down_delay` stays the idle monitor's: it counts suspended sandboxes
   as idle, and the pool controller stops suspended ones first.
 """
@@ -41,23 +31,24 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
-from typing import Literal
+from collections.abc import Callable, Iterator
 
 import anyio
 import anyio.abc
 
-from wakeful.activator import decisions
+from wakeful.activator import decisions, suspend_decisions
 from wakeful.activator.activity import ActivityWriter
+from wakeful.activator.evict import Evictor
 from wakeful.activator.ledger import LeaseLedger
 from wakeful.activator.metrics import ActivatorMetrics
 from wakeful.activator.view import PoolState, View
 from wakeful.domain import keys, trace
 from wakeful.domain.lifecycle import Transition, transition
-from wakeful.domain.models import STARTING, Sandbox, SandboxStatus, ScaleChange
-from wakeful.store import Conflict, Item, Put, Require, Store, StoreError
+from wakeful.domain.models import Sandbox, SandboxStatus
+from wakeful.store import Conflict, Item, Store, StoreError
 
 log = logging.getLogger(__name__)
+IDLE = suspend_decisions.Why.IDLE
 
 TICK = 1.0
 """Seconds between two looks for idle sandboxes to suspend and evictions to carry out."""
@@ -106,6 +97,9 @@ class Suspender:
         """Sandboxes this activator thawed (a request that waited for one woke it by `thaw`)."""
         self.tasks: anyio.abc.TaskGroup | None = None
         """Where thaws run; None while the activator is not running (then none starts)."""
+        self._evictor = Evictor(
+            store, view, ledger, metrics, thawing=self._thawing, wall_clock=wall_clock
+        )
 
     async def run(self) -> None:
         while True:
@@ -131,45 +125,61 @@ class Suspender:
     # -- suspending -------------------------------------------------------------------------
 
     def idle(self, now: float) -> list[Item[Sandbox]]:
-        """The sandboxes to suspend now, withheld from admission in this very step."""
+        """The sandboxes to suspend now (`suspend_decisions.suspends`), withheld from
+        admission in this very step."""
+        pools = suspend_decisions.suspends(
+            self._observe(), knows_every_lease=self._allowed(), now=now
+        )
         chosen: list[Item[Sandbox]] = []
-        if not self._allowed():
-            return chosen
-        leased = self._ledger.leased_capacity_by_sandbox
-        for state in self._view.pools.values():
-            pool = state.item.value
-            concurrency = pool.spec.concurrency
-            delay = concurrency.suspend_delay
-            app = self._view.apps.get(pool.app)
-            if (
-                delay <= 0
-                or concurrency.mode == "fixed"  # fixed: exactly that many, running
-                or pool.retired
-                or app is None
-                or app.value.active_version != pool.version  # rolling out: not routed yet
-                or self._ledger.waiting(pool.name)
-            ):
-                continue
-            for sandbox_id in sorted(state.sandboxes):
-                item = self._view.sandboxes[sandbox_id]
-                sandbox = item.value
-                if not self._view.serves(sandbox):
-                    self._routable_since.pop(sandbox_id, None)
-                    continue
-                since = self._routable_since.setdefault(sandbox_id, now)
-                if leased.get(sandbox_id, 0):
-                    continue
-                last = max(
-                    sandbox.last_activity,
-                    sandbox.created_at,
-                    since,
-                    self._activity.latest(sandbox_id),
-                )
-                if now - last >= delay:
+        seen = self._routable_since
+        for pool in pools:
+            for sandbox_id, why, since in pool.sandboxes:
+                if since is None:
+                    seen.pop(sandbox_id, None)
+                else:
+                    seen[sandbox_id] = since
+                if why is IDLE:
                     self._view.withheld.add(sandbox_id)
                     self.thawed.discard(sandbox_id)  # before the write: a thaw may follow it
-                    chosen.append(item)
+                    chosen.append(self._view.sandboxes[sandbox_id])
         return chosen
+
+    def _observe(self) -> list[suspend_decisions.SuspendPool]:
+        """Every pool of the view as the suspend rule reads it; its sandboxes are read only
+        if the rule looks at them."""
+        found = []
+        for state in self._view.pools.values():
+            pool = state.item.value
+            app = self._view.apps.get(pool.app)
+            found.append(
+                suspend_decisions.SuspendPool(
+                    name=pool.name,
+                    suspend_delay=pool.spec.concurrency.suspend_delay,
+                    mode=pool.spec.concurrency.mode,
+                    retired=pool.retired,
+                    routed=app is not None and app.value.active_version == pool.version,
+                    waiters=self._ledger.waiting(pool.name),
+                    sandboxes=self._idleness(state),
+                )
+            )
+        return found
+
+    def _idleness(self, state: PoolState) -> Iterator[suspend_decisions.Idleness]:
+        # Read for every sandbox every second: names bound once.
+        sandboxes, serves = self._view.sandboxes, self._view.serves
+        leased = self._ledger.leased_capacity_by_sandbox.get
+        touched, seen = self._activity.latest, self._routable_since.get
+        for sandbox_id in sorted(state.sandboxes):
+            sandbox = sandboxes[sandbox_id].value
+            yield suspend_decisions.Idleness(
+                sandbox_id,
+                serves(sandbox),
+                leased(sandbox_id, 0),
+                sandbox.last_activity,
+                sandbox.created_at,
+                touched(sandbox_id),
+                seen(sandbox_id),
+            )
 
     async def suspend(self, item: Item[Sandbox], now: float) -> bool:
         """Write one sandbox `idle` chose as suspended (it stays withheld until this ends)."""
@@ -332,95 +342,7 @@ class Suspender:
         self._backoff_until.pop(sandbox_id, None)
         self._view.withheld.discard(sandbox_id)
 
-    # -- evicting ---------------------------------------------------------------------------
-
     async def evict(self) -> list[str]:
-        """Give up what nodes ask of their suspended memory (`Node.evict_bytes`): stop their
-        frozen sandboxes in the order listed (the longest suspended first), each with its
-        pool shrunk by one in the same transaction, passing over those that must stay, until
-        they add up to what was asked. Every listed one that is suspended no more (stopped,
-        thawed, or being thawed), wherever it is in the list, counts as given up already:
-        so a list read again before its node wrote the next one stops nothing more, even
-        when one passed over then may go now. A write that lost a race ends the node's turn:
-        the next tick decides from fresh records. Returns those stopped."""
-        stopped: list[str] = []
-        for node, record in sorted(self._view.nodes.items()):
-            holding = [f for f in record.value.evict if self._still_suspended(f.sandbox, node)]
-            given = sum(f.weight for f in record.value.evict) - sum(f.weight for f in holding)
-            for frozen in holding:
-                if given >= record.value.evict_bytes:
-                    break
-                if not self._still_suspended(frozen.sandbox, node):
-                    given += frozen.weight  # thawed, or gone, while a write was awaited
-                    continue
-                outcome = await self._evict(frozen.sandbox)
-                if outcome == "raced":
-                    break
-                if outcome == "stopped":
-                    given += frozen.weight
-                    stopped.append(frozen.sandbox)
-        return stopped
-
-    def _still_suspended(self, sandbox_id: str, node: str) -> bool:
-        """Whether a listed sandbox still holds its frozen memory, and is not about to give
-        it up anyway (thawed: leased or being thawed; stopped: its pool retired)."""
-        item = self._view.sandboxes.get(sandbox_id)
-        if item is None or item.value.node != node:
-            return False
-        state = self._view.pools.get(item.value.pool)
-        return (
-            item.value.status is SandboxStatus.SUSPENDED
-            and state is not None
-            and not state.item.value.retired
-            and sandbox_id not in self._thawing
-            and self._ledger.leased_on(sandbox_id) == 0
-        )
-
-    async def _evict(self, sandbox_id: str) -> Literal["stopped", "stays", "raced"]:
-        """Stop one still suspended sandbox with its pool shrunk by one: "stays" where it
-        must (its pool at `min_instances`, or changing size), "raced" where the write lost
-        a race."""
-        item = self._view.sandboxes[sandbox_id]
-        sandbox = item.value
-        state = self._view.pools[sandbox.pool]
-        pool_item = state.item
-        pool = pool_item.value
-        if pool.desired_instances <= pool.min_instances:
-            return "stays"  # min_instances are kept
-        if self._view.live(state) != pool.desired_instances:
-            return "stays"  # growing or shrinking: a smaller size would undo that, or doubly
-        if any(self._view.sandboxes[s].value.status in STARTING for s in state.sandboxes):
-            return "stays"  # the pool is growing: shrinking it now would undo that
-        target = pool.desired_instances - 1
-        change = ScaleChange(
-            at=self._wall_clock(),
-            by="memory",
-            from_instances=pool.desired_instances,
-            to_instances=target,
-            reason=f"memory: node {sandbox.node} holds too much for suspended sandboxes; "
-            f"stopped {sandbox.id}, suspended the longest",
-        )
-        smaller = pool.model_copy(update={"desired_instances": target, "last_scale": change})
-        stopping = sandbox.model_copy(
-            update={
-                "status": transition(sandbox.status, Transition.STOP),
-                "ready": False,
-                "last_log": "stopped while suspended: its node's memory cap for suspended "
-                "sandboxes was passed",
-            }
-        )
-        try:
-            revision = await self._store.txn(
-                [Require(pool_item.key, pool_item.revision), Require(item.key, item.revision)],
-                [Put(pool_item.key, smaller), Put(item.key, stopping)],
-            )
-        except Conflict:
-            return "raced"  # decided again from the fresh records on the next tick
-        self._metrics.evictions.labels(pool=pool.name).inc()
-        log.info(
-            "stopped a suspended sandbox for memory",
-            extra={"sandbox": sandbox.id, "pool": pool.name},
-        )
-        self._view.apply_pool(Item(pool_item.key, smaller, revision))
-        self._view.apply_sandbox(Item(item.key, stopping, revision))
-        return "stopped"
+        """Stop what nodes ask of their suspended memory (`evict.Evictor`). Returns those
+        stopped."""
+        return await self._evictor.evict()

@@ -6,7 +6,7 @@ for 15 minutes and some waiters), on a real `Activator` over the memory store:
 - the baseline: `Activator.snapshot()`, what `wakeful status` costs;
 - `Dashboard.snapshot()` (what one tick builds while a browser watches: at most 100 apps with
   their 90-slot series) and its JSON, in ms and KB;
-- `Activator._sample_waiters`'s one pass (every second, watched or not);
+- `Charts.sample` (`activator/reporting.py`), once: it runs every second, watched or not;
 - the traffic ring's memory (tracemalloc), in all and per app with traffic.
 
 Figures only, no assertions. From the repository root:
@@ -87,15 +87,7 @@ async def measure(count: int) -> None:
             built = timed(dashboard.snapshot)
             encoded = len(json.dumps(dashboard.snapshot(), separators=(",", ":")))
 
-            def sample() -> None:
-                # One pass of `_sample_waiters`, as its loop body runs it.
-                waiting: dict[str, int] = {}
-                for name, state in activator._view.pools.items():
-                    if n := activator._ledger.waiting(name):
-                        waiting[state.item.value.app] = waiting.get(state.item.value.app, 0) + n
-                activator.traffic.keep(set(activator._view.apps))
-
-            sampled = timed(sample)
+            sampled = timed(activator._charts.sample)
     per_app = ring_bytes / max(1, len(busy))
     print(
         f"{count:>6} apps | status snapshot {base[0]:7.2f} ms (max {base[1]:7.2f}) | "

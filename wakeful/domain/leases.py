@@ -1,6 +1,6 @@
 """The lease interface between the ingress and the activator: what a grant says (`LeaseGrant`),
-what the ingress may ask (`Leases`), and what can go wrong (the HTTP API and its client map
-these errors 1:1).
+what the ingress may ask (`Leases`), and what can go wrong (each error's code and fields on
+the lease channel and over HTTP are one table's, `activator/lease_errors.py`).
 
 ActivatorError
 ├── UnknownApp        no such app or version (404)
@@ -9,9 +9,10 @@ ActivatorError
 │   ├── NoCapacity      nothing became routable within the activation timeout
 │   ├── Overloaded      the pool's waiter queue is full
 │   ├── AppFailedToBoot the app's sandboxes keep dying at boot; carries their last log
-│   └── Unreachable     the activator itself did not answer (HTTP adapter only)
+│   └── Unreachable     the activator itself did not answer, or stopped leading (raised by
+│                       the adapters that talk to it over the network, and by one deposed)
 └── Unauthorized      missing or wrong bearer token, or one of another role (401, 403;
-                      HTTP client only)
+                      raised by the network adapters)
 """
 
 from __future__ import annotations

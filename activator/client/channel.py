@@ -1,8 +1,5 @@
-"""The adapters of `wakeful.domain.leases.Leases` (what the ingress needs of the activator):
-in-process, over the lease channel (one WebSocket, many calls in flight: what `wakeful
-ingress` uses), and over plain HTTP. All raise the same errors, so the ingress cannot tell
-them apart.
-"""
+"""`ChannelLeases`: the activator's lease channel (`activator/channel.py`), one WebSocket with
+many calls in flight, batched both ways. What `wakeful ingress` uses."""
 
 from __future__ import annotations
 
@@ -17,139 +14,15 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import anyio
-import httpx
 import websockets
 import websockets.asyncio.client
 from websockets.asyncio.client import ClientConnection
 
 from wakeful.activator.channel import FRAME_BYTES, MAX_OPS_PER_FRAME
 from wakeful.activator.channel import PATH as CHANNEL_PATH
-from wakeful.activator.core import Activator
-from wakeful.domain.leases import (
-    ActivatorError,
-    AppFailedToBoot,
-    LeaseGone,
-    LeaseGrant,
-    NoCapacity,
-    Unauthorized,
-    UnknownApp,
-    Unreachable,
-)
+from wakeful.activator.lease_errors import LEASE_GONE, from_channel
+from wakeful.domain.leases import ActivatorError, LeaseGone, LeaseGrant, Unauthorized, Unreachable
 from wakeful.domain.traffic import MAX_APPS_PER_REPORT, TrafficReport
-
-
-class InProcessLeases:
-    """The activator in the same process: no serialisation, no network."""
-
-    cancels_cleanly = True  # a grant is made and returned in one step of the acquire
-
-    def __init__(self, activator: Activator) -> None:
-        self._activator = activator
-
-    async def acquire(self, app: str, version: str | None = None) -> LeaseGrant:
-        return (await self._activator.acquire(app, version)).grant()
-
-    async def renew(self, lease_id: str, *, used: bool = False) -> LeaseGrant:
-        return self._activator.renew(lease_id, used=used).grant()
-
-    async def release(self, lease_id: str) -> None:
-        self._activator.release(lease_id)
-
-    def report(self, traffic: TrafficReport) -> None:
-        self._activator.record_traffic(traffic)
-
-
-class HttpLeases:
-    """The activator's HTTP API, through one long-lived httpx client."""
-
-    cancels_cleanly = False
-
-    def __init__(
-        self, base_url: str, token: str, *, timeout: float = 130.0, per_app: int = 128
-    ) -> None:
-        headers = {"Authorization": f"Bearer {token}"}
-        self._per_app = per_app
-        self._app_slots: dict[str, anyio.Semaphore] = {}
-        """At most `per_app` acquires of one app in flight: a cold app's parked requests must
-        not take every connection while other apps have capacity (invariant 12, per app)."""
-        # Two pools: acquires may park for the activation timeout, and must never starve the
-        # renewals and releases that keep every other lease alive.
-        self._client = httpx.AsyncClient(
-            base_url=base_url,
-            headers=headers,
-            timeout=httpx.Timeout(timeout, connect=5.0),
-            limits=httpx.Limits(max_connections=512, max_keepalive_connections=64),
-        )
-        self._upkeep = httpx.AsyncClient(
-            base_url=base_url,
-            headers=headers,
-            timeout=httpx.Timeout(10.0, connect=5.0),
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
-        )
-
-    async def acquire(self, app: str, version: str | None = None) -> LeaseGrant:
-        body: dict[str, str] = {"app": app}
-        if version is not None:
-            body["version"] = version
-        slots = self._app_slots.get(app)
-        if slots is None:
-            slots = self._app_slots[app] = anyio.Semaphore(self._per_app)
-        async with slots:
-            answer = await self._send("POST", "/v1/leases", json=body)
-        return LeaseGrant.model_validate(self._checked(answer).json())
-
-    async def renew(self, lease_id: str, *, used: bool = False) -> LeaseGrant:
-        answer = await self._send(
-            "POST", f"/v1/leases/{lease_id}/renew", json={"used": used}, client=self._upkeep
-        )
-        return LeaseGrant.model_validate(self._checked(answer).json())
-
-    async def release(self, lease_id: str) -> None:
-        self._checked(await self._send("DELETE", f"/v1/leases/{lease_id}", client=self._upkeep))
-
-    def report(self, traffic: TrafficReport) -> None:
-        """Plain HTTP sends no traffic reports (a request each would cost more than the
-        charts are worth); `ChannelLeases`, what `wakeful ingress` uses, does."""
-
-    async def _send(
-        self, method: str, path: str, client: httpx.AsyncClient | None = None, **kwargs: Any
-    ) -> httpx.Response:
-        """httpx's transport errors become ours here, at the adapter's edge."""
-        try:
-            return await (client or self._client).request(method, path, **kwargs)
-        except httpx.TransportError as exc:
-            raise Unreachable(f"the activator did not answer: {exc}", retry_after=1) from exc
-
-    @staticmethod
-    def _checked(answer: httpx.Response) -> httpx.Response:
-        if answer.is_success:
-            return answer
-        try:
-            body = answer.json()
-            error, detail = str(body.get("error", "")), str(body.get("detail", ""))
-        except ValueError:
-            body, error, detail = {}, "", answer.text[:200]
-        retry_after = float(answer.headers.get("Retry-After", "5") or 5)
-        if answer.status_code in (401, 403):  # no valid token, or one of another role
-            raise Unauthorized(detail or "the activator refused the token")
-        if answer.status_code == 404:
-            raise (LeaseGone if error == "lease gone" else UnknownApp)(detail)
-        if answer.status_code == 503:
-            if error == "app failed to boot":
-                raise AppFailedToBoot(detail, retry_after, str(body.get("log", "")))
-            raise NoCapacity(detail, retry_after)
-        raise ActivatorError(f"activator answered {answer.status_code}: {error} {detail}")
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
-        await self._upkeep.aclose()
-
-    async def __aenter__(self) -> HttpLeases:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
 
 log = logging.getLogger(__name__)
 
@@ -272,7 +145,7 @@ class ChannelLeases:
             link.abandon(ident, operation["op"], answered)
             raise
         if "error" in answer:
-            raise _error(answer)
+            raise from_channel(answer)
         return answer
 
     async def _open(self) -> _Link:
@@ -348,7 +221,7 @@ class ChannelLeases:
     def _adopted(self, lease_id: str, answer: asyncio.Future[dict[str, Any]]) -> None:
         if answer.cancelled() or answer.exception() is not None:
             return  # the channel went: reported again on the next one
-        if answer.result().get("error") == "lease gone":
+        if answer.result().get("error") == LEASE_GONE:
             self._held.pop(lease_id, None)  # its renewal will say LeaseGone too
 
     async def aclose(self) -> None:
@@ -511,18 +384,3 @@ def _retrieved(attempt: asyncio.Future[Any]) -> None:
     """An attempt nobody awaits any more (its callers left) must not log its failure."""
     if not attempt.cancelled():
         attempt.exception()
-
-
-def _error(answer: dict[str, Any]) -> ActivatorError:
-    """The exception `HttpLeases._checked` raises for the same answer over HTTP."""
-    error, detail = str(answer.get("error", "")), str(answer.get("detail", ""))
-    retry_after = float(answer.get("retry_after", 5) or 5)
-    if error == "unknown app":
-        return UnknownApp(detail)
-    if error == "lease gone":
-        return LeaseGone(detail)
-    if error == "app failed to boot":
-        return AppFailedToBoot(detail, retry_after, str(answer.get("log", "")))
-    if error in ("no capacity", "store unavailable"):
-        return NoCapacity(detail, retry_after)
-    return ActivatorError(f"activator answered: {error} {detail}")
