@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass
 from enum import StrEnum
 
-from wakeful.domain.shown import shown
+from wakeful.domain.shown import CONTINUED, shown
 
 
 class Format(StrEnum):
@@ -76,7 +76,7 @@ def render(
         ).encode()
         content_type = b"text/html; charset=utf-8"
     else:
-        log = f"\n{shown(answer.log, multiline=True)}" if answer.log else ""
+        log = f"\n{CONTINUED}{shown(answer.log, multiline=True, indent=True)}" if answer.log else ""
         body = f"{answer.status} {shown(answer.error)}: {shown(answer.detail)}{log}\n".encode()
         content_type = b"text/plain; charset=utf-8"
     headers.append((b"content-type", content_type))

@@ -66,11 +66,12 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 class ShownFormatter(logging.Formatter):
     """A record as `logging.Formatter` writes it, then with control characters shown as
     escapes (`wakeful.domain.shown`): a message can quote an app (its crash log, a name), and
-    the terminal running `wakeful up` must not act on it. Newlines stay: a traceback or a
-    crash log still reads as lines."""
+    the terminal running `wakeful up` must not act on it. Newlines stay, every line after the
+    first set off: a traceback or a crash log still reads as lines, none as a record of its
+    own."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return shown(super().format(record), multiline=True)
+        return shown(super().format(record), multiline=True, indent=True)
 
 
 def _configure_logging(verbose: bool) -> None:

@@ -57,9 +57,11 @@ class CliError(Exception):
         self.code = code
 
 
-def say(text: str) -> None:
-    """`text`, one line or several, on stdout: control characters shown as escapes."""
-    print(shown(text, multiline=True), flush=True)
+def say(text: str, *, indent: bool = False) -> None:
+    """`text`, one line or several, on stdout: control characters shown as escapes. `indent`:
+    the lines after the first are set off (`shown.CONTINUED`), for text an app wrote, such as
+    a crash log in a rollout message, which must not pass for lines of wakeful's own."""
+    print(shown(text, multiline=True, indent=indent), flush=True)
 
 
 def note(line: str) -> None:
@@ -90,7 +92,7 @@ def _follow_rollout(api: ControlClient, report: dict[str, Any], pause: Pause) ->
     """Each new message of the rollout until it is done; non-zero when it was abandoned.
     While no activator answers (a leader changing: the rollout goes on, carried on by the next
     one), it keeps asking for up to `FAILOVER_WAIT` seconds."""
-    say(report["message"])
+    say(report["message"], indent=True)
     last = report["message"]
     away = 0
     while report["phase"] == "rolling":
@@ -108,7 +110,7 @@ def _follow_rollout(api: ControlClient, report: dict[str, Any], pause: Pause) ->
             continue
         away = 0
         if report["message"] != last:
-            say(report["message"])
+            say(report["message"], indent=True)
             last = report["message"]
     return 1 if report["phase"] == "failed" else 0
 
@@ -198,7 +200,8 @@ def drain(
 
 def release_state(api: ControlClient, app: str) -> int:
     released = api.release_state(app)
-    say(f"the state of {app} is free again at its last archive: {released['error']}")
+    reason = shown(released["error"])  # quotes what the app named: one line
+    say(f"the state of {app} is free again at its last archive: {reason}")
     return 0
 
 

@@ -61,9 +61,21 @@ from wakeful.domain.shown import shown
             id="every embedding and isolate shown",
         ),
         pytest.param(
-            "GET /héllo 200 ✓ 日本語 \u00a0\u200d\u2029",
-            "GET /héllo 200 ✓ 日本語 \u00a0\u200d\u2029",
-            "GET /héllo 200 ✓ 日本語 \u00a0\u200d\u2029",
+            "\u200e\u200f\u061c",
+            "\\u200e\\u200f\\u061c",
+            "\\u200e\\u200f\\u061c",
+            id="invisible direction marks LRM, RLM and ALM shown",
+        ),
+        pytest.param(
+            "one\u2028two\u2029three",
+            "one\\u2028two\\u2029three",
+            "one\\u2028two\\u2029three",
+            id="line and paragraph separators shown, even in a block",
+        ),
+        pytest.param(
+            "GET /héllo 200 ✓ 日本語 \u00a0\u200d",
+            "GET /héllo 200 ✓ 日本語 \u00a0\u200d",
+            "GET /héllo 200 ✓ 日本語 \u00a0\u200d",
             id="plain text in any script unchanged",
         ),
         pytest.param(
@@ -80,10 +92,19 @@ def test_shown(text: str, line: str, block: str) -> None:
     assert shown(text, multiline=True) == block
 
 
+def test_a_block_s_later_lines_are_set_off_so_none_passes_for_a_line_of_wakeful_s() -> None:
+    forged = "boom\n2026-12-02 03:40:00,000 INFO wakeful.deploy.service: deployed evil v2"
+    assert shown(forged, multiline=True, indent=True) == (
+        "boom\n  | 2026-12-02 03:40:00,000 INFO wakeful.deploy.service: deployed evil v2"
+    )
+    assert shown("one line", multiline=True, indent=True) == "one line"
+
+
 def test_what_is_shown_holds_no_control_character_and_showing_it_again_changes_nothing() -> None:
     every = "".join(chr(code) for code in range(0x2100))
     line = shown(every)
     assert not [c for c in line if (ord(c) < 0x20 and c != "\t") or 0x7F <= ord(c) < 0xA0]
     assert not [c for c in line if 0x202A <= ord(c) <= 0x202E or 0x2066 <= ord(c) <= 0x2069]
+    assert not [c for c in line if c in "\u200e\u200f\u061c\u2028\u2029"]
     assert shown(line) == line
     assert "\n" in shown(every, multiline=True)

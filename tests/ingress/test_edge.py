@@ -193,7 +193,8 @@ async def test_a_boot_log_reaches_a_terminal_with_its_control_characters_shown()
         text = await s.client.get("/", headers={"Accept": "*/*"})
         assert text.status_code == 503
         assert text.headers["content-type"].startswith("text/plain")
-        assert text.text.endswith(f"\n{shown_log}\n")
+        # Each line of the app's log set off, so none passes for a line of wakeful's.
+        assert text.text.endswith("\n  | " + shown_log.replace("\n", "\n  | ") + "\n")
         page = await s.client.get("/", headers={"Accept": "text/html"})
         assert f"<pre>{shown_log}</pre>" in page.text
         for body in (text.text, page.text):
