@@ -105,7 +105,12 @@ class AppReport(BaseModel):
 
 
 UPLOADS = 4
-"""Uploads (artifacts and state archives) received at once."""
+"""Artifact uploads (deploys) received at once."""
+STATE_UPLOADS = 4
+"""State archive uploads (nodes handing states back) received at once: slots of their own, so
+that nodes, however they behave, never keep a deploy from uploading."""
+STATE_UPLOADS_PER_NODE = 1
+"""Of those, what one node may hold: a node trickling bytes holds one slot, not every one."""
 UPLOAD_SLOT_WAIT = 10.0
 """Seconds an upload waits for a slot before 503 + Retry-After."""
 UPLOAD_IDLE = 30.0
@@ -137,24 +142,40 @@ def deploy_router(
                 f"this node token is {token.name!r}'s; it cannot act for node {node!r}",
             )
 
-    uploads = anyio.Semaphore(UPLOADS)  # each holds its body in memory: at most this many
+    # Each upload holds its body in memory: at most this many of each kind.
+    artifact_slots = anyio.Semaphore(UPLOADS)
+    state_slots = anyio.Semaphore(STATE_UPLOADS)
+    node_slots: dict[str, anyio.Semaphore] = {}
 
     async def receive(
-        request: Request, limit: int, what: str, keep: Callable[[bytes], Awaitable[str]]
+        request: Request,
+        limit: int,
+        what: str,
+        keep: Callable[[bytes], Awaitable[str]],
+        slots: list[anyio.Semaphore],
     ) -> str:
-        """The body, read within `limit` and the upload bounds, then kept by `keep`."""
-        with anyio.move_on_after(UPLOAD_SLOT_WAIT) as waited:
-            await uploads.acquire()  # only the wait for a slot is bounded so, not the upload
-        if waited.cancelled_caught:
-            raise HTTPException(
-                503,
-                {"error": "busy", "detail": f"{UPLOADS} uploads are being received; try again"},
-                headers={"Retry-After": "5"},
-            )
+        """The body, read within `limit` and the upload bounds, then kept by `keep`, holding
+        one of each of `slots` (taken in order) meanwhile."""
+        held: list[anyio.Semaphore] = []
         try:
+            with anyio.move_on_after(UPLOAD_SLOT_WAIT) as waited:
+                for slot in slots:  # only the wait for a slot is bounded so, not the upload
+                    await slot.acquire()
+                    held.append(slot)
+            if waited.cancelled_caught:
+                raise HTTPException(
+                    503,
+                    {
+                        "error": "busy",
+                        "detail": f"as many {what} uploads as are taken at once "
+                        "are being received; try again",
+                    },
+                    headers={"Retry-After": "5"},
+                )
             return await receive_one(request, limit, what, keep)
         finally:
-            uploads.release()
+            for slot in reversed(held):
+                slot.release()
 
     async def receive_one(
         request: Request, limit: int, what: str, keep: Callable[[bytes], Awaitable[str]]
@@ -208,7 +229,7 @@ def deploy_router(
         async def keep(data: bytes) -> str:
             return await artifacts.put(data, expected=digest, limit=limit)
 
-        return {"artifact": await receive(request, limit, "artifact", keep)}
+        return {"artifact": await receive(request, limit, "artifact", keep, [artifact_slots])}
 
     @router.put("/v1/states/{app}/archives/{digest}", status_code=201)
     async def upload_state(
@@ -218,20 +239,29 @@ def deploy_router(
         `/v1/artifacts/{digest}`). Refused before the body is read when the node does not
         hold it, or past the bounds on what is stored and not yet released."""
         own_node(request, node)
+        limit = artifacts.state_max_bytes
         declared = request.headers.get("content-length", "")
+        # What it will store is counted now, as pending, whatever comes: at most the bound.
+        size = min(int(declared), limit) if declared.isdigit() else limit
         try:
-            await keeper.admit(node, app, epoch, int(declared) if declared.isdigit() else 0)
+            ticket = await keeper.admit(node, app, epoch, size)
         except NotHeld as exc:
             raise bad(409, "state not held", str(exc)) from exc
         except StorageFull as exc:
             raise full(exc) from exc
 
         async def keep(data: bytes) -> str:
-            await keeper.store_archive(node, app, epoch, data, digest)
+            await keeper.store_archive(node, app, epoch, data, digest, ticket)
             return digest
 
-        limit = artifacts.state_max_bytes
-        return {"archive": await receive(request, limit, "state archive", keep)}
+        mine = node_slots.setdefault(node, anyio.Semaphore(STATE_UPLOADS_PER_NODE))
+        try:
+            slots = [mine, state_slots]
+            return {"archive": await receive(request, limit, "state archive", keep, slots)}
+        finally:
+            keeper.cancel(ticket)
+            if mine.value == STATE_UPLOADS_PER_NODE and not mine.statistics().tasks_waiting:
+                node_slots.pop(node, None)
 
     @router.post("/v1/states/{app}/release", response_model=AppState)
     async def release_state(app: AppName, body: ReleaseRequest, request: Request) -> AppState:

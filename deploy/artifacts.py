@@ -63,10 +63,17 @@ class LocalArtifacts:
     def _path(self, digest: str) -> Path:
         return self._dir / f"{digest}{SUFFIX}"
 
-    async def put(self, data: bytes, expected: str | None = None, limit: int | None = None) -> str:
-        """Store `data` (or, when it is stored already, start its grace period again: an
-        upload whose version is not written yet must not be collected). `limit`: the bound,
-        `max_bytes` when None."""
+    async def put(
+        self,
+        data: bytes,
+        expected: str | None = None,
+        limit: int | None = None,
+        *,
+        refresh: bool = True,
+    ) -> str:
+        """Store `data` (or, when it is stored already and `refresh`, start its grace period
+        again: an upload whose version is not written yet must not be collected). `limit`: the
+        bound, `max_bytes` when None."""
         digest = await anyio.to_thread.run_sync(digest_of, data)  # up to hundreds of MB
         if expected is not None and expected != digest:
             raise ArtifactError(f"upload's sha256 is {digest}, not {expected}")
@@ -78,13 +85,15 @@ class LocalArtifacts:
         unpacked = MAX_UNPACKED_BYTES if limit == self.max_bytes else limit
         await anyio.to_thread.run_sync(validate, data, unpacked)
         async with self._lock:
-            await anyio.to_thread.run_sync(self._write, digest, data, self._clock())
+            await anyio.to_thread.run_sync(self._write, digest, data, self._clock(), refresh)
         return digest
 
-    def _write(self, digest: str, data: bytes, now: float) -> None:
+    def _write(self, digest: str, data: bytes, now: float, refresh: bool) -> None:
         path = self._path(digest)
         partial = None
         try:
+            if not refresh and path.exists():
+                return
             try:
                 os.utime(path, (now, now))
                 return

@@ -15,9 +15,14 @@ Theory of operation:
 - **Pending bytes are bounded.** What a node stored and has not released yet (the archive no
   record names) counts against that node and against the whole control plane, until it is
   released with it or the collector's grace has passed (then the collector deletes it, as it
-  does any unreferenced blob). Past either bound an upload is refused (`StorageFull`, 507 with
-  Retry-After): the node keeps its archive and tries again (`StateHold.settle`). Counted in
-  memory, per control plane: a new leader starts from zero, which the grace bounds anyway.
+  does any unreferenced blob). An upload counts from when it is admitted (its declared size,
+  else the bound), so uploads at once cannot all pass the check before any is counted. Past
+  either bound an upload is refused (`StorageFull`, 507 with Retry-After): the node keeps its
+  archive and tries again (`StateHold.settle`). Counted in memory, per control plane: a new
+  leader starts from zero, which the grace bounds anyway.
+- **An upload never keeps another file.** Storing bytes already stored does not start their
+  grace again (an artifact's upload does): a node can fetch any digest, and would otherwise
+  keep a deleted app's files from ever being collected.
 - **A release or a keep** is decided by `wakeful.domain.state` on the record as read, and
   written by compare-and-set on its revision (and, when the node asks, on its sandbox's record
   at the revision it read: `settle` hands back only for a sandbox that did not start since).
@@ -83,13 +88,34 @@ def upload_refusal(node_pending: int, total_pending: int, size: int, bounds: Bou
     return None
 
 
+@dataclass(frozen=True)
+class Ticket:
+    """An admitted upload, counted as pending until it is stored or cancelled."""
+
+    node: str
+    size: int
+    number: int
+
+
 @dataclass
 class Pending:
-    """Archives stored and not yet released, per node, on one clock. Synchronous."""
+    """Archives stored and not yet released, and uploads admitted and not yet stored, per
+    node, on one clock. Synchronous."""
 
     grace: float
     by_node: dict[str, dict[str, tuple[int, float]]] = field(default_factory=dict)
     """node -> digest -> (bytes, stored at)."""
+    admitted: dict[int, Ticket] = field(default_factory=dict)
+    counter: int = 0
+
+    def admit(self, node: str, size: int) -> Ticket:
+        self.counter += 1
+        ticket = Ticket(node, size, self.counter)
+        self.admitted[ticket.number] = ticket
+        return ticket
+
+    def cancel(self, ticket: Ticket) -> None:
+        self.admitted.pop(ticket.number, None)
 
     def _forget_old(self, now: float) -> None:
         for node, stored in list(self.by_node.items()):
@@ -104,6 +130,9 @@ class Pending:
         self._forget_old(now)
         mine = sum(size for size, _ in self.by_node.get(node, {}).values())
         total = sum(size for stored in self.by_node.values() for size, _ in stored.values())
+        for ticket in self.admitted.values():
+            total += ticket.size
+            mine += ticket.size if ticket.node == node else 0
         return mine, total
 
     def add(self, node: str, digest: str, size: int, now: float) -> None:
@@ -157,10 +186,11 @@ class StateKeeper:
 
     # -- uploads --------------------------------------------------------------------------------
 
-    async def admit(self, node: str, app: str, epoch: int, size: int) -> None:
-        """Whether `node` may store an archive of about `size` bytes of `app`'s state held at
-        `epoch`: `NotHeld` or `StorageFull` when not. Made before a body is read, and again
-        (by `store_archive`) once it is."""
+    async def admit(self, node: str, app: str, epoch: int, size: int) -> Ticket:
+        """Whether `node` may store an archive of up to `size` bytes of `app`'s state held at
+        `epoch`: `NotHeld` or `StorageFull` when not; else a ticket that counts `size` as
+        pending until `store_archive` stores it or `cancel` drops it. Made before a body is
+        read."""
         found = await self._store.get(keys.state(app), AppState)
         if found is None or found.value.node != node or found.value.epoch != epoch:
             self.refused.labels("not_held").inc()
@@ -186,17 +216,32 @@ class StateKeeper:
                 f"is {bound}: try again once they are released",
                 retry_after=30,
             )
+        return self._pending.admit(node, size)
+
+    def cancel(self, ticket: Ticket) -> None:
+        """An admitted upload that will store nothing (more): it counts no more. Idempotent."""
+        self._pending.cancel(ticket)
 
     async def store_archive(
-        self, node: str, app: str, epoch: int, data: bytes, digest: str
+        self,
+        node: str,
+        app: str,
+        epoch: int,
+        data: bytes,
+        digest: str,
+        ticket: Ticket | None = None,
     ) -> None:
-        """Store the archive of `app`'s state that `node` holds at `epoch`. `NotHeld`,
-        `StorageFull`; `ArtifactError` for an archive that is not one (or over the bound)."""
-        await self.admit(node, app, epoch, len(data))
-        stored = await self._artifacts.put(
-            data, expected=digest, limit=self._artifacts.state_max_bytes
-        )
-        self._pending.add(node, stored, len(data), self._clock())
+        """Store the archive of `app`'s state that `node` holds at `epoch`, admitted as
+        `ticket` (admitted now when None). `NotHeld`, `StorageFull`; `ArtifactError` for an
+        archive that is not one (or over the bound)."""
+        if ticket is None:
+            ticket = await self.admit(node, app, epoch, len(data))
+        try:
+            limit = self._artifacts.state_max_bytes
+            stored = await self._artifacts.put(data, expected=digest, limit=limit, refresh=False)
+            self._pending.add(node, stored, len(data), self._clock())
+        finally:
+            self._pending.cancel(ticket)
 
     # -- releases -------------------------------------------------------------------------------
 

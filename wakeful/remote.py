@@ -37,7 +37,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from wakeful.domain.artifacts import ArtifactError, ArtifactUnavailable, digest_of
 from wakeful.domain.logbatch import BEHIND_HEADER, LogBatch
 from wakeful.domain.models import AppState
-from wakeful.domain.state import Stale
+from wakeful.domain.state import Stale, storable
 from wakeful.node.logship import ShipFailed
 
 """Set on a logs answer when some of the app's output has not reached the control plane."""
@@ -394,7 +394,7 @@ class HttpKeeper(_NodeClient):
             "epoch": epoch,
             "archive": archive,
             "size": size,
-            "error": error[:4000],
+            "error": storable(error),
         }
         if sandbox_at is not None:
             body["sandbox"] = {"id": sandbox_at[0], "revision": sandbox_at[1]}
@@ -403,7 +403,7 @@ class HttpKeeper(_NodeClient):
     async def keep(
         self, app: str, epoch: int, error: str, *, for_good: bool = True
     ) -> AppState | Stale | None:
-        body = {"node": self._node, "epoch": epoch, "error": error[:4000], "for_good": for_good}
+        body = {"node": self._node, "epoch": epoch, "error": storable(error), "for_good": for_good}
         return await self._write(app, "keep", body)
 
     async def _write(self, app: str, verb: str, body: dict[str, Any]) -> AppState | Stale | None:

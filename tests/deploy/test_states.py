@@ -214,3 +214,36 @@ async def test_the_review_s_attacks_over_http_store_and_point_nothing(tmp_path: 
             with pytest.raises(ArtifactError, match="403"):
                 await posing.release("shop", 4)
         assert await record(store, "shop") == AppState(app="shop", node="n1", epoch=4, sandbox="s1")
+
+
+async def test_uploads_admitted_at_once_count_before_any_is_stored(
+    store: Store, tmp_path: Path
+) -> None:
+    """The hostile review's overshoot: four concurrent uploads all passed the bound's check
+    before any was counted. An admitted upload counts as pending from its admission."""
+    keeper, _, _ = keeper_on(store, tmp_path, ManualClock(1000), Bounds(3 * MIB, 8 * MIB))
+    await held(store, "a", "n1", 1)
+    first = await keeper.admit("n1", "a", 1, 2 * MIB)
+    with pytest.raises(StorageFull, match="node n1 stored 2097152"):
+        await keeper.admit("n1", "a", 1, 2 * MIB)
+    keeper.cancel(first)  # that upload failed: it counts no more
+    second = await keeper.admit("n1", "a", 1, 2 * MIB)
+    data = archive(tmp_path, "small")
+    await keeper.store_archive("n1", "a", 1, data, digest_of(data), second)
+    mine, _ = keeper._pending.sizes("n1", 1000)
+    assert mine == len(data)  # the ticket's 2 MiB became what was stored
+
+
+async def test_storing_bytes_already_stored_does_not_keep_them_from_collection(
+    store: Store, tmp_path: Path
+) -> None:
+    """A node can fetch any digest: uploading it again must not start its grace again, or a
+    node could keep a deleted app's files for ever."""
+    clock = ManualClock(1000)
+    keeper, blobs, _ = keeper_on(store, tmp_path, clock)
+    await held(store, "a", "n1", 1)
+    data = archive(tmp_path, "someone else's")
+    digest = await blobs.put(data)  # stored at 1000, by someone else
+    clock.advance(500)
+    await keeper.store_archive("n1", "a", 1, data, digest)
+    assert dict(await blobs.stored())[digest] == 1000

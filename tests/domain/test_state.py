@@ -88,3 +88,16 @@ def test_take_back_from_a_gone_node_frees_it_with_its_last_archive_and_says_what
     assert (taken.node, taken.epoch, taken.archive) == (None, 6, DIGEST)
     assert "node n1 was lost" in taken.error
     assert isinstance(state.take_back(held(node="n2"), "n1", 9.0), state.Stale)
+
+
+def test_a_reason_quoting_undecodable_bytes_is_stored_not_lost() -> None:
+    """A state path the app chose can hold bytes that are no UTF-8 (surrogates in Python):
+    a keep or release quoting it must still make a record that encodes, or the keep that says
+    why the state stays is never written (and the state went back without its data)."""
+    why = "its state path 'data/\udcff\udcfe' is not a directory: not archived"
+    kept = state.keep(held(), "n1", 5, why)
+    assert isinstance(kept, AppState)
+    assert "\\udcff" in AppState.model_validate_json(kept.model_dump_json()).error
+    released = state.release(held(), "n1", 5, 100.0, error=why + "x" * 5000)
+    assert isinstance(released, AppState) and len(released.error) == state.MAX_ERROR
+    released.model_dump_json()

@@ -244,15 +244,41 @@ async def test_the_control_plane_collects_unreferenced_artifacts_on_its_own(
                 await anyio.sleep(0.02)
 
 
-async def stalled_upload(url: str, token: str) -> anyio.abc.SocketStream:
+async def stalled_upload(
+    url: str, token: str, path: str = f"/v1/artifacts/{'0' * 64}"
+) -> anyio.abc.SocketStream:
     """An upload that sends its head and one byte of body, then nothing."""
     host, port = url.removeprefix("http://").split(":")
     stream = await anyio.connect_tcp(host, int(port))
     await stream.send(
-        f"PUT /v1/artifacts/{'0' * 64} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+        f"PUT {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
         "Transfer-Encoding: chunked\r\n\r\n1\r\nx\r\n".encode()
     )
     return stream
+
+
+async def test_a_node_holds_one_state_upload_slot_and_never_a_deploy_s(
+    control: Control, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hostile review: a node holding a state trickled four uploads a byte at a time, held
+    every upload slot, and `wakeful deploy` got 503 for as long as it liked. A node now holds
+    one state upload at a time, and artifacts (deploys) have slots of their own."""
+    monkeypatch.setattr(deploy_api, "UPLOAD_SLOT_WAIT", 0.2)
+    made = await control.http.post("/v1/tokens", json={"name": "n1", "role": "node"})
+    node = made.json()["secret"]
+    await control.store.put(keys.state("notes"), AppState(app="notes", node="n1", epoch=3))
+    url = str(control.http.base_url).rstrip("/")
+    state_path = f"/v1/states/notes/archives/{'0' * 64}?node=n1&epoch=3"
+    stalled = [await stalled_upload(url, node, state_path) for _ in range(deploy_api.UPLOADS)]
+    await anyio.sleep(0.3)  # the first holds n1's slot; the others waited for it and gave up
+    for stream in stalled[1:]:
+        with anyio.fail_after(10):
+            assert (await stream.receive()).startswith(b"HTTP/1.1 503"), "one slot per node"
+    data = pack(HELLO)
+    deployed = await control.http.put(f"/v1/artifacts/{digest_of(data)}", content=data)
+    assert deployed.status_code == 201, deployed.text
+    for stream in stalled:
+        await stream.aclose()
 
 
 async def test_uploads_that_stall_are_refused_and_never_hold_every_slot(

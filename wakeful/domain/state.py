@@ -34,6 +34,17 @@ class Stale:
     reason: str
 
 
+MAX_ERROR = 4000
+"""Characters of a reason kept in the record."""
+
+
+def storable(reason: str) -> str:
+    """`reason` as a record can hold it: a reason can quote a path the app chose, and a file
+    name's undecodable bytes (surrogates) would fail the record's encoding, after the decision
+    that wrote it (a keep that failed so once let the state go back without its data)."""
+    return reason.encode("utf-8", "backslashreplace").decode("utf-8")[:MAX_ERROR]
+
+
 def holder(record: AppState) -> str:
     return "no node" if record.node is None else f"node {record.node}"
 
@@ -88,7 +99,7 @@ def release(
         "sandbox": None,
         "released_by": node,
         "released_at": now,
-        "error": error[:4000],
+        "error": storable(error),
         "kept": False,
     }
     if archive is not None:
@@ -106,7 +117,7 @@ def keep(
             f"the state of app {record.app!r} is held by {holder(record)} at epoch "
             f"{record.epoch}, not by node {node} at epoch {epoch}"
         )
-    return record.model_copy(update={"error": error[:4000], "kept": kept})
+    return record.model_copy(update={"error": storable(error), "kept": kept})
 
 
 def take_back(record: AppState, gone: str, now: float, why: str = "") -> AppState | Stale:
@@ -124,7 +135,9 @@ def take_back(record: AppState, gone: str, now: float, why: str = "") -> AppStat
             "released_by": gone,
             "released_at": now,
             "kept": False,
-            "error": f"{why} ({when}; anything newer is only on node {gone}: in its "
-            "kept-states directory if it kept it, lost if the node is)",
+            "error": storable(
+                f"{why} ({when}; anything newer is only on node {gone}: in its "
+                "kept-states directory if it kept it, lost if the node is)"
+            ),
         }
     )
