@@ -134,6 +134,8 @@ class Deployer:
         none)."""
         self._store = store
         self._hosts = hosts if hosts is not None else HostRules()
+        self._routing = anyio.Lock()
+        """Held from a rollout's last host check to its flip."""
         self._artifacts = artifacts
         self.collector = collector or ArtifactCollector(store, artifacts, clock=clock)
         self._timeout = timeout
@@ -321,11 +323,15 @@ class Deployer:
             rollout.message = f"{rollout.ready}/{rollout.target_ready} sandboxes ready"
             await anyio.sleep(0.2)
         # Checked again before the route moves: another app may have taken a host since this
-        # rollout began, and the control plane carrying it on may reserve other names.
-        refused = await self._refusal(Claim(rollout.app, rollout.hosts, rollout.default_host))
-        if refused is not None:
-            return await self._abandon(rollout, refused)
-        await self._flip(rollout, rollout.hosts, rollout.default_host)
+        # rollout began, and the control plane carrying it on may reserve other names. One
+        # check-and-flip at a time (one control plane leads): two rollouts claiming the same
+        # host can no longer both pass their checks before either has flipped.
+        async with self._routing:
+            claim = Claim(rollout.app, rollout.hosts, rollout.default_host)
+            refused = await self._refusal(claim)
+            if refused is not None:
+                return await self._abandon(rollout, refused)
+            await self._flip(rollout, rollout.hosts, rollout.default_host)
         rollout.phase = Phase.LIVE
         rollout.message = f"{rollout.app} {rollout.version} is live"
         log.info("deployed %s %s", rollout.app, rollout.version, extra={"app": rollout.app})

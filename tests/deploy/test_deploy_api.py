@@ -20,13 +20,13 @@ from wakeful.activator.settings import ActivatorSettings
 from wakeful.deploy.api import deploy_router
 from wakeful.deploy.appdir import load_app_dir
 from wakeful.deploy.artifacts import LocalArtifacts
-from wakeful.deploy.service import Deployer, DeployError, Phase, starting_size
+from wakeful.deploy.service import Deployer, DeployError, Phase, Rollout, starting_size
 from wakeful.deploy.states import StateKeeper
 from wakeful.domain import keys
 from wakeful.domain.artifacts import digest_of, pack
 from wakeful.domain.hosts import HostRules
 from wakeful.domain.models import App, AppSpec, Pool, Role, RolloutRecord, Version
-from wakeful.store import Store, open_store
+from wakeful.store import Store, open_store, sqlite_url
 from wakeful.store.testing import free_port
 from wakeful.store.tokenbook import TokenBook
 
@@ -325,3 +325,37 @@ async def test_a_rollout_that_lost_a_host_before_its_flip_is_abandoned(tmp_path:
         assert await store.get(keys.app("foo"), App) is None
         pool = await store.get(keys.pool(rollout.pool), Pool)
         assert pool is not None and pool.value.retired
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+async def test_two_rollouts_claiming_one_host_at_once_leave_it_to_one(
+    tmp_path: Path, backend: str
+) -> None:
+    """The hostile review: two deploys claiming one host at the same instant both passed their
+    checks before either flipped (3 times in 15), and both apps then listed the host. The
+    check and the flip are one step now: one goes live, the other is abandoned naming it."""
+    url = sqlite_url(tmp_path / "store.db") if backend == "sqlite" else "memory://"
+    async with open_store(url) as store:
+        deployer = Deployer(store, LocalArtifacts(tmp_path), timeout=5)
+        rollouts = [
+            await deployer.prepare(
+                load_app_dir(HELLO).definition.model_copy(
+                    update={"name": name, "hosts": ["race.example.com"]}
+                ),
+                None,
+            )
+            for name in ("ra", "rb")
+        ]
+        ended = []
+
+        async def roll(rollout: Rollout) -> None:
+            ended.append(await deployer.roll_out(rollout))
+
+        async with anyio.create_task_group() as tasks:
+            for rollout in rollouts:
+                tasks.start_soon(roll, rollout)
+        assert sorted(r.phase for r in ended) == [Phase.FAILED, Phase.LIVE]
+        claimed = [a.value.name for a in (await store.list(keys.APPS, App)).items]
+        assert len(claimed) == 1
+        failed = next(r for r in ended if r.phase is Phase.FAILED)
+        assert f"overlaps host race.example.com of app {claimed[0]}" in failed.message
