@@ -2,8 +2,8 @@
 that runs none.
 
 `FakeRuntime` passes the same contract suite as `ProcessRuntime`
-(tests/node/test_runtime_contract.py): `start` refuses a missing directory with an `OSError`,
-`pump` hands every byte to `forward` and to the log file and returns once the process has
+(tests/node/sandbox/test_runtime_contract.py): `start` refuses a missing directory with an
+`OSError`, `pump` hands every byte to `forward` and to the log file and returns once the process has
 exited, `wait` returns the exit code, `stop` sends a SIGTERM and a SIGKILL after the grace,
 `tail` is the last lines. What a fake process does is a `FakeProgram`, named by the first word
 of its command; a test makes one crash with `exit`. A program that `serve_http` answers every
@@ -26,8 +26,8 @@ from types import TracebackType
 import anyio
 import anyio.abc
 
-from .runtime import RECENT_BYTES, UNNAMED, Identity, Runtime, tail_of
-from .workdir import Packed, fill_workdir
+from wakeful.node.sandbox.runtime import RECENT_BYTES, UNNAMED, Identity, Runtime, tail_of
+from wakeful.node.sandbox.workdir import Packed, fill_workdir
 
 FIRST_FAKE_PID = 10_000_000
 """Above Linux's largest `pid_max` (2**22)."""
@@ -37,8 +37,8 @@ def sandbox_pids(data_dir: Path) -> list[int]:
     """Every process of `data_dir`'s sandboxes (Linux /proc): unisolated ones by their working
     directory; isolated ones are bwrap processes whose command names a sandbox directory,
     and everything under them, unless that is an idle warm slot (`SLOT_MARK`)."""
-    from .isolation import SLOT_MARK
-    from .jailed import descendants
+    from wakeful.node.jail.bwrap import SLOT_MARK
+    from wakeful.node.jail.jailed import descendants
 
     root = str((data_dir / "sandboxes").resolve())
     found: set[int] = set()

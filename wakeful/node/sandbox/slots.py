@@ -5,9 +5,9 @@ Joining a cgroup v1 hierarchy waits for an RCU grace period (measured here: 5-17
 hierarchy, two hierarchies per sandbox) while creating, renaming and limiting one costs
 ~0.1 ms; bwrap's namespaces and mounts and the `setpriv` exec after them cost ~3.5 ms more. So
 the agent keeps `warm_slots` sandboxes (`Jail.slot_command`: the whole isolation chain over a
-tmpfs of its own, with `slot_main.py`, ~8 MB, where the app would be) that wait on stdin as
+tmpfs of its own, with `jail/slot_main.py`, ~8 MB, where the app would be) that wait on stdin as
 root inside. A start takes one: its cgroups are renamed to the sandbox's and given the app's
-limits, its tmpfs is resized to the app's `disk` and filled with the app (`runtime.py`), and it
+limits, its tmpfs is resized to the app's `disk` and filled with the app (`sandbox.runtime`), and it
 gets the start message: the app's command, environment, rlimits and uid. It drops to that uid
 (checking /proc that nothing of root's is left) and execs the app, keeping its pid, its cgroups
 and its output pipe. The pool refills in the background once every start that took a slot has
@@ -38,10 +38,10 @@ from pathlib import Path
 import anyio
 
 from wakeful.domain.models import Resources
+from wakeful.node.jail.bwrap import CHAIN_ENV, Jail
+from wakeful.node.jail.cgroups import Cgroups, SandboxCgroup
+from wakeful.node.jail.hardening import mount_sandbox_fs, unmount
 
-from .cgroups import Cgroups, SandboxCgroup
-from .hardening import mount_sandbox_fs, unmount
-from .isolation import CHAIN_ENV, Jail
 from .spawn import PIPE, STDOUT, Child, spawn
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ class Slot:
         scope: bool,
     ) -> Child:
         """Send the start message; the slot sets `rlimits`, drops to `uid`, enters a Landlock
-        scope of its own when `scope`, and becomes `argv` with exactly `env` (slot_main). Its
+        scope of its own when `scope`, and becomes `argv` with exactly `env` (`jail.slot_main`). Its
         parent-death signal was set when it started."""
         message = {"argv": argv, "env": env, "rlimits": rlimits, "uid": uid, "scope": scope}
         stdin = self.process.stdin

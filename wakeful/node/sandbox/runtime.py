@@ -23,10 +23,15 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from wakeful.domain.models import Resources
+from wakeful.node.jail.bwrap import CHAIN_ENV, Jail, UidTable, env_script
+from wakeful.node.jail.hardening import (
+    chown_tree,
+    fill_app_dir,
+    mount_sandbox_fs,
+    resize_sandbox_fs,
+)
+from wakeful.node.jail.jailed import Jailed, sealed, stop_tree
 
-from .hardening import chown_tree, fill_app_dir, mount_sandbox_fs, resize_sandbox_fs
-from .isolation import CHAIN_ENV, Jail, UidTable, env_script
-from .jailed import Jailed, sealed, stop_tree
 from .ports import listeners
 from .slots import Slot, SlotPool
 from .spawn import Child, spawn
@@ -336,7 +341,7 @@ def resident_bytes(pids: Sequence[int]) -> int:
 
 
 class ProcessRuntime:
-    """Sandboxes as local processes; isolated when given a `Jail` (wakeful.node.isolation)."""
+    """Sandboxes as local processes; isolated when given a `Jail` (wakeful.node.jail.bwrap)."""
 
     def __init__(
         self,
@@ -355,8 +360,8 @@ class ProcessRuntime:
         if jail is not None and jail.as_root and uids is None:
             raise ValueError("an isolating runtime run as root needs a UidTable")
         self.slots: SlotPool | None = None
-        """Sandboxes started ahead of time (wakeful.node.slots); only as root, with cgroups and
-        a Python visible inside."""
+        """Sandboxes started ahead of time (wakeful.node.sandbox.slots); only as root, with
+        cgroups and a Python visible inside."""
         if (
             jail is not None
             and jail.as_root

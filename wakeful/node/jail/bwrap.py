@@ -26,9 +26,9 @@ and the agent's /proc are not. The app's directory is the only writable tree bes
 and /dev/shm; as root all three are directories of one tmpfs of the app's `disk` size
 (`mount_sandbox_fs`), so a sandbox cannot fill the node's disk.
 
-A warm slot (`slots.py`) is this chain started ahead of time with `slot_main.py` in place of the
-last `setpriv` and the app: it waits inside its namespaces and cgroups, and does the uid drop
-itself once it is told which app it becomes (`slot_command`).
+A warm slot (`sandbox/slots.py`) is this chain started ahead of time with `slot_main.py` in
+place of the last `setpriv` and the app: it waits inside its namespaces and cgroups, and does the
+uid drop itself once it is told which app it becomes (`slot_command`).
 """
 
 from __future__ import annotations
