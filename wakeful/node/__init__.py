@@ -31,5 +31,5 @@ Where what comes next goes:
 - `secrets/`: an app's decrypted secrets, given to its own sandboxes only: as environment
   through the chain's environment file (`jail/bwrap.py` `env_script`, never a command line), or
   as files on a tmpfs bound read-only into the sandbox, as the account files are
-  (`jail/hardening.py`).
+  (`jail/tmpfs.py`).
 """

@@ -38,10 +38,11 @@ from wakeful.domain.models import (
     SeenNode,
     Tunnel,
 )
-from wakeful.node.jail.bwrap import Jail, UidTable
-from wakeful.node.jail.hardening import control_endpoints
+from wakeful.node.jail.bwrap import Jail
+from wakeful.node.jail.network import control_endpoints
 from wakeful.node.jail.peers import ControlFence, PeerFence
 from wakeful.node.jail.thawguard import ThawGuard, thaw_left
+from wakeful.node.jail.uids import UidTable
 from wakeful.node.sandbox.ports import PortPool
 from wakeful.node.sandbox.runner import NodeServices, SandboxRunner
 from wakeful.node.sandbox.runtime import ProcessRuntime, Runtime

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from wakeful.domain.models import parse_size
-from wakeful.node.jail.hardening import UID_BASE, UID_COUNT
+from wakeful.node.jail.uids import UID_BASE, UID_COUNT
 from wakeful.store.settings import StoreSettings
 
 

@@ -23,24 +23,17 @@ import anyio.lowlevel
 import pytest
 
 from wakeful.domain.models import Resources
-from wakeful.node.jail.bwrap import (
-    CONTAINER_HINT,
-    IsolationUnavailable,
-    Jail,
-    UidTable,
-    in_container,
-    missing_capabilities,
-)
-from wakeful.node.jail.hardening import (
-    LANDLOCK_SCOPE_ABI,
+from wakeful.node.jail import IsolationUnavailable
+from wakeful.node.jail.bwrap import CONTAINER_HINT, Jail, in_container, missing_capabilities
+from wakeful.node.jail.kernel import LANDLOCK_SCOPE_ABI, landlock_abi
+from wakeful.node.jail.network import (
     control_endpoints,
     default_gateways,
     fence_control,
     install_network_rules,
-    landlock_abi,
-    mount_sandbox_fs,
-    unmount,
 )
+from wakeful.node.jail.tmpfs import mount_sandbox_fs, unmount
+from wakeful.node.jail.uids import UidTable
 from wakeful.node.sandbox.ports import listeners
 from wakeful.node.sandbox.runner import BASE_ENV
 from wakeful.node.sandbox.runtime import Identity, ProcessRuntime

@@ -1,5 +1,5 @@
 """Other nodes and the operator's refused networks, out of a sandbox uid's reach
-(wakeful.node.jail.peers, wakeful.node.jail.hardening): the nft sets follow `nodes/`, and a
+(wakeful.node.jail.peers, wakeful.node.jail.network): the nft sets follow `nodes/`, and a
 connection from a sandbox uid to a fenced address is refused at once while any other still
 leaves."""
 
@@ -20,7 +20,7 @@ import pytest
 
 from wakeful.domain import keys
 from wakeful.domain.models import Node
-from wakeful.node.jail.hardening import fence_peers, install_network_rules, peer_addresses
+from wakeful.node.jail.network import fence_peers, install_network_rules, peer_addresses
 from wakeful.node.jail.peers import ControlFence, PeerFence
 from wakeful.node.settings import NodeSettings
 from wakeful.store import open_store

@@ -23,14 +23,15 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from wakeful.domain.models import Resources
-from wakeful.node.jail.bwrap import CHAIN_ENV, Jail, UidTable, env_script
-from wakeful.node.jail.hardening import (
+from wakeful.node.jail.bwrap import CHAIN_ENV, Jail, env_script
+from wakeful.node.jail.jailed import Jailed, sealed, stop_tree
+from wakeful.node.jail.tmpfs import (
     chown_tree,
     fill_app_dir,
     mount_sandbox_fs,
     resize_sandbox_fs,
 )
-from wakeful.node.jail.jailed import Jailed, sealed, stop_tree
+from wakeful.node.jail.uids import UidTable
 
 from .ports import listeners
 from .slots import Slot, SlotPool

@@ -40,7 +40,7 @@ import anyio
 from wakeful.domain.models import Resources
 from wakeful.node.jail.bwrap import CHAIN_ENV, Jail
 from wakeful.node.jail.cgroups import Cgroups, SandboxCgroup
-from wakeful.node.jail.hardening import mount_sandbox_fs, unmount
+from wakeful.node.jail.tmpfs import mount_sandbox_fs, unmount
 
 from .spawn import PIPE, STDOUT, Child, spawn
 

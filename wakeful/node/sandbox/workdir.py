@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 from wakeful.domain.artifacts import ArtifactError, digest_of, unpack
-from wakeful.node.jail.hardening import unmount_under
+from wakeful.node.jail.tmpfs import unmount_under
 
 
 class Artifacts(Protocol):
