@@ -61,6 +61,11 @@ SYSTEM_PATHS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/l
 """Read-only inside every sandbox (the ones that exist; merged-/usr symlinks stay symlinks)."""
 APP_DIR = "/app"
 SLOT_MAIN = Path(__file__).with_name("slot_main.py")
+SLOT_HOME = "/.wakeful"
+SLOT_PROGRAM = f"{SLOT_HOME}/{SLOT_MAIN.name}"
+"""Where a sandbox sees `slot_main.py`: a read-only file bwrap makes from a descriptor the agent
+hands it (`slot_main`), run by path. Never its source as `python -c`: bwrap keeps its argv for
+the sandbox's life, and so does the init of its PID namespace, both in `ps`."""
 SLOT_MARK = "wakeful-warm-slot"
 """In an idle warm slot's command line (its first argument): what tells it from a sandbox."""
 PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
@@ -280,6 +285,7 @@ class Jail:
         cgroup: SandboxCgroup | None,
         env_fd: int | None = None,
         seccomp_fd: int | None = None,
+        slot_fd: int | None = None,
     ) -> list[str]:
         """The argv that starts `command` in a sandbox: the cgroup join, `prlimit` and
         `setpriv --pdeathsig`, bwrap and the uid drop. `root`: with a `uid`, the sandbox's
@@ -288,7 +294,8 @@ class Jail:
         shell already running as the app's uid, inside its scope, sources before it execs the
         app: everything before it, root's steps and the scope step included, runs with
         `CHAIN_ENV` (an app's LD_PRELOAD must never reach setpriv, which still holds root's
-        capabilities, nor run before the Landlock scope)."""
+        capabilities, nor run before the Landlock scope). `slot_fd`: with `scope`, a file
+        holding `slot_main()` for bwrap to read, that the scope step runs."""
         argv: list[str] = []
         if cgroup is not None:
             argv += cgroup.join_prefix(self.sh)
@@ -296,6 +303,9 @@ class Jail:
         argv += [self.prlimit, *rlimits, "--", self.setpriv, "--pdeathsig", "KILL", "--"]
         tree, workdir = (root, None) if uid is not None else (None, root)
         argv += [self.bwrap, *self._mounts(tree, workdir, limits.disk)]
+        if self.scope:
+            assert slot_fd is not None
+            argv += _slot_mount(slot_fd)
         if seccomp_fd is not None:
             argv += ["--seccomp", str(seccomp_fd)]
         argv.append("--")
@@ -311,26 +321,33 @@ class Jail:
                 "--",
             ]
         if self.scope:
-            assert self.slot_python is not None
-            argv += [self.slot_python, "-I", "-S", "-c", _slot_source(), SCOPE_MARK]
+            argv += self._slot_main(SCOPE_MARK)
         if env_fd is not None:
             argv += [self.sh, "-c", f'. /dev/fd/{env_fd} && exec "$@"', ENV_STEP]
         return argv + command
 
     def slot_command(
-        self, tree: Path, cgroup: SandboxCgroup, seccomp_fd: int | None, ready_fd: int
+        self,
+        tree: Path,
+        cgroup: SandboxCgroup,
+        seccomp_fd: int | None,
+        ready_fd: int,
+        slot_fd: int,
     ) -> list[str]:
         """A warm slot: the chain of `command` for a sandbox over `tree` with `slot_main.py`
-        (run by `slot_python`, as root inside) where the uid drop and the app would be. It
-        writes to `ready_fd` once it waits for its start message. The rlimits are the slot's
-        to set, with the app's."""
-        assert self.slot_python is not None
+        (run by `slot_python`, as root inside, from `slot_fd` as `command` runs its scope step)
+        where the uid drop and the app would be. It writes to `ready_fd` once it waits for its
+        start message. The rlimits are the slot's to set, with the app's."""
         argv = [self.setpriv, "--pdeathsig", "KILL", "--", *cgroup.join_prefix(self.sh)]
-        argv += [self.bwrap, *self._mounts(tree, None)]
+        argv += [self.bwrap, *self._mounts(tree, None), *_slot_mount(slot_fd)]
         if seccomp_fd is not None:
             argv += ["--seccomp", str(seccomp_fd)]
-        source = _slot_source()
-        return [*argv, "--", self.slot_python, "-I", "-S", "-c", source, SLOT_MARK, str(ready_fd)]
+        return [*argv, "--", *self._slot_main(SLOT_MARK, str(ready_fd))]
+
+    def _slot_main(self, *args: str) -> list[str]:
+        """The command that runs the slot program inside the sandbox, by path."""
+        assert self.slot_python is not None
+        return [self.slot_python, "-I", "-S", SLOT_PROGRAM, *args]
 
     def rlimits(self, limits: Resources, uid: int | None) -> list[tuple[str, int]]:
         """(resource, soft=hard) for what the cgroups do not cover; names as `prlimit --NAME`
@@ -385,9 +402,20 @@ app's (an app's LD_PRELOAD must never reach prlimit or bwrap)."""
 
 
 @functools.cache
-def _slot_source() -> str:
-    """`slot_main.py`, read once: not a file read on the loop at every slot's start."""
-    return SLOT_MAIN.read_text()
+def slot_main() -> bytes:
+    """`slot_main.py`, read once: what every sandbox that runs it gets (`_slot_mount`), also
+    after wakeful was upgraded under a running agent, and no file read on the loop at every
+    start."""
+    return SLOT_MAIN.read_bytes()
+
+
+def _slot_mount(slot_fd: int) -> list[str]:
+    """bwrap's arguments that make `SLOT_PROGRAM`, read-only and readable by every uid (the
+    cold chain's scope step runs as the app's), from the file `slot_fd`, read whole at the
+    sandbox's start: from the agent, not from a path of the node, so neither the installed
+    file's mode nor the data directory's (0700, invariant 23) is in the way."""
+    mount = ["--perms", "0755", "--dir", SLOT_HOME]
+    return [*mount, "--perms", "0444", "--ro-bind-data", str(slot_fd), SLOT_PROGRAM]
 
 
 def _visible_python(visible: Sequence[str]) -> str | None:

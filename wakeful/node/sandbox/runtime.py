@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from wakeful.domain.models import Resources
-from wakeful.node.jail.bwrap import CHAIN_ENV, Jail, env_script
+from wakeful.node.jail.bwrap import CHAIN_ENV, Jail, env_script, slot_main
 from wakeful.node.jail.jailed import Jailed, sealed, stop_tree
 from wakeful.node.jail.tmpfs import (
     chown_tree,
@@ -423,6 +423,10 @@ class ProcessRuntime:
             if self._jail.seccomp is not None:
                 seccomp_fd = sealed(log_path.with_name("seccomp"), self._jail.seccomp)
                 fds += (seccomp_fd,)
+            slot_fd = None
+            if self._jail.scope:  # the scope step runs the slot program
+                slot_fd = sealed(log_path.with_name("slot_main"), slot_main())
+                fds += (slot_fd,)
             argv = self._jail.command(
                 list(command),
                 workdir if jailed.mounted is None else jailed.mounted,
@@ -431,6 +435,7 @@ class ProcessRuntime:
                 jailed.cgroup,
                 env_fd,
                 seccomp_fd,
+                slot_fd,
             )
             chain_env, cwd = dict(CHAIN_ENV), Path("/")
         try:

@@ -38,7 +38,7 @@ from pathlib import Path
 import anyio
 
 from wakeful.domain.models import Resources
-from wakeful.node.jail.bwrap import CHAIN_ENV, Jail
+from wakeful.node.jail.bwrap import CHAIN_ENV, Jail, slot_main
 from wakeful.node.jail.cgroups import Cgroups, SandboxCgroup
 from wakeful.node.jail.tmpfs import mount_sandbox_fs, unmount
 
@@ -257,13 +257,13 @@ class SlotPool:
             mount_sandbox_fs(home / "fs", IDLE_LIMITS.disk)
             ready, ready_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
             fds += [ready_w]
+            slot_fd = _memfd("slot_main", slot_main())
+            fds.append(slot_fd)
             seccomp_fd = None
             if seccomp is not None:
-                seccomp_fd = os.memfd_create("seccomp", os.MFD_CLOEXEC)
+                seccomp_fd = _memfd("seccomp", seccomp)
                 fds.append(seccomp_fd)
-                os.write(seccomp_fd, seccomp)
-                os.lseek(seccomp_fd, 0, os.SEEK_SET)
-            argv = self._jail.slot_command(home / "fs", cgroup, seccomp_fd, ready_w)
+            argv = self._jail.slot_command(home / "fs", cgroup, seccomp_fd, ready_w, slot_fd)
             # Not cut short: a process half made by a cancel could join the cgroup unseen.
             with anyio.CancelScope(shield=True):
                 process = await spawn(
@@ -300,6 +300,18 @@ class SlotPool:
                 await slot.discard()
             raise
         return slot
+
+
+def _memfd(name: str, data: bytes) -> int:
+    """A file in memory holding `data`, at its start, for bwrap to read."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    try:
+        os.write(fd, data)
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:
