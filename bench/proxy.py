@@ -14,7 +14,7 @@ through nginx, with wrk (peak throughput) and hey (latency at a fixed rate).
   keep 100 requests in flight), in two shapes: hey (its workers fire together: bursts of 200)
   and wrk paced by a random think time (arrivals spread out): p95 direct, through nginx and
   through the ingress.
-- A node agent's firewall (the nftables table of `wakeful/node/hardening.py`) turns on
+- A node agent's firewall (the nftables table of `wakeful/node/jail/network.py`) turns on
   connection tracking for every packet of the machine; nginx, whose cost per request is mostly
   the kernel's, loses more to it than the ingress does. Compare runs on the same footing
   (`nft list tables`).

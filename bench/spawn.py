@@ -33,9 +33,10 @@ from pathlib import Path
 
 from bench.coldstart import APP_PYTHON, HELLO, pct
 from wakeful.domain.models import Resources
-from wakeful.node.isolation import Jail, UidTable
-from wakeful.node.runner import BASE_ENV
-from wakeful.node.runtime import Identity, ProcessRuntime
+from wakeful.node.jail.bwrap import Jail
+from wakeful.node.jail.uids import UidTable
+from wakeful.node.sandbox.runner import BASE_ENV
+from wakeful.node.sandbox.runtime import Identity, ProcessRuntime
 from wakeful.store.testing import free_port
 
 

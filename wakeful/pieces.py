@@ -23,7 +23,7 @@ from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.deploy.service import DeployError
 from wakeful.domain.artifacts import ArtifactError
 from wakeful.idle_monitor.monitor import IdleMonitorSettings
-from wakeful.node.isolation import IsolationUnavailable
+from wakeful.node.jail import IsolationUnavailable
 from wakeful.node.settings import NodeSettings
 from wakeful.store import StoreError, sqlite_url
 from wakeful.store.backup import BackupError, Summary, backup, read_backup, restore

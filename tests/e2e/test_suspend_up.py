@@ -13,8 +13,8 @@ import anyio
 import httpx
 import pytest
 
-from wakeful.node.cgroups import Cgroups
-from wakeful.node.workdir import clear_sandboxes
+from wakeful.node.jail.cgroups import Cgroups
+from wakeful.node.sandbox.workdir import clear_sandboxes
 
 from .test_up import eventually_pool, make_app, no_sandbox_left, start_up, stop_up
 
@@ -66,7 +66,7 @@ async def test_a_killed_wakeful_up_leaves_no_frozen_sandbox_behind(
 ) -> None:
     """SIGKILL while the app is frozen. A task in a frozen cgroup takes no signal, so the
     sandbox's parent-death SIGKILL would wait for a thaw that its dead agent never writes:
-    its guard (`wakeful.node.thawguard`) writes it, and the sandbox ends."""
+    its guard (`wakeful.node.jail.thawguard`) writes it, and the sandbox ends."""
     found = Cgroups.detect()
     if found is None or found.freezer is None:
         pytest.skip("no writable cgroup v1 freezer (not root?): SIGSTOP freezes, SIGKILL ends")

@@ -21,7 +21,7 @@ from wakeful.activator.client import InProcessLeases
 from wakeful.domain import tunnelwire as wire
 from wakeful.domain.models import Node, Role, Sandbox, SandboxStatus, Token, Tunnel
 from wakeful.ingress import Ingress
-from wakeful.node.tunnel import TunnelClient
+from wakeful.node.tunnel.client import TunnelClient
 from wakeful.store.tokenbook import digest
 
 from .conftest import Stack, stack

@@ -26,7 +26,7 @@ async def put_hello(store: Store, spec: AppSpec, artifact: str | None) -> None:
 
 def agent_settings(data_dir: Path, **fields: Any) -> NodeSettings:
     """Node `n1` on the memory store, unisolated: these tests are about the agent's own logic
-    (isolation has tests/node/test_isolation.py and tests/security)."""
+    (isolation has tests/node/jail/test_isolation.py and tests/security)."""
     return NodeSettings(
         isolation="none", store_url="memory://", node_name="n1", data_dir=data_dir, **fields
     )

@@ -5,8 +5,8 @@ Theory of operation:
 - `nodes/{name}` is bound to a TTL lease the agent keeps alive; if the agent dies the record
   expires and the pool controller treats its sandboxes as dead.
 - A watch on `sandboxes/` is the agent's only input: a `pending` sandbox placed here gets a
-  `SandboxRunner` (`node.runner`: prepare, start, probe, wait, report) in the agent's task
-  group; one the controller moved to `stopping` (or deleted) is told to stop.
+  `SandboxRunner` (`node.sandbox.runner`: prepare, start, probe, wait, report) in the agent's
+  task group; one the controller moved to `stopping` (or deleted) is told to stop.
 - Every status write goes through one `SandboxWriter` (`node.writer`): fenced on ownership
   (`node.fencing`, invariant 15), along the lifecycle table (`wakeful.domain.lifecycle`), by
   compare-and-set on the sandbox record, retried on conflict against the fresh record, so the
@@ -38,28 +38,29 @@ from wakeful.domain.models import (
     SeenNode,
     Tunnel,
 )
-from wakeful.store import Conflict, Item, LeaseNotFound, Store, StoreError
-from wakeful.store.reflector import reflect
-
-from .fencing import claims
-from .hardening import control_endpoints
-from .isolation import Jail, UidTable
-from .logship import LogShipper, LogSink
-from .peers import ControlFence, PeerFence
-from .ports import PortPool
-from .runner import NodeServices, SandboxRunner
-from .runtime import ProcessRuntime, Runtime
-from .settings import NodeSettings, memory_share
-from .statehold import Keeper, StateHold
-from .suspended import evictions, meminfo
-from .thawguard import ThawGuard, thaw_left
-from .tunnel import TunnelClient
-from .workdir import (
+from wakeful.node.jail.bwrap import Jail
+from wakeful.node.jail.network import control_endpoints
+from wakeful.node.jail.peers import ControlFence, PeerFence
+from wakeful.node.jail.thawguard import ThawGuard, thaw_left
+from wakeful.node.jail.uids import UidTable
+from wakeful.node.sandbox.ports import PortPool
+from wakeful.node.sandbox.runner import NodeServices, SandboxRunner
+from wakeful.node.sandbox.runtime import ProcessRuntime, Runtime
+from wakeful.node.sandbox.workdir import (
     Artifacts,
     clear_sandboxes,
     remove_sandbox_dir,
     sandbox_dir,
 )
+from wakeful.node.state.hold import Keeper, StateHold
+from wakeful.node.tunnel.client import TunnelClient
+from wakeful.store import Conflict, Item, LeaseNotFound, Store, StoreError
+from wakeful.store.reflector import reflect
+
+from .fencing import claims
+from .logship import LogShipper, LogSink
+from .settings import NodeSettings, memory_share
+from .suspended import evictions, meminfo
 from .writer import SandboxWriter
 
 log = logging.getLogger(__name__)
@@ -260,7 +261,7 @@ class NodeAgent:
 
     def _start_guard(self, freezer: Path) -> None:
         """Start the guard that thaws this run's frozen sandboxes if the agent dies without
-        doing it (`wakeful.node.thawguard`; only where a cgroup freezes)."""
+        doing it (`wakeful.node.jail.thawguard`; only where a cgroup freezes)."""
         try:
             self._guard = ThawGuard.start(self._sandboxes, freezer)
         except OSError as exc:  # a fork refused (pids, memory): `_guard_loop` tries again

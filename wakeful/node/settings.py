@@ -9,9 +9,8 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from wakeful.domain.models import parse_size
+from wakeful.node.jail.uids import UID_BASE, UID_COUNT
 from wakeful.store.settings import StoreSettings
-
-from .hardening import UID_BASE, UID_COUNT
 
 
 def memory_share(text: str, total: int) -> int:
@@ -86,13 +85,13 @@ class NodeSettings(StoreSettings):
     """Output per sandbox held while the control plane is unreachable; past it the oldest
     bytes are dropped (and counted)."""
     isolation: Literal["bwrap", "none"] = "bwrap"
-    """`bwrap`: every sandbox in its own namespaces, uid and limits (wakeful.node.isolation);
+    """`bwrap`: every sandbox in its own namespaces, uid and limits (wakeful.node.jail.bwrap);
     the agent refuses to start without bubblewrap. `none` runs apps as the agent's own user,
     able to read everything it can: for trusted code only, and logged at every start."""
     warm_slots: int = Field(default=2, ge=0, le=64)
     """Sandbox starters kept ready in their cgroups, so a cold start skips the kernel's slow
-    cgroup join (~10-30 ms here; wakeful.node.slots). ~8 MB each; 0 turns them off. Used only
-    where the agent writes cgroups (root, isolation on). WAKEFUL_WARM_SLOTS."""
+    cgroup join (~10-30 ms here; wakeful.node.sandbox.slots). ~8 MB each; 0 turns them off.
+    Used only where the agent writes cgroups (root, isolation on). WAKEFUL_WARM_SLOTS."""
     sandbox_refused_networks: tuple[str, ...] = ()
     """Networks no sandbox may reach (CIDRs, e.g. a private network with databases apps must
     not see), besides this machine, the control plane and the other nodes, which are always
@@ -121,7 +120,7 @@ class NodeSettings(StoreSettings):
     """Dial out instead of being dialed: the URL of the load balancer in front of the ingress
     replicas' tunnel listeners (`https://edge.example/`, or `http://HOST:PORT` on a private
     network). The node opens streams there with its node token and serves its sandboxes over
-    them (wakeful.node.tunnel); nothing needs to reach this machine. WAKEFUL_TUNNEL."""
+    them (wakeful.node.tunnel.client); nothing needs to reach this machine. WAKEFUL_TUNNEL."""
     tunnel_ca: Path | None = None
     """A PEM bundle that verifies the tunnel's TLS certificate (default: the system's
     roots). WAKEFUL_TUNNEL_CA."""
@@ -142,7 +141,7 @@ class NodeSettings(StoreSettings):
     @classmethod
     def _tunnel_url(cls, value: str | None) -> str | None:
         if value:
-            from wakeful.node.tunnel import parse_url
+            from wakeful.node.tunnel.client import parse_url
 
             parse_url(value)  # refused here, naming the value, not when the agent runs
         return value or None

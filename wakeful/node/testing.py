@@ -2,8 +2,8 @@
 that runs none.
 
 `FakeRuntime` passes the same contract suite as `ProcessRuntime`
-(tests/node/test_runtime_contract.py): `start` refuses a missing directory with an `OSError`,
-`pump` hands every byte to `forward` and to the log file and returns once the process has
+(tests/node/sandbox/test_runtime_contract.py): `start` refuses a missing directory with an
+`OSError`, `pump` hands every byte to `forward` and to the log file and returns once the process has
 exited, `wait` returns the exit code, `stop` sends a SIGTERM and a SIGKILL after the grace,
 `tail` is the last lines. What a fake process does is a `FakeProgram`, named by the first word
 of its command; a test makes one crash with `exit`. A program that `serve_http` answers every
@@ -26,8 +26,10 @@ from types import TracebackType
 import anyio
 import anyio.abc
 
-from .runtime import RECENT_BYTES, UNNAMED, Identity, Runtime, tail_of
-from .workdir import Packed, fill_workdir
+from wakeful.node.jail.bwrap import SLOT_MARK, SLOT_PROGRAM
+from wakeful.node.jail.jailed import descendants
+from wakeful.node.sandbox.runtime import RECENT_BYTES, UNNAMED, Identity, Runtime, tail_of
+from wakeful.node.sandbox.workdir import Packed, fill_workdir
 
 FIRST_FAKE_PID = 10_000_000
 """Above Linux's largest `pid_max` (2**22)."""
@@ -36,10 +38,7 @@ FIRST_FAKE_PID = 10_000_000
 def sandbox_pids(data_dir: Path) -> list[int]:
     """Every process of `data_dir`'s sandboxes (Linux /proc): unisolated ones by their working
     directory; isolated ones are bwrap processes whose command names a sandbox directory,
-    and everything under them, unless that is an idle warm slot (`SLOT_MARK`)."""
-    from .isolation import SLOT_MARK
-    from .jailed import descendants
-
+    and everything under them, unless that is an idle warm slot (`idle_slot`)."""
     root = str((data_dir / "sandboxes").resolve())
     found: set[int] = set()
     for entry in Path("/proc").iterdir():
@@ -50,14 +49,7 @@ def sandbox_pids(data_dir: Path) -> list[int]:
                 found.add(int(entry.name))
             elif root + "/" in _command(int(entry.name)):
                 tree = [int(entry.name), *descendants(int(entry.name))]
-                # bwrap's own command line names the slot's program too: only a process
-                # that runs that program (python, not bwrap) is an idle slot.
-                idle = any(
-                    SLOT_MARK in words and not words[0].endswith("bwrap")
-                    for words in (_command(pid).split() for pid in tree)
-                    if words
-                )
-                if not idle:
+                if not any(idle_slot(_argv(pid)) for pid in tree):
                     found.update(tree)
         except OSError:
             continue
@@ -76,13 +68,23 @@ def process_states(pids: Sequence[int]) -> set[str]:
     return found
 
 
-def _command(pid: int) -> str:
+def idle_slot(argv: Sequence[str]) -> bool:
+    """`argv` is the slot program of an idle warm slot (`Jail.slot_command`): a Python run with
+    `-I -S` on `SLOT_PROGRAM` and `SLOT_MARK`. Not bwrap nor the namespace's init, whose own
+    command lines end with those words, and not the app a slot became (its exec replaced them)."""
+    return list(argv[1:5]) == ["-I", "-S", SLOT_PROGRAM, SLOT_MARK]
+
+
+def _argv(pid: int) -> list[str]:
     try:
-        return (
-            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        )
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
-        return ""
+        return []
+    return raw.decode(errors="replace").split("\0")[:-1]
+
+
+def _command(pid: int) -> str:
+    return " ".join(_argv(pid))
 
 
 def app_pids(data_dir: Path, marker: str) -> list[int]:

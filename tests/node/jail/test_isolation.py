@@ -1,4 +1,4 @@
-"""The isolating runtime on this machine (wakeful.node.isolation): what a sandbox sees, what
+"""The isolating runtime on this machine (wakeful.node.jail.bwrap): what a sandbox sees, what
 it is told when the kernel kills it for memory, and a refusal that says how to install bwrap.
 The hostile-app suite (tests/security) covers the attacks end to end."""
 
@@ -23,29 +23,22 @@ import anyio.lowlevel
 import pytest
 
 from wakeful.domain.models import Resources
-from wakeful.node.hardening import (
-    LANDLOCK_SCOPE_ABI,
+from wakeful.node.jail import IsolationUnavailable
+from wakeful.node.jail.bwrap import CONTAINER_HINT, Jail, in_container, missing_capabilities
+from wakeful.node.jail.kernel import LANDLOCK_SCOPE_ABI, landlock_abi
+from wakeful.node.jail.network import (
     control_endpoints,
     default_gateways,
     fence_control,
     install_network_rules,
-    landlock_abi,
-    mount_sandbox_fs,
-    unmount,
 )
-from wakeful.node.isolation import (
-    CONTAINER_HINT,
-    IsolationUnavailable,
-    Jail,
-    UidTable,
-    in_container,
-    missing_capabilities,
-)
-from wakeful.node.ports import listeners
-from wakeful.node.runner import BASE_ENV
-from wakeful.node.runtime import Identity, ProcessRuntime
+from wakeful.node.jail.tmpfs import mount_sandbox_fs, unmount
+from wakeful.node.jail.uids import UidTable
+from wakeful.node.sandbox.ports import listeners
+from wakeful.node.sandbox.runner import BASE_ENV
+from wakeful.node.sandbox.runtime import Identity, ProcessRuntime
+from wakeful.node.sandbox.workdir import clear_sandboxes
 from wakeful.node.settings import NodeSettings
-from wakeful.node.workdir import clear_sandboxes
 from wakeful.store.testing import free_port
 
 pytestmark = [
@@ -55,7 +48,7 @@ pytestmark = [
 
 
 WARM = [pytest.param(0, id="cold-join"), pytest.param(1, id="warm-slot")]
-"""Every start path: the chain joins the cgroups itself, or a warm slot (wakeful.node.slots)
+"""Every start path: the chain joins the cgroups itself, or a warm slot (wakeful.node.sandbox.slots)
 already sits in them. Without cgroups (not root) both are the same path."""
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from wakeful.node.runtime import TAIL_LINES, ProcessRuntime, Runtime, SandboxProcess
+from wakeful.node.sandbox.runtime import TAIL_LINES, ProcessRuntime, Runtime, SandboxProcess
 from wakeful.node.testing import FakeProgram, FakeRuntime
 
 pytestmark = pytest.mark.anyio

@@ -1,4 +1,4 @@
-"""A stateful app's state on a node (wakeful.node.statehold) and its adoption by the pool
+"""A stateful app's state on a node (wakeful.node.state.hold) and its adoption by the pool
 controller, on every store backend, with the control plane's real blob store."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from wakeful.deploy.states import StateKeeper
 from wakeful.domain import keys
 from wakeful.domain.artifacts import digest_of, pack, unpack
 from wakeful.domain.models import AppSpec, AppState, Node, Pool, Sandbox, SandboxStatus
-from wakeful.node.statehold import StateHold, StateRefused, mark_restored
+from wakeful.node.state.hold import StateHold, StateRefused, mark_restored
 from wakeful.store import Store
 
 STATEFUL = AppSpec(command=["serve"], state={"path": "data"}, concurrency={"max_instances": 1})

@@ -47,10 +47,9 @@ import anyio
 from wakeful.domain import keys, state
 from wakeful.domain.artifacts import ArtifactError, digest_of, pack
 from wakeful.domain.models import FINISHED, AppState, Sandbox, SandboxStatus, StateSpec
+from wakeful.node import failpoints
+from wakeful.node.sandbox.workdir import Artifacts, StateLayer, sandbox_dir, verify
 from wakeful.store import Item, Store, StoreError
-
-from . import failpoints
-from .workdir import Artifacts, StateLayer, sandbox_dir, verify
 
 log = logging.getLogger(__name__)
 SET_ASIDE_FACTOR = 4

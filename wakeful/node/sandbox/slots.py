@@ -5,9 +5,9 @@ Joining a cgroup v1 hierarchy waits for an RCU grace period (measured here: 5-17
 hierarchy, two hierarchies per sandbox) while creating, renaming and limiting one costs
 ~0.1 ms; bwrap's namespaces and mounts and the `setpriv` exec after them cost ~3.5 ms more. So
 the agent keeps `warm_slots` sandboxes (`Jail.slot_command`: the whole isolation chain over a
-tmpfs of its own, with `slot_main.py`, ~8 MB, where the app would be) that wait on stdin as
+tmpfs of its own, with `jail/slot_main.py`, ~8 MB, where the app would be) that wait on stdin as
 root inside. A start takes one: its cgroups are renamed to the sandbox's and given the app's
-limits, its tmpfs is resized to the app's `disk` and filled with the app (`runtime.py`), and it
+limits, its tmpfs is resized to the app's `disk` and filled with the app (`sandbox.runtime`), and it
 gets the start message: the app's command, environment, rlimits and uid. It drops to that uid
 (checking /proc that nothing of root's is left) and execs the app, keeping its pid, its cgroups
 and its output pipe. The pool refills in the background once every start that took a slot has
@@ -38,10 +38,10 @@ from pathlib import Path
 import anyio
 
 from wakeful.domain.models import Resources
+from wakeful.node.jail.bwrap import CHAIN_ENV, Jail, slot_main
+from wakeful.node.jail.cgroups import Cgroups, SandboxCgroup
+from wakeful.node.jail.tmpfs import mount_sandbox_fs, unmount
 
-from .cgroups import Cgroups, SandboxCgroup
-from .hardening import mount_sandbox_fs, unmount
-from .isolation import CHAIN_ENV, Jail
 from .spawn import PIPE, STDOUT, Child, spawn
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ class Slot:
         scope: bool,
     ) -> Child:
         """Send the start message; the slot sets `rlimits`, drops to `uid`, enters a Landlock
-        scope of its own when `scope`, and becomes `argv` with exactly `env` (slot_main). Its
+        scope of its own when `scope`, and becomes `argv` with exactly `env` (`jail.slot_main`). Its
         parent-death signal was set when it started."""
         message = {"argv": argv, "env": env, "rlimits": rlimits, "uid": uid, "scope": scope}
         stdin = self.process.stdin
@@ -257,13 +257,13 @@ class SlotPool:
             mount_sandbox_fs(home / "fs", IDLE_LIMITS.disk)
             ready, ready_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
             fds += [ready_w]
+            slot_fd = _memfd("slot_main", slot_main())
+            fds.append(slot_fd)
             seccomp_fd = None
             if seccomp is not None:
-                seccomp_fd = os.memfd_create("seccomp", os.MFD_CLOEXEC)
+                seccomp_fd = _memfd("seccomp", seccomp)
                 fds.append(seccomp_fd)
-                os.write(seccomp_fd, seccomp)
-                os.lseek(seccomp_fd, 0, os.SEEK_SET)
-            argv = self._jail.slot_command(home / "fs", cgroup, seccomp_fd, ready_w)
+            argv = self._jail.slot_command(home / "fs", cgroup, seccomp_fd, ready_w, slot_fd)
             # Not cut short: a process half made by a cancel could join the cgroup unseen.
             with anyio.CancelScope(shield=True):
                 process = await spawn(
@@ -300,6 +300,18 @@ class SlotPool:
                 await slot.discard()
             raise
         return slot
+
+
+def _memfd(name: str, data: bytes) -> int:
+    """A file in memory holding `data`, at its start, for bwrap to read."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    try:
+        os.write(fd, data)
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:

@@ -16,13 +16,12 @@ from pathlib import Path
 from typing import Protocol
 
 from wakeful.domain.artifacts import ArtifactError, digest_of, unpack
-
-from .hardening import unmount_under
+from wakeful.node.jail.tmpfs import unmount_under
 
 
 class Artifacts(Protocol):
     """Where a node gets a version's packed app directory, and a stateful app's archive, by
-    its sha256 (archives are stored through the node's `statehold.Keeper`)."""
+    its sha256 (archives are stored through the node's `state.hold.Keeper`)."""
 
     async def fetch(self, digest: str) -> bytes: ...
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults import fill, small_filesystem
-from wakeful.node.runtime import ProcessRuntime
+from wakeful.node.sandbox.runtime import ProcessRuntime
 
 pytestmark = pytest.mark.anyio
 

@@ -23,10 +23,16 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from wakeful.domain.models import Resources
+from wakeful.node.jail.bwrap import CHAIN_ENV, Jail, env_script, slot_main
+from wakeful.node.jail.jailed import Jailed, sealed, stop_tree
+from wakeful.node.jail.tmpfs import (
+    chown_tree,
+    fill_app_dir,
+    mount_sandbox_fs,
+    resize_sandbox_fs,
+)
+from wakeful.node.jail.uids import UidTable
 
-from .hardening import chown_tree, fill_app_dir, mount_sandbox_fs, resize_sandbox_fs
-from .isolation import CHAIN_ENV, Jail, UidTable, env_script
-from .jailed import Jailed, sealed, stop_tree
 from .ports import listeners
 from .slots import Slot, SlotPool
 from .spawn import Child, spawn
@@ -336,7 +342,7 @@ def resident_bytes(pids: Sequence[int]) -> int:
 
 
 class ProcessRuntime:
-    """Sandboxes as local processes; isolated when given a `Jail` (wakeful.node.isolation)."""
+    """Sandboxes as local processes; isolated when given a `Jail` (wakeful.node.jail.bwrap)."""
 
     def __init__(
         self,
@@ -355,8 +361,8 @@ class ProcessRuntime:
         if jail is not None and jail.as_root and uids is None:
             raise ValueError("an isolating runtime run as root needs a UidTable")
         self.slots: SlotPool | None = None
-        """Sandboxes started ahead of time (wakeful.node.slots); only as root, with cgroups and
-        a Python visible inside."""
+        """Sandboxes started ahead of time (wakeful.node.sandbox.slots); only as root, with
+        cgroups and a Python visible inside."""
         if (
             jail is not None
             and jail.as_root
@@ -417,6 +423,10 @@ class ProcessRuntime:
             if self._jail.seccomp is not None:
                 seccomp_fd = sealed(log_path.with_name("seccomp"), self._jail.seccomp)
                 fds += (seccomp_fd,)
+            slot_fd = None
+            if self._jail.scope:  # the scope step runs the slot program
+                slot_fd = sealed(log_path.with_name("slot_main"), slot_main())
+                fds += (slot_fd,)
             argv = self._jail.command(
                 list(command),
                 workdir if jailed.mounted is None else jailed.mounted,
@@ -425,6 +435,7 @@ class ProcessRuntime:
                 jailed.cgroup,
                 env_fd,
                 seccomp_fd,
+                slot_fd,
             )
             chain_env, cwd = dict(CHAIN_ENV), Path("/")
         try:

@@ -36,17 +36,17 @@ from wakeful.domain import keys, trace
 from wakeful.domain.artifacts import ArtifactError
 from wakeful.domain.lifecycle import Transition
 from wakeful.domain.models import AppSpec, Pool, Sandbox, SandboxStatus, Version
+from wakeful.node.fencing import start_epoch
+from wakeful.node.logship import LogShipper
+from wakeful.node.settings import NodeSettings
+from wakeful.node.state.hold import StateHold, StateRefused, mark_restored
+from wakeful.node.writer import SandboxWriter
 from wakeful.store import Item, Store, StoreError
 
-from .fencing import start_epoch
-from .logship import LogShipper
 from .ports import NoFreePort, PortPool, bindable
 from .probe import wait_ready
 from .runtime import Identity, Runtime, SandboxProcess
-from .settings import NodeSettings
-from .statehold import StateHold, StateRefused, mark_restored
 from .workdir import Artifacts, Packed, fetch_packed, remove_sandbox_dir, sandbox_dir
-from .writer import SandboxWriter
 
 log = logging.getLogger(__name__)
 STORE_WRITE_BOUND = 5.0
@@ -112,7 +112,7 @@ class SandboxRunner:
         self._held: tuple[str, int, str] | None = None
         """A stateful app's state this sandbox holds: (app, epoch, path in the tree)."""
         self._restored = False
-        """Its state was placed in its tree and the app started (`statehold.RESTORED`)."""
+        """Its state was placed in its tree and the app started (`state.hold.RESTORED`)."""
         self._port: int | None = None
         self._squatted = False
         """A port taken from the node's pool, given back when the runner ends."""
@@ -128,7 +128,7 @@ class SandboxRunner:
 
         self.local_target: tuple[str, int] | None = None
         """Where the sandbox answers on this node, while it is ready and not stopping: what
-        a tunnel exchange naming it connects to (`wakeful.node.tunnel`)."""
+        a tunnel exchange naming it connects to (`wakeful.node.tunnel.client`)."""
 
     def stop(self) -> None:
         """Stop the sandbox (SIGTERM, then SIGKILL after its shutdown timeout) and report."""
@@ -255,7 +255,7 @@ class SandboxRunner:
                 log.exception("handing back the state failed", extra={"sandbox": self.sandbox_id})
 
     async def _mark_restored(self, base: Path, path: str) -> None:
-        """The mark a restarted agent salvages this tree by (`statehold.RESTORED`). Without it
+        """The mark a restarted agent salvages this tree by (`state.hold.RESTORED`). Without it
         only a crash of the agent costs more: the next run hands the state back unchanged."""
         with anyio.CancelScope(shield=True):
             try:
@@ -365,7 +365,7 @@ class SandboxRunner:
                 launch.host, launch.port, spec.health.path, spec.health.timeout, process.wait
             )
             # A netlink query of the listening sockets (~0.1 ms): on the loop, where a thread
-            # hop would cost a busy node more than the query (wakeful.node.ports.listeners).
+            # hop would cost a busy node more than the query (wakeful.node.sandbox.ports.listeners).
             if ready and not process.owns_port(launch.port):
                 self._squatted = True  # another app answered on our port: never route to it
                 ready = False

@@ -26,17 +26,14 @@ and the agent's /proc are not. The app's directory is the only writable tree bes
 and /dev/shm; as root all three are directories of one tmpfs of the app's `disk` size
 (`mount_sandbox_fs`), so a sandbox cannot fill the node's disk.
 
-A warm slot (`slots.py`) is this chain started ahead of time with `slot_main.py` in place of the
-last `setpriv` and the app: it waits inside its namespaces and cgroups, and does the uid drop
-itself once it is told which app it becomes (`slot_command`).
+A warm slot (`sandbox/slots.py`) is this chain started ahead of time with `slot_main.py` in
+place of the last `setpriv` and the app: it waits inside its namespaces and cgroups, and does the
+uid drop itself once it is told which app it becomes (`slot_command`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import functools
-import json
 import logging
 import os
 import platform
@@ -44,30 +41,19 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from wakeful.domain.models import Resources
 
+from . import IsolationUnavailable
 from .cgroups import Cgroups, SandboxCgroup
-from .hardening import (
-    ACCOUNTS,
-    LANDLOCK_SCOPE_ABI,
-    UID_BASE,
-    UID_COUNT,
-    Network,
-    chown_tree,
-    default_gateways,
-    install_network_rules,
-    landlock_abi,
-    mount_sandbox_fs,
-    oom_message,
-    unmount,
-    userns_filter,
-)
+from .kernel import LANDLOCK_SCOPE_ABI, landlock_abi, userns_filter
+from .network import Network, default_gateways, install_network_rules
 from .slot_main import SCOPE_MARK
+from .tmpfs import ACCOUNTS
+from .uids import UID_BASE
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +61,11 @@ SYSTEM_PATHS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/l
 """Read-only inside every sandbox (the ones that exist; merged-/usr symlinks stay symlinks)."""
 APP_DIR = "/app"
 SLOT_MAIN = Path(__file__).with_name("slot_main.py")
+SLOT_HOME = "/.wakeful"
+SLOT_PROGRAM = f"{SLOT_HOME}/{SLOT_MAIN.name}"
+"""Where a sandbox sees `slot_main.py`: a read-only file bwrap makes from a descriptor the agent
+hands it (`slot_main`), run by path. Never its source as `python -c`: bwrap keeps its argv for
+the sandbox's life, and so does the init of its PID namespace, both in `ps`."""
 SLOT_MARK = "wakeful-warm-slot"
 """In an idle warm slot's command line (its first argument): what tells it from a sandbox."""
 PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
@@ -125,136 +116,6 @@ def missing_capabilities(status: Path = Path("/proc/self/status")) -> list[str]:
 
 def in_container(environ: Mapping[str, str] = os.environ, mark: Path = CONTAINER_MARK) -> bool:
     return bool(environ.get("container")) or mark.exists()
-
-
-class IsolationUnavailable(RuntimeError):
-    """The machine cannot isolate sandboxes as configured; the message says what to do."""
-
-
-UID_CLAIMS = Path("/run/wakeful/uids")
-"""One file per sandbox uid in use on this machine, named by the uid, holding the data
-directory whose agent holds it: agents with different data directories on one machine never
-hand one uid to two apps. Under /run, so a reboot clears it with everything the uids owned."""
-
-
-class UidTable:
-    """Each app's own uid on this node, allocated once and recorded in `uids.json`.
-
-    `uid` allocates in memory; `save` writes the table when it changed, which a start does
-    after its exec (`ProcessRuntime`), not before: a new app's first start paid ~0.4 ms of
-    file writing on its critical path. Writing later loses nothing that matters: the table is
-    replaced whole by a rename and never fsynced anyway, and an entry lost in a crash or a power
-    cut only gives its uid to the next app, while nothing owned by a uid outlives the agent
-    (sandbox trees are tmpfs, cleared at start).
-
-    A uid is also claimed machine-wide in `claims` (`UID_CLAIMS`), under a lock every agent
-    takes (`_machine_lock`), before it is given to an app: a uid another data directory's
-    agent claimed is skipped, and a recorded uid such an agent claimed since is given up
-    (re-allocated). A claim whose data directory no longer exists is stale: swept when a
-    table is made (an agent starts), taken over when no unclaimed uid is left."""
-
-    def __init__(
-        self,
-        path: Path,
-        claims: Path = UID_CLAIMS,
-        uids: tuple[int, int] = (UID_BASE, UID_BASE + UID_COUNT - 1),
-    ) -> None:
-        self._path = path
-        self._claims = claims
-        self._range = range(uids[0], uids[1] + 1)
-        self._owner = str(path.parent.resolve())
-        self._lock = threading.Lock()  # sandboxes start in worker threads, several at once
-        self._uids: dict[str, int] = {}
-        self._unsaved = False
-        with contextlib.suppress(FileNotFoundError):
-            loaded = json.loads(path.read_text())
-            # A uid outside this agent's range (WAKEFUL_SANDBOX_UIDS changed) is allocated anew.
-            self._uids = {str(k): int(v) for k, v in loaded.items() if int(v) in self._range}
-        claims.mkdir(mode=0o700, parents=True, exist_ok=True)
-        with self._machine_lock():
-            self._sweep()
-            for app, uid in list(self._uids.items()):
-                if not self._claim(uid):
-                    del self._uids[app]
-                    self._unsaved = True
-
-    def uid(self, app: str) -> int:
-        with self._lock:
-            found = self._uids.get(app)
-            if found is not None:
-                return found
-            taken = set(self._uids.values())
-            with self._machine_lock():
-                # A uid nobody claimed is the usual find: one directory listing, one claim
-                # written (reading every claim cost a new app's start ~1.5 ms with 60 of them);
-                # stale claims are taken over only when none is left.
-                claimed = {int(n) for n in os.listdir(self._claims) if n.isdigit()} | taken
-                uid = next((n for n in self._range if n not in claimed), None)
-                if uid is not None:
-                    self._write_claim(uid)
-                else:
-                    uid = next((n for n in self._range if n not in taken and self._claim(n)), None)
-            if uid is None:
-                raise IsolationUnavailable(f"no free sandbox uid left for app {app!r}")
-            self._uids[app] = uid
-            self._unsaved = True
-            return uid
-
-    @contextlib.contextmanager
-    def _machine_lock(self) -> Iterator[None]:
-        """Every agent's claims are made under one lock (`flock` on `claims/.lock`): a claim
-        read, judged stale and replaced is one step no other agent can interleave with."""
-        fd = os.open(self._claims / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # releases the lock
-
-    def _claim(self, uid: int) -> bool:
-        """Hold `uid` for this data directory machine-wide (under `_machine_lock`): True when
-        it is (or now is) ours; False when another data directory that still exists holds it."""
-        claim = self._claims / str(uid)
-        try:
-            owner = claim.read_text()
-        except FileNotFoundError:
-            owner = ""
-        if owner == self._owner:
-            return True
-        if owner and Path(owner).is_dir():
-            return False
-        self._write_claim(uid)
-        return True
-
-    def _sweep(self) -> None:
-        """Remove the claims whose data directory is gone (at start, under the lock): a new
-        app's allocation then reads no claim, only the directory's names."""
-        for name in os.listdir(self._claims):
-            if not name.isdigit():
-                continue
-            claim = self._claims / name
-            with contextlib.suppress(FileNotFoundError):
-                owner = claim.read_text()
-                if not owner or not Path(owner).is_dir():
-                    claim.unlink()
-
-    def _write_claim(self, uid: int) -> None:
-        claim = self._claims / str(uid)
-        tmp = claim.with_name(f".{uid}.tmp")
-        tmp.write_text(self._owner)
-        tmp.replace(claim)  # never seen empty or half written
-
-    def save(self) -> None:
-        """Write the table if an allocation changed it since the last save."""
-        with self._lock:
-            if not self._unsaved:
-                return
-            tmp = self._path.with_suffix(".tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as out:
-                json.dump(self._uids, out)
-            tmp.replace(self._path)
-            self._unsaved = False
 
 
 @dataclass(frozen=True)
@@ -424,6 +285,7 @@ class Jail:
         cgroup: SandboxCgroup | None,
         env_fd: int | None = None,
         seccomp_fd: int | None = None,
+        slot_fd: int | None = None,
     ) -> list[str]:
         """The argv that starts `command` in a sandbox: the cgroup join, `prlimit` and
         `setpriv --pdeathsig`, bwrap and the uid drop. `root`: with a `uid`, the sandbox's
@@ -432,7 +294,8 @@ class Jail:
         shell already running as the app's uid, inside its scope, sources before it execs the
         app: everything before it, root's steps and the scope step included, runs with
         `CHAIN_ENV` (an app's LD_PRELOAD must never reach setpriv, which still holds root's
-        capabilities, nor run before the Landlock scope)."""
+        capabilities, nor run before the Landlock scope). `slot_fd`: with `scope`, a file
+        holding `slot_main()` for bwrap to read, that the scope step runs."""
         argv: list[str] = []
         if cgroup is not None:
             argv += cgroup.join_prefix(self.sh)
@@ -440,6 +303,9 @@ class Jail:
         argv += [self.prlimit, *rlimits, "--", self.setpriv, "--pdeathsig", "KILL", "--"]
         tree, workdir = (root, None) if uid is not None else (None, root)
         argv += [self.bwrap, *self._mounts(tree, workdir, limits.disk)]
+        if self.scope:
+            assert slot_fd is not None
+            argv += _slot_mount(slot_fd)
         if seccomp_fd is not None:
             argv += ["--seccomp", str(seccomp_fd)]
         argv.append("--")
@@ -455,26 +321,33 @@ class Jail:
                 "--",
             ]
         if self.scope:
-            assert self.slot_python is not None
-            argv += [self.slot_python, "-I", "-S", "-c", _slot_source(), SCOPE_MARK]
+            argv += self._slot_main(SCOPE_MARK)
         if env_fd is not None:
             argv += [self.sh, "-c", f'. /dev/fd/{env_fd} && exec "$@"', ENV_STEP]
         return argv + command
 
     def slot_command(
-        self, tree: Path, cgroup: SandboxCgroup, seccomp_fd: int | None, ready_fd: int
+        self,
+        tree: Path,
+        cgroup: SandboxCgroup,
+        seccomp_fd: int | None,
+        ready_fd: int,
+        slot_fd: int,
     ) -> list[str]:
         """A warm slot: the chain of `command` for a sandbox over `tree` with `slot_main.py`
-        (run by `slot_python`, as root inside) where the uid drop and the app would be. It
-        writes to `ready_fd` once it waits for its start message. The rlimits are the slot's
-        to set, with the app's."""
-        assert self.slot_python is not None
+        (run by `slot_python`, as root inside, from `slot_fd` as `command` runs its scope step)
+        where the uid drop and the app would be. It writes to `ready_fd` once it waits for its
+        start message. The rlimits are the slot's to set, with the app's."""
         argv = [self.setpriv, "--pdeathsig", "KILL", "--", *cgroup.join_prefix(self.sh)]
-        argv += [self.bwrap, *self._mounts(tree, None)]
+        argv += [self.bwrap, *self._mounts(tree, None), *_slot_mount(slot_fd)]
         if seccomp_fd is not None:
             argv += ["--seccomp", str(seccomp_fd)]
-        source = _slot_source()
-        return [*argv, "--", self.slot_python, "-I", "-S", "-c", source, SLOT_MARK, str(ready_fd)]
+        return [*argv, "--", *self._slot_main(SLOT_MARK, str(ready_fd))]
+
+    def _slot_main(self, *args: str) -> list[str]:
+        """The command that runs the slot program inside the sandbox, by path."""
+        assert self.slot_python is not None
+        return [self.slot_python, "-I", "-S", SLOT_PROGRAM, *args]
 
     def rlimits(self, limits: Resources, uid: int | None) -> list[tuple[str, int]]:
         """(resource, soft=hard) for what the cgroups do not cover; names as `prlimit --NAME`
@@ -529,9 +402,20 @@ app's (an app's LD_PRELOAD must never reach prlimit or bwrap)."""
 
 
 @functools.cache
-def _slot_source() -> str:
-    """`slot_main.py`, read once: not a file read on the loop at every slot's start."""
-    return SLOT_MAIN.read_text()
+def slot_main() -> bytes:
+    """`slot_main.py`, read once: what every sandbox that runs it gets (`_slot_mount`), also
+    after wakeful was upgraded under a running agent, and no file read on the loop at every
+    start."""
+    return SLOT_MAIN.read_bytes()
+
+
+def _slot_mount(slot_fd: int) -> list[str]:
+    """bwrap's arguments that make `SLOT_PROGRAM`, read-only and readable by every uid (the
+    cold chain's scope step runs as the app's), from the file `slot_fd`, read whole at the
+    sandbox's start: from the agent, not from a path of the node, so neither the installed
+    file's mode nor the data directory's (0700, invariant 23) is in the way."""
+    mount = ["--perms", "0755", "--dir", SLOT_HOME]
+    return [*mount, "--perms", "0444", "--ro-bind-data", str(slot_fd), SLOT_PROGRAM]
 
 
 def _visible_python(visible: Sequence[str]) -> str | None:
@@ -561,18 +445,3 @@ def env_script(env: dict[str, str]) -> bytes:
         quoted = "'" + value.replace("'", "'\\''") + "'"
         lines.append(f"export {name}={quoted}\n")
     return "".join(lines).encode()
-
-
-__all__ = [
-    "CHAIN_ENV",
-    "Cgroups",
-    "IsolationUnavailable",
-    "Jail",
-    "SandboxCgroup",
-    "UidTable",
-    "chown_tree",
-    "env_script",
-    "mount_sandbox_fs",
-    "oom_message",
-    "unmount",
-]

@@ -11,20 +11,19 @@ from pathlib import Path
 import anyio
 import pytest
 
+from tests.node.conftest import put_hello
+from tests.node.test_agent import place, status_of
 from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.deploy.states import StateKeeper
 from wakeful.domain.artifacts import ArtifactError, digest_of, pack
 from wakeful.domain.models import AppSpec, HealthCheck, SandboxStatus
 from wakeful.node.agent import NodeAgent
+from wakeful.node.sandbox.workdir import fetch_packed, fill_workdir
 from wakeful.node.settings import NodeSettings
-from wakeful.node.workdir import fetch_packed, fill_workdir
 from wakeful.store import open_store
 
-from .conftest import put_hello
-from .test_agent import place, status_of
-
 pytestmark = pytest.mark.anyio
-HELLO = Path(__file__).parents[2] / "examples" / "hello"
+HELLO = Path(__file__).parents[3] / "examples" / "hello"
 
 
 def tamper(tmp_path: Path, artifacts_dir: Path, digest: str) -> bytes:

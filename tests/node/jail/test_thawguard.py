@@ -1,5 +1,5 @@
 """The guard that thaws an agent's frozen sandboxes once the agent is gone
-(`wakeful.node.thawguard`), on plain files standing in for the freezer hierarchy: it outlives
+(`wakeful.node.jail.thawguard`), on plain files standing in for the freezer hierarchy: it outlives
 the signals a stop sends, acts only when the agent's pipe ends, and thaws only the sandboxes
 its agent left directories for."""
 
@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from wakeful.node.thawguard import ThawGuard
+from wakeful.node.jail.thawguard import ThawGuard
 
 
 def test_the_guard_thaws_its_agents_sandboxes_once_the_pipe_ends(tmp_path: Path) -> None:
@@ -45,7 +45,7 @@ def test_a_killed_agents_pipe_ends_too(tmp_path: Path) -> None:
             "-c",
             "import sys, time\n"
             "from pathlib import Path\n"
-            "from wakeful.node.thawguard import ThawGuard\n"
+            "from wakeful.node.jail.thawguard import ThawGuard\n"
             f"guard = ThawGuard.start(Path({str(tmp_path / 'sandboxes')!r}),"
             f" Path({str(tmp_path / 'freezer')!r}))\n"
             "print(guard.pid, flush=True)\n"
@@ -53,7 +53,7 @@ def test_a_killed_agents_pipe_ends_too(tmp_path: Path) -> None:
         ],
         stdout=subprocess.PIPE,
         text=True,
-        cwd=Path(__file__).parents[2],
+        cwd=Path(__file__).parents[3],
     )
     assert agent.stdout is not None
     with agent.stdout:

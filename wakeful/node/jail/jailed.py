@@ -10,10 +10,10 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
-from wakeful.domain.models import Resources
+from wakeful.domain.models import Resources, format_size
 
 from .cgroups import SandboxCgroup
-from .hardening import oom_message, unmount
+from .tmpfs import unmount
 
 
 class Jailed:
@@ -73,6 +73,10 @@ class Jailed:
 
     def reason(self) -> str | None:
         return oom_message(self.limits) if self._oom else None
+
+
+def oom_message(limits: Resources) -> str:
+    return f"killed: out of memory (limit {format_size(limits.memory)})"
 
 
 def sealed(path: Path, data: bytes) -> int:

@@ -1,31 +1,27 @@
-"""What the kernel enforces around a sandbox besides namespaces: nftables rules for sandbox
-uids, a seccomp filter against user namespaces, and the bounded tmpfs of the app's tree."""
+"""What a sandbox may reach on the network: nftables rules that match the sandbox uids' packets.
+
+The sandboxes share the host's network namespace (the ingress dials their port). One nftables
+table, the same for every agent on the machine, refuses their own connections to this machine,
+to the other nodes (`fence_peers`, kept by `peers.PeerFence`), to the control plane on other
+machines (`fence_control`, kept by `peers.ControlFence`), to the operator's refused networks and
+to a cloud's metadata service; their answers to connections others opened always flow.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import ipaddress
 import logging
-import os
 import shutil
 import socket
-import struct
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-from wakeful.domain.models import Resources, format_size
+from .uids import UID_BASE, UID_COUNT
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 log = logging.getLogger(__name__)
-
-UID_BASE = 400_000
-"""Per-app uids are UID_BASE + n: above the usual subordinate-uid ranges (100000-165535)."""
-UID_COUNT = 100_000
-
-
-# -- the network ----------------------------------------------------------------------------
 
 _OUT = "add rule inet wakeful out"
 _SANDBOX_UIDS = f"{UID_BASE}-{UID_BASE + UID_COUNT - 1}"
@@ -221,172 +217,3 @@ def _split_host_port(hostport: str) -> tuple[str, str]:
         return host, rest.removeprefix(":")
     host, colon, port = hostport.rpartition(":")
     return (host, port) if colon else (hostport, "")
-
-
-# -- the app's writable tree, bounded ----------------------------------------------------------
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-SCRATCH = ("tmp", "shm")
-"""Bound at the sandbox's `/tmp` and `/dev/shm`, beside `app` (its `/app`); like `app`, 0700
-and the app's own once filled (every process of a sandbox runs as its app's uid, so nothing
-there needs to be open to others, in the sandbox or on the node)."""
-MS_NOSUID, MS_NODEV, MS_REMOUNT = 2, 4, 32
-
-
-def mount_sandbox_fs(root: Path, size: int) -> None:
-    """Make `root` a tmpfs of `size` bytes (root only) holding `app/` and the `SCRATCH`
-    directories (root's, 0700, until `fill_app_dir`): everything a sandbox can write lives there,
-    and it can never fill the node's disk. Its own root is never visible inside."""
-    root.mkdir(parents=True, exist_ok=True)
-    options = f"size={size},mode=0700".encode()
-    if _libc.mount(b"tmpfs", str(root).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"cannot mount a tmpfs on {root}: {os.strerror(err)}")
-    try:
-        for name in ("app", *SCRATCH):
-            (root / name).mkdir(mode=0o700)
-        for name in ACCOUNTS:  # root's, 0600, until `fill_app_dir` gives them to the app
-            os.close(os.open(root / name, os.O_WRONLY | os.O_CREAT, 0o600))
-    except BaseException:
-        unmount(root)
-        raise
-
-
-ACCOUNTS = ("passwd", "group")
-"""Files beside `app/`, bound read-only at the sandbox's /etc/passwd and /etc/group: the app's
-uid has a name (`app`) and a home (`/app`), so `getpwuid`, `whoami` and `~` work for it, the
-lookup ends in the file instead of loading another NSS module, and the host's accounts are not
-listed to it."""
-
-
-def accounts(uid: int) -> dict[str, str]:
-    return {
-        "passwd": "root:x:0:0:root:/root:/usr/sbin/nologin\n"
-        f"app:x:{uid}:{uid}:app:/app:/usr/sbin/nologin\n"
-        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
-        "group": f"root:x:0:\napp:x:{uid}:\nnogroup:x:65534:\n",
-    }
-
-
-def resize_sandbox_fs(root: Path, size: int) -> None:
-    """Give the tmpfs of `mount_sandbox_fs` a new size (what a warm slot's becomes the app's)."""
-    options = f"size={size}".encode()
-    flags = MS_REMOUNT | MS_NOSUID | MS_NODEV
-    if _libc.mount(b"tmpfs", str(root).encode(), b"tmpfs", flags, options) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"cannot resize the tmpfs on {root}: {os.strerror(err)}")
-
-
-def fill_app_dir(root: Path, uid: int, place: Callable[[Path, int], None]) -> None:
-    """Have `place` write the app into the tmpfs's (empty) `app/`, all of it owned by `uid`,
-    give `uid` that directory and the scratch ones, and name it in the sandbox's accounts."""
-    app = root / "app"
-    place(app, uid)
-    os.chown(app, uid, uid)
-    for name in SCRATCH:
-        os.chown(root / name, uid, uid)
-    for name, text in accounts(uid).items():
-        with open(root / name, "r+") as file:  # in place: the sandbox has this inode bound
-            file.write(text)
-            file.truncate()
-        # The app's own (bound read-only, so it cannot change them): readable by it whatever
-        # the agent's umask (077 in a data directory made them 0600, and getpwuid, whoami
-        # and ~ failed), and by nobody else.
-        os.chown(root / name, uid, uid)
-
-
-def unmount(path: Path) -> None:
-    """Undo `mount_sandbox_fs` (lazily: a process still holding a file there goes on)."""
-    mnt_detach = 2
-    _libc.umount2(str(path).encode(), mnt_detach)
-
-
-def chown_tree(path: Path, uid: int) -> None:
-    for root, dirs, files in os.walk(path):
-        os.chown(root, uid, uid)
-        for name in dirs + files:
-            os.chown(os.path.join(root, name), uid, uid, follow_symlinks=False)
-
-
-def oom_message(limits: Resources) -> str:
-    return f"killed: out of memory (limit {format_size(limits.memory)})"
-
-
-# -- scoped abstract sockets and signals ------------------------------------------------------
-
-LANDLOCK_SCOPE_ABI = 6
-"""The Landlock ABI (Linux 6.12) that scopes abstract UNIX sockets and signals."""
-
-
-def landlock_abi() -> int:
-    """The kernel's Landlock ABI version; 0 without Landlock (not built, or not enabled)."""
-    create_ruleset, version_flag = 444, 1
-    found = int(_libc.syscall(create_ruleset, None, 0, version_flag))
-    return max(found, 0)
-
-
-# -- no user namespaces inside ---------------------------------------------------------------
-
-CLONE_NEWUSER = 0x10000000
-_ARCHES = {  # machine: (AUDIT_ARCH_*, unshare, clone, clone3, has the x32 ABI)
-    "x86_64": (0xC000003E, 272, 56, 435, True),
-    "aarch64": (0xC00000B7, 97, 220, 435, False),
-}
-
-
-def userns_filter(machine: str) -> bytes | None:
-    """A seccomp program (for `bwrap --seccomp FD`) that refuses new user namespaces: unshare
-    and clone with CLONE_NEWUSER fail with EPERM, clone3 (whose flags a filter cannot read)
-    with ENOSYS so libc falls back to clone, and any other ABI (i386, x32) with ENOSYS. In its
-    own user namespace an app would hold every capability over it: the kernel's largest attack
-    surface. None on a machine this module does not know."""
-    found = _ARCHES.get(machine)
-    if found is None:
-        return None
-    arch, unshare, clone, clone3, x32 = found
-    allow, eperm, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38
-    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
-    # (code, jump-if-true label, jump-if-false label, k); labels are resolved below.
-    program: list[tuple[int, str, str, int]] = [
-        (ld, "", "", 4),
-        (jeq, "", "foreign", arch),
-        (ld, "", "", 0),
-        *([(jge, "foreign", "", 0x40000000)] if x32 else []),
-        (jeq, "enosys", "", clone3),
-        (jeq, "flags", "", unshare),
-        (jeq, "flags", "", clone),
-        (ret, "", "", allow),
-        (ld, "", "", 16),  # flags: the first argument's low 32 bits
-        (jset, "eperm", "", CLONE_NEWUSER),
-        (ret, "", "", allow),
-        (ret, "", "", enosys),
-        (ret, "", "", eperm),
-        (ret, "", "", enosys),
-    ]
-    labels = {"flags": len(program) - 6, "enosys": len(program) - 3}
-    labels.update({"eperm": len(program) - 2, "foreign": len(program) - 1})
-    out = b""
-    for index, (code, true, false, k) in enumerate(program):
-        jt = labels[true] - index - 1 if true else 0
-        jf = labels[false] - index - 1 if false else 0
-        out += struct.pack("=HBBI", code, jt, jf, k)
-    return out
-
-
-def unmount_under(root: Path) -> list[str]:
-    """Detach every mount below `root` (from /proc/self/mounts); the mount points it undid."""
-    prefix = str(root.resolve()) + "/"
-    try:
-        with open("/proc/self/mounts") as mounts:
-            points = [line.split()[1] for line in mounts]
-    except OSError:
-        return []
-    undone = []
-    for point in sorted(points, key=len, reverse=True):  # deepest first
-        decoded = point.encode().decode("unicode_escape")  # /proc escapes spaces as \040
-        if decoded.startswith(prefix):
-            unmount(Path(decoded))
-            undone.append(decoded)
-    return undone

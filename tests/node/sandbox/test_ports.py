@@ -6,7 +6,13 @@ import socket
 
 import pytest
 
-from wakeful.node.ports import NoFreePort, PortPool, bindable, listeners, listeners_from_proc
+from wakeful.node.sandbox.ports import (
+    NoFreePort,
+    PortPool,
+    bindable,
+    listeners,
+    listeners_from_proc,
+)
 from wakeful.node.settings import NodeSettings
 
 

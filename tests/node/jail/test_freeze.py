@@ -16,13 +16,13 @@ import anyio
 import pytest
 
 from wakeful.domain.models import Resources
-from wakeful.node.cgroups import Cgroups
-from wakeful.node.isolation import Jail
-from wakeful.node.jailed import descendants
-from wakeful.node.runner import BASE_ENV
-from wakeful.node.runtime import Identity, LocalProcess, ProcessRuntime
+from wakeful.node.jail.bwrap import Jail
+from wakeful.node.jail.cgroups import Cgroups
+from wakeful.node.jail.jailed import descendants
+from wakeful.node.jail.thawguard import thaw_left
+from wakeful.node.sandbox.runner import BASE_ENV
+from wakeful.node.sandbox.runtime import Identity, LocalProcess, ProcessRuntime
 from wakeful.node.testing import process_states
-from wakeful.node.thawguard import thaw_left
 from wakeful.store.testing import free_port
 
 from .test_isolation import uid_table

@@ -3,8 +3,10 @@ sandbox's namespaces, mounts and cgroups) and it waits for one start message, th
 app's uid and becomes the app.
 
 Stdlib only, compatible with any Python 3 a machine has in its visible system directories (it
-runs inside the sandbox, where the control plane's own Python may not be): the node agent runs
-it as `python3 -I -S -c SOURCE READY_FD`. It writes one byte to READY_FD once it waits, then
+runs inside the sandbox, where the control plane's own Python may not be): bwrap puts a
+read-only copy of this file in the sandbox (`bwrap.SLOT_PROGRAM`) and the agent runs it by path,
+as `python3 -I -S /.wakeful/slot_main.py SLOT_MARK READY_FD` (never its source as `-c`: bwrap
+keeps its argv for the sandbox's life). It writes one byte to READY_FD once it waits, then
 reads the message from stdin, JSON: `argv` (the app's command, found through the `PATH` of
 `env`), `env` (the app's whole environment), `rlimits` ([name, value] pairs, soft = hard) and
 `uid` (the app's uid and gid). It sets the rlimits; drops every capability from the bounding,
@@ -15,8 +17,9 @@ signal stays ignored across exec); and execs the command. EOF without a message 
 discards the slot) is a quiet exit. With `scope` true in the message it first puts itself in
 a Landlock domain of its own that scopes abstract UNIX sockets and signals (`scope`).
 
-The cold chain (no warm slot) runs the same source as `python3 -I -S -c SOURCE SCOPE_MARK
-COMMAND...` after its uid drop: it only sets no_new_privs, scopes itself and execs COMMAND.
+The cold chain (no warm slot) runs the same file as `python3 -I -S /.wakeful/slot_main.py
+SCOPE_MARK COMMAND...` after its uid drop: it only sets no_new_privs, scopes itself and execs
+COMMAND.
 """
 
 import ctypes

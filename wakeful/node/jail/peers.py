@@ -21,7 +21,7 @@ from wakeful.domain.models import Node
 from wakeful.store import Item, Store
 from wakeful.store.reflector import reflect
 
-from .hardening import control_names, fence_control, fence_peers, peer_addresses
+from .network import control_names, fence_control, fence_peers, peer_addresses
 
 log = logging.getLogger(__name__)
 RETRY_FIRST, RETRY_MAX = 1.0, 30.0

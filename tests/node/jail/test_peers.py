@@ -1,6 +1,7 @@
 """Other nodes and the operator's refused networks, out of a sandbox uid's reach
-(wakeful.node.peers, wakeful.node.hardening): the nft sets follow `nodes/`, and a connection
-from a sandbox uid to a fenced address is refused at once while any other still leaves."""
+(wakeful.node.jail.peers, wakeful.node.jail.network): the nft sets follow `nodes/`, and a
+connection from a sandbox uid to a fenced address is refused at once while any other still
+leaves."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ import pytest
 
 from wakeful.domain import keys
 from wakeful.domain.models import Node
-from wakeful.node.hardening import fence_peers, install_network_rules, peer_addresses
-from wakeful.node.peers import ControlFence, PeerFence
+from wakeful.node.jail.network import fence_peers, install_network_rules, peer_addresses
+from wakeful.node.jail.peers import ControlFence, PeerFence
 from wakeful.node.settings import NodeSettings
 from wakeful.store import open_store
 

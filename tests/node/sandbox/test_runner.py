@@ -18,10 +18,10 @@ from wakeful.domain import keys
 from wakeful.domain.models import AppSpec, AppState, HealthCheck, Pool, Sandbox, Version
 from wakeful.domain.models import SandboxStatus as S
 from wakeful.node.agent import NodeAgent
-from wakeful.node.ports import PortPool
-from wakeful.node.runner import NodeServices, SandboxRunner
+from wakeful.node.sandbox.ports import PortPool
+from wakeful.node.sandbox.runner import NodeServices, SandboxRunner
 from wakeful.node.settings import NodeSettings
-from wakeful.node.statehold import StateHold
+from wakeful.node.state.hold import StateHold
 from wakeful.node.testing import FakeProgram, FakeRuntime
 from wakeful.node.writer import SandboxWriter
 from wakeful.store import Event, Item, Store, open_store

@@ -9,7 +9,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from wakeful.node.probe import Knock, knock, probe, wait_ready
+from wakeful.node.sandbox.probe import Knock, knock, probe, wait_ready
 from wakeful.store.testing import free_port
 
 

@@ -1,0 +1,12 @@
+"""What runs a sandbox on this node, from the record placed here to the process that ends.
+
+- `runner.py`: one sandbox's life (`SandboxRunner`): claim its record, prepare, start, probe,
+  serve, freeze and thaw, stop, report.
+- `runtime.py`: the `Runtime` the runner needs and `ProcessRuntime`, which starts a sandbox as a
+  local process (isolated in a `jail.bwrap.Jail` when it has one) with a bounded log.
+- `spawn.py`: starting a child without stalling the event loop (`Popen`, a pidfd).
+- `slots.py`: warm slots, sandboxes started ahead of time that a start takes over.
+- `probe.py`: readiness, from the first millisecond.
+- `ports.py`: the port a sandbox listens on, and who listens on a port.
+- `workdir.py`: a sandbox's directory and app files, its artifact checked and unpacked.
+"""
