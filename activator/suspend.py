@@ -10,7 +10,7 @@ Theory of operation:
   it in between (one event loop; the decision and the withholding have no await between
   them), and a conflict (a node's or the pool controller's write) leaves it running. A write
   that ends in a store error may have landed: the sandbox stays withheld until a read says
-  which. The node freezes a sandbox whose record says `suspended` (`wakeful.node.runner`),
+  which. The node freezes a sandbox whose record says `suspended` (`wakeful.node.sandbox.runner`),
   so a frozen sandbox never holds a lease: one adopted meanwhile (a takeover's late report)
   thaws it as soon as the write is done.
 - A request that finds nothing routable (or an overflow admission) calls `wake` before any

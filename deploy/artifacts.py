@@ -115,7 +115,7 @@ class LocalArtifacts:
 
     async def fetch(self, digest: str) -> bytes:
         """The stored bytes, as they are on disk: whoever unpacks them checks their sha256
-        (`wakeful.node.workdir`)."""
+        (`wakeful.node.sandbox.workdir`)."""
         path = self._path(digest)
         if not path.exists():
             raise ArtifactError(f"no artifact {digest}")

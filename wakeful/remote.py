@@ -356,7 +356,7 @@ WRITE_TIMEOUT = 30.0
 
 
 class HttpKeeper(_NodeClient):
-    """A node's `Keeper` (`wakeful.node.statehold`): the states it holds, stored and released
+    """A node's `Keeper` (`wakeful.node.state.hold`): the states it holds, stored and released
     through the control API, which checks each against the record (`wakeful.deploy.states`).
     `ArtifactUnavailable` when the control API cannot answer now (the node keeps what it has
     and tries again), `ArtifactError` when a call is refused for good."""

@@ -17,7 +17,7 @@ compare-and-set on that record's revision, and every move raises the epoch.
 - **take back** (the pool controller, when the holding node is gone): released at epoch + 1
   with the archive it last stored; whatever it wrote after that archive died with the node.
 
-No I/O here: `wakeful.node.statehold` and the pool controller read, decide and write.
+No I/O here: `wakeful.node.state.hold` and the pool controller read, decide and write.
 """
 
 from __future__ import annotations

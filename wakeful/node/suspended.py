@@ -3,7 +3,7 @@ them to give up when that passes the node's cap or the machine runs short (issue
 
 The node only says how much to give up and names its frozen sandboxes, the longest suspended
 first (`Node.evict_bytes`, `Node.evict`); the activator stops them in that order, passing
-over those that must stay, each with its pool shrunk by one (`wakeful.activator.suspend`), so
+over those that must stay, each with its pool shrunk by one (`wakeful.activator.evict`), so
 nothing replaces them.
 """
 
