@@ -36,6 +36,7 @@ from wakeful.activator.pool_metrics import PoolCollector
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.activator.standby import StandbyApp
 from wakeful.activator.tokens_api import tokens_router
+from wakeful.aio.backoff import retry
 from wakeful.controller.api import node_router
 from wakeful.controller.health import StoreProbe, leading_gauge
 from wakeful.controller.reconciler import Reconciler
@@ -57,6 +58,7 @@ from wakeful.deploy.service import Deployer, Phase
 from wakeful.deploy.states import Bounds, StateKeeper
 from wakeful.domain import keys
 from wakeful.domain.artifacts import pack
+from wakeful.domain.backoff import Backoff
 from wakeful.domain.models import Leader, Token
 from wakeful.idle_monitor.monitor import IdleMonitor, IdleMonitorSettings
 from wakeful.node.agent import NodeAgent, runtime_for
@@ -219,18 +221,15 @@ async def control_plane(
 
 async def _resume_rollouts(deployer: Deployer, tasks: anyio.abc.TaskGroup) -> None:
     """Carry on the rollouts a previous leader left under way; a store away is waited out."""
-    backoff = 0.5
-    while True:
-        try:
-            resumed = await deployer.resume()
-        except StoreError as exc:
-            log.warning("could not list the rollouts under way (retrying): %s", exc)
-            await anyio.sleep(backoff)
-            backoff = min(backoff * 2, 5.0)
-            continue
-        for rollout in resumed:
-            tasks.start_soon(deployer.roll_out, rollout)
-        return
+
+    def failed(exc: Exception, pause: float) -> None:
+        log.warning("could not list the rollouts under way (retrying): %s", exc)
+
+    resumed = await retry(
+        deployer.resume, Backoff(0.5, cap=5.0), errors=(StoreError,), failed=failed
+    )
+    for rollout in resumed:
+        tasks.start_soon(deployer.roll_out, rollout)
 
 
 async def deploy_local(plane: ControlPlane, app_dir: AppDir) -> str:

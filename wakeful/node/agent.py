@@ -27,7 +27,9 @@ from pathlib import Path
 import anyio
 import anyio.abc
 
+from wakeful.aio.backoff import retry
 from wakeful.domain import coverage, keys
+from wakeful.domain.backoff import Backoff
 from wakeful.domain.lifecycle import Transition
 from wakeful.domain.models import (
     HAS_PROCESS,
@@ -69,6 +71,8 @@ GUARD_EVERY = 0.5
 """Seconds between two looks at the thaw guard (`_guard_loop`)."""
 MAX_EVICT = 1000
 """The most sandboxes one node record lists in `evict` (what `Node` validates)."""
+SETTLE_BACKOFF = Backoff(0.5, cap=5.0)
+"""Between tries to settle what a previous run left, while the store or a disk fails."""
 
 
 def runtime_for(settings: NodeSettings, control_plane: Sequence[str] = ()) -> ProcessRuntime:
@@ -291,19 +295,19 @@ class NodeAgent:
     async def _settle_previous_life(self) -> None:
         """Lift the cordon our last shutdown left and bury what it ran; a store that is
         briefly unavailable delays this, it never ends the agent (invariant 19)."""
-        backoff = 0.5
-        while True:
-            try:
-                await self._lift_own_cordon()
-                listing = await self._store.list(keys.SANDBOXES, Sandbox)
-                await self._bury_orphans(listing.items)
-                # What a killed run's stateful sandboxes wrote, before their trees are cleared.
-                await self.states.salvage(listing.items)
-                return
-            except (StoreError, OSError) as exc:  # OSError: a salvage's disk
-                log.warning("cannot settle what the previous run left, retrying: %s", exc)
-                await anyio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+
+        async def settle() -> None:
+            await self._lift_own_cordon()
+            listing = await self._store.list(keys.SANDBOXES, Sandbox)
+            await self._bury_orphans(listing.items)
+            # What a killed run's stateful sandboxes wrote, before their trees are cleared.
+            await self.states.salvage(listing.items)
+
+        def failed(exc: Exception, pause: float) -> None:
+            log.warning("cannot settle what the previous run left, retrying: %s", exc)
+
+        # OSError: a salvage's disk
+        await retry(settle, SETTLE_BACKOFF, errors=(StoreError, OSError), failed=failed)
 
     async def _cordon_once(self) -> None:
         """The agent is stopping: no replacement may be placed here while it does, since

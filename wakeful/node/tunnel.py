@@ -36,6 +36,7 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from wakeful.domain import coverage
 from wakeful.domain import tunnelwire as wire
+from wakeful.domain.backoff import Backoff, Retries
 from wakeful.domain.models import ReplicaCoverage, Tunnel
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,8 @@ HIGH_WATER = 256 * 1024
 CONNECT_TIMEOUT = 5.0
 WRITE_STALL = 60.0
 """Seconds a sandbox may leave a request's bytes unread (the ingress's `client_timeout`)."""
+OPEN_BACKOFF = Backoff(0.5, cap=30.0)
+"""Between attempts to open a stream while they fail (a refusal for now, a 503, is not one)."""
 PUBLISH_EVERY = 5.0
 """Busy counts change with every call: the table is rewritten at most this often unless a
 replica's streams or state, or reachability, changed."""
@@ -288,7 +291,7 @@ class TunnelClient:
         self.known: set[str] = set()
         self.memory = coverage.Memory()
         self.actions: collections.Counter[str] = collections.Counter()
-        self._backoff = 0.0
+        self._retries = Retries(OPEN_BACKOFF)
         self._retry_at = 0.0
         self._published: Tunnel | None = None
         self._published_at = -1e9
@@ -436,7 +439,7 @@ class TunnelClient:
             stream.replica = replica
             stream.opened_at = stream.last_used = self._clock()
             self._opening -= 1
-            self._backoff = 0.0
+            self._retries.succeeded()
             await self._carry(stream)
         except asyncio.CancelledError:
             raise
@@ -457,8 +460,8 @@ class TunnelClient:
             # stream may land elsewhere, and coverage decides how many to try.
             log.info("a tunnel stream was refused for now: %s", _why(exc))
             return
-        self._backoff = min(30.0, max(0.5, self._backoff * 2))
-        self._retry_at = self._clock() + self._backoff
+        pause = self._retries.failed()
+        self._retry_at = self._clock() + pause
         refused = isinstance(exc, websockets.InvalidStatus) and exc.response.status_code in (
             401,
             403,
@@ -468,7 +471,7 @@ class TunnelClient:
             "could not open a tunnel stream to %s: %s; retrying in %.1f s",
             self.endpoint.url,
             _why(exc),
-            self._backoff,
+            pause,
         )
 
     async def _carry(self, stream: _Stream) -> None:
