@@ -34,6 +34,7 @@ import anyio
 import websockets
 from websockets.asyncio.client import ClientConnection, connect
 
+from wakeful.aio.pipe import Pipe
 from wakeful.domain import coverage
 from wakeful.domain import tunnelwire as wire
 from wakeful.domain.backoff import Backoff, Retries
@@ -44,7 +45,6 @@ log = logging.getLogger(__name__)
 SOCKET_KEEPALIVE = 4.0
 """A sandbox socket kept for the next exchange is closed after this long (below uvicorn's 5 s)."""
 MAX_KEPT_PER_SANDBOX = 8
-HIGH_WATER = 256 * 1024
 CONNECT_TIMEOUT = 5.0
 WRITE_STALL = 60.0
 """Seconds a sandbox may leave a request's bytes unread (the ingress's `client_timeout`)."""
@@ -92,42 +92,49 @@ def parse_url(url: str) -> Endpoint:
 
 
 class _Socket(asyncio.Protocol):
-    """A socket to a sandbox: what it sent, waiting to go up the stream; writes with flow
-    control."""
+    """A socket to a sandbox: what it sent, waiting to go up the stream (`received`, bounded);
+    writes with flow control."""
 
     def __init__(self) -> None:
-        self._loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
-        self.chunks: collections.deque[bytes] = collections.deque()
-        self.buffered = 0
-        self.eof = False
+        self.received = Pipe(self._pause_reading, self._resume_reading)
         self.closed = False
-        self._paused = False
-        self._waiter: asyncio.Future[None] | None = None
         self._writable = asyncio.Event()
         self._writable.set()
         self.expiry: asyncio.TimerHandle | None = None
+
+    @property
+    def eof(self) -> bool:
+        """The sandbox sent all it will (what it sent may still wait in `received`)."""
+        return self.received.ended
+
+    @property
+    def spoiled(self) -> bool:
+        """Not fit for another exchange: closed, or the sandbox ended or sent unasked bytes."""
+        return self.closed or self.received.ended or self.received.size > 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        self.chunks.append(data)
-        self.buffered += len(data)
-        if self.buffered > HIGH_WATER and not self._paused and self.transport is not None:
-            self._paused = True
-            self.transport.pause_reading()
-        self._wake()
+        self.received.feed(data)
 
     def eof_received(self) -> bool:
-        self.eof = True
-        self._wake()
+        self.received.end()
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.eof = self.closed = True
+        self.closed = True
         self._writable.set()
-        self._wake()
+        self.received.end()
+
+    def _pause_reading(self) -> None:
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        if self.transport is not None:
+            self.transport.resume_reading()
 
     def pause_writing(self) -> None:
         self._writable.clear()
@@ -135,35 +142,10 @@ class _Socket(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._writable.set()
 
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
     async def read(self) -> bytes:
-        """The next bytes the sandbox sent; b"" once it closed."""
-        while not self.chunks:
-            if self.eof:
-                return b""
-            self._waiter = self._loop.create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        parts = []
-        size = 0
-        while self.chunks and size < wire.CHUNK:
-            part = self.chunks.popleft()
-            if size + len(part) > wire.CHUNK:  # one message carries a CHUNK at most
-                cut = wire.CHUNK - size
-                self.chunks.appendleft(part[cut:])
-                part = part[:cut]
-            parts.append(part)
-            size += len(part)
-        self.buffered -= size
-        if self._paused and self.buffered < HIGH_WATER // 4 and self.transport is not None:
-            self._paused = False
-            self.transport.resume_reading()
-        return b"".join(parts)
+        """The next bytes the sandbox sent, at most what one message carries; b"" once it
+        closed."""
+        return await self.received.get(wire.CHUNK)
 
     async def write(self, data: bytes) -> None:
         """Write; wait while the sandbox does not read, at most `WRITE_STALL` seconds, then
@@ -200,14 +182,14 @@ class _Sockets:
             sock = kept.pop()
             if sock.expiry is not None:
                 sock.expiry.cancel()
-            if not sock.closed and not sock.eof and not sock.chunks:
+            if not sock.spoiled:
                 return sock
             sock.close()
         return None
 
     def keep(self, sandbox: str, sock: _Socket) -> None:
         kept = self._kept.setdefault(sandbox, [])
-        if len(kept) >= MAX_KEPT_PER_SANDBOX or sock.closed or sock.eof or sock.chunks:
+        if len(kept) >= MAX_KEPT_PER_SANDBOX or sock.spoiled:
             sock.close()
             return
         kept.append(sock)
@@ -511,7 +493,7 @@ class TunnelClient:
                 if state["stop"]:
                     state["dirty"] = True  # bytes after the answer: the socket is spoiled
                     return
-                last = not chunk or (sock.eof and not sock.chunks)
+                last = not chunk or (sock.eof and not sock.received.size)
                 if not chunk:
                     message = wire.answer(wire.FIN, tag)
                 elif last:  # the answer and the close in one message (an HTTP/1.0 sandbox)
