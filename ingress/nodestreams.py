@@ -54,8 +54,8 @@ from wakeful.domain import keys
 from wakeful.domain import tunnelwire as wire
 from wakeful.domain.models import IngressReplica, Node, Role, Token
 from wakeful.ingress.errors import ConnectFailed, UpstreamBusy
-from wakeful.store import Item, Store, StoreError
-from wakeful.store.errors import LeaseNotFound
+from wakeful.store import Item, Store
+from wakeful.store.held import HeldRecord
 from wakeful.store.reflector import Feed, reflect_all
 from wakeful.store.tokenbook import TokenBook
 
@@ -703,29 +703,17 @@ class Tunnels:
         )
 
     async def _register(self) -> None:
-        record = IngressReplica(name=self.replica, relay=self.advertise, since=time.time())
-        lease: int | None = None
+        record = HeldRecord(
+            self._store,
+            keys.ingress(self.replica),
+            IngressReplica(name=self.replica, relay=self.advertise, since=time.time()),
+            ttl=self._record_ttl,
+            what=f"ingress replica {self.replica}",
+        )
         try:
-            while True:
-                try:
-                    lease = await self._store.grant(self._record_ttl)
-                    await self._store.put(keys.ingress(self.replica), record, lease=lease)
-                    while True:
-                        await anyio.sleep(max(0.5, self._record_ttl / 3))
-                        await self._store.keep_alive(lease)
-                except LeaseNotFound:
-                    log.warning("ingress replica %s: its record's lease expired", self.replica)
-                except StoreError as exc:
-                    log.warning("ingress replica %s: cannot keep its record: %s", self.replica, exc)
-                    await anyio.sleep(1)
+            await record.run()
         finally:
-            if lease is not None:  # gone at once, so no peer relays here any more
-                with (
-                    anyio.CancelScope(shield=True),
-                    anyio.move_on_after(2),
-                    contextlib.suppress(StoreError),
-                ):
-                    await self._store.revoke(lease)
+            await record.release(within=2)  # gone at once, so no peer relays here any more
 
     async def _close_revoked(self) -> None:
         """A stream lives only as long as the token that opened it (invariant 17)."""
