@@ -39,7 +39,8 @@ from wakeful.activator.scale_up import ScaleUpRunner
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.activator.suspend import Suspender
 from wakeful.activator.view import PoolState, View
-from wakeful.domain import keys, trace
+from wakeful.aio import trace
+from wakeful.domain import keys
 from wakeful.domain.leases import AppFailedToBoot, LeaseGone, LeaseGrant, NoCapacity, Unreachable
 from wakeful.domain.models import GONE, App, AppState, SandboxStatus
 from wakeful.domain.traffic import TrafficReport, TrafficRing

@@ -52,7 +52,8 @@ from wakeful.activator.activity import ActivityWriter
 from wakeful.activator.ledger import LeaseLedger
 from wakeful.activator.metrics import ActivatorMetrics
 from wakeful.activator.view import PoolState, View
-from wakeful.domain import keys, trace
+from wakeful.aio import trace
+from wakeful.domain import keys
 from wakeful.domain.lifecycle import Transition, transition
 from wakeful.domain.models import STARTING, Sandbox, SandboxStatus, ScaleChange
 from wakeful.store import Conflict, Item, Put, Require, Store, StoreError

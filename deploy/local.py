@@ -11,10 +11,10 @@ import anyio.abc
 import anyio.to_thread
 
 from wakeful.aio.backoff import retry
+from wakeful.aio.packing import pack
 from wakeful.deploy.appdir import AppDir
 from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.deploy.service import Deployer, Phase
-from wakeful.domain.artifacts import pack
 from wakeful.domain.backoff import Backoff
 from wakeful.store import StoreError
 

@@ -11,9 +11,10 @@ from pathlib import Path
 import anyio
 import pytest
 
+from wakeful.aio.packing import pack
 from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.deploy.states import StateKeeper
-from wakeful.domain.artifacts import ArtifactError, digest_of, pack
+from wakeful.domain.artifacts import ArtifactError, digest_of
 from wakeful.domain.models import AppSpec, HealthCheck, SandboxStatus
 from wakeful.node.agent import NodeAgent
 from wakeful.node.settings import NodeSettings

@@ -45,8 +45,9 @@ from typing import Protocol, TypeVar
 import anyio
 
 from wakeful.aio.backoff import retry
+from wakeful.aio.packing import pack
 from wakeful.domain import keys, state
-from wakeful.domain.artifacts import ArtifactError, digest_of, pack
+from wakeful.domain.artifacts import ArtifactError, digest_of
 from wakeful.domain.backoff import Backoff
 from wakeful.domain.models import FINISHED, AppState, Sandbox, SandboxStatus, StateSpec
 from wakeful.store import Item, Store, StoreError
