@@ -40,7 +40,8 @@ from wakeful.activator.settings import ActivatorSettings
 from wakeful.activator.suspend import Suspender
 from wakeful.activator.term import Term
 from wakeful.activator.view import PoolState, View
-from wakeful.domain import keys, trace
+from wakeful.aio import trace
+from wakeful.domain import keys
 from wakeful.domain.leases import LeaseGone, LeaseGrant
 from wakeful.domain.models import GONE, App, AppState, SandboxStatus
 from wakeful.domain.traffic import TrafficReport

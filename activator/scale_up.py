@@ -23,7 +23,7 @@ from wakeful.activator import decisions
 from wakeful.activator.ledger import LeaseLedger
 from wakeful.activator.metrics import ActivatorMetrics
 from wakeful.activator.view import PoolState, View
-from wakeful.domain import trace
+from wakeful.aio import trace
 from wakeful.domain.models import ScaleChange
 from wakeful.store import Conflict, Item, Store, StoreError
 

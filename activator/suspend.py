@@ -42,7 +42,8 @@ from wakeful.activator.evict import Evictor
 from wakeful.activator.ledger import LeaseLedger
 from wakeful.activator.metrics import ActivatorMetrics
 from wakeful.activator.view import PoolState, View
-from wakeful.domain import keys, trace
+from wakeful.aio import trace
+from wakeful.domain import keys
 from wakeful.domain.lifecycle import Transition, transition
 from wakeful.domain.models import Sandbox, SandboxStatus
 from wakeful.store import Conflict, Item, Store, StoreError

@@ -23,7 +23,8 @@ from typing import Any, Generic, Protocol, TypeVar
 import anyio
 
 from wakeful.activator import decisions
-from wakeful.domain import keys, trace
+from wakeful.aio import trace
+from wakeful.domain import keys
 from wakeful.domain.leases import UnknownApp
 from wakeful.domain.models import GONE, SIZED, App, Node, Pool, Sandbox, SandboxStatus
 from wakeful.store import Item, Store

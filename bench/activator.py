@@ -55,9 +55,9 @@ from wakeful.activator.api import create_app
 from wakeful.activator.client import ChannelLeases, HttpLeases, InProcessLeases
 from wakeful.activator.core import Activator
 from wakeful.activator.settings import ActivatorSettings
-from wakeful.bootstrap import settle_heap
 from wakeful.domain.leases import ActivatorError, LeaseGrant
 from wakeful.domain.models import App, AppSpec, Concurrency, Pool, Role, Sandbox, SandboxStatus
+from wakeful.process import settle_heap
 from wakeful.store.tokenbook import TokenBook
 from wakeful.store.url import open_store
 

@@ -267,7 +267,7 @@ def running_up(
     command = [*WAKEFUL, "--data-dir", str(data_dir), "up", *(str(root / n) for n in names)]
     command += ["--listen", f"127.0.0.1:{proxy}", "--api-listen", f"127.0.0.1:{api}"]
     command += ["--admin-listen", f"127.0.0.1:{admin}", "--idle-interval", f"{idle_interval:g}"]
-    # WAKEFUL_TRACE: wakeful.domain.trace, where the wake goes
+    # WAKEFUL_TRACE: wakeful.aio.trace, where the wake goes
     environment = {**os.environ, "WAKEFUL_TRACE": "1", **(env or {})}
     with log.open("wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=environment)

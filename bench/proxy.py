@@ -52,9 +52,9 @@ from prometheus_client import CollectorRegistry
 from wakeful.activator.client import InProcessLeases
 from wakeful.activator.core import Activator
 from wakeful.activator.settings import ActivatorSettings
-from wakeful.bootstrap import settle_heap
 from wakeful.domain.models import App, AppSpec, Concurrency, Pool, Sandbox, SandboxStatus
 from wakeful.ingress import Ingress, IngressSettings
+from wakeful.process import settle_heap
 from wakeful.store import Store
 from wakeful.store.testing import free_port, wait_listening
 from wakeful.store.url import open_store

@@ -20,13 +20,13 @@ from pathlib import Path
 
 import anyio
 
+from wakeful.aio.packing import validate
 from wakeful.domain.artifacts import (
     MAX_ARTIFACT_BYTES,
     MAX_UNPACKED_BYTES,
     ArtifactError,
     ArtifactUnavailable,
     digest_of,
-    validate,
 )
 
 SUFFIX = ".tar.gz"

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import anyio
 
+from wakeful.aio.tasks import Background
 from wakeful.domain.leases import ActivatorError, LeaseGone, LeaseGrant, Leases
 from wakeful.ingress.errors import ActivatorUnreachable
 
@@ -131,7 +132,8 @@ class LeaseCache:
         self._entries: dict[Key, list[CachedLease]] = {}
         self._room: dict[Key, list[asyncio.Future[None]]] = {}
         """Requests waiting in `acquire`, per key: told when a cached lease gets room."""
-        self._releasing: set[asyncio.Task[None]] = set()
+        self._releasing = Background()
+        """Leases handed back from a done callback (`release` logs its own failures)."""
         self._closed = False
         self._held: set[CachedLease] = set()
         """Leases out of the cache that still carry requests (an overflow lease, or one whose
@@ -239,9 +241,7 @@ class LeaseCache:
                 return
             grant = done.result()
             if grant.overflow or self._closed:
-                task = asyncio.get_running_loop().create_task(self.release(grant))
-                self._releasing.add(task)
-                task.add_done_callback(self._releasing.discard)
+                self._releasing.spawn(self.release(grant))
                 return
             now = self._clock()
             entry = CachedLease(grant, key, renewed_at=now, idle_since=now)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from wakeful.domain import trace
+from wakeful.aio import trace
 from wakeful.domain.leases import ActivatorError, AppFailedToBoot, Unavailable, UnknownApp
 from wakeful.ingress.cache import Use
 from wakeful.ingress.errors import (

@@ -43,9 +43,9 @@ from typing import Protocol, cast
 
 import httptools
 
+from wakeful.aio.deadline import Deadline
+from wakeful.aio.flow import WriteGate
 from wakeful.ingress.errors import BadRequest, ClientGone, ClientTooSlow, UpstreamFailed
-from wakeful.ingress.flow import WriteGate
-from wakeful.ingress.timers import Deadline
 from wakeful.ingress.websocket import Pipe, is_websocket
 
 log = logging.getLogger(__name__)

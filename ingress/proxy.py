@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from wakeful.domain import trace
+from wakeful.aio import trace
 from wakeful.domain.leases import LeaseGrant
 from wakeful.ingress.cache import LeaseCache, Use
 from wakeful.ingress.errors import (

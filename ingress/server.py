@@ -22,8 +22,8 @@ import anyio.abc
 from prometheus_client import CollectorRegistry
 from websockets.asyncio.server import Server as WebSocketServer
 
+from wakeful.aio.loopback import hold_loopback_twin
 from wakeful.domain.leases import Leases
-from wakeful.domain.net import hold_loopback_twin
 from wakeful.ingress.cache import LeaseCache
 from wakeful.ingress.edge import AdminEdge, ProxyEdge
 from wakeful.ingress.http1 import HttpServer, Limits

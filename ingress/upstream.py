@@ -40,14 +40,14 @@ from typing import TypeVar, cast
 
 import httptools
 
+from wakeful.aio.deadline import Deadline
+from wakeful.aio.flow import WriteGate
 from wakeful.ingress.errors import (
     ConnectFailed,
     UpstreamBusy,
     UpstreamFailed,
     UpstreamTimeout,
 )
-from wakeful.ingress.flow import WriteGate
-from wakeful.ingress.timers import Deadline
 from wakeful.ingress.transport import UpstreamRequest, UpstreamResponse
 from wakeful.ingress.websocket import MAX_REFUSAL_BYTES, Pipe
 

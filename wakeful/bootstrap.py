@@ -10,15 +10,11 @@ requests finish, stop the sandboxes, close the store.
 from __future__ import annotations
 
 import contextlib
-import gc
-import itertools
 import logging
 import math
-import os
 import signal
-import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -27,23 +23,22 @@ from typing import TYPE_CHECKING, Literal, cast
 import anyio
 import anyio.abc
 from fastapi import FastAPI
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 
 from wakeful.activator.api import create_app
 from wakeful.activator.core import Activator
 from wakeful.activator.credentials import install_admin
 from wakeful.activator.pool_metrics import PoolCollector
 from wakeful.activator.settings import ActivatorSettings
-from wakeful.activator.standby import StandbyApp
 from wakeful.activator.tokens_api import tokens_router
 from wakeful.controller.api import node_router
 from wakeful.controller.health import StoreProbe, leading_gauge
 from wakeful.controller.reconciler import Reconciler
 from wakeful.dashboard.server import Dashboard, Sessions, dashboard_router, session_key
 from wakeful.datadir import (
-    CONTROL_FILE,
     load_or_create_token,
     private_data_dir,
+    remove_control_file,
     write_control_file,
     write_token,
 )
@@ -51,19 +46,21 @@ from wakeful.deploy.api import deploy_router
 from wakeful.deploy.appdir import AppDir
 from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.deploy.collect import ArtifactCollector
+from wakeful.deploy.local import deploy_dir, resume_rollouts
 from wakeful.deploy.logbook import LogBook
 from wakeful.deploy.logs_api import logs_router
-from wakeful.deploy.service import Deployer, Phase
+from wakeful.deploy.service import Deployer
 from wakeful.deploy.states import Bounds, StateKeeper
 from wakeful.domain import keys
-from wakeful.domain.artifacts import pack
 from wakeful.domain.models import Leader, Token
 from wakeful.idle_monitor.monitor import IdleMonitor, IdleMonitorSettings
+from wakeful.leadership import Standby, leader_locator
 from wakeful.node.agent import NodeAgent, runtime_for
 from wakeful.node.settings import NodeSettings
+from wakeful.process import identity, settle_heap, wait_for_signal
 from wakeful.remote import Endpoint, HttpArtifacts, HttpKeeper, HttpLogSink
-from wakeful.serving import AddressInUse, serve_asgi, split_address
-from wakeful.store import Deposed, Store, StoreError, open_store, sqlite_url
+from wakeful.serving import serve_asgi
+from wakeful.store import Store, StoreError, open_store, sqlite_url
 from wakeful.store.backup import SchemaError, check_schema
 from wakeful.store.base import StoreBase
 from wakeful.store.election import Election, FencedStore, Term
@@ -125,7 +122,7 @@ async def control_plane(
     probe = StoreProbe(store)  # wakeful_store_up, wakeful_node_registered
     for metrics in (PoolCollector(activator.snapshot), probe):
         registry.register(metrics)
-    leading_gauge(registry).set(1)  # a standby's /metrics says 0 (`run_activator`)
+    leading_gauge(registry).set(1)  # a standby's /metrics says 0 (`wakeful.leadership.Standby`)
     artifacts = LocalArtifacts(
         settings.artifact_dir or data_dir / "artifacts",
         state_max_bytes=settings.state_max_bytes,
@@ -195,7 +192,7 @@ async def control_plane(
                 store, interval=idle.idle_interval, retention=idle.retired_retention
             )
             tasks.start_soon(monitor.run)
-        tasks.start_soon(_resume_rollouts, deployer, tasks)
+        tasks.start_soon(resume_rollouts, deployer, tasks)
         with anyio.fail_after(30):
             await api_started.wait()
         if adopt_for > 0:  # ingresses reconnect to the API now: their reports come from here
@@ -215,71 +212,6 @@ async def control_plane(
             )
         finally:
             tasks.cancel_scope.cancel()
-
-
-async def _resume_rollouts(deployer: Deployer, tasks: anyio.abc.TaskGroup) -> None:
-    """Carry on the rollouts a previous leader left under way; a store away is waited out."""
-    backoff = 0.5
-    while True:
-        try:
-            resumed = await deployer.resume()
-        except StoreError as exc:
-            log.warning("could not list the rollouts under way (retrying): %s", exc)
-            await anyio.sleep(backoff)
-            backoff = min(backoff * 2, 5.0)
-            continue
-        for rollout in resumed:
-            tasks.start_soon(deployer.roll_out, rollout)
-        return
-
-
-async def deploy_local(plane: ControlPlane, app_dir: AppDir) -> str:
-    """Deploy an app directory straight into the control plane (no HTTP round trip)."""
-    data = await anyio.to_thread.run_sync(pack, app_dir.path)
-    digest = await plane.artifacts.put(data)
-    rollout = await plane.deployer.prepare(app_dir.definition, digest)
-    if rollout.phase is Phase.ROLLING:
-        plane.tasks.start_soon(plane.deployer.roll_out, rollout)
-    return rollout.message
-
-
-_caught: list[AsyncIterator[int]] = []
-"""The receiver `signals_caught` opened, while it is open."""
-
-
-@contextlib.contextmanager
-def signals_caught() -> Iterator[None]:
-    """SIGINT and SIGTERM caught from here on (run inside the event loop, before a piece
-    starts anything): one that comes while the piece starts waits until it has started, then
-    stops it in order. Before, the default action killed a `wakeful up` told to stop while it
-    started, leaving its warm sandboxes and their mounts behind."""
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        _caught.append(signals)
-        try:
-            yield
-        finally:
-            _caught.remove(signals)
-
-
-async def wait_for_signal(extra: Sequence[signal.Signals] = ()) -> int:
-    if _caught and not extra:
-        async for signum in _caught[-1]:
-            return signum
-        return 0
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, *extra) as signals:
-        async for signum in signals:
-            return signum
-    return 0
-
-
-def settle_heap() -> None:
-    """Once a service is up: what it made while starting (its modules, classes, settings, the
-    state it loaded) moves out of the collector's sight (`gc.freeze`). A full collection scans
-    every tracked object, so in a process holding all of that it paused the loop for
-    milliseconds; `bench/activator.py` showed it as the lease channel's p99 (26 ms, 6.5 ms once
-    frozen)."""
-    gc.collect()
-    gc.freeze()
 
 
 async def run_up(
@@ -362,7 +294,9 @@ async def run_up(
                 host, _, port = listen.rpartition(":")
                 shown = "localhost" if host in ("127.0.0.1", "0.0.0.0", "localhost") else host
                 for app_dir in app_dirs:
-                    announce(await deploy_local(plane, app_dir))
+                    announce(
+                        await deploy_dir(plane.deployer, plane.artifacts, plane.tasks, app_dir)
+                    )
                     name = app_dir.definition.name
                     https = ""
                     if ingress.tls_address[1]:  # WAKEFUL_TLS_LISTEN: served over HTTPS too
@@ -382,8 +316,7 @@ async def run_up(
                     "stopping sandboxes"
                 )
             tasks.cancel_scope.cancel()
-    with contextlib.suppress(FileNotFoundError):
-        (data_dir / CONTROL_FILE).unlink()
+    remove_control_file(data_dir)
 
 
 # -- one piece on its own, against a shared store (`wakeful activator | node | ...`) ---------
@@ -402,144 +335,57 @@ async def run_activator(
 
     Any number of activators may run on one store: one is elected (`leaders/activator`) and
     runs the control plane with every write fenced by its term; the others serve
-    `StandbyApp` on the same port and wait to take over. A leader that loses its term (a
-    store away for half the election TTL, a long pause) stops granting at once, closes its
-    lease channels, stops its control plane and stands by again in the same process (a store
-    outage ends no process, invariant 19); one told
-    to stop resigns, so a standby takes over at once. Ingresses are other processes: lease
-    counts are rebuilt from what they report for `adopt_window` seconds after a takeover, and
-    the pool controller trusts them only after one lease TTL. WAKEFUL_TOKEN bootstraps the
-    admin token (`reset_admin`: it replaces the one in the store)."""
+    `StandbyApp` on the same port and wait to take over (`wakeful.leadership.Standby`). A
+    leader that loses its term (a store away for half the election TTL, a long pause) stops
+    granting at once, closes its lease channels, stops its control plane and stands by again
+    in the same process (a store outage ends no process, invariant 19); one told to stop
+    resigns, so a standby takes over at once (`Election.lead`). Ingresses are other processes:
+    lease counts are rebuilt from what they report for `adopt_window` seconds after a
+    takeover, and the pool controller trusts them only after one lease TTL. WAKEFUL_TOKEN
+    bootstraps the admin token (`reset_admin`: it replaces the one in the store)."""
     private_data_dir(data_dir)
     async with settings.open_store() as store, anyio.create_task_group() as tasks:
-        # What a standby exports on /metrics: the store as it sees it, and that it does not
-        # lead (the leader's control plane exports its own, with `wakeful_activator_leading 1`).
-        standby_registry = CollectorRegistry()
-        standby_probe = StoreProbe(store)
-        standby_registry.register(standby_probe)
-        leading_gauge(standby_registry).set(0)
         election = Election(
             cast(StoreBase, store),
             keys.leader("activator"),
-            Leader(holder=_identity(), url=settings.advertised(), since=time.time()),
+            Leader(holder=identity(), url=settings.advertised(), since=time.time()),
             ttl=settings.election_ttl,
         )
+        standby = Standby(election, store, settings.listen, announce)
+        first = True
 
-        async def lead() -> None:
-            announced = False
-            term: Term | None = None
-            first = True
-            while True:
-                term = await _stand_by(
-                    election,
-                    settings.listen,
-                    announce,
-                    quiet=announced,
-                    previous=term,
-                    probe=standby_probe,
-                    metrics=partial(generate_latest, standby_registry),
-                )
-                planes: list[ControlPlane] = []
-                lost: list[Deposed] = []
-                try:
-                    async with anyio.create_task_group() as leading:
-                        ended = anyio.CancelScope()
+        async def lead(term: Term) -> None:
+            """The control plane, every write fenced by `term`, until cancelled; one the store
+            failed as it started is given up (the candidate campaigns again)."""
+            nonlocal first
+            try:
+                async with control_plane(
+                    FencedStore(cast(StoreBase, store), term),
+                    settings,
+                    data_dir,
+                    idle=idle,
+                    drain_grace=settings.lease_ttl,
+                    replace_admin=reset_admin and first,
+                    adopt_for=settings.adopt_window,
+                    leading=election.leading,
+                ) as plane:
+                    first = False
+                    if not standby.quiet:
+                        announce(f"activator listening on http://{settings.listen} (leading)")
+                        standby.quiet = True
+                    settle_heap()
+                    try:
+                        await anyio.sleep_forever()
+                    finally:
+                        plane.activator.stop_granting()
+            except SchemaError:
+                raise
+            except StoreError as exc:
+                log.error("could not start leading: %s; standing by again", exc)
 
-                        async def keep(
-                            term: Term = term,
-                            lost: list[Deposed] = lost,
-                            planes: list[ControlPlane] = planes,
-                            ended: anyio.CancelScope = ended,
-                        ) -> None:
-                            """The term, renewed from its first moment (a control plane that
-                            starts slowly must not let it lapse); when it ends, nothing more
-                            is granted, and the control plane goes, started or not."""
-                            try:
-                                await election.hold(term)
-                            except Deposed as exc:
-                                lost.append(exc)
-                                for plane in planes:
-                                    plane.activator.stop_granting()
-                                log.error("stopped leading: %s; standing by again", exc)
-                                ended.cancel()
-
-                        leading.start_soon(keep)
-                        with ended:
-                            try:
-                                async with control_plane(
-                                    FencedStore(cast(StoreBase, store), term),
-                                    settings,
-                                    data_dir,
-                                    idle=idle,
-                                    drain_grace=settings.lease_ttl,
-                                    replace_admin=reset_admin and first,
-                                    adopt_for=settings.adopt_window,
-                                    leading=election.leading,
-                                ) as plane:
-                                    planes.append(plane)
-                                    first = False
-                                    if not announced:
-                                        announce(
-                                            f"activator listening on http://{settings.listen}"
-                                            " (leading)"
-                                        )
-                                        announced = True
-                                    settle_heap()
-                                    try:
-                                        await anyio.sleep_forever()
-                                    finally:
-                                        plane.activator.stop_granting()
-                                        if not lost:  # told to stop: hand over before the
-                                            # slow part (the API's graceful shutdown), so a
-                                            # standby leads now; a lost term is kept, to be
-                                            # taken up again if nobody else was elected
-                                            with anyio.CancelScope(shield=True):
-                                                await election.resign(term)
-                            except SchemaError:
-                                raise
-                            except StoreError as exc:  # the store failed it as it started
-                                log.error("could not start leading: %s; standing by again", exc)
-                        leading.cancel_scope.cancel()
-                except BaseException:
-                    with anyio.CancelScope(shield=True):
-                        await election.resign(term)
-                    raise
-
-        tasks.start_soon(lead)
+        tasks.start_soon(partial(election.lead, lead, campaign=standby.campaign))
         await wait_for_signal()
         tasks.cancel_scope.cancel()
-
-
-def _identity() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-async def _stand_by(
-    election: Election,
-    listen: str,
-    announce: Callable[[str], None],
-    *,
-    quiet: bool = False,
-    previous: Term | None = None,
-    probe: StoreProbe | None = None,
-    metrics: Callable[[], bytes] | None = None,
-) -> Term:
-    """Campaign, serving `StandbyApp` on the control API's port meanwhile (with `metrics` on
-    its /metrics, kept by `probe`)."""
-    async with anyio.create_task_group() as standby:
-        app = StandbyApp(election.current, metrics=metrics)
-        standby.start_soon(serve_asgi, app, listen, "--api-listen")
-        if probe is not None:
-            standby.start_soon(probe.run)
-        try:
-            holder = await election.current()
-        except StoreError:
-            holder = None  # the campaign waits the store out
-        if holder is not None and not quiet:
-            announce(f"activator standing by on http://{listen}: {holder.holder} leads")
-        term = await election.campaign(previous)
-        standby.cancel_scope.cancel()
-    return term
 
 
 async def run_node(
@@ -573,27 +419,6 @@ async def run_node(
                 tasks.cancel_scope.cancel()
 
 
-def leader_locator(store: Store, apis: Sequence[str]) -> Callable[[], Awaitable[str]]:
-    """Where the leading activator's control API is: the configured URL its record in the
-    store (`leaders/activator`) names, else the configured URLs in turn (a store away, a
-    leader being elected, or one URL in front of them all: a load balancer). A URL only the
-    store names gets no token: it is not one this piece was told to trust."""
-    turn = itertools.cycle(apis)
-    known = {url.rstrip("/") for url in apis}
-
-    async def locate() -> str:
-        try:
-            item = await store.get(keys.leader("activator"), Leader)
-        except StoreError as exc:
-            log.warning("could not read the leading activator's record: %s", exc)
-            item = None
-        if item is not None and item.value.url.rstrip("/") in known:
-            return item.value.url
-        return next(turn)
-
-    return locate
-
-
 async def run_ingress(
     settings: IngressSettings, control: Endpoint, *, announce: Callable[[str], None]
 ) -> None:
@@ -621,7 +446,7 @@ async def run_idle_monitor(
     its term; the others wait to take over."""
     async with settings.open_store() as store, anyio.create_task_group() as tasks:
         election = Election(
-            cast(StoreBase, store), keys.leader("idle-monitor"), Leader(holder=_identity())
+            cast(StoreBase, store), keys.leader("idle-monitor"), Leader(holder=identity())
         )
         holder = await election.current()
         every = f"every {settings.idle_interval:g} s"
@@ -629,42 +454,14 @@ async def run_idle_monitor(
             f"idle monitor: {every}" + (f", standing by: {holder.holder} acts" if holder else "")
         )
 
-        async def lead() -> None:
-            term: Term | None = None
-            while True:
-                term = await election.campaign(term)
-                try:
-                    monitor = IdleMonitor(
-                        FencedStore(cast(StoreBase, store), term),
-                        interval=settings.idle_interval,
-                        retention=settings.retired_retention,
-                    )
-                    async with anyio.create_task_group() as acting:
-                        acting.start_soon(monitor.run)
-                        try:
-                            await election.hold(term)  # until cancelled, or `Deposed`
-                        except Deposed as exc:
-                            log.error("stopped acting: %s; standing by again", exc)
-                        acting.cancel_scope.cancel()
-                except BaseException:
-                    with anyio.CancelScope(shield=True):
-                        await election.resign(term)
-                    raise
+        async def act(term: Term) -> None:
+            monitor = IdleMonitor(
+                FencedStore(cast(StoreBase, store), term),
+                interval=settings.idle_interval,
+                retention=settings.retired_retention,
+            )
+            await monitor.run()
 
-        tasks.start_soon(lead)
+        tasks.start_soon(election.lead, act)
         await wait_for_signal()
         tasks.cancel_scope.cancel()
-
-
-__all__ = [
-    "CONTROL_FILE",
-    "AddressInUse",
-    "ControlPlane",
-    "control_plane",
-    "load_or_create_token",
-    "open_store",
-    "run_up",
-    "serve_asgi",
-    "split_address",
-    "write_control_file",
-]

@@ -37,8 +37,8 @@ from wakeful.domain.models import ADMIN_TOKEN, NAME_PATTERN, Role, describe_vali
 from wakeful.domain.shown import shown
 
 from . import commands
-from .bootstrap import CONTROL_FILE
 from .commands import RUNTIME, USAGE, CliError
+from .datadir import CONTROL_FILE
 from .pieces import (
     cmd_activator,
     cmd_backup,

@@ -17,8 +17,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from wakeful.aio.packing import pack
 from wakeful.deploy.appdir import AppDir
-from wakeful.domain.artifacts import digest_of, pack
+from wakeful.domain.artifacts import digest_of
 from wakeful.domain.shown import shown
 
 from .logfollow import LogFollower, split_line

@@ -127,3 +127,9 @@ def write_control_file(data_dir: Path, api_url: str, token: str, ingress_url: st
             {"api": api_url, "token": token, "ingress": ingress_url, "pid": os.getpid()}, handle
         )
     os.replace(fresh, path)  # a reader sees the old file or the new one, never half of one
+
+
+def remove_control_file(data_dir: Path) -> None:
+    """`wakeful up` stopped: the other commands no longer find it."""
+    with contextlib.suppress(FileNotFoundError):
+        (data_dir / CONTROL_FILE).unlink()

@@ -33,19 +33,12 @@ from wakeful.store.etcd_auth import ROOT, common_name, enable_auth
 from wakeful.store.settings import StoreSettings
 
 from . import commands
-from .bootstrap import (
-    AddressInUse,
-    run_activator,
-    run_idle_monitor,
-    run_ingress,
-    run_node,
-    run_up,
-    signals_caught,
-    split_address,
-)
+from .bootstrap import run_activator, run_idle_monitor, run_ingress, run_node, run_up
 from .commands import RUNTIME, USAGE, CliError
 from .datadir import private_data_dir
+from .process import signals_caught
 from .remote import CliSettings, Endpoint
+from .serving import AddressInUse, split_address
 
 
 def _check_address(value: str, flag: str) -> str:

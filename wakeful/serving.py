@@ -12,8 +12,8 @@ from typing import Any
 import anyio
 import uvicorn
 
+from wakeful.aio.loopback import hold_loopback_twin
 from wakeful.domain.leases import CHANNEL_MAX_FRAME_BYTES
-from wakeful.domain.net import hold_loopback_twin
 
 
 class EmbeddedServer(uvicorn.Server):

@@ -7,17 +7,15 @@ one a node wrote."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from typing import Any, Generic, TypeVar
 
-import anyio
 from pydantic import BaseModel
 
 from wakeful.domain import keys
 from wakeful.domain.models import IngressReplica, Node
-from wakeful.store import Item, Store, StoreError
-from wakeful.store.errors import LeaseNotFound
+from wakeful.store import Item, Store
+from wakeful.store.held import HeldRecord
 from wakeful.store.reflector import Feed
 
 log = logging.getLogger(__name__)
@@ -80,27 +78,12 @@ class Peers:
 
 async def hold_record(store: Store, record: IngressReplica, ttl: int) -> None:
     """Keep `record` (this replica's) in the store under a lease of `ttl` seconds, granted
-    again when it expires; until cancelled, then revoked at once, so no peer relays here any
-    more."""
-    lease: int | None = None
+    again when it expires; until cancelled, then revoked at once (at most 2 s), so no peer
+    relays here any more."""
+    held = HeldRecord(
+        store, keys.ingress(record.name), record, ttl=ttl, what=f"ingress replica {record.name}"
+    )
     try:
-        while True:
-            try:
-                lease = await store.grant(ttl)
-                await store.put(keys.ingress(record.name), record, lease=lease)
-                while True:
-                    await anyio.sleep(max(0.5, ttl / 3))
-                    await store.keep_alive(lease)
-            except LeaseNotFound:
-                log.warning("ingress replica %s: its record's lease expired", record.name)
-            except StoreError as exc:
-                log.warning("ingress replica %s: cannot keep its record: %s", record.name, exc)
-                await anyio.sleep(1)
+        await held.run()
     finally:
-        if lease is not None:
-            with (
-                anyio.CancelScope(shield=True),
-                anyio.move_on_after(2),
-                contextlib.suppress(StoreError),
-            ):
-                await store.revoke(lease)
+        await held.release(within=2)

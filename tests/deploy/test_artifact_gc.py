@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from wakeful.aio.packing import pack
 from wakeful.deploy.appdir import AppDefinition
 from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.deploy.collect import ArtifactCollector
 from wakeful.deploy.service import Deployer
 from wakeful.domain import keys
-from wakeful.domain.artifacts import pack
 from wakeful.domain.models import App, AppSpec, AppState, Version
 from wakeful.store import Store, open_store
 from wakeful.testing import ManualClock

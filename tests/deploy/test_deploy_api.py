@@ -17,13 +17,14 @@ from prometheus_client import CollectorRegistry
 from wakeful.activator.api import create_app
 from wakeful.activator.core import Activator
 from wakeful.activator.settings import ActivatorSettings
+from wakeful.aio.packing import pack
 from wakeful.deploy.api import deploy_router
 from wakeful.deploy.appdir import load_app_dir
 from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.deploy.service import Deployer, DeployError, Phase, Rollout, starting_size
 from wakeful.deploy.states import StateKeeper
 from wakeful.domain import keys
-from wakeful.domain.artifacts import digest_of, pack
+from wakeful.domain.artifacts import digest_of
 from wakeful.domain.hosts import HostRules
 from wakeful.domain.models import App, AppSpec, Pool, Role, RolloutRecord, Version
 from wakeful.store import Store, open_store, sqlite_url

@@ -14,6 +14,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tests.wakeful.conftest import running_control_plane
+from wakeful.aio.packing import pack
 from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.deploy.states import (
     ArchiveMissing,
@@ -24,7 +25,7 @@ from wakeful.deploy.states import (
     upload_refusal,
 )
 from wakeful.domain import keys
-from wakeful.domain.artifacts import ArtifactError, digest_of, pack
+from wakeful.domain.artifacts import ArtifactError, digest_of
 from wakeful.domain.models import AppState, Sandbox
 from wakeful.domain.state import Stale
 from wakeful.remote import HttpKeeper

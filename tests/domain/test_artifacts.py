@@ -1,76 +1,97 @@
-"""The packed-app format's bounds: a compression bomb is refused on upload and on unpack, before
-a byte of it is written."""
+"""The artifact format's rules (`wakeful.domain.artifacts`), on an archive's members: what an
+upload or an unpack refuses before a byte is stored or written."""
 
 from __future__ import annotations
 
-import io
-import os
-import tarfile
-from pathlib import Path
-
 import pytest
 
-from wakeful.domain import artifacts
-from wakeful.domain.artifacts import ArtifactError, unpack, validate
+from wakeful.domain.artifacts import (
+    MAX_MEMBERS,
+    ArtifactError,
+    Member,
+    check_bounds,
+    check_upload,
+)
 
 
-def bomb(size: int) -> bytes:
-    """One file of `size` zero bytes: gzip packs a GiB of zeros into about a MiB."""
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w:gz") as tar:
-        info = tarfile.TarInfo("zeros.bin")
-        info.size = size
-        tar.addfile(info, io.BytesIO(b"\0" * size))
-    return out.getvalue()
-
-
-def test_an_artifact_that_expands_past_the_bound_is_refused_whole(tmp_path: Path) -> None:
-    assert artifacts.MAX_UNPACKED_BYTES == 2 << 30  # the default both take; tested smaller here
-    packed = bomb(4 << 20)
-    assert len(packed) < 64 << 10  # small on the wire
-    with pytest.raises(ArtifactError, match="unpacks to 4194304 bytes"):
-        validate(packed, max_bytes=1 << 20)
-    with pytest.raises(ArtifactError, match="the bounds are 1048576 bytes"):
-        unpack(packed, tmp_path / "app", max_bytes=1 << 20)
-    assert not (tmp_path / "app" / "zeros.bin").exists()
-    unpack(bomb(1 << 20), tmp_path / "ok", max_bytes=1 << 20)  # at the bound: fine
-    assert (tmp_path / "ok" / "zeros.bin").stat().st_size == 1 << 20
-
-
-def tar_of(*members: tuple[str, bytes, int]) -> bytes:
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w:gz") as tar:
-        for name, data, mode in members:
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), mode
-            tar.addfile(info, io.BytesIO(data))
-    return out.getvalue()
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="giving files to another uid needs root")
-def test_unpacked_files_keep_only_their_owners_bits_and_take_the_owner(tmp_path: Path) -> None:
-    packed = tar_of(("run.sh", b"#!/bin/sh\n", 0o755), ("lib/deep/data.txt", b"x", 0o666))
-    owner = 54321
-    unpack(packed, tmp_path / "app", owner=owner)
-    run, data = tmp_path / "app" / "run.sh", tmp_path / "app" / "lib" / "deep" / "data.txt"
-    assert (run.read_bytes(), data.read_bytes()) == (b"#!/bin/sh\n", b"x")
-    assert (run.stat().st_mode & 0o777, data.stat().st_mode & 0o777) == (0o700, 0o600)
-    for path in (run, data, data.parent, data.parent.parent):
-        assert (path.stat().st_uid, path.stat().st_gid) == (owner, owner), path
-    assert data.parent.stat().st_mode & 0o777 == 0o700
+def files(*names: str, size: int = 1) -> list[Member]:
+    return [Member(name, True, size) for name in names]
 
 
 @pytest.mark.parametrize(
-    ("members", "error"),
+    ("members", "max_bytes", "refusal"),
     [
-        ((("a.txt", b"1", 0o644), ("a.txt", b"2", 0o644)), "in it twice"),
-        ((("ok.txt", b"1", 0o644), ("../out.txt", b"2", 0o644)), "refusing artifact member"),
+        pytest.param(files("app.py", "lib/util.py"), 100, None, id="two small files pass"),
+        pytest.param([], 100, None, id="an empty archive passes"),
+        pytest.param(files("big.bin", size=100), 100, None, id="exactly at the bound passes"),
+        pytest.param(
+            files("zeros.bin", size=4 << 20),
+            1 << 20,
+            "unpacks to 4194304 bytes in 1 files",
+            id="a compression bomb past the bound is refused",
+        ),
+        pytest.param(files("a", "b", size=60), 100, "unpacks to 120 bytes", id="the sizes add up"),
+        pytest.param(
+            [Member(f"f{i}", True, 0) for i in range(MAX_MEMBERS + 1)],
+            100,
+            f"the bounds are 100 bytes and {MAX_MEMBERS} files",
+            id="one file more than MAX_MEMBERS is refused",
+        ),
     ],
-    ids=["a name given twice", "a member outside the destination"],
 )
-def test_a_bad_member_is_refused(
-    members: tuple[tuple[str, bytes, int], ...], error: str, tmp_path: Path
-) -> None:
-    with pytest.raises(ArtifactError, match=error):
-        unpack(tar_of(*members), tmp_path / "app")
-    assert not (tmp_path / "out.txt").exists()
+def test_bounds(members: list[Member], max_bytes: int, refusal: str | None) -> None:
+    if refusal is None:
+        check_bounds(members, max_bytes)
+    else:
+        with pytest.raises(ArtifactError, match=refusal):
+            check_bounds(members, max_bytes)
+
+
+@pytest.mark.parametrize(
+    ("members", "refusal"),
+    [
+        pytest.param(files("run.sh", "static/app.css"), None, id="regular files pass"),
+        pytest.param(
+            [Member("static", False, 0)],
+            "refusing artifact member 'static'",
+            id="a directory entry is refused",
+        ),
+        pytest.param(
+            [Member("link", False, 0)],
+            "refusing artifact member 'link'",
+            id="a link (or device, FIFO) is refused",
+        ),
+        pytest.param(
+            files("/etc/passwd"),
+            "refusing artifact member '/etc/passwd'",
+            id="an absolute name is refused",
+        ),
+        pytest.param(
+            files("ok.txt", "../out.txt"),
+            r"refusing artifact member '\.\./out\.txt'",
+            id="a name climbing out of the archive is refused",
+        ),
+        pytest.param(
+            files("a/../../b"),
+            "refusing artifact member",
+            id="a climb in the middle of a name is refused",
+        ),
+        pytest.param(files("a..b/c..d"), None, id="dots inside a name are not a climb"),
+        pytest.param(
+            files("a.txt", "a.txt"),
+            "'a.txt' is in the archive twice",
+            id="a name given twice is refused",
+        ),
+        pytest.param(
+            files("zeros.bin", size=3 << 30),
+            "unpacks to 3221225472 bytes",
+            id="past the default bound (2 GiB) is refused",
+        ),
+    ],
+)
+def test_what_an_upload_refuses(members: list[Member], refusal: str | None) -> None:
+    if refusal is None:
+        check_upload(members)
+    else:
+        with pytest.raises(ArtifactError, match=refusal):
+            check_upload(members)

@@ -16,10 +16,10 @@ import anyio
 import httpx
 import pytest
 
+from wakeful.aio.packing import pack
 from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.deploy.states import StateKeeper
 from wakeful.domain import keys
-from wakeful.domain.artifacts import pack
 from wakeful.domain.models import (
     AppSpec,
     Cordon,

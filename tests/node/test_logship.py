@@ -8,11 +8,11 @@ from pathlib import Path
 import anyio
 import pytest
 
+from wakeful.aio.packing import pack
 from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.deploy.logbook import LogBook
 from wakeful.deploy.states import StateKeeper
 from wakeful.domain import keys
-from wakeful.domain.artifacts import pack
 from wakeful.domain.logbatch import LogBatch
 from wakeful.domain.models import AppSpec, HealthCheck, Sandbox, SandboxStatus
 from wakeful.node.agent import NodeAgent

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import anyio
@@ -13,7 +14,7 @@ from tests.store.test_sqlite_faults import hold_write_lock
 from wakeful.domain.models import Leader
 from wakeful.store import Conflict, Deposed, Put, Require, Store
 from wakeful.store.base import StoreBase
-from wakeful.store.election import Election, FencedStore
+from wakeful.store.election import Election, FencedStore, Term
 from wakeful.store.local import LocalStore
 from wakeful.store.sqlite import SqliteEngine
 from wakeful.testing import ManualClock
@@ -149,3 +150,130 @@ async def test_a_term_whose_lease_went_is_not_taken_up_again(store: Store) -> No
     with anyio.fail_after(10):
         again = await a.campaign(previous=term)
     assert again != term and again.revision > term.revision
+
+
+# -- lead(work): the one leadership loop ------------------------------------------------------
+
+
+class Work:
+    """What a candidate does while it leads: records each term it ran with, and how its run
+    ended. `stopping` seconds of shutdown, not cut short, after it is cancelled."""
+
+    def __init__(self, stopping: float = 0.0) -> None:
+        self.terms: list[Term] = []
+        self.ended: list[str] = []
+        self.started = anyio.Event()
+        self.stopping = stopping
+
+    async def __call__(self, term: Term) -> None:
+        self.terms.append(term)
+        self.started.set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            self.ended.append("cancelled")
+            with anyio.CancelScope(shield=True):
+                await anyio.sleep(self.stopping)
+
+    async def next_term(self) -> Term:
+        self.started = anyio.Event()
+        with anyio.fail_after(10):
+            await self.started.wait()
+        return self.terms[-1]
+
+
+async def test_lead_runs_the_work_with_its_term_and_one_told_to_stop_hands_over_at_once(
+    store: Store,
+) -> None:
+    """The leader resigns as soon as it is told to stop, while its work still shuts down (a
+    control plane's graceful shutdown takes seconds): the next candidate leads meanwhile."""
+    a, b = candidate(store, "a", retry=0.05), candidate(store, "b", retry=0.05)
+    work_a, work_b = Work(stopping=2.0), Work()
+    async with anyio.create_task_group() as tasks:
+        leading_a = anyio.CancelScope()
+        stopped_a: list[bool] = []
+
+        async def run_a() -> None:
+            with leading_a:
+                await a.lead(work_a)
+            stopped_a.append(True)
+
+        tasks.start_soon(run_a)
+        term_a = await work_a.next_term()
+        assert a.leading() and (await a.current()) == a.leader
+        tasks.start_soon(b.lead, work_b)
+        await anyio.sleep(0.3)
+        assert not work_b.terms  # a leads: b waits
+
+        leading_a.cancel()
+        term_b = await work_b.next_term()
+        assert work_a.ended == ["cancelled"] and not stopped_a  # still shutting down
+        assert term_b.revision > term_a.revision and not a.leading()
+        assert (await b.current()) == b.leader
+        tasks.cancel_scope.cancel()
+
+
+async def test_a_deposed_leader_stops_its_work_and_campaigns_again(store: Store) -> None:
+    a = candidate(store, "a", retry=0.05)
+    work = Work()
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(a.lead, work)
+        first = await work.next_term()
+        await store.revoke(first.lease)  # as when the store expires it
+        second = await work.next_term()
+        assert work.ended == ["cancelled"]
+        assert second.revision > first.revision  # a new term, not the lost one
+        tasks.cancel_scope.cancel()
+    assert (await a.current()) is None  # resigned when told to stop
+
+
+async def test_a_work_that_returns_is_led_again_in_the_same_term(store: Store) -> None:
+    """The activator's control plane that the store failed as it started: it stands by again
+    and, nobody else being elected, takes its term up again at once."""
+    a = candidate(store, "a", retry=0.05)
+    terms: list[Term] = []
+    again = anyio.Event()
+
+    async def work(term: Term) -> None:
+        terms.append(term)
+        if len(terms) == 2:
+            again.set()
+            await anyio.sleep_forever()
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(a.lead, work)
+        with anyio.fail_after(10):
+            await again.wait()
+        assert terms[0] == terms[1]
+        tasks.cancel_scope.cancel()
+
+
+async def test_an_error_of_the_work_resigns_the_term_and_is_raised(store: Store) -> None:
+    a = candidate(store, "a", retry=0.05)
+
+    async def work(term: Term) -> None:
+        raise RuntimeError("the schema is newer than this wakeful")
+
+    with pytest.raises(BaseExceptionGroup) as raised, anyio.fail_after(10):
+        await a.lead(work)
+    assert raised.group_contains(RuntimeError, match="schema is newer")
+    assert (await a.current()) is None and not a.leading()
+
+
+async def test_lead_campaigns_through_the_given_campaign(store: Store) -> None:
+    """The activator serves its standby page while it campaigns."""
+    a = candidate(store, "a", retry=0.05)
+    asked: list[Term | None] = []
+    work = Work()
+
+    async def campaign(previous: Term | None) -> Term:
+        asked.append(previous)
+        return await a.campaign(previous)
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(partial(a.lead, work, campaign=campaign))
+        first = await work.next_term()
+        await store.revoke(first.lease)
+        await work.next_term()
+        assert asked == [None, first]
+        tasks.cancel_scope.cancel()

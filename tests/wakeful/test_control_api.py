@@ -13,12 +13,13 @@ import httpx
 import pytest
 
 from tests.wakeful.conftest import running_control_plane
+from wakeful.aio.packing import pack
 from wakeful.bootstrap import ControlPlane
 from wakeful.deploy import api as deploy_api
 from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.deploy.states import StateKeeper
 from wakeful.domain import keys
-from wakeful.domain.artifacts import digest_of, pack
+from wakeful.domain.artifacts import digest_of
 from wakeful.domain.models import App, AppSpec, AppState, Node, Pool, Sandbox, Version
 from wakeful.node.agent import NodeAgent
 from wakeful.node.settings import NodeSettings

@@ -15,7 +15,6 @@ from tests.wakeful.conftest import running_control_plane
 from wakeful.activator.api import create_app
 from wakeful.activator.core import Activator
 from wakeful.activator.settings import ActivatorSettings
-from wakeful.bootstrap import serve_asgi
 from wakeful.cli import main
 from wakeful.deploy.logbook import LogBook
 from wakeful.deploy.logs_api import logs_router
@@ -23,6 +22,7 @@ from wakeful.domain.logbatch import LogBatch, OutputChunk
 from wakeful.domain.models import App, Role, Sandbox, SandboxStatus
 from wakeful.node.logship import ShipFailed
 from wakeful.remote import HttpLogSink
+from wakeful.serving import serve_asgi
 from wakeful.store import open_store
 from wakeful.store.testing import free_port
 from wakeful.store.tokenbook import TokenBook

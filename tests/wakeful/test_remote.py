@@ -15,8 +15,8 @@ import pytest
 from pydantic import SecretStr
 
 from tests.wakeful.conftest import TOKEN, running_control_plane
-from wakeful.bootstrap import CONTROL_FILE, write_control_file
 from wakeful.cli import main
+from wakeful.datadir import CONTROL_FILE, write_control_file
 from wakeful.domain import keys
 from wakeful.domain.artifacts import ArtifactError, ArtifactUnavailable
 from wakeful.domain.models import App, AppState

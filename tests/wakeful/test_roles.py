@@ -29,9 +29,10 @@ from wakeful.activator.client import ChannelLeases, HttpLeases
 from wakeful.activator.core import Activator
 from wakeful.activator.roles import PUBLIC, ROUTES, SESSION, WEBSOCKET
 from wakeful.activator.settings import ActivatorSettings
+from wakeful.aio.packing import pack
 from wakeful.deploy.logs_api import own_output
 from wakeful.domain import keys
-from wakeful.domain.artifacts import digest_of, pack
+from wakeful.domain.artifacts import digest_of
 from wakeful.domain.leases import Unauthorized
 from wakeful.domain.logbatch import LogBatch, OutputChunk
 from wakeful.domain.models import AppState, Node, Role, Sandbox, SandboxStatus

@@ -24,7 +24,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from pydantic import BaseModel
 
-from wakeful.domain import keys, trace
+from wakeful.aio import trace
+from wakeful.domain import keys
 from wakeful.domain import state as state_rules
 from wakeful.domain.lifecycle import Transition, can, transition
 from wakeful.domain.models import ON_NODE, AppState, Cordon, Node, Pool, Sandbox, SandboxStatus

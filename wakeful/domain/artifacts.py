@@ -1,21 +1,19 @@
 """The artifact format: a packed app directory, named by its content (the same directory
-always packs to the same bytes).
+always packs to the same bytes), and the rules every pack, upload and unpack keeps.
 
-A pack is a gzip'd tar of the directory's regular files (no links, devices, or the usual build
-litter), with fixed owners and times, so its sha256 names its content. Unpacking refuses any
-member that would land outside the destination.
+A pack is a gzip'd tar of the directory's regular files; its sha256 (`digest_of`) names it.
+An archive is refused whole when it would unpack past its bounds (`check_bounds`: a
+compression bomb under `MAX_ARTIFACT_BYTES` must not fill a node's disk) and, on upload, when a
+member is not a regular file inside it or a name comes twice (`check_upload`). The rules are
+functions of the archive's members (`Member`); reading and writing tar files and directories is
+`wakeful.aio.packing`.
 """
 
 from __future__ import annotations
 
-import gzip
 import hashlib
-import io
-import os
-import shutil
-import stat
-import tarfile
-from pathlib import Path
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 MAX_ARTIFACT_BYTES = 100 * 1024 * 1024
 MAX_UNPACKED_BYTES = 2 * 1024 * 1024 * 1024
@@ -23,6 +21,9 @@ MAX_UNPACKED_BYTES = 2 * 1024 * 1024 * 1024
 a node's disk when it is unpacked."""
 MAX_MEMBERS = 100_000
 SKIP_DIRS = frozenset({".git", "__pycache__", ".wakeful", ".venv", "node_modules", ".mypy_cache"})
+MAX_NAME_BYTES = 2048
+"""The longest path a packed file may have inside its directory: the node unpacks it under
+its own data directory, and the whole must stay under the kernel's PATH_MAX (4096)."""
 
 
 class ArtifactError(ValueError):
@@ -37,140 +38,35 @@ def digest_of(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-MAX_NAME_BYTES = 2048
-"""The longest path a packed file may have inside its directory: the node unpacks it under
-its own data directory, and the whole must stay under the kernel's PATH_MAX (4096)."""
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One entry of an archive, as the rules see it."""
+
+    name: str
+    regular: bool
+    """A regular file (not a directory, link, device or FIFO)."""
+    size: int
 
 
-def pack(
-    directory: Path, *, skip: frozenset[str] = SKIP_DIRS, max_bytes: int = MAX_ARTIFACT_BYTES
-) -> bytes:
-    """The regular files under `directory` (not in a directory named in `skip`), packed.
-    `ArtifactError` when they add up to more than `max_bytes` (before or after compression) or
-    `MAX_MEMBERS` files, or a path is longer than `MAX_NAME_BYTES`; `OSError` when a file or
-    directory cannot be read (never a silent gap). A missing `directory` packs to an empty
-    archive. Symbolic links are never followed and, like FIFOs, sockets and devices, left out.
-    Walked by directory descriptor, so a tree deeper than PATH_MAX is read all the same; the
-    tar goes through gzip as it is written, so only the compressed bytes are held."""
-    raw = io.BytesIO()
-    total = members = 0
-    walked = os.fwalk(directory, onerror=_raise) if os.path.lexists(directory) else iter(())
-    with (
-        gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as zipped,
-        tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT) as tar,
-    ):
-        for root, dirs, files, root_fd in walked:
-            dirs[:] = sorted(d for d in dirs if d not in skip)
-            inside = os.path.relpath(root, directory)
-            for name in sorted(files):
-                relative = name if inside == "." else f"{inside}/{name}"
-                found = os.stat(name, dir_fd=root_fd, follow_symlinks=False)
-                if not stat.S_ISREG(found.st_mode):
-                    continue  # a link, FIFO, socket or device: never opened
-                if len(os.fsencode(relative)) > MAX_NAME_BYTES:
-                    raise ArtifactError(
-                        f"{relative[:80]}... is a path of more than {MAX_NAME_BYTES} bytes"
-                    )
-                total += found.st_size
-                members += 1
-                if total > max_bytes:
-                    raise ArtifactError(f"{directory} holds more than {max_bytes} bytes")
-                if members > MAX_MEMBERS:
-                    raise ArtifactError(f"{directory} holds more than {MAX_MEMBERS} files")
-                flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-                fd = os.open(name, flags, dir_fd=root_fd)
-                with os.fdopen(fd, "rb") as handle:
-                    info = tarfile.TarInfo(relative)
-                    info.size = found.st_size
-                    info.mode = 0o755 if found.st_mode & 0o100 else 0o644
-                    tar.addfile(info, handle)
-    packed = raw.getvalue()
-    if len(packed) > max_bytes:
-        raise ArtifactError(f"{directory} packs to {len(packed)} bytes; the bound is {max_bytes}")
-    return packed
-
-
-def _raise(error: OSError) -> None:
-    raise error
-
-
-def unpack(
-    data: bytes,
-    destination: Path,
-    max_bytes: int = MAX_UNPACKED_BYTES,
-    owner: int | None = None,
-) -> None:
-    """Write the artifact's files into the directory `destination`: each file with
-    only its owner's permission bits, each directory made 0700, all of them `owner`'s (uid and
-    gid) when given. Refused whole, before anything is written, when a member is not a regular
-    file inside `destination` or the whole is over its bounds; a name given twice is refused
-    too. Written here rather than by `tarfile.extractall`, which a start paid for twice (its
-    own checks and times, then a walk to set owners and modes)."""
-    destination = destination.resolve()
-    try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-            members = tar.getmembers()
-            _bounded(members, max_bytes)
-            destination.mkdir(mode=0o700, parents=True, exist_ok=True)
-            targets = []
-            for member in members:
-                target = (destination / member.name).resolve()
-                if not member.isfile() or not target.is_relative_to(destination):
-                    raise ArtifactError(f"refusing artifact member {member.name!r}")
-                targets.append(target)
-            made = {destination}
-            for member, target in zip(members, targets, strict=True):
-                _make_parents(target.parent, made, owner)
-                source = tar.extractfile(member)
-                assert source is not None  # a regular file
-                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-                fd = os.open(target, flags, member.mode & 0o700)
-                with os.fdopen(fd, "wb") as out:
-                    if owner is not None:
-                        os.fchown(fd, owner, owner)
-                    shutil.copyfileobj(source, out)
-    except FileExistsError as exc:
-        raise ArtifactError(f"corrupt artifact: {exc.filename} is in it twice") from exc
-    except (tarfile.TarError, EOFError, gzip.BadGzipFile, OSError) as exc:
-        raise ArtifactError(f"corrupt artifact: {exc}") from exc
-
-
-def _make_parents(directory: Path, made: set[Path], owner: int | None) -> None:
-    if directory in made:
-        return
-    _make_parents(directory.parent, made, owner)
-    directory.mkdir(mode=0o700, exist_ok=True)
-    if owner is not None:
-        os.chown(directory, owner, owner)
-    made.add(directory)
-
-
-def validate(data: bytes, max_bytes: int = MAX_UNPACKED_BYTES) -> None:
-    """A corrupt upload is refused before it is stored: a member that is not a regular file
-    inside the archive, a name given twice, or more than `max_bytes` unpacked."""
-    try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-            members = tar.getmembers()
-            _bounded(members, max_bytes)
-            names = set()
-            for member in members:
-                if (
-                    not member.isfile()
-                    or member.name.startswith("/")
-                    or ".." in member.name.split("/")
-                ):
-                    raise ArtifactError(f"refusing artifact member {member.name!r}")
-                if member.name in names:
-                    raise ArtifactError(f"{member.name!r} is in the archive twice")
-                names.add(member.name)
-    except (tarfile.TarError, EOFError, gzip.BadGzipFile) as exc:
-        raise ArtifactError(f"corrupt artifact: {exc}") from exc
-
-
-def _bounded(members: list[tarfile.TarInfo], max_bytes: int) -> None:
+def check_bounds(members: Sequence[Member], max_bytes: int) -> None:
+    """`ArtifactError` when the members add up to more than `max_bytes` or `MAX_MEMBERS`."""
     size = sum(member.size for member in members)
     if size > max_bytes or len(members) > MAX_MEMBERS:
         raise ArtifactError(
             f"artifact unpacks to {size} bytes in {len(members)} files; the bounds are "
             f"{max_bytes} bytes and {MAX_MEMBERS} files"
         )
+
+
+def check_upload(members: Sequence[Member], max_bytes: int = MAX_UNPACKED_BYTES) -> None:
+    """`ArtifactError` for an upload refused before it is stored: over its bounds, a member
+    that is not a regular file inside the archive (an absolute name, a `..`), or a name given
+    twice."""
+    check_bounds(members, max_bytes)
+    names = set()
+    for member in members:
+        if not member.regular or member.name.startswith("/") or ".." in member.name.split("/"):
+            raise ArtifactError(f"refusing artifact member {member.name!r}")
+        if member.name in names:
+            raise ArtifactError(f"{member.name!r} is in the archive twice")
+        names.add(member.name)

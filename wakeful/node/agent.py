@@ -27,7 +27,9 @@ from pathlib import Path
 import anyio
 import anyio.abc
 
+from wakeful.aio.backoff import retry
 from wakeful.domain import coverage, keys
+from wakeful.domain.backoff import Backoff
 from wakeful.domain.lifecycle import Transition
 from wakeful.domain.models import (
     HAS_PROCESS,
@@ -54,7 +56,8 @@ from wakeful.node.sandbox.workdir import (
 )
 from wakeful.node.state.hold import Keeper, StateHold
 from wakeful.node.tunnel.client import TunnelClient
-from wakeful.store import Conflict, Item, LeaseNotFound, Store, StoreError
+from wakeful.store import Conflict, Item, Store, StoreError
+from wakeful.store.held import HeldRecord
 from wakeful.store.reflector import reflect
 
 from .fencing import claims
@@ -70,6 +73,8 @@ GUARD_EVERY = 0.5
 """Seconds between two looks at the thaw guard (`_guard_loop`)."""
 MAX_EVICT = 1000
 """The most sandboxes one node record lists in `evict` (what `Node` validates)."""
+SETTLE_BACKOFF = Backoff(0.5, cap=5.0)
+"""Between tries to settle what a previous run left, while the store or a disk fails."""
 
 
 def runtime_for(settings: NodeSettings, control_plane: Sequence[str] = ()) -> ProcessRuntime:
@@ -135,9 +140,7 @@ class NodeAgent:
         self._clock = clock
         self._running: dict[str, SandboxRunner] = {}
         self._tasks: anyio.abc.TaskGroup | None = None
-        self._registered = anyio.Event()
         self._serving = anyio.Event()
-        self._node_lease: int | None = None
         self._cordon_lock = anyio.Lock()
         self._cordoned = False
         self._writer = SandboxWriter(store, settings.node_name)
@@ -160,6 +163,15 @@ class NodeAgent:
             isolation=self._isolation,
             tunnel=Tunnel() if settings.tunnel else None,
         )
+        self._registration = HeldRecord(
+            store,
+            keys.node(settings.node_name),
+            self._record,
+            ttl=settings.node_ttl,
+            what=f"node {settings.node_name}",
+            after_write=self._seen,
+        )
+        """`nodes/{node}`, under a TTL lease: gone when the agent is."""
         self.tunnel: TunnelClient | None = None
         if settings.tunnel:
             if not tunnel_token:
@@ -210,10 +222,10 @@ class NodeAgent:
         try:
             async with anyio.create_task_group() as tasks:
                 self._tasks = tasks
-                tasks.start_soon(self._register_loop)
+                tasks.start_soon(self._registration.run)
                 if self._shipper is not None:
                     tasks.start_soon(self._shipper.run)
-                await self._registered.wait()
+                await self._registration.held.wait()
                 await self._settle_previous_life()
                 # Nothing of ours runs yet: what a previous life left on disk (a crash leaves
                 # sandbox directories and their tmpfs mounts) goes before anything starts.
@@ -246,9 +258,7 @@ class NodeAgent:
                 if self._shipper is not None:  # the last lines, if the control plane listens
                     with anyio.move_on_after(3):
                         await self._shipper.flush()
-                if self._node_lease is not None:  # leave at once, not after the TTL
-                    with anyio.move_on_after(5), contextlib.suppress(StoreError):
-                        await self._store.revoke(self._node_lease)
+                await self._registration.release(within=5)  # leave now, not after the TTL
 
     def _freezer(self) -> Path | None:
         runtime = self._services.runtime
@@ -292,19 +302,19 @@ class NodeAgent:
     async def _settle_previous_life(self) -> None:
         """Lift the cordon our last shutdown left and bury what it ran; a store that is
         briefly unavailable delays this, it never ends the agent (invariant 19)."""
-        backoff = 0.5
-        while True:
-            try:
-                await self._lift_own_cordon()
-                listing = await self._store.list(keys.SANDBOXES, Sandbox)
-                await self._bury_orphans(listing.items)
-                # What a killed run's stateful sandboxes wrote, before their trees are cleared.
-                await self.states.salvage(listing.items)
-                return
-            except (StoreError, OSError) as exc:  # OSError: a salvage's disk
-                log.warning("cannot settle what the previous run left, retrying: %s", exc)
-                await anyio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+
+        async def settle() -> None:
+            await self._lift_own_cordon()
+            listing = await self._store.list(keys.SANDBOXES, Sandbox)
+            await self._bury_orphans(listing.items)
+            # What a killed run's stateful sandboxes wrote, before their trees are cleared.
+            await self.states.salvage(listing.items)
+
+        def failed(exc: Exception, pause: float) -> None:
+            log.warning("cannot settle what the previous run left, retrying: %s", exc)
+
+        # OSError: a salvage's disk
+        await retry(settle, SETTLE_BACKOFF, errors=(StoreError, OSError), failed=failed)
 
     async def _cordon_once(self) -> None:
         """The agent is stopping: no replacement may be placed here while it does, since
@@ -336,25 +346,12 @@ class NodeAgent:
 
     # -- registration -----------------------------------------------------------------------
 
-    async def _register_loop(self) -> None:
-        ttl = self._settings.node_ttl
-        while True:
-            try:
-                lease = self._node_lease = await self._store.grant(ttl)
-                await self._store.put(keys.node(self.name), self._record, lease=lease)
-                with contextlib.suppress(Conflict):  # present from an earlier registration
-                    await self._store.create(
-                        keys.seen(self.name), SeenNode(name=self.name, first_seen=self._clock())
-                    )
-                self._registered.set()
-                while True:
-                    await anyio.sleep(max(0.5, ttl / 3))
-                    await self._store.keep_alive(lease)
-            except LeaseNotFound:
-                log.warning("node lease expired; registering again", extra={"node": self.name})
-            except StoreError as exc:
-                log.warning("node registration failed: %s", exc, extra={"node": self.name})
-                await anyio.sleep(1)
+    async def _seen(self) -> None:
+        """`seen/{node}`, written the first time the node registers (no TTL)."""
+        with contextlib.suppress(Conflict):  # present from an earlier registration
+            await self._store.create(
+                keys.seen(self.name), SeenNode(name=self.name, first_seen=self._clock())
+            )
 
     async def _suspended_loop(self) -> None:
         while True:
@@ -391,10 +388,8 @@ class NodeAgent:
         async with self._record_lock:
             record = self._record.model_copy(update=update)
             if record != self._record:
-                lease = self._node_lease
-                if lease is not None and self._registered.is_set():
-                    # Kept only once written: a write that failed is tried again next pass.
-                    await self._store.put(keys.node(self.name), record, lease=lease)
+                # Kept only once written: a write that failed is tried again next pass.
+                await self._registration.put(record)
                 self._record = record
         return wanted, [frozen.sandbox for frozen in evict]
 
@@ -403,9 +398,7 @@ class NodeAgent:
         writer of the record at a time, so no older copy lands after a newer one."""
         async with self._record_lock:
             self._record = self._record.model_copy(update={"tunnel": table})
-            lease = self._node_lease
-            if lease is not None and self._registered.is_set():
-                await self._store.put(keys.node(self.name), self._record, lease=lease)
+            await self._registration.put(self._record)
 
     def tunnel_target(self, sandbox_id: str) -> tuple[str, int] | None:
         """Where a tunnel exchange naming `sandbox_id` connects: only a sandbox this agent

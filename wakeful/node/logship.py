@@ -25,6 +25,7 @@ from typing import Protocol
 
 import anyio
 
+from wakeful.domain.backoff import Backoff, Retries
 from wakeful.domain.logbatch import MAX_BATCH_BYTES, LogBatch, OutputChunk
 
 log = logging.getLogger(__name__)
@@ -274,6 +275,7 @@ class LogShipper:
 
     async def run(self) -> None:
         """Flush every interval, sooner when output piles up, backing off while failing."""
+        retries = Retries(Backoff(min(2 * self._interval, self._max_backoff), self._max_backoff))
         delay = self._interval
         while True:
             if delay > self._interval:  # backing off: output arriving meanwhile waits
@@ -285,5 +287,6 @@ class LogShipper:
             if await self.flush():
                 busy = any(len(e.buffer) >= self._eager_bytes for e in self._open.values())
                 delay = 0 if busy else self._interval
+                retries.succeeded()
             else:
-                delay = min(max(2 * delay, 2 * self._interval), self._max_backoff)
+                delay = retries.failed()

@@ -14,6 +14,9 @@ Theory of operation:
   the key is still at the term's revision. A deposed holder whose write was already on its
   way (a stalled process, a network pause longer than the TTL) finds the requirement failed and
   writes nothing (`Deposed`): the store itself is the judge, not the holder's clock.
+- `lead(work)` is the one leadership loop: campaign, run `work` with the term while `hold`
+  keeps it, cancel `work` when the term is over and campaign again; told to stop, resign at
+  once, while `work` stops, so another candidate leads without waiting for its shutdown.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
 import anyio
 
@@ -140,11 +144,13 @@ class Election:
                     await self._store.keep_alive(term.lease)
                     item = await self._store.get(self.key, Leader)
             except LeaseNotFound:
+                self._valid_until = -math.inf
                 raise Deposed(f"the lease of {self.key!r} expired: the term is over") from None
             except (StoreError, TimeoutError) as exc:
                 log.warning("could not renew %s: %s", self.key, exc)
             else:
                 if item is None or item.revision != term.revision:
+                    self._valid_until = -math.inf
                     raise Deposed(f"{self.key!r} changed hands: the term is over")
                 self._valid_until = sent + self._ttl / 2
             left = self._valid_until - self._clock()
@@ -157,12 +163,64 @@ class Election:
 
     async def resign(self, term: Term) -> None:
         """End the term now (the lease and its key go), so another candidate takes over at
-        once instead of after the TTL. Best effort: the TTL ends it anyway."""
+        once instead of after the TTL; `leading()` is false from the first moment. Best
+        effort: the TTL ends it anyway."""
+        self._valid_until = -math.inf
         try:
             with anyio.fail_after(5):
                 await self._store.revoke(term.lease)
         except (StoreError, TimeoutError) as exc:
             log.warning("could not resign %s: %s (it expires with its TTL)", self.key, exc)
+
+    async def lead(
+        self,
+        work: Callable[[Term], Awaitable[object]],
+        *,
+        campaign: Callable[[Term | None], Awaitable[Term]] | None = None,
+    ) -> NoReturn:
+        """Lead whenever elected, until cancelled: campaign, then run `work(term)` while
+        `hold` keeps the term. Once the term is over (`Deposed`) `work` is cancelled and the
+        candidate campaigns again, offering the term it lost (taken up again at once if nobody
+        else was elected meanwhile). A `work` that returns is campaigned after the same way,
+        its term kept, not resigned. Cancelled, it resigns at once, while `work` is being
+        cancelled: another candidate leads without waiting for `work`'s shutdown. An error
+        from `work` is raised, the term resigned. `campaign(previous)`: how to wait for a term
+        (default: `self.campaign`), for a candidate that serves something meanwhile."""
+        wait_for_term = campaign or self.campaign
+        term: Term | None = None
+        while True:
+            term = await wait_for_term(term)
+            resigned = False
+            try:
+                async with anyio.create_task_group() as leading:
+                    leading.start_soon(self._keep, term, leading.cancel_scope)
+                    leading.start_soon(self._work, work, term, leading.cancel_scope)
+                    try:
+                        await anyio.sleep_forever()
+                    finally:
+                        if not leading.cancel_scope.cancel_called:  # told to stop
+                            with anyio.CancelScope(shield=True):
+                                await self.resign(term)
+                            resigned = True
+            except BaseException:
+                if not resigned:
+                    with anyio.CancelScope(shield=True):
+                        await self.resign(term)
+                raise
+
+    async def _keep(self, term: Term, leading: anyio.CancelScope) -> None:
+        try:
+            await self.hold(term)
+        except Deposed as exc:
+            log.error("stopped leading: %s; standing by again", exc, extra={"key": self.key})
+            leading.cancel()
+
+    @staticmethod
+    async def _work(
+        work: Callable[[Term], Awaitable[object]], term: Term, leading: anyio.CancelScope
+    ) -> None:
+        await work(term)
+        leading.cancel()
 
 
 class FencedStore(StoreBase):

@@ -27,6 +27,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, TypeVar
 
+from wakeful.domain.backoff import Backoff, Retries
+
 from .base import Event, RawOp, RawPut, Require, Resync, StoreBase, WatchItem
 from .errors import StoreError, Unavailable
 
@@ -212,17 +214,18 @@ class LocalStore(StoreBase):
 
         A store error (a database locked by another process, a full disk) never ends it:
         it backs off, up to 5 s between tries, and tries again (invariant 19)."""
-        backoff = self._tick
+        retries = Retries(Backoff(min(2 * self._tick, 5.0), cap=5.0))
         while True:
+            pause = self._tick
             try:
                 await self.housekeep()
-                backoff = self._tick
+                retries.succeeded()
             except StoreError as exc:
                 if self._closed:
                     return
-                backoff = min(backoff * 2, 5.0)
-                log.warning("store housekeeping failed, retrying in %.1f s: %s", backoff, exc)
-            await asyncio.sleep(backoff)
+                pause = retries.failed()
+                log.warning("store housekeeping failed, retrying in %.1f s: %s", pause, exc)
+            await asyncio.sleep(pause)
 
     async def aclose(self) -> None:
         if self._closed:

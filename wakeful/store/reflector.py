@@ -25,6 +25,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import anyio
 from pydantic import BaseModel
 
+from wakeful.domain.backoff import Backoff, Retries
 from wakeful.store.base import Event, Item, Resync, Store
 from wakeful.store.errors import CorruptValue, StoreError
 
@@ -87,7 +88,7 @@ async def reflect_all(
     are about to be replaced one by one, each as of its own revision.
     """
     prefix = shared_prefix([feed.prefix for feed in feeds])
-    delay = backoff
+    retries = Retries(Backoff(backoff, max_backoff))
     while True:
         try:
             if relisting is not None:
@@ -99,7 +100,7 @@ async def reflect_all(
                 revisions.append(listing.revision)
             if listed is not None:
                 listed()
-            delay = backoff
+            retries.succeeded()
             async for change in store.watch(prefix, min(revisions) + 1):
                 if isinstance(change, Resync):
                     log.warning(
@@ -112,9 +113,9 @@ async def reflect_all(
                             apply(feed.view, change, feed.model)
                         break
         except StoreError as exc:
+            delay = retries.failed()
             log.warning("%s: store unavailable, retrying in %.1f s: %s", what, delay, exc)
             await anyio.sleep(delay)
-            delay = min(delay * 2, max_backoff)
 
 
 def apply(view: View[M], event: Event, model: type[M]) -> None:

@@ -13,9 +13,10 @@ import pytest
 
 from tests.node.conftest import put_hello
 from tests.node.test_agent import place, status_of
+from wakeful.aio.packing import pack
 from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.deploy.states import StateKeeper
-from wakeful.domain.artifacts import ArtifactError, digest_of, pack
+from wakeful.domain.artifacts import ArtifactError, digest_of
 from wakeful.domain.models import AppSpec, HealthCheck, SandboxStatus
 from wakeful.node.agent import NodeAgent
 from wakeful.node.sandbox.workdir import fetch_packed, fill_workdir

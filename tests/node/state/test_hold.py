@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from wakeful.aio.packing import pack, unpack
 from wakeful.controller.reconciler import Mirror, Reconciler
 from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.deploy.states import StateKeeper
 from wakeful.domain import keys
-from wakeful.domain.artifacts import digest_of, pack, unpack
+from wakeful.domain.artifacts import digest_of
 from wakeful.domain.models import AppSpec, AppState, Node, Pool, Sandbox, SandboxStatus
 from wakeful.node.state.hold import StateHold, StateRefused, mark_restored
 from wakeful.store import Store

@@ -17,6 +17,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from wakeful.domain import keys
+from wakeful.domain.backoff import Backoff, Retries
 from wakeful.domain.models import Node
 from wakeful.store import Item, Store
 from wakeful.store.reflector import reflect
@@ -71,20 +72,18 @@ class PeerFence:
         started = False
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(self._follow)
-            first, longest = self._retry
-            delay = first
+            retries = Retries(Backoff(*self._retry))
             while True:
                 fenced = await self._fence()
                 if not started and self._listed:  # the first listing, fenced or tried
                     started = True
                     task_status.started()
                 if fenced:
-                    delay = first
+                    retries.succeeded()
                     await self._changed.wait()
                 else:
-                    with anyio.move_on_after(delay):
+                    with anyio.move_on_after(retries.failed()):
                         await self._changed.wait()
-                    delay = min(delay * 2, longest)
 
     async def _fence(self) -> bool:
         """Apply the addresses known now; False when that failed (retry later)."""

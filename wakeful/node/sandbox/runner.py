@@ -32,7 +32,8 @@ from pathlib import Path
 
 import anyio
 
-from wakeful.domain import keys, trace
+from wakeful.aio import trace
+from wakeful.domain import keys
 from wakeful.domain.artifacts import ArtifactError
 from wakeful.domain.lifecycle import Transition
 from wakeful.domain.models import AppSpec, Pool, Sandbox, SandboxStatus, Version

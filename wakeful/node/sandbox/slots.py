@@ -37,6 +37,7 @@ from pathlib import Path
 
 import anyio
 
+from wakeful.aio.tasks import Background
 from wakeful.domain.models import Resources
 from wakeful.node.jail.bwrap import CHAIN_ENV, Jail, slot_main
 from wakeful.node.jail.cgroups import Cgroups, SandboxCgroup
@@ -167,7 +168,7 @@ class SlotPool:
         self._idle: collections.deque[Slot] = collections.deque()
         self._wanted = asyncio.Event()
         self._full = asyncio.Event()
-        self._reaping: set[asyncio.Task[None]] = set()
+        self._reaping = Background(_log_failure)
         self._booting = 0
         self.taken = 0
         self.missed = 0
@@ -217,10 +218,7 @@ class SlotPool:
             self._wanted.set()
 
     def _reap(self, slot: Slot) -> None:
-        task = asyncio.get_running_loop().create_task(slot.discard())
-        task.add_done_callback(_log_failure)
-        self._reaping.add(task)
-        task.add_done_callback(self._reaping.discard)
+        self._reaping.spawn(slot.discard())
 
     async def run(self) -> None:
         """Fill the pool and keep it full until cancelled; then end every idle slot."""
@@ -243,7 +241,7 @@ class SlotPool:
                 await self._close(idle)
 
     async def _close(self, idle: list[Slot]) -> None:
-        await asyncio.gather(*(slot.discard() for slot in idle), *self._reaping)
+        await asyncio.gather(*(slot.discard() for slot in idle), self._reaping.wait())
 
     async def _spawn(self) -> Slot | None:
         self.spawned += 1
@@ -314,6 +312,5 @@ def _memfd(name: str, data: bytes) -> int:
     return fd
 
 
-def _log_failure(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and (exc := task.exception()) is not None:
-        log.warning("discarding a warm slot failed: %s", exc)
+def _log_failure(exc: BaseException) -> None:
+    log.warning("discarding a warm slot failed: %s", exc)

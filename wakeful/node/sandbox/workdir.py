@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from wakeful.domain.artifacts import ArtifactError, digest_of, unpack
+from wakeful.aio.packing import unpack
+from wakeful.domain.artifacts import ArtifactError, digest_of
 from wakeful.node.jail.tmpfs import unmount_under
 
 

@@ -44,8 +44,11 @@ from typing import Protocol, TypeVar
 
 import anyio
 
+from wakeful.aio.backoff import retry
+from wakeful.aio.packing import pack
 from wakeful.domain import keys, state
-from wakeful.domain.artifacts import ArtifactError, digest_of, pack
+from wakeful.domain.artifacts import ArtifactError, digest_of
+from wakeful.domain.backoff import Backoff
 from wakeful.domain.models import FINISHED, AppState, Sandbox, SandboxStatus, StateSpec
 from wakeful.node import failpoints
 from wakeful.node.sandbox.workdir import Artifacts, StateLayer, sandbox_dir, verify
@@ -56,6 +59,8 @@ SET_ASIDE_FACTOR = 4
 """A state too large to archive is copied aside only up to this many times the bound."""
 TRIES = 4
 """Tries to fetch or store an archive while the blob store is unavailable (backing off)."""
+FETCH_BACKOFF = Backoff(0.5)
+"""Between those tries."""
 T = TypeVar("T")
 
 
@@ -192,14 +197,7 @@ class StateHold:
 
     async def _retried(self, call: Callable[[], Awaitable[T]]) -> T:
         """`call`, tried again (backing off) while it raises `OSError` (unavailable)."""
-        backoff = 0.5
-        for _ in range(self.tries - 1):
-            try:
-                return await call()
-            except OSError:
-                await anyio.sleep(backoff)
-                backoff *= 2
-        return await call()
+        return await retry(call, FETCH_BACKOFF, errors=(OSError,), tries=self.tries)
 
     # -- stop -----------------------------------------------------------------------------------
 

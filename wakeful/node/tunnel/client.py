@@ -34,8 +34,10 @@ import anyio
 import websockets
 from websockets.asyncio.client import ClientConnection, connect
 
+from wakeful.aio.pipe import Pipe
 from wakeful.domain import coverage
 from wakeful.domain import tunnelwire as wire
+from wakeful.domain.backoff import Backoff, Retries
 from wakeful.domain.models import ReplicaCoverage, Tunnel
 
 log = logging.getLogger(__name__)
@@ -43,10 +45,11 @@ log = logging.getLogger(__name__)
 SOCKET_KEEPALIVE = 4.0
 """A sandbox socket kept for the next exchange is closed after this long (below uvicorn's 5 s)."""
 MAX_KEPT_PER_SANDBOX = 8
-HIGH_WATER = 256 * 1024
 CONNECT_TIMEOUT = 5.0
 WRITE_STALL = 60.0
 """Seconds a sandbox may leave a request's bytes unread (the ingress's `client_timeout`)."""
+OPEN_BACKOFF = Backoff(0.5, cap=30.0)
+"""Between attempts to open a stream while they fail (a refusal for now, a 503, is not one)."""
 PUBLISH_EVERY = 5.0
 """Busy counts change with every call: the table is rewritten at most this often unless a
 replica's streams or state, or reachability, changed."""
@@ -92,42 +95,49 @@ def parse_url(url: str) -> TunnelURL:
 
 
 class _Socket(asyncio.Protocol):
-    """A socket to a sandbox: what it sent, waiting to go up the stream; writes with flow
-    control."""
+    """A socket to a sandbox: what it sent, waiting to go up the stream (`received`, bounded);
+    writes with flow control."""
 
     def __init__(self) -> None:
-        self._loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
-        self.chunks: collections.deque[bytes] = collections.deque()
-        self.buffered = 0
-        self.eof = False
+        self.received = Pipe(self._pause_reading, self._resume_reading)
         self.closed = False
-        self._paused = False
-        self._waiter: asyncio.Future[None] | None = None
         self._writable = asyncio.Event()
         self._writable.set()
         self.expiry: asyncio.TimerHandle | None = None
+
+    @property
+    def eof(self) -> bool:
+        """The sandbox sent all it will (what it sent may still wait in `received`)."""
+        return self.received.ended
+
+    @property
+    def spoiled(self) -> bool:
+        """Not fit for another exchange: closed, or the sandbox ended or sent unasked bytes."""
+        return self.closed or self.received.ended or self.received.size > 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        self.chunks.append(data)
-        self.buffered += len(data)
-        if self.buffered > HIGH_WATER and not self._paused and self.transport is not None:
-            self._paused = True
-            self.transport.pause_reading()
-        self._wake()
+        self.received.feed(data)
 
     def eof_received(self) -> bool:
-        self.eof = True
-        self._wake()
+        self.received.end()
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.eof = self.closed = True
+        self.closed = True
         self._writable.set()
-        self._wake()
+        self.received.end()
+
+    def _pause_reading(self) -> None:
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        if self.transport is not None:
+            self.transport.resume_reading()
 
     def pause_writing(self) -> None:
         self._writable.clear()
@@ -135,35 +145,10 @@ class _Socket(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._writable.set()
 
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
     async def read(self) -> bytes:
-        """The next bytes the sandbox sent; b"" once it closed."""
-        while not self.chunks:
-            if self.eof:
-                return b""
-            self._waiter = self._loop.create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        parts = []
-        size = 0
-        while self.chunks and size < wire.CHUNK:
-            part = self.chunks.popleft()
-            if size + len(part) > wire.CHUNK:  # one message carries a CHUNK at most
-                cut = wire.CHUNK - size
-                self.chunks.appendleft(part[cut:])
-                part = part[:cut]
-            parts.append(part)
-            size += len(part)
-        self.buffered -= size
-        if self._paused and self.buffered < HIGH_WATER // 4 and self.transport is not None:
-            self._paused = False
-            self.transport.resume_reading()
-        return b"".join(parts)
+        """The next bytes the sandbox sent, at most what one message carries; b"" once it
+        closed."""
+        return await self.received.get(wire.CHUNK)
 
     async def write(self, data: bytes) -> None:
         """Write; wait while the sandbox does not read, at most `WRITE_STALL` seconds, then
@@ -200,14 +185,14 @@ class _Sockets:
             sock = kept.pop()
             if sock.expiry is not None:
                 sock.expiry.cancel()
-            if not sock.closed and not sock.eof and not sock.chunks:
+            if not sock.spoiled:
                 return sock
             sock.close()
         return None
 
     def keep(self, sandbox: str, sock: _Socket) -> None:
         kept = self._kept.setdefault(sandbox, [])
-        if len(kept) >= MAX_KEPT_PER_SANDBOX or sock.closed or sock.eof or sock.chunks:
+        if len(kept) >= MAX_KEPT_PER_SANDBOX or sock.spoiled:
             sock.close()
             return
         kept.append(sock)
@@ -291,7 +276,7 @@ class TunnelClient:
         self.known: set[str] = set()
         self.memory = coverage.Memory()
         self.actions: collections.Counter[str] = collections.Counter()
-        self._backoff = 0.0
+        self._retries = Retries(OPEN_BACKOFF)
         self._retry_at = 0.0
         self._published: Tunnel | None = None
         self._published_at = -1e9
@@ -439,7 +424,7 @@ class TunnelClient:
             stream.replica = replica
             stream.opened_at = stream.last_used = self._clock()
             self._opening -= 1
-            self._backoff = 0.0
+            self._retries.succeeded()
             await self._carry(stream)
         except asyncio.CancelledError:
             raise
@@ -460,8 +445,8 @@ class TunnelClient:
             # stream may land elsewhere, and coverage decides how many to try.
             log.info("a tunnel stream was refused for now: %s", _why(exc))
             return
-        self._backoff = min(30.0, max(0.5, self._backoff * 2))
-        self._retry_at = self._clock() + self._backoff
+        pause = self._retries.failed()
+        self._retry_at = self._clock() + pause
         refused = isinstance(exc, websockets.InvalidStatus) and exc.response.status_code in (
             401,
             403,
@@ -471,7 +456,7 @@ class TunnelClient:
             "could not open a tunnel stream to %s: %s; retrying in %.1f s",
             self.ingress.url,
             _why(exc),
-            self._backoff,
+            pause,
         )
 
     async def _carry(self, stream: _Stream) -> None:
@@ -511,7 +496,7 @@ class TunnelClient:
                 if state["stop"]:
                     state["dirty"] = True  # bytes after the answer: the socket is spoiled
                     return
-                last = not chunk or (sock.eof and not sock.chunks)
+                last = not chunk or (sock.eof and not sock.received.size)
                 if not chunk:
                     message = wire.answer(wire.FIN, tag)
                 elif last:  # the answer and the close in one message (an HTTP/1.0 sandbox)

@@ -10,7 +10,7 @@ from typing import cast
 
 import pytest
 
-from wakeful.ingress.timers import Deadline
+from wakeful.aio.deadline import Deadline
 
 
 class _Handle:

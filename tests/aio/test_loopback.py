@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from wakeful.domain.net import hold_loopback_twin
+from wakeful.aio.loopback import hold_loopback_twin
 from wakeful.serving import bind
 from wakeful.store.testing import free_port
 

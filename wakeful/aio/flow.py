@@ -1,15 +1,26 @@
-"""Write flow control for one connection's protocol, shared by the client side (`http1.py`) and
-the sandbox side (`upstream.py`).
+"""Flow control on asyncio protocols: how much may wait in memory, and a gate for writers.
 
-asyncio calls `pause_writing` when the transport's buffer passes its high-water mark and
-`resume_writing` when it drains; a writer that must not grow the buffer further waits for the
-gate to open. The end of the connection opens it too: `open()` lets waiters go on (they then
-see the connection gone), `fail(exc)` makes them raise `exc`.
+Reading: bytes a protocol received wait in memory for the task that consumes them (a client's
+answer, the other side of a WebSocket, a tunnel stream); past `HIGH_WATER` of them the protocol
+stops reading (`pause_reading`), and it reads again once the consumer has taken them down to
+`LOW_WATER` (`wakeful.aio.pipe.Pipe`). Writing: a transport's own buffer is bounded by the same
+mark (`set_write_buffer_limits(high=HIGH_WATER)`).
+
+`WriteGate`: asyncio calls `pause_writing` when the transport's buffer passes its high-water
+mark and `resume_writing` when it drains; a writer that must not grow the buffer further waits
+for the gate to open. The end of the connection opens it too: `open()` lets waiters go on
+(they then see the connection gone), `fail(exc)` makes them raise `exc`.
 """
 
 from __future__ import annotations
 
 import asyncio
+
+HIGH_WATER = 256 * 1024
+"""Bytes one connection's side may hold in memory, waiting for the other, before it stops
+reading from its peer."""
+LOW_WATER = HIGH_WATER // 4
+"""...and reads again once no more than this waits."""
 
 
 class WriteGate:

@@ -1,0 +1,116 @@
+"""A record held under a TTL lease (`wakeful.store.held`), on every backend: written under a
+lease, kept past its TTL while its holder runs, written again when the lease is lost, gone at
+once when released."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import anyio
+import pytest
+from pydantic import BaseModel
+
+from tests.conftest import pass_time
+from wakeful.store import Store
+from wakeful.store.held import HeldRecord
+from wakeful.testing import ManualClock
+
+pytestmark = pytest.mark.anyio
+
+TTL = 2
+"""The shortest an election allows; renewed every 0.67 s."""
+
+
+class Replica(BaseModel):
+    name: str
+    relay: str
+
+
+async def value_of(store: Store) -> str | None:
+    item = await store.get("ingresses/r1", Replica)
+    return None if item is None else item.value.relay
+
+
+def held(store: Store, **kwargs: Callable[[], Awaitable[None]]) -> HeldRecord[Replica]:
+    return HeldRecord(
+        store, "ingresses/r1", Replica(name="r1", relay="a:1"), ttl=TTL, what="r1", **kwargs
+    )
+
+
+async def test_the_record_is_written_under_a_lease_and_released_at_once(store: Store) -> None:
+    record = held(store)
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(record.run)
+        with anyio.fail_after(10):
+            await record.held.wait()
+        assert await value_of(store) == "a:1"
+        tasks.cancel_scope.cancel()
+    assert await value_of(store) == "a:1"  # stopping alone leaves it to its TTL
+    await record.release(within=5)
+    assert await value_of(store) is None and record.lease is None
+    await record.release(within=5)  # twice: nothing to do
+
+
+async def test_the_record_outlives_its_ttl_while_its_holder_runs(
+    store: Store, ttl_clock: ManualClock | None
+) -> None:
+    record = held(store)
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(record.run)
+        with anyio.fail_after(10):
+            await record.held.wait()
+        for _ in range(3):  # 4.5 s of TTL time, renewed in between
+            await pass_time(store, ttl_clock, 1.5)
+            await anyio.sleep(0.8)  # a renewal (every TTL / 3)
+        assert await value_of(store) == "a:1"
+        tasks.cancel_scope.cancel()
+    await record.release(within=5)
+
+
+async def test_a_lost_lease_is_replaced_and_the_record_written_again(store: Store) -> None:
+    writes = 0
+
+    async def after_write() -> None:
+        nonlocal writes
+        writes += 1
+
+    record = held(store, after_write=after_write)
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(record.run)
+        with anyio.fail_after(10):
+            await record.held.wait()
+        first = record.lease
+        assert first is not None and writes == 1
+        await store.revoke(first)  # as when the store expires it: the record goes with it
+        assert await value_of(store) is None
+        with anyio.fail_after(10):
+            while await value_of(store) != "a:1":  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+        assert record.lease != first and writes == 2
+        tasks.cancel_scope.cancel()
+    await record.release(within=5)
+
+
+async def test_put_writes_at_once_while_held_and_is_what_the_next_lease_gets(
+    store: Store,
+) -> None:
+    record = held(store)
+    await record.put(Replica(name="r1", relay="b:2"))  # not held yet: only remembered
+    assert await value_of(store) is None
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(record.run)
+        with anyio.fail_after(10):
+            await record.held.wait()
+        assert await value_of(store) == "b:2"
+        await record.put(Replica(name="r1", relay="c:3"))
+        assert await value_of(store) == "c:3"
+        lease = record.lease
+        assert lease is not None
+        await store.revoke(lease)
+        with anyio.fail_after(10):
+            while await value_of(store) != "c:3":  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+        tasks.cancel_scope.cancel()
+    await record.release(within=5)
+    await record.put(Replica(name="r1", relay="d:4"))  # released: not written
+    assert await value_of(store) is None

@@ -1,0 +1,109 @@
+"""A record that lives as long as its holder: bound to a TTL lease the holder keeps alive.
+
+Theory of operation: `run` grants a lease of `ttl` seconds, puts the record under it, and
+renews the lease every third of the TTL (at least every 0.5 s) until cancelled. The store
+deletes the record a TTL after the last renewal it saw, so a holder that dies (or is cut off)
+takes its record with it and nobody has to clean up. A lease the store let expire (the store
+was away longer than the TTL) is not fatal: `run` grants a new one and puts the record again,
+as it does, a second later, after any other store error (invariant 19: a store outage never
+ends a process). `put` rewrites the record under the current lease at once while it is held;
+whatever it was given last is what `run` writes under the next lease. `release` revokes the
+lease, so the record goes now rather than a TTL later: the holder calls it when it stops, at
+the point its shutdown order says (the node agent after its sandboxes have stopped).
+
+The node agent's `nodes/{node}` and an ingress replica's `ingresses/{replica}` are held this
+way. A leader's `leaders/{role}` is not: a lost term must never be written again, since
+another candidate may have been elected since (`wakeful.store.election`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
+
+import anyio
+from pydantic import BaseModel
+
+from .base import Store
+from .errors import LeaseNotFound, StoreError
+
+log = logging.getLogger(__name__)
+M = TypeVar("M", bound=BaseModel)
+
+RETRY = 1.0
+"""Seconds between tries while the store fails."""
+
+
+class HeldRecord(Generic[M]):
+    def __init__(
+        self,
+        store: Store,
+        key: str,
+        value: M,
+        *,
+        ttl: int,
+        what: str,
+        after_write: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """`what` names the holder in logs. `after_write`: run after each write under a new
+        lease, before the record counts as held (a `StoreError` from it is retried with the
+        write)."""
+        self._store = store
+        self.key = key
+        self.value = value
+        self._ttl = ttl
+        self._what = what
+        self._after_write = after_write
+        self.lease: int | None = None
+        """The lease the record is (or is about to be) written under; None before the first
+        grant and after `release`."""
+        self.held = anyio.Event()
+        """Set once the record was first written (and `after_write` ran)."""
+
+    async def run(self) -> None:
+        """Write the record and keep it alive until cancelled (see the module's notes)."""
+        while True:
+            try:
+                lease = self.lease = await self._store.grant(self._ttl)
+                await self._store.put(self.key, self.value, lease=lease)
+                if self._after_write is not None:
+                    await self._after_write()
+                self.held.set()
+                while True:
+                    await anyio.sleep(max(0.5, self._ttl / 3))
+                    await self._store.keep_alive(lease)
+            except LeaseNotFound:
+                log.warning(
+                    "%s: its record's lease expired; writing it again",
+                    self._what,
+                    extra={"key": self.key},
+                )
+            except StoreError as exc:
+                log.warning(
+                    "%s: cannot keep its record: %s", self._what, exc, extra={"key": self.key}
+                )
+                await anyio.sleep(RETRY)
+
+    async def put(self, value: M) -> None:
+        """The record is `value` from now on: written at once while it is held (a
+        `StoreError` is raised, and the value is still what the next lease gets), else at the
+        next write under a lease."""
+        self.value = value
+        lease = self.lease
+        if lease is not None and self.held.is_set():
+            await self._store.put(self.key, value, lease=lease)
+
+    async def release(self, within: float) -> None:
+        """Delete the record now by revoking its lease; best effort, at most `within` seconds,
+        not cut short by a cancellation (the TTL deletes it anyway)."""
+        lease, self.lease = self.lease, None
+        if lease is None:
+            return
+        with (
+            anyio.CancelScope(shield=True),
+            anyio.move_on_after(within),
+            contextlib.suppress(StoreError),
+        ):
+            await self._store.revoke(lease)
