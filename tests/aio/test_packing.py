@@ -4,6 +4,7 @@ bits."""
 
 from __future__ import annotations
 
+import gzip
 import io
 import os
 import tarfile
@@ -76,3 +77,58 @@ def test_a_bad_member_is_refused(
     with pytest.raises(ArtifactError, match=error):
         unpack(tar_of(*members), tmp_path / "app")
     assert not (tmp_path / "out.txt").exists()
+
+
+def gzipped(*blocks: bytes) -> bytes:
+    """Raw tar blocks, gzip'd, with nothing checked: what a hostile uploader sends."""
+    return gzip.compress(b"".join(blocks), compresslevel=1)
+
+
+def header(name: str, size: int, kind: bytes = tarfile.REGTYPE) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.type = kind
+    return info.tobuf(format=tarfile.USTAR_FORMAT)
+
+
+GARBAGE = header("././@PaxHeader", 1 << 32, tarfile.XHDTYPE)
+"""A header no archive within its bounds reaches: reading as far as it is reading too far."""
+
+
+@pytest.mark.parametrize(
+    ("blocks", "refusal"),
+    [
+        pytest.param(
+            [header("a", 0)] * (artifacts.MAX_MEMBERS + 1) + [GARBAGE],
+            "in 100001 files",
+            id="a million empty headers: refused at the 100,001st, never read to the end",
+        ),
+        pytest.param(
+            [header("big", 2 << 20), b"\0" * tarfile.BLOCKSIZE, GARBAGE],
+            "unpacks to 2097152 bytes",
+            id="a member claiming more than the bound: refused before its data is inflated",
+        ),
+        pytest.param(
+            [header("././@PaxHeader", 1 << 30, tarfile.XHDTYPE), b"\0" * tarfile.BLOCKSIZE],
+            "a read of 1073741824 bytes",
+            id="a pax header claiming a GiB: never read into memory",
+        ),
+        pytest.param(
+            [header("././@LongLink", 64 << 20, tarfile.GNUTYPE_LONGNAME), b"\0" * 1024],
+            "a read of 67108864 bytes",
+            id="a GNU long name of 64 MiB: never read into memory",
+        ),
+    ],
+)
+def test_a_hostile_archive_is_refused_by_its_headers(
+    tmp_path: Path, blocks: list[bytes], refusal: str
+) -> None:
+    """The hostile review stored 1M empty headers (485 MB of memory, 69 s) and one member
+    inflating 4 GiB (17 s of CPU) before either was refused. Each header is checked against
+    the bounds before the next is read, and no header is read whole past `MAX_READ`."""
+    data = gzipped(*blocks)
+    with pytest.raises(ArtifactError, match=refusal):
+        validate(data, max_bytes=1 << 20)
+    with pytest.raises(ArtifactError, match=refusal):
+        unpack(data, tmp_path / "app", max_bytes=1 << 20)
+    assert not (tmp_path / "app").exists() or not any((tmp_path / "app").iterdir())
