@@ -152,8 +152,28 @@ HELLO = Claim("hello", [])
         pytest.param(
             Claim("foo", ["a.hello.localhost", "*.hello.localhost"]),
             [HELLO],
+            [
+                "host a.hello.localhost of foo overlaps hello.localhost, the default host of "
+                "app hello",
+                "host *.hello.localhost of foo overlaps hello.localhost, the default host of "
+                "app hello",
+            ],
+            id="names under another app's default host get its cookies: refused",
+        ),
+        pytest.param(
+            Claim("hello", []),
+            [Claim("foo", ["api.hello.localhost"])],
+            [
+                "the default host hello.localhost of hello overlaps host api.hello.localhost "
+                "of app foo"
+            ],
+            id="a default host with a name under it another app's hosts take",
+        ),
+        pytest.param(
+            Claim("foo", ["hello.localhost.example.com", "ahello.localhost"]),
+            [HELLO],
             [],
-            id="names under another app's default host are not it",
+            id="names that only end like another app's default host are not under it",
         ),
         pytest.param(
             Claim("foo", []),

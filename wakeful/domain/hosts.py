@@ -131,10 +131,21 @@ def conflicts(
     return found
 
 
+def within(host: str, default: str) -> bool:
+    """`host` (exact or wildcard) names `default` or a name under it. A name under an app's
+    default host gets that app's cookies (`Domain=hello.localhost` reaches `a.hello.localhost`),
+    so it is the app's as much as the default host itself is."""
+    host = host.casefold()
+    if host.startswith("*."):
+        return host[2:] == default or _under(host[2:], default) or _under(default, host[2:])
+    return host == default or _under(host, default)
+
+
 def default_host_conflicts(claim: Claim, others: Iterable[Claim], base_domain: str) -> list[str]:
-    """One line per host of `claim` overlapping another app's default host, and per host of
-    another app overlapping `claim`'s default host, naming both apps. The ingress routes a
-    default host before any app's `hosts`, so either way one app would silently lose it."""
+    """One line per host of `claim` that is another app's default host (or a name under it,
+    or a wildcard covering it), and per host of another app that is so for `claim`'s default
+    host, naming both apps. The ingress routes a default host before any app's `hosts`, so
+    one app would silently lose it; and a name under it would get its app's cookies."""
     found = []
     mine = f"{claim.app}.{base_domain}".casefold()
     for other in others:
@@ -145,13 +156,13 @@ def default_host_conflicts(claim: Claim, others: Iterable[Claim], base_domain: s
             found += [
                 f"host {host} of {claim.app} overlaps {theirs}, the default host of app {other.app}"
                 for host in claim.hosts
-                if overlap(host, theirs)
+                if within(host, theirs)
             ]
         if claim.default_host:
             found += [
                 f"the default host {mine} of {claim.app} overlaps host {host} of app {other.app}"
                 for host in other.hosts
-                if overlap(mine, host)
+                if within(host, mine)
             ]
     return found
 
