@@ -1,6 +1,6 @@
 """The edge: where a parsed request becomes a `ProxyRequest` and errors become answers.
 
-`ProxyEdge` is the proxy port's handler for the HTTP/1.1 server in `http1.py`: it routes,
+`ProxyEdge` is the proxy port's handler for the HTTP/1.1 server in `http1/`: it routes,
 forwards through the proxy, streams the answer back, and is the only place our exceptions
 become status codes (`answer_for`). `AdminApp` (ASGI, on uvicorn) serves /healthz, /readyz
 and /metrics on its own port.
@@ -75,7 +75,7 @@ def answer_for(exc: Exception, show_boot_log: bool = False) -> ErrorAnswer:
 
 
 class ProxyEdge:
-    """Answers each request the HTTP/1.1 server (`http1.py`) parsed: route, forward through
+    """Answers each request the HTTP/1.1 server (`http1/`) parsed: route, forward through
     the proxy, stream the answer back. A client that hangs up cancels this (the server does),
     and `Proxy.finish` gives the lease back."""
 

@@ -1,31 +1,21 @@
-"""The proxy port's HTTP/1.1 server: asyncio protocols and httptools, no ASGI in between.
+"""One client connection of the HTTP/1.1 server: read, parse, queue, answer in order.
 
-One `_Connection` per client. httptools (llhttp, in its strict mode) parses request heads
-and bodies; a parse error (smuggling shapes such as Content-Length with Transfer-Encoding,
-two Content-Lengths, obs-fold, a bare LF, a Transfer-Encoding other than `chunked`) is
-answered 400 and the connection closes. Parsed requests queue on the connection and one task
-answers them in order (pipelining), each through `Handler.handle(request, responder)`; past
-`PIPELINE_DEPTH` queued, reading pauses, and past `PIPELINE_MAX` parsed from one read the
-connection is refused: those parsed are answered, then a 400, then it closes. Each answer is
-drained to the client before the next is started.
+httptools (llhttp, in its strict mode) parses request heads and bodies; a head it cannot parse
+(obs-fold, a bare LF, two Content-Lengths, ...) is answered 400 and the connection closes.
+A head whose framing the ingress does not read one way only (a Transfer-Encoding other than
+`chunked`) is refused the same way. Parsed
+requests queue on the connection and one task answers them in order (pipelining), each
+through `Handler.handle(request, responder)`; past `PIPELINE_DEPTH` queued, reading pauses,
+and past `PIPELINE_MAX` parsed from one read the connection is refused: those parsed are
+answered, then a 400, then it closes. Each answer is drained to the client before the next
+is started.
 
-Bounds (invariant 18), all per connection, none kept for ever:
-
-- the head's size (431 past `max_head_bytes`, counted while it is read);
-- the head's time: complete within `head_timeout` of opening or of the previous answer, or
-  the connection closes (408 when a head had begun); an idle keep-alive connection closes
-  after `keepalive` seconds;
-- open connections: past `max_connections` a new one gets 503 + Retry-After and closes;
-- the request body: at most `BODY_BUFFER` bytes wait for the proxy, then reading pauses;
-- writes: `Responder.drain` waits for the client's socket at most `client_timeout` seconds.
+What a client can hold is bounded by the server's `Limits` (invariant 18), none for ever.
 
 A client that hangs up, or closes its side (a FIN: as nginx does, taken as giving up; nothing
 queued behind it is answered), cancels the exchange answering it (the lease goes back through
 `Proxy.finish`). A connection cut short (an answer not finished, a body not read, a
 client not reading) is aborted, not closed: nothing unsent is kept for it.
-
-`stop` closes the listener, closes idle connections and WebSocket tunnels, lets exchanges in
-progress finish for `grace` seconds, then cancels what is left and waits for it.
 """
 
 from __future__ import annotations
@@ -33,295 +23,43 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import http
 import logging
 import socket
-import ssl
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import Protocol, cast
+from typing import TYPE_CHECKING, cast
 
 import httptools
 
-from wakeful.ingress.errors import BadRequest, ClientGone, ClientTooSlow, UpstreamFailed
-from wakeful.ingress.flow import WriteGate
+from wakeful.ingress.errors import BadRequest
+from wakeful.ingress.http1.request import Body, Request
+from wakeful.ingress.http1.responder import BAD_REQUEST, TOO_LARGE, TOO_MANY, TOO_SLOW, Responder
+from wakeful.ingress.http1.wire import Wire
 from wakeful.ingress.timers import Deadline
 from wakeful.ingress.tunnel import Pipe, is_websocket
+
+if TYPE_CHECKING:
+    from wakeful.ingress.http1.server import HttpServer
 
 log = logging.getLogger(__name__)
 
 LINGER_SECONDS = 5.0
 LINGER_BYTES = 16 << 20
 """How long, and how much, a connection answered before its request body was read keeps
-reading it away (`_Connection._linger`); nginx's lingering_timeout is 5 s too."""
+reading it away (`ClientConnection._linger`); nginx's lingering_timeout is 5 s too."""
 PIPELINE_DEPTH = 16
 """Requests queued on one connection before reading from it pauses."""
 PIPELINE_MAX = 128
 """Requests parsed out of what was already read past which the connection is refused: a
 pause stops new reads, not the parsing of the last one (up to 256 KiB of tiny requests)."""
-BODY_BUFFER = 256 * 1024
 _FRAMING = frozenset({b"transfer-encoding", b"content-length", b"expect"})
 """The request headers the server itself reads."""
-_REASONS = {status.value: status.phrase.encode() for status in http.HTTPStatus}
 
 
-def _canned(status: int, text: str, *extra: bytes) -> bytes:
-    body = text.encode() + b"\n"
-    return (
-        b"HTTP/1.1 %d %s\r\ncontent-type: text/plain; charset=utf-8\r\n"
-        b"content-length: %d\r\nconnection: close\r\n%s\r\n%s"
-        % (status, _REASONS[status], len(body), b"".join(extra), body)
-    )
-
-
-BAD_REQUEST = _canned(400, "the request is malformed")
-TOO_LARGE = _canned(431, "request line and headers are too large")
-TOO_SLOW = _canned(408, "the request head did not come in time")
-TOO_MANY = _canned(503, "too many connections to this ingress", b"retry-after: 1\r\n")
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    max_head_bytes: int = 32 * 1024
-    head_timeout: float = 10.0
-    keepalive: float = 5.0
-    max_connections: int = 10_000
-    client_timeout: float = 60.0
-
-
-class Body:
-    """A request's body as the proxy pulls it; implements `proxy.RequestBody`."""
-
-    __slots__ = (
-        "_chunks",
-        "_conn",
-        "_continue",
-        "_done",
-        "_error",
-        "_size",
-        "_waiter",
-        "client_gone",
-        "started",
-    )
-
-    def __init__(self, conn: _Connection, expect_continue: bool) -> None:
-        self._conn = conn
-        self._continue = expect_continue
-        self._chunks: collections.deque[bytes] = collections.deque()
-        self._size = 0
-        self._done = False
-        self._error: Exception | None = None
-        self._waiter: asyncio.Future[None] | None = None
-        self.started = False
-        self.client_gone = False
-
-    @property
-    def complete(self) -> bool:
-        return self._done and not self._chunks
-
-    def feed(self, chunk: bytes) -> None:
-        self._chunks.append(chunk)
-        self._size += len(chunk)
-        if self._size > BODY_BUFFER:
-            self._conn.pause_reading("body")
-        self._wake()
-
-    def end(self) -> None:
-        self._done = True
-        self._wake()
-
-    def fail(self, exc: Exception) -> None:
-        """The rest of the body cannot be read (it is malformed): `stream` raises `exc`."""
-        self._error = exc
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    async def stream(self) -> AsyncIterator[bytes]:
-        self.started = True
-        if self._continue and not self._done and not self._chunks:
-            self._continue = False
-            self._conn.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        timeout = self._conn.limits.client_timeout
-        while True:
-            if self._chunks:
-                chunk = self._chunks.popleft()
-                self._size -= len(chunk)
-                if self._size <= BODY_BUFFER // 4:
-                    self._conn.resume_reading("body")
-                yield chunk
-                continue
-            if self._done:
-                return
-            if self._error is not None:
-                raise self._error
-            if self._conn.gone:
-                self.client_gone = True
-                raise ClientGone("the client hung up while sending its body")
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                async with asyncio.timeout(timeout):
-                    await self._waiter
-            except TimeoutError:
-                raise ClientTooSlow(f"the client sent none of its body for {timeout:g} s") from None
-            finally:
-                self._waiter = None
-
-
-@dataclass(slots=True)
-class Request:
-    method: str
-    target: bytes
-    """Path and query exactly as received."""
-    headers: list[tuple[bytes, bytes]]
-    """Names lower-cased, values as received, in order."""
-    version: str
-    keep_alive: bool
-    client: str
-    body: Body | None
-    upgrade: bool = False
-    """A WebSocket handshake (`ingress.tunnel`): nothing after it on the connection is HTTP."""
-    scheme: str = "http"
-    """"https" on the TLS listener."""
-
-
-class Handler(Protocol):
-    async def handle(self, request: Request, out: Responder) -> None:
-        """Answer `request` through `out`; never raises (but may be cancelled)."""
-
-
-class Responder:
-    """Writes one answer, framing its body: Content-Length when the head has one, chunked for
-    HTTP/1.1 otherwise, the end of the connection for HTTP/1.0; no body after HEAD, 1xx, 204
-    or 304."""
-
-    __slots__ = ("_chunked", "_conn", "_left", "_no_body", "_request", "complete", "started")
-
-    def __init__(self, conn: _Connection, request: Request) -> None:
-        self._conn = conn
-        self._request = request
-        self._chunked = False
-        self._no_body = False
-        self._left: int | None = None
-        """Body bytes the Content-Length sent still promises (None: no length sent)."""
-        self.started = False
-        self.complete = False
-
-    def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
-        request = self._request
-        self.started = True
-        self._no_body = request.method == "HEAD" or status in (204, 304) or status < 200
-        lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Unknown"))]
-        length: bytes | None = None
-        for pair in headers:
-            if length is None and pair[0] == b"content-length":
-                length = pair[1]
-            lines.append(b"%s: %s\r\n" % pair)
-        if length is not None and not self._no_body:
-            self._left = int(length)  # the sandbox's, checked by the upstream parser
-        body_unread = request.body is not None and not request.body.complete
-        keep = request.keep_alive and not self._conn.last_answer and not body_unread
-        if not self._no_body and length is None:
-            if request.version == "1.1":
-                self._chunked = True
-                lines.append(b"transfer-encoding: chunked\r\n")
-            else:
-                keep = False  # the end of the connection ends the body
-        if not keep:
-            request.keep_alive = False
-            lines.append(b"connection: close\r\n")
-        elif request.version == "1.0":
-            lines.append(b"connection: keep-alive\r\n")
-        lines.append(b"\r\n")
-        self._conn.hold(b"".join(lines))
-
-    def write(self, chunk: bytes) -> bool:
-        """Send a piece of the body (with the head, the first time). Never more than the
-        Content-Length sent promised: past it the answer is cut. True when the client's
-        buffer is full: then `await drain()` before writing more."""
-        if self._no_body or not chunk:
-            return False
-        if self._left is not None:
-            if len(chunk) > self._left:
-                raise UpstreamFailed("the sandbox sent more body than its Content-Length")
-            self._left -= len(chunk)
-        conn = self._conn
-        if self._chunked:
-            conn.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-        else:
-            conn.write(chunk)
-        return conn._drain.waiting() is not None
-
-    def flush(self) -> None:
-        """Send the head now if no body went with it yet: call before waiting for the body."""
-        self._conn._flush()
-
-    async def drain(self) -> None:
-        """Wait for room in the client's buffer; TimeoutError when the client reads none of
-        it within its timeout."""
-        await self._conn.drain()
-
-    def end(self) -> None:
-        if self._chunked:
-            self._conn.write(b"0\r\n\r\n")
-        else:
-            self._conn._flush()  # an answer with no body: its head goes now, not at the end
-        self.complete = not self._left  # a body short of its Content-Length is cut
-
-    def switch(self, headers: list[tuple[bytes, bytes]]) -> ClientSide:
-        """Answer 101 with `headers` and hand over the connection: the client's end of the
-        tunnel. The connection closes when the exchange ends."""
-        pipe = self._conn.tunnel
-        assert self._request.upgrade and pipe is not None
-        self.started = self.complete = True
-        self._request.keep_alive = False
-        lines = [b"HTTP/1.1 101 Switching Protocols\r\n"]
-        lines.extend(b"%s: %s\r\n" % pair for pair in headers)
-        lines.append(b"\r\n")
-        self._conn.write(b"".join(lines))
-        return ClientSide(self._conn, pipe)
-
-    def send_whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-        """A complete small answer at once (error answers, which carry their length)."""
-        if not any(name == b"content-length" for name, _ in headers):
-            headers = [*headers, (b"content-length", b"%d" % len(body))]
-        self.start(status, headers)
-        if not self._no_body:
-            self._conn.write(body)
-        self._left = None
-        self.complete = True
-
-
-class ClientSide:
-    """The client's end of a tunnel (`ingress.tunnel.Side`)."""
-
-    __slots__ = ("_conn", "pipe")
-
-    def __init__(self, conn: _Connection, pipe: Pipe) -> None:
-        self._conn = conn
-        self.pipe = pipe
-
-    def write(self, data: bytes) -> None:
-        self._conn.write(data)
-
-    async def drain(self) -> None:
-        await self._conn.drain()
-        if self._conn.gone:
-            raise ClientGone("the client hung up")
-
-
-class _Connection(asyncio.Protocol):
+class ClientConnection(Wire):
     def __init__(self, server: HttpServer) -> None:
+        super().__init__(asyncio.get_running_loop(), server.limits)
         self._server = server
-        self.limits = server.limits
-        self._loop = asyncio.get_running_loop()
-        self.transport: asyncio.Transport | None = None
         self._parser = httptools.HttpRequestParser(self)
         self._client = ""
-        self.gone = False
-        """The client hung up."""
         self.closing = False
         """No request after the one being answered."""
         self._halt = False
@@ -336,10 +74,6 @@ class _Connection(asyncio.Protocol):
         (one task per connection, not per request)."""
         self._next: asyncio.Future[None] | None = None
         """What the task waits on while the connection is idle."""
-        self._paused: set[str] = set()
-        self._drain = WriteGate(self._loop)
-        self._held: bytes | None = None
-        """An answer's head not written yet (`hold`)."""
         self._lingering = False
         self._lingered = 0
         self._linger_timer: asyncio.TimerHandle | None = None
@@ -439,12 +173,6 @@ class _Connection(asyncio.Protocol):
         self._drain.open()
         if self._task is not None:
             self._task.cancel()  # the exchange under way, if any: its client is gone
-
-    def pause_writing(self) -> None:
-        self._drain.close()
-
-    def resume_writing(self) -> None:
-        self._drain.open()
 
     # -- httptools callbacks -----------------------------------------------------------
 
@@ -551,7 +279,7 @@ class _Connection(asyncio.Protocol):
                         self._close()
                         return
                     try:  # one answer at a time in the buffer, however fast they come
-                        self._flush()
+                        self.flush()
                         if self._drain.waiting() is not None:
                             await self.drain()
                     except TimeoutError:
@@ -578,46 +306,6 @@ class _Connection(asyncio.Protocol):
         finally:
             self._runner = self._task = None
 
-    def hold(self, head: bytes) -> None:
-        """An answer's head, sent with the first body bytes written (one write, one segment:
-        most answers are one read from the sandbox). The handler flushes it before it waits
-        for a body (`Responder.flush`); whatever is held goes out when the answer ends."""
-        if self._held is None:
-            self._held = head
-        else:
-            self._held += head
-
-    def _flush(self) -> None:
-        if self._held is not None:
-            held, self._held = self._held, None
-            self.write(held)
-
-    def write(self, data: bytes) -> None:
-        if self._held is not None:
-            data, self._held = self._held + data, None
-        if self.transport is not None and not self.gone:
-            self.transport.write(data)
-
-    async def drain(self) -> None:
-        self._flush()
-        drain = self._drain.waiting()
-        if drain is None:
-            return
-        async with asyncio.timeout(self.limits.client_timeout):
-            await asyncio.shield(drain)
-
-    def pause_reading(self, why: str) -> None:
-        if not self._paused and self.transport is not None and not self.gone:
-            self.transport.pause_reading()
-        self._paused.add(why)
-
-    def resume_reading(self, why: str) -> None:
-        if why not in self._paused:
-            return
-        self._paused.discard(why)
-        if not self._paused and self.transport is not None and not self.gone:
-            self.transport.resume_reading()
-
     def _stop_reading(self) -> None:
         self.closing = True
         self.pause_reading("closing")
@@ -643,7 +331,7 @@ class _Connection(asyncio.Protocol):
         self.closing = True
         self._cancel_timers()
         if not abort:
-            self._flush()
+            self.flush()
         if self.transport is not None:
             if abort:
                 self.transport.abort()
@@ -658,7 +346,7 @@ class _Connection(asyncio.Protocol):
         most libraries) would never see the answer (nginx's lingering close)."""
         self.closing = True
         self._cancel_timers()
-        self._flush()
+        self.flush()
         transport = self.transport
         if transport is None or transport.is_closing() or self.gone:
             return
@@ -731,57 +419,3 @@ class _Connection(asyncio.Protocol):
         if self._in_head:
             self.write(TOO_SLOW)
         self._close()
-
-
-class HttpServer:
-    def __init__(self, handler: Handler, limits: Limits, tls: ssl.SSLContext | None = None) -> None:
-        """`tls`: serve HTTPS with this context; its handshake has the head's deadline."""
-        self.handler = handler
-        self.limits = limits
-        self.tls = tls
-        self.scheme = "http" if tls is None else "https"
-        self.connections: set[_Connection] = set()
-        self._server: asyncio.AbstractServer | None = None
-
-    async def start(self, sock: socket.socket, backlog: int) -> None:
-        loop = asyncio.get_running_loop()
-        if self.tls is None:
-            self._server = await loop.create_server(
-                lambda: _Connection(self), sock=sock, backlog=backlog
-            )
-            return
-        self._server = await loop.create_server(
-            lambda: _Connection(self),
-            sock=sock,
-            backlog=backlog,
-            ssl=self.tls,
-            ssl_handshake_timeout=self.limits.head_timeout,
-        )
-
-    async def stop(self, grace: float) -> None:
-        """Stop accepting, let the answers under way finish for `grace` seconds, then cancel
-        the rest and wait for them (their leases go back on the way out). An answer complete
-        but not yet read by its client is still sent until the grace ends."""
-        loop = asyncio.get_running_loop()
-        until = loop.time() + grace
-        if self._server is not None:
-            self._server.close()
-        for conn in list(self.connections):
-            conn.shutdown()
-            if conn.tunnel is not None:
-                conn.cancel()  # a WebSocket never ends by itself: closed now, clients reconnect
-        answering = [conn._runner for conn in self.connections if conn._runner is not None]
-        if answering:
-            await asyncio.wait(answering, timeout=grace)
-        running = [task for conn in list(self.connections) if (task := conn.cancel())]
-        if running:
-            await asyncio.wait(running, timeout=10)
-        while self.connections and loop.time() < until:  # noqa: ASYNC110 (once, at shutdown)
-            await asyncio.sleep(0.05)  # closing connections: their last bytes go out
-        idle = [task for conn in list(self.connections) if (task := conn._task)]
-        for conn in list(self.connections):
-            conn._close(abort=True)
-        for task in idle:
-            task.cancel()
-        if idle:
-            await asyncio.wait(idle, timeout=10)
