@@ -2,6 +2,7 @@
 
 - `server`: `HttpServer` (listen, stop in order), its `Limits`, the `Handler` it calls.
 - `connection`: one client connection: parse, queue, answer in order, the client's bounds.
+- `rules`: how a request head frames its message or why it is refused (pure, no I/O).
 - `request`: the `Request` a handler gets, and its streaming `Body`.
 - `responder`: writing an answer (`Responder`), a tunnel's client end, the canned answers.
 """

@@ -2,8 +2,8 @@
 
 httptools (llhttp, in its strict mode) parses request heads and bodies; a head it cannot parse
 (obs-fold, a bare LF, two Content-Lengths, ...) is answered 400 and the connection closes.
-A head whose framing the ingress does not read one way only (a Transfer-Encoding other than
-`chunked`) is refused the same way. Parsed
+Whether a parsed head is framed safely, and how, is `http1.rules.frame_request`'s to decide:
+the callback gathers the head and acts on that decision (a refusal is a 400 too). Parsed
 requests queue on the connection and one task answers them in order (pipelining), each
 through `Handler.handle(request, responder)`; past `PIPELINE_DEPTH` queued, reading pauses,
 and past `PIPELINE_MAX` parsed from one read the connection is refused: those parsed are
@@ -32,9 +32,10 @@ import httptools
 from wakeful.ingress.errors import BadRequest
 from wakeful.ingress.http1.request import Body, Request
 from wakeful.ingress.http1.responder import BAD_REQUEST, TOO_LARGE, TOO_MANY, TOO_SLOW, Responder
+from wakeful.ingress.http1.rules import frame_request
 from wakeful.ingress.http1.wire import Wire
 from wakeful.ingress.timers import Deadline
-from wakeful.ingress.tunnel import Pipe, is_websocket
+from wakeful.ingress.tunnel import Pipe
 
 if TYPE_CHECKING:
     from wakeful.ingress.http1.server import HttpServer
@@ -50,8 +51,6 @@ PIPELINE_DEPTH = 16
 PIPELINE_MAX = 128
 """Requests parsed out of what was already read past which the connection is refused: a
 pause stops new reads, not the parsing of the last one (up to 256 KiB of tiny requests)."""
-_FRAMING = frozenset({b"transfer-encoding", b"content-length", b"expect"})
-"""The request headers the server itself reads."""
 
 
 class ClientConnection(Wire):
@@ -194,39 +193,23 @@ class ClientConnection(Wire):
         self._head_due = None
         parser = self._parser
         version = parser.get_http_version()
-        expect = False
-        has_body = False
-        for name, value in self._headers:
-            if name not in _FRAMING:
-                continue
-            if name == b"transfer-encoding":
-                if value.strip().lower() != b"chunked":  # no other coding is understood
-                    raise BadRequest("unsupported transfer-encoding")
-                has_body = True
-            elif name == b"content-length" and value.strip() not in (b"", b"0"):
-                has_body = True
-            elif name == b"expect" and value.lower() == b"100-continue":
-                expect = version == "1.1"  # HTTP/1.0 has no expectations (RFC 9110 10.1.1)
+        method = parser.get_method().decode("latin-1")
+        frame = frame_request(
+            method, version, self._headers, parser.should_upgrade(), parser.should_keep_alive()
+        )
         if len(self._queue) >= PIPELINE_MAX:
             raise BadRequest("too many pipelined requests")
-        body = Body(self, expect) if has_body else None
+        body = Body(self, frame.expect_continue) if frame.body else None
         self._body = body
-        method = parser.get_method().decode("latin-1")
-        upgrade = (
-            parser.should_upgrade()
-            and version == "1.1"  # RFC 6455; and no 1xx may go to an HTTP/1.0 client
-            and not has_body
-            and is_websocket(method, self._headers)
-        )
         request = Request(
             method,
             self._url,
             self._headers,
             version,
-            parser.should_keep_alive() and not upgrade,
+            frame.keep_alive,
             self._client,
             body,
-            upgrade,
+            frame.upgrade,
             self._server.scheme,
         )
         self._last = request
