@@ -1,8 +1,9 @@
 """The upstream transport's interface: what the proxy needs to send a request to a sandbox.
 
 `Transport.send` is the whole interface; `ingress.upstream.RawTransport` implements it, and
-only raises the errors of `ingress.errors`. The response body streams: nothing reads a whole
-body into memory.
+only raises the errors of `ingress.errors`. One `send` is one attempt: whether a failure is
+tried again, and where, is `ingress.retry`'s. The response body streams: nothing reads a
+whole body into memory.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ class UpstreamRequest:
     upgrade: bool = False
     """A WebSocket handshake (`ingress.tunnel`): sent on a connection of its own with its
     `Connection: upgrade` and `Upgrade: websocket`; a 101 answer comes with a `tunnel`."""
+    fresh: bool = False
+    """Send it on a new connection, not an idle one: it is sent again because a connection
+    closed before any answer (`ClosedUnanswered`), and the idle ones may be as stale."""
 
 
 class UpstreamResponse(Protocol):
@@ -64,6 +68,7 @@ class Transport(Protocol):
         """Send the request and return once the response head has arrived.
 
         Raises ConnectFailed when nothing reached the sandbox (safe to retry elsewhere),
+        ClosedUnanswered when the connection ended before any byte of the answer,
         UpstreamFailed when the exchange broke after that, UpstreamTimeout when it went quiet.
         """
         ...

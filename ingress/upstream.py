@@ -17,15 +17,13 @@ Connections are pooled per sandbox address; an idle one is closed after `keepali
   sandbox's socket buffer is full.
 - **Silence.** `request.timeout` seconds before the answer's head, and between body reads.
 
-**Retries (invariant 11).** A connection that closes or resets before a single byte of the
-answer arrived is retried once, on a fresh connection to the same sandbox, when the method is
-idempotent (RFC 9110 §9.2.2: GET, HEAD, OPTIONS, PUT, DELETE, TRACE) and the request has no
-body, so it can be sent again exactly. That is the keep-alive race (the sandbox closed an
-idle connection as the request went out) and a sandbox that died mid-request; nginx's
-`proxy_next_upstream error` does the same for idempotent requests. Anything else that broke
-after the request was written is `UpstreamFailed`; nothing written is ever sent twice
-otherwise. A connection that could not be opened is `ConnectFailed` (the proxy tries another
-sandbox).
+**One attempt per send.** A connection that closes or resets before a single byte of the
+answer arrived raises `ClosedUnanswered` (the keep-alive race: the sandbox closed an idle
+connection as the request went out; or a sandbox that died mid-request); one that could not
+be opened, `ConnectFailed`; anything else that broke after the request was written,
+`UpstreamFailed`. Whether the request is sent again, and where, is the proxy's to decide
+(`ingress.retry`, invariant 11): `UpstreamRequest.fresh` then asks for a new connection rather
+than an idle one, which may be as stale.
 """
 
 from __future__ import annotations
@@ -41,6 +39,7 @@ from typing import TypeVar, cast
 import httptools
 
 from wakeful.ingress.errors import (
+    ClosedUnanswered,
     ConnectFailed,
     UpstreamBusy,
     UpstreamFailed,
@@ -53,7 +52,6 @@ from wakeful.ingress.tunnel import MAX_REFUSAL_BYTES, Pipe
 
 HIGH_WATER = 256 * 1024
 """Answer bytes buffered for a slow client before reading from the sandbox pauses."""
-IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
 MAX_FRAMING_BYTES = 64 * 1024
 """Bytes of an answer that are not body (status line, headers, chunk sizes, trailers) in a row:
 past it the answer is refused. httptools buffers a header line whole, so without this a
@@ -64,10 +62,6 @@ _C = TypeVar("_C", bound=asyncio.Protocol)
 
 class _Extra(Exception):
     """A second answer began on the connection before a request asked for it."""
-
-
-class _Stale(Exception):
-    """The connection ended before any byte of the answer: maybe safe to send again."""
 
 
 class _Gated(asyncio.Protocol):
@@ -229,7 +223,7 @@ class _Connection(_Gated):
         if isinstance(exc, ConnectFailed) and not self._got_bytes:
             self._fail(exc)  # a tunnel's node could not reach the sandbox: nothing did
         elif not self._got_bytes:
-            self._fail(_Stale("the connection closed before any answer"))
+            self._fail(ClosedUnanswered("the connection closed before any answer"))
         elif self._head is not None and self._head.done() and self._until_close():
             self._finish()  # an answer framed by the end of the connection
         else:
@@ -268,8 +262,8 @@ class _Connection(_Gated):
         silence: float,
     ) -> asyncio.Future[None]:
         """Write the request; the future is done once the answer's head is in, or raises
-        `_Stale`, UpstreamFailed, or UpstreamTimeout when the head took longer than
-        `silence` seconds (then each body read may take as long)."""
+        ClosedUnanswered, ConnectFailed, UpstreamFailed, or UpstreamTimeout when the head took
+        longer than `silence` seconds (then each body read may take as long)."""
         assert self.transport is not None
         self._idle = False
         self._silence = silence
@@ -330,8 +324,7 @@ class _Connection(_Gated):
         if self._complete:
             return b""
         if self._error is not None:
-            error = self._error
-            raise error if not isinstance(error, _Stale) else UpstreamFailed(str(error))
+            raise self._error
         return None
 
     async def next_chunk(self) -> bytes:
@@ -611,29 +604,18 @@ class RawTransport:
         head, chunked = _request_head(request, prefix + request.target, authority)
         if request.upgrade:
             return await self._handshake(request, pool, head)
-        replayable = request.body is None and request.method in IDEMPOTENT
         if not self.slots.try_take(request.app):
             await self.slots.take(request.app)
         try:
-            conn = pool.take()
-            for attempt in (1, 2):
-                if conn is None:
-                    conn = await self._connect(pool, _Connection)
-                try:
-                    await conn.exchange(
-                        head, request.body, chunked, request.method, request.timeout
-                    )
-                except _Stale as exc:
-                    conn.close()
-                    if attempt == 2 or not replayable:
-                        raise UpstreamFailed(str(exc)) from None
-                    conn = None
-                    continue
-                except BaseException:
-                    conn.close()
-                    raise
-                return _RawResponse(self, request.app, conn)
-            raise AssertionError("unreachable")
+            conn = None if request.fresh else pool.take()
+            if conn is None:
+                conn = await self._connect(pool, _Connection)
+            try:
+                await conn.exchange(head, request.body, chunked, request.method, request.timeout)
+            except BaseException:
+                conn.close()
+                raise
+            return _RawResponse(self, request.app, conn)
         except BaseException:
             self.slots.give_back(request.app)
             raise
