@@ -1,0 +1,399 @@
+"""One pooled connection to a sandbox, carrying one exchange at a time.
+
+An `asyncio.Protocol` with httptools (the C parser uvicorn uses) for the answer's head and
+framing. The request head goes out as one `bytes`, its body chunks pass through (a writer task
+per body), and the answer's body is handed up as it arrives.
+
+- **Backpressure both ways.** Reading from the sandbox pauses while more than `HIGH_WATER`
+  bytes of its answer wait for the client; writing the request body waits while the
+  sandbox's socket buffer is full.
+- **Silence.** `silence` seconds before the answer's head, and between body reads; an idle
+  pooled connection closes after the transport's `keepalive`.
+- **How it fails.** A connection that ends before a single byte of the answer came raises
+  `ClosedUnanswered` (the proxy may send the request once more: `ingress.retry`); one a
+  tunnel's node could not open, `ConnectFailed`; anything else after the request was written,
+  `UpstreamFailed` or `UpstreamTimeout`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import socket
+from collections.abc import AsyncGenerator, AsyncIterable
+from typing import Protocol, cast
+
+import httptools
+
+from wakeful.ingress.errors import ClosedUnanswered, ConnectFailed, UpstreamFailed, UpstreamTimeout
+from wakeful.ingress.flow import WriteGate
+from wakeful.ingress.timers import Deadline
+
+HIGH_WATER = 256 * 1024
+"""Answer bytes buffered for a slow client before reading from the sandbox pauses."""
+MAX_FRAMING_BYTES = 64 * 1024
+"""Bytes of an answer that are not body (status line, headers, chunk sizes, trailers) in a row:
+past it the answer is refused. httptools buffers a header line whole, so without this a
+sandbox sending one endless header could fill the ingress's memory."""
+
+
+class Home(Protocol):
+    """Where a connection goes between exchanges (`upstream.pool`)."""
+
+    def give_back(self, conn: UpstreamConnection) -> None: ...
+
+    def forget(self, conn: UpstreamConnection) -> None: ...
+
+
+class _Extra(Exception):
+    """A second answer began on the connection before a request asked for it."""
+
+
+class Gated(asyncio.Protocol):
+    """A sandbox connection whose writes wait at `_writable` while the transport is full."""
+
+    _writable: WriteGate
+
+    def pause_writing(self) -> None:
+        self._writable.close()
+
+    def resume_writing(self) -> None:
+        self._writable.open()
+
+
+class UpstreamConnection(Gated):
+    """One upstream connection; carries one exchange at a time."""
+
+    def __init__(self, home: Home) -> None:
+        self._home = home
+        self._loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self._deadline = Deadline(self._loop, self._timed_out)
+        """While pooled: when the idle connection closes. During an exchange: when the
+        sandbox's silence ends it (pushed on by every read)."""
+        self._silence = 0.0
+        self._idle = True
+        self._head_seen = False
+        # the exchange in progress
+        self._parser: httptools.HttpResponseParser | None = None
+        self._head_only = False
+        self._interim = False
+        self._got_bytes = False
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self._head: asyncio.Future[None] | None = None
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._buffered = 0
+        self._paused = False
+        self._complete = False
+        self._keep_alive = False
+        self._extra = False
+        self._chunked_body = False
+        self._framing = 0
+        self._body_bytes = 0
+        self._error: BaseException | None = None
+        self._wakeup: asyncio.Future[None] | None = None
+        self._writable = WriteGate(self._loop)
+        self._writer: asyncio.Task[None] | None = None
+        self._body_sent = True
+
+    # -- asyncio.Protocol --------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = tuned(transport)
+
+    def data_received(self, data: bytes) -> None:
+        parser = self._parser
+        if parser is None or self._complete:  # bytes nobody asked for: unusable
+            self._abort(UpstreamFailed("the sandbox sent bytes outside an answer"))
+            return
+        self._got_bytes = True
+        if self._head_seen and not self._complete:  # silence: from the last read, now
+            self._deadline.after(self._silence)
+        body_before = self._body_bytes
+        try:
+            parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._abort(UpstreamFailed("the sandbox switched protocols unasked"))
+            return
+        except httptools.HttpParserError as exc:
+            cause = exc.__cause__ or exc.__context__
+            if isinstance(cause, _Extra) or self._extra:
+                self._abort(UpstreamFailed("the sandbox sent more than one answer"))
+            elif isinstance(cause, UpstreamFailed):
+                self._abort(cause)
+            else:
+                self._abort(UpstreamFailed(f"the sandbox's answer is not valid HTTP: {exc}"))
+            return
+        if self._complete:
+            return
+        # Framing read in a row (no body byte came with it): bounded, see MAX_FRAMING_BYTES.
+        self._framing = 0 if self._body_bytes != body_before else self._framing + len(data)
+        if self._framing > MAX_FRAMING_BYTES:
+            self._abort(UpstreamFailed("the sandbox's answer head or trailers are too large"))
+
+    def eof_received(self) -> bool:
+        self._ended(None)
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._deadline.cancel()
+        self._home.forget(self)
+        self._ended(exc)
+        self._writable.fail(UpstreamFailed("the sandbox closed the connection"))
+
+    # -- httptools callbacks -----------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self._complete:  # a second answer in the same read: the stream is not ours
+            self._extra = True
+            raise _Extra
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        assert self._parser is not None
+        status = self._parser.get_status_code()
+        if 100 <= status < 200:  # 100 Continue and friends: not the answer
+            self._interim = True
+            self.headers = []
+            return
+        if not 200 <= status <= 599:
+            raise UpstreamFailed(f"the sandbox answered with status {status}")
+        self.status = status
+        self._head_seen = True
+        self._deadline.after(self._silence)  # the head ended a silence: the body's starts
+        if self._head is not None and not self._head.done():
+            self._head.set_result(None)
+        if self._head_only:  # no body follows a HEAD answer, whatever it says
+            self._keep_alive = self._parser.should_keep_alive()
+            self._finish()
+
+    def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        self._chunks.append(body)
+        self._buffered += len(body)
+        if self._buffered > HIGH_WATER and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+            self._deadline.clear()  # not the sandbox's silence while we do not read
+        if self._wakeup is not None:
+            self._wake()
+
+    def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
+        assert self._parser is not None
+        # Asked now: llhttp resets what it knows once the callback returns.
+        self._keep_alive = self._parser.should_keep_alive()
+        self._finish()
+
+    # -- the exchange ------------------------------------------------------------------
+
+    def _finish(self) -> None:
+        if not self._complete:
+            self._complete = True
+            self._deadline.clear()
+            if self._wakeup is not None:
+                self._wake()
+
+    def _ended(self, exc: BaseException | None) -> None:
+        """The sandbox closed its side, or the connection broke."""
+        if self._parser is None or self._complete:
+            return
+        if isinstance(exc, ConnectFailed) and not self._got_bytes:
+            self._fail(exc)  # a tunnel's node could not reach the sandbox: nothing did
+        elif not self._got_bytes:
+            self._fail(ClosedUnanswered("the connection closed before any answer"))
+        elif self._head is not None and self._head.done() and self._until_close():
+            self._finish()  # an answer framed by the end of the connection
+        else:
+            reason = f": {exc}" if exc else ""
+            self._fail(UpstreamFailed(f"the sandbox closed the connection mid-answer{reason}"))
+
+    def _until_close(self) -> bool:
+        names = {name.lower() for name, _ in self.headers}
+        return b"content-length" not in names and b"transfer-encoding" not in names
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._complete:
+            return  # the answer is whole: only the connection is lost (see `reusable`)
+        if self._error is None:
+            self._error = exc
+        if self._head is not None and not self._head.done():
+            self._head.set_exception(exc)
+            self._head.exception()  # retrieved: a caller that left must not log it
+        self._wake()
+
+    def _abort(self, exc: BaseException) -> None:
+        self._fail(exc)
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _wake(self) -> None:
+        if self._wakeup is not None and not self._wakeup.done():
+            self._wakeup.set_result(None)
+
+    def exchange(
+        self,
+        head: bytes,
+        body: AsyncIterable[bytes] | None,
+        chunked: bool,
+        method: str,
+        silence: float,
+    ) -> asyncio.Future[None]:
+        """Write the request; the future is done once the answer's head is in, or raises
+        ClosedUnanswered, ConnectFailed, UpstreamFailed, or UpstreamTimeout when the head took
+        longer than `silence` seconds (then each body read may take as long)."""
+        assert self.transport is not None
+        self._idle = False
+        self._silence = silence
+        self._head_seen = False
+        self._deadline.after(silence)
+        self._parser = httptools.HttpResponseParser(self)
+        self._head_only = method == "HEAD"
+        self._interim = self._got_bytes = self._complete = self._paused = False
+        self._keep_alive = self._extra = False
+        self._chunked_body = chunked
+        self._framing = self._body_bytes = 0
+        self.status, self.headers, self._error = 0, [], None
+        self._chunks.clear()
+        self._buffered = 0
+        self._head = self._loop.create_future()
+        self.transport.write(head)
+        self._body_sent = body is None
+        if body is not None:
+            self._writer = self._loop.create_task(self._send_body(body, chunked))
+        return self._head
+
+    async def _send_body(self, body: AsyncIterable[bytes], chunked: bool) -> None:
+        transport = self.transport
+        assert transport is not None
+        try:
+            async with contextlib.aclosing(_iterate(body)) as chunks:
+                async for chunk in chunks:
+                    if self.closed or self._error is not None:
+                        return
+                    if chunked:
+                        transport.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
+                    else:
+                        transport.write(chunk)
+                    if (closed := self._writable.waiting()) is not None:
+                        await closed
+            if chunked and not self.closed:
+                transport.write(b"0\r\n\r\n")
+            self._body_sent = True
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # the client left mid-body, or the sandbox did
+            if isinstance(exc, UpstreamFailed) and self._got_bytes:
+                return  # the sandbox answered early and stopped reading: its answer stands
+            self._abort(exc)
+
+    def next_nowait(self) -> bytes | None:
+        """The next piece of the answer's body already read; b"" at its end; None when it
+        has not come yet."""
+        if self._chunks:
+            chunk = self._chunks.popleft()
+            self._buffered -= len(chunk)
+            if self._paused and self._buffered <= HIGH_WATER // 4 and self.transport:
+                self._paused = False
+                self.transport.resume_reading()
+                if not self._complete:
+                    self._deadline.after(self._silence)
+            return chunk
+        if self._complete:
+            return b""
+        if self._error is not None:
+            raise self._error
+        return None
+
+    async def next_chunk(self) -> bytes:
+        """The next piece of the answer's body; b"" at its end. Raises UpstreamTimeout when
+        the sandbox stays silent (see `exchange`)."""
+        while True:
+            chunk = self.next_nowait()
+            if chunk is not None:
+                return chunk
+            self._wakeup = self._loop.create_future()
+            try:
+                await self._wakeup
+            finally:
+                self._wakeup = None
+
+    def _timed_out(self) -> None:
+        if self._idle:
+            self.close()
+        else:
+            self._abort(UpstreamTimeout(f"the sandbox stayed silent for {self._silence:g} s"))
+
+    def reusable(self) -> bool:
+        return (
+            not self.closed
+            and self._complete
+            and self._keep_alive
+            and self._error is None
+            and self._body_sent
+            and not self._extra
+            # A body sent chunked may have been left unread by an app that reads only
+            # Content-Length bodies: its bytes would be taken as the next request.
+            and not self._chunked_body
+            # A HEAD answer ends with its head, whatever it says: a sandbox that sends a body
+            # after it anyway would have those bytes read as the next request's answer.
+            and not self._head_only
+        )
+
+    def done(self, keepalive: float) -> None:
+        """The exchange is over: back to the pool when it ended cleanly, else closed."""
+        writer, self._writer = self._writer, None
+        if writer is not None and not writer.done():
+            writer.cancel()
+        if self.reusable():
+            self._parser = None
+            self._idle = True
+            self._deadline.after(keepalive)
+            self._home.give_back(self)
+        else:
+            self.close()
+
+    def release_stream(self) -> None:
+        """A tunnel stream's clean end (`TunnelPool`): the stream goes back to the node,
+        which keeps its socket to the sandbox for the next one; this connection is done."""
+        transport = self.transport
+        self.closed = True
+        self._deadline.cancel()
+        release = getattr(transport, "release", None)
+        if release is not None:
+            release(True)
+        elif transport is not None:
+            transport.close()
+
+    def close(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.close()
+        self.closed = True
+        self._deadline.cancel()
+        self._home.forget(self)
+
+
+def tuned(transport: asyncio.BaseTransport) -> asyncio.Transport:
+    """An upstream connection as both kinds use it: no Nagle delay, writes bounded."""
+    transport = cast(asyncio.Transport, transport)  # uvloop's is one, not a subclass
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    transport.set_write_buffer_limits(high=HIGH_WATER)
+    return transport
+
+
+async def _iterate(body: AsyncIterable[bytes]) -> AsyncGenerator[bytes, None]:
+    """`body`'s non-empty chunks, as a generator `aclosing` can close."""
+    async for chunk in body:
+        if chunk:
+            yield chunk
