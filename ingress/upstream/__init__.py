@@ -5,6 +5,8 @@
 - `connection`: one pooled connection, one exchange at a time, backpressure both ways.
 - `handshake`: a WebSocket handshake's connection, then the sandbox's end of its tunnel.
 - `pool`: idle connections per sandbox, and the slots that bound exchanges per app.
+- `exchange`: one exchange's stage as a transition table (pure).
+- `rules`: what an answer head means: status, framing, the framing bound (pure).
 """
 
 from wakeful.ingress.upstream.connection import HIGH_WATER

@@ -2,7 +2,8 @@
 
 An `asyncio.Protocol` with httptools (the C parser uvicorn uses) for the answer's head and
 framing. The request head goes out as one `bytes`, its body chunks pass through (a writer task
-per body), and the answer's body is handed up as it arrives.
+per body), and the answer's body is handed up as it arrives. The exchange's stage lives in one
+`ExchangeState` (`upstream.exchange`); what the answer's head means is `upstream.rules`'.
 
 - **Backpressure both ways.** Reading from the sandbox pauses while more than `HIGH_WATER`
   bytes of its answer wait for the client; writing the request body waits while the
@@ -29,13 +30,26 @@ import httptools
 from wakeful.ingress.errors import ClosedUnanswered, ConnectFailed, UpstreamFailed, UpstreamTimeout
 from wakeful.ingress.flow import WriteGate
 from wakeful.ingress.timers import Deadline
+from wakeful.ingress.upstream.exchange import (
+    BODY,
+    COMPLETE,
+    FAILED,
+    HEAD,
+    IDLE,
+    INTERIM,
+    SENT,
+    ExchangeState,
+)
+from wakeful.ingress.upstream.rules import (
+    INFORMATIONAL,
+    MAX_FRAMING_BYTES,
+    framed_by_close,
+    framing_run,
+    judge_status,
+)
 
 HIGH_WATER = 256 * 1024
 """Answer bytes buffered for a slow client before reading from the sandbox pauses."""
-MAX_FRAMING_BYTES = 64 * 1024
-"""Bytes of an answer that are not body (status line, headers, chunk sizes, trailers) in a row:
-past it the answer is refused. httptools buffers a header line whole, so without this a
-sandbox sending one endless header could fill the ingress's memory."""
 
 
 class Home(Protocol):
@@ -74,30 +88,21 @@ class UpstreamConnection(Gated):
         """While pooled: when the idle connection closes. During an exchange: when the
         sandbox's silence ends it (pushed on by every read)."""
         self._silence = 0.0
-        self._idle = True
-        self._head_seen = False
+        self.state = ExchangeState()
         # the exchange in progress
         self._parser: httptools.HttpResponseParser | None = None
-        self._head_only = False
-        self._interim = False
-        self._got_bytes = False
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self._head: asyncio.Future[None] | None = None
         self._chunks: collections.deque[bytes] = collections.deque()
         self._buffered = 0
         self._paused = False
-        self._complete = False
-        self._keep_alive = False
-        self._extra = False
-        self._chunked_body = False
+        """Reading is paused: `HIGH_WATER` bytes of the answer wait for the client."""
         self._framing = 0
         self._body_bytes = 0
-        self._error: BaseException | None = None
         self._wakeup: asyncio.Future[None] | None = None
         self._writable = WriteGate(self._loop)
         self._writer: asyncio.Task[None] | None = None
-        self._body_sent = True
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
@@ -106,11 +111,14 @@ class UpstreamConnection(Gated):
 
     def data_received(self, data: bytes) -> None:
         parser = self._parser
-        if parser is None or self._complete:  # bytes nobody asked for: unusable
+        state = self.state
+        stage = state.stage
+        if parser is None or stage is IDLE or stage is COMPLETE:  # bytes nobody asked for
             self._abort(UpstreamFailed("the sandbox sent bytes outside an answer"))
             return
-        self._got_bytes = True
-        if self._head_seen and not self._complete:  # silence: from the last read, now
+        if stage is SENT:
+            state.move(HEAD)
+        elif stage is BODY:  # silence: from the last read, now
             self._deadline.after(self._silence)
         body_before = self._body_bytes
         try:
@@ -120,17 +128,17 @@ class UpstreamConnection(Gated):
             return
         except httptools.HttpParserError as exc:
             cause = exc.__cause__ or exc.__context__
-            if isinstance(cause, _Extra) or self._extra:
+            if isinstance(cause, _Extra) or state.extra:
                 self._abort(UpstreamFailed("the sandbox sent more than one answer"))
             elif isinstance(cause, UpstreamFailed):
                 self._abort(cause)
             else:
                 self._abort(UpstreamFailed(f"the sandbox's answer is not valid HTTP: {exc}"))
             return
-        if self._complete:
+        if state.stage is COMPLETE:
             return
         # Framing read in a row (no body byte came with it): bounded, see MAX_FRAMING_BYTES.
-        self._framing = 0 if self._body_bytes != body_before else self._framing + len(data)
+        self._framing = framing_run(self._framing, len(data), self._body_bytes != body_before)
         if self._framing > MAX_FRAMING_BYTES:
             self._abort(UpstreamFailed("the sandbox's answer head or trailers are too large"))
 
@@ -148,8 +156,8 @@ class UpstreamConnection(Gated):
     # -- httptools callbacks -----------------------------------------------------------
 
     def on_message_begin(self) -> None:
-        if self._complete:  # a second answer in the same read: the stream is not ours
-            self._extra = True
+        if self.state.stage is COMPLETE:  # a second answer in the same read: not ours
+            self.state.extra = True
             raise _Extra
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -157,20 +165,19 @@ class UpstreamConnection(Gated):
 
     def on_headers_complete(self) -> None:
         assert self._parser is not None
+        state = self.state
         status = self._parser.get_status_code()
-        if 100 <= status < 200:  # 100 Continue and friends: not the answer
-            self._interim = True
+        if judge_status(status, handshake=False) is INFORMATIONAL:  # 100 Continue, 103...
+            state.move(INTERIM)
             self.headers = []
             return
-        if not 200 <= status <= 599:
-            raise UpstreamFailed(f"the sandbox answered with status {status}")
         self.status = status
-        self._head_seen = True
+        state.move(BODY)
         self._deadline.after(self._silence)  # the head ended a silence: the body's starts
         if self._head is not None and not self._head.done():
             self._head.set_result(None)
-        if self._head_only:  # no body follows a HEAD answer, whatever it says
-            self._keep_alive = self._parser.should_keep_alive()
+        if state.head_only:  # no body follows a HEAD answer, whatever it says
+            state.keep_alive = self._parser.should_keep_alive()
             self._finish()
 
     def on_body(self, body: bytes) -> None:
@@ -185,46 +192,44 @@ class UpstreamConnection(Gated):
             self._wake()
 
     def on_message_complete(self) -> None:
-        if self._interim:
-            self._interim = False
+        state = self.state
+        if state.stage is INTERIM:
+            state.move(HEAD)
             return
         assert self._parser is not None
         # Asked now: llhttp resets what it knows once the callback returns.
-        self._keep_alive = self._parser.should_keep_alive()
+        state.keep_alive = self._parser.should_keep_alive()
         self._finish()
 
     # -- the exchange ------------------------------------------------------------------
 
     def _finish(self) -> None:
-        if not self._complete:
-            self._complete = True
+        if self.state.stage is BODY:
+            self.state.move(COMPLETE)
             self._deadline.clear()
             if self._wakeup is not None:
                 self._wake()
 
     def _ended(self, exc: BaseException | None) -> None:
         """The sandbox closed its side, or the connection broke."""
-        if self._parser is None or self._complete:
+        state = self.state
+        stage = state.stage
+        if stage is IDLE or stage is COMPLETE or stage is FAILED:
             return
-        if isinstance(exc, ConnectFailed) and not self._got_bytes:
-            self._fail(exc)  # a tunnel's node could not reach the sandbox: nothing did
-        elif not self._got_bytes:
-            self._fail(ClosedUnanswered("the connection closed before any answer"))
-        elif self._head is not None and self._head.done() and self._until_close():
+        if stage is SENT:
+            if isinstance(exc, ConnectFailed):  # a tunnel's node could not reach the sandbox
+                self._fail(exc)
+            else:
+                self._fail(ClosedUnanswered("the connection closed before any answer"))
+        elif stage is BODY and framed_by_close(self.headers):
             self._finish()  # an answer framed by the end of the connection
         else:
             reason = f": {exc}" if exc else ""
             self._fail(UpstreamFailed(f"the sandbox closed the connection mid-answer{reason}"))
 
-    def _until_close(self) -> bool:
-        names = {name.lower() for name, _ in self.headers}
-        return b"content-length" not in names and b"transfer-encoding" not in names
-
     def _fail(self, exc: BaseException) -> None:
-        if self._complete:
-            return  # the answer is whole: only the connection is lost (see `reusable`)
-        if self._error is None:
-            self._error = exc
+        if not self.state.fail(exc):
+            return  # whole, or failed already: only the connection is lost (see `reusable`)
         if self._head is not None and not self._head.done():
             self._head.set_exception(exc)
             self._head.exception()  # retrieved: a caller that left must not log it
@@ -251,22 +256,17 @@ class UpstreamConnection(Gated):
         ClosedUnanswered, ConnectFailed, UpstreamFailed, or UpstreamTimeout when the head took
         longer than `silence` seconds (then each body read may take as long)."""
         assert self.transport is not None
-        self._idle = False
+        self.state.begin(method == "HEAD", chunked, body is None)
         self._silence = silence
-        self._head_seen = False
         self._deadline.after(silence)
         self._parser = httptools.HttpResponseParser(self)
-        self._head_only = method == "HEAD"
-        self._interim = self._got_bytes = self._complete = self._paused = False
-        self._keep_alive = self._extra = False
-        self._chunked_body = chunked
+        self._paused = False
         self._framing = self._body_bytes = 0
-        self.status, self.headers, self._error = 0, [], None
+        self.status, self.headers = 0, []
         self._chunks.clear()
         self._buffered = 0
         self._head = self._loop.create_future()
         self.transport.write(head)
-        self._body_sent = body is None
         if body is not None:
             self._writer = self._loop.create_task(self._send_body(body, chunked))
         return self._head
@@ -274,10 +274,11 @@ class UpstreamConnection(Gated):
     async def _send_body(self, body: AsyncIterable[bytes], chunked: bool) -> None:
         transport = self.transport
         assert transport is not None
+        state = self.state
         try:
             async with contextlib.aclosing(_iterate(body)) as chunks:
                 async for chunk in chunks:
-                    if self.closed or self._error is not None:
+                    if self.closed or state.stage is FAILED:
                         return
                     if chunked:
                         transport.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
@@ -287,11 +288,11 @@ class UpstreamConnection(Gated):
                         await closed
             if chunked and not self.closed:
                 transport.write(b"0\r\n\r\n")
-            self._body_sent = True
+            state.body_sent = True
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # the client left mid-body, or the sandbox did
-            if isinstance(exc, UpstreamFailed) and self._got_bytes:
+            if isinstance(exc, UpstreamFailed) and state.answered:
                 return  # the sandbox answered early and stopped reading: its answer stands
             self._abort(exc)
 
@@ -304,13 +305,14 @@ class UpstreamConnection(Gated):
             if self._paused and self._buffered <= HIGH_WATER // 4 and self.transport:
                 self._paused = False
                 self.transport.resume_reading()
-                if not self._complete:
+                if self.state.stage is not COMPLETE:
                     self._deadline.after(self._silence)
             return chunk
-        if self._complete:
+        state = self.state
+        if state.stage is COMPLETE:
             return b""
-        if self._error is not None:
-            raise self._error
+        if state.error is not None:
+            raise state.error
         return None
 
     async def next_chunk(self) -> bytes:
@@ -327,26 +329,13 @@ class UpstreamConnection(Gated):
                 self._wakeup = None
 
     def _timed_out(self) -> None:
-        if self._idle:
+        if self.state.stage is IDLE:
             self.close()
         else:
             self._abort(UpstreamTimeout(f"the sandbox stayed silent for {self._silence:g} s"))
 
     def reusable(self) -> bool:
-        return (
-            not self.closed
-            and self._complete
-            and self._keep_alive
-            and self._error is None
-            and self._body_sent
-            and not self._extra
-            # A body sent chunked may have been left unread by an app that reads only
-            # Content-Length bodies: its bytes would be taken as the next request.
-            and not self._chunked_body
-            # A HEAD answer ends with its head, whatever it says: a sandbox that sends a body
-            # after it anyway would have those bytes read as the next request's answer.
-            and not self._head_only
-        )
+        return not self.closed and self.state.reusable
 
     def done(self, keepalive: float) -> None:
         """The exchange is over: back to the pool when it ended cleanly, else closed."""
@@ -355,7 +344,7 @@ class UpstreamConnection(Gated):
             writer.cancel()
         if self.reusable():
             self._parser = None
-            self._idle = True
+            self.state.move(IDLE)
             self._deadline.after(keepalive)
             self._home.give_back(self)
         else:

@@ -4,7 +4,8 @@ Never pooled: one connection per handshake, closed with the response. A 101 turn
 the tunnel's sandbox side (`ingress.tunnel.Side`): what the sandbox sends then goes through a
 bounded `Pipe`. Any other answer (a refusal: 400, 426, a redirect) is read whole, its body
 bounded by `MAX_REFUSAL_BYTES`, and passed on as it is; whatever the sandbox writes after it is
-never taken for an answer.
+never taken for an answer. The head's rules are the pooled connections' (`upstream.rules`);
+the exchange's stage is an `ExchangeState` like theirs.
 """
 
 from __future__ import annotations
@@ -16,22 +17,38 @@ import httptools
 from wakeful.ingress.errors import UpstreamFailed
 from wakeful.ingress.flow import WriteGate
 from wakeful.ingress.tunnel import MAX_REFUSAL_BYTES, Pipe
-from wakeful.ingress.upstream.connection import MAX_FRAMING_BYTES, Gated, tuned
+from wakeful.ingress.upstream.connection import Gated, tuned
+from wakeful.ingress.upstream.exchange import (
+    BODY,
+    COMPLETE,
+    HEAD,
+    INTERIM,
+    SENT,
+    SWITCHED,
+    ExchangeState,
+)
+from wakeful.ingress.upstream.rules import (
+    INFORMATIONAL,
+    MAX_FRAMING_BYTES,
+    framed_by_close,
+    framing_run,
+    judge_status,
+)
 
 
 class Handshake(Gated):
     """A WebSocket handshake's upstream connection, then (after a 101) the sandbox's end of
-    its tunnel (`ingress.tunnel.Side`). Never pooled; closed with the response. Any other
-    answer is read whole (bounded) and passed on as it is."""
+    its tunnel (`ingress.tunnel.Side`). Any other answer is read whole (bounded) and passed
+    on as it is."""
 
     def __init__(self) -> None:
         self._loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
         self._head: asyncio.Future[None] = self._loop.create_future()
-        self._interim = False
-        self._answered = False
-        self._switched = False
+        self.state = ExchangeState()
+        self.state.begin(head_only=False, chunked_body=False, body_sent=True)
+        """Made for its one request: its exchange begins with it."""
         self._framing = 0
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
@@ -54,18 +71,21 @@ class Handshake(Gated):
         self.transport = tuned(transport)
 
     def data_received(self, data: bytes) -> None:
-        if self._switched:
+        state = self.state
+        if state.stage is SWITCHED:
             self.pipe.feed(data)
             return
         if self._head.done():  # bytes after a refusal's answer: not ours to pass on
             return
+        if state.stage is SENT:
+            state.move(HEAD)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade as exc:
             if self.status != 101 or self._head.done():
                 self._fail(UpstreamFailed("the sandbox switched protocols without a 101"))
                 return
-            self._switched = True
+            state.move(SWITCHED)
             self._head.set_result(None)
             self.pipe.feed(data[exc.args[0] :])
             return
@@ -75,7 +95,7 @@ class Handshake(Gated):
             self._fail(reason or UpstreamFailed(f"the sandbox's answer is not valid HTTP: {exc}"))
             return
         if not self.status:
-            self._framing += len(data)
+            self._framing = framing_run(self._framing, len(data), body_came=False)
             if self._framing > MAX_FRAMING_BYTES:
                 self._fail(UpstreamFailed("the sandbox's answer head is too large"))
 
@@ -91,7 +111,7 @@ class Handshake(Gated):
     # -- httptools callbacks -----------------------------------------------------------
 
     def on_message_begin(self) -> None:
-        if self._answered:  # a second answer in the same read: never ours to pass on
+        if self.state.stage is COMPLETE:  # a second answer in the same read: never ours
             raise UpstreamFailed("the sandbox sent more than one answer to the handshake")
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -99,13 +119,12 @@ class Handshake(Gated):
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
-        if 100 <= status < 200 and status != 101:  # an interim answer: not the answer
-            self._interim = True
+        if judge_status(status, handshake=True) is INFORMATIONAL:  # not the answer
+            self.state.move(INTERIM)
             self.headers = []
             return
-        if not (status == 101 or 200 <= status <= 599):
-            raise UpstreamFailed(f"the sandbox answered with status {status}")
         self.status = status
+        self.state.move(BODY)
 
     def on_body(self, body: bytes) -> None:
         self._body += body
@@ -115,10 +134,11 @@ class Handshake(Gated):
             )
 
     def on_message_complete(self) -> None:
-        if self._interim:
-            self._interim = False
+        state = self.state
+        if state.stage is INTERIM:
+            state.move(HEAD)
             return
-        self._answered = True  # a 101's upgrade, or a refusal's end: nothing may follow
+        state.move(COMPLETE)  # a 101's upgrade, or a refusal's end: nothing may follow
         if self.status != 101 and not self._head.done():
             self._head.set_result(None)
 
@@ -128,17 +148,15 @@ class Handshake(Gated):
         self.pipe.end()
         if self._head.done():
             return
-        framed = {name.lower() for name, _ in self.headers}
-        if (
-            self.status
-            and self.status != 101
-            and not framed & {b"content-length", b"transfer-encoding"}
-        ):
+        state = self.state
+        if state.stage is BODY and self.status != 101 and framed_by_close(self.headers):
+            state.move(COMPLETE)
             self._head.set_result(None)  # a refusal framed by the end of the connection
         else:
             self._fail(UpstreamFailed("the sandbox closed the connection during the handshake"))
 
     def _fail(self, exc: BaseException) -> None:
+        self.state.fail(exc)
         if not self._head.done():
             self._head.set_exception(exc)
             self._head.exception()  # retrieved: a caller that left must not log it
@@ -166,7 +184,7 @@ class Handshake(Gated):
 
     @property
     def tunnel(self) -> Handshake | None:
-        return self if self._switched else None
+        return self if self.state.stage is SWITCHED else None
 
     def next_nowait(self) -> bytes:
         """The refusal's body, whole (read before the head was handed up), then b""."""
