@@ -168,7 +168,7 @@ class Proxy:
                         request.body.stream() if request.body is not None else None,
                         self._settings.timeout_for(app),
                         request.upgrade,
-                        fresh=again > 0,
+                        again > 0,  # fresh: a new connection for a resend
                     )
                 )
             except UpstreamError as exc:

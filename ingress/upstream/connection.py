@@ -39,6 +39,7 @@ from wakeful.ingress.upstream.exchange import (
     INTERIM,
     SENT,
     ExchangeState,
+    IllegalMove,
 )
 from wakeful.ingress.upstream.rules import (
     INFORMATIONAL,
@@ -117,7 +118,7 @@ class UpstreamConnection(Gated):
             self._abort(UpstreamFailed("the sandbox sent bytes outside an answer"))
             return
         if stage is SENT:
-            state.move(HEAD)
+            state.stage = HEAD
         elif stage is BODY:  # silence: from the last read, now
             self._deadline.after(self._silence)
         body_before = self._body_bytes
@@ -166,13 +167,15 @@ class UpstreamConnection(Gated):
     def on_headers_complete(self) -> None:
         assert self._parser is not None
         state = self.state
+        if state.stage is not HEAD:  # bytes came (`data_received`): a head is all it can be
+            raise IllegalMove(state.stage, BODY)
         status = self._parser.get_status_code()
-        if judge_status(status, handshake=False) is INFORMATIONAL:  # 100 Continue, 103...
-            state.move(INTERIM)
+        if judge_status(status, False) is INFORMATIONAL:  # 100 Continue, 103...
+            state.stage = INTERIM
             self.headers = []
             return
         self.status = status
-        state.move(BODY)
+        state.stage = BODY
         self._deadline.after(self._silence)  # the head ended a silence: the body's starts
         if self._head is not None and not self._head.done():
             self._head.set_result(None)
@@ -194,7 +197,7 @@ class UpstreamConnection(Gated):
     def on_message_complete(self) -> None:
         state = self.state
         if state.stage is INTERIM:
-            state.move(HEAD)
+            state.stage = HEAD
             return
         assert self._parser is not None
         # Asked now: llhttp resets what it knows once the callback returns.
@@ -204,8 +207,9 @@ class UpstreamConnection(Gated):
     # -- the exchange ------------------------------------------------------------------
 
     def _finish(self) -> None:
-        if self.state.stage is BODY:
-            self.state.move(COMPLETE)
+        state = self.state
+        if state.stage is BODY:
+            state.stage = COMPLETE
             self._deadline.clear()
             if self._wakeup is not None:
                 self._wake()
@@ -229,7 +233,7 @@ class UpstreamConnection(Gated):
 
     def _fail(self, exc: BaseException) -> None:
         if not self.state.fail(exc):
-            return  # whole, or failed already: only the connection is lost (see `reusable`)
+            return  # whole, or failed already: only the connection is lost (see `done`)
         if self._head is not None and not self._head.done():
             self._head.set_exception(exc)
             self._head.exception()  # retrieved: a caller that left must not log it
@@ -256,7 +260,15 @@ class UpstreamConnection(Gated):
         ClosedUnanswered, ConnectFailed, UpstreamFailed, or UpstreamTimeout when the head took
         longer than `silence` seconds (then each body read may take as long)."""
         assert self.transport is not None
-        self.state.begin(method == "HEAD", chunked, body is None)
+        state = self.state
+        if state.stage is not IDLE:
+            raise IllegalMove(state.stage, SENT)
+        state.stage = SENT
+        state.error = None
+        state.head_only = method == "HEAD"
+        state.chunked_body = chunked
+        state.body_sent = body is None
+        state.keep_alive = state.extra = False
         self._silence = silence
         self._deadline.after(silence)
         self._parser = httptools.HttpResponseParser(self)
@@ -334,17 +346,16 @@ class UpstreamConnection(Gated):
         else:
             self._abort(UpstreamTimeout(f"the sandbox stayed silent for {self._silence:g} s"))
 
-    def reusable(self) -> bool:
-        return not self.closed and self.state.reusable
-
     def done(self, keepalive: float) -> None:
         """The exchange is over: back to the pool when it ended cleanly, else closed."""
         writer, self._writer = self._writer, None
         if writer is not None and not writer.done():
             writer.cancel()
-        if self.reusable():
+        state = self.state
+        # `reusable` implies COMPLETE; named here as the guard of the move to IDLE.
+        if state.stage is COMPLETE and state.reusable and not self.closed:
             self._parser = None
-            self.state.move(IDLE)
+            state.stage = IDLE
             self._deadline.after(keepalive)
             self._home.give_back(self)
         else:

@@ -15,9 +15,14 @@ SWITCHED (a handshake's 101, after which the connection carries a WebSocket) and
 final: the connection is closed. A failure after COMPLETE changes nothing (the answer is
 whole; only the connection is lost), and a FAILED exchange never becomes COMPLETE.
 
-No asyncio, no I/O: `upstream.connection` and `upstream.handshake` move it from their
-protocol callbacks, a few moves per exchange (members are module constants: an enum member
-read through its class costs more than the move).
+No asyncio, no I/O. `upstream.handshake` moves it with `move`, which checks the table when it
+runs. `upstream.connection` makes five moves on every proxied request, so it moves inline,
+each move under a guard that names the stage it leaves (`if state.stage is BODY: state.stage
+= COMPLETE`, or `if state.stage is not IDLE: raise IllegalMove(...)` before `state.stage =
+SENT`), and `test_exchange.py` checks every such move against the table: the check runs once,
+in the tests, not per request (a method call per move cost more than the rest of the
+exchange's bookkeeping). Members are module constants for the same reason: an enum member
+read through its class costs more than the move.
 """
 
 from __future__ import annotations
@@ -57,13 +62,18 @@ MOVES: dict[Stage, frozenset[Stage]] = {
     FAILED: frozenset(),
 }
 """The table: from each stage, the stages an exchange may move to."""
+
+
 _NEXT = tuple(MOVES[stage] for stage in Stage)
-"""`MOVES` indexed by stage (a tuple index and an int hash: the move is on every request)."""
+"""`MOVES` indexed by stage."""
 
 
 class IllegalMove(RuntimeError):
     """An exchange was told to move where the table does not go (a bug, not a sandbox's
     misbehaviour: the protocols check what the sandbox sent before they move)."""
+
+    def __init__(self, start: Stage, to: Stage) -> None:
+        super().__init__(f"an exchange cannot move from {start.name} to {to.name}")
 
 
 class ExchangeState:
@@ -100,17 +110,8 @@ class ExchangeState:
 
     def move(self, to: Stage) -> None:
         if to not in _NEXT[self.stage]:
-            raise IllegalMove(f"an exchange cannot move from {self.stage.name} to {to.name}")
+            raise IllegalMove(self.stage, to)
         self.stage = to
-
-    def begin(self, head_only: bool, chunked_body: bool, body_sent: bool) -> None:
-        """A request goes out on this connection (IDLE → SENT)."""
-        self.move(SENT)
-        self.error = None
-        self.head_only = head_only
-        self.chunked_body = chunked_body
-        self.body_sent = body_sent
-        self.keep_alive = self.extra = False
 
     def fail(self, error: BaseException) -> bool:
         """The exchange broke with `error`; False (and nothing changes) when it had already

@@ -47,7 +47,7 @@ class Handshake(Gated):
         self._parser = httptools.HttpResponseParser(self)
         self._head: asyncio.Future[None] = self._loop.create_future()
         self.state = ExchangeState()
-        self.state.begin(head_only=False, chunked_body=False, body_sent=True)
+        self.state.move(SENT)
         """Made for its one request: its exchange begins with it."""
         self._framing = 0
         self.status = 0
@@ -119,7 +119,7 @@ class Handshake(Gated):
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
-        if judge_status(status, handshake=True) is INFORMATIONAL:  # not the answer
+        if judge_status(status, True) is INFORMATIONAL:  # not the answer
             self.state.move(INTERIM)
             self.headers = []
             return

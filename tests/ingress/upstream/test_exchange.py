@@ -3,11 +3,14 @@ and changes nothing, and only a clean whole answer leaves the connection reusabl
 
 from __future__ import annotations
 
+import ast
 import itertools
+from pathlib import Path
 
 import pytest
 
 from wakeful.ingress.errors import UpstreamFailed, UpstreamTimeout
+from wakeful.ingress.upstream import exchange
 from wakeful.ingress.upstream.exchange import (
     BODY,
     COMPLETE,
@@ -61,18 +64,100 @@ def test_every_move(start: Stage, to: Stage) -> None:
         state.move(to)
         assert state.stage is to
     else:
-        with pytest.raises(IllegalMove):
+        with pytest.raises(
+            IllegalMove, match=f"^an exchange cannot move from {start.name} to {to.name}$"
+        ):
             state.move(to)
         assert state.stage is start
 
 
-def test_a_request_begins_only_on_an_idle_connection() -> None:
-    state = ExchangeState()
-    state.begin(head_only=True, chunked_body=False, body_sent=False)
-    assert (state.stage, state.head_only, state.body_sent) == (SENT, True, False)
-    with pytest.raises(IllegalMove):
-        state.begin(head_only=False, chunked_body=False, body_sent=True)
-    assert state.head_only  # unchanged
+def _stage_of(test: ast.expr, op: type[ast.cmpop]) -> Stage | None:
+    """FROM when `test` is `<...>.stage <op> FROM` (or `stage <op> FROM`), or an `and`
+    holding one; else None."""
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+        found = [_stage_of(each, op) for each in test.values]
+        return next((stage for stage in found if stage is not None), None)
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
+        return None
+    left, right = test.left, test.comparators[0]
+    names_stage = (isinstance(left, ast.Attribute) and left.attr == "stage") or (
+        isinstance(left, ast.Name) and left.id == "stage"
+    )
+    if names_stage and isinstance(test.ops[0], op) and isinstance(right, ast.Name):
+        return Stage[right.id]
+    return None
+
+
+def _moves(body: list[ast.stmt], known: Stage | None, found: list[str], where: str) -> None:
+    """Walk `body` knowing the stage is `known` (None: not known), checking each inline
+    `<...>.stage = TO` against the table."""
+    for node in body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Attribute) and t.attr == "stage" for t in node.targets
+        ):
+            assert isinstance(node.value, ast.Name), f"{where}:{node.lineno} sets a stage"
+            to = Stage[node.value.id]
+            assert known is not None, f"{where}:{node.lineno}: no guard names the stage left"
+            assert (known, to) in LEGAL, f"{where}:{node.lineno}: {known.name} to {to.name}"
+            found.append(f"{known.name} to {to.name}")
+            known = to
+        elif isinstance(node, ast.If):
+            leaving = _stage_of(node.test, ast.IsNot)
+            if leaving is not None and isinstance(node.body[-1], ast.Raise):
+                known = leaving  # `if stage is not FROM: raise`: from here on, FROM
+                continue
+            _moves(node.body, _stage_of(node.test, ast.Is) or known, found, where)
+            _moves(node.orelse, known, found, where)
+            if any(
+                _flows_on(branch) and _sets_stage_in(branch) for branch in (node.body, node.orelse)
+            ):
+                known = None
+        else:
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                inner = getattr(node, field, None)
+                if inner and not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    _moves([n for n in inner if isinstance(n, ast.stmt)], known, found, where)
+            if _sets_stage(node):
+                known = None
+
+
+def _flows_on(branch: list[ast.stmt]) -> bool:
+    """Control can leave `branch` at its end (it does not end in a return or a raise)."""
+    return not branch or not isinstance(branch[-1], ast.Return | ast.Raise)
+
+
+def _sets_stage_in(branch: list[ast.stmt]) -> bool:
+    return any(_sets_stage(each) for each in branch)
+
+
+def _sets_stage(node: ast.AST) -> bool:
+    return any(
+        isinstance(each, ast.Assign)
+        and any(isinstance(t, ast.Attribute) and t.attr == "stage" for t in each.targets)
+        for each in ast.walk(node)
+    )
+
+
+def test_every_inline_move_of_the_protocols_is_a_move_of_the_table() -> None:
+    """Outside `exchange.py`, a stage is set inline only under a guard naming the stage it
+    leaves, and that move is in the table: checked here, once, instead of per request."""
+    package = Path(exchange.__file__).parent
+    found: list[str] = []
+    for module in sorted(package.glob("*.py")):
+        if module.name == "exchange.py":
+            continue
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                _moves(node.body, None, found, f"{module.name}:{node.name}")
+    assert sorted(found) == [
+        "BODY to COMPLETE",
+        "COMPLETE to IDLE",
+        "HEAD to BODY",
+        "HEAD to INTERIM",
+        "IDLE to SENT",
+        "INTERIM to HEAD",
+        "SENT to HEAD",
+    ]
 
 
 @pytest.mark.parametrize(
