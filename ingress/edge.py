@@ -1,6 +1,6 @@
 """The edge: where a parsed request becomes a `ProxyRequest` and errors become answers.
 
-`ProxyEdge` is the proxy port's handler for the HTTP/1.1 server in `http1.py`: it routes,
+`ProxyEdge` is the proxy port's handler for the HTTP/1.1 server in `http1/`: it routes,
 forwards through the proxy, streams the answer back, and is the only place our exceptions
 become status codes (`answer_for`). `AdminApp` (ASGI, on uvicorn) serves /healthz, /readyz
 and /metrics on its own port.
@@ -75,7 +75,7 @@ def answer_for(exc: Exception, show_boot_log: bool = False) -> ErrorAnswer:
 
 
 class ProxyEdge:
-    """Answers each request the HTTP/1.1 server (`http1.py`) parsed: route, forward through
+    """Answers each request the HTTP/1.1 server (`http1/`) parsed: route, forward through
     the proxy, stream the answer back. A client that hangs up cancels this (the server does),
     and `Proxy.finish` gives the lease back."""
 
@@ -154,11 +154,11 @@ class ProxyEdge:
                 response = await proxy.open(app, proxied, tracker, held)
                 status = response.status
                 upstream = response.upstream
-                if upstream.tunnel is not None:
+                if upstream.splice is not None:
                     client = out.switch(upgrade_headers(response.headers))
                     with self._metrics.websocket(app):
                         idle, longest = self._websocket_limits(app)
-                        why = await splice(client, upstream.tunnel, idle, longest)
+                        why = await splice(client, upstream.splice, idle, longest)
                     log.debug("websocket ended: %s", why, extra={"app": app})
                     return
                 out.start(status, response.headers)

@@ -10,10 +10,12 @@ IngressError
 ├── UpstreamBusy       the app's share of upstream connections stayed full (503 + Retry-After)
 └── UpstreamError      the sandbox did not answer properly
     ├── ConnectFailed    nothing reached the sandbox (refused, unreachable): safe to retry
-    ├── UpstreamFailed   the exchange broke after bytes were sent (502, never retried)
+    ├── UpstreamFailed   the exchange broke after bytes were sent (502)
+    │   └── ClosedUnanswered  the connection ended before any byte of the answer: sent once
+    │                         more when it can be replayed (`ingress.retry`), else 502
     └── UpstreamTimeout  the sandbox stayed silent past the timeout (504)
 
-Activator errors (`activator.errors`) pass through unchanged: Unavailable is 503 +
+Activator errors (`wakeful.domain.leases`) pass through unchanged: Unavailable is 503 +
 Retry-After, UnknownApp is 404.
 """
 
@@ -65,6 +67,10 @@ class ConnectFailed(UpstreamError):
 
 
 class UpstreamFailed(UpstreamError):
+    pass
+
+
+class ClosedUnanswered(UpstreamFailed):
     pass
 
 

@@ -7,10 +7,11 @@ Theory of operation:
   client gone, cancellation, timeout, shutdown.
 - A request body is read up to `PREREAD_BYTES` before anything else (`preread`): a client
   trickling a small body in holds no capacity meanwhile.
-- A retry happens only on ConnectFailed (nothing reached the sandbox) and only when none of
-  the request body past what `preread` kept was read. The refused sandbox's cached leases
-  leave the cache; the use that failed is held until the request ends, so the activator sees
-  that sandbox loaded and places the retry elsewhere.
+- Whether a failed request is sent again, and where, is `retry.next_attempt`'s (invariant
+  11); `open` carries it out. Sent elsewhere (nothing reached the sandbox): the refused
+  sandbox's cached leases leave the cache, and the use that failed is held until the request
+  ends, so the activator sees that sandbox loaded and places the retry elsewhere. Sent again
+  (the connection closed unanswered): on the same use, on a fresh connection.
 - The sandbox URL always comes from a lease; the client supplies only the path and query.
 """
 
@@ -33,6 +34,7 @@ from wakeful.ingress.errors import (
 )
 from wakeful.ingress.headers import client_response_headers, upstream_request_headers
 from wakeful.ingress.metrics import IngressMetrics, Move, Tracker
+from wakeful.ingress.retry import Body, Next, next_attempt
 from wakeful.ingress.routing import Router, RoutingTable, normalize_host
 from wakeful.ingress.settings import IngressSettings
 from wakeful.ingress.transport import Transport, UpstreamRequest, UpstreamResponse
@@ -73,7 +75,7 @@ class ProxyResponse:
     headers: list[tuple[bytes, bytes]]
     """As the client gets them (`client_response_headers`)."""
     upstream: UpstreamResponse
-    """The sandbox's answer: its body, read with `next_nowait` and `next`, and its `tunnel`
+    """The sandbox's answer: its body, read with `next_nowait` and `next`, and its `splice`
     when it switched to WebSocket (101)."""
 
 
@@ -122,34 +124,40 @@ class Proxy:
         key = (app, None)
         refused: dict[str, str] = {}
         """Sandboxes nothing reached, with why: the answer names the first reason."""
-        retries = 0
+        elsewhere = again = 0
+        """Times sent to another sandbox, and once more to the same one (`next_attempt`)."""
         waited = False
         queued = woke = 0.0
         """Seconds spent waiting for leases, and of those, for the app to wake (`PHASES`)."""
         woke_by = ""
         """How it woke: `thaw` (a suspended sandbox) or `start`."""
+        use: Use
+        grant: LeaseGrant
+        sent: float
         while True:
-            use = self._cache.take(key, refused)
-            if use is None:
-                tracker.move(Move.WAIT)
-                asked = time.perf_counter()
-                use = await self._cache.acquire(key)
-                queued += time.perf_counter() - asked
-                if not use.hit:  # its own grant: the activator says whether it woke the app
-                    woke = max(woke, min(use.lease.grant.woke_after, queued))
-                    woke_by = use.lease.grant.woke_by or woke_by
-                waited = True
-                trace.mark("leased", app)  # a miss: rare enough to pay for the call
-            held.append(use)
-            tracker.move(Move.HOLD)
-            grant = use.lease.grant
+            if not again:  # a new sandbox: take a use of a lease on one
+                found = self._cache.take(key, refused)
+                if found is None:
+                    tracker.move(Move.WAIT)
+                    asked = time.perf_counter()
+                    found = await self._cache.acquire(key)
+                    queued += time.perf_counter() - asked
+                    if not found.hit:  # its own grant: the activator says if it woke the app
+                        woke = max(woke, min(found.lease.grant.woke_after, queued))
+                        woke_by = found.lease.grant.woke_by or woke_by
+                    waited = True
+                    trace.mark("leased", app)  # a miss: rare enough to pay for the call
+                use = found
+                held.append(use)
+                tracker.move(Move.HOLD)
+                grant = use.lease.grant
+                sent = time.perf_counter()
             try:
                 if refused and grant.sandbox_id in refused:
                     raise ConnectFailed(
                         f"sandbox {grant.sandbox_id} refused this request already: "
                         f"{refused[grant.sandbox_id]}"
                     )
-                sent = time.perf_counter()
                 response = await self._transport.send(
                     UpstreamRequest(
                         app,
@@ -160,21 +168,33 @@ class Proxy:
                         request.body.stream() if request.body is not None else None,
                         self._settings.timeout_for(app),
                         request.upgrade,
+                        again > 0,  # fresh: a new connection for a resend
                     )
                 )
-            except ConnectFailed as exc:
-                self._metrics.upstream_errors.labels(app=app, kind="connect").inc()
-                refused.setdefault(use.sandbox_id, str(exc))
-                for grant in self._cache.drop_sandbox(use.sandbox_id):
-                    await self._cache.release(grant)
-                body_read = request.body is not None and request.body.started
-                if retries >= self._settings.connect_retries or body_read:
-                    raise
-                retries += 1
-                self._metrics.connect_retries.labels(app=app).inc()
-                continue
             except UpstreamError as exc:
-                self.count_error(app, exc)
+                if isinstance(exc, ConnectFailed):
+                    self._metrics.upstream_errors.labels(app=app, kind="connect").inc()
+                    refused.setdefault(use.sandbox_id, str(exc))
+                    for freed in self._cache.drop_sandbox(use.sandbox_id):
+                        await self._cache.release(freed)
+                step = next_attempt(
+                    exc,
+                    method=request.method,
+                    body=_body_state(request.body),
+                    elsewhere=elsewhere,
+                    again=again,
+                    bound=self._settings.connect_retries,
+                )
+                if step is Next.AGAIN:
+                    again += 1
+                    continue
+                if step is Next.ELSEWHERE:
+                    elsewhere += 1
+                    again = 0
+                    self._metrics.connect_retries.labels(app=app).inc()
+                    continue
+                if not isinstance(exc, ConnectFailed):
+                    self.count_error(app, exc)
                 raise
             upstream = time.perf_counter() - sent
             self._metrics.phases(app, queued, woke, upstream)
@@ -212,6 +232,12 @@ class Proxy:
     def count_error(self, app: str, exc: UpstreamError) -> None:
         kind = "timeout" if isinstance(exc, UpstreamTimeout) else "failed"
         self._metrics.upstream_errors.labels(app=app, kind=kind).inc()
+
+
+def _body_state(body: RequestBody | None) -> Body:
+    if body is None:
+        return Body.NONE
+    return Body.SPENT if body.started else Body.KEPT
 
 
 def server_timing(queued: float, woke: float, upstream: float, woke_by: str = "") -> bytes:

@@ -1,8 +1,9 @@
 """The upstream transport's interface: what the proxy needs to send a request to a sandbox.
 
 `Transport.send` is the whole interface; `ingress.upstream.RawTransport` implements it, and
-only raises the errors of `ingress.errors`. The response body streams: nothing reads a whole
-body into memory.
+only raises the errors of `ingress.errors`. One `send` is one attempt: whether a failure is
+tried again, and where, is `ingress.retry`'s. The response body streams: nothing reads a
+whole body into memory.
 """
 
 from __future__ import annotations
@@ -30,7 +31,10 @@ class UpstreamRequest:
     """Seconds the sandbox may stay silent: before its answer starts, and between reads."""
     upgrade: bool = False
     """A WebSocket handshake (`ingress.websocket`): sent on a connection of its own with its
-    `Connection: upgrade` and `Upgrade: websocket`; a 101 answer comes with a `tunnel`."""
+    `Connection: upgrade` and `Upgrade: websocket`; a 101 answer comes with a `splice`."""
+    fresh: bool = False
+    """Send it on a new connection, not an idle one: it is sent again because a connection
+    closed before any answer (`ClosedUnanswered`), and the idle ones may be as stale."""
 
 
 class UpstreamResponse(Protocol):
@@ -54,7 +58,7 @@ class UpstreamResponse(Protocol):
         ...
 
     @property
-    def tunnel(self) -> Side | None:
+    def splice(self) -> Side | None:
         """The sandbox's end of a switched connection (a 101 to an `upgrade` request)."""
         ...
 
@@ -64,6 +68,7 @@ class Transport(Protocol):
         """Send the request and return once the response head has arrived.
 
         Raises ConnectFailed when nothing reached the sandbox (safe to retry elsewhere),
+        ClosedUnanswered when the connection ended before any byte of the answer,
         UpstreamFailed when the exchange broke after that, UpstreamTimeout when it went quiet.
         """
         ...

@@ -1,14 +1,14 @@
 """WebSockets through the ingress: the handshake is proxied like any request, then bytes go both
 ways until either side ends.
 
-A client's `GET` with `Connection: upgrade` and `Upgrade: websocket` (`is_websocket`) takes a
-lease use like any request and is sent to the sandbox on a connection of its own (never a
-pooled one) with those two headers kept. A `101` answer splices both connections: `splice`
-copies what each side sends to the other, with backpressure each way (a `Pipe` stops reading
-from its side past `HIGH_WATER` bytes not yet written to the other), until one side closes,
-nothing has crossed for the app's idle timeout, or the WebSocket has lasted its maximum
-duration. Any other answer to the handshake (a 400, a 426, a redirect) is passed on as it is,
-its body bounded by `MAX_REFUSAL_BYTES`, and the client connection closes after it.
+A client's `GET` with `Connection: upgrade` and `Upgrade: websocket` (`is_websocket`, in
+`http1.rules`) takes a lease use like any request and is sent to the sandbox on a connection of
+its own (never a pooled one) with those two headers kept. A `101` answer splices both
+connections: `splice` copies what each side sends to the other, with backpressure each way (a
+`Pipe` stops reading from its side past `HIGH_WATER` bytes not yet written to the other), until
+one side closes, nothing has crossed for the app's idle timeout, or the WebSocket has lasted
+its maximum duration. Any other answer to the handshake (a 400, a 426, a redirect) is passed on
+as it is, its body bounded by `MAX_REFUSAL_BYTES`, and the client connection closes after it.
 
 The request's lease use is held for the WebSocket's whole life: the sandbox counts the socket
 as a request in flight (seed 001), the lease cache renews the lease as used, so the activator
@@ -26,31 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 HIGH_WATER = 256 * 1024
 """Bytes from one side waiting for the other before reading from the first pauses."""
 MAX_REFUSAL_BYTES = 64 * 1024
 """The body of a handshake answered with anything but 101, passed on whole."""
-
-
-def is_websocket(method: str, headers: Iterable[tuple[bytes, bytes]]) -> bool:
-    """A WebSocket opening handshake (RFC 6455 §4.1): GET, `Upgrade: websocket`, and
-    `Connection` naming `upgrade`."""
-    if method != "GET":
-        return False
-    upgrade = connection = False
-    for name, value in headers:
-        if name == b"upgrade":
-            upgrade = upgrade or any(
-                token.strip().lower() == b"websocket" for token in value.split(b",")
-            )
-        elif name == b"connection":
-            connection = connection or any(
-                token.strip().lower() == b"upgrade" for token in value.split(b",")
-            )
-    return upgrade and connection
 
 
 class Pipe:

@@ -1,0 +1,25 @@
+"""The ingress's own HTTP/1.1 server: asyncio protocols and httptools, no ASGI in between.
+
+- `server`: `HttpServer` (listen, stop in order), its `Limits`, the `Handler` it calls.
+- `connection`: one client connection: parse, queue, answer in order, the client's bounds.
+- `rules`: how a request head frames its message or why it is refused (pure, no I/O).
+- `request`: the `Request` a handler gets, and its streaming `Body`.
+- `responder`: writing an answer (`Responder`), a splice's client end, the canned answers.
+"""
+
+from wakeful.ingress.http1.connection import PIPELINE_MAX, ClientConnection
+from wakeful.ingress.http1.request import Body, Request
+from wakeful.ingress.http1.responder import ClientSide, Responder
+from wakeful.ingress.http1.server import Handler, HttpServer, Limits
+
+__all__ = [
+    "PIPELINE_MAX",
+    "Body",
+    "ClientConnection",
+    "ClientSide",
+    "Handler",
+    "HttpServer",
+    "Limits",
+    "Request",
+    "Responder",
+]

@@ -1,0 +1,404 @@
+"""One client connection of the HTTP/1.1 server: read, parse, queue, answer in order.
+
+httptools (llhttp, in its strict mode) parses request heads and bodies; a head it cannot parse
+(obs-fold, a bare LF, two Content-Lengths, ...) is answered 400 and the connection closes.
+Whether a parsed head is framed safely, and how, is `http1.rules.frame_request`'s to decide:
+the callback gathers the head and acts on that decision (a refusal is a 400 too). Parsed
+requests queue on the connection and one task answers them in order (pipelining), each
+through `Handler.handle(request, responder)`; past `PIPELINE_DEPTH` queued, reading pauses,
+and past `PIPELINE_MAX` parsed from one read the connection is refused: those parsed are
+answered, then a 400, then it closes. Each answer is drained to the client before the next
+is started.
+
+What a client can hold is bounded by the server's `Limits` (invariant 18), none for ever.
+
+A client that hangs up, or closes its side (a FIN: as nginx does, taken as giving up; nothing
+queued behind it is answered), cancels the exchange answering it (the lease goes back through
+`Proxy.finish`). A connection cut short (an answer not finished, a body not read, a
+client not reading) is aborted, not closed: nothing unsent is kept for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import socket
+from typing import TYPE_CHECKING, cast
+
+import httptools
+
+from wakeful.aio.deadline import Deadline
+from wakeful.ingress.errors import BadRequest
+from wakeful.ingress.http1.request import Body, Request
+from wakeful.ingress.http1.responder import BAD_REQUEST, TOO_LARGE, TOO_MANY, TOO_SLOW, Responder
+from wakeful.ingress.http1.rules import frame_request
+from wakeful.ingress.http1.wire import Wire
+from wakeful.ingress.websocket import Pipe
+
+if TYPE_CHECKING:
+    from wakeful.ingress.http1.server import HttpServer
+
+log = logging.getLogger(__name__)
+
+LINGER_SECONDS = 5.0
+LINGER_BYTES = 16 << 20
+"""How long, and how much, a connection answered before its request body was read keeps
+reading it away (`ClientConnection._linger`); nginx's lingering_timeout is 5 s too."""
+PIPELINE_DEPTH = 16
+"""Requests queued on one connection before reading from it pauses."""
+PIPELINE_MAX = 128
+"""Requests parsed out of what was already read past which the connection is refused: a
+pause stops new reads, not the parsing of the last one (up to 256 KiB of tiny requests)."""
+
+
+class ClientConnection(Wire):
+    def __init__(self, server: HttpServer) -> None:
+        super().__init__(asyncio.get_running_loop(), server.limits)
+        self._server = server
+        self._parser = httptools.HttpRequestParser(self)
+        self._client = ""
+        self.closing = False
+        """No request after the one being answered."""
+        self._halt = False
+        self._refusal: bytes | None = None
+        """The answer owed to a request refused while earlier ones are still queued: written
+        after theirs, then the connection closes (`_refuse`)."""
+        self._queue: collections.deque[Request] = collections.deque()
+        self._runner: asyncio.Task[None] | None = None
+        """The task answering, while it answers."""
+        self._task: asyncio.Task[None] | None = None
+        """The connection's task: answers requests in order, waits for the next between them
+        (one task per connection, not per request)."""
+        self._next: asyncio.Future[None] | None = None
+        """What the task waits on while the connection is idle."""
+        self._lingering = False
+        self._lingered = 0
+        self._linger_timer: asyncio.TimerHandle | None = None
+        self._deadline = Deadline(self._loop, self._timed_out)
+        self._head_due: float | None = None
+        """When the request head under way (or the next one) must be complete."""
+        self._idle_due: float | None = None
+        """When a keep-alive connection with no request begun closes."""
+        # the request being parsed
+        self._in_head = False
+        self._head_bytes = 0
+        self._url = b""
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._body: Body | None = None
+        self._last: Request | None = None
+        self.spliced: Pipe | None = None
+        """After a WebSocket handshake: what the client sends, for the sandbox."""
+
+    # -- asyncio.Protocol --------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport = cast(asyncio.Transport, transport)  # uvloop's is one, not a subclass
+        self.transport = transport
+        self._server.connections.add(self)
+        if len(self._server.connections) > self.limits.max_connections:
+            transport.write(TOO_MANY)
+            transport.close()
+            return
+        peer = transport.get_extra_info("peername")
+        self._client = peer[0] if isinstance(peer, tuple) else ""
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._arm_head_timer()
+
+    def data_received(self, data: bytes) -> None:
+        if self._lingering:  # the rest of a body nobody will read
+            self._lingered += len(data)
+            if self._lingered > LINGER_BYTES:
+                self._close(abort=True)
+            return
+        if self.spliced is not None:
+            self.spliced.feed(data)
+            return
+        if self.closing and self._body is None:  # no new request (`shutdown`, a refusal);
+            return  # the body of one being answered is still read
+        if self._in_head:
+            self._head_bytes += len(data)
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade as exc:
+            if self._last is not None and self._last.upgrade:  # the rest is the splice's
+                self.spliced = Pipe(
+                    lambda: self.pause_reading("splice"), lambda: self.resume_reading("splice")
+                )
+                self.spliced.feed(data[exc.args[0] :])
+                return
+            # Another protocol switch (h2c, CONNECT...) is not served: what is queued is
+            # answered, that request as a plain one, and the connection closes after it.
+            if self._last is not None:
+                self._last.keep_alive = False
+            self.pause_reading("upgrade")
+            return
+        except httptools.HttpParserError as exc:
+            if self._body is not None:  # mid-body: the request already went on; it fails
+                self._body.fail(BadRequest(f"the request body is malformed: {exc}"))
+                self._stop_reading()  # and its own answer says so
+                return
+            self._refuse(BAD_REQUEST)
+            return
+        if self._in_head and self._head_bytes > self.limits.max_head_bytes:
+            self._refuse(TOO_LARGE)
+
+    def eof_received(self) -> bool:
+        """The client closed its side: taken as hanging up (nginx does the same), so the
+        exchange under way ends at once and gives its lease back; nothing queued is answered.
+        A body still coming can never complete."""
+        self.connection_lost(None)
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.gone:
+            return
+        self.gone = True
+        self.closing = True
+        if self.spliced is not None:
+            self.spliced.end()
+        self._halt = True
+        self._server.connections.discard(self)
+        self._cancel_timers()
+        if self._body is not None:
+            self._body._wake()
+        for request in self._queue:
+            if request.body is not None:
+                request.body._wake()
+        self._drain.open()
+        if self._task is not None:
+            self._task.cancel()  # the exchange under way, if any: its client is gone
+
+    # -- httptools callbacks -----------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._in_head = True
+        self._head_bytes = 0
+        self._url = b""
+        self._headers = []
+        self._idle_due = None  # the deadline is the head's now (`_timed_out` looks)
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._head_due = None
+        parser = self._parser
+        version = parser.get_http_version()
+        method = parser.get_method().decode("latin-1")
+        frame = frame_request(
+            method, version, self._headers, parser.should_upgrade(), parser.should_keep_alive()
+        )
+        if len(self._queue) >= PIPELINE_MAX:
+            raise BadRequest("too many pipelined requests")
+        body = Body(self, frame.expect_continue) if frame.body else None
+        self._body = body
+        request = Request(
+            method,
+            self._url,
+            self._headers,
+            version,
+            frame.keep_alive,
+            self._client,
+            body,
+            frame.upgrade,
+            self._server.scheme,
+        )
+        self._last = request
+        self._queue.append(request)
+        if len(self._queue) >= PIPELINE_DEPTH:
+            self.pause_reading("pipeline")
+        if self._runner is None:
+            if self._next is not None:  # the connection's task waits: wake it
+                self._runner = self._task
+                if not self._next.done():
+                    self._next.set_result(None)
+            else:
+                self._runner = self._task = self._loop.create_task(self._run())
+
+    def on_body(self, body: bytes) -> None:
+        if self._body is not None:
+            self._body.feed(body)
+
+    def on_message_complete(self) -> None:
+        if self._body is not None:
+            self._body.end()
+            self._body = None
+
+    # -- answering -----------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        """Answer what is queued, in order, then wait for the next request; until the
+        connection is done with."""
+        try:
+            while True:
+                while self._queue and not self._halt:
+                    request = self._queue.popleft()
+                    if self._paused and len(self._queue) < PIPELINE_DEPTH // 2:
+                        self.resume_reading("pipeline")
+                    out = Responder(self, request)
+                    try:
+                        await self._server.handler.handle(request, out)
+                    except Exception:
+                        log.exception("answering a request failed")
+                        self._close(abort=True)
+                        return
+                    body_left = request.body is not None and not request.body.complete
+                    if not out.complete:
+                        self._close(abort=True)  # the stream is unusable: drop what is unsent
+                        return
+                    if body_left:  # answered before the body was read (a refusal): no more
+                        self._linger()
+                        return
+                    if not request.keep_alive or self.last_answer:
+                        self._close()
+                        return
+                    try:  # one answer at a time in the buffer, however fast they come
+                        self.flush()
+                        if self._drain.waiting() is not None:
+                            await self.drain()
+                    except TimeoutError:
+                        self._close(abort=True)
+                        return
+                if self.gone or self._halt:
+                    return
+                if self.closing:  # told to stop (`shutdown`) while the last answer drained,
+                    if self._refusal is not None:  # or the requests before a refused one done
+                        self.write(self._refusal)
+                        self._linger()
+                        return
+                    self._close()
+                    return
+                self._runner = None
+                self._arm_idle_timers()
+                self._next = self._loop.create_future()
+                try:
+                    await self._next  # woken with a request queued (and `_runner` set)
+                finally:
+                    self._next = None
+        except asyncio.CancelledError:
+            self._close(abort=True)
+        finally:
+            self._runner = self._task = None
+
+    def _stop_reading(self) -> None:
+        self.closing = True
+        self.pause_reading("closing")
+
+    @property
+    def last_answer(self) -> bool:
+        """No request after the one being answered is (a refusal owed is not a request)."""
+        return self.closing and self._refusal is None
+
+    def _refuse(self, answer: bytes) -> None:
+        """A request that cannot be parsed or bounded: nothing after it is read; the requests
+        parsed before it are answered in order, then it is, and the connection closes."""
+        self._stop_reading()
+        if self._runner is None and not self._queue:
+            self.write(answer)
+            self._linger()  # closing with the client's bytes unread could reset it unread
+        else:
+            self._refusal = answer
+
+    def _close(self, abort: bool = False) -> None:
+        """Close once what is written went out; `abort`: now, dropping it (a client that does
+        not read would otherwise keep the connection, and its slot, for ever)."""
+        self.closing = True
+        self._cancel_timers()
+        if not abort:
+            self.flush()
+        if self.transport is not None:
+            if abort:
+                self.transport.abort()
+            elif not self.transport.is_closing():
+                self.transport.close()
+
+    def _linger(self) -> None:
+        """A complete answer sent before the request's body was read: half-close (FIN after
+        the answer) and read what the client still sends away, for at most `LINGER_SECONDS`
+        and `LINGER_BYTES`, before closing. Closing with its bytes unread would make the
+        kernel reset the connection, and a client that reads only once it has sent all (curl,
+        most libraries) would never see the answer (nginx's lingering close)."""
+        self.closing = True
+        self._cancel_timers()
+        self.flush()
+        transport = self.transport
+        if transport is None or transport.is_closing() or self.gone:
+            return
+        if not transport.can_write_eof():  # TLS: no half-close; close after the answer
+            transport.close()
+            return
+        self._lingering = True
+        try:
+            transport.write_eof()
+        except OSError:  # the client reset meanwhile (asyncio's loop raises; uvloop does not)
+            self._close(abort=True)
+            return
+        self._paused.clear()
+        transport.resume_reading()
+        self._linger_timer = self._loop.call_later(LINGER_SECONDS, self._close, True)
+
+    def shutdown(self) -> None:
+        """Stop after the answer under way (now, when there is none); nothing queued behind
+        it is answered, not even a refusal."""
+        self.closing = True
+        self._refusal = None
+        if self._runner is None:
+            self._close()
+
+    def cancel(self) -> asyncio.Task[None] | None:
+        self._halt = True
+        runner = self._runner
+        if runner is not None:
+            runner.cancel()
+        return runner
+
+    # -- timers --------------------------------------------------------------------------
+
+    def _arm_head_timer(self) -> None:
+        self._head_due = self._loop.time() + self.limits.head_timeout
+        self._deadline.at(self._head_due)
+
+    def _arm_idle_timers(self) -> None:
+        now = self._loop.time()
+        self._head_due = now + self.limits.head_timeout
+        if not self._in_head:  # a head under way has its own deadline, not the idle one
+            self._idle_due = now + self.limits.keepalive
+        self._deadline.at(min(self._head_due, self._idle_due or self._head_due))
+
+    def _cancel_timers(self) -> None:
+        self._deadline.cancel()
+        self._head_due = self._idle_due = None
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+            self._linger_timer = None
+
+    def _timed_out(self) -> None:
+        """The deadline passed: the idle one's or the head's, or neither any more (it
+        moved: wait for what is still due)."""
+        now = self._loop.time()
+        if self._head_due is not None and now >= self._head_due:
+            self._head_due = None
+            self._head_late()
+        elif self._idle_due is not None and now >= self._idle_due:
+            self._idle_due = None
+            self._close()
+        else:
+            due = [d for d in (self._head_due, self._idle_due) if d is not None]
+            if due:
+                self._deadline.at(min(due))
+
+    def _head_late(self) -> None:
+        if self._runner is not None or self._queue:
+            return  # answering: the next head's time starts after this answer
+        if self._in_head:
+            self.write(TOO_SLOW)
+        self._close()

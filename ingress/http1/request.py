@@ -1,0 +1,120 @@
+"""A request as the HTTP/1.1 server hands it to its handler, and its body as the proxy pulls it.
+
+The body streams: `Body.feed` takes what the parser reads, `Body.stream` gives it to the proxy.
+At most `BODY_BUFFER` bytes wait between the two before reading from the client pauses; the
+client's silence mid-body is bounded by `client_timeout` (408). `100 Continue` goes out when
+the body is first read, not before: a request refused before that never asks for its body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from wakeful.ingress.errors import ClientGone, ClientTooSlow
+
+if TYPE_CHECKING:
+    from wakeful.ingress.http1.connection import ClientConnection
+
+BODY_BUFFER = 256 * 1024
+
+
+class Body:
+    """A request's body as the proxy pulls it; implements `proxy.RequestBody`."""
+
+    __slots__ = (
+        "_chunks",
+        "_conn",
+        "_continue",
+        "_done",
+        "_error",
+        "_size",
+        "_waiter",
+        "client_gone",
+        "started",
+    )
+
+    def __init__(self, conn: ClientConnection, expect_continue: bool) -> None:
+        self._conn = conn
+        self._continue = expect_continue
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._size = 0
+        self._done = False
+        self._error: Exception | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self.started = False
+        self.client_gone = False
+
+    @property
+    def complete(self) -> bool:
+        return self._done and not self._chunks
+
+    def feed(self, chunk: bytes) -> None:
+        self._chunks.append(chunk)
+        self._size += len(chunk)
+        if self._size > BODY_BUFFER:
+            self._conn.pause_reading("body")
+        self._wake()
+
+    def end(self) -> None:
+        self._done = True
+        self._wake()
+
+    def fail(self, exc: Exception) -> None:
+        """The rest of the body cannot be read (it is malformed): `stream` raises `exc`."""
+        self._error = exc
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def stream(self) -> AsyncIterator[bytes]:
+        self.started = True
+        if self._continue and not self._done and not self._chunks:
+            self._continue = False
+            self._conn.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        timeout = self._conn.limits.client_timeout
+        while True:
+            if self._chunks:
+                chunk = self._chunks.popleft()
+                self._size -= len(chunk)
+                if self._size <= BODY_BUFFER // 4:
+                    self._conn.resume_reading("body")
+                yield chunk
+                continue
+            if self._done:
+                return
+            if self._error is not None:
+                raise self._error
+            if self._conn.gone:
+                self.client_gone = True
+                raise ClientGone("the client hung up while sending its body")
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._waiter
+            except TimeoutError:
+                raise ClientTooSlow(f"the client sent none of its body for {timeout:g} s") from None
+            finally:
+                self._waiter = None
+
+
+@dataclass(slots=True)
+class Request:
+    method: str
+    target: bytes
+    """Path and query exactly as received."""
+    headers: list[tuple[bytes, bytes]]
+    """Names lower-cased, values as received, in order."""
+    version: str
+    keep_alive: bool
+    client: str
+    body: Body | None
+    upgrade: bool = False
+    """A WebSocket handshake (`ingress.websocket`): nothing after it on the connection is HTTP."""
+    scheme: str = "http"
+    """"https" on the TLS listener."""

@@ -1,0 +1,115 @@
+"""How a request head frames its message, or why it is refused: bytes in, a decision out.
+
+The rule that keeps this correct: **a request is forwarded only when there is exactly one
+way to read where it ends.** A body is framed by one `Transfer-Encoding: chunked` or by one
+`Content-Length` of digits, never by both, never by a coding the ingress does not decode
+(`gzip, chunked` would leave the sandbox to guess); anything else is refused with 400 before
+it reaches a sandbox, since a sandbox that reads the framing differently would take the rest
+of the bytes for another request (request smuggling).
+
+This module is the whole of that decision: no asyncio, no I/O, no clock. The HTTP/1.1
+server's parser (httptools, llhttp in its strict mode) hands over a head it could parse (names
+lower-cased, values with their surrounding whitespace cut) and the server acts on what
+`frame_request` returns (`http1.connection`). The parser already refuses what cannot be a head
+at all (obs-fold, a bare LF, whitespace before a colon, a control character in a value, two
+Content-Lengths, Content-Length with Transfer-Encoding, `chunked` not last); the rules below
+refuse every framing shape among those by themselves too, so a laxer parser opens no path.
+
+`frame_request` runs for every request: a head without framing headers or an upgrade costs
+one pass over its names and returns a constant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
+from wakeful.ingress.errors import BadRequest
+
+_FRAMING = frozenset({b"transfer-encoding", b"content-length", b"expect"})
+"""The request headers the server itself reads."""
+_OWS = b" \t"
+"""Optional whitespace around a field value (RFC 9110 §5.6.3): not CR or LF, so an obs-fold
+left in a value is never read as part of the framing."""
+
+
+class RequestFrame(NamedTuple):
+    """How the server reads the rest of a request and what it owes the client."""
+
+    body: bool
+    """A body follows the head (chunked, or a Content-Length other than 0)."""
+    expect_continue: bool
+    """Send `100 Continue` when the body is first read (HTTP/1.1 only: RFC 9110 §10.1.1)."""
+    upgrade: bool
+    """A WebSocket handshake: after it the connection carries the splice, not HTTP."""
+    keep_alive: bool
+    """Another request may follow on the connection."""
+
+
+PLAIN = RequestFrame(body=False, expect_continue=False, upgrade=False, keep_alive=True)
+PLAIN_LAST = RequestFrame(body=False, expect_continue=False, upgrade=False, keep_alive=False)
+
+
+def frame_request(
+    method: str,
+    version: str,
+    headers: Sequence[tuple[bytes, bytes]],
+    parser_upgrade: bool,
+    parser_keep_alive: bool,
+) -> RequestFrame:
+    """The framing of a request whose head is `headers`, or BadRequest naming why none is safe.
+
+    `parser_upgrade`: the parser saw `Connection: upgrade` with an `Upgrade` header (or a
+    CONNECT), so it stops at the head's end and hands what follows over as another protocol.
+    `parser_keep_alive`: the parser's reading of the version and `Connection`.
+    """
+    chunked = False
+    length: bytes | None = None
+    expect = False
+    for name, value in headers:
+        if name not in _FRAMING:
+            continue
+        if name == b"transfer-encoding":
+            if chunked:
+                raise BadRequest("two Transfer-Encoding headers")
+            if value.strip(_OWS).lower() != b"chunked":  # no other coding is understood
+                raise BadRequest("unsupported transfer-encoding")
+            chunked = True
+        elif name == b"content-length":
+            if length is not None:
+                raise BadRequest("two Content-Length headers")
+            length = value.strip(_OWS)
+            if not length.isdigit():
+                raise BadRequest("Content-Length is not a number")
+        elif value.lower() == b"100-continue":  # expect
+            expect = version == "1.1"  # HTTP/1.0 has no expectations (RFC 9110 10.1.1)
+    if chunked and length is not None:
+        raise BadRequest("Content-Length with Transfer-Encoding")
+    body = chunked or (length is not None and length != b"0")
+    upgrade = (
+        parser_upgrade
+        and version == "1.1"  # RFC 6455; and no 1xx may go to an HTTP/1.0 client
+        and not body
+        and is_websocket(method, headers)
+    )
+    if not (body or upgrade):
+        return PLAIN if parser_keep_alive else PLAIN_LAST
+    return RequestFrame(body, expect and body, upgrade, parser_keep_alive and not upgrade)
+
+
+def is_websocket(method: str, headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    """A WebSocket opening handshake (RFC 6455 §4.1): GET, `Upgrade: websocket`, and
+    `Connection` naming `upgrade`."""
+    if method != "GET":
+        return False
+    upgrade = connection = False
+    for name, value in headers:
+        if name == b"upgrade":
+            upgrade = upgrade or any(
+                token.strip().lower() == b"websocket" for token in value.split(b",")
+            )
+        elif name == b"connection":
+            connection = connection or any(
+                token.strip().lower() == b"upgrade" for token in value.split(b",")
+            )
+    return upgrade and connection

@@ -1,0 +1,98 @@
+"""The HTTP/1.1 server of the proxy and admin ports: listen, hand each connection to a
+`ClientConnection`, and stop in order.
+
+`stop` closes the listener, closes idle connections and WebSocket splices, lets exchanges in
+progress finish for `grace` seconds, then cancels what is left and waits for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+from dataclasses import dataclass
+from typing import Protocol
+
+from wakeful.ingress.http1.connection import ClientConnection
+from wakeful.ingress.http1.request import Request
+from wakeful.ingress.http1.responder import Responder
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What a client can hold (invariant 18), all per connection, none kept for ever:
+
+    - the head's size (431 past `max_head_bytes`, counted while it is read);
+    - the head's time: complete within `head_timeout` of opening or of the previous answer,
+      or the connection closes (408 when a head had begun); an idle keep-alive connection
+      closes after `keepalive` seconds;
+    - open connections: past `max_connections` a new one gets 503 + Retry-After and closes;
+    - the request body: at most `BODY_BUFFER` bytes wait for the proxy, then reading pauses;
+    - writes: `Responder.drain` waits for the client's socket at most `client_timeout`
+      seconds.
+    """
+
+    max_head_bytes: int = 32 * 1024
+    head_timeout: float = 10.0
+    keepalive: float = 5.0
+    max_connections: int = 10_000
+    client_timeout: float = 60.0
+
+
+class Handler(Protocol):
+    async def handle(self, request: Request, out: Responder) -> None:
+        """Answer `request` through `out`; never raises (but may be cancelled)."""
+
+
+class HttpServer:
+    def __init__(self, handler: Handler, limits: Limits, tls: ssl.SSLContext | None = None) -> None:
+        """`tls`: serve HTTPS with this context; its handshake has the head's deadline."""
+        self.handler = handler
+        self.limits = limits
+        self.tls = tls
+        self.scheme = "http" if tls is None else "https"
+        self.connections: set[ClientConnection] = set()
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self, sock: socket.socket, backlog: int) -> None:
+        loop = asyncio.get_running_loop()
+        if self.tls is None:
+            self._server = await loop.create_server(
+                lambda: ClientConnection(self), sock=sock, backlog=backlog
+            )
+            return
+        self._server = await loop.create_server(
+            lambda: ClientConnection(self),
+            sock=sock,
+            backlog=backlog,
+            ssl=self.tls,
+            ssl_handshake_timeout=self.limits.head_timeout,
+        )
+
+    async def stop(self, grace: float) -> None:
+        """Stop accepting, let the answers under way finish for `grace` seconds, then cancel
+        the rest and wait for them (their leases go back on the way out). An answer complete
+        but not yet read by its client is still sent until the grace ends."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + grace
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            conn.shutdown()
+            if conn.spliced is not None:
+                conn.cancel()  # a WebSocket never ends by itself: closed now, clients reconnect
+        answering = [conn._runner for conn in self.connections if conn._runner is not None]
+        if answering:
+            await asyncio.wait(answering, timeout=grace)
+        running = [task for conn in list(self.connections) if (task := conn.cancel())]
+        if running:
+            await asyncio.wait(running, timeout=10)
+        while self.connections and loop.time() < until:  # noqa: ASYNC110 (once, at shutdown)
+            await asyncio.sleep(0.05)  # closing connections: their last bytes go out
+        idle = [task for conn in list(self.connections) if (task := conn._task)]
+        for conn in list(self.connections):
+            conn._close(abort=True)
+        for task in idle:
+            task.cancel()
+        if idle:
+            await asyncio.wait(idle, timeout=10)

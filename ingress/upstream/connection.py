@@ -1,0 +1,399 @@
+"""One pooled connection to a sandbox, carrying one exchange at a time.
+
+An `asyncio.Protocol` with httptools (the C parser uvicorn uses) for the answer's head and
+framing. The request head goes out as one `bytes`, its body chunks pass through (a writer task
+per body), and the answer's body is handed up as it arrives. The exchange's stage lives in one
+`ExchangeState` (`upstream.exchange`); what the answer's head means is `upstream.rules`'.
+
+- **Backpressure both ways.** Reading from the sandbox pauses while more than `HIGH_WATER`
+  bytes of its answer wait for the client; writing the request body waits while the
+  sandbox's socket buffer is full.
+- **Silence.** `silence` seconds before the answer's head, and between body reads; an idle
+  pooled connection closes after the transport's `keepalive`.
+- **How it fails.** A connection that ends before a single byte of the answer came raises
+  `ClosedUnanswered` (the proxy may send the request once more: `ingress.retry`); one a
+  tunnel's node could not open, `ConnectFailed`; anything else after the request was written,
+  `UpstreamFailed` or `UpstreamTimeout`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import socket
+from collections.abc import AsyncGenerator, AsyncIterable
+from typing import Protocol, cast
+
+import httptools
+
+from wakeful.aio.deadline import Deadline
+from wakeful.aio.flow import WriteGate
+from wakeful.ingress.errors import ClosedUnanswered, ConnectFailed, UpstreamFailed, UpstreamTimeout
+from wakeful.ingress.upstream.exchange import (
+    BODY,
+    COMPLETE,
+    FAILED,
+    HEAD,
+    IDLE,
+    INTERIM,
+    SENT,
+    ExchangeState,
+    IllegalMove,
+)
+from wakeful.ingress.upstream.rules import (
+    INFORMATIONAL,
+    MAX_FRAMING_BYTES,
+    framed_by_close,
+    framing_run,
+    judge_status,
+)
+
+HIGH_WATER = 256 * 1024
+"""Answer bytes buffered for a slow client before reading from the sandbox pauses."""
+
+
+class Home(Protocol):
+    """Where a connection goes between exchanges (`upstream.pool`)."""
+
+    def give_back(self, conn: UpstreamConnection) -> None: ...
+
+    def forget(self, conn: UpstreamConnection) -> None: ...
+
+
+class _Extra(Exception):
+    """A second answer began on the connection before a request asked for it."""
+
+
+class Gated(asyncio.Protocol):
+    """A sandbox connection whose writes wait at `_writable` while the transport is full."""
+
+    _writable: WriteGate
+
+    def pause_writing(self) -> None:
+        self._writable.close()
+
+    def resume_writing(self) -> None:
+        self._writable.open()
+
+
+class UpstreamConnection(Gated):
+    """One upstream connection; carries one exchange at a time."""
+
+    def __init__(self, home: Home) -> None:
+        self._home = home
+        self._loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self._deadline = Deadline(self._loop, self._timed_out)
+        """While pooled: when the idle connection closes. During an exchange: when the
+        sandbox's silence ends it (pushed on by every read)."""
+        self._silence = 0.0
+        self.state = ExchangeState()
+        # the exchange in progress
+        self._parser: httptools.HttpResponseParser | None = None
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self._head: asyncio.Future[None] | None = None
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._buffered = 0
+        self._paused = False
+        """Reading is paused: `HIGH_WATER` bytes of the answer wait for the client."""
+        self._framing = 0
+        self._body_bytes = 0
+        self._wakeup: asyncio.Future[None] | None = None
+        self._writable = WriteGate(self._loop)
+        self._writer: asyncio.Task[None] | None = None
+
+    # -- asyncio.Protocol --------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = tuned(transport)
+
+    def data_received(self, data: bytes) -> None:
+        parser = self._parser
+        state = self.state
+        stage = state.stage
+        if parser is None or stage is IDLE or stage is COMPLETE:  # bytes nobody asked for
+            self._abort(UpstreamFailed("the sandbox sent bytes outside an answer"))
+            return
+        if stage is SENT:
+            state.stage = HEAD
+        elif stage is BODY:  # silence: from the last read, now
+            self._deadline.after(self._silence)
+        body_before = self._body_bytes
+        try:
+            parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._abort(UpstreamFailed("the sandbox switched protocols unasked"))
+            return
+        except httptools.HttpParserError as exc:
+            cause = exc.__cause__ or exc.__context__
+            if isinstance(cause, _Extra) or state.extra:
+                self._abort(UpstreamFailed("the sandbox sent more than one answer"))
+            elif isinstance(cause, UpstreamFailed):
+                self._abort(cause)
+            else:
+                self._abort(UpstreamFailed(f"the sandbox's answer is not valid HTTP: {exc}"))
+            return
+        if state.stage is COMPLETE:
+            return
+        # Framing read in a row (no body byte came with it): bounded, see MAX_FRAMING_BYTES.
+        self._framing = framing_run(self._framing, len(data), self._body_bytes != body_before)
+        if self._framing > MAX_FRAMING_BYTES:
+            self._abort(UpstreamFailed("the sandbox's answer head or trailers are too large"))
+
+    def eof_received(self) -> bool:
+        self._ended(None)
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._deadline.cancel()
+        self._home.forget(self)
+        self._ended(exc)
+        self._writable.fail(UpstreamFailed("the sandbox closed the connection"))
+
+    # -- httptools callbacks -----------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self.state.stage is COMPLETE:  # a second answer in the same read: not ours
+            self.state.extra = True
+            raise _Extra
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        assert self._parser is not None
+        state = self.state
+        if state.stage is not HEAD:  # bytes came (`data_received`): a head is all it can be
+            raise IllegalMove(state.stage, BODY)
+        status = self._parser.get_status_code()
+        if judge_status(status, False) is INFORMATIONAL:  # 100 Continue, 103...
+            state.stage = INTERIM
+            self.headers = []
+            return
+        self.status = status
+        state.stage = BODY
+        self._deadline.after(self._silence)  # the head ended a silence: the body's starts
+        if self._head is not None and not self._head.done():
+            self._head.set_result(None)
+        if state.head_only:  # no body follows a HEAD answer, whatever it says
+            state.keep_alive = self._parser.should_keep_alive()
+            self._finish()
+
+    def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        self._chunks.append(body)
+        self._buffered += len(body)
+        if self._buffered > HIGH_WATER and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+            self._deadline.clear()  # not the sandbox's silence while we do not read
+        if self._wakeup is not None:
+            self._wake()
+
+    def on_message_complete(self) -> None:
+        state = self.state
+        if state.stage is INTERIM:
+            state.stage = HEAD
+            return
+        assert self._parser is not None
+        # Asked now: llhttp resets what it knows once the callback returns.
+        state.keep_alive = self._parser.should_keep_alive()
+        self._finish()
+
+    # -- the exchange ------------------------------------------------------------------
+
+    def _finish(self) -> None:
+        state = self.state
+        if state.stage is BODY:
+            state.stage = COMPLETE
+            self._deadline.clear()
+            if self._wakeup is not None:
+                self._wake()
+
+    def _ended(self, exc: BaseException | None) -> None:
+        """The sandbox closed its side, or the connection broke."""
+        state = self.state
+        stage = state.stage
+        if stage is IDLE or stage is COMPLETE or stage is FAILED:
+            return
+        if stage is SENT:
+            if isinstance(exc, ConnectFailed):  # a tunnel's node could not reach the sandbox
+                self._fail(exc)
+            else:
+                self._fail(ClosedUnanswered("the connection closed before any answer"))
+        elif stage is BODY and framed_by_close(self.headers):
+            self._finish()  # an answer framed by the end of the connection
+        else:
+            reason = f": {exc}" if exc else ""
+            self._fail(UpstreamFailed(f"the sandbox closed the connection mid-answer{reason}"))
+
+    def _fail(self, exc: BaseException) -> None:
+        if not self.state.fail(exc):
+            return  # whole, or failed already: only the connection is lost (see `done`)
+        if self._head is not None and not self._head.done():
+            self._head.set_exception(exc)
+            self._head.exception()  # retrieved: a caller that left must not log it
+        self._wake()
+
+    def _abort(self, exc: BaseException) -> None:
+        self._fail(exc)
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _wake(self) -> None:
+        if self._wakeup is not None and not self._wakeup.done():
+            self._wakeup.set_result(None)
+
+    def exchange(
+        self,
+        head: bytes,
+        body: AsyncIterable[bytes] | None,
+        chunked: bool,
+        method: str,
+        silence: float,
+    ) -> asyncio.Future[None]:
+        """Write the request; the future is done once the answer's head is in, or raises
+        ClosedUnanswered, ConnectFailed, UpstreamFailed, or UpstreamTimeout when the head took
+        longer than `silence` seconds (then each body read may take as long)."""
+        assert self.transport is not None
+        state = self.state
+        if state.stage is not IDLE:
+            raise IllegalMove(state.stage, SENT)
+        state.stage = SENT
+        state.error = None
+        state.head_only = method == "HEAD"
+        state.chunked_body = chunked
+        state.body_sent = body is None
+        state.keep_alive = state.extra = False
+        self._silence = silence
+        self._deadline.after(silence)
+        self._parser = httptools.HttpResponseParser(self)
+        self._paused = False
+        self._framing = self._body_bytes = 0
+        self.status, self.headers = 0, []
+        self._chunks.clear()
+        self._buffered = 0
+        self._head = self._loop.create_future()
+        self.transport.write(head)
+        if body is not None:
+            self._writer = self._loop.create_task(self._send_body(body, chunked))
+        return self._head
+
+    async def _send_body(self, body: AsyncIterable[bytes], chunked: bool) -> None:
+        transport = self.transport
+        assert transport is not None
+        state = self.state
+        try:
+            async with contextlib.aclosing(_iterate(body)) as chunks:
+                async for chunk in chunks:
+                    if self.closed or state.stage is FAILED:
+                        return
+                    if chunked:
+                        transport.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
+                    else:
+                        transport.write(chunk)
+                    if (closed := self._writable.waiting()) is not None:
+                        await closed
+            if chunked and not self.closed:
+                transport.write(b"0\r\n\r\n")
+            state.body_sent = True
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # the client left mid-body, or the sandbox did
+            if isinstance(exc, UpstreamFailed) and state.answered:
+                return  # the sandbox answered early and stopped reading: its answer stands
+            self._abort(exc)
+
+    def next_nowait(self) -> bytes | None:
+        """The next piece of the answer's body already read; b"" at its end; None when it
+        has not come yet."""
+        if self._chunks:
+            chunk = self._chunks.popleft()
+            self._buffered -= len(chunk)
+            if self._paused and self._buffered <= HIGH_WATER // 4 and self.transport:
+                self._paused = False
+                self.transport.resume_reading()
+                if self.state.stage is not COMPLETE:
+                    self._deadline.after(self._silence)
+            return chunk
+        state = self.state
+        if state.stage is COMPLETE:
+            return b""
+        if state.error is not None:
+            raise state.error
+        return None
+
+    async def next_chunk(self) -> bytes:
+        """The next piece of the answer's body; b"" at its end. Raises UpstreamTimeout when
+        the sandbox stays silent (see `exchange`)."""
+        while True:
+            chunk = self.next_nowait()
+            if chunk is not None:
+                return chunk
+            self._wakeup = self._loop.create_future()
+            try:
+                await self._wakeup
+            finally:
+                self._wakeup = None
+
+    def _timed_out(self) -> None:
+        if self.state.stage is IDLE:
+            self.close()
+        else:
+            self._abort(UpstreamTimeout(f"the sandbox stayed silent for {self._silence:g} s"))
+
+    def done(self, keepalive: float) -> None:
+        """The exchange is over: back to the pool when it ended cleanly, else closed."""
+        writer, self._writer = self._writer, None
+        if writer is not None and not writer.done():
+            writer.cancel()
+        state = self.state
+        # `reusable` implies COMPLETE; named here as the guard of the move to IDLE.
+        if state.stage is COMPLETE and state.reusable and not self.closed:
+            self._parser = None
+            state.stage = IDLE
+            self._deadline.after(keepalive)
+            self._home.give_back(self)
+        else:
+            self.close()
+
+    def release_stream(self) -> None:
+        """A tunnel stream's clean end (`TunnelPool`): the stream goes back to the node,
+        which keeps its socket to the sandbox for the next one; this connection is done."""
+        transport = self.transport
+        self.closed = True
+        self._deadline.cancel()
+        release = getattr(transport, "release", None)
+        if release is not None:
+            release(True)
+        elif transport is not None:
+            transport.close()
+
+    def close(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.close()
+        self.closed = True
+        self._deadline.cancel()
+        self._home.forget(self)
+
+
+def tuned(transport: asyncio.BaseTransport) -> asyncio.Transport:
+    """An upstream connection as both kinds use it: no Nagle delay, writes bounded."""
+    transport = cast(asyncio.Transport, transport)  # uvloop's is one, not a subclass
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    transport.set_write_buffer_limits(high=HIGH_WATER)
+    return transport
+
+
+async def _iterate(body: AsyncIterable[bytes]) -> AsyncGenerator[bytes, None]:
+    """`body`'s non-empty chunks, as a generator `aclosing` can close."""
+    async for chunk in body:
+        if chunk:
+            yield chunk

@@ -1,0 +1,194 @@
+"""The upstream transport: `RawTransport` sends requests to sandboxes without a client library.
+
+It implements `ingress.transport.Transport` on asyncio protocols and httptools: a request's
+head is one `bytes` (`_request_head`), its exchange runs on a pooled `UpstreamConnection`
+(`upstream.connection`) within its app's slots (`upstream.pool`), and a WebSocket handshake
+goes on a connection of its own (`upstream.handshake`). `send` makes one attempt and raises
+only the errors of `ingress.errors`; whether a failed request is sent again, and where, is the
+proxy's to decide (`ingress.retry`), so `UpstreamRequest.fresh` asks for a new connection
+rather than an idle one (after one closed unanswered, the idle ones may be as stale).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from wakeful.ingress.errors import ConnectFailed, UpstreamFailed, UpstreamTimeout
+from wakeful.ingress.transport import UpstreamRequest, UpstreamResponse
+from wakeful.ingress.upstream.connection import UpstreamConnection
+from wakeful.ingress.upstream.handshake import Handshake
+from wakeful.ingress.upstream.pool import Dialer, Pool, Slots, TunnelPool
+
+_C = TypeVar("_C", bound=asyncio.Protocol)
+
+
+class _RawResponse:
+    __slots__ = ("_app", "_conn", "_done", "_transport", "headers", "status")
+    splice = None
+
+    def __init__(self, transport: RawTransport, app: str, conn: UpstreamConnection) -> None:
+        self._transport = transport
+        self._app = app
+        self._conn = conn
+        self._done = False
+        self.status = conn.status
+        self.headers: Sequence[tuple[bytes, bytes]] = conn.headers
+
+    def next_nowait(self) -> bytes | None:
+        return self._conn.next_nowait()
+
+    async def next(self) -> bytes:
+        return await self._conn.next_chunk()
+
+    def close(self) -> None:
+        if not self._done:
+            self._done = True
+            self._conn.done(self._transport.keepalive)
+            self._transport.slots.give_back(self._app)
+
+
+class RawTransport:
+    def __init__(
+        self,
+        *,
+        connect_timeout: float,
+        keepalive: float,
+        per_app: int,
+        total: int,
+        wait: float,
+        dialer: Dialer | None = None,
+    ) -> None:
+        """`dialer`: how `tunnel://` sandboxes are reached (none: they are refused)."""
+        self._connect_timeout = connect_timeout
+        self._dialer = dialer
+        self.keepalive = keepalive
+        self.slots = Slots(per_app, total, wait)
+        self._pools: dict[str, tuple[Pool, bytes, bytes]] = {}
+        self._closed = False
+
+    async def __aenter__(self) -> RawTransport:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._closed = True
+        for pool, _, _ in self._pools.values():
+            for conn in list(pool.idle):
+                conn.close()
+        self._pools.clear()
+
+    def _pool(self, sandbox: str) -> tuple[Pool, bytes, bytes]:
+        """The pool of the sandbox a base URL names, its authority, and the path the URL
+        carries (prefixed to every request target; usually none)."""
+        found = self._pools.get(sandbox)
+        if found is not None:
+            return found
+        if len(self._pools) > 65_536:  # sandboxes come and go: forget idle ones
+            for key, (each, _, _) in list(self._pools.items()):
+                if not each.idle:
+                    del self._pools[key]
+        if sandbox.startswith("tunnel://"):
+            node, _, sandbox_id = sandbox.removeprefix("tunnel://").partition("/")
+            found = (TunnelPool(node, sandbox_id), sandbox_id.encode("latin-1"), b"")
+            self._pools[sandbox] = found
+        else:
+            rest = sandbox.removeprefix("http://")
+            cut = rest.find("/")
+            authority, prefix = (rest, "") if cut < 0 else (rest[:cut], rest[cut:].rstrip("/"))
+            host, _, port = authority.rpartition(":")
+            pool = Pool(host.strip("[]"), int(port))
+            found = (pool, authority.encode("latin-1"), prefix.encode("latin-1"))
+            self._pools[sandbox] = found
+        return found
+
+    async def send(self, request: UpstreamRequest) -> UpstreamResponse:
+        if self._closed:
+            raise UpstreamFailed("the upstream transport is closed")
+        pool, authority, prefix = self._pool(request.sandbox)
+        head, chunked = _request_head(request, prefix + request.target, authority)
+        if request.upgrade:
+            return await self._handshake(request, pool, head)
+        if not self.slots.try_take(request.app):
+            await self.slots.take(request.app)
+        try:
+            conn = None if request.fresh else pool.take()
+            if conn is None:
+                conn = await self._connect(pool, lambda: UpstreamConnection(pool))
+            try:
+                await conn.exchange(head, request.body, chunked, request.method, request.timeout)
+            except BaseException:
+                conn.close()
+                raise
+            return _RawResponse(self, request.app, conn)
+        except BaseException:
+            self.slots.give_back(request.app)
+            raise
+
+    async def _handshake(self, request: UpstreamRequest, pool: Pool, head: bytes) -> Handshake:
+        """A WebSocket handshake on a connection of its own, holding an exchange slot only
+        until the sandbox's answer is in (`ingress.websocket`)."""
+        await self.slots.take(request.app)
+        try:
+            conn = await self._connect(pool, Handshake)
+            try:
+                async with asyncio.timeout(request.timeout):
+                    await conn.send(head)
+            except TimeoutError:
+                conn.close()
+                raise UpstreamTimeout(
+                    f"the sandbox did not answer the handshake within {request.timeout:g} s"
+                ) from None
+            except BaseException:
+                conn.close()
+                raise
+            return conn
+        finally:
+            self.slots.give_back(request.app)
+
+    async def _connect(self, pool: Pool, kind: Callable[[], _C]) -> _C:
+        if isinstance(pool, TunnelPool):
+            return await self._dial(pool, kind)
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                _, conn = await loop.create_connection(kind, pool.host, pool.port)
+        except TimeoutError:
+            raise ConnectFailed(
+                f"could not connect to {pool.host}:{pool.port} within {self._connect_timeout:g} s"
+            ) from None
+        except OSError as exc:
+            raise ConnectFailed(f"could not connect to {pool.host}:{pool.port}: {exc}") from None
+        return conn
+
+    async def _dial(self, pool: TunnelPool, kind: Callable[[], _C]) -> _C:
+        """A connection through the node's tunnel; the dialer bounds its own wait for a
+        free stream (`tunnel_wait`), which a burst may need while the node grows them."""
+        if self._dialer is None:
+            raise ConnectFailed(
+                f"sandbox {pool.sandbox!r} is behind a tunnel and this ingress serves none"
+            )
+        conn = kind()
+        await self._dialer(pool.node, pool.sandbox, conn)
+        return conn
+
+
+def _request_head(request: UpstreamRequest, target: bytes, authority: bytes) -> tuple[bytes, bool]:
+    """The request line and headers as one `bytes`; whether the body goes chunked."""
+    lines = [b"%s %s HTTP/1.1\r\n" % (request.method.encode(), target)]
+    has_host = has_length = False
+    for name, value in request.headers:
+        if name == b"host":
+            has_host = True
+        elif name == b"content-length":
+            has_length = True
+        lines.append(b"%s: %s\r\n" % (name, value))
+    if not has_host:
+        lines.append(b"host: %s\r\n" % authority)
+    chunked = request.body is not None and not has_length
+    if chunked:
+        lines.append(b"transfer-encoding: chunked\r\n")
+    if request.upgrade:  # this hop's own: dropped from what the client sent, put back
+        lines.append(b"connection: upgrade\r\nupgrade: websocket\r\n")
+    lines.append(b"\r\n")
+    return b"".join(lines), chunked

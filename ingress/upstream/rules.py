@@ -1,0 +1,67 @@
+"""How a sandbox's answer head is read: which status is the answer, where its body ends, how
+much framing it may send. Written once, for pooled exchanges and WebSocket handshakes alike.
+
+The rule that keeps this correct: **an answer is passed on only when the ingress knows where
+it ends**, because whatever follows it on the connection would otherwise be taken for the
+next request's answer. So an answer is one final status (1xx heads before it are interim),
+within 200-599 (or a 101 to a handshake that asked for it); a body with neither Content-Length
+nor Transfer-Encoding ends only with the connection; and the bytes that are not body (status
+line, headers, chunk sizes, trailers) are bounded, since the parser buffers a header line
+whole.
+
+No asyncio, no I/O, no clock: the protocols in `upstream.connection` and `upstream.handshake`
+feed what httptools parsed and act on what these return.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from enum import IntEnum
+
+from wakeful.ingress.errors import UpstreamFailed
+
+MAX_FRAMING_BYTES = 64 * 1024
+"""Bytes of an answer that are not body (status line, headers, chunk sizes, trailers) in a row:
+past it the answer is refused. httptools buffers a header line whole, so without this a
+sandbox sending one endless header could fill the ingress's memory."""
+
+
+class Head(IntEnum):
+    """What a parsed answer head is."""
+
+    INFORMATIONAL = 1
+    """A 1xx (100 Continue, 103 Early Hints, ...): an interim answer; the answer follows."""
+    FINAL = 2
+    """The answer."""
+    SWITCH = 3
+    """A 101 to a handshake: the answer, and the connection then carries the tunnel."""
+
+
+INFORMATIONAL, FINAL, SWITCH = Head.INFORMATIONAL, Head.FINAL, Head.SWITCH
+_FRAMED = frozenset({b"content-length", b"transfer-encoding"})
+
+
+def judge_status(status: int, handshake: bool) -> Head:
+    """What an answer head with `status` is, to a WebSocket handshake (`handshake`) or to a
+    plain request; UpstreamFailed when no answer may have it."""
+    if 200 <= status <= 599:
+        return FINAL
+    if status == 101:
+        if handshake:
+            return SWITCH
+        raise UpstreamFailed("the sandbox switched protocols unasked")
+    if 100 <= status < 200:
+        return INFORMATIONAL
+    raise UpstreamFailed(f"the sandbox answered with status {status}")
+
+
+def framed_by_close(headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    """The answer's body ends only when the connection does: its head has neither a
+    Content-Length nor a Transfer-Encoding (names in any case)."""
+    return not any(name.lower() in _FRAMED for name, _ in headers)
+
+
+def framing_run(run: int, read: int, body_came: bool) -> int:
+    """Framing bytes read in a row after a read of `read` bytes, `run` before it: a read that
+    brought any body starts the count again. Past `MAX_FRAMING_BYTES` the answer is refused."""
+    return 0 if body_came else run + read
