@@ -86,6 +86,11 @@ def frame_request(
     if chunked and length is not None:
         raise BadRequest("Content-Length with Transfer-Encoding")
     body = chunked or (length is not None and length != b"0")
+    if parser_upgrade and body:
+        # The parser hands every byte after an upgrade's head over as the new protocol: the
+        # body announced would never be read, and the sandbox, told of it, would take the
+        # next request on its pooled connection for the rest of this one.
+        raise BadRequest("an upgrade request with a body")
     upgrade = (
         parser_upgrade
         and version == "1.1"  # RFC 6455; and no 1xx may go to an HTTP/1.0 client
