@@ -25,67 +25,13 @@ a sandbox writes after its answer to a handshake is never taken for an answer.
 from __future__ import annotations
 
 import asyncio
-import collections
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
-HIGH_WATER = 256 * 1024
-"""Bytes from one side waiting for the other before reading from the first pauses."""
+from wakeful.aio.pipe import Pipe
+
 MAX_REFUSAL_BYTES = 64 * 1024
 """The body of a handshake answered with anything but 101, passed on whole."""
-
-
-class Pipe:
-    """Bytes one side's protocol received, waiting for the task that writes them to the other
-    side. Bounded: past `HIGH_WATER` the side stops reading until the writer catches up."""
-
-    __slots__ = ("_chunks", "_ended", "_pause", "_paused", "_resume", "_size", "_waiter")
-
-    def __init__(self, pause: Callable[[], None], resume: Callable[[], None]) -> None:
-        self._pause = pause
-        self._resume = resume
-        self._chunks: collections.deque[bytes] = collections.deque()
-        self._size = 0
-        self._paused = False
-        self._ended = False
-        self._waiter: asyncio.Future[None] | None = None
-
-    def feed(self, data: bytes) -> None:
-        if not data or self._ended:
-            return
-        self._chunks.append(data)
-        self._size += len(data)
-        if self._size > HIGH_WATER and not self._paused:
-            self._paused = True
-            self._pause()
-        self._wake()
-
-    def end(self) -> None:
-        """The side closed (or broke): what was fed is still read, then b""."""
-        self._ended = True
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    async def get(self) -> bytes:
-        """The next bytes from the side; b"" once it ended and everything was read."""
-        while True:
-            if self._chunks:
-                chunk = self._chunks.popleft()
-                self._size -= len(chunk)
-                if self._paused and self._size <= HIGH_WATER // 4:
-                    self._paused = False
-                    self._resume()
-                return chunk
-            if self._ended:
-                return b""
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
 
 
 class Side(Protocol):

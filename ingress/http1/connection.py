@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING, cast
 import httptools
 
 from wakeful.aio.deadline import Deadline
+from wakeful.aio.pipe import Pipe
 from wakeful.ingress.errors import BadRequest
 from wakeful.ingress.http1.request import Body, Request
 from wakeful.ingress.http1.responder import BAD_REQUEST, TOO_LARGE, TOO_MANY, TOO_SLOW, Responder
 from wakeful.ingress.http1.rules import frame_request
 from wakeful.ingress.http1.wire import Wire
-from wakeful.ingress.websocket import Pipe
 
 if TYPE_CHECKING:
     from wakeful.ingress.http1.server import HttpServer

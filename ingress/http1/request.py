@@ -14,12 +14,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from wakeful.aio.flow import HIGH_WATER, LOW_WATER
 from wakeful.ingress.errors import ClientGone, ClientTooSlow
 
 if TYPE_CHECKING:
     from wakeful.ingress.http1.connection import ClientConnection
 
-BODY_BUFFER = 256 * 1024
+BODY_BUFFER = HIGH_WATER
 
 
 class Body:
@@ -82,7 +83,7 @@ class Body:
             if self._chunks:
                 chunk = self._chunks.popleft()
                 self._size -= len(chunk)
-                if self._size <= BODY_BUFFER // 4:
+                if self._size <= LOW_WATER:
                     self._conn.resume_reading("body")
                 yield chunk
                 continue

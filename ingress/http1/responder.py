@@ -11,9 +11,9 @@ from __future__ import annotations
 import http
 from typing import TYPE_CHECKING
 
+from wakeful.aio.pipe import Pipe
 from wakeful.ingress.errors import ClientGone, UpstreamFailed
 from wakeful.ingress.http1.request import Request
-from wakeful.ingress.websocket import Pipe
 
 if TYPE_CHECKING:
     from wakeful.ingress.http1.connection import ClientConnection

@@ -3,14 +3,14 @@ binary message read, and a close (or any coroutine) left to run on its own."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
+from collections.abc import Coroutine
 from typing import Any
 
 import websockets
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.server import ServerConnection
 
+from wakeful.aio.tasks import Background
 from wakeful.domain import tunnelwire as wire
 
 WS_OPTIONS = wire.WEBSOCKET_OPTIONS
@@ -27,16 +27,10 @@ async def receive(connection: ServerConnection | ClientConnection) -> bytes | No
     return message
 
 
-_background: set[asyncio.Task[Any]] = set()
+_background = Background()
+"""Work started from callbacks, held until it ends; what it raises is dropped."""
 
 
-def spawn(coroutine: Any) -> None:
+def spawn(coroutine: Coroutine[Any, Any, object]) -> None:
     """Run `coroutine` on its own, kept referenced until it ends; its errors are dropped."""
-
-    async def quietly() -> None:
-        with contextlib.suppress(Exception):
-            await coroutine
-
-    task = asyncio.get_running_loop().create_task(quietly())
-    _background.add(task)
-    task.add_done_callback(_background.discard)
+    _background.spawn(coroutine)

@@ -10,11 +10,9 @@ import collections
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from wakeful.aio.flow import HIGH_WATER
 from wakeful.domain import tunnelwire as wire
 from wakeful.ingress.errors import ConnectFailed
-
-HIGH_WATER = 256 * 1024
-"""Request bytes queued for a stream before the writer is told to wait."""
 
 
 class TunnelClosed(ConnectionResetError):

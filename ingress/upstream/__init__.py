@@ -9,7 +9,7 @@
 - `rules`: what an answer head means: status, framing, the framing bound (pure).
 """
 
-from wakeful.ingress.upstream.connection import HIGH_WATER
+from wakeful.aio.flow import HIGH_WATER
 from wakeful.ingress.upstream.raw import RawTransport
 
 __all__ = ["HIGH_WATER", "RawTransport"]

@@ -28,7 +28,7 @@ from typing import Protocol, cast
 import httptools
 
 from wakeful.aio.deadline import Deadline
-from wakeful.aio.flow import WriteGate
+from wakeful.aio.flow import HIGH_WATER, LOW_WATER, WriteGate
 from wakeful.ingress.errors import ClosedUnanswered, ConnectFailed, UpstreamFailed, UpstreamTimeout
 from wakeful.ingress.upstream.exchange import (
     BODY,
@@ -48,9 +48,6 @@ from wakeful.ingress.upstream.rules import (
     framing_run,
     judge_status,
 )
-
-HIGH_WATER = 256 * 1024
-"""Answer bytes buffered for a slow client before reading from the sandbox pauses."""
 
 
 class Home(Protocol):
@@ -314,7 +311,7 @@ class UpstreamConnection(Gated):
         if self._chunks:
             chunk = self._chunks.popleft()
             self._buffered -= len(chunk)
-            if self._paused and self._buffered <= HIGH_WATER // 4 and self.transport:
+            if self._paused and self._buffered <= LOW_WATER and self.transport:
                 self._paused = False
                 self.transport.resume_reading()
                 if self.state.stage is not COMPLETE:

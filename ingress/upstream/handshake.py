@@ -15,6 +15,7 @@ import asyncio
 import httptools
 
 from wakeful.aio.flow import WriteGate
+from wakeful.aio.pipe import Pipe
 from wakeful.ingress.errors import UpstreamFailed
 from wakeful.ingress.upstream.connection import Gated, tuned
 from wakeful.ingress.upstream.exchange import (
@@ -33,7 +34,7 @@ from wakeful.ingress.upstream.rules import (
     framing_run,
     judge_status,
 )
-from wakeful.ingress.websocket import MAX_REFUSAL_BYTES, Pipe
+from wakeful.ingress.websocket import MAX_REFUSAL_BYTES
 
 
 class Handshake(Gated):
