@@ -6,12 +6,10 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import anyio
 import pytest
 
 from wakeful.store import Store, open_store
 from wakeful.store.etcd import EtcdStore
-from wakeful.store.local import LocalStore
 from wakeful.store.testing import EtcdServer
 from wakeful.testing import ManualClock
 
@@ -120,17 +118,6 @@ def ttl_clock(store_url: str) -> ManualClock | None:
     """The clock the embedded stores' TTLs run on, moved by hand; None on etcd, which keeps
     its own time (see `pass_time`)."""
     return None if store_url.startswith("etcd://") else ManualClock(time.time())
-
-
-async def pass_time(store: Store, clock: ManualClock | None, seconds: float) -> None:
-    """Let `seconds` pass for the store's TTLs: move the clock and run the embedded store's
-    housekeeping (so what is due expires now, not at its next tick), or on etcd really wait."""
-    if clock is None:
-        await anyio.sleep(seconds)
-        return
-    clock.advance(seconds)
-    assert isinstance(store, LocalStore)
-    await store.housekeep()
 
 
 @pytest.fixture

@@ -6,14 +6,22 @@ import anyio
 import anyio.lowlevel
 import pytest
 
+from tests.support.activator import (
+    POOL_KEY,
+    make_activator,
+    pool,
+    sandbox,
+    seed,
+    set_status,
+    settle,
+)
+from tests.support.waiting import eventually
 from wakeful.activator.ledger import Lease
 from wakeful.domain import keys
 from wakeful.domain.leases import AppFailedToBoot, LeaseGone, NoCapacity, Overloaded, UnknownApp
 from wakeful.domain.models import App, AppState, Pool, SandboxStatus, StateSpec
 from wakeful.store import Event, Put, Require, Store, open_store
 from wakeful.testing import ManualClock
-
-from .conftest import POOL_KEY, eventually, make_activator, pool, sandbox, seed, set_status, settle
 
 pytestmark = pytest.mark.anyio
 

@@ -2,90 +2,24 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 
 import anyio
 import httpx
 import pytest
-import uvicorn
-from prometheus_client import CollectorRegistry
 
-from wakeful.activator.api import create_app
+from tests.support.activator import (
+    ACTIVATION_TIMEOUT,
+    TOKEN,
+    Served,
+    nothing_routable,
+)
+from tests.support.waiting import eventually
 from wakeful.activator.client import HttpLeases
-from wakeful.activator.core import Activator
-from wakeful.activator.settings import ActivatorSettings
 from wakeful.domain.leases import LeaseGone, NoCapacity, Unauthorized, UnknownApp, Unreachable
-from wakeful.domain.models import Role, SandboxStatus
-from wakeful.store import Store, open_store
 from wakeful.store.testing import free_port
-from wakeful.store.tokenbook import TokenBook
-from wakeful.testing import ManualClock
-
-from .conftest import eventually, seed, set_status
 
 pytestmark = pytest.mark.anyio
-TOKEN = "s3cret-token"
-ADMIN = TokenBook.of({TOKEN: Role.ADMIN})
-"""The control API's credentials: TOKEN, as an admin token."""
-
-
-ACTIVATION_TIMEOUT = 120.0
-"""Long enough that only moving the clock (never real time) ends a wait in these tests."""
-
-
-@dataclass(frozen=True)
-class Served:
-    url: str
-    store: Store
-    activator: Activator
-    clock: ManualClock
-    """The activator's clock: waiters time out only when a test moves it."""
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[Served]:
-    async with open_store("memory://") as store:
-        await seed(
-            store,
-            rpi=10,
-            activation_timeout=ACTIVATION_TIMEOUT,
-            sandboxes={"sb-1": SandboxStatus.RUNNING},
-        )
-        async with serve_activator(store) as served:
-            yield served
-
-
-@contextlib.asynccontextmanager
-async def serve_activator(store: Store, adopt_for: float = 0.0) -> AsyncIterator[Served]:
-    """An activator on `store` (its clock a ManualClock) with its API on uvicorn."""
-    settings = ActivatorSettings(store_url="memory://", token=TOKEN)
-    registry = CollectorRegistry()
-    clock = ManualClock()
-    activator = Activator(store, settings, registry, clock=clock)
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(activator, ADMIN, registry),
-            host="127.0.0.1",
-            port=port,
-            log_level="warning",
-            lifespan="off",
-        )
-    )
-    async with activator.running(adopt_for=adopt_for), anyio.create_task_group() as tasks:
-        tasks.start_soon(server.serve)
-        with anyio.fail_after(10):
-            while not server.started:  # noqa: ASYNC110 - uvicorn exposes a flag, no event
-                await anyio.sleep(0.01)
-        yield Served(f"http://127.0.0.1:{port}", store, activator, clock)
-        server.should_exit = True
-
-
-async def nothing_routable(api: Served) -> None:
-    await set_status(api.store, "sb-1", SandboxStatus.BOOTING)
-    await eventually(lambda: api.activator.snapshot()[0].ready == 0)
 
 
 async def past_the_activation_timeout(

@@ -14,6 +14,15 @@ import pytest
 import websockets
 import websockets.asyncio.client
 
+from tests.support.activator import (
+    TOKEN,
+    Served,
+    api,
+    nothing_routable,
+    serve_activator,
+    set_status,
+)
+from tests.support.waiting import eventually
 from wakeful.activator import channel
 from wakeful.activator.channel import MAX_OPS_PER_FRAME, PATH
 from wakeful.activator.client import ChannelLeases
@@ -21,9 +30,6 @@ from wakeful.domain.leases import LeaseGone, LeaseGrant, Unauthorized, UnknownAp
 from wakeful.domain.models import SandboxStatus
 from wakeful.domain.traffic import BUCKETS, AppTraffic
 from wakeful.store.testing import free_port
-
-from .conftest import eventually, set_status
-from .test_api import TOKEN, Served, api, nothing_routable, serve_activator
 
 pytestmark = pytest.mark.anyio
 __all__ = ["api"]  # the fixture, imported to be used here

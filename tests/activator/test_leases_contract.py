@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import anyio
 import pytest
 
-from tests.wakeful.conftest import running_control_plane
+from tests.support.control import running_control_plane
 from wakeful.activator.client import ChannelLeases, HttpLeases, InProcessLeases
 from wakeful.domain import keys
 from wakeful.domain.leases import LeaseGone, Leases, UnknownApp

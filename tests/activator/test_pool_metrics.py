@@ -6,12 +6,12 @@ import anyio
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from tests.support.activator import make_activator, seed, set_status
+from tests.support.waiting import eventually
 from wakeful.activator.ledger import Lease
 from wakeful.activator.pool_metrics import PoolCollector
 from wakeful.domain.models import SandboxStatus
 from wakeful.store import Store
-
-from .conftest import eventually, make_activator, seed, set_status
 
 pytestmark = pytest.mark.anyio
 POOL = {"app": "hello", "pool": "hello-v1"}

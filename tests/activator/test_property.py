@@ -9,12 +9,11 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from tests.support.activator import make_activator, seed, set_status
 from wakeful.activator.ledger import Lease
 from wakeful.domain.models import SandboxStatus
 from wakeful.store import open_store
 from wakeful.testing import ManualClock
-
-from .conftest import make_activator, seed, set_status
 
 pytestmark = pytest.mark.anyio
 

@@ -10,6 +10,8 @@ import math
 import anyio
 import pytest
 
+from tests.support.activator import POOL_KEY, make_activator, pool, sandbox, seed
+from tests.support.waiting import eventually
 from wakeful.activator.core import Activator
 from wakeful.activator.ledger import Lease
 from wakeful.domain import keys
@@ -27,8 +29,6 @@ from wakeful.domain.models import (
 from wakeful.domain.models import SandboxStatus as S
 from wakeful.store import Store
 from wakeful.testing import ManualClock
-
-from .conftest import POOL_KEY, eventually, make_activator, pool, sandbox, seed
 
 pytestmark = pytest.mark.anyio
 T0 = 1_000.0

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.containers import podman
+from tests.support import podman
 
 
 @pytest.fixture(scope="session")

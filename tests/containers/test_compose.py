@@ -27,7 +27,7 @@ from typing import TypeVar
 import httpx
 import pytest
 
-from tests.containers import podman
+from tests.support import podman
 from wakeful.store.testing import free_port
 
 pytestmark = pytest.mark.container

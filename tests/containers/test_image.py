@@ -29,8 +29,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.containers import podman
-from tests.security.test_hostile import write_hostile
+from tests.support import podman
+from tests.support.hostile import write_hostile
 from wakeful.store.testing import free_port
 
 pytestmark = pytest.mark.container

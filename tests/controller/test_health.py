@@ -11,7 +11,7 @@ import anyio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.activator.conftest import eventually
+from tests.support.waiting import eventually
 from wakeful.controller.health import StoreProbe
 from wakeful.controller.reconciler import Reconciler
 from wakeful.domain.models import AppSpec, Node, Pool, Sandbox, SandboxStatus, SeenNode

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.wakeful.conftest import running_control_plane
+from tests.support.control import running_control_plane
 from wakeful.aio.packing import pack
 from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.deploy.states import (

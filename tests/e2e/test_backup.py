@@ -13,10 +13,9 @@ import anyio
 import httpx
 import pytest
 
+from tests.support.up import make_app, start_up, stop_up
 from wakeful.store import open_store, sqlite_url
 from wakeful.store.backup import SCHEMA_KEY, SCHEMA_VERSION, Schema
-
-from .test_up import make_app, start_up, stop_up
 
 WAKEFUL = [sys.executable, "-m", "wakeful.cli"]
 

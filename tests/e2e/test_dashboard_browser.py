@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from tests.e2e.test_up import Up, make_app, start_up, stop_up
+from tests.support.up import Up, make_app, start_up, stop_up
 from wakeful.testing import up_command
 
 CHROMIUM = shutil.which("chromium")

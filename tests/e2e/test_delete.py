@@ -12,7 +12,7 @@ import anyio
 import httpx
 import pytest
 
-from tests.e2e.test_up import Up, make_app, no_sandbox_left, start_up, stop_up
+from tests.support.up import Up, make_app, no_sandbox_left, start_up, stop_up
 
 pytestmark = pytest.mark.anyio
 WAKEFUL = [sys.executable, "-m", "wakeful.cli"]

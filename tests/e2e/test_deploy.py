@@ -2,30 +2,15 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import anyio
 import httpx
 import pytest
 
-from .test_up import WAKEFUL, Up, make_app, start_up, stop_up
+from tests.support.up import Up, cli_async, make_app, start_up, stop_up
 
 pytestmark = pytest.mark.anyio
-
-
-def cli(up: Up, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*WAKEFUL, "--data-dir", str(up.data_dir), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-
-async def cli_async(up: Up, *args: str) -> subprocess.CompletedProcess[str]:
-    return await anyio.to_thread.run_sync(lambda: cli(up, *args))
 
 
 class Prober:

@@ -20,9 +20,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.cluster import deploy, start_cluster
+from tests.support.up import HELLO, WAKEFUL
 from wakeful.store.testing import EtcdServer
-
-from .test_distributed import HELLO, WAKEFUL, deploy, start_cluster
 
 ADMIN = {"Authorization": "Bearer distributed-token"}
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.e2e.test_up import make_app
+from tests.support.up import make_app
 from wakeful.store.testing import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.test_up import make_app
+from tests.support.up import make_app
 from wakeful.store import parse_store_url
 from wakeful.store.testing import free_port
 

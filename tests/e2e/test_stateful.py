@@ -4,7 +4,6 @@ separate processes on a real etcd, with requests held at the gate and none faili
 
 from __future__ import annotations
 
-import shutil
 import signal
 import subprocess
 import threading
@@ -14,35 +13,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.test_distributed import WAKEFUL, deploy, start_cluster, wakeful_cli
-from tests.e2e.test_up import Up, start_up, stop_up
+from tests.support.cluster import deploy, start_cluster, wakeful_cli
+from tests.support.notes import HOST, add, notes_app, read
+from tests.support.up import WAKEFUL, Up, start_up, stop_up
 from wakeful.store.testing import EtcdServer
-
-NOTES = Path(__file__).parents[2] / "examples" / "notes"
-HOST = {"Host": "notes.localhost"}
-
-
-def notes_app(root: Path, delay: str = "60s", activation: str = "120s") -> Path:
-    target = root / "notes"
-    shutil.copytree(NOTES, target)
-    manifest = (target / "wakeful.toml").read_text()
-    manifest = manifest.replace('scale_down_delay = "60s"', f'scale_down_delay = "{delay}"')
-    manifest = manifest.replace(
-        'name = "notes"', f'name = "notes"\nactivation_timeout = "{activation}"'
-    )
-    (target / "wakeful.toml").write_text(manifest)
-    return target
-
-
-def add(client: httpx.Client, note: str) -> None:
-    answer = client.post("/", content=note, headers=HOST)
-    assert answer.status_code == 201, answer.text
-
-
-def read(client: httpx.Client) -> list[str]:
-    answer = client.get("/", headers=HOST)
-    assert answer.status_code == 200, answer.text
-    return answer.text.splitlines()
 
 
 def test_notes_survive_scale_to_zero_and_an_agent_killed_while_holding_them(

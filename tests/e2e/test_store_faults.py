@@ -16,8 +16,8 @@ import anyio
 import httpx
 import pytest
 
-from tests.e2e.test_up import Up, make_app, start_up, stop_up
-from tests.faults import fill, small_filesystem
+from tests.support.faults import fill, small_filesystem
+from tests.support.up import Up, make_app, start_up, stop_up
 
 pytestmark = pytest.mark.anyio
 WAKEFUL = [sys.executable, "-m", "wakeful.cli"]

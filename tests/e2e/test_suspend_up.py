@@ -13,10 +13,9 @@ import anyio
 import httpx
 import pytest
 
+from tests.support.up import eventually_pool, make_app, no_sandbox_left, start_up, stop_up
 from wakeful.node.jail.cgroups import Cgroups
 from wakeful.node.sandbox.workdir import clear_sandboxes
-
-from .test_up import eventually_pool, make_app, no_sandbox_left, start_up, stop_up
 
 pytestmark = pytest.mark.anyio
 

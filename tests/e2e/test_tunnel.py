@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from bench.tunnel import TunnelCluster, tunnel_cluster
-from tests.store.test_etcd_tls import make_pki
+from tests.support.pki import make_pki
 
 pytestmark = pytest.mark.skipif(
     shutil.which("nginx") is None, reason="needs nginx (scripts/test installs it)"

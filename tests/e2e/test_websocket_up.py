@@ -13,7 +13,7 @@ import anyio
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.e2e.test_up import Up, eventually_pool, no_sandbox_left, start_up, stop_up
+from tests.support.up import Up, eventually_pool, no_sandbox_left, start_up, stop_up
 
 pytestmark = pytest.mark.anyio
 WS_ECHO = Path(__file__).resolve().parents[2] / "examples" / "ws-echo"

@@ -14,11 +14,10 @@ import anyio
 import httpx
 import pytest
 
-from tests.activator.conftest import eventually
+from tests.support.ingress import RawServer, Stack, read_head, stack
+from tests.support.waiting import eventually
 from wakeful.domain.models import App
 from wakeful.ingress.settings import IngressSettings, listens_on_loopback
-
-from .conftest import RawServer, Stack, read_head, stack
 
 pytestmark = pytest.mark.anyio
 

@@ -10,9 +10,8 @@ from collections.abc import Callable
 import anyio
 import pytest
 
+from tests.support.ingress import held, stack
 from wakeful.domain.models import AppSpec, Concurrency
-
-from .conftest import held, stack
 
 pytestmark = pytest.mark.anyio
 

@@ -10,12 +10,10 @@ from collections.abc import Callable
 import anyio
 import pytest
 
-from tests.activator.conftest import eventually
+from tests.support.ingress import RawServer, read_head, responses, stack, talk
+from tests.support.waiting import eventually
 from wakeful.ingress.http1 import PIPELINE_MAX
 from wakeful.ingress.upstream import RawTransport
-
-from .conftest import RawServer, read_head, stack
-from .test_http1 import _responses, _talk
 
 pytestmark = pytest.mark.anyio
 
@@ -33,8 +31,8 @@ async def test_a_sandbox_cannot_slip_a_second_answer_onto_a_client_connection() 
         async with stack({"sb-1": sandbox.port}) as s:
             asks = b"GET / HTTP/1.1\r\nHost: hello.localhost\r\n\r\n" * 2
             asks += b"GET / HTTP/1.1\r\nHost: hello.localhost\r\nConnection: close\r\n\r\n"
-            answer = await anyio.to_thread.run_sync(_talk, s.ingress.address[1], asks)
-    assert _responses(answer) == [(200, b"ok")] * 3, answer
+            answer = await anyio.to_thread.run_sync(talk, s.ingress.address[1], asks)
+    assert responses(answer) == [(200, b"ok")] * 3, answer
     assert b"stolen" not in answer and answer.lower().count(b"content-length") == 3
 
 
@@ -66,7 +64,7 @@ async def test_an_endless_answer_head_is_refused_within_a_bound(first: bytes, li
             tracemalloc.start()
             try:
                 answer = await anyio.to_thread.run_sync(
-                    _talk,
+                    talk,
                     s.ingress.address[1],
                     b"GET / HTTP/1.1\r\nHost: hello.localhost\r\nConnection: close\r\n\r\n",
                 )
@@ -96,7 +94,7 @@ async def test_an_answer_with_a_status_outside_200_599_is_a_502() -> None:
 async def test_an_error_answer_has_one_content_length() -> None:
     async with stack() as s:
         answer = await anyio.to_thread.run_sync(
-            _talk,
+            talk,
             s.ingress.address[1],
             b"GET / HTTP/1.1\r\nHost: nope.localhost\r\nConnection: close\r\n\r\n",
         )
@@ -162,8 +160,8 @@ async def test_a_pipelined_flood_in_one_write_is_refused_not_queued() -> None:
     reset (the rest is read away before the close)."""
     async with stack() as s:
         flood = b"GET / HTTP/1.1\r\nHost: nope.localhost\r\n\r\n" * 2000
-        answer = await anyio.to_thread.run_sync(_talk, s.ingress.address[1], flood)
-    statuses = [status for status, _ in _responses(answer)]
+        answer = await anyio.to_thread.run_sync(talk, s.ingress.address[1], flood)
+    statuses = [status for status, _ in responses(answer)]
     assert statuses[-1] == 400 and set(statuses[:-1]) == {404}, statuses[-3:]
     assert PIPELINE_MAX <= len(statuses) - 1 < 2000
     assert answer.count(b"connection: close") == 1  # only the last answer ends it
@@ -176,8 +174,8 @@ async def test_a_malformed_request_behind_a_good_one_is_refused_after_its_answer
             b"GET / HTTP/1.1\r\nHost: nope.localhost\r\nX: a\r\n folded\r\n\r\n"
             b"GET / HTTP/1.1\r\nHost: nope.localhost\r\n\r\n"
         )
-        answer = await anyio.to_thread.run_sync(_talk, s.ingress.address[1], asks)
-    assert [status for status, _ in _responses(answer)] == [404, 400]
+        answer = await anyio.to_thread.run_sync(talk, s.ingress.address[1], asks)
+    assert [status for status, _ in responses(answer)] == [404, 400]
 
 
 async def test_a_chunked_body_the_app_ignores_does_not_poison_the_next_request(
@@ -191,6 +189,6 @@ async def test_a_chunked_body_the_app_ignores_does_not_poison_the_next_request(
             b"5\r\nhello\r\n0\r\n\r\n"
             b"GET /bytes?n=3 HTTP/1.1\r\nHost: hello.localhost\r\nConnection: close\r\n\r\n"
         )
-        answer = await anyio.to_thread.run_sync(_talk, s.ingress.address[1], asks)
-    statuses = [status for status, _ in _responses(answer)]
-    assert statuses[-1] == 200 and _responses(answer)[-1][1] == b"www", answer
+        answer = await anyio.to_thread.run_sync(talk, s.ingress.address[1], asks)
+    statuses = [status for status, _ in responses(answer)]
+    assert statuses[-1] == 200 and responses(answer)[-1][1] == b"www", answer

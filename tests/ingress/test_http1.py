@@ -11,27 +11,10 @@ import anyio
 import h11
 import pytest
 
+from tests.support.ingress import RawServer, read_head, responses, stack, talk
 from wakeful.ingress.http1 import Handler, HttpServer, Limits, Request, Responder
 
-from .conftest import RawServer, read_head, stack
-
 pytestmark = pytest.mark.anyio
-
-
-def _talk(port: int, data: bytes, *, reset_ok: bool = False) -> bytes:
-    """Send `data` at once, then read until the ingress closes the connection. `reset_ok`:
-    a connection the ingress refuses with bytes of ours unread may end in a reset (the kernel
-    sends one), after whatever it answered first."""
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-        sock.sendall(data)
-        got = b""
-        try:
-            while chunk := sock.recv(65536):
-                got += chunk
-        except ConnectionResetError:
-            if not reset_ok:
-                raise
-    return got
 
 
 def _h11_refuses(data: bytes) -> bool:
@@ -77,7 +60,7 @@ async def test_request_smuggling_shapes_are_refused_and_reach_no_sandbox(shape: 
         assert _h11_refuses(request_bytes)
     with RawServer(_answer_anything) as sandbox:
         async with stack({"sb-1": sandbox.port}) as s:
-            answer = await anyio.to_thread.run_sync(_talk, s.ingress.address[1], request_bytes)
+            answer = await anyio.to_thread.run_sync(talk, s.ingress.address[1], request_bytes)
     assert answer.startswith(b"HTTP/1.1 400"), answer
     assert answer.count(b"HTTP/1.1") == 1  # nothing after it was read as a second request
     assert sandbox.connections == 0
@@ -103,25 +86,10 @@ async def test_a_malformed_chunked_body_fails_the_request_and_never_completes_up
     recorder = _Recorder()
     with RawServer(recorder) as sandbox:
         async with stack({"sb-1": sandbox.port}) as s:
-            answer = await anyio.to_thread.run_sync(_talk, s.ingress.address[1], bad_chunk)
+            answer = await anyio.to_thread.run_sync(talk, s.ingress.address[1], bad_chunk)
     assert answer.startswith(b"HTTP/1.1 400"), answer
     # The head went on before the body broke; the sandbox never saw the body end.
     assert b"world" not in recorder.received and not recorder.received.endswith(b"0\r\n\r\n")
-
-
-def _responses(data: bytes) -> list[tuple[int, bytes]]:
-    """Status and body of each Content-Length framed answer in `data`, in order."""
-    out = []
-    while data:
-        head, _, rest = data.partition(b"\r\n\r\n")
-        lines = head.split(b"\r\n")
-        status = int(lines[0].split()[1])
-        length = next(
-            int(line.split(b":")[1]) for line in lines if line.lower().startswith(b"content-length")
-        )
-        out.append((status, rest[:length]))
-        data = rest[length:]
-    return out
 
 
 async def test_pipelined_requests_are_answered_in_order(hello: Callable[[], int]) -> None:
@@ -131,18 +99,18 @@ async def test_pipelined_requests_are_answered_in_order(hello: Callable[[], int]
             % (n, b"Connection: close\r\n" if n == 3 else b"")
             for n in (1, 2, 3)
         )
-        answer = await anyio.to_thread.run_sync(_talk, s.ingress.address[1], pipelined)
-    assert _responses(answer) == [(200, b"w"), (200, b"ww"), (200, b"www")]
+        answer = await anyio.to_thread.run_sync(talk, s.ingress.address[1], pipelined)
+    assert responses(answer) == [(200, b"w"), (200, b"ww"), (200, b"www")]
 
 
 async def test_http_1_0_and_head_answers_are_framed_right(hello: Callable[[], int]) -> None:
     async with stack({"sb-1": hello()}) as s:
         port = s.ingress.address[1]
         old = await anyio.to_thread.run_sync(
-            _talk, port, b"GET /bytes?n=4 HTTP/1.0\r\nHost: hello.localhost\r\n\r\n"
+            talk, port, b"GET /bytes?n=4 HTTP/1.0\r\nHost: hello.localhost\r\n\r\n"
         )
         head = await anyio.to_thread.run_sync(
-            _talk,
+            talk,
             port,
             b"HEAD /bytes?n=4 HTTP/1.1\r\nHost: hello.localhost\r\nConnection: close\r\n\r\n",
         )

@@ -7,11 +7,10 @@ from collections.abc import Callable
 import anyio
 import pytest
 
-from tests.activator.conftest import eventually
+from tests.support.ingress import Stack, closed_port, held, stack
+from tests.support.waiting import eventually
 from wakeful.domain.models import SandboxStatus
 from wakeful.testing import ManualClock
-
-from .conftest import Stack, closed_port, held, stack
 
 pytestmark = pytest.mark.anyio
 

@@ -16,15 +16,14 @@ import websockets
 from prometheus_client import CollectorRegistry
 from websockets.asyncio.client import connect
 
-from tests.activator.conftest import eventually
+from tests.support.ingress import Stack, stack
+from tests.support.waiting import eventually
 from wakeful.activator.client import InProcessLeases
 from wakeful.domain import tunnelwire as wire
 from wakeful.domain.models import Node, Role, Sandbox, SandboxStatus, Token, Tunnel
 from wakeful.ingress import Ingress
 from wakeful.node.tunnel.client import TunnelClient
 from wakeful.store.tokenbook import digest
-
-from .conftest import Stack, stack
 
 pytestmark = pytest.mark.anyio
 

@@ -12,9 +12,8 @@ import anyio
 import httpx
 import pytest
 
+from tests.support.ingress import Stack, stack
 from wakeful.domain.models import AppSpec, Concurrency
-
-from .conftest import Stack, stack
 
 pytestmark = pytest.mark.anyio
 TIMING = re.compile(

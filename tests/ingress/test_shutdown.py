@@ -10,15 +10,14 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.activator.conftest import eventually
+from tests.support.ingress import held, sandbox
+from tests.support.waiting import eventually
 from wakeful.activator.client import InProcessLeases
 from wakeful.activator.core import Activator
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.domain.models import App, AppSpec, Concurrency, Pool, SandboxStatus
 from wakeful.ingress import Ingress, IngressSettings
 from wakeful.store import open_store
-
-from .conftest import held, sandbox
 
 pytestmark = pytest.mark.anyio
 

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from .conftest import stack
+from tests.support.ingress import stack
 
 pytestmark = pytest.mark.anyio
 SIZE = 200 * 1024 * 1024

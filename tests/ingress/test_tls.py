@@ -15,7 +15,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from .conftest import RawServer, read_head, stack
+from tests.support.ingress import RawServer, read_head, stack
 
 pytestmark = pytest.mark.anyio
 

@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -17,7 +17,7 @@ import pytest
 import websockets
 from websockets.asyncio.client import ClientConnection, connect
 
-from tests.activator.conftest import eventually
+from tests.support.waiting import eventually
 from wakeful.domain import tunnelwire as wire
 from wakeful.domain.models import Node, ReplicaCoverage, Role, Token, Tunnel
 from wakeful.ingress.errors import ConnectFailed
@@ -52,10 +52,6 @@ class Recorder(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = exc or "closed"
-
-
-async def until(check: Callable[[], object], within: float = 10.0) -> None:
-    await eventually(lambda: bool(check()), within)
 
 
 async def closes(connection: ClientConnection) -> bool:
@@ -98,7 +94,7 @@ async def replicas(count: int = 2, wait: float = 5.0) -> AsyncIterator[tuple[Sto
                 found.append(tunnels)
             for tunnels in found:
                 await tunnels.synced.wait()
-            await until(lambda: all(len(t.peers.replicas.items) == count for t in found))
+            await eventually(lambda: all(len(t.peers.replicas.items) == count for t in found))
             yield store, found
             for server in servers:
                 server.close()
@@ -150,19 +146,19 @@ async def test_an_answer_of_an_exchange_already_over_never_reaches_the_next(
     same stream, never sees another client's bytes (or a stale REFUSED: invariant 11)."""
     async with replicas() as (store, (r1, r2)):
         node = await open_stream(r1)
-        await until(lambda: idle(r1) == 1)
+        await eventually(lambda: idle(r1) == 1)
         await table(store, r1=(1, 0))
-        await until(lambda: r2.peers.holding("n1", idle_only=True))
+        await eventually(lambda: r2.peers.holding("n1", idle_only=True))
         front = r2 if relayed else r1
         first = Recorder()
         exchange = await front.dial("n1", "sb-1", first)
         connect_1 = await received(node)
         assert connect_1[0] == wire.CONNECT
         await node.send(wire.answer(wire.DATA, connect_1[1], b"partial"))
-        await until(lambda: first.data == b"partial")
+        await eventually(lambda: first.data == b"partial")
         exchange.abort()
         assert await received(node) == wire.end(False)
-        await until(lambda: idle(r1) == 1)
+        await eventually(lambda: idle(r1) == 1)
         second = Recorder()
         await front.dial("n1", "sb-1", second)
         connect_2 = await received(node)
@@ -170,7 +166,7 @@ async def test_an_answer_of_an_exchange_already_over_never_reaches_the_next(
         await node.send(wire.answer(wire.DATA, connect_1[1], b"LATE BYTES OF THE FIRST"))
         await node.send(wire.answer(wire.REFUSED, connect_1[1], b"stale"))
         await node.send(wire.answer(wire.DATA, connect_2[1], b"second"))
-        await until(lambda: second.data == b"second")
+        await eventually(lambda: second.data == b"second")
         assert second.lost is None
         await node.close()
 
@@ -178,23 +174,23 @@ async def test_an_answer_of_an_exchange_already_over_never_reaches_the_next(
 async def test_a_relay_cancelled_while_it_waits_gives_the_peer_its_stream_back() -> None:
     async with replicas(wait=5.0) as (store, (r1, r2)):
         node = await open_stream(r1)
-        await until(lambda: idle(r1) == 1)
+        await eventually(lambda: idle(r1) == 1)
         busy = Recorder()
         await r1.dial("n1", "sb-1", busy)  # r1's only stream is busy
         connect_1 = await received(node)
         await table(store, r1=(1, 1))
-        await until(lambda: r2.peers.holding("n1", idle_only=False))
+        await eventually(lambda: r2.peers.holding("n1", idle_only=False))
         waiting = asyncio.ensure_future(r2.dial("n1", "sb-1", Recorder()))
-        await until(lambda: r1.counts.relayed_in == 0 and len(r1.hub.streams()) == 1)
+        await eventually(lambda: r1.counts.relayed_in == 0 and len(r1.hub.streams()) == 1)
         await anyio.sleep(0.3)  # r2 is waiting at r1 for the stream
         waiting.cancel()  # its client hung up
         with pytest.raises(asyncio.CancelledError):
             await waiting
         await node.send(wire.answer(wire.FIN, connect_1[1]))
-        await until(lambda: busy.lost is not None)
+        await eventually(lambda: busy.lost is not None)
         assert await received(node) == wire.end(False)
         # The stream is r1's to give again, whether or not the abandoned relay took it.
-        await until(lambda: idle(r1) == 1)
+        await eventually(lambda: idle(r1) == 1)
         await anyio.sleep(RELAY_SETTLE)
         assert idle(r1) == 1
         await node.close()
@@ -235,7 +231,7 @@ async def test_a_node_token_opens_streams_only_for_its_own_node() -> None:
 async def test_the_streams_of_a_revoked_token_are_closed() -> None:
     async with replicas(count=1) as (store, (r1,)):
         node = await open_stream(r1)
-        await until(lambda: len(r1.hub.streams()) == 1)
+        await eventually(lambda: len(r1.hub.streams()) == 1)
         await store.delete("tokens/n1")
         assert await closes(node)
         assert r1.hub.streams() == []
@@ -247,14 +243,14 @@ async def test_the_streams_of_a_revoked_token_are_closed() -> None:
 async def test_a_stream_the_node_drains_carries_the_exchange_it_took_then_leaves() -> None:
     async with replicas(count=1) as (_, (r1,)):
         node = await open_stream(r1)
-        await until(lambda: idle(r1) == 1)
+        await eventually(lambda: idle(r1) == 1)
         crossing = Recorder()
         await r1.dial("n1", "sb-1", crossing)  # a request takes it as the node drains it
         await node.send(wire.DRAIN_MESSAGE)
         connect_1 = await received(node)
         assert connect_1[0] == wire.CONNECT
         await node.send(wire.answer(wire.DATA_FIN, connect_1[1], b"answer"))
-        await until(lambda: crossing.data == b"answer" and crossing.lost is not None)
+        await eventually(lambda: crossing.data == b"answer" and crossing.lost is not None)
         assert await received(node) == wire.end(False)
         assert await received(node) == wire.DRAINED_MESSAGE  # only after the exchange
         assert await closes(node)  # by the replica: kept open, it would escape the caps
@@ -268,12 +264,12 @@ async def test_garbage_from_a_node_closes_only_its_own_stream() -> None:
     async with replicas(count=1) as (_, (r1,)):
         good = await open_stream(r1)
         bad = await open_stream(r1)
-        await until(lambda: idle(r1) == 2)
+        await eventually(lambda: idle(r1) == 2)
         message: Any
         for message in (b"Z", "text", wire.hello({"node": "n1"})):
             await bad.send(message)
         assert await closes(bad)
-        await until(lambda: idle(r1) == 1)
+        await eventually(lambda: idle(r1) == 1)
         exchange_on = Recorder()
         await r1.dial("n1", "sb-1", exchange_on)
         assert (await received(good))[0] == wire.CONNECT
@@ -286,9 +282,9 @@ async def test_a_relay_whose_client_stopped_reading_and_left_does_not_wedge_the_
     later request on the stream would hang."""
     async with replicas() as (store, (r1, r2)):
         node = await open_stream(r1)
-        await until(lambda: idle(r1) == 1)
+        await eventually(lambda: idle(r1) == 1)
         await table(store, r1=(1, 0))
-        await until(lambda: r2.peers.holding("n1", idle_only=True))
+        await eventually(lambda: r2.peers.holding("n1", idle_only=True))
         slow = Recorder()
         exchange = await r2.dial("n1", "sb-1", slow)
         exchange.pause_reading()  # the client does not read
@@ -301,14 +297,14 @@ async def test_a_relay_whose_client_stopped_reading_and_left_does_not_wedge_the_
 
         flooding = asyncio.ensure_future(flood())
         (stream,) = r1.hub.streams()
-        await until(lambda: stream.receiver is not None and not stream.receiver.readable())
+        await eventually(lambda: stream.receiver is not None and not stream.receiver.readable())
         exchange.abort()  # the client left
         flooding.cancel()
         assert await received(node) == wire.end(False)
-        await until(lambda: idle(r1) == 1)
+        await eventually(lambda: idle(r1) == 1)
         after = Recorder()
         await r1.dial("n1", "sb-1", after)
         connect_2 = await received(node)
         await node.send(wire.answer(wire.DATA_FIN, connect_2[1], b"fine"))
-        await until(lambda: after.data == b"fine")
+        await eventually(lambda: after.data == b"fine")
         await node.close()

@@ -10,11 +10,7 @@ from collections.abc import AsyncIterator, Callable
 import anyio
 import pytest
 
-from tests.activator.conftest import eventually
-from wakeful.domain.models import App, Pool, SandboxStatus
-from wakeful.ingress.upstream import RawTransport
-
-from .conftest import (
+from tests.support.ingress import (
     RawServer,
     Stack,
     closed_port,
@@ -24,6 +20,9 @@ from .conftest import (
     sandbox,
     stack,
 )
+from tests.support.waiting import eventually
+from wakeful.domain.models import App, Pool, SandboxStatus
+from wakeful.ingress.upstream import RawTransport
 
 pytestmark = pytest.mark.anyio
 

@@ -21,7 +21,8 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from .conftest import RawServer, Stack, read_head, sandbox_processes, stack
+from tests.support.ingress import RawServer, Stack, read_head, sandbox_processes, stack
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 WS_APP = Path(__file__).with_name("ws_app.py")
@@ -38,12 +39,6 @@ def opened(s: Stack, path: str = "/chat") -> connect:
     ingress on loopback."""
     host, port = s.ingress.address
     return connect(f"ws://hello.localhost:{port}{path}", host=host, port=port, compression=None)
-
-
-async def eventually(check: Callable[[], bool]) -> None:
-    with anyio.fail_after(30):
-        while not check():  # noqa: ASYNC110 - the ingress's gauges have no event to wait on
-            await anyio.sleep(0.01)
 
 
 async def open_on_sandbox(port: int) -> int:

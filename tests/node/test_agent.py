@@ -16,6 +16,7 @@ import anyio
 import httpx
 import pytest
 
+from tests.support.node import agent_settings, place, put_hello, status_of
 from wakeful.aio.packing import pack
 from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.deploy.states import StateKeeper
@@ -37,33 +38,10 @@ from wakeful.node.testing import process_states
 from wakeful.store import Event, Store, open_store
 from wakeful.testing import ManualClock
 
-from .conftest import agent_settings, put_hello
-
 pytestmark = pytest.mark.anyio
 HELLO = Path(__file__).parents[2] / "examples" / "hello"
 MACHINE = [1 << 50, 1 << 49]
 """The memory the `node` fixture's agent sees: total and available bytes."""
-
-
-async def status_of(store: Store, sandbox_id: str, *wanted: SandboxStatus) -> Sandbox:
-    """The record once its status is one of `wanted`: listed, then followed by a watch."""
-    key = keys.sandbox(sandbox_id)
-    with anyio.fail_after(20):
-        listing = await store.list(keys.SANDBOXES, Sandbox)
-        for item in listing.items:
-            if item.key == key and item.value.status in wanted:
-                return item.value
-        changes = store.watch(key, listing.revision + 1)
-        try:
-            async for change in changes:
-                assert isinstance(change, Event), "the watch lost continuity"
-                if change.key == key and change.kind == "put":
-                    sandbox = change.decode(Sandbox)
-                    if sandbox.status in wanted:
-                        return sandbox
-        finally:
-            await changes.aclose()  # type: ignore[attr-defined]
-    raise AssertionError(f"the watch on {key} ended")
 
 
 async def let_go(agent: NodeAgent, sandbox_id: str) -> None:
@@ -118,13 +96,6 @@ async def node(tmp_path: Path) -> AsyncIterator[tuple[Store, NodeAgent]]:
             await agent.wait_registered()
             yield store, agent
             tasks.cancel_scope.cancel()
-
-
-async def place(store: Store, sandbox_id: str, pool: str) -> None:
-    await store.create(
-        keys.sandbox(sandbox_id),
-        Sandbox(id=sandbox_id, pool=pool, app=pool.split("-")[0], node="n1", owner="n1", epoch=1),
-    )
 
 
 async def test_a_placed_sandbox_boots_serves_and_is_registered(

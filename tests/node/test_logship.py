@@ -8,6 +8,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from tests.support.node import agent_settings, put_hello
 from wakeful.aio.packing import pack
 from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.deploy.logbook import LogBook
@@ -18,8 +19,6 @@ from wakeful.domain.models import AppSpec, HealthCheck, Sandbox, SandboxStatus
 from wakeful.node.agent import NodeAgent
 from wakeful.node.logship import LogShipper, OutputBuffer, ShipFailed, utf8_cut
 from wakeful.store import open_store
-
-from .conftest import agent_settings, put_hello
 
 pytestmark = pytest.mark.anyio
 HELLO = Path(__file__).parents[2] / "examples" / "hello"

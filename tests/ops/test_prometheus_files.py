@@ -19,7 +19,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.e2e.test_up import Up, make_app, start_up, stop_up
+from tests.support.up import Up, make_app, start_up, stop_up
 from wakeful.store.testing import free_port
 
 OPS = Path(__file__).parents[2] / "ops" / "prometheus"

@@ -8,13 +8,8 @@ and Debian's bubblewrap; scripts/test installs it)."""
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import random
-import shutil
-import socket
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,16 +17,20 @@ import anyio
 import httpx
 import pytest
 
-from tests.e2e.test_deploy import cli_async
-from tests.e2e.test_up import Up, make_app, start_up, stop_up
+from tests.support.hostile import (
+    ATTEMPTS,
+    abstract_listener,
+    processes_with,
+    remove_written,
+    write_hostile,
+)
+from tests.support.up import Up, cli_async, make_app, start_up, stop_up
 from wakeful.node.testing import app_pids, sandbox_pids
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="per-app uids and cgroups need root"),
     pytest.mark.anyio,
 ]
-HOSTILE = Path(__file__).parent / "hostile"
-MEMORY, PROCESSES, DISK = 64 << 20, 32, 32 << 20
 MACHINE_DEPENDENT = {"read /proc/1/environ"}
 """Where pid 1 is itself confined (a container's init), even root cannot read its environ."""
 
@@ -55,30 +54,6 @@ def hostile_app(root: Path, up: Up, marker: str, hello_port: int) -> Path:
         "another app's port": hello_port,
     }
     return write_hostile(root, up.data_dir, up.process.pid, ports, marker)
-
-
-def write_hostile(
-    root: Path, data_dir: Path, control_pid: int, ports: dict[str, int | str], marker: str
-) -> Path:
-    """The hostile app's directory, told where to aim (it learns nothing it could not guess)."""
-    target = root / "hostile"
-    shutil.copytree(HOSTILE, target)
-    env = {
-        "DATA_DIR": str(data_dir),
-        "CONTROL_PID": str(control_pid),
-        "PORTS": ",".join(f"{name}={port}" for name, port in ports.items()),
-        "MARKER": marker,
-        "MEMORY": str(MEMORY),
-        "PROCESSES": str(PROCESSES),
-        "DISK": str(DISK),
-    }
-    (target / "wakeful.toml").write_text(
-        'name = "hostile"\ncommand = ["python3", "app.py"]\nshutdown_timeout = 5\n'
-        '[health]\npath = "/healthz"\n'
-        "[env]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in env.items()) + "\n"
-        f"[resources]\nmemory = {MEMORY}\nprocesses = {PROCESSES}\ndisk = {DISK}\n"
-    )
-    return target
 
 
 async def attack(tmp_path: Path, *flags: str) -> Attack:
@@ -122,21 +97,6 @@ async def attack(tmp_path: Path, *flags: str) -> Attack:
         assert not sandbox_pids(up.data_dir)
 
 
-@contextlib.contextmanager
-def abstract_listener(marker: str) -> Iterator[None]:
-    """The host's abstract UNIX socket the hostile app tries (app.py, `abstract_socket`)."""
-    with socket.socket(socket.AF_UNIX) as sock:
-        sock.bind("\0wakeful-hostile-" + marker)
-        sock.listen()
-        yield
-
-
-def remove_written(marker: str) -> None:
-    """What the unisolated run managed to write outside its directory."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(f"/etc/wakeful-pwned-{marker}")
-
-
 def hello_port(up: Up) -> int:
     """The port the running hello sandbox listens on, from its environment (we are root)."""
     for pid in app_pids(up.data_dir, "app.py"):
@@ -145,28 +105,6 @@ def hello_port(up: Up) -> int:
         if "MARKER" not in values:
             return int(values["PORT"])
     raise AssertionError("no hello sandbox runs")
-
-
-async def processes_with(marker: str, within: float) -> list[int]:
-    """Processes whose command line holds `marker`, once none is left or `within` passed."""
-    found = await anyio.to_thread.run_sync(scan, marker)
-    with anyio.move_on_after(within):
-        while found:
-            await anyio.sleep(0.1)
-            found = await anyio.to_thread.run_sync(scan, marker)
-    return found
-
-
-def scan(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker.encode() in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 # Async fixtures, on the session's loop (tests/conftest.py): anyio.run would find it running.
@@ -178,26 +116,6 @@ async def isolated(tmp_path_factory: pytest.TempPathFactory) -> Attack:
 @pytest.fixture(scope="module")
 async def unisolated(tmp_path_factory: pytest.TempPathFactory) -> Attack:
     return await attack(tmp_path_factory.mktemp("unisolated"), "--isolation=none")
-
-
-ATTEMPTS = [
-    "read the token file",
-    "read /proc/1/environ",
-    "read its parent's environ",
-    "read the control plane's environ",
-    "read store.db",
-    "read another app's files",
-    "write outside its directory",
-    "signal the control plane",
-    "fork past `processes`",
-    "allocate past `memory`",
-    "fill the disk",
-    "create a user namespace",
-    "connect to a host abstract socket",
-    "connect to the control API",
-    "connect to the ingress admin port",
-    "connect to another app's port",
-]
 
 
 @pytest.mark.parametrize("name", ATTEMPTS)

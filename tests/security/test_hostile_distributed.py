@@ -23,17 +23,17 @@ import anyio
 import httpx
 import pytest
 
-from tests.e2e.test_distributed import HELLO, WAKEFUL, make_token, piece_env
-from wakeful.node.testing import app_pids, sandbox_pids
-from wakeful.store.testing import EtcdServer, free_port
-
-from .test_hostile import (
+from tests.support.cluster import make_token, piece_env
+from tests.support.hostile import (
     ATTEMPTS,
     abstract_listener,
     processes_with,
     remove_written,
     write_hostile,
 )
+from tests.support.up import HELLO, WAKEFUL
+from wakeful.node.testing import app_pids, sandbox_pids
+from wakeful.store.testing import EtcdServer, free_port
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="per-app uids and cgroups need root")
 

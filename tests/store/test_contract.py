@@ -8,7 +8,7 @@ import anyio
 import pytest
 from pydantic import BaseModel
 
-from tests.conftest import pass_time
+from tests.support.store import pass_time
 from wakeful.store import (
     AlreadyExists,
     Conflict,

@@ -9,8 +9,7 @@ import anyio
 import pytest
 from pydantic import BaseModel
 
-from tests.conftest import pass_time
-from tests.store.test_sqlite_faults import hold_write_lock
+from tests.support.store import hold_write_lock, pass_time
 from wakeful.domain.models import Leader
 from wakeful.store import Conflict, Deposed, Put, Require, Store
 from wakeful.store.base import StoreBase

@@ -22,15 +22,15 @@ import httpx
 import pytest
 from pydantic import BaseModel
 
-from tests.e2e.test_distributed import WAKEFUL, deploy, start_cluster
-from tests.e2e.test_stateful import HOST as NOTES_HOST
-from tests.e2e.test_stateful import add, notes_app, read
+from tests.support.cluster import deploy, start_cluster
+from tests.support.notes import HOST as NOTES_HOST
+from tests.support.notes import add, notes_app, read
+from tests.support.pki import BOUND, Pki, environment, make_pki, readme_commands
+from tests.support.up import WAKEFUL
 from wakeful.domain import keys
 from wakeful.domain.models import AppState
 from wakeful.store import StoreError, TLSFiles, open_store
 from wakeful.store.testing import EtcdServer
-
-from .test_etcd_tls import BOUND, Pki, environment, make_pki, readme_commands
 
 pytestmark = pytest.mark.anyio
 NAMESPACE = "/authns/"

@@ -10,7 +10,7 @@ import anyio
 import pytest
 from pydantic import BaseModel
 
-from tests.conftest import pass_time
+from tests.support.store import pass_time
 from wakeful.store import Store
 from wakeful.store.held import HeldRecord
 from wakeful.testing import ManualClock

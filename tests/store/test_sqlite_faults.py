@@ -8,7 +8,6 @@ off and goes on, and the store works again once the cause is gone.
 from __future__ import annotations
 
 import logging
-import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +15,8 @@ import anyio
 import pytest
 from pydantic import BaseModel
 
-from tests.faults import fill, small_filesystem
+from tests.support.faults import fill, small_filesystem
+from tests.support.store import hold_write_lock
 from wakeful.store import Unavailable
 from wakeful.store.local import LocalStore
 from wakeful.store.sqlite import SqliteEngine
@@ -27,13 +27,6 @@ pytestmark = pytest.mark.anyio
 
 class Counter(BaseModel):
     n: int
-
-
-def hold_write_lock(path: Path) -> sqlite3.Connection:
-    """What another process does to the file: take the write lock and keep it."""
-    holder = sqlite3.connect(path, isolation_level=None)
-    holder.execute("BEGIN IMMEDIATE")
-    return holder
 
 
 async def test_a_locked_database_is_unavailable_not_an_sqlite_error(tmp_path: Path) -> None:

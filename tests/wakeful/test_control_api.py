@@ -12,7 +12,7 @@ import anyio.abc
 import httpx
 import pytest
 
-from tests.wakeful.conftest import running_control_plane
+from tests.support.control import running_control_plane
 from wakeful.aio.packing import pack
 from wakeful.bootstrap import ControlPlane
 from wakeful.deploy import api as deploy_api

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from tests.wakeful.conftest import Running, running_control_plane
+from tests.support.control import Running, running_control_plane
 from wakeful.controller.reconciler import Mirror
 from wakeful.dashboard.server import COOKIE, MAX_STREAMS, SESSION_SECONDS, Dashboard, Sessions
 from wakeful.domain import keys

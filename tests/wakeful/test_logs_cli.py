@@ -11,7 +11,7 @@ import anyio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.wakeful.conftest import running_control_plane
+from tests.support.control import running_control_plane
 from wakeful.activator.api import create_app
 from wakeful.activator.core import Activator
 from wakeful.activator.settings import ActivatorSettings

@@ -16,7 +16,7 @@ import pytest
 from anyio.abc import Process
 from anyio.streams.text import TextReceiveStream
 
-from tests.wakeful.conftest import TOKEN, running_control_plane
+from tests.support.control import TOKEN, running_control_plane
 from wakeful import commands
 from wakeful.bootstrap import ControlPlane
 from wakeful.domain.logbatch import LogBatch, OutputChunk

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.test_up import make_app
+from tests.support.up import make_app
 from wakeful.datadir import tighten_data_dir
 from wakeful.domain.models import App
 from wakeful.store import open_store, sqlite_url

@@ -14,7 +14,7 @@ import anyio
 import pytest
 from pydantic import SecretStr
 
-from tests.wakeful.conftest import TOKEN, running_control_plane
+from tests.support.control import TOKEN, running_control_plane
 from wakeful.cli import main
 from wakeful.datadir import CONTROL_FILE, write_control_file
 from wakeful.domain import keys

@@ -20,8 +20,8 @@ from fastapi import APIRouter, FastAPI
 from prometheus_client import CollectorRegistry
 from websockets.exceptions import ConnectionClosed
 
-from tests.activator.conftest import seed
-from tests.wakeful.conftest import Running, running_control_plane
+from tests.support.activator import seed
+from tests.support.control import Running, running_control_plane
 from wakeful.activator.api import create_app, served_routes
 from wakeful.activator.channel import MAX_CHANNELS_PER_TOKEN
 from wakeful.activator.channel import PATH as CHANNEL_PATH

@@ -12,7 +12,7 @@ import anyio
 import httpx
 import pytest
 
-from tests.wakeful.conftest import TOKEN, Running, running_control_plane
+from tests.support.control import TOKEN, Running, running_control_plane
 from wakeful.domain import keys
 from wakeful.domain.models import Token
 from wakeful.store import Delete, Put, open_store, sqlite_url

@@ -16,8 +16,8 @@ import anyio
 import httpx
 import pytest
 
-from tests.e2e.test_up import start_up, stop_up
-from tests.wakeful.conftest import TOKEN, Running, running_control_plane
+from tests.support.control import TOKEN, Running, running_control_plane
+from tests.support.up import start_up, stop_up
 from wakeful.commands import CliError
 from wakeful.pieces import _control_for, cleartext_to_another_machine
 

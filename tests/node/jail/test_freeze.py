@@ -15,6 +15,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from tests.support.node import uid_table
 from wakeful.domain.models import Resources
 from wakeful.node.jail.bwrap import Jail
 from wakeful.node.jail.cgroups import Cgroups
@@ -24,8 +25,6 @@ from wakeful.node.sandbox.runner import BASE_ENV
 from wakeful.node.sandbox.runtime import Identity, LocalProcess, ProcessRuntime
 from wakeful.node.testing import process_states
 from wakeful.store.testing import free_port
-
-from .test_isolation import uid_table
 
 pytestmark = pytest.mark.anyio
 

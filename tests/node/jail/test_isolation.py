@@ -22,6 +22,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
+from tests.support.node import uid_table
 from wakeful.domain.models import Resources
 from wakeful.node.jail import IsolationUnavailable
 from wakeful.node.jail.bwrap import CONTAINER_HINT, Jail, in_container, missing_capabilities
@@ -58,11 +59,6 @@ def runtime(data_dir: Path, warm_slots: int = 0) -> ProcessRuntime:
     uids = uid_table(data_dir)
     homes = data_dir / "sandboxes"
     return ProcessRuntime(jail=jail, uids=uids, warm_slots=warm_slots, slot_homes=homes)
-
-
-def uid_table(data_dir: Path) -> UidTable:
-    """The table of `data_dir`, its machine-wide claims kept beside it (not in /run)."""
-    return UidTable(data_dir / "uids.json", claims=data_dir / "claims")
 
 
 @contextlib.asynccontextmanager

@@ -11,8 +11,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from tests.node.conftest import put_hello
-from tests.node.test_agent import place, status_of
+from tests.support.node import place, put_hello, status_of
 from wakeful.aio.packing import pack
 from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.deploy.states import StateKeeper

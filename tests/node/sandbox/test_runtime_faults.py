@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults import fill, small_filesystem
+from tests.support.faults import fill, small_filesystem
 from wakeful.node.sandbox.runtime import ProcessRuntime
 
 pytestmark = pytest.mark.anyio

@@ -1,4 +1,4 @@
-"""The control plane as one piece, in-process on the memory store, on a free loopback port."""
+"""The control plane as one piece, in-process, on a free loopback port."""
 
 from __future__ import annotations
 

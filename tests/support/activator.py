@@ -1,0 +1,162 @@
+"""An activator on a store for a test, and the sample app's records (app, pool, sandboxes) as
+the activator reads them."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import anyio
+import anyio.lowlevel
+import pytest
+import uvicorn
+from prometheus_client import CollectorRegistry
+
+from tests.support.waiting import eventually
+from wakeful.activator.api import create_app
+from wakeful.activator.core import Activator
+from wakeful.activator.settings import ActivatorSettings
+from wakeful.domain import keys
+from wakeful.domain.models import App, AppSpec, Concurrency, Pool, Role, Sandbox, SandboxStatus
+from wakeful.store import Item, Store, open_store
+from wakeful.store.testing import free_port
+from wakeful.store.tokenbook import TokenBook
+from wakeful.testing import ManualClock
+
+POOL_KEY = keys.pool("hello-v1")
+
+
+def make_activator(
+    store: Store,
+    clock: Callable[[], float] | None = None,
+    wall_clock: Callable[[], float] | None = None,
+    **settings: object,
+) -> Activator:
+    """`clock` times leases and waiters (monotonic); `wall_clock` stamps shared records."""
+    config = ActivatorSettings(store_url="memory://", token="t", **settings)  # type: ignore[arg-type]
+    clocks: dict[str, Callable[[], float]] = {}
+    if clock is not None:
+        clocks["clock"] = clock
+    if wall_clock is not None:
+        clocks["wall_clock"] = wall_clock
+    return Activator(store, config, CollectorRegistry(), **clocks)
+
+
+async def seed(
+    store: Store,
+    *,
+    rpi: int = 5,
+    desired: int = 1,
+    max_instances: int = 20,
+    activation_timeout: float = 120,
+    sandboxes: dict[str, SandboxStatus] | None = None,
+    hard_limit: int | None = None,
+) -> None:
+    spec = AppSpec(
+        command=["serve"],
+        concurrency=Concurrency(
+            requests_per_instance=rpi, max_instances=max_instances, hard_limit=hard_limit
+        ),
+        activation_timeout=activation_timeout,
+    )
+    await store.put(keys.app("hello"), App(name="hello", active_version="v1"))
+    await store.put(
+        POOL_KEY,
+        Pool(name="hello-v1", app="hello", version="v1", spec=spec, desired_instances=desired),
+    )
+    for index, (sandbox_id, status) in enumerate((sandboxes or {}).items()):
+        await store.put(keys.sandbox(sandbox_id), sandbox(sandbox_id, status, 9000 + index))
+
+
+def sandbox(sandbox_id: str, status: SandboxStatus, port: int = 9000) -> Sandbox:
+    running = status is SandboxStatus.RUNNING
+    return Sandbox(
+        id=sandbox_id,
+        pool="hello-v1",
+        app="hello",
+        node="n1",
+        status=status,
+        ready=running,
+        address=f"127.0.0.1:{port}" if running else None,
+    )
+
+
+async def set_status(store: Store, sandbox_id: str, status: SandboxStatus, port: int = 9000) -> int:
+    return await store.put(keys.sandbox(sandbox_id), sandbox(sandbox_id, status, port))
+
+
+async def pool(store: Store) -> Item[Pool]:
+    found = await store.get(POOL_KEY, Pool)
+    assert found is not None
+    return found
+
+
+async def settle(rounds: int = 10) -> None:
+    """Let every task that can run take its steps (a woken waiter runs to its next await)."""
+    for _ in range(rounds):
+        await anyio.lowlevel.checkpoint()
+
+
+TOKEN = "s3cret-token"
+
+
+@dataclass(frozen=True)
+class Served:
+    url: str
+    store: Store
+    activator: Activator
+    clock: ManualClock
+    """The activator's clock: waiters time out only when a test moves it."""
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[Served]:
+    async with open_store("memory://") as store:
+        await seed(
+            store,
+            rpi=10,
+            activation_timeout=ACTIVATION_TIMEOUT,
+            sandboxes={"sb-1": SandboxStatus.RUNNING},
+        )
+        async with serve_activator(store) as served:
+            yield served
+
+
+@contextlib.asynccontextmanager
+async def serve_activator(store: Store, adopt_for: float = 0.0) -> AsyncIterator[Served]:
+    """An activator on `store` (its clock a ManualClock) with its API on uvicorn."""
+    settings = ActivatorSettings(store_url="memory://", token=TOKEN)
+    registry = CollectorRegistry()
+    clock = ManualClock()
+    activator = Activator(store, settings, registry, clock=clock)
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(activator, ADMIN, registry),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            lifespan="off",
+        )
+    )
+    async with activator.running(adopt_for=adopt_for), anyio.create_task_group() as tasks:
+        tasks.start_soon(server.serve)
+        with anyio.fail_after(10):
+            while not server.started:  # noqa: ASYNC110 - uvicorn exposes a flag, no event
+                await anyio.sleep(0.01)
+        yield Served(f"http://127.0.0.1:{port}", store, activator, clock)
+        server.should_exit = True
+
+
+async def nothing_routable(api: Served) -> None:
+    await set_status(api.store, "sb-1", SandboxStatus.BOOTING)
+    await eventually(lambda: api.activator.snapshot()[0].ready == 0)
+
+
+ADMIN = TokenBook.of({TOKEN: Role.ADMIN})
+"""The control API's credentials: TOKEN, as an admin token."""
+
+
+ACTIVATION_TIMEOUT = 120.0
+"""Long enough that only moving the clock (never real time) ends a wait in these tests."""

@@ -1,0 +1,159 @@
+"""The pieces as separate processes on one store: activators, node agents and an ingress, each
+with a token of its own role, and the CLI with the admin token."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+from tests.support.up import HELLO, WAKEFUL
+from wakeful.store.testing import free_port
+
+
+@contextlib.contextmanager
+def start_cluster(
+    store_url: str,
+    tmp_path: Path,
+    nodes: Sequence[str] = ("n1", "n2"),
+    role_env: Mapping[str, Mapping[str, str]] | None = None,
+    activators: int = 1,
+    processes: list[subprocess.Popen[str]] | None = None,
+    activator_urls: list[str] | None = None,
+    launched: dict[str, tuple[list[str], dict[str, str]]] | None = None,
+) -> Iterator[tuple[str, str, dict[str, str]]]:
+    """Activators (the first leads; `activators` - 1 stand by), `nodes` and an ingress as
+    processes on the store at `store_url`: (the leading control API's URL, ingress URL, the
+    CLI's environment). `role_env`: more variables for the pieces of one role ("activator",
+    "node", "ingress"), e.g. each its own etcd certificate, or of one node ("node:n1").
+    `processes`: filled with the pieces' processes, activators first, for a test to kill one;
+    `activator_urls`: filled with the activators' control API URLs, in the same order;
+    `launched`: each node's command and environment by name, for a test to start it again."""
+    apis = [f"127.0.0.1:{free_port()}" for _ in range(activators)]
+    if activator_urls is not None:
+        activator_urls.extend(f"http://{listen}" for listen in apis)
+    api = apis[0]
+    proxy = f"127.0.0.1:{free_port()}"
+    env = {
+        **os.environ,
+        "WAKEFUL_STORE_URL": store_url,
+        "WAKEFUL_STORE_NAMESPACE": f"/dist-{uuid.uuid4().hex[:8]}/",
+        "WAKEFUL_TOKEN": "distributed-token",
+        "WAKEFUL_API": f"http://{api}",
+        # Short leases: a fresh activator distrusts lease counts for one TTL (see Reconciler).
+        "WAKEFUL_LEASE_TTL": "5",
+    }
+    pieces: list[tuple[list[str], dict[str, str]]] = [
+        (
+            [*WAKEFUL, "--data-dir", str(tmp_path / f"act{number or ''}"), "activator"],
+            {
+                "WAKEFUL_LISTEN": listen,
+                # One artifact directory all activators share (a network mount across
+                # machines), and a quick takeover.
+                "WAKEFUL_ARTIFACT_DIR": str(tmp_path / "artifacts"),
+                "WAKEFUL_ELECTION_TTL": "2",
+                "WAKEFUL_ADOPT_WINDOW": "1",
+            },
+        )
+        for number, listen in enumerate(apis)
+    ]
+    for number, name in enumerate(nodes):
+        node_env = {"WAKEFUL_NODE_NAME": name, "WAKEFUL_DATA_DIR": str(tmp_path / name)}
+        if number:  # the first node takes the default range
+            low = 24000 + 1000 * number
+            node_env["WAKEFUL_PORT_RANGE"] = f"[{low}, {low + 999}]"
+        pieces.append(([*WAKEFUL, "node"], node_env))
+    pieces.append(
+        (
+            [*WAKEFUL, "ingress"],
+            {"WAKEFUL_LISTEN": proxy, "WAKEFUL_ADMIN_LISTEN": f"127.0.0.1:{free_port()}"},
+        )
+    )
+    processes = [] if processes is None else processes
+    every_api = ",".join(f"http://{listen}" for listen in apis)  # nodes and ingresses follow
+    try:
+        for command, extra in pieces:
+            role = command[-1]
+            extra = {**extra, **(role_env or {}).get(role, {})}
+            name = extra.get("WAKEFUL_NODE_NAME", "")
+            extra = {**extra, **(role_env or {}).get(f"{role}:{name}", {})}
+            if role in ("node", "ingress"):
+                # Each with a token of its own role, made once the control plane runs: never
+                # the admin token (invariant 17).
+                extra = {**extra, f"WAKEFUL_{role.upper()}_TOKEN": make_token(env, role, extra)}
+                extra["WAKEFUL_API"] = every_api
+            if launched is not None and role == "node":
+                launched[name] = (command, piece_env(env, extra))
+            process = subprocess.Popen(
+                command,
+                env={**env, **extra} if role == "activator" else piece_env(env, extra),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            processes.append(process)
+            assert process.stdout is not None
+            first = process.stdout.readline()  # each piece prints one line once it serves
+            assert first.strip(), f"{role} did not start: {process.communicate()[0]}"
+        yield f"http://{api}", f"http://{proxy}", env
+    finally:
+        stuck = []
+        for process in reversed(processes):
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+            try:
+                process.communicate(timeout=30)
+            except subprocess.TimeoutExpired:  # killed, its pipe read and closed: no leak
+                stuck.append(" ".join(process.args[-2:]))
+                process.kill()
+                process.communicate()
+        assert not stuck, f"did not stop within 30 s of SIGTERM: {stuck}"
+
+
+def piece_env(env: dict[str, str], extra: dict[str, str]) -> dict[str, str]:
+    """A node's or an ingress's environment: no admin token in it."""
+    return {k: v for k, v in {**env, **extra}.items() if k != "WAKEFUL_TOKEN"}
+
+
+def make_token(env: dict[str, str], role: str, extra: dict[str, str]) -> str:
+    name = extra.get("WAKEFUL_NODE_NAME", role)
+    made = subprocess.run(
+        [*WAKEFUL, "tokens", "create", "--role", role, "--name", name],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert made.returncode == 0, made.stderr
+    return made.stdout.strip()
+
+
+def wakeful_cli(
+    api: str, env: dict[str, str], *args: str, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """`wakeful --api API ARGS...` with the admin's environment, its output captured."""
+    return subprocess.run(
+        [*WAKEFUL, "--api", api, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def deploy(
+    api: str, env: dict[str, str], app_dir: Path = HELLO
+) -> subprocess.CompletedProcess[str]:
+    deployed = wakeful_cli(api, env, "deploy", str(app_dir))
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    return deployed
+
+
+def wakeful_logs(api: str, env: dict[str, str], app: str) -> subprocess.CompletedProcess[str]:
+    return wakeful_cli(api, env, "logs", app, timeout=30)
