@@ -136,6 +136,27 @@ async def store(
         yield opened
 
 
+EXCLUSIVE = ("tests/node/jail/test_isolation.py", "tests/node/jail/test_peers.py")
+"""Modules that set the machine's nftables sets to addresses of their own and check what a
+sandbox uid then reaches: any agent starting meanwhile (in another test) installs its own sets
+and would change the answer. They run alone, after the parallel run (`scripts/test`)."""
+TOGETHER = ("tests/containers/",)
+"""Folders whose tests share one costly session fixture (wakeful's image, built once)."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`--dist loadgroup`), each module runs on one worker, its module
+    fixtures made once, and the folders in `TOGETHER` on one worker; the `EXCLUSIVE` modules
+    are marked so that `scripts/test` runs them apart."""
+    root = Path(str(config.rootpath))
+    for item in items:
+        where = Path(str(item.path)).relative_to(root).as_posix()
+        if where in EXCLUSIVE:
+            item.add_marker(pytest.mark.exclusive)
+        group = next((folder for folder in TOGETHER if where.startswith(folder)), where)
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "store_url" in metafunc.fixturenames:
         metafunc.parametrize("store_url", BACKENDS, indirect=True, ids=BACKENDS)

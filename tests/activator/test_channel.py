@@ -17,7 +17,6 @@ import websockets.asyncio.client
 from tests.support.activator import (
     TOKEN,
     Served,
-    api,
     nothing_routable,
     serve_activator,
     set_status,
@@ -32,7 +31,6 @@ from wakeful.domain.traffic import BUCKETS, AppTraffic
 from wakeful.store.testing import free_port
 
 pytestmark = pytest.mark.anyio
-__all__ = ["api"]  # the fixture, imported to be used here
 
 
 class Leading:

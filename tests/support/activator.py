@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 import anyio
 import anyio.lowlevel
-import pytest
 import uvicorn
 from prometheus_client import CollectorRegistry
 
@@ -19,7 +18,7 @@ from wakeful.activator.core import Activator
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.domain import keys
 from wakeful.domain.models import App, AppSpec, Concurrency, Pool, Role, Sandbox, SandboxStatus
-from wakeful.store import Item, Store, open_store
+from wakeful.store import Item, Store
 from wakeful.store.testing import free_port
 from wakeful.store.tokenbook import TokenBook
 from wakeful.testing import ManualClock
@@ -108,19 +107,6 @@ class Served:
     activator: Activator
     clock: ManualClock
     """The activator's clock: waiters time out only when a test moves it."""
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[Served]:
-    async with open_store("memory://") as store:
-        await seed(
-            store,
-            rpi=10,
-            activation_timeout=ACTIVATION_TIMEOUT,
-            sandboxes={"sb-1": SandboxStatus.RUNNING},
-        )
-        async with serve_activator(store) as served:
-            yield served
 
 
 @contextlib.asynccontextmanager
