@@ -66,7 +66,7 @@ def test_impurities_are_found(source: str, expected: list[str]) -> None:
     assert impurities(source) == expected
 
 
-@pytest.mark.parametrize("module", MODULES, ids=[m.name for m in MODULES])
+@pytest.mark.parametrize("module", MODULES, ids=[m.relative_to(DOMAIN).as_posix() for m in MODULES])
 def test_the_domain_module_is_pure(module: Path) -> None:
     found = impurities(module.read_text())
     assert not found, f"{module.relative_to(DOMAIN.parents[1])} is not pure: {found}"

@@ -1,0 +1,268 @@
+"""An app as a user deploys it: its spec (`[run]`, `[health]`, `[concurrency]`, `[resources]`
+and `[state]` of wakeful.toml), the app and its versions, and who holds a stateful app's state.
+
+| key                         | model    |
+|-----------------------------|----------|
+| `apps/{app}`                | App      |
+| `versions/{app}/{version}`  | Version  |
+| `states/{app}`              | AppState |
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal, Self
+
+from pydantic import Field, StringConstraints, field_validator, model_validator
+
+from wakeful.domain.models.base import Digest, Host, Model, Name
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+RESERVED_ENV = frozenset({"PORT", "HOST"})
+
+
+class HealthCheck(Model):
+    """How a sandbox is judged ready: an HTTP GET of `path`, or a TCP connect when absent."""
+
+    path: Annotated[str, StringConstraints(pattern=r"^/[^\s]*$", max_length=1024)] | None = None
+    timeout: float = Field(default=30.0, gt=0, le=3600, description="seconds to become ready")
+
+
+class Concurrency(Model):
+    """How a pool is sized.
+
+    `auto`: `requests_per_instance` is a scaling target (not an admission cap); the pool
+    grows with demand and shrinks when idle. `fixed`: the pool keeps exactly
+    `min_instances` (= `max_instances`) sandboxes. `hard_limit`, when set, is an admission cap
+    per sandbox in either mode (Knative's containerConcurrency).
+    """
+
+    mode: Literal["auto", "fixed"] = "auto"
+    requests_per_instance: int = Field(default=10, ge=1, le=10_000)
+    scale_down_delay: float = Field(
+        default=300.0,
+        ge=5,
+        le=86_400,
+        description="seconds without traffic before a sandbox counts as idle (traffic is "
+        "reported every 2 s, so shorter delays would stop busy sandboxes)",
+    )
+    suspend_delay: float = Field(
+        default=30.0,
+        ge=0,
+        le=86_400,
+        description="seconds without traffic (and with no lease on it) before a running "
+        "sandbox is frozen: it keeps its memory and its port, uses no CPU, and wakes in "
+        "milliseconds; 0 turns the suspended tier off (at least 1 otherwise)",
+    )
+    min_instances: int = Field(default=0, ge=0, le=1000)
+    max_instances: int = Field(default=20, ge=1, le=1000)
+    hard_limit: int | None = Field(
+        default=None,
+        ge=1,
+        le=10_000,
+        description="requests one sandbox may carry at once; past it on every sandbox a "
+        "request waits (bounded) for room or a new sandbox. None: no cap",
+    )
+
+    @field_validator("scale_down_delay", "suspend_delay", mode="before")
+    @classmethod
+    def _no_bool(cls, value: object) -> object:
+        if isinstance(value, bool):  # pydantic would take true as 1 second
+            raise ValueError("must be a number of seconds or a duration such as 30s")
+        return value
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Self:
+        if self.hard_limit is not None and self.hard_limit < self.requests_per_instance:
+            raise ValueError(
+                f"hard_limit ({self.hard_limit}) must be at least requests_per_instance "
+                f"({self.requests_per_instance}): the target has to fit under the cap"
+            )
+        if self.min_instances > self.max_instances:
+            raise ValueError(
+                f"min_instances ({self.min_instances}) must not exceed "
+                f"max_instances ({self.max_instances})"
+            )
+        if self.mode == "fixed" and self.min_instances != self.max_instances:
+            raise ValueError(
+                "fixed mode keeps exactly one size: min_instances "
+                f"({self.min_instances}) must equal max_instances ({self.max_instances})"
+            )
+        if self.mode == "fixed" and self.min_instances == 0:
+            raise ValueError("fixed mode needs min_instances >= 1")
+        if 0 < self.suspend_delay < 1:
+            raise ValueError(
+                f"suspend_delay ({self.suspend_delay:g}) must be 0 (no suspended tier) or at "
+                "least 1 second"
+            )
+        return self
+
+
+UNITS = {"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
+SIZE = re.compile(r"^\s*(\d{1,12})\s*(Ki|Mi|Gi)?\s*$")
+MIN_SIZE, MAX_SIZE = 16 << 20, 64 << 30
+
+
+def parse_size(text: str | int) -> int:
+    """`"256Mi"` -> bytes. Plain integers are bytes; Ki, Mi and Gi are powers of 1024."""
+    if isinstance(text, int):
+        return text
+    found = SIZE.match(text)
+    if found is None:
+        raise ValueError(f"{text!r} is not a size (write e.g. 256Mi, 1Gi or a number of bytes)")
+    return int(found.group(1)) * UNITS[found.group(2) or ""]
+
+
+def format_size(size: int) -> str:
+    for unit in ("Gi", "Mi", "Ki"):
+        if size % UNITS[unit] == 0:
+            return f"{size // UNITS[unit]}{unit}"
+    return str(size)
+
+
+class Resources(Model):
+    """What one sandbox may use. Enforced by the node: cgroups (memory, pids) where it can
+    write them, rlimits otherwise; `open_files` is always an rlimit."""
+
+    memory: int = Field(
+        default=512 << 20,
+        description="bytes, or a size such as 256Mi or 1Gi (16Mi to 64Gi); past it the "
+        "sandbox is killed and reported as out of memory",
+    )
+    disk: int = Field(
+        default=1 << 30,
+        description="bytes the app may write into its own directory (16Mi to 64Gi); the "
+        "directory is memory-backed where the node is root, so writes count against memory",
+    )
+    processes: int = Field(default=256, ge=8, le=65_536, description="processes and threads")
+    open_files: int = Field(default=4096, ge=64, le=1_048_576)
+
+    @field_validator("memory", "disk", mode="before")
+    @classmethod
+    def _size(cls, value: object) -> object:
+        if isinstance(value, str):
+            return parse_size(value)
+        return value
+
+    @field_validator("memory", "disk")
+    @classmethod
+    def _size_bounds(cls, value: int) -> int:
+        if not MIN_SIZE <= value <= MAX_SIZE:
+            raise ValueError(
+                f"must be between {format_size(MIN_SIZE)} and {format_size(MAX_SIZE)} "
+                f"(got {format_size(value)})"
+            )
+        return value
+
+
+STATE_PATH = r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$"
+"""A relative path inside the app's tree: plain names, no leading `/` (and no `.` or `..`
+part, `StateSpec._inside`)."""
+
+
+class StateSpec(Model):
+    """`[state]` in wakeful.toml: a directory of the app's tree that outlives its sandbox.
+    It is archived when the sandbox stops and restored when the app wakes, on any node."""
+
+    path: Annotated[str, StringConstraints(pattern=STATE_PATH, max_length=255)] = Field(
+        description="a directory inside the app's tree, e.g. data"
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _inside(cls, path: str) -> str:
+        if any(part in (".", "..") for part in path.split("/")):
+            raise ValueError(f"{path!r} must name a directory inside the app's tree")
+        return path
+
+
+class AppSpec(Model):
+    """What a user deploys: how to run the app and how to size it."""
+
+    command: list[Annotated[str, StringConstraints(min_length=1, max_length=4096)]] = Field(
+        min_length=1, max_length=256
+    )
+    env: dict[str, Annotated[str, StringConstraints(max_length=32_768)]] = Field(
+        default_factory=dict, max_length=512
+    )
+    port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65_535,
+        description="fixed port to listen on; by default a free port is passed in PORT",
+    )
+    health: HealthCheck = Field(default_factory=HealthCheck)
+    concurrency: Concurrency = Field(default_factory=Concurrency)
+    resources: Resources = Field(default_factory=Resources)
+    shutdown_timeout: float = Field(default=10.0, gt=0, le=3600)
+    activation_timeout: float = Field(default=120.0, gt=0, le=3600)
+    state: StateSpec | None = None
+    server_timing: bool = Field(default=False, strict=True)
+    """Answers carry `Server-Timing` (queue, wake, upstream): it tells anyone whether the app
+    was asleep, so it is off unless the app, or the ingress as a whole, turns it on."""
+
+    @model_validator(mode="after")
+    def _one_writer(self) -> Self:
+        if self.state is not None and self.concurrency.max_instances != 1:
+            raise ValueError(
+                "state: an app with [state] runs one sandbox at a time, so it needs "
+                f"concurrency.max_instances = 1 (got {self.concurrency.max_instances})"
+            )
+        return self
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        for name in env:
+            if not ENV_NAME.match(name):
+                raise ValueError(f"{name!r} is not a valid environment variable name")
+            if name in RESERVED_ENV:
+                raise ValueError(f"{name!r} is set by wakeful and cannot be overridden")
+        return env
+
+
+class App(Model):
+    name: Name
+    hosts: list[Host] = Field(default_factory=list, max_length=64)
+    default_host: bool = True
+    """Whether `<name>.<base_domain>` routes to it (`default_host = false` in wakeful.toml)."""
+    active_version: Name | None = None
+    previous_version: Name | None = None
+
+
+class Version(Model):
+    app: Name
+    version: Name
+    spec: AppSpec
+    artifact: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = None
+    created_at: float = 0.0
+
+
+class AppState(Model):
+    """The state of an app with `[state]` (`states/{app}`): who holds it and its latest archive.
+
+    Ownership moves only by compare-and-set on (node, epoch) (`wakeful.domain.state`): the pool
+    controller adopts it for the sandbox it places (`node`, `sandbox` set, epoch + 1); the
+    holding node releases it when that sandbox stops, with the archive it just stored (`node`
+    cleared, epoch + 1). At rest (the app at zero) it belongs to no node. Only the digest lives
+    here; the archive's bytes are in the control plane's blob store, beside the artifacts."""
+
+    app: Name
+    node: Name | None = None
+    epoch: int = Field(default=0, ge=0)
+    sandbox: str | None = Field(default=None, max_length=200)
+    archive: Digest | None = None
+    """sha256 of the latest archive (None: never archived; the app's files seed the state)."""
+    size: int = Field(default=0, ge=0)
+    archived_at: float = 0.0
+    archived_epoch: int = Field(default=0, ge=0)
+    """The epoch of the holder that wrote `archive`."""
+    released_by: Name | None = None
+    released_at: float = 0.0
+    moved_from: Name | None = None
+    """The node that held it before its current (or last) holder, when they differ."""
+    moved_at: float = 0.0
+    error: str = Field(default="", max_length=4000)
+    """Why the last hand-off did not go as it should (cleared when it is adopted again)."""
+    kept: bool = False
+    """Its holder could not archive or store it and keeps it, with `error` saying where."""
