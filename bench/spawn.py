@@ -35,8 +35,9 @@ from bench.coldstart import APP_PYTHON, HELLO, pct
 from wakeful.domain.models import Resources
 from wakeful.node.jail.bwrap import Jail
 from wakeful.node.jail.uids import UidTable
+from wakeful.node.sandbox.local import ProcessRuntime
 from wakeful.node.sandbox.runner import BASE_ENV
-from wakeful.node.sandbox.runtime import Identity, ProcessRuntime
+from wakeful.node.sandbox.runtime import Identity
 from wakeful.store.testing import free_port
 
 

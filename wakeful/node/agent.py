@@ -45,9 +45,10 @@ from wakeful.node.jail.network import control_endpoints
 from wakeful.node.jail.peers import ControlFence, PeerFence
 from wakeful.node.jail.thawguard import ThawGuard, thaw_left
 from wakeful.node.jail.uids import UidTable
+from wakeful.node.sandbox.local import ProcessRuntime
 from wakeful.node.sandbox.ports import PortPool
 from wakeful.node.sandbox.runner import NodeServices, SandboxRunner
-from wakeful.node.sandbox.runtime import ProcessRuntime, Runtime
+from wakeful.node.sandbox.runtime import Runtime
 from wakeful.node.sandbox.workdir import (
     Artifacts,
     clear_sandboxes,

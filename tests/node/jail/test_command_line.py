@@ -19,8 +19,9 @@ import pytest
 from wakeful.node.jail.bwrap import Jail
 from wakeful.node.jail.jailed import descendants
 from wakeful.node.jail.uids import UidTable
+from wakeful.node.sandbox.local import ProcessRuntime
 from wakeful.node.sandbox.runner import BASE_ENV
-from wakeful.node.sandbox.runtime import Identity, ProcessRuntime
+from wakeful.node.sandbox.runtime import Identity
 
 pytestmark = pytest.mark.anyio
 BWRAP = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs Debian's bubblewrap")

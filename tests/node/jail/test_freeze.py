@@ -21,8 +21,10 @@ from wakeful.node.jail.bwrap import Jail
 from wakeful.node.jail.cgroups import Cgroups
 from wakeful.node.jail.jailed import descendants
 from wakeful.node.jail.thawguard import thaw_left
+from wakeful.node.sandbox.local import ProcessRuntime
+from wakeful.node.sandbox.process import LocalProcess
 from wakeful.node.sandbox.runner import BASE_ENV
-from wakeful.node.sandbox.runtime import Identity, LocalProcess, ProcessRuntime
+from wakeful.node.sandbox.runtime import Identity
 from wakeful.node.testing import process_states
 from wakeful.store.testing import free_port
 
