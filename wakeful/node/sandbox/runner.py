@@ -40,7 +40,8 @@ from wakeful.domain.models import AppSpec, Pool, Sandbox, SandboxStatus, Version
 from wakeful.node.fencing import start_epoch
 from wakeful.node.logship import LogShipper
 from wakeful.node.settings import NodeSettings
-from wakeful.node.state.hold import StateHold, StateRefused, mark_restored
+from wakeful.node.state.hold import StateHold, StateRefused
+from wakeful.node.state.tree import mark_restored
 from wakeful.node.writer import SandboxWriter
 from wakeful.store import Item, Store, StoreError
 
@@ -113,7 +114,7 @@ class SandboxRunner:
         self._held: tuple[str, int, str] | None = None
         """A stateful app's state this sandbox holds: (app, epoch, path in the tree)."""
         self._restored = False
-        """Its state was placed in its tree and the app started (`state.hold.RESTORED`)."""
+        """Its state was placed in its tree and the app started (`state.tree.RESTORED`)."""
         self._port: int | None = None
         self._squatted = False
         """A port taken from the node's pool, given back when the runner ends."""
@@ -256,7 +257,7 @@ class SandboxRunner:
                 log.exception("handing back the state failed", extra={"sandbox": self.sandbox_id})
 
     async def _mark_restored(self, base: Path, path: str) -> None:
-        """The mark a restarted agent salvages this tree by (`state.hold.RESTORED`). Without it
+        """The mark a restarted agent salvages this tree by (`state.tree.RESTORED`). Without it
         only a crash of the agent costs more: the next run hands the state back unchanged."""
         with anyio.CancelScope(shield=True):
             try:
