@@ -12,7 +12,8 @@
 - `kernel.py`: the seccomp filter against user namespaces, the Landlock probe.
 - `jailed.py`: what one isolated sandbox holds (uid, cgroup, tmpfs) and how its processes are
   found and signalled.
-- `thawguard.py`: a process that thaws an agent's frozen sandboxes when the agent dies.
+- `thawguard.py`: a process that thaws an agent's frozen sandboxes when the agent dies;
+  `guarding.py`: the agent's side, which keeps one running.
 
 `IsolationUnavailable` (here): this machine cannot isolate sandboxes as configured.
 """

@@ -5,7 +5,8 @@
 - `runtime.py`: the `Runtime` and `SandboxProcess` interfaces the runner needs, and the
   `Identity` a process is started with.
 - `local.py`: `ProcessRuntime`, the real runtime: a sandbox as a local process, isolated in a
-  `jail.bwrap.Jail` when it has one, cold or from a warm slot.
+  `jail.bwrap.Jail` when it has one, cold or from a warm slot; `runtime_for`, the one the
+  node's settings ask for.
 - `process.py`: `LocalProcess`, one running sandbox: its output pumped, frozen and thawed,
   signalled, stopped.
 - `output.py`: a sandbox's output: a bounded log file, and its last lines for a crash report.

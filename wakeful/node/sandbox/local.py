@@ -11,6 +11,7 @@ environment handed to it in a sealed file, never on a command line).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import shutil
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from wakeful.node.jail.bwrap import CHAIN_ENV, Jail, env_script, slot_main
 from wakeful.node.jail.jailed import Jailed, sealed
+from wakeful.node.jail.network import control_endpoints
 from wakeful.node.jail.tmpfs import (
     chown_tree,
     fill_app_dir,
@@ -27,13 +29,14 @@ from wakeful.node.jail.tmpfs import (
     resize_sandbox_fs,
 )
 from wakeful.node.jail.uids import UidTable
+from wakeful.node.settings import NodeSettings
 
 from .output import MAX_LOG_BYTES
 from .process import LocalProcess
-from .runtime import UNNAMED, Identity
+from .runtime import UNNAMED, Identity, Runtime
 from .slots import Slot, SlotPool
 from .spawn import spawn
-from .workdir import Packed, fill_workdir
+from .workdir import Packed, fill_workdir, sandbox_dir
 
 log = logging.getLogger(__name__)
 
@@ -257,3 +260,41 @@ def _placer(workdir: Path, packed: Packed | None) -> Callable[[Path, int], None]
         chown_tree(app, uid)
 
     return copy
+
+
+def runtime_for(settings: NodeSettings, control_plane: Sequence[str] = ()) -> ProcessRuntime:
+    """The runtime the settings ask for; IsolationUnavailable when this machine cannot.
+    `control_plane`: URLs of the control API and the store, which sandboxes must not reach."""
+    if settings.isolation == "none":
+        log.warning(
+            "isolation is off (--isolation=none): apps run as this user and can read the "
+            "control plane's files and tokens; run only code you trust"
+        )
+        return ProcessRuntime()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    urls = (settings.store_url, *control_plane)
+    refused = control_endpoints(urls)
+    networks = settings.refused_networks()
+    jail = Jail.detect(
+        settings.data_dir,
+        settings.sandbox_paths,
+        refused,
+        networks,
+        probe_uid=settings.sandbox_uids[0],
+    )
+    jail = dataclasses.replace(jail, control_urls=urls)
+    log.info("sandboxes are isolated: %s", jail.describe())
+    uids = (
+        UidTable(settings.data_dir / "uids.json", uids=settings.sandbox_uids)
+        if jail.as_root
+        else None
+    )
+    homes = sandbox_dir(settings.data_dir, "-").parent
+    return ProcessRuntime(jail=jail, uids=uids, warm_slots=settings.warm_slots, slot_homes=homes)
+
+
+def isolation_of(runtime: Runtime) -> str:
+    if not isinstance(runtime, ProcessRuntime):
+        return f"{type(runtime).__name__} (not a process runtime)"
+    jail = runtime.jail
+    return "none: apps run unisolated (--isolation=none)" if jail is None else jail.describe()
