@@ -246,9 +246,9 @@ class NodeAgent:
         cap = memory_share(self._settings.suspended_memory, total)
         floor = memory_share(self._settings.suspended_memory_floor, total)
         frozen = [
-            (runner.frozen_since, runner.sandbox_id, runner.held)
+            (runner.freezing.since, runner.sandbox_id, runner.freezing.held)
             for runner in self._running.values()
-            if runner.frozen_since is not None
+            if runner.freezing.since is not None
         ]
         pressure = available < floor
         wanted, candidates = evictions(frozen, cap, pressure)
@@ -321,7 +321,7 @@ class NodeAgent:
         elif sandbox.status is SandboxStatus.STOPPING and runner is not None:
             runner.stop()
         if runner is not None:
-            runner.want_frozen(sandbox.status is SandboxStatus.SUSPENDED)
+            runner.freezing.want(sandbox.status is SandboxStatus.SUSPENDED)
 
     async def _serve(self, runner: SandboxRunner) -> None:
         try:

@@ -2,6 +2,8 @@
 
 - `runner.py`: one sandbox's life (`SandboxRunner`): claim its record, prepare, start, probe,
   serve, freeze and thaw, stop, report.
+- `freezing.py`: a ready sandbox frozen and thawed as its record asks (the suspended tier).
+- `outcome.py`: how a sandbox's end is recorded: the event and its `last_log` (pure).
 - `runtime.py`: the `Runtime` and `SandboxProcess` interfaces the runner needs, and the
   `Identity` a process is started with.
 - `local.py`: `ProcessRuntime`, the real runtime: a sandbox as a local process, isolated in a
