@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from wakeful.node.jail.bwrap import CHAIN_ENV, Jail, env_script, slot_main
+from wakeful.node.jail.detect import detect_jail
 from wakeful.node.jail.jailed import Jailed, sealed
 from wakeful.node.jail.network import control_endpoints
 from wakeful.node.jail.tmpfs import (
@@ -275,7 +276,7 @@ def runtime_for(settings: NodeSettings, control_plane: Sequence[str] = ()) -> Pr
     urls = (settings.store_url, *control_plane)
     refused = control_endpoints(urls)
     networks = settings.refused_networks()
-    jail = Jail.detect(
+    jail = detect_jail(
         settings.data_dir,
         settings.sandbox_paths,
         refused,
