@@ -33,10 +33,11 @@ from pathlib import Path
 
 from bench.coldstart import APP_PYTHON, HELLO, pct
 from wakeful.domain.models import Resources
-from wakeful.node.jail.bwrap import Jail
+from wakeful.node.jail.detect import detect_jail
 from wakeful.node.jail.uids import UidTable
+from wakeful.node.sandbox.local import ProcessRuntime
 from wakeful.node.sandbox.runner import BASE_ENV
-from wakeful.node.sandbox.runtime import Identity, ProcessRuntime
+from wakeful.node.sandbox.runtime import Identity
 from wakeful.store.testing import free_port
 
 
@@ -118,7 +119,7 @@ async def main(runs: int) -> None:
     }
     runtimes = []
     if shutil.which("bwrap") and os.geteuid() == 0:
-        jail = Jail.detect(data)
+        jail = detect_jail(data)
         uids = UidTable(data / "uids.json", claims=data / "claims")
         cold = ProcessRuntime(jail=jail, uids=uids)
         homes = data / "sandboxes"

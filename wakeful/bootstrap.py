@@ -55,7 +55,8 @@ from wakeful.domain import keys
 from wakeful.domain.models import Leader, Token
 from wakeful.idle_monitor.monitor import IdleMonitor, IdleMonitorSettings
 from wakeful.leadership import Standby, leader_locator
-from wakeful.node.agent import NodeAgent, runtime_for
+from wakeful.node.agent import NodeAgent
+from wakeful.node.sandbox.local import runtime_for
 from wakeful.node.settings import NodeSettings
 from wakeful.process import identity, settle_heap, wait_for_signal
 from wakeful.remote import Endpoint, HttpArtifacts, HttpKeeper, HttpLogSink

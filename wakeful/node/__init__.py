@@ -3,7 +3,10 @@
 The agent, and what it writes to the store and the control plane, at the top:
 
 - `agent.py`: `NodeAgent` registers the node, watches the sandboxes placed on it and runs a
-  `SandboxRunner` for each; `runtime_for` builds the runtime the settings ask for.
+  `SandboxRunner` for each (`sandbox/local.py` `runtime_for` builds the runtime the settings
+  ask for).
+- `registration.py`: the node's record (`nodes/{node}`, under a TTL lease) and `seen/{node}`.
+- `cordon.py`: the cordon a stopping agent puts on its own node, lifted when it is back.
 - `settings.py`: `NodeSettings` (`WAKEFUL_*`), built once at the entry point.
 - `writer.py`: every write to a sandbox record, fenced and compare-and-set; `fencing.py`: the
   pure ownership decision it asks (invariant 15).

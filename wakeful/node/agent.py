@@ -2,8 +2,8 @@
 a runner.
 
 Theory of operation:
-- `nodes/{name}` is bound to a TTL lease the agent keeps alive; if the agent dies the record
-  expires and the pool controller treats its sandboxes as dead.
+- `nodes/{name}` is bound to a TTL lease the agent keeps alive (`node.registration`); if the
+  agent dies the record expires and the pool controller treats its sandboxes as dead.
 - A watch on `sandboxes/` is the agent's only input: a `pending` sandbox placed here gets a
   `SandboxRunner` (`node.sandbox.runner`: prepare, start, probe, wait, report) in the agent's
   task group; one the controller moved to `stopping` (or deleted) is told to stop.
@@ -13,15 +13,16 @@ Theory of operation:
   activator's activity writes and the controller's drains are never overwritten.
 - A sandbox's output goes to a file in its directory and, when the agent has a `LogSink`, to
   a `LogShipper` that pushes it to the control plane in bounded batches (`node.logship`).
+- Stopping, the agent cordons its node first (`node.cordon`), then stops every sandbox. Where a
+  cgroup freezes sandboxes, a thaw guard (`node.jail.guarding`) thaws them if the agent dies
+  without doing it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -31,23 +32,14 @@ from wakeful.aio.backoff import retry
 from wakeful.domain import coverage, keys
 from wakeful.domain.backoff import Backoff
 from wakeful.domain.lifecycle import Transition
-from wakeful.domain.models import (
-    HAS_PROCESS,
-    Cordon,
-    Node,
-    Sandbox,
-    SandboxStatus,
-    SeenNode,
-    Tunnel,
-)
-from wakeful.node.jail.bwrap import Jail
-from wakeful.node.jail.network import control_endpoints
+from wakeful.domain.models import HAS_PROCESS, Sandbox, SandboxStatus, Tunnel
+from wakeful.node.jail.guarding import GuardKeeper
 from wakeful.node.jail.peers import ControlFence, PeerFence
-from wakeful.node.jail.thawguard import ThawGuard, thaw_left
-from wakeful.node.jail.uids import UidTable
+from wakeful.node.jail.thawguard import thaw_left
+from wakeful.node.sandbox.local import ProcessRuntime, isolation_of, runtime_for
 from wakeful.node.sandbox.ports import PortPool
 from wakeful.node.sandbox.runner import NodeServices, SandboxRunner
-from wakeful.node.sandbox.runtime import ProcessRuntime, Runtime
+from wakeful.node.sandbox.runtime import Runtime
 from wakeful.node.sandbox.workdir import (
     Artifacts,
     clear_sandboxes,
@@ -56,12 +48,13 @@ from wakeful.node.sandbox.workdir import (
 )
 from wakeful.node.state.hold import Keeper, StateHold
 from wakeful.node.tunnel.client import TunnelClient
-from wakeful.store import Conflict, Item, Store, StoreError
-from wakeful.store.held import HeldRecord
+from wakeful.store import Item, Store, StoreError
 from wakeful.store.reflector import reflect
 
+from .cordon import OwnCordon
 from .fencing import claims
 from .logship import LogShipper, LogSink
+from .registration import Registration
 from .settings import NodeSettings, memory_share
 from .suspended import evictions, meminfo
 from .writer import SandboxWriter
@@ -69,50 +62,10 @@ from .writer import SandboxWriter
 log = logging.getLogger(__name__)
 SUSPENDED_EVERY = 2.0
 """Seconds between two looks at the memory suspended sandboxes hold (`check_suspended`)."""
-GUARD_EVERY = 0.5
-"""Seconds between two looks at the thaw guard (`_guard_loop`)."""
 MAX_EVICT = 1000
 """The most sandboxes one node record lists in `evict` (what `Node` validates)."""
 SETTLE_BACKOFF = Backoff(0.5, cap=5.0)
 """Between tries to settle what a previous run left, while the store or a disk fails."""
-
-
-def runtime_for(settings: NodeSettings, control_plane: Sequence[str] = ()) -> ProcessRuntime:
-    """The runtime the settings ask for; IsolationUnavailable when this machine cannot.
-    `control_plane`: URLs of the control API and the store, which sandboxes must not reach."""
-    if settings.isolation == "none":
-        log.warning(
-            "isolation is off (--isolation=none): apps run as this user and can read the "
-            "control plane's files and tokens; run only code you trust"
-        )
-        return ProcessRuntime()
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    urls = (settings.store_url, *control_plane)
-    refused = control_endpoints(urls)
-    networks = settings.refused_networks()
-    jail = Jail.detect(
-        settings.data_dir,
-        settings.sandbox_paths,
-        refused,
-        networks,
-        probe_uid=settings.sandbox_uids[0],
-    )
-    jail = dataclasses.replace(jail, control_urls=urls)
-    log.info("sandboxes are isolated: %s", jail.describe())
-    uids = (
-        UidTable(settings.data_dir / "uids.json", uids=settings.sandbox_uids)
-        if jail.as_root
-        else None
-    )
-    homes = sandbox_dir(settings.data_dir, "-").parent
-    return ProcessRuntime(jail=jail, uids=uids, warm_slots=settings.warm_slots, slot_homes=homes)
-
-
-def isolation_of(runtime: Runtime) -> str:
-    if not isinstance(runtime, ProcessRuntime):
-        return f"{type(runtime).__name__} (not a process runtime)"
-    jail = runtime.jail
-    return "none: apps run unisolated (--isolation=none)" if jail is None else jail.describe()
 
 
 class NodeAgent:
@@ -134,15 +87,13 @@ class NodeAgent:
         `memory`: the machine's (total, available) memory, for the suspended tier's cap."""
         self._store = store
         self._memory = memory
-        self._record_lock = anyio.Lock()
-        self._guard: ThawGuard | None = None
+        self._guard: GuardKeeper | None = None
         self._settings = settings
         self._clock = clock
         self._running: dict[str, SandboxRunner] = {}
         self._tasks: anyio.abc.TaskGroup | None = None
         self._serving = anyio.Event()
-        self._cordon_lock = anyio.Lock()
-        self._cordoned = False
+        self._cordon = OwnCordon(store, settings.node_name, clock)
         self._writer = SandboxWriter(store, settings.node_name)
         self._shipper = (
             None
@@ -156,21 +107,7 @@ class NodeAgent:
         )
         runtime = runtime or runtime_for(settings)
         self._isolation = isolation_of(runtime)
-        self._record = Node(
-            name=settings.node_name,
-            address=settings.node_address,
-            capacity=settings.capacity,
-            isolation=self._isolation,
-            tunnel=Tunnel() if settings.tunnel else None,
-        )
-        self._registration = HeldRecord(
-            store,
-            keys.node(settings.node_name),
-            self._record,
-            ttl=settings.node_ttl,
-            what=f"node {settings.node_name}",
-            after_write=self._seen,
-        )
+        self._registration = Registration(store, settings, self._isolation, clock)
         """`nodes/{node}`, under a TTL lease: gone when the agent is."""
         self.tunnel: TunnelClient | None = None
         if settings.tunnel:
@@ -206,7 +143,7 @@ class NodeAgent:
             ports=PortPool(*settings.port_range, host=settings.node_address),
             writer=self._writer,
             shipper=self._shipper,
-            before_shutdown=self._cordon_once,
+            before_shutdown=self._cordon.once,
             states=self.states,
         )
 
@@ -234,8 +171,9 @@ class NodeAgent:
                     thaw_left(self._sandboxes, freezer)
                 await anyio.to_thread.run_sync(clear_sandboxes, self._settings.data_dir)
                 if freezer is not None:  # what this run freezes, should it die
-                    self._start_guard(freezer)
-                    tasks.start_soon(self._guard_loop, freezer)
+                    self._guard = GuardKeeper(self._sandboxes, freezer)
+                    self._guard.start()
+                    tasks.start_soon(self._guard.run)
                 if isinstance(self._services.runtime, ProcessRuntime):
                     tasks.start_soon(self._services.runtime.keep_warm)
                     jail = self._services.runtime.jail
@@ -251,10 +189,11 @@ class NodeAgent:
         finally:
             with anyio.CancelScope(shield=True):
                 try:
-                    await self._cordon_once()  # already done if a sandbox was shutting down
+                    await self._cordon.once()  # already done if a sandbox was shutting down
                     await self._stop_all()
                 finally:
-                    await self._close_guard()  # nothing of ours is frozen now
+                    if self._guard is not None:  # nothing of ours is frozen now
+                        await self._guard.close()
                 if self._shipper is not None:  # the last lines, if the control plane listens
                     with anyio.move_on_after(3):
                         await self._shipper.flush()
@@ -269,42 +208,12 @@ class NodeAgent:
         """Where this agent's sandbox directories are (each named by its sandbox's id)."""
         return sandbox_dir(self._settings.data_dir, "x").parent
 
-    def _start_guard(self, freezer: Path) -> None:
-        """Start the guard that thaws this run's frozen sandboxes if the agent dies without
-        doing it (`wakeful.node.jail.thawguard`; only where a cgroup freezes)."""
-        try:
-            self._guard = ThawGuard.start(self._sandboxes, freezer)
-        except OSError as exc:  # a fork refused (pids, memory): `_guard_loop` tries again
-            self._guard = None
-            log.warning("cannot start the guard that thaws frozen sandboxes: %s", exc)
-
-    async def _guard_loop(self, freezer: Path) -> None:
-        """Keep a guard running: one that ended (killed, say), or could not start, is started
-        again within `GUARD_EVERY`. Until then a frozen sandbox would outlive an agent killed
-        meanwhile. Its own loop, so a slow store does not stretch that window."""
-        while True:
-            await anyio.sleep(GUARD_EVERY)
-            guard = self._guard
-            if guard is not None:
-                code = guard.ended()
-                if code is None:
-                    continue
-                log.warning("the guard that thaws frozen sandboxes ended (exit code %s)", code)
-            self._start_guard(freezer)
-
-    async def _close_guard(self) -> None:
-        guard, self._guard = self._guard, None
-        if guard is not None:
-            code = await anyio.to_thread.run_sync(guard.close)
-            if code != 0:
-                log.warning("the guard that thaws frozen sandboxes ended with exit code %s", code)
-
     async def _settle_previous_life(self) -> None:
         """Lift the cordon our last shutdown left and bury what it ran; a store that is
         briefly unavailable delays this, it never ends the agent (invariant 19)."""
 
         async def settle() -> None:
-            await self._lift_own_cordon()
+            await self._cordon.lift()
             listing = await self._store.list(keys.SANDBOXES, Sandbox)
             await self._bury_orphans(listing.items)
             # What a killed run's stateful sandboxes wrote, before their trees are cleared.
@@ -316,42 +225,9 @@ class NodeAgent:
         # OSError: a salvage's disk
         await retry(settle, SETTLE_BACKOFF, errors=(StoreError, OSError), failed=failed)
 
-    async def _cordon_once(self) -> None:
-        """The agent is stopping: no replacement may be placed here while it does, since
-        none would ever start. Done once, before the first sandbox drains; bounded, so a
-        store that is down does not keep the process running."""
-        async with self._cordon_lock:
-            if self._cordoned:
-                return
-            self._cordoned = True
-            with anyio.move_on_after(5), contextlib.suppress(StoreError):
-                await self._cordon_self()
-
-    async def _cordon_self(self) -> None:
-        key = keys.cordon(self.name)
-        if await self._store.get(key, Cordon) is None:
-            cordon = Cordon(node=self.name, evacuate=False, since=self._clock(), by_agent=True)
-            with contextlib.suppress(Conflict):
-                await self._store.create(key, cordon)
-
-    async def _lift_own_cordon(self) -> None:
-        found = await self._store.get(keys.cordon(self.name), Cordon)
-        if found is not None and found.value.by_agent:
-            with contextlib.suppress(Conflict):
-                await self._store.delete(found.key, expect_revision=found.revision)
-
     async def wait_registered(self) -> None:
         """Registered, and done with what a previous run left behind."""
         await self._serving.wait()
-
-    # -- registration -----------------------------------------------------------------------
-
-    async def _seen(self) -> None:
-        """`seen/{node}`, written the first time the node registers (no TTL)."""
-        with contextlib.suppress(Conflict):  # present from an earlier registration
-            await self._store.create(
-                keys.seen(self.name), SeenNode(name=self.name, first_seen=self._clock())
-            )
 
     async def _suspended_loop(self) -> None:
         while True:
@@ -370,9 +246,9 @@ class NodeAgent:
         cap = memory_share(self._settings.suspended_memory, total)
         floor = memory_share(self._settings.suspended_memory_floor, total)
         frozen = [
-            (runner.frozen_since, runner.sandbox_id, runner.held)
+            (runner.freezing.since, runner.sandbox_id, runner.freezing.held)
             for runner in self._running.values()
-            if runner.frozen_since is not None
+            if runner.freezing.since is not None
         ]
         pressure = available < floor
         wanted, candidates = evictions(frozen, cap, pressure)
@@ -385,20 +261,12 @@ class NodeAgent:
             "evict_bytes": wanted,
             "evict": evict,
         }
-        async with self._record_lock:
-            record = self._record.model_copy(update=update)
-            if record != self._record:
-                # Kept only once written: a write that failed is tried again next pass.
-                await self._registration.put(record)
-                self._record = record
+        await self._registration.update(update)
         return wanted, [frozen.sandbox for frozen in evict]
 
     async def publish_tunnel(self, table: Tunnel) -> None:
-        """Rewrite the node record with the tunnel's coverage table (under its lease); one
-        writer of the record at a time, so no older copy lands after a newer one."""
-        async with self._record_lock:
-            self._record = self._record.model_copy(update={"tunnel": table})
-            await self._registration.put(self._record)
+        """Rewrite the node record with the tunnel's coverage table (under its lease)."""
+        await self._registration.publish_tunnel(table)
 
     def tunnel_target(self, sandbox_id: str) -> tuple[str, int] | None:
         """Where a tunnel exchange naming `sandbox_id` connects: only a sandbox this agent
@@ -453,7 +321,7 @@ class NodeAgent:
         elif sandbox.status is SandboxStatus.STOPPING and runner is not None:
             runner.stop()
         if runner is not None:
-            runner.want_frozen(sandbox.status is SandboxStatus.SUSPENDED)
+            runner.freezing.want(sandbox.status is SandboxStatus.SUSPENDED)
 
     async def _serve(self, runner: SandboxRunner) -> None:
         try:

@@ -10,6 +10,7 @@ from pydantic import Field, field_validator
 
 from wakeful.domain.models import parse_size
 from wakeful.node.jail.uids import UID_BASE, UID_COUNT
+from wakeful.node.tunnel.url import parse_url
 from wakeful.store.settings import StoreSettings
 
 
@@ -120,7 +121,7 @@ class NodeSettings(StoreSettings):
     """Dial out instead of being dialed: the URL of the load balancer in front of the ingress
     replicas' tunnel listeners (`https://edge.example/`, or `http://HOST:PORT` on a private
     network). The node opens streams there with its node token and serves its sandboxes over
-    them (wakeful.node.tunnel.client); nothing needs to reach this machine. WAKEFUL_TUNNEL."""
+    them (wakeful.node.tunnel); nothing needs to reach this machine. WAKEFUL_TUNNEL."""
     tunnel_ca: Path | None = None
     """A PEM bundle that verifies the tunnel's TLS certificate (default: the system's
     roots). WAKEFUL_TUNNEL_CA."""
@@ -141,8 +142,6 @@ class NodeSettings(StoreSettings):
     @classmethod
     def _tunnel_url(cls, value: str | None) -> str | None:
         if value:
-            from wakeful.node.tunnel.client import parse_url
-
             parse_url(value)  # refused here, naming the value, not when the agent runs
         return value or None
 

@@ -28,7 +28,8 @@ import anyio.abc
 
 from wakeful.node.jail.bwrap import SLOT_MARK, SLOT_PROGRAM
 from wakeful.node.jail.jailed import descendants
-from wakeful.node.sandbox.runtime import RECENT_BYTES, UNNAMED, Identity, Runtime, tail_of
+from wakeful.node.sandbox.output import RECENT_BYTES, tail_of
+from wakeful.node.sandbox.runtime import UNNAMED, Identity, Runtime
 from wakeful.node.sandbox.workdir import Packed, fill_workdir
 
 FIRST_FAKE_PID = 10_000_000

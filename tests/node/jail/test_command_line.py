@@ -16,11 +16,12 @@ from pathlib import Path
 import anyio
 import pytest
 
-from wakeful.node.jail.bwrap import Jail
+from wakeful.node.jail.detect import detect_jail
 from wakeful.node.jail.jailed import descendants
 from wakeful.node.jail.uids import UidTable
+from wakeful.node.sandbox.local import ProcessRuntime
 from wakeful.node.sandbox.runner import BASE_ENV
-from wakeful.node.sandbox.runtime import Identity, ProcessRuntime
+from wakeful.node.sandbox.runtime import Identity
 
 pytestmark = pytest.mark.anyio
 BWRAP = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs Debian's bubblewrap")
@@ -55,7 +56,7 @@ def runtime(data_dir: Path, isolated: bool, warm_slots: int) -> ProcessRuntime:
     if not isolated:
         return ProcessRuntime()
     data_dir.mkdir(exist_ok=True)
-    jail = Jail.detect(data_dir)
+    jail = detect_jail(data_dir)
     uids = UidTable(data_dir / "uids.json", claims=data_dir / "claims")
     homes = data_dir / "sandboxes"
     return ProcessRuntime(jail=jail, uids=uids, warm_slots=warm_slots, slot_homes=homes)

@@ -17,12 +17,14 @@ import pytest
 
 from tests.support.node import uid_table
 from wakeful.domain.models import Resources
-from wakeful.node.jail.bwrap import Jail
 from wakeful.node.jail.cgroups import Cgroups
+from wakeful.node.jail.detect import detect_jail
 from wakeful.node.jail.jailed import descendants
 from wakeful.node.jail.thawguard import thaw_left
+from wakeful.node.sandbox.local import ProcessRuntime
+from wakeful.node.sandbox.process import LocalProcess
 from wakeful.node.sandbox.runner import BASE_ENV
-from wakeful.node.sandbox.runtime import Identity, LocalProcess, ProcessRuntime
+from wakeful.node.sandbox.runtime import Identity
 from wakeful.node.testing import process_states
 from wakeful.store.testing import free_port
 
@@ -46,7 +48,7 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="cgroups need root")
 def make_runtime(kind: str, data_dir: Path) -> ProcessRuntime:
     if kind == "unisolated":
         return ProcessRuntime()
-    jail = Jail.detect(data_dir)
+    jail = detect_jail(data_dir)
     if kind == "sigstop" and jail.cgroups is not None:
         jail = dataclasses.replace(jail, cgroups=dataclasses.replace(jail.cgroups, freezer=None))
     if kind == "freezer" and (jail.cgroups is None or jail.cgroups.freezer is None):

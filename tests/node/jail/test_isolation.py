@@ -25,7 +25,7 @@ import pytest
 from tests.support.node import uid_table
 from wakeful.domain.models import Resources
 from wakeful.node.jail import IsolationUnavailable
-from wakeful.node.jail.bwrap import CONTAINER_HINT, Jail, in_container, missing_capabilities
+from wakeful.node.jail.detect import detect_jail
 from wakeful.node.jail.kernel import LANDLOCK_SCOPE_ABI, landlock_abi
 from wakeful.node.jail.network import (
     control_endpoints,
@@ -35,9 +35,10 @@ from wakeful.node.jail.network import (
 )
 from wakeful.node.jail.tmpfs import mount_sandbox_fs, unmount
 from wakeful.node.jail.uids import UidTable
+from wakeful.node.sandbox.local import ProcessRuntime
 from wakeful.node.sandbox.ports import listeners
 from wakeful.node.sandbox.runner import BASE_ENV
-from wakeful.node.sandbox.runtime import Identity, ProcessRuntime
+from wakeful.node.sandbox.runtime import Identity
 from wakeful.node.sandbox.workdir import clear_sandboxes
 from wakeful.node.settings import NodeSettings
 from wakeful.store.testing import free_port
@@ -55,7 +56,7 @@ already sits in them. Without cgroups (not root) both are the same path."""
 
 def runtime(data_dir: Path, warm_slots: int = 0) -> ProcessRuntime:
     data_dir.mkdir(exist_ok=True)
-    jail = Jail.detect(data_dir)
+    jail = detect_jail(data_dir)
     uids = uid_table(data_dir)
     homes = data_dir / "sandboxes"
     return ProcessRuntime(jail=jail, uids=uids, warm_slots=warm_slots, slot_homes=homes)
@@ -223,7 +224,7 @@ async def test_without_bwrap_the_agent_refuses_and_says_how_to_install_it(
 ) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # nothing to find there
     with pytest.raises(IsolationUnavailable, match="apt-get install bubblewrap"):
-        Jail.detect(tmp_path)
+        detect_jail(tmp_path)
 
 
 def test_apps_starting_at_once_each_get_their_own_recorded_uid(tmp_path: Path) -> None:
@@ -296,7 +297,7 @@ async def test_the_apps_environment_reaches_the_app_and_nothing_before_it(
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="cgroups need root")
 def test_left_over_empty_cgroups_are_swept_and_fresh_ones_kept(tmp_path: Path) -> None:
-    cgroups = Jail.detect(tmp_path).cgroups
+    cgroups = detect_jail(tmp_path).cgroups
     assert cgroups is not None
     stale, fresh = cgroups.sandbox("sweep-stale-test"), cgroups.sandbox("sweep-fresh-test")
     for cgroup in (stale, fresh):
@@ -526,17 +527,6 @@ def test_agents_claiming_at_the_same_moment_never_share_a_uid(tmp_path: Path) ->
         assert len(set(uids)) == len(uids), uids
 
 
-def test_a_container_is_told_by_its_marks(tmp_path: Path) -> None:
-    """In a container, a refusal names the container flags (CONTAINER_HINT), not host advice."""
-    absent, present = tmp_path / "absent", tmp_path / ".containerenv"
-    present.touch()
-    assert not in_container({}, absent)
-    assert in_container({"container": "oci"}, absent)  # wakeful's image sets it
-    assert in_container({}, present)  # podman's mark
-    assert "--cap-add SYS_ADMIN,NET_ADMIN" in CONTAINER_HINT
-    assert "WAKEFUL_ISOLATION=none" in CONTAINER_HINT
-
-
 def test_an_agent_gives_only_the_uids_of_its_range(tmp_path: Path) -> None:
     """WAKEFUL_SANDBOX_UIDS: agents that cannot see each other's claims (compose nodes whose
     root is the host's) take parts of the sandbox range that do not meet."""
@@ -595,11 +585,3 @@ def test_a_gateway_is_refused_to_sandbox_uids_but_for_dns() -> None:
         assert tried(53) != "ConnectionRefusedError"
     finally:
         install_network_rules()
-
-
-def test_the_capabilities_sandboxes_need_are_read_from_the_status(tmp_path: Path) -> None:
-    status = tmp_path / "status"
-    status.write_text("Name:\tx\nCapEff:\t00000000002011eb\n")  # the nine
-    assert missing_capabilities(status) == []
-    status.write_text("Name:\tx\nCapEff:\t00000000002010eb\n")  # no SETPCAP (bit 8)
-    assert missing_capabilities(status) == ["SETPCAP"]

@@ -18,7 +18,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from wakeful.node.sandbox.runtime import TAIL_LINES, ProcessRuntime, Runtime, SandboxProcess
+from wakeful.node.sandbox.local import ProcessRuntime
+from wakeful.node.sandbox.output import TAIL_LINES
+from wakeful.node.sandbox.runtime import Runtime, SandboxProcess
 from wakeful.node.testing import FakeProgram, FakeRuntime
 
 pytestmark = pytest.mark.anyio

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.faults import fill, small_filesystem
-from wakeful.node.sandbox.runtime import ProcessRuntime
+from wakeful.node.sandbox.local import ProcessRuntime
 
 pytestmark = pytest.mark.anyio
 

@@ -16,7 +16,8 @@ from wakeful.deploy.states import StateKeeper
 from wakeful.domain import keys
 from wakeful.domain.artifacts import digest_of
 from wakeful.domain.models import AppSpec, AppState, Node, Pool, Sandbox, SandboxStatus
-from wakeful.node.state.hold import StateHold, StateRefused, mark_restored
+from wakeful.node.state.hold import StateHold, StateRefused
+from wakeful.node.state.tree import mark_restored
 from wakeful.store import Store
 
 STATEFUL = AppSpec(command=["serve"], state={"path": "data"}, concurrency={"max_instances": 1})

@@ -1,8 +1,8 @@
 """Sandboxes that cannot touch the control plane: bubblewrap namespaces, an unprivileged uid
 per app, cgroup or rlimit limits, a bounded writable tree.
 
-Theory of operation. `Jail.detect` runs once when the node agent starts and finds what this
-machine allows; `Jail.command` turns an app's command into the chain that starts it:
+Theory of operation. `detect.detect_jail` runs once when the node agent starts and finds what
+this machine allows; `Jail.command` turns an app's command into the chain that starts it:
 
     sh -c 'join the cgroups; exec "$@"'        (root, only when cgroups are writable)
       prlimit --nofile --nproc/--as            (the rlimits the cgroups do not cover)
@@ -36,24 +36,14 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import platform
-import shutil
-import subprocess
-import sys
-import tempfile
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from wakeful.domain.models import Resources
 
-from . import IsolationUnavailable
 from .cgroups import Cgroups, SandboxCgroup
-from .kernel import LANDLOCK_SCOPE_ABI, landlock_abi, userns_filter
-from .network import Network, default_gateways, install_network_rules
 from .slot_main import SCOPE_MARK
 from .tmpfs import ACCOUNTS
-from .uids import UID_BASE
 
 log = logging.getLogger(__name__)
 
@@ -68,58 +58,13 @@ hands it (`slot_main`), run by path. Never its source as `python -c`: bwrap keep
 the sandbox's life, and so does the init of its PID namespace, both in `ps`."""
 SLOT_MARK = "wakeful-warm-slot"
 """In an idle warm slot's command line (its first argument): what tells it from a sandbox."""
-PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
-"""Where a warm slot looks for a Python inside the sandbox when the control plane's own is not
-under a visible path (a virtual environment's or pyenv's)."""
-INSTALL_HINT = (
-    "bubblewrap is not installed: run `apt-get install bubblewrap` (Debian/Ubuntu), or start "
-    "with --isolation=none to run apps unisolated (they can then read the control plane's "
-    "files and tokens)"
-)
-
-
-CONTAINER_MARK = Path("/run/.containerenv")
-"""What podman puts in every container; wakeful's image also sets `container=oci` (systemd's
-convention, which docker does not follow). `/.dockerenv` is not used: some CI and build hosts
-that are machines of their own carry it."""
-CONTAINER_HINT = (
-    "in a container, give it what sandboxes need: --user 0 --cap-drop ALL --cap-add "
-    "SYS_ADMIN,NET_ADMIN,SETUID,SETGID,SETPCAP,CHOWN,FOWNER,DAC_OVERRIDE,KILL, with podman "
-    'also --userns=auto:size=500000 (the README\'s "As containers"), or set '
-    "WAKEFUL_ISOLATION=none to run apps unisolated (they can then read the control plane's "
-    "files and tokens)"
-)
-
-
-CAPABILITIES = {
-    "CHOWN": 0,
-    "DAC_OVERRIDE": 1,
-    "FOWNER": 3,
-    "KILL": 5,
-    "SETGID": 6,
-    "SETUID": 7,
-    "SETPCAP": 8,
-    "NET_ADMIN": 12,
-    "SYS_ADMIN": 21,
-}
-"""What a root agent needs for sandboxes (their bits in CapEff): the nine of CONTAINER_HINT."""
-
-
-def missing_capabilities(status: Path = Path("/proc/self/status")) -> list[str]:
-    """The `CAPABILITIES` this process lacks (a container started without them)."""
-    for line in status.read_text().splitlines():
-        if line.startswith("CapEff:"):
-            held = int(line.split()[1], 16)
-            return [name for name, bit in CAPABILITIES.items() if not held >> bit & 1]
-    return list(CAPABILITIES)
-
-
-def in_container(environ: Mapping[str, str] = os.environ, mark: Path = CONTAINER_MARK) -> bool:
-    return bool(environ.get("container")) or mark.exists()
 
 
 @dataclass(frozen=True)
 class Jail:
+    """What this machine allows (`detect.detect_jail`) and the command chains that start
+    sandboxes under it."""
+
     bwrap: str
     setpriv: str
     prlimit: str
@@ -144,137 +89,6 @@ class Jail:
     machines are fenced (`ControlFence` keeps them current)."""
     notes: tuple[str, ...] = field(default=())
     """What this machine does not enforce (shown by `wakeful status` and logged at start)."""
-
-    @classmethod
-    def detect(
-        cls,
-        data_dir: Path,
-        extra_paths: tuple[Path, ...] = (),
-        refused: Sequence[tuple[str, int]] = (),
-        networks: Sequence[Network] = (),
-        probe_uid: int = UID_BASE,
-    ) -> Jail:
-        """`refused`: control-plane endpoints on other machines no sandbox may reach;
-        `networks`: the operator's refused networks (`sandbox_refused_networks`);
-        `probe_uid`: the first of the agent's sandbox uids, which `check` drops to."""
-        tools = {name: shutil.which(name) for name in ("bwrap", "setpriv", "prlimit", "sh")}
-        if tools["bwrap"] is None:
-            raise IsolationUnavailable(INSTALL_HINT)
-        missing = [name for name, path in tools.items() if path is None]
-        if missing:
-            raise IsolationUnavailable(f"isolation needs {', '.join(missing)} (util-linux)")
-        as_root = os.geteuid() == 0
-        if as_root and in_container():
-            lacking = missing_capabilities()
-            if lacking:
-                raise IsolationUnavailable(
-                    f"the container lacks {', '.join(lacking)}, which sandboxes need: "
-                    + CONTAINER_HINT
-                )
-        cgroups = Cgroups.detect() if as_root else None
-        failed: str | None = None
-        visible = (*SYSTEM_PATHS, *(str(p.absolute()) for p in extra_paths))
-        hidden = tuple(str(data_dir) for path in visible if data_dir.is_relative_to(Path(path)))
-        notes = []
-        if not as_root:
-            notes.append("not root: sandboxes share the agent's uid; network not isolated")
-        elif (
-            failed := install_network_rules(
-                refused, networks, default_gateways() if in_container() else ()
-            )
-        ) is not None:
-            if in_container():  # a container without NET_ADMIN: say so, as without SYS_ADMIN
-                raise IsolationUnavailable(
-                    f"nft cannot fence sandboxes off the control plane here ({failed}): "
-                    + CONTAINER_HINT
-                )
-            notes.append(f"network not isolated: {failed}")
-        fenced = as_root and failed is None
-        seccomp = userns_filter(platform.machine())
-        if seccomp is None:
-            notes.append(f"user namespaces not refused (no filter for {platform.machine()})")
-        slot_python = _visible_python(visible)
-        if slot_python is None and cgroups is not None:
-            notes.append("no Python 3 under the visible system paths: no warm slots")
-        scope = slot_python is not None and landlock_abi() >= LANDLOCK_SCOPE_ABI
-        if not scope:
-            why = "Landlock ABI < 6" if slot_python is not None else "no Python 3 visible"
-            notes.append(f"host abstract sockets reachable ({why})")
-        if cgroups is None:
-            notes.append("no writable cgroups: memory is an address-space rlimit")
-            if not as_root:
-                notes.append("processes not limited")
-        jail = cls(
-            bwrap=str(tools["bwrap"]),
-            setpriv=str(tools["setpriv"]),
-            prlimit=str(tools["prlimit"]),
-            sh=str(tools["sh"]),
-            as_root=as_root,
-            cgroups=cgroups,
-            visible=visible,
-            hidden=hidden,
-            seccomp=seccomp,
-            slot_python=slot_python,
-            scope=scope,
-            fenced=fenced,
-            notes=tuple(notes),
-        )
-        jail.check(data_dir, probe_uid)
-        return jail
-
-    def check(self, probe_dir: Path, probe_uid: int = UID_BASE) -> None:
-        """Start one empty sandbox, so a machine that cannot make namespaces fails at start;
-        as root, drop to a sandbox uid in it as `command` does, and give a file to that uid,
-        so a machine (a container) without the capabilities for that fails at start too: the
-        drop of the bounding set fails quietly without CAP_SETPCAP, and without CAP_SETUID or
-        CAP_CHOWN every app's start failed later with a misleading error."""
-        hint = (
-            CONTAINER_HINT
-            if in_container()
-            else "start with --isolation=none to run apps unisolated"
-        )
-        argv = [self.bwrap, *self._mounts(None, None), "--", "true"]
-        done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
-        if done.returncode != 0:
-            raise IsolationUnavailable(
-                f"bwrap cannot make a sandbox here: {done.stderr.strip() or done.returncode}"
-                f" ({hint})"
-            )
-        if not self.as_root:
-            return
-        drop = [
-            self.setpriv,
-            f"--reuid={probe_uid}",
-            f"--regid={probe_uid}",
-            "--clear-groups",
-            "--inh-caps=-all",
-            "--bounding-set=-all",
-            "--no-new-privs",
-            "--",
-        ]
-        argv = [self.bwrap, *self._mounts(None, None), "--", *drop, "cat", "/proc/self/status"]
-        try:
-            done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
-        except subprocess.SubprocessError as exc:
-            raise IsolationUnavailable(f"a sandbox did not start in time here: {exc}") from None
-        status = dict(line.split(":", 1) for line in done.stdout.splitlines() if ":" in line)
-        dropped = (
-            done.returncode == 0
-            and status.get("Uid", "").split() == [str(probe_uid)] * 4
-            and all(int(status.get(name, "1"), 16) == 0 for name in ("CapBnd", "CapEff"))
-        )
-        if not dropped:
-            said = done.stderr.strip() or f"CapBnd {status.get('CapBnd', '?').strip()}"
-            raise IsolationUnavailable(
-                f"a sandbox cannot drop to its own uid with no capabilities here: {said} ({hint})"
-            )
-        try:
-            with tempfile.NamedTemporaryFile(dir=probe_dir) as probe:
-                os.chown(probe.name, probe_uid, probe_uid)
-        except OSError as exc:
-            raise IsolationUnavailable(
-                f"an app's files cannot be given to its uid here: {exc} ({hint})"
-            ) from None
 
     def command(
         self,
@@ -302,7 +116,7 @@ class Jail:
         rlimits = [f"--{name.lower()}={value}:{value}" for name, value in self.rlimits(limits, uid)]
         argv += [self.prlimit, *rlimits, "--", self.setpriv, "--pdeathsig", "KILL", "--"]
         tree, workdir = (root, None) if uid is not None else (None, root)
-        argv += [self.bwrap, *self._mounts(tree, workdir, limits.disk)]
+        argv += [self.bwrap, *self.mounts(tree, workdir, limits.disk)]
         if self.scope:
             assert slot_fd is not None
             argv += _slot_mount(slot_fd)
@@ -339,7 +153,7 @@ class Jail:
         where the uid drop and the app would be. It writes to `ready_fd` once it waits for its
         start message. The rlimits are the slot's to set, with the app's."""
         argv = [self.setpriv, "--pdeathsig", "KILL", "--", *cgroup.join_prefix(self.sh)]
-        argv += [self.bwrap, *self._mounts(tree, None), *_slot_mount(slot_fd)]
+        argv += [self.bwrap, *self.mounts(tree, None), *_slot_mount(slot_fd)]
         if seccomp_fd is not None:
             argv += ["--seccomp", str(seccomp_fd)]
         return [*argv, "--", *self._slot_main(SLOT_MARK, str(ready_fd))]
@@ -359,7 +173,7 @@ class Jail:
                 found.append(("NPROC", limits.processes))
         return found
 
-    def _mounts(self, tree: Path | None, workdir: Path | None, disk: int = 16 << 20) -> list[str]:
+    def mounts(self, tree: Path | None, workdir: Path | None, disk: int = 16 << 20) -> list[str]:
         """`tree`: a sandbox tmpfs, whose `app/` and scratch directories are bound; else
         `workdir` is bound at /app (when given) and /tmp and /dev/shm are tmpfs of `disk`."""
         args = [
@@ -416,17 +230,6 @@ def _slot_mount(slot_fd: int) -> list[str]:
     file's mode nor the data directory's (0700, invariant 23) is in the way."""
     mount = ["--perms", "0755", "--dir", SLOT_HOME]
     return [*mount, "--perms", "0444", "--ro-bind-data", str(slot_fd), SLOT_PROGRAM]
-
-
-def _visible_python(visible: Sequence[str]) -> str | None:
-    """The control plane's own Python when a sandbox can see it, else a system one."""
-    for candidate in (os.path.realpath(sys.executable), *PYTHONS):
-        real = os.path.realpath(candidate)
-        if os.access(real, os.X_OK) and any(
-            real.startswith(os.path.realpath(path) + "/") for path in visible
-        ):
-            return real
-    return None
 
 
 ENV_STEP = "wakeful-env"

@@ -15,8 +15,11 @@ Theory of operation:
   person can act on.
 - Started, the process is probed until ready (first probe at once, backing off to ~100 ms),
   then waited on until it exits or a stop is requested. An exit is noticed the moment it
-  happens and recorded with its code and last log lines. Output goes to `output.log` in the
-  sandbox's directory and, when the node ships logs, to its `LogShipper`.
+  happens and recorded with its code and last log lines (`outcome.ending` decides how). Output
+  goes to `output.log` in the sandbox's directory and, when the node ships logs, to its
+  `LogShipper`. While ready, it is frozen and thawed as its record asks (`freezing`).
+- A stateful app's state is claimed while preparing, marked restored once the app started on
+  it, and handed back once the sandbox is reported ended (`wakeful.node.state.claim`).
 - When the agent itself stops (the runner is cancelled with a process alive), the sandbox is
   drained, given `shutdown_drain` seconds, stopped and recorded stopped: shielded, and with
   bounded store writes, so a store that is down does not keep the process running.
@@ -40,10 +43,13 @@ from wakeful.domain.models import AppSpec, Pool, Sandbox, SandboxStatus, Version
 from wakeful.node.fencing import start_epoch
 from wakeful.node.logship import LogShipper
 from wakeful.node.settings import NodeSettings
-from wakeful.node.state.hold import StateHold, StateRefused, mark_restored
+from wakeful.node.state.claim import StateClaim
+from wakeful.node.state.hold import StateHold, StateRefused
 from wakeful.node.writer import SandboxWriter
 from wakeful.store import Item, Store, StoreError
 
+from .freezing import Freezing
+from .outcome import ending, last_lines
 from .ports import NoFreePort, PortPool, bindable
 from .probe import wait_ready
 from .runtime import Identity, Runtime, SandboxProcess
@@ -52,9 +58,6 @@ from .workdir import Artifacts, Packed, fetch_packed, remove_sandbox_dir, sandbo
 log = logging.getLogger(__name__)
 STORE_WRITE_BOUND = 5.0
 """Seconds a shutdown waits for one store write before going on without it."""
-HAND_BACK_BOUND = 60.0
-"""Seconds a stopping stateful sandbox spends archiving, storing and releasing its state
-before the agent's `StateHold.settle` takes over (from the archive saved on this node)."""
 
 
 @dataclass(frozen=True)
@@ -110,22 +113,15 @@ class SandboxRunner:
         self._process: SandboxProcess | None = None
         self._started: SandboxProcess | None = None
         """The process this runner started (kept after it ended: its tree holds the state)."""
-        self._held: tuple[str, int, str] | None = None
-        """A stateful app's state this sandbox holds: (app, epoch, path in the tree)."""
-        self._restored = False
-        """Its state was placed in its tree and the app started (`state.hold.RESTORED`)."""
+        self._state: StateClaim | None = None
+        """A stateful app's state this sandbox holds, until handed back."""
         self._port: int | None = None
-        self._squatted = False
         """A port taken from the node's pool, given back when the runner ends."""
+        self._squatted = False
 
-        self._app = "" if placed is None else placed.value.app
-        self._want_frozen = False
-        self._freeze_changed = anyio.Event()
-        self.frozen_since: float | None = None
-        """When (node monotonic clock) it was frozen; None while it is not (the suspended
-        tier: the activator wrote it `suspended`, `want_frozen`)."""
-        self.held = 0
-        """Bytes it held when frozen."""
+        app = "" if placed is None else placed.value.app
+        self.freezing = Freezing(sandbox_id, app, self._stop_requested)
+        """Frozen while its record says `suspended` (the agent's watch tells it)."""
 
         self.local_target: tuple[str, int] | None = None
         """Where the sandbox answers on this node, while it is ready and not stopping: what
@@ -134,32 +130,6 @@ class SandboxRunner:
     def stop(self) -> None:
         """Stop the sandbox (SIGTERM, then SIGKILL after its shutdown timeout) and report."""
         self._stop_requested.set()
-
-    def want_frozen(self, frozen: bool) -> None:
-        """Its record says `suspended` (freeze it) or anything else (thaw it): followed in
-        order by `_follow_freezes` once the sandbox is ready."""
-        if frozen != self._want_frozen:
-            self._want_frozen = frozen
-            self._freeze_changed.set()
-            if not frozen:
-                trace.mark("thaw_seen", self._app)
-
-    async def _follow_freezes(self, process: SandboxProcess) -> None:
-        while True:
-            await self._freeze_changed.wait()
-            self._freeze_changed = anyio.Event()
-            want = self._want_frozen
-            if want and self.frozen_since is None:
-                self.held = await process.freeze()
-                if self._stop_requested.is_set():
-                    return  # the stop thawed it (or it never froze)
-                self.frozen_since = anyio.current_time()
-                log.info("froze sandbox", extra={"sandbox": self.sandbox_id, "bytes": self.held})
-            elif not want and self.frozen_since is not None:
-                await process.thaw()
-                trace.mark("unfrozen", self._app)
-                self.frozen_since = None
-                log.info("thawed sandbox", extra={"sandbox": self.sandbox_id})
 
     async def stop_process(self, grace: float) -> None:
         if self._process is not None:
@@ -217,9 +187,8 @@ class SandboxRunner:
         except CannotRun as exc:
             await self._change(Transition.FAIL, last_log=str(exc))
             return
-        if self._held is not None:
-            self._restored = True  # its tree holds the state now: what ends it archives it
-            await self._mark_restored(launch.base, self._held[2])
+        if self._state is not None:
+            await self._state.restored(launch.base)
         shipper = self._node.shipper
         forward = (
             _discard
@@ -232,39 +201,12 @@ class SandboxRunner:
         await self._hand_back()
 
     async def _hand_back(self) -> None:
-        """A stateful app's state, archived from the ended process's tree (unchanged when none
-        ran, or its restore did not finish) and released. After the sandbox is reported
-        ended (it is not routable while this runs); the state, held meanwhile, keeps the next
-        sandbox from being placed. Shielded and bounded; what a store outage interrupts, the
-        agent's `StateHold.settle` finishes from the archive saved on this node."""
-        held, self._held = self._held, None
-        if held is None:
-            return
-        app, epoch, path = held
-        tree = self._started.app_dir if self._started is not None and self._restored else None
-        with anyio.CancelScope(shield=True), anyio.move_on_after(HAND_BACK_BOUND):
-            try:
-                await self._node.states.hand_back(app, epoch, tree, path)
-            except (StoreError, OSError) as exc:  # unavailable: `settle` finishes it
-                log.warning(
-                    "could not hand back the state of %s yet: %s",
-                    app,
-                    exc,
-                    extra={"sandbox": self.sandbox_id},
-                )
-            except Exception:  # one sandbox's failure must not end the agent
-                log.exception("handing back the state failed", extra={"sandbox": self.sandbox_id})
-
-    async def _mark_restored(self, base: Path, path: str) -> None:
-        """The mark a restarted agent salvages this tree by (`state.hold.RESTORED`). Without it
-        only a crash of the agent costs more: the next run hands the state back unchanged."""
-        with anyio.CancelScope(shield=True):
-            try:
-                await anyio.to_thread.run_sync(mark_restored, base, path)
-            except OSError as exc:
-                log.warning(
-                    "cannot mark the restored state: %s", exc, extra={"sandbox": self.sandbox_id}
-                )
+        """A stateful app's state, handed back once (`StateClaim.hand_back`): after the sandbox
+        is reported ended (it is not routable while this runs); the state, held meanwhile,
+        keeps the next sandbox from being placed."""
+        claim, self._state = self._state, None
+        if claim is not None:
+            await claim.hand_back(None if self._started is None else self._started.app_dir)
 
     async def _claim(self) -> Sandbox | None:
         """The record, if it is still pending and this node's to run; its epoch is noted."""
@@ -294,12 +236,11 @@ class SandboxRunner:
         layer = None
         if spec.state is not None:
             try:
-                epoch, layer = await self._node.states.claim(
-                    record.app, self.sandbox_id, spec.state.path
+                self._state, layer = await StateClaim.take(
+                    self._node.states, record.app, self.sandbox_id, spec.state.path
                 )
             except StateRefused as exc:
                 raise CannotRun(str(exc)) from exc
-            self._held = (record.app, epoch, spec.state.path)
         try:
             packed = await fetch_packed(
                 self._node.artifacts, version.value.artifact if version else None, layer
@@ -384,10 +325,10 @@ class SandboxRunner:
             else:
                 trace.mark("ready", launch.app)
             process.settled()  # after the ready record: a refilled warm slot must not delay it
-            tasks.start_soon(self._follow_freezes, process)
+            tasks.start_soon(self.freezing.follow, process)
             await self._stop_requested.wait()
             self.local_target = None
-            self.frozen_since = None  # the stop thaws it first
+            self.freezing.since = None  # the stop thaws it first
             exit_code = await process.stop(spec.shutdown_timeout)
             tasks.cancel_scope.cancel()
         return ready, exit_code
@@ -396,23 +337,23 @@ class SandboxRunner:
         self, process: SandboxProcess, launch: Launch, ready: bool, exit_code: int | None
     ) -> None:
         """Stopped, when it was asked to stop; dead otherwise, with the reason."""
-        tail = process.tail()
-        if (reason := process.reason()) is not None:
-            tail = f"{reason}\n{tail}" if tail else reason
+        tail = last_lines(process.tail(), process.reason())
         current = await self._node.store.get(keys.sandbox(self.sandbox_id), Sandbox)
         if current is None:
             return
-        if current.value.status is SandboxStatus.STOPPING:
-            await self._change(Transition.STOPPED, exit_code=exit_code, last_log=tail)
-        else:
-            timeout = launch.spec.health.timeout
-            reason = tail if ready else (tail or f"not ready within {timeout:g} s")
-            if self._squatted:
-                reason = f"port {launch.port} answered, but not from this sandbox\n{tail}"
+        event, last_log = ending(
+            stopping=current.value.status is SandboxStatus.STOPPING,
+            ready=ready,
+            squatted=self._squatted,
+            tail=tail,
+            timeout=launch.spec.health.timeout,
+            port=launch.port,
+        )
+        if event is Transition.FAIL:
             log.warning(
                 "sandbox exited with %s", exit_code, extra={"sandbox": self.sandbox_id, "log": tail}
             )
-            await self._change(Transition.FAIL, exit_code=exit_code, last_log=reason)
+        await self._change(event, exit_code=exit_code, last_log=last_log)
 
     async def _shut_down(self, process: SandboxProcess, *, agent_stopping: bool) -> None:
         """Take the sandbox out of admission, give the requests on it `shutdown_drain` seconds,

@@ -7,7 +7,7 @@ hierarchy, two hierarchies per sandbox) while creating, renaming and limiting on
 the agent keeps `warm_slots` sandboxes (`Jail.slot_command`: the whole isolation chain over a
 tmpfs of its own, with `jail/slot_main.py`, ~8 MB, where the app would be) that wait on stdin as
 root inside. A start takes one: its cgroups are renamed to the sandbox's and given the app's
-limits, its tmpfs is resized to the app's `disk` and filled with the app (`sandbox.runtime`), and it
+limits, its tmpfs is resized to the app's `disk` and filled with the app (`sandbox.local`), and it
 gets the start message: the app's command, environment, rlimits and uid. It drops to that uid
 (checking /proc that nothing of root's is left) and execs the app, keeping its pid, its cgroups
 and its output pipe. The pool refills in the background once every start that took a slot has

@@ -29,15 +29,14 @@ Theory of operation:
   record is gone or finished (a transaction on that record's revision), from its local archive
   when there is one. So a kill at any step leaves the state either held here (and handed back
   by the next run) or released with its latest archive.
+
+The archives on this node are `archives.LocalArchives`'s; a tree's state directory and its
+`restored` mark are read through `tree`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import shutil
-import stat
 from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -45,18 +44,18 @@ from typing import Protocol, TypeVar
 import anyio
 
 from wakeful.aio.backoff import retry
-from wakeful.aio.packing import pack
 from wakeful.domain import keys, state
 from wakeful.domain.artifacts import ArtifactError, digest_of
 from wakeful.domain.backoff import Backoff
-from wakeful.domain.models import FINISHED, AppState, Sandbox, SandboxStatus, StateSpec
+from wakeful.domain.models import FINISHED, AppState, Sandbox, SandboxStatus
 from wakeful.node import failpoints
 from wakeful.node.sandbox.workdir import Artifacts, StateLayer, sandbox_dir, verify
 from wakeful.store import Item, Store, StoreError
 
+from .archives import LocalArchives
+from .tree import left_tree, restored_path, state_source
+
 log = logging.getLogger(__name__)
-SET_ASIDE_FACTOR = 4
-"""A state too large to archive is copied aside only up to this many times the bound."""
 TRIES = 4
 """Tries to fetch or store an archive while the blob store is unavailable (backing off)."""
 FETCH_BACKOFF = Backoff(0.5)
@@ -94,49 +93,6 @@ class StateRefused(Exception):
     """The sandbox cannot have its state; the message says why (its `last_log`)."""
 
 
-RESTORED = "restored"
-"""The mark beside a sandbox's tree (in its directory, out of the app's reach) that its state
-was restored and the app started: only such a tree holds state worth archiving."""
-
-
-def mark_restored(base: Path, path: str) -> None:
-    """Durably, in the sandbox's directory `base`, with the state's `path` in its tree (what a
-    restarted agent packs, whether or not the sandbox's record is still there)."""
-    fd = os.open(base / RESTORED, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, path.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _restored_path(base: Path) -> str | None:
-    """The state path `mark_restored` wrote in `base`, None when there is no valid mark."""
-    try:
-        path = (base / RESTORED).read_text()
-        return StateSpec(path=path).path
-    except (OSError, ValueError):
-        return None
-
-
-def state_source(tree: Path, path: str) -> Path:
-    """`tree/path`, refused (`ArtifactError`) when any part of it is a symbolic link (the app
-    owns its tree and could point its state at any host path the agent can read) or not a
-    directory. A missing one is an empty state: the app removed it."""
-    current = tree
-    for part in path.split("/"):
-        current = current / part
-        try:
-            found = current.lstat()
-        except FileNotFoundError:
-            return tree / path  # nothing there: an empty state
-        if stat.S_ISLNK(found.st_mode):
-            raise ArtifactError(f"its state path {path!r} is a symbolic link: not archived")
-        if not stat.S_ISDIR(found.st_mode):
-            raise ArtifactError(f"its state path {path!r} is not a directory: not archived")
-    return current
-
-
 class StateHold:
     def __init__(
         self,
@@ -152,11 +108,8 @@ class StateHold:
         self._artifacts = artifacts
         self._keeper = keeper
         self._node = node
-        self._dir = data_dir / "states"
         self._data_dir = data_dir
-        self._kept = data_dir / "kept-states"
-        """What could not be handed on, for recovery by hand (never cleaned by the agent)."""
-        self._max = max_bytes
+        self._archives = LocalArchives(data_dir, max_bytes)
         self._in_hand: set[str] = set()
         """Local archive names of states a runner of this run holds (claimed, not yet handed
         back): `settle`'s clean-up never touches them, whatever its listing said."""
@@ -177,7 +130,7 @@ class StateHold:
             where = "nobody" if item is None else state.holder(item.value)
             raise StateRefused(f"the state of app {app!r} is held by {where}, not for {sandbox_id}")
         record = item.value
-        self._in_hand.add(self._local(app, record.epoch).name)
+        self._in_hand.add(self._archives.path(app, record.epoch).name)
         if record.archive is None:
             return record.epoch, StateLayer(path)
         digest = record.archive
@@ -186,12 +139,12 @@ class StateHold:
             data = await self._retried(lambda: self._artifacts.fetch(digest))
             await anyio.to_thread.run_sync(verify, data, digest)
         except ArtifactError as exc:
-            self._in_hand.discard(self._local(app, record.epoch).name)
+            self._in_hand.discard(self._archives.path(app, record.epoch).name)
             reason = f"its state archive was refused, not restored: {exc}"
             await self._release(app, record.epoch, error=reason)
             raise StateRefused(reason) from exc
         except OSError as exc:
-            self._in_hand.discard(self._local(app, record.epoch).name)
+            self._in_hand.discard(self._archives.path(app, record.epoch).name)
             raise StateRefused(f"its state archive cannot be fetched now: {exc}") from exc
         return record.epoch, StateLayer(path, data, digest, checked=True)
 
@@ -218,68 +171,22 @@ class StateHold:
                 return
             await self._archive(app, epoch, source)
         finally:
-            self._in_hand.discard(self._local(app, epoch).name)
+            self._in_hand.discard(self._archives.path(app, epoch).name)
 
     async def _archive(self, app: str, epoch: int, source: Path) -> None:
         try:
-            data = await anyio.to_thread.run_sync(self._pack, source)
-            local = await anyio.to_thread.run_sync(self._save, app, epoch, data)
+            data = await anyio.to_thread.run_sync(self._archives.pack, source)
+            local = await anyio.to_thread.run_sync(self._archives.save, app, epoch, data)
         except (ArtifactError, OSError) as exc:
             await self._cannot_archive(app, epoch, source, str(exc))
             return
         failpoints.reach("state-after-archive")
         await self._store_and_release(app, epoch, local, data)
 
-    def _pack(self, source: Path) -> bytes:
-        return pack(source, skip=frozenset(), max_bytes=self._max)
-
-    def _local(self, app: str, epoch: int) -> Path:
-        return self._dir / f"{app}.{epoch}.tar.gz"
-
-    def _save(self, app: str, epoch: int, data: bytes) -> Path:
-        """Durably on this node: a temporary file, fsync'd, renamed into place, the directory
-        fsync'd."""
-        self._dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        path = self._local(app, epoch)
-        partial = path.with_name(path.name + ".part")
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        partial.replace(path)
-        directory = os.open(self._dir, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
-        return path
-
-    def _set_aside(self, source: Path, app: str, epoch: int) -> str | None:
-        """A state directory that could not be archived, copied where it outlives its sandbox
-        (links copied as links, never followed): where, or None when there is nothing to copy
-        or it is too large to (a sparse file, say, would be written out whole: past
-        `SET_ASIDE_FACTOR` times the archive bound it is not copied at all)."""
-        target = self._kept / f"{app}.{epoch}"
-        budget = SET_ASIDE_FACTOR * self._max
-        try:
-            if not source.is_dir() or source.is_symlink() or _size(source) > budget:
-                return None
-            shutil.rmtree(target, ignore_errors=True)
-            shutil.copytree(source, target, symlinks=True)
-        except OSError as exc:
-            log.error("could not keep a copy of %s: %.300s", source, exc)
-            shutil.rmtree(target, ignore_errors=True)
-            return None
-        return str(target)
-
     async def _cannot_archive(self, app: str, epoch: int, source: Path, why: str) -> None:
         """Keep the state here, with a copy set aside, if a copy can be made; else nothing of
         what the sandbox wrote can be had, and the state goes back at its last archive."""
-        kept = await anyio.to_thread.run_sync(self._set_aside, source, app, epoch)
+        kept = await anyio.to_thread.run_sync(self._archives.set_aside, source, app, epoch)
         if kept is None:
             await self._release(
                 app,
@@ -302,8 +209,7 @@ class StateHold:
         try:
             await self._retried(lambda: self._keeper.store(app, epoch, data, digest))
         except ArtifactError as exc:  # refused for good: trying again will not help
-            aside = self._kept / local.name
-            await anyio.to_thread.run_sync(_move, local, aside)
+            aside = await anyio.to_thread.run_sync(self._archives.move_aside, local)
             await self._keep(app, epoch, f"its archive was refused: {exc}; kept in {aside}")
             return
         except OSError as exc:  # in hand: `settle` tries again; no operator is needed
@@ -337,10 +243,9 @@ class StateHold:
         if not isinstance(written, AppState):
             if isinstance(written, state.Stale):  # no longer ours: maybe the only copy of it
                 self._refused(written)
-                local = self._local(app, epoch)
+                local = self._archives.path(app, epoch)
                 if await anyio.Path(local).exists():
-                    aside = self._kept / local.name
-                    await anyio.to_thread.run_sync(_move, local, aside)
+                    aside = await anyio.to_thread.run_sync(self._archives.move_aside, local)
                     log.error(
                         "the state of %s moved on without this node's archive; kept in %s",
                         app,
@@ -349,7 +254,7 @@ class StateHold:
                     )
             return None
         failpoints.reach("state-after-release")
-        await anyio.Path(self._local(app, epoch)).unlink(missing_ok=True)
+        await anyio.Path(self._archives.path(app, epoch)).unlink(missing_ok=True)
         log.info(
             "handed back the state of %s at epoch %d%s",
             app,
@@ -386,10 +291,10 @@ class StateHold:
             sandbox = records.get(held.sandbox)
             if sandbox is not None and sandbox.status is SandboxStatus.PENDING:
                 continue  # started (and restored) by this run
-            if self._local(held.app, held.epoch).exists():
+            if self._archives.path(held.app, held.epoch).exists():
                 continue
             base = sandbox_dir(self._data_dir, held.sandbox)
-            path, tree = _restored_path(base), _left_tree(base)
+            path, tree = restored_path(base), left_tree(base)
             if path is None or tree is None:
                 continue  # nothing newer than its archive: `settle` releases it unchanged
             try:
@@ -398,8 +303,8 @@ class StateHold:
                 await self._release(held.app, held.epoch, error=str(exc))
                 continue
             try:
-                data = await anyio.to_thread.run_sync(self._pack, source)
-                await anyio.to_thread.run_sync(self._save, held.app, held.epoch, data)
+                data = await anyio.to_thread.run_sync(self._archives.pack, source)
+                await anyio.to_thread.run_sync(self._archives.save, held.app, held.epoch, data)
             except (ArtifactError, OSError) as exc:
                 await self._cannot_archive(held.app, held.epoch, source, str(exc))
                 continue
@@ -417,7 +322,7 @@ class StateHold:
             held = item.value
             if held.node != self._node:
                 continue
-            held_here.add(self._local(held.app, held.epoch).name)
+            held_here.add(self._archives.path(held.app, held.epoch).name)
             if held.sandbox in in_use():
                 continue
             found = None
@@ -432,29 +337,16 @@ class StateHold:
                 if held.sandbox is None
                 else (held.sandbox, 0 if found is None else found.revision)
             )
-            local = self._local(held.app, held.epoch)
+            local = self._archives.path(held.app, held.epoch)
             if local.exists():
                 data = await anyio.Path(local).read_bytes()
                 await self._store_and_release(held.app, held.epoch, local, data, sandbox_at)
             elif not held.kept:  # kept with no archive here: an operator's to act on
                 await self._release(held.app, held.epoch, sandbox_at=sandbox_at)
         released = {f"{i.value.app}.{i.value.archived_epoch}.tar.gz" for i in records}
-        await anyio.to_thread.run_sync(self._forget_stale, held_here, released)
-
-    def _forget_stale(self, held_here: set[str], released: set[str]) -> None:
-        """Partial writes (a crash mid-save) and archives this node released (killed before
-        it deleted them) are of no use. An archive of a state this node no longer holds that
-        it did not release (taken back, or given up on by an operator) may be the only copy
-        of the app's last writes: moved to `kept-states/`, for recovery by hand."""
-        with contextlib.suppress(OSError):
-            for entry in self._dir.iterdir():
-                name = entry.name.removesuffix(".part")
-                if name in held_here or name in self._in_hand:
-                    continue
-                if entry.name.endswith(".part") or entry.name in released:
-                    entry.unlink(missing_ok=True)
-                else:
-                    _move(entry, self._kept / entry.name)
+        await anyio.to_thread.run_sync(
+            self._archives.forget_stale, held_here, released, self._in_hand
+        )
 
     async def run(self, in_use: Callable[[], Collection[str]], interval: float = 5.0) -> None:
         """`settle` every `interval` seconds; a store or blob store that is down only delays it."""
@@ -464,30 +356,3 @@ class StateHold:
             except (StoreError, OSError) as exc:
                 log.warning("cannot settle held states now: %s", exc)
             await anyio.sleep(interval)
-
-
-def _left_tree(base: Path) -> Path | None:
-    """A previous run's app tree in the sandbox directory `base`: in its tmpfs (isolated as
-    root) or its working directory."""
-    for tree in (base / "fs" / "app", base / "app"):
-        if tree.is_dir() and not tree.is_symlink():
-            return tree
-    return None
-
-
-def _size(directory: Path) -> int:
-    """The bytes of the regular files under `directory` (their length, not their blocks: a
-    copy writes the length)."""
-    total = 0
-    for root, _, files, root_fd in os.fwalk(directory):
-        del root
-        for name in files:
-            found = os.stat(name, dir_fd=root_fd, follow_symlinks=False)
-            if stat.S_ISREG(found.st_mode):
-                total += found.st_size
-    return total
-
-
-def _move(source: Path, target: Path) -> None:
-    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    source.replace(target)
