@@ -79,13 +79,15 @@ def oom_message(limits: Resources) -> str:
     return f"killed: out of memory (limit {format_size(limits.memory)})"
 
 
-def sealed(path: Path, data: bytes) -> int:
-    """An open, already unlinked 0600 file holding `data` for bwrap to read (`--args`,
-    `--seccomp`): nothing of it in a command line or left on disk."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+def memfile(name: str, data: bytes) -> int:
+    """An anonymous file in memory (memfd) holding `data`, at its start, for bwrap or a step
+    of the chain to read (the environment, `--seccomp`, the slot program): nothing of it in a
+    command line, and never on a disk. Close-on-exec: passed on only as `pass_fds` names it."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
     try:
-        os.unlink(path)
-        os.write(fd, data)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
         os.lseek(fd, 0, os.SEEK_SET)
     except BaseException:
         os.close(fd)

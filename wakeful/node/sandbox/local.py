@@ -5,7 +5,7 @@ A start takes one of three paths: unisolated (the app's files unpacked into its 
 command run there); isolated from a warm slot (`sandbox.slots`: a sandbox started ahead of
 time, its tree sized and filled for the app, then told what to run); or isolated cold (the
 app's uid, cgroup and bounded tmpfs made now, then the bubblewrap chain spawned, the app's
-environment handed to it in a sealed file, never on a command line).
+environment handed to it in a file in memory (`memfile`), never on a command line or a disk).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from wakeful.node.jail.bwrap import CHAIN_ENV, Jail, env_script, slot_main
 from wakeful.node.jail.detect import detect_jail
-from wakeful.node.jail.jailed import Jailed, sealed
+from wakeful.node.jail.jailed import Jailed, memfile
 from wakeful.node.jail.network import control_endpoints
 from wakeful.node.jail.tmpfs import (
     chown_tree,
@@ -126,17 +126,17 @@ class ProcessRuntime:
                     pool, slot, command, env, _placer(workdir, packed), log_path, identity
                 )
             jailed = await asyncio.to_thread(self._enter, workdir, identity, packed)
-            env_fd = sealed(log_path.with_name("env"), env_script(dict(env)))
+            env_fd = memfile("env", env_script(dict(env)))
             if jailed.uid is not None:  # read by the chain's last step, as the app's uid
                 os.fchown(env_fd, jailed.uid, jailed.uid)
             fds = (env_fd,)
             seccomp_fd = None
             if self._jail.seccomp is not None:
-                seccomp_fd = sealed(log_path.with_name("seccomp"), self._jail.seccomp)
+                seccomp_fd = memfile("seccomp", self._jail.seccomp)
                 fds += (seccomp_fd,)
             slot_fd = None
             if self._jail.scope:  # the scope step runs the slot program
-                slot_fd = sealed(log_path.with_name("slot_main"), slot_main())
+                slot_fd = memfile("slot_main", slot_main())
                 fds += (slot_fd,)
             argv = self._jail.command(
                 list(command),

@@ -41,6 +41,7 @@ from wakeful.aio.tasks import Background
 from wakeful.domain.models import Resources
 from wakeful.node.jail.bwrap import CHAIN_ENV, Jail, slot_main
 from wakeful.node.jail.cgroups import Cgroups, SandboxCgroup
+from wakeful.node.jail.jailed import memfile
 from wakeful.node.jail.tmpfs import mount_sandbox_fs, unmount
 
 from .spawn import PIPE, STDOUT, Child, spawn
@@ -255,11 +256,11 @@ class SlotPool:
             mount_sandbox_fs(home / "fs", IDLE_LIMITS.disk)
             ready, ready_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
             fds += [ready_w]
-            slot_fd = _memfd("slot_main", slot_main())
+            slot_fd = memfile("slot_main", slot_main())
             fds.append(slot_fd)
             seccomp_fd = None
             if seccomp is not None:
-                seccomp_fd = _memfd("seccomp", seccomp)
+                seccomp_fd = memfile("seccomp", seccomp)
                 fds.append(seccomp_fd)
             argv = self._jail.slot_command(home / "fs", cgroup, seccomp_fd, ready_w, slot_fd)
             # Not cut short: a process half made by a cancel could join the cgroup unseen.
@@ -298,18 +299,6 @@ class SlotPool:
                 await slot.discard()
             raise
         return slot
-
-
-def _memfd(name: str, data: bytes) -> int:
-    """A file in memory holding `data`, at its start, for bwrap to read."""
-    fd = os.memfd_create(name, os.MFD_CLOEXEC)
-    try:
-        os.write(fd, data)
-        os.lseek(fd, 0, os.SEEK_SET)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 def _log_failure(exc: BaseException) -> None:
