@@ -18,7 +18,7 @@ import pytest
 from pydantic import ValidationError
 
 from tests.support.control import Running, running_control_plane
-from wakeful.controller.reconciler import Mirror
+from wakeful.controller.mirror import Mirror
 from wakeful.dashboard.server import COOKIE, MAX_STREAMS, SESSION_SECONDS, Dashboard, Sessions
 from wakeful.domain import keys
 from wakeful.domain.models import App, AppSpec, Pool, Role, Sandbox, ScaleChange

@@ -46,7 +46,8 @@ from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
 from wakeful.activator.core import Activator, PoolSnapshot, WakeTally
-from wakeful.controller.reconciler import Mirror, with_cordon
+from wakeful.controller.mirror import Mirror
+from wakeful.controller.plan import with_cordon
 from wakeful.domain import keys
 from wakeful.domain.models import (
     App,
