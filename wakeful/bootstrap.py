@@ -34,7 +34,9 @@ from wakeful.activator.tokens_api import tokens_router
 from wakeful.controller.api import node_router
 from wakeful.controller.health import StoreProbe, leading_gauge
 from wakeful.controller.reconciler import Reconciler
-from wakeful.dashboard.server import Dashboard, Sessions, dashboard_router, session_key
+from wakeful.dashboard.live import Dashboard
+from wakeful.dashboard.server import dashboard_router
+from wakeful.dashboard.sessions import Sessions, session_key
 from wakeful.datadir import (
     load_or_create_token,
     private_data_dir,
