@@ -20,7 +20,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.deploy.appdir import AppDir, AppDirError, load_app_dir
 from wakeful.deploy.artifacts import LocalArtifacts
-from wakeful.deploy.service import DeployError
+from wakeful.deploy.errors import DeployError
 from wakeful.domain.artifacts import ArtifactError
 from wakeful.idle_monitor.monitor import IdleMonitorSettings
 from wakeful.node.jail import IsolationUnavailable
