@@ -1,7 +1,7 @@
 """The long-lived pieces of the `wakeful` command: `up`, `activator`, `node`, `ingress`,
 `idle-monitor`. Each turns its arguments and WAKEFUL_* variables into settings, hands them to
 `wakeful.bootstrap`, and runs it until it stops; what ends a piece early becomes one line
-naming the address, file or store, with exit status 1 (`serve`).
+naming the address, file or store, with exit status 1 (`_serve`).
 """
 
 from __future__ import annotations
