@@ -33,7 +33,7 @@ from prometheus_client import CollectorRegistry
 
 from wakeful.activator.core import Activator
 from wakeful.activator.settings import ActivatorSettings
-from wakeful.dashboard.server import Dashboard
+from wakeful.dashboard.live import Dashboard
 from wakeful.domain import keys
 from wakeful.domain.models import App, AppSpec, Pool
 from wakeful.domain.traffic import BUCKETS, SLOTS, STEP, AppTraffic, TrafficRing

@@ -23,7 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from wakeful.deploy.appdir import AppDefinition
 from wakeful.deploy.artifacts import ArtifactStorageError, LocalArtifacts
-from wakeful.deploy.service import Deployer, DeployError, Phase, UnknownApp
+from wakeful.deploy.errors import DeployError, UnknownApp
+from wakeful.deploy.rollout import Phase
+from wakeful.deploy.service import Deployer
 from wakeful.deploy.states import ArchiveMissing, NotHeld, StateKeeper, StorageFull
 from wakeful.domain import keys
 from wakeful.domain.artifacts import ArtifactError

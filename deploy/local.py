@@ -14,7 +14,8 @@ from wakeful.aio.backoff import retry
 from wakeful.aio.packing import pack
 from wakeful.deploy.appdir import AppDir
 from wakeful.deploy.artifacts import LocalArtifacts
-from wakeful.deploy.service import Deployer, Phase
+from wakeful.deploy.rollout import Phase
+from wakeful.deploy.service import Deployer
 from wakeful.domain.backoff import Backoff
 from wakeful.store import StoreError
 

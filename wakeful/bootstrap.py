@@ -5,6 +5,9 @@ idle monitor; `run_up` adds a node agent and the ingress in the same process, on
 store; `run_activator`, `run_node`, `run_ingress` and `run_idle_monitor` run one piece on its
 own against a shared store. Shutdown follows one order: stop taking traffic, let in-flight
 requests finish, stop the sandboxes, close the store.
+
+Nothing here decides anything: what `wakeful up` runs with and announces is `wakeful.up`'s,
+who is elected and what a term runs is `wakeful.terms`'s.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import math
 import signal
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -25,6 +29,7 @@ import anyio.abc
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
+from wakeful import terms
 from wakeful.activator.api import create_app
 from wakeful.activator.core import Activator
 from wakeful.activator.credentials import install_admin
@@ -34,13 +39,14 @@ from wakeful.activator.tokens_api import tokens_router
 from wakeful.controller.api import node_router
 from wakeful.controller.health import StoreProbe, leading_gauge
 from wakeful.controller.reconciler import Reconciler
-from wakeful.dashboard.server import Dashboard, Sessions, dashboard_router, session_key
+from wakeful.dashboard.live import Dashboard
+from wakeful.dashboard.server import dashboard_router
+from wakeful.dashboard.sessions import Sessions, session_key
 from wakeful.datadir import (
     load_or_create_token,
     private_data_dir,
     remove_control_file,
     write_control_file,
-    write_token,
 )
 from wakeful.deploy.api import deploy_router
 from wakeful.deploy.appdir import AppDir
@@ -52,21 +58,22 @@ from wakeful.deploy.logs_api import logs_router
 from wakeful.deploy.service import Deployer
 from wakeful.deploy.states import Bounds, StateKeeper
 from wakeful.domain import keys
-from wakeful.domain.models import Leader, Token
+from wakeful.domain.models import Token
 from wakeful.idle_monitor.monitor import IdleMonitor, IdleMonitorSettings
 from wakeful.leadership import Standby, leader_locator
 from wakeful.node.agent import NodeAgent
 from wakeful.node.sandbox.local import runtime_for
 from wakeful.node.settings import NodeSettings
-from wakeful.process import identity, settle_heap, wait_for_signal
+from wakeful.process import settle_heap, wait_for_signal
 from wakeful.remote import Endpoint, HttpArtifacts, HttpKeeper, HttpLogSink
 from wakeful.serving import serve_asgi
-from wakeful.store import Store, StoreError, open_store, sqlite_url
-from wakeful.store.backup import SchemaError, check_schema
+from wakeful.store import Store, open_store
+from wakeful.store.backup import check_schema
 from wakeful.store.base import StoreBase
-from wakeful.store.election import Election, FencedStore, Term
+from wakeful.store.election import FencedStore, Term
 from wakeful.store.reflector import reflect
 from wakeful.store.tokenbook import TokenBook
+from wakeful.up import admin_writer, app_address, up_settings
 
 if TYPE_CHECKING:  # the ingress (httptools, uvloop) is imported only by what runs one
     from wakeful.ingress.settings import IngressSettings
@@ -200,16 +207,7 @@ async def control_plane(
             tasks.start_soon(activator.open_admission_after, adopt_for)
         try:
             yield ControlPlane(
-                store,
-                activator,
-                deployer,
-                artifacts,
-                keeper,
-                registry,
-                tasks,
-                logbook,
-                tokens,
-                api,
+                store, activator, deployer, artifacts, keeper, registry, tasks, logbook, tokens, api
             )
         finally:
             tasks.cancel_scope.cancel()
@@ -230,52 +228,28 @@ async def run_up(
     ones in flight, hands its leases back; then the sandboxes stop; then the control plane."""
     from wakeful.activator.client import InProcessLeases
     from wakeful.ingress.server import Ingress
-    from wakeful.ingress.settings import IngressSettings
 
     if not data_dir.is_absolute():  # every path below is derived from it: resolve it once
         raise ValueError(f"data_dir must be absolute, got {data_dir}")
     private_data_dir(data_dir)
     token = load_or_create_token(data_dir)
-    store_url = sqlite_url(data_dir / "store.db")
-    settings = ActivatorSettings(store_url=store_url, token=token, listen=api)
-    # The in-process ingress has stopped before the node agent does: nothing left to drain.
-    node_settings = NodeSettings(
-        store_url=store_url,
-        node_name="local",
-        data_dir=data_dir,
-        shutdown_drain=0,
-    )
-    if isolation is not None:  # the flag beats WAKEFUL_ISOLATION
-        node_settings = node_settings.model_copy(update={"isolation": isolation})
-    # Shown in 503 answers only while the ingress listens on loopback (boot_log_shown).
-    ingress_settings = IngressSettings(
-        store_url=store_url,
-        listen=listen,
-        admin_listen=admin,
-        show_boot_log=True,
-        server_timing=True,
-    )
-
-    def write_admin(secret: str) -> str:
-        """A rotated admin token goes where this process's user finds it: the token file,
-        and the control file the other commands read."""
-        write_control_file(data_dir, f"http://{api}", secret, f"http://{listen}")
-        return str(write_token(data_dir, secret))
+    up = up_settings(data_dir, token, api=api, listen=listen, admin=admin, isolation=isolation)
+    write_admin = admin_writer(data_dir, api, listen)
 
     # The token file is the admin token at every start: it is as private as the store beside
     # it, and `wakeful tokens rotate-admin` rewrites it.
     async with (
-        open_store(store_url) as store,
+        open_store(up.activator.store_url) as store,
         control_plane(
-            store, settings, data_dir, idle=idle, replace_admin=True, write_admin=write_admin
+            store, up.activator, data_dir, idle=idle, replace_admin=True, write_admin=write_admin
         ) as plane,
     ):
         # The same LogSink a node elsewhere reaches over HTTP, handed over directly.
         agent = NodeAgent(
             store,
-            node_settings,
+            up.node,
             plane.artifacts,
-            plane.keeper.for_node(node_settings.node_name),
+            plane.keeper.for_node(up.node.node_name),
             logs=plane.logbook,
         )
         async with anyio.create_task_group() as tasks:
@@ -283,7 +257,7 @@ async def run_up(
             with anyio.fail_after(30):
                 await agent.wait_registered()
             ingress = Ingress(
-                ingress_settings,
+                up.ingress,
                 InProcessLeases(plane.activator),
                 store,
                 CollectorRegistry(),
@@ -292,17 +266,12 @@ async def run_up(
             async with ingress.running():
                 announce(f"wakeful is up: control API http://{api} (token in {data_dir / 'token'})")
                 announce(f"  dashboard: http://{api}/ui")
-                host, _, port = listen.rpartition(":")
-                shown = "localhost" if host in ("127.0.0.1", "0.0.0.0", "localhost") else host
                 for app_dir in app_dirs:
                     announce(
                         await deploy_dir(plane.deployer, plane.artifacts, plane.tasks, app_dir)
                     )
-                    name = app_dir.definition.name
-                    https = ""
-                    if ingress.tls_address[1]:  # WAKEFUL_TLS_LISTEN: served over HTTPS too
-                        https = f" and https://{name}.{shown}:{ingress.tls_address[1]}/"
-                    announce(f"  {name}: http://{name}.{shown}:{port}/{https}")
+                    name = app_dir.definition.name  # WAKEFUL_TLS_LISTEN: over HTTPS too
+                    announce(f"  {name}: {app_address(name, listen, ingress.tls_address[1])}")
                 # Written once the apps named on the command line are deployed and in the
                 # ingress's routes: whoever waits for the control file (a script, a test)
                 # finds them routable.
@@ -332,59 +301,29 @@ async def run_activator(
     reset_admin: bool = False,
 ) -> None:
     """The control plane (activator, control API, pool controller, and the idle monitor unless
-    `idle` is None) until a signal, while this activator leads (invariant 20).
-
-    Any number of activators may run on one store: one is elected (`leaders/activator`) and
-    runs the control plane with every write fenced by its term; the others serve
-    `StandbyApp` on the same port and wait to take over (`wakeful.leadership.Standby`). A
-    leader that loses its term (a store away for half the election TTL, a long pause) stops
-    granting at once, closes its lease channels, stops its control plane and stands by again
-    in the same process (a store outage ends no process, invariant 19); one told to stop
-    resigns, so a standby takes over at once (`Election.lead`). Ingresses are other processes:
-    lease counts are rebuilt from what they report for `adopt_window` seconds after a
-    takeover, and the pool controller trusts them only after one lease TTL. WAKEFUL_TOKEN
-    bootstraps the admin token (`reset_admin`: it replaces the one in the store)."""
+    `idle` is None) until a signal, while this activator leads (invariant 20; `Terms`). Ingresses
+    are other processes: lease counts are rebuilt from what they report for `adopt_window`
+    seconds after a takeover, and the pool controller trusts them only after one lease TTL.
+    WAKEFUL_TOKEN bootstraps the admin token (`reset_admin`: it replaces the one in the store)."""
     private_data_dir(data_dir)
     async with settings.open_store() as store, anyio.create_task_group() as tasks:
-        election = Election(
-            cast(StoreBase, store),
-            keys.leader("activator"),
-            Leader(holder=identity(), url=settings.advertised(), since=time.time()),
-            ttl=settings.election_ttl,
-        )
+        election = terms.activator_election(store, settings)
         standby = Standby(election, store, settings.listen, announce)
-        first = True
 
-        async def lead(term: Term) -> None:
-            """The control plane, every write fenced by `term`, until cancelled; one the store
-            failed as it started is given up (the candidate campaigns again)."""
-            nonlocal first
-            try:
-                async with control_plane(
-                    FencedStore(cast(StoreBase, store), term),
-                    settings,
-                    data_dir,
-                    idle=idle,
-                    drain_grace=settings.lease_ttl,
-                    replace_admin=reset_admin and first,
-                    adopt_for=settings.adopt_window,
-                    leading=election.leading,
-                ) as plane:
-                    first = False
-                    if not standby.quiet:
-                        announce(f"activator listening on http://{settings.listen} (leading)")
-                        standby.quiet = True
-                    settle_heap()
-                    try:
-                        await anyio.sleep_forever()
-                    finally:
-                        plane.activator.stop_granting()
-            except SchemaError:
-                raise
-            except StoreError as exc:
-                log.error("could not start leading: %s; standing by again", exc)
+        def plane_for(term: Term, first: bool) -> AbstractAsyncContextManager[ControlPlane]:
+            return control_plane(
+                FencedStore(cast(StoreBase, store), term),
+                settings,
+                data_dir,
+                idle=idle,
+                drain_grace=settings.lease_ttl,
+                replace_admin=reset_admin and first,
+                adopt_for=settings.adopt_window,
+                leading=election.leading,
+            )
 
-        tasks.start_soon(partial(election.lead, lead, campaign=standby.campaign))
+        each = terms.Terms(plane_for, standby, announce, settings.listen)
+        tasks.start_soon(partial(election.lead, each.lead, campaign=standby.campaign))
         await wait_for_signal()
         tasks.cancel_scope.cancel()
 
@@ -446,14 +385,8 @@ async def run_idle_monitor(
     number may run: one is elected (`leaders/idle-monitor`) and acts, its writes fenced by
     its term; the others wait to take over."""
     async with settings.open_store() as store, anyio.create_task_group() as tasks:
-        election = Election(
-            cast(StoreBase, store), keys.leader("idle-monitor"), Leader(holder=identity())
-        )
-        holder = await election.current()
-        every = f"every {settings.idle_interval:g} s"
-        announce(
-            f"idle monitor: {every}" + (f", standing by: {holder.holder} acts" if holder else "")
-        )
+        election = terms.idle_monitor_election(store)
+        announce(await terms.idle_monitor_greeting(election, settings.idle_interval))
 
         async def act(term: Term) -> None:
             monitor = IdleMonitor(

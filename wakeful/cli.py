@@ -18,7 +18,8 @@ Errors name the flag, file or field and the value, and exit with status 2 (usage
 
 This module only turns arguments and WAKEFUL_* variables into settings and hands them on: to
 `wakeful.commands` with a `wakeful.remote.ControlClient` for the commands that talk to a
-running control plane, to `wakeful.pieces` for the ones that run pieces.
+running control plane, to `wakeful.pieces` for the ones that run pieces, to
+`wakeful.storeadmin` for the ones that work on a store directly.
 """
 
 from __future__ import annotations
@@ -41,17 +42,15 @@ from .commands import RUNTIME, USAGE, CliError
 from .datadir import CONTROL_FILE
 from .pieces import (
     cmd_activator,
-    cmd_backup,
-    cmd_etcd_auth,
     cmd_idle_monitor,
     cmd_ingress,
     cmd_node,
-    cmd_restore,
     cmd_up,
     isolation_flag,
     load_apps,
 )
 from .remote import CliSettings, ControlApiError, ControlClient, locate
+from .storeadmin import cmd_backup, cmd_etcd_auth, cmd_restore
 
 log = logging.getLogger("wakeful")
 

@@ -2,7 +2,7 @@
 heap once it has started, and names itself to the others.
 
 `signals_caught` is entered first, inside the event loop and before a piece starts anything
-(`wakeful.pieces.serve`): a SIGINT or SIGTERM that comes while the piece starts waits until it
+(`wakeful.pieces._serve`): a SIGINT or SIGTERM that comes while the piece starts waits until it
 has started (`wait_for_signal`), then stops it in order. Before, the default action killed a
 `wakeful up` told to stop while it started, leaving its warm sandboxes and their mounts behind.
 """

@@ -12,9 +12,12 @@ from wakeful.controller.plan import (
     TakeBack,
     choose_moves,
     cooldown,
+    lost_holders,
     plan_pool,
+    tally_crashes,
+    with_cordon,
 )
-from wakeful.domain.models import AppSpec, AppState, Node, Pool, Sandbox, Tunnel
+from wakeful.domain.models import AppSpec, AppState, Cordon, Node, Pool, Sandbox, Tunnel
 from wakeful.domain.models import SandboxStatus as S
 
 SPEC = AppSpec(command=["serve"])
@@ -308,3 +311,110 @@ def test_after_undo_nothing_new_moves_and_a_gated_one_finishes_its_move() -> Non
     assert plan_pool(stateful_pool(), [running], {}, uncordoned, {}, 0.0, moves=moves) == []
     assert plan_pool(stateful_pool(), [gated], {"b": 1}, uncordoned, {}, 99.0, moves=moves) == []
     assert plan_pool(stateful_pool(), [gated], {}, uncordoned, {}, 99.0, moves=moves) == [Stop("b")]
+
+
+def crashed_sb(sid: str, log: str = "boom") -> Sandbox:
+    """Dead before it was ever ready, as its node reported it."""
+    return Sandbox(
+        id=sid, pool="p", app="a", node="n1", status=S.DEAD, epoch=1, owner="n1", last_log=log
+    )
+
+
+def streak(count: int, until: float = 0.0) -> Pool:
+    return pool(1, cooldown_until=until).model_copy(update={"crash_count": count})
+
+
+@pytest.mark.parametrize(
+    ("before", "sandboxes", "expected"),
+    [
+        pytest.param(streak(0), [], None, id="nothing crashed, no streak: nothing to write"),
+        pytest.param(
+            streak(0),
+            [crashed_sb("s1", "x" * 5000)],
+            (1, 101.0, "x" * 4000),
+            id="a first crash starts a 1 s cooldown and keeps the log's last 4000 characters",
+        ),
+        pytest.param(
+            streak(2, until=50.0),
+            [crashed_sb("s1", "first"), crashed_sb("s2", "second")],
+            (4, 108.0, "second"),
+            id="two more crashes add two to the streak and keep the last one's log",
+        ),
+        pytest.param(
+            streak(3, until=150.0),
+            [sb("s1", S.RUNNING)],
+            (0, 0.0, ""),
+            id="a routable sandbox ends a streak and its cooldown",
+        ),
+        pytest.param(
+            streak(3, until=150.0),
+            [sb("s1", S.BOOTING)],
+            None,
+            id="a booting sandbox does not end a streak",
+        ),
+        pytest.param(
+            streak(0),
+            [sb("s1", S.RUNNING)],
+            None,
+            id="a routable sandbox and no streak: nothing to write",
+        ),
+        pytest.param(
+            streak(0),
+            [
+                Sandbox(id="s1", pool="p", app="a", node="n1", status=S.DEAD, epoch=2),
+            ],
+            None,
+            id="declared dead by the controller (ownership released) is no crash",
+        ),
+    ],
+)
+def test_tally_crashes(
+    before: Pool, sandboxes: list[Sandbox], expected: tuple[int, float, str] | None
+) -> None:
+    after = tally_crashes(before, sandboxes, now=100.0)
+    if expected is None:
+        assert after is None
+    else:
+        assert after is not None
+        assert (after.crash_count, after.crash_cooldown_until, after.last_crash_log) == expected
+
+
+@pytest.mark.parametrize(
+    ("gone_since", "holders", "live", "expected_since", "expected_lost"),
+    [
+        pytest.param({}, {"n1"}, {"n1"}, {}, set(), id="a live holder is not gone"),
+        pytest.param(
+            {}, {"n1"}, set(), {"n1": 100.0}, set(), id="a holder first seen gone starts now"
+        ),
+        pytest.param(
+            {"n1": 50.0}, {"n1"}, set(), {"n1": 50.0}, set(), id="gone 50 s of 60: kept waiting"
+        ),
+        pytest.param({"n1": 40.0}, {"n1"}, set(), {"n1": 40.0}, {"n1"}, id="gone 60 s of 60: lost"),
+        pytest.param({"n1": 0.0}, {"n1"}, {"n1"}, {}, set(), id="a holder back again is forgotten"),
+        pytest.param(
+            {"n1": 0.0}, set(), set(), {}, set(), id="a node that holds no state any more"
+        ),
+    ],
+)
+def test_lost_holders(
+    gone_since: dict[str, float],
+    holders: set[str],
+    live: set[str],
+    expected_since: dict[str, float],
+    expected_lost: set[str],
+) -> None:
+    since, lost = lost_holders(gone_since, holders, live, now=100.0, after=60.0)
+    assert (since, lost) == (expected_since, expected_lost)
+
+
+@pytest.mark.parametrize(
+    ("cordon", "cordoned", "evacuating"),
+    [
+        pytest.param(None, False, False, id="no cordon: as registered"),
+        pytest.param(Cordon(node="n1", evacuate=False), True, False, id="cordoned only"),
+        pytest.param(Cordon(node="n1", evacuate=True), True, True, id="cordoned, evacuating"),
+    ],
+)
+def test_with_cordon(cordon: Cordon | None, cordoned: bool, evacuating: bool) -> None:
+    node = with_cordon(Node(name="n1", address="a"), cordon)
+    assert (node.cordoned, node.evacuating) == (cordoned, evacuating)

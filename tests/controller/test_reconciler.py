@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from wakeful.controller.reconciler import Mirror, Reconciler, TunnelCollector
+from wakeful.controller.metrics import TunnelCollector
+from wakeful.controller.mirror import Mirror
+from wakeful.controller.reconciler import Reconciler
 from wakeful.domain.models import (
     AppSpec,
     Node,

@@ -9,7 +9,8 @@ import pytest
 
 from wakeful.deploy.appdir import AppDefinition
 from wakeful.deploy.artifacts import LocalArtifacts
-from wakeful.deploy.service import Deployer, Phase
+from wakeful.deploy.rollout import Phase
+from wakeful.deploy.service import Deployer
 from wakeful.domain import keys
 from wakeful.domain.models import App, AppSpec, Pool, Version
 from wakeful.store import open_store

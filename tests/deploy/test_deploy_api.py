@@ -21,7 +21,9 @@ from wakeful.aio.packing import pack
 from wakeful.deploy.api import deploy_router
 from wakeful.deploy.appdir import load_app_dir
 from wakeful.deploy.artifacts import LocalArtifacts
-from wakeful.deploy.service import Deployer, DeployError, Phase, Rollout, starting_size
+from wakeful.deploy.errors import DeployError
+from wakeful.deploy.rollout import Phase, Rollout
+from wakeful.deploy.service import Deployer, next_version, starting_size
 from wakeful.deploy.states import StateKeeper
 from wakeful.domain import keys
 from wakeful.domain.artifacts import digest_of
@@ -163,6 +165,20 @@ def test_starting_size(
     if old_desired is not None:
         old = Pool(name="a-v1", app="a", version="v1", spec=SPEC, desired_instances=old_desired)
     assert starting_size(old, old_running, new_min) == expected
+
+
+@pytest.mark.parametrize(
+    ("versions", "expected"),
+    [
+        pytest.param([], "v1", id="an app's first version is v1"),
+        pytest.param(["v1", "v2"], "v3", id="one past the highest"),
+        pytest.param(["v2", "v10", "v9"], "v11", id="by number, not by name"),
+        pytest.param(["v3"], "v4", id="a number deleted below the highest is not given again"),
+        pytest.param(["v1", "va", "v-2"], "v2", id="a name whose rest is no number does not count"),
+    ],
+)
+def test_next_version(versions: list[str], expected: str) -> None:
+    assert next_version(versions) == expected
 
 
 async def test_rollback_recreates_a_swept_pool_from_its_version(tmp_path: Path) -> None:

@@ -12,7 +12,8 @@ import pytest
 
 from wakeful.deploy.appdir import AppDefinition
 from wakeful.deploy.artifacts import LocalArtifacts
-from wakeful.deploy.service import Deployer, Phase
+from wakeful.deploy.rollout import Phase
+from wakeful.deploy.service import Deployer
 from wakeful.domain import keys
 from wakeful.domain.models import App, AppSpec, Pool, RolloutRecord, Sandbox, SandboxStatus
 from wakeful.store import Store, open_store
@@ -128,6 +129,6 @@ async def test_the_end_of_a_rollout_is_written_with_its_flip(tmp_path: Path) -> 
     async with open_store("memory://") as store:
         deployer = Deployer(store, LocalArtifacts(tmp_path))
         rollout = await deployer.prepare(AppDefinition(name="web", spec=V1), None)
-        await deployer._roll_out(rollout)  # the flip alone, not the write after it
+        await deployer.runner.carry(rollout)  # the flip alone, not the write after it
         record = await store.get(keys.rollout("web", rollout.version), RolloutRecord)
         assert record is not None and record.value.phase == "live"

@@ -1,4 +1,4 @@
-"""The dashboard's server side (`wakeful.dashboard.server`) on a real control plane: the login
+"""The dashboard's server side (`wakeful.dashboard`) on a real control plane: the login
 and its session cookie (signed under a key in the store, bound to the token), hostile posts,
 and the event stream. The page itself is driven in a real browser in
 tests/e2e/test_dashboard_browser.py."""
@@ -18,8 +18,9 @@ import pytest
 from pydantic import ValidationError
 
 from tests.support.control import Running, running_control_plane
-from wakeful.controller.reconciler import Mirror
-from wakeful.dashboard.server import COOKIE, MAX_STREAMS, SESSION_SECONDS, Dashboard, Sessions
+from wakeful.controller.mirror import Mirror
+from wakeful.dashboard.live import MAX_STREAMS, Dashboard
+from wakeful.dashboard.sessions import COOKIE, SESSION_SECONDS, Sessions
 from wakeful.domain import keys
 from wakeful.domain.models import App, AppSpec, Pool, Role, Sandbox, ScaleChange
 from wakeful.store import open_store

@@ -40,7 +40,7 @@ from wakeful.domain.models import (
 from wakeful.domain.state import Stale, take_back
 from wakeful.store import Conflict, Store
 
-from .reconciler import with_cordon
+from .plan import with_cordon
 
 NodeName = Annotated[str, PathParam(pattern=NAME_PATTERN, description="a node name")]
 AppName = Annotated[str, PathParam(pattern=NAME_PATTERN, description="an app name")]

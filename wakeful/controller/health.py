@@ -25,7 +25,7 @@ from wakeful.domain.models import Node, SeenNode
 from wakeful.store import Store, StoreError
 
 if TYPE_CHECKING:
-    from .reconciler import Mirror
+    from .mirror import Mirror
 
 log = logging.getLogger(__name__)
 

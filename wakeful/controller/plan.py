@@ -16,7 +16,10 @@ Rules:
   evacuating node it is moved, not replaced: gated (drained) when the reconciler's budget of
   moves has room for it, stopped once its leases end or `grace` has passed, and created again
   elsewhere once its node handed the state back. A state held by a node gone for longer than
-  `Moves.lost` allows is taken back with its last archive.
+  `Moves.lost` allows is taken back with its last archive (`lost_holders`: a new leader
+  waits the whole time again, the safe way).
+- A cordon record (`wakeful drain`) makes its node cordoned, and evacuating when it says so
+  (`with_cordon`): the planner, the node API and the dashboard see one merged node.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from wakeful.domain.models import (
     ON_NODE,
     SIZED,
     AppState,
+    Cordon,
     Node,
     Pool,
     Sandbox,
@@ -131,6 +135,43 @@ def crashed(sandbox: Sandbox) -> bool:
 
 def cooldown(crash_count: int) -> float:
     return min(COOLDOWN_BASE * 2.0 ** max(0, crash_count - 1), COOLDOWN_CAP)
+
+
+def tally_crashes(pool: Pool, sandboxes: Sequence[Sandbox], now: float) -> Pool | None:
+    """The pool record with its boot crashes counted, before their records are removed: the
+    streak grows by each crashed sandbox, its cooldown starts again from `now`, and the last
+    crash's log is kept. A routable sandbox ends a streak. None: nothing to write."""
+    crashes = [s for s in sandboxes if crashed(s)]
+    if crashes:
+        count = pool.crash_count + len(crashes)
+        return pool.model_copy(
+            update={
+                "crash_count": count,
+                "crash_cooldown_until": now + cooldown(count),
+                "last_crash_log": crashes[-1].last_log[-4000:],
+            }
+        )
+    if pool.crash_count and any(s.routable for s in sandboxes):
+        return pool.model_copy(update={"crash_count": 0, "crash_cooldown_until": 0.0})
+    return None
+
+
+def lost_holders(
+    gone_since: Mapping[str, float], holders: set[str], live: set[str], now: float, after: float
+) -> tuple[dict[str, float], frozenset[str]]:
+    """The nodes holding a state that are gone (`holders` not `live`), each with when it was
+    first seen gone (`gone_since`, from the last call, else `now`); and those of them gone
+    `after` seconds or more, whose states are taken back (`Moves.lost`). A node seen live
+    again starts from `now` when it goes next."""
+    since = {node: gone_since.get(node, now) for node in holders - live}
+    return since, frozenset(node for node, at in since.items() if now - at >= after)
+
+
+def with_cordon(node: Node, cordon: Cordon | None) -> Node:
+    """`node` as planned with: cordoned while a cordon names it, evacuating if that says so."""
+    if cordon is None:
+        return node
+    return node.model_copy(update={"cordoned": True, "evacuating": cordon.evacuate})
 
 
 def plan_pool(

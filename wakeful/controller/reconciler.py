@@ -2,10 +2,10 @@
 
 Every write is a compare-and-set on the record it was planned from; a conflict just means
 another writer moved first, and the next tick plans again from fresh state. Running, it plans
-from a mirror of the store kept by one watch (each record decoded once, when it changes: a tick
-that listed and decoded every record was the node's busiest code during a burst of wakes), and
-only from a mirror that holds its own last write. Lease counts come
-from the activator (`leased_on`), which runs in the same process as the controller.
+from a `Mirror` of the store kept by one watch (`mirror.py`), and only from a mirror that
+holds its own last write. What to do is decided by the pure functions of `plan.py`; this
+module gathers their inputs and carries their actions out. Lease counts come from the
+activator (`leased_on`), which runs in the same process as the controller.
 """
 
 from __future__ import annotations
@@ -14,15 +14,11 @@ import logging
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable
+from typing import Any
 
 import anyio
-from prometheus_client import CollectorRegistry, Counter, Gauge
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-from pydantic import BaseModel
+from prometheus_client import CollectorRegistry
 
 from wakeful.aio import trace
 from wakeful.domain import keys
@@ -33,6 +29,8 @@ from wakeful.store import Conflict, Delete, Item, Put, Require, Store, StoreErro
 from wakeful.store.reflector import Feed, reflect_all
 
 from .health import CrashCollector
+from .metrics import EvacuationMetrics, TunnelCollector
+from .mirror import Mirror, State
 from .plan import (
     Action,
     Create,
@@ -43,171 +41,13 @@ from .plan import (
     Stop,
     TakeBack,
     choose_moves,
-    cooldown,
-    crashed,
+    lost_holders,
     plan_pool,
+    tally_crashes,
+    with_cordon,
 )
 
 log = logging.getLogger(__name__)
-M = TypeVar("M", bound=BaseModel)
-
-
-class EvacuationMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.evacuating = Gauge(
-            "wakeful_node_evacuating",
-            "1 while a node is drained with evacuation and still holds sandboxes or state",
-            ["node"],
-            registry=registry,
-        )
-        self.evacuations = Counter(
-            "wakeful_node_evacuations_total",
-            "Stateful sandboxes moved off an evacuating node (moved), or whose state its node "
-            "had to keep (failed)",
-            ["result"],
-            registry=registry,
-        )
-        self.conflicts = Counter(
-            "wakeful_node_release_conflicts_total",
-            "Adoptions of a state refused because another writer moved it first (stale epoch)",
-            registry=registry,
-        )
-        self._seen: set[str] = set()
-
-    def observe(self, evacuating: set[str]) -> None:
-        """`evacuating`: the nodes drained with evacuation that still hold something."""
-        for node in self._seen | evacuating:
-            self.evacuating.labels(node=node).set(1 if node in evacuating else 0)
-        self._seen |= evacuating
-
-
-class TunnelCollector(Collector):
-    """Dial-out nodes' streams and coverage actions, from the coverage tables they publish in
-    their records (seed 003): a node behind NAT cannot be scraped, the control plane can."""
-
-    def __init__(self, mirror: Callable[[], Mirror | None]) -> None:
-        self._mirror = mirror
-
-    def collect(self) -> Iterator[Metric]:
-        streams = GaugeMetricFamily(
-            "wakeful_node_tunnel_streams",
-            "A dial-out node's tunnel streams on each ingress replica, by state (idle, busy), "
-            "as its last coverage tick saw them",
-            labels=["node", "replica", "state"],
-        )
-        coverage = GaugeMetricFamily(
-            "wakeful_node_tunnel_coverage",
-            "1 for a dial-out node's coverage state on each ingress replica (covered, growing, "
-            "filling, overdue, evacuated)",
-            labels=["node", "replica", "state"],
-        )
-        reachable = GaugeMetricFamily(
-            "wakeful_node_tunnel_reachable",
-            "1 while a dial-out node holds a tunnel stream on some ingress replica",
-            labels=["node"],
-        )
-        actions = CounterMetricFamily(
-            "wakeful_node_tunnel_coverage_actions",
-            "Streams a dial-out node opened or closed, by coverage action (grow, fill, "
-            "evacuate, recycle, prune, cap), since its agent started",
-            labels=["node", "action"],
-        )
-        mirror = self._mirror()
-        for item in [] if mirror is None else list(mirror.nodes.items.values()):
-            node, tunnel = item.value.name, item.value.tunnel
-            if tunnel is None:
-                continue
-            reachable.add_metric([node], 1 if tunnel.reachable else 0)
-            for replica in tunnel.replicas:
-                streams.add_metric([node, replica.replica, "busy"], replica.busy)
-                idle = max(0, replica.streams - replica.busy)
-                streams.add_metric([node, replica.replica, "idle"], idle)
-                coverage.add_metric([node, replica.replica, replica.state], 1)
-            for action, count in sorted(tunnel.actions.items()):
-                actions.add_metric([node, action], count)
-        yield from (streams, coverage, reachable, actions)
-
-
-def with_cordon(node: Node, cordon: Cordon | None) -> Node:
-    if cordon is None:
-        return node
-    return node.model_copy(update={"cordoned": True, "evacuating": cordon.evacuate})
-
-
-class Mirror:
-    """What the controller plans from between listings: every pool, sandbox, node and cordon
-    as the reflector last delivered them (each decoded once, when it changed), and `changed`,
-    set by any listing or change.
-
-    `revision`: every write up to it is in every table. A listing replaces the tables one by
-    one, each as of its own revision, so after one it is the oldest of them (the watch then
-    goes on from there, in order); `listed` is False while a listing is under way."""
-
-    def __init__(self) -> None:
-        self.changed = anyio.Event()
-        self.revision = 0
-        self.listed = False
-        self.pools: _Table[Pool] = _Table(self)
-        self.sandboxes: _Table[Sandbox] = _Table(self)
-        self.nodes: _Table[Node] = _Table(self)
-        self.cordons: _Table[Cordon] = _Table(self)
-        self.states: _Table[AppState] = _Table(self)
-
-    def relisting(self) -> None:
-        self.listed = False
-
-    def done_listing(self) -> None:
-        tables = (self.pools, self.sandboxes, self.nodes, self.cordons, self.states)
-        self.revision = min(table.listed_at for table in tables)
-        self.listed = True
-        self.changed.set()
-
-    def saw(self, revision: int) -> None:
-        """A watched change: every revision before it was delivered already."""
-        self.revision = max(self.revision, revision)
-        self.changed.set()
-
-    def state(self) -> State:
-        return State(
-            list(self.pools.items.values()),
-            list(self.sandboxes.items.values()),
-            list(self.nodes.items.values()),
-            list(self.cordons.items.values()),
-            list(self.states.items.values()),
-        )
-
-
-class _Table(Generic[M]):
-    """One prefix of the `Mirror` (a reflector view)."""
-
-    def __init__(self, mirror: Mirror) -> None:
-        self._mirror = mirror
-        self.items: dict[str, Item[M]] = {}
-        self.listed_at = 0
-
-    def replace(self, items: list[Item[M]], revision: int) -> None:
-        self.items = {item.key: item for item in items}
-        self.listed_at = revision
-        self._mirror.changed.set()
-
-    def put(self, item: Item[M]) -> None:
-        self.items[item.key] = item
-        self._mirror.saw(item.revision)
-
-    def delete(self, key: str, revision: int) -> None:
-        self.items.pop(key, None)
-        self._mirror.saw(revision)
-
-
-@dataclass(frozen=True)
-class State:
-    """What one tick plans from."""
-
-    pools: list[Item[Pool]]
-    sandboxes: list[Item[Sandbox]]
-    nodes: list[Item[Node]]
-    cordons: list[Item[Cordon]]
-    states: list[Item[AppState]]
 
 
 class Reconciler:
@@ -379,11 +219,10 @@ class Reconciler:
     ) -> frozenset[str]:
         """The nodes holding a state that have been gone `takeback_after` seconds."""
         holders = {s.value.node for s in states.values() if s.value.node is not None}
-        gone = holders - live
-        self._gone_since = {n: self._gone_since.get(n, now) for n in gone}
-        return frozenset(
-            n for n, since in self._gone_since.items() if now - since >= self._takeback_after
+        self._gone_since, lost = lost_holders(
+            self._gone_since, holders, live, now, self._takeback_after
         )
+        return lost
 
     def _observe(
         self,
@@ -411,29 +250,19 @@ class Reconciler:
     async def _track_crashes(
         self, pool_item: Item[Pool], items: list[Item[Sandbox]], now: float
     ) -> Item[Pool]:
-        """Count crashes before their records are removed; a routable sandbox ends a streak."""
+        """Count crashes before their records are removed (`tally_crashes`)."""
         pool = pool_item.value
-        crashes = [i.value for i in items if crashed(i.value)]
-        if crashes:
-            count = pool.crash_count + len(crashes)
-            updated = pool.model_copy(
-                update={
-                    "crash_count": count,
-                    "crash_cooldown_until": now + cooldown(count),
-                    "last_crash_log": crashes[-1].last_log[-4000:],
-                }
-            )
+        updated = tally_crashes(pool, [i.value for i in items], now)
+        if updated is None:
+            return pool_item
+        if updated.crash_count > pool.crash_count:
             log.warning(
                 "app %s failed to boot (%d in a row): %s",
                 pool.app,
-                count,
-                crashes[-1].last_log[-500:],
+                updated.crash_count,
+                updated.last_crash_log[-500:],
                 extra={"pool": pool.name},
             )
-        elif pool.crash_count and any(i.value.routable for i in items):
-            updated = pool.model_copy(update={"crash_count": 0, "crash_cooldown_until": 0.0})
-        else:
-            return pool_item
         revision = await self._store.update(pool_item.key, updated, pool_item.revision)
         self._wrote(revision)
         return Item(pool_item.key, updated, revision)

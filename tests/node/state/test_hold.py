@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from wakeful.aio.packing import pack, unpack
-from wakeful.controller.reconciler import Mirror, Reconciler
+from wakeful.controller.mirror import Mirror
+from wakeful.controller.reconciler import Reconciler
 from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.deploy.states import StateKeeper
 from wakeful.domain import keys

@@ -1,0 +1,247 @@
+"""The CLI's client of the control API: how a command finds the control plane, and the calls
+it makes.
+
+The commands (`wakeful status`, `deploy`, `logs`, ...) talk through a blocking
+`ControlClient`, whose `Endpoint` `locate` finds: --api, then WAKEFUL_API / WAKEFUL_TOKEN
+(`CliSettings`), then the control file `wakeful up` writes in its data directory. Every call
+goes to the activator that leads among those the endpoint names, and nowhere else.
+
+httpx's exceptions never leave this module: the CLI gets one of
+
+    ControlApiError        a one-line reason the CLI prints before exiting 1
+     ├── NoControlPlane    nothing says where the control plane is, or the control file is bad
+     ├── ApiUnreachable    no answer: refused, timed out, cut off, not a URL
+     └── ApiRefused        an error answer: its status, and the body's error and detail
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Self
+
+import httpx
+from pydantic import SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from wakeful.domain.logbatch import BEHIND_HEADER
+
+from .wire import Endpoint, reason, segment
+
+
+class ControlApiError(Exception):
+    """Talking to the control API failed; the message is one line a person can act on."""
+
+
+class NoControlPlane(ControlApiError):
+    pass
+
+
+class ApiUnreachable(ControlApiError):
+    pass
+
+
+class ApiRefused(ControlApiError):
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(f"the control plane answered {status}: {reason}")
+        self.status = status
+        self.reason = reason
+
+
+class CliSettings(BaseSettings):
+    """How CLI commands find a control plane: flags, then WAKEFUL_API/WAKEFUL_TOKEN, then the
+    control file `wakeful up` writes in its data directory."""
+
+    model_config = SettingsConfigDict(env_prefix="WAKEFUL_", extra="ignore")
+    api: str | None = None
+    token: SecretStr | None = None
+
+
+def locate(settings: CliSettings, control_file: Path, api: str | None = None) -> Endpoint:
+    """`api` (the --api flag) over WAKEFUL_API; WAKEFUL_TOKEN; whatever is still missing comes
+    from `control_file`."""
+    api = api or settings.api
+    token = settings.token.get_secret_value() if settings.token else None
+    if api is None or token is None:
+        recorded = _read_control_file(control_file)
+        # The recorded token goes only to the recorded control plane: never to an address
+        # given elsewhere, which could be anyone's.
+        if recorded is not None and api in (None, recorded.api):
+            api = recorded.api
+            token = token or recorded.token
+    if api is None or token is None:
+        if api is None and token is None:
+            missing = "start `wakeful up`, or pass --api and set WAKEFUL_TOKEN"
+        elif token is None:
+            missing = f"set WAKEFUL_TOKEN for {api}"
+        else:
+            missing = "pass --api or set WAKEFUL_API"
+        raise NoControlPlane(
+            f"no running control plane found: {control_file} does not exist; {missing}"
+        )
+    return Endpoint(api, token)
+
+
+def _read_control_file(path: Path) -> Endpoint | None:
+    try:
+        recorded = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise NoControlPlane(f"{path}: cannot read it: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise NoControlPlane(f"{path}: not JSON ({exc}); is it from `wakeful up`?") from None
+    if not isinstance(recorded, dict) or not all(
+        isinstance(recorded.get(key), str) for key in ("api", "token")
+    ):
+        raise NoControlPlane(f"{path}: expected the strings `api` and `token` in it")
+    return Endpoint(recorded["api"], recorded["token"])
+
+
+@dataclass(frozen=True)
+class AppLogs:
+    lines: list[str]
+    behind: str
+    """Why lines may be missing (nodes not heard from lately), or "" when none are."""
+
+
+class ControlClient:
+    """The control API for the CLI: blocking, one connection pool per command. Every call goes
+    through `_send`, where httpx's errors and error answers become `ControlApiError`s."""
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        *,
+        timeout: float = 60.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self._apis = endpoint.apis or [endpoint.api]
+        """Every activator the endpoint names; calls go to the one that answered last."""
+        self._at = 0
+        for api in self._apis:
+            try:
+                httpx.URL(api).copy_with(path="/")
+            except (httpx.InvalidURL, TypeError) as exc:
+                raise ApiUnreachable(f"{api!r} is not a control API URL: {exc}") from None
+        self._http = httpx.Client(headers=endpoint.headers(), timeout=timeout, transport=transport)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    # -- the calls the commands make ------------------------------------------------------
+
+    def put_artifact(self, digest: str, data: bytes) -> None:
+        self._send("PUT", f"/v1/artifacts/{segment(digest)}", content=data)
+
+    def start_deploy(self, definition: dict[str, Any], digest: str) -> Any:
+        return self._json(
+            "POST", "/v1/deploys", json={"definition": definition, "artifact": digest}
+        )
+
+    def rollout(self, app: str, version: str) -> Any:
+        return self._json("GET", f"/v1/deploys/{segment(app)}/{segment(version)}")
+
+    def rollback(self, app: str) -> Any:
+        return self._json("POST", f"/v1/apps/{segment(app)}/rollback")
+
+    def delete_app(self, app: str) -> Any:
+        return self._json("DELETE", f"/v1/apps/{segment(app)}")
+
+    def pools(self) -> list[dict[str, Any]]:
+        return list(self._json("GET", "/v1/pools"))
+
+    def apps(self) -> list[dict[str, Any]]:
+        return list(self._json("GET", "/v1/apps"))
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return list(self._json("GET", "/v1/nodes"))
+
+    def release_state(self, app: str) -> Any:
+        return self._json("POST", f"/v1/apps/{segment(app)}/state/release")
+
+    def node(self, node: str) -> Any:
+        return self._json("GET", f"/v1/nodes/{segment(node)}")
+
+    def drain(self, node: str, *, evacuate: bool, force: bool) -> None:
+        params = {"evacuate": evacuate, "force": force}
+        self._send("POST", f"/v1/nodes/{segment(node)}/drain", params=params)
+
+    def undrain(self, node: str) -> None:
+        self._send("DELETE", f"/v1/nodes/{segment(node)}/drain")
+
+    def tokens(self) -> list[dict[str, Any]]:
+        return list(self._json("GET", "/v1/tokens"))
+
+    def create_token(self, name: str, role: str) -> Any:
+        return self._json("POST", "/v1/tokens", json={"name": name, "role": role})
+
+    def rotate_token(self, name: str) -> Any:
+        return self._json("POST", f"/v1/tokens/{segment(name)}/rotate")
+
+    def revoke_token(self, name: str) -> bool:
+        """True when the control plane refuses the secret already."""
+        answer = self._send("DELETE", f"/v1/tokens/{segment(name)}")
+        return bool(answer.json().get("effective", True))
+
+    def app_logs(self, app: str, tail: int) -> AppLogs:
+        answer = self._send("GET", f"/v1/apps/{segment(app)}/logs", params={"tail": tail})
+        # One line per "\n" (str.splitlines would also split at \f, \x1c, \u2028...).
+        lines = answer.text.split("\n")
+        if lines[-1] == "":  # the newline that ends the last line
+            lines.pop()
+        return AppLogs(lines, answer.headers.get(BEHIND_HEADER, ""))
+
+    # -- the boundary ---------------------------------------------------------------------
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        answer = self._send(method, path, **kwargs)
+        if not answer.content:
+            return None
+        try:
+            return answer.json()
+        except ValueError:
+            raise ControlApiError(
+                f"{self.endpoint.api} answered {method} {path} with no JSON: "
+                f"{answer.text[:100]!r}; is it a wakeful control API?"
+            ) from None
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """One call, on the activator that leads among those named: one that refuses the
+        connection, or answers that it stands by, did nothing, so the call goes to the next.
+        Only the URLs the endpoint names are tried (the token goes nowhere else)."""
+        failed: ControlApiError | None = None
+        for _ in self._apis:
+            api = self._apis[self._at]
+            try:
+                answer = self._http.request(method, api.rstrip("/") + path, **kwargs)
+            except httpx.ConnectError as exc:
+                failed = ApiUnreachable(f"cannot reach the control plane at {api}: {exc}")
+            except (httpx.HTTPError, httpx.InvalidURL) as exc:
+                raise ApiUnreachable(f"cannot reach the control plane at {api}: {exc}") from None
+            else:
+                if answer.is_success:
+                    return answer
+                failed = ApiRefused(answer.status_code, reason(answer))
+                if not _standing_by(answer):
+                    raise failed
+            self._at = (self._at + 1) % len(self._apis)
+        assert failed is not None
+        raise failed
+
+
+def _standing_by(answer: httpx.Response) -> bool:
+    if answer.status_code != 503:
+        return False
+    try:
+        return bool(answer.json().get("error") == "standby")
+    except (ValueError, AttributeError):
+        return False
