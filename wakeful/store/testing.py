@@ -7,6 +7,7 @@ Given `EtcdServerTLS`, it serves https only and requires client certificates.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import shutil
@@ -21,11 +22,22 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+_HANDED: collections.deque[int] = collections.deque(maxlen=256)
+"""The ports `free_port` handed out lately in this process."""
+
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A loopback port free now. Never one handed out in the last 256 calls: the kernel, asked
+    again, may give the same free port twice (`api, proxy = free_port(), free_port()` once gave
+    a control API and an ingress one port, and the ingress's requests went to the API)."""
+    for _ in range(1000):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _HANDED:
+            _HANDED.append(port)
+            return port
+    raise RuntimeError("no free loopback port that was not handed out lately")
 
 
 def wait_listening(port: int, within: float = 10.0) -> None:
