@@ -17,6 +17,8 @@ to the store's namespace (the store adds it).
 | `rollout(app, version)`    | `rollouts/{app}/{version}`  | RolloutRecord                 |
 | `state(app)`               | `states/{app}`              | AppState                      |
 | `ingress(replica)`         | `ingresses/{replica}`       | IngressReplica (TTL lease)    |
+| `secrets(app)`             | `secrets/{app}`             | AppSecrets (values sealed)    |
+| `SECRETS_KEY`              | `meta/secrets-key`          | SecretsKey                    |
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ LEADERS = "leaders/"
 ROLLOUTS = "rollouts/"
 STATES = "states/"
 INGRESSES = "ingresses/"
+SECRETS = "secrets/"
+SECRETS_KEY = "meta/secrets-key"
+"""The id of the key new secret values are sealed under (`wakeful.secrets.keys`)."""
 UI_SESSION_KEY = "ui/session-key"
 """The key the dashboard's session cookies are signed with (`wakeful.dashboard`)."""
 
@@ -101,3 +106,8 @@ def state(app: str) -> str:
 def ingress(replica: str) -> str:
     """An ingress replica that serves tunnels, and where its peers relay to it."""
     return f"{INGRESSES}{replica}"
+
+
+def secrets(app: str) -> str:
+    """An app's secrets, every value sealed (`wakeful.secrets`)."""
+    return f"{SECRETS}{app}"

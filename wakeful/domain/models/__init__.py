@@ -16,6 +16,8 @@ module below defines it:
   `IngressReplica`.
 - `control.py`: the control plane's own records: `RolloutRecord`, `Leader`, `SessionKey`.
 - `tokens.py`: `Token` and its `Role`.
+- `secrets.py`: an app's sealed secrets, `AppSecrets` of `SealedValue`s, the key new values
+  are sealed under (`SecretsKey`), and the rules on names and values.
 
 | key                         | model          | module     |
 |-----------------------------|----------------|------------|
@@ -32,6 +34,8 @@ module below defines it:
 | `leaders/{role}`            | Leader         | `control`  |
 | `ui/session-key`            | SessionKey     | `control`  |
 | `tokens/{name}`             | Token          | `tokens`   |
+| `secrets/{app}`             | AppSecrets     | `secrets`  |
+| `meta/secrets-key`          | SecretsKey     | `secrets`  |
 """
 
 from .apps import (
@@ -77,6 +81,26 @@ from .pools import (
     SandboxStatus,
     ScaleChange,
 )
+from .secrets import (
+    KEY_ID_PATTERN,
+    MAX_SECRET_BYTES,
+    MAX_SECRET_NAME,
+    MAX_SECRETS,
+    MAX_SECRETS_BYTES,
+    NONCE_BYTES,
+    SEAL_FORMAT,
+    SEALED_PATTERN,
+    TAG_BYTES,
+    AppSecrets,
+    SealedText,
+    SealedValue,
+    SecretsKey,
+    manifest_overlap,
+    plain_size,
+    sealed_length,
+    secret_name_problem,
+    secret_value_problem,
+)
 from .tokens import ADMIN_TOKEN, Role, Token
 
 __all__ = [
@@ -86,18 +110,28 @@ __all__ = [
     "GONE",
     "HAS_PROCESS",
     "HOST_PATTERN",
+    "KEY_ID_PATTERN",
+    "MAX_SECRETS",
+    "MAX_SECRETS_BYTES",
+    "MAX_SECRET_BYTES",
+    "MAX_SECRET_NAME",
     "MAX_SIZE",
     "MIN_SIZE",
     "NAME_PATTERN",
+    "NONCE_BYTES",
     "ON_NODE",
     "RESERVED_ENV",
     "SANDBOX_ID_PATTERN",
+    "SEALED_PATTERN",
+    "SEAL_FORMAT",
     "SIZE",
     "SIZED",
     "STARTING",
     "STATE_PATH",
+    "TAG_BYTES",
     "UNITS",
     "App",
+    "AppSecrets",
     "AppSpec",
     "AppState",
     "Concurrency",
@@ -119,6 +153,9 @@ __all__ = [
     "Sandbox",
     "SandboxStatus",
     "ScaleChange",
+    "SealedText",
+    "SealedValue",
+    "SecretsKey",
     "SeenNode",
     "SessionKey",
     "StateSpec",
@@ -127,5 +164,10 @@ __all__ = [
     "Version",
     "describe_validation_error",
     "format_size",
+    "manifest_overlap",
     "parse_size",
+    "plain_size",
+    "sealed_length",
+    "secret_name_problem",
+    "secret_value_problem",
 ]

@@ -121,6 +121,9 @@ class Sandbox(Model):
     """Wall-clock time the activator suspended it (0 unless `suspended`): the longest
     suspended goes first when its node's memory cap is passed, and a scale-down stops
     suspended sandboxes before running ones."""
+    secrets_generation: int = Field(default=0, ge=0)
+    """The app's `restart_generation` (`AppSecrets`) when the pool controller created it: a
+    sandbox behind the app's current one started with secrets that changed since."""
 
     @property
     def routable(self) -> bool:
