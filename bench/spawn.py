@@ -36,8 +36,8 @@ from wakeful.domain.models import Resources
 from wakeful.node.jail.detect import detect_jail
 from wakeful.node.jail.uids import UidTable
 from wakeful.node.sandbox.local import ProcessRuntime
-from wakeful.node.sandbox.runner import BASE_ENV
 from wakeful.node.sandbox.runtime import Identity
+from wakeful.node.secrets import BASE_ENV
 from wakeful.store.testing import free_port
 
 

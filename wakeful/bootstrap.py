@@ -65,7 +65,7 @@ from wakeful.node.agent import NodeAgent
 from wakeful.node.sandbox.local import runtime_for
 from wakeful.node.settings import NodeSettings
 from wakeful.process import settle_heap, wait_for_signal
-from wakeful.remote import Endpoint, HttpArtifacts, HttpKeeper, HttpLogSink
+from wakeful.remote import Endpoint, HttpArtifacts, HttpKeeper, HttpLogSink, HttpSecrets
 from wakeful.serving import serve_asgi
 from wakeful.store import Store, open_store
 from wakeful.store.backup import check_schema
@@ -250,6 +250,7 @@ async def run_up(
             up.node,
             plane.artifacts,
             plane.keeper.for_node(up.node.node_name),
+            _NoSecretsYet(),
             logs=plane.logbook,
         )
         async with anyio.create_task_group() as tasks:
@@ -287,6 +288,13 @@ async def run_up(
                 )
             tasks.cancel_scope.cancel()
     remove_control_file(data_dir)
+
+
+class _NoSecretsYet:
+    """Until the control plane keeps secrets (issue 35's other slice), no app has any."""
+
+    async def env_for(self, sandbox_id: str) -> dict[str, str]:
+        return {}
 
 
 # -- one piece on its own, against a shared store (`wakeful activator | node | ...`) ---------
@@ -331,7 +339,8 @@ async def run_activator(
 async def run_node(
     settings: NodeSettings, control: Endpoint, *, announce: Callable[[str], None]
 ) -> None:
-    """A node agent that fetches artifacts from, and pushes logs to, the control API."""
+    """A node agent that fetches artifacts and its sandboxes' secrets from, and pushes logs
+    to, the control API."""
     private_data_dir(settings.data_dir)
     async with settings.open_store() as store:
         locate = leader_locator(store, control.apis)
@@ -339,6 +348,9 @@ async def run_node(
             HttpArtifacts(control.apis[0], control.token, locate=locate) as artifacts,
             HttpLogSink(control.apis[0], control.token, locate=locate) as logs,
             HttpKeeper(control.apis[0], control.token, settings.node_name, locate=locate) as keeper,
+            HttpSecrets(
+                control.apis[0], control.token, settings.node_name, locate=locate
+            ) as secrets,
         ):
             # Sandboxes must not reach the control API or the store, wherever they run.
             runtime = runtime_for(settings, control_plane=control.apis)
@@ -347,6 +359,7 @@ async def run_node(
                 settings,
                 artifacts,
                 keeper,
+                secrets,
                 logs=logs,
                 runtime=runtime,
                 tunnel_token=control.token,

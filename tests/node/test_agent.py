@@ -34,7 +34,7 @@ from wakeful.domain.models import (
 )
 from wakeful.node.agent import NodeAgent
 from wakeful.node.settings import NodeSettings
-from wakeful.node.testing import process_states
+from wakeful.node.testing import FakeSecrets, process_states
 from wakeful.store import Event, Store, open_store
 from wakeful.testing import ManualClock
 
@@ -89,6 +89,7 @@ async def node(tmp_path: Path) -> AsyncIterator[tuple[Store, NodeAgent]]:
             settings,
             artifacts,
             StateKeeper(store, artifacts).for_node(settings.node_name),
+            FakeSecrets(),
             memory=lambda: (MACHINE[0], MACHINE[1]),
         )
         async with anyio.create_task_group() as tasks:
@@ -174,7 +175,11 @@ async def test_a_stopping_agent_drains_stops_and_reports_its_sandboxes(tmp_path:
         await put_hello(store, spec, digest)
         settings = agent_settings(tmp_path, node_ttl=30, shutdown_drain=0.2)
         agent = NodeAgent(
-            store, settings, artifacts, StateKeeper(store, artifacts).for_node(settings.node_name)
+            store,
+            settings,
+            artifacts,
+            StateKeeper(store, artifacts).for_node(settings.node_name),
+            FakeSecrets(),
         )
         seen: list[str] = []
         reported = anyio.Event()
@@ -259,6 +264,7 @@ async def run_agent_once(
             settings,
             artifacts,
             StateKeeper(store, artifacts).for_node(settings.node_name),
+            FakeSecrets(),
             clock=clock,
         )
         tasks.start_soon(agent.run)
@@ -284,6 +290,7 @@ async def test_a_stopping_agent_cordons_its_node_and_lifts_it_when_back(tmp_path
                 settings,
                 artifacts,
                 StateKeeper(store, artifacts).for_node(settings.node_name),
+                FakeSecrets(),
                 clock=clock,
             )
             tasks.start_soon(agent.run)

@@ -18,6 +18,7 @@ from wakeful.domain.logbatch import LogBatch
 from wakeful.domain.models import AppSpec, HealthCheck, Sandbox, SandboxStatus
 from wakeful.node.agent import NodeAgent
 from wakeful.node.logship import LogShipper, OutputBuffer, ShipFailed, utf8_cut
+from wakeful.node.testing import FakeSecrets
 from wakeful.store import open_store
 
 pytestmark = pytest.mark.anyio
@@ -214,6 +215,7 @@ async def test_the_agent_ships_a_sandboxs_output_and_still_writes_its_file(tmp_p
             settings,
             artifacts,
             StateKeeper(store, artifacts).for_node(settings.node_name),
+            FakeSecrets(),
             logs=sink,
         )
         async with anyio.create_task_group() as tasks:

@@ -23,6 +23,7 @@ from wakeful.domain.artifacts import digest_of
 from wakeful.domain.models import App, AppSpec, AppState, Node, Pool, Sandbox, Version
 from wakeful.node.agent import NodeAgent
 from wakeful.node.settings import NodeSettings
+from wakeful.node.testing import FakeSecrets
 from wakeful.store import Store
 from wakeful.testing import ManualClock
 
@@ -123,7 +124,7 @@ async def test_a_node_whose_agent_is_down_can_still_be_cordoned(control: Control
     settings = NodeSettings(store_url="memory://", node_name="n1", data_dir=control.data_dir)
     artifacts = LocalArtifacts(control.data_dir / "artifacts")
     keeper = StateKeeper(control.store, artifacts).for_node(settings.node_name)
-    agent = NodeAgent(control.store, settings, artifacts, keeper)
+    agent = NodeAgent(control.store, settings, artifacts, keeper, FakeSecrets())
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(agent.run)
         with anyio.fail_after(30):

@@ -5,12 +5,15 @@ calls go to the real control plane, served in-process on the memory store."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 import anyio
+import anyio.abc
 import pytest
 from pydantic import SecretStr
 
@@ -20,6 +23,7 @@ from wakeful.datadir import CONTROL_FILE, write_control_file
 from wakeful.domain import keys
 from wakeful.domain.artifacts import ArtifactError, ArtifactUnavailable
 from wakeful.domain.models import App, AppState
+from wakeful.node.secrets import SecretsRefused
 from wakeful.remote import (
     ApiRefused,
     ApiUnreachable,
@@ -29,6 +33,7 @@ from wakeful.remote import (
     Endpoint,
     HttpArtifacts,
     HttpKeeper,
+    HttpSecrets,
     NoControlPlane,
     locate,
 )
@@ -199,6 +204,84 @@ async def test_a_node_gets_artifact_errors_not_httpx_ones(plane: Plane) -> None:
             await keeper.store("notes", 3, b"x", missing)
         with pytest.raises(ArtifactUnavailable, match="cannot reach"):
             await keeper.release("notes", 3)
+
+
+SECRET = "s3cr3t-never-shown"
+
+
+@contextlib.asynccontextmanager
+async def answering(status: int, body: bytes) -> AsyncIterator[tuple[str, list[bytes]]]:
+    """A control API that answers every request with `status` and `body`; the request heads
+    it read, in order."""
+    heads: list[bytes] = []
+
+    async def answer(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += await stream.receive()
+            heads.append(head)
+            await stream.send(
+                b"HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                b"Connection: close\r\n\r\n%s" % (status, len(body), body)
+            )
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with listener, anyio.create_task_group() as tasks:
+        tasks.start_soon(listener.serve, answer)
+        yield f"http://127.0.0.1:{port}", heads
+        tasks.cancel_scope.cancel()
+
+
+def secrets_body(env: object) -> bytes:
+    return json.dumps({"generation": 2, "env": env}).encode()
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "expected"),
+    [
+        pytest.param(200, secrets_body({"DB": SECRET}), {"DB": SECRET}, id="200: the env"),
+        pytest.param(200, secrets_body({}), {}, id="200 with none: an empty env"),
+        pytest.param(
+            403,
+            b'{"error": "not yours", "detail": "sandbox s1 is not recorded on node n1"}',
+            SecretsRefused,
+            id="403 (another node's sandbox, or not starting): refused",
+        ),
+        pytest.param(404, b'{"error": "unknown sandbox"}', SecretsRefused, id="404: refused"),
+        pytest.param(503, b'{"error": "standby"}', OSError, id="503: unavailable, an OSError"),
+        pytest.param(
+            200, secrets_body({"DB": 7, "X": SECRET}), OSError, id="200 not of strings: unavailable"
+        ),
+        pytest.param(200, SECRET.encode(), OSError, id="200 not JSON: unavailable"),
+    ],
+)
+async def test_a_node_gets_its_sandboxs_secrets_or_an_error_naming_no_value(
+    status: int, body: bytes, expected: dict[str, str] | type[Exception]
+) -> None:
+    """`HttpSecrets`: the node's token in a header, the sandbox in the path, and nothing of
+    an answer's body in an error (the runner records the error as the sandbox's last log)."""
+    async with answering(status, body) as (api, heads), HttpSecrets(api, TOKEN, "n1") as source:
+        if isinstance(expected, dict):
+            assert await source.env_for("web-v1-0a1b") == expected
+        else:
+            with pytest.raises(expected) as raised:
+                await source.env_for("web-v1-0a1b")
+            assert SECRET not in repr(raised.value)
+            assert raised.value.__cause__ is None or SECRET not in repr(raised.value.__cause__)
+            assert "web-v1-0a1b" in str(raised.value)
+    request = heads[0].decode()
+    assert request.startswith("GET /v1/sandboxes/web-v1-0a1b/secrets HTTP/1.1\r\n")
+    assert f"\r\nauthorization: Bearer {TOKEN}\r\n" in request.replace(
+        "Authorization", "authorization"
+    )
+
+
+async def test_a_control_api_that_cannot_be_reached_leaves_secrets_unavailable() -> None:
+    async with HttpSecrets(f"http://127.0.0.1:{free_port()}", TOKEN, "n1") as source:
+        with pytest.raises(OSError, match="cannot reach the control API"):
+            await source.env_for("s1")
 
 
 # -- the CLI around it ----------------------------------------------------------------------

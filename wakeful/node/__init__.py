@@ -11,6 +11,9 @@ The agent, and what it writes to the store and the control plane, at the top:
 - `writer.py`: every write to a sandbox record, fenced and compare-and-set; `fencing.py`: the
   pure ownership decision it asks (invariant 15).
 - `logship.py`: sandbox output shipped to the control plane, bounded and batched.
+- `secrets.py`: `SecretSource`, what the runner asks an app's secrets of at its sandbox's
+  start (the control plane: in process, or `wakeful.remote.node.HttpSecrets`), and
+  `sandbox_env`, the sandbox's whole environment, made then and kept in memory only.
 - `suspended.py`: what the frozen sandboxes hold, and which to give up under memory pressure.
 - `failpoints.py`: named places where a test makes the agent die.
 - `testing.py`: `FakeRuntime` and the /proc helpers tests and benchmarks use.
@@ -31,8 +34,7 @@ Where what comes next goes:
   image digest (as `sandbox/workdir.py` does for an app's artifact, checked against its digest
   first), which `jail/bwrap.py` binds read-only into the sandbox in place of the host's system
   directories.
-- `secrets/`: an app's decrypted secrets, given to its own sandboxes only: as environment
-  through the chain's environment file (`jail/bwrap.py` `env_script`, never a command line), or
-  as files on a tmpfs bound read-only into the sandbox, as the account files are
-  (`jail/tmpfs.py`).
+- secrets as files, should an app want them so: beside `secrets.py`, on a tmpfs bound
+  read-only into the sandbox, as the account files are (`jail/tmpfs.py`), never on the
+  node's disk.
 """

@@ -11,6 +11,7 @@ Theory of operation:
   (`node.fencing`, invariant 15), along the lifecycle table (`wakeful.domain.lifecycle`), by
   compare-and-set on the sandbox record, retried on conflict against the fresh record, so the
   activator's activity writes and the controller's drains are never overwritten.
+- A sandbox's secrets come from a `SecretSource` (`node.secrets`) at its start, in memory only.
 - A sandbox's output goes to a file in its directory and, when the agent has a `LogSink`, to
   a `LogShipper` that pushes it to the control plane in bounded batches (`node.logship`).
 - Stopping, the agent cordons its node first (`node.cordon`), then stops every sandbox. Where a
@@ -55,6 +56,7 @@ from .cordon import OwnCordon
 from .fencing import claims
 from .logship import LogShipper, LogSink
 from .registration import Registration
+from .secrets import SecretSource
 from .settings import NodeSettings, memory_share
 from .suspended import evictions, meminfo
 from .writer import SandboxWriter
@@ -75,6 +77,7 @@ class NodeAgent:
         settings: NodeSettings,
         artifacts: Artifacts,
         keeper: Keeper,
+        secrets: SecretSource,
         runtime: Runtime | None = None,
         clock: Callable[[], float] = time.time,
         logs: LogSink | None = None,
@@ -82,9 +85,10 @@ class NodeAgent:
         memory: Callable[[], tuple[int, int]] = meminfo,
     ) -> None:
         """`keeper`: where stateful apps' states go back to (the control plane: it stores
-        their archives and writes their records). `tunnel_token`: the node token its tunnel
-        streams carry (with `settings.tunnel`);
-        `memory`: the machine's (total, available) memory, for the suspended tier's cap."""
+        their archives and writes their records). `secrets`: each app's secrets, asked for at
+        its sandbox's start (the control plane's, in process or over HTTP). `tunnel_token`:
+        the node token its tunnel streams carry (with `settings.tunnel`); `memory`: the
+        machine's (total, available) memory, for the suspended tier's cap."""
         self._store = store
         self._memory = memory
         self._guard: GuardKeeper | None = None
@@ -145,6 +149,7 @@ class NodeAgent:
             shipper=self._shipper,
             before_shutdown=self._cordon.once,
             states=self.states,
+            secrets=secrets,
         )
 
     @property

@@ -1,5 +1,5 @@
-"""For tests and benchmarks: which processes are a control plane's sandboxes, and a `Runtime`
-that runs none.
+"""For tests and benchmarks: which processes are a control plane's sandboxes, a `Runtime`
+that runs none, and a `SecretSource` that holds its secrets in a dict (`FakeSecrets`).
 
 `FakeRuntime` passes the same contract suite as `ProcessRuntime`
 (tests/node/sandbox/test_runtime_contract.py): `start` refuses a missing directory with an
@@ -31,6 +31,7 @@ from wakeful.node.jail.jailed import descendants
 from wakeful.node.sandbox.output import RECENT_BYTES, tail_of
 from wakeful.node.sandbox.runtime import UNNAMED, Identity, Runtime
 from wakeful.node.sandbox.workdir import Packed, fill_workdir
+from wakeful.node.secrets import SecretSource
 
 FIRST_FAKE_PID = 10_000_000
 """Above Linux's largest `pid_max` (2**22)."""
@@ -301,6 +302,23 @@ class FakeRuntime:
         return process
 
 
+class FakeSecrets:
+    """A `SecretSource` (`wakeful.node.secrets`): `env` for every sandbox, or `failure` raised
+    (an `OSError` for a control plane that cannot answer now, `SecretsRefused` for one that
+    refuses). `asked` lists the sandboxes asked for, in order."""
+
+    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+        self.env = dict(env or {})
+        self.failure: Exception | None = None
+        self.asked: list[str] = []
+
+    async def env_for(self, sandbox_id: str) -> dict[str, str]:
+        self.asked.append(sandbox_id)
+        if self.failure is not None:
+            raise self.failure
+        return dict(self.env)
+
+
 def _check_paths(workdir: Path, log_path: Path) -> None:
     """As a real start: a missing working directory is an OSError; the log's is made."""
     if not workdir.is_dir():
@@ -310,3 +328,7 @@ def _check_paths(workdir: Path, log_path: Path) -> None:
 
 def _is_a_runtime(fake: FakeRuntime) -> Runtime:
     return fake  # mypy checks that the fake has the interface the agent takes
+
+
+def _is_a_source(fake: FakeSecrets) -> SecretSource:
+    return fake

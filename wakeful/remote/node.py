@@ -1,12 +1,14 @@
 """What a node agent on another machine needs of the control plane: its artifacts
-(`HttpArtifacts`), the states it holds stored and released (`HttpKeeper`), and its
-sandboxes' output pushed (`HttpLogSink`), with a node token (WAKEFUL_NODE_TOKEN: these calls
-are all the node role may make, `wakeful.activator.roles`).
+(`HttpArtifacts`), the states it holds stored and released (`HttpKeeper`), its sandboxes'
+secrets at their start (`HttpSecrets`) and their output pushed (`HttpLogSink`), with a node
+token (WAKEFUL_NODE_TOKEN: these calls are all the node role may make,
+`wakeful.activator.roles`).
 
 A node only ever calls the control plane, never the other way round, so a node behind NAT
 works. Each client asks `locate` where the leading activator is before each call. httpx's
 exceptions never leave this module: a node gets the errors its own interfaces define
-(`ArtifactError`, `ArtifactUnavailable`, `ShipFailed`).
+(`ArtifactError`, `ArtifactUnavailable`, `SecretsUnavailable`, `SecretsRefused`,
+`ShipFailed`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from wakeful.domain.logbatch import LogBatch
 from wakeful.domain.models import AppState
 from wakeful.domain.state import Stale, storable
 from wakeful.node.logship import ShipFailed
+from wakeful.node.secrets import SecretsRefused
 
 from .wire import Endpoint, reason, segment
 
@@ -167,6 +170,61 @@ def _raise_for(answer: httpx.Response, expected: int, digest: str) -> None:
     if 400 <= answer.status_code < 500 and answer.status_code not in (408, 429):
         raise ArtifactError(text)
     raise ArtifactUnavailable(text)
+
+
+class SecretsUnavailable(OSError):
+    """The control API cannot answer for a sandbox's secrets now: the start fails and the
+    sandbox is placed again, as for an artifact that cannot be fetched."""
+
+
+class HttpSecrets(_NodeClient):
+    """A node's `SecretSource` (`wakeful.node.secrets`): `GET /v1/sandboxes/{id}/secrets`,
+    answered only for a sandbox recorded on this node (`node`, the one its token is named
+    after) and starting. The answer is read into memory and nowhere else: no error this
+    raises, nor any it chains, carries a byte of it (pydantic's and httpx's would)."""
+
+    def __init__(
+        self,
+        api: str,
+        token: str,
+        node: str,
+        timeout: float = 30.0,
+        locate: Callable[[], Awaitable[str]] | None = None,
+    ) -> None:
+        super().__init__(api, token, timeout, locate)
+        self._node = node
+
+    async def env_for(self, sandbox_id: str) -> dict[str, str]:
+        what = f"the secrets of sandbox {sandbox_id}"
+        try:
+            url = await self._url(f"/v1/sandboxes/{segment(sandbox_id)}/secrets")
+            answer = await self._client.get(url)
+        except httpx.HTTPError as exc:
+            raise SecretsUnavailable(f"cannot reach the control API for {what}: {exc!r}") from exc
+        if answer.status_code in (403, 404):  # not this node's, not starting, or gone
+            raise SecretsRefused(f"{what} on node {self._node}: {reason(answer)}")
+        if answer.status_code != 200:  # an error's body holds no value
+            text = f"control API answered {answer.status_code} for {what}: {reason(answer)}"
+            raise SecretsUnavailable(text)
+        env = _secret_env(answer)
+        if env is None:
+            raise SecretsUnavailable(f"control API answered {what} with no environment")
+        return env
+
+
+def _secret_env(answer: httpx.Response) -> dict[str, str] | None:
+    """`env` of `{"generation": g, "env": {name: value}}`, every name and value a string;
+    None for anything else (and no parser's error, which would quote what it read)."""
+    try:
+        body = answer.json()
+    except ValueError:
+        return None
+    env = body.get("env") if isinstance(body, dict) else None
+    if not isinstance(env, dict):
+        return None
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        return None
+    return env
 
 
 class HttpLogSink(_NodeClient):

@@ -20,8 +20,8 @@ from wakeful.node.jail.detect import detect_jail
 from wakeful.node.jail.jailed import descendants
 from wakeful.node.jail.uids import UidTable
 from wakeful.node.sandbox.local import ProcessRuntime
-from wakeful.node.sandbox.runner import BASE_ENV
 from wakeful.node.sandbox.runtime import Identity
+from wakeful.node.secrets import BASE_ENV
 
 pytestmark = pytest.mark.anyio
 BWRAP = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs Debian's bubblewrap")

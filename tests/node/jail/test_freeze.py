@@ -23,8 +23,8 @@ from wakeful.node.jail.jailed import descendants
 from wakeful.node.jail.thawguard import thaw_left
 from wakeful.node.sandbox.local import ProcessRuntime
 from wakeful.node.sandbox.process import LocalProcess
-from wakeful.node.sandbox.runner import BASE_ENV
 from wakeful.node.sandbox.runtime import Identity
+from wakeful.node.secrets import BASE_ENV
 from wakeful.node.testing import process_states
 from wakeful.store.testing import free_port
 

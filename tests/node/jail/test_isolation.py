@@ -37,9 +37,9 @@ from wakeful.node.jail.tmpfs import mount_sandbox_fs, unmount
 from wakeful.node.jail.uids import UidTable
 from wakeful.node.sandbox.local import ProcessRuntime
 from wakeful.node.sandbox.ports import listeners
-from wakeful.node.sandbox.runner import BASE_ENV
 from wakeful.node.sandbox.runtime import Identity
 from wakeful.node.sandbox.workdir import clear_sandboxes
+from wakeful.node.secrets import BASE_ENV
 from wakeful.node.settings import NodeSettings
 from wakeful.store.testing import free_port
 

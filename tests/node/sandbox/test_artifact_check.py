@@ -20,6 +20,7 @@ from wakeful.domain.models import AppSpec, HealthCheck, SandboxStatus
 from wakeful.node.agent import NodeAgent
 from wakeful.node.sandbox.workdir import fetch_packed, fill_workdir
 from wakeful.node.settings import NodeSettings
+from wakeful.node.testing import FakeSecrets
 from wakeful.store import open_store
 
 pytestmark = pytest.mark.anyio
@@ -54,7 +55,11 @@ async def test_a_tampered_artifact_is_refused_and_its_sandbox_is_dead_with_the_r
             store_url="memory://", node_name="n1", data_dir=tmp_path / "node", node_ttl=2
         )
         agent = NodeAgent(
-            store, settings, artifacts, StateKeeper(store, artifacts).for_node(settings.node_name)
+            store,
+            settings,
+            artifacts,
+            StateKeeper(store, artifacts).for_node(settings.node_name),
+            FakeSecrets(),
         )
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(agent.run)

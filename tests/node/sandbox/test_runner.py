@@ -20,9 +20,10 @@ from wakeful.domain.models import SandboxStatus as S
 from wakeful.node.agent import NodeAgent
 from wakeful.node.sandbox.ports import PortPool
 from wakeful.node.sandbox.runner import NodeServices, SandboxRunner
+from wakeful.node.secrets import SecretsRefused
 from wakeful.node.settings import NodeSettings
 from wakeful.node.state.hold import StateHold
-from wakeful.node.testing import FakeProgram, FakeRuntime
+from wakeful.node.testing import FakeProgram, FakeRuntime, FakeSecrets
 from wakeful.node.writer import SandboxWriter
 from wakeful.store import Event, Item, Store, open_store
 
@@ -45,6 +46,10 @@ class Case:
     health_timeout: float = 10
     fixed_port_taken: bool = False
     pool: str = "web-v1"
+    secrets_fail: Exception | None = None
+    """What the node's `SecretSource` raises (None: it answers)."""
+    started: bool = True
+    """The runtime was asked to start it."""
 
 
 class NoArtifacts:
@@ -90,7 +95,9 @@ async def node_running(
         await store.put(
             keys.pool("web-v1"), Pool(name="web-v1", app="web", version="v1", spec=spec)
         )
-        agent = NodeAgent(store, settings, NoArtifacts(), NoKeeper(), runtime=runtime)
+        secrets = FakeSecrets({"API_KEY": "k"})
+        secrets.failure = case.secrets_fail
+        agent = NodeAgent(store, settings, NoArtifacts(), NoKeeper(), secrets, runtime=runtime)
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(agent.run)
             await agent.wait_registered()
@@ -116,7 +123,7 @@ async def first_write(store: Store, after: int, *wanted: S) -> Sandbox:
     "case",
     [
         pytest.param(
-            Case(None, last_log="could not start: [Errno 2] no such program: 'web'"),
+            Case(None, last_log="could not start: [Errno 2] no such program: 'web'", started=False),
             id="a start that fails is dead, saying why",
         ),
         pytest.param(
@@ -152,12 +159,35 @@ async def first_write(store: Store, after: int, *wanted: S) -> Sandbox:
             id="a stop request ends it stopped, with the code it exited with",
         ),
         pytest.param(
-            Case(SERVES, last_log="its pool no longer exists", pool="gone-v1"),
+            Case(SERVES, last_log="its pool no longer exists", pool="gone-v1", started=False),
             id="a sandbox whose pool is gone is dead, saying so",
         ),
         pytest.param(
-            Case(SERVES, last_log="port {port} is already in use", fixed_port_taken=True),
+            Case(
+                SERVES,
+                last_log="port {port} is already in use",
+                fixed_port_taken=True,
+                started=False,
+            ),
             id="a fixed port that is taken: dead, naming the port",
+        ),
+        pytest.param(
+            Case(
+                SERVES,
+                last_log="could not fetch its secrets: control API away",
+                secrets_fail=OSError("control API away"),
+                started=False,
+            ),
+            id="secrets that cannot be fetched now: dead, never started without them",
+        ),
+        pytest.param(
+            Case(
+                SERVES,
+                last_log="could not fetch its secrets: not this node's",
+                secrets_fail=SecretsRefused("not this node's"),
+                started=False,
+            ),
+            id="secrets refused: dead, never started without them",
         ),
     ],
 )
@@ -186,6 +216,41 @@ async def test_how_a_sandbox_ends_is_recorded(case: Case, tmp_path: Path, taken_
     assert not ended.ready
     assert agent.running_ids() == []
     assert any(process.terminated for process in runtime.started) is case.terminated
+    assert bool(runtime.started) is case.started
+
+
+async def test_a_sandbox_starts_with_its_secrets_asked_for_once_below_port_and_host(
+    tmp_path: Path,
+) -> None:
+    """The runtime gets the manifest's env, the app's secrets, then PORT and HOST (a secret
+    never overrides them); the source is asked once, at the start, for that sandbox."""
+    spec = AppSpec(command=["web"], env={"MODE": "plain"}, health=HealthCheck(path="/healthz"))
+    settings = NodeSettings(store_url="memory://", node_name="n1", data_dir=tmp_path)
+    secrets = FakeSecrets({"API_KEY": "k3y", "PORT": "1", "HOST": "0.0.0.0"})
+
+    async def before_shutdown() -> None:
+        pass
+
+    async with open_store("memory://") as store, FakeRuntime({"web": SERVES}) as runtime:
+        await store.put(keys.version("web", "v1"), Version(app="web", version="v1", spec=spec))
+        await store.put(
+            keys.pool("web-v1"), Pool(name="web-v1", app="web", version="v1", spec=spec)
+        )
+        placed = Sandbox(id="sb-1", pool="web-v1", app="web", node="n1", owner="n1", epoch=1)
+        revision = await store.create(keys.sandbox("sb-1"), placed)
+        services = node_services(store, settings, runtime, before_shutdown, secrets)
+        runner = SandboxRunner("sb-1", services)
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(runner.run)
+            with anyio.fail_after(20):
+                running = await first_write(store, revision, S.RUNNING)
+            runner.stop()
+    env = runtime.started[0].env
+    host, port = running.address.rsplit(":", 1) if running.address else ("", "")
+    assert (env["PORT"], env["HOST"]) == (port, host) == (port, "127.0.0.1")
+    assert (env["API_KEY"], env["MODE"]) == ("k3y", "plain")
+    assert secrets.asked == ["sb-1"]
+    assert "k3y" not in running.model_dump_json()
 
 
 async def test_a_sandbox_that_loses_its_record_to_the_store_stops_without_cordoning_the_node(
@@ -265,8 +330,10 @@ def node_services(
     settings: NodeSettings,
     runtime: FakeRuntime,
     before_shutdown: Callable[[], Awaitable[None]],
+    secrets: FakeSecrets | None = None,
 ) -> NodeServices:
-    """What a runner of node n1 shares, on the fake runtime, with no artifacts and no shipper."""
+    """What a runner of node n1 shares, on the fake runtime, with no artifacts and no shipper
+    (and no secrets unless given)."""
     return NodeServices(
         store=store,
         settings=settings,
@@ -277,4 +344,5 @@ def node_services(
         shipper=None,
         before_shutdown=before_shutdown,
         states=StateHold(store, NoArtifacts(), NoKeeper(), "n1", settings.data_dir, 1 << 20),
+        secrets=secrets or FakeSecrets(),
     )

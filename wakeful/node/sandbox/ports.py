@@ -69,6 +69,15 @@ class PortPool:
         """Given to a sandbox of this node (a fixed `port` must not take it from that one)."""
         return port in self._taken
 
+    def check_fixed(self, port: int) -> int:
+        """`port`, an app's fixed one (`wakeful.toml` `port`), if a sandbox may listen on it
+        now (it is not handed out from the pool, nor taken); `NoFreePort` saying why not."""
+        if self.handed_out(port):
+            raise NoFreePort(f"port {port} is handed out to another sandbox here")
+        if not bindable(port, self._host):
+            raise NoFreePort(f"port {port} is already in use")
+        return port
+
 
 def listeners(port: int) -> list[int]:
     """The uids owning TCP sockets that listen on `port`, on any address, in this network

@@ -11,8 +11,10 @@ Theory of operation:
   that record's revision: a record that moved since is read again and decided from afresh.
 - Preparing takes the pool's spec, fetches the version's artifact and picks a port; the runtime
   unpacks the artifact where the sandbox will see it (its own tmpfs when isolated as root, so
-  the files are written once). A failure there, or at start, is recorded dead with a reason a
-  person can act on.
+  the files are written once). The app's secrets are asked for then (`wakeful.node.secrets`),
+  merged into its environment at the start and not kept past it: they live in `_boot`'s
+  frame alone. A failure there, or at start, is recorded dead with a reason a person can act
+  on (never a value).
 - Started, the process is probed until ready (first probe at once, backing off to ~100 ms),
   then waited on until it exits or a stop is requested. An exit is noticed the moment it
   happens and recorded with its code and last log lines (`outcome.ending` decides how). Output
@@ -42,6 +44,7 @@ from wakeful.domain.lifecycle import Transition
 from wakeful.domain.models import AppSpec, Pool, Sandbox, SandboxStatus, Version
 from wakeful.node.fencing import start_epoch
 from wakeful.node.logship import LogShipper
+from wakeful.node.secrets import SecretSource, SecretsRefused, sandbox_env
 from wakeful.node.settings import NodeSettings
 from wakeful.node.state.claim import StateClaim
 from wakeful.node.state.hold import StateHold, StateRefused
@@ -50,7 +53,7 @@ from wakeful.store import Item, Store, StoreError
 
 from .freezing import Freezing
 from .outcome import ending, last_lines
-from .ports import NoFreePort, PortPool, bindable
+from .ports import NoFreePort, PortPool
 from .probe import wait_ready
 from .runtime import Identity, Runtime, SandboxProcess
 from .workdir import Artifacts, Packed, fetch_packed, remove_sandbox_dir, sandbox_dir
@@ -75,11 +78,14 @@ class NodeServices:
     """Awaited when the agent stops, before a live sandbox is drained (it cordons the node)."""
     states: StateHold
     """Stateful apps' state: restored at start, archived and handed back at the end."""
+    secrets: SecretSource
+    """Each app's secrets, asked for at its sandbox's start."""
 
 
 @dataclass(frozen=True)
 class Launch:
-    """A sandbox ready to start: its spec, directory, port and environment."""
+    """A sandbox ready to start: its spec, directory and port (its environment is made at the
+    start, with its secrets, and kept nowhere: `_boot`)."""
 
     spec: AppSpec
     app: str
@@ -87,7 +93,6 @@ class Launch:
     packed: Packed | None
     host: str
     port: int
-    env: dict[str, str]
 
     @property
     def address(self) -> str:
@@ -177,16 +182,13 @@ class SandboxRunner:
         if record is None:
             return
         try:
-            launch = await self._prepare(record)
-            trace.mark("prepared", record.app)
-            if not await self._change(Transition.START):
-                return
-            trace.mark("booting", record.app)
-            process = self._process = await self._start(launch)  # stopped by `run` from now on
-            trace.mark("spawned", record.app)
+            booted = await self._boot(record)
         except CannotRun as exc:
             await self._change(Transition.FAIL, last_log=str(exc))
             return
+        if booted is None:
+            return
+        launch, process = booted
         if self._state is not None:
             await self._state.restored(launch.base)
         shipper = self._node.shipper
@@ -225,6 +227,22 @@ class SandboxRunner:
         trace.mark("claimed", item.value.app)
         return item.value
 
+    async def _boot(self, record: Sandbox) -> tuple[Launch, SandboxProcess] | None:
+        """Prepare, ask for the secrets, say booting, start. The secrets are this frame's
+        alone: gone once it returns. None: the record moved on before the start."""
+        launch = await self._prepare(record)
+        try:
+            secrets = await self._node.secrets.env_for(self.sandbox_id)
+        except (OSError, StoreError, SecretsRefused) as exc:  # their reasons name no value
+            raise CannotRun(f"could not fetch its secrets: {exc}") from None
+        trace.mark("prepared", record.app)
+        if not await self._change(Transition.START):
+            return None
+        trace.mark("booting", record.app)
+        process = self._process = await self._start(launch, secrets)  # `run` stops it now on
+        trace.mark("spawned", record.app)
+        return launch, process
+
     async def _prepare(self, record: Sandbox) -> Launch:
         store, settings = self._node.store, self._node.settings
         pool = await store.get(keys.pool(record.pool), Pool)
@@ -250,32 +268,25 @@ class SandboxRunner:
         if packed is None:  # an app without files: an empty directory to run in
             (base / "app").mkdir(mode=0o700, parents=True, exist_ok=True)
         host = settings.node_address
-        port = self._pick_port(spec, host)
-        env = {**BASE_ENV, **spec.env, "PORT": str(port), "HOST": host}
-        return Launch(
-            spec=spec, app=record.app, base=base, packed=packed, host=host, port=port, env=env
-        )
+        port = self._pick_port(spec)
+        return Launch(spec=spec, app=record.app, base=base, packed=packed, host=host, port=port)
 
-    def _pick_port(self, spec: AppSpec, host: str) -> int:
-        if spec.port is not None:
-            if self._node.ports.handed_out(spec.port):
-                raise CannotRun(f"port {spec.port} is handed out to another sandbox here")
-            if not bindable(spec.port, host):
-                raise CannotRun(f"port {spec.port} is already in use")
-            return spec.port
+    def _pick_port(self, spec: AppSpec) -> int:
         try:
+            if spec.port is not None:
+                return self._node.ports.check_fixed(spec.port)
             self._port = self._node.ports.take()
         except NoFreePort as exc:
             raise CannotRun(str(exc)) from exc
         return self._port
 
-    async def _start(self, launch: Launch) -> SandboxProcess:
+    async def _start(self, launch: Launch, secrets: dict[str, str]) -> SandboxProcess:
         try:
             stateful = launch.spec.state is not None
             identity = Identity(self.sandbox_id, launch.app, launch.spec.resources, stateful)
             self._started = await self._node.runtime.start(
                 launch.spec.command,
-                launch.env,
+                sandbox_env(launch.spec.env, secrets, launch.port, launch.host),
                 launch.base / "app",
                 launch.base / "output.log",
                 identity,
@@ -375,10 +386,6 @@ class SandboxRunner:
                 Transition.STOPPED, exit_code=code, last_log="the node agent stopped"
             )
         await self._hand_back()
-
-
-BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
-"""All a sandbox gets besides its `wakeful.toml` env, PORT and HOST: nothing of the agent's."""
 
 
 def _discard(chunk: bytes) -> None:
