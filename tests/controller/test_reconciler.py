@@ -21,6 +21,7 @@ from wakeful.domain.models import (
     ReplicaCoverage,
     Sandbox,
     SandboxStatus,
+    SealedValue,
     Tunnel,
 )
 from wakeful.store import Item, Store
@@ -371,7 +372,11 @@ async def test_a_sandbox_created_records_the_generation_its_watch_delivered(stor
     controller creates sandboxes at the app's current `restart_generation`, and replaces one
     behind it when a change arrives."""
     await seed(store, 1)
-    await store.put(keys.secrets("a"), AppSecrets(app="a", generation=3, restart_generation=2))
+    sealed = SealedValue(sealed="v1:0123456789ab:" + "A" * 44, set_at=1.0, set_by="admin")
+    await store.put(
+        keys.secrets("a"),
+        AppSecrets(app="a", values={"TOKEN": sealed}, generation=3, restart_generation=2),
+    )
     reconciler = Reconciler(store, lambda sandbox_id: 0, interval=0.05)
 
     async def generations() -> list[tuple[int, SandboxStatus]]:
@@ -389,6 +394,10 @@ async def test_a_sandbox_created_records_the_generation_its_watch_delivered(stor
         tasks.start_soon(reconciler.run)
         tasks.start_soon(poll)
         await eventually(lambda: seen[0] == [(2, SandboxStatus.PENDING)])
+        mirror = reconciler.mirror
+        assert mirror is not None  # what it keeps of the record: the generation, no value
+        kept = [SecretsRestart(app="a", restart_generation=2)]
+        await eventually(lambda: [i.value for i in mirror.secrets.items.values()] == kept)
         # Still pending when the next change lands: stopped, and replaced at the new one.
         secrets = await store.get(keys.secrets("a"), AppSecrets)
         assert secrets is not None
