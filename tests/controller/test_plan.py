@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from wakeful.controller.plan import (
+    Action,
     Create,
     Drain,
     MarkDead,
@@ -10,6 +11,7 @@ from wakeful.controller.plan import (
     Remove,
     Stop,
     TakeBack,
+    behind,
     choose_moves,
     cooldown,
     lost_holders,
@@ -43,6 +45,7 @@ def sb(
     activity: float = 0.0,
     address: str | None = None,
     frozen: float = 0.0,
+    gen: int = 0,
 ) -> Sandbox:
     running = status in (S.RUNNING, S.DRAINING, S.SUSPENDED)
     return Sandbox(
@@ -55,6 +58,7 @@ def sb(
         address=address or ("127.0.0.1:1" if running else None),
         last_activity=activity,
         suspended_at=frozen,
+        secrets_generation=gen,
     )
 
 
@@ -418,3 +422,234 @@ def test_lost_holders(
 def test_with_cordon(cordon: Cordon | None, cordoned: bool, evacuating: bool) -> None:
     node = with_cordon(Node(name="n1", address="a"), cordon)
     assert (node.cordoned, node.evacuating) == (cordoned, evacuating)
+
+
+# -- a secrets change that restarts (the app's restart_generation is 1 below) ------------------
+
+CORDONED = [
+    Node(name="n1", address="a", cordoned=True),
+    Node(name="n2", address="b", cordoned=True),
+]
+
+
+@pytest.mark.parametrize(
+    ("the_pool", "sandboxes", "leased", "nodes", "expected"),
+    [
+        pytest.param(
+            pool(1),
+            [sb("a", S.RUNNING)],
+            {},
+            NODES,
+            [Create("n1")],
+            id="behind running: a replacement is created first, the old one keeps serving",
+        ),
+        pytest.param(
+            pool(1),
+            [sb("a", S.RUNNING), sb("b", S.BOOTING, gen=1)],
+            {"a": 2},
+            NODES,
+            [],
+            id="behind running, its replacement booting: nothing drained yet",
+        ),
+        pytest.param(
+            pool(1),
+            [sb("a", S.RUNNING), sb("b", S.RUNNING, gen=1)],
+            {"a": 2},
+            NODES,
+            [Drain("a")],
+            id="behind running, its replacement routable: drained, its leases finish",
+        ),
+        pytest.param(
+            pool(1),
+            [sb("a", S.PENDING)],
+            {},
+            NODES,
+            [Stop("a"), Create("n1")],
+            id="behind pending: stopped, and the size rule replaces it",
+        ),
+        pytest.param(
+            pool(1),
+            [sb("a", S.BOOTING)],
+            {},
+            NODES,
+            [Stop("a"), Create("n1")],
+            id="behind booting: stopped, and the size rule replaces it",
+        ),
+        pytest.param(
+            pool(1),
+            [sb("a", S.SUSPENDED, frozen=5)],
+            {},
+            NODES,
+            [Stop("a"), Create("n1")],
+            id="behind suspended with no lease: stopped without a drain, and replaced",
+        ),
+        pytest.param(
+            pool(1),
+            [sb("a", S.SUSPENDED, frozen=5), sb("b", S.RUNNING, gen=1)],
+            {"a": 1},
+            NODES,
+            [Drain("a")],
+            id="behind suspended holding a lease (a takeover): drained once a fresh one serves",
+        ),
+        pytest.param(
+            pool(2),
+            [sb("a", S.RUNNING, gen=1), sb("b", S.SUSPENDED, gen=1)],
+            {},
+            NODES,
+            [],
+            id="up to date: nothing",
+        ),
+        pytest.param(
+            pool(1),
+            [sb("a", S.RUNNING, gen=2)],
+            {},
+            NODES,
+            [],
+            id="ahead of the view (created by a newer leader's view): nothing",
+        ),
+        pytest.param(
+            pool(2),
+            [sb("a", S.RUNNING), sb("b", S.PENDING)],
+            {},
+            CORDONED,
+            [],
+            id="no node takes a replacement: nothing drained or stopped, the pool never doubles",
+        ),
+        pytest.param(
+            pool(2, cooldown_until=150),
+            [sb("a", S.RUNNING), sb("b", S.PENDING)],
+            {},
+            NODES,
+            [],
+            id="a crash cooldown (crashing with the new values?): the old ones stay and serve",
+        ),
+        pytest.param(
+            pool(3, retired=True),
+            [sb("a", S.RUNNING), sb("b", S.DRAINING)],
+            {"b": 1},
+            NODES,
+            [Drain("a")],
+            id="a retired pool is left to its own scale-down: nothing created",
+        ),
+        pytest.param(
+            pool(1),
+            [sb("a", S.DRAINING), sb("b", S.RUNNING, gen=1)],
+            {"a": 1},
+            NODES,
+            [],
+            id="a behind sandbox already draining finishes its leases",
+        ),
+        pytest.param(
+            pool(3),
+            [
+                *(sb(f"old{i}", S.RUNNING) for i in range(3)),
+                sb("new0", S.RUNNING, gen=1, node="n2"),
+                sb("new1", S.RUNNING, gen=1, node="n2"),
+                sb("new2", S.BOOTING, gen=1, node="n2"),
+            ],
+            {},
+            NODES,
+            [],
+            id="two of three fresh ones routable: none of the three behind is drained yet",
+        ),
+        pytest.param(
+            pool(1),
+            [sb("a", S.RUNNING), sb("b", S.RUNNING, activity=5), sb("c", S.RUNNING, gen=1)],
+            {"b": 1},
+            NODES,
+            [Drain("a"), Drain("b")],
+            id="behind ones past the pool's size: all drained once the size is served",
+        ),
+        pytest.param(
+            pool(1),
+            [sb("a", S.RUNNING, node="n1")],
+            {},
+            EVACUATING,
+            [Create("n2")],
+            id="behind and on an evacuating node: one replacement, not two",
+        ),
+        pytest.param(
+            stateful_pool(),
+            [sb("a", S.RUNNING)],
+            {"a": 1},
+            NODES,
+            [Drain("a")],
+            id="stateful behind: moved (gated at once, no second writer created)",
+        ),
+        pytest.param(
+            stateful_pool(),
+            [sb("a", S.BOOTING)],
+            {},
+            NODES,
+            [Stop("a")],
+            id="stateful behind, booting: stopped, created anew once its state is free",
+        ),
+        pytest.param(
+            stateful_pool(),
+            [sb("a", S.RUNNING)],
+            {},
+            CORDONED,
+            [],
+            id="stateful behind with no node to move to: stays and serves",
+        ),
+    ],
+)
+def test_a_secrets_restart(
+    the_pool: Pool,
+    sandboxes: list[Sandbox],
+    leased: dict[str, int],
+    nodes: list[Node],
+    expected: list[Action],
+) -> None:
+    held = app_state("n1") if the_pool.spec.state is not None else None
+    plan = plan_pool(
+        the_pool, sandboxes, leased, nodes, {}, 100.0, state=held, restart_generation=1
+    )
+    assert plan == expected
+
+
+@pytest.mark.parametrize(
+    ("generation", "restart_generation", "expected"),
+    [
+        pytest.param(0, 0, False, id="no secrets change that restarts"),
+        pytest.param(0, 1, True, id="created before the first change"),
+        pytest.param(2, 3, True, id="created before the latest change"),
+        pytest.param(3, 3, False, id="created at the latest change"),
+        pytest.param(4, 3, False, id="created from a newer view: not behind"),
+    ],
+)
+def test_behind(generation: int, restart_generation: int, expected: bool) -> None:
+    assert behind(sb("a", S.RUNNING, gen=generation), restart_generation) is expected
+
+
+def test_a_pool_of_three_behind_is_replaced_without_ever_serving_fewer_than_three() -> None:
+    """Tick by tick with a node that starts what is placed in two ticks and a lease that ends
+    one tick after its drain: the planner alone keeps three routable throughout."""
+    sandboxes = {f"old{i}": sb(f"old{i}", S.RUNNING) for i in range(3)}
+    made = 0
+    routable_counts = []
+    for _ in range(12):
+        leased = {i: 1 for i, s in sandboxes.items() if s.status is S.RUNNING}
+        for action in plan_pool(
+            pool(3), list(sandboxes.values()), leased, NODES, {}, 0.0, restart_generation=1
+        ):
+            if isinstance(action, Create):
+                made += 1
+                sandboxes[f"new{made}"] = sb(f"new{made}", S.PENDING, node=action.node, gen=1)
+            else:
+                assert isinstance(action, Drain | Stop)
+                new = S.DRAINING if isinstance(action, Drain) else S.STOPPED
+                sandboxes[action.sandbox_id] = sandboxes[action.sandbox_id].model_copy(
+                    update={"status": new, "ready": False}
+                )
+            routable_counts.append(sum(s.routable for s in sandboxes.values()))
+        for sid, sandbox in list(sandboxes.items()):  # the node's turn
+            step = {S.PENDING: S.BOOTING, S.BOOTING: S.RUNNING}.get(sandbox.status)
+            if sandbox.status is S.STOPPED:
+                del sandboxes[sid]
+            elif step is not None:
+                sandboxes[sid] = sb(sid, step, node=sandbox.node, gen=1)
+        routable_counts.append(sum(s.routable for s in sandboxes.values()))
+    assert sorted(sandboxes) == ["new1", "new2", "new3"]
+    assert all(s.status is S.RUNNING for s in sandboxes.values())
+    assert min(routable_counts) == 3

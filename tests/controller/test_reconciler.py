@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
+
+import anyio
 import pytest
 from prometheus_client import CollectorRegistry
 
+from tests.support.waiting import eventually
 from wakeful.controller.metrics import TunnelCollector
-from wakeful.controller.mirror import Mirror
+from wakeful.controller.mirror import Mirror, SecretsRestart
 from wakeful.controller.reconciler import Reconciler
+from wakeful.domain import keys
 from wakeful.domain.models import (
+    AppSecrets,
     AppSpec,
     Node,
     Pool,
     ReplicaCoverage,
     Sandbox,
     SandboxStatus,
+    SealedValue,
     Tunnel,
 )
 from wakeful.store import Item, Store
@@ -169,6 +176,8 @@ async def mirrored(store: Store) -> Mirror:
     mirror.sandboxes.replace(sandboxes.items, sandboxes.revision)
     mirror.cordons.replace([], sandboxes.revision)
     mirror.states.replace([], sandboxes.revision)
+    secrets = await store.list("secrets/", SecretsRestart)
+    mirror.secrets.replace(secrets.items, secrets.revision)
     mirror.done_listing()
     return mirror
 
@@ -215,6 +224,7 @@ async def test_a_mirror_listed_table_by_table_is_as_old_as_its_oldest_table(stor
     mirror.nodes.replace(nodes.items, nodes.revision)
     mirror.cordons.replace([], nodes.revision)
     mirror.states.replace([], nodes.revision)
+    mirror.secrets.replace([], nodes.revision)
     mirror.done_listing()
     await reconciler.step(mirror)
     assert len(await statuses(store)) == 2
@@ -246,3 +256,154 @@ def test_dial_out_nodes_streams_and_coverage_actions_are_in_the_control_planes_m
     assert sample("wakeful_node_tunnel_reachable", node="n9") == 1
     assert sample("wakeful_node_tunnel_coverage_actions_total", node="n9", action="grow") == 8
     assert sample("wakeful_node_tunnel_reachable", node="n1") is None
+
+
+# -- a secrets change that restarts the app's sandboxes ---------------------------------------
+
+
+def running(sandbox_id: str, pool: str, app: str, node: str) -> Sandbox:
+    return Sandbox(
+        id=sandbox_id,
+        pool=pool,
+        app=app,
+        node=node,
+        owner=node,
+        epoch=1,
+        status=SandboxStatus.RUNNING,
+        ready=True,
+        address="127.0.0.1:1",
+    )
+
+
+async def node_turn(store: Store) -> None:
+    """What the nodes do between two ticks: start what is placed (pending, then booting, then
+    running and ready) and finish what is stopping."""
+    after = {
+        SandboxStatus.PENDING: {"status": SandboxStatus.BOOTING},
+        SandboxStatus.BOOTING: {"status": SandboxStatus.RUNNING, "ready": True, "address": "x:1"},
+        SandboxStatus.STOPPING: {"status": SandboxStatus.STOPPED},
+    }
+    for item in (await store.list(keys.SANDBOXES, Sandbox)).items:
+        update = after.get(item.value.status)
+        if update is not None:
+            await store.update(item.key, item.value.model_copy(update=update), item.revision)
+
+
+async def test_a_restarting_secrets_change_replaces_every_live_pool_of_the_app_serving_throughout(
+    store: Store,
+) -> None:
+    """Issue 35: `wakeful secrets set` bumps `restart_generation`; every sandbox of every live
+    pool of the app (two versions mid-rollout here) is replaced, each pool never routing to
+    fewer sandboxes than it had; a retired pool's draining sandbox and another app's are left
+    alone. Planned alternately from fresh listings and from a mirror."""
+    for name in ("n1", "n2"):
+        await store.put(keys.node(name), Node(name=name, address=name))
+    spec = AppSpec(command=["x"])
+    sizes = {"a-v1": 2, "a-v2": 1, "b-v1": 1}
+    for name, size in sizes.items():
+        app, version = name.split("-")
+        await store.put(
+            keys.pool(name),
+            Pool(name=name, app=app, version=version, spec=spec, desired_instances=size),
+        )
+        for i in range(size):
+            await store.put(
+                keys.sandbox(f"{name}-old{i}"), running(f"{name}-old{i}", name, app, "n1")
+            )
+    retired = Pool(name="a-v0", app="a", version="v0", spec=spec, retired=True, retired_at=1.0)
+    await store.put(keys.pool("a-v0"), retired)
+    long_request = running("a-v0-old0", "a-v0", "a", "n1").model_copy(
+        update={"status": SandboxStatus.DRAINING, "ready": False}
+    )
+    await store.put(keys.sandbox(long_request.id), long_request)
+    await store.put(keys.secrets("a"), AppSecrets(app="a", generation=1, restart_generation=1))
+
+    drained_at: dict[str, int] = {}
+    rounds = [0]
+
+    def leased_on(sandbox_id: str) -> int:
+        """A running sandbox holds a lease; a drained one's last lease ends a round after its
+        drain; the retired pool's long request never ends."""
+        if sandbox_id == long_request.id:
+            return 1
+        return 1 if drained_at.get(sandbox_id, rounds[0]) >= rounds[0] else 0
+
+    async def check() -> list[Sandbox]:
+        sandboxes = [i.value for i in (await store.list(keys.SANDBOXES, Sandbox)).items]
+        for sandbox in sandboxes:
+            if sandbox.status is SandboxStatus.DRAINING:
+                drained_at.setdefault(sandbox.id, rounds[0])
+        for name, size in sizes.items():
+            routable = sum(1 for s in sandboxes if s.pool == name and s.routable)
+            assert routable >= size, f"{name} routed to {routable} of {size} in round {rounds[0]}"
+        return sandboxes
+
+    reconciler = Reconciler(store, leased_on)
+    for rounds[0] in range(1, 16):
+        if rounds[0] % 2:
+            await reconciler.tick()
+        else:
+            await reconciler.step(await mirrored(store))
+        await check()
+        await node_turn(store)
+        sandboxes = await check()
+        fresh = [s for s in sandboxes if s.app == "a" and s.pool != "a-v0"]
+        if all(s.secrets_generation == 1 and s.routable for s in fresh) and len(fresh) == 3:
+            break
+    else:
+        left = [(s.id, s.status.value, s.secrets_generation) for s in sandboxes]
+        raise AssertionError(f"not replaced: {left}")
+    by_pool: dict[str, list[str]] = defaultdict(list)
+    for sandbox in sandboxes:
+        by_pool[sandbox.pool].append(sandbox.id)
+    assert {name: len(ids) for name, ids in by_pool.items()} == {
+        "a-v1": 2,
+        "a-v2": 1,
+        "b-v1": 1,
+        "a-v0": 1,
+    }
+    assert not any("old" in i for i in by_pool["a-v1"] + by_pool["a-v2"])
+    assert by_pool["b-v1"] == ["b-v1-old0"]  # no secrets record: generation 0, up to date
+    assert by_pool["a-v0"] == ["a-v0-old0"]  # retired, still draining its long request
+
+
+async def test_a_sandbox_created_records_the_generation_its_watch_delivered(store: Store) -> None:
+    """Running (planning from its mirror, kept by the watch of `secrets/` among others), the
+    controller creates sandboxes at the app's current `restart_generation`, and replaces one
+    behind it when a change arrives."""
+    await seed(store, 1)
+    sealed = SealedValue(sealed="v1:0123456789ab:" + "A" * 44, set_at=1.0, set_by="admin")
+    await store.put(
+        keys.secrets("a"),
+        AppSecrets(app="a", values={"TOKEN": sealed}, generation=3, restart_generation=2),
+    )
+    reconciler = Reconciler(store, lambda sandbox_id: 0, interval=0.05)
+
+    async def generations() -> list[tuple[int, SandboxStatus]]:
+        items = (await store.list(keys.SANDBOXES, Sandbox)).items
+        return sorted((i.value.secrets_generation, i.value.status) for i in items)
+
+    seen: list[list[tuple[int, SandboxStatus]]] = [[]]
+
+    async def poll() -> None:
+        while True:
+            seen[0] = await generations()
+            await anyio.sleep(0.01)
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(reconciler.run)
+        tasks.start_soon(poll)
+        await eventually(lambda: seen[0] == [(2, SandboxStatus.PENDING)])
+        mirror = reconciler.mirror
+        assert mirror is not None  # what it keeps of the record: the generation, no value
+        kept = [SecretsRestart(app="a", restart_generation=2)]
+        await eventually(lambda: [i.value for i in mirror.secrets.items.values()] == kept)
+        # Still pending when the next change lands: stopped, and replaced at the new one.
+        secrets = await store.get(keys.secrets("a"), AppSecrets)
+        assert secrets is not None
+        bumped = secrets.value.model_copy(update={"generation": 4, "restart_generation": 3})
+        await store.update(secrets.key, bumped, secrets.revision)
+        await eventually(
+            lambda: seen[0] == [(2, SandboxStatus.STOPPING), (3, SandboxStatus.PENDING)]
+        )
+        tasks.cancel_scope.cancel()

@@ -1,5 +1,6 @@
 """What the pool controller plans from between listings: a `Mirror` of the store's pools,
-sandboxes, nodes, cordons and states, kept by one watch (`wakeful.store.reflector`).
+sandboxes, nodes, cordons, states and apps' secrets generations, kept by one watch
+(`wakeful.store.reflector`).
 
 Each record is decoded once, when it changes: a tick that listed and decoded every record was
 the node's busiest code during a burst of wakes. Only the reflector writes the tables; the
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import anyio
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
 from wakeful.domain.models import AppState, Cordon, Node, Pool, Sandbox
 from wakeful.store import Item
@@ -21,9 +22,22 @@ from wakeful.store import Item
 M = TypeVar("M", bound=BaseModel)
 
 
+class SecretsRestart(BaseModel):
+    """What the pool controller reads of an app's secrets (`secrets/{app}`, `AppSecrets`):
+    the generation its sandboxes must have started at. The sealed values are neither decoded
+    nor kept (the other fields are ignored): the controller holds no ciphertext it has no use
+    for, and a change of values alone costs it one small decode."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    app: str
+    restart_generation: int = Field(default=0, ge=0)
+
+
 class Mirror:
-    """Every pool, sandbox, node and cordon as the reflector last delivered them (each decoded
-    once, when it changed), and `changed`, set by any listing or change.
+    """Every pool, sandbox, node, cordon, state and app's `SecretsRestart` as the reflector
+    last delivered them (each decoded once, when it changed), and `changed`, set by any
+    listing or change.
 
     `revision`: every write up to it is in every table. A listing replaces the tables one by
     one, each as of its own revision, so after one it is the oldest of them (the watch then
@@ -38,13 +52,23 @@ class Mirror:
         self.nodes: _Table[Node] = _Table(self)
         self.cordons: _Table[Cordon] = _Table(self)
         self.states: _Table[AppState] = _Table(self)
+        self.secrets: _Table[SecretsRestart] = _Table(self)
 
     def relisting(self) -> None:
         self.listed = False
 
     def done_listing(self) -> None:
-        tables = (self.pools, self.sandboxes, self.nodes, self.cordons, self.states)
-        self.revision = min(table.listed_at for table in tables)
+        self.revision = min(
+            table.listed_at
+            for table in (
+                self.pools,
+                self.sandboxes,
+                self.nodes,
+                self.cordons,
+                self.states,
+                self.secrets,
+            )
+        )
         self.listed = True
         self.changed.set()
 
@@ -60,6 +84,7 @@ class Mirror:
             list(self.nodes.items.values()),
             list(self.cordons.items.values()),
             list(self.states.items.values()),
+            list(self.secrets.items.values()),
         )
 
 
@@ -94,3 +119,8 @@ class State:
     nodes: list[Item[Node]]
     cordons: list[Item[Cordon]]
     states: list[Item[AppState]]
+    secrets: list[Item[SecretsRestart]]
+
+    def restart_generations(self) -> dict[str, int]:
+        """Each app's `restart_generation`; an app with no secrets record is absent (0)."""
+        return {item.value.app: item.value.restart_generation for item in self.secrets}

@@ -20,6 +20,17 @@ Rules:
   waits the whole time again, the safe way).
 - A cordon record (`wakeful drain`) makes its node cordoned, and evacuating when it says so
   (`with_cordon`): the planner, the node API and the dashboard see one merged node.
+- A sandbox created before its app's latest secrets change that restarts (`behind`: its
+  `secrets_generation` below the app's `restart_generation`) is replaced as a sandbox on an
+  evacuating node is, in every pool of the app that is not retired (a retired pool's
+  sandboxes are going away anyway): one running (or suspended holding a lease) keeps serving
+  until fresh ones elsewhere serve the pool's size, then it is drained; one not serving yet
+  (pending, booting) or frozen with no lease is stopped at once and the size rule replaces
+  it. A stateful app's sandbox is moved as off an evacuating node (drained, its state handed
+  back, created anew), without waiting for the evacuation budget. Only while a replacement
+  can be placed (a node takes new sandboxes, no crash cooldown): otherwise it stays as it
+  is and keeps serving, so a pool never grows past twice its size waiting for room, and an
+  app that crashes with its new secrets keeps the sandboxes that serve with the old ones.
 """
 
 from __future__ import annotations
@@ -184,12 +195,14 @@ def plan_pool(
     *,
     state: AppState | None = None,
     moves: Moves | None = None,
+    restart_generation: int = 0,
 ) -> list[Action]:
     """Actions for one pool (None: the pool is gone, so everything of it goes).
 
     `placed` counts live sandboxes per node across all pools; creations update it. `state`:
     the app's state record when the pool's app is stateful; `moves`: how stateful sandboxes
-    leave evacuating nodes.
+    leave evacuating nodes; `restart_generation`: the app's (`AppSecrets`, 0 without one),
+    which its sandboxes created from now on start at.
     """
     moves = moves or Moves()
     stateful = pool is not None and pool.spec.state is not None
@@ -214,14 +227,24 @@ def plan_pool(
     if stateful and state is not None and state.node in moves.lost - live_nodes:
         actions.append(TakeBack(state.app, state.node))
     desired = 0 if pool is None or pool.retired else pool.desired_instances
-    # Sandboxes on an evacuating node keep serving until replacements elsewhere serve too.
-    staying = [s for s in live if s.node not in evacuating]
-    leaving = [s for s in live if s.node in evacuating]
     candidates = [n for n in nodes if not n.cordoned and not n.evacuating and _reachable(n)]
+    stale: set[str] = set()
+    if pool is not None and not pool.retired and candidates and pool.crash_cooldown_until <= now:
+        stale = {s.id for s in live if behind(s, restart_generation)}
+    if stale and not stateful:
+        # Serving nothing (not yet, or frozen with no lease): stopped now, the size rule
+        # replaces it; what serves leaves as from an evacuating node, below.
+        idle = [s for s in live if s.id in stale and not _serves(s, leased)]
+        actions.extend(Stop(s.id) for s in idle)
+        live = [s for s in live if s not in idle]
+    # Sandboxes on an evacuating node, or behind, keep serving until replacements serve too.
+    staying = [s for s in live if s.node not in evacuating and s.id not in stale]
+    leaving = [s for s in live if s.node in evacuating or s.id in stale]
     if stateful:
         # One writer: moved (gated, stopped, created again elsewhere), never replaced first.
         if candidates:
-            actions.extend(_shrink([s for s in leaving if s.id in moves.now], len(leaving), {}))
+            moving = [s for s in leaving if s.id in moves.now or s.id in stale]
+            actions.extend(_shrink(moving, len(leaving), {}))
         leaving = []
     if len(staying) < desired:
         if pool is not None and pool.crash_cooldown_until > now:
@@ -244,6 +267,19 @@ def plan_pool(
     if leaving and serving >= desired:
         actions.extend(_shrink(leaving, len(leaving), leased))
     return actions
+
+
+def behind(sandbox: Sandbox, restart_generation: int) -> bool:
+    """Created before the app's latest secrets change that restarts: it started with values
+    that changed since (or were unset), so it is replaced."""
+    return sandbox.secrets_generation < restart_generation
+
+
+def _serves(sandbox: Sandbox, leased: Mapping[str, int]) -> bool:
+    """Running, or frozen holding a lease (adopted at a takeover; its node thaws it)."""
+    return sandbox.status is SandboxStatus.RUNNING or (
+        sandbox.status is SandboxStatus.SUSPENDED and leased.get(sandbox.id, 0) > 0
+    )
 
 
 def _gate_passed(sandbox: Sandbox, stateful: bool, moves: Moves, now: float) -> bool:

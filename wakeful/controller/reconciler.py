@@ -1,4 +1,5 @@
-"""The pool controller's shell: each tick, take pools, sandboxes, nodes and cordons, plan, act.
+"""The pool controller's shell: each tick, take pools, sandboxes, nodes, cordons, states and
+the apps' secrets generations, plan, act.
 
 Every write is a compare-and-set on the record it was planned from; a conflict just means
 another writer moved first, and the next tick plans again from fresh state. Running, it plans
@@ -6,6 +7,11 @@ from a `Mirror` of the store kept by one watch (`mirror.py`), and only from a mi
 holds its own last write. What to do is decided by the pure functions of `plan.py`; this
 module gathers their inputs and carries their actions out. Lease counts come from the
 activator (`leased_on`), which runs in the same process as the controller.
+
+A sandbox it creates records its app's `restart_generation` as this view has it
+(`Sandbox.secrets_generation`). A view that has not seen the latest secrets change yet creates
+it at a stale generation: it is merely replaced once more when the change arrives, and the
+node gives it the values current at its start anyway.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from wakeful.store.reflector import Feed, reflect_all
 
 from .health import CrashCollector
 from .metrics import EvacuationMetrics, TunnelCollector
-from .mirror import Mirror, State
+from .mirror import Mirror, SecretsRestart, State
 from .plan import (
     Action,
     Create,
@@ -98,10 +104,10 @@ class Reconciler:
         return self._mirror
 
     async def run(self) -> None:
-        """Reconcile on every change to pools, sandboxes, nodes or cordons, and every interval
-        anyway (lease releases that unblock a drain are not store changes).
+        """Reconcile on every change to pools, sandboxes, nodes, cordons, states or secrets,
+        and every interval anyway (lease releases that unblock a drain are not store changes).
 
-        It plans from a `Mirror` of the four prefixes, kept by one watch, once that mirror
+        It plans from a `Mirror` of those prefixes, kept by one watch, once that mirror
         holds every write this controller made (its own last write's revision): a plan from a
         view that has not seen the sandbox it just created would create another. Until then
         (and before the first listing) it lists them from the store, as `tick` does."""
@@ -112,6 +118,7 @@ class Reconciler:
             Feed(keys.NODES, Node, mirror.nodes),
             Feed(keys.CORDONS, Cordon, mirror.cordons),
             Feed(keys.STATES, AppState, mirror.states),
+            Feed(keys.SECRETS, SecretsRestart, mirror.secrets),
         ]
 
         async with anyio.create_task_group() as tasks:
@@ -160,6 +167,7 @@ class Reconciler:
                 (await self._store.list(keys.NODES, Node)).items,
                 (await self._store.list(keys.CORDONS, Cordon)).items,
                 (await self._store.list(keys.STATES, AppState)).items,
+                (await self._store.list(keys.SECRETS, SecretsRestart)).items,
             )
         )
 
@@ -169,6 +177,7 @@ class Reconciler:
         cordons = {c.value.node: c.value for c in state.cordons}
         nodes = [with_cordon(n.value, cordons.get(n.value.name)) for n in state.nodes]
         states = {s.value.app: s for s in state.states}
+        restarts = state.restart_generations()
         now = self._clock()
         by_pool: dict[str, list[Item[Sandbox]]] = defaultdict(list)
         placed: dict[str, int] = defaultdict(int)
@@ -201,6 +210,7 @@ class Reconciler:
             if pool_item is not None:
                 pool_item = await self._track_crashes(pool_item, list(items.values()), now)
             app_state = None if pool_item is None else states.get(pool_item.value.app)
+            generation = 0 if pool_item is None else restarts.get(pool_item.value.app, 0)
             actions = plan_pool(
                 pool_item.value if pool_item else None,
                 [i.value for i in items.values()],
@@ -210,9 +220,10 @@ class Reconciler:
                 now,
                 state=None if app_state is None else app_state.value,
                 moves=moves,
+                restart_generation=generation,
             )
             for action in actions:
-                await self._act(action, pool_item, items, now, app_state, evacuating)
+                await self._act(action, pool_item, items, now, app_state, evacuating, generation)
 
     def _lost(
         self, states: dict[str, Item[AppState]], live: set[str], now: float
@@ -275,7 +286,10 @@ class Reconciler:
         now: float,
         app_state: Item[AppState] | None = None,
         evacuating: frozenset[str] | set[str] = frozenset(),
+        generation: int = 0,
     ) -> None:
+        """Carry out one action; `generation`: the app's `restart_generation`, which a
+        sandbox created now records."""
         try:
             if isinstance(action, Create):
                 assert pool_item is not None
@@ -289,6 +303,7 @@ class Reconciler:
                     owner=action.node,
                     epoch=1,
                     created_at=now,
+                    secrets_generation=generation,
                 )
                 if action.adopt is None:
                     self._wrote(await self._store.create(keys.sandbox(sandbox_id), record))
