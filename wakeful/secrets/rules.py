@@ -10,7 +10,8 @@ Rules:
 - A name the manifest's `env` of the active version (or of one rolling out) sets cannot be a
   secret: refused, naming both, so an app never has two values for one variable.
 - Every refusal names the field and, for a value, its size: never the value. A name is shown
-  only up to an `=` in it (`NAME=VALUE` pasted where a name goes) and 64 characters.
+  only up to an `=` in it (`NAME=VALUE` pasted where a name goes) and 64 characters; a field
+  the body should not have is counted, not named.
 """
 
 from __future__ import annotations
@@ -65,11 +66,11 @@ def _object(body: object, fields: tuple[str, ...]) -> dict[str, object]:
         raise ChangeRefused(
             "invalid", f"the body must be a JSON object with {', '.join(fields)}, not {_kind(body)}"
         )
-    for key in body:
-        if key not in fields:
-            raise ChangeRefused(
-                "invalid", f"{shown_name(key)} is not a field: the fields are {', '.join(fields)}"
-            )
+    stray = sum(1 for key in body if key not in fields)
+    if stray:  # not named: what was sent as a field may be a value
+        raise ChangeRefused(
+            "invalid", f"{stray} field(s) other than {', '.join(fields)}: the fields are those"
+        )
     restart = body.get("restart", True)
     if not isinstance(restart, bool):
         raise ChangeRefused("invalid", f"restart: must be true or false, not {_kind(restart)}")
