@@ -110,10 +110,10 @@ def _mib(size: int) -> str:
 
 
 def secret_table(listing: Mapping[str, Any]) -> list[str]:
-    """Name, when set, by which token: what `GET /v1/apps/{app}/secrets` lists (never a
-    value)."""
-    rows = [[e["name"], _when(e["set_at"]), e["set_by"]] for e in listing["secrets"]]
-    return table(["NAME", "SET", "BY"], rows)
+    """Name, when set, by which token, under which key: what `GET /v1/apps/{app}/secrets`
+    lists (never a value)."""
+    rows = [[e["name"], _when(e["set_at"]), e["set_by"], e["key_id"]] for e in listing["secrets"]]
+    return table(["NAME", "SET", "BY", "KEY"], rows)
 
 
 def _when(stamp: float | None) -> str:

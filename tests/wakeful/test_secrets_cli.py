@@ -83,7 +83,8 @@ async def test_set_from_stdin_list_unset_rotate_and_retire(tmp_path: Path) -> No
         assert record is not None and PASSWORD not in record.value.model_dump_json()
         listed = await wakeful("secrets", "list", "web", api=running.url)
         assert listed.returncode == 0 and PASSWORD not in listed.stdout
-        assert listed.stdout.split()[:3] == ["NAME", "SET", "BY"] and "DB_PASSWORD" in listed.stdout
+        assert listed.stdout.split()[:4] == ["NAME", "SET", "BY", "KEY"]
+        assert "DB_PASSWORD" in listed.stdout
         as_json = json.loads(
             (await wakeful("secrets", "list", "web", "--json", api=running.url)).stdout
         )

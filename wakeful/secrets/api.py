@@ -3,7 +3,7 @@
 POST   /v1/apps/{app}/secrets          admin: {"values": {NAME: VALUE}, "restart": true};
                                        answers names, never a value
 POST   /v1/apps/{app}/secrets/unset    admin: {"names": [NAME], "restart": true}
-GET    /v1/apps/{app}/secrets          admin: names, when and by which token each was set
+GET    /v1/apps/{app}/secrets          admin: names, when, by which token, under which key
 POST   /v1/secrets/keys                admin: a new key, current, every value sealed again
 GET    /v1/secrets/keys                admin: key ids, the current one, values under each
 DELETE /v1/secrets/keys/{key_id}       admin: retire a key no value is sealed under
@@ -90,6 +90,7 @@ class SecretEntry(BaseModel):
     name: str
     set_at: float
     set_by: str
+    key_id: str
 
 
 class SecretListing(BaseModel):
@@ -211,7 +212,8 @@ def secrets_router(book: SecretBook) -> APIRouter:
             generation=listed.generation,
             restart_generation=listed.restart_generation,
             secrets=[
-                SecretEntry(name=e.name, set_at=e.set_at, set_by=e.set_by) for e in listed.secrets
+                SecretEntry(name=e.name, set_at=e.set_at, set_by=e.set_by, key_id=e.key_id)
+                for e in listed.secrets
             ],
         )
 

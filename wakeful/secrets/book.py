@@ -90,6 +90,8 @@ class Entry:
     name: str
     set_at: float
     set_by: str
+    key_id: str
+    """The key its value is sealed under (never the value)."""
 
 
 @dataclass(frozen=True)
@@ -256,15 +258,15 @@ class SecretBook:
         )
 
     async def listing(self, app: str) -> Listed:
-        """Names, when and by whom each was set: never a value. `ChangeRefused("unknown")`
-        for no such app."""
+        """Names, when and by whom each was set, under which key: never a value.
+        `ChangeRefused("unknown")` for no such app."""
         if await self._store.get(keys.app(app), App) is None:
             raise ChangeRefused("unknown", f"no app named {app!r}")
         record = await self._store.get(keys.secrets(app), AppSecrets)
         if record is None:
             return Listed(app, 0, 0, [])
         entries = [
-            Entry(name, value.set_at, value.set_by)
+            Entry(name, value.set_at, value.set_by, value.key_id)
             for name, value in sorted(record.value.values.items())
         ]
         return Listed(app, record.value.generation, record.value.restart_generation, entries)
