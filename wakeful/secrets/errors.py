@@ -48,9 +48,9 @@ class KeysUnusable(SecretsError):
 class MissingKey(KeysUnusable):
     def __init__(self, key_id: str, directory: Path, why: str) -> None:
         super().__init__(
-            f"secrets key {key_id} is not in {directory} ({why}): give this activator the "
-            "key directory the others use (WAKEFUL_SECRETS_KEYS), or restore the key file "
-            f"{key_id}.key into it"
+            f"secrets key {key_id} is not in {directory} ({why}): give this control plane the "
+            "key directory the activators share (WAKEFUL_SECRETS_KEYS), or restore the key "
+            f"file {key_id}.key into it"
         )
         self.key_id = key_id
         self.directory = directory
