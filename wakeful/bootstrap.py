@@ -63,13 +63,11 @@ from wakeful.idle_monitor.monitor import IdleMonitor, IdleMonitorSettings
 from wakeful.leadership import Standby, leader_locator
 from wakeful.node.agent import NodeAgent
 from wakeful.node.sandbox.local import runtime_for
-from wakeful.node.secrets import SecretsRefused
 from wakeful.node.settings import NodeSettings
 from wakeful.process import settle_heap, wait_for_signal
 from wakeful.remote import Endpoint, HttpArtifacts, HttpKeeper, HttpLogSink, HttpSecrets
 from wakeful.secrets.api import secrets_router
 from wakeful.secrets.book import SecretBook
-from wakeful.secrets.errors import NotYours, SecretsError, UnknownSandbox
 from wakeful.secrets.keys import KeyRing
 from wakeful.secrets.rotation import finish as finish_rotation
 from wakeful.serving import serve_asgi
@@ -79,7 +77,7 @@ from wakeful.store.base import StoreBase
 from wakeful.store.election import FencedStore, Term
 from wakeful.store.reflector import reflect
 from wakeful.store.tokenbook import TokenBook
-from wakeful.up import admin_writer, app_address, up_settings
+from wakeful.up import BookSecrets, admin_writer, app_address, up_settings
 
 if TYPE_CHECKING:  # the ingress (httptools, uvloop) is imported only by what runs one
     from wakeful.ingress.settings import IngressSettings
@@ -318,28 +316,6 @@ async def run_up(
 def secrets_keys(settings: ActivatorSettings, data_dir: Path) -> Path:
     """The secrets key directory: WAKEFUL_SECRETS_KEYS, else `<data dir>/secret-keys`."""
     return settings.secrets_keys or data_dir / "secret-keys"
-
-
-class SecretsUnavailable(OSError):
-    """The book could not open an app's values now (a key missing, a record unreadable): the
-    start fails and is tried again, as for an artifact that cannot be fetched."""
-
-
-class BookSecrets:
-    """The node agent's `SecretSource` in the control plane's process (`wakeful up`): the
-    book itself, for one node. The book's refusals become the node's (`SecretsRefused`);
-    `wakeful.secrets` and `wakeful.node` do not import each other."""
-
-    def __init__(self, book: SecretBook, node: str) -> None:
-        self._node = book.for_node(node)
-
-    async def env_for(self, sandbox_id: str) -> dict[str, str]:
-        try:
-            return await self._node.env_for(sandbox_id)
-        except (NotYours, UnknownSandbox) as exc:
-            raise SecretsRefused(str(exc)) from None
-        except SecretsError as exc:  # its message names app, name and key id: never a value
-            raise SecretsUnavailable(str(exc)) from None
 
 
 # -- one piece on its own, against a shared store (`wakeful activator | node | ...`) ---------

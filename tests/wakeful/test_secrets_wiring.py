@@ -1,4 +1,4 @@
-"""The book as the node agent's source under `wakeful up` (`bootstrap.BookSecrets`): the
+"""The book as the node agent's source under `wakeful up` (`wakeful.up.BookSecrets`): the
 values of a sandbox the node is starting; the book's refusals become the node's
 `SecretsRefused` (not tried again) and a key it cannot use an `OSError` (tried again, as an
 artifact that cannot be fetched is); neither message holds a value."""
@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from wakeful.bootstrap import BookSecrets
 from wakeful.domain import keys
 from wakeful.domain.models import App, Sandbox
 from wakeful.node.secrets import SecretsRefused
 from wakeful.secrets.book import SecretBook
 from wakeful.secrets.keys import KeyRing
 from wakeful.store import open_store
+from wakeful.up import BookSecrets
 
 pytestmark = pytest.mark.anyio
 PASSWORD = "in-process-never-on-disk"
