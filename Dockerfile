@@ -49,12 +49,14 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends python3 bubblewrap nftables tini \
     && apt-get clean && rm -rf /var/lib/apt/lists/* \
     && useradd --create-home --uid 10001 --user-group wakeful \
-    && mkdir -p /data /artifacts && chown wakeful:wakeful /data /artifacts
+    && mkdir -p /data /artifacts /secret-keys \
+    && chown wakeful:wakeful /data /artifacts /secret-keys
 COPY --from=build /opt/wakeful /opt/wakeful
 COPY examples /opt/wakeful/examples
 
-# Everything wakeful keeps (store, tokens, artifacts, logs) is in this one volume. /artifacts:
-# for WAKEFUL_ARTIFACT_DIR, where several activators share one (docker-compose.yml).
+# Everything wakeful keeps (store, tokens, artifacts, secrets keys, logs) is in this one
+# volume. /artifacts and /secret-keys: for WAKEFUL_ARTIFACT_DIR and WAKEFUL_SECRETS_KEYS, where
+# several activators share one of each (docker-compose.yml).
 VOLUME /data
 WORKDIR /data
 USER wakeful

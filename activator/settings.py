@@ -45,6 +45,11 @@ class ActivatorSettings(StoreSettings):
     artifact_dir: Path | None = None
     """WAKEFUL_ARTIFACT_DIR: where artifacts are kept; `<data dir>/artifacts` when unset.
     Activators that stand in for each other share it (one directory, or one network mount)."""
+    secrets_keys: Path | None = None
+    """WAKEFUL_SECRETS_KEYS: the directory of the keys apps' secrets are sealed under (0700,
+    one `<id>.key` file per key); `<data dir>/secret-keys` when unset. Activators that stand
+    in for each other share it, as they share the artifact directory; back it up apart from
+    the store's backups (`docs/design/secrets.md`)."""
     state_max_bytes: int = Field(default=256 << 20, ge=1 << 20, le=64 << 30)
     """The largest state archive a node may store (`PUT /v1/states/{app}/archives/{digest}`);
     nodes have the same setting. WAKEFUL_STATE_MAX_BYTES."""

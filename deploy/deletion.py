@@ -3,8 +3,8 @@ transaction, so no reader sees a route to a version that is gone.
 
 Its pools are retired and marked deleted, so the pool controller drains their sandboxes as in
 a scale-down (never one holding a lease) and the idle monitor removes each pool once nothing
-runs in it. Its rollout records and its state record go in the same transaction (the state's
-archive is collected with the artifacts, which the caller collects next).
+runs in it. Its rollout records, its state record and its secrets go in the same transaction
+(the state's archive is collected with the artifacts, which the caller collects next).
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ async def delete_records(store: Store, app: str, clock: Callable[[], float]) -> 
         ops: list[Op] = [Delete(found.key), *(Delete(v.key) for v in versions)]
         ops += [Delete(r.key) for r in records]
         ops.append(Delete(keys.state(app)))  # its archive is collected with the artifacts
+        ops.append(Delete(keys.secrets(app)))  # a new app of that name starts with none
         for pool in pools:
             retired_at = pool.value.retired_at if pool.value.retired else now
             gone = {"retired": True, "retired_at": retired_at, "deleted": True}

@@ -11,6 +11,9 @@ Rules of a deploy (seed 000 and invariant 4):
   another app's default host, or a default host another app's hosts take refuses the deploy
   before anything is written (`wakeful.domain.hosts`). A rollback is checked the same way,
   and every rollout again just before its route flips (it is abandoned if refused then).
+- A manifest whose `env` sets a name the app also has as a secret is refused, naming both,
+  before anything is written; the version is written only if the app's secrets are still as
+  read (`wakeful secrets set` checks the other way round).
 - A new version is numbered one past the highest `vN` the app has had (`next_version`).
 - A new version's pool starts at the size of the pool it replaces (never below min_instances,
   at least 1 when the old one was serving), so a busy app's new version does not start on one
@@ -33,7 +36,16 @@ from wakeful.deploy.rollback import start_rollback
 from wakeful.deploy.rollout import Phase, Rollout, RolloutRunner, host_refusal, pool_name
 from wakeful.domain import keys
 from wakeful.domain.hosts import Claim, HostRules
-from wakeful.domain.models import App, Pool, RolloutRecord, Sandbox, SandboxStatus, Version
+from wakeful.domain.models import (
+    App,
+    AppSecrets,
+    Pool,
+    RolloutRecord,
+    Sandbox,
+    SandboxStatus,
+    Version,
+    manifest_overlap,
+)
 from wakeful.store import Conflict, Put, Require, Store
 
 log = logging.getLogger(__name__)
@@ -89,6 +101,15 @@ class Deployer:
         refused = await host_refusal(self._store, claim, self._hosts)
         if refused is not None:
             raise DeployError(refused)
+        secrets = await self._store.get(keys.secrets(name), AppSecrets)
+        if secrets is not None:
+            both = manifest_overlap(definition.spec.env, secrets.value.values)
+            if both:
+                listed = ", ".join(both)
+                raise DeployError(
+                    f"env sets {listed}, which {name} also has as a secret: take {listed} out "
+                    "of wakeful.toml's env (the secret is used), or `wakeful secrets unset` it"
+                )
         app = await self._store.get(keys.app(name), App)
         versions = (await self._store.list(keys.versions_of(name), Version)).items
         active = None
@@ -161,7 +182,12 @@ class Deployer:
             started_at=self._clock(),
         )
         await self._store.txn(
-            [Require(keys.version(name, version), 0), Require(keys.pool(pool.name), 0)],
+            [
+                Require(keys.version(name, version), 0),
+                Require(keys.pool(pool.name), 0),
+                # a secret set meanwhile under a name this env sets: Conflict, deploy again
+                Require(keys.secrets(name), secrets.revision if secrets is not None else 0),
+            ],
             [
                 Put(keys.version(name, version), record),
                 Put(keys.pool(pool.name), pool),

@@ -66,6 +66,10 @@ from wakeful.node.sandbox.local import runtime_for
 from wakeful.node.settings import NodeSettings
 from wakeful.process import settle_heap, wait_for_signal
 from wakeful.remote import Endpoint, HttpArtifacts, HttpKeeper, HttpLogSink, HttpSecrets
+from wakeful.secrets.api import secrets_router
+from wakeful.secrets.book import SecretBook
+from wakeful.secrets.keys import KeyRing
+from wakeful.secrets.rotation import finish as finish_rotation
 from wakeful.serving import serve_asgi
 from wakeful.store import Store, open_store
 from wakeful.store.backup import check_schema
@@ -73,7 +77,7 @@ from wakeful.store.base import StoreBase
 from wakeful.store.election import FencedStore, Term
 from wakeful.store.reflector import reflect
 from wakeful.store.tokenbook import TokenBook
-from wakeful.up import admin_writer, app_address, up_settings
+from wakeful.up import BookSecrets, admin_writer, app_address, up_settings
 
 if TYPE_CHECKING:  # the ingress (httptools, uvloop) is imported only by what runs one
     from wakeful.ingress.settings import IngressSettings
@@ -96,6 +100,8 @@ class ControlPlane:
     tokens: TokenBook
     """The control API's credentials, following `tokens/` in the store."""
     api: FastAPI
+    secrets: SecretBook
+    """Apps' secrets, sealed under the keys in `WAKEFUL_SECRETS_KEYS`."""
 
 
 @contextlib.asynccontextmanager
@@ -125,6 +131,12 @@ async def control_plane(
     grants nothing once it is not)."""
     if isinstance(store, StoreBase):  # every store but a test's own
         await check_schema(store)  # SchemaError: a newer wakeful's, or a restore half done
+    # KeysUnusable: a key the store needs is not in the directory; the control plane does
+    # not serve apps without their secrets (`wakeful.secrets.keys`).
+    ring = KeyRing(store, secrets_keys(settings, data_dir))
+    await ring.start()
+    await finish_rotation(store, ring)  # what a rotation cut short left under an older key
+    book = SecretBook(store, ring)
     registry = CollectorRegistry()
     activator = Activator(store, settings, registry, leading=leading)
     probe = StoreProbe(store)  # wakeful_store_up, wakeful_node_registered
@@ -185,6 +197,7 @@ async def control_plane(
                 node_router(store),
                 logs_router(store, logbook),
                 tokens_router(store, tokens, write_admin=write_admin),
+                secrets_router(book),
                 dashboard_router(dashboard, sessions, tokens),
             ],
         )
@@ -207,7 +220,17 @@ async def control_plane(
             tasks.start_soon(activator.open_admission_after, adopt_for)
         try:
             yield ControlPlane(
-                store, activator, deployer, artifacts, keeper, registry, tasks, logbook, tokens, api
+                store,
+                activator,
+                deployer,
+                artifacts,
+                keeper,
+                registry,
+                tasks,
+                logbook,
+                tokens,
+                api,
+                book,
             )
         finally:
             tasks.cancel_scope.cancel()
@@ -250,7 +273,7 @@ async def run_up(
             up.node,
             plane.artifacts,
             plane.keeper.for_node(up.node.node_name),
-            _NoSecretsYet(),
+            BookSecrets(plane.secrets, up.node.node_name),
             logs=plane.logbook,
         )
         async with anyio.create_task_group() as tasks:
@@ -290,11 +313,9 @@ async def run_up(
     remove_control_file(data_dir)
 
 
-class _NoSecretsYet:
-    """Until the control plane keeps secrets (issue 35's other slice), no app has any."""
-
-    async def env_for(self, sandbox_id: str) -> dict[str, str]:
-        return {}
+def secrets_keys(settings: ActivatorSettings, data_dir: Path) -> Path:
+    """The secrets key directory: WAKEFUL_SECRETS_KEYS, else `<data dir>/secret-keys`."""
+    return settings.secrets_keys or data_dir / "secret-keys"
 
 
 # -- one piece on its own, against a shared store (`wakeful activator | node | ...`) ---------
@@ -315,6 +336,9 @@ async def run_activator(
     WAKEFUL_TOKEN bootstraps the admin token (`reset_admin`: it replaces the one in the store)."""
     private_data_dir(data_dir)
     async with settings.open_store() as store, anyio.create_task_group() as tasks:
+        # Before standing by: an activator that could not open what the store holds would
+        # take over only to refuse then (KeysUnusable ends the process with one line).
+        await KeyRing(store, secrets_keys(settings, data_dir)).start()
         election = terms.activator_election(store, settings)
         standby = Standby(election, store, settings.listen, announce)
 

@@ -8,6 +8,8 @@
     wakeful release-state APP    free a stateful app's state a node keeps, at its last archive
     wakeful tokens create|list|revoke|rotate|rotate-admin
                                  role tokens for nodes and ingresses
+    wakeful secrets set|unset|list APP | rotate-key | retire-key ID
+                                 app secrets, sealed at rest, given only to the app's sandboxes
     wakeful activator | node | ingress | idle-monitor
                                  run one piece against a shared store (etcd)
     wakeful etcd-auth            etcd users and roles per piece; authentication on
@@ -34,7 +36,13 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from wakeful.domain.models import ADMIN_TOKEN, NAME_PATTERN, Role, describe_validation_error
+from wakeful.domain.models import (
+    ADMIN_TOKEN,
+    KEY_ID_PATTERN,
+    NAME_PATTERN,
+    Role,
+    describe_validation_error,
+)
 from wakeful.domain.shown import shown
 
 from . import commands
@@ -200,6 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     rollback.set_defaults(func=_remote(lambda api, a: commands.rollback(api, a.app)))
     tokens = sub.add_parser("tokens", help="role tokens: create, list, revoke, rotate")
     _tokens_parser(tokens, common)
+    secrets = sub.add_parser("secrets", help="app secrets: set, unset, list; the keys")
+    _secrets_parser(secrets, common)
 
     activator = sub.add_parser("activator", help="the activator and control API (WAKEFUL_*)")
     activator.add_argument(
@@ -276,6 +286,62 @@ def _tokens_parser(tokens: argparse.ArgumentParser, common: argparse.ArgumentPar
         parents=[common],
         help="a new admin token: into DATA_DIR/token for `wakeful up`, else printed",
     ).set_defaults(func=_remote(lambda api, _: commands.tokens_rotate(api, ADMIN_TOKEN)))
+
+
+def secrets_key_id(value: str) -> str:
+    if not re.fullmatch(KEY_ID_PATTERN, value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a secrets key id: 12 hex digits")
+    return value
+
+
+def _secrets_parser(secrets: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
+    """`wakeful secrets ...`. NAME=VALUE arguments are read by `commands.secret_assignments`,
+    not by argparse, whose errors would quote them."""
+    sub = secrets.add_subparsers(dest="secrets_command", required=True)
+    no_restart = argparse.ArgumentParser(add_help=False)
+    no_restart.add_argument(
+        "--no-restart",
+        action="store_true",
+        help="leave running sandboxes as they are; they get the change when next started",
+    )
+    set_ = sub.add_parser(
+        "set",
+        parents=[common, no_restart],
+        help="set secrets (VALUE `-`: read from stdin); restarts the app's sandboxes",
+    )
+    set_.add_argument("app", type=token_name, metavar="APP")
+    set_.add_argument("assignments", nargs="+", metavar="NAME=VALUE")
+    set_.set_defaults(
+        func=_remote(
+            lambda api, a: commands.secrets_set(api, a.app, a.assignments, restart=not a.no_restart)
+        )
+    )
+    unset = sub.add_parser(
+        "unset", parents=[common, no_restart], help="unset secrets; restarts the app's sandboxes"
+    )
+    unset.add_argument("app", type=token_name, metavar="APP")
+    unset.add_argument("names", nargs="+", metavar="NAME")
+    unset.set_defaults(
+        func=_remote(
+            lambda api, a: commands.secrets_unset(api, a.app, a.names, restart=not a.no_restart)
+        )
+    )
+    listing = sub.add_parser("list", parents=[common], help="names, when set, by whom: no value")
+    listing.add_argument("app", type=token_name, metavar="APP")
+    listing.add_argument("--json", action="store_true")
+    listing.set_defaults(
+        func=_remote(lambda api, a: commands.secrets_list(api, a.app, as_json=a.json))
+    )
+    sub.add_parser(
+        "rotate-key",
+        parents=[common],
+        help="a new key, current at once; every value sealed again under it (no restart)",
+    ).set_defaults(func=_remote(lambda api, _: commands.secrets_rotate_key(api)))
+    retire = sub.add_parser(
+        "retire-key", parents=[common], help="delete a key no value is sealed under any more"
+    )
+    retire.add_argument("key_id", type=secrets_key_id, metavar="ID")
+    retire.set_defaults(func=_remote(lambda api, a: commands.secrets_retire_key(api, a.key_id)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

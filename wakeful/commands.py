@@ -20,6 +20,7 @@ from typing import Any
 from wakeful.aio.packing import pack
 from wakeful.deploy.appdir import AppDir
 from wakeful.domain.artifacts import digest_of
+from wakeful.domain.models import secret_name_problem, secret_value_problem
 from wakeful.domain.shown import shown
 
 from .logfollow import LogFollower, split_line
@@ -30,6 +31,7 @@ from .tables import (
     node_line,
     pool_table,
     progress_counts,
+    secret_table,
     token_table,
     version_lines,
 )
@@ -293,4 +295,102 @@ def _show(
         return 0
     for line in table(rows):
         say(line)
+    return 0
+
+
+# -- app secrets ------------------------------------------------------------------------------
+
+STDIN = "-"
+"""A value read from standard input, so that it never reaches the shell's history."""
+
+
+def secret_assignments(arguments: Sequence[str], read_stdin: Callable[[], str]) -> dict[str, str]:
+    """`NAME=VALUE ...` as a dict; a value of `-` is standard input, whole, one trailing
+    newline taken off (at most one `-`). `CliError` naming the argument or the name: never a
+    value, nor an argument with no `=` (it may be a value typed where NAME=VALUE goes)."""
+    values: dict[str, str] = {}
+    from_stdin = None
+    for at, argument in enumerate(arguments, start=1):
+        name, equals, value = argument.partition("=")
+        if not equals or not name:
+            raise CliError(f"argument {at} after the app is not NAME=VALUE")
+        problem = secret_name_problem(name)
+        if problem is not None:
+            raise CliError(f"argument {at}: the name {shown(name[:64])!r} {problem}")
+        if name in values:
+            raise CliError(f"{name} is given twice")
+        if value == STDIN:
+            if from_stdin is not None:
+                raise CliError(f"{from_stdin} and {name} are both -: one value is read from stdin")
+            from_stdin = name
+            value = read_stdin().removesuffix("\n")
+        problem = secret_value_problem(value)
+        if problem is not None:
+            raise CliError(f"{name}: the value {problem}")
+        values[name] = value
+    return values
+
+
+def _restarting(changed: Mapping[str, Any]) -> str:
+    if changed["restart"]:
+        return f"; replacing {changed['sandboxes']} running sandbox(es), draining the old ones"
+    return "; running sandboxes keep the old values until they next start (--no-restart)"
+
+
+def secrets_set(
+    api: ControlClient,
+    app: str,
+    arguments: Sequence[str],
+    *,
+    restart: bool,
+    read_stdin: Callable[[], str] = lambda: sys.stdin.read(),
+) -> int:
+    values = secret_assignments(arguments, read_stdin)
+    if not values:
+        raise CliError("give at least one NAME=VALUE")
+    changed = api.set_secrets(app, values, restart=restart)
+    if not changed["set"] and not changed["unset"]:
+        say(f"{app}: {', '.join(changed['unchanged'])} already set to that; nothing changed")
+        return 0
+    what = ", ".join(changed["set"])
+    say(f"{app}: set {what} (generation {changed['generation']}){_restarting(changed)}")
+    return 0
+
+
+def secrets_unset(api: ControlClient, app: str, names: Sequence[str], *, restart: bool) -> int:
+    changed = api.unset_secrets(app, names, restart=restart)
+    what = ", ".join(changed["unset"])
+    say(f"{app}: unset {what} (generation {changed['generation']}){_restarting(changed)}")
+    return 0
+
+
+def secrets_list(api: ControlClient, app: str, *, as_json: bool) -> int:
+    listing = api.secrets(app)
+    if as_json:
+        say_json(listing, indent=2)
+        return 0
+    if not listing["secrets"]:
+        say(f"{app} has no secrets")
+        return 0
+    for line in secret_table(listing):
+        say(line)
+    return 0
+
+
+def secrets_rotate_key(api: ControlClient) -> int:
+    rotated = api.rotate_secrets_key()
+    say(
+        f"secrets key {rotated['id']} is current; {rotated['values']} value(s) of "
+        f"{rotated['records']} app(s) sealed again under it (no restart)"
+    )
+    note(
+        f"key {rotated['previous']} is kept for backups taken before now; once none is needed, "
+        f"`wakeful secrets retire-key {rotated['previous']}`"
+    )
+    return 0
+
+
+def secrets_retire_key(api: ControlClient, key_id: str) -> int:
+    api.retire_secrets_key(key_id)
+    say(f"retired secrets key {key_id}: deleted; a backup sealed under it no longer opens")
     return 0

@@ -22,6 +22,7 @@ from wakeful.deploy.errors import DeployError
 from wakeful.idle_monitor.monitor import IdleMonitorSettings
 from wakeful.node.jail import IsolationUnavailable
 from wakeful.node.settings import NodeSettings
+from wakeful.secrets.errors import KeysUnusable
 from wakeful.store import StoreError
 
 from . import commands
@@ -102,8 +103,9 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def _serve(main: Callable[[], Awaitable[None]], *, store: str, uvloop: bool = False) -> None:
     """Run a long-lived piece until it stops. What ends it early (a taken port, a file it may
-    not write, a store it cannot open) becomes one line naming the address, file or store,
-    however deep in its task groups it was raised, and exit status 1."""
+    not write, a store it cannot open, a secrets key the store needs and it lacks) becomes one
+    line naming the address, file, store or key, however deep in its task groups it was
+    raised, and exit status 1."""
 
     async def caught() -> None:
         with signals_caught():  # before anything starts (`signals_caught`)
@@ -111,8 +113,17 @@ def _serve(main: Callable[[], Awaitable[None]], *, store: str, uvloop: bool = Fa
 
     try:
         anyio.run(caught, backend_options={"use_uvloop": uvloop})
-    except (OSError, StoreError, IsolationUnavailable, DeployError, BaseExceptionGroup) as raised:
+    except (
+        OSError,
+        StoreError,
+        IsolationUnavailable,
+        DeployError,
+        KeysUnusable,
+        BaseExceptionGroup,
+    ) as raised:
         cause = _single_cause(raised)
+        if isinstance(cause, KeysUnusable):  # names the key id and the key directory
+            raise CliError(str(cause), RUNTIME) from None
         if isinstance(cause, AddressInUse):  # bind() names the flag and the address
             raise CliError(str(cause), RUNTIME) from None
         if isinstance(cause, DeployError):  # an app `wakeful up` was given is refused

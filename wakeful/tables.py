@@ -109,6 +109,13 @@ def _mib(size: int) -> str:
     return f"{size / (1 << 20):.0f} MiB"
 
 
+def secret_table(listing: Mapping[str, Any]) -> list[str]:
+    """Name, when set, by which token, under which key: what `GET /v1/apps/{app}/secrets`
+    lists (never a value)."""
+    rows = [[e["name"], _when(e["set_at"]), e["set_by"], e["key_id"]] for e in listing["secrets"]]
+    return table(["NAME", "SET", "BY", "KEY"], rows)
+
+
 def _when(stamp: float | None) -> str:
     return "-" if not stamp else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
 

@@ -1,6 +1,6 @@
 """What `wakeful up` is, apart from its wiring (`wakeful.bootstrap.run_up`): the settings of
-every piece on one data directory, where a rotated admin token goes, and where it says each
-app answers.
+every piece on one data directory, where a rotated admin token goes, where it says each
+app answers, and how its node agent gets a sandbox's secrets (`BookSecrets`).
 
 Everything runs in one process on the embedded store (`store.db` in the data directory): the
 control plane with its API on `api`, one node agent named `local`, and the ingress on
@@ -16,7 +16,10 @@ from typing import TYPE_CHECKING, Literal
 
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.datadir import write_control_file, write_token
+from wakeful.node.secrets import SecretsRefused
 from wakeful.node.settings import NodeSettings
+from wakeful.secrets.book import SecretBook
+from wakeful.secrets.errors import NotYours, SecretsError, UnknownSandbox
 from wakeful.store import sqlite_url
 
 if TYPE_CHECKING:  # the ingress (httptools, uvloop) is imported only by what runs one
@@ -87,3 +90,25 @@ def app_address(name: str, listen: str, tls_port: int) -> str:
     shown = "localhost" if host in LOOPBACK_NAMES else host
     https = f" and https://{name}.{shown}:{tls_port}/" if tls_port else ""
     return f"http://{name}.{shown}:{port}/{https}"
+
+
+class SecretsUnavailable(OSError):
+    """The book could not open an app's values now (a key missing, a record unreadable): the
+    start fails and is tried again, as for an artifact that cannot be fetched."""
+
+
+class BookSecrets:
+    """The node agent's `SecretSource` in the control plane's process (`wakeful up`): the
+    book itself, for one node. The book's refusals become the node's (`SecretsRefused`);
+    `wakeful.secrets` and `wakeful.node` do not import each other."""
+
+    def __init__(self, book: SecretBook, node: str) -> None:
+        self._node = book.for_node(node)
+
+    async def env_for(self, sandbox_id: str) -> dict[str, str]:
+        try:
+            return await self._node.env_for(sandbox_id)
+        except (NotYours, UnknownSandbox) as exc:
+            raise SecretsRefused(str(exc)) from None
+        except SecretsError as exc:  # its message names app, name and key id: never a value
+            raise SecretsUnavailable(str(exc)) from None

@@ -191,7 +191,7 @@ def test_the_multi_process_mode_as_containers(stack: Stack) -> None:
         for mount in found[0]["Mounts"]:
             if mount["Type"] == "volume":
                 assert mount["Name"].startswith(f"{stack.project}_"), (box, mount)
-    assert len(stack.volumes()) == 8  # etcd, artifacts, and each piece's /data
+    assert len(stack.volumes()) == 9  # etcd, artifacts, secret keys, and each piece's /data
     down = stack.compose("down", "-v")
     assert stack.containers() == [], down
     assert stack.volumes() == [], down

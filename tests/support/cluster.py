@@ -52,9 +52,10 @@ def start_cluster(
             [*WAKEFUL, "--data-dir", str(tmp_path / f"act{number or ''}"), "activator"],
             {
                 "WAKEFUL_LISTEN": listen,
-                # One artifact directory all activators share (a network mount across
-                # machines), and a quick takeover.
+                # One artifact directory and one secrets key directory all activators
+                # share (network mounts across machines), and a quick takeover.
                 "WAKEFUL_ARTIFACT_DIR": str(tmp_path / "artifacts"),
+                "WAKEFUL_SECRETS_KEYS": str(tmp_path / "secret-keys"),
                 "WAKEFUL_ELECTION_TTL": "2",
                 "WAKEFUL_ADOPT_WINDOW": "1",
             },

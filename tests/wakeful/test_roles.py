@@ -51,6 +51,7 @@ EXAMPLE = {
     "node": "n1",
     "sandbox_id": "sb-1",
     "name": "n1",
+    "key_id": "0123456789ab",
 }
 """A value for every path parameter of the control API."""
 
@@ -68,9 +69,11 @@ NODE_MAY = {
     ("POST", "/v1/states/{app}/release"),
     ("POST", "/v1/states/{app}/keep"),
     ("POST", "/v1/logs"),
+    ("GET", "/v1/sandboxes/{sandbox_id}/secrets"),
     SCHEMA,
 }
-"""What `wakeful node` calls (`HttpArtifacts`, `HttpKeeper`, `HttpLogSink`), written out here
+"""What `wakeful node` calls (`HttpArtifacts`, `HttpKeeper`, `HttpLogSink`, `HttpSecrets`),
+written out here
 rather than read from the map, so a map that grants more fails these tests."""
 INGRESS_MAY = {
     ("POST", "/v1/leases"),

@@ -17,6 +17,7 @@ httpx's exceptions never leave this module: the CLI gets one of
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
@@ -191,6 +192,24 @@ class ControlClient:
         """True when the control plane refuses the secret already."""
         answer = self._send("DELETE", f"/v1/tokens/{segment(name)}")
         return bool(answer.json().get("effective", True))
+
+    def set_secrets(self, app: str, values: Mapping[str, str], *, restart: bool) -> Any:
+        """The values go in the body only (never a URL, never a log line)."""
+        body = {"values": dict(values), "restart": restart}
+        return self._json("POST", f"/v1/apps/{segment(app)}/secrets", json=body)
+
+    def unset_secrets(self, app: str, names: Sequence[str], *, restart: bool) -> Any:
+        body = {"names": list(names), "restart": restart}
+        return self._json("POST", f"/v1/apps/{segment(app)}/secrets/unset", json=body)
+
+    def secrets(self, app: str) -> Any:
+        return self._json("GET", f"/v1/apps/{segment(app)}/secrets")
+
+    def rotate_secrets_key(self) -> Any:
+        return self._json("POST", "/v1/secrets/keys")
+
+    def retire_secrets_key(self, key_id: str) -> Any:
+        return self._json("DELETE", f"/v1/secrets/keys/{segment(key_id)}")
 
     def app_logs(self, app: str, tail: int) -> AppLogs:
         answer = self._send("GET", f"/v1/apps/{segment(app)}/logs", params={"tail": tail})

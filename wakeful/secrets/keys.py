@@ -1,0 +1,301 @@
+"""The control plane's secrets keys: one file per key in a private directory, and the id of
+the current key in the store.
+
+Theory of operation:
+- **The directory** (`WAKEFUL_SECRETS_KEYS`, by default `<data dir>/secret-keys`) is made
+  0700; one open to other users (group or world bits), or a key file that is, or one that is
+  not 32 bytes, is refused with one line, as ssh refuses a private key others can read. Each
+  key is a file `<id>.key` of 32 random bytes, 0600, written under a temporary name (O_EXCL)
+  and linked into place: a reader never sees half a key, and no key is ever overwritten.
+  Activators that stand in for each other share it, as they share the artifact directory.
+- **The current key** is the one `meta/secrets-key` names: only the store says which key new
+  values are sealed under, so activators sharing the directory agree. A change of secrets
+  requires that record's revision in its transaction (`book.py`), so nothing is ever sealed
+  under a key a rotation just replaced.
+- **`start`** (a control plane starting): the first key is made when the store names none;
+  of two activators starting at once, one record wins and the loser removes its key file.
+  Then `check`.
+- **`check`** (also an activator before it stands by): the current key and the key of every
+  sealed value in the store must be in the directory, and one value under each key must open
+  with it. Otherwise `MissingKey` or `KeysUnusable`: one line naming the key id and the
+  directory, and the control plane does not start. An activator serving apps without their
+  secrets would be worse than one that does not serve.
+- Keys are read once and kept in memory; an id not in memory is looked for again in the
+  directory (another activator may have just made it).
+- **`rotate`** makes a key and makes it current by compare-and-set (`rotation.py` then seals
+  every value again under it); **`retire`** deletes a key's file, never the current key's nor
+  one a value in the store is still sealed under. Keys are otherwise kept, for old backups.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import stat
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from wakeful.domain import keys
+from wakeful.domain.models import KEY_ID_PATTERN, NONCE_BYTES, AppSecrets, SecretsKey
+from wakeful.store import AlreadyExists, Conflict, Item, Store
+
+from . import sealing
+from .errors import KeyRefused, KeysUnusable, MissingKey, NoSuchKey, SealError, UnknownKey
+
+log = logging.getLogger(__name__)
+
+SUFFIX = ".key"
+KEY_FILE = re.compile(KEY_ID_PATTERN.removesuffix("$") + re.escape(SUFFIX) + "$")
+
+
+@dataclass(frozen=True)
+class KeyReport:
+    """One key, for `wakeful secrets keys`: never its bytes."""
+
+    id: str
+    current: bool
+    present: bool
+    """Its file is in the directory."""
+    values: int
+    """Values in the store sealed under it."""
+
+
+class KeyRing:
+    def __init__(
+        self, store: Store, directory: Path, *, clock: Callable[[], float] = time.time
+    ) -> None:
+        self._store = store
+        self._dir = directory
+        self._clock = clock
+        self._aeads: dict[str, AESGCM] = {}
+
+    @property
+    def directory(self) -> Path:
+        return self._dir
+
+    # -- sealing with the keys held ---------------------------------------------------------
+
+    def seal(self, key_id: str, app: str, name: str, value: str) -> str:
+        aead = self.aead(key_id)
+        if aead is None:
+            raise MissingKey(key_id, self._dir, "it is the current key")
+        return sealing.seal(aead, key_id, app, name, value, os.urandom(NONCE_BYTES))
+
+    def open(self, app: str, name: str, sealed: str) -> str:
+        """`SealError` (`UnknownKey` for a key not in the directory) when it does not open."""
+        return sealing.open_sealed(self.aead, app, name, sealed)
+
+    def aead(self, key_id: str) -> AESGCM | None:
+        """The key `key_id`, from memory or its file; None when there is no such file."""
+        held = self._aeads.get(key_id)
+        if held is not None or not re.fullmatch(KEY_ID_PATTERN, key_id):
+            return held
+        path = self._dir / f"{key_id}{SUFFIX}"
+        try:
+            _refuse_open(path, "secrets key", "600")
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise KeysUnusable(f"{path}: cannot read the secrets key: {exc.strerror}") from None
+        try:
+            aead = self._aeads[key_id] = sealing.cipher(data)
+        except ValueError as exc:
+            raise KeysUnusable(f"{path}: not a secrets key: {exc}") from None
+        return aead
+
+    def ids(self) -> list[str]:
+        """The ids of the key files in the directory."""
+        try:
+            names = os.listdir(self._dir)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise KeysUnusable(
+                f"{self._dir}: cannot list the secrets keys: {exc.strerror}"
+            ) from None
+        return sorted(name.removesuffix(SUFFIX) for name in names if KEY_FILE.fullmatch(name))
+
+    # -- what the store says ----------------------------------------------------------------
+
+    async def current(self) -> Item[SecretsKey]:
+        found = await self._store.get(keys.SECRETS_KEY, SecretsKey)
+        if found is None:
+            raise KeysUnusable(f"the store names no current secrets key ({keys.SECRETS_KEY})")
+        return found
+
+    async def start(self) -> str:
+        """The current key's id, made at the first start; then `check`."""
+        self._private()
+        while (found := await self._store.get(keys.SECRETS_KEY, SecretsKey)) is None:
+            key_id = self._make()
+            try:
+                await self._store.create(
+                    keys.SECRETS_KEY, SecretsKey(key=key_id, since=self._clock())
+                )
+            except AlreadyExists:  # another activator made the first key at the same moment
+                self._discard(key_id)
+                continue
+            log.info("made the first secrets key, %s, in %s", key_id, self._dir)
+        await self.check()
+        return found.value.key
+
+    async def check(self) -> int:
+        """How many key ids the store uses, each proved by opening one value sealed under it;
+        `MissingKey` or `KeysUnusable` (one line naming the key id and the directory) when
+        one is not here or does not open what it sealed."""
+        self._private()
+        found = await self._store.get(keys.SECRETS_KEY, SecretsKey)
+        if found is not None and self.aead(found.value.key) is None:
+            raise MissingKey(found.value.key, self._dir, "the store names it as the current key")
+        listing = await self._store.list(keys.SECRETS, AppSecrets)
+        if listing.invalid:
+            raise KeysUnusable(
+                f"{listing.invalid[0]} is not a record of an app's secrets this wakeful can "
+                "read: its values cannot be given to the app"
+            )
+        tried: set[str] = set()
+        for item in listing.items:
+            for name, value in item.value.values.items():
+                if value.key_id in tried:
+                    continue
+                tried.add(value.key_id)
+                try:
+                    self.open(item.value.app, name, value.sealed)
+                except UnknownKey as exc:
+                    why = f"{item.value.app}'s secret {name} is sealed under it"
+                    raise MissingKey(exc.key_id, self._dir, why) from None
+                except SealError as exc:
+                    raise KeysUnusable(f"{exc} (keys in {self._dir})") from None
+        return len(tried)
+
+    async def usage(self) -> dict[str, Counter[str]]:
+        """Per key id, how many values of each app are sealed under it."""
+        used: dict[str, Counter[str]] = {}
+        for item in (await self._store.list(keys.SECRETS, AppSecrets)).items:
+            for value in item.value.values.values():
+                used.setdefault(value.key_id, Counter())[item.value.app] += 1
+        return used
+
+    async def report(self) -> list[KeyReport]:
+        current = (await self.current()).value.key
+        used: defaultdict[str, Counter[str]] = defaultdict(Counter, await self.usage())
+        present = set(self.ids())
+        return [
+            KeyReport(key_id, key_id == current, key_id in present, used[key_id].total())
+            for key_id in sorted(present | used.keys() | {current})
+        ]
+
+    # -- rotation and retirement ------------------------------------------------------------
+
+    async def rotate(self) -> tuple[str, str]:
+        """A new key, made current: (its id, the previous key's id). The values sealed under
+        older keys stay so until sealed again (`rotation.reseal`)."""
+        previous = await self.current()
+        self._private()
+        key_id = self._make()
+        try:
+            await self._store.update(
+                keys.SECRETS_KEY, SecretsKey(key=key_id, since=self._clock()), previous.revision
+            )
+        except Conflict:
+            self._discard(key_id)
+            raise KeyRefused("another rotation made a new key at the same moment") from None
+        log.info("secrets key %s is current, after %s", key_id, previous.value.key)
+        return key_id, previous.value.key
+
+    async def retire(self, key_id: str) -> None:
+        """Delete the key's file: refused (`KeyRefused`) for the current key and for a key a
+        value in the store is sealed under."""
+        if (await self.current()).value.key == key_id:
+            raise KeyRefused(
+                f"key {key_id} is the current key: `wakeful secrets rotate-key` makes another "
+                "current first"
+            )
+        used = (await self.usage()).get(key_id)
+        if used:
+            apps = ", ".join(sorted(used))
+            raise KeyRefused(
+                f"{sum(used.values())} value(s) of {apps} are still sealed under key {key_id}: "
+                "`wakeful secrets rotate-key` seals them again under a new key"
+            )
+        path = self._dir / f"{key_id}{SUFFIX}"
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            raise NoSuchKey(f"no secrets key {key_id} in {self._dir}") from None
+        self._aeads.pop(key_id, None)
+        log.info("retired secrets key %s", key_id)
+
+    # -- the directory ----------------------------------------------------------------------
+
+    def _private(self) -> None:
+        """The directory, made 0700 when absent; `KeysUnusable` when others may read it."""
+        try:
+            self._dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            _refuse_open(self._dir, "secrets key directory", "700")
+        except OSError as exc:
+            raise KeysUnusable(
+                f"{self._dir}: cannot use it for secrets keys: {exc.strerror}"
+            ) from None
+
+    def _make(self) -> str:
+        """A new key's file; its id."""
+        while True:
+            key_id = os.urandom(6).hex()
+            path = self._dir / f"{key_id}{SUFFIX}"
+            fresh = self._dir / f".{key_id}{SUFFIX}.new"
+            try:
+                fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                try:
+                    key = AESGCM.generate_key(bit_length=256)
+                    os.write(fd, key)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                try:
+                    os.link(fresh, path)  # never over another key of that id
+                except FileExistsError:
+                    continue
+                finally:
+                    fresh.unlink()
+                _sync_dir(self._dir)
+            except OSError as exc:
+                raise KeysUnusable(
+                    f"{self._dir}: cannot write a secrets key: {exc.strerror}"
+                ) from None
+            self._aeads[key_id] = sealing.cipher(key)
+            return key_id
+
+    def _discard(self, key_id: str) -> None:
+        """A key made and never current: nothing was sealed under it."""
+        self._aeads.pop(key_id, None)
+        with contextlib.suppress(FileNotFoundError):
+            (self._dir / f"{key_id}{SUFFIX}").unlink()
+
+
+def _refuse_open(path: Path, what: str, mode: str) -> None:
+    """`KeysUnusable` when `path` grants its group or other users anything: a key others
+    could read is no longer the control plane's alone."""
+    info = path.stat()
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        raise KeysUnusable(
+            f"{path}: the {what} is open to other users (mode "
+            f"{stat.S_IMODE(info.st_mode):o}): `chmod {mode}` it, and rotate the keys if "
+            "someone else may have read them"
+        )
+
+
+def _sync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

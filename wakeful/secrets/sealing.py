@@ -1,0 +1,92 @@
+"""Sealing one secret's value, and opening it: AES-256-GCM from `cryptography`.
+
+Rules (tests/secrets/test_sealing.py holds each):
+- A sealed value is `v1:<key id>:<urlsafe base64 of nonce(12) + ciphertext + tag(16)>`: the
+  key id says which key opens it, so a rotation can leave old values under old keys and a
+  restore can name the key it lacks.
+- The nonce is 12 random bytes for every seal (`seal` takes it as an argument: the caller,
+  `KeyRing.seal`, draws it). Under one key, 2^32 seals keep the chance of a repeat far below
+  what NIST allows; a key seals far fewer (every change seals only what changed).
+- The associated data is `b"wakeful secret\\0" + app + b"\\0" + name`: a sealed value copied to
+  another app's record, or under another name, does not open. App and name hold no NUL (their
+  patterns), so no two pairs give the same bytes.
+- A value that does not open says which app, name and key id, never anything of the value.
+
+No I/O, no clock, no randomness here.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from collections.abc import Callable
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from wakeful.domain.models import NONCE_BYTES, SEAL_FORMAT, SEALED_PATTERN, TAG_BYTES
+
+from .errors import NotSealed, SealError, UnknownKey
+
+KEY_BYTES = 32
+"""AES-256."""
+AD_PREFIX = b"wakeful secret\0"
+_SEALED = re.compile(SEALED_PATTERN)
+
+
+def associated_data(app: str, name: str) -> bytes:
+    """What binds a sealed value to its app and name."""
+    return AD_PREFIX + app.encode() + b"\0" + name.encode()
+
+
+def cipher(key: bytes) -> AESGCM:
+    if len(key) != KEY_BYTES:
+        raise ValueError(f"a secrets key is {KEY_BYTES} bytes, not {len(key)}")
+    return AESGCM(key)
+
+
+def seal(aead: AESGCM, key_id: str, app: str, name: str, value: str, nonce: bytes) -> str:
+    """`value` sealed under `aead` (the key `key_id`), bound to `app` and `name`."""
+    if len(nonce) != NONCE_BYTES:
+        raise ValueError(f"a nonce is {NONCE_BYTES} bytes, not {len(nonce)}")
+    sealed = aead.encrypt(nonce, value.encode(), associated_data(app, name))
+    return f"{SEAL_FORMAT}:{key_id}:{base64.urlsafe_b64encode(nonce + sealed).decode()}"
+
+
+def key_id_of(sealed: str) -> str:
+    """The id of the key that opens `sealed`; `NotSealed` when it is not of the shape."""
+    return _split(sealed)[0]
+
+
+def open_sealed(aead_for: Callable[[str], AESGCM | None], app: str, name: str, sealed: str) -> str:
+    """The value `sealed` holds, opened with the key its id names (`aead_for(id)`, None when
+    there is none: `UnknownKey`); `SealError` when it does not open: tampered, moved from
+    another app or name, or sealed under another key of the same id."""
+    key_id, blob = _split(sealed)
+    aead = aead_for(key_id)
+    if aead is None:
+        raise UnknownKey(
+            key_id, f"{app}'s secret {name} is sealed under key {key_id}, which is not here"
+        )
+    try:
+        plain = aead.decrypt(blob[:NONCE_BYTES], blob[NONCE_BYTES:], associated_data(app, name))
+    except InvalidTag:
+        raise SealError(
+            f"{app}'s secret {name} does not open under key {key_id}: it was sealed for "
+            "another app or name, changed, or sealed under another key of that id"
+        ) from None
+    return plain.decode()
+
+
+def _split(sealed: str) -> tuple[str, bytes]:
+    if not _SEALED.fullmatch(sealed):
+        raise NotSealed(f"not a sealed value of format {SEAL_FORMAT} with a key id")
+    _, key_id, encoded = sealed.split(":", 2)
+    try:
+        blob = base64.b64decode(encoded, altchars=b"-_", validate=True)
+    except (binascii.Error, ValueError):
+        raise NotSealed(f"a sealed value under key {key_id} is not base64") from None
+    if len(blob) < NONCE_BYTES + TAG_BYTES:
+        raise NotSealed(f"a sealed value under key {key_id} is too short to hold a tag")
+    return key_id, blob
