@@ -14,13 +14,13 @@ import signal
 import subprocess
 import threading
 import time
-from collections import Counter
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.support.cluster import deploy, start_cluster
+from tests.support.prober import Prober
 from tests.support.up import HELLO, WAKEFUL
 from wakeful.store.testing import EtcdServer
 
@@ -49,27 +49,6 @@ def _other_app(tmp_path: Path, slow: bool = False) -> Path:
         text = text.replace('command = ["python3", "app.py"]', command)
     toml.write_text(text)
     return where
-
-
-class Prober(threading.Thread):
-    """Asks the warm app every 20 ms until stopped, counting answers by status (a connection
-    error counts as 0)."""
-
-    def __init__(self, proxy: str) -> None:
-        super().__init__(daemon=True)
-        self.proxy = proxy
-        self.statuses: Counter[int] = Counter()
-        self.done = threading.Event()
-
-    def run(self) -> None:
-        with httpx.Client(base_url=self.proxy, timeout=30) as client:
-            while not self.done.is_set():
-                try:
-                    status = client.get("/", headers={"Host": "hello.localhost"}).status_code
-                except httpx.HTTPError:
-                    status = 0
-                self.statuses[status] += 1
-                time.sleep(0.02)
 
 
 def _leads(api: str) -> bool:
@@ -116,12 +95,8 @@ def test_killing_the_leading_activator_under_load_fails_no_request(
         # The CLI given every activator finds the leader, whichever is named first.
         assert "hello" in _status(env, f"{heir},{api}")
 
-        prober = Prober(proxy)
-        prober.start()
-        try:
-            deadline = time.monotonic() + 30
-            while prober.statuses[200] < 20 and time.monotonic() < deadline:
-                time.sleep(0.05)
+        with Prober(proxy, "hello.localhost") as prober:
+            prober.wait_served(20)
             # A deploy under way when the leader goes: its new version takes 3 s to start.
             rolling = subprocess.Popen(
                 [*WAKEFUL, "deploy", str(_other_app(tmp_path, slow=True))],
@@ -153,23 +128,17 @@ def test_killing_the_leading_activator_under_load_fails_no_request(
             waking.join(timeout=60)
             assert woke and woke[0].status_code == 200, woke and woke[0].text
             woke_after = time.monotonic() - killed_at
-            served_after = prober.statuses[200]
-            deadline = time.monotonic() + 30
-            while prober.statuses[200] < served_after + 20 and time.monotonic() < deadline:
-                time.sleep(0.05)
+            prober.wait_served(20)
             pools = httpx.get(f"{heir}/v1/pools", headers=ADMIN, timeout=10)
             metrics = httpx.get(f"{heir}/metrics", timeout=10).text
-        finally:
-            prober.done.set()
-            prober.join(timeout=60)
         print(
             f"took over in {took_over:.1f} s; a cold app asked at the kill answered after "
-            f"{woke_after:.1f} s; warm app answers: {dict(prober.statuses)}"
+            f"{woke_after:.1f} s; warm app answers: {prober.served()} of {len(prober.answers)}"
         )
         # The heir carried the rollout on, and the CLI followed it there.
         deployed = rolling.communicate(timeout=120)[0]
         assert rolling.returncode == 0 and "other v2 is live" in deployed, deployed
-        assert set(prober.statuses) == {200}, prober.statuses
+        assert not prober.failed(), prober.failed()[:5]
         assert "hello" in _status(env, f"{api},{heir}")  # the dead one first
         assert pools.status_code == 200
         hello = next(p for p in pools.json() if p["app"] == "hello" and p["state"] == "active")

@@ -15,6 +15,7 @@ import pytest
 
 from tests.support.cluster import deploy, start_cluster, wakeful_cli
 from tests.support.notes import HOST, add, notes_app, read
+from tests.support.prober import Prober
 from tests.support.up import WAKEFUL, Up, start_up, stop_up
 from wakeful.store.testing import EtcdServer
 
@@ -76,31 +77,6 @@ def drain_in_background(api: str, env: dict[str, str], node: str) -> subprocess.
     )
 
 
-class Prober:
-    """GETs the notes in a loop from its own thread, recording each status and latency."""
-
-    def __init__(self, proxy: str) -> None:
-        self.results: list[tuple[int, float, str]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(proxy,), daemon=True)
-
-    def __enter__(self) -> Prober:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=180)
-
-    def _run(self, proxy: str) -> None:
-        with httpx.Client(base_url=proxy, timeout=180) as client:
-            while not self._stop.is_set():
-                started = time.monotonic()
-                answer = client.get("/", headers=HOST)
-                self.results.append((answer.status_code, time.monotonic() - started, answer.text))
-                time.sleep(0.02)
-
-
 def test_drain_moves_a_stateful_app_with_its_notes_and_fails_no_request(
     etcd_server: EtcdServer, tmp_path: Path
 ) -> None:
@@ -109,15 +85,14 @@ def test_drain_moves_a_stateful_app_with_its_notes_and_fails_no_request(
         with httpx.Client(base_url=proxy, timeout=60) as client:
             add(client, "written on the first node")
             before = holder(api, env)
-            with Prober(proxy) as prober:
+            with Prober(proxy, HOST["Host"], timeout=180) as prober:
                 time.sleep(0.3)
                 drained = wakeful_cli(api, env, "drain", before, timeout=120)
             assert drained.returncode == 0, drained.stdout + drained.stderr
             assert "moved=1" in drained.stderr + drained.stdout, drained.stdout
             # Every request through the move was answered, and with the note.
-            statuses = {status for status, _, _ in prober.results}
-            assert statuses == {200}, prober.results[-5:]
-            assert all(text == "written on the first node\n" for _, _, text in prober.results)
+            assert not prober.failed(), prober.failed()[:5]
+            assert all(a.text == "written on the first node\n" for a in prober.answers)
             after = holder(api, env)
             assert after != before
             assert read(client) == ["written on the first node"]
@@ -187,7 +162,7 @@ def test_an_agent_killed_at_each_step_of_a_move_loses_nothing_and_the_move_compl
             add(client, "written before the kill")
             assert holder(api, env) == "n1"
             node = processes[1 if victim == "n1" else 2]
-            with Prober(proxy) as prober:
+            with Prober(proxy, HOST["Host"], timeout=180) as prober:
                 drain = drain_in_background(api, env, "n1")
                 output = node.communicate(timeout=60)[0]  # it dies at the failpoint
                 assert f"failpoint {failpoint} reached" in output, output[-2000:]
@@ -204,7 +179,7 @@ def test_an_agent_killed_at_each_step_of_a_move_loses_nothing_and_the_move_compl
                 assert again.stdout is not None and again.stdout.readline().strip()
                 drained = drain.communicate(timeout=120)[0]
                 assert drain.returncode == 0, drained
-            assert {status for status, _, _ in prober.results} == {200}, prober.results[-3:]
+            assert not prober.failed(), prober.failed()[:3]
             assert read(client) == ["written before the kill"]
         assert holder(api, env) == "n2"
         states = httpx.get(f"{api}/v1/nodes/n1", headers=admin(env), timeout=30).json()

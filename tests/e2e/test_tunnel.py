@@ -8,15 +8,15 @@ from __future__ import annotations
 import shutil
 import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from bench.tunnel import TunnelCluster, tunnel_cluster
+from bench.tunnel import tunnel_cluster
 from tests.support.pki import make_pki
+from tests.support.prober import Prober
 
 pytestmark = pytest.mark.skipif(
     shutil.which("nginx") is None, reason="needs nginx (scripts/test installs it)"
@@ -42,39 +42,6 @@ def _peers_of_sandbox(port: int) -> set[int]:
     return pids
 
 
-class Prober:
-    """GET / through nginx every 20 ms from its own thread; statuses counted by second."""
-
-    def __init__(self, c: TunnelCluster, app: str) -> None:
-        self._c = c
-        self._app = app
-        self.results: list[tuple[float, int | str]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> Prober:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(60)
-
-    def _run(self) -> None:
-        with httpx.Client(base_url=self._c.proxy, timeout=30) as client:
-            while not self._stop.is_set():
-                try:
-                    answer = client.get("/", headers={"Host": f"{self._app}.localhost"})
-                    result: int | str = answer.status_code
-                except httpx.HTTPError as exc:
-                    result = type(exc).__name__
-                self.results.append((time.monotonic(), result))
-                self._stop.wait(0.02)
-
-    def failed(self, since: float = 0.0) -> list[int | str]:
-        return [r for at, r in self.results if at >= since and r != 200]
-
-
 def test_a_node_behind_nat_serves_through_the_replicas_and_survives_losing_one(
     tmp_path: Path,
 ) -> None:
@@ -93,7 +60,7 @@ def test_a_node_behind_nat_serves_through_the_replicas_and_survives_losing_one(
         table = c.cli("nodes")
         assert "tunnel: reachable" in table
         assert "replica r0: streams=" in table and "replica r1: streams=" in table
-        with Prober(c, "cold") as prober:
+        with Prober(c.proxy, "cold.localhost") as prober:
             time.sleep(3)
             # Nothing but the node agent ever connected to the sandbox: the replicas had no
             # address of it to dial (its record names `tunnel://n1/...`).
@@ -123,11 +90,11 @@ def test_a_node_behind_nat_serves_through_the_replicas_and_survives_losing_one(
                 time.sleep(0.2)
             settled = time.monotonic()
             time.sleep(3)
-        print(f"failed when r0 was killed: {prober.failed(at)} of {len(prober.results)}")
+        print(f"failed when r0 was killed: {prober.failed(at)} of {len(prober.answers)}")
         assert warm_failures == []
         assert len(prober.failed(at)) <= IN_FLIGHT_ON_THE_KILLED, prober.failed(at)
         assert prober.failed(settled + 0.5) == []
-        assert len([r for at_, r in prober.results if at_ > settled]) > 50
+        assert len([a for a in prober.answers if a.at > settled]) > 50
 
 
 def test_a_node_dials_its_tunnel_over_tls_trusting_the_ca_it_is_given(tmp_path: Path) -> None:
