@@ -109,9 +109,9 @@ def start_cluster(
             try:
                 process.communicate(timeout=30)
             except subprocess.TimeoutExpired:  # killed, its pipe read and closed: no leak
-                stuck.append(" ".join(process.args[-2:]))
                 process.kill()
-                process.communicate()
+                said = process.communicate()[0] or ""
+                stuck.append(f"{' '.join(process.args[-2:])}, which said:\n{said[-3000:]}")
         assert not stuck, f"did not stop within 30 s of SIGTERM: {stuck}"
 
 

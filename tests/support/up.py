@@ -134,7 +134,7 @@ def stop_up(up: Up) -> str:
         except subprocess.TimeoutExpired:
             up.process.kill()
             up.process.wait()
-    if up.process.stdout is None:
+    if up.process.stdout is None or up.process.stdout.closed:  # no output, or stopped before
         return ""
     with up.process.stdout:
         return up.process.stdout.read()
