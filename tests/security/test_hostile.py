@@ -61,8 +61,12 @@ async def attack(tmp_path: Path, *flags: str) -> Attack:
     marker = f"{random.randint(10**6, 10**7)}.{random.randint(1, 999)}"
     failures = 0
     try:
+        # A secret of hello's (issue 35), which its sandbox has in its environment.
+        secret = await cli_async(up, "secrets", "set", "hello", f"HELLO_SECRET={marker}")
+        assert secret.returncode == 0, secret.stdout + secret.stderr
         async with httpx.AsyncClient(base_url=up.proxy, timeout=120) as client:
             assert (await client.get("/", headers=up.host("hello"))).status_code == 200
+        await secret_in_every_hello(up, marker)
         hostile = hostile_app(tmp_path, up, marker, hello_port(up))
         deployed = await cli_async(up, "deploy", str(hostile))
         assert deployed.returncode == 0, deployed.stdout + deployed.stderr
@@ -97,11 +101,29 @@ async def attack(tmp_path: Path, *flags: str) -> Attack:
         assert not sandbox_pids(up.data_dir)
 
 
+def environ(pid: int) -> dict[str, str]:
+    """A process's environment (we are root)."""
+    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().partition("=")[::2] for item in env if b"=" in item)
+
+
+async def secret_in_every_hello(up: Up, marker: str) -> None:
+    """Until hello runs only sandboxes started with its secret (the set replaces the others)."""
+    with anyio.fail_after(60):
+        while True:
+            try:
+                envs = [environ(pid) for pid in app_pids(up.data_dir, "app.py")]
+            except OSError:  # one ended as we read it
+                envs = []
+            if envs and all(env.get("HELLO_SECRET") == marker for env in envs):
+                return
+            await anyio.sleep(0.1)
+
+
 def hello_port(up: Up) -> int:
     """The port the running hello sandbox listens on, from its environment (we are root)."""
     for pid in app_pids(up.data_dir, "app.py"):
-        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        values = dict(item.decode().partition("=")[::2] for item in env if b"=" in item)
+        values = environ(pid)
         if "MARKER" not in values:
             return int(values["PORT"])
     raise AssertionError("no hello sandbox runs")

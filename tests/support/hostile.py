@@ -74,6 +74,7 @@ ATTEMPTS = [
     "read the control plane's environ",
     "read store.db",
     "read another app's files",
+    "read another app's secret",
     "write outside its directory",
     "signal the control plane",
     "fork past `processes`",

@@ -55,6 +55,21 @@ def environ_of(pid: int) -> tuple[bool, str]:
     return read(f"/proc/{pid}/environ")
 
 
+def other_secret() -> tuple[bool, str]:
+    """Another app's secret (HELLO_SECRET, set on the hello app by the test), from any
+    process's environment this sandbox can read."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    environ = f.read()
+            except OSError:
+                continue
+            if b"HELLO_SECRET=" in environ:
+                return True, f"in the environment of pid {entry}"
+    raise PermissionError("no readable environment holds HELLO_SECRET")
+
+
 def other_files() -> tuple[bool, str]:
     root = os.path.join(os.environ["DATA_DIR"], "sandboxes")
     mine = os.path.basename(os.path.dirname(os.getcwd()))
@@ -161,6 +176,7 @@ def attacks() -> dict[str, dict[str, object]]:
         ),
         "read store.db": attempt(lambda: read(os.path.join(os.environ["DATA_DIR"], "store.db"))),
         "read another app's files": attempt(other_files),
+        "read another app's secret": attempt(other_secret),
         "write outside its directory": attempt(write_outside),
         "signal the control plane": attempt(signal_control),
         "fork past `processes`": attempt(fork_bomb),
