@@ -75,6 +75,8 @@ class UnsetBody(BaseModel):
 
 
 class ChangeReport(BaseModel):
+    """What a change did (`book.Changed`, field for field)."""
+
     app: str
     set: list[str]
     unchanged: list[str]
@@ -166,16 +168,7 @@ def secrets_router(book: SecretBook) -> APIRouter:
             raise refused(exc) from None
         except (SealError, KeysUnusable) as exc:
             raise unavailable(exc) from None
-        return ChangeReport(
-            app=changed.app,
-            set=changed.set,
-            unchanged=changed.unchanged,
-            unset=changed.unset,
-            generation=changed.generation,
-            restart_generation=changed.restart_generation,
-            restart=changed.restart,
-            sandboxes=changed.sandboxes,
-        )
+        return ChangeReport.model_validate(changed, from_attributes=True)
 
     @router.post(
         "/v1/apps/{app}/secrets", response_model=ChangeReport, openapi_extra=schema(SetBody)
