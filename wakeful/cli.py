@@ -33,6 +33,7 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from pydantic import ValidationError
 
@@ -104,17 +105,29 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     return _remote(lambda api, _: commands.deploy(api, app_dir))(args)
 
 
+ASSIGNMENT = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)=\S*")
+
+
+class DiscreetParser(argparse.ArgumentParser):
+    """argparse, whose usage errors quote what they refuse, except a `NAME=VALUE` argument's
+    value: it may be a secret typed where it did not belong (`wakeful secrets set APP A=1
+    --bogus B=secret` is refused as "unrecognized arguments: --bogus B=…")."""
+
+    def error(self, message: str) -> NoReturn:
+        super().error(ASSIGNMENT.sub(r"\1=…", message))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="wakeful", description=__doc__.split("\n\n")[0])
+    parser = DiscreetParser(prog="wakeful", description=__doc__.split("\n\n")[0])
     parser.set_defaults(data_dir=".wakeful", api=None, verbose=False)
     # The global flags, accepted before or after the subcommand (`wakeful up --data-dir D`).
     # SUPPRESS: a subcommand sets them only when given there, so it never resets them.
-    common = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
+    common = DiscreetParser(add_help=False, argument_default=argparse.SUPPRESS)
     for flags in (parser, common):
         flags.add_argument("--data-dir", help="state directory (default ./.wakeful)")
         flags.add_argument("--api", help="control API URL (default: from --data-dir)")
         flags.add_argument("-v", "--verbose", action="store_true", help="log at INFO")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=DiscreetParser)
     add_parser = sub.add_parser
     sub.add_parser = functools.partial(add_parser, parents=[common])  # type: ignore[method-assign]
 
@@ -294,11 +307,17 @@ def secrets_key_id(value: str) -> str:
     return value
 
 
-def _secrets_parser(secrets: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
+def _secrets_set(api: ControlClient, args: argparse.Namespace) -> int:
+    assignments = [a for a in args.assignments if a != "--no-restart"]
+    restart = not args.no_restart and len(assignments) == len(args.assignments)
+    return commands.secrets_set(api, args.app, assignments, restart=restart)
+
+
+def _secrets_parser(secrets: argparse.ArgumentParser, common: DiscreetParser) -> None:
     """`wakeful secrets ...`. NAME=VALUE arguments are read by `commands.secret_assignments`,
     not by argparse, whose errors would quote them."""
-    sub = secrets.add_subparsers(dest="secrets_command", required=True)
-    no_restart = argparse.ArgumentParser(add_help=False)
+    sub = secrets.add_subparsers(dest="secrets_command", required=True, parser_class=DiscreetParser)
+    no_restart = DiscreetParser(add_help=False)
     no_restart.add_argument(
         "--no-restart",
         action="store_true",
@@ -310,12 +329,10 @@ def _secrets_parser(secrets: argparse.ArgumentParser, common: argparse.ArgumentP
         help="set secrets (VALUE `-`: read from stdin); restarts the app's sandboxes",
     )
     set_.add_argument("app", type=token_name, metavar="APP")
-    set_.add_argument("assignments", nargs="+", metavar="NAME=VALUE")
-    set_.set_defaults(
-        func=_remote(
-            lambda api, a: commands.secrets_set(api, a.app, a.assignments, restart=not a.no_restart)
-        )
-    )
+    # Everything after APP, read by `secret_assignments`: `--no-restart` may come after the
+    # assignments too, as people type it.
+    set_.add_argument("assignments", nargs=argparse.REMAINDER, metavar="NAME=VALUE ...")
+    set_.set_defaults(func=_remote(_secrets_set))
     unset = sub.add_parser(
         "unset", parents=[common, no_restart], help="unset secrets; restarts the app's sandboxes"
     )

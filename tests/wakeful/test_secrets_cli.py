@@ -89,17 +89,22 @@ async def test_set_from_stdin_list_unset_rotate_and_retire(tmp_path: Path) -> No
             (await wakeful("secrets", "list", "web", "--json", api=running.url)).stdout
         )
         assert [e["name"] for e in as_json["secrets"]] == ["DB_PASSWORD", "MODE"]
+        late = await wakeful(
+            "secrets", "set", "web", "MODE=slow", "--no-restart", "LEVEL=2", api=running.url
+        )  # --no-restart after an assignment, as people type it
+        assert late.returncode == 0, late.stderr
+        assert "set LEVEL, MODE (generation 2)" in late.stdout and "--no-restart" in late.stdout
         quiet = await wakeful("secrets", "unset", "web", "MODE", "--no-restart", api=running.url)
         assert quiet.returncode == 0, quiet.stderr
-        assert "unset MODE (generation 2)" in quiet.stdout and "--no-restart" in quiet.stdout
+        assert "unset MODE (generation 3)" in quiet.stdout and "--no-restart" in quiet.stdout
         rotated = await wakeful("secrets", "rotate-key", api=running.url)
         assert rotated.returncode == 0, rotated.stderr
-        assert "1 value(s) of 1 app(s) sealed again" in rotated.stdout
+        assert "2 value(s) of 1 app(s) sealed again" in rotated.stdout
         old = rotated.stderr.split("retire-key ")[1].split("`")[0]
         retired = await wakeful("secrets", "retire-key", old, api=running.url)
         assert retired.returncode == 0 and f"retired secrets key {old}" in retired.stdout
         env = await running.plane.secrets.listing("web")
-        assert [e.name for e in env.secrets] == ["DB_PASSWORD"]
+        assert [e.name for e in env.secrets] == ["DB_PASSWORD", "LEVEL"]
 
 
 async def test_refusals_name_the_field_and_never_the_value(tmp_path: Path) -> None:
@@ -110,6 +115,8 @@ async def test_refusals_name_the_field_and_never_the_value(tmp_path: Path) -> No
             (["set", "nope", f"A={PASSWORD}"], "no app named 'nope'", 1),
             (["unset", "web", "MISSING"], "web has no secret named MISSING", 1),
             (["retire-key", "not-hex"], "is not a secrets key id", 2),
+            (["set", "web", "A=1", "--bogus", f"B={PASSWORD}"], "argument 2 after the app", 2),
+            (["list", "web", f"B={PASSWORD}"], "unrecognized arguments: B=…", 2),
         ]:
             done = await wakeful("secrets", *args, api=running.url)
             assert done.returncode == code, (args, done.stderr)
