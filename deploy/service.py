@@ -50,6 +50,9 @@ from wakeful.store import Conflict, Put, Require, Store
 
 log = logging.getLogger(__name__)
 
+PREPARE_ATTEMPTS = 5
+"""A deploy's write, decided again from fresh reads, before a concurrent change refuses it."""
+
 
 def starting_size(old: Pool | None, old_running: int, new_min: int) -> int:
     """The new pool starts where the old one is, so traffic does not pile onto one sandbox."""
@@ -91,11 +94,19 @@ class Deployer:
         self.rollouts: dict[tuple[str, str], Rollout] = {}
 
     async def prepare(self, definition: AppDefinition, artifact: str | None) -> Rollout:
-        """Validate, then write the new version and its pool (not yet routed)."""
+        """Validate, then write the new version and its pool (not yet routed). Decided again
+        from fresh reads when a record it read changed before its write (a `secrets set` or
+        a key rotation touching the app's secrets, another deploy of the app)."""
         # Claimed (its grace period starts again) so the collector leaves it alone until the
         # version below references it.
         if artifact is not None and not await self._artifacts.keep(artifact):
             raise DeployError(f"artifact {artifact} was not uploaded")
+        for _ in range(PREPARE_ATTEMPTS - 1):
+            with contextlib.suppress(Conflict):
+                return await self._prepare(definition, artifact)
+        return await self._prepare(definition, artifact)
+
+    async def _prepare(self, definition: AppDefinition, artifact: str | None) -> Rollout:
         name = definition.name
         claim = Claim(name, definition.hosts, definition.default_host)
         refused = await host_refusal(self._store, claim, self._hosts)
@@ -185,7 +196,7 @@ class Deployer:
             [
                 Require(keys.version(name, version), 0),
                 Require(keys.pool(pool.name), 0),
-                # a secret set meanwhile under a name this env sets: Conflict, deploy again
+                # a secret set meanwhile (under a name this env sets?): Conflict, decided again
                 Require(keys.secrets(name), secrets.revision if secrets is not None else 0),
             ],
             [

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry
@@ -166,6 +167,7 @@ async def test_nobody_but_the_sandboxes_node_reads_a_value(control: Control) -> 
         pytest.param({"values": PASSWORD}, 422, "values: must be an object", id="a bare value"),
         pytest.param({PASSWORD: 1}, 422, "field(s) other than", id="a value as a field"),
         pytest.param(f'{{"values": {{"A": "{PASSWORD}"', 422, "not JSON", id="cut-off JSON"),
+        pytest.param("[" * 100_000, 422, "not JSON", id="nested past the parser's depth"),
     ],
 )
 async def test_a_refused_change_names_the_field_and_never_echoes_the_value(
@@ -251,3 +253,36 @@ async def test_a_control_plane_missing_a_key_the_store_needs_does_not_start(
     said = str(refused.value)
     assert str(tmp_path / "two" / "secret-keys") in said and "\n" not in said
     assert refused.value.key_id in said
+
+
+async def test_a_deploy_beside_changes_of_the_apps_secrets_still_lands(tmp_path: Path) -> None:
+    """A set of another name (or a rotation) moving `secrets/{app}` between a deploy's read
+    and its write makes the deploy decide again, not fail (SQLite: each store call yields)."""
+    async with (
+        running_control_plane(tmp_path, store_url=f"sqlite:///{tmp_path / 'store.db'}") as running,
+        httpx.AsyncClient(
+            base_url=running.url, headers={"Authorization": f"Bearer {running.token}"}
+        ) as http,
+    ):
+        data = pack(HELLO)
+        assert (await http.put(f"/v1/artifacts/{digest_of(data)}", content=data)).is_success
+        definition = load_app_dir(HELLO).definition.model_dump(mode="json")
+        definition.update(name="web")
+        answers: list[int] = []
+
+        async def deploy(round_: int) -> None:
+            definition["spec"]["env"] = {"ROUND": str(round_)}
+            body = {"definition": definition, "artifact": digest_of(data)}
+            answers.append((await http.post("/v1/deploys", json=body)).status_code)
+
+        async def change(round_: int) -> None:
+            secret = {"values": {f"S{round_}": PASSWORD}, "restart": False}
+            assert (await http.post("/v1/apps/web/secrets", json=secret)).status_code == 200
+
+        await deploy(0)
+        for round_ in range(1, 8):
+            async with anyio.create_task_group() as both:
+                for _ in range(3):
+                    both.start_soon(change, round_ * 10 + _)
+                both.start_soon(deploy, round_)
+        assert answers == [202] * 8, answers

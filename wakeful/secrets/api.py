@@ -150,7 +150,8 @@ def secrets_router(book: SecretBook) -> APIRouter:
                 raise bad(413, "body too large", f"a change of secrets is at most {MAX_BODY} bytes")
         try:
             return json.loads(data)
-        except ValueError:  # its message quotes nothing, but say less still
+        except (ValueError, RecursionError):  # quotes nothing, but say less still; nested
+            # past the parser's depth (`[[[[...`) is not a body anyone means either
             raise bad(422, "invalid secrets", "the body is not JSON") from None
 
     def schema(body: type[BaseModel]) -> dict[str, Any]:
