@@ -5,7 +5,8 @@ token routers mounted on it) is a key of `ROUTES`, as `(METHOD, path template)`.
 map does not name is admin-only (`access`): a new route is denied to nodes and ingresses until
 someone decides otherwise here, and tests/wakeful/test_roles.py fails until they do.
 
-An admin token may call everything but a sandbox's secrets (`NODE_ONLY`); a node token and
+An admin token may call everything (a sandbox's secrets answer it with no value: a node run
+with the admin token starts only apps that have none); a node token and
 an ingress token only what their component needs of the control plane (see `wakeful.remote`'s
 `HttpArtifacts`, `HttpLogSink` and `HttpSecrets`, and `wakeful.activator.client.HttpLeases`).
 """
@@ -28,9 +29,6 @@ Access = frozenset[Role] | Public | Session
 
 ADMIN_ONLY: Final = frozenset({Role.ADMIN})
 NODE: Final = frozenset({Role.ADMIN, Role.NODE})
-NODE_ONLY: Final = frozenset({Role.NODE})
-"""What only a node may call, not even the admin: a sandbox's secrets (nobody reads a value
-back through the API)."""
 INGRESS: Final = frozenset({Role.ADMIN, Role.INGRESS})
 ANY_ROLE: Final = frozenset(Role)
 
@@ -84,7 +82,7 @@ ROUTES: Final[Mapping[tuple[str, str], Access]] = {
     ("GET", "/v1/secrets/keys"): ADMIN_ONLY,
     ("POST", "/v1/secrets/keys"): ADMIN_ONLY,
     ("DELETE", "/v1/secrets/keys/{key_id}"): ADMIN_ONLY,
-    ("GET", "/v1/sandboxes/{sandbox_id}/secrets"): NODE_ONLY,
+    ("GET", "/v1/sandboxes/{sandbox_id}/secrets"): NODE,  # the admin's: never a value
     # the dashboard (wakeful/dashboard/server.py): a browser logs in with the admin token once
     ("GET", "/ui"): SESSION,  # the login form, or with a session the page
     ("GET", "/ui/dashboard.js"): SESSION,  # static, no data

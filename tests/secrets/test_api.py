@@ -286,3 +286,17 @@ async def test_a_deploy_beside_changes_of_the_apps_secrets_still_lands(tmp_path:
                     both.start_soon(change, round_ * 10 + _)
                 both.start_soon(deploy, round_)
         assert answers == [202] * 8, answers
+
+
+async def test_a_node_run_with_the_admin_token_starts_apps_without_secrets_only(
+    control: Control,
+) -> None:
+    """The admin token (a node set up with it, against the docs' advice) gets no value: an
+    empty environment for an app with no secrets, 403 naming the fix for one with some."""
+    await starting(control, "sb-1")
+    bare = await control.call("GET", "/v1/sandboxes/sb-1/secrets", ADMIN)
+    assert bare.status_code == 200 and bare.json() == {"generation": 0, "env": {}}
+    await control.call("POST", "/v1/apps/web/secrets", json={"values": {"A": PASSWORD}})
+    held = await control.call("GET", "/v1/sandboxes/sb-1/secrets", ADMIN)
+    assert held.status_code == 403 and "wakeful tokens create --role node" in held.text
+    assert PASSWORD not in held.text

@@ -34,6 +34,7 @@ from wakeful.domain.models import (
     STARTING,
     App,
     AppSecrets,
+    Pool,
     RolloutRecord,
     Sandbox,
     SealedValue,
@@ -248,11 +249,19 @@ class SecretBook:
         return found
 
     async def _behind(self, app: str, restart_generation: int) -> int:
+        """The app's live sandboxes the pool controller replaces: those of retired pools go
+        away by themselves and are not counted."""
+        retired = {
+            item.value.name
+            for item in (await self._store.list(keys.POOLS, Pool)).items
+            if item.value.app == app and item.value.retired
+        }
         sandboxes = (await self._store.list(keys.SANDBOXES, Sandbox)).items
         return sum(
             1
             for s in sandboxes
             if s.value.app == app
+            and s.value.pool not in retired
             and s.value.status in SIZED
             and s.value.secrets_generation < restart_generation
         )
@@ -288,3 +297,20 @@ class SecretBook:
             for name, value in record.value.values.items()
         }
         return SecretEnv(record.value.generation, env)
+
+    async def without_values(self, sandbox_id: str) -> SecretEnv:
+        """For a node that runs with the admin token (a setup the CLI warns about): nothing
+        for a sandbox whose app has no secrets, so such apps still start; `NotYours` for one
+        whose app has some (they go to a node token named after the sandbox's node only: no
+        value is read back with the admin token); `UnknownSandbox`."""
+        found = await self._store.get(keys.sandbox(sandbox_id), Sandbox)
+        if found is None:
+            raise UnknownSandbox(f"no sandbox {sandbox_id}")
+        record = await self._store.get(keys.secrets(found.value.app), AppSecrets)
+        if record is not None and record.value.values:
+            raise NotYours(
+                f"the app of sandbox {sandbox_id} has secrets, which only a node token named "
+                f"after its node ({found.value.node}) fetches: this node runs with the admin "
+                "token; give it one (`wakeful tokens create --role node --name NODE`)"
+            )
+        return SecretEnv(record.value.generation if record is not None else 0, {})

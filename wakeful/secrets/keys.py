@@ -57,7 +57,7 @@ KEY_FILE = re.compile(KEY_ID_PATTERN.removesuffix("$") + re.escape(SUFFIX) + "$"
 
 @dataclass(frozen=True)
 class KeyReport:
-    """One key, for `wakeful secrets keys`: never its bytes."""
+    """One key, for `GET /v1/secrets/keys`: never its bytes."""
 
     id: str
     current: bool
