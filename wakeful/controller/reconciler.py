@@ -10,8 +10,8 @@ activator (`leased_on`), which runs in the same process as the controller.
 
 A sandbox it creates records its app's `restart_generation` as this view has it
 (`Sandbox.secrets_generation`). A view that has not seen the latest secrets change yet creates
-it at a stale generation: it is merely replaced once more when the change arrives, and the
-node gives it the values current at its start anyway.
+it at a stale generation: the control plane gives its node no secrets for it (it is behind),
+so its start fails and it is replaced by one at the current generation.
 
 A sandbox it creates also carries its placement (`Sandbox.placement`): the control plane's MAC
 over the record's id, app, pool, node and secrets generation, from the `Placer` it was given
