@@ -185,6 +185,7 @@ async def control_plane(
             evacuate_grace=settings.evacuate_grace,
             takeback_after=settings.state_takeback_after,
             registry=registry,
+            placer=ring.place,
         )
         dashboard = Dashboard(activator, lambda: reconciler.mirror, store, seen=lambda: probe.seen)
         sessions = Sessions(await session_key(store), tokens)

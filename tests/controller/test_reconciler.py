@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from pathlib import Path
 
 import anyio
 import pytest
@@ -24,6 +25,8 @@ from wakeful.domain.models import (
     SealedValue,
     Tunnel,
 )
+from wakeful.secrets.book import SecretBook, SecretEnv
+from wakeful.secrets.keys import KeyRing
 from wakeful.store import Item, Store
 
 pytestmark = pytest.mark.anyio
@@ -49,6 +52,27 @@ async def test_grows_a_pool_with_placed_records(store: Store) -> None:
     created = (await store.list("sandboxes/", Sandbox)).items
     assert len(created) == 2
     assert {(s.value.node, s.value.status) for s in created} == {("n1", SandboxStatus.PENDING)}
+
+
+async def test_a_created_sandbox_carries_a_placement_the_key_ring_verifies(
+    store: Store, tmp_path: Path
+) -> None:
+    """Issue 35: only the control plane says which node may start which app's sandbox. The
+    controller signs each record it creates with the placer it was given (the key ring's, as
+    `wakeful.bootstrap` wires it); the book then answers the node for it, and for no other."""
+    ring = KeyRing(store, tmp_path / "keys")
+    await ring.start()
+    await seed(store, 2)
+    await store.put(keys.secrets("a"), AppSecrets(app="a", generation=2, restart_generation=2))
+    await Reconciler(store, lambda sandbox_id: 0, placer=ring.place).tick()
+    created = [i.value for i in (await store.list(keys.SANDBOXES, Sandbox)).items]
+    assert len(created) == 2
+    assert all(s.secrets_generation == 2 and ring.placed(s) for s in created)
+    assert not ring.placed(created[0].model_copy(update={"node": "n2"}))
+    assert created[0].placement != created[1].placement
+    book = SecretBook(store, ring)
+    for sandbox in created:
+        assert await book.env_for("n1", sandbox.id) == SecretEnv(2, {})
 
 
 async def test_a_draining_sandbox_stops_only_when_its_leases_are_gone(store: Store) -> None:

@@ -1,6 +1,7 @@
 """The secrets routes of the control API (wakeful/secrets/api.py), over real HTTP to the whole
 control plane: an admin sets, unsets and lists, and never reads a value back; a node token
-reads the values of a sandbox it is starting and nothing else; no refusal, answer or log line
+reads the values of a sandbox the control plane placed on it and it is starting, and nothing
+else (not one it wrote itself); no refusal, answer or log line
 quotes a value; a deploy whose env sets a secret's name is refused naming both; deleting an
 app takes its secrets; a key the store needs and the directory lacks stops the start."""
 
@@ -19,6 +20,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tests.support.control import running_control_plane
+from tests.support.placing import put_placed
 from wakeful.activator.api import create_app
 from wakeful.activator.core import Activator
 from wakeful.activator.settings import ActivatorSettings
@@ -54,6 +56,7 @@ ADMIN, N1, N2 = "admin-secret", "n1-secret", "n2-secret"
 @dataclass
 class Control:
     store: Store
+    ring: KeyRing
     http: httpx.AsyncClient
 
     async def call(
@@ -92,12 +95,13 @@ async def control(tmp_path: Path) -> AsyncIterator[Control]:
         await store.put(keys.version("web", "v1"), Version(app="web", version="v1", spec=spec))
         transport = httpx.ASGITransport(app=api)
         async with httpx.AsyncClient(transport=transport, base_url="http://control") as http:
-            yield Control(store, http)
+            yield Control(store, ring, http)
 
 
 async def starting(control: Control, sandbox_id: str, node: str = "n1") -> None:
+    """A pending sandbox of web's, as the pool controller places it."""
     record = Sandbox(id=sandbox_id, pool="web-v1", app="web", node=node, owner=node)
-    await control.store.put(keys.sandbox(sandbox_id), record)
+    await put_placed(control.store, control.ring, record)
 
 
 async def test_an_admin_sets_and_lists_and_a_node_reads_for_a_sandbox_it_starts(
@@ -120,9 +124,44 @@ async def test_an_admin_sets_and_lists_and_a_node_reads_for_a_sandbox_it_starts(
     assert got.headers["cache-control"] == "no-store"
     gone = await control.call("POST", "/v1/apps/web/secrets/unset", json={"names": ["DB_PASSWORD"]})
     assert gone.status_code == 200 and gone.json()["generation"] == 2
-    again = await control.call("GET", "/v1/sandboxes/sb-1/secrets", N1)
+    behind = await control.call("GET", "/v1/sandboxes/sb-1/secrets", N1)
+    assert behind.status_code == 403  # the unset restarts web: sb-1 is being replaced
+    assert "behind web's 2" in behind.json()["detail"]
+    await starting(control, "sb-2")  # its replacement
+    again = await control.call("GET", "/v1/sandboxes/sb-2/secrets", N1)
     assert again.json() == {"generation": 2, "env": {}}
     assert "secrets of web changed" in caplog.text and PASSWORD not in caplog.text
+
+
+async def test_a_node_that_forges_a_sandbox_record_gets_nothing(control: Control) -> None:
+    """The reviewer's reproduction: n2's etcd role may write `sandboxes/`, so it writes a
+    pending record of web's on itself and asks with its own token; or sets a sandbox of its
+    own back to pending after a change, to fetch the new values. Both are refused (403)."""
+    await control.call("POST", "/v1/apps/web/secrets", json={"values": {"A": "old"}})
+    forged = Sandbox(
+        id="forged-1",
+        pool="web-v1",
+        app="web",
+        node="n2",
+        owner="n2",
+        status=SandboxStatus.PENDING,
+        secrets_generation=1,
+    )
+    await control.store.put(keys.sandbox("forged-1"), forged)
+    answer = await control.call("GET", "/v1/sandboxes/forged-1/secrets", N2)
+    assert answer.status_code == 403, answer.text
+    assert "placement does not verify" in answer.json()["detail"] and "old" not in answer.text
+    await starting(control, "mine-1", "n2")
+    assert (await control.call("GET", "/v1/sandboxes/mine-1/secrets", N2)).status_code == 200
+    ran = await control.store.get(keys.sandbox("mine-1"), Sandbox)
+    assert ran is not None
+    running = ran.value.model_copy(update={"status": SandboxStatus.RUNNING})
+    await control.store.put(keys.sandbox("mine-1"), running)
+    await control.call("POST", "/v1/apps/web/secrets", json={"values": {"A": PASSWORD}})
+    await control.store.put(keys.sandbox("mine-1"), ran.value)  # pending again
+    again = await control.call("GET", "/v1/sandboxes/mine-1/secrets", N2)
+    assert again.status_code == 403 and PASSWORD not in again.text
+    assert "behind web's 2" in again.json()["detail"]
 
 
 async def test_nobody_but_the_sandboxes_node_reads_a_value(control: Control) -> None:

@@ -1,7 +1,9 @@
 """The secret book (wakeful/secrets/book.py), a contract on memory, SQLite and etcd: a change
 is whole or nothing, each raises the generation (and the restart generation unless told not
-to); a listing holds no value; a node gets an app's values only for a sandbox recorded on it
-and starting; a rotation seals everything again with the generations as they were."""
+to); a listing holds no value; a node gets an app's values only for a sandbox recorded on it,
+starting, placed there by the control plane and not behind the app's restart generation (a
+record a node forged gets nothing); a rotation seals everything again with the generations as
+they were."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from tests.support.placing import placement, put_placed
 from wakeful.domain import keys
 from wakeful.domain.models import (
     App,
@@ -156,7 +159,9 @@ async def test_concurrent_changes_of_one_app_all_land(store: Store, tmp_path: Pa
     assert kept.generation == kept.restart_generation == 5
 
 
-def sandbox(sandbox_id: str, node: str, status: SandboxStatus, app: str = "web") -> Sandbox:
+def sandbox(
+    sandbox_id: str, node: str, status: SandboxStatus = SandboxStatus.PENDING, app: str = "web"
+) -> Sandbox:
     return Sandbox(id=sandbox_id, pool=f"{app}-v1", app=app, node=node, owner=node, status=status)
 
 
@@ -174,7 +179,7 @@ async def test_a_node_gets_the_values_only_for_a_sandbox_it_is_starting(
         ("theirs-1", "n2", SandboxStatus.PENDING, "web"),
         ("api-1", "n1", SandboxStatus.PENDING, "api"),
     ]:
-        await store.put(keys.sandbox(sandbox_id), sandbox(sandbox_id, node, status, app))
+        await put_placed(store, book.ring, sandbox(sandbox_id, node, status, app))
     wanted = SecretEnv(1, {"DB_PASSWORD": PASSWORD})
     assert await book.env_for("n1", "pending-1") == wanted
     assert await book.env_for("n1", "booting-1") == wanted
@@ -209,7 +214,115 @@ async def test_a_rotation_seals_everything_again_and_leaves_the_generations(
     assert {v.key_id for v in after.values.values()} == {rotated.key}
     assert (after.generation, after.restart_generation) == (before.generation, 1)
     assert after.values["A"].set_at == before.values["A"].set_at
-    await store.put(keys.sandbox("s-1"), sandbox("s-1", "n1", SandboxStatus.PENDING))
+    await put_placed(store, book.ring, sandbox("s-1", "n1"))
     assert (await book.env_for("n1", "s-1")).env == {"DB_PASSWORD": PASSWORD, "A": "a"}
     await book.ring.retire(old)  # nothing is sealed under it any more
     assert await book.ring.check() == 1
+
+
+def forged(real: Sandbox, kind: str) -> Sandbox:
+    """What a node holding READWRITE on `sandboxes/` (but no key) can write, from a real
+    record of its own it can read."""
+    return {
+        "no placement": real.model_copy(update={"id": "forged-1", "placement": ""}),
+        "its placement on another id": real.model_copy(update={"id": "forged-1"}),
+        "its placement for another app": real.model_copy(update={"app": "web", "pool": "web-v1"}),
+        "its placement on another pool": real.model_copy(update={"pool": "web-v2"}),
+        "its placement at a later generation": real.model_copy(
+            update={"secrets_generation": real.secrets_generation + 1}
+        ),
+        "a made-up placement": real.model_copy(
+            update={"placement": "v1:0123456789ab:" + "A" * 43 + "="}
+        ),
+        "garbage": real.model_copy(update={"placement": "v1:not-a-placement"}),
+    }[kind]
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "no placement",
+        "its placement on another id",
+        "its placement for another app",
+        "its placement on another pool",
+        "its placement at a later generation",
+        "a made-up placement",
+        "garbage",
+    ],
+)
+async def test_a_sandbox_record_a_node_forged_gets_nothing(
+    store: Store, tmp_path: Path, kind: str
+) -> None:
+    """The reviewer's hole: n2 writes a pending record of web's on itself and asks."""
+    book = await book_on(store, tmp_path / "keys")
+    await an_app(store)
+    await an_app(store, "api")
+    await book.set("web", {"DB_PASSWORD": PASSWORD}, by="admin")
+    real = await put_placed(store, book.ring, sandbox("api-1", "n2", app="api"))
+    fake = forged(real, kind)
+    await store.put(keys.sandbox(fake.id), fake)
+    with pytest.raises(NotYours, match="placement does not verify") as refused:
+        await book.env_for("n2", fake.id)
+    assert PASSWORD not in str(refused.value)
+
+
+async def test_a_placement_copied_to_another_node_or_app_gets_nothing(
+    store: Store, tmp_path: Path
+) -> None:
+    """n1's real placement of a web sandbox, copied by n2 onto a record on itself, or onto
+    one of api's: neither verifies; nor does a sandbox without secrets skip the check."""
+    book = await book_on(store, tmp_path / "keys")
+    await an_app(store)
+    await an_app(store, "api")
+    await book.set("web", {"DB_PASSWORD": PASSWORD}, by="admin")
+    real = await put_placed(store, book.ring, sandbox("web-1", "n1"))
+    assert (await book.env_for("n1", "web-1")).env == {"DB_PASSWORD": PASSWORD}
+    moved = real.model_copy(update={"id": "web-2", "node": "n2", "owner": "n2"})
+    await store.put(keys.sandbox("web-2"), moved)
+    await store.put(keys.sandbox("web-1"), moved.model_copy(update={"id": "web-1"}))
+    other = real.model_copy(update={"id": "api-9", "app": "api", "pool": "api-v1"})
+    await store.put(keys.sandbox("api-9"), other)
+    for node, sandbox_id in [("n2", "web-2"), ("n2", "web-1"), ("n1", "api-9")]:
+        with pytest.raises(NotYours, match="placement does not verify"):
+            await book.env_for(node, sandbox_id)
+
+
+async def test_a_sandbox_behind_the_restart_generation_gets_nothing(
+    store: Store, tmp_path: Path
+) -> None:
+    """A change that restarts leaves the app's sandboxes behind: being replaced, they get
+    nothing new, even set back to pending by their node; a change that does not restart
+    leaves them current."""
+    book = await book_on(store, tmp_path / "keys")
+    await an_app(store)
+    await book.set("web", {"A": "1"}, by="admin")
+    await put_placed(store, book.ring, sandbox("web-1", "n1"))
+    await book.set("web", {"A": "2"}, by="admin", restart=False)
+    assert await book.env_for("n1", "web-1") == SecretEnv(2, {"A": "2"})
+    await book.set("web", {"A": PASSWORD}, by="admin")
+    with pytest.raises(NotYours, match="secrets generation 1, behind web's 2") as refused:
+        await book.env_for("n1", "web-1")
+    assert PASSWORD not in str(refused.value)
+    lifted = await store.get(keys.sandbox("web-1"), Sandbox)
+    assert lifted is not None  # the node lifts the generation itself: the MAC binds it
+    raised = lifted.value.model_copy(update={"secrets_generation": 2})
+    await store.put(keys.sandbox("web-1"), raised)
+    with pytest.raises(NotYours, match="placement does not verify"):
+        await book.env_for("n1", "web-1")
+    await store.put(keys.sandbox("web-1"), placement(book.ring, raised))
+    assert (await book.env_for("n1", "web-1")).env == {"A": PASSWORD}
+
+
+async def test_a_placement_under_an_older_key_verifies_while_the_key_is_here(
+    store: Store, tmp_path: Path
+) -> None:
+    book = await book_on(store, tmp_path / "keys")
+    await an_app(store)
+    await book.set("web", {"A": PASSWORD}, by="admin")
+    await put_placed(store, book.ring, sandbox("web-1", "n1"))
+    rotated = await book.rotate_key()
+    assert (await book.env_for("n1", "web-1")).env == {"A": PASSWORD}
+    await put_placed(store, book.ring, sandbox("web-2", "n1"))
+    placed = await store.get(keys.sandbox("web-2"), Sandbox)
+    assert placed is not None and placed.value.placement.startswith(f"v1:{rotated.key}:")
+    assert (await book.env_for("n1", "web-2")).env == {"A": PASSWORD}

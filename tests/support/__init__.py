@@ -6,6 +6,8 @@ fixtures only.
   outside.
 - `faults`: a small filesystem to fill (a full disk).
 - `pki`: a CA and certificates made by the README's own commands (etcd over mutual TLS).
+- `placing`: sandbox records placed as the pool controller places them (`put_placed`), for
+  tests of what a node may get of an app's secrets.
 - `control`: the control plane in process, on a free port (`running_control_plane`).
 - `activator`: an activator on a store, the sample app's records, and its API served.
 - `ingress`: an ingress in process with sandboxes as subprocesses; raw sockets and servers.

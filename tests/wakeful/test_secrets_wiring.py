@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.placing import put_placed
 from wakeful.domain import keys
 from wakeful.domain.models import App, Sandbox
 from wakeful.node.secrets import SecretsRefused
@@ -31,14 +32,18 @@ async def test_the_in_process_source_answers_refuses_and_fails_as_a_node_expects
         await store.put(keys.app("web"), App(name="web"))
         await book.set("web", {"A": PASSWORD}, by="admin")
         record = Sandbox(id="sb-1", pool="web-v1", app="web", node="n1", owner="n1")
-        await store.put(keys.sandbox("sb-1"), record)
+        await put_placed(store, ring, record)
         assert await BookSecrets(book, "n1").env_for("sb-1") == {"A": PASSWORD}
         for node, sandbox_id in [("n2", "sb-1"), ("n1", "gone-1")]:
             with pytest.raises(SecretsRefused) as refused:
                 await BookSecrets(book, node).env_for(sandbox_id)
             assert PASSWORD not in str(refused.value)
-        for path in (tmp_path / "keys").iterdir():
-            path.unlink()
+        # the value's key lost, the placement's kept: sb-1 placed under a new key, the value
+        # still sealed under the first (`ring.rotate` alone seals nothing again)
+        first = (await ring.current()).value.key
+        await ring.rotate()
+        await put_placed(store, ring, record)
+        (tmp_path / "keys" / f"{first}.key").unlink()
         with pytest.raises(OSError, match="is sealed under key") as failed:
             await BookSecrets(SecretBook(store, KeyRing(store, tmp_path / "keys")), "n1").env_for(
                 "sb-1"

@@ -10,8 +10,13 @@ activator (`leased_on`), which runs in the same process as the controller.
 
 A sandbox it creates records its app's `restart_generation` as this view has it
 (`Sandbox.secrets_generation`). A view that has not seen the latest secrets change yet creates
-it at a stale generation: it is merely replaced once more when the change arrives, and the
-node gives it the values current at its start anyway.
+it at a stale generation: the control plane gives its node no secrets for it (it is behind),
+so its start fails and it is replaced by one at the current generation.
+
+A sandbox it creates also carries its placement (`Sandbox.placement`): the control plane's MAC
+over the record's id, app, pool, node and secrets generation, from the `Placer` it was given
+(the key ring's `place`, `wakeful.secrets.keys`). A node may write `sandboxes/`, but only a
+record this controller placed gets its app's secrets.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 from prometheus_client import CollectorRegistry
@@ -56,6 +61,20 @@ from .plan import (
 log = logging.getLogger(__name__)
 
 
+class Placer(Protocol):
+    """The placement of a sandbox about to be created (`Sandbox.placement`)."""
+
+    def __call__(
+        self, sandbox_id: str, app: str, pool: str, node: str, secrets_generation: int, /
+    ) -> str: ...
+
+
+def unplaced(sandbox_id: str, app: str, pool: str, node: str, secrets_generation: int, /) -> str:
+    """No placement: a controller without the control plane's keys (its own tests). A node
+    gets no secrets for a sandbox created so."""
+    return ""
+
+
 class Reconciler:
     def __init__(
         self,
@@ -69,11 +88,14 @@ class Reconciler:
         evacuate_grace: float = 30.0,
         takeback_after: float = 300.0,
         registry: CollectorRegistry | None = None,
+        placer: Placer = unplaced,
     ) -> None:
         """`evacuate_concurrency`: stateful sandboxes moving off evacuating nodes at once;
         `evacuate_grace`: how long a moving one waits for its leases; `takeback_after`: how
-        long a node holding a state must be gone before it is taken back (`plan.Moves`)."""
+        long a node holding a state must be gone before it is taken back (`plan.Moves`);
+        `placer`: what signs a created sandbox's placement."""
         self._store = store
+        self._placer = placer
         self._budget = evacuate_concurrency
         self._grace = evacuate_grace
         self._takeback_after = takeback_after
@@ -304,6 +326,9 @@ class Reconciler:
                     epoch=1,
                     created_at=now,
                     secrets_generation=generation,
+                    placement=self._placer(
+                        sandbox_id, pool.app, pool.name, action.node, generation
+                    ),
                 )
                 if action.adopt is None:
                     self._wrote(await self._store.create(keys.sandbox(sandbox_id), record))

@@ -15,8 +15,12 @@ Theory of operation:
   raises neither.
 - **A node** gets an app's values (`env_for`) only for a sandbox whose record places it on that
   node and that is starting (pending or booting): at its start, never later, never another
-  node's. A node elsewhere asks through the control API with its node token (`api.py`,
-  `GET /v1/sandboxes/{id}/secrets`); the node agent of `wakeful up` through `for_node`.
+  node's. A node may write `sandboxes/`, so the record alone proves nothing: its placement
+  (`Sandbox.placement`, the pool controller's MAC over id, app, pool, node and secrets
+  generation, `KeyRing.placed`) must verify, and the sandbox must not be behind the app's
+  `restart_generation` (it is being replaced: it gets nothing new). A node elsewhere asks
+  through the control API with its node token (`api.py`, `GET /v1/sandboxes/{id}/secrets`);
+  the node agent of `wakeful up` through `for_node`.
 - **A listing** holds names, when and by which token each was set: never a value. No log
   line here holds a value either.
 """
@@ -282,16 +286,30 @@ class SecretBook:
 
     async def env_for(self, node: str, sandbox_id: str) -> SecretEnv:
         """The values of the app of `sandbox_id`, for `node` to start it with: `NotYours`
-        unless its record places it on `node` and it is starting; `UnknownSandbox`."""
+        unless its record places it on `node`, it is starting, the control plane placed it so
+        (its placement verifies) and it is not behind the app's restart generation;
+        `UnknownSandbox`. One rule for every app: one without secrets answers an empty env
+        only past the same checks."""
         found = await self._store.get(keys.sandbox(sandbox_id), Sandbox)
         if found is None:
             raise UnknownSandbox(f"no sandbox {sandbox_id}")
         sandbox = found.value
         if sandbox.node != node or sandbox.status not in STARTING:
             raise NotYours(f"sandbox {sandbox_id} is not one node {node} is starting")
+        if not self._ring.placed(sandbox):
+            raise NotYours(
+                f"sandbox {sandbox_id} was not placed on node {node} for {sandbox.app} by the "
+                "control plane: its record's placement does not verify"
+            )
         record = await self._store.get(keys.secrets(sandbox.app), AppSecrets)
         if record is None:
             return SecretEnv(0, {})
+        if sandbox.secrets_generation < record.value.restart_generation:
+            raise NotYours(
+                f"sandbox {sandbox_id} was created at secrets generation "
+                f"{sandbox.secrets_generation}, behind {sandbox.app}'s "
+                f"{record.value.restart_generation}: it is being replaced"
+            )
         env = {
             name: self._ring.open(sandbox.app, name, value.sealed)
             for name, value in record.value.values.items()

@@ -23,8 +23,18 @@ Theory of operation:
 - Keys are read once and kept in memory; an id not in memory is looked for again in the
   directory (another activator may have just made it).
 - **`rotate`** makes a key and makes it current by compare-and-set (`rotation.py` then seals
-  every value again under it); **`retire`** deletes a key's file, never the current key's nor
-  one a value in the store is still sealed under. Keys are otherwise kept, for old backups.
+  every value again under it); **`retire`** deletes a key's file, never the current key's, one
+  made after the current key became current (a rotation may be about to make it current), one
+  a value in the store is still sealed under, nor one a starting sandbox's placement names.
+  Keys are otherwise kept, for old backups. In one process the two take turns (one lock), so a
+  retire never deletes the key a rotation has made and not yet made current.
+- A write that fails with `AlreadyExists` or `Conflict` may be etcd's retry of a write that
+  had committed: before a key made for it is discarded, `meta/secrets-key` is read again, and
+  the key is kept when the record names it.
+- **`place`** MACs a sandbox's placement (`Sandbox.placement`) under the current key's
+  placement key (`sealing.placement_key`), the id this ring last read from the store;
+  **`placed`** verifies one with the key its id names. A placement under an older key keeps
+  verifying while that key is here.
 """
 
 from __future__ import annotations
@@ -40,10 +50,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import anyio
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from wakeful.domain import keys
-from wakeful.domain.models import KEY_ID_PATTERN, NONCE_BYTES, AppSecrets, SecretsKey
+from wakeful.domain.models import (
+    KEY_ID_PATTERN,
+    NONCE_BYTES,
+    STARTING,
+    AppSecrets,
+    Sandbox,
+    SecretsKey,
+)
 from wakeful.store import AlreadyExists, Conflict, Item, Store
 
 from . import sealing
@@ -67,14 +85,31 @@ class KeyReport:
     """Values in the store sealed under it."""
 
 
+@dataclass(frozen=True)
+class _Held:
+    """One key in memory: its cipher, and the key placements under it are made with."""
+
+    aead: AESGCM
+    placing: bytes
+
+    @classmethod
+    def of(cls, key: bytes) -> _Held:
+        return cls(sealing.cipher(key), sealing.placement_key(key))
+
+
 class KeyRing:
     def __init__(
         self, store: Store, directory: Path, *, clock: Callable[[], float] = time.time
     ) -> None:
+        """`clock`: wall time (a key's file time is compared with `SecretsKey.since`)."""
         self._store = store
         self._dir = directory
         self._clock = clock
-        self._aeads: dict[str, AESGCM] = {}
+        self._held: dict[str, _Held] = {}
+        self._current: str | None = None
+        """The current key's id as this ring last read or wrote it (`place` uses it)."""
+        self._turns = anyio.Lock()
+        """Rotate and retire, one at a time."""
 
     @property
     def directory(self) -> Path:
@@ -94,7 +129,40 @@ class KeyRing:
 
     def aead(self, key_id: str) -> AESGCM | None:
         """The key `key_id`, from memory or its file; None when there is no such file."""
-        held = self._aeads.get(key_id)
+        held = self._hold(key_id)
+        return None if held is None else held.aead
+
+    # -- placements -------------------------------------------------------------------------
+
+    def place(
+        self, sandbox_id: str, app: str, pool: str, node: str, secrets_generation: int, /
+    ) -> str:
+        """The placement of a sandbox the pool controller creates, under the current key
+        (`wakeful.controller.reconciler.Placer`)."""
+        key_id = self._current
+        held = None if key_id is None else self._hold(key_id)
+        if key_id is None or held is None:
+            raise KeysUnusable(f"no current secrets key in {self._dir} to place sandboxes with")
+        message = sealing.placement_message(sandbox_id, app, pool, node, secrets_generation)
+        return sealing.place(held.placing, key_id, message)
+
+    def placed(self, sandbox: Sandbox) -> bool:
+        """Whether the control plane placed `sandbox` as its record says: its placement
+        verifies over its id, app, pool, node and secrets generation, under a key here."""
+        if sandbox.node is None:
+            return False
+        message = sealing.placement_message(
+            sandbox.id, sandbox.app, sandbox.pool, sandbox.node, sandbox.secrets_generation
+        )
+        return sealing.verify_placement(self._placing, sandbox.placement, message)
+
+    def _placing(self, key_id: str) -> bytes | None:
+        held = self._hold(key_id)
+        return None if held is None else held.placing
+
+    def _hold(self, key_id: str) -> _Held | None:
+        """The key `key_id`, from memory or its file; None when there is no such file."""
+        held = self._held.get(key_id)
         if held is not None or not re.fullmatch(KEY_ID_PATTERN, key_id):
             return held
         path = self._dir / f"{key_id}{SUFFIX}"
@@ -106,10 +174,10 @@ class KeyRing:
         except OSError as exc:
             raise KeysUnusable(f"{path}: cannot read the secrets key: {exc.strerror}") from None
         try:
-            aead = self._aeads[key_id] = sealing.cipher(data)
+            held = self._held[key_id] = _Held.of(data)
         except ValueError as exc:
             raise KeysUnusable(f"{path}: not a secrets key: {exc}") from None
-        return aead
+        return held
 
     def ids(self) -> list[str]:
         """The ids of the key files in the directory."""
@@ -129,6 +197,7 @@ class KeyRing:
         found = await self._store.get(keys.SECRETS_KEY, SecretsKey)
         if found is None:
             raise KeysUnusable(f"the store names no current secrets key ({keys.SECRETS_KEY})")
+        self._current = found.value.key
         return found
 
     async def start(self) -> str:
@@ -141,9 +210,10 @@ class KeyRing:
                     keys.SECRETS_KEY, SecretsKey(key=key_id, since=self._clock())
                 )
             except AlreadyExists:  # another activator made the first key at the same moment
-                self._discard(key_id)
+                await self._discard(key_id)  # (or etcd retried our write: then it is kept)
                 continue
             log.info("made the first secrets key, %s, in %s", key_id, self._dir)
+        self._current = found.value.key
         await self.check()
         return found.value.key
 
@@ -198,26 +268,44 @@ class KeyRing:
     async def rotate(self) -> tuple[str, str]:
         """A new key, made current: (its id, the previous key's id). The values sealed under
         older keys stay so until sealed again (`rotation.reseal`)."""
-        previous = await self.current()
-        self._private()
-        key_id = self._make()
-        try:
-            await self._store.update(
-                keys.SECRETS_KEY, SecretsKey(key=key_id, since=self._clock()), previous.revision
-            )
-        except Conflict:
-            self._discard(key_id)
-            raise KeyRefused("another rotation made a new key at the same moment") from None
+        async with self._turns:
+            previous = await self.current()
+            self._private()
+            key_id = self._make()
+            written = SecretsKey(key=key_id, since=self._clock())
+            try:
+                await self._store.update(keys.SECRETS_KEY, written, previous.revision)
+            except Conflict:
+                if await self._discard(key_id):  # else etcd retried our committed write
+                    raise KeyRefused("another rotation made a new key at the same moment") from None
+            self._current = key_id
         log.info("secrets key %s is current, after %s", key_id, previous.value.key)
         return key_id, previous.value.key
 
     async def retire(self, key_id: str) -> None:
-        """Delete the key's file: refused (`KeyRefused`) for the current key and for a key a
-        value in the store is sealed under."""
-        if (await self.current()).value.key == key_id:
+        """Delete the key's file: refused (`KeyRefused`) for the current key, for one made
+        after the current key became current, for a key a value in the store is sealed under,
+        and for one a starting sandbox's placement names."""
+        async with self._turns:
+            await self._retire(key_id)
+        log.info("retired secrets key %s", key_id)
+
+    async def _retire(self, key_id: str) -> None:
+        current = (await self.current()).value
+        if current.key == key_id:
             raise KeyRefused(
                 f"key {key_id} is the current key: `wakeful secrets rotate-key` makes another "
                 "current first"
+            )
+        path = self._dir / f"{key_id}{SUFFIX}"
+        try:
+            made = path.stat().st_mtime
+        except FileNotFoundError:
+            raise NoSuchKey(f"no secrets key {key_id} in {self._dir}") from None
+        if made >= current.since:
+            raise KeyRefused(
+                f"key {key_id} was made after the current key {current.key} became current: "
+                "it is not an older key (a rotation may be about to make it current)"
             )
         used = (await self.usage()).get(key_id)
         if used:
@@ -226,13 +314,28 @@ class KeyRing:
                 f"{sum(used.values())} value(s) of {apps} are still sealed under key {key_id}: "
                 "`wakeful secrets rotate-key` seals them again under a new key"
             )
-        path = self._dir / f"{key_id}{SUFFIX}"
+        starting = await self.placements(key_id)
+        if starting:
+            raise KeyRefused(
+                f"{starting} starting sandbox(es) were placed under key {key_id}: retire it "
+                "once they have started"
+            )
         try:
             path.unlink()
         except FileNotFoundError:
             raise NoSuchKey(f"no secrets key {key_id} in {self._dir}") from None
-        self._aeads.pop(key_id, None)
-        log.info("retired secrets key %s", key_id)
+        self._held.pop(key_id, None)
+
+    async def placements(self, key_id: str) -> int:
+        """How many starting sandboxes' placements name the key `key_id`: each would be
+        refused its secrets without it. (Only a starting sandbox's placement is ever checked:
+        `SecretBook.env_for` answers for no other.)"""
+        sandboxes = (await self._store.list(keys.SANDBOXES, Sandbox)).items
+        return sum(
+            1
+            for s in sandboxes
+            if s.value.status in STARTING and sealing.placement_key_id(s.value.placement) == key_id
+        )
 
     # -- the directory ----------------------------------------------------------------------
 
@@ -271,14 +374,20 @@ class KeyRing:
                 raise KeysUnusable(
                     f"{self._dir}: cannot write a secrets key: {exc.strerror}"
                 ) from None
-            self._aeads[key_id] = sealing.cipher(key)
+            self._held[key_id] = _Held.of(key)
             return key_id
 
-    def _discard(self, key_id: str) -> None:
-        """A key made and never current: nothing was sealed under it."""
-        self._aeads.pop(key_id, None)
+    async def _discard(self, key_id: str) -> bool:
+        """A key made for a write that failed, removed unless the store names it after all
+        (etcd retried a write that had committed, and the retry found it done): whether it
+        was removed. Nothing was sealed under a key the store never named."""
+        found = await self._store.get(keys.SECRETS_KEY, SecretsKey)
+        if found is not None and found.value.key == key_id:
+            return False
+        self._held.pop(key_id, None)
         with contextlib.suppress(FileNotFoundError):
             (self._dir / f"{key_id}{SUFFIX}").unlink()
+        return True
 
 
 def _refuse_open(path: Path, what: str, mode: str) -> None:

@@ -11,6 +11,14 @@ Rules (tests/secrets/test_sealing.py holds each):
   another app's record, or under another name, does not open. App and name hold no NUL (their
   patterns), so no two pairs give the same bytes.
 - A value that does not open says which app, name and key id, never anything of the value.
+- A sandbox's placement (`Sandbox.placement`, written by the pool controller) reads
+  `v1:<key id>:<urlsafe base64 of HMAC-SHA256(k, b"wakeful placement\\0" + id + \\0 + app +
+  \\0 + pool + \\0 + node + \\0 + secrets generation)>`, k derived from the secrets key
+  `<key id>` by HKDF-SHA256 (info `b"wakeful placement"`): never the AES key itself, so a MAC
+  and a seal never share a key. Ids and names hold no NUL (their patterns) and the generation
+  is decimal, so no two sets of fields give the same bytes. A placement that does not parse,
+  names a key not here, or was made over other fields, does not verify; the compare is
+  constant-time.
 
 No I/O, no clock, no randomness here.
 """
@@ -19,11 +27,15 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
+import hmac
 import re
 from collections.abc import Callable
 
 from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from wakeful.domain.models import NONCE_BYTES, SEAL_FORMAT, SEALED_PATTERN, TAG_BYTES
 
@@ -33,6 +45,10 @@ KEY_BYTES = 32
 """AES-256."""
 AD_PREFIX = b"wakeful secret\0"
 _SEALED = re.compile(SEALED_PATTERN)
+PLACEMENT_INFO = b"wakeful placement"
+"""HKDF's info for the placement key, and (with a NUL) the prefix of what a placement MACs."""
+_PLACEMENT = re.compile(r"^v1:([0-9a-f]{12}):([A-Za-z0-9_-]{43}=)$")
+"""`v1`, a key id, and the 32 bytes of an HMAC-SHA256 in urlsafe base64."""
 
 
 def associated_data(app: str, name: str) -> bytes:
@@ -90,3 +106,49 @@ def _split(sealed: str) -> tuple[str, bytes]:
     if len(blob) < NONCE_BYTES + TAG_BYTES:
         raise NotSealed(f"a sealed value under key {key_id} is too short to hold a tag")
     return key_id, blob
+
+
+# -- placements ------------------------------------------------------------------------------
+
+
+def placement_key(key: bytes) -> bytes:
+    """The key placements under the secrets key `key` are made with (HKDF-SHA256)."""
+    if len(key) != KEY_BYTES:
+        raise ValueError(f"a secrets key is {KEY_BYTES} bytes, not {len(key)}")
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=PLACEMENT_INFO).derive(key)
+
+
+def placement_message(
+    sandbox_id: str, app: str, pool: str, node: str, secrets_generation: int
+) -> bytes:
+    """What a placement binds: the sandbox, its app, pool and node, and the secrets generation
+    it was created at."""
+    fields = (sandbox_id, app, pool, node, str(secrets_generation))
+    return PLACEMENT_INFO + b"\0" + b"\0".join(f.encode() for f in fields)
+
+
+def place(mac_key: bytes, key_id: str, message: bytes) -> str:
+    """The placement of `message` under `mac_key` (derived from the key `key_id`)."""
+    mac = hmac.digest(mac_key, message, hashlib.sha256)
+    return f"{SEAL_FORMAT}:{key_id}:{base64.urlsafe_b64encode(mac).decode()}"
+
+
+def placement_key_id(placement: str) -> str | None:
+    """The id of the key `placement` names; None when it is not of the shape."""
+    found = _PLACEMENT.fullmatch(placement)
+    return None if found is None else found.group(1)
+
+
+def verify_placement(
+    mac_key_for: Callable[[str], bytes | None], placement: str, message: bytes
+) -> bool:
+    """Whether `placement` was made over `message` with the key its id names (`mac_key_for`,
+    None when there is no such key)."""
+    found = _PLACEMENT.fullmatch(placement)
+    if found is None:
+        return False
+    mac_key = mac_key_for(found.group(1))
+    if mac_key is None:
+        return False
+    given = base64.urlsafe_b64decode(found.group(2))
+    return hmac.compare_digest(given, hmac.digest(mac_key, message, hashlib.sha256))

@@ -124,6 +124,13 @@ class Sandbox(Model):
     secrets_generation: int = Field(default=0, ge=0)
     """The app's `restart_generation` (`AppSecrets`) when the pool controller created it: a
     sandbox behind the app's current one started with secrets that changed since."""
+    placement: str = Field(default="", max_length=100)
+    """The control plane's word that it placed this sandbox, on `node`, for `app` in `pool`,
+    at `secrets_generation`: `v1:<key id>:<urlsafe base64 of an HMAC-SHA256 of those fields>`
+    under a key derived from a secrets key (`wakeful.secrets.sealing`). Written by the pool
+    controller when it creates the record, never by a node (which may write `sandboxes/` but
+    holds no key): a node gets an app's secrets only for a sandbox whose placement verifies.
+    Empty where the control plane has no key ring (tests of the controller alone)."""
 
     @property
     def routable(self) -> bool:
