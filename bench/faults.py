@@ -270,6 +270,7 @@ def cluster(root: Path) -> Iterator[Cluster]:
         "WAKEFUL_LEASE_IDLE_TTL": str(LEASE_IDLE_TTL),
         "WAKEFUL_NODE_TTL": "3",
         "WAKEFUL_ARTIFACT_DIR": str(root / "artifacts"),
+        "WAKEFUL_SECRETS_KEYS": str(root / "secret-keys"),  # shared, as the artifacts are
     }
     c = Cluster(root, etcd, env)
     try:

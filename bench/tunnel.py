@@ -202,6 +202,7 @@ def tunnel_cluster(
         "WAKEFUL_LEASE_TTL": "5",
         "WAKEFUL_NODE_TTL": "3",
         "WAKEFUL_ARTIFACT_DIR": str(root / "artifacts"),
+        "WAKEFUL_SECRETS_KEYS": str(root / "secret-keys"),  # shared, as the artifacts are
     }
     c = TunnelCluster(root, env)
     try:

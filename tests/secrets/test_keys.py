@@ -147,6 +147,19 @@ async def test_a_missing_key_stops_the_start_naming_the_key_and_the_directory(
         await KeyRing(memory, directory).check()  # the current key is checked first
 
 
+async def test_a_missing_current_key_with_nothing_sealed_is_replaced_at_the_start(
+    memory: Store, tmp_path: Path
+) -> None:
+    """A store restored into a new data directory from a backup with no secrets in it: its
+    current key is elsewhere, and nothing needs it, so a key made here takes its place."""
+    lost = await KeyRing(memory, tmp_path / "elsewhere").start()
+    ring = KeyRing(memory, tmp_path / "here")
+    made = await ring.start()
+    assert made != lost and ring.ids() == [made]
+    found = await memory.get(keys.SECRETS_KEY, SecretsKey)
+    assert found is not None and found.value.key == made
+
+
 async def test_another_key_under_the_same_id_does_not_open_and_is_refused(
     memory: Store, tmp_path: Path
 ) -> None:

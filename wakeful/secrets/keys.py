@@ -213,9 +213,32 @@ class KeyRing:
                 await self._discard(key_id)  # (or etcd retried our write: then it is kept)
                 continue
             log.info("made the first secrets key, %s, in %s", key_id, self._dir)
+        if self.aead(found.value.key) is None and not await self.usage():
+            found = await self._replace_unused(found)
         self._current = found.value.key
         await self.check()
         return found.value.key
+
+    async def _replace_unused(self, found: Item[SecretsKey]) -> Item[SecretsKey]:
+        """The store's current key is not here, and no value is sealed under any key (a store
+        restored into a new data directory from a backup with no secrets in it): nothing is
+        lost by making a key here current in its place. With a value sealed anywhere, `check`
+        refuses the start instead."""
+        key_id = self._make()
+        written = SecretsKey(key=key_id, since=self._clock())
+        try:
+            revision = await self._store.update(keys.SECRETS_KEY, written, found.revision)
+        except Conflict:  # another activator did the same, or a rotation: read it again
+            await self._discard(key_id)
+            return await self.current()
+        log.warning(
+            "the current secrets key %s is not in %s and no value is sealed under any key: "
+            "made %s current in its place",
+            found.value.key,
+            self._dir,
+            key_id,
+        )
+        return Item(keys.SECRETS_KEY, written, revision)
 
     async def check(self) -> int:
         """How many key ids the store uses, each proved by opening one value sealed under it;
