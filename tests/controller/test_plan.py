@@ -384,6 +384,31 @@ def test_tally_crashes(
 
 
 @pytest.mark.parametrize(
+    ("sandboxes", "expected"),
+    [
+        pytest.param(
+            [sb("old", S.RUNNING, gen=1), crashed_sb("new", "boom")],
+            (4, 108.0, "boom"),
+            id="one still serving with the values a change replaced does not end the streak",
+        ),
+        pytest.param(
+            [sb("new", S.RUNNING, gen=2)],
+            (0, 0.0, ""),
+            id="one serving with the current values ends it",
+        ),
+    ],
+)
+def test_tally_crashes_after_a_secrets_change(
+    sandboxes: list[Sandbox], expected: tuple[int, float, str]
+) -> None:
+    """The app's restart generation is 2: its replacements crash with the new values while
+    the old sandbox serves on; they back off as a crashing deploy's do."""
+    after = tally_crashes(streak(3, until=150.0), sandboxes, now=100.0, restart_generation=2)
+    assert after is not None
+    assert (after.crash_count, after.crash_cooldown_until, after.last_crash_log) == expected
+
+
+@pytest.mark.parametrize(
     ("gone_since", "holders", "live", "expected_since", "expected_lost"),
     [
         pytest.param({}, {"n1"}, {"n1"}, {}, set(), id="a live holder is not gone"),

@@ -148,10 +148,15 @@ def cooldown(crash_count: int) -> float:
     return min(COOLDOWN_BASE * 2.0 ** max(0, crash_count - 1), COOLDOWN_CAP)
 
 
-def tally_crashes(pool: Pool, sandboxes: Sequence[Sandbox], now: float) -> Pool | None:
+def tally_crashes(
+    pool: Pool, sandboxes: Sequence[Sandbox], now: float, restart_generation: int = 0
+) -> Pool | None:
     """The pool record with its boot crashes counted, before their records are removed: the
     streak grows by each crashed sandbox, its cooldown starts again from `now`, and the last
-    crash's log is kept. A routable sandbox ends a streak. None: nothing to write."""
+    crash's log is kept. A routable sandbox ends a streak, unless it is `behind` the app's
+    `restart_generation`: one still serving with the values a secrets change replaced says
+    nothing of whether the new ones boot (the replacements crashing with them back off as a
+    crashing deploy's do). None: nothing to write."""
     crashes = [s for s in sandboxes if crashed(s)]
     if crashes:
         count = pool.crash_count + len(crashes)
@@ -162,7 +167,9 @@ def tally_crashes(pool: Pool, sandboxes: Sequence[Sandbox], now: float) -> Pool 
                 "last_crash_log": crashes[-1].last_log[-4000:],
             }
         )
-    if pool.crash_count and any(s.routable for s in sandboxes):
+    if pool.crash_count and any(
+        s.routable and not behind(s, restart_generation) for s in sandboxes
+    ):
         return pool.model_copy(update={"crash_count": 0, "crash_cooldown_until": 0.0})
     return None
 

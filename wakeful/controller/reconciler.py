@@ -229,10 +229,12 @@ class Reconciler:
         for name in sorted(set(pools) | set(by_pool)):
             pool_item = pools.get(name)
             items = {i.value.id: i for i in by_pool.get(name, [])}
-            if pool_item is not None:
-                pool_item = await self._track_crashes(pool_item, list(items.values()), now)
-            app_state = None if pool_item is None else states.get(pool_item.value.app)
             generation = 0 if pool_item is None else restarts.get(pool_item.value.app, 0)
+            if pool_item is not None:
+                pool_item = await self._track_crashes(
+                    pool_item, list(items.values()), now, generation
+                )
+            app_state = None if pool_item is None else states.get(pool_item.value.app)
             actions = plan_pool(
                 pool_item.value if pool_item else None,
                 [i.value for i in items.values()],
@@ -281,11 +283,11 @@ class Reconciler:
                 self.metrics.evacuations.labels(result="failed").inc()
 
     async def _track_crashes(
-        self, pool_item: Item[Pool], items: list[Item[Sandbox]], now: float
+        self, pool_item: Item[Pool], items: list[Item[Sandbox]], now: float, generation: int
     ) -> Item[Pool]:
         """Count crashes before their records are removed (`tally_crashes`)."""
         pool = pool_item.value
-        updated = tally_crashes(pool, [i.value for i in items], now)
+        updated = tally_crashes(pool, [i.value for i in items], now, generation)
         if updated is None:
             return pool_item
         if updated.crash_count > pool.crash_count:
