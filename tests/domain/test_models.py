@@ -13,9 +13,10 @@ import pkgutil
 from types import ModuleType
 
 import pytest
+from pydantic import ValidationError
 
 from wakeful.domain import models
-from wakeful.domain.models import format_size, parse_size
+from wakeful.domain.models import AppSpec, format_size, parse_size
 
 MODULES = sorted(
     info.name for info in pkgutil.iter_modules(models.__path__, prefix=f"{models.__name__}.")
@@ -84,3 +85,16 @@ def test_a_size_that_is_not_one_is_refused(text: str) -> None:
 )
 def test_format_size(size: int, text: str) -> None:
     assert format_size(size) == text
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param("X\n", id="a trailing newline ($ matches before one)"),
+        pytest.param("2X", id="a leading digit"),
+        pytest.param("A-B", id="a dash"),
+    ],
+)
+def test_a_manifest_env_name_that_is_not_one_is_refused(name: str) -> None:
+    with pytest.raises(ValidationError, match="is not a valid environment variable name"):
+        AppSpec(command=["serve"], env={name: "v"})

@@ -48,6 +48,7 @@ def value(size: int = 8, key: str = KEY) -> SealedValue:
         pytest.param("API-KEY", "is not an environment variable name", id="a dash"),
         pytest.param("A B", "is not an environment variable name", id="a space"),
         pytest.param("", "is not an environment variable name", id="empty"),
+        pytest.param("NL\n", "is not an environment variable name", id="a trailing newline"),
         pytest.param("PORT", "is set by wakeful", id="PORT is wakeful's"),
         pytest.param("HOST", "is set by wakeful", id="HOST is wakeful's"),
         pytest.param("A" * 255, None, id="255 characters"),

@@ -298,7 +298,7 @@ async def test_a_put_on_an_unknown_lease_is_refused(store: Store) -> None:
 
 @pytest.mark.parametrize(
     "key",
-    ["", "/abs", "trailing/", "a//b", "../up", "a/./b", "sp ace", "é", "x" * 600],
+    ["", "/abs", "trailing/", "a//b", "../up", "a/./b", "sp ace", "é", "x" * 600, "nl\n"],
     ids=[
         "empty",
         "absolute",
@@ -309,6 +309,7 @@ async def test_a_put_on_an_unknown_lease_is_refused(store: Store) -> None:
         "space",
         "non-ascii",
         "too-long",
+        "a trailing newline",
     ],
 )
 async def test_invalid_keys_get_a_typed_error_and_write_nothing(store: Store, key: str) -> None:

@@ -147,7 +147,7 @@ class Store(Protocol):
 
 
 def check_key(key: str) -> str:
-    if len(key) > MAX_KEY_LENGTH or not _KEY.match(key):
+    if len(key) > MAX_KEY_LENGTH or not _KEY.fullmatch(key):
         raise InvalidKey(
             f"invalid key {key[:80]!r}: use '/'-separated segments of letters, digits and "
             f"._:@=+- (not starting with '.'), at most {MAX_KEY_LENGTH} characters"
@@ -156,7 +156,7 @@ def check_key(key: str) -> str:
 
 
 def check_prefix(prefix: str) -> str:
-    if len(prefix) > MAX_KEY_LENGTH or not _PREFIX.match(prefix):
+    if len(prefix) > MAX_KEY_LENGTH or not _PREFIX.fullmatch(prefix):
         raise InvalidKey(f"invalid prefix {prefix[:80]!r}: a key, optionally ending in '/'")
     return prefix
 

@@ -214,7 +214,7 @@ class AppSpec(Model):
     @classmethod
     def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
         for name in env:
-            if not ENV_NAME.match(name):
+            if not ENV_NAME.fullmatch(name):
                 raise ValueError(f"{name!r} is not a valid environment variable name")
             if name in RESERVED_ENV:
                 raise ValueError(f"{name!r} is set by wakeful and cannot be overridden")

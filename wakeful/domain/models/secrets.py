@@ -60,7 +60,7 @@ def secret_name_problem(name: str) -> str | None:
     """Why `name` cannot name a secret, or None: the rules of `env` in wakeful.toml."""
     if len(name) > MAX_SECRET_NAME:
         return f"is longer than {MAX_SECRET_NAME} characters"
-    if not ENV_NAME.match(name):
+    if not ENV_NAME.fullmatch(name):
         return "is not an environment variable name (letters, digits and _, not first a digit)"
     if name in RESERVED_ENV:
         return "is set by wakeful for every sandbox and cannot be a secret"
