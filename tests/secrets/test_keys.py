@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -381,3 +382,22 @@ async def test_a_key_write_that_committed_before_it_failed_keeps_its_key(
     assert (await ring.current()).value.key == second
     assert sorted(p.name for p in directory.iterdir()) == sorted([f"{first}.key", f"{second}.key"])
     assert await KeyRing(memory, directory).start() == second
+
+
+async def test_a_fifo_in_a_keys_place_is_refused_not_waited_on(
+    memory: Store, tmp_path: Path
+) -> None:
+    directory = tmp_path / "keys"
+    key_id = await KeyRing(memory, directory).start()
+    path = directory / f"{key_id}.key"
+    path.unlink()
+    os.mkfifo(path, 0o600)
+    # Should the open wait for a writer (the bug), one comes after 5 s and leaves at once:
+    # the open returns, the read finds nothing, and the refusal names the size instead.
+    unblock = threading.Timer(5, lambda: os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK)))
+    unblock.start()
+    try:
+        with pytest.raises(KeysUnusable, match="not a regular file"):
+            await KeyRing(memory, directory).start()
+    finally:
+        unblock.cancel()

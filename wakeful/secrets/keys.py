@@ -168,7 +168,7 @@ class KeyRing:
         path = self._dir / f"{key_id}{SUFFIX}"
         try:
             _refuse_open(path, "secrets key", "600")
-            data = path.read_bytes()
+            data = _read_key_file(path)
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -411,6 +411,18 @@ class KeyRing:
         with contextlib.suppress(FileNotFoundError):
             (self._dir / f"{key_id}{SUFFIX}").unlink()
         return True
+
+
+def _read_key_file(path: Path) -> bytes:
+    """A key file's bytes: a regular file only, opened without blocking (a FIFO put in a key's
+    place would hang the event loop on `open`, past SIGTERM), read no further than a key."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise KeysUnusable(f"{path}: not a secrets key: not a regular file")
+        return os.read(fd, 4096)
+    finally:
+        os.close(fd)
 
 
 def _refuse_open(path: Path, what: str, mode: str) -> None:
