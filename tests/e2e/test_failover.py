@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.cluster import deploy, start_cluster
+from tests.support.cluster import deploy, leads, start_cluster
 from tests.support.prober import Prober
 from tests.support.up import HELLO, WAKEFUL
 from wakeful.store.testing import EtcdServer
@@ -51,13 +51,6 @@ def _other_app(tmp_path: Path, slow: bool = False) -> Path:
     return where
 
 
-def _leads(api: str) -> bool:
-    try:
-        return httpx.get(f"{api}/readyz", timeout=5).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 @pytest.mark.parametrize("kill", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
 def test_killing_the_leading_activator_under_load_fails_no_request(
     etcd_server: EtcdServer, tmp_path: Path, kill: signal.Signals
@@ -84,7 +77,7 @@ def test_killing_the_leading_activator_under_load_fails_no_request(
         standing_by = httpx.get(f"{heir}/v1/pools", headers=ADMIN, timeout=10)
         assert standing_by.status_code == 503 and "standby" in standing_by.text
         assert api in standing_by.json()["detail"]  # it names the leader
-        assert _leads(api) and not _leads(heir)
+        assert leads(api) and not leads(heir)
         # Both answer /metrics: which leads, and whether each reaches the store (so the
         # store alert has a series whichever leads, ops/prometheus/wakeful-rules.yml).
         standby_metrics = httpx.get(f"{heir}/metrics", timeout=10)
@@ -119,7 +112,7 @@ def test_killing_the_leading_activator_under_load_fails_no_request(
             waking.start()
             took_over = None
             while time.monotonic() < killed_at + 60:
-                if _leads(heir):
+                if leads(heir):
                     took_over = time.monotonic() - killed_at
                     break
                 time.sleep(0.1)

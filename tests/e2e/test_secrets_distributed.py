@@ -14,23 +14,15 @@ import time
 from pathlib import Path
 
 import anyio
-import httpx
 from etcd3aio import Etcd3Client
 
-from tests.support.cluster import deploy, start_cluster, wakeful_cli
+from tests.support.cluster import deploy, leads, start_cluster, wakeful_cli
 from tests.support.prober import Prober
 from tests.support.up import WAKEFUL
 from tests.support.vault import failures, files_holding, secret_value, vault_app
 from wakeful.store.testing import EtcdServer, free_port
 
 VAULT = "vault.localhost"
-
-
-def _leads(api: str) -> bool:
-    try:
-        return httpx.get(f"{api}/readyz", timeout=5).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 async def _etcd_values(server: EtcdServer) -> bytes:
@@ -85,7 +77,7 @@ def test_a_rotated_key_survives_a_takeover_and_etcd_holds_no_value(
 
             processes[0].send_signal(signal.SIGKILL)
             deadline = time.monotonic() + 60
-            while not _leads(heir):
+            while not leads(heir):
                 assert time.monotonic() < deadline, "the standby never took over"
                 time.sleep(0.1)
             # A change through the heir restarts the app: its new sandboxes get every value

@@ -259,10 +259,7 @@ async def test_a_deploy_whose_env_sets_a_secret_is_refused_and_a_deletion_takes_
             base_url=running.url, headers={"Authorization": f"Bearer {running.token}"}
         ) as http,
     ):
-        data = pack(HELLO)
-        assert (await http.put(f"/v1/artifacts/{digest_of(data)}", content=data)).is_success
-        definition = load_app_dir(HELLO).definition.model_dump(mode="json")
-        definition.update(name="web")
+        definition, data = await uploaded_web(http)
         body = {"definition": definition, "artifact": digest_of(data)}
         assert (await http.post("/v1/deploys", json=body)).status_code == 202
         secret = {"values": {"REGION": PASSWORD}}
@@ -303,10 +300,7 @@ async def test_a_deploy_beside_changes_of_the_apps_secrets_still_lands(tmp_path:
             base_url=running.url, headers={"Authorization": f"Bearer {running.token}"}
         ) as http,
     ):
-        data = pack(HELLO)
-        assert (await http.put(f"/v1/artifacts/{digest_of(data)}", content=data)).is_success
-        definition = load_app_dir(HELLO).definition.model_dump(mode="json")
-        definition.update(name="web")
+        definition, data = await uploaded_web(http)
         answers: list[int] = []
 
         async def deploy(round_: int) -> None:
@@ -339,3 +333,12 @@ async def test_a_node_run_with_the_admin_token_starts_apps_without_secrets_only(
     held = await control.call("GET", "/v1/sandboxes/sb-1/secrets", ADMIN)
     assert held.status_code == 403 and "wakeful tokens create --role node" in held.text
     assert PASSWORD not in held.text
+
+
+async def uploaded_web(http: httpx.AsyncClient) -> tuple[dict[str, Any], bytes]:
+    """The sample app as `web`: its definition for a deploy, its artifact uploaded."""
+    data = pack(HELLO)
+    assert (await http.put(f"/v1/artifacts/{digest_of(data)}", content=data)).is_success
+    definition = load_app_dir(HELLO).definition.model_dump(mode="json")
+    definition.update(name="web")
+    return definition, data

@@ -11,6 +11,8 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
+import httpx
+
 from tests.support.up import HELLO, WAKEFUL
 from wakeful.store.testing import free_port
 
@@ -164,3 +166,11 @@ def deploy(
 
 def wakeful_logs(api: str, env: dict[str, str], app: str) -> subprocess.CompletedProcess[str]:
     return wakeful_cli(api, env, "logs", app, timeout=30)
+
+
+def leads(api: str) -> bool:
+    """Whether the activator at `api` leads (its /readyz answers 200; a standby's 503)."""
+    try:
+        return httpx.get(f"{api}/readyz", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
