@@ -90,9 +90,15 @@ def scope_and_exec(argv: list[str]) -> NoReturn:
 
 
 def default_signals() -> None:
-    """Python ignores SIGPIPE and SIGXFSZ, and an ignored signal stays ignored across exec."""
-    for signum in (signal.SIGPIPE, signal.SIGXFSZ):
-        signal.signal(signum, signal.SIG_DFL)
+    """Every signal at its default: an ignored signal stays ignored across exec, and Python
+    ignores SIGPIPE and SIGXFSZ, and inherits whatever the agent was started with ignored
+    (`nohup` ignores SIGHUP; a shell's background job, SIGINT and SIGQUIT)."""
+    for signum in signal.valid_signals():
+        if signum not in (signal.SIGKILL, signal.SIGSTOP):
+            try:
+                signal.signal(signum, signal.SIG_DFL)
+            except (OSError, ValueError):  # one the C library keeps for itself (32, 33)
+                continue
 
 
 def check_dropped(uid: int) -> None:
