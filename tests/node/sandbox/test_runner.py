@@ -223,8 +223,10 @@ async def test_a_sandbox_starts_with_its_secrets_asked_for_once_below_port_and_h
     tmp_path: Path,
 ) -> None:
     """The runtime gets the manifest's env, the app's secrets, then PORT and HOST (a secret
-    never overrides them); the source is asked once, at the start, for that sandbox."""
-    spec = AppSpec(command=["web"], env={"MODE": "plain"}, health=HealthCheck(path="/healthz"))
+    never overrides them), and the command with `$PORT`/`${HOST}` replaced; the source is
+    asked once, at the start, for that sandbox."""
+    command = ["web", "--bind", "${HOST}:$PORT"]
+    spec = AppSpec(command=command, env={"MODE": "plain"}, health=HealthCheck(path="/healthz"))
     settings = NodeSettings(store_url="memory://", node_name="n1", data_dir=tmp_path)
     secrets = FakeSecrets({"API_KEY": "k3y", "PORT": "1", "HOST": "0.0.0.0"})
 
@@ -249,6 +251,7 @@ async def test_a_sandbox_starts_with_its_secrets_asked_for_once_below_port_and_h
     host, port = running.address.rsplit(":", 1) if running.address else ("", "")
     assert (env["PORT"], env["HOST"]) == (port, host) == (port, "127.0.0.1")
     assert (env["API_KEY"], env["MODE"]) == ("k3y", "plain")
+    assert list(runtime.started[0].command) == ["web", "--bind", f"{host}:{port}"]  # expanded
     assert secrets.asked == ["sb-1"]
     assert "k3y" not in running.model_dump_json()
 

@@ -40,6 +40,7 @@ import anyio
 from wakeful.aio import trace
 from wakeful.domain import keys
 from wakeful.domain.artifacts import ArtifactError
+from wakeful.domain.command import expand_command
 from wakeful.domain.lifecycle import Transition
 from wakeful.domain.models import AppSpec, Pool, Sandbox, SandboxStatus, Version
 from wakeful.node.fencing import start_epoch
@@ -285,7 +286,7 @@ class SandboxRunner:
             stateful = launch.spec.state is not None
             identity = Identity(self.sandbox_id, launch.app, launch.spec.resources, stateful)
             self._started = await self._node.runtime.start(
-                launch.spec.command,
+                expand_command(launch.spec.command, launch.port, launch.host),
                 sandbox_env(launch.spec.env, secrets, launch.port, launch.host),
                 launch.base / "app",
                 launch.base / "output.log",
