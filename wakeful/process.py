@@ -24,13 +24,29 @@ _caught: list[AsyncIterator[int]] = []
 
 @contextlib.contextmanager
 def signals_caught() -> Iterator[None]:
-    """SIGINT and SIGTERM caught from here on, for `wait_for_signal`."""
+    """SIGINT and SIGTERM caught from here on, for `wait_for_signal`; and the signals this
+    process was started with ignored kept from its children (`ignored_not_inherited`)."""
+    ignored_not_inherited()
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         _caught.append(signals)
         try:
             yield
         finally:
             _caught.remove(signals)
+
+
+def ignored_not_inherited() -> None:
+    """SIGHUP and SIGQUIT, if this process was started with them ignored (`nohup` ignores
+    SIGHUP, a shell's background job SIGQUIT), stay ignored here but by a handler that does
+    nothing: exec keeps an ignored signal ignored and resets a handled one, and every sandbox
+    (a subprocess of this one, unisolated) would otherwise start deaf to them. Main thread."""
+    for signum in (signal.SIGHUP, signal.SIGQUIT):
+        if signal.getsignal(signum) == signal.SIG_IGN:
+            signal.signal(signum, _nothing)
+
+
+def _nothing(signum: int, frame: object) -> None:
+    pass
 
 
 async def wait_for_signal(extra: Sequence[signal.Signals] = ()) -> int:
