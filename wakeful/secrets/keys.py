@@ -2,11 +2,8 @@
 the current key in the store.
 
 Theory of operation:
-- **The directory** (`WAKEFUL_SECRETS_KEYS`, by default `<data dir>/secret-keys`) is made
-  0700; one open to other users (group or world bits), or a key file that is, or one that is
-  not 32 bytes, is refused with one line, as ssh refuses a private key others can read. Each
-  key is a file `<id>.key` of 32 random bytes, 0600, written under a temporary name (O_EXCL)
-  and linked into place: a reader never sees half a key, and no key is ever overwritten.
+- **The directory** (`WAKEFUL_SECRETS_KEYS`, by default `<data dir>/secret-keys`; its files,
+  `keydir.py`): private, one `<id>.key` of 32 random bytes per key, never overwritten.
   Activators that stand in for each other share it, as they share the artifact directory.
 - **The current key** is the one `meta/secrets-key` names: only the store says which key new
   values are sealed under, so activators sharing the directory agree. A change of secrets
@@ -39,11 +36,9 @@ Theory of operation:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
-import stat
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -66,11 +61,9 @@ from wakeful.store import AlreadyExists, Conflict, Item, Store
 
 from . import sealing
 from .errors import KeyRefused, KeysUnusable, MissingKey, NoSuchKey, SealError, UnknownKey
+from .keydir import KeyDirectory
 
 log = logging.getLogger(__name__)
-
-SUFFIX = ".key"
-KEY_FILE = re.compile(KEY_ID_PATTERN.removesuffix("$") + re.escape(SUFFIX) + "$")
 
 
 @dataclass(frozen=True)
@@ -103,6 +96,7 @@ class KeyRing:
     ) -> None:
         """`clock`: wall time (a key's file time is compared with `SecretsKey.since`)."""
         self._store = store
+        self._files = KeyDirectory(directory)
         self._dir = directory
         self._clock = clock
         self._held: dict[str, _Held] = {}
@@ -165,31 +159,18 @@ class KeyRing:
         held = self._held.get(key_id)
         if held is not None or not re.fullmatch(KEY_ID_PATTERN, key_id):
             return held
-        path = self._dir / f"{key_id}{SUFFIX}"
-        try:
-            _refuse_open(path, "secrets key", "600")
-            data = _read_key_file(path)
-        except FileNotFoundError:
+        data = self._files.read(key_id)
+        if data is None:
             return None
-        except OSError as exc:
-            raise KeysUnusable(f"{path}: cannot read the secrets key: {exc.strerror}") from None
         try:
             held = self._held[key_id] = _Held.of(data)
         except ValueError as exc:
-            raise KeysUnusable(f"{path}: not a secrets key: {exc}") from None
+            raise KeysUnusable(f"{self._files.where(key_id)}: not a secrets key: {exc}") from None
         return held
 
     def ids(self) -> list[str]:
         """The ids of the key files in the directory."""
-        try:
-            names = os.listdir(self._dir)
-        except FileNotFoundError:
-            return []
-        except OSError as exc:
-            raise KeysUnusable(
-                f"{self._dir}: cannot list the secrets keys: {exc.strerror}"
-            ) from None
-        return sorted(name.removesuffix(SUFFIX) for name in names if KEY_FILE.fullmatch(name))
+        return self._files.ids()
 
     # -- what the store says ----------------------------------------------------------------
 
@@ -320,7 +301,7 @@ class KeyRing:
                 f"key {key_id} is the current key: `wakeful secrets rotate-key` makes another "
                 "current first"
             )
-        path = self._dir / f"{key_id}{SUFFIX}"
+        path = self._files.where(key_id)
         try:
             made = path.stat().st_mtime
         except FileNotFoundError:
@@ -363,42 +344,13 @@ class KeyRing:
     # -- the directory ----------------------------------------------------------------------
 
     def _private(self) -> None:
-        """The directory, made 0700 when absent; `KeysUnusable` when others may read it."""
-        try:
-            self._dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            _refuse_open(self._dir, "secrets key directory", "700")
-        except OSError as exc:
-            raise KeysUnusable(
-                f"{self._dir}: cannot use it for secrets keys: {exc.strerror}"
-            ) from None
+        self._files.private()
 
     def _make(self) -> str:
-        """A new key's file; its id."""
-        while True:
-            key_id = os.urandom(6).hex()
-            path = self._dir / f"{key_id}{SUFFIX}"
-            fresh = self._dir / f".{key_id}{SUFFIX}.new"
-            try:
-                fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                try:
-                    key = AESGCM.generate_key(bit_length=256)
-                    os.write(fd, key)
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                try:
-                    os.link(fresh, path)  # never over another key of that id
-                except FileExistsError:
-                    continue
-                finally:
-                    fresh.unlink()
-                _sync_dir(self._dir)
-            except OSError as exc:
-                raise KeysUnusable(
-                    f"{self._dir}: cannot write a secrets key: {exc.strerror}"
-                ) from None
-            self._held[key_id] = _Held.of(key)
-            return key_id
+        """A new key's file, held; its id."""
+        key_id, key = self._files.make()
+        self._held[key_id] = _Held.of(key)
+        return key_id
 
     async def _discard(self, key_id: str) -> bool:
         """A key made for a write that failed, removed unless the store names it after all
@@ -408,38 +360,5 @@ class KeyRing:
         if found is not None and found.value.key == key_id:
             return False
         self._held.pop(key_id, None)
-        with contextlib.suppress(FileNotFoundError):
-            (self._dir / f"{key_id}{SUFFIX}").unlink()
+        self._files.remove(key_id)
         return True
-
-
-def _read_key_file(path: Path) -> bytes:
-    """A key file's bytes: a regular file only, opened without blocking (a FIFO put in a key's
-    place would hang the event loop on `open`, past SIGTERM), read no further than a key."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise KeysUnusable(f"{path}: not a secrets key: not a regular file")
-        return os.read(fd, 4096)
-    finally:
-        os.close(fd)
-
-
-def _refuse_open(path: Path, what: str, mode: str) -> None:
-    """`KeysUnusable` when `path` grants its group or other users anything: a key others
-    could read is no longer the control plane's alone."""
-    info = path.stat()
-    if stat.S_IMODE(info.st_mode) & 0o077:
-        raise KeysUnusable(
-            f"{path}: the {what} is open to other users (mode "
-            f"{stat.S_IMODE(info.st_mode):o}): `chmod {mode}` it, and rotate the keys if "
-            "someone else may have read them"
-        )
-
-
-def _sync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
