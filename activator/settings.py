@@ -103,6 +103,10 @@ class ActivatorSettings(StoreSettings):
     def advertised(self) -> str:
         return self.advertise_url or f"http://{self.listen}"
 
+    def secrets_dir(self, data_dir: Path) -> Path:
+        """The secrets key directory: WAKEFUL_SECRETS_KEYS, else `<data dir>/secret-keys`."""
+        return self.secrets_keys or data_dir / "secret-keys"
+
     def host_rules(self) -> HostRules:
         """What a deploy checks hosts against: the base domain, and the names this control
         plane answers on (`reserved_hosts`, then the hosts of `listen` and of the advertised

@@ -69,7 +69,6 @@ from wakeful.remote import Endpoint, HttpArtifacts, HttpKeeper, HttpLogSink, Htt
 from wakeful.secrets.api import secrets_router
 from wakeful.secrets.book import SecretBook
 from wakeful.secrets.keys import KeyRing
-from wakeful.secrets.rotation import finish as finish_rotation
 from wakeful.serving import serve_asgi
 from wakeful.store import Store, open_store
 from wakeful.store.backup import check_schema
@@ -131,12 +130,7 @@ async def control_plane(
     grants nothing once it is not)."""
     if isinstance(store, StoreBase):  # every store but a test's own
         await check_schema(store)  # SchemaError: a newer wakeful's, or a restore half done
-    # KeysUnusable: a key the store needs is not in the directory; the control plane does
-    # not serve apps without their secrets (`wakeful.secrets.keys`).
-    ring = KeyRing(store, secrets_keys(settings, data_dir))
-    await ring.start()
-    await finish_rotation(store, ring)  # what a rotation cut short left under an older key
-    book = SecretBook(store, ring)
+    book = await SecretBook.opened(store, settings.secrets_dir(data_dir))  # or KeysUnusable
     registry = CollectorRegistry()
     activator = Activator(store, settings, registry, leading=leading)
     probe = StoreProbe(store)  # wakeful_store_up, wakeful_node_registered
@@ -185,7 +179,7 @@ async def control_plane(
             evacuate_grace=settings.evacuate_grace,
             takeback_after=settings.state_takeback_after,
             registry=registry,
-            placer=ring.place,
+            placer=book.ring.place,
         )
         dashboard = Dashboard(activator, lambda: reconciler.mirror, store, seen=lambda: probe.seen)
         sessions = Sessions(await session_key(store), tokens)
@@ -314,11 +308,6 @@ async def run_up(
     remove_control_file(data_dir)
 
 
-def secrets_keys(settings: ActivatorSettings, data_dir: Path) -> Path:
-    """The secrets key directory: WAKEFUL_SECRETS_KEYS, else `<data dir>/secret-keys`."""
-    return settings.secrets_keys or data_dir / "secret-keys"
-
-
 # -- one piece on its own, against a shared store (`wakeful activator | node | ...`) ---------
 
 
@@ -339,7 +328,7 @@ async def run_activator(
     async with settings.open_store() as store, anyio.create_task_group() as tasks:
         # Before standing by: an activator that could not open what the store holds would
         # take over only to refuse then (KeysUnusable ends the process with one line).
-        await KeyRing(store, secrets_keys(settings, data_dir)).start()
+        await KeyRing(store, settings.secrets_dir(data_dir)).start()
         election = terms.activator_election(store, settings)
         standby = Standby(election, store, settings.listen, announce)
 

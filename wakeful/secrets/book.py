@@ -31,6 +31,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from wakeful.domain import keys
 from wakeful.domain.models import (
@@ -50,6 +51,7 @@ from wakeful.store import Conflict, Put, Require, Store
 from .errors import ChangeRefused, NotYours, SealError, UnknownSandbox
 from .keys import KeyRing
 from .rotation import Rotated, rotate_key
+from .rotation import finish as finish_rotation
 from .rules import Change, check_change
 
 log = logging.getLogger(__name__)
@@ -126,6 +128,16 @@ class SecretBook:
         self._store = store
         self._ring = ring
         self._clock = clock
+
+    @classmethod
+    async def opened(cls, store: Store, directory: Path) -> SecretBook:
+        """The book of a control plane starting: its keys checked against the store
+        (`KeysUnusable`: it does not serve apps without their secrets), and what a rotation
+        cut short left under an older key sealed again."""
+        ring = KeyRing(store, directory)
+        await ring.start()
+        await finish_rotation(store, ring)
+        return cls(store, ring)
 
     @property
     def ring(self) -> KeyRing:
