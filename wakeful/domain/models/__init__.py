@@ -15,6 +15,8 @@ module below defines it:
 - `nodes.py`: `Node` with its `Tunnel` and `Frozen` sandboxes, `Cordon`, `SeenNode`,
   `IngressReplica`.
 - `control.py`: the control plane's own records: `RolloutRecord`, `Leader`, `SessionKey`.
+- `images.py`: an image as a version pins it, `ImageRecord` with its `Layer`s and
+  `ImageConfig`, and what its config says (`image_env`, `exposed_port`).
 - `tokens.py`: `Token` and its `Role`.
 - `secrets.py`: an app's sealed secrets, `AppSecrets` of `SealedValue`s, the key new values
   are sealed under (`SecretsKey`), and the rules on names and values.
@@ -40,6 +42,7 @@ module below defines it:
 
 from .apps import (
     ENV_NAME,
+    IMAGE_REF,
     MAX_SIZE,
     MIN_SIZE,
     RESERVED_ENV,
@@ -68,6 +71,17 @@ from .base import (
     describe_validation_error,
 )
 from .control import Leader, RolloutRecord, SessionKey
+from .images import (
+    BLOB_DIGEST,
+    LAYER_TYPES,
+    MAX_LAYERS,
+    BlobDigest,
+    ImageConfig,
+    ImageRecord,
+    Layer,
+    exposed_port,
+    image_env,
+)
 from .nodes import Cordon, Frozen, IngressReplica, Node, ReplicaCoverage, SeenNode, Tunnel
 from .pools import (
     FINISHED,
@@ -105,12 +119,16 @@ from .tokens import ADMIN_TOKEN, Role, Token
 
 __all__ = [
     "ADMIN_TOKEN",
+    "BLOB_DIGEST",
     "ENV_NAME",
     "FINISHED",
     "GONE",
     "HAS_PROCESS",
     "HOST_PATTERN",
+    "IMAGE_REF",
     "KEY_ID_PATTERN",
+    "LAYER_TYPES",
+    "MAX_LAYERS",
     "MAX_SECRETS",
     "MAX_SECRETS_BYTES",
     "MAX_SECRET_BYTES",
@@ -134,13 +152,17 @@ __all__ = [
     "AppSecrets",
     "AppSpec",
     "AppState",
+    "BlobDigest",
     "Concurrency",
     "Cordon",
     "Digest",
     "Frozen",
     "HealthCheck",
     "Host",
+    "ImageConfig",
+    "ImageRecord",
     "IngressReplica",
+    "Layer",
     "Leader",
     "Model",
     "Name",
@@ -163,7 +185,9 @@ __all__ = [
     "Tunnel",
     "Version",
     "describe_validation_error",
+    "exposed_port",
     "format_size",
+    "image_env",
     "manifest_overlap",
     "parse_size",
     "plain_size",

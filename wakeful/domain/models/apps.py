@@ -16,6 +16,7 @@ from typing import Annotated, Literal, Self
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
 from wakeful.domain.models.base import Digest, Host, Model, Name
+from wakeful.domain.models.images import ImageRecord
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 RESERVED_ENV = frozenset({"PORT", "HOST"})
@@ -176,11 +177,23 @@ class StateSpec(Model):
         return path
 
 
+IMAGE_REF = r"^(oci-archive:|docker-archive:)?[^\s]+$"
+"""A registry reference (`registry.example.com/team/shop:1.4`, `...@sha256:<hex>`), or an
+archive in the app's directory (`oci-archive:shop.tar`, `docker-archive:shop.tar`)."""
+
+
 class AppSpec(Model):
     """What a user deploys: how to run the app and how to size it."""
 
     command: list[Annotated[str, StringConstraints(min_length=1, max_length=4096)]] = Field(
-        min_length=1, max_length=256
+        default_factory=list,
+        max_length=256,
+        description="what runs; for an image, overrides its Entrypoint and Cmd",
+    )
+    image: Annotated[str, StringConstraints(pattern=IMAGE_REF, max_length=1024)] | None = Field(
+        default=None,
+        description="an OCI image to run instead of the app's directory (a registry reference, "
+        "or oci-archive:FILE / docker-archive:FILE in the app's directory)",
     )
     env: dict[str, Annotated[str, StringConstraints(max_length=32_768)]] = Field(
         default_factory=dict, max_length=512
@@ -200,6 +213,12 @@ class AppSpec(Model):
     server_timing: bool = Field(default=False, strict=True)
     """Answers carry `Server-Timing` (queue, wake, upstream): it tells anyone whether the app
     was asleep, so it is off unless the app, or the ingress as a whole, turns it on."""
+
+    @model_validator(mode="after")
+    def _something_to_run(self) -> Self:
+        if not self.command and self.image is None:
+            raise ValueError("command: required (or image, to run an OCI image)")
+        return self
 
     @model_validator(mode="after")
     def _one_writer(self) -> Self:
@@ -235,6 +254,8 @@ class Version(Model):
     version: Name
     spec: AppSpec
     artifact: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = None
+    image: ImageRecord | None = None
+    """The image this version runs, pinned at deploy (`spec.image` resolved)."""
     created_at: float = 0.0
 
 
