@@ -89,6 +89,14 @@ class NodeSettings(StoreSettings):
     """`bwrap`: every sandbox in its own namespaces, uid and limits (wakeful.node.jail.bwrap);
     the agent refuses to start without bubblewrap. `none` runs apps as the agent's own user,
     able to read everything it can: for trusted code only, and logged at every start."""
+    image_cache: int = Field(default=10 << 30, ge=64 << 20, le=1 << 42)
+    """Bytes of unpacked images kept on this node (`wakeful.node.images`); past it, trees no
+    sandbox uses go, least recently used first. WAKEFUL_IMAGE_CACHE (bytes, or 10Gi)."""
+    image_max_bytes: int = Field(default=4 << 30, ge=1 << 20, le=1 << 40)
+    """The most one image may unpack to (and the bound on each of its blobs): past it, it is
+    refused, whatever it weighed compressed. WAKEFUL_IMAGE_MAX_BYTES (bytes, or 4Gi)."""
+    image_max_files: int = Field(default=500_000, ge=100, le=50_000_000)
+    """The most files one image may unpack to. WAKEFUL_IMAGE_MAX_FILES."""
     warm_slots: int = Field(default=2, ge=0, le=64)
     """Sandbox starters kept ready in their cgroups, so a cold start skips the kernel's slow
     cgroup join (~10-30 ms here; wakeful.node.sandbox.slots). ~8 MB each; 0 turns them off.
@@ -97,6 +105,11 @@ class NodeSettings(StoreSettings):
     """Networks no sandbox may reach (CIDRs, e.g. a private network with databases apps must
     not see), besides this machine, the control plane and the other nodes, which are always
     refused (as root with nftables). WAKEFUL_SANDBOX_REFUSED_NETWORKS='["10.0.0.0/8"]'."""
+
+    @field_validator("image_cache", "image_max_bytes", mode="before")
+    @classmethod
+    def _sizes(cls, value: object) -> object:
+        return parse_size(value) if isinstance(value, str) else value
 
     @field_validator("sandbox_refused_networks")
     @classmethod

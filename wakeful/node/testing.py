@@ -29,7 +29,7 @@ import anyio.abc
 from wakeful.node.jail.bwrap import SLOT_MARK, SLOT_PROGRAM
 from wakeful.node.jail.jailed import descendants
 from wakeful.node.sandbox.output import RECENT_BYTES, tail_of
-from wakeful.node.sandbox.runtime import UNNAMED, Identity, Runtime
+from wakeful.node.sandbox.runtime import UNNAMED, Identity, ImageRun, Runtime
 from wakeful.node.sandbox.workdir import Packed, fill_workdir
 from wakeful.node.secrets import SecretSource
 
@@ -250,6 +250,8 @@ class FakeRuntime:
         self.programs = dict(programs or {})
         self.started: list[FakeProcess] = []
         self.identities: list[Identity] = []
+        self.images: list[ImageRun | None] = []
+        """The image of every start, in order (None for a directory app)."""
         """What each start was told about its sandbox (id, app, limits), in order."""
         self._next_pid = FIRST_FAKE_PID
         self._exit_stack: contextlib.AsyncExitStack | None = None
@@ -279,7 +281,10 @@ class FakeRuntime:
         log_path: Path,
         identity: Identity = UNNAMED,
         packed: Packed | None = None,
+        image: ImageRun | None = None,
     ) -> FakeProcess:
+        """An image app runs as its command says, its image only recorded (`images`)."""
+        self.images.append(image)
         if packed is not None:
             fill_workdir(workdir, packed)  # checked and unpacked, as a real start does
         _check_paths(workdir, log_path)

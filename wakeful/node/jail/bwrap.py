@@ -42,7 +42,7 @@ from pathlib import Path
 from wakeful.domain.models import Resources
 
 from .cgroups import Cgroups, SandboxCgroup
-from .slot_main import SCOPE_MARK
+from .slot_main import IMAGE_MARK, SCOPE_MARK
 from .tmpfs import ACCOUNTS
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,9 @@ SLOT_PROGRAM = f"{SLOT_HOME}/{SLOT_MAIN.name}"
 """Where a sandbox sees `slot_main.py`: a read-only file bwrap makes from a descriptor the agent
 hands it (`slot_main`), run by path. Never its source as `python -c`: bwrap keeps its argv for
 the sandbox's life, and so does the init of its PID namespace, both in `ps`."""
+IMAGE_ROOT = f"{SLOT_HOME}/root"
+"""Where an image app's root filesystem is mounted inside its sandbox, until the chain's last
+step chroots into it (`slot_main.image_exec`)."""
 SLOT_MARK = "wakeful-warm-slot"
 """In an idle warm slot's command line (its first argument): what tells it from a sandbox."""
 
@@ -110,11 +113,7 @@ class Jail:
         `CHAIN_ENV` (an app's LD_PRELOAD must never reach setpriv, which still holds root's
         capabilities, nor run before the Landlock scope). `slot_fd`: with `scope`, a file
         holding `slot_main()` for bwrap to read, that the scope step runs."""
-        argv: list[str] = []
-        if cgroup is not None:
-            argv += cgroup.join_prefix(self.sh)
-        rlimits = [f"--{name.lower()}={value}:{value}" for name, value in self.rlimits(limits, uid)]
-        argv += [self.prlimit, *rlimits, "--", self.setpriv, "--pdeathsig", "KILL", "--"]
+        argv = self._root_steps(limits, uid, cgroup)
         tree, workdir = (root, None) if uid is not None else (None, root)
         argv += [self.bwrap, *self.mounts(tree, workdir, limits.disk)]
         if self.scope:
@@ -139,6 +138,51 @@ class Jail:
         if env_fd is not None:
             argv += [self.sh, "-c", f'. /dev/fd/{env_fd} && exec "$@"', ENV_STEP]
         return argv + command
+
+    def image_command(
+        self,
+        command: list[str],
+        tree: Path,
+        workdir: str,
+        limits: Resources,
+        uid: int,
+        cgroup: SandboxCgroup | None,
+        env_fd: int,
+        seccomp_fd: int | None,
+        slot_fd: int,
+        netns: list[str] | None = None,
+    ) -> list[str]:
+        """The chain of `command` for an image app: as `command`'s up to bwrap (with `netns`,
+        the argv that enters the sandbox's own network namespace, before bwrap), whose mounts
+        put the image's root (an overlay on `tree/root`, `image_fs`) at `IMAGE_ROOT` with its
+        own /proc, /dev, /tmp and /dev/shm; then, as root inside, the slot program chroots
+        into it, drops to `uid` and execs the app with the environment of `env_fd`
+        (`image_env_data`): the image has neither setpriv nor a shell we could trust."""
+        argv = [*self._root_steps(limits, uid, cgroup), *(netns or [])]
+        argv += [self.bwrap, *self.image_mounts(tree), *_slot_mount(slot_fd)]
+        if seccomp_fd is not None:
+            argv += ["--seccomp", str(seccomp_fd)]
+        scoped = "1" if self.scope else "0"
+        step = [IMAGE_MARK, IMAGE_ROOT, workdir, str(uid), str(env_fd), scoped]
+        return [*argv, "--", *self._slot_main(*step), *command]
+
+    def _root_steps(
+        self, limits: Resources, uid: int | None, cgroup: SandboxCgroup | None
+    ) -> list[str]:
+        """What runs as root before bwrap: the cgroup join, `prlimit`, `setpriv --pdeathsig`."""
+        argv = [] if cgroup is None else cgroup.join_prefix(self.sh)
+        rlimits = [f"--{name.lower()}={value}:{value}" for name, value in self.rlimits(limits, uid)]
+        return [*argv, self.prlimit, *rlimits, "--", self.setpriv, "--pdeathsig", "KILL", "--"]
+
+    def image_mounts(self, tree: Path) -> list[str]:
+        """The namespaces of `mounts`, the system directories (the slot program's Python runs
+        from them, before the chroot), and the image's root with its own special and scratch
+        filesystems, all of these but /proc and /dev in the sandbox's one bounded tmpfs."""
+        args, root = self._system(), IMAGE_ROOT
+        args += ["--bind", str(tree / "root"), root]
+        args += ["--proc", f"{root}/proc", "--dev", f"{root}/dev"]
+        args += ["--bind", str(tree / "tmp"), f"{root}/tmp"]
+        return [*args, "--bind", str(tree / "shm"), f"{root}/dev/shm", "--chdir", "/"]
 
     def slot_command(
         self,
@@ -176,6 +220,22 @@ class Jail:
     def mounts(self, tree: Path | None, workdir: Path | None, disk: int = 16 << 20) -> list[str]:
         """`tree`: a sandbox tmpfs, whose `app/` and scratch directories are bound; else
         `workdir` is bound at /app (when given) and /tmp and /dev/shm are tmpfs of `disk`."""
+        args = self._system()
+        args += ["--proc", "/proc", "--dev", "/dev"]
+        if tree is not None:  # all in one tmpfs, bounded together
+            args += ["--bind", str(tree / "tmp"), "/tmp", "--bind", str(tree / "shm"), "/dev/shm"]
+            for name in ACCOUNTS:  # filled for the app's uid by `fill_app_dir`
+                args += ["--ro-bind", str(tree / name), f"/etc/{name}"]
+            return [*args, "--bind", str(tree / "app"), APP_DIR, "--chdir", APP_DIR]
+        for scratch in ("/tmp", "/dev/shm"):  # writable by the app, bounded like its /app
+            args += ["--perms", "1777", "--size", str(disk), "--tmpfs", scratch]
+        if workdir is not None:
+            args += ["--bind", str(workdir), APP_DIR, "--chdir", APP_DIR]
+        return args
+
+    def _system(self) -> list[str]:
+        """The namespaces every sandbox gets, the visible system directories (read-only) and
+        the hidden ones."""
         args = [
             "--unshare-pid",
             "--unshare-ipc",
@@ -192,16 +252,6 @@ class Jail:
                 args += ["--ro-bind", path, path]
         for path in self.hidden:
             args += ["--tmpfs", path]
-        args += ["--proc", "/proc", "--dev", "/dev"]
-        if tree is not None:  # all in one tmpfs, bounded together
-            args += ["--bind", str(tree / "tmp"), "/tmp", "--bind", str(tree / "shm"), "/dev/shm"]
-            for name in ACCOUNTS:  # filled for the app's uid by `fill_app_dir`
-                args += ["--ro-bind", str(tree / name), f"/etc/{name}"]
-            return [*args, "--bind", str(tree / "app"), APP_DIR, "--chdir", APP_DIR]
-        for scratch in ("/tmp", "/dev/shm"):  # writable by the app, bounded like its /app
-            args += ["--perms", "1777", "--size", str(disk), "--tmpfs", scratch]
-        if workdir is not None:
-            args += ["--bind", str(workdir), APP_DIR, "--chdir", APP_DIR]
         return args
 
     def describe(self) -> str:
@@ -234,6 +284,15 @@ def _slot_mount(slot_fd: int) -> list[str]:
 
 ENV_STEP = "wakeful-env"
 """The name the chain's environment step runs under (its `$0`)."""
+
+
+def image_env_data(env: dict[str, str]) -> bytes:
+    """An image app's environment as `slot_main.image_exec` reads it: `NAME=value` entries
+    separated by NUL (a value holding NUL cannot be passed to exec anyway)."""
+    for name, value in env.items():
+        if not name.isidentifier() or not name.isascii() or "\0" in value:
+            raise ValueError(f"{name!r} is not a valid environment variable")
+    return b"\0".join(f"{name}={value}".encode() for name, value in env.items())
 
 
 def env_script(env: dict[str, str]) -> bytes:

@@ -27,6 +27,8 @@ class Jailed:
         """Its tmpfs (`mount_sandbox_fs`), unmounted when it ends."""
         self.home: Path | None = None
         """A directory of its own besides its sandbox directory (a warm slot's), removed then."""
+        self.after_tree: list[Callable[[], None]] = []
+        """Called once its tree is let go of (an image app's hold on its cached image)."""
         self._oom = False
         self._released = False
 
@@ -70,6 +72,9 @@ class Jailed:
         home, self.home = self.home, None
         if home is not None:
             shutil.rmtree(home, ignore_errors=True)
+        after, self.after_tree = self.after_tree, []
+        for done in after:
+            done()
 
     def reason(self) -> str | None:
         return oom_message(self.limits) if self._oom else None

@@ -20,6 +20,14 @@ a Landlock domain of its own that scopes abstract UNIX sockets and signals (`sco
 The cold chain (no warm slot) runs the same file as `python3 -I -S /.wakeful/slot_main.py
 SCOPE_MARK COMMAND...` after its uid drop: it only sets no_new_privs, scopes itself and execs
 COMMAND.
+
+An image app's chain runs it as root, in place of the uid drop, as `python3 -I -S
+/.wakeful/slot_main.py IMAGE_MARK ROOT WORKDIR UID ENV_FD SCOPE COMMAND...`: the app's root
+filesystem is mounted at ROOT (where neither this Python nor setpriv exist), so this step
+chroots into it and changes to WORKDIR, drops every privilege as a warm slot does and checks
+it, scopes itself when SCOPE is 1, and execs COMMAND with the environment read from ENV_FD
+(NUL-separated `NAME=value` entries: never a command line), found through that environment's
+PATH, as docker does. chroot is no boundary for root; the process is never root after it.
 """
 
 import ctypes
@@ -34,6 +42,7 @@ PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 CAP_VERSION_3 = 0x20080522
 SCOPE_MARK = "wakeful-scope"
+IMAGE_MARK = "wakeful-image"
 LANDLOCK_CREATE_RULESET, LANDLOCK_RESTRICT_SELF = 444, 446  # the same on every architecture
 LANDLOCK_SCOPES = 0x1 | 0x2  # LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET | LANDLOCK_SCOPE_SIGNAL
 
@@ -124,9 +133,43 @@ def check_dropped(uid: int) -> None:
             fail(f"privileges not dropped: {field} is {status.get(field)}")
 
 
+def image_exec(args: list[str]) -> NoReturn:
+    """An image app's last step (`IMAGE_MARK`), as root: into its root, then the app."""
+    root, workdir, uid_text, env_fd, scoped, *argv = args
+    uid = int(uid_text)
+    if uid <= 0:
+        fail(f"refusing uid {uid}")
+    with os.fdopen(int(env_fd), "rb") as file:
+        raw = file.read()
+    env = {}
+    for entry in raw.split(b"\0"):
+        name, sep, value = entry.partition(b"=")
+        if sep:
+            env[os.fsdecode(name)] = os.fsdecode(value)
+    os.chroot(root)
+    try:
+        os.chdir(workdir)
+    except OSError as exc:
+        fail(f"cannot enter its working directory {workdir}: {exc.strerror}")
+    libc = ctypes.CDLL(None, use_errno=True)
+    drop_privileges(libc, uid)
+    check_dropped(uid)
+    if scoped == "1":
+        scope(libc)
+    default_signals()
+    if not argv:
+        fail("the image names no command (no Entrypoint or Cmd) and wakeful.toml none", 127)
+    try:
+        os.execvpe(argv[0], argv, env)
+    except OSError as exc:
+        fail(f"cannot run {argv[0]}: {exc.strerror}", 127)
+
+
 def main() -> None:
     if sys.argv[1] == SCOPE_MARK:
         scope_and_exec(sys.argv[2:])
+    if sys.argv[1] == IMAGE_MARK:
+        image_exec(sys.argv[2:])
     # Imported here, not at the top: json alone costs the cold chain's scope step ~4 ms.
     import json
     import resource

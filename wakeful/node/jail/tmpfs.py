@@ -81,6 +81,36 @@ def fill_app_dir(root: Path, uid: int, place: Callable[[Path, int], None]) -> No
         os.chown(root / name, uid, uid)
 
 
+IMAGE_MOUNTS = ("proc", "dev", "tmp")
+"""Where the sandbox's own /proc, /dev and /tmp go in an image's root: made real directories in
+its overlay, whatever the image has there (a symlink there would point bwrap's mount
+elsewhere in the sandbox)."""
+
+
+def mount_image_root(tree: Path, lower: Path) -> Path:
+    """An overlay of the cached, read-only image tree `lower` with a writable upper layer in
+    the sandbox's tmpfs `tree` (`mount_sandbox_fs`: so the app's writes are bounded by its
+    `disk`), at `tree/root`. Root only; undone with the tmpfs (`unmount` detaches both)."""
+    for name in ("upper", "work", "root"):
+        (tree / name).mkdir(mode=0o755)
+    root = tree / "root"
+    options = f"lowerdir={lower},upperdir={tree / 'upper'},workdir={tree / 'work'}"
+    if (
+        _libc.mount(
+            b"overlay", str(root).encode(), b"overlay", MS_NOSUID | MS_NODEV, options.encode()
+        )
+        != 0
+    ):
+        err = ctypes.get_errno()
+        raise OSError(err, f"cannot mount the image's overlay on {root}: {os.strerror(err)}")
+    for name in IMAGE_MOUNTS:
+        path = root / name
+        if path.is_symlink() or (path.exists() and not path.is_dir()):
+            path.unlink()  # the link itself (or a file), in the upper layer
+        path.mkdir(mode=0o755, exist_ok=True)
+    return root
+
+
 def unmount(path: Path) -> None:
     """Undo `mount_sandbox_fs` (lazily: a process still holding a file there goes on)."""
     mnt_detach = 2

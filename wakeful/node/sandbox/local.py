@@ -19,13 +19,14 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from wakeful.node.jail.bwrap import CHAIN_ENV, Jail, env_script, slot_main
+from wakeful.node.jail.bwrap import CHAIN_ENV, Jail, env_script, image_env_data, slot_main
 from wakeful.node.jail.detect import detect_jail
 from wakeful.node.jail.jailed import Jailed, memfile
 from wakeful.node.jail.network import control_endpoints
 from wakeful.node.jail.tmpfs import (
     chown_tree,
     fill_app_dir,
+    mount_image_root,
     mount_sandbox_fs,
     resize_sandbox_fs,
 )
@@ -34,7 +35,7 @@ from wakeful.node.settings import NodeSettings
 
 from .output import MAX_LOG_BYTES
 from .process import LocalProcess
-from .runtime import UNNAMED, Identity, Runtime
+from .runtime import UNNAMED, Identity, ImageRun, ImageTrees, Runtime
 from .slots import Slot, SlotPool
 from .spawn import spawn
 from .workdir import Packed, fill_workdir, sandbox_dir
@@ -63,10 +64,13 @@ class ProcessRuntime:
         uids: UidTable | None = None,
         warm_slots: int = 0,
         slot_homes: Path | None = None,
+        images: ImageTrees | None = None,
     ) -> None:
         """`slot_homes`: where warm slots keep their directories (the node's sandbox
-        directories); needed for `warm_slots`."""
+        directories); needed for `warm_slots`. `images`: the node's image cache, for apps
+        that run an image."""
         self._max_log_bytes = max_log_bytes
+        self.images = images
         self._jail = jail
         self._uids = uids
         if jail is not None and jail.as_root and uids is None:
@@ -110,8 +114,11 @@ class ProcessRuntime:
         log_path: Path,
         identity: Identity = UNNAMED,
         packed: Packed | None = None,
+        image: ImageRun | None = None,
     ) -> LocalProcess:
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        if image is not None:
+            return await self._start_image(command, env, workdir, log_path, identity, image)
         jailed: Jailed | None = None
         argv, chain_env, cwd = _guarded(command), dict(env), workdir
         fds: tuple[int, ...] = ()
@@ -168,6 +175,94 @@ class ProcessRuntime:
             app_dir=workdir if mounted is None else mounted / "app",
             keep_tree=identity.stateful,
         )
+
+    def image_refusal(self) -> str | None:
+        """Why this node cannot run an image app (None: it can)."""
+        jail = self._jail
+        if jail is None:
+            return "this node runs apps unisolated (--isolation=none), and images need isolation"
+        if not jail.as_root:
+            return "image apps need a node agent running as root (an overlay root, own uid)"
+        if jail.slot_python is None:
+            return "no Python 3 is visible to sandboxes here (the image step runs on it)"
+        if self.images is None:
+            return "this node has no image cache"
+        return None
+
+    async def _start_image(
+        self,
+        command: Sequence[str],
+        env: Mapping[str, str],
+        workdir: Path,
+        log_path: Path,
+        identity: Identity,
+        image: ImageRun,
+    ) -> LocalProcess:
+        """Cold, always: the image's cached tree under an overlay in the sandbox's own
+        tmpfs, then the image chain (`Jail.image_command`). A warm slot's mounts were made
+        before its image was known."""
+        refused = self.image_refusal()
+        if refused is not None:
+            raise OSError(refused)
+        jail, images, uids = self._jail, self.images, self._uids
+        assert jail is not None and images is not None and uids is not None
+        uid = uids.uid(identity.app)
+        lower = await images.hold(image.record, uid)
+        jailed = Jailed(identity.limits, uid)
+        jailed.after_tree.append(lambda: images.let_go(image.record, uid))
+        fds: list[int] = []
+        try:
+            await asyncio.to_thread(self._enter_image, jailed, workdir, identity, lower)
+            assert jailed.mounted is not None
+            fds.append(memfile("env", image_env_data(dict(env))))
+            seccomp_fd = None
+            if jail.seccomp is not None:
+                seccomp_fd = memfile("seccomp", jail.seccomp)
+                fds.append(seccomp_fd)
+            slot_fd = memfile("slot_main", slot_main())
+            fds.append(slot_fd)
+            argv = jail.image_command(
+                list(command),
+                jailed.mounted,
+                image.workdir,
+                identity.limits,
+                uid,
+                jailed.cgroup,
+                fds[0],
+                seccomp_fd,
+                slot_fd,
+            )
+            process = await spawn(argv, cwd=Path("/"), env=dict(CHAIN_ENV), pass_fds=fds)
+        except BaseException:
+            jailed.release()
+            raise
+        finally:
+            for fd in fds:
+                os.close(fd)
+        await self._save_uids()
+        return LocalProcess(
+            process,
+            log_path,
+            self._max_log_bytes,
+            jailed,
+            app_dir=jailed.mounted / "root",
+            keep_tree=identity.stateful,
+        )
+
+    def _enter_image(self, jailed: Jailed, workdir: Path, identity: Identity, lower: Path) -> None:
+        """The sandbox's bounded tmpfs, the image's overlay on it, its cgroup."""
+        jail = self._jail
+        assert jail is not None and jailed.uid is not None
+        tree = workdir.with_name("fs")
+        limits = identity.limits
+        mount_sandbox_fs(tree, limits.disk if jail.cgroups else min(limits.disk, limits.memory))
+        jailed.mounted = tree
+        fill_app_dir(tree, jailed.uid, _nothing)
+        mount_image_root(tree, lower)
+        if jail.cgroups is not None:
+            jail.cgroups.sweep()
+            jailed.cgroup = jail.cgroups.sandbox(identity.sandbox_id)
+            jailed.cgroup.create(limits)
 
     async def _launch(
         self,
@@ -248,6 +343,10 @@ class ProcessRuntime:
             jailed.release()
             raise
         return jailed
+
+
+def _nothing(app: Path, uid: int) -> None:
+    """An image app has no files of its own in `app/` (its image is its tree)."""
 
 
 def _placer(workdir: Path, packed: Packed | None) -> Callable[[Path, int], None]:

@@ -33,19 +33,25 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import anyio
 
 from wakeful.aio import trace
 from wakeful.domain import keys
 from wakeful.domain.artifacts import ArtifactError
-from wakeful.domain.command import expand_command
 from wakeful.domain.lifecycle import Transition
-from wakeful.domain.models import AppSpec, Pool, Sandbox, SandboxStatus, Version
+from wakeful.domain.models import (
+    AppSpec,
+    ImageRecord,
+    Pool,
+    Sandbox,
+    SandboxStatus,
+    Version,
+    exposed_port,
+)
 from wakeful.node.fencing import start_epoch
 from wakeful.node.logship import LogShipper
-from wakeful.node.secrets import SecretSource, SecretsRefused, sandbox_env
+from wakeful.node.secrets import SecretSource, SecretsRefused
 from wakeful.node.settings import NodeSettings
 from wakeful.node.state.claim import StateClaim
 from wakeful.node.state.hold import StateHold, StateRefused
@@ -53,11 +59,12 @@ from wakeful.node.writer import SandboxWriter
 from wakeful.store import Item, Store, StoreError
 
 from .freezing import Freezing
+from .launch import Launch, what_runs
 from .outcome import ending, last_lines
 from .ports import NoFreePort, PortPool
 from .probe import wait_ready
 from .runtime import Identity, Runtime, SandboxProcess
-from .workdir import Artifacts, Packed, fetch_packed, remove_sandbox_dir, sandbox_dir
+from .workdir import Artifacts, fetch_packed, remove_sandbox_dir, sandbox_dir
 
 log = logging.getLogger(__name__)
 STORE_WRITE_BOUND = 5.0
@@ -81,23 +88,6 @@ class NodeServices:
     """Stateful apps' state: restored at start, archived and handed back at the end."""
     secrets: SecretSource
     """Each app's secrets, asked for at its sandbox's start."""
-
-
-@dataclass(frozen=True)
-class Launch:
-    """A sandbox ready to start: its spec, directory and port (its environment is made at the
-    start, with its secrets, and kept nowhere: `_boot`)."""
-
-    spec: AppSpec
-    app: str
-    base: Path
-    packed: Packed | None
-    host: str
-    port: int
-
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
 
 
 class CannotRun(Exception):
@@ -269,13 +259,21 @@ class SandboxRunner:
         if packed is None:  # an app without files: an empty directory to run in
             (base / "app").mkdir(mode=0o700, parents=True, exist_ok=True)
         host = settings.node_address
-        port = self._pick_port(spec)
-        return Launch(spec=spec, app=record.app, base=base, packed=packed, host=host, port=port)
+        image = version.value.image if version else None
+        port = self._pick_port(spec, image)
+        return Launch(
+            spec=spec, app=record.app, base=base, packed=packed, host=host, port=port, image=image
+        )
 
-    def _pick_port(self, spec: AppSpec) -> int:
+    def _pick_port(self, spec: AppSpec, image: ImageRecord | None) -> int:
+        """The app's own port when it has one (`port`, else its image's one exposed port),
+        else a free one from the node's pool, passed in PORT."""
+        fixed = spec.port
+        if fixed is None and image is not None:
+            fixed = exposed_port(image.config)
         try:
-            if spec.port is not None:
-                return self._node.ports.check_fixed(spec.port)
+            if fixed is not None:
+                return self._node.ports.check_fixed(fixed)
             self._port = self._node.ports.take()
         except NoFreePort as exc:
             raise CannotRun(str(exc)) from exc
@@ -285,13 +283,15 @@ class SandboxRunner:
         try:
             stateful = launch.spec.state is not None
             identity = Identity(self.sandbox_id, launch.app, launch.spec.resources, stateful)
+            command, env, image = what_runs(launch, secrets)
             self._started = await self._node.runtime.start(
-                expand_command(launch.spec.command, launch.port, launch.host),
-                sandbox_env(launch.spec.env, secrets, launch.port, launch.host),
+                command,
+                env,
                 launch.base / "app",
                 launch.base / "output.log",
                 identity,
                 launch.packed,
+                image,
             )
             return self._started
         except ArtifactError as exc:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from wakeful.domain.models import Resources
+from wakeful.domain.models import ImageRecord, Resources
 
 from .workdir import Packed
 
@@ -67,6 +67,29 @@ class Identity:
     slot, whose tree a restarted agent could not find again."""
 
 
+@dataclass(frozen=True)
+class ImageRun:
+    """An image app's start: the pinned image, whose cached tree becomes the sandbox's root
+    (an overlay), and where in it the app runs."""
+
+    record: ImageRecord
+    workdir: str = "/"
+    """Absolute, inside the image (its `WorkingDir`, `/` when it names none)."""
+    app_port: int | None = None
+    """The port the app listens on in a network namespace of its own, forwarded from the
+    sandbox's port on the node; None: it shares the node's network and listens on PORT."""
+
+
+class ImageTrees(Protocol):
+    """The node's cache of unpacked images (`wakeful.node.images`)."""
+
+    async def hold(self, image: ImageRecord, owner: int | None) -> Path:
+        """The image's unpacked tree, its files `owner`'s where the image's user owns them;
+        kept in the cache until `let_go` (raises `ImageError`)."""
+
+    def let_go(self, image: ImageRecord, owner: int | None) -> None: ...
+
+
 UNNAMED = Identity()
 """For a process started outside any sandbox record (tests, tools): default limits."""
 
@@ -80,8 +103,10 @@ class Runtime(Protocol):
         log_path: Path,
         identity: Identity = ...,
         packed: Packed | None = None,
+        image: ImageRun | None = None,
     ) -> SandboxProcess:
         """Start `command` with the app's files in `workdir`; with `packed`, the runtime
         unpacks them first (into `workdir`, or straight into the sandbox's own filesystem when
         it gives it one, where `workdir` is then never written). Raises `ArtifactError` for
-        bytes that are not the artifact, `OSError` for a start that failed."""
+        bytes that are not the artifact, `OSError` for a start that failed. With `image`, its
+        tree is the sandbox's root and `workdir` is unused."""

@@ -1,0 +1,84 @@
+"""What an image app runs: its command, environment and working directory (`what_runs`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from wakeful.domain.models import AppSpec, ImageConfig, ImageRecord
+from wakeful.node.sandbox.launch import Launch, what_runs
+
+DIGEST = "sha256:" + "ab" * 32
+
+
+def image(**config: object) -> ImageRecord:
+    return ImageRecord(
+        ref="registry.example/shop:1",
+        digest=DIGEST,
+        manifest=DIGEST,
+        config_digest=DIGEST,
+        layers=[],
+        config=ImageConfig.model_validate(config),
+    )
+
+
+def launch(spec: dict[str, object], record: ImageRecord | None) -> Launch:
+    return Launch(
+        spec=AppSpec.model_validate(spec),
+        app="shop",
+        base=Path("/nonexistent"),
+        packed=None,
+        host="127.0.0.1",
+        port=41000,
+        image=record,
+    )
+
+
+SHOP = image(
+    entrypoint=["/bin/shop"],
+    cmd=["--listen", "$PORT"],
+    env=["PATH=/opt/shop/bin:/usr/bin", "MODE=image", "BROKEN"],
+    working_dir="/srv",
+)
+
+
+def test_an_image_runs_its_entrypoint_and_cmd_unexpanded_as_docker_does() -> None:
+    command, _, run = what_runs(launch({"image": "shop:1"}, SHOP), {})
+    assert command == ["/bin/shop", "--listen", "$PORT"]
+    assert run is not None and run.workdir == "/srv" and run.record is SHOP
+
+
+def test_a_manifest_command_overrides_both_and_is_expanded() -> None:
+    spec = {"image": "shop:1", "command": ["/bin/shop", "--port", "${PORT}"]}
+    command, _, _ = what_runs(launch(spec, SHOP), {})
+    assert command == ["/bin/shop", "--port", "41000"]
+
+
+@pytest.mark.parametrize(
+    ("manifest_env", "secrets", "name", "expected"),
+    [
+        ({}, {}, "PATH", "/opt/shop/bin:/usr/bin"),  # the image's PATH beats the base one
+        ({"MODE": "toml"}, {}, "MODE", "toml"),  # wakeful.toml's env over the image's
+        ({}, {"MODE": "secret"}, "MODE", "secret"),  # the secrets over both
+        ({}, {}, "PORT", "41000"),  # and PORT over everything
+        ({}, {}, "LANG", "C.UTF-8"),  # what every sandbox gets, when the image says nothing
+    ],
+    ids=["image PATH", "toml over image", "secret over image", "PORT", "base env"],
+)
+def test_the_image_env_lies_under_the_manifest_secrets_and_port(
+    manifest_env: dict[str, str], secrets: dict[str, str], name: str, expected: str
+) -> None:
+    _, env, _ = what_runs(launch({"image": "shop:1", "env": manifest_env}, SHOP), secrets)
+    assert env[name] == expected
+    assert "BROKEN" not in env
+
+
+def test_an_image_without_a_working_dir_runs_in_its_root() -> None:
+    _, _, run = what_runs(launch({"image": "shop:1"}, image(cmd=["/bin/sh"])), {})
+    assert run is not None and run.workdir == "/"
+
+
+def test_a_directory_app_runs_as_before() -> None:
+    command, env, run = what_runs(launch({"command": ["python3", "$PORT"]}, None), {})
+    assert (command, env["PORT"], run) == (["python3", "41000"], "41000", None)

@@ -1,0 +1,55 @@
+"""What a sandbox's start is made of: its `Launch` (spec, directory, port, image), and the
+command, environment and image it runs with (`what_runs`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from wakeful.domain.command import expand_command
+from wakeful.domain.models import AppSpec, ImageRecord, image_env
+from wakeful.node.secrets import sandbox_env
+
+from .runtime import ImageRun
+from .workdir import Packed
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A sandbox ready to start: its spec, directory and port (its environment is made at the
+    start, with its secrets, and kept nowhere: `_boot`)."""
+
+    spec: AppSpec
+    app: str
+    base: Path
+    packed: Packed | None
+    host: str
+    port: int
+    image: ImageRecord | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def what_runs(
+    launch: Launch, secrets: dict[str, str]
+) -> tuple[list[str], dict[str, str], ImageRun | None]:
+    """The command, environment and image of a start. An image's `Entrypoint` + `Cmd` run as
+    it says (unexpanded, as docker runs its exec form) unless wakeful.toml's `command` is
+    given; its `Env` lies under wakeful.toml's env, the secrets, PORT and HOST."""
+    spec, port, host = launch.spec, launch.port, launch.host
+    if launch.image is None:
+        env = sandbox_env(spec.env, secrets, port, host)
+        return expand_command(spec.command, port, host), env, None
+    config = launch.image.config
+    command = (
+        expand_command(spec.command, port, host)
+        if spec.command
+        else [
+            *config.entrypoint,
+            *config.cmd,
+        ]
+    )
+    env = sandbox_env({**image_env(config), **spec.env}, secrets, port, host)
+    return command, env, ImageRun(launch.image, config.working_dir or "/")
