@@ -49,6 +49,7 @@ from wakeful.domain.shown import shown
 from . import commands
 from .commands import RUNTIME, USAGE, CliError
 from .datadir import CONTROL_FILE
+from .deploy.appdir import AppDir, image_definition
 from .pieces import (
     cmd_activator,
     cmd_idle_monitor,
@@ -101,7 +102,18 @@ def _remote(run: Callable[[ControlClient, argparse.Namespace], int]) -> Command:
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    (app_dir,) = load_apps([args.app_dir])  # a bad directory is a usage error, found first
+    if args.image is not None:
+        if args.app_dir is not None or args.name is None:
+            raise CliError("deploy --image REF needs --name APP, and no APP_DIR")
+        try:
+            definition = image_definition(args.image, args.name, args.port)
+        except ValidationError as exc:
+            raise CliError(f"deploy --image: {describe_validation_error(exc)}") from exc
+        app_dir = AppDir(Path.cwd(), definition)
+    elif args.app_dir is None or args.name is not None or args.port is not None:
+        raise CliError("deploy needs APP_DIR (or --image REF --name APP [--port N])")
+    else:
+        (app_dir,) = load_apps([args.app_dir])  # a bad directory is a usage error, found first
     return _remote(lambda api, _: commands.deploy(api, app_dir))(args)
 
 
@@ -149,8 +161,17 @@ def build_parser() -> argparse.ArgumentParser:
     isolation_flag(up)
     up.set_defaults(func=cmd_up)
 
-    deploy = sub.add_parser("deploy", help="deploy an app directory")
-    deploy.add_argument("app_dir", metavar="APP_DIR")
+    deploy = sub.add_parser("deploy", help="deploy an app directory, or an image")
+    deploy.add_argument("app_dir", metavar="APP_DIR", nargs="?")
+    deploy.add_argument(
+        "--image",
+        help="deploy an OCI image with no directory: registry.example.com/shop:1.4, "
+        "oci-archive:FILE or docker-archive:FILE",
+    )
+    deploy.add_argument("--name", help="the app's name (with --image)")
+    deploy.add_argument(
+        "--port", type=int, help="the port the image listens on (default: its one EXPOSE)"
+    )
     deploy.set_defaults(func=cmd_deploy)
 
     status = sub.add_parser("status", help="pool sizes and load")

@@ -80,10 +80,21 @@ def say_json(value: Any, indent: int | None = None) -> None:
 
 
 def deploy(api: ControlClient, app_dir: AppDir, *, pause: Pause = time.sleep) -> int:
-    data = pack(app_dir.path)
-    digest = digest_of(data)
-    api.put_artifact(digest, data)
-    report = api.start_deploy(app_dir.definition.model_dump(mode="json"), digest)
+    """An app directory: packed and uploaded, then deployed; an image app's directory is not
+    packed (its image is its files), an archive it names is uploaded instead."""
+    definition = app_dir.definition
+    image = definition.spec.image
+    digest = archive = None
+    if image is None:
+        data = pack(app_dir.path)
+        digest = digest_of(data)
+        api.put_artifact(digest, data)
+    elif app_dir.archive is not None:
+        say(f"uploading {image.partition(':')[2]}")
+        archive = api.put_image_archive(app_dir.archive)
+    if image is not None and archive is None:
+        say(f"pulling {image}")
+    report = api.start_deploy(definition.model_dump(mode="json"), digest, archive)
     return _follow_rollout(api, report, pause)
 
 

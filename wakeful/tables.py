@@ -49,9 +49,11 @@ def app_line(app: Mapping[str, Any]) -> str:
 
 
 def version_lines(app: Mapping[str, Any]) -> list[str]:
-    """The active version marked `*`."""
+    """The active version marked `*`, and the image it runs, pinned (`REF@sha256:...`)."""
+    images = app.get("images") or {}
     return [
         f"{'*' if version == app['active_version'] else ' '} {version}"
+        + (f"  {images[version]}" if version in images else "")
         for version in app["versions"]
     ]
 

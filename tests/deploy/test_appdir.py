@@ -34,7 +34,7 @@ def test_durations(raw: object, seconds: float) -> None:
     ("text", "expected"),
     [
         pytest.param('name = "Bad Name"\ncommand = ["x"]', "name", id="bad-name"),
-        pytest.param('name = "ok"', "command: Field required", id="missing-command"),
+        pytest.param('name = "ok"', "command: required (or image", id="missing-command"),
         pytest.param(
             'name = "ok"\ncommand = ["x"]\n[concurrency]\nrequests_per_instance = 0',
             "concurrency.requests_per_instance",
@@ -144,3 +144,32 @@ def test_hosts_only_the_control_plane_knows_are_reserved_are_left_to_it(tmp_path
     the control plane's setting: it refuses the deploy (`test_deploy_api.py`)."""
     text = 'name = "ok"\ncommand = ["x"]\nhosts = ["*.localhost", "a.localhost"]'
     assert load_app_dir(write(tmp_path, text)).definition.hosts == ["*.localhost", "a.localhost"]
+
+
+def test_an_image_app_needs_no_command(tmp_path: Path) -> None:
+    app = load_app_dir(write(tmp_path, 'name = "shop"\nimage = "registry.example/shop:1.4"'))
+    assert app.definition.spec.image == "registry.example/shop:1.4"
+    assert app.definition.spec.command == [] and app.archive is None
+
+
+def test_an_image_archive_is_a_file_of_the_directory(tmp_path: Path) -> None:
+    (tmp_path / "shop.tar").write_bytes(b"not checked here")
+    app = load_app_dir(write(tmp_path, 'name = "shop"\nimage = "oci-archive:shop.tar"'))
+    assert app.archive == tmp_path.resolve() / "shop.tar"
+
+
+@pytest.mark.parametrize(
+    ("image", "expected"),
+    [
+        ("oci-archive:missing.tar", "is not a file"),
+        ("docker-archive:../outside.tar", "must name a file inside the app directory"),
+        ("oci-archive:/etc/passwd", "must name a file inside the app directory"),
+        ("oci-archive:", "must name a file inside the app directory"),
+    ],
+    ids=["missing", "parent", "absolute", "empty"],
+)
+def test_an_archive_outside_the_directory_or_missing_is_refused(
+    tmp_path: Path, image: str, expected: str
+) -> None:
+    with pytest.raises(AppDirError, match=f"image: .*{expected}"):
+        load_app_dir(write(tmp_path, f'name = "shop"\nimage = "{image}"'))

@@ -17,10 +17,10 @@ httpx's exceptions never leave this module: the CLI gets one of
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, BinaryIO, Self
 
 import httpx
 from pydantic import SecretStr
@@ -143,10 +143,22 @@ class ControlClient:
     def put_artifact(self, digest: str, data: bytes) -> None:
         self._send("PUT", f"/v1/artifacts/{segment(digest)}", content=data)
 
-    def start_deploy(self, definition: dict[str, Any], digest: str) -> Any:
-        return self._json(
-            "POST", "/v1/deploys", json={"definition": definition, "artifact": digest}
-        )
+    def start_deploy(
+        self, definition: dict[str, Any], digest: str | None, image_archive: str | None = None
+    ) -> Any:
+        """An image app's deploy pulls its image first: the call may take as long as the
+        control plane's pull timeout."""
+        body = {"definition": definition, "artifact": digest, "image_archive": image_archive}
+        return self._json("POST", "/v1/deploys", json=body, timeout=IMAGE_DEPLOY_TIMEOUT)
+
+    def put_image_archive(self, path: Path) -> str:
+        """Stream an image archive (`podman save`, `docker save`) to the control plane; the
+        name it keeps it under for the deploy that follows."""
+        with path.open("rb") as file:
+            answer = self._json(
+                "PUT", "/v1/images/archives", content=_chunks(file), timeout=IMAGE_DEPLOY_TIMEOUT
+            )
+        return str(answer["archive"])
 
     def rollout(self, app: str, version: str) -> Any:
         return self._json("GET", f"/v1/deploys/{segment(app)}/{segment(version)}")
@@ -255,6 +267,16 @@ class ControlClient:
             self._at = (self._at + 1) % len(self._apis)
         assert failed is not None
         raise failed
+
+
+IMAGE_DEPLOY_TIMEOUT = 900.0
+"""Seconds an image deploy's calls may take: the control plane's pull (600 s by default) and
+an archive's upload."""
+
+
+def _chunks(file: BinaryIO) -> Iterator[bytes]:
+    while chunk := file.read(1 << 20):
+        yield chunk
 
 
 def _standing_by(answer: httpx.Response) -> bool:

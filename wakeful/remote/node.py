@@ -13,7 +13,7 @@ exceptions never leave this module: a node gets the errors its own interfaces de
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Self
 
 import anyio
@@ -80,6 +80,37 @@ class HttpArtifacts(_NodeClient):
         if await anyio.to_thread.run_sync(digest_of, answer.content) != digest:
             raise ArtifactError(f"artifact {digest} arrived corrupt")
         return answer.content
+
+
+class HttpBlobs(_NodeClient):
+    """A node's `BlobSource` (`wakeful.node.images`): an image's blobs, streamed by digest from
+    the control plane (which pulled them at deploy), so a node needs no route to a registry.
+    The image cache checks each blob's sha256 as it writes it. `ArtifactUnavailable` when the
+    control API cannot answer now, `ArtifactError` when it has no such blob."""
+
+    def __init__(
+        self,
+        api: str,
+        token: str,
+        timeout: float = 60.0,
+        locate: Callable[[], Awaitable[str]] | None = None,
+    ) -> None:
+        super().__init__(api, token, timeout, locate)
+
+    async def chunks(self, digest: str) -> AsyncIterator[bytes]:
+        """The blob's bytes as they arrive (`timeout`: between two reads, not for the whole)."""
+        try:
+            url = await self._url(f"/v1/blobs/{segment(digest)}")
+            async with self._client.stream("GET", url) as answer:
+                if answer.status_code != 200:
+                    await answer.aread()
+                    _raise_for(answer, 200, digest)
+                async for chunk in answer.aiter_bytes(1 << 20):
+                    yield chunk
+        except httpx.HTTPError as exc:
+            raise ArtifactUnavailable(
+                f"cannot fetch {digest} from the control API: {exc!r}"
+            ) from exc
 
 
 WRITE_TIMEOUT = 30.0
