@@ -9,6 +9,7 @@ import gzip
 import hashlib
 import io
 import json
+import subprocess
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,17 @@ class Layout:
     def blob(self, media_type: str, data: bytes, **extra: Any) -> dict[str, Any]:
         found = descriptor(media_type, data, **extra)
         (self.dir / "blobs" / "sha256" / found["digest"].removeprefix("sha256:")).write_bytes(data)
+        return found
+
+    def tagged(self, name: str) -> str:
+        """The digest index.json names `name`."""
+        for entry in json.loads((self.dir / "index.json").read_text())["manifests"]:
+            if entry.get("annotations", {}).get("org.opencontainers.image.ref.name") == name:
+                return str(entry["digest"])
+        raise KeyError(name)
+
+    def manifest_of(self, target: dict[str, Any]) -> dict[str, Any]:
+        found: dict[str, Any] = json.loads(self.read(target["digest"]))
         return found
 
     def read(self, digest: str) -> bytes:
@@ -108,3 +120,10 @@ class Layout:
     def _write_index(self, manifests: list[dict[str, Any]]) -> None:
         body = {"schemaVersion": 2, "manifests": manifests}
         (self.dir / "index.json").write_text(json.dumps(body))
+
+
+def copy(source: str, target: str, *, all: bool = False) -> None:
+    """skopeo copies `source` to `target` (an archive, say)."""
+    argv = ["skopeo", "copy", *(["--all"] if all else []), source, target]
+    done = subprocess.run(argv, capture_output=True, check=False, timeout=60)
+    assert done.returncode == 0, done.stderr.decode()

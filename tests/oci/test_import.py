@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import json
 import stat
-import subprocess
-import urllib.request
 from pathlib import Path
 
+import anyio
 import pytest
 
-from tests.oci.layouts import OCI_MANIFEST, Layout, descriptor, layer
+from tests.oci.layouts import OCI_MANIFEST, Layout, copy, descriptor, layer
 from tests.support.registry import Registry
-from wakeful.oci import ImageRefused, ImageStore, RegistryError
+from wakeful.domain.models import ImageRecord
+from wakeful.oci import BlobMissing, ImageRefused, ImageStore, RegistryError
 from wakeful.oci.resolve import DOCKER_MANIFEST
 
 pytestmark = pytest.mark.anyio
@@ -105,15 +105,7 @@ async def test_ten_thousand_layers_are_refused_before_any_blob_is_copied(
     registry.push(source.tag("v", app_image(source)), "shop:small")
     small = json.loads(source.read(app_image(source)["digest"]))
     manifest = {**small, "layers": [small["layers"][0]] * 10_000}
-    body = json.dumps(manifest).encode()
-    request = urllib.request.Request(
-        f"http://{registry.address}/v2/shop/manifests/huge",
-        data=body,
-        method="PUT",
-        headers={"Content-Type": OCI_MANIFEST},
-    )
-    with urllib.request.urlopen(request, timeout=30) as answer:
-        assert answer.status == 201
+    registry.put_manifest("shop", "huge", json.dumps(manifest).encode(), OCI_MANIFEST)
     gets = registry.blob_gets()
     with pytest.raises(ImageRefused, match=r"has 10000 layers; the bound is 128$"):
         await images.import_image(registry.ref("shop:huge"))
@@ -157,11 +149,7 @@ async def test_a_docker_v2s2_image_is_stored_as_oci(
     assert record.digest != record.manifest
     stored = json.loads(images.blob_path(record.manifest).read_bytes())
     assert stored["mediaType"] == OCI_MANIFEST
-    original = urllib.request.Request(
-        f"http://{registry.address}/v2/shop/manifests/docker", headers={"Accept": DOCKER_MANIFEST}
-    )
-    with urllib.request.urlopen(original, timeout=30) as answer:
-        assert answer.headers["Docker-Content-Digest"] == record.digest
+    assert registry.manifest_digest("shop", "docker", DOCKER_MANIFEST) == record.digest
     assert record.config.entrypoint == RUN["Entrypoint"]
 
 
@@ -188,8 +176,7 @@ async def test_an_archive_imports_with_no_registry(
     archive.parent.mkdir()
     tag = source.tag("v", app_image(source))
     target = f"{transport}:{archive}" + (":shop:1" if transport == "docker-archive" else "")
-    done = subprocess.run(["skopeo", "copy", tag, target], capture_output=True, check=False)
-    assert done.returncode == 0, done.stderr.decode()
+    copy(tag, target)
     record = await images.import_image(f"{transport}:shop.tar", archive=archive)
     assert record.ref == f"{transport}:shop.tar"
     assert record.config.entrypoint == RUN["Entrypoint"]
@@ -206,10 +193,7 @@ async def test_a_multi_platform_archive_gives_the_node_platform(
     arm64 = source.image([layer({"arm": b"arm64 only"})], platform="linux/arm64")
     tag = source.tag("multi", source.index([arm64, amd64]))
     archive = tmp_path / "multi.tar"
-    done = subprocess.run(
-        ["skopeo", "copy", "--all", tag, f"oci-archive:{archive}"], capture_output=True, check=False
-    )
-    assert done.returncode == 0, done.stderr.decode()
+    copy(tag, f"oci-archive:{archive}", all=True)
     record = await images.import_image("oci-archive:multi.tar", archive=archive)
     assert (record.manifest, record.platform) == (amd64["digest"], "linux/amd64")
 
@@ -228,3 +212,31 @@ async def test_stored_files_are_private_and_served_by_digest(
     assert descriptor("", b"".join(chunks))["digest"] == blob
     with pytest.raises(ValueError, match="is not sha256"):
         images.blob_path("sha256:../../../etc/passwd")
+    assert not images.has("sha256:../../../etc/passwd")
+    with pytest.raises(BlobMissing):
+        [chunk async for chunk in images.chunks("sha256:" + "0" * 64)]
+
+
+async def test_two_stores_on_one_directory_import_at_once(
+    registry: Registry, source: Layout, tmp_path: Path
+) -> None:
+    """Two control-plane processes share the directory: the file lock serialises their
+    copies, so neither loses the other's index.json entry."""
+    refs = [
+        registry.push(source.tag(name, app_image(source, name.encode())), f"shop:{name}")
+        for name in ("a", "b", "c", "d")
+    ]
+    stores = [ImageStore(tmp_path / "shared") for _ in range(2)]
+    records: dict[str, ImageRecord] = {}
+
+    async def run(store: ImageStore, ref: str) -> None:
+        records[ref] = await store.import_image(ref)
+
+    async with anyio.create_task_group() as group:
+        for n, ref in enumerate(refs):
+            group.start_soon(run, stores[n % 2], ref)
+    index = json.loads((tmp_path / "shared" / "index.json").read_text())
+    assert {entry["digest"] for entry in index["manifests"]} == {
+        record.manifest for record in records.values()
+    }
+    assert len(records) == 4

@@ -75,6 +75,33 @@ class Registry:
         assert done.returncode == 0, done.stderr.decode()
         return self.ref(name)
 
+    def put_manifest(self, name: str, reference: str, body: bytes, media_type: str) -> None:
+        """Store a manifest as it is (the registry checks that the blobs it names exist)."""
+        request = urllib.request.Request(
+            f"{self._base}/v2/{name}/manifests/{reference}",
+            data=body,
+            method="PUT",
+            headers={"Content-Type": media_type},
+        )
+        with urllib.request.urlopen(request, timeout=30, context=self._context) as answer:
+            assert answer.status == 201, answer.status
+
+    def manifest_digest(self, name: str, reference: str, media_type: str) -> str:
+        """The digest the registry gives the manifest, asked for as `media_type`."""
+        request = urllib.request.Request(
+            f"{self._base}/v2/{name}/manifests/{reference}", headers={"Accept": media_type}
+        )
+        with urllib.request.urlopen(request, timeout=30, context=self._context) as answer:
+            return str(answer.headers["Docker-Content-Digest"])
+
+    @property
+    def _base(self) -> str:
+        return f"{'http' if self.ca is None else 'https'}://{self.address}"
+
+    @property
+    def _context(self) -> ssl.SSLContext | None:
+        return None if self.ca is None else ssl.create_default_context(cafile=self.ca)
+
     def blob_gets(self, digest: str = "") -> int:
         """How many blob downloads (`GET .../blobs/<digest>` answered 200) the log shows."""
         pattern = re.compile(rf'"GET /v2/\S+/blobs/{re.escape(digest)}\S* HTTP/1\.1" 200 ')

@@ -13,6 +13,7 @@ store and the domain.
 """
 
 from .errors import (
+    BlobMissing,
     ImageError,
     ImageRefused,
     ImageStorageError,
@@ -24,6 +25,7 @@ from .skopeo import Credentials, RegistryAccess
 from .store import ImageStore, referenced_blobs
 
 __all__ = [
+    "BlobMissing",
     "Credentials",
     "ImageError",
     "ImageRefused",

@@ -28,9 +28,7 @@ from wakeful.domain.models import (
     BLOB_DIGEST,
     LAYER_TYPES,
     MAX_LAYERS,
-    ImageConfig,
     ImageRecord,
-    Layer,
     describe_validation_error,
 )
 
@@ -305,24 +303,29 @@ def image_record(
         raise ImageRefused(f"image {ref}: its config's 'config' is not an object")
     ports = run.get("ExposedPorts") or {}
     try:
-        return ImageRecord(
-            ref=ref,
-            digest=digest,
-            manifest=manifest_digest,
-            config_digest=manifest.config.digest,
-            layers=[
-                Layer(digest=layer.digest, size=layer.size, media_type=layer.media_type)
-                for layer in manifest.layers
-            ],
-            platform=have if have is not None else platform,
-            config=ImageConfig(
-                entrypoint=run.get("Entrypoint") or [],
-                cmd=run.get("Cmd") or [],
-                env=run.get("Env") or [],
-                working_dir=run.get("WorkingDir") or "",
-                user=run.get("User") or "",
-                exposed_ports=sorted(ports) if isinstance(ports, dict) else ports,
-            ),
+        return ImageRecord.model_validate(
+            {
+                "ref": ref,
+                "digest": digest,
+                "manifest": manifest_digest,
+                "config_digest": manifest.config.digest,
+                "layers": [
+                    {"digest": layer.digest, "size": layer.size, "media_type": layer.media_type}
+                    for layer in manifest.layers
+                ],
+                "platform": have if have is not None else platform,
+                "config": {
+                    "entrypoint": run.get("Entrypoint") or [],
+                    "cmd": run.get("Cmd") or [],
+                    "env": run.get("Env") or [],
+                    "working_dir": run.get("WorkingDir") or "",
+                    "user": run.get("User") or "",
+                    "exposed_ports": sorted(ports) if isinstance(ports, dict) else ports,
+                },
+            }
         )
     except ValidationError as exc:
-        raise ImageRefused(f"image {ref}: {describe_validation_error(exc)}") from None
+        reason = describe_validation_error(exc)
+        if len(reason) > 300:
+            reason = reason[:300] + "…"
+        raise ImageRefused(f"image {ref}: {reason}") from None

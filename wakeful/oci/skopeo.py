@@ -32,6 +32,8 @@ from .resolve import MAX_MANIFEST_BYTES, is_loopback
 TAIL_BYTES = 8192
 """How much of skopeo's output is kept for an error message."""
 _FIELD = re.compile(r'level=(?:fatal|error|warning) msg="((?:[^"\\]|\\.)*)"')
+_NOISE = re.compile(r'^Error parsing image name "[^"]*": ')
+"""skopeo 1.9's inspect says so before any failure to read the image, parsing or not."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,7 @@ def summary(output: bytes, secrets: tuple[str, ...] = ()) -> str:
     messages = [match.group(1).replace('\\"', '"') for match in _FIELD.finditer(text)]
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     found = messages[-1] if messages else (lines[-1] if lines else "no output")
+    found = _NOISE.sub("", found)
     for secret in secrets:
         if secret:
             found = found.replace(secret, "***")

@@ -270,7 +270,10 @@ class ImageStore:
         return layout.blob_path(self.directory, digest)
 
     def has(self, digest: str) -> bool:
-        return self.blob_path(digest).exists()
+        try:
+            return self.blob_path(digest).exists()
+        except ValueError:
+            return False
 
     async def chunks(self, digest: str, size: int = CHUNK) -> AsyncIterator[bytes]:
         """The blob's bytes, `size` at a time, never held whole; BlobMissing if it is not
