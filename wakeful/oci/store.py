@@ -1,0 +1,305 @@
+"""The control plane's image store: one OCI image layout (`<artifact dir>/images`) holding
+every imported image's manifest, config and layers as blobs named by digest, which nodes
+fetch as streams.
+
+An import pins before it copies: it reads the manifest the reference names, takes its sha256
+as the image's digest, picks the node platform's manifest from an index, and refuses (with
+nothing copied) what `resolve.check` refuses. Only then does skopeo copy that manifest, by
+digest, into the layout, under index.json's name `<hex of the digest>`; skopeo skips blobs
+the layout has, so images sharing layers download them once. The record is read back from
+what was stored (skopeo stores docker v2s2 as OCI, so `manifest` may differ from `digest`).
+
+Imports and deletions hold one lock, an anyio lock within the process and an `fcntl` lock on
+`.lock` across processes (two control planes may share the directory): skopeo rewrites
+index.json, and a collector must never delete a blob between an import's copy and its touch.
+Each blob's mtime is when an import or a deploy (`keep`) last claimed it; the collector
+deletes what no record references only once that is older than its grace period. Files are
+private: 0600 blobs in 0700 directories.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from pathlib import Path
+
+import anyio
+
+from wakeful.domain.models import ImageRecord
+
+from . import layout
+from .errors import BlobMissing, ImageRefused, ImageStorageError, RegistryError
+from .resolve import (
+    DEFAULT_PLATFORM,
+    MAX_CONFIG_BYTES,
+    MAX_MANIFEST_BYTES,
+    Index,
+    Manifest,
+    check,
+    check_platform,
+    digest_of,
+    image_record,
+    parse_manifest,
+    parse_reference,
+    pick,
+)
+from .skopeo import Credentials, RegistryAccess, Skopeo
+
+MAX_IMAGE_BYTES = 4 << 30
+"""The default bound on an image's compressed size (`WAKEFUL_IMAGE_MAX_BYTES`)."""
+PULL_TIMEOUT = 600.0
+"""The default deadline of one import, in seconds (`WAKEFUL_IMAGE_PULL_TIMEOUT`)."""
+ARCHIVES = ("oci-archive", "docker-archive")
+CHUNK = 1 << 20
+
+
+def referenced_blobs(records: Iterable[ImageRecord]) -> set[str]:
+    """The blobs the records need: what `remove_unreferenced` must keep."""
+    found: set[str] = set()
+    for record in records:
+        found.update((record.manifest, record.config_digest))
+        found.update(layer.digest for layer in record.layers)
+    return found
+
+
+class ImageStore:
+    """Images in an OCI image layout at `directory`.
+
+    `access`: how registries are reached (TLS, the CA); `platform`: what nodes run
+    (`os/arch[/variant]`); `max_image_bytes`: the bound on one image's blobs; `timeout`:
+    seconds one import may take; `clock`: wall-clock seconds, written as blob mtimes."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        access: RegistryAccess | None = None,
+        platform: str = DEFAULT_PLATFORM,
+        max_image_bytes: int = MAX_IMAGE_BYTES,
+        timeout: float = PULL_TIMEOUT,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if ":" in str(directory):
+            raise ValueError(f"image store {directory}: skopeo cannot name a path with ':'")
+        self.directory = directory
+        self.platform = check_platform(platform)
+        self.max_image_bytes = max_image_bytes
+        self._skopeo = Skopeo(access or RegistryAccess(), directory / ".tmp", timeout)
+        self._timeout = timeout
+        self._clock = clock
+        self._lock = anyio.Lock()
+
+    async def import_image(
+        self, ref: str, *, archive: Path | None = None, credentials: Credentials | None = None
+    ) -> ImageRecord:
+        """Pin `ref` to a digest, copy its image into the store and return its record.
+
+        `ref` is a registry reference, or `oci-archive:NAME` / `docker-archive:NAME` with
+        `archive` the file it names (the caller resolved NAME in the app's directory).
+        `credentials` are for the reference's registry. ImageRefused, RegistryError (its
+        RegistryTimeout after `timeout` seconds), SkopeoMissing or ImageStorageError; a
+        refused or failed import leaves at most blobs nothing references."""
+        deadline = anyio.current_time() + self._timeout
+        transport, _, _ = ref.partition(":")
+        if transport in ARCHIVES:
+            return await self._import_archive(ref, transport, archive, deadline)
+        if archive is not None:
+            raise ImageRefused(f"image {ref!r}: an archive must be named oci-archive:NAME")
+        reference = parse_reference(ref)
+        what = f"pulling {ref}"
+
+        async def inspect(source: str) -> bytes:
+            return await self._skopeo.inspect_raw(
+                source,
+                host=reference.host,
+                domain=reference.domain,
+                credentials=credentials,
+                deadline=deadline,
+                what=what,
+            )
+
+        raw = await inspect(reference.source())
+        digest = digest_of(raw)
+        if reference.digest is not None and digest != reference.digest:
+            raise RegistryError(f"{what}: the registry answered a manifest of digest {digest}")
+        found = parse_manifest(raw, ref)
+        chosen = digest
+        if isinstance(found, Index):
+            chosen = pick(found, self.platform, ref).digest
+            raw = await inspect(reference.pinned(chosen))
+            if digest_of(raw) != chosen:
+                raise RegistryError(f"{what}: manifest {chosen} does not match its digest")
+            found = parse_manifest(raw, ref)
+            if isinstance(found, Index):
+                raise ImageRefused(f"image {ref}: its {self.platform} entry is another index")
+        check(found, ref, self.max_image_bytes)
+        async with self._locked():
+            await self._copy(
+                reference.pinned(chosen),
+                digest,
+                host=reference.host,
+                domain=reference.domain,
+                credentials=credentials,
+                deadline=deadline,
+                what=what,
+            )
+            return await self._stored(ref, digest)
+
+    async def _import_archive(
+        self, ref: str, transport: str, archive: Path | None, deadline: float
+    ) -> ImageRecord:
+        """An archive is read whole from local disk, so an index in it is resolved by skopeo
+        (`--override-*`) and its platform manifest checked once stored."""
+        if archive is None:
+            raise ImageRefused(f"image {ref!r}: the archive it names was not given")
+        if ":" in str(archive):
+            raise ImageRefused(f"image {ref!r}: skopeo cannot read a path with ':' ({archive})")
+        source, what = f"{transport}:{archive}", f"reading {ref}"
+        raw = await self._skopeo.inspect_raw(source, host=None, deadline=deadline, what=what)
+        digest = digest_of(raw)
+        found = parse_manifest(raw, ref)
+        extra: tuple[str, ...] = ()
+        if isinstance(found, Index):
+            pick(found, self.platform, ref)  # refuses an archive without the platform
+            os_name, arch, *variant = self.platform.split("/")
+            extra = (f"--override-os={os_name}", f"--override-arch={arch}")
+            extra += tuple(f"--override-variant={part}" for part in variant)
+        else:
+            check(found, ref, self.max_image_bytes)
+        async with self._locked():
+            await self._copy(source, digest, host=None, extra=extra, deadline=deadline, what=what)
+            return await self._stored(ref, digest)
+
+    async def _copy(
+        self,
+        source: str,
+        digest: str,
+        *,
+        host: str | None,
+        domain: str | None = None,
+        credentials: Credentials | None = None,
+        extra: tuple[str, ...] = (),
+        deadline: float,
+        what: str,
+    ) -> None:
+        """skopeo copies `source` into the layout as `<hex of digest>` (under the lock); what
+        a failed or killed copy left half-written is deleted."""
+        try:
+            await self._skopeo.copy(
+                source,
+                f"oci:{self.directory}:{digest.removeprefix('sha256:')}",
+                host=host,
+                domain=domain,
+                credentials=credentials,
+                extra=extra,
+                deadline=deadline,
+                what=what,
+            )
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(layout.remove_debris, self.directory)
+            raise
+
+    async def _stored(self, ref: str, digest: str) -> ImageRecord:
+        """The record of what the copy just stored, checked again (the stored manifest is
+        the one nodes read), its blobs made private and claimed (under the lock)."""
+
+        def read() -> tuple[str, Manifest, bytes]:
+            manifest_digest = layout.tagged(self.directory, digest.removeprefix("sha256:"))
+            if manifest_digest is None:
+                raise ImageStorageError(f"image {ref}: skopeo stored no manifest for {digest}")
+            raw = layout.read_blob(self.directory, manifest_digest, MAX_MANIFEST_BYTES)
+            manifest = parse_manifest(raw, ref)
+            if isinstance(manifest, Index):
+                raise ImageRefused(f"image {ref}: the stored image is an index")
+            check(manifest, ref, self.max_image_bytes)
+            blobs = [manifest.config.digest, *(layer.digest for layer in manifest.layers)]
+            stored = layout.sizes(self.directory, blobs)
+            if stored > self.max_image_bytes:
+                raise ImageRefused(
+                    f"image {ref} takes {stored} bytes stored; the bound is "
+                    f"{self.max_image_bytes} (WAKEFUL_IMAGE_MAX_BYTES)"
+                )
+            config = layout.read_blob(self.directory, manifest.config.digest, MAX_CONFIG_BYTES)
+            layout.privatise(self.directory)
+            return manifest_digest, manifest, config
+
+        try:
+            manifest_digest, manifest, config = await anyio.to_thread.run_sync(read)
+        except OSError as exc:
+            raise ImageStorageError(f"image {ref}: cannot read it back: {exc}") from None
+        record = image_record(
+            ref,
+            digest=digest,
+            manifest_digest=manifest_digest,
+            manifest=manifest,
+            config_raw=config,
+            platform=self.platform,
+        )
+        now = self._clock()
+        await anyio.to_thread.run_sync(
+            layout.touch, self.directory, referenced_blobs([record]), now
+        )
+        return record
+
+    @contextlib.asynccontextmanager
+    async def _locked(self) -> AsyncIterator[None]:
+        """The store's lock: this process's tasks, then other processes (`.lock`)."""
+        async with self._lock:
+            await anyio.to_thread.run_sync(layout.ensure, self.directory)
+            fd = os.open(self.directory / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        await anyio.sleep(0.05)  # another process imports or collects
+                try:
+                    yield
+                finally:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+
+    def blob_path(self, digest: str) -> Path:
+        """The blob's file (to serve with sendfile); ValueError for a malformed digest."""
+        return layout.blob_path(self.directory, digest)
+
+    def has(self, digest: str) -> bool:
+        try:
+            return self.blob_path(digest).exists()
+        except ValueError:
+            return False
+
+    async def chunks(self, digest: str, size: int = CHUNK) -> AsyncIterator[bytes]:
+        """The blob's bytes, `size` at a time, never held whole; BlobMissing if it is not
+        stored. The reader checks the sha256 (the node does, against the record)."""
+        try:
+            handle = await anyio.open_file(self.blob_path(digest), "rb")
+        except FileNotFoundError:
+            raise BlobMissing(f"no blob {digest} in the image store") from None
+        async with handle:
+            while chunk := await handle.read(size):
+                yield chunk
+
+    async def keep(self, record: ImageRecord) -> bool:
+        """Claim an image's blobs for a version about to be written: their grace period
+        starts again. False if any is not stored (collected since its import)."""
+        async with self._locked():
+            return await anyio.to_thread.run_sync(
+                layout.touch, self.directory, referenced_blobs([record]), self._clock()
+            )
+
+    async def stored(self) -> list[tuple[str, float]]:
+        """Every stored blob's digest, with when it was last imported or claimed."""
+        return await anyio.to_thread.run_sync(layout.scan, self.directory)
+
+    async def remove_unreferenced(self, referenced: set[str], before: float) -> list[str]:
+        """Delete the blobs not in `referenced` (see `referenced_blobs`) last claimed before
+        `before`, and the index.json entries of deleted manifests; the deleted digests."""
+        async with self._locked():
+            return await anyio.to_thread.run_sync(layout.prune, self.directory, referenced, before)
