@@ -52,6 +52,7 @@ from wakeful.deploy.api import deploy_router
 from wakeful.deploy.appdir import AppDir
 from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.deploy.collect import ArtifactCollector
+from wakeful.deploy.images import Images, images_router
 from wakeful.deploy.local import deploy_dir, resume_rollouts
 from wakeful.deploy.logbook import LogBook
 from wakeful.deploy.logs_api import logs_router
@@ -64,6 +65,7 @@ from wakeful.leadership import Standby, leader_locator
 from wakeful.node.agent import NodeAgent
 from wakeful.node.sandbox.local import runtime_for
 from wakeful.node.settings import NodeSettings
+from wakeful.oci import ImageStore, RegistryAccess
 from wakeful.process import settle_heap, wait_for_signal
 from wakeful.remote import Endpoint, HttpArtifacts, HttpKeeper, HttpLogSink, HttpSecrets
 from wakeful.secrets.api import secrets_router
@@ -101,6 +103,8 @@ class ControlPlane:
     api: FastAPI
     secrets: SecretBook
     """Apps' secrets, sealed under the keys in `WAKEFUL_SECRETS_KEYS`."""
+    images: Images
+    """Images pulled at deploy, their blobs served to nodes (`wakeful.deploy.images`)."""
 
 
 @contextlib.asynccontextmanager
@@ -145,6 +149,8 @@ async def control_plane(
     collector = ArtifactCollector(
         store, artifacts, grace=settings.artifact_grace, clock=artifact_clock
     )
+    images = images_of(settings, data_dir, artifact_clock)
+    collector.images = images.store
     deployer = Deployer(store, artifacts, collector=collector, hosts=settings.host_rules())
     keeper = StateKeeper(
         store,
@@ -188,7 +194,8 @@ async def control_plane(
             tokens,
             registry,
             [
-                deploy_router(store, deployer, artifacts, keeper, tasks),
+                deploy_router(store, deployer, artifacts, keeper, tasks, images),
+                images_router(images),
                 node_router(store),
                 logs_router(store, logbook),
                 tokens_router(store, tokens, write_admin=write_admin),
@@ -226,9 +233,27 @@ async def control_plane(
                 tokens,
                 api,
                 book,
+                images,
             )
         finally:
             tasks.cancel_scope.cancel()
+
+
+def images_of(settings: ActivatorSettings, data_dir: Path, clock: Callable[[], float]) -> Images:
+    """The image store beside the artifacts (`<artifact dir>/images`), and where archives
+    uploaded for a deploy wait for it (`incoming/`, emptied at start)."""
+    root = settings.artifact_dir or data_dir / "artifacts"
+    store = ImageStore(
+        root / "images",
+        access=RegistryAccess(ca=settings.registry_ca),
+        platform=settings.image_platform,
+        max_image_bytes=settings.image_max_bytes,
+        timeout=settings.image_pull_timeout,
+        clock=clock,
+    )
+    images = Images(store, root / "incoming", settings.image_max_bytes)
+    images.sweep()
+    return images
 
 
 async def run_up(
@@ -287,7 +312,9 @@ async def run_up(
                 announce(f"  dashboard: http://{api}/ui")
                 for app_dir in app_dirs:
                     announce(
-                        await deploy_dir(plane.deployer, plane.artifacts, plane.tasks, app_dir)
+                        await deploy_dir(
+                            plane.deployer, plane.artifacts, plane.tasks, app_dir, plane.images
+                        )
                     )
                     name = app_dir.definition.name  # WAKEFUL_TLS_LISTEN: over HTTPS too
                     announce(f"  {name}: {app_address(name, listen, ingress.tls_address[1])}")

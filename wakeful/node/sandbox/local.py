@@ -207,9 +207,9 @@ class ProcessRuntime:
         jail, images, uids = self._jail, self.images, self._uids
         assert jail is not None and images is not None and uids is not None
         uid = uids.uid(identity.app)
-        lower = await images.hold(image.record, uid)
+        lower = await images.acquire(image.record, uid)
         jailed = Jailed(identity.limits, uid)
-        jailed.after_tree.append(lambda: images.let_go(image.record, uid))
+        jailed.after_tree.append(lambda: images.release(image.record, uid))
         fds: list[int] = []
         try:
             await asyncio.to_thread(self._enter_image, jailed, workdir, identity, lower)

@@ -83,11 +83,11 @@ class ImageRun:
 class ImageTrees(Protocol):
     """The node's cache of unpacked images (`wakeful.node.images`)."""
 
-    async def hold(self, image: ImageRecord, owner: int | None) -> Path:
+    async def acquire(self, image: ImageRecord, owner: int | None) -> Path:
         """The image's unpacked tree, its files `owner`'s where the image's user owns them;
-        kept in the cache until `let_go` (raises `ImageError`)."""
+        kept in the cache until `release` (raises `ImageError`)."""
 
-    def let_go(self, image: ImageRecord, owner: int | None) -> None: ...
+    def release(self, image: ImageRecord, owner: int | None) -> None: ...
 
 
 UNNAMED = Identity()
