@@ -1,0 +1,194 @@
+"""What an image is checked for before umoci unpacks a byte of it.
+
+An image is hostile input. The manifest must list exactly the layers the version pinned
+(`check_manifest`). Then every layer is read header by header with `tarfile` (never
+extracted), and the image is refused whole when a header breaks a rule (`refusal`, pure):
+
+- a name that is absolute or has a `..` part (umoci would confine it to the root; a name that
+  needs confining is refused all the same);
+- a whiteout of `.` or `..`, or an opaque whiteout of the root (it would empty the image);
+- a hard link whose target is absolute or has a `..` part;
+- more bytes than `max_unpacked` or more entries than `max_files`, counted over all layers
+  from the headers, so a gzip bomb is refused at its header, before it is inflated.
+
+Symbolic links are legal whatever they point at (Debian has absolute ones and ones that climb
+out of the root); umoci resolves every path inside the root, so a file written through one
+lands in the tree. Device nodes become empty files under `--rootless`, and the tree walk
+removes FIFOs and sockets (`unpack.settle`).
+
+The tar stream goes through `_Capped`: no single read over `MAX_READ` (tarfile reads a pax
+or long-name header whole, and one that claims gigabytes would be read into memory) and no
+more inflated bytes than the bounds allow.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import tarfile
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from wakeful.domain.models.images import ImageRecord, Layer
+
+from .errors import ImageError
+
+GZIP_TYPES = frozenset(
+    {
+        "application/vnd.oci.image.layer.v1.tar+gzip",
+        "application/vnd.docker.image.rootfs.diff.tar.gzip",
+    }
+)
+TAR_TYPES = frozenset(
+    {"application/vnd.oci.image.layer.v1.tar", "application/vnd.docker.image.rootfs.diff.tar"}
+)
+MAX_READ = 8 << 20
+WHITEOUT = ".wh."
+OPAQUE = ".wh..wh..opq"
+
+
+def check_manifest(image: ImageRecord, data: bytes) -> None:
+    """Refuse a manifest that is not the one the version pinned: its config and its layers
+    (digest, size and media type, in order) must be the record's."""
+    try:
+        manifest = json.loads(data)
+        config = manifest["config"]["digest"]
+        layers = [
+            Layer(digest=one["digest"], size=one["size"], media_type=one["mediaType"])
+            for one in manifest["layers"]
+        ]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ImageError(f"manifest {image.manifest} is not an OCI manifest ({exc})") from exc
+    if config != image.config_digest:
+        raise ImageError(
+            f"manifest {image.manifest} names config {config}; the version pinned "
+            f"{image.config_digest}"
+        )
+    if layers != image.layers:
+        raise ImageError(
+            f"manifest {image.manifest} lists {len(layers)} layers that are not the "
+            f"{len(image.layers)} the version pinned ({_first_difference(layers, image.layers)})"
+        )
+
+
+def _first_difference(found: Sequence[Layer], pinned: Sequence[Layer]) -> str:
+    for number, (one, other) in enumerate(zip(found, pinned, strict=False), start=1):
+        if one != other:
+            return f"layer {number} is {one.digest} ({one.size} bytes), pinned {other.digest}"
+    return "one list is longer"
+
+
+def refusal(info: tarfile.TarInfo) -> str | None:
+    """Why this entry is refused, or None when it is allowed (pure)."""
+    name = info.name
+    if name.startswith("/"):
+        return f'entry "{name}" is an absolute path'
+    parts = [part for part in name.split("/") if part not in ("", ".")]
+    if ".." in parts:
+        return f'entry "{name}" leaves the root'
+    base = parts[-1] if parts else ""
+    if base == OPAQUE and len(parts) == 1:
+        return f'opaque whiteout "{name}" would empty the root'
+    if base.startswith(WHITEOUT) and base != OPAQUE and base[len(WHITEOUT) :] in ("", ".", ".."):
+        return f'whiteout "{name}" names "{base[len(WHITEOUT) :]}"'
+    if info.islnk():
+        target = info.linkname
+        if target.startswith("/") or ".." in target.split("/"):
+            return f'hard link "{name}" -> "{target}" points outside the root'
+    return None
+
+
+@dataclass
+class Budget:
+    """What the layers of one image may add up to, counted from their headers."""
+
+    max_unpacked: int
+    max_files: int
+    size: int = 0
+    files: int = 0
+
+    def take(self, info: tarfile.TarInfo) -> str | None:
+        """Count this entry; why the image is now over its bounds, or None."""
+        self.files += 1
+        self.size += max(info.size, 0)
+        if self.size > self.max_unpacked:
+            return f"unpacks to more than {self.max_unpacked} bytes (this node's bound)"
+        if self.files > self.max_files:
+            return f"holds more than {self.max_files} entries (this node's bound)"
+        return None
+
+
+def scan_layer(path: Path, layer: Layer, budget: Budget) -> None:
+    """Read every header of the layer blob at `path` (blocking: run it in a thread);
+    `ImageError` naming the layer and the entry at the first rule it breaks."""
+    where = f"layer {layer.digest}"
+    if "zstd" in layer.media_type:
+        raise ImageError(
+            f"{where} is zstd-compressed ({layer.media_type}): this node cannot unpack zstd "
+            "layers (umoci 0.4.7 reads gzip and plain tar; no zstd decompressor is installed)"
+        )
+    if layer.media_type not in GZIP_TYPES | TAR_TYPES:
+        raise ImageError(f"{where} has media type {layer.media_type}, which is not a tar layer")
+    ceiling = budget.max_unpacked + (budget.max_files + 1) * 4 * tarfile.BLOCKSIZE
+    try:
+        with (
+            open(path, "rb") as raw,
+            _Capped(raw, layer.media_type in GZIP_TYPES, ceiling) as stream,
+            tarfile.open(fileobj=stream, mode="r:") as tar,
+        ):
+            while (info := tar.next()) is not None:
+                reason = refusal(info) or budget.take(info)
+                if reason is not None:
+                    raise ImageError(f"{where}: {reason}")
+                # Headers are not extracted: not kept either (tarfile keeps a list of them).
+                tar.members.clear()  # type: ignore[attr-defined]
+    except _Overrun as exc:
+        raise ImageError(f"{where}: {exc}") from exc
+    except (tarfile.TarError, EOFError, gzip.BadGzipFile, zlib.error, OSError) as exc:
+        raise ImageError(f"{where} is not a readable tar layer ({exc})") from exc
+
+
+class _Overrun(Exception):
+    """The tar stream asked for more than its bounds allow (raised inside tarfile)."""
+
+
+class _Capped(io.RawIOBase):
+    """A layer's tar stream (inflated when `gzipped`), refused past `ceiling` bytes in all and
+    for any one read over `MAX_READ`. Seeks only forward (tarfile skips member data so)."""
+
+    def __init__(self, raw: io.BufferedReader, gzipped: bool, ceiling: int) -> None:
+        self._raw: io.BufferedIOBase = gzip.GzipFile(fileobj=raw, mode="rb") if gzipped else raw
+        self._ceiling = ceiling
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._raw.tell()
+
+    def read(self, size: int | None = -1) -> bytes:
+        if size is None or size < 0 or size > MAX_READ:
+            raise _Overrun(f"a header asks for a read of {size} bytes at once")
+        self._within(self._raw.tell() + size)
+        return self._raw.read(size)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence not in (io.SEEK_SET, io.SEEK_CUR):
+            raise _Overrun("a layer is never read from its end")
+        target = offset if whence == io.SEEK_SET else self._raw.tell() + offset
+        self._within(target)
+        return self._raw.seek(target)
+
+    def _within(self, position: int) -> None:
+        if position > self._ceiling:
+            raise _Overrun(f"inflates past {self._ceiling} bytes: more than its bounds hold")
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
