@@ -50,6 +50,9 @@ ROUTES: Final[Mapping[tuple[str, str], Access]] = {
     # artifacts and deploys (deploy/api.py): a node fetches what it runs
     ("GET", "/v1/artifacts/{digest}"): NODE,
     ("PUT", "/v1/artifacts/{digest}"): ADMIN_ONLY,
+    # images (deploy/images.py): an archive uploaded for a deploy; a node fetches blobs
+    ("PUT", "/v1/images/archives"): ADMIN_ONLY,
+    ("GET", "/v1/blobs/{digest}"): NODE,
     # a stateful app's state, handed back by the node holding it (deploy/states.py checks it)
     ("PUT", "/v1/states/{app}/archives/{digest}"): NODE,
     ("POST", "/v1/states/{app}/release"): NODE,

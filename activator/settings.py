@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import platform
 import re
 from pathlib import Path
 from typing import Annotated
@@ -50,6 +51,18 @@ class ActivatorSettings(StoreSettings):
     one `<id>.key` file per key); `<data dir>/secret-keys` when unset. Activators that stand
     in for each other share it, as they share the artifact directory; back it up apart from
     the store's backups (`docs/design/secrets.md`)."""
+    image_max_bytes: int = Field(default=4 << 30, ge=1 << 20, le=1 << 40)
+    """The largest image a deploy may import (the sum of its layers, compressed) or upload as
+    an archive. WAKEFUL_IMAGE_MAX_BYTES."""
+    image_pull_timeout: float = Field(default=600.0, gt=0, le=86_400)
+    """Seconds an image's import may take at deploy (a stalled registry fails the deploy,
+    naming the image). WAKEFUL_IMAGE_PULL_TIMEOUT."""
+    image_platform: str = Field(default_factory=lambda: machine_platform())
+    """WAKEFUL_IMAGE_PLATFORM: the platform an image's index is resolved for (`linux/amd64`,
+    `linux/arm64`): this machine's by default; every node runs the same."""
+    registry_ca: Path | None = None
+    """WAKEFUL_REGISTRY_CA: a PEM file of the CA that signs a private registry's TLS
+    certificate, besides the system's CAs. A registry on loopback may be plain HTTP."""
     state_max_bytes: int = Field(default=256 << 20, ge=1 << 20, le=64 << 30)
     """The largest state archive a node may store (`PUT /v1/states/{app}/archives/{digest}`);
     nodes have the same setting. WAKEFUL_STATE_MAX_BYTES."""
@@ -121,3 +134,12 @@ class ActivatorSettings(StoreSettings):
             if name and ":" not in name and not ends_in_number(name) and name not in names:
                 names.append(name)
         return HostRules(self.base_domain, tuple(names))
+
+
+_ARCHES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
+
+
+def machine_platform() -> str:
+    """This machine's platform as OCI names it (`linux/amd64`)."""
+    machine = platform.machine().lower()
+    return f"linux/{_ARCHES.get(machine, machine)}"

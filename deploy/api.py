@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from wakeful.deploy.appdir import AppDefinition
 from wakeful.deploy.artifacts import ArtifactStorageError, LocalArtifacts
 from wakeful.deploy.errors import DeployError, UnknownApp
+from wakeful.deploy.images import Images
 from wakeful.deploy.rollout import Phase
 from wakeful.deploy.service import Deployer
 from wakeful.deploy.states import ArchiveMissing, NotHeld, StateKeeper, StorageFull
@@ -31,6 +32,7 @@ from wakeful.domain import keys
 from wakeful.domain.artifacts import ArtifactError
 from wakeful.domain.models import NAME_PATTERN, SANDBOX_ID_PATTERN, App, AppState, Role, Version
 from wakeful.domain.state import Stale
+from wakeful.oci import ImageRefused, ImageStorageError, RegistryError, SkopeoMissing
 from wakeful.store import Store
 
 # Names from a URL are checked before they become store keys: a malformed one is a 422 that
@@ -75,6 +77,8 @@ class KeepRequest(BaseModel):
 class DeployRequest(BaseModel):
     definition: AppDefinition
     artifact: str | None = None
+    image_archive: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    """An image archive uploaded for this deploy (`PUT /v1/images/archives`)."""
 
 
 class RolloutReport(BaseModel):
@@ -104,6 +108,8 @@ class AppReport(BaseModel):
     active_version: str | None
     previous_version: str | None
     versions: list[str]
+    images: dict[str, str] = Field(default_factory=dict)
+    """For each version that runs an image: `REF@sha256:...`, as it was pinned at deploy."""
 
 
 UPLOADS = 4
@@ -128,6 +134,7 @@ def deploy_router(
     artifacts: LocalArtifacts,
     keeper: StateKeeper,
     tasks: anyio.abc.TaskGroup,
+    images: Images | None = None,
 ) -> APIRouter:
     router = APIRouter()
 
@@ -311,10 +318,24 @@ def deploy_router(
 
     @router.post("/v1/deploys", status_code=202, response_model=RolloutReport)
     async def deploy(body: DeployRequest) -> RolloutReport:
+        image = body.definition.spec.image
         try:
-            rollout = await deployer.prepare(body.definition, body.artifact)
-        except DeployError as exc:
+            record = None
+            if image is not None:
+                if images is None:
+                    raise DeployError("this control plane has no image store")
+                record = await images.resolve(image, body.image_archive)
+            rollout = await deployer.prepare(body.definition, body.artifact, record)
+        except (DeployError, ImageRefused) as exc:
             raise bad(400, "deploy refused", str(exc)) from exc
+        except (RegistryError, SkopeoMissing) as exc:  # the registry's answer, or a tool
+            raise bad(400, "image not pulled", str(exc)) from exc
+        except ImageStorageError as exc:
+            raise HTTPException(
+                503,
+                {"error": "image store unavailable", "detail": str(exc)},
+                headers={"Retry-After": "5"},
+            ) from exc
         if rollout.phase is Phase.ROLLING:
             tasks.start_soon(deployer.roll_out, rollout)
         return RolloutReport.model_validate(rollout, from_attributes=True)
@@ -359,6 +380,11 @@ def deploy_router(
                     active_version=app.active_version,
                     previous_version=app.previous_version,
                     versions=[v.value.version for v in versions],
+                    images={
+                        v.value.version: f"{v.value.image.ref}@{v.value.image.digest}"
+                        for v in versions
+                        if v.value.image is not None
+                    },
                 )
             )
         return found

@@ -42,10 +42,41 @@ class AppDefinition(BaseModel):
     spec: AppSpec
 
 
+ARCHIVE_PREFIXES = ("oci-archive:", "docker-archive:")
+
+
 @dataclass(frozen=True)
 class AppDir:
     path: Path
     definition: AppDefinition
+
+    @property
+    def archive(self) -> Path | None:
+        """The image archive `image` names in this directory (`oci-archive:shop.tar`)."""
+        image = self.definition.spec.image
+        if image is None or not image.startswith(ARCHIVE_PREFIXES):
+            return None
+        return self.path / image.partition(":")[2]
+
+
+def archive_problem(directory: Path, image: str) -> str | None:
+    """Why `image`, an archive reference, cannot be read from `directory` (None: it can):
+    a relative path to a regular file inside it."""
+    name = image.partition(":")[2]
+    if not name or name.startswith("/") or ".." in Path(name).parts:
+        return f"{image!r} must name a file inside the app directory (e.g. oci-archive:shop.tar)"
+    path = directory / name
+    if not path.is_file() or path.is_symlink():
+        return f"{image!r}: {path} is not a file"
+    return None
+
+
+def image_definition(image: str, name: str, port: int | None) -> AppDefinition:
+    """`wakeful deploy --image REF --name APP [--port N]`: an image with no directory."""
+    spec: dict[str, Any] = {"image": image}
+    if port is not None:
+        spec["port"] = port
+    return AppDefinition.model_validate({"name": name, "spec": spec})
 
 
 def parse_duration(value: object) -> object:
@@ -104,6 +135,11 @@ def load_app_dir(path: Path) -> AppDir:
         # whole spec names its fields in its own message.
         described = describe_validation_error(exc).replace("spec.", "").replace("spec: ", "")
         raise AppDirError(f"{manifest}: {described}") from exc
+    image = definition.spec.image
+    if image is not None and image.startswith(ARCHIVE_PREFIXES):
+        problem = archive_problem(path, image)
+        if problem is not None:
+            raise AppDirError(f"{manifest}: image: {problem}")
     for host in definition.hosts:
         reason = reserved(host)
         if reason is not None:

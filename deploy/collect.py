@@ -1,4 +1,6 @@
-"""Artifact garbage collection: stored artifacts no version references any more are deleted.
+"""Artifact garbage collection: stored artifacts no version references any more are deleted,
+and so are image blobs no version's image needs (`wakeful.oci.ImageStore.remove_unreferenced`,
+under the same grace period).
 
 Versions (`versions/{app}/{version}`) reference artifacts, and stateful apps' records
 (`states/{app}`) their latest state archive (kept in the same directory); versions go when
@@ -25,6 +27,7 @@ import anyio
 from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.domain import keys
 from wakeful.domain.models import AppState, Version
+from wakeful.oci import ImageStore, referenced_blobs
 from wakeful.store import Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -48,6 +51,9 @@ class ArtifactCollector:
         self._artifacts = artifacts
         self._grace = grace
         self._clock = clock
+        self.images: ImageStore | None = None
+        """The image store, whose blobs no version's image needs are collected too."""
+        self._image_blobs: set[str] = set()
 
     async def collect(self) -> list[str]:
         """One pass; returns the digests it deleted. Raises `StoreError` when the versions
@@ -62,6 +68,8 @@ class ArtifactCollector:
                 continue
             if await self._artifacts.remove_idle(digest, before):
                 removed.append(digest)
+        if self.images is not None:
+            removed += await self.images.remove_unreferenced(self._image_blobs, before)
         partials = await self._artifacts.remove_partials()
         if removed or partials:
             log.info(
@@ -85,6 +93,9 @@ class ArtifactCollector:
                 ", ".join(invalid),
             )
             return None
+        self._image_blobs = referenced_blobs(
+            item.value.image for item in versions.items if item.value.image is not None
+        )
         referenced: set[str | None] = {item.value.artifact for item in versions.items}
         return referenced | {item.value.archive for item in states.items}
 

@@ -14,9 +14,11 @@ from wakeful.aio.backoff import retry
 from wakeful.aio.packing import pack
 from wakeful.deploy.appdir import AppDir
 from wakeful.deploy.artifacts import LocalArtifacts
+from wakeful.deploy.images import Images
 from wakeful.deploy.rollout import Phase
 from wakeful.deploy.service import Deployer
 from wakeful.domain.backoff import Backoff
+from wakeful.oci import ImageRefused
 from wakeful.store import StoreError
 
 log = logging.getLogger(__name__)
@@ -26,13 +28,25 @@ RESUME_BACKOFF = Backoff(0.5, cap=5.0)
 
 
 async def deploy_dir(
-    deployer: Deployer, artifacts: LocalArtifacts, tasks: anyio.abc.TaskGroup, app_dir: AppDir
+    deployer: Deployer,
+    artifacts: LocalArtifacts,
+    tasks: anyio.abc.TaskGroup,
+    app_dir: AppDir,
+    images: Images | None = None,
 ) -> str:
     """Pack `app_dir`, store its artifact and deploy it (no HTTP round trip); its rollout runs
-    in `tasks`. Returns the rollout's message."""
-    data = await anyio.to_thread.run_sync(pack, app_dir.path)
-    digest = await artifacts.put(data)
-    rollout = await deployer.prepare(app_dir.definition, digest)
+    in `tasks`. An image app's image is imported instead (its archive read where it lies).
+    Returns the rollout's message."""
+    image, digest = app_dir.definition.spec.image, None
+    record = None
+    if image is None:
+        data = await anyio.to_thread.run_sync(pack, app_dir.path)
+        digest = await artifacts.put(data)
+    elif images is None:
+        raise ImageRefused(f"image {image}: this control plane has no image store")
+    else:
+        record = await images.store.import_image(image, archive=app_dir.archive)
+    rollout = await deployer.prepare(app_dir.definition, digest, record)
     if rollout.phase is Phase.ROLLING:
         tasks.start_soon(deployer.roll_out, rollout)
     return rollout.message

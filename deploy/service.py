@@ -39,6 +39,7 @@ from wakeful.domain.hosts import Claim, HostRules
 from wakeful.domain.models import (
     App,
     AppSecrets,
+    ImageRecord,
     Pool,
     RolloutRecord,
     Sandbox,
@@ -93,7 +94,9 @@ class Deployer:
         self.runner = RolloutRunner(store, self._hosts, timeout=timeout, clock=clock)
         self.rollouts: dict[tuple[str, str], Rollout] = {}
 
-    async def prepare(self, definition: AppDefinition, artifact: str | None) -> Rollout:
+    async def prepare(
+        self, definition: AppDefinition, artifact: str | None, image: ImageRecord | None = None
+    ) -> Rollout:
         """Validate, then write the new version and its pool (not yet routed). Decided again
         from fresh reads when a record it read changed before its write (a `secrets set` or
         a key rotation touching the app's secrets, another deploy of the app)."""
@@ -103,10 +106,12 @@ class Deployer:
             raise DeployError(f"artifact {artifact} was not uploaded")
         for _ in range(PREPARE_ATTEMPTS - 1):
             with contextlib.suppress(Conflict):
-                return await self._prepare(definition, artifact)
-        return await self._prepare(definition, artifact)
+                return await self._prepare(definition, artifact, image)
+        return await self._prepare(definition, artifact, image)
 
-    async def _prepare(self, definition: AppDefinition, artifact: str | None) -> Rollout:
+    async def _prepare(
+        self, definition: AppDefinition, artifact: str | None, image: ImageRecord | None
+    ) -> Rollout:
         name = definition.name
         claim = Claim(name, definition.hosts, definition.default_host)
         refused = await host_refusal(self._store, claim, self._hosts)
@@ -133,6 +138,7 @@ class Deployer:
             and app is not None
             and active.value.spec == definition.spec
             and active.value.artifact == artifact
+            and active.value.image == image
             and app.value.hosts == definition.hosts
             and app.value.default_host == definition.default_host
         ):
@@ -168,6 +174,7 @@ class Deployer:
             version=version,
             spec=definition.spec,
             artifact=artifact,
+            image=image,
             created_at=self._clock(),
         )
         pool = Pool(

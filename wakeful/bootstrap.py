@@ -67,7 +67,7 @@ from wakeful.node.sandbox.local import runtime_for
 from wakeful.node.settings import NodeSettings
 from wakeful.oci import ImageStore, RegistryAccess
 from wakeful.process import settle_heap, wait_for_signal
-from wakeful.remote import Endpoint, HttpArtifacts, HttpKeeper, HttpLogSink, HttpSecrets
+from wakeful.remote import Endpoint, HttpArtifacts, HttpBlobs, HttpKeeper, HttpLogSink, HttpSecrets
 from wakeful.secrets.api import secrets_router
 from wakeful.secrets.book import SecretBook
 from wakeful.secrets.keys import KeyRing
@@ -287,7 +287,8 @@ async def run_up(
             store, up.activator, data_dir, idle=idle, replace_admin=True, write_admin=write_admin
         ) as plane,
     ):
-        # The same LogSink a node elsewhere reaches over HTTP, handed over directly.
+        # The same LogSink a node elsewhere reaches over HTTP, handed over directly; the
+        # image blobs, from the control plane's store.
         agent = NodeAgent(
             store,
             up.node,
@@ -295,6 +296,7 @@ async def run_up(
             plane.keeper.for_node(up.node.node_name),
             BookSecrets(plane.secrets, up.node.node_name),
             logs=plane.logbook,
+            runtime=runtime_for(up.node, blobs=plane.images.store),
         )
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(agent.run)
@@ -387,6 +389,7 @@ async def run_node(
         locate = leader_locator(store, control.apis)
         async with (
             HttpArtifacts(control.apis[0], control.token, locate=locate) as artifacts,
+            HttpBlobs(control.apis[0], control.token, locate=locate) as blobs,
             HttpLogSink(control.apis[0], control.token, locate=locate) as logs,
             HttpKeeper(control.apis[0], control.token, settings.node_name, locate=locate) as keeper,
             HttpSecrets(
@@ -394,7 +397,7 @@ async def run_node(
             ) as secrets,
         ):
             # Sandboxes must not reach the control API or the store, wherever they run.
-            runtime = runtime_for(settings, control_plane=control.apis)
+            runtime = runtime_for(settings, control_plane=control.apis, blobs=blobs)
             agent = NodeAgent(
                 store,
                 settings,

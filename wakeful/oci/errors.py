@@ -39,5 +39,5 @@ class ImageStorageError(ImageError):
     """The image store could not be written (the import can be retried later)."""
 
 
-class BlobMissing(ImageError):
+class BlobMissing(ImageError, FileNotFoundError):
     """No blob of that digest is stored (never imported, or collected)."""

@@ -209,11 +209,12 @@ class Skopeo:
             token = f"{credentials.username}:{credentials.password}".encode()
             secrets = (credentials.password, base64.b64encode(token).decode())
         out, tail = bytearray(), bytearray()
+        # No umask here (uvloop's subprocess_exec refuses it): what skopeo writes lies in
+        # 0700 directories, and the blobs are made 0600 after each copy.
         process = await anyio.open_process(
             [binary, f"--tmpdir={self._workspace}", *argv],
             stdin=subprocess.DEVNULL,
             env=env,
-            umask=0o077,
         )
 
         async def read_out(stream: ByteReceiveStream) -> None:

@@ -3,7 +3,7 @@
 | module | its one job |
 |---|---|
 | `control` | the CLI's `ControlClient`, `locate` (where the control plane is), `CliSettings` |
-| `node` | a node's `HttpArtifacts`, `HttpKeeper`, `HttpSecrets` and `HttpLogSink` |
+| `node` | a node's `HttpArtifacts`, `HttpBlobs`, `HttpKeeper`, `HttpSecrets` and `HttpLogSink` |
 | `wire` | what both share: `Endpoint` (URL and bearer token), a path segment, an error's reason |
 
 Every request carries the bearer token in a header: never in a URL, never in a message; httpx's
@@ -20,7 +20,7 @@ from wakeful.remote.control import (
     NoControlPlane,
     locate,
 )
-from wakeful.remote.node import HttpArtifacts, HttpKeeper, HttpLogSink, HttpSecrets
+from wakeful.remote.node import HttpArtifacts, HttpBlobs, HttpKeeper, HttpLogSink, HttpSecrets
 from wakeful.remote.wire import Endpoint
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "ControlClient",
     "Endpoint",
     "HttpArtifacts",
+    "HttpBlobs",
     "HttpKeeper",
     "HttpLogSink",
     "HttpSecrets",

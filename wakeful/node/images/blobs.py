@@ -142,7 +142,7 @@ class Layout:
                     await anyio.to_thread.run_sync(partial.write, pieces)
                     pieces, pending = [], 0
             await anyio.to_thread.run_sync(partial.write, pieces)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # unavailable now, or refused (ArtifactError)
             raise ImageError(f"blob {digest} could not be fetched: {exc}") from exc
         finally:
             close = getattr(chunks, "aclose", None)

@@ -92,7 +92,13 @@ def mount_image_root(tree: Path, lower: Path) -> Path:
     the sandbox's tmpfs `tree` (`mount_sandbox_fs`: so the app's writes are bounded by its
     `disk`), at `tree/root`. Root only; undone with the tmpfs (`unmount` detaches both)."""
     for name in ("upper", "work", "root"):
-        (tree / name).mkdir(mode=0o755)
+        (tree / name).mkdir(mode=0o700)
+    # The merged root takes the upper layer's owner and mode: the tree's owner, and 0755 as
+    # every root directory is (whatever the agent's umask or the cache made of it), or an app
+    # whose image user is not root could not even look up /proc.
+    below = lower.stat()
+    os.chown(tree / "upper", below.st_uid, below.st_gid)
+    os.chmod(tree / "upper", 0o755)
     root = tree / "root"
     options = f"lowerdir={lower},upperdir={tree / 'upper'},workdir={tree / 'work'}"
     if (
@@ -107,7 +113,8 @@ def mount_image_root(tree: Path, lower: Path) -> Path:
         path = root / name
         if path.is_symlink() or (path.exists() and not path.is_dir()):
             path.unlink()  # the link itself (or a file), in the upper layer
-        path.mkdir(mode=0o755, exist_ok=True)
+        path.mkdir(exist_ok=True)
+        os.chmod(path, 0o755)  # covered by its mount; 0755 whatever the umask
     return root
 
 

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from wakeful.node.images import BlobSource, ImageCache
 from wakeful.node.jail.bwrap import CHAIN_ENV, Jail, env_script, image_env_data, slot_main
 from wakeful.node.jail.detect import detect_jail
 from wakeful.node.jail.jailed import Jailed, memfile
@@ -362,9 +363,12 @@ def _placer(workdir: Path, packed: Packed | None) -> Callable[[Path, int], None]
     return copy
 
 
-def runtime_for(settings: NodeSettings, control_plane: Sequence[str] = ()) -> ProcessRuntime:
+def runtime_for(
+    settings: NodeSettings, control_plane: Sequence[str] = (), blobs: BlobSource | None = None
+) -> ProcessRuntime:
     """The runtime the settings ask for; IsolationUnavailable when this machine cannot.
-    `control_plane`: URLs of the control API and the store, which sandboxes must not reach."""
+    `control_plane`: URLs of the control API and the store, which sandboxes must not reach.
+    `blobs`: where image apps' blobs come from (the control plane); None: no image apps."""
     if settings.isolation == "none":
         log.warning(
             "isolation is off (--isolation=none): apps run as this user and can read the "
@@ -390,7 +394,23 @@ def runtime_for(settings: NodeSettings, control_plane: Sequence[str] = ()) -> Pr
         else None
     )
     homes = sandbox_dir(settings.data_dir, "-").parent
-    return ProcessRuntime(jail=jail, uids=uids, warm_slots=settings.warm_slots, slot_homes=homes)
+    images = None
+    if blobs is not None:
+        images = ImageCache(
+            settings.data_dir / "images",
+            blobs,
+            max_bytes=settings.image_max_bytes,
+            max_unpacked=settings.image_max_bytes,
+            max_files=settings.image_max_files,
+            max_cache_bytes=settings.image_cache,
+        )
+    return ProcessRuntime(
+        jail=jail,
+        uids=uids,
+        warm_slots=settings.warm_slots,
+        slot_homes=homes,
+        images=images,
+    )
 
 
 def isolation_of(runtime: Runtime) -> str:

@@ -50,6 +50,7 @@ from wakeful.domain.models import (
     exposed_port,
 )
 from wakeful.node.fencing import start_epoch
+from wakeful.node.images import ImageError
 from wakeful.node.logship import LogShipper
 from wakeful.node.secrets import SecretSource, SecretsRefused
 from wakeful.node.settings import NodeSettings
@@ -296,6 +297,8 @@ class SandboxRunner:
             return self._started
         except ArtifactError as exc:
             raise CannotRun(f"could not unpack: {exc}") from exc
+        except ImageError as exc:
+            raise CannotRun(f"could not prepare its image: {exc}") from exc
         except OSError as exc:
             raise CannotRun(f"could not start: {exc}") from exc
 

@@ -1,0 +1,131 @@
+"""Images in the control plane: the archives a CLI uploads for a deploy, the import of an
+image into the blob store at deploy (`Images.resolve`), and its blobs served to nodes.
+
+PUT /v1/images/archives          an image archive (`podman save`), streamed to disk; admin only
+GET /v1/blobs/{digest}           a blob of a stored image, streamed; nodes and admin
+
+An archive is written to `incoming/` beside the image store as it arrives, never held in
+memory, bounded by `max_bytes`, and named by its sha256: the deploy that follows names it
+(`image_archive`), the import reads it with skopeo, and it is deleted then (or by the next
+start's sweep, when no deploy came).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Annotated
+
+import anyio
+from fastapi import APIRouter, HTTPException, Request
+from fastapi import Path as PathParam
+from fastapi.responses import StreamingResponse
+
+from wakeful.domain.models import BLOB_DIGEST, ImageRecord
+from wakeful.oci import BlobMissing, ImageRefused, ImageStore
+
+ARCHIVE_IDLE = 30.0
+"""Seconds an archive upload may send nothing before it is refused (408)."""
+_ARCHIVE = re.compile(r"^[0-9a-f]{64}$")
+
+BlobParam = Annotated[str, PathParam(pattern=BLOB_DIGEST, description="sha256:<hex>")]
+
+
+class Images:
+    """What a deploy needs of images: archives received, references resolved and copied."""
+
+    def __init__(self, store: ImageStore, incoming: Path, max_bytes: int) -> None:
+        self.store = store
+        self.incoming = incoming
+        self.max_bytes = max_bytes
+
+    def sweep(self) -> None:
+        """Archives no deploy took (a CLI that stopped between its upload and its deploy)."""
+        shutil.rmtree(self.incoming, ignore_errors=True)
+
+    async def receive(self, request: Request) -> str:
+        """The request's body, an image archive, written to `incoming/` while hashed."""
+        await anyio.to_thread.run_sync(
+            lambda: self.incoming.mkdir(mode=0o700, parents=True, exist_ok=True)
+        )
+        fd, name = await anyio.to_thread.run_sync(
+            lambda: tempfile.mkstemp(dir=self.incoming, suffix=".part")
+        )
+        partial = Path(name)
+        digest = hashlib.sha256()
+        size = 0
+        try:
+            with os.fdopen(fd, "wb") as file:
+                body = aiter(request.stream())
+                while True:
+                    with anyio.move_on_after(ARCHIVE_IDLE) as idle:
+                        chunk = await anext(body, None)
+                    if idle.cancel_called:
+                        raise _bad(408, "upload stalled", f"no bytes for {ARCHIVE_IDLE:g} s")
+                    if chunk is None:
+                        break
+                    size += len(chunk)
+                    if size > self.max_bytes:
+                        raise _bad(
+                            413, "image archive too large", f"the bound is {self.max_bytes} bytes"
+                        )
+                    digest.update(chunk)
+                    await anyio.to_thread.run_sync(file.write, chunk)
+            name = digest.hexdigest()
+            await anyio.to_thread.run_sync(partial.replace, self.incoming / name)
+            return name
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(partial.unlink, True)
+
+    async def resolve(self, ref: str, archive: str | None) -> ImageRecord:
+        """`ref` pinned and its blobs in the store: pulled from its registry, or read from
+        the uploaded `archive` (then deleted)."""
+        path = None
+        if ref.startswith(("oci-archive:", "docker-archive:")):
+            if archive is None or not _ARCHIVE.match(archive):
+                raise ImageRefused(f"image {ref}: the archive was not uploaded with the deploy")
+            path = self.incoming / archive
+            if not await anyio.Path(path).is_file():
+                raise ImageRefused(f"image {ref}: no uploaded archive {archive} (upload it again)")
+        try:
+            return await self.store.import_image(ref, archive=path)
+        finally:
+            if path is not None:
+                with contextlib.suppress(OSError):
+                    await anyio.Path(path).unlink()
+
+
+def _bad(status: int, error: str, detail: str) -> HTTPException:
+    return HTTPException(status, {"error": error, "detail": detail})
+
+
+def images_router(images: Images) -> APIRouter:
+    router = APIRouter()
+
+    @router.put("/v1/images/archives", status_code=201)
+    async def upload_archive(request: Request) -> dict[str, str]:
+        return {"archive": await images.receive(request)}
+
+    @router.get("/v1/blobs/{digest}")
+    async def blob(digest: BlobParam) -> StreamingResponse:
+        chunks = images.store.chunks(digest)
+        try:  # the first chunk read now: a missing blob is a 404, not a broken stream
+            first = await anext(chunks, b"")
+        except BlobMissing as exc:
+            raise _bad(404, "unknown blob", str(exc)) from exc
+
+        async def body() -> AsyncIterator[bytes]:
+            yield first
+            async for chunk in chunks:
+                yield chunk
+
+        return StreamingResponse(body(), media_type="application/octet-stream")
+
+    return router
