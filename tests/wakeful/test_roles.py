@@ -65,6 +65,7 @@ SCHEMA = ("GET", "/openapi.json")
 """The API's schema: any role's token may read it, no token may not."""
 NODE_MAY = {
     ("GET", "/v1/artifacts/{digest}"),
+    ("GET", "/v1/blobs/{digest}"),
     ("PUT", "/v1/states/{app}/archives/{digest}"),
     ("POST", "/v1/states/{app}/release"),
     ("POST", "/v1/states/{app}/keep"),
@@ -72,7 +73,8 @@ NODE_MAY = {
     ("GET", "/v1/sandboxes/{sandbox_id}/secrets"),
     SCHEMA,
 }
-"""What `wakeful node` calls (`HttpArtifacts`, `HttpKeeper`, `HttpLogSink`, `HttpSecrets`),
+"""What `wakeful node` calls (`HttpArtifacts`, `HttpBlobs`, `HttpKeeper`, `HttpLogSink`,
+`HttpSecrets`),
 written out here
 rather than read from the map, so a map that grants more fails these tests."""
 INGRESS_MAY = {
