@@ -33,7 +33,8 @@ from wakeful.aio.backoff import retry
 from wakeful.domain import coverage, keys
 from wakeful.domain.backoff import Backoff
 from wakeful.domain.lifecycle import Transition
-from wakeful.domain.models import HAS_PROCESS, Sandbox, SandboxStatus, Tunnel
+from wakeful.domain.models import HAS_PROCESS, Sandbox, SandboxStatus, Tunnel, Version
+from wakeful.node.images.warming import Warming
 from wakeful.node.jail.guarding import GuardKeeper
 from wakeful.node.jail.peers import ControlFence, PeerFence
 from wakeful.node.jail.thawguard import thaw_left
@@ -113,6 +114,8 @@ class NodeAgent:
         self._isolation = isolation_of(runtime)
         self._registration = Registration(store, settings, self._isolation, clock)
         """`nodes/{node}`, under a TTL lease: gone when the agent is."""
+        self.warming: Warming | None = None
+        """Newly deployed images unpacked ahead of their first start (a runtime with images)."""
         self.tunnel: TunnelClient | None = None
         if settings.tunnel:
             if not tunnel_token:
@@ -181,6 +184,8 @@ class NodeAgent:
                     tasks.start_soon(self._guard.run)
                 if isinstance(self._services.runtime, ProcessRuntime):
                     tasks.start_soon(self._services.runtime.keep_warm)
+                    if self._services.runtime.images is not None:
+                        tasks.start_soon(self._warm_images, self._services.runtime)
                     jail = self._services.runtime.jail
                     if jail is not None and jail.fenced:  # no sandbox starts before the fence
                         await tasks.start(PeerFence(self._store, self.name).run)
@@ -289,6 +294,13 @@ class NodeAgent:
                 await self._writer.change(
                     sandbox.id, Transition.FAIL, last_log="the node agent restarted"
                 )
+
+    async def _warm_images(self, runtime: ProcessRuntime) -> None:
+        """Every newly deployed image, unpacked here before its first start (`Warming`)."""
+        warming = self.warming = Warming(runtime.warm)
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(warming.run)
+            await reflect(self._store, keys.VERSIONS, Version, warming, what="image warming")
 
     # -- watching ---------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from wakeful.domain.models import ImageRecord
 from wakeful.node.images import BlobSource, ImageCache
 from wakeful.node.jail.bwrap import CHAIN_ENV, Jail, env_script, image_env_data, slot_main
 from wakeful.node.jail.detect import detect_jail
@@ -189,6 +190,12 @@ class ProcessRuntime:
         if self.images is None:
             return "this node has no image cache"
         return None
+
+    async def warm(self, image: ImageRecord, app: str) -> None:
+        """Unpack `app`'s image into the cache ahead of its first start (`Warming`)."""
+        if self.image_refusal() is None:
+            assert self.images is not None and self._uids is not None
+            await self.images.tree(image, self._uids.uid(app))
 
     async def _start_image(
         self,

@@ -89,6 +89,9 @@ class ImageTrees(Protocol):
 
     def release(self, image: ImageRecord, owner: int | None) -> None: ...
 
+    async def tree(self, image: ImageRecord, owner: int | None) -> Path:
+        """The tree, made if need be, not held (a deploy's warming)."""
+
 
 UNNAMED = Identity()
 """For a process started outside any sandbox record (tests, tools): default limits."""
