@@ -66,6 +66,12 @@ def node_line(node: Mapping[str, Any]) -> str:
     moving = node.get("progress")
     counts = "" if not moving else f"  {progress_counts(moving)}"
     line = f"{node['name']}  {state}  sandboxes={node['sandboxes']}{counts}  isolation: {isolation}"
+    cache = node.get("image_cache")
+    if cache:
+        line += (
+            f"\n  images: {cache['images']} unpacked, {_mib(cache['bytes'])} of "
+            f"{_mib(cache['bound'])}; {cache['hits']} hits, {cache['misses']} misses"
+        )
     if node.get("suspended"):
         held, cap = node.get("suspended_memory", 0), node.get("suspended_memory_cap", 0)
         line += f"\n  suspended: {node['suspended']} holding {_mib(held)} of {_mib(cap)}"

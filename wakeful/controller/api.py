@@ -30,6 +30,7 @@ from wakeful.domain.models import (
     AppState,
     Cordon,
     Frozen,
+    ImageCacheUse,
     Node,
     Pool,
     Sandbox,
@@ -95,6 +96,8 @@ class NodeReport(BaseModel):
     """How much of that memory it asks to give up."""
     evict: list[Frozen] = []
     """Its frozen sandboxes to give it up from, the longest suspended first (while it asks)."""
+    image_cache: ImageCacheUse | None = None
+    """Its image cache: unpacked images, their bytes and bound, hits and misses."""
 
 
 LEAVING = frozenset({SandboxStatus.DRAINING, SandboxStatus.STOPPING})
@@ -185,6 +188,7 @@ def node_router(store: Store) -> APIRouter:
                     memory_pressure=node.memory_pressure,
                     evict_bytes=node.evict_bytes,
                     evict=list(node.evict),
+                    image_cache=node.image_cache,
                 )
             )
         return found

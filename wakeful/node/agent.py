@@ -33,7 +33,15 @@ from wakeful.aio.backoff import retry
 from wakeful.domain import coverage, keys
 from wakeful.domain.backoff import Backoff
 from wakeful.domain.lifecycle import Transition
-from wakeful.domain.models import HAS_PROCESS, Sandbox, SandboxStatus, Tunnel, Version
+from wakeful.domain.models import (
+    HAS_PROCESS,
+    ImageCacheUse,
+    Sandbox,
+    SandboxStatus,
+    Tunnel,
+    Version,
+)
+from wakeful.node.images import ImageCache
 from wakeful.node.images.warming import Warming
 from wakeful.node.jail.guarding import GuardKeeper
 from wakeful.node.jail.peers import ControlFence, PeerFence
@@ -271,6 +279,16 @@ class NodeAgent:
             "evict_bytes": wanted,
             "evict": evict,
         }
+        runtime = self._services.runtime
+        if isinstance(runtime, ProcessRuntime) and isinstance(runtime.images, ImageCache):
+            used = runtime.images.stats()
+            update["image_cache"] = ImageCacheUse(
+                images=used.images,
+                bytes=used.bytes,
+                bound=self._settings.image_cache,
+                hits=used.hits,
+                misses=used.misses,
+            )
         await self._registration.update(update)
         return wanted, [frozen.sandbox for frozen in evict]
 

@@ -83,7 +83,16 @@ from .images import (
     exposed_port,
     image_env,
 )
-from .nodes import Cordon, Frozen, IngressReplica, Node, ReplicaCoverage, SeenNode, Tunnel
+from .nodes import (
+    Cordon,
+    Frozen,
+    ImageCacheUse,
+    IngressReplica,
+    Node,
+    ReplicaCoverage,
+    SeenNode,
+    Tunnel,
+)
 from .pools import (
     FINISHED,
     GONE,
@@ -160,6 +169,7 @@ __all__ = [
     "Frozen",
     "HealthCheck",
     "Host",
+    "ImageCacheUse",
     "ImageConfig",
     "ImageRecord",
     "ImageText",

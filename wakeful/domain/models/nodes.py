@@ -84,6 +84,20 @@ class Node(Model):
     activator stops the first it may, each with its pool shrunk by one in the same
     transaction, passing over those that must stay (`min_instances`), until they add up to
     `evict_bytes`. The node does not know pools; the activator does."""
+    image_cache: ImageCacheUse | None = None
+    """Its image cache (None: it runs no image apps)."""
+
+
+class ImageCacheUse(Model):
+    """A node's image cache (`wakeful.node.images`), as `wakeful nodes` shows it."""
+
+    images: int = Field(default=0, ge=0)
+    """Unpacked trees (one per image and app)."""
+    bytes: int = Field(default=0, ge=0)
+    """Their files' bytes (bounded by `WAKEFUL_IMAGE_CACHE`)."""
+    bound: int = Field(default=0, ge=0)
+    hits: int = Field(default=0, ge=0)
+    misses: int = Field(default=0, ge=0)
 
 
 class IngressReplica(Model):
