@@ -212,6 +212,10 @@ class FakeProcess:
     def owns_port(self, port: int) -> bool:
         return True
 
+    @property
+    def listening(self) -> Callable[[], bool] | None:
+        return None
+
     def settled(self) -> None:
         pass
 

@@ -23,7 +23,9 @@ def image(**config: object) -> ImageRecord:
     )
 
 
-def launch(spec: dict[str, object], record: ImageRecord | None) -> Launch:
+def launch(
+    spec: dict[str, object], record: ImageRecord | None, app_port: int | None = None
+) -> Launch:
     return Launch(
         spec=AppSpec.model_validate(spec),
         app="shop",
@@ -32,6 +34,7 @@ def launch(spec: dict[str, object], record: ImageRecord | None) -> Launch:
         host="127.0.0.1",
         port=41000,
         image=record,
+        app_port=app_port,
     )
 
 
@@ -82,3 +85,15 @@ def test_an_image_without_a_working_dir_runs_in_its_root() -> None:
 def test_a_directory_app_runs_as_before() -> None:
     command, env, run = what_runs(launch({"command": ["python3", "$PORT"]}, None), {})
     assert (command, env["PORT"], run) == (["python3", "41000"], "41000", None)
+
+
+def test_in_its_own_network_an_image_app_listens_on_its_port_on_every_address() -> None:
+    spec = {"image": "shop:1", "command": ["/bin/shop", "$HOST:$PORT"]}
+    command, env, run = what_runs(launch(spec, SHOP, app_port=80), {})
+    assert command == ["/bin/shop", "0.0.0.0:80"]
+    assert (env["PORT"], env["HOST"]) == ("80", "0.0.0.0")
+    assert run is not None and (run.app_port, run.node_host, run.node_port) == (
+        80,
+        "127.0.0.1",
+        41000,
+    )

@@ -27,6 +27,8 @@ class Jailed:
         """Its tmpfs (`mount_sandbox_fs`), unmounted when it ends."""
         self.home: Path | None = None
         """A directory of its own besides its sandbox directory (a warm slot's), removed then."""
+        self.listening: Callable[[], bool] | None = None
+        """Whether the app listens in its own network namespace (an image app's)."""
         self.after_tree: list[Callable[[], None]] = []
         """Called once its tree is let go of (an image app's hold on its cached image)."""
         self._oom = False

@@ -26,6 +26,8 @@ class Launch:
     host: str
     port: int
     image: ImageRecord | None = None
+    app_port: int | None = None
+    """Where an image app listens in its own network namespace (`port` is forwarded there)."""
 
     @property
     def address(self) -> str:
@@ -43,6 +45,8 @@ def what_runs(
         env = sandbox_env(spec.env, secrets, port, host)
         return expand_command(spec.command, port, host), env, None
     config = launch.image.config
+    if launch.app_port is not None:  # its own network: all its addresses are its own
+        port, host = launch.app_port, "0.0.0.0"
     command = (
         expand_command(spec.command, port, host)
         if spec.command
@@ -52,4 +56,7 @@ def what_runs(
         ]
     )
     env = sandbox_env({**image_env(config), **spec.env}, secrets, port, host)
-    return command, env, ImageRun(launch.image, config.working_dir or "/")
+    run = ImageRun(
+        launch.image, config.working_dir or "/", launch.app_port, launch.host, launch.port
+    )
+    return command, env, run

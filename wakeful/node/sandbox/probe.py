@@ -60,8 +60,16 @@ def knock(host: str, port: int) -> Knock:
     return Knock.ACCEPTED if code == 0 else Knock.UNKNOWN
 
 
-async def probe(host: str, port: int, path: str | None) -> bool:
-    """The full probe, unless a knock already answers it."""
+async def probe(
+    host: str, port: int, path: str | None, listening: Callable[[], bool] | None = None
+) -> bool:
+    """The full probe, unless a knock already answers it. `listening`: whether the app listens
+    in a network namespace of its own, whose forwarder accepts on `port` before it does (so a
+    knock there would say nothing): asked instead of the knock."""
+    if listening is not None:
+        if not listening():
+            return False
+        return path is None or await probe_once(host, port, path)
     knocked = knock(host, port)
     if knocked is Knock.REFUSED:
         return False
@@ -93,6 +101,7 @@ async def wait_ready(
     path: str | None,
     within: float,
     exited: Callable[[], Awaitable[int]],
+    listening: Callable[[], bool] | None = None,
 ) -> bool:
     """True once a probe succeeds; False on timeout or when the process exits first."""
     ready = False
@@ -106,7 +115,7 @@ async def wait_ready(
         with anyio.move_on_after(within):
             started = anyio.current_time()
             delay = FAST_DELAY
-            while not await probe(host, port, path):
+            while not await probe(host, port, path, listening):
                 elapsed = anyio.current_time() - started
                 if elapsed < QUICK_PHASE:
                     await anyio.sleep(QUICK_DELAY)

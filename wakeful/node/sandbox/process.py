@@ -175,10 +175,17 @@ class LocalProcess:
     def reason(self) -> str | None:
         return None if self._jailed is None else self._jailed.reason()
 
+    @property
+    def listening(self) -> Callable[[], bool] | None:
+        return None if self._jailed is None else self._jailed.listening
+
     def owns_port(self, port: int) -> bool:
         """Only an isolated sandbox has a uid of its own to tell it by: every socket listening
-        on `port` must be its."""
+        on `port` must be its. In a network namespace of its own, `port` is its forwarder's,
+        which the node started for it alone."""
         if self._jailed is None or self._jailed.uid is None:
+            return True
+        if self._jailed.listening is not None:
             return True
         owners = listeners(port)
         return bool(owners) and all(owner == self._jailed.uid for owner in owners)

@@ -261,24 +261,35 @@ class SandboxRunner:
             (base / "app").mkdir(mode=0o700, parents=True, exist_ok=True)
         host = settings.node_address
         image = version.value.image if version else None
-        port = self._pick_port(spec, image)
+        port, app_port = self._pick_port(spec, image)
         return Launch(
-            spec=spec, app=record.app, base=base, packed=packed, host=host, port=port, image=image
+            spec=spec,
+            app=record.app,
+            base=base,
+            packed=packed,
+            host=host,
+            port=port,
+            image=image,
+            app_port=app_port,
         )
 
-    def _pick_port(self, spec: AppSpec, image: ImageRecord | None) -> int:
-        """The app's own port when it has one (`port`, else its image's one exposed port),
-        else a free one from the node's pool, passed in PORT."""
-        fixed = spec.port
-        if fixed is None and image is not None:
-            fixed = exposed_port(image.config)
+    def _pick_port(self, spec: AppSpec, image: ImageRecord | None) -> tuple[int, int | None]:
+        """(the sandbox's port on this node, the port an image app listens on in its own
+        network namespace). A directory app listens on the node's port: its own `port` when
+        it has one, else a free one passed in PORT. An image app's node port is always a free
+        one, forwarded to its own (`port`, else the image's one EXPOSE, else the same number,
+        passed in PORT): two sandboxes of an image that listens on 80 share no port."""
         try:
-            if fixed is not None:
-                return self._node.ports.check_fixed(fixed)
+            if image is not None:
+                self._port = self._node.ports.take()
+                inside = spec.port if spec.port is not None else exposed_port(image.config)
+                return self._port, inside if inside is not None else self._port
+            if spec.port is not None:
+                return self._node.ports.check_fixed(spec.port), None
             self._port = self._node.ports.take()
         except NoFreePort as exc:
             raise CannotRun(str(exc)) from exc
-        return self._port
+        return self._port, None
 
     async def _start(self, launch: Launch, secrets: dict[str, str]) -> SandboxProcess:
         try:
@@ -319,7 +330,12 @@ class SandboxRunner:
 
             tasks.start_soon(watch_exit)
             ready = await wait_ready(
-                launch.host, launch.port, spec.health.path, spec.health.timeout, process.wait
+                launch.host,
+                launch.port,
+                spec.health.path,
+                spec.health.timeout,
+                process.wait,
+                process.listening,
             )
             # A netlink query of the listening sockets (~0.1 ms): on the loop, where a thread
             # hop would cost a busy node more than the query (wakeful.node.sandbox.ports.listeners).

@@ -35,6 +35,11 @@ class SandboxProcess(Protocol):
     def owns_port(self, port: int) -> bool:
         """Whatever listens on `port` is this sandbox (not another app squatting it)."""
 
+    @property
+    def listening(self) -> Callable[[], bool] | None:
+        """Whether the app listens, asked of its own network namespace (an image app's); None
+        when it shares the node's network (its port is knocked on)."""
+
     def settled(self) -> None:
         """Its start is over (the first probe answered or gave up): work the runtime held
         back so as not to slow the start may run. Idempotent; `wait` implies it."""
@@ -76,8 +81,10 @@ class ImageRun:
     workdir: str = "/"
     """Absolute, inside the image (its `WorkingDir`, `/` when it names none)."""
     app_port: int | None = None
-    """The port the app listens on in a network namespace of its own, forwarded from the
-    sandbox's port on the node; None: it shares the node's network and listens on PORT."""
+    """The port the app listens on in a network namespace of its own, forwarded from
+    `node_host`:`node_port`; None: it shares the node's network and listens on PORT."""
+    node_host: str = "127.0.0.1"
+    node_port: int = 0
 
 
 class ImageTrees(Protocol):
