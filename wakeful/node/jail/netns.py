@@ -211,7 +211,7 @@ async def open_sandbox_net(*, host: str, host_port: int, app_port: int, net_uid:
             raise ValueError(f"port {port} is not in 1-65535")
     if os.geteuid() != 0:
         raise IsolationUnavailable("a network namespace per sandbox needs the agent as root")
-    tools = _tools()
+    tools = find_tools()
     _check_tun()
     holder = await spawn(
         holder_argv(tools["setpriv"], tools["unshare"], net_uid), cwd="/", env=CHAIN_ENV
@@ -236,7 +236,9 @@ async def open_sandbox_net(*, host: str, host_port: int, app_port: int, net_uid:
     return SandboxNet(holder, pasta, tools["nsenter"], app_port, output)
 
 
-def _tools() -> dict[str, str]:
+def find_tools(path: str = CHAIN_ENV["PATH"]) -> dict[str, str]:
+    """pasta and util-linux's tools, by name, found on `path`; `IsolationUnavailable` names
+    the Debian package of the first one missing."""
     found = {}
     for name, package in (
         ("pasta", "passt"),
@@ -244,10 +246,10 @@ def _tools() -> dict[str, str]:
         ("unshare", "util-linux"),
         ("nsenter", "util-linux"),
     ):
-        path = shutil.which(name, path=CHAIN_ENV["PATH"])
-        if path is None:
+        where = shutil.which(name, path=path)
+        if where is None:
             raise IsolationUnavailable(f"{name} not found (apt-get install {package})")
-        found[name] = path
+        found[name] = where
     return found
 
 
