@@ -180,25 +180,6 @@ def pasta_spec(net: SandboxNet) -> str:
     return argv[argv.index(b"--tcp-ports") + 1].decode()
 
 
-@real
-async def test_the_host_loopback_and_gateway_are_out_of_the_app_s_reach(
-    net: SandboxNet, tmp_path: Path
-) -> None:
-    """No port of the host's loopback is forwarded in, and the gateway address is not mapped
-    to the host; the host's main address is the namespace's own (pasta copies it)."""
-    async with httpd(net, site(tmp_path, "own")):
-        assert await connect_from(net, "127.0.0.1", 80) == "connected"  # the probe works
-        with host_listener("127.0.0.1") as (loopback, port):
-            assert await connect_from(net, "127.0.0.1", port) == "ConnectionRefusedError"
-            for gateway in default_gateways():
-                assert await connect_from(net, gateway, port) != "connected"
-            assert not accepted(loopback)
-        with host_listener("0.0.0.0") as (anywhere, port):
-            main = host_address()
-            assert await connect_from(net, main, port) == "ConnectionRefusedError"
-            assert not accepted(anywhere)
-
-
 def alive(pid: int) -> bool:
     """A process of that pid exists (the node reaped what it closed: not even a zombie)."""
     try:
@@ -304,6 +285,45 @@ def test_pasta_forwards_one_port_in_and_nothing_of_the_host() -> None:
     assert argv[-1] == "42"
 
 
+@contextlib.asynccontextmanager
+async def unfenced() -> AsyncIterator[None]:
+    """No nftables fence on this machine until the end (then the rules as an agent installs
+    them): what the namespace alone keeps out of reach."""
+    await anyio.run_process(["nft", "delete", "table", "inet", "wakeful"], check=False)
+    try:
+        yield
+    finally:
+        assert install_network_rules() is None
+
+
+@real
+@pytest.mark.exclusive
+async def test_the_host_loopback_and_gateway_are_out_of_reach_even_unfenced(
+    tmp_path: Path, tun: None
+) -> None:
+    """No port of the host's loopback is forwarded in (the listeners exist before pasta
+    starts, which would forward them), the gateway address is not mapped to the host's
+    loopback, and the host's main address is the namespace's own (pasta copies it)."""
+    with host_listener("127.0.0.1") as (loopback, port), host_listener("0.0.0.0") as (any_, other):
+        async with unfenced():
+            net = await open_sandbox_net(
+                host="127.0.0.1", host_port=free_port(), app_port=80, net_uid=NET_UID
+            )
+            try:
+                async with httpd(net, site(tmp_path, "own")):
+                    assert await connect_from(net, "127.0.0.1", 80) == "connected"  # the probe
+                    assert await connect_from(net, "127.0.0.1", port) == "ConnectionRefusedError"
+                    for gateway in default_gateways():
+                        assert await connect_from(net, gateway, port) != "connected"
+                    assert await connect_from(net, host_address(), other) == (
+                        "ConnectionRefusedError"
+                    )
+            finally:
+                await net.close()
+        assert not accepted(loopback)
+        assert not accepted(any_)
+
+
 @real
 @pytest.mark.exclusive
 async def test_the_fence_refuses_the_app_this_machine_s_other_addresses(
@@ -314,18 +334,18 @@ async def test_the_fence_refuses_the_app_this_machine_s_other_addresses(
     it answers (the control that the probe reaches the host at all)."""
     address = "198.18.0.1"  # benchmarking range: on `lo` for this test only
     await anyio.run_process(["ip", "addr", "add", f"{address}/32", "dev", "lo"])
-    net = await open_sandbox_net(
-        host="127.0.0.1", host_port=free_port(), app_port=80, net_uid=NET_UID
-    )
     try:
-        with host_listener("0.0.0.0") as (anywhere, port):
-            await anyio.run_process(["nft", "delete", "table", "inet", "wakeful"], check=False)
-            assert await connect_from(net, address, port) == "connected"
-            assert accepted(anywhere)
-            assert install_network_rules() is None
-            assert await connect_from(net, address, port) != "connected"  # pasta drops it
-            assert not accepted(anywhere)
+        net = await open_sandbox_net(
+            host="127.0.0.1", host_port=free_port(), app_port=80, net_uid=NET_UID
+        )
+        try:
+            with host_listener("0.0.0.0") as (anywhere, port):
+                async with unfenced():
+                    assert await connect_from(net, address, port) == "connected"
+                    assert accepted(anywhere)
+                assert await connect_from(net, address, port) != "connected"  # pasta drops it
+                assert not accepted(anywhere)
+        finally:
+            await net.close()
     finally:
-        await net.close()
-        install_network_rules()
         await anyio.run_process(["ip", "addr", "del", f"{address}/32", "dev", "lo"], check=False)
