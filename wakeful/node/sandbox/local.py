@@ -21,9 +21,11 @@ from pathlib import Path
 
 from wakeful.domain.models import ImageRecord
 from wakeful.node.images import BlobSource, ImageCache
+from wakeful.node.jail import IsolationUnavailable
 from wakeful.node.jail.bwrap import CHAIN_ENV, Jail, env_script, image_env_data, slot_main
 from wakeful.node.jail.detect import detect_jail
 from wakeful.node.jail.jailed import Jailed, memfile
+from wakeful.node.jail.netns import SandboxNet, open_sandbox_net
 from wakeful.node.jail.network import control_endpoints
 from wakeful.node.jail.tmpfs import (
     chown_tree,
@@ -220,6 +222,12 @@ class ProcessRuntime:
         jailed.after_tree.append(lambda: images.release(image.record, uid))
         fds: list[int] = []
         try:
+            netns = None
+            if image.app_port is not None:
+                net = await _own_network(image, uids.uid(f"{identity.app}/net"))
+                jailed.after_tree.append(net.kill)
+                jailed.listening = net.listening
+                netns = net.enter_prefix()
             await asyncio.to_thread(self._enter_image, jailed, workdir, identity, lower)
             assert jailed.mounted is not None
             fds.append(memfile("env", image_env_data(dict(env))))
@@ -239,6 +247,7 @@ class ProcessRuntime:
                 fds[0],
                 seccomp_fd,
                 slot_fd,
+                netns,
             )
             process = await spawn(argv, cwd=Path("/"), env=dict(CHAIN_ENV), pass_fds=fds)
         except BaseException:
@@ -351,6 +360,21 @@ class ProcessRuntime:
             jailed.release()
             raise
         return jailed
+
+
+async def _own_network(image: ImageRun, net_uid: int) -> SandboxNet:
+    """The sandbox's network namespace, its node port forwarded to the app's own; the reason
+    as an OSError (the sandbox's recorded one) when this machine cannot make it."""
+    assert image.app_port is not None
+    try:
+        return await open_sandbox_net(
+            host=image.node_host,
+            host_port=image.node_port,
+            app_port=image.app_port,
+            net_uid=net_uid,
+        )
+    except IsolationUnavailable as exc:
+        raise OSError(f"no network namespace for it: {exc}") from exc
 
 
 def _nothing(app: Path, uid: int) -> None:
