@@ -54,6 +54,12 @@ class ActivatorSettings(StoreSettings):
     image_max_bytes: int = Field(default=4 << 30, ge=1 << 20, le=1 << 40)
     """The largest image a deploy may import (the sum of its layers, compressed) or upload as
     an archive. WAKEFUL_IMAGE_MAX_BYTES."""
+    image_max_unpacked: int = Field(default=4 << 30, ge=1 << 20, le=1 << 40)
+    """What one image may unpack to (from its layers' headers, so a compression bomb is refused
+    at deploy); nodes bound it again with their own WAKEFUL_IMAGE_MAX_BYTES.
+    WAKEFUL_IMAGE_MAX_UNPACKED."""
+    image_max_files: int = Field(default=500_000, ge=100, le=50_000_000)
+    """The most entries one image may unpack to. WAKEFUL_IMAGE_MAX_FILES."""
     image_pull_timeout: float = Field(default=600.0, gt=0, le=86_400)
     """Seconds an image's import may take at deploy (a stalled registry fails the deploy,
     naming the image). WAKEFUL_IMAGE_PULL_TIMEOUT."""

@@ -248,6 +248,8 @@ def images_of(settings: ActivatorSettings, data_dir: Path, clock: Callable[[], f
         access=RegistryAccess(ca=settings.registry_ca),
         platform=settings.image_platform,
         max_image_bytes=settings.image_max_bytes,
+        max_unpacked=settings.image_max_unpacked,
+        max_files=settings.image_max_files,
         timeout=settings.image_pull_timeout,
         clock=clock,
     )

@@ -140,7 +140,9 @@ async def test_a_hostile_image_is_refused_with_its_reason_and_writes_nothing_out
     # it inside the tree. A `..` entry: refused before anything is unpacked.
     through = [layer(symlink("escape", str(outside))), layer(file("escape/planted", b"x"))]
     layout.add_image("through", [system, site, *through], BUSYBOX_CONFIG)
-    layout.add_image("dotdot", [system, site, layer(file("../../dotdot", b"x"))], BUSYBOX_CONFIG)
+    layout.add_image(
+        "dotdot", [system, site, layer(file("../../escaped-entry", b"x"))], BUSYBOX_CONFIG
+    )
     apps = tmp_path / "apps"
     for name in ("through", "dotdot"):
         app = image_app(apps, name, f"oci-archive:{name}.tar")
@@ -153,6 +155,6 @@ async def test_a_hostile_image_is_refused_with_its_reason_and_writes_nothing_out
         assert done.returncode != 0
         assert "leaves the root" in done.stdout + done.stderr, done.stdout + done.stderr
         assert written_under(outside, "*") == []
-        assert written_under(tmp_path, "dotdot") == [], "a `..` entry was written somewhere"
+        assert written_under(tmp_path, "escaped-entry") == [], "a `..` entry was written"
     finally:
         stop_up(up)

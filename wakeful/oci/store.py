@@ -28,7 +28,7 @@ from pathlib import Path
 
 import anyio
 
-from wakeful.domain.models import ImageRecord
+from wakeful.domain.models import ImageRecord, Layer
 
 from . import layout
 from .errors import BlobMissing, ImageRefused, ImageStorageError, RegistryError
@@ -46,6 +46,7 @@ from .resolve import (
     parse_reference,
     pick,
 )
+from .scan import Budget, scan_layer
 from .skopeo import Credentials, RegistryAccess, Skopeo
 
 MAX_IMAGE_BYTES = 4 << 30
@@ -79,6 +80,8 @@ class ImageStore:
         access: RegistryAccess | None = None,
         platform: str = DEFAULT_PLATFORM,
         max_image_bytes: int = MAX_IMAGE_BYTES,
+        max_unpacked: int = MAX_IMAGE_BYTES,
+        max_files: int = 500_000,
         timeout: float = PULL_TIMEOUT,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -87,6 +90,9 @@ class ImageStore:
         self.directory = directory
         self.platform = check_platform(platform)
         self.max_image_bytes = max_image_bytes
+        self.max_unpacked = max_unpacked
+        self.max_files = max_files
+        """What one image may unpack to, in bytes and entries (the nodes' bounds)."""
         self._skopeo = Skopeo(access or RegistryAccess(), directory / ".tmp", timeout)
         self._timeout = timeout
         self._clock = clock
@@ -224,6 +230,15 @@ class ImageStore:
                     f"{self.max_image_bytes} (WAKEFUL_IMAGE_MAX_BYTES)"
                 )
             config = layout.read_blob(self.directory, manifest.config.digest, MAX_CONFIG_BYTES)
+            # Every layer's headers, as a node reads them before it unpacks: a hostile image
+            # is refused here, at deploy, naming its reason (its blobs go with the collector).
+            budget = Budget(self.max_unpacked, self.max_files)
+            for found in manifest.layers:
+                described = Layer(digest=found.digest, size=found.size, media_type=found.media_type)
+                try:
+                    scan_layer(self.blob_path(found.digest), described, budget)
+                except ImageRefused as exc:
+                    raise ImageRefused(f"image {ref} {exc}") from None
             layout.privatise(self.directory)
             return manifest_digest, manifest, config
 

@@ -11,8 +11,8 @@ from tests.support.images import Entry, device, directory, fifo, file, hardlink,
 from tests.support.images import whiteout as whiteout_of
 from wakeful.node.images import ImageError
 from wakeful.node.images.eviction import Held, to_evict
-from wakeful.node.images.scan import refusal
 from wakeful.node.images.unpack import image_uid, rootless_ids
+from wakeful.oci.scan import refusal
 
 
 def named(kind: bytes, name: str, linkname: str = "") -> Entry:

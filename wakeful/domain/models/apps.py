@@ -218,6 +218,11 @@ class AppSpec(Model):
     def _something_to_run(self) -> Self:
         if not self.command and self.image is None:
             raise ValueError("command: required (or image, to run an OCI image)")
+        if self.image is not None and self.state is not None:
+            raise ValueError(
+                "state: not yet for an app from an image (its [state] would be archived from "
+                "the image's tree, which wakeful does not do safely yet); use a directory app"
+            )
         return self
 
     @model_validator(mode="after")

@@ -38,11 +38,11 @@ from pathlib import Path
 import anyio
 
 from wakeful.domain.models.images import ImageRecord
+from wakeful.oci.scan import Budget, check_manifest, scan_layer
 
 from .blobs import BlobSource, Layout, hex_of
 from .errors import ImageError
 from .eviction import Held, to_evict
-from .scan import Budget, check_manifest, scan_layer
 from .unpack import run_umoci, settle, umoci_path
 
 log = logging.getLogger(__name__)

@@ -1,9 +1,9 @@
-"""What the image cache raises: one error, whose message a person can act on."""
+"""What the image cache raises: one error, whose message a person can act on. It is the
+image error of `wakeful.oci` (the layer checks are shared with the control plane's import),
+so one `except ImageError` covers a refusal found by either."""
 
 from __future__ import annotations
 
+from wakeful.oci.errors import ImageError
 
-class ImageError(Exception):
-    """An image this node cannot turn into a root filesystem. The message names the image
-    (its ref), the blob or layer, and the reason: `image registry.example/shop:1 layer
-    sha256:ab...: entry "../x" leaves the root`. Nothing of a failed unpack is left behind."""
+__all__ = ["ImageError"]

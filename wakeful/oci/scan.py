@@ -1,4 +1,6 @@
-"""What an image is checked for before umoci unpacks a byte of it.
+"""What an image is checked for before umoci unpacks a byte of it: by the control plane when
+it imports the image at deploy (so a hostile image is refused there, naming its reason), and
+again by every node before it unpacks (a node trusts no blob it did not check).
 
 An image is hostile input. The manifest must list exactly the layers the version pinned
 (`check_manifest`). Then every layer is read header by header with `tarfile` (never
@@ -34,7 +36,7 @@ from pathlib import Path
 
 from wakeful.domain.models.images import ImageRecord, Layer
 
-from .errors import ImageError
+from .errors import ImageRefused as ImageError
 
 GZIP_TYPES = frozenset(
     {
@@ -115,9 +117,9 @@ class Budget:
         self.files += 1
         self.size += max(info.size, 0)
         if self.size > self.max_unpacked:
-            return f"unpacks to more than {self.max_unpacked} bytes (this node's bound)"
+            return f"unpacks to more than {self.max_unpacked} bytes (the bound)"
         if self.files > self.max_files:
-            return f"holds more than {self.max_files} entries (this node's bound)"
+            return f"holds more than {self.max_files} entries (the bound)"
         return None
 
 
@@ -127,8 +129,8 @@ def scan_layer(path: Path, layer: Layer, budget: Budget) -> None:
     where = f"layer {layer.digest}"
     if "zstd" in layer.media_type:
         raise ImageError(
-            f"{where} is zstd-compressed ({layer.media_type}): this node cannot unpack zstd "
-            "layers (umoci 0.4.7 reads gzip and plain tar; no zstd decompressor is installed)"
+            f"{where} is zstd-compressed ({layer.media_type}): wakeful cannot unpack zstd "
+            "layers yet (umoci 0.4.7 reads gzip and plain tar); rebuild it with gzip layers"
         )
     if layer.media_type not in GZIP_TYPES | TAR_TYPES:
         raise ImageError(f"{where} has media type {layer.media_type}, which is not a tar layer")
