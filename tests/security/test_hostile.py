@@ -20,9 +20,11 @@ import pytest
 from tests.support.hostile import (
     ATTEMPTS,
     abstract_listener,
+    as_image,
     processes_with,
     remove_written,
     write_hostile,
+    written_outside,
 )
 from tests.support.up import Up, cli_async, make_app, start_up, stop_up
 from wakeful.node.testing import app_pids, sandbox_pids
@@ -43,6 +45,8 @@ class Attack:
     leftovers: list[int]
     """Processes of the hostile sandbox still alive after it stopped."""
     token: str
+    written: list[str]
+    """Files it wrote outside its directory, on this machine (not in its own root)."""
 
 
 def hostile_app(root: Path, up: Up, marker: str, hello_port: int) -> Path:
@@ -56,7 +60,8 @@ def hostile_app(root: Path, up: Up, marker: str, hello_port: int) -> Path:
     return write_hostile(root, up.data_dir, up.process.pid, ports, marker)
 
 
-async def attack(tmp_path: Path, *flags: str) -> Attack:
+async def attack(tmp_path: Path, *flags: str, image: bool = False) -> Attack:
+    """`image`: the hostile app runs from an OCI image (issue 36) instead of a directory."""
     up = start_up(tmp_path, make_app(tmp_path, "hello"), flags=flags)
     marker = f"{random.randint(10**6, 10**7)}.{random.randint(1, 999)}"
     failures = 0
@@ -68,6 +73,8 @@ async def attack(tmp_path: Path, *flags: str) -> Attack:
             assert (await client.get("/", headers=up.host("hello"))).status_code == 200
         await secret_in_every_hello(up, marker)
         hostile = hostile_app(tmp_path, up, marker, hello_port(up))
+        if image:
+            as_image(hostile)
         deployed = await cli_async(up, "deploy", str(hostile))
         assert deployed.returncode == 0, deployed.stdout + deployed.stderr
         async with httpx.AsyncClient(base_url=up.proxy, timeout=120) as client:
@@ -89,10 +96,11 @@ async def attack(tmp_path: Path, *flags: str) -> Attack:
                 started = await client.get("/grandchild", headers=up.host("hostile"))
                 assert started.status_code == 200
                 stop.set()
+        written = written_outside(up.data_dir, marker)
         stopped = await cli_async(up, "delete", "hostile")
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         leftovers = await processes_with(marker, within=10)
-        return Attack(results, failures, leftovers, up.token)
+        return Attack(results, failures, leftovers, up.token, written)
     finally:
         remove_written(marker)
         for pid in await processes_with(marker, within=0):  # never leave one behind
@@ -136,6 +144,11 @@ async def isolated(tmp_path_factory: pytest.TempPathFactory) -> Attack:
 
 
 @pytest.fixture(scope="module")
+async def from_image(tmp_path_factory: pytest.TempPathFactory) -> Attack:
+    return await attack(tmp_path_factory.mktemp("image"), image=True)
+
+
+@pytest.fixture(scope="module")
 async def unisolated(tmp_path_factory: pytest.TempPathFactory) -> Attack:
     return await attack(tmp_path_factory.mktemp("unisolated"), "--isolation=none")
 
@@ -148,6 +161,28 @@ def test_each_attempt_fails_under_isolation_and_succeeds_without(
         assert unisolated.results[name]["done"], unisolated.results[name]  # it can fail
     assert not isolated.results[name]["done"], isolated.results[name]
     assert isolated.token not in str(isolated.results[name]["detail"])
+
+
+IN_ITS_OWN_ROOT = {"write outside its directory"}
+"""An image app's root is its own (an overlay in its bounded tmpfs): it may write /etc there.
+What counts is what reached this machine (`Attack.written`)."""
+
+
+@pytest.mark.parametrize("name", ATTEMPTS)
+def test_an_app_from_an_image_gets_nothing_it_gets_as_a_directory_app(
+    name: str, from_image: Attack
+) -> None:
+    if name not in IN_ITS_OWN_ROOT:
+        assert not from_image.results[name]["done"], from_image.results[name]
+    assert from_image.token not in str(from_image.results[name]["detail"])
+    assert from_image.written == []
+
+
+def test_nothing_of_the_image_sandbox_is_left_and_the_other_app_served(
+    from_image: Attack,
+) -> None:
+    assert from_image.leftovers == []
+    assert from_image.failures == 0
 
 
 def test_the_other_app_kept_serving_throughout(isolated: Attack, unisolated: Attack) -> None:

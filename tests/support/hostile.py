@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,6 +41,51 @@ def write_hostile(
         f"[resources]\nmemory = {MEMORY}\nprocesses = {PROCESSES}\ndisk = {DISK}\n"
     )
     return target
+
+
+def as_image(hostile: Path) -> Path:
+    """The hostile app's directory made an image app's: the host's Python and app.py in an
+    OCI archive beside its wakeful.toml (`image = "oci-archive:hostile.tar"`), its command
+    and everything else unchanged."""
+    from tests.support.images import (
+        BUSYBOX,
+        OciLayout,
+        directory,
+        file,
+        layer,
+        python_layer,
+        symlink,
+    )
+    from wakeful.domain.models import ImageConfig
+
+    layout = OciLayout(hostile / "layout")
+    # The programs app.py runs besides Python (setsid, sleep, unshare), from a static busybox.
+    tools = layer(
+        directory("bin"),
+        file("bin/busybox", BUSYBOX.read_bytes(), mode=0o755),
+        *(symlink(f"bin/{name}", "busybox") for name in ("sh", "setsid", "sleep", "unshare")),
+    )
+    app = layer(directory("app"), file("app/app.py", (hostile / "app.py").read_bytes()))
+    config = ImageConfig(env=["PATH=/usr/bin:/bin"], working_dir="/app")
+    layout.add_image("hostile", [python_layer(), tools, app], config)
+    archive = hostile / "hostile.tar"
+    subprocess.run(
+        ["skopeo", "copy", "-q", f"oci:{layout.path}:hostile", f"oci-archive:{archive}"],
+        check=True,
+    )
+    shutil.rmtree(layout.path)
+    manifest = hostile / "wakeful.toml"
+    text = manifest.read_text().replace(
+        'name = "hostile"\n', 'name = "hostile"\nimage = "oci-archive:hostile.tar"\n', 1
+    )
+    manifest.write_text(text)
+    return hostile
+
+
+def written_outside(data_dir: Path, marker: str) -> list[str]:
+    """What `write outside its directory` (app.py) left on this machine."""
+    paths = [data_dir / "pwned", Path(f"/etc/wakeful-pwned-{marker}")]
+    return [str(path) for path in paths if path.exists()]
 
 
 @contextlib.contextmanager
