@@ -8,9 +8,9 @@ member that would land outside the destination.
 An archive from outside is hostile input. It is read header by header, each checked against
 the bounds before the next is looked for (`_members`): a million empty headers are refused at
 the 100,001st, a member that claims 4 GiB before a byte of it is inflated. And the tar stream
-is read through `_Capped`: no more inflated bytes in all than the bounds allow, and no single
-read larger than `MAX_READ` (tarfile reads a pax or GNU long-name header whole, so a header
-that claims gigabytes would otherwise be read into memory).
+is read through `_capped` (`wakeful.aio.capped`): no more inflated bytes in all than the
+bounds allow, and no single read larger than `MAX_READ` (tarfile reads a pax or GNU long-name
+header whole, so a header that claims gigabytes would otherwise be read into memory).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import tarfile
 import zlib
 from pathlib import Path
 
+from wakeful.aio.capped import CappedStream
 from wakeful.domain.artifacts import (
     MAX_ARTIFACT_BYTES,
     MAX_MEMBERS,
@@ -103,7 +104,7 @@ def unpack(
     own checks and times, then a walk to set owners and modes)."""
     destination = destination.resolve()
     try:
-        with tarfile.open(fileobj=_Capped(data, max_bytes), mode="r:") as tar:
+        with tarfile.open(fileobj=_capped(data, max_bytes), mode="r:") as tar:
             members = _members(tar, max_bytes)
             destination.mkdir(mode=0o700, parents=True, exist_ok=True)
             targets = []
@@ -144,7 +145,7 @@ def validate(data: bytes, max_bytes: int = MAX_UNPACKED_BYTES) -> None:
     a regular file inside the archive, a name given twice, or more than `max_bytes`
     unpacked."""
     try:
-        with tarfile.open(fileobj=_Capped(data, max_bytes), mode="r:") as tar:
+        with tarfile.open(fileobj=_capped(data, max_bytes), mode="r:") as tar:
             members = _members(tar, max_bytes)
     except (tarfile.TarError, EOFError, gzip.BadGzipFile, zlib.error, OSError) as exc:
         raise ArtifactError(f"corrupt artifact: {exc}") from exc
@@ -167,49 +168,11 @@ def _members(tar: tarfile.TarFile, max_bytes: int) -> list[tarfile.TarInfo]:
     return members
 
 
-MAX_READ = 8 << 20
-"""The most one read of an archive's tar stream may ask for: a file's data is read in small
-pieces, a header whole."""
-
-
-class _Capped(io.RawIOBase):
+def _capped(data: bytes, max_bytes: int) -> CappedStream:
     """The tar stream inside a gzip'd archive, refused (`ArtifactError`) past what an archive
-    within `max_bytes` and `MAX_MEMBERS` can hold, and for any read over `MAX_READ`."""
-
-    def __init__(self, data: bytes, max_bytes: int) -> None:
-        self._raw = gzip.GzipFile(fileobj=io.BytesIO(data), mode="rb")
-        # Every member's data, rounded up to blocks, and for each a header, a pax header and
-        # its data; the end blocks and the record's padding.
-        self._ceiling = max_bytes + (MAX_MEMBERS + 1) * 4 * tarfile.BLOCKSIZE + tarfile.RECORDSIZE
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._raw.tell()
-
-    def read(self, size: int | None = -1) -> bytes:
-        if size is None or size < 0 or size > MAX_READ:
-            raise ArtifactError(f"an archive asks for a read of {size} bytes at once")
-        self._within(self._raw.tell() + size)
-        return self._raw.read(size)
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        if whence not in (io.SEEK_SET, io.SEEK_CUR):
-            raise ArtifactError("an archive is never read from its end")
-        target = offset if whence == io.SEEK_SET else self._raw.tell() + offset
-        self._within(target)
-        return self._raw.seek(target)
-
-    def _within(self, position: int) -> None:
-        if position > self._ceiling:
-            raise ArtifactError(
-                f"archive inflates past {self._ceiling} bytes: more than its bounds can hold"
-            )
-
-    def close(self) -> None:
-        self._raw.close()
-        super().close()
+    within `max_bytes` and `MAX_MEMBERS` can hold: every member's data, rounded up to blocks,
+    and for each a header, a pax header and its data; the end blocks and the record's
+    padding; and for any read over `MAX_READ`."""
+    ceiling = max_bytes + (MAX_MEMBERS + 1) * 4 * tarfile.BLOCKSIZE + tarfile.RECORDSIZE
+    inflated = gzip.GzipFile(fileobj=io.BytesIO(data), mode="rb")
+    return CappedStream(inflated, ceiling, lambda reason: ArtifactError(f"archive {reason}"))

@@ -18,9 +18,9 @@ out of the root); umoci resolves every path inside the root, so a file written t
 lands in the tree. Device nodes become empty files under `--rootless`, and the tree walk
 removes FIFOs and sockets (`unpack.settle`).
 
-The tar stream goes through `_Capped`: no single read over `MAX_READ` (tarfile reads a pax
-or long-name header whole, and one that claims gigabytes would be read into memory) and no
-more inflated bytes than the bounds allow.
+The tar stream goes through `CappedStream` (`wakeful.aio.capped`): no single read over
+`MAX_READ` (tarfile reads a pax or long-name header whole, and one that claims gigabytes
+would be read into memory) and no more inflated bytes than the bounds allow.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from wakeful.aio.capped import CappedStream
 from wakeful.domain.models.images import ImageRecord, Layer
 
 from .errors import ImageRefused as ImageError
@@ -47,7 +48,6 @@ GZIP_TYPES = frozenset(
 TAR_TYPES = frozenset(
     {"application/vnd.oci.image.layer.v1.tar", "application/vnd.docker.image.rootfs.diff.tar"}
 )
-MAX_READ = 8 << 20
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
 
@@ -138,7 +138,7 @@ def scan_layer(path: Path, layer: Layer, budget: Budget) -> None:
     try:
         with (
             open(path, "rb") as raw,
-            _Capped(raw, layer.media_type in GZIP_TYPES, ceiling) as stream,
+            _capped(raw, layer.media_type in GZIP_TYPES, ceiling) as stream,
             tarfile.open(fileobj=stream, mode="r:") as tar,
         ):
             while (info := tar.next()) is not None:
@@ -147,50 +147,11 @@ def scan_layer(path: Path, layer: Layer, budget: Budget) -> None:
                     raise ImageError(f"{where}: {reason}")
                 # Headers are not extracted: not kept either (tarfile keeps a list of them).
                 tar.members.clear()  # type: ignore[attr-defined]
-    except _Overrun as exc:
-        raise ImageError(f"{where}: {exc}") from exc
     except (tarfile.TarError, EOFError, gzip.BadGzipFile, zlib.error, OSError) as exc:
         raise ImageError(f"{where} is not a readable tar layer ({exc})") from exc
 
 
-class _Overrun(Exception):
-    """The tar stream asked for more than its bounds allow (raised inside tarfile)."""
-
-
-class _Capped(io.RawIOBase):
-    """A layer's tar stream (inflated when `gzipped`), refused past `ceiling` bytes in all and
-    for any one read over `MAX_READ`. Seeks only forward (tarfile skips member data so)."""
-
-    def __init__(self, raw: io.BufferedReader, gzipped: bool, ceiling: int) -> None:
-        self._raw: io.BufferedIOBase = gzip.GzipFile(fileobj=raw, mode="rb") if gzipped else raw
-        self._ceiling = ceiling
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._raw.tell()
-
-    def read(self, size: int | None = -1) -> bytes:
-        if size is None or size < 0 or size > MAX_READ:
-            raise _Overrun(f"a header asks for a read of {size} bytes at once")
-        self._within(self._raw.tell() + size)
-        return self._raw.read(size)
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        if whence not in (io.SEEK_SET, io.SEEK_CUR):
-            raise _Overrun("a layer is never read from its end")
-        target = offset if whence == io.SEEK_SET else self._raw.tell() + offset
-        self._within(target)
-        return self._raw.seek(target)
-
-    def _within(self, position: int) -> None:
-        if position > self._ceiling:
-            raise _Overrun(f"inflates past {self._ceiling} bytes: more than its bounds hold")
-
-    def close(self) -> None:
-        self._raw.close()
-        super().close()
+def _capped(raw: io.BufferedReader, gzipped: bool, ceiling: int) -> CappedStream:
+    """A layer's tar stream (inflated when `gzipped`), refused past `ceiling` bytes."""
+    inflated: io.BufferedIOBase = gzip.GzipFile(fileobj=raw, mode="rb") if gzipped else raw
+    return CappedStream(inflated, ceiling, ImageError)

@@ -21,22 +21,20 @@ from pathlib import Path
 
 from wakeful.domain.models import ImageRecord
 from wakeful.node.images import BlobSource, ImageCache
-from wakeful.node.jail import IsolationUnavailable
-from wakeful.node.jail.bwrap import CHAIN_ENV, Jail, env_script, image_env_data, slot_main
+from wakeful.node.jail.bwrap import CHAIN_ENV, Jail, env_script, slot_main
 from wakeful.node.jail.detect import detect_jail
 from wakeful.node.jail.jailed import Jailed, memfile
-from wakeful.node.jail.netns import SandboxNet, open_sandbox_net
 from wakeful.node.jail.network import control_endpoints
 from wakeful.node.jail.tmpfs import (
     chown_tree,
     fill_app_dir,
-    mount_image_root,
     mount_sandbox_fs,
     resize_sandbox_fs,
 )
 from wakeful.node.jail.uids import UidTable
 from wakeful.node.settings import NodeSettings
 
+from .image_start import ImageStarts
 from .output import MAX_LOG_BYTES
 from .process import LocalProcess
 from .runtime import UNNAMED, Identity, ImageRun, ImageTrees, Runtime
@@ -75,6 +73,7 @@ class ProcessRuntime:
         that run an image."""
         self._max_log_bytes = max_log_bytes
         self.images = images
+        self._images = ImageStarts(jail, uids, images)
         self._jail = jail
         self._uids = uids
         if jail is not None and jail.as_root and uids is None:
@@ -122,7 +121,16 @@ class ProcessRuntime:
     ) -> LocalProcess:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         if image is not None:
-            return await self._start_image(command, env, workdir, log_path, identity, image)
+            started = await self._images.start(command, env, workdir, identity, image)
+            await self._save_uids()
+            return LocalProcess(
+                started.process,
+                log_path,
+                self._max_log_bytes,
+                started.jailed,
+                app_dir=started.root,
+                keep_tree=identity.stateful,
+            )
         jailed: Jailed | None = None
         argv, chain_env, cwd = _guarded(command), dict(env), workdir
         fds: tuple[int, ...] = ()
@@ -182,104 +190,11 @@ class ProcessRuntime:
 
     def image_refusal(self) -> str | None:
         """Why this node cannot run an image app (None: it can)."""
-        jail = self._jail
-        if jail is None:
-            return "this node runs apps unisolated (--isolation=none), and images need isolation"
-        if not jail.as_root:
-            return "image apps need a node agent running as root (an overlay root, own uid)"
-        if jail.slot_python is None:
-            return "no Python 3 is visible to sandboxes here (the image step runs on it)"
-        if self.images is None:
-            return "this node has no image cache"
-        return None
+        return self._images.refusal()
 
     async def warm(self, image: ImageRecord, app: str) -> None:
         """Unpack `app`'s image into the cache ahead of its first start (`Warming`)."""
-        if self.image_refusal() is None:
-            assert self.images is not None and self._uids is not None
-            await self.images.tree(image, self._uids.uid(app))
-
-    async def _start_image(
-        self,
-        command: Sequence[str],
-        env: Mapping[str, str],
-        workdir: Path,
-        log_path: Path,
-        identity: Identity,
-        image: ImageRun,
-    ) -> LocalProcess:
-        """Cold, always: the image's cached tree under an overlay in the sandbox's own
-        tmpfs, then the image chain (`Jail.image_command`). A warm slot's mounts were made
-        before its image was known."""
-        refused = self.image_refusal()
-        if refused is not None:
-            raise OSError(refused)
-        jail, images, uids = self._jail, self.images, self._uids
-        assert jail is not None and images is not None and uids is not None
-        uid = uids.uid(identity.app)
-        lower = await images.acquire(image.record, uid)
-        jailed = Jailed(identity.limits, uid)
-        jailed.after_tree.append(lambda: images.release(image.record, uid))
-        fds: list[int] = []
-        try:
-            netns = None
-            if image.app_port is not None:
-                net = await _own_network(image, uids.uid(f"{identity.app}/net"))
-                jailed.after_tree.append(net.kill)
-                jailed.listening = net.listening
-                netns = net.enter_prefix()
-            await asyncio.to_thread(self._enter_image, jailed, workdir, identity, lower)
-            assert jailed.mounted is not None
-            fds.append(memfile("env", image_env_data(dict(env))))
-            seccomp_fd = None
-            if jail.seccomp is not None:
-                seccomp_fd = memfile("seccomp", jail.seccomp)
-                fds.append(seccomp_fd)
-            slot_fd = memfile("slot_main", slot_main())
-            fds.append(slot_fd)
-            argv = jail.image_command(
-                list(command),
-                jailed.mounted,
-                image.workdir,
-                identity.limits,
-                uid,
-                jailed.cgroup,
-                fds[0],
-                seccomp_fd,
-                slot_fd,
-                netns,
-            )
-            process = await spawn(argv, cwd=Path("/"), env=dict(CHAIN_ENV), pass_fds=fds)
-        except BaseException:
-            jailed.release()
-            raise
-        finally:
-            for fd in fds:
-                os.close(fd)
-        await self._save_uids()
-        return LocalProcess(
-            process,
-            log_path,
-            self._max_log_bytes,
-            jailed,
-            app_dir=jailed.mounted / "root",
-            keep_tree=identity.stateful,
-        )
-
-    def _enter_image(self, jailed: Jailed, workdir: Path, identity: Identity, lower: Path) -> None:
-        """The sandbox's bounded tmpfs, the image's overlay on it, its cgroup."""
-        jail = self._jail
-        assert jail is not None and jailed.uid is not None
-        tree = workdir.with_name("fs")
-        limits = identity.limits
-        mount_sandbox_fs(tree, limits.disk if jail.cgroups else min(limits.disk, limits.memory))
-        jailed.mounted = tree
-        fill_app_dir(tree, jailed.uid, _nothing)
-        mount_image_root(tree, lower)
-        if jail.cgroups is not None:
-            jail.cgroups.sweep()
-            jailed.cgroup = jail.cgroups.sandbox(identity.sandbox_id)
-            jailed.cgroup.create(limits)
+        await self._images.warm(image, app)
 
     async def _launch(
         self,
@@ -360,25 +275,6 @@ class ProcessRuntime:
             jailed.release()
             raise
         return jailed
-
-
-async def _own_network(image: ImageRun, net_uid: int) -> SandboxNet:
-    """The sandbox's network namespace, its node port forwarded to the app's own; the reason
-    as an OSError (the sandbox's recorded one) when this machine cannot make it."""
-    assert image.app_port is not None
-    try:
-        return await open_sandbox_net(
-            host=image.node_host,
-            host_port=image.node_port,
-            app_port=image.app_port,
-            net_uid=net_uid,
-        )
-    except IsolationUnavailable as exc:
-        raise OSError(f"no network namespace for it: {exc}") from exc
-
-
-def _nothing(app: Path, uid: int) -> None:
-    """An image app has no files of its own in `app/` (its image is its tree)."""
 
 
 def _placer(workdir: Path, packed: Packed | None) -> Callable[[Path, int], None]:
