@@ -1,7 +1,9 @@
 """The long-lived pieces of the `wakeful` command: `up`, `activator`, `node`, `ingress`,
 `idle-monitor`. Each turns its arguments and WAKEFUL_* variables into settings, hands them to
-`wakeful.bootstrap`, and runs it until it stops; what ends a piece early becomes one line
-naming the address, file or store, with exit status 1 (`_serve`).
+`wakeful.bootstrap` (imported only then: its server stack is ~2 s of imports that `wakeful
+deploy` or `wakeful status` would pay for nothing), and runs it until it stops; what ends a
+piece early becomes one line naming the address, file or store, with exit status 1
+(`_serve`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ from wakeful.secrets.errors import KeysUnusable
 from wakeful.store import StoreError
 
 from . import commands
-from .bootstrap import run_activator, run_idle_monitor, run_ingress, run_node, run_up
 from .commands import RUNTIME, USAGE, CliError
 from .process import signals_caught
 from .remote import CliSettings, Endpoint
@@ -72,6 +73,8 @@ def _idle_settings(
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    from .bootstrap import run_up  # here: the server stack is for pieces, not the CLI
+
     apps = load_apps(args.app_dirs)
     listen = _check_address(args.listen, "--listen")
     api = _check_address(args.api_listen, "--api-listen")
@@ -191,6 +194,8 @@ def _control_for(role: Literal["node", "ingress"], why: str) -> Endpoint:
 
 
 def cmd_activator(args: argparse.Namespace) -> int:
+    from .bootstrap import run_activator  # here: the server stack is for pieces, not the CLI
+
     settings = ActivatorSettings()
     if settings.token is None:
         raise CliError("WAKEFUL_TOKEN must be set: it bootstraps the control API's admin token")
@@ -227,6 +232,8 @@ def isolation_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_node(args: argparse.Namespace) -> int:
+    from .bootstrap import run_node  # here: the server stack is for pieces, not the CLI
+
     settings = NodeSettings()
     if args.isolation is not None:  # the flag beats WAKEFUL_ISOLATION
         settings = settings.model_copy(update={"isolation": args.isolation})
@@ -242,6 +249,8 @@ def cmd_node(args: argparse.Namespace) -> int:
 def cmd_ingress(args: argparse.Namespace) -> int:
     from wakeful.ingress import IngressSettings  # httptools and uvloop: only when it runs
 
+    from .bootstrap import run_ingress  # here: the server stack is for pieces, not the CLI
+
     settings = IngressSettings()
     control = _control_for("ingress", "the ingress takes its leases from the activator")
     _serve(
@@ -253,6 +262,8 @@ def cmd_ingress(args: argparse.Namespace) -> int:
 
 
 def cmd_idle_monitor(args: argparse.Namespace) -> int:
+    from .bootstrap import run_idle_monitor  # here: the server stack is for pieces, not the CLI
+
     settings = IdleMonitorSettings()
     _serve(
         lambda: run_idle_monitor(settings, announce=commands.say),
