@@ -151,15 +151,22 @@ class Jail:
         seccomp_fd: int | None,
         slot_fd: int,
         netns: list[str] | None = None,
+        etc: dict[str, int] | None = None,
     ) -> list[str]:
         """The chain of `command` for an image app: as `command`'s up to bwrap (with `netns`,
         the argv that enters the sandbox's own network namespace, before bwrap), whose mounts
         put the image's root (an overlay on `tree/root`, `image_fs`) at `IMAGE_ROOT` with its
-        own /proc, /dev, /tmp and /dev/shm; then, as root inside, the slot program chroots
-        into it, drops to `uid` and execs the app with the environment of `env_fd`
-        (`image_env_data`): the image has neither setpriv nor a shell we could trust."""
+        own /proc, /dev, /tmp and /dev/shm, and the files of `etc` (name -> a file descriptor
+        of its content: `hosts`, `resolv.conf`, as docker gives a container) read-only in its
+        /etc; then, as root inside, the slot program chroots into it, drops to `uid` and execs
+        the app with the environment of `env_fd` (`image_env_data`): the image has neither
+        setpriv nor a shell we could trust. Every mount is made in the sandbox's own mount
+        namespace, resolved there: a link in the image (an /etc that points elsewhere) can
+        redirect one only to a path of the sandbox's own view, never write the node's."""
         argv = [*self._root_steps(limits, uid, cgroup), *(netns or [])]
         argv += [self.bwrap, *self.image_mounts(tree), *_slot_mount(slot_fd)]
+        for name, fd in (etc or {}).items():
+            argv += ["--perms", "0444", "--ro-bind-data", str(fd), f"{IMAGE_ROOT}/etc/{name}"]
         if seccomp_fd is not None:
             argv += ["--seccomp", str(seccomp_fd)]
         scoped = "1" if self.scope else "0"
@@ -284,6 +291,30 @@ def _slot_mount(slot_fd: int) -> list[str]:
 
 ENV_STEP = "wakeful-env"
 """The name the chain's environment step runs under (its `$0`)."""
+
+
+HOSTS = b"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\tsandbox\n"
+"""An image sandbox's /etc/hosts: its own name, `sandbox` (bwrap's `--hostname`), and
+localhost, whatever the image has (docker writes one too)."""
+
+
+def resolv_conf(host: str) -> bytes:
+    """An image sandbox's /etc/resolv.conf: the node's (`host`, its text), without the
+    nameservers on loopback, which the sandbox's own network cannot reach (docker drops them
+    too); where none is left, Google's public resolvers, as docker falls back to."""
+    kept = []
+    servers = 0
+    for line in host.splitlines():
+        words = line.split()
+        if words[:1] == ["nameserver"] and len(words) > 1:
+            address = words[1]
+            if address.startswith("127.") or address == "::1":
+                continue
+            servers += 1
+        kept.append(line)
+    if not servers:
+        kept += ["nameserver 8.8.8.8", "nameserver 8.8.4.4"]
+    return ("\n".join(kept) + "\n").encode()
 
 
 def image_env_data(env: dict[str, str]) -> bytes:

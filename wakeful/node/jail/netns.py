@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -55,6 +56,7 @@ from . import IsolationUnavailable
 from .bwrap import CHAIN_ENV
 from .uids import UID_BASE, UID_COUNT
 
+log = logging.getLogger(__name__)
 TUN = Path("/dev/net/tun")
 UNPRIVILEGED_PORTS = "/proc/sys/net/ipv4/ip_unprivileged_port_start"
 HOLDER_READY = b"ready"
@@ -264,16 +266,22 @@ def find_tools(path: str = CHAIN_ENV["PATH"]) -> dict[str, str]:
 
 def _check_tun() -> None:
     """pasta, as P, opens /dev/net/tun: udev makes it 0666 (opening it grants nothing; making
-    an interface needs CAP_NET_ADMIN over the namespace), some VMs leave it 0600."""
+    an interface needs CAP_NET_ADMIN over the namespace), some VMs leave it 0600. The agent,
+    root, makes it 0666 then, as udev would, and says so once."""
     try:
         mode = stat.S_IMODE(TUN.stat().st_mode)
     except OSError as exc:
         raise IsolationUnavailable(f"{TUN} is missing ({exc.strerror}): no tun driver") from exc
-    if mode & 0o006 != 0o006:
+    if mode & 0o006 == 0o006:
+        return
+    try:
+        os.chmod(TUN, mode | 0o666)
+    except OSError as exc:
         raise IsolationUnavailable(
             f"{TUN} is mode {mode:04o}: pasta runs unprivileged and needs it 0666, "
-            f"as udev makes it (chmod 0666 {TUN})"
-        )
+            f"as udev makes it (chmod 0666 {TUN}): {exc.strerror}"
+        ) from exc
+    log.warning("%s was mode %04o: made it 0666, as udev does, for pasta", TUN, mode)
 
 
 async def _holder_ready(holder: Child, net_uid: int) -> None:

@@ -19,7 +19,14 @@ from pathlib import Path
 
 from wakeful.domain.models import ImageRecord
 from wakeful.node.jail import IsolationUnavailable
-from wakeful.node.jail.bwrap import CHAIN_ENV, Jail, image_env_data, slot_main
+from wakeful.node.jail.bwrap import (
+    CHAIN_ENV,
+    HOSTS,
+    Jail,
+    image_env_data,
+    resolv_conf,
+    slot_main,
+)
 from wakeful.node.jail.jailed import Jailed, memfile
 from wakeful.node.jail.netns import SandboxNet, open_sandbox_net
 from wakeful.node.jail.tmpfs import fill_app_dir, mount_image_root, mount_sandbox_fs
@@ -101,6 +108,8 @@ class ImageStarts:
                 fds.append(seccomp_fd)
             slot_fd = memfile("slot_main", slot_main())
             fds.append(slot_fd)
+            etc = {"hosts": memfile("hosts", HOSTS), "resolv.conf": memfile("resolv", _resolv())}
+            fds += etc.values()
             argv = jail.image_command(
                 list(command),
                 jailed.mounted,
@@ -112,6 +121,7 @@ class ImageStarts:
                 seccomp_fd,
                 slot_fd,
                 netns,
+                etc,
             )
             process = await spawn(argv, cwd=Path("/"), env=dict(CHAIN_ENV), pass_fds=fds)
         except BaseException:
@@ -151,6 +161,16 @@ async def _own_network(image: ImageRun, net_uid: int) -> SandboxNet:
         )
     except IsolationUnavailable as exc:
         raise OSError(f"no network namespace for it: {exc}") from exc
+
+
+def _resolv() -> bytes:
+    """The node's /etc/resolv.conf as an image sandbox gets it (`resolv_conf`); read at each
+    start (a resolver change reaches the next sandbox), ~10 µs."""
+    try:
+        text = Path("/etc/resolv.conf").read_text(errors="replace")
+    except OSError:
+        text = ""
+    return resolv_conf(text)
 
 
 def _nothing(app: Path, uid: int) -> None:
