@@ -20,6 +20,8 @@ module below defines it:
 - `tokens.py`: `Token` and its `Role`.
 - `secrets.py`: an app's sealed secrets, `AppSecrets` of `SealedValue`s, the key new values
   are sealed under (`SecretsKey`), and the rules on names and values.
+- `registries.py`: a registry's login (`RegistryLogin`), its password sealed like a secret,
+  and the rules on hosts, usernames and passwords.
 
 | key                         | model          | module     |
 |-----------------------------|----------------|------------|
@@ -38,6 +40,7 @@ module below defines it:
 | `tokens/{name}`             | Token          | `tokens`   |
 | `secrets/{app}`             | AppSecrets     | `secrets`  |
 | `meta/secrets-key`          | SecretsKey     | `secrets`  |
+| `registries/{host}`         | RegistryLogin  | `registries` |
 """
 
 from .apps import (
@@ -105,6 +108,16 @@ from .pools import (
     SandboxStatus,
     ScaleChange,
 )
+from .registries import (
+    DOCKER_HUB,
+    MAX_PASSWORD_BYTES,
+    REGISTRY_HOST_PATTERN,
+    RegistryLogin,
+    normal_registry_host,
+    password_problem,
+    registry_host_problem,
+    username_problem,
+)
 from .secrets import (
     KEY_ID_PATTERN,
     MAX_SECRET_BYTES,
@@ -130,6 +143,7 @@ from .tokens import ADMIN_TOKEN, Role, Token
 __all__ = [
     "ADMIN_TOKEN",
     "BLOB_DIGEST",
+    "DOCKER_HUB",
     "ENV_NAME",
     "FINISHED",
     "GONE",
@@ -139,6 +153,7 @@ __all__ = [
     "KEY_ID_PATTERN",
     "LAYER_TYPES",
     "MAX_LAYERS",
+    "MAX_PASSWORD_BYTES",
     "MAX_SECRETS",
     "MAX_SECRETS_BYTES",
     "MAX_SECRET_BYTES",
@@ -148,6 +163,7 @@ __all__ = [
     "NAME_PATTERN",
     "NONCE_BYTES",
     "ON_NODE",
+    "REGISTRY_HOST_PATTERN",
     "RESERVED_ENV",
     "SANDBOX_ID_PATTERN",
     "SEALED_PATTERN",
@@ -180,6 +196,7 @@ __all__ = [
     "Name",
     "Node",
     "Pool",
+    "RegistryLogin",
     "ReplicaCoverage",
     "Resources",
     "Role",
@@ -201,9 +218,13 @@ __all__ = [
     "format_size",
     "image_env",
     "manifest_overlap",
+    "normal_registry_host",
     "parse_size",
+    "password_problem",
     "plain_size",
+    "registry_host_problem",
     "sealed_length",
     "secret_name_problem",
     "secret_value_problem",
+    "username_problem",
 ]
