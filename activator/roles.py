@@ -86,6 +86,11 @@ ROUTES: Final[Mapping[tuple[str, str], Access]] = {
     ("POST", "/v1/secrets/keys"): ADMIN_ONLY,
     ("DELETE", "/v1/secrets/keys/{key_id}"): ADMIN_ONLY,
     ("GET", "/v1/sandboxes/{sandbox_id}/secrets"): NODE,  # the admin's: never a value
+    # registries' logins (wakeful/secrets/registry_api.py): the control plane pulls images;
+    # a node never needs one (it fetches blobs from the control plane)
+    ("GET", "/v1/registries"): ADMIN_ONLY,
+    ("PUT", "/v1/registries/{host}"): ADMIN_ONLY,
+    ("DELETE", "/v1/registries/{host}"): ADMIN_ONLY,
     # the dashboard (wakeful/dashboard/server.py): a browser logs in with the admin token once
     ("GET", "/ui"): SESSION,  # the login form, or with a session the page
     ("GET", "/ui/dashboard.js"): SESSION,  # static, no data

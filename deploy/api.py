@@ -32,7 +32,13 @@ from wakeful.domain import keys
 from wakeful.domain.artifacts import ArtifactError
 from wakeful.domain.models import NAME_PATTERN, SANDBOX_ID_PATTERN, App, AppState, Role, Version
 from wakeful.domain.state import Stale
-from wakeful.oci import ImageRefused, ImageStorageError, RegistryError, SkopeoMissing
+from wakeful.oci import (
+    ImageRefused,
+    ImageStorageError,
+    LoginUnusable,
+    RegistryError,
+    SkopeoMissing,
+)
 from wakeful.store import Store
 
 # Names from a URL are checked before they become store keys: a malformed one is a 422 that
@@ -334,6 +340,12 @@ def deploy_router(
             raise HTTPException(
                 503,
                 {"error": "image store unavailable", "detail": str(exc)},
+                headers={"Retry-After": "5"},
+            ) from exc
+        except LoginUnusable as exc:  # the control plane's keys, not the image
+            raise HTTPException(
+                503,
+                {"error": "registry login unusable", "detail": str(exc)},
                 headers={"Retry-After": "5"},
             ) from exc
         if rollout.phase is Phase.ROLLING:

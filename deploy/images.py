@@ -8,6 +8,10 @@ An archive is written to `incoming/` beside the image store as it arrives, never
 memory, bounded by `max_bytes`, and named by its sha256: the deploy that follows names it
 (`image_archive`), the import reads it with skopeo, and it is deleted then (or by the next
 start's sweep, when no deploy came).
+
+A pull from a registry uses the login the control plane holds for the reference's registry
+domain, when it holds one (`Logins`, `wakeful.secrets.registries.RegistryBook`): opened for
+that import alone.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import shutil
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Protocol
 
 import anyio
 from fastapi import APIRouter, HTTPException, Request
@@ -28,7 +32,8 @@ from fastapi import Path as PathParam
 from fastapi.responses import StreamingResponse
 
 from wakeful.domain.models import BLOB_DIGEST, ImageRecord
-from wakeful.oci import BlobMissing, ImageRefused, ImageStore
+from wakeful.oci import BlobMissing, Credentials, ImageRefused, ImageStore
+from wakeful.oci.resolve import parse_reference
 
 ARCHIVE_IDLE = 30.0
 """Seconds an archive upload may send nothing before it is refused (408)."""
@@ -37,13 +42,25 @@ _ARCHIVE = re.compile(r"^[0-9a-f]{64}$")
 BlobParam = Annotated[str, PathParam(pattern=BLOB_DIGEST, description="sha256:<hex>")]
 
 
-class Images:
-    """What a deploy needs of images: archives received, references resolved and copied."""
+class Logins(Protocol):
+    """The registry logins the control plane holds."""
 
-    def __init__(self, store: ImageStore, incoming: Path, max_bytes: int) -> None:
+    async def credentials(self, domain: str) -> Credentials | None:
+        """The login for the registry `domain` (`host[:port]`), or None; `LoginUnusable`."""
+        ...
+
+
+class Images:
+    """What a deploy needs of images: archives received, references resolved and copied
+    (with `logins`' credentials for the reference's registry, when it has some)."""
+
+    def __init__(
+        self, store: ImageStore, incoming: Path, max_bytes: int, logins: Logins | None = None
+    ) -> None:
         self.store = store
         self.incoming = incoming
         self.max_bytes = max_bytes
+        self.logins = logins
 
     def sweep(self) -> None:
         """Archives no deploy took (a CLI that stopped between its upload and its deploy)."""
@@ -95,7 +112,10 @@ class Images:
             if not await anyio.Path(path).is_file():
                 raise ImageRefused(f"image {ref}: no uploaded archive {archive} (upload it again)")
         try:
-            return await self.store.import_image(ref, archive=path)
+            credentials = None
+            if path is None and self.logins is not None:
+                credentials = await self.logins.credentials(parse_reference(ref).domain)
+            return await self.store.import_image(ref, archive=path, credentials=credentials)
         finally:
             if path is not None:
                 with contextlib.suppress(OSError):

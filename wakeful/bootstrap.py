@@ -71,6 +71,8 @@ from wakeful.remote import Endpoint, HttpArtifacts, HttpBlobs, HttpKeeper, HttpL
 from wakeful.secrets.api import secrets_router
 from wakeful.secrets.book import SecretBook
 from wakeful.secrets.keys import KeyRing
+from wakeful.secrets.registries import RegistryBook
+from wakeful.secrets.registry_api import registries_router
 from wakeful.serving import serve_asgi
 from wakeful.store import Store, open_store
 from wakeful.store.backup import check_schema
@@ -105,6 +107,8 @@ class ControlPlane:
     """Apps' secrets, sealed under the keys in `WAKEFUL_SECRETS_KEYS`."""
     images: Images
     """Images pulled at deploy, their blobs served to nodes (`wakeful.deploy.images`)."""
+    registries: RegistryBook
+    """Registries' logins, their passwords sealed under the secrets' keys; opened at deploy."""
 
 
 @contextlib.asynccontextmanager
@@ -149,7 +153,8 @@ async def control_plane(
     collector = ArtifactCollector(
         store, artifacts, grace=settings.artifact_grace, clock=artifact_clock
     )
-    images = images_of(settings, data_dir, artifact_clock)
+    logins = RegistryBook(store, book.ring)
+    images = images_of(settings, data_dir, artifact_clock, logins)
     collector.images = images.store
     deployer = Deployer(store, artifacts, collector=collector, hosts=settings.host_rules())
     keeper = StateKeeper(
@@ -200,6 +205,7 @@ async def control_plane(
                 logs_router(store, logbook),
                 tokens_router(store, tokens, write_admin=write_admin),
                 secrets_router(book),
+                registries_router(logins),
                 dashboard_router(dashboard, sessions, tokens),
             ],
         )
@@ -234,14 +240,20 @@ async def control_plane(
                 api,
                 book,
                 images,
+                logins,
             )
         finally:
             tasks.cancel_scope.cancel()
 
 
-def images_of(settings: ActivatorSettings, data_dir: Path, clock: Callable[[], float]) -> Images:
+def images_of(
+    settings: ActivatorSettings,
+    data_dir: Path,
+    clock: Callable[[], float],
+    logins: RegistryBook | None = None,
+) -> Images:
     """The image store beside the artifacts (`<artifact dir>/images`), and where archives
-    uploaded for a deploy wait for it (`incoming/`, emptied at start)."""
+    uploaded for a deploy wait for it (`incoming/`, emptied at start); pulls use `logins`."""
     root = settings.artifact_dir or data_dir / "artifacts"
     store = ImageStore(
         root / "images",
@@ -253,7 +265,7 @@ def images_of(settings: ActivatorSettings, data_dir: Path, clock: Callable[[], f
         timeout=settings.image_pull_timeout,
         clock=clock,
     )
-    images = Images(store, root / "incoming", settings.image_max_bytes)
+    images = Images(store, root / "incoming", settings.image_max_bytes, logins)
     images.sweep()
     return images
 

@@ -10,6 +10,9 @@
                                  role tokens for nodes and ingresses
     wakeful secrets set|unset|list APP | rotate-key | retire-key ID
                                  app secrets, sealed at rest, given only to the app's sandboxes
+    wakeful registry login HOST [--username USER] | logout HOST | list | import FILE
+                                 registry logins the control plane pulls images with (the
+                                 password from stdin), sealed at rest, never on nodes
     wakeful activator | node | ingress | idle-monitor
                                  run one piece against a shared store (etcd)
     wakeful etcd-auth            etcd users and roles per piece; authentication on
@@ -244,6 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
     _tokens_parser(tokens, common)
     secrets = sub.add_parser("secrets", help="app secrets: set, unset, list; the keys")
     _secrets_parser(secrets, common)
+    registry = sub.add_parser(
+        "registry", help="registry logins for image pulls: login, logout, list, import"
+    )
+    _registry_parser(registry, common)
 
     activator = sub.add_parser("activator", help="the activator and control API (WAKEFUL_*)")
     activator.add_argument(
@@ -382,9 +389,47 @@ def _secrets_parser(secrets: argparse.ArgumentParser, common: DiscreetParser) ->
     retire.set_defaults(func=_remote(lambda api, a: commands.secrets_retire_key(api, a.key_id)))
 
 
+def _registry_parser(registry: argparse.ArgumentParser, common: DiscreetParser) -> None:
+    """`wakeful registry ...`. The password is read from standard input, never an argument
+    (`main` does not quote what a `registry` command line has left over)."""
+    sub = registry.add_subparsers(
+        dest="registry_command", required=True, parser_class=DiscreetParser
+    )
+    login = sub.add_parser(
+        "login",
+        parents=[common],
+        help="log the control plane in to HOST: the password from stdin (asked on a terminal)",
+    )
+    login.add_argument("host", metavar="HOST", help="registry.example.com[:PORT], docker.io")
+    login.add_argument("--username", "-u", default=None, metavar="USER")
+    login.set_defaults(
+        func=_remote(lambda api, a: commands.registry_login(api, a.host, a.username))
+    )
+    logout = sub.add_parser("logout", parents=[common], help="forget HOST's login")
+    logout.add_argument("host", metavar="HOST")
+    logout.set_defaults(func=_remote(lambda api, a: commands.registry_logout(api, a.host)))
+    listing = sub.add_parser("list", parents=[common], help="hosts and usernames: no password")
+    listing.add_argument("--json", action="store_true")
+    listing.set_defaults(func=_remote(lambda api, a: commands.registry_list(api, as_json=a.json)))
+    imported = sub.add_parser(
+        "import",
+        parents=[common],
+        help="the logins of a podman or docker auth file (auth.json, config.json)",
+    )
+    imported.add_argument("file", type=Path, metavar="FILE")
+    imported.set_defaults(func=_remote(lambda api, a: commands.registry_import(api, a.file)))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command == "registry":  # it may be a password typed as an argument
+        parser.error(
+            f"{len(extra)} unrecognized argument(s), not shown: a registry password is read "
+            "from standard input, never an argument"
+        )
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     _configure_logging(args.verbose)
     try:
         code: int = args.func(args)

@@ -124,6 +124,15 @@ def secret_table(listing: Mapping[str, Any]) -> list[str]:
     return table(["NAME", "SET", "BY", "KEY"], rows)
 
 
+def registry_table(logins: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Host, user, when set, by which token, under which key: what `GET /v1/registries`
+    lists (never a password)."""
+    rows = [
+        [e["host"], e["username"], _when(e["set_at"]), e["set_by"], e["key_id"]] for e in logins
+    ]
+    return table(["HOST", "USER", "SET", "BY", "KEY"], rows)
+
+
 def _when(stamp: float | None) -> str:
     return "-" if not stamp else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
 

@@ -30,6 +30,7 @@ from tests.support.up import WAKEFUL
 from wakeful.domain import keys
 from wakeful.domain.models import AppState
 from wakeful.store import StoreError, TLSFiles, open_store
+from wakeful.store.etcd_auth import INGRESS, NODE, PIECES, READ, Grant, sealed_readers
 from wakeful.store.testing import EtcdServer
 
 pytestmark = pytest.mark.anyio
@@ -112,6 +113,10 @@ EXPECTED = {
         "put tokens/t": "denied",
         "list tokens/": "denied",
         "get apps/a": "denied",
+        # Sealed records: the control plane's alone (`etcd_auth.SEALED`).
+        "list secrets/": "denied",
+        "get registries/registry.example.com": "denied",
+        "list registries/": "denied",
     },
     "wakeful-ingress": {
         "get apps/a": "ok",
@@ -124,6 +129,7 @@ EXPECTED = {
         "put tokens/t": "denied",
         "put nodes/n": "denied",
         "get pools/p": "denied",
+        "list registries/": "denied",
     },
     "wakeful": {"get apps/a": "denied"},  # step 1's certificate: no such user
 }
@@ -136,6 +142,21 @@ async def test_each_certificate_reaches_only_its_own_keys(
     tls = certificate(pki, user) if user != "wakeful" else pki.client()
     found = {op: await outcome(auth_etcd, tls, op) for op in EXPECTED[user]}
     assert found == EXPECTED[user]
+
+
+def test_no_role_but_the_control_planes_reaches_a_sealed_record() -> None:
+    """Apps' secrets, registries' logins and the current key's id: a grant that reaches one
+    from a node's or an ingress's role is found (and `enable_auth` refuses to apply it)."""
+    assert sealed_readers() == []
+    wider = dict(PIECES)
+    wider[NODE] = (*PIECES[NODE], Grant(keys.REGISTRIES, READ))
+    wider[INGRESS] = (*PIECES[INGRESS], Grant("", READ))
+    assert sealed_readers(wider) == [
+        f"{NODE}: {keys.REGISTRIES}",
+        f"{INGRESS}: {keys.SECRETS}",
+        f"{INGRESS}: {keys.REGISTRIES}",
+        f"{INGRESS}: {keys.SECRETS_KEY}",
+    ]
 
 
 def test_running_it_again_changes_nothing(auth_etcd: EtcdServer, pki: Pki) -> None:

@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.bootstrap import ControlPlane, control_plane
@@ -34,7 +35,7 @@ async def running_control_plane(
     replace_admin: bool = False,
     write_admin: Callable[[str], str] | None = None,
     token: str = TOKEN,
-    **settings: float,
+    **settings: Any,
 ) -> AsyncIterator[Running]:
     """Every router, the real activator and pool controller; no idle monitor, no node.
     `store`: an open store to run on (one that outlives this control plane), else one opened

@@ -52,6 +52,7 @@ EXAMPLE = {
     "sandbox_id": "sb-1",
     "name": "n1",
     "key_id": "0123456789ab",
+    "host": "registry.example.com",
 }
 """A value for every path parameter of the control API."""
 

@@ -19,6 +19,7 @@ to the store's namespace (the store adds it).
 | `ingress(replica)`         | `ingresses/{replica}`       | IngressReplica (TTL lease)    |
 | `secrets(app)`             | `secrets/{app}`             | AppSecrets (values sealed)    |
 | `SECRETS_KEY`              | `meta/secrets-key`          | SecretsKey                    |
+| `registry(host)`           | `registries/{host}`         | RegistryLogin (sealed)        |
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ ROLLOUTS = "rollouts/"
 STATES = "states/"
 INGRESSES = "ingresses/"
 SECRETS = "secrets/"
+REGISTRIES = "registries/"
 SECRETS_KEY = "meta/secrets-key"
 """The id of the key new secret values are sealed under (`wakeful.secrets.keys`)."""
 UI_SESSION_KEY = "ui/session-key"
@@ -111,3 +113,9 @@ def ingress(replica: str) -> str:
 def secrets(app: str) -> str:
     """An app's secrets, every value sealed (`wakeful.secrets`)."""
     return f"{SECRETS}{app}"
+
+
+def registry(host: str) -> str:
+    """A registry's login, its password sealed (`wakeful.secrets.registries`); `host` in
+    lowercase, `:PORT` included."""
+    return f"{REGISTRIES}{host}"

@@ -8,6 +8,8 @@ never a credential.
     │   │                     tag, a digest that does not match, TLS, an unreadable archive)
     │   └── RegistryTimeout   the pull passed its deadline (a stalled registry)
     ├── SkopeoMissing         no skopeo on this machine
+    ├── LoginUnusable         the control plane holds a login for the registry and cannot
+    │                         open it (its key is not here): a 503, not the image's fault
     ├── ImageStorageError     the blob store cannot take it (a full disk, an I/O error)
     └── BlobMissing           a blob asked for by digest is not stored
 """
@@ -33,6 +35,10 @@ class RegistryTimeout(RegistryError):
 
 class SkopeoMissing(ImageError):
     """skopeo is not installed."""
+
+
+class LoginUnusable(ImageError):
+    """A registry login the control plane holds does not open (its key is missing)."""
 
 
 class ImageStorageError(ImageError):

@@ -223,6 +223,17 @@ class ControlClient:
     def retire_secrets_key(self, key_id: str) -> Any:
         return self._json("DELETE", f"/v1/secrets/keys/{segment(key_id)}")
 
+    def registry_login(self, host: str, username: str, password: str) -> Any:
+        """The password goes in the body only (never a URL, never a log line)."""
+        body = {"username": username, "password": password}
+        return self._json("PUT", f"/v1/registries/{segment(host)}", json=body)
+
+    def registry_logout(self, host: str) -> Any:
+        return self._json("DELETE", f"/v1/registries/{segment(host)}")
+
+    def registries(self) -> list[dict[str, Any]]:
+        return list(self._json("GET", "/v1/registries"))
+
     def app_logs(self, app: str, tail: int) -> AppLogs:
         answer = self._send("GET", f"/v1/apps/{segment(app)}/logs", params={"tail": tail})
         # One line per "\n" (str.splitlines would also split at \f, \x1c, \u2028...).

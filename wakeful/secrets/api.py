@@ -5,6 +5,7 @@ POST   /v1/apps/{app}/secrets          admin: {"values": {NAME: VALUE}, "restart
 POST   /v1/apps/{app}/secrets/unset    admin: {"names": [NAME], "restart": true}
 GET    /v1/apps/{app}/secrets          admin: names, when, by which token, under which key
 POST   /v1/secrets/keys                admin: a new key, current, every value sealed again
+                                       (registries' logins too)
 GET    /v1/secrets/keys                admin: key ids, the current one, values under each
 DELETE /v1/secrets/keys/{key_id}       admin: retire a key no value is sealed under
 GET    /v1/sandboxes/{sandbox_id}/secrets
@@ -117,6 +118,8 @@ class RotationReport(BaseModel):
     previous: str
     records: int
     values: int
+    logins: int = 0
+    """Registries' logins sealed again (`wakeful registry`)."""
 
 
 class Retired(BaseModel):
@@ -238,6 +241,7 @@ def secrets_router(book: SecretBook) -> APIRouter:
             previous=rotated.previous,
             records=rotated.records,
             values=rotated.values,
+            logins=rotated.logins,
         )
 
     @router.delete("/v1/secrets/keys/{key_id}", response_model=Retired)

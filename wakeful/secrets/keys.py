@@ -13,18 +13,20 @@ Theory of operation:
   of two activators starting at once, one record wins and the loser removes its key file.
   Then `check`.
 - **`check`** (also an activator before it stands by): the current key and the key of every
-  sealed value in the store must be in the directory, and one value under each key must open
-  with it. Otherwise `MissingKey` or `KeysUnusable`: one line naming the key id and the
-  directory, and the control plane does not start. An activator serving apps without their
+  sealed value in the store (apps' secrets and registries' passwords, `registries/`) must be
+  in the directory, and one value under each key must open with it. Otherwise `MissingKey`
+  or `KeysUnusable`: one line naming the key id and the directory, and the control plane
+  does not start. An activator serving apps without their
   secrets would be worse than one that does not serve.
 - Keys are read once and kept in memory; an id not in memory is looked for again in the
   directory (another activator may have just made it).
 - **`rotate`** makes a key and makes it current by compare-and-set (`rotation.py` then seals
   every value again under it); **`retire`** deletes a key's file, never the current key's, one
   made after the current key became current (a rotation may be about to make it current), one
-  a value in the store is still sealed under, nor one a starting sandbox's placement names.
-  Keys are otherwise kept, for old backups. In one process the two take turns (one lock), so a
-  retire never deletes the key a rotation has made and not yet made current.
+  a value in the store (a secret or a registry's password) is still sealed under, nor one a
+  starting sandbox's placement names. Keys are otherwise kept, for old backups. In one
+  process the two take turns (one lock), so a retire never deletes the key a rotation has
+  made and not yet made current.
 - A write that fails with `AlreadyExists` or `Conflict` may be etcd's retry of a write that
   had committed: before a key made for it is discarded, `meta/secrets-key` is read again, and
   the key is kept when the record names it.
@@ -36,6 +38,7 @@ Theory of operation:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -54,6 +57,7 @@ from wakeful.domain.models import (
     NONCE_BYTES,
     STARTING,
     AppSecrets,
+    RegistryLogin,
     Sandbox,
     SecretsKey,
 )
@@ -75,7 +79,7 @@ class KeyReport:
     present: bool
     """Its file is in the directory."""
     values: int
-    """Values in the store sealed under it."""
+    """Values in the store sealed under it: apps' secrets and registries' passwords."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,19 @@ class KeyRing:
     def open(self, app: str, name: str, sealed: str) -> str:
         """`SealError` (`UnknownKey` for a key not in the directory) when it does not open."""
         return sealing.open_sealed(self.aead, app, name, sealed)
+
+    def seal_login(self, key_id: str, host: str, password: str) -> str:
+        """A registry's password sealed under `key_id`, bound to `host`."""
+        aead = self.aead(key_id)
+        if aead is None:
+            raise MissingKey(key_id, self._dir, "it is the current key")
+        data = sealing.registry_data(host)
+        return sealing.seal_bound(aead, key_id, data, password, os.urandom(NONCE_BYTES))
+
+    def open_login(self, host: str, sealed: str) -> str:
+        """A registry's password; `SealError` (`UnknownKey`) when it does not open."""
+        what = f"the login for registry {host}"
+        return sealing.open_bound(self.aead, sealing.registry_data(host), sealed, what, "host")
 
     def aead(self, key_id: str) -> AESGCM | None:
         """The key `key_id`, from memory or its file; None when there is no such file."""
@@ -235,27 +252,46 @@ class KeyRing:
                 f"{listing.invalid[0]} is not a record of an app's secrets this wakeful can "
                 "read: its values cannot be given to the app"
             )
+        logins = await self._store.list(keys.REGISTRIES, RegistryLogin)
+        if logins.invalid:
+            raise KeysUnusable(
+                f"{logins.invalid[0]} is not a registry login this wakeful can read: images "
+                "from that registry could not be pulled"
+            )
         tried: set[str] = set()
+
+        def attempt(key_id: str, why: str, opening: Callable[[], str]) -> None:
+            if key_id in tried:
+                return
+            tried.add(key_id)
+            try:
+                opening()
+            except UnknownKey as exc:
+                raise MissingKey(exc.key_id, self._dir, why) from None
+            except SealError as exc:
+                raise KeysUnusable(f"{exc} (keys in {self._dir})") from None
+
         for item in listing.items:
+            app = item.value.app
             for name, value in item.value.values.items():
-                if value.key_id in tried:
-                    continue
-                tried.add(value.key_id)
-                try:
-                    self.open(item.value.app, name, value.sealed)
-                except UnknownKey as exc:
-                    why = f"{item.value.app}'s secret {name} is sealed under it"
-                    raise MissingKey(exc.key_id, self._dir, why) from None
-                except SealError as exc:
-                    raise KeysUnusable(f"{exc} (keys in {self._dir})") from None
+                opening = functools.partial(self.open, app, name, value.sealed)
+                attempt(value.key_id, f"{app}'s secret {name} is sealed under it", opening)
+        for login in logins.items:
+            host, sealed = login.value.host, login.value.password
+            opening = functools.partial(self.open_login, host, sealed)
+            why = f"the login for registry {host} is sealed under it"
+            attempt(login.value.key_id, why, opening)
         return len(tried)
 
     async def usage(self) -> dict[str, Counter[str]]:
-        """Per key id, how many values of each app are sealed under it."""
+        """Per key id, how many values of each app are sealed under it; a registry's login
+        counts under `registry HOST`."""
         used: dict[str, Counter[str]] = {}
         for item in (await self._store.list(keys.SECRETS, AppSecrets)).items:
             for value in item.value.values.values():
                 used.setdefault(value.key_id, Counter())[item.value.app] += 1
+        for login in (await self._store.list(keys.REGISTRIES, RegistryLogin)).items:
+            used.setdefault(login.value.key_id, Counter())[f"registry {login.value.host}"] += 1
         return used
 
     async def report(self) -> list[KeyReport]:

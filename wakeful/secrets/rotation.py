@@ -6,6 +6,11 @@ Theory of operation:
   under the current key, by compare-and-set on the record and on `meta/secrets-key` as read.
   The values do not change, so neither generation moves and no sandbox restarts; a sandbox
   starting meanwhile gets the same values, from either sealing.
+- Registries' logins (`registries/{host}`, `RegistryLogin`) are sealed under the same keys and
+  go the same way in the same passes: each login whose password is under another key is
+  written again, opened and sealed under the current key, by compare-and-set on the login and
+  on `meta/secrets-key`. A rotation never leaves a login behind an app's secrets, so retiring
+  a key (which counts both) waits for both.
 - A record changed meanwhile (a set, which seals under the current key itself) is read again
   on the next pass; passes go on until one finds nothing to seal again (at most `PASSES`).
 - A control plane that stopped leading mid-rotation leaves values under the older key, which
@@ -20,7 +25,7 @@ import logging
 from dataclasses import dataclass
 
 from wakeful.domain import keys
-from wakeful.domain.models import AppSecrets
+from wakeful.domain.models import AppSecrets, RegistryLogin
 from wakeful.store import Conflict, Put, Require, Store, StoreError
 
 from .errors import KeyRefused, SecretsError
@@ -34,7 +39,11 @@ PASSES = 10
 @dataclass(frozen=True)
 class Resealed:
     records: int
+    """Apps' secrets records written."""
     values: int
+    """Of their values, sealed again."""
+    logins: int = 0
+    """Registries' logins sealed again."""
 
 
 @dataclass(frozen=True)
@@ -43,18 +52,19 @@ class Rotated:
     previous: str
     records: int
     values: int
+    logins: int = 0
 
 
 async def rotate_key(store: Store, ring: KeyRing) -> Rotated:
     key_id, previous = await ring.rotate()
     done = await reseal(store, ring)
-    return Rotated(key_id, previous, done.records, done.values)
+    return Rotated(key_id, previous, done.records, done.values, done.logins)
 
 
 async def reseal(store: Store, ring: KeyRing) -> Resealed:
     """Every value not under the current key sealed again under it: how many records and
     values were written. `KeyRefused` when records kept changing for `PASSES` passes."""
-    records = values = 0
+    records = values = logins = 0
     for _ in range(PASSES):
         current = await ring.current()
         key_id = current.value.key
@@ -64,10 +74,18 @@ async def reseal(store: Store, ring: KeyRing) -> Resealed:
             for item in listing.items
             if any(v.key_id != key_id for v in item.value.values.values())
         ]
-        if not behind:
-            if values:
-                log.info("sealed %d value(s) of %d app(s) again under %s", values, records, key_id)
-            return Resealed(records, values)
+        registries = await store.list(keys.REGISTRIES, RegistryLogin)
+        logins_behind = [item for item in registries.items if item.value.key_id != key_id]
+        if not behind and not logins_behind:
+            if values or logins:
+                log.info(
+                    "sealed %d value(s) of %d app(s) and %d registry login(s) again under %s",
+                    values,
+                    records,
+                    logins,
+                    key_id,
+                )
+            return Resealed(records, values, logins)
         for item in behind:
             fresh, moved = _resealed(ring, item.value, key_id)
             require = [Require(item.key, item.revision), Require(current.key, current.revision)]
@@ -77,6 +95,16 @@ async def reseal(store: Store, ring: KeyRing) -> Resealed:
                 continue
             records += 1
             values += moved
+        for login in logins_behind:
+            plain = ring.open_login(login.value.host, login.value.password)
+            sealed = ring.seal_login(key_id, login.value.host, plain)
+            again = login.value.model_copy(update={"password": sealed})
+            require = [Require(login.key, login.revision), Require(current.key, current.revision)]
+            try:
+                await store.txn(require, [Put(login.key, again)])
+            except Conflict:  # changed or logged out meanwhile: the next pass reads it again
+                continue
+            logins += 1
     raise KeyRefused(f"the secrets kept changing over {PASSES} passes; rotate again")
 
 
@@ -102,5 +130,9 @@ async def finish(store: Store, ring: KeyRing) -> None:
     except (StoreError, SecretsError) as exc:
         log.warning("could not seal the secrets again under the current key: %s", exc)
         return
-    if done.values:
-        log.info("finished a rotation: %d value(s) sealed again", done.values)
+    if done.values or done.logins:
+        log.info(
+            "finished a rotation: %d value(s) and %d registry login(s) sealed again",
+            done.values,
+            done.logins,
+        )

@@ -46,7 +46,7 @@ def shown_name(name: str) -> str:
     return repr(cut + ("=…" if equals else "…" if len(head) > SHOWN_NAME else ""))
 
 
-def _kind(value: object) -> str:
+def json_kind(value: object) -> str:
     """What JSON type `value` is, to say what was sent instead: never the value itself."""
     if isinstance(value, bool):
         return "true or false"
@@ -64,7 +64,8 @@ def _kind(value: object) -> str:
 def _object(body: object, fields: tuple[str, ...]) -> dict[str, object]:
     if not isinstance(body, dict):
         raise ChangeRefused(
-            "invalid", f"the body must be a JSON object with {', '.join(fields)}, not {_kind(body)}"
+            "invalid",
+            f"the body must be a JSON object with {', '.join(fields)}, not {json_kind(body)}",
         )
     stray = sum(1 for key in body if key not in fields)
     if stray:  # not named: what was sent as a field may be a value
@@ -73,7 +74,7 @@ def _object(body: object, fields: tuple[str, ...]) -> dict[str, object]:
         )
     restart = body.get("restart", True)
     if not isinstance(restart, bool):
-        raise ChangeRefused("invalid", f"restart: must be true or false, not {_kind(restart)}")
+        raise ChangeRefused("invalid", f"restart: must be true or false, not {json_kind(restart)}")
     return body
 
 
@@ -84,13 +85,13 @@ def read_set(body: object) -> Change:
     values = found.get("values")
     if not isinstance(values, dict):
         raise ChangeRefused(
-            "invalid", f"values: must be an object of names to values, not {_kind(values)}"
+            "invalid", f"values: must be an object of names to values, not {json_kind(values)}"
         )
     for name, value in values.items():
         if not isinstance(value, str):
             raise ChangeRefused(
                 "invalid",
-                f"values.{shown_name(name)}: the value must be a string, not {_kind(value)}",
+                f"values.{shown_name(name)}: the value must be a string, not {json_kind(value)}",
             )
     return Change(dict(values), [], found.get("restart", True) is True)
 
@@ -101,10 +102,10 @@ def read_unset(body: object) -> Change:
     found = _object(body, ("names", "restart"))
     names = found.get("names")
     if not isinstance(names, list):
-        raise ChangeRefused("invalid", f"names: must be a list of names, not {_kind(names)}")
+        raise ChangeRefused("invalid", f"names: must be a list of names, not {json_kind(names)}")
     for at, name in enumerate(names):
         if not isinstance(name, str):
-            raise ChangeRefused("invalid", f"names[{at}]: must be a name, not {_kind(name)}")
+            raise ChangeRefused("invalid", f"names[{at}]: must be a name, not {json_kind(name)}")
     return Change({}, list(dict.fromkeys(names)), found.get("restart", True) is True)
 
 

@@ -10,7 +10,12 @@ Rules (tests/secrets/test_sealing.py holds each):
 - The associated data is `b"wakeful secret\\0" + app + b"\\0" + name`: a sealed value copied to
   another app's record, or under another name, does not open. App and name hold no NUL (their
   patterns), so no two pairs give the same bytes.
-- A value that does not open says which app, name and key id, never anything of the value.
+- A registry's password (`RegistryLogin.password`) is sealed the same way under the same keys,
+  with the associated data `b"wakeful registry\\0" + host`: a login copied under another
+  host's key does not open, and no registry password opens as an app's secret (whose data
+  starts `wakeful secret`), nor the reverse.
+- A value that does not open says which app, name and key id (or which host), never anything
+  of the value.
 - A sandbox's placement (`Sandbox.placement`, written by the pool controller) reads
   `v1:<key id>:<urlsafe base64 of HMAC-SHA256(k, b"wakeful placement\\0" + id + \\0 + app +
   \\0 + pool + \\0 + node + \\0 + secrets generation)>`, k derived from the secrets key
@@ -44,6 +49,7 @@ from .errors import NotSealed, SealError, UnknownKey
 KEY_BYTES = 32
 """AES-256."""
 AD_PREFIX = b"wakeful secret\0"
+REGISTRY_AD_PREFIX = b"wakeful registry\0"
 _SEALED = re.compile(SEALED_PATTERN)
 PLACEMENT_INFO = b"wakeful placement"
 """HKDF's info for the placement key, and (with a NUL) the prefix of what a placement MACs."""
@@ -56,6 +62,11 @@ def associated_data(app: str, name: str) -> bytes:
     return AD_PREFIX + app.encode() + b"\0" + name.encode()
 
 
+def registry_data(host: str) -> bytes:
+    """What binds a sealed registry password to its host."""
+    return REGISTRY_AD_PREFIX + host.encode()
+
+
 def cipher(key: bytes) -> AESGCM:
     if len(key) != KEY_BYTES:
         raise ValueError(f"a secrets key is {KEY_BYTES} bytes, not {len(key)}")
@@ -64,9 +75,14 @@ def cipher(key: bytes) -> AESGCM:
 
 def seal(aead: AESGCM, key_id: str, app: str, name: str, value: str, nonce: bytes) -> str:
     """`value` sealed under `aead` (the key `key_id`), bound to `app` and `name`."""
+    return seal_bound(aead, key_id, associated_data(app, name), value, nonce)
+
+
+def seal_bound(aead: AESGCM, key_id: str, data: bytes, value: str, nonce: bytes) -> str:
+    """`value` sealed under `aead` (the key `key_id`), bound to the associated `data`."""
     if len(nonce) != NONCE_BYTES:
         raise ValueError(f"a nonce is {NONCE_BYTES} bytes, not {len(nonce)}")
-    sealed = aead.encrypt(nonce, value.encode(), associated_data(app, name))
+    sealed = aead.encrypt(nonce, value.encode(), data)
     return f"{SEAL_FORMAT}:{key_id}:{base64.urlsafe_b64encode(nonce + sealed).decode()}"
 
 
@@ -79,18 +95,27 @@ def open_sealed(aead_for: Callable[[str], AESGCM | None], app: str, name: str, s
     """The value `sealed` holds, opened with the key its id names (`aead_for(id)`, None when
     there is none: `UnknownKey`); `SealError` when it does not open: tampered, moved from
     another app or name, or sealed under another key of the same id."""
+    return open_bound(
+        aead_for, associated_data(app, name), sealed, f"{app}'s secret {name}", "app or name"
+    )
+
+
+def open_bound(
+    aead_for: Callable[[str], AESGCM | None], data: bytes, sealed: str, what: str, bound: str
+) -> str:
+    """What `sealed` holds, opened with the key its id names and the associated `data`;
+    `UnknownKey` or `SealError` naming `what` (`the login for registry H`), and `bound` (what
+    the data binds it to, `host`) as what it may have been sealed for instead."""
     key_id, blob = _split(sealed)
     aead = aead_for(key_id)
     if aead is None:
-        raise UnknownKey(
-            key_id, f"{app}'s secret {name} is sealed under key {key_id}, which is not here"
-        )
+        raise UnknownKey(key_id, f"{what} is sealed under key {key_id}, which is not here")
     try:
-        plain = aead.decrypt(blob[:NONCE_BYTES], blob[NONCE_BYTES:], associated_data(app, name))
+        plain = aead.decrypt(blob[:NONCE_BYTES], blob[NONCE_BYTES:], data)
     except InvalidTag:
         raise SealError(
-            f"{app}'s secret {name} does not open under key {key_id}: it was sealed for "
-            "another app or name, changed, or sealed under another key of that id"
+            f"{what} does not open under key {key_id}: it was sealed for another {bound}, "
+            "changed, or sealed under another key of that id"
         ) from None
     return plain.decode()
 

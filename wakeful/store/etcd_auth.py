@@ -13,6 +13,12 @@ name grants key ranges under the store's namespace:
   tokens/ (digests only: it checks nodes' streams and peers' relays) and nodes/ (where each
   node's streams are), and writes ingresses/ (its own record); nothing else.
 
+Sealed records (`SEALED`: apps' secrets, registries' logins, the current key's id) are read by
+the control plane alone: no other role's grant covers any of them, which `sealed_readers`
+checks (tests/store/test_etcd_auth.py). A node gets an app's secrets from the control API for
+a sandbox it is starting, and never a registry login (it fetches image blobs from the control
+plane).
+
 Every role also reads the namespace key itself (the store's connect check). etcd needs a
 `root` user with the `root` role before authentication can be turned on: the certificate that
 runs the command must be that user's (common name `root`), or it would lock itself out.
@@ -61,6 +67,23 @@ PIECES: dict[str, tuple[Grant, ...]] = {
 }
 
 
+SEALED = (keys.SECRETS, keys.REGISTRIES, keys.SECRETS_KEY)
+"""What only `wakeful-control` reads."""
+
+
+def sealed_readers(pieces: dict[str, tuple[Grant, ...]] = PIECES) -> list[str]:
+    """`role: prefix` for every grant of a role other than the control plane's that reaches a
+    sealed record (an empty list is the rule kept)."""
+    return [
+        f"{name}: {sealed}"
+        for name, grants in pieces.items()
+        if name != CONTROL
+        for grant in grants
+        for sealed in SEALED
+        if sealed.startswith(grant.prefix) or grant.prefix.startswith(sealed)
+    ]
+
+
 def common_name(certificate: Path) -> str:
     """The subject's common name of a PEM certificate ("" when it has none)."""
     try:
@@ -77,6 +100,9 @@ def common_name(certificate: Path) -> str:
 async def enable_auth(client: Etcd3Client, namespace: str) -> list[str]:
     """Create the roles and users of `PIECES` (and `root`), grant them, turn authentication
     on. Idempotent: what exists is kept, grants are set again. The steps done, as lines."""
+    leaks = sealed_readers()
+    if leaks:
+        raise StoreError(f"a role other than {CONTROL} would read sealed records: {leaks}")
     auth = client.auth
     if auth is None:
         raise StoreError("the etcd client is not connected")

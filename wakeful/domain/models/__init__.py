@@ -20,6 +20,8 @@ module below defines it:
 - `tokens.py`: `Token` and its `Role`.
 - `secrets.py`: an app's sealed secrets, `AppSecrets` of `SealedValue`s, the key new values
   are sealed under (`SecretsKey`), and the rules on names and values.
+- `registries.py`: a registry's login (`RegistryLogin`), its password sealed like a secret,
+  and the rules on hosts, usernames and passwords.
 
 | key                         | model          | module     |
 |-----------------------------|----------------|------------|
@@ -38,6 +40,7 @@ module below defines it:
 | `tokens/{name}`             | Token          | `tokens`   |
 | `secrets/{app}`             | AppSecrets     | `secrets`  |
 | `meta/secrets-key`          | SecretsKey     | `secrets`  |
+| `registries/{host}`         | RegistryLogin  | `registries` |
 """
 
 from .apps import (
@@ -105,6 +108,20 @@ from .pools import (
     SandboxStatus,
     ScaleChange,
 )
+from .registries import (
+    DOCKER_HUB,
+    MAX_HOST,
+    MAX_PASSWORD_BYTES,
+    MAX_USERNAME,
+    REGISTRY_HOST_PATTERN,
+    RegistryHost,
+    RegistryLogin,
+    SealedPassword,
+    normal_registry_host,
+    password_problem,
+    registry_host_problem,
+    username_problem,
+)
 from .secrets import (
     KEY_ID_PATTERN,
     MAX_SECRET_BYTES,
@@ -130,6 +147,7 @@ from .tokens import ADMIN_TOKEN, Role, Token
 __all__ = [
     "ADMIN_TOKEN",
     "BLOB_DIGEST",
+    "DOCKER_HUB",
     "ENV_NAME",
     "FINISHED",
     "GONE",
@@ -138,16 +156,20 @@ __all__ = [
     "IMAGE_REF",
     "KEY_ID_PATTERN",
     "LAYER_TYPES",
+    "MAX_HOST",
     "MAX_LAYERS",
+    "MAX_PASSWORD_BYTES",
     "MAX_SECRETS",
     "MAX_SECRETS_BYTES",
     "MAX_SECRET_BYTES",
     "MAX_SECRET_NAME",
     "MAX_SIZE",
+    "MAX_USERNAME",
     "MIN_SIZE",
     "NAME_PATTERN",
     "NONCE_BYTES",
     "ON_NODE",
+    "REGISTRY_HOST_PATTERN",
     "RESERVED_ENV",
     "SANDBOX_ID_PATTERN",
     "SEALED_PATTERN",
@@ -180,6 +202,8 @@ __all__ = [
     "Name",
     "Node",
     "Pool",
+    "RegistryHost",
+    "RegistryLogin",
     "ReplicaCoverage",
     "Resources",
     "Role",
@@ -187,6 +211,7 @@ __all__ = [
     "Sandbox",
     "SandboxStatus",
     "ScaleChange",
+    "SealedPassword",
     "SealedText",
     "SealedValue",
     "SecretsKey",
@@ -201,9 +226,13 @@ __all__ = [
     "format_size",
     "image_env",
     "manifest_overlap",
+    "normal_registry_host",
     "parse_size",
+    "password_problem",
     "plain_size",
+    "registry_host_problem",
     "sealed_length",
     "secret_name_problem",
     "secret_value_problem",
+    "username_problem",
 ]
