@@ -11,7 +11,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import NoDecode
 
 from wakeful.domain.hosts import HostRules, ends_in_number
-from wakeful.domain.models import HOST_PATTERN
+from wakeful.domain.models import HOST_PATTERN, parse_size
 from wakeful.store.settings import StoreSettings
 
 
@@ -60,6 +60,12 @@ class ActivatorSettings(StoreSettings):
     WAKEFUL_IMAGE_MAX_UNPACKED."""
     image_max_files: int = Field(default=500_000, ge=100, le=50_000_000)
     """The most entries one image may unpack to. WAKEFUL_IMAGE_MAX_FILES."""
+
+    @field_validator("image_max_bytes", "image_max_unpacked", mode="before")
+    @classmethod
+    def _image_sizes(cls, value: object) -> object:
+        return parse_size(value) if isinstance(value, str) else value
+
     image_pull_timeout: float = Field(default=600.0, gt=0, le=86_400)
     """Seconds an image's import may take at deploy (a stalled registry fails the deploy,
     naming the image). WAKEFUL_IMAGE_PULL_TIMEOUT."""

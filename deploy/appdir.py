@@ -68,6 +68,8 @@ def archive_problem(directory: Path, image: str) -> str | None:
     path = directory / name
     if not path.is_file() or path.is_symlink():
         return f"{image!r}: {path} is not a file"
+    if not path.resolve().is_relative_to(directory.resolve()):  # a linked directory on the way
+        return f"{image!r}: {path} leads outside the app directory"
     return None
 
 

@@ -93,8 +93,12 @@ class NodeSettings(StoreSettings):
     """Bytes of unpacked images kept on this node (`wakeful.node.images`); past it, trees no
     sandbox uses go, least recently used first. WAKEFUL_IMAGE_CACHE (bytes, or 10Gi)."""
     image_max_bytes: int = Field(default=4 << 30, ge=1 << 20, le=1 << 40)
-    """The most one image may unpack to (and the bound on each of its blobs): past it, it is
-    refused, whatever it weighed compressed. WAKEFUL_IMAGE_MAX_BYTES (bytes, or 4Gi)."""
+    """The most one blob of an image may weigh, as fetched. WAKEFUL_IMAGE_MAX_BYTES (bytes, or
+    4Gi), as the control plane bounds an image's layers with it."""
+    image_max_unpacked: int = Field(default=4 << 30, ge=1 << 20, le=1 << 40)
+    """The most one image may unpack to, from its layers' headers: past it, it is refused,
+    whatever it weighed compressed. WAKEFUL_IMAGE_MAX_UNPACKED, the control plane's bound at
+    deploy too: give both the same value."""
     image_max_files: int = Field(default=500_000, ge=100, le=50_000_000)
     """The most files one image may unpack to. WAKEFUL_IMAGE_MAX_FILES."""
     warm_slots: int = Field(default=2, ge=0, le=64)
@@ -106,7 +110,7 @@ class NodeSettings(StoreSettings):
     not see), besides this machine, the control plane and the other nodes, which are always
     refused (as root with nftables). WAKEFUL_SANDBOX_REFUSED_NETWORKS='["10.0.0.0/8"]'."""
 
-    @field_validator("image_cache", "image_max_bytes", mode="before")
+    @field_validator("image_cache", "image_max_bytes", "image_max_unpacked", mode="before")
     @classmethod
     def _sizes(cls, value: object) -> object:
         return parse_size(value) if isinstance(value, str) else value

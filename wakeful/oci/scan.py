@@ -83,9 +83,42 @@ def _first_difference(found: Sequence[Layer], pinned: Sequence[Layer]) -> str:
     return "one list is longer"
 
 
+class _Noting(tarfile.TarInfo):
+    """A header that remembers which extended headers gave it its name and its link: GNU's
+    long name or long link, and a pax header's path or linkpath. Go's archive/tar (umoci)
+    takes the GNU one where Python's tarfile takes the pax one, so an entry carrying both
+    could pass this scan under one name and be unpacked under the other: refused
+    (`refusal`). Hooks tarfile's own header readers, whose names are stable since 3.x."""
+
+    gnu_name = False
+    gnu_link = False
+    pax_name = False
+    pax_link = False
+
+    def _proc_gnulong(self, tar: tarfile.TarFile) -> tarfile.TarInfo:
+        found = super()._proc_gnulong(tar)  # type: ignore[misc]
+        if self.type == tarfile.GNUTYPE_LONGNAME:
+            found.gnu_name = True
+        else:
+            found.gnu_link = True
+        return found  # type: ignore[no-any-return]
+
+    def _proc_pax(self, tar: tarfile.TarFile) -> tarfile.TarInfo:
+        found = super()._proc_pax(tar)  # type: ignore[misc]
+        found.pax_name = found.pax_name or "path" in found.pax_headers
+        found.pax_link = found.pax_link or "linkpath" in found.pax_headers
+        return found  # type: ignore[no-any-return]
+
+
 def refusal(info: tarfile.TarInfo) -> str | None:
     """Why this entry is refused, or None when it is allowed (pure)."""
     name = info.name
+    if getattr(info, "gnu_name", False) and getattr(info, "pax_name", False):
+        return f'entry "{name}" has two names (a pax path and a GNU long name)'
+    if getattr(info, "gnu_link", False) and getattr(info, "pax_link", False):
+        return f'entry "{name}" has two link targets (a pax linkpath and a GNU long link)'
+    if info.issparse() or info.type == tarfile.GNUTYPE_SPARSE:
+        return f'entry "{name}" is a sparse file'
     if name.startswith("/"):
         return f'entry "{name}" is an absolute path'
     parts = [part for part in name.split("/") if part not in ("", ".")]
@@ -139,7 +172,7 @@ def scan_layer(path: Path, layer: Layer, budget: Budget) -> None:
         with (
             open(path, "rb") as raw,
             _capped(raw, layer.media_type in GZIP_TYPES, ceiling) as stream,
-            tarfile.open(fileobj=stream, mode="r:") as tar,
+            tarfile.open(fileobj=stream, mode="r:", tarinfo=_Noting) as tar,
         ):
             while (info := tar.next()) is not None:
                 reason = refusal(info) or budget.take(info)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field, StringConstraints
+from pydantic import Field, StringConstraints, field_validator
 
 from .base import Model
 
@@ -49,6 +49,21 @@ class ImageConfig(Model):
     exposed_ports: list[Annotated[str, StringConstraints(max_length=32)]] = Field(
         default_factory=list, max_length=256
     )
+
+    @field_validator("working_dir")
+    @classmethod
+    def _absolute(cls, path: str) -> str:
+        if path and not path.startswith("/"):
+            raise ValueError(f"WorkingDir must be an absolute path (got {path!r})")
+        return path
+
+    @field_validator("env")
+    @classmethod
+    def _entries(cls, env: list[str]) -> list[str]:
+        for entry in env:
+            if "\0" in entry or entry.startswith("="):
+                raise ValueError(f"Env entry {entry[:64]!r} is not NAME=value")
+        return env
 
 
 class Layer(Model):

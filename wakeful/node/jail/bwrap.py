@@ -319,10 +319,11 @@ def resolv_conf(host: str) -> bytes:
 
 def image_env_data(env: dict[str, str]) -> bytes:
     """An image app's environment as `slot_main.image_exec` reads it: `NAME=value` entries
-    separated by NUL (a value holding NUL cannot be passed to exec anyway)."""
+    separated by NUL. No shell reads it, so a name need not be a shell's (images carry
+    `spring.profiles.active`, as docker passes it); only `=` and NUL cannot be in one."""
     for name, value in env.items():
-        if not name.isidentifier() or not name.isascii() or "\0" in value:
-            raise ValueError(f"{name!r} is not a valid environment variable")
+        if not name or "=" in name or "\0" in name or "\0" in value:
+            raise ValueError(f"{name!r} is not an environment variable exec can pass")
     return b"\0".join(f"{name}={value}".encode() for name, value in env.items())
 
 

@@ -24,8 +24,9 @@ COMMAND.
 An image app's chain runs it as root, in place of the uid drop, as `python3 -I -S
 /.wakeful/slot_main.py IMAGE_MARK ROOT WORKDIR UID ENV_FD SCOPE COMMAND...`: the app's root
 filesystem is mounted at ROOT (where neither this Python nor setpriv exist), so this step
-chroots into it and changes to WORKDIR, drops every privilege as a warm slot does and checks
-it, scopes itself when SCOPE is 1, and execs COMMAND with the environment read from ENV_FD
+chroots into it (and to its /), drops every privilege as a warm slot does and checks it, only
+then changes to WORKDIR (as the app, which may go nowhere it could not go itself), scopes
+itself when SCOPE is 1, and execs COMMAND with the environment read from ENV_FD
 (NUL-separated `NAME=value` entries: never a command line), found through that environment's
 PATH, as docker does. chroot is no boundary for root; the process is never root after it.
 """
@@ -147,13 +148,14 @@ def image_exec(args: list[str]) -> NoReturn:
         if sep:
             env[os.fsdecode(name)] = os.fsdecode(value)
     os.chroot(root)
-    try:
-        os.chdir(workdir)
-    except OSError as exc:
-        fail(f"cannot enter its working directory {workdir}: {exc.strerror}")
+    os.chdir("/")  # the old working directory is outside the new root
     libc = ctypes.CDLL(None, use_errno=True)
     drop_privileges(libc, uid)
     check_dropped(uid)
+    try:  # as the app: a path such as /proc/1/root leads nowhere it could not go itself
+        os.chdir(workdir)
+    except OSError as exc:
+        fail(f"cannot enter its working directory {workdir}: {exc.strerror}")
     if scoped == "1":
         scope(libc)
     default_signals()

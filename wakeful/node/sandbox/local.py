@@ -327,7 +327,7 @@ def runtime_for(
             settings.data_dir / "images",
             blobs,
             max_bytes=settings.image_max_bytes,
-            max_unpacked=settings.image_max_bytes,
+            max_unpacked=settings.image_max_unpacked,
             max_files=settings.image_max_files,
             max_cache_bytes=settings.image_cache,
         )
