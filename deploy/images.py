@@ -63,8 +63,11 @@ class Images:
         self.logins = logins
 
     def sweep(self) -> None:
-        """Archives no deploy took (a CLI that stopped between its upload and its deploy)."""
+        """Archives no deploy took (a CLI that stopped between its upload and its deploy), and
+        what an import killed mid-way left in the store's workspace: at a leader's start, when
+        no import of this control plane's runs."""
         shutil.rmtree(self.incoming, ignore_errors=True)
+        shutil.rmtree(self.store.directory / ".tmp", ignore_errors=True)
 
     async def receive(self, request: Request) -> str:
         """The request's body, an image archive, written to `incoming/` while hashed."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
@@ -31,6 +32,7 @@ import anyio
 from wakeful.domain.models import ImageRecord, Layer
 
 from . import layout
+from .archives import open_archive
 from .errors import BlobMissing, ImageRefused, ImageStorageError, RegistryError
 from .resolve import (
     DEFAULT_PLATFORM,
@@ -161,9 +163,25 @@ class ImageStore:
         (`--override-*`) and its platform manifest checked once stored."""
         if archive is None:
             raise ImageRefused(f"image {ref!r}: the archive it names was not given")
-        if ":" in str(archive):
-            raise ImageRefused(f"image {ref!r}: skopeo cannot read a path with ':' ({archive})")
-        source, what = f"{transport}:{archive}", f"reading {ref}"
+        what = f"reading {ref}"
+        try:  # read by us, strictly: skopeo would unpack it following its links (`archives`)
+            opened = await anyio.to_thread.run_sync(
+                open_archive, archive, transport, self.directory / ".tmp", self.max_image_bytes
+            )
+        except ImageRefused as exc:
+            raise ImageRefused(f"image {ref}: {exc}") from None
+        except OSError as exc:
+            raise ImageStorageError(f"image {ref}: cannot read the archive: {exc}") from None
+        try:
+            return await self._import_layout(ref, f"oci:{opened}", what, deadline)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(shutil.rmtree, opened, True)
+
+    async def _import_layout(
+        self, ref: str, source: str, what: str, deadline: float
+    ) -> ImageRecord:
+        """The image of an OCI layout `source` (an archive read by `open_archive`)."""
         raw = await self._skopeo.inspect_raw(source, host=None, deadline=deadline, what=what)
         digest = digest_of(raw)
         found = parse_manifest(raw, ref)
