@@ -333,6 +333,9 @@ class ImageStore:
 
     async def remove_unreferenced(self, referenced: set[str], before: float) -> list[str]:
         """Delete the blobs not in `referenced` (see `referenced_blobs`) last claimed before
-        `before`, and the index.json entries of deleted manifests; the deleted digests."""
+        `before`, and the index.json entries of deleted manifests; the deleted digests. A store
+        no image was ever imported into is left unmade."""
+        if not await anyio.Path(self.directory).exists():
+            return []
         async with self._locked():
             return await anyio.to_thread.run_sync(layout.prune, self.directory, referenced, before)
