@@ -7,11 +7,19 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
-from tests.support.images import BUSYBOX_CONFIG, OciLayout, busybox_layers
+from tests.support.images import (
+    BUSYBOX_CONFIG,
+    OciLayout,
+    busybox_layers,
+    directory,
+    layer,
+    symlink,
+)
 from tests.support.waiting import eventually
 from wakeful.domain.models import ImageConfig, ImageRecord
 from wakeful.node.images import ImageCache
@@ -126,3 +134,34 @@ async def test_a_working_dir_cannot_lead_out_of_the_image(
 def test_a_relative_working_dir_is_refused() -> None:
     with pytest.raises(ValueError, match="WorkingDir must be an absolute path"):
         ImageConfig(working_dir="..")
+
+
+@pytest.mark.parametrize(
+    "planted",
+    [
+        lambda outside: [symlink("etc", f"/oldroot{outside}")],
+        lambda outside: [directory("etc"), symlink("etc/hosts", f"/oldroot{outside}/planted")],
+        lambda outside: [directory("etc"), symlink("etc/resolv.conf", f"/oldroot{outside}/dns")],
+        lambda outside: [symlink("tmp", f"/oldroot{outside}"), symlink("proc", "/oldroot/")],
+    ],
+    ids=["etc", "etc/hosts", "etc/resolv.conf", "tmp and proc"],
+)
+async def test_links_in_the_image_never_lead_a_mount_onto_the_node(
+    started: tuple[ProcessRuntime, OciLayout, Path], tmp_path: Path, planted: Any
+) -> None:
+    """bwrap creates a mount's target as root, resolving it where the node's root is
+    /oldroot: the image's links at those targets are replaced before it runs."""
+    runtime, layout, data = started
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    system, site = busybox_layers()
+    image = layout.add_image("planted", [system, site, layer(*planted(outside))], BUSYBOX_CONFIG)
+    process, out = await run(runtime, data, image, "/", "cat /etc/hosts; sleep 60")
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(process.pump, out.append)
+            await eventually(lambda: b"localhost" in b"".join(out))
+            tasks.cancel_scope.cancel()
+    finally:
+        await process.stop(grace=2)
+    assert list(outside.iterdir()) == []

@@ -160,9 +160,10 @@ class Jail:
         of its content: `hosts`, `resolv.conf`, as docker gives a container) read-only in its
         /etc; then, as root inside, the slot program chroots into it, drops to `uid` and execs
         the app with the environment of `env_fd` (`image_env_data`): the image has neither
-        setpriv nor a shell we could trust. Every mount is made in the sandbox's own mount
-        namespace, resolved there: a link in the image (an /etc that points elsewhere) can
-        redirect one only to a path of the sandbox's own view, never write the node's."""
+        setpriv nor a shell we could trust. bwrap resolves every target after its pivot_root,
+        where the node's root is `/oldroot`, and creates it first: the targets in the image's
+        root (`tmpfs.IMAGE_MOUNTS`, `IMAGE_FILES`) were made real directories and regular
+        files (or nothing) before, so no link of the image's can lead it onto the node."""
         argv = [*self._root_steps(limits, uid, cgroup), *(netns or [])]
         argv += [self.bwrap, *self.image_mounts(tree), *_slot_mount(slot_fd)]
         for name, fd in (etc or {}).items():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -81,10 +82,14 @@ def fill_app_dir(root: Path, uid: int, place: Callable[[Path, int], None]) -> No
         os.chown(root / name, uid, uid)
 
 
-IMAGE_MOUNTS = ("proc", "dev", "tmp")
-"""Where the sandbox's own /proc, /dev and /tmp go in an image's root: made real directories in
-its overlay, whatever the image has there (a symlink there would point bwrap's mount
-elsewhere in the sandbox)."""
+IMAGE_MOUNTS = ("proc", "dev", "tmp", "etc")
+"""Where bwrap mounts something in an image's root (its own /proc, /dev and /tmp, and the
+files of `IMAGE_FILES` in /etc): made real directories in its overlay, whatever the image has
+there. bwrap, as root, creates a mount's target before it binds over it, and resolves the path
+after its pivot_root, where the node's own root is `/oldroot`: an image's `etc ->
+/oldroot/some/dir` made it create files on the node (found by a review)."""
+IMAGE_FILES = ("etc/hosts", "etc/resolv.conf")
+"""Bound read-only over the image's own by bwrap: each left a regular file, or nothing."""
 
 
 def mount_image_root(tree: Path, lower: Path) -> Path:
@@ -115,6 +120,13 @@ def mount_image_root(tree: Path, lower: Path) -> Path:
             path.unlink()  # the link itself (or a file), in the upper layer
         path.mkdir(exist_ok=True)
         os.chmod(path, 0o755)  # covered by its mount; 0755 whatever the umask
+    for name in IMAGE_FILES:  # in the real /etc made above: no link on the way
+        path = root / name
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)  # never follows a link inside
+            else:
+                path.unlink()
     return root
 
 
