@@ -33,6 +33,7 @@ from wakeful.domain.artifacts import ArtifactError
 from wakeful.domain.models import NAME_PATTERN, SANDBOX_ID_PATTERN, App, AppState, Role, Version
 from wakeful.domain.state import Stale
 from wakeful.oci import (
+    ImageError,
     ImageRefused,
     ImageStorageError,
     LoginUnusable,
@@ -348,6 +349,8 @@ def deploy_router(
                 {"error": "registry login unusable", "detail": str(exc)},
                 headers={"Retry-After": "5"},
             ) from exc
+        except ImageError as exc:  # anything else about the image: its message says what
+            raise bad(400, "image not pulled", str(exc)) from exc
         if rollout.phase is Phase.ROLLING:
             tasks.start_soon(deployer.roll_out, rollout)
         return RolloutReport.model_validate(rollout, from_attributes=True)

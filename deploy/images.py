@@ -32,7 +32,14 @@ from fastapi import Path as PathParam
 from fastapi.responses import StreamingResponse
 
 from wakeful.domain.models import BLOB_DIGEST, ImageRecord
-from wakeful.oci import BlobMissing, Credentials, ImageRefused, ImageStore
+from wakeful.oci import (
+    BlobMissing,
+    Credentials,
+    ImageRefused,
+    ImageStorageError,
+    ImageStore,
+    LoginUnusable,
+)
 from wakeful.oci.resolve import parse_reference
 
 ARCHIVE_IDLE = 30.0
@@ -104,9 +111,16 @@ class Images:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(partial.unlink, True)
 
+    async def pull(self, ref: str, archive: Path | None = None) -> ImageRecord:
+        """`ref` pinned and its blobs in the store: pulled from its registry with its login
+        (when one is set), or read from the archive file `archive`."""
+        credentials = None
+        if archive is None and self.logins is not None:
+            credentials = await self.logins.credentials(parse_reference(ref).domain)
+        return await self.store.import_image(ref, archive=archive, credentials=credentials)
+
     async def resolve(self, ref: str, archive: str | None) -> ImageRecord:
-        """`ref` pinned and its blobs in the store: pulled from its registry, or read from
-        the uploaded `archive` (then deleted)."""
+        """`pull`, the archive named by an upload's name (`receive`; deleted then)."""
         path = None
         if ref.startswith(("oci-archive:", "docker-archive:")):
             if archive is None or not _ARCHIVE.match(archive):
@@ -115,14 +129,20 @@ class Images:
             if not await anyio.Path(path).is_file():
                 raise ImageRefused(f"image {ref}: no uploaded archive {archive} (upload it again)")
         try:
-            credentials = None
-            if path is None and self.logins is not None:
-                credentials = await self.logins.credentials(parse_reference(ref).domain)
-            return await self.store.import_image(ref, archive=path, credentials=credentials)
-        finally:
-            if path is not None:
-                with contextlib.suppress(OSError):
-                    await anyio.Path(path).unlink()
+            record = await self.pull(ref, path)
+        except (ImageStorageError, LoginUnusable):  # 503: the upload stays for the retry
+            raise
+        except BaseException:
+            await _forget(path)
+            raise
+        await _forget(path)
+        return record
+
+
+async def _forget(path: Path | None) -> None:
+    if path is not None:
+        with contextlib.suppress(OSError), anyio.CancelScope(shield=True):
+            await anyio.Path(path).unlink()
 
 
 def _bad(status: int, error: str, detail: str) -> HTTPException:

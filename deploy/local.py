@@ -45,7 +45,7 @@ async def deploy_dir(
     elif images is None:
         raise ImageRefused(f"image {image}: this control plane has no image store")
     else:
-        record = await images.store.import_image(image, archive=app_dir.archive)
+        record = await images.pull(image, app_dir.archive)
     rollout = await deployer.prepare(app_dir.definition, digest, record)
     if rollout.phase is Phase.ROLLING:
         tasks.start_soon(deployer.roll_out, rollout)

@@ -24,6 +24,7 @@ from wakeful.deploy.errors import DeployError
 from wakeful.idle_monitor.monitor import IdleMonitorSettings
 from wakeful.node.jail import IsolationUnavailable
 from wakeful.node.settings import NodeSettings
+from wakeful.oci import ImageError
 from wakeful.secrets.errors import KeysUnusable
 from wakeful.store import StoreError
 
@@ -122,6 +123,7 @@ def _serve(main: Callable[[], Awaitable[None]], *, store: str, uvloop: bool = Fa
         IsolationUnavailable,
         DeployError,
         KeysUnusable,
+        ImageError,
         BaseExceptionGroup,
     ) as raised:
         cause = _single_cause(raised)
@@ -130,6 +132,8 @@ def _serve(main: Callable[[], Awaitable[None]], *, store: str, uvloop: bool = Fa
         if isinstance(cause, AddressInUse):  # bind() names the flag and the address
             raise CliError(str(cause), RUNTIME) from None
         if isinstance(cause, DeployError):  # an app `wakeful up` was given is refused
+            raise CliError(f"deploy refused: {cause}", USAGE) from None
+        if isinstance(cause, ImageError):  # its image: refused, or not pulled
             raise CliError(f"deploy refused: {cause}", USAGE) from None
         if isinstance(cause, IsolationUnavailable):  # says how to install bubblewrap
             raise CliError(str(cause), RUNTIME) from None

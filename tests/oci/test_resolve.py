@@ -218,13 +218,26 @@ def test_checks_before_copying(layers: list[dict[str, Any]], max_bytes: int, rea
 def test_every_unpackable_layer_type_passes() -> None:
     types = [
         "application/vnd.oci.image.layer.v1.tar",
-        "application/vnd.oci.image.layer.v1.tar+zstd",
+        "application/vnd.oci.image.layer.v1.tar+gzip",
         "application/vnd.docker.image.rootfs.diff.tar.gzip",
     ]
     found = parse_manifest(manifest([desc(kind) for kind in types]), "shop")
     assert isinstance(found, Manifest)
     check(found, "shop", 1 << 30)
     assert found.declared_bytes == 130
+
+
+def test_a_zstd_layer_is_refused_before_a_blob_is_copied() -> None:
+    found = parse_manifest(manifest([desc("application/vnd.oci.image.layer.v1.tar+zstd")]), "shop")
+    assert isinstance(found, Manifest)
+    with pytest.raises(ImageRefused, match="not zstd yet"):
+        check(found, "shop", 1 << 30)
+
+
+def test_a_layer_with_urls_to_fetch_it_from_is_refused() -> None:
+    layer = {**desc("application/vnd.oci.image.layer.v1.tar"), "urls": ["http://10.0.0.1/x"]}
+    with pytest.raises(ImageRefused, match="names URLs to fetch it from"):
+        parse_manifest(manifest([layer]), "shop")
 
 
 @pytest.mark.parametrize(

@@ -211,6 +211,8 @@ def _descriptor(entry: object, ref: str, where: str) -> Descriptor:
         raise ImageRefused(f"image {ref}: {where} {digest} has size {size!r}")
     if not isinstance(media_type, str):
         raise ImageRefused(f"image {ref}: {where} {digest} has no media type")
+    if entry.get("urls"):  # a "foreign" layer, fetched from where the image says
+        raise ImageRefused(f"image {ref}: {where} {digest} names URLs to fetch it from")
     return Descriptor(media_type, digest, size, _platform_of(entry.get("platform")))
 
 
@@ -260,10 +262,10 @@ def check(manifest: Manifest, ref: str, max_bytes: int) -> None:
     """Refuse, before anything is copied, a manifest whose layers wakeful cannot unpack or
     whose declared size passes the bound (`parse_manifest` has bounded the layer count)."""
     for layer in manifest.layers:
-        if layer.media_type not in LAYER_TYPES:
+        if layer.media_type not in LAYER_TYPES or "zstd" in layer.media_type:
             raise ImageRefused(
                 f"image {ref}: layer {layer.digest} has media type {layer.media_type!r}; "
-                "wakeful unpacks tar layers (uncompressed, gzip or zstd)"
+                "wakeful unpacks tar layers, uncompressed or gzip (not zstd yet)"
             )
     if manifest.config.size > MAX_CONFIG_BYTES:
         raise ImageRefused(

@@ -12,7 +12,8 @@ what was stored (skopeo stores docker v2s2 as OCI, so `manifest` may differ from
 Imports and deletions hold one lock, an anyio lock within the process and an `fcntl` lock on
 `.lock` across processes (two control planes may share the directory): skopeo rewrites
 index.json, and a collector must never delete a blob between an import's copy and its touch.
-Each blob's mtime is when an import or a deploy (`keep`) last claimed it; the collector
+Each blob's mtime is when an import last claimed it (`keep` would claim a record's blobs
+again; a deploy imports, which claims them, instead); the collector
 deletes what no record references only once that is older than its grace period. Files are
 private: 0600 blobs in 0700 directories.
 """

@@ -38,7 +38,7 @@ async def test_new_versions_with_an_image_are_warmed_and_nothing_listed_before()
         await eventually(lambda: warming.warmed)
         tasks.cancel_scope.cancel()
     assert warmed == [("shop", "shop:1")]
-    assert warming.warmed == ["shop/v2"]
+    assert list(warming.warmed) == ["shop/v2"]
 
 
 async def test_a_failed_warming_is_left_to_the_start_and_a_burst_keeps_the_newest() -> None:
@@ -55,4 +55,4 @@ async def test_a_failed_warming_is_left_to_the_start_and_a_burst_keeps_the_newes
         tasks.start_soon(warming.run)
         await eventually(lambda: len(warming.warmed) >= QUEUED)
         tasks.cancel_scope.cancel()
-    assert warming.warmed == [f"shop/v{n}" for n in range(2, QUEUED + 2)]
+    assert list(warming.warmed) == [f"shop/v{n}" for n in range(2, QUEUED + 2)]

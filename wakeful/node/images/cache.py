@@ -128,9 +128,12 @@ class ImageCache:
         return await self._get(image, owner, pin=True)
 
     def release(self, image: ImageRecord, owner: int | None) -> None:
+        """Let go of a tree `acquire` gave; one not held is logged (a bookkeeping slip must
+        not stop what releases a sandbox's other holdings)."""
         tree = self._trees.get(tree_key(image, owner))
         if tree is None or tree.pins == 0:
-            raise ValueError(f"the tree of {image.ref} for {owner} is not held")
+            log.error("the tree of %s for %s was released but is not held", image.ref, owner)
+            return
         tree.pins -= 1
         tree.last_used = self._next_tick()
 
@@ -159,9 +162,8 @@ class ImageCache:
         await self._prepare()
         while (tree := self._trees.get(key)) is None:
             flight = self._flights.get(key)
-            if flight is None:
-                tree = await self._lead(image, owner, key)
-                break
+            if flight is None:  # held (when `pin`) before anything else may evict it
+                return (await self._lead(image, owner, key, pin)).path
             await flight.done.wait()
             if flight.error is not None:
                 raise ImageError(str(flight.error))
@@ -171,7 +173,7 @@ class ImageCache:
         tree.pins += pin
         return tree.path
 
-    async def _lead(self, image: ImageRecord, owner: int | None, key: str) -> _Tree:
+    async def _lead(self, image: ImageRecord, owner: int | None, key: str, pin: bool) -> _Tree:
         flight = self._flights[key] = _Flight(image.manifest)
         self._misses += 1
         digests = frozenset(
@@ -180,6 +182,8 @@ class ImageCache:
         self._blobs_of[image.manifest] = self._blobs_of.get(image.manifest, frozenset()) | digests
         try:
             tree = self._trees[key] = await self._make(image, owner, key)
+            tree.last_used = self._next_tick()
+            tree.pins += pin  # before the awaits below, where another make may make room
         except (ImageError, OSError) as exc:
             reason = exc if isinstance(exc, ImageError) else f"could not be unpacked here ({exc})"
             flight.error = ImageError(f"image {image.ref} {reason}")

@@ -36,8 +36,8 @@ class Warming:
         self._queue: collections.deque[tuple[str, ImageRecord]] = collections.deque(maxlen=QUEUED)
         self._listed = False
         self._waiting = anyio.Event()
-        self.warmed: list[str] = []
-        """The versions warmed, `app/version`, in order (what the tests read)."""
+        self.warmed: collections.deque[str] = collections.deque(maxlen=64)
+        """The latest versions warmed, `app/version`, in order (what the tests read)."""
 
     def replace(self, items: list[Item[Version]], revision: int) -> None:
         self._listed = True  # what existed before: not warmed
@@ -62,6 +62,9 @@ class Warming:
                     await self._warm(image, app)
                 except (ImageError, OSError) as exc:
                     log.warning("could not warm %s's image %s: %s", name, image.ref, exc)
+                    continue
+                except Exception:  # best effort: never the agent's end (its start says why)
+                    log.exception("could not warm %s's image %s", name, image.ref)
                     continue
                 self.warmed.append(name)
                 log.info("warmed %s's image %s", name, image.ref)

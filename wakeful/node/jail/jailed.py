@@ -4,6 +4,7 @@ processes are found and signalled; released once when it ends."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -14,6 +15,8 @@ from wakeful.domain.models import Resources, format_size
 
 from .cgroups import SandboxCgroup
 from .tmpfs import unmount
+
+log = logging.getLogger(__name__)
 
 
 class Jailed:
@@ -75,8 +78,11 @@ class Jailed:
         if home is not None:
             shutil.rmtree(home, ignore_errors=True)
         after, self.after_tree = self.after_tree, []
-        for done in after:
-            done()
+        for done in after:  # each, whatever another raised (a pasta left running)
+            try:
+                done()
+            except Exception:
+                log.exception("releasing a sandbox's holding failed")
 
     def reason(self) -> str | None:
         return oom_message(self.limits) if self._oom else None

@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import anyio
+
 from wakeful.domain.models import ImageRecord
 from wakeful.node.jail import IsolationUnavailable
 from wakeful.node.jail.bwrap import (
@@ -99,7 +101,9 @@ class ImageStarts:
                 jailed.after_tree.append(net.kill)
                 jailed.listening = net.listening
                 netns = net.enter_prefix()
-            await asyncio.to_thread(self._enter, jail, jailed, workdir, identity, lower)
+            # Shielded: cancelled mid-way, the thread would go on mounting after the release.
+            with anyio.CancelScope(shield=True):
+                await asyncio.to_thread(self._enter, jail, jailed, workdir, identity, lower)
             assert jailed.mounted is not None
             fds.append(memfile("env", image_env_data(dict(env))))
             seccomp_fd = None

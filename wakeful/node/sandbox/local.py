@@ -195,6 +195,7 @@ class ProcessRuntime:
     async def warm(self, image: ImageRecord, app: str) -> None:
         """Unpack `app`'s image into the cache ahead of its first start (`Warming`)."""
         await self._images.warm(image, app)
+        await self._save_uids()  # the uid it gave the app, claimed machine-wide
 
     async def _launch(
         self,
