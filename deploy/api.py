@@ -331,6 +331,7 @@ def deploy_router(
             if image is not None:
                 if images is None:
                     raise DeployError("this control plane has no image store")
+                await deployer.check(body.definition)  # refused before a pull, not after
                 record = await images.resolve(image, body.image_archive)
             rollout = await deployer.prepare(body.definition, body.artifact, record)
         except (DeployError, ImageRefused) as exc:

@@ -47,7 +47,7 @@ from wakeful.domain.models import (
     Version,
     manifest_overlap,
 )
-from wakeful.store import Conflict, Put, Require, Store
+from wakeful.store import Conflict, Item, Put, Require, Store
 
 log = logging.getLogger(__name__)
 
@@ -109,9 +109,15 @@ class Deployer:
                 return await self._prepare(definition, artifact, image)
         return await self._prepare(definition, artifact, image)
 
-    async def _prepare(
-        self, definition: AppDefinition, artifact: str | None, image: ImageRecord | None
-    ) -> Rollout:
+    async def check(self, definition: AppDefinition) -> None:
+        """Refuse what would be refused anyway, before anything slow (an image's pull) is
+        done for it: its hosts, an env that sets one of its secrets. `_prepare` checks both
+        again, on what it writes against."""
+        await self._refusal(definition)
+
+    async def _refusal(self, definition: AppDefinition) -> Item[AppSecrets] | None:
+        """DeployError for hosts it may not claim or an env that sets one of its secrets; the
+        app's secrets record as read."""
         name = definition.name
         claim = Claim(name, definition.hosts, definition.default_host)
         refused = await host_refusal(self._store, claim, self._hosts)
@@ -126,6 +132,13 @@ class Deployer:
                     f"env sets {listed}, which {name} also has as a secret: take {listed} out "
                     "of wakeful.toml's env (the secret is used), or `wakeful secrets unset` it"
                 )
+        return secrets
+
+    async def _prepare(
+        self, definition: AppDefinition, artifact: str | None, image: ImageRecord | None
+    ) -> Rollout:
+        name = definition.name
+        secrets = await self._refusal(definition)
         app = await self._store.get(keys.app(name), App)
         versions = (await self._store.list(keys.versions_of(name), Version)).items
         active = None
