@@ -30,7 +30,7 @@ from pathlib import Path
 
 import anyio
 
-from wakeful.domain.models import ImageRecord, Layer
+from wakeful.domain.models import ImageRecord
 
 from . import layout
 from .archives import open_archive
@@ -152,10 +152,11 @@ class ImageStore:
                 host=reference.host,
                 domain=reference.domain,
                 credentials=credentials,
-                deadline=deadline,
+                deadline=self._after_lock(deadline),
                 what=what,
             )
-            return await self._stored(ref, digest)
+            record = await self._stored(ref, digest)
+        return await self._scanned(record)
 
     async def _import_archive(
         self, ref: str, transport: str, archive: Path | None, deadline: float
@@ -195,8 +196,40 @@ class ImageStore:
         else:
             check(found, ref, self.max_image_bytes)
         async with self._locked():
-            await self._copy(source, digest, host=None, extra=extra, deadline=deadline, what=what)
-            return await self._stored(ref, digest)
+            await self._copy(
+                source,
+                digest,
+                host=None,
+                extra=extra,
+                deadline=self._after_lock(deadline),
+                what=what,
+            )
+            record = await self._stored(ref, digest)
+        return await self._scanned(record)
+
+    def _after_lock(self, deadline: float) -> float:
+        """The copy's deadline: `timeout` from when the lock was taken, so that a deploy that
+        waited behind another's long pull is not reported as a stalled registry."""
+        return max(deadline, anyio.current_time() + self._timeout)
+
+    async def _scanned(self, record: ImageRecord) -> ImageRecord:
+        """`record`, once every layer's headers passed the rules a node applies before it
+        unpacks (`scan`), outside the lock: a 4 GiB image's read holds up no other import.
+        The blobs were claimed by `_stored` (the collector leaves them for the grace)."""
+        budget = Budget(self.max_unpacked, self.max_files)
+
+        def scan() -> None:
+            for layer in record.layers:
+                try:
+                    scan_layer(self.blob_path(layer.digest), layer, budget)
+                except ImageRefused as exc:
+                    raise ImageRefused(f"image {record.ref} {exc}") from None
+
+        try:
+            await anyio.to_thread.run_sync(scan)
+        except OSError as exc:
+            raise ImageStorageError(f"image {record.ref}: cannot read it back: {exc}") from None
+        return record
 
     async def _copy(
         self,
@@ -249,15 +282,6 @@ class ImageStore:
                     f"{self.max_image_bytes} (WAKEFUL_IMAGE_MAX_BYTES)"
                 )
             config = layout.read_blob(self.directory, manifest.config.digest, MAX_CONFIG_BYTES)
-            # Every layer's headers, as a node reads them before it unpacks: a hostile image
-            # is refused here, at deploy, naming its reason (its blobs go with the collector).
-            budget = Budget(self.max_unpacked, self.max_files)
-            for found in manifest.layers:
-                described = Layer(digest=found.digest, size=found.size, media_type=found.media_type)
-                try:
-                    scan_layer(self.blob_path(found.digest), described, budget)
-                except ImageRefused as exc:
-                    raise ImageRefused(f"image {ref} {exc}") from None
             layout.privatise(self.directory)
             return manifest_digest, manifest, config
 
