@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from wakeful.domain.command import expand_command
-from wakeful.domain.models import AppSpec, ImageRecord, image_env
+from wakeful.domain.models import AppSpec, ImageRecord, exposed_port, image_env
 from wakeful.node.secrets import sandbox_env
 
+from .ports import PortPool
 from .runtime import ImageRun
 from .workdir import Packed
 
@@ -60,3 +61,22 @@ def what_runs(
         launch.image, config.working_dir or "/", launch.app_port, launch.host, launch.port
     )
     return command, env, run
+
+
+def ports(
+    pool: PortPool, spec: AppSpec, image: ImageRecord | None
+) -> tuple[int, int | None, int | None]:
+    """(the sandbox's port on this node, the port an image app listens on in its own network
+    namespace, the port taken from `pool` to give back). A directory app listens on the
+    node's port: its own `port` when it has one, else a free one passed in PORT. An image
+    app's node port is always a free one, forwarded to its own (`port`, else the image's one
+    EXPOSE, else the same number, passed in PORT): two sandboxes of an image that listens on
+    80 share no port. `NoFreePort` when the pool has none."""
+    if image is not None:
+        taken = pool.take()
+        inside = spec.port if spec.port is not None else exposed_port(image.config)
+        return taken, inside if inside is not None else taken, taken
+    if spec.port is not None:
+        return pool.check_fixed(spec.port), None, None
+    taken = pool.take()
+    return taken, None, taken

@@ -47,7 +47,6 @@ from wakeful.domain.models import (
     Sandbox,
     SandboxStatus,
     Version,
-    exposed_port,
 )
 from wakeful.node.fencing import start_epoch
 from wakeful.node.images import ImageError
@@ -60,7 +59,7 @@ from wakeful.node.writer import SandboxWriter
 from wakeful.store import Item, Store, StoreError
 
 from .freezing import Freezing
-from .launch import Launch, what_runs
+from .launch import Launch, ports, what_runs
 from .outcome import ending, last_lines
 from .ports import NoFreePort, PortPool
 from .probe import wait_ready
@@ -274,22 +273,12 @@ class SandboxRunner:
         )
 
     def _pick_port(self, spec: AppSpec, image: ImageRecord | None) -> tuple[int, int | None]:
-        """(the sandbox's port on this node, the port an image app listens on in its own
-        network namespace). A directory app listens on the node's port: its own `port` when
-        it has one, else a free one passed in PORT. An image app's node port is always a free
-        one, forwarded to its own (`port`, else the image's one EXPOSE, else the same number,
-        passed in PORT): two sandboxes of an image that listens on 80 share no port."""
+        """`launch.ports`, with the port taken from the pool noted for its giving back."""
         try:
-            if image is not None:
-                self._port = self._node.ports.take()
-                inside = spec.port if spec.port is not None else exposed_port(image.config)
-                return self._port, inside if inside is not None else self._port
-            if spec.port is not None:
-                return self._node.ports.check_fixed(spec.port), None
-            self._port = self._node.ports.take()
+            port, app_port, self._port = ports(self._node.ports, spec, image)
         except NoFreePort as exc:
             raise CannotRun(str(exc)) from exc
-        return self._port, None
+        return port, app_port
 
     async def _start(self, launch: Launch, secrets: dict[str, str]) -> SandboxProcess:
         try:
