@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,8 @@ def started(tmp_path: Path) -> tuple[ProcessRuntime, OciLayout, Path]:
 async def run(
     runtime: ProcessRuntime, data: Path, image: ImageRecord, workdir: str, script: str
 ) -> tuple[LocalProcess, list[bytes]]:
-    base = data / "sandboxes" / "img"
+    sandbox = f"img-{uuid.uuid4().hex[:8]}"  # its cgroup's name: tests run side by side
+    base = data / "sandboxes" / sandbox
     (base / "app").mkdir(parents=True, exist_ok=True)
     env = {"PATH": "/bin", "GREETING": "hi from the env"}
     process = await runtime.start(
@@ -77,7 +79,7 @@ async def run(
         env,
         base / "app",
         base / "output.log",
-        Identity("img", "imgapp"),
+        Identity(sandbox, "imgapp"),
         None,
         ImageRun(image, workdir),
     )
@@ -157,11 +159,18 @@ async def test_links_in_the_image_never_lead_a_mount_onto_the_node(
     system, site = busybox_layers()
     image = layout.add_image("planted", [system, site, layer(*planted(outside))], BUSYBOX_CONFIG)
     process, out = await run(runtime, data, image, "/", "cat /etc/hosts; sleep 60")
+    ended: list[int] = []
     try:
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(process.pump, out.append)
-            await eventually(lambda: b"localhost" in b"".join(out))
+
+            async def exited() -> None:
+                ended.append(await process.wait())
+
+            tasks.start_soon(exited)
+            await eventually(lambda: b"localhost" in b"".join(out) or ended)
             tasks.cancel_scope.cancel()
     finally:
         await process.stop(grace=2)
     assert list(outside.iterdir()) == []
+    assert b"localhost" in b"".join(out), (ended, b"".join(out).decode(errors="replace"))
