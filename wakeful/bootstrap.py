@@ -2,9 +2,9 @@
 
 `control_plane` runs the activator, its API (leases + deploys), the pool controller and the
 idle monitor; `run_up` adds a node agent and the ingress in the same process, on the embedded
-store; `run_activator`, `run_node`, `run_ingress` and `run_idle_monitor` run one piece on its
-own against a shared store. Shutdown follows one order: stop taking traffic, let in-flight
-requests finish, stop the sandboxes, close the store.
+store (`wakeful.apart` runs one piece on its own against a shared store). Shutdown follows
+one order: stop taking traffic, let in-flight requests finish, stop the sandboxes, close the
+store.
 
 Nothing here decides anything: what `wakeful up` runs with and announces is `wakeful.up`'s,
 who is elected and what a term runs is `wakeful.terms`'s.
@@ -18,18 +18,16 @@ import math
 import signal
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, cast
+from typing import TYPE_CHECKING, Literal
 
 import anyio
 import anyio.abc
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from wakeful import terms
 from wakeful.activator.api import create_app
 from wakeful.activator.core import Activator
 from wakeful.activator.credentials import install_admin
@@ -61,29 +59,24 @@ from wakeful.deploy.states import Bounds, StateKeeper
 from wakeful.domain import keys
 from wakeful.domain.models import Token
 from wakeful.idle_monitor.monitor import IdleMonitor, IdleMonitorSettings
-from wakeful.leadership import Standby, leader_locator
 from wakeful.node.agent import NodeAgent
 from wakeful.node.sandbox.local import runtime_for
-from wakeful.node.settings import NodeSettings
 from wakeful.oci import ImageStore, RegistryAccess
 from wakeful.process import settle_heap, wait_for_signal
-from wakeful.remote import Endpoint, HttpArtifacts, HttpBlobs, HttpKeeper, HttpLogSink, HttpSecrets
 from wakeful.secrets.api import secrets_router
 from wakeful.secrets.book import SecretBook
-from wakeful.secrets.keys import KeyRing
 from wakeful.secrets.registries import RegistryBook
 from wakeful.secrets.registry_api import registries_router
 from wakeful.serving import serve_asgi
 from wakeful.store import Store, open_store
 from wakeful.store.backup import check_schema
 from wakeful.store.base import StoreBase
-from wakeful.store.election import FencedStore, Term
 from wakeful.store.reflector import reflect
 from wakeful.store.tokenbook import TokenBook
 from wakeful.up import BookSecrets, admin_writer, app_address, up_settings
 
 if TYPE_CHECKING:  # the ingress (httptools, uvloop) is imported only by what runs one
-    from wakeful.ingress.settings import IngressSettings
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -352,121 +345,3 @@ async def run_up(
 
 
 # -- one piece on its own, against a shared store (`wakeful activator | node | ...`) ---------
-
-
-async def run_activator(
-    settings: ActivatorSettings,
-    data_dir: Path,
-    *,
-    idle: IdleMonitorSettings | None,
-    announce: Callable[[str], None],
-    reset_admin: bool = False,
-) -> None:
-    """The control plane (activator, control API, pool controller, and the idle monitor unless
-    `idle` is None) until a signal, while this activator leads (invariant 20; `Terms`). Ingresses
-    are other processes: lease counts are rebuilt from what they report for `adopt_window`
-    seconds after a takeover, and the pool controller trusts them only after one lease TTL.
-    WAKEFUL_TOKEN bootstraps the admin token (`reset_admin`: it replaces the one in the store)."""
-    private_data_dir(data_dir)
-    async with settings.open_store() as store, anyio.create_task_group() as tasks:
-        # Before standing by: an activator that could not open what the store holds would
-        # take over only to refuse then (KeysUnusable ends the process with one line).
-        await KeyRing(store, settings.secrets_dir(data_dir)).start()
-        election = terms.activator_election(store, settings)
-        standby = Standby(election, store, settings.listen, announce)
-
-        def plane_for(term: Term, first: bool) -> AbstractAsyncContextManager[ControlPlane]:
-            return control_plane(
-                FencedStore(cast(StoreBase, store), term),
-                settings,
-                data_dir,
-                idle=idle,
-                drain_grace=settings.lease_ttl,
-                replace_admin=reset_admin and first,
-                adopt_for=settings.adopt_window,
-                leading=election.leading,
-            )
-
-        each = terms.Terms(plane_for, standby, announce, settings.listen)
-        tasks.start_soon(partial(election.lead, each.lead, campaign=standby.campaign))
-        await wait_for_signal()
-        tasks.cancel_scope.cancel()
-
-
-async def run_node(
-    settings: NodeSettings, control: Endpoint, *, announce: Callable[[str], None]
-) -> None:
-    """A node agent that fetches artifacts and its sandboxes' secrets from, and pushes logs
-    to, the control API."""
-    private_data_dir(settings.data_dir)
-    async with settings.open_store() as store:
-        locate = leader_locator(store, control.apis)
-        async with (
-            HttpArtifacts(control.apis[0], control.token, locate=locate) as artifacts,
-            HttpBlobs(control.apis[0], control.token, locate=locate) as blobs,
-            HttpLogSink(control.apis[0], control.token, locate=locate) as logs,
-            HttpKeeper(control.apis[0], control.token, settings.node_name, locate=locate) as keeper,
-            HttpSecrets(
-                control.apis[0], control.token, settings.node_name, locate=locate
-            ) as secrets,
-        ):
-            # Sandboxes must not reach the control API or the store, wherever they run.
-            runtime = runtime_for(settings, control_plane=control.apis, blobs=blobs)
-            agent = NodeAgent(
-                store,
-                settings,
-                artifacts,
-                keeper,
-                secrets,
-                logs=logs,
-                runtime=runtime,
-                tunnel_token=control.token,
-            )
-            async with anyio.create_task_group() as tasks:
-                tasks.start_soon(agent.run)
-                announce(f"node {settings.node_name} running")
-                settle_heap()
-                await wait_for_signal()
-                tasks.cancel_scope.cancel()
-
-
-async def run_ingress(
-    settings: IngressSettings, control: Endpoint, *, announce: Callable[[str], None]
-) -> None:
-    """An ingress taking its leases over the activator's lease channel (one WebSocket, many
-    calls in flight); `serve` owns the signals. Run it on uvloop."""
-    from wakeful.activator.client import ChannelLeases
-    from wakeful.ingress import serve
-
-    async with (
-        settings.open_store() as store,
-        ChannelLeases(
-            control.apis[0], control.token, locate=leader_locator(store, control.apis)
-        ) as leases,
-    ):
-        announce(f"ingress listening on http://{settings.listen}")
-        settle_heap()
-        await serve(settings, leases, store, CollectorRegistry(), relay_token=control.token)
-
-
-async def run_idle_monitor(
-    settings: IdleMonitorSettings, *, announce: Callable[[str], None]
-) -> None:
-    """An idle monitor apart from the activators (which then run with --no-idle-monitor). Any
-    number may run: one is elected (`leaders/idle-monitor`) and acts, its writes fenced by
-    its term; the others wait to take over."""
-    async with settings.open_store() as store, anyio.create_task_group() as tasks:
-        election = terms.idle_monitor_election(store)
-        announce(await terms.idle_monitor_greeting(election, settings.idle_interval))
-
-        async def act(term: Term) -> None:
-            monitor = IdleMonitor(
-                FencedStore(cast(StoreBase, store), term),
-                interval=settings.idle_interval,
-                retention=settings.retired_retention,
-            )
-            await monitor.run()
-
-        tasks.start_soon(election.lead, act)
-        await wait_for_signal()
-        tasks.cancel_scope.cancel()

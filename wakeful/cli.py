@@ -62,6 +62,7 @@ from .pieces import (
     isolation_flag,
     load_apps,
 )
+from .registry_cli import registry_parser
 from .remote import CliSettings, ControlApiError, ControlClient, locate
 from .storeadmin import cmd_backup, cmd_etcd_auth, cmd_restore
 
@@ -250,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     registry = sub.add_parser(
         "registry", help="registry logins for image pulls: login, logout, list, import"
     )
-    _registry_parser(registry, common)
+    registry_parser(registry, common, _remote)
 
     activator = sub.add_parser("activator", help="the activator and control API (WAKEFUL_*)")
     activator.add_argument(
@@ -387,37 +388,6 @@ def _secrets_parser(secrets: argparse.ArgumentParser, common: DiscreetParser) ->
     )
     retire.add_argument("key_id", type=secrets_key_id, metavar="ID")
     retire.set_defaults(func=_remote(lambda api, a: commands.secrets_retire_key(api, a.key_id)))
-
-
-def _registry_parser(registry: argparse.ArgumentParser, common: DiscreetParser) -> None:
-    """`wakeful registry ...`. The password is read from standard input, never an argument
-    (`main` does not quote what a `registry` command line has left over)."""
-    sub = registry.add_subparsers(
-        dest="registry_command", required=True, parser_class=DiscreetParser
-    )
-    login = sub.add_parser(
-        "login",
-        parents=[common],
-        help="log the control plane in to HOST: the password from stdin (asked on a terminal)",
-    )
-    login.add_argument("host", metavar="HOST", help="registry.example.com[:PORT], docker.io")
-    login.add_argument("--username", "-u", default=None, metavar="USER")
-    login.set_defaults(
-        func=_remote(lambda api, a: commands.registry_login(api, a.host, a.username))
-    )
-    logout = sub.add_parser("logout", parents=[common], help="forget HOST's login")
-    logout.add_argument("host", metavar="HOST")
-    logout.set_defaults(func=_remote(lambda api, a: commands.registry_logout(api, a.host)))
-    listing = sub.add_parser("list", parents=[common], help="hosts and usernames: no password")
-    listing.add_argument("--json", action="store_true")
-    listing.set_defaults(func=_remote(lambda api, a: commands.registry_list(api, as_json=a.json)))
-    imported = sub.add_parser(
-        "import",
-        parents=[common],
-        help="the logins of a podman or docker auth file (auth.json, config.json)",
-    )
-    imported.add_argument("file", type=Path, metavar="FILE")
-    imported.set_defaults(func=_remote(lambda api, a: commands.registry_import(api, a.file)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

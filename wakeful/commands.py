@@ -11,25 +11,18 @@ rollout message, a reason quoting it), so every line goes out through `say` (std
 
 from __future__ import annotations
 
-import getpass
 import json
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from wakeful.aio.packing import pack
 from wakeful.deploy.appdir import AppDir
 from wakeful.domain.artifacts import digest_of
-from wakeful.domain.authfile import MAX_FILE_BYTES, AuthFileError, read_auth_file
 from wakeful.domain.models import (
-    normal_registry_host,
-    password_problem,
-    registry_host_problem,
     secret_name_problem,
     secret_value_problem,
-    username_problem,
 )
 from wakeful.domain.shown import shown
 
@@ -41,7 +34,6 @@ from .tables import (
     node_line,
     pool_table,
     progress_counts,
-    registry_table,
     secret_table,
     token_table,
     version_lines,
@@ -421,95 +413,3 @@ def secrets_retire_key(api: ControlClient, key_id: str) -> int:
 
 
 # -- registries' logins -----------------------------------------------------------------------
-
-
-def registry_host(text: str) -> str:
-    """HOST as the control plane keys it (lowercase; Docker Hub's aliases as docker.io)."""
-    host = normal_registry_host(text)
-    problem = registry_host_problem(host)
-    if problem is not None:
-        raise CliError(f"HOST {shown(text[:80])!r} {problem}")
-    return host
-
-
-def registry_login(
-    api: ControlClient,
-    host: str,
-    username: str | None,
-    *,
-    stdin: TextIO | None = None,
-    ask: Callable[[str], str] = input,
-    ask_secret: Callable[[str], str] = getpass.getpass,
-) -> int:
-    """The password comes from standard input (asked for, unechoed, on a terminal), never
-    from an argument; it goes to the control plane in a request's body and nowhere else."""
-    stdin = stdin or sys.stdin
-    host = registry_host(host)
-    terminal = stdin.isatty()
-    if username is None:
-        if not terminal:
-            raise CliError("give --username USER: standard input carries the password")
-        username = ask("Username: ")
-    problem = username_problem(username)
-    if problem is not None:
-        raise CliError(f"--username: the username {problem}")
-    if terminal:
-        password = ask_secret(f"Password for {username} at {host}: ")
-    else:
-        password = stdin.read(MAX_FILE_BYTES).removesuffix("\n")
-    problem = password_problem(password)
-    if problem is not None:
-        raise CliError(f"the password (from standard input) {problem}")
-    done = api.registry_login(host, username, password)
-    if not done["changed"]:
-        say(f"{host}: already logged in as {username}; nothing changed")
-    else:
-        say(f"{host}: logged in as {username}; deploys pull its images with this login")
-    return 0
-
-
-def registry_logout(api: ControlClient, host: str) -> int:
-    done = api.registry_logout(registry_host(host))
-    say(f"{done['host']}: logged out; its images are pulled without a login from now on")
-    return 0
-
-
-def registry_list(api: ControlClient, *, as_json: bool) -> int:
-    logins = api.registries()
-    if as_json:
-        say_json(logins, indent=2)
-    elif not logins:
-        say("no registry logins")
-    else:
-        for line in registry_table(logins):
-            say(line)
-    return 0
-
-
-def registry_import(api: ControlClient, path: Path) -> int:
-    """Every login of a podman or docker auth file, read and checked whole first."""
-    try:
-        with path.open(encoding="utf-8") as file:
-            text = file.read(MAX_FILE_BYTES + 1)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CliError(f"{path}: cannot read it: {getattr(exc, 'strerror', None) or exc}") from None
-    if len(text) > MAX_FILE_BYTES:
-        raise CliError(f"{path}: larger than {MAX_FILE_BYTES} bytes; not an auth file")
-    try:
-        found = read_auth_file(text)
-    except AuthFileError as exc:
-        raise CliError(f"{path}: {exc}") from None
-    for line in found.skipped:
-        note(f"skipped {line}")
-    if not found.logins:
-        raise CliError(f"{path}: no login to import", RUNTIME)
-    done: list[str] = []
-    for login in found.logins:
-        try:
-            api.registry_login(login.host, login.username, login.password)
-        except ApiRefused as exc:
-            before = f" (imported before it: {', '.join(done)})" if done else ""
-            raise CliError(f"{login.host}: {exc.reason}{before}", RUNTIME) from None
-        done.append(login.host)
-        say(f"{login.host}: logged in as {login.username}")
-    return 0

@@ -198,7 +198,7 @@ def _control_for(role: Literal["node", "ingress"], why: str) -> Endpoint:
 
 
 def cmd_activator(args: argparse.Namespace) -> int:
-    from .bootstrap import run_activator  # here: the server stack is for pieces, not the CLI
+    from .apart import run_activator  # here: the server stack is for pieces, not the CLI
 
     settings = ActivatorSettings()
     if settings.token is None:
@@ -236,7 +236,7 @@ def isolation_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_node(args: argparse.Namespace) -> int:
-    from .bootstrap import run_node  # here: the server stack is for pieces, not the CLI
+    from .apart import run_node  # here: the server stack is for pieces, not the CLI
 
     settings = NodeSettings()
     if args.isolation is not None:  # the flag beats WAKEFUL_ISOLATION
@@ -253,7 +253,7 @@ def cmd_node(args: argparse.Namespace) -> int:
 def cmd_ingress(args: argparse.Namespace) -> int:
     from wakeful.ingress import IngressSettings  # httptools and uvloop: only when it runs
 
-    from .bootstrap import run_ingress  # here: the server stack is for pieces, not the CLI
+    from .apart import run_ingress  # here: the server stack is for pieces, not the CLI
 
     settings = IngressSettings()
     control = _control_for("ingress", "the ingress takes its leases from the activator")
@@ -266,7 +266,7 @@ def cmd_ingress(args: argparse.Namespace) -> int:
 
 
 def cmd_idle_monitor(args: argparse.Namespace) -> int:
-    from .bootstrap import run_idle_monitor  # here: the server stack is for pieces, not the CLI
+    from .apart import run_idle_monitor  # here: the server stack is for pieces, not the CLI
 
     settings = IdleMonitorSettings()
     _serve(

@@ -1,4 +1,4 @@
-"""`wakeful registry` (wakeful/commands.py, wakeful/domain/authfile.py): the password comes
+"""`wakeful registry` (wakeful/registry_cli.py, wakeful/domain/authfile.py): the password comes
 from standard input (asked for, unechoed, on a terminal), never an argument, and no output
 or error shows it; `list` prints hosts and usernames only; `import` reads podman's and
 docker's auth file whole before it logs in to anything. Real CLI processes against a running
@@ -16,10 +16,11 @@ import pytest
 
 from tests.support.control import running_control_plane
 from tests.wakeful.test_secrets_cli import wakeful
-from wakeful.commands import CliError, registry_login
+from wakeful.commands import CliError
 from wakeful.domain import keys
 from wakeful.domain.authfile import AuthFileError, read_auth_file
 from wakeful.domain.models import RegistryLogin
+from wakeful.registry_cli import registry_login
 
 pytestmark = pytest.mark.anyio
 HOST = "registry.example.com:5000"
