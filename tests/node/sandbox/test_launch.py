@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from wakeful.domain.models import AppSpec, ImageConfig, ImageRecord
-from wakeful.node.sandbox.launch import Launch, what_runs
+from wakeful.node.sandbox.launch import Launch, ports, what_runs
+from wakeful.node.sandbox.ports import PortPool
 
 DIGEST = "sha256:" + "ab" * 32
 
@@ -97,3 +98,36 @@ def test_in_its_own_network_an_image_app_listens_on_its_port_on_every_address() 
         "127.0.0.1",
         41000,
     )
+
+
+@pytest.mark.parametrize(
+    ("spec", "record", "inside", "given_back"),
+    [
+        ({"command": ["x"]}, None, None, True),
+        ({"command": ["x"], "port": 41999}, None, None, False),
+        ({"image": "shop:1"}, image(exposed_ports=["80/tcp"]), 80, True),
+        ({"image": "shop:1", "port": 9000}, image(exposed_ports=["80/tcp"]), 9000, True),
+        ({"image": "shop:1"}, image(exposed_ports=["80/tcp", "443/tcp"]), "node", True),
+        ({"image": "shop:1"}, image(), "node", True),
+    ],
+    ids=[
+        "a directory app gets a free port",
+        "a directory app's fixed port is its own, not the pool's",
+        "an image's one EXPOSE is where it listens; its node port is free",
+        "wakeful.toml's port wins over EXPOSE",
+        "two EXPOSEs: the node port's number, passed in PORT",
+        "no EXPOSE: the same",
+    ],
+)
+def test_ports(
+    spec: dict[str, object], record: ImageRecord | None, inside: object, given_back: bool
+) -> None:
+    pool = PortPool(41000, 41099)
+    port, app_port, taken = ports(pool, AppSpec.model_validate(spec), record)
+    if record is None:
+        assert app_port is None
+        assert port == (spec.get("port") or taken)
+    else:
+        assert 41000 <= port <= 41099 and taken == port
+        assert app_port == (port if inside == "node" else inside)
+    assert (taken is not None) is given_back
