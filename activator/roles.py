@@ -52,6 +52,8 @@ ROUTES: Final[Mapping[tuple[str, str], Access]] = {
     ("PUT", "/v1/artifacts/{digest}"): ADMIN_ONLY,
     # images (deploy/images.py): an archive uploaded for a deploy; a node fetches blobs
     ("PUT", "/v1/images/archives"): ADMIN_ONLY,
+    ("POST", "/v1/images/blobs/missing"): ADMIN_ONLY,
+    ("PUT", "/v1/images/blobs/{digest}"): ADMIN_ONLY,
     ("GET", "/v1/blobs/{digest}"): NODE,
     # a stateful app's state, handed back by the node holding it (deploy/states.py checks it)
     ("PUT", "/v1/states/{app}/archives/{digest}"): NODE,

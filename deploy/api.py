@@ -30,7 +30,17 @@ from wakeful.deploy.service import Deployer
 from wakeful.deploy.states import ArchiveMissing, NotHeld, StateKeeper, StorageFull
 from wakeful.domain import keys
 from wakeful.domain.artifacts import ArtifactError
-from wakeful.domain.models import NAME_PATTERN, SANDBOX_ID_PATTERN, App, AppState, Role, Version
+from wakeful.domain.models import (
+    BLOB_DIGEST,
+    MADE,
+    NAME_PATTERN,
+    SANDBOX_ID_PATTERN,
+    App,
+    AppState,
+    Role,
+    Version,
+    made_by,
+)
 from wakeful.domain.state import Stale
 from wakeful.oci import (
     ImageError,
@@ -86,6 +96,10 @@ class DeployRequest(BaseModel):
     artifact: str | None = None
     image_archive: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     """An image archive uploaded for this deploy (`PUT /v1/images/archives`)."""
+    image_manifest: str | None = Field(default=None, pattern=BLOB_DIGEST)
+    """The manifest of an image the CLI built and uploaded (`image = "built:APP"`)."""
+    made: str | None = Field(default=None, pattern=MADE)
+    """How the version was made (a Containerfile, a stack): `wakeful versions` shows it."""
 
 
 class RolloutReport(BaseModel):
@@ -117,6 +131,8 @@ class AppReport(BaseModel):
     versions: list[str]
     images: dict[str, str] = Field(default_factory=dict)
     """For each version that runs an image: `REF@sha256:...`, as it was pinned at deploy."""
+    made: dict[str, str] = Field(default_factory=dict)
+    """For each version: how it was made (directory, image, Containerfile, stack ...)."""
 
 
 UPLOADS = 4
@@ -332,8 +348,8 @@ def deploy_router(
                 if images is None:
                     raise DeployError("this control plane has no image store")
                 await deployer.check(body.definition)  # refused before a pull, not after
-                record = await images.resolve(image, body.image_archive)
-            rollout = await deployer.prepare(body.definition, body.artifact, record)
+                record = await images.resolve(image, body.image_archive, body.image_manifest)
+            rollout = await deployer.prepare(body.definition, body.artifact, record, body.made)
         except (DeployError, ImageRefused) as exc:
             raise bad(400, "deploy refused", str(exc)) from exc
         except (RegistryError, SkopeoMissing) as exc:  # the registry's answer, or a tool
@@ -401,6 +417,7 @@ def deploy_router(
                         for v in versions
                         if v.value.image is not None
                     },
+                    made={v.value.version: made_by(v.value) for v in versions},
                 )
             )
         return found

@@ -2,12 +2,21 @@
 image into the blob store at deploy (`Images.resolve`), and its blobs served to nodes.
 
 PUT /v1/images/archives          an image archive (`podman save`), streamed to disk; admin only
+POST /v1/images/blobs/missing    which of the blobs named the store lacks; admin only
+PUT /v1/images/blobs/{digest}    one blob of an image the CLI built, checked, into the store;
+                                 admin only
 GET /v1/blobs/{digest}           a blob of a stored image, streamed; nodes and admin
 
 An archive is written to `incoming/` beside the image store as it arrives, never held in
 memory, bounded by `max_bytes`, and named by its sha256: the deploy that follows names it
 (`image_archive`), the import reads it with skopeo, and it is deleted then (or by the next
 start's sweep, when no deploy came).
+
+A built image arrives blob by blob: the CLI asks which of its blobs are `missing`, sends those
+(each hashed as it arrives, refused unless it matches its digest, then claimed in the store so
+the collector leaves it for the grace period), and deploys `built:APP` naming the manifest:
+`import_built` checks it as a pulled image is checked. A rebuild that changed code alone sends
+one layer, the config and the manifest.
 
 A pull from a registry uses the login the control plane holds for the reference's registry
 domain, when it holds one (`Logins`, `wakeful.secrets.registries.RegistryBook`): opened for
@@ -30,7 +39,9 @@ import anyio
 from fastapi import APIRouter, HTTPException, Request
 from fastapi import Path as PathParam
 from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from wakeful.deploy.appdir import BUILT
 from wakeful.domain.models import BLOB_DIGEST, ImageRecord
 from wakeful.oci import (
     BlobMissing,
@@ -39,12 +50,17 @@ from wakeful.oci import (
     ImageStorageError,
     ImageStore,
     LoginUnusable,
+    layout,
 )
-from wakeful.oci.resolve import parse_reference
+from wakeful.oci.resolve import MAX_MANIFEST_BYTES, Index, parse_manifest, parse_reference
 
 ARCHIVE_IDLE = 30.0
 """Seconds an archive upload may send nothing before it is refused (408)."""
 _ARCHIVE = re.compile(r"^[0-9a-f]{64}$")
+BLOB_UPLOADS = 4
+"""Blob uploads received at once (past it, 503 + Retry-After)."""
+MAX_WANTED = 256
+"""Digests one `missing` question may name (an image has at most 128 layers)."""
 
 BlobParam = Annotated[str, PathParam(pattern=BLOB_DIGEST, description="sha256:<hex>")]
 
@@ -68,6 +84,7 @@ class Images:
         self.incoming = incoming
         self.max_bytes = max_bytes
         self.logins = logins
+        self._receiving = 0
 
     def sweep(self) -> None:
         """Archives no deploy took (a CLI that stopped between its upload and its deploy), and
@@ -78,6 +95,64 @@ class Images:
 
     async def receive(self, request: Request) -> str:
         """The request's body, an image archive, written to `incoming/` while hashed."""
+        partial, name = await self._spool(request, "image archive")
+        try:
+            await anyio.to_thread.run_sync(partial.replace, self.incoming / name)
+            return name
+        finally:
+            await _forget(partial)
+
+    async def receive_blob(self, request: Request, digest: str) -> None:
+        """The request's body, one blob of an image the CLI built, into the store once its
+        sha256 is `digest` (400 otherwise, nothing stored)."""
+        if self._receiving >= BLOB_UPLOADS:
+            raise HTTPException(
+                503,
+                {"error": "busy", "detail": f"{BLOB_UPLOADS} blob uploads are under way"},
+                headers={"Retry-After": "1"},
+            )
+        self._receiving += 1
+        try:
+            partial, name = await self._spool(request, "blob")
+            try:
+                if f"sha256:{name}" != digest:
+                    raise _bad(400, "digest mismatch", f"the body's sha256 is sha256:{name}")
+                await self.store.add_blob(partial, digest)
+            finally:
+                await _forget(partial)
+        finally:
+            self._receiving -= 1
+
+    async def import_local(self, ref: str, root: Path, manifest: str) -> ImageRecord:
+        """The image `manifest` of the OCI layout `root` on this machine (one `wakeful up`
+        built), its blobs copied into the store as an upload's are, then imported."""
+
+        def wanted() -> list[str]:
+            raw = layout.read_blob(root, manifest, MAX_MANIFEST_BYTES)
+            found = parse_manifest(raw, ref)
+            if isinstance(found, Index):
+                raise ImageRefused(f"image {ref}: a built image must be one manifest")
+            return [manifest, found.config.digest, *(one.digest for one in found.layers)]
+
+        await anyio.to_thread.run_sync(
+            lambda: self.incoming.mkdir(mode=0o700, parents=True, exist_ok=True)
+        )
+        for digest in await self.store.missing(await anyio.to_thread.run_sync(wanted)):
+            copy = self.incoming / f"{digest.removeprefix('sha256:')}.copy"
+            try:
+                checked = await anyio.to_thread.run_sync(
+                    _copy_checked, layout.blob_path(root, digest), copy
+                )
+                if checked != digest:
+                    raise ImageRefused(f"image {ref}: blob {digest} does not match its digest")
+                await self.store.add_blob(copy, digest)
+            finally:
+                await _forget(copy)
+        return await self.store.import_built(ref, manifest)
+
+    async def _spool(self, request: Request, what: str) -> tuple[Path, str]:
+        """The body written to a file of `incoming/` (never held in memory, bounded by
+        `max_bytes`) and the hex of its sha256; the caller moves or deletes the file."""
         await anyio.to_thread.run_sync(
             lambda: self.incoming.mkdir(mode=0o700, parents=True, exist_ok=True)
         )
@@ -99,17 +174,13 @@ class Images:
                         break
                     size += len(chunk)
                     if size > self.max_bytes:
-                        raise _bad(
-                            413, "image archive too large", f"the bound is {self.max_bytes} bytes"
-                        )
+                        raise _bad(413, f"{what} too large", f"the bound is {self.max_bytes} bytes")
                     digest.update(chunk)
                     await anyio.to_thread.run_sync(file.write, chunk)
-            name = digest.hexdigest()
-            await anyio.to_thread.run_sync(partial.replace, self.incoming / name)
-            return name
-        finally:
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(partial.unlink, True)
+        except BaseException:
+            await _forget(partial)
+            raise
+        return partial, digest.hexdigest()
 
     async def pull(self, ref: str, archive: Path | None = None) -> ImageRecord:
         """`ref` pinned and its blobs in the store: pulled from its registry with its login
@@ -119,8 +190,17 @@ class Images:
             credentials = await self.logins.credentials(parse_reference(ref).domain)
         return await self.store.import_image(ref, archive=archive, credentials=credentials)
 
-    async def resolve(self, ref: str, archive: str | None) -> ImageRecord:
-        """`pull`, the archive named by an upload's name (`receive`; deleted then)."""
+    async def resolve(
+        self, ref: str, archive: str | None, manifest: str | None = None
+    ) -> ImageRecord:
+        """`pull`, the archive named by an upload's name (`receive`; deleted then), or the
+        image built by the CLI whose blobs were uploaded (`built:APP`, its manifest named)."""
+        if ref.startswith(BUILT) or manifest is not None:
+            if not ref.startswith(BUILT) or manifest is None:
+                raise ImageRefused(
+                    f"image {ref}: an uploaded image is named built:APP, with its manifest"
+                )
+            return await self.store.import_built(ref, manifest)
         path = None
         if ref.startswith(("oci-archive:", "docker-archive:")):
             if archive is None or not _ARCHIVE.match(archive):
@@ -139,6 +219,16 @@ class Images:
         return record
 
 
+def _copy_checked(source: Path, target: Path) -> str:
+    """`source` copied to `target`; the copy's digest."""
+    digest = hashlib.sha256()
+    with source.open("rb") as reader, target.open("wb") as writer:
+        while chunk := reader.read(1 << 20):
+            digest.update(chunk)
+            writer.write(chunk)
+    return f"sha256:{digest.hexdigest()}"
+
+
 async def _forget(path: Path | None) -> None:
     if path is not None:
         with contextlib.suppress(OSError), anyio.CancelScope(shield=True):
@@ -149,12 +239,29 @@ def _bad(status: int, error: str, detail: str) -> HTTPException:
     return HTTPException(status, {"error": error, "detail": detail})
 
 
+class Wanted(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    blobs: list[Annotated[str, StringConstraints(pattern=BLOB_DIGEST)]] = Field(
+        max_length=MAX_WANTED
+    )
+
+
 def images_router(images: Images) -> APIRouter:
     router = APIRouter()
 
     @router.put("/v1/images/archives", status_code=201)
     async def upload_archive(request: Request) -> dict[str, str]:
         return {"archive": await images.receive(request)}
+
+    @router.post("/v1/images/blobs/missing")
+    async def missing(body: Wanted) -> dict[str, list[str]]:
+        return {"missing": await images.store.missing(body.blobs)}
+
+    @router.put("/v1/images/blobs/{digest}", status_code=201)
+    async def upload_blob(digest: BlobParam, request: Request) -> dict[str, str]:
+        await images.receive_blob(request, digest)
+        return {"blob": digest}
 
     @router.get("/v1/blobs/{digest}")
     async def blob(digest: BlobParam) -> StreamingResponse:

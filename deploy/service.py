@@ -95,7 +95,11 @@ class Deployer:
         self.rollouts: dict[tuple[str, str], Rollout] = {}
 
     async def prepare(
-        self, definition: AppDefinition, artifact: str | None, image: ImageRecord | None = None
+        self,
+        definition: AppDefinition,
+        artifact: str | None,
+        image: ImageRecord | None = None,
+        made: str | None = None,
     ) -> Rollout:
         """Validate, then write the new version and its pool (not yet routed). Decided again
         from fresh reads when a record it read changed before its write (a `secrets set` or
@@ -106,8 +110,8 @@ class Deployer:
             raise DeployError(f"artifact {artifact} was not uploaded")
         for _ in range(PREPARE_ATTEMPTS - 1):
             with contextlib.suppress(Conflict):
-                return await self._prepare(definition, artifact, image)
-        return await self._prepare(definition, artifact, image)
+                return await self._prepare(definition, artifact, image, made)
+        return await self._prepare(definition, artifact, image, made)
 
     async def check(self, definition: AppDefinition) -> None:
         """Refuse what would be refused anyway, before anything slow (an image's pull) is
@@ -135,7 +139,11 @@ class Deployer:
         return secrets
 
     async def _prepare(
-        self, definition: AppDefinition, artifact: str | None, image: ImageRecord | None
+        self,
+        definition: AppDefinition,
+        artifact: str | None,
+        image: ImageRecord | None,
+        made: str | None,
     ) -> Rollout:
         name = definition.name
         secrets = await self._refusal(definition)
@@ -189,6 +197,7 @@ class Deployer:
             artifact=artifact,
             image=image,
             created_at=self._clock(),
+            made=made,
         )
         pool = Pool(
             name=pool_name(name, version),

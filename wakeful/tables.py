@@ -49,10 +49,13 @@ def app_line(app: Mapping[str, Any]) -> str:
 
 
 def version_lines(app: Mapping[str, Any]) -> list[str]:
-    """The active version marked `*`, and the image it runs, pinned (`REF@sha256:...`)."""
+    """The active version marked `*`, how it was made, and the image it runs, pinned
+    (`REF@sha256:...`)."""
     images = app.get("images") or {}
+    made = app.get("made") or {}
     return [
         f"{'*' if version == app['active_version'] else ' '} {version}"
+        + (f"  {made[version]}" if version in made else "")
         + (f"  {images[version]}" if version in images else "")
         for version in app["versions"]
     ]

@@ -1,9 +1,11 @@
 """The file work on an OCI image layout (`oci-layout`, `index.json`, `blobs/sha256/<hex>`),
 synchronous: the store runs each function in a worker thread, under its lock.
 
-skopeo writes the blobs and index.json; wakeful only reads them, makes them private, touches
-their mtimes (the last time an import or a deploy claimed them) and deletes what nothing
-references. index.json is only ever replaced whole (write, fsync, rename).
+skopeo writes the blobs and index.json of a pulled image; the blobs of an image built by the
+CLI are uploaded one by one (`add_blob`) and named in index.json by us (`name_manifest`).
+wakeful reads them, makes them private, touches their mtimes (the last time an import or a
+deploy claimed them) and deletes what nothing references. index.json is only ever replaced
+whole (write, fsync, rename).
 """
 
 from __future__ import annotations
@@ -158,6 +160,34 @@ def blob_path_exists(root: Path, digest: object) -> bool:
         and _DIGEST.match(digest) is not None
         and (blob_path(root, digest).exists())
     )
+
+
+def name_manifest(root: Path, name: str, digest: str, size: int) -> None:
+    """index.json names the manifest `digest` `name` (an entry of that name replaced): what
+    skopeo writes after a copy, written by us for an image whose blobs were uploaded."""
+    entries = [e for e in read_index(root) if e.get("annotations", {}).get(REF_NAME) != name]
+    entries.append(
+        {
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": digest,
+            "size": size,
+            "annotations": {REF_NAME: name},
+        }
+    )
+    body = {"schemaVersion": 2, "manifests": entries}
+    _replace(root / INDEX, json.dumps(body, separators=(",", ":")).encode())
+
+
+def add_blob(root: Path, source: Path, digest: str, now: float) -> None:
+    """The file `source` (its sha256 already checked to be `digest`) moved into the layout,
+    private and claimed at `now`; one already there is kept and claimed instead."""
+    target = blob_path(root, digest)
+    if target.exists():
+        source.unlink()
+    else:
+        source.chmod(0o600)
+        os.replace(source, target)
+    os.utime(target, (now, now))
 
 
 def remove_debris(root: Path) -> int:

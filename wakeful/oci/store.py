@@ -207,6 +207,53 @@ class ImageStore:
             record = await self._stored(ref, digest)
         return await self._scanned(record)
 
+    async def add_blob(self, source: Path, digest: str) -> None:
+        """An uploaded blob (the file `source`, its sha256 checked to be `digest`, on the
+        store's file system) into the store, claimed now: the collector leaves it for its
+        grace period, in which the deploy naming it imports it (`import_built`)."""
+        async with self._locked():
+            await anyio.to_thread.run_sync(
+                layout.add_blob, self.directory, source, digest, self._clock()
+            )
+
+    async def missing(self, digests: Iterable[str]) -> list[str]:
+        """Those of `digests` the store does not hold (what an upload must send)."""
+        return [digest for digest in digests if not self.has(digest)]
+
+    async def import_built(self, ref: str, manifest: str) -> ImageRecord:
+        """The image whose manifest `manifest` and every blob it names were uploaded
+        (`add_blob`): named in index.json and checked as a pulled image is. ImageRefused
+        when a blob is missing (not uploaded, or collected since) or the image breaks a
+        rule."""
+
+        def name() -> None:
+            raw = layout.read_blob(self.directory, manifest, MAX_MANIFEST_BYTES)
+            found = parse_manifest(raw, ref)
+            if isinstance(found, Index):
+                raise ImageRefused(f"image {ref}: a built image must be one manifest")
+            check(found, ref, self.max_image_bytes)
+            blobs = [found.config.digest, *(layer.digest for layer in found.layers)]
+            absent = [digest for digest in blobs if not self.has(digest)]
+            if absent:
+                raise ImageRefused(
+                    f"image {ref}: blob {absent[0]} was not uploaded (deploy again to send it)"
+                )
+            layout.name_manifest(
+                self.directory, manifest.removeprefix("sha256:"), manifest, len(raw)
+            )
+
+        async with self._locked():
+            try:
+                await anyio.to_thread.run_sync(name)
+            except BlobMissing:
+                raise ImageRefused(
+                    f"image {ref}: its manifest {manifest} was not uploaded (deploy again)"
+                ) from None
+            except OSError as exc:
+                raise ImageStorageError(f"image {ref}: cannot store it: {exc}") from None
+            record = await self._stored(ref, manifest)
+        return await self._scanned(record)
+
     def _after_lock(self, deadline: float) -> float:
         """The copy's deadline: `timeout` from when the lock was taken, so that a deploy that
         waited behind another's long pull is not reported as a stalled registry."""

@@ -144,12 +144,39 @@ class ControlClient:
         self._send("PUT", f"/v1/artifacts/{segment(digest)}", content=data)
 
     def start_deploy(
-        self, definition: dict[str, Any], digest: str | None, image_archive: str | None = None
+        self,
+        definition: dict[str, Any],
+        digest: str | None,
+        image_archive: str | None = None,
+        *,
+        image_manifest: str | None = None,
+        made: str | None = None,
     ) -> Any:
         """An image app's deploy pulls its image first: the call may take as long as the
         control plane's pull timeout."""
-        body = {"definition": definition, "artifact": digest, "image_archive": image_archive}
+        body = {
+            "definition": definition,
+            "artifact": digest,
+            "image_archive": image_archive,
+            "image_manifest": image_manifest,
+            "made": made,
+        }
         return self._json("POST", "/v1/deploys", json=body, timeout=IMAGE_DEPLOY_TIMEOUT)
+
+    def missing_blobs(self, digests: Sequence[str]) -> list[str]:
+        """Those of `digests` the control plane's image store lacks."""
+        answer = self._json("POST", "/v1/images/blobs/missing", json={"blobs": list(digests)})
+        return [str(digest) for digest in answer["missing"]]
+
+    def put_blob(self, digest: str, path: Path) -> None:
+        """Stream one blob of a built image to the control plane's image store."""
+        with path.open("rb") as file:
+            self._send(
+                "PUT",
+                f"/v1/images/blobs/{segment(digest)}",
+                content=_chunks(file),
+                timeout=IMAGE_DEPLOY_TIMEOUT,
+            )
 
     def put_image_archive(self, path: Path) -> str:
         """Stream an image archive (`podman save`, `docker save`) to the control plane; the

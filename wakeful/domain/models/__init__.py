@@ -46,6 +46,7 @@ module below defines it:
 from .apps import (
     ENV_NAME,
     IMAGE_REF,
+    MADE,
     MAX_SIZE,
     MIN_SIZE,
     RESERVED_ENV,
@@ -61,6 +62,7 @@ from .apps import (
     StateSpec,
     Version,
     format_size,
+    made_by,
     parse_size,
 )
 from .base import (
@@ -156,6 +158,7 @@ __all__ = [
     "IMAGE_REF",
     "KEY_ID_PATTERN",
     "LAYER_TYPES",
+    "MADE",
     "MAX_HOST",
     "MAX_LAYERS",
     "MAX_PASSWORD_BYTES",
@@ -225,6 +228,7 @@ __all__ = [
     "exposed_port",
     "format_size",
     "image_env",
+    "made_by",
     "manifest_overlap",
     "normal_registry_host",
     "parse_size",

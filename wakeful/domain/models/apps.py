@@ -177,6 +177,8 @@ class StateSpec(Model):
         return path
 
 
+MADE = r"^[A-Za-z0-9][A-Za-z0-9 ()+._/:-]{0,119}$"
+"""How a version was made, in words (`stack node (package.json + package-lock.json)`)."""
 IMAGE_REF = r"^(oci-archive:|docker-archive:)?[^\s]+$"
 """A registry reference (`registry.example.com/team/shop:1.4`, `...@sha256:<hex>`), or an
 archive in the app's directory (`oci-archive:shop.tar`, `docker-archive:shop.tar`)."""
@@ -220,8 +222,9 @@ class AppSpec(Model):
             raise ValueError("command: required (or image, to run an OCI image)")
         if self.image is not None and self.state is not None:
             raise ValueError(
-                "state: not yet for an app from an image (its [state] would be archived from "
-                "the image's tree, which wakeful does not do safely yet); use a directory app"
+                "state: not yet for an app from an image, or built into one from its directory "
+                "(its [state] would be archived from the image's tree, which wakeful does not do "
+                "safely yet); use a directory app (`[build] enabled = false`)"
             )
         return self
 
@@ -262,6 +265,16 @@ class Version(Model):
     image: ImageRecord | None = None
     """The image this version runs, pinned at deploy (`spec.image` resolved)."""
     created_at: float = 0.0
+    made: Annotated[str, StringConstraints(pattern=MADE)] | None = None
+    """How it was made, as the deploy said: `Containerfile`, `stack python (requirements.txt)`
+    (None: a directory or an image, as `artifact` and `image` tell; `made_by`)."""
+
+
+def made_by(version: Version) -> str:
+    """How `version` was made, as `wakeful versions` shows it."""
+    if version.made is not None:
+        return version.made
+    return "image" if version.image is not None else "directory"
 
 
 class AppState(Model):
