@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from wakeful.domain.hosts import reserved
 from wakeful.domain.models import NAME_PATTERN, AppSpec, Host, describe_validation_error
+from wakeful.domain.stacks import BuildChoice, Plan, PlanError, plan
 
 MANIFEST = "wakeful.toml"
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
@@ -43,12 +44,49 @@ class AppDefinition(BaseModel):
 
 
 ARCHIVE_PREFIXES = ("oci-archive:", "docker-archive:")
+BUILT = "built:"
+"""The `image` of an app built from its directory (`built:APP`): the deploy names the image's
+manifest, uploaded just before; never written in a wakeful.toml."""
+MAX_READ = 1 << 20
+"""The largest top-level file read to decide the plan (a requirements file, main.py)."""
+
+
+class BuildSettings(BaseModel):
+    """`[build]` in wakeful.toml."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(default=True, strict=True)
+    """False: a directory with a stack file (requirements.txt, ...) stays a directory app."""
+    base: str | None = Field(default=None, pattern=r"^[^\s]+$", max_length=1024)
+    """The image a stack build starts from, instead of the stack's default."""
+    containerfile: str | None = Field(default=None, pattern=r"^[^/\s]+$", max_length=255)
+    """A Containerfile of another name, at the top of the directory (`Containerfile.prod`)."""
+    push: str | None = Field(default=None, pattern=r"^[^\s@]+$", max_length=1024)
+    """Push the built image to this repository (`registry.example.com/team/shop`) and deploy
+    it from there, instead of uploading it to the control plane."""
+
+
+DIRECTORY = Plan("directory", "directory")
+NO_BUILD_SETTINGS = BuildSettings()
+
+
+@dataclass(frozen=True)
+class Prebuilt:
+    """An image built before `wakeful up` started, in an OCI layout on this machine."""
+
+    layout: Path
+    manifest: str
+    made: str
 
 
 @dataclass(frozen=True)
 class AppDir:
     path: Path
     definition: AppDefinition
+    plan: Plan = DIRECTORY
+    build: BuildSettings = NO_BUILD_SETTINGS
+    prebuilt: Prebuilt | None = None
 
     @property
     def archive(self) -> Path | None:
@@ -130,6 +168,9 @@ def load_app_dir(path: Path) -> AppDir:
         raw = tomllib.loads(manifest.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise AppDirError(f"{manifest}: not valid TOML: {exc}") from exc
+    build, found = _plan(path, manifest, raw)
+    if found.kind in ("containerfile", "stack"):
+        raw = {**raw, "image": f"{BUILT}{raw.get('name')}"}
     try:
         definition = definition_from_manifest(raw)
     except ValidationError as exc:
@@ -146,4 +187,46 @@ def load_app_dir(path: Path) -> AppDir:
         reason = reserved(host)
         if reason is not None:
             raise AppDirError(f"{manifest}: hosts: {reason}")
-    return AppDir(path, definition)
+    return AppDir(path, definition, found, build)
+
+
+def _plan(path: Path, manifest: Path, raw: dict[str, Any]) -> tuple[BuildSettings, Plan]:
+    """`[build]` (taken out of `raw`) and what the directory is (`wakeful.domain.stacks`)."""
+    try:
+        build = BuildSettings.model_validate(raw.pop("build", {}))
+    except ValidationError as exc:
+        raise AppDirError(f"{manifest}: build.{describe_validation_error(exc)}") from exc
+    image, command = raw.get("image"), raw.get("command")
+    if isinstance(image, str) and image.startswith(BUILT):
+        raise AppDirError(
+            f"{manifest}: image: {image!r}: `built:` names an image wakeful built from a "
+            "directory; leave `image` out to build this one"
+        )
+    names = frozenset(
+        entry.name for entry in path.iterdir() if entry.is_file() and not entry.is_symlink()
+    )
+
+    def read(name: str) -> str | None:
+        if name not in names:
+            return None
+        with (path / name).open("rb") as file:
+            data = file.read(MAX_READ + 1)
+        if len(data) > MAX_READ:
+            raise PlanError(f"{name}: larger than {MAX_READ} bytes")
+        return data.decode("utf-8", errors="replace")
+
+    choice = BuildChoice(
+        enabled=build.enabled,
+        base=build.base,
+        containerfile=build.containerfile,
+        image=image is not None,
+        command=tuple(c for c in command if isinstance(c, str))
+        if isinstance(command, list)
+        else (),
+    )
+    try:
+        return build, plan(names, read, choice)
+    except PlanError as exc:
+        raise AppDirError(f"{path}: {exc}") from exc
+    except OSError as exc:
+        raise AppDirError(f"{path}: cannot read it: {exc}") from exc

@@ -35,18 +35,23 @@ async def deploy_dir(
     images: Images | None = None,
 ) -> str:
     """Pack `app_dir`, store its artifact and deploy it (no HTTP round trip); its rollout runs
-    in `tasks`. An image app's image is imported instead (its archive read where it lies).
+    in `tasks`. An image app's image is imported instead (its archive read where it lies, or
+    the image `wakeful up` built, from its layout in the build cache).
     Returns the rollout's message."""
     image, digest = app_dir.definition.spec.image, None
     record = None
+    prebuilt = app_dir.prebuilt
     if image is None:
         data = await anyio.to_thread.run_sync(pack, app_dir.path)
         digest = await artifacts.put(data)
     elif images is None:
         raise ImageRefused(f"image {image}: this control plane has no image store")
+    elif prebuilt is not None:
+        record = await images.import_local(image, prebuilt.layout, prebuilt.manifest)
     else:
         record = await images.pull(image, app_dir.archive)
-    rollout = await deployer.prepare(app_dir.definition, digest, record)
+    made = prebuilt.made if prebuilt is not None else None
+    rollout = await deployer.prepare(app_dir.definition, digest, record, made)
     if rollout.phase is Phase.ROLLING:
         tasks.start_soon(deployer.roll_out, rollout)
     return rollout.message

@@ -1,7 +1,9 @@
 """The `wakeful` command.
 
     wakeful up [APP_DIR ...]     every piece in one process on the embedded store
-    wakeful deploy APP_DIR       deploy to a running control plane
+    wakeful deploy APP_DIR       deploy to a running control plane (a directory with a
+                                 Containerfile or a stack's files is built here first;
+                                 --dry-run prints what would be built and run)
     wakeful status [APP]         pools: desired, live, ready, suspended, leased, waiters
     wakeful apps | versions APP | logs APP | rollback APP | delete APP
     wakeful nodes | drain NODE   nodes; move everything off one (stateful apps with their state)
@@ -49,7 +51,7 @@ from wakeful.domain.models import (
 )
 from wakeful.domain.shown import shown
 
-from . import commands
+from . import build_commands, commands
 from .commands import RUNTIME, USAGE, CliError
 from .datadir import CONTROL_FILE
 from .deploy.appdir import AppDir, image_definition
@@ -118,6 +120,10 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         raise CliError("deploy needs APP_DIR (or --image REF --name APP [--port N])")
     else:
         (app_dir,) = load_apps([args.app_dir])  # a bad directory is a usage error, found first
+    if args.dry_run:
+        return build_commands.dry_run(app_dir)
+    if app_dir.plan.kind in build_commands.BUILT_KINDS:
+        return _remote(lambda api, _: build_commands.deploy_built(api, app_dir))(args)
     return _remote(lambda api, _: commands.deploy(api, app_dir))(args)
 
 
@@ -175,6 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
     deploy.add_argument("--name", help="the app's name (with --image)")
     deploy.add_argument(
         "--port", type=int, help="the port the image listens on (default: its one EXPOSE)"
+    )
+    deploy.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print what APP_DIR is, the Containerfile its build uses and what it runs; "
+        "build and send nothing",
     )
     deploy.set_defaults(func=cmd_deploy)
 

@@ -84,7 +84,8 @@ def say_json(value: Any, indent: int | None = None) -> None:
 
 def deploy(api: ControlClient, app_dir: AppDir, *, pause: Pause = time.sleep) -> int:
     """An app directory: packed and uploaded, then deployed; an image app's directory is not
-    packed (its image is its files), an archive it names is uploaded instead."""
+    packed (its image is its files), an archive it names is uploaded instead (a directory to
+    build: `wakeful.build_commands`)."""
     definition = app_dir.definition
     image = definition.spec.image
     digest = archive = None
@@ -98,14 +99,14 @@ def deploy(api: ControlClient, app_dir: AppDir, *, pause: Pause = time.sleep) ->
     if image is not None and archive is None:
         say(f"pulling {image}")
     report = api.start_deploy(definition.model_dump(mode="json"), digest, archive)
-    return _follow_rollout(api, report, pause)
+    return follow_rollout(api, report, pause)
 
 
 def rollback(api: ControlClient, app: str, *, pause: Pause = time.sleep) -> int:
-    return _follow_rollout(api, api.rollback(app), pause)
+    return follow_rollout(api, api.rollback(app), pause)
 
 
-def _follow_rollout(api: ControlClient, report: dict[str, Any], pause: Pause) -> int:
+def follow_rollout(api: ControlClient, report: dict[str, Any], pause: Pause) -> int:
     """Each new message of the rollout until it is done; non-zero when it was abandoned.
     While no activator answers (a leader changing: the rollout goes on, carried on by the next
     one), it keeps asking for up to `FAILOVER_WAIT` seconds."""

@@ -28,7 +28,7 @@ from wakeful.oci import ImageError
 from wakeful.secrets.errors import KeysUnusable
 from wakeful.store import StoreError
 
-from . import commands
+from . import build_commands, commands
 from .commands import RUNTIME, USAGE, CliError
 from .process import signals_caught
 from .remote import CliSettings, Endpoint
@@ -78,6 +78,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     apps = load_apps(args.app_dirs)
     listen = _check_address(args.listen, "--listen")
+    apps = [build_commands.build_for_up(app) for app in apps]
     api = _check_address(args.api_listen, "--api-listen")
     admin = _check_address(args.admin_listen, "--admin-listen")
     idle = _idle_settings(args, default_interval=5.0)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -173,3 +174,51 @@ def test_an_archive_outside_the_directory_or_missing_is_refused(
 ) -> None:
     with pytest.raises(AppDirError, match=f"image: .*{expected}"):
         load_app_dir(write(tmp_path, f'name = "shop"\nimage = "{image}"'))
+
+
+def test_a_directory_with_requirements_is_built_and_needs_no_command(tmp_path: Path) -> None:
+    app = write(tmp_path, 'name = "shop"')
+    (app / "requirements.txt").write_text("fastapi\nuvicorn\n")
+    (app / "main.py").write_text("from fastapi import FastAPI\napp = FastAPI()\n")
+    loaded = load_app_dir(app)
+    assert (loaded.plan.kind, loaded.plan.made) == ("stack", "stack python (requirements.txt)")
+    assert loaded.definition.spec.image == "built:shop"
+
+
+def test_build_disabled_keeps_the_directory_app_it_was(tmp_path: Path) -> None:
+    app = write(
+        tmp_path, 'name = "shop"\ncommand = ["python3", "app.py"]\n[build]\nenabled = false'
+    )
+    (app / "requirements.txt").write_text("fastapi\n")
+    loaded = load_app_dir(app)
+    assert loaded.plan.kind == "directory"
+    assert loaded.definition.spec.image is None
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(
+            'name = "ok"\ncommand = ["x"]\n[build]\nenabled = "no"', "build.enabled", id="a bool"
+        ),
+        pytest.param(
+            'name = "ok"\ncommand = ["x"]\n[build]\nbogus = 1', "build.bogus", id="unknown field"
+        ),
+        pytest.param(
+            'name = "ok"\ncommand = ["x"]\n[build]\ncontainerfile = "../Containerfile"',
+            "build.containerfile",
+            id="a containerfile outside the top",
+        ),
+        pytest.param(
+            'name = "ok"\nimage = "built:ok"', "`built:` names an image wakeful built", id="built:"
+        ),
+        pytest.param(
+            'name = "ok"\n[build]\ncontainerfile = "Containerfile.prod"',
+            "'Containerfile.prod' is not a file",
+            id="a named containerfile that is not there",
+        ),
+    ],
+)
+def test_a_bad_build_section_names_the_field(tmp_path: Path, text: str, expected: str) -> None:
+    with pytest.raises(AppDirError, match=re.escape(expected)):
+        load_app_dir(write(tmp_path, text))

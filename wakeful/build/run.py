@@ -1,0 +1,132 @@
+"""A build as `wakeful deploy DIR` runs it, where the CLI runs: the context checked, the
+Containerfile (the directory's, or the one its stack generates) built by the builder found
+here, the result copied into this app's OCI layout in the build cache (or pushed to a
+registry, `[build] push`).
+
+The build cache is bounded: for each app, one tagged image in the builder's storage
+(`localhost/wakeful-build/APP:latest`; the previous build's image is removed once the next one
+succeeded, its layers that the new one shares kept) and one OCI layout holding only the latest
+build's blobs (`WAKEFUL_BUILD_CACHE/APP/layout`). The builder's own layer cache (the dependency
+layer a code-only change reuses) is the builder's: `podman image prune` clears it.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from wakeful.deploy.appdir import AppDir
+from wakeful.oci import layout
+from wakeful.oci.resolve import MAX_MANIFEST_BYTES, Index, parse_manifest
+
+from .context import (
+    IGNORE_FILES,
+    MAX_CONTEXT_BYTES,
+    MAX_CONTEXT_FILES,
+    ContextSize,
+    check_context,
+    ignore_patterns,
+)
+from .tools import Builder, Out, find_builder
+
+CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+TAG = "localhost/wakeful-build/{app}:latest"
+
+
+class BuildEnvironment(BaseSettings):
+    """The CLI's build settings (`WAKEFUL_` variables)."""
+
+    model_config = SettingsConfigDict(env_prefix="WAKEFUL_", extra="ignore")
+    builder: str | None = None
+    """podman, buildah or docker (default: the first of them installed)."""
+    build_cache: Path = Field(default_factory=lambda: Path.home() / ".cache" / "wakeful" / "builds")
+    build_max_context: int = Field(default=MAX_CONTEXT_BYTES, ge=1)
+    build_max_files: int = Field(default=MAX_CONTEXT_FILES, ge=1)
+    build_ca: Path | None = None
+    """A CA bundle the build may need to reach a package index (a proxy's), passed as the
+    build secret `extra_ca` (default: the system's bundle, when there is one)."""
+
+
+@dataclass(frozen=True)
+class Built:
+    made: str
+    builder: str
+    context: ContextSize
+    manifest: str | None = None
+    """The built image's manifest digest, in `layout` (None when pushed)."""
+    layout: Path | None = None
+    pushed: str | None = None
+    """`REPOSITORY@sha256:...` when `[build] push` sent it to a registry."""
+
+
+def containerfile_of(app_dir: AppDir) -> str:
+    """The Containerfile the build uses, as text (the directory's own, or the generated)."""
+    plan = app_dir.plan
+    if plan.generated is not None:
+        return plan.generated
+    assert plan.containerfile is not None
+    return (app_dir.path / plan.containerfile).read_text(errors="replace")
+
+
+def build(app_dir: AppDir, environment: BuildEnvironment, out: Out) -> Built:
+    """Build `app_dir` (a Containerfile or a stack), streaming the builder's output to
+    `out`. ContextRefused, BuilderError (BuildFailed), OSError."""
+    plan, name = app_dir.plan, app_dir.definition.name
+    tool = find_builder(environment.builder)
+    patterns = ignore_patterns(app_dir.path, plan.ignore)
+    size = check_context(
+        app_dir.path,
+        patterns,
+        max_bytes=environment.build_max_context,
+        max_files=environment.build_max_files,
+    )
+    cache = environment.build_cache / name
+    cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+    containerfile = app_dir.path / plan.containerfile if plan.containerfile else None
+    ignorefile = None
+    if plan.generated is not None:
+        containerfile = cache / "Containerfile"
+        containerfile.write_text(plan.generated)
+        if not any((app_dir.path / n).is_file() for n in IGNORE_FILES):
+            ignorefile = cache / "containerignore"
+            ignorefile.write_text("\n".join(patterns) + "\n")
+    assert containerfile is not None
+    ca = environment.build_ca or (CA_BUNDLE if CA_BUNDLE.is_file() else None)
+    builder = Builder(tool)
+    tag = TAG.format(app=name)
+    previous = builder.image_id(tag)
+    builder.build(
+        containerfile,
+        app_dir.path,
+        tag,
+        out=out,
+        ignorefile=ignorefile,
+        ca=ca,
+        labels=(f"dev.wakeful.app={name}", f"dev.wakeful.made={plan.made}"),
+    )
+    current = builder.image_id(tag)
+    if previous is not None and previous != current:
+        builder.remove(previous)
+    if app_dir.build.push is not None:
+        short = (current or "latest").removeprefix("sha256:")[:12]
+        digest = builder.push(tag, f"{app_dir.build.push}:{short}")
+        return Built(plan.made, tool, size, pushed=f"{app_dir.build.push}@{digest}")
+    root = cache / "layout"
+    manifest = builder.export(tag, root, cache / "tmp")
+    keep_only(root, manifest, tag)
+    return Built(plan.made, tool, size, manifest=manifest, layout=root)
+
+
+def keep_only(root: Path, manifest: str, ref: str) -> None:
+    """The layout at `root` holds the image `manifest` alone (an earlier build's blobs that
+    the new one does not share are deleted)."""
+    found = parse_manifest(layout.read_blob(root, manifest, MAX_MANIFEST_BYTES), ref)
+    if isinstance(found, Index):
+        raise ValueError(f"{ref}: the built image is an index, not one manifest")
+    wanted = {manifest, found.config.digest, *(layer.digest for layer in found.layers)}
+    layout.prune(root, wanted, float("inf"))
+    shutil.rmtree(root.parent / "tmp", ignore_errors=True)

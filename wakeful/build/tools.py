@@ -1,0 +1,184 @@
+"""The image builders a CLI may find where it runs: podman, buildah or docker, through one
+narrow surface (`Builder`): build a Containerfile into a local image, copy that image into an
+OCI image layout (what the upload reads), push it to a registry, forget an old build.
+
+Build output streams to the caller line by line (`out`); a failed build raises `BuildFailed`
+with its last lines. The builder's own errors become `BuilderError`s here, at the boundary.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from wakeful.oci.archives import open_archive
+
+BUILDERS = ("podman", "buildah", "docker")
+LAST_LINES = 30
+"""Lines of a failed build's output its error repeats."""
+EXPORT_TIMEOUT = 900.0
+Out = Callable[[str], None]
+
+
+class BuilderError(Exception):
+    """A builder is missing, or one of its steps failed: the message says which and why."""
+
+
+class BuildFailed(BuilderError):
+    """The build itself failed; `last` holds its last lines of output."""
+
+    def __init__(self, message: str, last: Sequence[str]) -> None:
+        super().__init__(message)
+        self.last = list(last)
+
+
+def find_builder(chosen: str | None, which: Callable[[str], str | None] = shutil.which) -> str:
+    """The builder to use: `chosen` (WAKEFUL_BUILDER) when set, else the first of podman,
+    buildah and docker installed here."""
+    if chosen:
+        if chosen not in BUILDERS:
+            raise BuilderError(f"WAKEFUL_BUILDER={chosen!r}: must be one of {', '.join(BUILDERS)}")
+        if which(chosen) is None:
+            raise BuilderError(f"WAKEFUL_BUILDER={chosen}: {chosen} is not installed here")
+        return chosen
+    for name in BUILDERS:
+        if which(name) is not None:
+            return name
+    raise BuilderError(
+        "no image builder here: install podman, buildah or docker to build this app "
+        "(or set `image` in wakeful.toml to deploy an image built elsewhere)"
+    )
+
+
+@dataclass
+class Builder:
+    tool: str
+    env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+
+    def build(
+        self,
+        containerfile: Path,
+        context: Path,
+        tag: str,
+        *,
+        out: Out,
+        ignorefile: Path | None = None,
+        ca: Path | None = None,
+        labels: Sequence[str] = (),
+    ) -> None:
+        """`containerfile` built with `context` into the local image `tag`, its output
+        streamed to `out`; BuildFailed with its last lines."""
+        verb = ["build"] if self.tool != "buildah" else ["build", "--layers"]
+        argv = [self.tool, *verb, "-f", str(containerfile), "-t", tag]
+        if ca is not None:
+            argv += ["--secret", f"id=extra_ca,src={ca}"]
+        if ignorefile is not None and self.tool != "docker":  # docker reads .dockerignore only
+            argv += ["--ignorefile", str(ignorefile)]
+        for label in labels:
+            argv += ["--label", label]
+        env = {**self.env, "DOCKER_BUILDKIT": "1"} if self.tool == "docker" else self.env
+        last: collections.deque[str] = collections.deque(maxlen=LAST_LINES)
+        try:
+            with subprocess.Popen(
+                [*argv, str(context)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                text=True,
+                errors="replace",
+            ) as process:
+                assert process.stdout is not None
+                for line in process.stdout:
+                    line = line.rstrip("\n")
+                    last.append(line)
+                    out(line)
+        except OSError as exc:
+            raise BuilderError(f"{self.tool} build could not start: {exc}") from None
+        if process.returncode != 0:
+            raise BuildFailed(f"{self.tool} build failed (exit {process.returncode})", last)
+
+    def export(self, tag: str, layout: Path, workspace: Path) -> str:
+        """The image `tag` copied into the OCI image layout `layout` (named `latest`; blobs
+        it holds already are not written again); the manifest's digest."""
+        if self.tool == "docker":  # no OCI layout out of docker: its archive, read strictly
+            return self._export_docker(tag, layout, workspace)
+        self._run(["push", "--quiet", tag, f"oci:{layout}:latest"], "copying the image out")
+        return layout_manifest(layout, "latest")
+
+    def _export_docker(self, tag: str, layout: Path, workspace: Path) -> str:
+        workspace.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=workspace) as scratch:
+            archive = Path(scratch) / "image.tar"
+            self._run(["save", "-o", str(archive), tag], "saving the image")
+            opened = open_archive(archive, "docker-archive", Path(scratch), 1 << 40)
+            shutil.rmtree(layout, ignore_errors=True)
+            shutil.move(opened, layout)
+        return layout_manifest(layout, None)
+
+    def image_id(self, tag: str) -> str | None:
+        done = self._run(["image", "inspect", "--format", "{{.Id}}", tag], "", check=False)
+        return done.stdout.strip() or None if done.returncode == 0 else None
+
+    def remove(self, image_id: str) -> None:
+        """An earlier build's image, when nothing else uses it (its shared layers stay)."""
+        self._run(["rmi", image_id], "", check=False)
+
+    def push(self, tag: str, destination: str) -> str:
+        """`tag` pushed to the registry reference `destination`; the manifest's digest."""
+        if self.tool == "docker":
+            self._run(["tag", tag, destination], "tagging the image")
+            done = self._run(["push", destination], f"pushing to {destination}")
+            for word in done.stdout.split():
+                if word.startswith("sha256:"):
+                    return word
+            raise BuilderError(f"docker push {destination}: no digest in its output")
+        with tempfile.TemporaryDirectory() as scratch:
+            digestfile = Path(scratch) / "digest"
+            self._run(
+                ["push", "--digestfile", str(digestfile), tag, f"docker://{destination}"],
+                f"pushing to {destination}",
+            )
+            return digestfile.read_text().strip()
+
+    def _run(
+        self, args: list[str], what: str, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        try:
+            done = subprocess.run(
+                [self.tool, *args],
+                capture_output=True,
+                text=True,
+                errors="replace",
+                env=self.env,
+                timeout=EXPORT_TIMEOUT,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise BuilderError(f"{self.tool} {what}: {exc}") from None
+        if check and done.returncode != 0:
+            raise BuilderError(f"{self.tool} {what} failed: {done.stderr.strip()[-2000:]}")
+        return done
+
+
+def layout_manifest(layout: Path, name: str | None) -> str:
+    """The digest of the manifest the layout's index.json names `name` (None: its only one)."""
+    try:
+        entries = json.loads((layout / "index.json").read_bytes()).get("manifests") or []
+    except (OSError, ValueError, AttributeError) as exc:
+        raise BuilderError(f"the exported image has no readable index.json: {exc}") from None
+    found = [
+        entry
+        for entry in entries
+        if name is None
+        or entry.get("annotations", {}).get("org.opencontainers.image.ref.name") == name
+    ]
+    if len(found) != 1 or not isinstance(found[0].get("digest"), str):
+        raise BuilderError(f"the exported image's index.json names no single manifest {name}")
+    return str(found[0]["digest"])

@@ -1,0 +1,40 @@
+"""A built image sent to the control plane's image store blob by blob: asked which blobs it
+lacks, only those are sent (the manifest last, once every blob it names is there), so a rebuild
+that changed the code alone sends one layer, the config and the manifest."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from wakeful.oci import layout
+from wakeful.oci.resolve import MAX_MANIFEST_BYTES, Index, parse_manifest
+from wakeful.remote import ControlClient
+
+
+@dataclass(frozen=True)
+class Sent:
+    blobs: int
+    """Blobs the image has (its manifest, config and layers)."""
+    sent: int
+    """Of those, the ones the control plane lacked and was sent."""
+    bytes: int
+    """Bytes sent."""
+
+
+def upload(api: ControlClient, root: Path, manifest: str, ref: str) -> Sent:
+    """The image whose manifest is `manifest` in the OCI layout `root`, uploaded."""
+    found = parse_manifest(layout.read_blob(root, manifest, MAX_MANIFEST_BYTES), ref)
+    if isinstance(found, Index):
+        raise ValueError(f"{ref}: the built image is an index, not one manifest")
+    wanted = list(dict.fromkeys([found.config.digest, *(one.digest for one in found.layers)]))
+    wanted.append(manifest)  # the manifest last
+    missing = set(api.missing_blobs(wanted))
+    sent = size = 0
+    for digest in wanted:
+        if digest in missing:
+            path = layout.blob_path(root, digest)
+            size += path.stat().st_size
+            api.put_blob(digest, path)
+            sent += 1
+    return Sent(len(wanted), sent, size)
