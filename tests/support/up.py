@@ -76,12 +76,17 @@ class Up:
 
 
 def start_up(
-    tmp_path: Path, *apps: Path, idle_interval: float = 1.0, flags: Sequence[str] = ()
+    tmp_path: Path,
+    *apps: Path,
+    idle_interval: float = 1.0,
+    flags: Sequence[str] = (),
+    within: float = 30,
 ) -> Up:
-    """`wakeful up` on free ports. A port found free can be taken before wakeful binds it (by
-    any process's outgoing connection): then, and only then, it starts again on other ports."""
+    """`wakeful up` on free ports, up within `within` seconds (an app it builds first takes
+    longer). A port found free can be taken before wakeful binds it (by any process's outgoing
+    connection): then, and only then, it starts again on other ports."""
     for _ in range(3):
-        up = _try_start(tmp_path, apps, idle_interval, flags)
+        up = _try_start(tmp_path, apps, idle_interval, flags, within)
         if isinstance(up, Up):
             return up
         if "Address already in use" not in up:
@@ -90,7 +95,7 @@ def start_up(
 
 
 def _try_start(
-    tmp_path: Path, apps: Sequence[Path], idle_interval: float, flags: Sequence[str]
+    tmp_path: Path, apps: Sequence[Path], idle_interval: float, flags: Sequence[str], within: float
 ) -> Up | str:
     data_dir = tmp_path / "state"
     proxy, api, admin = free_port(), free_port(), free_port()
@@ -109,7 +114,7 @@ def _try_start(
         text=True,
     )
     control = data_dir / "control.json"
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + within
     while not control.exists():
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
