@@ -1,5 +1,5 @@
-"""A FastAPI app, run from an OCI image: `examples/fastapi/README` in the top README's
-"Apps from images" says how to build and deploy it."""
+"""A FastAPI app that `wakeful deploy examples/fastapi` builds from this directory (the top
+README's "Builds from source")."""
 
 import os
 
@@ -10,7 +10,7 @@ app = FastAPI()
 
 @app.get("/")
 def hello() -> dict[str, str]:
-    return {"hello": "from an image", "greeting": os.environ.get("GREETING", "")}
+    return {"hello": "from a build", "greeting": os.environ.get("GREETING", "")}
 
 
 @app.get("/healthz")
