@@ -46,14 +46,17 @@ def deploy_built(
         report = api.start_deploy(definition.model_dump(mode="json"), None, made=built.made)
         return follow_rollout(api, report, pause)
     assert built.layout is not None and built.manifest is not None
+    started = time.monotonic()
     try:
         sent = upload(api, built.layout, built.manifest, definition.spec.image or "")
     except (ImageError, ValueError, OSError) as exc:
         raise CliError(f"cannot send the image built from {app_dir.path}: {exc}", RUNTIME) from exc
     had = sent.blobs - sent.sent
+    took, copied = built.seconds
     say(
-        f"built {built.manifest[:19]} with {built.builder}; sent {sent.sent} of its "
-        f"{sent.blobs} blobs ({sent.bytes / 1e6:.1f} MB)"
+        f"built {built.manifest[:19]} with {built.builder} in {took:.1f} s (copied out in "
+        f"{copied:.1f} s); sent {sent.sent} of its {sent.blobs} blobs ({sent.bytes / 1e6:.1f} MB) "
+        f"in {time.monotonic() - started:.1f} s"
         + (f", the control plane had the other {had}" if had else "")
     )
     report = api.start_deploy(
@@ -99,11 +102,12 @@ def build_for_up(app_dir: AppDir, environment: BuildEnvironment | None = None) -
 def dry_run(app_dir: AppDir) -> int:
     """What `deploy` would build and run for `app_dir`, with nothing built or sent."""
     plan, spec = app_dir.plan, app_dir.definition.spec
-    if plan.kind == "directory":
-        say(f"{app_dir.path}: a directory app (nothing to build); runs {shlex.join(spec.command)}")
-        return 0
-    if plan.kind == "image":
-        say(f"{app_dir.path}: runs the image {spec.image} (nothing to build)")
+    if plan.kind not in BUILT_KINDS:
+        if spec.image is not None:
+            say(f"runs the image {spec.image} (nothing to build)")
+        else:
+            runs = shlex.join(spec.command)
+            say(f"{app_dir.path}: a directory app (nothing to build); runs {runs}")
         return 0
     say(f"# {app_dir.path}: built from {plan.made}")
     say(containerfile_of(app_dir).rstrip("\n"))

@@ -13,6 +13,7 @@ layer a code-only change reuses) is the builder's: `podman image prune` clears i
 from __future__ import annotations
 
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,6 +62,8 @@ class Built:
     layout: Path | None = None
     pushed: str | None = None
     """`REPOSITORY@sha256:...` when `[build] push` sent it to a registry."""
+    seconds: tuple[float, float] = (0.0, 0.0)
+    """How long the build took, and the copy out of the builder (or the push)."""
 
 
 def containerfile_of(app_dir: AppDir) -> str:
@@ -99,6 +102,7 @@ def build(app_dir: AppDir, environment: BuildEnvironment, out: Out) -> Built:
     builder = Builder(tool)
     tag = TAG.format(app=name)
     previous = builder.image_id(tag)
+    started = time.monotonic()
     builder.build(
         containerfile,
         app_dir.path,
@@ -108,17 +112,22 @@ def build(app_dir: AppDir, environment: BuildEnvironment, out: Out) -> Built:
         ca=ca,
         labels=(f"dev.wakeful.app={name}", f"dev.wakeful.made={plan.made}"),
     )
+    built_at = time.monotonic()
     current = builder.image_id(tag)
     if previous is not None and previous != current:
         builder.remove(previous)
     if app_dir.build.push is not None:
         short = (current or "latest").removeprefix("sha256:")[:12]
         digest = builder.push(tag, f"{app_dir.build.push}:{short}")
-        return Built(plan.made, tool, size, pushed=f"{app_dir.build.push}@{digest}")
+        seconds = (built_at - started, time.monotonic() - built_at)
+        return Built(
+            plan.made, tool, size, pushed=f"{app_dir.build.push}@{digest}", seconds=seconds
+        )
     root = cache / "layout"
     manifest = builder.export(tag, root, cache / "tmp")
     keep_only(root, manifest, tag)
-    return Built(plan.made, tool, size, manifest=manifest, layout=root)
+    seconds = (built_at - started, time.monotonic() - built_at)
+    return Built(plan.made, tool, size, manifest=manifest, layout=root, seconds=seconds)
 
 
 def keep_only(root: Path, manifest: str, ref: str) -> None:
