@@ -37,6 +37,7 @@ from wakeful.domain.models import (
     SANDBOX_ID_PATTERN,
     App,
     AppState,
+    ImageRecord,
     Role,
     Version,
     made_by,
@@ -133,6 +134,14 @@ class AppReport(BaseModel):
     """For each version that runs an image: `REF@sha256:...`, as it was pinned at deploy."""
     made: dict[str, str] = Field(default_factory=dict)
     """For each version: how it was made (directory, image, Containerfile, stack ...)."""
+
+
+def pinned(image: ImageRecord) -> str:
+    """`REF@sha256:...`: the reference with the digest it was pinned to (once, when the
+    reference named it already)."""
+    if image.ref.endswith(f"@{image.digest}"):
+        return image.ref
+    return f"{image.ref}@{image.digest}"
 
 
 UPLOADS = 4
@@ -413,7 +422,7 @@ def deploy_router(
                     previous_version=app.previous_version,
                     versions=[v.value.version for v in versions],
                     images={
-                        v.value.version: f"{v.value.image.ref}@{v.value.image.digest}"
+                        v.value.version: pinned(v.value.image)
                         for v in versions
                         if v.value.image is not None
                     },

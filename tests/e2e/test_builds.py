@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from tests.support import podman
+from tests.support.registry import running_registry
 from tests.support.up import WAKEFUL, Up, cli, start_up, stop_up
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
@@ -198,3 +199,30 @@ def test_wakeful_up_builds_an_app_directory_before_it_serves(
     finally:
         output = stop_up(started)
     assert "building fastapi" in output
+
+
+def test_build_push_sends_the_image_to_a_registry_and_deploys_it_by_digest(
+    up: Up, builds: dict[str, str], tmp_path: Path
+) -> None:
+    with running_registry(tmp_path / "registry") as registry:
+        app = tmp_path / "pushed"
+        (app / "www").mkdir(parents=True)
+        shutil.copy(BUSYBOX, app / "busybox")
+        (app / "www" / "index.html").write_text("from a registry\n")
+        (app / "wakeful.toml").write_text(
+            f'name = "pushed"\n[build]\npush = "{registry.address}/team/pushed"\n'
+        )
+        (app / "Containerfile").write_text(
+            "FROM scratch\nCOPY busybox /bin/busybox\nCOPY www /www\nEXPOSE 8080\n"
+            'ENTRYPOINT ["/bin/busybox", "httpd", "-f", "-p", "8080", "-h", "/www"]\n'
+        )
+        # The registry on loopback speaks plain HTTP: podman is told so for this push alone.
+        conf = tmp_path / "registries.conf"
+        conf.write_text(f'[[registry]]\nlocation = "{registry.address}"\ninsecure = true\n')
+        out = deployed(deploy(up, {**builds, "CONTAINERS_REGISTRIES_CONF": str(conf)}, str(app)))
+        pushed = re.search(rf"pushed ({re.escape(registry.address)}/team/pushed@sha256:\w+)", out)
+        assert pushed is not None, out
+        assert "sent" not in out  # nothing went to the control plane's upload
+        assert page(up, "pushed") == "from a registry\n"
+        versions = cli(up, "versions", "pushed").stdout
+        assert versions.rstrip().endswith(f"Containerfile  {pushed.group(1)}")
