@@ -52,7 +52,7 @@ from wakeful.oci import (
     LoginUnusable,
     layout,
 )
-from wakeful.oci.resolve import MAX_MANIFEST_BYTES, Index, parse_manifest, parse_reference
+from wakeful.oci.resolve import parse_reference
 
 ARCHIVE_IDLE = 30.0
 """Seconds an archive upload may send nothing before it is refused (408)."""
@@ -128,11 +128,7 @@ class Images:
         built), its blobs copied into the store as an upload's are, then imported."""
 
         def wanted() -> list[str]:
-            raw = layout.read_blob(root, manifest, MAX_MANIFEST_BYTES)
-            found = parse_manifest(raw, ref)
-            if isinstance(found, Index):
-                raise ImageRefused(f"image {ref}: a built image must be one manifest")
-            return [manifest, found.config.digest, *(one.digest for one in found.layers)]
+            return [manifest, *layout.read_manifest(root, manifest, ref)[0].blobs]
 
         await anyio.to_thread.run_sync(
             lambda: self.incoming.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -11,9 +11,9 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
-import uvicorn
 from prometheus_client import CollectorRegistry
 
+from tests.support.activator import serving
 from wakeful.activator.api import create_app
 from wakeful.activator.core import Activator
 from wakeful.activator.settings import ActivatorSettings
@@ -30,7 +30,6 @@ from wakeful.domain.artifacts import digest_of
 from wakeful.domain.hosts import HostRules
 from wakeful.domain.models import App, AppSpec, Pool, Role, RolloutRecord, Version
 from wakeful.store import Store, open_store, sqlite_url
-from wakeful.store.testing import free_port
 from wakeful.store.tokenbook import TokenBook
 
 pytestmark = pytest.mark.anyio
@@ -56,23 +55,15 @@ async def api(tmp_path: Path, store: Store) -> AsyncIterator[httpx.AsyncClient]:
     activator = Activator(store, settings, registry)
     artifacts = LocalArtifacts(tmp_path / "artifacts", max_bytes=64 * 1024)
     deployer = Deployer(store, artifacts, timeout=2, hosts=settings.host_rules())
-    port = free_port()
     async with activator.running(), anyio.create_task_group() as tasks:
         keeper = StateKeeper(store, artifacts, registry=registry)
         routes = deploy_router(store, deployer, artifacts, keeper, tasks)
         app = create_app(activator, ADMIN, registry, [routes])
-        server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
-        )
-        tasks.start_soon(server.serve)
-        with anyio.fail_after(10):
-            while not server.started:  # noqa: ASYNC110 - uvicorn exposes a flag, no event
-                await anyio.sleep(0.01)
-        async with httpx.AsyncClient(
-            base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {TOKEN}"}
-        ) as client:
+        async with (
+            serving(app) as url,
+            httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}) as client,
+        ):
             yield client
-        server.should_exit = True
 
 
 async def upload(

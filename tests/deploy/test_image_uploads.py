@@ -12,9 +12,9 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
-import uvicorn
 from prometheus_client import CollectorRegistry
 
+from tests.support.activator import serving
 from tests.support.images import OciLayout, busybox_image
 from wakeful.activator.api import create_app
 from wakeful.activator.core import Activator
@@ -28,7 +28,6 @@ from wakeful.domain import keys
 from wakeful.domain.models import ImageRecord, Role, Version
 from wakeful.oci import ImageStore
 from wakeful.store import Store, open_store
-from wakeful.store.testing import free_port
 from wakeful.store.tokenbook import TokenBook
 
 pytestmark = pytest.mark.anyio
@@ -57,7 +56,6 @@ async def api(
     artifacts = LocalArtifacts(tmp_path / "artifacts", max_bytes=64 * 1024)
     deployer = Deployer(store, artifacts, timeout=2, hosts=settings.host_rules())
     images = Images(image_store, tmp_path / "artifacts" / "incoming", MAX_BLOB)
-    port = free_port()
     async with activator.running(), anyio.create_task_group() as tasks:
         keeper = StateKeeper(store, artifacts, registry=registry)
         routes = [
@@ -66,18 +64,11 @@ async def api(
         ]
         tokens = TokenBook.of({ADMIN: Role.ADMIN, NODE: Role.NODE})
         app = create_app(activator, tokens, registry, routes)
-        server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
-        )
-        tasks.start_soon(server.serve)
-        with anyio.fail_after(10):
-            while not server.started:  # noqa: ASYNC110 - uvicorn exposes a flag, no event
-                await anyio.sleep(0.01)
-        async with httpx.AsyncClient(
-            base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {ADMIN}"}
-        ) as client:
+        async with (
+            serving(app) as url,
+            httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {ADMIN}"}) as client,
+        ):
             yield client
-        server.should_exit = True
 
 
 @pytest.fixture
@@ -92,6 +83,16 @@ def blobs_of(record: ImageRecord) -> list[str]:
 
 def definition(name: str = "site") -> dict[str, object]:
     return {"name": name, "spec": {"image": f"built:{name}"}}
+
+
+async def send_all(api: httpx.AsyncClient, layout: OciLayout, digests: list[str]) -> None:
+    for digest in digests:
+        assert (await send(api, layout, digest)).status_code == 201
+
+
+async def deploy_built(api: httpx.AsyncClient, record: ImageRecord, **extra: str) -> httpx.Response:
+    body = {"definition": definition(), "image_manifest": record.manifest, **extra}
+    return await api.post("/v1/deploys", json=body)
 
 
 async def send(api: httpx.AsyncClient, layout: OciLayout, digest: str) -> httpx.Response:
@@ -114,10 +115,8 @@ async def test_only_missing_blobs_are_asked_for_and_a_built_image_deploys(
     assert (await send(api, layout, first)).status_code == 201
     again = await api.post("/v1/images/blobs/missing", json={"blobs": wanted})
     assert again.json()["missing"] == wanted[1:]
-    for digest in wanted[1:]:
-        assert (await send(api, layout, digest)).status_code == 201
-    body = {"definition": definition(), "image_manifest": record.manifest, "made": "Containerfile"}
-    deployed = await api.post("/v1/deploys", json=body)
+    await send_all(api, layout, wanted[1:])
+    deployed = await deploy_built(api, record, made="Containerfile")
     assert deployed.status_code == 202, deployed.text
     version = await store.get(keys.version("site", "v1"), Version)
     assert version is not None and version.value.image is not None
@@ -158,11 +157,8 @@ async def test_a_deploy_naming_a_blob_never_sent_is_refused_with_nothing_written
 ) -> None:
     layout, record = built
     skipped = record.layers[-1].digest
-    for digest in blobs_of(record):
-        if digest != skipped:
-            assert (await send(api, layout, digest)).status_code == 201
-    body = {"definition": definition(), "image_manifest": record.manifest}
-    answer = await api.post("/v1/deploys", json=body)
+    await send_all(api, layout, [digest for digest in blobs_of(record) if digest != skipped])
+    answer = await deploy_built(api, record)
     assert answer.status_code == 400
     assert skipped in answer.json()["detail"]
     assert await store.get(keys.version("site", "v1"), Version) is None

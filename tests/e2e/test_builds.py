@@ -81,6 +81,20 @@ def page(up: Up, app: str) -> str:
     return answer.text
 
 
+def site(target: Path, name: str, text: str, manifest: str = "") -> Path:
+    """An app directory built `FROM scratch`: busybox's httpd serving `text` as its index."""
+    app = target / name
+    (app / "www").mkdir(parents=True)
+    shutil.copy(BUSYBOX, app / "busybox")
+    (app / "www" / "index.html").write_text(text)
+    (app / "wakeful.toml").write_text(f'name = "{name}"\n{manifest}')
+    (app / "Containerfile").write_text(
+        "FROM scratch\nCOPY busybox /bin/busybox\nCOPY www /www\nEXPOSE 8080\n"
+        'ENTRYPOINT ["/bin/busybox", "httpd", "-f", "-p", "8080", "-h", "/www"]\n'
+    )
+    return app
+
+
 def copy_example(name: str, target: Path) -> Path:
     shutil.copytree(EXAMPLES / name, target / name)
     return target / name
@@ -139,15 +153,7 @@ def test_a_procfile_says_what_runs(up: Up, builds: dict[str, str], tmp_path: Pat
 def test_a_containerfile_from_scratch_builds_as_written(
     up: Up, builds: dict[str, str], tmp_path: Path
 ) -> None:
-    app = tmp_path / "scratch"
-    (app / "www").mkdir(parents=True)
-    shutil.copy(BUSYBOX, app / "busybox")
-    (app / "www" / "index.html").write_text("from scratch\n")
-    (app / "wakeful.toml").write_text('name = "scratch"\n')
-    (app / "Containerfile").write_text(
-        "FROM scratch\nCOPY busybox /bin/busybox\nCOPY www /www\nEXPOSE 8080\n"
-        'ENTRYPOINT ["/bin/busybox", "httpd", "-f", "-p", "8080", "-h", "/www"]\n'
-    )
+    app = site(tmp_path, "scratch", "from scratch\n")
     out = deployed(deploy(up, builds, str(app)))
     assert "building scratch (Containerfile)" in out
     assert page(up, "scratch") == "from scratch\n"
@@ -205,17 +211,8 @@ def test_build_push_sends_the_image_to_a_registry_and_deploys_it_by_digest(
     up: Up, builds: dict[str, str], tmp_path: Path
 ) -> None:
     with running_registry(tmp_path / "registry") as registry:
-        app = tmp_path / "pushed"
-        (app / "www").mkdir(parents=True)
-        shutil.copy(BUSYBOX, app / "busybox")
-        (app / "www" / "index.html").write_text("from a registry\n")
-        (app / "wakeful.toml").write_text(
-            f'name = "pushed"\n[build]\npush = "{registry.address}/team/pushed"\n'
-        )
-        (app / "Containerfile").write_text(
-            "FROM scratch\nCOPY busybox /bin/busybox\nCOPY www /www\nEXPOSE 8080\n"
-            'ENTRYPOINT ["/bin/busybox", "httpd", "-f", "-p", "8080", "-h", "/www"]\n'
-        )
+        push = f'[build]\npush = "{registry.address}/team/pushed"\n'
+        app = site(tmp_path, "pushed", "from a registry\n", push)
         # The registry on loopback speaks plain HTTP: podman is told so for this push alone.
         conf = tmp_path / "registries.conf"
         conf.write_text(f'[[registry]]\nlocation = "{registry.address}"\ninsecure = true\n')

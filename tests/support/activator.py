@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import anyio
 import anyio.lowlevel
 import uvicorn
+from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from tests.support.waiting import eventually
@@ -110,29 +111,35 @@ class Served:
 
 
 @contextlib.asynccontextmanager
+async def serving(app: FastAPI) -> AsyncIterator[str]:
+    """`app` on uvicorn on a free loopback port, its base URL; stopped on the way out."""
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    )
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(server.serve)
+        with anyio.fail_after(10):
+            while not server.started:  # noqa: ASYNC110 - uvicorn exposes a flag, no event
+                await anyio.sleep(0.01)
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            server.should_exit = True
+
+
+@contextlib.asynccontextmanager
 async def serve_activator(store: Store, adopt_for: float = 0.0) -> AsyncIterator[Served]:
     """An activator on `store` (its clock a ManualClock) with its API on uvicorn."""
     settings = ActivatorSettings(store_url="memory://", token=TOKEN)
     registry = CollectorRegistry()
     clock = ManualClock()
     activator = Activator(store, settings, registry, clock=clock)
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(activator, ADMIN, registry),
-            host="127.0.0.1",
-            port=port,
-            log_level="warning",
-            lifespan="off",
-        )
-    )
-    async with activator.running(adopt_for=adopt_for), anyio.create_task_group() as tasks:
-        tasks.start_soon(server.serve)
-        with anyio.fail_after(10):
-            while not server.started:  # noqa: ASYNC110 - uvicorn exposes a flag, no event
-                await anyio.sleep(0.01)
-        yield Served(f"http://127.0.0.1:{port}", store, activator, clock)
-        server.should_exit = True
+    async with (
+        activator.running(adopt_for=adopt_for),
+        serving(create_app(activator, ADMIN, registry)) as url,
+    ):
+        yield Served(url, store, activator, clock)
 
 
 async def nothing_routable(api: Served) -> None:

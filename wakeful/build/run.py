@@ -22,7 +22,6 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from wakeful.deploy.appdir import AppDir
 from wakeful.oci import layout
-from wakeful.oci.resolve import MAX_MANIFEST_BYTES, Index, parse_manifest
 
 from .context import (
     IGNORE_FILES,
@@ -133,9 +132,6 @@ def build(app_dir: AppDir, environment: BuildEnvironment, out: Out) -> Built:
 def keep_only(root: Path, manifest: str, ref: str) -> None:
     """The layout at `root` holds the image `manifest` alone (an earlier build's blobs that
     the new one does not share are deleted)."""
-    found = parse_manifest(layout.read_blob(root, manifest, MAX_MANIFEST_BYTES), ref)
-    if isinstance(found, Index):
-        raise ValueError(f"{ref}: the built image is an index, not one manifest")
-    wanted = {manifest, found.config.digest, *(layer.digest for layer in found.layers)}
+    wanted = {manifest, *layout.read_manifest(root, manifest, ref)[0].blobs}
     layout.prune(root, wanted, float("inf"))
     shutil.rmtree(root.parent / "tmp", ignore_errors=True)

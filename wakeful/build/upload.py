@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from wakeful.oci import layout
-from wakeful.oci.resolve import MAX_MANIFEST_BYTES, Index, parse_manifest
 from wakeful.remote import ControlClient
 
 
@@ -24,11 +23,7 @@ class Sent:
 
 def upload(api: ControlClient, root: Path, manifest: str, ref: str) -> Sent:
     """The image whose manifest is `manifest` in the OCI layout `root`, uploaded."""
-    found = parse_manifest(layout.read_blob(root, manifest, MAX_MANIFEST_BYTES), ref)
-    if isinstance(found, Index):
-        raise ValueError(f"{ref}: the built image is an index, not one manifest")
-    wanted = list(dict.fromkeys([found.config.digest, *(one.digest for one in found.layers)]))
-    wanted.append(manifest)  # the manifest last
+    wanted = [*layout.read_manifest(root, manifest, ref)[0].blobs, manifest]  # the manifest last
     missing = set(api.missing_blobs(wanted))
     sent = size = 0
     for digest in wanted:

@@ -21,7 +21,8 @@ from typing import Any
 
 from wakeful.domain.models import BLOB_DIGEST
 
-from .errors import BlobMissing, ImageError, ImageStorageError
+from .errors import BlobMissing, ImageError, ImageRefused, ImageStorageError
+from .resolve import MAX_MANIFEST_BYTES, Index, Manifest, parse_manifest
 
 INDEX = "index.json"
 REF_NAME = "org.opencontainers.image.ref.name"
@@ -91,6 +92,16 @@ def read_blob(root: Path, digest: str, limit: int) -> bytes:
     if "sha256:" + hashlib.sha256(data).hexdigest() != digest:
         raise ImageError(f"stored blob {digest} does not match its digest")
     return data
+
+
+def read_manifest(root: Path, digest: str, ref: str) -> tuple[Manifest, bytes]:
+    """The image manifest `digest` stored at `root`, and its bytes; ImageRefused for an index
+    (or anything but a manifest), ImageError when it is missing or does not match."""
+    raw = read_blob(root, digest, MAX_MANIFEST_BYTES)
+    found = parse_manifest(raw, ref)
+    if isinstance(found, Index):
+        raise ImageRefused(f"image {ref}: {digest} is an index, not one image's manifest")
+    return found, raw
 
 
 def sizes(root: Path, digests: list[str]) -> int:

@@ -152,6 +152,11 @@ class Manifest:
     def declared_bytes(self) -> int:
         return self.config.size + sum(layer.size for layer in self.layers)
 
+    @property
+    def blobs(self) -> list[str]:
+        """The config's digest and the layers', each once, in order."""
+        return list(dict.fromkeys([self.config.digest, *(layer.digest for layer in self.layers)]))
+
 
 @dataclass(frozen=True)
 class Index:

@@ -38,7 +38,6 @@ from .errors import BlobMissing, ImageRefused, ImageStorageError, RegistryError
 from .resolve import (
     DEFAULT_PLATFORM,
     MAX_CONFIG_BYTES,
-    MAX_MANIFEST_BYTES,
     Index,
     Manifest,
     check,
@@ -227,13 +226,9 @@ class ImageStore:
         rule."""
 
         def name() -> None:
-            raw = layout.read_blob(self.directory, manifest, MAX_MANIFEST_BYTES)
-            found = parse_manifest(raw, ref)
-            if isinstance(found, Index):
-                raise ImageRefused(f"image {ref}: a built image must be one manifest")
+            found, raw = layout.read_manifest(self.directory, manifest, ref)
             check(found, ref, self.max_image_bytes)
-            blobs = [found.config.digest, *(layer.digest for layer in found.layers)]
-            absent = [digest for digest in blobs if not self.has(digest)]
+            absent = [digest for digest in found.blobs if not self.has(digest)]
             if absent:
                 raise ImageRefused(
                     f"image {ref}: blob {absent[0]} was not uploaded (deploy again to send it)"
@@ -316,13 +311,9 @@ class ImageStore:
             manifest_digest = layout.tagged(self.directory, digest.removeprefix("sha256:"))
             if manifest_digest is None:
                 raise ImageStorageError(f"image {ref}: skopeo stored no manifest for {digest}")
-            raw = layout.read_blob(self.directory, manifest_digest, MAX_MANIFEST_BYTES)
-            manifest = parse_manifest(raw, ref)
-            if isinstance(manifest, Index):
-                raise ImageRefused(f"image {ref}: the stored image is an index")
+            manifest, _ = layout.read_manifest(self.directory, manifest_digest, ref)
             check(manifest, ref, self.max_image_bytes)
-            blobs = [manifest.config.digest, *(layer.digest for layer in manifest.layers)]
-            stored = layout.sizes(self.directory, blobs)
+            stored = layout.sizes(self.directory, manifest.blobs)
             if stored > self.max_image_bytes:
                 raise ImageRefused(
                     f"image {ref} takes {stored} bytes stored; the bound is "
