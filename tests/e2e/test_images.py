@@ -108,7 +108,9 @@ async def test_an_image_is_pinned_at_deploy_and_a_push_changes_nothing_until_the
         assert "v2" in out
         await eventually_page(up, "site", "second build\n")
         versions = cli(up, "versions", "site").stdout
-        assert f"v1  {ref}@{pinned}" in versions and f"* v2  {ref}@sha256:" in versions
+        assert (
+            f"v1  image  {ref}@{pinned}" in versions and f"* v2  image  {ref}@sha256:" in versions
+        )
     finally:
         stop_up(up)
 

@@ -6,6 +6,7 @@ image that listens on one fixed port run side by side on one node."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -53,7 +54,12 @@ def test_nodes_run_an_image_the_registry_served_once_to_the_control_plane(
                 assert answer.text == "from the control plane\n"
         status = wakeful_cli(api, env, "status", "site", "--json")
         assert '"ready": 2' in status.stdout, status.stdout
+        # The node record carries the cache's use as of its last periodic report.
+        deadline = time.monotonic() + 30
         nodes = wakeful_cli(api, env, "nodes")
+        while "images: 1 unpacked" not in nodes.stdout and time.monotonic() < deadline:
+            time.sleep(0.5)
+            nodes = wakeful_cli(api, env, "nodes")
         assert "images: 1 unpacked" in nodes.stdout, nodes.stdout
     # Each blob crossed from the registry once, to the control plane: never to the node.
     for blob in (record.config_digest, *(layer.digest for layer in record.layers)):

@@ -115,6 +115,20 @@ def test_the_active_version_is_marked() -> None:
     assert version_lines(app) == ["  v1", "* v2"]
 
 
+def test_each_version_says_how_it_was_made_and_what_image_it_runs() -> None:
+    app = {
+        "name": "web",
+        "active_version": "v2",
+        "versions": ["v1", "v2"],
+        "made": {"v1": "directory", "v2": "stack python (requirements.txt)"},
+        "images": {"v2": "built:web@sha256:ab"},
+    }
+    assert version_lines(app) == [
+        "  v1  directory",
+        "* v2  stack python (requirements.txt)  built:web@sha256:ab",
+    ]
+
+
 def test_a_drained_node_shows_its_progress_and_a_node_the_states_it_keeps() -> None:
     node = {"name": "n1", "sandboxes": 1, "cordoned": True, "evacuating": True}
     progress = {"owned": 1, "running": 0, "moving": 1, "archived": 0, "moved": 3, "failed": 0}
