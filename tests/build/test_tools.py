@@ -3,9 +3,15 @@ all three when none is installed."""
 
 from __future__ import annotations
 
+import io
+import os
+from pathlib import Path
+
 import pytest
 
-from wakeful.build import BuilderError, find_builder
+from wakeful.build import BuildEnvironment, BuilderError, BuildFailed, build, find_builder
+from wakeful.build.tools import bounded_lines
+from wakeful.deploy.appdir import load_app_dir
 
 
 def installed(*names: str) -> object:
@@ -38,3 +44,37 @@ def test_no_builder_is_a_clear_error(
 ) -> None:
     with pytest.raises(BuilderError, match=reason):
         find_builder(chosen, installed(*present))  # type: ignore[arg-type]
+
+
+def test_build_output_lines_are_cut_and_never_held_whole() -> None:
+    stream = io.BytesIO(b"short\n" + b"x" * 100_000 + b"\nafter\nlast")
+    assert list(bounded_lines(stream, limit=10)) == [
+        "short",
+        "xxxxxxxxxx [line cut]",
+        "after",
+        "last",
+    ]
+
+
+def test_a_stack_built_by_docker_gets_its_ignore_file_beside_the_containerfile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docker reads no --ignorefile: `<Containerfile>.dockerignore` holds what the walk left
+    out (here a fake docker that fails the build once it was started)."""
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "wakeful.toml").write_text('name = "app"\n')
+    (app / "package.json").write_text('{"scripts": {"start": "node server.js"}}')
+    (app / "node_modules").mkdir()
+    binary = tmp_path / "bin"
+    binary.mkdir()
+    (binary / "docker").write_text('#!/bin/sh\necho "docker $*"\nexit 1\n')
+    (binary / "docker").chmod(0o755)
+    cache = tmp_path / "cache"
+    environment = BuildEnvironment(builder="docker", build_cache=cache)
+    monkeypatch.setenv("PATH", f"{binary}:{os.environ['PATH']}")
+    with pytest.raises(BuildFailed) as failed:
+        build(load_app_dir(app), environment, lambda line: None)
+    assert "--ignorefile" not in " ".join(failed.value.last)
+    ignored = (cache / "app" / "Containerfile.dockerignore").read_text().split()
+    assert "node_modules" in ignored and "**/.wakeful" in ignored

@@ -185,7 +185,7 @@ def test_a_context_with_a_link_out_is_refused_before_any_build(
     (app / "keys").symlink_to("/etc/ssh")
     done = deploy(up, builds, str(app))
     assert done.returncode == 1
-    assert "keys: a link to /etc/ssh, outside the app directory" in done.stderr
+    assert "'keys': a link to '/etc/ssh', outside the app directory" in done.stderr
     assert "building" in done.stdout and "|" not in done.stdout  # no builder ran
     assert "leaky" not in cli(up, "apps").stdout
 

@@ -24,12 +24,13 @@ from wakeful.deploy.appdir import AppDir
 from wakeful.oci import layout
 
 from .context import (
-    IGNORE_FILES,
     MAX_CONTEXT_BYTES,
     MAX_CONTEXT_FILES,
+    ContextRefused,
     ContextSize,
     check_context,
     ignore_patterns,
+    own_ignore_file,
 )
 from .tools import Builder, Out, find_builder
 
@@ -79,7 +80,12 @@ def build(app_dir: AppDir, environment: BuildEnvironment, out: Out) -> Built:
     `out`. ContextRefused, BuilderError (BuildFailed), OSError."""
     plan, name = app_dir.plan, app_dir.definition.name
     tool = find_builder(environment.builder)
-    patterns = ignore_patterns(app_dir.path, plan.ignore)
+    if ":" in str(environment.build_cache):  # skopeo's and podman's `oci:PATH:TAG` would split it
+        raise ContextRefused(
+            f"WAKEFUL_BUILD_CACHE={str(environment.build_cache)!r}: a path with ':' cannot be "
+            "named to the builder"
+        )
+    patterns = ignore_patterns(app_dir.path, plan.ignore, tool)
     size = check_context(
         app_dir.path,
         patterns,
@@ -93,8 +99,10 @@ def build(app_dir: AppDir, environment: BuildEnvironment, out: Out) -> Built:
     if plan.generated is not None:
         containerfile = cache / "Containerfile"
         containerfile.write_text(plan.generated)
-        if not any((app_dir.path / n).is_file() for n in IGNORE_FILES):
-            ignorefile = cache / "containerignore"
+        if own_ignore_file(app_dir.path, tool) is None:
+            # What the walk left out, the builder leaves out: podman and buildah read it from
+            # --ignorefile, docker (BuildKit) from `<Containerfile>.dockerignore` beside it.
+            ignorefile = cache / ("Containerfile.dockerignore" if tool == "docker" else "ignore")
             ignorefile.write_text("\n".join(patterns) + "\n")
     assert containerfile is not None
     ca = environment.build_ca or (CA_BUNDLE if CA_BUNDLE.is_file() else None)

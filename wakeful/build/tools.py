@@ -14,14 +14,17 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from wakeful.oci.archives import open_archive
 
 BUILDERS = ("podman", "buildah", "docker")
 LAST_LINES = 30
+MAX_LINE = 8192
+"""Bytes of one line of build output kept (the rest of a longer one is dropped)."""
 """Lines of a failed build's output its error repeats."""
 EXPORT_TIMEOUT = 900.0
 Out = Callable[[str], None]
@@ -37,6 +40,21 @@ class BuildFailed(BuilderError):
     def __init__(self, message: str, last: Sequence[str]) -> None:
         super().__init__(message)
         self.last = list(last)
+
+
+def bounded_lines(stream: IO[bytes], limit: int = MAX_LINE) -> Iterator[str]:
+    """The lines of `stream`, each cut to `limit` bytes (the rest of a longer one is read and
+    dropped, never held): a build's output cannot grow the CLI's memory."""
+    while chunk := stream.readline(limit):
+        if chunk.endswith(b"\n"):
+            yield chunk[:-1].decode("utf-8", errors="replace")
+            continue
+        cut = chunk.decode("utf-8", errors="replace")
+        more = b""
+        if len(chunk) == limit:
+            while (more := stream.readline(limit)) and not more.endswith(b"\n"):
+                pass
+        yield cut + (" [line cut]" if len(chunk) == limit else "")
 
 
 def find_builder(chosen: str | None, which: Callable[[str], str | None] = shutil.which) -> str:
@@ -79,7 +97,7 @@ class Builder:
         argv = [self.tool, *verb, "-f", str(containerfile), "-t", tag]
         if ca is not None:
             argv += ["--secret", f"id=extra_ca,src={ca}"]
-        if ignorefile is not None and self.tool != "docker":  # docker reads .dockerignore only
+        if ignorefile is not None and self.tool != "docker":  # docker finds its own, beside
             argv += ["--ignorefile", str(ignorefile)]
         for label in labels:
             argv += ["--label", label]
@@ -92,12 +110,9 @@ class Builder:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=env,
-                text=True,
-                errors="replace",
             ) as process:
                 assert process.stdout is not None
-                for line in process.stdout:
-                    line = line.rstrip("\n")
+                for line in bounded_lines(process.stdout):
                     last.append(line)
                     out(line)
         except OSError as exc:
