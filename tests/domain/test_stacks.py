@@ -269,3 +269,41 @@ def test_versions_and_bases() -> None:
         BuildChoice(base="registry.example.com/py:3.11"),
     )
     assert "FROM registry.example.com/py:3.11" in lines(based)
+
+
+def test_a_dependency_with_a_line_break_cannot_add_lines_to_the_containerfile() -> None:
+    project = '[project]\ndependencies = ["x\\nRUN echo injected #"]\n'
+    with pytest.raises(PlanError, match=re.escape("project.dependencies[0]")):
+        planned({"pyproject.toml": project, "main.py": FASTAPI})
+
+
+def test_an_app_object_is_looked_for_within_one_line() -> None:
+    # Across lines, `a:` then `= FastAPI(` is no assignment (and a search that crossed lines
+    # took quadratic time on a file of `a:` lines).
+    with pytest.raises(PlanError, match="no FastAPI, Starlette"):
+        planned({"requirements.txt": "uvicorn\n", "main.py": "a:\n= FastAPI()\n" * 3})
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "--find-links ./wheels",
+        "-f wheels",
+        "vendor/pkg.tar.gz",
+        "pkg @ file:///app/vendor/pkg.whl",
+        "../shared",
+    ],
+)
+def test_requirements_naming_files_install_after_the_code(line: str) -> None:
+    found = planned({"requirements.txt": f"{line}\nuvicorn\n", "main.py": FASTAPI})
+    assert "COPY requirements.txt ./" not in lines(found)
+
+
+def test_a_start_script_split_by_a_line_break_runs_the_script() -> None:
+    package = json.dumps({"scripts": {"start": "node\nserver.js"}})
+    assert planned({"package.json": package}).start == "node server.js"
+
+
+def test_a_version_in_other_digits_is_refused() -> None:
+    with pytest.raises(PlanError, match=re.escape(".python-version")):
+        planned({"requirements.txt": "uvicorn\n", "main.py": FASTAPI, ".python-version": "٣.١٢"})

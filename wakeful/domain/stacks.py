@@ -35,23 +35,39 @@ PYTHON_BASE = "docker.io/library/python:{version}-slim"
 NODE_BASE = "docker.io/library/node:{version}-slim"
 GO_BASE = "docker.io/library/golang:{version}"
 GO_RUNTIME = "docker.io/library/debian:bookworm-slim"
+LEFT_OUT = ("**/.git", "**/.wakeful")
+"""What every stack build leaves out of its context when the directory has no ignore file
+(patterns as `.dockerignore` reads them): version control, and a `wakeful up` data directory."""
 PORT = 8080
 """The port a stack image listens on when nothing passes PORT (`podman run` by hand); under
 wakeful, PORT is always set."""
 MAX_DEPENDENCIES = 500
 APP_FILES = ("main.py", "app.py", "server.py", "asgi.py", "wsgi.py", "api.py")
 """Where a Python app's object is looked for, in this order."""
-_APP_OBJECT = re.compile(
-    r"^(?P<var>[A-Za-z_][A-Za-z0-9_]*)\s*(?::[^=]*)?=\s*(?:[\w.]+\.)?"
-    r"(?P<kind>FastAPI|Starlette|Quart|Litestar|Flask)\s*\(",
+_APP_OBJECT = re.compile(  # within one line: linear on any file (no backtracking across lines)
+    r"^(?P<var>[A-Za-z_][A-Za-z0-9_]*)[ \t]*(?::[^=\n]*)?=[ \t]*(?:[A-Za-z0-9_.]+\.)?"
+    r"(?P<kind>FastAPI|Starlette|Quart|Litestar|Flask)[ \t]*\(",
     re.MULTILINE,
 )
 _ASGI = ("FastAPI", "Starlette", "Quart", "Litestar")
 _REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 _LOCKED_NAME = re.compile(r'^name\s*=\s*"([^"]+)"', re.MULTILINE)
-_VERSION = re.compile(r"^\s*v?(\d+(?:\.\d+)?)(?:\.\d+)?\s*$")
-_GO_VERSION = re.compile(r"^go\s+(\d+\.\d+)", re.MULTILINE)
-_LOCAL_REQUIREMENT = ("-r", "-c", "-e", "--requirement", "--constraint", "--editable", ".", "/")
+_VERSION = re.compile(r"^[ \t]*v?([0-9]+(?:\.[0-9]+)?)(?:\.[0-9]+)?[ \t]*$")
+_GO_VERSION = re.compile(r"^go[ \t]+([0-9]+\.[0-9]+)", re.MULTILINE)
+_LOCAL_REQUIREMENT = (
+    "-r",
+    "-c",
+    "-e",
+    "-f",
+    "--requirement",
+    "--constraint",
+    "--editable",
+    "--find-links",
+    ".",
+    "/",
+)
+"""Lines of a requirements file that name other files: installed after the code is copied."""
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _CA = (
     "--mount=type=secret,id=extra_ca "
     "if [ -s /run/secrets/extra_ca ]; then export {variable}=/run/secrets/extra_ca; fi; "
@@ -185,7 +201,7 @@ def _python(names: frozenset[str], read: Read, choice: BuildChoice) -> Plan | No
         f"stack python ({source})",
         generated=text,
         start=start,
-        ignore=(".git", ".venv", "venv", "__pycache__", "*.pyc", ".mypy_cache", ".pytest_cache"),
+        ignore=(*LEFT_OUT, ".venv", "venv", "**/__pycache__", "**/*.pyc", ".mypy_cache"),
     )
 
 
@@ -197,7 +213,7 @@ def _requirements_install(text: str | None) -> tuple[str, str]:
     """(the FROM part, the install steps) for requirements.txt; one that names other files
     (`-r`, `-e .`, a path) is installed after the code is copied, not in a layer before it."""
     lines = [line.strip() for line in (text or "").splitlines()]
-    if any(line.startswith(_LOCAL_REQUIREMENT) for line in lines):
+    if any(_names_a_file(line) for line in lines):
         return "FROM {base}\n", "COPY . .\n" + _pip("requirements.txt")
     layer = (
         "# The dependencies in a layer of their own, keyed on requirements.txt: a change to\n"
@@ -255,6 +271,15 @@ def _pyproject_install(names: frozenset[str], read: Read) -> tuple[str, tuple[st
     return "pyproject.toml", ("FROM {base}\n", install), _requirement_names("\n".join(dependencies))
 
 
+def _names_a_file(line: str) -> bool:
+    """Whether a requirements line names a file of the directory (`-r other.txt`, `-e .`,
+    `--find-links wheels`, `vendor/pkg.tar.gz`, `pkg @ file:///app/...`)."""
+    requirement = line.split(" #", 1)[0].split(";", 1)[0].strip()
+    if requirement.startswith(_LOCAL_REQUIREMENT) or "file:" in requirement:
+        return True
+    return "/" in requirement and "://" not in requirement
+
+
 def _project_dependencies(project: dict[str, Any]) -> list[str]:
     table = project.get("project")
     found = table.get("dependencies", []) if isinstance(table, dict) else []
@@ -262,6 +287,12 @@ def _project_dependencies(project: dict[str, Any]) -> list[str]:
         raise PlanError("pyproject.toml: project.dependencies must be a list of strings")
     if len(found) > MAX_DEPENDENCIES:
         raise PlanError(f"pyproject.toml: more than {MAX_DEPENDENCIES} dependencies")
+    for index, dependency in enumerate(found):
+        if _CONTROL.search(dependency):  # a line break would add lines to the Containerfile
+            raise PlanError(
+                f"pyproject.toml: project.dependencies[{index}] holds a control character "
+                f"or a line break: {dependency!r}"
+            )
     return [d.strip() for d in found if d.strip()]
 
 
@@ -355,7 +386,7 @@ def _node(names: frozenset[str], read: Read, choice: BuildChoice) -> Plan | None
         f"stack node ({source})",
         generated=text,
         start=start,
-        ignore=(".git", "node_modules", "npm-debug.log"),
+        ignore=(*LEFT_OUT, "node_modules", "npm-debug.log"),
     )
 
 
@@ -366,8 +397,8 @@ def _node_convention(package: dict[str, Any], names: frozenset[str]) -> str | No
     start = scripts.get("start") if isinstance(scripts, dict) else None
     if isinstance(start, str) and start.strip():
         words = start.split()
-        if len(words) == 2 and words[0] == "node" and re.fullmatch(r"[\w./-]+", words[1]):
-            return start.strip()
+        if len(words) == 2 and words[0] == "node" and re.fullmatch(r"[A-Za-z0-9_./-]+", words[1]):
+            return f"node {words[1]}"
         return "npm start"
     main = package.get("main")
     if isinstance(main, str) and main in names:
@@ -402,4 +433,4 @@ def _go(names: frozenset[str], read: Read, choice: BuildChoice) -> Plan | None:
         "WORKDIR /app\n"
         f"ENV PORT={PORT}\nEXPOSE {PORT}\n" + _cmd(start)
     )
-    return Plan("stack", "stack go (go.mod)", generated=text, start=start, ignore=(".git",))
+    return Plan("stack", "stack go (go.mod)", generated=text, start=start, ignore=LEFT_OUT)
