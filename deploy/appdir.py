@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from wakeful.domain.hosts import reserved
 from wakeful.domain.models import NAME_PATTERN, AppSpec, Host, describe_validation_error
-from wakeful.domain.stacks import BuildChoice, Plan, PlanError, plan
+from wakeful.domain.stacks import CONTAINERFILES, BuildChoice, Plan, PlanError, plan
 
 MANIFEST = "wakeful.toml"
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
@@ -47,8 +47,8 @@ ARCHIVE_PREFIXES = ("oci-archive:", "docker-archive:")
 BUILT = "built:"
 """The `image` of an app built from its directory (`built:APP`): the deploy names the image's
 manifest, uploaded just before; never written in a wakeful.toml."""
-MAX_READ = 1 << 20
-"""The largest top-level file read to decide the plan (a requirements file, main.py)."""
+MAX_READ = 8 << 20
+"""The largest top-level file read to decide the plan (a requirements or lock file, main.py)."""
 
 
 class BuildSettings(BaseModel):
@@ -60,11 +60,21 @@ class BuildSettings(BaseModel):
     """False: a directory with a stack file (requirements.txt, ...) stays a directory app."""
     base: str | None = Field(default=None, pattern=r"^[^\s]+$", max_length=1024)
     """The image a stack build starts from, instead of the stack's default."""
-    containerfile: str | None = Field(default=None, pattern=r"^[^/\s]+$", max_length=255)
+    containerfile: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
     """A Containerfile of another name, at the top of the directory (`Containerfile.prod`)."""
     push: str | None = Field(default=None, pattern=r"^[^\s@]+$", max_length=1024)
     """Push the built image to this repository (`registry.example.com/team/shop`) and deploy
     it from there, instead of uploading it to the control plane."""
+
+    @field_validator("push")
+    @classmethod
+    def _a_repository(cls, push: str | None) -> str | None:
+        if push is not None and ":" in push.rsplit("/", 1)[-1]:
+            raise ValueError(
+                f"{push!r} names a tag: give the repository alone (the build tags it by its "
+                "image id, and the deploy pins the digest)"
+            )
+        return push
 
 
 DIRECTORY = Plan("directory", "directory")
@@ -205,6 +215,11 @@ def _plan(path: Path, manifest: Path, raw: dict[str, Any]) -> tuple[BuildSetting
     names = frozenset(
         entry.name for entry in path.iterdir() if entry.is_file() and not entry.is_symlink()
     )
+    for name in (build.containerfile or "", *CONTAINERFILES):
+        if name and (path / name).is_symlink():
+            raise AppDirError(
+                f"{path / name}: a link; a Containerfile must be a file of the directory itself"
+            )
 
     def read(name: str) -> str | None:
         if name not in names:

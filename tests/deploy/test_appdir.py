@@ -213,6 +213,16 @@ def test_build_disabled_keeps_the_directory_app_it_was(tmp_path: Path) -> None:
             'name = "ok"\nimage = "built:ok"', "`built:` names an image wakeful built", id="built:"
         ),
         pytest.param(
+            'name = "ok"\n[build]\ncontainerfile = "Containerfile.\u00e9"',
+            "build.containerfile",
+            id="a containerfile name the version record could not hold",
+        ),
+        pytest.param(
+            'name = "ok"\n[build]\npush = "127.0.0.1:5000/team/ok:1"',
+            "names a tag: give the repository alone",
+            id="a push target with a tag",
+        ),
+        pytest.param(
             'name = "ok"\n[build]\ncontainerfile = "Containerfile.prod"',
             "'Containerfile.prod' is not a file",
             id="a named containerfile that is not there",
@@ -222,3 +232,12 @@ def test_build_disabled_keeps_the_directory_app_it_was(tmp_path: Path) -> None:
 def test_a_bad_build_section_names_the_field(tmp_path: Path, text: str, expected: str) -> None:
     with pytest.raises(AppDirError, match=re.escape(expected)):
         load_app_dir(write(tmp_path, text))
+
+
+def test_a_containerfile_that_is_a_link_is_refused(tmp_path: Path) -> None:
+    app = write(tmp_path, 'name = "ok"\ncommand = ["x"]')
+    (app / "docker").mkdir()
+    (app / "docker" / "Containerfile").write_text("FROM scratch\n")
+    (app / "Containerfile").symlink_to("docker/Containerfile")
+    with pytest.raises(AppDirError, match="a link; a Containerfile must be a file"):
+        load_app_dir(app)
