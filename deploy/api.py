@@ -357,7 +357,9 @@ def deploy_router(
                 if images is None:
                     raise DeployError("this control plane has no image store")
                 await deployer.check(body.definition)  # refused before a pull, not after
-                record = await images.resolve(image, body.image_archive, body.image_manifest)
+                record = await images.resolve(
+                    image, body.image_archive, body.image_manifest, body.definition.name
+                )
             rollout = await deployer.prepare(body.definition, body.artifact, record, body.made)
         except (DeployError, ImageRefused) as exc:
             raise bad(400, "deploy refused", str(exc)) from exc

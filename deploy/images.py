@@ -40,6 +40,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi import Path as PathParam
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from starlette.requests import ClientDisconnect
 
 from wakeful.deploy.appdir import BUILT
 from wakeful.domain.models import BLOB_DIGEST, ImageRecord
@@ -163,7 +164,10 @@ class Images:
                 body = aiter(request.stream())
                 while True:
                     with anyio.move_on_after(ARCHIVE_IDLE) as idle:
-                        chunk = await anext(body, None)
+                        try:
+                            chunk = await anext(body, None)
+                        except ClientDisconnect:  # nobody reads the answer: no traceback
+                            raise _bad(400, "upload cut short", "the client went away") from None
                     if idle.cancel_called:
                         raise _bad(408, "upload stalled", f"no bytes for {ARCHIVE_IDLE:g} s")
                     if chunk is None:
@@ -187,14 +191,16 @@ class Images:
         return await self.store.import_image(ref, archive=archive, credentials=credentials)
 
     async def resolve(
-        self, ref: str, archive: str | None, manifest: str | None = None
+        self, ref: str, archive: str | None, manifest: str | None = None, app: str = ""
     ) -> ImageRecord:
         """`pull`, the archive named by an upload's name (`receive`; deleted then), or the
-        image built by the CLI whose blobs were uploaded (`built:APP`, its manifest named)."""
+        image built by the CLI whose blobs were uploaded (`built:APP` for the app `app`, its
+        manifest named)."""
         if ref.startswith(BUILT) or manifest is not None:
-            if not ref.startswith(BUILT) or manifest is None:
+            if ref != f"{BUILT}{app}" or manifest is None:
                 raise ImageRefused(
-                    f"image {ref}: an uploaded image is named built:APP, with its manifest"
+                    f"image {ref}: an uploaded image is named built:{app or 'APP'} (the app's "
+                    "own name), with its manifest"
                 )
             return await self.store.import_built(ref, manifest)
         path = None

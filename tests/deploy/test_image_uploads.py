@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -202,3 +203,104 @@ async def test_only_an_admin_token_uploads(api: httpx.AsyncClient, method: str, 
         method, path, content=b"{}", headers={"Authorization": f"Bearer {NODE}"}
     )
     assert answer.status_code == 403
+
+
+def sha(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+async def put(api: httpx.AsyncClient, data: bytes) -> str:
+    digest = sha(data)
+    answer = await api.put(f"/v1/images/blobs/{digest}", content=data)
+    assert answer.status_code == 201, answer.text
+    return digest
+
+
+def manifest_of(config: tuple[str, int], layers: list[tuple[str, int]]) -> bytes:
+    return json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": config[0],
+                "size": config[1],
+            },
+            "layers": [
+                {"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": d, "size": s}
+                for d, s in layers
+            ],
+        }
+    ).encode()
+
+
+NESTED = b"[" * 100_000 + b"]" * 100_000
+
+
+@pytest.mark.parametrize("where", ["manifest", "config"])
+async def test_a_deeply_nested_manifest_or_config_is_refused_not_a_500(
+    api: httpx.AsyncClient, where: str
+) -> None:
+    if where == "manifest":
+        manifest = await put(api, b'{"schemaVersion":2,"x":' + NESTED + b"}")
+    else:
+        config = b'{"x":' + NESTED + b"}"
+        manifest = await put(api, manifest_of((await put(api, config), len(config)), []))
+    answer = await api.post(
+        "/v1/deploys", json={"definition": definition(), "image_manifest": manifest}
+    )
+    assert answer.status_code == 400, answer.text
+
+
+async def test_a_blob_of_another_size_than_its_manifest_says_is_refused(
+    api: httpx.AsyncClient, image_store: ImageStore, built: tuple[OciLayout, ImageRecord]
+) -> None:
+    layout, record = built
+    await send_all(api, layout, blobs_of(record)[:-1])
+    raw = json.loads(layout.blob_path(record.manifest).read_bytes())
+    raw["layers"][0]["size"] = 1  # the manifest lies about its first layer
+    lying = await put(api, json.dumps(raw).encode())
+    answer = await api.post(
+        "/v1/deploys", json={"definition": definition(), "image_manifest": lying}
+    )
+    assert answer.status_code == 400
+    assert "its manifest says 1" in answer.json()["detail"]
+
+
+async def test_a_refused_built_image_is_not_left_named_in_the_store(
+    api: httpx.AsyncClient, image_store: ImageStore
+) -> None:
+    config = json.dumps({"architecture": "arm64", "os": "linux", "config": {}}).encode()
+    manifest = await put(api, manifest_of((await put(api, config), len(config)), []))
+    answer = await api.post(
+        "/v1/deploys", json={"definition": definition(), "image_manifest": manifest}
+    )
+    assert answer.status_code == 400, answer.text
+    index = json.loads((image_store.directory / "index.json").read_text())
+    assert index["manifests"] == []
+
+
+async def test_an_app_deploys_only_its_own_built_name(
+    api: httpx.AsyncClient, built: tuple[OciLayout, ImageRecord]
+) -> None:
+    layout, record = built
+    await send_all(api, layout, blobs_of(record))
+    body = {
+        "definition": {"name": "thief", "spec": {"image": "built:site"}},
+        "image_manifest": record.manifest,
+    }
+    answer = await api.post("/v1/deploys", json=body)
+    assert answer.status_code == 400
+    assert "built:thief" in answer.json()["detail"]
+
+
+async def test_asking_what_is_missing_claims_what_is_there(
+    api: httpx.AsyncClient, image_store: ImageStore, built: tuple[OciLayout, ImageRecord]
+) -> None:
+    layout, record = built
+    first = blobs_of(record)[0]
+    await send_all(api, layout, [first])
+    path = image_store.blob_path(first)
+    os.utime(path, (1.0, 1.0))  # claimed long ago: the collector could take it
+    await api.post("/v1/images/blobs/missing", json={"blobs": [first]})
+    assert path.stat().st_mtime > 1.0  # claimed again: it stays for the deploy that follows

@@ -221,7 +221,7 @@ def _read_docker(tar: tarfile.TarFile, layout: Path) -> None:
 def _docker_entry(raw: bytes) -> dict[str, Any]:
     try:
         found = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: a deeply nested body
         raise ImageRefused(f"the archive's manifest.json is not JSON ({exc})") from None
     if not isinstance(found, list) or not found or not isinstance(found[0], dict):
         raise ImageRefused("the archive's manifest.json names no image")

@@ -189,6 +189,15 @@ def name_manifest(root: Path, name: str, digest: str, size: int) -> None:
     _replace(root / INDEX, json.dumps(body, separators=(",", ":")).encode())
 
 
+def unname_manifest(root: Path, name: str) -> None:
+    """index.json no longer names `name` (an import refused after `name_manifest`)."""
+    entries = read_index(root)
+    kept = [e for e in entries if e.get("annotations", {}).get(REF_NAME) != name]
+    if len(kept) != len(entries):
+        body = {"schemaVersion": 2, "manifests": kept}
+        _replace(root / INDEX, json.dumps(body, separators=(",", ":")).encode())
+
+
 def add_blob(root: Path, source: Path, digest: str, now: float) -> None:
     """The file `source` (its sha256 already checked to be `digest`) moved into the layout,
     private and claimed at `now`; one already there is kept and claimed instead."""

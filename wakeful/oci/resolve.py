@@ -169,7 +169,7 @@ def parse_manifest(raw: bytes, ref: str) -> Manifest | Index:
     anything malformed is ImageRefused."""
     try:
         body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: a deeply nested body
         raise ImageRefused(f"image {ref}: the manifest is not JSON ({exc})") from None
     if not isinstance(body, dict):
         raise ImageRefused(f"image {ref}: the manifest is not a JSON object")
@@ -298,7 +298,7 @@ def image_record(
     says its platform only in its config."""
     try:
         config = json.loads(config_raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: a deeply nested body
         raise ImageRefused(f"image {ref}: its config is not JSON ({exc})") from None
     if not isinstance(config, dict):
         raise ImageRefused(f"image {ref}: its config is not a JSON object")

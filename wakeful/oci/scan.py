@@ -62,7 +62,7 @@ def check_manifest(image: ImageRecord, data: bytes) -> None:
             Layer(digest=one["digest"], size=one["size"], media_type=one["mediaType"])
             for one in manifest["layers"]
         ]
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise ImageError(f"manifest {image.manifest} is not an OCI manifest ({exc})") from exc
     if config != image.config_digest:
         raise ImageError(

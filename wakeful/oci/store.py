@@ -216,38 +216,61 @@ class ImageStore:
             )
 
     async def missing(self, digests: Iterable[str]) -> list[str]:
-        """Those of `digests` the store does not hold (what an upload must send)."""
-        return [digest for digest in digests if not self.has(digest)]
+        """Those of `digests` the store does not hold (what an upload must send); the ones it
+        holds are claimed now, so the collector leaves them until the deploy that follows."""
+        wanted = list(digests)
+        async with self._locked():
+            held = [digest for digest in wanted if self.has(digest)]
+            await anyio.to_thread.run_sync(layout.touch, self.directory, set(held), self._clock())
+        return [digest for digest in wanted if digest not in held]
 
     async def import_built(self, ref: str, manifest: str) -> ImageRecord:
         """The image whose manifest `manifest` and every blob it names were uploaded
         (`add_blob`): named in index.json and checked as a pulled image is. ImageRefused
-        when a blob is missing (not uploaded, or collected since) or the image breaks a
-        rule."""
+        when a blob is missing (not uploaded, or collected since), is not the size the
+        manifest says, or the image breaks a rule; then index.json no longer names it."""
+        name = manifest.removeprefix("sha256:")
 
-        def name() -> None:
+        def named() -> None:
             found, raw = layout.read_manifest(self.directory, manifest, ref)
             check(found, ref, self.max_image_bytes)
-            absent = [digest for digest in found.blobs if not self.has(digest)]
-            if absent:
-                raise ImageRefused(
-                    f"image {ref}: blob {absent[0]} was not uploaded (deploy again to send it)"
-                )
-            layout.name_manifest(
-                self.directory, manifest.removeprefix("sha256:"), manifest, len(raw)
-            )
+            for blob in (found.config, *found.layers):
+                try:
+                    size = self.blob_path(blob.digest).stat().st_size
+                except FileNotFoundError:
+                    raise ImageRefused(
+                        f"image {ref}: blob {blob.digest} was not uploaded (deploy again to "
+                        "send it)"
+                    ) from None
+                if size != blob.size:
+                    raise ImageRefused(
+                        f"image {ref}: blob {blob.digest} holds {size} bytes; its manifest "
+                        f"says {blob.size}"
+                    )
+            layout.name_manifest(self.directory, name, manifest, len(raw))
 
         async with self._locked():
             try:
-                await anyio.to_thread.run_sync(name)
+                await anyio.to_thread.run_sync(named)
             except BlobMissing:
                 raise ImageRefused(
                     f"image {ref}: its manifest {manifest} was not uploaded (deploy again)"
                 ) from None
             except OSError as exc:
                 raise ImageStorageError(f"image {ref}: cannot store it: {exc}") from None
-            record = await self._stored(ref, manifest)
-        return await self._scanned(record)
+            try:
+                record = await self._stored(ref, manifest)
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(layout.unname_manifest, self.directory, name)
+                raise
+        try:
+            return await self._scanned(record)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                async with self._locked():
+                    await anyio.to_thread.run_sync(layout.unname_manifest, self.directory, name)
+            raise
 
     def _after_lock(self, deadline: float) -> float:
         """The copy's deadline: `timeout` from when the lock was taken, so that a deploy that
