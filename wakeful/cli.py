@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import os
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -426,7 +427,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return USAGE
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `wakeful ... | head`: the reader left; nothing more to say
+        _quiet_stdout()
+        return RUNTIME
     return code
+
+
+def _quiet_stdout() -> None:
+    """stdout pointed at /dev/null: Python's flush of it at exit would fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 if __name__ == "__main__":

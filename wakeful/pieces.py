@@ -78,7 +78,6 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     apps = load_apps(args.app_dirs)
     listen = _check_address(args.listen, "--listen")
-    apps = [build_commands.build_for_up(app) for app in apps]
     api = _check_address(args.api_listen, "--api-listen")
     admin = _check_address(args.admin_listen, "--admin-listen")
     idle = _idle_settings(args, default_interval=5.0)
@@ -89,6 +88,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         raise CliError(
             f"--data-dir {data_dir}: cannot create it: {exc.strerror}", RUNTIME
         ) from None
+    apps = [build_commands.build_for_up(app) for app in apps]  # once the flags are known good
     _serve(
         lambda: run_up(
             data_dir=data_dir,

@@ -51,3 +51,17 @@ def test_no_builder_names_all_three_and_deploys_nothing(tmp_path: Path) -> None:
     done = wakeful("deploy", str(app), env=env)
     assert done.returncode == 1
     assert "install podman, buildah or docker" in done.stderr
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback() -> None:
+    """`wakeful deploy --dry-run DIR | head -1`: the rest is not written, and nothing else."""
+    with subprocess.Popen(
+        [*WAKEFUL, "deploy", "--dry-run", str(EXAMPLES / "fastapi")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ) as process:
+        assert process.stdout is not None and process.stderr is not None
+        process.stdout.close()  # before it writes its first line
+        stderr = process.stderr.read()
+        process.wait(timeout=60)
+    assert b"Traceback" not in stderr, stderr
