@@ -17,10 +17,10 @@ httpx's exceptions never leave this module: the CLI gets one of
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Self
+from typing import Any, Self
 
 import httpx
 from pydantic import SecretStr
@@ -170,21 +170,15 @@ class ControlClient:
 
     def put_blob(self, digest: str, path: Path) -> None:
         """Stream one blob of a built image to the control plane's image store."""
-        with path.open("rb") as file:
-            self._send(
-                "PUT",
-                f"/v1/images/blobs/{segment(digest)}",
-                content=_chunks(file),
-                timeout=IMAGE_DEPLOY_TIMEOUT,
-            )
+        route = f"/v1/images/blobs/{segment(digest)}"
+        self._send("PUT", route, body=lambda: _chunks(path), timeout=IMAGE_DEPLOY_TIMEOUT)
 
     def put_image_archive(self, path: Path) -> str:
         """Stream an image archive (`podman save`, `docker save`) to the control plane; the
         name it keeps it under for the deploy that follows."""
-        with path.open("rb") as file:
-            answer = self._json(
-                "PUT", "/v1/images/archives", content=_chunks(file), timeout=IMAGE_DEPLOY_TIMEOUT
-            )
+        answer = self._json(
+            "PUT", "/v1/images/archives", body=lambda: _chunks(path), timeout=IMAGE_DEPLOY_TIMEOUT
+        )
         return str(answer["archive"])
 
     def rollout(self, app: str, version: str) -> Any:
@@ -283,13 +277,22 @@ class ControlClient:
                 f"{answer.text[:100]!r}; is it a wakeful control API?"
             ) from None
 
-    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def _send(
+        self,
+        method: str,
+        path: str,
+        body: Callable[[], Iterator[bytes]] | None = None,
+        **kwargs: Any,
+    ) -> httpx.Response:
         """One call, on the activator that leads among those named: one that refuses the
-        connection, or answers that it stands by, did nothing, so the call goes to the next.
-        Only the URLs the endpoint names are tried (the token goes nowhere else)."""
+        connection, or answers that it stands by, did nothing, so the call goes to the next
+        (a streamed `body` from its start again). Only the URLs the endpoint names are tried
+        (the token goes nowhere else)."""
         failed: ControlApiError | None = None
         for _ in self._apis:
             api = self._apis[self._at]
+            if body is not None:
+                kwargs["content"] = body()
             try:
                 answer = self._http.request(method, api.rstrip("/") + path, **kwargs)
             except httpx.ConnectError as exc:
@@ -312,9 +315,10 @@ IMAGE_DEPLOY_TIMEOUT = 900.0
 an archive's upload."""
 
 
-def _chunks(file: BinaryIO) -> Iterator[bytes]:
-    while chunk := file.read(1 << 20):
-        yield chunk
+def _chunks(path: Path) -> Iterator[bytes]:
+    with path.open("rb") as file:
+        while chunk := file.read(1 << 20):
+            yield chunk
 
 
 def _standing_by(answer: httpx.Response) -> bool:
