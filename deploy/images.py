@@ -55,6 +55,9 @@ from wakeful.oci import (
 )
 from wakeful.oci.resolve import parse_reference
 
+UPLOAD_TIME = 900.0
+"""Seconds one upload (an archive, a blob) may take in all: a client that sends a byte now and
+then holds a slot no longer than that (408)."""
 ARCHIVE_IDLE = 30.0
 """Seconds an archive upload may send nothing before it is refused (408)."""
 _ARCHIVE = re.compile(r"^[0-9a-f]{64}$")
@@ -79,12 +82,18 @@ class Images:
     (with `logins`' credentials for the reference's registry, when it has some)."""
 
     def __init__(
-        self, store: ImageStore, incoming: Path, max_bytes: int, logins: Logins | None = None
+        self,
+        store: ImageStore,
+        incoming: Path,
+        max_bytes: int,
+        logins: Logins | None = None,
+        upload_time: float = UPLOAD_TIME,
     ) -> None:
         self.store = store
         self.incoming = incoming
         self.max_bytes = max_bytes
         self.logins = logins
+        self.upload_time = upload_time
         self._receiving = 0
 
     def sweep(self) -> None:
@@ -159,10 +168,13 @@ class Images:
         partial = Path(name)
         digest = hashlib.sha256()
         size = 0
+        deadline = anyio.current_time() + self.upload_time
         try:
             with os.fdopen(fd, "wb") as file:
                 body = aiter(request.stream())
                 while True:
+                    if anyio.current_time() > deadline:
+                        raise _bad(408, "upload too slow", f"not done in {self.upload_time:g} s")
                     with anyio.move_on_after(ARCHIVE_IDLE) as idle:
                         try:
                             chunk = await anext(body, None)

@@ -34,6 +34,8 @@ from wakeful.store.tokenbook import TokenBook
 pytestmark = pytest.mark.anyio
 ADMIN, NODE = "admin-token", "node-token"
 MAX_BLOB = 8 << 20
+UPLOAD_TIME = 3.0
+"""Seconds one upload may take here: far more than any test's upload needs."""
 
 
 @pytest.fixture
@@ -56,7 +58,9 @@ async def api(
     activator = Activator(store, settings, registry)
     artifacts = LocalArtifacts(tmp_path / "artifacts", max_bytes=64 * 1024)
     deployer = Deployer(store, artifacts, timeout=2, hosts=settings.host_rules())
-    images = Images(image_store, tmp_path / "artifacts" / "incoming", MAX_BLOB)
+    images = Images(
+        image_store, tmp_path / "artifacts" / "incoming", MAX_BLOB, upload_time=UPLOAD_TIME
+    )
     async with activator.running(), anyio.create_task_group() as tasks:
         keeper = StateKeeper(store, artifacts, registry=registry)
         routes = [
@@ -304,3 +308,16 @@ async def test_asking_what_is_missing_claims_what_is_there(
     os.utime(path, (1.0, 1.0))  # claimed long ago: the collector could take it
     await api.post("/v1/images/blobs/missing", json={"blobs": [first]})
     assert path.stat().st_mtime > 1.0  # claimed again: it stays for the deploy that follows
+
+
+async def test_an_upload_that_drips_is_cut_off_at_its_deadline(
+    api: httpx.AsyncClient, image_store: ImageStore
+) -> None:
+    async def drip() -> AsyncIterator[bytes]:
+        for _ in range(int(UPLOAD_TIME * 4)):  # a byte every 0.5 s: twice the time allowed
+            yield b"x"
+            await anyio.sleep(0.5)
+
+    answer = await api.put(f"/v1/images/blobs/{sha(b'x' * 12)}", content=drip())
+    assert answer.status_code == 408
+    assert answer.json()["error"] == "upload too slow"
