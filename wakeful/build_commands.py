@@ -6,8 +6,10 @@ what the control plane lacks, or pushed to a registry), `wakeful deploy --dry-ru
 from __future__ import annotations
 
 import dataclasses
+import re
 import shlex
 import time
+from collections.abc import Sequence
 
 from wakeful.build import (
     BuildEnvironment,
@@ -99,6 +101,15 @@ def build_for_up(app_dir: AppDir, environment: BuildEnvironment | None = None) -
     return dataclasses.replace(app_dir, prebuilt=Prebuilt(built.layout, built.manifest, built.made))
 
 
+def as_typed(command: Sequence[str]) -> str:
+    """A command as a person would type it: quoted only where a shell needs it, `$PORT` and
+    `$HOST` left as they are (wakeful replaces them, no shell does)."""
+    return " ".join(
+        word if re.fullmatch(r"[A-Za-z0-9_@%+=:,./${}-]+", word) else shlex.quote(word)
+        for word in command
+    )
+
+
 def dry_run(app_dir: AppDir) -> int:
     """What `deploy` would build and run for `app_dir`, with nothing built or sent."""
     plan, spec = app_dir.plan, app_dir.definition.spec
@@ -106,13 +117,13 @@ def dry_run(app_dir: AppDir) -> int:
         if spec.image is not None:
             say(f"runs the image {spec.image} (nothing to build)")
         else:
-            runs = shlex.join(spec.command)
+            runs = as_typed(spec.command)
             say(f"{app_dir.path}: a directory app (nothing to build); runs {runs}")
         return 0
     say(f"# {app_dir.path}: built from {plan.made}")
     say(containerfile_of(app_dir).rstrip("\n"))
     if spec.command:
-        say(f"# runs (wakeful.toml's command): {shlex.join(spec.command)}")
+        say(f"# runs (wakeful.toml's command): {as_typed(spec.command)}")
     elif plan.start is not None:
         say(f"# runs: {plan.start}")
     else:

@@ -131,12 +131,6 @@ def test_what_a_directory_is(
             id="a Procfile's web line wins over the convention",
         ),
         pytest.param(
-            {"requirements.txt": "uvicorn\n", "Procfile": "web: ./run.sh\n"},
-            ("python3", "-m", "mine", "--port", "$PORT"),
-            "python3 -m mine --port '$PORT'",
-            id="wakeful.toml's command wins over a Procfile",
-        ),
-        pytest.param(
             {"package.json": PACKAGE},
             (),
             "node server.js",
@@ -307,3 +301,13 @@ def test_a_start_script_split_by_a_line_break_runs_the_script() -> None:
 def test_a_version_in_other_digits_is_refused() -> None:
     with pytest.raises(PlanError, match=re.escape(".python-version")):
         planned({"requirements.txt": "uvicorn\n", "main.py": FASTAPI, ".python-version": "٣.١٢"})
+
+
+def test_wakeful_toml_s_command_is_the_image_s_cmd_as_it_is_run() -> None:
+    command = ("python3", "-m", "mine", "--port", "$PORT")
+    found = planned(
+        {"requirements.txt": "uvicorn\n", "Procfile": "web: ./run.sh\n"},
+        BuildChoice(command=command),
+    )
+    assert found.start is None  # no convention or Procfile: the command says
+    assert lines(found)[-1] == "CMD " + json.dumps(list(command))

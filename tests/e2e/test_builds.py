@@ -25,6 +25,8 @@ from tests.support.registry import running_registry
 from tests.support.up import WAKEFUL, Up, cli, start_up, stop_up
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
+APPS = Path(__file__).parent / "apps"
+"""Apps of these tests alone: a uv-locked Python app and a Go app."""
 BUSYBOX = Path("/bin/busybox")
 
 
@@ -40,7 +42,7 @@ def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "WAKEFUL_BUILD_CACHE": str(tmp_path_factory.mktemp("build-cache")),
     }
     done = subprocess.run(
-        ["bash", str(podman.ROOT / "scripts" / "base-image"), "python", "node"],
+        ["bash", str(podman.ROOT / "scripts" / "base-image"), "python", "node", "go"],
         env=env,
         capture_output=True,
         text=True,
@@ -127,6 +129,24 @@ def test_an_express_app_with_its_lock_file_builds(
     out = deployed(deploy(up, builds, str(app)))
     assert "stack node (package.json + package-lock.json)" in out
     assert '"hello":"from express"' in page(up, "express")
+
+
+@pytest.mark.parametrize(
+    ("name", "made", "text"),
+    [
+        pytest.param(
+            "uv-app", "stack python (pyproject.toml + uv.lock)", "from uv.lock", id="uv.lock"
+        ),
+        pytest.param("go-app", "stack go (go.mod)", "from go", id="go.mod"),
+    ],
+)
+def test_a_uv_locked_app_and_a_go_app_build(
+    up: Up, builds: dict[str, str], tmp_path: Path, name: str, made: str, text: str
+) -> None:
+    app = shutil.copytree(APPS / name, tmp_path / name)
+    out = deployed(deploy(up, builds, str(app)))
+    assert f"building {name} ({made})" in out
+    assert page(up, name) == text
 
 
 def test_a_procfile_says_what_runs(up: Up, builds: dict[str, str], tmp_path: Path) -> None:

@@ -141,9 +141,12 @@ def procfile_web(read: Read) -> str | None:
     return None
 
 
-def _start(read: Read, choice: BuildChoice, convention: str | None, stack: str, hint: str) -> str:
+def _start(
+    read: Read, choice: BuildChoice, convention: str | None, stack: str, hint: str
+) -> str | None:
+    """The shell line the image starts with; None when wakeful.toml's `command` says."""
     if choice.command:
-        return shlex.join(choice.command)
+        return None
     found = procfile_web(read) or convention
     if found is None:
         raise PlanError(
@@ -153,9 +156,12 @@ def _start(read: Read, choice: BuildChoice, convention: str | None, stack: str, 
     return found
 
 
-def _cmd(start: str | None) -> str:
+def _cmd(start: str | None, choice: BuildChoice) -> str:
+    """The image's `CMD`: wakeful.toml's `command` in the exec form (what wakeful runs, its
+    `$PORT` and `$HOST` replaced), else the start line under `sh -c` (a Procfile line is a
+    shell line; `exec` leaves the app the process that gets the signals)."""
     if start is None:
-        return ""
+        return "CMD " + json.dumps(list(choice.command)) + "\n"
     return "CMD " + json.dumps(["/bin/sh", "-c", f"exec {start}"]) + "\n"
 
 
@@ -194,7 +200,7 @@ def _python(names: frozenset[str], read: Read, choice: BuildChoice) -> Plan | No
         "PIP_DISABLE_PIP_VERSION_CHECK=1\n"
         "RUN python3 -m venv /venv\n"
         "ENV PATH=/venv/bin:$PATH VIRTUAL_ENV=/venv\n"
-        "WORKDIR /app\n" + install[1] + f"ENV PORT={PORT}\nEXPOSE {PORT}\n" + _cmd(start)
+        "WORKDIR /app\n" + install[1] + f"ENV PORT={PORT}\nEXPOSE {PORT}\n" + _cmd(start, choice)
     )
     return Plan(
         "stack",
@@ -379,7 +385,7 @@ def _node(names: frozenset[str], read: Read, choice: BuildChoice) -> Plan | None
         f"COPY {copy} ./\n"
         "RUN " + _CA.format(variable="NODE_EXTRA_CA_CERTS") + f"{install} && rm -rf /root/.npm\n"
         "COPY . .\n"
-        f"ENV PORT={PORT}\nEXPOSE {PORT}\n" + _cmd(start)
+        f"ENV PORT={PORT}\nEXPOSE {PORT}\n" + _cmd(start, choice)
     )
     return Plan(
         "stack",
@@ -431,6 +437,6 @@ def _go(names: frozenset[str], read: Read, choice: BuildChoice) -> Plan | None:
         f"FROM {GO_RUNTIME}\n"
         "COPY --from=build /out/server /app/server\n"
         "WORKDIR /app\n"
-        f"ENV PORT={PORT}\nEXPOSE {PORT}\n" + _cmd(start)
+        f"ENV PORT={PORT}\nEXPOSE {PORT}\n" + _cmd(start, choice)
     )
     return Plan("stack", "stack go (go.mod)", generated=text, start=start, ignore=LEFT_OUT)
