@@ -147,8 +147,13 @@ class Budget:
 
     def take(self, info: tarfile.TarInfo) -> str | None:
         """Count this entry; why the image is now over its bounds, or None."""
-        self.files += 1
-        self.size += max(info.size, 0)
+        return self.add(max(info.size, 0), 1)
+
+    def add(self, size: int, files: int) -> str | None:
+        """Count `files` entries of `size` bytes in all (a layer counted before); why the
+        image is now over its bounds, or None."""
+        self.files += files
+        self.size += size
         if self.size > self.max_unpacked:
             return f"unpacks to more than {self.max_unpacked} bytes (the bound)"
         if self.files > self.max_files:

@@ -253,3 +253,19 @@ async def test_a_zstd_layer_is_refused_with_the_reason(
     pinned = image.model_copy(update={"manifest": digest, "layers": [zstd]})
     cache, _ = cache_for(layout)
     await refused(cache, pinned, "is zstd-compressed .*wakeful cannot unpack zstd layers yet")
+
+
+async def test_a_layer_counted_before_still_counts_toward_the_bounds(
+    layout: OciLayout, cache_for: CacheFor
+) -> None:
+    """A layer whose headers passed for one image is not read again for the next, but its
+    entries still count: two images sharing a 30-file layer, the second over 50 files."""
+    shared = layer(*(file(f"f{n}") for n in range(30)))
+    first = layout.add_image("first", [shared])
+    second = layout.add_image("second", [shared, layer(*(file(f"g{n}") for n in range(30)))])
+    assert second.layers[0].digest == first.layers[0].digest  # the same blob
+    cache, _ = cache_for(layout, max_files=50)
+    await cache.tree(first, owner=None)
+    with pytest.raises(ImageError, match="holds more than 50 entries") as caught:
+        await cache.tree(second, owner=None)
+    assert str(caught.value).startswith(f"image {second.ref} layer {second.layers[1].digest}")

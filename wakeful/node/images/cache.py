@@ -112,6 +112,9 @@ class ImageCache:
         self._flights: dict[str, _Flight] = {}
         self._blobs_of: dict[str, frozenset[str]] = {}
         """The blobs of each manifest with a tree or a make under way."""
+        self._scanned: dict[tuple[str, str], tuple[int, int]] = {}
+        """The bytes and entries of each layer blob kept whose headers passed `scan_layer`
+        (a blob is checked against its digest as it is fetched: the same bytes pass again)."""
         self._reserved = 0
         self._tick = 0
         self._hits = self._misses = 0
@@ -205,7 +208,18 @@ class ImageCache:
         await self._layout.name(image.manifest)
         budget = Budget(self._max_unpacked, self._max_files)
         for path, layer in zip(paths, image.layers, strict=True):
+            counted = self._scanned.get((layer.digest, layer.media_type))
+            if counted is not None:  # its headers passed before: its counts alone are added
+                reason = budget.add(*counted)
+                if reason is not None:
+                    raise ImageError(f"layer {layer.digest}: {reason}")
+                continue
+            size, files = budget.size, budget.files
             await anyio.to_thread.run_sync(scan_layer, path, layer, budget)
+            self._scanned[layer.digest, layer.media_type] = (
+                budget.size - size,
+                budget.files - files,
+            )
         need = budget.size
         self._make_room(need)
         self._reserved += need
@@ -254,6 +268,7 @@ class ImageCache:
         dropped = {d for m in gone for d in self._blobs_of.pop(m)} - kept
         await self._layout.unname(gone)
         await self._layout.remove(dropped)
+        self._scanned = {key: n for key, n in self._scanned.items() if key[0] not in dropped}
         await anyio.to_thread.run_sync(_remove_evicted, self.root / "tmp")
 
     async def _prepare(self) -> None:
