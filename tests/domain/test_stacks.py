@@ -104,6 +104,12 @@ def test_what_a_directory_is(
             id="uvicorn and a FastAPI app in main.py",
         ),
         pytest.param(
+            {"requirements.txt": "fastapi[standard]>=0.115\n", "main.py": FASTAPI},
+            (),
+            "uvicorn main:app --host 0.0.0.0 --port $PORT",
+            id="fastapi[standard] brings uvicorn",
+        ),
+        pytest.param(
             {"requirements.txt": "Flask\ngunicorn\n", "wsgi.py": FLASK},
             (),
             "gunicorn --bind 0.0.0.0:$PORT wsgi:server",
