@@ -20,7 +20,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from wakeful.domain.hosts import reserved
 from wakeful.domain.models import NAME_PATTERN, AppSpec, Host, describe_validation_error
-from wakeful.domain.stacks import CONTAINERFILES, BuildChoice, Plan, PlanError, plan
+from wakeful.domain.stacks import (
+    BUILT_KINDS,
+    CONTAINERFILES,
+    BuildChoice,
+    Plan,
+    PlanError,
+    plan,
+)
 
 MANIFEST = "wakeful.toml"
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
@@ -87,7 +94,6 @@ class Prebuilt:
 
     layout: Path
     manifest: str
-    made: str
 
 
 @dataclass(frozen=True)
@@ -97,6 +103,8 @@ class AppDir:
     plan: Plan = DIRECTORY
     build: BuildSettings = NO_BUILD_SETTINGS
     prebuilt: Prebuilt | None = None
+    made: str | None = None
+    """How `wakeful up` made its image (a build: `Containerfile`, `stack ...`), when it did."""
 
     @property
     def archive(self) -> Path | None:
@@ -172,14 +180,26 @@ def load_app_dir(path: Path) -> AppDir:
     manifest = path / MANIFEST
     if not path.is_dir():
         raise AppDirError(f"{path}: not a directory")
-    if not manifest.is_file():
-        raise AppDirError(f"{manifest}: missing (an app directory needs a {MANIFEST})")
-    try:
-        raw = tomllib.loads(manifest.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise AppDirError(f"{manifest}: not valid TOML: {exc}") from exc
+    if manifest.is_file():
+        try:
+            raw = tomllib.loads(manifest.read_text())
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise AppDirError(f"{manifest}: not valid TOML: {exc}") from exc
+    else:  # a directory that is built needs none: the app is named after the directory
+        raw = {"name": path.name}
     build, found = _plan(path, manifest, raw)
-    if found.kind in ("containerfile", "stack"):
+    if not manifest.is_file():
+        if found.kind not in BUILT_KINDS:
+            raise AppDirError(
+                f"{manifest}: missing (an app directory needs a {MANIFEST}, unless it is built: "
+                "a Containerfile, a requirements.txt, a package.json, a go.mod)"
+            )
+        if re.fullmatch(NAME_PATTERN, path.name) is None:
+            raise AppDirError(
+                f"{path}: no {MANIFEST}, so the app would be named after its directory, "
+                f'{path.name!r}, which is not a DNS label: add a {MANIFEST} saying name = "..."'
+            )
+    if found.kind in BUILT_KINDS:
         raw = {**raw, "image": f"{BUILT}{raw.get('name')}"}
     try:
         definition = definition_from_manifest(raw)

@@ -31,7 +31,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Annotated, Protocol
 
@@ -249,6 +249,19 @@ async def _forget(path: Path | None) -> None:
             await anyio.Path(path).unlink()
 
 
+@contextlib.contextmanager
+def _store_errors() -> Iterator[None]:
+    """The image store's disk failing (full, gone read-only): 503, to be tried again."""
+    try:
+        yield
+    except (ImageStorageError, OSError) as exc:
+        raise HTTPException(
+            503,
+            {"error": "image store unavailable", "detail": str(exc)},
+            headers={"Retry-After": "5"},
+        ) from exc
+
+
 def _bad(status: int, error: str, detail: str) -> HTTPException:
     return HTTPException(status, {"error": error, "detail": detail})
 
@@ -270,11 +283,13 @@ def images_router(images: Images) -> APIRouter:
 
     @router.post("/v1/images/blobs/missing")
     async def missing(body: Wanted) -> dict[str, list[str]]:
-        return {"missing": await images.store.missing(body.blobs)}
+        with _store_errors():
+            return {"missing": await images.store.missing(body.blobs)}
 
     @router.put("/v1/images/blobs/{digest}", status_code=201)
     async def upload_blob(digest: BlobParam, request: Request) -> dict[str, str]:
-        await images.receive_blob(request, digest)
+        with _store_errors():
+            await images.receive_blob(request, digest)
         return {"blob": digest}
 
     @router.get("/v1/blobs/{digest}")

@@ -50,8 +50,7 @@ async def deploy_dir(
         record = await images.import_local(image, prebuilt.layout, prebuilt.manifest)
     else:
         record = await images.pull(image, app_dir.archive)
-    made = prebuilt.made if prebuilt is not None else None
-    rollout = await deployer.prepare(app_dir.definition, digest, record, made)
+    rollout = await deployer.prepare(app_dir.definition, digest, record, app_dir.made)
     if rollout.phase is Phase.ROLLING:
         tasks.start_soon(deployer.roll_out, rollout)
     return rollout.message

@@ -22,14 +22,11 @@ from wakeful.build import (
     upload,
 )
 from wakeful.deploy.appdir import AppDefinition, AppDir, Prebuilt
+from wakeful.domain.stacks import BUILT_KINDS
 from wakeful.oci import ImageError
 
 from .commands import RUNTIME, CliError, Pause, follow_rollout, say
 from .remote import ControlClient
-
-FAILED_LINES = 10
-"""Lines of a failed build's output its error repeats (all of it was shown as it came)."""
-BUILT_KINDS = ("containerfile", "stack")
 
 
 def deploy_built(
@@ -73,7 +70,7 @@ def built_here(app_dir: AppDir, environment: BuildEnvironment) -> Built:
     try:
         built = build(app_dir, environment, lambda line: say(f"  | {line}"))
     except BuildFailed as exc:
-        last = "\n".join(exc.last[-FAILED_LINES:])
+        last = "\n".join(exc.last)
         raise CliError(f"{exc}; nothing was deployed. Its last lines:\n{last}", RUNTIME) from exc
     except (BuilderError, ContextRefused, ImageError, ValueError, OSError) as exc:
         raise CliError(f"cannot build {app_dir.path}: {exc}", RUNTIME) from exc
@@ -96,9 +93,11 @@ def build_for_up(app_dir: AppDir, environment: BuildEnvironment | None = None) -
         return app_dir
     built = built_here(app_dir, environment or BuildEnvironment())
     if built.pushed is not None:
-        return dataclasses.replace(app_dir, definition=pushed_definition(app_dir, built.pushed))
+        definition = pushed_definition(app_dir, built.pushed)
+        return dataclasses.replace(app_dir, definition=definition, made=built.made)
     assert built.layout is not None and built.manifest is not None
-    return dataclasses.replace(app_dir, prebuilt=Prebuilt(built.layout, built.manifest, built.made))
+    prebuilt = Prebuilt(built.layout, built.manifest)
+    return dataclasses.replace(app_dir, prebuilt=prebuilt, made=built.made)
 
 
 def as_typed(command: Sequence[str]) -> str:
@@ -120,8 +119,12 @@ def dry_run(app_dir: AppDir) -> int:
             runs = as_typed(spec.command)
             say(f"{app_dir.path}: a directory app (nothing to build); runs {runs}")
         return 0
+    try:
+        text = containerfile_of(app_dir)
+    except OSError as exc:
+        raise CliError(f"cannot read {app_dir.path / (plan.containerfile or '')}: {exc}") from exc
     say(f"# {app_dir.path}: built from {plan.made}")
-    say(containerfile_of(app_dir).rstrip("\n"))
+    say(text.rstrip("\n"))
     if spec.command:
         say(f"# runs (wakeful.toml's command): {as_typed(spec.command)}")
     elif plan.start is not None:

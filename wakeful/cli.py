@@ -56,6 +56,7 @@ from . import build_commands, commands
 from .commands import RUNTIME, USAGE, CliError
 from .datadir import CONTROL_FILE
 from .deploy.appdir import AppDir, image_definition
+from .domain.stacks import BUILT_KINDS
 from .pieces import (
     cmd_activator,
     cmd_idle_monitor,
@@ -123,7 +124,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         (app_dir,) = load_apps([args.app_dir])  # a bad directory is a usage error, found first
     if args.dry_run:
         return build_commands.dry_run(app_dir)
-    if app_dir.plan.kind in build_commands.BUILT_KINDS:
+    if app_dir.plan.kind in BUILT_KINDS:
         return _remote(lambda api, _: build_commands.deploy_built(api, app_dir))(args)
     return _remote(lambda api, _: commands.deploy(api, app_dir))(args)
 

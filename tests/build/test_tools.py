@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from wakeful.build import BuildEnvironment, BuilderError, BuildFailed, build, find_builder
-from wakeful.build.tools import bounded_lines
+from wakeful.build.tools import Builder, bounded_lines
 from wakeful.deploy.appdir import load_app_dir
 
 
@@ -78,3 +78,24 @@ def test_a_stack_built_by_docker_gets_its_ignore_file_beside_the_containerfile(
     assert "--ignorefile" not in " ".join(failed.value.last)
     ignored = (cache / "app" / "Containerfile.dockerignore").read_text().split()
     assert "node_modules" in ignored and "**/.wakeful" in ignored
+    # Once the directory has its own, docker must read that one: the defaults go.
+    (app / ".dockerignore").write_text("node_modules\n")
+    with pytest.raises(BuildFailed):
+        build(load_app_dir(app), environment, lambda line: None)
+    assert not (cache / "app" / "Containerfile.dockerignore").exists()
+
+
+def test_buildah_finds_an_image_id_its_own_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """buildah has no `image inspect`: `inspect --type image` says the id."""
+    binary = tmp_path / "bin"
+    binary.mkdir()
+    (binary / "buildah").write_text(
+        "#!/bin/sh\n"
+        '[ "$1 $2 $3" = "inspect --type image" ] && echo sha256:abc && exit 0\n'
+        "exit 125\n"
+    )
+    (binary / "buildah").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{binary}:{os.environ['PATH']}")
+    assert Builder("buildah").image_id("localhost/wakeful-build/app:latest") == "sha256:abc"

@@ -241,3 +241,33 @@ def test_a_containerfile_that_is_a_link_is_refused(tmp_path: Path) -> None:
     (app / "Containerfile").symlink_to("docker/Containerfile")
     with pytest.raises(AppDirError, match="a link; a Containerfile must be a file"):
         load_app_dir(app)
+
+
+def test_a_directory_that_is_built_needs_no_manifest_and_is_named_after_itself(
+    tmp_path: Path,
+) -> None:
+    app = tmp_path / "shop"
+    app.mkdir()
+    (app / "requirements.txt").write_text("fastapi[standard]\n")
+    (app / "main.py").write_text("from fastapi import FastAPI\napp = FastAPI()\n")
+    loaded = load_app_dir(app)
+    assert (loaded.definition.name, loaded.definition.spec.image) == ("shop", "built:shop")
+    assert loaded.plan.start == "uvicorn main:app --host 0.0.0.0 --port $PORT"
+
+
+@pytest.mark.parametrize(
+    ("name", "files", "reason"),
+    [
+        pytest.param("My Shop", {"Containerfile": "FROM scratch\n"}, "not a DNS label", id="name"),
+        pytest.param("plain", {"app.py": "print(1)\n"}, "unless it is built", id="not built"),
+    ],
+)
+def test_a_directory_without_a_manifest_says_what_it_needs(
+    tmp_path: Path, name: str, files: dict[str, str], reason: str
+) -> None:
+    app = tmp_path / name
+    app.mkdir()
+    for file, text in files.items():
+        (app / file).write_text(text)
+    with pytest.raises(AppDirError, match=reason):
+        load_app_dir(app)

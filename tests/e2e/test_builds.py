@@ -106,7 +106,8 @@ def test_a_fastapi_directory_builds_and_a_code_change_sends_one_layer(
     up: Up, builds: dict[str, str], tmp_path: Path
 ) -> None:
     app = copy_example("fastapi", tmp_path)
-    assert sorted(p.name for p in app.iterdir()) == ["main.py", "requirements.txt", "wakeful.toml"]
+    (app / "wakeful.toml").unlink()  # the app: nothing but its code and requirements
+    assert sorted(p.name for p in app.iterdir()) == ["main.py", "requirements.txt"]
     first = deployed(deploy(up, builds, str(app)))
     assert "building fastapi (stack python (requirements.txt))" in first
     assert '"hello":"from a build"' in page(up, "fastapi")

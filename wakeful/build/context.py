@@ -45,24 +45,30 @@ class ContextSize:
     bytes: int
 
 
-def ignore_files(tool: str) -> tuple[str, ...]:
-    """The ignore files `tool` reads, in its order."""
-    return (".dockerignore",) if tool == "docker" else IGNORE_FILES
+def ignore_files(tool: str, containerfile: str | None = None) -> tuple[str, ...]:
+    """The ignore files `tool` reads, in its order: docker (BuildKit) prefers one named after
+    the Containerfile it builds (`Dockerfile.prod.dockerignore`) to `.dockerignore`."""
+    if tool == "docker":
+        own = (f"{containerfile}.dockerignore",) if containerfile else ()
+        return (*own, ".dockerignore")
+    return IGNORE_FILES
 
 
-def own_ignore_file(root: Path, tool: str) -> Path | None:
+def own_ignore_file(root: Path, tool: str, containerfile: str | None = None) -> Path | None:
     """The directory's ignore file that `tool` reads, if it has one."""
-    for name in ignore_files(tool):
+    for name in ignore_files(tool, containerfile):
         if os.path.lexists(root / name):
             return root / name
     return None
 
 
-def ignore_patterns(root: Path, defaults: Sequence[str], tool: str = "podman") -> tuple[str, ...]:
+def ignore_patterns(
+    root: Path, defaults: Sequence[str], tool: str = "podman", containerfile: str | None = None
+) -> tuple[str, ...]:
     """The patterns the build leaves out: the directory's ignore file's (none when it has an
     exception), else `defaults`. The ignore file must be a regular file (not a link) of at most
     `MAX_IGNORE_BYTES`."""
-    path = own_ignore_file(root, tool)
+    path = own_ignore_file(root, tool, containerfile)
     if path is None:
         return tuple(defaults)
     if not stat.S_ISREG(path.lstat().st_mode):

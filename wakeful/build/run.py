@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from wakeful.deploy.appdir import AppDir
@@ -26,7 +26,6 @@ from wakeful.oci import layout
 from .context import (
     MAX_CONTEXT_BYTES,
     MAX_CONTEXT_FILES,
-    ContextRefused,
     ContextSize,
     check_context,
     ignore_patterns,
@@ -50,6 +49,13 @@ class BuildEnvironment(BaseSettings):
     build_ca: Path | None = None
     """A CA bundle the build may need to reach a package index (a proxy's), passed as the
     build secret `extra_ca` (default: the system's bundle, when there is one)."""
+
+    @field_validator("build_cache")
+    @classmethod
+    def _nameable(cls, path: Path) -> Path:
+        if ":" in str(path):  # skopeo's and podman's `oci:PATH:TAG` would split it
+            raise ValueError(f"{str(path)!r}: a path with ':' cannot be named to the builder")
+        return path
 
 
 @dataclass(frozen=True)
@@ -80,12 +86,7 @@ def build(app_dir: AppDir, environment: BuildEnvironment, out: Out) -> Built:
     `out`. ContextRefused, BuilderError (BuildFailed), OSError."""
     plan, name = app_dir.plan, app_dir.definition.name
     tool = find_builder(environment.builder)
-    if ":" in str(environment.build_cache):  # skopeo's and podman's `oci:PATH:TAG` would split it
-        raise ContextRefused(
-            f"WAKEFUL_BUILD_CACHE={str(environment.build_cache)!r}: a path with ':' cannot be "
-            "named to the builder"
-        )
-    patterns = ignore_patterns(app_dir.path, plan.ignore, tool)
+    patterns = ignore_patterns(app_dir.path, plan.ignore, tool, plan.containerfile)
     size = check_context(
         app_dir.path,
         patterns,
@@ -99,6 +100,8 @@ def build(app_dir: AppDir, environment: BuildEnvironment, out: Out) -> Built:
     if plan.generated is not None:
         containerfile = cache / "Containerfile"
         containerfile.write_text(plan.generated)
+        for stale in ("Containerfile.dockerignore", "ignore"):  # an earlier build's defaults
+            (cache / stale).unlink(missing_ok=True)
         if own_ignore_file(app_dir.path, tool) is None:
             # What the walk left out, the builder leaves out: podman and buildah read it from
             # --ignorefile, docker (BuildKit) from `<Containerfile>.dockerignore` beside it.

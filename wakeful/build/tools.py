@@ -9,7 +9,6 @@ with its last lines. The builder's own errors become `BuilderError`s here, at th
 from __future__ import annotations
 
 import collections
-import json
 import os
 import shutil
 import subprocess
@@ -19,13 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from wakeful.oci import ImageStorageError, layout
 from wakeful.oci.archives import open_archive
 
 BUILDERS = ("podman", "buildah", "docker")
-LAST_LINES = 30
+LAST_LINES = 10
+"""Lines of a failed build's output its error repeats (all of it was shown as it came)."""
 MAX_LINE = 8192
 """Bytes of one line of build output kept (the rest of a longer one is dropped)."""
-"""Lines of a failed build's output its error repeats."""
 EXPORT_TIMEOUT = 900.0
 Out = Callable[[str], None]
 
@@ -50,7 +50,6 @@ def bounded_lines(stream: IO[bytes], limit: int = MAX_LINE) -> Iterator[str]:
             yield chunk[:-1].decode("utf-8", errors="replace")
             continue
         cut = chunk.decode("utf-8", errors="replace")
-        more = b""
         if len(chunk) == limit:
             while (more := stream.readline(limit)) and not more.endswith(b"\n"):
                 pass
@@ -149,7 +148,12 @@ class Builder:
         return layout_manifest(layout, None)
 
     def image_id(self, tag: str) -> str | None:
-        done = self._run(["image", "inspect", "--format", "{{.Id}}", tag], "", check=False)
+        """The local image `tag`'s id, or None when there is none."""
+        if self.tool == "buildah":  # buildah has no `image inspect`
+            args = ["inspect", "--type", "image", "--format", "{{.FromImageID}}", tag]
+        else:
+            args = ["image", "inspect", "--format", "{{.Id}}", tag]
+        done = self._run(args, "", check=False)
         return done.stdout.strip() or None if done.returncode == 0 else None
 
     def remove(self, image_id: str) -> None:
@@ -195,18 +199,16 @@ def run(
     return done
 
 
-def layout_manifest(layout: Path, name: str | None) -> str:
+def layout_manifest(root: Path, name: str | None) -> str:
     """The digest of the manifest the layout's index.json names `name` (None: its only one)."""
     try:
-        entries = json.loads((layout / "index.json").read_bytes()).get("manifests") or []
-    except (OSError, ValueError, AttributeError) as exc:
-        raise BuilderError(f"the exported image has no readable index.json: {exc}") from None
-    found = [
-        entry
-        for entry in entries
-        if name is None
-        or entry.get("annotations", {}).get("org.opencontainers.image.ref.name") == name
-    ]
-    if len(found) != 1 or not isinstance(found[0].get("digest"), str):
+        if name is not None:
+            found = layout.tagged(root, name)
+        else:
+            entries = layout.read_index(root)
+            found = entries[0].get("digest") if len(entries) == 1 else None
+    except ImageStorageError as exc:
+        raise BuilderError(f"the exported image: {exc}") from None
+    if not isinstance(found, str):
         raise BuilderError(f"the exported image's index.json names no single manifest {name}")
-    return str(found[0]["digest"])
+    return found
