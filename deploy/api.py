@@ -19,25 +19,28 @@ import anyio
 import anyio.abc
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi import Path as PathParam
-from pydantic import BaseModel, ConfigDict, Field
 
-from wakeful.deploy.appdir import AppDefinition
 from wakeful.deploy.artifacts import ArtifactStorageError, LocalArtifacts
 from wakeful.deploy.errors import DeployError, UnknownApp
 from wakeful.deploy.images import Images
 from wakeful.deploy.rollout import Phase
 from wakeful.deploy.service import Deployer
 from wakeful.deploy.states import ArchiveMissing, NotHeld, StateKeeper, StorageFull
+from wakeful.deploy.wire import (
+    AppReport,
+    DeletionReport,
+    DeployRequest,
+    KeepRequest,
+    ReleaseRequest,
+    RolloutReport,
+    pinned,
+)
 from wakeful.domain import keys
 from wakeful.domain.artifacts import ArtifactError
 from wakeful.domain.models import (
-    BLOB_DIGEST,
-    MADE,
     NAME_PATTERN,
-    SANDBOX_ID_PATTERN,
     App,
     AppState,
-    ImageRecord,
     Role,
     Version,
     made_by,
@@ -62,86 +65,6 @@ Digest = Annotated[str, PathParam(pattern=r"^[0-9a-f]{64}$", description="a sha2
 
 NodeQuery = Annotated[str, Query(pattern=NAME_PATTERN, description="the node holding it")]
 EpochQuery = Annotated[int, Query(ge=1, description="the epoch it holds the state at")]
-
-
-class SandboxAt(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    id: str = Field(pattern=SANDBOX_ID_PATTERN)
-    revision: int = Field(ge=0, description="the record's revision as read; 0: absent")
-
-
-class ReleaseRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    node: str = Field(pattern=NAME_PATTERN)
-    epoch: int = Field(ge=1)
-    archive: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
-    size: int = Field(default=0, ge=0)
-    error: str = Field(default="", max_length=4000)
-    sandbox: SandboxAt | None = None
-    """Release only while this sandbox's record is at this revision."""
-
-
-class KeepRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    node: str = Field(pattern=NAME_PATTERN)
-    epoch: int = Field(ge=1)
-    error: str = Field(max_length=4000)
-    for_good: bool = True
-
-
-class DeployRequest(BaseModel):
-    definition: AppDefinition
-    artifact: str | None = None
-    image_archive: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
-    """An image archive uploaded for this deploy (`PUT /v1/images/archives`)."""
-    image_manifest: str | None = Field(default=None, pattern=BLOB_DIGEST)
-    """The manifest of an image the CLI built and uploaded (`image = "built:APP"`)."""
-    made: str | None = Field(default=None, pattern=MADE)
-    """How the version was made (a Containerfile, a stack): `wakeful versions` shows it."""
-
-
-class RolloutReport(BaseModel):
-    app: str
-    version: str
-    pool: str
-    phase: Phase
-    message: str
-    ready: int
-    target_ready: int
-
-
-class DeletionReport(BaseModel):
-    app: str
-    versions: int
-    pools: list[str]
-    """Retired: their sandboxes drain (requests on them finish), then the pools go."""
-    artifacts_removed: int
-    """Deleted by the artifact collection run after the deletion: unreferenced artifacts
-    uploaded more than the grace period ago (a newer one goes in a later run)."""
-
-
-class AppReport(BaseModel):
-    name: str
-    hosts: list[str]
-    default_host: bool
-    active_version: str | None
-    previous_version: str | None
-    versions: list[str]
-    images: dict[str, str] = Field(default_factory=dict)
-    """For each version that runs an image: `REF@sha256:...`, as it was pinned at deploy."""
-    made: dict[str, str] = Field(default_factory=dict)
-    """For each version: how it was made (directory, image, Containerfile, stack ...)."""
-
-
-def pinned(image: ImageRecord) -> str:
-    """`REF@sha256:...`: the reference with the digest it was pinned to (once, when the
-    reference named it already)."""
-    if image.ref.endswith(f"@{image.digest}"):
-        return image.ref
-    return f"{image.ref}@{image.digest}"
 
 
 UPLOADS = 4
