@@ -14,7 +14,16 @@ import anyio
 import pytest
 
 from tests.node.images.conftest import CacheFor
-from tests.support.images import INDEX_HTML, OciLayout, busybox_image, directory, file, layer
+from tests.support.images import (
+    INDEX_HTML,
+    OciLayout,
+    busybox_image,
+    directory,
+    file,
+    layer,
+    opaque,
+    whiteout,
+)
 from wakeful.domain.models.images import ImageConfig
 from wakeful.node.images import ImageCache, ImageError
 from wakeful.node.images.testing import DirectoryBlobs
@@ -259,3 +268,39 @@ async def test_a_waiter_makes_the_tree_when_the_maker_is_cancelled(
     assert got[0].joinpath("www/index.html").read_bytes() == INDEX_HTML
     assert cache.stats().misses == 2  # the cancelled make, and the waiter's
     assert list((cache.root / "tmp").iterdir()) == []
+
+
+async def test_a_new_version_is_made_from_the_base_its_layers_share(
+    layout: OciLayout, cache_for: CacheFor
+) -> None:
+    """Two versions of an app, the same layers but the last: the second tree is the first's
+    base copied with its own last layer over it (its whiteouts too), each whole and alone."""
+    system = layer(directory("app"), file("app/lib.py", b"lib"), file("app/old.py", b"old"))
+    first = layout.add_image("v1", [system, layer(file("app/main.py", b"version 1"))])
+    second = layout.add_image(
+        "v2", [system, layer(file("app/main.py", b"version 2"), whiteout("app/old.py"))]
+    )
+    assert first.layers[0].digest == second.layers[0].digest
+    cache, _ = cache_for(layout)
+    one = await cache.tree(first, owner=OWNER)
+    two = await cache.tree(second, owner=OWNER)
+    assert len(list((cache.root / "bases").iterdir())) == 1  # one base, made once
+    assert (one / "app" / "main.py").read_bytes() == b"version 1"
+    assert (two / "app" / "main.py").read_bytes() == b"version 2"
+    assert (one / "app" / "old.py").exists() and not (two / "app" / "old.py").exists()
+    assert (two / "app" / "lib.py").read_bytes() == b"lib"
+    assert set(owners(two).values()) == {(OWNER, OWNER)}
+    base = next(iter((cache.root / "bases").iterdir()))
+    assert (base / "app" / "old.py").exists()  # the base is never changed by a tree's layer
+    assert not (base / "app" / "main.py").exists()
+    assert cache.stats().images == 2
+
+
+async def test_an_opaque_directory_in_the_last_layer_hides_the_base_s(
+    layout: OciLayout, cache_for: CacheFor
+) -> None:
+    system = layer(directory("app"), file("app/a.py", b"a"), file("app/b.py", b"b"))
+    image = layout.add_image("v1", [system, layer(opaque("app"), file("app/c.py", b"c"))])
+    cache, _ = cache_for(layout)
+    tree = await cache.tree(image, owner=None)
+    assert sorted(p.name for p in (tree / "app").iterdir()) == ["c.py"]

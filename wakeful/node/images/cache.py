@@ -43,6 +43,7 @@ from wakeful.oci.scan import Budget, check_manifest, scan_layer
 from .blobs import BlobSource, Layout, hex_of
 from .errors import ImageError
 from .eviction import Held, to_evict
+from .layered import base_key, copy_tree, unpack_run
 from .unpack import run_umoci, settle, umoci_path
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,9 @@ class ImageCache:
         self._max_files = max_files
         self._max_cache_bytes = max_cache_bytes
         self._trees: dict[str, _Tree] = {}
+        self._bases: dict[str, _Tree] = {}
+        """Trees of all an image's layers but the last (`layered`), keyed `base-<chain>`: the
+        next version of a rebuilt app is made from one. Never handed to a sandbox."""
         self._flights: dict[str, _Flight] = {}
         self._blobs_of: dict[str, frozenset[str]] = {}
         """The blobs of each manifest with a tree or a make under way."""
@@ -153,7 +157,7 @@ class ImageCache:
         blobs = {digest for digests in self._blobs_of.values() for digest in digests}
         return CacheStats(
             images=len(self._trees),
-            bytes=sum(tree.size for tree in self._trees.values()),
+            bytes=sum(tree.size for tree in [*self._trees.values(), *self._bases.values()]),
             blob_bytes=sum(self._layout.sizes.get(digest, 0) for digest in blobs),
             in_use=sum(1 for tree in self._trees.values() if tree.pins),
             hits=self._hits,
@@ -225,7 +229,7 @@ class ImageCache:
         self._reserved += need
         temporary = self.root / "tmp" / f"{key}.{secrets.token_hex(4)}"
         try:
-            await run_umoci(self._layout.path, hex_of(image.manifest), temporary)
+            await self._unpack(image, temporary)
             size = await anyio.to_thread.run_sync(settle, temporary, owner, image.config.user)
             target = self.root / "trees" / key
             await anyio.to_thread.run_sync(os.replace, temporary, target)
@@ -235,12 +239,69 @@ class ImageCache:
                 await anyio.to_thread.run_sync(_remove, temporary)
         return _Tree(key, image.manifest, target, size, self._next_tick())
 
+    async def _unpack(self, image: ImageRecord, temporary: Path) -> None:
+        """umoci's unpack of `image` into `temporary`: from the base its layers but the last
+        share with the images before it (`layered`), else every layer."""
+        key = base_key(image)
+        if key is None:
+            await run_umoci(self._layout.path, hex_of(image.manifest), temporary)
+            return
+        config = await anyio.Path(self._layout.blob(image.config_digest)).read_bytes()
+        base = await self._base(image, key, config)
+        base.pins += 1  # not evicted while it is copied
+        try:
+            await copy_tree(base.path, temporary)
+        finally:
+            base.pins -= 1
+        last = slice(len(image.layers) - 1, None)
+        await unpack_run(
+            image, last, temporary, blob=self._layout.blob, config=config, scratch=self._scratch()
+        )
+
+    async def _base(self, image: ImageRecord, key: str, config: bytes) -> _Tree:
+        """The base tree of all `image`'s layers but the last, unpacked when there is none
+        (its bytes counted and bounded with the trees')."""
+        found = self._bases.get(key)
+        if found is not None:
+            found.last_used = self._next_tick()
+            return found
+        layers = image.layers[:-1]
+        need = sum(self._scanned.get((x.digest, x.media_type), (x.size, 0))[0] for x in layers)
+        self._make_room(need)
+        self._reserved += need
+        temporary = self.root / "tmp" / f"{key}.{secrets.token_hex(4)}"
+        target = self.root / "bases" / key
+        try:
+            run = slice(0, len(layers))
+            await unpack_run(
+                image,
+                run,
+                temporary,
+                blob=self._layout.blob,
+                config=config,
+                scratch=self._scratch(),
+            )
+            found = self._bases.get(key)  # another make of an image with this base, meanwhile
+            if found is None:
+                await anyio.to_thread.run_sync(os.replace, temporary, target)
+                found = self._bases[key] = _Tree(key, image.manifest, target, need, 0)
+        finally:
+            self._reserved -= need
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(_remove, temporary)
+        found.last_used = self._next_tick()
+        return found
+
+    def _scratch(self) -> Path:
+        return self.root / "tmp" / f"scratch.{secrets.token_hex(4)}"
+
     def _make_room(self, need: int) -> None:
         """Remove the unused trees the eviction rule picks (no await: the choice and the
         bookkeeping are one step); each is renamed out of `trees/` at once and deleted later
         (`_drop_unneeded_blobs` runs after every make)."""
-        held = [Held(t.key, t.size, t.last_used, t.pins > 0) for t in self._trees.values()]
-        used = sum(t.size for t in self._trees.values()) + self._reserved
+        every = [*self._trees.values(), *self._bases.values()]
+        held = [Held(t.key, t.size, t.last_used, t.pins > 0) for t in every]
+        used = sum(t.size for t in every) + self._reserved
         chosen = to_evict(held, used, need, self._max_cache_bytes)
         if chosen is None:
             in_use = sum(t.size for t in self._trees.values() if t.pins)
@@ -250,7 +311,7 @@ class ImageCache:
                 f"{self._reserved} by other unpacks)"
             )
         for key in chosen:
-            tree = self._trees.pop(key)
+            tree = self._bases.pop(key) if key in self._bases else self._trees.pop(key)
             log.info("image cache: evicting %s (%d bytes)", key, tree.size)
             # One rename: a make of the same key may rename its tree here right after.
             tree.path.rename(self.root / "tmp" / f"evicted-{key}.{secrets.token_hex(4)}")
@@ -281,7 +342,7 @@ class ImageCache:
 
     def _empty(self) -> None:
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        for name in ("trees", "tmp"):
+        for name in ("trees", "bases", "tmp"):
             shutil.rmtree(self.root / name, ignore_errors=True)
             (self.root / name).mkdir(mode=0o700)
         self._layout.prepare()
