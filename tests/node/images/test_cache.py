@@ -24,7 +24,7 @@ from tests.support.images import (
     opaque,
     whiteout,
 )
-from wakeful.domain.models.images import ImageConfig
+from wakeful.domain.models.images import ImageConfig, ImageRecord
 from wakeful.node.images import ImageCache, ImageError
 from wakeful.node.images.testing import DirectoryBlobs
 
@@ -304,3 +304,24 @@ async def test_an_opaque_directory_in_the_last_layer_hides_the_base_s(
     cache, _ = cache_for(layout)
     tree = await cache.tree(image, owner=None)
     assert sorted(p.name for p in (tree / "app").iterdir()) == ["c.py"]
+
+
+async def test_two_images_sharing_a_base_made_at_once_make_it_once(
+    layout: OciLayout, cache_for: CacheFor
+) -> None:
+    system = layer(directory("app"), file("app/lib.py", b"lib"))
+    images = [
+        layout.add_image(f"v{n}", [system, layer(file("app/main.py", f"{n}".encode()))])
+        for n in (1, 2)
+    ]
+    cache, _ = cache_for(layout)
+    trees: list[Path] = []
+
+    async def make(image: ImageRecord) -> None:
+        trees.append(await cache.tree(image, owner=None))
+
+    async with anyio.create_task_group() as tasks:
+        for image in images:
+            tasks.start_soon(make, image)
+    assert sorted((tree / "app" / "main.py").read_bytes() for tree in trees) == [b"1", b"2"]
+    assert len(list((cache.root / "bases").iterdir())) == 1

@@ -111,6 +111,7 @@ class ImageCache:
         self._max_cache_bytes = max_cache_bytes
         self._trees: dict[str, _Tree] = {}
         self._bases: dict[str, _Tree] = {}
+        self._base_lock = anyio.Lock()
         """Trees of all an image's layers but the last (`layered`), keyed `base-<chain>`: the
         next version of a rebuilt app is made from one. Never handed to a sandbox."""
         self._flights: dict[str, _Flight] = {}
@@ -260,11 +261,16 @@ class ImageCache:
 
     async def _base(self, image: ImageRecord, key: str, config: bytes) -> _Tree:
         """The base tree of all `image`'s layers but the last, unpacked when there is none
-        (its bytes counted and bounded with the trees')."""
-        found = self._bases.get(key)
-        if found is not None:
-            found.last_used = self._next_tick()
-            return found
+        (its bytes counted and bounded with the trees'). One base is made at a time: two
+        images sharing one may ask for it at once."""
+        async with self._base_lock:
+            found = self._bases.get(key)
+            if found is None:
+                found = await self._make_base(image, key, config)
+        found.last_used = self._next_tick()
+        return found
+
+    async def _make_base(self, image: ImageRecord, key: str, config: bytes) -> _Tree:
         layers = image.layers[:-1]
         need = sum(self._scanned.get((x.digest, x.media_type), (x.size, 0))[0] for x in layers)
         self._make_room(need)
@@ -273,24 +279,17 @@ class ImageCache:
         target = self.root / "bases" / key
         try:
             run = slice(0, len(layers))
+            scratch = self._scratch()
             await unpack_run(
-                image,
-                run,
-                temporary,
-                blob=self._layout.blob,
-                config=config,
-                scratch=self._scratch(),
+                image, run, temporary, blob=self._layout.blob, config=config, scratch=scratch
             )
-            found = self._bases.get(key)  # another make of an image with this base, meanwhile
-            if found is None:
-                await anyio.to_thread.run_sync(os.replace, temporary, target)
-                found = self._bases[key] = _Tree(key, image.manifest, target, need, 0)
+            await anyio.to_thread.run_sync(os.replace, temporary, target)
         finally:
             self._reserved -= need
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(_remove, temporary)
-        found.last_used = self._next_tick()
-        return found
+        base = self._bases[key] = _Tree(key, image.manifest, target, need, 0)
+        return base
 
     def _scratch(self) -> Path:
         return self.root / "tmp" / f"scratch.{secrets.token_hex(4)}"
