@@ -136,6 +136,18 @@ def touch(root: Path, digests: set[str], now: float) -> bool:
     return present
 
 
+def claim(root: Path, digests: list[str], now: float) -> set[str]:
+    """Those of `digests` stored, each claimed at `now` (its mtime), the rest left out."""
+    held = set()
+    for digest in digests:
+        try:
+            os.utime(blob_path(root, digest), (now, now))
+            held.add(digest)
+        except FileNotFoundError:
+            pass
+    return held
+
+
 def scan(root: Path) -> list[tuple[str, float]]:
     found = []
     with contextlib.suppress(FileNotFoundError), os.scandir(blobs(root)) as entries:

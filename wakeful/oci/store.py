@@ -220,8 +220,9 @@ class ImageStore:
         holds are claimed now, so the collector leaves them until the deploy that follows."""
         wanted = list(digests)
         async with self._locked():
-            held = [digest for digest in wanted if self.has(digest)]
-            await anyio.to_thread.run_sync(layout.touch, self.directory, set(held), self._clock())
+            held = await anyio.to_thread.run_sync(
+                layout.claim, self.directory, wanted, self._clock()
+            )
         return [digest for digest in wanted if digest not in held]
 
     async def import_built(self, ref: str, manifest: str) -> ImageRecord:
