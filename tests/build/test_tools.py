@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from wakeful.build import BuildEnvironment, BuilderError, BuildFailed, build, find_builder
-from wakeful.build.tools import Builder, bounded_lines
+from wakeful.build.tools import Builder, bounded_lines, build_command
 from wakeful.deploy.appdir import load_app_dir
 
 
@@ -99,3 +99,71 @@ def test_buildah_finds_an_image_id_its_own_way(
     (binary / "buildah").chmod(0o755)
     monkeypatch.setenv("PATH", f"{binary}:{os.environ['PATH']}")
     assert Builder("buildah").image_id("localhost/wakeful-build/app:latest") == "sha256:abc"
+
+
+CF, IGNORE, CA = Path("/c/Containerfile"), Path("/c/ignore"), Path("/etc/ca.pem")
+
+
+@pytest.mark.parametrize(
+    ("tool", "argv", "env"),
+    [
+        pytest.param(
+            "podman",
+            [
+                "podman",
+                "build",
+                "-f",
+                "/c/Containerfile",
+                "-t",
+                "t",
+                "--secret",
+                "id=extra_ca,src=/etc/ca.pem",
+                "--ignorefile",
+                "/c/ignore",
+                "--label",
+                "a=b",
+            ],
+            {},
+            id="podman takes the ignore file and the secret",
+        ),
+        pytest.param(
+            "buildah",
+            [
+                "buildah",
+                "build",
+                "--layers",
+                "-f",
+                "/c/Containerfile",
+                "-t",
+                "t",
+                "--secret",
+                "id=extra_ca,src=/etc/ca.pem",
+                "--ignorefile",
+                "/c/ignore",
+                "--label",
+                "a=b",
+            ],
+            {},
+            id="buildah keeps its layers only when asked",
+        ),
+        pytest.param(
+            "docker",
+            [
+                "docker",
+                "build",
+                "-f",
+                "/c/Containerfile",
+                "-t",
+                "t",
+                "--secret",
+                "id=extra_ca,src=/etc/ca.pem",
+                "--label",
+                "a=b",
+            ],
+            {"DOCKER_BUILDKIT": "1"},
+            id="docker reads its ignore file beside the Containerfile, secrets with BuildKit",
+        ),
+    ],
+)
+def test_each_builder_s_command(tool: str, argv: list[str], env: dict[str, str]) -> None:
+    assert build_command(tool, CF, "t", IGNORE, CA, ["a=b"]) == (argv, env)

@@ -56,6 +56,29 @@ def bounded_lines(stream: IO[bytes], limit: int = MAX_LINE) -> Iterator[str]:
         yield cut + (" [line cut]" if len(chunk) == limit else "")
 
 
+def build_command(
+    tool: str,
+    containerfile: Path,
+    tag: str,
+    ignorefile: Path | None,
+    ca: Path | None,
+    labels: Sequence[str],
+) -> tuple[list[str], dict[str, str]]:
+    """The argv (the context still to add) and the environment `tool` builds with: buildah
+    keeps layers only when asked; docker reads no --ignorefile (it finds
+    `<Containerfile>.dockerignore` beside the Containerfile) and takes --secret only with
+    BuildKit."""
+    argv = [tool, "build", *(["--layers"] if tool == "buildah" else [])]
+    argv += ["-f", str(containerfile), "-t", tag]
+    if ca is not None:
+        argv += ["--secret", f"id=extra_ca,src={ca}"]
+    if ignorefile is not None and tool != "docker":
+        argv += ["--ignorefile", str(ignorefile)]
+    for label in labels:
+        argv += ["--label", label]
+    return argv, ({"DOCKER_BUILDKIT": "1"} if tool == "docker" else {})
+
+
 def find_builder(chosen: str | None, which: Callable[[str], str | None] = shutil.which) -> str:
     """The builder to use: `chosen` (WAKEFUL_BUILDER) when set, else the first of podman,
     buildah and docker installed here."""
@@ -92,15 +115,8 @@ class Builder:
     ) -> None:
         """`containerfile` built with `context` into the local image `tag`, its output
         streamed to `out`; BuildFailed with its last lines."""
-        verb = ["build"] if self.tool != "buildah" else ["build", "--layers"]
-        argv = [self.tool, *verb, "-f", str(containerfile), "-t", tag]
-        if ca is not None:
-            argv += ["--secret", f"id=extra_ca,src={ca}"]
-        if ignorefile is not None and self.tool != "docker":  # docker finds its own, beside
-            argv += ["--ignorefile", str(ignorefile)]
-        for label in labels:
-            argv += ["--label", label]
-        env = {**self.env, "DOCKER_BUILDKIT": "1"} if self.tool == "docker" else self.env
+        argv, extra = build_command(self.tool, containerfile, tag, ignorefile, ca, labels)
+        env = {**self.env, **extra}
         last: collections.deque[str] = collections.deque(maxlen=LAST_LINES)
         try:
             with subprocess.Popen(
