@@ -134,18 +134,20 @@ async def test_no_device_node_or_fifo_is_in_the_tree(
     assert (tree / "dev" / "mem").stat().st_size == 0  # an empty file in its place
 
 
-async def test_setuid_and_setgid_bits_are_stripped(layout: OciLayout, cache_for: CacheFor) -> None:
-    image = layout.add_image(
-        "setuid",
-        [
-            layer(
-                file("su", b"#!", mode=0o4755),
-                file("wall", b"#!", mode=0o2755),
-                file("both", b"#!", mode=0o6777),
-                directory("shared", mode=0o2777),
-            )
-        ],
+@pytest.mark.parametrize("layers", [1, 2], ids=["one layer", "made from a base"])
+async def test_setuid_and_setgid_bits_are_stripped(
+    layout: OciLayout, cache_for: CacheFor, layers: int
+) -> None:
+    """Also when the bits are in a base (all layers but the last, unpacked and kept as they
+    are): the walk runs over the tree copied from it."""
+    marked = layer(
+        file("su", b"#!", mode=0o4755),
+        file("wall", b"#!", mode=0o2755),
+        file("both", b"#!", mode=0o6777),
+        directory("shared", mode=0o2777),
     )
+    extra = [layer(file("code", b"x"))] if layers == 2 else []
+    image = layout.add_image("setuid", [marked, *extra])
     cache, _ = cache_for(layout)
     tree = await cache.tree(image, owner=None)
     modes = {name: stat.S_IMODE((tree / name).stat().st_mode) for name in ("su", "wall", "both")}
