@@ -20,9 +20,9 @@ The agent, and what it writes to the store and the control plane, at the top:
 
 Below it, one package per question:
 
-- `sandbox/`: what runs a sandbox. Its life (`runner`), its process (`runtime`, `spawn`), warm
-  slots started ahead of time (`slots`), readiness (`probe`), its port (`ports`), its app files
-  (`workdir`).
+- `sandbox/`: what runs a sandbox. Its life (`runner`), its process (`runtime`, started by
+  `wakeful.aio.spawn`), warm slots started ahead of time (`slots`), readiness (`probe`), its
+  port (`ports`), its app files (`workdir`).
 - `jail/`: what confines a sandbox. Its uid, the bubblewrap chain, cgroups, the network fence,
   the seccomp and Landlock filters, its bounded tmpfs, the thaw guard.
 - `state/`: a stateful app's state while this node holds it.

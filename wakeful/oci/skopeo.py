@@ -11,20 +11,21 @@ allow; anything else is HTTPS verified against the system CAs plus the configure
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import json
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
-from anyio.abc import ByteReceiveStream
+
+from wakeful.aio.spawn import PIPE, spawn
 
 from .errors import ImageRefused, RegistryError, RegistryTimeout, SkopeoMissing
 from .resolve import MAX_MANIFEST_BYTES, is_loopback
@@ -209,23 +210,26 @@ class Skopeo:
             token = f"{credentials.username}:{credentials.password}".encode()
             secrets = (credentials.password, base64.b64encode(token).decode())
         out, tail = bytearray(), bytearray()
-        # No umask here (uvloop's subprocess_exec refuses it): what skopeo writes lies in
-        # 0700 directories, and the blobs are made 0600 after each copy.
-        process = await anyio.open_process(
+        # No umask here (`spawn` sets none): what skopeo writes lies in 0700 directories, and
+        # the blobs are made 0600 after each copy. Started through `spawn`, never a fork of
+        # this process (see `wakeful.aio.spawn`).
+        process = await spawn(
             [binary, f"--tmpdir={self._workspace}", *argv],
-            stdin=subprocess.DEVNULL,
+            cwd=home,
             env=env,
+            stdout=PIPE,
+            stderr=PIPE,
         )
 
-        async def read_out(stream: ByteReceiveStream) -> None:
-            async for chunk in stream:
+        async def read_out(stream: asyncio.StreamReader) -> None:
+            while chunk := await stream.read(65536):
                 out.extend(chunk)
                 if len(out) > MAX_MANIFEST_BYTES:
                     process.kill()  # what it prints is refused; stop it writing
                     return
 
-        async def read_tail(stream: ByteReceiveStream) -> None:
-            async for chunk in stream:
+        async def read_tail(stream: asyncio.StreamReader) -> None:
+            while chunk := await stream.read(65536):
                 tail.extend(chunk)
                 del tail[:-TAIL_BYTES]
 
@@ -240,7 +244,7 @@ class Skopeo:
             with anyio.CancelScope(shield=True):
                 if process.returncode is None:
                     process.kill()
-                await process.aclose()
+                await process.wait()
         if scope.cancelled_caught:
             raise RegistryTimeout(
                 f"{what}: timed out after {self.timeout:g} s (WAKEFUL_IMAGE_PULL_TIMEOUT); "

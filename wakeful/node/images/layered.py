@@ -24,6 +24,7 @@ from pathlib import Path
 
 import anyio
 
+from wakeful.aio.spawn import run_tool
 from wakeful.domain.models.images import ImageRecord
 
 from .errors import ImageError
@@ -105,9 +106,6 @@ async def unpack_run(
 
 async def copy_tree(source: Path, target: Path) -> None:
     """`source` copied to the new directory `target`: modes, owners, xattrs, links as links."""
-    done = await anyio.run_process(
-        ["cp", "-a", "--reflink=auto", "--", str(source), str(target)], check=False
-    )
+    done = await run_tool(["cp", "-a", "--reflink=auto", "--", str(source), str(target)])
     if done.returncode != 0:
-        said = done.stderr.decode(errors="replace").strip().splitlines()
-        raise ImageError(f"could not copy its base tree: {said[-1] if said else done.returncode}")
+        raise ImageError(f"could not copy its base tree: {done.last_line()}")

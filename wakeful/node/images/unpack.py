@@ -25,7 +25,7 @@ import shutil
 import stat
 from pathlib import Path
 
-import anyio
+from wakeful.aio.spawn import run_tool
 
 from .errors import ImageError
 
@@ -52,10 +52,9 @@ async def run_umoci(layout: Path, ref: str, rootfs: Path) -> None:
     exist yet); `ImageError` with umoci's own last words when it fails."""
     umoci = umoci_path()
     argv = [umoci, "raw", "unpack", "--rootless", "--image", f"{layout}:{ref}", str(rootfs)]
-    done = await anyio.run_process(argv, check=False)
+    done = await run_tool(argv)
     if done.returncode != 0:
-        said = done.stderr.decode(errors="replace").strip().splitlines()
-        raise ImageError(f"could not be unpacked by umoci: {said[-1] if said else done.returncode}")
+        raise ImageError(f"could not be unpacked by umoci: {done.last_line()}")
 
 
 def rootless_ids(record: bytes) -> tuple[int | None, int | None]:

@@ -50,7 +50,7 @@ from pathlib import Path
 
 import anyio
 
-from wakeful.node.sandbox.spawn import STDOUT, Child, spawn
+from wakeful.aio.spawn import STDOUT, Child, spawn
 
 from . import IsolationUnavailable
 from .bwrap import CHAIN_ENV

@@ -12,7 +12,6 @@
 - `process.py`: `LocalProcess`, one running sandbox: its output pumped, frozen and thawed,
   signalled, stopped.
 - `output.py`: a sandbox's output: a bounded log file, and its last lines for a crash report.
-- `spawn.py`: starting a child without stalling the event loop (`Popen`, a pidfd).
 - `slots.py`: warm slots, sandboxes started ahead of time that a start takes over.
 - `probe.py`: readiness, from the first millisecond.
 - `ports.py`: the port a sandbox listens on, and who listens on a port.

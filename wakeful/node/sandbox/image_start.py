@@ -19,6 +19,7 @@ from pathlib import Path
 
 import anyio
 
+from wakeful.aio.spawn import Child, spawn
 from wakeful.domain.models import ImageRecord
 from wakeful.node.jail import IsolationUnavailable
 from wakeful.node.jail.bwrap import (
@@ -35,7 +36,6 @@ from wakeful.node.jail.tmpfs import fill_app_dir, mount_image_root, mount_sandbo
 from wakeful.node.jail.uids import UidTable
 
 from .runtime import Identity, ImageRun, ImageTrees
-from .spawn import Child, spawn
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from wakeful.aio.spawn import spawn
 from wakeful.domain.models import ImageRecord
 from wakeful.node.images import BlobSource, ImageCache
 from wakeful.node.jail.bwrap import CHAIN_ENV, Jail, env_script, slot_main
@@ -39,7 +40,6 @@ from .output import MAX_LOG_BYTES
 from .process import LocalProcess
 from .runtime import UNNAMED, Identity, ImageRun, ImageTrees, Runtime
 from .slots import Slot, SlotPool
-from .spawn import spawn
 from .workdir import Packed, fill_workdir, sandbox_dir
 
 log = logging.getLogger(__name__)

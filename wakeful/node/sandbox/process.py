@@ -15,11 +15,11 @@ import signal
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from wakeful.aio.spawn import Child
 from wakeful.node.jail.jailed import Jailed, stop_tree
 
 from .output import OutputLog
 from .ports import listeners
-from .spawn import Child
 
 
 class LocalProcess:

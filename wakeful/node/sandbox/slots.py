@@ -37,14 +37,13 @@ from pathlib import Path
 
 import anyio
 
+from wakeful.aio.spawn import PIPE, STDOUT, Child, spawn
 from wakeful.aio.tasks import Background
 from wakeful.domain.models import Resources
 from wakeful.node.jail.bwrap import CHAIN_ENV, Jail, slot_main
 from wakeful.node.jail.cgroups import Cgroups, SandboxCgroup
 from wakeful.node.jail.jailed import memfile
 from wakeful.node.jail.tmpfs import mount_sandbox_fs, unmount
-
-from .spawn import PIPE, STDOUT, Child, spawn
 
 log = logging.getLogger(__name__)
 

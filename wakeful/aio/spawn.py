@@ -1,15 +1,22 @@
 """Starting a child process without stalling the event loop, on asyncio and on uvloop alike.
 
-`asyncio.create_subprocess_exec` on uvloop goes through libuv's `uv_spawn`, which forks the
-whole agent and waits for the child's exec: measured here, 10 ms of a blocked loop per start
-for a process of ~200 MB (`wakeful up` serves the ingress on that loop), against ~0.9 ms for
-`subprocess.Popen`, which uses vfork. So the node starts its processes with `Popen` and
-attaches the pipes to the running loop itself; a pidfd tells it when the child exited (a
+`asyncio.create_subprocess_exec` on uvloop (and so `anyio.run_process` and `open_process`)
+goes through libuv's `uv_spawn`, which forks the whole process and waits for the child's exec:
+
+- measured here, 10 ms of a blocked loop per start for a process of ~200 MB (`wakeful up`
+  serves the ingress on that loop), against ~0.9 ms for `subprocess.Popen`, which uses vfork;
+- a fork runs grpc's fork handlers (etcd's client), and in a process whose grpc threads are
+  busy the child sometimes dies of SIGSEGV before its exec: measured here, 1 start in 400
+  of `umoci` on a uvloop with etcd calls in flight, none in 400 through `Popen`.
+
+So every child a piece starts (sandboxes, pasta, umoci, cp, skopeo) starts with `Popen`, and
+the pipes are attached to the running loop here; a pidfd tells it when the child exited (a
 thread waits instead where the kernel has no pidfd). Only the child's own pid is ever reaped,
 so neither loop's child handling is disturbed.
 
-`Child` has the part of `asyncio.subprocess.Process` the node uses: `pid`, `returncode`,
-`stdin`, `stdout`, `wait()` and `send_signal()`.
+`Child` has the part of `asyncio.subprocess.Process` the pieces use: `pid`, `returncode`,
+`stdin`, `stdout`, `stderr`, `wait()`, `send_signal()` and `kill()`. `run_tool` is
+`anyio.run_process` for a tool: its exit status and the tail of what it said.
 """
 
 from __future__ import annotations
@@ -17,10 +24,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import subprocess
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
+
+import anyio
 
 PIPE, DEVNULL, STDOUT = subprocess.PIPE, subprocess.DEVNULL, subprocess.STDOUT
 
@@ -31,10 +42,12 @@ class Child:
         popen: subprocess.Popen[bytes],
         stdin: asyncio.StreamWriter | None,
         stdout: asyncio.StreamReader | None,
+        stderr: asyncio.StreamReader | None = None,
     ) -> None:
         self._popen = popen
         self.stdin = stdin
         self.stdout = stdout
+        self.stderr = stderr
         self._exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._watch()
 
@@ -55,6 +68,11 @@ class Child:
         if self._exited.done():
             raise ProcessLookupError(self.pid)
         self._popen.send_signal(signum)
+
+    def kill(self) -> None:
+        """SIGKILL, unless it was reaped already."""
+        with contextlib.suppress(ProcessLookupError):
+            self.send_signal(signal.SIGKILL)
 
     def _watch(self) -> None:
         loop = asyncio.get_running_loop()
@@ -103,16 +121,15 @@ async def spawn(
         pass_fds=tuple(pass_fds),
     )
     try:
-        writer = reader = None
+        writer = None
         if popen.stdin is not None:
             writer = await _writer(loop, popen.stdin)
-        if popen.stdout is not None:
-            reader = asyncio.StreamReader(limit=2**16)
-            await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), popen.stdout)
-        return Child(popen, writer, reader)
+        reader = await _reader(loop, popen.stdout)
+        errors = await _reader(loop, popen.stderr)
+        return Child(popen, writer, reader, errors)
     except BaseException:
         popen.kill()
-        for pipe in (popen.stdin, popen.stdout):
+        for pipe in (popen.stdin, popen.stdout, popen.stderr):
             if pipe is not None:
                 with contextlib.suppress(OSError):
                     pipe.close()
@@ -123,3 +140,50 @@ async def spawn(
 async def _writer(loop: asyncio.AbstractEventLoop, pipe: IO[bytes]) -> asyncio.StreamWriter:
     transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, pipe)
     return asyncio.StreamWriter(transport, protocol, None, loop)
+
+
+async def _reader(
+    loop: asyncio.AbstractEventLoop, pipe: IO[bytes] | None
+) -> asyncio.StreamReader | None:
+    if pipe is None:
+        return None
+    reader = asyncio.StreamReader(limit=2**16)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
+    return reader
+
+
+TAIL_BYTES = 8192
+"""What `run_tool` keeps of a tool's output: its last words, never all of it."""
+
+
+@dataclass(frozen=True)
+class Finished:
+    returncode: int
+    said: bytes
+    """The last `TAIL_BYTES` of its stdout and stderr, as it wrote them."""
+
+    def last_line(self) -> str:
+        """Its last line of output, else its exit status (a signal's as its negative)."""
+        lines = self.said.decode(errors="replace").strip().splitlines()
+        return lines[-1] if lines else str(self.returncode)
+
+
+async def run_tool(
+    argv: Sequence[str], *, cwd: Path | str = "/", env: Mapping[str, str] | None = None
+) -> Finished:
+    """Run the tool `argv` to its end, as `anyio.run_process(check=False)` would but through
+    `spawn`; killed (and reaped) when the caller is cancelled."""
+    child = await spawn(argv, cwd=cwd, env=os.environ if env is None else env)
+    said = bytearray()
+    try:
+        assert child.stdout is not None
+        while chunk := await child.stdout.read(65536):
+            said.extend(chunk)
+            del said[:-TAIL_BYTES]
+        returncode = await child.wait()
+    finally:
+        if child.returncode is None:
+            child.kill()
+            with anyio.CancelScope(shield=True):
+                await child.wait()
+    return Finished(returncode, bytes(said))
