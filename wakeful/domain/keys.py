@@ -20,6 +20,9 @@ to the store's namespace (the store adds it).
 | `secrets(app)`             | `secrets/{app}`             | AppSecrets (values sealed)    |
 | `SECRETS_KEY`              | `meta/secrets-key`          | SecretsKey                    |
 | `registry(host)`           | `registries/{host}`         | RegistryLogin (sealed)        |
+| `cert(name)`               | `certs/{name}`              | CertRecord (key sealed)       |
+| `ACME_ACCOUNT`             | `acme/account`              | AcmeAccount (key sealed)      |
+| `challenge(token)`         | `acme/challenges/{token}`   | AcmeChallenge                 |
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ STATES = "states/"
 INGRESSES = "ingresses/"
 SECRETS = "secrets/"
 REGISTRIES = "registries/"
+CERTS = "certs/"
+CHALLENGES = "acme/challenges/"
+ACME_ACCOUNT = "acme/account"
 SECRETS_KEY = "meta/secrets-key"
 """The id of the key new secret values are sealed under (`wakeful.secrets.keys`)."""
 UI_SESSION_KEY = "ui/session-key"
@@ -119,3 +125,13 @@ def registry(host: str) -> str:
     """A registry's login, its password sealed (`wakeful.secrets.registries`); `host` in
     lowercase, `:PORT` included."""
     return f"{REGISTRIES}{host}"
+
+
+def cert(name: str) -> str:
+    """A name's certificate from ACME, its key sealed (`wakeful.certs`)."""
+    return f"{CERTS}{name}"
+
+
+def challenge(token: str) -> str:
+    """An HTTP-01 challenge the ingresses answer while an order waits (`wakeful.certs`)."""
+    return f"{CHALLENGES}{token}"

@@ -138,6 +138,21 @@ class KeyRing:
         what = f"the login for registry {host}"
         return sealing.open_bound(self.aead, sealing.registry_data(host), sealed, what, "host")
 
+    def seal_for(self, key_id: str, purpose: str, value: str) -> str:
+        """`value` sealed under `key_id`, bound to `purpose` (`acme account`, `acme
+        certificate shop.example.com`): a record moved to another purpose does not open."""
+        aead = self.aead(key_id)
+        if aead is None:
+            raise MissingKey(key_id, self._dir, "it is the current key")
+        data = sealing.purpose_data(purpose)
+        return sealing.seal_bound(aead, key_id, data, value, os.urandom(NONCE_BYTES))
+
+    def open_for(self, purpose: str, sealed: str) -> str:
+        """What `seal_for` sealed for `purpose`; `SealError` (`UnknownKey`) when it does not
+        open."""
+        data = sealing.purpose_data(purpose)
+        return sealing.open_bound(self.aead, data, sealed, f"the {purpose}'s key", "purpose")
+
     def aead(self, key_id: str) -> AESGCM | None:
         """The key `key_id`, from memory or its file; None when there is no such file."""
         held = self._hold(key_id)

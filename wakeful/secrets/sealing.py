@@ -50,6 +50,7 @@ KEY_BYTES = 32
 """AES-256."""
 AD_PREFIX = b"wakeful secret\0"
 REGISTRY_AD_PREFIX = b"wakeful registry\0"
+PURPOSE_AD_PREFIX = b"wakeful purpose\0"
 _SEALED = re.compile(SEALED_PATTERN)
 PLACEMENT_INFO = b"wakeful placement"
 """HKDF's info for the placement key, and (with a NUL) the prefix of what a placement MACs."""
@@ -65,6 +66,11 @@ def associated_data(app: str, name: str) -> bytes:
 def registry_data(host: str) -> bytes:
     """What binds a sealed registry password to its host."""
     return REGISTRY_AD_PREFIX + host.encode()
+
+
+def purpose_data(purpose: str) -> bytes:
+    """What binds a sealed value to what it is for (`acme certificate shop.example.com`)."""
+    return PURPOSE_AD_PREFIX + purpose.encode()
 
 
 def cipher(key: bytes) -> AESGCM:

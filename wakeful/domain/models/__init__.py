@@ -20,6 +20,8 @@ module below defines it:
 - `tokens.py`: `Token` and its `Role`.
 - `secrets.py`: an app's sealed secrets, `AppSecrets` of `SealedValue`s, the key new values
   are sealed under (`SecretsKey`), and the rules on names and values.
+- `certs.py`: certificates from an ACME server (`CertRecord`, `Issued`, `CertState`), the
+  ACME account (`AcmeAccount`) and the HTTP-01 challenges ingresses answer (`AcmeChallenge`).
 - `registries.py`: a registry's login (`RegistryLogin`), its password sealed like a secret,
   and the rules on hosts, usernames and passwords.
 
@@ -38,6 +40,9 @@ module below defines it:
 | `leaders/{role}`            | Leader         | `control`  |
 | `ui/session-key`            | SessionKey     | `control`  |
 | `tokens/{name}`             | Token          | `tokens`   |
+| `certs/{name}`              | CertRecord     | `certs`    |
+| `acme/account`              | AcmeAccount    | `certs`    |
+| `acme/challenges/{token}`   | AcmeChallenge  | `certs`    |
 | `secrets/{app}`             | AppSecrets     | `secrets`  |
 | `meta/secrets-key`          | SecretsKey     | `secrets`  |
 | `registries/{host}`         | RegistryLogin  | `registries` |
@@ -75,6 +80,7 @@ from .base import (
     Name,
     describe_validation_error,
 )
+from .certs import AcmeAccount, AcmeChallenge, CertRecord, CertState, Issued
 from .control import Leader, RolloutRecord, SessionKey
 from .images import (
     BLOB_DIGEST,
@@ -183,11 +189,15 @@ __all__ = [
     "STATE_PATH",
     "TAG_BYTES",
     "UNITS",
+    "AcmeAccount",
+    "AcmeChallenge",
     "App",
     "AppSecrets",
     "AppSpec",
     "AppState",
     "BlobDigest",
+    "CertRecord",
+    "CertState",
     "Concurrency",
     "Cordon",
     "Digest",
@@ -199,6 +209,7 @@ __all__ = [
     "ImageRecord",
     "ImageText",
     "IngressReplica",
+    "Issued",
     "Layer",
     "Leader",
     "Model",
