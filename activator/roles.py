@@ -47,6 +47,9 @@ ROUTES: Final[Mapping[tuple[str, str], Access]] = {
     ("DELETE", "/v1/leases/{lease_id}"): INGRESS,
     (WEBSOCKET, "/v1/leases/channel"): INGRESS,  # the same, many calls in flight
     ("GET", "/v1/pools"): ADMIN_ONLY,
+    # certificates from ACME (certs/api.py): an ingress serves them, keys included
+    ("GET", "/v1/certs"): ADMIN_ONLY,
+    ("GET", "/v1/certs/served"): INGRESS,
     # artifacts and deploys (deploy/api.py): a node fetches what it runs
     ("GET", "/v1/artifacts/{digest}"): NODE,
     ("PUT", "/v1/artifacts/{digest}"): ADMIN_ONLY,

@@ -43,6 +43,24 @@ class ActivatorSettings(StoreSettings):
     adopt_window: float = Field(default=3.0, ge=0, le=120)
     """Seconds after taking over during which an activator grants nothing and only adopts
     the leases ingresses report holding (they report on reconnecting)."""
+    acme_email: str | None = Field(
+        default=None, min_length=3, max_length=254, pattern=r"^[^@\s]+@[^@\s]+$"
+    )
+    """WAKEFUL_ACME_EMAIL: turns on certificates from ACME for every app's exact `hosts` (and
+    `<app>.<acme_base_domain>`): the account's contact address."""
+    acme_directory: str = Field(
+        default="https://acme-v02.api.letsencrypt.org/directory",
+        pattern=r"^https://",
+        max_length=2000,
+    )
+    """WAKEFUL_ACME_DIRECTORY: the ACME server's directory URL (Let's Encrypt's production one by
+    default; its staging one is https://acme-staging-v02.api.letsencrypt.org/directory)."""
+    acme_ca: Path | None = None
+    """WAKEFUL_ACME_CA: a PEM file trusting a private ACME server's TLS (pebble, step-ca)."""
+    acme_base_domain: str | None = Field(default=None, pattern=HOST_PATTERN, max_length=253)
+    """WAKEFUL_ACME_BASE_DOMAIN: a public domain whose wildcard DNS record points at the
+    ingresses: `<app>.<domain>` is ordered for every app with its default host. Give it the
+    value of WAKEFUL_BASE_DOMAIN (the names the ingresses route)."""
     artifact_dir: Path | None = None
     """WAKEFUL_ARTIFACT_DIR: where artifacts are kept; `<data dir>/artifacts` when unset.
     Activators that stand in for each other share it (one directory, or one network mount)."""

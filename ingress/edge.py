@@ -17,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from wakeful.aio import trace
 from wakeful.domain.leases import ActivatorError, AppFailedToBoot, Unavailable, UnknownApp
+from wakeful.ingress.acme import CHALLENGE_PREFIX
 from wakeful.ingress.cache import Use
 from wakeful.ingress.errors import (
     ActivatorUnreachable,
@@ -87,16 +88,20 @@ class ProxyEdge:
         show_boot_log: bool = False,
         websocket_limits: Callable[[str], tuple[float, float]] = lambda app: (600.0, 86_400.0),
         https_location: Callable[[str, str, bytes], str | None] | None = None,
+        acme_answer: Callable[[bytes], bytes | None] = lambda target: None,
     ) -> None:
         """`websocket_limits`: an app's WebSocket idle timeout and maximum duration.
         `https_location(app, host, target)`: where a plain HTTP request of the app is
-        redirected (308), or None to serve it; None when no app is."""
+        redirected (308), or None to serve it; None when no app is. `acme_answer(target)`:
+        the key authorization of an ACME HTTP-01 challenge, answered on the plain listener
+        before routing (`ingress.acme`)."""
         self._proxy = proxy
         self._metrics = metrics
         self._max_header_bytes = max_header_bytes
         self._show_boot_log = show_boot_log
         self._websocket_limits = websocket_limits
         self._https_location = https_location
+        self._acme_answer = acme_answer
 
     async def handle(self, request: Request, out: Responder) -> None:
         """Route, forward and stream the answer back. Errors before the answer starts become
@@ -123,6 +128,14 @@ class ProxyEdge:
                 )
             if request.method == "CONNECT":  # a tunnel to anywhere: never a proxy's to open
                 raise BadRequest("CONNECT is not served here")
+            if (
+                request.scheme == "http"
+                and target.startswith(CHALLENGE_PREFIX)
+                and (answer := self._acme_answer(target)) is not None
+            ):
+                status = 200
+                out.send_whole(200, [(b"content-type", b"text/plain")], answer)
+                return
             proxy = self._proxy
             app = label = proxy.route(head.host)
             if trace.ENABLED:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import resource
 import signal
@@ -23,7 +24,10 @@ from prometheus_client import CollectorRegistry
 from websockets.asyncio.server import Server as WebSocketServer
 
 from wakeful.aio.loopback import hold_loopback_twin
+from wakeful.domain import keys
 from wakeful.domain.leases import Leases
+from wakeful.domain.models import AcmeChallenge, CertRecord
+from wakeful.ingress.acme import CertSource, Challenges, IssuedFeed, ServedPair
 from wakeful.ingress.cache import LeaseCache
 from wakeful.ingress.edge import AdminEdge, ProxyEdge
 from wakeful.ingress.http1 import HttpServer, Limits
@@ -37,6 +41,7 @@ from wakeful.ingress.tls import Certificates, TLSConfigError
 from wakeful.ingress.transport import Transport
 from wakeful.ingress.upstream import RawTransport
 from wakeful.store import Store
+from wakeful.store.reflector import reflect
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +83,10 @@ class Ingress:
         transport: Transport | None = None,
         clock: Callable[[], float] = time.monotonic,
         relay_token: str | None = None,
+        certs: CertSource | None = None,
     ) -> None:
-        """`clock`: the lease cache's time (renewals, idle hand-back); tests move it by hand.
+        """`certs`: where certificates from ACME and their keys come from (the control
+        plane). `clock`: the lease cache's time (renewals, idle hand-back); tests move it by hand.
         `relay_token`: the ingress token this replica relays to its peers with (tunnels)."""
         self.settings = settings
         self.metrics = IngressMetrics(registry)
@@ -106,6 +113,10 @@ class Ingress:
         """Where the HTTPS listener is, when there is one (`tls_listen`)."""
         self.certificates: Certificates | None = None
         self._relay_token = relay_token
+        self._certs = certs
+        self.issued: IssuedFeed | None = None
+        self.challenges = Challenges()
+        """ACME's HTTP-01 challenges, answered on the plain listener before routing."""
         self.tunnels: Tunnels | None = None
         """Dial-out nodes' streams on this replica, when it listens for them."""
         self.tunnel_address: tuple[str, int] = ("", 0)
@@ -141,6 +152,8 @@ class Ingress:
             tasks.start_soon(self.cache.run, self.settings.maintenance_interval)
             tasks.start_soon(follow_sandboxes, self._store, self.cache)
             tasks.start_soon(self._report_traffic)
+            mirror = functools.partial(reflect, what="ACME challenges")
+            tasks.start_soon(mirror, self._store, keys.CHALLENGES, AcmeChallenge, self.challenges)
             with anyio.fail_after(60):
                 await self.routes.synced.wait()
             limits = Limits(
@@ -167,6 +180,7 @@ class Ingress:
                 self.settings.boot_log_shown,
                 self.settings.websocket_limits,
                 self._https_location if self.settings.tls_redirect else None,
+                self.challenges.answer,
             )
             server = HttpServer(edge, limits)
             sock = _bind(self.settings.listen, self.settings.backlog, "listen address")
@@ -248,14 +262,30 @@ class Ingress:
         self, edge: ProxyEdge, limits: Limits, tasks: anyio.abc.TaskGroup
     ) -> HttpServer:
         """The HTTPS listener (`ingress.tls`): the same edge, certificates by SNI, reloaded by
-        a task of `tasks`. A directory that cannot serve is an OSError naming it."""
+        a task of `tasks`, and those from ACME as they are issued (`ingress.acme`). A
+        directory that cannot serve is an OSError naming it."""
         listen, directory = self.settings.tls_listen, self.settings.tls_dir
-        assert listen is not None and directory is not None  # the settings check both
+        assert listen is not None  # the settings check it
         try:
-            self.certificates = await anyio.to_thread.run_sync(Certificates, directory)
+            certificates = await anyio.to_thread.run_sync(Certificates, directory)
         except TLSConfigError as exc:
             raise OSError(errno.EINVAL, f"cannot serve TLS: {exc}", str(directory)) from exc
-        server = HttpServer(edge, limits, self.certificates.context)
+        self.certificates = certificates
+        if self._certs is not None:
+
+            def install(pairs: list[ServedPair]) -> None:
+                certificates.install_issued([(p.name, p.chain, p.key) for p in pairs])
+
+            self.issued = IssuedFeed(self._certs, install)
+            mirror = functools.partial(reflect, what="certificates")
+            tasks.start_soon(mirror, self._store, keys.CERTS, CertRecord, self.issued)
+            tasks.start_soon(self.issued.run)
+        elif directory is None:
+            log.warning(
+                "the TLS listener has no WAKEFUL_TLS_DIR and no certificates from ACME: "
+                "every handshake fails"
+            )
+        server = HttpServer(edge, limits, certificates.context)
         sock = _bind(listen, self.settings.backlog, "TLS listen address")
         await _start(server, sock, self.settings.backlog)
         self.tls_address = sock.getsockname()[:2]
@@ -287,12 +317,14 @@ async def serve(
     registry: CollectorRegistry,
     *,
     relay_token: str | None = None,
+    certs: CertSource | None = None,
 ) -> None:
     """Run the ingress until SIGTERM or SIGINT, then shut it down gracefully.
 
     Run it on uvloop: `anyio.run(serve, ..., backend_options={"use_uvloop": True})`.
     """
-    async with Ingress(settings, leases, store, registry, relay_token=relay_token).running():
+    ingress = Ingress(settings, leases, store, registry, relay_token=relay_token, certs=certs)
+    async with ingress.running():
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
                 log.info("received %s; shutting down", signal.Signals(signum).name)

@@ -75,10 +75,12 @@ class IngressSettings(StoreSettings):
     backlog: int = Field(default=2048, ge=1, le=65_535)
 
     tls_listen: str | None = None
-    """host:port of an HTTPS listener beside `listen` (certificates from `tls_dir`)."""
+    """host:port of an HTTPS listener beside `listen`: certificates from `tls_dir` and from
+    ACME (`WAKEFUL_ACME_EMAIL` on the control plane)."""
     tls_dir: Path | None = None
     """PEM pairs by host: `HOST.crt` + `HOST.key`, `*.DOMAIN.crt` for a wildcard, and the
-    required `default.crt` + `default.key` (see `ingress.tls`); reloaded when they change."""
+    required `default.crt` + `default.key` (see `ingress.tls`); reloaded when they change.
+    Optional with ACME: without it, a name with no certificate from ACME gets none."""
     tls_reload_interval: float = Field(default=5.0, gt=0, le=3600)
     """How often `tls_dir` is checked for changed files."""
     tls_redirect: list[str] = Field(default_factory=list)
@@ -113,8 +115,6 @@ class IngressSettings(StoreSettings):
     def _tls(self) -> Self:
         if self.tls_listen is not None:
             split_address(self.tls_listen)
-            if self.tls_dir is None:
-                raise ValueError("tls_listen needs tls_dir: the certificates to serve")
         if self.tunnel_listen is not None:
             split_address(self.tunnel_listen)
         if self.tunnel_advertise is not None:

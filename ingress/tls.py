@@ -1,11 +1,17 @@
-"""TLS on the ingress: certificates by host from one directory, chosen by SNI, reloaded when the
-files change, without a restart.
+"""TLS on the ingress: certificates by host from one directory and from ACME (`ingress.acme`),
+chosen by SNI, replaced without a restart.
 
 The directory (`tls_dir`) holds PEM pairs named by the host they serve: `HOST.crt` (the
 certificate, then its chain) and `HOST.key`. `HOST` is an exact name (`shop.example.com`) or a
 wildcard one label deep (`*.example.com.crt` serves `a.example.com`, not `a.b.example.com`, nor
 `example.com`). `default.crt` / `default.key` are required: they serve a client that sends no
 name, or one no other pair covers. A client is offered TLS 1.2 or newer and HTTP/1.1 (ALPN).
+
+Certificates from ACME (`install_issued`) are kept in memory only (loaded through a memfd, never
+a file on disk). A name's file certificate wins over its ACME one; the default pair serves a
+name neither covers. With ACME and no directory there is no default: a handshake for a name
+with no certificate (yet) fails with the `unrecognized_name` alert, and nothing else happens
+(no order: `wakeful.certs` orders only for the apps' names).
 
 `Certificates.reload` reads the directory again when a file in it changed (name, size, mtime):
 every pair is loaded into a new table first, and only a whole, valid table replaces the one in
@@ -36,22 +42,30 @@ class _Table:
     exact: dict[str, ssl.SSLContext]
     wildcard: dict[str, ssl.SSLContext]
     """By the part after `*.`."""
-    default: ssl.SSLContext
+    default: ssl.SSLContext | None
 
-    def choose(self, name: str | None) -> ssl.SSLContext:
+    def choose(self, name: str, issued: dict[str, ssl.SSLContext]) -> ssl.SSLContext | None:
+        """`name` lowercased without its trailing dot ('' for none); `issued`: ACME's."""
         if not name:
             return self.default
-        name = name.lower().rstrip(".")
         found = self.exact.get(name)
         if found is None and "." in name:
             found = self.wildcard.get(name.split(".", 1)[1])
-        return found or self.default
+        return found or issued.get(name) or self.default
 
 
-def _context(cert: Path, key: Path) -> ssl.SSLContext:
+EMPTY = _Table({}, {}, None)
+
+
+def _server_context() -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.set_alpn_protocols(["http/1.1"])
+    return context
+
+
+def _context(cert: Path, key: Path) -> ssl.SSLContext:
+    context = _server_context()
     try:
         context.load_cert_chain(cert, key)
     except (OSError, ssl.SSLError) as exc:
@@ -99,24 +113,40 @@ def _signature(directory: Path) -> tuple[tuple[str, int, int], ...]:
     return tuple(sorted(found))
 
 
+def issued_context(chain: str, key: str) -> ssl.SSLContext:
+    """A context serving `chain` with `key`, both PEM text, loaded from memory (a memfd: the
+    key is never written to a disk). `TLSConfigError` when they do not load."""
+    context = _server_context()
+    fd = os.memfd_create("wakeful-certificate", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, f"{chain.strip()}\n{key.strip()}\n".encode())
+        context.load_cert_chain(f"/proc/self/fd/{fd}")
+    except (OSError, ssl.SSLError) as exc:
+        raise TLSConfigError(f"an issued certificate does not load: {exc}") from exc
+    finally:
+        os.close(fd)
+    return context
+
+
 class Certificates:
-    def __init__(self, directory: Path) -> None:
-        """Loads the directory now: raises `TLSConfigError` when it cannot serve."""
+    def __init__(self, directory: Path | None) -> None:
+        """Loads the directory now, if there is one: raises `TLSConfigError` when it cannot
+        serve."""
         self.directory = directory
-        self._signature = _signature(directory)
-        self._table = _read(directory)
-        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self._signature = () if directory is None else _signature(directory)
+        self._table = EMPTY if directory is None else _read(directory)
+        self._issued: dict[str, ssl.SSLContext] = {}
+        """ACME's certificates by name (`install_issued`)."""
+        self.context = _server_context()
         """What the listener is given: a front whose SNI callback hands each connection the
         context of the table in use at that moment (so a reload needs no new listener)."""
-        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
-        self.context.set_alpn_protocols(["http/1.1"])
         self.context.sni_callback = self._choose
-        self._load_front()
+        if directory is not None:
+            self._load_front(directory)
 
-    def _load_front(self) -> None:
-        # The front needs a certificate of its own for OpenSSL to start a handshake; the SNI
-        # callback replaces it for every connection.
-        cert, key = self.directory / f"{DEFAULT}.crt", self.directory / f"{DEFAULT}.key"
+    def _load_front(self, directory: Path) -> None:
+        # The front holds the default pair; the SNI callback replaces it for every connection.
+        cert, key = directory / f"{DEFAULT}.crt", directory / f"{DEFAULT}.key"
         try:
             self.context.load_cert_chain(cert, key)
         except (OSError, ssl.SSLError) as exc:
@@ -124,16 +154,35 @@ class Certificates:
 
     def _choose(
         self, connection: ssl.SSLObject | ssl.SSLSocket, name: str | None, _: ssl.SSLContext
-    ) -> None:
-        connection.context = self._table.choose(name)
+    ) -> int | None:
+        found = self._table.choose((name or "").lower().rstrip("."), self._issued)
+        if found is None:
+            return ssl.ALERT_DESCRIPTION_UNRECOGNIZED_NAME
+        connection.context = found
+        return None
+
+    def install_issued(self, pairs: list[tuple[str, str, str]]) -> None:
+        """Serve these (name, chain, key) from ACME from the next handshake on, in place of
+        the ones before; a pair that does not load is logged and left out."""
+        issued = {}
+        for name, chain, key in pairs:
+            try:
+                issued[name] = issued_context(chain, key)
+            except TLSConfigError as exc:
+                log.error("certificate for %s not served: %s", name, exc)
+        self._issued = issued
+        log.info("certificates from ACME: %s", ", ".join(sorted(issued)) or "none")
 
     def hosts(self) -> list[str]:
         table = self._table
-        return sorted([*table.exact, *(f"*.{suffix}" for suffix in table.wildcard)])
+        files = [*table.exact, *(f"*.{suffix}" for suffix in table.wildcard)]
+        return sorted({*files, *self._issued})
 
     def reload(self) -> bool:
         """Use the directory's pairs as they are now, if any file changed and all of them load;
         True when a new table is in use."""
+        if self.directory is None:
+            return False
         signature = _signature(self.directory)
         if signature == self._signature:
             return False

@@ -125,16 +125,18 @@ async def run_ingress(
     calls in flight); `serve` owns the signals. Run it on uvloop."""
     from wakeful.activator.client import ChannelLeases
     from wakeful.ingress import serve
+    from wakeful.remote.ingress import HttpCerts
 
-    async with (
-        settings.open_store() as store,
-        ChannelLeases(
-            control.apis[0], control.token, locate=leader_locator(store, control.apis)
-        ) as leases,
-    ):
-        announce(f"ingress listening on http://{settings.listen}")
-        settle_heap()
-        await serve(settings, leases, store, CollectorRegistry(), relay_token=control.token)
+    async with settings.open_store() as store:
+        locate = leader_locator(store, control.apis)
+        async with (
+            ChannelLeases(control.apis[0], control.token, locate=locate) as leases,
+            HttpCerts(control.apis[0], control.token, 30.0, locate) as certs,
+        ):
+            announce(f"ingress listening on http://{settings.listen}")
+            settle_heap()
+            registry = CollectorRegistry()
+            await serve(settings, leases, store, registry, relay_token=control.token, certs=certs)
 
 
 async def run_idle_monitor(

@@ -34,6 +34,7 @@ from wakeful.activator.credentials import install_admin
 from wakeful.activator.pool_metrics import PoolCollector
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.activator.tokens_api import tokens_router
+from wakeful.certs import AcmeSettings, CertManager, certs_router
 from wakeful.controller.api import node_router
 from wakeful.controller.health import StoreProbe, leading_gauge
 from wakeful.controller.reconciler import Reconciler
@@ -59,12 +60,14 @@ from wakeful.deploy.states import Bounds, StateKeeper
 from wakeful.domain import keys
 from wakeful.domain.models import Token
 from wakeful.idle_monitor.monitor import IdleMonitor, IdleMonitorSettings
+from wakeful.ingress.acme import ServedPair
 from wakeful.node.agent import NodeAgent
 from wakeful.node.sandbox.local import runtime_for
 from wakeful.oci import ImageStore, RegistryAccess
 from wakeful.process import settle_heap, wait_for_signal
 from wakeful.secrets.api import secrets_router
 from wakeful.secrets.book import SecretBook
+from wakeful.secrets.purposes import PurposeSealer
 from wakeful.secrets.registries import RegistryBook
 from wakeful.secrets.registry_api import registries_router
 from wakeful.serving import serve_asgi
@@ -102,6 +105,8 @@ class ControlPlane:
     """Images pulled at deploy, their blobs served to nodes (`wakeful.deploy.images`)."""
     registries: RegistryBook
     """Registries' logins, their passwords sealed under the secrets' keys; opened at deploy."""
+    certs: CertManager | None
+    """Certificates from ACME for the apps' names, when `WAKEFUL_ACME_EMAIL` turns them on."""
 
 
 @contextlib.asynccontextmanager
@@ -147,6 +152,15 @@ async def control_plane(
         store, artifacts, grace=settings.artifact_grace, clock=artifact_clock
     )
     logins = RegistryBook(store, book.ring)
+    certs = None
+    if settings.acme_email is not None:  # certificates from ACME: this control plane orders
+        acme = AcmeSettings(
+            email=settings.acme_email,
+            directory=settings.acme_directory,
+            ca=None if settings.acme_ca is None else str(settings.acme_ca),
+            base_domain=settings.acme_base_domain,
+        )
+        certs = CertManager(store, PurposeSealer(book.ring), acme, registry, clock=time.time)
     images = images_of(settings, data_dir, artifact_clock, logins)
     collector.images = images.store
     deployer = Deployer(store, artifacts, collector=collector, hosts=settings.host_rules())
@@ -199,6 +213,7 @@ async def control_plane(
                 tokens_router(store, tokens, write_admin=write_admin),
                 secrets_router(book),
                 registries_router(logins),
+                certs_router(certs),
                 dashboard_router(dashboard, sessions, tokens),
             ],
         )
@@ -209,6 +224,8 @@ async def control_plane(
         tasks.start_soon(dashboard.run)
         tasks.start_soon(collector.run, settings.artifact_gc_interval)
         tasks.start_soon(probe.run)
+        if certs is not None:
+            tasks.start_soon(certs.run)
         if idle is not None:
             monitor = IdleMonitor(
                 store, interval=idle.idle_interval, retention=idle.retired_retention
@@ -234,6 +251,7 @@ async def control_plane(
                 book,
                 images,
                 logins,
+                certs,
             )
         finally:
             tasks.cancel_scope.cancel()
@@ -261,6 +279,16 @@ def images_of(
     images = Images(store, root / "incoming", settings.image_max_bytes, logins)
     images.sweep()
     return images
+
+
+class PlaneCerts:
+    """The ingress's `CertSource` in the control plane's own process: the manager itself."""
+
+    def __init__(self, manager: CertManager) -> None:
+        self._manager = manager
+
+    async def served(self) -> list[ServedPair]:
+        return [ServedPair(s.name, s.chain, s.key, s.serial) for s in await self._manager.served()]
 
 
 async def run_up(
@@ -315,6 +343,7 @@ async def run_up(
                 store,
                 CollectorRegistry(),
                 relay_token=token,
+                certs=None if plane.certs is None else PlaneCerts(plane.certs),
             )
             async with ingress.running():
                 announce(f"wakeful is up: control API http://{api} (token in {data_dir / 'token'})")

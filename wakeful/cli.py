@@ -15,6 +15,7 @@
     wakeful registry login HOST [--username USER] | logout HOST | list | import FILE
                                  registry logins the control plane pulls images with (the
                                  password from stdin), sealed at rest, never on nodes
+    wakeful certs [--json]       certificates from ACME (WAKEFUL_ACME_EMAIL): state, expiry, errors
     wakeful activator | node | ingress | idle-monitor
                                  run one piece against a shared store (etcd)
     wakeful etcd-auth            etcd users and roles per piece; authentication on
@@ -203,6 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
             lambda api, a: commands.logs(api, a.app, tail=a.tail, follow=a.follow, as_json=a.json)
         )
     )
+    certs = sub.add_parser("certs", help="certificates from ACME: state, expiry, last error")
+    certs.add_argument("--json", action="store_true")
+    certs.set_defaults(func=_remote(lambda api, a: commands.certs(api, as_json=a.json)))
     sub.add_parser("nodes", help="nodes and their drain state").set_defaults(
         func=_remote(lambda api, _: commands.nodes(api))
     )

@@ -30,6 +30,7 @@ from .logfollow import LogFollower, split_line
 from .remote import ApiRefused, ApiUnreachable, ControlClient
 from .tables import (
     app_line,
+    cert_table,
     deletion_line,
     node_line,
     pool_table,
@@ -293,6 +294,10 @@ def tokens_revoke(api: ControlClient, name: str) -> int:
     else:
         say(f"revoked {name}: the control plane has not applied it yet; it will within seconds")
     return 0
+
+
+def certs(api: ControlClient, *, as_json: bool) -> int:
+    return _show(api.certs(), cert_table, as_json)
 
 
 def tokens_list(api: ControlClient, *, as_json: bool) -> int:

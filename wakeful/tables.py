@@ -147,3 +147,18 @@ def token_table(tokens: Sequence[Mapping[str, Any]]) -> list[str]:
         for t in tokens
     ]
     return table(["NAME", "ROLE", "CREATED", "ROTATED", "ID"], rows)
+
+
+def cert_table(certs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Each name's certificate from ACME: state, issuer, expiry, next attempt, last error."""
+    rows = []
+    for c in certs:
+        expires = _when(c["not_after"]) if c["not_after"] else "-"
+        retry = _when(c["next_attempt"]) if c["state"] == "failing" else "-"
+        issuer = c["issuer"] or "-"
+        rows.append(
+            [c["name"], c["source"], c["state"], issuer, expires, retry, c["last_error"] or "-"]
+        )
+    return table(
+        ["NAME", "SOURCE", "STATE", "ISSUER", "EXPIRES", "NEXT ATTEMPT", "LAST ERROR"], rows
+    )

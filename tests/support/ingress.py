@@ -24,6 +24,7 @@ from wakeful.activator.core import Activator
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.domain.models import App, AppSpec, Concurrency, Pool, Sandbox, SandboxStatus
 from wakeful.ingress import Ingress, IngressSettings
+from wakeful.ingress.acme import CertSource
 from wakeful.ingress.proxy import PREREAD_BYTES
 from wakeful.store import Store, open_store
 from wakeful.store.testing import free_port, wait_listening
@@ -110,10 +111,12 @@ async def stack(
     pool_update: dict[str, object] | None = None,
     activator: dict[str, object] | None = None,
     clock: Callable[[], float] | None = None,
+    certs: CertSource | None = None,
     **settings: object,
 ) -> AsyncIterator[Stack]:
     """The whole path on the memory store. `sandboxes` maps id → port (running) or None
     (booting). `clock`: one clock for the activator's leases and the ingress's lease cache.
+    `certs`: where the ingress gets certificates from ACME.
     Keyword arguments left over are IngressSettings fields."""
     async with open_store("memory://") as store:
         spec = AppSpec(
@@ -143,6 +146,7 @@ async def stack(
             InProcessLeases(the_activator),
             store,
             registry,
+            certs=certs,
             **({"clock": clock} if clock else {}),  # type: ignore[arg-type]
         )
         async with the_activator.running(), ingress.running():

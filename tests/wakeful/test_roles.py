@@ -83,9 +83,10 @@ INGRESS_MAY = {
     (WEBSOCKET, "/v1/leases/channel"),
     ("POST", "/v1/leases/{lease_id}/renew"),
     ("DELETE", "/v1/leases/{lease_id}"),
+    ("GET", "/v1/certs/served"),
     SCHEMA,
 }
-"""What `wakeful ingress` calls (`HttpLeases`)."""
+"""What `wakeful ingress` calls (`HttpLeases`, and `HttpCerts` for certificates from ACME)."""
 
 
 def refused(app: FastAPI, may: set[tuple[str, str]]) -> list[tuple[str, str]]:

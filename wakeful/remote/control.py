@@ -212,6 +212,9 @@ class ControlClient:
     def undrain(self, node: str) -> None:
         self._send("DELETE", f"/v1/nodes/{segment(node)}/drain")
 
+    def certs(self) -> list[dict[str, Any]]:
+        return list(self._json("GET", "/v1/certs"))
+
     def tokens(self) -> list[dict[str, Any]]:
         return list(self._json("GET", "/v1/tokens"))
 

@@ -1,0 +1,118 @@
+"""What every ingress replica does for certificates from ACME (`wakeful.certs` orders them):
+
+- `Challenges` mirrors `acme/challenges/` and answers `GET /.well-known/acme-challenge/TOKEN`
+  on the plain listener, before routing: the CA's validation may reach any replica.
+- `IssuedFeed` mirrors `certs/` (sealed keys it cannot open) to learn when a certificate was
+  issued or dropped, and then asks the control plane (`CertSource`, with this ingress's
+  credential) for every certificate with its key, which it hands to `Certificates`: in
+  memory only, served to the next handshake, no restart.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import anyio
+
+from wakeful.domain import keys
+from wakeful.domain.models import AcmeChallenge, CertRecord
+from wakeful.store import Item
+
+log = logging.getLogger(__name__)
+
+CHALLENGE_PREFIX = b"/.well-known/acme-challenge/"
+RETRY = 2.0
+"""Seconds before asking the control plane again after it failed to answer."""
+
+
+@dataclass(frozen=True)
+class ServedPair:
+    name: str
+    chain: str
+    key: str
+    serial: str
+
+
+class CertSource(Protocol):
+    """Every unexpired certificate with its key, from the leading control plane."""
+
+    async def served(self) -> list[ServedPair]: ...
+
+
+class Challenges:
+    """`acme/challenges/` by token (a `wakeful.store.reflector.View`)."""
+
+    def __init__(self) -> None:
+        self._answers: dict[bytes, bytes] = {}
+
+    def replace(self, items: list[Item[AcmeChallenge]], revision: int) -> None:
+        self._answers = {
+            item.value.token.encode(): item.value.key_authorization.encode() for item in items
+        }
+
+    def put(self, item: Item[AcmeChallenge]) -> None:
+        self._answers[item.value.token.encode()] = item.value.key_authorization.encode()
+
+    def delete(self, key: str, revision: int) -> None:
+        self._answers.pop(keys.name_in(key, keys.CHALLENGES).encode(), None)
+
+    def __contains__(self, token: bytes) -> bool:
+        return token in self._answers
+
+    def answer(self, target: bytes) -> bytes | None:
+        """The key authorization for a request target under the challenge path, else None
+        (an unknown token goes on to routing like any request)."""
+        if not target.startswith(CHALLENGE_PREFIX):
+            return None
+        return self._answers.get(target[len(CHALLENGE_PREFIX) :])
+
+
+class IssuedFeed:
+    """`certs/` as serials by name (a `View`); `run` fetches whenever they change."""
+
+    def __init__(self, source: CertSource, install: Callable[[list[ServedPair]], None]) -> None:
+        self._source = source
+        self._install = install
+        self._serials: dict[str, str] = {}
+        self._changed = anyio.Event()
+        self.installed: dict[str, str] = {}
+        """Serials by name as last installed."""
+
+    def replace(self, items: list[Item[CertRecord]], revision: int) -> None:
+        self._serials = {
+            item.value.name: item.value.issued.serial for item in items if item.value.issued
+        }
+        self._changed.set()
+
+    def put(self, item: Item[CertRecord]) -> None:
+        record = item.value
+        if record.issued is None:
+            return
+        if self._serials.get(record.name) != record.issued.serial:
+            self._serials[record.name] = record.issued.serial
+            self._changed.set()
+
+    def delete(self, key: str, revision: int) -> None:
+        if self._serials.pop(keys.name_in(key, keys.CERTS), None) is not None:
+            self._changed.set()
+
+    async def run(self) -> None:
+        """Fetch and install on every change, until cancelled."""
+        while True:
+            await self._changed.wait()
+            self._changed = anyio.Event()
+            wanted = dict(self._serials)
+            if wanted == self.installed:
+                continue
+            try:
+                pairs = await self._source.served()
+            except Exception as exc:  # the control plane away, a takeover: ask again
+                log.warning("could not fetch certificates from the control plane: %s", exc)
+                self._changed.set()
+                await anyio.sleep(RETRY)
+                continue
+            self._install(pairs)
+            self.installed = {pair.name: pair.serial for pair in pairs}

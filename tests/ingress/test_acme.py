@@ -1,0 +1,163 @@
+"""What an ingress does for certificates from ACME (`ingress.acme`, `ingress.tls`): it answers
+the HTTP-01 challenges in the store on its plain listener before routing, and serves the
+certificates the control plane hands it, from memory, to the next handshake; with no
+certificate directory a name with none gets a clean `unrecognized_name` alert, and a file
+certificate wins over ACME's for its name."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+from pathlib import Path
+
+import anyio
+import pytest
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+
+from tests.ingress.test_tls import issue, openssl, sandbox_recording
+from tests.support.ingress import stack
+from tests.support.waiting import eventually
+from wakeful.domain import keys
+from wakeful.domain.models import AcmeChallenge, CertRecord, CertState, Issued
+from wakeful.ingress.acme import ServedPair
+from wakeful.ingress.server import Ingress
+
+pytestmark = pytest.mark.anyio
+
+REFUSED = "UNRECOGNIZED_NAME|UNEXPECTED_EOF"
+"""The handshake refused: OpenSSL's `unrecognized_name` alert, which asyncio's transport may
+close the connection before sending (the client then sees it end)."""
+TOKEN = "tK3n_Ab-9xYz0123456789abcdef"
+SEALED = "v1:0123456789ab:" + "A" * 64
+
+
+class Handed:
+    """The control plane's side of `CertSource`, as a test sets it."""
+
+    def __init__(self) -> None:
+        self.pairs: list[ServedPair] = []
+        self.calls = 0
+
+    async def served(self) -> list[ServedPair]:
+        self.calls += 1
+        return list(self.pairs)
+
+
+def make_ca(where: Path, name: str) -> Path:
+    where.mkdir()
+    openssl(
+        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", f"/CN={name}", cwd=where,
+    )  # fmt: skip
+    return where
+
+
+def served_by(port: int, sni: str) -> str:
+    """The issuer's CN of the certificate served for `sni` (the chain is not checked here);
+    `ssl.SSLError` when the handshake fails."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=30) as raw,
+        context.wrap_socket(raw, server_hostname=sni) as tls,
+    ):
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    issuer = x509.load_der_x509_certificate(der).issuer
+    return str(issuer.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value)
+
+
+def installed(ingress: Ingress) -> dict[str, str]:
+    return {} if ingress.issued is None else ingress.issued.installed
+
+
+def record(name: str, serial: str) -> CertRecord:
+    issued = Issued(
+        chain="-", key=SEALED, not_before=0, not_after=2e9, issuer="CN=x", serial=serial
+    )
+    return CertRecord(name=name, state=CertState.VALID, issued=issued)
+
+
+async def test_a_challenge_is_answered_on_the_plain_listener_before_routing() -> None:
+    with sandbox_recording([]) as sandbox:
+        async with stack({"s1": sandbox.port}) as s:
+            challenge = AcmeChallenge(
+                token=TOKEN, key_authorization=f"{TOKEN}.thumb", name="x.test"
+            )
+            await s.store.put(keys.challenge(TOKEN), challenge)
+            path = f"/.well-known/acme-challenge/{TOKEN}"
+            await eventually(lambda: TOKEN.encode() in s.ingress.challenges)
+            answer = await s.client.get(path, headers={"Host": "x.test"})
+            assert answer.text == f"{TOKEN}.thumb"
+            assert answer.headers["content-type"] == "text/plain"
+            # An unknown token is any request: routed (here to no app), never answered.
+            other = await s.client.get(
+                "/.well-known/acme-challenge/" + "z" * 20, headers={"Host": "x.test"}
+            )
+            assert other.status_code == 404
+            await s.store.delete(keys.challenge(TOKEN))
+            await eventually(lambda: TOKEN.encode() not in s.ingress.challenges)
+            assert (await s.client.get(path, headers={"Host": "x.test"})).status_code == 404
+    assert sandbox.connections == 0  # nothing of it reached the app
+
+
+async def test_certificates_from_acme_are_served_from_memory_and_a_file_wins(
+    tmp_path: Path,
+) -> None:
+    acme_ca = make_ca(tmp_path / "acme-ca", "acme test CA")
+    file_ca = make_ca(tmp_path / "file-ca", "file test CA")
+    issued, files = tmp_path / "issued", tmp_path / "files"
+    issued.mkdir()
+    files.mkdir()
+    for name in ("shop.test", "both.test"):
+        issue(acme_ca, issued, name)
+    issue(file_ca, files, "both.test")
+    issue(file_ca, files, "fallback.test", "default")
+    handed = Handed()
+    with sandbox_recording([]) as sandbox:
+        async with stack({"s1": sandbox.port}, tls_listen="127.0.0.1:0", certs=handed) as s:
+            port = s.ingress.tls_address[1]
+            with pytest.raises(ssl.SSLError, match=REFUSED):
+                await anyio.to_thread.run_sync(served_by, port, "shop.test")
+            handed.pairs = [
+                ServedPair(
+                    "shop.test",
+                    (issued / "shop.test.crt").read_text(),
+                    (issued / "shop.test.key").read_text(),
+                    "1",
+                )
+            ]
+            await s.store.put(keys.cert("shop.test"), record("shop.test", "1"))
+            await eventually(lambda: "shop.test" in installed(s.ingress))
+            assert await anyio.to_thread.run_sync(served_by, port, "shop.test") == "acme test CA"
+            with pytest.raises(ssl.SSLError, match=REFUSED):  # never ordered here
+                await anyio.to_thread.run_sync(served_by, port, "nobody.test")
+            calls = handed.calls
+            await s.store.put(keys.cert("shop.test"), record("shop.test", "1"))  # same serial
+            await anyio.sleep(0.2)
+            assert handed.calls == calls  # nothing new: not asked again
+    # A directory too: its pair wins for its name, ACME's serves the rest, the default the
+    # names neither covers.
+    handed.pairs = [
+        ServedPair(n, (issued / f"{n}.crt").read_text(), (issued / f"{n}.key").read_text(), "1")
+        for n in ("shop.test", "both.test")
+    ]
+    with sandbox_recording([]) as sandbox:
+        async with stack(
+            {"s1": sandbox.port}, tls_listen="127.0.0.1:0", tls_dir=files, certs=handed
+        ) as s:
+            for name in ("shop.test", "both.test"):
+                await s.store.put(keys.cert(name), record(name, "1"))
+            await eventually(lambda: len(installed(s.ingress)) == 2)
+            port = s.ingress.tls_address[1]
+            found = {
+                name: await anyio.to_thread.run_sync(served_by, port, name)
+                for name in ("shop.test", "both.test", "other.test")
+            }
+    assert found == {
+        "shop.test": "acme test CA",
+        "both.test": "file test CA",
+        "other.test": "file test CA",
+    }

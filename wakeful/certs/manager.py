@@ -1,0 +1,289 @@
+"""The leading activator's certificate manager: orders, renews and drops certificates for the
+apps' names (`wakeful.domain.certs` decides which and when), one order per name at a time.
+
+Theory of operation:
+- It runs only while this activator leads (inside the control plane's task group), so one
+  manager orders at a time; its writes go through the control plane's store, fenced by the
+  leader's term. A record left `ordering` or `renewing` by a deposed leader is due at once:
+  the next leader orders that name again with the same account (a CA keeps the account's
+  authorizations that validated, so what the old leader finished is not done twice).
+- Apps are mirrored from `apps/`; every change, and every `interval`, the wanted names are
+  computed again, records of names no app routes are deleted, and each due name not being
+  ordered gets an order, `concurrency` at most at once.
+- An order's HTTP-01 challenges are written to `acme/challenges/{token}` for every ingress to
+  answer, and deleted when the order ends, however it ends.
+- The ACME account's key and every issued key are sealed (`Sealer`: the secrets' keys) before
+  they are written; `served` opens them for the ingresses, each once per certificate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import anyio
+import anyio.from_thread
+import anyio.to_thread
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from wakeful.domain import certs as rules
+from wakeful.domain import keys
+from wakeful.domain.models import AcmeAccount, AcmeChallenge, App, CertRecord, CertState, Issued
+from wakeful.store import Item, Store, StoreError
+from wakeful.store.reflector import reflect
+
+from .acme_client import AcmeFailure, Conversation, new_key_pem
+
+log = logging.getLogger(__name__)
+
+ACCOUNT_PURPOSE = "acme account"
+
+
+def cert_purpose(name: str) -> str:
+    return f"acme certificate {name}"
+
+
+class Sealer(Protocol):
+    """What the manager needs of the secrets' keys (`wakeful.secrets.PurposeSealer`)."""
+
+    async def seal(self, purpose: str, value: str) -> str: ...
+
+    def open(self, purpose: str, sealed: str) -> str: ...
+
+
+@dataclass(frozen=True)
+class AcmeSettings:
+    email: str
+    directory: str
+    ca: str | None = None
+    """A PEM bundle trusting a private ACME server's TLS."""
+    base_domain: str | None = None
+    interval: float = 60.0
+    """Seconds between checks when nothing changes."""
+    order_timeout: float = 120.0
+    concurrency: int = 4
+
+
+@dataclass(frozen=True)
+class Served:
+    name: str
+    chain: str
+    key: str
+    serial: str
+
+
+class _Apps:
+    """`apps/` as the manager reads it; `changed` is set on every change."""
+
+    def __init__(self) -> None:
+        self.apps: dict[str, App] = {}
+        self.changed = anyio.Event()
+
+    def replace(self, items: list[Item[App]], revision: int) -> None:
+        self.apps = {item.value.name: item.value for item in items}
+        self.changed.set()
+
+    def put(self, item: Item[App]) -> None:
+        self.apps[item.value.name] = item.value
+        self.changed.set()
+
+    def delete(self, key: str, revision: int) -> None:
+        self.apps.pop(keys.name_in(key, keys.APPS), None)
+        self.changed.set()
+
+
+class CertManager:
+    def __init__(
+        self,
+        store: Store,
+        sealer: Sealer,
+        settings: AcmeSettings,
+        registry: CollectorRegistry,
+        *,
+        clock: Callable[[], float],
+    ) -> None:
+        self._store = store
+        self._sealer = sealer
+        self.settings = settings
+        self._clock = clock
+        self._apps = _Apps()
+        self._ordering: set[str] = set()
+        self._slots = anyio.Semaphore(settings.concurrency)
+        self._opened: dict[str, Served] = {}
+        """Opened keys by name, kept while the serial is the one served."""
+        self._expiry = Gauge(
+            "wakeful_cert_expiry_timestamp_seconds",
+            "When the certificate served for a name expires (Unix time).",
+            ["name"],
+            registry=registry,
+        )
+        self._orders = Counter(
+            "wakeful_acme_orders",
+            "ACME orders, by result (issued, failed).",
+            ["result"],
+            registry=registry,
+        )
+
+    async def run(self) -> None:
+        """Order and renew until cancelled (this activator stopped leading)."""
+        async with anyio.create_task_group() as tasks:
+            mirror = functools.partial(reflect, what="certificates' apps")
+            tasks.start_soon(mirror, self._store, keys.APPS, App, self._apps)
+            conversation: Conversation | None = None
+            while True:
+                self._apps.changed = anyio.Event()
+                wait = self.settings.interval
+                try:
+                    if conversation is None:
+                        conversation = await self._account()
+                    wait = await self._pass(conversation, tasks)
+                except (StoreError, AcmeFailure) as exc:
+                    log.warning("certificates: %s", exc)
+                    wait = min(wait, 30.0)
+                with anyio.move_on_after(wait):
+                    await self._apps.changed.wait()
+
+    async def _account(self) -> Conversation:
+        """The account's conversation: the one in the store for this directory, else a new
+        account, recorded."""
+        found = await self._store.get(keys.ACME_ACCOUNT, AcmeAccount)
+        settings = self.settings
+        if found is not None and found.value.directory == settings.directory:
+            key_pem = self._sealer.open(ACCOUNT_PURPOSE, found.value.key)
+            uri: str | None = found.value.uri
+        else:
+            key_pem, uri = new_key_pem("rsa"), None
+        conversation = await anyio.to_thread.run_sync(
+            lambda: Conversation(settings.directory, key_pem, ca=settings.ca)
+        )
+        made = await anyio.to_thread.run_sync(conversation.register, settings.email, uri)
+        if made != uri:
+            sealed = await self._sealer.seal(ACCOUNT_PURPOSE, key_pem)
+            account = AcmeAccount(
+                directory=settings.directory, email=settings.email, uri=made, key=sealed
+            )
+            await self._store.put(keys.ACME_ACCOUNT, account)
+            log.info("ACME account %s at %s", made, settings.directory)
+        return conversation
+
+    async def _pass(self, conversation: Conversation, tasks: anyio.abc.TaskGroup) -> float:
+        """Drop, then start what is due; the seconds until the next pass is needed."""
+        now = self._clock()
+        routed = [
+            rules.Routed(app.name, tuple(app.hosts), app.default_host)
+            for app in self._apps.apps.values()
+            if app.active_version is not None
+        ]
+        wanted = rules.wanted_names(routed, self.settings.base_domain)
+        records = {
+            r.value.name: r.value for r in (await self._store.list(keys.CERTS, CertRecord)).items
+        }
+        for name in rules.gone(records, wanted):
+            if name not in self._ordering:
+                await self._store.delete(keys.cert(name))
+                with contextlib.suppress(KeyError):  # never served
+                    self._expiry.remove(name)
+                self._opened.pop(name, None)
+                log.info("certificate for %s dropped: no app routes it", name)
+        for name in wanted:
+            record = records.get(name)
+            if name not in self._ordering and rules.due(record, now):
+                self._ordering.add(name)
+                tasks.start_soon(self._order, conversation, name, record)
+            if record is not None and record.issued is not None:
+                self._expiry.labels(name=name).set(record.issued.not_after)
+        return rules.next_check(records.values(), now, self.settings.interval)
+
+    async def _order(
+        self, conversation: Conversation, name: str, record: CertRecord | None
+    ) -> None:
+        try:
+            async with self._slots:
+                start = rules.ordering(record, name, self._clock())
+                await self._store.put(keys.cert(name), start)
+                try:
+                    made = await anyio.to_thread.run_sync(
+                        lambda: conversation.order(
+                            name,
+                            publish=lambda token, value: anyio.from_thread.run(
+                                self._publish, token, value, name
+                            ),
+                            withdraw=lambda token: anyio.from_thread.run(self._withdraw, token),
+                            timeout=self.settings.order_timeout,
+                        ),
+                        abandon_on_cancel=True,
+                    )
+                except AcmeFailure as exc:
+                    self._orders.labels(result="failed").inc()
+                    after = rules.failed(start, str(exc), self._clock())
+                    await self._store.put(keys.cert(name), after)
+                    log.warning(
+                        "certificate for %s: %s (next attempt in %.0f s)",
+                        name,
+                        exc,
+                        after.next_attempt - self._clock(),
+                    )
+                    return
+                sealed = await self._sealer.seal(cert_purpose(name), made.key_pem)
+                issued = Issued(
+                    chain=made.chain,
+                    key=sealed,
+                    not_before=made.not_before,
+                    not_after=made.not_after,
+                    issuer=made.issuer,
+                    serial=made.serial,
+                )
+                await self._store.put(
+                    keys.cert(name),
+                    CertRecord(
+                        name=name, state=CertState.VALID, issued=issued, updated_at=self._clock()
+                    ),
+                )
+                self._orders.labels(result="issued").inc()
+                self._expiry.labels(name=name).set(made.not_after)
+                log.info(
+                    "certificate for %s issued by %s, until %s", name, made.issuer, made.not_after
+                )
+        except StoreError as exc:
+            log.warning("certificate for %s: the store failed: %s", name, exc)
+        finally:
+            self._ordering.discard(name)
+            self._apps.changed.set()  # a pass looks again (a failure's wait, the next name)
+
+    async def _publish(self, token: str, value: str, name: str) -> None:
+        challenge = AcmeChallenge(token=token, key_authorization=value, name=name)
+        await self._store.put(keys.challenge(token), challenge)
+
+    async def _withdraw(self, token: str) -> None:
+        with anyio.CancelScope(shield=True):
+            try:
+                await self._store.delete(keys.challenge(token))
+            except StoreError as exc:
+                log.warning("could not delete ACME challenge %s: %s", token, exc)
+
+    async def listing(self) -> list[CertRecord]:
+        return sorted(
+            (item.value for item in (await self._store.list(keys.CERTS, CertRecord)).items),
+            key=lambda r: r.name,
+        )
+
+    async def served(self) -> list[Served]:
+        """Every unexpired certificate with its key opened: what ingresses serve."""
+        now = self._clock()
+        found = []
+        for record in await self.listing():
+            issued = record.issued
+            if issued is None or issued.not_after <= now:
+                continue
+            known = self._opened.get(record.name)
+            if known is None or known.serial != issued.serial:
+                key = self._sealer.open(cert_purpose(record.name), issued.key)
+                known = self._opened[record.name] = Served(
+                    record.name, issued.chain, key, issued.serial
+                )
+            found.append(known)
+        return found
