@@ -399,8 +399,9 @@ def secrets_list(api: ControlClient, app: str, *, as_json: bool) -> int:
 
 def secrets_rotate_key(api: ControlClient) -> int:
     rotated = api.rotate_secrets_key()
-    count = rotated.get("logins", 0)
-    logins = f" and {count} registry login(s)" if count else ""
+    count, acme = rotated.get("logins", 0), rotated.get("acme", 0)
+    logins = f", {count} registry login(s)" if count else ""
+    logins += f", {acme} key(s) from ACME" if acme else ""
     say(
         f"secrets key {rotated['id']} is current; {rotated['values']} value(s) of "
         f"{rotated['records']} app(s){logins} sealed again under it (no restart)"

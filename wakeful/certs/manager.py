@@ -32,19 +32,22 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from wakeful.domain import certs as rules
 from wakeful.domain import keys
-from wakeful.domain.models import AcmeAccount, AcmeChallenge, App, CertRecord, CertState, Issued
+from wakeful.domain.models import (
+    ACCOUNT_PURPOSE,
+    AcmeAccount,
+    AcmeChallenge,
+    App,
+    CertRecord,
+    CertState,
+    Issued,
+    cert_key_purpose,
+)
 from wakeful.store import Item, Store, StoreError
 from wakeful.store.reflector import reflect
 
 from .acme_client import AcmeFailure, Conversation, new_key_pem
 
 log = logging.getLogger(__name__)
-
-ACCOUNT_PURPOSE = "acme account"
-
-
-def cert_purpose(name: str) -> str:
-    return f"acme certificate {name}"
 
 
 class Sealer(Protocol):
@@ -228,7 +231,7 @@ class CertManager:
                         after.next_attempt - self._clock(),
                     )
                     return
-                sealed = await self._sealer.seal(cert_purpose(name), made.key_pem)
+                sealed = await self._sealer.seal(cert_key_purpose(name), made.key_pem)
                 issued = Issued(
                     chain=made.chain,
                     key=sealed,
@@ -281,7 +284,7 @@ class CertManager:
                 continue
             known = self._opened.get(record.name)
             if known is None or known.serial != issued.serial:
-                key = self._sealer.open(cert_purpose(record.name), issued.key)
+                key = self._sealer.open(cert_key_purpose(record.name), issued.key)
                 known = self._opened[record.name] = Served(
                     record.name, issued.chain, key, issued.serial
                 )

@@ -120,6 +120,8 @@ class RotationReport(BaseModel):
     values: int
     logins: int = 0
     """Registries' logins sealed again (`wakeful registry`)."""
+    acme: int = 0
+    """Keys from ACME (certificates' and the account's) sealed again (`wakeful certs`)."""
 
 
 class Retired(BaseModel):
@@ -242,6 +244,7 @@ def secrets_router(book: SecretBook) -> APIRouter:
             records=rotated.records,
             values=rotated.values,
             logins=rotated.logins,
+            acme=rotated.acme,
         )
 
     @router.delete("/v1/secrets/keys/{key_id}", response_model=Retired)

@@ -53,13 +53,17 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from wakeful.domain import keys
 from wakeful.domain.models import (
+    ACCOUNT_PURPOSE,
     KEY_ID_PATTERN,
     NONCE_BYTES,
     STARTING,
+    AcmeAccount,
     AppSecrets,
+    CertRecord,
     RegistryLogin,
     Sandbox,
     SecretsKey,
+    cert_key_purpose,
 )
 from wakeful.store import AlreadyExists, Conflict, Item, Store
 
@@ -296,17 +300,35 @@ class KeyRing:
             opening = functools.partial(self.open_login, host, sealed)
             why = f"the login for registry {host} is sealed under it"
             attempt(login.value.key_id, why, opening)
+        for purpose, sealed in await self._acme_keys():
+            opening = functools.partial(self.open_for, purpose, sealed)
+            attempt(sealing.key_id_of(sealed), f"the {purpose}'s key is sealed under it", opening)
         return len(tried)
+
+    async def _acme_keys(self) -> list[tuple[str, str]]:
+        """(purpose, sealed key) of every key from ACME: each certificate's, the account's."""
+        found = [
+            (cert_key_purpose(item.value.name), item.value.issued.key)
+            for item in (await self._store.list(keys.CERTS, CertRecord)).items
+            if item.value.issued is not None
+        ]
+        account = await self._store.get(keys.ACME_ACCOUNT, AcmeAccount)
+        if account is not None:
+            found.append((ACCOUNT_PURPOSE, account.value.key))
+        return found
 
     async def usage(self) -> dict[str, Counter[str]]:
         """Per key id, how many values of each app are sealed under it; a registry's login
-        counts under `registry HOST`."""
+        counts under `registry HOST`, a key from ACME under its purpose (`acme account`,
+        `acme certificate NAME`)."""
         used: dict[str, Counter[str]] = {}
         for item in (await self._store.list(keys.SECRETS, AppSecrets)).items:
             for value in item.value.values.values():
                 used.setdefault(value.key_id, Counter())[item.value.app] += 1
         for login in (await self._store.list(keys.REGISTRIES, RegistryLogin)).items:
             used.setdefault(login.value.key_id, Counter())[f"registry {login.value.host}"] += 1
+        for purpose, sealed in await self._acme_keys():
+            used.setdefault(sealing.key_id_of(sealed), Counter())[purpose] += 1
         return used
 
     async def report(self) -> list[KeyReport]:

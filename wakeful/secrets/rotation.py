@@ -11,6 +11,8 @@ Theory of operation:
   written again, opened and sealed under the current key, by compare-and-set on the login and
   on `meta/secrets-key`. A rotation never leaves a login behind an app's secrets, so retiring
   a key (which counts both) waits for both.
+- Certificates' keys from ACME (`certs/{name}`, and the account's in `acme/account`) are
+  sealed under the same keys and go the same way, each record by compare-and-set.
 - A record changed meanwhile (a set, which seals under the current key itself) is read again
   on the next pass; passes go on until one finds nothing to seal again (at most `PASSES`).
 - A control plane that stopped leading mid-rotation leaves values under the older key, which
@@ -25,8 +27,15 @@ import logging
 from dataclasses import dataclass
 
 from wakeful.domain import keys
-from wakeful.domain.models import AppSecrets, RegistryLogin
-from wakeful.store import Conflict, Put, Require, Store, StoreError
+from wakeful.domain.models import (
+    ACCOUNT_PURPOSE,
+    AcmeAccount,
+    AppSecrets,
+    CertRecord,
+    RegistryLogin,
+    cert_key_purpose,
+)
+from wakeful.store import Conflict, Item, Put, Require, Store, StoreError
 
 from .errors import KeyRefused, SecretsError
 from .keys import KeyRing
@@ -44,6 +53,8 @@ class Resealed:
     """Of their values, sealed again."""
     logins: int = 0
     """Registries' logins sealed again."""
+    acme: int = 0
+    """Keys from ACME (certificates' and the account's) sealed again."""
 
 
 @dataclass(frozen=True)
@@ -53,18 +64,19 @@ class Rotated:
     records: int
     values: int
     logins: int = 0
+    acme: int = 0
 
 
 async def rotate_key(store: Store, ring: KeyRing) -> Rotated:
     key_id, previous = await ring.rotate()
     done = await reseal(store, ring)
-    return Rotated(key_id, previous, done.records, done.values, done.logins)
+    return Rotated(key_id, previous, done.records, done.values, done.logins, done.acme)
 
 
 async def reseal(store: Store, ring: KeyRing) -> Resealed:
     """Every value not under the current key sealed again under it: how many records and
     values were written. `KeyRefused` when records kept changing for `PASSES` passes."""
-    records = values = logins = 0
+    records = values = logins = acme = 0
     for _ in range(PASSES):
         current = await ring.current()
         key_id = current.value.key
@@ -76,16 +88,19 @@ async def reseal(store: Store, ring: KeyRing) -> Resealed:
         ]
         registries = await store.list(keys.REGISTRIES, RegistryLogin)
         logins_behind = [item for item in registries.items if item.value.key_id != key_id]
-        if not behind and not logins_behind:
-            if values or logins:
+        acme_behind = await _acme_behind(store, key_id)
+        if not behind and not logins_behind and not acme_behind:
+            if values or logins or acme:
                 log.info(
-                    "sealed %d value(s) of %d app(s) and %d registry login(s) again under %s",
+                    "sealed %d value(s) of %d app(s), %d registry login(s) and %d key(s) from "
+                    "ACME again under %s",
                     values,
                     records,
                     logins,
+                    acme,
                     key_id,
                 )
-            return Resealed(records, values, logins)
+            return Resealed(records, values, logins, acme)
         for item in behind:
             fresh, moved = _resealed(ring, item.value, key_id)
             require = [Require(item.key, item.revision), Require(current.key, current.revision)]
@@ -105,6 +120,14 @@ async def reseal(store: Store, ring: KeyRing) -> Resealed:
             except Conflict:  # changed or logged out meanwhile: the next pass reads it again
                 continue
             logins += 1
+        for held in acme_behind:
+            sealed_again = _acme_resealed(ring, held.value, key_id)
+            require = [Require(held.key, held.revision), Require(current.key, current.revision)]
+            try:
+                await store.txn(require, [Put(held.key, sealed_again)])
+            except Conflict:  # renewed or dropped meanwhile: the next pass reads it again
+                continue
+            acme += 1
     raise KeyRefused(f"the secrets kept changing over {PASSES} passes; rotate again")
 
 
@@ -122,6 +145,31 @@ def _resealed(ring: KeyRing, record: AppSecrets, key_id: str) -> tuple[AppSecret
     return record.model_copy(update={"values": fresh}), moved
 
 
+async def _acme_behind(store: Store, key_id: str) -> list[Item[CertRecord] | Item[AcmeAccount]]:
+    """The certificate records and the account whose key is sealed under another key."""
+    found: list[Item[CertRecord] | Item[AcmeAccount]] = []
+    for item in (await store.list(keys.CERTS, CertRecord)).items:
+        if item.value.issued is not None and item.value.issued.key_id != key_id:
+            found.append(item)
+    account = await store.get(keys.ACME_ACCOUNT, AcmeAccount)
+    if account is not None and account.value.key_id != key_id:
+        found.append(account)
+    return found
+
+
+def _acme_resealed(
+    ring: KeyRing, record: CertRecord | AcmeAccount, key_id: str
+) -> CertRecord | AcmeAccount:
+    if isinstance(record, AcmeAccount):
+        plain = ring.open_for(ACCOUNT_PURPOSE, record.key)
+        return record.model_copy(update={"key": ring.seal_for(key_id, ACCOUNT_PURPOSE, plain)})
+    assert record.issued is not None
+    purpose = cert_key_purpose(record.name)
+    plain = ring.open_for(purpose, record.issued.key)
+    issued = record.issued.model_copy(update={"key": ring.seal_for(key_id, purpose, plain)})
+    return record.model_copy(update={"issued": issued})
+
+
 async def finish(store: Store, ring: KeyRing) -> None:
     """What a rotation left under an older key, sealed again (a control plane starting); a
     failure is logged, never raised: the values still open."""
@@ -130,9 +178,11 @@ async def finish(store: Store, ring: KeyRing) -> None:
     except (StoreError, SecretsError) as exc:
         log.warning("could not seal the secrets again under the current key: %s", exc)
         return
-    if done.values or done.logins:
+    if done.values or done.logins or done.acme:
         log.info(
-            "finished a rotation: %d value(s) and %d registry login(s) sealed again",
+            "finished a rotation: %d value(s), %d registry login(s) and %d key(s) from ACME "
+            "sealed again",
             done.values,
             done.logins,
+            done.acme,
         )

@@ -80,7 +80,15 @@ from .base import (
     Name,
     describe_validation_error,
 )
-from .certs import AcmeAccount, AcmeChallenge, CertRecord, CertState, Issued
+from .certs import (
+    ACCOUNT_PURPOSE,
+    AcmeAccount,
+    AcmeChallenge,
+    CertRecord,
+    CertState,
+    Issued,
+    cert_key_purpose,
+)
 from .control import Leader, RolloutRecord, SessionKey
 from .images import (
     BLOB_DIGEST,
@@ -153,6 +161,7 @@ from .secrets import (
 from .tokens import ADMIN_TOKEN, Role, Token
 
 __all__ = [
+    "ACCOUNT_PURPOSE",
     "ADMIN_TOKEN",
     "BLOB_DIGEST",
     "DOCKER_HUB",
@@ -235,6 +244,7 @@ __all__ = [
     "Token",
     "Tunnel",
     "Version",
+    "cert_key_purpose",
     "describe_validation_error",
     "exposed_port",
     "format_size",

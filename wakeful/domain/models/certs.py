@@ -31,6 +31,15 @@ MAX_CHAIN_PEM = 64 * 1024
 TOKEN_PATTERN = r"^[A-Za-z0-9_-]{16,128}$"
 """An ACME challenge token: base64url, at least 128 bits (RFC 8555 §8.3)."""
 
+ACCOUNT_PURPOSE = "acme account"
+"""What the account's key is sealed bound to (`KeyRing.seal_for`)."""
+
+
+def cert_key_purpose(name: str) -> str:
+    """What a certificate's key for `name` is sealed bound to."""
+    return f"acme certificate {name}"
+
+
 SealedKey = Annotated[
     str, StringConstraints(pattern=SEALED_PATTERN, max_length=sealed_length(MAX_KEY_PEM))
 ]
