@@ -38,6 +38,7 @@ def start_cluster(
     processes on the store at `store_url`: (the leading control API's URL, ingress URL, the
     CLI's environment). `role_env`: more variables for the pieces of one role ("activator",
     "node", "ingress"), e.g. each its own etcd certificate, or of one node ("node:n1").
+    The activators' own variables go in `role_env["activator:N"]` (N from 0, the first leads).
     `processes`: filled with the pieces' processes, activators first, for a test to kill one;
     `activator_urls`: filled with the activators' control API URLs, in the same order;
     `launched`: each node's command and environment by name, for a test to start it again."""
@@ -89,6 +90,8 @@ def start_cluster(
             role = command[-1]
             extra = {**extra, **(role_env or {}).get(role, {})}
             name = extra.get("WAKEFUL_NODE_NAME", "")
+            if role == "activator":
+                name = str(sum(1 for p in processes if p.args[-1] == "activator"))
             extra = {**extra, **(role_env or {}).get(f"{role}:{name}", {})}
             if role in ("node", "ingress"):
                 # Each with a token of its own role, made once the control plane runs: never

@@ -4,12 +4,13 @@ process on free ports, its control API, and its stop."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,12 +82,15 @@ def start_up(
     idle_interval: float = 1.0,
     flags: Sequence[str] = (),
     within: float = 30,
+    env: Mapping[str, str] | None = None,
+    proxy: int | None = None,
 ) -> Up:
     """`wakeful up` on free ports, up within `within` seconds (an app it builds first takes
     longer). A port found free can be taken before wakeful binds it (by any process's outgoing
-    connection): then, and only then, it starts again on other ports."""
+    connection): then, and only then, it starts again on other ports. `env`: variables on top
+    of this process's; `proxy`: the ingress's port, when the test must know it first."""
     for _ in range(3):
-        up = _try_start(tmp_path, apps, idle_interval, flags, within)
+        up = _try_start(tmp_path, apps, idle_interval, flags, within, env or {}, proxy)
         if isinstance(up, Up):
             return up
         if "Address already in use" not in up:
@@ -95,10 +99,16 @@ def start_up(
 
 
 def _try_start(
-    tmp_path: Path, apps: Sequence[Path], idle_interval: float, flags: Sequence[str], within: float
+    tmp_path: Path,
+    apps: Sequence[Path],
+    idle_interval: float,
+    flags: Sequence[str],
+    within: float,
+    env: Mapping[str, str],
+    proxy: int | None,
 ) -> Up | str:
     data_dir = tmp_path / "state"
-    proxy, api, admin = free_port(), free_port(), free_port()
+    proxy, api, admin = proxy or free_port(), free_port(), free_port()
     process = subprocess.Popen(
         up_command(
             data_dir,
@@ -112,6 +122,7 @@ def _try_start(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        env={**os.environ, **env},
     )
     control = data_dir / "control.json"
     deadline = time.monotonic() + within

@@ -13,6 +13,7 @@ imports only the domain (the store below it too, were it to need it), never a co
   (the rules are `wakeful.domain.artifacts`).
 - `loopback`: a loopback listener holds the other loopback address's port too.
 - `trace`: the cold-start trace points (`WAKEFUL_TRACE=1`).
+- `failpoints`: named places where a test makes a piece die on the spot (`WAKEFUL_FAILPOINTS`).
 - `spawn`: every child a piece starts (sandboxes, pasta, umoci, cp, skopeo), started through
   `Popen`'s vfork and watched on the loop: never a fork of the piece (`run_tool` for a tool).
 """

@@ -30,6 +30,7 @@ import anyio.from_thread
 import anyio.to_thread
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from wakeful.aio import failpoints
 from wakeful.domain import certs as rules
 from wakeful.domain import keys
 from wakeful.domain.models import (
@@ -137,6 +138,7 @@ class CertManager:
             mirror = functools.partial(reflect, what="certificates' apps")
             tasks.start_soon(mirror, self._store, keys.APPS, App, self._apps)
             conversation: Conversation | None = None
+            await self._clear_challenges()
             while True:
                 self._apps.changed = anyio.Event()
                 wait = self.settings.interval
@@ -149,6 +151,15 @@ class CertManager:
                     wait = min(wait, 30.0)
                 with anyio.move_on_after(wait):
                     await self._apps.changed.wait()
+
+    async def _clear_challenges(self) -> None:
+        """Challenges a deposed leader's orders left: none of them is answered any more (the
+        orders they belonged to are ordered again)."""
+        try:
+            for item in (await self._store.list(keys.CHALLENGES, AcmeChallenge)).items:
+                await self._store.delete(item.key)
+        except StoreError as exc:
+            log.warning("could not clear old ACME challenges: %s", exc)
 
     async def _account(self) -> Conversation:
         """The account's conversation: the one in the store for this directory, else a new
@@ -260,6 +271,7 @@ class CertManager:
     async def _publish(self, token: str, value: str, name: str) -> None:
         challenge = AcmeChallenge(token=token, key_authorization=value, name=name)
         await self._store.put(keys.challenge(token), challenge)
+        failpoints.reach("acme-after-publish")
 
     async def _withdraw(self, token: str) -> None:
         with anyio.CancelScope(shield=True):

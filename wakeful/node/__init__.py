@@ -15,7 +15,6 @@ The agent, and what it writes to the store and the control plane, at the top:
   start (the control plane: in process, or `wakeful.remote.node.HttpSecrets`), and
   `sandbox_env`, the sandbox's whole environment, made then and kept in memory only.
 - `suspended.py`: what the frozen sandboxes hold, and which to give up under memory pressure.
-- `failpoints.py`: named places where a test makes the agent die.
 - `testing.py`: `FakeRuntime` and the /proc helpers tests and benchmarks use.
 
 Below it, one package per question:

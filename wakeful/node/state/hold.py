@@ -43,12 +43,12 @@ from typing import Protocol, TypeVar
 
 import anyio
 
+from wakeful.aio import failpoints
 from wakeful.aio.backoff import retry
 from wakeful.domain import keys, state
 from wakeful.domain.artifacts import ArtifactError, digest_of
 from wakeful.domain.backoff import Backoff
 from wakeful.domain.models import FINISHED, AppState, Sandbox, SandboxStatus
-from wakeful.node import failpoints
 from wakeful.node.sandbox.workdir import Artifacts, StateLayer, sandbox_dir, verify
 from wakeful.store import Item, Store, StoreError
 
