@@ -34,7 +34,7 @@ from wakeful.activator.credentials import install_admin
 from wakeful.activator.pool_metrics import PoolCollector
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.activator.tokens_api import tokens_router
-from wakeful.certs import AcmeSettings, CertManager, certs_router
+from wakeful.certs import AcmeSettings, CertManager, CertMetrics, certs_router
 from wakeful.controller.api import node_router
 from wakeful.controller.health import StoreProbe, leading_gauge
 from wakeful.controller.reconciler import Reconciler
@@ -153,6 +153,7 @@ async def control_plane(
     )
     logins = RegistryBook(store, book.ring)
     certs = None
+    cert_metrics = CertMetrics(registry)  # declared with ACME off too: dashboards query them
     if settings.acme_email is not None:  # certificates from ACME: this control plane orders
         acme = AcmeSettings(
             email=settings.acme_email,
@@ -160,7 +161,8 @@ async def control_plane(
             ca=None if settings.acme_ca is None else str(settings.acme_ca),
             base_domain=settings.acme_base_domain,
         )
-        certs = CertManager(store, PurposeSealer(book.ring), acme, registry, clock=time.time)
+        sealer = PurposeSealer(book.ring)
+        certs = CertManager(store, sealer, acme, cert_metrics, clock=time.time)
     images = images_of(settings, data_dir, artifact_clock, logins)
     collector.images = images.store
     deployer = Deployer(store, artifacts, collector=collector, hosts=settings.host_rules())

@@ -156,9 +156,8 @@ def cert_table(certs: Sequence[Mapping[str, Any]]) -> list[str]:
         expires = _when(c["not_after"]) if c["not_after"] else "-"
         retry = _when(c["next_attempt"]) if c["state"] == "failing" else "-"
         issuer = c["issuer"] or "-"
-        rows.append(
-            [c["name"], c["source"], c["state"], issuer, expires, retry, c["last_error"] or "-"]
-        )
-    return table(
-        ["NAME", "SOURCE", "STATE", "ISSUER", "EXPIRES", "NEXT ATTEMPT", "LAST ERROR"], rows
-    )
+        app = c.get("app") or "-"
+        error = c["last_error"] or "-"
+        rows.append([c["name"], app, c["source"], c["state"], issuer, expires, retry, error])
+    headers = ["NAME", "APP", "SOURCE", "STATE", "ISSUER", "EXPIRES", "NEXT ATTEMPT"]
+    return table([*headers, "LAST ERROR"], rows)

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from wakeful.dashboard.snapshot import scale_events
-from wakeful.domain.models import AppSpec, Pool, ScaleChange
+from wakeful.dashboard.snapshot import certs_by_app, scale_events
+from wakeful.domain.models import AppSpec, CertRecord, CertState, Issued, Pool, ScaleChange
 
 
 def pool(name: str, change: tuple[float, int, int] | None) -> Pool:
@@ -78,3 +78,35 @@ def test_scale_events(
 ) -> None:
     fresh, now_recorded = scale_events(pools, recorded)
     assert (shown(fresh), now_recorded) == (events, after)
+
+
+def test_each_app_shows_its_certificates_state_expiry_and_error_never_a_key() -> None:
+    sealed = "v1:0123456789ab:" + "A" * 64
+    issued = Issued(chain="-", key=sealed, not_before=0, not_after=500.0, issuer="CN=x", serial="1")
+    records = [
+        CertRecord(name="www.shop.test", app="shop", state=CertState.VALID, issued=issued),
+        CertRecord(
+            name="shop.test",
+            app="shop",
+            state=CertState.FAILING,
+            issued=issued,
+            failures=2,
+            last_error="validation failed: connection refused",
+        ),
+        CertRecord(name="blog.test", app="blog", state=CertState.ORDERING),
+        CertRecord(name="old.test", state=CertState.VALID, issued=issued),  # no app: not shown
+    ]
+    shown = certs_by_app(records)
+    assert shown == {
+        "shop": [
+            {
+                "name": "shop.test",
+                "state": "failing",
+                "not_after": 500.0,
+                "error": "validation failed: connection refused",
+            },
+            {"name": "www.shop.test", "state": "valid", "not_after": 500.0, "error": ""},
+        ],
+        "blog": [{"name": "blog.test", "state": "ordering", "not_after": None, "error": ""}],
+    }
+    assert sealed not in repr(shown)

@@ -129,7 +129,7 @@ def test_failures_back_off_and_stay_under_five_an_hour_however_long_they_last() 
 
 
 def test_a_failure_keeps_the_certificate_served_and_says_why() -> None:
-    before = rules.ordering(record(issued=issued()), "shop.test", now=61 * DAY)
+    before = rules.ordering(record(issued=issued()), "shop.test", "shop", now=61 * DAY)
     assert before.state is CertState.RENEWING and before.issued is not None
     after = rules.failed(before, "connection refused", now=61 * DAY)
     assert after.state is CertState.FAILING and after.issued == before.issued
@@ -138,7 +138,7 @@ def test_a_failure_keeps_the_certificate_served_and_says_why() -> None:
 
 
 def test_an_expired_certificate_orders_rather_than_renews() -> None:
-    assert rules.ordering(record(issued=issued()), "shop.test", 91 * DAY).state is (
+    assert rules.ordering(record(issued=issued()), "shop.test", "shop", 91 * DAY).state is (
         CertState.ORDERING
     )
 

@@ -11,6 +11,14 @@ The decisions (which names, when) are `wakeful.domain.certs`; the records are
 
 from .acme_client import AcmeFailure
 from .api import certs_router
-from .manager import AcmeSettings, CertManager, Sealer, Served
+from .manager import AcmeSettings, CertManager, CertMetrics, Sealer, Served
 
-__all__ = ["AcmeFailure", "AcmeSettings", "CertManager", "Sealer", "Served", "certs_router"]
+__all__ = [
+    "AcmeFailure",
+    "AcmeSettings",
+    "CertManager",
+    "CertMetrics",
+    "Sealer",
+    "Served",
+    "certs_router",
+]

@@ -20,6 +20,7 @@ from .manager import CertManager
 
 class CertEntry(BaseModel):
     name: str
+    app: str | None
     source: str
     state: CertState
     issuer: str | None
@@ -52,6 +53,7 @@ def certs_router(manager: CertManager | None) -> APIRouter:
             found.append(
                 CertEntry(
                     name=record.name,
+                    app=record.app,
                     source="acme",
                     state=record.state,
                     issuer=issued.issuer if issued else None,

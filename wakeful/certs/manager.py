@@ -80,6 +80,24 @@ class Served:
     serial: str
 
 
+class CertMetrics:
+    """Declared by every control plane, ACME on or not (a dashboard's queries find them)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.expiry = Gauge(
+            "wakeful_cert_expiry_timestamp_seconds",
+            "When the certificate from ACME held for a name expires (Unix time).",
+            ["name"],
+            registry=registry,
+        )
+        self.orders = Counter(
+            "wakeful_acme_orders",
+            "ACME orders this control plane made, by result (issued, failed).",
+            ["result"],
+            registry=registry,
+        )
+
+
 class _Apps:
     """`apps/` as the manager reads it; `changed` is set on every change."""
 
@@ -106,7 +124,7 @@ class CertManager:
         store: Store,
         sealer: Sealer,
         settings: AcmeSettings,
-        registry: CollectorRegistry,
+        metrics: CertMetrics,
         *,
         clock: Callable[[], float],
     ) -> None:
@@ -119,18 +137,8 @@ class CertManager:
         self._slots = anyio.Semaphore(settings.concurrency)
         self._opened: dict[str, Served] = {}
         """Opened keys by name, kept while the serial is the one served."""
-        self._expiry = Gauge(
-            "wakeful_cert_expiry_timestamp_seconds",
-            "When the certificate served for a name expires (Unix time).",
-            ["name"],
-            registry=registry,
-        )
-        self._orders = Counter(
-            "wakeful_acme_orders",
-            "ACME orders, by result (issued, failed).",
-            ["result"],
-            registry=registry,
-        )
+        self._expiry = metrics.expiry
+        self._orders = metrics.orders
 
     async def run(self) -> None:
         """Order and renew until cancelled (this activator stopped leading)."""
@@ -203,21 +211,21 @@ class CertManager:
                     self._expiry.remove(name)
                 self._opened.pop(name, None)
                 log.info("certificate for %s dropped: no app routes it", name)
-        for name in wanted:
+        for name, app in wanted.items():
             record = records.get(name)
             if name not in self._ordering and rules.due(record, now):
                 self._ordering.add(name)
-                tasks.start_soon(self._order, conversation, name, record)
+                tasks.start_soon(self._order, conversation, name, app, record)
             if record is not None and record.issued is not None:
                 self._expiry.labels(name=name).set(record.issued.not_after)
         return rules.next_check(records.values(), now, self.settings.interval)
 
     async def _order(
-        self, conversation: Conversation, name: str, record: CertRecord | None
+        self, conversation: Conversation, name: str, app: str, record: CertRecord | None
     ) -> None:
         try:
             async with self._slots:
-                start = rules.ordering(record, name, self._clock())
+                start = rules.ordering(record, name, app, self._clock())
                 await self._store.put(keys.cert(name), start)
                 try:
                     made = await anyio.to_thread.run_sync(
@@ -253,8 +261,15 @@ class CertManager:
                 )
                 await self._store.put(
                     keys.cert(name),
-                    CertRecord(
-                        name=name, state=CertState.VALID, issued=issued, updated_at=self._clock()
+                    start.model_copy(
+                        update={
+                            "state": CertState.VALID,
+                            "issued": issued,
+                            "failures": 0,
+                            "last_error": "",
+                            "next_attempt": 0.0,
+                            "updated_at": self._clock(),
+                        }
                     ),
                 )
                 self._orders.labels(result="issued").inc()

@@ -26,7 +26,7 @@ import anyio
 from wakeful.activator.core import Activator
 from wakeful.controller.mirror import Mirror
 from wakeful.domain import keys
-from wakeful.domain.models import RolloutRecord
+from wakeful.domain.models import CertRecord, RolloutRecord
 from wakeful.store import Store, StoreError
 
 from . import snapshot
@@ -72,6 +72,7 @@ class Dashboard:
         """Per pool, the `last_scale.at` already recorded."""
         self._streams: set[asyncio.Queue[str]] = set()
         self._rollouts: list[RolloutRecord] = []
+        self._certs: list[CertRecord] = []
         self._listed_at = -LIST_SECONDS
         self._sent = ""
         self._sent_at = 0.0
@@ -123,17 +124,19 @@ class Dashboard:
         try:
             with anyio.fail_after(2):
                 rollouts = await self._store.list(keys.ROLLOUTS, RolloutRecord)
+                certs = await self._store.list(keys.CERTS, CertRecord)
         except (StoreError, TimeoutError) as exc:
-            log.debug("dashboard could not list rollouts: %s", exc)
+            log.debug("dashboard could not list rollouts and certificates: %s", exc)
             return
         records = sorted((i.value for i in rollouts.items), key=lambda r: -r.started_at)
         self._rollouts = records[:MAX_ROLLOUTS]
+        self._certs = [item.value for item in certs.items]
 
     def snapshot(self) -> dict[str, Any]:
         mirror = self._mirror()
         seen = self._seen() if mirror is not None else ()
         return snapshot.build(
-            self._clock(), self._activator, mirror, seen, self._rollouts, self.events
+            self._clock(), self._activator, mirror, seen, self._rollouts, self.events, self._certs
         )
 
     def _publish(self) -> None:

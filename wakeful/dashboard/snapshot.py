@@ -17,7 +17,7 @@ from typing import Any
 from wakeful.activator.core import Activator, PoolSnapshot, WakeTally
 from wakeful.controller.mirror import Mirror
 from wakeful.controller.plan import with_cordon
-from wakeful.domain.models import App, Pool, RolloutRecord
+from wakeful.domain.models import App, CertRecord, CertState, Pool, RolloutRecord
 
 MAX_APPS = 100
 """Apps in one snapshot, busiest first (the count says how many there are): a snapshot costs
@@ -33,13 +33,14 @@ def build(
     seen: Iterable[str],
     rollouts: Sequence[RolloutRecord],
     events: Iterable[dict[str, Any]],
+    certs: Iterable[CertRecord] = (),
 ) -> dict[str, Any]:
     """The snapshot at `now`. `mirror`: None before the pool controller's first listing (no
     sandboxes or nodes then); `seen`: every node that ever registered; `events`: the scale
-    events, newest first."""
+    events, newest first; `certs`: the certificates from ACME, shown with their apps."""
     pools = activator.snapshot()
     known = activator.apps()
-    apps = _apps(now, activator, known, pools)
+    apps = _apps(now, activator, known, pools, certs_by_app(certs))
     sandboxes: list[dict[str, Any]] = []
     nodes: list[dict[str, Any]] = []
     total = 0
@@ -88,8 +89,30 @@ def scale_events(
     return sorted(fresh, key=lambda e: float(e["at"])), now_recorded
 
 
+def certs_by_app(certs: Iterable[CertRecord]) -> dict[str, list[dict[str, Any]]]:
+    """Each app's certificates from ACME as the page shows them: name, state, expiry, the
+    last error while failing (never a key)."""
+    by_app: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
+    for record in sorted(certs, key=lambda r: r.name):
+        if record.app is None:
+            continue
+        by_app[record.app].append(
+            {
+                "name": record.name,
+                "state": record.state.value,
+                "not_after": record.issued.not_after if record.issued else None,
+                "error": record.last_error if record.state is CertState.FAILING else "",
+            }
+        )
+    return dict(by_app)
+
+
 def _apps(
-    now: float, activator: Activator, known: list[App], pools: list[PoolSnapshot]
+    now: float,
+    activator: Activator,
+    known: list[App],
+    pools: list[PoolSnapshot],
+    certs: dict[str, list[dict[str, Any]]],
 ) -> list[dict[str, Any]]:
     """The busiest apps first (any live sandbox, waiter or desired instance), then by name."""
     by_app: dict[str, list[PoolSnapshot]] = collections.defaultdict(list)
@@ -111,6 +134,7 @@ def _apps(
                 "app": record.name,
                 "version": record.active_version,
                 "hosts": list(record.hosts),
+                "certs": certs.get(record.name, []),
                 "pools": [
                     {
                         "pool": p.pool,

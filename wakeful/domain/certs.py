@@ -94,13 +94,14 @@ def next_check(records: Iterable[CertRecord], now: float, ceiling: float) -> flo
     return max(0.0, soonest - now)
 
 
-def ordering(record: CertRecord | None, name: str, now: float) -> CertRecord:
-    """The record as an order for `name` starts: `renewing` while it holds a certificate that
-    has not expired, else `ordering`."""
+def ordering(record: CertRecord | None, name: str, app: str, now: float) -> CertRecord:
+    """The record as an order for `name` (routed by `app`) starts: `renewing` while it holds
+    a certificate that has not expired, else `ordering`."""
     issued = record.issued if record is not None else None
     live = issued is not None and issued.not_after > now
     return CertRecord(
         name=name,
+        app=app,
         state=CertState.RENEWING if live else CertState.ORDERING,
         issued=issued,
         failures=record.failures if record is not None else 0,

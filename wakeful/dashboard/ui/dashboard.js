@@ -162,6 +162,16 @@ function wakeLine(wakes, at) {
     `woke it: ${num(wakes.thaw)} thaw · ${num(wakes.start)} start${last}`);
 }
 
+function certLine(certs, at) {
+  // Its names' certificates from ACME: state, time left, and why the last attempt failed.
+  if (!Array.isArray(certs) || !certs.length) return null;
+  return el('ul', { class: 'certs' }, ...certs.map((c) => el('li', { 'data-cert': str(c.name) },
+    el('span', { class: `state st-${token(c.state)}` }, str(c.state)),
+    ` ${str(c.name)}`,
+    c.not_after ? el('span', { class: 'muted' }, ` · expires in ${age(num(c.not_after) - at)}`) : null,
+    c.error ? el('span', { class: 'cert-error' }, ` · ${str(c.error)}`) : null)));
+}
+
 function renderApps(apps, total, at) {
   if (!apps.length) {
     charts.clear();
@@ -185,6 +195,7 @@ function renderApps(apps, total, at) {
         el('span', { class: 'hosts' }, (app.hosts || []).map(str).join(' · '))),
       active ? poolCounts(active, true) : el('p', { class: 'empty' }, 'no pools'),
       wakeLine(app.wakes, at),
+      certLine(app.certs, at),
       chart.root,
       others.length ? el('ul', { class: 'other-pools' }, ...others.map((p) => el('li', { 'data-pool': str(p.pool) },
         el('span', { class: 'pool-name' }, str(p.pool)),

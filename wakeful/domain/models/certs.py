@@ -21,7 +21,7 @@ from typing import Annotated
 
 from pydantic import StringConstraints
 
-from .base import Host, Model
+from .base import Host, Model, Name
 from .secrets import SEALED_PATTERN, sealed_length
 
 MAX_KEY_PEM = 16 * 1024
@@ -90,6 +90,8 @@ class CertRecord(Model):
 
     name: Host
     state: CertState
+    app: Name | None = None
+    """The app that routes the name (the first by name, if several claim it)."""
     issued: Issued | None = None
     failures: int = 0
     """Attempts failed in a row (0 after a success)."""
