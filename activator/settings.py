@@ -55,6 +55,9 @@ class ActivatorSettings(StoreSettings):
     )
     """WAKEFUL_ACME_DIRECTORY: the ACME server's directory URL (Let's Encrypt's production one by
     default; its staging one is https://acme-staging-v02.api.letsencrypt.org/directory)."""
+    acme_orders_per_3h: int = Field(default=250, ge=1, le=100_000)
+    """WAKEFUL_ACME_ORDERS_PER_3H: new orders this control plane starts in any 3 hours (Let's
+    Encrypt allows 300 per account); past it, the next waits."""
     acme_ca: Path | None = None
     """WAKEFUL_ACME_CA: a PEM file trusting a private ACME server's TLS (pebble, step-ca)."""
     acme_base_domain: str | None = Field(default=None, pattern=HOST_PATTERN, max_length=253)

@@ -149,3 +149,19 @@ def test_names_no_app_routes_are_dropped_and_the_next_check_is_the_soonest_due()
     waiting = record(CertState.FAILING, failures=1, next_attempt=10 * DAY)
     assert rules.next_check([record(issued=issued()), waiting], 0.0, 30 * DAY) == 10 * DAY
     assert rules.next_check([record(issued=issued())], 0.0, 60.0) == 60.0
+
+
+@pytest.mark.parametrize(
+    ("started", "now", "limit", "wait"),
+    [
+        pytest.param([], 0.0, 2, 0.0, id="none started: go"),
+        pytest.param([10.0], 20.0, 2, 0.0, id="under the limit: go"),
+        pytest.param([10.0, 15.0], 20.0, 2, 10_790.0, id="at the limit: until the oldest ages out"),
+        pytest.param([10.0, 15.0, 18.0], 20.0, 2, 10_800.0 + 15 - 20, id="the limit-th newest"),
+        pytest.param([0.0, 15.0], 10_801.0, 2, 0.0, id="one aged out of the 3 hours: go"),
+    ],
+)
+def test_orders_are_paced_within_the_cas_limit_per_3_hours(
+    started: list[float], now: float, limit: int, wait: float
+) -> None:
+    assert rules.order_wait(started, now, limit) == wait

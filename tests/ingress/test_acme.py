@@ -81,25 +81,28 @@ def record(name: str, serial: str) -> CertRecord:
 
 
 async def test_a_challenge_is_answered_on_the_plain_listener_before_routing() -> None:
+    """Before any redirect to HTTPS too: every app's plain requests are sent there here."""
     with sandbox_recording([]) as sandbox:
-        async with stack({"s1": sandbox.port}) as s:
+        async with stack({"s1": sandbox.port}, tls_listen="127.0.0.1:0", tls_redirect=["*"]) as s:
             challenge = AcmeChallenge(
                 token=TOKEN, key_authorization=f"{TOKEN}.thumb", name="x.test"
             )
             await s.store.put(keys.challenge(TOKEN), challenge)
             path = f"/.well-known/acme-challenge/{TOKEN}"
             await eventually(lambda: TOKEN.encode() in s.ingress.challenges)
-            answer = await s.client.get(path, headers={"Host": "x.test"})
-            assert answer.text == f"{TOKEN}.thumb"
+            answer = await s.client.get(path, headers={"Host": "hello.localhost"})
+            assert answer.status_code == 200 and answer.text == f"{TOKEN}.thumb"
             assert answer.headers["content-type"] == "text/plain"
-            # An unknown token is any request: routed (here to no app), never answered.
+            # An unknown token is any request: routed (here to HTTPS), never answered.
             other = await s.client.get(
-                "/.well-known/acme-challenge/" + "z" * 20, headers={"Host": "x.test"}
+                "/.well-known/acme-challenge/" + "z" * 20, headers={"Host": "hello.localhost"}
             )
-            assert other.status_code == 404
+            assert other.status_code == 308
             await s.store.delete(keys.challenge(TOKEN))
             await eventually(lambda: TOKEN.encode() not in s.ingress.challenges)
-            assert (await s.client.get(path, headers={"Host": "x.test"})).status_code == 404
+            assert (
+                await s.client.get(path, headers={"Host": "hello.localhost"})
+            ).status_code == 308
     assert sandbox.connections == 0  # nothing of it reached the app
 
 

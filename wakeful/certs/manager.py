@@ -70,6 +70,8 @@ class AcmeSettings:
     """Seconds between checks when nothing changes."""
     order_timeout: float = 120.0
     concurrency: int = 4
+    orders_per_window: int = 250
+    """New orders in any 3 hours (`wakeful.domain.certs.order_wait`)."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,10 @@ class CertManager:
         self._clock = clock
         self._apps = _Apps()
         self._ordering: set[str] = set()
+        self._told: set[str] = set()
+        """Wildcard hosts already logged as needing a file."""
+        self._started: list[float] = []
+        """When this leader's orders of the last 3 hours started."""
         self._slots = anyio.Semaphore(settings.concurrency)
         self._opened: dict[str, Served] = {}
         """Opened keys by name, kept while the serial is the one served."""
@@ -201,6 +207,13 @@ class CertManager:
             if app.active_version is not None
         ]
         wanted = rules.wanted_names(routed, self.settings.base_domain)
+        for host in {h for r in routed for h in r.hosts if h.startswith("*.")} - self._told:
+            self._told.add(host)
+            log.warning(
+                "%s is a wildcard host: its certificate needs DNS-01, which wakeful does not "
+                "do; serve it from a file in WAKEFUL_TLS_DIR",
+                host,
+            )
         records = {
             r.value.name: r.value for r in (await self._store.list(keys.CERTS, CertRecord)).items
         }
@@ -211,14 +224,24 @@ class CertManager:
                     self._expiry.remove(name)
                 self._opened.pop(name, None)
                 log.info("certificate for %s dropped: no app routes it", name)
+        paced = 0.0
         for name, app in wanted.items():
             record = records.get(name)
             if name not in self._ordering and rules.due(record, now):
+                paced = rules.order_wait(self._started, now, self.settings.orders_per_window)
+                if paced > 0:
+                    log.warning(
+                        "certificates: %d orders in 3 hours, the next waits", len(self._started)
+                    )
+                    break
+                self._started = [at for at in self._started if at > now - rules.ORDER_WINDOW]
+                self._started.append(now)
                 self._ordering.add(name)
                 tasks.start_soon(self._order, conversation, name, app, record)
             if record is not None and record.issued is not None:
                 self._expiry.labels(name=name).set(record.issued.not_after)
-        return rules.next_check(records.values(), now, self.settings.interval)
+        wait = rules.next_check(records.values(), now, self.settings.interval)
+        return min(wait, paced) if paced > 0 else wait
 
     async def _order(
         self, conversation: Conversation, name: str, app: str, record: CertRecord | None

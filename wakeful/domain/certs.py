@@ -11,6 +11,9 @@ Rules:
   thirds of its lifetime. A failed attempt waits `retry_after(failures)`: 1, 5, 15 minutes,
   then hourly up to 6 hours, which keeps a name under Let's Encrypt's 5 failed validations
   per name per account per hour however long it fails.
+- **Pace.** At most `limit` orders start in any `ORDER_WINDOW` (3 hours): Let's Encrypt
+  allows 300 new orders per account per 3 hours, and a control plane coming up with
+  thousands of apps must not spend them in a minute (`order_wait`).
 - **Gone.** A name no app routes any more is dropped: its record deleted, never renewed.
 """
 
@@ -23,6 +26,8 @@ from .models import CertRecord, CertState
 
 RETRIES = (60.0, 300.0, 900.0, 3600.0, 3 * 3600.0, 6 * 3600.0)
 """Seconds to wait after the 1st, 2nd, ... failure in a row; the last one thereafter."""
+ORDER_WINDOW = 3 * 3600.0
+"""The window of the CA's limit on new orders per account."""
 RENEW_AT = 2 / 3
 """The share of a certificate's lifetime after which it is renewed."""
 
@@ -122,6 +127,15 @@ def failed(record: CertRecord, error: str, now: float) -> CertRecord:
             "updated_at": now,
         }
     )
+
+
+def order_wait(started: Iterable[float], now: float, limit: int) -> float:
+    """Seconds before another order may start, given when the orders of the last
+    `ORDER_WINDOW` started: 0 while fewer than `limit` did."""
+    recent = sorted(at for at in started if at > now - ORDER_WINDOW)
+    if len(recent) < limit:
+        return 0.0
+    return recent[len(recent) - limit] + ORDER_WINDOW - now
 
 
 def gone(records: Mapping[str, CertRecord], wanted: Mapping[str, str]) -> list[str]:
