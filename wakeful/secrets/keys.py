@@ -131,11 +131,7 @@ class KeyRing:
 
     def seal_login(self, key_id: str, host: str, password: str) -> str:
         """A registry's password sealed under `key_id`, bound to `host`."""
-        aead = self.aead(key_id)
-        if aead is None:
-            raise MissingKey(key_id, self._dir, "it is the current key")
-        data = sealing.registry_data(host)
-        return sealing.seal_bound(aead, key_id, data, password, os.urandom(NONCE_BYTES))
+        return self._seal_bound(key_id, sealing.registry_data(host), password)
 
     def open_login(self, host: str, sealed: str) -> str:
         """A registry's password; `SealError` (`UnknownKey`) when it does not open."""
@@ -145,10 +141,12 @@ class KeyRing:
     def seal_for(self, key_id: str, purpose: str, value: str) -> str:
         """`value` sealed under `key_id`, bound to `purpose` (`acme account`, `acme
         certificate shop.example.com`): a record moved to another purpose does not open."""
+        return self._seal_bound(key_id, sealing.purpose_data(purpose), value)
+
+    def _seal_bound(self, key_id: str, data: bytes, value: str) -> str:
         aead = self.aead(key_id)
         if aead is None:
             raise MissingKey(key_id, self._dir, "it is the current key")
-        data = sealing.purpose_data(purpose)
         return sealing.seal_bound(aead, key_id, data, value, os.urandom(NONCE_BYTES))
 
     def open_for(self, purpose: str, sealed: str) -> str:
