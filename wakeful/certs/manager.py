@@ -44,6 +44,7 @@ from wakeful.domain.models import (
     cert_key_purpose,
 )
 from wakeful.store import Item, Store, StoreError
+from wakeful.store.errors import Deposed
 from wakeful.store.reflector import reflect
 
 from .acme_client import AcmeFailure, Conversation, new_key_pem
@@ -163,6 +164,9 @@ class CertManager:
                 except (StoreError, AcmeFailure) as exc:
                     log.warning("certificates: %s", exc)
                     wait = min(wait, 30.0)
+                except Exception:  # a certificate is never worth the control plane
+                    log.exception("certificates: the manager's pass failed")
+                    wait = min(wait, 30.0)
                 with anyio.move_on_after(wait):
                     await self._apps.changed.wait()
 
@@ -262,7 +266,20 @@ class CertManager:
                         ),
                         abandon_on_cancel=True,
                     )
-                except AcmeFailure as exc:
+                    sealed = await self._sealer.seal(cert_key_purpose(name), made.key_pem)
+                    issued = Issued(  # a chain over its bound is refused here
+                        chain=made.chain,
+                        key=sealed,
+                        not_before=made.not_before,
+                        not_after=made.not_after,
+                        issuer=made.issuer,
+                        serial=made.serial,
+                    )
+                except StoreError:
+                    raise
+                except Exception as exc:  # AcmeFailure; a key that does not seal; any surprise
+                    if not isinstance(exc, AcmeFailure):
+                        log.exception("certificate for %s: the order failed", name)
                     self._orders.labels(result="failed").inc()
                     after = rules.failed(start, str(exc), self._clock())
                     await self._store.put(keys.cert(name), after)
@@ -273,15 +290,6 @@ class CertManager:
                         after.next_attempt - self._clock(),
                     )
                     return
-                sealed = await self._sealer.seal(cert_key_purpose(name), made.key_pem)
-                issued = Issued(
-                    chain=made.chain,
-                    key=sealed,
-                    not_before=made.not_before,
-                    not_after=made.not_after,
-                    issuer=made.issuer,
-                    serial=made.serial,
-                )
                 await self._store.put(
                     keys.cert(name),
                     start.model_copy(
@@ -300,6 +308,8 @@ class CertManager:
                 log.info(
                     "certificate for %s issued by %s, until %s", name, made.issuer, made.not_after
                 )
+        except Deposed:
+            return  # the next leader carries it on
         except StoreError as exc:
             log.warning("certificate for %s: the store failed: %s", name, exc)
         finally:
@@ -334,7 +344,11 @@ class CertManager:
                 continue
             known = self._opened.get(record.name)
             if known is None or known.serial != issued.serial:
-                key = self._sealer.open(cert_key_purpose(record.name), issued.key)
+                try:
+                    key = self._sealer.open(cert_key_purpose(record.name), issued.key)
+                except Exception as exc:  # SealError: one record is never worth the others
+                    log.error("certificate for %s not served: its key %s", record.name, exc)
+                    continue
                 known = self._opened[record.name] = Served(
                     record.name, issued.chain, key, issued.serial
                 )
