@@ -259,11 +259,12 @@ def running_up(
     keep_logs: Path | None,
     env: dict[str, str] | None = None,
     idle_interval: float = 0.5,
+    proxy: int | None = None,
 ) -> Iterator[Up]:
-    """`wakeful up` on free ports, with `env` added to its environment; on the way out
-    SIGTERM, wait, and reap any sandbox left."""
+    """`wakeful up` on free ports (the ingress on `proxy` when given), with `env` added to its
+    environment; on the way out SIGTERM, wait, and reap any sandbox left."""
     data_dir, log = root / "state", root / "wakeful-up.log"
-    proxy, api, admin = free_port(), free_port(), free_port()
+    proxy, api, admin = proxy or free_port(), free_port(), free_port()
     command = [*WAKEFUL, "--data-dir", str(data_dir), "up", *(str(root / n) for n in names)]
     command += ["--listen", f"127.0.0.1:{proxy}", "--api-listen", f"127.0.0.1:{api}"]
     command += ["--admin-listen", f"127.0.0.1:{admin}", "--idle-interval", f"{idle_interval:g}"]
