@@ -67,7 +67,6 @@ from wakeful.store.testing import free_port
 from wakeful.store.url import open_store
 
 NAME = "shop.bench"
-SEALED = "v1:0123456789ab:" + "A" * 64
 """What the `certs/` record holds in place of a sealed key: the ingress never opens it."""
 
 NGINX_TLS = """
@@ -258,7 +257,7 @@ async def ingress_tls(tls_dir: Path | None, pair: ServedPair | None) -> AsyncIte
         async with activator.running(), ingress.running():
             if pair is not None:
                 issued = Issued(
-                    chain="-", key=SEALED, not_before=0, not_after=2e9, issuer="-", serial="1"
+                    chain="-", not_before=0, not_after=2e9, issuer="-", serial="1"
                 )
                 record = CertRecord(name=NAME, state=CertState.VALID, issued=issued)
                 await store.put(keys.cert(NAME), record)

@@ -82,7 +82,7 @@ def test_scale_events(
 
 def test_each_app_shows_its_certificates_state_expiry_and_error_never_a_key() -> None:
     sealed = "v1:0123456789ab:" + "A" * 64
-    issued = Issued(chain="-", key=sealed, not_before=0, not_after=500.0, issuer="CN=x", serial="1")
+    issued = Issued(chain="-", not_before=0, not_after=500.0, issuer="CN=x", serial="1")
     records = [
         CertRecord(name="www.shop.test", app="shop", state=CertState.VALID, issued=issued),
         CertRecord(

@@ -14,7 +14,6 @@ SEALED = "v1:0123456789ab:" + "A" * 64
 def issued(not_before: float = 0.0, days: float = 90.0) -> Issued:
     return Issued(
         chain="-----BEGIN CERTIFICATE-----",
-        key=SEALED,
         not_before=not_before,
         not_after=not_before + days * DAY,
         issuer="CN=test",

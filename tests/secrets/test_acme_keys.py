@@ -13,9 +13,7 @@ from wakeful.domain import keys
 from wakeful.domain.models import (
     ACCOUNT_PURPOSE,
     AcmeAccount,
-    CertRecord,
-    CertState,
-    Issued,
+    CertKey,
     cert_key_purpose,
 )
 from wakeful.secrets.book import SecretBook
@@ -35,15 +33,8 @@ async def sealed_records(store: Store, directory: Path) -> tuple[SecretBook, Pur
     ring = KeyRing(store, directory)
     await ring.start()
     sealer = PurposeSealer(ring)
-    issued = Issued(
-        chain="-",
-        key=await sealer.seal(cert_key_purpose(NAME), KEY),
-        not_before=0,
-        not_after=2e9,
-        issuer="CN=x",
-        serial="1",
-    )
-    await store.put(keys.cert(NAME), CertRecord(name=NAME, state=CertState.VALID, issued=issued))
+    sealed = await sealer.seal(cert_key_purpose(NAME), KEY)
+    await store.put(keys.cert_key(NAME), CertKey(name=NAME, serial="1", key=sealed))
     account = AcmeAccount(
         directory="https://acme.test/dir",
         email="ops@shop.test",
@@ -56,9 +47,9 @@ async def sealed_records(store: Store, directory: Path) -> tuple[SecretBook, Pur
 
 async def test_a_key_opens_only_for_its_own_name(store: Store, tmp_path: Path) -> None:
     _, sealer = await sealed_records(store, tmp_path / "keys")
-    found = await store.get(keys.cert(NAME), CertRecord)
-    assert found is not None and found.value.issued is not None
-    sealed = found.value.issued.key
+    found = await store.get(keys.cert_key(NAME), CertKey)
+    assert found is not None
+    sealed = found.value.key
     assert KEY not in sealed
     assert sealer.open(cert_key_purpose(NAME), sealed) == KEY
     with pytest.raises(SealError, match="does not open"):
@@ -76,12 +67,12 @@ async def test_a_rotation_seals_them_again_and_a_retire_waits_for_them(
         await secrets.ring.retire(first)
     done = await reseal(store, secrets.ring)
     assert (done.values, done.logins, done.acme) == (0, 0, 2)
-    cert = await store.get(keys.cert(NAME), CertRecord)
+    cert = await store.get(keys.cert_key(NAME), CertKey)
     account = await store.get(keys.ACME_ACCOUNT, AcmeAccount)
-    assert cert is not None and cert.value.issued is not None and account is not None
-    assert cert.value.issued.key_id == second and account.value.key_id == second
+    assert cert is not None and account is not None
+    assert cert.value.key_id == second and account.value.key_id == second
     await secrets.ring.retire(first)
-    assert sealer.open(cert_key_purpose(NAME), cert.value.issued.key) == KEY
+    assert sealer.open(cert_key_purpose(NAME), cert.value.key) == KEY
     assert sealer.open(ACCOUNT_PURPOSE, account.value.key) == ACCOUNT_KEY
     rotated = await secrets.rotate_key()
     assert (rotated.previous, rotated.acme) == (second, 2)

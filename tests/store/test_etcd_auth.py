@@ -117,6 +117,8 @@ EXPECTED = {
         "list secrets/": "denied",
         "get registries/registry.example.com": "denied",
         "list registries/": "denied",
+        "list certs/": "denied",
+        "list acme/keys/": "denied",
     },
     "wakeful-ingress": {
         "get apps/a": "ok",
@@ -130,6 +132,13 @@ EXPECTED = {
         "put nodes/n": "denied",
         "get pools/p": "denied",
         "list registries/": "denied",
+        # Certificates from ACME: the challenges and the certificates, never their keys.
+        "list acme/challenges/": "ok",
+        "get certs/shop.test": "ok",
+        "list certs/": "ok",
+        "list acme/keys/": "denied",
+        "get acme/account": "denied",
+        "put certs/shop.test": "denied",
     },
     "wakeful": {"get apps/a": "denied"},  # step 1's certificate: no such user
 }
@@ -145,8 +154,9 @@ async def test_each_certificate_reaches_only_its_own_keys(
 
 
 def test_no_role_but_the_control_planes_reaches_a_sealed_record() -> None:
-    """Apps' secrets, registries' logins and the current key's id: a grant that reaches one
-    from a node's or an ingress's role is found (and `enable_auth` refuses to apply it)."""
+    """Apps' secrets, registries' logins, the current key's id, ACME's keys: a grant that
+    reaches one from a node's or an ingress's role is found (and `enable_auth` refuses to
+    apply it)."""
     assert sealed_readers() == []
     wider = dict(PIECES)
     wider[NODE] = (*PIECES[NODE], Grant(keys.REGISTRIES, READ))
@@ -156,6 +166,8 @@ def test_no_role_but_the_control_planes_reaches_a_sealed_record() -> None:
         f"{INGRESS}: {keys.SECRETS}",
         f"{INGRESS}: {keys.REGISTRIES}",
         f"{INGRESS}: {keys.SECRETS_KEY}",
+        f"{INGRESS}: {keys.ACME_KEYS}",
+        f"{INGRESS}: {keys.ACME_ACCOUNT}",
     ]
 
 

@@ -38,12 +38,13 @@ from wakeful.domain.models import (
     AcmeAccount,
     AcmeChallenge,
     App,
+    CertKey,
     CertRecord,
     CertState,
     Issued,
     cert_key_purpose,
 )
-from wakeful.store import Item, Store, StoreError
+from wakeful.store import Item, Put, Store, StoreError
 from wakeful.store.errors import Deposed
 from wakeful.store.reflector import reflect
 
@@ -224,6 +225,7 @@ class CertManager:
         for name in rules.gone(records, wanted):
             if name not in self._ordering:
                 await self._store.delete(keys.cert(name))
+                await self._store.delete(keys.cert_key(name))
                 with contextlib.suppress(KeyError):  # never served
                     self._expiry.remove(name)
                 self._opened.pop(name, None)
@@ -267,9 +269,9 @@ class CertManager:
                         abandon_on_cancel=True,
                     )
                     sealed = await self._sealer.seal(cert_key_purpose(name), made.key_pem)
+                    held = CertKey(name=name, serial=made.serial, key=sealed)
                     issued = Issued(  # a chain over its bound is refused here
                         chain=made.chain,
-                        key=sealed,
                         not_before=made.not_before,
                         not_after=made.not_after,
                         issuer=made.issuer,
@@ -290,18 +292,19 @@ class CertManager:
                         after.next_attempt - self._clock(),
                     )
                     return
-                await self._store.put(
-                    keys.cert(name),
-                    start.model_copy(
-                        update={
-                            "state": CertState.VALID,
-                            "issued": issued,
-                            "failures": 0,
-                            "last_error": "",
-                            "next_attempt": 0.0,
-                            "updated_at": self._clock(),
-                        }
-                    ),
+                valid = start.model_copy(
+                    update={
+                        "state": CertState.VALID,
+                        "issued": issued,
+                        "failures": 0,
+                        "last_error": "",
+                        "next_attempt": 0.0,
+                        "updated_at": self._clock(),
+                    }
+                )
+                # One write: an ingress that sees the new serial finds its key with it.
+                await self._store.txn(
+                    [], [Put(keys.cert_key(name), held), Put(keys.cert(name), valid)]
                 )
                 self._orders.labels(result="issued").inc()
                 self._expiry.labels(name=name).set(made.not_after)
@@ -338,14 +341,22 @@ class CertManager:
         """Every unexpired certificate with its key opened: what ingresses serve."""
         now = self._clock()
         found = []
+        held = {
+            item.value.name: item.value
+            for item in (await self._store.list(keys.ACME_KEYS, CertKey)).items
+        }
         for record in await self.listing():
             issued = record.issued
             if issued is None or issued.not_after <= now:
                 continue
             known = self._opened.get(record.name)
             if known is None or known.serial != issued.serial:
+                sealed = held.get(record.name)
+                if sealed is None or sealed.serial != issued.serial:
+                    log.error("certificate for %s not served: its key is not stored", record.name)
+                    continue
                 try:
-                    key = self._sealer.open(cert_key_purpose(record.name), issued.key)
+                    key = self._sealer.open(cert_key_purpose(record.name), sealed.key)
                 except Exception as exc:  # SealError: one record is never worth the others
                     log.error("certificate for %s not served: its key %s", record.name, exc)
                     continue

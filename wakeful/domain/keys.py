@@ -20,7 +20,8 @@ to the store's namespace (the store adds it).
 | `secrets(app)`             | `secrets/{app}`             | AppSecrets (values sealed)    |
 | `SECRETS_KEY`              | `meta/secrets-key`          | SecretsKey                    |
 | `registry(host)`           | `registries/{host}`         | RegistryLogin (sealed)        |
-| `cert(name)`               | `certs/{name}`              | CertRecord (key sealed)       |
+| `cert(name)`               | `certs/{name}`              | CertRecord                    |
+| `cert_key(name)`           | `acme/keys/{name}`          | CertKey (sealed)              |
 | `ACME_ACCOUNT`             | `acme/account`              | AcmeAccount (key sealed)      |
 | `challenge(token)`         | `acme/challenges/{token}`   | AcmeChallenge                 |
 """
@@ -43,6 +44,7 @@ SECRETS = "secrets/"
 REGISTRIES = "registries/"
 CERTS = "certs/"
 CHALLENGES = "acme/challenges/"
+ACME_KEYS = "acme/keys/"
 ACME_ACCOUNT = "acme/account"
 SECRETS_KEY = "meta/secrets-key"
 """The id of the key new secret values are sealed under (`wakeful.secrets.keys`)."""
@@ -128,8 +130,13 @@ def registry(host: str) -> str:
 
 
 def cert(name: str) -> str:
-    """A name's certificate from ACME, its key sealed (`wakeful.certs`)."""
+    """A name's certificate from ACME (`wakeful.certs`); its key is `cert_key(name)`."""
     return f"{CERTS}{name}"
+
+
+def cert_key(name: str) -> str:
+    """The sealed private key of a name's certificate: the control plane's alone."""
+    return f"{ACME_KEYS}{name}"
 
 
 def challenge(token: str) -> str:

@@ -59,7 +59,7 @@ from wakeful.domain.models import (
     STARTING,
     AcmeAccount,
     AppSecrets,
-    CertRecord,
+    CertKey,
     RegistryLogin,
     Sandbox,
     SecretsKey,
@@ -306,9 +306,8 @@ class KeyRing:
     async def _acme_keys(self) -> list[tuple[str, str]]:
         """(purpose, sealed key) of every key from ACME: each certificate's, the account's."""
         found = [
-            (cert_key_purpose(item.value.name), item.value.issued.key)
-            for item in (await self._store.list(keys.CERTS, CertRecord)).items
-            if item.value.issued is not None
+            (cert_key_purpose(item.value.name), item.value.key)
+            for item in (await self._store.list(keys.ACME_KEYS, CertKey)).items
         ]
         account = await self._store.get(keys.ACME_ACCOUNT, AcmeAccount)
         if account is not None:

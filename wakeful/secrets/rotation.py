@@ -11,7 +11,7 @@ Theory of operation:
   written again, opened and sealed under the current key, by compare-and-set on the login and
   on `meta/secrets-key`. A rotation never leaves a login behind an app's secrets, so retiring
   a key (which counts both) waits for both.
-- Certificates' keys from ACME (`certs/{name}`, and the account's in `acme/account`) are
+- Certificates' keys from ACME (`acme/keys/{name}`, and the account's in `acme/account`) are
   sealed under the same keys and go the same way, each record by compare-and-set.
 - A record changed meanwhile (a set, which seals under the current key itself) is read again
   on the next pass; passes go on until one finds nothing to seal again (at most `PASSES`).
@@ -31,7 +31,7 @@ from wakeful.domain.models import (
     ACCOUNT_PURPOSE,
     AcmeAccount,
     AppSecrets,
-    CertRecord,
+    CertKey,
     RegistryLogin,
     cert_key_purpose,
 )
@@ -145,11 +145,11 @@ def _resealed(ring: KeyRing, record: AppSecrets, key_id: str) -> tuple[AppSecret
     return record.model_copy(update={"values": fresh}), moved
 
 
-async def _acme_behind(store: Store, key_id: str) -> list[Item[CertRecord] | Item[AcmeAccount]]:
-    """The certificate records and the account whose key is sealed under another key."""
-    found: list[Item[CertRecord] | Item[AcmeAccount]] = []
-    for item in (await store.list(keys.CERTS, CertRecord)).items:
-        if item.value.issued is not None and item.value.issued.key_id != key_id:
+async def _acme_behind(store: Store, key_id: str) -> list[Item[CertKey] | Item[AcmeAccount]]:
+    """The certificates' keys and the account's sealed under another key."""
+    found: list[Item[CertKey] | Item[AcmeAccount]] = []
+    for item in (await store.list(keys.ACME_KEYS, CertKey)).items:
+        if item.value.key_id != key_id:
             found.append(item)
     account = await store.get(keys.ACME_ACCOUNT, AcmeAccount)
     if account is not None and account.value.key_id != key_id:
@@ -158,16 +158,11 @@ async def _acme_behind(store: Store, key_id: str) -> list[Item[CertRecord] | Ite
 
 
 def _acme_resealed(
-    ring: KeyRing, record: CertRecord | AcmeAccount, key_id: str
-) -> CertRecord | AcmeAccount:
-    if isinstance(record, AcmeAccount):
-        plain = ring.open_for(ACCOUNT_PURPOSE, record.key)
-        return record.model_copy(update={"key": ring.seal_for(key_id, ACCOUNT_PURPOSE, plain)})
-    assert record.issued is not None
-    purpose = cert_key_purpose(record.name)
-    plain = ring.open_for(purpose, record.issued.key)
-    issued = record.issued.model_copy(update={"key": ring.seal_for(key_id, purpose, plain)})
-    return record.model_copy(update={"issued": issued})
+    ring: KeyRing, record: CertKey | AcmeAccount, key_id: str
+) -> CertKey | AcmeAccount:
+    purpose = ACCOUNT_PURPOSE if isinstance(record, AcmeAccount) else cert_key_purpose(record.name)
+    plain = ring.open_for(purpose, record.key)
+    return record.model_copy(update={"key": ring.seal_for(key_id, purpose, plain)})
 
 
 async def finish(store: Store, ring: KeyRing) -> None:

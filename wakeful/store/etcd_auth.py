@@ -11,9 +11,12 @@ name grants key ranges under the store's namespace:
   released through the control API, which checks that the node holds it);
 - `wakeful-ingress`: reads apps/ and sandboxes/; for tunnels (invariant 22) it also reads
   tokens/ (digests only: it checks nodes' streams and peers' relays) and nodes/ (where each
-  node's streams are), and writes ingresses/ (its own record); nothing else.
+  node's streams are), and writes ingresses/ (its own record); for certificates from ACME it
+  reads acme/challenges/ (it answers them) and certs/ (the certificates, not their keys);
+  nothing else.
 
-Sealed records (`SEALED`: apps' secrets, registries' logins, the current key's id) are read by
+Sealed records (`SEALED`: apps' secrets, registries' logins, the current key's id, ACME's
+account key and certificates' keys) are read by
 the control plane alone: no other role's grant covers any of them, which `sealed_readers`
 checks (tests/store/test_etcd_auth.py). A node gets an app's secrets from the control API for
 a sandbox it is starting, and never a registry login (it fetches image blobs from the control
@@ -63,11 +66,14 @@ PIECES: dict[str, tuple[Grant, ...]] = {
         # nodes' coverage tables it relays by, and its own record among its peers'.
         *(Grant(p, READ) for p in (keys.TOKENS, keys.NODES)),
         Grant(keys.INGRESSES, READWRITE),
+        # Certificates from ACME: the challenges it answers, and each certificate's serial,
+        # to know when to fetch them with their keys from the control API.
+        *(Grant(p, READ) for p in (keys.CHALLENGES, keys.CERTS)),
     ),
 }
 
 
-SEALED = (keys.SECRETS, keys.REGISTRIES, keys.SECRETS_KEY)
+SEALED = (keys.SECRETS, keys.REGISTRIES, keys.SECRETS_KEY, keys.ACME_KEYS, keys.ACME_ACCOUNT)
 """What only `wakeful-control` reads."""
 
 

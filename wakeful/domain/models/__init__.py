@@ -41,6 +41,7 @@ module below defines it:
 | `ui/session-key`            | SessionKey     | `control`  |
 | `tokens/{name}`             | Token          | `tokens`   |
 | `certs/{name}`              | CertRecord     | `certs`    |
+| `acme/keys/{name}`          | CertKey        | `certs`    |
 | `acme/account`              | AcmeAccount    | `certs`    |
 | `acme/challenges/{token}`   | AcmeChallenge  | `certs`    |
 | `secrets/{app}`             | AppSecrets     | `secrets`  |
@@ -87,6 +88,7 @@ from .certs import (
     TOKEN_PATTERN,
     AcmeAccount,
     AcmeChallenge,
+    CertKey,
     CertRecord,
     CertState,
     ChallengeToken,
@@ -213,6 +215,7 @@ __all__ = [
     "AppSpec",
     "AppState",
     "BlobDigest",
+    "CertKey",
     "CertRecord",
     "CertState",
     "ChallengeToken",

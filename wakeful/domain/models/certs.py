@@ -2,11 +2,16 @@
 ingresses need to answer its HTTP-01 challenges. Written by the leading activator alone
 (`wakeful.certs`); every private key sealed under the secrets' keys, bound to its name.
 
-| key                       | model          |
-|---------------------------|----------------|
-| `acme/account`            | AcmeAccount    |
-| `certs/{name}`            | CertRecord     |
-| `acme/challenges/{token}` | AcmeChallenge  |
+| key                       | model          | who reads it                           |
+|---------------------------|----------------|----------------------------------------|
+| `certs/{name}`            | CertRecord     | the control plane, every ingress       |
+| `acme/keys/{name}`        | CertKey        | the control plane alone (sealed)       |
+| `acme/account`            | AcmeAccount    | the control plane alone (sealed)       |
+| `acme/challenges/{token}` | AcmeChallenge  | the control plane, every ingress       |
+
+A certificate's key is a record of its own, apart from the certificate, so that an ingress,
+which follows `certs/` to learn when to fetch, never reads a sealed record (etcd's roles:
+`wakeful.store.etcd_auth`).
 
 A certificate record exists for each name the control plane orders for, whatever its state:
 `ordering` (no certificate yet), `valid`, `renewing` (a certificate still served while a new
@@ -69,16 +74,24 @@ class AcmeAccount(Model):
 
 
 class Issued(Model):
-    """A certificate as issued: its chain in PEM, its private key sealed."""
+    """A certificate as issued: its chain in PEM (its key is in `CertKey`)."""
 
     chain: Annotated[str, StringConstraints(max_length=MAX_CHAIN_PEM)]
-    key: SealedKey
-    """Its private key (PEM), sealed bound to `acme certificate {name}`."""
     not_before: float
     not_after: float
     issuer: str
     serial: str
     """In hex: what tells one issued certificate from the next."""
+
+
+class CertKey(Model):
+    """The private key of a name's certificate (`acme/keys/{name}`), written with it."""
+
+    name: Host
+    serial: str
+    """The certificate's it belongs to."""
+    key: SealedKey
+    """The private key (PEM), sealed bound to `acme certificate {name}`."""
 
     @property
     def key_id(self) -> str:
