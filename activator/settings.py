@@ -125,6 +125,20 @@ class ActivatorSettings(StoreSettings):
     hosts of `listen` and `advertise_url`, when they are names, are reserved as well
     (`host_rules`)."""
 
+    @field_validator("acme_ca")
+    @classmethod
+    def _acme_ca(cls, path: Path | None) -> Path | None:
+        if path is not None and not path.is_file():
+            raise ValueError(f"{path} is not a file: give the PEM file of the ACME server's CA")
+        return path
+
+    @field_validator("acme_base_domain")
+    @classmethod
+    def _acme_base_domain(cls, domain: str | None) -> str | None:
+        if domain is not None and domain.startswith("*."):
+            raise ValueError(f"{domain} is a wildcard: give the domain itself (apps.example.com)")
+        return domain
+
     @field_validator("reserved_hosts", mode="before")
     @classmethod
     def _host_list(cls, value: object) -> object:

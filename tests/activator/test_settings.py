@@ -67,3 +67,40 @@ def test_a_reserved_host_that_is_no_host_name_is_refused_naming_it(
     with pytest.raises(ValidationError, match="reserved_hosts") as refused:
         settings(monkeypatch, reserved_hosts=value)
     assert "is not a host name" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("env", "refused"),
+    [
+        pytest.param({"acme_email": "not an address"}, "acme_email", id="an email without @"),
+        pytest.param(
+            {"acme_email": "a@b.c", "acme_directory": "http://acme.test/dir"},
+            "acme_directory",
+            id="a directory not over https",
+        ),
+        pytest.param(
+            {"acme_email": "a@b.c", "acme_ca": "/no/such/ca.pem"},
+            "/no/such/ca.pem is not a file",
+            id="a CA file that is not there",
+        ),
+        pytest.param(
+            {"acme_email": "a@b.c", "acme_base_domain": "*.apps.test"},
+            "acme_base_domain",
+            id="a base domain that is a wildcard",
+        ),
+        pytest.param({"acme_orders_per_3h": "0"}, "acme_orders_per_3h", id="no orders at all"),
+    ],
+)
+def test_acme_settings_refuse_what_cannot_work_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], refused: str
+) -> None:
+    with pytest.raises(ValidationError, match=refused):
+        settings(monkeypatch, **env)
+
+
+def test_acme_is_off_unless_an_email_turns_it_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("EMAIL", "DIRECTORY", "CA", "BASE_DOMAIN"):
+        monkeypatch.delenv(f"WAKEFUL_ACME_{name}", raising=False)
+    assert settings(monkeypatch).acme_email is None
+    on = settings(monkeypatch, acme_email="ops@example.com")
+    assert on.acme_directory == "https://acme-v02.api.letsencrypt.org/directory"
