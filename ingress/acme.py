@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -73,7 +73,9 @@ class Challenges:
 class IssuedFeed:
     """`certs/` as serials by name (a `View`); `run` fetches whenever they change."""
 
-    def __init__(self, source: CertSource, install: Callable[[list[ServedPair]], None]) -> None:
+    def __init__(
+        self, source: CertSource, install: Callable[[list[ServedPair]], Awaitable[None]]
+    ) -> None:
         self._source = source
         self._install = install
         self._serials: dict[str, str] = {}
@@ -114,5 +116,5 @@ class IssuedFeed:
                 self._changed.set()
                 await anyio.sleep(RETRY)
                 continue
-            self._install(pairs)
+            await self._install(pairs)
             self.installed = {pair.name: pair.serial for pair in pairs}

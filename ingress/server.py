@@ -273,8 +273,10 @@ class Ingress:
         self.certificates = certificates
         if self._certs is not None:
 
-            def install(pairs: list[ServedPair]) -> None:
-                certificates.install_issued([(p.name, p.chain, p.key) for p in pairs])
+            async def install(pairs: list[ServedPair]) -> None:
+                await certificates.install_issued(
+                    [(p.name, p.chain, p.key, p.serial) for p in pairs]
+                )
 
             self.issued = IssuedFeed(self._certs, install)
             mirror = functools.partial(reflect, what="certificates")

@@ -128,6 +128,19 @@ def issued_context(chain: str, key: str) -> ssl.SSLContext:
     return context
 
 
+def _load_issued(
+    pairs: list[tuple[str, str, str, str]],
+) -> dict[str, tuple[str, ssl.SSLContext]]:
+    """(serial, context) by name of each (name, chain, key, serial) that loads (blocking)."""
+    loaded = {}
+    for name, chain, key, serial in pairs:
+        try:
+            loaded[name] = (serial, issued_context(chain, key))
+        except TLSConfigError as exc:
+            log.error("certificate for %s not served: %s", name, exc)
+    return loaded
+
+
 class Certificates:
     def __init__(self, directory: Path | None) -> None:
         """Loads the directory now, if there is one: raises `TLSConfigError` when it cannot
@@ -137,6 +150,8 @@ class Certificates:
         self._table = EMPTY if directory is None else _read(directory)
         self._issued: dict[str, ssl.SSLContext] = {}
         """ACME's certificates by name (`install_issued`)."""
+        self._loaded: dict[str, tuple[str, ssl.SSLContext]] = {}
+        """The same, with the serial each was loaded for."""
         self.context = _server_context()
         """What the listener is given: a front whose SNI callback hands each connection the
         context of the table in use at that moment (so a reload needs no new listener)."""
@@ -161,17 +176,18 @@ class Certificates:
         connection.context = found
         return None
 
-    def install_issued(self, pairs: list[tuple[str, str, str]]) -> None:
-        """Serve these (name, chain, key) from ACME from the next handshake on, in place of
-        the ones before; a pair that does not load is logged and left out."""
-        issued = {}
-        for name, chain, key in pairs:
-            try:
-                issued[name] = issued_context(chain, key)
-            except TLSConfigError as exc:
-                log.error("certificate for %s not served: %s", name, exc)
-        self._issued = issued
-        log.info("certificates from ACME: %s", ", ".join(sorted(issued)) or "none")
+    async def install_issued(self, pairs: list[tuple[str, str, str, str]]) -> None:
+        """Serve these (name, chain, key, serial) from ACME from the next handshake on, in
+        place of the ones before; a pair that does not load is logged and left out. Only a
+        serial not loaded yet is loaded, in a worker thread (thousands of certificates take
+        seconds); the table is swapped on the loop in one assignment."""
+        loaded = dict(self._loaded)
+        fresh = [pair for pair in pairs if loaded.get(pair[0], ("", None))[0] != pair[3]]
+        made = await asyncio.to_thread(_load_issued, fresh)
+        loaded.update(made)
+        self._loaded = {name: loaded[name] for name, *_ in pairs if name in loaded}
+        self._issued = {name: context for name, (_, context) in self._loaded.items()}
+        log.info("certificates from ACME: %d, %d new", len(self._issued), len(made))
 
     def hosts(self) -> list[str]:
         table = self._table

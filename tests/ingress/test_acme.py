@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+import time
 from pathlib import Path
 
 import anyio
@@ -162,3 +163,37 @@ async def test_certificates_from_acme_are_served_from_memory_and_a_file_wins(
         "both.test": "file test CA",
         "other.test": "file test CA",
     }
+
+
+async def test_installing_many_certificates_leaves_the_event_loop_free(tmp_path: Path) -> None:
+    """1,500 certificates load in a worker thread (about a second of OpenSSL): the loop goes on
+    serving meanwhile; a renewal then loads one, not all of them again."""
+    ca = make_ca(tmp_path / "ca", "acme test CA")
+    issue(ca, tmp_path, "shop.test")
+    chain, key = (tmp_path / "shop.test.crt").read_text(), (tmp_path / "shop.test.key").read_text()
+    handed = Handed()
+    handed.pairs = [ServedPair(f"n{i}.test", chain, key, "1") for i in range(1500)]
+    gaps: list[float] = []
+    async with stack({}, tls_listen="127.0.0.1:0", certs=handed) as s:
+        done = anyio.Event()
+
+        async def tick() -> None:
+            last = time.perf_counter()
+            while not done.is_set():
+                await anyio.sleep(0.005)
+                now = time.perf_counter()
+                gaps.append(now - last)
+                last = now
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(tick)
+            await s.store.put(keys.cert("n0.test"), record("n0.test", "1"))
+            await eventually(lambda: len(installed(s.ingress)) == 1500)
+            handed.pairs[1] = ServedPair("n1.test", chain, key, "2")
+            assert s.ingress.certificates is not None
+            before = s.ingress.certificates._loaded["n2.test"]
+            await s.store.put(keys.cert("n1.test"), record("n1.test", "2"))  # a renewal
+            await eventually(lambda: installed(s.ingress).get("n1.test") == "2")
+            assert s.ingress.certificates._loaded["n2.test"] is before  # not loaded again
+            done.set()
+    assert max(gaps) < 0.4, f"the event loop stalled {max(gaps):.2f} s"
