@@ -55,6 +55,10 @@ class ActivatorSettings(StoreSettings):
     )
     """WAKEFUL_ACME_DIRECTORY: the ACME server's directory URL (Let's Encrypt's production one by
     default; its staging one is https://acme-staging-v02.api.letsencrypt.org/directory)."""
+    tls_dir: Path | None = None
+    """WAKEFUL_TLS_DIR: the ingresses' certificate files (`ingress.tls`); with ACME on, the
+    names they cover are not ordered (files win for their names). Read for their names alone:
+    where the ingresses run apart, give the control plane the same directory or a copy."""
     acme_orders_per_3h: int = Field(default=250, ge=1, le=100_000)
     """WAKEFUL_ACME_ORDERS_PER_3H: new orders this control plane starts in any 3 hours (Let's
     Encrypt allows 300 per account); past it, the next waits."""

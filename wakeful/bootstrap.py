@@ -161,6 +161,7 @@ async def control_plane(
             ca=None if settings.acme_ca is None else str(settings.acme_ca),
             base_domain=settings.acme_base_domain,
             orders_per_window=settings.acme_orders_per_3h,
+            files=settings.tls_dir,
         )
         sealer = PurposeSealer(book.ring)
         certs = CertManager(store, sealer, acme, cert_metrics, clock=time.time)

@@ -57,6 +57,13 @@ def record(state: CertState = CertState.VALID, **fields: object) -> CertRecord:
             id="names no public CA issues for are skipped",
         ),
         pytest.param(
+            [rules.Routed("a" * 20, (), True), rules.Routed("b", (), True)],
+            ".".join(["d" * 59] * 4) + ".test",
+            frozenset(),
+            {"b." + ".".join(["d" * 59] * 4) + ".test": "b"},
+            id="a default host over 253 characters is skipped",
+        ),
+        pytest.param(
             [rules.Routed("shop", ("shop.test", "a.files.test", "b.test"), True)],
             None,
             frozenset({"shop.test", "*.files.test"}),

@@ -13,6 +13,7 @@ from wakeful.domain import keys
 from wakeful.domain.models import (
     ACCOUNT_PURPOSE,
     AcmeAccount,
+    App,
     CertKey,
     cert_key_purpose,
 )
@@ -90,3 +91,15 @@ async def test_a_control_plane_missing_the_key_they_are_sealed_under_does_not_st
         await KeyRing(store, directory).start()
     assert refused.value.key_id == first
     assert "acme" in str(refused.value) and KEY not in str(refused.value)
+
+
+async def test_an_account_record_that_does_not_validate_stops_no_start_and_no_rotation(
+    store: Store, tmp_path: Path
+) -> None:
+    """Written by something else (a newer wakeful, a hand): never a reason for a control plane
+    not to start, with ACME on or off; the certificate manager makes a new account."""
+    await store.put(keys.ACME_ACCOUNT, App(name="not-an-account"))
+    ring = KeyRing(store, tmp_path / "keys")
+    await ring.start()
+    done = await reseal(store, ring)
+    assert done.acme == 0

@@ -21,7 +21,7 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.support.registry import make_certificates
@@ -54,6 +54,23 @@ class Pebble:
     """`https://127.0.0.1:PORT` (the same listener certificate)."""
     log_file: Path
     """pebble's stdout and stderr."""
+    _argv: list[str] = field(default_factory=list, repr=False)
+    _env: dict[str, str] = field(default_factory=dict, repr=False)
+    _running: list[subprocess.Popen[bytes]] = field(default_factory=list, repr=False)
+
+    def restart(self) -> None:
+        """Stop pebble and start it again on the same ports: a CA that lost every account,
+        order and authorization (pebble keeps them in memory), at the same directory URL."""
+        for process in self._running:
+            _stop(process)
+        with self.log_file.open("ab") as out:
+            process = subprocess.Popen(
+                self._argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=self._env,
+            )  # fmt: skip
+        self._running[:] = [process]
+        if not _ready(self, process):
+            raise RuntimeError(f"pebble did not start again: {self.log()[-3000:]}")
 
     def issuing_roots(self) -> bytes:
         """The PEM of the root the issued certificates chain to (new at every start)."""
@@ -168,9 +185,16 @@ def running_pebble(
             log = tmp / f"pebble.{attempt}.log"
             argv = [PEBBLE, "-config", str(path), "-dnsserver", f"127.0.0.1:{dns_port}"]
             process = _spawn(argv, log, env)
-            stack.callback(_stop, process)
+            running = [process]
+            stack.callback(lambda held=running: [_stop(p) for p in held])
             pebble = Pebble(
-                f"https://127.0.0.1:{port}/dir", ca, f"https://127.0.0.1:{management}", log
+                f"https://127.0.0.1:{port}/dir",
+                ca,
+                f"https://127.0.0.1:{management}",
+                log,
+                argv,
+                env,
+                running,
             )
             if _ready(pebble, process):
                 break

@@ -27,7 +27,20 @@ USER_AGENT = "wakeful"
 
 
 class AcmeFailure(Exception):
-    """An order or a registration did not succeed; the message says why, for `wakeful certs`."""
+    """An order or a registration did not succeed; the message says why, for `wakeful certs`.
+    `account_gone`: the CA no longer knows the account (a new one must be made)."""
+
+    def __init__(self, message: str, *, account_gone: bool = False) -> None:
+        super().__init__(message)
+        self.account_gone = account_gone
+
+
+ACCOUNT_GONE = "accountDoesNotExist"
+"""The ACME error code of an account the CA does not know (RFC 8555 §6.7)."""
+
+
+def _account_gone(exc: BaseException) -> bool:
+    return isinstance(exc, messages.Error) and exc.code == ACCOUNT_GONE
 
 
 @dataclass(frozen=True)
@@ -91,10 +104,19 @@ class Conversation:
             raise AcmeFailure(f"cannot read the ACME directory {directory}: {exc}") from exc
 
     def register(self, email: str, uri: str | None) -> str:
-        """The account's URL: `uri` when known, else a new account (or the one this key has)."""
+        """The account's URL: `uri` when the CA still knows it, else a new account (or the one
+        this key has)."""
         if uri:
-            self._net.account = messages.RegistrationResource(uri=uri, body=messages.Registration())
-            return uri
+            known = messages.RegistrationResource(uri=uri, body=messages.Registration())
+            self._net.account = known
+            try:
+                self._client.query_registration(known)
+                return uri
+            except Exception as exc:
+                if not _account_gone(exc):
+                    text = f"the ACME server did not answer for the account: {exc}"
+                    raise AcmeFailure(text) from exc
+                self._net.account = None  # the CA forgot it (reset, or deactivated): anew
         registration = messages.NewRegistration.from_data(email=email, terms_of_service_agreed=True)
         try:
             made = self._client.new_account(registration)
@@ -144,7 +166,8 @@ class Conversation:
         except errors.TimeoutError as exc:
             raise AcmeFailure(f"the order for {name} took longer than {timeout:g} s") from exc
         except Exception as exc:  # a refusal (rate limit, policy), the network
-            raise AcmeFailure(f"the order for {name} failed: {exc}") from exc
+            gone = _account_gone(exc)
+            raise AcmeFailure(f"the order for {name} failed: {exc}", account_gone=gone) from exc
         finally:
             for token in published:
                 withdraw(token)

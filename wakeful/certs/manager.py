@@ -21,8 +21,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import anyio
@@ -45,7 +47,7 @@ from wakeful.domain.models import (
     cert_key_purpose,
 )
 from wakeful.store import Item, Put, Store, StoreError
-from wakeful.store.errors import Deposed
+from wakeful.store.errors import CorruptValue, Deposed
 from wakeful.store.reflector import reflect
 
 from .acme_client import AcmeFailure, Conversation, new_key_pem
@@ -74,6 +76,21 @@ class AcmeSettings:
     concurrency: int = 4
     orders_per_window: int = 250
     """New orders in any 3 hours (`wakeful.domain.certs.order_wait`)."""
+    files: Path | None = None
+    """The ingresses' certificate files (`WAKEFUL_TLS_DIR`): names they cover are not ordered."""
+
+
+def file_names(directory: Path | None) -> frozenset[str]:
+    """The names the certificate files in `directory` serve (`shop.example.com.crt`,
+    `*.example.com.crt`; not `default.crt`), as `ingress.tls` reads them (blocking)."""
+    if directory is None:
+        return frozenset()
+    try:
+        found = [entry.name for entry in os.scandir(directory) if entry.name.endswith(".crt")]
+    except OSError as exc:
+        log.warning("certificates: cannot read %s: %s", directory, exc)
+        return frozenset()
+    return frozenset(n.removesuffix(".crt").lower() for n in found if n != "default.crt")
 
 
 @dataclass(frozen=True)
@@ -138,6 +155,8 @@ class CertManager:
         self._clock = clock
         self._apps = _Apps()
         self._ordering: set[str] = set()
+        self._account_gone = False
+        """An order found the CA no longer knows the account: the next pass makes it again."""
         self._told: set[str] = set()
         """Wildcard hosts already logged as needing a file."""
         self._started: list[float] = []
@@ -159,7 +178,8 @@ class CertManager:
                 self._apps.changed = anyio.Event()
                 wait = self.settings.interval
                 try:
-                    if conversation is None:
+                    if conversation is None or self._account_gone:
+                        self._account_gone = False
                         conversation = await self._account()
                     wait = await self._pass(conversation, tasks)
                 except (StoreError, AcmeFailure) as exc:
@@ -183,7 +203,11 @@ class CertManager:
     async def _account(self) -> Conversation:
         """The account's conversation: the one in the store for this directory, else a new
         account, recorded."""
-        found = await self._store.get(keys.ACME_ACCOUNT, AcmeAccount)
+        try:
+            found = await self._store.get(keys.ACME_ACCOUNT, AcmeAccount)
+        except CorruptValue as exc:
+            log.warning("%s: a new ACME account replaces it", exc)
+            found = None
         settings = self.settings
         if found is not None and found.value.directory == settings.directory:
             key_pem = self._sealer.open(ACCOUNT_PURPOSE, found.value.key)
@@ -211,7 +235,8 @@ class CertManager:
             for app in self._apps.apps.values()
             if app.active_version is not None
         ]
-        wanted = rules.wanted_names(routed, self.settings.base_domain)
+        files = await anyio.to_thread.run_sync(file_names, self.settings.files)
+        wanted = rules.wanted_names(routed, self.settings.base_domain, files)
         for host in {h for r in routed for h in r.hosts if h.startswith("*.")} - self._told:
             self._told.add(host)
             log.warning(
@@ -246,15 +271,22 @@ class CertManager:
                 tasks.start_soon(self._order, conversation, name, app, record)
             if record is not None and record.issued is not None:
                 self._expiry.labels(name=name).set(record.issued.not_after)
-        wait = rules.next_check(records.values(), now, self.settings.interval)
-        return min(wait, paced) if paced > 0 else wait
+        if paced > 0:  # nothing starts before then
+            return paced
+        # Names being ordered are not waited for: their order's end starts a pass.
+        idle = [r for name, r in records.items() if name in wanted and name not in self._ordering]
+        return rules.next_check(idle, now, self.settings.interval)
 
     async def _order(
         self, conversation: Conversation, name: str, app: str, record: CertRecord | None
     ) -> None:
         try:
             async with self._slots:
-                start = rules.ordering(record, name, app, self._clock())
+                try:  # a record this name cannot make is this order's failure, nobody else's
+                    start = rules.ordering(record, name, app, self._clock())
+                except ValueError:
+                    log.exception("certificate for %s: cannot record its order", name)
+                    return
                 await self._store.put(keys.cert(name), start)
                 try:
                     made = await anyio.to_thread.run_sync(
@@ -282,6 +314,8 @@ class CertManager:
                 except Exception as exc:  # AcmeFailure; a key that does not seal; any surprise
                     if not isinstance(exc, AcmeFailure):
                         log.exception("certificate for %s: the order failed", name)
+                    elif exc.account_gone:
+                        self._account_gone = True
                     self._orders.labels(result="failed").inc()
                     after = rules.failed(start, str(exc), self._clock())
                     await self._store.put(keys.cert(name), after)

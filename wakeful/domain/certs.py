@@ -5,7 +5,8 @@ Rules:
   an app with its default host when a public base domain is set (`WAKEFUL_ACME_BASE_DOMAIN`).
   Never a name seen only in a handshake or a `Host` header: nothing here takes one. Wildcard
   hosts need DNS-01 and are skipped (served from files); so are names a public CA never
-  issues for (`localhost`, a number-only last label) and names a certificate file covers
+  issues for (`localhost`, a number-only last label), names no DNS can hold (over 253
+  characters: a long base domain and a long app name), and names a certificate file covers
   (files win for their names).
 - **When.** A name with no certificate is ordered at once; one with a certificate at two
   thirds of its lifetime. A failed attempt waits `retry_after(failures)`: 1, 5, 15 minutes,
@@ -41,9 +42,20 @@ class Routed:
     default_host: bool
 
 
+MAX_NAME = 253
+"""A DNS name's bound: `<app>.<base domain>` can pass it with a long base domain."""
+
+
 def _public(name: str) -> bool:
     last = name.rsplit(".", 1)[-1]
-    return "." in name and name != "localhost" and not last.isdigit() and last != "localhost"
+    return (
+        "." in name
+        and len(name) <= MAX_NAME
+        and all(0 < len(label) <= 63 for label in name.split("."))
+        and name != "localhost"
+        and not last.isdigit()
+        and last != "localhost"
+    )
 
 
 def wanted_names(

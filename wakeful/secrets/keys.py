@@ -66,6 +66,7 @@ from wakeful.domain.models import (
     cert_key_purpose,
 )
 from wakeful.store import AlreadyExists, Conflict, Item, Store
+from wakeful.store.errors import CorruptValue
 
 from . import sealing
 from .errors import KeyRefused, KeysUnusable, MissingKey, NoSuchKey, SealError, UnknownKey
@@ -309,7 +310,11 @@ class KeyRing:
             (cert_key_purpose(item.value.name), item.value.key)
             for item in (await self._store.list(keys.ACME_KEYS, CertKey)).items
         ]
-        account = await self._store.get(keys.ACME_ACCOUNT, AcmeAccount)
+        try:
+            account = await self._store.get(keys.ACME_ACCOUNT, AcmeAccount)
+        except CorruptValue as exc:  # never a reason not to start: a new account replaces it
+            log.warning("%s; the certificate manager makes a new account", exc)
+            account = None
         if account is not None:
             found.append((ACCOUNT_PURPOSE, account.value.key))
         return found

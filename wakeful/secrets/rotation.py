@@ -36,6 +36,7 @@ from wakeful.domain.models import (
     cert_key_purpose,
 )
 from wakeful.store import Conflict, Item, Put, Require, Store, StoreError
+from wakeful.store.errors import CorruptValue
 
 from .errors import KeyRefused, SecretsError
 from .keys import KeyRing
@@ -151,7 +152,10 @@ async def _acme_behind(store: Store, key_id: str) -> list[Item[CertKey] | Item[A
     for item in (await store.list(keys.ACME_KEYS, CertKey)).items:
         if item.value.key_id != key_id:
             found.append(item)
-    account = await store.get(keys.ACME_ACCOUNT, AcmeAccount)
+    try:
+        account = await store.get(keys.ACME_ACCOUNT, AcmeAccount)
+    except CorruptValue:  # nothing to seal again: the certificate manager makes a new one
+        account = None
     if account is not None and account.value.key_id != key_id:
         found.append(account)
     return found
