@@ -256,9 +256,7 @@ async def ingress_tls(tls_dir: Path | None, pair: ServedPair | None) -> AsyncIte
         ingress = Ingress(settings, InProcessLeases(activator), store, registry, certs=certs)
         async with activator.running(), ingress.running():
             if pair is not None:
-                issued = Issued(
-                    chain="-", not_before=0, not_after=2e9, issuer="-", serial="1"
-                )
+                issued = Issued(chain="-", not_before=0, not_after=2e9, issuer="-", serial="1")
                 record = CertRecord(name=NAME, state=CertState.VALID, issued=issued)
                 await store.put(keys.cert(NAME), record)
                 for _ in range(1000):  # the feed fetches and installs it
