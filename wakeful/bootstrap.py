@@ -217,7 +217,7 @@ async def control_plane(
                 tokens_router(store, tokens, write_admin=write_admin),
                 secrets_router(book),
                 registries_router(logins),
-                certs_router(certs),
+                certs_router(certs, settings.tls_dir),
                 dashboard_router(dashboard, sessions, tokens),
             ],
         )

@@ -187,12 +187,14 @@ async def test_an_account_the_ca_forgot_is_made_again(tmp_path: Path) -> None:
 
 async def test_names_a_certificate_file_covers_are_not_ordered(tmp_path: Path) -> None:
     """WAKEFUL_TLS_DIR holds `shop.test.crt` and `*.files.test.crt`: those names are the
-    files', and only `other.test` is ordered."""
+    files', and only `other.test` is ordered; `wakeful certs` lists the files too (and a
+    file that is no certificate as unreadable)."""
     files = tmp_path / "files"
     files.mkdir()
     ca = make_ca(tmp_path / "file-ca", "file test CA")
     for name, file in (("shop.test", None), ("*.files.test", None), ("fallback.test", "default")):
         issue(ca, files, name, file)
+    (files / "broken.test.crt").write_text("not a certificate")
     plain = free_port()
     with running_pebble(tmp_path / "pebble", http_port=plain) as pebble:
         async with (
@@ -208,5 +210,19 @@ async def test_names_a_certificate_file_covers_are_not_ordered(tmp_path: Path) -
             await state(store, "other.test", "valid")
             names = [item.value.name for item in (await store.list(keys.CERTS, CertRecord)).items]
             orders = p.orders()
+            auth = {"Authorization": f"Bearer {p.control.token}"}
+            async with httpx.AsyncClient(base_url=p.control.url, headers=auth) as client:
+                listed = (await client.get("/v1/certs")).json()
     assert names == ["other.test"]
     assert orders == 1
+    shown = {(e["name"], e["source"], e["state"], e["issuer"]) for e in listed}
+    assert ("shop.test", "file", "valid", "CN=file test CA") in shown
+    assert ("*.files.test", "file", "valid", "CN=file test CA") in shown
+    assert (
+        "other.test",
+        "acme",
+        "valid",
+        next(e["issuer"] for e in listed if e["source"] == "acme"),
+    ) in shown
+    assert any(e["name"] == "broken.test" and e["state"] == "unreadable" for e in listed)
+    assert "default" not in {e["name"] for e in listed}

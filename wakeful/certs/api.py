@@ -1,28 +1,38 @@
 """Certificates on the control API (`wakeful.activator.roles` says who may call what).
 
 GET /v1/certs          admin: each name's state, issuer, expiry, last error, next attempt;
-                       never a key
+                       never a key; the certificate files in WAKEFUL_TLS_DIR too, when the
+                       control plane has it (`source: file`)
 GET /v1/certs/served   ingress: every unexpired certificate with its private key, for the
                        ingresses to keep in memory and serve (never written to their disks)
 
-With ACME off both answer an empty list.
+With ACME off, the second answers an empty list.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the annotations at runtime.
+import time
+from pathlib import Path
+
+import anyio
 from fastapi import APIRouter
 from pydantic import BaseModel
 
 from wakeful.domain import certs as rules
-from wakeful.domain.models import CertState
 
-from .manager import CertManager
+from .acme_client import describe
+from .manager import CertManager, file_names
+
+MAX_FILE = 1 << 20
+"""A certificate file's bound: a chain, with room."""
 
 
 class CertEntry(BaseModel):
     name: str
     app: str | None
     source: str
-    state: CertState
+    """`acme`, or `file` (WAKEFUL_TLS_DIR)."""
+    state: str
+    """A `CertState` for ACME's; `valid`, `expired` or `unreadable` for a file."""
     issuer: str | None
     not_before: float | None
     not_after: float | None
@@ -40,14 +50,64 @@ class ServedCert(BaseModel):
     serial: str
 
 
-def certs_router(manager: CertManager | None) -> APIRouter:
+def file_entries(directory: Path, now: float) -> list[CertEntry]:
+    """The certificate files of `directory` as listed (blocking): what `ingress.tls` serves."""
+    found = []
+    for name in sorted(file_names(directory)):
+        path = directory / f"{name}.crt"
+        try:
+            if path.stat().st_size > MAX_FILE:
+                raise ValueError(f"over {MAX_FILE} bytes")
+            not_before, not_after, issuer, serial = describe(path.read_text())
+        except (OSError, ValueError) as exc:
+            found.append(_unreadable(name, f"{path}: {exc}"))
+            continue
+        found.append(
+            CertEntry(
+                name=name,
+                app=None,
+                source="file",
+                state="valid" if not_after > now else "expired",
+                issuer=issuer,
+                not_before=not_before,
+                not_after=not_after,
+                serial=serial,
+                renew_at=None,
+                failures=0,
+                last_error="",
+                next_attempt=0.0,
+            )
+        )
+    return found
+
+
+def _unreadable(name: str, why: str) -> CertEntry:
+    return CertEntry(
+        name=name,
+        app=None,
+        source="file",
+        state="unreadable",
+        issuer=None,
+        not_before=None,
+        not_after=None,
+        serial=None,
+        renew_at=None,
+        failures=0,
+        last_error=why,
+        next_attempt=0.0,
+    )
+
+
+def certs_router(manager: CertManager | None, files: Path | None = None) -> APIRouter:
     router = APIRouter()
 
     @router.get("/v1/certs")
     async def listing() -> list[CertEntry]:
-        if manager is None:
-            return []
         found = []
+        if files is not None:
+            found = await anyio.to_thread.run_sync(file_entries, files, time.time())
+        if manager is None:
+            return found
         for record in await manager.listing():
             issued = record.issued
             found.append(
