@@ -28,19 +28,19 @@ MAX_FILE = 1 << 20
 
 class CertEntry(BaseModel):
     name: str
-    app: str | None
+    app: str | None = None
     source: str
     """`acme`, or `file` (WAKEFUL_TLS_DIR)."""
     state: str
     """A `CertState` for ACME's; `valid`, `expired` or `unreadable` for a file."""
-    issuer: str | None
-    not_before: float | None
-    not_after: float | None
-    serial: str | None
-    renew_at: float | None
-    failures: int
-    last_error: str
-    next_attempt: float
+    issuer: str | None = None
+    not_before: float | None = None
+    not_after: float | None = None
+    serial: str | None = None
+    renew_at: float | None = None
+    failures: int = 0
+    last_error: str = ""
+    next_attempt: float = 0.0
 
 
 class ServedCert(BaseModel):
@@ -60,42 +60,22 @@ def file_entries(directory: Path, now: float) -> list[CertEntry]:
                 raise ValueError(f"over {MAX_FILE} bytes")
             not_before, not_after, issuer, serial = describe(path.read_text())
         except (OSError, ValueError) as exc:
-            found.append(_unreadable(name, f"{path}: {exc}"))
+            why = f"{path}: {exc}"
+            found.append(CertEntry(name=name, source="file", state="unreadable", last_error=why))
             continue
+        state = "valid" if not_after > now else "expired"
         found.append(
             CertEntry(
                 name=name,
-                app=None,
                 source="file",
-                state="valid" if not_after > now else "expired",
+                state=state,
                 issuer=issuer,
                 not_before=not_before,
                 not_after=not_after,
                 serial=serial,
-                renew_at=None,
-                failures=0,
-                last_error="",
-                next_attempt=0.0,
             )
         )
     return found
-
-
-def _unreadable(name: str, why: str) -> CertEntry:
-    return CertEntry(
-        name=name,
-        app=None,
-        source="file",
-        state="unreadable",
-        issuer=None,
-        not_before=None,
-        not_after=None,
-        serial=None,
-        renew_at=None,
-        failures=0,
-        last_error=why,
-        next_attempt=0.0,
-    )
 
 
 def certs_router(manager: CertManager | None, files: Path | None = None) -> APIRouter:
