@@ -26,8 +26,10 @@ import asyncio
 import logging
 import os
 import ssl
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 DEFAULT = "default"
@@ -113,6 +115,26 @@ def _signature(directory: Path) -> tuple[tuple[str, int, int], ...]:
     return tuple(sorted(found))
 
 
+def quiet_undecodable_names() -> None:
+    """A client hello whose server name is not ASCII never reaches the SNI callback: CPython
+    fails to decode it, refuses the handshake (internal_error) and reports it through
+    `sys.unraisablehook`, which prints a traceback per handshake by default, a log flood any
+    client can cause. This process's hook drops that one case (a `UnicodeDecodeError` about
+    a bytes object) and passes everything else on."""
+    previous = sys.unraisablehook
+    if getattr(previous, "wakeful_quiet_names", False):
+        return
+
+    def hook(unraisable: Any) -> None:
+        if unraisable.exc_type is UnicodeDecodeError and isinstance(unraisable.object, bytes):
+            log.debug("a TLS client sent a server name that is not ASCII: refused")
+            return
+        previous(unraisable)
+
+    hook.wakeful_quiet_names = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
+
+
 def issued_context(chain: str, key: str) -> ssl.SSLContext:
     """A context serving `chain` with `key`, both PEM text, loaded from memory (a memfd: the
     key is never written to a disk). `TLSConfigError` when they do not load."""
@@ -156,6 +178,7 @@ class Certificates:
         """What the listener is given: a front whose SNI callback hands each connection the
         context of the table in use at that moment (so a reload needs no new listener)."""
         self.context.sni_callback = self._choose
+        quiet_undecodable_names()
         if directory is not None:
             self._load_front(directory)
 

@@ -23,6 +23,7 @@ from wakeful.domain import keys
 from wakeful.domain.models import AcmeChallenge, CertRecord, CertState, Issued
 from wakeful.ingress.acme import ServedPair
 from wakeful.ingress.server import Ingress
+from wakeful.ingress.tls import Certificates
 
 pytestmark = pytest.mark.anyio
 
@@ -197,3 +198,25 @@ async def test_installing_many_certificates_leaves_the_event_loop_free(tmp_path:
             assert s.ingress.certificates._loaded["n2.test"] is before  # not loaded again
             done.set()
     assert max(gaps) < 0.4, f"the event loop stalled {max(gaps):.2f} s"
+
+
+def client_hello(name: str) -> bytes:
+    """A real TLS client hello for `name`, as bytes."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    context = ssl.create_default_context()
+    client = context.wrap_bio(incoming, outgoing, server_hostname=name)
+    with pytest.raises(ssl.SSLWantReadError):
+        client.do_handshake()
+    return outgoing.read()
+
+
+def test_a_server_name_that_is_not_ascii_is_refused_without_a_traceback() -> None:
+    """CPython cannot decode it for the SNI callback and reports that as an "exception
+    ignored" per handshake (pytest fails a test on one). The ingress refuses it, quietly."""
+    certificates = Certificates(None)
+    hello = client_hello("aaaa.test").replace(b"aaaa.test", b"\xff\xfe\xfd\xfc.test")
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    server = certificates.context.wrap_bio(incoming, outgoing, server_side=True)
+    incoming.write(hello)
+    with pytest.raises(ssl.SSLError):
+        server.do_handshake()
