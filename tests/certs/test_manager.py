@@ -226,3 +226,23 @@ async def test_names_a_certificate_file_covers_are_not_ordered(tmp_path: Path) -
     ) in shown
     assert any(e["name"] == "broken.test" and e["state"] == "unreadable" for e in listed)
     assert "default" not in {e["name"] for e in listed}
+
+
+async def test_a_new_leader_keeps_the_certificates_it_finds(tmp_path: Path) -> None:
+    """A control plane starting (a restart, a takeover) keeps the certificates it finds and
+    orders only what is new. (Its first pass waits for the apps' listing: a pass before it
+    would find no app and drop every certificate. On the memory store the listing always
+    comes first, so this test cannot show that race; it shows the outcome.)"""
+    plain = free_port()
+    with running_pebble(tmp_path / "pebble", http_port=plain) as pebble:
+        async with open_store("memory://") as store:
+            async with control_plane(tmp_path, pebble, store, plain):
+                await store.put(keys.app("shop"), app("shop", "shop.test"))
+                first = await state(store, "shop.test", "valid")
+            async with control_plane(tmp_path, pebble, store, plain) as p:
+                await store.put(keys.app("two"), app("two", "two.test"))
+                await state(store, "two.test", "valid")  # a pass or more since the start
+                kept = await state(store, "shop.test", "valid")
+                orders = p.orders()
+    assert kept.issued == first.issued
+    assert orders == 2

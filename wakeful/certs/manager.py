@@ -125,9 +125,12 @@ class _Apps:
     def __init__(self) -> None:
         self.apps: dict[str, App] = {}
         self.changed = anyio.Event()
+        self.listed = anyio.Event()
+        """Set once `apps/` was listed: before, no app is known, and no name may be dropped."""
 
     def replace(self, items: list[Item[App]], revision: int) -> None:
         self.apps = {item.value.name: item.value for item in items}
+        self.listed.set()
         self.changed.set()
 
     def put(self, item: Item[App]) -> None:
@@ -174,6 +177,7 @@ class CertManager:
             tasks.start_soon(mirror, self._store, keys.APPS, App, self._apps)
             conversation: Conversation | None = None
             await self._clear_challenges()
+            await self._apps.listed.wait()  # else every name would look routed by no app
             while True:
                 self._apps.changed = anyio.Event()
                 wait = self.settings.interval
@@ -209,11 +213,12 @@ class CertManager:
             log.warning("%s: a new ACME account replaces it", exc)
             found = None
         settings = self.settings
+        key_pem, uri = new_key_pem("rsa"), None
         if found is not None and found.value.directory == settings.directory:
-            key_pem = self._sealer.open(ACCOUNT_PURPOSE, found.value.key)
-            uri: str | None = found.value.uri
-        else:
-            key_pem, uri = new_key_pem("rsa"), None
+            try:
+                key_pem, uri = self._sealer.open(ACCOUNT_PURPOSE, found.value.key), found.value.uri
+            except Exception as exc:  # SealError: a key that does not open is no account
+                log.warning("the ACME account's key does not open (%s): a new account", exc)
         conversation = await anyio.to_thread.run_sync(
             lambda: Conversation(settings.directory, key_pem, ca=settings.ca)
         )
