@@ -8,7 +8,8 @@ from wakeful.domain import certs as rules
 from wakeful.domain.models import CertRecord, CertState, Issued
 
 DAY = 86_400.0
-SEALED = "v1:0123456789ab:" + "A" * 64
+PRODUCTION = "https://acme-v02.api.letsencrypt.org/directory"
+STAGING = "https://acme-staging-v02.api.letsencrypt.org/directory"
 
 
 def issued(not_before: float = 0.0, days: float = 90.0) -> Issued:
@@ -109,10 +110,22 @@ def test_wanted_names(
         pytest.param(
             record(CertState.RENEWING, issued=issued()), 1.0, True, id="renewing, left too"
         ),
+        pytest.param(
+            record(issued=issued().model_copy(update={"directory": STAGING})),
+            1.0,
+            True,
+            id="valid, but from another directory (staging): replaced at once",
+        ),
+        pytest.param(
+            record(issued=issued().model_copy(update={"directory": PRODUCTION})),
+            1.0,
+            False,
+            id="valid, from the directory in use",
+        ),
     ],
 )
 def test_due(found: CertRecord | None, now: float, due: bool) -> None:
-    assert rules.due(found, now) is due
+    assert rules.due(found, now, PRODUCTION) is due
 
 
 def test_failures_back_off_and_stay_under_five_an_hour_however_long_they_last() -> None:

@@ -263,7 +263,8 @@ class CertManager:
         paced = 0.0
         for name, app in wanted.items():
             record = records.get(name)
-            if name not in self._ordering and rules.due(record, now):
+            directory = self.settings.directory
+            if name not in self._ordering and rules.due(record, now, directory):
                 paced = rules.order_wait(self._started, now, self.settings.orders_per_window)
                 if paced > 0:
                     log.warning(
@@ -313,6 +314,7 @@ class CertManager:
                         not_after=made.not_after,
                         issuer=made.issuer,
                         serial=made.serial,
+                        directory=self.settings.directory,
                     )
                 except StoreError:
                     raise

@@ -9,9 +9,10 @@ Rules:
   characters: a long base domain and a long app name), and names a certificate file covers
   (files win for their names).
 - **When.** A name with no certificate is ordered at once; one with a certificate at two
-  thirds of its lifetime. A failed attempt waits `retry_after(failures)`: 1, 5, 15 minutes,
-  then hourly up to 6 hours, which keeps a name under Let's Encrypt's 5 failed validations
-  per name per account per hour however long it fails.
+  thirds of its lifetime, or at once when another ACME directory issued it (staging's, before
+  production's). A failed attempt waits `retry_after(failures)`: 1, 5, 15 minutes, 1 hour,
+  3 hours, then 6 hours each time, which keeps a name under Let's Encrypt's 5 failed
+  validations per name per account per hour however long it fails.
 - **Pace.** At most `limit` orders start in any `ORDER_WINDOW` (3 hours): Let's Encrypt
   allows 300 new orders per account per 3 hours, and a control plane coming up with
   thousands of apps must not spend them in a minute (`order_wait`).
@@ -91,10 +92,14 @@ def renew_at(record: CertRecord) -> float:
     return issued.not_before + (issued.not_after - issued.not_before) * RENEW_AT
 
 
-def due(record: CertRecord | None, now: float) -> bool:
-    """Whether an order for this name should start now."""
+def due(record: CertRecord | None, now: float, directory: str = "") -> bool:
+    """Whether an order for this name should start now; `directory`: the ACME directory in
+    use (a certificate another one issued, say staging's, is replaced at once)."""
     if record is None:
         return True
+    issued = record.issued
+    if issued is not None and issued.directory and directory and issued.directory != directory:
+        return record.next_attempt <= now
     if record.next_attempt > now:
         return False
     if record.state in (CertState.ORDERING, CertState.RENEWING, CertState.FAILING):

@@ -66,7 +66,7 @@ class AcmeAccount(Model):
     uri: str
     """The account's URL at the ACME server."""
     key: SealedKey
-    """Its private key (PEM), sealed bound to `acme account {directory}`."""
+    """Its private key (PEM), sealed bound to `acme account` (`ACCOUNT_PURPOSE`)."""
 
     @property
     def key_id(self) -> str:
@@ -82,6 +82,9 @@ class Issued(Model):
     issuer: str
     serial: str
     """In hex: what tells one issued certificate from the next."""
+    directory: str = ""
+    """The ACME directory that issued it: one from another (staging, before production) is
+    replaced at once."""
 
 
 class CertKey(Model):
