@@ -184,3 +184,75 @@ def test_orders_are_paced_within_the_cas_limit_per_3_hours(
     started: list[float], now: float, limit: int, wait: float
 ) -> None:
     assert rules.order_wait(started, now, limit) == wait
+
+
+@pytest.mark.parametrize(
+    ("records", "ordering", "started", "drop", "start", "wait"),
+    [
+        pytest.param({}, set(), [], [], [("shop.test", "shop")], 60.0, id="new: ordered"),
+        pytest.param(
+            {"shop.test": record(CertState.ORDERING)},
+            {"shop.test"},
+            [0.0],
+            [],
+            [],
+            60.0,
+            id="being ordered: not again, and not waited for (its end starts a pass)",
+        ),
+        pytest.param(
+            {"shop.test": record(issued=issued())},
+            set(),
+            [],
+            [],
+            [],
+            60.0,
+            id="valid, renewal far off: the ceiling",
+        ),
+        pytest.param(
+            {"shop.test": record(CertState.FAILING, failures=1, next_attempt=30.0)},
+            set(),
+            [],
+            [],
+            [],
+            20.0,
+            id="failing: waits for its next attempt (at 30, now 10)",
+        ),
+        pytest.param(
+            {},
+            set(),
+            [0.0, 1.0],
+            [],
+            [],
+            10_800.0 - 10.0,
+            id="at the pace: nothing starts, the pass waits for the oldest to age out",
+        ),
+        pytest.param(
+            {"old.test": record(issued=issued()), "gone.test": record(CertState.ORDERING)},
+            {"gone.test"},
+            [],
+            ["old.test"],
+            [("shop.test", "shop")],
+            60.0,
+            id="routed by no app: dropped, unless being ordered",
+        ),
+    ],
+)
+def test_a_pass(
+    records: dict[str, CertRecord],
+    ordering: set[str],
+    started: list[float],
+    drop: list[str],
+    start: list[tuple[str, str]],
+    wait: float,
+) -> None:
+    plan = rules.plan_pass(
+        {"shop.test": "shop"},
+        records,
+        ordering,
+        started,
+        10.0,
+        directory=PRODUCTION,
+        limit=2,
+        ceiling=60.0,
+    )
+    assert (plan.drop, plan.start, plan.wait) == (drop, start, wait)

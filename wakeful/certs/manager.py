@@ -213,12 +213,15 @@ class CertManager:
             log.warning("%s: a new ACME account replaces it", exc)
             found = None
         settings = self.settings
-        key_pem, uri = new_key_pem("rsa"), None
+        uri: str | None = None
+        key_pem = ""
         if found is not None and found.value.directory == settings.directory:
             try:
                 key_pem, uri = self._sealer.open(ACCOUNT_PURPOSE, found.value.key), found.value.uri
             except Exception as exc:  # SealError: a key that does not open is no account
                 log.warning("the ACME account's key does not open (%s): a new account", exc)
+        if not key_pem:  # an RSA key takes ~100 ms: off the loop (`wakeful up` serves on it)
+            key_pem = await anyio.to_thread.run_sync(new_key_pem, "rsa")
         conversation = await anyio.to_thread.run_sync(
             lambda: Conversation(settings.directory, key_pem, ca=settings.ca)
         )
@@ -252,36 +255,35 @@ class CertManager:
         records = {
             r.value.name: r.value for r in (await self._store.list(keys.CERTS, CertRecord)).items
         }
-        for name in rules.gone(records, wanted):
-            if name not in self._ordering:
-                await self._store.delete(keys.cert(name))
-                await self._store.delete(keys.cert_key(name))
-                with contextlib.suppress(KeyError):  # never served
-                    self._expiry.remove(name)
-                self._opened.pop(name, None)
-                log.info("certificate for %s dropped: no app routes it", name)
-        paced = 0.0
-        for name, app in wanted.items():
+        plan = rules.plan_pass(
+            wanted,
+            records,
+            self._ordering,
+            self._started,
+            now,
+            directory=self.settings.directory,
+            limit=self.settings.orders_per_window,
+            ceiling=self.settings.interval,
+        )
+        for name in plan.drop:
+            await self._store.delete(keys.cert(name))
+            await self._store.delete(keys.cert_key(name))
+            with contextlib.suppress(KeyError):  # never served
+                self._expiry.remove(name)
+            self._opened.pop(name, None)
+            log.info("certificate for %s dropped: no app routes it", name)
+        self._started = [at for at in self._started if at > now - rules.ORDER_WINDOW]
+        for name, app in plan.start:
+            self._started.append(now)
+            self._ordering.add(name)
+            tasks.start_soon(self._order, conversation, name, app, records.get(name))
+        if len(self._started) >= self.settings.orders_per_window and plan.wait > 0:
+            log.warning("certificates: %d orders in 3 hours, the next waits", len(self._started))
+        for name in wanted:
             record = records.get(name)
-            directory = self.settings.directory
-            if name not in self._ordering and rules.due(record, now, directory):
-                paced = rules.order_wait(self._started, now, self.settings.orders_per_window)
-                if paced > 0:
-                    log.warning(
-                        "certificates: %d orders in 3 hours, the next waits", len(self._started)
-                    )
-                    break
-                self._started = [at for at in self._started if at > now - rules.ORDER_WINDOW]
-                self._started.append(now)
-                self._ordering.add(name)
-                tasks.start_soon(self._order, conversation, name, app, record)
             if record is not None and record.issued is not None:
                 self._expiry.labels(name=name).set(record.issued.not_after)
-        if paced > 0:  # nothing starts before then
-            return paced
-        # Names being ordered are not waited for: their order's end starts a pass.
-        idle = [r for name, r in records.items() if name in wanted and name not in self._ordering]
-        return rules.next_check(idle, now, self.settings.interval)
+        return plan.wait
 
     async def _order(
         self, conversation: Conversation, name: str, app: str, record: CertRecord | None

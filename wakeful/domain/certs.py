@@ -21,7 +21,7 @@ Rules:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
 
 from .models import CertRecord, CertState
@@ -158,3 +158,46 @@ def order_wait(started: Iterable[float], now: float, limit: int) -> float:
 def gone(records: Mapping[str, CertRecord], wanted: Mapping[str, str]) -> list[str]:
     """The names with a record that no app routes any more."""
     return sorted(name for name in records if name not in wanted)
+
+
+@dataclass(frozen=True)
+class PassPlan:
+    """What one pass of the certificate manager does."""
+
+    drop: list[str]
+    """Names no app routes any more (and not being ordered): their records go."""
+    start: list[tuple[str, str]]
+    """(name, app) to order now."""
+    wait: float
+    """Seconds until the next pass is needed (an app change or an order's end comes sooner)."""
+
+
+def plan_pass(
+    wanted: Mapping[str, str],
+    records: Mapping[str, CertRecord],
+    ordering: Set[str],
+    started: Iterable[float],
+    now: float,
+    *,
+    directory: str,
+    limit: int,
+    ceiling: float,
+) -> PassPlan:
+    """One pass, from the wanted names (`wanted_names`), the records, the names being ordered,
+    when this leader's recent orders started, and `now`. A name being ordered is neither
+    started again nor waited for (its order's end starts a pass: waiting for it would be a
+    wait of 0, a spin); past the pace nothing starts and the pass waits for the pace."""
+    drop = [name for name in gone(records, wanted) if name not in ordering]
+    recent = [at for at in started if at > now - ORDER_WINDOW]
+    start: list[tuple[str, str]] = []
+    for name, app in wanted.items():
+        if name in ordering or not due(records.get(name), now, directory):
+            continue
+        paced = order_wait(recent, now, limit)
+        if paced > 0:
+            return PassPlan(drop, start, paced)
+        recent.append(now)
+        start.append((name, app))
+    busy = set(ordering) | {name for name, _ in start}
+    idle = [r for name, r in records.items() if name in wanted and name not in busy]
+    return PassPlan(drop, start, next_check(idle, now, ceiling))
