@@ -65,6 +65,11 @@ ROUTES: Final[Mapping[tuple[str, str], Access]] = {
     ("POST", "/v1/deploys"): ADMIN_ONLY,
     ("GET", "/v1/deploys/{app}/{version}"): ADMIN_ONLY,
     ("POST", "/v1/apps/{app}/rollback"): ADMIN_ONLY,
+    ("GET", "/v1/apps/{app}/traffic"): ADMIN_ONLY,
+    ("PUT", "/v1/apps/{app}/traffic"): ADMIN_ONLY,
+    ("POST", "/v1/apps/{app}/promote"): ADMIN_ONLY,
+    ("PUT", "/v1/apps/{app}/tags/{tag}"): ADMIN_ONLY,
+    ("DELETE", "/v1/apps/{app}/tags/{tag}"): ADMIN_ONLY,
     ("DELETE", "/v1/apps/{app}"): ADMIN_ONLY,
     ("GET", "/v1/apps"): ADMIN_ONLY,
     # sandbox output (deploy/logs_api.py): a node pushes, only an admin reads

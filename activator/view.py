@@ -203,18 +203,31 @@ class View:
     # -- reading it -------------------------------------------------------------------------
 
     def resolve(self, app: str, version: str | None) -> PoolState:
-        """The app's pool for `version` (its active version by default) that takes traffic."""
+        """The app's pool for `version` (its active version by default) that takes traffic.
+        A version whose pool no longer serves (an ingress's split, tag or route older than
+        this view: the change that took the version out retired its pool) follows the app's
+        route to the active version, as a request waiting on a retired pool does."""
         found = self.apps.get(app)
         if found is None:
             raise UnknownApp(f"no app named {app!r}")
-        version = version or found.value.active_version
+        if version is not None:
+            state = self._serving(app, version)
+            if state is not None:
+                return state
+        version = found.value.active_version
         if version is None:
             raise UnknownApp(f"app {app!r} has no active version")
+        state = self._serving(app, version)
+        if state is None:
+            raise UnknownApp(f"app {app!r} has no pool for version {version!r}")
+        return state
+
+    def _serving(self, app: str, version: str) -> PoolState | None:
         for state in self.pools.values():
             pool = state.item.value
             if pool.app == app and pool.version == version and not pool.retired:
                 return state
-        raise UnknownApp(f"app {app!r} has no pool for version {version!r}")
+        return None
 
     def current(self, state: PoolState) -> bool:
         """The view still holds this very pool, and it takes traffic."""

@@ -33,7 +33,11 @@ from wakeful.deploy.wire import (
     KeepRequest,
     ReleaseRequest,
     RolloutReport,
+    SplitRequest,
+    TagRequest,
+    TrafficReport,
     pinned,
+    traffic_report,
 )
 from wakeful.domain import keys
 from wakeful.domain.artifacts import ArtifactError
@@ -60,6 +64,7 @@ from wakeful.store import Store
 # names the value, never a store error.
 AppName = Annotated[str, PathParam(pattern=NAME_PATTERN, description="an app name")]
 VersionName = Annotated[str, PathParam(pattern=NAME_PATTERN, description="a version, e.g. v3")]
+TagName = Annotated[str, PathParam(pattern=NAME_PATTERN, description="a tag, e.g. beta")]
 Digest = Annotated[str, PathParam(pattern=r"^[0-9a-f]{64}$", description="a sha256, hex")]
 
 
@@ -283,7 +288,9 @@ def deploy_router(
                 record = await images.resolve(
                     image, body.image_archive, body.image_manifest, body.definition.name
                 )
-            rollout = await deployer.prepare(body.definition, body.artifact, record, body.made)
+            rollout = await deployer.prepare(
+                body.definition, body.artifact, record, body.made, body.canary
+            )
         except (DeployError, ImageRefused) as exc:
             raise bad(400, "deploy refused", str(exc)) from exc
         except (RegistryError, SkopeoMissing) as exc:  # the registry's answer, or a tool
@@ -319,8 +326,41 @@ def deploy_router(
             rollout = await deployer.rollback(app)
         except DeployError as exc:
             raise bad(400, "rollback refused", str(exc)) from exc
-        tasks.start_soon(deployer.roll_out, rollout)
+        if rollout.phase is Phase.ROLLING:
+            tasks.start_soon(deployer.roll_out, rollout)
         return RolloutReport.model_validate(rollout, from_attributes=True)
+
+    async def changed(change: Awaitable[App]) -> TrafficReport:
+        try:
+            app = await change
+        except UnknownApp as exc:
+            raise bad(404, "unknown app", str(exc)) from exc
+        except DeployError as exc:
+            raise bad(400, "traffic change refused", str(exc)) from exc
+        return traffic_report(app)
+
+    @router.get("/v1/apps/{app}/traffic", response_model=TrafficReport)
+    async def traffic(app: AppName) -> TrafficReport:
+        found = await store.get(keys.app(app), App)
+        if found is None:
+            raise bad(404, "unknown app", f"no app named {app!r}")
+        return traffic_report(found.value)
+
+    @router.put("/v1/apps/{app}/traffic", response_model=TrafficReport)
+    async def set_traffic(app: AppName, body: SplitRequest) -> TrafficReport:
+        return await changed(deployer.traffic.split(app, body.split))
+
+    @router.post("/v1/apps/{app}/promote", response_model=TrafficReport)
+    async def promote(app: AppName) -> TrafficReport:
+        return await changed(deployer.traffic.promote(app))
+
+    @router.put("/v1/apps/{app}/tags/{tag}", response_model=TrafficReport)
+    async def tag(app: AppName, tag: TagName, body: TagRequest) -> TrafficReport:
+        return await changed(deployer.traffic.tag(app, tag, body.version))
+
+    @router.delete("/v1/apps/{app}/tags/{tag}", response_model=TrafficReport)
+    async def untag(app: AppName, tag: TagName) -> TrafficReport:
+        return await changed(deployer.traffic.untag(app, tag))
 
     @router.delete("/v1/apps/{app}", status_code=202, response_model=DeletionReport)
     async def delete_app(app: AppName) -> DeletionReport:
@@ -346,6 +386,8 @@ def deploy_router(
                     active_version=app.active_version,
                     previous_version=app.previous_version,
                     versions=[v.value.version for v in versions],
+                    split=dict(app.split),
+                    tags=dict(app.tags),
                     images={
                         v.value.version: pinned(v.value.image)
                         for v in versions

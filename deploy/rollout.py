@@ -27,6 +27,7 @@ from wakeful.deploy.errors import DeployError
 from wakeful.domain import keys
 from wakeful.domain.hosts import Claim, HostRules, refusal
 from wakeful.domain.models import App, Pool, RolloutRecord, Sandbox, Version
+from wakeful.domain.split import routed, with_split
 from wakeful.store import Conflict, Deposed, Put, Require, Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ class Rollout:
     hosts: list[str] = field(default_factory=list)
     default_host: bool = True
     started_at: float = 0.0
+    canary: int = 0
 
     def record(self) -> RolloutRecord:
         phase = self.phase.value if self.phase is not Phase.UNCHANGED else "live"
@@ -64,6 +66,7 @@ class Rollout:
             hosts=self.hosts,
             default_host=self.default_host,
             started_at=self.started_at,
+            canary=self.canary,
         )
 
     @classmethod
@@ -78,11 +81,40 @@ class Rollout:
             hosts=list(record.hosts),
             default_host=record.default_host,
             started_at=record.started_at,
+            canary=record.canary,
         )
 
 
 def pool_name(app: str, version: str) -> str:
     return f"{app}-{version}"
+
+
+def flipped(
+    app: App | None, rollout: Rollout, hosts: list[str], default_host: bool
+) -> tuple[App, str]:
+    """The app's record once `rollout` flips, and what its rollout then says. A full rollout
+    takes all traffic and ends any split (tags stay); a canary (`rollout.canary`) takes its
+    share beside the active version, which stays active."""
+    if app is None:
+        fresh = App(
+            name=rollout.app, hosts=hosts, default_host=default_host, active_version=rollout.version
+        )
+        return fresh, f"{rollout.app} {rollout.version} is live"
+    app = app.model_copy(update={"hosts": hosts, "default_host": default_host})
+    active = app.active_version
+    if rollout.canary and active is not None and active != rollout.version:
+        shares = {active: 100 - rollout.canary, rollout.version: rollout.canary}
+        message = (
+            f"{rollout.app} {rollout.version} takes {rollout.canary}% beside {active}: "
+            f"wakeful promote {rollout.app}, or wakeful rollback {rollout.app}"
+        )
+        return with_split(app, shares), message
+    if active == rollout.version:  # flipped already: keep the previous one it named
+        return app.model_copy(update={"split": {}}), f"{rollout.app} {rollout.version} is live"
+    record = app.model_copy(
+        update={"split": {}, "active_version": rollout.version, "previous_version": active}
+    )
+    return record, f"{rollout.app} {rollout.version} is live"
 
 
 async def host_refusal(store: Store, claim: Claim, rules: HostRules) -> str | None:
@@ -158,13 +190,13 @@ class RolloutRunner:
             refused = await host_refusal(self._store, claim, self._rules)
             if refused is not None:
                 return await self._abandon(rollout, refused)
-            await self._flip(rollout, rollout.hosts, rollout.default_host)
+            rollout.message = await self._flip(rollout, rollout.hosts, rollout.default_host)
         rollout.phase = Phase.LIVE
-        rollout.message = f"{rollout.app} {rollout.version} is live"
         log.info("deployed %s %s", rollout.app, rollout.version, extra={"app": rollout.app})
         return rollout
 
-    async def _flip(self, rollout: Rollout, hosts: list[str], default_host: bool) -> None:
+    async def _flip(self, rollout: Rollout, hosts: list[str], default_host: bool) -> str:
+        """Flip the route (`flipped`); returns what the rollout then says."""
         for _ in range(20):
             app = await self._store.get(keys.app(rollout.app), App)
             # The version must still exist when the route points at it: an app deleted during
@@ -172,39 +204,30 @@ class RolloutRunner:
             version = await self._store.get(keys.version(rollout.app, rollout.version), Version)
             if version is None:
                 raise DeployError(f"{rollout.app} was deleted during the rollout")
-            previous = app.value.active_version if app else None
-            if app is not None and previous == rollout.version:  # flipped already: keep it
-                previous = app.value.previous_version
-            record = App(
-                name=rollout.app,
-                hosts=hosts,
-                default_host=default_host,
-                active_version=rollout.version,
-                previous_version=previous if previous != rollout.version else None,
-            )
+            record, message = flipped(app.value if app else None, rollout, hosts, default_host)
             require = [
                 Require(keys.app(rollout.app), app.revision if app else 0),
                 Require(version.key, version.revision),
             ]
-            live = dataclasses.replace(
-                rollout, phase=Phase.LIVE, message=f"{rollout.app} {rollout.version} is live"
-            )
+            live = dataclasses.replace(rollout, phase=Phase.LIVE, message=message)
             # How it ended goes with the flip: a record left "rolling" would be resumed,
             # and flipped again, by the next leader.
             ops: list[Put] = [
                 Put(keys.app(rollout.app), record),
                 Put(keys.rollout(rollout.app, rollout.version), live.record()),
             ]
-            active = app.value.active_version if app else None
-            if active is not None and active != rollout.version:
-                old = await self._store.get(keys.pool(pool_name(rollout.app, active)), Pool)
-                if old is not None:
+            # Versions the app no longer routes (the old active one, a split's others,
+            # unless a tag keeps them) have their pools retired with the flip.
+            gone = routed(app.value) - routed(record) if app is not None else set()
+            for stale in sorted(gone):
+                old = await self._store.get(keys.pool(pool_name(rollout.app, stale)), Pool)
+                if old is not None and not old.value.retired:
                     require.append(Require(old.key, old.revision))
                     retired = {"retired": True, "retired_at": self._clock()}
                     ops.append(Put(old.key, old.value.model_copy(update=retired)))
             try:
                 await self._store.txn(require, ops)
-                return
+                return message
             except Conflict:
                 continue
         raise DeployError(f"could not flip {rollout.app} to {rollout.version}: too many conflicts")

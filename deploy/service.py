@@ -34,6 +34,7 @@ from wakeful.deploy.deletion import Deletion, delete_records
 from wakeful.deploy.errors import DeployError
 from wakeful.deploy.rollback import start_rollback
 from wakeful.deploy.rollout import Phase, Rollout, RolloutRunner, host_refusal, pool_name
+from wakeful.deploy.traffic import Traffic
 from wakeful.domain import keys
 from wakeful.domain.hosts import Claim, HostRules
 from wakeful.domain.models import (
@@ -93,6 +94,8 @@ class Deployer:
         self._clock = clock
         self.runner = RolloutRunner(store, self._hosts, timeout=timeout, clock=clock)
         self.rollouts: dict[tuple[str, str], Rollout] = {}
+        self.traffic = Traffic(store, clock)
+        """Splits and tags (`traffic.py`)."""
 
     async def prepare(
         self,
@@ -100,18 +103,25 @@ class Deployer:
         artifact: str | None,
         image: ImageRecord | None = None,
         made: str | None = None,
+        canary: int = 0,
     ) -> Rollout:
         """Validate, then write the new version and its pool (not yet routed). Decided again
         from fresh reads when a record it read changed before its write (a `secrets set` or
-        a key rotation touching the app's secrets, another deploy of the app)."""
+        a key rotation touching the app's secrets, another deploy of the app). `canary`: the
+        share (percent) the version takes beside the active one once ready (0: all)."""
+        if canary and definition.spec.state is not None:
+            raise DeployError(
+                f"{definition.name} is stateful (one writer): a canary would run two versions "
+                "that both write its state; deploy without --canary"
+            )
         # Claimed (its grace period starts again) so the collector leaves it alone until the
         # version below references it.
         if artifact is not None and not await self._artifacts.keep(artifact):
             raise DeployError(f"artifact {artifact} was not uploaded")
         for _ in range(PREPARE_ATTEMPTS - 1):
             with contextlib.suppress(Conflict):
-                return await self._prepare(definition, artifact, image, made)
-        return await self._prepare(definition, artifact, image, made)
+                return await self._prepare(definition, artifact, image, made, canary)
+        return await self._prepare(definition, artifact, image, made, canary)
 
     async def check(self, definition: AppDefinition) -> None:
         """Refuse what would be refused anyway, before anything slow (an image's pull) is
@@ -144,10 +154,16 @@ class Deployer:
         artifact: str | None,
         image: ImageRecord | None,
         made: str | None,
+        canary: int = 0,
     ) -> Rollout:
         name = definition.name
         secrets = await self._refusal(definition)
         app = await self._store.get(keys.app(name), App)
+        if app is None and "--" in name:  # an app of such a name from before tags stays
+            raise DeployError(
+                f"{name!r}: an app name holds no '--', which separates a tag from its app in "
+                "a tagged version's host (TAG--APP.<base domain>)"
+            )
         versions = (await self._store.list(keys.versions_of(name), Version)).items
         active = None
         if app is not None and app.value.active_version is not None:
@@ -189,6 +205,11 @@ class Deployer:
                 and (s.value.routable or s.value.status is SandboxStatus.SUSPENDED)
             )
         size = starting_size(old_pool, old_running, definition.spec.concurrency.min_instances)
+        target = old_running
+        if canary and old_pool is not None:  # its share of the old pool's size, at least one
+            share = -(-old_running * canary // 100)
+            size = max(definition.spec.concurrency.min_instances, share)
+            target = min(old_running, max(share, 1))
         size = min(size, definition.spec.concurrency.max_instances)
         record = Version(
             app=name,
@@ -216,10 +237,11 @@ class Deployer:
             else f"{name} {version}: stateful, so the old version hands its state over first",
             # A stateful app has one writer: the route flips at once and the new version
             # starts once the old one has stopped and handed its state back (requests wait).
-            old_running if definition.spec.state is None else 0,
+            min(target, size) if definition.spec.state is None else 0,
             hosts=list(definition.hosts),
             default_host=definition.default_host,
             started_at=self._clock(),
+            canary=canary,
         )
         await self._store.txn(
             [
@@ -291,7 +313,20 @@ class Deployer:
         return Deletion(app, len(deleted.versions), deleted.pools, len(removed))
 
     async def rollback(self, app: str) -> Rollout:
-        """Bring the previous version's pool back (`rollback.py`); `roll_out` flips."""
+        """During a split, all traffic back to the active (stable) version at once; else
+        bring the previous version's pool back (`rollback.py`), and `roll_out` flips."""
+        found = await self._store.get(keys.app(app), App)
+        if found is not None and found.value.split and found.value.active_version:
+            stable = found.value.active_version
+            await self.traffic.back_to_stable(app)
+            return Rollout(
+                app,
+                stable,
+                pool_name(app, stable),
+                Phase.LIVE,
+                f"{app}: all traffic back to {stable}; the split is over",
+                0,
+            )
         rollout = await start_rollback(self._store, app, self._hosts, self._clock)
         self.rollouts[(app, rollout.version)] = rollout
         return rollout

@@ -3,7 +3,9 @@ node's state hand-back, and the reports of a rollout, a deletion and the apps.""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from wakeful.deploy.appdir import AppDefinition
 from wakeful.deploy.rollout import Phase
@@ -12,6 +14,7 @@ from wakeful.domain.models import (
     MADE,
     NAME_PATTERN,
     SANDBOX_ID_PATTERN,
+    App,
     ImageRecord,
 )
 
@@ -53,6 +56,8 @@ class DeployRequest(BaseModel):
     """The manifest of an image the CLI built and uploaded (`image = "built:APP"`)."""
     made: str | None = Field(default=None, pattern=MADE)
     """How the version was made (a Containerfile, a stack): `wakeful versions` shows it."""
+    canary: int = Field(default=0, ge=0, le=99)
+    """`--canary N`: once ready the version takes N% beside the active one (0: all)."""
 
 
 class RolloutReport(BaseModel):
@@ -82,6 +87,10 @@ class AppReport(BaseModel):
     active_version: str | None
     previous_version: str | None
     versions: list[str]
+    split: dict[str, int] = Field(default_factory=dict)
+    """Percent per version (empty: all to the active version)."""
+    tags: dict[str, str] = Field(default_factory=dict)
+    """Tag → version."""
     images: dict[str, str] = Field(default_factory=dict)
     """For each version that runs an image: `REF@sha256:...`, as it was pinned at deploy."""
     made: dict[str, str] = Field(default_factory=dict)
@@ -94,3 +103,34 @@ def pinned(image: ImageRecord) -> str:
     if image.ref.endswith(f"@{image.digest}"):
         return image.ref
     return f"{image.ref}@{image.digest}"
+
+
+class SplitRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    split: list[Annotated[str, StringConstraints(max_length=80)]] = Field(
+        min_length=1, max_length=16
+    )
+    """`VERSION=PERCENT` each (`v7=90`, `latest=10`), as `wakeful traffic` takes them."""
+
+
+class TagRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    version: str = Field(pattern=NAME_PATTERN)
+    """A deployed version, or `latest`."""
+
+
+class TrafficReport(BaseModel):
+    app: str
+    active_version: str | None
+    split: dict[str, int]
+    """Percent per version, in order; empty: all to the active version."""
+    tags: dict[str, str]
+    """Tag → version."""
+
+
+def traffic_report(app: App) -> TrafficReport:
+    return TrafficReport(
+        app=app.name, active_version=app.active_version, split=dict(app.split), tags=dict(app.tags)
+    )

@@ -137,7 +137,8 @@ class ProxyEdge:
                 out.send_whole(200, [(b"content-type", b"text/plain")], answer)
                 return
             proxy = self._proxy
-            app = label = proxy.route(head.host)
+            app, version = proxy.route(head.host)
+            label = app
             if trace.ENABLED:
                 trace.mark("routed", app)
             if (
@@ -164,7 +165,7 @@ class ProxyEdge:
             response = None
             streaming = False
             try:
-                response = await proxy.open(app, proxied, tracker, held)
+                response = await proxy.open(app, proxied, tracker, held, version)
                 status = response.status
                 upstream = response.upstream
                 if upstream.splice is not None:

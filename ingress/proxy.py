@@ -35,7 +35,7 @@ from wakeful.ingress.errors import (
 from wakeful.ingress.headers import client_response_headers, upstream_request_headers
 from wakeful.ingress.metrics import IngressMetrics, Move, Tracker
 from wakeful.ingress.retry import Body, Next, next_attempt
-from wakeful.ingress.routing import Router, RoutingTable, normalize_host
+from wakeful.ingress.routing import Route, Router, RoutingTable, normalize_host
 from wakeful.ingress.settings import IngressSettings
 from wakeful.ingress.transport import Transport, UpstreamRequest, UpstreamResponse
 
@@ -95,15 +95,21 @@ class Proxy:
         self._metrics = metrics
         self._router = Router(lambda: routes.index, settings.base_domain)
 
-    def route(self, host_header: str) -> str:
-        """The app serving a Host header; NoRoute when none does."""
-        app = self._router.app_for(host_header)
-        if app is None:
+    def route(self, host_header: str) -> Route:
+        """The app serving a Host header, and the version a tag or its split chose (None:
+        the active one); NoRoute when none does."""
+        route = self._router.route(host_header)
+        if route is None:
             raise NoRoute(normalize_host(host_header) or host_header)
-        return app
+        return route
 
     async def open(
-        self, app: str, request: ProxyRequest, tracker: Tracker, held: list[Use]
+        self,
+        app: str,
+        request: ProxyRequest,
+        tracker: Tracker,
+        held: list[Use],
+        version: str | None = None,
     ) -> ProxyResponse:
         """Send the request to a sandbox, retrying elsewhere while nothing reached one, and
         return once the answer's head is in. Every use of a lease taken goes into `held`
@@ -121,7 +127,7 @@ class Proxy:
             request_id=request.request_id,
             trust_forwarded=self._settings.trust_forwarded,
         )
-        key = (app, None)
+        key = (app, version)
         refused: dict[str, str] = {}
         """Sandboxes nothing reached, with why: the answer names the first reason."""
         elsewhere = again = 0

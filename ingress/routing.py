@@ -19,10 +19,34 @@ import anyio
 
 from wakeful.domain import keys
 from wakeful.domain.models import App
+from wakeful.domain.split import Spread
 from wakeful.store import Item, Store
 from wakeful.store.reflector import reflect
 
 log = logging.getLogger(__name__)
+
+
+class SplitRoutes:
+    """An app's split as routes, in the order of its spread's period (`Spread.sequence`):
+    each request takes the next, built once per index so a pick allocates nothing."""
+
+    __slots__ = ("_next", "_routes")
+
+    def __init__(self, app: str, spread: Spread) -> None:
+        self._routes: tuple[tuple[str, str | None], ...] = tuple(
+            (app, version) for version in spread.sequence
+        )
+        self._next = 0
+
+    def pick(self) -> tuple[str, str | None]:
+        at = self._next
+        self._next = at + 1 if at + 1 < len(self._routes) else 0
+        return self._routes[at]
+
+
+Route = tuple[str, str | None]
+"""(app, version): the version a tag, the app's split or its active version names (None: an
+app with no version yet, which the activator refuses)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +56,15 @@ class RouteIndex:
     """`example.com` → app, for a `*.example.com` host."""
     apps: frozenset[str] = frozenset()
     """The apps `<app>.<base_domain>` routes to (`default_host`)."""
+    tagged: Mapping[str, Route] = field(default_factory=dict)
+    """`TAG--APP` → (app, version): the first label of a tag's host under the base domain."""
+    splits: Mapping[str, SplitRoutes] = field(default_factory=dict)
+    """App → the even spread of its split (apps with one)."""
+    active: Mapping[str, str] = field(default_factory=dict)
+    """App → its active version: what a request for it names when no split or tag chooses.
+    Named, not left to the activator, so that the ingress's cached leases for an app are
+    keyed by the version they are on: when the active version changes while the old one
+    still serves (a tag, a split's end), no request follows a lease cached for the old one."""
 
 
 def normalize_host(raw: str) -> str:
@@ -49,9 +82,18 @@ def build_index(apps: Iterable[App]) -> RouteIndex:
     exact: dict[str, str] = {}
     wildcard: dict[str, str] = {}
     names: set[str] = set()
+    tagged: dict[str, Route] = {}
+    splits: dict[str, SplitRoutes] = {}
+    active: dict[str, str] = {}
     for app in sorted(apps, key=lambda a: a.name):
+        if app.active_version is not None:
+            active[app.name] = app.active_version
         if app.default_host:
             names.add(app.name)
+        for tag, version in app.tags.items():
+            tagged[f"{tag}--{app.name}"] = (app.name, version)
+        if app.split:
+            splits[app.name] = SplitRoutes(app.name, Spread(app.split))
         for host in app.hosts:
             host = host.casefold()
             table, key = (wildcard, host[2:]) if host.startswith("*.") else (exact, host)
@@ -59,7 +101,22 @@ def build_index(apps: Iterable[App]) -> RouteIndex:
                 log.warning("host %s is claimed by %s and %s", host, table[key], app.name)
                 continue
             table[key] = app.name
-    return RouteIndex(exact, wildcard, frozenset(names))
+    return RouteIndex(exact, wildcard, frozenset(names), tagged, splits, active)
+
+
+def find(index: RouteIndex, host: str, base_domain: str) -> tuple[Route, SplitRoutes | None] | None:
+    """The app serving `host` (already normalized) with the version it names (a tag's, or
+    the active one), and the app's split unless a tag chose; None when nothing serves it.
+    An app's own `<app>.<base_domain>` comes before any tag's reading of it."""
+    app = match(index, host, base_domain)
+    if app is not None:
+        return (app, index.active.get(app)), index.splits.get(app)
+    label, _, domain = host.partition(".")
+    if domain == base_domain and "--" in label:
+        tagged = index.tagged.get(label)
+        if tagged is not None:
+            return tagged, None
+    return None
 
 
 def match(index: RouteIndex, host: str, base_domain: str) -> str | None:
@@ -85,32 +142,44 @@ MAX_HOST_REMEMBERED = 270
 """Longer Host values (no host name is: 253 bytes, then a port) are routed, not remembered."""
 
 
+_NOWHERE: tuple[Route, SplitRoutes | None] = (("", None), None)
+
+
 class Router:
-    """Host header → app, remembered per header value while the index stays the same (the
-    index is replaced whole on every change, so a new one empties the memory). Bounded: a
-    client sending a new Host each time only empties it, and a Host longer than any name is
-    never kept."""
+    """Host header → (app, version), remembered per header value while the index stays the
+    same (the index is replaced whole on every change, so a new one empties the memory).
+    Bounded: a client sending a new Host each time only empties it, and a Host longer than
+    any name is never kept. An app with a split gets its version from the split's even
+    spread, request by request (`wakeful.domain.split.Spread`); a tag's host names its own."""
 
     def __init__(self, index: Callable[[], RouteIndex], base_domain: str) -> None:
         self._index = index
         self._base_domain = base_domain
-        self._routed: dict[str, str] = {}
-        """Host header → app ("" for none), for `_routed_by`."""
+        self._routed: dict[str, tuple[Route, SplitRoutes | None]] = {}
+        """Host header → `find`'s answer (`_NOWHERE` for none), for `_routed_by`."""
         self._routed_by: RouteIndex | None = None
 
-    def app_for(self, host_header: str) -> str | None:
+    def route(self, host_header: str) -> Route | None:
         index = self._index()
         if index is not self._routed_by:
             self._routed.clear()
             self._routed_by = index
-        app = self._routed.get(host_header)
-        if app is None:
-            app = match(index, normalize_host(host_header), self._base_domain) or ""
+        found = self._routed.get(host_header)
+        if found is None:
+            found = find(index, normalize_host(host_header), self._base_domain) or _NOWHERE
             if len(host_header) <= MAX_HOST_REMEMBERED:
                 if len(self._routed) >= ROUTE_MEMORY:
                     self._routed.clear()
-                self._routed[host_header] = app
-        return app or None
+                self._routed[host_header] = found
+        route, split = found
+        if split is not None:
+            return split.pick()
+        return route if route[0] else None
+
+    def app_for(self, host_header: str) -> str | None:
+        """The app alone (`route`)."""
+        route = self.route(host_header)
+        return route[0] if route is not None else None
 
     def __len__(self) -> int:
         """Host values remembered."""

@@ -34,15 +34,19 @@ def deploy_built(
     app_dir: AppDir,
     *,
     environment: BuildEnvironment | None = None,
+    canary: int = 0,
     pause: Pause = time.sleep,
 ) -> int:
-    """`app_dir` built here, its image sent or pushed, then deployed; the rollout followed."""
+    """`app_dir` built here, its image sent or pushed, then deployed (`canary`: its share
+    beside the active version); the rollout followed."""
     environment = environment or BuildEnvironment()
     built = built_here(app_dir, environment)
     definition = app_dir.definition
     if built.pushed is not None:
         definition = pushed_definition(app_dir, built.pushed)
-        report = api.start_deploy(definition.model_dump(mode="json"), None, made=built.made)
+        report = api.start_deploy(
+            definition.model_dump(mode="json"), None, made=built.made, canary=canary
+        )
         return follow_rollout(api, report, pause)
     assert built.layout is not None and built.manifest is not None
     started = time.monotonic()
@@ -59,7 +63,11 @@ def deploy_built(
         + (f", the control plane had the other {had}" if had else "")
     )
     report = api.start_deploy(
-        definition.model_dump(mode="json"), None, image_manifest=built.manifest, made=built.made
+        definition.model_dump(mode="json"),
+        None,
+        image_manifest=built.manifest,
+        made=built.made,
+        canary=canary,
     )
     return follow_rollout(api, report, pause)
 

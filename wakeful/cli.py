@@ -6,6 +6,7 @@
                                  --dry-run prints what would be built and run)
     wakeful status [APP]         pools: desired, live, ready, suspended, leased, waiters
     wakeful apps | versions APP | logs APP | rollback APP | delete APP
+    wakeful traffic APP [VERSION=PERCENT ...] | promote APP | tag APP VERSION TAG | untag APP TAG
     wakeful nodes | drain NODE   nodes; move everything off one (stateful apps with their state)
     wakeful release-state APP    free a stateful app's state a node keeps, at its last archive
     wakeful tokens create|list|revoke|rotate|rotate-admin
@@ -107,6 +108,12 @@ def _remote(run: Callable[[ControlClient, argparse.Namespace], int]) -> Command:
     return command
 
 
+def _canary(value: str) -> int:
+    if not value.isdigit() or not 1 <= int(value) <= 99:
+        raise argparse.ArgumentTypeError(f"{value!r}: a whole percent from 1 to 99")
+    return int(value)
+
+
 def cmd_deploy(args: argparse.Namespace) -> int:
     if args.image is not None:
         if args.app_dir is not None or args.name is None:
@@ -122,9 +129,12 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         (app_dir,) = load_apps([args.app_dir])  # a bad directory is a usage error, found first
     if args.dry_run:
         return build_commands.dry_run(app_dir)
+    canary = args.canary
     if app_dir.plan.kind in BUILT_KINDS:
-        return _remote(lambda api, _: build_commands.deploy_built(api, app_dir))(args)
-    return _remote(lambda api, _: commands.deploy(api, app_dir))(args)
+        return _remote(lambda api, _: build_commands.deploy_built(api, app_dir, canary=canary))(
+            args
+        )
+    return _remote(lambda api, _: commands.deploy(api, app_dir, canary=canary))(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -175,6 +185,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print what APP_DIR is, the Containerfile its build uses and what it runs; "
         "build and send nothing",
+    )
+    deploy.add_argument(
+        "--canary",
+        type=_canary,
+        default=0,
+        metavar="PERCENT",
+        help="once ready, the new version takes PERCENT (1-99) of the traffic beside the "
+        "active one, and holds there: wakeful promote APP, or wakeful rollback APP",
     )
     deploy.set_defaults(func=cmd_deploy)
 
@@ -244,9 +262,36 @@ def build_parser() -> argparse.ArgumentParser:
     delete.set_defaults(
         func=_remote(lambda api, a: commands.delete(api, a.app, wait=not a.no_wait))
     )
-    rollback = sub.add_parser("rollback", help="go back to the previous version")
+    rollback = sub.add_parser(
+        "rollback",
+        help="go back to the previous version (during a split: all traffic to the active one)",
+    )
     rollback.add_argument("app")
     rollback.set_defaults(func=_remote(lambda api, a: commands.rollback(api, a.app)))
+    traffic = sub.add_parser(
+        "traffic", help="show an app's split and tags, or set it: APP v7=90 v8=10 (latest=...)"
+    )
+    traffic.add_argument("app")
+    traffic.add_argument("split", nargs="*", metavar="VERSION=PERCENT")
+    traffic.add_argument("--json", action="store_true")
+    traffic.set_defaults(
+        func=_remote(lambda api, a: commands.traffic(api, a.app, a.split, as_json=a.json))
+    )
+    promote = sub.add_parser("promote", help="all traffic to the split's newest version")
+    promote.add_argument("app")
+    promote.set_defaults(func=_remote(lambda api, a: commands.promote(api, a.app)))
+    tag = sub.add_parser(
+        "tag",
+        help="TAG--APP.<base domain> reaches VERSION (latest: the newest), whatever the split",
+    )
+    tag.add_argument("app")
+    tag.add_argument("version")
+    tag.add_argument("tag")
+    tag.set_defaults(func=_remote(lambda api, a: commands.tag(api, a.app, a.version, a.tag)))
+    untag = sub.add_parser("untag", help="remove a tag")
+    untag.add_argument("app")
+    untag.add_argument("tag")
+    untag.set_defaults(func=_remote(lambda api, a: commands.untag(api, a.app, a.tag)))
     tokens = sub.add_parser("tokens", help="role tokens: create, list, revoke, rotate")
     _tokens_parser(tokens, common)
     secrets = sub.add_parser("secrets", help="app secrets: set, unset, list; the keys")

@@ -37,6 +37,7 @@ from .tables import (
     progress_counts,
     secret_table,
     token_table,
+    traffic_table,
     version_lines,
 )
 
@@ -83,7 +84,9 @@ def say_json(value: Any, indent: int | None = None) -> None:
     print(json.dumps(value, indent=indent, ensure_ascii=True), flush=True)
 
 
-def deploy(api: ControlClient, app_dir: AppDir, *, pause: Pause = time.sleep) -> int:
+def deploy(
+    api: ControlClient, app_dir: AppDir, *, canary: int = 0, pause: Pause = time.sleep
+) -> int:
     """An app directory: packed and uploaded, then deployed; an image app's directory is not
     packed (its image is its files), an archive it names is uploaded instead (a directory to
     build: `wakeful.build_commands`)."""
@@ -99,7 +102,7 @@ def deploy(api: ControlClient, app_dir: AppDir, *, pause: Pause = time.sleep) ->
         archive = api.put_image_archive(app_dir.archive)
     if image is not None and archive is None:
         say(f"pulling {image}")
-    report = api.start_deploy(definition.model_dump(mode="json"), digest, archive)
+    report = api.start_deploy(definition.model_dump(mode="json"), digest, archive, canary=canary)
     return follow_rollout(api, report, pause)
 
 
@@ -293,6 +296,33 @@ def tokens_revoke(api: ControlClient, name: str) -> int:
         say(f"revoked {name}: its secret is refused from now on")
     else:
         say(f"revoked {name}: the control plane has not applied it yet; it will within seconds")
+    return 0
+
+
+def traffic(api: ControlClient, app: str, split: Sequence[str], *, as_json: bool) -> int:
+    """The app's split and tags; with `VERSION=PERCENT ...`, set first."""
+    report = api.set_traffic(app, split) if split else api.traffic(app)
+    return _show_traffic(report, as_json)
+
+
+def promote(api: ControlClient, app: str) -> int:
+    return _show_traffic(api.promote(app), False)
+
+
+def tag(api: ControlClient, app: str, version: str, name: str) -> int:
+    return _show_traffic(api.tag(app, name, version), False)
+
+
+def untag(api: ControlClient, app: str, name: str) -> int:
+    return _show_traffic(api.untag(app, name), False)
+
+
+def _show_traffic(report: Mapping[str, Any], as_json: bool) -> int:
+    if as_json:
+        say_json(report, indent=2)
+        return 0
+    for line in traffic_table(report):
+        say(line)
     return 0
 
 

@@ -45,7 +45,14 @@ def pool_table(pools: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def app_line(app: Mapping[str, Any]) -> str:
-    return f"{app['name']}  active={app['active_version']}  versions={','.join(app['versions'])}"
+    line = f"{app['name']}  active={app['active_version']}  versions={','.join(app['versions'])}"
+    split = app.get("split") or {}
+    if split:
+        line += "  split=" + ",".join(f"{v}:{share}" for v, share in split.items())
+    tags = app.get("tags") or {}
+    if tags:
+        line += "  tags=" + ",".join(f"{t}:{v}" for t, v in sorted(tags.items()))
+    return line
 
 
 def version_lines(app: Mapping[str, Any]) -> list[str]:
@@ -161,3 +168,22 @@ def cert_table(certs: Sequence[Mapping[str, Any]]) -> list[str]:
         rows.append([c["name"], app, c["source"], c["state"], issuer, expires, retry, error])
     headers = ["NAME", "APP", "SOURCE", "STATE", "ISSUER", "EXPIRES", "NEXT ATTEMPT"]
     return table([*headers, "LAST ERROR"], rows)
+
+
+def traffic_table(report: Mapping[str, Any]) -> list[str]:
+    """Each version the app routes: its share, whether it is the active one, its tags."""
+    split: Mapping[str, int] = report["split"]
+    active = report["active_version"]
+    tags: dict[str, list[str]] = {}
+    for tag, version in report["tags"].items():
+        tags.setdefault(version, []).append(tag)
+    versions = list(split) or ([active] if active else [])
+    versions += [v for v in sorted(tags) if v not in versions]
+    rows = []
+    for version in versions:
+        share = split.get(version, 0) if split else (100 if version == active else 0)
+        mark = "*" if version == active else " "
+        rows.append(
+            [f"{mark} {version}", f"{share}%", ", ".join(sorted(tags.get(version, []))) or "-"]
+        )
+    return table(["VERSION", "SHARE", "TAGS"], rows)

@@ -383,6 +383,44 @@ async def test_a_request_waiting_on_a_retired_pool_follows_the_route_to_the_new_
     assert all(s.waiters == 0 for s in activator.snapshot())
 
 
+async def test_a_request_for_a_split_version_goes_to_its_pool_and_one_no_longer_routed_follows(
+    store: Store,
+) -> None:
+    """Issue 39: an ingress names the version its split picked; a version the app no longer
+    routes (the ingress's split is older than the activator's view; the change retired its
+    pool) follows the app's route to the active version instead of failing."""
+    await seed(store, rpi=5, sandboxes={"sb-1": SandboxStatus.RUNNING})
+    old = await pool(store)
+    await store.put(
+        keys.pool("hello-v2"), old.value.model_copy(update={"name": "hello-v2", "version": "v2"})
+    )
+    await store.put(
+        keys.sandbox("sb-2"),
+        sandbox("sb-2", SandboxStatus.RUNNING, 9100).model_copy(update={"pool": "hello-v2"}),
+    )
+    app = await store.get(keys.app("hello"), App)
+    assert app is not None and app.value.active_version == "v1"
+    split = app.value.model_copy(update={"split": {"v1": 50, "v2": 50}})
+    await store.put(keys.app("hello"), split)
+    activator = make_activator(store)
+    async with activator.running():
+        assert (await activator.acquire("hello", "v2")).sandbox_id == "sb-2"
+        assert (await activator.acquire("hello", "v1")).sandbox_id == "sb-1"
+        v2 = await store.get(keys.pool("hello-v2"), Pool)
+        assert v2 is not None
+        await store.txn(
+            [],
+            [
+                Put(keys.app("hello"), split.model_copy(update={"split": {}})),
+                Put(v2.key, v2.value.model_copy(update={"retired": True})),
+            ],
+        )
+        await eventually(
+            lambda: all(s.state != "active" for s in activator.snapshot() if s.pool == "hello-v2")
+        )
+        assert (await activator.acquire("hello", "v2")).sandbox_id == "sb-1"
+
+
 async def test_past_the_hard_limit_a_request_waits_drives_a_scale_up_and_takes_freed_room(
     store: Store,
 ) -> None:

@@ -78,6 +78,24 @@ def record(state: CertState = CertState.VALID, **fields: object) -> CertRecord:
             {"shop.test": "a"},
             id="lowercased, one name once",
         ),
+        pytest.param(
+            [rules.Routed("shop", (), False, ("beta",)), rules.Routed("blog", (), True, ("x",))],
+            "apps.example.com",
+            frozenset(),
+            {
+                "beta--shop.apps.example.com": "shop",
+                "blog.apps.example.com": "blog",
+                "x--blog.apps.example.com": "blog",
+            },
+            id="a tag's host under the base domain, with or without the default host",
+        ),
+        pytest.param(
+            [rules.Routed("shop", ("shop.test",), True, ("beta",))],
+            None,
+            frozenset(),
+            {"shop.test": "shop"},
+            id="no base domain: no tag's host",
+        ),
     ],
 )
 def test_wanted_names(

@@ -6,17 +6,23 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from pydantic import ValidationError
 
+from wakeful.domain.models import App
 from wakeful.domain.split import (
     MAX_STEP,
     SplitError,
     Spread,
     Thresholds,
     Window,
+    newest_in_split,
     parse_split,
     ramp_plan,
+    routed,
+    tag_host,
     tag_problem,
     verdict,
+    with_split,
 )
 
 VERSIONS = ["v6", "v7", "v8"]
@@ -163,3 +169,80 @@ def test_the_rollback_verdict(stable: Window, new: Window, why: str | None) -> N
 def test_tag_names(tag: str, problem: str | None) -> None:
     said = tag_problem(tag)
     assert (said is None) if problem is None else (said is not None and problem in said)
+
+
+WEB = App(name="web", active_version="v7", previous_version="v6", tags={"beta": "v9"})
+
+
+@pytest.mark.parametrize(
+    ("weights", "active", "previous", "split"),
+    [
+        pytest.param({"v7": 90, "v8": 10}, "v7", "v6", {"v7": 90, "v8": 10}, id="canary"),
+        pytest.param({"v8": 100}, "v8", "v7", {}, id="all to one ends the split"),
+        pytest.param({"v7": 0, "v8": 100}, "v8", "v7", {}, id="a 0 beside it changes nothing"),
+        pytest.param({"v7": 100}, "v7", "v6", {}, id="all to the active one"),
+        pytest.param(
+            {"v7": 0, "v8": 60, "v9": 40},
+            "v8",
+            "v6",
+            {"v7": 0, "v8": 60, "v9": 40},
+            id="active at 0: the largest share is active",
+        ),
+        pytest.param(
+            {"v8": 50, "v9": 50}, "v8", "v6", {"v8": 50, "v9": 50}, id="a tie: the first given"
+        ),
+    ],
+)
+def test_with_split(
+    weights: dict[str, int], active: str, previous: str, split: dict[str, int]
+) -> None:
+    after = with_split(WEB, weights)
+    assert (after.active_version, after.previous_version, after.split) == (
+        active,
+        previous,
+        split,
+    )
+    assert after.tags == WEB.tags  # traffic never touches tags
+    assert App.model_validate(after.model_dump()) == after  # a record the store takes
+
+
+def test_routed_versions_are_the_active_one_the_split_and_the_tags() -> None:
+    assert routed(WEB) == {"v7", "v9"}
+    assert routed(with_split(WEB, {"v7": 0, "v8": 100})) == {"v8", "v9"}
+    assert routed(with_split(WEB, {"v7": 99, "v8": 0, "v10": 1})) == {"v7", "v8", "v9", "v10"}
+
+
+def test_promote_takes_the_newest_version_of_the_split_by_number() -> None:
+    assert newest_in_split(WEB) is None
+    assert newest_in_split(with_split(WEB, {"v7": 80, "v10": 10, "v9": 10})) == "v10"
+
+
+@pytest.mark.parametrize(
+    ("label", "found"),
+    [
+        ("beta--web", ("beta", "web")),
+        ("web", None),
+        ("--web", None),
+        ("beta--", None),
+        ("a--b--c", None),
+    ],
+)
+def test_tag_host(label: str, found: tuple[str, str] | None) -> None:
+    assert tag_host(label) == found
+
+
+@pytest.mark.parametrize(
+    ("fields", "said"),
+    [
+        pytest.param({"split": {"v7": 90, "v8": 20}}, "add up to 110", id="not 100"),
+        pytest.param(
+            {"split": {"v6": 50, "v8": 50}}, "active version v7 has no share", id="active"
+        ),
+        pytest.param({"tags": {"a--b": "v7"}}, "holds '--'", id="tag with --"),
+    ],
+)
+def test_an_app_record_with_a_split_or_tags_that_cannot_route_is_refused(
+    fields: dict[str, object], said: str
+) -> None:
+    with pytest.raises(ValidationError, match=said):
+        App.model_validate({"name": "web", "active_version": "v7", **fields})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -109,6 +111,30 @@ def test_the_router_remembers_hosts_until_the_index_changes_and_never_a_long_one
     assert router.app_for("shop.example.com") is None  # a new index: nothing remembered holds
     assert router.app_for("SHOP.example.com:8080") is None
     assert router.app_for("other.example.com") == "shop"
+
+
+def test_a_split_app_gets_its_versions_evenly_and_a_tag_host_its_own_version() -> None:
+    split = App(
+        name="shop",
+        active_version="v7",
+        split={"v7": 90, "v8": 10},
+        tags={"beta": "v8", "old": "v6"},
+    )
+    index = build_index([split, App(name="hello", active_version="v1")])
+    router = Router(lambda: index, "localhost")
+    picked = Counter(router.route("shop.localhost") for _ in range(1000))
+    # Exactly its share: the spread is the split's, not a random walk, and the route the
+    # router remembers for the host does not pin one version.
+    assert picked == {("shop", "v7"): 900, ("shop", "v8"): 100}
+    assert router.route("beta--shop.localhost") == ("shop", "v8")
+    assert router.route("OLD--shop.localhost:80") == ("shop", "v6")  # at 0%: still reached
+    assert router.route("hello.localhost") == ("hello", "v1")  # no split: the active one
+    assert router.route("beta--hello.localhost") is None  # not a tag of that app
+    assert router.route("beta--shop.example.com") is None  # tags live under the base domain
+    assert router.route("nope--shop--x.localhost") is None
+    # An app of an old name with '--' keeps its own host before any tag's reading of it.
+    index = build_index([split, App(name="beta--shop", active_version="v1")])
+    assert router.route("beta--shop.localhost") == ("beta--shop", "v1")
 
 
 # -- headers -------------------------------------------------------------------------------

@@ -53,6 +53,7 @@ EXAMPLE = {
     "name": "n1",
     "key_id": "0123456789ab",
     "host": "registry.example.com",
+    "tag": "beta",
 }
 """A value for every path parameter of the control API."""
 

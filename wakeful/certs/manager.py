@@ -239,7 +239,7 @@ class CertManager:
         """Drop, then start what is due; the seconds until the next pass is needed."""
         now = self._clock()
         routed = [
-            rules.Routed(app.name, tuple(app.hosts), app.default_host)
+            rules.Routed(app.name, tuple(app.hosts), app.default_host, tuple(sorted(app.tags)))
             for app in self._apps.apps.values()
             if app.active_version is not None
         ]

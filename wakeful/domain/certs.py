@@ -41,6 +41,8 @@ class Routed:
     app: str
     hosts: tuple[str, ...]
     default_host: bool
+    tags: tuple[str, ...] = ()
+    """The app's tags: `TAG--APP.<base domain>` is a name of its too (issue 39)."""
 
 
 MAX_NAME = 253
@@ -68,6 +70,8 @@ def wanted_names(
         names = [h.lower() for h in routed.hosts if not h.startswith("*.")]
         if base_domain and routed.default_host:
             names.append(f"{routed.app}.{base_domain}".lower())
+        if base_domain:
+            names += [f"{tag}--{routed.app}.{base_domain}".lower() for tag in routed.tags]
         for name in names:
             if _public(name) and not covered_by_file(name, files):
                 wanted.setdefault(name, routed.app)

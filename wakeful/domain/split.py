@@ -22,9 +22,12 @@ Rules:
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from wakeful.domain.models import App
 
 LATEST = "latest"
 MAX_STEP = 25
@@ -65,28 +68,43 @@ def parse_split(
     return weights
 
 
-@dataclass
 class Spread:
-    """The even spread of one split on one ingress (smooth weighted round-robin)."""
+    """The even spread of one split on one ingress (smooth weighted round-robin).
 
-    weights: Mapping[str, int]
-    _scores: dict[str, int] = field(default_factory=dict)
+    The smooth round-robin's picks repeat with a period of the weights' sum over their
+    greatest common divisor (at most 100 picks), so the whole period is computed once
+    (`sequence`) and a pick only steps through it: the request path pays an index, not a
+    loop over the split's versions."""
+
+    __slots__ = ("_next", "sequence", "weights")
+
+    def __init__(self, weights: Mapping[str, int]) -> None:
+        self.weights = dict(weights)
+        shares = {version: weight for version, weight in weights.items() if weight > 0}
+        if not shares:
+            raise SplitError("no version has a share")
+        divisor = math.gcd(*shares.values())
+        shares = {version: weight // divisor for version, weight in shares.items()}
+        total = sum(shares.values())
+        scores = dict.fromkeys(shares, 0)
+        sequence = []
+        for _ in range(total):
+            best: str | None = None
+            for version, weight in shares.items():
+                scores[version] += weight
+                if best is None or scores[version] > scores[best]:
+                    best = version
+            assert best is not None
+            scores[best] -= total
+            sequence.append(best)
+        self.sequence: tuple[str, ...] = tuple(sequence)
+        """One period of picks, in order."""
+        self._next = 0
 
     def pick(self) -> str:
-        total = 0
-        best: str | None = None
-        for version, weight in self.weights.items():
-            if weight <= 0:
-                continue
-            score = self._scores.get(version, 0) + weight
-            self._scores[version] = score
-            total += weight
-            if best is None or score > self._scores[best]:
-                best = version
-        if best is None:
-            raise SplitError("no version has a share")
-        self._scores[best] -= total
-        return best
+        at = self._next
+        self._next = at + 1 if at + 1 < len(self.sequence) else 0
+        return self.sequence[at]
 
 
 def ramp_plan(start: int, duration: float) -> list[tuple[float, int]]:
@@ -147,6 +165,57 @@ def verdict(stable: Window, new: Window, rules: Thresholds) -> str | None:
             f"version (more than {rules.max_p99_ratio:g}x)"
         )
     return None
+
+
+def routed(app: App) -> set[str]:
+    """The versions whose pools serve: the active one, every one the split names (at 0% too:
+    its pool scales to zero like an idle app's) and every tagged one. A deploy, a traffic
+    change or an untag retires the pool of a version that leaves this set, and no other."""
+    found = set(app.split) | set(app.tags.values())
+    if app.active_version is not None:
+        found.add(app.active_version)
+    return found
+
+
+def with_split(app: App, weights: Mapping[str, int]) -> App:
+    """The app once `weights` (already checked by `parse_split`) is its traffic.
+
+    One version at 100 ends the split: it becomes the active version (the one before it the
+    previous). Otherwise the active version stays while it keeps a share, and else becomes
+    the version with the largest one (the first given on a tie): requests that name no
+    version, and the stable side of a rollback, go to it."""
+    whole = [version for version, share in weights.items() if share == 100]
+    if whole:
+        target = whole[0]
+        if target == app.active_version:
+            return app.model_copy(update={"split": {}})
+        return app.model_copy(
+            update={"split": {}, "active_version": target, "previous_version": app.active_version}
+        )
+    active = app.active_version
+    if active is None or weights.get(active, 0) == 0:
+        active = max(weights, key=lambda version: weights[version])
+    return app.model_copy(update={"split": dict(weights), "active_version": active})
+
+
+def newest_in_split(app: App) -> str | None:
+    """What `wakeful promote` gives all traffic to: the split's newest version other than the
+    active one (versions are numbered v1, v2, ...), or None when there is no split."""
+    others = [version for version in app.split if version != app.active_version]
+    return max(others, key=_number) if others else None
+
+
+def _number(version: str) -> tuple[int, str]:
+    digits = version[1:] if version.startswith("v") else ""
+    return (int(digits), version) if digits.isdigit() else (-1, version)
+
+
+def tag_host(label: str) -> tuple[str, str] | None:
+    """(tag, app) of a host's first label `TAG--APP`, or None when it is no tag's."""
+    tag, separator, app = label.partition("--")
+    if not separator or not tag or not app or "--" in app:
+        return None
+    return tag, app
 
 
 def tag_problem(tag: str) -> str | None:

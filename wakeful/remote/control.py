@@ -151,6 +151,7 @@ class ControlClient:
         *,
         image_manifest: str | None = None,
         made: str | None = None,
+        canary: int = 0,
     ) -> Any:
         """An image app's deploy pulls its image first: the call may take as long as the
         control plane's pull timeout."""
@@ -160,6 +161,7 @@ class ControlClient:
             "image_archive": image_archive,
             "image_manifest": image_manifest,
             "made": made,
+            "canary": canary,
         }
         return self._json("POST", "/v1/deploys", json=body, timeout=IMAGE_DEPLOY_TIMEOUT)
 
@@ -186,6 +188,22 @@ class ControlClient:
 
     def rollback(self, app: str) -> Any:
         return self._json("POST", f"/v1/apps/{segment(app)}/rollback")
+
+    def traffic(self, app: str) -> Any:
+        return self._json("GET", f"/v1/apps/{segment(app)}/traffic")
+
+    def set_traffic(self, app: str, split: Sequence[str]) -> Any:
+        return self._json("PUT", f"/v1/apps/{segment(app)}/traffic", json={"split": list(split)})
+
+    def promote(self, app: str) -> Any:
+        return self._json("POST", f"/v1/apps/{segment(app)}/promote")
+
+    def tag(self, app: str, tag: str, version: str) -> Any:
+        route = f"/v1/apps/{segment(app)}/tags/{segment(tag)}"
+        return self._json("PUT", route, json={"version": version})
+
+    def untag(self, app: str, tag: str) -> Any:
+        return self._json("DELETE", f"/v1/apps/{segment(app)}/tags/{segment(tag)}")
 
     def delete_app(self, app: str) -> Any:
         return self._json("DELETE", f"/v1/apps/{segment(app)}")

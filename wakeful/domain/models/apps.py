@@ -18,6 +18,10 @@ from pydantic import Field, StringConstraints, field_validator, model_validator
 from wakeful.domain.models.base import Digest, Host, Model, Name
 from wakeful.domain.models.images import ImageRecord
 
+MAX_SPLIT = 16
+"""Versions one split may name."""
+MAX_TAGS = 32
+"""Tags one app may hold."""
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 RESERVED_ENV = frozenset({"PORT", "HOST"})
 
@@ -255,6 +259,27 @@ class App(Model):
     """Whether `<name>.<base_domain>` routes to it (`default_host = false` in wakeful.toml)."""
     active_version: Name | None = None
     previous_version: Name | None = None
+    split: dict[Name, Annotated[int, Field(ge=0, le=100)]] = Field(
+        default_factory=dict, max_length=MAX_SPLIT
+    )
+    """Whole percents over versions, summing to 100, in the order given (`wakeful traffic`,
+    `deploy --canary`); empty: every request goes to `active_version`
+    (`wakeful.domain.split`)."""
+    tags: dict[Name, Name] = Field(default_factory=dict, max_length=MAX_TAGS)
+    """Tag → version: `TAG--APP.<base domain>` reaches that version whatever the split."""
+
+    @model_validator(mode="after")
+    def _routes(self) -> Self:
+        if self.split:
+            total = sum(self.split.values())
+            if total != 100:
+                raise ValueError(f"split: the percents add up to {total}, not 100")
+            if self.active_version not in self.split:
+                raise ValueError(f"split: the active version {self.active_version} has no share")
+        for tag in self.tags:
+            if "--" in tag:
+                raise ValueError(f"tag {tag!r} holds '--', which separates a tag from its app")
+        return self
 
 
 class Version(Model):

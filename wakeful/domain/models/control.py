@@ -31,6 +31,9 @@ class RolloutRecord(Model):
     default_host: bool = True
     started_at: float = 0.0
     """Wall-clock time it began: its deadline runs from here, whoever carries it on."""
+    canary: int = Field(default=0, ge=0, le=99)
+    """`deploy --canary N`: once ready, the version takes N% beside the active one instead
+    of all traffic (0: a full rollout)."""
 
 
 class SessionKey(Model):

@@ -1,0 +1,145 @@
+"""Traffic between versions under `wakeful up` (issue 39), as a user drives it: a canary deploy
+that takes its share evenly, a tag that reaches a version at 0% (which scales to zero and wakes
+through its tag), `wakeful traffic`, promote and rollback; a prober beside it all the while
+sees no failed request."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+from tests.support.up import Up, cli_async, start_up, stop_up
+
+pytestmark = pytest.mark.anyio
+
+APP = """\
+import os
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+VERSION = open(os.path.join(os.path.dirname(__file__), "VERSION")).read().strip()
+
+
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = VERSION.encode()
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+ThreadingHTTPServer((os.environ["HOST"], int(os.environ["PORT"])), Handler).serve_forever()
+"""
+
+
+def versioned_app(root: Path) -> Path:
+    app = root / "web"
+    app.mkdir()
+    (app / "app.py").write_text(APP)
+    (app / "VERSION").write_text("1\n")
+    (app / "wakeful.toml").write_text(
+        'name = "web"\ncommand = ["python3", "app.py"]\nshutdown_timeout = 5\n'
+        '[health]\npath = "/"\ntimeout = 20\n'
+        '[concurrency]\nrequests_per_instance = 20\nscale_down_delay = "5s"\n'
+    )
+    return app
+
+
+async def at_zero(up: Up, pool: str, within: float = 60) -> dict[str, object]:
+    """The pool's report once none of its sandboxes is live."""
+    with anyio.fail_after(within):
+        for _ in range(int(within * 10)):
+            found = {str(p["pool"]): p for p in await up.pools()}[pool]
+            if not found["live"]:
+                return found
+            await anyio.sleep(0.1)
+    raise AssertionError(f"{pool} never went to zero")
+
+
+async def wakeful(up: Up, *args: str) -> str:
+    done = await cli_async(up, *args)
+    assert done.returncode == 0, f"wakeful {' '.join(args)}: {done.stdout}{done.stderr}"
+    return done.stdout
+
+
+async def test_a_canary_a_tag_and_a_promotion_with_no_failed_request(tmp_path: Path) -> None:
+    app = versioned_app(tmp_path)
+    up = start_up(tmp_path, app)
+    failed: list[str] = []
+    try:
+        async with (
+            httpx.AsyncClient(base_url=up.proxy, timeout=60) as http,
+            anyio.create_task_group() as probing,
+        ):
+            web = {"Host": "web.localhost"}
+            assert (await http.get("/", headers=web)).text == "1"
+
+            async def probe() -> None:
+                while True:
+                    answer = await http.get("/", headers=web)
+                    if answer.status_code != 200:
+                        failed.append(f"{answer.status_code} {answer.text[:200]}")
+                    await anyio.sleep(0.02)
+
+            probing.start_soon(probe)
+
+            (app / "VERSION").write_text("2\n")
+            said = await wakeful(up, "deploy", str(app), "--canary", "10")
+            assert "web v2 takes 10% beside v1" in said
+            shown = await wakeful(up, "traffic", "web")
+            assert shown.split() == [
+                "VERSION",
+                "SHARE",
+                "TAGS",
+                "*",
+                "v1",
+                "90%",
+                "-",
+                "v2",
+                "10%",
+                "-",
+            ]
+
+            got: Counter[str] = Counter()
+
+            async def some(n: int) -> None:
+                for _ in range(n):
+                    got[(await http.get("/", headers=web)).text] += 1
+
+            async with anyio.create_task_group() as load:
+                for _ in range(10):
+                    load.start_soon(some, 100)
+            # One ingress spreads a split exactly (the prober's requests are among its
+            # picks too, so these 1,000 are within a few of it).
+            assert 90 <= got["2"] <= 110 and got["1"] + got["2"] == 1000, got
+
+            # A tag reaches v2 at 0%, which then goes to zero and wakes through its tag.
+            await wakeful(up, "tag", "web", "v2", "beta")
+            await wakeful(up, "traffic", "web", "v1=100")
+            beta = {"Host": "beta--web.localhost"}
+            assert (await http.get("/", headers=beta)).text == "2"
+            for _ in range(50):
+                assert (await http.get("/", headers=web)).text == "1"
+            v2 = await at_zero(up, "web-v2")
+            assert v2["state"] == "active" and v2["desired_instances"] == 0
+            assert (await http.get("/", headers=beta)).text == "2"
+
+            # Split again, then promote: everything to v2; rollback: everything to v1.
+            await wakeful(up, "traffic", "web", "v1=50", "latest=50")
+            assert {(await http.get("/", headers=web)).text for _ in range(10)} == {"1", "2"}
+            await wakeful(up, "promote", "web")
+            assert {(await http.get("/", headers=web)).text for _ in range(50)} == {"2"}
+            await wakeful(up, "rollback", "web")
+            assert {(await http.get("/", headers=web)).text for _ in range(50)} == {"1"}
+            assert (await http.get("/", headers=beta)).text == "2"  # the tag outlives it all
+            probing.cancel_scope.cancel()
+    finally:
+        stop_up(up)
+    assert failed == []
