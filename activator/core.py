@@ -44,6 +44,7 @@ from wakeful.aio import trace
 from wakeful.domain import keys
 from wakeful.domain.leases import LeaseGone, LeaseGrant
 from wakeful.domain.models import GONE, App, AppState, SandboxStatus
+from wakeful.domain.split import Window
 from wakeful.domain.traffic import TrafficReport
 from wakeful.store import Store, StoreError
 
@@ -359,6 +360,11 @@ class Activator:
         """An ingress's traffic report (`Leases.report`), into the charts; apps this activator
         does not know are left out. Returns how many went in."""
         return self._charts.record(report)
+
+    def version_windows(self, app: str, seconds: float) -> dict[str, Window]:
+        """What each version of a split or tagged app answered over the last `seconds`, from
+        the ingresses' reports (`Charts.versions`); empty for other apps."""
+        return self._charts.versions(app, seconds)
 
     def apps(self) -> list[App]:
         """Every app record, by name."""

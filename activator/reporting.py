@@ -14,7 +14,8 @@ import anyio
 
 from wakeful.activator.ledger import LeaseLedger
 from wakeful.activator.view import View
-from wakeful.domain.traffic import TrafficReport, TrafficRing
+from wakeful.domain.split import Window, routed
+from wakeful.domain.traffic import TrafficReport, TrafficRing, quantile
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,11 @@ def waiting_by_app(view: View, ledger: LeaseLedger) -> dict[str, int]:
     return waiting
 
 
+def version_key(app: str, version: str) -> str:
+    """A version's key in the traffic ring (no app name holds `/`)."""
+    return f"{app}/{version}"
+
+
 class Charts:
     """Each app's last 15 minutes for the dashboard, and how it woke for its waiting
     requests, kept for the apps the view knows."""
@@ -118,10 +124,31 @@ class Charts:
         now = self._wall_clock()
         recorded = 0
         for app, counts in report.items():
-            if app in self._view.apps:
-                self.traffic.add(app, counts, now)
-                recorded += 1
+            found = self._view.apps.get(app)
+            if found is None:
+                continue
+            self.traffic.add(app, counts, now)
+            recorded += 1
+            record = found.value
+            if counts.versions and (record.split or record.tags):  # each version's own too
+                serving = routed(record)
+                for version, of in counts.versions.items():
+                    if version in serving:
+                        self.traffic.add(version_key(app, version), of, now)
         return recorded
+
+    def versions(self, app: str, seconds: float) -> dict[str, Window]:
+        """Each version the app routes, over the last `seconds` (whole slots of the ring),
+        while it has a split or tags (the ring keeps versions only then)."""
+        found = self._view.apps.get(app)
+        if found is None or not (found.value.split or found.value.tags):
+            return {}
+        now = self._wall_clock()
+        windows = {}
+        for version in sorted(routed(found.value)):
+            requests, errors, buckets = self.traffic.window(version_key(app, version), now, seconds)
+            windows[version] = Window(requests, errors, quantile(buckets, 0.99) or 0.0)
+        return windows
 
     def woke(self, app: str, kind: str, waited: float) -> None:
         """A request that waited `waited` seconds for the app to wake, by `thaw` or `start`."""
@@ -135,7 +162,11 @@ class Charts:
         now = self._wall_clock()
         for app, count in waiting_by_app(self._view, self._ledger).items():
             self.traffic.waiters(app, count, now)
-        self.traffic.keep(set(self._view.apps))
+        kept = set(self._view.apps)
+        for found in self._view.apps.values():
+            if found.value.split or found.value.tags:
+                kept |= {version_key(found.value.name, v) for v in routed(found.value)}
+        self.traffic.keep(kept)
         for gone in set(self._wakes) - set(self._view.apps):
             del self._wakes[gone]
 

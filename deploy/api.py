@@ -27,6 +27,7 @@ from wakeful.deploy.rollout import Phase
 from wakeful.deploy.service import Deployer
 from wakeful.deploy.states import ArchiveMissing, NotHeld, StateKeeper, StorageFull
 from wakeful.deploy.wire import (
+    FIGURES_SECONDS,
     AppReport,
     DeletionReport,
     DeployRequest,
@@ -337,14 +338,14 @@ def deploy_router(
             raise bad(404, "unknown app", str(exc)) from exc
         except DeployError as exc:
             raise bad(400, "traffic change refused", str(exc)) from exc
-        return traffic_report(app)
+        return traffic_report(app, deployer.windows(app.name, FIGURES_SECONDS))
 
     @router.get("/v1/apps/{app}/traffic", response_model=TrafficReport)
     async def traffic(app: AppName) -> TrafficReport:
         found = await store.get(keys.app(app), App)
         if found is None:
             raise bad(404, "unknown app", f"no app named {app!r}")
-        return traffic_report(found.value)
+        return traffic_report(found.value, deployer.windows(app, FIGURES_SECONDS))
 
     @router.put("/v1/apps/{app}/traffic", response_model=TrafficReport)
     async def set_traffic(app: AppName, body: SplitRequest) -> TrafficReport:

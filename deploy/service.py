@@ -48,6 +48,7 @@ from wakeful.domain.models import (
     Version,
     manifest_overlap,
 )
+from wakeful.domain.split import Window
 from wakeful.store import Conflict, Item, Put, Require, Store
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,7 @@ class Deployer:
         timeout: float = 300.0,
         clock: Callable[[], float] = time.time,
         hosts: HostRules | None = None,
+        windows: Callable[[str, float], dict[str, Window]] | None = None,
     ) -> None:
         """`collector`: deletes the artifacts an app deletion leaves unreferenced (by
         default one with the default grace period, on `clock`). `hosts`: the base domain and
@@ -96,6 +98,9 @@ class Deployer:
         self.rollouts: dict[tuple[str, str], Rollout] = {}
         self.traffic = Traffic(store, clock)
         """Splits and tags (`traffic.py`)."""
+        self.windows = windows or (lambda app, seconds: {})
+        """What each version of a split or tagged app answered over the last seconds (the
+        activator's `version_windows`; none without one)."""
 
     async def prepare(
         self,

@@ -17,6 +17,7 @@ from wakeful.domain.models import (
     App,
     ImageRecord,
 )
+from wakeful.domain.split import Window
 
 
 class SandboxAt(BaseModel):
@@ -121,6 +122,18 @@ class TagRequest(BaseModel):
     """A deployed version, or `latest`."""
 
 
+FIGURES_SECONDS = 60.0
+"""The window `wakeful traffic` shows each version's figures over."""
+
+
+class VersionFigures(BaseModel):
+    requests: int
+    requests_per_s: float
+    error_ratio: float
+    """5xx answers over requests (0 with none)."""
+    p99_ms: float | None
+
+
 class TrafficReport(BaseModel):
     app: str
     active_version: str | None
@@ -128,9 +141,26 @@ class TrafficReport(BaseModel):
     """Percent per version, in order; empty: all to the active version."""
     tags: dict[str, str]
     """Tag → version."""
+    window_seconds: float = FIGURES_SECONDS
+    figures: dict[str, VersionFigures] = Field(default_factory=dict)
+    """Per version the app routes, over the last `window_seconds` (whole 10 s slots), from
+    the ingresses' reports: only while the app has a split or tags."""
 
 
-def traffic_report(app: App) -> TrafficReport:
+def traffic_report(app: App, windows: dict[str, Window] | None = None) -> TrafficReport:
+    figures = {
+        version: VersionFigures(
+            requests=w.requests,
+            requests_per_s=round(w.requests / FIGURES_SECONDS, 2),
+            error_ratio=round(w.error_ratio, 4),
+            p99_ms=round(w.p99 * 1000, 1) if w.requests else None,
+        )
+        for version, w in (windows or {}).items()
+    }
     return TrafficReport(
-        app=app.name, active_version=app.active_version, split=dict(app.split), tags=dict(app.tags)
+        app=app.name,
+        active_version=app.active_version,
+        split=dict(app.split),
+        tags=dict(app.tags),
+        figures=figures,
     )

@@ -115,6 +115,7 @@ class ProxyEdge:
         request_id = head.client_request_id or new_request_id()
         target = request.target
         label = "-"
+        version: str | None = None
         status = 500
         client_gone = False
         try:
@@ -222,7 +223,10 @@ class ProxyEdge:
             raise
         finally:
             self._metrics.answered(
-                label, CLIENT_GONE if client_gone else status, time.perf_counter() - started
+                label,
+                CLIENT_GONE if client_gone else status,
+                time.perf_counter() - started,
+                version,
             )
 
     def _answer_error(

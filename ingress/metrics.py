@@ -20,7 +20,13 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
-from wakeful.domain.traffic import BOUNDS, AppTraffic, TrafficReport
+from wakeful.domain.traffic import (
+    BOUNDS,
+    MAX_VERSIONS_PER_REPORT,
+    AppTraffic,
+    Counted,
+    TrafficReport,
+)
 
 DURATION_BUCKETS = BOUNDS
 """The activator merges the ingresses' counts in these buckets (`wakeful.domain.traffic`)."""
@@ -131,12 +137,24 @@ class IngressMetrics:
             self.queued.labels(app=app).set_function(lambda: load.queued)
         return Tracker(load)
 
-    def answered(self, app: str, status: int, seconds: float) -> None:
-        """Count one finished request by status class, and how long it took."""
+    def answered(self, app: str, status: int, seconds: float, version: str | None = None) -> None:
+        """Count one finished request by status class, and how long it took; and the same
+        for the version it was for, until the next report (`traffic_since_last`)."""
         counts = self._counts.get(app) or self.counts(app)
         counts.classes[status // 100] += 1
-        counts.buckets[bisect.bisect_left(DURATION_BUCKETS, seconds)] += 1
+        bucket = bisect.bisect_left(DURATION_BUCKETS, seconds)
+        counts.buckets[bucket] += 1
         counts.seconds += seconds
+        if version is not None:
+            of = counts.versions.get(version)
+            if of is None:
+                if len(counts.versions) >= MAX_VERSIONS_PER_REPORT:
+                    return  # more than any app routes at once: left out of this report
+                of = counts.versions[version] = VersionCounts()
+            of.requests += 1
+            if status >= 500:
+                of.errors += 1
+            of.buckets[bucket] += 1
 
     @contextlib.contextmanager
     def websocket(self, app: str) -> Iterator[None]:
@@ -178,8 +196,18 @@ class IngressMetrics:
             if sent is None:
                 sent = (0, 0, [0] * len(now[2]))
             buckets = [a - b for a, b in zip(now[2], sent[2], strict=True)]
+            versions = {
+                version: Counted.model_construct(
+                    requests=of.requests, errors=of.errors, buckets=of.buckets
+                )
+                for version, of in counts.versions.items()
+            }
+            counts.versions = {}
             report[app] = AppTraffic.model_construct(  # our own counts: nothing to validate
-                requests=total - sent[0], errors=now[1] - sent[1], buckets=buckets
+                requests=total - sent[0],
+                errors=now[1] - sent[1],
+                buckets=buckets,
+                versions=versions,
             )
         return report
 
@@ -188,6 +216,17 @@ class IngressMetrics:
 
     def cache_miss(self, app: str) -> None:
         (self._counts.get(app) or self.counts(app)).misses += 1
+
+
+class VersionCounts:
+    """One version's answers since the last report (`IngressMetrics.traffic_since_last`)."""
+
+    __slots__ = ("buckets", "errors", "requests")
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.errors = 0
+        self.buckets = [0] * (len(DURATION_BUCKETS) + 1)
 
 
 class AppCounts:
@@ -203,6 +242,7 @@ class AppCounts:
         "phase_buckets",
         "phase_seconds",
         "seconds",
+        "versions",
     )
 
     def __init__(self) -> None:
@@ -219,6 +259,8 @@ class AppCounts:
         self.phase_buckets = [[0] * (len(DURATION_BUCKETS) + 1) for _ in PHASES]
         """Per phase (`PHASES`), like `buckets`."""
         self.phase_seconds = [0.0] * len(PHASES)
+        self.versions: dict[str, VersionCounts] = {}
+        """Per version the requests named, since the last report."""
 
 
 class _Counts(Collector):

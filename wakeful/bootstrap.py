@@ -167,7 +167,13 @@ async def control_plane(
         certs = CertManager(store, sealer, acme, cert_metrics, clock=time.time)
     images = images_of(settings, data_dir, artifact_clock, logins)
     collector.images = images.store
-    deployer = Deployer(store, artifacts, collector=collector, hosts=settings.host_rules())
+    deployer = Deployer(
+        store,
+        artifacts,
+        collector=collector,
+        hosts=settings.host_rules(),
+        windows=activator.version_windows,
+    )
     keeper = StateKeeper(
         store,
         artifacts,

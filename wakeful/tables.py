@@ -171,9 +171,11 @@ def cert_table(certs: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def traffic_table(report: Mapping[str, Any]) -> list[str]:
-    """Each version the app routes: its share, whether it is the active one, its tags."""
+    """Each version the app routes: its share, whether it is the active one, its tags, and
+    while it has a split or tags, each version's figures over the report's window."""
     split: Mapping[str, int] = report["split"]
     active = report["active_version"]
+    figures: Mapping[str, Mapping[str, Any]] = report.get("figures") or {}
     tags: dict[str, list[str]] = {}
     for tag, version in report["tags"].items():
         tags.setdefault(version, []).append(tag)
@@ -183,7 +185,21 @@ def traffic_table(report: Mapping[str, Any]) -> list[str]:
     for version in versions:
         share = split.get(version, 0) if split else (100 if version == active else 0)
         mark = "*" if version == active else " "
-        rows.append(
-            [f"{mark} {version}", f"{share}%", ", ".join(sorted(tags.get(version, []))) or "-"]
-        )
-    return table(["VERSION", "SHARE", "TAGS"], rows)
+        row = [f"{mark} {version}", f"{share}%", ", ".join(sorted(tags.get(version, []))) or "-"]
+        if figures:
+            seen = figures.get(version)
+            if seen is None or not seen["requests"]:
+                row += ["-", "-", "-"]
+            else:
+                p99 = seen["p99_ms"]
+                row += [
+                    f"{seen['requests_per_s']:g}",
+                    f"{seen['error_ratio']:.1%}",
+                    "-" if p99 is None else f"{p99:g} ms",
+                ]
+        rows.append(row)
+    headers = ["VERSION", "SHARE", "TAGS"]
+    if figures:
+        seconds = report.get("window_seconds", 60)
+        headers += [f"REQ/S ({seconds:g} s)", "5XX", "P99"]
+    return table(headers, rows)

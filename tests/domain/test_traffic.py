@@ -68,3 +68,24 @@ def test_a_report_is_checked_before_it_is_counted() -> None:
         AppTraffic(requests=1, buckets=[1])
     with pytest.raises(ValueError, match="requests"):
         AppTraffic(requests=-1, buckets=counts(b1=1))
+
+
+def test_a_window_sums_the_slots_that_end_after_its_start() -> None:
+    ring = TrafficRing()
+    for at, errors in ((0.0, 0), (15.0, 1), (25.0, 2)):
+        ring.add("web/v2", AppTraffic(requests=10, errors=errors, buckets=counts(b5=10)), at)
+    requests, errors, buckets = ring.window("web/v2", 29.0, 10.0)  # slots from 10 s on
+    assert (requests, errors, buckets) == (20, 3, counts(b5=20))
+    assert ring.window("web/v2", 29.0, 100.0)[0] == 30
+    assert ring.window("web/v9", 29.0, 100.0) == (0, 0, [0] * BUCKETS)
+    ring.keep({"web"})
+    assert ring.window("web/v2", 29.0, 100.0)[0] == 0  # a version not kept is forgotten
+
+
+def test_a_report_names_at_most_64_versions_of_an_app() -> None:
+    one = {"requests": 1, "buckets": counts(b1=1)}
+    versions = {f"v{n}": one for n in range(65)}
+    with pytest.raises(ValueError, match="at most 64"):
+        AppTraffic.model_validate({**one, "versions": versions})
+    with pytest.raises(ValueError, match="pattern"):
+        AppTraffic.model_validate({**one, "versions": {"Bad/Name": one}})

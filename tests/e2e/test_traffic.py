@@ -5,6 +5,7 @@ sees no failed request."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -93,19 +94,13 @@ async def test_a_canary_a_tag_and_a_promotion_with_no_failed_request(tmp_path: P
             (app / "VERSION").write_text("2\n")
             said = await wakeful(up, "deploy", str(app), "--canary", "10")
             assert "web v2 takes 10% beside v1" in said
-            shown = await wakeful(up, "traffic", "web")
-            assert shown.split() == [
-                "VERSION",
-                "SHARE",
-                "TAGS",
-                "*",
-                "v1",
-                "90%",
-                "-",
-                "v2",
-                "10%",
-                "-",
+            shown = (await wakeful(up, "traffic", "web")).splitlines()
+            assert shown[0].split()[:3] == ["VERSION", "SHARE", "TAGS"]
+            assert [line.replace("*", " ").split()[:3] for line in shown[1:]] == [
+                ["v1", "90%", "-"],
+                ["v2", "10%", "-"],
             ]
+            assert shown[1].startswith("* v1")
 
             got: Counter[str] = Counter()
 
@@ -119,6 +114,18 @@ async def test_a_canary_a_tag_and_a_promotion_with_no_failed_request(tmp_path: P
             # One ingress spreads a split exactly (the prober's requests are among its
             # picks too, so these 1,000 are within a few of it).
             assert 90 <= got["2"] <= 110 and got["1"] + got["2"] == 1000, got
+            # Each version's figures, from the ingress's reports (every ~2 s).
+            with anyio.fail_after(30):
+                for _ in range(300):
+                    figures = json.loads(await wakeful(up, "traffic", "web", "--json"))["figures"]
+                    if sum(f["requests"] for f in figures.values()) >= 1000:
+                        break
+                    await anyio.sleep(0.1)
+            share = figures["v2"]["requests"] / (
+                figures["v1"]["requests"] + figures["v2"]["requests"]
+            )
+            assert 0.08 < share < 0.12, figures
+            assert figures["v2"]["error_ratio"] == 0 and figures["v2"]["p99_ms"] > 0
 
             # A tag reaches v2 at 0%, which then goes to zero and wakes through its tag.
             await wakeful(up, "tag", "web", "v2", "beta")

@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry
 
 from wakeful.domain.leases import AppFailedToBoot, LeaseGrant, NoCapacity, Overloaded, UnknownApp
 from wakeful.domain.models import App
+from wakeful.domain.traffic import AppTraffic
 from wakeful.ingress.cache import CachedLease, pick, plan
 from wakeful.ingress.edge import answer_for
 from wakeful.ingress.errors import (
@@ -396,6 +397,30 @@ def test_request_ids_are_32_hex_digits_and_never_repeat_across_refills() -> None
     ids = [new_request_id() for _ in range(2000)]  # ~8 refills
     assert len(set(ids)) == len(ids)
     assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+
+
+def test_each_version_s_answers_go_in_the_next_report_and_only_in_it() -> None:
+    """Issue 39: the report carries each version's answers since the last report, beside
+    the app's; a version past the bound of a report is left out, the app still counted."""
+    metrics = IngressMetrics(CollectorRegistry())
+    for status, version in ((200, "v1"), (200, "v1"), (503, "v2"), (200, None)):
+        metrics.answered("web", status, 0.003, version)
+    report = metrics.traffic_since_last()["web"]
+    assert (report.requests, report.errors) == (4, 1)
+    assert {v: (c.requests, c.errors) for v, c in report.versions.items()} == {
+        "v1": (2, 0),
+        "v2": (1, 1),
+    }
+    assert report.versions["v1"].buckets[2] == 2 == sum(report.versions["v1"].buckets)  # 2.5-5 ms
+    metrics.answered("web", 200, 0.003, "v2")
+    assert {v: c.requests for v, c in metrics.traffic_since_last()["web"].versions.items()} == {
+        "v2": 1
+    }
+    for n in range(70):
+        metrics.answered("web", 200, 0.003, f"v{n}")
+    report = metrics.traffic_since_last()["web"]
+    assert report.requests == 70 and len(report.versions) == 64
+    AppTraffic.model_validate(report.model_dump())  # what the activator takes
 
 
 def test_answers_are_counted_by_class_and_duration_as_prometheus_would() -> None:

@@ -30,8 +30,8 @@ MAX_APPS_PER_REPORT = 500
 """Apps in one report operation (the ingress splits a larger report)."""
 
 
-class AppTraffic(BaseModel):
-    """One app's answers in one report (or one slot)."""
+class Counted(BaseModel):
+    """Answers counted in one report (or one slot): of an app, or of one of its versions."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -40,6 +40,19 @@ class AppTraffic(BaseModel):
     """Of which 5xx."""
     buckets: list[Annotated[int, Field(ge=0, le=1 << 40)]] = Field(
         min_length=BUCKETS, max_length=BUCKETS
+    )
+
+
+MAX_VERSIONS_PER_REPORT = 64
+"""Versions of one app in one report (a split names at most 16, tags at most 32)."""
+
+
+class AppTraffic(Counted):
+    """One app's answers in one report, and the same per version the requests named (the
+    activator keeps those of apps with a split or tags: issue 39)."""
+
+    versions: dict[Annotated[str, StringConstraints(pattern=NAME_PATTERN)], Counted] = Field(
+        default_factory=dict, max_length=MAX_VERSIONS_PER_REPORT
     )
 
 
@@ -98,7 +111,7 @@ class TrafficRing:
                 del ring[old]
         return slot
 
-    def add(self, app: str, traffic: AppTraffic, now: float) -> None:
+    def add(self, app: str, traffic: Counted, now: float) -> None:
         slot = self._slot(app, now)
         slot.requests += traffic.requests
         slot.errors += traffic.errors
@@ -120,9 +133,25 @@ class TrafficRing:
         return sum(slot.requests for slot in self._apps.get(app, {}).values())
 
     def keep(self, apps: set[str]) -> None:
-        """Forget apps not in `apps` (deleted): the ring stays as large as the apps are many."""
+        """Forget apps not in `apps` (deleted), and versions (`app/version` keys) not in it
+        either: the ring stays as large as the apps and their routed versions are many."""
         for app in [a for a in self._apps if a not in apps]:
             del self._apps[app]
+
+    def window(self, key: str, now: float, seconds: float) -> tuple[int, int, list[int]]:
+        """Requests, 5xx answers and duration buckets of `key` over the slots that end
+        after `now - seconds` (whole slots: up to one slot more than `seconds`)."""
+        first = math.floor((now - seconds) / self._step)
+        requests = errors = 0
+        buckets = [0] * BUCKETS
+        for index, slot in self._apps.get(key, {}).items():
+            if index >= first:
+                requests += slot.requests
+                errors += slot.errors
+                if slot.buckets is not None:
+                    for at, count in enumerate(slot.buckets):
+                        buckets[at] += count
+        return requests, errors, buckets
 
     def series(self, app: str, now: float) -> dict[str, Any]:
         """The app's last `SLOTS` slots, oldest first, ending with the one `now` is in:
