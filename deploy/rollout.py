@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 class Phase(StrEnum):
     UNCHANGED = "unchanged"
     ROLLING = "rolling"
+    RAMPING = "ramping"
     LIVE = "live"
     FAILED = "failed"
 
@@ -53,6 +54,11 @@ class Rollout:
     default_host: bool = True
     started_at: float = 0.0
     canary: int = 0
+    ramp: float = 0.0
+    """Seconds from the first share to 100% (`deploy --ramp`; `deploy/ramp.py`)."""
+    ramp_started_at: float = 0.0
+    stable: str | None = None
+    share: int = 0
 
     def record(self) -> RolloutRecord:
         phase = self.phase.value if self.phase is not Phase.UNCHANGED else "live"
@@ -60,13 +66,17 @@ class Rollout:
             app=self.app,
             version=self.version,
             pool=self.pool,
-            phase=cast(Literal["rolling", "live", "failed"], phase),
+            phase=cast(Literal["rolling", "ramping", "live", "failed"], phase),
             message=self.message[:4000],
             target_ready=self.target_ready,
             hosts=self.hosts,
             default_host=self.default_host,
             started_at=self.started_at,
             canary=self.canary,
+            ramp=self.ramp,
+            ramp_started_at=self.ramp_started_at,
+            stable=self.stable,
+            share=self.share,
         )
 
     @classmethod
@@ -82,6 +92,10 @@ class Rollout:
             default_host=record.default_host,
             started_at=record.started_at,
             canary=record.canary,
+            ramp=record.ramp,
+            ramp_started_at=record.ramp_started_at,
+            stable=record.stable,
+            share=record.share,
         )
 
 
@@ -190,13 +204,15 @@ class RolloutRunner:
             refused = await host_refusal(self._store, claim, self._rules)
             if refused is not None:
                 return await self._abandon(rollout, refused)
-            rollout.message = await self._flip(rollout, rollout.hosts, rollout.default_host)
-        rollout.phase = Phase.LIVE
+            ended = await self._flip(rollout, rollout.hosts, rollout.default_host)
+        for name in ("phase", "message", "ramp_started_at", "stable", "share"):
+            setattr(rollout, name, getattr(ended, name))
         log.info("deployed %s %s", rollout.app, rollout.version, extra={"app": rollout.app})
         return rollout
 
-    async def _flip(self, rollout: Rollout, hosts: list[str], default_host: bool) -> str:
-        """Flip the route (`flipped`); returns what the rollout then says."""
+    async def _flip(self, rollout: Rollout, hosts: list[str], default_host: bool) -> Rollout:
+        """Flip the route (`flipped`); returns the rollout as it then is (live, or ramping
+        from its first share)."""
         for _ in range(20):
             app = await self._store.get(keys.app(rollout.app), App)
             # The version must still exist when the route points at it: an app deleted during
@@ -210,6 +226,17 @@ class RolloutRunner:
                 Require(version.key, version.revision),
             ]
             live = dataclasses.replace(rollout, phase=Phase.LIVE, message=message)
+            stable = app.value.active_version if app is not None else None
+            if rollout.ramp and rollout.version in record.split and stable in record.split:
+                live = dataclasses.replace(
+                    live,
+                    phase=Phase.RAMPING,
+                    ramp_started_at=self._clock(),
+                    stable=stable,
+                    share=record.split[rollout.version],
+                    message=f"{rollout.app} {rollout.version} at {rollout.canary}% beside "
+                    f"{stable}, ramping to 100% over {rollout.ramp:g} s",
+                )
             # How it ended goes with the flip: a record left "rolling" would be resumed,
             # and flipped again, by the next leader.
             ops: list[Put] = [
@@ -227,7 +254,7 @@ class RolloutRunner:
                     ops.append(Put(old.key, old.value.model_copy(update=retired)))
             try:
                 await self._store.txn(require, ops)
-                return message
+                return live
             except Conflict:
                 continue
         raise DeployError(f"could not flip {rollout.app} to {rollout.version}: too many conflicts")

@@ -27,11 +27,14 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
+from prometheus_client import CollectorRegistry
+
 from wakeful.deploy.appdir import AppDefinition
 from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.deploy.collect import ArtifactCollector
 from wakeful.deploy.deletion import Deletion, delete_records
 from wakeful.deploy.errors import DeployError
+from wakeful.deploy.ramp import RampRunner
 from wakeful.deploy.rollback import start_rollback
 from wakeful.deploy.rollout import Phase, Rollout, RolloutRunner, host_refusal, pool_name
 from wakeful.deploy.traffic import Traffic
@@ -84,6 +87,7 @@ class Deployer:
         clock: Callable[[], float] = time.time,
         hosts: HostRules | None = None,
         windows: Callable[[str, float], dict[str, Window]] | None = None,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         """`collector`: deletes the artifacts an app deletion leaves unreferenced (by
         default one with the default grace period, on `clock`). `hosts`: the base domain and
@@ -101,6 +105,8 @@ class Deployer:
         self.windows = windows or (lambda app, seconds: {})
         """What each version of a split or tagged app answered over the last seconds (the
         activator's `version_windows`; none without one)."""
+        self.ramps = RampRunner(store, self.traffic, self.windows, clock=clock, registry=registry)
+        """Carries `--ramp` rollouts on from their first share (`ramp.py`)."""
 
     async def prepare(
         self,
@@ -109,15 +115,19 @@ class Deployer:
         image: ImageRecord | None = None,
         made: str | None = None,
         canary: int = 0,
+        ramp: float = 0.0,
     ) -> Rollout:
         """Validate, then write the new version and its pool (not yet routed). Decided again
         from fresh reads when a record it read changed before its write (a `secrets set` or
         a key rotation touching the app's secrets, another deploy of the app). `canary`: the
-        share (percent) the version takes beside the active one once ready (0: all)."""
+        share (percent) the version takes beside the active one once ready (0: all); `ramp`:
+        seconds over which it then goes to 100% (`ramp.py`), from `canary` or 1%."""
+        if ramp and not canary:
+            canary = 1
         if canary and definition.spec.state is not None:
             raise DeployError(
-                f"{definition.name} is stateful (one writer): a canary would run two versions "
-                "that both write its state; deploy without --canary"
+                f"{definition.name} is stateful (one writer): a canary or a ramp would run two "
+                "versions that both write its state; deploy without --canary and --ramp"
             )
         # Claimed (its grace period starts again) so the collector leaves it alone until the
         # version below references it.
@@ -125,8 +135,8 @@ class Deployer:
             raise DeployError(f"artifact {artifact} was not uploaded")
         for _ in range(PREPARE_ATTEMPTS - 1):
             with contextlib.suppress(Conflict):
-                return await self._prepare(definition, artifact, image, made, canary)
-        return await self._prepare(definition, artifact, image, made, canary)
+                return await self._prepare(definition, artifact, image, made, canary, ramp)
+        return await self._prepare(definition, artifact, image, made, canary, ramp)
 
     async def check(self, definition: AppDefinition) -> None:
         """Refuse what would be refused anyway, before anything slow (an image's pull) is
@@ -160,6 +170,7 @@ class Deployer:
         image: ImageRecord | None,
         made: str | None,
         canary: int = 0,
+        ramp: float = 0.0,
     ) -> Rollout:
         name = definition.name
         secrets = await self._refusal(definition)
@@ -247,6 +258,7 @@ class Deployer:
             default_host=definition.default_host,
             started_at=self._clock(),
             canary=canary,
+            ramp=ramp,
         )
         await self._store.txn(
             [
@@ -265,8 +277,13 @@ class Deployer:
         return rollout
 
     async def roll_out(self, rollout: Rollout) -> Rollout:
-        """`RolloutRunner.run`: to the flip or abandoned, how it ended recorded; never raises."""
-        return await self.runner.run(rollout)
+        """`RolloutRunner.run`: to the flip or abandoned, how it ended recorded; then a ramp
+        from its first share to its end (`RampRunner.run`). Never raises."""
+        if rollout.phase is not Phase.RAMPING:
+            rollout = await self.runner.run(rollout)
+        if rollout.phase is Phase.RAMPING:
+            rollout = await self.ramps.run(rollout)
+        return rollout
 
     async def resume(self) -> list[Rollout]:
         """The rollouts another control plane left under way (it stopped leading): carried on
@@ -275,7 +292,14 @@ class Deployer:
         found = []
         for item in (await self._store.list(keys.ROLLOUTS, RolloutRecord)).items:
             record = item.value
-            if record.phase != "rolling" or (record.app, record.version) in self.rollouts:
+            if (record.app, record.version) in self.rollouts:
+                continue
+            if record.phase == "ramping":  # flipped to its first share: the ramp goes on
+                rollout = self.rollouts[(record.app, record.version)] = Rollout.of(record)
+                log.info("resuming the ramp of %s %s", record.app, record.version)
+                found.append(rollout)
+                continue
+            if record.phase != "rolling":
                 continue
             app = await self._store.get(keys.app(record.app), App)
             active = app.value.active_version if app is not None else None

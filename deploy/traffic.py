@@ -125,21 +125,36 @@ class Traffic:
                     f"{app} {rolling[0]} is rolling out: its flip would undo this change; "
                     "wait for it to end (wakeful status)"
                 )
-            listed = (await self._store.list(keys.versions_of(app), Version)).items
-            versions = {item.value.version: item for item in listed}
+            versions = await self.versions(app)
             after = await change(found.value, versions)
             if after == found.value:
                 return after
-            require, ops = await self._pools(found.value, after, versions)
             try:
-                await self._store.txn(
-                    [Require(found.key, found.revision), *require],
-                    [Put(found.key, after), *ops],
-                )
+                await self.write(found, after, versions)
             except Conflict:
                 continue
             return after
         raise DeployError(f"{app} changed too often meanwhile: try again")
+
+    async def versions(self, app: str) -> dict[str, Item[Version]]:
+        listed = (await self._store.list(keys.versions_of(app), Version)).items
+        return {item.value.version: item for item in listed}
+
+    async def write(
+        self,
+        found: Item[App],
+        after: App,
+        versions: dict[str, Item[Version]],
+        also: Sequence[Put] = (),
+        requires: Sequence[Require] = (),
+    ) -> None:
+        """`after` in place of the app's record as `found`, with the pool writes it needs
+        and `also`, in one transaction; `Conflict` when anything read changed meanwhile."""
+        require, ops = await self._pools(found.value, after, versions)
+        await self._store.txn(
+            [Require(found.key, found.revision), *require, *requires],
+            [Put(found.key, after), *ops, *also],
+        )
 
     async def _pools(
         self, before: App, after: App, versions: dict[str, Item[Version]]

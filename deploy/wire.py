@@ -59,6 +59,8 @@ class DeployRequest(BaseModel):
     """How the version was made (a Containerfile, a stack): `wakeful versions` shows it."""
     canary: int = Field(default=0, ge=0, le=99)
     """`--canary N`: once ready the version takes N% beside the active one (0: all)."""
+    ramp: float = Field(default=0.0, ge=0, le=7 * 86400)
+    """`--ramp`: seconds from the first share (the canary's, or 1%) to 100% (0: none)."""
 
 
 class RolloutReport(BaseModel):

@@ -173,6 +173,7 @@ async def control_plane(
         collector=collector,
         hosts=settings.host_rules(),
         windows=activator.version_windows,
+        registry=registry,
     )
     keeper = StateKeeper(
         store,

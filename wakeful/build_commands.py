@@ -35,6 +35,7 @@ def deploy_built(
     *,
     environment: BuildEnvironment | None = None,
     canary: int = 0,
+    ramp: float = 0.0,
     pause: Pause = time.sleep,
 ) -> int:
     """`app_dir` built here, its image sent or pushed, then deployed (`canary`: its share
@@ -45,7 +46,7 @@ def deploy_built(
     if built.pushed is not None:
         definition = pushed_definition(app_dir, built.pushed)
         report = api.start_deploy(
-            definition.model_dump(mode="json"), None, made=built.made, canary=canary
+            definition.model_dump(mode="json"), None, made=built.made, canary=canary, ramp=ramp
         )
         return follow_rollout(api, report, pause)
     assert built.layout is not None and built.manifest is not None
@@ -68,6 +69,7 @@ def deploy_built(
         image_manifest=built.manifest,
         made=built.made,
         canary=canary,
+        ramp=ramp,
     )
     return follow_rollout(api, report, pause)
 

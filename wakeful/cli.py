@@ -53,7 +53,7 @@ from wakeful.domain.shown import shown
 from . import build_commands, commands
 from .commands import RUNTIME, USAGE, CliError
 from .datadir import CONTROL_FILE
-from .deploy.appdir import AppDir, image_definition
+from .deploy.appdir import AppDir, image_definition, parse_duration
 from .domain.stacks import BUILT_KINDS
 from .pieces import (
     cmd_activator,
@@ -114,6 +114,13 @@ def _canary(value: str) -> int:
     return int(value)
 
 
+def _ramp(value: str) -> float:
+    seconds = parse_duration(value)
+    if not isinstance(seconds, float) or not 1 <= seconds <= 7 * 86400:
+        raise argparse.ArgumentTypeError(f"{value!r}: a duration from 1s to 168h, such as 10m")
+    return seconds
+
+
 def cmd_deploy(args: argparse.Namespace) -> int:
     if args.image is not None:
         if args.app_dir is not None or args.name is None:
@@ -129,12 +136,12 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         (app_dir,) = load_apps([args.app_dir])  # a bad directory is a usage error, found first
     if args.dry_run:
         return build_commands.dry_run(app_dir)
-    canary = args.canary
+    canary, ramp = args.canary, args.ramp
     if app_dir.plan.kind in BUILT_KINDS:
-        return _remote(lambda api, _: build_commands.deploy_built(api, app_dir, canary=canary))(
-            args
-        )
-    return _remote(lambda api, _: commands.deploy(api, app_dir, canary=canary))(args)
+        return _remote(
+            lambda api, _: build_commands.deploy_built(api, app_dir, canary=canary, ramp=ramp)
+        )(args)
+    return _remote(lambda api, _: commands.deploy(api, app_dir, canary=canary, ramp=ramp))(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -193,6 +200,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PERCENT",
         help="once ready, the new version takes PERCENT (1-99) of the traffic beside the "
         "active one, and holds there: wakeful promote APP, or wakeful rollback APP",
+    )
+    deploy.add_argument(
+        "--ramp",
+        type=_ramp,
+        default=0.0,
+        metavar="DURATION",
+        help="once ready, the new version takes 1%% (or --canary's share), then goes to 100%% "
+        "in equal steps over DURATION (10m, 1h); rolled back by itself if it answers worse "
+        "than the active one ([rollout] in wakeful.toml)",
     )
     deploy.set_defaults(func=cmd_deploy)
 

@@ -85,7 +85,12 @@ def say_json(value: Any, indent: int | None = None) -> None:
 
 
 def deploy(
-    api: ControlClient, app_dir: AppDir, *, canary: int = 0, pause: Pause = time.sleep
+    api: ControlClient,
+    app_dir: AppDir,
+    *,
+    canary: int = 0,
+    ramp: float = 0.0,
+    pause: Pause = time.sleep,
 ) -> int:
     """An app directory: packed and uploaded, then deployed; an image app's directory is not
     packed (its image is its files), an archive it names is uploaded instead (a directory to
@@ -102,7 +107,9 @@ def deploy(
         archive = api.put_image_archive(app_dir.archive)
     if image is not None and archive is None:
         say(f"pulling {image}")
-    report = api.start_deploy(definition.model_dump(mode="json"), digest, archive, canary=canary)
+    report = api.start_deploy(
+        definition.model_dump(mode="json"), digest, archive, canary=canary, ramp=ramp
+    )
     return follow_rollout(api, report, pause)
 
 
@@ -117,7 +124,7 @@ def follow_rollout(api: ControlClient, report: dict[str, Any], pause: Pause) -> 
     say(report["message"], indent=True)
     last = report["message"]
     away = 0
-    while report["phase"] == "rolling":
+    while report["phase"] in ("rolling", "ramping"):
         pause(POLL)
         try:
             report = api.rollout(report["app"], report["version"])

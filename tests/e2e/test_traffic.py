@@ -21,13 +21,17 @@ APP = """\
 import os
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-VERSION = open(os.path.join(os.path.dirname(__file__), "VERSION")).read().strip()
+HERE = os.path.dirname(__file__)
+VERSION = open(os.path.join(HERE, "VERSION")).read().strip()
+FAILING = os.path.exists(os.path.join(HERE, "FAIL"))  # then 3 of every 10 answers are 500s
+COUNT = [0]
 
 
 class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         body = VERSION.encode()
-        self.send_response(200)
+        COUNT[0] += 1
+        self.send_response(500 if FAILING and COUNT[0] % 10 < 3 else 200)
         self.send_header("content-length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -49,6 +53,7 @@ def versioned_app(root: Path) -> Path:
         'name = "web"\ncommand = ["python3", "app.py"]\nshutdown_timeout = 5\n'
         '[health]\npath = "/"\ntimeout = 20\n'
         '[concurrency]\nrequests_per_instance = 20\nscale_down_delay = "5s"\n'
+        "[rollout]\nmin_requests = 20\n"
     )
     return app
 
@@ -150,3 +155,54 @@ async def test_a_canary_a_tag_and_a_promotion_with_no_failed_request(tmp_path: P
     finally:
         stop_up(up)
     assert failed == []
+
+
+async def test_a_failing_ramp_rolls_back_by_itself_and_a_healthy_one_reaches_100(
+    tmp_path: Path,
+) -> None:
+    """`deploy --ramp`: a version answering 500 on 30% of requests is sent back by itself
+    (the command says why and exits 1; the prober sees no 500 after); the next, healthy, goes
+    1% → 100% in steps with no failed request."""
+    app = versioned_app(tmp_path)
+    up = start_up(tmp_path, app)
+    answers: list[tuple[float, int, str]] = []
+    try:
+        async with (
+            httpx.AsyncClient(base_url=up.proxy, timeout=60) as http,
+            anyio.create_task_group() as probing,
+        ):
+            web = {"Host": "web.localhost"}
+            assert (await http.get("/", headers=web)).text == "1"
+
+            async def probe() -> None:
+                while True:
+                    answer = await http.get("/", headers=web)
+                    answers.append((anyio.current_time(), answer.status_code, answer.text))
+                    await anyio.sleep(0.01)
+
+            for _ in range(4):
+                probing.start_soon(probe)
+
+            (app / "VERSION").write_text("2\n")
+            (app / "FAIL").write_text("")
+            done = await cli_async(up, "deploy", str(app), "--ramp", "60s", "--canary", "20")
+            ended = anyio.current_time()
+            assert done.returncode == 1, done.stdout + done.stderr
+            assert "web v2 rolled back at 20%: 5xx on" in done.stdout, done.stdout
+            await anyio.sleep(3)
+            late = [a for a in answers if a[0] > ended + 0.5]
+            assert late and all(status == 200 and text == "1" for _, status, text in late)
+
+            (app / "VERSION").write_text("3\n")
+            (app / "FAIL").unlink()
+            start = len(answers)
+            said = await wakeful(up, "deploy", str(app), "--ramp", "12s")
+            assert "web v3 is live: the ramp reached 100%" in said, said
+            during = answers[start:]
+            assert all(status == 200 for _, status, _ in during), [a for a in during if a[1] != 200]
+            assert {text for _, _, text in during} == {"1", "3"}
+            for _ in range(20):
+                assert (await http.get("/", headers=web)).text == "3"
+            probing.cancel_scope.cancel()
+    finally:
+        stop_up(up)

@@ -152,6 +152,7 @@ class ControlClient:
         image_manifest: str | None = None,
         made: str | None = None,
         canary: int = 0,
+        ramp: float = 0.0,
     ) -> Any:
         """An image app's deploy pulls its image first: the call may take as long as the
         control plane's pull timeout."""
@@ -162,6 +163,7 @@ class ControlClient:
             "image_manifest": image_manifest,
             "made": made,
             "canary": canary,
+            "ramp": ramp,
         }
         return self._json("POST", "/v1/deploys", json=body, timeout=IMAGE_DEPLOY_TIMEOUT)
 

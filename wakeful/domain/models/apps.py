@@ -181,6 +181,32 @@ class StateSpec(Model):
         return path
 
 
+class RolloutRules(Model):
+    """`[rollout]` in wakeful.toml: when a ramping version is rolled back by itself (issue
+    39; `wakeful.domain.split.verdict`), compared with the stable version over the same
+    window."""
+
+    max_error_ratio: float = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description="how far the new version's 5xx share may exceed the stable version's "
+        "(0.05: 5 points)",
+    )
+    max_p99_ratio: float = Field(
+        default=2.0,
+        ge=1,
+        le=1000,
+        description="how many times the stable version's p99 the new version's may reach",
+    )
+    min_requests: int = Field(
+        default=50,
+        ge=1,
+        le=1_000_000,
+        description="the new version's requests in a window below which nothing is decided",
+    )
+
+
 MADE = r"^[A-Za-z0-9][A-Za-z0-9 ()+._/:-]{0,119}$"
 """How a version was made, in words (`stack node (package.json + package-lock.json)`)."""
 IMAGE_REF = r"^(oci-archive:|docker-archive:)?[^\s]+$"
@@ -216,6 +242,7 @@ class AppSpec(Model):
     shutdown_timeout: float = Field(default=10.0, gt=0, le=3600)
     activation_timeout: float = Field(default=120.0, gt=0, le=3600)
     state: StateSpec | None = None
+    rollout: RolloutRules = Field(default_factory=RolloutRules)
     server_timing: bool = Field(default=False, strict=True)
     """Answers carry `Server-Timing` (queue, wake, upstream): it tells anyone whether the app
     was asleep, so it is off unless the app, or the ingress as a whole, turns it on."""

@@ -24,7 +24,7 @@ class RolloutRecord(Model):
     app: Name
     version: Name
     pool: str
-    phase: Literal["rolling", "live", "failed"]
+    phase: Literal["rolling", "ramping", "live", "failed"]
     message: str = Field(default="", max_length=4000)
     target_ready: int = Field(default=0, ge=0)
     hosts: list[str] = Field(default_factory=list)
@@ -34,6 +34,17 @@ class RolloutRecord(Model):
     canary: int = Field(default=0, ge=0, le=99)
     """`deploy --canary N`: once ready, the version takes N% beside the active one instead
     of all traffic (0: a full rollout)."""
+    ramp: float = Field(default=0.0, ge=0, le=7 * 86400)
+    """`deploy --ramp`: seconds over which the version goes from its first share to 100%
+    (0: none). While it runs the phase is `ramping`."""
+    ramp_started_at: float = 0.0
+    """Wall-clock time the ramp's first share was written: its steps run from here, whoever
+    leads."""
+    stable: Name | None = None
+    """The version the ramp moves traffic from, and returns it to on a rollback."""
+    share: int = Field(default=0, ge=0, le=100)
+    """The new version's share as the ramp last wrote it: another share in the app's split
+    means someone changed it by hand, which ends the ramp."""
 
 
 class SessionKey(Model):
