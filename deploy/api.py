@@ -290,7 +290,13 @@ def deploy_router(
                     image, body.image_archive, body.image_manifest, body.definition.name
                 )
             rollout = await deployer.prepare(
-                body.definition, body.artifact, record, body.made, body.canary, body.ramp
+                body.definition,
+                body.artifact,
+                record,
+                body.made,
+                body.canary,
+                body.ramp,
+                body.keep_split,
             )
         except (DeployError, ImageRefused) as exc:
             raise bad(400, "deploy refused", str(exc)) from exc

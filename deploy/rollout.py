@@ -54,6 +54,7 @@ class Rollout:
     default_host: bool = True
     started_at: float = 0.0
     canary: int = 0
+    keep_split: bool = False
     ramp: float = 0.0
     """Seconds from the first share to 100% (`deploy --ramp`; `deploy/ramp.py`)."""
     ramp_started_at: float = 0.0
@@ -73,6 +74,7 @@ class Rollout:
             default_host=self.default_host,
             started_at=self.started_at,
             canary=self.canary,
+            keep_split=self.keep_split,
             ramp=self.ramp,
             ramp_started_at=self.ramp_started_at,
             stable=self.stable,
@@ -92,6 +94,7 @@ class Rollout:
             default_host=record.default_host,
             started_at=record.started_at,
             canary=record.canary,
+            keep_split=record.keep_split,
             ramp=record.ramp,
             ramp_started_at=record.ramp_started_at,
             stable=record.stable,
@@ -116,6 +119,14 @@ def flipped(
         return fresh, f"{rollout.app} {rollout.version} is live"
     app = app.model_copy(update={"hosts": hosts, "default_host": default_host})
     active = app.active_version
+    if rollout.keep_split and active is not None and active != rollout.version:
+        shares = {**(app.split or {active: 100}), rollout.version: 0}
+        kept = ", ".join(f"{v} {share}%" for v, share in shares.items() if share)
+        message = (
+            f"{rollout.app} {rollout.version} is deployed at 0%; the split stays ({kept}): "
+            f"wakeful traffic {rollout.app} ..., wakeful tag {rollout.app} {rollout.version} TAG"
+        )
+        return app.model_copy(update={"split": shares}), message
     if rollout.canary and active is not None and active != rollout.version:
         shares = {active: 100 - rollout.canary, rollout.version: rollout.canary}
         message = (

@@ -116,18 +116,23 @@ class Deployer:
         made: str | None = None,
         canary: int = 0,
         ramp: float = 0.0,
+        keep_split: bool = False,
     ) -> Rollout:
         """Validate, then write the new version and its pool (not yet routed). Decided again
         from fresh reads when a record it read changed before its write (a `secrets set` or
         a key rotation touching the app's secrets, another deploy of the app). `canary`: the
         share (percent) the version takes beside the active one once ready (0: all); `ramp`:
-        seconds over which it then goes to 100% (`ramp.py`), from `canary` or 1%."""
+        seconds over which it then goes to 100% (`ramp.py`), from `canary` or 1%;
+        `keep_split`: it joins the route at 0%, the split as it is (none of the others)."""
+        if keep_split and (canary or ramp):
+            raise DeployError("--keep-split keeps the split as it is: give no --canary or --ramp")
         if ramp and not canary:
             canary = 1
-        if canary and definition.spec.state is not None:
+        if (canary or keep_split) and definition.spec.state is not None:
             raise DeployError(
-                f"{definition.name} is stateful (one writer): a canary or a ramp would run two "
-                "versions that both write its state; deploy without --canary and --ramp"
+                f"{definition.name} is stateful (one writer): a canary, a ramp or a kept split "
+                "would route two versions that both write its state; deploy without --canary, "
+                "--ramp and --keep-split"
             )
         # Claimed (its grace period starts again) so the collector leaves it alone until the
         # version below references it.
@@ -135,8 +140,10 @@ class Deployer:
             raise DeployError(f"artifact {artifact} was not uploaded")
         for _ in range(PREPARE_ATTEMPTS - 1):
             with contextlib.suppress(Conflict):
-                return await self._prepare(definition, artifact, image, made, canary, ramp)
-        return await self._prepare(definition, artifact, image, made, canary, ramp)
+                return await self._prepare(
+                    definition, artifact, image, made, canary, ramp, keep_split
+                )
+        return await self._prepare(definition, artifact, image, made, canary, ramp, keep_split)
 
     async def check(self, definition: AppDefinition) -> None:
         """Refuse what would be refused anyway, before anything slow (an image's pull) is
@@ -171,6 +178,7 @@ class Deployer:
         made: str | None,
         canary: int = 0,
         ramp: float = 0.0,
+        keep_split: bool = False,
     ) -> Rollout:
         name = definition.name
         secrets = await self._refusal(definition)
@@ -226,6 +234,9 @@ class Deployer:
             share = -(-old_running * canary // 100)
             size = max(definition.spec.concurrency.min_instances, share)
             target = min(old_running, max(share, 1))
+        elif keep_split and old_pool is not None:  # checked ready on one, then at 0%
+            size = max(definition.spec.concurrency.min_instances, 1)
+            target = min(old_running, 1)
         size = min(size, definition.spec.concurrency.max_instances)
         record = Version(
             app=name,
@@ -259,6 +270,7 @@ class Deployer:
             started_at=self._clock(),
             canary=canary,
             ramp=ramp,
+            keep_split=keep_split,
         )
         await self._store.txn(
             [

@@ -60,6 +60,8 @@ class DeployRequest(BaseModel):
     canary: int = Field(default=0, ge=0, le=99)
     """`--canary N`: once ready the version takes N% beside the active one (0: all)."""
     ramp: float = Field(default=0.0, ge=0, le=7 * 86400)
+    keep_split: bool = False
+    """`--keep-split`: the version joins the route at 0%, the split as it is."""
     """`--ramp`: seconds from the first share (the canary's, or 1%) to 100% (0: none)."""
 
 

@@ -36,6 +36,7 @@ def deploy_built(
     environment: BuildEnvironment | None = None,
     canary: int = 0,
     ramp: float = 0.0,
+    keep_split: bool = False,
     pause: Pause = time.sleep,
 ) -> int:
     """`app_dir` built here, its image sent or pushed, then deployed (`canary`: its share
@@ -46,7 +47,12 @@ def deploy_built(
     if built.pushed is not None:
         definition = pushed_definition(app_dir, built.pushed)
         report = api.start_deploy(
-            definition.model_dump(mode="json"), None, made=built.made, canary=canary, ramp=ramp
+            definition.model_dump(mode="json"),
+            None,
+            made=built.made,
+            canary=canary,
+            ramp=ramp,
+            keep_split=keep_split,
         )
         return follow_rollout(api, report, pause)
     assert built.layout is not None and built.manifest is not None
@@ -70,6 +76,7 @@ def deploy_built(
         made=built.made,
         canary=canary,
         ramp=ramp,
+        keep_split=keep_split,
     )
     return follow_rollout(api, report, pause)
 

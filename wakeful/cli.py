@@ -136,12 +136,12 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         (app_dir,) = load_apps([args.app_dir])  # a bad directory is a usage error, found first
     if args.dry_run:
         return build_commands.dry_run(app_dir)
-    canary, ramp = args.canary, args.ramp
+    if args.keep_split and (args.canary or args.ramp):
+        raise CliError("deploy --keep-split keeps the split as it is: give no --canary or --ramp")
+    how = {"canary": args.canary, "ramp": args.ramp, "keep_split": args.keep_split}
     if app_dir.plan.kind in BUILT_KINDS:
-        return _remote(
-            lambda api, _: build_commands.deploy_built(api, app_dir, canary=canary, ramp=ramp)
-        )(args)
-    return _remote(lambda api, _: commands.deploy(api, app_dir, canary=canary, ramp=ramp))(args)
+        return _remote(lambda api, _: build_commands.deploy_built(api, app_dir, **how))(args)
+    return _remote(lambda api, _: commands.deploy(api, app_dir, **how))(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -209,6 +209,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="once ready, the new version takes 1%% (or --canary's share), then goes to 100%% "
         "in equal steps over DURATION (10m, 1h); rolled back by itself if it answers worse "
         "than the active one ([rollout] in wakeful.toml)",
+    )
+    deploy.add_argument(
+        "--keep-split",
+        action="store_true",
+        help="once ready, the new version joins at 0%% and the split (or the active "
+        "version's 100%%) stays as it is: send it traffic with wakeful traffic or a tag",
     )
     deploy.set_defaults(func=cmd_deploy)
 

@@ -90,6 +90,7 @@ def deploy(
     *,
     canary: int = 0,
     ramp: float = 0.0,
+    keep_split: bool = False,
     pause: Pause = time.sleep,
 ) -> int:
     """An app directory: packed and uploaded, then deployed; an image app's directory is not
@@ -108,7 +109,12 @@ def deploy(
     if image is not None and archive is None:
         say(f"pulling {image}")
     report = api.start_deploy(
-        definition.model_dump(mode="json"), digest, archive, canary=canary, ramp=ramp
+        definition.model_dump(mode="json"),
+        digest,
+        archive,
+        canary=canary,
+        ramp=ramp,
+        keep_split=keep_split,
     )
     return follow_rollout(api, report, pause)
 

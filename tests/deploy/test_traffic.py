@@ -53,11 +53,13 @@ async def routable(store: Store, sandbox_id: str, pool: str) -> None:
     )
 
 
-async def deployed(store: Store, n: int, *, canary: int = 0, state: bool = False) -> Phase:
+async def deployed(
+    store: Store, n: int, *, canary: int = 0, state: bool = False, keep_split: bool = False
+) -> Phase:
     """Deploy `web` v`n` and carry its rollout to its end, one sandbox of it serving."""
     definition = AppDefinition(name="web", spec=spec(n, state=state))
     d = deployer(store)
-    rollout = await d.prepare(definition, None, canary=canary)
+    rollout = await d.prepare(definition, None, canary=canary, keep_split=keep_split)
     await routable(store, f"sb-{n}", rollout.pool)
     return (await d.roll_out(rollout)).phase
 
@@ -190,3 +192,22 @@ async def test_a_change_waits_for_a_rollout_under_way() -> None:
         await d.prepare(AppDefinition(name="web", spec=spec(2)), None)  # rolling
         with pytest.raises(DeployError, match="v2 is rolling out"):
             await d.traffic.split("web", ["v1=50", "v2=50"])
+
+
+async def test_a_deploy_that_keeps_the_split_joins_it_at_0_percent() -> None:
+    async with open_store("memory://") as store:
+        await deployed(store, 1)
+        await deployed(store, 2, keep_split=True)  # no split: the active version keeps 100%
+        web = await app(store)
+        assert (web.active_version, web.split) == ("v1", {"v1": 100, "v2": 0})
+        await deployed(store, 3, canary=10)
+        await deployed(store, 4, keep_split=True)
+        web = await app(store)
+        assert (web.active_version, web.split) == ("v1", {"v1": 90, "v3": 10, "v4": 0})
+        assert await serving(store) == {"v1": True, "v2": False, "v3": True, "v4": True}
+        promoted = await deployer(store).traffic.promote("web")  # the newest: v4
+        assert (promoted.active_version, promoted.split) == ("v4", {})
+        with pytest.raises(DeployError, match="give no --canary or --ramp"):
+            await deployer(store).prepare(
+                AppDefinition(name="web", spec=spec(5)), None, canary=5, keep_split=True
+            )

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from tests.support.up import Up, make_app, start_up, stop_up
+from tests.support.up import Up, cli, make_app, start_up, stop_up
 from wakeful.testing import up_command
 
 CHROMIUM = shutil.which("chromium")
@@ -164,5 +164,17 @@ def test_log_in_watch_an_app_wake_and_follow_a_restart(tmp_path: Path, browser: 
         until(browser, lambda d: text(d, row) is not None, "hello after the restart")
         assert browser.execute_script("return window.wakefulNotReloaded") is True
         shot(browser, "after-restart")
+
+        # A canary: the card shows the split, the rollouts what it did (issue 39).
+        app_dir = tmp_path / "hello"
+        (app_dir / "NEW").write_text("v2\n")
+        done = cli(up, "deploy", str(app_dir), "--canary", "10")
+        assert done.returncode == 0, done.stdout + done.stderr
+        split = until(browser, lambda d: text(d, f"{row} .traffic"), "the split on the card")
+        assert split == "split v1 90% · v2 10%"
+        canary = until(
+            browser, lambda d: text(d, '[data-rollout="hello/v2"] .message'), "the canary"
+        )
+        assert "hello v2 takes 10% beside v1" in canary
     finally:
         stop_up(up)

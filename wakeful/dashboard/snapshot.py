@@ -133,6 +133,8 @@ def _apps(
             {
                 "app": record.name,
                 "version": record.active_version,
+                "split": dict(record.split),
+                "tags": dict(record.tags),
                 "hosts": list(record.hosts),
                 "certs": certs.get(record.name, []),
                 "pools": [

@@ -153,6 +153,7 @@ class ControlClient:
         made: str | None = None,
         canary: int = 0,
         ramp: float = 0.0,
+        keep_split: bool = False,
     ) -> Any:
         """An image app's deploy pulls its image first: the call may take as long as the
         control plane's pull timeout."""
@@ -164,6 +165,7 @@ class ControlClient:
             "made": made,
             "canary": canary,
             "ramp": ramp,
+            "keep_split": keep_split,
         }
         return self._json("POST", "/v1/deploys", json=body, timeout=IMAGE_DEPLOY_TIMEOUT)
 

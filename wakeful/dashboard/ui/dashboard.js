@@ -172,6 +172,16 @@ function certLine(certs, at) {
     c.error ? el('span', { class: 'cert-error' }, ` · ${str(c.error)}`) : null)));
 }
 
+function trafficLine(split, tags) {
+  // The app's split (`v7 90% · v8 10%`) and tags (`beta → v8`), when it has any.
+  const shares = Object.entries(split || {}).map(([v, share]) => `${str(v)} ${num(share)}%`);
+  const named = Object.entries(tags || {}).map(([tag, v]) => `${str(tag)} → ${str(v)}`);
+  if (!shares.length && !named.length) return null;
+  return el('p', { class: 'traffic' },
+    shares.length ? el('span', { class: 'split' }, `split ${shares.join(' · ')}`) : null,
+    named.length ? el('span', { class: 'tags muted' }, ` tags ${named.join(', ')}`) : null);
+}
+
 function renderApps(apps, total, at) {
   if (!apps.length) {
     charts.clear();
@@ -194,6 +204,7 @@ function renderApps(apps, total, at) {
         active ? el('span', { class: `state st-${token(active.state)}` }, str(active.state)) : null,
         el('span', { class: 'hosts' }, (app.hosts || []).map(str).join(' · '))),
       active ? poolCounts(active, true) : el('p', { class: 'empty' }, 'no pools'),
+      trafficLine(app.split, app.tags),
       wakeLine(app.wakes, at),
       certLine(app.certs, at),
       chart.root,

@@ -34,6 +34,9 @@ class RolloutRecord(Model):
     canary: int = Field(default=0, ge=0, le=99)
     """`deploy --canary N`: once ready, the version takes N% beside the active one instead
     of all traffic (0: a full rollout)."""
+    keep_split: bool = False
+    """`deploy --keep-split`: once ready, the version joins the route at 0% and the split
+    (or the active version's 100%) stays as it is."""
     ramp: float = Field(default=0.0, ge=0, le=7 * 86400)
     """`deploy --ramp`: seconds over which the version goes from its first share to 100%
     (0: none). While it runs the phase is `ramping`."""
