@@ -116,7 +116,12 @@ class RampRunner:
         reason = verdict(
             windows.get(stable, NOTHING),
             windows.get(version, NOTHING),
-            Thresholds(rules.max_error_ratio, rules.max_p99_ratio, rules.min_requests),
+            Thresholds(
+                rules.max_error_ratio,
+                rules.max_p99_ratio,
+                rules.min_requests,
+                rules.min_p99_increase_ms / 1000,
+            ),
         )
         if reason is not None:
             back = with_split(app.value, {stable: 100})

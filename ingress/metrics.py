@@ -138,23 +138,26 @@ class IngressMetrics:
         return Tracker(load)
 
     def answered(self, app: str, status: int, seconds: float, version: str | None = None) -> None:
-        """Count one finished request by status class, and how long it took; and the same
-        for the version it was for, until the next report (`traffic_since_last`)."""
+        """Count one finished request by status class, and how long it took; and for the
+        version it was for, until the next report (`traffic_since_last`), the request and
+        whether it was a 5xx (its duration is the sandbox's: `phases`)."""
         counts = self._counts.get(app) or self.counts(app)
         counts.classes[status // 100] += 1
-        bucket = bisect.bisect_left(DURATION_BUCKETS, seconds)
-        counts.buckets[bucket] += 1
+        counts.buckets[bisect.bisect_left(DURATION_BUCKETS, seconds)] += 1
         counts.seconds += seconds
         if version is not None:
-            of = counts.versions.get(version)
-            if of is None:
-                if len(counts.versions) >= MAX_VERSIONS_PER_REPORT:
-                    return  # more than any app routes at once: left out of this report
-                of = counts.versions[version] = VersionCounts()
-            of.requests += 1
-            if status >= 500:
-                of.errors += 1
-            of.buckets[bucket] += 1
+            of = counts.versions.get(version) or self._version(counts, version)
+            if of is not None:
+                of.requests += 1
+                if status >= 500:
+                    of.errors += 1
+
+    @staticmethod
+    def _version(counts: AppCounts, version: str) -> VersionCounts | None:
+        if len(counts.versions) >= MAX_VERSIONS_PER_REPORT:
+            return None  # more than any app routes at once: left out of this report
+        of = counts.versions[version] = VersionCounts()
+        return of
 
     @contextlib.contextmanager
     def websocket(self, app: str) -> Iterator[None]:
@@ -166,13 +169,23 @@ class IngressMetrics:
         finally:
             gauge.dec()
 
-    def phases(self, app: str, queue: float, wake: float, upstream: float) -> None:
-        """One proxied request's phases (`PHASES`); `wake` only when it woke its app."""
+    def phases(
+        self, app: str, queue: float, wake: float, upstream: float, version: str | None = None
+    ) -> None:
+        """One proxied request's phases (`PHASES`); `wake` only when it woke its app. The
+        upstream phase (the sandbox's time to the answer's head) is also the version's
+        duration: what a ramp's verdict compares, so that a wait for a lease, a wake or a
+        new leader is never read as a slower version."""
         counts = self._counts.get(app) or self.counts(app)
         buckets = counts.phase_buckets
         # A cached lease (most requests) waited 0: the first bucket, no search.
         buckets[0][bisect.bisect_left(DURATION_BUCKETS, queue) if queue else 0] += 1
-        buckets[2][bisect.bisect_left(DURATION_BUCKETS, upstream)] += 1
+        bucket = bisect.bisect_left(DURATION_BUCKETS, upstream)
+        buckets[2][bucket] += 1
+        if version is not None:
+            of = counts.versions.get(version) or self._version(counts, version)
+            if of is not None:
+                of.buckets[bucket] += 1
         seconds = counts.phase_seconds
         seconds[0] += queue
         seconds[2] += upstream

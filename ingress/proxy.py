@@ -203,7 +203,7 @@ class Proxy:
                     self.count_error(app, exc)
                 raise
             upstream = time.perf_counter() - sent
-            self._metrics.phases(app, queued, woke, upstream)
+            self._metrics.phases(app, queued, woke, upstream, version)
             if waited:
                 trace.mark("answered", app)
             try:

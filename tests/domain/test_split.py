@@ -144,6 +144,8 @@ RULES = Thresholds(max_error_ratio=0.05, max_p99_ratio=2.0, min_requests=50)
         pytest.param(Window(1000, 0, 0.1), Window(100, 5, 0.1), None, id="5 points: not more"),
         pytest.param(Window(1000, 0, 0.1), Window(100, 0, 0.25), "p99 250 ms", id="p99 only"),
         pytest.param(Window(1000, 0, 0.1), Window(100, 0, 0.19), None, id="p99 under 2x"),
+        pytest.param(Window(1000, 0, 0.004), Window(100, 0, 0.01), None, id="p99 2.5x by 6 ms"),
+        pytest.param(Window(1000, 0, 0.004), Window(100, 0, 0.03), "p99 30 ms", id="by 26 ms"),
         pytest.param(Window(0, 0, 0.0), Window(100, 0, 5.0), None, id="no stable traffic: p99"),
     ],
 )

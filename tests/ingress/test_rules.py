@@ -401,10 +401,14 @@ def test_request_ids_are_32_hex_digits_and_never_repeat_across_refills() -> None
 
 def test_each_version_s_answers_go_in_the_next_report_and_only_in_it() -> None:
     """Issue 39: the report carries each version's answers since the last report, beside
-    the app's; a version past the bound of a report is left out, the app still counted."""
+    the app's, their durations the sandbox's (the upstream phase: a wait for a lease or a wake
+    is not the version's); a version past the bound of a report is left out, the app still
+    counted."""
     metrics = IngressMetrics(CollectorRegistry())
     for status, version in ((200, "v1"), (200, "v1"), (503, "v2"), (200, None)):
-        metrics.answered("web", status, 0.003, version)
+        if status == 200:
+            metrics.phases("web", 2.0, 1.5, 0.003, version)  # waited 2 s, 3 ms upstream
+        metrics.answered("web", status, 2.003, version)
     report = metrics.traffic_since_last()["web"]
     assert (report.requests, report.errors) == (4, 1)
     assert {v: (c.requests, c.errors) for v, c in report.versions.items()} == {
@@ -412,6 +416,7 @@ def test_each_version_s_answers_go_in_the_next_report_and_only_in_it() -> None:
         "v2": (1, 1),
     }
     assert report.versions["v1"].buckets[2] == 2 == sum(report.versions["v1"].buckets)  # 2.5-5 ms
+    assert sum(report.versions["v2"].buckets) == 0  # it never reached a sandbox
     metrics.answered("web", 200, 0.003, "v2")
     assert {v: c.requests for v, c in metrics.traffic_since_last()["web"].versions.items()} == {
         "v2": 1

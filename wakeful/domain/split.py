@@ -14,8 +14,8 @@ Rules:
   1% alone, or from the canary's share, in steps of at most `MAX_STEP` points.
 - **A verdict** (`verdict`): over the same window, the new version is rolled back when its 5xx
   share exceeds the stable version's by more than `max_error_ratio`, or its p99 exceeds the
-  stable's times `max_p99_ratio`; never on fewer than `min_requests` of its own requests (one
-  error in two requests is no evidence).
+  stable's times `max_p99_ratio` and by more than `min_p99_increase`; never on fewer than
+  `min_requests` of its own requests (one error in two requests is no evidence).
 - **Tag names** (`tag_problem`): a DNS label without `--`, so `TAG--APP.<domain>` reads one
   way only (an app name has no `--` either).
 """
@@ -146,6 +146,9 @@ class Thresholds:
     """How many times the stable version's p99 the new version's may reach."""
     min_requests: int = 50
     """Fewer requests of the new version than this in a window decide nothing."""
+    min_p99_increase: float = 0.025
+    """Seconds the new version's p99 must exceed the stable's by, besides the ratio: below
+    it the two are alike (a new sandbox's first answers, buckets a few ms wide)."""
 
 
 def verdict(stable: Window, new: Window, rules: Thresholds) -> str | None:
@@ -159,7 +162,13 @@ def verdict(stable: Window, new: Window, rules: Thresholds) -> str | None:
             f"{stable.error_ratio:.1%} for the stable version (more than "
             f"{rules.max_error_ratio:.1%} above it)"
         )
-    if stable.requests and stable.p99 > 0 and new.p99 > stable.p99 * rules.max_p99_ratio:
+    slower = new.p99 > stable.p99 * rules.max_p99_ratio
+    if (
+        stable.requests
+        and stable.p99 > 0
+        and slower
+        and new.p99 - stable.p99 > rules.min_p99_increase
+    ):
         return (
             f"p99 {new.p99 * 1000:.0f} ms against {stable.p99 * 1000:.0f} ms for the stable "
             f"version (more than {rules.max_p99_ratio:g}x)"

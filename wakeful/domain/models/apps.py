@@ -205,6 +205,13 @@ class RolloutRules(Model):
         le=1_000_000,
         description="the new version's requests in a window below which nothing is decided",
     )
+    min_p99_increase_ms: float = Field(
+        default=25.0,
+        ge=0,
+        le=600_000,
+        description="milliseconds the new version's p99 must also exceed the stable "
+        "version's by: closer p99s are alike (a new sandbox's first answers)",
+    )
 
 
 MADE = r"^[A-Za-z0-9][A-Za-z0-9 ()+._/:-]{0,119}$"
