@@ -22,6 +22,7 @@ through nginx, with wrk (peak throughput) and hey (latency at a fixed rate).
 Only loopback. From the repository root (needs `apt-get install nginx wrk hey`):
 
     python -m bench.proxy [--seconds 10] [--rate 1000]
+    python -m bench.proxy --split [--seconds 5] [--runs 3]   # a traffic split's cost
 """
 
 from __future__ import annotations
@@ -441,11 +442,22 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--rate", type=int, default=1000, help="hey's total request rate")
+    parser.add_argument(
+        "--split",
+        action="store_true",
+        help="measure a 50/50 traffic split against none instead (bench/split.py)",
+    )
+    parser.add_argument("--runs", type=int, default=3, help="with --split: runs per side")
     parser.add_argument("--sandbox", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--delay", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.sandbox:
         run_sandbox(args.sandbox, args.delay)
+    elif args.split:
+        from bench import split
+
+        logging.basicConfig(level=logging.WARNING)
+        anyio.run(split.main, args.seconds, args.runs, backend_options={"use_uvloop": True})
     else:
         logging.basicConfig(level=logging.WARNING)
         anyio.run(main, args.seconds, args.rate, backend_options={"use_uvloop": True})
