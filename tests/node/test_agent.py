@@ -6,6 +6,7 @@ watch), for the agent to let go of a sandbox (`wait_finished`), or drives the ag
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -33,6 +34,7 @@ from wakeful.domain.models import (
     Version,
 )
 from wakeful.node.agent import NodeAgent
+from wakeful.node.secrets import SecretsRefused
 from wakeful.node.settings import NodeSettings
 from wakeful.node.testing import FakeSecrets, process_states
 from wakeful.store import Event, Store, open_store
@@ -152,6 +154,56 @@ async def test_stopping_a_sandbox_ends_its_process(node: tuple[Store, NodeAgent]
             await client.get(f"http://{sandbox.address}/")
     await let_go(agent, "sb-1")
     assert agent.running_ids() == []
+
+
+async def test_a_sandbox_stopped_before_it_started_is_stopped_not_stuck(
+    node: tuple[Store, NodeAgent],
+) -> None:
+    """A pool retired just after it placed a sandbox (a traffic change, issue 39): the record
+    reaches the agent already `stopping`, with no process anywhere. Nothing else would ever
+    end it: the agent marks it stopped (it once stayed `stopping` for good)."""
+    store, agent = node
+    never = Sandbox(
+        id="sb-9",
+        pool="hello-v1",
+        app="hello",
+        node="n1",
+        owner="n1",
+        epoch=1,
+        status=SandboxStatus.STOPPING,
+    )
+    await store.create(keys.sandbox("sb-9"), never)
+    stopped = await status_of(store, "sb-9", SandboxStatus.STOPPED)
+    assert stopped.last_log == "stopped before it started" and stopped.exit_code is None
+    await let_go(agent, "sb-9")
+
+
+class StoppedWhileAsked:
+    """Secrets that a stop overtakes: the record goes `stopping` while they are asked for,
+    and the control plane refuses a sandbox that is no longer starting."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    async def env_for(self, sandbox_id: str) -> dict[str, str]:
+        item = await self._store.get(keys.sandbox(sandbox_id), Sandbox)
+        assert item is not None
+        stopping = item.value.model_copy(update={"status": SandboxStatus.STOPPING})
+        await self._store.update(item.key, stopping, item.revision)
+        raise SecretsRefused(f"sandbox {sandbox_id} is not starting")
+
+
+async def test_a_stop_that_overtakes_a_start_is_no_boot_crash(
+    node: tuple[Store, NodeAgent],
+) -> None:
+    """Its secrets refused because it was stopped meanwhile: `stopped`, not `dead` (a dead
+    one counts as a boot crash, and three made its app answer 503 'failed to boot')."""
+    store, agent = node
+    agent._services = dataclasses.replace(agent._services, secrets=StoppedWhileAsked(store))
+    await place(store, "sb-8", "hello-v1")
+    stopped = await status_of(store, "sb-8", SandboxStatus.STOPPED)
+    assert stopped.last_log.startswith("stopped before it started (could not fetch")
+    await let_go(agent, "sb-8")
 
 
 async def test_a_very_long_output_line_neither_breaks_the_log_nor_the_sandbox(

@@ -349,7 +349,12 @@ class NodeAgent:
         if sandbox.node != self.name:
             return
         runner = self._running.get(sandbox.id)
-        if sandbox.status is SandboxStatus.PENDING and runner is None:
+        never_started = (
+            sandbox.status is SandboxStatus.STOPPING and sandbox.address is None and not runner
+        )
+        if (sandbox.status is SandboxStatus.PENDING or never_started) and runner is None:
+            # A sandbox stopped before this agent started it has no process anywhere: its
+            # runner only marks it stopped (`SandboxRunner._claim`).
             assert self._tasks is not None
             runner = self._running[sandbox.id] = SandboxRunner(sandbox.id, self._services, item)
             self._tasks.start_soon(self._serve, runner)

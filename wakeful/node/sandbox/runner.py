@@ -175,9 +175,12 @@ class SandboxRunner:
         try:
             booted = await self._boot(record)
         except CannotRun as exc:
+            if await self._stopped_before_start(exc):
+                return
             await self._change(Transition.FAIL, last_log=str(exc))
             return
-        if booted is None:
+        if booted is None:  # its record moved on before the start: stopped, perhaps
+            await self._stopped_before_start(None)
             return
         launch, process = booted
         if self._state is not None:
@@ -201,11 +204,29 @@ class SandboxRunner:
         if claim is not None:
             await claim.hand_back(None if self._started is None else self._started.app_dir)
 
+    async def _stopped_before_start(self, exc: CannotRun | None) -> bool:
+        """A stop that came while the sandbox was being prepared (its pool retired, say) is
+        why it could not start (its secrets are refused to a sandbox no longer starting):
+        it is `stopped`, not `dead`, so that no boot crash is counted against its app."""
+        item = await self._node.store.get(keys.sandbox(self.sandbox_id), Sandbox)
+        if item is None or item.value.status is not SandboxStatus.STOPPING:
+            return False
+        why = "stopped before it started" + (f" ({exc})" if exc is not None else "")
+        return await self._change(Transition.STOPPED, last_log=why)
+
     async def _claim(self) -> Sandbox | None:
-        """The record, if it is still pending and this node's to run; its epoch is noted."""
+        """The record, if it is still pending and this node's to run; its epoch is noted. A
+        record this node holds that was stopped before it ever started (no process of it
+        exists anywhere) is marked stopped here: nothing else would."""
         item, self._placed = self._placed, None
         if item is None:
             item = await self._node.store.get(keys.sandbox(self.sandbox_id), Sandbox)
+        if item is not None and item.value.status is SandboxStatus.STOPPING:
+            epoch = start_epoch(item.value, self._node.settings.node_name)
+            if epoch is not None and item.value.address is None:
+                self._node.writer.started(self.sandbox_id, epoch, item)
+                await self._change(Transition.STOPPED, last_log="stopped before it started")
+            return None
         if item is None or item.value.status is not SandboxStatus.PENDING:
             return None
         epoch = start_epoch(item.value, self._node.settings.node_name)
