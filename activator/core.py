@@ -250,6 +250,7 @@ class Activator:
             return None
         lease = self._ledger.grant(pool.name, pool.app, decision, waiter)
         lease.server_timing = pool.spec.server_timing
+        lease.version = pool.version
         self._activity.touch(lease.sandbox_id, self._wall_clock())
         if decision.overflow:
             self._metrics.overflow.labels(pool=pool.name).inc()

@@ -83,6 +83,8 @@ class Lease:
     woke_by: str = ""
     """How: `thaw` (a suspended sandbox) or `start`; empty unless `woke_after` is set."""
     server_timing: bool = False
+    version: str = ""
+    """The version of the pool it is on ("" for one adopted after a takeover)."""
 
     def grant(self) -> LeaseGrant:
         """What the holder is told: the lease as the ingress sees it."""
@@ -96,6 +98,7 @@ class Lease:
             woke_after=self.woke_after,
             woke_by=self.woke_by,
             server_timing=self.server_timing,
+            version=self.version,
         )
 
 

@@ -26,6 +26,7 @@ from wakeful.deploy.images import Images
 from wakeful.deploy.rollout import Phase
 from wakeful.deploy.service import Deployer
 from wakeful.deploy.states import ArchiveMissing, NotHeld, StateKeeper, StorageFull
+from wakeful.deploy.traffic import UnknownTag
 from wakeful.deploy.wire import (
     FIGURES_SECONDS,
     AppReport,
@@ -340,6 +341,8 @@ def deploy_router(
     async def changed(change: Awaitable[App]) -> TrafficReport:
         try:
             app = await change
+        except UnknownTag as exc:
+            raise bad(404, "unknown tag", str(exc)) from exc
         except UnknownApp as exc:
             raise bad(404, "unknown app", str(exc)) from exc
         except DeployError as exc:

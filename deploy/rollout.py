@@ -22,11 +22,19 @@ from enum import StrEnum
 from typing import Literal, cast
 
 import anyio
+from pydantic import ValidationError
 
 from wakeful.deploy.errors import DeployError
 from wakeful.domain import keys
 from wakeful.domain.hosts import Claim, HostRules, refusal
-from wakeful.domain.models import App, Pool, RolloutRecord, Sandbox, Version
+from wakeful.domain.models import (
+    App,
+    Pool,
+    RolloutRecord,
+    Sandbox,
+    Version,
+    describe_validation_error,
+)
 from wakeful.domain.split import routed, with_split
 from wakeful.store import Conflict, Deposed, Put, Require, Store, StoreError
 
@@ -112,11 +120,14 @@ def flipped(
     """The app's record once `rollout` flips, and what its rollout then says. A full rollout
     takes all traffic and ends any split (tags stay); a canary (`rollout.canary`) takes its
     share beside the active version, which stays active."""
-    if app is None:
+    if app is None or app.active_version is None:
         fresh = App(
             name=rollout.app, hosts=hosts, default_host=default_host, active_version=rollout.version
         )
-        return fresh, f"{rollout.app} {rollout.version} is live"
+        first = ""
+        if rollout.canary or rollout.keep_split or rollout.ramp:
+            first = " (the app's first version takes all traffic: there is nothing to split with)"
+        return fresh, f"{rollout.app} {rollout.version} is live{first}"
     app = app.model_copy(update={"hosts": hosts, "default_host": default_host})
     active = app.active_version
     if rollout.keep_split and active is not None and active != rollout.version:
@@ -232,6 +243,10 @@ class RolloutRunner:
             if version is None:
                 raise DeployError(f"{rollout.app} was deleted during the rollout")
             record, message = flipped(app.value if app else None, rollout, hosts, default_host)
+            try:  # as the store will read it back (`model_copy` does not validate)
+                record = App.model_validate(record.model_dump())
+            except ValidationError as exc:
+                raise DeployError(describe_validation_error(exc)) from exc
             require = [
                 Require(keys.app(rollout.app), app.revision if app else 0),
                 Require(version.key, version.revision),

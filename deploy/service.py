@@ -188,6 +188,16 @@ class Deployer:
                 f"{name!r}: an app name holds no '--', which separates a tag from its app in "
                 "a tagged version's host (TAG--APP.<base domain>)"
             )
+        if (
+            definition.spec.state is not None
+            and app is not None
+            and (app.value.split or app.value.tags)
+        ):
+            raise DeployError(
+                f"{name} has a split or tags, and this version is stateful (one writer): "
+                f"end the split (wakeful traffic {name} VERSION=100) and untag every version "
+                "first, so that no other version writes its state"
+            )
         versions = (await self._store.list(keys.versions_of(name), Version)).items
         active = None
         if app is not None and app.value.active_version is not None:

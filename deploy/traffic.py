@@ -17,10 +17,19 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 
+from pydantic import ValidationError
+
 from wakeful.deploy.errors import DeployError, UnknownApp
 from wakeful.deploy.rollout import pool_name
 from wakeful.domain import keys
-from wakeful.domain.models import App, Pool, RolloutRecord, Version
+from wakeful.domain.models import (
+    MAX_TAGS,
+    App,
+    Pool,
+    RolloutRecord,
+    Version,
+    describe_validation_error,
+)
 from wakeful.domain.split import (
     LATEST,
     SplitError,
@@ -90,13 +99,17 @@ class Traffic:
                     f"{app!r} holds '--': a tag's host TAG--{app} would read two ways; "
                     "deploy the app under a name without '--' to tag it"
                 )
+            if len(tag) + 2 + len(app) > 63:
+                raise DeployError(
+                    f"tag {tag!r}: {tag}--{app} would be longer than a DNS label's 63 "
+                    "characters; choose a shorter tag"
+                )
             target = _latest(versions) if version == LATEST else version
             if target is None or target not in versions:
                 raise DeployError(f"{version!r}: not a deployed version of {app}")
-            if target != found.active_version:
-                _refuse_stateful(found, versions, "tag")
-            if target not in found.tags.values() and len(found.tags) >= 32:
-                raise DeployError(f"{app} has 32 tags: untag one first")
+            _refuse_stateful(found, versions, "tag")
+            if tag not in found.tags and len(found.tags) >= MAX_TAGS:
+                raise DeployError(f"{app} has {MAX_TAGS} tags: untag one first")
             return found.model_copy(update={"tags": {**found.tags, tag: target}})
 
         return await self._change(app, change)
@@ -104,7 +117,7 @@ class Traffic:
     async def untag(self, app: str, tag: str) -> App:
         async def change(found: App, versions: dict[str, Item[Version]]) -> App:
             if tag not in found.tags:
-                raise DeployError(f"{app} has no tag {tag!r}")
+                raise UnknownTag(f"{app} has no tag {tag!r}")
             return found.model_copy(
                 update={"tags": {t: v for t, v in found.tags.items() if t != tag}}
             )
@@ -126,7 +139,7 @@ class Traffic:
                     "wait for it to end (wakeful status)"
                 )
             versions = await self.versions(app)
-            after = await change(found.value, versions)
+            after = _checked(await change(found.value, versions))
             if after == found.value:
                 return after
             try:
@@ -199,6 +212,19 @@ class Traffic:
         return require, ops
 
 
+class UnknownTag(UnknownApp):
+    """No such tag of the app (404, like an unknown app)."""
+
+
+def _checked(app: App) -> App:
+    """`app` as the store would read it back: a change that breaks a record's own rules (a
+    bound, a sum) is refused here, never written (`model_copy` does not validate)."""
+    try:
+        return App.model_validate(app.model_dump())
+    except ValidationError as exc:
+        raise DeployError(describe_validation_error(exc)) from exc
+
+
 def _latest(versions: dict[str, Item[Version]]) -> str | None:
     if not versions:
         return None
@@ -209,6 +235,6 @@ def _refuse_stateful(found: App, versions: dict[str, Item[Version]], what: str) 
     active = versions.get(found.active_version or "")
     if active is not None and active.value.spec.state is not None:
         raise DeployError(
-            f"{found.name} is stateful (one writer): a {what} would run two versions that "
-            "both write its state; deploy, or roll back, instead"
+            f"{found.name} is stateful (one writer): a {what} would route a second version "
+            "that writes its state too; deploy, or roll back, instead"
         )

@@ -112,6 +112,16 @@ def plan(
     return out
 
 
+def kept_under(key: Key, grant: LeaseGrant) -> Key:
+    """The key a grant is cached under: the version it is on. An activator whose view the
+    ingress is ahead of (or behind) may grant on the active version a lease asked for
+    another (`View.resolve`): kept under the asked version, it would carry that version's
+    requests to the wrong one for as long as it is renewed (issue 39)."""
+    if grant.version and key[1] is not None and grant.version != key[1]:
+        return (key[0], grant.version)
+    return key
+
+
 class LeaseCache:
     def __init__(
         self,
@@ -210,6 +220,7 @@ class LeaseCache:
     def _granted(self, key: Key, grant: LeaseGrant) -> Use:
         # No await from the grant to the return: it is recorded before any cancellation can
         # land, so whoever holds the Use will hand it back.
+        key = kept_under(key, grant)
         now = self._clock()
         entry = CachedLease(grant, key, renewed_at=now, idle_since=now, uses=1, used=True)
         if grant.overflow:
@@ -244,9 +255,10 @@ class LeaseCache:
                 self._releasing.spawn(self.release(grant))
                 return
             now = self._clock()
-            entry = CachedLease(grant, key, renewed_at=now, idle_since=now)
-            self._entries.setdefault(key, []).append(entry)
-            self._has_room(key)
+            key_of = kept_under(key, grant)
+            entry = CachedLease(grant, key_of, renewed_at=now, idle_since=now)
+            self._entries.setdefault(key_of, []).append(entry)
+            self._has_room(key_of)
 
         ask.add_done_callback(settle)
 

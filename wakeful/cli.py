@@ -109,7 +109,7 @@ def _remote(run: Callable[[ControlClient, argparse.Namespace], int]) -> Command:
 
 
 def _canary(value: str) -> int:
-    if not value.isdigit() or not 1 <= int(value) <= 99:
+    if not value.isascii() or not value.isdigit() or not 1 <= int(value) <= 99:
         raise argparse.ArgumentTypeError(f"{value!r}: a whole percent from 1 to 99")
     return int(value)
 

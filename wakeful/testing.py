@@ -59,8 +59,12 @@ class FakeLeases:
         size: int = 1,
         hold: Callable[[], Awaitable[object]] | None = None,
         cancels_cleanly: bool = True,
+        on_version: str = "",
     ) -> None:
         self._apps = {app: list(sandboxes) for app, sandboxes in apps.items()}
+        self._on_version = on_version
+        """The version every grant says it is on, whatever was asked ("": none said), as an
+        activator that falls back to the active version does (`View.resolve`)."""
         self._ttl = ttl
         self._size = size
         self._hold = hold
@@ -98,6 +102,7 @@ class FakeLeases:
             size=size,
             overflow=not room,
             ttl_seconds=self._ttl,
+            version=self._on_version,
         )
         self._leases[grant.lease_id] = grant
         return grant

@@ -404,7 +404,8 @@ async def test_a_request_for_a_split_version_goes_to_its_pool_and_one_no_longer_
     await store.put(keys.app("hello"), split)
     activator = make_activator(store)
     async with activator.running():
-        assert (await activator.acquire("hello", "v2")).sandbox_id == "sb-2"
+        on_v2 = await activator.acquire("hello", "v2")
+        assert (on_v2.sandbox_id, on_v2.grant().version) == ("sb-2", "v2")
         assert (await activator.acquire("hello", "v1")).sandbox_id == "sb-1"
         v2 = await store.get(keys.pool("hello-v2"), Pool)
         assert v2 is not None
@@ -418,7 +419,9 @@ async def test_a_request_for_a_split_version_goes_to_its_pool_and_one_no_longer_
         await eventually(
             lambda: all(s.state != "active" for s in activator.snapshot() if s.pool == "hello-v2")
         )
-        assert (await activator.acquire("hello", "v2")).sandbox_id == "sb-1"
+        followed = await activator.acquire("hello", "v2")
+        # On v1, and saying so: the ingress caches it as v1's (`ingress.cache.kept_under`).
+        assert (followed.sandbox_id, followed.grant().version) == ("sb-1", "v1")
 
 
 async def test_past_the_hard_limit_a_request_waits_drives_a_scale_up_and_takes_freed_room(

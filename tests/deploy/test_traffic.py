@@ -152,6 +152,9 @@ async def test_a_tag_keeps_its_version_serving_through_deploys_until_untagged() 
         pytest.param(("tag", "beta", "v7"), "'v7': not a deployed version", id="tag unknown"),
         pytest.param(("untag", "nope"), "no tag 'nope'", id="untag unknown"),
         pytest.param(("promote",), "has no split", id="promote with no split"),
+        pytest.param(("split", ["v1=²", "v2=100"]), "whole number", id="a digit not ASCII"),
+        pytest.param(("split", ["v1=\uff150", "v2=50"]), "whole number", id="a wide digit"),
+        pytest.param(("tag", "t" * 60, "v1"), "longer than a DNS label", id="a long tag host"),
     ],
 )
 async def test_a_refused_change_names_why_and_writes_nothing(
@@ -205,9 +208,37 @@ async def test_a_deploy_that_keeps_the_split_joins_it_at_0_percent() -> None:
         web = await app(store)
         assert (web.active_version, web.split) == ("v1", {"v1": 90, "v3": 10, "v4": 0})
         assert await serving(store) == {"v1": True, "v2": False, "v3": True, "v4": True}
-        promoted = await deployer(store).traffic.promote("web")  # the newest: v4
-        assert (promoted.active_version, promoted.split) == ("v4", {})
+        # Promote takes the newest version with a share (the canary), not one at 0% ...
+        promoted = await deployer(store).traffic.promote("web")
+        assert (promoted.active_version, promoted.split) == ("v3", {})
+        await deployed(store, 5, keep_split=True)
+        # ... and the newest at 0% when no other has one (a kept split's new version).
+        assert (await deployer(store).traffic.promote("web")).active_version == "v5"
         with pytest.raises(DeployError, match="give no --canary or --ramp"):
             await deployer(store).prepare(
-                AppDefinition(name="web", spec=spec(5)), None, canary=5, keep_split=True
+                AppDefinition(name="web", spec=spec(6)), None, canary=5, keep_split=True
             )
+
+
+async def test_a_33rd_tag_is_refused_and_a_tag_moves_at_32() -> None:
+    async with open_store("memory://") as store:
+        await deployed(store, 1)
+        await deployed(store, 2)
+        traffic = deployer(store).traffic
+        for n in range(32):
+            await traffic.tag("web", f"t{n}", "v2")
+        before = await store.get(keys.app("web"), App)
+        with pytest.raises(DeployError, match="32 tags"):
+            await traffic.tag("web", "t32", "v2")
+        assert await store.get(keys.app("web"), App) == before  # the app still reads back
+        moved = await traffic.tag("web", "t0", "v1")  # an existing tag: no new one
+        assert moved.tags["t0"] == "v1" and len(moved.tags) == 32
+
+
+async def test_a_stateful_version_is_refused_while_the_app_has_tags() -> None:
+    async with open_store("memory://") as store:
+        await deployed(store, 1)
+        await deployed(store, 2)
+        await deployer(store).traffic.tag("web", "old", "v1")
+        with pytest.raises(DeployError, match="untag every version"):
+            await deployed(store, 3, state=True)

@@ -94,3 +94,16 @@ async def test_a_request_that_leaves_loses_no_grant() -> None:
     if not leaving.cancelled():  # the grant won the race: the request got its use
         cache.put(leaving.result())
     assert sum(fake.leased.values()) == cached(cache) == 1  # the grant is in the cache
+
+
+async def test_a_grant_on_another_version_than_asked_is_cached_under_its_own() -> None:
+    """Issue 39: asked for v2 (the ingress's split), granted on v1 (the activator's view no
+    longer serves v2): the lease serves this request, and is cached as v1's, so the next
+    request for v2 asks again instead of following it to v1 for as long as it is renewed."""
+    fake = FakeLeases({"web": [FakeSandbox("sb-1", "http://sb-1", capacity=10)]}, on_version="v1")
+    cache = LeaseCache(fake, idle_ttl=60)
+    use = await cache.acquire(("web", "v2"))
+    assert use.lease.grant.sandbox_id == "sb-1"
+    assert cache.put(use) is None  # kept, under v1
+    assert cache.take(("web", "v2"), ()) is None
+    assert cache.take(("web", "v1"), ()) is not None

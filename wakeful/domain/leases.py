@@ -85,6 +85,9 @@ class LeaseGrant(BaseModel):
     """How the app woke for it: `thaw` (a suspended sandbox) or `start` (a new one)."""
     server_timing: bool = False
     """The app asks for `Server-Timing` on its answers (`AppSpec.server_timing`)."""
+    version: str = Field(default="", max_length=63)
+    """The version whose pool the lease is on: the one asked for, or the active one when
+    the one asked for no longer serves ("" from an activator that does not say)."""
 
 
 class Leases(Protocol):

@@ -32,6 +32,8 @@ from wakeful.domain.models import App
 LATEST = "latest"
 MAX_STEP = 25
 """The largest share a ramp moves at once, in points."""
+_PERCENT = re.compile(r"[0-9]{1,3}")
+"""ASCII digits only: `str.isdigit` takes `²` and other scripts' digits too."""
 _LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
 
@@ -57,7 +59,7 @@ def parse_split(
             raise SplitError(f"{argument!r}: {name} is not a deployed version")
         if name in weights:
             raise SplitError(f"{argument!r}: {name} is given twice")
-        if not percent.isdigit() or int(percent) > 100:
+        if not _PERCENT.fullmatch(percent) or int(percent) > 100:
             raise SplitError(f"{argument!r}: the percent is a whole number from 0 to 100")
         weights[name] = int(percent)
     if not weights:
@@ -209,9 +211,12 @@ def with_split(app: App, weights: Mapping[str, int]) -> App:
 
 def newest_in_split(app: App) -> str | None:
     """What `wakeful promote` gives all traffic to: the split's newest version other than the
-    active one (versions are numbered v1, v2, ...), or None when there is no split."""
+    active one that has a share (versions are numbered v1, v2, ...); with none, the newest at
+    0% (a `--keep-split` deploy); None when there is no split."""
     others = [version for version in app.split if version != app.active_version]
-    return max(others, key=_number) if others else None
+    sharing = [version for version in others if app.split[version] > 0]
+    chosen = sharing or others
+    return max(chosen, key=_number) if chosen else None
 
 
 def _number(version: str) -> tuple[int, str]:
