@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.store import routable
 from wakeful.deploy.appdir import AppDefinition
 from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.deploy.rollout import Phase, Rollout
 from wakeful.deploy.service import Deployer
 from wakeful.domain import keys
-from wakeful.domain.models import App, AppSpec, Pool, RolloutRecord, Sandbox, SandboxStatus
+from wakeful.domain.models import App, AppSpec, Pool, RolloutRecord
 from wakeful.domain.split import Window
 from wakeful.store import Store, open_store
 from wakeful.testing import ManualClock
@@ -42,27 +43,15 @@ def deployer(store: Store, clock: ManualClock, figures: Figures) -> Deployer:
     )
 
 
-async def ready(store: Store, n: int, pool: str) -> None:
-    sandbox = Sandbox(
-        id=f"sb-{n}",
-        pool=pool,
-        app="web",
-        status=SandboxStatus.RUNNING,
-        ready=True,
-        address="127.0.0.1:9",
-    )
-    await store.put(keys.sandbox(sandbox.id), sandbox)
-
-
 async def ramping(store: Store, d: Deployer, *, ramp: float = 40, canary: int = 0) -> Rollout:
     """`web` v1 serving, then v2 deployed with a ramp: flipped to its first share."""
     first = await d.prepare(AppDefinition(name="web", spec=AppSpec(command=["v1"])), None)
-    await ready(store, 1, first.pool)
+    await routable(store, "sb-1", first.pool)
     await d.roll_out(first)
     second = await d.prepare(
         AppDefinition(name="web", spec=AppSpec(command=["v2"])), None, canary=canary, ramp=ramp
     )
-    await ready(store, 2, second.pool)
+    await routable(store, "sb-2", second.pool)
     await d.runner.run(second)
     assert second.phase is Phase.RAMPING
     return second

@@ -10,12 +10,13 @@ from pathlib import Path
 import anyio
 import pytest
 
+from tests.support.store import routable
 from wakeful.deploy.appdir import AppDefinition
 from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.deploy.rollout import Phase
 from wakeful.deploy.service import Deployer
 from wakeful.domain import keys
-from wakeful.domain.models import App, AppSpec, Pool, RolloutRecord, Sandbox, SandboxStatus
+from wakeful.domain.models import App, AppSpec, Pool, RolloutRecord
 from wakeful.store import Store, open_store
 from wakeful.testing import ManualClock
 
@@ -30,20 +31,6 @@ async def serving_v1(store: Store, clock: ManualClock | None = None) -> None:
     rollout = await deployer.prepare(AppDefinition(name="web", spec=V1), None)
     assert (await deployer.roll_out(rollout)).phase is Phase.LIVE  # nothing to wait for
     await routable(store, "sb-1", rollout.pool)
-
-
-async def routable(store: Store, sandbox_id: str, pool: str) -> None:
-    await store.put(
-        keys.sandbox(sandbox_id),
-        Sandbox(
-            id=sandbox_id,
-            pool=pool,
-            app="web",
-            status=SandboxStatus.RUNNING,
-            ready=True,
-            address="127.0.0.1:9",
-        ),
-    )
 
 
 async def test_a_rollout_left_under_way_is_carried_on_by_the_next_leader(tmp_path: Path) -> None:

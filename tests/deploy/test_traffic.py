@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.store import routable
 from wakeful.deploy.appdir import AppDefinition
 from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.deploy.errors import DeployError
 from wakeful.deploy.rollout import Phase
 from wakeful.deploy.service import Deployer
 from wakeful.domain import keys
-from wakeful.domain.models import App, AppSpec, Pool, Sandbox, SandboxStatus
+from wakeful.domain.models import App, AppSpec, Pool
 from wakeful.store import Store, open_store
 
 pytestmark = pytest.mark.anyio
@@ -37,20 +38,6 @@ def spec(n: int, *, state: bool = False) -> AppSpec:
 
 def deployer(store: Store) -> Deployer:
     return Deployer(store, LocalArtifacts(Path("/nonexistent")), clock=time.time, timeout=5)
-
-
-async def routable(store: Store, sandbox_id: str, pool: str) -> None:
-    await store.put(
-        keys.sandbox(sandbox_id),
-        Sandbox(
-            id=sandbox_id,
-            pool=pool,
-            app="web",
-            status=SandboxStatus.RUNNING,
-            ready=True,
-            address="127.0.0.1:9",
-        ),
-    )
 
 
 async def deployed(

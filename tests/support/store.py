@@ -8,6 +8,8 @@ from pathlib import Path
 
 import anyio
 
+from wakeful.domain import keys
+from wakeful.domain.models import Sandbox, SandboxStatus
 from wakeful.store import Store
 from wakeful.store.local import LocalStore
 from wakeful.testing import ManualClock
@@ -29,3 +31,19 @@ async def pass_time(store: Store, clock: ManualClock | None, seconds: float) -> 
     clock.advance(seconds)
     assert isinstance(store, LocalStore)
     await store.housekeep()
+
+
+async def routable(store: Store, sandbox_id: str, pool: str, app: str = "web") -> None:
+    """A sandbox of `pool` running and ready (as a node would report it): what a rollout
+    waits for before it flips."""
+    await store.put(
+        keys.sandbox(sandbox_id),
+        Sandbox(
+            id=sandbox_id,
+            pool=pool,
+            app=app,
+            status=SandboxStatus.RUNNING,
+            ready=True,
+            address="127.0.0.1:9",
+        ),
+    )
