@@ -30,6 +30,25 @@ REOPEN_PAUSE = 1.0
 """Seconds after a failed attempt to open the lease channel during which calls fail at once."""
 
 
+def report_chunks(traffic: TrafficReport) -> list[dict[str, Any]]:
+    """`traffic` as operations' `apps`, each of at most `MAX_APPS_PER_REPORT` counts (an app's,
+    and each of its versions', issue 39): a count is at most ~300 bytes of JSON, so an
+    operation stays far below a frame's bound however many versions the apps have."""
+    chunks: list[dict[str, Any]] = []
+    chunk: dict[str, Any] = {}
+    weight = 0
+    for app, counts in traffic.items():
+        size = 1 + len(counts.versions)
+        if chunk and weight + size > MAX_APPS_PER_REPORT:
+            chunks.append(chunk)
+            chunk, weight = {}, 0
+        chunk[app] = counts.model_dump()
+        weight += size
+    if chunk:
+        chunks.append(chunk)
+    return chunks
+
+
 class ChannelLeases:
     """The activator's lease channel (`activator/channel.py`): one WebSocket, opened on first
     use and again after it is lost; calls made while a frame is on the way go together in the
@@ -120,9 +139,7 @@ class ChannelLeases:
         link = self._link
         if not traffic or link is None or not link.alive or self._closed:
             return
-        apps = [(app, counts.model_dump()) for app, counts in traffic.items()]
-        for start in range(0, len(apps), MAX_APPS_PER_REPORT):
-            chunk = dict(apps[start : start + MAX_APPS_PER_REPORT])
+        for chunk in report_chunks(traffic):
             operation = {"id": next(self._ids), "op": "traffic", "apps": chunk}
             # The answer (`recorded`, or an error) says nothing the ingress acts on.
             link.send(operation).add_done_callback(_retrieved)

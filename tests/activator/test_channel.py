@@ -25,7 +25,15 @@ from tests.support.waiting import eventually
 from wakeful.activator import channel
 from wakeful.activator.channel import MAX_OPS_PER_FRAME, PATH
 from wakeful.activator.client import ChannelLeases
-from wakeful.domain.leases import LeaseGone, LeaseGrant, Unauthorized, UnknownApp, Unreachable
+from wakeful.activator.client.channel import report_chunks
+from wakeful.domain.leases import (
+    CHANNEL_MAX_FRAME_BYTES,
+    LeaseGone,
+    LeaseGrant,
+    Unauthorized,
+    UnknownApp,
+    Unreachable,
+)
 from wakeful.domain.models import SandboxStatus
 from wakeful.domain.traffic import BUCKETS, AppTraffic
 from wakeful.store.testing import free_port
@@ -488,3 +496,22 @@ async def test_a_report_of_many_apps_goes_in_frames_the_activator_takes(api: Ser
             await eventually(lambda: api.activator.traffic.requests("hello") == 3)
         await leases.release(grant.lease_id)
         assert leases._link is link and link is not None and link.alive  # the same channel
+
+
+def test_a_report_of_many_versions_is_cut_so_no_operation_nears_a_frame_s_bound() -> None:
+    """Issue 39: each app's counts carry its versions' too; cut by counts, not apps, so that
+    500 apps of 49 versions each (a split's 16 and 32 tags beside the active one) at the
+    largest counts never make an operation the activator would refuse."""
+    most = 1 << 40
+    counts = {"requests": most, "errors": most, "buckets": [most] * BUCKETS}
+    versions = {f"v{n}": counts for n in range(49)}
+    report = {
+        f"app-{i:05d}": AppTraffic.model_validate({**counts, "versions": versions})
+        for i in range(500)
+    }
+    chunks = report_chunks(report)
+    assert [app for chunk in chunks for app in chunk] == list(report)  # each once, in order
+    for chunk in chunks:
+        operation = {"id": 1, "op": "traffic", "apps": chunk}
+        assert len(json.dumps(operation)) < CHANNEL_MAX_FRAME_BYTES / 4
+        assert channel.Traffic.model_validate(operation)  # what the activator takes
