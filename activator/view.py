@@ -71,6 +71,12 @@ class ViewListener(Protocol):
         """The view was re-listed: every waiter runs admission again."""
 
 
+class NoServingPool(UnknownApp):
+    """The app's record names a version whose pool does not serve in this view: a change of
+    route in flight (a pool record read ahead of its app's record, `reread`). `Activator`
+    waits for the view to settle before it answers."""
+
+
 class View:
     def __init__(self, store: Store, listener: ViewListener) -> None:
         self._store = store
@@ -219,7 +225,7 @@ class View:
             raise UnknownApp(f"app {app!r} has no active version")
         state = self._serving(app, version)
         if state is None:
-            raise UnknownApp(f"app {app!r} has no pool for version {version!r}")
+            raise NoServingPool(f"app {app!r} has no pool serving version {version!r} now")
         return state
 
     def _serving(self, app: str, version: str) -> PoolState | None:

@@ -30,7 +30,9 @@ from wakeful.domain.stacks import (
 )
 
 MANIFEST = "wakeful.toml"
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)?\s*\Z")
+r"""ASCII digits (`\d` takes other scripts' digits, and `float` reads them), the unit right
+after the number."""
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
 

@@ -269,6 +269,18 @@ class RolloutRunner:
                 Put(keys.app(rollout.app), record),
                 Put(keys.rollout(rollout.app, rollout.version), live.record()),
             ]
+            # A ramp of another version under way ends here, saying so: this flip writes the
+            # route it was moving (its runner finds its record ended and stops).
+            ramps = (await self._store.list(keys.rollouts_of(rollout.app), RolloutRecord)).items
+            for ramp in ramps:
+                if ramp.value.phase == "ramping" and ramp.value.version != rollout.version:
+                    said = (
+                        f"{rollout.app} {ramp.value.version}: replaced by the deploy of "
+                        f"{rollout.version}; the ramp is over"
+                    )
+                    ended = ramp.value.model_copy(update={"phase": "failed", "message": said})
+                    require.append(Require(ramp.key, ramp.revision))
+                    ops.append(Put(ramp.key, ended))
             # Versions the app no longer routes (the old active one, a split's others,
             # unless a tag keeps them) have their pools retired with the flip.
             gone = routed(app.value) - routed(record) if app is not None else set()

@@ -323,10 +323,14 @@ def promote(api: ControlClient, app: str) -> int:
 
 
 def tag(api: ControlClient, app: str, version: str, name: str) -> int:
+    if not name:
+        raise CliError("TAG is empty: give the tag's name (a DNS label, e.g. beta)")
     return _show_traffic(api.tag(app, name, version), False)
 
 
 def untag(api: ControlClient, app: str, name: str) -> int:
+    if not name:
+        raise CliError("TAG is empty: give the tag's name")
     return _show_traffic(api.untag(app, name), False)
 
 

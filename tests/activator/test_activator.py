@@ -424,6 +424,49 @@ async def test_a_request_for_a_split_version_goes_to_its_pool_and_one_no_longer_
         assert (followed.sandbox_id, followed.grant().version) == ("sb-1", "v1")
 
 
+async def test_a_view_caught_mid_change_of_route_is_waited_out_never_a_404(
+    store: Store,
+) -> None:
+    """A pool record read ahead of its app's (a scale-up's re-read during a traffic change,
+    issue 39): the app's active version has no serving pool for a moment. The request waits
+    for the app's record and is served; one that never settles is a 503, never a 404."""
+    await seed(store, rpi=5, sandboxes={"sb-1": SandboxStatus.RUNNING})
+    old = await pool(store)
+    activator = make_activator(store)
+    leases: list[Lease] = []
+
+    async def acquire() -> None:
+        leases.append(await activator.acquire("hello"))
+
+    async with activator.running(), anyio.create_task_group() as requests:
+        await store.put(POOL_KEY, old.value.model_copy(update={"retired": True}))
+        await eventually(lambda: all(s.state != "active" for s in activator.snapshot()))
+        requests.start_soon(acquire)
+        await anyio.sleep(0.2)
+        assert leases == []  # waiting, not refused
+        await store.put(
+            keys.pool("hello-v2"),
+            old.value.model_copy(update={"name": "hello-v2", "version": "v2", "retired": False}),
+        )
+        await store.put(
+            keys.sandbox("sb-2"),
+            sandbox("sb-2", SandboxStatus.RUNNING, 9100).model_copy(update={"pool": "hello-v2"}),
+        )
+        app = await store.get(keys.app("hello"), App)
+        assert app is not None
+        await store.put(keys.app("hello"), app.value.model_copy(update={"active_version": "v2"}))
+        await eventually(lambda: len(leases) == 1)
+        assert leases[0].sandbox_id == "sb-2"
+        v2 = await store.get(keys.pool("hello-v2"), Pool)
+        assert v2 is not None
+        await store.put(v2.key, v2.value.model_copy(update={"retired": True}))
+        await eventually(
+            lambda: all(s.state != "active" for s in activator.snapshot() if s.pool == "hello-v2")
+        )
+        with pytest.raises(NoCapacity, match="no pool serving version 'v2'"):
+            await activator.acquire("hello")
+
+
 async def test_past_the_hard_limit_a_request_waits_drives_a_scale_up_and_takes_freed_room(
     store: Store,
 ) -> None:

@@ -64,6 +64,26 @@ def test_durations(raw: object, seconds: float) -> None:
         ),
         pytest.param('name = "ok"\ncommand = ["x"]\nbogus = 1', "bogus", id="unknown-field"),
         pytest.param(
+            'name = "ok"\ncommand = ["x"]\n[concurrency]\nscale_down_delay = "\u0661\u0660m"',
+            "concurrency.scale_down_delay",
+            id="a duration in other digits",
+        ),
+        pytest.param(
+            'name = "ok"\ncommand = ["x"]\n[rollout]\nmax_error_ratio = "0.05"',
+            "rollout.max_error_ratio",
+            id="rollout: a string for a number",
+        ),
+        pytest.param(
+            'name = "ok"\ncommand = ["x"]\n[rollout]\nmin_requests = true',
+            "rollout.min_requests",
+            id="rollout: a flag for a number",
+        ),
+        pytest.param(
+            'name = "ok"\ncommand = ["x"]\n[rollout]\nmax_p99_ratio = 0.5',
+            "rollout.max_p99_ratio",
+            id="rollout: below 1",
+        ),
+        pytest.param(
             'name = "ok"\ncommand = ["x"]\nenv = { PORT = "1" }', "PORT", id="reserved-env"
         ),
         pytest.param('name = = "ok"', "not valid TOML", id="not-toml"),

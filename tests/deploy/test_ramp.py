@@ -167,3 +167,21 @@ async def test_the_next_leader_carries_a_ramp_on_from_its_record() -> None:
         app, serving, record = await state(store)
         assert (app.active_version, app.split, record.phase) == ("v2", {}, "live")
         assert serving == {"v1": False, "v2": True}
+
+
+async def test_a_deploy_during_a_ramp_ends_it_saying_it_was_replaced() -> None:
+    clock, seen = ManualClock(), Figures()
+    async with open_store("memory://") as store:
+        d = deployer(store, clock, seen)
+        rollout = await ramping(store, d)
+        third = await d.prepare(AppDefinition(name="web", spec=AppSpec(command=["v3"])), None)
+        await routable(store, "sb-3", third.pool)
+        assert (await d.roll_out(third)).phase is Phase.LIVE
+        record = await store.get(keys.rollout("web", "v2"), RolloutRecord)
+        assert record is not None and record.value.phase == "failed"
+        assert "replaced by the deploy of v3" in record.value.message
+        clock.advance(100)
+        await d.ramps.step(rollout)  # the runner takes how it ended, and writes nothing
+        assert rollout.phase is Phase.FAILED
+        app = await store.get(keys.app("web"), App)
+        assert app is not None and (app.value.active_version, app.value.split) == ("v3", {})

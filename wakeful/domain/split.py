@@ -49,7 +49,7 @@ def parse_split(
     weights: dict[str, int] = {}
     for argument in arguments:
         name, equals, percent = argument.partition("=")
-        if not equals:
+        if not equals or not name:
             raise SplitError(f"{argument!r}: give VERSION=PERCENT (v7=90)")
         if name == LATEST:
             if latest is None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal, Self
 
-from pydantic import Field, StringConstraints, field_validator, model_validator
+from pydantic import ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from wakeful.domain.models.base import Digest, Host, Model, Name
 from wakeful.domain.models.images import ImageRecord
@@ -184,7 +184,9 @@ class StateSpec(Model):
 class RolloutRules(Model):
     """`[rollout]` in wakeful.toml: when a ramping version is rolled back by itself (issue
     39; `wakeful.domain.split.verdict`), compared with the stable version over the same
-    window."""
+    window. Strict: `"0.05"` or `true` in wakeful.toml is refused, not read as a number."""
+
+    model_config = ConfigDict(strict=True)
 
     max_error_ratio: float = Field(
         default=0.05,
