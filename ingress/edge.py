@@ -116,6 +116,8 @@ class ProxyEdge:
         target = request.target
         label = "-"
         version: str | None = None
+        reported: str | None = None
+        """The version the answer is counted for: only a split or tagged app's."""
         status = 500
         client_gone = False
         try:
@@ -138,8 +140,10 @@ class ProxyEdge:
                 out.send_whole(200, [(b"content-type", b"text/plain")], answer)
                 return
             proxy = self._proxy
-            app, version = proxy.route(head.host)
+            app, version, counted = proxy.route(head.host)
             label = app
+            if counted:  # a split or tagged app: its answers per version too (not otherwise)
+                reported = version
             if trace.ENABLED:
                 trace.mark("routed", app)
             if (
@@ -166,7 +170,7 @@ class ProxyEdge:
             response = None
             streaming = False
             try:
-                response = await proxy.open(app, proxied, tracker, held, version)
+                response = await proxy.open(app, proxied, tracker, held, version, reported)
                 status = response.status
                 upstream = response.upstream
                 if upstream.splice is not None:
@@ -226,7 +230,7 @@ class ProxyEdge:
                 label,
                 CLIENT_GONE if client_gone else status,
                 time.perf_counter() - started,
-                version,
+                reported,
             )
 
     def _answer_error(

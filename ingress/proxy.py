@@ -110,6 +110,7 @@ class Proxy:
         tracker: Tracker,
         held: list[Use],
         version: str | None = None,
+        reported: str | None = None,
     ) -> ProxyResponse:
         """Send the request to a sandbox, retrying elsewhere while nothing reached one, and
         return once the answer's head is in. Every use of a lease taken goes into `held`
@@ -203,7 +204,7 @@ class Proxy:
                     self.count_error(app, exc)
                 raise
             upstream = time.perf_counter() - sent
-            self._metrics.phases(app, queued, woke, upstream, version)
+            self._metrics.phases(app, queued, woke, upstream, reported)
             if waited:
                 trace.mark("answered", app)
             try:

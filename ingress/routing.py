@@ -26,6 +26,13 @@ from wakeful.store.reflector import reflect
 log = logging.getLogger(__name__)
 
 
+Route = tuple[str, str | None, bool]
+"""(app, version, counted): the version a tag, the app's split or its active version names
+(None: an app with no version yet, which the activator refuses), and whether its answers are
+counted per version (the app has a split or tags: the only apps the activator keeps versions'
+figures of, so that no other request pays for them)."""
+
+
 class SplitRoutes:
     """An app's split as routes, in the order of its spread's period (`Spread.sequence`):
     each request takes the next, built once per index so a pick allocates nothing."""
@@ -33,20 +40,13 @@ class SplitRoutes:
     __slots__ = ("_next", "_routes")
 
     def __init__(self, app: str, spread: Spread) -> None:
-        self._routes: tuple[tuple[str, str | None], ...] = tuple(
-            (app, version) for version in spread.sequence
-        )
+        self._routes: tuple[Route, ...] = tuple((app, v, True) for v in spread.sequence)
         self._next = 0
 
-    def pick(self) -> tuple[str, str | None]:
+    def pick(self) -> Route:
         at = self._next
         self._next = at + 1 if at + 1 < len(self._routes) else 0
         return self._routes[at]
-
-
-Route = tuple[str, str | None]
-"""(app, version): the version a tag, the app's split or its active version names (None: an
-app with no version yet, which the activator refuses)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +60,8 @@ class RouteIndex:
     """`TAG--APP` → (app, version): the first label of a tag's host under the base domain."""
     splits: Mapping[str, SplitRoutes] = field(default_factory=dict)
     """App → the even spread of its split (apps with one)."""
+    counted: frozenset[str] = frozenset()
+    """Apps with a split or tags: their answers are counted per version (`Route`)."""
     active: Mapping[str, str] = field(default_factory=dict)
     """App → its active version: what a request for it names when no split or tag chooses.
     Named, not left to the activator, so that the ingress's cached leases for an app are
@@ -85,13 +87,14 @@ def build_index(apps: Iterable[App]) -> RouteIndex:
     tagged: dict[str, Route] = {}
     splits: dict[str, SplitRoutes] = {}
     active: dict[str, str] = {}
-    for app in sorted(apps, key=lambda a: a.name):
+    apps = sorted(apps, key=lambda a: a.name)
+    for app in apps:
         if app.active_version is not None:
             active[app.name] = app.active_version
         if app.default_host:
             names.add(app.name)
         for tag, version in app.tags.items():
-            tagged[f"{tag}--{app.name}"] = (app.name, version)
+            tagged[f"{tag}--{app.name}"] = (app.name, version, True)
         if app.split:
             splits[app.name] = SplitRoutes(app.name, Spread(app.split))
         for host in app.hosts:
@@ -101,7 +104,8 @@ def build_index(apps: Iterable[App]) -> RouteIndex:
                 log.warning("host %s is claimed by %s and %s", host, table[key], app.name)
                 continue
             table[key] = app.name
-    return RouteIndex(exact, wildcard, frozenset(names), tagged, splits, active)
+    counted = frozenset(app.name for app in apps if app.split or app.tags)
+    return RouteIndex(exact, wildcard, frozenset(names), tagged, splits, counted, active)
 
 
 def find(index: RouteIndex, host: str, base_domain: str) -> tuple[Route, SplitRoutes | None] | None:
@@ -110,7 +114,7 @@ def find(index: RouteIndex, host: str, base_domain: str) -> tuple[Route, SplitRo
     An app's own `<app>.<base_domain>` comes before any tag's reading of it."""
     app = match(index, host, base_domain)
     if app is not None:
-        return (app, index.active.get(app)), index.splits.get(app)
+        return (app, index.active.get(app), app in index.counted), index.splits.get(app)
     label, _, domain = host.partition(".")
     if domain == base_domain and "--" in label:
         tagged = index.tagged.get(label)
@@ -142,7 +146,7 @@ MAX_HOST_REMEMBERED = 270
 """Longer Host values (no host name is: 253 bytes, then a port) are routed, not remembered."""
 
 
-_NOWHERE: tuple[Route, SplitRoutes | None] = (("", None), None)
+_NOWHERE: tuple[Route, SplitRoutes | None] = (("", None, False), None)
 
 
 class Router:

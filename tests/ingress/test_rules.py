@@ -126,16 +126,19 @@ def test_a_split_app_gets_its_versions_evenly_and_a_tag_host_its_own_version() -
     picked = Counter(router.route("shop.localhost") for _ in range(1000))
     # Exactly its share: the spread is the split's, not a random walk, and the route the
     # router remembers for the host does not pin one version.
-    assert picked == {("shop", "v7"): 900, ("shop", "v8"): 100}
-    assert router.route("beta--shop.localhost") == ("shop", "v8")
-    assert router.route("OLD--shop.localhost:80") == ("shop", "v6")  # at 0%: still reached
-    assert router.route("hello.localhost") == ("hello", "v1")  # no split: the active one
+    assert picked == {("shop", "v7", True): 900, ("shop", "v8", True): 100}
+    assert router.route("beta--shop.localhost") == ("shop", "v8", True)
+    assert router.route("OLD--shop.localhost:80") == ("shop", "v6", True)  # at 0%: reached
+    # No split, no tags: the active version, its answers counted for the app alone.
+    assert router.route("hello.localhost") == ("hello", "v1", False)
     assert router.route("beta--hello.localhost") is None  # not a tag of that app
     assert router.route("beta--shop.example.com") is None  # tags live under the base domain
     assert router.route("nope--shop--x.localhost") is None
     # An app of an old name with '--' keeps its own host before any tag's reading of it.
     index = build_index([split, App(name="beta--shop", active_version="v1")])
-    assert router.route("beta--shop.localhost") == ("beta--shop", "v1")
+    assert router.route("beta--shop.localhost") == ("beta--shop", "v1", False)
+    index = build_index([App(name="tagged", active_version="v2", tags={"old": "v1"})])
+    assert router.route("tagged.localhost") == ("tagged", "v2", True)  # tags: counted too
 
 
 # -- headers -------------------------------------------------------------------------------
