@@ -243,8 +243,8 @@ class Activator:
         """`View.resolve`, waiting out a view caught mid-change of route (`NoServingPool`:
         a pool record read ahead of its app's, issue 39) for up to `SETTLE_POLLS` pauses of
         `SETTLE_PAUSE` seconds (a count, not a clock: the view moves with the store, not with
-        the ledger's clock); past that, 503 with Retry-After, never a 404 for an app that
-        exists."""
+        the ledger's clock); past that, 503 with Retry-After, not a 404: the app exists (one
+        with no active version at all is still an unknown app's 404)."""
         for _ in range(SETTLE_POLLS):
             try:
                 return self._view.resolve(app, version)

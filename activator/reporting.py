@@ -147,7 +147,9 @@ class Charts:
         windows = {}
         for version in sorted(routed(found.value)):
             requests, errors, buckets = self.traffic.window(version_key(app, version), now, seconds)
-            windows[version] = Window(requests, errors, quantile(buckets, 0.99) or 0.0)
+            span = max(1.0, now - self.traffic.window_start(now, seconds))
+            p99 = quantile(buckets, 0.99) or 0.0
+            windows[version] = Window(requests, errors, p99, span)
         return windows
 
     def woke(self, app: str, kind: str, waited: float) -> None:

@@ -22,7 +22,7 @@ through nginx, with wrk (peak throughput) and hey (latency at a fixed rate).
 Only loopback. From the repository root (needs `apt-get install nginx wrk hey`):
 
     python -m bench.proxy [--seconds 10] [--rate 1000]
-    python -m bench.proxy --split [--seconds 5] [--runs 3]   # a traffic split's cost
+    python -m bench.proxy --split [--seconds 10] [--runs 3]  # a split's cost (bench/split.py)
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ Rules:
 - Every `CHECK_EVERY` seconds the two versions' answers over the last `WINDOW` seconds (the
   ingresses' reports, `Charts.versions`) go through the verdict with the app's `[rollout]`
   rules. Past a threshold all traffic goes back to the stable version, the new version's pool
-  is retired, and the record ends `failed` with the reason, in one transaction.
+  is retired (unless a tag keeps it), and the record ends `failed` with the reason, in one
+  transaction.
 - The last step promotes: the new version becomes active with all traffic, the stable
   version's pool retired (unless a tag keeps it), the record `live`.
 - A split changed by anyone else (`wakeful traffic`, `promote`, `rollback`) ends the ramp

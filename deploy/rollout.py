@@ -1,10 +1,15 @@
 """A rollout: one version's way to the route, from its pool starting to the flip.
 
 Rules (seed 000 and invariant 4):
-- The route flips (App.active_version) in one transaction once the new pool has as many ready
-  sandboxes as the old one had running (`Rollout.target_ready`); the old pool is retired in
-  the same transaction and drains to zero. How the rollout ended goes in that transaction too:
-  a record left "rolling" would be resumed, and flipped again, by the next leader.
+- The route flips in one transaction once the new pool has `Rollout.target_ready` ready
+  sandboxes (for a full rollout as many as the old one had running; for a canary its share of
+  them, for `--keep-split` one). What the flip writes is `flipped`'s: a full rollout makes the
+  version active with all traffic; a canary or a ramp's first step gives it a share beside the
+  active version; `--keep-split` adds it at 0%. The pools of versions that leave the route
+  are retired in the same transaction and drain to zero (a tag keeps one), and a ramp of
+  another version under way is ended, saying it was replaced. How the rollout ended goes in
+  that transaction too: a record left "rolling" would be resumed, and flipped again, by the
+  next leader.
 - The hosts are checked again just before the flip, one check-and-flip at a time: another app
   may have taken one since the rollout began, and the control plane carrying it on may reserve
   other names. A rollout refused then is abandoned.
@@ -117,9 +122,12 @@ def pool_name(app: str, version: str) -> str:
 def flipped(
     app: App | None, rollout: Rollout, hosts: list[str], default_host: bool
 ) -> tuple[App, str]:
-    """The app's record once `rollout` flips, and what its rollout then says. A full rollout
-    takes all traffic and ends any split (tags stay); a canary (`rollout.canary`) takes its
-    share beside the active version, which stays active."""
+    """The app's record once `rollout` flips, and what its rollout then says. An app's first
+    version takes all traffic whatever was asked; `--keep-split` (`rollout.keep_split`) adds
+    the version at 0% and keeps the split (or the active version's 100%); a canary or a ramp's
+    first step (`rollout.canary`) takes its share beside the active version, which stays
+    active, and the split's other versions leave the route; a full rollout takes all traffic
+    and ends any split. Tags stay."""
     if app is None or app.active_version is None:
         fresh = App(
             name=rollout.app, hosts=hosts, default_host=default_host, active_version=rollout.version

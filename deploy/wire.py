@@ -60,9 +60,9 @@ class DeployRequest(BaseModel):
     canary: int = Field(default=0, ge=0, le=99)
     """`--canary N`: once ready the version takes N% beside the active one (0: all)."""
     ramp: float = Field(default=0.0, ge=0, le=7 * 86400)
+    """`--ramp`: seconds from the first share (the canary's, or 1%) to 100% (0: none)."""
     keep_split: bool = False
     """`--keep-split`: the version joins the route at 0%, the split as it is."""
-    """`--ramp`: seconds from the first share (the canary's, or 1%) to 100% (0: none)."""
 
 
 class RolloutReport(BaseModel):
@@ -147,15 +147,16 @@ class TrafficReport(BaseModel):
     """Tag → version."""
     window_seconds: float = FIGURES_SECONDS
     figures: dict[str, VersionFigures] = Field(default_factory=dict)
-    """Per version the app routes, over the last `window_seconds` (whole 10 s slots), from
-    the ingresses' reports: only while the app has a split or tags."""
+    """Per version the app routes, over the last `window_seconds` and up to 10 s more (whole
+    10 s slots; the rate is over the time they cover), from the ingresses' reports: only
+    while the app has a split or tags."""
 
 
 def traffic_report(app: App, windows: dict[str, Window] | None = None) -> TrafficReport:
     figures = {
         version: VersionFigures(
             requests=w.requests,
-            requests_per_s=round(w.requests / FIGURES_SECONDS, 2),
+            requests_per_s=round(w.requests / w.seconds, 2),
             error_ratio=round(w.error_ratio, 4),
             p99_ms=round(w.p99 * 1000, 1) if w.requests else None,
         )

@@ -30,7 +30,8 @@ from wakeful.ingress.errors import ActivatorUnreachable
 log = logging.getLogger(__name__)
 
 Key = tuple[str, str | None]
-"""(app, version); version None is the app's active version."""
+"""(app, version): the version the router named (the active one, a split's pick, a tag's);
+None only for an app with no version yet."""
 
 
 @dataclass(eq=False, slots=True)

@@ -96,8 +96,8 @@ class Proxy:
         self._router = Router(lambda: routes.index, settings.base_domain)
 
     def route(self, host_header: str) -> Route:
-        """The app serving a Host header, and the version a tag or its split chose (None:
-        the active one); NoRoute when none does."""
+        """The app serving a Host header, the version a tag, its split or its active version
+        names, and whether its answers are counted per version; NoRoute when none does."""
         route = self._router.route(host_header)
         if route is None:
             raise NoRoute(normalize_host(host_header) or host_header)

@@ -57,7 +57,7 @@ class RouteIndex:
     apps: frozenset[str] = frozenset()
     """The apps `<app>.<base_domain>` routes to (`default_host`)."""
     tagged: Mapping[str, Route] = field(default_factory=dict)
-    """`TAG--APP` → (app, version): the first label of a tag's host under the base domain."""
+    """`TAG--APP` → its route: the first label of a tag's host under the base domain."""
     splits: Mapping[str, SplitRoutes] = field(default_factory=dict)
     """App → the even spread of its split (apps with one)."""
     counted: frozenset[str] = frozenset()

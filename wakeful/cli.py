@@ -299,7 +299,10 @@ def build_parser() -> argparse.ArgumentParser:
     traffic.set_defaults(
         func=_remote(lambda api, a: commands.traffic(api, a.app, a.split, as_json=a.json))
     )
-    promote = sub.add_parser("promote", help="all traffic to the split's newest version")
+    promote = sub.add_parser(
+        "promote",
+        help="all traffic to the split's newest version but the active one (with a share first)",
+    )
     promote.add_argument("app")
     promote.set_defaults(func=_remote(lambda api, a: commands.promote(api, a.app)))
     tag = sub.add_parser(

@@ -19,7 +19,6 @@ from wakeful.domain.split import (
     parse_split,
     ramp_plan,
     routed,
-    tag_host,
     tag_problem,
     verdict,
     with_split,
@@ -217,20 +216,6 @@ def test_routed_versions_are_the_active_one_the_split_and_the_tags() -> None:
 def test_promote_takes_the_newest_version_of_the_split_by_number() -> None:
     assert newest_in_split(WEB) is None
     assert newest_in_split(with_split(WEB, {"v7": 80, "v10": 10, "v9": 10})) == "v10"
-
-
-@pytest.mark.parametrize(
-    ("label", "found"),
-    [
-        ("beta--web", ("beta", "web")),
-        ("web", None),
-        ("--web", None),
-        ("beta--", None),
-        ("a--b--c", None),
-    ],
-)
-def test_tag_host(label: str, found: tuple[str, str] | None) -> None:
-    assert tag_host(label) == found
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
-"""Traffic split between an app's versions, and the rules of a progressive rollout: pure, the
-first step of issue 39 (nothing routes by them yet).
+"""Traffic split between an app's versions, and the rules of a progressive rollout (issue 39):
+pure; the ingress's router, `deploy/traffic.py` and `deploy/ramp.py` apply them.
 
 Rules:
 - **A split** is weights over deployed versions, whole percents summing to 100 (`parse_split`:
@@ -7,9 +7,10 @@ Rules:
   traffic (it can still be reached through a tag).
 - **An even spread** (`Spread`): smooth weighted round-robin, as nginx spreads over weighted
   upstreams. Each pick adds every version's weight to its running score, takes the highest
-  (the first in the split's order on a tie) and takes the total from it. Over any run of
-  requests each version's count is within one of its exact share: 90/10 over 1,000 requests
-  gives exactly 100 to the 10% version, never a random walk.
+  (the first in the split's order on a tie) and takes the total from it. Counted from the
+  spread's start, each version's count is within one of its exact share after every request
+  (over any other stretch of requests, within two): 90/10 over 1,000 requests gives exactly
+  100 to the 10% version, never a random walk.
 - **A ramp** (`ramp_plan`) moves a new version to 100% in equal steps over its duration: from
   1% alone, or from the canary's share, in steps of at most `MAX_STEP` points.
 - **A verdict** (`verdict`): over the same window, the new version is rolled back when its 5xx
@@ -17,7 +18,7 @@ Rules:
   stable's times `max_p99_ratio` and by more than `min_p99_increase`; never on fewer than
   `min_requests` of its own requests (one error in two requests is no evidence).
 - **Tag names** (`tag_problem`): a DNS label without `--`, so `TAG--APP.<domain>` reads one
-  way only (an app name has no `--` either).
+  way only (a new app's name has no `--` either; one from before keeps its own host first).
 """
 
 from __future__ import annotations
@@ -134,6 +135,8 @@ class Window:
     requests: int
     errors: int
     p99: float
+    seconds: float = 60.0
+    """How long the window was (its rate is `requests / seconds`)."""
 
     @property
     def error_ratio(self) -> float:
@@ -222,14 +225,6 @@ def newest_in_split(app: App) -> str | None:
 def _number(version: str) -> tuple[int, str]:
     digits = version[1:] if version.startswith("v") else ""
     return (int(digits), version) if digits.isdigit() else (-1, version)
-
-
-def tag_host(label: str) -> tuple[str, str] | None:
-    """(tag, app) of a host's first label `TAG--APP`, or None when it is no tag's."""
-    tag, separator, app = label.partition("--")
-    if not separator or not tag or not app or "--" in app:
-        return None
-    return tag, app
 
 
 def tag_problem(tag: str) -> str | None:

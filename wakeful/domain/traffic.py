@@ -132,6 +132,10 @@ class TrafficRing:
         """Requests the ring holds for `app` (its last 15 minutes)."""
         return sum(slot.requests for slot in self._apps.get(app, {}).values())
 
+    def window_start(self, now: float, seconds: float) -> float:
+        """When the slots `window` adds up begin."""
+        return math.floor((now - seconds) / self._step) * self._step
+
     def keep(self, apps: set[str]) -> None:
         """Forget apps not in `apps` (deleted), and versions (`app/version` keys) not in it
         either: the ring stays as large as the apps and their routed versions are many."""
@@ -140,7 +144,8 @@ class TrafficRing:
 
     def window(self, key: str, now: float, seconds: float) -> tuple[int, int, list[int]]:
         """Requests, 5xx answers and duration buckets of `key` over the slots that end
-        after `now - seconds` (whole slots: up to one slot more than `seconds`)."""
+        after `now - seconds` (whole slots: up to one slot more than `seconds`, from
+        `window_start`)."""
         first = math.floor((now - seconds) / self._step)
         requests = errors = 0
         buckets = [0] * BUCKETS
