@@ -104,7 +104,7 @@ class RampRunner:
         stable = rollout.stable or ""
         version = rollout.version
         split = app.value.split
-        by_hand = _changed_by_hand(app.value, rollout)
+        by_hand = changed_by_hand(app.value, rollout)
         if by_hand is not None:
             phase, message = by_hand
             return await self._finish(rollout, held, phase, message, "by_hand")
@@ -213,7 +213,7 @@ class RampRunner:
         rollout.share = record.share
 
 
-def _changed_by_hand(app: App, rollout: Rollout) -> tuple[Phase, str] | None:
+def changed_by_hand(app: App, rollout: Rollout) -> tuple[Phase, str] | None:
     """How the split differs from what the ramp last wrote (a command changed it), or None."""
     version, stable = rollout.version, rollout.stable
     split = app.split

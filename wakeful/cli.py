@@ -68,6 +68,7 @@ from .registry_cli import registry_parser
 from .remote import CliSettings, ControlApiError, ControlClient, locate
 from .secrets_cli import DiscreetParser, secrets_parser, token_name
 from .storeadmin import cmd_backup, cmd_etcd_auth, cmd_restore
+from .traffic_cli import traffic_parsers
 
 log = logging.getLogger("wakeful")
 
@@ -290,33 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rollback.add_argument("app")
     rollback.set_defaults(func=_remote(lambda api, a: commands.rollback(api, a.app)))
-    traffic = sub.add_parser(
-        "traffic", help="show an app's split and tags, or set it: APP v7=90 v8=10 (latest=...)"
-    )
-    traffic.add_argument("app")
-    traffic.add_argument("split", nargs="*", metavar="VERSION=PERCENT")
-    traffic.add_argument("--json", action="store_true")
-    traffic.set_defaults(
-        func=_remote(lambda api, a: commands.traffic(api, a.app, a.split, as_json=a.json))
-    )
-    promote = sub.add_parser(
-        "promote",
-        help="all traffic to the split's newest version but the active one (with a share first)",
-    )
-    promote.add_argument("app")
-    promote.set_defaults(func=_remote(lambda api, a: commands.promote(api, a.app)))
-    tag = sub.add_parser(
-        "tag",
-        help="TAG--APP.<base domain> reaches VERSION (latest: the newest), whatever the split",
-    )
-    tag.add_argument("app")
-    tag.add_argument("version")
-    tag.add_argument("tag")
-    tag.set_defaults(func=_remote(lambda api, a: commands.tag(api, a.app, a.version, a.tag)))
-    untag = sub.add_parser("untag", help="remove a tag")
-    untag.add_argument("app")
-    untag.add_argument("tag")
-    untag.set_defaults(func=_remote(lambda api, a: commands.untag(api, a.app, a.tag)))
+    traffic_parsers(sub, _remote)
     tokens = sub.add_parser("tokens", help="role tokens: create, list, revoke, rotate")
     _tokens_parser(tokens, common)
     secrets = sub.add_parser("secrets", help="app secrets: set, unset, list; the keys")

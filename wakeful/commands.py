@@ -37,7 +37,6 @@ from .tables import (
     progress_counts,
     secret_table,
     token_table,
-    traffic_table,
     version_lines,
 )
 
@@ -309,37 +308,6 @@ def tokens_revoke(api: ControlClient, name: str) -> int:
         say(f"revoked {name}: its secret is refused from now on")
     else:
         say(f"revoked {name}: the control plane has not applied it yet; it will within seconds")
-    return 0
-
-
-def traffic(api: ControlClient, app: str, split: Sequence[str], *, as_json: bool) -> int:
-    """The app's split and tags; with `VERSION=PERCENT ...`, set first."""
-    report = api.set_traffic(app, split) if split else api.traffic(app)
-    return _show_traffic(report, as_json)
-
-
-def promote(api: ControlClient, app: str) -> int:
-    return _show_traffic(api.promote(app), False)
-
-
-def tag(api: ControlClient, app: str, version: str, name: str) -> int:
-    if not name:
-        raise CliError("TAG is empty: give the tag's name (a DNS label, e.g. beta)")
-    return _show_traffic(api.tag(app, name, version), False)
-
-
-def untag(api: ControlClient, app: str, name: str) -> int:
-    if not name:
-        raise CliError("TAG is empty: give the tag's name")
-    return _show_traffic(api.untag(app, name), False)
-
-
-def _show_traffic(report: Mapping[str, Any], as_json: bool) -> int:
-    if as_json:
-        say_json(report, indent=2)
-        return 0
-    for line in traffic_table(report):
-        say(line)
     return 0
 
 

@@ -11,6 +11,7 @@ import pytest
 from tests.support.store import routable
 from wakeful.deploy.appdir import AppDefinition
 from wakeful.deploy.artifacts import LocalArtifacts
+from wakeful.deploy.ramp import changed_by_hand
 from wakeful.deploy.rollout import Phase, Rollout
 from wakeful.deploy.service import Deployer
 from wakeful.domain import keys
@@ -185,3 +186,24 @@ async def test_a_deploy_during_a_ramp_ends_it_saying_it_was_replaced() -> None:
         assert rollout.phase is Phase.FAILED
         app = await store.get(keys.app("web"), App)
         assert app is not None and (app.value.active_version, app.value.split) == ("v3", {})
+
+
+@pytest.mark.parametrize(
+    ("split", "active", "said"),
+    [
+        pytest.param({"v1": 74, "v2": 26}, "v1", None, id="as the ramp wrote it"),
+        pytest.param({}, "v2", "promoted by hand", id="promoted"),
+        pytest.param({}, "v1", "sent back to v1 by hand", id="rolled back"),
+        pytest.param({"v1": 100, "v2": 0}, "v1", "sent back to v1", id="new version at 0%"),
+        pytest.param({"v1": 50, "v2": 50}, "v1", "set by hand (v1 50%, v2 50%)", id="re-split"),
+        pytest.param({"v3": 74, "v2": 26}, "v3", "set by hand", id="stable gone"),
+    ],
+)
+def test_what_a_command_did_to_a_ramp(split: dict[str, int], active: str, said: str | None) -> None:
+    rollout = Rollout("web", "v2", "web-v2", Phase.RAMPING, "", 0, stable="v1", share=26)
+    app = App(name="web", active_version=active, split=split)
+    found = changed_by_hand(app, rollout)
+    if said is None:
+        assert found is None
+    else:
+        assert found is not None and said in found[1]
