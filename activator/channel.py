@@ -14,10 +14,12 @@ choosing (unique among its operations in flight):
     {"id": 4, "op": "cancel", "of": 1}          (no answer of its own)
     {"id": 5, "op": "adopt", "app": "hello", "grant": {...LeaseGrant...}}
     {"id": 6, "op": "traffic", "apps": {"hello": {"requests": 9, "errors": 0, "buckets": [...]}}}
+    {"id": 7, "op": "access", "ingress": "edge-1", "lines": [{...AccessLine...}]}
 
 (`adopt`: a lease granted by another activator, reported by its holder on the first channel
 it opens to this one after a takeover; answered like a renewal; `traffic`: what the ingress
-answered per app since its last report, `wakeful.domain.traffic`, for the dashboard's charts)
+answered per app since its last report, `wakeful.domain.traffic`, for the dashboard's charts;
+`access`: its access lines since then, `wakeful.domain.logbatch.AccessLine`, for the log)
 and gets a list of answers, exactly one per acquire, renewal, release, adoption and report
 (an error's code and fields are those of `activator/lease_errors.py`, as over HTTP):
 
@@ -66,6 +68,7 @@ from wakeful.activator.core import Activator
 from wakeful.activator.lease_errors import CANCELLED, INVALID_REQUEST, WireError, to_wire
 from wakeful.activator.ledger import Lease
 from wakeful.domain.leases import CHANNEL_MAX_FRAME_BYTES, ActivatorError, LeaseGrant, Overloaded
+from wakeful.domain.logbatch import MAX_ACCESS_LINES, AccessLine
 from wakeful.domain.models import NAME_PATTERN
 from wakeful.domain.traffic import MAX_APPS_PER_REPORT, TrafficReport
 from wakeful.store import StoreError
@@ -129,6 +132,13 @@ class Cancel(BaseModel):
     of: int
 
 
+class Access(BaseModel):
+    id: int
+    op: Literal["access"]
+    ingress: str = Field(max_length=128)
+    lines: list[AccessLine] = Field(max_length=MAX_ACCESS_LINES)
+
+
 class Traffic(BaseModel):
     id: int
     op: Literal["traffic"]
@@ -136,7 +146,7 @@ class Traffic(BaseModel):
 
 
 Operation = Annotated[
-    Acquire | Renew | Release | Adopt | Cancel | Traffic, Field(discriminator="op")
+    Acquire | Renew | Release | Adopt | Cancel | Traffic | Access, Field(discriminator="op")
 ]
 _OPERATION: TypeAdapter[Operation] = TypeAdapter(Operation)
 
@@ -259,8 +269,12 @@ class Channel:
         else:
             self._answer(self._upkeep(operation))
 
-    def _upkeep(self, operation: Renew | Release | Adopt | Traffic) -> dict[str, Any]:
+    def _upkeep(self, operation: Renew | Release | Adopt | Traffic | Access) -> dict[str, Any]:
         try:
+            if isinstance(operation, Access):
+                lines = [line.model_dump() for line in operation.lines]
+                recorded = self._activator.record_access(operation.ingress, lines)
+                return {"id": operation.id, "recorded": recorded}
             if isinstance(operation, Traffic):
                 recorded = self._activator.record_traffic(operation.apps)
                 return {"id": operation.id, "recorded": recorded}

@@ -103,6 +103,8 @@ class Activator:
             allowed=self._term.may_suspend,
         )
         self.last_lease_gone: Callable[[], None] = lambda: None
+        self.access_sink: Callable[[str, list[dict[str, object]]], None] | None = None
+        """Where ingresses' access lines go (the control plane's log); None: nowhere."""
         """Called when the last lease on a sandbox out of admission (draining) is released:
         the pool controller (`Reconciler.nudge`) stops it then, not at its next tick (lease
         releases are not store changes it would see)."""
@@ -270,6 +272,8 @@ class Activator:
             return None
         lease = self._ledger.grant(pool.name, pool.app, decision, waiter)
         lease.server_timing = pool.spec.server_timing
+        lease.access_log = pool.spec.access_log
+        lease.access_log_query = pool.spec.access_log_query
         lease.version = pool.version
         self._activity.touch(lease.sandbox_id, self._wall_clock())
         if decision.overflow:
@@ -376,6 +380,18 @@ class Activator:
 
     def snapshot(self) -> list[PoolSnapshot]:
         return pool_snapshots(self._view, self._ledger)
+
+    def record_access(self, ingress: str, lines: list[dict[str, object]]) -> int:
+        """An ingress's access lines (`Leases.access`), to the log through `access_sink`
+        (set by whoever keeps the log); apps this activator does not know are left out.
+        Returns how many went in."""
+        sink = self.access_sink
+        if sink is None:
+            return 0
+        known = [line for line in lines if line.get("app") in self._view.apps]
+        if known:
+            sink(ingress, known)
+        return len(known)
 
     def record_traffic(self, report: TrafficReport) -> int:
         """An ingress's traffic report (`Leases.report`), into the charts; apps this activator

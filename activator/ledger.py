@@ -83,6 +83,8 @@ class Lease:
     woke_by: str = ""
     """How: `thaw` (a suspended sandbox) or `start`; empty unless `woke_after` is set."""
     server_timing: bool = False
+    access_log: bool = False
+    access_log_query: bool = False
     version: str = ""
     """The version of the pool it is on ("" for one adopted after a takeover)."""
 
@@ -98,6 +100,8 @@ class Lease:
             woke_after=self.woke_after,
             woke_by=self.woke_by,
             server_timing=self.server_timing,
+            access_log=self.access_log,
+            access_log_query=self.access_log_query,
             version=self.version,
         )
 

@@ -11,6 +11,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import NoDecode
 
 from wakeful.domain.hosts import HostRules, ends_in_number
+from wakeful.domain.logfiles import Limits, parse_age
 from wakeful.domain.models import HOST_PATTERN, parse_size
 from wakeful.store.settings import StoreSettings
 
@@ -71,6 +72,29 @@ class ActivatorSettings(StoreSettings):
     artifact_dir: Path | None = None
     """WAKEFUL_ARTIFACT_DIR: where artifacts are kept; `<data dir>/artifacts` when unset.
     Activators that stand in for each other share it (one directory, or one network mount)."""
+    log_dir: Path | None = None
+    """WAKEFUL_LOG_DIR: where apps' output and access logs are kept (`docs/design/logs.md`);
+    `<data dir>/logs` when unset. Apart from the artifact directory, so that logs filling it
+    never fail an artifact, a state archive or an image; activators that stand in for each
+    other share it, as they share the artifact directory."""
+    log_retention: float = Field(default=7 * 86400.0, ge=60, le=10 * 365 * 86400)
+    """WAKEFUL_LOG_RETENTION: how long a line is kept ("7d", "12h", seconds): a deleted app's
+    lines too."""
+    log_max_bytes: int = Field(default=4 << 30, ge=1 << 20, le=1 << 50)
+    """WAKEFUL_LOG_MAX_BYTES: what the log directory may hold ("4G"); the oldest segments go."""
+    log_app_max_bytes: int = Field(default=512 << 20, ge=64 << 10, le=1 << 50)
+    """WAKEFUL_LOG_APP_MAX_BYTES: what one app's logs may hold ("512M"), output and access."""
+
+    @field_validator("log_retention", mode="before")
+    @classmethod
+    def _log_age(cls, value: object) -> object:
+        return parse_age(value)
+
+    @field_validator("log_max_bytes", "log_app_max_bytes", mode="before")
+    @classmethod
+    def _log_sizes(cls, value: object) -> object:
+        return parse_size(value) if isinstance(value, str) else value
+
     secrets_keys: Path | None = None
     """WAKEFUL_SECRETS_KEYS: the directory of the keys apps' secrets are sealed under (0700,
     one `<id>.key` file per key); `<data dir>/secret-keys` when unset. Activators that stand
@@ -166,6 +190,13 @@ class ActivatorSettings(StoreSettings):
 
     def advertised(self) -> str:
         return self.advertise_url or f"http://{self.listen}"
+
+    def logs_dir(self, data_dir: Path) -> Path:
+        """The log directory: WAKEFUL_LOG_DIR, else `<data dir>/logs`."""
+        return self.log_dir or data_dir / "logs"
+
+    def log_limits(self) -> Limits:
+        return Limits(self.log_retention, self.log_max_bytes, self.log_app_max_bytes)
 
     def secrets_dir(self, data_dir: Path) -> Path:
         """The secrets key directory: WAKEFUL_SECRETS_KEYS, else `<data dir>/secret-keys`."""

@@ -1,16 +1,22 @@
-"""The control plane's record of its sandboxes' output: in memory, bounded, pushed by nodes.
+"""The control plane's intake of its sandboxes' output: pushed by nodes, written to the log
+directory before it is acknowledged (issue 40).
 
 Theory of operation:
 - Nodes push `LogBatch`es (`wakeful.logbatch`): in `wakeful up` the in-process node agent
   hands them to `LogBook.ship` directly, elsewhere they arrive through `POST /v1/logs`. The
   book never calls a node.
-- Per sandbox it keeps complete lines (at most `max_lines` lines and `max_bytes` bytes; the
-  oldest go first) and one unterminated line (longer lines are wrapped at `max_line`).
-  It holds at most `max_sandboxes` sandboxes: past that the one that finished first goes,
-  or, when none has finished, the one written least recently. At most `max_nodes` nodes.
 - Each chunk names the bytes of the output stream it holds, so a chunk sent twice (a retry
   after a lost answer) is recorded once, and bytes that never arrived leave a marker line
-  and are counted as missing.
+  and are counted as missing. The book remembers how far each sandbox's stream got (at most
+  `max_sandboxes`: past that the one that finished first goes, or, when none has finished,
+  the one written least recently); a sandbox it does not know (after a restart, a takeover,
+  or an eviction) is looked up in the log itself: the last line of each chunk carries the
+  offset the stream reached (`o`).
+- A chunk becomes lines (longer ones wrapped at `max_line`); a piece that does not end a line
+  yet is written too, marked `"more": true` (the line goes on in the sandbox's next line),
+  so that every byte acknowledged to a node is in the log: `ship` returns only once the log
+  directory wrote its lines (`wakeful.deploy.logdir`), or raises `ShipFailed` and the node
+  sends them again.
 - Per node it records when the last batch arrived and what the node said was still pending
   and dropped; `behind` turns that into notes for a reader ("node-a: last batch 14 s ago").
 
@@ -19,23 +25,30 @@ Theory of operation:
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
 
-from wakeful.domain.logbatch import LogBatch, OutputChunk
+import anyio
 
-MAX_LINES = 10_000
-MAX_BYTES = 256 * 1024
+from wakeful.deploy import logread
+from wakeful.deploy.logdir import LogDir, encode
+from wakeful.domain.logbatch import LogBatch, OutputChunk, ShipFailed
+from wakeful.domain.logfiles import iso
+
 MAX_LINE = 16 * 1024
-MAX_SANDBOXES = 256
+MAX_SANDBOXES = 4096
 MAX_NODES = 1024
 STALE_INTERVALS = 5
 """A node whose last batch is this many of its ship intervals old is behind."""
 DEFAULT_INTERVAL = 1.0
 """The ship interval assumed of a node not heard from yet (`NodeSettings.log_ship_interval`)."""
+WRITE_TIMEOUT = 10.0
+"""Seconds a batch waits for the disk before the node is told to send it again."""
 
 
 @dataclass
@@ -47,16 +60,12 @@ class NodeShipping:
 
 
 @dataclass(eq=False)
-class _Log:
+class _Stream:
     sandbox_id: str
     app: str
     node: str
-    created_at: float
     seq: int
     last_write: float
-    lines: deque[str] = field(default_factory=deque)
-    size: int = 0
-    partial: str = ""
     received: int = 0
     """Bytes of the sandbox's output stream accounted for (received or known missing)."""
     missing: int = 0
@@ -66,131 +75,173 @@ class _Log:
 class LogBook:
     def __init__(
         self,
+        logdir: LogDir,
         *,
-        max_lines: int = MAX_LINES,
-        max_bytes: int = MAX_BYTES,
         max_line: int = MAX_LINE,
         max_sandboxes: int = MAX_SANDBOXES,
         max_nodes: int = MAX_NODES,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         for name, value in [
-            ("max_lines", max_lines),
-            ("max_bytes", max_bytes),
             ("max_line", max_line),
             ("max_sandboxes", max_sandboxes),
             ("max_nodes", max_nodes),
         ]:
             if value < 1:
                 raise ValueError(f"{name}: must be at least 1 (got {value})")
-        self._max_lines = max_lines
-        self._max_bytes = max_bytes
+        self.logdir = logdir
         self._max_line = max_line
         self._max_sandboxes = max_sandboxes
         self._max_nodes = max_nodes
         self._clock = clock
         self._since = clock()
-        self._logs: dict[str, _Log] = {}
+        self._streams: dict[str, _Stream] = {}
         self._nodes: dict[str, NodeShipping] = {}
         """In order of their last batch, oldest first."""
+        self._last: dict[str, float] = {}
+        """Per app, the time given to its last line: each line's is later (a reader's cursor)."""
         self._seq = itertools.count()
 
     # -- the LogSink a node agent ships to ----------------------------------------------------
 
     async def ship(self, batch: LogBatch) -> None:
-        self.record(batch, self._clock())
+        """Record `batch` and return once its lines are on disk (`ShipFailed` when the disk
+        did not answer within `WRITE_TIMEOUT`: the node keeps them and sends them again)."""
+        seen = set()
+        for chunk in batch.chunks:  # a sandbox's first chunk here tells where it stands
+            if chunk.sandbox in seen:
+                continue
+            seen.add(chunk.sandbox)
+            if chunk.offset > 0 and chunk.sandbox not in self._streams:
+                root = self.logdir.root
+                reached = await anyio.to_thread.run_sync(
+                    logread.last_offset, root, chunk.app, chunk.sandbox
+                )
+                self._adopt(batch.node, chunk, reached)
+        pending = self.record(batch, self._clock())
+        if not pending:
+            return
+        try:
+            with anyio.fail_after(WRITE_TIMEOUT):
+                await asyncio.gather(*(asyncio.wrap_future(f) for f in pending))
+        except TimeoutError:
+            raise ShipFailed(
+                f"the log directory did not write within {WRITE_TIMEOUT:g} s"
+            ) from None
 
     def now(self) -> float:
         return self._clock()
 
     # -- writing ------------------------------------------------------------------------------
 
-    def record(self, batch: LogBatch, now: float) -> None:
+    def record(self, batch: LogBatch, now: float) -> list[Future[int]]:
+        """Take `batch`; the writes of its lines, per app (what `ship` waits for)."""
         self._nodes.pop(batch.node, None)
         self._nodes[batch.node] = NodeShipping(now, batch.interval, batch.pending, batch.dropped)
         while len(self._nodes) > self._max_nodes:
             del self._nodes[next(iter(self._nodes))]
+        lines: dict[str, list[bytes]] = {}
         for chunk in batch.chunks:
-            self._take(batch.node, chunk, now)
+            self._take(batch.node, chunk, now, lines.setdefault(chunk.app, []))
+        pending = []
+        for app, written in lines.items():
+            if written:  # every line's time is `now` or just after (`_next_time`)
+                pending.append(self.logdir.append(app, "output", written, now, self._last[app]))
+        return pending
 
-    def _take(self, node: str, chunk: OutputChunk, now: float) -> None:
-        log = self._logs.get(chunk.sandbox)
-        if log is None:
+    def _adopt(self, node: str, chunk: OutputChunk, reached: int | None) -> None:
+        """A sandbox this book did not know, its stream taken as far as the log holds it; when
+        the log's newest segments hold none of it, what came before this chunk is a gap (it
+        may be in older segments: a marker too many beats a loss unsaid)."""
+        self._make_room()
+        stream = self._streams[chunk.sandbox] = _Stream(
+            chunk.sandbox, chunk.app, node, next(self._seq), self._clock()
+        )
+        stream.received = reached or 0
+
+    def _take(self, node: str, chunk: OutputChunk, now: float, out: list[bytes]) -> None:
+        stream = self._streams.get(chunk.sandbox)
+        if stream is None:
             self._make_room()
-            log = self._logs[chunk.sandbox] = _Log(
-                chunk.sandbox, chunk.app, node, chunk.created_at, next(self._seq), now
+            stream = self._streams[chunk.sandbox] = _Stream(
+                chunk.sandbox, chunk.app, node, next(self._seq), now
             )
-        log.node = node
-        log.last_write = now
+        stream.node = node
+        stream.last_write = now
         end = chunk.offset + chunk.size
         text = chunk.text
-        if end <= log.received:
+        base = {"app": chunk.app, "version": chunk.version, "sandbox": chunk.sandbox, "node": node}
+        records: list[dict[str, Any]] = []
+        if end <= stream.received:
             text = ""  # sent before: a retry after a lost answer
-        elif chunk.offset < log.received:
-            overlap = log.received - chunk.offset  # partly sent before
+        elif chunk.offset < stream.received:
+            overlap = stream.received - chunk.offset  # partly sent before
             text = text.encode()[overlap:].decode(errors="replace")
-        elif chunk.offset > log.received:
-            gap = chunk.offset - log.received
-            log.missing += gap
-            self._end_line(log)
-            self._push(log, f"[wakeful: {gap} bytes of output missing here]")
-        log.received = max(log.received, end)
+        elif chunk.offset > stream.received:
+            gap = chunk.offset - stream.received
+            stream.missing += gap
+            records.append({**base, "line": f"[wakeful: {gap} bytes of output missing here]"})
+        stream.received = max(stream.received, end)
         if text:
-            self._write(log, text)
-        if chunk.finished and log.finished_at is None:
-            self._end_line(log)
-            log.finished_at = now
+            *whole, rest = text.split("\n")
+            for line in whole:
+                records.extend(self._pieces(base, line.removesuffix("\r"), False))
+            if rest:
+                records.extend(self._pieces(base, rest, True))
+        if records:
+            records[-1]["o"] = stream.received
+        for record in records:
+            at = self._next_time(chunk.app, now)
+            out.append(encode({"ts": round(at, 6), "time": iso(at), **record}))
+        if chunk.finished and stream.finished_at is None:
+            stream.finished_at = now
+
+    def _pieces(self, base: dict[str, Any], line: str, more: bool) -> Iterable[dict[str, Any]]:
+        cut = self._max_line
+        starts = range(0, max(len(line), 1), cut)
+        for start in starts:
+            piece = {**base, "line": line[start : start + cut]}
+            if more or start + cut < len(line):
+                piece["more"] = True
+            yield piece
+
+    def _next_time(self, app: str, now: float) -> float:
+        last = self._last.get(app)
+        at = now if last is None or now > last + 1e-6 else last + 1e-6
+        self._last[app] = at
+        return at
 
     def _make_room(self) -> None:
-        while len(self._logs) >= self._max_sandboxes:
-            finished = [log for log in self._logs.values() if log.finished_at is not None]
+        while len(self._streams) >= self._max_sandboxes:
+            finished = [s for s in self._streams.values() if s.finished_at is not None]
             if finished:
-                victim = min(finished, key=lambda log: (log.finished_at, log.seq))
+                victim = min(finished, key=lambda s: (s.finished_at, s.seq))
             else:
-                victim = min(self._logs.values(), key=lambda log: (log.last_write, log.seq))
-            del self._logs[victim.sandbox_id]
+                victim = min(self._streams.values(), key=lambda s: (s.last_write, s.seq))
+            del self._streams[victim.sandbox_id]
 
-    def _write(self, log: _Log, text: str) -> None:
-        *complete, log.partial = (log.partial + text).split("\n")
-        for line in complete:
-            self._push(log, line.removesuffix("\r"))
-        while len(log.partial) > self._max_line:
-            self._push(log, log.partial[: self._max_line])
-            log.partial = log.partial[self._max_line :]
-
-    def _end_line(self, log: _Log) -> None:
-        if log.partial:
-            self._push(log, log.partial.removesuffix("\r"))
-            log.partial = ""
-
-    def _push(self, log: _Log, line: str) -> None:
-        for start in range(0, max(len(line), 1), self._max_line):
-            piece = line[start : start + self._max_line]
-            log.lines.append(piece)
-            log.size += len(piece.encode()) + 1
-        while log.lines and (len(log.lines) > self._max_lines or log.size > self._max_bytes):
-            log.size -= len(log.lines.popleft().encode()) + 1
+    def take_access(self, ingress: str, lines: list[dict[str, object]]) -> None:
+        """An ingress's access lines (`Activator.access_sink`), to each app's access log.
+        Not waited for: they are best effort, as the traffic reports they travel with."""
+        per_app: dict[str, list[dict[str, object]]] = {}
+        for line in lines:
+            per_app.setdefault(str(line["app"]), []).append(line)
+        for app, found in per_app.items():
+            times = [float(line["ts"]) for line in found]  # type: ignore[arg-type]
+            encoded = [
+                encode({**line, "time": iso(float(line["ts"])), "ingress": ingress})  # type: ignore[arg-type]
+                for line in found
+            ]
+            self.logdir.append(app, "access", encoded, min(times), max(times))
 
     # -- reading ------------------------------------------------------------------------------
 
-    def knows(self, sandbox_id: str) -> bool:
-        return sandbox_id in self._logs
+    def app_of(self, sandbox_id: str) -> str | None:
+        stream = self._streams.get(sandbox_id)
+        return None if stream is None else stream.app
 
     def node(self, name: str) -> NodeShipping | None:
         return self._nodes.get(name)
-
-    def sandbox_lines(self, sandbox_id: str, tail: int) -> list[str]:
-        log = self._logs.get(sandbox_id)
-        return [] if log is None else _tail(log, tail)
-
-    def app_lines(self, app: str, tail: int) -> list[str]:
-        """The last `tail` lines of each of the app's sandboxes, `[sandbox-id] `-prefixed,
-        in the order the sandboxes were created."""
-        found = sorted(
-            (log for log in self._logs.values() if log.app == app),
-            key=lambda log: (log.created_at, log.seq),
-        )
-        return [f"[{log.sandbox_id}] {line}" for log in found for line in _tail(log, tail)]
 
     def behind(self, app: str, nodes: Iterable[str], now: float) -> list[str]:
         """Why the app's log may lack lines: `nodes` (those running its sandboxes) not heard
@@ -207,12 +258,7 @@ class LogBook:
                 notes.append(f"{name}: last batch {age:.0f} s ago")
             if shipping.pending:
                 notes.append(f"{name}: {shipping.pending} bytes not shipped yet")
-        for log in sorted(self._logs.values(), key=lambda log: (log.created_at, log.seq)):
-            if log.app == app and log.missing:
-                notes.append(f"{log.sandbox_id}: {log.missing} bytes missing")
+        for stream in sorted(self._streams.values(), key=lambda s: s.seq):
+            if stream.app == app and stream.missing:
+                notes.append(f"{stream.sandbox_id}: {stream.missing} bytes missing")
         return notes
-
-
-def _tail(log: _Log, tail: int) -> list[str]:
-    lines = [*log.lines, log.partial] if log.partial else list(log.lines)
-    return lines[-tail:] if tail > 0 else []

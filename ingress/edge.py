@@ -17,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from wakeful.aio import trace
 from wakeful.domain.leases import ActivatorError, AppFailedToBoot, Unavailable, UnknownApp
+from wakeful.ingress.accesslog import AccessLog
 from wakeful.ingress.acme import CHALLENGE_PREFIX
 from wakeful.ingress.cache import Use
 from wakeful.ingress.errors import (
@@ -34,7 +35,7 @@ from wakeful.ingress.formats import ErrorAnswer, choose_format, render
 from wakeful.ingress.headers import header, new_request_id, read_request_head
 from wakeful.ingress.http1 import Request, Responder
 from wakeful.ingress.metrics import IngressMetrics, Move
-from wakeful.ingress.proxy import Proxy, ProxyRequest
+from wakeful.ingress.proxy import Proxy, ProxyRequest, ProxyResponse
 from wakeful.ingress.websocket import splice, upgrade_headers
 
 log = logging.getLogger(__name__)
@@ -89,12 +90,14 @@ class ProxyEdge:
         websocket_limits: Callable[[str], tuple[float, float]] = lambda app: (600.0, 86_400.0),
         https_location: Callable[[str, str, bytes], str | None] | None = None,
         acme_answer: Callable[[bytes], bytes | None] = lambda target: None,
+        access: AccessLog | None = None,
     ) -> None:
         """`websocket_limits`: an app's WebSocket idle timeout and maximum duration.
         `https_location(app, host, target)`: where a plain HTTP request of the app is
         redirected (308), or None to serve it; None when no app is. `acme_answer(target)`:
         the key authorization of an ACME HTTP-01 challenge, answered on the plain listener
-        before routing (`ingress.acme`)."""
+        before routing (`ingress.acme`). `access`: the access log, for every app's requests
+        or those of apps whose leases ask for it (`ingress.accesslog`)."""
         self._proxy = proxy
         self._metrics = metrics
         self._max_header_bytes = max_header_bytes
@@ -102,6 +105,7 @@ class ProxyEdge:
         self._websocket_limits = websocket_limits
         self._https_location = https_location
         self._acme_answer = acme_answer
+        self._access = access
 
     async def handle(self, request: Request, out: Responder) -> None:
         """Route, forward and stream the answer back. Errors before the answer starts become
@@ -120,6 +124,9 @@ class ProxyEdge:
         """The version the answer is counted for: only a split or tagged app's."""
         status = 500
         client_gone = False
+        response: ProxyResponse | None = None
+        sent = 0
+        """Body bytes relayed to the client (for the access log)."""
         try:
             if head.hosts > 1:
                 raise BadRequest(f"{head.hosts} Host headers: a request has exactly one")
@@ -167,7 +174,6 @@ class ProxyEdge:
             )
             tracker = self._metrics.tracker(app)
             held: list[Use] = []
-            response = None
             streaming = False
             try:
                 response = await proxy.open(app, proxied, tracker, held, version, reported)
@@ -189,6 +195,7 @@ class ProxyEdge:
                         chunk = await upstream.next()
                     if not chunk:
                         break
+                    sent += len(chunk)
                     if out.write(chunk):
                         await out.drain()
                 out.end()
@@ -226,12 +233,26 @@ class ProxyEdge:
             client_gone = True  # the client hung up (or the ingress is stopping)
             raise
         finally:
-            self._metrics.answered(
-                label,
-                CLIENT_GONE if client_gone else status,
-                time.perf_counter() - started,
-                reported,
-            )
+            seconds = time.perf_counter() - started
+            final = CLIENT_GONE if client_gone else status
+            self._metrics.answered(label, final, seconds, reported)
+            access = self._access
+            if access is not None and label != "-":
+                grant = None if response is None else response.grant
+                if access.every_app or (grant is not None and grant.access_log):
+                    access.record(
+                        label,
+                        (version or "") if grant is None else grant.version,
+                        "" if grant is None else grant.sandbox_id,
+                        request.method,
+                        target,
+                        final,
+                        sent,
+                        seconds,
+                        "" if response is None else response.woke_by,
+                        request_id,
+                        grant is not None and grant.access_log_query,
+                    )
 
     def _answer_error(
         self,

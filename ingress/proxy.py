@@ -77,6 +77,10 @@ class ProxyResponse:
     upstream: UpstreamResponse
     """The sandbox's answer: its body, read with `next_nowait` and `next`, and its `splice`
     when it switched to WebSocket (101)."""
+    grant: LeaseGrant
+    """The lease it went through: its sandbox, version, and what the app asks of the log."""
+    woke_by: str = ""
+    """How the app woke for this request (`thaw`, `start`), or "" when it was awake."""
 
 
 class Proxy:
@@ -213,7 +217,7 @@ class Proxy:
                     answer.append(
                         (b"server-timing", server_timing(queued, woke, upstream, woke_by))
                     )
-                return ProxyResponse(response.status, answer, response)
+                return ProxyResponse(response.status, answer, response, grant, woke_by)
             except BaseException:
                 response.close()
                 raise

@@ -27,6 +27,7 @@ from wakeful.aio.loopback import hold_loopback_twin
 from wakeful.domain import keys
 from wakeful.domain.leases import Leases
 from wakeful.domain.models import AcmeChallenge, CertRecord
+from wakeful.ingress.accesslog import AccessLog
 from wakeful.ingress.acme import CertSource, Challenges, IssuedFeed, ServedPair
 from wakeful.ingress.cache import LeaseCache
 from wakeful.ingress.edge import AdminEdge, ProxyEdge
@@ -102,6 +103,9 @@ class Ingress:
         )
         self._registry = registry
         self._leases = leases
+        self.access = AccessLog(settings.access_log, settings.access_log_rate, registry)
+        self.name = settings.tunnel_replica or ""
+        """This ingress in its access lines: its replica name, once it listens."""
         self._transport = transport
         self.transport: Transport | None = None
         """The upstream transport while running (the one given, or a RawTransport)."""
@@ -181,6 +185,7 @@ class Ingress:
                 self.settings.websocket_limits,
                 self._https_location if self.settings.tls_redirect else None,
                 self.challenges.answer,
+                self.access,
             )
             server = HttpServer(edge, limits)
             sock = _bind(self.settings.listen, self.settings.backlog, "listen address")
@@ -190,6 +195,7 @@ class Ingress:
                 await admin.stop(0)
                 raise
             self.address = sock.getsockname()[:2]
+            self.name = self.name or default_replica_name("{}:{}".format(*self.address))
             log.info("ingress listening on %s:%d", *self.address)
             servers = [server]
             try:
@@ -208,12 +214,16 @@ class Ingress:
 
     async def _report_traffic(self) -> None:
         """What this ingress answered per app, to the activator every `traffic_report_interval`
-        (beside the lease renewals): the dashboard's charts of every ingress together."""
+        (beside the lease renewals): the dashboard's charts of every ingress together; and
+        its access lines since (`ingress.accesslog`)."""
         while True:
             await anyio.sleep(self.settings.traffic_report_interval)
             try:
                 self._leases.report(self.metrics.traffic_since_last())
-            except Exception:  # the charts are never worth the ingress
+                lines = self.access.take()
+                if lines and not self._leases.access(self.name, lines):
+                    self.access.keep(lines)  # no channel now: with the next report
+            except Exception:  # the charts and the log are never worth the ingress
                 log.exception("could not report traffic to the activator")
 
     async def _serve_tunnels(

@@ -65,6 +65,13 @@ class IngressSettings(StoreSettings):
     """Put a crash-looping app's last log lines in its 503 answer, but only while `listen` is
     a loopback address (see `boot_log_shown`). Off by default: the log can hold secrets, and
     the answer goes to anyone who can connect. `wakeful up` turns it on."""
+    access_log: bool = False
+    """WAKEFUL_ACCESS_LOG: an access line for every proxied request of every app, shipped to
+    the control plane's log (`wakeful logs APP --access`); without it, only the requests of
+    apps with `access_log = true`. `wakeful up` turns it on."""
+    access_log_rate: int = Field(default=1000, ge=1, le=1_000_000)
+    """WAKEFUL_ACCESS_LOG_RATE: access lines this ingress keeps per second before it samples
+    (each kept line then says how many requests it stands for)."""
     traffic_report_interval: float = Field(default=2.0, gt=0, le=60)
     """Seconds between the reports of what this ingress answered per app to the activator
     (the dashboard's charts)."""

@@ -73,6 +73,7 @@ async def run_activator(
                 replace_admin=reset_admin and first,
                 adopt_for=settings.adopt_window,
                 leading=election.leading,
+                writer=f"t{term.revision}",
             )
 
         each = terms.Terms(plane_for, standby, announce, settings.listen)

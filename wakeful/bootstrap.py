@@ -54,6 +54,7 @@ from wakeful.deploy.collect import ArtifactCollector
 from wakeful.deploy.images import Images, images_router
 from wakeful.deploy.local import deploy_dir, resume_rollouts
 from wakeful.deploy.logbook import LogBook
+from wakeful.deploy.logdir import LogDir
 from wakeful.deploy.logs_api import logs_router
 from wakeful.deploy.service import Deployer
 from wakeful.deploy.states import Bounds, StateKeeper
@@ -123,6 +124,7 @@ async def control_plane(
     write_admin: Callable[[str], str] | None = None,
     adopt_for: float = 0.0,
     leading: Callable[[], bool] = lambda: True,
+    writer: str | None = None,
 ) -> AsyncIterator[ControlPlane]:
     """`idle`: the idle monitor's settings, None to run it elsewhere. `drain_grace`: how long
     after start lease counts are not trusted (see Reconciler); one lease TTL when ingresses run
@@ -133,7 +135,8 @@ async def control_plane(
     rotated admin secret goes (see `tokens_router`). `adopt_for`: the activator's adoption
     window after a takeover, counted from when the API listens (`Activator.running`).
     `leading`: whether this control plane's term is still certainly current (the activator
-    grants nothing once it is not)."""
+    grants nothing once it is not). `writer`: the name its log segments bear (its term's;
+    one of its own for each start by default: `wakeful.domain.logfiles`)."""
     if isinstance(store, StoreBase):  # every store but a test's own
         await check_schema(store)  # SchemaError: a newer wakeful's, or a restore half done
     book = await SecretBook.opened(store, settings.secrets_dir(data_dir))  # or KeysUnusable
@@ -183,7 +186,15 @@ async def control_plane(
         registry=registry,
         clock=artifact_clock,
     )
-    logbook = LogBook()
+    logdir = LogDir(
+        settings.logs_dir(data_dir),
+        writer or f"u{time.time_ns():x}",
+        settings.log_limits(),
+        registry=registry,
+    )
+    await anyio.to_thread.run_sync(logdir.start)  # lists what earlier writers left
+    logbook = LogBook(logdir)
+    activator.access_sink = logbook.take_access
     token = settings.token.get_secret_value() if settings.token else ""
     if not token:
         raise ValueError("the control API needs a bootstrap admin token (WAKEFUL_TOKEN)")
@@ -266,6 +277,8 @@ async def control_plane(
             )
         finally:
             tasks.cancel_scope.cancel()
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(logdir.stop)
 
 
 def images_of(

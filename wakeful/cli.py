@@ -55,6 +55,7 @@ from .commands import RUNTIME, USAGE, CliError
 from .datadir import CONTROL_FILE
 from .deploy.appdir import AppDir, image_definition, parse_duration
 from .domain.stacks import BUILT_KINDS
+from .logs_cli import logs_parser
 from .pieces import (
     cmd_activator,
     cmd_idle_monitor,
@@ -230,21 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     versions = sub.add_parser("versions", help="list an app's versions")
     versions.add_argument("app")
     versions.set_defaults(func=_remote(lambda api, a: commands.versions(api, a.app)))
-    logs = sub.add_parser("logs", help="an app's sandbox logs")
-    logs.add_argument("app")
-    logs.add_argument("--follow", "-f", action="store_true")
-    logs.add_argument("--tail", type=int, default=200)
-    logs.add_argument(
-        "--json",
-        action="store_true",
-        help='JSON Lines, {"sandbox": ..., "line": ...}: the exact text, control characters '
-        "and all (without it they are shown as escapes, e.g. \\x1b)",
-    )
-    logs.set_defaults(
-        func=_remote(
-            lambda api, a: commands.logs(api, a.app, tail=a.tail, follow=a.follow, as_json=a.json)
-        )
-    )
+    logs_parser(sub, _remote)
     certs = sub.add_parser("certs", help="certificates from ACME: state, expiry, last error")
     certs.add_argument("--json", action="store_true")
     certs.set_defaults(func=_remote(lambda api, a: commands.certs(api, as_json=a.json)))

@@ -26,7 +26,6 @@ from wakeful.domain.models import (
 )
 from wakeful.domain.shown import shown
 
-from .logfollow import LogFollower, split_line
 from .remote import ApiRefused, ApiUnreachable, ControlClient
 from .tables import (
     app_line,
@@ -52,7 +51,6 @@ FAILOVER_WAIT = 30.0
 """How long a command following a rollout waits for a control plane that stopped answering
 (a new leader takes over within seconds)."""
 """Seconds between looks at a rollout, a deletion or a drain."""
-LOGS_POLL = 1.0
 """Seconds between looks at the logs: nodes push output about once a second."""
 
 
@@ -237,38 +235,6 @@ def release_state(api: ControlClient, app: str) -> int:
     reason = shown(released["error"])  # quotes what the app named: one line
     say(f"the state of {app} is free again at its last archive: {reason}")
     return 0
-
-
-def logs(
-    api: ControlClient,
-    app: str,
-    *,
-    tail: int,
-    follow: bool,
-    as_json: bool = False,
-    pause: Pause = time.sleep,
-) -> int:
-    """The output nodes pushed to the control plane, a line per line the app wrote, control
-    characters shown as escapes. When some of it has not arrived (a node not heard from lately,
-    output still buffered or lost there), a note says so on stderr. `follow`: look again every
-    second and print only the lines not printed yet. `as_json`: JSON Lines instead,
-    `{"sandbox": ..., "line": ...}`, the text exact."""
-    follower = LogFollower()
-    noted = ""
-    while True:
-        answer = api.app_logs(app, tail)
-        if answer.behind and answer.behind != noted:
-            note(f"note: logs behind: {answer.behind}")
-        noted = answer.behind
-        for line in follower.take(answer.lines) if follow else answer.lines:
-            if as_json:
-                sandbox, text = split_line(line)
-                say_json({"sandbox": sandbox, "line": text})
-            else:
-                say(line)
-        if not follow:
-            return 0
-        pause(LOGS_POLL)
 
 
 # -- role tokens ------------------------------------------------------------------------------

@@ -74,6 +74,7 @@ class FakeLeases:
         self._ids = itertools.count(1)
         self._leases: dict[str, LeaseGrant] = {}
         self.reports: list[TrafficReport] = []
+        self.access_lines: list[dict[str, object]] = []
         """Every traffic report the ingress sent, in order."""
         self.leased: dict[str, int] = {
             s.sandbox_id: 0 for sandboxes in self._apps.values() for s in sandboxes
@@ -81,6 +82,10 @@ class FakeLeases:
 
     def report(self, traffic: TrafficReport) -> None:
         self.reports.append(traffic)
+
+    def access(self, ingress: str, lines: list[dict[str, object]]) -> bool:
+        self.access_lines.extend(lines)
+        return True
 
     async def acquire(self, app: str, version: str | None = None) -> LeaseGrant:
         if self._hold is not None:

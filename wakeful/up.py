@@ -66,6 +66,7 @@ def up_settings(
         admin_listen=admin,
         show_boot_log=True,
         server_timing=True,
+        access_log=True,
     )
     return UpSettings(activator, node, ingress)
 

@@ -22,6 +22,7 @@ from wakeful.activator.channel import FRAME_BYTES, MAX_OPS_PER_FRAME
 from wakeful.activator.channel import PATH as CHANNEL_PATH
 from wakeful.activator.lease_errors import LEASE_GONE, from_channel
 from wakeful.domain.leases import ActivatorError, LeaseGone, LeaseGrant, Unauthorized, Unreachable
+from wakeful.domain.logbatch import access_chunks
 from wakeful.domain.traffic import MAX_APPS_PER_REPORT, TrafficReport
 
 log = logging.getLogger(__name__)
@@ -132,6 +133,16 @@ class ChannelLeases:
     async def release(self, lease_id: str) -> None:
         self._held.pop(lease_id, None)  # a release that fails is the TTL's to finish
         await self._call({"op": "release", "lease": lease_id}, self._upkeep_timeout)
+
+    def access(self, ingress: str, lines: list[dict[str, object]]) -> bool:
+        """Sent in the next frame on the open channel; False while no channel is open."""
+        link = self._link
+        if link is None or not link.alive or self._closed:
+            return False
+        for chunk in access_chunks(lines):
+            operation = {"id": next(self._ids), "op": "access", "ingress": ingress, "lines": chunk}
+            link.send(operation).add_done_callback(_retrieved)
+        return True
 
     def report(self, traffic: TrafficReport) -> None:
         """Sent in the next frame on the open channel, answered `recorded`; dropped while no

@@ -65,6 +65,10 @@ class HttpLeases:
         """Plain HTTP sends no traffic reports (a request each would cost more than the
         charts are worth); `ChannelLeases`, what `wakeful ingress` uses, does."""
 
+    def access(self, ingress: str, lines: list[dict[str, object]]) -> bool:
+        """Nor access lines: they are dropped here (`ChannelLeases` sends them)."""
+        return True
+
     async def _send(
         self, method: str, path: str, client: httpx.AsyncClient | None = None, **kwargs: Any
     ) -> httpx.Response:

@@ -27,3 +27,7 @@ class InProcessLeases:
 
     def report(self, traffic: TrafficReport) -> None:
         self._activator.record_traffic(traffic)
+
+    def access(self, ingress: str, lines: list[dict[str, object]]) -> bool:
+        self._activator.record_access(ingress, lines)
+        return True

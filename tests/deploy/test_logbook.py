@@ -1,11 +1,23 @@
-"""The control plane's log book: bounds, order, retries and gaps, and when it says it is behind."""
+"""The control plane's log book: lines to the log directory, retries and gaps, what a restart
+keeps, and when it says it is behind."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
 import pytest
 
+from wakeful.deploy import logread
 from wakeful.deploy.logbook import LogBook
+from wakeful.deploy.logdir import LogDir
 from wakeful.domain.logbatch import LogBatch, OutputChunk
+from wakeful.domain.logfiles import Limits
+
+LIMITS = Limits(retention=86400, max_bytes=1 << 30, app_max_bytes=1 << 28)
 
 
 class Stream:
@@ -36,88 +48,98 @@ def batch(*chunks: OutputChunk, node: str = "n1", pending: int = 0) -> LogBatch:
     return LogBatch(node=node, interval=1.0, pending=pending, dropped=0, chunks=list(chunks))
 
 
-def test_lines_are_assembled_across_chunks_and_the_unfinished_one_is_shown() -> None:
-    book = LogBook(clock=lambda: 0.0)
+@pytest.fixture
+def logdir(tmp_path: Path) -> Iterator[LogDir]:
+    found = LogDir(tmp_path / "logs", "t1", LIMITS, sync=False, clock=lambda: 10.0)
+    found.start()
+    yield found
+    found.stop()
+
+
+def settled(pending: list[Future[int]]) -> None:
+    assert [f.result(timeout=10) for f in pending] == [0] * len(pending)
+
+
+def records(book: LogBook, app: str = "hello", **query: Any) -> list[dict[str, Any]]:
+    found = logread.forward(book.logdir.root, app, "output", logread.Query(**query))
+    return [json.loads(line) for line in found]
+
+
+def texts(book: LogBook, app: str = "hello", **query: Any) -> list[str]:
+    return [r["line"] for r in records(book, app, **query)]
+
+
+def test_lines_are_written_as_they_come_and_an_unfinished_one_as_a_piece(
+    logdir: LogDir,
+) -> None:
+    book = LogBook(logdir, clock=lambda: 0.0)
     out = Stream("sb-1")
-    book.record(batch(out.chunk("one\ntw")), now=1)
-    book.record(batch(out.chunk("o\r\nthr")), now=2)
-    assert book.sandbox_lines("sb-1", 10) == ["one", "two", "thr"]
-    book.record(batch(out.chunk("ee", finished=True)), now=3)
-    assert book.app_lines("hello", 2) == ["[sb-1] two", "[sb-1] three"]
+    settled(book.record(batch(out.chunk("one\ntw")), now=1))
+    settled(book.record(batch(out.chunk("o\r\nthr")), now=2))
+    settled(book.record(batch(out.chunk("ee\n", finished=True)), now=3))
+    found = records(book)
+    assert [r["line"] for r in found] == ["one", "tw", "o", "thr", "ee"]
+    assert [r.get("more", False) for r in found] == [False, True, False, True, False]
+    assert [r["ts"] for r in found] == sorted({r["ts"] for r in found})  # each later
+    assert {(r["app"], r["sandbox"], r["node"]) for r in found} == {("hello", "sb-1", "n1")}
+    assert [r.get("o") for r in found] == [None, 6, None, 12, 15]  # each chunk's end
 
 
-def test_an_app_reads_in_the_order_its_sandboxes_were_created_not_received() -> None:
-    book = LogBook(clock=lambda: 0.0)
+def test_an_app_reads_its_own_lines_in_the_order_they_came(logdir: LogDir) -> None:
+    book = LogBook(logdir, clock=lambda: 0.0)
     late, early = Stream("sb-late", created_at=20.0), Stream("sb-early", created_at=10.0)
     other = Stream("sb-other", app="other", created_at=5.0)
-    book.record(batch(late.chunk("b\n"), other.chunk("x\n")), now=1)
-    book.record(batch(early.chunk("a\n"), node="n2"), now=2)
-    assert book.app_lines("hello", 10) == ["[sb-early] a", "[sb-late] b"]
-    assert book.app_lines("nope", 10) == []
+    settled(book.record(batch(late.chunk("b\n"), other.chunk("x\n")), now=1))
+    settled(book.record(batch(early.chunk("a\n"), node="n2"), now=2))
+    assert texts(book) == ["b", "a"]
+    assert texts(book, sandbox="sb-early") == ["a"]
+    assert texts(book, "other") == ["x"]
+    assert texts(book, "nope") == []
 
 
-@pytest.mark.parametrize(
-    ("bounds", "lines", "kept"),
-    [
-        pytest.param({"max_lines": 3}, ["1", "2", "3", "4", "5"], ["3", "4", "5"], id="lines"),
-        pytest.param(
-            # each line costs its bytes + a newline: 4 lines of 9 fit in 40
-            {"max_bytes": 40},
-            [f"line-{i:03d}" for i in range(6)],
-            [f"line-{i:03d}" for i in range(2, 6)],
-            id="bytes",
-        ),
-        pytest.param(
-            {"max_line": 4}, ["abcdefghij", "k"], ["abcd", "efgh", "ij", "k"], id="long lines wrap"
-        ),
-    ],
-)
-def test_a_sandbox_keeps_its_newest_lines_within_its_bounds(
-    bounds: dict[str, int], lines: list[str], kept: list[str]
-) -> None:
-    book = LogBook(clock=lambda: 0.0, **bounds)
+def test_an_endless_line_is_cut_in_pieces_of_the_bound(logdir: LogDir) -> None:
+    book = LogBook(logdir, clock=lambda: 0.0, max_line=8)
     out = Stream("sb-1")
-    for line in lines:
-        book.record(batch(out.chunk(line + "\n")), now=1)
-    assert book.sandbox_lines("sb-1", 100) == kept
+    settled(book.record(batch(out.chunk("abcdefghij\nk\n")), now=1))
+    found = records(book)
+    assert [(r["line"], r.get("more", False)) for r in found] == [
+        ("abcdefgh", True),
+        ("ij", False),
+        ("k", False),
+    ]
 
 
-def test_an_endless_line_is_wrapped_not_held() -> None:
-    book = LogBook(clock=lambda: 0.0, max_line=8, max_lines=4)
-    out = Stream("sb-1")
-    for _ in range(100):
-        book.record(batch(out.chunk("x" * 5)), now=1)  # 500 bytes, no newline
-    held = book.sandbox_lines("sb-1", 100)
-    assert len(held) <= 5 and all(len(line) <= 8 for line in held)
-
-
-def test_past_its_sandbox_bound_the_book_forgets_the_first_finished() -> None:
-    book = LogBook(clock=lambda: 0.0, max_sandboxes=3)
+def test_past_its_sandbox_bound_the_book_forgets_the_first_finished(logdir: LogDir) -> None:
+    book = LogBook(logdir, clock=lambda: 0.0, max_sandboxes=3)
     a, b, c, d = (Stream(f"sb-{n}") for n in "abcd")
+
+    def knows(*ids: str) -> list[bool]:
+        return [book.app_of(i) is not None for i in ids]
+
     book.record(batch(a.chunk("a\n"), b.chunk("b\n"), c.chunk("c\n")), now=1)
     book.record(batch(c.chunk("", finished=True)), now=2)  # c finished before b
     book.record(batch(b.chunk("", finished=True)), now=3)
     book.record(batch(d.chunk("d\n")), now=4)
-    assert [book.knows(s) for s in ["sb-a", "sb-b", "sb-c", "sb-d"]] == [True, True, False, True]
+    assert knows("sb-a", "sb-b", "sb-c", "sb-d") == [True, True, False, True]
     e = Stream("sb-e")
     book.record(batch(e.chunk("e\n")), now=5)
-    assert not book.knows("sb-b")
+    assert knows("sb-b") == [False]
     book.record(batch(a.chunk("still here\n")), now=6)  # none finished: least recently written
     book.record(batch(Stream("sb-f").chunk("f\n")), now=7)
-    assert [book.knows(s) for s in ["sb-a", "sb-d", "sb-e", "sb-f"]] == [True, False, True, True]
+    assert knows("sb-a", "sb-d", "sb-e", "sb-f") == [True, False, True, True]
 
 
-def test_a_chunk_sent_again_is_recorded_once_and_a_gap_is_marked() -> None:
-    book = LogBook(clock=lambda: 0.0)
+def test_a_chunk_sent_again_is_recorded_once_and_a_gap_is_marked(logdir: LogDir) -> None:
+    book = LogBook(logdir, clock=lambda: 0.0)
     out = Stream("sb-1")
     first = out.chunk("one\n")
-    book.record(batch(first), now=1)
-    book.record(batch(first), now=2)  # the answer was lost, the node sent it again
+    settled(book.record(batch(first), now=1))
+    settled(book.record(batch(first), now=2))  # the answer was lost, the node sent it again
     overlapping = OutputChunk(**{**first.model_dump(), "text": "one\ntwo\n", "size": 8})
     out.offset = 8
-    book.record(batch(overlapping), now=3)  # a retry that grew meanwhile
-    book.record(batch(out.chunk("four\n", skip=6)), now=4)  # "three\n" dropped on the node
-    assert book.sandbox_lines("sb-1", 10) == [
+    settled(book.record(batch(overlapping), now=3))  # a retry that grew meanwhile
+    settled(book.record(batch(out.chunk("four\n", skip=6)), now=4))  # "three\n" dropped
+    assert texts(book) == [
         "one",
         "two",
         "[wakeful: 6 bytes of output missing here]",
@@ -126,8 +148,29 @@ def test_a_chunk_sent_again_is_recorded_once_and_a_gap_is_marked() -> None:
     assert book.behind("hello", [], now=4) == ["sb-1: 6 bytes missing"]
 
 
-def test_behind_names_a_quiet_node_one_holding_output_and_one_never_heard_from() -> None:
-    book = LogBook(clock=lambda: 100.0)
+async def test_a_book_after_a_restart_goes_on_where_the_log_stops(tmp_path: Path) -> None:
+    """A new control plane (a restart, a takeover) knows nothing of the streams, but the log
+    says how far each got: a node's next chunk is neither a gap nor written twice."""
+    first = LogDir(tmp_path, "t1", LIMITS, sync=False)
+    first.start()
+    out = Stream("sb-1")
+    one, again = out.chunk("one\n"), out.chunk("two\n")  # written; the answer was lost
+    await LogBook(first).ship(batch(one, again))
+    first.stop()
+    second = LogDir(tmp_path, "t2", LIMITS, sync=False)
+    second.start()
+    book = LogBook(second)
+    await book.ship(batch(again))
+    await book.ship(batch(out.chunk("three\n")))
+    assert texts(book) == ["one", "two", "three"]
+    assert book.behind("hello", [], now=book.now()) == []
+    second.stop()
+
+
+def test_behind_names_a_quiet_node_one_holding_output_and_one_never_heard_from(
+    logdir: LogDir,
+) -> None:
+    book = LogBook(logdir, clock=lambda: 100.0)
     book.record(batch(node="n1"), now=100)
     book.record(batch(node="n2", pending=4096), now=103)
     assert book.behind("hello", ["n1", "n2"], now=104) == ["n2: 4096 bytes not shipped yet"]
@@ -140,8 +183,8 @@ def test_behind_names_a_quiet_node_one_holding_output_and_one_never_heard_from()
     assert shipping is not None and shipping.pending == 4096
 
 
-def test_the_book_holds_a_bounded_number_of_nodes() -> None:
-    book = LogBook(clock=lambda: 0.0, max_nodes=2)
+def test_the_book_holds_a_bounded_number_of_nodes(logdir: LogDir) -> None:
+    book = LogBook(logdir, clock=lambda: 0.0, max_nodes=2)
     for now, node in enumerate(["n1", "n2", "n1", "n3"]):
         book.record(batch(node=node), now=now)
     assert [book.node(n) is not None for n in ["n1", "n2", "n3"]] == [True, False, True]

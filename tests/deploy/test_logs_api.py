@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -13,8 +15,10 @@ from wakeful.activator.api import create_app
 from wakeful.activator.core import Activator
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.deploy.logbook import LogBook
+from wakeful.deploy.logdir import LogDir
 from wakeful.deploy.logs_api import BEHIND_HEADER, logs_router
 from wakeful.domain.logbatch import MAX_BODY_BYTES, LogBatch, OutputChunk
+from wakeful.domain.logfiles import Limits
 from wakeful.domain.models import App, Role, Sandbox, SandboxStatus
 from wakeful.store import Store, open_store
 from wakeful.store.tokenbook import TokenBook
@@ -23,6 +27,7 @@ pytestmark = pytest.mark.anyio
 TOKEN = "logs-token"
 ADMIN = TokenBook.of({TOKEN: Role.ADMIN})
 """The control API's credentials: TOKEN, as an admin token."""
+LIMITS = Limits(retention=86400, max_bytes=1 << 30, app_max_bytes=1 << 28)
 
 
 @dataclass
@@ -41,14 +46,16 @@ class Control:
 
 
 @pytest.fixture
-async def control() -> AsyncIterator[Control]:
+async def control(tmp_path: Path) -> AsyncIterator[Control]:
     clock = [1000.0]
+    logdir = LogDir(tmp_path, "t1", LIMITS, sync=False, clock=lambda: clock[0])
+    logdir.start()
     async with open_store("memory://") as store:
         registry = CollectorRegistry()
         activator = Activator(
             store, ActivatorSettings(store_url="memory://", token=TOKEN), registry
         )
-        book = LogBook(clock=lambda: clock[0])
+        book = LogBook(logdir, clock=lambda: clock[0])
         api = create_app(activator, ADMIN, registry, [logs_router(store, book)])
         async with httpx.AsyncClient(
             transport=httpx.ASGITransport(app=api),
@@ -56,6 +63,7 @@ async def control() -> AsyncIterator[Control]:
             headers={"Authorization": f"Bearer {TOKEN}"},
         ) as client:
             yield Control(client, store, clock)
+    logdir.stop()
 
 
 def chunk(sandbox: str, text: str, created_at: float, offset: int = 0) -> OutputChunk:
@@ -85,18 +93,56 @@ async def add_sandbox(store: Store, sandbox_id: str, node: str, created_at: floa
     )
 
 
-async def test_pushed_output_reads_back_per_sandbox_in_creation_order(control: Control) -> None:
+async def test_pushed_output_reads_back_in_the_order_it_came_filtered(control: Control) -> None:
     await control.store.put("apps/hello", App(name="hello"))
     await add_sandbox(control.store, "sb-new", "n1", created_at=20)
     await add_sandbox(control.store, "sb-old", "n2", created_at=10)
     assert (await control.push("n1", chunk("sb-new", "b1\nb2\n", 20))).status_code == 204
+    control.clock[0] += 5
     assert (await control.push("n2", chunk("sb-old", "a1\na2\n", 10))).status_code == 204
-    answer = await control.client.get("/v1/apps/hello/logs", params={"tail": 1})
-    assert answer.status_code == 200
-    assert answer.text == "[sb-old] a2\n[sb-new] b2\n"
-    assert BEHIND_HEADER not in answer.headers
+
+    async def read(**params: object) -> str:
+        answer = await control.client.get("/v1/apps/hello/logs", params=params)
+        assert answer.status_code == 200, answer.text
+        return answer.text
+
+    assert await read() == "[sb-new] b1\n[sb-new] b2\n[sb-old] a1\n[sb-old] a2\n"
+    assert await read(tail=1) == "[sb-old] a2\n"
+    assert await read(sandbox="sb-new") == "[sb-new] b1\n[sb-new] b2\n"
+    assert await read(grep="2") == "[sb-new] b2\n[sb-old] a2\n"
+    assert await read(since="1003") == "[sb-old] a1\n[sb-old] a2\n"  # streamed from then on
+    assert await read(since="1003", until="1004") == ""
+    assert await read(since="2s") == "[sb-old] a1\n[sb-old] a2\n"  # back from the clock
+    lines = (await read(format="json", tail=2)).splitlines()
+    record = json.loads(lines[0])
+    assert {k: record[k] for k in ("app", "sandbox", "node", "line")} == {
+        "app": "hello",
+        "sandbox": "sb-old",
+        "node": "n2",
+        "line": "a1",
+    }
     one = await control.client.get("/v1/sandboxes/sb-old/log")
     assert (one.status_code, one.text) == (200, "a1\na2\n")
+
+
+@pytest.mark.parametrize(
+    ("params", "named"),
+    [
+        ({"since": "yesterday"}, "since: 'yesterday': not a time"),
+        ({"until": "5 minutes"}, "until: '5 minutes': not a time"),
+        ({"sandbox": "../x"}, "sandbox: not a sandbox id"),
+        ({"version": "V1"}, "version: not a version"),
+        ({"kind": "errors"}, "kind"),
+        ({"grep": ""}, "grep"),
+    ],
+)
+async def test_a_bad_query_is_refused_naming_it(
+    control: Control, params: dict[str, str], named: str
+) -> None:
+    await control.store.put("apps/hello", App(name="hello"))
+    answer = await control.client.get("/v1/apps/hello/logs", params=params)
+    assert answer.status_code == 422
+    assert named in answer.text
 
 
 async def test_the_answer_says_which_node_is_behind(control: Control) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -10,14 +11,17 @@ import pytest
 
 from tests.support.node import agent_settings, put_hello
 from wakeful.aio.packing import pack
+from wakeful.deploy import logread
 from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.deploy.logbook import LogBook
+from wakeful.deploy.logdir import LogDir
 from wakeful.deploy.states import StateKeeper
 from wakeful.domain import keys
-from wakeful.domain.logbatch import LogBatch
+from wakeful.domain.logbatch import LogBatch, ShipFailed
+from wakeful.domain.logfiles import Limits, line_text
 from wakeful.domain.models import AppSpec, HealthCheck, Sandbox, SandboxStatus
 from wakeful.node.agent import NodeAgent
-from wakeful.node.logship import LogShipper, OutputBuffer, ShipFailed, utf8_cut
+from wakeful.node.logship import LogShipper, OutputBuffer, utf8_cut
 from wakeful.node.testing import FakeSecrets
 from wakeful.store import open_store
 
@@ -85,8 +89,22 @@ def test_bytes_dropped_while_in_flight_count_only_if_that_shipment_fails() -> No
     assert (lost.dropped, lost.start, lost.take(100).data) == (5, 5, b"56789abcde")
 
 
-async def test_a_failed_shipment_keeps_the_output_bounded_and_a_retry_delivers_it() -> None:
-    book = LogBook(clock=lambda: 0.0)
+def book_in(root: Path) -> LogBook:
+    """The control plane's log book, on a log directory of its own under `root`."""
+    logdir = LogDir(root / "logs", "t1", Limits(86400, 1 << 30, 1 << 28), sync=False)
+    logdir.start()
+    return LogBook(logdir)
+
+
+def lines_of(book: LogBook, app: str = "hello") -> list[str]:
+    found = logread.forward(book.logdir.root, app, "output", logread.Query())
+    return [line_text(json.loads(line), "output") for line in found]
+
+
+async def test_a_failed_shipment_keeps_the_output_bounded_and_a_retry_delivers_it(
+    tmp_path: Path,
+) -> None:
+    book = book_in(tmp_path)
     sink = FlakySink(failures=1, then=book)
     shipper = LogShipper(sink, "n1", buffer_bytes=16)
     write = shipper.open("sb-1", "hello", 1.0)
@@ -98,12 +116,13 @@ async def test_a_failed_shipment_keeps_the_output_bounded_and_a_retry_delivers_i
     assert await shipper.flush()
     assert shipper.pending == 0
     assert sink.taken[-1].chunks[0].offset == 3
-    assert book.sandbox_lines("sb-1", 10) == [
-        "[wakeful: 3 bytes of output missing here]",
-        "st",
-        "second",
-        "third",
+    assert lines_of(book) == [
+        "[sb-1] [wakeful: 3 bytes of output missing here]",
+        "[sb-1] st",
+        "[sb-1] second",
+        "[sb-1] third",
     ]
+    book.logdir.stop()
 
 
 async def test_a_batch_is_bounded_and_a_chatty_sandbox_does_not_starve_a_quiet_one() -> None:
@@ -198,7 +217,7 @@ async def test_the_loop_retries_after_failures_and_keeps_running() -> None:
 
 
 async def test_the_agent_ships_a_sandboxs_output_and_still_writes_its_file(tmp_path: Path) -> None:
-    book = LogBook()
+    book = book_in(tmp_path)
     sink = FlakySink(then=book)  # the book itself, and an event per batch to wait on
     async with open_store("memory://") as store:
         artifacts = LocalArtifacts(tmp_path / "artifacts")
@@ -226,7 +245,7 @@ async def test_the_agent_ships_a_sandboxs_output_and_still_writes_its_file(tmp_p
                 Sandbox(id="sb-1", pool="hello-v1", app="hello", node="n1", owner="n1", epoch=1),
             )
             with anyio.fail_after(20):
-                while not any("hello listening" in line for line in book.app_lines("hello", 10)):
+                while not any("hello listening" in line for line in lines_of(book)):
                     await sink.arrived.wait()
             log_file = tmp_path / "sandboxes" / "sb-1" / "output.log"
             assert "hello listening" in log_file.read_text()  # the file, while it runs
@@ -234,4 +253,5 @@ async def test_the_agent_ships_a_sandboxs_output_and_still_writes_its_file(tmp_p
         item = await store.get(keys.sandbox("sb-1"), Sandbox)
         assert item is not None and item.value.status is SandboxStatus.STOPPED
     assert not log_file.parent.exists()  # the sandbox is gone: so is its directory
-    assert book.app_lines("hello", 10)[0].startswith("[sb-1] hello listening on 127.0.0.1:")
+    assert lines_of(book)[0].startswith("[sb-1] hello listening on 127.0.0.1:")
+    book.logdir.stop()

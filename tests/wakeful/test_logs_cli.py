@@ -17,10 +17,11 @@ from wakeful.activator.core import Activator
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.cli import main
 from wakeful.deploy.logbook import LogBook
+from wakeful.deploy.logdir import LogDir
 from wakeful.deploy.logs_api import logs_router
-from wakeful.domain.logbatch import LogBatch, OutputChunk
+from wakeful.domain.logbatch import LogBatch, OutputChunk, ShipFailed
+from wakeful.domain.logfiles import Limits
 from wakeful.domain.models import App, Role, Sandbox, SandboxStatus
-from wakeful.node.logship import ShipFailed
 from wakeful.remote import HttpLogSink
 from wakeful.serving import serve_asgi
 from wakeful.store import open_store
@@ -31,10 +32,11 @@ pytestmark = pytest.mark.anyio
 TOKEN = "cli-token"
 ADMIN = TokenBook.of({TOKEN: Role.ADMIN})
 """The control API's credentials: TOKEN, as an admin token."""
+LIMITS = Limits(retention=86400, max_bytes=1 << 30, app_max_bytes=1 << 28)
 
 
 async def test_logs_prints_the_lines_and_notes_a_node_gone_quiet(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("WAKEFUL_TOKEN", TOKEN)
     clock = [1000.0]
@@ -47,7 +49,9 @@ async def test_logs_prints_the_lines_and_notes_a_node_gone_quiet(
                 id="sb-1", pool="hello-v1", app="hello", node="n1", status=SandboxStatus.RUNNING
             ),
         )
-        book = LogBook(clock=lambda: clock[0])
+        logdir = LogDir(tmp_path, "t1", LIMITS, sync=False, clock=lambda: clock[0])
+        logdir.start()
+        book = LogBook(logdir, clock=lambda: clock[0])
         text = "hello listening\n"
         chunk = OutputChunk(
             sandbox="sb-1", app="hello", created_at=1, offset=0, size=len(text), text=text
@@ -69,16 +73,21 @@ async def test_logs_prints_the_lines_and_notes_a_node_gone_quiet(
             await started.wait()
             assert await anyio.to_thread.run_sync(cli, "hello") == 0
             shown = capsys.readouterr()
-            assert shown.out == "[sb-1] hello listening\n"
+            assert shown.out == "1970-01-01T00:16:40.000Z [sb-1] hello listening\n"
             assert shown.err == "wakeful: note: logs behind: n1: last batch 20 s ago\n"
             assert await anyio.to_thread.run_sync(cli, "nope") != 0
             assert "no app named 'nope'" in capsys.readouterr().err
             assert await anyio.to_thread.run_sync(cli, "hello", "--tail", "-5") != 0
-            assert "tail" in capsys.readouterr().err
+            assert "--tail: from 1 to 10000 (got -5)" in capsys.readouterr().err
+            assert await anyio.to_thread.run_sync(cli, "hello", "--since", "soon") != 0
+            assert "--since: 'soon': not a time" in capsys.readouterr().err
             tasks.cancel_scope.cancel()
+        logdir.stop()
 
 
-async def test_the_http_sink_turns_a_refusal_or_an_unreachable_api_into_ship_failed() -> None:
+async def test_the_http_sink_turns_a_refusal_or_an_unreachable_api_into_ship_failed(
+    tmp_path: Path,
+) -> None:
     batch = LogBatch(node="n1", interval=1, pending=0, dropped=0)
     address = f"127.0.0.1:{free_port()}"
     async with HttpLogSink(f"http://{address}", TOKEN) as sink:
@@ -89,7 +98,7 @@ async def test_the_http_sink_turns_a_refusal_or_an_unreachable_api_into_ship_fai
         activator = Activator(
             store, ActivatorSettings(store_url="memory://", token=TOKEN), registry
         )
-        book = LogBook()
+        book = LogBook(LogDir(tmp_path, "t1", LIMITS))  # an empty batch writes nothing
         api = create_app(activator, ADMIN, registry, [logs_router(store, book)])
         async with anyio.create_task_group() as tasks:
             started = anyio.Event()
@@ -137,7 +146,7 @@ async def test_logs_show_an_apps_control_characters_and_json_keeps_them_exact(
         assert await anyio.to_thread.run_sync(cli) == 0
         out = capsys.readouterr().out
         assert not [c for c in out if c not in "\t\n" and (ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0)]
-        assert out.splitlines() == [
+        assert [line.split(" ", 1)[1] for line in out.splitlines()] == [
             "[sb-1] copied \\x1b]52;c;ZWNobyBwd25lZA==\\x07 to your clipboard",
             "[sb-1] \\x1b]0;wakeful: all good\\x07\\x1b[2K\\r[sb-9] wakeful: deployed",
             "[sb-1] \\x9b31mred\tand tabbed",
@@ -145,6 +154,7 @@ async def test_logs_show_an_apps_control_characters_and_json_keeps_them_exact(
         assert await anyio.to_thread.run_sync(cli, "--json") == 0
         out = capsys.readouterr().out
         assert out.isascii()
-        assert [json.loads(line) for line in out.splitlines()] == [
+        records = [json.loads(line) for line in out.splitlines()]
+        assert [{k: r[k] for k in ("sandbox", "line")} for r in records] == [
             {"sandbox": "sb-1", "line": line} for line in HOSTILE.removesuffix("\n").split("\n")
         ]

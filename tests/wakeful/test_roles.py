@@ -34,9 +34,8 @@ from wakeful.deploy.logs_api import own_output
 from wakeful.domain import keys
 from wakeful.domain.artifacts import digest_of
 from wakeful.domain.leases import Unauthorized
-from wakeful.domain.logbatch import LogBatch, OutputChunk
+from wakeful.domain.logbatch import LogBatch, OutputChunk, ShipFailed
 from wakeful.domain.models import AppState, Node, Role, Sandbox, SandboxStatus
-from wakeful.node.logship import ShipFailed
 from wakeful.remote import HttpArtifacts, HttpKeeper, HttpLogSink
 from wakeful.store import open_store
 from wakeful.store.tokenbook import TokenBook

@@ -85,6 +85,10 @@ class LeaseGrant(BaseModel):
     """How the app woke for it: `thaw` (a suspended sandbox) or `start` (a new one)."""
     server_timing: bool = False
     """The app asks for `Server-Timing` on its answers (`AppSpec.server_timing`)."""
+    access_log: bool = False
+    """The app asks for an access line per request (`AppSpec.access_log`)."""
+    access_log_query: bool = False
+    """Its access lines keep the query string (`AppSpec.access_log_query`)."""
     version: str = Field(default="", max_length=63)
     """The version whose pool the lease is on: the one asked for, or the active one when
     the one asked for no longer serves ("" from an activator that does not say)."""
@@ -108,3 +112,8 @@ class Leases(Protocol):
         """What the ingress answered per app since its last report, for the activator's
         charts (`wakeful.domain.traffic`). Best effort: never waits, and a report that cannot
         go now (no channel open) is dropped."""
+
+    def access(self, ingress: str, lines: list[dict[str, object]]) -> bool:
+        """Access lines (`wakeful.domain.logbatch.AccessLine`'s fields) for the control
+        plane's log, beside the report. Never waits; False when they cannot go now (no
+        channel open): the caller keeps them for the next report."""

@@ -8,11 +8,11 @@ node dropped while its buffer was full) without trusting anything else.
 
 from __future__ import annotations
 
-from typing import Annotated, Self
+from typing import Annotated, Literal, Self
 
 from pydantic import Field, StringConstraints, model_validator
 
-from wakeful.domain.models import Model, Name
+from wakeful.domain.models import NAME_PATTERN, Model, Name
 
 MAX_BATCH_BYTES = 256 * 1024
 """Raw output bytes in one batch, over all its chunks."""
@@ -25,11 +25,17 @@ SandboxId = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,127}
 """As `Sandbox.id`."""
 
 
+class ShipFailed(Exception):
+    """The sink did not take the batch; the shipper keeps it and tries again later."""
+
+
 class OutputChunk(Model):
     """Bytes `offset` to `offset + size` of one sandbox's output, decoded as UTF-8."""
 
     sandbox: SandboxId
     app: Name
+    version: Annotated[str, StringConstraints(pattern=f"^$|{NAME_PATTERN}")] = ""
+    """The version its pool runs ("" from a node that does not say)."""
     created_at: float = Field(ge=0, description="the sandbox's creation: the order of a log")
     offset: int = Field(ge=0)
     size: int = Field(ge=0, le=MAX_BATCH_BYTES)
@@ -57,3 +63,49 @@ class LogBatch(Model):
         if total > MAX_BATCH_BYTES:
             raise ValueError(f"chunks: {total} bytes, more than {MAX_BATCH_BYTES}")
         return self
+
+
+# -- access lines, from the ingresses (issue 40) ------------------------------------------------
+
+MAX_PATH = 2048
+"""Characters of a request's path an access line keeps; past it, cut."""
+MAX_ACCESS_LINES = 1000
+"""Lines in one `access` operation of the lease channel (the ingress cuts by bytes too)."""
+ACCESS_OP_BYTES = 256 * 1024
+"""About what one `access` operation holds: well inside a channel frame."""
+VersionName = Annotated[str, StringConstraints(pattern=f"^$|{NAME_PATTERN}")]
+
+
+class AccessLine(Model):
+    """One proxied request as an ingress saw it; `sample`: the requests it stands for (an
+    ingress past its rate keeps one line in `sample`, `wakeful.domain.logfiles.Sampler`)."""
+
+    ts: float = Field(ge=0, description="when the answer ended: seconds since the epoch")
+    app: Name
+    version: VersionName = ""
+    sandbox: Annotated[str, StringConstraints(pattern=r"^$|^[a-z0-9][a-z0-9-]{0,127}$")] = ""
+    method: Annotated[str, StringConstraints(pattern=r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,32}$")]
+    path: str = Field(max_length=MAX_PATH)
+    status: int = Field(ge=100, le=999)
+    bytes: int = Field(ge=0, le=1 << 50)
+    ms: float = Field(ge=0, le=1e9, description="the request's duration, milliseconds")
+    wake: Literal["", "thaw", "start"] = ""
+    id: str = Field(default="", max_length=200, description="its X-Request-Id")
+    sample: int = Field(default=1, ge=1, le=1 << 30)
+
+
+def access_chunks(lines: list[dict[str, object]]) -> list[list[dict[str, object]]]:
+    """`lines` in groups of at most `MAX_ACCESS_LINES` and about `ACCESS_OP_BYTES` each."""
+    chunks: list[list[dict[str, object]]] = []
+    chunk: list[dict[str, object]] = []
+    weight = 0
+    for line in lines:
+        size = 200 + len(str(line.get("path", ""))) + len(str(line.get("id", "")))
+        if chunk and (len(chunk) >= MAX_ACCESS_LINES or weight + size > ACCESS_OP_BYTES):
+            chunks.append(chunk)
+            chunk, weight = [], 0
+        chunk.append(line)
+        weight += size
+    if chunk:
+        chunks.append(chunk)
+    return chunks

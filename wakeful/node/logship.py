@@ -26,7 +26,7 @@ from typing import Protocol
 import anyio
 
 from wakeful.domain.backoff import Backoff, Retries
-from wakeful.domain.logbatch import MAX_BATCH_BYTES, LogBatch, OutputChunk
+from wakeful.domain.logbatch import MAX_BATCH_BYTES, LogBatch, OutputChunk, ShipFailed
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +34,6 @@ BUFFER_BYTES = 256 * 1024
 EAGER_BYTES = 32 * 1024
 MAX_FINISHED = 32
 """Ended sandboxes whose output is still waiting to be shipped; past it the oldest goes."""
-
-
-class ShipFailed(Exception):
-    """The sink did not take the batch; the shipper keeps it and tries again later."""
 
 
 class LogSink(Protocol):
@@ -129,6 +125,7 @@ class _Open:
     app: str
     created_at: float
     buffer: OutputBuffer
+    version: str = ""
 
 
 class LogShipper:
@@ -171,12 +168,14 @@ class LogShipper:
     def dropped(self) -> int:
         return self._evicted_bytes + sum(entry.buffer.dropped for entry in self._open.values())
 
-    def open(self, sandbox_id: str, app: str, created_at: float) -> Callable[[bytes], None]:
+    def open(
+        self, sandbox_id: str, app: str, created_at: float, version: str = ""
+    ) -> Callable[[bytes], None]:
         """A writer for the sandbox's output. Never blocks; bounded by `buffer_bytes`."""
         entry = self._open.get(sandbox_id)
         if entry is None:
             entry = self._open[sandbox_id] = _Open(
-                app, created_at, OutputBuffer(self._buffer_bytes)
+                app, created_at, OutputBuffer(self._buffer_bytes), version
             )
             self._wake.set()  # the control plane hears of a new sandbox at once
         buffer = entry.buffer
@@ -225,6 +224,7 @@ class LogShipper:
         return OutputChunk(
             sandbox=sandbox_id,
             app=entry.app,
+            version=entry.version,
             created_at=max(0.0, entry.created_at),
             offset=piece.offset,
             size=len(piece.data),

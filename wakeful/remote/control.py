@@ -102,7 +102,8 @@ def _read_control_file(path: Path) -> Endpoint | None:
 
 @dataclass(frozen=True)
 class AppLogs:
-    lines: list[str]
+    records: list[dict[str, Any]]
+    """The lines as the log directory holds them (`docs/design/logs.md`), oldest first."""
     behind: str
     """Why lines may be missing (nodes not heard from lately), or "" when none are."""
 
@@ -280,13 +281,21 @@ class ControlClient:
     def registries(self) -> list[dict[str, Any]]:
         return list(self._json("GET", "/v1/registries"))
 
-    def app_logs(self, app: str, tail: int) -> AppLogs:
-        answer = self._send("GET", f"/v1/apps/{segment(app)}/logs", params={"tail": tail})
-        # One line per "\n" (str.splitlines would also split at \f, \x1c, \u2028...).
-        lines = answer.text.split("\n")
-        if lines[-1] == "":  # the newline that ends the last line
-            lines.pop()
-        return AppLogs(lines, answer.headers.get(BEHIND_HEADER, ""))
+    def app_logs(self, app: str, **query: object) -> AppLogs:
+        """`query`: the API's (`tail`, `since`, `until`, `grep`, `sandbox`, `version`,
+        `kind`); None values are left out."""
+        params = {k: v for k, v in query.items() if v is not None} | {"format": "json"}
+        answer = self._send("GET", f"/v1/apps/{segment(app)}/logs", params=params)
+        records = []
+        for line in answer.content.split(b"\n"):  # JSON escapes every control character
+            if line:
+                try:
+                    records.append(json.loads(line))
+                except ValueError:
+                    raise ControlApiError(
+                        f"the logs answer held a line that is not JSON: {line[:80]!r}"
+                    ) from None
+        return AppLogs(records, answer.headers.get(BEHIND_HEADER, ""))
 
     # -- the boundary ---------------------------------------------------------------------
 

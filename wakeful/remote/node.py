@@ -20,10 +20,9 @@ import anyio
 import httpx
 
 from wakeful.domain.artifacts import ArtifactError, ArtifactUnavailable, digest_of
-from wakeful.domain.logbatch import LogBatch
+from wakeful.domain.logbatch import LogBatch, ShipFailed
 from wakeful.domain.models import AppState
 from wakeful.domain.state import Stale, storable
-from wakeful.node.logship import ShipFailed
 from wakeful.node.secrets import SecretsRefused
 
 from .wire import Endpoint, reason, segment

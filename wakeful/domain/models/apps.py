@@ -255,6 +255,11 @@ class AppSpec(Model):
     server_timing: bool = Field(default=False, strict=True)
     """Answers carry `Server-Timing` (queue, wake, upstream): it tells anyone whether the app
     was asleep, so it is off unless the app, or the ingress as a whole, turns it on."""
+    access_log: bool = Field(default=False, strict=True)
+    """Every ingress records each of its requests in its access log (`wakeful logs --access`);
+    an ingress with WAKEFUL_ACCESS_LOG records every app's anyway."""
+    access_log_query: bool = Field(default=False, strict=True)
+    """Its access lines keep the query string (off: it can carry tokens and personal data)."""
 
     @model_validator(mode="after")
     def _something_to_run(self) -> Self:

@@ -29,6 +29,8 @@ class Launch:
     image: ImageRecord | None = None
     app_port: int | None = None
     """Where an image app listens in its own network namespace (`port` is forwarded there)."""
+    version: str = ""
+    """The version its pool runs: named on each line of its output in the log."""
 
     @property
     def address(self) -> str:

@@ -189,7 +189,7 @@ class SandboxRunner:
         forward = (
             _discard
             if shipper is None
-            else shipper.open(self.sandbox_id, record.app, record.created_at)
+            else shipper.open(self.sandbox_id, record.app, record.created_at, launch.version)
         )
         ready, exit_code = await self._supervise(process, launch, forward)
         self._process = None
@@ -291,6 +291,7 @@ class SandboxRunner:
             port=port,
             image=image,
             app_port=app_port,
+            version=pool.value.version,
         )
 
     def _pick_port(self, spec: AppSpec, image: ImageRecord | None) -> tuple[int, int | None]:

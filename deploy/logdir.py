@@ -1,0 +1,498 @@
+"""The log directory's writer: lines to segment files, on a thread of its own (issue 40).
+
+Theory of operation:
+- The event loop only queues (`append`, which never blocks and never raises): one thread
+  writes everything queued, in order, then `fdatasync`s each file it touched once (a group
+  commit), then resolves each append's future. A caller that awaits `written` knows its lines
+  are on disk: the control plane answers a node's batch only then.
+- What waits in the queue is bounded (`max_pending` bytes): past it an append is dropped at
+  once and counted (`reason="backlog"`), so a slow or hung disk never holds a node, an
+  ingress or the loop. A write that fails (a full disk) is cut back to the last whole line,
+  its lines are dropped and counted (`reason="disk"`), and the next write that succeeds for
+  that app and kind first records how many were lost there. Nothing here ends a process.
+- Each app and kind has at most one open segment of this writer's; it is closed once it
+  passes `segment_bytes` or `segment_age`, compressed to its closed name, and the open file
+  removed. Open segments of other writers (a previous `wakeful up`, a deposed leader), and
+  this writer's own that a write failed on, are closed the same way once nobody has written
+  them for `stale_after` seconds; their torn last line, if any, is left out.
+- Retention (`wakeful.domain.logfiles.expired`) runs after every close and every
+  `sweep_every` seconds, over an index of every segment built at start and kept by this thread
+  alone. Apps' directories left empty are removed.
+
+Layout and rules: `wakeful.domain.logfiles`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import logging
+import os
+import queue
+import re
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from wakeful.domain.logfiles import (
+    KINDS,
+    Kind,
+    Limits,
+    Segment,
+    expired,
+    iso,
+    parse_segment,
+    to_ms,
+)
+from wakeful.domain.models import NAME_PATTERN
+
+log = logging.getLogger(__name__)
+
+SEGMENT_BYTES = 4 * 1024 * 1024
+SEGMENT_AGE = 3600.0
+MAX_PENDING = 64 * 1024 * 1024
+STALE_AFTER = 60.0
+SWEEP_EVERY = 60.0
+_STOP = object()
+
+
+def encode(record: dict[str, object]) -> bytes:
+    """One line of a segment: compact JSON, UTF-8 as it is, ending in a newline."""
+    return json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+
+
+@dataclass
+class _Append:
+    app: str
+    kind: Kind
+    lines: list[bytes]
+    first: int
+    """Milliseconds: the earliest line's time."""
+    last: int
+    size: int
+    done: Future[int] = field(default_factory=Future)
+
+
+@dataclass
+class _Upkeep:
+    done: Future[None] = field(default_factory=Future)
+
+
+@dataclass
+class _Open:
+    segment: Segment
+    path: Path
+    file: IO[bytes]
+    size: int
+    last: int
+
+
+class LogMetrics:
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        registry = registry if registry is not None else CollectorRegistry()
+        self.written = Counter(
+            "wakeful_logs_lines_written_total",
+            "Lines written to the log directory, by kind (output, access)",
+            ["kind"],
+            registry=registry,
+        )
+        self.dropped = Counter(
+            "wakeful_logs_lines_dropped_total",
+            "Lines the control plane could not keep: backlog (the writer was behind), disk "
+            "(a write failed: a full disk), sampled (an ingress past its access log rate)",
+            ["reason"],
+            registry=registry,
+        )
+        self.stored = Gauge(
+            "wakeful_logs_bytes", "Bytes of segments in the log directory", registry=registry
+        )
+        for reason in ("backlog", "disk", "sampled"):
+            self.dropped.labels(reason=reason)
+        for kind in KINDS:
+            self.written.labels(kind=kind)
+
+
+class LogDir:
+    """The writer of one control plane (its name: `writer`, see `wakeful.domain.logfiles`)."""
+
+    def __init__(
+        self,
+        root: Path,
+        writer: str,
+        limits: Limits,
+        *,
+        segment_bytes: int = SEGMENT_BYTES,
+        segment_age: float = SEGMENT_AGE,
+        max_pending: int = MAX_PENDING,
+        stale_after: float = STALE_AFTER,
+        sweep_every: float = SWEEP_EVERY,
+        sync: bool = True,
+        clock: Callable[[], float] = time.time,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.root = root
+        self.writer = writer
+        self.limits = limits
+        self._segment_bytes = max(1024, min(segment_bytes, limits.app_max_bytes // 4))
+        self._segment_age = segment_age
+        self._max_pending = max_pending
+        self._stale_after = stale_after
+        self._sweep_every = sweep_every
+        self._sync = sync
+        self._clock = clock
+        self.metrics = LogMetrics(registry)
+        self._queue: queue.SimpleQueue[_Append | _Upkeep | object] = queue.SimpleQueue()
+        self._pending = 0
+        self._pending_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        # The writer thread's own, from here on:
+        self._open: dict[tuple[str, Kind], _Open] = {}
+        self._segments: dict[tuple[str, Kind], list[Segment]] = {}
+        """Every segment but this writer's open ones, per app and kind."""
+        self._lost: dict[tuple[str, Kind], int] = {}
+        self._swept = 0.0
+
+    # -- the loop's side ------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._scan()
+        self._thread = threading.Thread(target=self._run, name="wakeful-logdir", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Write what is queued, then stop the thread (open segments stay open: the next
+        writer closes them)."""
+        if self._thread is not None:
+            self._queue.put(_STOP)
+            self._thread.join(timeout=30)
+            self._thread = None
+        for current in self._open.values():
+            with contextlib.suppress(OSError):
+                current.file.close()
+        self._open.clear()
+
+    def append(
+        self, app: str, kind: Kind, lines: list[bytes], first: float, last: float
+    ) -> Future[int]:
+        """Queue `lines` (each from `encode`) of `app`'s `kind`, their times from `first` to
+        `last` (seconds). The future gives the lines dropped (0 once all are on disk)."""
+        size = sum(len(line) for line in lines)
+        with self._pending_lock:
+            if self._pending + size > self._max_pending:
+                self.metrics.dropped.labels(reason="backlog").inc(len(lines))
+                dropped: Future[int] = Future()
+                dropped.set_result(len(lines))
+                return dropped
+            self._pending += size
+        item = _Append(app, kind, lines, to_ms(first), to_ms(last), size)
+        self._queue.put(item)
+        return item.done
+
+    def upkeep(self) -> Future[None]:
+        """Run the upkeep (closing segments past their age, retention) now, after what is
+        queued; the writer also runs it every second, each part on its own schedule."""
+        item = _Upkeep()
+        self._queue.put(item)
+        return item.done
+
+    # -- the thread -----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            try:
+                first = self._queue.get(timeout=1.0)
+            except queue.Empty:
+                first = None
+            batch: list[_Append] = []
+            asked: list[_Upkeep] = []
+            stopping = first is _STOP
+            item = first
+            while True:
+                if isinstance(item, _Append):
+                    batch.append(item)
+                elif isinstance(item, _Upkeep):
+                    asked.append(item)
+                if stopping:
+                    break
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                stopping = item is _STOP
+            try:
+                self._write(batch)
+            except Exception:  # never the thread's end: what it holds is counted as dropped
+                log.exception("the log writer failed; its lines are dropped")
+                for item in batch:
+                    if not item.done.done():
+                        self._dropped(item, "disk")
+            try:
+                self._housekeep(force=bool(asked))
+            except Exception:
+                log.exception("the log directory's upkeep failed; it runs again later")
+            for upkeep in asked:
+                upkeep.done.set_result(None)
+            if stopping:
+                return
+
+    def _write(self, batch: list[_Append]) -> None:
+        touched: dict[int, _Open] = {}
+        results: list[tuple[_Append, int]] = []
+        for item in batch:
+            current = self._segment_for(item)
+            dropped = len(item.lines)
+            if current is not None:
+                lost = self._lost.pop((item.app, item.kind), 0)
+                data = b"".join(item.lines)
+                if lost:
+                    data = self._lost_line(item, lost) + data
+                if self._put(current, data):
+                    current.last = max(current.last, item.last)
+                    touched[id(current)] = current
+                    dropped = 0
+                    self.metrics.written.labels(kind=item.kind).inc(len(item.lines))
+                else:  # the next write opens a segment anew (elsewhere, maybe, once freed)
+                    self._abandon(current)
+                    touched.pop(id(current), None)
+                    if lost:
+                        self._lost[(item.app, item.kind)] = lost
+            if dropped:
+                self._lost[(item.app, item.kind)] = (
+                    self._lost.get((item.app, item.kind), 0) + dropped
+                )
+            results.append((item, dropped))
+        if self._sync:
+            for current in touched.values():
+                with contextlib.suppress(OSError):
+                    os.fdatasync(current.file.fileno())
+        for item, dropped in results:
+            with self._pending_lock:
+                self._pending -= item.size
+            if dropped:
+                self.metrics.dropped.labels(reason="disk").inc(dropped)
+            item.done.set_result(dropped)
+        for current in list(touched.values()):
+            if current.size >= self._segment_bytes:
+                self._close(current)
+
+    def _abandon(self, current: _Open) -> None:
+        """A segment a write failed on: closed as it is, left for the upkeep to compress once
+        stale, as a dead writer's."""
+        self._open.pop((current.segment.app, current.segment.kind), None)
+        with contextlib.suppress(OSError):
+            current.file.close()
+        segment = current.segment
+        left = Segment(segment.app, segment.kind, segment.start, None, self.writer, current.size)
+        self._segments.setdefault((segment.app, segment.kind), []).append(left)
+
+    def _dropped(self, item: _Append, reason: str) -> None:
+        with self._pending_lock:
+            self._pending -= item.size
+        self.metrics.dropped.labels(reason=reason).inc(len(item.lines))
+        item.done.set_result(len(item.lines))
+
+    def _lost_line(self, item: _Append, lost: int) -> bytes:
+        at = item.first / 1000
+        return encode(
+            {
+                "ts": at,
+                "time": iso(at),
+                "app": item.app,
+                "wakeful": f"{lost} lines lost here: the log directory could not take them",
+            }
+        )
+
+    def _put(self, current: _Open, data: bytes) -> bool:
+        """Append `data` whole, or nothing: a failed write is cut back to where it began."""
+        try:
+            current.file.write(data)
+            current.file.flush()
+        except OSError as exc:
+            log.warning("could not write %s: %s; its lines are dropped", current.path, exc)
+            with contextlib.suppress(OSError):
+                current.file.truncate(current.size)
+                current.file.seek(current.size)
+            return False
+        current.size += len(data)
+        return True
+
+    def _segment_for(self, item: _Append) -> _Open | None:
+        key = (item.app, item.kind)
+        current = self._open.get(key)
+        if current is not None:
+            return current
+        segment = Segment(item.app, item.kind, item.first, None, self.writer)
+        folder = self._folder(item.app, item.kind)
+        path = folder / segment.name
+        try:
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            handle = open(path, "ab")  # noqa: SIM115 (kept open until `_close`)
+        except OSError as exc:
+            log.warning("could not open %s: %s; its lines are dropped", path, exc)
+            return None
+        size = handle.tell()
+        current = self._open[key] = _Open(segment, path, handle, size, item.last)
+        return current
+
+    def _folder(self, app: str, kind: Kind) -> Path:
+        return self.root / "apps" / app / kind
+
+    # -- closing, and retention -----------------------------------------------------------
+
+    def _close(self, current: _Open) -> None:
+        key = (current.segment.app, current.segment.kind)
+        self._open.pop(key, None)
+        with contextlib.suppress(OSError):
+            current.file.close()
+        closed = self._compress(current.path, current.segment, current.last)
+        if closed is not None:
+            self._segments.setdefault(key, []).append(closed)
+        self._retain()
+
+    def _compress(self, path: Path, segment: Segment, last: int) -> Segment | None:
+        """`path` (an open segment) compressed to its closed name, up to its last whole
+        line; the open file removed. None when it could not be (it stays as it is)."""
+        closed = Segment(
+            segment.app, segment.kind, segment.start, max(last, segment.start), segment.writer
+        )
+        target = path.with_name(closed.name)
+        temporary = path.with_name(f".{closed.name}.tmp")
+        try:
+            with open(path, "rb") as source, gzip.open(temporary, "wb", compresslevel=5) as out:
+                whole = _whole_length(source)
+                source.seek(0)
+                _copy(source, out, whole)
+            if whole == 0:
+                temporary.unlink()
+                path.unlink()
+                return None
+            os.replace(temporary, target)
+            path.unlink()
+            size = target.stat().st_size
+        except OSError as exc:
+            log.warning("could not close the log segment %s: %s", path, exc)
+            with contextlib.suppress(OSError):
+                temporary.unlink()
+            return None
+        return Segment(closed.app, closed.kind, closed.start, closed.end, closed.writer, size)
+
+    def _housekeep(self, force: bool = False) -> None:
+        now = self._clock()
+        for current in list(self._open.values()):
+            if to_ms(now) - current.segment.start >= self._segment_age * 1000:
+                self._close(current)
+        if now - self._swept < self._sweep_every and not force:
+            return
+        self._swept = now
+        for key, found in list(self._segments.items()):
+            for segment in [s for s in found if s.end is None]:  # not this writer's open ones
+                path = self._folder(*key) / segment.name
+                try:
+                    modified = path.stat().st_mtime
+                except OSError:
+                    found.remove(segment)
+                    continue
+                if now - modified >= self._stale_after:
+                    found.remove(segment)
+                    closed = self._compress(path, segment, _last_time(path, segment.start))
+                    if closed is not None:
+                        found.append(closed)
+        self._retain()
+
+    def _retain(self) -> None:
+        every = [s for found in self._segments.values() for s in found]
+        every += [
+            Segment(o.segment.app, o.segment.kind, o.segment.start, None, self.writer, o.size)
+            for o in self._open.values()
+        ]
+        for segment in expired(every, to_ms(self._clock()), self.limits):
+            with contextlib.suppress(OSError):
+                (self._folder(segment.app, segment.kind) / segment.name).unlink()
+            found = self._segments.get((segment.app, segment.kind), [])
+            with contextlib.suppress(ValueError):
+                found.remove(segment)
+            if not found and (segment.app, segment.kind) not in self._open:
+                self._segments.pop((segment.app, segment.kind), None)
+                self._prune(segment.app)
+        self.metrics.stored.set(sum(s.size for s in every))
+
+    def _prune(self, app: str) -> None:
+        """An app's folders once nothing is left in them (a deleted app's, say)."""
+        folder = self.root / "apps" / app
+        for kind in KINDS:
+            with contextlib.suppress(OSError):
+                (folder / kind).rmdir()
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+    def _scan(self) -> None:
+        """Every segment already there (those of earlier writers), and leftovers of a
+        compression cut short."""
+        apps = self.root / "apps"
+        if not apps.is_dir():
+            return
+        for folder in apps.iterdir():
+            if not _is_name(folder.name):
+                continue
+            for kind in KINDS:
+                with contextlib.suppress(OSError):
+                    for entry in os.scandir(folder / kind):
+                        if entry.name.endswith(".tmp"):
+                            with contextlib.suppress(OSError):
+                                os.unlink(entry.path)
+                            continue
+                        segment = parse_segment(folder.name, kind, entry.name, entry.stat().st_size)
+                        if segment is not None:
+                            self._segments.setdefault((folder.name, kind), []).append(segment)
+
+
+def _is_name(text: str) -> bool:
+    return re.fullmatch(NAME_PATTERN, text) is not None
+
+
+def _whole_length(source: IO[bytes]) -> int:
+    """Bytes up to and including the last newline."""
+    end = source.seek(0, os.SEEK_END)
+    position = end
+    while position > 0:
+        step = min(65536, position)
+        source.seek(position - step)
+        block = source.read(step)
+        newline = block.rfind(b"\n")
+        if newline >= 0:
+            return position - step + newline + 1
+        position -= step
+    return 0
+
+
+def _copy(source: IO[bytes], out: gzip.GzipFile, length: int) -> None:
+    left = length
+    while left > 0:
+        block = source.read(min(1 << 20, left))
+        if not block:
+            break
+        out.write(block)
+        left -= len(block)
+
+
+def _last_time(path: Path, default: int) -> int:
+    """The time of the last whole line of an open segment (ms), or `default`."""
+    try:
+        with open(path, "rb") as source:
+            whole = _whole_length(source)
+            source.seek(max(0, whole - 65536))
+            tail = source.read(whole - source.tell())
+    except OSError:
+        return default
+    for line in reversed(tail.splitlines()):
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            return max(default, to_ms(float(json.loads(line)["ts"])))
+    return default

@@ -1,0 +1,215 @@
+"""Reading the log directory: an app's lines of one kind, filtered, streamed (issue 40).
+
+Theory of operation:
+- Only the segments whose span meets the asked range are opened (`Segment.meets`, widened by
+  `SKEW`: an ingress's access lines carry its own clock and arrive up to a report later).
+- A file is read in blocks of `BLOCK` bytes, whole lines only (a line still being written, with
+  no newline yet, is not read). With `--grep`, `--sandbox` or `--version`, each block is
+  searched for the filter's bytes as the writer encodes them, and only the lines holding them
+  are parsed: a rare match in a million lines costs a scan at C speed, not a million parses.
+- `forward` yields matches oldest first without holding more than a block; `tail` reads
+  segments newest first and keeps at most the `n` lines asked for. Memory is bounded either
+  way, whatever an app's history holds.
+
+These run on a worker thread (they block on the disk), never on the event loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import os
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from io import BufferedIOBase
+from pathlib import Path
+from typing import Any
+
+from wakeful.domain.logfiles import Kind, Segment, parse_segment, reading_order, to_ms
+
+BLOCK = 1 << 20
+SKEW = 60.0
+"""Seconds a line's time may precede its segment's start (see the module's notes)."""
+LOOKUP_SEGMENTS = 3
+"""Newest segments searched for a sandbox's last offset after a restart (`last_offset`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    since: float | None = None
+    until: float | None = None
+    grep: str | None = None
+    """Text the line holds (an output line's text; an access line's method, path, status)."""
+    sandbox: str | None = None
+    version: str | None = None
+
+
+def folder(root: Path, app: str, kind: Kind) -> Path:
+    return root / "apps" / app / kind
+
+
+def segments(root: Path, app: str, kind: Kind) -> list[Segment]:
+    """The app's segments of `kind`, in reading order; none for an app with no logs."""
+    found = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(folder(root, app, kind)):
+            segment = parse_segment(app, kind, entry.name)
+            if segment is not None:
+                found.append(segment)
+    return reading_order(found)
+
+
+def has_logs(root: Path, app: str) -> bool:
+    return any(segments(root, app, kind) for kind in ("output", "access"))
+
+
+class _Filter:
+    def __init__(self, query: Query, kind: Kind) -> None:
+        self.query = query
+        self.kind = kind
+        needles = []
+        if query.grep:
+            needles.append(json.dumps(query.grep, ensure_ascii=False)[1:-1].encode())
+        if query.sandbox:
+            needles.append(b'"sandbox":' + json.dumps(query.sandbox).encode())
+        if query.version:
+            needles.append(b'"version":' + json.dumps(query.version).encode())
+        self.needles = needles
+        self.since = query.since
+        self.until = query.until
+
+    def check(self, raw: bytes, timed: bool) -> bool:
+        """Whether `raw` (a whole line, newline excluded) matches; `timed`: its time must be
+        checked (the segment is not wholly inside the range)."""
+        if not (self.needles or timed):
+            return True
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            return False
+        if not isinstance(record, dict):
+            return False
+        if timed:
+            ts = record.get("ts")
+            if not isinstance(ts, int | float):
+                return False
+            if self.since is not None and ts < self.since:
+                return False
+            if self.until is not None and ts > self.until:
+                return False
+        query = self.query
+        if query.sandbox and record.get("sandbox") != query.sandbox:
+            return False
+        if query.version and record.get("version") != query.version:
+            return False
+        return not query.grep or query.grep in searched_text(record, self.kind)
+
+
+def searched_text(record: dict[str, Any], kind: Kind) -> str:
+    if "wakeful" in record:
+        return str(record["wakeful"])
+    if kind == "output":
+        return str(record.get("line", ""))
+    return f"{record.get('method', '')} {record.get('path', '')} {record.get('status', '')}"
+
+
+def _open(path: Path) -> BufferedIOBase:
+    if path.name.endswith(".gz"):
+        return gzip.GzipFile(path, "rb")
+    return open(path, "rb")
+
+
+def _blocks(source: BufferedIOBase) -> Iterator[bytes]:
+    """Whole lines, a block at a time (each ends in a newline); a torn last line is left."""
+    rest = b""
+    while True:
+        block = source.read(BLOCK)
+        if not block:
+            return
+        block = rest + block
+        end = block.rfind(b"\n")
+        if end < 0:
+            rest = block
+            continue
+        rest = block[end + 1 :]
+        yield block[: end + 1]
+
+
+def _matches(block: bytes, check: _Filter, timed: bool) -> Iterator[bytes]:
+    needles = check.needles
+    if not needles:
+        for line in block.split(b"\n")[:-1]:
+            if check.check(line, timed):
+                yield line + b"\n"
+        return
+    first = max(needles, key=len)
+    position = 0
+    while True:
+        at = block.find(first, position)
+        if at < 0:
+            return
+        start = block.rfind(b"\n", 0, at) + 1
+        end = block.index(b"\n", at)
+        line = block[start:end]
+        position = end + 1
+        if all(needle in line for needle in needles) and check.check(line, timed):
+            yield line + b"\n"
+
+
+def _segment_lines(root: Path, segment: Segment, check: _Filter) -> Iterator[bytes]:
+    since, until = check.since, check.until
+    timed = not (
+        (since is None or segment.start >= to_ms(since + SKEW))
+        and (until is None or (segment.end is not None and segment.end <= to_ms(until)))
+    )
+    try:
+        with _open(folder(root, segment.app, segment.kind) / segment.name) as source:
+            for block in _blocks(source):
+                yield from _matches(block, check, timed)
+    except (OSError, EOFError, gzip.BadGzipFile):
+        return  # deleted by retention meanwhile, or cut short: what was read stands
+
+
+def forward(root: Path, app: str, kind: Kind, query: Query) -> Iterator[bytes]:
+    """Every line matching `query`, oldest first, each ending in a newline."""
+    check = _Filter(query, kind)
+    since = None if query.since is None else to_ms(query.since - SKEW)
+    until = None if query.until is None else to_ms(query.until)
+    for segment in segments(root, app, kind):
+        if segment.meets(since, until):
+            yield from _segment_lines(root, segment, check)
+
+
+def tail(root: Path, app: str, kind: Kind, query: Query, n: int) -> list[bytes]:
+    """The last `n` lines matching `query`, oldest first."""
+    check = _Filter(query, kind)
+    since = None if query.since is None else to_ms(query.since - SKEW)
+    until = None if query.until is None else to_ms(query.until)
+    found: deque[bytes] = deque()
+    for segment in reversed(segments(root, app, kind)):
+        if len(found) >= n:
+            break
+        if not segment.meets(since, until):
+            continue
+        newest: deque[bytes] = deque(maxlen=n - len(found))
+        newest.extend(_segment_lines(root, segment, check))
+        found.extendleft(reversed(newest))
+    return list(found)[-n:] if n > 0 else []
+
+
+def last_offset(root: Path, app: str, sandbox: str) -> int | None:
+    """How much of `sandbox`'s output the log holds (the `o` of its last line that has one),
+    searched in the app's newest output segments only; None when not found there."""
+    check = _Filter(Query(sandbox=sandbox), "output")
+    for segment in list(reversed(segments(root, app, "output")))[:LOOKUP_SEGMENTS]:
+        offset = None
+        for line in _segment_lines(root, segment, check):
+            with contextlib.suppress(ValueError, TypeError):
+                value = json.loads(line).get("o")
+                if isinstance(value, int):
+                    offset = value
+        if offset is not None:
+            return offset
+    return None

@@ -1,0 +1,221 @@
+"""The log directory's writer and reader on real files, time driven by hand: segments and
+their rotation, retention by age and bytes, a torn last line, a full disk, a backlog, two
+writers on one directory, and reads across segments."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from wakeful.deploy import logread
+from wakeful.deploy.logdir import LogDir, encode
+from wakeful.domain.logfiles import Limits
+
+T0 = 1_800_000_000.0
+WIDE = Limits(retention=86400, max_bytes=1 << 30, app_max_bytes=1 << 28)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+def make(root: Path, clock: Clock, writer: str = "t1", **options: Any) -> LogDir:
+    options = {"limits": WIDE, "sync": False, **options}
+    found = LogDir(root, writer, options.pop("limits"), clock=clock, **options)
+    found.start()
+    return found
+
+
+@pytest.fixture
+def logdir(tmp_path: Path, clock: Clock) -> Iterator[LogDir]:
+    found = make(tmp_path, clock, segment_bytes=2048)
+    yield found
+    found.stop()
+
+
+def write(logdir: LogDir, at: float, *texts: str, app: str = "hello") -> int:
+    """Lines `texts` at time `at` (their times a microsecond apart); the lines dropped."""
+    lines = [
+        encode({"ts": at + i * 1e-6, "app": app, "sandbox": "sb-1", "line": text})
+        for i, text in enumerate(texts)
+    ]
+    return logdir.append(app, "output", lines, at, at + len(texts) * 1e-6).result(timeout=10)
+
+
+def texts(root: Path, app: str = "hello", **query: Any) -> list[str]:
+    found = logread.forward(root, app, "output", logread.Query(**query))
+    return [json.loads(line).get("line", "") for line in found]
+
+
+def files(root: Path, app: str = "hello") -> list[str]:
+    folder = root / "apps" / app / "output"
+    return sorted(os.listdir(folder)) if folder.is_dir() else []
+
+
+def upkeep(logdir: LogDir) -> None:
+    """The writer's upkeep, now (it also runs every second on its own)."""
+    logdir.upkeep().result(timeout=10)
+
+
+def test_a_segment_past_its_size_is_closed_and_compressed(logdir: LogDir, clock: Clock) -> None:
+    for i in range(40):
+        assert write(logdir, T0 + i, f"line {i:02d} " + "x" * 80) == 0
+    names = files(logdir.root)
+    closed = [n for n in names if n.endswith(".jsonl.gz")]
+    assert closed and len([n for n in names if n.endswith(".jsonl")]) == 1
+    with gzip.open(logdir.root / "apps/hello/output" / closed[0]) as first:
+        assert json.loads(first.readline())["line"].startswith("line 00 ")
+    assert [t[:7] for t in texts(logdir.root)] == [f"line {i:02d}" for i in range(40)]
+    # A time range opens the segments it meets, and reads only their lines in it.
+    assert [t[:7] for t in texts(logdir.root, since=T0 + 30, until=T0 + 32)] == [
+        "line 30",
+        "line 31",
+        "line 32",
+    ]
+    assert [t[:7] for t in logread_tail(logdir.root, 3)] == ["line 37", "line 38", "line 39"]
+
+
+def logread_tail(root: Path, n: int, **query: Any) -> list[str]:
+    found = logread.tail(root, "hello", "output", logread.Query(**query), n)
+    return [json.loads(line)["line"] for line in found]
+
+
+def test_a_segment_past_its_age_is_closed_by_the_upkeep(tmp_path: Path, clock: Clock) -> None:
+    logdir = make(tmp_path, clock, segment_age=60)
+    write(logdir, T0, "one")
+    clock.now += 61
+    upkeep(logdir)
+    assert [n.endswith(".gz") for n in files(tmp_path)] == [True]
+    write(logdir, clock.now, "two")
+    assert texts(tmp_path) == ["one", "two"]
+    logdir.stop()
+
+
+def test_retention_deletes_by_age_then_by_bytes_oldest_first(tmp_path: Path, clock: Clock) -> None:
+    limits = Limits(retention=3600, max_bytes=1 << 30, app_max_bytes=64 << 10)
+    logdir = make(tmp_path, clock, limits=limits, segment_bytes=2048, segment_age=1e6)
+    for i in range(10):
+        write(logdir, T0 + i, "x" * 3000)  # one segment each
+    write(logdir, T0 + 10, "other", app="other")
+    assert len(files(tmp_path)) == 10
+    clock.now = T0 + 3600 + 5.5  # lines 0 to 5 are past the retention age
+    upkeep(logdir)
+    assert len(texts(tmp_path)) == 4 and len(files(tmp_path)) == 4
+    clock.now = T0 + 3600 + 20  # every segment of hello is old now; other's is open
+    upkeep(logdir)
+    assert files(tmp_path) == [] and not (tmp_path / "apps/hello").exists()
+    assert texts(tmp_path, "other") == ["other"]  # an open segment is never deleted
+    logdir.stop()
+
+
+def test_an_app_over_its_bound_loses_its_oldest_segments_only(tmp_path: Path, clock: Clock) -> None:
+    limits = Limits(retention=86400, max_bytes=1 << 30, app_max_bytes=64 << 10)
+    logdir = make(tmp_path, clock, limits=limits)  # segments of 16 KiB: a quarter of it
+    for i in range(60):
+        write(logdir, T0 + i, f"{i:02d}" + secrets.token_hex(2000))  # compresses to half
+    write(logdir, T0, "quiet", app="quiet")
+    on_disk = sum(p.stat().st_size for p in (tmp_path / "apps/hello").rglob("*"))
+    assert on_disk <= (64 << 10) + (16 << 10)  # the bound, and the open segment's growth
+    kept = [int(t[:2]) for t in texts(tmp_path)]
+    assert kept == list(range(kept[0], 60)) and kept[0] > 0  # the newest, without a hole
+    assert texts(tmp_path, "quiet") == ["quiet"]
+    logdir.stop()
+
+
+def test_a_torn_last_line_is_no_line_and_a_dead_writers_segment_is_closed_without_it(
+    tmp_path: Path, clock: Clock
+) -> None:
+    folder = tmp_path / "apps/hello/output"
+    folder.mkdir(parents=True)
+    crashed = folder / f"{int(T0 * 1000):013d}-t1.jsonl"
+    whole = encode({"ts": T0, "line": "whole"})
+    crashed.write_bytes(whole + b'{"ts": 1800000000.5, "line": "tor')  # SIGKILLed mid-write
+    os.utime(crashed, (T0, T0))
+    assert texts(tmp_path) == ["whole"]
+    logdir = make(tmp_path, clock, "t2", stale_after=60, sweep_every=0)
+    clock.now = T0 + 61
+    write(logdir, clock.now, "after")
+    upkeep(logdir)
+    names = files(tmp_path)
+    assert not crashed.exists()
+    assert any(n.endswith("-t1.jsonl.gz") for n in names)
+    assert texts(tmp_path) == ["whole", "after"]
+    logdir.stop()
+
+
+def test_a_write_that_fails_drops_its_lines_counts_them_and_says_so_after(
+    tmp_path: Path, clock: Clock
+) -> None:
+    """A full disk, made by a segment that is /dev/full: every write to it fails."""
+    folder = tmp_path / "apps/hello/output"
+    folder.mkdir(parents=True)
+    full = folder / f"{int(T0 * 1000):013d}-t1.jsonl"
+    full.symlink_to("/dev/full")
+    logdir = make(tmp_path, clock)
+    assert write(logdir, T0, "one", "two") == 2
+    assert logdir.metrics.dropped.labels(reason="disk")._value.get() == 2
+    full.unlink()  # space again
+    assert write(logdir, T0 + 1, "three") == 0
+    found = logread.forward(tmp_path, "hello", "output", logread.Query())
+    assert [(r.get("line") or r.get("wakeful")) for r in map(json.loads, found)] == [
+        "2 lines lost here: the log directory could not take them",
+        "three",
+    ]
+    logdir.stop()
+
+
+def test_past_its_backlog_an_append_is_dropped_at_once(tmp_path: Path, clock: Clock) -> None:
+    logdir = make(tmp_path, clock, max_pending=100)
+    lines = [encode({"ts": T0, "line": "z" * 200})]
+    assert logdir.append("hello", "output", lines, T0, T0).result(timeout=1) == 1
+    assert logdir.metrics.dropped.labels(reason="backlog")._value.get() == 1
+    logdir.stop()
+
+
+def test_two_writers_on_one_directory_never_write_each_others_files(
+    tmp_path: Path, clock: Clock
+) -> None:
+    """A deposed leader's late appends go to its own segment; the new leader's are whole."""
+    deposed, leader = make(tmp_path, clock, "t1"), make(tmp_path, clock, "t2")
+    for i in range(50):
+        write(leader, T0 + i, f"new {i}")
+        write(deposed, T0 + i + 0.5, f"late {i}")
+    names = files(tmp_path)
+    assert len(names) == 2 and {n.split("-")[-1] for n in names} == {"t1.jsonl", "t2.jsonl"}
+    found = texts(tmp_path)
+    assert sorted(found) == sorted(
+        [f"new {i}" for i in range(50)] + [f"late {i}" for i in range(50)]
+    )
+    assert [t for t in found if t.startswith("new")] == [f"new {i}" for i in range(50)]
+    deposed.stop()
+    leader.stop()
+
+
+def test_grep_sandbox_and_version_find_the_lines_that_hold_them(logdir: LogDir) -> None:
+    lines = [
+        encode({"ts": T0, "sandbox": "sb-1", "version": "v1", "line": 'GET /a "quoted"'}),
+        encode({"ts": T0 + 1, "sandbox": "sb-2", "version": "v2", "line": "sb-1 mentioned"}),
+        encode({"ts": T0 + 2, "sandbox": "sb-1", "version": "v2", "line": "tab\there"}),
+    ]
+    logdir.append("hello", "output", lines, T0, T0 + 2).result(timeout=10)
+    assert texts(logdir.root, sandbox="sb-1") == ['GET /a "quoted"', "tab\there"]
+    assert texts(logdir.root, grep='"quoted"') == ['GET /a "quoted"']
+    assert texts(logdir.root, grep="\t") == ["tab\there"]
+    assert texts(logdir.root, grep="sb-1") == ["sb-1 mentioned"]  # the text, not the fields
+    assert texts(logdir.root, version="v2", sandbox="sb-1") == ["tab\there"]

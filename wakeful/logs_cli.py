@@ -1,0 +1,147 @@
+"""`wakeful logs`: an app's output and access log from the control plane's log directory
+(issue 40; docs/design/logs.md), the command and its parser.
+
+`-f` asks again every `POLL` seconds for what came since a little before the newest line it
+printed (`OVERLAP`: an ingress's access lines carry its own clock and arrive up to a report
+late), and prints only lines it has not printed (lines older than the oldest of the first
+answer were left out of it by `--tail`, and stay out): lines are told apart by their whole record,
+so none is printed twice and none that arrived late is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .commands import CliError, Pause, note, say, say_json
+from .domain.logfiles import KINDS, Kind, line_text, parse_time, short_time
+from .domain.shown import shown
+from .remote import ControlClient
+
+Command = Callable[[argparse.Namespace], int]
+Remote = Callable[[Callable[[ControlClient, argparse.Namespace], int]], Command]
+POLL = 1.0
+OVERLAP = 10.0
+"""Seconds before the newest line printed that each `-f` poll reads again."""
+
+
+def logs(
+    api: ControlClient,
+    app: str,
+    *,
+    tail: int | None = None,
+    since: str | None = None,
+    until: str | None = None,
+    grep: str | None = None,
+    sandbox: str | None = None,
+    version: str | None = None,
+    kind: Kind = "output",
+    follow: bool = False,
+    as_json: bool = False,
+    pause: Pause = time.sleep,
+    clock: Callable[[], float] = time.time,
+) -> int:
+    """The lines asked for, oldest first: the last `tail` (200 when neither it nor `since` is
+    given), or every one since `since`. What an app controls is shown with its control
+    characters as escapes; `as_json` prints the records exact. A note on stderr says when some
+    output has not arrived (a node not heard from lately, output still buffered or lost)."""
+    for name, value in (("--since", since), ("--until", until)):
+        if value is not None:
+            try:
+                parse_time(value, clock())  # refused here, naming the flag, before any call
+            except ValueError as exc:
+                raise CliError(f"{name}: {exc}") from None
+    query: dict[str, Any] = {"until": until, "grep": grep, "sandbox": sandbox}
+    query |= {"version": version, "kind": kind}
+    printed: dict[str, float] = {}
+    """Lines printed lately (their raw record), with their times: what a poll skips."""
+    newest: float | None = None
+    floor = -1.0
+    """Lines before the first answer's oldest were left out of it on purpose (`tail`)."""
+    noted = ""
+    first = True
+    while True:
+        if first:
+            answer = api.app_logs(app, tail=tail, since=since, **query)
+        else:
+            start = (newest if newest is not None else clock()) - OVERLAP
+            answer = api.app_logs(app, since=f"{start:.6f}", **query)
+        if answer.behind and answer.behind != noted:
+            note(f"note: logs behind: {answer.behind}")
+        noted = answer.behind
+        for record in answer.records:
+            raw = json.dumps(record, sort_keys=True)
+            if raw in printed:
+                continue
+            ts = record.get("ts")
+            at = float(ts) if isinstance(ts, int | float) else 0.0
+            if at < floor:
+                continue
+            if follow:
+                printed[raw] = at
+                newest = at if newest is None else max(newest, at)
+            _print(record, kind, as_json)
+        if not follow:
+            return 0
+        if first and answer.records and (tail is not None or since is None):
+            floor = min(float(r.get("ts", 0)) for r in answer.records)
+        first = False
+        if newest is not None:  # forget what no poll reads again
+            printed = {raw: at for raw, at in printed.items() if at >= newest - 2 * OVERLAP}
+        pause(POLL)
+
+
+def _print(record: dict[str, Any], kind: Kind, as_json: bool) -> None:
+    if as_json:
+        say_json(record)
+    else:
+        say(f"{short_time(record)} {shown(line_text(record, kind))}")
+
+
+def logs_parser(sub: Any, remote: Remote) -> None:
+    """The command, added to `wakeful`'s own subcommands (`sub`)."""
+    parser = sub.add_parser(
+        "logs",
+        help="an app's output (or --access, its access log) from the control plane's log",
+    )
+    parser.add_argument("app")
+    parser.add_argument("--follow", "-f", action="store_true", help="then print new lines")
+    parser.add_argument(
+        "--tail", type=int, default=None, help="the last N lines (200 without --since)"
+    )
+    parser.add_argument("--since", help="from then on: 90s, 15m, 1h, 2d ago, or a time")
+    parser.add_argument("--until", help="up to then: as --since")
+    parser.add_argument("--grep", help="only lines holding this text")
+    parser.add_argument("--sandbox", help="only this sandbox's lines")
+    parser.add_argument("--version", help="only this version's lines")
+    parser.add_argument(
+        "--access", action="store_true", help="the access log: one line per proxied request"
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="JSON Lines as the log directory holds them: the exact text, control characters "
+        "and all (without it they are shown as escapes, e.g. \\x1b)",
+    )
+
+    def run(api: ControlClient, a: argparse.Namespace) -> int:
+        if a.tail is not None and not 1 <= a.tail <= 10_000:
+            raise CliError(f"--tail: from 1 to 10000 (got {a.tail})")
+        return logs(
+            api,
+            a.app,
+            tail=a.tail,
+            since=a.since,
+            until=a.until,
+            grep=a.grep,
+            sandbox=a.sandbox,
+            version=a.version,
+            kind=KINDS[1] if a.access else KINDS[0],
+            follow=a.follow,
+            as_json=a.json,
+        )
+
+    parser.set_defaults(func=remote(run))
