@@ -109,6 +109,7 @@ ROUTES: Final[Mapping[tuple[str, str], Access]] = {
     ("POST", "/ui/logout"): SESSION,
     ("GET", "/ui/session"): SESSION,
     ("GET", "/ui/events"): SESSION,
+    ("GET", "/ui/logs"): SESSION,  # the logs panel (a fixed path: the gate matches paths)
 }
 
 

@@ -236,7 +236,7 @@ async def control_plane(
                 secrets_router(book),
                 registries_router(logins),
                 certs_router(certs, settings.tls_dir),
-                dashboard_router(dashboard, sessions, tokens),
+                dashboard_router(dashboard, sessions, tokens, logdir.root),
             ],
         )
         api_started = anyio.Event()

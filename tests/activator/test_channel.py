@@ -34,6 +34,7 @@ from wakeful.domain.leases import (
     UnknownApp,
     Unreachable,
 )
+from wakeful.domain.logbatch import MAX_PATH, access_chunks
 from wakeful.domain.models import SandboxStatus
 from wakeful.domain.traffic import BUCKETS, AppTraffic
 from wakeful.store.testing import free_port
@@ -515,3 +516,55 @@ def test_a_report_of_many_versions_is_cut_so_no_operation_nears_a_frame_s_bound(
         operation = {"id": 1, "op": "traffic", "apps": chunk}
         assert len(json.dumps(operation)) < CHANNEL_MAX_FRAME_BYTES / 4
         assert channel.Traffic.model_validate(operation)  # what the activator takes
+
+
+async def test_access_lines_reach_the_sink_and_bad_ones_are_answered_alone(api: Served) -> None:
+    """An ingress's access lines, beside its lease calls: given to the activator's sink for
+    the apps it knows; a line that is not the protocol is refused without closing the
+    channel, and nothing of its operation is written."""
+    got: list[tuple[str, list[dict[str, object]]]] = []
+    api.activator.access_sink = lambda ingress, lines: got.append((ingress, lines))
+    line = {"ts": 1.0, "app": "hello", "method": "GET", "path": "/", "status": 200}
+    line |= {"bytes": 2, "ms": 1.5}
+    async with ChannelLeases(api.url, TOKEN) as leases:
+        grant = await leases.acquire("hello")  # the channel is open: lines go on it
+        assert leases.access("edge-1", [line, {**line, "app": "unknown"}])
+        with anyio.fail_after(10):
+            await eventually(lambda: bool(got))
+        assert got[0][0] == "edge-1"
+        assert [(g["app"], g["path"], g["sample"]) for g in got[0][1]] == [("hello", "/", 1)]
+        await leases.release(grant.lease_id)
+    assert not ChannelLeases(api.url, TOKEN).access("edge-1", [line])  # no channel: kept
+    got.clear()
+    url = api.url.replace("http", "ws", 1) + PATH
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with websockets.asyncio.client.connect(url, additional_headers=headers) as raw:
+        frame = [
+            {"id": 1, "op": "access", "ingress": "e", "lines": [{**line, "status": 42}]},
+            {"id": 2, "op": "access", "ingress": "e", "lines": [{**line, "method": "G T"}]},
+            {"id": 3, "op": "access", "ingress": "e", "lines": [{**line, "path": "/" * 3000}]},
+            {"id": 4, "op": "access", "ingress": "e", "lines": [line] * 1001},
+            {"id": 5, "op": "access", "ingress": "e", "lines": [line, line]},
+        ]
+        await raw.send(json.dumps(frame))
+        answers: dict[int, dict[str, object]] = {}
+        with anyio.fail_after(10):
+            while len(answers) < 5:
+                answers |= {a["id"]: a for a in json.loads(await raw.recv())}
+        for refused in (1, 2, 3, 4):
+            assert answers[refused]["error"] == "invalid request", answers[refused]
+        assert answers[5] == {"id": 5, "recorded": 2}
+        assert [len(lines) for _, lines in got] == [2]
+
+
+def test_access_lines_are_cut_so_no_operation_nears_a_frame_s_bound() -> None:
+    longest = {"ts": 1.0, "app": "a" * 63, "version": "v" * 63, "sandbox": "s" * 128}
+    longest |= {"method": "M" * 32, "path": "/" * MAX_PATH, "status": 999, "bytes": 1 << 50}
+    longest |= {"ms": 1e9, "wake": "start", "id": "i" * 200, "sample": 1 << 30}
+    lines: list[dict[str, object]] = [dict(longest) for _ in range(5000)]
+    chunks = access_chunks(lines)
+    assert sum(len(chunk) for chunk in chunks) == 5000
+    for chunk in chunks:
+        operation = {"id": 1, "op": "access", "ingress": "e" * 128, "lines": chunk}
+        assert len(json.dumps(operation)) < CHANNEL_MAX_FRAME_BYTES / 2
+        assert channel.Access.model_validate(operation)  # what the activator takes

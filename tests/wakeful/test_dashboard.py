@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from wakeful.controller.mirror import Mirror
 from wakeful.dashboard.live import MAX_STREAMS, Dashboard
 from wakeful.dashboard.sessions import COOKIE, SESSION_SECONDS, Sessions
 from wakeful.domain import keys
+from wakeful.domain.logbatch import LogBatch, OutputChunk
 from wakeful.domain.models import App, AppSpec, Pool, Role, Sandbox, ScaleChange
 from wakeful.store import open_store
 from wakeful.store.tokenbook import TokenBook
@@ -389,3 +391,45 @@ async def test_a_snapshot_that_fails_is_logged_and_the_loop_goes_on(
             "reachable": None,
         }
     ]
+
+
+async def test_the_logs_panel_shows_an_apps_newest_lines_behind_the_session(
+    tmp_path: Path,
+) -> None:
+    """Issue 40: an app's newest output and access lines, from the log directory, as text with
+    what the app controls shown as escapes; only with a session."""
+    async with (
+        running_control_plane(tmp_path) as running,
+        httpx.AsyncClient(base_url=running.url) as http,
+    ):
+        await running.store.put("apps/hello", App(name="hello"))
+        chunk = OutputChunk(
+            sandbox="sb-1", app="hello", created_at=1, offset=0, size=14, text="ready \x1b[2J ok\n"
+        )
+        await running.plane.logbook.ship(
+            LogBatch(node="n1", interval=1, pending=0, dropped=0, chunks=[chunk])
+        )
+        access = {
+            "ts": time.time(),
+            "app": "hello",
+            "sandbox": "sb-1",
+            "method": "GET",
+            "path": "/x",
+        }
+        running.plane.logbook.take_access("edge", [access | {"status": 200, "bytes": 2, "ms": 1}])
+        assert (await http.get("/ui/logs?app=hello")).status_code == 401
+        cookie = session_of(await log_in(running.url, running.token))
+
+        async def panel() -> dict[str, list[str]]:
+            async with httpx.AsyncClient(base_url=running.url, cookies={COOKIE: cookie}) as ui:
+                answer = await ui.get("/ui/logs?app=hello")
+            assert answer.status_code == 200
+            return dict(answer.json())
+
+        with anyio.fail_after(10):
+            while not (shown := await panel())["access"]:  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+        assert [line.split(" ", 1)[1] for line in shown["output"]] == ["[sb-1] ready \\x1b[2J ok"]
+        assert shown["access"][0].endswith("[sb-1] GET /x 200 2B 1ms")
+        async with httpx.AsyncClient(base_url=running.url, cookies={COOKIE: cookie}) as ui:
+            assert (await ui.get("/ui/logs?app=Nope")).status_code == 404

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from importlib import resources
+from pathlib import Path
 
 import anyio
 from fastapi import APIRouter, Request, Response
@@ -27,7 +29,10 @@ from fastapi.responses import StreamingResponse
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
-from wakeful.domain.models import Role, Token
+from wakeful.deploy import logread
+from wakeful.domain.logfiles import KINDS, Kind, line_text, short_time
+from wakeful.domain.models import NAME_PATTERN, Role, Token
+from wakeful.domain.shown import shown
 from wakeful.store.tokenbook import TokenBook
 
 from .live import Dashboard
@@ -36,6 +41,8 @@ from .sessions import COOKIE, SESSION_SECONDS, Sessions
 log = logging.getLogger(__name__)
 
 MAX_LOGIN_BYTES = 4096
+LOG_LINES = 50
+"""Lines of each kind the dashboard's logs panel shows."""
 HEARTBEAT_SECONDS = 15.0
 
 HEADERS = {
@@ -76,9 +83,12 @@ def _asset(name: str) -> bytes:
     return resources.files("wakeful.dashboard.ui").joinpath(name).read_bytes()
 
 
-def dashboard_router(dashboard: Dashboard, sessions: Sessions, tokens: TokenBook) -> APIRouter:
+def dashboard_router(
+    dashboard: Dashboard, sessions: Sessions, tokens: TokenBook, logs: Path | None = None
+) -> APIRouter:
     """`/ui` and its parts. Their access is `SESSION` (`wakeful.activator.roles`): no bearer
-    token; each checks the session cookie itself."""
+    token; each checks the session cookie itself. `logs`: the log directory, whose newest
+    lines of an app `/ui/logs?app=APP` shows."""
     router = APIRouter(include_in_schema=False)
     login_page = _asset("login.html").decode()
     page = _asset("dashboard.html")
@@ -171,6 +181,22 @@ def dashboard_router(dashboard: Dashboard, sessions: Sessions, tokens: TokenBook
         body = json.dumps({"token": token.name})
         return Response(body, headers=HEADERS, media_type="application/json")
 
+    @router.get("/ui/logs")
+    async def app_logs(request: Request, app: str = "") -> Response:
+        """The app's newest `LOG_LINES` lines of output and of its access log, as text."""
+        if session(request) is None:
+            return unauthorized()
+        if logs is None or not re.fullmatch(NAME_PATTERN, app):
+            return Response('{"error":"unknown app"}', 404, headers=HEADERS)
+        found = {
+            kind: await anyio.to_thread.run_sync(
+                logread.tail, logs, app, kind, logread.Query(), LOG_LINES
+            )
+            for kind in KINDS
+        }
+        body = {kind: [_shown_line(line, kind) for line in lines] for kind, lines in found.items()}
+        return Response(json.dumps(body), headers=HEADERS, media_type="application/json")
+
     @router.get("/ui/events")
     async def events(request: Request) -> Response:
         cookie = request.cookies.get(COOKIE)
@@ -203,6 +229,14 @@ def dashboard_router(dashboard: Dashboard, sessions: Sessions, tokens: TokenBook
         return _EventStream(messages(), lambda: dashboard.close_stream(queue))
 
     return router
+
+
+def _shown_line(line: bytes, kind: Kind) -> str:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return ""
+    return f"{short_time(record)} {shown(line_text(record, kind))}"
 
 
 def _same_origin(request: Request) -> bool:

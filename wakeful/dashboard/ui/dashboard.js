@@ -287,10 +287,56 @@ function renderNodes(nodes) {
     el('tbody', {}, ...rows))));
 }
 
+// ---- logs: the chosen app's newest lines, asked for every few seconds -------------------
+
+const LOGS_EVERY = 3000;
+let logsTimer = null;
+
+function offerApps(apps) {
+  const select = document.getElementById('logs-app');
+  const names = apps.map((app) => str(app.app));
+  const chosen = select.value;
+  const have = [...select.options].slice(1).map((o) => o.value);
+  if (names.join('\n') === have.join('\n')) return;
+  const options = names.map((name) => el('option', { value: name }, name));
+  select.replaceChildren(el('option', { value: '' }, 'choose an app'), ...options);
+  select.value = names.includes(chosen) ? chosen : '';
+}
+
+function logPane(title, lines, note) {
+  return el('div', { class: 'log' },
+    el('h3', {}, title),
+    lines.length ? el('pre', {}, lines.map(str).join('\n')) : el('p', { class: 'empty' }, note));
+}
+
+async function showLogs() {
+  clearTimeout(logsTimer);
+  const app = document.getElementById('logs-app').value;
+  if (!app) return fill('logs', empty('choose an app to see its newest lines and its access log'));
+  let data = null;
+  try {
+    const answer = await fetch(`/ui/logs?app=${encodeURIComponent(app)}`, { credentials: 'same-origin', cache: 'no-store' });
+    if (answer.ok) data = await answer.json();
+  } catch {
+    data = null;
+  }
+  if (document.getElementById('logs-app').value !== app) return; // chosen again meanwhile
+  if (data) {
+    const list = (v) => (Array.isArray(v) ? v : []);
+    fill('logs',
+      logPane('Output', list(data.output), 'no output yet'),
+      logPane('Access log', list(data.access), 'no requests logged (access_log = true in wakeful.toml)'));
+  }
+  logsTimer = setTimeout(showLogs, LOGS_EVERY);
+}
+
+document.getElementById('logs-app').addEventListener('change', showLogs);
+
 function render(snap) {
   const at = num(snap.at);
   const list = (v) => (Array.isArray(v) ? v : []);
   renderApps(list(snap.apps), snap.apps_total, at);
+  offerApps(list(snap.apps));
   renderRollouts(list(snap.rollouts), at);
   renderNodes(list(snap.nodes));
   renderSandboxes(list(snap.sandboxes), snap.sandboxes_total, at);
