@@ -49,6 +49,7 @@ from wakeful.domain.logfiles import (
     expired,
     iso,
     parse_segment,
+    reading_order,
     to_ms,
 )
 from wakeful.domain.models import NAME_PATTERN
@@ -59,6 +60,8 @@ SEGMENT_BYTES = 4 * 1024 * 1024
 SEGMENT_AGE = 3600.0
 MAX_PENDING = 64 * 1024 * 1024
 STALE_AFTER = 60.0
+KEEP_CLOSED = 60.0
+"""Seconds a closed segment's uncompressed file stays beside its compressed copy."""
 SWEEP_EVERY = 60.0
 _STOP = object()
 
@@ -133,6 +136,7 @@ class LogDir:
         max_pending: int = MAX_PENDING,
         stale_after: float = STALE_AFTER,
         sweep_every: float = SWEEP_EVERY,
+        keep_closed: float = KEEP_CLOSED,
         sync: bool = True,
         clock: Callable[[], float] = time.time,
         registry: CollectorRegistry | None = None,
@@ -144,6 +148,7 @@ class LogDir:
         self._segment_age = segment_age
         self._max_pending = max_pending
         self._stale_after = stale_after
+        self._keep_closed = keep_closed
         self._sweep_every = sweep_every
         self._sync = sync
         self._clock = clock
@@ -157,6 +162,8 @@ class LogDir:
         self._segments: dict[tuple[str, Kind], list[Segment]] = {}
         """Every segment but this writer's open ones, per app and kind."""
         self._lost: dict[tuple[str, Kind], int] = {}
+        self._retiring: list[tuple[Path, float]] = []
+        """Open files already compressed, and since when: removed after `keep_closed`."""
         self._swept = 0.0
 
     # -- the loop's side ------------------------------------------------------------------
@@ -359,7 +366,9 @@ class LogDir:
 
     def _compress(self, path: Path, segment: Segment, last: int) -> Segment | None:
         """`path` (an open segment) compressed to its closed name, up to its last whole
-        line; the open file removed. None when it could not be (it stays as it is)."""
+        line; the open file removed `keep_closed` seconds later (a shipper tailing it reads
+        to its end meanwhile; readers here read the compressed copy at once). None when it
+        could not be (it stays as it is)."""
         closed = Segment(
             segment.app, segment.kind, segment.start, max(last, segment.start), segment.writer
         )
@@ -375,7 +384,7 @@ class LogDir:
                 path.unlink()
                 return None
             os.replace(temporary, target)
-            path.unlink()
+            self._retiring.append((path, self._clock()))  # for shippers still reading it
             size = target.stat().st_size
         except OSError as exc:
             log.warning("could not close the log segment %s: %s", path, exc)
@@ -389,6 +398,9 @@ class LogDir:
         for current in list(self._open.values()):
             if to_ms(now) - current.segment.start >= self._segment_age * 1000:
                 self._close(current)
+        while self._retiring and now - self._retiring[0][1] >= self._keep_closed:
+            with contextlib.suppress(OSError):
+                self._retiring.pop(0)[0].unlink()
         if now - self._swept < self._sweep_every and not force:
             return
         self._swept = now
@@ -414,8 +426,12 @@ class LogDir:
             for o in self._open.values()
         ]
         for segment in expired(every, to_ms(self._clock()), self.limits):
-            with contextlib.suppress(OSError):
-                (self._folder(segment.app, segment.kind) / segment.name).unlink()
+            folder = self._folder(segment.app, segment.kind)
+            opened = Segment(segment.app, segment.kind, segment.start, None, segment.writer)
+            self._retiring = [(p, at) for p, at in self._retiring if p.name != opened.name]
+            for name in (segment.name, opened.name):
+                with contextlib.suppress(OSError):
+                    (folder / name).unlink()
             found = self._segments.get((segment.app, segment.kind), [])
             with contextlib.suppress(ValueError):
                 found.remove(segment)
@@ -443,6 +459,7 @@ class LogDir:
             if not _is_name(folder.name):
                 continue
             for kind in KINDS:
+                found: list[Segment] = []
                 with contextlib.suppress(OSError):
                     for entry in os.scandir(folder / kind):
                         if entry.name.endswith(".tmp"):
@@ -451,7 +468,13 @@ class LogDir:
                             continue
                         segment = parse_segment(folder.name, kind, entry.name, entry.stat().st_size)
                         if segment is not None:
-                            self._segments.setdefault((folder.name, kind), []).append(segment)
+                            found.append(segment)
+                kept = reading_order(found)  # an open file already compressed: retiring
+                for segment in found:
+                    if segment not in kept:
+                        self._retiring.append((folder / kind / segment.name, self._clock()))
+                if kept:
+                    self._segments[(folder.name, kind)] = kept
 
 
 def _is_name(text: str) -> bool:

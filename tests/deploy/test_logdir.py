@@ -36,7 +36,7 @@ def clock() -> Clock:
 
 
 def make(root: Path, clock: Clock, writer: str = "t1", **options: Any) -> LogDir:
-    options = {"limits": WIDE, "sync": False, **options}
+    options = {"limits": WIDE, "sync": False, "keep_closed": 0, **options}
     found = LogDir(root, writer, options.pop("limits"), clock=clock, **options)
     found.start()
     return found
@@ -219,3 +219,27 @@ def test_grep_sandbox_and_version_find_the_lines_that_hold_them(logdir: LogDir) 
     assert texts(logdir.root, grep="\t") == ["tab\there"]
     assert texts(logdir.root, grep="sb-1") == ["sb-1 mentioned"]  # the text, not the fields
     assert texts(logdir.root, version="v2", sandbox="sb-1") == ["tab\there"]
+
+
+def test_a_closed_segment_s_file_stays_a_while_for_shippers_and_is_read_once(
+    tmp_path: Path, clock: Clock
+) -> None:
+    """A shipper tailing the open file reads it to its end after the close: the file stays
+    `keep_closed` seconds beside its compressed copy, which readers here read instead."""
+    logdir = make(tmp_path, clock, segment_bytes=1024, keep_closed=60)
+    for i in range(12):
+        write(logdir, T0 + i, f"{i:02d} " + "z" * 200)
+    names = files(tmp_path)
+    closed = [n for n in names if n.endswith(".gz")]
+    assert closed and all(n.split("-")[0] + "-t1.jsonl" in names for n in closed)
+    starts = {n.split("-")[0] for n in closed}
+    still_open = [n for n in names if n.endswith(".jsonl") and n.split("-")[0] not in starts]
+    assert [t[:2] for t in texts(tmp_path)] == [f"{i:02d}" for i in range(12)]  # each once
+    clock.now += 61
+    upkeep(logdir)
+    assert [n for n in files(tmp_path) if n.endswith(".jsonl")] == still_open
+    logdir.stop()
+    again = make(tmp_path, clock, "t2", keep_closed=60)  # a restart finds none to keep
+    assert [t[:2] for t in texts(tmp_path)] == [f"{i:02d}" for i in range(12)]
+    again.stop()
+
