@@ -201,3 +201,19 @@ def test_a_batch_is_bounded_and_its_text_cannot_outgrow_its_bytes() -> None:
         )
     with pytest.raises(ValueError, match="characters from"):
         OutputChunk(sandbox="sb-1", app="a", created_at=0, offset=0, size=1, text="xx")
+
+
+async def test_a_batch_is_answered_only_once_its_lines_are_on_disk(tmp_path: Path) -> None:
+    """What a node was told is taken survives a SIGKILL of the control plane: when `ship`
+    returns, the lines are in the segment file, whole (read straight from the file, with no
+    help from the writer)."""
+    logdir = LogDir(tmp_path, "t1", LIMITS, sync=True)
+    logdir.start()
+    book = LogBook(logdir)
+    out = Stream("sb-1")
+    for i in range(50):
+        await book.ship(batch(out.chunk(f"line {i}\n")))
+        (segment,) = (tmp_path / "apps/hello/output").iterdir()
+        lines = segment.read_bytes().splitlines()
+        assert json.loads(lines[-1])["line"] == f"line {i}"
+    logdir.stop()

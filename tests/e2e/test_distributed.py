@@ -57,7 +57,7 @@ def test_separate_pieces_deploy_and_serve_through_etcd(
     lines = logs.stdout.splitlines()
     assert lines, logs.stderr
     assert all(
-        re.fullmatch(r"\[[a-z0-9-]+\] hello listening on 127\.0\.0\.1:\d+", x) for x in lines
+        re.fullmatch(r"\S+Z \[[a-z0-9-]+\] hello listening on 127\.0\.0\.1:\d+", x) for x in lines
     )
     unknown = wakeful_logs(api, env, "nope")
     assert unknown.returncode != 0
