@@ -33,6 +33,7 @@ import queue
 import re
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -60,6 +61,8 @@ SEGMENT_BYTES = 4 * 1024 * 1024
 SEGMENT_AGE = 3600.0
 MAX_PENDING = 64 * 1024 * 1024
 STALE_AFTER = 60.0
+MAX_HANDLES = 256
+"""Open segments' files held open at once: ten thousand apps must not need as many handles."""
 KEEP_CLOSED = 60.0
 """Seconds a closed segment's uncompressed file stays beside its compressed copy."""
 SWEEP_EVERY = 60.0
@@ -92,7 +95,8 @@ class _Upkeep:
 class _Open:
     segment: Segment
     path: Path
-    file: IO[bytes]
+    file: IO[bytes] | None
+    """Its handle, while it is among the `max_handles` written last; None otherwise."""
     size: int
     last: int
 
@@ -137,6 +141,7 @@ class LogDir:
         stale_after: float = STALE_AFTER,
         sweep_every: float = SWEEP_EVERY,
         keep_closed: float = KEEP_CLOSED,
+        max_handles: int = MAX_HANDLES,
         sync: bool = True,
         clock: Callable[[], float] = time.time,
         registry: CollectorRegistry | None = None,
@@ -149,6 +154,9 @@ class LogDir:
         self._max_pending = max_pending
         self._stale_after = stale_after
         self._keep_closed = keep_closed
+        self._max_handles = max(1, max_handles)
+        self._handles: OrderedDict[int, _Open] = OrderedDict()
+        """Open segments holding a file handle, the one written least recently first."""
         self._sweep_every = sweep_every
         self._sync = sync
         self._clock = clock
@@ -182,8 +190,7 @@ class LogDir:
             self._thread.join(timeout=30)
             self._thread = None
         for current in self._open.values():
-            with contextlib.suppress(OSError):
-                current.file.close()
+            self._release(current)
         self._open.clear()
 
     def append(
@@ -278,8 +285,9 @@ class LogDir:
             results.append((item, dropped))
         if self._sync:
             for current in touched.values():
-                with contextlib.suppress(OSError):
-                    os.fdatasync(current.file.fileno())
+                if current.file is not None:
+                    with contextlib.suppress(OSError):
+                        os.fdatasync(current.file.fileno())
         for item, dropped in results:
             with self._pending_lock:
                 self._pending -= item.size
@@ -294,8 +302,7 @@ class LogDir:
         """A segment a write failed on: closed as it is, left for the upkeep to compress once
         stale, as a dead writer's."""
         self._open.pop((current.segment.app, current.segment.kind), None)
-        with contextlib.suppress(OSError):
-            current.file.close()
+        self._release(current)
         segment = current.segment
         left = Segment(segment.app, segment.kind, segment.start, None, self.writer, current.size)
         self._segments.setdefault((segment.app, segment.kind), []).append(left)
@@ -319,17 +326,44 @@ class LogDir:
 
     def _put(self, current: _Open, data: bytes) -> bool:
         """Append `data` whole, or nothing: a failed write is cut back to where it began."""
+        handle = None
         try:
-            current.file.write(data)
-            current.file.flush()
+            handle = self._handle(current)
+            handle.write(data)
+            handle.flush()
         except OSError as exc:
             log.warning("could not write %s: %s; its lines are dropped", current.path, exc)
-            with contextlib.suppress(OSError):
-                current.file.truncate(current.size)
-                current.file.seek(current.size)
+            if handle is not None:
+                with contextlib.suppress(OSError):
+                    handle.truncate(current.size)
+                    handle.seek(current.size)
             return False
         current.size += len(data)
         return True
+
+    def _handle(self, current: _Open) -> IO[bytes]:
+        """`current`'s file, opened again if it was let go; past `max_handles` open at once,
+        the one written least recently is let go (synced first: it was acknowledged)."""
+        handle = current.file
+        if handle is None:
+            handle = current.file = open(current.path, "ab")  # noqa: SIM115 (`_release`)
+        self._handles[id(current)] = current
+        self._handles.move_to_end(id(current))
+        while len(self._handles) > self._max_handles:
+            _, oldest = self._handles.popitem(last=False)
+            if oldest.file is not None and self._sync:
+                with contextlib.suppress(OSError):
+                    oldest.file.flush()
+                    os.fdatasync(oldest.file.fileno())
+            self._release(oldest)
+        return handle
+
+    def _release(self, current: _Open) -> None:
+        self._handles.pop(id(current), None)
+        if current.file is not None:
+            with contextlib.suppress(OSError):
+                current.file.close()
+            current.file = None
 
     def _segment_for(self, item: _Append) -> _Open | None:
         key = (item.app, item.kind)
@@ -339,14 +373,15 @@ class LogDir:
         segment = Segment(item.app, item.kind, item.first, None, self.writer)
         folder = self._folder(item.app, item.kind)
         path = folder / segment.name
+        current = _Open(segment, path, None, 0, item.last)
         try:
             folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-            handle = open(path, "ab")  # noqa: SIM115 (kept open until `_close`)
+            current.size = self._handle(current).tell()
         except OSError as exc:
             log.warning("could not open %s: %s; its lines are dropped", path, exc)
+            self._release(current)
             return None
-        size = handle.tell()
-        current = self._open[key] = _Open(segment, path, handle, size, item.last)
+        self._open[key] = current
         return current
 
     def _folder(self, app: str, kind: Kind) -> Path:
@@ -357,8 +392,7 @@ class LogDir:
     def _close(self, current: _Open) -> None:
         key = (current.segment.app, current.segment.kind)
         self._open.pop(key, None)
-        with contextlib.suppress(OSError):
-            current.file.close()
+        self._release(current)
         closed = self._compress(current.path, current.segment, current.last)
         if closed is not None:
             self._segments.setdefault(key, []).append(closed)
