@@ -208,6 +208,10 @@ class Ingress:
                     async with anyio.create_task_group() as stopping:
                         for each in servers:
                             stopping.start_soon(each.stop, self.settings.shutdown_timeout)
+                    try:  # the last requests' lines, before the channel goes
+                        self._ship_access()
+                    except Exception:
+                        log.exception("could not ship the last access lines")
                     await self.cache.close()
                     await admin.stop(0)
                     log.info("ingress stopped")
@@ -220,11 +224,14 @@ class Ingress:
             await anyio.sleep(self.settings.traffic_report_interval)
             try:
                 self._leases.report(self.metrics.traffic_since_last())
-                lines = self.access.take()
-                if lines and not self._leases.access(self.name, lines):
-                    self.access.keep(lines)  # no channel now: with the next report
+                self._ship_access()
             except Exception:  # the charts and the log are never worth the ingress
                 log.exception("could not report traffic to the activator")
+
+    def _ship_access(self) -> None:
+        lines = self.access.take()
+        if lines and not self._leases.access(self.name, lines):
+            self.access.keep(lines)  # no channel now: with the next report
 
     async def _serve_tunnels(
         self, stack: contextlib.AsyncExitStack, tasks: anyio.abc.TaskGroup

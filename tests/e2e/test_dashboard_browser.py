@@ -101,6 +101,18 @@ def log_in(driver: Any, url: str, secret: str) -> None:
     driver.find_element(By.CSS_SELECTOR, "#login button[type=submit]").click()
 
 
+def choose_logs_of(driver: Any, app: str) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    def offered(d: Any) -> bool:
+        options = Select(d.find_element(By.ID, "logs-app")).options
+        return app in [o.get_attribute("value") for o in options]
+
+    until(driver, offered, f"{app} in the logs panel's list")
+    Select(driver.find_element(By.ID, "logs-app")).select_by_value(app)
+
+
 def restart(up: Up) -> subprocess.Popen[str]:
     """`wakeful up` again on the same ports and data directory: the app is in its store."""
     stop_up(up)
@@ -164,6 +176,14 @@ def test_log_in_watch_an_app_wake_and_follow_a_restart(tmp_path: Path, browser: 
         until(browser, lambda d: text(d, row) is not None, "hello after the restart")
         assert browser.execute_script("return window.wakefulNotReloaded") is True
         shot(browser, "after-restart")
+
+        # The logs panel (issue 40): the request from before the restart is in the access
+        # log, the app's output too: both were on disk, not in the old process's memory.
+        choose_logs_of(browser, "hello")
+        access = until(browser, lambda d: text(d, "#logs .log:nth-child(2) pre"), "access lines")
+        assert " GET / 200 " in access and "woke=start" in access, access
+        output = until(browser, lambda d: text(d, "#logs .log:nth-child(1) pre"), "output")
+        assert "[hello-v1-" in output, output
 
         # A canary: the card shows the split, the rollouts what it did (issue 39).
         app_dir = tmp_path / "hello"
