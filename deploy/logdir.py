@@ -25,7 +25,6 @@ Layout and rules: `wakeful.domain.logfiles`.
 from __future__ import annotations
 
 import contextlib
-import gzip
 import json
 import logging
 import os
@@ -40,8 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
+from wakeful.deploy.logsegment import LogMetrics, compress, last_time
 from wakeful.domain.logfiles import (
     KINDS,
     Kind,
@@ -99,31 +99,6 @@ class _Open:
     """Its handle, while it is among the `max_handles` written last; None otherwise."""
     size: int
     last: int
-
-
-class LogMetrics:
-    def __init__(self, registry: CollectorRegistry | None) -> None:
-        registry = registry if registry is not None else CollectorRegistry()
-        self.written = Counter(
-            "wakeful_logs_lines_written_total",
-            "Lines written to the log directory, by kind (output, access)",
-            ["kind"],
-            registry=registry,
-        )
-        self.dropped = Counter(
-            "wakeful_logs_lines_dropped_total",
-            "Lines the control plane could not keep: backlog (the writer was behind), disk "
-            "(a write failed: a full disk), sampled (an ingress past its access log rate)",
-            ["reason"],
-            registry=registry,
-        )
-        self.stored = Gauge(
-            "wakeful_logs_bytes", "Bytes of segments in the log directory", registry=registry
-        )
-        for reason in ("backlog", "disk", "sampled"):
-            self.dropped.labels(reason=reason)
-        for kind in KINDS:
-            self.written.labels(kind=kind)
 
 
 class LogDir:
@@ -399,33 +374,12 @@ class LogDir:
         self._retain()
 
     def _compress(self, path: Path, segment: Segment, last: int) -> Segment | None:
-        """`path` (an open segment) compressed to its closed name, up to its last whole
-        line; the open file removed `keep_closed` seconds later (a shipper tailing it reads
-        to its end meanwhile; readers here read the compressed copy at once). None when it
-        could not be (it stays as it is)."""
-        closed = Segment(
-            segment.app, segment.kind, segment.start, max(last, segment.start), segment.writer
-        )
-        target = path.with_name(closed.name)
-        temporary = path.with_name(f".{closed.name}.tmp")
-        try:
-            with open(path, "rb") as source, gzip.open(temporary, "wb", compresslevel=5) as out:
-                whole = _whole_length(source)
-                source.seek(0)
-                _copy(source, out, whole)
-            if whole == 0:
-                temporary.unlink()
-                path.unlink()
-                return None
-            os.replace(temporary, target)
-            self._retiring.append((path, self._clock()))  # for shippers still reading it
-            size = target.stat().st_size
-        except OSError as exc:
-            log.warning("could not close the log segment %s: %s", path, exc)
-            with contextlib.suppress(OSError):
-                temporary.unlink()
-            return None
-        return Segment(closed.app, closed.kind, closed.start, closed.end, closed.writer, size)
+        """`compress`, the open file removed `keep_closed` seconds later (a shipper tailing
+        it reads to its end meanwhile; readers here read the compressed copy at once)."""
+        closed = compress(path, segment, last)
+        if closed is not None and path.exists():
+            self._retiring.append((path, self._clock()))
+        return closed
 
     def _housekeep(self, force: bool = False) -> None:
         now = self._clock()
@@ -448,7 +402,7 @@ class LogDir:
                     continue
                 if now - modified >= self._stale_after:
                     found.remove(segment)
-                    closed = self._compress(path, segment, _last_time(path, segment.start))
+                    closed = self._compress(path, segment, last_time(path, segment.start))
                     if closed is not None:
                         found.append(closed)
         self._retain()
@@ -513,43 +467,3 @@ class LogDir:
 
 def _is_name(text: str) -> bool:
     return re.fullmatch(NAME_PATTERN, text) is not None
-
-
-def _whole_length(source: IO[bytes]) -> int:
-    """Bytes up to and including the last newline."""
-    end = source.seek(0, os.SEEK_END)
-    position = end
-    while position > 0:
-        step = min(65536, position)
-        source.seek(position - step)
-        block = source.read(step)
-        newline = block.rfind(b"\n")
-        if newline >= 0:
-            return position - step + newline + 1
-        position -= step
-    return 0
-
-
-def _copy(source: IO[bytes], out: gzip.GzipFile, length: int) -> None:
-    left = length
-    while left > 0:
-        block = source.read(min(1 << 20, left))
-        if not block:
-            break
-        out.write(block)
-        left -= len(block)
-
-
-def _last_time(path: Path, default: int) -> int:
-    """The time of the last whole line of an open segment (ms), or `default`."""
-    try:
-        with open(path, "rb") as source:
-            whole = _whole_length(source)
-            source.seek(max(0, whole - 65536))
-            tail = source.read(whole - source.tell())
-    except OSError:
-        return default
-    for line in reversed(tail.splitlines()):
-        with contextlib.suppress(ValueError, TypeError, AttributeError):
-            return max(default, to_ms(float(json.loads(line)["ts"])))
-    return default
