@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
 
 import anyio
 
@@ -47,6 +47,8 @@ STALE_INTERVALS = 5
 """A node whose last batch is this many of its ship intervals old is behind."""
 DEFAULT_INTERVAL = 1.0
 """The ship interval assumed of a node not heard from yet (`NodeSettings.log_ship_interval`)."""
+_DUMPS = json.JSONEncoder(ensure_ascii=False).encode
+"""A line's text as JSON, as `encode` writes it."""
 WRITE_TIMEOUT = 10.0
 """Seconds a batch waits for the disk before the node is told to send it again."""
 
@@ -98,7 +100,7 @@ class LogBook:
         self._streams: dict[str, _Stream] = {}
         self._nodes: dict[str, NodeShipping] = {}
         """In order of their last batch, oldest first."""
-        self._last: dict[str, float] = {}
+        self._last: dict[str, int] = {}
         """Per app, the time given to its last line: each line's is later (a reader's cursor)."""
         self._seq = itertools.count()
 
@@ -145,8 +147,9 @@ class LogBook:
             self._take(batch.node, chunk, now, lines.setdefault(chunk.app, []))
         pending = []
         for app, written in lines.items():
-            if written:  # every line's time is `now` or just after (`_next_time`)
-                pending.append(self.logdir.append(app, "output", written, now, self._last[app]))
+            if written:
+                at = self._last[app] / 1e6
+                pending.append(self.logdir.append(app, "output", written, at, at))
         return pending
 
     def _adopt(self, node: str, chunk: OutputChunk, reached: int | None) -> None:
@@ -160,6 +163,10 @@ class LogBook:
         stream.received = reached or 0
 
     def _take(self, node: str, chunk: OutputChunk, now: float, out: list[bytes]) -> None:
+        """`chunk`'s new lines, encoded, onto `out`. Each line's `ts` is later than the app's
+        line before (`_next_time`), its `time` the batch's; a line is assembled from the
+        chunk's fields encoded once, not encoded whole: this runs on the event loop, for
+        every line a node sends."""
         stream = self._streams.get(chunk.sandbox)
         if stream is None:
             self._make_room()
@@ -170,8 +177,8 @@ class LogBook:
         stream.last_write = now
         end = chunk.offset + chunk.size
         text = chunk.text
-        base = {"app": chunk.app, "version": chunk.version, "sandbox": chunk.sandbox, "node": node}
-        records: list[dict[str, Any]] = []
+        pieces: list[tuple[str, bool]] = []
+        """(text, more): the lines to write."""
         if end <= stream.received:
             text = ""  # sent before: a retry after a lost answer
         elif chunk.offset < stream.received:
@@ -180,36 +187,51 @@ class LogBook:
         elif chunk.offset > stream.received:
             gap = chunk.offset - stream.received
             stream.missing += gap
-            records.append({**base, "line": f"[wakeful: {gap} bytes of output missing here]"})
+            pieces.append((f"[wakeful: {gap} bytes of output missing here]", False))
         stream.received = max(stream.received, end)
         if text:
             *whole, rest = text.split("\n")
+            cut = self._max_line
             for line in whole:
-                records.extend(self._pieces(base, line.removesuffix("\r"), False))
+                if len(line) <= cut:
+                    pieces.append((line.removesuffix("\r"), False))
+                else:
+                    pieces.extend(self._wrapped(line.removesuffix("\r"), False))
             if rest:
-                records.extend(self._pieces(base, rest, True))
-        if records:
-            records[-1]["o"] = stream.received
-        for record in records:
-            at = self._next_time(chunk.app, now)
-            out.append(encode({"ts": round(at, 6), "time": iso(at), **record}))
+                pieces.extend(self._wrapped(rest, True))
         if chunk.finished and stream.finished_at is None:
             stream.finished_at = now
+        if not pieces:
+            return
+        when = f',"time":"{iso(now)}",'
+        fields = json.dumps(
+            {"app": chunk.app, "version": chunk.version, "sandbox": chunk.sandbox, "node": node},
+            separators=(",", ":"),
+        )[1:-1]
+        head = when + fields + ',"line":'
+        dumps = _DUMPS
+        last = len(pieces) - 1
+        for index, (piece, more) in enumerate(pieces):
+            at = self._next_time(chunk.app, now)
+            tail = ',"more":true}\n' if more else "}\n"
+            if index == last:
+                tail = f',"o":{stream.received}' + tail
+            out.append(f'{{"ts":{at}{head}{dumps(piece)}{tail}'.encode())
 
-    def _pieces(self, base: dict[str, Any], line: str, more: bool) -> Iterable[dict[str, Any]]:
+    def _wrapped(self, line: str, more: bool) -> Iterable[tuple[str, bool]]:
+        """`line` in pieces of at most `max_line` characters; all but the last go on."""
         cut = self._max_line
         starts = range(0, max(len(line), 1), cut)
         for start in starts:
-            piece = {**base, "line": line[start : start + cut]}
-            if more or start + cut < len(line):
-                piece["more"] = True
-            yield piece
+            yield line[start : start + cut], more or start + cut < len(line)
 
-    def _next_time(self, app: str, now: float) -> float:
-        last = self._last.get(app)
-        at = now if last is None or now > last + 1e-6 else last + 1e-6
-        self._last[app] = at
-        return at
+    def _next_time(self, app: str, now: float) -> str:
+        """`now`, or a microsecond after the app's last line's time when the clock is not
+        past it, as the seconds a line's `ts` says: counted in whole microseconds, so that
+        each line's differs from the one before also once printed."""
+        micros = max(int(now * 1e6), self._last.get(app, -1) + 1)
+        self._last[app] = micros
+        return f"{micros // 1_000_000}.{micros % 1_000_000:06d}"
 
     def _make_room(self) -> None:
         while len(self._streams) >= self._max_sandboxes:
