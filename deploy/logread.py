@@ -10,6 +10,9 @@ Theory of operation:
 - `forward` yields matches oldest first without holding more than a block; `tail` reads
   segments newest first and keeps at most the `n` lines asked for. Memory is bounded either
   way, whatever an app's history holds.
+- Segments are listed once, when a read begins. One listed open and closed since (its open
+  file removed a minute after the close) is read from its compressed copy: a long read misses
+  nothing that was there when it began.
 
 These run on a worker thread (they block on the disk), never on the event loop.
 """
@@ -164,12 +167,35 @@ def _segment_lines(root: Path, segment: Segment, check: _Filter) -> Iterator[byt
         (since is None or segment.start >= to_ms(since + SKEW))
         and (until is None or (segment.end is not None and segment.end <= to_ms(until)))
     )
+    where = folder(root, segment.app, segment.kind)
     try:
-        with _open(folder(root, segment.app, segment.kind) / segment.name) as source:
+        try:
+            source = _open(where / segment.name)
+        except FileNotFoundError:
+            # Listed open, closed since: its compressed copy holds every line it did.
+            copy = None if segment.end is not None else _closed_copy(where, segment)
+            if copy is None:
+                return  # deleted by retention meanwhile
+            source = _open(where / copy)
+        with source:
             for block in _blocks(source):
                 yield from _matches(block, check, timed)
     except (OSError, EOFError, gzip.BadGzipFile):
-        return  # deleted by retention meanwhile, or cut short: what was read stands
+        return  # cut short: what was read stands
+
+
+def _closed_copy(where: Path, opened: Segment) -> str | None:
+    """The name of the compressed copy of `opened` in `where`, if there is one."""
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(where):
+            found = parse_segment(opened.app, opened.kind, entry.name)
+            if (
+                found is not None
+                and found.end is not None
+                and (found.start, found.writer) == (opened.start, opened.writer)
+            ):
+                return entry.name
+    return None
 
 
 def forward(root: Path, app: str, kind: Kind, query: Query) -> Iterator[bytes]:

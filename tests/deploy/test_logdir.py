@@ -263,3 +263,25 @@ def test_many_apps_write_through_a_bounded_number_of_open_files(
     for app in apps:
         assert texts(tmp_path, app) == [f"{app} {r}" for r in range(3)]
     logdir.stop()
+
+
+def test_a_read_that_outlives_a_segment_s_close_reads_its_compressed_copy(
+    tmp_path: Path, clock: Clock
+) -> None:
+    """Segments are listed when a read begins; one that closes (its open file removed a
+    minute later) before the read reaches it is read from its copy, not skipped."""
+    logdir = make(tmp_path, clock, segment_age=3600, keep_closed=60)
+    write(logdir, T0, *[f"first {i}" for i in range(10)])
+    clock.now += 3600  # the first segment closes at its age
+    write(logdir, clock.now, *[f"second {i}" for i in range(10)])
+    reading = logread.forward(tmp_path, "hello", "output", logread.Query(since=0))
+    got = [next(reading)]  # listed both, reading the first
+    clock.now += 3600  # the second closes too, and its open file goes a minute later
+    upkeep(logdir)
+    clock.now += 61
+    upkeep(logdir)
+    got += list(reading)
+    assert [json.loads(line)["line"] for line in got] == [f"first {i}" for i in range(10)] + [
+        f"second {i}" for i in range(10)
+    ]
+    logdir.stop()
