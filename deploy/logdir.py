@@ -448,8 +448,8 @@ class LogDir:
                 continue
             for kind in KINDS:
                 found: list[Segment] = []
-                with contextlib.suppress(OSError):
-                    for entry in os.scandir(folder / kind):
+                with contextlib.suppress(OSError), os.scandir(folder / kind) as entries:
+                    for entry in entries:
                         if entry.name.endswith(".tmp"):
                             with contextlib.suppress(OSError):
                                 os.unlink(entry.path)

@@ -56,8 +56,8 @@ def folder(root: Path, app: str, kind: Kind) -> Path:
 def segments(root: Path, app: str, kind: Kind) -> list[Segment]:
     """The app's segments of `kind`, in reading order; none for an app with no logs."""
     found = []
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(folder(root, app, kind)):
+    with contextlib.suppress(OSError), os.scandir(folder(root, app, kind)) as entries:
+        for entry in entries:
             segment = parse_segment(app, kind, entry.name)
             if segment is not None:
                 found.append(segment)
@@ -186,8 +186,8 @@ def _segment_lines(root: Path, segment: Segment, check: _Filter) -> Iterator[byt
 
 def _closed_copy(where: Path, opened: Segment) -> str | None:
     """The name of the compressed copy of `opened` in `where`, if there is one."""
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(where):
+    with contextlib.suppress(OSError), os.scandir(where) as entries:
+        for entry in entries:
             found = parse_segment(opened.app, opened.kind, entry.name)
             if (
                 found is not None

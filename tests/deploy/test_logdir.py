@@ -272,14 +272,17 @@ def test_a_read_that_outlives_a_segment_s_close_reads_its_compressed_copy(
     minute later) before the read reaches it is read from its copy, not skipped."""
     logdir = make(tmp_path, clock, segment_age=3600, keep_closed=60)
     write(logdir, T0, *[f"first {i}" for i in range(10)])
-    clock.now += 3600  # the first segment closes at its age
+    clock.now += 3600
+    upkeep(logdir)  # the first segment closes at its age
     write(logdir, clock.now, *[f"second {i}" for i in range(10)])
+    assert len(files(tmp_path)) == 3  # the first, closed (and its file kept), the second
     reading = logread.forward(tmp_path, "hello", "output", logread.Query(since=0))
     got = [next(reading)]  # listed both, reading the first
     clock.now += 3600  # the second closes too, and its open file goes a minute later
     upkeep(logdir)
     clock.now += 61
     upkeep(logdir)
+    assert all(name.endswith(".gz") for name in files(tmp_path))
     got += list(reading)
     assert [json.loads(line)["line"] for line in got] == [f"first {i}" for i in range(10)] + [
         f"second {i}" for i in range(10)
