@@ -300,18 +300,26 @@ class LogDir:
         )
 
     def _put(self, current: _Open, data: bytes) -> bool:
-        """Append `data` whole, or nothing: a failed write is cut back to where it began."""
+        """Append `data` whole, or nothing: a write the disk takes only part of (a full disk
+        takes what fits) is cut back to where it began, so that the lines counted as lost are
+        exactly those not in the file. Unbuffered: nothing is left half-way in a buffer."""
         handle = None
+        written = 0
         try:
             handle = self._handle(current)
-            handle.write(data)
-            handle.flush()
+            view = memoryview(data)
+            while written < len(data):
+                step = os.write(handle.fileno(), view[written:])
+                if step <= 0:
+                    raise OSError(f"the file took {written} of {len(data)} bytes")
+                written += step
         except OSError as exc:
             log.warning("could not write %s: %s; its lines are dropped", current.path, exc)
-            if handle is not None:
-                with contextlib.suppress(OSError):
-                    handle.truncate(current.size)
-                    handle.seek(current.size)
+            if handle is not None and written:
+                try:
+                    os.ftruncate(handle.fileno(), current.size)
+                except OSError:  # cannot cut back: the segment is left, its torn end unread
+                    current.size += written
             return False
         current.size += len(data)
         return True
@@ -321,14 +329,13 @@ class LogDir:
         the one written least recently is let go (synced first: it was acknowledged)."""
         handle = current.file
         if handle is None:
-            handle = current.file = open(current.path, "ab")  # noqa: SIM115 (`_release`)
+            handle = current.file = open(current.path, "ab", buffering=0)  # noqa: SIM115
         self._handles[id(current)] = current
         self._handles.move_to_end(id(current))
         while len(self._handles) > self._max_handles:
             _, oldest = self._handles.popitem(last=False)
             if oldest.file is not None and self._sync:
                 with contextlib.suppress(OSError):
-                    oldest.file.flush()
                     os.fdatasync(oldest.file.fileno())
             self._release(oldest)
         return handle
