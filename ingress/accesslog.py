@@ -15,12 +15,36 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from wakeful.domain.logbatch import MAX_PATH
 from wakeful.domain.logfiles import Sampler
+
+OUTCOMES = ("kept", "sampled", "capped", "overflowed")
+
+
+class _Outcomes(Collector):
+    """What became of each request's line, counted in plain integers on the request path and
+    exported as `wakeful_ingress_access_lines_total{outcome}`."""
+
+    def __init__(self, counts: dict[str, int]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        lines = CounterMetricFamily(
+            "wakeful_ingress_access_lines",
+            "Access lines by what became of them: kept, sampled (left out, a kept one stands "
+            "for them), capped (past twice the rate in a second), overflowed (waiting to "
+            "ship when the held lines were full)",
+            labels=["outcome"],
+        )
+        for outcome in OUTCOMES:
+            lines.add_metric([outcome], self._counts[outcome])
+        yield lines
 
 
 class AccessLog:
@@ -38,18 +62,9 @@ class AccessLog:
         self._sampler = Sampler(rate)
         self._held: deque[dict[str, object]] = deque(maxlen=max_held or 10 * rate)
         self._clock = clock
-        self.lines = Counter(
-            "wakeful_ingress_access_lines_total",
-            "Access lines by what became of them: kept, sampled (left out, a kept one stands "
-            "for them), capped (past twice the rate in a second), overflowed (waiting to "
-            "ship when the held lines were full)",
-            ["outcome"],
-            registry=registry,
-        )
-        self._kept = self.lines.labels(outcome="kept")
-        self._sampled = self.lines.labels(outcome="sampled")
-        self._capped = self.lines.labels(outcome="capped")
-        self._overflowed = self.lines.labels(outcome="overflowed")
+        self.counts = dict.fromkeys(OUTCOMES, 0)
+        """What became of each request's line (`wakeful_ingress_access_lines_total`)."""
+        registry.register(_Outcomes(self.counts))
 
     def record(
         self,
@@ -68,15 +83,16 @@ class AccessLog:
         now = self._clock()
         capped = self._sampler.dropped
         sample = self._sampler.keep(int(now))
+        counts = self.counts
         if not sample:
             if self._sampler.dropped != capped:
-                self._capped.inc()
+                counts["capped"] += 1
             else:
-                self._sampled.inc()
+                counts["sampled"] += 1
             return
         path = target if query else target.partition(b"?")[0]
         if len(self._held) == self._held.maxlen:
-            self._overflowed.inc()
+            counts["overflowed"] += 1
         self._held.append(
             {
                 "ts": round(now, 6),
@@ -93,7 +109,7 @@ class AccessLog:
                 "sample": sample,
             }
         )
-        self._kept.inc()
+        counts["kept"] += 1
 
     def take(self) -> list[dict[str, object]]:
         """Every line kept since the last call, oldest first."""
@@ -106,6 +122,6 @@ class AccessLog:
         bound (the oldest go first, counted)."""
         room = (self._held.maxlen or 0) - len(self._held)
         if len(lines) > room:
-            self._overflowed.inc(len(lines) - room)
+            self.counts["overflowed"] += len(lines) - room
             lines = lines[len(lines) - room :] if room > 0 else []
         self._held.extendleft(reversed(lines))

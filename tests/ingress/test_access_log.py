@@ -100,7 +100,7 @@ def test_past_its_rate_the_log_samples_and_each_line_says_for_how_many() -> None
     assert samples == [1] * 20 + [2] * 10 + [4] * 10
     # Past twice the rate the second's last 10 requests went unrepresented: 5 lines capped.
     assert sum(samples) == 10 + 30 + 40
-    assert log.lines.labels(outcome="capped")._value.get() == 5
+    assert log.counts["capped"] == 5
 
 
 def test_lines_that_cannot_go_wait_within_their_bound_the_oldest_going_first() -> None:
@@ -113,4 +113,4 @@ def test_lines_that_cannot_go_wait_within_their_bound_the_oldest_going_first() -
         record(log, f"/{i}")
     log.keep(lines)  # the channel was down: back before the newer ones, within the bound
     assert [line["path"] for line in log.take()] == ["/2", "/3", "/4", "/5", "/6"]
-    assert log.lines.labels(outcome="overflowed")._value.get() == 2
+    assert log.counts["overflowed"] == 2

@@ -29,6 +29,7 @@ Rules:
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterable, Sequence
@@ -138,8 +139,15 @@ def to_ms(seconds: float) -> int:
 
 
 def iso(seconds: float) -> str:
-    """`2026-12-05T05:40:01.123456Z`: a line's `time` field."""
-    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    """`2026-12-05T05:40:01.123456Z`: a line's `time` field (each line's: the second's part
+    is formatted once a second)."""
+    micros = int(seconds * 1_000_000)
+    return f"{_second(micros // 1_000_000)}.{micros % 1_000_000:06d}Z"
+
+
+@functools.lru_cache(maxsize=8)
+def _second(whole: int) -> str:
+    return datetime.fromtimestamp(whole, UTC).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 _AGE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
