@@ -72,6 +72,8 @@ class _Stream:
     """Bytes of the sandbox's output stream accounted for (received or known missing)."""
     missing: int = 0
     finished_at: float | None = None
+    written: Future[int] | None = None
+    """The write of its latest lines: done once they are on disk."""
 
 
 class LogBook:
@@ -123,13 +125,13 @@ class LogBook:
         pending = self.record(batch, self._clock())
         if not pending:
             return
-        try:
-            with anyio.fail_after(WRITE_TIMEOUT):
-                await asyncio.gather(*(asyncio.wrap_future(f) for f in pending))
-        except TimeoutError:
-            raise ShipFailed(
-                f"the log directory did not write within {WRITE_TIMEOUT:g} s"
-            ) from None
+        # Never cancelled here: a write that is late still lands, and the batch sent again
+        # waits for it (`record`), so that no answer says "taken" before the disk has it.
+        _, late = await asyncio.wait(
+            [asyncio.wrap_future(f) for f in pending], timeout=WRITE_TIMEOUT
+        )
+        if late:
+            raise ShipFailed(f"the log directory did not write within {WRITE_TIMEOUT:g} s")
 
     def now(self) -> float:
         return self._clock()
@@ -137,19 +139,33 @@ class LogBook:
     # -- writing ------------------------------------------------------------------------------
 
     def record(self, batch: LogBatch, now: float) -> list[Future[int]]:
-        """Take `batch`; the writes of its lines, per app (what `ship` waits for)."""
+        """Take `batch`; the writes `ship` waits for: those of its lines, per app, and any
+        earlier write of its sandboxes' streams that has not landed yet (a batch sent again
+        after a slow disk's 503 is taken as it was, and answered once that is on disk)."""
         self._nodes.pop(batch.node, None)
         self._nodes[batch.node] = NodeShipping(now, batch.interval, batch.pending, batch.dropped)
         while len(self._nodes) > self._max_nodes:
             del self._nodes[next(iter(self._nodes))]
         lines: dict[str, list[bytes]] = {}
+        wrote: dict[str, list[_Stream]] = {}
         for chunk in batch.chunks:
-            self._take(batch.node, chunk, now, lines.setdefault(chunk.app, []))
-        pending = []
+            out = lines.setdefault(chunk.app, [])
+            before = len(out)
+            stream = self._take(batch.node, chunk, now, out)
+            if len(out) > before:
+                wrote.setdefault(chunk.app, []).append(stream)
+        pending: list[Future[int]] = []
         for app, written in lines.items():
             if written:
                 at = self._last[app] / 1e6
-                pending.append(self.logdir.append(app, "output", written, at, at))
+                future = self.logdir.append(app, "output", written, at, at)
+                for stream in wrote[app]:
+                    stream.written = future
+                pending.append(future)
+        for chunk in batch.chunks:
+            earlier = self._streams[chunk.sandbox].written
+            if earlier is not None and not earlier.done() and earlier not in pending:
+                pending.append(earlier)
         return pending
 
     def _adopt(self, node: str, chunk: OutputChunk, reached: int | None) -> None:
@@ -162,7 +178,7 @@ class LogBook:
         )
         stream.received = reached or 0
 
-    def _take(self, node: str, chunk: OutputChunk, now: float, out: list[bytes]) -> None:
+    def _take(self, node: str, chunk: OutputChunk, now: float, out: list[bytes]) -> _Stream:
         """`chunk`'s new lines, encoded, onto `out`. Each line's `ts` is later than the app's
         line before (`_next_time`), its `time` the batch's; a line is assembled from the
         chunk's fields encoded once, not encoded whole: this runs on the event loop, for
@@ -202,7 +218,7 @@ class LogBook:
         if chunk.finished and stream.finished_at is None:
             stream.finished_at = now
         if not pieces:
-            return
+            return stream
         when = f',"time":"{iso(now)}",'
         fields = json.dumps(
             {"app": chunk.app, "version": chunk.version, "sandbox": chunk.sandbox, "node": node},
@@ -217,6 +233,7 @@ class LogBook:
             if index == last:
                 tail = f',"o":{stream.received}' + tail
             out.append(f'{{"ts":{at}{head}{dumps(piece)}{tail}'.encode())
+        return stream
 
     def _wrapped(self, line: str, more: bool) -> Iterable[tuple[str, bool]]:
         """`line` in pieces of at most `max_line` characters; all but the last go on."""

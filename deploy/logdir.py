@@ -139,6 +139,8 @@ class LogDir:
         self._queue: queue.SimpleQueue[_Append | _Upkeep | object] = queue.SimpleQueue()
         self._pending = 0
         self._pending_lock = threading.Lock()
+        self._backlog_lost: dict[tuple[str, Kind], int] = {}
+        """Lines dropped at `append` (the backlog full), under `_pending_lock`."""
         self._thread: threading.Thread | None = None
         # The writer thread's own, from here on:
         self._open: dict[tuple[str, Kind], _Open] = {}
@@ -177,6 +179,8 @@ class LogDir:
         with self._pending_lock:
             if self._pending + size > self._max_pending:
                 self.metrics.dropped.labels(reason="backlog").inc(len(lines))
+                key = (app, kind)  # said in the log with the next lines written for them
+                self._backlog_lost[key] = self._backlog_lost.get(key, 0) + len(lines)
                 dropped: Future[int] = Future()
                 dropped.set_result(len(lines))
                 return dropped
@@ -235,6 +239,10 @@ class LogDir:
     def _write(self, batch: list[_Append]) -> None:
         touched: dict[int, _Open] = {}
         results: list[tuple[_Append, int]] = []
+        with self._pending_lock:
+            backlog, self._backlog_lost = self._backlog_lost, {}
+        for key, count in backlog.items():
+            self._lost[key] = self._lost.get(key, 0) + count
         for item in batch:
             current = self._segment_for(item)
             dropped = len(item.lines)
@@ -258,20 +266,38 @@ class LogDir:
                     self._lost.get((item.app, item.kind), 0) + dropped
                 )
             results.append((item, dropped))
-        if self._sync:
-            for current in touched.values():
-                if current.file is not None:
-                    with contextlib.suppress(OSError):
-                        os.fdatasync(current.file.fileno())
-        for item, dropped in results:
+        unsynced = self._sync_all(touched) if self._sync else set()
+        for index, (item, dropped) in enumerate(results):
+            if not dropped and (item.app, item.kind) in unsynced:  # written, then not kept
+                dropped = len(item.lines)
+                key = (item.app, item.kind)
+                self._lost[key] = self._lost.get(key, 0) + dropped
+                results[index] = (item, dropped)
             with self._pending_lock:
                 self._pending -= item.size
             if dropped:
                 self.metrics.dropped.labels(reason="disk").inc(dropped)
-            item.done.set_result(dropped)
+            _settle(item.done, dropped)
         for current in list(touched.values()):
             if current.size >= self._segment_bytes:
                 self._close(current)
+
+    def _sync_all(self, touched: dict[int, _Open]) -> set[tuple[str, Kind]]:
+        """`fdatasync` each file written this round; the app and kind of those whose sync
+        failed (on a network mount an error often shows only here): their lines this round
+        are not kept, and the segment is left."""
+        failed = set()
+        for key, current in list(touched.items()):
+            if current.file is None:
+                continue
+            try:
+                os.fdatasync(current.file.fileno())
+            except OSError as exc:
+                log.warning("could not sync %s: %s; its lines are dropped", current.path, exc)
+                failed.add((current.segment.app, current.segment.kind))
+                self._abandon(current)
+                del touched[key]
+        return failed
 
     def _abandon(self, current: _Open) -> None:
         """A segment a write failed on: closed as it is, left for the upkeep to compress once
@@ -286,7 +312,7 @@ class LogDir:
         with self._pending_lock:
             self._pending -= item.size
         self.metrics.dropped.labels(reason=reason).inc(len(item.lines))
-        item.done.set_result(len(item.lines))
+        _settle(item.done, len(item.lines))
 
     def _lost_line(self, item: _Append, lost: int) -> bytes:
         at = item.first / 1000
@@ -352,8 +378,11 @@ class LogDir:
         current = self._open.get(key)
         if current is not None:
             return current
-        segment = Segment(item.app, item.kind, item.first, None, self.writer)
         folder = self._folder(item.app, item.kind)
+        start = item.first
+        while (folder / Segment(item.app, item.kind, start, None, self.writer).name).exists():
+            start += 1  # a name still in use (a closed segment's file kept for shippers)
+        segment = Segment(item.app, item.kind, start, None, self.writer)
         path = folder / segment.name
         current = _Open(segment, path, None, 0, item.last)
         try:
@@ -399,6 +428,7 @@ class LogDir:
         if now - self._swept < self._sweep_every and not force:
             return
         self._swept = now
+        self._scan()
         for key, found in list(self._segments.items()):
             for segment in [s for s in found if s.end is None]:  # not this writer's open ones
                 path = self._folder(*key) / segment.name
@@ -420,7 +450,8 @@ class LogDir:
             Segment(o.segment.app, o.segment.kind, o.segment.start, None, self.writer, o.size)
             for o in self._open.values()
         ]
-        for segment in expired(every, to_ms(self._clock()), self.limits):
+        gone = expired(every, to_ms(self._clock()), self.limits)
+        for segment in gone:
             folder = self._folder(segment.app, segment.kind)
             opened = Segment(segment.app, segment.kind, segment.start, None, segment.writer)
             self._retiring = [(p, at) for p, at in self._retiring if p.name != opened.name]
@@ -433,7 +464,7 @@ class LogDir:
             if not found and (segment.app, segment.kind) not in self._open:
                 self._segments.pop((segment.app, segment.kind), None)
                 self._prune(segment.app)
-        self.metrics.stored.set(sum(s.size for s in every))
+        self.metrics.stored.set(sum(s.size for s in every) - sum(s.size for s in gone))
 
     def _prune(self, app: str) -> None:
         """An app's folders once nothing is left in them (a deleted app's, say)."""
@@ -445,11 +476,15 @@ class LogDir:
             folder.rmdir()
 
     def _scan(self) -> None:
-        """Every segment already there (those of earlier writers), and leftovers of a
-        compression cut short."""
+        """The index again from the directory: every segment there but this writer's open
+        ones (earlier writers', and a deposed leader's made since the last scan), and
+        leftovers of a compression cut short. At the start and at every sweep."""
         apps = self.root / "apps"
         if not apps.is_dir():
             return
+        mine = {current.path for current in self._open.values()}
+        retiring = {path for path, _ in self._retiring}
+        index: dict[tuple[str, Kind], list[Segment]] = {}
         for folder in apps.iterdir():
             if not _is_name(folder.name):
                 continue
@@ -466,10 +501,19 @@ class LogDir:
                             found.append(segment)
                 kept = reading_order(found)  # an open file already compressed: retiring
                 for segment in found:
-                    if segment not in kept:
-                        self._retiring.append((folder / kind / segment.name, self._clock()))
+                    path = folder / kind / segment.name
+                    if segment not in kept and path not in retiring:
+                        self._retiring.append((path, self._clock()))
+                kept = [s for s in kept if folder / kind / s.name not in mine]
                 if kept:
-                    self._segments[(folder.name, kind)] = kept
+                    index[(folder.name, kind)] = kept
+        self._segments = index
+
+
+def _settle(future: Future[int], dropped: int) -> None:
+    """A write's outcome, unless its waiter gave up on it (a cancelled future)."""
+    if not future.done():
+        future.set_result(dropped)
 
 
 def _is_name(text: str) -> bool:

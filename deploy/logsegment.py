@@ -32,14 +32,14 @@ class LogMetrics:
         self.dropped = Counter(
             "wakeful_logs_lines_dropped_total",
             "Lines the control plane could not keep: backlog (the writer was behind), disk "
-            "(a write failed: a full disk), sampled (an ingress past its access log rate)",
+            "(a write or its sync failed: a full disk); each said in the log once it can",
             ["reason"],
             registry=registry,
         )
         self.stored = Gauge(
             "wakeful_logs_bytes", "Bytes of segments in the log directory", registry=registry
         )
-        for reason in ("backlog", "disk", "sampled"):
+        for reason in ("backlog", "disk"):
             self.dropped.labels(reason=reason)
         for kind in KINDS:
             self.written.labels(kind=kind)

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.faults import fill, small_filesystem
 from wakeful.deploy import logread
 from wakeful.deploy.logdir import LogDir, encode
 from wakeful.domain.logfiles import Limits
@@ -164,22 +165,24 @@ def test_a_torn_last_line_is_no_line_and_a_dead_writers_segment_is_closed_withou
 def test_a_write_that_fails_drops_its_lines_counts_them_and_says_so_after(
     tmp_path: Path, clock: Clock
 ) -> None:
-    """A full disk, made by a segment that is /dev/full: every write to it fails."""
-    folder = tmp_path / "apps/hello/output"
-    folder.mkdir(parents=True)
-    full = folder / f"{int(T0 * 1000):013d}-t1.jsonl"
-    full.symlink_to("/dev/full")
-    logdir = make(tmp_path, clock)
-    assert write(logdir, T0, "one", "two") == 2
-    assert logdir.metrics.dropped.labels(reason="disk")._value.get() == 2
-    full.unlink(missing_ok=True)  # space again (the upkeep may have removed it already)
-    assert write(logdir, T0 + 1, "three") == 0
-    found = logread.forward(tmp_path, "hello", "output", logread.Query())
-    assert [(r.get("line") or r.get("wakeful")) for r in map(json.loads, found)] == [
-        "2 lines lost here: the log directory could not take them",
-        "three",
-    ]
-    logdir.stop()
+    """A full disk (a small tmpfs, filled): the lines of a write it refuses are dropped and
+    counted, none of them half in the file, and the next write that succeeds says so first."""
+    with small_filesystem(tmp_path / "small", "256k") as small:
+        logdir = make(small, clock)
+        assert write(logdir, T0, "one") == 0
+        filler = fill(small)
+        texts_full = [f"full {i} " + "f" * 60 for i in range(100)]  # less than a page each
+        assert write(logdir, T0 + 1, *texts_full) == 100
+        assert logdir.metrics.dropped.labels(reason="disk")._value.get() == 100
+        filler.unlink()  # space again
+        assert write(logdir, T0 + 2, "three") == 0
+        found = logread.forward(small, "hello", "output", logread.Query())
+        assert [(r.get("line") or r.get("wakeful")) for r in map(json.loads, found)] == [
+            "one",
+            "100 lines lost here: the log directory could not take them",
+            "three",
+        ]
+        logdir.stop()
 
 
 def test_past_its_backlog_an_append_is_dropped_at_once(tmp_path: Path, clock: Clock) -> None:
@@ -194,7 +197,8 @@ def test_two_writers_on_one_directory_never_write_each_others_files(
     tmp_path: Path, clock: Clock
 ) -> None:
     """A deposed leader's late appends go to its own segment; the new leader's are whole."""
-    deposed, leader = make(tmp_path, clock, "t1"), make(tmp_path, clock, "t2")
+    alive = {"stale_after": 1e9}  # each writes on (the test's clock is not the files')
+    deposed, leader = make(tmp_path, clock, "t1", **alive), make(tmp_path, clock, "t2", **alive)
     for i in range(50):
         write(leader, T0 + i, f"new {i}")
         write(deposed, T0 + i + 0.5, f"late {i}")
@@ -287,4 +291,25 @@ def test_a_read_that_outlives_a_segment_s_close_reads_its_compressed_copy(
     assert [json.loads(line)["line"] for line in got] == [f"first {i}" for i in range(10)] + [
         f"second {i}" for i in range(10)
     ]
+    logdir.stop()
+
+
+def test_a_segment_another_writer_opens_later_is_found_closed_and_retained(
+    tmp_path: Path, clock: Clock
+) -> None:
+    """A deposed leader may open a segment after the new leader listed the directory: the
+    new leader's sweep lists it again, closes it once stale and deletes it by age."""
+    logdir = make(tmp_path, clock, "t2", stale_after=60)
+    write(logdir, T0, "mine")
+    late = tmp_path / "apps/hello/output" / f"{int(T0 * 1000) + 5:013d}-t1.jsonl"
+    late.write_bytes(encode({"ts": T0 + 0.005, "line": "late"}))
+    os.utime(late, (T0, T0))
+    clock.now = T0 + 61
+    upkeep(logdir)  # closed: compressed...
+    upkeep(logdir)  # ...and its open file removed (no shipper to wait for here)
+    assert not late.exists() and texts(tmp_path) == ["mine", "late"]
+    assert any(n.endswith("-t1.jsonl.gz") for n in files(tmp_path))
+    clock.now = T0 + 86400 * 2  # past the retention: the late segment goes like any other
+    upkeep(logdir)
+    assert not any("-t1." in n for n in files(tmp_path))
     logdir.stop()
