@@ -1,8 +1,9 @@
 """Reading the log directory: an app's lines of one kind, filtered, streamed (issue 40).
 
 Theory of operation:
-- Only the segments whose span meets the asked range are opened (`Segment.meets`, widened by
-  `SKEW`: an ingress's access lines carry its own clock and arrive up to a report later).
+- Only the segments whose span meets the asked range are opened (`Segment.meets`; a segment
+  may hold lines up to `SKEW` older than its start: an ingress's access lines carry its own
+  clock and arrive up to a report later, so `until` is widened by it).
 - A file is read in blocks of `BLOCK` bytes, whole lines only (a line still being written, with
   no newline yet, is not read). With `--grep`, `--sandbox` or `--version`, each block is
   searched for the filter's bytes as the writer encodes them, and only the lines holding them
@@ -74,7 +75,9 @@ class _Filter:
         self.kind = kind
         needles = []
         if query.grep:
-            needles.append(json.dumps(query.grep, ensure_ascii=False)[1:-1].encode())
+            # An access line's text is made of several fields: each word is in one of them.
+            words = query.grep.split() if kind == "access" else [query.grep]
+            needles += [json.dumps(w, ensure_ascii=False)[1:-1].encode() for w in words if w]
         if query.sandbox:
             needles.append(b'"sandbox":' + json.dumps(query.sandbox).encode())
         if query.version:
@@ -201,8 +204,8 @@ def _closed_copy(where: Path, opened: Segment) -> str | None:
 def forward(root: Path, app: str, kind: Kind, query: Query) -> Iterator[bytes]:
     """Every line matching `query`, oldest first, each ending in a newline."""
     check = _Filter(query, kind)
-    since = None if query.since is None else to_ms(query.since - SKEW)
-    until = None if query.until is None else to_ms(query.until)
+    since = None if query.since is None else to_ms(query.since)
+    until = None if query.until is None else to_ms(query.until + SKEW)
     for segment in segments(root, app, kind):
         if segment.meets(since, until):
             yield from _segment_lines(root, segment, check)
@@ -211,8 +214,8 @@ def forward(root: Path, app: str, kind: Kind, query: Query) -> Iterator[bytes]:
 def tail(root: Path, app: str, kind: Kind, query: Query, n: int) -> list[bytes]:
     """The last `n` lines matching `query`, oldest first."""
     check = _Filter(query, kind)
-    since = None if query.since is None else to_ms(query.since - SKEW)
-    until = None if query.until is None else to_ms(query.until)
+    since = None if query.since is None else to_ms(query.since)
+    until = None if query.until is None else to_ms(query.until + SKEW)
     found: deque[bytes] = deque()
     for segment in reversed(segments(root, app, kind)):
         if len(found) >= n:

@@ -26,6 +26,7 @@ import anyio
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
+from starlette.types import Receive, Scope, Send
 
 from wakeful.deploy import logread
 from wakeful.deploy.logbook import LogBook
@@ -153,7 +154,7 @@ def logs_router(store: Store, logbook: LogBook) -> APIRouter:
                 reads.release()
             return Response(b"".join(shape(line) for line in found), 200, headers, media)
         lines = logread.forward(root, app, kind, query)
-        return StreamingResponse(_pieces(lines, shape, reads), 200, headers, media)
+        return _Streamed(_pieces(lines, shape), reads.release, headers, media)
 
     @router.get("/v1/sandboxes/{sandbox_id}/log")
     async def sandbox_log(sandbox_id: str, tail: Tail = None) -> Response:
@@ -216,19 +217,35 @@ def _line_only(line: bytes) -> bytes:
     return f"{text}\n".encode()
 
 
-def _pieces(
-    lines: Iterator[bytes], shape: Callable[[bytes], bytes], reads: threading.BoundedSemaphore
-) -> Iterator[bytes]:
-    """`lines` shaped, in pieces of about `CHUNK` bytes (a worker thread runs each step);
-    the read's slot is given back however the answer ends."""
-    try:
-        piece = bytearray()
-        for line in lines:
-            piece += shape(line)
-            if len(piece) >= CHUNK:
-                yield bytes(piece)
-                piece.clear()
-        if piece:
+class _Streamed(StreamingResponse):
+    """A streamed read that gives its slot back however it ends: also when its client left
+    before the first byte (Starlette then never starts the body's generator, whose own
+    `finally` would never run)."""
+
+    def __init__(
+        self,
+        content: Iterator[bytes],
+        done: Callable[[], None],
+        headers: dict[str, str],
+        media: str,
+    ) -> None:
+        super().__init__(content, 200, headers, media)
+        self._done = done
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._done()
+
+
+def _pieces(lines: Iterator[bytes], shape: Callable[[bytes], bytes]) -> Iterator[bytes]:
+    """`lines` shaped, in pieces of about `CHUNK` bytes (a worker thread runs each step)."""
+    piece = bytearray()
+    for line in lines:
+        piece += shape(line)
+        if len(piece) >= CHUNK:
             yield bytes(piece)
-    finally:
-        reads.release()
+            piece.clear()
+    if piece:
+        yield bytes(piece)

@@ -313,3 +313,26 @@ def test_a_segment_another_writer_opens_later_is_found_closed_and_retained(
     upkeep(logdir)
     assert not any("-t1." in n for n in files(tmp_path))
     logdir.stop()
+
+
+def test_until_finds_a_late_line_and_grep_an_access_line_across_its_fields(
+    logdir: LogDir,
+) -> None:
+    """An access line reaches the log up to a report after its time, so a segment may hold
+    lines older than its start: `until` before that start still finds them. And an access
+    line's text is its method, path and status: a grep may span them."""
+
+    def access(at: float, method: str, path: str, status: int) -> bytes:
+        return encode({"ts": at, "app": "hello", "method": method, "path": path, "status": status})
+
+    late = [access(T0 + 10, "GET", "/early", 200), access(T0 + 6, "POST", "/api/x", 500)]
+    assert logdir.append("hello", "access", late, T0 + 10, T0 + 10).result(timeout=10) == 0
+
+    def paths(**query: Any) -> list[str]:
+        found = logread.forward(logdir.root, "hello", "access", logread.Query(**query))
+        return [json.loads(line)["path"] for line in found]
+
+    assert paths(until=T0 + 8) == ["/api/x"]
+    assert paths(grep="POST /api") == ["/api/x"]
+    assert paths(grep="/api/x 500") == ["/api/x"]
+    assert paths(grep="GET /api") == []

@@ -16,7 +16,7 @@ from wakeful.activator.core import Activator
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.deploy.logbook import LogBook
 from wakeful.deploy.logdir import LogDir
-from wakeful.deploy.logs_api import BEHIND_HEADER, logs_router
+from wakeful.deploy.logs_api import BEHIND_HEADER, MAX_READS, logs_router
 from wakeful.domain.logbatch import MAX_BODY_BYTES, LogBatch, OutputChunk
 from wakeful.domain.logfiles import Limits
 from wakeful.domain.models import App, Role, Sandbox, SandboxStatus
@@ -229,3 +229,40 @@ async def test_a_batch_is_refused_when_too_large_malformed_or_unauthorized(
         "/v1/logs", content=b"{}", headers={"Authorization": "Bearer wrong"}
     )
     assert stranger.status_code == 401
+
+
+async def test_clients_that_leave_before_their_answer_give_their_read_back(
+    control: Control,
+) -> None:
+    """A streamed read holds one of `MAX_READS` slots; a client that hangs up before the
+    body starts (Ctrl-C, its own timeout) must give it back, or reads end up refused."""
+    await control.store.put("apps/hello", App(name="hello"))
+    await add_sandbox(control.store, "sb-1", "n1", created_at=1)
+    await control.push("n1", chunk("sb-1", "one\n", 1))
+    api = control.client._transport.app  # type: ignore[attr-defined]
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": "/v1/apps/hello/logs",
+        "raw_path": b"/v1/apps/hello/logs",
+        "query_string": b"since=0",
+        "root_path": "",
+        "headers": [(b"host", b"control"), (b"authorization", f"Bearer {TOKEN}".encode())],
+        "server": ("control", 80),
+        "client": ("127.0.0.1", 1),
+    }
+    for _ in range(MAX_READS + 2):
+        messages = [{"type": "http.request", "body": b"", "more_body": False}]
+
+        async def receive(messages: list[dict[str, object]] = messages) -> dict[str, object]:
+            return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+        async def send(message: dict[str, object]) -> None:
+            pass
+
+        await api(scope, receive, send)
+    answer = await control.client.get("/v1/apps/hello/logs", params={"since": "0"})
+    assert (answer.status_code, answer.text) == (200, "[sb-1] one\n")
