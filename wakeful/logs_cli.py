@@ -1,11 +1,12 @@
 """`wakeful logs`: an app's output and access log from the control plane's log directory
 (issue 40; docs/design/logs.md), the command and its parser.
 
-`-f` asks again every `POLL` seconds for what came since a little before the newest line it
-printed (`OVERLAP`: an ingress's access lines carry its own clock and arrive up to a report
-late), and prints only lines it has not printed (lines older than the oldest of the first
-answer were left out of it by `--tail`, and stay out): lines are told apart by their whole record,
-so none is printed twice and none that arrived late is missed.
+The answer is printed as it streams in. `-f` asks again every `POLL` seconds for what came
+since a little before the newest line it printed (`OVERLAP`: an ingress's access lines carry
+its own clock and arrive up to a report late), and prints only lines it has not printed
+(lines older than the oldest of the first answer were left out of it by `--tail`, and stay
+out): lines are told apart by their whole record, so none is printed twice. While the
+control plane is out of reach or busy (a takeover, a 503), `-f` says so once and asks again.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 from .commands import CliError, Pause, note, say, say_json
 from .domain.logfiles import KINDS, Kind, line_text, parse_time, short_time
 from .domain.shown import shown
-from .remote import ControlClient
+from .remote import ApiRefused, ApiUnreachable, ControlClient
 
 Command = Callable[[argparse.Namespace], int]
 Remote = Callable[[Callable[[ControlClient, argparse.Namespace], int]], Command]
@@ -56,42 +57,71 @@ def logs(
                 raise CliError(f"{name}: {exc}") from None
     query: dict[str, Any] = {"until": until, "grep": grep, "sandbox": sandbox}
     query |= {"version": version, "kind": kind}
-    printed: dict[str, float] = {}
-    """Lines printed lately (their raw record), with their times: what a poll skips."""
-    newest: float | None = None
-    floor = -1.0
-    """Lines before the first answer's oldest were left out of it on purpose (`tail`)."""
+    seen = _Seen(as_json, kind)
     noted = ""
-    first = True
+    asked: dict[str, Any] = {"tail": tail, "since": since}
+    failing = ""
     while True:
-        if first:
-            answer = api.app_logs(app, tail=tail, since=since, **query)
+        try:
+            with api.app_logs(app, **asked, **query) as answer:
+                if answer.behind and answer.behind != noted:
+                    note(f"note: logs behind: {answer.behind}")
+                noted = answer.behind
+                for record in answer.records:
+                    seen.show(record, follow)
+        except (ApiUnreachable, ApiRefused) as exc:
+            # Following through a takeover or a busy moment: say so once, ask again.
+            transient = isinstance(exc, ApiUnreachable) or exc.status in (502, 503, 504)
+            if not follow or not transient:
+                raise
+            if str(exc) != failing:
+                note(f"note: {exc}; asking again")
+            failing = str(exc)
         else:
-            start = (newest if newest is not None else clock()) - OVERLAP
-            answer = api.app_logs(app, since=f"{start:.6f}", **query)
-        if answer.behind and answer.behind != noted:
-            note(f"note: logs behind: {answer.behind}")
-        noted = answer.behind
-        for record in answer.records:
-            raw = json.dumps(record, sort_keys=True)
-            if raw in printed:
-                continue
-            ts = record.get("ts")
-            at = float(ts) if isinstance(ts, int | float) else 0.0
-            if at < floor:
-                continue
-            if follow:
-                printed[raw] = at
-                newest = at if newest is None else max(newest, at)
-            _print(record, kind, as_json)
-        if not follow:
-            return 0
-        if first and answer.records and (tail is not None or since is None):
-            floor = min(float(r.get("ts", 0)) for r in answer.records)
-        first = False
-        if newest is not None:  # forget what no poll reads again
-            printed = {raw: at for raw, at in printed.items() if at >= newest - 2 * OVERLAP}
+            failing = ""
+            if not follow:
+                return 0
+            if "tail" in asked and (tail is not None or since is None):
+                seen.floor = seen.first  # what --tail left out stays out
+            start = (seen.newest if seen.newest is not None else clock()) - OVERLAP
+            asked = {"since": f"{start:.6f}"}
+            seen.forget()
         pause(POLL)
+
+
+class _Seen:
+    """What `-f` printed lately (each record whole, with its time), so a poll prints only
+    what it has not."""
+
+    def __init__(self, as_json: bool, kind: Kind) -> None:
+        self._as_json = as_json
+        self._kind = kind
+        self._printed: dict[str, float] = {}
+        self.newest: float | None = None
+        self.first: float | None = None
+        """The time of the first line printed: the oldest the first answer held."""
+        self.floor: float | None = None
+
+    def show(self, record: dict[str, Any], follow: bool) -> None:
+        raw = json.dumps(record, sort_keys=True)
+        if raw in self._printed:
+            return
+        ts = record.get("ts")
+        at = float(ts) if isinstance(ts, int | float) else 0.0
+        if self.floor is not None and at < self.floor:
+            return
+        if self.first is None:
+            self.first = at
+        if follow:
+            self._printed[raw] = at
+            self.newest = at if self.newest is None else max(self.newest, at)
+        _print(record, self._kind, self._as_json)
+
+    def forget(self) -> None:
+        """What no poll reads again."""
+        if self.newest is not None:
+            horizon = self.newest - 2 * OVERLAP
+            self._printed = {raw: at for raw, at in self._printed.items() if at >= horizon}
 
 
 def _print(record: dict[str, Any], kind: Kind, as_json: bool) -> None:

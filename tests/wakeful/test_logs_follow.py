@@ -21,7 +21,8 @@ from wakeful import logs_cli
 from wakeful.bootstrap import ControlPlane
 from wakeful.domain.logbatch import LogBatch, OutputChunk
 from wakeful.domain.models import App
-from wakeful.remote import ControlClient, Endpoint
+from wakeful.remote import ApiUnreachable, ControlClient, Endpoint
+from wakeful.store.testing import free_port
 
 pytestmark = pytest.mark.anyio
 
@@ -207,3 +208,23 @@ async def follow_until_interrupted(process: Process, node: Node) -> None:
     process.send_signal(signal.SIGINT)
     with anyio.fail_after(30):
         assert await process.wait() == 130
+
+
+def test_follow_says_once_that_the_control_plane_is_away_and_asks_again(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Through a takeover the API is out of reach for a few seconds: `-f` goes on."""
+    pauses = iter(range(3))
+
+    def pause(seconds: float) -> None:
+        if next(pauses, None) is None:
+            raise Stop
+
+    away = Endpoint(f"http://127.0.0.1:{free_port()}", TOKEN)
+    with ControlClient(away) as api, pytest.raises(Stop):
+        logs_cli.logs(api, "hello", follow=True, pause=pause)
+    err = capsys.readouterr().err
+    assert err.count("cannot reach the control plane") == 1, err
+    assert "asking again" in err
+    with ControlClient(away) as api, pytest.raises(ApiUnreachable):  # without -f: the error
+        logs_cli.logs(api, "hello", pause=pause)

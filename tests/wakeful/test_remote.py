@@ -151,7 +151,7 @@ async def test_an_error_answer_becomes_api_refused_with_its_status_and_detail(
             "the control plane answered 400: rollback refused: no app named 'nope'"
         )
         with pytest.raises(ApiRefused, match="answered 422") as invalid:
-            await in_thread(lambda: api.app_logs("hello", tail=-5))
+            await in_thread(lambda: api.app_logs("hello", tail=-5).__enter__())
         assert "tail" in str(invalid.value)
         # A name is one path segment: `a?b` is refused, not taken for the app `a`.
         with pytest.raises(ApiRefused, match=r"answered 422: invalid request: .*'a\?b'"):

@@ -16,6 +16,7 @@ httpx's exceptions never leave this module: the CLI gets one of
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -102,8 +103,9 @@ def _read_control_file(path: Path) -> Endpoint | None:
 
 @dataclass(frozen=True)
 class AppLogs:
-    records: list[dict[str, Any]]
-    """The lines as the log directory holds them (`docs/design/logs.md`), oldest first."""
+    records: Iterator[dict[str, Any]]
+    """The lines as the log directory holds them (`docs/design/logs.md`), oldest first, as
+    they arrive: the answer is streamed, never held whole."""
     behind: str
     """Why lines may be missing (nodes not heard from lately), or "" when none are."""
 
@@ -281,21 +283,16 @@ class ControlClient:
     def registries(self) -> list[dict[str, Any]]:
         return list(self._json("GET", "/v1/registries"))
 
-    def app_logs(self, app: str, **query: object) -> AppLogs:
-        """`query`: the API's (`tail`, `since`, `until`, `grep`, `sandbox`, `version`,
-        `kind`); None values are left out."""
+    @contextlib.contextmanager
+    def app_logs(self, app: str, **query: object) -> Iterator[AppLogs]:
+        """The app's lines, streamed while the `with` lasts. `query`: the API's (`tail`,
+        `since`, `until`, `grep`, `sandbox`, `version`, `kind`); None values are left out."""
         params = {k: v for k, v in query.items() if v is not None} | {"format": "json"}
-        answer = self._send("GET", f"/v1/apps/{segment(app)}/logs", params=params)
-        records = []
-        for line in answer.content.split(b"\n"):  # JSON escapes every control character
-            if line:
-                try:
-                    records.append(json.loads(line))
-                except ValueError:
-                    raise ControlApiError(
-                        f"the logs answer held a line that is not JSON: {line[:80]!r}"
-                    ) from None
-        return AppLogs(records, answer.headers.get(BEHIND_HEADER, ""))
+        answer = self._send("GET", f"/v1/apps/{segment(app)}/logs", params=params, stream=True)
+        try:
+            yield AppLogs(_records(answer), answer.headers.get(BEHIND_HEADER, ""))
+        finally:
+            answer.close()
 
     # -- the boundary ---------------------------------------------------------------------
 
@@ -316,19 +313,25 @@ class ControlClient:
         method: str,
         path: str,
         body: Callable[[], Iterator[bytes]] | None = None,
+        stream: bool = False,
         **kwargs: Any,
     ) -> httpx.Response:
         """One call, on the activator that leads among those named: one that refuses the
         connection, or answers that it stands by, did nothing, so the call goes to the next
         (a streamed `body` from its start again). Only the URLs the endpoint names are tried
-        (the token goes nowhere else)."""
+        (the token goes nowhere else). `stream`: a success is returned unread (its caller
+        closes it)."""
         failed: ControlApiError | None = None
         for _ in self._apis:
             api = self._apis[self._at]
             if body is not None:
                 kwargs["content"] = body()
             try:
-                answer = self._http.request(method, api.rstrip("/") + path, **kwargs)
+                request = self._http.build_request(method, api.rstrip("/") + path, **kwargs)
+                answer = self._http.send(request, stream=stream)
+                if stream and not answer.is_success:
+                    answer.read()  # the reason is in the body
+                    answer.close()
             except httpx.ConnectError as exc:
                 failed = ApiUnreachable(f"cannot reach the control plane at {api}: {exc}")
             except (httpx.HTTPError, httpx.InvalidURL) as exc:
@@ -362,3 +365,29 @@ def _standing_by(answer: httpx.Response) -> bool:
         return bool(answer.json().get("error") == "standby")
     except (ValueError, AttributeError):
         return False
+
+
+def _records(answer: httpx.Response) -> Iterator[dict[str, Any]]:
+    """The records of a streamed logs answer, one per line (JSON escapes every control
+    character, so a line ends only at a newline)."""
+    rest = b""
+    try:
+        for data in answer.iter_bytes():
+            *lines, rest = (rest + data).split(b"\n")
+            for line in lines:
+                if line:
+                    yield _record(line)
+    except httpx.HTTPError as exc:
+        raise ApiUnreachable(f"the logs answer was cut short: {exc}") from None
+    if rest:
+        yield _record(rest)
+
+
+def _record(line: bytes) -> dict[str, Any]:
+    try:
+        found = json.loads(line)
+    except ValueError:
+        found = None
+    if not isinstance(found, dict):
+        raise ControlApiError(f"the logs answer held a line that is not a record: {line[:80]!r}")
+    return found
