@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from wakeful.domain.leases import LeaseGrant
 from wakeful.domain.logbatch import MAX_PATH
 from wakeful.domain.logfiles import Sampler
 
@@ -62,9 +63,21 @@ class AccessLog:
         self._sampler = Sampler(rate)
         self._held: deque[dict[str, object]] = deque(maxlen=max_held or 10 * rate)
         self._clock = clock
+        self._asked: dict[str, tuple[bool, bool]] = {}
+        """Per app, what its last lease here said of its log (`wants`)."""
         self.counts = dict.fromkeys(OUTCOMES, 0)
         """What became of each request's line (`wakeful_ingress_access_lines_total`)."""
         registry.register(_Outcomes(self.counts))
+
+    def wants(self, app: str, grant: LeaseGrant | None) -> tuple[bool, bool]:
+        """Whether `app`'s request gets a line, and with its query string: as its lease says,
+        or for a request that got none (a 503 while it woke, a 502), as its last lease here
+        said (an app never leased here: only with `every_app`)."""
+        if grant is not None:
+            asked = self._asked[app] = (grant.access_log, grant.access_log_query)
+        else:
+            asked = self._asked.get(app, (False, False))
+        return self.every_app or asked[0], asked[1]
 
     def record(
         self,

@@ -239,7 +239,8 @@ class ProxyEdge:
             access = self._access
             if access is not None and label != "-":
                 grant = None if response is None else response.grant
-                if access.every_app or (grant is not None and grant.access_log):
+                wants, query = access.wants(label, grant)
+                if wants:
                     access.record(
                         label,
                         (version or "") if grant is None else grant.version,
@@ -251,7 +252,7 @@ class ProxyEdge:
                         seconds,
                         "" if response is None else response.woke_by,
                         request_id,
-                        grant is not None and grant.access_log_query,
+                        query,
                     )
 
     def _answer_error(

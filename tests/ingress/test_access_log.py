@@ -13,6 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tests.support.ingress import stack
+from wakeful.domain.leases import LeaseGrant
 from wakeful.domain.models import AppSpec, Concurrency
 from wakeful.ingress.accesslog import AccessLog
 
@@ -114,3 +115,27 @@ def test_lines_that_cannot_go_wait_within_their_bound_the_oldest_going_first() -
     log.keep(lines)  # the channel was down: back before the newer ones, within the bound
     assert [line["path"] for line in log.take()] == ["/2", "/3", "/4", "/5", "/6"]
     assert log.counts["overflowed"] == 2
+
+
+def test_a_request_that_got_no_lease_is_logged_as_the_app_s_last_lease_said() -> None:
+    """A 503 while the app woke, a 502: no lease carried the request, yet an app that asks
+    for its access log wants those lines most."""
+    log = AccessLog(False, 1000, CollectorRegistry())
+    asking = LeaseGrant(
+        lease_id="l",
+        sandbox_id="sb-1",
+        url="http://x",
+        size=1,
+        overflow=False,
+        ttl_seconds=60,
+        access_log=True,
+        access_log_query=True,
+    )
+    assert log.wants("hello", None) == (False, False)  # never leased here: not known yet
+    assert log.wants("hello", asking) == (True, True)
+    assert log.wants("hello", None) == (True, True)  # remembered from its last lease
+    quiet = asking.model_copy(update={"access_log": False, "access_log_query": False})
+    assert log.wants("hello", quiet) == (False, False)
+    assert log.wants("hello", None) == (False, False)
+    log.every_app = True
+    assert log.wants("other", None) == (True, False)
