@@ -137,12 +137,7 @@ def logs_router(store: Store, logbook: LogBook) -> APIRouter:
             notes = logbook.behind(app, await _nodes_of(store, app), now)
             if notes:
                 headers[BEHIND_HEADER] = "; ".join(notes)
-        if not reads.acquire(blocking=False):
-            raise HTTPException(
-                503,
-                {"error": "busy", "detail": f"{MAX_READS} log reads are running; try again"},
-                {"Retry-After": "1"},
-            )
+        taken(reads)
         media = "application/x-ndjson" if format == "json" else "text/plain; charset=utf-8"
         shape = _raw if format == "json" else _as_text(kind)
         if tail is not None or query.since is None:
@@ -167,12 +162,26 @@ def logs_router(store: Store, logbook: LogBook) -> APIRouter:
                 raise _bad(404, "unknown sandbox", f"no sandbox {sandbox_id!r}")
             app = record.value.app
         query = logread.Query(sandbox=sandbox_id)
-        found = await anyio.to_thread.run_sync(
-            logread.tail, root, app, "output", query, tail or 200
-        )
+        taken(reads)
+        try:
+            found = await anyio.to_thread.run_sync(
+                logread.tail, root, app, "output", query, tail or 200
+            )
+        finally:
+            reads.release()
         return Response(b"".join(_line_only(line) for line in found), media_type="text/plain")
 
     return router
+
+
+def taken(reads: threading.BoundedSemaphore) -> None:
+    """One of the read slots, or 503 + Retry-After when every one is taken."""
+    if not reads.acquire(blocking=False):
+        raise HTTPException(
+            503,
+            {"error": "busy", "detail": f"{MAX_READS} log reads are running; try again"},
+            {"Retry-After": "1"},
+        )
 
 
 def _time(field: str, value: str | None, now: float) -> float | None:

@@ -153,7 +153,7 @@ def logs_parser(sub: Any, remote: Remote) -> None:
     parser.add_argument(
         "--json",
         action="store_true",
-        help="JSON Lines as the log directory holds them: the exact text, control characters "
+        help="JSON Lines, the records field for field: the exact text, control characters "
         "and all (without it they are shown as escapes, e.g. \\x1b)",
     )
 
