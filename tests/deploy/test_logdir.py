@@ -336,3 +336,17 @@ def test_until_finds_a_late_line_and_grep_an_access_line_across_its_fields(
     assert paths(grep="POST /api") == ["/api/x"]
     assert paths(grep="/api/x 500") == ["/api/x"]
     assert paths(grep="GET /api") == []
+
+
+def test_the_directory_over_its_bound_loses_the_oldest_segments_of_any_app(
+    tmp_path: Path, clock: Clock
+) -> None:
+    limits = Limits(retention=86400, max_bytes=48 << 10, app_max_bytes=1 << 30)
+    logdir = make(tmp_path, clock, limits=limits, segment_bytes=4096)
+    for i in range(40):  # two apps in turn, each line a segment of its own
+        write(logdir, T0 + i, f"{i:02d}" + secrets.token_hex(2500), app=f"app-{i % 2}")
+    on_disk = sum(p.stat().st_size for p in (tmp_path / "apps").rglob("*") if p.is_file())
+    assert on_disk <= 48 << 10
+    kept = sorted(int(t[:2]) for app in ("app-0", "app-1") for t in texts(tmp_path, app))
+    assert kept == list(range(kept[0], 40)) and kept[0] > 0  # the newest of both, no hole
+    logdir.stop()
