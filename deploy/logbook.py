@@ -49,6 +49,8 @@ DEFAULT_INTERVAL = 1.0
 """The ship interval assumed of a node not heard from yet (`NodeSettings.log_ship_interval`)."""
 _DUMPS = json.JSONEncoder(ensure_ascii=False).encode
 """A line's text as JSON, as `encode` writes it."""
+ACCESS_SKEW = 300.0
+"""Seconds an access line's time may be from the control plane's clock before it gets it."""
 WRITE_TIMEOUT = 10.0
 """Seconds a batch waits for the disk before the node is told to send it again."""
 
@@ -112,16 +114,20 @@ class LogBook:
         """Record `batch` and return once its lines are on disk (`ShipFailed` when the disk
         did not answer within `WRITE_TIMEOUT`: the node keeps them and sends them again)."""
         seen = set()
+        unknown: dict[str, list[OutputChunk]] = {}
         for chunk in batch.chunks:  # a sandbox's first chunk here tells where it stands
             if chunk.sandbox in seen:
                 continue
             seen.add(chunk.sandbox)
             if chunk.offset > 0 and chunk.sandbox not in self._streams:
-                root = self.logdir.root
-                reached = await anyio.to_thread.run_sync(
-                    logread.last_offset, root, chunk.app, chunk.sandbox
-                )
-                self._adopt(batch.node, chunk, reached)
+                unknown.setdefault(chunk.app, []).append(chunk)
+        for app, chunks in unknown.items():  # one pass over the app's newest segments
+            names = {chunk.sandbox for chunk in chunks}
+            reached = await anyio.to_thread.run_sync(
+                logread.last_offsets, self.logdir.root, app, names
+            )
+            for chunk in chunks:
+                self._adopt(batch.node, chunk, reached.get(chunk.sandbox))
         pending = self.record(batch, self._clock())
         if not pending:
             return
@@ -261,16 +267,23 @@ class LogBook:
 
     def take_access(self, ingress: str, lines: list[dict[str, object]]) -> None:
         """An ingress's access lines (`Activator.access_sink`), to each app's access log.
-        Not waited for: they are best effort, as the traffic reports they travel with."""
+        Not waited for: they are best effort, as the traffic reports they travel with. A line
+        whose time is not within `ACCESS_SKEW` of this clock (an ingress's clock far off, or
+        a forged time) gets this clock's: segments are named and kept by their lines' times."""
+        now = self._clock()
         per_app: dict[str, list[dict[str, object]]] = {}
         for line in lines:
             per_app.setdefault(str(line["app"]), []).append(line)
         for app, found in per_app.items():
-            times = [float(line["ts"]) for line in found]  # type: ignore[arg-type]
-            encoded = [
-                encode({**line, "time": iso(float(line["ts"])), "ingress": ingress})  # type: ignore[arg-type]
-                for line in found
-            ]
+            encoded = []
+            times = []
+            for line in found:
+                ts = line.get("ts")
+                at = float(ts) if isinstance(ts, int | float) else now
+                if not max(0.0, now - ACCESS_SKEW) <= at <= now + ACCESS_SKEW:
+                    at = now
+                times.append(at)
+                encoded.append(encode({**line, "ts": at, "time": iso(at), "ingress": ingress}))
             self.logdir.append(app, "access", encoded, min(times), max(times))
 
     # -- reading ------------------------------------------------------------------------------

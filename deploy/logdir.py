@@ -63,6 +63,8 @@ MAX_PENDING = 64 * 1024 * 1024
 STALE_AFTER = 60.0
 MAX_HANDLES = 256
 """Open segments' files held open at once: ten thousand apps must not need as many handles."""
+FAILING_PAUSE = 1.0
+"""Seconds after a failed write before an app's lines of that kind open a new segment."""
 KEEP_CLOSED = 60.0
 """Seconds a closed segment's uncompressed file stays beside its compressed copy."""
 SWEEP_EVERY = 60.0
@@ -147,6 +149,9 @@ class LogDir:
         self._segments: dict[tuple[str, Kind], list[Segment]] = {}
         """Every segment but this writer's open ones, per app and kind."""
         self._lost: dict[tuple[str, Kind], int] = {}
+        self._failing: dict[tuple[str, Kind], float] = {}
+        """Per app and kind, until when (the clock) no new segment is opened after a failure:
+        a full disk does not get a new empty file, and a warning, for every write."""
         self._retiring: list[tuple[Path, float]] = []
         """Open files already compressed, and since when: removed after `keep_closed`."""
         self._swept = 0.0
@@ -154,7 +159,15 @@ class LogDir:
     # -- the loop's side ------------------------------------------------------------------
 
     def start(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        """OSError naming the directory (and WAKEFUL_LOG_DIR) when it cannot be made."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            if not self.root.is_dir():
+                raise NotADirectoryError(20, "not a directory")
+        except OSError as exc:
+            raise OSError(
+                exc.errno, f"the log directory (WAKEFUL_LOG_DIR) {self.root}: {exc.strerror}"
+            ) from None
         self._scan()
         self._thread = threading.Thread(target=self._run, name="wakeful-logdir", daemon=True)
         self._thread.start()
@@ -256,8 +269,9 @@ class LogDir:
                     touched[id(current)] = current
                     dropped = 0
                     self.metrics.written.labels(kind=item.kind).inc(len(item.lines))
-                else:  # the next write opens a segment anew (elsewhere, maybe, once freed)
+                else:  # a write after `FAILING_PAUSE` opens a segment anew (once freed)
                     self._abandon(current)
+                    self._failing[(item.app, item.kind)] = self._clock() + FAILING_PAUSE
                     touched.pop(id(current), None)
                     if lost:
                         self._lost[(item.app, item.kind)] = lost
@@ -355,7 +369,9 @@ class LogDir:
         the one written least recently is let go (synced first: it was acknowledged)."""
         handle = current.file
         if handle is None:
-            handle = current.file = open(current.path, "ab", buffering=0)  # noqa: SIM115
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+            fd = os.open(current.path, flags, 0o600)  # never through a planted link
+            handle = current.file = open(fd, "ab", buffering=0)  # noqa: SIM115 (`_release`)
         self._handles[id(current)] = current
         self._handles.move_to_end(id(current))
         while len(self._handles) > self._max_handles:
@@ -378,8 +394,10 @@ class LogDir:
         current = self._open.get(key)
         if current is not None:
             return current
+        if self._failing.get(key, 0.0) > self._clock():
+            return None  # a write failed a moment ago: no new file a write for a while
         folder = self._folder(item.app, item.kind)
-        start = item.first
+        start = max(0, item.first)
         while (folder / Segment(item.app, item.kind, start, None, self.writer).name).exists():
             start += 1  # a name still in use (a closed segment's file kept for shippers)
         segment = Segment(item.app, item.kind, start, None, self.writer)
@@ -391,6 +409,7 @@ class LogDir:
         except OSError as exc:
             log.warning("could not open %s: %s; its lines are dropped", path, exc)
             self._release(current)
+            self._failing[key] = self._clock() + FAILING_PAUSE
             return None
         self._open[key] = current
         return current

@@ -34,10 +34,12 @@ from typing import Any
 from wakeful.domain.logfiles import Kind, Segment, parse_segment, reading_order, to_ms
 
 BLOCK = 1 << 20
+MAX_LINE_BYTES = 4 << 20
+"""Longer than any line the writer makes (a 16 KiB line, escaped, is at most ~100 KiB)."""
 SKEW = 60.0
 """Seconds a line's time may precede its segment's start (see the module's notes)."""
 LOOKUP_SEGMENTS = 3
-"""Newest segments searched for a sandbox's last offset after a restart (`last_offset`)."""
+"""Newest segments searched for sandboxes' last offsets after a restart (`last_offsets`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,33 +123,50 @@ def searched_text(record: dict[str, Any], kind: Kind) -> str:
     return f"{record.get('method', '')} {record.get('path', '')} {record.get('status', '')}"
 
 
-def _open(path: Path) -> BufferedIOBase:
-    if path.name.endswith(".gz"):
-        return gzip.GzipFile(path, "rb")
-    return open(path, "rb")
+@contextlib.contextmanager
+def _opened(path: Path) -> Iterator[BufferedIOBase]:
+    """A segment, never through a symbolic link (nothing here makes one: one planted in the
+    directory is refused, not followed)."""
+    with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as raw:
+        if path.name.endswith(".gz"):
+            with gzip.GzipFile(fileobj=raw, mode="rb") as unpacked:
+                yield unpacked
+        else:
+            yield raw
 
 
 def _blocks(source: BufferedIOBase) -> Iterator[bytes]:
-    """Whole lines, a block at a time (each ends in a newline); a torn last line is left."""
+    """Whole lines, a block at a time (each ends in a newline); a torn last line is left, and
+    so is a "line" longer than `MAX_LINE_BYTES` (no writer makes one: a corrupt file)."""
     rest = b""
+    skipping = False
     while True:
         block = source.read(BLOCK)
         if not block:
             return
-        block = rest + block
         end = block.rfind(b"\n")
         if end < 0:
-            rest = block
+            rest += block
+            if len(rest) > MAX_LINE_BYTES:
+                rest, skipping = b"", True
             continue
+        block = rest + block
+        end += len(rest)
+        if skipping:  # the end of an overlong line: what follows its newline is whole
+            block = block[block.index(b"\n") + 1 :]
+            end = block.rfind(b"\n")
+            skipping = False
         rest = block[end + 1 :]
-        yield block[: end + 1]
+        if end >= 0:
+            yield block[: end + 1]
 
 
 def _matches(block: bytes, check: _Filter, timed: bool) -> Iterator[bytes]:
     needles = check.needles
     if not needles:
         for line in block.split(b"\n")[:-1]:
-            if check.check(line, timed):
+            # Unparsed on this path: a line that is no record (a corrupt file) is left out.
+            if line.startswith(b"{") and line.endswith(b"}") and check.check(line, timed):
                 yield line + b"\n"
         return
     first = max(needles, key=len)
@@ -172,19 +191,26 @@ def _segment_lines(root: Path, segment: Segment, check: _Filter) -> Iterator[byt
     )
     where = folder(root, segment.app, segment.kind)
     try:
-        try:
-            source = _open(where / segment.name)
-        except FileNotFoundError:
-            # Listed open, closed since: its compressed copy holds every line it did.
-            copy = None if segment.end is not None else _closed_copy(where, segment)
-            if copy is None:
-                return  # deleted by retention meanwhile
-            source = _open(where / copy)
-        with source:
+        yield from _file_lines(where / segment.name, check, timed)
+    except FileNotFoundError:
+        # Listed open, closed since: its compressed copy holds every line it did.
+        copy = None if segment.end is not None else _closed_copy(where, segment)
+        if copy is not None:  # else deleted by retention meanwhile
+            with contextlib.suppress(FileNotFoundError):
+                yield from _file_lines(where / copy, check, timed)
+
+
+def _file_lines(path: Path, check: _Filter, timed: bool) -> Iterator[bytes]:
+    """FileNotFoundError when `path` is gone; any other failure ends the lines quietly (a
+    link, a file cut short: what was read stands)."""
+    try:
+        with _opened(path) as source:
             for block in _blocks(source):
                 yield from _matches(block, check, timed)
+    except FileNotFoundError:
+        raise
     except (OSError, EOFError, gzip.BadGzipFile):
-        return  # cut short: what was read stands
+        return
 
 
 def _closed_copy(where: Path, opened: Segment) -> str | None:
@@ -228,17 +254,22 @@ def tail(root: Path, app: str, kind: Kind, query: Query, n: int) -> list[bytes]:
     return list(found)[-n:] if n > 0 else []
 
 
-def last_offset(root: Path, app: str, sandbox: str) -> int | None:
-    """How much of `sandbox`'s output the log holds (the `o` of its last line that has one),
-    searched in the app's newest output segments only; None when not found there."""
-    check = _Filter(Query(sandbox=sandbox), "output")
+def last_offsets(root: Path, app: str, sandboxes: set[str]) -> dict[str, int]:
+    """How much of each of `sandboxes`' output the log holds (the `o` of its last line that
+    has one), searched in the app's newest output segments only, all in one pass; a sandbox
+    not found there is left out."""
+    found: dict[str, int] = {}
+    check = _Filter(Query(), "output")
+    check.needles = [b',"o":']
     for segment in list(reversed(segments(root, app, "output")))[:LOOKUP_SEGMENTS]:
-        offset = None
+        latest: dict[str, int] = {}
         for line in _segment_lines(root, segment, check):
-            with contextlib.suppress(ValueError, TypeError):
-                value = json.loads(line).get("o")
-                if isinstance(value, int):
-                    offset = value
-        if offset is not None:
-            return offset
-    return None
+            with contextlib.suppress(ValueError, TypeError, AttributeError):
+                record = json.loads(line)
+                sandbox, offset = record.get("sandbox"), record.get("o")
+                if sandbox in sandboxes and sandbox not in found and isinstance(offset, int):
+                    latest[sandbox] = offset
+        found |= latest
+        if len(found) == len(sandboxes):
+            break
+    return found

@@ -17,6 +17,7 @@ output never arrived, the answer says so in the `Wakeful-Logs-Behind` header.
 
 # No `from __future__ import annotations`: FastAPI reads the annotations at runtime.
 import json
+import logging
 import re
 import threading
 from collections.abc import Callable, Iterator
@@ -26,7 +27,7 @@ import anyio
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from wakeful.deploy import logread
 from wakeful.deploy.logbook import LogBook
@@ -43,9 +44,13 @@ from wakeful.domain.models import (
 )
 from wakeful.store import Store
 
+log = logging.getLogger(__name__)
+
 MAX_TAIL = 10_000
 MAX_READS = 4
 """Reads of the log directory at once; each holds a worker thread while it streams."""
+SEND_TIMEOUT = 30.0
+"""Seconds a streamed read waits for its client to take a piece before it cuts it off."""
 CHUNK = 64 * 1024
 """Bytes of lines sent in one piece of a streamed answer."""
 SANDBOX_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,127}")
@@ -229,7 +234,8 @@ def _line_only(line: bytes) -> bytes:
 class _Streamed(StreamingResponse):
     """A streamed read that gives its slot back however it ends: also when its client left
     before the first byte (Starlette then never starts the body's generator, whose own
-    `finally` would never run)."""
+    `finally` would never run), and when its client stops reading (cut off after
+    `SEND_TIMEOUT` without taking a piece)."""
 
     def __init__(
         self,
@@ -242,8 +248,14 @@ class _Streamed(StreamingResponse):
         self._done = done
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def timed(message: Message) -> None:
+            with anyio.fail_after(SEND_TIMEOUT):  # a client that reads nothing lets go
+                await send(message)
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, timed)
+        except TimeoutError:
+            log.info("a log read's client read nothing for %g s; cut off", SEND_TIMEOUT)
         finally:
             self._done()
 

@@ -56,7 +56,8 @@ def compress(path: Path, segment: Segment, last: int) -> Segment | None:
     target = path.with_name(closed.name)
     temporary = path.with_name(f".{closed.name}.tmp")
     try:
-        with open(path, "rb") as source, gzip.open(temporary, "wb", compresslevel=5) as out:
+        source_fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)  # a planted link is not copied
+        with open(source_fd, "rb") as source, gzip.open(temporary, "wb", compresslevel=5) as out:
             whole = _whole_length(source)
             source.seek(0)
             _copy(source, out, whole)

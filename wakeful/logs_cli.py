@@ -160,6 +160,13 @@ def logs_parser(sub: Any, remote: Remote) -> None:
     def run(api: ControlClient, a: argparse.Namespace) -> int:
         if a.tail is not None and not 1 <= a.tail <= 10_000:
             raise CliError(f"--tail: from 1 to 10000 (got {a.tail})")
+        for flag in ("app", "since", "until", "grep", "sandbox", "version"):
+            value = getattr(a, flag)
+            try:
+                value is None or value.encode()
+            except UnicodeEncodeError:  # bytes the terminal's encoding could not decode
+                name = "APP" if flag == "app" else f"--{flag}"
+                raise CliError(f"{name}: not UTF-8 text (got {value!r})") from None
         return logs(
             api,
             a.app,

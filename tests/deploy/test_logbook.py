@@ -217,3 +217,15 @@ async def test_a_batch_is_answered_only_once_its_lines_are_on_disk(tmp_path: Pat
         lines = segment.read_bytes().splitlines()
         assert json.loads(lines[-1])["line"] == f"line {i}"
     logdir.stop()
+
+
+def test_an_access_line_far_from_the_clock_gets_the_clock_s_time(logdir: LogDir) -> None:
+    """An ingress's clock far off, or a forged time, must not name a segment in the year
+    5000 (never closed, never expired): the line keeps its place, with this clock's time."""
+    book = LogBook(logdir, clock=lambda: 10.0)
+    line = {"app": "hello", "method": "GET", "path": "/", "status": 200, "bytes": 1, "ms": 1.0}
+    book.take_access("edge", [line | {"ts": 9.5}, line | {"ts": 1e11}, line | {"ts": -7.0}])
+    logdir.upkeep().result(timeout=10)
+    found = logread.forward(logdir.root, "hello", "access", logread.Query())
+    assert [json.loads(r)["ts"] for r in found] == [9.5, 10.0, 10.0]
+    assert all(n.name.startswith("0000000009500-") for n in logdir.root.glob("apps/*/*/*"))

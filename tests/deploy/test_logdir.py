@@ -174,12 +174,15 @@ def test_a_write_that_fails_drops_its_lines_counts_them_and_says_so_after(
         texts_full = [f"full {i} " + "f" * 60 for i in range(100)]  # less than a page each
         assert write(logdir, T0 + 1, *texts_full) == 100
         assert logdir.metrics.dropped.labels(reason="disk")._value.get() == 100
+        assert len(list((small / "apps/hello/output").iterdir())) <= 2  # no empty files
         filler.unlink()  # space again
+        assert write(logdir, T0 + 1.5, "lost too") == 1  # a second's pause: no file a write
+        clock.now += 2
         assert write(logdir, T0 + 2, "three") == 0
         found = logread.forward(small, "hello", "output", logread.Query())
         assert [(r.get("line") or r.get("wakeful")) for r in map(json.loads, found)] == [
             "one",
-            "100 lines lost here: the log directory could not take them",
+            "101 lines lost here: the log directory could not take them",
             "three",
         ]
         logdir.stop()
@@ -350,3 +353,23 @@ def test_the_directory_over_its_bound_loses_the_oldest_segments_of_any_app(
     kept = sorted(int(t[:2]) for app in ("app-0", "app-1") for t in texts(tmp_path, app))
     assert kept == list(range(kept[0], 40)) and kept[0] > 0  # the newest of both, no hole
     logdir.stop()
+
+
+def test_a_reader_follows_no_link_and_skips_what_is_no_line(tmp_path: Path) -> None:
+    """Hand-made damage in the log directory: a link to a file elsewhere is not read through,
+    and neither a "line" that is no record nor one longer than any line the writer makes
+    reaches an answer; the lines around them do."""
+    folder = tmp_path / "apps/hello/output"
+    folder.mkdir(parents=True)
+    secret = tmp_path / "secret.txt"
+    secret.write_text('{"line": "a secret"}\n')
+    (folder / f"{int(T0 * 1000):013d}-t9.jsonl").symlink_to(secret)
+    damaged = folder / f"{int(T0 * 1000) + 1:013d}-t1.jsonl"
+    damaged.write_bytes(
+        encode({"ts": T0, "line": "before"})
+        + b"root:x:0:0:root:/root:/bin/bash\n"
+        + b"y" * (logread.MAX_LINE_BYTES + logread.BLOCK)
+        + b"\n"
+        + encode({"ts": T0 + 1, "line": "after"})
+    )
+    assert texts(tmp_path) == ["before", "after"]

@@ -171,3 +171,9 @@ def test_lines_read_as_a_person_reads_them() -> None:
         "[shop-v2-ab] GET /cart 200 512B 3.1ms version=v2 woke=thaw id=r-1 (1 in 4)"
     )
     assert line_text({"wakeful": "3 lines lost here"}, "access") == "[wakeful] 3 lines lost here"
+
+
+@pytest.mark.parametrize("value", ["1" * 400, "9" * 400 + "s", "100000000000.5", "\u0661\u0662"])
+def test_a_time_past_any_clock_or_in_other_digits_is_refused(value: str) -> None:
+    with pytest.raises(ValueError, match="not a time"):
+        parse_time(value, NOW)

@@ -12,6 +12,7 @@ from typing import Annotated, Literal, Self
 
 from pydantic import Field, StringConstraints, model_validator
 
+from wakeful.domain.logfiles import LATEST
 from wakeful.domain.models import NAME_PATTERN, Model, Name
 
 MAX_BATCH_BYTES = 256 * 1024
@@ -80,7 +81,7 @@ class AccessLine(Model):
     """One proxied request as an ingress saw it; `sample`: the requests it stands for (an
     ingress past its rate keeps one line in `sample`, `wakeful.domain.logfiles.Sampler`)."""
 
-    ts: float = Field(ge=0, description="when the answer ended: seconds since the epoch")
+    ts: float = Field(ge=0, le=LATEST, description="when the answer ended, seconds since the epoch")
     app: Name
     version: VersionName = ""
     sandbox: Annotated[str, StringConstraints(pattern=r"^$|^[a-z0-9][a-z0-9-]{0,127}$")] = ""

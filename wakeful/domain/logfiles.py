@@ -150,7 +150,9 @@ def _second(whole: int) -> str:
     return datetime.fromtimestamp(whole, UTC).strftime("%Y-%m-%dT%H:%M:%S")
 
 
-_AGE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_AGE = re.compile(r"([0-9]{1,12}(?:\.[0-9]{1,9})?)(ms|s|m|h|d)")
+LATEST = 1e11
+"""The largest time a line or a query may name (the year 5138): beyond any clock's."""
 _UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
@@ -169,9 +171,11 @@ def parse_time(value: str, now: float) -> float:
     age = parse_age(text)
     if isinstance(age, float):
         return now - age
-    if re.fullmatch(r"\d+(?:\.\d+)?", text):
+    if re.fullmatch(r"[0-9]{1,12}(?:\.[0-9]{1,9})?", text) and float(text) <= LATEST:
         return float(text)
     try:
+        if len(text) > 40 or not re.match(r"[0-9]{4}-", text):  # an RFC 3339 date first
+            raise ValueError(text)
         moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
         raise ValueError(
