@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 MAX_TAIL = 10_000
 MAX_READS = 4
 """Reads of the log directory at once; each holds a worker thread while it streams."""
+MAX_NOTES = 20
+"""Notes in a `Wakeful-Logs-Behind` header; past them, how many more."""
 SEND_TIMEOUT = 30.0
 """Seconds a streamed read waits for its client to take a piece before it cuts it off."""
 CHUNK = 64 * 1024
@@ -140,7 +142,9 @@ def logs_router(store: Store, logbook: LogBook) -> APIRouter:
         headers = {}
         if kind == "output":
             notes = logbook.behind(app, await _nodes_of(store, app), now)
-            if notes:
+            if notes:  # a header of bounded length, however many sandboxes miss bytes
+                more = len(notes) - MAX_NOTES
+                notes = notes[:MAX_NOTES] + ([f"and {more} more"] if more > 0 else [])
                 headers[BEHIND_HEADER] = "; ".join(notes)
         taken(reads)
         media = "application/x-ndjson" if format == "json" else "text/plain; charset=utf-8"
