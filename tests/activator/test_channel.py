@@ -460,25 +460,34 @@ async def test_traffic_reports_reach_the_ring_and_bad_ones_are_answered_alone(
         assert 50 < measured("hello", "p99_ms")[0] <= 100
         assert measured("unknown", "p50_ms") == []
         await leases.release(grant.lease_id)
-    url = api.url.replace("http", "ws", 1) + PATH
-    headers = {"Authorization": f"Bearer {TOKEN}"}
-    async with websockets.asyncio.client.connect(url, additional_headers=headers) as raw:
-        good = {"requests": 1, "errors": 0, "buckets": [1] + [0] * (BUCKETS - 1)}
-        frame = [
+    good = {"requests": 1, "errors": 0, "buckets": [1] + [0] * (BUCKETS - 1)}
+    answers = await answered_alone(
+        api,
+        [
             {"id": 1, "op": "traffic", "apps": {"hello": {**good, "buckets": [1]}}},
             {"id": 2, "op": "traffic", "apps": {"Bad_Name": good}},
             {"id": 3, "op": "traffic", "apps": {f"a{i}": good for i in range(1001)}},
             {"id": 4, "op": "traffic", "apps": {"hello": {**good, "requests": -1}}},
             {"id": 5, "op": "traffic", "apps": {"hello": good}},
-        ]
+        ],
+    )
+    assert answers[5] == {"id": 5, "recorded": 1}
+
+
+async def answered_alone(api: Served, frame: list[dict[str, object]]) -> dict[int, object]:
+    """`frame` sent raw on a channel of its own: its answers by id, every operation but the
+    last refused as not the protocol, the channel still up to answer the last."""
+    url = api.url.replace("http", "ws", 1) + PATH
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with websockets.asyncio.client.connect(url, additional_headers=headers) as raw:
         await raw.send(json.dumps(frame))
         answers: dict[int, dict[str, object]] = {}
         with anyio.fail_after(10):
-            while len(answers) < 5:
+            while len(answers) < len(frame):
                 answers |= {a["id"]: a for a in json.loads(await raw.recv())}
-        for refused in (1, 2, 3, 4):
-            assert answers[refused]["error"] == "invalid request", answers[refused]
-        assert answers[5] == {"id": 5, "recorded": 1}
+    for refused in range(1, len(frame)):
+        assert answers[refused]["error"] == "invalid request", answers[refused]
+    return dict(answers)
 
 
 async def test_a_report_of_many_apps_goes_in_frames_the_activator_takes(api: Served) -> None:
@@ -536,25 +545,19 @@ async def test_access_lines_reach_the_sink_and_bad_ones_are_answered_alone(api: 
         await leases.release(grant.lease_id)
     assert not ChannelLeases(api.url, TOKEN).access("edge-1", [line])  # no channel: kept
     got.clear()
-    url = api.url.replace("http", "ws", 1) + PATH
-    headers = {"Authorization": f"Bearer {TOKEN}"}
-    async with websockets.asyncio.client.connect(url, additional_headers=headers) as raw:
-        frame = [
+    answers = await answered_alone(
+        api,
+        [
             {"id": 1, "op": "access", "ingress": "e", "lines": [{**line, "status": 42}]},
             {"id": 2, "op": "access", "ingress": "e", "lines": [{**line, "method": "G T"}]},
             {"id": 3, "op": "access", "ingress": "e", "lines": [{**line, "path": "/" * 3000}]},
             {"id": 4, "op": "access", "ingress": "e", "lines": [line] * 1001},
-            {"id": 5, "op": "access", "ingress": "e", "lines": [line, line]},
-        ]
-        await raw.send(json.dumps(frame))
-        answers: dict[int, dict[str, object]] = {}
-        with anyio.fail_after(10):
-            while len(answers) < 5:
-                answers |= {a["id"]: a for a in json.loads(await raw.recv())}
-        for refused in (1, 2, 3, 4):
-            assert answers[refused]["error"] == "invalid request", answers[refused]
-        assert answers[5] == {"id": 5, "recorded": 2}
-        assert [len(lines) for _, lines in got] == [2]
+            {"id": 5, "op": "access", "ingress": "e", "lines": [{**line, "ts": 1e300}]},
+            {"id": 6, "op": "access", "ingress": "e", "lines": [line, line]},
+        ],
+    )
+    assert answers[6] == {"id": 6, "recorded": 2}
+    assert [len(lines) for _, lines in got] == [2]
 
 
 def test_access_lines_are_cut_so_no_operation_nears_a_frame_s_bound() -> None:
