@@ -229,3 +229,22 @@ def test_an_access_line_far_from_the_clock_gets_the_clock_s_time(logdir: LogDir)
     found = logread.forward(logdir.root, "hello", "access", logread.Query())
     assert [json.loads(r)["ts"] for r in found] == [9.5, 10.0, 10.0]
     assert all(n.name.startswith("0000000009500-") for n in logdir.root.glob("apps/*/*/*"))
+
+
+def test_a_batch_sent_again_before_its_write_landed_waits_for_that_write(
+    tmp_path: Path,
+) -> None:
+    """A slow disk: the node was answered 503 and sends the batch again. Its offsets say it
+    was taken, but it is not on disk yet: the retry must wait for that write, not be
+    answered at once. (A writer not started yet stands in for one stuck on its disk.)"""
+    stuck = LogDir(tmp_path, "t1", LIMITS, sync=False)
+    book = LogBook(stuck)
+    out = Stream("sb-1")
+    sent = batch(out.chunk("one\n"))
+    first = book.record(sent, now=1)
+    again = book.record(sent, now=2)
+    assert len(again) == 1 and again[0] is first[0] and not again[0].done()
+    stuck.start()  # the disk answers
+    assert again[0].result(timeout=10) == 0
+    assert texts(book) == ["one"]  # once
+    stuck.stop()
