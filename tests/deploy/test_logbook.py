@@ -237,7 +237,7 @@ def test_a_batch_sent_again_before_its_write_landed_waits_for_that_write(
     """A slow disk: the node was answered 503 and sends the batch again. Its offsets say it
     was taken, but it is not on disk yet: the retry must wait for that write, not be
     answered at once. (A writer not started yet stands in for one stuck on its disk.)"""
-    stuck = LogDir(tmp_path, "t1", LIMITS, sync=False)
+    stuck = LogDir(tmp_path, "t1", LIMITS, sync=False, clock=lambda: 10.0)
     book = LogBook(stuck)
     out = Stream("sb-1")
     sent = batch(out.chunk("one\n"))
