@@ -29,7 +29,6 @@ import json
 import logging
 import os
 import queue
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -41,7 +40,7 @@ from typing import IO
 
 from prometheus_client import CollectorRegistry
 
-from wakeful.deploy.logsegment import LogMetrics, compress, last_time
+from wakeful.deploy.logsegment import LogMetrics, compress, last_time, listing
 from wakeful.domain.logfiles import (
     KINDS,
     Kind,
@@ -49,11 +48,8 @@ from wakeful.domain.logfiles import (
     Segment,
     expired,
     iso,
-    parse_segment,
-    reading_order,
     to_ms,
 )
-from wakeful.domain.models import NAME_PATTERN
 
 log = logging.getLogger(__name__)
 
@@ -495,45 +491,16 @@ class LogDir:
             folder.rmdir()
 
     def _scan(self) -> None:
-        """The index again from the directory: every segment there but this writer's open
-        ones (earlier writers', and a deposed leader's made since the last scan), and
-        leftovers of a compression cut short. At the start and at every sweep."""
-        apps = self.root / "apps"
-        if not apps.is_dir():
-            return
+        """The index again from the directory (`logsegment.listing`): every segment but this
+        writer's open ones; open files already compressed are retiring. At the start and at
+        every sweep."""
         mine = {current.path for current in self._open.values()}
+        self._segments, compressed = listing(self.root, mine)
         retiring = {path for path, _ in self._retiring}
-        index: dict[tuple[str, Kind], list[Segment]] = {}
-        for folder in apps.iterdir():
-            if not _is_name(folder.name):
-                continue
-            for kind in KINDS:
-                found: list[Segment] = []
-                with contextlib.suppress(OSError), os.scandir(folder / kind) as entries:
-                    for entry in entries:
-                        if entry.name.endswith(".tmp"):
-                            with contextlib.suppress(OSError):
-                                os.unlink(entry.path)
-                            continue
-                        segment = parse_segment(folder.name, kind, entry.name, entry.stat().st_size)
-                        if segment is not None:
-                            found.append(segment)
-                kept = reading_order(found)  # an open file already compressed: retiring
-                for segment in found:
-                    path = folder / kind / segment.name
-                    if segment not in kept and path not in retiring:
-                        self._retiring.append((path, self._clock()))
-                kept = [s for s in kept if folder / kind / s.name not in mine]
-                if kept:
-                    index[(folder.name, kind)] = kept
-        self._segments = index
+        self._retiring += [(path, self._clock()) for path in compressed if path not in retiring]
 
 
 def _settle(future: Future[int], dropped: int) -> None:
     """A write's outcome, unless its waiter gave up on it (a cancelled future)."""
     if not future.done():
         future.set_result(dropped)
-
-
-def _is_name(text: str) -> bool:
-    return re.fullmatch(NAME_PATTERN, text) is not None

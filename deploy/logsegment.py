@@ -10,12 +10,14 @@ import gzip
 import json
 import logging
 import os
+import re
 from pathlib import Path
 from typing import IO
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from wakeful.domain.logfiles import KINDS, Segment, to_ms
+from wakeful.domain.logfiles import KINDS, Kind, Segment, parse_segment, reading_order, to_ms
+from wakeful.domain.models import NAME_PATTERN
 
 log = logging.getLogger(__name__)
 
@@ -113,3 +115,36 @@ def last_time(path: Path, default: int) -> int:
         with contextlib.suppress(ValueError, TypeError, AttributeError):
             return max(default, to_ms(float(json.loads(line)["ts"])))
     return default
+
+
+def listing(
+    root: Path, mine: set[Path]
+) -> tuple[dict[tuple[str, Kind], list[Segment]], list[Path]]:
+    """Every segment under `root` by app and kind, in reading order, but those at `mine` (a
+    writer's own open ones); and the open files that already have a compressed copy (to
+    remove once shippers had their minute). Leftovers of a compression cut short go."""
+    index: dict[tuple[str, Kind], list[Segment]] = {}
+    compressed: list[Path] = []
+    apps = root / "apps"
+    if not apps.is_dir():
+        return index, compressed
+    for folder in apps.iterdir():
+        if re.fullmatch(NAME_PATTERN, folder.name) is None:
+            continue
+        for kind in KINDS:
+            found: list[Segment] = []
+            with contextlib.suppress(OSError), os.scandir(folder / kind) as entries:
+                for entry in entries:
+                    if entry.name.endswith(".tmp"):
+                        with contextlib.suppress(OSError):
+                            os.unlink(entry.path)
+                        continue
+                    segment = parse_segment(folder.name, kind, entry.name, entry.stat().st_size)
+                    if segment is not None:
+                        found.append(segment)
+            kept = reading_order(found)
+            compressed += [folder / kind / s.name for s in found if s not in kept]
+            kept = [s for s in kept if folder / kind / s.name not in mine]
+            if kept:
+                index[(folder.name, kind)] = kept
+    return index, compressed
