@@ -187,7 +187,7 @@ class Ingress:
                 self.challenges.answer,
                 self.access,
             )
-            server = HttpServer(edge, limits)
+            server = HttpServer(edge, limits, http2=self.settings.http2)
             sock = _bind(self.settings.listen, self.settings.backlog, "listen address")
             try:
                 await _start(server, sock, self.settings.backlog)
@@ -284,7 +284,9 @@ class Ingress:
         listen, directory = self.settings.tls_listen, self.settings.tls_dir
         assert listen is not None  # the settings check it
         try:
-            certificates = await anyio.to_thread.run_sync(Certificates, directory)
+            certificates = await anyio.to_thread.run_sync(
+                Certificates, directory, self.settings.http2
+            )
         except TLSConfigError as exc:
             raise OSError(errno.EINVAL, f"cannot serve TLS: {exc}", str(directory)) from exc
         self.certificates = certificates
@@ -304,7 +306,7 @@ class Ingress:
                 "the TLS listener has no WAKEFUL_TLS_DIR and no certificates from ACME: "
                 "every handshake fails"
             )
-        server = HttpServer(edge, limits, certificates.context)
+        server = HttpServer(edge, limits, certificates.context, self.settings.http2)
         sock = _bind(listen, self.settings.backlog, "TLS listen address")
         await _start(server, sock, self.settings.backlog)
         self.tls_address = sock.getsockname()[:2]

@@ -80,6 +80,11 @@ class IngressSettings(StoreSettings):
     apps that ask for it (`server_timing = true` in wakeful.toml). It tells anyone whether an
     app was asleep: off by default; `wakeful up`, which is for development, turns it on."""
     backlog: int = Field(default=2048, ge=1, le=65_535)
+    http2: bool = True
+    """Serve HTTP/2 beside HTTP/1.1 (`ingress.http2`): on the TLS listener to clients whose
+    ALPN picks `h2`, and on the plain listener to clients that open with the HTTP/2 preface
+    (h2c with prior knowledge, as gRPC clients on a private network do). HTTP/1.1 clients
+    pay one look at their first bytes."""
 
     tls_listen: str | None = None
     """host:port of an HTTPS listener beside `listen`: certificates from `tls_dir` and from

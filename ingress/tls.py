@@ -59,15 +59,21 @@ class _Table:
 EMPTY = _Table({}, {}, None)
 
 
-def _server_context() -> ssl.SSLContext:
+HTTP1 = ("http/1.1",)
+HTTP2 = ("h2", "http/1.1")
+"""What ALPN offers: a listener serving HTTP/2 too offers `h2` first (`ingress.http2`). Every
+context offers the same: the SNI callback swaps the context before ALPN is chosen."""
+
+
+def _server_context(alpn: tuple[str, ...]) -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.set_alpn_protocols(["http/1.1"])
+    context.set_alpn_protocols(list(alpn))
     return context
 
 
-def _context(cert: Path, key: Path) -> ssl.SSLContext:
-    context = _server_context()
+def _context(cert: Path, key: Path, alpn: tuple[str, ...]) -> ssl.SSLContext:
+    context = _server_context(alpn)
     try:
         context.load_cert_chain(cert, key)
     except (OSError, ssl.SSLError) as exc:
@@ -75,7 +81,7 @@ def _context(cert: Path, key: Path) -> ssl.SSLContext:
     return context
 
 
-def _read(directory: Path) -> _Table:
+def _read(directory: Path, alpn: tuple[str, ...]) -> _Table:
     exact: dict[str, ssl.SSLContext] = {}
     wildcard: dict[str, ssl.SSLContext] = {}
     default: ssl.SSLContext | None = None
@@ -88,7 +94,7 @@ def _read(directory: Path) -> _Table:
         key = cert.with_suffix(".key")
         if not key.exists():
             raise TLSConfigError(f"{cert.name} has no {key.name} beside it in {directory}")
-        context = _context(cert, key)
+        context = _context(cert, key, alpn)
         if host == DEFAULT:
             default = context
         elif host.startswith("*."):
@@ -135,10 +141,10 @@ def quiet_undecodable_names() -> None:
     sys.unraisablehook = hook
 
 
-def issued_context(chain: str, key: str) -> ssl.SSLContext:
+def issued_context(chain: str, key: str, alpn: tuple[str, ...] = HTTP1) -> ssl.SSLContext:
     """A context serving `chain` with `key`, both PEM text, loaded from memory (a memfd: the
     key is never written to a disk). `TLSConfigError` when they do not load."""
-    context = _server_context()
+    context = _server_context(alpn)
     fd = os.memfd_create("wakeful-certificate", os.MFD_CLOEXEC)
     try:
         os.write(fd, f"{chain.strip()}\n{key.strip()}\n".encode())
@@ -151,30 +157,31 @@ def issued_context(chain: str, key: str) -> ssl.SSLContext:
 
 
 def _load_issued(
-    pairs: list[tuple[str, str, str, str]],
+    pairs: list[tuple[str, str, str, str]], alpn: tuple[str, ...]
 ) -> dict[str, tuple[str, ssl.SSLContext]]:
     """(serial, context) by name of each (name, chain, key, serial) that loads (blocking)."""
     loaded = {}
     for name, chain, key, serial in pairs:
         try:
-            loaded[name] = (serial, issued_context(chain, key))
+            loaded[name] = (serial, issued_context(chain, key, alpn))
         except TLSConfigError as exc:
             log.error("certificate for %s not served: %s", name, exc)
     return loaded
 
 
 class Certificates:
-    def __init__(self, directory: Path | None) -> None:
+    def __init__(self, directory: Path | None, http2: bool = False) -> None:
         """Loads the directory now, if there is one: raises `TLSConfigError` when it cannot
-        serve."""
+        serve. `http2`: ALPN offers `h2` too."""
         self.directory = directory
+        self._alpn = HTTP2 if http2 else HTTP1
         self._signature = () if directory is None else _signature(directory)
-        self._table = EMPTY if directory is None else _read(directory)
+        self._table = EMPTY if directory is None else _read(directory, self._alpn)
         self._issued: dict[str, ssl.SSLContext] = {}
         """ACME's certificates by name (`install_issued`)."""
         self._loaded: dict[str, tuple[str, ssl.SSLContext]] = {}
         """The same, with the serial each was loaded for."""
-        self.context = _server_context()
+        self.context = _server_context(self._alpn)
         """What the listener is given: a front whose SNI callback hands each connection the
         context of the table in use at that moment (so a reload needs no new listener)."""
         self.context.sni_callback = self._choose
@@ -206,7 +213,7 @@ class Certificates:
         seconds); the table is swapped on the loop in one assignment."""
         loaded = dict(self._loaded)
         fresh = [pair for pair in pairs if loaded.get(pair[0], ("", None))[0] != pair[3]]
-        made = await asyncio.to_thread(_load_issued, fresh)
+        made = await asyncio.to_thread(_load_issued, fresh, self._alpn)
         loaded.update(made)
         self._loaded = {name: loaded[name] for name, *_ in pairs if name in loaded}
         self._issued = {name: context for name, (_, context) in self._loaded.items()}
@@ -227,7 +234,7 @@ class Certificates:
             return False
         self._signature = signature
         try:
-            table = _read(self.directory)
+            table = _read(self.directory, self._alpn)
         except TLSConfigError as exc:
             log.error("TLS certificates not reloaded, the ones in use stay: %s", exc)
             return False

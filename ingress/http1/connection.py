@@ -33,9 +33,16 @@ from wakeful.aio.deadline import Deadline
 from wakeful.aio.pipe import Pipe
 from wakeful.ingress.errors import BadRequest
 from wakeful.ingress.http1.request import Body, Request
-from wakeful.ingress.http1.responder import BAD_REQUEST, TOO_LARGE, TOO_MANY, TOO_SLOW, Responder
+from wakeful.ingress.http1.responder import (
+    BAD_REQUEST,
+    TOO_LARGE,
+    TOO_MANY,
+    TOO_SLOW,
+    Http1Responder,
+)
 from wakeful.ingress.http1.rules import frame_request
 from wakeful.ingress.http1.wire import Wire
+from wakeful.ingress.http2.rules import sniff
 
 if TYPE_CHECKING:
     from wakeful.ingress.http1.server import HttpServer
@@ -90,14 +97,18 @@ class ClientConnection(Wire):
         self._last: Request | None = None
         self.spliced: Pipe | None = None
         """After a WebSocket handshake: what the client sends, for the sandbox."""
+        self._sniffed: bytes | None = None
+        """On a plain listener serving HTTP/2 too: the first bytes, until they tell whether
+        this is an h2c client with prior knowledge (`http2.rules.sniff`); then None."""
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport = cast(asyncio.Transport, transport)  # uvloop's is one, not a subclass
         self.transport = transport
-        self._server.connections.add(self)
-        if len(self._server.connections) > self.limits.max_connections:
+        server = self._server
+        server.connections.add(self)
+        if len(server.connections) + len(server.h2) > self.limits.max_connections:
             transport.write(TOO_MANY)
             transport.close()
             return
@@ -107,9 +118,21 @@ class ClientConnection(Wire):
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if server.http2:
+            if server.tls is None:
+                self._sniffed = b""  # h2c with prior knowledge opens with the preface
+            else:
+                tls = transport.get_extra_info("ssl_object")
+                if tls is not None and tls.selected_alpn_protocol() == "h2":
+                    self._switch(b"")
+                    return
         self._arm_head_timer()
 
     def data_received(self, data: bytes) -> None:
+        if self._sniffed is not None:  # a plain connection's first bytes: HTTP/2's preface?
+            data = self._sniff(data)
+            if not data:
+                return
         if self._lingering:  # the rest of a body nobody will read
             self._lingered += len(data)
             if self._lingered > LINGER_BYTES:
@@ -147,6 +170,35 @@ class ClientConnection(Wire):
         if self._in_head and self._head_bytes > self.limits.max_head_bytes:
             self._refuse(TOO_LARGE)
 
+    def _sniff(self, data: bytes) -> bytes:
+        """What to parse as HTTP/1.1: `data`, or all that came while it might have been the
+        HTTP/2 preface; b"" while it still might, or once the connection went to HTTP/2."""
+        first = self._sniffed + data if self._sniffed else data
+        verdict = sniff(first)
+        if verdict is None:
+            self._sniffed = first
+            return b""
+        self._sniffed = None
+        if verdict:
+            self._switch(first)
+            return b""
+        return first
+
+    def _switch(self, first: bytes) -> None:
+        """Hand the transport to an HTTP/2 connection (`ingress.http2`), with what it sent."""
+        from wakeful.ingress.http2.connection import H2Connection  # only when HTTP/2 comes
+
+        self._cancel_timers()
+        self._server.connections.discard(self)
+        self.closing = self.gone = True  # nothing of HTTP/1.1 happens on it any more
+        transport = self.transport
+        assert transport is not None
+        h2 = H2Connection(self._server, self._client)
+        transport.set_protocol(h2)
+        h2.connection_made(transport)
+        if first:
+            h2.data_received(first)
+
     def eof_received(self) -> bool:
         """The client closed its side: taken as hanging up (nginx does the same), so the
         exchange under way ends at once and gives its lease back; nothing queued is answered.
@@ -167,7 +219,7 @@ class ClientConnection(Wire):
         if self._body is not None:
             self._body._wake()
         for request in self._queue:
-            if request.body is not None:
+            if isinstance(request.body, Body):
                 request.body._wake()
         self._drain.open()
         if self._task is not None:
@@ -244,7 +296,7 @@ class ClientConnection(Wire):
                     request = self._queue.popleft()
                     if self._paused and len(self._queue) < PIPELINE_DEPTH // 2:
                         self.resume_reading("pipeline")
-                    out = Responder(self, request)
+                    out = Http1Responder(self, request)
                     try:
                         await self._server.handler.handle(request, out)
                     except Exception:

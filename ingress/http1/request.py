@@ -12,7 +12,7 @@ import asyncio
 import collections
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from wakeful.aio.flow import HIGH_WATER, LOW_WATER
 from wakeful.ingress.errors import ClientGone, ClientTooSlow
@@ -104,6 +104,22 @@ class Body:
                 self._waiter = None
 
 
+class RequestBody(Protocol):
+    """A request's body as a handler reads it: `Body` on HTTP/1.1, `http2.StreamBody` on an
+    HTTP/2 stream (what `proxy.RequestBody` needs, and whether it was read to its end)."""
+
+    @property
+    def started(self) -> bool: ...
+
+    @property
+    def client_gone(self) -> bool: ...
+
+    @property
+    def complete(self) -> bool: ...
+
+    def stream(self) -> AsyncIterator[bytes]: ...
+
+
 @dataclass(slots=True)
 class Request:
     method: str
@@ -112,9 +128,10 @@ class Request:
     headers: list[tuple[bytes, bytes]]
     """Names lower-cased, values as received, in order."""
     version: str
+    """"1.1", "1.0", or "2" (an HTTP/2 stream)."""
     keep_alive: bool
     client: str
-    body: Body | None
+    body: RequestBody | None
     upgrade: bool = False
     """A WebSocket handshake (`ingress.websocket`): nothing after it on the connection is HTTP."""
     scheme: str = "http"

@@ -1,15 +1,17 @@
-"""Writing an answer on a client connection: the handler's `Responder`, the client's end of a
-WebSocket splice (`ClientSide`), and the server's own canned answers.
+"""Writing an answer on a client connection: the `Responder` a handler answers through (and
+`Http1Responder`, its HTTP/1.1 side), the client's end of a WebSocket splice (`ClientSide`),
+and the server's own canned answers.
 
-A `Responder` frames the body it is given: with the Content-Length the head carries, chunked
-for HTTP/1.1 otherwise, by the end of the connection for HTTP/1.0; no body after HEAD, 1xx, 204
-or 304. The head is held back and sent with the first body bytes (one write, one segment).
+An `Http1Responder` frames the body it is given: with the Content-Length the head carries,
+chunked for HTTP/1.1 otherwise, by the end of the connection for HTTP/1.0; no body after HEAD,
+1xx, 204 or 304. The head is held back and sent with the first body bytes (one write, one segment).
 """
 
 from __future__ import annotations
 
 import http
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from wakeful.aio.pipe import Pipe
 from wakeful.ingress.errors import ClientGone, UpstreamFailed
@@ -36,10 +38,47 @@ TOO_SLOW = _canned(408, "the request head did not come in time")
 TOO_MANY = _canned(503, "too many connections to this ingress", b"retry-after: 1\r\n")
 
 
-class Responder:
+class Responder(Protocol):
+    """What a handler answers through, whatever the client speaks: `Http1Responder` on an
+    HTTP/1.1 connection, `http2.StreamResponder` on an HTTP/2 stream."""
+
+    @property
+    def started(self) -> bool:
+        """The answer's head was given (`start`, `send_whole`, `switch`)."""
+        ...
+
+    def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None: ...
+
+    def write(self, chunk: bytes) -> bool:
+        """Send a piece of the body; True when the caller must `await drain()` first."""
+        ...
+
+    def flush(self) -> None:
+        """Send the head now if no body went with it yet: call before waiting for the body."""
+        ...
+
+    async def drain(self) -> None:
+        """Wait for room (TimeoutError when the client reads none of it in its time)."""
+        ...
+
+    def end(self, trailers: Sequence[tuple[bytes, bytes]] = ()) -> None:
+        """The body is complete; `trailers` go to clients that can take them (HTTP/2)."""
+        ...
+
+    def switch(self, headers: list[tuple[bytes, bytes]]) -> ClientSide:
+        """Answer 101 and hand over the connection (an HTTP/1.1 WebSocket handshake only)."""
+        ...
+
+    def send_whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """A complete small answer at once."""
+        ...
+
+
+class Http1Responder:
     """Writes one answer, framing its body: Content-Length when the head has one, chunked for
     HTTP/1.1 otherwise, the end of the connection for HTTP/1.0; no body after HEAD, 1xx, 204
-    or 304."""
+    or 304. Trailers are not sent (an HTTP/1.1 client rarely asks for them; gRPC needs
+    HTTP/2)."""
 
     __slots__ = ("_chunked", "_conn", "_left", "_no_body", "_request", "complete", "started")
 
@@ -107,7 +146,7 @@ class Responder:
         it within its timeout."""
         await self._conn.drain()
 
-    def end(self) -> None:
+    def end(self, trailers: Sequence[tuple[bytes, bytes]] = ()) -> None:
         if self._chunked:
             self._conn.write(b"0\r\n\r\n")
         else:

@@ -11,11 +11,14 @@ import asyncio
 import socket
 import ssl
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from wakeful.ingress.http1.connection import ClientConnection
 from wakeful.ingress.http1.request import Request
 from wakeful.ingress.http1.responder import Responder
+
+if TYPE_CHECKING:
+    from wakeful.ingress.http2.connection import H2Connection
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,13 +48,24 @@ class Handler(Protocol):
 
 
 class HttpServer:
-    def __init__(self, handler: Handler, limits: Limits, tls: ssl.SSLContext | None = None) -> None:
-        """`tls`: serve HTTPS with this context; its handshake has the head's deadline."""
+    def __init__(
+        self,
+        handler: Handler,
+        limits: Limits,
+        tls: ssl.SSLContext | None = None,
+        http2: bool = False,
+    ) -> None:
+        """`tls`: serve HTTPS with this context; its handshake has the head's deadline.
+        `http2`: serve HTTP/2 too (`ingress.http2`): to TLS clients whose ALPN chose `h2`, and
+        on a plain listener to clients that open with the HTTP/2 preface (h2c)."""
         self.handler = handler
         self.limits = limits
         self.tls = tls
+        self.http2 = http2
         self.scheme = "http" if tls is None else "https"
         self.connections: set[ClientConnection] = set()
+        self.h2: set[H2Connection] = set()
+        """Connections handed over to HTTP/2."""
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self, sock: socket.socket, backlog: int) -> None:
@@ -77,21 +91,30 @@ class HttpServer:
         until = loop.time() + grace
         if self._server is not None:
             self._server.close()
+        for h2 in list(self.h2):
+            h2.shutdown()  # GOAWAY: streams under way finish, no new one starts
         for conn in list(self.connections):
             conn.shutdown()
             if conn.spliced is not None:
                 conn.cancel()  # a WebSocket never ends by itself: closed now, clients reconnect
         answering = [conn._runner for conn in self.connections if conn._runner is not None]
+        answering += [task for h2 in self.h2 for task in h2.tasks()]
         if answering:
             await asyncio.wait(answering, timeout=grace)
         running = [task for conn in list(self.connections) if (task := conn.cancel())]
+        for h2 in list(self.h2):
+            for task in h2.tasks():
+                task.cancel()
+                running.append(task)
         if running:
             await asyncio.wait(running, timeout=10)
-        while self.connections and loop.time() < until:  # noqa: ASYNC110 (once, at shutdown)
+        while (self.connections or self.h2) and loop.time() < until:  # noqa: ASYNC110 (once, at shutdown)
             await asyncio.sleep(0.05)  # closing connections: their last bytes go out
         idle = [task for conn in list(self.connections) if (task := conn._task)]
         for conn in list(self.connections):
             conn._close(abort=True)
+        for h2 in list(self.h2):
+            h2.abort()
         for task in idle:
             task.cancel()
         if idle:

@@ -1,0 +1,9 @@
+"""HTTP/2 for clients: each stream one request to the same handler HTTP/1.1 requests reach.
+
+- `connection`: `H2Connection`, one client connection framed by `h2`, its streams and bounds.
+- `stream`: a stream's `StreamBody` and `StreamResponder` (the `http1` interfaces).
+- `rules`: the preface, a stream's head as a request, the frame scan and budgets (pure).
+
+`http1.ClientConnection` hands a connection over (ALPN `h2` on TLS, the preface on a plain
+listener); nothing here is imported until one is.
+"""

@@ -1,0 +1,427 @@
+"""One client connection speaking HTTP/2: `h2` frames it, each stream is one request.
+
+The HTTP/1.1 connection hands the transport over (`ClientConnection.switch_to_h2`): on the TLS
+listener when ALPN chose `h2`, on the plain one when the first bytes are the preface (h2c
+with prior knowledge). Each stream runs the same handler an HTTP/1.1 request does, in a task
+of its own, with a `StreamBody` and a `StreamResponder` (`http2.stream`): admission, leases,
+in-flight counts and the access log see one request per stream.
+
+What a client can hold (invariant 18, and `http2.rules` for the frames `h2` does not bound):
+at most `MAX_STREAMS` streams at once (`h2` refuses more), `STREAM_WINDOW` unread bytes a
+stream and `CONNECTION_WINDOW` a connection, a header block of the head bound, budgets of
+control frames and resets, an unfinished header block for the head timeout, an idle
+connection for the keep-alive timeout, and reading stops while what is written for it waits
+(a client that sends PINGs and SETTINGS but never reads cannot grow the buffer of their
+acknowledgements). A stream the client resets is cancelled at once: its lease goes back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING, cast
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import h2.settings
+
+from wakeful.aio.deadline import Deadline
+from wakeful.aio.flow import HIGH_WATER, WriteGate
+from wakeful.ingress.errors import BadRequest, ClientGone
+from wakeful.ingress.http1.request import Request
+from wakeful.ingress.http2.rules import (
+    CONTROL_BURST,
+    CONTROL_RATE,
+    RESET_BURST,
+    RESET_RATE,
+    Budget,
+    FrameScan,
+    request_head,
+)
+from wakeful.ingress.http2.stream import STREAM_WINDOW, StreamBody, StreamResponder
+
+if TYPE_CHECKING:
+    from wakeful.ingress.http1.server import HttpServer
+
+log = logging.getLogger(__name__)
+
+MAX_STREAMS = 100
+"""Concurrent streams a client may open on one connection (nginx: 128; h2's default)."""
+CONNECTION_WINDOW = 1024 * 1024
+"""Request body bytes a whole connection may have waiting for the proxy."""
+_CALM = h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+
+
+class _Stream:
+    __slots__ = ("body", "out", "task")
+
+    def __init__(self, body: StreamBody | None, out: StreamResponder) -> None:
+        self.body = body
+        self.out = out
+        self.task: asyncio.Task[None] | None = None
+
+
+class H2Connection(asyncio.Protocol):
+    def __init__(self, server: HttpServer, client: str) -> None:
+        self._server = server
+        self._client = client
+        self.limits = server.limits
+        self._loop = asyncio.get_running_loop()
+        config = h2.config.H2Configuration(
+            client_side=False,
+            header_encoding=None,
+            # What goes out was made safe already (`headers.client_response_headers`: names
+            # lower-cased, hop-by-hop fields gone; values as httptools or h2 parsed them):
+            # checking again costs a fifth of a small answer's time. What comes in is checked.
+            validate_outbound_headers=False,
+            normalize_outbound_headers=False,
+        )
+        self._h2 = h2.connection.H2Connection(config)
+        self._h2.local_settings = h2.settings.Settings(
+            client=False,
+            initial_values={
+                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_STREAMS,
+                h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: self.limits.max_head_bytes,
+                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
+            },
+        )
+        self._h2.decoder.max_header_list_size = self.limits.max_head_bytes
+        self._scan = FrameScan(self.limits.max_head_bytes, preface=True)
+        now = self._loop.time()
+        self._control = Budget(CONTROL_BURST, CONTROL_RATE, now)
+        self._resets = Budget(RESET_BURST, RESET_RATE, now)
+        self.transport: asyncio.Transport | None = None
+        self._streams: dict[int, _Stream] = {}
+        self._waiters: dict[StreamResponder, asyncio.Future[None]] = {}
+        """Handlers waiting in `drain` for their stream's window."""
+        self._gate = WriteGate(self._loop)
+        self.writes_paused = False
+        self.gone = False
+        self.closing = False
+        self._deadline = Deadline(self._loop, self._timed_out)
+        self._idle_due: float | None = None
+        self._block_due: float | None = None
+
+    # -- asyncio.Protocol --------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self.transport.set_write_buffer_limits(high=HIGH_WATER)
+        self._server.h2.add(self)
+        self._h2.initiate_connection()
+        self._h2.increment_flow_control_window(CONNECTION_WINDOW - 65_535)
+        self.flush()
+        self._idle()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        seen = self._scan.feed(data)
+        now = self._loop.time()
+        if seen.refusal is not None:
+            self._goaway(_CALM, seen.refusal)
+            return
+        if seen.control and not self._control.spend(seen.control, now):
+            self._goaway(_CALM, "too many PING, SETTINGS, PRIORITY or empty DATA frames")
+            return
+        if seen.resets and not self._resets.spend(seen.resets, now):
+            self._goaway(_CALM, "too many streams reset")
+            return
+        if self._scan.open_block:
+            if self._block_due is None:
+                self._block_due = now + self.limits.head_timeout
+                self._deadline.at(self._block_due)
+        else:
+            self._block_due = None
+        try:
+            events = self._h2.receive_data(data)
+        except h2.exceptions.ProtocolError as exc:  # h2 has queued its GOAWAY already
+            self._goaway(0, str(exc), queued=True)
+            return
+        for event in events:
+            if isinstance(event, h2.events.RequestReceived):
+                self._request(event)
+            elif isinstance(event, h2.events.DataReceived):
+                self._data(event)
+            elif isinstance(event, h2.events.StreamEnded):
+                stream = self._streams.get(event.stream_id)
+                if stream is not None and stream.body is not None:
+                    stream.body.end()
+            elif isinstance(event, h2.events.StreamReset):
+                self._reset_by_client(event.stream_id)
+            elif isinstance(event, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
+                self._pump_all()
+            elif isinstance(event, h2.events.TrailersReceived):
+                stream = self._streams.get(event.stream_id)  # kept from no one: gRPC sends none
+                if stream is not None and stream.body is not None:
+                    stream.body.end()
+            elif isinstance(event, h2.events.ConnectionTerminated):
+                self.closing = True
+                self._close_when_done()
+        self.flush()
+        if self._streams:
+            self._idle_due = None
+
+    def eof_received(self) -> bool:
+        self.connection_lost(None)
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.gone:
+            return
+        self.gone = self.closing = True
+        self._deadline.cancel()
+        self._server.h2.discard(self)
+        self._gate.open()
+        for stream in list(self._streams.values()):
+            if stream.body is not None:
+                stream.body.fail(ClientGone("the client hung up"))
+            if stream.task is not None:
+                stream.task.cancel()
+
+    def pause_writing(self) -> None:
+        self.writes_paused = True
+        self._gate.close()
+        if self.transport is not None and not self.gone:
+            self.transport.pause_reading()  # its acknowledgements would pile up unread
+
+    def resume_writing(self) -> None:
+        self.writes_paused = False
+        self._gate.open()
+        if self.transport is not None and not self.gone and not self.closing:
+            self.transport.resume_reading()
+
+    # -- streams -------------------------------------------------------------------------
+
+    def _request(self, event: h2.events.RequestReceived) -> None:
+        stream_id = event.stream_id
+        headers = event.headers
+        try:
+            method, target, fields = request_head(headers)
+        except BadRequest:
+            self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.PROTOCOL_ERROR)
+            return
+        body = None
+        if event.stream_ended is None:
+            body = StreamBody(self, stream_id, self.limits.client_timeout)
+        out = StreamResponder(self, stream_id, method == "HEAD")
+        stream = _Stream(body, out)
+        self._streams[stream_id] = stream
+        request = Request(
+            method, target, fields, "2", True, self._client, body, False, self._server.scheme
+        )
+        stream.task = self._loop.create_task(self._answer(stream_id, stream, request))
+
+    async def _answer(self, stream_id: int, stream: _Stream, request: Request) -> None:
+        out = stream.out
+        try:
+            await self._server.handler.handle(request, out)
+            if not out.complete:
+                self._reset(stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
+                return
+            if out.pending or out.ending is not None:
+                await self.drain(out)
+            body = stream.body
+            if body is not None and not body.complete and not out.closed:
+                self._reset(stream_id, h2.errors.ErrorCodes.NO_ERROR)  # RFC 9113 §8.1
+        except TimeoutError:
+            self._reset(stream_id, h2.errors.ErrorCodes.CANCEL)  # a client that read nothing
+        except asyncio.CancelledError:
+            self._reset(stream_id, h2.errors.ErrorCodes.CANCEL)
+        except Exception:
+            log.exception("answering an HTTP/2 stream failed")
+            self._reset(stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
+        finally:
+            self._streams.pop(stream_id, None)
+            out.closed = True
+            self.flush()
+            if not self._streams:
+                if self.closing:
+                    self._close_when_done()
+                else:
+                    self._idle()
+
+    def _data(self, event: h2.events.DataReceived) -> None:
+        stream = self._streams.get(event.stream_id)
+        data = event.data or b""
+        padding = event.flow_controlled_length - len(data)
+        if stream is None or stream.body is None:  # a stream already answered: read away
+            self._acknowledge(event.stream_id, event.flow_controlled_length)
+            return
+        if padding:
+            self._acknowledge(event.stream_id, padding)
+        if data:
+            stream.body.feed(data)
+
+    def consumed(self, stream_id: int, size: int) -> None:
+        """The proxy read `size` bytes of a stream's body: the client may send as many more."""
+        self._acknowledge(stream_id, size)
+        self.flush()
+
+    def _acknowledge(self, stream_id: int, size: int) -> None:
+        if self.gone:
+            return
+        with contextlib.suppress(h2.exceptions.StreamClosedError, KeyError):
+            self._h2.acknowledge_received_data(size, stream_id)
+
+    def _reset_by_client(self, stream_id: int) -> None:
+        stream = self._streams.pop(stream_id, None)
+        if stream is None:
+            return
+        stream.out.closed = True
+        if stream.body is not None:
+            stream.body.fail(ClientGone("the client reset the stream"))
+        if stream.task is not None:
+            stream.task.cancel()
+
+    def _reset(self, stream_id: int, code: int) -> None:
+        stream = self._streams.get(stream_id)
+        if stream is not None:
+            stream.out.closed = True
+            stream.out.pending.clear()
+        if self.gone:
+            return
+        with contextlib.suppress(h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
+            self._h2.reset_stream(stream_id, code)
+
+    # -- writing -------------------------------------------------------------------------
+
+    def send_head(self, stream_id: int, headers: list[tuple[bytes, bytes]], end: bool) -> None:
+        if self.gone:
+            return
+        try:
+            self._h2.send_headers(stream_id, headers, end_stream=end)
+        except h2.exceptions.StreamClosedError:
+            pass
+        except h2.exceptions.ProtocolError as exc:  # a field h2 refuses (from the sandbox)
+            log.warning("an answer's head could not be sent on HTTP/2: %s", exc)
+            self._reset(stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
+        if not end and not self.gone:
+            return
+        self.flush()
+
+    def pump(self, stream_id: int, out: StreamResponder) -> None:
+        """Send what `out` has pending as far as the windows allow; end the stream once all
+        is sent and the handler ended it."""
+        conn = self._h2
+        if self.gone or out.closed:
+            out.pending.clear()
+            return
+        pending = out.pending
+        try:
+            while pending:
+                window = conn.local_flow_control_window(stream_id)
+                window = min(window, conn.max_outbound_frame_size)
+                if window <= 0:
+                    break
+                chunk = pending[0]
+                if len(chunk) <= window:
+                    pending.popleft()
+                    conn.send_data(stream_id, chunk)
+                else:
+                    pending[0] = chunk[window:]
+                    conn.send_data(stream_id, chunk[:window])
+            if not pending and out.ending is not None:
+                trailers, out.ending = out.ending, None
+                if trailers:
+                    conn.send_headers(stream_id, list(trailers), end_stream=True)
+                else:
+                    conn.end_stream(stream_id)
+                out.closed = True
+        except h2.exceptions.StreamClosedError:
+            out.closed = True
+            pending.clear()
+        except h2.exceptions.ProtocolError as exc:
+            log.warning("an answer could not be sent on HTTP/2: %s", exc)
+            self._reset(stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
+        self.flush()
+        if (out.closed or not pending) and out.ending is None:
+            self._wake(out)
+
+    def _pump_all(self) -> None:
+        for stream_id, stream in list(self._streams.items()):
+            out = stream.out
+            if out.pending or out.ending is not None:
+                self.pump(stream_id, out)
+
+    def _wake(self, out: StreamResponder) -> None:
+        waiter = self._waiters.pop(out, None) if self._waiters else None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def drain(self, out: StreamResponder) -> None:
+        """Wait until `out`'s pending bytes are sent and the transport has room, at most the
+        client's timeout (TimeoutError)."""
+        async with asyncio.timeout(self.limits.client_timeout):
+            while (out.pending or out.ending is not None) and not out.closed:
+                if self.gone:
+                    raise ClientGone("the client hung up")
+                waiter = self._loop.create_future()
+                self._waiters[out] = waiter
+                await waiter
+            if (gate := self._gate.waiting()) is not None:
+                await asyncio.shield(gate)
+        if self.gone:
+            raise ClientGone("the client hung up")
+
+    def flush(self) -> None:
+        data = self._h2.data_to_send()
+        if data and self.transport is not None and not self.gone:
+            self.transport.write(data)
+
+    # -- ending ----------------------------------------------------------------------------
+
+    def _goaway(self, code: int, why: str, queued: bool = False) -> None:
+        """A connection error: GOAWAY (unless `h2` `queued` one), every stream cancelled,
+        closed once that is written."""
+        log.info("closing an HTTP/2 connection from %s: %s", self._client, why)
+        self.closing = True
+        if not queued:
+            with contextlib.suppress(h2.exceptions.ProtocolError):
+                self._h2.close_connection(code, additional_data=why.encode()[:200])
+        self.flush()
+        for stream in list(self._streams.values()):
+            if stream.task is not None:
+                stream.task.cancel()
+        if self.transport is not None:
+            self.transport.close()
+
+    def shutdown(self) -> None:
+        """Take no new stream (GOAWAY naming the last one taken); close when the last ends."""
+        if self.closing:
+            return
+        self.closing = True
+        with contextlib.suppress(h2.exceptions.ProtocolError):
+            self._h2.close_connection(h2.errors.ErrorCodes.NO_ERROR)
+        self.flush()
+        self._close_when_done()
+
+    def tasks(self) -> list[asyncio.Task[None]]:
+        return [s.task for s in self._streams.values() if s.task is not None]
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _close_when_done(self) -> None:
+        if not self._streams and self.transport is not None:
+            self.transport.close()
+
+    def _idle(self) -> None:
+        self._idle_due = self._loop.time() + self.limits.keepalive
+        self._deadline.at(self._idle_due)
+
+    def _timed_out(self) -> None:
+        now = self._loop.time()
+        if self._block_due is not None and now >= self._block_due:
+            self._goaway(_CALM, "a header block did not end in time")
+        elif self._idle_due is not None and now >= self._idle_due and not self._streams:
+            self.shutdown()
+        else:
+            due = [d for d in (self._block_due, self._idle_due) if d is not None]
+            if due:
+                self._deadline.at(min(due))

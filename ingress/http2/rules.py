@@ -1,0 +1,181 @@
+"""What an HTTP/2 client may do, as pure rules: a stream's head as the edge reads a request,
+the frames a connection sees before `h2` parses them, and the budgets of frames that cost
+the server work and carry no request.
+
+`h2` (python-hyper, sans-IO) does the framing, HPACK, stream states and flow control. What it
+does not bound, or bounds too loosely for a server holding ten thousand connections, is here:
+
+- **Header blocks.** A HEADERS frame and its CONTINUATIONs are at most `max_block` bytes (the
+  ingress's head bound, 32 KiB): `h2` would gather 64 frames of 16 KiB (1 MiB) before
+  refusing (the 2024 CONTINUATION floods). A block left open longer than the head timeout
+  ends the connection (`FrameScan.open_block` tells the connection when one is open).
+- **Frames that carry no request** (PING, SETTINGS, PRIORITY, an empty DATA frame that does
+  not end its stream): a `Budget` of `CONTROL_BURST`, refilled at `CONTROL_RATE` a second.
+- **Resets** (RST_STREAM from the client; CVE-2023-44487's rapid reset): a `Budget` of
+  `RESET_BURST`, refilled at `RESET_RATE` a second. Each reset stream is cancelled at once,
+  its lease given back; the budget bounds how fast a client can make the ingress start work
+  it then throws away.
+
+Past a budget or a bound, the connection gets GOAWAY (ENHANCE_YOUR_CALM) and closes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from wakeful.ingress.errors import BadRequest
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+"""What an HTTP/2 client sends first (RFC 9113 §3.4): on the plain listener, how an h2c
+client with prior knowledge is told from an HTTP/1.1 one."""
+
+CONTROL_BURST = 1000
+CONTROL_RATE = 500.0
+RESET_BURST = 200
+RESET_RATE = 100.0
+
+_DATA, _HEADERS, _PRIORITY, _RST, _SETTINGS, _PUSH, _PING = 0, 1, 2, 3, 4, 5, 6
+_CONTINUATION = 9
+_END_STREAM = 0x1
+_END_HEADERS = 0x4
+_ACK = 0x1
+
+
+def sniff(first: bytes) -> bool | None:
+    """Whether a plain connection's first bytes are the HTTP/2 preface: True, False, or None
+    while too few have come to tell."""
+    if len(first) >= len(PREFACE):
+        return first.startswith(PREFACE)
+    return None if PREFACE.startswith(first) else False
+
+
+class Budget:
+    """A token bucket: `burst` at first, `rate` more a second, never above `burst`."""
+
+    __slots__ = ("_at", "_left", "burst", "rate")
+
+    def __init__(self, burst: int, rate: float, now: float) -> None:
+        self.burst = burst
+        self.rate = rate
+        self._left = float(burst)
+        self._at = now
+
+    def spend(self, count: int, now: float) -> bool:
+        """Take `count`; False when that overdraws the budget."""
+        left = min(self.burst, self._left + (now - self._at) * self.rate) - count
+        self._at = now
+        self._left = left
+        return left >= 0
+
+
+@dataclass(slots=True)
+class Seen:
+    """What one read held, counted by `FrameScan.feed`."""
+
+    control: int = 0
+    resets: int = 0
+    refusal: str | None = None
+    """Why the connection must end now (a header block past its bound)."""
+
+
+class FrameScan:
+    """Follows frame boundaries across reads (9-byte headers, payloads skipped) and counts
+    what the budgets bound; about a microsecond a frame, paid by HTTP/2 connections only."""
+
+    __slots__ = ("_block", "_head", "_skip", "max_block", "open_block")
+
+    def __init__(self, max_block: int, preface: bool) -> None:
+        self.max_block = max_block
+        self._skip = len(PREFACE) if preface else 0
+        """Bytes still to pass over: the preface, then each frame's payload."""
+        self._head = b""
+        """A frame header split across reads."""
+        self._block = 0
+        self.open_block = False
+        """A header block began (HEADERS without END_HEADERS) and has not ended."""
+
+    def feed(self, data: bytes) -> Seen:
+        seen = Seen()
+        at = 0
+        end = len(data)
+        while at < end:
+            if self._skip:
+                step = min(self._skip, end - at)
+                self._skip -= step
+                at += step
+                continue
+            need = 9 - len(self._head)
+            piece = data[at : at + need]
+            at += len(piece)
+            if len(piece) < need:
+                self._head += piece
+                break
+            header = self._head + piece if self._head else piece
+            self._head = b""
+            length = int.from_bytes(header[0:3], "big")
+            kind = header[3]
+            flags = header[4]
+            self._skip = length
+            if kind in (_HEADERS, _PUSH, _CONTINUATION):
+                self._block = length if kind != _CONTINUATION else self._block + length
+                self.open_block = not flags & _END_HEADERS
+                if self._block > self.max_block:
+                    seen.refusal = (
+                        f"a header block past {self.max_block} bytes ({self._block} so far)"
+                    )
+                    return seen
+            elif kind == _RST:
+                seen.resets += 1
+            elif (
+                kind in (_PING, _PRIORITY)
+                or (kind == _SETTINGS and not flags & _ACK)
+                or (kind == _DATA and length == 0 and not flags & _END_STREAM)
+            ):
+                seen.control += 1
+        return seen
+
+
+def request_head(
+    headers: list[tuple[bytes, bytes]],
+) -> tuple[str, bytes, list[tuple[bytes, bytes]]]:
+    """An HTTP/2 request's head as the edge reads an HTTP/1.1 one: method, target, and the
+    headers with `host` first (from `:authority`, else the Host header). `h2` has checked the
+    pseudo-headers and refused connection-specific fields and upper-case names; this joins
+    split cookies (RFC 9113 §8.2.3: an HTTP/1.1 sandbox expects one) and keeps `te` only as
+    `trailers`. BadRequest for what HTTP/1.1 would not carry."""
+    method = b""
+    path = b""
+    authority = b""
+    host = b""
+    out: list[tuple[bytes, bytes]] = []
+    cookies: list[bytes] = []
+    for name, value in headers:
+        if name[:1] == b":":
+            if name == b":method":
+                method = value
+            elif name == b":path":
+                path = value
+            elif name == b":authority":
+                authority = value
+            elif name == b":protocol":
+                raise BadRequest("extended CONNECT (RFC 8441) is not served here")
+            continue
+        if name == b"host":
+            host = host or value
+        elif name == b"cookie":
+            cookies.append(value)
+        elif name == b"te":
+            if value.strip().lower() == b"trailers":
+                out.append((name, b"trailers"))
+        else:
+            out.append((name, value))
+    if method == b"CONNECT":
+        raise BadRequest("CONNECT is not served here")
+    if b"\r" in path or b"\n" in path or b" " in path:
+        raise BadRequest("the :path carries a space or a line break")
+    name = authority or host
+    if cookies:
+        out.append((b"cookie", b"; ".join(cookies)))
+    if name:
+        out.insert(0, (b"host", name))
+    return method.decode("latin-1"), path, out

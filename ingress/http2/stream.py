@@ -1,0 +1,194 @@
+"""One HTTP/2 stream as a handler sees it: its request body (`StreamBody`) and the answer it
+writes (`StreamResponder`), the same interfaces an HTTP/1.1 exchange has.
+
+Flow control is the stream's bound both ways. What the client sends waits here until the
+proxy reads it, and only then is it acknowledged (WINDOW_UPDATE): a client can never have more
+than its stream window (`STREAM_WINDOW`) unread here. What the handler writes goes out as the
+client's windows allow; the rest waits in `pending` and `drain` waits for it, at most the
+client's timeout (a client that never opens its window holds a stream, not memory or a
+lease, for that long).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING
+
+from wakeful.ingress.errors import ClientGone, ClientTooSlow, UpstreamFailed
+from wakeful.ingress.http1.responder import ClientSide
+
+if TYPE_CHECKING:
+    from wakeful.ingress.http2.connection import H2Connection
+
+STREAM_WINDOW = 64 * 1024
+"""The window each stream advertises: request body bytes that may wait for the proxy."""
+
+
+class StreamBody:
+    """A request's body on one stream; implements `http1.RequestBody`."""
+
+    __slots__ = (
+        "_chunks",
+        "_conn",
+        "_done",
+        "_error",
+        "_id",
+        "_waiter",
+        "client_gone",
+        "quiet",
+        "started",
+    )
+
+    def __init__(self, conn: H2Connection, stream_id: int, quiet: float) -> None:
+        self._conn = conn
+        self._id = stream_id
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._done = False
+        self._error: Exception | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self.started = False
+        self.client_gone = False
+        self.quiet = quiet
+        """Seconds the client may send nothing mid-body (a gRPC stream's are the app's
+        stream idle timeout: the edge sets them)."""
+
+    @property
+    def complete(self) -> bool:
+        return self._done and not self._chunks
+
+    def feed(self, chunk: bytes) -> None:
+        self._chunks.append(chunk)
+        self._wake()
+
+    def end(self) -> None:
+        self._done = True
+        self._wake()
+
+    def fail(self, exc: Exception) -> None:
+        self._error = exc
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def stream(self) -> AsyncIterator[bytes]:
+        self.started = True
+        while True:
+            if self._chunks:
+                chunk = self._chunks.popleft()
+                self._conn.consumed(self._id, len(chunk))
+                yield chunk
+                continue
+            if self._done:
+                return
+            if self._error is not None:
+                if isinstance(self._error, ClientGone):
+                    self.client_gone = True
+                raise self._error
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                async with asyncio.timeout(self.quiet):
+                    await self._waiter
+            except TimeoutError:
+                raise ClientTooSlow(
+                    f"the client sent none of its body for {self.quiet:g} s"
+                ) from None
+            finally:
+                self._waiter = None
+
+
+class StreamResponder:
+    """Writes one answer on a stream (`http1.Responder`): the head held until the first body
+    bytes or the end (a body-less answer is one HEADERS frame with END_STREAM, as gRPC's
+    trailers-only answers need), the body as the windows allow, trailers at the end."""
+
+    __slots__ = (
+        "_conn",
+        "_head",
+        "_id",
+        "_left",
+        "_no_body",
+        "closed",
+        "complete",
+        "ending",
+        "pending",
+        "started",
+    )
+
+    def __init__(self, conn: H2Connection, stream_id: int, head_only: bool) -> None:
+        self._conn = conn
+        self._id = stream_id
+        self._no_body = head_only
+        self._head: list[tuple[bytes, bytes]] | None = None
+        self._left: int | None = None
+        self.pending: collections.deque[bytes] = collections.deque()
+        """Body bytes written and not yet sent: the windows are shut."""
+        self.ending: Sequence[tuple[bytes, bytes]] | None = None
+        """The trailers (or none) to end the stream with once `pending` is sent."""
+        self.started = False
+        self.complete = False
+        self.closed = False
+        """The stream ended (its end sent, or reset): nothing more is written."""
+
+    def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.started = True
+        if status in (204, 304):
+            self._no_body = True
+        head = [(b":status", b"%d" % status)]
+        for pair in headers:
+            if pair[0] == b"content-length" and self._left is None and not self._no_body:
+                self._left = int(pair[1])
+            head.append(pair)
+        self._head = head
+
+    def _send_head(self, end: bool) -> None:
+        head, self._head = self._head, None
+        if head is not None:
+            self._conn.send_head(self._id, head, end)
+
+    def write(self, chunk: bytes) -> bool:
+        if self._no_body or not chunk or self.closed:
+            return False
+        if self._left is not None:
+            if len(chunk) > self._left:
+                raise UpstreamFailed("the sandbox sent more body than its Content-Length")
+            self._left -= len(chunk)
+        self._send_head(False)
+        self.pending.append(chunk)
+        self._conn.pump(self._id, self)
+        return bool(self.pending) or self._conn.writes_paused
+
+    def flush(self) -> None:
+        self._send_head(False)
+        self._conn.flush()
+
+    async def drain(self) -> None:
+        await self._conn.drain(self)
+
+    def end(self, trailers: Sequence[tuple[bytes, bytes]] = ()) -> None:
+        if self.closed:
+            return
+        self.complete = not self._left
+        if self._head is not None and not self.pending and not trailers:
+            self._send_head(True)
+            self.closed = True
+            self._conn.flush()
+            return
+        self._send_head(False)
+        self.ending = trailers
+        self._conn.pump(self._id, self)
+
+    def switch(self, headers: list[tuple[bytes, bytes]]) -> ClientSide:
+        raise RuntimeError("no protocol switch on an HTTP/2 stream")
+
+    def send_whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        if not any(name == b"content-length" for name, _ in headers):
+            headers = [*headers, (b"content-length", b"%d" % len(body))]
+        self.start(status, headers)
+        self.write(body)
+        self.end()
+        self._left = None
+        self.complete = True
