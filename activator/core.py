@@ -274,6 +274,7 @@ class Activator:
         lease.server_timing = pool.spec.server_timing
         lease.access_log = pool.spec.access_log
         lease.access_log_query = pool.spec.access_log_query
+        lease.protocol = pool.spec.protocol
         lease.version = pool.version
         self._activity.touch(lease.sandbox_id, self._wall_clock())
         if decision.overflow:

@@ -85,6 +85,7 @@ class Lease:
     server_timing: bool = False
     access_log: bool = False
     access_log_query: bool = False
+    protocol: str = "http1"
     version: str = ""
     """The version of the pool it is on ("" for one adopted after a takeover)."""
 
@@ -102,6 +103,7 @@ class Lease:
             server_timing=self.server_timing,
             access_log=self.access_log,
             access_log_query=self.access_log_query,
+            protocol="h2c" if self.protocol == "h2c" else "http1",
             version=self.version,
         )
 

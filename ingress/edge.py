@@ -17,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from wakeful.aio import trace
 from wakeful.domain.leases import ActivatorError, AppFailedToBoot, Unavailable, UnknownApp
+from wakeful.ingress import grpc
 from wakeful.ingress.accesslog import AccessLog
 from wakeful.ingress.acme import CHALLENGE_PREFIX
 from wakeful.ingress.cache import Use
@@ -34,6 +35,7 @@ from wakeful.ingress.errors import (
 from wakeful.ingress.formats import ErrorAnswer, choose_format, render
 from wakeful.ingress.headers import header, new_request_id, read_request_head
 from wakeful.ingress.http1 import Request, Responder
+from wakeful.ingress.http2.stream import StreamBody
 from wakeful.ingress.metrics import IngressMetrics, Move
 from wakeful.ingress.proxy import Proxy, ProxyRequest, ProxyResponse
 from wakeful.ingress.websocket import splice, upgrade_headers
@@ -127,6 +129,8 @@ class ProxyEdge:
         response: ProxyResponse | None = None
         sent = 0
         """Body bytes relayed to the client (for the access log)."""
+        call = request.version == "2" and grpc.is_call(header(headers, b"content-type"))
+        """A gRPC call: streamed both ways, its errors in gRPC's terms (`ingress.grpc`)."""
         try:
             if head.hosts > 1:
                 raise BadRequest(f"{head.hosts} Host headers: a request has exactly one")
@@ -171,12 +175,20 @@ class ProxyEdge:
                 request_id,
                 request.body,
                 request.upgrade,
+                call,
             )
+            deadline = None
+            if call:
+                deadline = self._call(app, request, proxied)
             tracker = self._metrics.tracker(app)
             held: list[Use] = []
             streaming = False
             try:
-                response = await proxy.open(app, proxied, tracker, held, version, reported)
+                if deadline is None:
+                    response = await proxy.open(app, proxied, tracker, held, version, reported)
+                else:
+                    async with asyncio.timeout(deadline):
+                        response = await proxy.open(app, proxied, tracker, held, version, reported)
                 status = response.status
                 upstream = response.upstream
                 if upstream.splice is not None:
@@ -198,7 +210,7 @@ class ProxyEdge:
                     sent += len(chunk)
                     if out.write(chunk):
                         await out.drain()
-                out.end()
+                out.end(upstream.trailers)
             except UpstreamError as exc:
                 if not streaming:
                     raise  # an error answer (or, past a 101, the end of a WebSocket), below
@@ -211,6 +223,8 @@ class ProxyEdge:
                 status = 502
             except TimeoutError:
                 if not streaming:
+                    if call:  # `deadline` passed before the call reached a sandbox
+                        raise UpstreamTimeout("the call's grpc-timeout passed") from None
                     raise
                 log.warning(
                     "the client read none of its answer in time; cutting it off",
@@ -227,6 +241,8 @@ class ProxyEdge:
                 client_gone = True
             elif out.started:
                 log.warning("request ended without an answer: %s", exc, extra={"app": label})
+            elif call:
+                status = self._answer_call_error(exc, request_id, out)
             else:
                 status = self._answer_error(exc, headers, request_id, out)
         except asyncio.CancelledError:
@@ -254,6 +270,31 @@ class ProxyEdge:
                         request_id,
                         query,
                     )
+
+    def _call(self, app: str, request: Request, proxied: ProxyRequest) -> float | None:
+        """A gRPC call's bounds: its body's silences are the app's stream idle timeout; its
+        `grpc-timeout` bounds the wait for a sandbox (the seconds it gives, or None), and the
+        sandbox is told what is left of it when the call is sent (`ProxyRequest.deadline`)."""
+        body = request.body
+        if isinstance(body, StreamBody):
+            body.quiet = self._websocket_limits(app)[0]
+        seconds = grpc.parse_timeout(header(request.headers, b"grpc-timeout"))
+        if seconds is not None:
+            proxied.deadline = time.monotonic() + seconds
+        return seconds
+
+    def _answer_call_error(self, exc: Exception, request_id: str, out: Responder) -> int:
+        """A gRPC call's error answer: trailers-only, the code for the HTTP status the error
+        would get, its text as the message. Returns the HTTP status it stands for."""
+        answer = answer_for(exc, False)
+        message = f"{answer.error}: {answer.detail}"
+        fields = grpc.error_head(grpc.code_for(answer.status), message)
+        fields.append((b"x-request-id", request_id.encode("latin-1")))
+        if answer.retry_after is not None:
+            fields.append((b"retry-after", b"%d" % answer.retry_after))
+        out.start(200, fields)
+        out.end()
+        return answer.status
 
     def _answer_error(
         self,

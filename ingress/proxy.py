@@ -24,6 +24,7 @@ from typing import Protocol
 
 from wakeful.aio import trace
 from wakeful.domain.leases import LeaseGrant
+from wakeful.ingress import grpc
 from wakeful.ingress.cache import LeaseCache, Use
 from wakeful.ingress.errors import (
     BadRequest,
@@ -67,6 +68,13 @@ class ProxyRequest:
     body: RequestBody | None
     upgrade: bool = False
     """A WebSocket handshake (`ingress.websocket`)."""
+    streaming: bool = False
+    """A call that streams both ways (gRPC): its body is not read ahead (`preread`), and its
+    silences and length are bounded as a WebSocket's (the app's idle timeout and maximum
+    duration) rather than by the request timeout."""
+    deadline: float | None = None
+    """When a gRPC call's `grpc-timeout` runs out (`time.monotonic()`): the sandbox is told
+    what is left of it."""
 
 
 @dataclass(slots=True)
@@ -123,8 +131,8 @@ class Proxy:
         if not request.target.startswith(b"/"):
             target = request.target[:80].decode("latin-1")
             raise BadRequest(f"request target {target!r} is not a path")
-        if request.body is not None:  # before any capacity is taken: see `preread`
-            request.body = await preread(request.body)
+        if request.body is not None and not request.streaming:  # before any capacity is
+            request.body = await preread(request.body)  # taken: see `preread`
         headers = upstream_request_headers(
             request.headers,
             client_ip=request.client_ip,
@@ -133,6 +141,9 @@ class Proxy:
             trust_forwarded=self._settings.trust_forwarded,
         )
         key = (app, version)
+        idle = longest = None
+        if request.streaming:
+            idle, longest = self._settings.websocket_limits(app)
         refused: dict[str, str] = {}
         """Sandboxes nothing reached, with why: the answer names the first reason."""
         elsewhere = again = 0
@@ -163,6 +174,8 @@ class Proxy:
                 tracker.move(Move.HOLD)
                 grant = use.lease.grant
                 sent = time.perf_counter()
+            if request.deadline is not None:
+                headers = _with_timeout(headers, request.deadline - time.monotonic())
             try:
                 if refused and grant.sandbox_id in refused:
                     raise ConnectFailed(
@@ -180,6 +193,9 @@ class Proxy:
                         self._settings.timeout_for(app),
                         request.upgrade,
                         again > 0,  # fresh: a new connection for a resend
+                        grant.protocol == "h2c",
+                        idle,
+                        longest,
                     )
                 )
             except UpstreamError as exc:
@@ -243,6 +259,13 @@ class Proxy:
     def count_error(self, app: str, exc: UpstreamError) -> None:
         kind = "timeout" if isinstance(exc, UpstreamTimeout) else "failed"
         self._metrics.upstream_errors.labels(app=app, kind=kind).inc()
+
+
+def _with_timeout(headers: list[tuple[bytes, bytes]], left: float) -> list[tuple[bytes, bytes]]:
+    """`headers` with `grpc-timeout` set to what is left of the call's deadline."""
+    kept = [pair for pair in headers if pair[0] != b"grpc-timeout"]
+    kept.append((b"grpc-timeout", grpc.timeout_value(left)))
+    return kept
 
 
 def _body_state(body: RequestBody | None) -> Body:

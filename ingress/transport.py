@@ -35,6 +35,14 @@ class UpstreamRequest:
     fresh: bool = False
     """Send it on a new connection, not an idle one: it is sent again because a connection
     closed before any answer (`ClosedUnanswered`), and the idle ones may be as stale."""
+    h2c: bool = False
+    """The app speaks cleartext HTTP/2 (`protocol = "h2c"`): a stream on a shared connection
+    (`ingress.upstream.h2c`)."""
+    idle: float | None = None
+    """A call that streams (gRPC): after the head, each read may wait this long (the app's
+    stream idle timeout) instead of `timeout`..."""
+    longest: float | None = None
+    """...and the whole exchange lasts at most this long."""
 
 
 class UpstreamResponse(Protocol):
@@ -43,6 +51,11 @@ class UpstreamResponse(Protocol):
 
     @property
     def headers(self) -> Sequence[tuple[bytes, bytes]]: ...
+
+    @property
+    def trailers(self) -> Sequence[tuple[bytes, bytes]]:
+        """Fields after the body (HTTP/2's trailers: gRPC's status), once it ended."""
+        ...
 
     def next_nowait(self) -> bytes | None:
         """The next piece of the body already here; b"" at its end; None when the next has

@@ -18,6 +18,7 @@ from typing import TypeVar
 from wakeful.ingress.errors import ConnectFailed, UpstreamFailed, UpstreamTimeout
 from wakeful.ingress.transport import UpstreamRequest, UpstreamResponse
 from wakeful.ingress.upstream.connection import UpstreamConnection
+from wakeful.ingress.upstream.h2c import H2Exchange, H2Pool, H2Upstream, request_headers
 from wakeful.ingress.upstream.handshake import Handshake
 from wakeful.ingress.upstream.pool import Dialer, Pool, Slots, TunnelPool
 
@@ -27,6 +28,7 @@ _C = TypeVar("_C", bound=asyncio.Protocol)
 class _RawResponse:
     __slots__ = ("_app", "_conn", "_done", "_transport", "headers", "status")
     splice = None
+    trailers = ()
 
     def __init__(self, transport: RawTransport, app: str, conn: UpstreamConnection) -> None:
         self._transport = transport
@@ -66,6 +68,8 @@ class RawTransport:
         self.keepalive = keepalive
         self.slots = Slots(per_app, total, wait)
         self._pools: dict[str, tuple[Pool, bytes, bytes]] = {}
+        self._h2: dict[str, H2Pool] = {}
+        """The h2c connections per sandbox URL (`upstream.h2c`)."""
         self._closed = False
 
     async def __aenter__(self) -> RawTransport:
@@ -77,6 +81,9 @@ class RawTransport:
             for conn in list(pool.idle):
                 conn.close()
         self._pools.clear()
+        for h2 in self._h2.values():
+            h2.close()
+        self._h2.clear()
 
     def _pool(self, sandbox: str) -> tuple[Pool, bytes, bytes]:
         """The pool of the sandbox a base URL names, its authority, and the path the URL
@@ -106,6 +113,8 @@ class RawTransport:
         if self._closed:
             raise UpstreamFailed("the upstream transport is closed")
         pool, authority, prefix = self._pool(request.sandbox)
+        if request.h2c and not request.upgrade:
+            return await self._stream(request, pool, authority, prefix + request.target)
         head, chunked = _request_head(request, prefix + request.target, authority)
         if request.upgrade:
             return await self._handshake(request, pool, head)
@@ -124,6 +133,57 @@ class RawTransport:
         except BaseException:
             self.slots.give_back(request.app)
             raise
+
+    async def _stream(
+        self, request: UpstreamRequest, pool: Pool, authority: bytes, target: bytes
+    ) -> H2Exchange:
+        """An exchange on a stream of a shared h2c connection, within the app's slots (which
+        count streams here): a connection with room, else a new one (one dialed at a time per
+        sandbox; exchanges that need it meanwhile wait for it)."""
+        streams = self._h2.get(request.sandbox)
+        if streams is None:
+            if len(self._h2) > 65_536:  # sandboxes come and go: forget those with none open
+                for key, each in list(self._h2.items()):
+                    if not each.conns:
+                        del self._h2[key]
+            streams = self._h2[request.sandbox] = H2Pool(self.keepalive)
+        app = request.app
+        if not self.slots.try_take(app):
+            await self.slots.take(app)
+        try:
+            conn = None if request.fresh else streams.take()
+            while conn is None:
+                if streams.dialing is not None and not request.fresh:
+                    await asyncio.shield(streams.dialing)
+                    conn = streams.take()
+                    continue
+                conn = await self._dial_h2(streams, pool)
+            headers = request_headers(request.method, authority, target, request.headers)
+            idle = request.timeout if request.idle is None else request.idle
+            exchange = conn.open(headers, request.body, idle)
+            exchange.on_close = lambda: self.slots.give_back(app)
+        except BaseException:
+            self.slots.give_back(app)
+            raise
+        try:
+            if request.longest is not None:
+                exchange.limit(request.longest)
+            await exchange.wait_head(request.timeout)
+        except BaseException:
+            exchange.close()
+            raise
+        return exchange
+
+    async def _dial_h2(self, streams: H2Pool, pool: Pool) -> H2Upstream:
+        dialing = streams.dialing = asyncio.get_running_loop().create_future()
+        try:
+            conn = await self._connect(pool, lambda: H2Upstream(streams))
+            streams.conns.append(conn)
+            return conn
+        finally:
+            if streams.dialing is dialing:
+                streams.dialing = None
+            dialing.set_result(None)
 
     async def _handshake(self, request: UpstreamRequest, pool: Pool, head: bytes) -> Handshake:
         """A WebSocket handshake on a connection of its own, holding an exchange slot only

@@ -89,6 +89,8 @@ class LeaseGrant(BaseModel):
     """The app asks for an access line per request (`AppSpec.access_log`)."""
     access_log_query: bool = False
     """Its access lines keep the query string (`AppSpec.access_log_query`)."""
+    protocol: Literal["http1", "h2c"] = "http1"
+    """What its sandboxes speak (`AppSpec.protocol`): HTTP/1.1, or cleartext HTTP/2."""
     version: str = Field(default="", max_length=63)
     """The version whose pool the lease is on: the one asked for, or the active one when
     the one asked for no longer serves ("" from an activator that does not say)."""

@@ -27,10 +27,22 @@ RESERVED_ENV = frozenset({"PORT", "HOST"})
 
 
 class HealthCheck(Model):
-    """How a sandbox is judged ready: an HTTP GET of `path`, or a TCP connect when absent."""
+    """How a sandbox is judged ready: an HTTP GET of `path`, the standard gRPC health check
+    (`grpc = true`), or a TCP connect when neither is asked for."""
 
     path: Annotated[str, StringConstraints(pattern=r"^/[^\s]*$", max_length=1024)] | None = None
+    grpc: bool = Field(
+        default=False,
+        strict=True,
+        description="probe with grpc.health.v1.Health/Check over h2c (SERVING is ready)",
+    )
     timeout: float = Field(default=30.0, gt=0, le=3600, description="seconds to become ready")
+
+    @model_validator(mode="after")
+    def _one_check(self) -> Self:
+        if self.grpc and self.path is not None:
+            raise ValueError("grpc: a gRPC health check has no path (set one or the other)")
+        return self
 
 
 class Concurrency(Model):
@@ -260,6 +272,12 @@ class AppSpec(Model):
     an ingress with WAKEFUL_ACCESS_LOG records every app's anyway."""
     access_log_query: bool = Field(default=False, strict=True)
     """Its access lines keep the query string (off: it can carry tokens and personal data)."""
+    protocol: Literal["http1", "h2c"] = Field(
+        default="http1",
+        description='what the app serves on its port: "http1" (HTTP/1.1), or "h2c" '
+        "(cleartext HTTP/2 with prior knowledge: gRPC services); the ingress speaks it to "
+        "its sandboxes whatever its clients speak",
+    )
 
     @model_validator(mode="after")
     def _something_to_run(self) -> Self:

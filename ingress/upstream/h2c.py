@@ -1,0 +1,494 @@
+"""Cleartext HTTP/2 to the sandboxes of apps that ask for it (`protocol = "h2c"`: gRPC).
+
+One `H2Upstream` per connection carries many exchanges at once, one stream each; `H2Pool`
+keeps a sandbox's connections and opens another only when every one is at the sandbox's
+`MAX_CONCURRENT_STREAMS` (or going away). Each exchange (`H2Exchange`) is an
+`UpstreamResponse`: its head, its body as it comes, its trailers (`grpc-status`), and
+`close`, which resets a stream the client left (RST_STREAM CANCEL: the sandbox stops work on
+it at once).
+
+- **Bounds.** What the sandbox sends waits for the client at most `STREAM_WINDOW` bytes a
+  stream and `CONNECTION_WINDOW` a connection: bytes are acknowledged (WINDOW_UPDATE) only as
+  the client side takes them. What the client sends goes out as the sandbox's windows allow;
+  the body's reader waits meanwhile, so the client's own window closes (backpressure end to
+  end). Each exchange holds one of its app's upstream slots (`upstream.pool.Slots`): for an
+  h2c app they count streams, not connections.
+- **Silence.** The head within `UpstreamRequest.timeout`; then, for a call that streams
+  (`UpstreamRequest.idle`), each read within `idle` and the whole exchange within
+  `longest`; for others, each read within `timeout` too.
+- **How it fails.** Connecting: `ConnectFailed`. A stream the sandbox refused
+  (REFUSED_STREAM) or a GOAWAY that left it out was never processed: `ClosedUnanswered`, as
+  an HTTP/1.1 connection closed before its answer (`ingress.retry` may send it again).
+  Anything after the request went: `UpstreamFailed`, `UpstreamTimeout`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+from collections.abc import AsyncIterable, Callable, Sequence
+from typing import TYPE_CHECKING
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import h2.settings
+
+from wakeful.aio.deadline import Deadline
+from wakeful.aio.flow import WriteGate
+from wakeful.ingress.errors import ClosedUnanswered, UpstreamFailed, UpstreamTimeout
+from wakeful.ingress.upstream.connection import Gated, tuned
+
+if TYPE_CHECKING:
+    from wakeful.ingress.websocket import Side
+
+STREAM_WINDOW = 256 * 1024
+"""Answer bytes one stream may have waiting for its client."""
+CONNECTION_WINDOW = 16 * 1024 * 1024
+"""...and one connection, over all its streams."""
+MAX_STREAMS = 256
+"""Streams this side opens on one connection at most, whatever the sandbox allows."""
+MAX_HEAD_BYTES = 64 * 1024
+"""An answer's head or trailers, decoded, at most (an HPACK bomb from a sandbox)."""
+
+_CANCEL = h2.errors.ErrorCodes.CANCEL
+_REFUSED = h2.errors.ErrorCodes.REFUSED_STREAM
+
+
+class H2Exchange:
+    """One request and its answer on a stream; implements `transport.UpstreamResponse`."""
+
+    __slots__ = (
+        "_chunks",
+        "_conn",
+        "_ended",
+        "_error",
+        "_expiry",
+        "_head",
+        "_idle",
+        "_waiter",
+        "_writer",
+        "answered",
+        "closed",
+        "headers",
+        "on_close",
+        "status",
+        "stream_id",
+        "trailers",
+    )
+    splice: Side | None = None
+
+    def __init__(self, conn: H2Upstream, stream_id: int, idle: float) -> None:
+        self._conn = conn
+        self.stream_id = stream_id
+        self._idle = idle
+        self._head: asyncio.Future[None] = conn.loop.create_future()
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._ended = False
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._writer: asyncio.Task[None] | None = None
+        self._expiry: asyncio.TimerHandle | None = None
+        self.on_close: Callable[[], None] | None = None
+        """Run once when the exchange is closed (the transport gives its slot back)."""
+        self.answered = False
+        self.closed = False
+        self.status = 0
+        self.headers: Sequence[tuple[bytes, bytes]] = ()
+        self.trailers: Sequence[tuple[bytes, bytes]] = ()
+
+    # -- from the connection ------------------------------------------------------------
+
+    def got_head(self, headers: list[tuple[bytes, bytes]]) -> None:
+        status = b""
+        fields = []
+        for name, value in headers:
+            if name == b":status":
+                status = value
+            elif name[:1] != b":":
+                fields.append((name, value))
+        try:
+            self.status = int(status)
+        except ValueError:
+            self.fail(UpstreamFailed(f"the sandbox's answer has no valid :status ({status!r})"))
+            return
+        self.headers = fields
+        self.answered = True
+        if not self._head.done():
+            self._head.set_result(None)
+
+    def got_data(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self._wake()
+
+    def got_end(self, trailers: Sequence[tuple[bytes, bytes]] = ()) -> None:
+        if trailers:
+            self.trailers = [pair for pair in trailers if pair[0][:1] != b":"]
+        self._ended = True
+        self._wake()
+
+    def fail(self, exc: BaseException) -> None:
+        if self._ended or self._error is not None:
+            return
+        self._error = exc
+        if not self._head.done():
+            self._head.set_exception(exc)
+            self._head.exception()  # retrieved: a caller that left must not log it
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    # -- UpstreamResponse ----------------------------------------------------------------
+
+    def limit(self, longest: float) -> None:
+        """End the exchange `longest` seconds from now, busy or not (a stream's maximum
+        duration, as a WebSocket's)."""
+        self._expiry = self._conn.loop.call_later(
+            longest,
+            self.fail,
+            UpstreamTimeout(f"the stream reached its maximum duration ({longest:g} s)"),
+        )
+
+    async def wait_head(self, within: float) -> None:
+        try:
+            async with asyncio.timeout(within):
+                await asyncio.shield(self._head)
+        except TimeoutError:
+            raise UpstreamTimeout(f"the sandbox did not answer within {within:g} s") from None
+
+    def next_nowait(self) -> bytes | None:
+        if self._chunks:
+            chunk = self._chunks.popleft()
+            self._conn.consumed(self.stream_id, len(chunk))
+            return chunk
+        if self._ended:
+            return b""
+        if self._error is not None:
+            raise self._error
+        return None
+
+    async def next(self) -> bytes:
+        while True:
+            chunk = self.next_nowait()
+            if chunk is not None:
+                return chunk
+            self._waiter = self._conn.loop.create_future()
+            try:
+                async with asyncio.timeout(self._idle):
+                    await self._waiter
+            except TimeoutError:
+                self.fail(UpstreamTimeout(f"the sandbox stayed silent for {self._idle:g} s"))
+            finally:
+                self._waiter = None
+
+    def close(self) -> None:
+        """The exchange is over: a stream not ended is reset (the sandbox stops its work)."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._expiry is not None:
+            self._expiry.cancel()
+        writer, self._writer = self._writer, None
+        if writer is not None and not writer.done():
+            writer.cancel()
+        self._conn.finished(self)
+        if self.on_close is not None:
+            self.on_close()
+
+
+class H2Upstream(Gated):
+    """One h2c connection to a sandbox; many exchanges at once."""
+
+    def __init__(self, pool: H2Pool) -> None:
+        self._pool = pool
+        self.loop = asyncio.get_running_loop()
+        config = h2.config.H2Configuration(client_side=True, header_encoding=None)
+        self._h2 = h2.connection.H2Connection(config)
+        self._h2.local_settings = h2.settings.Settings(
+            client=True,
+            initial_values={
+                h2.settings.SettingCodes.ENABLE_PUSH: 0,
+                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
+                h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: MAX_HEAD_BYTES,
+            },
+        )
+        self._h2.decoder.max_header_list_size = MAX_HEAD_BYTES
+        self.transport: asyncio.Transport | None = None
+        self.exchanges: dict[int, H2Exchange] = {}
+        self.closed = False
+        self.going = False
+        """GOAWAY came (or was sent): no new stream on it."""
+        self._writable = WriteGate(self.loop)
+        self._window: asyncio.Future[None] | None = None
+        """What body writers wait on while the sandbox's windows are shut."""
+        self._idle = Deadline(self.loop, self._idle_out)
+
+    # -- asyncio.Protocol --------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = tuned(transport)
+        self._h2.initiate_connection()
+        self._h2.increment_flow_control_window(CONNECTION_WINDOW - 65_535)
+        self.flush()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            events = self._h2.receive_data(data)
+        except h2.exceptions.ProtocolError as exc:
+            self._lost(UpstreamFailed(f"the sandbox broke HTTP/2: {exc}"))
+            return
+        for event in events:
+            if isinstance(event, h2.events.ResponseReceived):
+                if (found := self.exchanges.get(event.stream_id)) is not None:
+                    found.got_head(list(event.headers))
+            elif isinstance(event, h2.events.DataReceived):
+                found = self.exchanges.get(event.stream_id)
+                if found is None:
+                    self.consumed(event.stream_id, event.flow_controlled_length)
+                    continue
+                data = event.data or b""
+                padding = event.flow_controlled_length - len(data)
+                if padding:
+                    self.consumed(event.stream_id, padding)
+                if data:
+                    found.got_data(data)
+            elif isinstance(event, h2.events.TrailersReceived):
+                if (found := self.exchanges.get(event.stream_id)) is not None:
+                    found.got_end(list(event.headers))
+            elif isinstance(event, h2.events.StreamEnded):
+                if (found := self.exchanges.get(event.stream_id)) is not None:
+                    if not found.answered:
+                        found.fail(UpstreamFailed("the sandbox ended a stream with no answer"))
+                    found.got_end()
+            elif isinstance(event, h2.events.StreamReset):
+                self._reset_by_sandbox(event.stream_id, event.error_code)
+            elif isinstance(event, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
+                self._open_window()
+            elif isinstance(event, h2.events.ConnectionTerminated):
+                self._going_away(event.last_stream_id or 0)
+        self.flush()
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        reason = f": {exc}" if exc else ""
+        self._lost(UpstreamFailed(f"the sandbox closed the connection{reason}"))
+        self._writable.fail(UpstreamFailed("the sandbox closed the connection"))
+
+    # -- streams -------------------------------------------------------------------------
+
+    def room(self) -> int:
+        """Streams it can still open (0 while it goes away or is closed)."""
+        if self.closed or self.going or self.transport is None:
+            return 0
+        allowed = min(self._h2.remote_settings.max_concurrent_streams, MAX_STREAMS)
+        return allowed - len(self.exchanges)
+
+    def open(
+        self,
+        headers: list[tuple[bytes, bytes]],
+        body: AsyncIterable[bytes] | None,
+        idle: float,
+    ) -> H2Exchange:
+        """Start an exchange: its head now, its body by a task as the windows allow."""
+        stream_id = self._h2.get_next_available_stream_id()
+        exchange = H2Exchange(self, stream_id, idle)
+        self.exchanges[stream_id] = exchange
+        self._idle.clear()
+        try:
+            self._h2.send_headers(stream_id, headers, end_stream=body is None)
+        except h2.exceptions.ProtocolError as exc:
+            del self.exchanges[stream_id]
+            raise UpstreamFailed(f"the request could not be sent on HTTP/2: {exc}") from None
+        self.flush()
+        if body is not None:
+            exchange._writer = self.loop.create_task(self._send_body(exchange, body))
+        return exchange
+
+    async def _send_body(self, exchange: H2Exchange, body: AsyncIterable[bytes]) -> None:
+        conn = self._h2
+        stream_id = exchange.stream_id
+        try:
+            async for chunk in body:
+                view = memoryview(chunk)
+                while view:
+                    if exchange.closed or exchange._ended or self.closed:
+                        return
+                    window = min(
+                        conn.local_flow_control_window(stream_id), conn.max_outbound_frame_size
+                    )
+                    if window <= 0:
+                        await self._wait_window()
+                        continue
+                    conn.send_data(stream_id, bytes(view[:window]))
+                    view = view[window:]
+                    self.flush()
+                    if (closed := self._writable.waiting()) is not None:
+                        await closed
+            if not exchange.closed and not self.closed:
+                conn.end_stream(stream_id)
+                self.flush()
+        except asyncio.CancelledError:
+            raise
+        except h2.exceptions.StreamClosedError:
+            return  # the sandbox answered and ended the stream first: its answer stands
+        except BaseException as exc:  # the client left mid-body, or the sandbox did
+            if exchange.answered and isinstance(exc, UpstreamFailed):
+                return
+            exchange.fail(exc if isinstance(exc, Exception) else UpstreamFailed(str(exc)))
+            self._reset(stream_id, _CANCEL)
+
+    async def _wait_window(self) -> None:
+        if self._window is None or self._window.done():
+            self._window = self.loop.create_future()
+        await self._window
+
+    def _open_window(self) -> None:
+        if self._window is not None and not self._window.done():
+            self._window.set_result(None)
+
+    def consumed(self, stream_id: int, size: int) -> None:
+        if self.closed:
+            return
+        with contextlib.suppress(h2.exceptions.StreamClosedError, KeyError):
+            self._h2.acknowledge_received_data(size, stream_id)
+        self.flush()
+
+    def finished(self, exchange: H2Exchange) -> None:
+        """An exchange's client is done with it: reset the stream if it has not ended."""
+        stream_id = exchange.stream_id
+        if self.exchanges.pop(stream_id, None) is None:
+            return
+        if not exchange._ended and exchange._error is None:
+            self._reset(stream_id, _CANCEL)
+            self.flush()
+        if not self.exchanges:
+            if self.going:
+                self.close()
+            else:
+                self._idle.after(self._pool.keepalive)
+
+    def _reset(self, stream_id: int, code: int) -> None:
+        if self.closed:
+            return
+        with contextlib.suppress(h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
+            self._h2.reset_stream(stream_id, code)
+
+    def _reset_by_sandbox(self, stream_id: int, code: int) -> None:
+        exchange = self.exchanges.get(stream_id)
+        if exchange is None:
+            return
+        if code == _REFUSED and not exchange.answered:
+            exchange.fail(ClosedUnanswered("the sandbox refused the stream unprocessed"))
+        else:
+            exchange.fail(UpstreamFailed(f"the sandbox reset the stream ({code!r})"))
+
+    def _going_away(self, last_stream_id: int) -> None:
+        self.going = True
+        for stream_id, exchange in list(self.exchanges.items()):
+            if stream_id > last_stream_id and not exchange.answered:
+                exchange.fail(ClosedUnanswered("the sandbox went away before this stream"))
+        if not self.exchanges:
+            self.close()
+
+    def _lost(self, exc: UpstreamFailed) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._idle.cancel()
+        self._pool.forget(self)
+        for exchange in list(self.exchanges.values()):
+            if not exchange.answered and not exchange._head.done():
+                exchange.fail(ClosedUnanswered("the connection closed before any answer"))
+            else:
+                exchange.fail(exc)
+        self._open_window()
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _idle_out(self) -> None:
+        if not self.exchanges:
+            self.close()
+
+    def flush(self) -> None:
+        data = self._h2.data_to_send()
+        if data and self.transport is not None and not self.closed:
+            self.transport.write(data)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        with contextlib.suppress(h2.exceptions.ProtocolError):
+            self._h2.close_connection()
+        self.flush()
+        self.closed = True
+        self._idle.cancel()
+        self._pool.forget(self)
+        for exchange in list(self.exchanges.values()):
+            exchange.fail(UpstreamFailed("the connection to the sandbox was closed"))
+        self._open_window()
+        if self.transport is not None:
+            self.transport.close()
+
+
+class H2Pool:
+    """The h2c connections to one sandbox address."""
+
+    def __init__(self, keepalive: float) -> None:
+        self.keepalive = keepalive
+        self.conns: list[H2Upstream] = []
+        self.dialing: asyncio.Future[None] | None = None
+        """While a connection is being opened: what other exchanges wait on."""
+
+    def take(self) -> H2Upstream | None:
+        """The connection with the most streams in use that still has room (fewer, busier
+        connections), or None."""
+        best: H2Upstream | None = None
+        for conn in self.conns:
+            room = conn.room()
+            if room > 0 and (best is None or room < best.room()):
+                best = conn
+        return best
+
+    def forget(self, conn: H2Upstream) -> None:
+        with contextlib.suppress(ValueError):
+            self.conns.remove(conn)
+
+    def close(self) -> None:
+        for conn in list(self.conns):
+            conn.close()
+
+
+def request_headers(
+    method: str, authority: bytes, target: bytes, headers: Sequence[tuple[bytes, bytes]]
+) -> list[tuple[bytes, bytes]]:
+    """An HTTP/2 request head from what the proxy sends an HTTP/1.1 sandbox: the pseudo-fields
+    first, `host` folded into `:authority`, and `te: trailers` (gRPC servers ask for it; the
+    ingress passes trailers on)."""
+    host = authority
+    out: list[tuple[bytes, bytes]] = []
+    for name, value in headers:
+        if name == b"host":
+            host = value
+        elif name not in _NOT_ON_H2:
+            out.append((name, value))
+    head = [
+        (b":method", method.encode("latin-1")),
+        (b":scheme", b"http"),
+        (b":authority", host),
+        (b":path", target),
+    ]
+    head.extend(out)
+    head.append((b"te", b"trailers"))
+    return head
+
+
+_NOT_ON_H2 = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"upgrade", b"te"})
+"""Connection-specific fields HTTP/2 forbids (RFC 9113 §8.2.2); the proxy drops them already,
+this keeps a request h2 would refuse from being sent."""
