@@ -1,11 +1,12 @@
 """Readiness probing: the first probe right after start, every 1 ms during the first 0.2 s,
 every 5 ms until 1 s, then backing off to ~100 ms.
 
-An HTTP check (GET `path`; a 2xx or 3xx answer is ready) when the app names a health path, a
-TCP connect otherwise. Before each, a non-blocking connect (`knock`): to an address of this
-machine it is refused or accepted by the time the call returns (~20 us, no task, no timer),
-so the port can be watched every millisecond, and the full probe runs only once something
-listens. Stops early when the process exits.
+An HTTP check (GET `path`; a 2xx or 3xx answer is ready) when the app names a health path, the
+standard gRPC health check when it asks for one (`grpc_health`), a TCP connect otherwise.
+Before each, a non-blocking connect (`knock`): to an address of this machine it is refused or
+accepted by the time the call returns (~20 us, no task, no timer), so the port can be watched
+every millisecond, and the full probe runs only once something listens. Stops early when the
+process exits.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from collections.abc import Awaitable, Callable
 from enum import Enum
 
 import anyio
+
+from .grpc_health import serving
 
 QUICK_DELAY = 0.001
 QUICK_PHASE = 0.2
@@ -61,24 +64,33 @@ def knock(host: str, port: int) -> Knock:
 
 
 async def probe(
-    host: str, port: int, path: str | None, listening: Callable[[], bool] | None = None
+    host: str,
+    port: int,
+    path: str | None,
+    listening: Callable[[], bool] | None = None,
+    grpc: bool = False,
 ) -> bool:
     """The full probe, unless a knock already answers it. `listening`: whether the app listens
     in a network namespace of its own, whose forwarder accepts on `port` before it does (so a
-    knock there would say nothing): asked instead of the knock."""
+    knock there would say nothing): asked instead of the knock. `grpc`: the gRPC health
+    check instead of an HTTP one."""
     if listening is not None:
         if not listening():
             return False
-        return path is None or await probe_once(host, port, path)
+        return (path is None and not grpc) or await probe_once(host, port, path, grpc)
     knocked = knock(host, port)
     if knocked is Knock.REFUSED:
         return False
-    if knocked is Knock.ACCEPTED and path is None:
+    if knocked is Knock.ACCEPTED and path is None and not grpc:
         return True
-    return await probe_once(host, port, path)
+    return await probe_once(host, port, path, grpc)
 
 
-async def probe_once(host: str, port: int, path: str | None) -> bool:
+async def probe_once(host: str, port: int, path: str | None, grpc: bool = False) -> bool:
+    if grpc:
+        with anyio.move_on_after(2):
+            return await serving(host, port)
+        return False
     try:
         with anyio.fail_after(2):
             async with await anyio.connect_tcp(host, port) as stream:
@@ -102,6 +114,7 @@ async def wait_ready(
     within: float,
     exited: Callable[[], Awaitable[int]],
     listening: Callable[[], bool] | None = None,
+    grpc: bool = False,
 ) -> bool:
     """True once a probe succeeds; False on timeout or when the process exits first."""
     ready = False
@@ -115,7 +128,7 @@ async def wait_ready(
         with anyio.move_on_after(within):
             started = anyio.current_time()
             delay = FAST_DELAY
-            while not await probe(host, port, path, listening):
+            while not await probe(host, port, path, listening, grpc):
                 elapsed = anyio.current_time() - started
                 if elapsed < QUICK_PHASE:
                     await anyio.sleep(QUICK_DELAY)

@@ -347,6 +347,7 @@ class SandboxRunner:
                 spec.health.timeout,
                 process.wait,
                 process.listening,
+                spec.health.grpc,
             )
             # A netlink query of the listening sockets (~0.1 ms): on the loop, where a thread
             # hop would cost a busy node more than the query (wakeful.node.sandbox.ports.listeners).
