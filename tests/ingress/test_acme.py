@@ -16,8 +16,9 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from tests.ingress.test_tls import issue, openssl, sandbox_recording
+from tests.ingress.test_tls import sandbox_recording
 from tests.support.ingress import stack
+from tests.support.pki import issue, openssl
 from tests.support.waiting import eventually
 from wakeful.domain import keys
 from wakeful.domain.models import AcmeChallenge, CertRecord, CertState, Issued

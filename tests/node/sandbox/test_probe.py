@@ -66,3 +66,34 @@ async def test_a_port_that_opens_later_is_found_ready() -> None:
         tasks.start_soon(open_later)
         assert await wait_ready("127.0.0.1", port, "/healthz", 30, never_exits)
         tasks.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    ("status", "ready"),
+    [("SERVING", True), ("NOT_SERVING", False), ("UNKNOWN", False)],
+)
+async def test_a_grpc_app_is_ready_when_its_health_service_says_serving(
+    status: str, ready: bool
+) -> None:
+    """`[health] grpc = true`: the standard health check over h2c, against grpcio's own
+    health service; an HTTP/1.1 app answering on the port is not a gRPC one."""
+    from concurrent import futures
+
+    import grpc
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    checks = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(checks, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        checks.set("", health_pb2.HealthCheckResponse.ServingStatus.Value(status))
+        assert await probe("127.0.0.1", port, None, grpc=True) is ready
+    finally:
+        server.stop(None)
+    http = free_port()
+    async with anyio.create_task_group() as tasks:
+        await tasks.start(serve_status, http, 200)
+        assert await probe("127.0.0.1", http, None, grpc=True) is False
+        tasks.cancel_scope.cancel()

@@ -1,0 +1,217 @@
+"""The HTTP/2 rules (`http2.rules`) and gRPC's (`ingress.grpc`), as tables: the preface sniff, a
+stream's head as a request, the frame scan's counts and bound, the budgets, a call's deadline
+and its error answers."""
+
+from __future__ import annotations
+
+import pytest
+from hyperframe.frame import (
+    ContinuationFrame,
+    DataFrame,
+    Frame,
+    HeadersFrame,
+    PingFrame,
+    PriorityFrame,
+    RstStreamFrame,
+    SettingsFrame,
+    WindowUpdateFrame,
+)
+
+from wakeful.ingress import grpc
+from wakeful.ingress.errors import BadRequest
+from wakeful.ingress.http2.rules import PREFACE, Budget, FrameScan, request_head, sniff
+
+
+@pytest.mark.parametrize(
+    ("first", "verdict"),
+    [
+        (b"", None),
+        (b"PRI * HT", None),
+        (PREFACE[:-1], None),
+        (PREFACE, True),
+        (PREFACE + b"\x00\x00\x00\x04", True),
+        (b"GET / HTTP/1.1\r\n", False),
+        (b"P", None),
+        (b"POST / HTTP/1.1\r\n", False),
+        (b"PRI * HTTP/1.1\r\n\r\n", False),
+    ],
+)
+def test_sniff(first: bytes, verdict: bool | None) -> None:
+    assert sniff(first) is verdict
+
+
+def test_a_budget_allows_its_burst_then_its_rate() -> None:
+    budget = Budget(10, 5.0, now=0.0)
+    assert budget.spend(10, 0.0)
+    assert not budget.spend(1, 0.0)  # overdrawn: the connection would end here
+    budget = Budget(10, 5.0, now=0.0)
+    assert budget.spend(10, 0.0)
+    assert budget.spend(5, 1.0)  # a second refills five
+    assert not budget.spend(6, 2.0)
+    budget = Budget(10, 5.0, now=0.0)
+    assert budget.spend(10, 100.0)  # never more than the burst, however long it rested
+    assert not budget.spend(1, 100.0)
+
+
+def _wire(*frames: Frame) -> bytes:
+    return b"".join(frame.serialize() for frame in frames)
+
+
+def _headers(stream: int, size: int, flags: set[str]) -> HeadersFrame:
+    frame = HeadersFrame(stream, data=b"x" * size)
+    frame.flags = set(flags)  # type: ignore[assignment]
+    return frame
+
+
+def _continuation(stream: int, size: int, end: bool) -> ContinuationFrame:
+    frame = ContinuationFrame(stream, data=b"x" * size)
+    if end:
+        frame.flags.add("END_HEADERS")
+    return frame
+
+
+def test_the_scan_counts_control_frames_and_resets_across_any_split() -> None:
+    data = PREFACE + _wire(
+        SettingsFrame(0, settings={4: 65535}),
+        SettingsFrame(0, flags=["ACK"]),  # an acknowledgement costs nothing: not counted
+        PingFrame(0, opaque_data=b"12345678"),
+        PriorityFrame(3, depends_on=0, stream_weight=1),
+        _headers(1, 20, {"END_HEADERS"}),
+        DataFrame(1, data=b""),  # empty, not the end: counted
+        DataFrame(1, data=b"", flags=["END_STREAM"]),  # empty but the end: not
+        DataFrame(1, data=b"body"),
+        WindowUpdateFrame(0, window_increment=100),
+        RstStreamFrame(1, error_code=8),
+        RstStreamFrame(3, error_code=8),
+    )
+    for step in (1, 2, 5, 9, 10, len(data)):  # bytes per read: frame headers split anywhere
+        scan = FrameScan(1024, preface=True)
+        control = resets = 0
+        for at in range(0, len(data), step):
+            seen = scan.feed(data[at : at + step])
+            assert seen.refusal is None
+            control += seen.control
+            resets += seen.resets
+        assert (control, resets) == (4, 2), step
+
+
+def test_a_header_block_past_its_bound_is_refused_however_it_is_split() -> None:
+    scan = FrameScan(1000, preface=False)
+    assert scan.feed(_wire(_headers(1, 400, set()))).refusal is None
+    assert scan.open_block
+    assert scan.feed(_wire(_continuation(1, 400, False))).refusal is None
+    refused = scan.feed(_wire(_continuation(1, 400, False))).refusal
+    assert refused is not None and "1200" in refused
+    # A block that ends within the bound closes: the next one starts from nothing.
+    scan = FrameScan(1000, preface=False)
+    seen = scan.feed(_wire(_headers(1, 600, set()), _continuation(1, 300, True)))
+    assert seen.refusal is None and not scan.open_block
+    assert scan.feed(_wire(_headers(3, 900, {"END_HEADERS"}))).refusal is None
+
+
+def test_a_stream_head_reads_as_a_request() -> None:
+    method, target, fields = request_head(
+        [
+            (b":method", b"POST"),
+            (b":scheme", b"https"),
+            (b":authority", b"shop.example.com"),
+            (b":path", b"/cart?x=1"),
+            (b"cookie", b"a=1"),
+            (b"content-type", b"application/grpc"),
+            (b"cookie", b"b=2"),
+            (b"te", b"trailers"),
+        ]
+    )
+    assert (method, target) == ("POST", b"/cart?x=1")
+    assert fields == [
+        (b"host", b"shop.example.com"),
+        (b"content-type", b"application/grpc"),
+        (b"te", b"trailers"),
+        (b"cookie", b"a=1; b=2"),  # one, as an HTTP/1.1 sandbox expects (RFC 9113 §8.2.3)
+    ]
+    # No :authority: the Host header names the app, once.
+    _, _, fields = request_head([(b":method", b"GET"), (b":path", b"/"), (b"host", b"a.b")])
+    assert fields == [(b"host", b"a.b")]
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        [(b":method", b"CONNECT"), (b":authority", b"db:5432")],
+        [(b":method", b"CONNECT"), (b":protocol", b"websocket"), (b":path", b"/")],
+        [(b":method", b"GET"), (b":path", b"/a b")],
+    ],
+)
+def test_what_a_stream_head_may_not_ask(head: list[tuple[bytes, bytes]]) -> None:
+    with pytest.raises(BadRequest):
+        request_head(head)
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        (b"5S", 5.0),
+        (b"100m", 0.1),
+        (b"2M", 120.0),
+        (b"1H", 3600.0),
+        (b"250u", 250e-6),
+        (b"99999999n", 0.099999999),
+        (None, None),
+        (b"", None),
+        (b"5", None),
+        (b"123456789S", None),  # nine digits: more than the spec's eight
+        (b"-1S", None),
+        (b"1.5S", None),
+    ],
+)
+def test_parse_timeout(value: bytes | None, seconds: float | None) -> None:
+    parsed = grpc.parse_timeout(value)
+    if seconds is None:
+        assert parsed is None
+    else:
+        assert parsed == pytest.approx(seconds)
+
+
+def test_a_timeout_is_sent_on_in_milliseconds_never_zero() -> None:
+    assert grpc.timeout_value(1.2345) == b"1234m"
+    assert grpc.timeout_value(-3) == b"1m"  # already past: the sandbox refuses it at once
+    assert grpc.timeout_value(1e9) == b"99999999m"
+
+
+@pytest.mark.parametrize(
+    ("status", "code"),
+    [
+        (404, grpc.UNIMPLEMENTED),
+        (503, grpc.UNAVAILABLE),
+        (502, grpc.UNAVAILABLE),
+        (504, grpc.DEADLINE_EXCEEDED),
+        (408, grpc.DEADLINE_EXCEEDED),
+        (400, grpc.INTERNAL),
+        (431, grpc.RESOURCE_EXHAUSTED),
+        (500, grpc.UNKNOWN),
+    ],
+)
+def test_code_for(status: int, code: int) -> None:
+    assert grpc.code_for(status) == code
+
+
+def test_an_error_message_is_percent_encoded() -> None:
+    fields = dict(grpc.error_head(14, "no capacity: app 'shop' 100% busy\nretry"))
+    assert fields[b"grpc-status"] == b"14"
+    assert fields[b"grpc-message"] == b"no capacity: app 'shop' 100%25 busy%0Aretry"
+    assert fields[b"content-type"] == b"application/grpc"
+
+
+@pytest.mark.parametrize(
+    ("content_type", "call"),
+    [
+        (b"application/grpc", True),
+        (b"application/grpc+proto", True),
+        (b"application/grpc;charset=utf-8", True),
+        (b"application/grpc-web", False),  # gRPC-Web is HTTP/1.1's: not passed as a call
+        (b"application/json", False),
+        (None, False),
+    ],
+)
+def test_is_call(content_type: bytes | None, call: bool) -> None:
+    assert grpc.is_call(content_type) is call

@@ -1,0 +1,171 @@
+"""gRPC through the ingress: grpcio's client over h2c, the greeter of examples/grpc-greeter as
+the sandbox (a real grpcio server process), its app declared `protocol = "h2c"`. The four call
+shapes (a bidirectional call interleaved, so nothing may be read ahead); a status and its
+message passed through in trailers; a deadline; a deadline spent waiting for a sandbox,
+answered by the ingress in gRPC's terms; a cancelled call freeing its lease and stopping the
+sandbox's work; the upstream bound counting streams; errors for gRPC clients."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import grpc
+import httpx
+import pytest
+
+from tests.support.ingress import Stack, sandbox_processes, stack
+from tests.support.waiting import eventually
+from wakeful.domain.models import AppSpec, Concurrency
+
+pytestmark = pytest.mark.anyio
+
+GREETER = Path(__file__).resolve().parents[2] / "examples" / "grpc-greeter"
+sys.path.insert(0, str(GREETER))  # where grpc finds greeter.proto
+protos, services = grpc.protos_and_services("greeter.proto")
+
+H2C = {
+    "spec": AppSpec(
+        command=["serve"],
+        protocol="h2c",
+        concurrency=Concurrency(requests_per_instance=50, max_instances=20),
+    )
+}
+
+
+@pytest.fixture
+def greeter() -> Iterator[Callable[[], int]]:
+    """Start greeter sandboxes; returns each one's port."""
+    yield from sandbox_processes(GREETER / "server.py")
+
+
+def channel(s: Stack, host: str = "hello.localhost") -> grpc.aio.Channel:
+    """A channel to the ingress that names the app by its authority (the Host it routes)."""
+    return grpc.aio.insecure_channel(
+        "{}:{}".format(*s.ingress.address), options=[("grpc.default_authority", host)]
+    )
+
+
+def stub(ch: grpc.aio.Channel) -> Any:
+    return services.GreeterStub(ch)
+
+
+async def test_the_four_call_shapes_pass_through(greeter: Callable[[], int]) -> None:
+    async with stack({"s1": greeter()}, pool_update=H2C) as s, channel(s) as ch:
+        call = stub(ch)
+        reply = await call.SayHello(protos.HelloRequest(name="ann"), timeout=10)
+        assert reply.message == "hello ann"
+        counted = [r.message async for r in call.CountTo(protos.CountRequest(count=5), timeout=10)]
+        assert counted == ["1", "2", "3", "4", "5"]
+
+        async def names() -> AsyncIterator[Any]:
+            for name in ("a", "b", "c"):
+                yield protos.HelloRequest(name=name)
+
+        assert (await call.HelloAll(names(), timeout=10)).message == "hello a, b, c"
+        chat = call.Chat(timeout=10)
+        for name in ("x", "y", "z"):  # one out, its answer back, before the next goes
+            await chat.write(protos.HelloRequest(name=name))
+            assert (await chat.read()).message == f"hello {name}"
+        await chat.done_writing()
+        assert await chat.code() == grpc.StatusCode.OK
+        assert s.sample("requests_total", app="hello", status_class="2xx") == 4
+
+
+async def test_a_status_and_its_message_come_back_in_trailers(greeter: Callable[[], int]) -> None:
+    async with stack({"s1": greeter()}, pool_update=H2C) as s, channel(s) as ch:
+        missing = ch.unary_unary("/greeter.Greeter/NoSuchMethod")
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await missing(b"", timeout=10)
+        assert raised.value.code() == grpc.StatusCode.UNIMPLEMENTED  # the sandbox's own
+        assert "Method not found" in (raised.value.details() or "")
+
+
+async def test_a_deadline_ends_the_call_and_its_lease(greeter: Callable[[], int]) -> None:
+    async with stack({"s1": greeter()}, pool_update=H2C) as s, channel(s) as ch:
+        started = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await stub(ch).SayHello(protos.HelloRequest(name="late", delay=5), timeout=0.5)
+        assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert time.monotonic() - started < 3
+        await eventually(lambda: s.sample("requests_in_flight", app="hello") == 0, 5)
+
+
+async def test_a_deadline_spent_waiting_for_a_sandbox_is_answered_in_grpcs_terms() -> None:
+    """The app's only sandbox is booting: the call waits for it, and its grpc-timeout ends the
+    wait with DEADLINE_EXCEEDED from the ingress (a client without a deadline of its own)."""
+    async with (
+        stack({"s1": None}, pool_update=H2C) as s,
+        httpx.AsyncClient(base_url=s.url, http1=False, http2=True, timeout=30) as client,
+    ):
+        started = time.monotonic()
+        answer = await client.post(
+            "/greeter.Greeter/SayHello",
+            content=b"\x00\x00\x00\x00\x00",
+            headers={
+                "host": "hello.localhost",
+                "content-type": "application/grpc",
+                "te": "trailers",
+                "grpc-timeout": "300m",
+            },
+        )
+        assert time.monotonic() - started < 3
+        assert answer.status_code == 200 and answer.content == b""
+        assert answer.headers["grpc-status"] == "4"  # DEADLINE_EXCEEDED
+        assert "grpc-timeout" in answer.headers["grpc-message"]
+        await eventually(lambda: s.sample("requests_queued", app="hello") == 0, 5)
+
+
+async def test_a_cancelled_call_frees_its_lease_and_stops_the_sandbox(
+    greeter: Callable[[], int],
+) -> None:
+    async with stack({"s1": greeter()}, pool_update=H2C) as s, channel(s) as ch:
+        call = stub(ch).CountTo(protos.CountRequest(count=10_000, interval=0.01), timeout=30)
+        assert (await call.read()).message == "1"
+        assert s.sample("requests_in_flight", app="hello") == 1
+        call.cancel()
+        await eventually(lambda: s.sample("requests_in_flight", app="hello") == 0, 5)
+        assert s.sample("requests_total", app="hello", status_class="4xx") == 1  # 499
+        # The sandbox was told (RST_STREAM): its next call on the same connection is served.
+        reply = await stub(ch).SayHello(protos.HelloRequest(name="again"), timeout=10)
+        assert reply.message == "hello again"
+
+
+async def test_the_upstream_bound_counts_streams(greeter: Callable[[], int]) -> None:
+    async with (
+        stack(
+            {"s1": greeter()}, pool_update=H2C, upstream_connections_per_app=2, upstream_wait=0.3
+        ) as s,
+        channel(s) as ch,
+    ):
+        long = [
+            stub(ch).CountTo(protos.CountRequest(count=1000, interval=0.05), timeout=30)
+            for _ in range(2)
+        ]
+        for call in long:
+            assert (await call.read()).message == "1"
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await stub(ch).SayHello(protos.HelloRequest(name="third"), timeout=10)
+        assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "upstream busy" in (raised.value.details() or "")
+        long[0].cancel()
+        await eventually(lambda: s.sample("requests_in_flight", app="hello") == 1, 5)
+        reply = await stub(ch).SayHello(protos.HelloRequest(name="room"), timeout=10)
+        assert reply.message == "hello room"
+        long[1].cancel()
+        await eventually(lambda: s.sample("requests_in_flight", app="hello") == 0, 5)
+
+
+async def test_an_unknown_host_is_a_grpc_error_with_the_reason() -> None:
+    async with stack(pool_update=H2C) as s, channel(s, "nope.localhost") as ch:
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await stub(ch).SayHello(protos.HelloRequest(name="x"), timeout=10)
+        assert raised.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert (
+            raised.value.details() or ""
+        ) == "unknown host: no app is served at host 'nope.localhost'"
+        await anyio.lowlevel.checkpoint()
