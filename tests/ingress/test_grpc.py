@@ -169,3 +169,29 @@ async def test_an_unknown_host_is_a_grpc_error_with_the_reason() -> None:
             raised.value.details() or ""
         ) == "unknown host: no app is served at host 'nope.localhost'"
         await anyio.lowlevel.checkpoint()
+
+
+async def test_a_grpc_app_on_a_node_behind_nat_is_served_through_its_tunnel(
+    greeter: Callable[[], int],
+) -> None:
+    """An h2c connection rides one of the node's tunnel streams, for as long as it lives;
+    every call on it is a stream of that connection (`upstream.h2c` over `nodestreams`)."""
+    from tests.ingress.test_nodestreams import tunnelled
+
+    async with tunnelled({"sb-1": greeter()}, pool_update=H2C) as t:
+        await eventually(lambda: t.client.reachable)
+        async with channel(t.s) as ch:
+            call = stub(ch)
+            for name in ("a", "b", "c"):
+                reply = await call.SayHello(protos.HelloRequest(name=name), timeout=10)
+                assert reply.message == f"hello {name}"
+            chat = call.Chat(timeout=10)
+            for name in ("x", "y"):
+                await chat.write(protos.HelloRequest(name=name))
+                assert (await chat.read()).message == f"hello {name}"
+            await chat.done_writing()
+            assert await chat.code() == grpc.StatusCode.OK
+            counted = call.CountTo(protos.CountRequest(count=1000, interval=0.01), timeout=10)
+            assert (await counted.read()).message == "1"
+            counted.cancel()
+            await eventually(lambda: t.s.sample("requests_in_flight", app="hello") == 0, 5)
