@@ -98,6 +98,10 @@ class H2Connection(asyncio.Protocol):
         self._streams: dict[int, _Stream] = {}
         self._waiters: dict[StreamResponder, asyncio.Future[None]] = {}
         """Handlers waiting in `drain` for their stream's window."""
+        self._dirty: dict[int, StreamResponder] = {}
+        """Streams written to since the last write out (`later`)."""
+        self._flushing = False
+        """A write out is due this turn of the loop (`flush`)."""
         self._gate = WriteGate(self._loop)
         self.writes_paused = False
         self.gone = False
@@ -306,10 +310,11 @@ class H2Connection(asyncio.Protocol):
 
     def pump(self, stream_id: int, out: StreamResponder) -> None:
         """Send what `out` has pending as far as the windows allow; end the stream once all
-        is sent and the handler ended it."""
+        is sent and the handler ended it (the last DATA frame carries END_STREAM)."""
         conn = self._h2
         if self.gone or out.closed:
             out.pending.clear()
+            out.pending_bytes = 0
             return
         pending = out.pending
         try:
@@ -321,9 +326,15 @@ class H2Connection(asyncio.Protocol):
                 chunk = pending[0]
                 if len(chunk) <= window:
                     pending.popleft()
-                    conn.send_data(stream_id, chunk)
+                    out.pending_bytes -= len(chunk)
+                    last = not pending and out.ending is not None and not out.ending
+                    conn.send_data(stream_id, chunk, end_stream=last)
+                    if last:
+                        out.ending = None
+                        out.closed = True
                 else:
                     pending[0] = chunk[window:]
+                    out.pending_bytes -= window
                     conn.send_data(stream_id, chunk[:window])
             if not pending and out.ending is not None:
                 trailers, out.ending = out.ending, None
@@ -335,12 +346,20 @@ class H2Connection(asyncio.Protocol):
         except h2.exceptions.StreamClosedError:
             out.closed = True
             pending.clear()
+            out.pending_bytes = 0
         except h2.exceptions.ProtocolError as exc:
             log.warning("an answer could not be sent on HTTP/2: %s", exc)
             self._reset(stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
         self.flush()
         if (out.closed or not pending) and out.ending is None:
             self._wake(out)
+
+    def later(self, stream_id: int, out: StreamResponder) -> None:
+        """Pump `out` when the connection next writes (`flush`): what the handler writes and
+        ends in one step goes out as one DATA frame with END_STREAM, and the answers of many
+        streams in one write."""
+        self._dirty[stream_id] = out
+        self.flush()
 
     def _pump_all(self) -> None:
         for stream_id, stream in list(self._streams.items()):
@@ -356,6 +375,9 @@ class H2Connection(asyncio.Protocol):
     async def drain(self, out: StreamResponder) -> None:
         """Wait until `out`'s pending bytes are sent and the transport has room, at most the
         client's timeout (TimeoutError)."""
+        if out.stream_id in self._dirty:
+            del self._dirty[out.stream_id]
+            self.pump(out.stream_id, out)
         async with asyncio.timeout(self.limits.client_timeout):
             while (out.pending or out.ending is not None) and not out.closed:
                 if self.gone:
@@ -369,6 +391,18 @@ class H2Connection(asyncio.Protocol):
             raise ClientGone("the client hung up")
 
     def flush(self) -> None:
+        """Write what h2 holds once this turn of the loop is over: the frames of every stream
+        that wrote meanwhile go out in one write."""
+        if not self._flushing:
+            self._flushing = True
+            self._loop.call_soon(self._write_out)
+
+    def _write_out(self) -> None:
+        self._flushing = False
+        dirty = self._dirty
+        while dirty:
+            stream_id, out = dirty.popitem()
+            self.pump(stream_id, out)
         data = self._h2.data_to_send()
         if data and self.transport is not None and not self.gone:
             self.transport.write(data)

@@ -115,17 +115,21 @@ class StreamResponder:
         "complete",
         "ending",
         "pending",
+        "pending_bytes",
         "started",
+        "stream_id",
     )
 
     def __init__(self, conn: H2Connection, stream_id: int, head_only: bool) -> None:
         self._conn = conn
-        self._id = stream_id
+        self._id = self.stream_id = stream_id
         self._no_body = head_only
         self._head: list[tuple[bytes, bytes]] | None = None
         self._left: int | None = None
         self.pending: collections.deque[bytes] = collections.deque()
-        """Body bytes written and not yet sent: the windows are shut."""
+        """Body bytes written and not yet sent (until the next write out, or while the
+        windows are shut)."""
+        self.pending_bytes = 0
         self.ending: Sequence[tuple[bytes, bytes]] | None = None
         """The trailers (or none) to end the stream with once `pending` is sent."""
         self.started = False
@@ -158,8 +162,9 @@ class StreamResponder:
             self._left -= len(chunk)
         self._send_head(False)
         self.pending.append(chunk)
-        self._conn.pump(self._id, self)
-        return bool(self.pending) or self._conn.writes_paused
+        self.pending_bytes += len(chunk)
+        self._conn.later(self._id, self)
+        return self.pending_bytes >= STREAM_WINDOW or self._conn.writes_paused
 
     def flush(self) -> None:
         self._send_head(False)
@@ -179,7 +184,7 @@ class StreamResponder:
             return
         self._send_head(False)
         self.ending = trailers
-        self._conn.pump(self._id, self)
+        self._conn.later(self._id, self)
 
     def switch(self, headers: list[tuple[bytes, bytes]]) -> ClientSide:
         raise RuntimeError("no protocol switch on an HTTP/2 stream")

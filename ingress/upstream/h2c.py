@@ -239,8 +239,8 @@ class H2Upstream(Gated):
     def data_received(self, data: bytes) -> None:
         try:
             events = self._h2.receive_data(data)
-        except h2.exceptions.ProtocolError as exc:
-            self._lost(UpstreamFailed(f"the sandbox broke HTTP/2: {exc}"))
+        except h2.exceptions.ProtocolError as exc:  # it answered, badly: no stream is sent again
+            self._lost(UpstreamFailed(f"the sandbox broke HTTP/2: {exc}"), unanswered=False)
             return
         for event in events:
             if isinstance(event, h2.events.ResponseReceived):
@@ -397,14 +397,16 @@ class H2Upstream(Gated):
         if not self.exchanges:
             self.close()
 
-    def _lost(self, exc: UpstreamFailed) -> None:
+    def _lost(self, exc: UpstreamFailed, unanswered: bool = True) -> None:
+        """The connection is gone: its exchanges fail with `exc`, those with no answer yet
+        with `ClosedUnanswered` when `unanswered` (it closed: they may be sent again)."""
         if self.closed:
             return
         self.closed = True
         self._idle.cancel()
         self._pool.forget(self)
         for exchange in list(self.exchanges.values()):
-            if not exchange.answered and not exchange._head.done():
+            if unanswered and not exchange.answered and not exchange._head.done():
                 exchange.fail(ClosedUnanswered("the connection closed before any answer"))
             else:
                 exchange.fail(exc)
