@@ -116,6 +116,18 @@ class IngressMetrics:
             ["app", "kind"],
             registry=registry,
         )
+        self.http2_open = Gauge(
+            "wakeful_ingress_http2_connections_open",
+            "Client connections speaking HTTP/2 (each of their streams is a request)",
+            registry=registry,
+        )
+        self.http2_cut_off = Counter(
+            "wakeful_ingress_http2_connections_cut_off",
+            "HTTP/2 connections ended for what their client did (GOAWAY), by reason: "
+            "protocol, header-block, slow-header-block, control-frames, resets",
+            ["reason"],
+            registry=registry,
+        )
 
         self._loads: dict[str, Load] = {}
         self._reported: dict[str, tuple[int, int, list[int]]] = {}

@@ -187,7 +187,8 @@ class Ingress:
                 self.challenges.answer,
                 self.access,
             )
-            server = HttpServer(edge, limits, http2=self.settings.http2)
+            cut_off = self._http2_cut_off
+            server = HttpServer(edge, limits, http2=self.settings.http2, cut_off=cut_off)
             sock = _bind(self.settings.listen, self.settings.backlog, "listen address")
             try:
                 await _start(server, sock, self.settings.backlog)
@@ -201,6 +202,7 @@ class Ingress:
             try:
                 if self.settings.tls_listen is not None:
                     servers.append(await self._serve_tls(edge, limits, tasks))
+                self.metrics.http2_open.set_function(lambda: sum(len(s.h2) for s in servers))
                 yield self
             finally:
                 with anyio.CancelScope(shield=True):
@@ -266,6 +268,9 @@ class Ingress:
         stack.push_async_callback(_stop_tunnels, server)
         log.info("ingress replica %s takes tunnels on %s:%d", replica, host, port)
 
+    def _http2_cut_off(self, reason: str) -> None:
+        self.metrics.http2_cut_off.labels(reason=reason).inc()
+
     def _https_location(self, app: str, host_header: str, target: bytes) -> str | None:
         """Where a plain HTTP request of `app` is sent instead, if its app asks for HTTPS."""
         if not self.settings.redirects_to_https(app) or not self.tls_address[1]:
@@ -306,7 +311,9 @@ class Ingress:
                 "the TLS listener has no WAKEFUL_TLS_DIR and no certificates from ACME: "
                 "every handshake fails"
             )
-        server = HttpServer(edge, limits, certificates.context, self.settings.http2)
+        server = HttpServer(
+            edge, limits, certificates.context, self.settings.http2, self._http2_cut_off
+        )
         sock = _bind(listen, self.settings.backlog, "TLS listen address")
         await _start(server, sock, self.settings.backlog)
         self.tls_address = sock.getsockname()[:2]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -54,14 +55,17 @@ class HttpServer:
         limits: Limits,
         tls: ssl.SSLContext | None = None,
         http2: bool = False,
+        cut_off: Callable[[str], None] = lambda reason: None,
     ) -> None:
         """`tls`: serve HTTPS with this context; its handshake has the head's deadline.
         `http2`: serve HTTP/2 too (`ingress.http2`): to TLS clients whose ALPN chose `h2`, and
-        on a plain listener to clients that open with the HTTP/2 preface (h2c)."""
+        on a plain listener to clients that open with the HTTP/2 preface (h2c). `cut_off`:
+        told why each HTTP/2 connection ended for what its client did (the metrics)."""
         self.handler = handler
         self.limits = limits
         self.tls = tls
         self.http2 = http2
+        self.cut_off = cut_off
         self.scheme = "http" if tls is None else "https"
         self.connections: set[ClientConnection] = set()
         self.h2: set[H2Connection] = set()

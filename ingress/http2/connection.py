@@ -127,13 +127,15 @@ class H2Connection(asyncio.Protocol):
         seen = self._scan.feed(data)
         now = self._loop.time()
         if seen.refusal is not None:
-            self._goaway(_CALM, seen.refusal)
+            self._goaway(_CALM, seen.refusal, "header-block")
             return
         if seen.control and not self._control.spend(seen.control, now):
-            self._goaway(_CALM, "too many PING, SETTINGS, PRIORITY or empty DATA frames")
+            self._goaway(
+                _CALM, "too many PING, SETTINGS, PRIORITY or empty DATA frames", "control-frames"
+            )
             return
         if seen.resets and not self._resets.spend(seen.resets, now):
-            self._goaway(_CALM, "too many streams reset")
+            self._goaway(_CALM, "too many streams reset", "resets")
             return
         if self._scan.open_block:
             if self._block_due is None:
@@ -144,7 +146,7 @@ class H2Connection(asyncio.Protocol):
         try:
             events = self._h2.receive_data(data)
         except h2.exceptions.ProtocolError as exc:  # h2 has queued its GOAWAY already
-            self._goaway(0, str(exc), queued=True)
+            self._goaway(0, str(exc), "protocol", queued=True)
             return
         for event in events:
             if isinstance(event, h2.events.RequestReceived):
@@ -409,10 +411,11 @@ class H2Connection(asyncio.Protocol):
 
     # -- ending ----------------------------------------------------------------------------
 
-    def _goaway(self, code: int, why: str, queued: bool = False) -> None:
+    def _goaway(self, code: int, why: str, reason: str, queued: bool = False) -> None:
         """A connection error: GOAWAY (unless `h2` `queued` one), every stream cancelled,
-        closed once that is written."""
+        closed once that is written; counted by `reason`."""
         log.info("closing an HTTP/2 connection from %s: %s", self._client, why)
+        self._server.cut_off(reason)
         self.closing = True
         if not queued:
             with contextlib.suppress(h2.exceptions.ProtocolError):
@@ -452,7 +455,7 @@ class H2Connection(asyncio.Protocol):
     def _timed_out(self) -> None:
         now = self._loop.time()
         if self._block_due is not None and now >= self._block_due:
-            self._goaway(_CALM, "a header block did not end in time")
+            self._goaway(_CALM, "a header block did not end in time", "slow-header-block")
         elif self._idle_due is not None and now >= self._idle_due and not self._streams:
             self.shutdown()
         else:

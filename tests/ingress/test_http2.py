@@ -49,6 +49,7 @@ async def test_h2c_and_http11_share_the_plain_listener_and_bodies_cross_every_wi
         assert len(big.content) == 8 << 20 and big.content == b"w" * (8 << 20)
         plain = await s.client.get("/")  # HTTP/1.1 on the same listener, meanwhile
         assert plain.status_code == 200 and plain.http_version == "HTTP/1.1"
+        assert s.sample("http2_connections_open") == 1
 
 
 async def test_streams_on_one_connection_are_requests_each(hello: Callable[[], int]) -> None:
