@@ -2,6 +2,7 @@
 
 - `connection`: `H2Connection`, one client connection framed by `h2`, its streams and bounds.
 - `stream`: a stream's `StreamBody` and `StreamResponder` (the `http1` interfaces).
+- `sender`: the way out: frames written once a turn, DATA as the windows allow, drains.
 - `rules`: the preface, a stream's head as a request, the frame scan and budgets (pure).
 
 `http1.ClientConnection` hands a connection over (ALPN `h2` on TLS, the preface on a plain

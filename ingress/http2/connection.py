@@ -28,9 +28,10 @@ import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
+from hyperframe.frame import GoAwayFrame
 
 from wakeful.aio.deadline import Deadline
-from wakeful.aio.flow import HIGH_WATER, WriteGate
+from wakeful.aio.flow import HIGH_WATER
 from wakeful.ingress.errors import BadRequest, ClientGone
 from wakeful.ingress.http1.request import Request
 from wakeful.ingress.http2.rules import (
@@ -42,6 +43,7 @@ from wakeful.ingress.http2.rules import (
     FrameScan,
     request_head,
 )
+from wakeful.ingress.http2.sender import Sender
 from wakeful.ingress.http2.stream import STREAM_WINDOW, StreamBody, StreamResponder
 
 if TYPE_CHECKING:
@@ -96,16 +98,14 @@ class H2Connection(asyncio.Protocol):
         self._resets = Budget(RESET_BURST, RESET_RATE, now)
         self.transport: asyncio.Transport | None = None
         self._streams: dict[int, _Stream] = {}
-        self._waiters: dict[StreamResponder, asyncio.Future[None]] = {}
-        """Handlers waiting in `drain` for their stream's window."""
-        self._dirty: dict[int, StreamResponder] = {}
-        """Streams written to since the last write out (`later`)."""
-        self._flushing = False
-        """A write out is due this turn of the loop (`flush`)."""
-        self._gate = WriteGate(self._loop)
-        self.writes_paused = False
+        self.out = Sender(self._h2, self._loop, self.limits.client_timeout)
         self.gone = False
         self.closing = False
+        """No new stream is taken (GOAWAY went, or came); those under way carry on."""
+        self._dead = False
+        """A connection error ended it: nothing more is read."""
+        self._last_taken = 0
+        """After a graceful GOAWAY: the last stream it names (newer ones are refused)."""
         self._deadline = Deadline(self._loop, self._timed_out)
         self._idle_due: float | None = None
         self._block_due: float | None = None
@@ -113,16 +113,16 @@ class H2Connection(asyncio.Protocol):
     # -- asyncio.Protocol --------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
+        self.transport = self.out.transport = cast(asyncio.Transport, transport)
         self.transport.set_write_buffer_limits(high=HIGH_WATER)
         self._server.h2.add(self)
         self._h2.initiate_connection()
         self._h2.increment_flow_control_window(CONNECTION_WINDOW - 65_535)
-        self.flush()
+        self.out.flush()
         self._idle()
 
     def data_received(self, data: bytes) -> None:
-        if self.closing:
+        if self._dead:
             return
         seen = self._scan.feed(data)
         now = self._loop.time()
@@ -160,15 +160,14 @@ class H2Connection(asyncio.Protocol):
             elif isinstance(event, h2.events.StreamReset):
                 self._reset_by_client(event.stream_id)
             elif isinstance(event, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
-                self._pump_all()
+                self.out.pump_all(stream.out for stream in self._streams.values())
             elif isinstance(event, h2.events.TrailersReceived):
                 stream = self._streams.get(event.stream_id)  # kept from no one: gRPC sends none
                 if stream is not None and stream.body is not None:
                     stream.body.end()
             elif isinstance(event, h2.events.ConnectionTerminated):
-                self.closing = True
-                self._close_when_done()
-        self.flush()
+                self._went_away()
+        self.out.flush()
         if self._streams:
             self._idle_due = None
 
@@ -182,7 +181,7 @@ class H2Connection(asyncio.Protocol):
         self.gone = self.closing = True
         self._deadline.cancel()
         self._server.h2.discard(self)
-        self._gate.open()
+        self.out.lost()
         for stream in list(self._streams.values()):
             if stream.body is not None:
                 stream.body.fail(ClientGone("the client hung up"))
@@ -190,21 +189,22 @@ class H2Connection(asyncio.Protocol):
                 stream.task.cancel()
 
     def pause_writing(self) -> None:
-        self.writes_paused = True
-        self._gate.close()
+        self.out.paused()
         if self.transport is not None and not self.gone:
             self.transport.pause_reading()  # its acknowledgements would pile up unread
 
     def resume_writing(self) -> None:
-        self.writes_paused = False
-        self._gate.open()
-        if self.transport is not None and not self.gone and not self.closing:
+        self.out.resumed()
+        if self.transport is not None and not self.gone and not self._dead:
             self.transport.resume_reading()
 
     # -- streams -------------------------------------------------------------------------
 
     def _request(self, event: h2.events.RequestReceived) -> None:
         stream_id = event.stream_id
+        if self.closing and stream_id > self._last_taken:  # after our GOAWAY: not taken
+            self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+            return
         headers = event.headers
         try:
             method, target, fields = request_head(headers)
@@ -214,7 +214,7 @@ class H2Connection(asyncio.Protocol):
         body = None
         if event.stream_ended is None:
             body = StreamBody(self, stream_id, self.limits.client_timeout)
-        out = StreamResponder(self, stream_id, method == "HEAD")
+        out = StreamResponder(self.out, stream_id, method == "HEAD")
         stream = _Stream(body, out)
         self._streams[stream_id] = stream
         request = Request(
@@ -230,10 +230,10 @@ class H2Connection(asyncio.Protocol):
                 self._reset(stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
                 return
             if out.pending or out.ending is not None:
-                await self.drain(out)
+                await out.drain()
             body = stream.body
-            if body is not None and not body.complete and not out.closed:
-                self._reset(stream_id, h2.errors.ErrorCodes.NO_ERROR)  # RFC 9113 §8.1
+            if body is not None and not body.complete:  # answered before its body was read:
+                self._reset(stream_id, h2.errors.ErrorCodes.NO_ERROR)  # stop (RFC 9113 §8.1)
         except TimeoutError:
             self._reset(stream_id, h2.errors.ErrorCodes.CANCEL)  # a client that read nothing
         except asyncio.CancelledError:
@@ -244,7 +244,7 @@ class H2Connection(asyncio.Protocol):
         finally:
             self._streams.pop(stream_id, None)
             out.closed = True
-            self.flush()
+            self.out.flush()
             if not self._streams:
                 if self.closing:
                     self._close_when_done()
@@ -266,7 +266,7 @@ class H2Connection(asyncio.Protocol):
     def consumed(self, stream_id: int, size: int) -> None:
         """The proxy read `size` bytes of a stream's body: the client may send as many more."""
         self._acknowledge(stream_id, size)
-        self.flush()
+        self.out.flush()
 
     def _acknowledge(self, stream_id: int, size: int) -> None:
         if self.gone:
@@ -286,128 +286,7 @@ class H2Connection(asyncio.Protocol):
 
     def _reset(self, stream_id: int, code: int) -> None:
         stream = self._streams.get(stream_id)
-        if stream is not None:
-            stream.out.closed = True
-            stream.out.pending.clear()
-        if self.gone:
-            return
-        with contextlib.suppress(h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
-            self._h2.reset_stream(stream_id, code)
-
-    # -- writing -------------------------------------------------------------------------
-
-    def send_head(self, stream_id: int, headers: list[tuple[bytes, bytes]], end: bool) -> None:
-        if self.gone:
-            return
-        try:
-            self._h2.send_headers(stream_id, headers, end_stream=end)
-        except h2.exceptions.StreamClosedError:
-            pass
-        except h2.exceptions.ProtocolError as exc:  # a field h2 refuses (from the sandbox)
-            log.warning("an answer's head could not be sent on HTTP/2: %s", exc)
-            self._reset(stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
-        if not end and not self.gone:
-            return
-        self.flush()
-
-    def pump(self, stream_id: int, out: StreamResponder) -> None:
-        """Send what `out` has pending as far as the windows allow; end the stream once all
-        is sent and the handler ended it (the last DATA frame carries END_STREAM)."""
-        conn = self._h2
-        if self.gone or out.closed:
-            out.pending.clear()
-            out.pending_bytes = 0
-            return
-        pending = out.pending
-        try:
-            while pending:
-                window = conn.local_flow_control_window(stream_id)
-                window = min(window, conn.max_outbound_frame_size)
-                if window <= 0:
-                    break
-                chunk = pending[0]
-                if len(chunk) <= window:
-                    pending.popleft()
-                    out.pending_bytes -= len(chunk)
-                    last = not pending and out.ending is not None and not out.ending
-                    conn.send_data(stream_id, chunk, end_stream=last)
-                    if last:
-                        out.ending = None
-                        out.closed = True
-                else:
-                    pending[0] = chunk[window:]
-                    out.pending_bytes -= window
-                    conn.send_data(stream_id, chunk[:window])
-            if not pending and out.ending is not None:
-                trailers, out.ending = out.ending, None
-                if trailers:
-                    conn.send_headers(stream_id, list(trailers), end_stream=True)
-                else:
-                    conn.end_stream(stream_id)
-                out.closed = True
-        except h2.exceptions.StreamClosedError:
-            out.closed = True
-            pending.clear()
-            out.pending_bytes = 0
-        except h2.exceptions.ProtocolError as exc:
-            log.warning("an answer could not be sent on HTTP/2: %s", exc)
-            self._reset(stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
-        self.flush()
-        if (out.closed or not pending) and out.ending is None:
-            self._wake(out)
-
-    def later(self, stream_id: int, out: StreamResponder) -> None:
-        """Pump `out` when the connection next writes (`flush`): what the handler writes and
-        ends in one step goes out as one DATA frame with END_STREAM, and the answers of many
-        streams in one write."""
-        self._dirty[stream_id] = out
-        self.flush()
-
-    def _pump_all(self) -> None:
-        for stream_id, stream in list(self._streams.items()):
-            out = stream.out
-            if out.pending or out.ending is not None:
-                self.pump(stream_id, out)
-
-    def _wake(self, out: StreamResponder) -> None:
-        waiter = self._waiters.pop(out, None) if self._waiters else None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    async def drain(self, out: StreamResponder) -> None:
-        """Wait until `out`'s pending bytes are sent and the transport has room, at most the
-        client's timeout (TimeoutError)."""
-        if out.stream_id in self._dirty:
-            del self._dirty[out.stream_id]
-            self.pump(out.stream_id, out)
-        async with asyncio.timeout(self.limits.client_timeout):
-            while (out.pending or out.ending is not None) and not out.closed:
-                if self.gone:
-                    raise ClientGone("the client hung up")
-                waiter = self._loop.create_future()
-                self._waiters[out] = waiter
-                await waiter
-            if (gate := self._gate.waiting()) is not None:
-                await asyncio.shield(gate)
-        if self.gone:
-            raise ClientGone("the client hung up")
-
-    def flush(self) -> None:
-        """Write what h2 holds once this turn of the loop is over: the frames of every stream
-        that wrote meanwhile go out in one write."""
-        if not self._flushing:
-            self._flushing = True
-            self._loop.call_soon(self._write_out)
-
-    def _write_out(self) -> None:
-        self._flushing = False
-        dirty = self._dirty
-        while dirty:
-            stream_id, out = dirty.popitem()
-            self.pump(stream_id, out)
-        data = self._h2.data_to_send()
-        if data and self.transport is not None and not self.gone:
-            self.transport.write(data)
+        self.out.reset(stream_id, None if stream is None else stream.out, code)
 
     # -- ending ----------------------------------------------------------------------------
 
@@ -416,11 +295,11 @@ class H2Connection(asyncio.Protocol):
         closed once that is written; counted by `reason`."""
         log.info("closing an HTTP/2 connection from %s: %s", self._client, why)
         self._server.cut_off(reason)
-        self.closing = True
+        self.closing = self._dead = True
         if not queued:
             with contextlib.suppress(h2.exceptions.ProtocolError):
                 self._h2.close_connection(code, additional_data=why.encode()[:200])
-        self.flush()
+        self.out.write_out()  # now: the transport closes next
         for stream in list(self._streams.values()):
             if stream.task is not None:
                 stream.task.cancel()
@@ -428,14 +307,30 @@ class H2Connection(asyncio.Protocol):
             self.transport.close()
 
     def shutdown(self) -> None:
-        """Take no new stream (GOAWAY naming the last one taken); close when the last ends."""
+        """Take no new stream (a GOAWAY naming the last one taken); the streams under way
+        carry on, and the connection closes when the last ends. The GOAWAY is written by
+        hand: h2's `close_connection` would end the connection for them too."""
         if self.closing:
             return
         self.closing = True
-        with contextlib.suppress(h2.exceptions.ProtocolError):
-            self._h2.close_connection(h2.errors.ErrorCodes.NO_ERROR)
-        self.flush()
+        self._last_taken = self._h2.highest_inbound_stream_id
+        self.out.write_out()
+        if self.transport is not None and not self.gone:
+            goaway = GoAwayFrame(0, last_stream_id=self._last_taken, error_code=0)
+            self.transport.write(goaway.serialize())
         self._close_when_done()
+
+    def _went_away(self) -> None:
+        """The client's GOAWAY: h2 takes no frame after it, so the connection is over for the
+        streams under way too (as when a client hangs up)."""
+        self.closing = self._dead = True
+        for stream in list(self._streams.values()):
+            if stream.body is not None:
+                stream.body.fail(ClientGone("the client went away"))
+            if stream.task is not None:
+                stream.task.cancel()
+        if self.transport is not None:
+            self.transport.close()
 
     def tasks(self) -> list[asyncio.Task[None]]:
         return [s.task for s in self._streams.values() if s.task is not None]
@@ -446,6 +341,7 @@ class H2Connection(asyncio.Protocol):
 
     def _close_when_done(self) -> None:
         if not self._streams and self.transport is not None:
+            self.out.write_out()
             self.transport.close()
 
     def _idle(self) -> None:

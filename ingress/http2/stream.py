@@ -21,6 +21,7 @@ from wakeful.ingress.http1.responder import ClientSide
 
 if TYPE_CHECKING:
     from wakeful.ingress.http2.connection import H2Connection
+    from wakeful.ingress.http2.sender import Sender
 
 STREAM_WINDOW = 64 * 1024
 """The window each stream advertises: request body bytes that may wait for the proxy."""
@@ -106,11 +107,11 @@ class StreamResponder:
     trailers-only answers need), the body as the windows allow, trailers at the end."""
 
     __slots__ = (
-        "_conn",
         "_head",
         "_id",
         "_left",
         "_no_body",
+        "_out",
         "closed",
         "complete",
         "ending",
@@ -120,8 +121,9 @@ class StreamResponder:
         "stream_id",
     )
 
-    def __init__(self, conn: H2Connection, stream_id: int, head_only: bool) -> None:
-        self._conn = conn
+    def __init__(self, out: Sender, stream_id: int, head_only: bool) -> None:
+        """`out`: the connection's way out (`http2.sender`)."""
+        self._out = out
         self._id = self.stream_id = stream_id
         self._no_body = head_only
         self._head: list[tuple[bytes, bytes]] | None = None
@@ -151,7 +153,7 @@ class StreamResponder:
     def _send_head(self, end: bool) -> None:
         head, self._head = self._head, None
         if head is not None:
-            self._conn.send_head(self._id, head, end)
+            self._out.send_head(self._id, head, end)
 
     def write(self, chunk: bytes) -> bool:
         if self._no_body or not chunk or self.closed:
@@ -163,15 +165,15 @@ class StreamResponder:
         self._send_head(False)
         self.pending.append(chunk)
         self.pending_bytes += len(chunk)
-        self._conn.later(self._id, self)
-        return self.pending_bytes >= STREAM_WINDOW or self._conn.writes_paused
+        self._out.later(self._id, self)
+        return self.pending_bytes >= STREAM_WINDOW or self._out.writes_paused
 
     def flush(self) -> None:
         self._send_head(False)
-        self._conn.flush()
+        self._out.flush()
 
     async def drain(self) -> None:
-        await self._conn.drain(self)
+        await self._out.drain(self)
 
     def end(self, trailers: Sequence[tuple[bytes, bytes]] = ()) -> None:
         if self.closed:
@@ -180,11 +182,11 @@ class StreamResponder:
         if self._head is not None and not self.pending and not trailers:
             self._send_head(True)
             self.closed = True
-            self._conn.flush()
+            self._out.flush()
             return
         self._send_head(False)
         self.ending = trailers
-        self._conn.later(self._id, self)
+        self._out.later(self._id, self)
 
     def switch(self, headers: list[tuple[bytes, bytes]]) -> ClientSide:
         raise RuntimeError("no protocol switch on an HTTP/2 stream")
