@@ -7,6 +7,7 @@ sandbox's work; the upstream bound counting streams; errors for gRPC clients."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -195,3 +196,21 @@ async def test_a_grpc_app_on_a_node_behind_nat_is_served_through_its_tunnel(
             assert (await counted.read()).message == "1"
             counted.cancel()
             await eventually(lambda: t.s.sample("requests_in_flight", app="hello") == 0, 5)
+
+
+async def test_calls_to_a_waking_app_wait_for_it_and_are_all_answered(
+    greeter: Callable[[], int],
+) -> None:
+    """Seeds 000 and 001 for streams: twenty calls on one connection to an app whose sandbox
+    is booting are twenty queued requests (counted as queued, not in flight), and each is
+    answered once it is ready."""
+    port = greeter()
+    async with stack({"s1": None}, pool_update=H2C) as s, channel(s) as ch:
+        calls = [stub(ch).SayHello(protos.HelloRequest(name=str(i)), timeout=20) for i in range(20)]
+        waiting = asyncio.gather(*calls)
+        await eventually(lambda: s.sample("requests_queued", app="hello") == 20, 10)
+        assert s.sample("requests_in_flight", app="hello") == 0
+        await s.put_sandbox("s1", port)
+        replies = await waiting
+        assert sorted(r.message for r in replies) == sorted(f"hello {i}" for i in range(20))
+        await eventually(lambda: s.sample("requests_queued", app="hello") == 0, 5)
