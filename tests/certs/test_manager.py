@@ -22,9 +22,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tests.ingress.test_acme import make_ca
+from tests.support.certs import issue
 from tests.support.control import Running, running_control_plane
 from tests.support.pebble import NEW_ORDER, Pebble, pebble_installed, running_pebble
-from tests.support.pki import issue
 from wakeful.activator.client import InProcessLeases
 from wakeful.bootstrap import PlaneCerts
 from wakeful.domain import keys

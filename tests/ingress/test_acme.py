@@ -17,8 +17,8 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 from tests.ingress.test_tls import sandbox_recording
+from tests.support.certs import issue, openssl
 from tests.support.ingress import stack
-from tests.support.pki import issue, openssl
 from tests.support.waiting import eventually
 from wakeful.domain import keys
 from wakeful.domain.models import AcmeChallenge, CertRecord, CertState, Issued

@@ -17,8 +17,8 @@ import anyio
 import httpx
 import pytest
 
+from tests.support.certs import ingress_pki
 from tests.support.ingress import Stack, stack
-from tests.support.pki import make_pki
 from wakeful.ingress.http2.rules import PREFACE
 
 pytestmark = pytest.mark.anyio
@@ -81,7 +81,7 @@ async def test_head_and_errors_read_as_on_http11(hello: Callable[[], int]) -> No
 async def test_h2_over_tls_by_alpn_and_http11_for_those_that_ask(
     hello: Callable[[], int], tmp_path: Path
 ) -> None:
-    ca, certs = make_pki(tmp_path)
+    ca, certs = ingress_pki(tmp_path)
     context = ssl.create_default_context(cafile=str(ca / "ca.crt"))
     context.check_hostname = False
     async with stack({"s1": hello()}, tls_listen="127.0.0.1:0", tls_dir=certs) as s:
@@ -121,7 +121,7 @@ def _alpn(port: int, ca: Path) -> str | None:
 async def test_with_http2_off_the_preface_is_a_bad_http11_request(
     hello: Callable[[], int], tmp_path: Path
 ) -> None:
-    ca, certs = make_pki(tmp_path)
+    ca, certs = ingress_pki(tmp_path)
     async with stack({"s1": hello()}, http2=False, tls_listen="127.0.0.1:0", tls_dir=certs) as s:
         answer = await anyio.to_thread.run_sync(_first_bytes, s.ingress.address[1], PREFACE)
         assert answer.startswith(b"HTTP/1.1 400 "), answer

@@ -17,8 +17,8 @@ from typing import Any
 import anyio
 import pytest
 
+from tests.support.certs import ingress_pki
 from tests.support.ingress import stack
-from tests.support.pki import make_pki
 
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -74,7 +74,7 @@ def browser() -> Iterator[Any]:
 async def test_a_browser_gets_http2_over_tls_and_many_requests_on_one_connection(
     browser: Any, hello: Callable[[], int], tmp_path: Path
 ) -> None:
-    _, certs = make_pki(tmp_path)
+    _, certs = ingress_pki(tmp_path)
     async with stack({"s1": hello(), "s2": hello()}, tls_listen="127.0.0.1:0", tls_dir=certs) as s:
         url = f"https://hello.localhost:{s.ingress.tls_address[1]}/headers"
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import anyio
 import pytest
 
+from tests.support.certs import ingress_pki, issue
 from tests.support.ingress import RawServer, read_head, stack
-from tests.support.pki import issue, make_pki
 
 pytestmark = pytest.mark.anyio
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture
 def pki(tmp_path: Path) -> tuple[Path, Path]:
     """(the CA's directory, the ingress's certificate directory)."""
-    return make_pki(tmp_path)
+    return ingress_pki(tmp_path)
 
 
 def fetch(

@@ -1,48 +1,68 @@
-"""A CA and certificates made by openssl for a test: the ingress's TLS directory."""
+"""A certificate authority and certificates made by the README's own commands, for etcd over
+mutual TLS, and the WAKEFUL_* variables that point a piece at them."""
 
 from __future__ import annotations
 
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
+from wakeful.store import TLSFiles
+from wakeful.store.testing import EtcdServer, EtcdServerTLS
 
-def openssl(*args: str, cwd: Path) -> None:
-    done = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, check=False)
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+BOUND = 20  # seconds: a refused handshake must fail well within this, never hang
+
+
+def readme_commands(after: str = "### etcd over mutual TLS") -> str:
+    """The first `sh` block of the README after `after` (by default, of the "etcd over mutual
+    TLS" section: the CA, etcd's certificate and a client certificate)."""
+    section = README.read_text().split(after, 1)[1]
+    block = section.split("```sh\n", 1)[1].split("```", 1)[0]
+    return "\n".join(line.strip() for line in block.splitlines())
+
+
+@dataclass(frozen=True)
+class Pki:
+    """One run of the README's commands: a CA, etcd's certificate, a client certificate."""
+
+    dir: Path
+
+    @property
+    def ca(self) -> Path:
+        return self.dir / "ca.crt"
+
+    def client(self, ca: Pki | None = None) -> TLSFiles:
+        """This CA's client certificate, trusting `ca`'s CA (this one's by default)."""
+        return TLSFiles(
+            ca=(ca or self).ca, cert=self.dir / "wakeful.crt", key=self.dir / "wakeful.key"
+        )
+
+    def server(self) -> EtcdServerTLS:
+        client = self.client()
+        assert client.cert is not None and client.key is not None
+        return EtcdServerTLS(
+            ca=self.ca,
+            cert=self.dir / "etcd.crt",
+            key=self.dir / "etcd.key",
+            client_cert=client.cert,
+            client_key=client.key,
+        )
+
+
+def make_pki(directory: Path) -> Pki:
+    directory.mkdir()
+    done = subprocess.run(
+        ["sh", "-ec", readme_commands()], cwd=directory, capture_output=True, check=False
+    )
     assert done.returncode == 0, done.stderr.decode()
+    return Pki(directory)
 
 
-def issue(ca: Path, out: Path, name: str, file: str | None = None) -> None:
-    """A certificate for `name` (its CN and SAN), signed by the CA in `ca`, as FILE.crt/.key."""
-    file = file or name
-    ext = out / f"{file}.ext"
-    ext.write_text(f"subjectAltName=DNS:{name}\n")
-    openssl(
-        "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-        "-keyout", str(out / f"{file}.key"), "-out", str(out / f"{file}.csr"),
-        "-subj", f"/CN={name}", cwd=out,
-    )  # fmt: skip
-    openssl(
-        "x509", "-req", "-in", str(out / f"{file}.csr"), "-CA", str(ca / "ca.crt"),
-        "-CAkey", str(ca / "ca.key"), "-CAcreateserial", "-days", "2", "-extfile", str(ext),
-        "-out", str(out / f"{file}.crt"),
-        cwd=out,
-    )  # fmt: skip
-    (out / f"{file}.csr").unlink()
-    ext.unlink()
-
-
-def make_pki(tmp_path: Path) -> tuple[Path, Path]:
-    """(the CA's directory, the ingress's certificate directory): `default` (for
-    fallback.example), shop.example.com and *.apps.example.com."""
-    ca, certs = tmp_path / "ca", tmp_path / "certs"
-    ca.mkdir()
-    certs.mkdir()
-    openssl(
-        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-        "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=wakeful test CA",
-        cwd=ca,
-    )  # fmt: skip
-    issue(ca, certs, "fallback.example", "default")
-    issue(ca, certs, "shop.example.com")
-    issue(ca, certs, "*.apps.example.com")
-    return ca, certs
+def environment(server: EtcdServer, tls: TLSFiles) -> dict[str, str]:
+    """The variables a piece reads to reach `server` with `tls`."""
+    files = {"WAKEFUL_ETCD_CA": tls.ca, "WAKEFUL_ETCD_CERT": tls.cert, "WAKEFUL_ETCD_KEY": tls.key}
+    named = {name: str(path) for name, path in files.items() if path is not None}
+    return {"WAKEFUL_STORE_URL": server.url, **named}
