@@ -104,8 +104,8 @@ class H2Connection(asyncio.Protocol):
         """No new stream is taken (GOAWAY went, or came); those under way carry on."""
         self._dead = False
         """A connection error ended it: nothing more is read."""
-        self._last_taken = 0
-        """After a graceful GOAWAY: the last stream it names (newer ones are refused)."""
+        self._last_taken: int | None = None
+        """After our graceful GOAWAY: the last stream it names (newer ones are refused)."""
         self._deadline = Deadline(self._loop, self._timed_out)
         self._idle_due: float | None = None
         self._block_due: float | None = None
@@ -143,8 +143,10 @@ class H2Connection(asyncio.Protocol):
                 self._deadline.at(self._block_due)
         else:
             self._block_due = None
+        if seen.goaway:
+            self.closing = True  # no stream after it; those under way are answered
         try:
-            events = self._h2.receive_data(data)
+            events = self._h2.receive_data(seen.data)
         except h2.exceptions.ProtocolError as exc:  # h2 has queued its GOAWAY already
             self._goaway(0, str(exc), "protocol", queued=True)
             return
@@ -165,11 +167,11 @@ class H2Connection(asyncio.Protocol):
                 stream = self._streams.get(event.stream_id)  # kept from no one: gRPC sends none
                 if stream is not None and stream.body is not None:
                     stream.body.end()
-            elif isinstance(event, h2.events.ConnectionTerminated):
-                self._went_away()
         self.out.flush()
         if self._streams:
             self._idle_due = None
+        elif self.closing:
+            self._close_when_done()
 
     def eof_received(self) -> bool:
         self.connection_lost(None)
@@ -202,7 +204,7 @@ class H2Connection(asyncio.Protocol):
 
     def _request(self, event: h2.events.RequestReceived) -> None:
         stream_id = event.stream_id
-        if self.closing and stream_id > self._last_taken:  # after our GOAWAY: not taken
+        if self._last_taken is not None and stream_id > self._last_taken:  # after our GOAWAY
             self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
             return
         headers = event.headers
@@ -319,18 +321,6 @@ class H2Connection(asyncio.Protocol):
             goaway = GoAwayFrame(0, last_stream_id=self._last_taken, error_code=0)
             self.transport.write(goaway.serialize())
         self._close_when_done()
-
-    def _went_away(self) -> None:
-        """The client's GOAWAY: h2 takes no frame after it, so the connection is over for the
-        streams under way too (as when a client hangs up)."""
-        self.closing = self._dead = True
-        for stream in list(self._streams.values()):
-            if stream.body is not None:
-                stream.body.fail(ClientGone("the client went away"))
-            if stream.task is not None:
-                stream.task.cancel()
-        if self.transport is not None:
-            self.transport.close()
 
     def tasks(self) -> list[asyncio.Task[None]]:
         return [s.task for s in self._streams.values() if s.task is not None]

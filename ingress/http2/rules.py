@@ -34,7 +34,7 @@ CONTROL_RATE = 500.0
 RESET_BURST = 200
 RESET_RATE = 100.0
 
-_DATA, _HEADERS, _PRIORITY, _RST, _SETTINGS, _PUSH, _PING = 0, 1, 2, 3, 4, 5, 6
+_DATA, _HEADERS, _PRIORITY, _RST, _SETTINGS, _PUSH, _PING, _GOAWAY = 0, 1, 2, 3, 4, 5, 6, 7
 _CONTINUATION = 9
 _END_STREAM = 0x1
 _END_HEADERS = 0x4
@@ -72,49 +72,71 @@ class Budget:
 class Seen:
     """What one read held, counted by `FrameScan.feed`."""
 
+    data: bytes = b""
+    """What `h2` is given: the read, less a GOAWAY frame (and a frame header split by the read's
+    end, held back until it is whole)."""
     control: int = 0
     resets: int = 0
+    goaway: bool = False
+    """The client sent GOAWAY: it starts no stream after it. `h2` never sees it, since h2 takes
+    no frame after one, and the streams under way must still be answered (RFC 9113 §6.8)."""
     refusal: str | None = None
     """Why the connection must end now (a header block past its bound)."""
 
 
 class FrameScan:
-    """Follows frame boundaries across reads (9-byte headers, payloads skipped) and counts
-    what the budgets bound; about a microsecond a frame, paid by HTTP/2 connections only."""
+    """Follows frame boundaries across reads (9-byte headers, payloads skipped), counts what
+    the budgets bound, and takes the client's GOAWAY out; about a microsecond a frame, paid by
+    HTTP/2 connections only."""
 
-    __slots__ = ("_block", "_head", "_skip", "max_block", "open_block")
+    __slots__ = ("_block", "_dropping", "_head", "_skip", "max_block", "open_block")
 
     def __init__(self, max_block: int, preface: bool) -> None:
         self.max_block = max_block
         self._skip = len(PREFACE) if preface else 0
         """Bytes still to pass over: the preface, then each frame's payload."""
+        self._dropping = False
+        """The bytes passed over are a GOAWAY's: not for h2."""
         self._head = b""
-        """A frame header split across reads."""
+        """A frame header split by the end of a read, held back from h2 until it is whole."""
         self._block = 0
         self.open_block = False
         """A header block began (HEADERS without END_HEADERS) and has not ended."""
 
     def feed(self, data: bytes) -> Seen:
         seen = Seen()
+        if self._head:
+            data = self._head + data
+            self._head = b""
         at = 0
         end = len(data)
+        kept = 0
+        """Where the bytes for h2 not yet taken begin."""
+        pieces: list[bytes] = []
         while at < end:
             if self._skip:
                 step = min(self._skip, end - at)
                 self._skip -= step
                 at += step
+                if self._dropping:
+                    self._dropping = self._skip > 0
+                    kept = at
                 continue
-            need = 9 - len(self._head)
-            piece = data[at : at + need]
-            at += len(piece)
-            if len(piece) < need:
-                self._head += piece
+            if end - at < 9:
+                self._head = data[at:]
                 break
-            header = self._head + piece if self._head else piece
-            self._head = b""
-            length = int.from_bytes(header[0:3], "big")
-            kind = header[3]
-            flags = header[4]
+            length = (data[at] << 16) | (data[at + 1] << 8) | data[at + 2]
+            kind = data[at + 3]
+            flags = data[at + 4]
+            if kind == _GOAWAY:
+                pieces.append(data[kept:at])
+                seen.goaway = True
+                at += 9
+                kept = at
+                self._skip = length
+                self._dropping = length > 0
+                continue
+            at += 9
             self._skip = length
             if kind in (_HEADERS, _PUSH, _CONTINUATION):
                 self._block = length if kind != _CONTINUATION else self._block + length
@@ -132,6 +154,12 @@ class FrameScan:
                 or (kind == _DATA and length == 0 and not flags & _END_STREAM)
             ):
                 seen.control += 1
+        stop = end - len(self._head)
+        if not pieces and kept == 0 and stop == end:
+            seen.data = data
+        else:
+            pieces.append(data[kept:stop])
+            seen.data = b"".join(pieces)
         return seen
 
 

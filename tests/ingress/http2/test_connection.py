@@ -89,3 +89,36 @@ async def test_a_stop_lets_streams_under_way_finish_and_refuses_newer_ones() -> 
         assert await reader.read() == b""  # and the connection closes after it
         await stopping
     writer.close()
+
+
+async def test_a_client_that_goes_away_still_gets_the_answers_under_way() -> None:
+    """A client's GOAWAY says it starts nothing more, not that it wants no answer: h2 takes
+    no frame after one, so the ingress keeps it from h2 and answers what was asked."""
+    go = anyio.Event()
+
+    class Waits:
+        async def handle(self, request: Request, out: Responder) -> None:
+            await go.wait()
+            out.send_whole(200, [], request.target)
+
+    server = HttpServer(Waits(), Limits(), http2=True)
+    sock = socket.create_server(("127.0.0.1", 0))
+    sock.setblocking(False)
+    await server.start(sock, 16)
+    reader, writer = await asyncio.open_connection(*sock.getsockname()[:2])
+    client = h2.connection.H2Connection(h2.config.H2Configuration(header_encoding=None))
+    client.initiate_connection()
+    asked = request(client, b"/asked")
+    client.close_connection()  # GOAWAY, right behind the request
+    writer.write(client.data_to_send())
+    frames = Frames(reader)
+    with anyio.fail_after(10):
+        while not server.h2 or not any(c.closing for c in server.h2):  # noqa: ASYNC110
+            await anyio.sleep(0.01)
+        go.set()
+        data = await frames.until(DataFrame, asked)
+        assert isinstance(data, DataFrame)
+        assert data.data == b"/asked" and "END_STREAM" in data.flags
+        assert await reader.read() == b""  # then it closes: nothing more will be asked
+    writer.close()
+    await server.stop(1)
