@@ -270,6 +270,7 @@ class LeaseCache:
         use.returned = True
         entry = use.lease
         entry.uses -= 1
+        entry.used = True  # it carried a request until now: the next renewal says so
         if entry.uses == 0:
             entry.idle_since = self._clock()
             self._held.discard(entry)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import anyio
@@ -273,3 +274,14 @@ async def test_misses_waiting_together_lose_no_lease_and_share_what_is_granted(
         cached = s.ingress.cache.snapshot()
         assert all(entry.uses == 0 for entry in cached)
         assert len(cached) < 20, cached  # some waiters took room, not a lease of their own
+
+
+async def test_a_long_request_counts_as_activity_until_it_ends(hello: Callable[[], int]) -> None:
+    """The activator's last activity for a sandbox is the end of its last request, not the
+    last renewal during it: a stream or a WebSocket that ends gives its app the whole
+    scale_down_delay from its end (renewals clear `used`; the use's return sets it again)."""
+    async with stack({"sb-1": hello()}, activity_report_interval=0.2) as s:
+        answer = await s.client.get("/sleep?s=1")
+        assert answer.status_code == 200
+        ended = time.time()
+        await eventually(lambda: s.activator._activity.latest("sb-1") >= ended, 5)
