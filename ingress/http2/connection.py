@@ -43,7 +43,7 @@ from wakeful.ingress.http2.rules import (
     FrameScan,
     request_head,
 )
-from wakeful.ingress.http2.sender import Sender
+from wakeful.ingress.http2.sender import PlainEncoder, Sender
 from wakeful.ingress.http2.stream import STREAM_WINDOW, StreamBody, StreamResponder
 
 if TYPE_CHECKING:
@@ -83,6 +83,7 @@ class H2Connection(asyncio.Protocol):
             normalize_outbound_headers=False,
         )
         self._h2 = h2.connection.H2Connection(config)
+        self._h2.encoder = PlainEncoder()
         self._h2.local_settings = h2.settings.Settings(
             client=False,
             initial_values={
@@ -161,6 +162,9 @@ class H2Connection(asyncio.Protocol):
                     stream.body.end()
             elif isinstance(event, h2.events.StreamReset):
                 self._reset_by_client(event.stream_id)
+            elif isinstance(event, h2.events.WindowUpdated) and event.stream_id:
+                if (opened := self._streams.get(event.stream_id)) is not None:
+                    self.out.pump_all((opened.out,))
             elif isinstance(event, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
                 self.out.pump_all(stream.out for stream in self._streams.values())
             elif isinstance(event, h2.events.TrailersReceived):

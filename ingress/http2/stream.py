@@ -16,6 +16,8 @@ import collections
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
+from hpack import NeverIndexedHeaderTuple
+
 from wakeful.ingress.errors import ClientGone, ClientTooSlow, UpstreamFailed
 from wakeful.ingress.http1.responder import ClientSide
 
@@ -145,8 +147,11 @@ class StreamResponder:
             self._no_body = True
         head = [(b":status", b"%d" % status)]
         for pair in headers:
-            if pair[0] == b"content-length" and self._left is None and not self._no_body:
+            name = pair[0]
+            if name == b"content-length" and self._left is None and not self._no_body:
                 self._left = int(pair[1])
+            elif name == b"x-request-id":  # new on every answer: kept out of HPACK's table
+                pair = NeverIndexedHeaderTuple(*pair)
             head.append(pair)
         self._head = head
 

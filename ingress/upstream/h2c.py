@@ -40,6 +40,7 @@ import h2.settings
 from wakeful.aio.deadline import Deadline
 from wakeful.aio.flow import WriteGate
 from wakeful.ingress.errors import ClosedUnanswered, UpstreamFailed, UpstreamTimeout
+from wakeful.ingress.http2.sender import PlainEncoder
 from wakeful.ingress.upstream.connection import Gated, tuned
 
 if TYPE_CHECKING:
@@ -209,6 +210,7 @@ class H2Upstream(Gated):
         self.loop = asyncio.get_running_loop()
         config = h2.config.H2Configuration(client_side=True, header_encoding=None)
         self._h2 = h2.connection.H2Connection(config)
+        self._h2.encoder = PlainEncoder()
         self._h2.local_settings = h2.settings.Settings(
             client=True,
             initial_values={
