@@ -229,6 +229,8 @@ class H2Upstream(Gated):
         self._window: asyncio.Future[None] | None = None
         """What body writers wait on while the sandbox's windows are shut."""
         self._idle = Deadline(self.loop, self._idle_out)
+        self._flushing = False
+        """A write is due this turn of the loop (`flush`)."""
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
@@ -421,6 +423,14 @@ class H2Upstream(Gated):
             self.close()
 
     def flush(self) -> None:
+        """Write what h2 holds once this turn of the loop is over: a request's HEADERS, DATA
+        and END_STREAM, and those of every stream that wrote meanwhile, in one write."""
+        if not self._flushing:
+            self._flushing = True
+            self.loop.call_soon(self.write_out)
+
+    def write_out(self) -> None:
+        self._flushing = False
         data = self._h2.data_to_send()
         if data and self.transport is not None and not self.closed:
             self.transport.write(data)
@@ -430,7 +440,7 @@ class H2Upstream(Gated):
             return
         with contextlib.suppress(h2.exceptions.ProtocolError):
             self._h2.close_connection()
-        self.flush()
+        self.write_out()
         self.closed = True
         self._idle.cancel()
         self._pool.forget(self)
