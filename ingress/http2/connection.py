@@ -58,6 +58,21 @@ CONNECTION_WINDOW = 1024 * 1024
 _CALM = h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
 
 
+class _Advertised(h2.settings.Settings):
+    """The settings as sent, MAX_CONCURRENT_STREAMS included, except that h2 is not to
+    enforce that one: it makes a stream past it a connection error (every stream under way
+    lost), where RFC 9113 §5.1.2 makes it a stream error. `H2Connection._request` refuses such
+    a stream alone (REFUSED_STREAM), once its head is decoded (HPACK's context kept)."""
+
+    @property
+    def max_concurrent_streams(self) -> int:
+        return 2**31 - 1
+
+    @max_concurrent_streams.setter
+    def max_concurrent_streams(self, value: int) -> None:
+        self[h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS] = value
+
+
 class _Stream:
     __slots__ = ("body", "out", "task")
 
@@ -84,7 +99,7 @@ class H2Connection(asyncio.Protocol):
         )
         self._h2 = h2.connection.H2Connection(config)
         self._h2.encoder = PlainEncoder()
-        self._h2.local_settings = h2.settings.Settings(
+        self._h2.local_settings = _Advertised(
             client=False,
             initial_values={
                 h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_STREAMS,
@@ -97,6 +112,11 @@ class H2Connection(asyncio.Protocol):
         now = self._loop.time()
         self._control = Budget(CONTROL_BURST, CONTROL_RATE, now)
         self._resets = Budget(RESET_BURST, RESET_RATE, now)
+        self._windows = Budget(CONTROL_BURST, CONTROL_RATE, now)
+        self._provoked = 0
+        """Streams the ingress reset because of what the client sent, in the read at hand."""
+        self._abort: asyncio.TimerHandle | None = None
+        """After a close: the abort of a client that does not read what is left."""
         self.transport: asyncio.Transport | None = None
         self._streams: dict[int, _Stream] = {}
         self.out = Sender(self._h2, self._loop, self.limits.client_timeout)
@@ -138,6 +158,11 @@ class H2Connection(asyncio.Protocol):
         if seen.resets and not self._resets.spend(seen.resets, now):
             self._goaway(_CALM, "too many streams reset", "resets")
             return
+        if seen.windows:
+            self._windows.give(2 * self.out.take_data_frames())
+            if not self._windows.spend(seen.windows, now):
+                self._goaway(_CALM, "too many WINDOW_UPDATE frames", "control-frames")
+                return
         if self._scan.open_block:
             if self._block_due is None:
                 self._block_due = now + self.limits.head_timeout
@@ -151,6 +176,8 @@ class H2Connection(asyncio.Protocol):
         except h2.exceptions.ProtocolError as exc:  # h2 has queued its GOAWAY already
             self._goaway(0, str(exc), "protocol", queued=True)
             return
+        windows: set[int] | None = None
+        """Streams whose window opened in this read (0: the connection's): pumped once."""
         for event in events:
             if isinstance(event, h2.events.RequestReceived):
                 self._request(event)
@@ -161,16 +188,29 @@ class H2Connection(asyncio.Protocol):
                 if stream is not None and stream.body is not None:
                     stream.body.end()
             elif isinstance(event, h2.events.StreamReset):
+                if not event.remote_reset:  # h2 reset it for a rule the client broke
+                    self._provoked += 1
                 self._reset_by_client(event.stream_id)
-            elif isinstance(event, h2.events.WindowUpdated) and event.stream_id:
-                if (opened := self._streams.get(event.stream_id)) is not None:
-                    self.out.pump_all((opened.out,))
-            elif isinstance(event, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
-                self.out.pump_all(stream.out for stream in self._streams.values())
+            elif isinstance(event, h2.events.WindowUpdated):
+                windows = windows or set()
+                windows.add(event.stream_id)
+            elif isinstance(event, h2.events.RemoteSettingsChanged):
+                windows = windows or set()
+                windows.add(0)
             elif isinstance(event, h2.events.TrailersReceived):
                 stream = self._streams.get(event.stream_id)  # kept from no one: gRPC sends none
                 if stream is not None and stream.body is not None:
                     stream.body.end()
+        if windows is not None:  # once a read, however many WINDOW_UPDATEs it held
+            if 0 in windows:
+                self.out.pump_all(stream.out for stream in self._streams.values())
+            else:
+                opened = (self._streams.get(stream_id) for stream_id in windows)
+                self.out.pump_all(stream.out for stream in opened if stream is not None)
+        provoked, self._provoked = self._provoked, 0
+        if provoked and not self._resets.spend(provoked, now):
+            self._goaway(_CALM, "too many streams reset", "resets")
+            return
         self.out.flush()
         if self._streams:
             self._idle_due = None
@@ -185,6 +225,8 @@ class H2Connection(asyncio.Protocol):
         if self.gone:
             return
         self.gone = self.closing = True
+        if self._abort is not None:
+            self._abort.cancel()
         self._deadline.cancel()
         self._server.h2.discard(self)
         self.out.lost()
@@ -211,10 +253,15 @@ class H2Connection(asyncio.Protocol):
         if self._last_taken is not None and stream_id > self._last_taken:  # after our GOAWAY
             self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
             return
+        if len(self._streams) >= MAX_STREAMS:  # past what was advertised: this one alone
+            self._provoked += 1
+            self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+            return
         headers = event.headers
         try:
             method, target, fields = request_head(headers)
         except BadRequest:
+            self._provoked += 1
             self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.PROTOCOL_ERROR)
             return
         body = None
@@ -309,8 +356,7 @@ class H2Connection(asyncio.Protocol):
         for stream in list(self._streams.values()):
             if stream.task is not None:
                 stream.task.cancel()
-        if self.transport is not None:
-            self.transport.close()
+        self._close()
 
     def shutdown(self) -> None:
         """Take no new stream (a GOAWAY naming the last one taken); the streams under way
@@ -336,11 +382,19 @@ class H2Connection(asyncio.Protocol):
     def _close_when_done(self) -> None:
         if not self._streams and self.transport is not None:
             self.out.write_out()
+            self._close()
+
+    def _close(self) -> None:
+        """Close once what is written went out; abort if the client has not read it within
+        its timeout (a client that never reads would keep the connection, and its slot)."""
+        if self.transport is not None and self._abort is None:
             self.transport.close()
+            self._abort = self._loop.call_later(self.limits.client_timeout, self.abort)
 
     def _idle(self) -> None:
         self._idle_due = self._loop.time() + self.limits.keepalive
-        self._deadline.at(self._idle_due)
+        due = self._idle_due if self._block_due is None else min(self._idle_due, self._block_due)
+        self._deadline.at(due)
 
     def _timed_out(self) -> None:
         now = self._loop.time()

@@ -10,17 +10,23 @@ does not bound, or bounds too loosely for a server holding ten thousand connecti
   refusing (the 2024 CONTINUATION floods). A block left open longer than the head timeout
   ends the connection (`FrameScan.open_block` tells the connection when one is open).
 - **Frames that carry no request** (PING, SETTINGS, PRIORITY, an empty DATA frame that does
-  not end its stream): a `Budget` of `CONTROL_BURST`, refilled at `CONTROL_RATE` a second.
-- **Resets** (RST_STREAM from the client; CVE-2023-44487's rapid reset): a `Budget` of
-  `RESET_BURST`, refilled at `RESET_RATE` a second. Each reset stream is cancelled at once,
-  its lease given back; the budget bounds how fast a client can make the ingress start work
-  it then throws away.
+  not end its stream, a frame of a type HTTP/2 does not define): a `Budget` of
+  `CONTROL_BURST`, refilled at `CONTROL_RATE` a second.
+- **Resets** (RST_STREAM from the client, CVE-2023-44487's rapid reset; and streams the
+  client makes the ingress reset, by breaking a stream's rules or opening one past
+  MAX_CONCURRENT_STREAMS, CVE-2025-8671's "MadeYouReset"): a `Budget` of `RESET_BURST`,
+  refilled at `RESET_RATE` a second. Each reset stream is cancelled at once, its lease given
+  back; the budget bounds how fast a client can make the ingress start work it then throws
+  away.
+- **WINDOW_UPDATE** frames: `CONTROL_BURST`, refilled at `CONTROL_RATE` and by two a DATA
+  frame sent (a downloading client acknowledges what it reads).
 
 Past a budget or a bound, the connection gets GOAWAY (ENHANCE_YOUR_CALM) and closes.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from wakeful.ingress.errors import BadRequest
@@ -35,7 +41,7 @@ RESET_BURST = 200
 RESET_RATE = 100.0
 
 _DATA, _HEADERS, _PRIORITY, _RST, _SETTINGS, _PUSH, _PING, _GOAWAY = 0, 1, 2, 3, 4, 5, 6, 7
-_CONTINUATION = 9
+_WINDOW_UPDATE, _CONTINUATION = 8, 9
 _END_STREAM = 0x1
 _END_HEADERS = 0x4
 _ACK = 0x1
@@ -60,9 +66,17 @@ class Budget:
         self._left = float(burst)
         self._at = now
 
+    def give(self, count: int) -> None:
+        """`count` more, beyond the rate (earned: a WINDOW_UPDATE per DATA frame sent), up to
+        ten bursts."""
+        self._left = min(self._left + count, 10 * self.burst)
+
     def spend(self, count: int, now: float) -> bool:
         """Take `count`; False when that overdraws the budget."""
-        left = min(self.burst, self._left + (now - self._at) * self.rate) - count
+        left = self._left
+        if left < self.burst:  # the rate refills up to the burst; what was given is kept
+            left = min(self.burst, left + (now - self._at) * self.rate)
+        left -= count
         self._at = now
         self._left = left
         return left >= 0
@@ -77,6 +91,9 @@ class Seen:
     end, held back until it is whole)."""
     control: int = 0
     resets: int = 0
+    windows: int = 0
+    """WINDOW_UPDATE frames: a client downloading sends many, so their budget is refilled by
+    the DATA frames the ingress sends (`Budget.give`)."""
     goaway: bool = False
     """The client sent GOAWAY: it starts no stream after it. `h2` never sees it, since h2 takes
     no frame after one, and the streams under way must still be answered (RFC 9113 §6.8)."""
@@ -152,8 +169,11 @@ class FrameScan:
                 kind in (_PING, _PRIORITY)
                 or (kind == _SETTINGS and not flags & _ACK)
                 or (kind == _DATA and length == 0 and not flags & _END_STREAM)
+                or kind > _CONTINUATION  # a type h2 parses and ignores: no request either
             ):
                 seen.control += 1
+            elif kind == _WINDOW_UPDATE:
+                seen.windows += 1
         stop = end - len(self._head)
         if not pieces and kept == 0 and stop == end:
             seen.data = data
@@ -161,6 +181,14 @@ class FrameScan:
             pieces.append(data[kept:stop])
             seen.data = b"".join(pieces)
         return seen
+
+
+_TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+"""RFC 9110 §5.6.2: what a method may be."""
+_VISIBLE = re.compile(rb"[\x21-\x7e]+")
+"""Visible ASCII: what a request target and a host are (llhttp refuses the rest on HTTP/1.1)."""
+_CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+"""Controls HTTP/1.1 field values may not carry (h2 refuses NUL, CR and LF only)."""
 
 
 def request_head(
@@ -199,9 +227,16 @@ def request_head(
             out.append((name, value))
     if method == b"CONNECT":
         raise BadRequest("CONNECT is not served here")
-    if b"\r" in path or b"\n" in path or b" " in path:
-        raise BadRequest("the :path carries a space or a line break")
+    if not _TOKEN.fullmatch(method):  # it becomes an HTTP/1.1 request line: `GET /x /`...
+        raise BadRequest(f"the :method {method[:40]!r} is not a token")
+    if not _VISIBLE.fullmatch(path):
+        raise BadRequest("the :path carries what a request line may not (spaces, controls)")
     name = authority or host
+    if name and not _VISIBLE.fullmatch(name):
+        raise BadRequest("the :authority carries what a Host header may not")
+    for _, value in out:
+        if _CONTROL.search(value):
+            raise BadRequest("a header value carries a control character")
     if cookies:
         out.append((b"cookie", b"; ".join(cookies)))
     if name:

@@ -55,6 +55,12 @@ class Sender:
         """A write out is due this turn of the loop (`flush`)."""
         self._gate = WriteGate(loop)
         self.writes_paused = False
+        self._data_frames = 0
+        """DATA frames sent since `take_data_frames` (what earns the client WINDOW_UPDATEs)."""
+
+    def take_data_frames(self) -> int:
+        sent, self._data_frames = self._data_frames, 0
+        return sent
 
     def paused(self) -> None:
         self.writes_paused = True
@@ -114,6 +120,7 @@ class Sender:
                     out.pending_bytes -= len(chunk)
                     last = not pending and out.ending is not None and not out.ending
                     conn.send_data(stream_id, chunk, end_stream=last)
+                    self._data_frames += 1
                     if last:
                         out.ending = None
                         out.closed = True
@@ -121,6 +128,7 @@ class Sender:
                     pending[0] = chunk[window:]
                     out.pending_bytes -= window
                     conn.send_data(stream_id, chunk[:window])
+                    self._data_frames += 1
             if not pending and out.ending is not None:
                 trailers, out.ending = out.ending, None
                 if trailers:

@@ -5,8 +5,9 @@ Flow control is the stream's bound both ways. What the client sends waits here u
 proxy reads it, and only then is it acknowledged (WINDOW_UPDATE): a client can never have more
 than its stream window (`STREAM_WINDOW`) unread here. What the handler writes goes out as the
 client's windows allow; the rest waits in `pending` and `drain` waits for it, at most the
-client's timeout (a client that never opens its window holds a stream, not memory or a
-lease, for that long).
+client's timeout: a client that never opens its window holds its stream, its lease and what
+was read for it (the sandbox's answer up to `HIGH_WATER`, and one chunk) that long, then the
+stream is reset and all of it goes back.
 """
 
 from __future__ import annotations
