@@ -73,7 +73,7 @@ from pathlib import Path
 import anyio
 from prometheus_client import CollectorRegistry
 
-from bench.proxy import nginx_conf
+from bench.proxy import nginx_conf, process
 from wakeful.activator.client import InProcessLeases
 from wakeful.activator.core import Activator
 from wakeful.activator.settings import ActivatorSettings
@@ -81,7 +81,7 @@ from wakeful.domain.models import App, AppSpec, Concurrency, Pool, Sandbox, Sand
 from wakeful.ingress import Ingress, IngressSettings
 from wakeful.process import settle_heap
 from wakeful.store import Store
-from wakeful.store.testing import free_port, wait_listening
+from wakeful.store.testing import free_port
 from wakeful.store.url import open_store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,29 +154,6 @@ class Pins:
     @staticmethod
     def _cmd(cpus: list[int] | None, args: list[str]) -> list[str]:
         return ["taskset", "-c", ",".join(map(str, cpus)), *args] if cpus else args
-
-
-@contextlib.contextmanager
-def process(
-    args: list[str], port: int, env: dict[str, str] | None = None
-) -> Iterator[subprocess.Popen[bytes]]:
-    """`args` running until the block ends, once something listens on `port`."""
-    proc = subprocess.Popen(
-        args,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ, **(env or {})},
-    )
-    try:
-        wait_listening(port, within=30)
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 TICK = os.sysconf("SC_CLK_TCK")

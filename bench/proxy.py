@@ -114,10 +114,18 @@ def run_sandbox(port: int, delay: float = 0.0) -> None:
 
 
 @contextlib.contextmanager
-def process(args: list[str], port: int) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def process(
+    args: list[str], port: int, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`args` running until the block ends, once something listens on `port`."""
+    proc = subprocess.Popen(
+        args,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=None if env is None else {**os.environ, **env},
+    )
     try:
-        wait_listening(port)
+        wait_listening(port, within=30)
         yield proc
     finally:
         proc.terminate()

@@ -17,7 +17,7 @@ import pytest
 from hpack import Decoder
 from hyperframe.frame import DataFrame, Frame, GoAwayFrame, HeadersFrame, RstStreamFrame
 
-from wakeful.ingress.http1 import HttpServer, Limits, Request, Responder
+from wakeful.ingress.http1 import Handler, HttpServer, Limits, Request, Responder
 
 pytestmark = pytest.mark.anyio
 
@@ -42,6 +42,21 @@ class Frames:
                 return frame
 
 
+async def served(
+    handler: Handler,
+) -> tuple[HttpServer, asyncio.StreamReader, asyncio.StreamWriter, h2.connection.H2Connection]:
+    """A server with HTTP/2 on a loopback port, a connection to it, and an h2 client whose
+    preface is ready to go with the first request."""
+    server = HttpServer(handler, Limits(), http2=True)
+    sock = socket.create_server(("127.0.0.1", 0))
+    sock.setblocking(False)
+    await server.start(sock, 16)
+    reader, writer = await asyncio.open_connection(*sock.getsockname()[:2])
+    client = h2.connection.H2Connection(h2.config.H2Configuration(header_encoding=None))
+    client.initiate_connection()
+    return server, reader, writer, client
+
+
 def request(client: h2.connection.H2Connection, path: bytes) -> int:
     stream = client.get_next_available_stream_id()
     head = [(b":method", b"GET"), (b":scheme", b"http"), (b":authority", b"x"), (b":path", path)]
@@ -59,13 +74,7 @@ async def test_a_stop_lets_streams_under_way_finish_and_refuses_newer_ones() -> 
                 await go.wait()
             out.send_whole(200, [], request.target)
 
-    server = HttpServer(Slow(), Limits(), http2=True)
-    sock = socket.create_server(("127.0.0.1", 0))
-    sock.setblocking(False)
-    await server.start(sock, 16)
-    reader, writer = await asyncio.open_connection(*sock.getsockname()[:2])
-    client = h2.connection.H2Connection(h2.config.H2Configuration(header_encoding=None))
-    client.initiate_connection()
+    server, reader, writer, client = await served(Slow())
     slow = request(client, b"/slow")
     writer.write(client.data_to_send())
     frames = Frames(reader)
@@ -101,13 +110,7 @@ async def test_a_client_that_goes_away_still_gets_the_answers_under_way() -> Non
             await go.wait()
             out.send_whole(200, [], request.target)
 
-    server = HttpServer(Waits(), Limits(), http2=True)
-    sock = socket.create_server(("127.0.0.1", 0))
-    sock.setblocking(False)
-    await server.start(sock, 16)
-    reader, writer = await asyncio.open_connection(*sock.getsockname()[:2])
-    client = h2.connection.H2Connection(h2.config.H2Configuration(header_encoding=None))
-    client.initiate_connection()
+    server, reader, writer, client = await served(Waits())
     asked = request(client, b"/asked")
     client.close_connection()  # GOAWAY, right behind the request
     writer.write(client.data_to_send())
