@@ -171,6 +171,10 @@ class Sender:
         if out.stream_id in self._dirty:
             del self._dirty[out.stream_id]
             self.pump(out.stream_id, out)
+        if (out.closed or (not out.pending and out.ending is None)) and not self.writes_paused:
+            if self.gone:
+                raise ClientGone("the client hung up")
+            return  # nothing to wait for: no timer (most answers end here)
         async with asyncio.timeout(self._timeout):
             while (out.pending or out.ending is not None) and not out.closed:
                 if self.gone:
