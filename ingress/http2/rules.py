@@ -95,8 +95,10 @@ class Seen:
     """WINDOW_UPDATE frames: a client downloading sends many, so their budget is refilled by
     the DATA frames the ingress sends (`Budget.give`)."""
     goaway: bool = False
-    """The client sent GOAWAY: it starts no stream after it. `h2` never sees it, since h2 takes
+    """The peer sent GOAWAY: it starts no stream after it. `h2` never sees it, since h2 takes
     no frame after one, and the streams under way must still be answered (RFC 9113 §6.8)."""
+    goaway_last: int | None = None
+    """The last stream a GOAWAY from the peer names (read once its first 4 bytes came)."""
     refusal: str | None = None
     """Why the connection must end now (a header block past its bound)."""
 
@@ -106,7 +108,15 @@ class FrameScan:
     the budgets bound, and takes the client's GOAWAY out; about a microsecond a frame, paid by
     HTTP/2 connections only."""
 
-    __slots__ = ("_block", "_dropping", "_head", "_skip", "max_block", "open_block")
+    __slots__ = (
+        "_block",
+        "_dropping",
+        "_goaway",
+        "_head",
+        "_skip",
+        "max_block",
+        "open_block",
+    )
 
     def __init__(self, max_block: int, preface: bool) -> None:
         self.max_block = max_block
@@ -114,6 +124,8 @@ class FrameScan:
         """Bytes still to pass over: the preface, then each frame's payload."""
         self._dropping = False
         """The bytes passed over are a GOAWAY's: not for h2."""
+        self._goaway: bytes | None = None
+        """The start of a GOAWAY's payload being passed over, until its last stream is read."""
         self._head = b""
         """A frame header split by the end of a read, held back from h2 until it is whole."""
         self._block = 0
@@ -133,6 +145,11 @@ class FrameScan:
         while at < end:
             if self._skip:
                 step = min(self._skip, end - at)
+                if self._dropping and self._goaway is not None:
+                    self._goaway += data[at : at + min(step, 4 - len(self._goaway))]
+                    if len(self._goaway) == 4:
+                        seen.goaway_last = int.from_bytes(self._goaway, "big") & 0x7FFFFFFF
+                        self._goaway = None
                 self._skip -= step
                 at += step
                 if self._dropping:
@@ -152,6 +169,7 @@ class FrameScan:
                 kept = at
                 self._skip = length
                 self._dropping = length > 0
+                self._goaway = b"" if length >= 4 else None
                 continue
             at += 9
             self._skip = length

@@ -40,6 +40,7 @@ import h2.settings
 from wakeful.aio.deadline import Deadline
 from wakeful.aio.flow import WriteGate
 from wakeful.ingress.errors import ClosedUnanswered, UpstreamFailed, UpstreamTimeout
+from wakeful.ingress.http2.rules import FrameScan
 from wakeful.ingress.http2.sender import PlainEncoder
 from wakeful.ingress.upstream.connection import Gated, tuned
 
@@ -50,8 +51,10 @@ STREAM_WINDOW = 256 * 1024
 """Answer bytes one stream may have waiting for its client."""
 CONNECTION_WINDOW = 16 * 1024 * 1024
 """...and one connection, over all its streams."""
-MAX_STREAMS = 256
-"""Streams this side opens on one connection at most, whatever the sandbox allows."""
+MAX_STREAMS = 64
+"""Streams this side opens on one connection at most, whatever the sandbox allows: as many as
+the connection's window holds full streams (a client that reads nothing cannot stall the
+others); the pool opens another connection past it."""
 MAX_HEAD_BYTES = 64 * 1024
 """An answer's head or trailers, decoded, at most (an HPACK bomb from a sandbox)."""
 
@@ -76,6 +79,7 @@ class H2Exchange:
         "closed",
         "headers",
         "on_close",
+        "sandbox_done",
         "status",
         "stream_id",
         "trailers",
@@ -97,6 +101,8 @@ class H2Exchange:
         """Run once when the exchange is closed (the transport gives its slot back)."""
         self.answered = False
         self.closed = False
+        self.sandbox_done = False
+        """The sandbox ended or reset the stream (or the connection went): nothing to reset."""
         self.status = 0
         self.headers: Sequence[tuple[bytes, bytes]] = ()
         self.trailers: Sequence[tuple[bytes, bytes]] = ()
@@ -126,6 +132,7 @@ class H2Exchange:
         self._wake()
 
     def got_end(self, trailers: Sequence[tuple[bytes, bytes]] = ()) -> None:
+        self.sandbox_done = True
         if trailers:
             self.trailers = [pair for pair in trailers if pair[0][:1] != b":"]
         self._ended = True
@@ -143,6 +150,13 @@ class H2Exchange:
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
+
+    def drop_unread(self) -> int:
+        """Forget the answer's bytes nobody will read; how many there were (the connection
+        acknowledges them: otherwise its shared window would shrink for good)."""
+        unread = sum(map(len, self._chunks))
+        self._chunks.clear()
+        return unread
 
     # -- UpstreamResponse ----------------------------------------------------------------
 
@@ -229,6 +243,8 @@ class H2Upstream(Gated):
         self._window: asyncio.Future[None] | None = None
         """What body writers wait on while the sandbox's windows are shut."""
         self._idle = Deadline(self.loop, self._idle_out)
+        self._scan = FrameScan(MAX_HEAD_BYTES, preface=False)
+        """Frame boundaries: a head's CONTINUATIONs bounded, the sandbox's GOAWAY taken out."""
         self._flushing = False
         """A write is due this turn of the loop (`flush`)."""
 
@@ -241,8 +257,14 @@ class H2Upstream(Gated):
         self.flush()
 
     def data_received(self, data: bytes) -> None:
+        seen = self._scan.feed(data)
+        if seen.refusal is not None:
+            self._lost(UpstreamFailed(f"the sandbox sent {seen.refusal}"), unanswered=False)
+            return
+        if seen.goaway_last is not None:  # kept from h2, which would end the streams under way
+            self._going_away(seen.goaway_last)
         try:
-            events = self._h2.receive_data(data)
+            events = self._h2.receive_data(seen.data)
         except h2.exceptions.ProtocolError as exc:  # it answered, badly: no stream is sent again
             self._lost(UpstreamFailed(f"the sandbox broke HTTP/2: {exc}"), unanswered=False)
             return
@@ -273,8 +295,6 @@ class H2Upstream(Gated):
                 self._reset_by_sandbox(event.stream_id, event.error_code)
             elif isinstance(event, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
                 self._open_window()
-            elif isinstance(event, h2.events.ConnectionTerminated):
-                self._going_away(event.last_stream_id or 0)
         self.flush()
 
     def eof_received(self) -> bool:
@@ -301,6 +321,8 @@ class H2Upstream(Gated):
         idle: float,
     ) -> H2Exchange:
         """Start an exchange: its head now, its body by a task as the windows allow."""
+        if self.closed or self.going:  # lost between its dial and its first use
+            raise ClosedUnanswered("the connection to the sandbox closed before this request")
         stream_id = self._h2.get_next_available_stream_id()
         exchange = H2Exchange(self, stream_id, idle)
         self.exchanges[stream_id] = exchange
@@ -369,7 +391,10 @@ class H2Upstream(Gated):
         stream_id = exchange.stream_id
         if self.exchanges.pop(stream_id, None) is None:
             return
-        if not exchange._ended and exchange._error is None:
+        unread = exchange.drop_unread()  # the client will not take it: its window comes back
+        if unread:
+            self.consumed(stream_id, unread)
+        if not exchange.sandbox_done:  # the client left, or the ingress timed it out
             self._reset(stream_id, _CANCEL)
             self.flush()
         if not self.exchanges:
@@ -388,15 +413,20 @@ class H2Upstream(Gated):
         exchange = self.exchanges.get(stream_id)
         if exchange is None:
             return
+        exchange.sandbox_done = True
         if code == _REFUSED and not exchange.answered:
             exchange.fail(ClosedUnanswered("the sandbox refused the stream unprocessed"))
         else:
             exchange.fail(UpstreamFailed(f"the sandbox reset the stream ({code!r})"))
 
     def _going_away(self, last_stream_id: int) -> None:
+        """The sandbox's GOAWAY: no new stream on this connection; those it names carry on,
+        newer ones were never processed (they may be sent again)."""
         self.going = True
+        self._pool.forget(self)
         for stream_id, exchange in list(self.exchanges.items()):
-            if stream_id > last_stream_id and not exchange.answered:
+            if stream_id > last_stream_id:
+                exchange.sandbox_done = True
                 exchange.fail(ClosedUnanswered("the sandbox went away before this stream"))
         if not self.exchanges:
             self.close()
@@ -410,6 +440,7 @@ class H2Upstream(Gated):
         self._idle.cancel()
         self._pool.forget(self)
         for exchange in list(self.exchanges.values()):
+            exchange.sandbox_done = True
             if unanswered and not exchange.answered and not exchange._head.done():
                 exchange.fail(ClosedUnanswered("the connection closed before any answer"))
             else:

@@ -154,7 +154,10 @@ class RawTransport:
             conn = None if request.fresh else streams.take()
             while conn is None:
                 if streams.dialing is not None and not request.fresh:
-                    await asyncio.shield(streams.dialing)
+                    try:  # another request opens one: its fate is ours (not k dials in a row)
+                        await asyncio.shield(streams.dialing)
+                    except ConnectFailed as exc:
+                        raise ConnectFailed(str(exc)) from None
                     conn = streams.take()
                     continue
                 conn = await self._dial_h2(streams, pool)
@@ -179,11 +182,16 @@ class RawTransport:
         try:
             conn = await self._connect(pool, lambda: H2Upstream(streams))
             streams.conns.append(conn)
-            return conn
+        except ConnectFailed as exc:
+            dialing.set_exception(exc)
+            dialing.exception()  # retrieved: no request may be waiting on it
+            raise
         finally:
             if streams.dialing is dialing:
                 streams.dialing = None
-            dialing.set_result(None)
+            if not dialing.done():  # dialed, or cancelled: the waiters look (or try) again
+                dialing.set_result(None)
+        return conn
 
     async def _handshake(self, request: UpstreamRequest, pool: Pool, head: bytes) -> Handshake:
         """A WebSocket handshake on a connection of its own, holding an exchange slot only

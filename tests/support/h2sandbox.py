@@ -13,8 +13,9 @@ import h2.connection
 import h2.events
 import h2.exceptions
 
-Answer = Callable[[h2.connection.H2Connection, int, dict[bytes, bytes], bytes], None]
-"""What the sandbox does with a complete request: (connection, stream, head, body)."""
+Answer = Callable[[h2.connection.H2Connection, int, dict[bytes, bytes], bytes], bytes | None]
+"""What the sandbox does with a complete request: (connection, stream, head, body); raw
+bytes it returns are written before what h2 has to send (a frame h2 would not send)."""
 
 
 def ok(
@@ -101,7 +102,9 @@ class H2Sandbox:
                         head = heads.pop(event.stream_id)
                         with self._lock:
                             self.requests.append(head)
-                        self.answer(conn, event.stream_id, head, bodies.pop(event.stream_id))
+                        raw = self.answer(conn, event.stream_id, head, bodies.pop(event.stream_id))
+                        if raw:
+                            sock.sendall(raw)
                     elif isinstance(event, h2.events.StreamReset):
                         self.resets.append(int(event.error_code or 0))
                 if out := conn.data_to_send():

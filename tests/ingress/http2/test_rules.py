@@ -100,19 +100,22 @@ def test_the_clients_goaway_is_taken_out_of_what_h2_gets_however_it_is_split() -
     before = _wire(
         _headers(1, 20, {"END_HEADERS", "END_STREAM"}), PingFrame(0, opaque_data=b"p" * 8)
     )
-    goaway = _wire(GoAwayFrame(0, last_stream_id=0, error_code=0, additional_data=b"bye"))
+    goaway = _wire(GoAwayFrame(0, last_stream_id=77, error_code=0, additional_data=b"bye"))
     after = _wire(WindowUpdateFrame(1, window_increment=10), RstStreamFrame(3, error_code=8))
     data = PREFACE + before + goaway + after
     for step in (1, 2, 7, 9, 13, len(data)):
         scan = FrameScan(1024, preface=True)
         given = b""
         went = False
+        last = []
         for at in range(0, len(data), step):
             seen = scan.feed(data[at : at + step])
             given += seen.data
             went = went or seen.goaway
+            if seen.goaway_last is not None:
+                last.append(seen.goaway_last)
         assert given == PREFACE + before + after, step  # in order, whole, less the GOAWAY
-        assert went, step
+        assert went and last == [77], step  # and the last stream it names, read once
     scan = FrameScan(1024, preface=False)
     whole = scan.feed(before)
     assert whole.data is before and not whole.goaway  # the common read: passed on as it is

@@ -9,15 +9,18 @@ from __future__ import annotations
 import asyncio
 import itertools
 
+import h2.config
 import h2.connection
 import h2.errors
 import httpx
 import pytest
+from hyperframe.frame import GoAwayFrame
 
 from tests.support.h2sandbox import H2Sandbox, ok
 from tests.support.ingress import Stack, stack
 from tests.support.waiting import eventually
 from wakeful.domain.models import AppSpec, Concurrency
+from wakeful.ingress.upstream.h2c import H2Pool, H2Upstream
 
 pytestmark = pytest.mark.anyio
 
@@ -121,5 +124,98 @@ async def test_a_client_that_leaves_resets_its_stream_on_the_sandbox() -> None:
         async with stack({"s1": sandbox.port}, pool_update=H2C) as s:
             with pytest.raises(httpx.ReadTimeout):
                 await s.client.get("/", timeout=0.3)
+            await settled(s)
+            await eventually(lambda: sandbox.resets == [h2.errors.ErrorCodes.CANCEL], 5)
+
+
+def goaway_then_answer(conn: Conn, stream: int, head: dict[bytes, bytes], body: bytes) -> bytes:
+    """A sandbox stopping gracefully: GOAWAY naming this stream, then its answer."""
+    ok(conn, stream, head, body)
+    return GoAwayFrame(0, last_stream_id=stream, error_code=0).serialize()
+
+
+async def test_a_sandbox_going_away_still_answers_the_streams_it_named() -> None:
+    """h2 takes no frame after a GOAWAY: the ingress keeps the sandbox's from it, so the
+    answer that follows arrives (as grpcio's `server.stop(grace)` sends them)."""
+    with H2Sandbox(goaway_then_answer) as sandbox:
+        async with stack({"s1": sandbox.port}, pool_update=H2C) as s:
+            first = await s.client.get("/named")
+            assert first.status_code == 200 and first.text == "/named"
+            second = await s.client.get("/next")  # on a new connection: the old one went
+            assert second.status_code == 200 and second.text == "/next"
+        assert sandbox.connections == 2
+
+
+class Recorder(asyncio.Transport):
+    """asyncio's transport interface, keeping what is written (no socket)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = bytearray()
+        self.closed = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written += data
+
+    def take(self) -> bytes:
+        data, self.written = bytes(self.written), bytearray()
+        return data
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        return
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.closed = True
+
+
+async def test_answers_nobody_reads_give_the_shared_window_back() -> None:
+    """100 answers of 200 KiB on one connection, each closed unread (its client left): 20 MB,
+    past the connection's 16 MiB window. Each close acknowledges what it drops, so the
+    sandbox's window toward the ingress never shrinks (it would, for good, and every stream
+    on the connection would stall). A sandbox speaking h2 in memory, no socket."""
+    sandbox = h2.connection.H2Connection(
+        h2.config.H2Configuration(client_side=False, header_encoding=None)
+    )
+    sandbox.initiate_connection()
+    conn = H2Upstream(H2Pool(keepalive=5))
+    wire = Recorder()
+    conn.connection_made(wire)
+    conn.data_received(sandbox.data_to_send())
+    await asyncio.sleep(0)  # the ingress writes once a turn of the loop
+    sandbox.receive_data(wire.take())
+    full = sandbox.outbound_flow_control_window
+    head = [(b":method", b"GET"), (b":scheme", b"http"), (b":authority", b"a"), (b":path", b"/")]
+    for _ in range(100):
+        exchange = conn.open(head, None, 5.0)
+        await asyncio.sleep(0)
+        sandbox.receive_data(wire.take())
+        sandbox.send_headers(exchange.stream_id, [(b":status", b"200")])
+        for _ in range(12):
+            sandbox.send_data(exchange.stream_id, b"b" * 16384)
+        sandbox.send_data(exchange.stream_id, b"b" * 8192)
+        conn.data_received(sandbox.data_to_send())
+        exchange.close()  # nothing of it read
+        await asyncio.sleep(0)
+        sandbox.receive_data(wire.take())
+    # h2 sends a WINDOW_UPDATE once half the window is acknowledged: never less than half.
+    assert sandbox.outbound_flow_control_window >= full // 2
+
+
+def half_then_silent(conn: Conn, stream: int, head: dict[bytes, bytes], body: bytes) -> None:
+    conn.send_headers(stream, [(b":status", b"200")])
+    conn.send_data(stream, b"half")
+
+
+async def test_a_stream_the_ingress_times_out_is_reset_on_the_sandbox() -> None:
+    with H2Sandbox(half_then_silent) as sandbox:
+        async with stack({"s1": sandbox.port}, pool_update=H2C, request_timeout=0.3) as s:
+            with pytest.raises(httpx.RemoteProtocolError):
+                await s.client.get("/")
             await settled(s)
             await eventually(lambda: sandbox.resets == [h2.errors.ErrorCodes.CANCEL], 5)
