@@ -1,18 +1,20 @@
 """One client connection speaking HTTP/2: `h2` frames it, each stream is one request.
 
-The HTTP/1.1 connection hands the transport over (`ClientConnection.switch_to_h2`): on the TLS
+The HTTP/1.1 connection hands the transport over (`ClientConnection._switch`): on the TLS
 listener when ALPN chose `h2`, on the plain one when the first bytes are the preface (h2c
 with prior knowledge). Each stream runs the same handler an HTTP/1.1 request does, in a task
 of its own, with a `StreamBody` and a `StreamResponder` (`http2.stream`): admission, leases,
 in-flight counts and the access log see one request per stream.
 
 What a client can hold (invariant 18, and `http2.rules` for the frames `h2` does not bound):
-at most `MAX_STREAMS` streams at once (`h2` refuses more), `STREAM_WINDOW` unread bytes a
-stream and `CONNECTION_WINDOW` a connection, a header block of the head bound, budgets of
-control frames and resets, an unfinished header block for the head timeout, an idle
+at most `MAX_STREAMS` streams at once (the next one refused alone), `STREAM_WINDOW` unread
+bytes a stream and `CONNECTION_WINDOW` a connection (what a stream leaves unread is
+acknowledged when it ends), a header block of the head bound, budgets of control frames,
+WINDOW_UPDATEs and resets, an unfinished header block for the head timeout, an idle
 connection for the keep-alive timeout, and reading stops while what is written for it waits
 (a client that sends PINGs and SETTINGS but never reads cannot grow the buffer of their
-acknowledgements). A stream the client resets is cancelled at once: its lease goes back.
+acknowledgements; a connection closed on it is aborted after its timeout). A stream the
+client resets is cancelled at once: its lease goes back. The writing is `http2.sender`'s.
 """
 
 from __future__ import annotations
@@ -122,7 +124,8 @@ class H2Connection(asyncio.Protocol):
         self.out = Sender(self._h2, self._loop, self.limits.client_timeout)
         self.gone = False
         self.closing = False
-        """No new stream is taken (GOAWAY went, or came); those under way carry on."""
+        """The connection closes once its streams end: our GOAWAY went (newer streams are
+        refused), or the client's came (it opens none after it)."""
         self._dead = False
         """A connection error ended it: nothing more is read."""
         self._last_taken: int | None = None
@@ -296,6 +299,7 @@ class H2Connection(asyncio.Protocol):
             self._reset(stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
         finally:
             self._streams.pop(stream_id, None)
+            self._forget_body(stream_id, stream.body)
             out.closed = True
             self.out.flush()
             if not self._streams:
@@ -327,10 +331,17 @@ class H2Connection(asyncio.Protocol):
         with contextlib.suppress(h2.exceptions.StreamClosedError, KeyError):
             self._h2.acknowledge_received_data(size, stream_id)
 
+    def _forget_body(self, stream_id: int, body: StreamBody | None) -> None:
+        """A stream is over: what its client sent and nobody read is acknowledged (a body
+        answered before it was read, a call refused before its message was)."""
+        if body is not None and (unread := body.drop_unread()):
+            self._acknowledge(stream_id, unread)
+
     def _reset_by_client(self, stream_id: int) -> None:
         stream = self._streams.pop(stream_id, None)
         if stream is None:
             return
+        self._forget_body(stream_id, stream.body)
         stream.out.closed = True
         if stream.body is not None:
             stream.body.fail(ClientGone("the client reset the stream"))

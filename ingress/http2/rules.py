@@ -44,6 +44,7 @@ _DATA, _HEADERS, _PRIORITY, _RST, _SETTINGS, _PUSH, _PING, _GOAWAY = 0, 1, 2, 3,
 _WINDOW_UPDATE, _CONTINUATION = 8, 9
 _END_STREAM = 0x1
 _END_HEADERS = 0x4
+_PADDED = 0x8
 _ACK = 0x1
 
 
@@ -187,6 +188,7 @@ class FrameScan:
                 kind in (_PING, _PRIORITY)
                 or (kind == _SETTINGS and not flags & _ACK)
                 or (kind == _DATA and length == 0 and not flags & _END_STREAM)
+                or (kind == _DATA and flags & _PADDED)  # padding: flow control, no data
                 or kind > _CONTINUATION  # a type h2 parses and ignores: no request either
             ):
                 seen.control += 1
@@ -252,9 +254,14 @@ def request_head(
     name = authority or host
     if name and not _VISIBLE.fullmatch(name):
         raise BadRequest("the :authority carries what a Host header may not")
-    for _, value in out:
+    for field, value in out:
+        if not _TOKEN.fullmatch(field):
+            raise BadRequest(f"the header name {field[:40]!r} is not a token")
         if _CONTROL.search(value):
             raise BadRequest("a header value carries a control character")
+    for value in cookies:
+        if _CONTROL.search(value):
+            raise BadRequest("a cookie carries a control character")
     if cookies:
         out.append((b"cookie", b"; ".join(cookies)))
     if name:

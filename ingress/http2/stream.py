@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 STREAM_WINDOW = 64 * 1024
 """The window each stream advertises: request body bytes that may wait for the proxy."""
+SMALL = 1024
+"""DATA frames below this are gathered into one buffer, up to 16 of this."""
 
 
 class StreamBody:
@@ -39,6 +41,7 @@ class StreamBody:
         "_done",
         "_error",
         "_id",
+        "_small",
         "_waiter",
         "client_gone",
         "quiet",
@@ -49,6 +52,9 @@ class StreamBody:
         self._conn = conn
         self._id = stream_id
         self._chunks: collections.deque[bytes] = collections.deque()
+        self._small = bytearray()
+        """Small DATA frames gathered (a client sending a byte a frame would otherwise hold
+        ~40 bytes of memory a byte of its window)."""
         self._done = False
         self._error: Exception | None = None
         self._waiter: asyncio.Future[None] | None = None
@@ -60,10 +66,20 @@ class StreamBody:
 
     @property
     def complete(self) -> bool:
-        return self._done and not self._chunks
+        return self._done and not self._chunks and not self._small
 
     def feed(self, chunk: bytes) -> None:
-        self._chunks.append(chunk)
+        small = self._small
+        if len(chunk) < SMALL:
+            small += chunk
+            if len(small) >= SMALL * 16:
+                self._chunks.append(bytes(small))
+                small.clear()
+        else:
+            if small:
+                self._chunks.append(bytes(small))
+                small.clear()
+            self._chunks.append(chunk)
         self._wake()
 
     def end(self) -> None:
@@ -78,9 +94,20 @@ class StreamBody:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
+    def drop_unread(self) -> int:
+        """Forget what came and nobody will read (the stream ended first); how many bytes:
+        the connection acknowledges them, or its window would shrink for good."""
+        unread = sum(map(len, self._chunks)) + len(self._small)
+        self._chunks.clear()
+        self._small.clear()
+        return unread
+
     async def stream(self) -> AsyncIterator[bytes]:
         self.started = True
         while True:
+            if not self._chunks and self._small:
+                self._chunks.append(bytes(self._small))
+                self._small.clear()
             if self._chunks:
                 chunk = self._chunks.popleft()
                 self._conn.consumed(self._id, len(chunk))
@@ -162,8 +189,10 @@ class StreamResponder:
             self._out.send_head(self._id, head, end)
 
     def write(self, chunk: bytes) -> bool:
-        if self._no_body or not chunk or self.closed:
+        if self._no_body or not chunk:
             return False
+        if self.closed:  # reset: relaying more of the answer would only hold its lease
+            raise ClientGone("the stream was reset")
         if self._left is not None:
             if len(chunk) > self._left:
                 raise UpstreamFailed("the sandbox sent more body than its Content-Length")

@@ -38,11 +38,11 @@ from wakeful.ingress.websocket import MAX_REFUSAL_BYTES
 
 
 class Handshake(Gated):
-    trailers: tuple[tuple[bytes, bytes], ...] = ()
-
     """A WebSocket handshake's upstream connection, then (after a 101) the sandbox's end of
     its splice (`ingress.websocket.Side`). Any other answer is read whole (bounded) and passed
     on as it is."""
+
+    trailers: tuple[tuple[bytes, bytes], ...] = ()
 
     def __init__(self) -> None:
         self._loop = asyncio.get_running_loop()

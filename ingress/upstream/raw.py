@@ -171,7 +171,8 @@ class RawTransport:
         try:
             if request.longest is not None:
                 exchange.limit(request.longest)
-            await exchange.wait_head(request.timeout)
+            # A call's head may come with its first message, whenever that is (a watch).
+            await exchange.wait_head(request.timeout if request.idle is None else request.idle)
         except BaseException:
             exchange.close()
             raise

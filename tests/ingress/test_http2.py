@@ -14,6 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import anyio
+import h2.config
+import h2.connection
+import h2.events
 import httpx
 import pytest
 
@@ -132,3 +135,37 @@ async def test_with_http2_off_the_preface_is_a_bad_http11_request(
         answer = await anyio.to_thread.run_sync(_first_bytes, s.ingress.address[1], PREFACE)
         assert answer[3] == 4, answer  # a SETTINGS frame: the server's side of the preface
         assert await anyio.to_thread.run_sync(_alpn, s.ingress.tls_address[1], ca) == "h2"
+
+
+async def test_bodies_answered_unread_give_the_connection_window_back(
+    hello: Callable[[], int],
+) -> None:
+    """Twenty 64 KiB bodies refused before they were read (an unknown host: 404), 1.25 MiB on
+    one connection, past its 1 MiB window: each stream's unread bytes are acknowledged as it
+    ends, so the client can always send (with h2 as the client: it holds to the windows)."""
+    async with stack({"s1": hello()}) as s:
+        reader, writer = await asyncio.open_connection(*s.ingress.address)
+        client = h2.connection.H2Connection(h2.config.H2Configuration(header_encoding=None))
+        client.initiate_connection()
+        writer.write(client.data_to_send())
+        for _ in range(20):
+            stream = client.get_next_available_stream_id()
+            head = [
+                (b":method", b"POST"),
+                (b":scheme", b"http"),
+                (b":authority", b"nope.localhost"),
+                (b":path", b"/"),
+            ]
+            client.send_headers(stream, head)
+            for _ in range(4):  # 64 KiB (less a byte): raises once the connection's window shuts
+                client.send_data(stream, b"x" * (16_384 - (1 if _ == 3 else 0)))
+            writer.write(client.data_to_send())
+            status = b""
+            with anyio.fail_after(10):
+                while not status:
+                    for event in client.receive_data(await reader.read(65_536)):
+                        if isinstance(event, h2.events.ResponseReceived):
+                            status = dict(event.headers)[b":status"]
+            assert status == b"404"
+            writer.write(client.data_to_send())
+        writer.close()

@@ -81,6 +81,7 @@ def test_the_scan_counts_control_frames_and_resets_across_any_split() -> None:
         DataFrame(1, data=b""),  # empty, not the end: counted
         DataFrame(1, data=b"", flags=["END_STREAM"]),  # empty but the end: not
         DataFrame(1, data=b"body"),
+        DataFrame(1, data=b"", pad_length=200, flags=["PADDED"]),  # padding alone: counted
         WindowUpdateFrame(0, window_increment=100),
         RstStreamFrame(1, error_code=8),
         RstStreamFrame(3, error_code=8),
@@ -93,7 +94,7 @@ def test_the_scan_counts_control_frames_and_resets_across_any_split() -> None:
             assert seen.refusal is None
             control += seen.control
             resets += seen.resets
-        assert (control, resets) == (4, 2), step
+        assert (control, resets) == (5, 2), step
 
 
 def test_the_clients_goaway_is_taken_out_of_what_h2_gets_however_it_is_split() -> None:
