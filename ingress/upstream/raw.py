@@ -18,7 +18,8 @@ from typing import TypeVar
 from wakeful.ingress.errors import ConnectFailed, UpstreamFailed, UpstreamTimeout
 from wakeful.ingress.transport import UpstreamRequest, UpstreamResponse
 from wakeful.ingress.upstream.connection import UpstreamConnection
-from wakeful.ingress.upstream.h2c import H2Exchange, H2Pool, H2Upstream, request_headers
+from wakeful.ingress.upstream.h2c import H2Pool, H2Upstream, request_headers
+from wakeful.ingress.upstream.h2exchange import H2Exchange
 from wakeful.ingress.upstream.handshake import Handshake
 from wakeful.ingress.upstream.pool import Dialer, Pool, Slots, TunnelPool
 
