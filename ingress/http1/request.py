@@ -23,31 +23,57 @@ if TYPE_CHECKING:
 BODY_BUFFER = HIGH_WATER
 
 
-class Body:
-    """A request's body as the proxy pulls it; implements `proxy.RequestBody`."""
+class Arrivals:
+    """What a request body is on either protocol while it comes: the parts that came and wait
+    for their reader, its end or why it cannot end, and the reader waiting for the next
+    (`Body` here, `http2.StreamBody` on an HTTP/2 stream)."""
 
-    __slots__ = (
-        "_chunks",
-        "_conn",
-        "_continue",
-        "_done",
-        "_error",
-        "_size",
-        "_waiter",
-        "client_gone",
-        "started",
-    )
+    __slots__ = ("_chunks", "_done", "_error", "_waiter", "client_gone", "started")
 
-    def __init__(self, conn: ClientConnection, expect_continue: bool) -> None:
-        self._conn = conn
-        self._continue = expect_continue
+    def __init__(self) -> None:
         self._chunks: collections.deque[bytes] = collections.deque()
-        self._size = 0
         self._done = False
         self._error: Exception | None = None
         self._waiter: asyncio.Future[None] | None = None
         self.started = False
         self.client_gone = False
+
+    def end(self) -> None:
+        self._done = True
+        self._wake()
+
+    def fail(self, exc: Exception) -> None:
+        """The rest of the body cannot be read (malformed, or its client gone): `stream`
+        raises `exc`."""
+        self._error = exc
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def _next_arrival(self, quiet: float) -> None:
+        """Wait for more, the end or a failure; ClientTooSlow after `quiet` seconds."""
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            async with asyncio.timeout(quiet):
+                await self._waiter
+        except TimeoutError:
+            raise ClientTooSlow(f"the client sent none of its body for {quiet:g} s") from None
+        finally:
+            self._waiter = None
+
+
+class Body(Arrivals):
+    """A request's body as the proxy pulls it; implements `proxy.RequestBody`."""
+
+    __slots__ = ("_conn", "_continue", "_size")
+
+    def __init__(self, conn: ClientConnection, expect_continue: bool) -> None:
+        super().__init__()
+        self._conn = conn
+        self._continue = expect_continue
+        self._size = 0
 
     @property
     def complete(self) -> bool:
@@ -59,19 +85,6 @@ class Body:
         if self._size > BODY_BUFFER:
             self._conn.pause_reading("body")
         self._wake()
-
-    def end(self) -> None:
-        self._done = True
-        self._wake()
-
-    def fail(self, exc: Exception) -> None:
-        """The rest of the body cannot be read (it is malformed): `stream` raises `exc`."""
-        self._error = exc
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
 
     async def stream(self) -> AsyncIterator[bytes]:
         self.started = True
@@ -94,14 +107,7 @@ class Body:
             if self._conn.gone:
                 self.client_gone = True
                 raise ClientGone("the client hung up while sending its body")
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                async with asyncio.timeout(timeout):
-                    await self._waiter
-            except TimeoutError:
-                raise ClientTooSlow(f"the client sent none of its body for {timeout:g} s") from None
-            finally:
-                self._waiter = None
+            await self._next_arrival(timeout)
 
 
 class RequestBody(Protocol):

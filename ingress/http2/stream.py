@@ -12,14 +12,14 @@ stream is reset and all of it goes back.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
 from hpack import NeverIndexedHeaderTuple
 
-from wakeful.ingress.errors import ClientGone, ClientTooSlow, UpstreamFailed
+from wakeful.ingress.errors import ClientGone, UpstreamFailed
+from wakeful.ingress.http1.request import Arrivals
 from wakeful.ingress.http1.responder import ClientSide
 
 if TYPE_CHECKING:
@@ -32,34 +32,18 @@ SMALL = 1024
 """DATA frames below this are gathered into one buffer, up to 16 of this."""
 
 
-class StreamBody:
+class StreamBody(Arrivals):
     """A request's body on one stream; implements `http1.RequestBody`."""
 
-    __slots__ = (
-        "_chunks",
-        "_conn",
-        "_done",
-        "_error",
-        "_id",
-        "_small",
-        "_waiter",
-        "client_gone",
-        "quiet",
-        "started",
-    )
+    __slots__ = ("_conn", "_id", "_small", "quiet")
 
     def __init__(self, conn: H2Connection, stream_id: int, quiet: float) -> None:
+        super().__init__()
         self._conn = conn
         self._id = stream_id
-        self._chunks: collections.deque[bytes] = collections.deque()
         self._small = bytearray()
         """Small DATA frames gathered (a client sending a byte a frame would otherwise hold
         ~40 bytes of memory a byte of its window)."""
-        self._done = False
-        self._error: Exception | None = None
-        self._waiter: asyncio.Future[None] | None = None
-        self.started = False
-        self.client_gone = False
         self.quiet = quiet
         """Seconds the client may send nothing mid-body (a gRPC stream's are the app's
         stream idle timeout: the edge sets them)."""
@@ -81,18 +65,6 @@ class StreamBody:
                 small.clear()
             self._chunks.append(chunk)
         self._wake()
-
-    def end(self) -> None:
-        self._done = True
-        self._wake()
-
-    def fail(self, exc: Exception) -> None:
-        self._error = exc
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
 
     def drop_unread(self) -> int:
         """Forget what came and nobody will read (the stream ended first); how many bytes:
@@ -119,16 +91,7 @@ class StreamBody:
                 if isinstance(self._error, ClientGone):
                     self.client_gone = True
                 raise self._error
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                async with asyncio.timeout(self.quiet):
-                    await self._waiter
-            except TimeoutError:
-                raise ClientTooSlow(
-                    f"the client sent none of its body for {self.quiet:g} s"
-                ) from None
-            finally:
-                self._waiter = None
+            await self._next_arrival(self.quiet)
 
 
 class StreamResponder:

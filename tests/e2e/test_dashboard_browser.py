@@ -11,7 +11,6 @@ restarted and the same page, never reloaded, goes back to live on its own. Scree
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -22,43 +21,21 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from tests.support.browser import chromium, needs_chromium
 from tests.support.up import Up, cli, make_app, start_up, stop_up
 from wakeful.testing import up_command
 
-CHROMIUM = shutil.which("chromium")
-CHROMEDRIVER = shutil.which("chromedriver")
 ARTIFACTS = Path(os.environ.get("WAKEFUL_TEST_ARTIFACTS", Path(__file__).parents[2] / ".artifacts"))
 WAIT = 90.0
 """A generous bound for what takes a second on an idle machine (CI machines are loaded)."""
 
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None or CHROMEDRIVER is None,
-    reason="needs Debian's chromium and chromium-driver (scripts/test installs them)",
-)
+pytestmark = needs_chromium
 
 
 @pytest.fixture
 def browser() -> Iterator[Any]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    options = Options()
-    options.binary_location = str(CHROMIUM)
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",  # root in CI; the page is ours
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--window-size=1280,1000",
-        "--no-first-run",
-    ):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
-    try:
+    with chromium("--window-size=1280,1000") as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def until(driver: Any, check: Callable[[Any], Any], what: str) -> Any:

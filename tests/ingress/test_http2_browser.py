@@ -9,7 +9,6 @@ sent HTTP/1.1 marked https.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,19 +16,11 @@ from typing import Any
 import anyio
 import pytest
 
+from tests.support.browser import chromium, needs_chromium
 from tests.support.certs import ingress_pki
 from tests.support.ingress import stack
 
-CHROMIUM = shutil.which("chromium")
-CHROMEDRIVER = shutil.which("chromedriver")
-
-pytestmark = [
-    pytest.mark.anyio,
-    pytest.mark.skipif(
-        CHROMIUM is None or CHROMEDRIVER is None,
-        reason="needs Debian's chromium and chromium-driver (scripts/test installs them)",
-    ),
-]
+pytestmark = [pytest.mark.anyio, needs_chromium]
 
 FETCHES = """
 const done = arguments[arguments.length - 1];
@@ -47,28 +38,12 @@ Promise.all([
 
 @pytest.fixture
 def browser() -> Iterator[Any]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    options = Options()
-    options.binary_location = str(CHROMIUM)
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",  # root in CI; the pages are the test's
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--no-first-run",
+    with chromium(
         "--host-resolver-rules=MAP hello.localhost 127.0.0.1",
         "--ignore-certificate-errors",  # the test CA is not the browser's
-    ):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
-    driver.set_script_timeout(60)
-    try:
+    ) as driver:
+        driver.set_script_timeout(60)
         yield driver
-    finally:
-        driver.quit()
 
 
 async def test_a_browser_gets_http2_over_tls_and_many_requests_on_one_connection(
