@@ -31,15 +31,14 @@ import os
 import queue
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
 from prometheus_client import CollectorRegistry
 
+from wakeful.deploy.loghandles import Handles, OpenSegment
 from wakeful.deploy.logsegment import LogMetrics, compress, last_time, listing
 from wakeful.domain.logfiles import (
     KINDS,
@@ -89,16 +88,6 @@ class _Upkeep:
     done: Future[None] = field(default_factory=Future)
 
 
-@dataclass
-class _Open:
-    segment: Segment
-    path: Path
-    file: IO[bytes] | None
-    """Its handle, while it is among the `max_handles` written last; None otherwise."""
-    size: int
-    last: int
-
-
 class LogDir:
     """The writer of one control plane (its name: `writer`, see `wakeful.domain.logfiles`)."""
 
@@ -127,9 +116,7 @@ class LogDir:
         self._max_pending = max_pending
         self._stale_after = stale_after
         self._keep_closed = keep_closed
-        self._max_handles = max(1, max_handles)
-        self._handles: OrderedDict[int, _Open] = OrderedDict()
-        """Open segments holding a file handle, the one written least recently first."""
+        self._handles = Handles(max_handles, sync)
         self._sweep_every = sweep_every
         self._sync = sync
         self._clock = clock
@@ -141,7 +128,7 @@ class LogDir:
         """Lines dropped at `append` (the backlog full), under `_pending_lock`."""
         self._thread: threading.Thread | None = None
         # The writer thread's own, from here on:
-        self._open: dict[tuple[str, Kind], _Open] = {}
+        self._open: dict[tuple[str, Kind], OpenSegment] = {}
         self._segments: dict[tuple[str, Kind], list[Segment]] = {}
         """Every segment but this writer's open ones, per app and kind."""
         self._lost: dict[tuple[str, Kind], int] = {}
@@ -176,7 +163,7 @@ class LogDir:
             self._thread.join(timeout=30)
             self._thread = None
         for current in self._open.values():
-            self._release(current)
+            self._handles.release(current)
         self._open.clear()
 
     def append(
@@ -246,7 +233,7 @@ class LogDir:
                 return
 
     def _write(self, batch: list[_Append]) -> None:
-        touched: dict[int, _Open] = {}
+        touched: dict[int, OpenSegment] = {}
         results: list[tuple[_Append, int]] = []
         with self._pending_lock:
             backlog, self._backlog_lost = self._backlog_lost, {}
@@ -260,7 +247,7 @@ class LogDir:
                 data = b"".join(item.lines)
                 if lost:
                     data = self._lost_line(item, lost) + data
-                if self._put(current, data):
+                if self._handles.append_whole(current, data):
                     current.last = max(current.last, item.last)
                     touched[id(current)] = current
                     dropped = 0
@@ -292,7 +279,7 @@ class LogDir:
             if current.size >= self._segment_bytes:
                 self._close(current)
 
-    def _sync_all(self, touched: dict[int, _Open]) -> set[tuple[str, Kind]]:
+    def _sync_all(self, touched: dict[int, OpenSegment]) -> set[tuple[str, Kind]]:
         """`fdatasync` each file written this round; the app and kind of those whose sync
         failed (on a network mount an error often shows only here): their lines this round
         are not kept, and the segment is left."""
@@ -309,11 +296,11 @@ class LogDir:
                 del touched[key]
         return failed
 
-    def _abandon(self, current: _Open) -> None:
+    def _abandon(self, current: OpenSegment) -> None:
         """A segment a write failed on: closed as it is, left for the upkeep to compress once
         stale, as a dead writer's."""
         self._open.pop((current.segment.app, current.segment.kind), None)
-        self._release(current)
+        self._handles.release(current)
         segment = current.segment
         left = Segment(segment.app, segment.kind, segment.start, None, self.writer, current.size)
         self._segments.setdefault((segment.app, segment.kind), []).append(left)
@@ -335,57 +322,7 @@ class LogDir:
             }
         )
 
-    def _put(self, current: _Open, data: bytes) -> bool:
-        """Append `data` whole, or nothing: a write the disk takes only part of (a full disk
-        takes what fits) is cut back to where it began, so that the lines counted as lost are
-        exactly those not in the file. Unbuffered: nothing is left half-way in a buffer."""
-        handle = None
-        written = 0
-        try:
-            handle = self._handle(current)
-            view = memoryview(data)
-            while written < len(data):
-                step = os.write(handle.fileno(), view[written:])
-                if step <= 0:
-                    raise OSError(f"the file took {written} of {len(data)} bytes")
-                written += step
-        except OSError as exc:
-            log.warning("could not write %s: %s; its lines are dropped", current.path, exc)
-            if handle is not None and written:
-                try:
-                    os.ftruncate(handle.fileno(), current.size)
-                except OSError:  # cannot cut back: the segment is left, its torn end unread
-                    current.size += written
-            return False
-        current.size += len(data)
-        return True
-
-    def _handle(self, current: _Open) -> IO[bytes]:
-        """`current`'s file, opened again if it was let go; past `max_handles` open at once,
-        the one written least recently is let go (synced first: it was acknowledged)."""
-        handle = current.file
-        if handle is None:
-            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
-            fd = os.open(current.path, flags, 0o600)  # never through a planted link
-            handle = current.file = open(fd, "ab", buffering=0)  # noqa: SIM115 (`_release`)
-        self._handles[id(current)] = current
-        self._handles.move_to_end(id(current))
-        while len(self._handles) > self._max_handles:
-            _, oldest = self._handles.popitem(last=False)
-            if oldest.file is not None and self._sync:
-                with contextlib.suppress(OSError):
-                    os.fdatasync(oldest.file.fileno())
-            self._release(oldest)
-        return handle
-
-    def _release(self, current: _Open) -> None:
-        self._handles.pop(id(current), None)
-        if current.file is not None:
-            with contextlib.suppress(OSError):
-                current.file.close()
-            current.file = None
-
-    def _segment_for(self, item: _Append) -> _Open | None:
+    def _segment_for(self, item: _Append) -> OpenSegment | None:
         key = (item.app, item.kind)
         current = self._open.get(key)
         if current is not None:
@@ -398,13 +335,13 @@ class LogDir:
             start += 1  # a name still in use (a closed segment's file kept for shippers)
         segment = Segment(item.app, item.kind, start, None, self.writer)
         path = folder / segment.name
-        current = _Open(segment, path, None, 0, item.last)
+        current = OpenSegment(segment, path, None, 0, item.last)
         try:
             folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-            current.size = self._handle(current).tell()
+            current.size = self._handles.of(current).tell()
         except OSError as exc:
             log.warning("could not open %s: %s; its lines are dropped", path, exc)
-            self._release(current)
+            self._handles.release(current)
             self._failing[key] = self._clock() + FAILING_PAUSE
             return None
         self._open[key] = current
@@ -415,10 +352,10 @@ class LogDir:
 
     # -- closing, and retention -----------------------------------------------------------
 
-    def _close(self, current: _Open) -> None:
+    def _close(self, current: OpenSegment) -> None:
         key = (current.segment.app, current.segment.kind)
         self._open.pop(key, None)
-        self._release(current)
+        self._handles.release(current)
         closed = self._compress(current.path, current.segment, current.last)
         if closed is not None:
             self._segments.setdefault(key, []).append(closed)
