@@ -42,7 +42,7 @@ from wakeful.ingress.http1.responder import (
 )
 from wakeful.ingress.http1.rules import frame_request
 from wakeful.ingress.http1.wire import Wire
-from wakeful.ingress.http2.rules import sniff
+from wakeful.ingress.http2.rules import chose_h2, sniff
 
 if TYPE_CHECKING:
     from wakeful.ingress.http1.server import HttpServer
@@ -118,14 +118,11 @@ class ClientConnection(Wire):
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if server.http2:
-            if server.tls is None:
-                self._sniffed = b""  # h2c with prior knowledge opens with the preface
-            else:
-                tls = transport.get_extra_info("ssl_object")
-                if tls is not None and tls.selected_alpn_protocol() == "h2":
-                    self._switch(b"")
-                    return
+        if server.http2 and server.tls is None:
+            self._sniffed = b""  # h2c with prior knowledge opens with the preface
+        elif server.http2 and chose_h2(transport.get_extra_info("ssl_object")):
+            self._switch(b"")
+            return
         self._arm_head_timer()
 
     def data_received(self, data: bytes) -> None:
@@ -191,13 +188,8 @@ class ClientConnection(Wire):
         self._cancel_timers()
         self._server.connections.discard(self)
         self.closing = self.gone = True  # nothing of HTTP/1.1 happens on it any more
-        transport = self.transport
-        assert transport is not None
-        h2 = H2Connection(self._server, self._client)
-        transport.set_protocol(h2)
-        h2.connection_made(transport)
-        if first:
-            h2.data_received(first)
+        assert self.transport is not None
+        H2Connection.take_over(self._server, self._client, self.transport, first)
 
     def eof_received(self) -> bool:
         """The client closed its side: taken as hanging up (nginx does the same), so the

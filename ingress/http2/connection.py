@@ -134,6 +134,18 @@ class H2Connection(asyncio.Protocol):
         self._idle_due: float | None = None
         self._block_due: float | None = None
 
+    @classmethod
+    def take_over(
+        cls, server: HttpServer, client: str, transport: asyncio.Transport, first: bytes
+    ) -> H2Connection:
+        """Serve HTTP/2 on a connection the HTTP/1.1 server accepted, `first` its bytes read."""
+        h2 = cls(server, client)
+        transport.set_protocol(h2)
+        h2.connection_made(transport)
+        if first:
+            h2.data_received(first)
+        return h2
+
     # -- asyncio.Protocol --------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:

@@ -27,6 +27,7 @@ Past a budget or a bound, the connection gets GOAWAY (ENHANCE_YOUR_CALM) and clo
 from __future__ import annotations
 
 import re
+import ssl
 from dataclasses import dataclass
 
 from wakeful.ingress.errors import BadRequest
@@ -54,6 +55,11 @@ def sniff(first: bytes) -> bool | None:
     if len(first) >= len(PREFACE):
         return first.startswith(PREFACE)
     return None if PREFACE.startswith(first) else False
+
+
+def chose_h2(tls: ssl.SSLObject | None) -> bool:
+    """Whether a TLS connection's handshake chose HTTP/2 (ALPN `h2`)."""
+    return tls is not None and tls.selected_alpn_protocol() == "h2"
 
 
 class Budget:
