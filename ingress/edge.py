@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -313,10 +313,15 @@ class ProxyEdge:
 
 
 class AdminEdge:
-    """/healthz, /readyz and /metrics, on the admin port (same HTTP/1.1 server)."""
+    """/healthz, /readyz and /metrics, on the admin port (same HTTP/1.1 server). `metrics`
+    renders the exposition: one registry's, or every worker's (`ingress.workers`)."""
 
-    def __init__(self, registry: CollectorRegistry, ready: Callable[[], bool]) -> None:
-        self._registry = registry
+    def __init__(
+        self,
+        metrics: CollectorRegistry | Callable[[], Awaitable[bytes]],
+        ready: Callable[[], bool],
+    ) -> None:
+        self._metrics = metrics
         self._ready = ready
 
     async def handle(self, request: Request, out: Responder) -> None:
@@ -328,8 +333,12 @@ class AdminEdge:
             ready = self._ready()
             status, body = (200, b"ready\n") if ready else (503, b"not ready\n")
         elif path == b"/metrics":
-            status, body = 200, generate_latest(self._registry)
-            content_type = CONTENT_TYPE_LATEST.encode()
+            metrics = self._metrics
+            if isinstance(metrics, CollectorRegistry):
+                body = generate_latest(metrics)
+            else:
+                body = await metrics()
+            status, content_type = 200, CONTENT_TYPE_LATEST.encode()
         else:
             status, body = 404, b"not found\n"
         out.send_whole(status, [(b"content-type", content_type)], body)

@@ -47,13 +47,17 @@ from wakeful.store.reflector import reflect
 log = logging.getLogger(__name__)
 
 
-def _bind(address: str, backlog: int, what: str) -> socket.socket:
-    """Bind, or fail with an OSError that names the address (`what` says which one)."""
+def bind_listener(address: str, backlog: int, what: str, shared: bool = False) -> socket.socket:
+    """Bind, or fail with an OSError that names the address (`what` says which one).
+    `shared`: with SO_REUSEPORT, beside the other workers and their supervisor's placeholder
+    (`ingress.workers`); the kernel spreads new connections across the listening ones."""
     host, port = split_address(address)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if shared:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
         sock.listen(backlog)
         sock.setblocking(False)
@@ -168,7 +172,7 @@ class Ingress:
                 client_timeout=self.settings.client_timeout,
             )
             admin = HttpServer(AdminEdge(self._registry, lambda: self.ready), limits)
-            admin_sock = _bind(self.settings.admin_listen, self.settings.backlog, "admin address")
+            admin_sock = self._bind(self.settings.admin_listen, "admin address")
             await _start(admin, admin_sock, self.settings.backlog)
             self.admin_address = admin_sock.getsockname()[:2]
             if self.settings.show_boot_log and not self.settings.boot_log_shown:
@@ -189,7 +193,7 @@ class Ingress:
             )
             cut_off = self._http2_cut_off
             server = HttpServer(edge, limits, http2=self.settings.http2, cut_off=cut_off)
-            sock = _bind(self.settings.listen, self.settings.backlog, "listen address")
+            sock = self._bind(self.settings.listen, "listen address")
             try:
                 await _start(server, sock, self.settings.backlog)
             except BaseException:
@@ -218,6 +222,12 @@ class Ingress:
                     await admin.stop(0)
                     log.info("ingress stopped")
 
+    def _bind(self, address: str, what: str) -> socket.socket:
+        """A listener; shared with the other workers when this is one (the tunnel listener
+        never is: peers relay to one replica, `ingress.workers`)."""
+        shared = self.settings.ingress_worker is not None
+        return bind_listener(address, self.settings.backlog, what, shared)
+
     async def _report_traffic(self) -> None:
         """What this ingress answered per app, to the activator every `traffic_report_interval`
         (beside the lease renewals): the dashboard's charts of every ingress together; and
@@ -242,7 +252,7 @@ class Ingress:
         (`ingress.nodestreams`), stopped after the proxy's listeners."""
         listen = self.settings.tunnel_listen
         assert listen is not None
-        sock = _bind(listen, self.settings.backlog, "tunnel listen address")
+        sock = bind_listener(listen, self.settings.backlog, "tunnel listen address")
         host, port = sock.getsockname()[:2]
         self.tunnel_address = (host, port)
         advertise = self.settings.tunnel_advertise
@@ -314,7 +324,7 @@ class Ingress:
         server = HttpServer(
             edge, limits, certificates.context, self.settings.http2, self._http2_cut_off
         )
-        sock = _bind(listen, self.settings.backlog, "TLS listen address")
+        sock = self._bind(listen, "TLS listen address")
         await _start(server, sock, self.settings.backlog)
         self.tls_address = sock.getsockname()[:2]
         tasks.start_soon(self.certificates.watch, self.settings.tls_reload_interval)

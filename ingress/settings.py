@@ -1,12 +1,16 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 from pathlib import Path
-from typing import Annotated, Self
+from typing import Annotated, Literal, Self
 
 from pydantic import Field, model_validator
 
 from wakeful.store.settings import StoreSettings
+
+MAX_WORKERS = 256
+"""Ingress workers on one machine at most (`ingress_workers`)."""
 
 Seconds = Annotated[float, Field(gt=0, le=30 * 86_400)]
 """A per-app override of a time setting."""
@@ -80,6 +84,13 @@ class IngressSettings(StoreSettings):
     apps that ask for it (`server_timing = true` in wakeful.toml). It tells anyone whether an
     app was asleep: off by default; `wakeful up`, which is for development, turns it on."""
     backlog: int = Field(default=2048, ge=1, le=65_535)
+    ingress_workers: int | Literal["auto"] = 1
+    """WAKEFUL_INGRESS_WORKERS (`wakeful ingress --workers`): ingress processes sharing the
+    client port, each a replica of its own (`ingress.workers`); "auto", one per core this
+    process may run on."""
+    ingress_worker: int | None = Field(default=None, ge=0, le=MAX_WORKERS - 1)
+    """Set by the workers' supervisor, not by hand: this process is worker N, so its client
+    listeners share their port (SO_REUSEPORT)."""
     http2: bool = True
     """Serve HTTP/2 beside HTTP/1.1 (`ingress.http2`): on the TLS listener to clients whose
     ALPN picks `h2`, and on the plain listener to clients that open with the HTTP/2 preface
@@ -131,9 +142,20 @@ class IngressSettings(StoreSettings):
             split_address(self.tunnel_listen)
         if self.tunnel_advertise is not None:
             split_address(self.tunnel_advertise)
+        if isinstance(self.ingress_workers, int) and not 1 <= self.ingress_workers <= MAX_WORKERS:
+            raise ValueError(
+                f"ingress_workers must be 1 to {MAX_WORKERS} or 'auto', got {self.ingress_workers}"
+            )
         if self.tls_redirect and self.tls_listen is None:
             raise ValueError("tls_redirect needs tls_listen: there is no HTTPS to send to")
         return self
+
+    @property
+    def workers(self) -> int:
+        """How many worker processes `ingress_workers` asks for ("auto": one per usable core)."""
+        if self.ingress_workers == "auto":
+            return min(MAX_WORKERS, len(os.sched_getaffinity(0)))
+        return self.ingress_workers
 
     def redirects_to_https(self, app: str) -> bool:
         return bool(self.tls_redirect) and ("*" in self.tls_redirect or app in self.tls_redirect)

@@ -308,7 +308,14 @@ def build_parser() -> argparse.ArgumentParser:
     node = sub.add_parser("node", help="a node agent (WAKEFUL_*)")
     isolation_flag(node)
     node.set_defaults(func=cmd_node)
-    sub.add_parser("ingress", help="the ingress (WAKEFUL_*)").set_defaults(func=cmd_ingress)
+    ingress = sub.add_parser("ingress", help="the ingress (WAKEFUL_*)")
+    ingress.add_argument(
+        "--workers",
+        metavar="N|auto",
+        help="ingress processes sharing the client port, each a replica (WAKEFUL_INGRESS_WORKERS;"
+        " default 1; auto: one per core)",
+    )
+    ingress.set_defaults(func=cmd_ingress)
     sub.add_parser("idle-monitor", help="the idle monitor (WAKEFUL_*)").set_defaults(
         func=cmd_idle_monitor
     )

@@ -12,7 +12,7 @@ import argparse
 import ipaddress
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import anyio
 from pydantic import SecretStr
@@ -30,9 +30,12 @@ from wakeful.store import StoreError
 
 from . import build_commands, commands
 from .commands import RUNTIME, USAGE, CliError
-from .process import signals_caught
+from .process import signals_caught, wait_for_signal
 from .remote import CliSettings, Endpoint
 from .serving import AddressInUse, split_address
+
+if TYPE_CHECKING:  # the ingress (httptools, uvloop) is imported only by what runs one
+    from wakeful.ingress.settings import IngressSettings
 
 
 def _check_address(value: str, flag: str) -> str:
@@ -256,14 +259,40 @@ def cmd_ingress(args: argparse.Namespace) -> int:
 
     from .apart import run_ingress  # here: the server stack is for pieces, not the CLI
 
-    settings = IngressSettings()
+    chosen = {} if args.workers is None else {"ingress_workers": args.workers}
+    settings = IngressSettings(**chosen)  # a bad count is a ValidationError naming it
     control = _control_for("ingress", "the ingress takes its leases from the activator")
+    if settings.workers > 1:
+        _supervise_workers(settings)
+        return 0
+    # A worker's readiness is its supervisor's to announce, once all are ready.
+    announce = commands.say if settings.ingress_worker is None else _silent
     _serve(
-        lambda: run_ingress(settings, control, announce=commands.say),
+        lambda: run_ingress(settings, control, announce=announce),
         store=f"the store at {settings.store_url}",
         uvloop=True,
     )
     return 0
+
+
+def _silent(line: str) -> None:
+    pass
+
+
+def _supervise_workers(settings: IngressSettings) -> None:
+    """`wakeful ingress --workers N`: N ingress processes (`wakeful.ingress.workers`)."""
+    from wakeful.ingress.workers import supervise
+
+    failed: list[str] = []
+
+    async def main() -> None:
+        why = await supervise(settings, announce=commands.say, wait_for_stop=wait_for_signal)
+        if why is not None:
+            failed.append(why)
+
+    _serve(main, store=f"the store at {settings.store_url}", uvloop=True)
+    if failed:
+        raise CliError(failed[0], RUNTIME)
 
 
 def cmd_idle_monitor(args: argparse.Namespace) -> int:

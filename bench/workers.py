@@ -1,0 +1,336 @@
+"""Every core: `wakeful ingress --workers N` against nginx with N workers, same sandbox, same run.
+
+The cluster: one etcd, `wakeful activator`, `wakeful node` (n1) and the app `fast`: a raw
+asyncio responder (`RESPONDER`, 2-byte body, keep-alive; the stdlib sample app would be the
+thing measured) run by the node in its sandbox like any app, one sandbox, a large
+`requests_per_instance` so cached leases carry the load. Then, for each N in `--workers`,
+alternated (ingress, nginx, nginx, ingress):
+
+- `wakeful ingress --workers N` (a supervisor and N worker processes on one port), and
+- nginx with `worker_processes N` (upstream keep-alive, access log off) proxying to the same
+  sandbox address,
+
+each driven by wrk (`-t N -c 32N`) for `--seconds`: req/s, and the CPU time per request of
+the proxy's processes (user + system of the supervisor and its workers, or of nginx's master
+and workers, from /proc), with the sandbox alone driven directly as the ceiling. On a machine
+with few cores wrk, the sandbox and the proxy share them: whole-machine figures, the same
+footing for both proxies.
+
+From the repository root (needs `apt-get install etcd-server nginx wrk bubblewrap`):
+
+    .venv/bin/python -m bench.workers [--workers 1,2] [--seconds 10]
+"""
+
+from __future__ import annotations
+
+import sys
+
+if __name__ == "__main__" and not __package__:
+    sys.exit("run it from the repository root as a module: python -m bench.workers")
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+
+from bench.faults import Piece
+from bench.http2 import children, cpu_seconds
+from bench.proxy import NGINX_HTTP, Result, run_wrk
+from wakeful.domain import keys
+from wakeful.domain.models import Sandbox
+from wakeful.store.testing import EtcdServer, free_port, wait_listening
+from wakeful.store.url import open_store
+
+WAKEFUL = [sys.executable, "-m", "wakeful.cli"]
+ADMIN_TOKEN = "workers-bench-admin-token"
+APP = "fast"
+
+RESPONDER = """\
+import asyncio, os
+
+ANSWER = b"HTTP/1.1 200 OK\\r\\nContent-Length: 2\\r\\nContent-Type: text/plain\\r\\n\\r\\nok"
+
+
+class Responder(asyncio.Protocol):
+    def connection_made(self, transport):
+        self.transport, self.buffer = transport, b""
+
+    def data_received(self, data):
+        self.buffer += data
+        answers = self.buffer.count(b"\\r\\n\\r\\n")
+        if answers:
+            self.buffer = self.buffer[self.buffer.rfind(b"\\r\\n\\r\\n") + 4 :]
+            self.transport.write(ANSWER * answers)
+
+
+async def main():
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(
+        Responder, os.environ["HOST"], int(os.environ["PORT"]), backlog=4096
+    )
+    print("fast listening", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+asyncio.run(main())
+"""
+
+TOML = f"""\
+name = "{APP}"
+command = ["python3", "responder.py"]
+
+[health]
+path = "/healthz"
+
+[concurrency]
+mode = "auto"
+requests_per_instance = 10000
+min_instances = 1
+max_instances = 1
+scale_down_delay = "1h"
+"""
+
+NGINX = """
+worker_processes {workers};
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+{http}
+    upstream sandbox {{ server {upstream}; keepalive 64; }}
+    server {{
+        listen 127.0.0.1:{port} reuseport;
+        location / {{
+            proxy_pass http://sandbox;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }}
+    }}
+}}
+"""
+
+
+class Cluster:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.etcd = EtcdServer()
+        self.pieces: list[Piece] = []
+        self.api = f"http://127.0.0.1:{free_port()}"
+        self.env = {
+            **os.environ,
+            "WAKEFUL_STORE_URL": "",
+            "WAKEFUL_STORE_NAMESPACE": f"/workers-{uuid.uuid4().hex[:8]}/",
+            "WAKEFUL_TOKEN": ADMIN_TOKEN,
+            "WAKEFUL_ARTIFACT_DIR": str(root / "artifacts"),
+            "WAKEFUL_SECRETS_KEYS": str(root / "secret-keys"),
+        }
+
+    def cli(self, *args: str) -> str:
+        done = subprocess.run(
+            [*WAKEFUL, *args],
+            env={**self.env, "WAKEFUL_API": self.api},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if done.returncode:
+            raise RuntimeError(f"wakeful {' '.join(args)}: {done.stdout}{done.stderr}")
+        return done.stdout
+
+    def piece_env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in self.env.items() if k != "WAKEFUL_TOKEN"}
+        return env | {"WAKEFUL_API": self.api} | extra
+
+    def start(self) -> None:
+        self.etcd.start()
+        self.env["WAKEFUL_STORE_URL"] = self.etcd.url
+        listen = self.api.removeprefix("http://")
+        activator = Piece(
+            "activator",
+            "activator",
+            [*WAKEFUL, "--data-dir", str(self.root / "activator"), "activator"],
+            {**self.env, "WAKEFUL_LISTEN": listen, "WAKEFUL_ADVERTISE_URL": self.api},
+        )
+        activator.start()
+        self.pieces.append(activator)
+        token = self.cli("tokens", "create", "--role", "node", "--name", "n1").strip()
+        node = Piece(
+            "n1",
+            "node",
+            [*WAKEFUL, "node"],
+            self.piece_env(
+                WAKEFUL_NODE_NAME="n1",
+                WAKEFUL_DATA_DIR=str(self.root / "n1"),
+                WAKEFUL_NODE_TOKEN=token,
+            ),
+        )
+        node.start()
+        self.pieces.append(node)
+        app = self.root / "app"
+        app.mkdir()
+        (app / "responder.py").write_text(RESPONDER)
+        (app / "wakeful.toml").write_text(TOML)
+        self.cli("deploy", str(app))
+
+    def sandbox_address(self) -> str:
+        """host:port of the app's one running sandbox, from its record in the store."""
+
+        async def running() -> list[str]:
+            url, namespace = self.env["WAKEFUL_STORE_URL"], self.env["WAKEFUL_STORE_NAMESPACE"]
+            async with open_store(url, namespace=namespace) as store:
+                listing = await store.list(keys.SANDBOXES, Sandbox)
+            return [
+                item.value.address or ""
+                for item in listing.items
+                if item.value.app == APP and item.value.routable
+            ]
+
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            urls = anyio.run(running)
+            if urls:
+                return urls[0].removeprefix("http://").rstrip("/")
+            time.sleep(0.2)
+        raise RuntimeError(f"no running sandbox of {APP}")
+
+    @contextlib.contextmanager
+    def ingress(self, workers: int) -> Iterator[tuple[str, list[int]]]:
+        """`wakeful ingress --workers N`: its address and its processes' pids."""
+        name = f"w{workers}-{uuid.uuid4().hex[:6]}"
+        token = self.cli("tokens", "create", "--role", "ingress", "--name", name)
+        port = free_port()
+        piece = Piece(
+            f"ingress-{workers}",
+            "ingress",
+            [*WAKEFUL, "ingress", "--workers", str(workers)],
+            self.piece_env(
+                WAKEFUL_LISTEN=f"127.0.0.1:{port}",
+                WAKEFUL_ADMIN_LISTEN=f"127.0.0.1:{free_port()}",
+                WAKEFUL_INGRESS_TOKEN=token.strip(),
+            ),
+        )
+        piece.start()
+        try:
+            wait_listening(port, within=60)  # one ingress announces itself before it listens
+            time.sleep(0.5)
+            assert piece.process is not None
+            pid = piece.process.pid
+            pids = [pid, *children(pid)] if workers > 1 else [pid]
+            yield f"http://127.0.0.1:{port}", pids
+        finally:
+            piece.signal(signal.SIGTERM)
+
+    def close(self) -> None:
+        for piece in reversed(self.pieces):
+            piece.signal(signal.SIGTERM)
+        self.etcd.close()
+
+
+@contextlib.contextmanager
+def nginx(root: Path, workers: int, upstream: str) -> Iterator[tuple[str, list[int]]]:
+    directory = Path(tempfile.mkdtemp(dir=root))
+    port = free_port()
+    conf = directory / "nginx.conf"
+    http = NGINX_HTTP.format(dir=directory)
+    conf.write_text(
+        NGINX.format(workers=workers, dir=directory, http=http, upstream=upstream, port=port)
+    )
+    process = subprocess.Popen(
+        ["nginx", "-p", str(directory), "-c", str(conf), "-g", "daemon off;"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_listening(port, within=30)
+        time.sleep(0.3)  # its workers forked
+        yield f"http://127.0.0.1:{port}", [process.pid, *children(process.pid)]
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def machine_ticks() -> tuple[int, int]:
+    """(busy, total) clock ticks of every CPU so far, from /proc/stat."""
+    fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+@dataclass
+class Run:
+    result: Result
+    cpu_us: float
+    """The proxy's CPU µs per request."""
+    busy: float
+    """The machine's CPUs busy meanwhile, 0..1 (everything: wrk, the sandbox, the proxy)."""
+
+
+def drive(url: str, pids: list[int], workers: int, seconds: int) -> Run:
+    """wrk at `url` (Host: the app); req/s and the pids' CPU µs per request."""
+    anyio.run(run_wrk, url, 1, f"{APP}.localhost", None, 32 * workers)  # warm: leases, pools
+    before, (busy0, total0) = cpu_seconds(*pids), machine_ticks()
+    result = anyio.run(run_wrk, url, seconds, f"{APP}.localhost", None, 32 * workers)
+    used, (busy1, total1) = cpu_seconds(*pids) - before, machine_ticks()
+    requests = result.rps * seconds
+    cpu = used / requests * 1e6 if requests else float("nan")
+    return Run(result, cpu, (busy1 - busy0) / max(1, total1 - total0))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", default="1,2", help="worker counts, comma-separated")
+    parser.add_argument("--seconds", type=int, default=10)
+    args = parser.parse_args()
+    for tool in ("etcd", "nginx", "wrk"):
+        if shutil.which(tool) is None:
+            sys.exit(f"{tool} is not installed (apt-get install etcd-server nginx wrk)")
+    counts = [int(n) for n in args.workers.split(",")]
+    root = Path(tempfile.mkdtemp(prefix="wakeful-bench-workers-"))
+    cluster = Cluster(root)
+    try:
+        cluster.start()
+        upstream = cluster.sandbox_address()
+        print(f"cores: {os.cpu_count()}, sandbox {upstream}, wrk -c 32N, {args.seconds} s each")
+        direct = drive(f"http://{upstream}", [], 1, args.seconds)
+        print(f"direct to the sandbox: {direct.result.rps:,.0f} req/s, busy {direct.busy:.0%}")
+        for count in counts:
+            rows: dict[str, list[Run]] = {"ingress": [], "nginx": []}
+            for side in ("ingress", "nginx", "nginx", "ingress"):
+                run = cluster.ingress(count) if side == "ingress" else nginx(root, count, upstream)
+                with run as (url, pids):
+                    rows[side].append(drive(url, pids, count, args.seconds))
+            print(f"\n{count} worker(s):")
+            for side, runs in rows.items():
+                shown = ", ".join(
+                    f"{r.result.rps:,.0f} req/s {r.cpu_us:.1f} µs (busy {r.busy:.0%})" for r in runs
+                )
+                errors = " ".join(r.result.errors for r in runs if r.result.errors)
+                print(f"  {side:8} {shown}" + (f"  ({errors})" if errors else ""))
+            ingress_cpu = statistics.mean(r.cpu_us for r in rows["ingress"])
+            nginx_cpu = statistics.mean(r.cpu_us for r in rows["nginx"])
+            ingress_rps = statistics.mean(r.result.rps for r in rows["ingress"])
+            nginx_rps = statistics.mean(r.result.rps for r in rows["nginx"])
+            print(
+                f"  mean: ingress {ingress_rps:,.0f} req/s at {ingress_cpu:.1f} µs CPU/request, "
+                f"nginx {nginx_rps:,.0f} at {nginx_cpu:.1f} ({ingress_cpu / nginx_cpu:.1f}x)"
+            )
+    finally:
+        cluster.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,362 @@
+"""`wakeful ingress --workers N`: N ingress processes on one client port, each a replica.
+
+One ingress process uses one core (one event loop). Workers are whole ingresses, started,
+supervised and stopped together by this module:
+
+- The client listeners (`listen`, `tls_listen`) are shared with SO_REUSEPORT. The supervisor
+  binds each address first without listening: that resolves a port 0, keeps the port (and its
+  loopback twin) for the workers, and takes no connection. Each worker binds the same address
+  with SO_REUSEPORT and listens; the kernel spreads new connections across the listening ones.
+  A worker that dies closes its socket, and the others take its share until it is back.
+- Everything else a replica owns is the worker's own: its name `<replica>-w<i>` (in the
+  access lines, `ingresses/` and nodes' coverage tables), its lease channel and cache, its
+  tunnel listener at the tunnel port + i, advertised so (a peer relaying to a replica must
+  reach that one, not whichever worker the kernel picks), and an admin listener on a loopback
+  port the supervisor keeps.
+- The supervisor serves the admin address: /healthz; /readyz, ready while at least one worker
+  is and until a stop begins; /metrics, every worker's families with each sample labelled
+  `worker="i"`, and the supervisor's own (`wakeful_ingress_workers_ready`,
+  `wakeful_ingress_worker_restarts_total`).
+- A worker that exits is started again after a pause (1 s, doubling up to 30 s; back to 1 s
+  once it ran a minute). One that exits before it was ever ready ends them all: a
+  configuration error is shown once, not in a loop.
+- SIGTERM or SIGINT to the supervisor goes to every worker, once (workers run in their own
+  session, so a terminal's Ctrl-C reaches the supervisor alone); each drains as a single
+  ingress does (`shutdown_timeout`), and one still running 10 s after that is killed. Workers
+  get SIGTERM when the supervisor dies (`setpriv --pdeathsig`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import anyio
+import anyio.abc
+import httpx
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
+
+from wakeful.aio.loopback import hold_loopback_twin
+from wakeful.ingress.edge import AdminEdge
+from wakeful.ingress.http1 import HttpServer, Limits
+from wakeful.ingress.nodestreams import default_replica_name
+from wakeful.ingress.server import bind_listener
+from wakeful.ingress.settings import IngressSettings, split_address
+
+log = logging.getLogger(__name__)
+
+RESTART_FIRST = 1.0
+RESTART_MAX = 30.0
+STEADY = 60.0
+"""A worker that ran this long is restarted after RESTART_FIRST again."""
+KILL_MARGIN = 10.0
+"""Seconds past `shutdown_timeout` a stopping worker gets before it is killed."""
+POLL = 0.5
+"""Seconds between two looks at each worker's /readyz."""
+
+
+def shifted(address: str, by: int) -> str:
+    """`host:port` with the port moved up by `by` (a port 0 stays 0: each worker's own)."""
+    host, port = split_address(address)
+    shown = f"[{host}]" if ":" in host else host
+    return f"{shown}:{port + by if port else 0}"
+
+
+def worker_env(
+    settings: IngressSettings,
+    index: int,
+    *,
+    listen: str,
+    tls_listen: str | None,
+    admin: str,
+    replica: str,
+) -> dict[str, str]:
+    """The variables that make worker `index` of this ingress (over the supervisor's own)."""
+    env = {
+        "WAKEFUL_INGRESS_WORKERS": "1",
+        "WAKEFUL_INGRESS_WORKER": str(index),
+        "WAKEFUL_LISTEN": listen,
+        "WAKEFUL_ADMIN_LISTEN": admin,
+        "WAKEFUL_TUNNEL_REPLICA": f"{replica}-w{index}",
+    }
+    if tls_listen is not None:
+        env["WAKEFUL_TLS_LISTEN"] = tls_listen
+    if settings.tunnel_listen is not None:
+        env["WAKEFUL_TUNNEL_LISTEN"] = shifted(settings.tunnel_listen, index)
+    if settings.tunnel_advertise is not None:
+        env["WAKEFUL_TUNNEL_ADVERTISE"] = shifted(settings.tunnel_advertise, index)
+    return env
+
+
+def reserve(address: str, what: str) -> socket.socket:
+    """`address` bound with SO_REUSEPORT and not listening: the port is kept for the workers
+    (same user only: the kernel refuses SO_REUSEPORT across users, so no sandbox can join)."""
+    host, port = split_address(address)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(exc.errno, exc.strerror, f"{what} {address}") from exc
+    hold_loopback_twin(sock)
+    return sock
+
+
+def address_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def labelled(texts: Iterable[tuple[int, str]]) -> list[Metric]:
+    """Every worker's exposition as one: families merged by name, each sample labelled with
+    its worker. A text that does not parse is left out (a worker mid-restart)."""
+    merged: dict[str, Metric] = {}
+    for index, text in texts:
+        try:
+            families = list(text_string_to_metric_families(text))
+        except ValueError:
+            log.warning("worker %d's metrics do not parse; left out", index)
+            continue
+        for family in families:
+            into = merged.get(family.name)
+            if into is None:
+                into = Metric(family.name, family.documentation, family.type, family.unit)
+                merged[family.name] = into
+            worker = str(index)
+            into.samples.extend(
+                Sample(s.name, {**s.labels, "worker": worker}, s.value, s.timestamp, s.exemplar)
+                for s in family.samples
+            )
+    return list(merged.values())
+
+
+class _Families(Collector):
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families
+
+
+@dataclass(eq=False)
+class Worker:
+    index: int
+    env: dict[str, str]
+    admin: str
+    process: anyio.abc.Process | None = None
+    ready: bool = False
+    ever_ready: bool = False
+
+
+@dataclass(eq=False)
+class Supervisor:
+    """Keeps the workers running; see the module docstring for the rules."""
+
+    workers: list[Worker]
+    command: Sequence[str]
+    stop_timeout: float
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    clock: Callable[[], float] = time.monotonic
+    on_ready: Callable[[], None] = lambda: None
+    """Called once, when every worker has been ready."""
+    stopping: bool = False
+    failed: str | None = None
+    """Why the workers were stopped before a signal: one never became ready."""
+
+    def __post_init__(self) -> None:
+        self._ready = Gauge(
+            "wakeful_ingress_workers_ready",
+            "Ingress workers answering /readyz now.",
+            registry=self.registry,
+        )
+        self._ready.set_function(lambda: sum(w.ready for w in self.workers))
+        self._restarts = Counter(
+            "wakeful_ingress_worker_restarts",
+            "Ingress workers started again after they exited.",
+            ["worker"],
+            registry=self.registry,
+        )
+        self._done = anyio.Event()
+
+    def is_ready(self) -> bool:
+        return not self.stopping and any(w.ready for w in self.workers)
+
+    async def metrics(self) -> bytes:
+        """The supervisor's own metrics, then every ready worker's, labelled."""
+        texts: list[tuple[int, str]] = []
+
+        async def fetch(client: httpx.AsyncClient, worker: Worker) -> None:
+            with contextlib.suppress(httpx.HTTPError):
+                answer = await client.get(f"http://{worker.admin}/metrics")
+                if answer.status_code == 200:
+                    texts.append((worker.index, answer.text))
+
+        async with httpx.AsyncClient(timeout=2.0) as client, anyio.create_task_group() as tg:
+            for worker in self.workers:
+                if worker.process is not None:
+                    tg.start_soon(fetch, client, worker)
+        texts.sort()
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Families(labelled(texts)))
+        return generate_latest(self.registry) + generate_latest(registry)
+
+    async def run(self) -> None:
+        """Start every worker and keep them running until `stop` (or one fails to start)."""
+        async with anyio.create_task_group() as tasks:
+            for worker in self.workers:
+                tasks.start_soon(self._keep, worker)
+            tasks.start_soon(self._watch)
+            await self._done.wait()
+            await self._stop_all()
+            tasks.cancel_scope.cancel()
+
+    def stop(self) -> None:
+        self.stopping = True
+        self._done.set()
+
+    async def _keep(self, worker: Worker) -> None:
+        pause = RESTART_FIRST
+        while not self.stopping:
+            started = self.clock()
+            worker.process = await anyio.open_process(
+                self.command,
+                env={**os.environ, **worker.env},
+                stdin=subprocess.DEVNULL,
+                stdout=None,
+                stderr=None,
+                start_new_session=True,
+            )
+            code = await worker.process.wait()
+            worker.process, worker.ready = None, False
+            if self.stopping:
+                return
+            if not worker.ever_ready:
+                self.failed = (
+                    f"ingress worker {worker.index} exited with status {code} before it was "
+                    "ready (its error is above); the other workers were stopped"
+                )
+                self.stop()
+                return
+            if self.clock() - started >= STEADY:
+                pause = RESTART_FIRST
+            log.warning(
+                "ingress worker %d exited with status %s; starting it again in %.0f s",
+                worker.index,
+                code,
+                pause,
+            )
+            self._restarts.labels(worker=str(worker.index)).inc()
+            await anyio.sleep(pause)
+            pause = min(pause * 2, RESTART_MAX)
+
+    async def _watch(self) -> None:
+        told = False
+        async with httpx.AsyncClient(timeout=POLL * 2) as client:
+            while True:
+                async with anyio.create_task_group() as tg:
+                    for worker in self.workers:
+                        tg.start_soon(self._look, client, worker)
+                if not told and all(w.ever_ready for w in self.workers):
+                    told = True
+                    self.on_ready()
+                await anyio.sleep(POLL)
+
+    async def _look(self, client: httpx.AsyncClient, worker: Worker) -> None:
+        ready = False
+        if worker.process is not None:
+            with contextlib.suppress(httpx.HTTPError):
+                ready = (await client.get(f"http://{worker.admin}/readyz")).status_code == 200
+        worker.ready = ready and worker.process is not None
+        worker.ever_ready = worker.ever_ready or worker.ready
+
+    async def _stop_all(self) -> None:
+        """SIGTERM to every worker, once; SIGKILL to those still running after the timeout."""
+        with anyio.CancelScope(shield=True):
+            running = [w.process for w in self.workers if w.process is not None]
+            for process in running:
+                with contextlib.suppress(ProcessLookupError):
+                    process.send_signal(signal.SIGTERM)
+            with anyio.move_on_after(self.stop_timeout):
+                for process in running:
+                    await process.wait()
+            for process in running:
+                if process.returncode is None:
+                    log.warning("ingress worker pid %d did not stop in time; killed", process.pid)
+                    with contextlib.suppress(ProcessLookupError):
+                        process.kill()
+                    await process.wait()
+
+
+def worker_command() -> list[str]:
+    """`wakeful ingress` on this interpreter, under `setpriv --pdeathsig TERM` when there is
+    one (util-linux): a worker outliving a killed supervisor would hold the port for ever."""
+    command = [sys.executable, "-m", "wakeful.cli", "ingress"]
+    setpriv = shutil.which("setpriv")
+    return command if setpriv is None else [setpriv, "--pdeathsig", "TERM", "--", *command]
+
+
+async def supervise(
+    settings: IngressSettings,
+    *,
+    announce: Callable[[str], None],
+    wait_for_stop: Callable[[], Awaitable[object]],
+    command: Sequence[str] | None = None,
+) -> str | None:
+    """Run `settings.workers` ingress workers until `wait_for_stop` returns; returns why they
+    ended early (a worker that never became ready), or None after a clean stop."""
+    with contextlib.ExitStack() as held:
+        listen = address_of(held.enter_context(reserve(settings.listen, "listen address")))
+        tls_listen = None
+        if settings.tls_listen is not None:
+            tls = held.enter_context(reserve(settings.tls_listen, "TLS listen address"))
+            tls_listen = address_of(tls)
+        replica = settings.tunnel_replica or default_replica_name(listen)
+        workers = []
+        for index in range(settings.workers):
+            admin = address_of(held.enter_context(reserve("127.0.0.1:0", "worker admin port")))
+            env = worker_env(
+                settings, index, listen=listen, tls_listen=tls_listen, admin=admin, replica=replica
+            )
+            workers.append(Worker(index, env, admin))
+        supervisor = Supervisor(
+            workers,
+            command or worker_command(),
+            settings.shutdown_timeout + KILL_MARGIN,
+            on_ready=lambda: announce(
+                f"ingress listening on http://{listen} ({len(workers)} workers)"
+            ),
+        )
+        admin_server = HttpServer(
+            AdminEdge(supervisor.metrics, supervisor.is_ready), Limits(max_connections=64)
+        )
+        admin_sock = bind_listener(settings.admin_listen, settings.backlog, "admin address")
+        await admin_server.start(admin_sock, settings.backlog)
+        try:
+            async with anyio.create_task_group() as tasks:
+
+                async def stop_when_told() -> None:
+                    await wait_for_stop()
+                    supervisor.stop()
+
+                tasks.start_soon(stop_when_told)
+                await supervisor.run()
+                tasks.cancel_scope.cancel()
+        finally:
+            await admin_server.stop(0)
+        return supervisor.failed
