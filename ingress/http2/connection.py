@@ -258,6 +258,7 @@ class H2Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.out.resumed()
+        self.out.pump_all(stream.out for stream in self._streams.values())
         if self.transport is not None and not self.gone and not self._dead:
             self.transport.resume_reading()
 

@@ -107,6 +107,8 @@ class Sender:
             out.pending.clear()
             out.pending_bytes = 0
             return
+        if self.writes_paused:
+            return  # the transport is full: it waits in `pending` (`resumed` pumps it)
         pending = out.pending
         try:
             while pending:
