@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 from typing import Annotated, Literal, Self
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from wakeful.store.settings import StoreSettings
 
@@ -134,6 +134,19 @@ class IngressSettings(StoreSettings):
     """Seconds a request waits for one of its node's busy streams here to free (a burst
     waits while the node grows its streams: doubling each second, 1,000 in about 8 s)."""
 
+    @field_validator("ingress_workers", mode="before")
+    @classmethod
+    def _workers(cls, value: object) -> object:
+        if value == "auto":
+            return value
+        try:
+            count = int(str(value).strip())
+        except ValueError:
+            count = 0
+        if not 1 <= count <= MAX_WORKERS:
+            raise ValueError(f"must be 1 to {MAX_WORKERS} or 'auto'")
+        return count
+
     @model_validator(mode="after")
     def _tls(self) -> Self:
         if self.tls_listen is not None:
@@ -142,10 +155,6 @@ class IngressSettings(StoreSettings):
             split_address(self.tunnel_listen)
         if self.tunnel_advertise is not None:
             split_address(self.tunnel_advertise)
-        if isinstance(self.ingress_workers, int) and not 1 <= self.ingress_workers <= MAX_WORKERS:
-            raise ValueError(
-                f"ingress_workers must be 1 to {MAX_WORKERS} or 'auto', got {self.ingress_workers}"
-            )
         if self.tls_redirect and self.tls_listen is None:
             raise ValueError("tls_redirect needs tls_listen: there is no HTTPS to send to")
         return self
