@@ -52,7 +52,7 @@ from wakeful.activator.roles import (
     access,
     needed,
 )
-from wakeful.domain.leases import ActivatorError, LeaseGrant
+from wakeful.domain.leases import MAX_ASK_REQUESTS, ActivatorError, LeaseGrant, Riders
 from wakeful.domain.models import NAME_PATTERN, Role
 from wakeful.store import Conflict, InvalidKey, StoreError
 from wakeful.store.tokenbook import TokenBook
@@ -61,6 +61,13 @@ from wakeful.store.tokenbook import TokenBook
 class LeaseRequest(BaseModel):
     app: str = Field(pattern=NAME_PATTERN, description="the app to route to")
     version: str | None = Field(default=None, pattern=NAME_PATTERN)
+    requests: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_ASK_REQUESTS,
+        description="requests waiting on this ask: a parked ask counts as that many (at most "
+        "one lease's size)",
+    )
 
 
 class RenewRequest(BaseModel):
@@ -189,7 +196,9 @@ def create_app(
 
             tasks.start_soon(until_disconnect)
             try:
-                lease = await activator.acquire(body.app, body.version)
+                lease = await activator.acquire(
+                    body.app, body.version, riders=Riders(body.requests)
+                )
             except ActivatorError as exc:
                 failure = exc  # raised outside the task group, to reach the error handler
             tasks.cancel_scope.cancel()

@@ -8,10 +8,11 @@ whatever queued up while its last frame was on the way, so under load one frame 
 Frames are JSON text. The ingress sends a list of operations, each with an `id` of its
 choosing (unique among its operations in flight):
 
-    {"id": 1, "op": "acquire", "app": "hello", "version": null}
+    {"id": 1, "op": "acquire", "app": "hello", "version": null, "requests": 3}
     {"id": 2, "op": "renew", "lease": "L", "used": true}
     {"id": 3, "op": "release", "lease": "L"}
     {"id": 4, "op": "cancel", "of": 1}          (no answer of its own)
+    {"op": "ride", "of": 1, "by": 2}             (requests joined acquire 1; no answer)
     {"id": 5, "op": "adopt", "app": "hello", "grant": {...LeaseGrant...}}
     {"id": 6, "op": "traffic", "apps": {"hello": {"requests": 9, "errors": 0, "buckets": [...]}}}
     {"id": 7, "op": "access", "ingress": "edge-1", "lines": [{...AccessLine...}]}
@@ -28,9 +29,11 @@ and gets a list of answers, exactly one per acquire, renewal, release, adoption 
     {"id": 6, "recorded": 1}
     {"id": 2, "error": "lease gone", "detail": "..."}
 
-An acquire parks (bounded) like `POST /v1/leases`; a `cancel` of it, or the channel closing,
-takes it out of the waiters at once (seed 001), and a lease granted in the same step is handed
-straight back, so the activator never counts a lease nobody holds. A cancelled acquire is
+An acquire parks (bounded) like `POST /v1/leases`, counted as the `requests` it stands for
+(default 1: an ingress's misses that wait together share one acquire, `ingress.cache`); a
+`cancel` of it, or the channel closing, takes it out of the waiters at once (seed 001), and a
+lease granted in the same step is handed straight back, so the activator never counts a lease
+nobody holds. A cancelled acquire is
 answered with the error `cancelled`. Grants queued but never sent when the channel closes are
 released too. Leases already held outlive the channel: they are renewed on the next one.
 
@@ -67,7 +70,14 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from wakeful.activator.core import Activator
 from wakeful.activator.lease_errors import CANCELLED, INVALID_REQUEST, WireError, to_wire
 from wakeful.activator.ledger import Lease
-from wakeful.domain.leases import CHANNEL_MAX_FRAME_BYTES, ActivatorError, LeaseGrant, Overloaded
+from wakeful.domain.leases import (
+    CHANNEL_MAX_FRAME_BYTES,
+    MAX_ASK_REQUESTS,
+    ActivatorError,
+    LeaseGrant,
+    Overloaded,
+    Riders,
+)
 from wakeful.domain.logbatch import MAX_ACCESS_LINES, AccessLine
 from wakeful.domain.models import NAME_PATTERN
 from wakeful.domain.traffic import MAX_APPS_PER_REPORT, TrafficReport
@@ -98,6 +108,7 @@ class Acquire(BaseModel):
     op: Literal["acquire"]
     app: str = Field(pattern=NAME_PATTERN)
     version: str | None = Field(default=None, pattern=NAME_PATTERN)
+    requests: int = Field(default=1, ge=1, le=MAX_ASK_REQUESTS)
 
 
 class Renew(BaseModel):
@@ -132,6 +143,14 @@ class Cancel(BaseModel):
     of: int
 
 
+class Ride(BaseModel):
+    """Requests joined (`by` > 0) or left an acquire in flight (`Riders`); no answer."""
+
+    op: Literal["ride"]
+    of: int
+    by: int = Field(ge=-MAX_ASK_REQUESTS, le=MAX_ASK_REQUESTS)
+
+
 class Access(BaseModel):
     id: int
     op: Literal["access"]
@@ -146,7 +165,8 @@ class Traffic(BaseModel):
 
 
 Operation = Annotated[
-    Acquire | Renew | Release | Adopt | Cancel | Traffic | Access, Field(discriminator="op")
+    Acquire | Renew | Release | Adopt | Cancel | Ride | Traffic | Access,
+    Field(discriminator="op"),
 ]
 _OPERATION: TypeAdapter[Operation] = TypeAdapter(Operation)
 
@@ -169,6 +189,8 @@ class Channel:
         self._queued = anyio.Event()
         self._room = anyio.Event()
         self._acquires: dict[int, anyio.CancelScope] = {}
+        self._riders: dict[int, Riders] = {}
+        """The requests riding each acquire in flight, as the ingress says (`ride`)."""
         self._adopts = 0
 
     async def serve(self) -> None:
@@ -257,6 +279,11 @@ class Channel:
             scope = self._acquires.get(operation.of)
             if scope is not None:
                 scope.cancel()
+        elif isinstance(operation, Ride):
+            riders = self._riders.get(operation.of)
+            if riders is not None:  # else answered already: nothing to count
+                by = max(operation.by, 1 - riders.count)
+                riders.change(min(by, MAX_ASK_REQUESTS - riders.count))
         elif isinstance(operation, Acquire):
             if operation.id in self._acquires:  # its answer would be ambiguous
                 self._answer({"id": operation.id, **to_wire(ActivatorError("id in use")).fields()})
@@ -265,6 +292,7 @@ class Channel:
                 self._answer({"id": operation.id, **to_wire(Overloaded(detail, 1)).fields()})
             else:
                 scope = self._acquires[operation.id] = anyio.CancelScope()
+                self._riders[operation.id] = Riders(operation.requests)
                 tasks.start_soon(self._acquire, operation, scope)
         else:
             self._answer(self._upkeep(operation))
@@ -299,7 +327,9 @@ class Channel:
         try:
             with scope:
                 try:
-                    lease = await self._activator.acquire(operation.app, operation.version)
+                    lease = await self._activator.acquire(
+                        operation.app, operation.version, riders=self._riders[operation.id]
+                    )
                 except (ActivatorError, StoreError) as exc:
                     answer = {"id": operation.id, **to_wire(exc).fields()}
             if lease is not None and scope.cancel_called:  # granted as it was cancelled
@@ -309,6 +339,7 @@ class Channel:
                 answer = {"id": operation.id, "grant": _grant(lease), "_lease": lease.lease_id}
         finally:
             del self._acquires[operation.id]
+            del self._riders[operation.id]
             # Released by `serve` if the channel closes before it is sent. Not answered when
             # this activator stopped leading: the channel closes, and the ingress makes the
             # acquire again on the new leader instead of failing its request.

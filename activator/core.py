@@ -21,6 +21,7 @@ Theory of operation:
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import time
@@ -42,7 +43,7 @@ from wakeful.activator.term import Term
 from wakeful.activator.view import NoServingPool, PoolState, View
 from wakeful.aio import trace
 from wakeful.domain import keys
-from wakeful.domain.leases import LeaseGone, LeaseGrant, NoCapacity
+from wakeful.domain.leases import LeaseGone, LeaseGrant, NoCapacity, Riders
 from wakeful.domain.models import GONE, App, AppState, SandboxStatus
 from wakeful.domain.split import Window
 from wakeful.domain.traffic import TrafficReport
@@ -178,8 +179,13 @@ class Activator:
 
     # -- admission --------------------------------------------------------------------------
 
-    async def acquire(self, app: str, version: str | None = None) -> Lease:
-        """A lease on a sandbox of the app's pool, waiting (bounded) only when none is routable."""
+    async def acquire(
+        self, app: str, version: str | None = None, *, riders: Riders | None = None
+    ) -> Lease:
+        """A lease on a sandbox of the app's pool, waiting (bounded) only when none is routable.
+        `riders`: the requests waiting on this ask (`Leases.acquire`); parked, it counts as
+        that many in the pool's demand, followed as they join and leave (seed 000: a slot per
+        waiting request, no more)."""
         if not self._view.synced.is_set():  # (a set event's wait still yields the loop once)
             await self._view.synced.wait()
         if not self._term.admitting.is_set():
@@ -225,7 +231,10 @@ class Activator:
                     await self._fail_if_state_kept(app)
                 if waiter is None:
                     asleep = self._view.ready(state) == 0  # this request waits for a wake
-                    waiter = self._ledger.park(state.name, app, deadline)
+                    requests = 1 if riders is None else max(1, riders.count)
+                    waiter = self._ledger.park(state.name, app, deadline, requests=requests)
+                    if riders is not None:
+                        riders.watch(functools.partial(self._regrow, waiter))
                     self._publish(state.name)
                     trace.mark("wait", app)
                 self._suspender.wake(state)  # thaw before start: the fast path
@@ -238,8 +247,19 @@ class Activator:
                 with anyio.move_on_after(remaining):
                     await waiter.wake.wait()
         finally:
+            if riders is not None:
+                riders.watch(None)
             if waiter is not None and self._ledger.unpark(waiter):
                 self._publish(waiter.pool)
+
+    def _regrow(self, waiter: Waiter, by: int) -> None:
+        """Requests joined (left) a parked ask: the demand follows, and may size its pool
+        again (at most one scale-up runs at a time; it reads the demand when it decides)."""
+        state = self._view.pools.get(waiter.pool)  # the pool it waits on now (moves follow)
+        if self._ledger.grow(waiter, by) and by > 0 and state is not None:
+            self._suspender.wake(state)
+            self._scale_up.start(state)
+        self._publish(waiter.pool)
 
     async def _resolve(self, app: str, version: str | None) -> PoolState:
         """`View.resolve`, waiting out a view caught mid-change of route (`NoServingPool`:

@@ -116,6 +116,9 @@ class Waiter:
     deadline: float
     """On the ledger's clock."""
     wake: anyio.Event = field(default_factory=anyio.Event)
+    requests: int = 1
+    """The requests it stands for: an ingress's misses share one ask (`Leases.acquire`)."""
+    parked: bool = False
 
 
 @dataclass(slots=True, eq=False)
@@ -123,6 +126,8 @@ class PoolLedger:
     """One pool's waiters and lease counts, kept by pool name."""
 
     waiters: list[Waiter] = field(default_factory=list)
+    requests_waiting: int = 0
+    """The requests the waiters stand for, together: the demand that sizes the pool."""
     normal_leases: int = 0
     overflow_leases: int = 0
     forgotten: bool = False
@@ -134,6 +139,16 @@ class PoolLedger:
     def wake_all(self) -> None:
         for waiter in self.waiters:
             waiter.wake.set()
+
+    def add(self, waiter: Waiter) -> None:
+        self.waiters.append(waiter)
+        self.requests_waiting += waiter.requests
+        waiter.parked = True
+
+    def remove(self, waiter: Waiter) -> None:
+        self.waiters.remove(waiter)
+        self.requests_waiting -= waiter.requests
+        waiter.parked = False
 
 
 class LeaseLedger:
@@ -157,22 +172,23 @@ class LeaseLedger:
         return self.leased_capacity_by_sandbox.get(sandbox_id, 0)
 
     def counts(self, pool: str) -> tuple[int, int, int]:
-        """(normal leases, overflow leases, waiters) of one pool."""
+        """(normal leases, overflow leases, requests waiting) of one pool."""
         entry = self._pools.get(pool)
         if entry is None:
             return 0, 0, 0
-        return entry.normal_leases, entry.overflow_leases, len(entry.waiters)
+        return entry.normal_leases, entry.overflow_leases, entry.requests_waiting
 
     def waiting(self, pool: str) -> int:
+        """The requests waiting on the pool (a waiter may stand for several)."""
         entry = self._pools.get(pool)
-        return 0 if entry is None else len(entry.waiters)
+        return 0 if entry is None else entry.requests_waiting
 
     # -- leases -----------------------------------------------------------------------------
 
     def grant(self, pool: str, app: str, admitted: decisions.Admit, waiter: Waiter | None) -> Lease:
         """Record an admission; a granted waiter leaves its queue in this same step."""
         if waiter is not None:
-            self._entry(waiter.pool).waiters.remove(waiter)
+            self._entry(waiter.pool).remove(waiter)
         lease = self._record(
             uuid.uuid4().hex,
             pool,
@@ -291,23 +307,39 @@ class LeaseLedger:
 
     # -- waiters ----------------------------------------------------------------------------
 
-    def park(self, pool: str, app: str, deadline: float) -> Waiter:
-        """Queue a request on a pool, bounded in depth (`Overloaded` past `max_waiters`)."""
+    def park(self, pool: str, app: str, deadline: float, requests: int = 1) -> Waiter:
+        """Queue an ask standing for `requests` requests on a pool, bounded in depth:
+        `Overloaded` when they would take the requests waiting past `max_waiters` (an ask
+        is parked or refused whole)."""
         entry = self._entry(pool)
-        if len(entry.waiters) >= self._max_waiters:
+        if entry.requests_waiting + requests > self._max_waiters:
             raise Overloaded(
-                f"app {app!r} has {len(entry.waiters)} requests waiting already", retry_after=5
+                f"app {app!r} has {entry.requests_waiting} requests waiting already",
+                retry_after=5,
             )
-        waiter = Waiter(pool, deadline)
-        entry.waiters.append(waiter)
+        waiter = Waiter(pool, deadline, requests=requests)
+        entry.add(waiter)
         return waiter
+
+    def grow(self, waiter: Waiter, by: int) -> bool:
+        """`by` requests joined (left) a parked ask; it stands for one at least, and growth
+        stops at `max_waiters` (those past it ride uncounted). False when it is no longer
+        parked (granted, or gone)."""
+        entry = self._pools.get(waiter.pool)
+        if entry is None or not waiter.parked:
+            return False
+        by = max(by, 1 - waiter.requests)
+        by = min(by, max(0, self._max_waiters - entry.requests_waiting))
+        waiter.requests += by
+        entry.requests_waiting += by
+        return True
 
     def unpark(self, waiter: Waiter) -> bool:
         """Take a waiter off its queue (it gave up or was cancelled); False if it was not on."""
         entry = self._pools.get(waiter.pool)
         if entry is None or waiter not in entry.waiters:
             return False
-        entry.waiters.remove(waiter)
+        entry.remove(waiter)
         self._tidy(waiter.pool)
         return True
 
@@ -317,7 +349,7 @@ class LeaseLedger:
             return
         self.unpark(waiter)
         waiter.pool = pool
-        self._entry(pool).waiters.append(waiter)
+        self._entry(pool).add(waiter)
 
     def wake(self, pool: str) -> None:
         """Every waiter of the pool runs admission again."""

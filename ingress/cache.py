@@ -24,10 +24,16 @@ from dataclasses import dataclass, field
 import anyio
 
 from wakeful.aio.tasks import Background
-from wakeful.domain.leases import ActivatorError, LeaseGone, LeaseGrant, Leases
+from wakeful.domain.leases import ActivatorError, LeaseGone, LeaseGrant, Leases, Riders
 from wakeful.ingress.errors import ActivatorUnreachable
 
 log = logging.getLogger(__name__)
+
+FIRST_SEATS = 16
+"""Misses riding one ask of a key whose lease size is not known yet (`LeaseCache._learn`):
+those its grant cannot carry ask again, then knowing it."""
+MAX_SIZES_KEPT = 100_000
+"""Lease sizes remembered per key (`LeaseCache._learn`) before the memory is cleared."""
 
 Key = tuple[str, str | None]
 """(app, version): the version the router named (the active one, a split's pick, a tag's);
@@ -69,6 +75,25 @@ class Use:
     @property
     def url(self) -> str:
         return self.lease.grant.url
+
+
+@dataclass(eq=False, slots=True)
+class _Ask:
+    """One ask of the activator, shared by the misses of a key that wait together (its
+    riders): sent at the end of the event loop's turn it was opened in, saying how many ride
+    it, and taking more until it is answered, at most `seats` in all (what the key's last
+    lease carried), the activator told of each (`Riders`)."""
+
+    done: asyncio.Future[None]
+    """Set once the ask ended: granted (`entry`), refused (its error), or withdrawn."""
+    seats: int
+    riders: Riders = field(default_factory=lambda: Riders(0))
+    """As the activator is told: the riders waiting, until the ask is answered."""
+    waiting: int = 0
+    """Riders still in `LeaseCache._ride`, answered or not."""
+    task: asyncio.Task[LeaseGrant] | None = None
+    entry: CachedLease | None = None
+    """What it was granted, for its riders: a cached lease, or an overflow one for one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +166,10 @@ class LeaseCache:
         self._on_hit = on_hit
         self._on_miss = on_miss
         self._entries: dict[Key, list[CachedLease]] = {}
+        self._open: dict[Key, _Ask] = {}
+        """The ask of each key still taking riders (sent at the end of this loop turn)."""
+        self._sizes: dict[Key, int] = {}
+        """The size of each key's last lease: how many misses ride one ask (`_learn`)."""
         self._room: dict[Key, list[asyncio.Future[None]]] = {}
         """Requests waiting in `acquire`, per key: told when a cached lease gets room."""
         self._releasing = Background()
@@ -163,21 +192,66 @@ class LeaseCache:
         return Use(entry, hit=True)
 
     async def acquire(self, key: Key, avoid: Container[str] = ()) -> Use:
-        """A use of a fresh lease from the activator (it may wait, bounded, for capacity), or
-        of a cached one that gets room first: while the activator makes a request wait (every
-        sandbox at its hard limit), a request of this ingress ending frees a use here that the
-        activator does not know of, and the waiting request takes it.
+        """A use of a lease from the activator (it may wait, bounded, for capacity), shared
+        with the other misses of `key` that wait with this one, or of a cached lease that
+        gets room first.
 
-        A request that took such room withdraws its ask when the adapter cancels cleanly
-        (`Leases.cancels_cleanly`: in-process, the lease channel), so the activator does not
-        count it as demand; over plain HTTP, where cancelling could lose a grant the
-        activator already counted, the ask is left running. Whatever such an ask is still
-        granted goes into the cache, or straight back when it is an overflow lease. One
-        cancelled (its client left) is cancelled, as before. Room is announced to one waiter
-        at a time; a woken waiter that does not use it, or leaves more, passes the word on."""
+        Misses share asks (`_Ask`): a miss rides the ask of its key that is out, or opens
+        one, sent at the end of the turn; at most as many as the key's last lease carried
+        ride one, so one grant carries them all. The activator counts a parked ask as the
+        requests riding it, told as they join and leave (`Riders`; over plain HTTP only
+        those riding when it was sent), so its demand stays a slot per waiting request
+        (seed 000). A rider the grant cannot carry (an overflow lease carries one) asks
+        again. So
+        a burst of misses takes the leases it needs, not one lease each: with several
+        ingresses, one does not take every normal lease of a pool and leave the others an
+        overflow lease per request.
+
+        While the activator makes an ask wait (every sandbox at its hard limit), a request of
+        this ingress ending frees a use here that the activator does not know of, and a
+        waiting request takes it. An ask no rider waits for any more is withdrawn when the
+        adapter cancels cleanly (`Leases.cancels_cleanly`: in-process, the lease channel), so
+        the activator does not count it as demand; over plain HTTP, where cancelling could
+        lose a grant the activator already counted, it is left running. Whatever such an
+        ask is still granted goes into the cache, or straight back when it is an overflow
+        lease. Room is announced to one waiter at a time; a woken waiter that does not use
+        it, or leaves more, passes the word on."""
         self._on_miss(key[0])
         loop = asyncio.get_running_loop()
-        ask = loop.create_task(self._ask(key))
+        while True:
+            ask = self._join(key, loop)
+            use = await self._ride(key, ask, avoid, loop)
+            if use is not None:
+                return use
+
+    def _join(self, key: Key, loop: asyncio.AbstractEventLoop) -> _Ask:
+        """A seat on the ask of `key` still taking riders, or on a new one."""
+        ask = self._open.get(key)
+        if ask is None or ask.seats <= 0 or ask.done.done():
+            ask = _Ask(loop.create_future(), self._sizes.get(key, FIRST_SEATS))
+            self._open[key] = ask
+            loop.call_soon(self._send, key, ask)
+        ask.seats -= 1
+        ask.waiting += 1
+        ask.riders.change(1)  # the activator hears of it, once the ask is out
+        if ask.seats <= 0 and self._open.get(key) is ask:
+            del self._open[key]  # full: the next miss opens another
+        return ask
+
+    def _send(self, key: Key, ask: _Ask) -> None:
+        """The end of the turn: the ask goes, standing for the riders it has."""
+        if ask.waiting == 0:  # every rider left before it went
+            if self._open.get(key) is ask:
+                del self._open[key]
+            ask.done.cancel()
+            return
+        ask.task = asyncio.get_running_loop().create_task(self._ask(key, ask.riders))
+        ask.task.add_done_callback(lambda task: self._settle(key, ask))
+
+    async def _ride(
+        self, key: Key, ask: _Ask, avoid: Container[str], loop: asyncio.AbstractEventLoop
+    ) -> Use | None:
+        """Wait for the ask's grant or for room on a cached lease; None: ask again."""
         try:
             while True:
                 room = loop.create_future()
@@ -185,17 +259,19 @@ class LeaseCache:
                 waiting.append(room)
                 took = False
                 try:
-                    await asyncio.wait([ask, room], return_when=asyncio.FIRST_COMPLETED)
+                    await asyncio.wait([ask.done, room], return_when=asyncio.FIRST_COMPLETED)
+                    if ask.done.done():
+                        if ask.done.cancelled():
+                            return None
+                        ask.done.result()  # the ask's refusal, for each of its riders
+                        use = self._claim(ask) or self.take(key, avoid)
+                        took = use is not None
+                        return use
                     if room.done():
                         use = self.take(key, avoid)
                         if use is not None:
                             took = True
-                            if self._leases.cancels_cleanly:  # no phantom waiter upstream
-                                ask.cancel()
-                            self._keep_whatever(key, ask)
                             return use
-                    if ask.done():
-                        return self._granted(key, ask.result())
                 finally:
                     woken = room.done() and not room.cancelled()
                     room.cancel()
@@ -205,33 +281,97 @@ class LeaseCache:
                         self._room.pop(key, None)
                     if woken or took:
                         self._pass_room(key)  # room left (or not for this one): the next looks
-        except BaseException:
-            ask.cancel()
-            self._keep_whatever(key, ask)
-            raise
+        finally:
+            ask.waiting -= 1
+            if not ask.done.done():
+                ask.seats += 1  # its seat is free for the next miss
+                ask.riders.change(-1)
+                if ask.waiting == 0:
+                    self._abandon(key, ask)
+            elif ask.waiting == 0 and self._for_one(ask.entry):
+                entry, ask.entry = ask.entry, None  # an overflow lease none of them took
+                assert entry is not None
+                self._releasing.spawn(self.release(entry.grant))
 
-    async def _ask(self, key: Key) -> LeaseGrant:
+    async def _ask(self, key: Key, riders: Riders) -> LeaseGrant:
         try:
-            return await self._leases.acquire(key[0], key[1])
+            return await self._leases.acquire(key[0], key[1], riders=riders)
         except ActivatorError:
             raise
         except Exception as exc:  # the HTTP adapter lets transport errors through
             raise ActivatorUnreachable(f"the activator did not answer: {exc}") from exc
 
-    def _granted(self, key: Key, grant: LeaseGrant) -> Use:
-        # No await from the grant to the return: it is recorded before any cancellation can
-        # land, so whoever holds the Use will hand it back.
-        key = kept_under(key, grant)
+    def _settle(self, key: Key, ask: _Ask) -> None:
+        """The ask ended: a grant goes into the cache for its riders (or is held for one of
+        them when it is an overflow lease; released when none is left), never lost."""
+        if self._open.get(key) is ask:
+            del self._open[key]
+        task = ask.task
+        assert task is not None
+        failed = None if task.cancelled() else task.exception()
+        if task.cancelled() or (failed is not None and ask.waiting == 0):
+            ask.done.cancel()  # nobody to tell
+            return
+        if failed is not None:
+            ask.done.set_exception(failed)
+            return
+        grant = task.result()
+        self._learn(key, grant)
         now = self._clock()
-        entry = CachedLease(grant, key, renewed_at=now, idle_since=now, uses=1, used=True)
-        if grant.overflow:
-            entry.cached = False
-            self._held.add(entry)
+        entry = CachedLease(grant, kept_under(key, grant), renewed_at=now, idle_since=now)
+        if grant.overflow or self._closed:
+            entry.cached = False  # it carries one request, then goes back
+            if ask.waiting == 0:
+                self._releasing.spawn(self.release(grant))
+            else:
+                ask.entry = entry  # for the first rider that looks
         else:
-            self._entries.setdefault(key, []).append(entry)
-            if entry.has_room:  # a lease of several: other misses waiting here take it
-                self._has_room(key)
+            self._entries.setdefault(entry.key, []).append(entry)
+            ask.entry = entry
+            self._has_room(entry.key)
+        ask.done.set_result(None)
+
+    def _learn(self, key: Key, grant: LeaseGrant) -> None:
+        """How many misses may ride one ask of `key` from now: what its last lease carries
+        (1 after an overflow lease: the pool is full, each request needs its own)."""
+        if len(self._sizes) >= MAX_SIZES_KEPT:
+            self._sizes.clear()
+        self._sizes[key] = 1 if grant.overflow else grant.size
+        if grant.overflow:  # the ask out now may bring one too: nobody else joins it
+            ask = self._open.pop(key, None)
+            if ask is not None:
+                ask.seats = 0
+
+    def _claim(self, ask: _Ask) -> Use | None:
+        """A use of the lease the rider's own ask brought, while it has room."""
+        entry = ask.entry
+        if entry is None:
+            return None
+        if self._for_one(entry):
+            ask.entry = None  # kept out of the cache: it carries one request
+            entry.uses, entry.used = 1, True
+            self._held.add(entry)
+            return Use(entry, hit=False)
+        if not entry.cached or entry.uses >= entry.grant.size:
+            return None  # left the cache (its sandbox went), or full
+        entry.uses += 1
+        entry.used = True
         return Use(entry, hit=False)
+
+    def _for_one(self, entry: CachedLease | None) -> bool:
+        """A granted lease kept out of the cache for one rider (an overflow lease, or any
+        lease once the cache closed), not taken yet."""
+        if entry is None or entry.cached or entry.uses:
+            return False
+        return entry.grant.overflow or self._closed
+
+    def _abandon(self, key: Key, ask: _Ask) -> None:
+        """No rider waits on `ask` any more (it is not answered yet): withdraw it where that
+        loses nothing; whatever it is still granted is settled (`_settle`)."""
+        if self._open.get(key) is ask:
+            del self._open[key]
+        if ask.task is not None and self._leases.cancels_cleanly:
+            ask.task.cancel()  # no phantom waiter upstream; a grant that crossed is settled
 
     def _has_room(self, key: Key) -> None:
         """A cached lease of `key` has room: the first request waiting in `acquire` looks."""
@@ -243,25 +383,6 @@ class LeaseCache:
     def _pass_room(self, key: Key) -> None:
         if pick(self._entries.get(key, ())) is not None:
             self._has_room(key)
-
-    def _keep_whatever(self, key: Key, ask: asyncio.Task[LeaseGrant]) -> None:
-        """An ask no request waits for any more: a grant it gets is kept in the cache (or
-        released at once when it is an overflow lease, or the cache is closed), never lost."""
-
-        def settle(done: asyncio.Task[LeaseGrant]) -> None:
-            if done.cancelled() or done.exception() is not None:
-                return
-            grant = done.result()
-            if grant.overflow or self._closed:
-                self._releasing.spawn(self.release(grant))
-                return
-            now = self._clock()
-            key_of = kept_under(key, grant)
-            entry = CachedLease(grant, key_of, renewed_at=now, idle_since=now)
-            self._entries.setdefault(key_of, []).append(entry)
-            self._has_room(key_of)
-
-        ask.add_done_callback(settle)
 
     def put(self, use: Use) -> LeaseGrant | None:
         """Take a use back; returns a lease the caller must release now, if any."""

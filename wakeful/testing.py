@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from wakeful.domain.leases import LeaseGone, LeaseGrant, NoCapacity, UnknownApp
+from wakeful.domain.leases import LeaseGone, LeaseGrant, NoCapacity, Riders, UnknownApp
 from wakeful.domain.traffic import TrafficReport
 
 
@@ -76,6 +76,10 @@ class FakeLeases:
         self.reports: list[TrafficReport] = []
         self.access_lines: list[dict[str, object]] = []
         """Every traffic report the ingress sent, in order."""
+        self.asks: list[int] = []
+        """How many rode each acquire when it was made, in order: how the ingress shares."""
+        self.riders: list[Riders] = []
+        """Each acquire's riders, as they are now (requests join and leave while it waits)."""
         self.leased: dict[str, int] = {
             s.sandbox_id: 0 for sandboxes in self._apps.values() for s in sandboxes
         }
@@ -87,7 +91,11 @@ class FakeLeases:
         self.access_lines.extend(lines)
         return True
 
-    async def acquire(self, app: str, version: str | None = None) -> LeaseGrant:
+    async def acquire(
+        self, app: str, version: str | None = None, *, riders: Riders | None = None
+    ) -> LeaseGrant:
+        self.asks.append(1 if riders is None else riders.count)
+        self.riders.append(riders or Riders())
         if self._hold is not None:
             await self._hold()
         sandboxes = self._apps.get(app)

@@ -21,7 +21,14 @@ from websockets.asyncio.client import ClientConnection
 from wakeful.activator.channel import FRAME_BYTES, MAX_OPS_PER_FRAME
 from wakeful.activator.channel import PATH as CHANNEL_PATH
 from wakeful.activator.lease_errors import LEASE_GONE, from_channel
-from wakeful.domain.leases import ActivatorError, LeaseGone, LeaseGrant, Unauthorized, Unreachable
+from wakeful.domain.leases import (
+    ActivatorError,
+    LeaseGone,
+    LeaseGrant,
+    Riders,
+    Unauthorized,
+    Unreachable,
+)
 from wakeful.domain.logbatch import access_chunks
 from wakeful.domain.traffic import MAX_APPS_PER_REPORT, TrafficReport
 
@@ -97,25 +104,28 @@ class ChannelLeases:
         self._failed: tuple[float, ActivatorError] | None = None
         self._closed = False
 
-    async def acquire(self, app: str, version: str | None = None) -> LeaseGrant:
+    async def acquire(
+        self, app: str, version: str | None = None, *, riders: Riders | None = None
+    ) -> LeaseGrant:
         slots = self._app_slots.get(app)
         if slots is None:
             slots = self._app_slots[app] = anyio.Semaphore(self._per_app)
+        operation = {"op": "acquire", "app": app, "version": version}
         async with slots:
-            answer = await self._acquire_through_failover(
-                {"op": "acquire", "app": app, "version": version}
-            )
+            answer = await self._acquire_through_failover(operation, riders)
         grant = LeaseGrant.model_validate(answer["grant"])
         self._held[grant.lease_id] = (app, grant)
         return grant
 
-    async def _acquire_through_failover(self, operation: dict[str, Any]) -> dict[str, Any]:
+    async def _acquire_through_failover(
+        self, operation: dict[str, Any], riders: Riders | None
+    ) -> dict[str, Any]:
         """An acquire whose channel is lost (the activator died) or cannot be opened is made
         again, on whichever activator leads by then, for up to `failover` seconds."""
         give_up = time.monotonic() + self._failover
         while True:
             try:
-                return await self._call(operation, self._timeout)
+                return await self._call(operation, self._timeout, riders)
             except Unreachable:
                 if self._closed or time.monotonic() >= give_up:
                     raise
@@ -155,13 +165,20 @@ class ChannelLeases:
             # The answer (`recorded`, or an error) says nothing the ingress acts on.
             link.send(operation).add_done_callback(_retrieved)
 
-    async def _call(self, operation: dict[str, Any], within: float) -> dict[str, Any]:
+    async def _call(
+        self, operation: dict[str, Any], within: float, riders: Riders | None = None
+    ) -> dict[str, Any]:
+        """One operation, answered. An acquire with `riders` says how many ride it, and
+        tells the activator as they join and leave (`ride`, no answer) until answered."""
         try:
             with anyio.fail_after(within):  # opening the channel counts against the call
                 link = await self._open()
         except TimeoutError:
             raise Unreachable(f"the activator did not answer in {within:g} s", 1) from None
         ident = next(self._ids)
+        if riders is not None:
+            operation = {**operation, "requests": max(1, riders.count)}
+            riders.watch(lambda by: link.ride(ident, by))
         answered = link.send({"id": ident, **operation})
         try:
             with anyio.fail_after(within):
@@ -172,6 +189,9 @@ class ChannelLeases:
         except BaseException:
             link.abandon(ident, operation["op"], answered)
             raise
+        finally:
+            if riders is not None:
+                riders.watch(None)
         if "error" in answer:
             raise from_channel(answer)
         return answer
@@ -330,6 +350,11 @@ class _Link:
             self._queue({"op": "cancel", "of": ident})
         elif answered.done() and not answered.cancelled() and answered.exception() is None:
             self._release_unheld(ident, answered.result())  # answered as the caller left
+
+    def ride(self, ident: int, by: int) -> None:
+        """Requests joined (left) acquire `ident` while it is out: the activator counts it so."""
+        if self.alive and ident in self._waiting:
+            self._queue({"op": "ride", "of": ident, "by": by})
 
     def _release_unheld(self, ident: int, answer: dict[str, Any]) -> None:
         grant = answer.get("grant")

@@ -9,7 +9,7 @@ import anyio
 import httpx
 
 from wakeful.activator.lease_errors import from_http
-from wakeful.domain.leases import LeaseGrant, Unreachable
+from wakeful.domain.leases import LeaseGrant, Riders, Unreachable
 from wakeful.domain.traffic import TrafficReport
 
 
@@ -41,8 +41,13 @@ class HttpLeases:
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
         )
 
-    async def acquire(self, app: str, version: str | None = None) -> LeaseGrant:
-        body: dict[str, str] = {"app": app}
+    async def acquire(
+        self, app: str, version: str | None = None, *, riders: Riders | None = None
+    ) -> LeaseGrant:
+        """Over plain HTTP an ask says how many ride it when it is sent, and no more: those
+        that join later are not counted upstream (`ChannelLeases` follows them)."""
+        requests = 1 if riders is None else max(1, riders.count)
+        body: dict[str, str | int] = {"app": app, "requests": requests}
         if version is not None:
             body["version"] = version
         slots = self._app_slots.get(app)

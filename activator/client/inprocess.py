@@ -4,7 +4,7 @@ no network."""
 from __future__ import annotations
 
 from wakeful.activator.core import Activator
-from wakeful.domain.leases import LeaseGrant
+from wakeful.domain.leases import LeaseGrant, Riders
 from wakeful.domain.traffic import TrafficReport
 
 
@@ -16,8 +16,10 @@ class InProcessLeases:
     def __init__(self, activator: Activator) -> None:
         self._activator = activator
 
-    async def acquire(self, app: str, version: str | None = None) -> LeaseGrant:
-        return (await self._activator.acquire(app, version)).grant()
+    async def acquire(
+        self, app: str, version: str | None = None, *, riders: Riders | None = None
+    ) -> LeaseGrant:
+        return (await self._activator.acquire(app, version, riders=riders)).grant()
 
     async def renew(self, lease_id: str, *, used: bool = False) -> LeaseGrant:
         return self._activator.renew(lease_id, used=used).grant()

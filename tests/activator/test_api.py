@@ -93,8 +93,10 @@ async def test_the_lease_api_needs_the_bearer_token(api: Served, headers: dict[s
         ({}, "body.app"),
         ({"app": "Not A Name"}, "body.app"),
         ({"app": "ok", "version": 3}, "body.version"),
+        ({"app": "ok", "requests": 0}, "body.requests"),
+        ({"app": "ok", "requests": 1001}, "body.requests"),
     ],
-    ids=["missing-app", "bad-app-name", "version-not-a-string"],
+    ids=["missing-app", "bad-app-name", "version-not-a-string", "no-request", "too-many"],
 )
 async def test_malformed_requests_get_422_naming_the_field(
     api: Served, body: dict[str, object], field: str

@@ -30,6 +30,7 @@ from wakeful.domain.leases import (
     CHANNEL_MAX_FRAME_BYTES,
     LeaseGone,
     LeaseGrant,
+    Riders,
     Unauthorized,
     UnknownApp,
     Unreachable,
@@ -87,6 +88,26 @@ async def test_many_calls_in_flight_share_the_channel_and_every_lease_comes_back
             await leases.renew("never-granted")
         with pytest.raises(UnknownApp):
             await leases.acquire("nope")
+
+
+async def test_requests_riding_an_acquire_are_counted_as_they_join_and_leave(
+    api: Served,
+) -> None:
+    """Issue 42: an ingress's misses share an acquire; the activator counts the requests
+    riding it (its demand), told over the channel as they join and leave (`ride`)."""
+    await nothing_routable(api)
+    riders = Riders(2)
+    async with ChannelLeases(api.url, TOKEN) as leases, anyio.create_task_group() as tasks:
+        tasks.start_soon(lambda: leases.acquire("hello", riders=riders))
+        with anyio.fail_after(10):
+            await eventually(lambda: waiters(api) == 2)  # as many as rode it when it went
+            riders.change(3)
+            await eventually(lambda: waiters(api) == 5)
+            riders.change(-4)
+            await eventually(lambda: waiters(api) == 1)
+        tasks.cancel_scope.cancel()
+    with anyio.fail_after(10):
+        await eventually(lambda: waiters(api) == 0)
 
 
 async def test_a_cancelled_acquire_leaves_no_waiter_and_a_later_grant_is_handed_back(
@@ -230,7 +251,7 @@ async def test_an_invalid_operation_is_answered_alone_and_its_neighbours_go_on(
     async with websockets.asyncio.client.connect(url, additional_headers=headers) as raw:
         frame = [
             {"id": 1, "op": "acquire", "app": "Bad_Name"},
-            {"id": 2, "op": "acquire", "app": "hello"},
+            {"id": 2, "op": "acquire", "app": "hello", "requests": 3},
         ]
         await raw.send(json.dumps(frame))
         answers: dict[int, dict[str, object]] = {}

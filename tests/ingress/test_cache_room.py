@@ -35,27 +35,63 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
+async def request(cache: LeaseCache) -> Use:
+    """As the proxy asks: a cached lease with room, or a miss."""
+    return cache.take(KEY) or await cache.acquire(KEY)
+
+
 def cached(cache: LeaseCache) -> int:
     return sum(entry.grant.size for entry in cache.snapshot())
 
 
-@pytest.mark.parametrize("cancels_cleanly", [True, False], ids=["channel", "http"])
-async def test_one_grant_of_five_serves_five_waiting_requests(cancels_cleanly: bool) -> None:
-    """The asks the room overtook are withdrawn where the adapter cancels cleanly (no phantom
-    waiters at the activator, which would scale up for them), kept running over plain HTTP
-    (their grants cached): either way nothing is lost."""
-    fake, gate = leases(capacity=25, size=5, cancels_cleanly=cancels_cleanly)
+async def test_misses_one_after_another_ride_the_ask_that_is_out_and_it_counts_them() -> None:
+    """Issue 42: misses that come while an ask is out ride it (up to what a lease carries),
+    and the activator is told of each (`Riders`): its demand is a slot per waiting request."""
+    fake, gate = leases(capacity=25, size=5)
     cache = LeaseCache(fake, idle_ttl=60)
-    waiting = [asyncio.create_task(cache.acquire(KEY)) for _ in range(5)]
+    waiting = []
+    for _ in range(5):  # each in a turn of the loop of its own
+        waiting.append(asyncio.create_task(cache.acquire(KEY)))
+        await settle()
+    assert fake.asks == [1]  # one ask, sent with the first
+    assert fake.riders[0].count == 5  # and the four that joined it, counted upstream
+    waiting[-1].cancel()  # one leaves: counted out
     await settle()
-    gate.release()  # one grant (of 5) comes out
+    assert fake.riders[0].count == 4
+    gate.release()  # one grant (of 5) carries them all
     await settle()
-    assert all(task.done() for task in waiting), "room left in the lease, requests still wait"
-    assert [entry.uses for entry in cache.snapshot()] == [5]
-    for _ in range(4):  # the four asks overtaken by the room, if still out, are granted now
+    assert all(task.done() for task in waiting)
+    assert [entry.uses for entry in cache.snapshot()] == [4]
+    assert sum(fake.leased.values()) == cached(cache) == 5
+    for task in waiting[:-1]:
+        cache.put(task.result())
+
+
+@pytest.mark.parametrize("cancels_cleanly", [True, False], ids=["channel", "http"])
+async def test_an_ask_overtaken_by_room_is_withdrawn_or_its_grant_kept(
+    cancels_cleanly: bool,
+) -> None:
+    """Leases of 1 (one rider an ask): four asks out, then a request ends and its room goes
+    to one of them. Its ask is withdrawn where the adapter cancels cleanly (no phantom waiter
+    at the activator, which would scale up for it), kept running over plain HTTP (its grant
+    cached): either way nothing is lost."""
+    fake, gate = leases(capacity=25, size=1, cancels_cleanly=cancels_cleanly)
+    cache = LeaseCache(fake, idle_ttl=60)
+    first = asyncio.create_task(request(cache))
+    await settle()
+    gate.release()
+    await settle()
+    waiting = [asyncio.create_task(request(cache)) for _ in range(4)]
+    await settle()
+    assert fake.asks == [1] * 5  # the size is known: 1, so one rider an ask
+    cache.put(first.result())  # room: one of the four takes it
+    await settle()
+    assert sum(task.done() for task in waiting) == 1
+    for _ in range(4):  # the three asks still needed, and the overtaken one if still out
         gate.release()
     await settle()
-    expected = 5 if cancels_cleanly else 25  # withdrawn, or kept with their grants cached
+    assert all(task.done() for task in waiting)
+    expected = 4 if cancels_cleanly else 5  # withdrawn, or kept with its grant cached
     assert sum(fake.leased.values()) == cached(cache) == expected  # nothing lost
     for task in waiting:
         cache.put(task.result())
@@ -107,3 +143,83 @@ async def test_a_grant_on_another_version_than_asked_is_cached_under_its_own() -
     assert cache.put(use) is None  # kept, under v1
     assert cache.take(("web", "v2"), ()) is None
     assert cache.take(("web", "v1"), ()) is not None
+
+
+async def test_misses_of_one_turn_share_one_ask_that_says_how_many_they_are() -> None:
+    """Issue 42: a burst of misses takes the leases it needs, not one lease each; each ask
+    tells the activator how many requests wait on it (its demand stays exact, seed 000)."""
+    fake, gate = leases(capacity=100, size=5)
+    cache = LeaseCache(fake, idle_ttl=60)
+    burst = [asyncio.create_task(cache.acquire(KEY)) for _ in range(3)]
+    await settle()
+    assert fake.asks == [3]  # the size is not known yet: all of them on one ask
+    gate.release()
+    await settle()
+    assert all(task.done() for task in burst)
+    assert [entry.uses for entry in cache.snapshot()] == [3]
+    # The size is known now: 12 more misses in one turn take 2 left in the lease, then ride
+    # asks of at most 5; each ask's grant carries all its riders.
+    more = [asyncio.create_task(request(cache)) for _ in range(12)]
+    await settle()
+    assert sum(task.done() for task in more) == 2  # the room left, taken at once
+    assert fake.asks == [3, 5, 5]
+    for _ in range(2):
+        gate.release()
+    await settle()
+    assert all(task.done() for task in more)
+    assert sorted(entry.uses for entry in cache.snapshot()) == [5, 5, 5]
+    assert sum(fake.leased.values()) == cached(cache) == 15  # three leases, nothing else
+    for task in [*burst, *more]:
+        cache.put(task.result())
+
+
+async def test_riders_an_overflow_lease_cannot_carry_ask_again_each_for_itself() -> None:
+    """A full pool grants overflow leases (one request each): one rider takes it, the others
+    ask again, one ask each from then on (not one after another on a shared ask)."""
+    fake, gate = leases(capacity=1, size=1)
+    cache = LeaseCache(fake, idle_ttl=60)
+    first = asyncio.create_task(cache.acquire(KEY))
+    await settle()
+    gate.release()
+    await settle()
+    assert first.done()  # the sandbox's one slot, cached
+    riders = [asyncio.create_task(request(cache)) for _ in range(3)]
+    await settle()
+    assert fake.asks == [1, 1, 1, 1]  # the size learnt was 1: one ask each
+    for _ in range(3):
+        gate.release()
+    await settle()
+    uses = [task.result() for task in riders]
+    assert all(use.lease.grant.overflow and not use.lease.cached for use in uses)
+    assert len({use.lease.grant.lease_id for use in uses}) == 3
+    for use in [first.result(), *uses]:
+        released = cache.put(use)
+        if released is not None:
+            await cache.release(released)
+    assert sum(fake.leased.values()) == cached(cache) == 1  # the overflow leases went back
+
+
+async def test_an_overflow_grant_for_several_riders_goes_to_one_the_rest_ask_again() -> None:
+    fake, gate = leases(capacity=2, size=2)
+    cache = LeaseCache(fake, idle_ttl=60)
+    holder = asyncio.create_task(cache.acquire(KEY))
+    await settle()
+    gate.release()
+    await settle()
+    both = [holder.result(), await request(cache)]  # the lease of 2, full
+    riders = [asyncio.create_task(request(cache)) for _ in range(3)]
+    await settle()
+    assert fake.asks == [1, 2, 1]  # the lease size is 2: two ride one ask, one another
+    gate.release()  # an overflow lease: one of the first ask's two riders takes it
+    await settle()
+    assert sum(task.done() for task in riders) == 1
+    assert fake.asks == [1, 2, 1, 1]  # the other rider asks alone now (size learnt: 1)
+    for _ in range(3):
+        gate.release()
+    await settle()
+    assert all(task.done() for task in riders)
+    for use in [*both, *(task.result() for task in riders)]:
+        released = cache.put(use)
+        if released is not None:
+            await cache.release(released)
+    assert sum(fake.leased.values()) == cached(cache) == 2

@@ -10,7 +10,9 @@ import pytest
 
 from tests.support.ingress import Stack, closed_port, held, stack
 from tests.support.waiting import eventually
+from wakeful.activator.client import InProcessLeases
 from wakeful.domain.models import SandboxStatus
+from wakeful.ingress.cache import LeaseCache, Use
 from wakeful.testing import ManualClock
 
 pytestmark = pytest.mark.anyio
@@ -285,3 +287,37 @@ async def test_a_long_request_counts_as_activity_until_it_ends(hello: Callable[[
         assert answer.status_code == 200
         ended = time.time()
         await eventually(lambda: s.activator._activity.latest("sb-1") >= ended, 5)
+
+
+async def test_two_replicas_bursts_take_the_leases_they_need_not_the_pools(
+    hello: Callable[[], int],
+) -> None:
+    """Issue 42, on the real activator: a sandbox of 100 (leases of 20), and two ingresses,
+    each with 32 requests at once. Misses that wait together share asks, so the first
+    ingress takes two leases and not all five normal ones; the second gets normal leases
+    too, and no request of either needs an overflow lease (one activator call each)."""
+    async with stack({"sb-1": hello()}, rpi=100) as s:
+        other = LeaseCache(InProcessLeases(s.activator), idle_ttl=60)
+        key = ("hello", "v1")
+
+        async def burst(cache: LeaseCache) -> list[Use]:
+            uses: list[Use] = []
+
+            async def one() -> None:
+                uses.append(cache.take(key) or await cache.acquire(key))
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(32):
+                    tg.start_soon(one)
+            return uses
+
+        first = await burst(s.ingress.cache)
+        second = await burst(other)
+        for cache, uses in ((s.ingress.cache, first), (other, second)):
+            assert not any(use.lease.grant.overflow for use in uses)
+            assert len({use.lease.grant.lease_id for use in uses}) == 2  # 32 over leases of 20
+            for use in uses:
+                cache.put(use)
+        [pool] = s.activator.snapshot()
+        assert (pool.leased, pool.overflow) == (80, 0)  # four leases of 20, none overflow
+        await other.close()

@@ -17,6 +17,7 @@ ActivatorError
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal, Protocol
 
 from pydantic import BaseModel, Field
@@ -69,6 +70,38 @@ class AppFailedToBoot(Unavailable):
         self.log = log
 
 
+MAX_ASK_REQUESTS = 1000
+"""The most requests one ask may stand for (`Leases.acquire`), on the wire: as many as an
+activator parks by default (`max_waiters`)."""
+
+
+class Riders:
+    """The requests waiting on one ask of the activator (`Leases.acquire`). An ingress's
+    misses that wait together share an ask; requests join it and leave while it is out, and
+    whoever carries the ask follows the count through `watch` (the activator counts a parked
+    ask as the requests riding it: one slot per waiting request, seed 000)."""
+
+    __slots__ = ("_count", "_watcher")
+
+    def __init__(self, count: int = 1) -> None:
+        self._count = count
+        self._watcher: Callable[[int], None] | None = None
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    def change(self, by: int) -> None:
+        """`by` requests joined (or left, negative)."""
+        self._count += by
+        if self._watcher is not None and by:
+            self._watcher(by)
+
+    def watch(self, watcher: Callable[[int], None] | None) -> None:
+        """Told each change from now on (None: no more)."""
+        self._watcher = watcher
+
+
 class LeaseGrant(BaseModel):
     """A lease as its holder sees it: `size` concurrent requests on one sandbox at `url`."""
 
@@ -104,7 +137,14 @@ class Leases(Protocol):
     that crosses the cancel is handed back (in-process; the lease channel). Over plain HTTP a
     grant the activator sent just as the caller left is lost until its TTL."""
 
-    async def acquire(self, app: str, version: str | None = None) -> LeaseGrant: ...
+    async def acquire(
+        self, app: str, version: str | None = None, *, riders: Riders | None = None
+    ) -> LeaseGrant:
+        """A lease on a sandbox of the app. `riders`: the requests waiting on this one ask
+        (an ingress's misses that wait together share one, `ingress.cache`), followed while
+        it is out; a parked ask counts as that many in the demand that sizes the pool. None:
+        one request."""
+        ...
 
     async def renew(self, lease_id: str, *, used: bool = False) -> LeaseGrant: ...
 
