@@ -3,7 +3,9 @@
 The cluster: one etcd, `wakeful activator`, `wakeful node` (n1) and the app `fast`: a raw
 asyncio responder (`RESPONDER`, 2-byte body, keep-alive; the stdlib sample app would be the
 thing measured) run by the node in its sandbox like any app, one sandbox, a large
-`requests_per_instance` so cached leases carry the load. Then, for each N in `--workers`,
+`requests_per_instance` of 100 (leases of 20, five to the sandbox), no second sandbox: the
+workers' lease caches share the sandbox's five normal leases, and a request none of them can
+carry takes an overflow lease (an activator call of its own). Then, for each N in `--workers`,
 alternated (ingress, nginx, nginx, ingress):
 
 - `wakeful ingress --workers N` (a supervisor and N worker processes on one port), and
@@ -12,7 +14,10 @@ alternated (ingress, nginx, nginx, ingress):
 
 each driven by wrk (`-t N -c 32N`) for `--seconds`: req/s, and the CPU time per request of
 the proxy's processes (user + system of the supervisor and its workers, or of nginx's master
-and workers, from /proc), with the sandbox alone driven directly as the ceiling. On a machine
+and workers, from /proc), with the sandbox alone driven directly as the ceiling; for the
+ingress also its lease-cache misses and the activator's grants and overflow admissions per
+1,000 requests (from their /metrics; a fresh ingress each run, so its first burst of misses
+counts). On a machine
 with few cores wrk, the sandbox and the proxy share them: whole-machine figures, the same
 footing for both proxies.
 
@@ -39,10 +44,11 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
+import httpx
 
 from bench.faults import Piece
 from bench.http2 import children, cpu_seconds
@@ -96,7 +102,7 @@ path = "/healthz"
 
 [concurrency]
 mode = "auto"
-requests_per_instance = 10000
+requests_per_instance = 100
 min_instances = 1
 max_instances = 1
 scale_down_delay = "1h"
@@ -207,18 +213,19 @@ class Cluster:
         raise RuntimeError(f"no running sandbox of {APP}")
 
     @contextlib.contextmanager
-    def ingress(self, workers: int) -> Iterator[tuple[str, list[int]]]:
-        """`wakeful ingress --workers N`: its address and its processes' pids."""
+    def ingress(self, workers: int) -> Iterator[tuple[str, list[int], tuple[str, ...]]]:
+        """`wakeful ingress --workers N`: its address, its processes' pids, and the /metrics
+        bases (its admin address, the activator's)."""
         name = f"w{workers}-{uuid.uuid4().hex[:6]}"
         token = self.cli("tokens", "create", "--role", "ingress", "--name", name)
-        port = free_port()
+        port, admin = free_port(), f"127.0.0.1:{free_port()}"
         piece = Piece(
             f"ingress-{workers}",
             "ingress",
             [*WAKEFUL, "ingress", "--workers", str(workers)],
             self.piece_env(
                 WAKEFUL_LISTEN=f"127.0.0.1:{port}",
-                WAKEFUL_ADMIN_LISTEN=f"127.0.0.1:{free_port()}",
+                WAKEFUL_ADMIN_LISTEN=admin,
                 WAKEFUL_INGRESS_TOKEN=token.strip(),
             ),
         )
@@ -229,7 +236,7 @@ class Cluster:
             assert piece.process is not None
             pid = piece.process.pid
             pids = [pid, *children(pid)] if workers > 1 else [pid]
-            yield f"http://127.0.0.1:{port}", pids
+            yield f"http://127.0.0.1:{port}", pids, (f"http://{admin}", self.api)
         finally:
             piece.signal(signal.SIGTERM)
 
@@ -240,7 +247,9 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def nginx(root: Path, workers: int, upstream: str) -> Iterator[tuple[str, list[int]]]:
+def nginx(
+    root: Path, workers: int, upstream: str
+) -> Iterator[tuple[str, list[int], tuple[str, ...]]]:
     directory = Path(tempfile.mkdtemp(dir=root))
     port = free_port()
     conf = directory / "nginx.conf"
@@ -256,7 +265,7 @@ def nginx(root: Path, workers: int, upstream: str) -> Iterator[tuple[str, list[i
     try:
         wait_listening(port, within=30)
         time.sleep(0.3)  # its workers forked
-        yield f"http://127.0.0.1:{port}", [process.pid, *children(process.pid)]
+        yield f"http://127.0.0.1:{port}", [process.pid, *children(process.pid)], ()
     finally:
         process.terminate()
         process.wait(timeout=30)
@@ -276,17 +285,47 @@ class Run:
     """The proxy's CPU µs per request."""
     busy: float
     """The machine's CPUs busy meanwhile, 0..1 (everything: wrk, the sandbox, the proxy)."""
+    per_1000: dict[str, float] = field(default_factory=dict)
+    """Lease-cache misses, activator grants and overflow admissions per 1,000 requests."""
 
 
-def drive(url: str, pids: list[int], workers: int, seconds: int) -> Run:
-    """wrk at `url` (Host: the app); req/s and the pids' CPU µs per request."""
+COUNTED = {
+    "misses": "wakeful_ingress_lease_cache_misses_total",
+    "grants": "wakeful_activator_lease_wait_seconds_count",
+    "overflow": "wakeful_activator_overflow_admissions_total",
+}
+
+
+def counted(*urls: str) -> dict[str, float]:
+    """The `COUNTED` samples at these /metrics, summed over labels and URLs."""
+    totals = dict.fromkeys(COUNTED, 0.0)
+    for url in urls:
+        for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            for label, wanted in COUNTED.items():
+                if name == wanted:
+                    totals[label] += float(line.rsplit(" ", 1)[1])
+    return totals
+
+
+def drive(
+    url: str, pids: list[int], workers: int, seconds: int, metrics: tuple[str, ...] = ()
+) -> Run:
+    """wrk at `url` (Host: the app); req/s, the pids' CPU µs per request, and the `COUNTED`
+    samples per 1,000 requests at `metrics` (counted from before the warm-up: a fresh
+    ingress's first misses are the point)."""
+    at_start = counted(*metrics) if metrics else {}
     anyio.run(run_wrk, url, 1, f"{APP}.localhost", None, 32 * workers)  # warm: leases, pools
     before, (busy0, total0) = cpu_seconds(*pids), machine_ticks()
     result = anyio.run(run_wrk, url, seconds, f"{APP}.localhost", None, 32 * workers)
     used, (busy1, total1) = cpu_seconds(*pids) - before, machine_ticks()
     requests = result.rps * seconds
     cpu = used / requests * 1e6 if requests else float("nan")
-    return Run(result, cpu, (busy1 - busy0) / max(1, total1 - total0))
+    run = Run(result, cpu, (busy1 - busy0) / max(1, total1 - total0))
+    if metrics and requests:
+        at_end = counted(*metrics)
+        run.per_1000 = {k: (at_end[k] - at_start[k]) / requests * 1000 for k in COUNTED}
+    return run
 
 
 def main() -> None:
@@ -310,8 +349,8 @@ def main() -> None:
             rows: dict[str, list[Run]] = {"ingress": [], "nginx": []}
             for side in ("ingress", "nginx", "nginx", "ingress"):
                 run = cluster.ingress(count) if side == "ingress" else nginx(root, count, upstream)
-                with run as (url, pids):
-                    rows[side].append(drive(url, pids, count, args.seconds))
+                with run as (url, pids, metrics):
+                    rows[side].append(drive(url, pids, count, args.seconds, metrics))
             print(f"\n{count} worker(s):")
             for side, runs in rows.items():
                 shown = ", ".join(
@@ -319,6 +358,10 @@ def main() -> None:
                 )
                 errors = " ".join(r.result.errors for r in runs if r.result.errors)
                 print(f"  {side:8} {shown}" + (f"  ({errors})" if errors else ""))
+                for r in runs:
+                    if r.per_1000:
+                        each = ", ".join(f"{k} {v:.1f}" for k, v in r.per_1000.items())
+                        print(f"           per 1,000 requests: {each}")
             ingress_cpu = statistics.mean(r.cpu_us for r in rows["ingress"])
             nginx_cpu = statistics.mean(r.cpu_us for r in rows["nginx"])
             ingress_rps = statistics.mean(r.result.rps for r in rows["ingress"])
