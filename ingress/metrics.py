@@ -53,6 +53,13 @@ class Move(StrEnum):
     FINISH = "finish"
 
 
+# Members as module constants: every request makes a `Tracker` and moves it twice, and on
+# Python 3.11 an enum member read through its class costs ~75 ns against ~7 ns for a global
+# (as `upstream.exchange` does for its stages).
+NEW, QUEUED, PROXYING, DONE = Phase
+WAIT, HOLD, FINISH = Move
+
+
 TRANSITIONS: dict[tuple[Phase, Move], Phase] = {
     (Phase.NEW, Move.WAIT): Phase.QUEUED,
     (Phase.NEW, Move.HOLD): Phase.PROXYING,
@@ -380,7 +387,7 @@ class Tracker:
 
     def __init__(self, load: Load) -> None:
         self._load = load
-        self.phase = Phase.NEW
+        self.phase = NEW
 
     def move(self, move: Move) -> None:
         before = self.phase
@@ -388,12 +395,12 @@ class Tracker:
         if after is before:
             return
         load = self._load
-        if before is Phase.QUEUED:
+        if before is QUEUED:
             load.queued -= 1
-        elif before is Phase.PROXYING:
+        elif before is PROXYING:
             load.in_flight -= 1
-        if after is Phase.QUEUED:
+        if after is QUEUED:
             load.queued += 1
-        elif after is Phase.PROXYING:
+        elif after is PROXYING:
             load.in_flight += 1
         self.phase = after

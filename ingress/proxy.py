@@ -34,7 +34,7 @@ from wakeful.ingress.errors import (
     UpstreamTimeout,
 )
 from wakeful.ingress.headers import client_response_headers, upstream_request_headers
-from wakeful.ingress.metrics import IngressMetrics, Move, Tracker
+from wakeful.ingress.metrics import HOLD, WAIT, IngressMetrics, Tracker
 from wakeful.ingress.retry import Body, Next, next_attempt
 from wakeful.ingress.routing import Route, Router, RoutingTable, normalize_host
 from wakeful.ingress.settings import IngressSettings
@@ -160,7 +160,7 @@ class Proxy:
             if not again:  # a new sandbox: take a use of a lease on one
                 found = self._cache.take(key, refused)
                 if found is None:
-                    tracker.move(Move.WAIT)
+                    tracker.move(WAIT)
                     asked = time.perf_counter()
                     found = await self._cache.acquire(key)
                     queued += time.perf_counter() - asked
@@ -171,7 +171,7 @@ class Proxy:
                     trace.mark("leased", app)  # a miss: rare enough to pay for the call
                 use = found
                 held.append(use)
-                tracker.move(Move.HOLD)
+                tracker.move(HOLD)
                 grant = use.lease.grant
                 sent = time.perf_counter()
             if request.deadline is not None:
