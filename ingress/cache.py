@@ -80,8 +80,8 @@ class Use:
 @dataclass(eq=False, slots=True)
 class _Ask:
     """One ask of the activator, shared by the misses of a key that wait together (its
-    riders): sent at the end of the event loop's turn it was opened in, saying how many ride
-    it, and taking more until it is answered, at most `seats` in all (what the key's last
+    riders): sent when its task first runs (the turn after it was opened), saying how many
+    ride it, and taking more until it is answered, at most `seats` in all (what the key's last
     lease carried), the activator told of each (`Riders`)."""
 
     done: asyncio.Future[None]
@@ -91,7 +91,7 @@ class _Ask:
     """As the activator is told: the riders waiting, until the ask is answered."""
     waiting: int = 0
     """Riders still in `LeaseCache._ride`, answered or not."""
-    task: asyncio.Task[LeaseGrant] | None = None
+    task: asyncio.Task[LeaseGrant] = field(init=False)
     entry: CachedLease | None = None
     """What it was granted, for its riders: a cached lease, or an overflow one for one."""
 
@@ -197,7 +197,7 @@ class LeaseCache:
         gets room first.
 
         Misses share asks (`_Ask`): a miss rides the ask of its key that is out, or opens
-        one, sent at the end of the turn; at most as many as the key's last lease carried
+        one; at most as many as the key's last lease carried
         ride one, so one grant carries them all. The activator counts a parked ask as the
         requests riding it, told as they join and leave (`Riders`; over plain HTTP only
         those riding when it was sent), so its demand stays a slot per waiting request
@@ -230,23 +230,16 @@ class LeaseCache:
         if ask is None or ask.seats <= 0 or ask.done.done():
             ask = _Ask(loop.create_future(), self._sizes.get(key, FIRST_SEATS))
             self._open[key] = ask
-            loop.call_soon(self._send, key, ask)
+            # It goes when the task first runs, the next turn of the loop: the misses of
+            # this turn ride it from the start, and it says how many they are then.
+            ask.task = loop.create_task(self._ask(key, ask.riders))
+            ask.task.add_done_callback(lambda task: self._settle(key, ask))
         ask.seats -= 1
         ask.waiting += 1
         ask.riders.change(1)  # the activator hears of it, once the ask is out
         if ask.seats <= 0 and self._open.get(key) is ask:
             del self._open[key]  # full: the next miss opens another
         return ask
-
-    def _send(self, key: Key, ask: _Ask) -> None:
-        """The end of the turn: the ask goes, standing for the riders it has."""
-        if ask.waiting == 0:  # every rider left before it went
-            if self._open.get(key) is ask:
-                del self._open[key]
-            ask.done.cancel()
-            return
-        ask.task = asyncio.get_running_loop().create_task(self._ask(key, ask.riders))
-        ask.task.add_done_callback(lambda task: self._settle(key, ask))
 
     async def _ride(
         self, key: Key, ask: _Ask, avoid: Container[str], loop: asyncio.AbstractEventLoop
@@ -307,7 +300,6 @@ class LeaseCache:
         if self._open.get(key) is ask:
             del self._open[key]
         task = ask.task
-        assert task is not None
         failed = None if task.cancelled() else task.exception()
         if task.cancelled() or (failed is not None and ask.waiting == 0):
             ask.done.cancel()  # nobody to tell
@@ -370,7 +362,7 @@ class LeaseCache:
         loses nothing; whatever it is still granted is settled (`_settle`)."""
         if self._open.get(key) is ask:
             del self._open[key]
-        if ask.task is not None and self._leases.cancels_cleanly:
+        if self._leases.cancels_cleanly:
             ask.task.cancel()  # no phantom waiter upstream; a grant that crossed is settled
 
     def _has_room(self, key: Key) -> None:
