@@ -24,7 +24,14 @@ from dataclasses import dataclass, field
 import anyio
 
 from wakeful.aio.tasks import Background
-from wakeful.domain.leases import ActivatorError, LeaseGone, LeaseGrant, Leases, Riders
+from wakeful.domain.leases import (
+    MAX_ASK_REQUESTS,
+    ActivatorError,
+    LeaseGone,
+    LeaseGrant,
+    Leases,
+    Riders,
+)
 from wakeful.ingress.errors import ActivatorUnreachable
 
 log = logging.getLogger(__name__)
@@ -54,6 +61,9 @@ class CachedLease:
     gone: bool = False
     """Renew said the activator will not extend it (expired, or its sandbox is leaving):
     no more renewals; it is still released, idempotently, once its last use returns."""
+    for_one: bool = False
+    """Granted to a shared ask and kept out of the cache for one of its riders (an overflow
+    lease, or any lease once the cache closed): decided when it came, never after."""
 
     @property
     def has_room(self) -> bool:
@@ -100,6 +110,11 @@ class _Ask:
 class Maintenance:
     renew: list[CachedLease] = field(default_factory=list)
     release: list[CachedLease] = field(default_factory=list)
+
+
+def _retrieved(done: asyncio.Future[None]) -> None:
+    if not done.cancelled():
+        done.exception()
 
 
 def pick(entries: Sequence[CachedLease], avoid: Container[str] = ()) -> CachedLease | None:
@@ -228,7 +243,8 @@ class LeaseCache:
         """A seat on the ask of `key` still taking riders, or on a new one."""
         ask = self._open.get(key)
         if ask is None or ask.seats <= 0 or ask.done.done():
-            ask = _Ask(loop.create_future(), self._sizes.get(key, FIRST_SEATS))
+            seats = min(self._sizes.get(key, FIRST_SEATS), MAX_ASK_REQUESTS)
+            ask = _Ask(loop.create_future(), seats)
             self._open[key] = ask
             # It goes when the task first runs, the next turn of the loop: the misses of
             # this turn ride it from the start, and it says how many they are then.
@@ -306,13 +322,15 @@ class LeaseCache:
             return
         if failed is not None:
             ask.done.set_exception(failed)
+            # Its riders read it; one cancelled in this same turn never will.
+            ask.done.add_done_callback(_retrieved)
             return
         grant = task.result()
         self._learn(key, grant)
         now = self._clock()
         entry = CachedLease(grant, kept_under(key, grant), renewed_at=now, idle_since=now)
         if grant.overflow or self._closed:
-            entry.cached = False  # it carries one request, then goes back
+            entry.cached, entry.for_one = False, True  # one request, then it goes back
             if ask.waiting == 0:
                 self._releasing.spawn(self.release(grant))
             else:
@@ -350,12 +368,11 @@ class LeaseCache:
         entry.used = True
         return Use(entry, hit=False)
 
-    def _for_one(self, entry: CachedLease | None) -> bool:
-        """A granted lease kept out of the cache for one rider (an overflow lease, or any
-        lease once the cache closed), not taken yet."""
-        if entry is None or entry.cached or entry.uses:
-            return False
-        return entry.grant.overflow or self._closed
+    @staticmethod
+    def _for_one(entry: CachedLease | None) -> bool:
+        """A granted lease kept out of the cache for one rider, not taken yet (one that went
+        into the cache is never that, even once `close` or an eviction took it out)."""
+        return entry is not None and entry.for_one and not entry.uses
 
     def _abandon(self, key: Key, ask: _Ask) -> None:
         """No rider waits on `ask` any more (it is not answered yet): withdraw it where that
