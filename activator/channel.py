@@ -282,8 +282,9 @@ class Channel:
         elif isinstance(operation, Ride):
             riders = self._riders.get(operation.of)
             if riders is not None:  # else answered already: nothing to count
-                by = max(operation.by, 1 - riders.count)
-                riders.change(min(by, MAX_ASK_REQUESTS - riders.count))
+                # An ingress's count stays within 0..MAX_ASK_REQUESTS; a hostile one's too.
+                target = min(max(riders.count + operation.by, 0), MAX_ASK_REQUESTS)
+                riders.change(target - riders.count)
         elif isinstance(operation, Acquire):
             if operation.id in self._acquires:  # its answer would be ambiguous
                 self._answer({"id": operation.id, **to_wire(ActivatorError("id in use")).fields()})

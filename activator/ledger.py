@@ -117,7 +117,9 @@ class Waiter:
     """On the ledger's clock."""
     wake: anyio.Event = field(default_factory=anyio.Event)
     requests: int = 1
-    """The requests it stands for: an ingress's misses share one ask (`Leases.acquire`)."""
+    """The requests it counts as: an ingress's misses share one ask (`Leases.acquire`)."""
+    told: int = 1
+    """The requests riding it as its holder says (`grow`); `requests` is that, bounded."""
     parked: bool = False
 
 
@@ -317,21 +319,22 @@ class LeaseLedger:
                 f"app {app!r} has {entry.requests_waiting} requests waiting already",
                 retry_after=5,
             )
-        waiter = Waiter(pool, deadline, requests=requests)
+        waiter = Waiter(pool, deadline, requests=requests, told=requests)
         entry.add(waiter)
         return waiter
 
     def grow(self, waiter: Waiter, by: int) -> bool:
-        """`by` requests joined (left) a parked ask; it stands for one at least, and growth
-        stops at `max_waiters` (those past it ride uncounted). False when it is no longer
-        parked (granted, or gone)."""
+        """`by` requests joined (left) a parked ask. It counts as the requests riding it, at
+        least one, and no more than the pool's room under `max_waiters` (those past it ride
+        uncounted until others leave). False when it is no longer parked (granted, gone)."""
         entry = self._pools.get(waiter.pool)
         if entry is None or not waiter.parked:
             return False
-        by = max(by, 1 - waiter.requests)
-        by = min(by, max(0, self._max_waiters - entry.requests_waiting))
-        waiter.requests += by
-        entry.requests_waiting += by
+        waiter.told += by
+        room = self._max_waiters - (entry.requests_waiting - waiter.requests)
+        counted = max(1, min(waiter.told, room))
+        entry.requests_waiting += counted - waiter.requests
+        waiter.requests = counted
         return True
 
     def unpark(self, waiter: Waiter) -> bool:

@@ -592,3 +592,38 @@ def test_access_lines_are_cut_so_no_operation_nears_a_frame_s_bound() -> None:
         operation = {"id": 1, "op": "access", "ingress": "e" * 128, "lines": chunk}
         assert len(json.dumps(operation)) < CHANNEL_MAX_FRAME_BYTES / 2
         assert channel.Access.model_validate(operation)  # what the activator takes
+
+
+async def test_rides_an_ingress_would_never_send_keep_the_channel_and_the_count(
+    api: Served,
+) -> None:
+    """Rides for unknown ids, a renew's id, counts below one and past the wire's bound: the
+    channel goes on, the renew is answered, the count stays within bounds, a cancel still
+    clears the waiter (a hostile review of issue 42)."""
+    await nothing_routable(api)
+    url = api.url.replace("http", "ws", 1) + PATH
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with websockets.asyncio.client.connect(url, additional_headers=headers) as raw:
+        await raw.send(json.dumps([{"id": 1, "op": "acquire", "app": "hello", "requests": 2}]))
+        with anyio.fail_after(10):
+            await eventually(lambda: waiters(api) == 2)
+        rides = [
+            {"op": "ride", "of": 99, "by": 5},  # unknown
+            {"op": "ride", "of": 1, "by": -1000},  # below one
+            {"op": "ride", "of": 1, "by": 1000},  # to the wire's bound
+            {"op": "ride", "of": 1, "by": -999},
+            {"id": 2, "op": "renew", "lease": "nope", "used": False},
+            {"op": "ride", "of": 2, "by": 7},  # a renew's id
+            {"op": "ride", "of": 10**30, "by": 1},
+        ]
+        await raw.send(json.dumps(rides))
+        with anyio.fail_after(10):
+            answer = json.loads(await raw.recv())
+        assert [a["id"] for a in answer] == [2]
+        with anyio.fail_after(10):
+            await eventually(lambda: waiters(api) == 1)  # 0, then 1000, then 1
+        await raw.send(json.dumps([{"op": "cancel", "of": 1}]))
+        with anyio.fail_after(10):
+            answer = json.loads(await raw.recv())
+            await eventually(lambda: waiters(api) == 0)
+        assert answer[0]["id"] == 1
