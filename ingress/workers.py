@@ -102,13 +102,17 @@ def worker_env(
 
 
 def reserve(address: str, what: str) -> socket.socket:
-    """`address` bound with SO_REUSEPORT and not listening: the port is kept for the workers
-    (same user only: the kernel refuses SO_REUSEPORT across users, so no sandbox can join)."""
+    """`address` bound with SO_REUSEPORT and not listening: the port is kept for the workers.
+    Without SO_REUSEADDR: another user could otherwise bind it with SO_REUSEADDR and listen
+    while no worker does (the kernel refuses SO_REUSEPORT across users, so no sandbox joins
+    the group). A port someone already listens on, even with SO_REUSEPORT (a second
+    supervisor, leftover workers), is refused as taken."""
     host, port = split_address(address)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if port:
+            _not_listened_on(family, host, port)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
     except OSError as exc:
@@ -116,6 +120,14 @@ def reserve(address: str, what: str) -> socket.socket:
         raise OSError(exc.errno, exc.strerror, f"{what} {address}") from exc
     hold_loopback_twin(sock)
     return sock
+
+
+def _not_listened_on(family: socket.AddressFamily, host: str, port: int) -> None:
+    """EADDRINUSE when a socket listens on host:port (with or without SO_REUSEPORT); a
+    port held only by connections closing (TIME_WAIT) is free (SO_REUSEADDR)."""
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
 
 
 def address_of(sock: socket.socket) -> str:
@@ -207,7 +219,10 @@ class Supervisor:
                 if answer.status_code == 200:
                     texts.append((worker.index, answer.text))
 
-        async with httpx.AsyncClient(timeout=2.0) as client, anyio.create_task_group() as tg:
+        async with (
+            httpx.AsyncClient(timeout=2.0, trust_env=False) as client,  # loopback: no proxy
+            anyio.create_task_group() as tg,
+        ):
             for worker in self.workers:
                 if worker.process is not None:
                     tg.start_soon(fetch, client, worker)
@@ -217,14 +232,16 @@ class Supervisor:
         return generate_latest(self.registry) + generate_latest(registry)
 
     async def run(self) -> None:
-        """Start every worker and keep them running until `stop` (or one fails to start)."""
-        async with anyio.create_task_group() as tasks:
+        """Start every worker and keep them running until `stop` (or one fails to start);
+        returns once every worker has ended."""
+        async with anyio.create_task_group() as keepers:
             for worker in self.workers:
-                tasks.start_soon(self._keep, worker)
-            tasks.start_soon(self._watch)
-            await self._done.wait()
-            await self._stop_all()
-            tasks.cancel_scope.cancel()
+                keepers.start_soon(self._keep, worker)
+            async with anyio.create_task_group() as watching:
+                watching.start_soon(self._watch)
+                await self._done.wait()
+                watching.cancel_scope.cancel()
+            await self._stop(self.workers)  # the keepers then end on their own
 
     def stop(self) -> None:
         self.stopping = True
@@ -234,15 +251,18 @@ class Supervisor:
         pause = RESTART_FIRST
         while not self.stopping:
             started = self.clock()
-            worker.process = await anyio.open_process(
-                self.command,
-                env={**os.environ, **worker.env},
-                stdin=subprocess.DEVNULL,
-                stdout=None,
-                stderr=None,
-                start_new_session=True,
-            )
-            code = await worker.process.wait()
+            with anyio.CancelScope(shield=True):  # a child forked is always waited for
+                process = worker.process = await anyio.open_process(
+                    self.command,
+                    env={**os.environ, **worker.env},
+                    stdin=subprocess.DEVNULL,
+                    stdout=None,
+                    stderr=None,
+                    start_new_session=True,
+                )
+            if self.stopping:  # the stop began while it was forked: `run` may not see it
+                await self._stop([worker])
+            code = await process.wait()
             worker.process, worker.ready = None, False
             if self.stopping:
                 return
@@ -262,12 +282,13 @@ class Supervisor:
                 pause,
             )
             self._restarts.labels(worker=str(worker.index)).inc()
-            await anyio.sleep(pause)
+            with anyio.move_on_after(pause):
+                await self._done.wait()  # a stop ends the pause
             pause = min(pause * 2, RESTART_MAX)
 
     async def _watch(self) -> None:
         told = False
-        async with httpx.AsyncClient(timeout=POLL * 2) as client:
+        async with httpx.AsyncClient(timeout=POLL * 2, trust_env=False) as client:
             while True:
                 async with anyio.create_task_group() as tg:
                     for worker in self.workers:
@@ -285,13 +306,15 @@ class Supervisor:
         worker.ready = ready and worker.process is not None
         worker.ever_ready = worker.ever_ready or worker.ready
 
-    async def _stop_all(self) -> None:
-        """SIGTERM to every worker, once; SIGKILL to those still running after the timeout."""
+    async def _stop(self, workers: list[Worker]) -> None:
+        """SIGTERM to each running worker, once; SIGKILL to those still running after the
+        timeout."""
         with anyio.CancelScope(shield=True):
-            running = [w.process for w in self.workers if w.process is not None]
+            running = [w.process for w in workers if w.process is not None]
             for process in running:
-                with contextlib.suppress(ProcessLookupError):
-                    process.send_signal(signal.SIGTERM)
+                if process.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        process.send_signal(signal.SIGTERM)
             with anyio.move_on_after(self.stop_timeout):
                 for process in running:
                     await process.wait()

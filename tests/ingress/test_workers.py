@@ -4,17 +4,23 @@ again, all stopped as one: tests/e2e/test_ingress_workers.py."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
 import sys
 from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
 
 import anyio
+import anyio.abc
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+import wakeful.ingress.workers as workers_module
 from wakeful.ingress.settings import IngressSettings
 from wakeful.ingress.workers import labelled, reserve, shifted, supervise, worker_env
 from wakeful.store.testing import free_port
@@ -105,3 +111,154 @@ async def test_a_worker_that_never_becomes_ready_stops_them_all_with_the_reason(
     assert why is not None
     assert "exited with status 3 before it was ready" in why
     assert told == []  # never announced as listening
+
+
+SANDBOX = r"""
+import os, socket, sys
+os.setgid(65534); os.setuid(65534)   # another user, as a sandbox runs
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    s.bind((sys.argv[1], int(sys.argv[2])))
+    s.listen()
+except OSError:
+    print("refused", flush=True)
+    sys.exit(0)
+print("listening", flush=True)
+s.settimeout(5)
+try:
+    s.accept()
+    print("accepted", flush=True)
+except OSError:
+    pass
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run as another user")
+@pytest.mark.parametrize("host", ["0.0.0.0", "127.0.0.1"])
+def test_no_other_user_can_take_the_kept_port_while_no_worker_listens(host: str) -> None:
+    """Between the reservation and the first worker's listen (startup), or while every
+    worker is being restarted, a sandbox's user binding the port with SO_REUSEADDR is
+    refused (it once was not: the supervisor's own socket had SO_REUSEADDR)."""
+    port = free_port()
+    with reserve(f"{host}:{port}", "listen address"):
+        sandbox = subprocess.Popen(
+            [sys.executable, "-c", SANDBOX, host, str(port)], stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert sandbox.stdout is not None
+            said = sandbox.stdout.readline().strip()
+            assert said == "refused", "a sandbox's user took the client port the workers keep"
+        finally:
+            sandbox.kill()
+            sandbox.wait()
+            assert sandbox.stdout is not None
+            sandbox.stdout.close()
+
+
+def test_a_port_another_reuseport_listener_serves_is_a_taken_port() -> None:
+    """A port another listener of this user serves with SO_REUSEPORT (a second `wakeful
+    ingress --workers` on it, or workers a killed supervisor left) is taken: two sets of
+    workers would otherwise share it, the kernel splitting clients between them."""
+    port = free_port()
+    with socket.socket() as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        other.bind(("127.0.0.1", port))
+        other.listen()
+        with pytest.raises(OSError, match="in use"):
+            reserve(f"127.0.0.1:{port}", "listen address").close()
+
+
+FAKE_WORKER = r"""
+import os, signal, socket, sys, threading
+host, port = os.environ["WAKEFUL_ADMIN_LISTEN"].rsplit(":", 1)
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+s.bind((host, int(port)))
+s.listen()
+signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
+while True:
+    c, _ = s.accept()
+    c.recv(65536)
+    c.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 6\r\nconnection: close\r\n\r\nready\n")
+    c.close()
+"""
+
+
+async def test_workers_are_seen_ready_with_a_proxy_in_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An ingress host with HTTP_PROXY set for its egress and no NO_PROXY for loopback: the
+    supervisor's looks at its workers' admin ports once went to the proxy, and no worker was
+    ever seen ready."""
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    settings = IngressSettings(
+        listen=f"127.0.0.1:{free_port()}",
+        admin_listen=f"127.0.0.1:{free_port()}",
+        ingress_workers=2,
+    )
+    told: list[str] = []
+    stop = anyio.Event()
+
+    async def wait_for_stop() -> None:
+        with anyio.move_on_after(6):
+            await stop.wait()
+
+    why = await supervise(
+        settings,
+        announce=lambda line: (told.append(line), stop.set()),
+        wait_for_stop=wait_for_stop,
+        command=[sys.executable, "-c", FAKE_WORKER],
+    )
+    assert why is None
+    assert told, "workers serving /readyz 200 were never seen ready"
+
+
+async def test_a_stop_while_a_worker_is_being_spawned_still_stops_and_waits_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stop that lands while a worker is being forked (one turn of the loop at least,
+    widened here) still stops that worker and waits for it before `supervise` returns."""
+    spawned: list[anyio.abc.Process] = []
+    forked = anyio.Event()
+    real = anyio.open_process
+
+    async def slow_open_process(*args: Any, **kwargs: Any) -> anyio.abc.Process:
+        process = await real(*args, **kwargs)
+        spawned.append(process)
+        forked.set()
+        await anyio.sleep(0.3)  # the await between fork and the Process coming back
+        return process
+
+    monkeypatch.setattr(workers_module.anyio, "open_process", slow_open_process)
+    settings = IngressSettings(
+        listen=f"127.0.0.1:{free_port()}",
+        admin_listen=f"127.0.0.1:{free_port()}",
+        ingress_workers=2,
+    )
+    with anyio.fail_after(20):
+        await workers_module.supervise(
+            settings,
+            announce=lambda line: None,
+            wait_for_stop=forked.wait,
+            command=[sys.executable, "-c", FAKE_WORKER],
+        )
+    try:
+        still = [p.pid for p in spawned if p.returncode is None and _alive(p.pid)]
+        assert not still, f"workers {still} still run after supervise returned"
+    finally:
+        for p in spawned:
+            if p.returncode is None:
+                p.kill()
+                await p.wait()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
