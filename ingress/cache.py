@@ -36,9 +36,12 @@ from wakeful.ingress.errors import ActivatorUnreachable
 
 log = logging.getLogger(__name__)
 
-FIRST_SEATS = 16
+FIRST_SEATS = MAX_ASK_REQUESTS
 """Misses riding one ask of a key whose lease size is not known yet (`LeaseCache._learn`):
-those its grant cannot carry ask again, then knowing it."""
+all of them, so a first burst takes one lease and learns its size; those it cannot carry
+ask again, knowing it. (With 16, a burst of 100 took seven leases of 200 at once and kept
+them all alive, spreading its uses, while another worker got an overflow lease per
+request: bench/workers.py's bursts.)"""
 MAX_SIZES_KEPT = 100_000
 """Lease sizes remembered per key (`LeaseCache._learn`) before the memory is cleared."""
 
@@ -243,7 +246,7 @@ class LeaseCache:
         """A seat on the ask of `key` still taking riders, or on a new one."""
         ask = self._open.get(key)
         if ask is None or ask.seats <= 0 or ask.done.done():
-            seats = min(self._sizes.get(key, FIRST_SEATS), MAX_ASK_REQUESTS)
+            seats = min(self._sizes.get(key, FIRST_SEATS), MAX_ASK_REQUESTS)  # the wire's bound
             ask = _Ask(loop.create_future(), seats)
             self._open[key] = ask
             # It goes when the task first runs, the next turn of the loop: the misses of
