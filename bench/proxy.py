@@ -219,9 +219,11 @@ def parse_wrk(out: str) -> Result:
     return result
 
 
-async def run_hey(url: str, seconds: int, rate: int, workers: int = HEY_WORKERS) -> Result:
+async def run_hey(
+    url: str, seconds: int, rate: int, workers: int = HEY_WORKERS, host: str = HOST
+) -> Result:
     per_worker = max(1, rate // workers)
-    args = ["-z", f"{seconds}s", "-c", str(workers), "-q", str(per_worker), "-host", HOST]
+    args = ["-z", f"{seconds}s", "-c", str(workers), "-q", str(per_worker), "-host", host]
     done = await anyio.run_process(["hey", *args, url], check=False)
     out = done.stdout.decode()
     result = Result()

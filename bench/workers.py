@@ -1,29 +1,29 @@
 """Every core: `wakeful ingress --workers N` against nginx with N workers, same sandbox, same run.
 
-The cluster: one etcd, `wakeful activator`, `wakeful node` (n1) and the app `fast`: a raw
-asyncio responder (`RESPONDER`, 2-byte body, keep-alive; the stdlib sample app would be the
-thing measured) run by the node in its sandbox like any app, one sandbox, a large
-`requests_per_instance` of 100 (leases of 20, five to the sandbox), no second sandbox: the
-workers' lease caches share the sandbox's five normal leases, and a request none of them can
-carry takes an overflow lease (an activator call of its own). Then, for each N in `--workers`,
-alternated (ingress, nginx, nginx, ingress):
+The cluster: one etcd, `wakeful activator`, `wakeful node` (n1) and two apps the node runs in
+sandboxes like any app: `fast`, a raw asyncio responder (`RESPONDER`, 2-byte body, keep-alive;
+the stdlib sample app would be the thing measured) with `requests_per_instance` 100 (leases of
+20, five to its one sandbox: the workers' lease caches share them, and a request none of them
+can carry takes an overflow lease, an activator call of its own); and `slow`, the same
+responder answering after 100 ms. Then, for each N in `--workers`, alternated (ingress, nginx,
+nginx, ingress), `wakeful ingress --workers N` (a supervisor and N worker processes on one
+port) and nginx with `worker_processes N` (upstream keep-alive, access log off, `reuseport`)
+proxying to the same sandbox address:
 
-- `wakeful ingress --workers N` (a supervisor and N worker processes on one port), and
-- nginx with `worker_processes N` (upstream keep-alive, access log off) proxying to the same
-  sandbox address,
+1. wrk (`-t N -c 32N`) on `fast` for `--seconds`: req/s; the CPU time per request of the
+   proxy's processes (user + system of the supervisor and its workers, or of nginx's master
+   and workers, from /proc); the machine's busy share meanwhile; for the ingress its
+   lease-cache misses and the activator's grants and overflow admissions per 1,000 requests
+   (from their /metrics; a fresh ingress each run, so its first burst of misses counts). The
+   sandbox driven directly is the ceiling.
+2. Bursts (unless `--no-bursts`): hey on 200 connections at `--rate` on `slow`: p95 direct,
+   through the ingress and through nginx (`bursts`).
 
-each driven by wrk (`-t N -c 32N`) for `--seconds`: req/s, and the CPU time per request of
-the proxy's processes (user + system of the supervisor and its workers, or of nginx's master
-and workers, from /proc), with the sandbox alone driven directly as the ceiling; for the
-ingress also its lease-cache misses and the activator's grants and overflow admissions per
-1,000 requests (from their /metrics; a fresh ingress each run, so its first burst of misses
-counts). On a machine
-with few cores wrk, the sandbox and the proxy share them: whole-machine figures, the same
-footing for both proxies.
+On a machine with few cores wrk, the sandbox and the proxy share them: whole-machine figures,
+the same footing for both proxies. From the repository root (needs `apt-get install
+etcd-server nginx wrk hey bubblewrap`):
 
-From the repository root (needs `apt-get install etcd-server nginx wrk bubblewrap`):
-
-    .venv/bin/python -m bench.workers [--workers 1,2] [--seconds 10]
+    .venv/bin/python -m bench.workers [--workers 1,2] [--seconds 10] [--rate 1000]
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ import httpx
 
 from bench.faults import Piece
 from bench.http2 import children, cpu_seconds
-from bench.proxy import NGINX_HTTP, Result, run_wrk
+from bench.proxy import NGINX_HTTP, SLOW_DELAY, Result, run_hey, run_wrk
 from wakeful.domain import keys
 from wakeful.domain.models import Sandbox
 from wakeful.store.testing import EtcdServer, free_port, wait_listening
@@ -61,10 +61,13 @@ from wakeful.store.url import open_store
 WAKEFUL = [sys.executable, "-m", "wakeful.cli"]
 ADMIN_TOKEN = "workers-bench-admin-token"
 APP = "fast"
+SLOW = "slow"
+"""The same responder answering after SLOW_DELAY: what a proxy adds to bursts (`bursts`)."""
 
 RESPONDER = """\
-import asyncio, os
+import asyncio, os, sys
 
+DELAY = float(sys.argv[1]) if len(sys.argv) > 1 else 0.0
 ANSWER = b"HTTP/1.1 200 OK\\r\\nContent-Length: 2\\r\\nContent-Type: text/plain\\r\\n\\r\\nok"
 
 
@@ -77,6 +80,13 @@ class Responder(asyncio.Protocol):
         answers = self.buffer.count(b"\\r\\n\\r\\n")
         if answers:
             self.buffer = self.buffer[self.buffer.rfind(b"\\r\\n\\r\\n") + 4 :]
+            if DELAY:
+                asyncio.get_running_loop().call_later(DELAY, self.answer, answers)
+            else:
+                self.answer(answers)
+
+    def answer(self, answers):
+        if not self.transport.is_closing():
             self.transport.write(ANSWER * answers)
 
 
@@ -93,19 +103,20 @@ async def main():
 asyncio.run(main())
 """
 
-TOML = f"""\
-name = "{APP}"
-command = ["python3", "responder.py"]
+TOML = """\
+name = "{name}"
+command = ["python3", "responder.py", "{delay}"]
 
 [health]
 path = "/healthz"
 
 [concurrency]
 mode = "auto"
-requests_per_instance = 100
+requests_per_instance = {rpi}
 min_instances = 1
 max_instances = 1
 scale_down_delay = "1h"
+suspend_delay = 0
 """
 
 NGINX = """
@@ -185,14 +196,15 @@ class Cluster:
         )
         node.start()
         self.pieces.append(node)
-        app = self.root / "app"
-        app.mkdir()
-        (app / "responder.py").write_text(RESPONDER)
-        (app / "wakeful.toml").write_text(TOML)
-        self.cli("deploy", str(app))
+        for name, delay, rpi in ((APP, 0.0, 100), (SLOW, SLOW_DELAY, 1000)):
+            app = self.root / name
+            app.mkdir()
+            (app / "responder.py").write_text(RESPONDER)
+            (app / "wakeful.toml").write_text(TOML.format(name=name, delay=delay, rpi=rpi))
+            self.cli("deploy", str(app))
 
-    def sandbox_address(self) -> str:
-        """host:port of the app's one running sandbox, from its record in the store."""
+    def sandbox_address(self, app: str = APP) -> str:
+        """host:port of `app`'s one running sandbox, from its record in the store."""
 
         async def running() -> list[str]:
             url, namespace = self.env["WAKEFUL_STORE_URL"], self.env["WAKEFUL_STORE_NAMESPACE"]
@@ -201,7 +213,7 @@ class Cluster:
             return [
                 item.value.address or ""
                 for item in listing.items
-                if item.value.app == APP and item.value.routable
+                if item.value.app == app and item.value.routable
             ]
 
         deadline = time.monotonic() + 60
@@ -210,7 +222,7 @@ class Cluster:
             if urls:
                 return urls[0].removeprefix("http://").rstrip("/")
             time.sleep(0.2)
-        raise RuntimeError(f"no running sandbox of {APP}")
+        raise RuntimeError(f"no running sandbox of {app}")
 
     @contextlib.contextmanager
     def ingress(self, workers: int) -> Iterator[tuple[str, list[int], tuple[str, ...]]]:
@@ -328,10 +340,36 @@ def drive(
     return run
 
 
+def bursts(
+    cluster: Cluster, root: Path, count: int, seconds: int, rate: int
+) -> dict[str, list[Result]]:
+    """hey on 200 connections at `rate` against `SLOW` (each answer after 100 ms): its
+    workers fire on the same tick, so each tick is a burst of 200, and what a proxy adds at
+    p95 is mostly how long the last of a burst waits behind the others. Direct, then the
+    ingress and nginx with `count` workers each, alternated; hey's first second not counted
+    (it opens its 200 connections at once, and a proxy opens 200 upstream)."""
+    upstream = cluster.sandbox_address(SLOW)
+    host = f"{SLOW}.localhost"
+    found: dict[str, list[Result]] = {"direct": [], "ingress": [], "nginx": []}
+
+    def hey(url: str) -> Result:
+        anyio.run(run_hey, url, 1, rate, 200, host)
+        return anyio.run(run_hey, url, seconds, rate, 200, host)
+
+    found["direct"].append(hey(f"http://{upstream}/"))
+    for side in ("ingress", "nginx", "nginx", "ingress"):
+        run = cluster.ingress(count) if side == "ingress" else nginx(root, count, upstream)
+        with run as (url, _, _):
+            found[side].append(hey(url + "/"))
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", default="1,2", help="worker counts, comma-separated")
     parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--rate", type=int, default=1000, help="hey's rate in the bursts")
+    parser.add_argument("--no-bursts", action="store_true", help="skip the 100 ms backend")
     args = parser.parse_args()
     for tool in ("etcd", "nginx", "wrk"):
         if shutil.which(tool) is None:
@@ -370,6 +408,18 @@ def main() -> None:
                 f"  mean: ingress {ingress_rps:,.0f} req/s at {ingress_cpu:.1f} µs CPU/request, "
                 f"nginx {nginx_rps:,.0f} at {nginx_cpu:.1f} ({ingress_cpu / nginx_cpu:.1f}x)"
             )
+        if not args.no_bursts:
+            print(f"\nbursts: hey -c 200 at {args.rate} req/s, {SLOW_DELAY * 1000:.0f} ms answers")
+            for count in counts:
+                found = bursts(cluster, root, count, args.seconds, args.rate)
+                direct = found["direct"][0].p95_ms
+                print(f"  {count} worker(s): p95 direct {direct:.1f} ms")
+                for side in ("ingress", "nginx"):
+                    shown = ", ".join(
+                        f"{r.p95_ms:.1f} ms (+{r.p95_ms - direct:.1f})" for r in found[side]
+                    )
+                    errors = " ".join(r.errors for r in found[side] if r.errors)
+                    print(f"    {side:8} p95 {shown}" + (f"  ({errors})" if errors else ""))
     finally:
         cluster.close()
         shutil.rmtree(root, ignore_errors=True)
