@@ -20,7 +20,7 @@ from wakeful.domain.leases import ActivatorError, AppFailedToBoot, Unavailable, 
 from wakeful.ingress import grpc
 from wakeful.ingress.accesslog import AccessLog
 from wakeful.ingress.acme import CHALLENGE_PREFIX
-from wakeful.ingress.cache import Use
+from wakeful.ingress.cacherules import Use
 from wakeful.ingress.errors import (
     ActivatorUnreachable,
     BadRequest,

@@ -25,7 +25,8 @@ from typing import Protocol
 from wakeful.aio import trace
 from wakeful.domain.leases import LeaseGrant
 from wakeful.ingress import grpc
-from wakeful.ingress.cache import LeaseCache, Use
+from wakeful.ingress.cache import LeaseCache
+from wakeful.ingress.cacherules import Use
 from wakeful.ingress.errors import (
     BadRequest,
     ConnectFailed,

@@ -493,7 +493,7 @@ async def test_a_request_for_a_split_version_goes_to_its_pool_and_one_no_longer_
             lambda: all(s.state != "active" for s in activator.snapshot() if s.pool == "hello-v2")
         )
         followed = await activator.acquire("hello", "v2")
-        # On v1, and saying so: the ingress caches it as v1's (`ingress.cache.kept_under`).
+        # On v1, and saying so: the ingress caches it as v1's (`ingress.cacherules.kept_under`).
         assert (followed.sandbox_id, followed.grant().version) == ("sb-1", "v1")
 
 

@@ -18,7 +18,8 @@ from tests.support.ingress import stack
 from tests.support.waiting import eventually
 from wakeful.activator.client import InProcessLeases
 from wakeful.domain.leases import LeaseGrant, NoCapacity, Riders
-from wakeful.ingress.cache import LeaseCache, Use
+from wakeful.ingress.cache import LeaseCache
+from wakeful.ingress.cacherules import Use
 from wakeful.testing import FakeLeases, FakeSandbox
 
 pytestmark = pytest.mark.anyio

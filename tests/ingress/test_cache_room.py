@@ -9,7 +9,8 @@ import asyncio
 
 import pytest
 
-from wakeful.ingress.cache import LeaseCache, Use
+from wakeful.ingress.cache import LeaseCache
+from wakeful.ingress.cacherules import Use
 from wakeful.testing import FakeLeases, FakeSandbox
 
 pytestmark = pytest.mark.anyio

@@ -12,7 +12,8 @@ from tests.support.ingress import Stack, closed_port, held, stack
 from tests.support.waiting import eventually
 from wakeful.activator.client import InProcessLeases
 from wakeful.domain.models import SandboxStatus
-from wakeful.ingress.cache import LeaseCache, Use
+from wakeful.ingress.cache import LeaseCache
+from wakeful.ingress.cacherules import Use
 from wakeful.testing import ManualClock
 
 pytestmark = pytest.mark.anyio

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 from wakeful.domain.leases import AppFailedToBoot, LeaseGrant, NoCapacity, Overloaded, UnknownApp
 from wakeful.domain.models import App
 from wakeful.domain.traffic import AppTraffic
-from wakeful.ingress.cache import CachedLease, pick, plan
+from wakeful.ingress.cacherules import CachedLease, pick, plan
 from wakeful.ingress.edge import answer_for
 from wakeful.ingress.errors import (
     ActivatorUnreachable,

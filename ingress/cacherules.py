@@ -1,0 +1,107 @@
+"""The lease cache's records and its pure rules (docs/architecture.md, invariants 7-9): what a
+cached lease and a request's use of it are, which lease carries a request (`pick`), which
+leases are renewed or handed back (`plan`), and the key a grant is kept under (`kept_under`).
+`LeaseCache` (`ingress/cache.py`) carries them out."""
+
+from __future__ import annotations
+
+from collections.abc import Container, Sequence
+from dataclasses import dataclass, field
+
+from wakeful.domain.leases import LeaseGrant
+
+Key = tuple[str, str | None]
+"""(app, version): the version the router named (the active one, a split's pick, a tag's);
+None only for an app with no version yet."""
+
+
+@dataclass(eq=False, slots=True)
+class CachedLease:
+    grant: LeaseGrant
+    key: Key
+    renewed_at: float
+    idle_since: float
+    uses: int = 0
+    used: bool = False
+    """Carried a request since the last renew (the activator records it as activity)."""
+    cached: bool = True
+    """False once it left the cache: no new uses; released when `uses` reaches 0."""
+    gone: bool = False
+    """Renew said the activator will not extend it (expired, or its sandbox is leaving):
+    no more renewals; it is still released, idempotently, once its last use returns."""
+    for_one: bool = False
+    """Granted to a shared ask and kept out of the cache for one of its riders (an overflow
+    lease, or any lease once the cache closed): decided when it came, never after."""
+
+    @property
+    def has_room(self) -> bool:
+        return self.cached and not self.grant.overflow and self.uses < self.grant.size
+
+
+@dataclass(eq=False, slots=True)
+class Use:
+    """One request's share of a lease. `LeaseCache.put` takes it back once, however called."""
+
+    lease: CachedLease
+    hit: bool
+    returned: bool = False
+
+    @property
+    def sandbox_id(self) -> str:
+        return self.lease.grant.sandbox_id
+
+    @property
+    def url(self) -> str:
+        return self.lease.grant.url
+
+
+@dataclass(frozen=True, slots=True)
+class Maintenance:
+    renew: list[CachedLease] = field(default_factory=list)
+    release: list[CachedLease] = field(default_factory=list)
+
+
+def pick(entries: Sequence[CachedLease], avoid: Container[str] = ()) -> CachedLease | None:
+    """The lease with room and the fewest uses (spreads load); first wins a tie."""
+    best: CachedLease | None = None
+    fewest = 0
+    for entry in entries:
+        uses = entry.uses
+        # `entry.has_room`, spelled out: this runs for every cached lease on every request
+        if not entry.cached or entry.grant.overflow or uses >= entry.grant.size:
+            continue
+        if (best is None or uses < fewest) and entry.grant.sandbox_id not in avoid:
+            best, fewest = entry, uses
+    return best
+
+
+def plan(
+    entries: Sequence[CachedLease], now: float, idle_ttl: float, report_every: float = 5.0
+) -> Maintenance:
+    """Which cached leases to hand back (idle long enough) and which to renew.
+
+    A lease is renewed once a third of its TTL has passed, so two renewals can fail before
+    the activator expires it; and sooner, every `report_every` seconds, when it carried
+    traffic: the renewal tells the activator the sandbox is in use, so the idle monitor never
+    scales down a sandbox whose requests all go through a cached lease.
+    """
+    out = Maintenance()
+    for entry in entries:
+        since = now - entry.renewed_at
+        if entry.uses == 0 and now - entry.idle_since >= idle_ttl:
+            out.release.append(entry)
+        elif since >= entry.grant.ttl_seconds / 3 or (
+            (entry.used or entry.uses > 0) and since >= report_every
+        ):
+            out.renew.append(entry)
+    return out
+
+
+def kept_under(key: Key, grant: LeaseGrant) -> Key:
+    """The key a grant is cached under: the version it is on. An activator whose view the
+    ingress is ahead of (or behind) may grant on the active version a lease asked for
+    another (`View.resolve`): kept under the asked version, it would carry that version's
+    requests to the wrong one for as long as it is renewed (issue 39)."""
+    if grant.version and key[1] is not None and grant.version != key[1]:
+        return (key[0], grant.version)
+    return key
