@@ -62,16 +62,29 @@ class Maintenance:
 
 
 def pick(entries: Sequence[CachedLease], avoid: Container[str] = ()) -> CachedLease | None:
-    """The lease with room and the fewest uses (spreads load); first wins a tie."""
+    """The lease a request takes: one with room on the sandbox carrying the fewest of this
+    ingress's requests (spreads load over sandboxes); on that sandbox, the busiest lease with
+    room (packs its leases, so one the load no longer needs goes idle and is handed back
+    instead of being kept alive by a share of every request: another ingress can then have
+    it). First wins a tie."""
+    if len(entries) == 1:  # most apps: one lease
+        only = entries[0]
+        if only.has_room and only.grant.sandbox_id not in avoid:
+            return only
+        return None
     best: CachedLease | None = None
-    fewest = 0
+    best_load = best_uses = 0
     for entry in entries:
         uses = entry.uses
         # `entry.has_room`, spelled out: this runs for every cached lease on every request
         if not entry.cached or entry.grant.overflow or uses >= entry.grant.size:
             continue
-        if (best is None or uses < fewest) and entry.grant.sandbox_id not in avoid:
-            best, fewest = entry, uses
+        sandbox = entry.grant.sandbox_id
+        if sandbox in avoid:
+            continue
+        load = sum(e.uses for e in entries if e.grant.sandbox_id == sandbox)
+        if best is None or load < best_load or (load == best_load and uses > best_uses):
+            best, best_load, best_uses = entry, load, uses
     return best
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from wakeful.ingress.cache import LeaseCache
 from wakeful.ingress.cacherules import Use
-from wakeful.testing import FakeLeases, FakeSandbox
+from wakeful.testing import FakeLeases, FakeSandbox, ManualClock
 
 pytestmark = pytest.mark.anyio
 KEY = ("app", None)
@@ -224,3 +224,33 @@ async def test_an_overflow_grant_for_several_riders_goes_to_one_the_rest_ask_aga
         if released is not None:
             await cache.release(released)
     assert sum(fake.leased.values()) == cached(cache) == 2
+
+
+async def test_a_lease_the_load_no_longer_needs_goes_idle_and_back() -> None:
+    """A burst took two leases of 5 on one sandbox; then the load is 4 requests at a time.
+    They all go to the busier lease (`pick` packs a sandbox's leases), so the other goes idle
+    and is handed back after `idle_ttl`, for another ingress to have, rather than being kept
+    alive by a share of every request."""
+    fake, gate = leases(capacity=25, size=5)
+    clock = ManualClock()
+    cache = LeaseCache(fake, idle_ttl=30, clock=clock)
+    burst = [asyncio.create_task(request(cache)) for _ in range(10)]
+    await settle()
+    gate.release()
+    await settle()
+    gate.release()  # the five the first lease could not carry, on a second ask
+    await settle()
+    assert len(cache.snapshot()) == 2
+    for task in burst:
+        cache.put(task.result())
+    for _ in range(40):  # 4 at a time, for 40 s
+        uses = [cache.take(KEY) for _ in range(4)]
+        assert all(use is not None for use in uses)
+        assert len({use.lease.grant.lease_id for use in uses if use is not None}) == 1
+        for use in uses:
+            assert use is not None
+            cache.put(use)
+        clock.advance(1)
+        await cache.maintain()
+    [kept] = cache.snapshot()
+    assert sum(fake.leased.values()) == kept.grant.size == 5  # the other went back

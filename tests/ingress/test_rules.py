@@ -309,6 +309,12 @@ def lease(
         ([lease("a", 3, 1), lease("b", 3, 1)], (), 0),
         ([lease("a", 1, 0, overflow=True)], (), None),
         ([lease("a", 2, 0), lease("b", 2, 1)], ("a",), 1),
+        ([lease("a", 5, 1), lease("a", 5, 3)], (), 1),
+        ([lease("a", 5, 0), lease("a", 5, 5), lease("a", 5, 2)], (), 2),
+        ([lease("a", 5, 1), lease("a", 5, 3), lease("b", 5, 3)], (), 2),
+        ([lease("a", 5, 1), lease("a", 5, 1), lease("b", 5, 3)], (), 0),
+        ([lease("a", 2, 2)], ("a",), None),
+        ([lease("a", 2, 0, overflow=True), lease("b", 2, 1)], (), 1),
     ],
     ids=[
         "empty cache",
@@ -318,6 +324,12 @@ def lease(
         "first wins a tie",
         "overflow never carries another",
         "a refused sandbox is skipped",
+        "on one sandbox the busiest lease with room (its others go idle)",
+        "on one sandbox, a full lease skipped for the next busiest",
+        "the sandbox with fewer requests, then its busiest lease",
+        "on the lighter sandbox, a tie between its leases: the first",
+        "a full lease on a refused sandbox",
+        "an overflow lease beside a normal one",
     ],
 )
 def test_pick(entries: list[CachedLease], avoid: tuple[str, ...], chosen: int | None) -> None:
