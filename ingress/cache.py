@@ -121,15 +121,13 @@ class LeaseCache:
         gets room first.
 
         Misses share asks (`_Ask`): a miss rides the ask of its key that is out, or opens
-        one; at most as many as the key's last lease carried
-        ride one, so one grant carries them all. The activator counts a parked ask as the
-        requests riding it, told as they join and leave (`Riders`; over plain HTTP only
-        those riding when it was sent), so its demand stays a slot per waiting request
-        (seed 000). A rider the grant cannot carry (an overflow lease carries one) asks
-        again. So
-        a burst of misses takes the leases it needs, not one lease each: with several
-        ingresses, one does not take every normal lease of a pool and leave the others an
-        overflow lease per request.
+        one; at most as many as the key's last lease carried ride one, so one grant carries
+        them all. The activator counts a parked ask as the requests riding it, told as they
+        join and leave (`Riders`; over plain HTTP only those riding when it was sent), so
+        its demand stays a slot per waiting request (seed 000). A rider the grant cannot
+        carry (an overflow lease carries one) asks again. So a burst of misses takes the
+        leases it needs, not one lease each: with several ingresses, one does not take
+        every normal lease of a pool and leave the others an overflow lease per request.
 
         While the activator makes an ask wait (every sandbox at its hard limit), a request of
         this ingress ending frees a use here that the activator does not know of, and a
