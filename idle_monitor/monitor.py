@@ -55,7 +55,7 @@ def idle_plan(pool: Pool, sandboxes: Sequence[Sandbox], now: float) -> tuple[int
     idle = sum(
         1
         for s in running
-        if now - max(s.last_activity, s.created_at) >= concurrency.scale_down_delay
+        if now - max(s.last_activity, s.created_at, s.ready_at) >= concurrency.scale_down_delay
     )
     booting = any(s.pool == pool.name and s.status in STARTING for s in sandboxes)
     if idle == 0 or booting:

@@ -28,8 +28,12 @@ def make_pool(desired: int, *, delay: float = 10, minimum: int = 0, mode: str = 
     )
 
 
-def running(sid: str, activity: float, status: S = S.RUNNING) -> Sandbox:
+def running(
+    sid: str, activity: float, status: S = S.RUNNING, *, created: float = 0, ready: float = 0
+) -> Sandbox:
     return Sandbox(
+        created_at=created,
+        ready_at=ready,
         id=sid,
         pool="p",
         app="a",
@@ -85,6 +89,20 @@ def running(sid: str, activity: float, status: S = S.RUNNING) -> Sandbox:
             100,
             None,
             id="one suspended within the delay stays suspended",
+        ),
+        pytest.param(
+            make_pool(1),
+            [running("a", 0, created=50, ready=95)],
+            100,
+            None,
+            id="a boot longer than the delay: idle from ready, not from created",
+        ),
+        pytest.param(
+            make_pool(1),
+            [running("a", 0, created=50, ready=85)],
+            100,
+            0,
+            id="ready and idle past the delay",
         ),
         pytest.param(
             make_pool(3, minimum=3, mode="fixed"),

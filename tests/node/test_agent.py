@@ -10,6 +10,7 @@ import dataclasses
 import os
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -109,6 +110,8 @@ async def test_a_placed_sandbox_boots_serves_and_is_registered(
     await place(store, "sb-1", "hello-v1")
     sandbox = await status_of(store, "sb-1", SandboxStatus.RUNNING)
     assert sandbox.ready and sandbox.address
+    # When it became ready (the idle monitor counts idleness from it at the earliest).
+    assert sandbox.ready_at >= sandbox.created_at and abs(sandbox.ready_at - time.time()) < 60
     async with httpx.AsyncClient() as client:
         answer = await client.get(f"http://{sandbox.address}/")
     assert answer.text.startswith("hello from")

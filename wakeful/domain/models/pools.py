@@ -115,6 +115,10 @@ class Sandbox(Model):
     exit_code: int | None = None
     last_log: str = ""
     created_at: float = 0.0
+    ready_at: float = 0.0
+    """Wall-clock time its node found it ready (0: not yet). Idleness counts from it at the
+    earliest: a sandbox whose boot outlasted its app's `scale_down_delay` is not idle the
+    moment it is ready, before the request that woke it is recorded as activity."""
     draining_since: float = 0.0
     """Wall-clock time the pool controller drained it (0: never drained)."""
     suspended_at: float = 0.0

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -363,7 +364,10 @@ class SandboxRunner:
             )
             if ready:
                 self.local_target = (launch.host, launch.port)
-            if not ready or not await self._change(Transition.READY, address=address, ready=True):
+            ready_at = time.time()  # idleness counts from here at the earliest (`idle_plan`)
+            if not ready or not await self._change(
+                Transition.READY, address=address, ready=True, ready_at=ready_at
+            ):
                 self._stop_requested.set()
             else:
                 trace.mark("ready", launch.app)
