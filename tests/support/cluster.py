@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -132,15 +133,23 @@ def piece_env(env: dict[str, str], extra: dict[str, str]) -> dict[str, str]:
 
 
 def make_token(env: dict[str, str], role: str, extra: dict[str, str]) -> str:
+    """A token of `role`, made once the first activator leads: it serves (and prints its line)
+    as a standby until its election lands, which on a loaded machine can take seconds, and a
+    standby answers 503 naming the leader."""
     name = extra.get("WAKEFUL_NODE_NAME", role)
-    made = subprocess.run(
-        [*WAKEFUL, "tokens", "create", "--role", role, "--name", name],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    deadline = time.monotonic() + 60
+    while True:
+        made = subprocess.run(
+            [*WAKEFUL, "tokens", "create", "--role", role, "--name", name],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        if made.returncode == 0 or "standby" not in made.stderr or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     assert made.returncode == 0, made.stderr
     return made.stdout.strip()
 
