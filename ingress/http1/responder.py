@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from wakeful.ingress.http1.connection import ClientConnection
 
 _REASONS = {status.value: status.phrase.encode() for status in http.HTTPStatus}
+_STATUS_LINES = {code: b"HTTP/1.1 %d %s" % (code, reason) for code, reason in _REASONS.items()}
+"""Each known status's line, CRLF left to the join (`Http1Responder.start`)."""
 
 
 def _canned(status: int, text: str, *extra: bytes) -> bytes:
@@ -96,12 +98,14 @@ class Http1Responder:
         request = self._request
         self.started = True
         self._no_body = request.method == "HEAD" or status in (204, 304) or status < 200
-        lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Unknown"))]
+        # Lines are joined by CRLF at the end, not each formatted with its own: `b": ".join`
+        # per header costs half what `b"%s: %s\r\n" %` did.
+        lines = [_STATUS_LINES.get(status) or b"HTTP/1.1 %d Unknown" % status]
         length: bytes | None = None
         for pair in headers:
             if length is None and pair[0] == b"content-length":
                 length = pair[1]
-            lines.append(b"%s: %s\r\n" % pair)
+            lines.append(b": ".join(pair))
         if length is not None and not self._no_body:
             self._left = int(length)  # the sandbox's, checked by the upstream parser
         body_unread = request.body is not None and not request.body.complete
@@ -109,16 +113,16 @@ class Http1Responder:
         if not self._no_body and length is None:
             if request.version == "1.1":
                 self._chunked = True
-                lines.append(b"transfer-encoding: chunked\r\n")
+                lines.append(b"transfer-encoding: chunked")
             else:
                 keep = False  # the end of the connection ends the body
         if not keep:
             request.keep_alive = False
-            lines.append(b"connection: close\r\n")
+            lines.append(b"connection: close")
         elif request.version == "1.0":
-            lines.append(b"connection: keep-alive\r\n")
-        lines.append(b"\r\n")
-        self._conn.hold(b"".join(lines))
+            lines.append(b"connection: keep-alive")
+        lines.append(b"\r\n")  # the last line's CRLF comes from the join: this ends the head
+        self._conn.hold(b"\r\n".join(lines))
 
     def write(self, chunk: bytes) -> bool:
         """Send a piece of the body (with the head, the first time). Never more than the

@@ -25,6 +25,9 @@ from wakeful.ingress.upstream.pool import Dialer, Pool, Slots, TunnelPool
 
 _C = TypeVar("_C", bound=asyncio.Protocol)
 
+_FRAMING = frozenset({b"host", b"content-length"})
+"""The request headers `_request_head` looks for: what it adds when they are missing."""
+
 
 class _RawResponse:
     __slots__ = ("_app", "_conn", "_done", "_transport", "headers", "status")
@@ -244,21 +247,24 @@ class RawTransport:
 
 
 def _request_head(request: UpstreamRequest, target: bytes, authority: bytes) -> tuple[bytes, bool]:
-    """The request line and headers as one `bytes`; whether the body goes chunked."""
-    lines = [b"%s %s HTTP/1.1\r\n" % (request.method.encode(), target)]
+    """The request line and headers as one `bytes`; whether the body goes chunked. Lines are
+    joined by CRLF at the end rather than each formatted with its own (`b"%s: %s\r\n" %`
+    per header cost a third of this function's time)."""
+    lines = [b"%s %s HTTP/1.1" % (request.method.encode(), target)]
     has_host = has_length = False
-    for name, value in request.headers:
-        if name == b"host":
-            has_host = True
-        elif name == b"content-length":
-            has_length = True
-        lines.append(b"%s: %s\r\n" % (name, value))
+    for pair in request.headers:
+        if pair[0] in _FRAMING:  # one test per header for the two that are looked for
+            if pair[0] == b"host":
+                has_host = True
+            else:
+                has_length = True
+        lines.append(b": ".join(pair))
     if not has_host:
-        lines.append(b"host: %s\r\n" % authority)
+        lines.append(b"host: " + authority)
     chunked = request.body is not None and not has_length
     if chunked:
-        lines.append(b"transfer-encoding: chunked\r\n")
+        lines.append(b"transfer-encoding: chunked")
     if request.upgrade:  # this hop's own: dropped from what the client sent, put back
-        lines.append(b"connection: upgrade\r\nupgrade: websocket\r\n")
-    lines.append(b"\r\n")
-    return b"".join(lines), chunked
+        lines.append(b"connection: upgrade\r\nupgrade: websocket")
+    lines.append(b"\r\n")  # the last header's CRLF comes from the join: this ends the head
+    return b"\r\n".join(lines), chunked
