@@ -80,14 +80,12 @@ class LeaseCache:
         idle_ttl: float,
         report_every: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
-        on_hit: Callable[[str], None] = lambda app: None,
         on_miss: Callable[[str], None] = lambda app: None,
     ) -> None:
         self._leases = leases
         self._idle_ttl = idle_ttl
         self._report_every = report_every
         self._clock = clock
-        self._on_hit = on_hit
         self._on_miss = on_miss
         self._entries: dict[Key, list[CachedLease]] = {}
         self._open: dict[Key, _Ask] = {}
@@ -112,8 +110,7 @@ class LeaseCache:
             return None
         entry.uses += 1
         entry.used = True
-        self._on_hit(key[0])
-        return Use(entry, hit=True)
+        return Use(entry, hit=True)  # counted by the proxy, which has the app's counts at hand
 
     async def acquire(self, key: Key, avoid: Container[str] = ()) -> Use:
         """A use of a lease from the activator (it may wait, bounded, for capacity), shared

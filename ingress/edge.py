@@ -36,7 +36,7 @@ from wakeful.ingress.formats import ErrorAnswer, choose_format, render
 from wakeful.ingress.headers import header, new_request_id, read_request_head
 from wakeful.ingress.http1 import Request, Responder
 from wakeful.ingress.http2.stream import StreamBody
-from wakeful.ingress.metrics import FINISH, IngressMetrics
+from wakeful.ingress.metrics import IngressMetrics
 from wakeful.ingress.proxy import Proxy, ProxyRequest, ProxyResponse
 from wakeful.ingress.websocket import splice, upgrade_headers
 
@@ -232,7 +232,7 @@ class ProxyEdge:
                 )
                 client_gone = True
             finally:
-                tracker.move(FINISH)
+                tracker.finish()
                 freed = proxy.finish(response, held)
                 if freed:
                     await proxy.release(freed)

@@ -165,18 +165,11 @@ class IngressMetrics:
         counts.buckets[bisect.bisect_left(DURATION_BUCKETS, seconds)] += 1
         counts.seconds += seconds
         if version is not None:
-            of = counts.versions.get(version) or self._version(counts, version)
+            of = counts.versions.get(version) or counts.new_version(version)
             if of is not None:
                 of.requests += 1
                 if status >= 500:
                     of.errors += 1
-
-    @staticmethod
-    def _version(counts: AppCounts, version: str) -> VersionCounts | None:
-        if len(counts.versions) >= MAX_VERSIONS_PER_REPORT:
-            return None  # more than any app routes at once: left out of this report
-        of = counts.versions[version] = VersionCounts()
-        return of
 
     @contextlib.contextmanager
     def websocket(self, app: str) -> Iterator[None]:
@@ -191,26 +184,8 @@ class IngressMetrics:
     def phases(
         self, app: str, queue: float, wake: float, upstream: float, version: str | None = None
     ) -> None:
-        """One proxied request's phases (`PHASES`); `wake` only when it woke its app. The
-        upstream phase (the sandbox's time to the answer's head) is also the version's
-        duration: what a ramp's verdict compares, so that a wait for a lease, a wake or a
-        new leader is never read as a slower version."""
-        counts = self._counts.get(app) or self.counts(app)
-        buckets = counts.phase_buckets
-        # A cached lease (most requests) waited 0: the first bucket, no search.
-        buckets[0][bisect.bisect_left(DURATION_BUCKETS, queue) if queue else 0] += 1
-        bucket = bisect.bisect_left(DURATION_BUCKETS, upstream)
-        buckets[2][bucket] += 1
-        if version is not None:
-            of = counts.versions.get(version) or self._version(counts, version)
-            if of is not None:
-                of.buckets[bucket] += 1
-        seconds = counts.phase_seconds
-        seconds[0] += queue
-        seconds[2] += upstream
-        if wake:
-            buckets[1][bisect.bisect_left(DURATION_BUCKETS, wake)] += 1
-            seconds[1] += wake
+        """One proxied request's phases (`AppCounts.phases`)."""
+        (self._counts.get(app) or self.counts(app)).phases(queue, wake, upstream, version)
 
     def traffic_since_last(self) -> TrafficReport:
         """What each app answered since the last call: the ingress's report to the activator
@@ -293,6 +268,36 @@ class AppCounts:
         self.phase_seconds = [0.0] * len(PHASES)
         self.versions: dict[str, VersionCounts] = {}
         """Per version the requests named, since the last report."""
+
+    def new_version(self, version: str) -> VersionCounts | None:
+        """`version`'s counts, new in this report, or None past the bound of one."""
+        if len(self.versions) >= MAX_VERSIONS_PER_REPORT:
+            return None  # more than any app routes at once: left out of this report
+        of = self.versions[version] = VersionCounts()
+        return of
+
+    def phases(
+        self, queue: float, wake: float, upstream: float, version: str | None = None
+    ) -> None:
+        """One proxied request's phases (`PHASES`); `wake` only when it woke its app. The
+        upstream phase (the sandbox's time to the answer's head) is also the version's
+        duration: what a ramp's verdict compares, so that a wait for a lease, a wake or a
+        new leader is never read as a slower version."""
+        buckets = self.phase_buckets
+        # A cached lease (most requests) waited 0: the first bucket, no search.
+        buckets[0][bisect.bisect_left(DURATION_BUCKETS, queue) if queue else 0] += 1
+        bucket = bisect.bisect_left(DURATION_BUCKETS, upstream)
+        buckets[2][bucket] += 1
+        if version is not None:
+            of = self.versions.get(version) or self.new_version(version)
+            if of is not None:
+                of.buckets[bucket] += 1
+        seconds = self.phase_seconds
+        seconds[0] += queue
+        seconds[2] += upstream
+        if wake:
+            buckets[1][bisect.bisect_left(DURATION_BUCKETS, wake)] += 1
+            seconds[1] += wake
 
 
 class _Counts(Collector):
@@ -388,6 +393,28 @@ class Tracker:
     def __init__(self, load: Load) -> None:
         self._load = load
         self.phase = NEW
+
+    def hold(self) -> None:
+        """`move(HOLD)`, which every proxied request makes, without the table's lookup (its
+        half of the cost); `test_rules` checks it against `TRANSITIONS` from every phase."""
+        before = self.phase
+        if before is PROXYING:
+            return
+        if before is DONE:
+            raise IllegalMove(f"a request in phase {before} cannot {HOLD}")
+        if before is QUEUED:
+            self._load.queued -= 1
+        self._load.in_flight += 1
+        self.phase = PROXYING
+
+    def finish(self) -> None:
+        """`move(FINISH)`, as `hold`: every phase may finish."""
+        before = self.phase
+        if before is PROXYING:
+            self._load.in_flight -= 1
+        elif before is QUEUED:
+            self._load.queued -= 1
+        self.phase = DONE
 
     def move(self, move: Move) -> None:
         before = self.phase

@@ -35,7 +35,7 @@ from wakeful.ingress.errors import (
     UpstreamTimeout,
 )
 from wakeful.ingress.headers import client_response_headers, upstream_request_headers
-from wakeful.ingress.metrics import HOLD, WAIT, IngressMetrics, Tracker
+from wakeful.ingress.metrics import WAIT, IngressMetrics, Tracker
 from wakeful.ingress.retry import Body, Next, next_attempt
 from wakeful.ingress.routing import Route, Router, RoutingTable, normalize_host
 from wakeful.ingress.settings import IngressSettings
@@ -142,6 +142,9 @@ class Proxy:
             trust_forwarded=self._settings.trust_forwarded,
         )
         key = (app, version)
+        counts = self._metrics.counts(app)
+        """Looked up once: a request that takes a cached lease counts the hit, and every
+        request that reaches a sandbox its phases."""
         idle = longest = None
         if request.streaming:
             idle, longest = self._settings.websocket_limits(app)
@@ -171,8 +174,10 @@ class Proxy:
                     waited = True
                     trace.mark("leased", app)  # a miss: rare enough to pay for the call
                 use = found
+                if use.hit:  # a cached lease's: taken here, or by `acquire` when one had room
+                    counts.hits += 1
                 held.append(use)
-                tracker.move(HOLD)
+                tracker.hold()
                 grant = use.lease.grant
                 sent = time.perf_counter()
             if request.deadline is not None:
@@ -225,7 +230,7 @@ class Proxy:
                     self.count_error(app, exc)
                 raise
             upstream = time.perf_counter() - sent
-            self._metrics.phases(app, queued, woke, upstream, reported)
+            counts.phases(queued, woke, upstream, reported)
             if waited:
                 trace.mark("answered", app)
             try:

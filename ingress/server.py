@@ -101,7 +101,6 @@ class Ingress:
             leases,
             idle_ttl=settings.lease_idle_ttl,
             report_every=settings.activity_report_interval,
-            on_hit=self.metrics.cache_hit,
             on_miss=self.metrics.cache_miss,
             clock=clock,
         )

@@ -26,7 +26,15 @@ from wakeful.ingress.headers import (
     new_request_id,
     upstream_request_headers,
 )
-from wakeful.ingress.metrics import IllegalMove, IngressMetrics, Move, Phase, advance
+from wakeful.ingress.metrics import (
+    IllegalMove,
+    IngressMetrics,
+    Load,
+    Move,
+    Phase,
+    Tracker,
+    advance,
+)
 from wakeful.ingress.routing import ROUTE_MEMORY, Router, build_index, match, normalize_host
 
 # -- routing -------------------------------------------------------------------------------
@@ -405,6 +413,29 @@ def test_tracker(moves: list[Move], phase: Phase, queued: int, in_flight: int) -
 def test_nothing_moves_out_of_done_but_finish(move: Move) -> None:
     with pytest.raises(IllegalMove):
         advance(Phase.DONE, move)
+
+
+@pytest.mark.parametrize("phase", list(Phase))
+@pytest.mark.parametrize("move", [Move.HOLD, Move.FINISH])
+def test_hold_and_finish_move_as_the_table_says(phase: Phase, move: Move) -> None:
+    """`Tracker.hold` and `finish`, the moves every request makes, skip the table's lookup:
+    from every phase they do what `move` does (or raise as it does)."""
+
+    def run(fast: bool) -> tuple[Phase, int, int] | type[Exception]:
+        load = Load()
+        load.queued = load.in_flight = 1  # as if this request were counted in its phase
+        tracker = Tracker(load)
+        tracker.phase = phase
+        try:
+            if fast:
+                tracker.hold() if move is Move.HOLD else tracker.finish()
+            else:
+                tracker.move(move)
+        except IllegalMove:
+            return IllegalMove
+        return tracker.phase, load.queued, load.in_flight
+
+    assert run(fast=True) == run(fast=False)
 
 
 def test_request_ids_are_32_hex_digits_and_never_repeat_across_refills() -> None:
