@@ -142,9 +142,9 @@ class Proxy:
             trust_forwarded=self._settings.trust_forwarded,
         )
         key = (app, version)
+        # Looked up once: a request that takes a cached lease counts the hit, and every
+        # request that reaches a sandbox its phases.
         counts = self._metrics.counts(app)
-        """Looked up once: a request that takes a cached lease counts the hit, and every
-        request that reaches a sandbox its phases."""
         idle = longest = None
         if request.streaming:
             idle, longest = self._settings.websocket_limits(app)
