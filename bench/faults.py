@@ -69,6 +69,22 @@ LEASE_IDLE_TTL = 2.0
 # -- the cluster ------------------------------------------------------------------------------
 
 
+def wakeful_cli(env: dict[str, str], api: str, *args: str, check: bool = True) -> str:
+    """`wakeful ARGS` against the control API at `api` with `env`; its output, or
+    RuntimeError with what it said when it failed (`check`)."""
+    done = subprocess.run(
+        [*WAKEFUL, *args],
+        env={**env, "WAKEFUL_API": api},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if check and done.returncode:
+        raise RuntimeError(f"wakeful {' '.join(args)}: {done.stdout}{done.stderr}")
+    return done.stdout
+
+
 class Piece:
     """One `wakeful` process, started again with the same command after a fault."""
 
@@ -212,17 +228,7 @@ class Cluster:
         return None
 
     def cli(self, *args: str) -> str:
-        done = subprocess.run(
-            [*WAKEFUL, *args],
-            env={**self.env, "WAKEFUL_API": ",".join(self.activator_urls)},
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        if done.returncode:
-            raise RuntimeError(f"wakeful {' '.join(args)}: {done.stdout}{done.stderr}")
-        return done.stdout
+        return wakeful_cli(self.env, ",".join(self.activator_urls), *args)
 
     def app(self, name: str, **concurrency: object) -> Path:
         """The sample app under `name`, its concurrency settings changed."""

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.faults import Piece
+from bench.faults import Piece, wakeful_cli
 from bench.proxy import NGINX_HTTP
 from wakeful.store.testing import EtcdServer, free_port
 
@@ -111,17 +111,7 @@ class TunnelCluster:
     nginx: subprocess.Popen[bytes] | None = None
 
     def cli(self, *args: str, check: bool = True) -> str:
-        done = subprocess.run(
-            [*WAKEFUL, *args],
-            env={**self.env, "WAKEFUL_API": self.api},
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        if check and done.returncode:
-            raise RuntimeError(f"wakeful {' '.join(args)}: {done.stdout}{done.stderr}")
-        return done.stdout
+        return wakeful_cli(self.env, self.api, *args, check=check)
 
     def admin(self, path: str) -> httpx.Response:
         headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}

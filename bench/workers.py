@@ -50,7 +50,7 @@ from pathlib import Path
 import anyio
 import httpx
 
-from bench.faults import Piece
+from bench.faults import Piece, wakeful_cli
 from bench.http2 import children, cpu_seconds
 from bench.proxy import NGINX_HTTP, SLOW_DELAY, Result, run_hey, run_wrk
 from wakeful.domain import keys
@@ -155,17 +155,7 @@ class Cluster:
         }
 
     def cli(self, *args: str) -> str:
-        done = subprocess.run(
-            [*WAKEFUL, *args],
-            env={**self.env, "WAKEFUL_API": self.api},
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        if done.returncode:
-            raise RuntimeError(f"wakeful {' '.join(args)}: {done.stdout}{done.stderr}")
-        return done.stdout
+        return wakeful_cli(self.env, self.api, *args)
 
     def piece_env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in self.env.items() if k != "WAKEFUL_TOKEN"}
