@@ -406,7 +406,7 @@ def main() -> None:
                 print(f"  {count} worker(s): p95 direct {direct:.1f} ms")
                 for side in ("ingress", "nginx"):
                     shown = ", ".join(
-                        f"{r.p95_ms:.1f} ms (+{r.p95_ms - direct:.1f})" for r in found[side]
+                        f"{r.p95_ms:.1f} ms ({r.p95_ms - direct:+.1f})" for r in found[side]
                     )
                     errors = " ".join(r.errors for r in found[side] if r.errors)
                     print(f"    {side:8} p95 {shown}" + (f"  ({errors})" if errors else ""))
