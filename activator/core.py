@@ -40,10 +40,10 @@ from wakeful.activator.scale_up import ScaleUpRunner
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.activator.suspend import Suspender
 from wakeful.activator.term import Term
-from wakeful.activator.view import NoServingPool, PoolState, View
+from wakeful.activator.view import PoolState, View
 from wakeful.aio import trace
 from wakeful.domain import keys
-from wakeful.domain.leases import LeaseGone, LeaseGrant, NoCapacity, Riders
+from wakeful.domain.leases import LeaseGone, LeaseGrant, Riders
 from wakeful.domain.models import GONE, App, AppState, SandboxStatus
 from wakeful.domain.split import Window
 from wakeful.domain.traffic import TrafficReport
@@ -52,10 +52,6 @@ from wakeful.store import Store, StoreError
 __all__ = ["Activator", "Lease", "PoolSnapshot", "WakeTally"]
 
 log = logging.getLogger(__name__)
-
-SETTLE_PAUSE = 0.02
-SETTLE_POLLS = 100
-"""A view caught mid-change of route is waited out for up to 2 s (`Activator._resolve`)."""
 
 
 class Activator:
@@ -191,7 +187,7 @@ class Activator:
         if not self._term.admitting.is_set():
             await self._term.admitting.wait()
         self._term.check()
-        state = await self._resolve(app, version)
+        state = await self._view.settled(app, version)
         started = self._ledger.clock()
         deadline = started + state.item.value.spec.activation_timeout
         waiter: Waiter | None = None
@@ -201,7 +197,7 @@ class Activator:
                 if not self._view.current(state):
                     # A deploy retired this pool (or it went away): follow the app's route to
                     # its new pool, taking this request's place in the queue along.
-                    fresh = await self._resolve(app, version)
+                    fresh = await self._view.settled(app, version)
                     if waiter is not None and fresh.name != waiter.pool:
                         moved_from = waiter.pool
                         self._ledger.move(waiter, fresh.name)
@@ -260,22 +256,6 @@ class Activator:
             self._suspender.wake(state)
             self._scale_up.start(state)
         self._publish(waiter.pool)
-
-    async def _resolve(self, app: str, version: str | None) -> PoolState:
-        """`View.resolve`, waiting out a view caught mid-change of route (`NoServingPool`:
-        a pool record read ahead of its app's, issue 39) for up to `SETTLE_POLLS` pauses of
-        `SETTLE_PAUSE` seconds (a count, not a clock: the view moves with the store, not with
-        the ledger's clock); past that, 503 with Retry-After, not a 404: the app exists (one
-        with no active version at all is still an unknown app's 404)."""
-        for _ in range(SETTLE_POLLS):
-            try:
-                return self._view.resolve(app, version)
-            except NoServingPool:
-                await anyio.sleep(SETTLE_PAUSE)
-        try:
-            return self._view.resolve(app, version)
-        except NoServingPool as exc:
-            raise NoCapacity(str(exc), retry_after=1) from None
 
     def wakes(self, app: str) -> WakeTally | None:
         """How the app's waiting requests woke it since this activator leads (None: never)."""

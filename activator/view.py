@@ -25,7 +25,7 @@ import anyio
 from wakeful.activator import decisions
 from wakeful.aio import trace
 from wakeful.domain import keys
-from wakeful.domain.leases import UnknownApp
+from wakeful.domain.leases import NoCapacity, UnknownApp
 from wakeful.domain.models import GONE, SIZED, App, Node, Pool, Sandbox, SandboxStatus
 from wakeful.store import Item, Store
 from wakeful.store.reflector import Feed, reflect_all
@@ -69,6 +69,11 @@ class ViewListener(Protocol):
 
     def relisted(self) -> None:
         """The view was re-listed: every waiter runs admission again."""
+
+
+SETTLE_PAUSE = 0.02
+SETTLE_POLLS = 100
+"""A view caught mid-change of route is waited out for up to 2 s (`View.settled`)."""
 
 
 class NoServingPool(UnknownApp):
@@ -207,6 +212,22 @@ class View:
         return True
 
     # -- reading it -------------------------------------------------------------------------
+
+    async def settled(self, app: str, version: str | None) -> PoolState:
+        """`resolve`, waiting out a view caught mid-change of route (`NoServingPool`: a pool
+        record read ahead of its app's, issue 39) for up to `SETTLE_POLLS` pauses of
+        `SETTLE_PAUSE` seconds (a count, not a clock: the view moves with the store, not with
+        the ledger's clock); past that, 503 with Retry-After, not a 404: the app exists (one
+        with no active version at all is still an unknown app's 404)."""
+        for _ in range(SETTLE_POLLS):
+            try:
+                return self.resolve(app, version)
+            except NoServingPool:
+                await anyio.sleep(SETTLE_PAUSE)
+        try:
+            return self.resolve(app, version)
+        except NoServingPool as exc:
+            raise NoCapacity(str(exc), retry_after=1) from None
 
     def resolve(self, app: str, version: str | None) -> PoolState:
         """The app's pool for `version` (its active version by default) that takes traffic.

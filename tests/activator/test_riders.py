@@ -7,11 +7,13 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from tests.support.activator import make_activator, seed
+from tests.support.activator import make_activator, pool, seed, set_status
 from tests.support.waiting import eventually
-from wakeful.domain.leases import Riders
-from wakeful.domain.models import SandboxStatus
-from wakeful.store import Store
+from wakeful.activator.ledger import Lease
+from wakeful.domain import keys
+from wakeful.domain.leases import Overloaded, Riders
+from wakeful.domain.models import Pool, SandboxStatus
+from wakeful.store import Event, Store
 
 pytestmark = pytest.mark.anyio
 
@@ -49,3 +51,69 @@ async def test_an_ask_counts_one_at_least_and_remembers_what_it_was_told(store: 
         waiting = activator.snapshot()[0].waiters
         requests.cancel_scope.cancel()
     assert waiting == riders.count == 1, f"1 rider; the activator counts {waiting}"
+
+
+async def test_shared_asks_count_as_the_requests_they_stand_for(store: Store) -> None:
+    """Issue 42: an ingress's misses share asks; seven asks of five requests each size the
+    pool as 35 waiting requests would (seed 000), and the waiting count says 35."""
+    await seed(store, rpi=5, desired=1, sandboxes={"sb-1": SandboxStatus.BOOTING})
+    start = (await pool(store)).revision
+    pool_writes = store.watch(keys.POOLS, start + 1)
+    activator = make_activator(store)
+    leases: list[Lease] = []
+
+    async def acquire() -> None:
+        leases.append(await activator.acquire("hello", riders=Riders(5)))
+
+    async with activator.running(), anyio.create_task_group() as requests:
+        for _ in range(7):
+            requests.start_soon(acquire)
+        await eventually(lambda: activator.snapshot()[0].waiters == 35)
+        with anyio.fail_after(10):
+            write = await pool_writes.__anext__()
+        assert isinstance(write, Event)
+        assert write.decode(Pool).desired_instances == 8  # ceil((0 + 35 + 1) / 5)
+        await set_status(store, "sb-1", SandboxStatus.RUNNING)
+        await eventually(lambda: len(leases) == 7)
+    assert activator.snapshot()[0].waiters == 0
+    await pool_writes.aclose()  # type: ignore[attr-defined]
+
+
+async def test_requests_joining_a_parked_ask_grow_the_pool_for_them(store: Store) -> None:
+    """An ask out with one rider, then 34 more join it while it waits (an ingress's misses
+    one after another): the pool is sized for 35, as 35 asks of one would size it."""
+    await seed(store, rpi=5, desired=1, sandboxes={"sb-1": SandboxStatus.BOOTING})
+    start = (await pool(store)).revision
+    pool_writes = store.watch(keys.POOLS, start + 1)
+    activator = make_activator(store)
+    riders = Riders(1)
+    async with activator.running(), anyio.create_task_group() as requests:
+        requests.start_soon(lambda: activator.acquire("hello", riders=riders))
+        await eventually(lambda: activator.snapshot()[0].waiters == 1)  # desired 1 covers it
+        riders.change(34)
+        assert activator.snapshot()[0].waiters == 35
+        with anyio.fail_after(10):
+            write = await pool_writes.__anext__()
+        assert isinstance(write, Event)
+        assert write.decode(Pool).desired_instances == 8  # ceil((0 + 35 + 1) / 5), one write
+        requests.cancel_scope.cancel()
+    await pool_writes.aclose()  # type: ignore[attr-defined]
+
+
+async def test_an_ask_that_would_take_the_queue_past_its_bound_is_refused_whole(
+    store: Store,
+) -> None:
+    await seed(store, rpi=5, sandboxes={"sb-1": SandboxStatus.BOOTING})
+    activator = make_activator(store, max_waiters=10)
+    async with activator.running(), anyio.create_task_group() as requests:
+        riders = Riders(8)
+        requests.start_soon(lambda: activator.acquire("hello", riders=riders))
+        await eventually(lambda: activator.snapshot()[0].waiters == 8)
+        with pytest.raises(Overloaded, match="8 requests waiting already"):
+            await activator.acquire("hello", riders=Riders(3))
+        assert activator.snapshot()[0].waiters == 8  # nothing parked half-way
+        riders.change(5)  # joined while it waits: counted up to the bound, no further
+        assert activator.snapshot()[0].waiters == 10
+        riders.change(-12)  # left: it stands for one request at least while it waits
+        assert activator.snapshot()[0].waiters == 1
+        requests.cancel_scope.cancel()
