@@ -37,7 +37,7 @@ from wakeful.ingress.nodestreams import Tunnels, default_replica_name
 from wakeful.ingress.proxy import Proxy
 from wakeful.ingress.routing import RoutingTable, normalize_host
 from wakeful.ingress.sandboxes import follow_sandboxes
-from wakeful.ingress.settings import IngressSettings, split_address
+from wakeful.ingress.settings import IngressSettings, join_address, split_address
 from wakeful.ingress.tls import Certificates, TLSConfigError
 from wakeful.ingress.transport import Transport
 from wakeful.ingress.upstream import RawTransport
@@ -257,7 +257,7 @@ class Ingress:
         advertise = self.settings.tunnel_advertise
         if advertise is None:
             shown = socket.gethostname() if host in ("0.0.0.0", "::", "") else host
-            advertise = f"[{shown}]:{port}" if ":" in shown else f"{shown}:{port}"
+            advertise = join_address(shown, port)
         replica = self.settings.tunnel_replica or default_replica_name(f"{host}:{port}")
         self.tunnels = Tunnels(
             self._store,

@@ -193,6 +193,11 @@ def split_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def join_address(host: str, port: int) -> str:
+    """`host:port`, an IPv6 host in brackets: what `split_address` takes apart."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def listens_on_loopback(address: str) -> bool:
     """Whether a listener on `host:port` takes connections only from this machine: a host in
     127.0.0.0/8, ::1 (or ::ffff:127.x), or `localhost`. A wildcard (0.0.0.0, ::), any other

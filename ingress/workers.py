@@ -54,7 +54,7 @@ from wakeful.ingress.edge import AdminEdge
 from wakeful.ingress.http1 import HttpServer, Limits
 from wakeful.ingress.nodestreams import default_replica_name
 from wakeful.ingress.server import bind_listener
-from wakeful.ingress.settings import IngressSettings, split_address
+from wakeful.ingress.settings import IngressSettings, join_address, split_address
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +71,7 @@ POLL = 0.5
 def shifted(address: str, by: int) -> str:
     """`host:port` with the port moved up by `by` (a port 0 stays 0: each worker's own)."""
     host, port = split_address(address)
-    shown = f"[{host}]" if ":" in host else host
-    return f"{shown}:{port + by if port else 0}"
+    return join_address(host, port + by if port else 0)
 
 
 def worker_env(
@@ -132,7 +131,7 @@ def _not_listened_on(family: socket.AddressFamily, host: str, port: int) -> None
 
 def address_of(sock: socket.socket) -> str:
     host, port = sock.getsockname()[:2]
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return join_address(host, port)
 
 
 def labelled(texts: Iterable[tuple[int, str]]) -> list[Metric]:
