@@ -68,6 +68,15 @@ POLL = 0.5
 """Seconds between two looks at each worker's /readyz."""
 
 
+def restart_pause(last: float | None, ran: float) -> float:
+    """Seconds before a worker that exited is started again: RESTART_FIRST the first time
+    (`last` None) or after it ran STEADY seconds; else the last pause doubled, at most
+    RESTART_MAX."""
+    if last is None or ran >= STEADY:
+        return RESTART_FIRST
+    return min(last * 2, RESTART_MAX)
+
+
 def shifted(address: str, by: int) -> str:
     """`host:port` with the port moved up by `by` (a port 0 stays 0: each worker's own)."""
     host, port = split_address(address)
@@ -209,7 +218,8 @@ class Supervisor:
         return not self.stopping and any(w.ready for w in self.workers)
 
     async def metrics(self) -> bytes:
-        """The supervisor's own metrics, then every ready worker's, labelled."""
+        """The supervisor's own metrics, then every running worker's, labelled (one that
+        does not answer in 2 s is left out)."""
         texts: list[tuple[int, str]] = []
 
         async def fetch(client: httpx.AsyncClient, worker: Worker) -> None:
@@ -247,7 +257,7 @@ class Supervisor:
         self._done.set()
 
     async def _keep(self, worker: Worker) -> None:
-        pause = RESTART_FIRST
+        pause: float | None = None
         while not self.stopping:
             started = self.clock()
             with anyio.CancelScope(shield=True):  # a child forked is always waited for
@@ -272,8 +282,7 @@ class Supervisor:
                 )
                 self.stop()
                 return
-            if self.clock() - started >= STEADY:
-                pause = RESTART_FIRST
+            pause = restart_pause(pause, self.clock() - started)
             log.warning(
                 "ingress worker %d exited with status %s; starting it again in %.0f s",
                 worker.index,
@@ -283,7 +292,6 @@ class Supervisor:
             self._restarts.labels(worker=str(worker.index)).inc()
             with anyio.move_on_after(pause):
                 await self._done.wait()  # a stop ends the pause
-            pause = min(pause * 2, RESTART_MAX)
 
     async def _watch(self) -> None:
         told = False

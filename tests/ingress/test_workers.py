@@ -22,7 +22,14 @@ from prometheus_client.registry import Collector
 
 import wakeful.ingress.workers as workers_module
 from wakeful.ingress.settings import IngressSettings
-from wakeful.ingress.workers import labelled, reserve, shifted, supervise, worker_env
+from wakeful.ingress.workers import (
+    labelled,
+    reserve,
+    restart_pause,
+    shifted,
+    supervise,
+    worker_env,
+)
 from wakeful.store.testing import free_port
 
 pytestmark = pytest.mark.anyio
@@ -51,6 +58,29 @@ def test_each_worker_is_a_replica_with_its_own_tunnel_port_and_name() -> None:
     assert "WAKEFUL_TLS_LISTEN" not in envs[0]
     assert shifted("[::1]:0", 4) == "[::1]:0"  # each its own free port
     assert shifted("[::1]:443", 1) == "[::1]:444"
+
+
+@pytest.mark.parametrize(
+    ("last", "ran", "pause"),
+    [
+        (None, 0.1, 1.0),
+        (1.0, 0.1, 2.0),
+        (8.0, 5.0, 16.0),
+        (16.0, 5.0, 30.0),
+        (30.0, 5.0, 30.0),
+        (30.0, 60.0, 1.0),
+    ],
+    ids=[
+        "the first restart waits a second",
+        "a crash soon after doubles it",
+        "and again",
+        "up to 30 s",
+        "no further",
+        "a worker that ran a minute starts over at a second",
+    ],
+)
+def test_restart_pause(last: float | None, ran: float, pause: float) -> None:
+    assert restart_pause(last, ran) == pause
 
 
 def test_a_worker_count_out_of_range_is_refused_naming_it() -> None:
