@@ -74,6 +74,12 @@ from .keydir import KeyDirectory
 
 log = logging.getLogger(__name__)
 
+FILE_TIME_SLACK = 0.01
+"""How much earlier than the wall clock a file written at that moment may be stamped: the
+kernel stamps files from its coarse clock, up to one tick (1 to 10 ms) behind
+`time.time()`. A key file stamped within this of the current key's `since` counts as made
+after it (`_since` keeps every older file further back than that)."""
+
 
 @dataclass(frozen=True)
 class KeyReport:
@@ -223,7 +229,7 @@ class KeyRing:
             key_id = self._make()
             try:
                 await self._store.create(
-                    keys.SECRETS_KEY, SecretsKey(key=key_id, since=self._clock())
+                    keys.SECRETS_KEY, SecretsKey(key=key_id, since=await self._since())
                 )
             except AlreadyExists:  # another activator made the first key at the same moment
                 await self._discard(key_id)  # (or etcd retried our write: then it is kept)
@@ -241,7 +247,7 @@ class KeyRing:
         lost by making a key here current in its place. With a value sealed anywhere, `check`
         refuses the start instead."""
         key_id = self._make()
-        written = SecretsKey(key=key_id, since=self._clock())
+        written = SecretsKey(key=key_id, since=await self._since())
         try:
             revision = await self._store.update(keys.SECRETS_KEY, written, found.revision)
         except Conflict:  # another activator did the same, or a rotation: read it again
@@ -351,7 +357,7 @@ class KeyRing:
             previous = await self.current()
             self._private()
             key_id = self._make()
-            written = SecretsKey(key=key_id, since=self._clock())
+            written = SecretsKey(key=key_id, since=await self._since())
             try:
                 await self._store.update(keys.SECRETS_KEY, written, previous.revision)
             except Conflict:
@@ -381,7 +387,7 @@ class KeyRing:
             made = path.stat().st_mtime
         except FileNotFoundError:
             raise NoSuchKey(f"no secrets key {key_id} in {self._dir}") from None
-        if made >= current.since:
+        if made >= current.since - FILE_TIME_SLACK:
             raise KeyRefused(
                 f"key {key_id} was made after the current key {current.key} became current: "
                 "it is not an older key (a rotation may be about to make it current)"
@@ -420,6 +426,16 @@ class KeyRing:
 
     def _private(self) -> None:
         self._files.private()
+
+    async def _since(self) -> float:
+        """The `since` of a key becoming current now: the clock, after waiting out what is left
+        of `FILE_TIME_SLACK` past the newest key file here (at most a tick), so that every file
+        made before reads as older and every one made after does not."""
+        times = (self._files.where(key_id).stat().st_mtime for key_id in self._files.ids())
+        after = max(times, default=0.0) + FILE_TIME_SLACK
+        if (wait := after - self._clock()) >= 0:
+            await anyio.sleep(wait + 0.001)
+        return max(self._clock(), after + 0.001)
 
     def _make(self) -> str:
         """A new key's file, held; its id."""
