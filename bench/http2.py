@@ -73,6 +73,8 @@ from pathlib import Path
 import anyio
 from prometheus_client import CollectorRegistry
 
+from bench.procfs import TICK, children, cpu_seconds, waited
+from bench.procfs import stat as _stat
 from bench.proxy import nginx_conf, process
 from wakeful.activator.client import InProcessLeases
 from wakeful.activator.core import Activator
@@ -154,44 +156,6 @@ class Pins:
     @staticmethod
     def _cmd(cpus: list[int] | None, args: list[str]) -> list[str]:
         return ["taskset", "-c", ",".join(map(str, cpus)), *args] if cpus else args
-
-
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _stat(pid: int | str) -> list[str]:
-    """/proc/PID/stat's fields after the command (field 3, the state, first)."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-
-
-def cpu_seconds(*pids: int) -> float:
-    """utime + stime of these processes, from /proc."""
-    ticks = 0
-    for pid in pids:
-        fields = _stat(pid)
-        ticks += int(fields[11]) + int(fields[12])
-    return ticks / TICK
-
-
-def children(pid: int) -> list[int]:
-    found: list[int] = []
-    with contextlib.suppress(OSError):
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            with contextlib.suppress(OSError):
-                found += map(int, (task / "children").read_text().split())
-    return found
-
-
-def waited(*pids: int) -> float:
-    """Seconds these processes' threads spent runnable but waiting for a CPU (the run queue:
-    other processes in the way), from /proc/PID/task/TID/schedstat."""
-    total = 0
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            for task in Path(f"/proc/{pid}/task").iterdir():
-                with contextlib.suppress(OSError, IndexError, ValueError):
-                    total += int((task / "schedstat").read_text().split()[1])
-    return total / 1e9
 
 
 @dataclass

@@ -35,6 +35,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from bench.coldstart import pct
+from bench.procfs import cpu_seconds
 from wakeful.node.jail.netns import TUN, SandboxNet, open_sandbox_net
 from wakeful.node.jail.uids import UID_BASE
 from wakeful.store.testing import free_port
@@ -144,11 +145,6 @@ async def starts(www: Path, runs: int) -> tuple[list[float], list[float], list[f
         finally:
             await net.close()
     return host, own, opened
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def sequential(port: int, count: int) -> list[float]:

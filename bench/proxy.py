@@ -42,7 +42,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -50,6 +50,7 @@ from typing import cast
 import anyio
 from prometheus_client import CollectorRegistry
 
+from bench.procfs import children, cpu_seconds
 from wakeful.activator.client import InProcessLeases
 from wakeful.activator.core import Activator
 from wakeful.activator.settings import ActivatorSettings
@@ -183,6 +184,8 @@ class Result:
     p95_ms: float = 0.0
     p99_ms: float = 0.0
     errors: str = ""
+    cpu_us: float = 0.0
+    """The proxy's CPU time per request (user + system, from /proc), when measured."""
 
 
 def _ms(value: str, unit: str) -> float:
@@ -284,9 +287,15 @@ async def serving(store: Store) -> AsyncIterator[Ingress]:
         yield ingress
 
 
-async def measure(name: str, url: str, seconds: int, rate: int) -> tuple[Result, Result]:
+async def measure(
+    name: str, url: str, seconds: int, rate: int, pids: Sequence[int] = ()
+) -> tuple[Result, Result]:
+    """wrk (peak; with `pids`, their CPU time per request meanwhile), then hey at `rate`."""
     print(f"  {name}: wrk {seconds}s ...", flush=True)
+    before = cpu_seconds(*pids)
     peak = await run_wrk(url, seconds)
+    if pids and peak.rps:
+        peak.cpu_us = (cpu_seconds(*pids) - before) / (peak.rps * seconds) * 1e6
     print(f"  {name}: hey {seconds}s at {rate} req/s ...", flush=True)
     latency = await run_hey(url, seconds, rate)
     return peak, latency
@@ -311,15 +320,19 @@ async def main(seconds: int, rate: int) -> None:
     ):
         direct = f"http://127.0.0.1:{sandbox_port}/"
         results["direct"] = await measure("direct", direct, seconds, rate)
-        async with ingress_on(sandbox_port) as url:
-            results["ingress"] = await measure("ingress", url, seconds, rate)
+        async with ingress_on(sandbox_port) as url:  # this process: the activator's CPU too
+            results["ingress"] = await measure("ingress", url, seconds, rate, [os.getpid()])
         nginx_port = free_port()
         conf = Path(tmp) / "nginx.conf"
         conf.write_text(nginx_conf(NGINX_CONF, tmp, upstream=sandbox_port, port=nginx_port))
         nginx = ["nginx", "-p", tmp, "-c", str(conf), "-g", "daemon off;"]
-        with process(nginx, nginx_port):
+        with process(nginx, nginx_port) as master:
             results["nginx"] = await measure(
-                "nginx", f"http://127.0.0.1:{nginx_port}/", seconds, rate
+                "nginx",
+                f"http://127.0.0.1:{nginx_port}/",
+                seconds,
+                rate,
+                [master.pid, *children(master.pid)],
             )
     slow = await slow_backend(seconds, rate)
 
@@ -363,6 +376,10 @@ async def main(seconds: int, rate: int) -> None:
         f"ingress/nginx:  throughput {ratio(ing.rps, ngx.rps)}, "
         f"p50 at {rate}/s {ratio(ing_lat.p50_ms, ngx_lat.p50_ms)}x, "
         f"p99 {ratio(ing_lat.p99_ms, ngx_lat.p99_ms)}x"
+    )
+    print(
+        f"CPU per request at peak: ingress {ing.cpu_us:.1f} µs, nginx {ngx.cpu_us:.1f} µs "
+        f"({ratio(ing.cpu_us, ngx.cpu_us)}x)"
     )
     print(
         f"ingress adds at {rate}/s: p50 {ing_lat.p50_ms - base_lat.p50_ms:+.2f} ms, "

@@ -54,6 +54,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 from cryptography.x509.oid import NameOID
 from prometheus_client import CollectorRegistry
 
+from bench.procfs import children, cpu_seconds
 from bench.proxy import nginx_conf, process
 from wakeful.activator.client import InProcessLeases
 from wakeful.activator.core import Activator
@@ -209,19 +210,10 @@ async def clients(n: int, cert: Path, cpus: list[int]) -> AsyncIterator[Load]:
                 await proc.wait()
 
 
-def cpu_seconds(*pids: int) -> float:
-    """utime + stime of these processes, from /proc."""
-    ticks = 0
-    for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        ticks += int(fields[11]) + int(fields[12])
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
 def tree_cpu(pid: int) -> Callable[[], float]:
     """The CPU of `pid` and its children (nginx's master and its worker)."""
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return lambda: cpu_seconds(pid, *map(int, children))
+    pids = [pid, *children(pid)]
+    return lambda: cpu_seconds(*pids)
 
 
 # -- the ingress ---------------------------------------------------------------------------------

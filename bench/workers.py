@@ -51,7 +51,7 @@ import anyio
 import httpx
 
 from bench.faults import Piece, wakeful_cli
-from bench.http2 import children, cpu_seconds
+from bench.procfs import children, cpu_seconds
 from bench.proxy import NGINX_HTTP, SLOW_DELAY, Result, run_hey, run_wrk
 from wakeful.domain import keys
 from wakeful.domain.models import Sandbox

@@ -1,0 +1,46 @@
+"""What the benchmarks read of processes from /proc: CPU time, children, time spent waiting
+for a CPU. Linux only, as the benchmarks are."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def stat(pid: int | str) -> list[str]:
+    """/proc/PID/stat's fields after the command (field 3, the state, first)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def cpu_seconds(*pids: int) -> float:
+    """utime + stime of these processes (every thread), from /proc."""
+    ticks = 0
+    for pid in pids:
+        fields = stat(pid)
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / TICK
+
+
+def children(pid: int) -> list[int]:
+    """The process's children as they are now (nginx's workers, a supervisor's)."""
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                found += map(int, (task / "children").read_text().split())
+    return found
+
+
+def waited(*pids: int) -> float:
+    """Seconds these processes' threads spent runnable but waiting for a CPU (the run queue:
+    other processes in the way), from /proc/PID/task/TID/schedstat."""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                with contextlib.suppress(OSError, IndexError, ValueError):
+                    total += int((task / "schedstat").read_text().split()[1])
+    return total / 1e9
