@@ -1,6 +1,6 @@
 """The HTTP/2 rules (`http2.rules`) and gRPC's (`ingress.grpc`), as tables: the preface sniff, a
-stream's head as a request, the frame scan's counts and bound, the budgets, a call's deadline
-and its error answers."""
+stream's head as a request, the frame scan's counts and bound, the budgets, a call's deadline,
+its error answers and the status it ended with."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from hyperframe.frame import (
     WindowUpdateFrame,
 )
 
+from wakeful.domain.grpcstatus import code_name
 from wakeful.ingress import grpc
 from wakeful.ingress.errors import BadRequest
 from wakeful.ingress.http2.rules import PREFACE, Budget, FrameScan, request_head, sniff
@@ -242,3 +243,83 @@ def test_an_error_message_is_percent_encoded() -> None:
 )
 def test_is_call(content_type: bytes | None, call: bool) -> None:
     assert grpc.is_call(content_type) is call
+
+
+OK_HEAD = [(b"content-type", b"application/grpc")]
+"""The head of an answer whose status comes in its trailers."""
+
+
+@pytest.mark.parametrize(
+    ("head", "trailers", "status"),
+    [
+        (OK_HEAD, [(b"grpc-status", b"0")], 0),
+        (OK_HEAD, [(b"grpc-message", b"gone"), (b"grpc-status", b"14")], 14),
+        ([*OK_HEAD, (b"grpc-status", b"5")], [], 5),  # trailers-only: the head holds it
+        ([(b"grpc-status", b"5")], [(b"grpc-status", b"13")], 13),  # the last block's
+        ([(b"grpc-status", b"5")], [(b"grpc-message", b"x")], None),  # not the head's then
+        (OK_HEAD, [], None),
+        ([], [], None),
+        (OK_HEAD, [(b"grpc-status", b" 7 ")], 7),
+        (OK_HEAD, [(b"grpc-status", b"16")], 16),
+        (OK_HEAD, [(b"grpc-status", b"17")], 17),  # gRPC names none past 16: kept as given
+        (OK_HEAD, [(b"grpc-status", b"99")], 99),
+        (OK_HEAD, [(b"grpc-status", b"100")], None),  # past MAX_CODE
+        (OK_HEAD, [(b"grpc-status", b"-1")], None),
+        (OK_HEAD, [(b"grpc-status", b"+1")], None),
+        (OK_HEAD, [(b"grpc-status", b"1.0")], None),
+        (OK_HEAD, [(b"grpc-status", b"OK")], None),
+        (OK_HEAD, [(b"grpc-status", b"")], None),
+        (OK_HEAD, [(b"grpc-status", "\u0663".encode())], None),  # a digit, not an ASCII one
+        (OK_HEAD, [(b"grpc-status", b"1"), (b"grpc-status", b"2")], 1),  # the first
+    ],
+)
+def test_status_of(
+    head: list[tuple[bytes, bytes]], trailers: list[tuple[bytes, bytes]], status: int | None
+) -> None:
+    assert grpc.status_of(head, trailers) == status
+
+
+@pytest.mark.parametrize(
+    ("http_status", "head", "trailers", "code"),
+    [
+        (200, OK_HEAD, [(b"grpc-status", b"0")], grpc.OK),
+        (200, OK_HEAD, [(b"grpc-status", b"14")], grpc.UNAVAILABLE),
+        (200, [(b"grpc-status", b"12")], [], grpc.UNIMPLEMENTED),
+        (499, OK_HEAD, [(b"grpc-status", b"0")], grpc.CANCELLED),  # the client left first
+        (499, [], [], grpc.CANCELLED),
+        (404, [], [], grpc.UNIMPLEMENTED),  # the ingress's own answers: the code it sent
+        (503, [], [], grpc.UNAVAILABLE),
+        (504, [], [], grpc.DEADLINE_EXCEEDED),
+        (502, OK_HEAD, [], grpc.UNAVAILABLE),  # cut off mid-answer
+        (200, OK_HEAD, [], grpc.UNKNOWN),  # no status: what the client reads
+        (200, OK_HEAD, [(b"grpc-status", b"x")], grpc.UNKNOWN),
+        (503, [(b"grpc-status", b"8")], [], grpc.RESOURCE_EXHAUSTED),  # the sandbox's says
+        (500, [], [], grpc.UNKNOWN),
+    ],
+)
+def test_call_code(
+    http_status: int,
+    head: list[tuple[bytes, bytes]],
+    trailers: list[tuple[bytes, bytes]],
+    code: int,
+) -> None:
+    assert grpc.call_code(http_status, head, trailers) == code
+
+
+@pytest.mark.parametrize(
+    ("code", "name"),
+    [
+        (0, "OK"),
+        (1, "CANCELLED"),
+        (4, "DEADLINE_EXCEEDED"),
+        (12, "UNIMPLEMENTED"),
+        (14, "UNAVAILABLE"),
+        (16, "UNAUTHENTICATED"),
+        (17, "17"),
+        (99, "99"),
+    ],
+)
+def test_code_name(code: int, name: str) -> None:
+    assert code_name(code) == name
+    if code <= 16:  # the constants the ingress answers with are gRPC's numbers
+        assert getattr(grpc, name, code) == code
