@@ -301,7 +301,8 @@ class Channel:
     def _upkeep(self, operation: Renew | Release | Adopt | Traffic | Access) -> dict[str, Any]:
         try:
             if isinstance(operation, Access):
-                lines = [line.model_dump() for line in operation.lines]
+                # grpc_status is the one field that can be None: lines not of a call lack it.
+                lines = [line.model_dump(exclude_none=True) for line in operation.lines]
                 recorded = self._activator.record_access(operation.ingress, lines)
                 return {"id": operation.id, "recorded": recorded}
             if isinstance(operation, Traffic):

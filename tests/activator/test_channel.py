@@ -550,19 +550,25 @@ def test_a_report_of_many_versions_is_cut_so_no_operation_nears_a_frame_s_bound(
 
 async def test_access_lines_reach_the_sink_and_bad_ones_are_answered_alone(api: Served) -> None:
     """An ingress's access lines, beside its lease calls: given to the activator's sink for
-    the apps it knows; a line that is not the protocol is refused without closing the
-    channel, and nothing of its operation is written."""
+    the apps it knows, a gRPC call's with its status (other lines without the field); a line
+    that is not the protocol is refused without closing the channel, and nothing of its
+    operation is written."""
     got: list[tuple[str, list[dict[str, object]]]] = []
     api.activator.access_sink = lambda ingress, lines: got.append((ingress, lines))
     line = {"ts": 1.0, "app": "hello", "method": "GET", "path": "/", "status": 200}
     line |= {"bytes": 2, "ms": 1.5}
     async with ChannelLeases(api.url, TOKEN) as leases:
         grant = await leases.acquire("hello")  # the channel is open: lines go on it
-        assert leases.access("edge-1", [line, {**line, "app": "unknown"}])
+        call = {**line, "method": "POST", "path": "/a.B/C", "grpc_status": 14}
+        assert leases.access("edge-1", [line, {**line, "app": "unknown"}, call])
         with anyio.fail_after(10):
             await eventually(lambda: bool(got))
         assert got[0][0] == "edge-1"
-        assert [(g["app"], g["path"], g["sample"]) for g in got[0][1]] == [("hello", "/", 1)]
+        assert [(g["app"], g["path"], g["sample"]) for g in got[0][1]] == [
+            ("hello", "/", 1),
+            ("hello", "/a.B/C", 1),
+        ]
+        assert "grpc_status" not in got[0][1][0] and got[0][1][1]["grpc_status"] == 14
         await leases.release(grant.lease_id)
     assert not ChannelLeases(api.url, TOKEN).access("edge-1", [line])  # no channel: kept
     got.clear()
@@ -574,10 +580,12 @@ async def test_access_lines_reach_the_sink_and_bad_ones_are_answered_alone(api: 
             {"id": 3, "op": "access", "ingress": "e", "lines": [{**line, "path": "/" * 3000}]},
             {"id": 4, "op": "access", "ingress": "e", "lines": [line] * 1001},
             {"id": 5, "op": "access", "ingress": "e", "lines": [{**line, "ts": 1e300}]},
-            {"id": 6, "op": "access", "ingress": "e", "lines": [line, line]},
+            {"id": 6, "op": "access", "ingress": "e", "lines": [{**line, "grpc_status": 100}]},
+            {"id": 7, "op": "access", "ingress": "e", "lines": [{**line, "grpc_status": -1}]},
+            {"id": 8, "op": "access", "ingress": "e", "lines": [line, line]},
         ],
     )
-    assert answers[6] == {"id": 6, "recorded": 2}
+    assert answers[8] == {"id": 8, "recorded": 2}
     assert [len(lines) for _, lines in got] == [2]
 
 
@@ -585,6 +593,7 @@ def test_access_lines_are_cut_so_no_operation_nears_a_frame_s_bound() -> None:
     longest = {"ts": 1.0, "app": "a" * 63, "version": "v" * 63, "sandbox": "s" * 128}
     longest |= {"method": "M" * 32, "path": "/" * MAX_PATH, "status": 999, "bytes": 1 << 50}
     longest |= {"ms": 1e9, "wake": "start", "id": "i" * 200, "sample": 1 << 30}
+    longest |= {"grpc_status": 99}
     lines: list[dict[str, object]] = [dict(longest) for _ in range(5000)]
     chunks = access_chunks(lines)
     assert sum(len(chunk) for chunk in chunks) == 5000

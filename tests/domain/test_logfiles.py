@@ -170,6 +170,11 @@ def test_lines_read_as_a_person_reads_them() -> None:
     assert line_text(access, "access") == (
         "[shop-v2-ab] GET /cart 200 512B 3.1ms version=v2 woke=thaw id=r-1 (1 in 4)"
     )
+    call = {**access, "method": "POST", "path": "/a.B/C", "grpc_status": 14, "sample": 1}
+    assert line_text(call, "access") == (
+        "[shop-v2-ab] POST /a.B/C 200 512B 3.1ms grpc=UNAVAILABLE version=v2 woke=thaw id=r-1"
+    )
+    assert "grpc=42 " in line_text({**call, "grpc_status": 42}, "access")  # as its number
     assert line_text({"wakeful": "3 lines lost here"}, "access") == "[wakeful] 3 lines lost here"
 
 

@@ -12,6 +12,7 @@ from typing import Annotated, Literal, Self
 
 from pydantic import Field, StringConstraints, model_validator
 
+from wakeful.domain.grpcstatus import MAX_CODE
 from wakeful.domain.logfiles import LATEST
 from wakeful.domain.models import NAME_PATTERN, Model, Name
 
@@ -93,6 +94,10 @@ class AccessLine(Model):
     wake: Literal["", "thaw", "start"] = ""
     id: str = Field(default="", max_length=200, description="its X-Request-Id")
     sample: int = Field(default=1, ge=1, le=1 << 30)
+    grpc_status: int | None = Field(
+        default=None, ge=0, le=MAX_CODE, description="a gRPC call's: the code it ended with"
+    )
+    """Only in a gRPC call's line (None is left out of what is written: `Access`)."""
 
 
 def access_chunks(lines: list[dict[str, object]]) -> list[list[dict[str, object]]]:

@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from wakeful.domain.grpcstatus import code_name
+
 Kind = Literal["output", "access"]
 KINDS: tuple[Kind, ...] = ("output", "access")
 OPEN_SUFFIX = ".jsonl"
@@ -235,8 +237,9 @@ class Sampler:
 
 def line_text(record: dict[str, Any], kind: Kind) -> str:
     """A record without its time: `[sandbox] text` of an output line, `[sandbox] GET /path
-    200 512B 3.1ms ...` of an access line, `[wakeful] ...` of the log's own notes. Raw: what
-    an app controls is not escaped here (`wakeful.domain.shown`, before a terminal)."""
+    200 512B 3.1ms ...` of an access line (a gRPC call's with `grpc=UNAVAILABLE` next),
+    `[wakeful] ...` of the log's own notes. Raw: what an app controls is not escaped here
+    (`wakeful.domain.shown`, before a terminal)."""
     if "wakeful" in record:
         return f"[wakeful] {record['wakeful']}"
     sandbox = record.get("sandbox") or "-"
@@ -250,6 +253,9 @@ def line_text(record: dict[str, Any], kind: Kind) -> str:
         f"{record.get('bytes', 0)}B",
         f"{record.get('ms', 0)}ms",
     ]
+    code = record.get("grpc_status")  # a gRPC call's
+    if isinstance(code, int):
+        parts.append(f"grpc={code_name(code)}")
     if record.get("version"):
         parts.append(f"version={record['version']}")
     if record.get("wake"):
