@@ -92,7 +92,10 @@ class AccessLog:
         wake: str,
         request_id: str,
         query: bool,
+        grpc_status: int | None = None,
     ) -> None:
+        """One request's line; a gRPC call's holds the code it ended with (`grpc_status`, the
+        number: `grpc.call_code`), other requests' have no such field."""
         now = self._clock()
         capped = self._sampler.dropped
         sample = self._sampler.keep(int(now))
@@ -106,22 +109,23 @@ class AccessLog:
         path = target if query else target.partition(b"?")[0]
         if len(self._held) == self._held.maxlen:
             counts["overflowed"] += 1
-        self._held.append(
-            {
-                "ts": round(now, 6),
-                "app": app,
-                "version": version,
-                "sandbox": sandbox,
-                "method": method,
-                "path": path[:MAX_PATH].decode("latin-1"),
-                "status": status,
-                "bytes": sent,
-                "ms": round(seconds * 1000, 3),
-                "wake": wake,
-                "id": request_id,
-                "sample": sample,
-            }
-        )
+        line: dict[str, object] = {
+            "ts": round(now, 6),
+            "app": app,
+            "version": version,
+            "sandbox": sandbox,
+            "method": method,
+            "path": path[:MAX_PATH].decode("latin-1"),
+            "status": status,
+            "bytes": sent,
+            "ms": round(seconds * 1000, 3),
+            "wake": wake,
+            "id": request_id,
+            "sample": sample,
+        }
+        if grpc_status is not None:
+            line["grpc_status"] = grpc_status
+        self._held.append(line)
         counts["kept"] += 1
 
     def take(self) -> list[dict[str, object]]:

@@ -252,6 +252,13 @@ class ProxyEdge:
             seconds = time.perf_counter() - started
             final = CLIENT_GONE if client_gone else status
             self._metrics.answered(label, final, seconds, reported)
+            code = None
+            if call:  # its outcome is its grpc-status: counted apart, for calls only
+                if response is None:  # an error the ingress answered, or a client gone
+                    code = grpc.call_code(final)
+                else:
+                    code = grpc.call_code(final, response.headers, response.upstream.trailers)
+                self._metrics.called(label, code)
             access = self._access
             if access is not None and label != "-":
                 grant = None if response is None else response.grant
@@ -269,6 +276,7 @@ class ProxyEdge:
                         "" if response is None else response.woke_by,
                         request_id,
                         query,
+                        code,
                     )
 
     def _call(self, app: str, request: Request, proxied: ProxyRequest) -> float | None:

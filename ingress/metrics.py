@@ -20,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
+from wakeful.domain.grpcstatus import code_name
 from wakeful.domain.traffic import (
     BOUNDS,
     MAX_VERSIONS_PER_REPORT,
@@ -171,6 +172,11 @@ class IngressMetrics:
                 if status >= 500:
                     of.errors += 1
 
+    def called(self, app: str, code: int) -> None:
+        """Count one finished gRPC call by the code it ended with (`grpc.call_code`)."""
+        calls = (self._counts.get(app) or self.counts(app)).calls
+        calls[code] = calls.get(code, 0) + 1
+
     @contextlib.contextmanager
     def websocket(self, app: str) -> Iterator[None]:
         """Counts one open WebSocket of `app` while the block runs."""
@@ -242,6 +248,7 @@ class AppCounts:
 
     __slots__ = (
         "buckets",
+        "calls",
         "classes",
         "created",
         "hits",
@@ -263,6 +270,8 @@ class AppCounts:
         self.seconds = 0.0
         self.hits = 0
         self.misses = 0
+        self.calls: dict[int, int] = {}
+        """gRPC calls by the code they ended with."""
         self.phase_buckets = [[0] * (len(DURATION_BUCKETS) + 1) for _ in PHASES]
         """Per phase (`PHASES`), like `buckets`."""
         self.phase_seconds = [0.0] * len(PHASES)
@@ -334,6 +343,12 @@ class _Counts(Collector):
             "sandbox's time to the answer's head)",
             labels=["app", "phase"],
         )
+        calls = CounterMetricFamily(
+            "wakeful_ingress_grpc_calls",
+            "gRPC calls answered, by app and the code they ended with (OK, UNAVAILABLE...; "
+            "an unnamed code as its number; CANCELLED: the client left); app '-' when unrouted",
+            labels=["app", "code"],
+        )
         created = prometheus_client.metrics._use_created  # its PROMETHEUS_DISABLE_CREATED_SERIES
         for app, counts in list(self._counts.items()):
             since = counts.created if created else None
@@ -357,7 +372,9 @@ class _Counts(Collector):
                 hits.add_metric([app], counts.hits, created=since)
             if counts.misses:
                 misses.add_metric([app], counts.misses, created=since)
-        yield from (requests, duration, phases, hits, misses)
+            for code, n in sorted(counts.calls.items()):
+                calls.add_metric([app, code_name(code)], n, created=since)
+        yield from (requests, duration, phases, hits, misses, calls)
 
 
 def _cumulative(buckets: list[int]) -> list[tuple[str, float]]:

@@ -4,7 +4,7 @@ to the ingress's plain listener: the first call wakes the app from zero; each of
 call shapes passes through as it is sent (nothing buffered to the end); a deadline ends a call
 on time; a cancelled call gives its capacity back; an open stream, even a silent one, keeps its
 app awake, and once it ends the app goes to zero; an unknown host is a gRPC error, not a broken
-connection.
+connection; a call's status is in the ingress's metrics and in `wakeful logs --access`.
 
 One `wakeful up` for the module: building the image is the slow part (a minute the first
 time). The ingress here hands back a cached lease after 1 s without calls
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 import shutil
 import subprocess
@@ -31,7 +32,7 @@ import httpx
 import pytest
 
 from tests.support import podman
-from tests.support.up import Up, eventually_pool, no_sandbox_left, start_up, stop_up
+from tests.support.up import Up, cli_async, eventually_pool, no_sandbox_left, start_up, stop_up
 
 pytestmark = pytest.mark.anyio
 GREETER = Path(__file__).resolve().parents[2] / "examples" / "grpc-greeter"
@@ -284,3 +285,65 @@ async def test_a_wake_with_the_image_unpacked_answers_within_2_s(greeter_up: Up)
         _, took = await woken(stub, "again")
     print(f"a wake with the image unpacked answered in {took:.3f} s")
     assert took < 2, took
+
+
+async def calls_by_code(up: Up) -> dict[str, float]:
+    """The ingress's `wakeful_ingress_grpc_calls_total` of the app, by code (every worker's)."""
+    async with httpx.AsyncClient() as client:
+        text = (await client.get(f"{up.admin}/metrics")).text
+    counted: dict[str, float] = {}
+    for labels, value in re.findall(
+        r"^wakeful_ingress_grpc_calls_total\{(.*)\} (\S+)$", text, re.M
+    ):
+        if f'app="{APP}"' in labels:
+            code = re.search(r'code="([^"]*)"', labels)
+            assert code is not None, labels
+            counted[code.group(1)] = counted.get(code.group(1), 0.0) + float(value)
+    return counted
+
+
+async def test_a_call_s_status_is_counted_and_in_wakeful_logs(greeter_up: Up) -> None:
+    """An OK call and a failing one (the sandbox's UNIMPLEMENTED), each by its X-Request-Id:
+    counted by code at the ingress, and `wakeful logs --access` shows each line's status, from
+    the ingress through the activator and the log directory (`wakeful up` hands the lines over
+    in-process: the lease channel's schema is tests/activator/test_channel.py's)."""
+    run = f"grpc-{time.time_ns()}"
+    before = await calls_by_code(greeter_up)
+    target = greeter_up.proxy.removeprefix("http://")
+    options = [("grpc.default_authority", f"{APP}.localhost")]
+    async with grpc.aio.insecure_channel(target, options=options) as channel:
+        stub = services.GreeterStub(channel)
+        await stub.SayHello(hello("logged"), timeout=60, metadata=[("x-request-id", f"{run}-ok")])
+        missing = channel.unary_unary("/greeter.Greeter/NoSuchMethod")
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await missing(b"", timeout=30, metadata=[("x-request-id", f"{run}-missing")])
+        assert failed.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+    def added(after: dict[str, float]) -> list[float]:
+        return [after.get(code, 0) - before.get(code, 0) for code in ("OK", "UNIMPLEMENTED")]
+
+    deadline = time.monotonic() + 10  # counted as a call ends: a moment after its answer
+    while True:
+        after = await calls_by_code(greeter_up)
+        if min(added(after)) >= 1 or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.05)
+    assert added(after) == [1, 1], (before, after)
+
+    ids = {f"{run}-ok", f"{run}-missing"}
+    args = ("logs", APP, "--access", "--since", "5m")
+    async with asyncio.timeout(60):
+        while True:
+            done = await cli_async(greeter_up, *args, "--json")
+            assert done.returncode == 0, done.stdout + done.stderr
+            found = {r.get("id"): r for r in map(json.loads, done.stdout.splitlines())}
+            if ids <= found.keys():
+                break
+            await asyncio.sleep(0.2)
+    assert (found[f"{run}-ok"]["status"], found[f"{run}-ok"]["grpc_status"]) == (200, 0)
+    assert (found[f"{run}-missing"]["status"], found[f"{run}-missing"]["grpc_status"]) == (200, 12)
+    shown = (await cli_async(greeter_up, *args)).stdout
+    [ok] = [line for line in shown.splitlines() if f"id={run}-ok" in line]
+    [missing_line] = [line for line in shown.splitlines() if f"id={run}-missing" in line]
+    assert " 200 " in ok and " grpc=OK " in ok, ok
+    assert " grpc=UNIMPLEMENTED " in missing_line, missing_line

@@ -3,7 +3,8 @@ the sandbox (a real grpcio server process), its app declared `protocol = "h2c"`.
 shapes (a bidirectional call interleaved, so nothing may be read ahead); a status and its
 message passed through in trailers; a deadline; a deadline spent waiting for a sandbox,
 answered by the ingress in gRPC's terms; a cancelled call freeing its lease and stopping the
-sandbox's work; the upstream bound counting streams; errors for gRPC clients."""
+sandbox's work; the upstream bound counting streams; errors for gRPC clients; each call
+counted and logged by the status it ended with."""
 
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ from typing import Any
 
 import anyio
 import grpc
+import h2.errors
 import httpx
 import pytest
 
+from tests.support.h2sandbox import H2Sandbox
 from tests.support.ingress import Stack, sandbox_processes, stack
 from tests.support.waiting import eventually
 from wakeful.domain.models import AppSpec, Concurrency
@@ -100,7 +103,7 @@ async def test_a_deadline_spent_waiting_for_a_sandbox_is_answered_in_grpcs_terms
     """The app's only sandbox is booting: the call waits for it, and its grpc-timeout ends the
     wait with DEADLINE_EXCEEDED from the ingress (a client without a deadline of its own)."""
     async with (
-        stack({"s1": None}, pool_update=H2C) as s,
+        stack({"s1": None}, pool_update=H2C, access_log=True) as s,
         httpx.AsyncClient(base_url=s.url, http1=False, http2=True, timeout=30) as client,
     ):
         started = time.monotonic()
@@ -119,6 +122,12 @@ async def test_a_deadline_spent_waiting_for_a_sandbox_is_answered_in_grpcs_terms
         assert answer.headers["grpc-status"] == "4"  # DEADLINE_EXCEEDED
         assert "grpc-timeout" in answer.headers["grpc-message"]
         await eventually(lambda: s.sample("requests_queued", app="hello") == 0, 5)
+        # Counted and logged by the code the ingress sent, not the HTTP status it stands for.
+        await eventually(
+            lambda: s.sample("grpc_calls_total", app="hello", code="DEADLINE_EXCEEDED") == 1, 5
+        )
+        [line] = s.ingress.access.take()
+        assert (line["status"], line["grpc_status"]) == (504, 4)
 
 
 async def test_a_cancelled_call_frees_its_lease_and_stops_the_sandbox(
@@ -214,3 +223,90 @@ async def test_calls_to_a_waking_app_wait_for_it_and_are_all_answered(
         replies = await waiting
         assert sorted(r.message for r in replies) == sorted(f"hello {i}" for i in range(20))
         await eventually(lambda: s.sample("requests_queued", app="hello") == 0, 5)
+
+
+def calls(s: Stack) -> dict[tuple[str, str], float]:
+    """The ingress's `wakeful_ingress_grpc_calls_total`, by (app, code)."""
+    return {
+        (sample.labels["app"], sample.labels["code"]): sample.value
+        for family in s.registry.collect()
+        if family.name == "wakeful_ingress_grpc_calls"
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    }
+
+
+async def test_each_call_is_counted_and_logged_by_the_status_it_ended_with(
+    greeter: Callable[[], int],
+) -> None:
+    """A call answered 200 is OK or a failure by its grpc-status: in its trailers (a call
+    that succeeded), in a trailers-only head (the sandbox's UNIMPLEMENTED), or CANCELLED for a
+    client that left; the ingress's own error for an unknown host is counted under app '-'.
+    A request that is not a call has neither a count nor the field."""
+    async with stack({"s1": greeter()}, pool_update=H2C, access_log=True) as s:
+        async with channel(s) as ch:
+            reply = await stub(ch).SayHello(protos.HelloRequest(name="ann"), timeout=10)
+            assert reply.message == "hello ann"
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                await ch.unary_unary("/greeter.Greeter/NoSuchMethod")(b"", timeout=10)
+            assert raised.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            long = stub(ch).CountTo(protos.CountRequest(count=10_000, interval=0.01), timeout=30)
+            assert (await long.read()).message == "1"
+            long.cancel()
+        async with channel(s, "nope.localhost") as ch:
+            with pytest.raises(grpc.aio.AioRpcError):
+                await stub(ch).SayHello(protos.HelloRequest(name="x"), timeout=10)
+        plain = await s.client.get("/not-a-call")  # HTTP/1.1 to the grpcio server
+        # A client can have its answer a moment before the ingress counts and logs it.
+        await eventually(lambda: s.ingress.access.counts["kept"] == 4, 5)
+        assert calls(s) == {
+            ("hello", "OK"): 1,
+            ("hello", "UNIMPLEMENTED"): 1,
+            ("hello", "CANCELLED"): 1,
+            ("-", "UNIMPLEMENTED"): 1,
+        }
+        lines = {str(line["path"]): line for line in s.ingress.access.take()}
+    assert {path: line.get("grpc_status") for path, line in lines.items()} == {
+        "/greeter.Greeter/SayHello": 0,
+        "/greeter.Greeter/NoSuchMethod": 12,
+        "/greeter.Greeter/CountTo": 1,
+        "/not-a-call": None,
+    }
+    assert "grpc_status" not in lines["/not-a-call"]
+    assert lines["/not-a-call"]["status"] == plain.status_code
+    assert [lines[p]["status"] for p in lines if p.startswith("/greeter")] == [200, 200, 499]
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "logged"),
+    [
+        (b"14", "UNAVAILABLE", (200, 14)),
+        (b"42", "42", (200, 42)),  # a code gRPC does not name: by its number
+        (None, "UNAVAILABLE", (502, 14)),  # no trailers: the sandbox reset the stream
+    ],
+)
+async def test_a_status_in_trailers_after_a_message_is_counted_as_sent(
+    status: bytes | None, code: str, logged: tuple[int, int]
+) -> None:
+    """A sandbox that answers a message, then a failure in its trailers: counted by its code,
+    logged with it; one that breaks off after the message instead: the ingress cut its client
+    off (502), counted UNAVAILABLE."""
+
+    def answer(conn: Any, stream: int, head: dict[bytes, bytes], body: bytes) -> None:
+        conn.send_headers(stream, [(b":status", b"200"), (b"content-type", b"application/grpc")])
+        conn.send_data(stream, b"\x00\x00\x00\x00\x02hi")
+        if status is None:
+            conn.reset_stream(stream, h2.errors.ErrorCodes.INTERNAL_ERROR)
+            return
+        conn.send_headers(
+            stream, [(b"grpc-status", status), (b"grpc-message", b"later")], end_stream=True
+        )
+
+    with H2Sandbox(answer) as sandbox:
+        async with stack({"s1": sandbox.port}, pool_update=H2C, access_log=True) as s:
+            async with channel(s) as ch:
+                with pytest.raises(grpc.aio.AioRpcError):
+                    await ch.unary_unary("/any.Service/Call")(b"", timeout=10)
+            await eventually(lambda: calls(s) == {("hello", code): 1}, 5)
+            [line] = s.ingress.access.take()
+    assert (line["status"], line["grpc_status"]) == logged
