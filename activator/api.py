@@ -212,7 +212,7 @@ def create_app(
 
     @api.post("/v1/leases/{lease_id}/renew", response_model=LeaseGrant)
     async def renew(lease_id: str, body: RenewRequest | None = None) -> LeaseGrant:
-        return activator.renew(lease_id, used=body is not None and body.used).grant()
+        return activator.renew_grant(lease_id, used=body is not None and body.used)
 
     @api.delete("/v1/leases/{lease_id}", status_code=204)
     async def release(lease_id: str) -> Response:

@@ -309,8 +309,8 @@ class Channel:
                 recorded = self._activator.record_traffic(operation.apps)
                 return {"id": operation.id, "recorded": recorded}
             if isinstance(operation, Renew):
-                lease = self._activator.renew(operation.lease, used=operation.used)
-                return {"id": operation.id, "grant": _grant(lease)}
+                renewed = self._activator.renew_grant(operation.lease, used=operation.used)
+                return {"id": operation.id, "grant": renewed.model_dump(mode="json")}
             if isinstance(operation, Adopt):
                 self._adopts += 1
                 if self._adopts > MAX_ADOPTS_PER_CHANNEL:

@@ -269,6 +269,8 @@ class Activator:
             candidates, concurrency.mode, pool.requests_per_instance, concurrency.hard_limit
         )
         if isinstance(decision, decisions.Park):
+            if candidates:  # every routable sandbox at its hard limit: the pool is short
+                self._ledger.short_of(pool.name)
             return None
         lease = self._ledger.grant(pool.name, pool.app, decision, waiter)
         lease.server_timing = pool.spec.server_timing
@@ -277,7 +279,7 @@ class Activator:
         lease.protocol = pool.spec.protocol
         lease.version = pool.version
         self._activity.touch(lease.sandbox_id, self._wall_clock())
-        if decision.overflow:
+        if decision.overflow:  # (the ledger marks the pool short: `LeaseLedger.grant`)
             self._metrics.overflow.labels(pool=pool.name).inc()
             self._suspender.wake(state)
             self._scale_up.start(state)
@@ -314,6 +316,11 @@ class Activator:
             # it, which finish and release it; the holder must not start new ones there.
             raise LeaseGone(f"lease {lease_id!r} is on a sandbox that is leaving admission")
         return lease
+
+    def renew_grant(self, lease_id: str, *, used: bool = False) -> LeaseGrant:
+        """`renew`, as its holder is told: `spare_wanted` while its pool is short."""
+        lease = self.renew(lease_id, used=used)
+        return lease.grant(spare_wanted=self._ledger.wants_spares(lease.pool))
 
     def adopt(self, app: str, grant: LeaseGrant) -> Lease:
         """Take over a lease another activator granted, reported by its holder after a
@@ -383,9 +390,8 @@ class Activator:
         return pool_snapshots(self._view, self._ledger)
 
     def record_access(self, ingress: str, lines: list[dict[str, object]]) -> int:
-        """An ingress's access lines (`Leases.access`), to the log through `access_sink`
-        (set by whoever keeps the log); apps this activator does not know are left out.
-        Returns how many went in."""
+        """An ingress's access lines (`Leases.access`), to the log through `access_sink` (set
+        by whoever keeps the log), but for apps not known here. Returns how many went in."""
         sink = self.access_sink
         if sink is None:
             return 0

@@ -28,7 +28,7 @@ from enum import StrEnum
 import anyio
 
 from wakeful.activator import decisions
-from wakeful.domain.leases import LeaseGone, LeaseGrant, Overloaded
+from wakeful.domain.leases import LeaseGone, LeaseGrant, Overloaded, short
 
 
 class LeaseState(StrEnum):
@@ -89,8 +89,9 @@ class Lease:
     version: str = ""
     """The version of the pool it is on ("" for one adopted after a takeover)."""
 
-    def grant(self) -> LeaseGrant:
-        """What the holder is told: the lease as the ingress sees it."""
+    def grant(self, *, spare_wanted: bool = False) -> LeaseGrant:
+        """What the holder is told: the lease as the ingress sees it (`spare_wanted`: on a
+        renewal, its pool is short: `LeaseLedger.wants_spares`)."""
         return LeaseGrant(
             lease_id=self.lease_id,
             sandbox_id=self.sandbox_id,
@@ -105,6 +106,7 @@ class Lease:
             access_log_query=self.access_log_query,
             protocol="h2c" if self.protocol == "h2c" else "http1",
             version=self.version,
+            spare_wanted=spare_wanted,
         )
 
 
@@ -134,6 +136,8 @@ class PoolLedger:
     overflow_leases: int = 0
     forgotten: bool = False
     """The view no longer has the pool: drop this entry once nothing is left in it."""
+    short_at: float | None = None
+    """When a request of it last got less than a normal lease (`short`)."""
 
     def idle(self) -> bool:
         return not self.waiters and not self.normal_leases and not self.overflow_leases
@@ -180,6 +184,16 @@ class LeaseLedger:
             return 0, 0, 0
         return entry.normal_leases, entry.overflow_leases, entry.requests_waiting
 
+    def short_of(self, pool: str) -> None:
+        """A request of the pool got less than a normal lease: an overflow one, or a wait
+        with every routable sandbox at its hard limit (`wakeful.domain.leases.short`)."""
+        self._entry(pool).short_at = self.clock()
+
+    def wants_spares(self, pool: str) -> bool:
+        """The pool is short: its holders are asked for the normal leases they do not use."""
+        entry = self._pools.get(pool)
+        return entry is not None and short(entry.short_at, self.clock())
+
     def waiting(self, pool: str) -> int:
         """The requests waiting on the pool (a waiter may stand for several)."""
         entry = self._pools.get(pool)
@@ -188,9 +202,12 @@ class LeaseLedger:
     # -- leases -----------------------------------------------------------------------------
 
     def grant(self, pool: str, app: str, admitted: decisions.Admit, waiter: Waiter | None) -> Lease:
-        """Record an admission; a granted waiter leaves its queue in this same step."""
+        """Record an admission; a granted waiter leaves its queue in this same step. An
+        overflow lease marks its pool short (`short_of`)."""
         if waiter is not None:
             self._entry(waiter.pool).remove(waiter)
+        if admitted.overflow:
+            self.short_of(pool)
         lease = self._record(
             uuid.uuid4().hex,
             pool,

@@ -8,7 +8,8 @@ pure rules in `cacherules.py`):
   enters the cache (`LeaseCache.acquire`, `LeaseCache.put`).
 - Every `Use` is handed back exactly once (`Use.returned`); a lease leaves the cache when it
   has been idle `idle_ttl`, when renew says it is gone, or when its sandbox refused a
-  connection. A lease that leaves while uses remain is released when the last one returns.
+  connection; and sooner, carrying no request, when a renewal says its pool is short
+  (`spares`). A lease that leaves while uses remain is released when the last one returns.
 - `take` and `put` never await, so on one event loop they are atomic; only activator calls
   (acquire, renew, release) await, and they run outside any bookkeeping step.
 """
@@ -33,7 +34,7 @@ from wakeful.domain.leases import (
     Leases,
     Riders,
 )
-from wakeful.ingress.cacherules import CachedLease, Key, Use, kept_under, pick, plan
+from wakeful.ingress.cacherules import CachedLease, Key, Use, kept_under, pick, plan, spares
 from wakeful.ingress.errors import ActivatorUnreachable
 
 log = logging.getLogger(__name__)
@@ -347,13 +348,17 @@ class LeaseCache:
             if entry.uses == 0 and entry.cached:  # a request may have taken it meanwhile
                 self._evict(entry.key, entry)
                 await self.release(entry.grant)
+        short: set[Key] = set()
+        """Keys whose pool the activator says is short (`LeaseGrant.spare_wanted`)."""
         for entry in todo.renew:
             if entry.gone:
                 continue
             # A request still running on it is traffic, whether or not a new one started.
             used, entry.used = entry.used or entry.uses > 0, False
             try:
-                await self._leases.renew(entry.grant.lease_id, used=used)
+                renewed = await self._leases.renew(entry.grant.lease_id, used=used)
+                if renewed.spare_wanted:
+                    short.add(entry.key)
             except LeaseGone:
                 # Expired, or its sandbox is leaving admission: no new request may use it.
                 # While requests still run on it, keep renewing (the activator extends a
@@ -372,6 +377,23 @@ class LeaseCache:
                 log.warning("renew failed: %s", exc, extra={"lease": entry.grant.lease_id})
                 continue
             entry.renewed_at = self._clock()
+        for key in short:
+            await self._give_back_spares(key)
+
+    async def _give_back_spares(self, key: Key) -> None:
+        """The activator wants the normal leases of `key`'s pool this ingress does not use
+        (`spares`): they go back now, not after the idle TTL."""
+        spare = spares(self._entries.get(key, ()), self._clock())
+        if spare:
+            log.info(
+                "handing back %d unused lease(s): the pool is short",
+                len(spare),
+                extra={"app": key[0]},
+            )
+        for entry in spare:
+            if entry.uses == 0 and entry.cached:  # a request may have taken it meanwhile
+                self._evict(key, entry)
+                await self.release(entry.grant)
 
     async def close(self) -> None:
         """Release every cached lease (at shutdown, after in-flight requests finished)."""

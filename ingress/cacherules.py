@@ -55,6 +55,10 @@ class Use:
         return self.lease.grant.url
 
 
+SPARE_QUIET = 1.0
+"""Seconds a cached lease must have carried no request to be handed back as spare (`spares`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Maintenance:
     renew: list[CachedLease] = field(default_factory=list)
@@ -108,6 +112,15 @@ def plan(
         ):
             out.renew.append(entry)
     return out
+
+
+def spares(entries: Sequence[CachedLease], now: float) -> list[CachedLease]:
+    """The leases of a key handed back when the activator says their pool is short
+    (`LeaseGrant.spare_wanted`: a request of it, from this ingress or another, got less than a
+    normal lease): cached, carrying no request, and none for `SPARE_QUIET` seconds (a lease
+    between two requests of a steady load stays). Without it they would wait out the idle
+    TTL while another ingress's requests take an overflow lease each."""
+    return [e for e in entries if e.cached and not e.uses and now - e.idle_since >= SPARE_QUIET]
 
 
 def kept_under(key: Key, grant: LeaseGrant) -> Key:

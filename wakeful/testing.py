@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import itertools
 import sys
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from wakeful.domain.leases import LeaseGone, LeaseGrant, NoCapacity, Riders, UnknownApp
+from wakeful.domain.leases import LeaseGone, LeaseGrant, NoCapacity, Riders, UnknownApp, short
 from wakeful.domain.traffic import TrafficReport
 
 
@@ -49,7 +50,9 @@ class FakeLeases:
 
     `size`: a normal lease's size (an overflow lease is always 1). `hold`: awaited by every
     acquire before it is decided, as a request parked at the activator waits (a test lets
-    grants out one by one). `cancels_cleanly`: see below."""
+    grants out one by one). `cancels_cleanly`: see below. An overflow grant makes its app
+    short for a while (`short`, on `clock`): renewals then ask for spare leases
+    (`LeaseGrant.spare_wanted`)."""
 
     def __init__(
         self,
@@ -60,6 +63,7 @@ class FakeLeases:
         hold: Callable[[], Awaitable[object]] | None = None,
         cancels_cleanly: bool = True,
         on_version: str = "",
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._apps = {app: list(sandboxes) for app, sandboxes in apps.items()}
         self._on_version = on_version
@@ -67,6 +71,11 @@ class FakeLeases:
         activator that falls back to the active version does (`View.resolve`)."""
         self._ttl = ttl
         self._size = size
+        self._clock = clock
+        self._short_at: dict[str, float] = {}
+        """When each app last got an overflow lease."""
+        self._apps_of: dict[str, str] = {}
+        """The app of each lease held."""
         self._hold = hold
         self.cancels_cleanly = cancels_cleanly
         """As the real adapters say it (`Leases.cancels_cleanly`): True like the in-process one
@@ -118,16 +127,21 @@ class FakeLeases:
             version=self._on_version,
         )
         self._leases[grant.lease_id] = grant
+        self._apps_of[grant.lease_id] = app
+        if grant.overflow:
+            self._short_at[app] = self._clock()
         return grant
 
     async def renew(self, lease_id: str, *, used: bool = False) -> LeaseGrant:
         grant = self._leases.get(lease_id)
         if grant is None:
             raise LeaseGone(f"no lease {lease_id!r}")
-        return grant
+        wanted = short(self._short_at.get(self._apps_of[lease_id]), self._clock())
+        return grant.model_copy(update={"spare_wanted": wanted})
 
     async def release(self, lease_id: str) -> None:
         grant = self._leases.pop(lease_id, None)
+        self._apps_of.pop(lease_id, None)
         if grant is not None:
             self.leased[grant.sandbox_id] -= grant.size
 

@@ -22,7 +22,7 @@ class InProcessLeases:
         return (await self._activator.acquire(app, version, riders=riders)).grant()
 
     async def renew(self, lease_id: str, *, used: bool = False) -> LeaseGrant:
-        return self._activator.renew(lease_id, used=used).grant()
+        return self._activator.renew_grant(lease_id, used=used)
 
     async def release(self, lease_id: str) -> None:
         self._activator.release(lease_id)

@@ -18,6 +18,7 @@ from wakeful.activator.decisions import (
     scale_up_gate,
     to_thaw,
 )
+from wakeful.domain.leases import short
 
 
 def sandboxes(*leased: int) -> list[Candidate]:
@@ -262,3 +263,24 @@ def test_plan_scale_up(
 
 def test_expired_picks_only_passed_deadlines() -> None:
     assert expired({"a": 10.0, "b": 10.5, "c": 9.0}, 10.0) == ["a", "c"]
+
+
+@pytest.mark.parametrize(
+    ("short_at", "now", "expected"),
+    [
+        (None, 100.0, False),
+        (100.0, 100.0, True),
+        (100.0, 109.9, True),
+        (100.0, 110.0, False),
+        (100.0, 500.0, False),
+    ],
+    ids=[
+        "never short",
+        "short the moment a request got less than a normal lease",
+        "still short within SHORT_SECONDS",
+        "no longer at SHORT_SECONDS",
+        "long after",
+    ],
+)
+def test_short(short_at: float | None, now: float, expected: bool) -> None:
+    assert short(short_at, now) is expected

@@ -81,6 +81,9 @@ async def test_a_grant_names_a_sandbox_of_the_app_and_renews_as_itself(leases: L
         other = await leases.acquire("hello")
     assert other.lease_id != grant.lease_id
     assert (other.sandbox_id, other.size, other.overflow) == ("sb-1", 1, True)
+    # ...so the pool is short: a renewal asks the holder for the leases it is not using.
+    assert not renewed.spare_wanted
+    assert (await leases.renew(grant.lease_id)).spare_wanted
     await leases.release(other.lease_id)
     await leases.release(grant.lease_id)
 

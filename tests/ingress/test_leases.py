@@ -322,3 +322,42 @@ async def test_two_replicas_bursts_take_the_leases_they_need_not_the_pools(
         [pool] = s.activator.snapshot()
         assert (pool.leased, pool.overflow) == (80, 0)  # four leases of 20, none overflow
         await other.close()
+
+
+async def test_a_replicas_unused_leases_go_to_another_that_needs_them(
+    hello: Callable[[], int],
+) -> None:
+    """Issue 42, on the real activator: one replica's burst took every normal lease of the
+    sandbox (five of 20) and the burst is over; another replica's request gets an overflow
+    lease. At the first's next renewal the activator says the pool is short, and it hands
+    back the leases it is not using instead of keeping them its idle TTL (30 s): the other
+    replica's next request gets a normal lease."""
+    clock = ManualClock()
+    async with stack(
+        {"sb-1": hello()}, rpi=100, max_instances=1, clock=clock, maintenance_interval=60
+    ) as s:
+        first = s.ingress.cache
+        other = LeaseCache(InProcessLeases(s.activator), idle_ttl=30, clock=clock)
+        key = ("hello", "v1")
+        uses: list[Use] = []
+
+        async def one() -> None:
+            uses.append(first.take(key) or await first.acquire(key))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(100):
+                tg.start_soon(one)
+        for use in uses:
+            first.put(use)
+        assert len(first.snapshot()) == 5  # every normal lease of the sandbox, idle
+        overflowed = await other.acquire(key)
+        assert overflowed.lease.grant.overflow
+        if (freed := other.put(overflowed)) is not None:
+            await other.release(freed)
+        clock.advance(5)  # a renewal is due (traffic to report), well within the idle TTL
+        await first.maintain()
+        assert first.snapshot() == []  # all five went back
+        normal = other.take(key) or await other.acquire(key)
+        assert not normal.lease.grant.overflow
+        other.put(normal)
+        await other.close()

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 from wakeful.domain.leases import AppFailedToBoot, LeaseGrant, NoCapacity, Overloaded, UnknownApp
 from wakeful.domain.models import App
 from wakeful.domain.traffic import AppTraffic
-from wakeful.ingress.cacherules import CachedLease, pick, plan
+from wakeful.ingress.cacherules import CachedLease, pick, plan, spares
 from wakeful.ingress.edge import answer_for
 from wakeful.ingress.errors import (
     ActivatorUnreachable,
@@ -374,6 +374,32 @@ def test_plan(entry: CachedLease, now: float, action: str | None) -> None:
     todo = plan([entry], now, idle_ttl=30)
     got = "release" if todo.release else "renew" if todo.renew else None
     assert got == action
+
+
+def evicted(entry: CachedLease) -> CachedLease:
+    entry.cached = False
+    return entry
+
+
+@pytest.mark.parametrize(
+    ("entries", "now", "handed_back"),
+    [
+        ([lease("a", 20, 0, idle_since=10)], 11, [0]),
+        ([lease("a", 20, 0, idle_since=10)], 10.5, []),
+        ([lease("a", 20, 1, idle_since=0)], 60, []),
+        ([evicted(lease("a", 20, 0, idle_since=0))], 60, []),
+        ([lease("a", 20, 3), lease("a", 20, 0, idle_since=2), lease("b", 20, 0)], 5, [1, 2]),
+    ],
+    ids=[
+        "idle for a second goes back",
+        "idle for less stays (between two requests of a steady load)",
+        "one carrying a request stays, however long",
+        "one out of the cache already is not released twice",
+        "the busy one stays, every quiet one goes, on any sandbox",
+    ],
+)
+def test_spares(entries: list[CachedLease], now: float, handed_back: list[int]) -> None:
+    assert spares(entries, now) == [entries[i] for i in handed_back]
 
 
 # -- request tracking ----------------------------------------------------------------------

@@ -75,6 +75,20 @@ MAX_ASK_REQUESTS = 1000
 activator parks by default (`max_waiters`)."""
 
 
+SHORT_SECONDS = 10.0
+"""How long after a request of a pool got less than a normal lease its renewals ask holders
+for the normal leases they are not using (`short`)."""
+
+
+def short(short_at: float | None, now: float) -> bool:
+    """Whether a pool is short of normal capacity: a request of it got an overflow lease, or
+    waited with every routable sandbox at its hard limit, within `SHORT_SECONDS`. Its
+    renewals then ask each holder for the normal leases it is not using
+    (`LeaseGrant.spare_wanted`), so normal leases spread over the ingresses that ask instead
+    of staying with one for its idle TTL."""
+    return short_at is not None and now - short_at < SHORT_SECONDS
+
+
 class Riders:
     """The requests waiting on one ask of the activator (`Leases.acquire`). An ingress's
     misses that wait together share an ask; requests join it and leave while it is out, and
@@ -127,6 +141,11 @@ class LeaseGrant(BaseModel):
     version: str = Field(default="", max_length=63)
     """The version whose pool the lease is on: the one asked for, or the active one when
     the one asked for no longer serves ("" from an activator that does not say)."""
+    spare_wanted: bool = False
+    """Said on a renewal: the lease's pool is short of normal capacity (a request of it got
+    an overflow lease, or waited at the hard limit, moments ago). The holder hands back the
+    normal leases of the pool it is not using now rather than keep them its idle TTL, so
+    they go to the ingresses that need them."""
 
 
 class Leases(Protocol):

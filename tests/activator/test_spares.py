@@ -1,0 +1,51 @@
+"""A pool short of normal capacity asks its holders for the leases they do not use (issue 42:
+normal leases spread over the ingresses that ask): `LeaseLedger.short_of`,
+`Activator.renew_grant`, `wakeful.domain.leases.short`."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from tests.support.activator import make_activator, seed
+from tests.support.waiting import eventually
+from wakeful.domain.leases import SHORT_SECONDS
+from wakeful.domain.models import SandboxStatus
+from wakeful.store import Store
+from wakeful.testing import ManualClock
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_an_overflow_admission_asks_for_spare_leases_for_a_while(store: Store) -> None:
+    # rpi 5: leases of 1, five fill the sandbox; the sixth request is admitted on overflow.
+    await seed(store, rpi=5, max_instances=1, sandboxes={"sb-1": SandboxStatus.RUNNING})
+    clock = ManualClock()
+    activator = make_activator(store, clock=clock)
+    async with activator.running():
+        held = [await activator.acquire("hello") for _ in range(5)]
+        assert not any(lease.overflow for lease in held)
+        assert not activator.renew_grant(held[0].lease_id).spare_wanted  # room was there
+        overflow = await activator.acquire("hello")
+        assert overflow.overflow
+        activator.release(overflow.lease_id)
+        assert activator.renew_grant(held[0].lease_id).spare_wanted
+        clock.advance(SHORT_SECONDS - 0.5)
+        assert activator.renew_grant(held[1].lease_id, used=True).spare_wanted
+        clock.advance(0.5)  # no request short since: the holders keep what they hold
+        assert not activator.renew_grant(held[1].lease_id).spare_wanted
+
+
+async def test_a_wait_at_the_hard_limit_asks_for_spare_leases_too(store: Store) -> None:
+    # hard limit 5 = rpi: no overflow lease is possible; the sixth request waits.
+    await seed(
+        store, rpi=5, hard_limit=5, max_instances=1, sandboxes={"sb-1": SandboxStatus.RUNNING}
+    )
+    activator = make_activator(store)
+    async with activator.running(), anyio.create_task_group() as tasks:
+        held = [await activator.acquire("hello") for _ in range(5)]
+        assert not activator.renew_grant(held[0].lease_id).spare_wanted
+        tasks.start_soon(activator.acquire, "hello")
+        await eventually(lambda: activator.snapshot()[0].waiters == 1)
+        assert activator.renew_grant(held[0].lease_id).spare_wanted
+        tasks.cancel_scope.cancel()
