@@ -290,6 +290,22 @@ async def test_a_long_request_counts_as_activity_until_it_ends(hello: Callable[[
         await eventually(lambda: s.activator._activity.latest("sb-1") >= ended, 5)
 
 
+KEY = ("hello", "v1")
+
+
+async def burst(cache: LeaseCache, count: int) -> list[Use]:
+    """`count` requests of hello at once on `cache`: the uses they took."""
+    uses: list[Use] = []
+
+    async def one() -> None:
+        uses.append(cache.take(KEY) or await cache.acquire(KEY))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(count):
+            tg.start_soon(one)
+    return uses
+
+
 async def test_two_replicas_bursts_take_the_leases_they_need_not_the_pools(
     hello: Callable[[], int],
 ) -> None:
@@ -299,21 +315,8 @@ async def test_two_replicas_bursts_take_the_leases_they_need_not_the_pools(
     too, and no request of either needs an overflow lease (one activator call each)."""
     async with stack({"sb-1": hello()}, rpi=100) as s:
         other = LeaseCache(InProcessLeases(s.activator), idle_ttl=60)
-        key = ("hello", "v1")
-
-        async def burst(cache: LeaseCache) -> list[Use]:
-            uses: list[Use] = []
-
-            async def one() -> None:
-                uses.append(cache.take(key) or await cache.acquire(key))
-
-            async with anyio.create_task_group() as tg:
-                for _ in range(32):
-                    tg.start_soon(one)
-            return uses
-
-        first = await burst(s.ingress.cache)
-        second = await burst(other)
+        first = await burst(s.ingress.cache, 32)
+        second = await burst(other, 32)
         for cache, uses in ((s.ingress.cache, first), (other, second)):
             assert not any(use.lease.grant.overflow for use in uses)
             assert len({use.lease.grant.lease_id for use in uses}) == 2  # 32 over leases of 20
@@ -338,26 +341,17 @@ async def test_a_replicas_unused_leases_go_to_another_that_needs_them(
     ) as s:
         first = s.ingress.cache
         other = LeaseCache(InProcessLeases(s.activator), idle_ttl=30, clock=clock)
-        key = ("hello", "v1")
-        uses: list[Use] = []
-
-        async def one() -> None:
-            uses.append(first.take(key) or await first.acquire(key))
-
-        async with anyio.create_task_group() as tg:
-            for _ in range(100):
-                tg.start_soon(one)
-        for use in uses:
+        for use in await burst(first, 100):
             first.put(use)
         assert len(first.snapshot()) == 5  # every normal lease of the sandbox, idle
-        overflowed = await other.acquire(key)
+        overflowed = await other.acquire(KEY)
         assert overflowed.lease.grant.overflow
         if (freed := other.put(overflowed)) is not None:
             await other.release(freed)
         clock.advance(5)  # a renewal is due (traffic to report), well within the idle TTL
         await first.maintain()
         assert first.snapshot() == []  # all five went back
-        normal = other.take(key) or await other.acquire(key)
+        normal = other.take(KEY) or await other.acquire(KEY)
         assert not normal.lease.grant.overflow
         other.put(normal)
         await other.close()
