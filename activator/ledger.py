@@ -190,9 +190,10 @@ class LeaseLedger:
         self._entry(pool).short_at = self.clock()
 
     def wants_spares(self, pool: str) -> bool:
-        """The pool is short: its holders are asked for the normal leases they do not use."""
+        """The pool is short: its holders are asked for the normal leases they do not use
+        (while requests of it wait, too: `short`)."""
         entry = self._pools.get(pool)
-        return entry is not None and short(entry.short_at, self.clock())
+        return entry is not None and short(entry.short_at, self.clock(), entry.requests_waiting)
 
     def waiting(self, pool: str) -> int:
         """The requests waiting on the pool (a waiter may stand for several)."""

@@ -266,13 +266,15 @@ def test_expired_picks_only_passed_deadlines() -> None:
 
 
 @pytest.mark.parametrize(
-    ("short_at", "now", "expected"),
+    ("short_at", "now", "waiting", "expected"),
     [
-        (None, 100.0, False),
-        (100.0, 100.0, True),
-        (100.0, 109.9, True),
-        (100.0, 110.0, False),
-        (100.0, 500.0, False),
+        (None, 100.0, 0, False),
+        (100.0, 100.0, 0, True),
+        (100.0, 109.9, 0, True),
+        (100.0, 110.0, 0, False),
+        (100.0, 500.0, 0, False),
+        (100.0, 500.0, 1, True),
+        (None, 100.0, 3, True),
     ],
     ids=[
         "never short",
@@ -280,7 +282,9 @@ def test_expired_picks_only_passed_deadlines() -> None:
         "still short within SHORT_SECONDS",
         "no longer at SHORT_SECONDS",
         "long after",
+        "long after, but a request of it still waits",
+        "requests wait",
     ],
 )
-def test_short(short_at: float | None, now: float, expected: bool) -> None:
-    assert short(short_at, now) is expected
+def test_short(short_at: float | None, now: float, waiting: int, expected: bool) -> None:
+    assert short(short_at, now, waiting) is expected

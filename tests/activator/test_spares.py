@@ -49,3 +49,28 @@ async def test_a_wait_at_the_hard_limit_asks_for_spare_leases_too(store: Store) 
         await eventually(lambda: activator.snapshot()[0].waiters == 1)
         assert activator.renew_grant(held[0].lease_id).spare_wanted
         tasks.cancel_scope.cancel()
+
+
+async def test_a_request_still_waiting_at_the_hard_limit_keeps_asking(store: Store) -> None:
+    """A parked request runs admission again only when its pool changes: with nothing
+    released, `short_at` is its park time alone. The holders must still be asked while it
+    waits (up to its activation timeout), not only for `SHORT_SECONDS` after it parked: a
+    holder whose leases are quiet renews them every lease TTL / 3 (20 s by default), and
+    would hear nothing before its idle TTL handed them back anyway."""
+    await seed(
+        store, rpi=5, hard_limit=5, max_instances=1, sandboxes={"sb-1": SandboxStatus.RUNNING}
+    )
+    clock = ManualClock()
+    activator = make_activator(store, clock=clock)
+    async with activator.running(), anyio.create_task_group() as tasks:
+        held = [await activator.acquire("hello") for _ in range(5)]
+        tasks.start_soon(activator.acquire, "hello")
+        await eventually(lambda: activator.snapshot()[0].waiters == 1)
+        clock.advance(SHORT_SECONDS + 10)  # still waiting: its timeout is 120 s
+        assert activator.snapshot()[0].waiters == 1
+        assert activator.renew_grant(held[0].lease_id).spare_wanted
+        activator.release(held[1].lease_id)  # a holder hands one back: the wait is over
+        await eventually(lambda: activator.snapshot()[0].waiters == 0)
+        clock.advance(SHORT_SECONDS)
+        assert not activator.renew_grant(held[0].lease_id).spare_wanted
+        tasks.cancel_scope.cancel()

@@ -80,13 +80,16 @@ SHORT_SECONDS = 10.0
 for the normal leases they are not using (`short`)."""
 
 
-def short(short_at: float | None, now: float) -> bool:
+def short(short_at: float | None, now: float, waiting: int = 0) -> bool:
     """Whether a pool is short of normal capacity: a request of it got an overflow lease, or
-    waited with every routable sandbox at its hard limit, within `SHORT_SECONDS`. Its
-    renewals then ask each holder for the normal leases it is not using
-    (`LeaseGrant.spare_wanted`), so normal leases spread over the ingresses that ask instead
-    of staying with one for its idle TTL."""
-    return short_at is not None and now - short_at < SHORT_SECONDS
+    waited with every routable sandbox at its hard limit, within `SHORT_SECONDS`; or
+    requests of it wait now (`waiting`). Its renewals then ask each holder for the normal
+    leases it is not using (`LeaseGrant.spare_wanted`), so normal leases spread over the
+    ingresses that ask instead of staying with one for its idle TTL. A parked request runs
+    admission again only when its pool changes, so `short_at` alone would stop asking
+    `SHORT_SECONDS` after it parked while it still waits (up to its activation timeout),
+    before a holder of quiet leases renews them (every lease TTL / 3)."""
+    return waiting > 0 or (short_at is not None and now - short_at < SHORT_SECONDS)
 
 
 class Riders:
