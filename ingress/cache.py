@@ -391,7 +391,9 @@ class LeaseCache:
                 extra={"app": key[0]},
             )
         for entry in spare:
-            if entry.uses == 0 and entry.cached:  # a request may have taken it meanwhile
+            # Asked again: while a release was out a request may have taken it, or taken it
+            # and ended (then it carried one a moment ago, and is no spare).
+            if spares((entry,), self._clock()):
                 self._evict(key, entry)
                 await self.release(entry.grant)
 

@@ -1,0 +1,64 @@
+"""Spare leases handed back while their pool is short (`LeaseCache._give_back_spares`), on
+the package's `FakeLeases`: what a request does while the hand-back awaits the activator."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from wakeful.ingress.cache import LeaseCache
+from wakeful.ingress.cacherules import Use
+from wakeful.testing import FakeLeases, FakeSandbox, ManualClock
+
+pytestmark = pytest.mark.anyio
+KEY = ("app", None)
+
+
+class Releasing(FakeLeases):
+    """`FakeLeases` that runs `meanwhile` once while a release is out (as a request's turn
+    of the event loop would)."""
+
+    meanwhile: Callable[[], None] | None = None
+
+    async def release(self, lease_id: str) -> None:
+        await super().release(lease_id)
+        hook, self.meanwhile = self.meanwhile, None
+        if hook is not None:
+            hook()
+
+
+async def request(cache: LeaseCache) -> Use:
+    return cache.take(KEY) or await cache.acquire(KEY)
+
+
+async def test_a_lease_used_while_the_hand_back_awaits_is_no_spare() -> None:
+    """Two quiet leases are spares when a renewal says the pool is short (another ingress
+    got an overflow lease); while the first
+    goes back, a request runs on the second and ends. That one carried a request a moment
+    ago: it stays, as a lease between two requests of a steady load does (`spares`)."""
+    clock = ManualClock()
+    fake = Releasing({"app": [FakeSandbox("sb", "http://127.0.0.1:1", 2)]}, clock=clock)
+    cache = LeaseCache(fake, idle_ttl=30, clock=clock)
+    first, second = await request(cache), await request(cache)
+    assert first.lease is not second.lease
+    for use in (first, second):
+        cache.put(use)
+    clock.advance(5)
+    other_ingress = LeaseCache(fake, idle_ttl=30, clock=clock)
+    overflow = await request(other_ingress)  # the sandbox is full: the pool is short
+    assert overflow.lease.grant.overflow
+    if (freed := other_ingress.put(overflow)) is not None:
+        await other_ingress.release(freed)
+    [_first_back, other] = cache.snapshot()
+
+    def a_request_on_the_other() -> None:
+        use = cache.take(KEY)
+        assert use is not None and use.lease is other
+        assert cache.put(use) is None
+
+    fake.meanwhile = a_request_on_the_other
+    await cache.maintain()  # the renewals say short: the first goes back first
+    assert cache.snapshot() == [other]
+    assert fake.leased == {"sb": 1}
+    await cache.close()
