@@ -14,8 +14,8 @@ is the specification:
   ceil((capacity leased on running sandboxes + one slot per waiter + one lease of headroom)
   / requests_per_instance), never below the current desired, never above max_instances.
 - A pool is *short* (`wakeful.domain.leases.short`) for a while after a request of it got an
-  overflow lease or waited at the hard limit: renewals then ask holders for the normal
-  leases they do not use.
+  overflow lease or waited at the hard limit, and while requests of it wait: renewals then
+  ask holders for the normal leases they do not use.
 - The scale-up gate returns before any arithmetic when a scale-up is in flight, when the pool
   is at its cap with no re-read due, or during the backoff after a failure.
 """
