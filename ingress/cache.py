@@ -34,7 +34,16 @@ from wakeful.domain.leases import (
     Leases,
     Riders,
 )
-from wakeful.ingress.cacherules import CachedLease, Key, Use, kept_under, pick, plan, spares
+from wakeful.ingress.cacherules import (
+    CachedLease,
+    Key,
+    Use,
+    gives_back,
+    kept_under,
+    pick,
+    plan,
+    spares,
+)
 from wakeful.ingress.errors import ActivatorUnreachable
 
 log = logging.getLogger(__name__)
@@ -93,6 +102,8 @@ class LeaseCache:
         """The ask of each key still taking riders (sent at the end of this loop turn)."""
         self._sizes: dict[Key, int] = {}
         """The size of each key's last lease: how many misses ride one ask (`_learn`)."""
+        self._overflowed: dict[Key, float] = {}
+        """When a request of each key here last got an overflow lease (`gives_back`)."""
         self._room: dict[Key, list[asyncio.Future[None]]] = {}
         """Requests waiting in `acquire`, per key: told when a cached lease gets room."""
         self._releasing = Background()
@@ -251,7 +262,10 @@ class LeaseCache:
         (1 after an overflow lease: the pool is full, each request needs its own)."""
         if len(self._sizes) >= MAX_SIZES_KEPT:
             self._sizes.clear()
+            self._overflowed.clear()
         self._sizes[key] = 1 if grant.overflow else grant.size
+        if grant.overflow:  # the pool may be short because of this ingress (`gives_back`)
+            self._overflowed[key] = self._clock()
         if grant.overflow:  # the ask out now may bring one too: nobody else joins it
             ask = self._open.pop(key, None)
             if ask is not None:
@@ -377,8 +391,10 @@ class LeaseCache:
                 log.warning("renew failed: %s", exc, extra={"lease": entry.grant.lease_id})
                 continue
             entry.renewed_at = self._clock()
+        now = self._clock()
         for key in short:
-            await self._give_back_spares(key)
+            if gives_back(self._overflowed.get(key), key in self._room, now):
+                await self._give_back_spares(key)
 
     async def _give_back_spares(self, key: Key) -> None:
         """The activator wants the normal leases of `key`'s pool this ingress does not use

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 
-from wakeful.domain.leases import LeaseGrant
+from wakeful.domain.leases import LeaseGrant, short
 
 Key = tuple[str, str | None]
 """(app, version): the version the router named (the active one, a split's pick, a tag's);
@@ -121,6 +121,16 @@ def spares(entries: Sequence[CachedLease], now: float) -> list[CachedLease]:
     between two requests of a steady load stays). Without it they would wait out the idle
     TTL while another ingress's requests take an overflow lease each."""
     return [e for e in entries if e.cached and not e.uses and now - e.idle_since >= SPARE_QUIET]
+
+
+def gives_back(overflowed_at: float | None, waiting: bool, now: float) -> bool:
+    """Whether an ingress told a pool is short (`LeaseGrant.spare_wanted`) hands its spare
+    leases of it back: not while the shortness may be its own, when a request of the key here
+    got an overflow lease within `SHORT_SECONDS` (`overflowed_at`) or requests of it wait here
+    now. The activator does not say whose request was short; an ingress alone would
+    otherwise hand back, after each of its bursts past the pool's capacity, the leases its
+    next burst needs (and a sandbox whose leases all went back is suspended sooner)."""
+    return not waiting and not short(overflowed_at, now)
 
 
 def kept_under(key: Key, grant: LeaseGrant) -> Key:

@@ -355,3 +355,24 @@ async def test_a_replicas_unused_leases_go_to_another_that_needs_them(
         assert not normal.lease.grant.overflow
         other.put(normal)
         await other.close()
+
+
+async def test_an_ingress_keeps_its_quiet_leases_when_the_overflow_was_its_own(
+    hello: Callable[[], int],
+) -> None:
+    """The activator's ask for spare leases does not say whose request was short: an ingress
+    alone whose burst went past the sandbox's capacity (five leases of 20 and an overflow
+    one) keeps its quiet leases for its next burst rather than hand them back at once."""
+    clock = ManualClock()
+    async with stack(
+        {"sb-1": hello()}, rpi=100, max_instances=1, clock=clock, maintenance_interval=60
+    ) as s:
+        cache = s.ingress.cache
+        uses = await burst(cache, 101)
+        assert sum(use.lease.grant.overflow for use in uses) == 1
+        for use in uses:
+            if (freed := cache.put(use)) is not None:
+                await cache.release(freed)
+        clock.advance(5)  # a renewal is due; the pool is short (its own overflow)
+        await cache.maintain()
+        assert len(cache.snapshot()) == 5

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 from wakeful.domain.leases import AppFailedToBoot, LeaseGrant, NoCapacity, Overloaded, UnknownApp
 from wakeful.domain.models import App
 from wakeful.domain.traffic import AppTraffic
-from wakeful.ingress.cacherules import CachedLease, pick, plan, spares
+from wakeful.ingress.cacherules import CachedLease, gives_back, pick, plan, spares
 from wakeful.ingress.edge import answer_for
 from wakeful.ingress.errors import (
     ActivatorUnreachable,
@@ -400,6 +400,25 @@ def evicted(entry: CachedLease) -> CachedLease:
 )
 def test_spares(entries: list[CachedLease], now: float, handed_back: list[int]) -> None:
     assert spares(entries, now) == [entries[i] for i in handed_back]
+
+
+@pytest.mark.parametrize(
+    ("overflowed_at", "waiting", "now", "expected"),
+    [
+        (None, False, 100.0, True),
+        (95.0, False, 100.0, False),
+        (85.0, False, 100.0, True),
+        (None, True, 100.0, False),
+    ],
+    ids=[
+        "short elsewhere: hand back",
+        "an overflow lease here moments ago: the shortness may be this ingress's own",
+        "that overflow long past: hand back",
+        "requests of the key wait here: keep",
+    ],
+)
+def test_gives_back(overflowed_at: float | None, waiting: bool, now: float, expected: bool) -> None:
+    assert gives_back(overflowed_at, waiting, now) is expected
 
 
 # -- request tracking ----------------------------------------------------------------------
