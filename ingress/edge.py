@@ -254,8 +254,8 @@ class ProxyEdge:
             self._metrics.answered(label, final, seconds, reported)
             code = None
             if call:  # its outcome is its grpc-status: counted apart, for calls only
-                if response is None:  # an error the ingress answered, or a client gone
-                    code = grpc.call_code(final)
+                if response is None or final != response.status:  # the ingress's own error,
+                    code = grpc.call_code(final)  # a client gone, an answer cut off
                 else:
                     code = grpc.call_code(final, response.headers, response.upstream.trailers)
                 self._metrics.called(label, code)

@@ -283,6 +283,7 @@ async def test_each_call_is_counted_and_logged_by_the_status_it_ended_with(
         (b"14", "UNAVAILABLE", (200, 14)),
         (b"42", "42", (200, 42)),  # a code gRPC does not name: by its number
         (None, "UNAVAILABLE", (502, 14)),  # no trailers: the sandbox reset the stream
+        (b"", "UNAVAILABLE", (502, 14)),  # reset after a head saying OK: still cut off
     ],
 )
 async def test_a_status_in_trailers_after_a_message_is_counted_as_sent(
@@ -290,12 +291,16 @@ async def test_a_status_in_trailers_after_a_message_is_counted_as_sent(
 ) -> None:
     """A sandbox that answers a message, then a failure in its trailers: counted by its code,
     logged with it; one that breaks off after the message instead: the ingress cut its client
-    off (502), counted UNAVAILABLE."""
+    off (502), counted UNAVAILABLE, whatever its head said (`grpc-status: 0` in a head that
+    was not the end of the answer says nothing of how the call ended)."""
 
     def answer(conn: Any, stream: int, head: dict[bytes, bytes], body: bytes) -> None:
-        conn.send_headers(stream, [(b":status", b"200"), (b"content-type", b"application/grpc")])
+        first = [(b":status", b"200"), (b"content-type", b"application/grpc")]
+        if status == b"":
+            first.append((b"grpc-status", b"0"))
+        conn.send_headers(stream, first)
         conn.send_data(stream, b"\x00\x00\x00\x00\x02hi")
-        if status is None:
+        if not status:
             conn.reset_stream(stream, h2.errors.ErrorCodes.INTERNAL_ERROR)
             return
         conn.send_headers(
