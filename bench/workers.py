@@ -19,16 +19,11 @@ proxying to the same sandbox address:
 2. Bursts (unless `--no-bursts`): hey on 200 connections at `--rate` on `slow`: p95 direct,
    through the ingress and through nginx (`bursts`).
 
-3. With `--up`: `wakeful up` (the one-process default: control plane, node agent and ingress
-   on one loop) with the same two apps, against nginx with one worker proxying to its sandbox
-   of `fast`, alternated (up, nginx, nginx, up): req/s and the CPU time per request of the
-   whole `wakeful up` process.
-
 On a machine with few cores wrk, the sandbox and the proxy share them: whole-machine figures,
 the same footing for both proxies. From the repository root (needs `apt-get install
 etcd-server nginx wrk hey bubblewrap`):
 
-    .venv/bin/python -m bench.workers [--workers 1,2] [--seconds 10] [--rate 1000] [--up]
+    .venv/bin/python -m bench.workers [--workers 1,2] [--seconds 10] [--rate 1000]
 """
 
 from __future__ import annotations
@@ -41,7 +36,6 @@ if __name__ == "__main__" and not __package__:
 import argparse
 import contextlib
 import os
-import re
 import shutil
 import signal
 import statistics
@@ -254,73 +248,6 @@ class Cluster:
         self.etcd.close()
 
 
-@contextlib.contextmanager
-def up(root: Path) -> Iterator[tuple[str, list[int], str]]:
-    """`wakeful up` with `fast` and `slow` (the one-process default a user runs: control
-    plane, node agent and ingress on one loop, access log and Server-Timing on): its
-    ingress's address, its pid (its sandboxes are processes of their own), and the address
-    of `fast`'s sandbox, from what the responder printed (`wakeful logs`)."""
-    data, apps = root / "up", root / "up-apps"
-    apps.mkdir()
-    dirs = []
-    for name, delay, rpi in ((APP, 0.0, 100), (SLOW, SLOW_DELAY, 1000)):
-        app = apps / name
-        app.mkdir()
-        (app / "responder.py").write_text(RESPONDER)
-        (app / "wakeful.toml").write_text(TOML.format(name=name, delay=delay, rpi=rpi))
-        dirs.append(str(app))
-    port, api = free_port(), f"127.0.0.1:{free_port()}"
-    piece = Piece(
-        "up",
-        "wakeful",
-        [
-            *WAKEFUL,
-            "up",
-            "--data-dir",
-            str(data),
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--api-listen",
-            api,
-            "--admin-listen",
-            f"127.0.0.1:{free_port()}",
-            *dirs,
-        ],
-        {k: v for k, v in os.environ.items() if not k.startswith("WAKEFUL_")},
-    )
-    piece.start()
-    try:
-        env = {"WAKEFUL_TOKEN": (data / "token").read_text().strip()}
-        deadline = time.monotonic() + 60
-        address = ""
-        while not address:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{APP} never said where it listens under wakeful up")
-            time.sleep(0.3)
-            said = wakeful_cli(env, f"http://{api}", "logs", APP, check=False)
-            found = re.search(r"listening on (\S+:\d+)", said)
-            address = found.group(1) if found else ""
-        wait_listening(port, within=60)
-        assert piece.process is not None
-        yield f"http://127.0.0.1:{port}", [piece.process.pid], address
-    finally:
-        piece.signal(signal.SIGTERM)
-
-
-def compare_up(root: Path, seconds: int) -> None:
-    """`wakeful up` against nginx (one worker) proxying to the same sandbox, alternated (up,
-    nginx, nginx, up): req/s and CPU µs per request (of the whole `wakeful up` process)."""
-    rows: dict[str, list[Run]] = {"up": [], "nginx": []}
-    with up(root) as (url, pids, upstream):
-        for side in ("up", "nginx", "nginx", "up"):
-            if side == "up":
-                rows[side].append(drive(url, pids, 1, seconds))
-            else:
-                with nginx(root, 1, upstream) as (nginx_url, nginx_pids, _):
-                    rows[side].append(drive(nginx_url, nginx_pids, 1, seconds))
-    show(rows, "up")
-
-
 def show(rows: dict[str, list[Run]], first: str) -> None:
     """Each side's runs, then their means and the CPU ratio."""
     for side, runs in rows.items():
@@ -455,9 +382,6 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--rate", type=int, default=1000, help="hey's rate in the bursts")
     parser.add_argument("--no-bursts", action="store_true", help="skip the 100 ms backend")
-    parser.add_argument(
-        "--up", action="store_true", help="then `wakeful up` against nginx (one worker)"
-    )
     args = parser.parse_args()
     for tool in ("etcd", "nginx", "wrk"):
         if shutil.which(tool) is None:
@@ -479,9 +403,6 @@ def main() -> None:
                     rows[side].append(drive(url, pids, count, args.seconds, metrics))
             print(f"\n{count} worker(s):")
             show(rows, "ingress")
-        if args.up:
-            print("\nwakeful up (one process, its own sandbox of fast), 1 nginx worker:")
-            compare_up(root, args.seconds)
         if not args.no_bursts:
             print(f"\nbursts: hey -c 200 at {args.rate} req/s, {SLOW_DELAY * 1000:.0f} ms answers")
             for count in counts:

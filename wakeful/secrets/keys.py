@@ -16,8 +16,7 @@ Theory of operation:
   sealed value in the store (apps' secrets and registries' passwords, `registries/`) must be
   in the directory, and one value under each key must open with it. Otherwise `MissingKey`
   or `KeysUnusable`: one line naming the key id and the directory, and the control plane
-  does not start. An activator serving apps without their
-  secrets would be worse than one that does not serve.
+  does not start: serving apps without their secrets would be worse than not serving.
 - Keys are read once and kept in memory; an id not in memory is looked for again in the
   directory (another activator may have just made it).
 - **`rotate`** makes a key and makes it current by compare-and-set (`rotation.py` then seals
@@ -75,10 +74,9 @@ from .keydir import KeyDirectory
 log = logging.getLogger(__name__)
 
 FILE_TIME_SLACK = 0.01
-"""How much earlier than the wall clock a file written at that moment may be stamped: the
-kernel stamps files from its coarse clock, up to one tick (1 to 10 ms) behind
-`time.time()`. A key file stamped within this of the current key's `since` counts as made
-after it (`_since` keeps every older file further back than that)."""
+"""How much earlier than the wall clock a file written at that moment may be stamped (the
+kernel's coarse clock, up to a tick, 1 to 10 ms, behind `time.time()`): a key file stamped
+within this of the current key's `since` counts as made after it (`_since`)."""
 
 
 @dataclass(frozen=True)
@@ -224,7 +222,7 @@ class KeyRing:
 
     async def start(self) -> str:
         """The current key's id, made at the first start; then `check`."""
-        self._private()
+        self._files.private()
         while (found := await self._store.get(keys.SECRETS_KEY, SecretsKey)) is None:
             key_id = self._make()
             try:
@@ -266,7 +264,7 @@ class KeyRing:
         """How many key ids the store uses, each proved by opening one value sealed under it;
         `MissingKey` or `KeysUnusable` (one line naming the key id and the directory) when
         one is not here or does not open what it sealed."""
-        self._private()
+        self._files.private()
         found = await self._store.get(keys.SECRETS_KEY, SecretsKey)
         if found is not None and self.aead(found.value.key) is None:
             raise MissingKey(found.value.key, self._dir, "the store names it as the current key")
@@ -355,7 +353,7 @@ class KeyRing:
         older keys stay so until sealed again (`rotation.reseal`)."""
         async with self._turns:
             previous = await self.current()
-            self._private()
+            self._files.private()
             key_id = self._make()
             written = SecretsKey(key=key_id, since=await self._since())
             try:
@@ -424,13 +422,9 @@ class KeyRing:
 
     # -- the directory ----------------------------------------------------------------------
 
-    def _private(self) -> None:
-        self._files.private()
-
     async def _since(self) -> float:
-        """The `since` of a key becoming current now: the clock, after waiting out what is left
-        of `FILE_TIME_SLACK` past the newest key file here (at most a tick), so that every file
-        made before reads as older and every one made after does not."""
+        """The `since` of a key becoming current now: the clock, once `FILE_TIME_SLACK` has
+        passed since the newest key file here (a tick at most): older files read as older."""
         times = (self._files.where(key_id).stat().st_mtime for key_id in self._files.ids())
         after = max(times, default=0.0) + FILE_TIME_SLACK
         if (wait := after - self._clock()) >= 0:

@@ -1,0 +1,124 @@
+"""What a request costs under `wakeful up`, against nginx proxying to the same sandbox.
+
+`wakeful up` (the one-process default a user runs: control plane, node agent and ingress on
+one event loop, its access log and Server-Timing on) with `bench.workers`' two apps: `fast`,
+a raw asyncio responder in its sandbox, and `slow`. Then wrk (`-t1 -c32`) on `fast` through
+`wakeful up` and through nginx with one worker proxying to `fast`'s sandbox, alternated (up,
+nginx, nginx, up): req/s and the CPU time per request of the whole `wakeful up` process
+(its sandboxes are processes of their own) and of nginx's. Compare with the ingress alone on
+the same machine: `python -m bench.workers --workers 1`.
+
+From the repository root (needs `apt-get install nginx wrk bubblewrap`):
+
+    .venv/bin/python -m bench.upcost [--seconds 10]
+"""
+
+from __future__ import annotations
+
+import sys
+
+if __name__ == "__main__" and not __package__:
+    sys.exit("run it from the repository root as a module: python -m bench.upcost")
+
+import argparse
+import contextlib
+import os
+import re
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from bench.faults import Piece, wakeful_cli
+from bench.proxy import SLOW_DELAY
+from bench.workers import APP, RESPONDER, SLOW, TOML, WAKEFUL, Run, drive, nginx, show
+from wakeful.store.testing import free_port, wait_listening
+
+
+@contextlib.contextmanager
+def up(root: Path) -> Iterator[tuple[str, list[int], str]]:
+    """`wakeful up` with `fast` and `slow` (the one-process default a user runs: control
+    plane, node agent and ingress on one loop, access log and Server-Timing on): its
+    ingress's address, its pid (its sandboxes are processes of their own), and the address
+    of `fast`'s sandbox, from what the responder printed (`wakeful logs`)."""
+    data, apps = root / "up", root / "up-apps"
+    apps.mkdir()
+    dirs = []
+    for name, delay, rpi in ((APP, 0.0, 100), (SLOW, SLOW_DELAY, 1000)):
+        app = apps / name
+        app.mkdir()
+        (app / "responder.py").write_text(RESPONDER)
+        (app / "wakeful.toml").write_text(TOML.format(name=name, delay=delay, rpi=rpi))
+        dirs.append(str(app))
+    port, api = free_port(), f"127.0.0.1:{free_port()}"
+    piece = Piece(
+        "up",
+        "wakeful",
+        [
+            *WAKEFUL,
+            "up",
+            "--data-dir",
+            str(data),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--api-listen",
+            api,
+            "--admin-listen",
+            f"127.0.0.1:{free_port()}",
+            *dirs,
+        ],
+        {k: v for k, v in os.environ.items() if not k.startswith("WAKEFUL_")},
+    )
+    piece.start()
+    try:
+        env = {"WAKEFUL_TOKEN": (data / "token").read_text().strip()}
+        deadline = time.monotonic() + 60
+        address = ""
+        while not address:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{APP} never said where it listens under wakeful up")
+            time.sleep(0.3)
+            said = wakeful_cli(env, f"http://{api}", "logs", APP, check=False)
+            found = re.search(r"listening on (\S+:\d+)", said)
+            address = found.group(1) if found else ""
+        wait_listening(port, within=60)
+        assert piece.process is not None
+        yield f"http://127.0.0.1:{port}", [piece.process.pid], address
+    finally:
+        piece.signal(signal.SIGTERM)
+
+
+def compare_up(root: Path, seconds: int) -> None:
+    """`wakeful up` against nginx (one worker) proxying to the same sandbox, alternated (up,
+    nginx, nginx, up): req/s and CPU µs per request (of the whole `wakeful up` process)."""
+    rows: dict[str, list[Run]] = {"up": [], "nginx": []}
+    with up(root) as (url, pids, upstream):
+        for side in ("up", "nginx", "nginx", "up"):
+            if side == "up":
+                rows[side].append(drive(url, pids, 1, seconds))
+            else:
+                with nginx(root, 1, upstream) as (nginx_url, nginx_pids, _):
+                    rows[side].append(drive(nginx_url, nginx_pids, 1, seconds))
+    show(rows, "up")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=int, default=10)
+    args = parser.parse_args()
+    for tool in ("nginx", "wrk"):
+        if shutil.which(tool) is None:
+            sys.exit(f"{tool} is not installed (apt-get install nginx wrk)")
+    root = Path(tempfile.mkdtemp(prefix="wakeful-bench-upcost-"))
+    try:
+        print(f"cores: {os.cpu_count()}, wrk -t1 -c32, {args.seconds} s each")
+        print("wakeful up (one process, its own sandbox of fast), 1 nginx worker:")
+        compare_up(root, args.seconds)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
