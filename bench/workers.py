@@ -233,7 +233,7 @@ class Cluster:
         )
         piece.start()
         try:
-            wait_listening(port, within=60)  # one ingress announces itself before it listens
+            wait_listening(port, within=60)  # the supervisor announces once every worker is ready
             time.sleep(0.5)
             assert piece.process is not None
             pid = piece.process.pid

@@ -355,13 +355,17 @@ async def serve(
     *,
     relay_token: str | None = None,
     certs: CertSource | None = None,
+    ready: Callable[[], None] = lambda: None,
 ) -> None:
-    """Run the ingress until SIGTERM or SIGINT, then shut it down gracefully.
+    """Run the ingress until SIGTERM or SIGINT, then shut it down gracefully. `ready`: called
+    once it listens (what announces it: a line said before would send a script that waits for
+    it to a port nobody listens on yet).
 
     Run it on uvloop: `anyio.run(serve, ..., backend_options={"use_uvloop": True})`.
     """
     ingress = Ingress(settings, leases, store, registry, relay_token=relay_token, certs=certs)
     async with ingress.running():
+        ready()
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
                 log.info("received %s; shutting down", signal.Signals(signum).name)

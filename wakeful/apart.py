@@ -134,10 +134,21 @@ async def run_ingress(
             ChannelLeases(control.apis[0], control.token, locate=locate) as leases,
             HttpCerts(control.apis[0], control.token, 30.0, locate) as certs,
         ):
-            announce(f"ingress listening on http://{settings.listen}")
-            settle_heap()
+
+            def ready() -> None:
+                announce(f"ingress listening on http://{settings.listen}")
+                settle_heap()
+
             registry = CollectorRegistry()
-            await serve(settings, leases, store, registry, relay_token=control.token, certs=certs)
+            await serve(
+                settings,
+                leases,
+                store,
+                registry,
+                relay_token=control.token,
+                certs=certs,
+                ready=ready,
+            )
 
 
 async def run_idle_monitor(
