@@ -109,9 +109,7 @@ def start_cluster(
                 text=True,
             )
             processes.append(process)
-            assert process.stdout is not None
-            first = process.stdout.readline()  # each piece prints one line once it serves
-            assert first.strip(), f"{role} did not start: {process.communicate()[0]}"
+            announced(process, role)
         yield f"http://{api}", f"http://{proxy}", env
     finally:
         stuck = []
@@ -127,6 +125,20 @@ def start_cluster(
         assert not stuck, f"did not stop within {STOP_WITHIN} s of SIGTERM: {stuck}"
 
 
+def announced(process: subprocess.Popen[str], role: str) -> None:
+    """Read the piece's output up to the line it prints once it serves (`activator listening
+    on ...`, `node n1 running`, ...): a warning logged before it (a slow store on a loaded
+    machine) is not that line, and taking it for it sent the next step to a piece not yet
+    listening (connection refused)."""
+    assert process.stdout is not None
+    before = []
+    while line := process.stdout.readline():
+        if line.startswith(f"{role} "):
+            return
+        before.append(line)
+    raise AssertionError(f"{role} did not start: {''.join(before)}")
+
+
 def piece_env(env: dict[str, str], extra: dict[str, str]) -> dict[str, str]:
     """A node's or an ingress's environment: no admin token in it."""
     return {k: v for k, v in {**env, **extra}.items() if k != "WAKEFUL_TOKEN"}
@@ -135,7 +147,8 @@ def piece_env(env: dict[str, str], extra: dict[str, str]) -> dict[str, str]:
 def make_token(env: dict[str, str], role: str, extra: dict[str, str]) -> str:
     """A token of `role`, made once the first activator leads: it serves (and prints its line)
     as a standby until its election lands, which on a loaded machine can take seconds, and a
-    standby answers 503 naming the leader."""
+    standby answers 503 naming the leader; a standby prints its line as its API starts, so the
+    first ask may find nothing listening yet."""
     name = extra.get("WAKEFUL_NODE_NAME", role)
     deadline = time.monotonic() + 60
     while True:
@@ -147,7 +160,8 @@ def make_token(env: dict[str, str], role: str, extra: dict[str, str]) -> str:
             timeout=30,
             check=False,
         )
-        if made.returncode == 0 or "standby" not in made.stderr or time.monotonic() > deadline:
+        waiting = "standby" in made.stderr or "cannot reach" in made.stderr
+        if made.returncode == 0 or not waiting or time.monotonic() > deadline:
             break
         time.sleep(0.2)
     assert made.returncode == 0, made.stderr
