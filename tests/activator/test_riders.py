@@ -4,11 +4,15 @@ hostile review of issue 42."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 import anyio
 import pytest
 
 from tests.support.activator import make_activator, pool, seed, set_status
 from tests.support.waiting import eventually
+from wakeful.activator.core import Activator
 from wakeful.activator.ledger import Lease
 from wakeful.domain import keys
 from wakeful.domain.leases import Overloaded, Riders
@@ -18,21 +22,29 @@ from wakeful.store import Event, Store
 pytestmark = pytest.mark.anyio
 
 
-async def test_riders_leaving_after_the_bound_are_taken_from_those_uncounted(store: Store) -> None:
-    """max_waiters 10: an ask of 8, 5 more join (counted to 10, 3 ride uncounted), then 3
-    leave: 10 still wait on it, and the activator still counts 10 (it counted 7 once, so a
-    new ask of 3 could park past the bound)."""
+@contextlib.asynccontextmanager
+async def ask_of_eight(store: Store) -> AsyncIterator[tuple[Activator, Riders]]:
+    """An ask of 8 requests parked (nothing routable) on an activator bounded at 10 waiting;
+    withdrawn when the block ends."""
     await seed(store, rpi=5, sandboxes={"sb-1": SandboxStatus.BOOTING})
     activator = make_activator(store, max_waiters=10)
     async with activator.running(), anyio.create_task_group() as requests:
         riders = Riders(8)
         requests.start_soon(lambda: activator.acquire("hello", riders=riders))
         await eventually(lambda: activator.snapshot()[0].waiters == 8)
+        yield activator, riders
+        requests.cancel_scope.cancel()
+
+
+async def test_riders_leaving_after_the_bound_are_taken_from_those_uncounted(store: Store) -> None:
+    """max_waiters 10: an ask of 8, 5 more join (counted to 10, 3 ride uncounted), then 3
+    leave: 10 still wait on it, and the activator still counts 10 (it counted 7 once, so a
+    new ask of 3 could park past the bound)."""
+    async with ask_of_eight(store) as (activator, riders):
         riders.change(5)
         assert activator.snapshot()[0].waiters == 10
         riders.change(-3)  # 10 still ride it
         waiting = activator.snapshot()[0].waiters
-        requests.cancel_scope.cancel()
     assert riders.count == 10
     assert waiting == 10, f"10 requests wait on the ask; the activator counts {waiting}"
 
@@ -103,12 +115,7 @@ async def test_requests_joining_a_parked_ask_grow_the_pool_for_them(store: Store
 async def test_an_ask_that_would_take_the_queue_past_its_bound_is_refused_whole(
     store: Store,
 ) -> None:
-    await seed(store, rpi=5, sandboxes={"sb-1": SandboxStatus.BOOTING})
-    activator = make_activator(store, max_waiters=10)
-    async with activator.running(), anyio.create_task_group() as requests:
-        riders = Riders(8)
-        requests.start_soon(lambda: activator.acquire("hello", riders=riders))
-        await eventually(lambda: activator.snapshot()[0].waiters == 8)
+    async with ask_of_eight(store) as (activator, riders):
         with pytest.raises(Overloaded, match="8 requests waiting already"):
             await activator.acquire("hello", riders=Riders(3))
         assert activator.snapshot()[0].waiters == 8  # nothing parked half-way
@@ -116,4 +123,3 @@ async def test_an_ask_that_would_take_the_queue_past_its_bound_is_refused_whole(
         assert activator.snapshot()[0].waiters == 10
         riders.change(-12)  # left: it stands for one request at least while it waits
         assert activator.snapshot()[0].waiters == 1
-        requests.cancel_scope.cancel()
