@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_HISTORY = 10_000
 """Revisions of change history kept for watchers that fall behind."""
+SHARED_LOOK = 0.05
+"""Seconds between two looks for another process's writes to a SQLite file: the lag a
+watcher here has behind them (`wakeful up`'s ingress workers open its store)."""
 TAIL_EVENTS = 4096
 """Events kept in memory for watchers (at most twice that between trims)."""
 
@@ -74,6 +77,10 @@ class Engine(Protocol):
 
     def expire(self, now: float) -> bool: ...
 
+    def outside_version(self) -> int:
+        """Changes when another process commits to the same engine (never, in memory)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -86,8 +93,12 @@ class LocalStore(StoreBase):
         clock: Callable[[], float] = time.time,
         history: int = DEFAULT_HISTORY,
         tick: float = 0.2,
+        shared: float | None = None,
     ) -> None:
+        """`shared`: seconds between two looks for other processes' writes to the engine
+        (a SQLite file several processes open); None, when only this process writes."""
         self._engine = engine
+        self._shared = shared
         self._executor = ThreadPoolExecutor(1, "wakeful-store") if threaded else None
         self._clock = clock
         self._history = history
@@ -210,10 +221,36 @@ class LocalStore(StoreBase):
             await self._call(self._engine.compact, current - self._history)
 
     async def run(self) -> None:
-        """Housekeeping until cancelled; runs in the task group that owns the store.
+        """Housekeeping (and the look for others' writes, `shared`) until cancelled; runs in
+        the task group that owns the store.
 
         A store error (a database locked by another process, a full disk) never ends it:
         it backs off, up to 5 s between tries, and tries again (invariant 19)."""
+        if self._shared is None:
+            await self._housekeeping()
+            return
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self._housekeeping())
+            tasks.create_task(self._follow_others(self._shared))
+
+    async def _follow_others(self, interval: float) -> None:
+        """Wake the watchers when another process has committed: they read its writes from
+        the engine's log as they read this process's. A failed look is skipped (the
+        housekeeping reports the store's trouble)."""
+        seen: int | None = None
+        while True:
+            try:
+                version = await self._call(self._engine.outside_version)
+            except StoreError:
+                if self._closed:
+                    return
+            else:
+                if seen is not None and version != seen:
+                    self._notify()
+                seen = version
+            await asyncio.sleep(interval)
+
+    async def _housekeeping(self) -> None:
         retries = Retries(Backoff(min(2 * self._tick, 5.0), cap=5.0))
         while True:
             pause = self._tick

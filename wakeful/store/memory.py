@@ -141,6 +141,9 @@ class MemoryEngine:
             changed = self.revoke(lease) or changed
         return changed
 
+    def outside_version(self) -> int:
+        return 0  # no other process reaches memory
+
     def close(self) -> None:
         self._data.clear()
         self._events.clear()

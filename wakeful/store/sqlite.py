@@ -101,6 +101,12 @@ class SqliteEngine:
         return self._meta("revision")
 
     @_translated
+    def outside_version(self) -> int:
+        """A number that changes when another connection (another process) commits to the
+        file, and only then (SQLite's `data_version`): how a store sees others' writes."""
+        return int(self._db.execute("PRAGMA data_version").fetchone()[0])
+
+    @_translated
     def get(self, key: str) -> tuple[bytes, int] | None:
         row = self._db.execute("SELECT value, revision FROM kv WHERE key = ?", (key,)).fetchone()
         return None if row is None else (bytes(row[0]), int(row[1]))
@@ -140,7 +146,10 @@ class SqliteEngine:
             deleted = self._apply(revision, ops)
             if deleted or any(isinstance(op, RawPut) for op in ops):
                 db.execute("UPDATE meta SET value = ? WHERE name = 'revision'", (revision,))
-        return self.current(), deleted
+            else:
+                revision -= 1  # nothing changed: the store is where it was
+        # Read inside the transaction: another process may commit right after it.
+        return revision, deleted
 
     def _apply(self, revision: int, ops: Sequence[RawOp]) -> int:
         deleted = 0

@@ -15,7 +15,7 @@ import anyio
 
 from .base import Store
 from .errors import Unavailable
-from .local import LocalStore
+from .local import SHARED_LOOK, LocalStore
 from .memory import MemoryEngine
 from .sqlite import SqliteEngine
 from .tls import TLSFiles, connect_hint, exposure_warning, load_tls
@@ -119,11 +119,15 @@ async def open_store(
     namespace: str = "/wakeful/",
     tls: TLSFiles | None = None,
     clock: Callable[[], float] | None = None,
+    shared: bool = True,
 ) -> AsyncIterator[Store]:
     """Open the store at `url` and run its housekeeping for as long as the block runs.
 
     `clock` (wall-clock seconds) decides when the embedded stores' TTL leases expire; tests
-    pass one they move by hand. etcd keeps its own time and ignores it."""
+    pass one they move by hand. etcd keeps its own time and ignores it. `shared`: a SQLite
+    file may be written by other processes too, so its watchers look for their writes
+    (`SHARED_LOOK`); False for a process that knows it is the file's only user (a
+    single-process `wakeful up`), which then never wakes to look."""
     scheme, location = parse_store_url(url)
     if scheme == "etcd":
         from .etcd import EtcdStore  # grpc is only imported when etcd is used
@@ -158,7 +162,13 @@ async def open_store(
             await etcd.aclose()  # also when connect() failed: the client holds a channel
         return
     engine = MemoryEngine() if scheme == "memory" else SqliteEngine(location)
-    local = LocalStore(engine, threaded=scheme == "sqlite", clock=clock or time.time)
+    sqlite = scheme == "sqlite"
+    local = LocalStore(
+        engine,
+        threaded=sqlite,
+        clock=clock or time.time,
+        shared=SHARED_LOOK if sqlite and shared else None,
+    )
     try:
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(local.run)
