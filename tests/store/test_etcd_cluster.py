@@ -5,6 +5,9 @@ once ended an activator's election loop in silence: `EtcdStore`'s `_isolated`)."
 
 from __future__ import annotations
 
+import socket
+from pathlib import Path
+
 import anyio
 import pytest
 from pydantic import BaseModel
@@ -51,3 +54,27 @@ async def test_calls_timed_out_by_a_members_death_are_timeouts_and_the_others_se
             assert found is not None and found.value.n == 39
     finally:
         cluster.close()
+
+
+def _cmdlines() -> list[str]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                found.append((proc / "cmdline").read_bytes().decode(errors="replace"))
+            except OSError:
+                continue
+    return found
+
+
+def test_a_member_that_cannot_start_leaves_no_member_running() -> None:
+    """A failed start once left the members it had started running for the rest of a CI
+    run: each failure of a start leaked etcd processes."""
+    cluster = EtcdCluster(3)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", cluster.members[2].client_port))
+        taken.listen()
+        with pytest.raises(RuntimeError, match="etcd exited at start"):
+            cluster.start(timeout=30)
+    dirs = [str(member.data_dir) for member in cluster.members]
+    assert not [cmd for cmd in _cmdlines() if any(d in cmd for d in dirs)]

@@ -227,10 +227,16 @@ class EtcdCluster:
         return "etcd://" + ",".join(member.endpoint for member in self.members)
 
     def start(self, timeout: float = 60.0) -> None:
-        for member in self.members:
-            member.spawn()
-        for member in self.members:
-            member.wait_healthy(timeout)
+        """Every member up and healthy, or none left running (a member that never becomes
+        healthy stops the ones already started: a failed start leaks no etcd)."""
+        try:
+            for member in self.members:
+                member.spawn()
+            for member in self.members:
+                member.wait_healthy(timeout)
+        except BaseException:
+            self.close()
+            raise
 
     def leader(self, within: float = 15.0) -> EtcdServer:
         """The member the others follow now (from each member's /v3/maintenance/status),
