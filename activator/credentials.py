@@ -36,6 +36,14 @@ def new_secret() -> str:
     return secrets.token_urlsafe(32)
 
 
+async def install_token(store: Store, name: str, role: Role) -> tuple[str, int]:
+    """A new secret for the token `name` of `role`, made, or replacing the one of that name
+    (its old secret stops working): the secret and the revision written."""
+    secret = new_secret()
+    record = Token(name=name, role=role, id=new_id(), sha256=digest(secret), created_at=time.time())
+    return secret, await store.put(keys.token(name), record)
+
+
 async def install_admin(store: Store, secret: str, *, replace: bool) -> bool:
     """Make `secret` the admin token when the store has none (`replace`: even when it has
     another). True when `secret` is the admin token afterwards. Logs the record's id, never

@@ -219,6 +219,10 @@ class RoutingTable:
         if self._apps.pop(keys.name_in(key, keys.APPS), None) is not None:
             self._publish()
 
+    def __len__(self) -> int:
+        """Apps in the index."""
+        return len(self._apps)
+
     async def wait_for(self, app: str) -> None:
         """Until `app` is in the index (a deploy written to the store has reached it)."""
         while app not in self._apps:

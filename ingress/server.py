@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable
 
 import anyio
 import anyio.abc
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Gauge
 from websockets.asyncio.server import Server as WebSocketServer
 
 from wakeful.aio.loopback import hold_loopback_twin
@@ -96,6 +96,11 @@ class Ingress:
         self.settings = settings
         self.metrics = IngressMetrics(registry)
         self.routes = RoutingTable(store)
+        Gauge(
+            "wakeful_ingress_apps_routed",
+            "Apps in this ingress's routing table (how far it has followed the store's apps).",
+            registry=registry,
+        ).set_function(lambda: len(self.routes))
         self._store = store
         self.cache = LeaseCache(
             leases,

@@ -37,7 +37,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import anyio
@@ -191,6 +191,8 @@ class Supervisor:
     workers: list[Worker]
     command: Sequence[str]
     stop_timeout: float
+    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    """The variables every worker starts with (its own `Worker.env` over them)."""
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     clock: Callable[[], float] = time.monotonic
     on_ready: Callable[[], None] = lambda: None
@@ -263,7 +265,7 @@ class Supervisor:
             with anyio.CancelScope(shield=True):  # a child forked is always waited for
                 process = worker.process = await anyio.open_process(
                     self.command,
-                    env={**os.environ, **worker.env},
+                    env={**self.environ, **worker.env},
                     stdin=subprocess.DEVNULL,
                     stdout=None,
                     stderr=None,
@@ -347,27 +349,33 @@ async def supervise(
     announce: Callable[[str], None],
     wait_for_stop: Callable[[], Awaitable[object]],
     command: Sequence[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    bound: Callable[[tuple[str, int], tuple[str, int] | None], None] = lambda *_: None,
 ) -> str | None:
     """Run `settings.workers` ingress workers until `wait_for_stop` returns; returns why they
-    ended early (a worker that never became ready), or None after a clean stop."""
+    ended early (a worker that never became ready), or None after a clean stop. `env`: the
+    workers' variables (this process's by default); `bound`: told the client (and TLS)
+    address once reserved, a port 0 resolved."""
     with contextlib.ExitStack() as held:
         listen = address_of(held.enter_context(reserve(settings.listen, "listen address")))
         tls_listen = None
         if settings.tls_listen is not None:
             tls = held.enter_context(reserve(settings.tls_listen, "TLS listen address"))
             tls_listen = address_of(tls)
+        bound(split_address(listen), None if tls_listen is None else split_address(tls_listen))
         replica = settings.tunnel_replica or default_replica_name(listen)
         workers = []
         for index in range(settings.workers):
             admin = address_of(held.enter_context(reserve("127.0.0.1:0", "worker admin port")))
-            env = worker_env(
+            own = worker_env(
                 settings, index, listen=listen, tls_listen=tls_listen, admin=admin, replica=replica
             )
-            workers.append(Worker(index, env, admin))
+            workers.append(Worker(index, own, admin))
         supervisor = Supervisor(
             workers,
             command or worker_command(),
             settings.shutdown_timeout + KILL_MARGIN,
+            dict(os.environ if env is None else env),
             on_ready=lambda: announce(
                 f"ingress listening on http://{listen} ({len(workers)} workers)"
             ),

@@ -77,7 +77,15 @@ from wakeful.store.backup import check_schema
 from wakeful.store.base import StoreBase
 from wakeful.store.reflector import reflect
 from wakeful.store.tokenbook import TokenBook
-from wakeful.up import BookSecrets, admin_writer, app_address, up_settings
+from wakeful.up import (
+    BookSecrets,
+    Front,
+    UpSettings,
+    admin_writer,
+    app_address,
+    ingress_workers,
+    up_settings,
+)
 
 if TYPE_CHECKING:  # the ingress (httptools, uvloop) is imported only by what runs one
     pass
@@ -315,6 +323,26 @@ class PlaneCerts:
         return [ServedPair(s.name, s.chain, s.key, s.serial) for s in await self._manager.served()]
 
 
+@contextlib.asynccontextmanager
+async def _in_process_ingress(
+    up: UpSettings, plane: ControlPlane, store: Store, token: str
+) -> AsyncIterator[Front]:
+    """`wakeful up`'s ingress in its own process, taking leases from the activator directly."""
+    from wakeful.activator.client import InProcessLeases
+    from wakeful.ingress.server import Ingress
+
+    ingress = Ingress(
+        up.ingress,
+        InProcessLeases(plane.activator),
+        store,
+        CollectorRegistry(),
+        relay_token=token,
+        certs=None if plane.certs is None else PlaneCerts(plane.certs),
+    )
+    async with ingress.running():
+        yield Front(ingress.tls_address[1], ingress.routes.wait_for)
+
+
 async def run_up(
     *,
     data_dir: Path,
@@ -326,10 +354,9 @@ async def run_up(
     announce: Callable[[str], None],
     isolation: Literal["bwrap", "none"] | None = None,
 ) -> None:
-    """Everything in one process. Shutdown: the ingress stops taking requests and finishes the
-    ones in flight, hands its leases back; then the sandboxes stop; then the control plane."""
-    from wakeful.activator.client import InProcessLeases
-    from wakeful.ingress.server import Ingress
+    """Everything in one process (the ingress as worker processes when asked). Shutdown: the
+    ingress stops taking requests and finishes the ones in flight, hands its leases back;
+    then the sandboxes stop; then the control plane."""
 
     if not data_dir.is_absolute():  # every path below is derived from it: resolve it once
         raise ValueError(f"data_dir must be absolute, got {data_dir}")
@@ -341,7 +368,9 @@ async def run_up(
     # The token file is the admin token at every start: it is as private as the store beside
     # it, and `wakeful tokens rotate-admin` rewrites it.
     async with (
-        open_store(up.activator.store_url) as store,
+        # Ingress workers are other processes on the store file: it is looked at for their
+        # writes then; alone, this process is its only user.
+        open_store(up.activator.store_url, shared=up.ingress.workers > 1) as store,
         control_plane(
             store, up.activator, data_dir, idle=idle, replace_admin=True, write_admin=write_admin
         ) as plane,
@@ -361,15 +390,11 @@ async def run_up(
             tasks.start_soon(agent.run)
             with anyio.fail_after(30):
                 await agent.wait_registered()
-            ingress = Ingress(
-                up.ingress,
-                InProcessLeases(plane.activator),
-                store,
-                CollectorRegistry(),
-                relay_token=token,
-                certs=None if plane.certs is None else PlaneCerts(plane.certs),
-            )
-            async with ingress.running():
+            if up.ingress.workers > 1:
+                front = ingress_workers(up, api, store, plane.tokens)
+            else:
+                front = _in_process_ingress(up, plane, store, token)
+            async with front as ingress:
                 announce(f"wakeful is up: control API http://{api} (token in {data_dir / 'token'})")
                 announce(f"  dashboard: http://{api}/ui")
                 for app_dir in app_dirs:
@@ -379,13 +404,13 @@ async def run_up(
                         )
                     )
                     name = app_dir.definition.name  # WAKEFUL_TLS_LISTEN: over HTTPS too
-                    announce(f"  {name}: {app_address(name, listen, ingress.tls_address[1])}")
+                    announce(f"  {name}: {app_address(name, listen, ingress.tls_port)}")
                 # Written once the apps named on the command line are deployed and in the
                 # ingress's routes: whoever waits for the control file (a script, a test)
                 # finds them routable.
                 with anyio.move_on_after(10):
                     for app_dir in app_dirs:
-                        await ingress.routes.wait_for(app_dir.definition.name)
+                        await ingress.wait_for(app_dir.definition.name)
                 write_control_file(data_dir, f"http://{api}", token, f"http://{listen}")
                 settle_heap()
                 signum = await wait_for_signal()

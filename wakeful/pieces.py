@@ -33,6 +33,7 @@ from .commands import RUNTIME, USAGE, CliError
 from .process import signals_caught, wait_for_signal
 from .remote import CliSettings, Endpoint
 from .serving import AddressInUse, split_address
+from .up import WorkersFailed
 
 if TYPE_CHECKING:  # the ingress (httptools, uvloop) is imported only by what runs one
     from wakeful.ingress.settings import IngressSettings
@@ -128,6 +129,7 @@ def _serve(main: Callable[[], Awaitable[None]], *, store: str, uvloop: bool = Fa
         DeployError,
         KeysUnusable,
         ImageError,
+        WorkersFailed,
         BaseExceptionGroup,
     ) as raised:
         cause = _single_cause(raised)
@@ -139,7 +141,7 @@ def _serve(main: Callable[[], Awaitable[None]], *, store: str, uvloop: bool = Fa
             raise CliError(f"deploy refused: {cause}", USAGE) from None
         if isinstance(cause, ImageError):  # its image: refused, or not pulled
             raise CliError(f"deploy refused: {cause}", USAGE) from None
-        if isinstance(cause, IsolationUnavailable):  # says how to install bubblewrap
+        if isinstance(cause, IsolationUnavailable | WorkersFailed):  # says why, what to do
             raise CliError(str(cause), RUNTIME) from None
         if isinstance(cause, StoreError):
             raise CliError(f"{store} cannot be used: {cause}", RUNTIME) from None

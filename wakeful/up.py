@@ -4,26 +4,48 @@ app answers, and how its node agent gets a sandbox's secrets (`BookSecrets`).
 
 Everything runs in one process on the embedded store (`store.db` in the data directory): the
 control plane with its API on `api`, one node agent named `local`, and the ingress on
-`listen` with its admin (metrics) address on `admin`.
+`listen` with its admin (metrics) address on `admin`. With WAKEFUL_INGRESS_WORKERS above 1
+the ingress is that many worker processes instead (`ingress_workers`): each a `wakeful
+ingress` on the same store file (SQLite; each process looks for the others' writes every
+`SHARED_LOOK`), taking its leases over the control API's lease channel with an ingress token
+made at each start (`UP_INGRESS_TOKEN`), which in-process leases did without.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+import anyio
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from wakeful.activator.credentials import install_token
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.datadir import write_control_file, write_token
+from wakeful.domain import keys
+from wakeful.domain.models import App, Role
 from wakeful.node.secrets import SecretsRefused
 from wakeful.node.settings import NodeSettings
 from wakeful.secrets.book import SecretBook
 from wakeful.secrets.errors import NotYours, SecretsError, UnknownSandbox
-from wakeful.store import sqlite_url
+from wakeful.store import Store, sqlite_url
+from wakeful.store.errors import StoreError
+from wakeful.store.tokenbook import TokenBook
 
 if TYPE_CHECKING:  # the ingress (httptools, uvloop) is imported only by what runs one
     from wakeful.ingress.settings import IngressSettings
+
+log = logging.getLogger(__name__)
+
+UP_INGRESS_TOKEN = "up-ingress"
+"""The ingress token `wakeful up` makes (or replaces) at each start for its ingress workers,
+and revokes when it stops."""
 
 LOOPBACK_NAMES = ("127.0.0.1", "0.0.0.0", "localhost")
 """Listen hosts an app's address is announced under `localhost` for."""
@@ -113,3 +135,102 @@ class BookSecrets:
             raise SecretsRefused(str(exc)) from None
         except SecretsError as exc:  # its message names app, name and key id: never a value
             raise SecretsUnavailable(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class Front:
+    """The ingress as `wakeful up` sees it, in-process or as workers: the port its HTTPS
+    listener took (0: none), and how to wait until it routes an app just deployed."""
+
+    tls_port: int
+    wait_for: Callable[[str], Awaitable[None]]
+
+
+class WorkersFailed(RuntimeError):
+    """An ingress worker exited before it was ever ready (its error is in the output)."""
+
+
+def worker_environment(
+    up: UpSettings, api: str, token: str, environ: Mapping[str, str]
+) -> dict[str, str]:
+    """What each ingress worker runs with: this process's variables without the admin token
+    (a worker has no use for it), and the settings `up_settings` gives the in-process
+    ingress, the store file, and the control API with the workers' ingress token."""
+    env = {name: value for name, value in environ.items() if name != "WAKEFUL_TOKEN"}
+    ingress = up.ingress
+    env.update(
+        WAKEFUL_STORE_URL=ingress.store_url,
+        WAKEFUL_API=f"http://{api}",
+        WAKEFUL_INGRESS_TOKEN=token,
+        WAKEFUL_SHOW_BOOT_LOG=str(ingress.show_boot_log).lower(),
+        WAKEFUL_SERVER_TIMING=str(ingress.server_timing).lower(),
+        WAKEFUL_ACCESS_LOG=str(ingress.access_log).lower(),
+    )
+    return env
+
+
+def routed_by_worker(metrics: str) -> dict[str, float]:
+    """`wakeful_ingress_apps_routed` of each worker, from the supervisor's /metrics."""
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(metrics):
+        if family.name == "wakeful_ingress_apps_routed":
+            for sample in family.samples:
+                found[sample.labels.get("worker", "")] = sample.value
+    return found
+
+
+@contextlib.asynccontextmanager
+async def ingress_workers(
+    up: UpSettings, api: str, store: Store, tokens: TokenBook
+) -> AsyncIterator[Front]:
+    """`up.ingress.workers` ingress processes (`wakeful.ingress.workers.supervise`), ready,
+    for as long as the block runs; then each drains and stops. Raises `WorkersFailed` when
+    one exits before it was ready."""
+    from wakeful.ingress.workers import supervise
+
+    secret, revision = await install_token(store, UP_INGRESS_TOKEN, Role.INGRESS)
+    await tokens.caught_up(revision)  # the lease channel takes it from the first worker on
+    env = worker_environment(up, api, secret, os.environ)
+    started, stop = anyio.Event(), anyio.Event()
+    tls_port: list[int] = [0]
+    failed: list[str] = []
+
+    async def run() -> None:
+        try:
+            why = await supervise(
+                up.ingress,
+                announce=lambda line: started.set(),
+                wait_for_stop=stop.wait,
+                env=env,
+                bound=lambda listen, tls: tls_port.__setitem__(0, tls[1] if tls else 0),
+            )
+        finally:
+            started.set()
+        if why is not None:
+            failed.append(why)
+
+    async def wait_for(app: str) -> None:
+        """Until every worker routes as many apps as the store holds (`app` among them)."""
+        admin = up.ingress.admin_listen
+        async with httpx.AsyncClient(timeout=2.0, trust_env=False) as client:  # loopback
+            while True:
+                wanted = len((await store.list(keys.APPS, App)).items)
+                with contextlib.suppress(httpx.HTTPError, ValueError):
+                    routed = routed_by_worker((await client.get(f"http://{admin}/metrics")).text)
+                    if len(routed) == up.ingress.workers and min(routed.values()) >= wanted:
+                        return
+                await anyio.sleep(0.05)
+
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(run)
+            await started.wait()
+            if failed or stop.is_set():
+                raise WorkersFailed(failed[0] if failed else "the ingress workers stopped")
+            try:
+                yield Front(tls_port[0], wait_for)
+            finally:
+                stop.set()
+    finally:
+        with anyio.CancelScope(shield=True), contextlib.suppress(StoreError):
+            await store.delete(keys.token(UP_INGRESS_TOKEN))

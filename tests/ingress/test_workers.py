@@ -292,3 +292,40 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+
+
+async def test_workers_start_with_the_variables_given_and_the_addresses_are_told(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`env` replaces this process's variables (`wakeful up` leaves its admin token out);
+    `bound` hears the client address with its port 0 resolved."""
+    monkeypatch.setenv("WAKEFUL_TOKEN", "the-admin-token")
+    settings = IngressSettings(
+        listen="127.0.0.1:0", admin_listen=f"127.0.0.1:{free_port()}", ingress_workers=2
+    )
+    told: list[tuple[tuple[str, int], tuple[str, int] | None]] = []
+    record = (
+        "import os, pathlib, time; w = os.environ['WAKEFUL_INGRESS_WORKER']; "
+        f"d = pathlib.Path({str(tmp_path)!r}); (d / ('.' + w)).write_text("
+        "os.environ.get('GIVEN', '-') + ' ' + os.environ.get('WAKEFUL_TOKEN', '-')); "
+        "os.replace(d / ('.' + w), d / w); time.sleep(60)"
+    )
+
+    async def both_written() -> None:
+        for _ in range(1500):  # fail_after ends it sooner
+            if await anyio.to_thread.run_sync(lambda: len(list(tmp_path.glob("[01]"))) == 2):
+                return
+            await anyio.sleep(0.02)
+
+    with anyio.fail_after(30):
+        await supervise(
+            settings,
+            announce=lambda line: None,
+            wait_for_stop=both_written,
+            command=[sys.executable, "-c", record],
+            env={"GIVEN": "yes", "PATH": os.environ["PATH"]},
+            bound=lambda listen, tls: told.append((listen, tls)),
+        )
+    assert {(tmp_path / w).read_text() for w in ("0", "1")} == {"yes -"}
+    [(listen, tls)] = told
+    assert listen[0] == "127.0.0.1" and listen[1] > 0 and tls is None

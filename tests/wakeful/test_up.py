@@ -1,10 +1,15 @@
-"""Where `wakeful up` says each app answers (`wakeful.up.app_address`)."""
+"""Where `wakeful up` says each app answers (`wakeful.up.app_address`), and what its ingress
+workers run with (`worker_environment`) and are seen to route (`routed_by_worker`)."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
-from wakeful.up import app_address
+from wakeful.ingress.settings import IngressSettings
+from wakeful.up import app_address, routed_by_worker, up_settings, worker_environment
 
 
 @pytest.mark.parametrize(
@@ -27,3 +32,43 @@ from wakeful.up import app_address
 )
 def test_app_address(listen: str, tls_port: int, expected: str) -> None:
     assert app_address("web", listen, tls_port) == expected
+
+
+def test_workers_run_on_the_store_file_with_their_token_and_without_the_admin_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    up = up_settings(
+        tmp_path,
+        "admin-secret",
+        api="127.0.0.1:8082",
+        listen="127.0.0.1:8080",
+        admin="127.0.0.1:8081",
+        isolation=None,
+    )
+    environ = {"PATH": "/usr/bin", "WAKEFUL_TOKEN": "admin-secret", "WAKEFUL_LEASE_IDLE_TTL": "7"}
+    env = worker_environment(up, "127.0.0.1:8082", "ingress-secret", environ)
+    assert "WAKEFUL_TOKEN" not in env and "admin-secret" not in env.values()
+    assert env["PATH"] == "/usr/bin" and env["WAKEFUL_LEASE_IDLE_TTL"] == "7"
+    assert env["WAKEFUL_API"] == "http://127.0.0.1:8082"
+    assert env["WAKEFUL_INGRESS_TOKEN"] == "ingress-secret"
+    # A worker reads them into the settings `wakeful up` gives its in-process ingress.
+    for name in [n for n in os.environ if n.startswith("WAKEFUL_")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    worker = IngressSettings()
+    fields = ("store_url", "show_boot_log", "server_timing", "access_log")
+    assert {f: getattr(worker, f) for f in fields} == {f: getattr(up.ingress, f) for f in fields}
+    assert worker.lease_idle_ttl == 7
+
+
+def test_routed_by_worker_reads_each_workers_gauge() -> None:
+    metrics = """# HELP wakeful_ingress_apps_routed Apps.
+# TYPE wakeful_ingress_apps_routed gauge
+wakeful_ingress_apps_routed{worker="0"} 2.0
+wakeful_ingress_apps_routed{worker="1"} 1.0
+# HELP wakeful_ingress_workers_ready Ready.
+# TYPE wakeful_ingress_workers_ready gauge
+wakeful_ingress_workers_ready 2.0
+"""
+    assert routed_by_worker(metrics) == {"0": 2.0, "1": 1.0}

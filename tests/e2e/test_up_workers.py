@@ -1,0 +1,117 @@
+"""`WAKEFUL_INGRESS_WORKERS=2 wakeful up`: the ingress as two worker processes beside the one
+that runs the rest, on the same store file. Both serve the client port; an app deployed while
+they run reaches both; their access lines reach `wakeful logs`; their ingress token lives as
+long as they do; SIGTERM stops them with everything else."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+from tests.support.up import Up, cli_async, make_app, no_sandbox_left, start_up, stop_up
+from wakeful.up import UP_INGRESS_TOKEN, routed_by_worker
+
+pytestmark = pytest.mark.anyio
+
+
+def ingress_workers(pid: int) -> list[int]:
+    """The children of `pid` that run `wakeful ingress` (the others are sandboxes)."""
+    found = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return sorted(
+        int(child)
+        for child in found
+        if b"wakeful.cli\0ingress" in Path(f"/proc/{child}/cmdline").read_bytes()
+    )
+
+
+def gone(pid: int) -> bool:
+    """Exited (reaped, or a zombie)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
+    except FileNotFoundError:
+        return True
+
+
+def by_worker(up: Up, name: str, app: str) -> dict[str, float]:
+    """`name`'s samples for `app` at the supervisor's /metrics, summed by worker."""
+    found: dict[str, float] = {}
+    for line in httpx.get(f"{up.admin}/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + "{") and f'app="{app}"' in line:
+            worker = line.split('worker="', 1)[1].split('"', 1)[0]
+            found[worker] = found.get(worker, 0.0) + float(line.rsplit(" ", 1)[1])
+    return found
+
+
+async def each_on_a_new_connection(up: Up, app: str, count: int) -> list[int]:
+    statuses = []
+    for _ in range(count):
+        async with httpx.AsyncClient(base_url=up.proxy, timeout=30) as client:  # a new port
+            statuses.append((await client.get("/", headers=up.host(app))).status_code)
+    return statuses
+
+
+async def eventually(what: str, check: object, within: float = 30) -> None:
+    deadline = time.monotonic() + within
+    while not (callable(check) and await anyio.to_thread.run_sync(check)):
+        assert time.monotonic() < deadline, f"not within {within} s: {what}"
+        await anyio.sleep(0.1)
+
+
+async def test_two_workers_serve_follow_deploys_log_and_stop_with_up(tmp_path: Path) -> None:
+    up = start_up(tmp_path, make_app(tmp_path), env={"WAKEFUL_INGRESS_WORKERS": "2"})
+    try:
+        workers = ingress_workers(up.process.pid)
+        assert len(workers) == 2, workers
+        tokens = await cli_async(up, "tokens", "list")
+        assert any(
+            line.split()[:2] == [UP_INGRESS_TOKEN, "ingress"] for line in tokens.stdout.splitlines()
+        )
+
+        # Both workers take connections, and lease from the activator over the channel.
+        assert set(await each_on_a_new_connection(up, "hello", 40)) == {200}
+        answered = by_worker(up, "wakeful_ingress_requests_total", "hello")
+        assert set(answered) == {"0", "1"} and sum(answered.values()) == 40, answered
+
+        # Their access lines reach the control plane's log, one per request.
+        async def access_lines() -> list[dict[str, object]]:
+            done = await cli_async(up, "logs", "hello", "--access", "--json", "--since", "5m")
+            return [json.loads(line) for line in done.stdout.splitlines()]
+
+        for _ in range(150):
+            if len(found := await access_lines()) >= 40:
+                break
+            await anyio.sleep(0.2)
+        assert len(found) == 40 and {r["status"] for r in found} == {200}
+
+        # An app deployed now is in both workers' routes (each follows the store file).
+        second = make_app(tmp_path / "more", "second")
+        deployed = await cli_async(up, "deploy", str(second))
+        assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+
+        def both_route_two() -> bool:
+            routed = routed_by_worker(httpx.get(f"{up.admin}/metrics", timeout=10).text)
+            return routed == {"0": 2.0, "1": 2.0}
+
+        await eventually("both workers route the new app", both_route_two)
+        assert set(await each_on_a_new_connection(up, "second", 20)) == {200}
+    finally:
+        output = stop_up(up)
+    assert up.process.returncode == 0, output
+    assert all(gone(pid) for pid in workers), workers
+    await no_sandbox_left(up)
+    with sqlite3.connect(f"file:{up.data_dir / 'store.db'}?mode=ro", uri=True) as db:
+        keys = [row[0] for row in db.execute("SELECT key FROM kv WHERE key LIKE 'tokens/%'")]
+    assert keys == ["tokens/admin"], keys  # the workers' token went with them
+
+
+def test_a_worker_count_out_of_range_is_refused_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(
+        RuntimeError, match=r"ingress_workers: must be 1 to 256 or 'auto' \(got '0'\)"
+    ):
+        start_up(tmp_path, make_app(tmp_path), env={"WAKEFUL_INGRESS_WORKERS": "0"})
