@@ -8,9 +8,13 @@ nginx, nginx, up): req/s and the CPU time per request of the whole `wakeful up` 
 (its sandboxes are processes of their own) and of nginx's. Compare with the ingress alone on
 the same machine: `python -m bench.workers --workers 1`.
 
+`--workers 1,2`: `wakeful up` with WAKEFUL_INGRESS_WORKERS=N (its ingress as N worker
+processes on the same store file) against nginx with N workers, wrk with 32 connections per
+worker; the CPU counted is `wakeful up`'s process and its ingress workers' (not its sandboxes).
+
 From the repository root (needs `apt-get install nginx wrk bubblewrap`):
 
-    .venv/bin/python -m bench.upcost [--seconds 10]
+    .venv/bin/python -m bench.upcost [--seconds 10] [--workers 1,2]
 """
 
 from __future__ import annotations
@@ -32,18 +36,30 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bench.faults import Piece, wakeful_cli
+from bench.procfs import children
 from bench.proxy import SLOW_DELAY
 from bench.workers import APP, RESPONDER, SLOW, TOML, WAKEFUL, Run, drive, nginx, show
 from wakeful.store.testing import free_port, wait_listening
 
 
+def ingress_workers(pid: int) -> list[int]:
+    """The children of `pid` that are ingress workers (`wakeful ingress`), not sandboxes."""
+    found = []
+    for child in children(pid):
+        with contextlib.suppress(OSError):
+            if b"wakeful.cli\0ingress" in Path(f"/proc/{child}/cmdline").read_bytes():
+                found.append(child)
+    return found
+
+
 @contextlib.contextmanager
-def up(root: Path) -> Iterator[tuple[str, list[int], str]]:
+def up(root: Path, workers: int = 1) -> Iterator[tuple[str, list[int], str]]:
     """`wakeful up` with `fast` and `slow` (the one-process default a user runs: control
-    plane, node agent and ingress on one loop, access log and Server-Timing on): its
-    ingress's address, its pid (its sandboxes are processes of their own), and the address
-    of `fast`'s sandbox, from what the responder printed (`wakeful logs`)."""
-    data, apps = root / "up", root / "up-apps"
+    plane, node agent and ingress on one loop, access log and Server-Timing on; with
+    `workers` above 1, its ingress as that many processes): its ingress's address, its pid
+    and its workers' (its sandboxes are processes of their own), and the address of `fast`'s
+    sandbox, from what the responder printed (`wakeful logs`)."""
+    data, apps = root / f"up{workers}", root / f"up{workers}-apps"
     apps.mkdir()
     dirs = []
     for name, delay, rpi in ((APP, 0.0, 100), (SLOW, SLOW_DELAY, 1000)):
@@ -69,7 +85,8 @@ def up(root: Path) -> Iterator[tuple[str, list[int], str]]:
             f"127.0.0.1:{free_port()}",
             *dirs,
         ],
-        {k: v for k, v in os.environ.items() if not k.startswith("WAKEFUL_")},
+        {k: v for k, v in os.environ.items() if not k.startswith("WAKEFUL_")}
+        | {"WAKEFUL_INGRESS_WORKERS": str(workers)},
     )
     piece.start()
     try:
@@ -85,37 +102,46 @@ def up(root: Path) -> Iterator[tuple[str, list[int], str]]:
             address = found.group(1) if found else ""
         wait_listening(port, within=60)
         assert piece.process is not None
-        yield f"http://127.0.0.1:{port}", [piece.process.pid], address
+        pids = [piece.process.pid, *ingress_workers(piece.process.pid)]
+        assert len(pids) == 1 + (workers if workers > 1 else 0), pids
+        yield f"http://127.0.0.1:{port}", pids, address
     finally:
         piece.signal(signal.SIGTERM)
 
 
-def compare_up(root: Path, seconds: int) -> None:
-    """`wakeful up` against nginx (one worker) proxying to the same sandbox, alternated (up,
-    nginx, nginx, up): req/s and CPU µs per request (of the whole `wakeful up` process)."""
+def compare_up(root: Path, seconds: int, workers: int = 1) -> None:
+    """`wakeful up` against nginx (as many workers) proxying to the same sandbox, alternated
+    (up, nginx, nginx, up): req/s and CPU µs per request (of the whole `wakeful up` process
+    and its ingress workers)."""
     rows: dict[str, list[Run]] = {"up": [], "nginx": []}
-    with up(root) as (url, pids, upstream):
+    with up(root, workers) as (url, pids, upstream):
         for side in ("up", "nginx", "nginx", "up"):
             if side == "up":
-                rows[side].append(drive(url, pids, 1, seconds))
+                rows[side].append(drive(url, pids, workers, seconds))
             else:
-                with nginx(root, 1, upstream) as (nginx_url, nginx_pids, _):
-                    rows[side].append(drive(nginx_url, nginx_pids, 1, seconds))
+                with nginx(root, workers, upstream) as (nginx_url, nginx_pids, _):
+                    rows[side].append(drive(nginx_url, nginx_pids, workers, seconds))
     show(rows, "up")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument(
+        "--workers", default="1", help="ingress (and nginx) workers, comma-separated: 1,2"
+    )
     args = parser.parse_args()
+    counts = [int(n) for n in args.workers.split(",")]
     for tool in ("nginx", "wrk"):
         if shutil.which(tool) is None:
             sys.exit(f"{tool} is not installed (apt-get install nginx wrk)")
     root = Path(tempfile.mkdtemp(prefix="wakeful-bench-upcost-"))
     try:
-        print(f"cores: {os.cpu_count()}, wrk -t1 -c32, {args.seconds} s each")
-        print("wakeful up (one process, its own sandbox of fast), 1 nginx worker:")
-        compare_up(root, args.seconds)
+        print(f"cores: {os.cpu_count()}, wrk -t1 -c32 per worker, {args.seconds} s each")
+        for workers in counts:
+            shape = "one process" if workers == 1 else f"{workers} ingress workers"
+            print(f"wakeful up ({shape}, its own sandbox of fast), {workers} nginx worker(s):")
+            compare_up(root, args.seconds, workers)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
