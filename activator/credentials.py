@@ -36,11 +36,11 @@ def new_secret() -> str:
     return secrets.token_urlsafe(32)
 
 
-async def install_token(store: Store, name: str, role: Role) -> tuple[str, int]:
+async def install_token(store: Store, name: str, role: Role, now: float) -> tuple[str, int]:
     """A new secret for the token `name` of `role`, made, or replacing the one of that name
     (its old secret stops working): the secret and the revision written."""
     secret = new_secret()
-    record = Token(name=name, role=role, id=new_id(), sha256=digest(secret), created_at=time.time())
+    record = Token(name=name, role=role, id=new_id(), sha256=digest(secret), created_at=now)
     return secret, await store.put(keys.token(name), record)
 
 

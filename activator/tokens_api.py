@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from wakeful.activator.credentials import new_secret
 from wakeful.domain import keys
-from wakeful.domain.models import ADMIN_TOKEN, NAME_PATTERN, Role, Token
+from wakeful.domain.models import ADMIN_TOKEN, NAME_PATTERN, UP_INGRESS_TOKEN, Role, Token
 from wakeful.store import AlreadyExists, Conflict, Delete, Require, Store
 from wakeful.store.tokenbook import TokenBook, digest, new_id
 
@@ -34,6 +34,12 @@ TokenName = Annotated[str, PathParam(pattern=NAME_PATTERN, description="a token'
 WAIT = 10.0
 """Seconds a write waits for the control plane's own view to apply it."""
 log = logging.getLogger(__name__)
+
+
+_UP_INGRESS = (
+    f"{UP_INGRESS_TOKEN!r} is the token `wakeful up` makes at each start for its ingress "
+    "workers: it cannot be made or rotated here (revoking it cuts running workers off)"
+)
 
 
 class Revoked(BaseModel):
@@ -107,6 +113,8 @@ def tokens_router(
                 f"{ADMIN_TOKEN!r} is the control plane's own admin token: rotate it with "
                 "`wakeful tokens rotate-admin`",
             )
+        if body.name == UP_INGRESS_TOKEN:
+            raise bad(409, "reserved name", _UP_INGRESS)
         secret = new_secret()
         token = Token(
             name=body.name, role=body.role, id=new_id(), sha256=digest(secret), created_at=clock()
@@ -122,6 +130,8 @@ def tokens_router(
 
     @router.post("/v1/tokens/{name}/rotate", response_model=IssuedToken)
     async def rotate(name: TokenName) -> IssuedToken:
+        if name == UP_INGRESS_TOKEN:  # its secret is in the workers' environment alone
+            raise bad(409, "reserved name", _UP_INGRESS)
         current = await store.get(keys.token(name), Token)
         if current is None:
             raise bad(404, "unknown token", f"no token named {name!r}")

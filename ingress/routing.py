@@ -199,6 +199,9 @@ class RoutingTable:
         self.index = RouteIndex()
         self.synced = anyio.Event()
         self._changed = anyio.Event()
+        self.revision = 0
+        """The store revision the index has followed `apps/` to (a write to an app at this
+        revision or before is in it)."""
 
     async def run(self) -> None:
         """Keep the index current until cancelled."""
@@ -206,22 +209,21 @@ class RoutingTable:
 
     def replace(self, items: list[Item[App]], revision: int) -> None:
         self._apps = {item.value.name: item for item in items}
+        self.revision = max(self.revision, revision)
         self._publish()
         self.synced.set()
 
     def put(self, item: Item[App]) -> None:
         cached = self._apps.get(item.value.name)
+        self.revision = max(self.revision, item.revision)
         if cached is None or cached.revision < item.revision:
             self._apps[item.value.name] = item
             self._publish()
 
     def delete(self, key: str, revision: int) -> None:
+        self.revision = max(self.revision, revision)
         if self._apps.pop(keys.name_in(key, keys.APPS), None) is not None:
             self._publish()
-
-    def __len__(self) -> int:
-        """Apps in the index."""
-        return len(self._apps)
 
     async def wait_for(self, app: str) -> None:
         """Until `app` is in the index (a deploy written to the store has reached it)."""

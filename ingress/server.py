@@ -97,10 +97,10 @@ class Ingress:
         self.metrics = IngressMetrics(registry)
         self.routes = RoutingTable(store)
         Gauge(
-            "wakeful_ingress_apps_routed",
-            "Apps in this ingress's routing table (how far it has followed the store's apps).",
+            "wakeful_ingress_routes_revision",
+            "The store revision this ingress's routes have followed apps/ to.",
             registry=registry,
-        ).set_function(lambda: len(self.routes))
+        ).set_function(lambda: self.routes.revision)
         self._store = store
         self.cache = LeaseCache(
             leases,

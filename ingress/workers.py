@@ -244,15 +244,19 @@ class Supervisor:
 
     async def run(self) -> None:
         """Start every worker and keep them running until `stop` (or one fails to start);
-        returns once every worker has ended."""
-        async with anyio.create_task_group() as keepers:
-            for worker in self.workers:
-                keepers.start_soon(self._keep, worker)
-            async with anyio.create_task_group() as watching:
-                watching.start_soon(self._watch)
-                await self._done.wait()
-                watching.cancel_scope.cancel()
-            await self._stop(self.workers)  # the keepers then end on their own
+        returns once every worker has ended, also when cancelled."""
+        try:
+            async with anyio.create_task_group() as keepers:
+                for worker in self.workers:
+                    keepers.start_soon(self._keep, worker)
+                async with anyio.create_task_group() as watching:
+                    watching.start_soon(self._watch)
+                    await self._done.wait()
+                    watching.cancel_scope.cancel()
+                await self._stop(self.workers)  # the keepers then end on their own
+        finally:  # cancelled from outside (its caller failed): the workers still stop
+            self.stopping = True
+            await self._stop(self.workers)
 
     def stop(self) -> None:
         self.stopping = True
@@ -350,19 +354,20 @@ async def supervise(
     wait_for_stop: Callable[[], Awaitable[object]],
     command: Sequence[str] | None = None,
     env: Mapping[str, str] | None = None,
-    bound: Callable[[tuple[str, int], tuple[str, int] | None], None] = lambda *_: None,
+    bound: Callable[[tuple[str, int], tuple[str, int] | None, tuple[str, int]], None] = (
+        lambda *_: None
+    ),
 ) -> str | None:
     """Run `settings.workers` ingress workers until `wait_for_stop` returns; returns why they
     ended early (a worker that never became ready), or None after a clean stop. `env`: the
-    workers' variables (this process's by default); `bound`: told the client (and TLS)
-    address once reserved, a port 0 resolved."""
+    workers' variables (this process's by default); `bound`: told the client, TLS (None
+    without one) and admin addresses once they are bound, a port 0 resolved."""
     with contextlib.ExitStack() as held:
         listen = address_of(held.enter_context(reserve(settings.listen, "listen address")))
         tls_listen = None
         if settings.tls_listen is not None:
             tls = held.enter_context(reserve(settings.tls_listen, "TLS listen address"))
             tls_listen = address_of(tls)
-        bound(split_address(listen), None if tls_listen is None else split_address(tls_listen))
         replica = settings.tunnel_replica or default_replica_name(listen)
         workers = []
         for index in range(settings.workers):
@@ -385,6 +390,8 @@ async def supervise(
         )
         admin_sock = bind_listener(settings.admin_listen, settings.backlog, "admin address")
         await admin_server.start(admin_sock, settings.backlog)
+        tls_address = None if tls_listen is None else split_address(tls_listen)
+        bound(split_address(listen), tls_address, admin_sock.getsockname()[:2])
         try:
             async with anyio.create_task_group() as tasks:
 

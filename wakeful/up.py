@@ -16,7 +16,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -29,12 +30,12 @@ from wakeful.activator.credentials import install_token
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.datadir import write_control_file, write_token
 from wakeful.domain import keys
-from wakeful.domain.models import App, Role
+from wakeful.domain.models import UP_INGRESS_TOKEN, App, Role
 from wakeful.node.secrets import SecretsRefused
 from wakeful.node.settings import NodeSettings
 from wakeful.secrets.book import SecretBook
 from wakeful.secrets.errors import NotYours, SecretsError, UnknownSandbox
-from wakeful.store import Store, sqlite_url
+from wakeful.store import Delete, Require, Store, sqlite_url
 from wakeful.store.errors import StoreError
 from wakeful.store.tokenbook import TokenBook
 
@@ -43,9 +44,6 @@ if TYPE_CHECKING:  # the ingress (httptools, uvloop) is imported only by what ru
 
 log = logging.getLogger(__name__)
 
-UP_INGRESS_TOKEN = "up-ingress"
-"""The ingress token `wakeful up` makes (or replaces) at each start for its ingress workers,
-and revokes when it stops."""
 
 LOOPBACK_NAMES = ("127.0.0.1", "0.0.0.0", "localhost")
 """Listen hosts an app's address is announced under `localhost` for."""
@@ -154,13 +152,16 @@ def worker_environment(
     up: UpSettings, api: str, token: str, environ: Mapping[str, str]
 ) -> dict[str, str]:
     """What each ingress worker runs with: this process's variables without the admin token
-    (a worker has no use for it), and the settings `up_settings` gives the in-process
-    ingress, the store file, and the control API with the workers' ingress token."""
+    (a worker needs none), and the settings `up_settings` gives the in-process ingress, the
+    store file, and the control API (on loopback when it listens on every address) with the
+    workers' ingress token."""
     env = {name: value for name, value in environ.items() if name != "WAKEFUL_TOKEN"}
+    host, _, port = api.rpartition(":")
+    host = {"0.0.0.0": "127.0.0.1", "[::]": "[::1]", "": "127.0.0.1"}.get(host, host)
     ingress = up.ingress
     env.update(
         WAKEFUL_STORE_URL=ingress.store_url,
-        WAKEFUL_API=f"http://{api}",
+        WAKEFUL_API=f"http://{host}:{port}",
         WAKEFUL_INGRESS_TOKEN=token,
         WAKEFUL_SHOW_BOOT_LOG=str(ingress.show_boot_log).lower(),
         WAKEFUL_SERVER_TIMING=str(ingress.server_timing).lower(),
@@ -169,68 +170,84 @@ def worker_environment(
     return env
 
 
-def routed_by_worker(metrics: str) -> dict[str, float]:
-    """`wakeful_ingress_apps_routed` of each worker, from the supervisor's /metrics."""
+def routes_caught_up(metrics: str, workers: int, revision: int) -> bool:
+    """Whether each of `workers` workers, by the supervisor's /metrics, has followed the
+    store's apps to `revision` (`wakeful_ingress_routes_revision`)."""
     found: dict[str, float] = {}
     for family in text_string_to_metric_families(metrics):
-        if family.name == "wakeful_ingress_apps_routed":
+        if family.name == "wakeful_ingress_routes_revision":
             for sample in family.samples:
                 found[sample.labels.get("worker", "")] = sample.value
-    return found
+    return len(found) == workers and min(found.values()) >= revision
 
 
 @contextlib.asynccontextmanager
 async def ingress_workers(
-    up: UpSettings, api: str, store: Store, tokens: TokenBook
+    up: UpSettings,
+    api: str,
+    store: Store,
+    tokens: TokenBook,
+    command: Sequence[str] | None = None,
 ) -> AsyncIterator[Front]:
-    """`up.ingress.workers` ingress processes (`wakeful.ingress.workers.supervise`), ready,
-    for as long as the block runs; then each drains and stops. Raises `WorkersFailed` when
-    one exits before it was ready."""
+    """`up.ingress.workers` ingress processes (`wakeful.ingress.workers.supervise`; `command`
+    in place of `wakeful ingress`), ready, for as long as the block runs; then each drains and
+    stops, whatever ended the block, and only then does their token go. Raises
+    `WorkersFailed` when one exits before it was ready."""
     from wakeful.ingress.workers import supervise
 
-    secret, revision = await install_token(store, UP_INGRESS_TOKEN, Role.INGRESS)
-    await tokens.caught_up(revision)  # the lease channel takes it from the first worker on
-    env = worker_environment(up, api, secret, os.environ)
-    started, stop = anyio.Event(), anyio.Event()
-    tls_port: list[int] = [0]
+    started, stop, ended = anyio.Event(), anyio.Event(), anyio.Event()
+    bound: dict[str, tuple[str, int] | None] = {}
     failed: list[str] = []
+    installed: int | None = None
 
-    async def run() -> None:
+    async def run(env: dict[str, str]) -> None:
         try:
             why = await supervise(
                 up.ingress,
                 announce=lambda line: started.set(),
                 wait_for_stop=stop.wait,
+                command=command,
                 env=env,
-                bound=lambda listen, tls: tls_port.__setitem__(0, tls[1] if tls else 0),
+                bound=lambda listen, tls, admin: bound.update(tls=tls, admin=admin),
             )
+            if why is not None:
+                failed.append(why)
         finally:
             started.set()
-        if why is not None:
-            failed.append(why)
+            ended.set()
 
     async def wait_for(app: str) -> None:
-        """Until every worker routes as many apps as the store holds (`app` among them)."""
-        admin = up.ingress.admin_listen
+        """Until every worker's routes hold the app's record as the store has it now."""
+        record = await store.get(keys.app(app), App)
+        revision = 0 if record is None else record.revision
+        admin = bound["admin"]
+        assert admin is not None
+        url = f"http://{admin[0]}:{admin[1]}/metrics"
         async with httpx.AsyncClient(timeout=2.0, trust_env=False) as client:  # loopback
             while True:
-                wanted = len((await store.list(keys.APPS, App)).items)
                 with contextlib.suppress(httpx.HTTPError, ValueError):
-                    routed = routed_by_worker((await client.get(f"http://{admin}/metrics")).text)
-                    if len(routed) == up.ingress.workers and min(routed.values()) >= wanted:
+                    answer = await client.get(url)
+                    if routes_caught_up(answer.text, up.ingress.workers, revision):
                         return
                 await anyio.sleep(0.05)
 
     try:
+        secret, installed = await install_token(store, UP_INGRESS_TOKEN, Role.INGRESS, time.time())
+        await tokens.caught_up(installed)  # the lease channel takes it from the first worker on
         async with anyio.create_task_group() as tasks:
-            tasks.start_soon(run)
-            await started.wait()
-            if failed or stop.is_set():
-                raise WorkersFailed(failed[0] if failed else "the ingress workers stopped")
+            tasks.start_soon(run, worker_environment(up, api, secret, os.environ))
             try:
-                yield Front(tls_port[0], wait_for)
+                await started.wait()
+                if failed or ended.is_set():
+                    raise WorkersFailed(failed[0] if failed else "the ingress workers stopped")
+                tls = bound["tls"]
+                yield Front(0 if tls is None else tls[1], wait_for)
             finally:
                 stop.set()
+                with anyio.CancelScope(shield=True):
+                    await ended.wait()  # drained and stopped, before anything else stops
     finally:
-        with anyio.CancelScope(shield=True), contextlib.suppress(StoreError):
-            await store.delete(keys.token(UP_INGRESS_TOKEN))
+        if installed is not None:  # this start's token, unless someone replaced it since
+            key = keys.token(UP_INGRESS_TOKEN)
+            with anyio.CancelScope(shield=True), contextlib.suppress(StoreError):
+                await store.txn([Require(key, installed)], [Delete(key)])

@@ -5,6 +5,7 @@ long as they do; SIGTERM stops them with everything else."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import time
@@ -15,7 +16,8 @@ import httpx
 import pytest
 
 from tests.support.up import Up, cli_async, make_app, no_sandbox_left, start_up, stop_up
-from wakeful.up import UP_INGRESS_TOKEN, routed_by_worker
+from wakeful.domain.models import UP_INGRESS_TOKEN
+from wakeful.up import routes_caught_up
 
 pytestmark = pytest.mark.anyio
 
@@ -28,6 +30,11 @@ def ingress_workers(pid: int) -> list[int]:
         for child in found
         if b"wakeful.cli\0ingress" in Path(f"/proc/{child}/cmdline").read_bytes()
     )
+
+
+def read_only(up: Up) -> sqlite3.Connection:
+    """`wakeful up`'s store file, opened to read (a test's look, beside its processes)."""
+    return sqlite3.connect(f"file:{up.data_dir / 'store.db'}?mode=ro", uri=True)
 
 
 def gone(pid: int) -> bool:
@@ -94,18 +101,24 @@ async def test_two_workers_serve_follow_deploys_log_and_stop_with_up(tmp_path: P
         deployed = await cli_async(up, "deploy", str(second))
         assert deployed.returncode == 0, deployed.stdout + deployed.stderr
 
-        def both_route_two() -> bool:
-            routed = routed_by_worker(httpx.get(f"{up.admin}/metrics", timeout=10).text)
-            return routed == {"0": 2.0, "1": 2.0}
+        def both_route_it() -> bool:
+            with contextlib.closing(
+                sqlite3.connect(f"file:{up.data_dir / 'store.db'}?mode=ro", uri=True)
+            ) as db:
+                [(revision,)] = db.execute("SELECT revision FROM kv WHERE key = 'apps/second'")
+            metrics = httpx.get(f"{up.admin}/metrics", timeout=10).text
+            return routes_caught_up(metrics, 2, revision)
 
-        await eventually("both workers route the new app", both_route_two)
+        await eventually("both workers route the new app", both_route_it)
         assert set(await each_on_a_new_connection(up, "second", 20)) == {200}
     finally:
         output = stop_up(up)
     assert up.process.returncode == 0, output
     assert all(gone(pid) for pid in workers), workers
     await no_sandbox_left(up)
-    with sqlite3.connect(f"file:{up.data_dir / 'store.db'}?mode=ro", uri=True) as db:
+    with contextlib.closing(
+        sqlite3.connect(f"file:{up.data_dir / 'store.db'}?mode=ro", uri=True)
+    ) as db:
         keys = [row[0] for row in db.execute("SELECT key FROM kv WHERE key LIKE 'tokens/%'")]
     assert keys == ["tokens/admin"], keys  # the workers' token went with them
 

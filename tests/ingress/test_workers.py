@@ -4,6 +4,7 @@ again, all stopped as one: tests/e2e/test_ingress_workers.py."""
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import subprocess
@@ -21,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 import wakeful.ingress.workers as workers_module
-from wakeful.ingress.settings import IngressSettings
+from wakeful.ingress.settings import IngressSettings, split_address
 from wakeful.ingress.workers import (
     labelled,
     reserve,
@@ -303,7 +304,7 @@ async def test_workers_start_with_the_variables_given_and_the_addresses_are_told
     settings = IngressSettings(
         listen="127.0.0.1:0", admin_listen=f"127.0.0.1:{free_port()}", ingress_workers=2
     )
-    told: list[tuple[tuple[str, int], tuple[str, int] | None]] = []
+    told: list[tuple[tuple[str, int], tuple[str, int] | None, tuple[str, int]]] = []
     record = (
         "import os, pathlib, time; w = os.environ['WAKEFUL_INGRESS_WORKER']; "
         f"d = pathlib.Path({str(tmp_path)!r}); (d / ('.' + w)).write_text("
@@ -324,8 +325,40 @@ async def test_workers_start_with_the_variables_given_and_the_addresses_are_told
             wait_for_stop=both_written,
             command=[sys.executable, "-c", record],
             env={"GIVEN": "yes", "PATH": os.environ["PATH"]},
-            bound=lambda listen, tls: told.append((listen, tls)),
+            bound=lambda listen, tls, admin: told.append((listen, tls, admin)),
         )
     assert {(tmp_path / w).read_text() for w in ("0", "1")} == {"yes -"}
-    [(listen, tls)] = told
+    [(listen, tls, admin)] = told
     assert listen[0] == "127.0.0.1" and listen[1] > 0 and tls is None
+    assert admin == split_address(settings.admin_listen)
+
+
+async def test_a_cancelled_supervisor_still_stops_its_workers(tmp_path: Path) -> None:
+    """`wakeful up` runs the supervisor in a task group its own failure cancels: the workers
+    stop with it, not at the process's exit."""
+    settings = IngressSettings(
+        listen="127.0.0.1:0", admin_listen=f"127.0.0.1:{free_port()}", ingress_workers=2
+    )
+    record = (
+        f"import os, pathlib, time; pathlib.Path({str(tmp_path)!r}, str(os.getpid())).touch(); "
+        "time.sleep(60)"
+    )
+    with anyio.move_on_after(20) as scope:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(
+                functools.partial(
+                    supervise,
+                    settings,
+                    announce=lambda line: None,
+                    wait_for_stop=anyio.sleep_forever,
+                    command=[sys.executable, "-c", record],
+                )
+            )
+            for _ in range(1000):
+                if await anyio.to_thread.run_sync(lambda: len(list(tmp_path.iterdir())) == 2):
+                    break
+                await anyio.sleep(0.02)
+            tasks.cancel_scope.cancel()
+    assert not scope.cancelled_caught, "the workers never started"
+    pids = await anyio.to_thread.run_sync(lambda: [int(p.name) for p in tmp_path.iterdir()])
+    assert len(pids) == 2 and not [pid for pid in pids if _alive(pid)], pids

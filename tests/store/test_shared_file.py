@@ -1,11 +1,14 @@
 """A SQLite store several processes open (`wakeful up`'s ingress workers open its file): each
 one's watchers see the others' writes as they see their own, in revision order, and a TTL
-lease of a process that died expires in the others' housekeeping."""
+lease of a process that died expires in the others' housekeeping; their housekeeping never
+moves the compaction point back."""
 
 from __future__ import annotations
 
 import os
+import sqlite3
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,6 +19,9 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from pydantic import BaseModel
 
 from wakeful.store import Event, WatchItem, open_store, sqlite_url
+from wakeful.store.base import RawPut
+from wakeful.store.local import Compacted
+from wakeful.store.sqlite import SqliteEngine
 
 pytestmark = pytest.mark.anyio
 
@@ -104,3 +110,47 @@ async def test_two_stores_on_one_file_see_each_others_writes_interleaved_in_orde
                 assert (event.key, event.revision) == (f"k/{n}", revision)
         for events in watches:
             await events.aclose()
+
+
+def test_the_compaction_point_never_moves_back_when_two_processes_compact(
+    tmp_path: Path,
+) -> None:
+    """Every process on the file compacts in its housekeeping. One that checked the point
+    before another's compaction committed once wrote its older point over the newer one:
+    the events between were gone and a watcher reading there was told nothing (no Resync)."""
+    path = tmp_path / "store.db"
+    here, there = SqliteEngine(path), SqliteEngine(path, busy_timeout=10)
+    for n in range(200):
+        here.commit([], [RawPut(f"k/{n}", b"x", None)])
+    other = sqlite3.connect(str(path), isolation_level=None)  # a third process, mid-compaction
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("DELETE FROM events WHERE revision < 100")
+        other.execute("UPDATE meta SET value = 100 WHERE name = 'compacted'")
+        behind = threading.Thread(target=there.compact, args=(90,))
+        behind.start()  # it waits for the lock the third one holds
+        time.sleep(0.3)
+        other.execute("COMMIT")
+        behind.join()
+    finally:
+        other.close()
+    with pytest.raises(Compacted):
+        here.changes("", 95, 10)
+    here.close()
+    there.close()
+
+
+async def test_a_write_here_after_an_unseen_write_elsewhere_loses_neither(tmp_path: Path) -> None:
+    """This process's write must not be taken into the tail from its own ops when another
+    process wrote in between (its revision is not the tail's next): both reach the watcher,
+    in order."""
+    url = sqlite_url(tmp_path / "store.db")
+    async with open_store(url, shared=False) as here, open_store(url) as other:
+        events = here.watch("k/", (await here.list("k/", Counter)).revision + 1)
+        first = await here.put("k/0", Counter(n=0))
+        assert (await _next(events)).revision == first
+        theirs = await other.put("k/other", Counter(n=1))  # `here` does not look for it
+        mine = await here.put("k/mine", Counter(n=2))
+        seen = [await _next(events) for _ in range(2)]
+        assert [(e.key, e.revision) for e in seen] == [("k/other", theirs), ("k/mine", mine)]
+        await events.aclose()

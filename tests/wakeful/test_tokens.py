@@ -13,8 +13,9 @@ import httpx
 import pytest
 
 from tests.support.control import TOKEN, Running, running_control_plane
+from wakeful.activator.credentials import install_token
 from wakeful.domain import keys
-from wakeful.domain.models import Token
+from wakeful.domain.models import UP_INGRESS_TOKEN, Role, Token
 from wakeful.store import Delete, Put, open_store, sqlite_url
 from wakeful.store.tokenbook import digest
 
@@ -178,3 +179,19 @@ async def test_a_new_admin_token_that_cannot_be_written_to_its_file_is_shown_ins
         secret = rotated.json()["secret"]
         assert await call(running, secret) == 200
         assert await call(running, TOKEN) == 401
+
+
+async def test_the_up_workers_token_cannot_be_made_or_rotated_through_the_api(
+    tmp_path: Path,
+) -> None:
+    """`up-ingress` is `wakeful up`'s to make at each start (its secret is in its workers'
+    environment alone): a user's token of that name would be replaced at the next start."""
+    async with running_control_plane(tmp_path) as running:
+        made = await admin(
+            running, "POST", "/v1/tokens", json={"name": UP_INGRESS_TOKEN, "role": "admin"}
+        )
+        assert made.status_code == 409 and "wakeful up" in made.text
+        await install_token(running.store, UP_INGRESS_TOKEN, Role.INGRESS, 0.0)
+        rotated = await admin(running, "POST", f"/v1/tokens/{UP_INGRESS_TOKEN}/rotate")
+        assert rotated.status_code == 409
+        assert (await admin(running, "DELETE", f"/v1/tokens/{UP_INGRESS_TOKEN}")).status_code == 200

@@ -1,5 +1,6 @@
 """Where `wakeful up` says each app answers (`wakeful.up.app_address`), and what its ingress
-workers run with (`worker_environment`) and are seen to route (`routed_by_worker`)."""
+workers run with (`worker_environment`) and when they route what was deployed
+(`routes_caught_up`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from wakeful.ingress.settings import IngressSettings
-from wakeful.up import app_address, routed_by_worker, up_settings, worker_environment
+from wakeful.up import app_address, routes_caught_up, up_settings, worker_environment
 
 
 @pytest.mark.parametrize(
@@ -62,13 +63,39 @@ def test_workers_run_on_the_store_file_with_their_token_and_without_the_admin_to
     assert worker.lease_idle_ttl == 7
 
 
-def test_routed_by_worker_reads_each_workers_gauge() -> None:
-    metrics = """# HELP wakeful_ingress_apps_routed Apps.
-# TYPE wakeful_ingress_apps_routed gauge
-wakeful_ingress_apps_routed{worker="0"} 2.0
-wakeful_ingress_apps_routed{worker="1"} 1.0
+def test_workers_reach_an_api_on_every_address_over_loopback(tmp_path: Path) -> None:
+    up = up_settings(
+        tmp_path,
+        "a",
+        api="0.0.0.0:8082",
+        listen="127.0.0.1:8080",
+        admin="127.0.0.1:8081",
+        isolation=None,
+    )
+    env = worker_environment(up, "0.0.0.0:8082", "t", {})
+    assert env["WAKEFUL_API"] == "http://127.0.0.1:8082"  # no "plain HTTP to another machine"
+    assert worker_environment(up, "[::]:8082", "t", {})["WAKEFUL_API"] == "http://[::1]:8082"
+
+
+METRICS = """# HELP wakeful_ingress_routes_revision Revision.
+# TYPE wakeful_ingress_routes_revision gauge
+wakeful_ingress_routes_revision{worker="0"} 12.0
+wakeful_ingress_routes_revision{worker="1"} 9.0
 # HELP wakeful_ingress_workers_ready Ready.
 # TYPE wakeful_ingress_workers_ready gauge
 wakeful_ingress_workers_ready 2.0
 """
-    assert routed_by_worker(metrics) == {"0": 2.0, "1": 1.0}
+
+
+@pytest.mark.parametrize(
+    ("workers", "revision", "caught_up"),
+    [
+        pytest.param(2, 9, True, id="each at or past it"),
+        pytest.param(2, 10, False, id="one behind"),
+        pytest.param(3, 9, False, id="a worker not reporting"),
+    ],
+)
+def test_routes_caught_up_asks_it_of_every_worker(
+    workers: int, revision: int, caught_up: bool
+) -> None:
+    assert routes_caught_up(METRICS, workers, revision) is caught_up

@@ -245,7 +245,7 @@ class LocalStore(StoreBase):
                 if self._closed:
                     return
             else:
-                if seen is not None and version != seen:
+                if version != seen:  # the first look too: a watch may have read before it
                     self._notify()
                 seen = version
             await asyncio.sleep(interval)

@@ -168,6 +168,15 @@ class SqliteEngine:
 
     @_translated
     def changes(self, prefix: str, from_revision: int, span: int) -> tuple[list[Event], int]:
+        # One read transaction: another process compacting between the check and the read
+        # would otherwise take events from under a watcher that is told nothing.
+        self._db.execute("BEGIN")
+        try:
+            return self._changes(prefix, from_revision, span)
+        finally:
+            self._db.execute("COMMIT")
+
+    def _changes(self, prefix: str, from_revision: int, span: int) -> tuple[list[Event], int]:
         compacted = self._meta("compacted")
         current = self.current()
         if from_revision < compacted:
@@ -193,12 +202,14 @@ class SqliteEngine:
 
     @_translated
     def compact(self, revision: int) -> None:
-        current = self.current()
-        if revision > current:
-            raise ValueError(f"cannot compact to {revision}: the store is at {current}")
-        if revision <= self._meta("compacted"):
-            return
+        # Checked inside the write transaction: another process may have compacted further
+        # since a check outside it, and the compaction point never moves back.
         with self._transaction():
+            current = self.current()
+            if revision > current:
+                raise ValueError(f"cannot compact to {revision}: the store is at {current}")
+            if revision <= self._meta("compacted"):
+                return
             self._db.execute("DELETE FROM events WHERE revision < ?", (revision,))
             self._db.execute("UPDATE meta SET value = ? WHERE name = 'compacted'", (revision,))
 

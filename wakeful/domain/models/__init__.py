@@ -168,7 +168,7 @@ from .secrets import (
     secret_name_problem,
     secret_value_problem,
 )
-from .tokens import ADMIN_TOKEN, Role, Token
+from .tokens import ADMIN_TOKEN, UP_INGRESS_TOKEN, Role, Token
 
 __all__ = [
     "ACCOUNT_PURPOSE",
@@ -213,6 +213,7 @@ __all__ = [
     "TAG_BYTES",
     "TOKEN_PATTERN",
     "UNITS",
+    "UP_INGRESS_TOKEN",
     "AcmeAccount",
     "AcmeChallenge",
     "App",

@@ -25,6 +25,9 @@ class Role(StrEnum):
 
 
 ADMIN_TOKEN = "admin"
+UP_INGRESS_TOKEN = "up-ingress"
+"""The ingress token `wakeful up` makes (or replaces) at each start for its ingress workers
+(WAKEFUL_INGRESS_WORKERS), and deletes when it stops: nobody else creates or rotates it."""
 """The name of the control plane's own admin token (`wakeful tokens rotate-admin`)."""
 
 
