@@ -211,13 +211,14 @@ class ProxyEdge:
                     if out.write(chunk):
                         await out.drain()
                 out.end(upstream.trailers)
-            except UpstreamError as exc:
+            # Not `exc`: compiled, the name would keep this clause's type for the one below.
+            except UpstreamError as broke:
                 if not streaming:
                     raise  # an error answer (or, past a 101, the end of a WebSocket), below
-                proxy.count_error(app, exc)
+                proxy.count_error(app, broke)
                 log.warning(
                     "upstream broke mid-answer; cutting the client off: %s",
-                    exc,
+                    broke,
                     extra={"app": app, "request_id": request_id},
                 )
                 status = 502

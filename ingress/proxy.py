@@ -39,6 +39,7 @@ from wakeful.ingress.metrics import WAIT, IngressMetrics, Tracker
 from wakeful.ingress.retry import Body, Next, next_attempt
 from wakeful.ingress.routing import Route, Router, RoutingTable, normalize_host
 from wakeful.ingress.settings import IngressSettings
+from wakeful.ingress.streams import chunks
 from wakeful.ingress.transport import Transport, UpstreamRequest, UpstreamResponse
 
 
@@ -337,10 +338,30 @@ class _Preread:
     def client_gone(self) -> bool:
         return self._source.client_gone
 
-    async def stream(self) -> AsyncIterator[bytes]:
-        for chunk in self._chunks:
-            yield chunk
-        if self._rest is not None:
-            self._pulled = True
-            async for chunk in self._rest:
-                yield chunk
+    def stream(self) -> AsyncIterator[bytes]:
+        """What was read, then the rest: from the start at each call (a retry sends it
+        again)."""
+        return chunks(_Replay(self).next_chunk)
+
+
+class _Replay:
+    """One pass over a `_Preread`."""
+
+    __slots__ = ("_next", "_preread")
+
+    def __init__(self, preread: _Preread) -> None:
+        self._preread = preread
+        self._next = 0
+
+    async def next_chunk(self) -> bytes | None:
+        preread = self._preread
+        if self._next < len(preread._chunks):
+            self._next += 1
+            return preread._chunks[self._next - 1]
+        if preread._rest is None:
+            return None
+        preread._pulled = True
+        try:
+            return await anext(preread._rest)
+        except StopAsyncIteration:
+            return None

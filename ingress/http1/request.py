@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from wakeful.aio.flow import HIGH_WATER, LOW_WATER
 from wakeful.ingress.errors import ClientGone, ClientTooSlow
+from wakeful.ingress.streams import chunks
 
 if TYPE_CHECKING:
     from wakeful.ingress.http1.connection import ClientConnection
@@ -86,7 +87,11 @@ class Body(Arrivals):
             self._conn.pause_reading("body")
         self._wake()
 
-    async def stream(self) -> AsyncIterator[bytes]:
+    def stream(self) -> AsyncIterator[bytes]:
+        return chunks(self.next_chunk)
+
+    async def next_chunk(self) -> bytes | None:
+        """The next piece of the body as it arrives; None at its end."""
         self.started = True
         if self._continue and not self._done and not self._chunks:
             self._continue = False
@@ -98,10 +103,9 @@ class Body(Arrivals):
                 self._size -= len(chunk)
                 if self._size <= LOW_WATER:
                     self._conn.resume_reading("body")
-                yield chunk
-                continue
+                return chunk
             if self._done:
-                return
+                return None
             if self._error is not None:
                 raise self._error
             if self._conn.gone:

@@ -21,6 +21,7 @@ from hpack import NeverIndexedHeaderTuple
 from wakeful.ingress.errors import ClientGone, UpstreamFailed
 from wakeful.ingress.http1.request import Arrivals
 from wakeful.ingress.http1.responder import ClientSide
+from wakeful.ingress.streams import chunks
 
 if TYPE_CHECKING:
     from wakeful.ingress.http2.connection import H2Connection
@@ -74,7 +75,11 @@ class StreamBody(Arrivals):
         self._small.clear()
         return unread
 
-    async def stream(self) -> AsyncIterator[bytes]:
+    def stream(self) -> AsyncIterator[bytes]:
+        return chunks(self.next_chunk)
+
+    async def next_chunk(self) -> bytes | None:
+        """The next piece of the body as it arrives; None at its end."""
         self.started = True
         while True:
             if not self._chunks and self._small:
@@ -83,10 +88,9 @@ class StreamBody(Arrivals):
             if self._chunks:
                 chunk = self._chunks.popleft()
                 self._conn.consumed(self._id, len(chunk))
-                yield chunk
-                continue
+                return chunk
             if self._done:
-                return
+                return None
             if self._error is not None:
                 if isinstance(self._error, ClientGone):
                     self.client_gone = True

@@ -22,7 +22,7 @@ import asyncio
 import collections
 import contextlib
 import socket
-from collections.abc import AsyncGenerator, AsyncIterable
+from collections.abc import AsyncIterable
 from typing import Protocol, cast
 
 import httptools
@@ -30,6 +30,7 @@ import httptools
 from wakeful.aio.deadline import Deadline
 from wakeful.aio.flow import HIGH_WATER, LOW_WATER, WriteGate
 from wakeful.ingress.errors import ClosedUnanswered, ConnectFailed, UpstreamFailed, UpstreamTimeout
+from wakeful.ingress.streams import nonempty
 from wakeful.ingress.upstream.exchange import (
     BODY,
     COMPLETE,
@@ -285,7 +286,7 @@ class UpstreamConnection(Gated):
         assert transport is not None
         state = self.state
         try:
-            async with contextlib.aclosing(_iterate(body)) as chunks:
+            async with contextlib.aclosing(nonempty(body)) as chunks:
                 async for chunk in chunks:
                     if self.closed or state.stage is FAILED:
                         return
@@ -387,10 +388,3 @@ def tuned(transport: asyncio.BaseTransport) -> asyncio.Transport:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     transport.set_write_buffer_limits(high=HIGH_WATER)
     return transport
-
-
-async def _iterate(body: AsyncIterable[bytes]) -> AsyncGenerator[bytes, None]:
-    """`body`'s non-empty chunks, as a generator `aclosing` can close."""
-    async for chunk in body:
-        if chunk:
-            yield chunk

@@ -68,7 +68,7 @@ _NEXT = tuple(MOVES[stage] for stage in Stage)
 """`MOVES` indexed by stage."""
 
 
-class IllegalMove(RuntimeError):
+class IllegalMove(Exception):  # mypyc compiles no subclass of RuntimeError
     """An exchange was told to move where the table does not go (a bug, not a sandbox's
     misbehaviour: the protocols check what the sandbox sent before they move)."""
 

@@ -36,13 +36,14 @@ class H2Exchange:
         "headers",
         "on_close",
         "sandbox_done",
+        "splice",
         "status",
         "stream_id",
         "trailers",
     )
-    splice: Side | None = None
 
     def __init__(self, conn: H2Upstream, stream_id: int, idle: float) -> None:
+        self.splice: Side | None = None  # set here: a compiled class has no class defaults
         self._conn = conn
         self.stream_id = stream_id
         self._idle = idle
