@@ -1,8 +1,9 @@
 """The ingress's per-request modules compiled with mypyc (issue 42), and when they are used.
 
-`setup.py` compiles `COMPILED` when mypyc and a C compiler are there (`pip install .`, or
-`pip install -e .` for a checkout: the extension modules land beside the sources) and writes
-`native.json` beside this file: each compiled module's source digest. Python imports an
+`setup.py` compiles `COMPILED` when mypyc, the project's dependencies and a C compiler are
+there (`pip install --no-build-isolation -e .` once they are installed, as scripts/up and
+scripts/test do: the extension modules land beside the sources) and writes `native.json`
+beside this file: each compiled module's source digest. Python imports an
 extension module before the source of the same name, so a checkout whose sources changed
 after the build would run the old code. `guard` (run by `wakeful/__init__.py`, before any of
 them is imported) sends every one of `COMPILED` to its source instead, all together, when:
@@ -26,7 +27,7 @@ import importlib.util
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -100,7 +101,7 @@ def stale(recorded: dict[str, str], root: Path = PACKAGE) -> list[str]:
     return found
 
 
-def pure_python_asked(environ: dict[str, str] | os._Environ[str] = os.environ) -> bool:
+def pure_python_asked(environ: Mapping[str, str] = os.environ) -> bool:
     return environ.get("WAKEFUL_PURE_PYTHON", "") not in ("", "0")
 
 
@@ -141,8 +142,8 @@ def guard() -> str:
             why = f"pure: {len(changed)} source(s) changed since they were compiled"
             sys.stderr.write(
                 f"wakeful: {changed[0]} (and {len(changed) - 1} more) changed since it was "
-                "compiled: the ingress runs as pure Python; build it again with "
-                "`pip install -e .`\n"
+                "compiled: the ingress runs as pure Python; compile it again with "
+                "`.venv/bin/python -m pip install --no-build-isolation --no-deps -e .`\n"
             )
     if why and not any(isinstance(f, _Sources) for f in sys.meta_path):
         sys.meta_path.insert(0, _Sources())
