@@ -33,16 +33,16 @@ IMPORTED = (
 )
 
 
-def _imported(env: dict[str, str]) -> list[str]:
-    done = subprocess.run(
-        [sys.executable, "-c", IMPORTED],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
+def _python(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """This interpreter with `args`, from the checkout's root (its build, or its sources)."""
+    return subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
     )
+
+
+def _imported(env: dict[str, str]) -> list[str]:
+    done = _python(env, "-c", IMPORTED)
+    assert done.returncode == 0, done.stderr
     return done.stdout.splitlines()
 
 
@@ -51,15 +51,7 @@ def test_the_exchange_gives_the_same_answers_as_pure_python() -> None:
     chosen, *files = _imported(env)
     assert chosen in ("pure", "pure: WAKEFUL_PURE_PYTHON"), chosen
     assert all(f.endswith(".py") for f in files), files
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *EXCHANGE_TESTS],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    done = _python(env, "-m", "pytest", "-q", "-p", "no:cacheprovider", *EXCHANGE_TESTS)
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-2000:]
 
 
