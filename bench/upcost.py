@@ -86,7 +86,8 @@ def up(root: Path, workers: int = 1) -> Iterator[tuple[str, list[int], str]]:
             *dirs,
         ],
         {k: v for k, v in os.environ.items() if not k.startswith("WAKEFUL_")}
-        | {"WAKEFUL_INGRESS_WORKERS": str(workers)},
+        | {"WAKEFUL_INGRESS_WORKERS": str(workers)}
+        | {k: v for k, v in os.environ.items() if k == "WAKEFUL_PURE_PYTHON"},
     )
     piece.start()
     try:
