@@ -9,8 +9,11 @@ after the build would run the old code. `guard` (run by `wakeful/__init__.py`, b
 them is imported) sends every one of `COMPILED` to its source instead, all together, when:
 
 - WAKEFUL_PURE_PYTHON is set (to anything but "" or "0"): the pure-Python path on purpose;
-- any compiled module's source no longer matches its digest (edited since the build): a
-  line on stderr says to build again.
+- any compiled module's source no longer matches its digest (edited since the build), or
+  the build compiled a module `COMPILED` no longer lists: a line on stderr says to compile
+  again;
+- extension modules are there without the build's record (compiled by hand, or a build cut
+  short).
 
 All or none, because a class in a source module may not inherit from one in a compiled
 module. Nothing here imports the rest of `wakeful`: `setup.py` reads `COMPILED` from it
@@ -28,6 +31,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 from types import ModuleType
 
@@ -89,9 +93,13 @@ def manifest(root: Path = PACKAGE) -> dict[str, str]:
 
 
 def stale(recorded: dict[str, str], root: Path = PACKAGE) -> list[str]:
-    """The compiled modules whose sources differ from when they were compiled."""
+    """The compiled modules whose sources differ from when they were compiled, and those
+    compiled by a build that listed them and no longer listed (their extension would run)."""
     found = []
-    for module in COMPILED:
+    for module in sorted(set(COMPILED) | set(recorded)):
+        if module not in COMPILED:
+            found.append(module)
+            continue
         try:
             now = digest(source_of(module, root))
         except OSError:
@@ -101,17 +109,31 @@ def stale(recorded: dict[str, str], root: Path = PACKAGE) -> list[str]:
     return found
 
 
+def extensions_without_record(root: Path = PACKAGE) -> list[str]:
+    """Modules of `COMPILED` with an extension module beside their source but no record of
+    the build (`MANIFEST` missing): compiled by hand, or a build cut short."""
+    found = []
+    for module in COMPILED:
+        source = source_of(module, root)
+        if any(source.with_suffix(suffix).exists() for suffix in EXTENSION_SUFFIXES):
+            found.append(module)
+    return found
+
+
 def pure_python_asked(environ: Mapping[str, str] = os.environ) -> bool:
     return environ.get("WAKEFUL_PURE_PYTHON", "") not in ("", "0")
 
 
 class _Sources(importlib.abc.MetaPathFinder):
-    """Finds each of `COMPILED` as its source file, ahead of the extension module."""
+    """Finds each of `modules` as its source file, ahead of the extension module."""
+
+    def __init__(self, modules: set[str]) -> None:
+        self.modules = modules
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in COMPILED:
+        if fullname not in self.modules:
             return None
         source = source_of(fullname)
         if not source.exists():
@@ -127,10 +149,12 @@ def guard() -> str:
     """Choose, once per process, between the compiled modules and their sources (see the
     module docstring); what was chosen: "compiled", "pure" (none built) or the reason the
     sources are used."""
+    recorded: dict[str, str] = {}
     if not compiled_present():
-        return "pure"
-    why = ""
-    if pure_python_asked():
+        if not extensions_without_record():
+            return "pure"
+        why = "pure: compiled modules without their build's record"
+    elif pure_python_asked():
         why = "pure: WAKEFUL_PURE_PYTHON"
     else:
         try:
@@ -138,13 +162,14 @@ def guard() -> str:
         except (OSError, ValueError):
             recorded = {}
         changed = stale(recorded)
+        why = ""
         if changed:
-            why = f"pure: {len(changed)} source(s) changed since they were compiled"
+            why = f"pure: {len(changed)} module(s) changed since they were compiled"
             sys.stderr.write(
                 f"wakeful: {changed[0]} (and {len(changed) - 1} more) changed since it was "
                 "compiled: the ingress runs as pure Python; compile it again with "
                 "`.venv/bin/python -m pip install --no-build-isolation --no-deps -e .`\n"
             )
     if why and not any(isinstance(f, _Sources) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Sources())
+        sys.meta_path.insert(0, _Sources(set(COMPILED) | set(recorded)))
     return why or "compiled"

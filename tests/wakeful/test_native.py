@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,20 @@ def test_a_changed_source_is_stale_and_every_module_has_a_source(tmp_path: Path)
 )
 def test_pure_python_is_asked_by_any_value_but_empty_or_zero(value: str, asked: bool) -> None:
     assert native.pure_python_asked({"WAKEFUL_PURE_PYTHON": value}) is asked
+
+
+def test_a_module_the_build_compiled_and_the_list_no_longer_names_is_stale(
+    tmp_path: Path,
+) -> None:
+    """Its extension would be imported for ever: the guard must send it to its source."""
+    recorded = {"wakeful.ingress.gone": "0" * 64}
+    assert native.stale(recorded, tmp_path)[0] == "wakeful.ingress.gone"
+
+
+def test_extension_modules_without_the_builds_record_are_found(tmp_path: Path) -> None:
+    assert native.extensions_without_record(tmp_path) == []
+    source = native.source_of("wakeful.ingress.proxy", tmp_path)
+    source.parent.mkdir(parents=True)
+    source.write_text("")
+    source.with_suffix(EXTENSION_SUFFIXES[0]).write_bytes(b"")
+    assert native.extensions_without_record(tmp_path) == ["wakeful.ingress.proxy"]
