@@ -21,7 +21,6 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from wakeful.domain.leases import LeaseGrant
 from wakeful.domain.logbatch import MAX_PATH
 from wakeful.domain.logfiles import Sampler
 
@@ -69,12 +68,13 @@ class AccessLog:
         """What became of each request's line (`wakeful_ingress_access_lines_total`)."""
         registry.register(_Outcomes(self.counts))
 
-    def wants(self, app: str, grant: LeaseGrant | None) -> tuple[bool, bool]:
-        """Whether `app`'s request gets a line, and with its query string: as its lease says,
-        or for a request that got none (a 503 while it woke, a 502), as its last lease here
-        said (an app never leased here: only with `every_app`)."""
-        if grant is not None:
-            asked = self._asked[app] = (grant.access_log, grant.access_log_query)
+    def wants(self, app: str, asked: tuple[bool, bool] | None) -> tuple[bool, bool]:
+        """Whether `app`'s request gets a line, and with its query string: as its lease says
+        (`asked`: its grant's `access_log` and `access_log_query`), or for a request that got
+        none (a 503 while it woke, a 502), as its last lease here said (an app never leased
+        here: only with `every_app`)."""
+        if asked is not None:
+            self._asked[app] = asked
         else:
             asked = self._asked.get(app, (False, False))
         return self.every_app or asked[0], asked[1]

@@ -281,7 +281,7 @@ class LeaseCache:
             entry.uses, entry.used = 1, True
             self._held.add(entry)
             return Use(entry, hit=False)
-        if not entry.cached or entry.uses >= entry.grant.size:
+        if not entry.cached or entry.uses >= entry.size:
             return None  # left the cache (its sandbox went), or full
         entry.uses += 1
         entry.used = True
@@ -333,7 +333,7 @@ class LeaseCache:
         """Take every lease on a sandbox out of the cache; returns those free to release now."""
         free = []
         for key, entries in list(self._entries.items()):
-            for entry in [e for e in entries if e.grant.sandbox_id == sandbox_id]:
+            for entry in [e for e in entries if e.sandbox_id == sandbox_id]:
                 self._evict(key, entry)
                 if entry.uses == 0:
                     free.append(entry.grant)

@@ -15,12 +15,21 @@ Key = tuple[str, str | None]
 None only for an app with no version yet."""
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, slots=True, init=False)
 class CachedLease:
     grant: LeaseGrant
     key: Key
     renewed_at: float
     idle_since: float
+    sandbox_id: str
+    url: str
+    size: int
+    overflow: bool
+    h2c: bool
+    server_timing: bool
+    log: tuple[bool, bool]
+    """The grant's, which every request reads: copied once, as an attribute of the grant (a
+    pydantic model) costs a lookup through its `__getattr__` hook each time."""
     uses: int = 0
     used: bool = False
     """Carried a request since the last renew (the activator records it as activity)."""
@@ -33,12 +42,41 @@ class CachedLease:
     """Granted to a shared ask and kept out of the cache for one of its riders (an overflow
     lease, or any lease once the cache closed): decided when it came, never after."""
 
+    def __init__(  # written out: compiled, where a dataclass's own would be interpreted
+        self,
+        grant: LeaseGrant,
+        key: Key,
+        renewed_at: float,
+        idle_since: float,
+        uses: int = 0,
+        used: bool = False,
+        cached: bool = True,
+        gone: bool = False,
+        for_one: bool = False,
+    ) -> None:
+        self.grant = grant
+        self.key = key
+        self.renewed_at = renewed_at
+        self.idle_since = idle_since
+        self.uses = uses
+        self.used = used
+        self.cached = cached
+        self.gone = gone
+        self.for_one = for_one
+        self.sandbox_id = grant.sandbox_id
+        self.url = grant.url
+        self.size = grant.size
+        self.overflow = grant.overflow
+        self.h2c = grant.protocol == "h2c"
+        self.server_timing = grant.server_timing
+        self.log = (grant.access_log, grant.access_log_query)
+
     @property
     def has_room(self) -> bool:
-        return self.cached and not self.grant.overflow and self.uses < self.grant.size
+        return self.cached and not self.overflow and self.uses < self.size
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, slots=True, init=False)
 class Use:
     """One request's share of a lease. `LeaseCache.put` takes it back once, however called."""
 
@@ -46,13 +84,19 @@ class Use:
     hit: bool
     returned: bool = False
 
+    def __init__(self, lease: CachedLease, hit: bool, returned: bool = False) -> None:
+        # written out: compiled, where a dataclass's own would be interpreted
+        self.lease = lease
+        self.hit = hit
+        self.returned = returned
+
     @property
     def sandbox_id(self) -> str:
-        return self.lease.grant.sandbox_id
+        return self.lease.sandbox_id
 
     @property
     def url(self) -> str:
-        return self.lease.grant.url
+        return self.lease.url
 
 
 SPARE_QUIET = 1.0
@@ -73,7 +117,7 @@ def pick(entries: Sequence[CachedLease], avoid: Container[str] = ()) -> CachedLe
     it). First wins a tie."""
     if len(entries) == 1:  # most apps: one lease
         only = entries[0]
-        if only.has_room and only.grant.sandbox_id not in avoid:
+        if only.has_room and only.sandbox_id not in avoid:
             return only
         return None
     best: CachedLease | None = None
@@ -81,12 +125,12 @@ def pick(entries: Sequence[CachedLease], avoid: Container[str] = ()) -> CachedLe
     for entry in entries:
         uses = entry.uses
         # `entry.has_room`, spelled out: this runs for every cached lease on every request
-        if not entry.cached or entry.grant.overflow or uses >= entry.grant.size:
+        if not entry.cached or entry.overflow or uses >= entry.size:
             continue
-        sandbox = entry.grant.sandbox_id
+        sandbox = entry.sandbox_id
         if sandbox in avoid:
             continue
-        load = sum(e.uses for e in entries if e.grant.sandbox_id == sandbox)
+        load = sum(e.uses for e in entries if e.sandbox_id == sandbox)
         if best is None or load < best_load or (load == best_load and uses > best_uses):
             best, best_load, best_uses = entry, load, uses
     return best

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Final
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -42,7 +43,11 @@ from wakeful.ingress.websocket import splice, upgrade_headers
 
 log = logging.getLogger(__name__)
 
-CLIENT_GONE = 499
+# Bound once: compiled, `module.name` is a lookup on the module at every call.
+_clock: Final = time.perf_counter
+_TRACING: Final = trace.ENABLED
+
+CLIENT_GONE: Final = 499
 """nginx's code for a client that left before its answer: logged and counted, never sent."""
 
 
@@ -115,7 +120,7 @@ class ProxyEdge:
         incomplete: `out` is left incomplete and the server closes the connection). Whatever
         ends it, the lease uses it took go back (`Proxy.finish`). One coroutine, not one
         per step: this runs for every request."""
-        started = time.perf_counter()
+        started = _clock()
         headers = request.headers
         head = read_request_head(headers)
         request_id = head.client_request_id or new_request_id()
@@ -155,7 +160,7 @@ class ProxyEdge:
             label = app
             if counted:  # a split or tagged app: its answers per version too (not otherwise)
                 reported = version
-            if trace.ENABLED:
+            if _TRACING:
                 trace.mark("routed", app)
             if (
                 self._https_location is not None
@@ -250,7 +255,7 @@ class ProxyEdge:
             client_gone = True  # the client hung up (or the ingress is stopping)
             raise
         finally:
-            seconds = time.perf_counter() - started
+            seconds = _clock() - started
             final = CLIENT_GONE if client_gone else status
             self._metrics.answered(label, final, seconds, reported)
             code = None
@@ -262,13 +267,13 @@ class ProxyEdge:
                 self._metrics.called(label, code)
             access = self._access
             if access is not None and label != "-":
-                grant = None if response is None else response.grant
-                wants, query = access.wants(label, grant)
+                lease = None if response is None else response.lease
+                wants, query = access.wants(label, None if lease is None else lease.log)
                 if wants:
                     access.record(
                         label,
-                        (version or "") if grant is None else grant.version,
-                        "" if grant is None else grant.sandbox_id,
+                        (version or "") if lease is None else lease.grant.version,
+                        "" if lease is None else lease.sandbox_id,
                         request.method,
                         target,
                         final,

@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
-HOP_BY_HOP = frozenset(
+HOP_BY_HOP: Final = frozenset(
     {
         b"connection",
         b"keep-alive",
@@ -28,15 +28,17 @@ HOP_BY_HOP = frozenset(
 )
 """RFC 9110 §7.6.1 plus the legacy Proxy-Connection: meaningful for one hop only."""
 
-FORWARDED = frozenset({b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host", b"forwarded"})
-REQUEST_ID = b"x-request-id"
-_SANE_ID = re.compile(rb"^[A-Za-z0-9._:@/+=-]{1,200}$")
+FORWARDED: Final = frozenset(
+    {b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host", b"forwarded"}
+)
+REQUEST_ID: Final = b"x-request-id"
+_SANE_ID: Final = re.compile(rb"^[A-Za-z0-9._:@/+=-]{1,200}$")
 
-_UPSTREAM_DROP = HOP_BY_HOP | FORWARDED | {REQUEST_ID, b"expect"}
+_UPSTREAM_DROP: Final = HOP_BY_HOP | FORWARDED | {REQUEST_ID, b"expect"}
 """Never forwarded as received: X-Forwarded-* and X-Request-Id are set anew; the ingress
 answers `Expect: 100-continue` itself (the server sends 100 when the body is first read)."""
-_RESPONSE_DROP = HOP_BY_HOP | {REQUEST_ID}
-_NOTABLE = frozenset({b"host", REQUEST_ID})
+_RESPONSE_DROP: Final = HOP_BY_HOP | {REQUEST_ID}
+_NOTABLE: Final = frozenset({b"host", REQUEST_ID})
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -101,7 +103,7 @@ class _RequestIds:
         return self._pool[at : at + 16].hex()
 
 
-new_request_id = _RequestIds()
+new_request_id: Final = _RequestIds()
 
 
 def connection_named(headers: Iterable[tuple[bytes, bytes]]) -> frozenset[bytes]:

@@ -20,13 +20,13 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
 from wakeful.aio import trace
 from wakeful.domain.leases import LeaseGrant
 from wakeful.ingress import grpc
 from wakeful.ingress.cache import LeaseCache
-from wakeful.ingress.cacherules import Use
+from wakeful.ingress.cacherules import CachedLease, Use
 from wakeful.ingress.errors import (
     BadRequest,
     ConnectFailed,
@@ -41,6 +41,9 @@ from wakeful.ingress.routing import Route, Router, RoutingTable, normalize_host
 from wakeful.ingress.settings import IngressSettings
 from wakeful.ingress.streams import chunks
 from wakeful.ingress.transport import Transport, UpstreamRequest, UpstreamResponse
+
+# Bound once: compiled, `module.name` is a lookup on the module at every call.
+_clock: Final = time.perf_counter
 
 
 class RequestBody(Protocol):
@@ -57,7 +60,7 @@ class RequestBody(Protocol):
     def stream(self) -> AsyncIterator[bytes]: ...
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class ProxyRequest:
     method: str
     target: bytes
@@ -78,8 +81,32 @@ class ProxyRequest:
     """When a gRPC call's `grpc-timeout` runs out (`time.monotonic()`): the sandbox is told
     what is left of it."""
 
+    def __init__(  # written out: compiled, where a dataclass's own would be interpreted
+        self,
+        method: str,
+        target: bytes,
+        headers: list[tuple[bytes, bytes]],
+        client_ip: str,
+        scheme: str,
+        request_id: str,
+        body: RequestBody | None,
+        upgrade: bool = False,
+        streaming: bool = False,
+        deadline: float | None = None,
+    ) -> None:
+        self.method = method
+        self.target = target
+        self.headers = headers
+        self.client_ip = client_ip
+        self.scheme = scheme
+        self.request_id = request_id
+        self.body = body
+        self.upgrade = upgrade
+        self.streaming = streaming
+        self.deadline = deadline
 
-@dataclass(slots=True)
+
+@dataclass(slots=True, init=False)
 class ProxyResponse:
     status: int
     headers: list[tuple[bytes, bytes]]
@@ -87,10 +114,24 @@ class ProxyResponse:
     upstream: UpstreamResponse
     """The sandbox's answer: its body, read with `next_nowait` and `next`, and its `splice`
     when it switched to WebSocket (101)."""
-    grant: LeaseGrant
-    """The lease it went through: its sandbox, version, and what the app asks of the log."""
+    lease: CachedLease
+    """The lease it went through: its grant (sandbox, version), what the app asks of the log."""
     woke_by: str = ""
     """How the app woke for this request (`thaw`, `start`), or "" when it was awake."""
+
+    def __init__(  # written out: compiled, where a dataclass's own would be interpreted
+        self,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+        upstream: UpstreamResponse,
+        lease: CachedLease,
+        woke_by: str = "",
+    ) -> None:
+        self.status = status
+        self.headers = headers
+        self.upstream = upstream
+        self.lease = lease
+        self.woke_by = woke_by
 
 
 class Proxy:
@@ -108,6 +149,13 @@ class Proxy:
         self._transport = transport
         self._metrics = metrics
         self._router = Router(lambda: routes.index, settings.base_domain)
+        # What every request reads of the settings, read once: an attribute of the settings
+        # (a pydantic model) costs a lookup through its `__getattr__` hook each time.
+        self._trust_forwarded = settings.trust_forwarded
+        self._server_timing = settings.server_timing
+        self._retries = settings.connect_retries
+        self._timeouts = dict(settings.request_timeouts)
+        self._timeout = settings.request_timeout
 
     def route(self, host_header: str) -> Route:
         """The app serving a Host header, the version a tag, its split or its active version
@@ -140,7 +188,7 @@ class Proxy:
             client_ip=request.client_ip,
             scheme=request.scheme,
             request_id=request.request_id,
-            trust_forwarded=self._settings.trust_forwarded,
+            trust_forwarded=self._trust_forwarded,
         )
         key = (app, version)
         # Looked up once: a request that takes a cached lease counts the hit, and every
@@ -159,16 +207,16 @@ class Proxy:
         woke_by = ""
         """How it woke: `thaw` (a suspended sandbox) or `start`."""
         use: Use
-        grant: LeaseGrant
+        lease: CachedLease
         sent: float
         while True:
             if not again:  # a new sandbox: take a use of a lease on one
                 found = self._cache.take(key, refused)
                 if found is None:
                     tracker.move(WAIT)
-                    asked = time.perf_counter()
+                    asked = _clock()
                     found = await self._cache.acquire(key)
-                    queued += time.perf_counter() - asked
+                    queued += _clock() - asked
                     if not found.hit:  # its own grant: the activator says if it woke the app
                         woke = max(woke, min(found.lease.grant.woke_after, queued))
                         woke_by = found.lease.grant.woke_by or woke_by
@@ -179,28 +227,28 @@ class Proxy:
                     counts.hits += 1
                 held.append(use)
                 tracker.hold()
-                grant = use.lease.grant
-                sent = time.perf_counter()
+                lease = use.lease
+                sent = _clock()
             if request.deadline is not None:
                 headers = _with_timeout(headers, request.deadline - time.monotonic())
             try:
-                if refused and grant.sandbox_id in refused:
+                if refused and lease.sandbox_id in refused:
                     raise ConnectFailed(
-                        f"sandbox {grant.sandbox_id} refused this request already: "
-                        f"{refused[grant.sandbox_id]}"
+                        f"sandbox {lease.sandbox_id} refused this request already: "
+                        f"{refused[lease.sandbox_id]}"
                     )
                 response = await self._transport.send(
                     UpstreamRequest(
                         app,
                         request.method,
-                        grant.url,
+                        lease.url,
                         request.target,
                         headers,
                         request.body.stream() if request.body is not None else None,
-                        self._settings.timeout_for(app),
+                        self._timeouts.get(app, self._timeout),
                         request.upgrade,
                         again > 0,  # fresh: a new connection for a resend
-                        grant.protocol == "h2c",
+                        lease.h2c,
                         idle,
                         longest,
                     )
@@ -217,7 +265,7 @@ class Proxy:
                     body=_body_state(request.body),
                     elsewhere=elsewhere,
                     again=again,
-                    bound=self._settings.connect_retries,
+                    bound=self._retries,
                 )
                 if step is Next.AGAIN:
                     again += 1
@@ -230,17 +278,17 @@ class Proxy:
                 if not isinstance(exc, ConnectFailed):
                     self.count_error(app, exc)
                 raise
-            upstream = time.perf_counter() - sent
+            upstream = _clock() - sent
             counts.phases(queued, woke, upstream, reported)
             if waited:
                 trace.mark("answered", app)
             try:
                 answer = client_response_headers(response.headers, request.request_id)
-                if self._settings.server_timing or grant.server_timing:
+                if self._server_timing or lease.server_timing:
                     answer.append(
                         (b"server-timing", server_timing(queued, woke, upstream, woke_by))
                     )
-                return ProxyResponse(response.status, answer, response, grant, woke_by)
+                return ProxyResponse(response.status, answer, response, lease, woke_by)
             except BaseException:
                 response.close()
                 raise
@@ -293,7 +341,7 @@ def server_timing(queued: float, woke: float, upstream: float, woke_by: str = ""
     )
 
 
-PREREAD_BYTES = 64 * 1024
+PREREAD_BYTES: Final = 64 * 1024
 """A request body is read up to this much before the request takes a lease or an upstream
 connection."""
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Final
 
 import anyio
 
@@ -140,13 +141,13 @@ def match(index: RouteIndex, host: str, base_domain: str) -> str | None:
     return None
 
 
-ROUTE_MEMORY = 4096
+ROUTE_MEMORY: Final = 4096
 """Host header values a `Router` remembers the app of."""
-MAX_HOST_REMEMBERED = 270
+MAX_HOST_REMEMBERED: Final = 270
 """Longer Host values (no host name is: 253 bytes, then a port) are routed, not remembered."""
 
 
-_NOWHERE: tuple[Route, SplitRoutes | None] = (("", None, False), None)
+_NOWHERE: Final[tuple[Route, SplitRoutes | None]] = (("", None, False), None)
 
 
 class Router:

@@ -169,9 +169,6 @@ class IngressSettings(StoreSettings):
     def redirects_to_https(self, app: str) -> bool:
         return bool(self.tls_redirect) and ("*" in self.tls_redirect or app in self.tls_redirect)
 
-    def timeout_for(self, app: str) -> float:
-        return self.request_timeouts.get(app, self.request_timeout)
-
     def websocket_limits(self, app: str) -> tuple[float, float]:
         """The app's WebSocket idle timeout and maximum duration, in seconds."""
         return (

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from wakeful.ingress.websocket import Side
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class UpstreamRequest:
     app: str
     """Whose request it is: upstream connections are bounded per app."""
@@ -43,6 +43,34 @@ class UpstreamRequest:
     stream idle timeout) instead of `timeout`..."""
     longest: float | None = None
     """...and the whole exchange lasts at most this long."""
+
+    def __init__(  # written out: compiled, where a dataclass's own would be interpreted
+        self,
+        app: str,
+        method: str,
+        sandbox: str,
+        target: bytes,
+        headers: Sequence[tuple[bytes, bytes]],
+        body: AsyncIterable[bytes] | None,
+        timeout: float,
+        upgrade: bool = False,
+        fresh: bool = False,
+        h2c: bool = False,
+        idle: float | None = None,
+        longest: float | None = None,
+    ) -> None:
+        self.app = app
+        self.method = method
+        self.sandbox = sandbox
+        self.target = target
+        self.headers = headers
+        self.body = body
+        self.timeout = timeout
+        self.upgrade = upgrade
+        self.fresh = fresh
+        self.h2c = h2c
+        self.idle = idle
+        self.longest = longest
 
 
 class UpstreamResponse(Protocol):

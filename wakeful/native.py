@@ -36,6 +36,7 @@ from pathlib import Path
 from types import ModuleType
 
 COMPILED = (
+    "wakeful.aio.deadline",
     "wakeful.aio.flow",
     "wakeful.ingress.accesslog",
     "wakeful.ingress.cache",
@@ -59,6 +60,7 @@ COMPILED = (
     "wakeful.ingress.proxy",
     "wakeful.ingress.retry",
     "wakeful.ingress.routing",
+    "wakeful.ingress.transport",
     "wakeful.ingress.upstream.connection",
     "wakeful.ingress.upstream.exchange",
     "wakeful.ingress.upstream.h2c",

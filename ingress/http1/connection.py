@@ -25,7 +25,7 @@ import collections
 import contextlib
 import logging
 import socket
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Final, cast
 
 import httptools
 
@@ -49,13 +49,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-LINGER_SECONDS = 5.0
-LINGER_BYTES = 16 << 20
+LINGER_SECONDS: Final = 5.0
+LINGER_BYTES: Final = 16 << 20
 """How long, and how much, a connection answered before its request body was read keeps
 reading it away (`ClientConnection._linger`); nginx's lingering_timeout is 5 s too."""
-PIPELINE_DEPTH = 16
+PIPELINE_DEPTH: Final = 16
 """Requests queued on one connection before reading from it pauses."""
-PIPELINE_MAX = 128
+PIPELINE_MAX: Final = 128
 """Requests parsed out of what was already read past which the connection is refused: a
 pause stops new reads, not the parsing of the last one (up to 256 KiB of tiny requests)."""
 

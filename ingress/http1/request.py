@@ -130,7 +130,7 @@ class RequestBody(Protocol):
     def stream(self) -> AsyncIterator[bytes]: ...
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Request:
     method: str
     target: bytes
@@ -146,3 +146,25 @@ class Request:
     """A WebSocket handshake (`ingress.websocket`): nothing after it on the connection is HTTP."""
     scheme: str = "http"
     """"https" on the TLS listener."""
+
+    def __init__(  # written out: compiled, where a dataclass's own would be interpreted
+        self,
+        method: str,
+        target: bytes,
+        headers: list[tuple[bytes, bytes]],
+        version: str,
+        keep_alive: bool,
+        client: str,
+        body: RequestBody | None,
+        upgrade: bool = False,
+        scheme: str = "http",
+    ) -> None:
+        self.method = method
+        self.target = target
+        self.headers = headers
+        self.version = version
+        self.keep_alive = keep_alive
+        self.client = client
+        self.body = body
+        self.upgrade = upgrade
+        self.scheme = scheme

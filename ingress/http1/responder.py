@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import http
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from wakeful.aio.pipe import Pipe
 from wakeful.ingress.errors import ClientGone, UpstreamFailed
@@ -20,9 +20,11 @@ from wakeful.ingress.http1.request import Request
 if TYPE_CHECKING:
     from wakeful.ingress.http1.connection import ClientConnection
 
-_REASONS = {status.value: status.phrase.encode() for status in http.HTTPStatus}
-_STATUS_LINES = {code: b"HTTP/1.1 %d %s" % (code, reason) for code, reason in _REASONS.items()}
-"""Each known status's line, CRLF left to the join (`Http1Responder.start`)."""
+_REASONS: Final = {status.value: status.phrase.encode() for status in http.HTTPStatus}
+_STATUS_LINES: Final = {
+    code: b"HTTP/1.1 %d %s\r\n" % (code, reason) for code, reason in _REASONS.items()
+}
+"""Each known status's line (`Http1Responder.start`)."""
 
 
 def _canned(status: int, text: str, *extra: bytes) -> bytes:
@@ -34,10 +36,10 @@ def _canned(status: int, text: str, *extra: bytes) -> bytes:
     )
 
 
-BAD_REQUEST = _canned(400, "the request is malformed")
-TOO_LARGE = _canned(431, "request line and headers are too large")
-TOO_SLOW = _canned(408, "the request head did not come in time")
-TOO_MANY = _canned(503, "too many connections to this ingress", b"retry-after: 1\r\n")
+BAD_REQUEST: Final = _canned(400, "the request is malformed")
+TOO_LARGE: Final = _canned(431, "request line and headers are too large")
+TOO_SLOW: Final = _canned(408, "the request head did not come in time")
+TOO_MANY: Final = _canned(503, "too many connections to this ingress", b"retry-after: 1\r\n")
 
 
 class Responder(Protocol):
@@ -98,14 +100,14 @@ class Http1Responder:
         request = self._request
         self.started = True
         self._no_body = request.method == "HEAD" or status in (204, 304) or status < 200
-        # Lines are joined by CRLF at the end, not each formatted with its own: `b": ".join`
-        # per header costs half what `b"%s: %s\r\n" %` did.
-        lines = [_STATUS_LINES.get(status) or b"HTTP/1.1 %d Unknown" % status]
+        # Every piece in one list joined once: compiled, appending four pieces a header costs
+        # less than joining or formatting each header's line first.
+        parts = [_STATUS_LINES.get(status) or b"HTTP/1.1 %d Unknown\r\n" % status]
         length: bytes | None = None
-        for pair in headers:
-            if length is None and pair[0] == b"content-length":
-                length = pair[1]
-            lines.append(b": ".join(pair))
+        for name, value in headers:
+            if length is None and name == b"content-length":
+                length = value
+            parts += (name, b": ", value, b"\r\n")
         if length is not None and not self._no_body:
             self._left = int(length)  # the sandbox's, checked by the upstream parser
         body_unread = request.body is not None and not request.body.complete
@@ -113,16 +115,16 @@ class Http1Responder:
         if not self._no_body and length is None:
             if request.version == "1.1":
                 self._chunked = True
-                lines.append(b"transfer-encoding: chunked")
+                parts.append(b"transfer-encoding: chunked\r\n")
             else:
                 keep = False  # the end of the connection ends the body
         if not keep:
             request.keep_alive = False
-            lines.append(b"connection: close")
+            parts.append(b"connection: close\r\n")
         elif request.version == "1.0":
-            lines.append(b"connection: keep-alive")
-        lines.append(b"\r\n")  # the last line's CRLF comes from the join: this ends the head
-        self._conn.hold(b"\r\n".join(lines))
+            parts.append(b"connection: keep-alive\r\n")
+        parts.append(b"\r\n")
+        self._conn.hold(b"".join(parts))
 
     def write(self, chunk: bytes) -> bool:
         """Send a piece of the body (with the head, the first time). Never more than the

@@ -22,13 +22,13 @@ one pass over its names and returns a constant.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from wakeful.ingress.errors import BadRequest
 
-_FRAMING = frozenset({b"transfer-encoding", b"content-length", b"expect"})
+_FRAMING: Final = frozenset({b"transfer-encoding", b"content-length", b"expect"})
 """The request headers the server itself reads."""
-_OWS = b" \t"
+_OWS: Final = b" \t"
 """Optional whitespace around a field value (RFC 9110 §5.6.3): not CR or LF, so an obs-fold
 left in a value is never read as part of the framing."""
 
@@ -46,8 +46,8 @@ class RequestFrame(NamedTuple):
     """Another request may follow on the connection."""
 
 
-PLAIN = RequestFrame(body=False, expect_continue=False, upgrade=False, keep_alive=True)
-PLAIN_LAST = RequestFrame(body=False, expect_continue=False, upgrade=False, keep_alive=False)
+PLAIN: Final = RequestFrame(body=False, expect_continue=False, upgrade=False, keep_alive=True)
+PLAIN_LAST: Final = RequestFrame(body=False, expect_continue=False, upgrade=False, keep_alive=False)
 
 
 def frame_request(

@@ -28,6 +28,7 @@ read through its class costs more than the move.
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import Final
 
 
 class Stage(IntEnum):
@@ -49,9 +50,16 @@ class Stage(IntEnum):
     """The exchange broke; `ExchangeState.error` says how."""
 
 
-IDLE, SENT, HEAD, INTERIM, BODY, COMPLETE, SWITCHED, FAILED = Stage
+IDLE: Final = Stage.IDLE
+SENT: Final = Stage.SENT
+HEAD: Final = Stage.HEAD
+INTERIM: Final = Stage.INTERIM
+BODY: Final = Stage.BODY
+COMPLETE: Final = Stage.COMPLETE
+SWITCHED: Final = Stage.SWITCHED
+FAILED: Final = Stage.FAILED
 
-MOVES: dict[Stage, frozenset[Stage]] = {
+MOVES: Final[dict[Stage, frozenset[Stage]]] = {
     IDLE: frozenset({SENT}),
     SENT: frozenset({HEAD, FAILED}),
     HEAD: frozenset({INTERIM, BODY, FAILED}),
@@ -64,7 +72,7 @@ MOVES: dict[Stage, frozenset[Stage]] = {
 """The table: from each stage, the stages an exchange may move to."""
 
 
-_NEXT = tuple(MOVES[stage] for stage in Stage)
+_NEXT: Final = tuple(MOVES[stage] for stage in Stage)
 """`MOVES` indexed by stage."""
 
 

@@ -17,11 +17,12 @@ import collections
 import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Final
 
 from wakeful.ingress.errors import UpstreamBusy
 from wakeful.ingress.upstream.connection import UpstreamConnection
 
-MAX_IDLE_PER_SANDBOX = 256
+MAX_IDLE_PER_SANDBOX: Final = 256
 
 Dialer = Callable[[str, str, asyncio.Protocol], Awaitable[asyncio.Transport]]
 """Opens a connection to a tunnelled node's sandbox (node, sandbox id, protocol)."""
@@ -79,17 +80,20 @@ class Slots:
     per_app: int
     total: int
     wait: float
-    busy: collections.Counter[str] = field(default_factory=collections.Counter)
+    busy: dict[str, int] = field(default_factory=dict)
+    """Per app with any, its exchanges holding a connection (a plain dict: compiled, a
+    `Counter`'s item is a call through the interpreter)."""
     in_use: int = 0
     waiters: dict[str, collections.deque[asyncio.Future[None]]] = field(default_factory=dict)
 
     def _free(self, app: str) -> bool:
-        return self.in_use < self.total and self.busy[app] < self.per_app
+        return self.in_use < self.total and self.busy.get(app, 0) < self.per_app
 
     def try_take(self, app: str) -> bool:
         """Take a slot now if one is free and nobody of `app` waits for one."""
-        if self.in_use < self.total and self.busy[app] < self.per_app and not self.waiters.get(app):
-            self.busy[app] += 1
+        busy = self.busy.get(app, 0)
+        if self.in_use < self.total and busy < self.per_app and not self.waiters.get(app):
+            self.busy[app] = busy + 1
             self.in_use += 1
             return True
         return False
@@ -110,7 +114,7 @@ class Slots:
                 if granted:
                     return  # granted just as the wait ran out: it is ours
                 raise UpstreamBusy(
-                    f"app {app!r} has {self.busy[app]} requests in flight to its sandboxes "
+                    f"app {app!r} has {self.busy.get(app, 0)} requests in flight to its sandboxes "
                     f"(at most {self.per_app}; {self.in_use} of {self.total} in all) and "
                     f"none finished within {self.wait:g} s",
                     retry_after=1,
@@ -125,7 +129,7 @@ class Slots:
                 del self.waiters[app]
 
     def _hold(self, app: str) -> None:
-        self.busy[app] += 1
+        self.busy[app] = self.busy.get(app, 0) + 1
         self.in_use += 1
 
     def give_back(self, app: str) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Final, TypeVar
 
 from wakeful.ingress.errors import ConnectFailed, UpstreamFailed, UpstreamTimeout
 from wakeful.ingress.transport import UpstreamRequest, UpstreamResponse
@@ -25,7 +25,11 @@ from wakeful.ingress.upstream.pool import Dialer, Pool, Slots, TunnelPool
 
 _C = TypeVar("_C", bound=asyncio.Protocol)
 
-_FRAMING = frozenset({b"host", b"content-length"})
+_FRAMING: Final = frozenset({b"host", b"content-length"})
+_METHODS: Final = {
+    m: m.encode() for m in ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
+}
+"""The common methods' bytes, made once (another is encoded per request)."""
 """The request headers `_request_head` looks for: what it adds when they are missing."""
 
 
@@ -247,24 +251,25 @@ class RawTransport:
 
 
 def _request_head(request: UpstreamRequest, target: bytes, authority: bytes) -> tuple[bytes, bool]:
-    """The request line and headers as one `bytes`; whether the body goes chunked. Lines are
-    joined by CRLF at the end rather than each formatted with its own (`b"%s: %s\r\n" %`
-    per header cost a third of this function's time)."""
-    lines = [b"%s %s HTTP/1.1" % (request.method.encode(), target)]
+    """The request line and headers as one `bytes`; whether the body goes chunked. Every
+    piece goes in one list joined once: compiled, appending four pieces a header costs less
+    than joining or formatting each header's line first."""
+    method = _METHODS.get(request.method) or request.method.encode()
+    parts = [method, b" ", target, b" HTTP/1.1\r\n"]
     has_host = has_length = False
-    for pair in request.headers:
-        if pair[0] in _FRAMING:  # one test per header for the two that are looked for
-            if pair[0] == b"host":
+    for name, value in request.headers:
+        if name in _FRAMING:  # one test per header for the two that are looked for
+            if name == b"host":
                 has_host = True
             else:
                 has_length = True
-        lines.append(b": ".join(pair))
+        parts += (name, b": ", value, b"\r\n")
     if not has_host:
-        lines.append(b"host: " + authority)
+        parts += (b"host: ", authority, b"\r\n")
     chunked = request.body is not None and not has_length
     if chunked:
-        lines.append(b"transfer-encoding: chunked")
+        parts.append(b"transfer-encoding: chunked\r\n")
     if request.upgrade:  # this hop's own: dropped from what the client sent, put back
-        lines.append(b"connection: upgrade\r\nupgrade: websocket")
-    lines.append(b"\r\n")  # the last header's CRLF comes from the join: this ends the head
-    return b"\r\n".join(lines), chunked
+        parts.append(b"connection: upgrade\r\nupgrade: websocket\r\n")
+    parts.append(b"\r\n")
+    return b"".join(parts), chunked

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from enum import IntEnum
+from typing import Final
 
 from wakeful.ingress.errors import UpstreamFailed
 
-MAX_FRAMING_BYTES = 64 * 1024
+MAX_FRAMING_BYTES: Final = 64 * 1024
 """Bytes of an answer that are not body (status line, headers, chunk sizes, trailers) in a row:
 past it the answer is refused. httptools buffers a header line whole, so without this a
 sandbox sending one endless header could fill the ingress's memory."""
@@ -37,8 +38,10 @@ class Head(IntEnum):
     """A 101 to a handshake: the answer, and the connection then carries the tunnel."""
 
 
-INFORMATIONAL, FINAL, SWITCH = Head.INFORMATIONAL, Head.FINAL, Head.SWITCH
-_FRAMED = frozenset({b"content-length", b"transfer-encoding"})
+INFORMATIONAL: Final = Head.INFORMATIONAL
+FINAL: Final = Head.FINAL
+SWITCH: Final = Head.SWITCH
+_FRAMED: Final = frozenset({b"content-length", b"transfer-encoding"})
 
 
 def judge_status(status: int, handshake: bool) -> Head:

@@ -16,6 +16,7 @@ from tests.support.ingress import stack
 from wakeful.domain.leases import LeaseGrant
 from wakeful.domain.models import AppSpec, Concurrency
 from wakeful.ingress.accesslog import AccessLog
+from wakeful.ingress.cacherules import CachedLease
 
 pytestmark = pytest.mark.anyio
 SPEC = AppSpec(command=["serve"], concurrency=Concurrency(requests_per_instance=5))
@@ -131,11 +132,15 @@ def test_a_request_that_got_no_lease_is_logged_as_the_app_s_last_lease_said() ->
         access_log=True,
         access_log_query=True,
     )
+
+    def said(grant: LeaseGrant) -> tuple[bool, bool]:  # what the edge passes: its lease's
+        return CachedLease(grant, ("hello", None), renewed_at=0.0, idle_since=0.0).log
+
     assert log.wants("hello", None) == (False, False)  # never leased here: not known yet
-    assert log.wants("hello", asking) == (True, True)
+    assert log.wants("hello", said(asking)) == (True, True)
     assert log.wants("hello", None) == (True, True)  # remembered from its last lease
     quiet = asking.model_copy(update={"access_log": False, "access_log_query": False})
-    assert log.wants("hello", quiet) == (False, False)
+    assert log.wants("hello", said(quiet)) == (False, False)
     assert log.wants("hello", None) == (False, False)
     log.every_app = True
     assert log.wants("other", None) == (True, False)

@@ -268,7 +268,7 @@ async def test_one_app_cannot_take_every_upstream_connection(
         async with anyio.create_task_group() as tasks:
             for _ in range(2):
                 tasks.start_soon(hold)
-            await _until(lambda: transport.slots.busy["hello"] == 2)
+            await _until(lambda: transport.slots.busy.get("hello", 0) == 2)
             busy = await s.client.get("/", headers={"Accept": "application/json"})
             assert busy.status_code == 503, busy.text
             assert busy.headers["retry-after"] == "1"
@@ -299,7 +299,7 @@ async def test_a_request_waiting_for_its_apps_share_does_not_hold_up_another_app
         async with anyio.create_task_group() as tasks:
             for _ in range(2):
                 tasks.start_soon(hold)
-            await _until(lambda: transport.slots.busy["hello"] == 2)
+            await _until(lambda: transport.slots.busy.get("hello", 0) == 2)
             tasks.start_soon(queued)
             await _until(lambda: bool(transport.slots.waiters))
             elsewhere = await s.client.get("/", headers={"Host": "other.localhost"})

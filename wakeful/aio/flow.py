@@ -15,11 +15,12 @@ for the gate to open. The end of the connection opens it too: `open()` lets wait
 from __future__ import annotations
 
 import asyncio
+from typing import Final
 
-HIGH_WATER = 256 * 1024
+HIGH_WATER: Final = 256 * 1024
 """Bytes one connection's side may hold in memory, waiting for the other, before it stops
 reading from its peer."""
-LOW_WATER = HIGH_WATER // 4
+LOW_WATER: Final = HIGH_WATER // 4
 """...and reads again once no more than this waits."""
 
 
