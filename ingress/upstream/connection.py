@@ -90,6 +90,11 @@ class UpstreamConnection(Gated):
         self.state = ExchangeState()
         # the exchange in progress
         self._parser: httptools.HttpResponseParser | None = None
+        self._spare: httptools.HttpResponseParser | None = None
+        """The last exchange's parser, kept for the next when it read its answer to the end
+        (`on_message_complete`: llhttp then reads the next from its start): a new one costs
+        a lookup of each of its callbacks."""
+        self._read_whole = False
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self._head: asyncio.Future[None] | None = None
@@ -200,6 +205,7 @@ class UpstreamConnection(Gated):
         assert self._parser is not None
         # Asked now: llhttp resets what it knows once the callback returns.
         state.keep_alive = self._parser.should_keep_alive()
+        self._read_whole = True
         self._finish()
 
     # -- the exchange ------------------------------------------------------------------
@@ -269,7 +275,9 @@ class UpstreamConnection(Gated):
         state.keep_alive = state.extra = False
         self._silence = silence
         self._deadline.after(silence)
-        self._parser = httptools.HttpResponseParser(self)
+        self._parser = self._spare or httptools.HttpResponseParser(self)
+        self._spare = None
+        self._read_whole = False
         self._paused = False
         self._framing = self._body_bytes = 0
         self.status, self.headers = 0, []
@@ -352,6 +360,8 @@ class UpstreamConnection(Gated):
         state = self.state
         # `reusable` implies COMPLETE; named here as the guard of the move to IDLE.
         if state.stage is COMPLETE and state.reusable and not self.closed:
+            if self._read_whole:
+                self._spare = self._parser
             self._parser = None
             state.stage = IDLE
             self._deadline.after(keepalive)

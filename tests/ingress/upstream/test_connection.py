@@ -105,3 +105,31 @@ async def test_an_answer_framed_by_close_cut_by_silence_is_never_taken_for_whole
     assert conn.next_nowait() == b"part"
     with pytest.raises(UpstreamTimeout):
         conn.next_nowait()
+
+
+async def test_a_kept_connection_reads_each_answer_whole_whatever_came_before() -> None:
+    """A kept connection keeps its parser for the next exchange (it read its answer to the
+    end: llhttp starts the next from its beginning): each framing, an interim answer
+    included, leaves nothing of itself in the next answer."""
+    conn, _, home = _connected()
+    exchanges = [
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", 200, b"ok"),
+        (b"HTTP/1.1 201 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n", 201, b"hi"),
+        (
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 202 OK\r\nContent-Length: 3\r\n\r\nabc",
+            202,
+            b"abc",
+        ),
+        (b"HTTP/1.1 204 No Content\r\n\r\n", 204, b""),
+        (b"HTTP/1.1 203 OK\r\nContent-Length: 0\r\n\r\n", 203, b""),
+    ]
+    for answer, status, body in exchanges:
+        head = conn.exchange(b"GET / HTTP/1.1\r\n\r\n", None, False, "GET", 30)
+        conn.data_received(answer)
+        await head
+        read = b""
+        while chunk := conn.next_nowait():
+            read += chunk
+        assert (conn.status, read, conn.state.stage) == (status, body, COMPLETE)
+        conn.done(keepalive=5)
+        assert conn.state.stage is IDLE and home.idle[-1] is conn
