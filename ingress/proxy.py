@@ -333,12 +333,23 @@ def server_timing(queued: float, woke: float, upstream: float, woke_by: str = ""
     """The `Server-Timing` value of a proxied answer, in milliseconds: `queue` (waiting for a
     lease), `wake` (of which waiting for the app to wake; only when this request woke it; its
     `desc` says how: `thaw` of a suspended sandbox or `start` of a new one), `upstream` (the
-    sandbox's time to the answer's head)."""
-    desc = f';desc="{woke_by}"' if woke_by in ("thaw", "start") else ""
-    wake = f"wake;dur={woke * 1000:.1f}{desc}, " if woke else ""
-    return (f"queue;dur={queued * 1000:.1f}, {wake}upstream;dur={upstream * 1000:.1f}").encode(
-        "ascii"
-    )
+    sandbox's time to the answer's head). Built of bytes: `wakeful up` sends it on every
+    answer, and formatting three floats cost a third as much as the rest of the request's
+    bookkeeping."""
+    parts = [b"queue;dur=", _ms(queued) if queued else b"0.0", b", "]
+    if woke:
+        parts += (b"wake;dur=", _ms(woke))
+        if woke_by in ("thaw", "start"):
+            parts += (b';desc="', woke_by.encode(), b'"')
+        parts.append(b", ")
+    parts += (b"upstream;dur=", _ms(upstream))
+    return b"".join(parts)
+
+
+def _ms(seconds: float) -> bytes:
+    """`seconds` in milliseconds to a tenth, rounded half up (`0.00025` is `0.3`)."""
+    tenths = int(seconds * 10_000 + 0.5)
+    return b"%d.%d" % (tenths // 10, tenths % 10)
 
 
 PREREAD_BYTES: Final = 64 * 1024

@@ -14,6 +14,7 @@ import pytest
 
 from tests.support.ingress import Stack, stack
 from wakeful.domain.models import AppSpec, Concurrency
+from wakeful.ingress.proxy import server_timing
 
 pytestmark = pytest.mark.anyio
 TIMING = re.compile(
@@ -106,3 +107,24 @@ async def test_the_ingress_reports_what_it_answered_to_the_activator(
         assert s.activator.traffic.requests("nowhere") == 0
         series = s.activator.traffic.series("hello", time.time())
         assert any(p is not None for p in series["p50_ms"])
+
+
+@pytest.mark.parametrize(
+    ("phases_", "expected"),
+    [
+        ((0.0, 0.0, 0.000234), b"queue;dur=0.0, upstream;dur=0.2"),
+        (
+            (0.0123, 0.01, 0.23466, "thaw"),
+            b'queue;dur=12.3, wake;dur=10.0;desc="thaw", upstream;dur=234.7',
+        ),
+        (
+            (0.00005, 0.002, 1.23449, "start"),
+            b'queue;dur=0.1, wake;dur=2.0;desc="start", upstream;dur=1234.5',
+        ),
+        ((0.0, 0.5, 12.0, "other"), b"queue;dur=0.0, wake;dur=500.0, upstream;dur=12000.0"),
+    ],
+)
+def test_the_header_gives_each_phase_in_milliseconds_to_a_tenth(
+    phases_: tuple[float, float, float] | tuple[float, float, float, str], expected: bytes
+) -> None:
+    assert server_timing(*phases_) == expected
