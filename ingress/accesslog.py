@@ -4,7 +4,7 @@ plane beside its traffic reports.
 Theory of operation:
 - `record` runs at the end of each request the log covers (every app's with
   `WAKEFUL_ACCESS_LOG`, else an app's whose lease says `access_log`): one sampling decision
-  (`wakeful.domain.logfiles.Sampler`, per second of this ingress's clock, at most `rate`
+  (`wakeful.domain.sampling.Sampler`, per second of this ingress's clock, at most `rate`
   lines a second before it samples) and, when kept, one small dict appended. No I/O.
 - `take` hands what was kept since the last call to the traffic report loop, which ships it
   (`Leases.access`). What waits is bounded (`max_held` lines, the oldest go first, counted):
@@ -22,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from wakeful.domain.logbatch import MAX_PATH
-from wakeful.domain.logfiles import Sampler
+from wakeful.domain.sampling import Sampler
 
 OUTCOMES = ("kept", "sampled", "capped", "overflowed")
 

@@ -38,6 +38,7 @@ from types import ModuleType
 COMPILED = (
     "wakeful.aio.deadline",
     "wakeful.aio.flow",
+    "wakeful.domain.sampling",
     "wakeful.ingress.accesslog",
     "wakeful.ingress.cache",
     "wakeful.ingress.cacherules",

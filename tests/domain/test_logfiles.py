@@ -6,7 +6,6 @@ import pytest
 
 from wakeful.domain.logfiles import (
     Limits,
-    Sampler,
     Segment,
     expired,
     line_text,
@@ -14,6 +13,7 @@ from wakeful.domain.logfiles import (
     parse_time,
     reading_order,
 )
+from wakeful.domain.sampling import Sampler
 
 NOW = 1_800_000_000.0
 

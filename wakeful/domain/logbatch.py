@@ -80,7 +80,7 @@ VersionName = Annotated[str, StringConstraints(pattern=f"^$|{NAME_PATTERN}")]
 
 class AccessLine(Model):
     """One proxied request as an ingress saw it; `sample`: the requests it stands for (an
-    ingress past its rate keeps one line in `sample`, `wakeful.domain.logfiles.Sampler`)."""
+    ingress past its rate keeps one line in `sample`, `wakeful.domain.sampling.Sampler`)."""
 
     ts: float = Field(ge=0, le=LATEST, description="when the answer ended, seconds since the epoch")
     app: Name

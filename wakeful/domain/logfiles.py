@@ -22,15 +22,15 @@ Rules:
   age, then an app's oldest while the app holds more than its bound, then the oldest of all
   while the directory holds more than its bound. An open segment is closed when it passes
   its size or its age, so every line becomes deletable within one segment's span.
-- Sampling: an ingress keeps every access line while it logs at most `rate` per window; past
-  that it keeps one in `k`, `k` sized from the previous window, each kept line saying `k`
-  (it stands for `k` requests); and it never keeps more than twice the rate in a window.
+- Sampling (`wakeful.domain.sampling.Sampler`, compiled with the ingress: it decides for
+  every request): an ingress keeps every access line while it logs at most `rate` per window;
+  past that it keeps one in `k`, `k` sized from the previous window, each kept line saying
+  `k` (it stands for `k` requests); and it never keeps more than twice the rate in a window.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -190,46 +190,6 @@ def parse_time(value: str, now: float) -> float:
 
 
 # -- the access log's sampling ----------------------------------------------------------------
-
-
-class Sampler:
-    """Which access lines an ingress keeps (see the module's rules). Time is passed in: `window`
-    is the number of the current window (the caller's clock over its length)."""
-
-    __slots__ = ("_every", "_kept", "_rate", "_seen", "_window", "dropped")
-
-    def __init__(self, rate: int) -> None:
-        if rate < 1:
-            raise ValueError(f"rate: must be at least 1 (got {rate})")
-        self._rate = rate
-        self._window = -1
-        self._seen = 0
-        self._kept = 0
-        self._every = 1
-        self.dropped = 0
-        """Lines not kept past the hard cap (twice the rate in a window)."""
-
-    def keep(self, window: int) -> int:
-        """0 to leave this line out, else the number of requests it stands for."""
-        if window != self._window:
-            if window == self._window + 1:  # the next window: size k from this one's load
-                self._every = max(1, math.ceil(self._seen / self._rate))
-            else:
-                self._every = 1  # a quiet spell between: start again
-            self._window = window
-            self._seen = self._kept = 0
-        self._seen += 1
-        if self._seen <= self._rate and self._every == 1:
-            self._kept += 1
-            return 1
-        every = max(self._every, 2)
-        if self._seen % every:
-            return 0
-        if self._kept >= 2 * self._rate:
-            self.dropped += 1
-            return 0
-        self._kept += 1
-        return every
 
 
 # -- a line as a person reads it --------------------------------------------------------------
