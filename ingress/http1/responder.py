@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import http
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import TYPE_CHECKING, Final
 
 from wakeful.aio.pipe import Pipe
 from wakeful.ingress.errors import ClientGone, UpstreamFailed
@@ -42,49 +42,52 @@ TOO_SLOW: Final = _canned(408, "the request head did not come in time")
 TOO_MANY: Final = _canned(503, "too many connections to this ingress", b"retry-after: 1\r\n")
 
 
-class Responder(Protocol):
+class Responder:
     """What a handler answers through, whatever the client speaks: `Http1Responder` on an
-    HTTP/1.1 connection, `http2.StreamResponder` on an HTTP/2 stream."""
+    HTTP/1.1 connection, `http2.StreamResponder` on an HTTP/2 stream. A base class rather than a
+    protocol: compiled, a call through a protocol is a call through the interpreter, through a
+    base class a direct one (every request makes several)."""
 
-    @property
-    def started(self) -> bool:
-        """The answer's head was given (`start`, `send_whole`, `switch`)."""
-        ...
+    __slots__ = ("started",)
 
-    def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None: ...
+    started: bool
+    """The answer's head was given (`start`, `send_whole`, `switch`)."""
+
+    def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        raise NotImplementedError
 
     def write(self, chunk: bytes) -> bool:
         """Send a piece of the body; True when the caller must `await drain()` first."""
-        ...
+        raise NotImplementedError
 
     def flush(self) -> None:
         """Send the head now if no body went with it yet: call before waiting for the body."""
-        ...
+        raise NotImplementedError
 
     async def drain(self) -> None:
         """Wait for room (TimeoutError when the client reads none of it in its time)."""
-        ...
+        raise NotImplementedError
 
     def end(self, trailers: Sequence[tuple[bytes, bytes]] = ()) -> None:
         """The body is complete; `trailers` go to clients that can take them (HTTP/2)."""
-        ...
+        raise NotImplementedError
 
     def switch(self, headers: list[tuple[bytes, bytes]]) -> ClientSide:
         """Answer 101 and hand over the connection (an HTTP/1.1 WebSocket handshake only)."""
-        ...
+        raise NotImplementedError
 
     def send_whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         """A complete small answer at once."""
-        ...
+        raise NotImplementedError
 
 
-class Http1Responder:
+class Http1Responder(Responder):
     """Writes one answer, framing its body: Content-Length when the head has one, chunked for
     HTTP/1.1 otherwise, the end of the connection for HTTP/1.0; no body after HEAD, 1xx, 204
     or 304. Trailers are not sent (an HTTP/1.1 client rarely asks for them; gRPC needs
     HTTP/2)."""
 
-    __slots__ = ("_chunked", "_conn", "_left", "_no_body", "_request", "complete", "started")
+    __slots__ = ("_chunked", "_conn", "_left", "_no_body", "_request", "complete")
 
     def __init__(self, conn: ClientConnection, request: Request) -> None:
         self._conn = conn

@@ -20,7 +20,7 @@ from hpack import NeverIndexedHeaderTuple
 
 from wakeful.ingress.errors import ClientGone, UpstreamFailed
 from wakeful.ingress.http1.request import Arrivals
-from wakeful.ingress.http1.responder import ClientSide
+from wakeful.ingress.http1.responder import ClientSide, Responder
 from wakeful.ingress.streams import chunks
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ class StreamBody(Arrivals):
             await self._next_arrival(self.quiet)
 
 
-class StreamResponder:
+class StreamResponder(Responder):
     """Writes one answer on a stream (`http1.Responder`): the head held until the first body
     bytes or the end (a body-less answer is one HEADERS frame with END_STREAM, as gRPC's
     trailers-only answers need), the body as the windows allow, trailers at the end."""
@@ -114,7 +114,6 @@ class StreamResponder:
         "ending",
         "pending",
         "pending_bytes",
-        "started",
         "stream_id",
     )
 
