@@ -347,8 +347,9 @@ def server_timing(queued: float, woke: float, upstream: float, woke_by: str = ""
 
 
 def _ms(seconds: float) -> bytes:
-    """`seconds` in milliseconds to a tenth, rounded half up (`0.00025` is `0.3`)."""
-    tenths = int(seconds * 10_000 + 0.5)
+    """`seconds` (none below 0: a negative time is 0) in milliseconds to a tenth, rounded half
+    up (`0.00025` is `0.3`)."""
+    tenths = int(max(seconds, 0.0) * 10_000 + 0.5)
     return b"%d.%d" % (tenths // 10, tenths % 10)
 
 

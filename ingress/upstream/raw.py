@@ -26,11 +26,11 @@ from wakeful.ingress.upstream.pool import Dialer, Pool, Slots, TunnelPool
 _C = TypeVar("_C", bound=asyncio.Protocol)
 
 _FRAMING: Final = frozenset({b"host", b"content-length"})
+"""The request headers `_request_head` looks for: what it adds when they are missing."""
 _METHODS: Final = {
     m: m.encode() for m in ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
 }
 """The common methods' bytes, made once (another is encoded per request)."""
-"""The request headers `_request_head` looks for: what it adds when they are missing."""
 
 
 class _RawResponse:

@@ -189,9 +189,6 @@ def parse_time(value: str, now: float) -> float:
     return moment.timestamp()
 
 
-# -- the access log's sampling ----------------------------------------------------------------
-
-
 # -- a line as a person reads it --------------------------------------------------------------
 
 
