@@ -25,13 +25,31 @@ def cpu_seconds(*pids: int) -> float:
 
 
 def children(pid: int) -> list[int]:
-    """The process's children as they are now (nginx's workers, a supervisor's)."""
+    """The process's children as they are now (nginx's workers, a supervisor's), in order."""
     found: list[int] = []
     with contextlib.suppress(OSError):
         for task in Path(f"/proc/{pid}/task").iterdir():
             with contextlib.suppress(OSError):
                 found += map(int, (task / "children").read_text().split())
+    return sorted(found)
+
+
+def ingress_workers(pid: int) -> list[int]:
+    """The children of `pid` that are ingress workers (`wakeful ingress`), not sandboxes."""
+    found = []
+    for child in children(pid):
+        with contextlib.suppress(OSError):
+            if b"wakeful.cli\0ingress" in Path(f"/proc/{child}/cmdline").read_bytes():
+                found.append(child)
     return found
+
+
+def gone(pid: int) -> bool:
+    """The process exited (reaped, or a zombie its parent has not reaped yet)."""
+    try:
+        return stat(pid)[0] == "Z"
+    except FileNotFoundError:
+        return True
 
 
 def waited(*pids: int) -> float:

@@ -36,20 +36,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bench.faults import Piece, wakeful_cli
-from bench.procfs import children
+from bench.procfs import ingress_workers
 from bench.proxy import SLOW_DELAY
 from bench.workers import APP, RESPONDER, SLOW, TOML, WAKEFUL, Run, drive, nginx, show
 from wakeful.store.testing import free_port, wait_listening
-
-
-def ingress_workers(pid: int) -> list[int]:
-    """The children of `pid` that are ingress workers (`wakeful ingress`), not sandboxes."""
-    found = []
-    for child in children(pid):
-        with contextlib.suppress(OSError):
-            if b"wakeful.cli\0ingress" in Path(f"/proc/{child}/cmdline").read_bytes():
-                found.append(child)
-    return found
 
 
 @contextlib.contextmanager

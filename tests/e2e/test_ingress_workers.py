@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 
+from bench.procfs import children, gone
 from tests.support.cluster import deploy, start_cluster
 from wakeful.store.testing import EtcdServer, free_port
 
@@ -30,25 +31,12 @@ def samples(admin: str, name: str) -> dict[str, float]:
     return by_worker
 
 
-def children(pid: int) -> list[int]:
-    found = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return sorted(int(p) for p in found)
-
-
 def each_on_a_new_connection(proxy: str, count: int) -> list[int]:
     statuses = []
     for _ in range(count):
         with httpx.Client(base_url=proxy, timeout=30) as client:  # a new source port each
             statuses.append(client.get("/", headers=HOST).status_code)
     return statuses
-
-
-def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def wait_for(what: str, check: object, within: float = 60) -> None:

@@ -15,6 +15,7 @@ import anyio
 import httpx
 import pytest
 
+from bench.procfs import gone, ingress_workers
 from tests.support.up import Up, cli_async, make_app, no_sandbox_left, start_up, stop_up
 from wakeful.domain.models import UP_INGRESS_TOKEN
 from wakeful.up import routes_caught_up
@@ -22,27 +23,9 @@ from wakeful.up import routes_caught_up
 pytestmark = pytest.mark.anyio
 
 
-def ingress_workers(pid: int) -> list[int]:
-    """The children of `pid` that run `wakeful ingress` (the others are sandboxes)."""
-    found = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return sorted(
-        int(child)
-        for child in found
-        if b"wakeful.cli\0ingress" in Path(f"/proc/{child}/cmdline").read_bytes()
-    )
-
-
 def read_only(up: Up) -> sqlite3.Connection:
     """`wakeful up`'s store file, opened to read (a test's look, beside its processes)."""
     return sqlite3.connect(f"file:{up.data_dir / 'store.db'}?mode=ro", uri=True)
-
-
-def gone(pid: int) -> bool:
-    """Exited (reaped, or a zombie)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
-    except FileNotFoundError:
-        return True
 
 
 def by_worker(up: Up, name: str, app: str) -> dict[str, float]:
