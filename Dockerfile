@@ -8,16 +8,20 @@
 ARG BASE=docker.io/library/debian:bookworm-slim
 
 # -- build: a virtual environment with wakeful and its dependencies, nothing else ----------
+# The ingress's per-request modules are compiled here with mypyc (setup.py, wakeful/native.py),
+# so the build stage has a C compiler and Python's headers; the image itself has neither.
 FROM ${BASE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \
+    && apt-get install -y --no-install-recommends python3 python3-venv python3-dev gcc \
+        libc6-dev ca-certificates \
     && apt-get clean && rm -rf /var/lib/apt/lists/*
 RUN python3 -m venv /opt/wakeful
 WORKDIR /src
 # An optional extra CA bundle for pip, where the build host reaches PyPI through a proxy with
 # its own CA:  --secret id=extra_ca,src=/path/to/bundle.pem  (the file is never in a layer).
-# The dependencies first, in a layer of their own that a change of wakeful's code reuses.
+# The dependencies first, in a layer of their own that a change of wakeful's code reuses;
+# with them the build's own needs and mypy (pinned in the test extra: mypyc is what compiles).
 COPY pyproject.toml README.md ./
 RUN --mount=type=secret,id=extra_ca \
     if [ -s /run/secrets/extra_ca ]; then \
@@ -25,7 +29,8 @@ RUN --mount=type=secret,id=extra_ca \
         export PIP_CERT=/tmp/ca.pem; \
     fi \
     && python3 -c 'import tomllib; t = tomllib.load(open("pyproject.toml", "rb")); \
-        print("\n".join(t["project"]["dependencies"] + t["build-system"]["requires"]))' \
+        mypy = [d for d in t["project"]["optional-dependencies"]["test"] if d.startswith("mypy==")]; \
+        print("\n".join(t["project"]["dependencies"] + t["build-system"]["requires"] + mypy))' \
         > /tmp/requirements.txt \
     && /opt/wakeful/bin/pip install --quiet -r /tmp/requirements.txt \
     && rm -f /tmp/ca.pem
@@ -35,8 +40,15 @@ COPY activator ./activator
 COPY ingress ./ingress
 COPY idle_monitor ./idle_monitor
 COPY deploy ./deploy
+COPY setup.py ./
+# Compiled against the dependencies installed above (their types are the compiled code's).
+# The compiler goes once it has run (the compiled code needs none of it), and the build fails
+# unless the compiled exchange is what the image's Python imports.
 RUN /opt/wakeful/bin/pip install --quiet --no-deps --no-build-isolation . \
-    && /opt/wakeful/bin/pip uninstall --quiet --yes setuptools pip
+    && /opt/wakeful/bin/pip uninstall --quiet --yes mypy mypy_extensions pathspec ast_serialize \
+        librt setuptools pip \
+    && /opt/wakeful/bin/python -c 'import sys, wakeful, wakeful.ingress.edge; \
+        print("the ingress is", wakeful.NATIVE); sys.exit(wakeful.NATIVE != "compiled")'
 
 # -- the image: Python, the sandbox tools, the venv, an unprivileged user ----------------------
 FROM ${BASE}

@@ -89,6 +89,19 @@ def name(what: str) -> str:
     return f"wakeful-test-{what}-{random.randint(10**5, 10**6)}"
 
 
+def test_runs_the_compiled_exchange_and_carries_no_compiler(wakeful_image: str) -> None:
+    """The build stage compiles the ingress (mypyc); the image runs that, not its pure-Python
+    twin, and keeps neither the compiler nor mypy."""
+    script = (
+        "import importlib.util as u, shutil, wakeful, wakeful.ingress.edge as e;"
+        "print(wakeful.NATIVE, e.__file__.endswith('.so'), u.find_spec('mypy') is None,"
+        " shutil.which('gcc') is None)"
+    )
+    python = ["--entrypoint", "/opt/wakeful/bin/python", wakeful_image, "-c", script]
+    said = podman.podman("run", "--rm", *python).stdout.split()
+    assert said == ["compiled", "True", "True", "True"], said
+
+
 def test_refuses_to_run_apps_without_the_privileges_sandboxes_need(wakeful_image: str) -> None:
     with podman.container(name("refused"), [wakeful_image]) as box:
         stopped = podman.wait_exited(box)
