@@ -57,9 +57,8 @@ class Move(StrEnum):
     FINISH = "finish"
 
 
-# Members as module constants: every request makes a `Tracker` and moves it twice, and on
-# Python 3.11 an enum member read through its class costs ~75 ns against ~7 ns for a global
-# (as `upstream.exchange` does for its stages).
+# Members as module constants, `Final` (C statics, compiled): every request makes a `Tracker`
+# and moves it twice; an enum member read through its class costs ~75 ns on Python 3.11.
 NEW: Final = Phase.NEW
 QUEUED: Final = Phase.QUEUED
 PROXYING: Final = Phase.PROXYING
