@@ -73,35 +73,33 @@ class UpstreamRequest:
         self.longest = longest
 
 
-class UpstreamResponse(Protocol):
-    @property
-    def status(self) -> int: ...
+class UpstreamResponse:
+    """A sandbox's answer as the proxy reads it (`upstream.raw`'s, an h2c stream's, a
+    handshake's). A base class rather than a protocol: compiled, the proxy's calls on it (its
+    head, its body piece by piece, its end) are direct calls, not calls through the
+    interpreter."""
 
-    @property
-    def headers(self) -> Sequence[tuple[bytes, bytes]]: ...
+    __slots__ = ("headers", "splice", "status", "trailers")
 
-    @property
-    def trailers(self) -> Sequence[tuple[bytes, bytes]]:
-        """Fields after the body (HTTP/2's trailers: gRPC's status), once it ended."""
-        ...
+    status: int
+    headers: Sequence[tuple[bytes, bytes]]
+    trailers: Sequence[tuple[bytes, bytes]]
+    """Fields after the body (HTTP/2's trailers: gRPC's status), once it ended."""
+    splice: Side | None
+    """The sandbox's end of a switched connection (a 101 to an `upgrade` request)."""
 
     def next_nowait(self) -> bytes | None:
         """The next piece of the body already here; b"" at its end; None when the next has
         not come yet (then `await next()`). Raises UpstreamFailed / UpstreamTimeout."""
-        ...
+        raise NotImplementedError
 
     async def next(self) -> bytes:
         """The next piece of the body, once it comes; b"" at its end."""
-        ...
+        raise NotImplementedError
 
     def close(self) -> None:
         """Give the connection back (kept alive if the body was read to the end)."""
-        ...
-
-    @property
-    def splice(self) -> Side | None:
-        """The sandbox's end of a switched connection (a 101 to an `upgrade` request)."""
-        ...
+        raise NotImplementedError
 
 
 class Transport(Protocol):

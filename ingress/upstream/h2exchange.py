@@ -12,14 +12,14 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from wakeful.ingress.errors import UpstreamFailed, UpstreamTimeout
+from wakeful.ingress.transport import UpstreamResponse
 
 if TYPE_CHECKING:
     from wakeful.ingress.upstream.h2c import H2Upstream
-    from wakeful.ingress.websocket import Side
 
 
-class H2Exchange:
-    """One request and its answer on a stream; implements `transport.UpstreamResponse`."""
+class H2Exchange(UpstreamResponse):
+    """One request and its answer on a stream: a `transport.UpstreamResponse`."""
 
     __slots__ = (
         "_chunks",
@@ -33,17 +33,13 @@ class H2Exchange:
         "_writer",
         "answered",
         "closed",
-        "headers",
         "on_close",
         "sandbox_done",
-        "splice",
-        "status",
         "stream_id",
-        "trailers",
     )
 
     def __init__(self, conn: H2Upstream, stream_id: int, idle: float) -> None:
-        self.splice: Side | None = None  # set here: a compiled class has no class defaults
+        self.splice = None  # set here: a compiled class has no class defaults
         self._conn = conn
         self.stream_id = stream_id
         self._idle = idle
@@ -61,8 +57,8 @@ class H2Exchange:
         self.sandbox_done = False
         """The sandbox ended or reset the stream (or the connection went): nothing to reset."""
         self.status = 0
-        self.headers: Sequence[tuple[bytes, bytes]] = ()
-        self.trailers: Sequence[tuple[bytes, bytes]] = ()
+        self.headers = ()
+        self.trailers = ()
 
     # -- from the connection ------------------------------------------------------------
 

@@ -183,7 +183,7 @@ class Handshake(Gated):
         if self.closed:
             raise UpstreamFailed("the sandbox closed the connection")
 
-    # -- as an UpstreamResponse ----------------------------------------------------------
+    # -- as `raw._Switched` reads it ---------------------------------------------------
 
     @property
     def splice(self) -> Handshake | None:

@@ -12,7 +12,7 @@ rather than an idle one (after one closed unanswered, the idle ones may be as st
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Final, TypeVar
 
 from wakeful.ingress.errors import ConnectFailed, UpstreamFailed, UpstreamTimeout
@@ -33,10 +33,8 @@ _METHODS: Final = {
 """The common methods' bytes, made once (another is encoded per request)."""
 
 
-class _RawResponse:
-    __slots__ = ("_app", "_conn", "_done", "_transport", "headers", "status")
-    splice = None
-    trailers = ()
+class _RawResponse(UpstreamResponse):
+    __slots__ = ("_app", "_conn", "_done", "_transport")
 
     def __init__(self, transport: RawTransport, app: str, conn: UpstreamConnection) -> None:
         self._transport = transport
@@ -44,7 +42,9 @@ class _RawResponse:
         self._conn = conn
         self._done = False
         self.status = conn.status
-        self.headers: Sequence[tuple[bytes, bytes]] = conn.headers
+        self.headers = conn.headers
+        self.trailers = ()
+        self.splice = None
 
     def next_nowait(self) -> bytes | None:
         return self._conn.next_nowait()
@@ -57,6 +57,29 @@ class _RawResponse:
             self._done = True
             self._conn.done(self._transport.keepalive)
             self._transport.slots.give_back(self._app)
+
+
+class _Switched(UpstreamResponse):
+    """A WebSocket handshake's answer as the proxy reads it: the `Handshake` (an asyncio
+    protocol, so not an `UpstreamResponse` itself) is its splice when the sandbox switched."""
+
+    __slots__ = ("_handshake",)
+
+    def __init__(self, handshake: Handshake) -> None:
+        self._handshake = handshake
+        self.status = handshake.status
+        self.headers = handshake.headers
+        self.trailers = ()
+        self.splice = handshake.splice
+
+    def next_nowait(self) -> bytes | None:
+        return self._handshake.next_nowait()
+
+    async def next(self) -> bytes:
+        return await self._handshake.next()
+
+    def close(self) -> None:
+        self._handshake.close()
 
 
 class RawTransport:
@@ -125,7 +148,7 @@ class RawTransport:
             return await self._stream(request, pool, authority, prefix + request.target)
         head, chunked = _request_head(request, prefix + request.target, authority)
         if request.upgrade:
-            return await self._handshake(request, pool, head)
+            return _Switched(await self._handshake(request, pool, head))
         if not self.slots.try_take(request.app):
             await self.slots.take(request.app)
         try:
