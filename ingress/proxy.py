@@ -35,7 +35,8 @@ from wakeful.ingress.errors import (
     UpstreamTimeout,
 )
 from wakeful.ingress.headers import client_response_headers, upstream_request_headers
-from wakeful.ingress.metrics import WAIT, IngressMetrics, Tracker
+from wakeful.ingress.load import WAIT, Tracker
+from wakeful.ingress.metrics import IngressMetrics
 from wakeful.ingress.retry import Body, Next, next_attempt
 from wakeful.ingress.routing import Route, Router, RoutingTable, normalize_host
 from wakeful.ingress.settings import IngressSettings

@@ -57,6 +57,7 @@ COMPILED = (
     "wakeful.ingress.http2.rules",
     "wakeful.ingress.http2.sender",
     "wakeful.ingress.http2.stream",
+    "wakeful.ingress.load",
     "wakeful.ingress.metrics",
     "wakeful.ingress.proxy",
     "wakeful.ingress.retry",

@@ -26,15 +26,8 @@ from wakeful.ingress.headers import (
     new_request_id,
     upstream_request_headers,
 )
-from wakeful.ingress.metrics import (
-    IllegalMove,
-    IngressMetrics,
-    Load,
-    Move,
-    Phase,
-    Tracker,
-    advance,
-)
+from wakeful.ingress.load import IllegalMove, Load, Move, Phase, Tracker, advance
+from wakeful.ingress.metrics import IngressMetrics
 from wakeful.ingress.routing import ROUTE_MEMORY, Router, build_index, match, normalize_host
 
 # -- routing -------------------------------------------------------------------------------
