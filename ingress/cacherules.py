@@ -94,10 +94,6 @@ class Use:
     def sandbox_id(self) -> str:
         return self.lease.sandbox_id
 
-    @property
-    def url(self) -> str:
-        return self.lease.url
-
 
 SPARE_QUIET = 1.0
 """Seconds a cached lease must have carried no request to be handed back as spare (`spares`)."""
