@@ -35,7 +35,7 @@ from wakeful.ingress.errors import (
 )
 from wakeful.ingress.formats import ErrorAnswer, choose_format, render
 from wakeful.ingress.headers import header, new_request_id, read_request_head
-from wakeful.ingress.http1 import Request, Responder
+from wakeful.ingress.http1 import Handler, Request, Responder
 from wakeful.ingress.http2.stream import StreamBody
 from wakeful.ingress.metrics import IngressMetrics
 from wakeful.ingress.proxy import Proxy, ProxyRequest, ProxyResponse
@@ -83,7 +83,7 @@ def answer_for(exc: Exception, show_boot_log: bool = False) -> ErrorAnswer:
     return ErrorAnswer(500, "internal error", f"{type(exc).__name__}: {exc}")
 
 
-class ProxyEdge:
+class ProxyEdge(Handler):
     """Answers each request the HTTP/1.1 server (`http1/`) parsed: route, forward through
     the proxy, stream the answer back. A client that hangs up cancels this (the server does),
     and `Proxy.finish` gives the lease back."""
@@ -326,7 +326,7 @@ class ProxyEdge:
         return answer.status
 
 
-class AdminEdge:
+class AdminEdge(Handler):
     """/healthz, /readyz and /metrics, on the admin port (same HTTP/1.1 server). `metrics`
     renders the exposition: one registry's, or every worker's (`ingress.workers`)."""
 

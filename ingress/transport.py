@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from wakeful.ingress.websocket import Side
@@ -102,7 +102,10 @@ class UpstreamResponse:
         raise NotImplementedError
 
 
-class Transport(Protocol):
+class Transport:
+    """A base class rather than a protocol, as `UpstreamResponse` is: compiled, the proxy's
+    `send` (one a request) is a direct call."""
+
     async def send(self, request: UpstreamRequest) -> UpstreamResponse:
         """Send the request and return once the response head has arrived.
 
@@ -110,4 +113,4 @@ class Transport(Protocol):
         ClosedUnanswered when the connection ended before any byte of the answer,
         UpstreamFailed when the exchange broke after that, UpstreamTimeout when it went quiet.
         """
-        ...
+        raise NotImplementedError

@@ -1,6 +1,7 @@
 """The ingress's own HTTP/1.1 server: asyncio protocols and httptools, no ASGI in between.
 
-- `server`: `HttpServer` (listen, stop in order), its `Limits`, the `Handler` it calls.
+- `server`: `HttpServer` (listen, stop in order), its `Limits`, the `Handler` it calls
+  (`Handling`: a function as one).
 - `connection`: one client connection: parse, queue, answer in order, the client's bounds.
 - `rules`: how a request head frames its message or why it is refused (pure, no I/O).
 - `request`: the `Request` a handler gets, its streaming `Body`, and `RequestBody` (what any
@@ -12,7 +13,7 @@
 from wakeful.ingress.http1.connection import PIPELINE_MAX, ClientConnection
 from wakeful.ingress.http1.request import Body, Request, RequestBody
 from wakeful.ingress.http1.responder import ClientSide, Responder
-from wakeful.ingress.http1.server import Handler, HttpServer, Limits
+from wakeful.ingress.http1.server import Handler, Handling, HttpServer, Limits
 
 __all__ = [
     "PIPELINE_MAX",
@@ -20,6 +21,7 @@ __all__ = [
     "ClientConnection",
     "ClientSide",
     "Handler",
+    "Handling",
     "HttpServer",
     "Limits",
     "Request",

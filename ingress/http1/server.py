@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from wakeful.ingress.http1.connection import ClientConnection
 from wakeful.ingress.http1.request import Request
@@ -43,9 +43,26 @@ class Limits:
     client_timeout: float = 60.0
 
 
-class Handler(Protocol):
+class Handler:
+    """What answers the server's requests (`edge.ProxyEdge`, `edge.AdminEdge`, or any function
+    through `Handling`). A base class rather than a protocol, as `Responder` is: compiled, a
+    call through a protocol is a call through the interpreter; the server makes one a
+    request."""
+
     async def handle(self, request: Request, out: Responder) -> None:
         """Answer `request` through `out`; never raises (but may be cancelled)."""
+        raise NotImplementedError
+
+
+class Handling(Handler):
+    """A `Handler` that is a coroutine function: what a program embedding the server (or a
+    test) answers with, since a class of its own cannot derive from a compiled one."""
+
+    def __init__(self, handle: Callable[[Request, Responder], Awaitable[None]]) -> None:
+        self._handle = handle
+
+    async def handle(self, request: Request, out: Responder) -> None:
+        await self._handle(request, out)
 
 
 class HttpServer:

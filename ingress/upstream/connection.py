@@ -23,7 +23,7 @@ import collections
 import contextlib
 import socket
 from collections.abc import AsyncIterable
-from typing import Protocol, cast
+from typing import cast
 
 import httptools
 
@@ -51,12 +51,15 @@ from wakeful.ingress.upstream.rules import (
 )
 
 
-class Home(Protocol):
-    """Where a connection goes between exchanges (`upstream.pool`)."""
+class Home:
+    """Where a connection goes between exchanges (`upstream.pool`'s `Pool`). A base class
+    rather than a protocol: compiled, `give_back` (once a request) is a direct call."""
 
-    def give_back(self, conn: UpstreamConnection) -> None: ...
+    def give_back(self, conn: UpstreamConnection) -> None:
+        raise NotImplementedError
 
-    def forget(self, conn: UpstreamConnection) -> None: ...
+    def forget(self, conn: UpstreamConnection) -> None:
+        raise NotImplementedError
 
 
 class _Extra(Exception):

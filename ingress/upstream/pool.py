@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from wakeful.ingress.errors import UpstreamBusy
-from wakeful.ingress.upstream.connection import UpstreamConnection
+from wakeful.ingress.upstream.connection import Home, UpstreamConnection
 
 MAX_IDLE_PER_SANDBOX: Final = 256
 
@@ -28,7 +28,7 @@ Dialer = Callable[[str, str, asyncio.Protocol], Awaitable[asyncio.Transport]]
 """Opens a connection to a tunnelled node's sandbox (node, sandbox id, protocol)."""
 
 
-class Pool:
+class Pool(Home):
     """Idle connections to one sandbox address."""
 
     def __init__(self, host: str, port: int) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Final, TypeVar
 
 from wakeful.ingress.errors import ConnectFailed, UpstreamFailed, UpstreamTimeout
-from wakeful.ingress.transport import UpstreamRequest, UpstreamResponse
+from wakeful.ingress.transport import Transport, UpstreamRequest, UpstreamResponse
 from wakeful.ingress.upstream.connection import UpstreamConnection
 from wakeful.ingress.upstream.h2c import H2Pool, H2Upstream, request_headers
 from wakeful.ingress.upstream.h2exchange import H2Exchange
@@ -82,7 +82,7 @@ class _Switched(UpstreamResponse):
         self._handshake.close()
 
 
-class RawTransport:
+class RawTransport(Transport):
     def __init__(
         self,
         *,

@@ -12,7 +12,7 @@ import h11
 import pytest
 
 from tests.support.ingress import RawServer, read_head, responses, stack, talk
-from wakeful.ingress.http1 import Handler, HttpServer, Limits, Request, Responder
+from wakeful.ingress.http1 import Handler, Handling, HttpServer, Limits, Request, Responder
 
 pytestmark = pytest.mark.anyio
 
@@ -148,7 +148,7 @@ async def test_an_answer_without_a_body_goes_out_before_the_handler_returns() ->
             out.end()
             await released.wait()
 
-    async with _Server(NoContent(), Limits()) as served:
+    async with _Server(Handling(NoContent().handle), Limits()) as served:
 
         def first_line() -> bytes:
             with socket.create_connection(("127.0.0.1", served.port), timeout=30) as sock:
@@ -171,7 +171,7 @@ async def test_a_shutdown_while_the_last_answer_drains_closes_the_connection_aft
         async def handle(self, request: Request, out: Responder) -> None:
             out.send_whole(200, [], body)
 
-    async with _Server(Big(), Limits(keepalive=3600, head_timeout=3600)) as served:
+    async with _Server(Handling(Big().handle), Limits(keepalive=3600, head_timeout=3600)) as served:
         with socket.create_connection(("127.0.0.1", served.port), timeout=60) as sock:
             sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
             with anyio.fail_after(30):  # the answer fills the socket; the task drains

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import anyio
 import pytest
 
-from wakeful.ingress.http1 import HttpServer, Limits, Request, Responder
+from wakeful.ingress.http1 import Handling, HttpServer, Limits, Request, Responder
 
 pytestmark = pytest.mark.anyio
 
@@ -46,7 +46,7 @@ class _Recorder:
 @asynccontextmanager
 async def _serving() -> AsyncIterator[tuple[int, _Recorder]]:
     recorder = _Recorder()
-    server = HttpServer(recorder, Limits(head_timeout=30, client_timeout=5))
+    server = HttpServer(Handling(recorder.handle), Limits(head_timeout=30, client_timeout=5))
     sock = socket.create_server(("127.0.0.1", 0))
     sock.setblocking(False)
     await server.start(sock, 16)

@@ -17,7 +17,7 @@ import pytest
 from hpack import Decoder
 from hyperframe.frame import DataFrame, Frame, GoAwayFrame, HeadersFrame, RstStreamFrame
 
-from wakeful.ingress.http1 import Handler, HttpServer, Limits, Request, Responder
+from wakeful.ingress.http1 import Handler, Handling, HttpServer, Limits, Request, Responder
 
 pytestmark = pytest.mark.anyio
 
@@ -74,7 +74,7 @@ async def test_a_stop_lets_streams_under_way_finish_and_refuses_newer_ones() -> 
                 await go.wait()
             out.send_whole(200, [], request.target)
 
-    server, reader, writer, client = await served(Slow())
+    server, reader, writer, client = await served(Handling(Slow().handle))
     slow = request(client, b"/slow")
     writer.write(client.data_to_send())
     frames = Frames(reader)
@@ -110,7 +110,7 @@ async def test_a_client_that_goes_away_still_gets_the_answers_under_way() -> Non
             await go.wait()
             out.send_whole(200, [], request.target)
 
-    server, reader, writer, client = await served(Waits())
+    server, reader, writer, client = await served(Handling(Waits().handle))
     asked = request(client, b"/asked")
     client.close_connection()  # GOAWAY, right behind the request
     writer.write(client.data_to_send())

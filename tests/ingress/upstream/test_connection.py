@@ -10,6 +10,7 @@ import pytest
 from wakeful.ingress.errors import ClosedUnanswered, UpstreamTimeout
 from wakeful.ingress.upstream.connection import UpstreamConnection
 from wakeful.ingress.upstream.exchange import COMPLETE, FAILED, IDLE
+from wakeful.ingress.upstream.pool import Pool
 
 pytestmark = pytest.mark.anyio
 
@@ -42,20 +43,8 @@ class _Transport(asyncio.Transport):
         pass
 
 
-class _Home:
-    def __init__(self) -> None:
-        self.idle: list[UpstreamConnection] = []
-
-    def give_back(self, conn: UpstreamConnection) -> None:
-        self.idle.append(conn)
-
-    def forget(self, conn: UpstreamConnection) -> None:
-        if conn in self.idle:
-            self.idle.remove(conn)
-
-
-def _connected() -> tuple[UpstreamConnection, _Transport, _Home]:
-    home = _Home()
+def _connected() -> tuple[UpstreamConnection, _Transport, Pool]:
+    home = Pool("127.0.0.1", 0)
     conn = UpstreamConnection(home)
     transport = _Transport()
     conn.connection_made(transport)
@@ -69,7 +58,7 @@ async def test_an_answer_read_whole_goes_back_to_the_pool() -> None:
     await head
     assert (conn.status, conn.next_nowait(), conn.next_nowait()) == (200, b"ok", b"")
     conn.done(keepalive=5)
-    assert conn.state.stage is IDLE and home.idle == [conn]
+    assert conn.state.stage is IDLE and list(home.idle) == [conn]
     assert transport.written == b"GET / HTTP/1.1\r\n\r\n"
 
 
