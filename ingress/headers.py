@@ -89,18 +89,19 @@ def header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> bytes | None:
 
 class _RequestIds:
     """32 random hex digits (as many as a UUID's) per id, from the OS's CSPRNG, read 4 KiB at
-    a time: one `getrandom` call per 256 requests instead of one per request."""
+    a time and turned to hex at once: one `getrandom` call per 256 requests instead of one
+    per request, and each id a slice of a string already made."""
 
     def __init__(self) -> None:
-        self._pool = b""
+        self._pool = ""
         self._at = 0
 
     def next(self) -> str:
         if self._at >= len(self._pool):
-            self._pool, self._at = os.urandom(4096), 0
+            self._pool, self._at = os.urandom(4096).hex(), 0
         at = self._at
-        self._at = at + 16
-        return self._pool[at : at + 16].hex()
+        self._at = at + 32
+        return self._pool[at : at + 32]
 
 
 _REQUEST_IDS: Final = _RequestIds()

@@ -25,7 +25,7 @@ class UpstreamRequest:
     """The sandbox's base URL, from a lease (`http://10.0.0.5:8080`)."""
     target: bytes
     """The request target as the client sent it (a path and query)."""
-    headers: Sequence[tuple[bytes, bytes]]
+    headers: list[tuple[bytes, bytes]]
     body: AsyncIterable[bytes] | None
     timeout: float
     """Seconds the sandbox may stay silent: before its answer starts, and between reads."""
@@ -50,7 +50,7 @@ class UpstreamRequest:
         method: str,
         sandbox: str,
         target: bytes,
-        headers: Sequence[tuple[bytes, bytes]],
+        headers: list[tuple[bytes, bytes]],
         body: AsyncIterable[bytes] | None,
         timeout: float,
         upgrade: bool = False,

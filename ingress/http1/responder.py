@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 _REASONS: Final = {status.value: status.phrase.encode() for status in http.HTTPStatus}
 _STATUS_LINES: Final = {
-    code: b"HTTP/1.1 %d %s\r\n" % (code, reason) for code, reason in _REASONS.items()
+    code: b"HTTP/1.1 %d %s" % (code, reason) for code, reason in _REASONS.items()
 }
 """Each known status's line (`Http1Responder.start`)."""
 
@@ -103,14 +103,14 @@ class Http1Responder(Responder):
         request = self._request
         self.started = True
         self._no_body = request.method == "HEAD" or status in (204, 304) or status < 200
-        # Every piece in one list joined once: compiled, appending four pieces a header costs
-        # less than joining or formatting each header's line first.
-        parts = [_STATUS_LINES.get(status) or b"HTTP/1.1 %d Unknown\r\n" % status]
+        # Each line made by concatenation, the lines joined once on CRLF: compiled, that
+        # costs less than appending a header's four pieces to one list, or formatting.
+        lines = [_STATUS_LINES.get(status) or b"HTTP/1.1 %d Unknown" % status]
         length: bytes | None = None
         for name, value in headers:
             if length is None and name == b"content-length":
                 length = value
-            parts += (name, b": ", value, b"\r\n")
+            lines.append(name + b": " + value)
         if length is not None and not self._no_body:
             self._left = int(length)  # the sandbox's, checked by the upstream parser
         body_unread = request.body is not None and not request.body.complete
@@ -118,16 +118,16 @@ class Http1Responder(Responder):
         if not self._no_body and length is None:
             if request.version == "1.1":
                 self._chunked = True
-                parts.append(b"transfer-encoding: chunked\r\n")
+                lines.append(b"transfer-encoding: chunked")
             else:
                 keep = False  # the end of the connection ends the body
         if not keep:
             request.keep_alive = False
-            parts.append(b"connection: close\r\n")
+            lines.append(b"connection: close")
         elif request.version == "1.0":
-            parts.append(b"connection: keep-alive\r\n")
-        parts.append(b"\r\n")
-        self._conn.hold(b"".join(parts))
+            lines.append(b"connection: keep-alive")
+        lines.append(b"\r\n")  # the join puts the last line's CRLF before it: the blank line
+        self._conn.hold(b"\r\n".join(lines))
 
     def write(self, chunk: bytes) -> bool:
         """Send a piece of the body (with the head, the first time). Never more than the

@@ -274,11 +274,11 @@ class RawTransport(Transport):
 
 
 def _request_head(request: UpstreamRequest, target: bytes, authority: bytes) -> tuple[bytes, bool]:
-    """The request line and headers as one `bytes`; whether the body goes chunked. Every
-    piece goes in one list joined once: compiled, appending four pieces a header costs less
-    than joining or formatting each header's line first."""
+    """The request line and headers as one `bytes`; whether the body goes chunked. Each line
+    made by concatenation and the lines joined once on CRLF: compiled, that costs less than
+    appending a header's four pieces to one list (a fifth less) or formatting its line."""
     method = _METHODS.get(request.method) or request.method.encode()
-    parts = [method, b" ", target, b" HTTP/1.1\r\n"]
+    lines = [method + b" " + target + b" HTTP/1.1"]
     has_host = has_length = False
     for name, value in request.headers:
         if name in _FRAMING:  # one test per header for the two that are looked for
@@ -286,13 +286,13 @@ def _request_head(request: UpstreamRequest, target: bytes, authority: bytes) -> 
                 has_host = True
             else:
                 has_length = True
-        parts += (name, b": ", value, b"\r\n")
+        lines.append(name + b": " + value)
     if not has_host:
-        parts += (b"host: ", authority, b"\r\n")
+        lines.append(b"host: " + authority)
     chunked = request.body is not None and not has_length
     if chunked:
-        parts.append(b"transfer-encoding: chunked\r\n")
+        lines.append(b"transfer-encoding: chunked")
     if request.upgrade:  # this hop's own: dropped from what the client sent, put back
-        parts.append(b"connection: upgrade\r\nupgrade: websocket\r\n")
-    parts.append(b"\r\n")
-    return b"".join(parts), chunked
+        lines.append(b"connection: upgrade\r\nupgrade: websocket")
+    lines.append(b"\r\n")  # the join puts the last line's CRLF before it: the blank line
+    return b"\r\n".join(lines), chunked

@@ -122,6 +122,8 @@ async def test_the_ingress_reports_what_it_answered_to_the_activator(
             b'queue;dur=0.1, wake;dur=2.0;desc="start", upstream;dur=1234.5',
         ),
         ((0.0, 0.5, 12.0, "other"), b"queue;dur=0.0, wake;dur=500.0, upstream;dur=12000.0"),
+        ((0.0999, 0.0, 0.09996), b"queue;dur=99.9, upstream;dur=100.0"),  # the table's edge
+        ((0.0, 0.0, -0.001), b"queue;dur=0.0, upstream;dur=0.0"),
     ],
 )
 def test_the_header_gives_each_phase_in_milliseconds_to_a_tenth(
