@@ -4,7 +4,6 @@ activator. The load gauges read each app's `ingress.load.Load`, which every requ
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import time
 from collections.abc import Iterator
@@ -28,8 +27,20 @@ from wakeful.ingress.load import Load, Tracker
 
 DURATION_BUCKETS: Final = BOUNDS
 """The activator merges the ingresses' counts in these buckets (`wakeful.domain.traffic`)."""
-# Bound once: compiled, `module.name` is a lookup on the module at every call.
-_bisect_left: Final = bisect.bisect_left
+_BOUNDS: Final = tuple(float(bound) for bound in BOUNDS)
+
+
+def bucket_of(seconds: float) -> int:
+    """The first bucket `seconds` fits (as `bisect_left` over `DURATION_BUCKETS` says). A
+    loop from the smallest, compiled: most requests fit the first buckets, and a call of
+    `bisect` itself goes through the interpreter and compares boxed floats (twice the
+    time)."""
+    at = 0
+    for bound in _BOUNDS:
+        if seconds <= bound:
+            return at
+        at += 1
+    return at
 
 
 PHASES: Final = ("queue", "wake", "upstream")
@@ -112,7 +123,7 @@ class IngressMetrics:
         whether it was a 5xx (its duration is the sandbox's: `phases`)."""
         counts = self._counts.get(app) or self.counts(app)
         counts.classes[status // 100] += 1
-        counts.buckets[_bisect_left(DURATION_BUCKETS, seconds)] += 1
+        counts.buckets[bucket_of(seconds)] += 1
         counts.seconds += seconds
         if version is not None:
             of = counts.versions.get(version) or counts.new_version(version)
@@ -203,9 +214,11 @@ class AppCounts:
         "hits",
         "misses",
         "phase_buckets",
-        "phase_seconds",
+        "queue_seconds",
         "seconds",
+        "upstream_seconds",
         "versions",
+        "wake_seconds",
     )
 
     def __init__(self) -> None:
@@ -223,7 +236,11 @@ class AppCounts:
         """gRPC calls by the code they ended with."""
         self.phase_buckets = [[0] * (len(DURATION_BUCKETS) + 1) for _ in PHASES]
         """Per phase (`PHASES`), like `buckets`."""
-        self.phase_seconds = [0.0] * len(PHASES)
+        self.queue_seconds = 0.0
+        self.wake_seconds = 0.0
+        self.upstream_seconds = 0.0
+        """Per phase, like `seconds` (attributes, not a list: compiled, a float attribute is
+        not a Python object to make at every request)."""
         self.versions: dict[str, VersionCounts] = {}
         """Per version the requests named, since the last report."""
 
@@ -242,20 +259,23 @@ class AppCounts:
         duration: what a ramp's verdict compares, so that a wait for a lease, a wake or a
         new leader is never read as a slower version."""
         buckets = self.phase_buckets
-        # A cached lease (most requests) waited 0: the first bucket, no search.
-        buckets[0][_bisect_left(DURATION_BUCKETS, queue) if queue else 0] += 1
-        bucket = _bisect_left(DURATION_BUCKETS, upstream)
+        buckets[0][bucket_of(queue)] += 1
+        bucket = bucket_of(upstream)
         buckets[2][bucket] += 1
         if version is not None:
             of = self.versions.get(version) or self.new_version(version)
             if of is not None:
                 of.buckets[bucket] += 1
-        seconds = self.phase_seconds
-        seconds[0] += queue
-        seconds[2] += upstream
+        self.queue_seconds += queue
+        self.upstream_seconds += upstream
         if wake:
-            buckets[1][_bisect_left(DURATION_BUCKETS, wake)] += 1
-            seconds[1] += wake
+            buckets[1][bucket_of(wake)] += 1
+            self.wake_seconds += wake
+
+    @property
+    def phase_seconds(self) -> tuple[float, float, float]:
+        """The seconds of each phase (`PHASES`), in its order."""
+        return (self.queue_seconds, self.wake_seconds, self.upstream_seconds)
 
 
 class _Counts(Collector):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 
 import pytest
@@ -27,7 +28,7 @@ from wakeful.ingress.headers import (
     upstream_request_headers,
 )
 from wakeful.ingress.load import IllegalMove, Load, Move, Phase, Tracker, advance
-from wakeful.ingress.metrics import IngressMetrics
+from wakeful.ingress.metrics import DURATION_BUCKETS, IngressMetrics, bucket_of
 from wakeful.ingress.routing import ROUTE_MEMORY, Router, build_index, match, normalize_host
 
 # -- routing -------------------------------------------------------------------------------
@@ -537,3 +538,14 @@ def test_answers_are_counted_by_class_and_duration_as_prometheus_would() -> None
     assert sample("lease_cache_hits_total") == 1
     assert sample("lease_cache_misses_total") == 2
     assert registry.get_sample_value("wakeful_ingress_requests_total", {"app": "other"}) is None
+
+
+def test_a_duration_s_bucket_is_the_one_bisect_finds() -> None:
+    """`bucket_of`, the compiled loop every answer runs, agrees with `bisect_left` over the
+    bounds: on each bound (a bucket holds what is at most its bound), either side of it, and
+    past the last."""
+    durations = [-1.0, 0.0, 1e-9, 45.0, float("inf")]
+    for bound in DURATION_BUCKETS:
+        durations += [bound * 0.999, bound, bound * 1.001]
+    for seconds in durations:
+        assert bucket_of(seconds) == bisect.bisect_left(DURATION_BUCKETS, seconds), seconds
