@@ -93,6 +93,8 @@ class ClientConnection(Wire):
         self._head_bytes = 0
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
+        self._connection = False
+        """The head under way has a Connection header (`on_headers_complete`)."""
         self._body: Body | None = None
         self._last: Request | None = None
         self.spliced: Pipe | None = None
@@ -224,23 +226,29 @@ class ClientConnection(Wire):
         self._head_bytes = 0
         self._url = b""
         self._headers = []
+        self._connection = False
         self._idle_due = None  # the deadline is the head's now (`_timed_out` looks)
 
     def on_url(self, url: bytes) -> None:
         self._url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers.append((name.lower(), value))
+        name = name.lower()
+        if name == b"connection":
+            self._connection = True
+        self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._head_due = None
         parser = self._parser
-        version = parser.get_http_version()
+        keep_alive = parser.should_keep_alive()
+        # llhttp takes versions 0.9, 1.0, 1.1 and 2.0 only, and keeps a connection open with
+        # no Connection header for 1.1 alone: such a head is 1.1 without asking the parser,
+        # whose answer is a string formatted anew (as costly as the rest of this callback).
+        version = "1.1" if keep_alive and not self._connection else parser.get_http_version()
         method = parser.get_method().decode("latin-1")
-        frame = frame_request(
-            method, version, self._headers, parser.should_upgrade(), parser.should_keep_alive()
-        )
+        frame = frame_request(method, version, self._headers, parser.should_upgrade(), keep_alive)
         if len(self._queue) >= PIPELINE_MAX:
             raise BadRequest("too many pipelined requests")
         body = Body(self, frame.expect_continue) if frame.body else None

@@ -34,12 +34,14 @@ REFUSED = None
 class _Recorder:
     def __init__(self) -> None:
         self.seen: list[Seen] = []
+        self.versions: list[str] = []
 
     async def handle(self, request: Request, out: Responder) -> None:
         body = None
         if request.body is not None:
             body = b"".join([chunk async for chunk in request.body.stream()])
         self.seen.append(Seen(request.method, body, request.upgrade, request.keep_alive))
+        self.versions.append(request.version)
         out.send_whole(200, [], b"ok")
 
 
@@ -167,3 +169,30 @@ async def test_what_each_head_shape_gets(data: bytes, expected: Seen | None) -> 
     else:
         assert answer.startswith(b"HTTP/1.1 200"), answer
         assert recorder.seen == [expected]
+
+
+@pytest.mark.parametrize(
+    ("data", "version", "keep_alive"),
+    [
+        (head(b"GET"), "1.1", True),
+        (head(b"GET", b"Connection: close"), "1.1", False),
+        (head(b"GET", b"Connection: keep-alive"), "1.1", True),
+        (head(b"GET", version=b"1.0"), "1.0", False),
+        (head(b"GET", b"Connection: keep-alive", version=b"1.0"), "1.0", True),
+        (head(b"GET", b"Connection: Keep-Alive, X-A", version=b"1.0"), "1.0", True),
+        (head(b"GET", b"connection: keep-alive", version=b"2.0"), "2.0", True),
+        (head(b"GET", version=b"0.9"), "0.9", False),
+    ],
+)
+async def test_a_handler_is_told_the_version_the_request_line_says(
+    data: bytes, version: str, keep_alive: bool
+) -> None:
+    """The server tells 1.1 without asking the parser when the head needs no asking (kept
+    alive with no Connection header: llhttp does that for 1.1 only); every other head's
+    version is the parser's."""
+    async with _serving() as (port, recorder):
+        with anyio.fail_after(60):
+            answer = await anyio.to_thread.run_sync(_send, port, data)
+    assert answer.startswith(b"HTTP/1.1 200"), answer
+    assert recorder.versions == [version]
+    assert recorder.seen[0].keep_alive is keep_alive
