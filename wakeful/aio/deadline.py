@@ -15,11 +15,14 @@ from collections.abc import Callable
 
 
 class Deadline:
-    __slots__ = ("_armed", "_callback", "_due", "_handle", "_loop")
+    __slots__ = ("_armed", "_callback", "_due", "_handle", "_loop", "_time")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
         """`callback` runs once the deadline passes (not again until it is set again)."""
         self._loop = loop
+        self._time: Callable[[], float] = loop.time
+        """The loop's clock, bound once: compiled, a call of a bound method kept is cheaper
+        than looking the method up on the loop at every move."""
         self._callback = callback
         self._due: float | None = None
         self._armed = 0.0
@@ -27,7 +30,7 @@ class Deadline:
 
     def after(self, seconds: float) -> None:
         """Fire `seconds` from now (replacing any earlier setting)."""
-        self.at(self._loop.time() + seconds)
+        self.at(self._time() + seconds)
 
     def at(self, when: float) -> None:
         self._due = when
@@ -53,7 +56,7 @@ class Deadline:
         due = self._due
         if due is None:
             return
-        if due > self._loop.time():
+        if due > self._time():
             self._armed = due
             self._handle = self._loop.call_at(due, self._fire)
             return
