@@ -117,7 +117,8 @@ class LeaseCache:
 
     def take(self, key: Key, avoid: Container[str] = ()) -> Use | None:
         """A use of a cached lease with room, or None (then `acquire`). Never awaits."""
-        entry = pick(self._entries.get(key, ()), avoid)
+        entries = self._entries.get(key)
+        entry = pick(entries, avoid) if entries else None
         if entry is None:
             return None
         entry.uses += 1
@@ -309,7 +310,8 @@ class LeaseCache:
                 return
 
     def _pass_room(self, key: Key) -> None:
-        if pick(self._entries.get(key, ())) is not None:
+        entries = self._entries.get(key)
+        if entries and pick(entries) is not None:
             self._has_room(key)
 
     def put(self, use: Use) -> LeaseGrant | None:

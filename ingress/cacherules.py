@@ -105,7 +105,7 @@ class Maintenance:
     release: list[CachedLease] = field(default_factory=list)
 
 
-def pick(entries: Sequence[CachedLease], avoid: Container[str] = ()) -> CachedLease | None:
+def pick(entries: list[CachedLease], avoid: Container[str] = ()) -> CachedLease | None:
     """The lease a request takes: one with room on the sandbox carrying the fewest of this
     ingress's requests (spreads load over sandboxes); on that sandbox, the busiest lease with
     room (packs its leases, so one the load no longer needs goes idle and is handed back
@@ -116,6 +116,11 @@ def pick(entries: Sequence[CachedLease], avoid: Container[str] = ()) -> CachedLe
         if only.has_room and only.sandbox_id not in avoid:
             return only
         return None
+    loads: dict[str, int] = {}
+    """Uses per sandbox, counted once (not once per lease with room)."""
+    for entry in entries:
+        sandbox = entry.sandbox_id
+        loads[sandbox] = loads.get(sandbox, 0) + entry.uses
     best: CachedLease | None = None
     best_load = best_uses = 0
     for entry in entries:
@@ -126,7 +131,7 @@ def pick(entries: Sequence[CachedLease], avoid: Container[str] = ()) -> CachedLe
         sandbox = entry.sandbox_id
         if sandbox in avoid:
             continue
-        load = sum(e.uses for e in entries if e.sandbox_id == sandbox)
+        load = loads[sandbox]
         if best is None or load < best_load or (load == best_load and uses > best_uses):
             best, best_load, best_uses = entry, load, uses
     return best
