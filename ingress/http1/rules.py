@@ -21,7 +21,7 @@ one pass over its names and returns a constant.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Final, NamedTuple
 
 from wakeful.ingress.errors import BadRequest
@@ -53,7 +53,7 @@ PLAIN_LAST: Final = RequestFrame(body=False, expect_continue=False, upgrade=Fals
 def frame_request(
     method: str,
     version: str,
-    headers: Sequence[tuple[bytes, bytes]],
+    headers: list[tuple[bytes, bytes]],
     parser_upgrade: bool,
     parser_keep_alive: bool,
 ) -> RequestFrame:
