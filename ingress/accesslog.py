@@ -2,10 +2,11 @@
 plane beside its traffic reports.
 
 Theory of operation:
-- `record` runs at the end of each request the log covers (every app's with
-  `WAKEFUL_ACCESS_LOG`, else an app's whose lease says `access_log`): one sampling decision
+- At the end of each request the log covers (every app's with `WAKEFUL_ACCESS_LOG`, else an
+  app's whose lease says `access_log`), `sample` makes one sampling decision
   (`wakeful.domain.sampling.Sampler`, per second of this ingress's clock, at most `rate`
-  lines a second before it samples) and, when kept, one small dict appended. No I/O.
+  lines a second before it samples) and, when the line is kept, `record` appends one small
+  dict. No I/O.
 - `take` hands what was kept since the last call to the traffic report loop, which ships it
   (`Leases.access`). What waits is bounded (`max_held` lines, the oldest go first, counted):
   an activator out of reach never grows the ingress's memory.
@@ -79,6 +80,20 @@ class AccessLog:
             asked = self._asked.get(app, (False, False))
         return self.every_app or asked[0], asked[1]
 
+    def sample(self) -> int:
+        """Whether this request gets a line: 0 when it does not (counted: sampled, or capped
+        past twice the rate in a second), else how many requests its line stands for, for
+        `record`. Asked first, so that a request left out makes no line's fields."""
+        sampler = self._sampler
+        capped = sampler.dropped
+        sample = sampler.keep(int(self._clock()))
+        if not sample:
+            if sampler.dropped != capped:
+                self.counts["capped"] += 1
+            else:
+                self.counts["sampled"] += 1
+        return sample
+
     def record(
         self,
         app: str,
@@ -92,25 +107,17 @@ class AccessLog:
         wake: str,
         request_id: str,
         query: bool,
+        sample: int,
         grpc_status: int | None = None,
     ) -> None:
-        """One request's line; a gRPC call's holds the code it ended with (`grpc_status`, the
-        number: `grpc.call_code`), other requests' have no such field."""
-        now = self._clock()
-        capped = self._sampler.dropped
-        sample = self._sampler.keep(int(now))
-        counts = self.counts
-        if not sample:
-            if self._sampler.dropped != capped:
-                counts["capped"] += 1
-            else:
-                counts["sampled"] += 1
-            return
+        """One request's line, `sample` (from `sample`, not 0) standing for that many; a gRPC
+        call's holds the code it ended with (`grpc_status`, the number: `grpc.call_code`),
+        other requests' have no such field."""
         path = target if query else target.partition(b"?")[0]
         if len(self._held) == self._held.maxlen:
-            counts["overflowed"] += 1
+            self.counts["overflowed"] += 1
         line: dict[str, object] = {
-            "ts": round(now, 6),
+            "ts": round(self._clock(), 6),
             "app": app,
             "version": version,
             "sandbox": sandbox,
@@ -126,7 +133,7 @@ class AccessLog:
         if grpc_status is not None:
             line["grpc_status"] = grpc_status
         self._held.append(line)
-        counts["kept"] += 1
+        self.counts["kept"] += 1
 
     def take(self) -> list[dict[str, object]]:
         """Every line kept since the last call, oldest first."""

@@ -269,7 +269,7 @@ class ProxyEdge(Handler):
             if access is not None and label != "-":
                 lease = None if response is None else response.lease
                 wants, query = access.wants(label, None if lease is None else lease.log)
-                if wants:
+                if wants and (sample := access.sample()):
                     access.record(
                         label,
                         (version or "") if lease is None else lease.grant.version,
@@ -282,6 +282,7 @@ class ProxyEdge(Handler):
                         "" if response is None else response.woke_by,
                         request_id,
                         query,
+                        sample,
                         code,
                     )
 

@@ -83,7 +83,11 @@ class Clock:
 
 
 def record(log: AccessLog, path: str = "/") -> None:
-    log.record("hello", "v1", "sb-1", "GET", path.encode(), 200, 2, 0.001, "", "r", False)
+    """One request's end, as the edge does it: a line made only when the sample keeps it."""
+    if sample := log.sample():
+        log.record(
+            "hello", "v1", "sb-1", "GET", path.encode(), 200, 2, 0.001, "", "r", False, sample
+        )
 
 
 def test_past_its_rate_the_log_samples_and_each_line_says_for_how_many() -> None:
@@ -103,6 +107,7 @@ def test_past_its_rate_the_log_samples_and_each_line_says_for_how_many() -> None
     # Past twice the rate the second's last 10 requests went unrepresented: 5 lines capped.
     assert sum(samples) == 10 + 30 + 40
     assert log.counts["capped"] == 5
+    assert (log.counts["kept"], log.counts["sampled"]) == (40, 90 - 40 - 5)  # each counted once
 
 
 def test_lines_that_cannot_go_wait_within_their_bound_the_oldest_going_first() -> None:
