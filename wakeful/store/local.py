@@ -25,12 +25,14 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Protocol, TypeVar
 
 from wakeful.domain.backoff import Backoff, Retries
 
 from .base import Event, RawOp, RawPut, Require, Resync, StoreBase, WatchItem
 from .errors import StoreError, Unavailable
+from .nudge import FileNudge
 
 R = TypeVar("R")
 log = logging.getLogger(__name__)
@@ -38,8 +40,16 @@ log = logging.getLogger(__name__)
 DEFAULT_HISTORY = 10_000
 """Revisions of change history kept for watchers that fall behind."""
 SHARED_LOOK = 0.05
-"""Seconds between two looks for another process's writes to a SQLite file: the lag a
-watcher here has behind them (`wakeful up`'s ingress workers open its store)."""
+"""Seconds between two looks for another process's writes to a SQLite file where the kernel
+cannot tell when it is written (no inotify): the lag a watcher here has behind them
+(`wakeful up`'s ingress workers open its store)."""
+NUDGED_LOOK = 1.0
+"""Seconds between two looks when the kernel tells of each write (`store.nudge`): a fallback
+only, for an event the kernel dropped."""
+FOLLOW_UPS = (0.005, SHARED_LOOK)
+"""After a nudge, looks again this long after each look (sooner when nudged again): SQLite
+writes a commit to the WAL a moment before its WAL index says it committed, and a look in
+between sees nothing new."""
 TAIL_EVENTS = 4096
 """Events kept in memory for watchers (at most twice that between trims)."""
 
@@ -94,11 +104,15 @@ class LocalStore(StoreBase):
         history: int = DEFAULT_HISTORY,
         tick: float = 0.2,
         shared: float | None = None,
+        watch: Path | None = None,
     ) -> None:
         """`shared`: seconds between two looks for other processes' writes to the engine
-        (a SQLite file several processes open); None, when only this process writes."""
+        (a SQLite file several processes open); None, when only this process writes.
+        `watch`: that file, whose writes the kernel tells of (`store.nudge`): then a look
+        follows each write, and `NUDGED_LOOK` apart otherwise."""
         self._engine = engine
         self._shared = shared
+        self._watched = watch
         self._executor = ThreadPoolExecutor(1, "wakeful-store") if threaded else None
         self._clock = clock
         self._history = history
@@ -235,20 +249,36 @@ class LocalStore(StoreBase):
 
     async def _follow_others(self, interval: float) -> None:
         """Wake the watchers when another process has committed: they read its writes from
-        the engine's log as they read this process's. A failed look is skipped (the
-        housekeeping reports the store's trouble)."""
+        the engine's log as they read this process's. A look follows each write the kernel
+        tells of (and `FOLLOW_UPS` after it), else every `interval`. A failed look is skipped
+        (the housekeeping reports the store's trouble)."""
+        nudge: FileNudge | None = None
+        if self._watched is not None:
+            nudge = FileNudge(self._watched)
+            if not nudge.start():
+                log.info("no word of writes to %s: looking every %g s", self._watched, interval)
+                nudge = None
+        every = interval if nudge is None else max(interval, NUDGED_LOOK)
         seen: int | None = None
-        while True:
-            try:
-                version = await self._call(self._engine.outside_version)
-            except StoreError:
-                if self._closed:
-                    return
-            else:
-                if version != seen:  # the first look too: a watch may have read before it
-                    self._notify()
-                seen = version
-            await asyncio.sleep(interval)
+        follow: list[float] = []
+        try:
+            while True:
+                try:
+                    version = await self._call(self._engine.outside_version)
+                except StoreError:
+                    if self._closed:
+                        return
+                else:
+                    if version != seen:  # the first look too: a watch may have read before it
+                        self._notify()
+                    seen = version
+                if nudge is None:
+                    await asyncio.sleep(interval)
+                elif await nudge.wait(follow.pop(0) if follow else every):
+                    follow = list(FOLLOW_UPS)
+        finally:
+            if nudge is not None:
+                nudge.close()
 
     async def _housekeeping(self) -> None:
         retries = Retries(Backoff(min(2 * self._tick, 5.0), cap=5.0))

@@ -168,6 +168,7 @@ async def open_store(
         threaded=sqlite,
         clock=clock or time.time,
         shared=SHARED_LOOK if sqlite and shared else None,
+        watch=Path(location) if sqlite and shared else None,
     )
     try:
         async with anyio.create_task_group() as tasks:
