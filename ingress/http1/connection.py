@@ -40,7 +40,7 @@ from wakeful.ingress.http1.responder import (
     TOO_SLOW,
     Http1Responder,
 )
-from wakeful.ingress.http1.rules import frame_request
+from wakeful.ingress.http1.rules import frame_request, known_version
 from wakeful.ingress.http1.wire import Wire
 from wakeful.ingress.http2.rules import chose_h2, sniff
 
@@ -125,7 +125,8 @@ class ClientConnection(Wire):
         elif server.http2 and chose_h2(transport.get_extra_info("ssl_object")):
             self._switch(b"")
             return
-        self._arm_head_timer()
+        self._head_due = self._loop.time() + self.limits.head_timeout
+        self._deadline.at(self._head_due)
 
     def data_received(self, data: bytes) -> None:
         if self._sniffed is not None:  # a plain connection's first bytes: HTTP/2's preface?
@@ -243,10 +244,7 @@ class ClientConnection(Wire):
         self._head_due = None
         parser = self._parser
         keep_alive = parser.should_keep_alive()
-        # llhttp takes versions 0.9, 1.0, 1.1 and 2.0 only, and keeps a connection open with
-        # no Connection header for 1.1 alone: such a head is 1.1 without asking the parser,
-        # whose answer is a string formatted anew (as costly as the rest of this callback).
-        version = "1.1" if keep_alive and not self._connection else parser.get_http_version()
+        version = known_version(keep_alive, self._connection) or parser.get_http_version()
         method = parser.get_method().decode("latin-1")
         frame = frame_request(method, version, self._headers, parser.should_upgrade(), keep_alive)
         if len(self._queue) >= PIPELINE_MAX:
@@ -415,10 +413,6 @@ class ClientConnection(Wire):
 
     # -- timers --------------------------------------------------------------------------
 
-    def _arm_head_timer(self) -> None:
-        self._head_due = self._loop.time() + self.limits.head_timeout
-        self._deadline.at(self._head_due)
-
     def _arm_idle_timers(self) -> None:
         now = self._loop.time()
         self._head_due = now + self.limits.head_timeout
@@ -439,7 +433,11 @@ class ClientConnection(Wire):
         now = self._loop.time()
         if self._head_due is not None and now >= self._head_due:
             self._head_due = None
-            self._head_late()
+            # While answering, the next head's time starts after this answer.
+            if self._runner is None and not self._queue:
+                if self._in_head:
+                    self.write(TOO_SLOW)
+                self._close()
         elif self._idle_due is not None and now >= self._idle_due:
             self._idle_due = None
             self._close()
@@ -447,10 +445,3 @@ class ClientConnection(Wire):
             due = [d for d in (self._head_due, self._idle_due) if d is not None]
             if due:
                 self._deadline.at(min(due))
-
-    def _head_late(self) -> None:
-        if self._runner is not None or self._queue:
-            return  # answering: the next head's time starts after this answer
-        if self._in_head:
-            self.write(TOO_SLOW)
-        self._close()
