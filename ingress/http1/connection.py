@@ -53,6 +53,8 @@ LINGER_SECONDS: Final = 5.0
 LINGER_BYTES: Final = 16 << 20
 """How long, and how much, a connection answered before its request body was read keeps
 reading it away (`ClientConnection._linger`); nginx's lingering_timeout is 5 s too."""
+_CONNECTION: Final = frozenset({b"connection", b"proxy-connection"})
+"""What llhttp reads as the Connection header (`known_version`)."""
 PIPELINE_DEPTH: Final = 16
 """Requests queued on one connection before reading from it pauses."""
 PIPELINE_MAX: Final = 128
@@ -235,7 +237,7 @@ class ClientConnection(Wire):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         name = name.lower()
-        if name == b"connection":
+        if name in _CONNECTION:
             self._connection = True
         self._headers.append((name, value))
 

@@ -105,8 +105,9 @@ def frame_request(
 def known_version(keep_alive: bool, connection_header: bool) -> str | None:
     """A request's HTTP version when its head alone tells it, else None (ask the parser).
     llhttp takes versions 0.9, 1.0, 1.1 and 2.0 only, and keeps a connection open with no
-    Connection header for 1.1 alone: such a head (most) is 1.1. The parser's own answer is a
-    string formatted anew at every call, as costly as the rest of the head's callback."""
+    Connection header (nor Proxy-Connection, which it reads as one) for 1.1 alone: such a
+    head (most) is 1.1. The parser's own answer is a string formatted anew at every call, as
+    costly as the rest of the head's callback."""
     return "1.1" if keep_alive and not connection_header else None
 
 

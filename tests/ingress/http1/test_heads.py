@@ -181,6 +181,7 @@ async def test_what_each_head_shape_gets(data: bytes, expected: Seen | None) -> 
         (head(b"GET", b"Connection: keep-alive", version=b"1.0"), "1.0", True),
         (head(b"GET", b"Connection: Keep-Alive, X-A", version=b"1.0"), "1.0", True),
         (head(b"GET", b"connection: keep-alive", version=b"2.0"), "2.0", True),
+        (head(b"GET", b"Proxy-Connection: keep-alive", version=b"1.0"), "1.0", True),
         (head(b"GET", version=b"0.9"), "0.9", False),
     ],
 )
@@ -188,8 +189,8 @@ async def test_a_handler_is_told_the_version_the_request_line_says(
     data: bytes, version: str, keep_alive: bool
 ) -> None:
     """The server tells 1.1 without asking the parser when the head needs no asking (kept
-    alive with no Connection header: llhttp does that for 1.1 only); every other head's
-    version is the parser's."""
+    alive with no Connection header: llhttp does that for 1.1 only, and reads
+    Proxy-Connection as one); every other head's version is the parser's."""
     async with _serving() as (port, recorder):
         with anyio.fail_after(60):
             answer = await anyio.to_thread.run_sync(_send, port, data)
