@@ -54,6 +54,22 @@ async def test_a_write_to_the_file_or_its_wal_nudges_and_one_to_another_file_doe
         nudge.close()
 
 
+async def test_a_store_file_named_through_a_link_nudges_from_where_sqlite_writes(
+    tmp_path: Path,
+) -> None:
+    """SQLite puts the WAL beside the file a link names, under that file's name."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link.db").symlink_to(tmp_path / "real" / "store.db")
+    nudge = FileNudge(tmp_path / "link.db")
+    assert nudge.start()
+    try:
+        (tmp_path / "real" / "store.db-wal").write_bytes(b"x")
+        with anyio.fail_after(10):
+            assert await nudge.wait(30)
+    finally:
+        nudge.close()
+
+
 async def test_another_connection_s_write_reaches_a_waiting_watcher_without_an_interval(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

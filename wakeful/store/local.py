@@ -46,10 +46,14 @@ cannot tell when it is written (no inotify): the lag a watcher here has behind t
 NUDGED_LOOK = 1.0
 """Seconds between two looks when the kernel tells of each write (`store.nudge`): a fallback
 only, for an event the kernel dropped."""
-FOLLOW_UPS = (0.005, SHARED_LOOK)
+FOLLOW_UPS = (0.005,) + (SHARED_LOOK,) * 10
 """After a nudge, looks again this long after each look (sooner when nudged again): SQLite
 writes a commit to the WAL a moment before its WAL index says it committed, and a look in
-between sees nothing new."""
+between sees nothing new. Usually the moment is microseconds; a writer held up inside it (a
+CPU quota's pause) is still seen within `SHARED_LOOK` for half a second after."""
+LOOK_GAP = 0.005
+"""At least this long between two looks, however often the file is written: this process's
+own writes nudge too, and each look is a turn on the store's thread its operations need."""
 TAIL_EVENTS = 4096
 """Events kept in memory for watchers (at most twice that between trims)."""
 
@@ -259,6 +263,7 @@ class LocalStore(StoreBase):
                 log.info("no word of writes to %s: looking every %g s", self._watched, interval)
                 nudge = None
         every = interval if nudge is None else max(interval, NUDGED_LOOK)
+        loop = asyncio.get_running_loop()
         seen: int | None = None
         follow: list[float] = []
         try:
@@ -274,8 +279,12 @@ class LocalStore(StoreBase):
                     seen = version
                 if nudge is None:
                     await asyncio.sleep(interval)
-                elif await nudge.wait(follow.pop(0) if follow else every):
+                    continue
+                looked = loop.time()
+                if await nudge.wait(follow.pop(0) if follow else every):
                     follow = list(FOLLOW_UPS)
+                    if (gap := looked + LOOK_GAP - loop.time()) > 0:
+                        await asyncio.sleep(gap)  # writes meanwhile: one look for them all
         finally:
             if nudge is not None:
                 nudge.close()

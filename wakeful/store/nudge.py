@@ -48,6 +48,7 @@ class FileNudge:
     """Set when `path` or its SQLite companions (`-wal`) are written, made, or moved in."""
 
     def __init__(self, path: Path) -> None:
+        path = Path(os.path.realpath(path))  # SQLite puts the WAL beside the file a link names
         self._dir = path.parent
         self._names = {os.fsencode(path.name + suffix) for suffix in ("", "-wal")}
         self._fd = -1
