@@ -88,11 +88,15 @@ def wakeful_cli(env: dict[str, str], api: str, *args: str, check: bool = True) -
 class Piece:
     """One `wakeful` process, started again with the same command after a fault."""
 
-    def __init__(self, name: str, role: str, argv: list[str], env: dict[str, str]) -> None:
+    def __init__(
+        self, name: str, role: str, argv: list[str], env: dict[str, str], cwd: Path | None = None
+    ) -> None:
+        """`cwd`: where it runs (`python -m wakeful.cli` imports the `wakeful` found there)."""
         self.name = name
         self.role = role
         self.argv = argv
         self.env = env
+        self.cwd = cwd
         self.process: subprocess.Popen[str] | None = None
         self.output: collections.deque[str] = collections.deque(maxlen=200)
         self.events: collections.Counter[str] = collections.Counter()
@@ -102,6 +106,7 @@ class Piece:
         process = self.process = subprocess.Popen(
             self.argv,
             env=self.env,
+            cwd=self.cwd,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

@@ -215,9 +215,12 @@ class Cluster:
         raise RuntimeError(f"no running sandbox of {app}")
 
     @contextlib.contextmanager
-    def ingress(self, workers: int) -> Iterator[tuple[str, list[int], tuple[str, ...]]]:
+    def ingress(
+        self, workers: int, checkout: Path | None = None
+    ) -> Iterator[tuple[str, list[int], tuple[str, ...]]]:
         """`wakeful ingress --workers N`: its address, its processes' pids, and the /metrics
-        bases (its admin address, the activator's)."""
+        bases (its admin address, the activator's). `checkout`: the repository whose
+        `wakeful` it runs (`bench.builds`), else this one."""
         name = f"w{workers}-{uuid.uuid4().hex[:6]}"
         token = self.cli("tokens", "create", "--role", "ingress", "--name", name)
         port, admin = free_port(), f"127.0.0.1:{free_port()}"
@@ -230,6 +233,7 @@ class Cluster:
                 WAKEFUL_ADMIN_LISTEN=admin,
                 WAKEFUL_INGRESS_TOKEN=token.strip(),
             ),
+            checkout,
         )
         piece.start()
         try:
