@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import ctypes.util
 import os
 import struct
 from collections.abc import Iterator
@@ -57,10 +56,9 @@ class FileNudge:
 
     def start(self) -> bool:
         """Watch from now on; False when this system cannot (no inotify, no watch left)."""
-        libc_name = ctypes.util.find_library("c")
-        if libc_name is None:
-            return False
-        libc = ctypes.CDLL(libc_name, use_errno=True)
+        # The process's own symbols, which hold the C library's: no `find_library`, which
+        # runs ldconfig in a subprocess (~100 ms, here on the event loop).
+        libc = ctypes.CDLL(None, use_errno=True)
         try:
             init, add = libc.inotify_init1, libc.inotify_add_watch
         except AttributeError:  # not Linux
