@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pytest
 
 from wakeful.ingress.errors import BadRequest
-from wakeful.ingress.http1.rules import RequestFrame, frame_request
+from wakeful.ingress.http1.rules import RequestFrame, frame_request, known_version
 
 Head = list[tuple[bytes, bytes]]
 HOST = (b"host", b"hello.localhost")
@@ -464,3 +464,16 @@ def test_frame_request(
             frame_request(method, version, headers, parser_upgrade, keep)
     else:
         assert frame_request(method, version, headers, parser_upgrade, keep) == expected
+
+
+@pytest.mark.parametrize(
+    ("keep_alive", "connection_header", "known"),
+    [
+        (True, False, "1.1"),  # llhttp keeps only 1.1 alive unasked
+        (True, True, None),  # a Connection (or Proxy-Connection) token: 1.0 and 2.0 can be kept
+        (False, False, None),  # 1.0, 0.9, 2.0 without one
+        (False, True, None),
+    ],
+)
+def test_known_version(keep_alive: bool, connection_header: bool, known: str | None) -> None:
+    assert known_version(keep_alive, connection_header) == known
