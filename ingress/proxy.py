@@ -337,7 +337,7 @@ def server_timing(queued: float, woke: float, upstream: float, woke_by: str = ""
     sandbox's time to the answer's head). Built of bytes: `wakeful up` sends it on every
     answer, and formatting three floats cost a third as much as the rest of the request's
     bookkeeping."""
-    queue = _ms(queued) if queued else b"0.0"
+    queue = _ms(queued)
     if not woke:  # most answers: two fields
         return b"queue;dur=" + queue + b", upstream;dur=" + _ms(upstream)
     wake = b"wake;dur=" + _ms(woke)
@@ -346,7 +346,11 @@ def server_timing(queued: float, woke: float, upstream: float, woke_by: str = ""
     return b"queue;dur=" + queue + b", " + wake + b", upstream;dur=" + _ms(upstream)
 
 
-_TENTHS: Final = tuple(b"%d.%d" % (tenths // 10, tenths % 10) for tenths in range(1000))
+def _tenths(tenths: int) -> bytes:
+    return b"%d.%d" % (tenths // 10, tenths % 10)
+
+
+_TENTHS: Final = tuple(_tenths(tenths) for tenths in range(1000))
 """`_ms`'s answers below 100 ms (most), made once."""
 
 
@@ -356,7 +360,7 @@ def _ms(seconds: float) -> bytes:
     tenths = int(max(seconds, 0.0) * 10_000 + 0.5)
     if tenths < 1000:
         return _TENTHS[tenths]
-    return b"%d.%d" % (tenths // 10, tenths % 10)
+    return _tenths(tenths)
 
 
 PREREAD_BYTES: Final = 64 * 1024
