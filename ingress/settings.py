@@ -75,7 +75,8 @@ class IngressSettings(StoreSettings):
     apps with `access_log = true`. `wakeful up` turns it on."""
     access_log_rate: int = Field(default=1000, ge=1, le=1_000_000)
     """WAKEFUL_ACCESS_LOG_RATE: access lines this ingress keeps per second before it samples
-    (each kept line then says how many requests it stands for)."""
+    (each kept line then says how many requests it stands for); with workers, each keeps its
+    share (`ingress.workers.worker_env`), so the log's volume does not grow with them."""
     traffic_report_interval: float = Field(default=2.0, gt=0, le=60)
     """Seconds between the reports of what this ingress answered per app to the activator
     (the dashboard's charts)."""

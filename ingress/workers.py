@@ -99,6 +99,8 @@ def worker_env(
         "WAKEFUL_LISTEN": listen,
         "WAKEFUL_ADMIN_LISTEN": admin,
         "WAKEFUL_TUNNEL_REPLICA": f"{replica}-w{index}",
+        # The rate bounds the ingress's log, not each process's: a share each (rounded up).
+        "WAKEFUL_ACCESS_LOG_RATE": str(-(-settings.access_log_rate // settings.workers)),
     }
     if tls_listen is not None:
         env["WAKEFUL_TLS_LISTEN"] = tls_listen

@@ -38,7 +38,9 @@ pytestmark = pytest.mark.anyio
 
 def test_each_worker_is_a_replica_with_its_own_tunnel_port_and_name() -> None:
     settings = IngressSettings(
-        tunnel_listen="0.0.0.0:9000", tunnel_advertise="ingress-a.internal:9000"
+        tunnel_listen="0.0.0.0:9000",
+        tunnel_advertise="ingress-a.internal:9000",
+        ingress_workers=3,
     )
     envs = [
         worker_env(
@@ -57,6 +59,7 @@ def test_each_worker_is_a_replica_with_its_own_tunnel_port_and_name() -> None:
     assert [e["WAKEFUL_INGRESS_WORKER"] for e in envs] == ["0", "1", "2"]
     assert {e["WAKEFUL_INGRESS_WORKERS"] for e in envs} == {"1"}  # a worker never forks more
     assert "WAKEFUL_TLS_LISTEN" not in envs[0]
+    assert {e["WAKEFUL_ACCESS_LOG_RATE"] for e in envs} == {"334"}  # 1,000 a second, shared
     assert shifted("[::1]:0", 4) == "[::1]:0"  # each its own free port
     assert shifted("[::1]:443", 1) == "[::1]:444"
 
