@@ -328,16 +328,19 @@ class LeaseLedger:
     # -- waiters ----------------------------------------------------------------------------
 
     def park(self, pool: str, app: str, deadline: float, requests: int = 1) -> Waiter:
-        """Queue an ask standing for `requests` requests on a pool, bounded in depth:
-        `Overloaded` when they would take the requests waiting past `max_waiters` (an ask
-        is parked or refused whole)."""
+        """Queue an ask standing for `requests` requests on a pool, bounded in depth: it
+        counts as many as the pool's room under `max_waiters` holds (those past it ride
+        uncounted, as in `grow`); `Overloaded` when the pool has no room at all. Refusing an
+        ask whole for its riders past the bound would refuse a cold app's first burst,
+        larger than the bound, for ever: the app would never be woken."""
         entry = self._entry(pool)
-        if entry.requests_waiting + requests > self._max_waiters:
+        room = self._max_waiters - entry.requests_waiting
+        if room < 1:
             raise Overloaded(
                 f"app {app!r} has {entry.requests_waiting} requests waiting already",
                 retry_after=5,
             )
-        waiter = Waiter(pool, deadline, requests=requests, told=requests)
+        waiter = Waiter(pool, deadline, requests=min(requests, room), told=requests)
         entry.add(waiter)
         return waiter
 

@@ -112,14 +112,39 @@ async def test_requests_joining_a_parked_ask_grow_the_pool_for_them(store: Store
     await pool_writes.aclose()  # type: ignore[attr-defined]
 
 
-async def test_an_ask_that_would_take_the_queue_past_its_bound_is_refused_whole(
+async def test_an_ask_past_the_bound_counts_what_fits_and_a_full_queue_refuses(
     store: Store,
 ) -> None:
-    async with ask_of_eight(store) as (activator, riders):
-        with pytest.raises(Overloaded, match="8 requests waiting already"):
-            await activator.acquire("hello", riders=Riders(3))
-        assert activator.snapshot()[0].waiters == 8  # nothing parked half-way
+    """max_waiters 10, 8 waiting: an ask of 3 parks counting the 2 that fit (the third rides
+    uncounted, as riders joining past the bound do); the next ask finds no room, refused."""
+    async with ask_of_eight(store) as (activator, riders), anyio.create_task_group() as more:
+        second = Riders(3)
+        more.start_soon(lambda: activator.acquire("hello", riders=second))
+        await eventually(lambda: activator.snapshot()[0].waiters == 10)
+        with pytest.raises(Overloaded, match="10 requests waiting already"):
+            await activator.acquire("hello", riders=Riders(1))
+        assert activator.snapshot()[0].waiters == 10  # nothing parked half-way
         riders.change(5)  # joined while it waits: counted up to the bound, no further
         assert activator.snapshot()[0].waiters == 10
         riders.change(-12)  # left: it stands for one request at least while it waits
-        assert activator.snapshot()[0].waiters == 1
+        assert activator.snapshot()[0].waiters == 1 + 2
+        more.cancel_scope.cancel()
+
+
+async def test_a_first_burst_larger_than_the_bound_still_wakes_the_app(store: Store) -> None:
+    """max_waiters 10 and a cold app's first ask carrying 30 requests: it parks counting 10
+    and the pool is sized for them (an ask refused whole for its riders past the bound was
+    refused at every retry of such a burst, and the app never woke)."""
+    await seed(store, rpi=5, desired=1, sandboxes={"sb-1": SandboxStatus.BOOTING})
+    start = (await pool(store)).revision
+    pool_writes = store.watch(keys.POOLS, start + 1)
+    activator = make_activator(store, max_waiters=10)
+    async with activator.running(), anyio.create_task_group() as requests:
+        requests.start_soon(lambda: activator.acquire("hello", riders=Riders(30)))
+        await eventually(lambda: activator.snapshot()[0].waiters == 10)
+        with anyio.fail_after(10):
+            write = await pool_writes.__anext__()
+        assert isinstance(write, Event)
+        assert write.decode(Pool).desired_instances == 3  # ceil((0 + 10 + 1) / 5)
+        requests.cancel_scope.cancel()
+    await pool_writes.aclose()  # type: ignore[attr-defined]

@@ -376,3 +376,27 @@ async def test_an_ingress_keeps_its_quiet_leases_when_the_overflow_was_its_own(
         clock.advance(5)  # a renewal is due; the pool is short (its own overflow)
         await cache.maintain()
         assert len(cache.snapshot()) == 5
+
+
+async def test_a_burst_past_the_waiting_bound_wakes_its_app_and_is_served(
+    hello: Callable[[], int],
+) -> None:
+    """Thirty requests at once for a booting sandbox, the activator bounded at ten waiting
+    (`WAKEFUL_MAX_WAITERS`): their shared ask counts ten and the rest ride it uncounted; once
+    the sandbox is up every one gets a use. An ask refused whole for its riders past the
+    bound refused all thirty, and at every retry of such a burst."""
+    port = hello()
+    async with stack({"sb-1": None}, rpi=100, activator={"max_waiters": 10}) as s:
+        uses: list[Use] = []
+
+        async def thirty() -> None:
+            uses.extend(await burst(s.ingress.cache, 30))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(thirty)
+            await eventually(lambda: s.activator.snapshot()[0].waiters == 10)
+            await s.put_sandbox("sb-1", port, SandboxStatus.RUNNING)
+        assert len(uses) == 30
+        for use in uses:
+            if (freed := s.ingress.cache.put(use)) is not None:
+                await s.ingress.cache.release(freed)
