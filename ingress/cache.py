@@ -21,7 +21,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Container
-from dataclasses import dataclass, field
 
 import anyio
 
@@ -35,6 +34,7 @@ from wakeful.domain.leases import (
     Riders,
 )
 from wakeful.ingress.cacherules import (
+    Ask,
     CachedLease,
     Key,
     Use,
@@ -58,25 +58,6 @@ MAX_SIZES_KEPT = 100_000
 """Lease sizes remembered per key (`LeaseCache._learn`) before the memory is cleared."""
 
 
-@dataclass(eq=False, slots=True)
-class _Ask:
-    """One ask of the activator, shared by the misses of a key that wait together (its
-    riders): sent when its task first runs (the turn after it was opened), saying how many
-    ride it, and taking more until it is answered, at most `seats` in all (what the key's last
-    lease carried), the activator told of each (`Riders`)."""
-
-    done: asyncio.Future[None]
-    """Set once the ask ended: granted (`entry`), refused (its error), or withdrawn."""
-    seats: int
-    riders: Riders = field(default_factory=lambda: Riders(0))
-    """As the activator is told: the riders waiting, until the ask is answered."""
-    waiting: int = 0
-    """Riders still in `LeaseCache._ride`, answered or not."""
-    task: asyncio.Task[LeaseGrant] = field(init=False)
-    entry: CachedLease | None = None
-    """What it was granted, for its riders: a cached lease, or an overflow one for one."""
-
-
 def _retrieved(done: asyncio.Future[None]) -> None:
     if not done.cancelled():
         done.exception()
@@ -98,7 +79,7 @@ class LeaseCache:
         self._clock = clock
         self._on_miss = on_miss
         self._entries: dict[Key, list[CachedLease]] = {}
-        self._open: dict[Key, _Ask] = {}
+        self._open: dict[Key, Ask] = {}
         """The ask of each key still taking riders (sent at the end of this loop turn)."""
         self._sizes: dict[Key, int] = {}
         """The size of each key's last lease: how many misses ride one ask (`_learn`)."""
@@ -130,7 +111,7 @@ class LeaseCache:
         with the other misses of `key` that wait with this one, or of a cached lease that
         gets room first.
 
-        Misses share asks (`_Ask`): a miss rides the ask of its key that is out, or opens
+        Misses share asks (`Ask`): a miss rides the ask of its key that is out, or opens
         one; at most as many as the key's last lease carried ride one, so one grant carries
         them all. The activator counts a parked ask as the requests riding it, told as they
         join and leave (`Riders`; over plain HTTP only those riding when it was sent), so
@@ -156,12 +137,12 @@ class LeaseCache:
             if use is not None:
                 return use
 
-    def _join(self, key: Key, loop: asyncio.AbstractEventLoop) -> _Ask:
+    def _join(self, key: Key, loop: asyncio.AbstractEventLoop) -> Ask:
         """A seat on the ask of `key` still taking riders, or on a new one."""
         ask = self._open.get(key)
         if ask is None or ask.seats <= 0 or ask.done.done():
             seats = min(self._sizes.get(key, FIRST_SEATS), MAX_ASK_REQUESTS)  # the wire's bound
-            ask = _Ask(loop.create_future(), seats)
+            ask = Ask(loop.create_future(), seats)
             self._open[key] = ask
             # It goes when the task first runs, the next turn of the loop: the misses of
             # this turn ride it from the start, and it says how many they are then.
@@ -175,7 +156,7 @@ class LeaseCache:
         return ask
 
     async def _ride(
-        self, key: Key, ask: _Ask, avoid: Container[str], loop: asyncio.AbstractEventLoop
+        self, key: Key, ask: Ask, avoid: Container[str], loop: asyncio.AbstractEventLoop
     ) -> Use | None:
         """Wait for the ask's grant or for room on a cached lease; None: ask again."""
         try:
@@ -227,7 +208,7 @@ class LeaseCache:
         except Exception as exc:  # the HTTP adapter lets transport errors through
             raise ActivatorUnreachable(f"the activator did not answer: {exc}") from exc
 
-    def _settle(self, key: Key, ask: _Ask) -> None:
+    def _settle(self, key: Key, ask: Ask) -> None:
         """The ask ended: a grant goes into the cache for its riders (or is held for one of
         them when it is an overflow lease; released when none is left), never lost."""
         if self._open.get(key) is ask:
@@ -272,7 +253,7 @@ class LeaseCache:
             if ask is not None:
                 ask.seats = 0
 
-    def _claim(self, ask: _Ask) -> Use | None:
+    def _claim(self, ask: Ask) -> Use | None:
         """A use of the lease the rider's own ask brought, while it has room."""
         entry = ask.entry
         if entry is None:
@@ -294,7 +275,7 @@ class LeaseCache:
         into the cache is never that, even once `close` or an eviction took it out)."""
         return entry is not None and entry.for_one and not entry.uses
 
-    def _abandon(self, key: Key, ask: _Ask) -> None:
+    def _abandon(self, key: Key, ask: Ask) -> None:
         """No rider waits on `ask` any more (it is not answered yet): withdraw it where that
         loses nothing; whatever it is still granted is settled (`_settle`)."""
         if self._open.get(key) is ask:

@@ -1,18 +1,38 @@
 """The lease cache's records and its pure rules (docs/architecture.md, invariants 7-9): what a
-cached lease and a request's use of it are, which lease carries a request (`pick`), which
-leases are renewed or handed back (`plan`), and the key a grant is kept under (`kept_under`).
-`LeaseCache` (`ingress/cache.py`) carries them out."""
+cached lease, a request's use of it and a shared ask of the activator are, which lease carries
+a request (`pick`), which leases are renewed or handed back (`plan`), and the key a grant is
+kept under (`kept_under`). `LeaseCache` (`ingress/cache.py`) carries them out."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 
-from wakeful.domain.leases import LeaseGrant, short
+from wakeful.domain.leases import LeaseGrant, Riders, short
 
 Key = tuple[str, str | None]
 """(app, version): the version the router named (the active one, a split's pick, a tag's);
 None only for an app with no version yet."""
+
+
+@dataclass(eq=False, slots=True)
+class Ask:
+    """One ask of the activator, shared by the misses of a key that wait together (its
+    riders): sent when its task first runs (the turn after it was opened), saying how many
+    ride it, and taking more until it is answered, at most `seats` in all (what the key's last
+    lease carried), the activator told of each (`Riders`)."""
+
+    done: asyncio.Future[None]
+    """Set once the ask ended: granted (`entry`), refused (its error), or withdrawn."""
+    seats: int
+    riders: Riders = field(default_factory=lambda: Riders(0))
+    """As the activator is told: the riders waiting, until the ask is answered."""
+    waiting: int = 0
+    """Riders still in `LeaseCache._ride`, answered or not."""
+    task: asyncio.Task[LeaseGrant] = field(init=False)
+    entry: CachedLease | None = None
+    """What it was granted, for its riders: a cached lease, or an overflow one for one."""
 
 
 @dataclass(eq=False, slots=True, init=False)
