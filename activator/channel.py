@@ -29,6 +29,12 @@ and gets a list of answers, exactly one per acquire, renewal, release, adoption 
     {"id": 6, "recorded": 1}
     {"id": 2, "error": "lease gone", "detail": "..."}
 
+and, unasked, news with the id 0 (which no operation has, so a client that knows no news
+passes it by): a pool of the app turned short, and the ingress hands back the normal leases
+of it it is not using (`activator.spares`; its renewals say so too, `spare_wanted`):
+
+    {"id": 0, "short": {"app": "hello", "version": "v1"}}
+
 An acquire parks (bounded) like `POST /v1/leases`, counted as the `requests` it stands for
 (default 1: an ingress's misses that wait together share one acquire, `ingress.cache`); a
 `cancel` of it, or the channel closing, takes it out of the waiters at once (seed 001), and a
@@ -195,6 +201,7 @@ class Channel:
 
     async def serve(self) -> None:
         await self._ws.accept()
+        unheed = self._activator.spare_asks.heed(self._told_short)
         try:
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(self._write, tasks)
@@ -203,7 +210,14 @@ class Channel:
                 await self._read(tasks)
                 tasks.cancel_scope.cancel()
         finally:
+            unheed()
             self._release_unsent()
+
+    def _told_short(self, app: str, version: str) -> None:
+        """News, not an answer (id 0, which no operation has): a pool turned short. Left out
+        while the ingress does not read (its renewals say it too)."""
+        if len(self._unsent) <= MAX_UNSENT:
+            self._answer({"id": 0, "short": {"app": app, "version": version}})
 
     async def refuse(self, reason: str) -> None:
         """Accept, then close at once with 1013 (a channel this token may not open now)."""

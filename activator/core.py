@@ -38,6 +38,7 @@ from wakeful.activator.metrics import ActivatorMetrics
 from wakeful.activator.reporting import Charts, PoolSnapshot, WakeTally, pool_snapshots
 from wakeful.activator.scale_up import ScaleUpRunner
 from wakeful.activator.settings import ActivatorSettings
+from wakeful.activator.spares import SpareAsks
 from wakeful.activator.suspend import Suspender
 from wakeful.activator.term import Term
 from wakeful.activator.view import PoolState, View
@@ -76,6 +77,9 @@ class Activator:
         )
         self._term = Term(lease_ttl=settings.lease_ttl, clock=self._ledger.clock, leading=leading)
         self._view = View(store, _Reactions(self))
+        self.spare_asks = SpareAsks(self._view.pools)
+        """Who hears at once that a pool turned short (the lease channels)."""
+        self._ledger.became_short = self.spare_asks.tell
         self._scale_up = ScaleUpRunner(
             store,
             self._view,
@@ -222,7 +226,9 @@ class Activator:
                             self._metrics.wake.labels(kind=lease.woke_by).observe(waited)
                             self._charts.woke(app, lease.woke_by, waited)
                     return lease
-                self._fail_if_crashing(state)
+                crashing = refusals.crashing(state.item.value, self._wall_clock())
+                if crashing is not None:  # a crash cooldown: at once, with the last boot log
+                    raise crashing
                 if waiter is None and state.item.value.spec.state is not None:
                     await self._fail_if_state_kept(app)
                 if waiter is None:
@@ -294,12 +300,6 @@ class Activator:
         with anyio.move_on_after(0.5), contextlib.suppress(StoreError):  # never a long wait
             found = await self._store.get(keys.state(app), AppState)
         refused = refusals.state_kept(app, None if found is None else found.value)
-        if refused is not None:
-            raise refused
-
-    def _fail_if_crashing(self, state: PoolState) -> None:
-        """A pool in a crash cooldown answers at once with the last boot log."""
-        refused = refusals.crashing(state.item.value, self._wall_clock())
         if refused is not None:
             raise refused
 

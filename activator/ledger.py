@@ -171,6 +171,8 @@ class LeaseLedger:
         self.leases_by_id: dict[str, Lease] = {}
         self.leased_capacity_by_sandbox: dict[str, int] = {}
         self._pools: dict[str, PoolLedger] = {}
+        self.became_short: Callable[[str], None] = lambda pool: None
+        """Told a pool's name as it turns short (`short_of`; `activator.spares`)."""
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -186,8 +188,14 @@ class LeaseLedger:
 
     def short_of(self, pool: str) -> None:
         """A request of the pool got less than a normal lease: an overflow one, or a wait
-        with every routable sandbox at its hard limit (`wakeful.domain.leases.short`)."""
-        self._entry(pool).short_at = self.clock()
+        with every routable sandbox at its hard limit (`wakeful.domain.leases.short`). Its
+        holders hear it at once when it was not short already (`became_short`)."""
+        entry = self._entry(pool)
+        now = self.clock()
+        was = short(entry.short_at, now, entry.requests_waiting)
+        entry.short_at = now
+        if not was:
+            self.became_short(pool)
 
     def wants_spares(self, pool: str) -> bool:
         """The pool is short: its holders are asked for the normal leases they do not use

@@ -93,6 +93,7 @@ class LeaseCache:
         self._held: set[CachedLease] = set()
         """Leases out of the cache that still carry requests (an overflow lease, or one whose
         sandbox is leaving): renewed until their last use returns, so none expires mid-request."""
+        leases.heed_short(self._told_short)
 
     # -- the request path -------------------------------------------------------------------
 
@@ -378,6 +379,17 @@ class LeaseCache:
         for key in short:
             if gives_back(self._overflowed.get(key), key in self._room, now):
                 await self._give_back_spares(key)
+
+    def _told_short(self, app: str, version: str) -> None:
+        """The activator says a pool of `app` turned short (`Leases.heed_short`): the spare
+        leases of it here go back now, as at a renewal that says so, not when this ingress,
+        quiet, next renews them (a third of their TTL apart)."""
+        now = self._clock()
+        for key, group in list(self._entries.items()):
+            if key[0] != app or all(entry.grant.version != version for entry in group):
+                continue
+            if not self._closed and gives_back(self._overflowed.get(key), key in self._room, now):
+                self._releasing.spawn(self._give_back_spares(key))
 
     async def _give_back_spares(self, key: Key) -> None:
         """The activator wants the normal leases of `key`'s pool this ingress does not use

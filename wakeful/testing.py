@@ -52,7 +52,7 @@ class FakeLeases:
     acquire before it is decided, as a request parked at the activator waits (a test lets
     grants out one by one). `cancels_cleanly`: see below. An overflow grant makes its app
     short for a while (`short`, on `clock`): renewals then ask for spare leases
-    (`LeaseGrant.spare_wanted`)."""
+    (`LeaseGrant.spare_wanted`), and the listeners of `heed_short` are told as it turns so."""
 
     def __init__(
         self,
@@ -74,6 +74,8 @@ class FakeLeases:
         self._clock = clock
         self._short_at: dict[str, float] = {}
         """When each app last got an overflow lease."""
+        self._told_short: list[Callable[[str, str], None]] = []
+        """Every listener of `heed_short` (each ingress sharing this fake)."""
         self._apps_of: dict[str, str] = {}
         """The app of each lease held."""
         self._hold = hold
@@ -95,6 +97,9 @@ class FakeLeases:
 
     def report(self, traffic: TrafficReport) -> None:
         self.reports.append(traffic)
+
+    def heed_short(self, listener: Callable[[str, str], None]) -> None:
+        self._told_short.append(listener)
 
     def access(self, ingress: str, lines: list[dict[str, object]]) -> bool:
         self.access_lines.extend(lines)
@@ -129,7 +134,11 @@ class FakeLeases:
         self._leases[grant.lease_id] = grant
         self._apps_of[grant.lease_id] = app
         if grant.overflow:
+            was = short(self._short_at.get(app), self._clock())
             self._short_at[app] = self._clock()
+            if not was:  # it turns short: its holders hear it now, as the activator's do
+                for listener in self._told_short:
+                    listener(app, grant.version)
         return grant
 
     async def renew(self, lease_id: str, *, used: bool = False) -> LeaseGrant:

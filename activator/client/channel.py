@@ -98,6 +98,17 @@ class ChannelLeases:
         self._attempt: asyncio.Future[Link] | None = None
         self._failed: tuple[float, ActivatorError] | None = None
         self._closed = False
+        self._short: Callable[[str, str], None] = lambda app, version: None
+
+    def heed_short(self, listener: Callable[[str, str], None]) -> None:
+        """Told (app, version) when the activator says a pool turned short (its news on the
+        channel, while one is open)."""
+        self._short = listener
+
+    def _news(self, news: dict[str, Any]) -> None:
+        told = news.get("short")
+        if isinstance(told, dict):
+            self._short(str(told.get("app", "")), str(told.get("version", "")))
 
     async def acquire(
         self, app: str, version: str | None = None, *, riders: Riders | None = None
@@ -216,6 +227,7 @@ class ChannelLeases:
             self._failed = (time.monotonic(), exc)
             raise
         self._failed = None
+        link.on_news = self._news  # before its reader's first turn
         if self._closed:  # closed while it opened
             await link.close()
             raise Unreachable("the lease channel is closed", 1)

@@ -3,6 +3,7 @@ one long-lived httpx client (`wakeful ingress` uses the lease channel, `ChannelL
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -69,6 +70,9 @@ class HttpLeases:
     def report(self, traffic: TrafficReport) -> None:
         """Plain HTTP sends no traffic reports (a request each would cost more than the
         charts are worth); `ChannelLeases`, what `wakeful ingress` uses, does."""
+
+    def heed_short(self, listener: Callable[[str, str], None]) -> None:
+        """Plain HTTP cannot be told: only renewals say a pool is short."""
 
     def access(self, ingress: str, lines: list[dict[str, object]]) -> bool:
         """Nor access lines: they are dropped here (`ChannelLeases` sends them)."""

@@ -3,6 +3,8 @@ no network."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from wakeful.activator.core import Activator
 from wakeful.domain.leases import LeaseGrant, Riders
 from wakeful.domain.traffic import TrafficReport
@@ -29,6 +31,9 @@ class InProcessLeases:
 
     def report(self, traffic: TrafficReport) -> None:
         self._activator.record_traffic(traffic)
+
+    def heed_short(self, listener: Callable[[str, str], None]) -> None:
+        self._activator.spare_asks.heed(listener)
 
     def access(self, ingress: str, lines: list[dict[str, object]]) -> bool:
         self._activator.record_access(ingress, lines)

@@ -1,5 +1,6 @@
 """One open lease channel (`activator/channel.py`) as `ChannelLeases` uses it: a writer that
-sends what queued up as one frame, a reader that hands each answer to its caller."""
+sends what queued up as one frame, a reader that hands each answer to its caller and the
+activator's news (id 0) to whoever heeds it."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ class Link:
     def __init__(self, connection: ClientConnection, on_lost: Callable[[], None]) -> None:
         self._connection = connection
         self._on_lost = on_lost
+        self.on_news: Callable[[dict[str, Any]], None] = lambda news: None
+        """Told what the activator sends unasked (id 0, `activator/channel.py`)."""
         self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._abandoned: set[int] = set()
         """Acquires given up by their callers: the grant that may still come is released."""
@@ -111,6 +114,9 @@ class Link:
 
     def _answered(self, answer: dict[str, Any]) -> None:
         ident = answer["id"]
+        if ident == 0:  # news, not an answer
+            self.on_news(answer)
+            return
         future = self._waiting.pop(ident, None)
         if future is not None:
             if future.cancelled():  # its caller was cancelled in this same step: it is gone

@@ -10,6 +10,7 @@ import anyio
 import pytest
 
 from tests.support.control import running_control_plane
+from tests.support.waiting import eventually
 from wakeful.activator.client import ChannelLeases, HttpLeases, InProcessLeases
 from wakeful.domain import keys
 from wakeful.domain.leases import LeaseGone, Leases, UnknownApp
@@ -99,3 +100,22 @@ async def test_a_released_lease_is_gone_and_releasing_it_again_is_harmless(
     await leases.release(grant.lease_id)
     with pytest.raises(LeaseGone):
         await leases.renew("never-granted")
+
+
+async def test_a_pool_turning_short_is_told_where_it_can_be(leases: Leases) -> None:
+    """Between renewals, a holder hears that a pool turned short as it does (an overflow
+    grant), once, by app and the version its grants say: in-process, on the lease channel
+    and from the fake. Plain HTTP cannot be told; its renewals say it."""
+    heard: list[tuple[str, str]] = []
+    leases.heed_short(lambda app, version: heard.append((app, version)))
+    with anyio.fail_after(30):
+        grant = await leases.acquire("hello")
+        other = await leases.acquire("hello")  # over the full sandbox: the pool turns short
+        third = await leases.acquire("hello")  # short already: nothing new to tell
+    assert other.overflow and third.overflow
+    expected = [] if isinstance(leases, HttpLeases) else [("hello", grant.version)]
+    await eventually(lambda: heard == expected)
+    await anyio.sleep(0.1)  # nothing more comes
+    assert heard == expected
+    for each in (grant, other, third):
+        await leases.release(each.lease_id)

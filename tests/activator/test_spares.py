@@ -74,3 +74,29 @@ async def test_a_request_still_waiting_at_the_hard_limit_keeps_asking(store: Sto
         clock.advance(SHORT_SECONDS)
         assert not activator.renew_grant(held[0].lease_id).spare_wanted
         tasks.cancel_scope.cancel()
+
+
+async def test_the_holders_are_told_as_a_pool_turns_short_once_a_spell(store: Store) -> None:
+    """`Activator.spare_asks`: told (app, version) as the pool turns short, by an overflow
+    or by a wait at the hard limit, and not again while it stays short; told again once it
+    was not short for a while. A listener stopped hears nothing more."""
+    await seed(store, rpi=5, max_instances=1, sandboxes={"sb-1": SandboxStatus.RUNNING})
+    clock = ManualClock()
+    activator = make_activator(store, clock=clock)
+    heard: list[tuple[str, str]] = []
+    stop = activator.spare_asks.heed(lambda app, version: heard.append((app, version)))
+    async with activator.running():
+        held = [await activator.acquire("hello") for _ in range(5)]
+        assert heard == []  # room was there
+        overflows = [await activator.acquire("hello") for _ in range(3)]
+        assert all(lease.overflow for lease in overflows)
+        assert heard == [("hello", "v1")]  # once, though three overflowed
+        clock.advance(SHORT_SECONDS + 1)
+        overflows.append(await activator.acquire("hello"))
+        assert heard == [("hello", "v1")] * 2  # a new spell
+        stop()
+        clock.advance(SHORT_SECONDS + 1)
+        overflows.append(await activator.acquire("hello"))
+        assert len(heard) == 2
+        for lease in held + overflows:
+            activator.release(lease.lease_id)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
+from tests.support.waiting import eventually
 from wakeful.ingress.cache import LeaseCache
 from wakeful.ingress.cacherules import Use
 from wakeful.testing import FakeLeases, FakeSandbox, ManualClock
@@ -20,6 +21,9 @@ class Releasing(FakeLeases):
     of the event loop would)."""
 
     meanwhile: Callable[[], None] | None = None
+
+    def heed_short(self, listener: Callable[[str, str], None]) -> None:
+        """Never told: as over plain HTTP, only a renewal says the pool is short."""
 
     async def release(self, lease_id: str) -> None:
         await super().release(lease_id)
@@ -62,3 +66,29 @@ async def test_a_lease_used_while_the_hand_back_awaits_is_no_spare() -> None:
     assert cache.snapshot() == [other]
     assert fake.leased == {"sb": 1}
     await cache.close()
+
+
+async def test_a_quiet_ingress_told_its_pool_is_short_hands_its_spares_back_at_once() -> None:
+    """Issue 42: this ingress's burst took both normal leases of the sandbox and went
+    quiet; another ingress's request gets an overflow lease. The activator says the pool
+    turned short as it does (`Leases.heed_short`): the spares go back then, with no renewal
+    of this ingress's (a quiet one renews a third of a TTL apart), and the other's next
+    request gets a normal lease."""
+    clock = ManualClock()
+    fake = FakeLeases({"app": [FakeSandbox("sb", "http://127.0.0.1:1", 2)]}, clock=clock)
+    quiet = LeaseCache(fake, idle_ttl=30, clock=clock)
+    for use in [await request(quiet), await request(quiet)]:
+        quiet.put(use)
+    clock.advance(5)
+    busy = LeaseCache(fake, idle_ttl=30, clock=clock)
+    overflow = await request(busy)
+    assert overflow.lease.grant.overflow
+    if (freed := busy.put(overflow)) is not None:
+        await busy.release(freed)
+    await eventually(lambda: quiet.snapshot() == [])
+    assert fake.leased == {"sb": 0}
+    normal = await request(busy)
+    assert not normal.lease.grant.overflow
+    busy.put(normal)
+    await busy.close()
+    await quiet.close()

@@ -357,6 +357,33 @@ async def test_a_replicas_unused_leases_go_to_another_that_needs_them(
         await other.close()
 
 
+async def test_a_quiet_replica_hands_its_leases_over_when_told_not_at_its_renewal(
+    hello: Callable[[], int],
+) -> None:
+    """Issue 42, on the real activator: as above, but the first replica renews nothing (a
+    quiet one renews a third of a TTL apart). The activator tells its holders as the pool
+    turns short (`Activator.spare_asks`), and the first hands its leases over then: the
+    other replica's next request gets a normal lease."""
+    clock = ManualClock()
+    async with stack(
+        {"sb-1": hello()}, rpi=100, max_instances=1, clock=clock, maintenance_interval=60
+    ) as s:
+        first = s.ingress.cache
+        other = LeaseCache(InProcessLeases(s.activator), idle_ttl=30, clock=clock)
+        for use in await burst(first, 100):
+            first.put(use)
+        clock.advance(2)  # quiet for longer than a lease between two requests is
+        overflowed = await other.acquire(KEY)
+        assert overflowed.lease.grant.overflow
+        if (freed := other.put(overflowed)) is not None:
+            await other.release(freed)
+        await eventually(lambda: first.snapshot() == [])  # all five, with no renewal
+        normal = other.take(KEY) or await other.acquire(KEY)
+        assert not normal.lease.grant.overflow
+        other.put(normal)
+        await other.close()
+
+
 async def test_an_ingress_keeps_its_quiet_leases_when_the_overflow_was_its_own(
     hello: Callable[[], int],
 ) -> None:
