@@ -327,14 +327,19 @@ async def test_two_replicas_bursts_take_the_leases_they_need_not_the_pools(
         await other.close()
 
 
+@pytest.mark.parametrize(
+    "told", [False, True], ids=["at its next renewal", "told as the pool turns short"]
+)
 async def test_a_replicas_unused_leases_go_to_another_that_needs_them(
-    hello: Callable[[], int],
+    hello: Callable[[], int], told: bool
 ) -> None:
     """Issue 42, on the real activator: one replica's burst took every normal lease of the
     sandbox (five of 20) and the burst is over; another replica's request gets an overflow
-    lease. At the first's next renewal the activator says the pool is short, and it hands
-    back the leases it is not using instead of keeping them its idle TTL (30 s): the other
-    replica's next request gets a normal lease."""
+    lease. The first hands back the leases it is not using instead of keeping them its idle
+    TTL (30 s): at its next renewal, which says the pool is short, or, quiet for a while
+    (`told`), as the activator tells its holders the pool turned short
+    (`Activator.spare_asks`), with no renewal at all (a quiet replica renews a third of a
+    TTL apart). The other replica's next request gets a normal lease."""
     clock = ManualClock()
     async with stack(
         {"sb-1": hello()}, rpi=100, max_instances=1, clock=clock, maintenance_interval=60
@@ -344,40 +349,18 @@ async def test_a_replicas_unused_leases_go_to_another_that_needs_them(
         for use in await burst(first, 100):
             first.put(use)
         assert len(first.snapshot()) == 5  # every normal lease of the sandbox, idle
+        if told:
+            clock.advance(2)  # quiet for longer than a lease between two requests is
         overflowed = await other.acquire(KEY)
         assert overflowed.lease.grant.overflow
         if (freed := other.put(overflowed)) is not None:
             await other.release(freed)
-        clock.advance(5)  # a renewal is due (traffic to report), well within the idle TTL
-        await first.maintain()
-        assert first.snapshot() == []  # all five went back
-        normal = other.take(KEY) or await other.acquire(KEY)
-        assert not normal.lease.grant.overflow
-        other.put(normal)
-        await other.close()
-
-
-async def test_a_quiet_replica_hands_its_leases_over_when_told_not_at_its_renewal(
-    hello: Callable[[], int],
-) -> None:
-    """Issue 42, on the real activator: as above, but the first replica renews nothing (a
-    quiet one renews a third of a TTL apart). The activator tells its holders as the pool
-    turns short (`Activator.spare_asks`), and the first hands its leases over then: the
-    other replica's next request gets a normal lease."""
-    clock = ManualClock()
-    async with stack(
-        {"sb-1": hello()}, rpi=100, max_instances=1, clock=clock, maintenance_interval=60
-    ) as s:
-        first = s.ingress.cache
-        other = LeaseCache(InProcessLeases(s.activator), idle_ttl=30, clock=clock)
-        for use in await burst(first, 100):
-            first.put(use)
-        clock.advance(2)  # quiet for longer than a lease between two requests is
-        overflowed = await other.acquire(KEY)
-        assert overflowed.lease.grant.overflow
-        if (freed := other.put(overflowed)) is not None:
-            await other.release(freed)
-        await eventually(lambda: first.snapshot() == [])  # all five, with no renewal
+        if told:
+            await eventually(lambda: first.snapshot() == [])  # all five, with no renewal
+        else:
+            clock.advance(5)  # a renewal is due (traffic to report), within the idle TTL
+            await first.maintain()
+            assert first.snapshot() == []  # all five went back
         normal = other.take(KEY) or await other.acquire(KEY)
         assert not normal.lease.grant.overflow
         other.put(normal)
