@@ -192,7 +192,9 @@ class LeaseLedger:
         holders hear it at once when it was not short already (`became_short`)."""
         entry = self._entry(pool)
         now = self.clock()
-        was = short(entry.short_at, now, entry.requests_waiting)
+        # By `short_at` alone: requests waiting for a cold start make the pool short to a
+        # renewal, but nobody was told of them (nothing was routable to hand capacity over).
+        was = short(entry.short_at, now)
         entry.short_at = now
         if not was:
             self.became_short(pool)

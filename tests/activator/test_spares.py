@@ -7,8 +7,9 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from tests.support.activator import make_activator, seed
+from tests.support.activator import make_activator, seed, set_status
 from tests.support.waiting import eventually
+from wakeful.activator.ledger import Lease
 from wakeful.domain.leases import SHORT_SECONDS
 from wakeful.domain.models import SandboxStatus
 from wakeful.store import Store
@@ -100,3 +101,32 @@ async def test_the_holders_are_told_as_a_pool_turns_short_once_a_spell(store: St
         assert len(heard) == 2
         for lease in held + overflows:
             activator.release(lease.lease_id)
+
+
+async def test_a_spell_that_begins_while_requests_wait_for_a_start_is_told(
+    store: Store,
+) -> None:
+    """Seven requests wait for a booting sandbox (nothing routable: nobody is told); it comes
+    up, five get normal leases and two overflow ones, the first while the last still waits.
+    That overflow begins the spell, and the holders hear it, though requests were waiting
+    (found by a review: judged by the waiting too, it was never told, and the overflows
+    after it kept the spell going)."""
+    await seed(store, rpi=5, max_instances=1, sandboxes={"sb-1": SandboxStatus.BOOTING})
+    activator = make_activator(store)
+    heard: list[tuple[str, str]] = []
+    activator.spare_asks.heed(lambda app, version: heard.append((app, version)))
+    leases: list[Lease] = []
+
+    async def one() -> None:
+        leases.append(await activator.acquire("hello"))
+
+    async with activator.running(), anyio.create_task_group() as tasks:
+        for _ in range(7):
+            tasks.start_soon(one)
+        await eventually(lambda: activator.snapshot()[0].waiters == 7)
+        assert heard == []
+        await set_status(store, "sb-1", SandboxStatus.RUNNING)
+    assert sum(lease.overflow for lease in leases) == 2
+    assert heard == [("hello", "v1")]
+    for lease in leases:
+        activator.release(lease.lease_id)
