@@ -14,41 +14,25 @@ told (plain HTTP), or whose channel was closed then.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping
 
 from wakeful.activator.view import PoolState
-
-log = logging.getLogger(__name__)
-
-Listener = Callable[[str, str], None]
-"""Told (app, version) of a pool that turned short; never waits."""
+from wakeful.aio.listeners import Listeners
 
 
 class SpareAsks:
     def __init__(self, pools: Mapping[str, PoolState]) -> None:
         """`pools`: the activator's view of the pools, by name."""
         self._pools = pools
-        self._listeners: list[Listener] = []
+        self._listeners: Listeners[[str, str]] = Listeners("that a pool turned short")
 
-    def heed(self, listener: Listener) -> Callable[[], None]:
-        """Tell `listener` from now on; returns what stops it."""
-        self._listeners.append(listener)
-
-        def stop() -> None:
-            if listener in self._listeners:
-                self._listeners.remove(listener)
-
-        return stop
+    def heed(self, listener: Callable[[str, str], None]) -> Callable[[], None]:
+        """Tell `listener` (app, version) from now on; returns what stops it. It never
+        waits; one that raises is logged, and the grant that made the news goes on."""
+        return self._listeners.heed(listener)
 
     def tell(self, pool: str) -> None:
         """`pool` turned short (`LeaseLedger.became_short`): every listener hears it now."""
         state = self._pools.get(pool)
-        if state is None:
-            return
-        record = state.item.value
-        for listener in list(self._listeners):
-            try:
-                listener(record.app, record.version)
-            except Exception:  # a listener's failure is its own; the grant goes on
-                log.exception("telling a lease holder that %s is short failed", pool)
+        if state is not None:
+            self._listeners.tell(state.item.value.app, state.item.value.version)

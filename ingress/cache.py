@@ -93,7 +93,7 @@ class LeaseCache:
         self._held: set[CachedLease] = set()
         """Leases out of the cache that still carry requests (an overflow lease, or one whose
         sandbox is leaving): renewed until their last use returns, so none expires mid-request."""
-        leases.heed_short(self._told_short)
+        self._unheed = leases.heed_short(self._told_short)
 
     # -- the request path -------------------------------------------------------------------
 
@@ -411,6 +411,7 @@ class LeaseCache:
     async def close(self) -> None:
         """Release every cached lease (at shutdown, after in-flight requests finished)."""
         self._closed = True
+        self._unheed()
         entries = [e for group in self._entries.values() for e in group]
         self._entries.clear()
         for entry in entries:

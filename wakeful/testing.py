@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from wakeful.aio.listeners import Listeners
 from wakeful.domain.leases import LeaseGone, LeaseGrant, NoCapacity, Riders, UnknownApp, short
 from wakeful.domain.traffic import TrafficReport
 
@@ -74,7 +75,7 @@ class FakeLeases:
         self._clock = clock
         self._short_at: dict[str, float] = {}
         """When each app last got an overflow lease."""
-        self._told_short: list[Callable[[str, str], None]] = []
+        self._told_short: Listeners[[str, str]] = Listeners("that an app turned short")
         """Every listener of `heed_short` (each ingress sharing this fake)."""
         self._apps_of: dict[str, str] = {}
         """The app of each lease held."""
@@ -98,8 +99,13 @@ class FakeLeases:
     def report(self, traffic: TrafficReport) -> None:
         self.reports.append(traffic)
 
-    def heed_short(self, listener: Callable[[str, str], None]) -> None:
-        self._told_short.append(listener)
+    def heed_short(self, listener: Callable[[str, str], None]) -> Callable[[], None]:
+        return self._told_short.heed(listener)
+
+    @property
+    def heeding(self) -> int:
+        """How many listen to `heed_short` now (a closed lease cache has stopped)."""
+        return len(self._told_short)
 
     def access(self, ingress: str, lines: list[dict[str, object]]) -> bool:
         self.access_lines.extend(lines)
@@ -137,8 +143,7 @@ class FakeLeases:
             was = short(self._short_at.get(app), self._clock())
             self._short_at[app] = self._clock()
             if not was:  # it turns short: its holders hear it now, as the activator's do
-                for listener in self._told_short:
-                    listener(app, grant.version)
+                self._told_short.tell(app, grant.version)
         return grant
 
     async def renew(self, lease_id: str, *, used: bool = False) -> LeaseGrant:

@@ -17,6 +17,7 @@ import anyio
 from wakeful.activator.channel import PATH as CHANNEL_PATH
 from wakeful.activator.client.link import Link
 from wakeful.activator.lease_errors import LEASE_GONE, from_channel
+from wakeful.aio.listeners import Listeners
 from wakeful.domain.leases import (
     ActivatorError,
     LeaseGone,
@@ -98,17 +99,17 @@ class ChannelLeases:
         self._attempt: asyncio.Future[Link] | None = None
         self._failed: tuple[float, ActivatorError] | None = None
         self._closed = False
-        self._short: Callable[[str, str], None] = lambda app, version: None
+        self._short: Listeners[[str, str]] = Listeners("that a pool turned short")
 
-    def heed_short(self, listener: Callable[[str, str], None]) -> None:
+    def heed_short(self, listener: Callable[[str, str], None]) -> Callable[[], None]:
         """Told (app, version) when the activator says a pool turned short (its news on the
-        channel, while one is open)."""
-        self._short = listener
+        channel, while one is open); one that raises is logged, and the channel reads on."""
+        return self._short.heed(listener)
 
     def _news(self, news: dict[str, Any]) -> None:
         told = news.get("short")
         if isinstance(told, dict):
-            self._short(str(told.get("app", "")), str(told.get("version", "")))
+            self._short.tell(str(told.get("app", "")), str(told.get("version", "")))
 
     async def acquire(
         self, app: str, version: str | None = None, *, riders: Riders | None = None

@@ -71,8 +71,9 @@ class HttpLeases:
         """Plain HTTP sends no traffic reports (a request each would cost more than the
         charts are worth); `ChannelLeases`, what `wakeful ingress` uses, does."""
 
-    def heed_short(self, listener: Callable[[str, str], None]) -> None:
+    def heed_short(self, listener: Callable[[str, str], None]) -> Callable[[], None]:
         """Plain HTTP cannot be told: only renewals say a pool is short."""
+        return lambda: None
 
     def access(self, ingress: str, lines: list[dict[str, object]]) -> bool:
         """Nor access lines: they are dropped here (`ChannelLeases` sends them)."""

@@ -32,8 +32,8 @@ class InProcessLeases:
     def report(self, traffic: TrafficReport) -> None:
         self._activator.record_traffic(traffic)
 
-    def heed_short(self, listener: Callable[[str, str], None]) -> None:
-        self._activator.spare_asks.heed(listener)
+    def heed_short(self, listener: Callable[[str, str], None]) -> Callable[[], None]:
+        return self._activator.spare_asks.heed(listener)
 
     def access(self, ingress: str, lines: list[dict[str, object]]) -> bool:
         self._activator.record_access(ingress, lines)

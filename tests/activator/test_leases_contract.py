@@ -107,7 +107,14 @@ async def test_a_pool_turning_short_is_told_where_it_can_be(leases: Leases) -> N
     grant), once, by app and the version its grants say: in-process, on the lease channel
     and from the fake. Plain HTTP cannot be told; its renewals say it."""
     heard: list[tuple[str, str]] = []
+
+    def broken(app: str, version: str) -> None:
+        raise RuntimeError("a listener's own bug")
+
+    leases.heed_short(broken)  # logged: neither the grant nor the others' news is lost
     leases.heed_short(lambda app, version: heard.append((app, version)))
+    stopped: list[str] = []
+    leases.heed_short(lambda app, version: stopped.append(app))()  # stopped at once
     with anyio.fail_after(30):
         grant = await leases.acquire("hello")
         other = await leases.acquire("hello")  # over the full sandbox: the pool turns short
@@ -117,5 +124,6 @@ async def test_a_pool_turning_short_is_told_where_it_can_be(leases: Leases) -> N
     await eventually(lambda: heard == expected)
     await anyio.sleep(0.1)  # nothing more comes
     assert heard == expected
+    assert stopped == []
     for each in (grant, other, third):
         await leases.release(each.lease_id)

@@ -22,8 +22,9 @@ class Releasing(FakeLeases):
 
     meanwhile: Callable[[], None] | None = None
 
-    def heed_short(self, listener: Callable[[str, str], None]) -> None:
+    def heed_short(self, listener: Callable[[str, str], None]) -> Callable[[], None]:
         """Never told: as over plain HTTP, only a renewal says the pool is short."""
+        return lambda: None
 
     async def release(self, lease_id: str) -> None:
         await super().release(lease_id)
@@ -90,5 +91,7 @@ async def test_a_quiet_ingress_told_its_pool_is_short_hands_its_spares_back_at_o
     normal = await request(busy)
     assert not normal.lease.grant.overflow
     busy.put(normal)
+    assert fake.heeding == 2
     await busy.close()
     await quiet.close()
+    assert fake.heeding == 0  # a closed cache listens no more

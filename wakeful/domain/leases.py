@@ -182,8 +182,9 @@ class Leases(Protocol):
         plane's log, beside the report. Never waits; False when they cannot go now (no
         channel open): the caller keeps them for the next report."""
 
-    def heed_short(self, listener: Callable[[str, str], None]) -> None:
+    def heed_short(self, listener: Callable[[str, str], None]) -> Callable[[], None]:
         """Tell `listener` (app, version) as a pool of the app turns short, between
         renewals (`activator.spares`), where the activator can say so: in-process and on
         the lease channel; never over plain HTTP, where only renewals say it
-        (`LeaseGrant.spare_wanted`)."""
+        (`LeaseGrant.spare_wanted`). Returns what stops it."""
+        ...
