@@ -32,6 +32,7 @@ from wakeful.domain.leases import (
     LeaseGrant,
     Leases,
     Riders,
+    short,
 )
 from wakeful.ingress.cacherules import (
     Ask,
@@ -90,6 +91,8 @@ class LeaseCache:
         self._releasing = Background()
         """Leases handed back from a done callback (`release` logs its own failures)."""
         self._closed = False
+        self._told: dict[tuple[str, str], float] = {}
+        """When the activator last said the pool of each (app, version) turned short."""
         self._held: set[CachedLease] = set()
         """Leases out of the cache that still carry requests (an overflow lease, or one whose
         sandbox is leaving): renewed until their last use returns, so none expires mid-request."""
@@ -346,8 +349,14 @@ class LeaseCache:
             if entry.uses == 0 and entry.cached:  # a request may have taken it meanwhile
                 self._evict(entry.key, entry)
                 await self.release(entry.grant)
-        short: set[Key] = set()
-        """Keys whose pool the activator says is short (`LeaseGrant.spare_wanted`)."""
+        now = self._clock()
+        told = self._told = {pool: at for pool, at in self._told.items() if short(at, now)}
+        short_now = {
+            (e.key, e.grant.version) for e in entries if (e.key[0], e.grant.version) in told
+        }
+        """Keys and versions whose pool is short: told so lately (a lease in use until a
+        moment before the news was no spare then, it may be now), or saying so as they
+        renew (`LeaseGrant.spare_wanted`)."""
         for entry in todo.renew:
             if entry.gone:
                 continue
@@ -356,7 +365,7 @@ class LeaseCache:
             try:
                 renewed = await self._leases.renew(entry.grant.lease_id, used=used)
                 if renewed.spare_wanted:
-                    short.add(entry.key)
+                    short_now.add((entry.key, entry.grant.version))
             except LeaseGone:
                 # Expired, or its sandbox is leaving admission: no new request may use it.
                 # While requests still run on it, keep renewing (the activator extends a
@@ -376,25 +385,27 @@ class LeaseCache:
                 continue
             entry.renewed_at = self._clock()
         now = self._clock()
-        for key in short:
+        for key, version in short_now:
             if gives_back(self._overflowed.get(key), key in self._room, now):
-                await self._give_back_spares(key)
+                await self._give_back_spares(key, version)
 
     def _told_short(self, app: str, version: str) -> None:
-        """The activator says a pool of `app` turned short (`Leases.heed_short`): the spare
-        leases of it here go back now, as at a renewal that says so, not when this ingress,
-        quiet, next renews them (a third of their TTL apart)."""
-        now = self._clock()
-        for key, group in list(self._entries.items()):
-            if key[0] != app or all(entry.grant.version != version for entry in group):
-                continue
-            if not self._closed and gives_back(self._overflowed.get(key), key in self._room, now):
-                self._releasing.spawn(self._give_back_spares(key))
+        """The activator says the pool of `app`'s `version` turned short (`Leases.heed_short`):
+        the spare leases on it here go back now, as at a renewal that says so, not when this
+        ingress, quiet, next renews them (a third of their TTL apart); and those that become
+        spares within `SHORT_SECONDS` at a `maintain` (the news comes once a spell)."""
+        if self._closed:
+            return
+        now = self._told[(app, version)] = self._clock()
+        for key in list(self._entries):
+            if key[0] == app and gives_back(self._overflowed.get(key), key in self._room, now):
+                self._releasing.spawn(self._give_back_spares(key, version))
 
-    async def _give_back_spares(self, key: Key) -> None:
-        """The activator wants the normal leases of `key`'s pool this ingress does not use
-        (`spares`): they go back now, not after the idle TTL."""
-        spare = spares(self._entries.get(key, ()), self._clock())
+    async def _give_back_spares(self, key: Key, version: str) -> None:
+        """The activator wants the normal leases of a pool this ingress does not use
+        (`spares`; those of `key` on `version`): they go back now, not after the idle TTL."""
+        on = [entry for entry in self._entries.get(key, ()) if entry.grant.version == version]
+        spare = spares(on, self._clock())
         if spare:
             log.info(
                 "handing back %d unused lease(s): the pool is short",

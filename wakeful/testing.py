@@ -102,6 +102,11 @@ class FakeLeases:
     def heed_short(self, listener: Callable[[str, str], None]) -> Callable[[], None]:
         return self._told_short.heed(listener)
 
+    def tell_short(self, app: str, version: str) -> None:
+        """Tell the listeners a pool of `app` on `version` turned short, as an activator with
+        pools this fake does not have would (another version's, during a rollout)."""
+        self._told_short.tell(app, version)
+
     @property
     def heeding(self) -> int:
         """How many listen to `heed_short` now (a closed lease cache has stopped)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import anyio
 import pytest
 
 from tests.support.waiting import eventually
@@ -95,3 +96,51 @@ async def test_a_quiet_ingress_told_its_pool_is_short_hands_its_spares_back_at_o
     await busy.close()
     await quiet.close()
     assert fake.heeding == 0  # a closed cache listens no more
+
+
+async def test_leases_in_use_at_the_news_go_back_once_quiet_within_the_spell() -> None:
+    """The news comes once a spell. This ingress's last requests ended a moment before it
+    (no spares then: a lease between two requests stays); a `maintain` once they are quiet,
+    within `SHORT_SECONDS` of the news, hands them back with no renewal of theirs (found by a
+    review: they stayed until their quiet renewal, a third of a TTL later). Past the spell,
+    nothing goes."""
+    clock = ManualClock()
+    fake = FakeLeases({"app": [FakeSandbox("sb", "http://127.0.0.1:1", 2)]}, clock=clock)
+    quiet = LeaseCache(fake, idle_ttl=30, clock=clock, report_every=10)  # renews nothing
+    uses = [await request(quiet), await request(quiet)]
+    clock.advance(1.6)
+    for use in uses:
+        quiet.put(use)
+    clock.advance(0.2)
+    busy = LeaseCache(fake, idle_ttl=30, clock=clock)
+    overflow = await request(busy)  # the news: both leases here were in use 0.2 s ago
+    assert overflow.lease.grant.overflow
+    if (freed := busy.put(overflow)) is not None:
+        await busy.release(freed)
+    await quiet.maintain()
+    assert len(quiet.snapshot()) == 2  # not quiet for long enough yet
+    clock.advance(1)
+    await quiet.maintain()  # nothing to renew: told, within the spell
+    assert quiet.snapshot() == []
+    await busy.close()
+    await quiet.close()
+
+
+async def test_news_of_another_version_leaves_this_ones_leases() -> None:
+    """A pool is an app's version: news that another version's pool turned short (a rollout,
+    a split) hands back none of the leases on this one."""
+    clock = ManualClock()
+    fake = FakeLeases(
+        {"app": [FakeSandbox("sb", "http://127.0.0.1:1", 2)]}, clock=clock, on_version="v1"
+    )
+    cache = LeaseCache(fake, idle_ttl=30, clock=clock)
+    for use in [await request(cache), await request(cache)]:
+        cache.put(use)
+    clock.advance(5)
+    fake.tell_short("app", "v2")
+    await anyio.sleep(0.05)  # what the news started has run
+    await cache.maintain()
+    assert len(cache.snapshot()) == 2
+    fake.tell_short("app", "v1")
+    await eventually(lambda: cache.snapshot() == [])
+    await cache.close()
