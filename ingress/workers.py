@@ -83,6 +83,12 @@ def shifted(address: str, by: int) -> str:
     return join_address(host, port + by if port else 0)
 
 
+def share(total: int, workers: int, index: int) -> int:
+    """Worker `index`'s part of `total` split among `workers`: as even as whole numbers
+    allow, the parts adding up to `total`, and at least 1."""
+    return max(1, total // workers + (index < total % workers))
+
+
 def worker_env(
     settings: IngressSettings,
     index: int,
@@ -99,8 +105,9 @@ def worker_env(
         "WAKEFUL_LISTEN": listen,
         "WAKEFUL_ADMIN_LISTEN": admin,
         "WAKEFUL_TUNNEL_REPLICA": f"{replica}-w{index}",
-        # The rate bounds the ingress's log, not each process's: a share each (rounded up).
-        "WAKEFUL_ACCESS_LOG_RATE": str(-(-settings.access_log_rate // settings.workers)),
+        # The rate bounds the ingress's log, not each process's: a share each, the shares
+        # adding up to it (at least one line a second each, a setting's least).
+        "WAKEFUL_ACCESS_LOG_RATE": str(share(settings.access_log_rate, settings.workers, index)),
     }
     if tls_listen is not None:
         env["WAKEFUL_TLS_LISTEN"] = tls_listen

@@ -27,6 +27,7 @@ from wakeful.ingress.workers import (
     labelled,
     reserve,
     restart_pause,
+    share,
     shifted,
     supervise,
     worker_env,
@@ -59,9 +60,21 @@ def test_each_worker_is_a_replica_with_its_own_tunnel_port_and_name() -> None:
     assert [e["WAKEFUL_INGRESS_WORKER"] for e in envs] == ["0", "1", "2"]
     assert {e["WAKEFUL_INGRESS_WORKERS"] for e in envs} == {"1"}  # a worker never forks more
     assert "WAKEFUL_TLS_LISTEN" not in envs[0]
-    assert {e["WAKEFUL_ACCESS_LOG_RATE"] for e in envs} == {"334"}  # 1,000 a second, shared
+    assert [e["WAKEFUL_ACCESS_LOG_RATE"] for e in envs] == ["334", "333", "333"]  # shared
     assert shifted("[::1]:0", 4) == "[::1]:0"  # each its own free port
     assert shifted("[::1]:443", 1) == "[::1]:444"
+
+
+@pytest.mark.parametrize(
+    ("total", "workers", "parts"),
+    [(1000, 3, [334, 333, 333]), (1000, 1, [1000]), (10, 4, [3, 3, 2, 2]), (1, 3, [1, 1, 1])],
+)
+def test_the_access_log_rate_is_shared_adding_up_to_it(
+    total: int, workers: int, parts: list[int]
+) -> None:
+    """Each worker's `WAKEFUL_ACCESS_LOG_RATE`: the parts add up to the ingress's rate (a
+    rate below the workers' count gives each the least a setting takes, 1)."""
+    assert [share(total, workers, i) for i in range(workers)] == parts
 
 
 @pytest.mark.parametrize(
