@@ -91,8 +91,7 @@ class LeaseCache:
         self._releasing = Background()
         """Leases handed back from a done callback (`release` logs its own failures)."""
         self._closed = False
-        self._told: dict[tuple[str, str], float] = {}
-        """When the activator last said the pool of each (app, version) turned short."""
+        self._told: dict[tuple[str, str], float] = {}  # (app, version): when told short
         self._held: set[CachedLease] = set()
         """Leases out of the cache that still carry requests (an overflow lease, or one whose
         sandbox is leaving): renewed until their last use returns, so none expires mid-request."""
@@ -252,8 +251,7 @@ class LeaseCache:
         self._sizes[key] = 1 if grant.overflow else grant.size
         if grant.overflow:  # the pool may be short because of this ingress (`gives_back`)
             self._overflowed[key] = self._clock()
-        if grant.overflow:  # the ask out now may bring one too: nobody else joins it
-            ask = self._open.pop(key, None)
+            ask = self._open.pop(key, None)  # which may bring one too: no more riders
             if ask is not None:
                 ask.seats = 0
 
@@ -326,6 +324,9 @@ class LeaseCache:
                     free.append(entry.grant)
         return free
 
+    def release_soon(self, grant: LeaseGrant) -> None:  # `close` waits for it
+        self._releasing.spawn(self.release(grant))
+
     async def release(self, grant: LeaseGrant) -> None:
         with anyio.CancelScope(shield=True):
             try:
@@ -354,9 +355,8 @@ class LeaseCache:
         short_now = {
             (e.key, e.grant.version) for e in entries if (e.key[0], e.grant.version) in told
         }
-        """Keys and versions whose pool is short: told so lately (a lease in use until a
-        moment before the news was no spare then, it may be now), or saying so as they
-        renew (`LeaseGrant.spare_wanted`)."""
+        """Keys and versions whose pool is short: told so lately (a lease in use at the news
+        may be a spare now), or saying so as they renew (`LeaseGrant.spare_wanted`)."""
         for entry in todo.renew:
             if entry.gone:
                 continue
@@ -423,6 +423,7 @@ class LeaseCache:
         """Release every cached lease (at shutdown, after in-flight requests finished)."""
         self._closed = True
         self._unheed()
+        await self._releasing.wait()  # hand-backs under way reach the activator first
         entries = [e for group in self._entries.values() for e in group]
         self._entries.clear()
         for entry in entries:

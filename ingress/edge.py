@@ -239,9 +239,9 @@ class ProxyEdge(Handler):
                 client_gone = True
             finally:
                 tracker.finish()
-                freed = proxy.finish(response, held)
-                if freed:
-                    await proxy.release(freed)
+                # Not awaited here: compiled, an `await` in a `finally` loses the exception in
+                # flight (a cancellation: the client gone), mypyc/mypyc#1114.
+                proxy.release_soon(proxy.finish(response, held))
         except (IngressError, ActivatorError) as exc:
             if request.body is not None and request.body.client_gone:
                 client_gone = True

@@ -307,10 +307,11 @@ class Proxy:
                 freed.append(grant)
         return freed
 
-    async def release(self, grants: list[LeaseGrant]) -> None:
-        """Give freed leases back to the activator (shielded from cancellation)."""
+    def release_soon(self, grants: list[LeaseGrant]) -> None:
+        """Give freed leases back to the activator, in tasks of their own (shielded from
+        cancellation; a closing cache waits for them)."""
         for grant in grants:
-            await self._cache.release(grant)
+            self._cache.release_soon(grant)
 
     def count_error(self, app: str, exc: UpstreamError) -> None:
         kind = "timeout" if isinstance(exc, UpstreamTimeout) else "failed"

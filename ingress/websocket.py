@@ -75,17 +75,22 @@ async def splice(client: Side, sandbox: Side, idle: float, max_duration: float) 
         loop.create_task(copy(sandbox, client, "sandbox")),
         loop.create_task(quiet()),
     ]
+    # No `await` in a `finally` (nor after an exception in flight): compiled, mypyc loses the
+    # exception a cancellation threw in and the coroutine returns None (mypyc/mypyc#1114).
     try:
         done, _ = await asyncio.wait(tasks, timeout=max_duration, return_when="FIRST_COMPLETED")
-        if not done:
-            return "max duration"
-        first = done.pop()
-        error = first.exception()
-        return first.result() if error is None else f"broken: {error}"
-    finally:
+    except BaseException:
         for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+            task.cancel()  # they end on their next turn
+        raise
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    if not done:
+        return "max duration"
+    first = done.pop()
+    error = first.exception()
+    return first.result() if error is None else f"broken: {error}"
 
 
 def upgrade_headers(headers: Sequence[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:

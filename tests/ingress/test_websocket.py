@@ -8,6 +8,7 @@ as plain requests; an event stream is passed on event by event."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 import socket
 import threading
@@ -363,3 +364,24 @@ async def test_requests_that_are_not_websocket_handshakes(
     assert b" 101 " not in answer
     assert sandbox.connections == sandbox_saw
     assert not [head for head in served if b"upgrade" in head.lower()]  # sent as plain ones
+
+
+async def test_a_client_gone_mid_splice_ends_its_request_cancelled(
+    ws_sandbox: Callable[[], int], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A WebSocket client that drops its connection mid-splice cancels its request, which
+    ends cancelled, as any coroutine does. Compiled, an `await` in the splice's `finally` lost
+    the cancellation and it returned None (mypyc/mypyc#1114): the handler failed with a
+    TypeError ("answering a request failed"), and the exception, left as the one being
+    handled, came out again in later requests. CI runs the suite compiled: there this fails
+    without the fix."""
+    async with stack({"s1": ws_sandbox()}) as s:
+        ws = await opened(s)
+        await ws.send("ping")
+        assert await ws.recv() == "ping"
+        ws.transport.abort()  # gone, mid-splice
+        await eventually(lambda: s.sample("websockets_open", app="hello") == 0)
+        answer = await s.client.get("/")  # the next request is answered as any other:
+        assert answer.status_code == 426  # the app's own answer to a plain GET
+    failed = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert failed == [], [r.getMessage() for r in failed]
