@@ -40,6 +40,7 @@ from wakeful.ingress.cacherules import (
     Key,
     Use,
     gives_back,
+    heard_short,
     kept_under,
     pick,
     plan,
@@ -351,12 +352,10 @@ class LeaseCache:
                 self._evict(entry.key, entry)
                 await self.release(entry.grant)
         now = self._clock()
-        told = self._told = {pool: at for pool, at in self._told.items() if short(at, now)}
-        short_now = {
-            (e.key, e.grant.version) for e in entries if (e.key[0], e.grant.version) in told
-        }
-        """Keys and versions whose pool is short: told so lately (a lease in use at the news
-        may be a spare now), or saying so as they renew (`LeaseGrant.spare_wanted`)."""
+        self._told = {pool: at for pool, at in self._told.items() if short(at, now)}
+        short_now = heard_short(entries, self._told, now)
+        """Keys and versions whose pool is short: told so lately, or saying so as they renew
+        (`LeaseGrant.spare_wanted`)."""
         for entry in todo.renew:
             if entry.gone:
                 continue

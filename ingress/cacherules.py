@@ -1,12 +1,12 @@
 """The lease cache's records and its pure rules (docs/architecture.md, invariants 7-9): what a
 cached lease, a request's use of it and a shared ask of the activator are, which lease carries
-a request (`pick`), which leases are renewed or handed back (`plan`), and the key a grant is
-kept under (`kept_under`). `LeaseCache` (`ingress/cache.py`) carries them out."""
+a request (`pick`), which leases are renewed or handed back (`plan`, `spares`, `gives_back`,
+`heard_short`), and the key a grant is kept under (`kept_under`). `LeaseCache` (`ingress/cache.py`) carries them out."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Container, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from wakeful.domain.leases import LeaseGrant, Riders, short
@@ -186,6 +186,19 @@ def spares(entries: Sequence[CachedLease], now: float) -> list[CachedLease]:
     between two requests of a steady load stays). Without it they would wait out the idle
     TTL while another ingress's requests take an overflow lease each."""
     return [e for e in entries if e.cached and not e.uses and now - e.idle_since >= SPARE_QUIET]
+
+
+def heard_short(
+    entries: Sequence[CachedLease], told: Mapping[tuple[str, str], float], now: float
+) -> set[tuple[Key, str]]:
+    """The keys and versions of `entries` whose pool the activator said turned short
+    (`told`: when, by app and version; `Leases.heed_short`) within `SHORT_SECONDS`: the news
+    comes once a spell, and a lease in use when it came may be a spare since."""
+    return {
+        (e.key, e.grant.version)
+        for e in entries
+        if short(told.get((e.key[0], e.grant.version)), now)
+    }
 
 
 def gives_back(overflowed_at: float | None, waiting: bool, now: float) -> bool:

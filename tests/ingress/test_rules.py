@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 from wakeful.domain.leases import AppFailedToBoot, LeaseGrant, NoCapacity, Overloaded, UnknownApp
 from wakeful.domain.models import App
 from wakeful.domain.traffic import AppTraffic
-from wakeful.ingress.cacherules import CachedLease, gives_back, pick, plan, spares
+from wakeful.ingress.cacherules import CachedLease, gives_back, heard_short, pick, plan, spares
 from wakeful.ingress.edge import answer_for
 from wakeful.ingress.errors import (
     ActivatorUnreachable,
@@ -413,6 +413,42 @@ def test_spares(entries: list[CachedLease], now: float, handed_back: list[int]) 
 )
 def test_gives_back(overflowed_at: float | None, waiting: bool, now: float, expected: bool) -> None:
     assert gives_back(overflowed_at, waiting, now) is expected
+
+
+def on(version: str, app: str = "hello") -> CachedLease:
+    grant = LeaseGrant(
+        lease_id=f"{app}-{version}", sandbox_id="a", url="http://127.0.0.1:1", size=2,
+        overflow=False, ttl_seconds=60.0, version=version,
+    )  # fmt: skip
+    return CachedLease(grant, (app, None), renewed_at=0.0, idle_since=0.0)
+
+
+@pytest.mark.parametrize(
+    ("entries", "told", "now", "short_now"),
+    [
+        ([on("v1")], {("hello", "v1"): 100.0}, 100.0, {(("hello", None), "v1")}),
+        ([on("v1")], {("hello", "v1"): 100.0}, 109.9, {(("hello", None), "v1")}),
+        ([on("v1")], {("hello", "v1"): 100.0}, 110.0, set()),
+        ([on("v1"), on("v2")], {("hello", "v2"): 100.0}, 101.0, {(("hello", None), "v2")}),
+        ([on("v1", "other")], {("hello", "v1"): 100.0}, 101.0, set()),
+        ([on("v1")], {}, 101.0, set()),
+    ],
+    ids=[
+        "told now",
+        "told within the spell",
+        "told a spell ago: no more",
+        "a key holding two versions: the one told",
+        "another app's",
+        "never told",
+    ],
+)
+def test_heard_short(
+    entries: list[CachedLease],
+    told: dict[tuple[str, str], float],
+    now: float,
+    short_now: set[tuple[tuple[str, str | None], str]],
+) -> None:
+    assert heard_short(entries, told, now) == short_now
 
 
 # -- request tracking ----------------------------------------------------------------------
