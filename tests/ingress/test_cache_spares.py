@@ -144,3 +144,20 @@ async def test_news_of_another_version_leaves_this_ones_leases() -> None:
     fake.tell_short("app", "v1")
     await eventually(lambda: cache.snapshot() == [])
     await cache.close()
+
+
+async def test_a_closing_cache_waits_for_the_hand_backs_under_way() -> None:
+    """A request's freed lease goes back in a task of its own (`release_soon`: compiled, an
+    `await` in the request's `finally` would lose a cancellation); a cache that closes
+    waits for such tasks, so none is cut short with the ingress and left to its TTL."""
+    fake = FakeLeases({"app": [FakeSandbox("sb", "http://127.0.0.1:1", 1)]})
+    cache = LeaseCache(fake, idle_ttl=30)
+    first = await request(cache)
+    overflow = await request(cache)  # the sandbox is full: an overflow lease, for one
+    assert overflow.lease.grant.overflow
+    freed = cache.put(overflow)
+    assert freed is not None
+    cache.release_soon(freed)
+    cache.put(first)
+    await cache.close()
+    assert fake.leased == {"sb": 0}
