@@ -5,6 +5,7 @@ that matches them is the one imported."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -102,3 +103,20 @@ def test_extension_modules_without_the_builds_record_are_found(tmp_path: Path) -
     source.write_text("")
     source.with_suffix(EXTENSION_SUFFIXES[0]).write_bytes(b"")
     assert native.extensions_without_record(tmp_path) == ["wakeful.ingress.proxy"]
+
+
+def test_no_compiled_module_awaits_in_a_finally() -> None:
+    """mypyc (the pinned version) loses a cancellation thrown into a compiled coroutine
+    that awaits in its `finally`, which then returns None to its compiled caller
+    (mypyc/mypyc#1114; docs/design/data-plane.md, "Out of the interpreter"): none of the
+    compiled modules may have one."""
+    found = []
+    for module in native.COMPILED:
+        source = native.source_of(module)
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.Try):
+                for statement in node.finalbody:
+                    for inner in ast.walk(statement):
+                        if isinstance(inner, (ast.Await, ast.AsyncWith, ast.AsyncFor)):
+                            found.append(f"{source}:{inner.lineno}")
+    assert found == []
