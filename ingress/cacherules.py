@@ -1,7 +1,8 @@
 """The lease cache's records and its pure rules (docs/architecture.md, invariants 7-9): what a
 cached lease, a request's use of it and a shared ask of the activator are, which lease carries
 a request (`pick`), which leases are renewed or handed back (`plan`, `spares`, `gives_back`,
-`heard_short`), and the key a grant is kept under (`kept_under`). `LeaseCache` (`ingress/cache.py`) carries them out."""
+`heard_short`), and the key a grant is kept under (`kept_under`). `LeaseCache`
+(`ingress/cache.py`) carries them out."""
 
 from __future__ import annotations
 
