@@ -1,7 +1,9 @@
 """What every ingress replica does for certificates from ACME (`wakeful.certs` orders them):
 
 - `Challenges` mirrors `acme/challenges/` and answers `GET /.well-known/acme-challenge/TOKEN`
-  on the plain listener, before routing: the CA's validation may reach any replica.
+  on the plain listener, before routing: the CA's validation may reach any replica. A token
+  the mirror has not heard of yet is read from the store: the CA may ask before the watch
+  brings the challenge.
 - `IssuedFeed` mirrors `certs/` (sealed keys it cannot open) to learn when a certificate was
   issued or dropped, and then asks the control plane (`CertSource`, with this ingress's
   credential) for every certificate with its key, which it hands to `Certificates`: in
@@ -11,6 +13,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -19,13 +22,20 @@ import anyio
 
 from wakeful.domain import keys
 from wakeful.domain.models import AcmeChallenge, CertRecord
-from wakeful.store import Item
+from wakeful.domain.models.certs import TOKEN_PATTERN
+from wakeful.store import Item, Store, StoreError
 
 log = logging.getLogger(__name__)
 
 CHALLENGE_PREFIX = b"/.well-known/acme-challenge/"
 RETRY = 2.0
 """Seconds before asking the control plane again after it failed to answer."""
+LOOKUPS = 4
+"""Store reads at once for tokens the mirror does not hold: more go on to routing unread
+(a flood of made-up tokens costs the store no more than this)."""
+LOOKUP_SECONDS = 2.0
+"""How long such a read may take before the request goes on to routing."""
+_TOKEN = re.compile(TOKEN_PATTERN.encode())
 
 
 @dataclass(frozen=True)
@@ -43,10 +53,14 @@ class CertSource(Protocol):
 
 
 class Challenges:
-    """`acme/challenges/` by token (a `wakeful.store.reflector.View`)."""
+    """`acme/challenges/` by token (a `wakeful.store.reflector.View`); `store`: where to read
+    the tokens the mirror does not hold yet (None: nowhere)."""
 
-    def __init__(self) -> None:
+    def __init__(self, store: Store | None = None) -> None:
         self._answers: dict[bytes, bytes] = {}
+        self._store = store
+        self.reading = 0
+        """Store reads under way (at most `LOOKUPS`)."""
 
     def replace(self, items: list[Item[AcmeChallenge]], revision: int) -> None:
         self._answers = {
@@ -62,12 +76,34 @@ class Challenges:
     def __contains__(self, token: bytes) -> bool:
         return token in self._answers
 
-    def answer(self, target: bytes) -> bytes | None:
+    async def answer(self, target: bytes) -> bytes | None:
         """The key authorization for a request target under the challenge path, else None
-        (an unknown token goes on to routing like any request)."""
+        (an unknown token goes on to routing like any request).
+
+        The control plane writes a challenge, then tells the CA to validate it: the CA's
+        request can come before the watch brings the challenge here (a busy replica, a
+        slow link), and a failed validation costs the order a retry minutes later. So a
+        well-formed token the mirror does not hold is read from the store, which has it
+        once the write returned; at most `LOOKUPS` at once, each within `LOOKUP_SECONDS`."""
         if not target.startswith(CHALLENGE_PREFIX):
             return None
-        return self._answers.get(target[len(CHALLENGE_PREFIX) :])
+        token = target[len(CHALLENGE_PREFIX) :]
+        known = self._answers.get(token)
+        if known is not None or self._store is None:
+            return known
+        if self.reading >= LOOKUPS or not _TOKEN.fullmatch(token):
+            return None
+        self.reading += 1
+        try:
+            with anyio.move_on_after(LOOKUP_SECONDS):
+                found = await self._store.get(keys.challenge(token.decode()), AcmeChallenge)
+                if found is not None:
+                    return found.value.key_authorization.encode()
+        except StoreError as exc:
+            log.debug("could not read ACME challenge %s: %s", token.decode(), exc)
+        finally:
+            self.reading -= 1
+        return None
 
 
 class IssuedFeed:

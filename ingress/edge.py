@@ -96,7 +96,7 @@ class ProxyEdge(Handler):
         show_boot_log: bool = False,
         websocket_limits: Callable[[str], tuple[float, float]] = lambda app: (600.0, 86_400.0),
         https_location: Callable[[str, str, bytes], str | None] | None = None,
-        acme_answer: Callable[[bytes], bytes | None] = lambda target: None,
+        acme_answer: Callable[[bytes], Awaitable[bytes | None]] | None = None,
         access: AccessLog | None = None,
     ) -> None:
         """`websocket_limits`: an app's WebSocket idle timeout and maximum duration.
@@ -150,7 +150,8 @@ class ProxyEdge(Handler):
             if (
                 request.scheme == "http"
                 and target.startswith(CHALLENGE_PREFIX)
-                and (answer := self._acme_answer(target)) is not None
+                and self._acme_answer is not None
+                and (answer := await self._acme_answer(target)) is not None
             ):
                 status = 200
                 out.send_whole(200, [(b"content-type", b"text/plain")], answer)

@@ -127,7 +127,7 @@ class Ingress:
         self._relay_token = relay_token
         self._certs = certs
         self.issued: IssuedFeed | None = None
-        self.challenges = Challenges()
+        self.challenges = Challenges(store)
         """ACME's HTTP-01 challenges, answered on the plain listener before routing."""
         self.tunnels: Tunnels | None = None
         """Dial-out nodes' streams on this replica, when it listens for them."""

@@ -6,6 +6,8 @@ certificate wins over ACME's for its name."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import ssl
 import time
@@ -22,9 +24,11 @@ from tests.support.ingress import stack
 from tests.support.waiting import eventually
 from wakeful.domain import keys
 from wakeful.domain.models import AcmeChallenge, CertRecord, CertState, Issued
-from wakeful.ingress.acme import ServedPair
+from wakeful.ingress.acme import LOOKUP_SECONDS, LOOKUPS, Challenges, ServedPair
 from wakeful.ingress.server import Ingress
 from wakeful.ingress.tls import Certificates
+from wakeful.store import open_store
+from wakeful.store.testing import EtcdServer
 
 pytestmark = pytest.mark.anyio
 
@@ -33,6 +37,9 @@ REFUSED = "UNRECOGNIZED_NAME|UNEXPECTED_EOF"
 close the connection before sending (the client then sees it end)."""
 TOKEN = "tK3n_Ab-9xYz0123456789abcdef"
 SEALED = "v1:0123456789ab:" + "A" * 64
+PATH = b"/.well-known/acme-challenge/"
+MADE_UP = (b"short", b"../../apps/hello", b"a/b" * 10, b"%2e%2e" * 5, b"x" * 129)
+"""Targets under the challenge path that are no ACME token: never read from the store."""
 
 
 class Handed:
@@ -105,6 +112,57 @@ async def test_a_challenge_is_answered_on_the_plain_listener_before_routing() ->
                 await s.client.get(path, headers={"Host": "hello.localhost"})
             ).status_code == 308
     assert sandbox.connections == 0  # nothing of it reached the app
+
+
+async def test_a_token_the_mirror_has_not_heard_of_yet_is_read_from_the_store() -> None:
+    """The control plane writes a challenge, then tells the CA to validate: the CA can ask
+    before this replica's watch brings it (a CI run saw the order fail and wait 60 s for its
+    retry). Here no mirror runs at all: the challenge is answered from the store."""
+    async with open_store("memory://") as store:
+        challenges = Challenges(store)
+        challenge = AcmeChallenge(token=TOKEN, key_authorization=f"{TOKEN}.thumb", name="x.test")
+        await store.put(keys.challenge(TOKEN), challenge)
+        assert TOKEN.encode() not in challenges
+        assert await challenges.answer(PATH + TOKEN.encode()) == f"{TOKEN}.thumb".encode()
+        assert await challenges.answer(PATH + b"z" * 20) is None  # in no store: routed
+        for made_up in MADE_UP:
+            assert await challenges.answer(PATH + made_up) is None
+        assert await challenges.answer(b"/" + TOKEN.encode()) is None  # not the challenge path
+        assert challenges.reading == 0
+
+
+async def test_reads_of_unheard_tokens_are_bounded_and_a_stalled_store_answers_none() -> None:
+    """A flood of made-up tokens costs the store at most `LOOKUPS` reads at once: beyond
+    them a request goes on to routing unread. A stalled store (etcd stopped) gives up within
+    `LOOKUP_SECONDS` with no error."""
+    with EtcdServer() as etcd:
+        async with open_store(etcd.url) as store:
+            challenges = Challenges(store)
+            await store.put(keys.challenge(TOKEN), AcmeChallenge(
+                token=TOKEN, key_authorization=f"{TOKEN}.thumb", name="x.test"
+            ))  # fmt: skip
+            assert await challenges.answer(PATH + TOKEN.encode()) == f"{TOKEN}.thumb".encode()
+            assert etcd.process is not None
+            os.kill(etcd.process.pid, signal.SIGSTOP)
+            try:
+                with anyio.fail_after(LOOKUP_SECONDS / 2):  # a read would wait it all
+                    for made_up in MADE_UP:
+                        assert await challenges.answer(PATH + made_up) is None
+                answers: list[bytes | None] = []
+
+                async def ask() -> None:
+                    answers.append(await challenges.answer(PATH + TOKEN.encode()))
+
+                async with anyio.create_task_group() as tasks:
+                    for _ in range(LOOKUPS):
+                        tasks.start_soon(ask)
+                    await eventually(lambda: challenges.reading == LOOKUPS)
+                    assert await challenges.answer(PATH + TOKEN.encode()) is None  # unread
+                    assert answers == []  # the reads still wait on the stopped store
+                assert answers == [None] * LOOKUPS and challenges.reading == 0
+            finally:
+                os.kill(etcd.process.pid, signal.SIGCONT)
+            assert await challenges.answer(PATH + TOKEN.encode()) == f"{TOKEN}.thumb".encode()
 
 
 async def test_certificates_from_acme_are_served_from_memory_and_a_file_wins(
