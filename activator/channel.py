@@ -16,11 +16,14 @@ choosing (unique among its operations in flight):
     {"id": 5, "op": "adopt", "app": "hello", "grant": {...LeaseGrant...}}
     {"id": 6, "op": "traffic", "apps": {"hello": {"requests": 9, "errors": 0, "buckets": [...]}}}
     {"id": 7, "op": "access", "ingress": "edge-1", "lines": [{...AccessLine...}]}
+    {"id": 8, "op": "routes", "ingress": "edge-1", "revision": 1234}
 
 (`adopt`: a lease granted by another activator, reported by its holder on the first channel
 it opens to this one after a takeover; answered like a renewal; `traffic`: what the ingress
 answered per app since its last report, `wakeful.domain.traffic`, for the dashboard's charts;
-`access`: its access lines since then, `wakeful.domain.logbatch.AccessLine`, for the log)
+`access`: its access lines since then, `wakeful.domain.logbatch.AccessLine`, for the log;
+`routes`: the revision of `apps/` its routes have followed, `wakeful.aio.marks`, which a
+deploy waits for, forgotten when the channel closes)
 and gets a list of answers, exactly one per acquire, renewal, release, adoption and report
 (an error's code and fields are those of `activator/lease_errors.py`, as over HTTP):
 
@@ -170,8 +173,15 @@ class Traffic(BaseModel):
     apps: TrafficReport = Field(max_length=MAX_APPS_PER_REPORT)
 
 
+class Routes(BaseModel):
+    id: int
+    op: Literal["routes"]
+    ingress: str = Field(max_length=128)
+    revision: int = Field(ge=0, le=2**63 - 1)
+
+
 Operation = Annotated[
-    Acquire | Renew | Release | Adopt | Cancel | Ride | Traffic | Access,
+    Acquire | Renew | Release | Adopt | Cancel | Ride | Traffic | Access | Routes,
     Field(discriminator="op"),
 ]
 _OPERATION: TypeAdapter[Operation] = TypeAdapter(Operation)
@@ -211,6 +221,7 @@ class Channel:
                 tasks.cancel_scope.cancel()
         finally:
             unheed()
+            self._activator.routes_seen.gone(self)
             self._release_unsent()
 
     def _told_short(self, app: str, version: str) -> None:
@@ -312,8 +323,13 @@ class Channel:
         else:
             self._answer(self._upkeep(operation))
 
-    def _upkeep(self, operation: Renew | Release | Adopt | Traffic | Access) -> dict[str, Any]:
+    def _upkeep(
+        self, operation: Renew | Release | Adopt | Traffic | Access | Routes
+    ) -> dict[str, Any]:
         try:
+            if isinstance(operation, Routes):
+                self._activator.routes_seen.saw(self, operation.ingress, operation.revision)
+                return {"id": operation.id, "recorded": 1}
             if isinstance(operation, Access):
                 # grpc_status is the one field that can be None: lines not of a call lack it.
                 lines = [line.model_dump(exclude_none=True) for line in operation.lines]

@@ -226,6 +226,10 @@ class RoutingTable:
         if self._apps.pop(keys.name_in(key, keys.APPS), None) is not None:
             self._publish()
 
+    async def changed(self) -> None:
+        """Until the index changes next."""
+        await self._changed.wait()
+
     async def wait_for(self, app: str) -> None:
         """Until `app` is in the index (a deploy written to the store has reached it)."""
         while app not in self._apps:

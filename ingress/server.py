@@ -206,6 +206,7 @@ class Ingress:
             self.address = sock.getsockname()[:2]
             self.name = self.name or default_replica_name("{}:{}".format(*self.address))
             log.info("ingress listening on %s:%d", *self.address)
+            tasks.start_soon(self._report_routes)
             servers = [server]
             try:
                 if self.settings.tls_listen is not None:
@@ -215,6 +216,7 @@ class Ingress:
             finally:
                 with anyio.CancelScope(shield=True):
                     self._draining = True
+                    self._leases.routes(self.name, None)  # a deploy waits for it no more
                     async with anyio.create_task_group() as stopping:
                         for each in servers:
                             stopping.start_soon(each.stop, self.settings.shutdown_timeout)
@@ -243,6 +245,13 @@ class Ingress:
                 self._ship_access()
             except Exception:  # the charts and the log are never worth the ingress
                 log.exception("could not report traffic to the activator")
+
+    async def _report_routes(self) -> None:
+        """The revision this ingress's routes have followed, to the activator as it moves
+        (`Leases.routes`): a deploy waits until every ingress routes what it wrote."""
+        while not self._draining:
+            self._leases.routes(self.name, self.routes.revision)
+            await self.routes.changed()
 
     def _ship_access(self) -> None:
         lines = self.access.take()

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from wakeful.aio.listeners import Listeners
+from wakeful.aio.marks import Marks
 from wakeful.domain.leases import LeaseGone, LeaseGrant, NoCapacity, Riders, UnknownApp, short
 from wakeful.domain.traffic import TrafficReport
 
@@ -76,6 +77,8 @@ class FakeLeases:
         self._short_at: dict[str, float] = {}
         """When each app last got an overflow lease."""
         self._told_short: Listeners[[str, str]] = Listeners("that an app turned short")
+        self.routes_seen = Marks()
+        """The routes revision each ingress sharing this fake said, as the activator keeps it."""
         """Every listener of `heed_short` (each ingress sharing this fake)."""
         self._apps_of: dict[str, str] = {}
         """The app of each lease held."""
@@ -98,6 +101,12 @@ class FakeLeases:
 
     def report(self, traffic: TrafficReport) -> None:
         self.reports.append(traffic)
+
+    def routes(self, ingress: str, revision: int | None) -> None:
+        if revision is None:
+            self.routes_seen.gone(self)
+        else:
+            self.routes_seen.saw(self, ingress, revision)
 
     def heed_short(self, listener: Callable[[str, str], None]) -> Callable[[], None]:
         return self._told_short.heed(listener)

@@ -100,6 +100,8 @@ class ChannelLeases:
         self._failed: tuple[float, ActivatorError] | None = None
         self._closed = False
         self._short: Listeners[[str, str]] = Listeners("that a pool turned short")
+        self._routes: tuple[str, int] | None = None
+        """The last (ingress, revision) `routes` said: sent again on every new channel."""
 
     def heed_short(self, listener: Callable[[str, str], None]) -> Callable[[], None]:
         """Told (app, version) when the activator says a pool turned short (its news on the
@@ -172,6 +174,28 @@ class ChannelLeases:
             # The answer (`recorded`, or an error) says nothing the ingress acts on.
             link.send(operation).add_done_callback(_retrieved)
 
+    def routes(self, ingress: str, revision: int | None) -> None:
+        """Sent in the next frame on the open channel and on every channel opened after;
+        from the first call on, a lost channel is opened again at once (not at the next
+        acquire), so the activator that leads knows this ingress even while it is idle.
+        None: no more (the channel's close makes the activator forget it)."""
+        if revision is None:
+            self._routes = None
+            return
+        self._routes = (ingress, revision)
+        link = self._link
+        if link is not None and link.alive and not self._closed:
+            self._report_routes(link)
+        else:
+            self._link_lost()
+
+    def _report_routes(self, link: Link) -> None:
+        if self._routes is not None:
+            ingress, revision = self._routes
+            operation = {"id": next(self._ids), "op": "routes", "ingress": ingress}
+            # An activator that knows no `routes` answers `invalid request`: nothing to do.
+            link.send({**operation, "revision": revision}).add_done_callback(_retrieved)
+
     async def _call(
         self, operation: dict[str, Any], within: float, riders: Riders | None = None
     ) -> dict[str, Any]:
@@ -234,6 +258,7 @@ class ChannelLeases:
             raise Unreachable("the lease channel is closed", 1)
         self._link = link
         self._report_held(link)
+        self._report_routes(link)
         return link
 
     async def _channel_url(self) -> str:
@@ -247,15 +272,19 @@ class ChannelLeases:
         return ("wss" if scheme == "https" else "ws") + "://" + rest + CHANNEL_PATH
 
     def _link_lost(self) -> None:
-        """A channel went while leases are held: a new one is opened now, not at the next
-        call (for an idle cached lease that may be a third of a lease TTL away), so they are
-        reported while an activator that took over still waits for them."""
+        """A channel went while leases are held, or routes reported: a new one is opened
+        now, not at the next call (for an idle cached lease that may be a third of a lease
+        TTL away), so they are reported while an activator that took over still waits for
+        them, and deploys wait for this ingress's routes there."""
         idle = self._reconnecting is None or self._reconnecting.done()
-        if self._held and not self._closed and idle:
+        if self._wanted_open() and idle:
             self._reconnecting = asyncio.ensure_future(self._reconnect())
 
+    def _wanted_open(self) -> bool:
+        return (bool(self._held) or self._routes is not None) and not self._closed
+
     async def _reconnect(self) -> None:
-        while self._held and not self._closed:
+        while self._wanted_open():
             try:
                 await self._open()
                 return

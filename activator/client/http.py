@@ -71,6 +71,9 @@ class HttpLeases:
         """Plain HTTP sends no traffic reports (a request each would cost more than the
         charts are worth); `ChannelLeases`, what `wakeful ingress` uses, does."""
 
+    def routes(self, ingress: str, revision: int | None) -> None:
+        """Plain HTTP keeps nothing open to say it on: deploys do not wait for this ingress."""
+
     def heed_short(self, listener: Callable[[str, str], None]) -> Callable[[], None]:
         """Plain HTTP cannot be told: only renewals say a pool is short."""
         return lambda: None

@@ -32,6 +32,12 @@ class InProcessLeases:
     def report(self, traffic: TrafficReport) -> None:
         self._activator.record_traffic(traffic)
 
+    def routes(self, ingress: str, revision: int | None) -> None:
+        if revision is None:
+            self._activator.routes_seen.gone(self)
+        else:
+            self._activator.routes_seen.saw(self, ingress, revision)
+
     def heed_short(self, listener: Callable[[str, str], None]) -> Callable[[], None]:
         return self._activator.spare_asks.heed(listener)
 

@@ -12,6 +12,7 @@ import pytest
 from tests.support.control import running_control_plane
 from tests.support.waiting import eventually
 from wakeful.activator.client import ChannelLeases, HttpLeases, InProcessLeases
+from wakeful.aio.marks import Marks
 from wakeful.domain import keys
 from wakeful.domain.leases import LeaseGone, Leases, UnknownApp
 from wakeful.domain.models import (
@@ -27,12 +28,16 @@ from wakeful.testing import FakeLeases, FakeSandbox
 
 pytestmark = pytest.mark.anyio
 URL = "http://127.0.0.1:9"
+ROUTES_SEEN = pytest.StashKey[Marks | None]()
+"""Where the activator behind a test's `leases` keeps the ingresses' routes (None: nowhere)."""
 
 
 @pytest.fixture(params=["in-process", "http", "channel", "fake"])
 async def leases(request: pytest.FixtureRequest, tmp_path: object) -> AsyncIterator[Leases]:
     if request.param == "fake":
-        yield FakeLeases({"hello": [FakeSandbox("sb-1", URL, capacity=1)]})
+        fake = FakeLeases({"hello": [FakeSandbox("sb-1", URL, capacity=1)]})
+        request.node.stash[ROUTES_SEEN] = fake.routes_seen
+        yield fake
         return
     async with running_control_plane(tmp_path) as control:  # type: ignore[arg-type]
         store = control.store
@@ -54,6 +59,8 @@ async def leases(request: pytest.FixtureRequest, tmp_path: object) -> AsyncItera
             status=SandboxStatus.RUNNING, ready=True, address="127.0.0.1:9",
         )  # fmt: skip
         await store.put(keys.sandbox("sb-1"), sandbox)
+        seen = control.plane.activator.routes_seen
+        request.node.stash[ROUTES_SEEN] = None if request.param == "http" else seen
         if request.param == "in-process":
             yield InProcessLeases(control.plane.activator)
         elif request.param == "channel":
@@ -127,3 +134,24 @@ async def test_a_pool_turning_short_is_told_where_it_can_be(leases: Leases) -> N
     assert stopped == []
     for each in (grant, other, third):
         await leases.release(each.lease_id)
+
+
+async def test_the_routes_an_ingress_follows_are_known_where_they_can_be(
+    leases: Leases, request: pytest.FixtureRequest
+) -> None:
+    """In-process, on the lease channel and in the fake, the activator learns how far an
+    ingress's routes have come, and forgets it when the ingress says it stops; over plain
+    HTTP nowhere (a deploy does not wait for such an ingress)."""
+    seen = request.node.stash[ROUTES_SEEN]
+    leases.routes("edge-1", 41)
+    leases.routes("edge-1", 42)
+    if seen is None:
+        assert isinstance(leases, HttpLeases)
+        return
+    with anyio.fail_after(10):
+        await eventually(lambda: seen.behind(43) == {"edge-1": 42})
+    leases.routes("edge-1", None)
+    if isinstance(leases, ChannelLeases):
+        await leases.aclose()  # the channel's close is what the activator hears
+    with anyio.fail_after(10):
+        await eventually(lambda: len(seen) == 0)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import anyio
 import pytest
 
+from tests.support.ingress import stack
+from tests.support.waiting import eventually
 from wakeful.domain import keys
 from wakeful.domain.models import App, Sandbox, SandboxStatus
 from wakeful.ingress.cache import LeaseCache
@@ -62,3 +64,19 @@ async def test_the_routing_table_says_when_an_app_written_to_the_store_is_routed
             await routed.wait()
         assert match(table.index, "hello.localhost", "localhost") == "hello"
         tasks.cancel_scope.cancel()
+
+
+async def test_an_ingress_tells_the_activator_how_far_its_routes_have_come() -> None:
+    """What a deploy waits on (`GET /v1/apps/{app}/routed`): the ingress reports its routes'
+    revision as it moves, and stops being waited for as it stops."""
+    async with stack({}) as s:
+        seen = s.activator.routes_seen
+        with anyio.fail_after(10):
+            await eventually(
+                lambda: len(seen) == 1 and seen.behind(s.ingress.routes.revision) == {}
+            )
+        written = await s.store.put(keys.app("shop"), App(name="shop", active_version="v1"))
+        with anyio.fail_after(10):
+            assert await seen.wait(written, within=10) == {}
+        assert match(s.ingress.routes.index, "shop.localhost", "localhost") == "shop"
+    assert len(seen) == 0  # stopped: a deploy waits for it no more

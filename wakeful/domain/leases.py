@@ -182,6 +182,14 @@ class Leases(Protocol):
         plane's log, beside the report. Never waits; False when they cannot go now (no
         channel open): the caller keeps them for the next report."""
 
+    def routes(self, ingress: str, revision: int | None) -> None:
+        """The revision of `apps/` this ingress's routes have followed
+        (`RoutingTable.revision`), for a deploy that waits until every ingress routes what it
+        wrote (`GET /v1/apps/{app}/routed`); None: it stops, wait for it no more. Never
+        waits. Known in-process and on the lease channel, which stays open for it from then
+        on (the activator knows an ingress by its channel, and tells the revision to the
+        next one); over plain HTTP, nowhere."""
+
     def heed_short(self, listener: Callable[[str, str], None]) -> Callable[[], None]:
         """Tell `listener` (app, version) as a pool of the app turns short, between
         renewals (`activator.spares`), where the activator can say so: in-process and on
