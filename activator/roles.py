@@ -66,6 +66,7 @@ ROUTES: Final[Mapping[tuple[str, str], Access]] = {
     ("GET", "/v1/deploys/{app}/{version}"): ADMIN_ONLY,
     ("POST", "/v1/apps/{app}/rollback"): ADMIN_ONLY,
     ("GET", "/v1/apps/{app}/traffic"): ADMIN_ONLY,
+    ("GET", "/v1/apps/{app}/routed"): ADMIN_ONLY,
     ("PUT", "/v1/apps/{app}/traffic"): ADMIN_ONLY,
     ("POST", "/v1/apps/{app}/promote"): ADMIN_ONLY,
     ("PUT", "/v1/apps/{app}/tags/{tag}"): ADMIN_ONLY,

@@ -20,6 +20,7 @@ import anyio.abc
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi import Path as PathParam
 
+from wakeful.aio.marks import Marks
 from wakeful.deploy.artifacts import ArtifactStorageError, LocalArtifacts
 from wakeful.deploy.errors import DeployError, UnknownApp
 from wakeful.deploy.images import Images
@@ -35,6 +36,7 @@ from wakeful.deploy.wire import (
     KeepRequest,
     ReleaseRequest,
     RolloutReport,
+    RoutedReport,
     SplitRequest,
     TagRequest,
     TrafficReport,
@@ -83,6 +85,8 @@ STATE_UPLOADS_PER_NODE = 1
 """Of those, what one node may hold: a node trickling bytes holds one slot, not every one."""
 UPLOAD_SLOT_WAIT = 10.0
 """Seconds an upload waits for a slot before 503 + Retry-After."""
+ROUTED_WAIT_MAX = 30.0
+"""The longest `GET /v1/apps/{app}/routed` waits for the ingresses, in seconds."""
 UPLOAD_IDLE = 30.0
 """Seconds an upload may send nothing before it is refused (408) and its slot freed."""
 UPLOAD_MAX_SECONDS = 600.0
@@ -97,8 +101,12 @@ def deploy_router(
     keeper: StateKeeper,
     tasks: anyio.abc.TaskGroup,
     images: Images | None = None,
+    routes_seen: Marks | None = None,
 ) -> APIRouter:
+    """`routes_seen`: the revision of `apps/` each ingress's routes have followed (the
+    activator's), which `GET /v1/apps/{app}/routed` waits on."""
     router = APIRouter()
+    routes_seen = Marks() if routes_seen is None else routes_seen
 
     def bad(status: int, error: str, detail: str) -> HTTPException:
         return HTTPException(status, {"error": error, "detail": detail})
@@ -371,6 +379,22 @@ def deploy_router(
     @router.delete("/v1/apps/{app}/tags/{tag}", response_model=TrafficReport)
     async def untag(app: AppName, tag: TagName) -> TrafficReport:
         return await changed(deployer.traffic.untag(app, tag))
+
+    @router.get("/v1/apps/{app}/routed", response_model=RoutedReport)
+    async def routed(
+        app: AppName,
+        within: Annotated[float, Query(ge=0, le=ROUTED_WAIT_MAX)] = 0.0,
+    ) -> RoutedReport:
+        """Waits up to `within` seconds until every ingress that says which revision its
+        routes have followed routes the app as its record is now (what `wakeful deploy`
+        waits for before it returns); answers who is still behind then."""
+        found = await store.get(keys.app(app), App)
+        if found is None:
+            raise bad(404, "unknown app", f"no app named {app!r}")
+        behind = await routes_seen.wait(found.revision, within)
+        return RoutedReport(
+            app=app, revision=found.revision, ingresses=len(routes_seen), behind=behind
+        )
 
     @router.delete("/v1/apps/{app}", status_code=202, response_model=DeletionReport)
     async def delete_app(app: AppName) -> DeletionReport:

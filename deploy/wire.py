@@ -75,6 +75,20 @@ class RolloutReport(BaseModel):
     target_ready: int
 
 
+class RoutedReport(BaseModel):
+    """Whether the ingresses the control plane knows route an app as its record is now
+    (`GET /v1/apps/{app}/routed`)."""
+
+    app: str
+    revision: int
+    """The store revision of the app's record."""
+    ingresses: int
+    """Ingresses that say which revision their routes have followed (`Leases.routes`)."""
+    behind: dict[str, int]
+    """Those still behind when the answer was given, by name, with the revision each has
+    followed: empty once every one routes the app as it is."""
+
+
 class DeletionReport(BaseModel):
     app: str
     versions: int

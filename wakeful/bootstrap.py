@@ -236,7 +236,9 @@ async def control_plane(
             tokens,
             registry,
             [
-                deploy_router(store, deployer, artifacts, keeper, tasks, images),
+                deploy_router(
+                    store, deployer, artifacts, keeper, tasks, images, activator.routes_seen
+                ),
                 images_router(images),
                 node_router(store),
                 logs_router(store, logbook),

@@ -48,6 +48,8 @@ RUNTIME = 1
 Pause = Callable[[float], None]
 POLL = 0.5
 FAILOVER_WAIT = 30.0
+ROUTED_WAIT = 10.0
+"""Seconds a deploy, once done, waits for every ingress to route the app (`wait_routed`)."""
 """How long a command following a rollout waits for a control plane that stopped answering
 (a new leader takes over within seconds)."""
 """Seconds between looks at a rollout, a deletion or a drain."""
@@ -144,7 +146,32 @@ def follow_rollout(api: ControlClient, report: dict[str, Any], pause: Pause) -> 
         if report["message"] != last:
             say(report["message"], indent=True)
             last = report["message"]
-    return 1 if report["phase"] == "failed" else 0
+    if report["phase"] == "failed":
+        return 1
+    wait_routed(api, report["app"])
+    return 0
+
+
+def wait_routed(api: ControlClient, app: str) -> None:
+    """Until every ingress the control plane knows routes the app as its record is now, so
+    a request sent once the command returns finds it on any of them; for at most
+    `ROUTED_WAIT` seconds, then a note names those still behind. A control plane that
+    has no such route (an older one) is not asked again: nothing to wait for."""
+    try:
+        report = api.routed(app, ROUTED_WAIT)
+    except ApiRefused as exc:
+        if exc.status != 404:
+            note(f"could not tell whether every ingress routes {app} yet: {exc}")
+        return
+    except ApiUnreachable as exc:
+        note(f"could not tell whether every ingress routes {app} yet: {exc}")
+        return
+    for name, revision in sorted(report["behind"].items()):
+        note(
+            f"ingress {name} does not route {app} as deployed yet (its routes at revision "
+            f"{revision}, the app's record at {report['revision']}): a request there may "
+            "get the previous version, or 404 for a new app, for a moment"
+        )
 
 
 def delete(api: ControlClient, app: str, *, wait: bool, pause: Pause = time.sleep) -> int:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
-import time
 from pathlib import Path
 
 import anyio
@@ -46,13 +45,6 @@ async def each_on_a_new_connection(up: Up, app: str, count: int) -> list[int]:
     return statuses
 
 
-async def eventually(what: str, check: object, within: float = 30) -> None:
-    deadline = time.monotonic() + within
-    while not (callable(check) and await anyio.to_thread.run_sync(check)):
-        assert time.monotonic() < deadline, f"not within {within} s: {what}"
-        await anyio.sleep(0.1)
-
-
 async def test_two_workers_serve_follow_deploys_log_and_stop_with_up(tmp_path: Path) -> None:
     up = start_up(tmp_path, make_app(tmp_path), env={"WAKEFUL_INGRESS_WORKERS": "2"})
     try:
@@ -79,20 +71,26 @@ async def test_two_workers_serve_follow_deploys_log_and_stop_with_up(tmp_path: P
             await anyio.sleep(0.2)
         assert len(found) == 40 and {r["status"] for r in found} == {200}
 
-        # An app deployed now is in both workers' routes (each follows the store file).
+        # An app deployed now is in both workers' routes (each follows the store file) by
+        # the time `wakeful deploy` returns: it waits until each says so on its channel.
         second = make_app(tmp_path / "more", "second")
         deployed = await cli_async(up, "deploy", str(second))
         assert deployed.returncode == 0, deployed.stdout + deployed.stderr
-
-        def both_route_it() -> bool:
-            with contextlib.closing(
-                sqlite3.connect(f"file:{up.data_dir / 'store.db'}?mode=ro", uri=True)
-            ) as db:
-                [(revision,)] = db.execute("SELECT revision FROM kv WHERE key = 'apps/second'")
-            metrics = httpx.get(f"{up.admin}/metrics", timeout=10).text
-            return routes_caught_up(metrics, 2, revision)
-
-        await eventually("both workers route the new app", both_route_it)
+        assert "does not route" not in deployed.stderr, deployed.stderr
+        with contextlib.closing(read_only(up)) as db:
+            [(revision,)] = db.execute("SELECT revision FROM kv WHERE key = 'apps/second'")
+        async with httpx.AsyncClient(base_url=up.api, timeout=30) as client:
+            metrics = (await client.get(f"{up.admin}/metrics")).text
+            assert routes_caught_up(metrics, 2, revision), metrics
+            routed = await client.get(
+                "/v1/apps/second/routed", headers={"Authorization": f"Bearer {up.token}"}
+            )
+        assert routed.json() == {
+            "app": "second",
+            "revision": revision,
+            "ingresses": 2,
+            "behind": {},
+        }
         assert set(await each_on_a_new_connection(up, "second", 20)) == {200}
     finally:
         output = stop_up(up)

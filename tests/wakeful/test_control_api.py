@@ -306,3 +306,38 @@ async def test_uploads_that_stall_are_refused_and_never_hold_every_slot(
             answer = await stream.receive()
     assert answer.startswith(b"HTTP/1.1 408"), answer
     assert b"upload stalled" in answer
+
+
+async def test_routed_waits_for_the_ingresses_behind_and_names_them_when_it_gives_up(
+    control: Control,
+) -> None:
+    """What `wakeful deploy` waits for once its rollout is done: every ingress that says how
+    far its routes have come (here two, in-process) routes the app as its record is now."""
+    seen = control.plane.activator.routes_seen
+    written = await control.store.put(keys.app("shop"), App(name="shop", active_version="v1"))
+    seen.saw("edge-1", "edge-1", written)
+    seen.saw("edge-2", "edge-2", written - 1)
+    answer = await control.http.get("/v1/apps/shop/routed", params={"within": 0.05})
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {
+        "app": "shop",
+        "revision": written,
+        "ingresses": 2,
+        "behind": {"edge-2": written - 1},
+    }
+    async with anyio.create_task_group() as tasks:
+        waited: list[dict[str, object]] = []
+
+        async def ask() -> None:
+            asked = await control.http.get("/v1/apps/shop/routed", params={"within": 30})
+            waited.append(asked.json())
+
+        tasks.start_soon(ask)
+        await anyio.sleep(0.05)
+        assert waited == []  # edge-2 is still behind: the answer waits
+        seen.saw("edge-2", "edge-2", written + 3)
+    assert waited[0]["behind"] == {}
+    assert (await control.http.get("/v1/apps/nosuch/routed")).status_code == 404
+    for within in ("-1", "31", "soon"):
+        refused = await control.http.get("/v1/apps/shop/routed", params={"within": within})
+        assert refused.status_code == 422, refused.text

@@ -193,6 +193,12 @@ class ControlClient:
     def rollout(self, app: str, version: str) -> Any:
         return self._json("GET", f"/v1/deploys/{segment(app)}/{segment(version)}")
 
+    def routed(self, app: str, within: float) -> Any:
+        """Waits up to `within` seconds (the request's timeout covers it)."""
+        return self._json(
+            "GET", f"/v1/apps/{segment(app)}/routed", params={"within": within}, timeout=within + 10
+        )
+
     def rollback(self, app: str) -> Any:
         return self._json("POST", f"/v1/apps/{segment(app)}/rollback")
 
