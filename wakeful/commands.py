@@ -152,13 +152,13 @@ def follow_rollout(api: ControlClient, report: dict[str, Any], pause: Pause) -> 
     return 0
 
 
-def wait_routed(api: ControlClient, app: str) -> None:
+def wait_routed(api: ControlClient, app: str, within: float = ROUTED_WAIT) -> None:
     """Until every ingress the control plane knows routes the app as its record is now, so
-    a request sent once the command returns finds it on any of them; for at most
-    `ROUTED_WAIT` seconds, then a note names those still behind. A control plane that
-    has no such route (an older one) is not asked again: nothing to wait for."""
+    a request sent once the command returns finds it on any of them; for at most `within`
+    seconds, then a note names those still behind. A control plane that has no such route
+    (an older one) answers 404: nothing to wait for."""
     try:
-        report = api.routed(app, ROUTED_WAIT)
+        report = api.routed(app, within)
     except ApiRefused as exc:
         if exc.status != 404:
             note(f"could not tell whether every ingress routes {app} yet: {exc}")

@@ -18,6 +18,8 @@ import pytest
 from pydantic import SecretStr
 
 from tests.support.control import TOKEN, running_control_plane
+from wakeful import commands
+from wakeful.aio.marks import Marks
 from wakeful.cli import main
 from wakeful.datadir import CONTROL_FILE, write_control_file
 from wakeful.domain import keys
@@ -127,12 +129,15 @@ class Plane:
     store: Store
     endpoint: Endpoint
     data_dir: Path
+    routes_seen: Marks
+    """The activator's: how far each ingress says its routes have come."""
 
 
 @pytest.fixture
 async def plane(tmp_path: Path) -> AsyncIterator[Plane]:
     async with running_control_plane(tmp_path) as running:
-        yield Plane(running.store, Endpoint(running.url, running.token), tmp_path)
+        endpoint = Endpoint(running.url, running.token)
+        yield Plane(running.store, endpoint, tmp_path, running.plane.activator.routes_seen)
 
 
 async def in_thread(call: Callable[[], T]) -> T:
@@ -316,3 +321,26 @@ async def test_the_cli_finds_the_control_plane_through_its_control_file_or_the_e
     assert capsys.readouterr().err.startswith(
         f"wakeful: error: cannot reach the control plane at {nowhere}: "
     )
+
+
+async def test_a_deploy_names_an_ingress_that_does_not_route_its_app_in_time(
+    plane: Plane, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What `wakeful deploy` prints once its rollout is done and an ingress is still behind
+    (here one whose routes stopped at an older revision): a note, not a failure; nothing when
+    every ingress routes it, or when the app is gone (404)."""
+    written = await plane.store.put(keys.app("shop"), App(name="shop", active_version="v1"))
+    seen = plane.routes_seen
+    seen.saw("a", "edge-1", written)
+    seen.saw("b", "edge-2", written - 1)
+    with ControlClient(plane.endpoint) as api:
+        await in_thread(lambda: commands.wait_routed(api, "shop", within=0.05))
+        assert capsys.readouterr().err == (
+            f"wakeful: ingress edge-2 does not route shop as deployed yet (its routes at "
+            f"revision {written - 1}, the app's record at {written}): a request there may get "
+            "the previous version, or 404 for a new app, for a moment\n"
+        )
+        seen.saw("b", "edge-2", written)
+        await in_thread(lambda: commands.wait_routed(api, "shop", within=0.05))
+        await in_thread(lambda: commands.wait_routed(api, "gone", within=0.05))
+        assert capsys.readouterr().err == ""
