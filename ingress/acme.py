@@ -30,11 +30,13 @@ log = logging.getLogger(__name__)
 CHALLENGE_PREFIX = b"/.well-known/acme-challenge/"
 RETRY = 2.0
 """Seconds before asking the control plane again after it failed to answer."""
-LOOKUPS = 4
-"""Store reads at once for tokens the mirror does not hold: more go on to routing unread
-(a flood of made-up tokens costs the store no more than this)."""
+LOOKUPS = 64
+"""Requests at once that wait for a listing of the challenges (their tokens are not in the
+mirror): more go on to routing unread."""
+LOOKUP_GAP = 0.1
+"""Seconds between the starts of two listings: at most ten a second, whatever comes."""
 LOOKUP_SECONDS = 2.0
-"""How long such a read may take before the request goes on to routing."""
+"""How long a listing may take before the requests waiting for it go on to routing."""
 _TOKEN = re.compile(TOKEN_PATTERN.encode())
 
 
@@ -59,8 +61,11 @@ class Challenges:
     def __init__(self, store: Store | None = None) -> None:
         self._answers: dict[bytes, bytes] = {}
         self._store = store
+        self._next: _Listing | None = None
+        """The listing the requests that come now wait for (it has not started)."""
+        self._last_start = -LOOKUP_GAP
         self.reading = 0
-        """Store reads under way (at most `LOOKUPS`)."""
+        """Requests waiting for a listing (at most `LOOKUPS`)."""
 
     def replace(self, items: list[Item[AcmeChallenge]], revision: int) -> None:
         self._answers = {
@@ -82,9 +87,12 @@ class Challenges:
 
         The control plane writes a challenge, then tells the CA to validate it: the CA's
         request can come before the watch brings the challenge here (a busy replica, a
-        slow link), and a failed validation costs the order a retry minutes later. So a
-        well-formed token the mirror does not hold is read from the store, which has it
-        once the write returned; at most `LOOKUPS` at once, each within `LOOKUP_SECONDS`."""
+        slow link), and a failed validation costs the order a retry minutes later. So for a
+        well-formed token the mirror does not hold, the challenges are listed from the
+        store, which has them once the write returned: one listing for every request that
+        comes before it starts (a CA's several vantage points, a flood of made-up tokens
+        alike), at most one every `LOOKUP_GAP`, within `LOOKUP_SECONDS`, for at most
+        `LOOKUPS` requests waiting at once."""
         if not target.startswith(CHALLENGE_PREFIX):
             return None
         token = target[len(CHALLENGE_PREFIX) :]
@@ -95,15 +103,42 @@ class Challenges:
             return None
         self.reading += 1
         try:
-            with anyio.move_on_after(LOOKUP_SECONDS):
-                found = await self._store.get(keys.challenge(token.decode()), AcmeChallenge)
-                if found is not None:
-                    return found.value.key_authorization.encode()
-        except StoreError as exc:
-            log.debug("could not read ACME challenge %s: %s", token.decode(), exc)
+            return (await self._listed(self._store)).get(token)
         finally:
             self.reading -= 1
-        return None
+
+    async def _listed(self, store: Store) -> dict[bytes, bytes]:
+        """The challenges as a listing that starts after this call sees them."""
+        listing = self._next
+        if listing is not None:  # not started yet: it will see what is there now
+            await listing.done.wait()
+            return listing.answers
+        listing = self._next = _Listing()
+        try:  # its waiters' listing: done even if this request's client leaves meanwhile
+            with anyio.CancelScope(shield=True), anyio.move_on_after(LOOKUP_SECONDS):
+                await anyio.sleep(max(0.0, self._last_start + LOOKUP_GAP - anyio.current_time()))
+                self._next = None  # who comes now needs a listing that starts after it came
+                self._last_start = anyio.current_time()
+                found = await store.list(keys.CHALLENGES, AcmeChallenge)
+                listing.answers = {
+                    item.value.token.encode(): item.value.key_authorization.encode()
+                    for item in found.items
+                }
+        except StoreError as exc:
+            log.debug("could not list the ACME challenges: %s", exc)
+        finally:
+            if self._next is listing:
+                self._next = None
+            listing.done.set()
+        return listing.answers
+
+
+class _Listing:
+    """One listing of the challenges, shared by the requests that wait for it."""
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.answers: dict[bytes, bytes] = {}
 
 
 class IssuedFeed:

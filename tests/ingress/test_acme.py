@@ -24,7 +24,7 @@ from tests.support.ingress import stack
 from tests.support.waiting import eventually
 from wakeful.domain import keys
 from wakeful.domain.models import AcmeChallenge, CertRecord, CertState, Issued
-from wakeful.ingress.acme import LOOKUP_SECONDS, LOOKUPS, Challenges, ServedPair
+from wakeful.ingress.acme import LOOKUP_GAP, LOOKUP_SECONDS, LOOKUPS, Challenges, ServedPair
 from wakeful.ingress.server import Ingress
 from wakeful.ingress.tls import Certificates
 from wakeful.store import open_store
@@ -131,10 +131,33 @@ async def test_a_token_the_mirror_has_not_heard_of_yet_is_read_from_the_store() 
         assert challenges.reading == 0
 
 
+async def test_requests_for_unheard_tokens_share_listings_at_most_ten_a_second() -> None:
+    """A CA asks from several vantage points at once: they share one listing of the
+    challenges, and each gets the answer. One after another, made-up tokens get a listing
+    each at most every `LOOKUP_GAP`: a flood costs the store ten listings a second."""
+    async with open_store("memory://") as store:
+        challenges = Challenges(store)
+        challenge = AcmeChallenge(token=TOKEN, key_authorization=f"{TOKEN}.thumb", name="x.test")
+        await store.put(keys.challenge(TOKEN), challenge)
+        answers: list[bytes | None] = []
+
+        async def ask() -> None:
+            answers.append(await challenges.answer(PATH + TOKEN.encode()))
+
+        async with anyio.create_task_group() as tasks:
+            for _ in range(5):
+                tasks.start_soon(ask)
+        assert answers == [f"{TOKEN}.thumb".encode()] * 5
+        started = anyio.current_time()
+        for n in range(10):
+            assert await challenges.answer(PATH + b"made-up-%d" % n + b"x" * 16) is None
+        assert anyio.current_time() - started >= 9 * LOOKUP_GAP  # a listing each, spaced
+
+
 async def test_reads_of_unheard_tokens_are_bounded_and_a_stalled_store_answers_none() -> None:
-    """A flood of made-up tokens costs the store at most `LOOKUPS` reads at once: beyond
-    them a request goes on to routing unread. A stalled store (etcd stopped) gives up within
-    `LOOKUP_SECONDS` with no error."""
+    """At most `LOOKUPS` requests wait for a listing at once: beyond them a request goes on
+    to routing unread. A stalled store (etcd stopped) gives up within `LOOKUP_SECONDS` with
+    no error."""
     with EtcdServer() as etcd:
         async with open_store(etcd.url) as store:
             challenges = Challenges(store)
@@ -157,11 +180,18 @@ async def test_reads_of_unheard_tokens_are_bounded_and_a_stalled_store_answers_n
                     for _ in range(LOOKUPS):
                         tasks.start_soon(ask)
                     await eventually(lambda: challenges.reading == LOOKUPS)
-                    assert await challenges.answer(PATH + TOKEN.encode()) is None  # unread
-                    assert answers == []  # the reads still wait on the stopped store
+                    with anyio.fail_after(LOOKUP_SECONDS / 2):
+                        assert await challenges.answer(PATH + TOKEN.encode()) is None  # unread
+                    assert answers == []  # the listing still waits on the stopped store
                 assert answers == [None] * LOOKUPS and challenges.reading == 0
             finally:
                 os.kill(etcd.process.pid, signal.SIGCONT)
+
+            with anyio.fail_after(30):  # etcd back: answered again
+                for _ in range(300):
+                    if await challenges.answer(PATH + TOKEN.encode()) is not None:
+                        break
+                    await anyio.sleep(0.1)
             assert await challenges.answer(PATH + TOKEN.encode()) == f"{TOKEN}.thumb".encode()
 
 
