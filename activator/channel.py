@@ -16,14 +16,15 @@ choosing (unique among its operations in flight):
     {"id": 5, "op": "adopt", "app": "hello", "grant": {...LeaseGrant...}}
     {"id": 6, "op": "traffic", "apps": {"hello": {"requests": 9, "errors": 0, "buckets": [...]}}}
     {"id": 7, "op": "access", "ingress": "edge-1", "lines": [{...AccessLine...}]}
-    {"id": 8, "op": "routes", "ingress": "edge-1", "revision": 1234}
+    {"id": 8, "op": "routes", "ingress": "edge-1", "revision": 1234}   (null: it drains)
 
 (`adopt`: a lease granted by another activator, reported by its holder on the first channel
 it opens to this one after a takeover; answered like a renewal; `traffic`: what the ingress
 answered per app since its last report, `wakeful.domain.traffic`, for the dashboard's charts;
 `access`: its access lines since then, `wakeful.domain.logbatch.AccessLine`, for the log;
 `routes`: the revision of `apps/` its routes have followed, `wakeful.aio.marks`, which a
-deploy waits for, forgotten when the channel closes)
+deploy waits for; null when it drains, and forgotten then; kept a few seconds after the
+channel closes, for the ingress's next channel)
 and gets a list of answers, exactly one per acquire, renewal, release, adoption and report
 (an error's code and fields are those of `activator/lease_errors.py`, as over HTTP):
 
@@ -59,9 +60,10 @@ that is not JSON, not a list, too long, or holds an operation without an id clos
 with 1007 and a reason. The token the channel was opened with is checked at every frame and
 every `TOKEN_CHECK_SECONDS` between them: once revoked, the channel closes with 1008, whether or
 not the ingress still sends. One token holds at most `MAX_CHANNELS_PER_TOKEN` channels at once
-(an ingress needs one per activator); past it a new one is closed at once with 1013 ("try
-again later"). Nothing half-done stays behind a close (parked acquires are cancelled as on any
-close).
+(each ingress process keeps one open to the leader, and workers share their token); past it
+a new one is closed at once with 1013 ("try again later"), which the client takes for a
+failed attempt (it opens no other for a second). Nothing half-done stays behind a close
+(parked acquires are cancelled as on any close).
 """
 
 from __future__ import annotations
@@ -95,6 +97,8 @@ from wakeful.store import StoreError
 log = logging.getLogger(__name__)
 
 PATH = "/v1/leases/channel"
+REPLICA_PATTERN = r"^[A-Za-z0-9._:@+-]{1,128}$"
+"""An ingress replica's name as the channel takes it (the characters of a store key)."""
 MAX_OPS_PER_FRAME = 1000
 MAX_IN_FLIGHT = 10_000
 MAX_UNSENT = 10_000
@@ -106,7 +110,9 @@ POLICY_VIOLATION = 1008
 TRY_AGAIN_LATER = 1013
 SERVICE_RESTART = 1012
 TOKEN_CHECK_SECONDS = 1.0
-MAX_CHANNELS_PER_TOKEN = 16
+MAX_CHANNELS_PER_TOKEN = 300
+"""An ingress process keeps one channel open to the leader, and the workers of one `wakeful
+ingress --workers N` (or of `wakeful up`) share a token: more than the most workers (256)."""
 MAX_ADOPTS_PER_CHANNEL = 100_000
 """Leases one channel may report holding (an ingress holds far fewer): the ledger stays
 bounded whatever an ingress token sends."""
@@ -176,8 +182,9 @@ class Traffic(BaseModel):
 class Routes(BaseModel):
     id: int
     op: Literal["routes"]
-    ingress: str = Field(max_length=128)
-    revision: int = Field(ge=0, le=2**63 - 1)
+    ingress: str = Field(pattern=REPLICA_PATTERN)
+    revision: int | None = Field(ge=0, le=2**63 - 1)
+    """None: the ingress stops (it drains), and a deploy waits for it no more."""
 
 
 Operation = Annotated[
@@ -328,7 +335,11 @@ class Channel:
     ) -> dict[str, Any]:
         try:
             if isinstance(operation, Routes):
-                self._activator.routes_seen.saw(self, operation.ingress, operation.revision)
+                seen = self._activator.routes_seen
+                if operation.revision is None:
+                    seen.gone(self, linger=False)
+                else:
+                    seen.saw(self, operation.ingress, operation.revision)
                 return {"id": operation.id, "recorded": 1}
             if isinstance(operation, Access):
                 # grpc_status is the one field that can be None: lines not of a call lack it.

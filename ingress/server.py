@@ -216,7 +216,8 @@ class Ingress:
             finally:
                 with anyio.CancelScope(shield=True):
                     self._draining = True
-                    self._leases.routes(self.name, None)  # a deploy waits for it no more
+                    with contextlib.suppress(Exception):  # as `_report_routes` says why
+                        self._leases.routes(self.name, None)  # a deploy waits for it no more
                     async with anyio.create_task_group() as stopping:
                         for each in servers:
                             stopping.start_soon(each.stop, self.settings.shutdown_timeout)
@@ -250,7 +251,11 @@ class Ingress:
         """The revision this ingress's routes have followed, to the activator as it moves
         (`Leases.routes`): a deploy waits until every ingress routes what it wrote."""
         while not self._draining:
-            self._leases.routes(self.name, self.routes.revision)
+            try:
+                self._leases.routes(self.name, self.routes.revision)
+            except Exception:  # a `Leases` of a program's own, older than the method
+                log.exception("could not tell the activator how far the routes have come")
+                return
             await self.routes.changed()
 
     def _ship_access(self) -> None:

@@ -77,7 +77,7 @@ class FakeLeases:
         self._short_at: dict[str, float] = {}
         """When each app last got an overflow lease."""
         self._told_short: Listeners[[str, str]] = Listeners("that an app turned short")
-        self.routes_seen = Marks()
+        self.routes_seen = Marks(settle=0)
         """The routes revision each ingress sharing this fake said, as the activator keeps it."""
         """Every listener of `heed_short` (each ingress sharing this fake)."""
         self._apps_of: dict[str, str] = {}
@@ -104,9 +104,9 @@ class FakeLeases:
 
     def routes(self, ingress: str, revision: int | None) -> None:
         if revision is None:
-            self.routes_seen.gone(self)
+            self.routes_seen.gone((self, ingress), linger=False)
         else:
-            self.routes_seen.saw(self, ingress, revision)
+            self.routes_seen.saw((self, ingress), ingress, revision)
 
     def heed_short(self, listener: Callable[[str, str], None]) -> Callable[[], None]:
         return self._told_short.heed(listener)

@@ -178,8 +178,13 @@ class ChannelLeases:
         """Sent in the next frame on the open channel and on every channel opened after;
         from the first call on, a lost channel is opened again at once (not at the next
         acquire), so the activator that leads knows this ingress even while it is idle.
-        None: no more (the channel's close makes the activator forget it)."""
+        None: it stops (drains), said on the open channel: the activator forgets it then,
+        and no channel is opened for it any more."""
         if revision is None:
+            link = self._link
+            if self._routes is not None and link is not None and link.alive:
+                operation = {"id": next(self._ids), "op": "routes", "ingress": ingress}
+                link.send({**operation, "revision": None}).add_done_callback(_retrieved)
             self._routes = None
             return
         self._routes = (ingress, revision)
@@ -276,6 +281,12 @@ class ChannelLeases:
         now, not at the next call (for an idle cached lease that may be a third of a lease
         TTL away), so they are reported while an activator that took over still waits for
         them, and deploys wait for this ingress's routes there."""
+        link = self._link
+        if link is not None and not link.alive and link.refused and self._failed is None:
+            # Refused once open (a bound on channels; a standby): a failed attempt, not a
+            # channel to open again at once, again and again.
+            refused = Unreachable("the activator would not keep the lease channel open", 1)
+            self._failed = (time.monotonic(), refused)
         idle = self._reconnecting is None or self._reconnecting.done()
         if self._wanted_open() and idle:
             self._reconnecting = asyncio.ensure_future(self._reconnect())

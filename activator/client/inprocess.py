@@ -34,7 +34,7 @@ class InProcessLeases:
 
     def routes(self, ingress: str, revision: int | None) -> None:
         if revision is None:
-            self._activator.routes_seen.gone(self)
+            self._activator.routes_seen.gone(self, linger=False)
         else:
             self._activator.routes_seen.saw(self, ingress, revision)
 

@@ -14,7 +14,7 @@ import websockets
 import websockets.asyncio.client
 from websockets.asyncio.client import ClientConnection
 
-from wakeful.activator.channel import FRAME_BYTES, MAX_OPS_PER_FRAME
+from wakeful.activator.channel import FRAME_BYTES, MAX_OPS_PER_FRAME, TRY_AGAIN_LATER
 from wakeful.domain.leases import Unauthorized, Unreachable
 
 
@@ -57,6 +57,12 @@ class Link:
         except (OSError, TimeoutError, websockets.WebSocketException) as exc:
             raise Unreachable(f"the activator did not answer: {exc!r}", 1) from exc
         return cls(connection, on_lost)
+
+    @property
+    def refused(self) -> bool:
+        """Closed by the activator with 1013 ("try again later"): it would not keep this
+        channel (a bound on channels, a standby), rather than lost."""
+        return self._connection.close_code == TRY_AGAIN_LATER
 
     def send(self, operation: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()

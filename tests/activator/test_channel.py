@@ -641,8 +641,9 @@ async def test_rides_an_ingress_would_never_send_keep_the_channel_and_the_count(
 async def test_routes_open_the_channel_and_are_told_again_on_every_new_one(api: Served) -> None:
     """An idle ingress (no lease asked) is known where it must be: the routes revision it
     reports opens the channel; a lost channel is opened again at once, on the activator
-    that leads by then, and told it; a closed channel's ingress is forgotten (a deploy
-    waits for no ingress that left)."""
+    that leads by then, and told it (the old one keeps it a few seconds, for its next
+    channel); an ingress that says it stops is forgotten at once, and opens no channel
+    for it again."""
     leading = Leading(api.url)
     seen = api.activator.routes_seen
     async with ChannelLeases(api.url, TOKEN, locate=leading.locate) as leases:
@@ -655,12 +656,12 @@ async def test_routes_open_the_channel_and_are_told_again_on_every_new_one(api: 
         async with serve_activator(api.store) as heir:
             await leading.move_to(heir.url, leases)  # nothing is asked of the client after
             with anyio.fail_after(10):
-                await eventually(lambda: len(seen) == 0)
                 await eventually(lambda: heir.activator.routes_seen.behind(10) == {"edge-1": 9})
-            leases.routes("edge-1", None)  # it stops: nothing more is said
-            await leading.move_to(api.url, leases)
+            assert seen.behind(10) == {"edge-1": 9}  # lost, lingering
+            leases.routes("edge-1", None)  # it stops (drains)
             with anyio.fail_after(10):
                 await eventually(lambda: len(heir.activator.routes_seen) == 0)
+            await leading.move_to(api.url, leases)
             await anyio.sleep(0.2)
             assert leases._link is None or not leases._link.alive  # not opened again
     answers = await answered_alone(
@@ -670,7 +671,9 @@ async def test_routes_open_the_channel_and_are_told_again_on_every_new_one(api: 
             {"id": 2, "op": "routes", "ingress": "e" * 129, "revision": 1},
             {"id": 3, "op": "routes", "ingress": "e", "revision": 2**63},
             {"id": 4, "op": "routes", "revision": 1},
-            {"id": 5, "op": "routes", "ingress": "e", "revision": 3},
+            {"id": 5, "op": "routes", "ingress": "edge\n1", "revision": 1},
+            {"id": 6, "op": "routes", "ingress": "", "revision": 1},
+            {"id": 7, "op": "routes", "ingress": "e", "revision": 3},
         ],
     )
-    assert answers[5] == {"id": 5, "recorded": 1}
+    assert answers[7] == {"id": 7, "recorded": 1}

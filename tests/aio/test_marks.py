@@ -1,18 +1,22 @@
-"""`Marks` (`wakeful.aio.marks`): how far each holder says it has come, and a wait until all
-have reached a mark; what a deploy waits on for the ingresses' routes."""
+"""`Marks` (`wakeful.aio.marks`): how far each named holder says it has come, and a wait until
+all have reached a mark; what a deploy waits on for the ingresses' routes. Each way a wait
+could end before the ingresses route the app has its case: a lost channel, an ingress's
+next channel beside its old one, a control plane that has just taken over."""
 
 from __future__ import annotations
 
 import anyio
 import pytest
 
+from tests.support.waiting import eventually
 from wakeful.aio.marks import Marks
+from wakeful.testing import ManualClock
 
 pytestmark = pytest.mark.anyio
 
 
-async def test_a_wait_ends_when_the_last_holder_behind_reaches_the_mark() -> None:
-    marks = Marks()
+async def test_a_wait_ends_when_the_last_name_behind_reaches_the_mark() -> None:
+    marks = Marks(settle=0)
     first, second = object(), object()
     marks.saw(first, "edge-1", 10)
     marks.saw(second, "edge-2", 7)
@@ -25,21 +29,48 @@ async def test_a_wait_ends_when_the_last_holder_behind_reaches_the_mark() -> Non
 
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(waiting)
-        await anyio.sleep(0.01)
+        await eventually(lambda: marks.waiting == 1)
         marks.saw(second, "edge-2", 9)  # moved, still behind: the wait goes on
+        marks.saw(second, "edge-2", 8)  # lower: changes nothing
         await anyio.sleep(0.01)
-        assert done == []
+        assert done == [] and marks.behind(10) == {"edge-2": 9}
         marks.saw(second, "edge-2", 12)
-    assert done == [{}]
+    assert done == [{}] and marks.waiting == 0
 
 
-async def test_a_holder_that_goes_holds_no_wait_up_and_marks_only_move_on() -> None:
-    marks = Marks()
-    held, gone = object(), object()
-    marks.saw(held, "edge-1", 10)
-    marks.saw(held, "edge-1", 4)  # a late, lower mark changes nothing
-    assert marks.behind(10) == {}
-    marks.saw(gone, "edge-2", 3)
+async def test_a_lost_holder_lingers_and_its_name_s_next_holder_takes_over() -> None:
+    """A channel lost while its ingress is behind does not end the wait: its mark counts
+    for `linger` seconds, until the ingress's next channel reports."""
+    clock = ManualClock()
+    marks = Marks(linger=5, settle=0, clock=clock)
+    old, new = object(), object()
+    marks.saw(old, "edge-1", 3)
+    marks.gone(old)
+    assert marks.behind(10) == {"edge-1": 3} and len(marks) == 1
+    marks.saw(new, "edge-1", 4)  # its next channel: the linger is over
+    assert marks.behind(10) == {"edge-1": 4} and len(marks) == 1
+    marks.gone(new)
+    clock.advance(4.9)
+    assert marks.behind(10) == {"edge-1": 4}
+    clock.advance(0.2)  # never came back: it stops counting
+    assert marks.behind(10) == {} and len(marks) == 0
+
+
+async def test_a_lingering_name_holds_a_wait_until_it_expires_in_real_time() -> None:
+    marks = Marks(linger=0.2, settle=0)
+    holder = object()
+    marks.saw(holder, "edge-1", 3)
+    marks.gone(holder)
+    with anyio.fail_after(10):
+        assert await marks.wait(10, within=0.05) == {"edge-1": 3}
+        assert await marks.wait(10, within=30) == {}  # over when the linger is
+
+
+async def test_a_holder_that_stops_is_forgotten_at_once() -> None:
+    marks = Marks(settle=0)
+    draining, other = object(), object()
+    marks.saw(draining, "edge-1", 3)
+    marks.saw(other, "edge-2", 10)
     done: list[dict[str, int]] = []
 
     async def waiting() -> None:
@@ -47,19 +78,39 @@ async def test_a_holder_that_goes_holds_no_wait_up_and_marks_only_move_on() -> N
 
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(waiting)
-        await anyio.sleep(0.01)
-        assert done == []
-        marks.gone(gone)
+        await eventually(lambda: marks.waiting == 1)
+        marks.gone(draining, linger=False)
     assert done == [{}] and len(marks) == 1
-    marks.gone(gone)  # again: harmless
+    marks.gone(draining)  # again: harmless
 
 
-async def test_a_wait_gives_up_after_its_time_naming_who_is_behind() -> None:
-    """Two holders under one name (an ingress's old channel beside its new one): the name
-    is behind with the lower mark."""
-    marks = Marks()
-    marks.saw(object(), "edge-1", 5)
-    marks.saw(object(), "edge-1", 8)
-    marks.saw(object(), "edge-2", 20)
+async def test_a_name_s_new_holder_replaces_its_old_one_not_yet_closed() -> None:
+    """An ingress's new channel reports while the activator has not noticed its old one
+    close (a half-open connection): the name is the new holder's alone."""
+    marks = Marks(settle=0)
+    old, new = object(), object()
+    marks.saw(old, "edge-1", 5)
+    marks.saw(new, "edge-1", 12)
+    assert marks.behind(10) == {} and len(marks) == 1
+    marks.gone(old)  # its close, noticed at last: nothing lingers
+    assert marks.behind(10) == {} and len(marks) == 1
+
+
+async def test_a_new_control_plane_waits_for_its_ingresses_to_find_it() -> None:
+    """Just after a takeover no ingress has reported yet: a wait lasts the settling time
+    before it judges, so an ingress that reports meanwhile is waited for."""
+    marks = Marks(settle=0.3)
+    done: list[dict[str, int]] = []
+
+    async def waiting() -> None:
+        done.append(await marks.wait(10, within=30))
+
     with anyio.fail_after(10):
-        assert await marks.wait(10, within=0.05) == {"edge-1": 5}
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(waiting)
+            await eventually(lambda: marks.waiting == 1)
+            marks.saw(object(), "edge-1", 4)  # found the new leader, behind
+            await anyio.sleep(0.4)
+            assert done == []  # settled, and edge-1 is behind
+            marks.saw(object(), "edge-1", 10)
+    assert done == [{}]

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from tests.support.control import running_control_plane
+from tests.support.waiting import eventually
 from wakeful.aio.packing import pack
 from wakeful.bootstrap import ControlPlane
 from wakeful.deploy import api as deploy_api
@@ -333,6 +334,8 @@ async def test_routed_waits_for_the_ingresses_behind_and_names_them_when_it_give
             waited.append(asked.json())
 
         tasks.start_soon(ask)
+        with anyio.fail_after(10):
+            await eventually(lambda: seen.waiting == 1)
         await anyio.sleep(0.05)
         assert waited == []  # edge-2 is still behind: the answer waits
         seen.saw("edge-2", "edge-2", written + 3)

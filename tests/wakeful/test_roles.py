@@ -36,6 +36,7 @@ from wakeful.domain.artifacts import digest_of
 from wakeful.domain.leases import Unauthorized
 from wakeful.domain.logbatch import LogBatch, OutputChunk, ShipFailed
 from wakeful.domain.models import AppState, Node, Role, Sandbox, SandboxStatus
+from wakeful.ingress.settings import MAX_WORKERS
 from wakeful.remote import HttpArtifacts, HttpKeeper, HttpLogSink
 from wakeful.store import open_store
 from wakeful.store.tokenbook import TokenBook
@@ -376,6 +377,22 @@ def _channel(control: Control, token: str) -> websockets.asyncio.client.connect:
     )
 
 
+async def test_an_ingress_refused_a_channel_tries_again_a_second_later_not_at_once(
+    control: Control, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Past the bound a channel is accepted, then closed with 1013: the client takes that
+    for a failed attempt. An idle ingress that keeps its channel for its routes would else
+    open one, be refused, and open the next at once, hundreds of times a second."""
+    async with contextlib.AsyncExitStack() as stack:
+        for _ in range(MAX_CHANNELS_PER_TOKEN):
+            await stack.enter_async_context(_channel(control, control.ingress))
+        async with ChannelLeases(control.running.url, control.ingress) as leases:
+            leases.routes("edge-1", 1)
+            await anyio.sleep(1.5)
+        refusals = [r for r in caplog.records if "lease channels open" in r.getMessage()]
+        assert 1 <= len(refusals) <= 3, len(refusals)
+
+
 async def test_a_revoked_token_closes_its_channel_even_while_the_ingress_sends_nothing(
     control: Control,
 ) -> None:
@@ -390,8 +407,10 @@ async def test_a_revoked_token_closes_its_channel_even_while_the_ingress_sends_n
 
 
 async def test_one_token_opens_a_bounded_number_of_lease_channels(control: Control) -> None:
-    """An ingress needs one channel per activator; a token opening channels without end
-    (each may park thousands of acquires) is refused past the bound, with 1013."""
+    """An ingress process keeps one channel open, and workers share a token (up to
+    `MAX_WORKERS` of them); a token opening channels without end (each may park thousands
+    of acquires) is refused past the bound, with 1013."""
+    assert MAX_CHANNELS_PER_TOKEN > MAX_WORKERS
     async with contextlib.AsyncExitStack() as stack:
         for _ in range(MAX_CHANNELS_PER_TOKEN):
             await stack.enter_async_context(_channel(control, control.ingress))

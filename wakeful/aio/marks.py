@@ -1,57 +1,119 @@
-"""`Marks`: how far each of several holders says it has come (a store revision it has
+"""`Marks`: how far each of several named holders says it has come (a store revision it has
 followed), and a wait until every one has reached a mark.
 
 The control plane keeps one for the ingresses' routes (`Leases.routes`): each ingress says
 the revision of `apps/` its routing table has followed, on its lease channel or in-process,
-and a deploy waits until all of them route what it wrote (`GET /v1/apps/{app}/routed`). A
-holder is whatever reports (a channel, an in-process client), forgotten when it goes: one
-that left never holds a wait up. Marks only move on: a lower one than a holder said before
-changes nothing.
+and a deploy waits until all of them route what it wrote (`GET /v1/apps/{app}/routed`). The
+rules, each for a way a wait could end before the ingresses route the app:
+
+- **A name is one ingress.** A holder is whatever reports (a channel, an in-process
+  client); a new holder of a name (the ingress's next channel) replaces the one before,
+  whose close may not have been noticed yet.
+- **A holder lost lingers.** When a holder goes without saying it stops (a channel lost), its
+  name and mark still count for `linger` seconds, so that a wait does not end because the
+  ingress that was behind lost its channel; its next holder takes over, and a name that
+  never comes back stops counting after them.
+- **A holder that stops is forgotten at once** (`gone(linger=False)`: a draining ingress).
+- **A newcomer settles first.** For `settle` seconds after it is made (a control plane that
+  has just taken over, whose ingresses are still finding it), a wait lasts at least until
+  then before it judges.
+- **Marks only move on**: a lower one than a holder said before changes nothing.
 """
 
 from __future__ import annotations
 
+import math
+import time
+from collections.abc import Callable
+
 import anyio
+
+LINGER = 5.0
+SETTLE = 3.0
 
 
 class Marks:
-    """The mark each holder has reached, by holder, with the name it reports under."""
-
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        linger: float = LINGER,
+        settle: float = SETTLE,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._clock = clock
+        self._linger = linger
+        self._settled_at = clock() + settle
         self._marks: dict[object, tuple[str, int]] = {}
+        """By holder: (name, the mark it has reached)."""
+        self._holder_of: dict[str, object] = {}
+        self._left: dict[str, tuple[int, float]] = {}
+        """Names whose holder was lost: (mark, until when it still counts)."""
         self._moved = anyio.Event()
+        self.waiting = 0
+        """Waits under way."""
 
     def saw(self, holder: object, name: str, mark: int) -> None:
         """`holder`, called `name`, has reached `mark`."""
         known = self._marks.get(holder)
-        if known is not None and known[1] >= mark and known[0] == name:
-            return
+        if known is not None and known[0] == name:
+            if known[1] >= mark:
+                return
+        elif known is not None:
+            self._forget(holder, known[0])
+        before = self._holder_of.get(name)
+        if before is not None and before != holder:
+            del self._marks[before]  # the ingress's older channel
+        self._holder_of[name] = holder
+        self._left.pop(name, None)
         self._marks[holder] = (name, mark if known is None else max(mark, known[1]))
         self._wake()
 
-    def gone(self, holder: object) -> None:
-        if self._marks.pop(holder, None) is not None:
-            self._wake()
+    def gone(self, holder: object, *, linger: bool = True) -> None:
+        """`holder` went: its mark lingers (`linger`), or is forgotten at once."""
+        known = self._marks.pop(holder, None)
+        if known is None:
+            return
+        name, mark = known
+        self._forget(holder, name)
+        if linger:
+            self._left[name] = (mark, self._clock() + self._linger)
+        self._wake()
+
+    def _forget(self, holder: object, name: str) -> None:
+        if self._holder_of.get(name) == holder:
+            del self._holder_of[name]
 
     def __len__(self) -> int:
-        return len(self._marks)
+        """Names that count: held, or lingering."""
+        self._expire()
+        return len(self._holder_of) + len(self._left)
 
     def behind(self, mark: int) -> dict[str, int]:
-        """Who has not reached `mark`, by name, with the lowest mark a holder of that name
-        has reached (one ingress's old channel, not closed yet, beside its new one)."""
-        late: dict[str, int] = {}
-        for name, reached in self._marks.values():
-            if reached < mark:
-                late[name] = min(reached, late.get(name, reached))
+        """Who has not reached `mark`, by name, with the mark each has reached."""
+        self._expire()
+        late = {name: reached for name, reached in self._marks.values() if reached < mark}
+        late |= {name: reached for name, (reached, _) in self._left.items() if reached < mark}
         return late
 
     async def wait(self, mark: int, within: float) -> dict[str, int]:
-        """Until every holder has reached `mark` (one that goes meanwhile is left out), for
-        at most `within` seconds: who is behind then (empty: nobody)."""
-        with anyio.move_on_after(within):
-            while self.behind(mark):
-                await self._moved.wait()
+        """Until every name has reached `mark`, for at most `within` seconds: who is behind
+        then (empty: nobody)."""
+        self.waiting += 1
+        try:
+            with anyio.move_on_after(within):
+                await anyio.sleep(max(0.0, self._settled_at - self._clock()))
+                while late := self.behind(mark):
+                    ends = [self._left[name][1] for name in late if name in self._left]
+                    pause = min(ends) - self._clock() if ends else math.inf
+                    with anyio.move_on_after(max(0.0, pause)):
+                        await self._moved.wait()
+        finally:
+            self.waiting -= 1
         return self.behind(mark)
+
+    def _expire(self) -> None:
+        now = self._clock()
+        for name in [name for name, (_, until) in self._left.items() if until <= now]:
+            del self._left[name]
 
     def _wake(self) -> None:
         self._moved.set()
