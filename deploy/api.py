@@ -385,9 +385,9 @@ def deploy_router(
         app: AppName,
         within: Annotated[float, Query(ge=0, le=ROUTED_WAIT_MAX)] = 0.0,
     ) -> RoutedReport:
-        """Waits up to `within` seconds until every ingress that says which revision its
-        routes have followed routes the app as its record is now (what `wakeful deploy`
-        waits for before it returns); answers who is still behind then."""
+        """Waits up to `within` seconds until every ingress that says how far its routes
+        have come has followed the store past the app's record (what `wakeful deploy` waits
+        for before it returns); answers who is still behind then."""
         found = await store.get(keys.app(app), App)
         if found is None:
             raise bad(404, "unknown app", f"no app named {app!r}")

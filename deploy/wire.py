@@ -76,8 +76,8 @@ class RolloutReport(BaseModel):
 
 
 class RoutedReport(BaseModel):
-    """Whether the ingresses the control plane knows route an app as its record is now
-    (`GET /v1/apps/{app}/routed`)."""
+    """Whether the ingresses the control plane knows have followed the store past an app's
+    record (`GET /v1/apps/{app}/routed`)."""
 
     app: str
     revision: int

@@ -26,7 +26,7 @@ from wakeful.domain.models import (
 )
 from wakeful.domain.shown import shown
 
-from .remote import ApiRefused, ApiUnreachable, ControlClient
+from .remote import ApiRefused, ApiUnreachable, ControlApiError, ControlClient
 from .tables import (
     app_line,
     cert_table,
@@ -47,13 +47,12 @@ RUNTIME = 1
 
 Pause = Callable[[float], None]
 POLL = 0.5
+"""Seconds between looks at a rollout, a deletion or a drain."""
 FAILOVER_WAIT = 30.0
-ROUTED_WAIT = 10.0
-"""Seconds a deploy, once done, waits for every ingress to route the app (`wait_routed`)."""
 """How long a command following a rollout waits for a control plane that stopped answering
 (a new leader takes over within seconds)."""
-"""Seconds between looks at a rollout, a deletion or a drain."""
-"""Seconds between looks at the logs: nodes push output about once a second."""
+ROUTED_WAIT = 10.0
+"""Seconds a deploy, once done, waits for every ingress to route the app (`wait_routed`)."""
 
 
 class CliError(Exception):
@@ -122,7 +121,9 @@ def rollback(api: ControlClient, app: str, *, pause: Pause = time.sleep) -> int:
     return follow_rollout(api, api.rollback(app), pause)
 
 
-def follow_rollout(api: ControlClient, report: dict[str, Any], pause: Pause) -> int:
+def follow_rollout(
+    api: ControlClient, report: dict[str, Any], pause: Pause, routed_within: float = ROUTED_WAIT
+) -> int:
     """Each new message of the rollout until it is done; non-zero when it was abandoned.
     While no activator answers (a leader changing: the rollout goes on, carried on by the next
     one), it keeps asking for up to `FAILOVER_WAIT` seconds."""
@@ -148,25 +149,28 @@ def follow_rollout(api: ControlClient, report: dict[str, Any], pause: Pause) -> 
             last = report["message"]
     if report["phase"] == "failed":
         return 1
-    wait_routed(api, report["app"])
+    wait_routed(api, report["app"], routed_within)
     return 0
 
 
 def wait_routed(api: ControlClient, app: str, within: float = ROUTED_WAIT) -> None:
-    """Until every ingress the control plane knows routes the app as its record is now, so
-    a request sent once the command returns finds it on any of them; for at most `within`
-    seconds, then a note names those still behind. A control plane that has no such route
-    (an older one) answers 404: nothing to wait for."""
+    """Until every ingress the control plane knows has followed the store past the app's
+    record, so a request sent once the command returns finds it on any of them; for at
+    most `within` seconds, then a note names those still behind. A control plane that has
+    no such route (an older one) answers 404: nothing to wait for."""
     try:
         report = api.routed(app, within)
+        behind = report["behind"]
+        if not isinstance(behind, dict):
+            raise TypeError(f"behind is {type(behind).__name__}")
     except ApiRefused as exc:
         if exc.status != 404:
             note(f"could not tell whether every ingress routes {app} yet: {exc}")
         return
-    except ApiUnreachable as exc:
+    except (ControlApiError, TypeError, KeyError) as exc:
         note(f"could not tell whether every ingress routes {app} yet: {exc}")
         return
-    for name, revision in sorted(report["behind"].items()):
+    for name, revision in sorted(behind.items()):
         note(
             f"ingress {name} does not route {app} as deployed yet (its routes at revision "
             f"{revision}, the app's record at {report['revision']}): a request there may "

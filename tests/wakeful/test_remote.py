@@ -333,13 +333,18 @@ async def test_a_deploy_names_an_ingress_that_does_not_route_its_app_in_time(
     seen = plane.routes_seen
     seen.saw("a", "edge-1", written)
     seen.saw("b", "edge-2", written - 1)
+    done = {"app": "shop", "version": "v1", "phase": "done", "message": "live"}
     with ControlClient(plane.endpoint) as api:
-        await in_thread(lambda: commands.wait_routed(api, "shop", within=0.05))
+        # What `wakeful deploy` and `rollback` do once their rollout is over.
+        assert await in_thread(lambda: commands.follow_rollout(api, done, print, 0.05)) == 0
         assert capsys.readouterr().err == (
             f"wakeful: ingress edge-2 does not route shop as deployed yet (its routes at "
             f"revision {written - 1}, the app's record at {written}): a request there may get "
             "the previous version, or 404 for a new app, for a moment\n"
         )
+        failed = {**done, "phase": "failed"}  # abandoned: nothing to wait for
+        assert await in_thread(lambda: commands.follow_rollout(api, failed, print, 0.05)) == 1
+        assert capsys.readouterr().err == ""
         seen.saw("b", "edge-2", written)
         await in_thread(lambda: commands.wait_routed(api, "shop", within=0.05))
         await in_thread(lambda: commands.wait_routed(api, "gone", within=0.05))
