@@ -214,6 +214,8 @@ async def control_plane(
         )
     tokens = TokenBook()
     closed = math.inf if adopt_for > 0 else 0.0  # opened below, once the API listens
+    if not adopt_for:  # no takeover (`wakeful up`): no ingress is still finding this one
+        activator.routes_seen.settled()
     async with activator.running(adopt_for=closed), anyio.create_task_group() as tasks:
         tasks.start_soon(partial(reflect, store, keys.TOKENS, Token, tokens, what="tokens"))
         with anyio.fail_after(30):

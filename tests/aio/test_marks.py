@@ -114,3 +114,12 @@ async def test_a_new_control_plane_waits_for_its_ingresses_to_find_it() -> None:
             assert done == []  # settled, and edge-1 is behind
             marks.saw(object(), "edge-1", 10)
     assert done == [{}]
+
+
+async def test_a_control_plane_that_took_nothing_over_judges_at_once() -> None:
+    marks = Marks(settle=30)
+    marks.settled()
+    marks.saw(object(), "edge-1", 4)
+    with anyio.fail_after(10):
+        assert await marks.wait(10, within=0.05) == {"edge-1": 4}
+        assert await marks.wait(4, within=30) == {}

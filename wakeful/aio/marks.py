@@ -16,7 +16,7 @@ rules, each for a way a wait could end before the ingresses route the app:
 - **A holder that stops is forgotten at once** (`gone(linger=False)`: a draining ingress).
 - **A newcomer settles first.** For `settle` seconds after it is made (a control plane that
   has just taken over, whose ingresses are still finding it), a wait lasts at least until
-  then before it judges.
+  then before it judges; `settled()` ends that (`wakeful up`: nothing took over).
 - **Marks only move on**: a lower one than a holder said before changes nothing.
 """
 
@@ -50,6 +50,10 @@ class Marks:
         self._moved = anyio.Event()
         self.waiting = 0
         """Waits under way."""
+
+    def settled(self) -> None:
+        """No holder is still on its way (nothing took over): waits judge at once."""
+        self._settled_at = self._clock()
 
     def saw(self, holder: object, name: str, mark: int) -> None:
         """`holder`, called `name`, has reached `mark`."""
