@@ -23,6 +23,7 @@ from wakeful.domain.leases import (
     LeaseGone,
     LeaseGrant,
     Riders,
+    Unauthorized,
     Unreachable,
 )
 from wakeful.domain.logbatch import access_chunks
@@ -102,6 +103,9 @@ class ChannelLeases:
         self._short: Listeners[[str, str]] = Listeners("that a pool turned short")
         self._routes: tuple[str, int] | None = None
         """The last (ingress, revision) `routes` said: sent again on every new channel."""
+        self._opened_at = 0.0
+        self._brief = 0
+        """Channels in a row that closed within `REOPEN_PAUSE` of opening."""
 
     def heed_short(self, listener: Callable[[str, str], None]) -> Callable[[], None]:
         """Told (app, version) when the activator says a pool turned short (its news on the
@@ -262,6 +266,7 @@ class ChannelLeases:
             await link.close()
             raise Unreachable("the lease channel is closed", 1)
         self._link = link
+        self._opened_at = time.monotonic()
         self._report_held(link)
         self._report_routes(link)
         return link
@@ -282,11 +287,17 @@ class ChannelLeases:
         TTL away), so they are reported while an activator that took over still waits for
         them, and deploys wait for this ingress's routes there."""
         link = self._link
-        if link is not None and not link.alive and link.refused and self._failed is None:
-            # Refused once open (a bound on channels; a standby): a failed attempt, not a
-            # channel to open again at once, again and again.
-            refused = Unreachable("the activator would not keep the lease channel open", 1)
-            self._failed = (time.monotonic(), refused)
+        if link is not None and not link.alive and self._failed is None:
+            brief = time.monotonic() - self._opened_at < REOPEN_PAUSE
+            self._brief = self._brief + 1 if brief else 0
+            if link.refused or self._brief >= 2:
+                # Refused once open (a bound on channels; a standby), or closed as soon as
+                # opened twice running (an activator deposed but serving; a proxy): a failed
+                # attempt, not a channel to open again at once, again and again. Once is a
+                # takeover's ordinary close: opened again at once.
+                why = "would not keep" if link.refused else "keeps closing"
+                log.warning("the activator %s the lease channel open: trying again", why)
+                self._failed = (time.monotonic(), Unreachable(f"the activator {why} it", 1))
         idle = self._reconnecting is None or self._reconnecting.done()
         if self._wanted_open() and idle:
             self._reconnecting = asyncio.ensure_future(self._reconnect())
@@ -295,12 +306,18 @@ class ChannelLeases:
         return (bool(self._held) or self._routes is not None) and not self._closed
 
     async def _reconnect(self) -> None:
+        told = False
         while self._wanted_open():
             try:
                 await self._open()
                 return
+            except Unauthorized as exc:  # a revoked token: said once, tried again meanwhile
+                if not told:
+                    log.warning("the lease channel cannot open: %s", exc)
+                    told = True
             except ActivatorError:
-                await asyncio.sleep(REOPEN_PAUSE / 2)
+                pass
+            await asyncio.sleep(REOPEN_PAUSE / 2)
 
     def _report_held(self, link: Link) -> None:
         """Every lease held, first on a new channel: an activator that took over (or

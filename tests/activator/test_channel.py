@@ -13,6 +13,7 @@ import anyio
 import pytest
 import websockets
 import websockets.asyncio.client
+import websockets.asyncio.server
 
 from tests.support.activator import (
     TOKEN,
@@ -677,3 +678,23 @@ async def test_routes_open_the_channel_and_are_told_again_on_every_new_one(api: 
         ],
     )
     assert answers[7] == {"id": 7, "recorded": 1}
+
+
+async def test_an_activator_that_closes_every_channel_as_it_opens_is_tried_once_a_second() -> None:
+    """Not a refusal (1013) but a close as soon as opened (an activator deposed but still
+    serving says 1012; a proxy 1000): the first is a takeover's ordinary close, opened again
+    at once; the next in a row is a failed attempt. An idle ingress that keeps its channel for
+    its routes would else open one, lose it, and open the next, thousands of times a second."""
+    opened = 0
+
+    async def closing(connection: websockets.asyncio.server.ServerConnection) -> None:
+        nonlocal opened
+        opened += 1
+        await connection.close(1012, "this activator stopped leading")
+
+    async with websockets.asyncio.server.serve(closing, "127.0.0.1", 0) as server:
+        port = server.sockets[0].getsockname()[1]
+        async with ChannelLeases(f"http://127.0.0.1:{port}", TOKEN) as leases:
+            leases.routes("edge-1", 1)
+            await anyio.sleep(2)
+    assert 2 <= opened <= 5, opened
