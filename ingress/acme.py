@@ -30,9 +30,6 @@ log = logging.getLogger(__name__)
 CHALLENGE_PREFIX = b"/.well-known/acme-challenge/"
 RETRY = 2.0
 """Seconds before asking the control plane again after it failed to answer."""
-LOOKUPS = 64
-"""Requests at once that wait for a listing of the challenges (their tokens are not in the
-mirror): more go on to routing unread."""
 LOOKUP_GAP = 0.1
 """Seconds between the starts of two listings: at most ten a second, whatever comes."""
 LOOKUP_SECONDS = 2.0
@@ -65,7 +62,7 @@ class Challenges:
         """The listing the requests that come now wait for (it has not started)."""
         self._last_start = -LOOKUP_GAP
         self.reading = 0
-        """Requests waiting for a listing (at most `LOOKUPS`)."""
+        """Requests waiting for a listing (as many as the client connections, at most)."""
 
     def replace(self, items: list[Item[AcmeChallenge]], revision: int) -> None:
         self._answers = {
@@ -91,15 +88,16 @@ class Challenges:
         well-formed token the mirror does not hold, the challenges are listed from the
         store, which has them once the write returned: one listing for every request that
         comes before it starts (a CA's several vantage points, a flood of made-up tokens
-        alike), at most one every `LOOKUP_GAP`, within `LOOKUP_SECONDS`, for at most
-        `LOOKUPS` requests waiting at once."""
+        alike), at most one every `LOOKUP_GAP`, within `LOOKUP_SECONDS`. No bound on the
+        requests that wait beyond the connections': one that turned some away would let a
+        flood of made-up tokens turn the CA's away too."""
         if not target.startswith(CHALLENGE_PREFIX):
             return None
         token = target[len(CHALLENGE_PREFIX) :]
         known = self._answers.get(token)
         if known is not None or self._store is None:
             return known
-        if self.reading >= LOOKUPS or not _TOKEN.fullmatch(token):
+        if not _TOKEN.fullmatch(token):
             return None
         self.reading += 1
         try:
@@ -126,6 +124,8 @@ class Challenges:
                 }
         except StoreError as exc:
             log.debug("could not list the ACME challenges: %s", exc)
+        except Exception:  # any surprise of a store: the requests go on to routing
+            log.exception("could not list the ACME challenges")
         finally:
             if self._next is listing:
                 self._next = None
