@@ -91,9 +91,11 @@ def create_app(
     tokens: TokenBook,
     registry: CollectorRegistry,
     routers: Sequence[APIRouter] = (),
+    max_channels: int = MAX_CHANNELS_PER_TOKEN,
 ) -> FastAPI:
     """The control API: leases and pools, plus `routers` (deploys, nodes, logs, tokens), each
-    route open to the roles `wakeful.activator.roles` names for it."""
+    route open to the roles `wakeful.activator.roles` names for it. `max_channels`: lease
+    channels one token may hold open at once."""
     bearer = _Bearer(auto_error=False)
 
     async def authorize(
@@ -225,9 +227,13 @@ def create_app(
         secret = _bearer(websocket.headers.get("authorization", "").encode("latin-1")) or ""
         token = tokens.verify(secret)  # the gate let it through: a token, or the admin secret
         holder = token.name if token is not None else ""
-        channel = Channel(websocket, activator, lambda: tokens.verify(secret) is not None)
-        if open_channels[holder] >= MAX_CHANNELS_PER_TOKEN:
-            await channel.refuse(f"more than {MAX_CHANNELS_PER_TOKEN} lease channels open")
+
+        def allowed() -> bool:
+            return tokens.verify(secret) is not None
+
+        channel = Channel(websocket, activator, allowed, scope=f"token:{holder}")
+        if open_channels[holder] >= max_channels:
+            await channel.refuse(f"more than {max_channels} lease channels open on this token")
             return
         open_channels[holder] += 1
         try:

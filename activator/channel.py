@@ -59,10 +59,10 @@ answered with the error `invalid request` (as a 422 over HTTP: its neighbours go
 that is not JSON, not a list, too long, or holds an operation without an id closes the channel
 with 1007 and a reason. The token the channel was opened with is checked at every frame and
 every `TOKEN_CHECK_SECONDS` between them: once revoked, the channel closes with 1008, whether or
-not the ingress still sends. One token holds at most `MAX_CHANNELS_PER_TOKEN` channels at once
-(each ingress process keeps one open to the leader, and workers share their token); past it
-a new one is closed at once with 1013 ("try again later"), which the client takes for a
-failed attempt (it opens no other for a second). Nothing half-done stays behind a close
+not the ingress still sends. One token holds at most `WAKEFUL_MAX_CHANNELS_PER_TOKEN` (1024)
+channels at once (each ingress process keeps one open to the leader, and ingresses may share
+a token); past it a new one is closed at once with 1013 ("try again later"), which the client
+takes for a failed attempt (it opens no other for a second). Nothing half-done stays behind a close
 (parked acquires are cancelled as on any close).
 """
 
@@ -75,7 +75,7 @@ from typing import Annotated, Any, Literal
 
 import anyio
 import anyio.abc
-from pydantic import BaseModel, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import BaseModel, Field, StrictInt, TypeAdapter, ValidationError, field_validator
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from wakeful.activator.core import Activator
@@ -110,9 +110,9 @@ POLICY_VIOLATION = 1008
 TRY_AGAIN_LATER = 1013
 SERVICE_RESTART = 1012
 TOKEN_CHECK_SECONDS = 1.0
-MAX_CHANNELS_PER_TOKEN = 300
-"""An ingress process keeps one channel open to the leader, and the workers of one `wakeful
-ingress --workers N` (or of `wakeful up`) share a token: more than the most workers (256)."""
+MAX_CHANNELS_PER_TOKEN = 1024
+"""The default of `ActivatorSettings.max_channels_per_token`: each ingress process keeps one
+channel open to the leader, and ingresses (and all of one's workers) may share a token."""
 MAX_ADOPTS_PER_CHANNEL = 100_000
 """Leases one channel may report holding (an ingress holds far fewer): the ledger stays
 bounded whatever an ingress token sends."""
@@ -183,7 +183,7 @@ class Routes(BaseModel):
     id: int
     op: Literal["routes"]
     ingress: str = Field(pattern=REPLICA_PATTERN)
-    revision: int | None = Field(ge=0, le=2**63 - 1)
+    revision: StrictInt | None = Field(ge=0, le=2**63 - 1)
     """None: the ingress stops (it drains), and a deploy waits for it no more."""
 
 
@@ -202,10 +202,13 @@ class Channel:
         websocket: WebSocket,
         activator: Activator,
         allowed: Callable[[], bool] = lambda: True,
+        scope: str = "",
     ) -> None:
         """`allowed`: whether the token the channel was opened with is still valid, asked at
-        every frame (a revoked token's channel closes, as its next HTTP call would be 401)."""
+        every frame (a revoked token's channel closes, as its next HTTP call would be 401).
+        `scope`: the token's name, within which the ingress names it reports are its own."""
         self._ws = websocket
+        self._scope = scope
         self._activator = activator
         self._allowed = allowed
         self._unsent: list[dict[str, Any]] = []
@@ -339,7 +342,7 @@ class Channel:
                 if operation.revision is None:
                     seen.gone(self, linger=False)
                 else:
-                    seen.saw(self, operation.ingress, operation.revision)
+                    seen.saw(self, operation.ingress, operation.revision, self._scope)
                 return {"id": operation.id, "recorded": 1}
             if isinstance(operation, Access):
                 # grpc_status is the one field that can be None: lines not of a call lack it.

@@ -25,6 +25,10 @@ class ActivatorSettings(StoreSettings):
     """A lease not renewed within this many seconds expires and its capacity returns."""
     max_waiters: int = Field(default=1000, ge=1, le=1_000_000)
     """Requests one pool may hold parked; past it, 503 + Retry-After."""
+    max_channels_per_token: int = Field(default=1024, ge=1, le=65_536)
+    """WAKEFUL_MAX_CHANNELS_PER_TOKEN: lease channels one token may hold open at once. Each
+    ingress process keeps one (a worker is a process); a fleet of more sharing one token
+    needs more, or tokens of their own."""
     scale_up_backoff: float = Field(default=2.0, ge=0)
     activity_write_interval: float = Field(default=30.0, ge=0)
     """A sandbox's last_activity is written to the store at most this often."""

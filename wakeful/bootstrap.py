@@ -34,6 +34,7 @@ from wakeful.activator.credentials import install_admin
 from wakeful.activator.pool_metrics import PoolCollector
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.activator.tokens_api import tokens_router
+from wakeful.aio.marks import SETTLE
 from wakeful.certs import AcmeSettings, CertManager, CertMetrics, certs_router
 from wakeful.controller.api import node_router
 from wakeful.controller.health import StoreProbe, leading_gauge
@@ -214,8 +215,6 @@ async def control_plane(
         )
     tokens = TokenBook()
     closed = math.inf if adopt_for > 0 else 0.0  # opened below, once the API listens
-    if not adopt_for:  # no takeover (`wakeful up`): no ingress is still finding this one
-        activator.routes_seen.settled()
     async with activator.running(adopt_for=closed), anyio.create_task_group() as tasks:
         tasks.start_soon(partial(reflect, store, keys.TOKENS, Token, tokens, what="tokens"))
         with anyio.fail_after(30):
@@ -250,6 +249,7 @@ async def control_plane(
                 certs_router(certs, settings.tls_dir),
                 dashboard_router(dashboard, sessions, tokens, logdir.root),
             ],
+            max_channels=settings.max_channels_per_token,
         )
         api_started = anyio.Event()
         tasks.start_soon(serve_asgi, api, settings.listen, "--api-listen", api_started)
@@ -268,6 +268,9 @@ async def control_plane(
         tasks.start_soon(resume_rollouts, deployer, tasks)
         with anyio.fail_after(30):
             await api_started.wait()
+        # Ingresses find the API from now: after a takeover, a deploy's wait for their
+        # routes lasts until they could have (none is on its way where nothing took over).
+        activator.routes_seen.settle(SETTLE if adopt_for > 0 else 0.0)
         if adopt_for > 0:  # ingresses reconnect to the API now: their reports come from here
             tasks.start_soon(activator.open_admission_after, adopt_for)
         try:

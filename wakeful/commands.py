@@ -160,7 +160,7 @@ def wait_routed(api: ControlClient, app: str, within: float = ROUTED_WAIT) -> No
     no such route (an older one) answers 404: nothing to wait for."""
     try:
         report = api.routed(app, within)
-        behind = report["behind"]
+        behind, revision = report["behind"], report["revision"]
         if not isinstance(behind, dict):
             raise TypeError(f"behind is {type(behind).__name__}")
     except ApiRefused as exc:
@@ -170,10 +170,10 @@ def wait_routed(api: ControlClient, app: str, within: float = ROUTED_WAIT) -> No
     except (ControlApiError, TypeError, KeyError) as exc:
         note(f"could not tell whether every ingress routes {app} yet: {exc}")
         return
-    for name, revision in sorted(behind.items()):
+    for name, reached in sorted(behind.items()):
         note(
             f"ingress {name} does not route {app} as deployed yet (its routes at revision "
-            f"{revision}, the app's record at {report['revision']}): a request there may "
+            f"{reached}, the app's record at {revision}): a request there may "
             "get the previous version, or 404 for a new app, for a moment"
         )
 

@@ -77,9 +77,9 @@ class FakeLeases:
         self._short_at: dict[str, float] = {}
         """When each app last got an overflow lease."""
         self._told_short: Listeners[[str, str]] = Listeners("that an app turned short")
+        """Every listener of `heed_short` (each ingress sharing this fake)."""
         self.routes_seen = Marks(settle=0)
         """The routes revision each ingress sharing this fake said, as the activator keeps it."""
-        """Every listener of `heed_short` (each ingress sharing this fake)."""
         self._apps_of: dict[str, str] = {}
         """The app of each lease held."""
         self._hold = hold

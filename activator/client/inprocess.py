@@ -36,7 +36,7 @@ class InProcessLeases:
         if revision is None:
             self._activator.routes_seen.gone(self, linger=False)
         else:
-            self._activator.routes_seen.saw(self, ingress, revision)
+            self._activator.routes_seen.saw(self, ingress, revision, "in-process")
 
     def heed_short(self, listener: Callable[[str, str], None]) -> Callable[[], None]:
         return self._activator.spare_asks.heed(listener)

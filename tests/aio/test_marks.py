@@ -118,8 +118,40 @@ async def test_a_new_control_plane_waits_for_its_ingresses_to_find_it() -> None:
 
 async def test_a_control_plane_that_took_nothing_over_judges_at_once() -> None:
     marks = Marks(settle=30)
-    marks.settled()
+    marks.settle(0)
     marks.saw(object(), "edge-1", 4)
     with anyio.fail_after(10):
         assert await marks.wait(10, within=0.05) == {"edge-1": 4}
         assert await marks.wait(4, within=30) == {}
+
+
+async def test_one_token_s_holder_cannot_stand_for_another_s_ingress() -> None:
+    """The names are the ingresses' own, within the token their channel was opened with: a
+    channel reporting another token's ingress name beside it is another ingress."""
+    marks = Marks(settle=0)
+    real, claimed = object(), object()
+    marks.saw(real, "edge-1", 10, scope="token:edge")
+    marks.saw(claimed, "edge-1", 0, scope="token:other")
+    assert marks.behind(10) == {"edge-1": 0} and len(marks) == 2
+    marks.gone(claimed, linger=False)
+    assert marks.behind(10) == {} and len(marks) == 1  # the real one still counts
+
+
+async def test_a_holder_renamed_starts_from_its_new_name_s_mark() -> None:
+    marks = Marks(settle=0)
+    holder = object()
+    marks.saw(holder, "a", 10**12)
+    marks.saw(holder, "b", 0)
+    assert marks.behind(1) == {"b": 0} and len(marks) == 1
+
+
+async def test_a_lost_holder_s_linger_ends_even_when_nobody_asks() -> None:
+    """Channels that come and go with names of their own leave nothing behind for long."""
+    clock = ManualClock()
+    marks = Marks(linger=5, settle=0, clock=clock)
+    for n in range(100):
+        holder = object()
+        marks.saw(holder, f"edge-{n}", 1)
+        marks.gone(holder)
+        clock.advance(1)
+    assert len(marks._left) <= 6

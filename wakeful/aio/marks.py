@@ -6,9 +6,10 @@ the revision of `apps/` its routing table has followed, on its lease channel or 
 and a deploy waits until all of them route what it wrote (`GET /v1/apps/{app}/routed`). The
 rules, each for a way a wait could end before the ingresses route the app:
 
-- **A name is one ingress.** A holder is whatever reports (a channel, an in-process
-  client); a new holder of a name (the ingress's next channel) replaces the one before,
-  whose close may not have been noticed yet.
+- **A name is one ingress**, within a scope (the token its channel was opened with: one
+  token's holder cannot stand for another's). A holder is whatever reports (a channel, an
+  in-process client); a new holder of a name (the ingress's next channel) replaces the one
+  before, whose close may not have been noticed yet.
 - **A holder lost lingers.** When a holder goes without saying it stops (a channel lost), its
   name and mark still count for `linger` seconds, so that a wait does not end because the
   ingress that was behind lost its channel; its next holder takes over, and a name that
@@ -16,7 +17,8 @@ rules, each for a way a wait could end before the ingresses route the app:
 - **A holder that stops is forgotten at once** (`gone(linger=False)`: a draining ingress).
 - **A newcomer settles first.** For `settle` seconds after it is made (a control plane that
   has just taken over, whose ingresses are still finding it), a wait lasts at least until
-  then before it judges; `settled()` ends that (`wakeful up`: nothing took over).
+  then before it judges; `settle` starts that again (when the control API begins to listen,
+  with 0 where nothing took over, `wakeful up`).
 - **Marks only move on**: a lower one than a holder said before changes nothing.
 """
 
@@ -30,6 +32,8 @@ import anyio
 
 LINGER = 5.0
 SETTLE = 3.0
+Name = tuple[str, str]
+"""(scope, name)."""
 
 
 class Marks:
@@ -42,49 +46,52 @@ class Marks:
         self._clock = clock
         self._linger = linger
         self._settled_at = clock() + settle
-        self._marks: dict[object, tuple[str, int]] = {}
-        """By holder: (name, the mark it has reached)."""
-        self._holder_of: dict[str, object] = {}
-        self._left: dict[str, tuple[int, float]] = {}
+        self._marks: dict[object, tuple[Name, int]] = {}
+        """By holder: (its name, the mark it has reached)."""
+        self._holder_of: dict[Name, object] = {}
+        self._left: dict[Name, tuple[int, float]] = {}
         """Names whose holder was lost: (mark, until when it still counts)."""
         self._moved = anyio.Event()
         self.waiting = 0
         """Waits under way."""
 
-    def settled(self) -> None:
-        """No holder is still on its way (nothing took over): waits judge at once."""
-        self._settled_at = self._clock()
+    def settle(self, seconds: float) -> None:
+        """Waits judge only `seconds` from now (0: at once)."""
+        self._settled_at = self._clock() + seconds
 
-    def saw(self, holder: object, name: str, mark: int) -> None:
-        """`holder`, called `name`, has reached `mark`."""
+    def saw(self, holder: object, name: str, mark: int, scope: str = "") -> None:
+        """`holder`, called `name` within `scope`, has reached `mark`."""
+        key = (scope, name)
         known = self._marks.get(holder)
-        if known is not None and known[0] == name:
+        if known is not None and known[0] == key:
             if known[1] >= mark:
                 return
-        elif known is not None:
+            mark = max(mark, known[1])
+        elif known is not None:  # renamed: the old name goes with no linger
             self._forget(holder, known[0])
-        before = self._holder_of.get(name)
+        before = self._holder_of.get(key)
         if before is not None and before != holder:
             del self._marks[before]  # the ingress's older channel
-        self._holder_of[name] = holder
-        self._left.pop(name, None)
-        self._marks[holder] = (name, mark if known is None else max(mark, known[1]))
+        self._holder_of[key] = holder
+        self._left.pop(key, None)
+        self._marks[holder] = (key, mark)
         self._wake()
 
     def gone(self, holder: object, *, linger: bool = True) -> None:
         """`holder` went: its mark lingers (`linger`), or is forgotten at once."""
+        self._expire()
         known = self._marks.pop(holder, None)
         if known is None:
             return
-        name, mark = known
-        self._forget(holder, name)
+        key, mark = known
+        self._forget(holder, key)
         if linger:
-            self._left[name] = (mark, self._clock() + self._linger)
+            self._left[key] = (mark, self._clock() + self._linger)
         self._wake()
 
-    def _forget(self, holder: object, name: str) -> None:
-        if self._holder_of.get(name) == holder:
-            del self._holder_of[name]
+    def _forget(self, holder: object, key: Name) -> None:
+        if self._holder_of.get(key) == holder:
+            del self._holder_of[key]
 
     def __len__(self) -> int:
         """Names that count: held, or lingering."""
@@ -92,10 +99,15 @@ class Marks:
         return len(self._holder_of) + len(self._left)
 
     def behind(self, mark: int) -> dict[str, int]:
-        """Who has not reached `mark`, by name, with the mark each has reached."""
+        """Who has not reached `mark`, by name, with the mark each has reached (the lowest
+        of one name's in several scopes)."""
         self._expire()
-        late = {name: reached for name, reached in self._marks.values() if reached < mark}
-        late |= {name: reached for name, (reached, _) in self._left.items() if reached < mark}
+        late: dict[str, int] = {}
+        found = [(key, reached) for key, reached in self._marks.values()]
+        found += [(key, reached) for key, (reached, _) in self._left.items()]
+        for (_, name), reached in found:
+            if reached < mark:
+                late[name] = min(reached, late.get(name, reached))
         return late
 
     async def wait(self, mark: int, within: float) -> dict[str, int]:
@@ -105,8 +117,8 @@ class Marks:
         try:
             with anyio.move_on_after(within):
                 await anyio.sleep(max(0.0, self._settled_at - self._clock()))
-                while late := self.behind(mark):
-                    ends = [self._left[name][1] for name in late if name in self._left]
+                while self.behind(mark):
+                    ends = [until for reached, until in self._left.values() if reached < mark]
                     pause = min(ends) - self._clock() if ends else math.inf
                     with anyio.move_on_after(max(0.0, pause)):
                         await self._moved.wait()
@@ -116,8 +128,8 @@ class Marks:
 
     def _expire(self) -> None:
         now = self._clock()
-        for name in [name for name, (_, until) in self._left.items() if until <= now]:
-            del self._left[name]
+        for key in [key for key, (_, until) in self._left.items() if until <= now]:
+            del self._left[key]
 
     def _wake(self) -> None:
         self._moved.set()
