@@ -5,6 +5,9 @@ next channel beside its old one, a control plane that has just taken over."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 import anyio
 import pytest
 
@@ -15,6 +18,21 @@ from wakeful.testing import ManualClock
 pytestmark = pytest.mark.anyio
 
 
+@contextlib.asynccontextmanager
+async def waiting(marks: Marks, mark: int) -> AsyncIterator[list[dict[str, int]]]:
+    """A wait for `mark` under way (parked) while the block runs; what it returned is in the
+    list the block gets, once the block is over and the wait ended."""
+    done: list[dict[str, int]] = []
+
+    async def wait() -> None:
+        done.append(await marks.wait(mark, within=60))
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(wait)
+        await eventually(lambda: marks.waiting == 1)
+        yield done
+
+
 async def test_a_wait_ends_when_the_last_name_behind_reaches_the_mark() -> None:
     marks = Marks(settle=0)
     first, second = object(), object()
@@ -22,14 +40,7 @@ async def test_a_wait_ends_when_the_last_name_behind_reaches_the_mark() -> None:
     marks.saw(second, "edge-2", 7)
     assert marks.behind(10) == {"edge-2": 7} and len(marks) == 2
     assert await marks.wait(7, within=0) == {}  # both there already: no wait at all
-    done: list[dict[str, int]] = []
-
-    async def waiting() -> None:
-        done.append(await marks.wait(10, within=60))
-
-    async with anyio.create_task_group() as tasks:
-        tasks.start_soon(waiting)
-        await eventually(lambda: marks.waiting == 1)
+    async with waiting(marks, 10) as done:
         marks.saw(second, "edge-2", 9)  # moved, still behind: the wait goes on
         marks.saw(second, "edge-2", 8)  # lower: changes nothing
         await anyio.sleep(0.01)
@@ -71,14 +82,7 @@ async def test_a_holder_that_stops_is_forgotten_at_once() -> None:
     draining, other = object(), object()
     marks.saw(draining, "edge-1", 3)
     marks.saw(other, "edge-2", 10)
-    done: list[dict[str, int]] = []
-
-    async def waiting() -> None:
-        done.append(await marks.wait(10, within=60))
-
-    async with anyio.create_task_group() as tasks:
-        tasks.start_soon(waiting)
-        await eventually(lambda: marks.waiting == 1)
+    async with waiting(marks, 10) as done:
         marks.gone(draining, linger=False)
     assert done == [{}] and len(marks) == 1
     marks.gone(draining)  # again: harmless
@@ -100,15 +104,8 @@ async def test_a_new_control_plane_waits_for_its_ingresses_to_find_it() -> None:
     """Just after a takeover no ingress has reported yet: a wait lasts the settling time
     before it judges, so an ingress that reports meanwhile is waited for."""
     marks = Marks(settle=0.3)
-    done: list[dict[str, int]] = []
-
-    async def waiting() -> None:
-        done.append(await marks.wait(10, within=30))
-
     with anyio.fail_after(10):
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(waiting)
-            await eventually(lambda: marks.waiting == 1)
+        async with waiting(marks, 10) as done:
             marks.saw(object(), "edge-1", 4)  # found the new leader, behind
             await anyio.sleep(0.4)
             assert done == []  # settled, and edge-1 is behind
