@@ -296,7 +296,8 @@ class ChannelLeases:
                 # attempt, not a channel to open again at once, again and again. Once is a
                 # takeover's ordinary close: opened again at once.
                 why = "would not keep" if link.refused else "keeps closing"
-                log.warning("the activator %s the lease channel open: trying again", why)
+                if self._brief <= 2:  # a spell's first: said once, not every second
+                    log.warning("the activator %s the lease channel open: trying again", why)
                 self._failed = (time.monotonic(), Unreachable(f"the activator {why} it", 1))
         idle = self._reconnecting is None or self._reconnecting.done()
         if self._wanted_open() and idle:

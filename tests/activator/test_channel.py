@@ -680,7 +680,9 @@ async def test_routes_open_the_channel_and_are_told_again_on_every_new_one(api: 
     assert answers[7] == {"id": 7, "recorded": 1}
 
 
-async def test_an_activator_that_closes_every_channel_as_it_opens_is_tried_once_a_second() -> None:
+async def test_an_activator_that_closes_every_channel_as_it_opens_is_tried_once_a_second(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """Not a refusal (1013) but a close as soon as opened (an activator deposed but still
     serving says 1012; a proxy 1000): the first is a takeover's ordinary close, opened again
     at once; the next in a row is a failed attempt. An idle ingress that keeps its channel for
@@ -698,3 +700,5 @@ async def test_an_activator_that_closes_every_channel_as_it_opens_is_tried_once_
             leases.routes("edge-1", 1)
             await anyio.sleep(2)
     assert 2 <= opened <= 5, opened
+    said = [r for r in caplog.records if "keeps closing the lease channel" in r.getMessage()]
+    assert len(said) == 1  # said once for the spell, not at every attempt
