@@ -52,6 +52,7 @@ from wakeful.activator.roles import (
     access,
     needed,
 )
+from wakeful.aio.marks import Marks
 from wakeful.domain.leases import MAX_ASK_REQUESTS, ActivatorError, LeaseGrant, Riders
 from wakeful.domain.models import NAME_PATTERN, Role
 from wakeful.store import Conflict, InvalidKey, StoreError
@@ -92,10 +93,13 @@ def create_app(
     registry: CollectorRegistry,
     routers: Sequence[APIRouter] = (),
     max_channels: int = MAX_CHANNELS_PER_TOKEN,
+    routes_seen: Marks | None = None,
 ) -> FastAPI:
     """The control API: leases and pools, plus `routers` (deploys, nodes, logs, tokens), each
     route open to the roles `wakeful.activator.roles` names for it. `max_channels`: lease
-    channels one token may hold open at once."""
+    channels one token may hold open at once. `routes_seen`: where the lease channels keep
+    how far each ingress's routes have come (a deploy waits on it)."""
+    seen = Marks() if routes_seen is None else routes_seen
     bearer = _Bearer(auto_error=False)
 
     async def authorize(
@@ -231,7 +235,7 @@ def create_app(
         def allowed() -> bool:
             return tokens.verify(secret) is not None
 
-        channel = Channel(websocket, activator, allowed, scope=f"token:{holder}")
+        channel = Channel(websocket, activator, seen, allowed, scope=f"token:{holder}")
         if open_channels[holder] >= max_channels:
             await channel.refuse(f"more than {max_channels} lease channels open on this token")
             return

@@ -71,34 +71,42 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterator
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import anyio
 import anyio.abc
-from pydantic import BaseModel, Field, StrictInt, TypeAdapter, ValidationError, field_validator
+from pydantic import ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from wakeful.activator.core import Activator
 from wakeful.activator.lease_errors import CANCELLED, INVALID_REQUEST, WireError, to_wire
 from wakeful.activator.ledger import Lease
+from wakeful.activator.operations import (
+    OPERATION,
+    Access,
+    Acquire,
+    Adopt,
+    Cancel,
+    Operation,
+    Release,
+    Renew,
+    Ride,
+    Routes,
+    Traffic,
+)
+from wakeful.aio.marks import Marks
 from wakeful.domain.leases import (
     CHANNEL_MAX_FRAME_BYTES,
     MAX_ASK_REQUESTS,
     ActivatorError,
-    LeaseGrant,
     Overloaded,
     Riders,
 )
-from wakeful.domain.logbatch import MAX_ACCESS_LINES, AccessLine
-from wakeful.domain.models import NAME_PATTERN
-from wakeful.domain.traffic import MAX_APPS_PER_REPORT, TrafficReport
 from wakeful.store import StoreError
 
 log = logging.getLogger(__name__)
 
 PATH = "/v1/leases/channel"
-REPLICA_PATTERN = r"^[A-Za-z0-9._:@+-]{1,128}$"
-"""An ingress replica's name as the channel takes it (the characters of a store key)."""
 MAX_OPS_PER_FRAME = 1000
 MAX_IN_FLIGHT = 10_000
 MAX_UNSENT = 10_000
@@ -118,82 +126,6 @@ MAX_ADOPTS_PER_CHANNEL = 100_000
 bounded whatever an ingress token sends."""
 
 
-class Acquire(BaseModel):
-    id: int
-    op: Literal["acquire"]
-    app: str = Field(pattern=NAME_PATTERN)
-    version: str | None = Field(default=None, pattern=NAME_PATTERN)
-    requests: int = Field(default=1, ge=1, le=MAX_ASK_REQUESTS)
-
-
-class Renew(BaseModel):
-    id: int
-    op: Literal["renew"]
-    lease: str = Field(max_length=200)
-    used: bool = False
-
-
-class Release(BaseModel):
-    id: int
-    op: Literal["release"]
-    lease: str = Field(max_length=200)
-
-
-class Adopt(BaseModel):
-    id: int
-    op: Literal["adopt"]
-    app: str = Field(pattern=NAME_PATTERN)
-    grant: LeaseGrant
-
-    @field_validator("grant")
-    @classmethod
-    def _bounded(cls, grant: LeaseGrant) -> LeaseGrant:
-        if not 0 < len(grant.lease_id) <= 200 or not 1 <= grant.size <= 10_000:
-            raise ValueError("a lease id of 1 to 200 characters and a size of 1 to 10000")
-        return grant
-
-
-class Cancel(BaseModel):
-    op: Literal["cancel"]
-    of: int
-
-
-class Ride(BaseModel):
-    """Requests joined (`by` > 0) or left an acquire in flight (`Riders`); no answer."""
-
-    op: Literal["ride"]
-    of: int
-    by: int = Field(ge=-MAX_ASK_REQUESTS, le=MAX_ASK_REQUESTS)
-
-
-class Access(BaseModel):
-    id: int
-    op: Literal["access"]
-    ingress: str = Field(max_length=128)
-    lines: list[AccessLine] = Field(max_length=MAX_ACCESS_LINES)
-
-
-class Traffic(BaseModel):
-    id: int
-    op: Literal["traffic"]
-    apps: TrafficReport = Field(max_length=MAX_APPS_PER_REPORT)
-
-
-class Routes(BaseModel):
-    id: int
-    op: Literal["routes"]
-    ingress: str = Field(pattern=REPLICA_PATTERN)
-    revision: StrictInt | None = Field(ge=0, le=2**63 - 1)
-    """None: the ingress stops (it drains), and a deploy waits for it no more."""
-
-
-Operation = Annotated[
-    Acquire | Renew | Release | Adopt | Cancel | Ride | Traffic | Access | Routes,
-    Field(discriminator="op"),
-]
-_OPERATION: TypeAdapter[Operation] = TypeAdapter(Operation)
-
-
 class Channel:
     """One ingress's channel, from the accepted WebSocket to its close."""
 
@@ -201,13 +133,16 @@ class Channel:
         self,
         websocket: WebSocket,
         activator: Activator,
+        routes_seen: Marks,
         allowed: Callable[[], bool] = lambda: True,
         scope: str = "",
     ) -> None:
         """`allowed`: whether the token the channel was opened with is still valid, asked at
         every frame (a revoked token's channel closes, as its next HTTP call would be 401).
-        `scope`: the token's name, within which the ingress names it reports are its own."""
+        `routes_seen`: where the ingress's `routes` go; `scope`: the token's name, within
+        which the ingress names it reports are its own."""
         self._ws = websocket
+        self._routes_seen = routes_seen
         self._scope = scope
         self._activator = activator
         self._allowed = allowed
@@ -231,7 +166,7 @@ class Channel:
                 tasks.cancel_scope.cancel()
         finally:
             unheed()
-            self._activator.routes_seen.gone(self)
+            self._routes_seen.gone(self)
             self._release_unsent()
 
     def _told_short(self, app: str, version: str) -> None:
@@ -289,7 +224,7 @@ class Channel:
                 return
             for index, item in enumerate(raw):
                 try:
-                    operation = _OPERATION.validate_python(item)
+                    operation = OPERATION.validate_python(item)
                 except ValidationError as exc:
                     if not await self._refuse(index, item, exc):
                         return
@@ -338,7 +273,7 @@ class Channel:
     ) -> dict[str, Any]:
         try:
             if isinstance(operation, Routes):
-                seen = self._activator.routes_seen
+                seen = self._routes_seen
                 if operation.revision is None:
                     seen.gone(self, linger=False)
                 else:

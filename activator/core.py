@@ -43,7 +43,6 @@ from wakeful.activator.suspend import Suspender
 from wakeful.activator.term import Term
 from wakeful.activator.view import PoolState, View
 from wakeful.aio import trace
-from wakeful.aio.marks import Marks
 from wakeful.domain import keys
 from wakeful.domain.leases import LeaseGone, LeaseGrant, Riders
 from wakeful.domain.models import GONE, App, AppState, SandboxStatus
@@ -81,8 +80,6 @@ class Activator:
         self.spare_asks = SpareAsks(self._view.pools)
         """Who hears at once that a pool turned short (the lease channels)."""
         self._ledger.became_short = self.spare_asks.tell
-        self.routes_seen = Marks()
-        """The revision of `apps/` each ingress's routes have followed (`Leases.routes`)."""
         self._scale_up = ScaleUpRunner(
             store,
             self._view,

@@ -34,7 +34,7 @@ from wakeful.activator.credentials import install_admin
 from wakeful.activator.pool_metrics import PoolCollector
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.activator.tokens_api import tokens_router
-from wakeful.aio.marks import SETTLE
+from wakeful.aio.marks import SETTLE, Marks
 from wakeful.certs import AcmeSettings, CertManager, CertMetrics, certs_router
 from wakeful.controller.api import node_router
 from wakeful.controller.health import StoreProbe, leading_gauge
@@ -117,6 +117,8 @@ class ControlPlane:
     """Registries' logins, their passwords sealed under the secrets' keys; opened at deploy."""
     certs: CertManager | None
     """Certificates from ACME for the apps' names, when `WAKEFUL_ACME_EMAIL` turns them on."""
+    routes_seen: Marks
+    """How far each ingress's routes have come (`Leases.routes`), which deploys wait on."""
 
 
 @contextlib.asynccontextmanager
@@ -232,14 +234,13 @@ async def control_plane(
         )
         dashboard = Dashboard(activator, lambda: reconciler.mirror, store, seen=lambda: probe.seen)
         sessions = Sessions(await session_key(store), tokens)
+        routes_seen = Marks()
         api = create_app(
             activator,
             tokens,
             registry,
             [
-                deploy_router(
-                    store, deployer, artifacts, keeper, tasks, images, activator.routes_seen
-                ),
+                deploy_router(store, deployer, artifacts, keeper, tasks, images, routes_seen),
                 images_router(images),
                 node_router(store),
                 logs_router(store, logbook),
@@ -250,6 +251,7 @@ async def control_plane(
                 dashboard_router(dashboard, sessions, tokens, logdir.root),
             ],
             max_channels=settings.max_channels_per_token,
+            routes_seen=routes_seen,
         )
         api_started = anyio.Event()
         tasks.start_soon(serve_asgi, api, settings.listen, "--api-listen", api_started)
@@ -270,7 +272,7 @@ async def control_plane(
             await api_started.wait()
         # Ingresses find the API from now: after a takeover, a deploy's wait for their
         # routes lasts until they could have (none is on its way where nothing took over).
-        activator.routes_seen.settle(SETTLE if adopt_for > 0 else 0.0)
+        routes_seen.settle(SETTLE if adopt_for > 0 else 0.0)
         if adopt_for > 0:  # ingresses reconnect to the API now: their reports come from here
             tasks.start_soon(activator.open_admission_after, adopt_for)
         try:
@@ -289,6 +291,7 @@ async def control_plane(
                 images,
                 logins,
                 certs,
+                routes_seen,
             )
         finally:
             tasks.cancel_scope.cancel()
@@ -340,7 +343,7 @@ async def _in_process_ingress(
 
     ingress = Ingress(
         up.ingress,
-        InProcessLeases(plane.activator),
+        InProcessLeases(plane.activator, plane.routes_seen),
         store,
         CollectorRegistry(),
         relay_token=token,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from wakeful.activator.core import Activator
+from wakeful.aio.marks import Marks
 from wakeful.domain.leases import LeaseGrant, Riders
 from wakeful.domain.traffic import TrafficReport
 
@@ -15,8 +16,11 @@ class InProcessLeases:
 
     cancels_cleanly = True  # a grant is made and returned in one step of the acquire
 
-    def __init__(self, activator: Activator) -> None:
+    def __init__(self, activator: Activator, routes_seen: Marks | None = None) -> None:
+        """`routes_seen`: where the ingress's `routes` go (the control plane's; None:
+        nowhere, nobody waits for them)."""
         self._activator = activator
+        self._routes_seen = routes_seen
 
     async def acquire(
         self, app: str, version: str | None = None, *, riders: Riders | None = None
@@ -33,10 +37,13 @@ class InProcessLeases:
         self._activator.record_traffic(traffic)
 
     def routes(self, ingress: str, revision: int | None) -> None:
+        seen = self._routes_seen
+        if seen is None:
+            return
         if revision is None:
-            self._activator.routes_seen.gone(self, linger=False)
+            seen.gone(self, linger=False)
         else:
-            self._activator.routes_seen.saw(self, ingress, revision, "in-process")
+            seen.saw(self, ingress, revision, "in-process")
 
     def heed_short(self, listener: Callable[[str, str], None]) -> Callable[[], None]:
         return self._activator.spare_asks.heed(listener)

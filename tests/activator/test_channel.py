@@ -23,7 +23,7 @@ from tests.support.activator import (
     set_status,
 )
 from tests.support.waiting import eventually
-from wakeful.activator import channel
+from wakeful.activator import channel, operations
 from wakeful.activator.channel import MAX_OPS_PER_FRAME, PATH
 from wakeful.activator.client import ChannelLeases
 from wakeful.activator.client.channel import report_chunks
@@ -546,7 +546,7 @@ def test_a_report_of_many_versions_is_cut_so_no_operation_nears_a_frame_s_bound(
     for chunk in chunks:
         operation = {"id": 1, "op": "traffic", "apps": chunk}
         assert len(json.dumps(operation)) < CHANNEL_MAX_FRAME_BYTES / 4
-        assert channel.Traffic.model_validate(operation)  # what the activator takes
+        assert operations.Traffic.model_validate(operation)  # what the activator takes
 
 
 async def test_access_lines_reach_the_sink_and_bad_ones_are_answered_alone(api: Served) -> None:
@@ -601,7 +601,7 @@ def test_access_lines_are_cut_so_no_operation_nears_a_frame_s_bound() -> None:
     for chunk in chunks:
         operation = {"id": 1, "op": "access", "ingress": "e" * 128, "lines": chunk}
         assert len(json.dumps(operation)) < CHANNEL_MAX_FRAME_BYTES / 2
-        assert channel.Access.model_validate(operation)  # what the activator takes
+        assert operations.Access.model_validate(operation)  # what the activator takes
 
 
 async def test_rides_an_ingress_would_never_send_keep_the_channel_and_the_count(
@@ -646,7 +646,7 @@ async def test_routes_open_the_channel_and_are_told_again_on_every_new_one(api: 
     channel); an ingress that says it stops is forgotten at once, and opens no channel
     for it again."""
     leading = Leading(api.url)
-    seen = api.activator.routes_seen
+    seen = api.routes_seen
     async with ChannelLeases(api.url, TOKEN, locate=leading.locate) as leases:
         leases.routes("edge-1", 5)
         with anyio.fail_after(10):
@@ -657,11 +657,11 @@ async def test_routes_open_the_channel_and_are_told_again_on_every_new_one(api: 
         async with serve_activator(api.store) as heir:
             await leading.move_to(heir.url, leases)  # nothing is asked of the client after
             with anyio.fail_after(10):
-                await eventually(lambda: heir.activator.routes_seen.behind(10) == {"edge-1": 9})
+                await eventually(lambda: heir.routes_seen.behind(10) == {"edge-1": 9})
             assert seen.behind(10) == {"edge-1": 9}  # lost, lingering
             leases.routes("edge-1", None)  # it stops (drains)
             with anyio.fail_after(10):
-                await eventually(lambda: len(heir.activator.routes_seen) == 0)
+                await eventually(lambda: len(heir.routes_seen) == 0)
             await leading.move_to(api.url, leases)
             await anyio.sleep(0.2)
             assert leases._link is None or not leases._link.alive  # not opened again

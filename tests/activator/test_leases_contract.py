@@ -59,10 +59,10 @@ async def leases(request: pytest.FixtureRequest, tmp_path: object) -> AsyncItera
             status=SandboxStatus.RUNNING, ready=True, address="127.0.0.1:9",
         )  # fmt: skip
         await store.put(keys.sandbox("sb-1"), sandbox)
-        seen = control.plane.activator.routes_seen
+        seen = control.plane.routes_seen
         request.node.stash[ROUTES_SEEN] = None if request.param == "http" else seen
         if request.param == "in-process":
-            yield InProcessLeases(control.plane.activator)
+            yield InProcessLeases(control.plane.activator, seen)
         elif request.param == "channel":
             async with ChannelLeases(control.url, control.token) as channel:
                 yield channel

@@ -70,7 +70,7 @@ async def test_an_ingress_tells_the_activator_how_far_its_routes_have_come() -> 
     """What a deploy waits on (`GET /v1/apps/{app}/routed`): the ingress reports its routes'
     revision as it moves, and stops being waited for as it stops."""
     async with stack({}) as s:
-        seen = s.activator.routes_seen
+        seen = s.routes_seen
         with anyio.fail_after(10):
             await eventually(
                 lambda: len(seen) == 1 and seen.behind(s.ingress.routes.revision) == {}

@@ -17,6 +17,7 @@ from tests.support.waiting import eventually
 from wakeful.activator.api import create_app
 from wakeful.activator.core import Activator
 from wakeful.activator.settings import ActivatorSettings
+from wakeful.aio.marks import Marks
 from wakeful.domain import keys
 from wakeful.domain.models import App, AppSpec, Concurrency, Pool, Role, Sandbox, SandboxStatus
 from wakeful.store import Item, Store
@@ -108,6 +109,8 @@ class Served:
     activator: Activator
     clock: ManualClock
     """The activator's clock: waiters time out only when a test moves it."""
+    routes_seen: Marks
+    """How far the ingresses on its lease channels say their routes have come."""
 
 
 @contextlib.asynccontextmanager
@@ -135,11 +138,12 @@ async def serve_activator(store: Store, adopt_for: float = 0.0) -> AsyncIterator
     registry = CollectorRegistry()
     clock = ManualClock()
     activator = Activator(store, settings, registry, clock=clock)
+    seen = Marks(settle=0)
     async with (
         activator.running(adopt_for=adopt_for),
-        serving(create_app(activator, ADMIN, registry)) as url,
+        serving(create_app(activator, ADMIN, registry, routes_seen=seen)) as url,
     ):
-        yield Served(url, store, activator, clock)
+        yield Served(url, store, activator, clock, seen)
 
 
 async def nothing_routable(api: Served) -> None:

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 from wakeful.activator.client import InProcessLeases
 from wakeful.activator.core import Activator
 from wakeful.activator.settings import ActivatorSettings
+from wakeful.aio.marks import Marks
 from wakeful.domain.models import App, AppSpec, Concurrency, Pool, Sandbox, SandboxStatus
 from wakeful.ingress import Ingress, IngressSettings
 from wakeful.ingress.acme import CertSource
@@ -80,6 +81,8 @@ class Stack:
     ingress: Ingress
     client: httpx.AsyncClient
     registry: CollectorRegistry
+    routes_seen: Marks
+    """Where the in-process ingress says how far its routes have come."""
 
     @property
     def url(self) -> str:
@@ -137,13 +140,14 @@ async def stack(
         registry = CollectorRegistry()
         config = ActivatorSettings(store_url="memory://", token="t", **activator or {})  # type: ignore[arg-type]
         the_activator = Activator(store, config, registry, **({"clock": clock} if clock else {}))
+        routes_seen = Marks(settle=0)
         ingress_settings = IngressSettings(
             store_url="memory://",
             **{"listen": "127.0.0.1:0", "admin_listen": "127.0.0.1:0", **settings},  # type: ignore[arg-type]
         )
         ingress = Ingress(
             ingress_settings,
-            InProcessLeases(the_activator),
+            InProcessLeases(the_activator, routes_seen),
             store,
             registry,
             certs=certs,
@@ -156,7 +160,7 @@ async def stack(
                 headers={"Host": "hello.localhost"},
                 timeout=30,
             ) as client:
-                yield Stack(store, the_activator, ingress, client, registry)
+                yield Stack(store, the_activator, ingress, client, registry, routes_seen)
 
 
 class RawServer:

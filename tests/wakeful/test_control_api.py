@@ -314,7 +314,7 @@ async def test_routed_waits_for_the_ingresses_behind_and_names_them_when_it_give
 ) -> None:
     """What `wakeful deploy` waits for once its rollout is done: every ingress that says how
     far its routes have come (here two, in-process) routes the app as its record is now."""
-    seen = control.plane.activator.routes_seen
+    seen = control.plane.routes_seen
     written = await control.store.put(keys.app("shop"), App(name="shop", active_version="v1"))
     seen.saw("edge-1", "edge-1", written)
     seen.saw("edge-2", "edge-2", written - 1)

@@ -137,7 +137,7 @@ class Plane:
 async def plane(tmp_path: Path) -> AsyncIterator[Plane]:
     async with running_control_plane(tmp_path) as running:
         endpoint = Endpoint(running.url, running.token)
-        yield Plane(running.store, endpoint, tmp_path, running.plane.activator.routes_seen)
+        yield Plane(running.store, endpoint, tmp_path, running.plane.routes_seen)
 
 
 async def in_thread(call: Callable[[], T]) -> T:
