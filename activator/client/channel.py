@@ -54,6 +54,16 @@ def report_chunks(traffic: TrafficReport) -> list[dict[str, Any]]:
     return chunks
 
 
+def reopen_at_once(refused: bool, brief_in_a_row: int) -> bool:
+    """Whether a lost channel is opened again at once, or counts as a failed attempt (the
+    next one in `REOPEN_PAUSE`): `refused`, closed by the activator with 1013 (a bound on
+    channels, a standby); `brief_in_a_row`, how many channels running closed within
+    `REOPEN_PAUSE` of opening, this one included. One brief close is a takeover's ordinary
+    one; two running are an activator that closes every channel (deposed but serving, a
+    proxy), which would else be opened again thousands of times a second."""
+    return not refused and brief_in_a_row < 2
+
+
 class ChannelLeases:
     """The activator's lease channel (`activator/channel.py`): one WebSocket, opened on first
     use and again after it is lost; calls made while a frame is on the way go together in the
@@ -290,11 +300,7 @@ class ChannelLeases:
         if link is not None and not link.alive and self._failed is None:
             brief = time.monotonic() - self._opened_at < REOPEN_PAUSE
             self._brief = self._brief + 1 if brief else 0
-            if link.refused or self._brief >= 2:
-                # Refused once open (a bound on channels; a standby), or closed as soon as
-                # opened twice running (an activator deposed but serving; a proxy): a failed
-                # attempt, not a channel to open again at once, again and again. Once is a
-                # takeover's ordinary close: opened again at once.
+            if not reopen_at_once(link.refused, self._brief):
                 why = "would not keep" if link.refused else "keeps closing"
                 if self._brief <= 2:  # a spell's first: said once, not every second
                     log.warning("the activator %s the lease channel open: trying again", why)

@@ -26,7 +26,7 @@ from tests.support.waiting import eventually
 from wakeful.activator import channel, operations
 from wakeful.activator.channel import MAX_OPS_PER_FRAME, PATH
 from wakeful.activator.client import ChannelLeases
-from wakeful.activator.client.channel import report_chunks
+from wakeful.activator.client.channel import reopen_at_once, report_chunks
 from wakeful.domain.leases import (
     CHANNEL_MAX_FRAME_BYTES,
     LeaseGone,
@@ -702,3 +702,18 @@ async def test_an_activator_that_closes_every_channel_as_it_opens_is_tried_once_
     assert 2 <= opened <= 5, opened
     said = [r for r in caplog.records if "keeps closing the lease channel" in r.getMessage()]
     assert len(said) == 1  # said once for the spell, not at every attempt
+
+
+@pytest.mark.parametrize(
+    ("refused", "brief_in_a_row", "at_once"),
+    [
+        (False, 0, True),  # a channel that lived: lost, opened again at once
+        (False, 1, True),  # closed as it opened once: a takeover's close
+        (False, 2, False),  # twice running: an activator closing every channel
+        (False, 9, False),
+        (True, 0, False),  # 1013: the activator would not keep it
+        (True, 1, False),
+    ],
+)
+def test_reopen_at_once(refused: bool, brief_in_a_row: int, at_once: bool) -> None:
+    assert reopen_at_once(refused, brief_in_a_row) is at_once
