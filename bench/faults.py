@@ -14,8 +14,9 @@ through nginx at `--rate` requests per second all along. Each scenario:
 4. `sandbox-sigkill`: one of the warm app's sandboxes; `node-sigkill`: a node agent (its
    sandboxes are replaced on the other node once its record expires);
 5. `deploy-under-load`: a new version of the warm app rolled out;
-6. `flood`: 10x the activator's waiter bound at once on a cold app (the admitted are served,
-   the rest get 503 with Retry-After; the ingress's and activator's memory stay flat);
+6. `flood`: 10x the activator's waiter bound at once on a cold app whose sandboxes take 20
+   requests at most (`hard_limit`; the admitted are served, the rest get 503 with
+   Retry-After; the ingress's and activator's memory stay flat);
 7. `aborted-downloads`: downloads of 256 KiB, a fifth of them cut off mid-body by the client.
 
 For each it prints: requests the prober sent while it ran, the failed ones by kind, how long
@@ -40,6 +41,7 @@ if __name__ == "__main__" and not __package__:
 import argparse
 import collections
 import contextlib
+import functools
 import os
 import resource
 import shutil
@@ -64,6 +66,8 @@ HELLO = Path(__file__).parents[1] / "examples" / "hello"
 ADMIN_TOKEN = "faults-admin-token"
 MAX_WAITERS = 20
 LEASE_IDLE_TTL = 2.0
+FLOOD_CAP = 20
+"""The flood's app's `concurrency.hard_limit`."""
 
 
 # -- the cluster ------------------------------------------------------------------------------
@@ -247,10 +251,10 @@ class Cluster:
         toml.write_text(text + "\n")
         return where
 
-    def cold_app(self) -> str:
+    def cold_app(self, **concurrency: object) -> str:
         self.apps += 1
         name = f"cold{self.apps}"
-        self.cli("deploy", str(self.app(name)))
+        self.cli("deploy", str(self.app(name, **concurrency)))
         return name
 
     def pools(self) -> list[dict[str, object]]:
@@ -577,10 +581,14 @@ async def run_scenario(
 async def flood(c: Cluster) -> Row:
     """10x the waiter bound at once on a cold app."""
     row = Row("flood")
-    cold = await anyio.to_thread.run_sync(c.cold_app)
+    # The sample app holds a thread per connection and a sandbox runs at most 256 (the default
+    # `limits.processes`): without a cap, the first sandbox up would be handed the whole flood
+    # (overflow leases) and break. Its `hard_limit` keeps each below that; the rest waits.
+    cold = await anyio.to_thread.run_sync(functools.partial(c.cold_app, hard_limit=FLOOD_CAP))
     pieces = [*c.ingresses, *c.activators]
     before = {p.name: c.rss_kib(p) for p in pieces if p.alive}
     statuses: list[str] = []
+    answers: collections.Counter[str] = collections.Counter()
     retry_after = 0
 
     async def one(client: httpx.AsyncClient) -> None:
@@ -590,6 +598,8 @@ async def flood(c: Cluster) -> Row:
             statuses.append(str(answer.status_code))
             if answer.status_code == 503 and answer.headers.get("retry-after"):
                 retry_after += 1
+            elif answer.status_code not in (200, 503):
+                answers[f"{answer.status_code} {answer.text[:160]!r}"] += 1
         except httpx.HTTPError as exc:
             statuses.append(type(exc).__name__)
 
@@ -611,8 +621,25 @@ async def flood(c: Cluster) -> Row:
     row.notes.append(f"RSS grew by at most {grown:.1f} MiB")
     if shed != retry_after:
         row.failed["503 without Retry-After"] = shed - retry_after
+    if row.failed:
+        row.notes += [f"{n}x {answer}" for answer, n in answers.most_common(5)]
+        row.notes.append(said_on_failure(c))
     row.leaked = await settled(c, {cold}, within=LEASE_IDLE_TTL + 10)
     return row
+
+
+def said_on_failure(c: Cluster, lines: int = 20) -> str:
+    """The last lines nginx's error log and the ingresses' warnings hold: where a failed
+    request's status came from, shown beside the row that counted it."""
+    log = c.root / "nginx-error.log"
+    said = log.read_text(errors="replace").splitlines()[-lines:] if log.exists() else []
+    for piece in c.ingresses:
+        said += [
+            f"{piece.name}: {line}"
+            for line in list(piece.output)[-lines:]
+            if "WARNING" in line or "ERROR" in line
+        ]
+    return "said:\n" + "\n".join(said)
 
 
 async def aborted_downloads(c: Cluster, count: int) -> Row:
