@@ -277,7 +277,16 @@ class Channel:
                 if operation.revision is None:
                     seen.gone(self, linger=False)
                 else:
-                    seen.saw(self, operation.ingress, operation.revision, self._scope)
+                    twin = seen.saw(self, operation.ingress, operation.revision, self._scope)
+                    if twin is not None:
+                        log.warning(
+                            "two ingresses of %s call themselves %r: a deploy waits for both, "
+                            "this one as %r, but their tunnels would collide; give each a name "
+                            "of its own (WAKEFUL_TUNNEL_REPLICA)",
+                            self._scope,
+                            operation.ingress,
+                            twin,
+                        )
                 return {"id": operation.id, "recorded": 1}
             if isinstance(operation, Access):
                 # grpc_status is the one field that can be None: lines not of a call lack it.

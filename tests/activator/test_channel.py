@@ -680,6 +680,35 @@ async def test_routes_open_the_channel_and_are_told_again_on_every_new_one(api: 
     assert answers[7] == {"id": 7, "recorded": 1}
 
 
+async def test_two_ingresses_of_one_name_are_both_waited_for_and_told_of(
+    api: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two machines of one short hostname: both ingresses default to `host-8080`. Each
+    reports its routes on a channel of its own; once both have, a deploy waits for both and
+    the activator says, once, that they share a name."""
+    seen = api.routes_seen
+    async with ChannelLeases(api.url, TOKEN) as one, ChannelLeases(api.url, TOKEN) as other:
+        one.routes("host-8080", 5)
+        with anyio.fail_after(10):
+            await eventually(lambda: seen.behind(6) == {"host-8080": 5})
+        other.routes("host-8080", 5)  # to all appearances, one's next channel
+        with anyio.fail_after(10):
+            await eventually(lambda: len(seen._replaced) == 1)
+        one.routes("host-8080", 6)  # one lives: a second ingress of the name
+        with anyio.fail_after(10):
+            await eventually(lambda: seen.behind(6) == {"host-8080": 5} and len(seen) == 2)
+        other.routes("host-8080", 7)
+        one.routes("host-8080", 7)
+        with anyio.fail_after(10):
+            await eventually(lambda: seen.behind(7) == {})
+    said = [r.getMessage() for r in caplog.records if " call themselves " in r.getMessage()]
+    assert said == [
+        "two ingresses of token:t0 call themselves 'host-8080': a deploy waits for both, "
+        "this one as 'host-8080 (2)', but their tunnels would collide; give each a name of "
+        "its own (WAKEFUL_TUNNEL_REPLICA)"
+    ]
+
+
 async def test_an_activator_that_closes_every_channel_as_it_opens_is_tried_once_a_second(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

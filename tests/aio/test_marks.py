@@ -152,3 +152,38 @@ async def test_a_lost_holder_s_linger_ends_even_when_nobody_asks() -> None:
         marks.gone(holder)
         clock.advance(1)
     assert len(marks._left) <= 6
+
+
+async def test_two_live_holders_of_one_name_count_apart_once_the_replaced_one_reports() -> None:
+    """Two ingresses that took one name (two machines of one short hostname): the one
+    replaced reports again, so it was no old channel; from then on both count, and `saw`
+    says so once."""
+    marks = Marks(settle=0)
+    first, second = object(), object()
+    assert marks.saw(first, "edge-8080", 5) is None
+    assert marks.saw(second, "edge-8080", 5) is None  # to all appearances first's next channel
+    assert len(marks) == 1
+    assert marks.saw(first, "edge-8080", 9) == "edge-8080 (2)"  # it lives: a twin
+    assert marks.behind(9) == {"edge-8080": 5} and len(marks) == 2
+    async with waiting(marks, 9) as done:
+        marks.saw(first, "edge-8080", 12)  # the twin again: counted apart, said no more
+        await anyio.sleep(0.01)
+        assert done == []  # the other is still behind
+        assert marks.saw(second, "edge-8080", 9) is None
+    assert done == [{}]
+    marks.gone(first)  # the twin's channel lost: it lingers under its own name
+    assert marks.behind(13) == {"edge-8080": 9, "edge-8080 (2)": 12}
+    marks.gone(second, linger=False)
+    assert marks.behind(13) == {"edge-8080 (2)": 12} and len(marks) == 1
+
+
+async def test_an_old_channel_replaced_and_closed_is_no_twin() -> None:
+    """The usual case the twin rule must not mistake: an ingress's old channel, replaced by its
+    next, closes without reporting again."""
+    marks = Marks(settle=0)
+    old, new = object(), object()
+    marks.saw(old, "edge-1", 5)
+    marks.saw(new, "edge-1", 6)
+    marks.gone(old)
+    assert marks.saw(new, "edge-1", 7) is None
+    assert len(marks) == 1 and marks._replaced == {} and marks._twins == {}

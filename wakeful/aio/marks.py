@@ -10,6 +10,11 @@ rules, each for a way a wait could end before the ingresses route the app:
   token's holder cannot stand for another's). A holder is whatever reports (a channel, an
   in-process client); a new holder of a name (the ingress's next channel) replaces the one
   before, whose close may not have been noticed yet.
+- **Two live holders of one name are two ingresses.** A holder replaced by a newer one of
+  its name that reports again was no old channel but a second ingress that took the same name
+  (two machines of one short hostname): from then on it counts apart, as `NAME (2)`, and
+  `saw` says so once, for the caller to warn (their tunnels would collide as well). Until its
+  next report after the other's first, it does not count.
 - **A holder lost lingers.** When a holder goes without saying it stops (a channel lost), its
   name and mark still count for `linger` seconds, so that a wait does not end because the
   ingress that was behind lost its channel; its next holder takes over, and a name that
@@ -49,6 +54,11 @@ class Marks:
         self._marks: dict[object, tuple[Name, int]] = {}
         """By holder: (its name, the mark it has reached)."""
         self._holder_of: dict[Name, object] = {}
+        self._replaced: dict[object, Name] = {}
+        """Holders a newer one of their name replaced, not gone yet."""
+        self._twins: dict[object, tuple[Name, Name]] = {}
+        """Holders found sharing a name with another live one: (that name, the one they count
+        under)."""
         self._left: dict[Name, tuple[int, float]] = {}
         """Names whose holder was lost: (mark, until when it still counts)."""
         self._moved = anyio.Event()
@@ -59,27 +69,49 @@ class Marks:
         """Waits judge only `seconds` from now (0: at once)."""
         self._settled_at = self._clock() + seconds
 
-    def saw(self, holder: object, name: str, mark: int, scope: str = "") -> None:
-        """`holder`, called `name` within `scope`, has reached `mark`."""
+    def saw(self, holder: object, name: str, mark: int, scope: str = "") -> str | None:
+        """`holder`, called `name` within `scope`, has reached `mark`. Returns the name it
+        counts under from now on when this report shows it shares `name` with another live
+        holder (else None)."""
         key = (scope, name)
+        found = None
+        replaced = self._replaced.pop(holder, None)
+        if replaced == key:  # it reports again after another took its name: a twin
+            twin = next(
+                (scope, f"{name} ({n})")
+                for n in range(2, len(self._marks) + 3)
+                if (scope, f"{name} ({n})") not in self._holder_of
+            )
+            self._twins[holder] = (key, twin)
+            found = twin[1]
+        twinned = self._twins.get(holder)
+        if twinned is not None:
+            if twinned[0] == key:
+                key = twinned[1]
+            else:  # renamed: no twin any more
+                del self._twins[holder]
         known = self._marks.get(holder)
         if known is not None and known[0] == key:
             if known[1] >= mark:
-                return
+                return found
             mark = max(mark, known[1])
         elif known is not None:  # renamed: the old name goes with no linger
             self._forget(holder, known[0])
         before = self._holder_of.get(key)
         if before is not None and before != holder:
-            del self._marks[before]  # the ingress's older channel
+            del self._marks[before]  # the ingress's older channel, or a twin
+            self._replaced[before] = key
         self._holder_of[key] = holder
         self._left.pop(key, None)
         self._marks[holder] = (key, mark)
         self._wake()
+        return found
 
     def gone(self, holder: object, *, linger: bool = True) -> None:
         """`holder` went: its mark lingers (`linger`), or is forgotten at once."""
         self._expire()
+        self._replaced.pop(holder, None)
+        self._twins.pop(holder, None)
         known = self._marks.pop(holder, None)
         if known is None:
             return
