@@ -198,6 +198,7 @@ async def ingress_workers(
     started, stop, ended = anyio.Event(), anyio.Event(), anyio.Event()
     bound: dict[str, tuple[str, int] | None] = {}
     failed: list[str] = []
+    early: list[Exception] = []
     installed: int | None = None
 
     async def run(env: dict[str, str]) -> None:
@@ -212,6 +213,10 @@ async def ingress_workers(
             )
             if why is not None:
                 failed.append(why)
+        except Exception as exc:  # before they listen (a port taken): said alone, as it is
+            if started.is_set():
+                raise
+            early.append(exc)
         finally:
             started.set()
             ended.set()
@@ -238,6 +243,8 @@ async def ingress_workers(
             tasks.start_soon(run, worker_environment(up, api, secret, os.environ))
             try:
                 await started.wait()
+                if early:
+                    raise early[0]
                 if failed or ended.is_set():
                     raise WorkersFailed(failed[0] if failed else "the ingress workers stopped")
                 tls = bound["tls"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
 import sqlite3
 from pathlib import Path
 
@@ -109,3 +110,22 @@ def test_a_worker_count_out_of_range_is_refused_naming_it(tmp_path: Path) -> Non
         RuntimeError, match=r"ingress_workers: must be 1 to 256 or 'auto' \(got '0'\)"
     ):
         start_up(tmp_path, make_app(tmp_path), env={"WAKEFUL_INGRESS_WORKERS": "0"})
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_taken_client_port_is_one_line_naming_it_with_workers_as_without(
+    tmp_path: Path, workers: str
+) -> None:
+    """Two workers' supervisor keeps the port for them: when it is taken, `wakeful up` says so
+    as the one process does, not in a traceback of both the bind and the workers' end."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(RuntimeError) as refused:
+            start_up(
+                tmp_path, make_app(tmp_path), env={"WAKEFUL_INGRESS_WORKERS": workers}, proxy=port
+            )
+    said = str(refused.value)
+    assert f"wakeful: error: listen address 127.0.0.1:{port}: Address already in use" in said
+    assert "Traceback" not in said, said
