@@ -17,7 +17,9 @@ import websockets.asyncio.server
 
 from tests.support.activator import (
     TOKEN,
+    Leading,
     Served,
+    answered_alone,
     nothing_routable,
     serve_activator,
     set_status,
@@ -26,7 +28,7 @@ from tests.support.waiting import eventually
 from wakeful.activator import channel, operations
 from wakeful.activator.channel import MAX_OPS_PER_FRAME, PATH
 from wakeful.activator.client import ChannelLeases
-from wakeful.activator.client.channel import reopen_at_once, report_chunks
+from wakeful.activator.client.channel import report_chunks
 from wakeful.domain.leases import (
     CHANNEL_MAX_FRAME_BYTES,
     LeaseGone,
@@ -42,23 +44,6 @@ from wakeful.domain.traffic import BUCKETS, AppTraffic
 from wakeful.store.testing import free_port
 
 pytestmark = pytest.mark.anyio
-
-
-class Leading:
-    """Where `locate` says the leading activator is; `move_to` another, the old channel lost
-    (as when the leader dies)."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-
-    async def locate(self) -> str:
-        return self.url
-
-    async def move_to(self, url: str, leases: ChannelLeases) -> None:
-        self.url = url
-        link = leases._link
-        assert link is not None
-        await link.close()
 
 
 def waiters(api: Served) -> int:
@@ -496,22 +481,6 @@ async def test_traffic_reports_reach_the_ring_and_bad_ones_are_answered_alone(
     assert answers[5] == {"id": 5, "recorded": 1}
 
 
-async def answered_alone(api: Served, frame: list[dict[str, object]]) -> dict[int, object]:
-    """`frame` sent raw on a channel of its own: its answers by id, every operation but the
-    last refused as not the protocol, the channel still up to answer the last."""
-    url = api.url.replace("http", "ws", 1) + PATH
-    headers = {"Authorization": f"Bearer {TOKEN}"}
-    async with websockets.asyncio.client.connect(url, additional_headers=headers) as raw:
-        await raw.send(json.dumps(frame))
-        answers: dict[int, dict[str, object]] = {}
-        with anyio.fail_after(10):
-            while len(answers) < len(frame):
-                answers |= {a["id"]: a for a in json.loads(await raw.recv())}
-    for refused in range(1, len(frame)):
-        assert answers[refused]["error"] == "invalid request", answers[refused]
-    return dict(answers)
-
-
 async def test_a_report_of_many_apps_goes_in_frames_the_activator_takes(api: Served) -> None:
     """Frames are cut by size, not only by count: 5,000 apps' report in one batch would pass
     the activator's 1 MiB frame bound and close the channel, failing every call on it."""
@@ -637,112 +606,3 @@ async def test_rides_an_ingress_would_never_send_keep_the_channel_and_the_count(
             answer = json.loads(await raw.recv())
             await eventually(lambda: waiters(api) == 0)
         assert answer[0]["id"] == 1
-
-
-async def test_routes_open_the_channel_and_are_told_again_on_every_new_one(api: Served) -> None:
-    """An idle ingress (no lease asked) is known where it must be: the routes revision it
-    reports opens the channel; a lost channel is opened again at once, on the activator
-    that leads by then, and told it (the old one keeps it a few seconds, for its next
-    channel); an ingress that says it stops is forgotten at once, and opens no channel
-    for it again."""
-    leading = Leading(api.url)
-    seen = api.routes_seen
-    async with ChannelLeases(api.url, TOKEN, locate=leading.locate) as leases:
-        leases.routes("edge-1", 5)
-        with anyio.fail_after(10):
-            await eventually(lambda: seen.behind(6) == {"edge-1": 5})
-        leases.routes("edge-1", 9)
-        with anyio.fail_after(10):
-            await eventually(lambda: seen.behind(9) == {} and len(seen) == 1)
-        async with serve_activator(api.store) as heir:
-            await leading.move_to(heir.url, leases)  # nothing is asked of the client after
-            with anyio.fail_after(10):
-                await eventually(lambda: heir.routes_seen.behind(10) == {"edge-1": 9})
-            assert seen.behind(10) == {"edge-1": 9}  # lost, lingering
-            leases.routes("edge-1", None)  # it stops (drains)
-            with anyio.fail_after(10):
-                await eventually(lambda: len(heir.routes_seen) == 0)
-            await leading.move_to(api.url, leases)
-            await anyio.sleep(0.2)
-            assert leases._link is None or not leases._link.alive  # not opened again
-    answers = await answered_alone(
-        api,
-        [
-            {"id": 1, "op": "routes", "ingress": "e", "revision": -1},
-            {"id": 2, "op": "routes", "ingress": "e" * 129, "revision": 1},
-            {"id": 3, "op": "routes", "ingress": "e", "revision": 2**63},
-            {"id": 4, "op": "routes", "revision": 1},
-            {"id": 5, "op": "routes", "ingress": "edge\n1", "revision": 1},
-            {"id": 6, "op": "routes", "ingress": "", "revision": 1},
-            {"id": 7, "op": "routes", "ingress": "e", "revision": 3},
-        ],
-    )
-    assert answers[7] == {"id": 7, "recorded": 1}
-
-
-async def test_two_ingresses_of_one_name_are_both_waited_for_and_told_of(
-    api: Served, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Two machines of one short hostname: both ingresses default to `host-8080`. Each
-    reports its routes on a channel of its own; once both have, a deploy waits for both and
-    the activator says, once, that they share a name."""
-    seen = api.routes_seen
-    async with ChannelLeases(api.url, TOKEN) as one, ChannelLeases(api.url, TOKEN) as other:
-        one.routes("host-8080", 5)
-        with anyio.fail_after(10):
-            await eventually(lambda: seen.behind(6) == {"host-8080": 5})
-        other.routes("host-8080", 5)  # to all appearances, one's next channel
-        with anyio.fail_after(10):
-            await eventually(lambda: len(seen._replaced) == 1)
-        one.routes("host-8080", 6)  # one lives: a second ingress of the name
-        with anyio.fail_after(10):
-            await eventually(lambda: seen.behind(6) == {"host-8080": 5} and len(seen) == 2)
-        other.routes("host-8080", 7)
-        one.routes("host-8080", 7)
-        with anyio.fail_after(10):
-            await eventually(lambda: seen.behind(7) == {})
-    said = [r.getMessage() for r in caplog.records if " call themselves " in r.getMessage()]
-    assert said == [
-        "two ingresses of token:t0 call themselves 'host-8080': a deploy waits for both, "
-        "this one as 'host-8080 (2)', but their tunnels would collide; give each a name of "
-        "its own (WAKEFUL_TUNNEL_REPLICA)"
-    ]
-
-
-async def test_an_activator_that_closes_every_channel_as_it_opens_is_tried_once_a_second(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    """Not a refusal (1013) but a close as soon as opened (an activator deposed but still
-    serving says 1012; a proxy 1000): the first is a takeover's ordinary close, opened again
-    at once; the next in a row is a failed attempt. An idle ingress that keeps its channel for
-    its routes would else open one, lose it, and open the next, thousands of times a second."""
-    opened = 0
-
-    async def closing(connection: websockets.asyncio.server.ServerConnection) -> None:
-        nonlocal opened
-        opened += 1
-        await connection.close(1012, "this activator stopped leading")
-
-    async with websockets.asyncio.server.serve(closing, "127.0.0.1", 0) as server:
-        port = server.sockets[0].getsockname()[1]
-        async with ChannelLeases(f"http://127.0.0.1:{port}", TOKEN) as leases:
-            leases.routes("edge-1", 1)
-            await anyio.sleep(2)
-    assert 2 <= opened <= 5, opened
-    said = [r for r in caplog.records if "keeps closing the lease channel" in r.getMessage()]
-    assert len(said) == 1  # said once for the spell, not at every attempt
-
-
-@pytest.mark.parametrize(
-    ("refused", "brief_in_a_row", "at_once"),
-    [
-        (False, 0, True),  # a channel that lived: lost, opened again at once
-        (False, 1, True),  # closed as it opened once: a takeover's close
-        (False, 2, False),  # twice running: an activator closing every channel
-        (False, 9, False),
-        (True, 0, False),  # 1013: the activator would not keep it
-        (True, 1, False),
-    ],
-)
-def test_reopen_at_once(refused: bool, brief_in_a_row: int, at_once: bool) -> None:
-    assert reopen_at_once(refused, brief_in_a_row) is at_once

@@ -4,17 +4,21 @@ the activator reads them."""
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import anyio
 import anyio.lowlevel
 import uvicorn
+import websockets.asyncio.client
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from tests.support.waiting import eventually
 from wakeful.activator.api import create_app
+from wakeful.activator.channel import PATH
+from wakeful.activator.client import ChannelLeases
 from wakeful.activator.core import Activator
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.aio.marks import Marks
@@ -157,3 +161,36 @@ ADMIN = TokenBook.of({TOKEN: Role.ADMIN})
 
 ACTIVATION_TIMEOUT = 120.0
 """Long enough that only moving the clock (never real time) ends a wait in these tests."""
+
+
+class Leading:
+    """Where `locate` says the leading activator is; `move_to` another, the old channel lost
+    (as when the leader dies)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    async def locate(self) -> str:
+        return self.url
+
+    async def move_to(self, url: str, leases: ChannelLeases) -> None:
+        self.url = url
+        link = leases._link
+        assert link is not None
+        await link.close()
+
+
+async def answered_alone(api: Served, frame: list[dict[str, object]]) -> dict[int, object]:
+    """`frame` sent raw on a channel of its own: its answers by id, every operation but the
+    last refused as not the protocol, the channel still up to answer the last."""
+    url = api.url.replace("http", "ws", 1) + PATH
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with websockets.asyncio.client.connect(url, additional_headers=headers) as raw:
+        await raw.send(json.dumps(frame))
+        answers: dict[int, dict[str, object]] = {}
+        with anyio.fail_after(10):
+            while len(answers) < len(frame):
+                answers |= {a["id"]: a for a in json.loads(await raw.recv())}
+    for refused in range(1, len(frame)):
+        assert answers[refused]["error"] == "invalid request", answers[refused]
+    return dict(answers)
