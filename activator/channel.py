@@ -277,7 +277,13 @@ class Channel:
                 if operation.revision is None:
                     seen.gone(self, linger=False)
                 else:
-                    twin = seen.saw(self, operation.ingress, operation.revision, self._scope)
+                    twin = seen.saw(
+                        self,
+                        operation.ingress,
+                        operation.revision,
+                        self._scope,
+                        operation.instance,
+                    )
                     if twin is not None:
                         log.warning(
                             "two ingresses of %s call themselves %r: a deploy waits for both, "

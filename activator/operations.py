@@ -15,6 +15,8 @@ from wakeful.domain.traffic import MAX_APPS_PER_REPORT, TrafficReport
 
 REPLICA_PATTERN = r"^[A-Za-z0-9._:@+-]{1,128}$"
 """An ingress replica's name as the channel takes it (the characters of a store key)."""
+INSTANCE_PATTERN = r"^[0-9a-f]{0,32}$"
+"""An ingress process's random id (`ChannelLeases.instance`), hex; empty: none said."""
 
 
 class Acquire(BaseModel):
@@ -84,6 +86,9 @@ class Routes(BaseModel):
     ingress: str = Field(pattern=REPLICA_PATTERN)
     revision: StrictInt | None = Field(ge=0, le=2**63 - 1)
     """None: the ingress stops (it drains), and a deploy waits for it no more."""
+    instance: str = Field(default="", pattern=INSTANCE_PATTERN)
+    """The ingress process's random id: two of one name are two ingresses (`Marks`). An
+    older ingress sends none."""
 
 
 Operation = Annotated[

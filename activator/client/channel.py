@@ -8,6 +8,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -105,6 +106,9 @@ class ChannelLeases:
         self._per_app = per_app
         self._app_slots: dict[str, anyio.Semaphore] = {}
         self._ids = itertools.count(1)
+        self.instance = secrets.token_hex(8)
+        """This client's random id in its `routes` reports: an ingress of the same name with
+        another is another ingress (`wakeful.aio.marks`), whatever channel it reports on."""
         self._link: Link | None = None
         self._reconnecting: asyncio.Task[None] | None = None
         self._attempt: asyncio.Future[Link] | None = None
@@ -197,8 +201,7 @@ class ChannelLeases:
         if revision is None:
             link = self._link
             if self._routes is not None and link is not None and link.alive:
-                operation = {"id": next(self._ids), "op": "routes", "ingress": ingress}
-                link.send({**operation, "revision": None}).add_done_callback(_retrieved)
+                link.send(self._routes_op(ingress, None)).add_done_callback(_retrieved)
             self._routes = None
             return
         self._routes = (ingress, revision)
@@ -210,10 +213,17 @@ class ChannelLeases:
 
     def _report_routes(self, link: Link) -> None:
         if self._routes is not None:
-            ingress, revision = self._routes
-            operation = {"id": next(self._ids), "op": "routes", "ingress": ingress}
             # An activator that knows no `routes` answers `invalid request`: nothing to do.
-            link.send({**operation, "revision": revision}).add_done_callback(_retrieved)
+            link.send(self._routes_op(*self._routes)).add_done_callback(_retrieved)
+
+    def _routes_op(self, ingress: str, revision: int | None) -> dict[str, Any]:
+        return {
+            "id": next(self._ids),
+            "op": "routes",
+            "ingress": ingress,
+            "revision": revision,
+            "instance": self.instance,
+        }
 
     async def _call(
         self, operation: dict[str, Any], within: float, riders: Riders | None = None

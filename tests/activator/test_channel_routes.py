@@ -52,38 +52,50 @@ async def test_routes_open_the_channel_and_are_told_again_on_every_new_one(api: 
             {"id": 4, "op": "routes", "revision": 1},
             {"id": 5, "op": "routes", "ingress": "edge\n1", "revision": 1},
             {"id": 6, "op": "routes", "ingress": "", "revision": 1},
-            {"id": 7, "op": "routes", "ingress": "e", "revision": 3},
+            {"id": 7, "op": "routes", "ingress": "e", "revision": 1, "instance": "A1"},
+            {"id": 8, "op": "routes", "ingress": "e", "revision": 1, "instance": "a" * 33},
+            {"id": 9, "op": "routes", "ingress": "e", "revision": 1, "instance": None},
+            {"id": 10, "op": "routes", "ingress": "e", "revision": 3, "instance": "0af3"},
         ],
     )
-    assert answers[7] == {"id": 7, "recorded": 1}
+    assert answers[10] == {"id": 10, "recorded": 1}
 
 
 async def test_two_ingresses_of_one_name_are_both_waited_for_and_told_of(
     api: Served, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Two machines of one short hostname: both ingresses default to `host-8080`. Each
-    reports its routes on a channel of its own; once both have, a deploy waits for both and
+    reports its routes on a channel of its own with its own instance id: a deploy waits for
+    both from their first reports, one's channel lost and opened again changes nothing, and
     the activator says, once, that they share a name."""
     seen = api.routes_seen
-    async with ChannelLeases(api.url, TOKEN) as one, ChannelLeases(api.url, TOKEN) as other:
+    leading = Leading(api.url)
+    async with (
+        ChannelLeases(api.url, TOKEN, locate=leading.locate) as one,
+        ChannelLeases(api.url, TOKEN) as other,
+    ):
         one.routes("host-8080", 5)
         with anyio.fail_after(10):
             await eventually(lambda: seen.behind(6) == {"host-8080": 5})
-        other.routes("host-8080", 5)  # to all appearances, one's next channel
+        other.routes("host-8080", 6)
+        shown = f"host-8080 ({one.instance})"
         with anyio.fail_after(10):
-            await eventually(lambda: len(seen._replaced) == 1)
-        one.routes("host-8080", 6)  # one lives: a second ingress of the name
+            await eventually(lambda: seen.behind(6) == {shown: 5} and len(seen) == 2)
+        await leading.move_to(api.url, one)  # one's channel lost; it opens another at once
         with anyio.fail_after(10):
-            await eventually(lambda: seen.behind(6) == {"host-8080": 5} and len(seen) == 2)
-        other.routes("host-8080", 7)
+            await eventually(lambda: one._link is not None and one._link.alive)
         one.routes("host-8080", 7)
+        with anyio.fail_after(10):
+            await eventually(lambda: seen.behind(7) == {f"host-8080 ({other.instance})": 6})
+        assert len(seen) == 2
+        other.routes("host-8080", 7)
         with anyio.fail_after(10):
             await eventually(lambda: seen.behind(7) == {})
     said = [r.getMessage() for r in caplog.records if " call themselves " in r.getMessage()]
     assert said == [
         "two ingresses of token:t0 call themselves 'host-8080': a deploy waits for both, "
-        "this one as 'host-8080 (2)', but their tunnels would collide; give each a name of "
-        "its own (WAKEFUL_TUNNEL_REPLICA)"
+        f"this one as 'host-8080 ({other.instance})', but their tunnels would collide; give "
+        "each a name of its own (WAKEFUL_TUNNEL_REPLICA)"
     ]
 
 

@@ -154,36 +154,47 @@ async def test_a_lost_holder_s_linger_ends_even_when_nobody_asks() -> None:
     assert len(marks._left) <= 6
 
 
-async def test_two_live_holders_of_one_name_count_apart_once_the_replaced_one_reports() -> None:
-    """Two ingresses that took one name (two machines of one short hostname): the one
-    replaced reports again, so it was no old channel; from then on both count, and `saw`
-    says so once."""
+async def test_two_instances_of_one_name_both_count_from_their_first_reports() -> None:
+    """Two ingresses that took one name (two machines of one short hostname), each a process
+    with its own random instance id: both count at once, shown apart while both are there,
+    and `saw` says so once, when the second appears; one's next channel (same instance) is
+    no third."""
     marks = Marks(settle=0)
-    first, second = object(), object()
-    assert marks.saw(first, "edge-8080", 5) is None
-    assert marks.saw(second, "edge-8080", 5) is None  # to all appearances first's next channel
-    assert len(marks) == 1
-    assert marks.saw(first, "edge-8080", 9) == "edge-8080 (2)"  # it lives: a twin
-    assert marks.behind(9) == {"edge-8080": 5} and len(marks) == 2
+    first, second, second_again = object(), object(), object()
+    assert marks.saw(first, "edge-8080", 5, instance="aa") is None
+    assert marks.saw(second, "edge-8080", 5, instance="bb") == "edge-8080 (bb)"
+    assert len(marks) == 2
     async with waiting(marks, 9) as done:
-        marks.saw(first, "edge-8080", 12)  # the twin again: counted apart, said no more
+        assert marks.saw(first, "edge-8080", 9, instance="aa") is None
         await anyio.sleep(0.01)
-        assert done == []  # the other is still behind
-        assert marks.saw(second, "edge-8080", 9) is None
-    assert done == [{}]
-    marks.gone(first)  # the twin's channel lost: it lingers under its own name
-    assert marks.behind(13) == {"edge-8080": 9, "edge-8080 (2)": 12}
-    marks.gone(second, linger=False)
-    assert marks.behind(13) == {"edge-8080 (2)": 12} and len(marks) == 1
+        assert done == [] and marks.behind(9) == {"edge-8080 (bb)": 5}
+        marks.gone(second)  # its channel lost: it lingers, still behind
+        await anyio.sleep(0.01)
+        assert done == []
+        assert marks.saw(second_again, "edge-8080", 9, instance="bb") is None  # it is back
+    assert done == [{}] and len(marks) == 2
+    marks.gone(second_again, linger=False)
+    assert marks.behind(10) == {"edge-8080": 9} and len(marks) == 1
 
 
-async def test_an_old_channel_replaced_and_closed_is_no_twin() -> None:
-    """The usual case the twin rule must not mistake: an ingress's old channel, replaced by its
-    next, closes without reporting again."""
+async def test_a_restarted_ingress_takes_its_lost_predecessor_s_place() -> None:
+    """A new process of an ingress (a new instance) while the old one's channel lingers: the
+    old one counts no more, and nobody is told of a second ingress."""
     marks = Marks(settle=0)
     old, new = object(), object()
-    marks.saw(old, "edge-1", 5)
-    marks.saw(new, "edge-1", 6)
-    marks.gone(old)
-    assert marks.saw(new, "edge-1", 7) is None
-    assert len(marks) == 1 and marks._replaced == {} and marks._twins == {}
+    marks.saw(old, "edge-1", 3, instance="aa")
+    marks.gone(old)  # killed: its channel closed without a word
+    assert marks.behind(10) == {"edge-1": 3}
+    assert marks.saw(new, "edge-1", 10, instance="bb") is None
+    assert marks.behind(10) == {} and len(marks) == 1
+
+
+async def test_three_of_one_name_and_one_of_another_scope_are_four() -> None:
+    marks = Marks(settle=0)
+    holders = [object() for _ in range(4)]
+    assert marks.saw(holders[0], "edge", 1, "token:a", "01") is None
+    assert marks.saw(holders[1], "edge", 1, "token:a", "02") == "edge (02)"
+    assert marks.saw(holders[2], "edge", 1, "token:a", "03") == "edge (03)"
+    assert marks.saw(holders[3], "edge", 1, "token:b", "04") is None
+    assert len(marks) == 4
+    assert marks.behind(2) == {"edge (01)": 1, "edge (02)": 1, "edge (03)": 1, "edge": 1}

@@ -7,14 +7,17 @@ and a deploy waits until all of them route what it wrote (`GET /v1/apps/{app}/ro
 rules, each for a way a wait could end before the ingresses route the app:
 
 - **A name is one ingress**, within a scope (the token its channel was opened with: one
-  token's holder cannot stand for another's). A holder is whatever reports (a channel, an
-  in-process client); a new holder of a name (the ingress's next channel) replaces the one
-  before, whose close may not have been noticed yet.
-- **Two live holders of one name are two ingresses.** A holder replaced by a newer one of
-  its name that reports again was no old channel but a second ingress that took the same name
-  (two machines of one short hostname): from then on it counts apart, as `NAME (2)`, and
-  `saw` says so once, for the caller to warn (their tunnels would collide as well). Until its
-  next report after the other's first, it does not count.
+  token's holder cannot stand for another's), and within the instance it says it is (a
+  process's random id: `ChannelLeases` sends one; the in-process client and an older ingress
+  send none). A holder is whatever reports (a channel, an in-process client); a new holder
+  of the same instance (the ingress's next channel) replaces the one before, whose close may
+  not have been noticed yet.
+- **Two live instances of one name are two ingresses** (two machines of one short hostname
+  both default to `host-port`): each counts from its first report, shown as `NAME (INSTANCE)`
+  while both are there, and `saw` returns that name once, when the second appears, for the
+  caller to warn (their tunnels would collide as well). An instance that comes back while
+  its last holder still lingers (its channel was lost) is the same ingress, not a second.
+  A new instance of a name that only lingers (an ingress restarted) takes its place.
 - **A holder lost lingers.** When a holder goes without saying it stops (a channel lost), its
   name and mark still count for `linger` seconds, so that a wait does not end because the
   ingress that was behind lost its channel; its next holder takes over, and a name that
@@ -29,6 +32,7 @@ rules, each for a way a wait could end before the ingresses route the app:
 
 from __future__ import annotations
 
+import collections
 import math
 import time
 from collections.abc import Callable
@@ -37,8 +41,8 @@ import anyio
 
 LINGER = 5.0
 SETTLE = 3.0
-Name = tuple[str, str]
-"""(scope, name)."""
+Key = tuple[str, str, str]
+"""(scope, name, instance)."""
 
 
 class Marks:
@@ -51,16 +55,11 @@ class Marks:
         self._clock = clock
         self._linger = linger
         self._settled_at = clock() + settle
-        self._marks: dict[object, tuple[Name, int]] = {}
-        """By holder: (its name, the mark it has reached)."""
-        self._holder_of: dict[Name, object] = {}
-        self._replaced: dict[object, Name] = {}
-        """Holders a newer one of their name replaced, not gone yet."""
-        self._twins: dict[object, tuple[Name, Name]] = {}
-        """Holders found sharing a name with another live one: (that name, the one they count
-        under)."""
-        self._left: dict[Name, tuple[int, float]] = {}
-        """Names whose holder was lost: (mark, until when it still counts)."""
+        self._marks: dict[object, tuple[Key, int]] = {}
+        """By holder: (its key, the mark it has reached)."""
+        self._holder_of: dict[Key, object] = {}
+        self._left: dict[Key, tuple[int, float]] = {}
+        """Keys whose holder was lost: (mark, until when it still counts)."""
         self._moved = anyio.Event()
         self.waiting = 0
         """Waits under way."""
@@ -69,49 +68,37 @@ class Marks:
         """Waits judge only `seconds` from now (0: at once)."""
         self._settled_at = self._clock() + seconds
 
-    def saw(self, holder: object, name: str, mark: int, scope: str = "") -> str | None:
-        """`holder`, called `name` within `scope`, has reached `mark`. Returns the name it
-        counts under from now on when this report shows it shares `name` with another live
-        holder (else None)."""
-        key = (scope, name)
-        found = None
-        replaced = self._replaced.pop(holder, None)
-        if replaced == key:  # it reports again after another took its name: a twin
-            twin = next(
-                (scope, f"{name} ({n})")
-                for n in range(2, len(self._marks) + 3)
-                if (scope, f"{name} ({n})") not in self._holder_of
-            )
-            self._twins[holder] = (key, twin)
-            found = twin[1]
-        twinned = self._twins.get(holder)
-        if twinned is not None:
-            if twinned[0] == key:
-                key = twinned[1]
-            else:  # renamed: no twin any more
-                del self._twins[holder]
+    def saw(
+        self, holder: object, name: str, mark: int, scope: str = "", instance: str = ""
+    ) -> str | None:
+        """`holder`, ingress `instance` called `name` within `scope`, has reached `mark`.
+        Returns the name it is shown under when this report is the first of a second live
+        instance of `name` (else None)."""
+        key = (scope, name, instance)
         known = self._marks.get(holder)
         if known is not None and known[0] == key:
             if known[1] >= mark:
-                return found
-            mark = max(mark, known[1])
+                return None
         elif known is not None:  # renamed: the old name goes with no linger
             self._forget(holder, known[0])
+        twin = None
         before = self._holder_of.get(key)
         if before is not None and before != holder:
-            del self._marks[before]  # the ingress's older channel, or a twin
-            self._replaced[before] = key
+            del self._marks[before]  # the ingress's older channel
+        elif before is None and key not in self._left:  # an instance new to this name
+            for other in [k for k in self._left if k[:2] == key[:2]]:
+                del self._left[other]  # a restarted ingress takes a lost one's place
+            if any(k[:2] == key[:2] for k in self._holder_of):
+                twin = key
         self._holder_of[key] = holder
         self._left.pop(key, None)
         self._marks[holder] = (key, mark)
         self._wake()
-        return found
+        return None if twin is None else _shown(twin, self._counted())
 
     def gone(self, holder: object, *, linger: bool = True) -> None:
         """`holder` went: its mark lingers (`linger`), or is forgotten at once."""
         self._expire()
-        self._replaced.pop(holder, None)
-        self._twins.pop(holder, None)
         known = self._marks.pop(holder, None)
         if known is None:
             return
@@ -121,7 +108,7 @@ class Marks:
             self._left[key] = (mark, self._clock() + self._linger)
         self._wake()
 
-    def _forget(self, holder: object, key: Name) -> None:
+    def _forget(self, holder: object, key: Key) -> None:
         if self._holder_of.get(key) == holder:
             del self._holder_of[key]
 
@@ -131,16 +118,22 @@ class Marks:
         return len(self._holder_of) + len(self._left)
 
     def behind(self, mark: int) -> dict[str, int]:
-        """Who has not reached `mark`, by name, with the mark each has reached (the lowest
-        of one name's in several scopes)."""
+        """Who has not reached `mark`, by the name each is shown under, with the mark each
+        has reached (the lowest of one name's in several scopes)."""
         self._expire()
         late: dict[str, int] = {}
         found = [(key, reached) for key, reached in self._marks.values()]
         found += [(key, reached) for key, (reached, _) in self._left.items()]
-        for (_, name), reached in found:
+        counted = self._counted()
+        for key, reached in found:
             if reached < mark:
-                late[name] = min(reached, late.get(name, reached))
+                shown = _shown(key, counted)
+                late[shown] = min(reached, late.get(shown, reached))
         return late
+
+    def _counted(self) -> collections.Counter[tuple[str, str]]:
+        """How many instances of each (scope, name) count."""
+        return collections.Counter(key[:2] for key in (*self._holder_of, *self._left))
 
     async def wait(self, mark: int, within: float) -> dict[str, int]:
         """Until every name has reached `mark`, for at most `within` seconds: who is behind
@@ -166,3 +159,9 @@ class Marks:
     def _wake(self) -> None:
         self._moved.set()
         self._moved = anyio.Event()
+
+
+def _shown(key: Key, counted: collections.Counter[tuple[str, str]]) -> str:
+    """`key`'s name, with its instance when another instance of the name counts too."""
+    scope, name, instance = key
+    return f"{name} ({instance or 'no id'})" if counted[scope, name] > 1 else name
