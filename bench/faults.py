@@ -598,7 +598,7 @@ async def flood(c: Cluster) -> Row:
             statuses.append(str(answer.status_code))
             if answer.status_code == 503 and answer.headers.get("retry-after"):
                 retry_after += 1
-            elif answer.status_code not in (200, 503):
+            elif answer.status_code != 200:  # a failure: what it said, for the row
                 answers[f"{answer.status_code} {answer.text[:160]!r}"] += 1
         except httpx.HTTPError as exc:
             statuses.append(type(exc).__name__)
@@ -623,22 +623,23 @@ async def flood(c: Cluster) -> Row:
         row.failed["503 without Retry-After"] = shed - retry_after
     if row.failed:
         row.notes += [f"{n}x {answer}" for answer, n in answers.most_common(5)]
-        row.notes.append(said_on_failure(c))
+        row.notes.append(await anyio.to_thread.run_sync(said_on_failure, c, cold))
     row.leaked = await settled(c, {cold}, within=LEASE_IDLE_TTL + 10)
     return row
 
 
-def said_on_failure(c: Cluster, lines: int = 20) -> str:
-    """The last lines nginx's error log and the ingresses' warnings hold: where a failed
-    request's status came from, shown beside the row that counted it."""
+def said_on_failure(c: Cluster, app: str, lines: int = 20) -> str:
+    """What nginx's error log, the ingresses' warnings and `app`'s own log said last: where a
+    failed request's status came from, shown beside the row that counted it."""
     log = c.root / "nginx-error.log"
     said = log.read_text(errors="replace").splitlines()[-lines:] if log.exists() else []
     for piece in c.ingresses:
-        said += [
-            f"{piece.name}: {line}"
-            for line in list(piece.output)[-lines:]
-            if "WARNING" in line or "ERROR" in line
-        ]
+        warned = [line for line in piece.output if "WARNING" in line or "ERROR" in line]
+        said += [f"{piece.name}: {line}" for line in warned[-lines:]]
+    try:
+        said += c.cli("logs", app).splitlines()[-lines:]
+    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+        said.append(f"wakeful logs {app}: {exc}")
     return "said:\n" + "\n".join(said)
 
 

@@ -192,7 +192,8 @@ async def ingress_workers(
     """`up.ingress.workers` ingress processes (`wakeful.ingress.workers.supervise`; `command`
     in place of `wakeful ingress`), ready, for as long as the block runs; then each drains and
     stops, whatever ended the block, and only then does their token go. Raises
-    `WorkersFailed` when one exits before it was ready."""
+    `WorkersFailed` when one exits before it was ready, and what stopped their supervisor
+    before they were (a client port taken: `OSError` naming it) as it is."""
     from wakeful.ingress.workers import supervise
 
     started, stop, ended = anyio.Event(), anyio.Event(), anyio.Event()
