@@ -438,6 +438,8 @@ class Row:
     """Seconds from the fault healing until a cold app asked then answered 200."""
     leaked: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    grown: float | None = None
+    """MiB the ingresses' and activators' largest RSS grew by over the scenario (the flood)."""
 
 
 async def wake(c: Cluster, app: str, within: float = 60.0) -> float | None:
@@ -617,7 +619,7 @@ async def flood(c: Cluster) -> Row:
     row.notes.append(
         f"{statuses.count('200')} served, {shed} shed ({retry_after} with Retry-After)"
     )
-    grown = max(after[n] - before[n] for n in after) / 1024
+    row.grown = grown = max(after[n] - before[n] for n in after) / 1024
     row.notes.append(f"RSS grew by at most {grown:.1f} MiB")
     if shed != retry_after:
         row.failed["503 without Retry-After"] = shed - retry_after

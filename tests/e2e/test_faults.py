@@ -12,6 +12,8 @@ import pytest
 
 from bench.faults import MAX_WAITERS, main, print_table
 
+FLOOD_RSS_MIB = 32
+"""What the ingresses' and activators' RSS may grow by over the flood."""
 IN_FLIGHT_ON_THE_KILLED = 3
 """Requests the goal forgives when a replica or a sandbox is killed under them: those it was
 answering at that instant (the prober sends one every 20 ms; each takes a few)."""
@@ -43,6 +45,9 @@ async def test_the_fault_suite_in_its_short_mode_loses_nothing() -> None:
             assert row.requests > 0
     flood = by_name["flood"]
     assert flood.failed == {}, flood  # only 200s and 503s with Retry-After
+    # Memory stays flat: 1-4 MiB measured, so past FLOOD_RSS_MIB something of 80 KiB or more
+    # stayed for each of the flood's 400 requests (a buffer, a parked waiter's state).
+    assert flood.grown is not None and flood.grown < FLOOD_RSS_MIB, flood
     served = int(flood.notes[0].split()[0])
     assert served >= 1  # the app woke and what was admitted was answered
     assert flood.requests == 10 * MAX_WAITERS * 2  # every request got its answer

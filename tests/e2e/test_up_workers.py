@@ -124,7 +124,11 @@ def test_a_taken_client_port_is_one_line_naming_it_with_workers_as_without(
         port = taken.getsockname()[1]
         with pytest.raises(RuntimeError) as refused:
             start_up(
-                tmp_path, make_app(tmp_path), env={"WAKEFUL_INGRESS_WORKERS": workers}, proxy=port
+                tmp_path,
+                make_app(tmp_path),
+                env={"WAKEFUL_INGRESS_WORKERS": workers},
+                proxy=port,
+                attempts=1,  # the port is taken on purpose: once is the test
             )
     said = str(refused.value)
     assert f"wakeful: error: listen address 127.0.0.1:{port}: Address already in use" in said

@@ -84,12 +84,14 @@ def start_up(
     within: float = 30,
     env: Mapping[str, str] | None = None,
     proxy: int | None = None,
+    attempts: int = 3,
 ) -> Up:
     """`wakeful up` on free ports, up within `within` seconds (an app it builds first takes
     longer). A port found free can be taken before wakeful binds it (by any process's outgoing
-    connection): then, and only then, it starts again on other ports. `env`: variables on top
-    of this process's; `proxy`: the ingress's port, when the test must know it first."""
-    for _ in range(3):
+    connection): then, and only then, it starts again on other ports, up to `attempts` starts
+    in all. `env`: variables on top of this process's; `proxy`: the ingress's port, when the
+    test must know it first."""
+    for _ in range(attempts):
         up = _try_start(tmp_path, apps, idle_interval, flags, within, env or {}, proxy)
         if isinstance(up, Up):
             return up
