@@ -198,3 +198,14 @@ async def test_three_of_one_name_and_one_of_another_scope_are_four() -> None:
     assert marks.saw(holders[3], "edge", 1, "token:b", "04") is None
     assert len(marks) == 4
     assert marks.behind(2) == {"edge (01)": 1, "edge (02)": 1, "edge (03)": 1, "edge": 1}
+
+
+async def test_a_holder_flipping_instance_ids_is_warned_of_once() -> None:
+    """A hostile ingress token's channel that changes its instance at every report beside a
+    live ingress of the name: one warning, not one a report, and one entry, not many."""
+    marks = Marks(settle=0)
+    live, flipping = object(), object()
+    marks.saw(live, "edge", 1, instance="aa")
+    said = [marks.saw(flipping, "edge", 1 + n, instance=f"{n:x}") for n in range(1, 100)]
+    assert said[0] == "edge (1)" and said[1:] == [None] * 98
+    assert len(marks) == 2

@@ -14,10 +14,11 @@ rules, each for a way a wait could end before the ingresses route the app:
   not have been noticed yet.
 - **Two live instances of one name are two ingresses** (two machines of one short hostname
   both default to `host-port`): each counts from its first report, shown as `NAME (INSTANCE)`
-  while both are there, and `saw` returns that name once, when the second appears, for the
-  caller to warn (their tunnels would collide as well). An instance that comes back while
-  its last holder still lingers (its channel was lost) is the same ingress, not a second.
-  A new instance of a name that only lingers (an ingress restarted) takes its place.
+  while both are there, and `saw` returns that name once, at the second's first report, for
+  the caller to warn (their tunnels would collide as well; a holder that changes its id
+  later is not warned of again). An instance that comes back while its last holder still
+  lingers (its channel was lost) is the same ingress, not a second. A new instance of a
+  name that only lingers (an ingress restarted) takes its place.
 - **A holder lost lingers.** When a holder goes without saying it stops (a channel lost), its
   name and mark still count for `linger` seconds, so that a wait does not end because the
   ingress that was behind lost its channel; its next holder takes over, and a name that
@@ -88,8 +89,8 @@ class Marks:
         elif before is None and key not in self._left:  # an instance new to this name
             for other in [k for k in self._left if k[:2] == key[:2]]:
                 del self._left[other]  # a restarted ingress takes a lost one's place
-            if any(k[:2] == key[:2] for k in self._holder_of):
-                twin = key
+            if known is None and any(k[:2] == key[:2] for k in self._holder_of):
+                twin = key  # said at a holder's first report alone: one flipping ids says once
         self._holder_of[key] = holder
         self._left.pop(key, None)
         self._marks[holder] = (key, mark)
