@@ -71,7 +71,11 @@ class UpstreamFailed(UpstreamError):
 
 
 class ClosedUnanswered(UpstreamFailed):
-    pass
+    def __init__(self, message: str, on_new: bool = False) -> None:
+        super().__init__(message)
+        self.on_new = on_new
+        """The connection had carried no request before: not the keep-alive race, but a
+        sandbox that shut a connection it had just taken (out of threads, say)."""
 
 
 class UpstreamTimeout(UpstreamError):

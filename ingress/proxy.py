@@ -11,12 +11,15 @@ Theory of operation:
   11); `open` carries it out. Sent elsewhere (nothing reached the sandbox): the refused
   sandbox's cached leases leave the cache, and the use that failed is held until the request
   ends, so the activator sees that sandbox loaded and places the retry elsewhere. Sent again
-  (the connection closed unanswered): on the same use, on a fresh connection.
+  (the connection closed unanswered): on the same use, on a fresh connection; or, when the
+  connection that closed was new, after a pause on one the pool has idle by then (it holds
+  one of the app's threads already) or a new one.
 - The sandbox URL always comes from a lease; the client supplies only the path and query.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -37,7 +40,7 @@ from wakeful.ingress.errors import (
 from wakeful.ingress.headers import client_response_headers, upstream_request_headers
 from wakeful.ingress.load import WAIT, Tracker
 from wakeful.ingress.metrics import IngressMetrics
-from wakeful.ingress.retry import Body, Next, next_attempt
+from wakeful.ingress.retry import RESEND_PAUSE, Body, Next, next_attempt
 from wakeful.ingress.routing import Route, Router, RoutingTable, normalize_host
 from wakeful.ingress.settings import IngressSettings
 from wakeful.ingress.streams import chunks
@@ -202,6 +205,8 @@ class Proxy:
         """Sandboxes nothing reached, with why: the answer names the first reason."""
         elsewhere = again = 0
         """Times sent to another sandbox, and once more to the same one (`next_attempt`)."""
+        fresh = False
+        """The next send takes a new connection: a resend after the keep-alive race."""
         waited = False
         queued = woke = 0.0
         """Seconds spent waiting for leases, and of those, for the app to wake (`PHASES`)."""
@@ -248,7 +253,7 @@ class Proxy:
                         request.body.stream() if request.body is not None else None,
                         self._timeouts.get(app, self._timeout),
                         request.upgrade,
-                        again > 0,  # fresh: a new connection for a resend
+                        fresh,
                         lease.h2c,
                         idle,
                         longest,
@@ -270,10 +275,16 @@ class Proxy:
                 )
                 if step is Next.AGAIN:
                     again += 1
+                    fresh = True
+                    continue
+                if step is Next.AGAIN_LATER:  # on a pooled connection, if one is idle by then
+                    await asyncio.sleep(RESEND_PAUSE)
+                    again += 1
                     continue
                 if step is Next.ELSEWHERE:
                     elsewhere += 1
                     again = 0
+                    fresh = False
                     self._metrics.connect_retries.labels(app=app).inc()
                     continue
                 if not isinstance(exc, ConnectFailed):

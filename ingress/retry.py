@@ -11,7 +11,12 @@ answer.** So:
 - the request went out and the connection closed or reset before any byte of the answer
   (`ClosedUnanswered`: the keep-alive race, a sandbox that died mid-request): send it once
   more, to the same sandbox on a fresh connection, when its method is idempotent (RFC 9110
-  §9.2.2) and it has no body; nginx's `proxy_next_upstream error` does the same;
+  §9.2.2) and it has no body; nginx's `proxy_next_upstream error` does the same. When the
+  connection that closed was new (it had carried no request before: no keep-alive race),
+  the sandbox shut a connection it had just taken, as an app with a thread per connection
+  does when it has no thread left (a burst, and our own pooled connections hold threads
+  too): the resend waits `RESEND_PAUSE`, then takes a pooled connection if one is idle by
+  then (its thread is there already), else a new one;
 - anything else (an answer begun and broken, silence, a bad answer): give up.
 
 What failed, and how far the exchange got, is the error's type: the upstream transport
@@ -42,9 +47,16 @@ class Body(Enum):
     """Part of the body was read past what was kept, and went to a sandbox: it is gone."""
 
 
+RESEND_PAUSE = 0.05
+"""Seconds before a resend after a new connection closed unanswered (`Next.AGAIN_LATER`)."""
+
+
 class Next(Enum):
     AGAIN = "again"
     """Send it once more to the same sandbox, on a fresh connection."""
+    AGAIN_LATER = "again later"
+    """Send it once more to the same sandbox after `RESEND_PAUSE`, on a connection idle in
+    the pool by then, else a new one."""
     ELSEWHERE = "elsewhere"
     """Send it to another sandbox (never one that refused it already)."""
     GIVE_UP = "give up"
@@ -62,6 +74,6 @@ def next_attempt(
         return Next.GIVE_UP
     if isinstance(failure, ClosedUnanswered):
         if again == 0 and body is Body.NONE and method in IDEMPOTENT:
-            return Next.AGAIN
+            return Next.AGAIN_LATER if failure.on_new else Next.AGAIN
         return Next.GIVE_UP
     return Next.GIVE_UP

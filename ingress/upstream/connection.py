@@ -110,6 +110,8 @@ class UpstreamConnection(Gated):
         self._wakeup: asyncio.Future[None] | None = None
         self._writable = WriteGate(self._loop)
         self._writer: asyncio.Task[None] | None = None
+        self._exchanges = 0
+        """Exchanges begun on this connection: one, while its first is under way."""
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
@@ -231,7 +233,10 @@ class UpstreamConnection(Gated):
             if isinstance(exc, ConnectFailed):  # a tunnel's node could not reach the sandbox
                 self._fail(exc)
             else:
-                self._fail(ClosedUnanswered("the connection closed before any answer"))
+                closed = ClosedUnanswered(
+                    "the connection closed before any answer", self._exchanges == 1
+                )
+                self._fail(closed)
         elif stage is BODY and framed_by_close(self.headers):
             self._finish()  # an answer framed by the end of the connection
         else:
@@ -271,6 +276,7 @@ class UpstreamConnection(Gated):
         if state.stage is not IDLE:
             raise IllegalMove(state.stage, SENT)
         state.stage = SENT
+        self._exchanges += 1
         state.error = None
         state.head_only = method == "HEAD"
         state.chunked_body = chunked

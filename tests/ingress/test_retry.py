@@ -17,9 +17,11 @@ from wakeful.ingress.retry import Body, Next, next_attempt
 
 REFUSED = ConnectFailed("could not connect to 10.0.0.5:8080: refused")
 UNANSWERED = ClosedUnanswered("the connection closed before any answer")
+UNANSWERED_NEW = ClosedUnanswered("the connection closed before any answer", on_new=True)
 BROKEN = UpstreamFailed("the sandbox closed the connection mid-answer")
 SILENT = UpstreamTimeout("the sandbox stayed silent for 30 s")
 AGAIN, ELSEWHERE, GIVE_UP = Next.AGAIN, Next.ELSEWHERE, Next.GIVE_UP
+AGAIN_LATER = Next.AGAIN_LATER
 
 
 @pytest.mark.parametrize(
@@ -63,6 +65,16 @@ AGAIN, ELSEWHERE, GIVE_UP = Next.AGAIN, Next.ELSEWHERE, Next.GIVE_UP
         ),
         pytest.param(
             UNANSWERED, "GET", Body.NONE, 1, 0, AGAIN, id="unanswered on a second sandbox: again"
+        ),
+        # -- ... on a connection that had carried nothing: once more, after a pause ----------
+        pytest.param(
+            UNANSWERED_NEW, "GET", Body.NONE, 0, 0, AGAIN_LATER, id="new connection shut: later"
+        ),
+        pytest.param(
+            UNANSWERED_NEW, "GET", Body.NONE, 0, 1, GIVE_UP, id="new connection shut twice"
+        ),
+        pytest.param(
+            UNANSWERED_NEW, "POST", Body.NONE, 0, 0, GIVE_UP, id="new connection shut, POST"
         ),
         # -- an answer begun and broken, or silence: the failure is the answer ---------------
         pytest.param(BROKEN, "GET", Body.NONE, 0, 0, GIVE_UP, id="broken mid-answer: give up"),

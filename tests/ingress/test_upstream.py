@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import struct
 import time
 from collections.abc import AsyncIterator, Callable
 
 import anyio
+import anyio.abc
 import pytest
 
 from tests.support.ingress import (
@@ -22,6 +24,7 @@ from tests.support.ingress import (
 )
 from tests.support.waiting import eventually
 from wakeful.domain.models import App, Pool, SandboxStatus
+from wakeful.ingress.retry import RESEND_PAUSE
 from wakeful.ingress.upstream import RawTransport
 
 pytestmark = pytest.mark.anyio
@@ -69,6 +72,97 @@ async def test_a_reset_before_any_answer_is_retried_once_only_when_it_can_be_rep
             assert s.sample("upstream_errors_total", app="hello", kind="failed") == 2
             assert s.sample("requests_in_flight", app="hello") == 0
             assert all(e.uses == 0 for e in s.ingress.cache.snapshot())
+
+
+class Swamped:
+    """A sandbox out of threads for `WINDOW` seconds from the first connection it took: it
+    shuts each connection it takes meanwhile once it read the request (as a thread-per-
+    connection app does when it cannot start one), then answers."""
+
+    WINDOW = RESEND_PAUSE * 0.8
+
+    def __init__(self) -> None:
+        self.first: float | None = None
+        self.shut = 0
+
+    def __call__(self, conn: socket.socket) -> None:
+        now = time.monotonic()
+        self.first = self.first or now
+        read_head(conn)
+        if now - self.first < self.WINDOW:
+            self.shut += 1
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            return
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+
+async def test_a_new_connection_shut_unanswered_is_sent_again_after_a_pause() -> None:
+    """A burst on a cold app can reach a sandbox that has no thread left: it shuts the new
+    connection. Not the keep-alive race (the connection carried nothing before), so the one
+    resend waits `RESEND_PAUSE`, and finds the sandbox caught up, where at once it would
+    have been shut too (a 502)."""
+    swamped = Swamped()
+    with RawServer(swamped) as server:
+        async with stack({"sb-a": server.port}) as s:
+            answer = await s.client.get("/")
+            assert answer.status_code == 200, answer.text
+            assert (swamped.shut, server.connections) == (1, 2)
+            assert s.sample("upstream_errors_total", app="hello", kind="failed") == 0
+
+
+class OneThread:
+    """A sandbox with one thread: the first connection it takes is its own and served (each
+    answer held until a second connection has come), any other it shuts once it read the
+    request."""
+
+    def __init__(self) -> None:
+        self.connections = 0
+        self.shut = 0
+        self.other_came = anyio.Event()
+
+    async def handle(self, stream: anyio.abc.SocketStream) -> None:
+        self.connections += 1
+        async with stream:
+            first = self.connections == 1
+            data = b""
+            while True:
+                while b"\r\n\r\n" not in data:
+                    try:
+                        data += await stream.receive()
+                    except (anyio.EndOfStream, anyio.BrokenResourceError):
+                        return
+                data = data.split(b"\r\n\r\n", 1)[1]
+                if not first:
+                    self.shut += 1
+                    self.other_came.set()
+                    return
+                await self.other_came.wait()
+                await stream.send(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+
+async def test_the_resend_after_a_new_connection_was_shut_takes_an_idle_pooled_one() -> None:
+    """The threads an app is out of are often held by our own pooled connections: the resend
+    after the pause takes the one the pool has idle by then (its thread is there), not yet
+    another new one the app would shut too."""
+    one = OneThread()
+    async with (
+        await anyio.create_tcp_listener(local_host="127.0.0.1") as listener,
+        anyio.create_task_group() as serving,
+    ):
+        serving.start_soon(listener.serve, one.handle)
+        port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        async with stack({"sb-a": port}) as s:
+            async with anyio.create_task_group() as both:
+                answers = []
+
+                async def ask() -> None:
+                    answers.append(await s.client.get("/"))
+
+                both.start_soon(ask)
+                both.start_soon(ask)
+            assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
+            assert (one.shut, one.connections) == (1, 2)
+        serving.cancel_scope.cancel()
 
 
 def _answer_then_close(conn: socket.socket) -> None:
