@@ -44,7 +44,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.faults import Piece, wakeful_cli
+from bench.cluster import Piece, wakeful_cli
 from bench.proxy import NGINX_HTTP
 from wakeful.store.testing import EtcdServer, free_port
 

@@ -35,7 +35,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from bench.faults import Piece, wakeful_cli
+from bench.cluster import Piece, wakeful_cli
 from bench.procfs import ingress_workers
 from bench.proxy import SLOW_DELAY
 from bench.workers import APP, RESPONDER, SLOW, TOML, WAKEFUL, Run, drive, nginx, show

@@ -50,7 +50,7 @@ from pathlib import Path
 import anyio
 import httpx
 
-from bench.faults import Piece, wakeful_cli
+from bench.cluster import Piece, wakeful_cli
 from bench.procfs import children, cpu_seconds
 from bench.proxy import NGINX_HTTP, SLOW_DELAY, Result, run_hey, run_wrk
 from wakeful.domain import keys
