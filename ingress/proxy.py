@@ -273,13 +273,11 @@ class Proxy:
                     again=again,
                     bound=self._retries,
                 )
-                if step is Next.AGAIN:
+                if step is Next.AGAIN or step is Next.AGAIN_LATER:
+                    if step is Next.AGAIN_LATER:  # then a pooled connection, if one is idle
+                        await asyncio.sleep(RESEND_PAUSE)
                     again += 1
-                    fresh = True
-                    continue
-                if step is Next.AGAIN_LATER:  # on a pooled connection, if one is idle by then
-                    await asyncio.sleep(RESEND_PAUSE)
-                    again += 1
+                    fresh = step is Next.AGAIN
                     continue
                 if step is Next.ELSEWHERE:
                     elsewhere += 1
