@@ -52,7 +52,7 @@ import httpx
 
 from bench.cluster import Piece, wakeful_cli
 from bench.procfs import children, cpu_seconds
-from bench.proxy import NGINX_HTTP, SLOW_DELAY, Result, run_hey, run_wrk
+from bench.proxy import NGINX_HTTP, NGINX_KEEPALIVE, SLOW_DELAY, Result, run_hey, run_wrk
 from wakeful.domain import keys
 from wakeful.domain.models import Sandbox
 from wakeful.store.testing import EtcdServer, free_port, wait_listening
@@ -126,7 +126,7 @@ error_log {dir}/error.log warn;
 events {{ worker_connections 4096; }}
 http {{
 {http}
-    upstream sandbox {{ server {upstream}; keepalive 64; }}
+    upstream sandbox {{ server {upstream}; keepalive {keepalive}; }}
     server {{
         listen 127.0.0.1:{port} reuseport;
         location / {{
@@ -283,7 +283,14 @@ def nginx(
     conf = directory / "nginx.conf"
     http = NGINX_HTTP.format(dir=directory)
     conf.write_text(
-        NGINX.format(workers=workers, dir=directory, http=http, upstream=upstream, port=port)
+        NGINX.format(
+            workers=workers,
+            dir=directory,
+            http=http,
+            upstream=upstream,
+            port=port,
+            keepalive=NGINX_KEEPALIVE,
+        )
     )
     process = subprocess.Popen(
         ["nginx", "-p", str(directory), "-c", str(conf), "-g", "daemon off;"],
