@@ -83,6 +83,19 @@ def shifted(address: str, by: int) -> str:
     return join_address(host, port + by if port else 0)
 
 
+def tunnel_listeners(settings: IngressSettings) -> str | None:
+    """What the supervisor says of its workers' tunnel listeners, when it has one: each
+    worker's port, which the nodes' tunnel balancer must list (a stream may land on any
+    replica, but each worker is one, with a port of its own)."""
+    if settings.tunnel_listen is None:
+        return None
+    host, port = split_address(settings.tunnel_listen)
+    if not port:
+        return "tunnel listeners: each worker's on a free port (its log line names it)"
+    ports = ", ".join(join_address(host, port + i) for i in range(settings.workers))
+    return f"tunnel listeners: {ports} (the tunnel balancer lists each)"
+
+
 def share(total: int, workers: int, index: int) -> int:
     """Worker `index`'s part of `total` split among `workers`: as even as whole numbers
     allow, the parts adding up to `total`, and at least 1."""
@@ -378,6 +391,7 @@ async def supervise(
             tls = held.enter_context(reserve(settings.tls_listen, "TLS listen address"))
             tls_listen = address_of(tls)
         replica = settings.tunnel_replica or default_replica_name(listen)
+        tunnels = tunnel_listeners(settings)
         workers = []
         for index in range(settings.workers):
             admin = address_of(held.enter_context(reserve("127.0.0.1:0", "worker admin port")))
@@ -392,6 +406,7 @@ async def supervise(
             dict(os.environ if env is None else env),
             on_ready=lambda: announce(
                 f"ingress listening on http://{listen} ({len(workers)} workers)"
+                + ("" if tunnels is None else f"\n{tunnels}")
             ),
         )
         admin_server = HttpServer(

@@ -30,6 +30,7 @@ from wakeful.ingress.workers import (
     share,
     shifted,
     supervise,
+    tunnel_listeners,
     worker_env,
 )
 from wakeful.store.testing import free_port
@@ -63,6 +64,16 @@ def test_each_worker_is_a_replica_with_its_own_tunnel_port_and_name() -> None:
     assert [e["WAKEFUL_ACCESS_LOG_RATE"] for e in envs] == ["334", "333", "333"]  # shared
     assert shifted("[::1]:0", 4) == "[::1]:0"  # each its own free port
     assert shifted("[::1]:443", 1) == "[::1]:444"
+    assert tunnel_listeners(settings) == (
+        "tunnel listeners: 0.0.0.0:9000, 0.0.0.0:9001, 0.0.0.0:9002"
+        " (the tunnel balancer lists each)"
+    )
+
+
+def test_the_supervisor_names_its_tunnel_listeners_only_when_it_has_them() -> None:
+    assert tunnel_listeners(IngressSettings(ingress_workers=2)) is None
+    free = tunnel_listeners(IngressSettings(tunnel_listen="[::1]:0", ingress_workers=2))
+    assert free is not None and "free port" in free
 
 
 @pytest.mark.parametrize(
@@ -242,9 +253,11 @@ async def test_workers_are_seen_ready_with_a_proxy_in_the_environment(
     monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{free_port()}")
     monkeypatch.delenv("NO_PROXY", raising=False)
     monkeypatch.delenv("no_proxy", raising=False)
+    tunnel = free_port()
     settings = IngressSettings(
         listen=f"127.0.0.1:{free_port()}",
         admin_listen=f"127.0.0.1:{free_port()}",
+        tunnel_listen=f"127.0.0.1:{tunnel}",
         ingress_workers=2,
     )
     told: list[str] = []
@@ -262,6 +275,8 @@ async def test_workers_are_seen_ready_with_a_proxy_in_the_environment(
     )
     assert why is None
     assert told, "workers serving /readyz 200 were never seen ready"
+    # ... and the announcement names each worker's tunnel port, for the tunnel balancer
+    assert f"127.0.0.1:{tunnel}, 127.0.0.1:{tunnel + 1} (the tunnel balancer" in told[0]
 
 
 async def test_a_stop_while_a_worker_is_being_spawned_still_stops_and_waits_for_it(
