@@ -114,3 +114,43 @@ async def test_put_writes_at_once_while_held_and_is_what_the_next_lease_gets(
     await record.release(within=5)
     await record.put(Replica(name="r1", relay="d:4"))  # released: not written
     assert await value_of(store) is None
+
+
+async def test_a_record_another_holder_of_its_key_took_away_is_written_again(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two processes of one name hold one key: the later write wins, under the later lease,
+    and the earlier holder leaves it to it (no flapping between the two). When the later one
+    stops (its lease revoked, its record with it), the earlier one, still running, writes its
+    own again at its next renewal: before, its record stayed gone for as long as it ran."""
+    first = held(store)
+    second = HeldRecord(store, "ingresses/r1", Replica(name="r1", relay="b:2"), ttl=TTL, what="r1")
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(first.run)
+        with anyio.fail_after(10):
+            await first.held.wait()
+        stop_second = anyio.CancelScope()
+
+        async def run_second() -> None:
+            with stop_second:
+                await second.run()
+
+        tasks.start_soon(run_second)
+        with anyio.fail_after(10):
+            await second.held.wait()
+        assert await value_of(store) == "b:2"
+        with anyio.fail_after(10):  # the first one notices at a renewal, and says so once
+            while "another process wrote its record" not in caplog.text:  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+        await anyio.sleep(1.5)  # two more renewals of each: the second's stays
+        assert await value_of(store) == "b:2"
+        assert caplog.text.count("another process wrote its record") == 1
+        stop_second.cancel()  # the second process stops, as a holder does: then releases
+        await second.release(within=5)
+        with anyio.fail_after(10):
+            while await value_of(store) != "a:1":  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+        assert "its record was gone though its lease lives" in caplog.text
+        tasks.cancel_scope.cancel()
+    await first.release(within=5)
+    assert await value_of(store) is None

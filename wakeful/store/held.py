@@ -11,6 +11,13 @@ whatever it was given last is what `run` writes under the next lease. `release` 
 lease, so the record goes now rather than a TTL later: the holder calls it when it stops, at
 the point its shutdown order says (the node agent after its sandboxes have stopped).
 
+Two processes can hold one key (two ingress replicas or node agents given one name, or a
+restart while the old process still runs): the later write wins, under the later lease, and
+when that process stops its record goes, though the first still runs and keeps its own lease
+alive. So after each renewal the holder reads the key (`_check`): gone, it is written again
+under the holder's lease; written by someone else (a revision the holder did not write), it
+is left to them, and said once.
+
 The node agent's `nodes/{node}` and an ingress replica's `ingresses/{replica}` are held this
 way. A leader's `leaders/{role}` is not: a lost term must never be written again, since
 another candidate may have been elected since (`wakeful.store.election`).
@@ -61,19 +68,26 @@ class HeldRecord(Generic[M]):
         grant and after `release`."""
         self.held = anyio.Event()
         """Set once the record was first written (and `after_write` ran)."""
+        self._written = 0
+        """The revision of this holder's last write of the record."""
+        self._writing = anyio.Lock()
+        """Held across a write and its revision's note, and across `_check`'s read."""
+        self._others = False
+        """Someone else's write is the record now (said once)."""
 
     async def run(self) -> None:
         """Write the record and keep it alive until cancelled (see the module's notes)."""
         while True:
             try:
                 lease = self.lease = await self._store.grant(self._ttl)
-                await self._store.put(self.key, self.value, lease=lease)
+                await self._write(lease)
                 if self._after_write is not None:
                     await self._after_write()
                 self.held.set()
                 while True:
                     await anyio.sleep(max(0.5, self._ttl / 3))
                     await self._store.keep_alive(lease)
+                    await self._check(lease)
             except LeaseNotFound:
                 log.warning(
                     "%s: its record's lease expired; writing it again",
@@ -93,7 +107,38 @@ class HeldRecord(Generic[M]):
         self.value = value
         lease = self.lease
         if lease is not None and self.held.is_set():
-            await self._store.put(self.key, value, lease=lease)
+            await self._write(lease)
+
+    async def _write(self, lease: int) -> None:
+        async with self._writing:
+            self._written = await self._store.put(self.key, self.value, lease=lease)
+
+    async def _check(self, lease: int) -> None:
+        """The record as the store has it: gone while the lease lives (another holder of the
+        key wrote it under its lease, then stopped), it is written again; another holder's
+        write is left alone."""
+        async with self._writing:
+            item = await self._store.get(self.key, type(self.value))
+            if item is not None and item.revision == self._written:
+                self._others = False
+                return
+        if item is None:
+            log.warning(
+                "%s: its record was gone though its lease lives (another process of the same "
+                "name stopped?); writing it again",
+                self._what,
+                extra={"key": self.key},
+            )
+            self._others = False
+            await self._write(lease)
+        elif not self._others:
+            self._others = True
+            log.warning(
+                "%s: another process wrote its record: two of one name? Its record is theirs "
+                "until they stop",
+                self._what,
+                extra={"key": self.key},
+            )
 
     async def release(self, within: float) -> None:
         """Delete the record now by revoking its lease; best effort, at most `within` seconds,
