@@ -64,7 +64,7 @@ from wakeful.store.reflector import reflect
 from .cordon import OwnCordon
 from .fencing import claims
 from .logship import LogShipper, LogSink
-from .registration import Registration
+from .registration import Registration, held_data_dir
 from .secrets import SecretSource
 from .settings import NodeSettings, memory_share
 from .suspended import evictions, meminfo
@@ -170,8 +170,15 @@ class NodeAgent:
     async def run(self) -> None:
         """Register, adopt nothing from a previous life, then serve until cancelled.
 
-        On cancellation every sandbox this agent started is stopped (SIGTERM, then SIGKILL).
+        Not before it holds its data directory and its name (`NodeTaken` otherwise, with
+        nothing written: `node.registration`). On cancellation every sandbox this agent
+        started is stopped (SIGTERM, then SIGKILL).
         """
+        with held_data_dir(self._settings.data_dir):
+            await self._registration.claim()
+            await self._serve_registered()
+
+    async def _serve_registered(self) -> None:
         try:
             async with anyio.create_task_group() as tasks:
                 self._tasks = tasks

@@ -4,21 +4,60 @@ is gone when the agent is (the pool controller then treats the node's sandboxes 
 
 Two writers change the record, the suspended tier's report and the tunnel's coverage table;
 one at a time, so no older copy lands after a newer one.
+
+One agent is one node. A second agent of the same node would take the first one's sandboxes
+for a previous run's and bury them (and clear their directories, on the same data directory),
+so an agent starts only once it holds its data directory's lock (`held_data_dir`, released by
+the kernel however the agent ends) and no other agent holds its name (`Registration.claim`).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
+import fcntl
+import logging
+import os
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 
 import anyio
 
 from wakeful.domain import keys
 from wakeful.domain.models import Node, SeenNode, Tunnel
-from wakeful.store import Conflict, Store
+from wakeful.store import Conflict, Store, StoreError
 from wakeful.store.held import HeldRecord
 
 from .settings import NodeSettings
+
+log = logging.getLogger(__name__)
+
+CLAIM_MARGIN = 3.0
+"""Seconds past its TTL a record of this node's name from another address may stay before it
+counts as another agent's (a previous run's lease runs out within its TTL)."""
+
+
+class NodeTaken(RuntimeError):
+    """Another agent runs as this node, or on this data directory."""
+
+
+@contextlib.contextmanager
+def held_data_dir(data_dir: Path) -> Iterator[None]:
+    """An exclusive lock on `data_dir`'s `agent.lock` while the block runs: a second agent on
+    one data directory is refused (`NodeTaken`). The kernel releases it when the process ends,
+    however it ends, so a restart after a crash takes it at once."""
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    lock = os.open(data_dir / "agent.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise NodeTaken(
+                f"another node agent runs on the data directory {data_dir}: one agent a "
+                "directory (WAKEFUL_DATA_DIR)"
+            ) from None
+        yield
+    finally:
+        os.close(lock)
 
 
 class Registration:
@@ -32,6 +71,7 @@ class Registration:
         """`isolation`: how this node isolates sandboxes, as `wakeful status` shows it."""
         self._store = store
         self._name = settings.node_name
+        self._ttl = settings.node_ttl
         self._clock = clock
         self._lock = anyio.Lock()
         self._record = Node(
@@ -54,6 +94,43 @@ class Registration:
     def held(self) -> anyio.Event:
         """Set once the record was first written (and `seen/{node}` was)."""
         return self._held.held
+
+    async def claim(self, poll: float = 0.5) -> None:
+        """Before the record is first written: a record of this node's name from another
+        address is a previous run's there, whose lease runs out within its TTL, or another
+        agent's, still running, which renews it. Waits for it to go; `NodeTaken` once it has
+        stayed for the TTL and `CLAIM_MARGIN`. One from this node's own address is this
+        machine's previous run (the data directory's lock says none of it runs). A store
+        that fails meanwhile only delays it (invariant 19)."""
+        seen_at: float | None = None
+        while True:
+            try:
+                item = await self._store.get(keys.node(self._name), Node)
+            except StoreError as exc:
+                log.warning("node %s: cannot read its record yet: %s", self._name, exc)
+                seen_at = None  # a lease may outlive an outage: watch it again afterwards
+                await anyio.sleep(1)
+                continue
+            if item is None or item.value.address == self._record.address:
+                return
+            now = anyio.current_time()
+            if seen_at is None:
+                seen_at = now
+                log.warning(
+                    "node %s is registered from %s: waiting up to %.0f s for that record to "
+                    "go (a previous run's) before starting",
+                    self._name,
+                    item.value.address,
+                    self._ttl + CLAIM_MARGIN,
+                )
+            elif now - seen_at >= self._ttl + CLAIM_MARGIN:
+                raise NodeTaken(
+                    f"node {self._name!r} is registered from {item.value.address} by an agent "
+                    f"that still runs (its record outlived its {self._ttl} s TTL): two agents "
+                    "of one node would each bury the other's sandboxes; give this one a name "
+                    "of its own (WAKEFUL_NODE_NAME) or stop the other"
+                )
+            await anyio.sleep(poll)
 
     async def run(self) -> None:
         """Write the record and keep it alive until cancelled (`HeldRecord.run`)."""
