@@ -26,11 +26,13 @@ from wakeful.datadir import (
 from wakeful.idle_monitor.monitor import IdleMonitor, IdleMonitorSettings
 from wakeful.leadership import Standby, leader_locator
 from wakeful.node.agent import NodeAgent
+from wakeful.node.registration import claim, held_data_dir
 from wakeful.node.sandbox.local import runtime_for
 from wakeful.node.settings import NodeSettings
 from wakeful.process import settle_heap, wait_for_signal
 from wakeful.remote import Endpoint, HttpArtifacts, HttpBlobs, HttpKeeper, HttpLogSink, HttpSecrets
 from wakeful.secrets.keys import KeyRing
+from wakeful.store import Store
 from wakeful.store.base import StoreBase
 from wakeful.store.election import FencedStore, Term
 
@@ -88,35 +90,47 @@ async def run_node(
     """A node agent that fetches artifacts and its sandboxes' secrets from, and pushes logs
     to, the control API."""
     private_data_dir(settings.data_dir)
-    async with settings.open_store() as store:
-        locate = leader_locator(store, control.apis)
-        async with (
-            HttpArtifacts(control.apis[0], control.token, locate=locate) as artifacts,
-            HttpBlobs(control.apis[0], control.token, locate=locate) as blobs,
-            HttpLogSink(control.apis[0], control.token, locate=locate) as logs,
-            HttpKeeper(control.apis[0], control.token, settings.node_name, locate=locate) as keeper,
-            HttpSecrets(
-                control.apis[0], control.token, settings.node_name, locate=locate
-            ) as secrets,
-        ):
-            # Sandboxes must not reach the control API or the store, wherever they run.
-            runtime = runtime_for(settings, control_plane=control.apis, blobs=blobs)
-            agent = NodeAgent(
-                store,
-                settings,
-                artifacts,
-                keeper,
-                secrets,
-                logs=logs,
-                runtime=runtime,
-                tunnel_token=control.token,
-            )
-            async with anyio.create_task_group() as tasks:
-                tasks.start_soon(agent.run)
-                announce(f"node {settings.node_name} running")
-                settle_heap()
-                await wait_for_signal()
-                tasks.cancel_scope.cancel()
+    with held_data_dir(settings.data_dir) as agent_id:  # before anything touches the machine
+        async with settings.open_store() as store:
+            await claim(store, settings, agent_id)
+            await _run_node(settings, control, store, agent_id, announce)
+
+
+async def _run_node(
+    settings: NodeSettings,
+    control: Endpoint,
+    store: Store,
+    agent_id: str,
+    announce: Callable[[str], None],
+) -> None:
+    locate = leader_locator(store, control.apis)
+    async with (
+        HttpArtifacts(control.apis[0], control.token, locate=locate) as artifacts,
+        HttpBlobs(control.apis[0], control.token, locate=locate) as blobs,
+        HttpLogSink(control.apis[0], control.token, locate=locate) as logs,
+        HttpKeeper(control.apis[0], control.token, settings.node_name, locate=locate) as keeper,
+        HttpSecrets(control.apis[0], control.token, settings.node_name, locate=locate) as secrets,
+    ):
+        # Sandboxes must not reach the control API or the store, wherever they run.
+        runtime = runtime_for(settings, control_plane=control.apis, blobs=blobs)
+        agent = NodeAgent(
+            store,
+            settings,
+            artifacts,
+            keeper,
+            secrets,
+            logs=logs,
+            runtime=runtime,
+            tunnel_token=control.token,
+            agent=agent_id,
+        )
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(agent.run)
+            await agent.wait_registered()
+            announce(f"node {settings.node_name} running")
+            settle_heap()
+            await wait_for_signal()
+            tasks.cancel_scope.cancel()
 
 
 async def run_ingress(

@@ -1,6 +1,6 @@
 """One agent is one node (`wakeful.node.registration`): a second agent on the same data
 directory, or of a node another running agent holds, is refused before it writes anything;
-a previous run's record (its lease running out, or from this node's own address) is not."""
+a previous run's record (its lease running out, or the agent's own) is not in the way."""
 
 from __future__ import annotations
 
@@ -13,14 +13,15 @@ import anyio
 import pytest
 
 from tests.support.node import agent_settings
-from wakeful.deploy.artifacts import LocalArtifacts
-from wakeful.deploy.states import StateKeeper
 from wakeful.domain import keys
 from wakeful.domain.models import Node
-from wakeful.node.agent import NodeAgent
-from wakeful.node.registration import CLAIM_MARGIN, NodeTaken, held_data_dir
-from wakeful.node.settings import NodeSettings
-from wakeful.node.testing import FakeSecrets
+from wakeful.node.registration import (
+    CLAIM_MARGIN,
+    NodeTaken,
+    agent_identity,
+    claim,
+    held_data_dir,
+)
 from wakeful.store import Store, open_store
 from wakeful.store.held import HeldRecord
 
@@ -35,80 +36,87 @@ async def store() -> AsyncIterator[Store]:
         yield opened
 
 
-def agent(store: Store, settings: NodeSettings, tmp_path: Path) -> NodeAgent:
-    artifacts = LocalArtifacts(tmp_path / "artifacts")
-    keeper = StateKeeper(store, artifacts).for_node(settings.node_name)
-    return NodeAgent(store, settings, artifacts, keeper, FakeSecrets())
+def record(agent: str, address: str = "127.0.0.1") -> Node:
+    """Node n1's record as an agent writes it; the address is this node's own (the default)
+    unless said: an agent is told apart by its identity, not by where it is."""
+    return Node(name="n1", address=address, agent=agent)
 
 
-def elsewhere(address: str = "10.0.0.9") -> Node:
-    return Node(name="n1", address=address)
-
-
-async def test_a_second_agent_on_one_data_directory_is_refused_and_writes_nothing(
-    store: Store, tmp_path: Path
-) -> None:
-    settings = agent_settings(tmp_path / "data", node_ttl=TTL)
+def test_a_second_agent_on_one_data_directory_is_refused(tmp_path: Path) -> None:
+    data = tmp_path / "data"
     refused = pytest.raises(NodeTaken, match="another node agent runs on the data directory")
-    with held_data_dir(settings.data_dir), refused, anyio.fail_after(10):  # the first agent's
-        await agent(store, settings, tmp_path).run()
-    listing = await store.list(keys.CORDONS, Node)
-    assert listing.items == [] and listing.invalid == []  # no cordon left for n1
-    assert await store.get(keys.node("n1"), Node) is None
-    with held_data_dir(settings.data_dir):  # released by the one that was refused, too
+    with held_data_dir(data) as first, refused, held_data_dir(data):
         pass
+    with held_data_dir(data) as again:  # released by both
+        assert again == first  # the same directory on the same boot: the same agent
+
+
+def test_an_agents_identity_is_its_directory_and_the_machines_boot(tmp_path: Path) -> None:
+    boot, other_boot = tmp_path / "boot", tmp_path / "other-boot"
+    boot.write_text("6f1c0b1e-aaaa\n")
+    other_boot.write_text("0d9e22aa-bbbb\n")
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    mine = agent_identity(one, boot)
+    assert agent_identity(one, boot) == mine  # kept in the directory
+    assert agent_identity(two, boot) != mine  # another directory on this machine
+    assert agent_identity(one, other_boot) != mine  # a copy of it on a cloned machine
+    assert mine.startswith("6f1c0b1e/")
 
 
 async def test_an_agent_of_a_node_another_running_agent_holds_is_refused(
     store: Store, tmp_path: Path
 ) -> None:
-    """The other agent (another machine: another address) renews its record; this one waits
-    its TTL and the margin, then gives up naming the address and what to do, having written
-    nothing: the other's record and sandboxes are untouched."""
-    other = HeldRecord(store, keys.node("n1"), elsewhere(), ttl=TTL, what="the other agent")
+    """The other agent (another directory on the same machine: the same address) renews its
+    record; this one waits its TTL and the margin, then gives up saying what to do, having
+    written nothing: the other's record is untouched."""
+    other = HeldRecord(store, keys.node("n1"), record("boot/other"), ttl=TTL, what="the other")
     settings = agent_settings(tmp_path / "data", node_ttl=TTL)
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(other.run)
         await other.held.wait()
         started = anyio.current_time()
-        with anyio.fail_after(TTL + CLAIM_MARGIN + 10):
-            with pytest.raises(NodeTaken, match=r"registered from 10\.0\.0\.9 .* still runs"):
-                await agent(store, settings, tmp_path).run()
+        with (
+            anyio.fail_after(TTL + CLAIM_MARGIN + 10),
+            pytest.raises(NodeTaken, match=r"still runs .*\(WAKEFUL_NODE_NAME\)"),
+        ):
+            await claim(store, settings, "boot/mine", poll=0.1)
         assert anyio.current_time() - started >= TTL + CLAIM_MARGIN
         item = await store.get(keys.node("n1"), Node)
-        assert item is not None and item.value.address == "10.0.0.9"
+        assert item is not None and item.value.agent == "boot/other"
         tasks.cancel_scope.cancel()
     await other.release(within=5)
 
 
-async def test_a_previous_runs_record_from_another_address_is_waited_out(
-    store: Store, tmp_path: Path
-) -> None:
-    """The node's address changed since its last run, which died without releasing its record:
-    the record goes once its lease runs out (deleted here), and the agent starts then."""
-    await store.put(keys.node("n1"), elsewhere())
+async def test_a_previous_runs_record_is_waited_out(store: Store, tmp_path: Path) -> None:
+    """A run that died without releasing its record, from another directory (or before a
+    reboot): the record goes once its lease runs out (deleted here), and not before, the claim
+    returns."""
+    await store.put(keys.node("n1"), record("boot/before"))
     settings = agent_settings(tmp_path / "data", node_ttl=TTL)
-    registration = agent(store, settings, tmp_path)._registration
+    claimed = anyio.Event()
+
+    async def claim_it() -> None:
+        await claim(store, settings, "boot/mine", poll=0.05)
+        claimed.set()
+
     async with anyio.create_task_group() as tasks:
-
-        async def expire() -> None:
-            await anyio.sleep(1)
-            await store.delete(keys.node("n1"))
-
-        tasks.start_soon(expire)
-        with anyio.fail_after(TTL + CLAIM_MARGIN):
-            await registration.claim(poll=0.05)
+        tasks.start_soon(claim_it)
+        await anyio.sleep(1)
+        assert not claimed.is_set()  # still waiting for the record to go
+        await store.delete(keys.node("n1"))
+        with anyio.fail_after(5):
+            await claimed.wait()
 
 
-async def test_a_record_from_this_nodes_own_address_is_its_previous_run(
-    store: Store, tmp_path: Path
-) -> None:
-    """Killed on this machine, restarted at once: its record still lives out its lease, and the
-    data directory's lock (free: the kernel released it) says no agent of it runs."""
+async def test_the_agents_own_record_is_its_previous_run(store: Store, tmp_path: Path) -> None:
+    """Killed, restarted at once on the same directory: its record still lives out its lease,
+    and the directory's lock (free: the kernel released it) says no agent of it runs."""
+    await store.put(keys.node("n1"), record("boot/mine"))
     settings = agent_settings(tmp_path / "data", node_ttl=TTL)
-    await store.put(keys.node("n1"), elsewhere(settings.node_address))
     with anyio.fail_after(1):
-        await agent(store, settings, tmp_path)._registration.claim()
+        await claim(store, settings, "boot/mine")
 
 
 def test_the_lock_is_the_kernels_once_the_process_ends(tmp_path: Path) -> None:

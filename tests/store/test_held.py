@@ -11,7 +11,7 @@ import pytest
 from pydantic import BaseModel
 
 from tests.support.store import pass_time
-from wakeful.store import Store
+from wakeful.store import CorruptValue, Store
 from wakeful.store.held import HeldRecord
 from wakeful.testing import ManualClock
 
@@ -154,3 +154,35 @@ async def test_a_record_another_holder_of_its_key_took_away_is_written_again(
         tasks.cancel_scope.cancel()
     await first.release(within=5)
     assert await value_of(store) is None
+
+
+class Older(BaseModel):
+    """Another version's record of the same key: this version cannot read it."""
+
+    name: str
+
+
+async def test_a_record_of_another_holder_it_cannot_read_is_left_alone(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two of one name on two versions: the one that cannot read the other's record takes it
+    for someone else's, as it is, rather than for a store failure (which wrote over it under a
+    new lease, and the two overwrote each other for as long as both ran)."""
+    first = held(store)
+    second = HeldRecord(store, "ingresses/r1", Older(name="r1"), ttl=TTL, what="older")
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(first.run)
+        with anyio.fail_after(10):
+            await first.held.wait()
+        tasks.start_soon(second.run)
+        with anyio.fail_after(10):
+            await second.held.wait()
+            while "another process wrote its record" not in caplog.text:  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+        await anyio.sleep(1.5)  # two more renewals of each
+        with pytest.raises(CorruptValue):  # still the older one's: not written over
+            await store.get("ingresses/r1", Replica)
+        assert "cannot keep its record" not in caplog.text
+        tasks.cancel_scope.cancel()
+    await second.release(within=5)
+    await first.release(within=5)

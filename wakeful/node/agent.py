@@ -64,7 +64,7 @@ from wakeful.store.reflector import reflect
 from .cordon import OwnCordon
 from .fencing import claims
 from .logship import LogShipper, LogSink
-from .registration import Registration, held_data_dir
+from .registration import Registration
 from .secrets import SecretSource
 from .settings import NodeSettings, memory_share
 from .suspended import evictions, meminfo
@@ -92,12 +92,14 @@ class NodeAgent:
         logs: LogSink | None = None,
         tunnel_token: str | None = None,
         memory: Callable[[], tuple[int, int]] = meminfo,
+        agent: str = "",
     ) -> None:
         """`keeper`: where stateful apps' states go back to (the control plane: it stores
         their archives and writes their records). `secrets`: each app's secrets, asked for at
         its sandbox's start (the control plane's, in process or over HTTP). `tunnel_token`:
         the node token its tunnel streams carry (with `settings.tunnel`); `memory`: the
-        machine's (total, available) memory, for the suspended tier's cap."""
+        machine's (total, available) memory, for the suspended tier's cap; `agent`: its
+        identity in the node's record (`node.registration.agent_identity`)."""
         self._store = store
         self._memory = memory
         self._guard: GuardKeeper | None = None
@@ -120,7 +122,7 @@ class NodeAgent:
         )
         runtime = runtime or runtime_for(settings)
         self._isolation = isolation_of(runtime)
-        self._registration = Registration(store, settings, self._isolation, clock)
+        self._registration = Registration(store, settings, self._isolation, clock, agent)
         """`nodes/{node}`, under a TTL lease: gone when the agent is."""
         self.warming: Warming | None = None
         """Newly deployed images unpacked ahead of their first start (a runtime with images)."""
@@ -170,15 +172,10 @@ class NodeAgent:
     async def run(self) -> None:
         """Register, adopt nothing from a previous life, then serve until cancelled.
 
-        Not before it holds its data directory and its name (`NodeTaken` otherwise, with
-        nothing written: `node.registration`). On cancellation every sandbox this agent
-        started is stopped (SIGTERM, then SIGKILL).
+        Its process holds the data directory and the node's name first (`held_data_dir`,
+        `claim`). On cancellation every sandbox this agent started is stopped (SIGTERM, then
+        SIGKILL).
         """
-        with held_data_dir(self._settings.data_dir):
-            await self._registration.claim()
-            await self._serve_registered()
-
-    async def _serve_registered(self) -> None:
         try:
             async with anyio.create_task_group() as tasks:
                 self._tasks = tasks

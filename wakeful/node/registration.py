@@ -7,8 +7,9 @@ one at a time, so no older copy lands after a newer one.
 
 One agent is one node. A second agent of the same node would take the first one's sandboxes
 for a previous run's and bury them (and clear their directories, on the same data directory),
-so an agent starts only once it holds its data directory's lock (`held_data_dir`, released by
-the kernel however the agent ends) and no other agent holds its name (`Registration.claim`).
+so a node process starts its agent only once it holds its data directory's lock
+(`held_data_dir`, released by the kernel however the process ends) and no other agent holds
+its name (`claim`), before anything else touches the machine or the store.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import contextlib
 import fcntl
 import logging
 import os
-from collections.abc import Callable, Iterator, Mapping
+import secrets
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 
 import anyio
@@ -31,6 +33,8 @@ from .settings import NodeSettings
 
 log = logging.getLogger(__name__)
 
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
 CLAIM_MARGIN = 3.0
 """Seconds past its TTL a record of this node's name from another address may stay before it
 counts as another agent's (a previous run's lease runs out within its TTL)."""
@@ -41,10 +45,11 @@ class NodeTaken(RuntimeError):
 
 
 @contextlib.contextmanager
-def held_data_dir(data_dir: Path) -> Iterator[None]:
+def held_data_dir(data_dir: Path) -> Iterator[str]:
     """An exclusive lock on `data_dir`'s `agent.lock` while the block runs: a second agent on
     one data directory is refused (`NodeTaken`). The kernel releases it when the process ends,
-    however it ends, so a restart after a crash takes it at once."""
+    however it ends, so a restart after a crash takes it at once. Yields the agent's identity
+    (`agent_identity`)."""
     data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     lock = os.open(data_dir / "agent.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
@@ -55,9 +60,76 @@ def held_data_dir(data_dir: Path) -> Iterator[None]:
                 f"another node agent runs on the data directory {data_dir}: one agent a "
                 "directory (WAKEFUL_DATA_DIR)"
             ) from None
-        yield
+        yield agent_identity(data_dir)
     finally:
         os.close(lock)
+
+
+def agent_identity(data_dir: Path, boot: Path = BOOT_ID) -> str:
+    """`BOOT/DIRECTORY`: the machine's boot (the kernel's id of it) and a random id kept in
+    the data directory (made the first time). A run after a crash on the same machine and
+    directory has the same; another directory, or a copy of this one on a cloned machine, has
+    another."""
+    kept = data_dir / "agent.id"
+    try:
+        own = kept.read_text().strip()
+    except FileNotFoundError:
+        own = ""
+    if not own:
+        own = secrets.token_hex(8)
+        kept.write_text(own + "\n")
+    try:
+        booted = boot.read_text().strip()[:8]
+    except OSError:
+        booted = "-"
+    return f"{booted}/{own}"
+
+
+@contextlib.asynccontextmanager
+async def node_claimed(store: Store, settings: NodeSettings, agent: str) -> AsyncIterator[None]:
+    """`claim`, as a step of an `async with`."""
+    await claim(store, settings, agent)
+    yield
+
+
+async def claim(store: Store, settings: NodeSettings, agent: str, poll: float = 0.5) -> None:
+    """Before an agent writes anything: a record of its node held by another agent (another
+    `agent_identity`) is a previous run's, whose lease runs out within its TTL, or another
+    agent's, still running, which renews it. Waits for it to go; `NodeTaken` once it has
+    stayed for the TTL and `CLAIM_MARGIN`. The agent's own record (this directory, this boot)
+    is its previous run's: the data directory's lock says none of it runs. A store that fails
+    meanwhile only delays it (invariant 19)."""
+    name, ttl = settings.node_name, settings.node_ttl
+    seen_at: float | None = None
+    while True:
+        try:
+            item = await store.get(keys.node(name), Node)
+        except StoreError as exc:
+            log.warning("node %s: cannot read its record yet: %s", name, exc)
+            seen_at = None  # a lease may outlive an outage: watch it again afterwards
+            await anyio.sleep(1)
+            continue
+        if item is None or item.value.agent == agent:
+            return
+        now = anyio.current_time()
+        if seen_at is None:
+            seen_at = now
+            log.warning(
+                "node %s is registered by another agent (%s, at %s): waiting up to %.0f s "
+                "for that record to go (a previous run's) before starting",
+                name,
+                item.value.agent or "an older one",
+                item.value.address,
+                ttl + CLAIM_MARGIN,
+            )
+        elif now - seen_at >= ttl + CLAIM_MARGIN:
+            raise NodeTaken(
+                f"node {name!r} is registered by another agent that still runs (at "
+                f"{item.value.address}; its record outlived its {ttl} s TTL): two agents of "
+                "one node would each bury the other's sandboxes; give this one a name of its "
+                "own (WAKEFUL_NODE_NAME) or stop the other"
+            )
+        await anyio.sleep(poll)
 
 
 class Registration:
@@ -67,11 +139,12 @@ class Registration:
         settings: NodeSettings,
         isolation: str,
         clock: Callable[[], float],
+        agent: str = "",
     ) -> None:
-        """`isolation`: how this node isolates sandboxes, as `wakeful status` shows it."""
+        """`isolation`: how this node isolates sandboxes, as `wakeful status` shows it;
+        `agent`: the agent's identity (`agent_identity`)."""
         self._store = store
         self._name = settings.node_name
-        self._ttl = settings.node_ttl
         self._clock = clock
         self._lock = anyio.Lock()
         self._record = Node(
@@ -80,6 +153,7 @@ class Registration:
             capacity=settings.capacity,
             isolation=isolation,
             tunnel=Tunnel() if settings.tunnel else None,
+            agent=agent,
         )
         self._held = HeldRecord(
             store,
@@ -94,43 +168,6 @@ class Registration:
     def held(self) -> anyio.Event:
         """Set once the record was first written (and `seen/{node}` was)."""
         return self._held.held
-
-    async def claim(self, poll: float = 0.5) -> None:
-        """Before the record is first written: a record of this node's name from another
-        address is a previous run's there, whose lease runs out within its TTL, or another
-        agent's, still running, which renews it. Waits for it to go; `NodeTaken` once it has
-        stayed for the TTL and `CLAIM_MARGIN`. One from this node's own address is this
-        machine's previous run (the data directory's lock says none of it runs). A store
-        that fails meanwhile only delays it (invariant 19)."""
-        seen_at: float | None = None
-        while True:
-            try:
-                item = await self._store.get(keys.node(self._name), Node)
-            except StoreError as exc:
-                log.warning("node %s: cannot read its record yet: %s", self._name, exc)
-                seen_at = None  # a lease may outlive an outage: watch it again afterwards
-                await anyio.sleep(1)
-                continue
-            if item is None or item.value.address == self._record.address:
-                return
-            now = anyio.current_time()
-            if seen_at is None:
-                seen_at = now
-                log.warning(
-                    "node %s is registered from %s: waiting up to %.0f s for that record to "
-                    "go (a previous run's) before starting",
-                    self._name,
-                    item.value.address,
-                    self._ttl + CLAIM_MARGIN,
-                )
-            elif now - seen_at >= self._ttl + CLAIM_MARGIN:
-                raise NodeTaken(
-                    f"node {self._name!r} is registered from {item.value.address} by an agent "
-                    f"that still runs (its record outlived its {self._ttl} s TTL): two agents "
-                    "of one node would each bury the other's sandboxes; give this one a name "
-                    "of its own (WAKEFUL_NODE_NAME) or stop the other"
-                )
-            await anyio.sleep(poll)
 
     async def run(self) -> None:
         """Write the record and keep it alive until cancelled (`HeldRecord.run`)."""

@@ -15,8 +15,8 @@ Two processes can hold one key (two ingress replicas or node agents given one na
 restart while the old process still runs): the later write wins, under the later lease, and
 when that process stops its record goes, though the first still runs and keeps its own lease
 alive. So after each renewal the holder reads the key (`_check`): gone, it is written again
-under the holder's lease; written by someone else (a revision the holder did not write), it
-is left to them, and said once.
+under the holder's lease; holding another value (someone else's write, or one this holder
+cannot read), it is left to them, and said once.
 
 The node agent's `nodes/{node}` and an ingress replica's `ingresses/{replica}` are held this
 way. A leader's `leaders/{role}` is not: a lost term must never be written again, since
@@ -34,7 +34,7 @@ import anyio
 from pydantic import BaseModel
 
 from .base import Store
-from .errors import LeaseNotFound, StoreError
+from .errors import CorruptValue, LeaseNotFound, StoreError
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
@@ -68,10 +68,8 @@ class HeldRecord(Generic[M]):
         grant and after `release`."""
         self.held = anyio.Event()
         """Set once the record was first written (and `after_write` ran)."""
-        self._written = 0
-        """The revision of this holder's last write of the record."""
         self._writing = anyio.Lock()
-        """Held across a write and its revision's note, and across `_check`'s read."""
+        """Held across a write (and a change of `value`), and across `_check`'s read."""
         self._others = False
         """Someone else's write is the record now (said once)."""
 
@@ -104,34 +102,45 @@ class HeldRecord(Generic[M]):
         """The record is `value` from now on: written at once while it is held (a
         `StoreError` is raised, and the value is still what the next lease gets), else at the
         next write under a lease."""
-        self.value = value
-        lease = self.lease
-        if lease is not None and self.held.is_set():
-            await self._write(lease)
+        async with self._writing:  # `_check` compares the store's copy with the value
+            self.value = value
+            lease = self.lease
+            if lease is not None and self.held.is_set():
+                await self._store.put(self.key, value, lease=lease)
 
     async def _write(self, lease: int) -> None:
         async with self._writing:
-            self._written = await self._store.put(self.key, self.value, lease=lease)
+            await self._store.put(self.key, self.value, lease=lease)
 
     async def _check(self, lease: int) -> None:
         """The record as the store has it: gone while the lease lives (another holder of the
         key wrote it under its lease, then stopped), it is written again; another holder's
-        write is left alone."""
-        async with self._writing:
-            item = await self._store.get(self.key, type(self.value))
-            if item is not None and item.revision == self._written:
+        write is left alone, also one this holder cannot read (another version's). A store
+        that fails here is tried again at the next renewal: the lease lives on."""
+        try:
+            async with self._writing:
+                item = await self._store.get(self.key, type(self.value))
+                if item is not None and item.value == self.value:
+                    self._others = False  # ours (or the same, from a twin: as good)
+                    return
+            if item is None:
+                log.warning(
+                    "%s: its record was gone though its lease lives (another process of the "
+                    "same name stopped?); writing it again",
+                    self._what,
+                    extra={"key": self.key},
+                )
                 self._others = False
+                await self._write(lease)
                 return
-        if item is None:
+        except CorruptValue:
+            pass  # not a record of ours: someone else's
+        except StoreError as exc:
             log.warning(
-                "%s: its record was gone though its lease lives (another process of the same "
-                "name stopped?); writing it again",
-                self._what,
-                extra={"key": self.key},
+                "%s: cannot read its record back: %s", self._what, exc, extra={"key": self.key}
             )
-            self._others = False
-            await self._write(lease)
-        elif not self._others:
+            return
+        if not self._others:
             self._others = True
             log.warning(
                 "%s: another process wrote its record: two of one name? Its record is theirs "

@@ -86,6 +86,10 @@ class Node(Model):
     `evict_bytes`. The node does not know pools; the activator does."""
     image_cache: ImageCacheUse | None = None
     """Its image cache (None: it runs no image apps)."""
+    agent: str = Field(default="", max_length=200)
+    """The agent holding the record: its data directory's id and the machine's boot, so that
+    another agent of the node (another directory, a cloned machine) is told from this one's
+    next run (`wakeful.node.registration.claim`)."""
 
 
 class ImageCacheUse(Model):
