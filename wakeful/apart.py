@@ -91,9 +91,15 @@ async def run_node(
     to, the control API."""
     private_data_dir(settings.data_dir)
     with held_data_dir(settings.data_dir) as agent_id:  # before anything touches the machine
-        async with settings.open_store() as store:
-            await claim(store, settings, agent_id)
-            await _run_node(settings, control, store, agent_id, announce)
+        async with settings.open_store() as store, anyio.create_task_group() as tasks:
+
+            async def node() -> None:
+                await claim(store, settings, agent_id)
+                await _run_node(settings, control, store, agent_id, announce)
+
+            tasks.start_soon(node)  # a signal ends it at any point, the claim's wait included
+            await wait_for_signal()
+            tasks.cancel_scope.cancel()
 
 
 async def _run_node(
@@ -128,9 +134,7 @@ async def _run_node(
             tasks.start_soon(agent.run)
             await agent.wait_registered()
             announce(f"node {settings.node_name} running")
-            settle_heap()
-            await wait_for_signal()
-            tasks.cancel_scope.cancel()
+            settle_heap()  # then serves until `run_node` is told to stop
 
 
 async def run_ingress(

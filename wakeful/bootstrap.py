@@ -440,7 +440,7 @@ async def run_up(
                         "stopping sandboxes"
                     )
                 tasks.cancel_scope.cancel()
-    remove_control_file(data_dir)
+        remove_control_file(data_dir)  # while the directory is still ours
 
 
 # -- one piece on its own, against a shared store (`wakeful activator | node | ...`) ---------

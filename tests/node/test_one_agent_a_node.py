@@ -4,6 +4,7 @@ a previous run's record (its lease running out, or the agent's own) is not in th
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -13,8 +14,11 @@ import anyio
 import pytest
 
 from tests.support.node import agent_settings
+from wakeful.deploy.artifacts import LocalArtifacts
+from wakeful.deploy.states import StateKeeper
 from wakeful.domain import keys
 from wakeful.domain.models import Node
+from wakeful.node.agent import NodeAgent
 from wakeful.node.registration import (
     CLAIM_MARGIN,
     NodeTaken,
@@ -22,6 +26,7 @@ from wakeful.node.registration import (
     claim,
     held_data_dir,
 )
+from wakeful.node.testing import FakeSecrets
 from wakeful.store import Store, open_store
 from wakeful.store.held import HeldRecord
 
@@ -44,7 +49,7 @@ def record(agent: str, address: str = "127.0.0.1") -> Node:
 
 def test_a_second_agent_on_one_data_directory_is_refused(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    refused = pytest.raises(NodeTaken, match="another node agent runs on the data directory")
+    refused = pytest.raises(NodeTaken, match=r"another node agent .* runs on the data directory")
     with held_data_dir(data) as first, refused, held_data_dir(data):
         pass
     with held_data_dir(data) as again:  # released by both
@@ -62,7 +67,34 @@ def test_an_agents_identity_is_its_directory_and_the_machines_boot(tmp_path: Pat
     assert agent_identity(one, boot) == mine  # kept in the directory
     assert agent_identity(two, boot) != mine  # another directory on this machine
     assert agent_identity(one, other_boot) != mine  # a copy of it on a cloned machine
+    copy = tmp_path / "copy"
+    shutil.copytree(one, copy)  # `cp -a`, a volume snapshot: agent.id comes along
+    assert (copy / "agent.id").read_text() == (one / "agent.id").read_text()
+    assert agent_identity(copy, boot) != mine
     assert mine.startswith("6f1c0b1e/")
+
+
+async def test_an_agent_says_its_identity_in_its_record_and_passes_its_own_claim(
+    store: Store, tmp_path: Path
+) -> None:
+    """The wiring: the identity an agent is given is the one its record carries, so its next
+    run (the same identity) is not held up by it, and another agent is."""
+    settings = agent_settings(tmp_path / "data", node_ttl=TTL)
+    artifacts = LocalArtifacts(tmp_path / "artifacts")
+    keeper = StateKeeper(store, artifacts).for_node("n1")
+    agent = NodeAgent(store, settings, artifacts, keeper, FakeSecrets(), agent="boot/mine")
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(agent.run)
+        with anyio.fail_after(10):
+            await agent.wait_registered()
+        item = await store.get(keys.node("n1"), Node)
+        assert item is not None and item.value.agent == "boot/mine"
+        with anyio.fail_after(1):
+            await claim(store, settings, "boot/mine")
+        with anyio.move_on_after(1) as waited:
+            await claim(store, settings, "boot/other")
+        assert waited.cancelled_caught  # still waiting for the running agent's record
+        tasks.cancel_scope.cancel()
 
 
 async def test_an_agent_of_a_node_another_running_agent_holds_is_refused(

@@ -36,8 +36,8 @@ log = logging.getLogger(__name__)
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 CLAIM_MARGIN = 3.0
-"""Seconds past its TTL a record of this node's name from another address may stay before it
-counts as another agent's (a previous run's lease runs out within its TTL)."""
+"""Seconds past its TTL a record of this node's name held by another agent may stay before it
+counts as a running agent's (a previous run's lease runs out within its TTL)."""
 
 
 class NodeTaken(RuntimeError):
@@ -57,8 +57,8 @@ def held_data_dir(data_dir: Path) -> Iterator[str]:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise NodeTaken(
-                f"another node agent runs on the data directory {data_dir}: one agent a "
-                "directory (WAKEFUL_DATA_DIR)"
+                f"another node agent (a `wakeful node`, or a `wakeful up`) runs on the data "
+                f"directory {data_dir}: one a directory"
             ) from None
         yield agent_identity(data_dir)
     finally:
@@ -66,10 +66,10 @@ def held_data_dir(data_dir: Path) -> Iterator[str]:
 
 
 def agent_identity(data_dir: Path, boot: Path = BOOT_ID) -> str:
-    """`BOOT/DIRECTORY`: the machine's boot (the kernel's id of it) and a random id kept in
-    the data directory (made the first time). A run after a crash on the same machine and
-    directory has the same; another directory, or a copy of this one on a cloned machine, has
-    another."""
+    """`BOOT/DEVICE:INODE/ID`: the machine's boot (the kernel's id of it), the data
+    directory's place on its file system, and a random id kept in it (made the first time).
+    A run after a crash on the same machine and directory has the same; another directory, a
+    copy of this one (`cp -a`, a volume snapshot) or a clone of the machine has another."""
     kept = data_dir / "agent.id"
     try:
         own = kept.read_text().strip()
@@ -82,7 +82,8 @@ def agent_identity(data_dir: Path, boot: Path = BOOT_ID) -> str:
         booted = boot.read_text().strip()[:8]
     except OSError:
         booted = "-"
-    return f"{booted}/{own}"
+    place = data_dir.stat()
+    return f"{booted}/{place.st_dev}:{place.st_ino}/{own}"
 
 
 @contextlib.asynccontextmanager

@@ -70,6 +70,9 @@ class HeldRecord(Generic[M]):
         """Set once the record was first written (and `after_write` ran)."""
         self._writing = anyio.Lock()
         """Held across a write (and a change of `value`), and across `_check`'s read."""
+        self._stored: M | None = None
+        """The value this holder last wrote: found in the store while `value` has changed, it
+        is this holder's own, from before a write that failed."""
         self._others = False
         """Someone else's write is the record now (said once)."""
 
@@ -107,10 +110,13 @@ class HeldRecord(Generic[M]):
             lease = self.lease
             if lease is not None and self.held.is_set():
                 await self._store.put(self.key, value, lease=lease)
+                self._stored = value
 
     async def _write(self, lease: int) -> None:
         async with self._writing:
-            await self._store.put(self.key, self.value, lease=lease)
+            value = self.value
+            await self._store.put(self.key, value, lease=lease)
+            self._stored = value
 
     async def _check(self, lease: int) -> None:
         """The record as the store has it: gone while the lease lives (another holder of the
@@ -130,11 +136,14 @@ class HeldRecord(Generic[M]):
                     self._what,
                     extra={"key": self.key},
                 )
+            if item is None or item.value == self._stored:  # gone, or ours from before
                 self._others = False
                 await self._write(lease)
                 return
         except CorruptValue:
             pass  # not a record of ours: someone else's
+        except LeaseNotFound:
+            raise  # `run` grants a new lease and writes the record under it
         except StoreError as exc:
             log.warning(
                 "%s: cannot read its record back: %s", self._what, exc, extra={"key": self.key}

@@ -1,0 +1,89 @@
+"""`wakeful node` as a node another running agent holds (a cloned machine, a copied
+configuration): it waits the record's TTL and a margin, then ends with one line naming what to
+do, having written nothing; a stop signal while it waits ends it at once, cleanly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from wakeful.domain import keys
+from wakeful.domain.models import Node
+from wakeful.node.registration import CLAIM_MARGIN
+from wakeful.store import Store, open_store
+from wakeful.store.held import HeldRecord
+
+pytestmark = pytest.mark.anyio
+
+TTL = 2
+RUNNING = Node(name="n1", address="10.0.0.9", agent="6f1c0b1e/1:2/other")
+
+
+@pytest.fixture
+async def held_elsewhere(tmp_path: Path) -> AsyncIterator[tuple[str, Store]]:
+    """A store file on which another agent holds node n1's record, renewing it."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    async with open_store(url, shared=True) as store, anyio.create_task_group() as tasks:
+        other = HeldRecord(store, keys.node("n1"), RUNNING, ttl=TTL, what="the other agent")
+        tasks.start_soon(other.run)
+        await other.held.wait()
+        yield url, store
+        tasks.cancel_scope.cancel()
+
+
+def node(url: str, data: Path) -> subprocess.Popen[str]:
+    env = {
+        **os.environ,
+        "WAKEFUL_STORE_URL": url,
+        "WAKEFUL_NODE_NAME": "n1",
+        "WAKEFUL_NODE_TTL": str(TTL),
+        "WAKEFUL_DATA_DIR": str(data),
+        "WAKEFUL_NODE_TOKEN": "n1-token-" + "x" * 32,
+        "WAKEFUL_API": "http://127.0.0.1:9",  # not reached: nothing starts
+        "WAKEFUL_ISOLATION": "none",
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "wakeful.cli", "node"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+async def test_a_second_agent_of_a_running_node_is_refused_with_one_line(
+    held_elsewhere: tuple[str, Store], tmp_path: Path
+) -> None:
+    url, store = held_elsewhere
+    started = time.monotonic()
+    with node(url, tmp_path / "data") as twin:
+        out, _ = await anyio.to_thread.run_sync(lambda: twin.communicate(timeout=60))
+    assert twin.returncode == 1, out
+    assert time.monotonic() - started >= TTL + CLAIM_MARGIN
+    assert "wakeful: error: node 'n1' is registered by another agent that still runs" in out
+    assert "Traceback" not in out
+    item = await store.get(keys.node("n1"), Node)
+    assert item is not None and item.value == RUNNING  # the running agent's, untouched
+
+
+async def test_a_stop_while_it_waits_ends_it_at_once(
+    held_elsewhere: tuple[str, Store], tmp_path: Path
+) -> None:
+    url, _ = held_elsewhere
+    with node(url, tmp_path / "data") as twin:
+        assert twin.stdout is not None
+        line = await anyio.to_thread.run_sync(twin.stdout.readline)
+        assert "is registered by another agent" in line  # it is waiting now
+        stopped = time.monotonic()
+        twin.send_signal(signal.SIGTERM)
+        out, _ = await anyio.to_thread.run_sync(lambda: twin.communicate(timeout=30))
+    assert twin.returncode == 0, out
+    assert time.monotonic() - stopped < TTL  # not after the wait
