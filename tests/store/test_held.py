@@ -5,14 +5,17 @@ once when released."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import anyio
 import pytest
 from pydantic import BaseModel
 
-from tests.support.store import pass_time
-from wakeful.store import CorruptValue, Store
+from tests.support.store import hold_write_lock, pass_time
+from wakeful.store import CorruptValue, Store, StoreError
 from wakeful.store.held import HeldRecord
+from wakeful.store.local import LocalStore
+from wakeful.store.sqlite import SqliteEngine
 from wakeful.testing import ManualClock
 
 pytestmark = pytest.mark.anyio
@@ -186,3 +189,33 @@ async def test_a_record_of_another_holder_it_cannot_read_is_left_alone(
         tasks.cancel_scope.cancel()
     await second.release(within=5)
     await first.release(within=5)
+
+
+async def test_a_change_whose_write_failed_is_written_at_the_next_renewal(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`put` failed (another process held the file's write lock): the store still has the
+    holder's previous value. The next renewal's read finds its own older write and writes the
+    new value, rather than taking it for another process's record and leaving it stale."""
+    path = tmp_path / "store.db"
+    store = LocalStore(SqliteEngine(path, busy_timeout=0.05), threaded=True)
+    try:
+        record = held(store)
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(record.run)
+            with anyio.fail_after(10):
+                await record.held.wait()
+            holder = hold_write_lock(path)
+            with pytest.raises(StoreError):
+                await record.put(Replica(name="r1", relay="b:2"))
+            holder.execute("ROLLBACK")
+            holder.close()
+            assert await value_of(store) == "a:1"  # the failed write left the old value
+            with anyio.fail_after(10):
+                while await value_of(store) != "b:2":  # noqa: ASYNC110
+                    await anyio.sleep(0.05)
+            assert "another process wrote its record" not in caplog.text
+            tasks.cancel_scope.cancel()
+        await record.release(within=5)
+    finally:
+        await store.aclose()
