@@ -87,9 +87,10 @@ class Node(Model):
     image_cache: ImageCacheUse | None = None
     """Its image cache (None: it runs no image apps)."""
     agent: str = Field(default="", max_length=200)
-    """The agent holding the record: its data directory's id and the machine's boot, so that
-    another agent of the node (another directory, a cloned machine) is told from this one's
-    next run (`wakeful.node.registration.claim`)."""
+    """The agent holding the record (`wakeful.node.registration.agent_identity`: the
+    machine's boot, its data directory's place on disk and an id kept there), so that another
+    agent of the node (another directory, a copy of it, a cloned machine) is told from this
+    one's next run (`claim`). Empty from an older agent."""
 
 
 class ImageCacheUse(Model):
