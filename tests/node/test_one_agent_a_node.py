@@ -21,9 +21,11 @@ from wakeful.domain.models import Node
 from wakeful.node.agent import NodeAgent
 from wakeful.node.registration import (
     CLAIM_MARGIN,
+    Claim,
     NodeTaken,
     agent_identity,
     claim,
+    claim_step,
     held_data_dir,
 )
 from wakeful.node.testing import FakeSecrets
@@ -176,3 +178,28 @@ def test_the_lock_is_the_kernels_once_the_process_ends(tmp_path: Path) -> None:
             holder.kill()
     with held_data_dir(data):
         pass
+
+
+@pytest.mark.parametrize(
+    ("holder", "waited", "step"),
+    [
+        (None, None, Claim.GO),
+        ("boot/mine", None, Claim.GO),
+        ("boot/mine", 100.0, Claim.GO),
+        ("boot/other", None, Claim.WAIT),
+        ("", None, Claim.WAIT),
+        ("boot/other", TTL + CLAIM_MARGIN - 0.1, Claim.WAIT),
+        ("boot/other", TTL + CLAIM_MARGIN, Claim.REFUSE),
+    ],
+    ids=[
+        "nobody holds it",
+        "its own record: its previous run",
+        "its own, however long seen",
+        "another agent's, just seen: wait",
+        "an older agent's (no identity): wait as well",
+        "not yet past its TTL and the margin: a previous run's lease may run out",
+        "past it: another agent renews it",
+    ],
+)
+def test_claim_step(holder: str | None, waited: float | None, step: Claim) -> None:
+    assert claim_step(holder, "boot/mine", waited, TTL) is step

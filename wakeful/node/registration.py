@@ -20,6 +20,7 @@ import logging
 import os
 import secrets
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from enum import StrEnum
 from pathlib import Path
 
 import anyio
@@ -93,6 +94,24 @@ async def node_claimed(store: Store, settings: NodeSettings, agent: str) -> Asyn
     yield
 
 
+class Claim(StrEnum):
+    GO = "go"
+    WAIT = "wait"
+    REFUSE = "refuse"
+
+
+def claim_step(holder: str | None, mine: str, waited: float | None, ttl: float) -> Claim:
+    """What `claim` does next, given who holds the node's record (None: nobody), this
+    agent's identity, and how long the record has been seen held by another (None: not yet
+    seen): go when nobody or this agent holds it; wait while a previous run's lease may still
+    be running out (its TTL and `CLAIM_MARGIN`); refuse once it has outlived that."""
+    if holder is None or holder == mine:
+        return Claim.GO
+    if waited is not None and waited >= ttl + CLAIM_MARGIN:
+        return Claim.REFUSE
+    return Claim.WAIT
+
+
 async def claim(store: Store, settings: NodeSettings, agent: str, poll: float = 0.5) -> None:
     """Before an agent writes anything: a record of its node held by another agent (another
     `agent_identity`) is a previous run's, whose lease runs out within its TTL, or another
@@ -110,9 +129,19 @@ async def claim(store: Store, settings: NodeSettings, agent: str, poll: float = 
             seen_at = None  # a lease may outlive an outage: watch it again afterwards
             await anyio.sleep(1)
             continue
-        if item is None or item.value.agent == agent:
-            return
         now = anyio.current_time()
+        holder = None if item is None else item.value.agent
+        step = claim_step(holder, agent, None if seen_at is None else now - seen_at, ttl)
+        if step is Claim.GO:
+            return
+        assert item is not None
+        if step is Claim.REFUSE:
+            raise NodeTaken(
+                f"node {name!r} is registered by another agent that still runs (at "
+                f"{item.value.address}; its record outlived its {ttl} s TTL): two agents of "
+                "one node would each bury the other's sandboxes; give this one a name of its "
+                "own (WAKEFUL_NODE_NAME) or stop the other"
+            )
         if seen_at is None:
             seen_at = now
             log.warning(
@@ -122,13 +151,6 @@ async def claim(store: Store, settings: NodeSettings, agent: str, poll: float = 
                 item.value.agent or "an older one",
                 item.value.address,
                 ttl + CLAIM_MARGIN,
-            )
-        elif now - seen_at >= ttl + CLAIM_MARGIN:
-            raise NodeTaken(
-                f"node {name!r} is registered by another agent that still runs (at "
-                f"{item.value.address}; its record outlived its {ttl} s TTL): two agents of "
-                "one node would each bury the other's sandboxes; give this one a name of its "
-                "own (WAKEFUL_NODE_NAME) or stop the other"
             )
         await anyio.sleep(poll)
 
