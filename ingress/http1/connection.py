@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import logging
-import socket
 from typing import TYPE_CHECKING, Final, cast
 
 import httptools
@@ -63,8 +61,10 @@ pause stops new reads, not the parsing of the last one (up to 256 KiB of tiny re
 
 
 class ClientConnection(Wire):
-    def __init__(self, server: HttpServer) -> None:
-        super().__init__(asyncio.get_running_loop(), server.limits)
+    def __init__(self, server: HttpServer, loop: asyncio.AbstractEventLoop) -> None:
+        """`loop`: the server's, given rather than asked for (`asyncio.get_running_loop`
+        makes a system call, `getpid`, at each call)."""
+        super().__init__(loop, server.limits)
         self._server = server
         self._parser = httptools.HttpRequestParser(self)
         self._client = ""
@@ -118,10 +118,6 @@ class ClientConnection(Wire):
             return
         peer = transport.get_extra_info("peername")
         self._client = peer[0] if isinstance(peer, tuple) else ""
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if server.http2 and server.tls is None:
             self._sniffed = b""  # h2c with prior knowledge opens with the preface
         elif server.http2 and chose_h2(transport.get_extra_info("ssl_object")):

@@ -93,11 +93,11 @@ class HttpServer:
         loop = asyncio.get_running_loop()
         if self.tls is None:
             self._server = await loop.create_server(
-                lambda: ClientConnection(self), sock=sock, backlog=backlog
+                lambda: ClientConnection(self, loop), sock=sock, backlog=backlog
             )
             return
         self._server = await loop.create_server(
-            lambda: ClientConnection(self),
+            lambda: ClientConnection(self, loop),
             sock=sock,
             backlog=backlog,
             ssl=self.tls,

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import socket
 from collections.abc import AsyncIterable
 from typing import cast
 
@@ -399,11 +398,8 @@ class UpstreamConnection(Gated):
 
 
 def tuned(transport: asyncio.BaseTransport) -> asyncio.Transport:
-    """An upstream connection as both kinds use it: no Nagle delay, writes bounded."""
+    """An upstream connection as both kinds use it: writes bounded. No Nagle delay either,
+    which both loops already set on every TCP transport (tests/ingress/test_nodelay.py)."""
     transport = cast(asyncio.Transport, transport)  # uvloop's is one, not a subclass
-    sock = transport.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     transport.set_write_buffer_limits(high=HIGH_WATER)
     return transport
