@@ -9,7 +9,10 @@ through nginx, with wrk (peak throughput) and hey (latency at a fixed rate).
   running sandbox and a large `requests_per_instance`, so one cached lease carries the load.
 - nginx: Debian's nginx as our own process (one worker, like the single-process ingress),
   generated config, upstream keep-alive, access log off.
-- wrk: 1 thread, 32 connections. hey: 10 workers at a fixed total rate (`--rate`).
+- wrk: 1 thread, 32 connections; then, for the ingress and nginx, again with a new
+  connection for each request (`Connection: close`: what a client that opens one per
+  request costs, a script's, a health check's). hey: 10 workers at a fixed total rate
+  (`--rate`).
 - Then a sandbox that answers after 100 ms, at the same rate on 200 connections (enough to
   keep 100 requests in flight), in two shapes: hey (its workers fire together: bursts of 200)
   and wrk paced by a random think time (arrivals spread out): p95 direct, through nginx and
@@ -195,6 +198,8 @@ class Result:
     errors: str = ""
     cpu_us: float = 0.0
     """The proxy's CPU time per request (user + system, from /proc), when measured."""
+    cpu_new_us: float = 0.0
+    """The same with a new connection for each request (`Connection: close`), when measured."""
 
 
 def _ms(value: str, unit: str) -> float:
@@ -207,9 +212,13 @@ async def run_wrk(
     host: str = HOST,
     script: Path | None = None,
     connections: int = CONNECTIONS,
+    close: bool = False,
 ) -> Result:
-    """wrk on `url` with `Host: host`, or with a Lua `script` that makes the requests."""
+    """wrk on `url` with `Host: host`, or with a Lua `script` that makes the requests;
+    `close`: each request on a new connection, which the server closes after its answer."""
     chosen = ["-s", str(script)] if script is not None else ["-H", f"Host: {host}"]
+    if close:
+        chosen += ["-H", "Connection: close"]
     done = await anyio.run_process(
         ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", *chosen, url],
         check=False,
@@ -299,12 +308,18 @@ async def serving(store: Store) -> AsyncIterator[Ingress]:
 async def measure(
     name: str, url: str, seconds: int, rate: int, pids: Sequence[int] = ()
 ) -> tuple[Result, Result]:
-    """wrk (peak; with `pids`, their CPU time per request meanwhile), then hey at `rate`."""
+    """wrk (peak; with `pids`, their CPU time per request meanwhile, and again with a new
+    connection for each request), then hey at `rate`."""
     print(f"  {name}: wrk {seconds}s ...", flush=True)
     before = cpu_seconds(*pids)
     peak = await run_wrk(url, seconds)
     if pids and peak.rps:
         peak.cpu_us = (cpu_seconds(*pids) - before) / (peak.rps * seconds) * 1e6
+        print(f"  {name}: wrk {seconds}s, a new connection each request ...", flush=True)
+        before = cpu_seconds(*pids)
+        new = await run_wrk(url, seconds, close=True)
+        if new.rps:
+            peak.cpu_new_us = (cpu_seconds(*pids) - before) / (new.rps * seconds) * 1e6
     print(f"  {name}: hey {seconds}s at {rate} req/s ...", flush=True)
     latency = await run_hey(url, seconds, rate)
     return peak, latency
@@ -388,7 +403,9 @@ async def main(seconds: int, rate: int) -> None:
     )
     print(
         f"CPU per request at peak: ingress {ing.cpu_us:.1f} µs, nginx {ngx.cpu_us:.1f} µs "
-        f"({ratio(ing.cpu_us, ngx.cpu_us)}x)"
+        f"({ratio(ing.cpu_us, ngx.cpu_us)}x); a new connection each request: "
+        f"{ing.cpu_new_us:.1f} µs, nginx {ngx.cpu_new_us:.1f} µs "
+        f"({ratio(ing.cpu_new_us, ngx.cpu_new_us)}x)"
     )
     print(
         f"ingress adds at {rate}/s: p50 {ing_lat.p50_ms - base_lat.p50_ms:+.2f} ms, "
