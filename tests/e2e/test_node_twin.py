@@ -16,7 +16,7 @@ import anyio
 import pytest
 
 from wakeful.domain import keys
-from wakeful.domain.models import Node
+from wakeful.domain.models import Cordon, Node
 from wakeful.node.registration import CLAIM_MARGIN
 from wakeful.store import Store, open_store
 from wakeful.store.held import HeldRecord
@@ -87,3 +87,37 @@ async def test_a_stop_while_it_waits_ends_it_at_once(
         out, _ = await anyio.to_thread.run_sync(lambda: twin.communicate(timeout=30))
     assert twin.returncode == 0, out
     assert time.monotonic() - stopped < TTL  # not after the wait
+
+
+async def test_of_two_agents_started_together_one_runs(tmp_path: Path) -> None:
+    """Both may find the record absent, each before the other writes it: the second write
+    finds the first's and its agent ends with one line (or, had it looked later, it waits and
+    is refused as above); the one that runs keeps its node, not cordoned."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    async with open_store(url, shared=True) as store:
+        await store.get(keys.node("n1"), Node)  # the file made before either opens it
+    twins = [node(url, tmp_path / f"data{i}") for i in (1, 2)]
+    try:
+        deadline = time.monotonic() + TTL + CLAIM_MARGIN + 20
+        while all(twin.poll() is None for twin in twins) and time.monotonic() < deadline:  # noqa: ASYNC110 (processes)
+            await anyio.sleep(0.1)
+        ended = [twin for twin in twins if twin.poll() is not None]
+        assert len(ended) == 1, "neither agent was refused"
+        (loser,) = ended
+        (winner,) = (twin for twin in twins if twin is not loser)
+        out, _ = loser.communicate()
+        assert loser.returncode == 1, out
+        assert "wakeful: error: node 'n1' " in out and "another agent" in out, out
+        assert "Traceback" not in out
+        await anyio.sleep(TTL)  # the record outlives a TTL: the winner renews it
+        async with open_store(url, shared=True) as store:
+            assert await store.get(keys.node("n1"), Node) is not None
+            assert await store.get(keys.cordon("n1"), Cordon) is None
+        winner.send_signal(signal.SIGTERM)
+        out, _ = await anyio.to_thread.run_sync(lambda: winner.communicate(timeout=30))
+        assert winner.returncode == 0, out
+    finally:
+        for twin in twins:
+            if twin.poll() is None:
+                twin.kill()
+                twin.wait()

@@ -17,7 +17,7 @@ from tests.support.node import agent_settings
 from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.deploy.states import StateKeeper
 from wakeful.domain import keys
-from wakeful.domain.models import Node
+from wakeful.domain.models import Cordon, Node
 from wakeful.node.agent import NodeAgent
 from wakeful.node.registration import (
     CLAIM_MARGIN,
@@ -119,6 +119,36 @@ async def test_an_agent_of_a_node_another_running_agent_holds_is_refused(
         assert anyio.current_time() - started >= TTL + CLAIM_MARGIN
         item = await store.get(keys.node("n1"), Node)
         assert item is not None and item.value.agent == "boot/other"
+        tasks.cancel_scope.cancel()
+    await other.release(within=5)
+
+
+async def test_an_agent_that_passed_its_claim_with_another_is_stopped_at_its_record(
+    store: Store, tmp_path: Path
+) -> None:
+    """Two agents that looked at the same moment both found the record gone (`claim` let
+    both through): the one whose record came second is stopped at its first write, before it
+    settles anything, and leaves the other's node as it was: no record of its own, no
+    cordon."""
+    other = HeldRecord(store, keys.node("n1"), record("boot/other"), ttl=TTL, what="the other")
+    settings = agent_settings(tmp_path / "data", node_ttl=TTL)
+    artifacts = LocalArtifacts(tmp_path / "artifacts")
+    keeper = StateKeeper(store, artifacts).for_node("n1")
+    agent = NodeAgent(store, settings, artifacts, keeper, FakeSecrets(), agent="boot/mine")
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(other.run)
+        await other.held.wait()
+        with (
+            anyio.fail_after(10),
+            pytest.RaisesGroup(
+                pytest.RaisesExc(NodeTaken, match=r"registered by another agent \(at 127"),
+                flatten_subgroups=True,
+            ),
+        ):
+            await agent.run()  # its claim passed before the other's record was written
+        item = await store.get(keys.node("n1"), Node)
+        assert item is not None and item.value.agent == "boot/other"
+        assert await store.get(keys.cordon("n1"), Cordon) is None
         tasks.cancel_scope.cancel()
     await other.release(within=5)
 

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 from tests.support.store import hold_write_lock, pass_time
 from wakeful.store import CorruptValue, Store, StoreError
-from wakeful.store.held import HeldRecord
+from wakeful.store.held import HeldRecord, Taken
 from wakeful.store.local import LocalStore
 from wakeful.store.sqlite import SqliteEngine
 from wakeful.testing import ManualClock
@@ -219,3 +219,78 @@ async def test_a_change_whose_write_failed_is_written_at_the_next_renewal(
         await record.release(within=5)
     finally:
         await store.aclose()
+
+
+def alone(store: Store, relay: str) -> HeldRecord[Replica]:
+    """A holder that must be alone under its key; its own records are those with its relay."""
+    return HeldRecord(
+        store,
+        "ingresses/r1",
+        Replica(name="r1", relay=relay),
+        ttl=TTL,
+        what=relay,
+        claimable=lambda found: found.relay == relay,
+    )
+
+
+async def test_a_holder_alone_under_its_key_writes_over_no_one_elses_record(
+    store: Store,
+) -> None:
+    """Another's record, or one it cannot read: `run` ends with `Taken`, nothing written. Its
+    own previous run's: written over."""
+    other = alone(store, "b:2")
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(other.run)
+        with anyio.fail_after(10):
+            await other.held.wait()
+        mine = alone(store, "a:1")
+        with anyio.fail_after(10), pytest.raises(Taken) as raised:
+            await mine.run()
+        assert raised.value.holder == Replica(name="r1", relay="b:2")
+        assert await value_of(store) == "b:2" and not mine.held.is_set()
+        tasks.cancel_scope.cancel()
+    await other.release(within=5)
+    await mine.release(within=5)  # its lease, granted: revoked, nothing of the other's goes
+
+    await store.put("ingresses/r1", Older(name="r1"))
+    with anyio.fail_after(10), pytest.raises(Taken) as raised:
+        await alone(store, "a:1").run()
+    assert raised.value.holder is None
+
+    await store.put("ingresses/r1", Replica(name="r1", relay="a:1"))  # a previous run's
+    again = alone(store, "a:1")
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(again.run)
+        with anyio.fail_after(10):
+            await again.held.wait()
+        tasks.cancel_scope.cancel()
+    await again.release(within=5)
+    assert await value_of(store) is None  # written under its lease: gone with it
+
+
+async def test_two_holders_alone_that_start_together_do_not_both_get_through(
+    store: Store,
+) -> None:
+    """Both may find the key empty: one writes, the other's write finds it written (a
+    conflict), looks again and finds the first's record."""
+    holders = [alone(store, "a:1"), alone(store, "b:2")]
+    taken: list[HeldRecord[Replica]] = []
+
+    async def hold(holder: HeldRecord[Replica]) -> None:
+        try:
+            await holder.run()
+        except Taken:
+            taken.append(holder)
+
+    async with anyio.create_task_group() as tasks:
+        for holder in holders:
+            tasks.start_soon(hold, holder)
+        with anyio.fail_after(10):
+            while not (taken and any(h.held.is_set() for h in holders)):  # noqa: ASYNC110
+                await anyio.sleep(0.02)
+        (winner,) = (h for h in holders if h.held.is_set())
+        assert taken == [h for h in holders if h is not winner]
+        assert await value_of(store) == winner.value.relay
+        tasks.cancel_scope.cancel()
+    for holder in holders:
+        await holder.release(within=5)

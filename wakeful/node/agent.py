@@ -211,7 +211,8 @@ class NodeAgent:
         finally:
             with anyio.CancelScope(shield=True):
                 try:
-                    await self._cordon.once()  # already done if a sandbox was shutting down
+                    if not self._registration.taken:  # not another agent's node to cordon
+                        await self._cordon.once()  # done if a sandbox was shutting down
                     await self._stop_all()
                 finally:
                     if self._guard is not None:  # nothing of ours is frozen now

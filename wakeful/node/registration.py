@@ -28,7 +28,7 @@ import anyio
 from wakeful.domain import keys
 from wakeful.domain.models import Node, SeenNode, Tunnel
 from wakeful.store import Conflict, Store, StoreError
-from wakeful.store.held import HeldRecord
+from wakeful.store.held import HeldRecord, Taken
 
 from .settings import NodeSettings
 
@@ -185,7 +185,10 @@ class Registration:
             ttl=settings.node_ttl,
             what=f"node {settings.node_name}",
             after_write=self._seen,
+            claimable=lambda record: record.agent == agent,
         )
+        self.taken = False
+        """Another agent's record was found where this one's was to go (`run` raised)."""
 
     @property
     def held(self) -> anyio.Event:
@@ -193,8 +196,21 @@ class Registration:
         return self._held.held
 
     async def run(self) -> None:
-        """Write the record and keep it alive until cancelled (`HeldRecord.run`)."""
-        await self._held.run()
+        """Write the record and keep it alive until cancelled (`HeldRecord.run`). The record
+        goes only where no other agent's is, compare-and-set (`claimable`): `claim` lets two
+        agents through that look at the same moment, and this stops the second. `NodeTaken`
+        when another agent's record is there."""
+        try:
+            await self._held.run()
+        except Taken as exc:
+            self.taken = True
+            holder = exc.holder
+            where = f" (at {holder.address})" if isinstance(holder, Node) else ""
+            raise NodeTaken(
+                f"node {self._name!r} was registered by another agent{where} as this one "
+                "started: two agents of one node would each bury the other's sandboxes; give "
+                "this one a name of its own (WAKEFUL_NODE_NAME) or stop the other"
+            ) from None
 
     async def release(self, within: float) -> None:
         """Delete the record now, not a TTL later (the agent stops)."""

@@ -18,6 +18,12 @@ alive. So after each renewal the holder reads the key (`_check`): gone, it is wr
 under the holder's lease; holding another value (someone else's write, or one this holder
 cannot read), it is left to them, and said once.
 
+A holder that must be alone under its key (a node agent: two agents of one node would each
+bury the other's sandboxes) says which records it may write over (`claimable`: its own
+previous run's). Each write under a new lease is then a compare-and-set: over nothing, or
+over a record it may take, at the revision it read; another's record ends `run` with `Taken`,
+having written nothing. Two holders that start together so cannot both get through.
+
 The node agent's `nodes/{node}` and an ingress replica's `ingresses/{replica}` are held this
 way. A leader's `leaders/{role}` is not: a lost term must never be written again, since
 another candidate may have been elected since (`wakeful.store.election`).
@@ -34,13 +40,23 @@ import anyio
 from pydantic import BaseModel
 
 from .base import Store
-from .errors import CorruptValue, LeaseNotFound, StoreError
+from .errors import Conflict, CorruptValue, LeaseNotFound, StoreError
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
 
 RETRY = 1.0
 """Seconds between tries while the store fails."""
+
+
+class Taken(Exception):
+    """The key holds a record the holder may not write over (`claimable`); `holder` is that
+    record, None when it cannot be read (another version's)."""
+
+    def __init__(self, key: str, holder: BaseModel | None) -> None:
+        super().__init__(f"{key} is held by another: {holder!r}")
+        self.key = key
+        self.holder = holder
 
 
 class HeldRecord(Generic[M]):
@@ -53,16 +69,19 @@ class HeldRecord(Generic[M]):
         ttl: int,
         what: str,
         after_write: Callable[[], Awaitable[None]] | None = None,
+        claimable: Callable[[M], bool] | None = None,
     ) -> None:
         """`what` names the holder in logs. `after_write`: run after each write under a new
         lease, before the record counts as held (a `StoreError` from it is retried with the
-        write)."""
+        write). `claimable`: given, the holder is alone under its key: a write under a new
+        lease goes only over no record or one this accepts, else `run` raises `Taken`."""
         self._store = store
         self.key = key
         self.value = value
         self._ttl = ttl
         self._what = what
         self._after_write = after_write
+        self._claimable = claimable
         self.lease: int | None = None
         """The lease the record is (or is about to be) written under; None before the first
         grant and after `release`."""
@@ -115,8 +134,32 @@ class HeldRecord(Generic[M]):
     async def _write(self, lease: int) -> None:
         async with self._writing:
             value = self.value
-            await self._store.put(self.key, value, lease=lease)
+            if self._claimable is None:
+                await self._store.put(self.key, value, lease=lease)
+            else:
+                await self._claim(value, lease)
             self._stored = value
+
+    async def _claim(self, value: M, lease: int) -> None:
+        """Write `value` under `lease` over no record, or over one that is claimable (or this
+        holder's own last write), at the revision read: another writer in between makes it
+        look again."""
+        assert self._claimable is not None
+        while True:
+            try:
+                item = await self._store.get(self.key, type(value))
+            except CorruptValue:
+                raise Taken(self.key, None) from None
+            try:
+                if item is None:
+                    await self._store.create(self.key, value, lease=lease)
+                elif self._claimable(item.value) or item.value == self._stored:
+                    await self._store.update(self.key, value, item.revision, lease=lease)
+                else:
+                    raise Taken(self.key, item.value)
+                return
+            except Conflict:
+                continue  # written meanwhile: whose is it now?
 
     async def _check(self, lease: int) -> None:
         """The record as the store has it: gone while the lease lives (another holder of the
