@@ -30,7 +30,9 @@ from wakeful.node.registration import (
 )
 from wakeful.node.testing import FakeSecrets
 from wakeful.store import Store, open_store
+from wakeful.store.etcd import EtcdStore
 from wakeful.store.held import HeldRecord
+from wakeful.store.testing import EtcdServer
 
 pytestmark = pytest.mark.anyio
 
@@ -181,6 +183,38 @@ async def test_the_agents_own_record_is_its_previous_run(store: Store, tmp_path:
     settings = agent_settings(tmp_path / "data", node_ttl=TTL)
     with anyio.fail_after(1):
         await claim(store, settings, "boot/mine")
+
+
+async def test_a_store_down_while_it_claims_only_delays_the_claim(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Invariant 19: etcd gone while the agent looks at its node's record (its own previous
+    run's here) fails the read, which is tried again, each second, until etcd is back."""
+    settings = agent_settings(tmp_path / "data", node_ttl=TTL)
+    with EtcdServer() as etcd:
+        store = EtcdStore([etcd.endpoint], namespace="/claim/", timeout=1.0)
+        await store.connect()
+        try:
+            await store.put(keys.node("n1"), record("boot/mine"))
+            etcd.stop()
+            claimed = anyio.Event()
+
+            async def claim_it() -> None:
+                await claim(store, settings, "boot/mine")
+                claimed.set()
+
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(claim_it)
+                with anyio.fail_after(20):
+                    while "cannot read its record yet" not in caplog.text:  # noqa: ASYNC110
+                        await anyio.sleep(0.05)
+                await anyio.sleep(1.5)  # a try or two more, while etcd is still away
+                assert not claimed.is_set()
+                await anyio.to_thread.run_sync(etcd.start)
+                with anyio.fail_after(30):
+                    await claimed.wait()
+        finally:
+            await store.aclose()
 
 
 def test_the_lock_is_the_kernels_once_the_process_ends(tmp_path: Path) -> None:
