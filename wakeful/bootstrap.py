@@ -64,8 +64,9 @@ from wakeful.domain.models import Token
 from wakeful.idle_monitor.monitor import IdleMonitor, IdleMonitorSettings
 from wakeful.ingress.acme import ServedPair
 from wakeful.node.agent import NodeAgent
-from wakeful.node.registration import held_data_dir, node_claimed
+from wakeful.node.registration import claim, held_data_dir
 from wakeful.node.sandbox.local import runtime_for
+from wakeful.node.settings import NodeSettings
 from wakeful.oci import ImageStore, RegistryAccess
 from wakeful.process import settle_heap, wait_for_signal
 from wakeful.secrets.api import secrets_router
@@ -354,6 +355,25 @@ async def _in_process_ingress(
         yield Front(ingress.tls_address[1], ingress.routes.wait_for)
 
 
+async def claimed_unless_stopped(store: Store, settings: NodeSettings, agent: str) -> bool:
+    """`claim` (`wakeful.node.registration`), or False when a stop signal (SIGINT, SIGTERM)
+    comes first: a Ctrl-C while it waits out another agent's record ends `wakeful up` at
+    once, not the TTL later."""
+    claimed = False
+    async with anyio.create_task_group() as tasks:
+
+        async def claim_it() -> None:
+            nonlocal claimed
+            await claim(store, settings, agent)
+            claimed = True
+            tasks.cancel_scope.cancel()
+
+        tasks.start_soon(claim_it)
+        await wait_for_signal()
+        tasks.cancel_scope.cancel()
+    return claimed
+
+
 async def run_up(
     *,
     data_dir: Path,
@@ -380,66 +400,69 @@ async def run_up(
     with held_data_dir(up.node.data_dir) as agent_id:
         # The token file is the admin token at every start: it is as private as the store
         # beside it, and `wakeful tokens rotate-admin` rewrites it.
-        async with (
-            # Ingress workers are other processes on the store file: it is looked at for their
-            # writes then; alone, this process is its only user.
-            open_store(up.activator.store_url, shared=up.ingress.workers > 1) as store,
-            node_claimed(store, up.node, agent_id),  # its name, before the control plane
-            control_plane(
+        # Ingress workers are other processes on the store file: it is looked at for their
+        # writes then; alone, this process is its only user.
+        async with open_store(up.activator.store_url, shared=up.ingress.workers > 1) as store:
+            if not await claimed_unless_stopped(store, up.node, agent_id):  # before the plane
+                return  # stopped while it waited for another agent's record to go
+            async with control_plane(
                 store,
                 up.activator,
                 data_dir,
                 idle=idle,
                 replace_admin=True,
                 write_admin=write_admin,
-            ) as plane,
-        ):
-            # The same LogSink a node elsewhere reaches over HTTP, handed over directly; the
-            # image blobs, from the control plane's store.
-            agent = NodeAgent(
-                store,
-                up.node,
-                plane.artifacts,
-                plane.keeper.for_node(up.node.node_name),
-                BookSecrets(plane.secrets, up.node.node_name),
-                logs=plane.logbook,
-                runtime=runtime_for(up.node, blobs=plane.images.store),
-                agent=agent_id,
-            )
-            async with anyio.create_task_group() as tasks:
-                tasks.start_soon(agent.run)
-                with anyio.fail_after(30):
-                    await agent.wait_registered()
-                if up.ingress.workers > 1:
-                    front = ingress_workers(up, api, store, plane.tokens)
-                else:
-                    front = _in_process_ingress(up, plane, store, token)
-                async with front as ingress:
-                    where = data_dir / "token"
-                    announce(f"wakeful is up: control API http://{api} (token in {where})")
-                    announce(f"  dashboard: http://{api}/ui")
-                    for app_dir in app_dirs:
-                        announce(
-                            await deploy_dir(
-                                plane.deployer, plane.artifacts, plane.tasks, app_dir, plane.images
-                            )
-                        )
-                        name = app_dir.definition.name  # WAKEFUL_TLS_LISTEN: over HTTPS too
-                        announce(f"  {name}: {app_address(name, listen, ingress.tls_port)}")
-                    # Written once the apps named on the command line are deployed and in the
-                    # ingress's routes: whoever waits for the control file (a script, a test)
-                    # finds them routable.
-                    with anyio.move_on_after(10):
+            ) as plane:
+                # The same LogSink a node elsewhere reaches over HTTP, handed over directly; the
+                # image blobs, from the control plane's store.
+                agent = NodeAgent(
+                    store,
+                    up.node,
+                    plane.artifacts,
+                    plane.keeper.for_node(up.node.node_name),
+                    BookSecrets(plane.secrets, up.node.node_name),
+                    logs=plane.logbook,
+                    runtime=runtime_for(up.node, blobs=plane.images.store),
+                    agent=agent_id,
+                )
+                async with anyio.create_task_group() as tasks:
+                    tasks.start_soon(agent.run)
+                    with anyio.fail_after(30):
+                        await agent.wait_registered()
+                    if up.ingress.workers > 1:
+                        front = ingress_workers(up, api, store, plane.tokens)
+                    else:
+                        front = _in_process_ingress(up, plane, store, token)
+                    async with front as ingress:
+                        where = data_dir / "token"
+                        announce(f"wakeful is up: control API http://{api} (token in {where})")
+                        announce(f"  dashboard: http://{api}/ui")
                         for app_dir in app_dirs:
-                            await ingress.wait_for(app_dir.definition.name)
-                    write_control_file(data_dir, f"http://{api}", token, f"http://{listen}")
-                    settle_heap()
-                    signum = await wait_for_signal()
-                    announce(
-                        f"stopping ({signal.Signals(signum).name}): finishing requests, "
-                        "stopping sandboxes"
-                    )
-                tasks.cancel_scope.cancel()
+                            announce(
+                                await deploy_dir(
+                                    plane.deployer,
+                                    plane.artifacts,
+                                    plane.tasks,
+                                    app_dir,
+                                    plane.images,
+                                )
+                            )
+                            name = app_dir.definition.name  # WAKEFUL_TLS_LISTEN: over HTTPS too
+                            announce(f"  {name}: {app_address(name, listen, ingress.tls_port)}")
+                        # Written once the apps named on the command line are deployed and in the
+                        # ingress's routes: whoever waits for the control file (a script, a test)
+                        # finds them routable.
+                        with anyio.move_on_after(10):
+                            for app_dir in app_dirs:
+                                await ingress.wait_for(app_dir.definition.name)
+                        write_control_file(data_dir, f"http://{api}", token, f"http://{listen}")
+                        settle_heap()
+                        signum = await wait_for_signal()
+                        announce(
+                            f"stopping ({signal.Signals(signum).name}): finishing requests, "
+                            "stopping sandboxes"
+                        )
+                    tasks.cancel_scope.cancel()
         remove_control_file(data_dir)  # while the directory is still ours
 
 

@@ -1,6 +1,7 @@
 """`wakeful node` as a node another running agent holds (a cloned machine, a copied
 configuration): it waits the record's TTL and a margin, then ends with one line naming what to
-do, having written nothing; a stop signal while it waits ends it at once, cleanly."""
+do, having written nothing; a stop signal while it waits ends it at once, cleanly, as it ends
+a `wakeful up` that waits so. Of two agents that start together, one runs."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from wakeful.domain.models import Cordon, Node
 from wakeful.node.registration import CLAIM_MARGIN
 from wakeful.store import Store, open_store
 from wakeful.store.held import HeldRecord
+from wakeful.store.testing import free_port
+from wakeful.testing import up_command
 
 pytestmark = pytest.mark.anyio
 
@@ -121,3 +124,47 @@ async def test_of_two_agents_started_together_one_runs(tmp_path: Path) -> None:
             if twin.poll() is None:
                 twin.kill()
                 twin.wait()
+
+
+def wakeful_up(data: Path) -> subprocess.Popen[str]:
+    ports = {"proxy": free_port(), "api": free_port(), "admin": free_port()}
+    return subprocess.Popen(
+        up_command(data, [], idle_interval=1.0, **ports),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+async def test_wakeful_up_stopped_while_it_waits_for_its_nodes_record_ends_at_once(
+    tmp_path: Path,
+) -> None:
+    """`wakeful up` on a data directory whose store has its node held by another agent (a
+    copied directory, or its record from before a reboot) waits for it before the control
+    plane starts; a Ctrl-C then ends it at once, not the TTL and margin later."""
+    data = tmp_path / "state"
+    data.mkdir(mode=0o700)
+    held_there = Node(name="local", address="127.0.0.1", agent="6f1c0b1e/1:2/other")
+    async with (
+        open_store(f"sqlite:///{data / 'store.db'}", shared=True) as store,
+        anyio.create_task_group() as tasks,
+    ):
+        other = HeldRecord(store, keys.node("local"), held_there, ttl=60, what="the other")
+        tasks.start_soon(other.run)
+        await other.held.wait()
+        with wakeful_up(data) as up:
+            assert up.stdout is not None
+            with anyio.fail_after(30):
+                while "is registered by another agent" not in (
+                    line := await anyio.to_thread.run_sync(up.stdout.readline)
+                ):
+                    assert line, "wakeful up ended without waiting"
+            stopped = time.monotonic()
+            up.send_signal(signal.SIGTERM)
+            out, _ = await anyio.to_thread.run_sync(lambda: up.communicate(timeout=30))
+        assert up.returncode == 0, out
+        assert time.monotonic() - stopped < 3  # not after the 10 s TTL and the margin
+        assert "Traceback" not in out
+        assert not (data / "control.json").exists()  # it never came up
+        tasks.cancel_scope.cancel()
+    await other.release(within=5)

@@ -19,7 +19,7 @@ import fcntl
 import logging
 import os
 import secrets
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from enum import StrEnum
 from pathlib import Path
 
@@ -85,13 +85,6 @@ def agent_identity(data_dir: Path, boot: Path = BOOT_ID) -> str:
         booted = "-"
     place = data_dir.stat()
     return f"{booted}/{place.st_dev}:{place.st_ino}/{own}"
-
-
-@contextlib.asynccontextmanager
-async def node_claimed(store: Store, settings: NodeSettings, agent: str) -> AsyncIterator[None]:
-    """`claim`, as a step of an `async with`."""
-    await claim(store, settings, agent)
-    yield
 
 
 class Claim(StrEnum):
