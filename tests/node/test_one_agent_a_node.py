@@ -28,6 +28,7 @@ from wakeful.node.registration import (
     claim_step,
     held_data_dir,
 )
+from wakeful.node.settings import NodeSettings
 from wakeful.node.testing import FakeSecrets
 from wakeful.store import Store, open_store
 from wakeful.store.etcd import EtcdStore
@@ -49,6 +50,13 @@ def record(agent: str, address: str = "127.0.0.1") -> Node:
     """Node n1's record as an agent writes it; the address is this node's own (the default)
     unless said: an agent is told apart by its identity, not by where it is."""
     return Node(name="n1", address=address, agent=agent)
+
+
+def node_agent(store: Store, settings: NodeSettings, tmp_path: Path, agent: str) -> NodeAgent:
+    """Node n1's agent, with identity `agent`."""
+    artifacts = LocalArtifacts(tmp_path / "artifacts")
+    keeper = StateKeeper(store, artifacts).for_node("n1")
+    return NodeAgent(store, settings, artifacts, keeper, FakeSecrets(), agent=agent)
 
 
 def test_a_second_agent_on_one_data_directory_is_refused(tmp_path: Path) -> None:
@@ -84,9 +92,7 @@ async def test_an_agent_says_its_identity_in_its_record_and_passes_its_own_claim
     """The wiring: the identity an agent is given is the one its record carries, so its next
     run (the same identity) is not held up by it, and another agent is."""
     settings = agent_settings(tmp_path / "data", node_ttl=TTL)
-    artifacts = LocalArtifacts(tmp_path / "artifacts")
-    keeper = StateKeeper(store, artifacts).for_node("n1")
-    agent = NodeAgent(store, settings, artifacts, keeper, FakeSecrets(), agent="boot/mine")
+    agent = node_agent(store, settings, tmp_path, "boot/mine")
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(agent.run)
         with anyio.fail_after(10):
@@ -134,9 +140,7 @@ async def test_an_agent_that_passed_its_claim_with_another_is_stopped_at_its_rec
     cordon."""
     other = HeldRecord(store, keys.node("n1"), record("boot/other"), ttl=TTL, what="the other")
     settings = agent_settings(tmp_path / "data", node_ttl=TTL)
-    artifacts = LocalArtifacts(tmp_path / "artifacts")
-    keeper = StateKeeper(store, artifacts).for_node("n1")
-    agent = NodeAgent(store, settings, artifacts, keeper, FakeSecrets(), agent="boot/mine")
+    agent = node_agent(store, settings, tmp_path, "boot/mine")
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(other.run)
         await other.held.wait()
