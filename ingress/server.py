@@ -53,7 +53,9 @@ def bind_listener(address: str, backlog: int, what: str, shared: bool = False) -
     (`ingress.workers`); the kernel spreads new connections across the listening ones."""
     host, port = split_address(address)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not 0: asyncio's loop sets TCP_NODELAY on an accepted socket only when its
+    # listener says TCP (uvloop always does); the ingress sets none itself (test_nodelay.py).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if shared:

@@ -1,8 +1,10 @@
 """The ingress sets no socket option of its own for Nagle's delay: both event loops it runs on
-turn TCP_NODELAY on for every TCP transport they make, accepted and connected. The ingress's
-client connections and its connections to sandboxes rely on that (an explicit `setsockopt`
-per connection cost two system calls and a socket object made and detached in Python: some
-4 µs of the 49 a request on a new connection took, docs/design/data-plane.md)."""
+turn TCP_NODELAY on for every TCP transport they make, accepted on the ingress's own
+listeners (`bind_listener`: asyncio's loop only on a listener made as TCP, proto
+IPPROTO_TCP) and connected to an address. The ingress's client connections and its
+connections to sandboxes rely on that (an explicit `setsockopt` per connection cost two
+system calls and a socket object made and detached in Python: some 4 µs of the 49 a request
+on a new connection took, docs/design/data-plane.md)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from collections.abc import Callable
 
 import pytest
 import uvloop
+
+from wakeful.ingress.server import bind_listener
 
 LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
     "asyncio": asyncio.new_event_loop,
@@ -35,7 +39,8 @@ def _nodelay(transport: asyncio.BaseTransport) -> int:
 async def _both_ends() -> tuple[int, int]:
     loop = asyncio.get_running_loop()
     accepted: list[asyncio.BaseTransport] = []
-    server = await loop.create_server(lambda: _Kept(accepted), "127.0.0.1", 0)
+    listener = bind_listener("127.0.0.1:0", 16, "test address")
+    server = await loop.create_server(lambda: _Kept(accepted), sock=listener)
     port = server.sockets[0].getsockname()[1]
     connected, _ = await loop.create_connection(lambda: _Kept([]), "127.0.0.1", port)
     for _ in range(200):
