@@ -7,17 +7,20 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
 import pytest
 
-from tests.support.node import agent_settings
+from tests.support.node import agent_settings, place, put_hello, status_of
+from tests.support.store import pass_time
+from wakeful.aio.packing import pack
 from wakeful.deploy.artifacts import LocalArtifacts
 from wakeful.deploy.states import StateKeeper
 from wakeful.domain import keys
-from wakeful.domain.models import Cordon, Node
+from wakeful.domain.models import AppSpec, Cordon, HealthCheck, Node, Sandbox, SandboxStatus
 from wakeful.node.agent import NodeAgent
 from wakeful.node.registration import (
     CLAIM_MARGIN,
@@ -34,10 +37,13 @@ from wakeful.store import Store, open_store
 from wakeful.store.etcd import EtcdStore
 from wakeful.store.held import HeldRecord
 from wakeful.store.testing import EtcdServer
+from wakeful.testing import ManualClock
 
 pytestmark = pytest.mark.anyio
 
 TTL = 2
+HELLO = pack(Path(__file__).parents[2] / "examples" / "hello")
+SPEC = AppSpec(command=[sys.executable, "app.py"], health=HealthCheck(path="/healthz"))
 
 
 @pytest.fixture
@@ -157,6 +163,40 @@ async def test_an_agent_that_passed_its_claim_with_another_is_stopped_at_its_rec
         assert await store.get(keys.cordon("n1"), Cordon) is None
         tasks.cancel_scope.cancel()
     await other.release(within=5)
+
+
+async def test_an_agent_whose_lapsed_record_another_took_stops_and_leaves_the_node_be(
+    tmp_path: Path,
+) -> None:
+    """The store out of reach past the record's TTL (its clock moved here): the record goes,
+    and another agent of the node registers meanwhile. When this one can write again it finds
+    the other's record: it stops, its sandbox with it, and neither cordons the node nor
+    touches the other's record (the sandbox's drain used to cordon it first)."""
+    clock = ManualClock(time.time())
+    async with open_store("memory://", clock=clock) as store:
+        await put_hello(store, SPEC, await LocalArtifacts(tmp_path / "artifacts").put(HELLO))
+        settings = agent_settings(tmp_path / "data", node_ttl=TTL, shutdown_drain=0.2)
+        agent = node_agent(store, settings, tmp_path, "boot/mine")
+        with pytest.RaisesGroup(
+            pytest.RaisesExc(NodeTaken, match=r"registered by another agent .* now: .* lapsed"),
+            flatten_subgroups=True,
+        ):
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(agent.run)
+                with anyio.fail_after(10):
+                    await agent.wait_registered()
+                await place(store, "sb-1", "hello-v1")
+                await status_of(store, "sb-1", SandboxStatus.RUNNING)
+                await pass_time(store, clock, TTL + 1)  # its lease expires, its record goes
+                assert await store.get(keys.node("n1"), Node) is None
+                await store.put(keys.node("n1"), record("boot/other"))
+                with anyio.fail_after(10):
+                    await anyio.sleep_forever()  # until the agent ends, at its next renewal
+        item = await store.get(keys.node("n1"), Node)
+        assert item is not None and item.value.agent == "boot/other"
+        assert await store.get(keys.cordon("n1"), Cordon) is None
+        sandbox = await store.get(keys.sandbox("sb-1"), Sandbox)
+        assert sandbox is not None and sandbox.value.status is SandboxStatus.STOPPED
 
 
 async def test_a_previous_runs_record_is_waited_out(store: Store, tmp_path: Path) -> None:

@@ -160,7 +160,7 @@ class NodeAgent:
             ports=PortPool(*settings.port_range, host=settings.node_address),
             writer=self._writer,
             shipper=self._shipper,
-            before_shutdown=self._cordon.once,
+            before_shutdown=self._cordon_own,
             states=self.states,
             secrets=secrets,
         )
@@ -211,8 +211,7 @@ class NodeAgent:
         finally:
             with anyio.CancelScope(shield=True):
                 try:
-                    if not self._registration.taken:  # not another agent's node to cordon
-                        await self._cordon.once()  # done if a sandbox was shutting down
+                    await self._cordon_own()  # done if a sandbox was shutting down
                     await self._stop_all()
                 finally:
                     if self._guard is not None:  # nothing of ours is frozen now
@@ -221,6 +220,12 @@ class NodeAgent:
                     with anyio.move_on_after(3):
                         await self._shipper.flush()
                 await self._registration.release(within=5)  # leave now, not after the TTL
+
+    async def _cordon_own(self) -> None:
+        """Cordon the node as this agent stops (once), unless the node is another agent's
+        now (`Registration.taken`): at its start, or after this one's record lapsed."""
+        if not self._registration.taken:
+            await self._cordon.once()
 
     def _freezer(self) -> Path | None:
         runtime = self._services.runtime

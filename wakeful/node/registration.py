@@ -181,7 +181,8 @@ class Registration:
             claimable=lambda record: record.agent == agent,
         )
         self.taken = False
-        """Another agent's record was found where this one's was to go (`run` raised)."""
+        """Another agent's record was found where this one's was to go (`run` raised): the
+        node is the other's, and this agent must not cordon it on its way out."""
 
     @property
     def held(self) -> anyio.Event:
@@ -199,6 +200,12 @@ class Registration:
             self.taken = True
             holder = exc.holder
             where = f" (at {holder.address})" if isinstance(holder, Node) else ""
+            if self._held.held.is_set():  # it ran: its record lapsed, and another took it
+                raise NodeTaken(
+                    f"node {self._name!r} is registered by another agent{where} now: this "
+                    "one's record lapsed (the store out of reach for longer than its TTL?) "
+                    "and the other took the node, so this one stops, and its sandboxes with it"
+                ) from None
             raise NodeTaken(
                 f"node {self._name!r} was registered by another agent{where} as this one "
                 "started: two agents of one node would each bury the other's sandboxes; give "

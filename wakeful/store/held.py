@@ -22,7 +22,8 @@ A holder that must be alone under its key (a node agent: two agents of one node 
 bury the other's sandboxes) says which records it may write over (`claimable`: its own
 previous run's). Each write under a new lease is then a compare-and-set: over nothing, or
 over a record it may take, at the revision it read; another's record ends `run` with `Taken`,
-having written nothing. Two holders that start together so cannot both get through.
+having written nothing. Two holders that start together so cannot both get through; and a
+lost lease is fatal to such a holder after all when, meanwhile, another took the key.
 
 The node agent's `nodes/{node}` and an ingress replica's `ingresses/{replica}` are held this
 way. A leader's `leaders/{role}` is not: a lost term must never be written again, since
