@@ -404,6 +404,7 @@ async def run_up(
         # writes then; alone, this process is its only user.
         async with open_store(up.activator.store_url, shared=up.ingress.workers > 1) as store:
             if not await claimed_unless_stopped(store, up.node, agent_id):  # before the plane
+                remove_control_file(data_dir)  # a crashed run's, if any: nothing is up
                 return  # stopped while it waited for another agent's record to go
             async with control_plane(
                 store,
