@@ -320,6 +320,8 @@ async def measure(
         new = await run_wrk(url, seconds, close=True)
         if new.rps:
             peak.cpu_new_us = (cpu_seconds(*pids) - before) / (new.rps * seconds) * 1e6
+        if new.errors:  # connections refused or reset would flatter the figure: said
+            print(f"  {name}: a new connection each request: {new.errors}", flush=True)
     print(f"  {name}: hey {seconds}s at {rate} req/s ...", flush=True)
     latency = await run_hey(url, seconds, rate)
     return peak, latency
