@@ -11,6 +11,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ from wakeful.ingress import Ingress, IngressSettings
 from wakeful.ingress.acme import CertSource
 from wakeful.ingress.proxy import PREREAD_BYTES
 from wakeful.store import Store, open_store
-from wakeful.store.testing import free_port, wait_listening
+from wakeful.store.testing import free_port
 
 HELLO = Path(__file__).resolve().parents[2] / "examples" / "hello" / "app.py"
 
@@ -39,21 +40,60 @@ def sandbox_processes(script: Path) -> Iterator[Callable[[], int]]:
     procs: list[subprocess.Popen[bytes]] = []
 
     def start() -> int:
-        port = free_port()
-        proc = subprocess.Popen(
-            [sys.executable, str(script)],
-            env={**os.environ, "PORT": str(port)},
-            stdout=subprocess.DEVNULL,
-        )
-        procs.append(proc)
-        wait_listening(port)
-        return port
+        for _ in range(5):
+            port = free_port()
+            proc = subprocess.Popen(
+                [sys.executable, str(script)],
+                env={**os.environ, "PORT": str(port)},
+                stdout=subprocess.DEVNULL,
+            )
+            procs.append(proc)
+            if _listens(proc, port):
+                return port
+        raise RuntimeError(f"{script.name} found no free port in five tries")
 
     yield start
     for proc in procs:
         proc.terminate()
     for proc in procs:
         proc.wait(10)
+
+
+def _listens(proc: subprocess.Popen[bytes], port: int, within: float = 10.0) -> bool:
+    """Until `proc` listens on 127.0.0.1:`port`: True; False once it exited. A port found free
+    can be taken by another test's server (another worker's) before the sandbox binds it:
+    then something answers there, but not the sandbox, which fails to bind and exits."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        if _listener_inodes(port) & _socket_inodes(proc.pid):
+            return True
+        time.sleep(0.02)
+    raise TimeoutError(f"nothing listened on port {port} within {within} s")
+
+
+def _listener_inodes(port: int) -> set[str]:
+    """The inodes of the sockets listening on `port`, any address (/proc/net/tcp, tcp6)."""
+    found = set()
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[1].endswith(f":{port:04X}") and fields[3] == "0A":  # LISTEN
+                found.add(fields[9])
+    return found
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    """The inodes of the sockets `pid` holds open."""
+    found: set[str] = set()
+    with contextlib.suppress(OSError):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    found.add(target[len("socket:[") : -1])
+    return found
 
 
 def closed_port() -> int:
