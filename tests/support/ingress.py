@@ -11,7 +11,6 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ import anyio
 import httpx
 from prometheus_client import CollectorRegistry
 
+from tests.support.listening import listens
 from wakeful.activator.client import InProcessLeases
 from wakeful.activator.core import Activator
 from wakeful.activator.settings import ActivatorSettings
@@ -48,7 +48,7 @@ def sandbox_processes(script: Path) -> Iterator[Callable[[], int]]:
                 stdout=subprocess.DEVNULL,
             )
             procs.append(proc)
-            if _listens(proc, port):
+            if listens(proc, port):
                 return port
         raise RuntimeError(f"{script.name} found no free port in five tries")
 
@@ -57,43 +57,6 @@ def sandbox_processes(script: Path) -> Iterator[Callable[[], int]]:
         proc.terminate()
     for proc in procs:
         proc.wait(10)
-
-
-def _listens(proc: subprocess.Popen[bytes], port: int, within: float = 10.0) -> bool:
-    """Until `proc` listens on 127.0.0.1:`port`: True; False once it exited. A port found free
-    can be taken by another test's server (another worker's) before the sandbox binds it:
-    then something answers there, but not the sandbox, which fails to bind and exits."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            return False
-        if _listener_inodes(port) & _socket_inodes(proc.pid):
-            return True
-        time.sleep(0.02)
-    raise TimeoutError(f"nothing listened on port {port} within {within} s")
-
-
-def _listener_inodes(port: int) -> set[str]:
-    """The inodes of the sockets listening on `port`, any address (/proc/net/tcp, tcp6)."""
-    found = set()
-    for table in ("tcp", "tcp6"):
-        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
-            fields = line.split()
-            if fields[1].endswith(f":{port:04X}") and fields[3] == "0A":  # LISTEN
-                found.add(fields[9])
-    return found
-
-
-def _socket_inodes(pid: int) -> set[str]:
-    """The inodes of the sockets `pid` holds open."""
-    found: set[str] = set()
-    with contextlib.suppress(OSError):
-        for fd in Path(f"/proc/{pid}/fd").iterdir():
-            with contextlib.suppress(OSError):
-                target = os.readlink(fd)
-                if target.startswith("socket:["):
-                    found.add(target[len("socket:[") : -1])
-    return found
 
 
 def closed_port() -> int:

@@ -24,8 +24,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.support.listening import listens
 from tests.support.registry import make_certificates
-from wakeful.store.testing import free_port, wait_listening
+from wakeful.store.testing import free_port
 
 PEBBLE = "pebble"
 CHALLTESTSRV = "pebble-challtestsrv"
@@ -103,9 +104,12 @@ def _spawn(
         )
 
 
-def _dns(tmp: Path, attempt: int, names_resolve_to: str) -> tuple[subprocess.Popen[bytes], int]:
+def _dns(
+    tmp: Path, attempt: int, names_resolve_to: str
+) -> tuple[subprocess.Popen[bytes], int] | None:
     """challtestsrv answering DNS (UDP and TCP) on a free port, nothing else; (process,
-    port). Its management listener cannot be turned off: a free port too."""
+    port), or None when one of its ports was taken meanwhile. Its management listener cannot
+    be turned off: a free port too."""
     port, management = free_port(), free_port()
     log = tmp / f"challtestsrv.{attempt}.log"
     process = _spawn(
@@ -122,12 +126,13 @@ def _dns(tmp: Path, attempt: int, names_resolve_to: str) -> tuple[subprocess.Pop
         log,
     )
     try:
-        wait_listening(port, within=10)
-        wait_listening(management, within=10)
-    except OSError:
+        if listens(process, port) and listens(process, management):
+            return process, port
+    except TimeoutError:
         _stop(process)
         raise RuntimeError(f"pebble-challtestsrv did not start: {log.read_text()}") from None
-    return process, port
+    _stop(process)  # it exited: a port was taken meanwhile
+    return None
 
 
 def _ready(pebble: Pebble, process: subprocess.Popen[bytes]) -> bool:
@@ -164,8 +169,12 @@ def running_pebble(
     env = {name: value for name, value in os.environ.items() if not name.startswith("PEBBLE_")}
     env |= {"PEBBLE_VA_NOSLEEP": "1", "PEBBLE_WFE_NONCEREJECT": "0"}  # validation stays on
     with contextlib.ExitStack() as stack:
+        pebble: Pebble | None = None
         for attempt in range(3):
-            dns, dns_port = _dns(tmp, attempt, names_resolve_to)
+            started = _dns(tmp, attempt, names_resolve_to)
+            if started is None:
+                continue
+            dns, dns_port = started
             stack.callback(_stop, dns)
             port, management = free_port(), free_port()
             config: dict[str, object] = {
@@ -201,5 +210,6 @@ def running_pebble(
             _stop(process)  # a port was taken meanwhile: try others
             _stop(dns)
         else:
-            raise RuntimeError(f"pebble did not start: {pebble.log()[-3000:]}")
+            why = pebble.log()[-3000:] if pebble is not None else "no free ports for its DNS"
+            raise RuntimeError(f"pebble did not start: {why}")
         yield pebble
