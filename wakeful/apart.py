@@ -1,6 +1,6 @@
 """The pieces apart, each on its own against a shared store (etcd): `wakeful activator`,
 `wakeful node`, `wakeful ingress`, `wakeful idle-monitor`. Each runs what
-`wakeful.bootstrap` wires for `wakeful up`, with what crosses machines over the control API
+`wakeful.together` wires for `wakeful up`, with what crosses machines over the control API
 (a node's artifacts, blobs, logs, state and secrets; an ingress's leases) instead of in
 process.
 """

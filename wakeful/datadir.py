@@ -2,7 +2,7 @@
 control plane's alone.
 
 `private_data_dir` runs once at the start of each process that writes into a data directory
-(`wakeful up`, `wakeful activator`, `wakeful node`; see `wakeful.bootstrap`). It sets the
+(`wakeful up`, `wakeful activator`, `wakeful node`; see `wakeful.together`). It sets the
 process's umask to 077, so every file and directory created from then on (SQLite's `-wal`
 and `-shm`, sandbox logs, artifacts, whatever a library opens) is 0600 or 0700 whoever
 creates it; sandboxes inherit that umask. Then it makes the directory 0700: created so when

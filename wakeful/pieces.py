@@ -1,9 +1,9 @@
 """The long-lived pieces of the `wakeful` command: `up`, `activator`, `node`, `ingress`,
 `idle-monitor`. Each turns its arguments and WAKEFUL_* variables into settings, hands them to
-`wakeful.bootstrap` (imported only then: its server stack is ~2 s of imports that `wakeful
-deploy` or `wakeful status` would pay for nothing), and runs it until it stops; what ends a
-piece early becomes one line naming the address, file or store, with exit status 1
-(`_serve`).
+`wakeful.together` or `wakeful.apart` (imported only then: the server stack is ~2 s of imports
+that `wakeful deploy` or `wakeful status` would pay for nothing), and runs it until it stops;
+what ends a piece early becomes one line naming the address, file or store, with exit status
+1 (`_serve`).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def _idle_settings(
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from .bootstrap import run_up  # here: the server stack is for pieces, not the CLI
+    from .together import run_up  # here: the server stack is for pieces, not the CLI
 
     apps = load_apps(args.app_dirs)
     listen = _check_address(args.listen, "--listen")

@@ -1,4 +1,4 @@
-"""What `wakeful up` is, apart from its wiring (`wakeful.bootstrap.run_up`): the settings of
+"""What `wakeful up` is, apart from its wiring (`wakeful.together.run_up`): the settings of
 every piece on one data directory, where a rotated admin token goes, where it says each
 app answers, and how its node agent gets a sandbox's secrets (`BookSecrets`).
 

@@ -26,13 +26,13 @@ from tests.support.certs import issue
 from tests.support.control import Running, running_control_plane
 from tests.support.pebble import NEW_ORDER, Pebble, pebble_installed, running_pebble
 from wakeful.activator.client import InProcessLeases
-from wakeful.bootstrap import PlaneCerts
 from wakeful.domain import keys
 from wakeful.domain.models import AcmeChallenge, App, CertRecord
 from wakeful.ingress import IngressSettings
 from wakeful.ingress.server import Ingress
 from wakeful.store import Store, open_store
 from wakeful.store.testing import free_port
+from wakeful.together import PlaneCerts
 
 pytestmark = [
     pytest.mark.skipif(not pebble_installed(), reason="needs Debian's pebble"),
