@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 from tests.support.store import hold_write_lock, pass_time
 from wakeful.store import CorruptValue, Store, StoreError
-from wakeful.store.held import HeldRecord, Taken
+from wakeful.store.held import Found, HeldRecord, Over, Taken, found, over
 from wakeful.store.local import LocalStore
 from wakeful.store.sqlite import SqliteEngine
 from wakeful.testing import ManualClock
@@ -294,3 +294,37 @@ async def test_two_holders_alone_that_start_together_do_not_both_get_through(
         tasks.cancel_scope.cancel()
     for holder in holders:
         await holder.release(within=5)
+
+
+A, B, C = (Replica(name="r1", relay=relay) for relay in ("a:1", "b:2", "c:3"))
+
+
+@pytest.mark.parametrize(
+    ("record", "value", "stored", "step"),
+    [
+        (A, A, A, Found.OURS),
+        (A, A, None, Found.OURS),  # the same value, a twin's: as good
+        (None, A, A, Found.REWRITE),  # gone while the lease lives
+        (None, A, None, Found.REWRITE),
+        (B, A, B, Found.REWRITE),  # its own, from before a change whose write failed
+        (C, A, B, Found.THEIRS),
+        (B, A, None, Found.THEIRS),
+    ],
+)
+def test_found(record: Replica | None, value: Replica, stored: Replica | None, step: Found) -> None:
+    assert found(record, value, stored) is step
+
+
+@pytest.mark.parametrize(
+    ("record", "stored", "step"),
+    [
+        (None, None, Over.CREATE),
+        (None, A, Over.CREATE),
+        (A, None, Over.UPDATE),  # claimable: its own previous run's
+        (B, B, Over.UPDATE),  # its own last write
+        (B, None, Over.TAKEN),
+        (B, C, Over.TAKEN),
+    ],
+)
+def test_over(record: Replica | None, stored: Replica | None, step: Over) -> None:
+    assert over(record, stored, lambda found: found.relay == "a:1") is step

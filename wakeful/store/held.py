@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from enum import StrEnum
 from typing import Generic, TypeVar
 
 import anyio
@@ -48,6 +49,44 @@ M = TypeVar("M", bound=BaseModel)
 
 RETRY = 1.0
 """Seconds between tries while the store fails."""
+
+
+class Found(StrEnum):
+    """What a holder does with its record as it reads it back after a renewal (`found`)."""
+
+    OURS = "ours"
+    REWRITE = "rewrite"
+    THEIRS = "theirs"
+
+
+def found(record: M | None, value: M, stored: M | None) -> Found:
+    """`record` as read back (None: gone), against the holder's `value` and what it last
+    wrote (`stored`): its own, as it should be; gone, or its own from before a change whose
+    write failed: written again; anything else another holder's, left to them (as is a
+    record it cannot read, which never gets here)."""
+    if record is not None and record == value:
+        return Found.OURS
+    if record is None or record == stored:
+        return Found.REWRITE
+    return Found.THEIRS
+
+
+class Over(StrEnum):
+    """How a holder alone under its key writes under a new lease (`over`)."""
+
+    CREATE = "create"
+    UPDATE = "update"
+    TAKEN = "taken"
+
+
+def over(record: M | None, stored: M | None, claimable: Callable[[M], bool]) -> Over:
+    """Over no record: create it; over one it may take (`claimable`, or its own last write):
+    update it at the revision read; over anyone else's: not at all."""
+    if record is None:
+        return Over.CREATE
+    if claimable(record) or record == stored:
+        return Over.UPDATE
+    return Over.TAKEN
 
 
 class Taken(Exception):
@@ -151,13 +190,15 @@ class HeldRecord(Generic[M]):
                 item = await self._store.get(self.key, type(value))
             except CorruptValue:
                 raise Taken(self.key, None) from None
+            step = over(None if item is None else item.value, self._stored, self._claimable)
+            if step is Over.TAKEN:
+                assert item is not None
+                raise Taken(self.key, item.value)
             try:
                 if item is None:
                     await self._store.create(self.key, value, lease=lease)
-                elif self._claimable(item.value) or item.value == self._stored:
-                    await self._store.update(self.key, value, item.revision, lease=lease)
                 else:
-                    raise Taken(self.key, item.value)
+                    await self._store.update(self.key, value, item.revision, lease=lease)
                 return
             except Conflict:
                 continue  # written meanwhile: whose is it now?
@@ -170,17 +211,18 @@ class HeldRecord(Generic[M]):
         try:
             async with self._writing:
                 item = await self._store.get(self.key, type(self.value))
-                if item is not None and item.value == self.value:
-                    self._others = False  # ours (or the same, from a twin: as good)
-                    return
-            if item is None:
-                log.warning(
-                    "%s: its record was gone though its lease lives (another process of the "
-                    "same name stopped?); writing it again",
-                    self._what,
-                    extra={"key": self.key},
-                )
-            if item is None or item.value == self._stored:  # gone, or ours from before
+                step = found(None if item is None else item.value, self.value, self._stored)
+            if step is Found.OURS:  # (or the same, from a twin: as good)
+                self._others = False
+                return
+            if step is Found.REWRITE:
+                if item is None:
+                    log.warning(
+                        "%s: its record was gone though its lease lives (another process of "
+                        "the same name stopped?); writing it again",
+                        self._what,
+                        extra={"key": self.key},
+                    )
                 self._others = False
                 await self._write(lease)
                 return
