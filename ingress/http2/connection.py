@@ -36,6 +36,7 @@ from wakeful.aio.deadline import Deadline
 from wakeful.aio.flow import HIGH_WATER
 from wakeful.ingress.errors import BadRequest, ClientGone
 from wakeful.ingress.http1.request import Request
+from wakeful.ingress.http2.encoder import fit
 from wakeful.ingress.http2.rules import (
     CONTROL_BURST,
     CONTROL_RATE,
@@ -45,7 +46,7 @@ from wakeful.ingress.http2.rules import (
     FrameScan,
     request_head,
 )
-from wakeful.ingress.http2.sender import PlainEncoder, Sender
+from wakeful.ingress.http2.sender import Sender
 from wakeful.ingress.http2.stream import STREAM_WINDOW, StreamBody, StreamResponder
 
 if TYPE_CHECKING:
@@ -100,7 +101,7 @@ class H2Connection(asyncio.Protocol):
             normalize_outbound_headers=False,
         )
         self._h2 = h2.connection.H2Connection(config)
-        self._h2.encoder = PlainEncoder()
+        fit(self._h2)
         self._h2.local_settings = _Advertised(
             client=False,
             initial_values={

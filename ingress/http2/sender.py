@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 import h2.connection
 import h2.errors
 import h2.exceptions
-import hpack
 
 from wakeful.aio.flow import WriteGate
 from wakeful.ingress.errors import ClientGone
@@ -25,16 +24,6 @@ if TYPE_CHECKING:
     from wakeful.ingress.http2.stream import StreamResponder
 
 log = logging.getLogger(__name__)
-
-
-class PlainEncoder(hpack.Encoder):
-    """HPACK without Huffman coding: a few more bytes a head, a tenth less of a small
-    answer's CPU (pure-Python Huffman coding; `bench/http2.py` measured -7%)."""
-
-    def encode(  # type: ignore[override]
-        self, headers: Iterable[tuple[bytes, bytes]], huffman: bool = False
-    ) -> bytes:
-        return super().encode(headers, huffman=False)
 
 
 class Sender:

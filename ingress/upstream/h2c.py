@@ -38,8 +38,8 @@ import h2.settings
 from wakeful.aio.deadline import Deadline
 from wakeful.aio.flow import WriteGate
 from wakeful.ingress.errors import ClosedUnanswered, UpstreamFailed
+from wakeful.ingress.http2.encoder import fit
 from wakeful.ingress.http2.rules import FrameScan
-from wakeful.ingress.http2.sender import PlainEncoder
 from wakeful.ingress.upstream.connection import Gated, tuned
 from wakeful.ingress.upstream.h2exchange import H2Exchange
 
@@ -66,7 +66,7 @@ class H2Upstream(Gated):
         self.loop = asyncio.get_running_loop()
         config = h2.config.H2Configuration(client_side=True, header_encoding=None)
         self._h2 = h2.connection.H2Connection(config)
-        self._h2.encoder = PlainEncoder()
+        fit(self._h2)
         self._h2.local_settings = h2.settings.Settings(
             client=True,
             initial_values={
