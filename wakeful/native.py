@@ -54,7 +54,7 @@ COMPILED = (
     "wakeful.ingress.http1.server",
     "wakeful.ingress.http1.wire",
     "wakeful.ingress.http2.connection",
-    "wakeful.ingress.http2.encoder",
+    "wakeful.ingress.http2.fields",
     "wakeful.ingress.http2.rules",
     "wakeful.ingress.http2.sender",
     "wakeful.ingress.http2.stream",

@@ -36,7 +36,7 @@ from wakeful.aio.deadline import Deadline
 from wakeful.aio.flow import HIGH_WATER
 from wakeful.ingress.errors import BadRequest, ClientGone
 from wakeful.ingress.http1.request import Request
-from wakeful.ingress.http2.encoder import fit
+from wakeful.ingress.http2.fields import fit
 from wakeful.ingress.http2.rules import (
     CONTROL_BURST,
     CONTROL_RATE,
@@ -101,7 +101,6 @@ class H2Connection(asyncio.Protocol):
             normalize_outbound_headers=False,
         )
         self._h2 = h2.connection.H2Connection(config)
-        fit(self._h2)
         self._h2.local_settings = _Advertised(
             client=False,
             initial_values={
@@ -110,7 +109,7 @@ class H2Connection(asyncio.Protocol):
                 h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
             },
         )
-        self._h2.decoder.max_header_list_size = self.limits.max_head_bytes
+        fit(self._h2, self.limits.max_head_bytes)
         self._scan = FrameScan(self.limits.max_head_bytes, preface=True)
         now = self._loop.time()
         self._control = Budget(CONTROL_BURST, CONTROL_RATE, now)

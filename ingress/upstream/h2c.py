@@ -38,7 +38,7 @@ import h2.settings
 from wakeful.aio.deadline import Deadline
 from wakeful.aio.flow import WriteGate
 from wakeful.ingress.errors import ClosedUnanswered, UpstreamFailed
-from wakeful.ingress.http2.encoder import fit
+from wakeful.ingress.http2.fields import fit
 from wakeful.ingress.http2.rules import FrameScan
 from wakeful.ingress.upstream.connection import Gated, tuned
 from wakeful.ingress.upstream.h2exchange import H2Exchange
@@ -66,7 +66,6 @@ class H2Upstream(Gated):
         self.loop = asyncio.get_running_loop()
         config = h2.config.H2Configuration(client_side=True, header_encoding=None)
         self._h2 = h2.connection.H2Connection(config)
-        fit(self._h2)
         self._h2.local_settings = h2.settings.Settings(
             client=True,
             initial_values={
@@ -75,7 +74,7 @@ class H2Upstream(Gated):
                 h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: MAX_HEAD_BYTES,
             },
         )
-        self._h2.decoder.max_header_list_size = MAX_HEAD_BYTES
+        fit(self._h2, MAX_HEAD_BYTES)
         self.transport: asyncio.Transport | None = None
         self.exchanges: dict[int, H2Exchange] = {}
         self.closed = False
