@@ -44,6 +44,7 @@ from wakeful.ingress.http2.rules import (
     RESET_RATE,
     Budget,
     FrameScan,
+    malformed_trailers,
     request_head,
 )
 from wakeful.ingress.http2.sender import Sender
@@ -99,6 +100,11 @@ class H2Connection(asyncio.Protocol):
             # checking again costs a fifth of a small answer's time. What comes in is checked.
             validate_outbound_headers=False,
             normalize_outbound_headers=False,
+            # What comes in is checked by `rules.malformed_request` (and `malformed_trailers`):
+            # h2's rules, compiled, and a malformed request a stream error (RFC 9113 §8.1.1)
+            # rather than the whole connection's. Split cookies are joined by `request_head`.
+            validate_inbound_headers=False,
+            normalize_inbound_headers=False,
         )
         self._h2 = h2.connection.H2Connection(config)
         self._h2.local_settings = _Advertised(
@@ -213,6 +219,11 @@ class H2Connection(asyncio.Protocol):
                 windows = windows or set()
                 windows.add(0)
             elif isinstance(event, h2.events.TrailersReceived):
+                if malformed_trailers(event.headers) is not None:  # a stream error (§8.1.1)
+                    self._provoked += 1
+                    self._reset(event.stream_id, h2.errors.ErrorCodes.PROTOCOL_ERROR)
+                    self._reset_by_client(event.stream_id, "the request's trailers are malformed")
+                    continue
                 stream = self._streams.get(event.stream_id)  # kept from no one: gRPC sends none
                 if stream is not None and stream.body is not None:
                     stream.body.end()
@@ -350,14 +361,14 @@ class H2Connection(asyncio.Protocol):
         if body is not None and (unread := body.drop_unread()):
             self._acknowledge(stream_id, unread)
 
-    def _reset_by_client(self, stream_id: int) -> None:
+    def _reset_by_client(self, stream_id: int, why: str = "the client reset the stream") -> None:
         stream = self._streams.pop(stream_id, None)
         if stream is None:
             return
         self._forget_body(stream_id, stream.body)
         stream.out.closed = True
         if stream.body is not None:
-            stream.body.fail(ClientGone("the client reset the stream"))
+            stream.body.fail(ClientGone(why))
         if stream.task is not None:
             stream.task.cancel()
 

@@ -18,7 +18,10 @@ Covered (each test's docstring names its bound and what it would see without it)
 - one client's abuse never slows another's: a PING flood, a WINDOW_UPDATE flood over
   stalled streams, a flood of frames of an unknown type;
 - a graceful shutdown lets the streams under way finish;
-- a :method or :path HTTP/1.1 would refuse is not forwarded to the sandbox.
+- a :method or :path HTTP/1.1 would refuse is not forwarded to the sandbox;
+- a malformed request (RFC 9113 §8.1.1: an upper-case name, a connection-specific field, CR
+  or LF in a value, malformed trailers) is reset alone, never forwarded, and the connection
+  serves on.
 
 Found by a hostile tester; each bug it found has its test here, green once fixed.
 """
@@ -60,7 +63,7 @@ from wakeful.ingress.http2.rules import CONTROL_BURST, PREFACE, RESET_BURST
 
 pytestmark = pytest.mark.anyio
 
-NO_ERROR, REFUSED_STREAM, CANCEL, CALM = 0x0, 0x7, 0x8, 0xB
+NO_ERROR, PROTOCOL_ERROR, REFUSED_STREAM, CANCEL, CALM = 0x0, 0x1, 0x7, 0x8, 0xB
 MAX_FIELD = 4000
 """A header value as large as the default HPACK dynamic table (4096) holds."""
 QUICK_LEASES: dict[str, Any] = {"lease_idle_ttl": 0.3, "maintenance_interval": 0.1}
@@ -819,3 +822,51 @@ async def test_a_request_line_http11_would_refuse_is_not_forwarded(
             await w.until(lambda: 1 in w.ended or 1 in w.resets or w.goaway)
     assert not heads, heads
     assert w.status.get(1) in (None, 400), w.status
+
+
+@pytest.mark.parametrize(
+    ("extra", "trailers"),
+    [
+        ([(b"X-Upper", b"1")], None),
+        ([(b"connection", b"close")], None),
+        ([(b"x-a", b"b\r\nx-injected: 1")], None),
+        ([(b"te", b"gzip")], None),
+        ([], [(b":path", b"/admin")]),
+        ([], [(b"x-t", b" padded ")]),
+    ],
+    ids=[
+        "upper-case name",
+        "connection",
+        "CRLF in a value",
+        "TE gzip",
+        "pseudo in trailers",
+        "padded trailer",
+    ],
+)
+async def test_a_malformed_request_is_reset_alone_and_never_forwarded(
+    extra: list[tuple[bytes, bytes]], trailers: list[tuple[bytes, bytes]] | None
+) -> None:
+    """Bound: a malformed request is a stream error (RFC 9113 §8.1.1), checked by the
+    ingress itself (`rules.malformed_request`, `malformed_trailers`): RST_STREAM
+    PROTOCOL_ERROR, nothing of it reaches the sandbox, and the next request on the same
+    connection is answered."""
+    heads: list[bytes] = []
+    with RawServer(_answer_and_record(heads)) as sandbox:
+        async with stack({"sb-1": sandbox.port}) as s, await Wire.open(s.ingress.address[1]) as w:
+            await w.settled()
+            if trailers is None:
+                w.send(w.request(1, extra=extra))
+            else:  # a body, then trailers that end it: no answer may come before they do
+                w.send(
+                    w.request(1, b"/upload", end=False, method=b"POST")
+                    + HeadersFrame(
+                        1, w.encoder.encode(trailers), flags=["END_HEADERS", "END_STREAM"]
+                    ).serialize()
+                )
+            await w.until(lambda: 1 in w.resets or 1 in w.ended or w.goaway)
+            assert w.resets.get(1) == PROTOCOL_ERROR, (w.resets, w.status, w.goaway)
+            w.send(w.request(3))
+            await w.until(lambda: 3 in w.ended or w.goaway)
+            assert w.status.get(3) == 200 and w.goaway is None, (w.status, w.goaway)
+    assert all(b"x-injected" not in head for head in heads), heads
+    await _all_given_back(s)

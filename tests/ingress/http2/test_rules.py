@@ -158,7 +158,8 @@ def test_a_stream_head_reads_as_a_request() -> None:
         (b"cookie", b"a=1; b=2"),  # one, as an HTTP/1.1 sandbox expects (RFC 9113 §8.2.3)
     ]
     # No :authority: the Host header names the app, once.
-    _, _, fields = request_head([(b":method", b"GET"), (b":path", b"/"), (b"host", b"a.b")])
+    head = [(b":method", b"GET"), (b":scheme", b"http"), (b":path", b"/"), (b"host", b"a.b")]
+    _, _, fields = request_head(head)
     assert fields == [(b"host", b"a.b")]
 
 
