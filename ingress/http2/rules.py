@@ -220,9 +220,30 @@ PSEUDO: Final = frozenset(
 """The pseudo-header fields there are (RFC 9113 §8.3, RFC 8441 §4)."""
 
 
+_NAME: Final = re.compile(rb":?[!-9;-@\[-~]+")
+"""A field name HTTP/2 takes (RFC 9113 §8.2.1): visible ASCII but upper case, no colon but
+a pseudo-header's first."""
+_NUL_CR_LF: Final = re.compile(rb"[\x00\n\r]")
+
+
 def field_error(name: bytes, value: bytes) -> str | None:
     """What is wrong with one received field (RFC 9113 §8.2.1, §8.2.2), None if nothing: h2's
     inbound rules, which the ingress runs itself (`malformed_request`)."""
+    if _NAME.fullmatch(name) is None:
+        return _name_error(name)
+    if value:
+        if _NUL_CR_LF.search(value) is not None:
+            return f"the value of {name[:40]!r} carries NUL, CR or LF"
+        if value[0] in (0x20, 0x09) or value[-1] in (0x20, 0x09):
+            return f"the value of {name[:40]!r} begins or ends with white space"
+    if name == b"te" and value.lower() != b"trailers":
+        return "TE other than trailers"
+    if name in CONNECTION_SPECIFIC:
+        return f"a connection-specific field {name!r}"
+    return None
+
+
+def _name_error(name: bytes) -> str:
     if not name:
         return "an empty header name"
     for octet in name:
@@ -232,16 +253,7 @@ def field_error(name: bytes, value: bytes) -> str | None:
             return f"a header name with {chr(octet)!r} in it"
     if name.find(b":", 1) != -1:
         return f"a header name with ':' inside it {name[:40]!r}"
-    if value:
-        if b"\x00" in value or b"\n" in value or b"\r" in value:
-            return f"the value of {name[:40]!r} carries NUL, CR or LF"
-        if value[0] in (0x20, 0x09) or value[-1] in (0x20, 0x09):
-            return f"the value of {name[:40]!r} begins or ends with white space"
-    if name == b"te" and value.lower() != b"trailers":
-        return "TE other than trailers"
-    if name in CONNECTION_SPECIFIC:
-        return f"a connection-specific field {name!r}"
-    return None
+    return "a pseudo-header field with no name"
 
 
 def malformed_request(headers: list[tuple[bytes, bytes]]) -> str | None:
