@@ -357,8 +357,9 @@ class ClientConnection(Wire):
             self._refusal = answer
 
     def _close(self, abort: bool = False) -> None:
-        """Close once what is written went out; `abort`: now, dropping it (a client that does
-        not read would otherwise keep the connection, and its slot, for ever)."""
+        """Close once what is written went out, and abort if the client has not read it
+        within its timeout; `abort`: now, dropping it (a client that does not read would
+        otherwise keep the connection, and its slot, for ever)."""
         self.closing = True
         self._cancel_timers()
         if not abort:
@@ -367,7 +368,12 @@ class ClientConnection(Wire):
             if abort:
                 self.transport.abort()
             elif not self.transport.is_closing():
+                unsent = self.transport.get_write_buffer_size()
                 self.transport.close()
+                if unsent:  # closed at once otherwise: no timer for most connections
+                    self._linger_timer = self._loop.call_later(
+                        self.limits.client_timeout, self._close, True
+                    )
 
     def _linger(self) -> None:
         """A complete answer sent before the request's body was read: half-close (FIN after

@@ -1,5 +1,6 @@
 """The proxy port's HTTP/1.1 server: smuggling shapes refused (h11 as an independent oracle),
-pipelined requests answered in order, HTTP/1.0 and HEAD framed right."""
+pipelined requests answered in order, HTTP/1.0 and HEAD framed right, a closing connection
+whose client never reads aborted after its timeout."""
 
 from __future__ import annotations
 
@@ -200,3 +201,28 @@ async def test_a_shutdown_while_the_last_answer_drains_closes_the_connection_aft
                     got, rest = await anyio.to_thread.run_sync(read_then_ask)
     assert got >= len(body)
     assert b"HTTP/1.1" not in rest  # the request after the shutdown was not answered
+
+
+async def test_a_closing_connection_whose_client_never_reads_is_aborted_after_its_timeout() -> None:
+    """`Connection: close` and an answer the client never reads: the answer is written whole
+    into the transport (under its high-water mark, or in one write), so nothing waits to
+    drain, and the close waits for the client to read it. Without a timer on that close the
+    connection, and its slot, were held for ever (a hostile tester filled the slots so)."""
+    body = b"x" * (8 << 20)  # past what the two sockets buffer
+
+    class Big:
+        async def handle(self, request: Request, out: Responder) -> None:
+            out.send_whole(200, [], body)
+
+    limits = Limits(client_timeout=1, keepalive=3600, head_timeout=3600)
+    async with _Server(Handling(Big().handle), limits) as served:
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", served.port))
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            with anyio.fail_after(30):
+                while not any(c.closing for c in served.server.connections):  # noqa: ASYNC110
+                    await anyio.sleep(0.01)
+            with anyio.fail_after(30):  # 1 s after the close, not never
+                while served.server.connections:  # noqa: ASYNC110
+                    await anyio.sleep(0.05)
