@@ -21,8 +21,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import socket
+import struct
 from collections.abc import AsyncIterable
-from typing import cast
+from typing import Final, cast
 
 import httptools
 
@@ -48,6 +50,9 @@ from wakeful.ingress.upstream.rules import (
     framing_run,
     judge_status,
 )
+
+_LINGER_NONE: Final = struct.pack("ii", 1, 0)
+"""SO_LINGER on, for 0 s: a close resets the connection."""
 
 
 class Home:
@@ -363,7 +368,8 @@ class UpstreamConnection(Gated):
     def done(self, keepalive: float) -> None:
         """The exchange is over: back to the pool when it ended cleanly, else closed."""
         writer, self._writer = self._writer, None
-        if writer is not None and not writer.done():
+        unsent = writer is not None and not writer.done()
+        if writer is not None and unsent:
             writer.cancel()
         state = self.state
         # `reusable` implies COMPLETE; named here as the guard of the move to IDLE.
@@ -374,8 +380,8 @@ class UpstreamConnection(Gated):
             state.stage = IDLE
             self._deadline.after(keepalive)
             self._home.give_back(self)
-        else:
-            self.close()
+        else:  # a body the sandbox did not take (it answered first): it never will now
+            self.close(abort=unsent)
 
     def release_stream(self) -> None:
         """A tunnel stream's clean end (`TunnelPool`): the stream goes back to the node,
@@ -389,12 +395,39 @@ class UpstreamConnection(Gated):
         elif transport is not None:
             transport.close()
 
-    def close(self) -> None:
+    def close(self, abort: bool = False) -> None:
+        """Close the connection (`shut`); `abort`: now, whatever is left unsent."""
         if self.transport is not None and not self.closed:
-            self.transport.close()
+            if abort:
+                reset(self.transport)
+            else:
+                shut(self.transport)
         self.closed = True
         self._deadline.cancel()
         self._home.forget(self)
+
+
+def shut(transport: asyncio.Transport) -> None:
+    """Close a connection to a sandbox at the end of what it was for: once what was written
+    went out, or now (abort) when some of it is still unsent. A sandbox that has not read it
+    by then need never read it, and a graceful close would keep the connection, and what it
+    holds, for as long as it does not (a hostile tester pinned a descriptor and a megabyte
+    a request so: answering a POST without reading its body, then neither reading nor
+    closing)."""
+    if transport.get_write_buffer_size():
+        reset(transport)
+    else:
+        transport.close()
+
+
+def reset(transport: asyncio.Transport) -> None:
+    """Drop a connection to a sandbox now, with what is unsent, in its kernel too: a reset
+    (SO_LINGER 0), not a FIN that would wait behind bytes the sandbox does not read."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_NONE)
+    transport.abort()
 
 
 def tuned(transport: asyncio.BaseTransport) -> asyncio.Transport:

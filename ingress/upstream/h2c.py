@@ -40,7 +40,7 @@ from wakeful.aio.flow import WriteGate
 from wakeful.ingress.errors import ClosedUnanswered, UpstreamFailed
 from wakeful.ingress.http2.fields import fit
 from wakeful.ingress.http2.rules import FrameScan
-from wakeful.ingress.upstream.connection import Gated, tuned
+from wakeful.ingress.upstream.connection import Gated, shut, tuned
 from wakeful.ingress.upstream.h2exchange import H2Exchange
 
 STREAM_WINDOW = 256 * 1024
@@ -320,7 +320,7 @@ class H2Upstream(Gated):
             exchange.fail(UpstreamFailed("the connection to the sandbox was closed"))
         self._open_window()
         if self.transport is not None:
-            self.transport.close()
+            shut(self.transport)
 
 
 class H2Pool:

@@ -17,7 +17,7 @@ import httptools
 from wakeful.aio.flow import WriteGate
 from wakeful.aio.pipe import Pipe
 from wakeful.ingress.errors import UpstreamFailed
-from wakeful.ingress.upstream.connection import Gated, tuned
+from wakeful.ingress.upstream.connection import Gated, shut, tuned
 from wakeful.ingress.upstream.exchange import (
     BODY,
     COMPLETE,
@@ -199,5 +199,5 @@ class Handshake(Gated):
 
     def close(self) -> None:
         if self.transport is not None and not self.closed:
-            self.transport.close()
+            shut(self.transport)
         self.closed = True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import select
 import socket
 import struct
 import time
@@ -425,3 +426,44 @@ async def test_a_client_trickling_a_small_body_holds_no_upstream_connection_and_
             with anyio.fail_after(30):
                 reply = await stalled.receive()
             assert reply.startswith(b"HTTP/1.1 200 ")
+
+
+def _answer_early_then_never_read(seen: list[str]) -> Callable[[socket.socket], None]:
+    def handle(conn: socket.socket) -> None:
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        read_head(conn)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        poller = select.poll()  # what happens to the connection; its body is never read
+        poller.register(conn, select.POLLERR | select.POLLHUP | select.POLLRDHUP)
+        events = poller.poll(15_000)
+        seen.append("ended" if events else "held")
+
+    return handle
+
+
+async def test_a_sandbox_that_answers_early_and_never_reads_holds_nothing() -> None:
+    """A POST answered before its body was read, by a sandbox that then neither reads nor
+    closes: the exchange is over, and the connection to the sandbox is dropped with what of
+    the body it never read. A graceful close waited for the sandbox to read it, for ever: one
+    descriptor and up to a megabyte pinned a request, by the owner of any app (a hostile
+    tester's find)."""
+    seen: list[str] = []
+    body = b"a" * (8 << 20)
+    with RawServer(_answer_early_then_never_read(seen)) as sandbox_server:
+        async with stack({"sb-1": sandbox_server.port}) as s:
+
+            def post() -> bytes:
+                with socket.create_connection(("127.0.0.1", s.ingress.address[1])) as sock:
+                    head = b"POST / HTTP/1.1\r\nHost: hello.localhost\r\n"
+                    sock.sendall(head + b"Content-Length: %d\r\n\r\n" % len(body))
+                    with contextlib.suppress(OSError):  # the ingress stops taking it
+                        sock.settimeout(5)
+                        sock.sendall(body)
+                    return sock.recv(100)
+
+            with anyio.fail_after(60):
+                answer = await anyio.to_thread.run_sync(post)
+                assert answer.startswith(b"HTTP/1.1 200"), answer
+                while not seen:  # noqa: ASYNC110
+                    await anyio.sleep(0.05)
+    assert seen == ["ended"]
