@@ -39,7 +39,14 @@ from wakeful.aio.deadline import Deadline
 from wakeful.aio.flow import WriteGate
 from wakeful.ingress.errors import ClosedUnanswered, UpstreamFailed
 from wakeful.ingress.http2.fields import fit
-from wakeful.ingress.http2.rules import FrameScan
+from wakeful.ingress.http2.rules import (
+    CONTROL_BURST,
+    CONTROL_RATE,
+    RESET_BURST,
+    RESET_RATE,
+    Budget,
+    FrameScan,
+)
 from wakeful.ingress.upstream.connection import Gated, shut, tuned
 from wakeful.ingress.upstream.h2exchange import H2Exchange
 
@@ -86,6 +93,12 @@ class H2Upstream(Gated):
         self._idle = Deadline(self.loop, self._idle_out)
         self._scan = FrameScan(MAX_HEAD_BYTES, preface=False)
         """Frame boundaries: a head's CONTINUATIONs bounded, the sandbox's GOAWAY taken out."""
+        now = self.loop.time()
+        self._control = Budget(CONTROL_BURST, CONTROL_RATE, now)
+        self._resets = Budget(RESET_BURST, RESET_RATE, now)
+        """What a client's connection may send that carries no answer (`http2.rules`), a
+        sandbox's may too: past it the connection is cut (an app is untrusted code, and a
+        flood of PINGs would hold the loop every app's requests share)."""
         self._flushing = False
         """A write is due this turn of the loop (`flush`)."""
 
@@ -101,6 +114,13 @@ class H2Upstream(Gated):
         seen = self._scan.feed(data)
         if seen.refusal is not None:
             self._lost(UpstreamFailed(f"the sandbox sent {seen.refusal}"), unanswered=False)
+            return
+        now = self.loop.time()
+        if (seen.control and not self._control.spend(seen.control, now)) or (
+            seen.resets and not self._resets.spend(seen.resets, now)
+        ):
+            why = "too many PING, SETTINGS, PRIORITY, empty DATA or RST_STREAM frames"
+            self._lost(UpstreamFailed(f"the sandbox sent {why}"), unanswered=False)
             return
         if seen.goaway_last is not None:  # kept from h2, which would end the streams under way
             self._going_away(seen.goaway_last)
@@ -140,6 +160,16 @@ class H2Upstream(Gated):
 
     def eof_received(self) -> bool:
         return False
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self.transport is not None and not self.closed:
+            self.transport.pause_reading()  # its frames' acknowledgements would pile up
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         reason = f": {exc}" if exc else ""

@@ -1,7 +1,8 @@
 """h2c to the sandboxes of an app with `protocol = "h2c"` (`upstream.h2c`), against a sandbox
 written with h2 in the test (`tests.support.h2sandbox`): many requests share one connection;
 a stream the sandbox refused, or left out of its GOAWAY, is sent again and answered; a reset
-mid-answer, a head past the bound and silence are 502/504 with the lease given back; a client
+mid-answer, a head past the bound, a flood of PINGs and silence are 502/504 with the lease
+given back; a client
 that leaves resets its stream on the sandbox; an HTTP/1.1 client of an h2c app is served."""
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ import h2.connection
 import h2.errors
 import httpx
 import pytest
-from hyperframe.frame import GoAwayFrame
+from hyperframe.frame import GoAwayFrame, PingFrame
 
 from tests.support.h2sandbox import H2Sandbox, ok
 from tests.support.ingress import Stack, stack
 from tests.support.waiting import eventually
 from wakeful.domain.models import AppSpec, Concurrency
+from wakeful.ingress.http2.rules import CONTROL_BURST
 from wakeful.ingress.upstream.h2c import H2Pool, H2Upstream
 
 pytestmark = pytest.mark.anyio
@@ -93,10 +95,17 @@ def silent(conn: Conn, stream: int, head: dict[bytes, bytes], body: bytes) -> No
     return
 
 
+def ping_flood(conn: Conn, stream: int, head: dict[bytes, bytes], body: bytes) -> bytes:
+    """Past the control-frame budget in PINGs (each one h2 would parse and acknowledge,
+    ~7 µs of the loop every app shares), then a good answer."""
+    ok(conn, stream, head, body)
+    return PingFrame(0, opaque_data=b"12345678").serialize() * (CONTROL_BURST + 500)
+
+
 @pytest.mark.parametrize(
     ("answer", "status", "silence"),
-    [(huge_head, 502, 30), (silent, 504, 0.5)],
-    ids=["huge-head", "silent"],
+    [(huge_head, 502, 30), (silent, 504, 0.5), (ping_flood, 502, 30)],
+    ids=["huge-head", "silent", "PING flood"],
 )
 async def test_a_sandbox_that_misbehaves_before_its_answer_gets_an_error_answer(
     answer: object, status: int, silence: float
