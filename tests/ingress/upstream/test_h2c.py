@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Callable
 
 import h2.config
 import h2.connection
@@ -102,10 +103,27 @@ def ping_flood(conn: Conn, stream: int, head: dict[bytes, bytes], body: bytes) -
     return PingFrame(0, opaque_data=b"12345678").serialize() * (CONTROL_BURST + 500)
 
 
+def status_of(value: bytes) -> Callable[[Conn, int, dict[bytes, bytes], bytes], None]:
+    def answer(conn: Conn, stream: int, head: dict[bytes, bytes], body: bytes) -> None:
+        conn.send_headers(stream, [(b":status", value)], end_stream=True)
+
+    return answer
+
+
 @pytest.mark.parametrize(
     ("answer", "status", "silence"),
-    [(huge_head, 502, 30), (silent, 504, 0.5), (ping_flood, 502, 30)],
-    ids=["huge-head", "silent", "PING flood"],
+    [
+        (huge_head, 502, 30),
+        (silent, 504, 0.5),
+        (ping_flood, 502, 30),
+        *((status_of(v), 502, 30) for v in (b"-1", b"0", b"+200", b"2_00", b"600", b"9" * 20)),
+    ],
+    ids=[
+        "huge-head",
+        "silent",
+        "PING flood",
+        *(f":status {v}" for v in ("-1", "0", "+200", "2_00", "600", "9x20")),
+    ],
 )
 async def test_a_sandbox_that_misbehaves_before_its_answer_gets_an_error_answer(
     answer: object, status: int, silence: float
