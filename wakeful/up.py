@@ -223,9 +223,11 @@ async def ingress_workers(
             ended.set()
 
     async def wait_for(app: str) -> None:
-        """Until every worker's routes hold the app's record as the store has it now."""
-        record = await store.get(keys.app(app), App)
-        revision = 0 if record is None else record.revision
+        """Until the app's record is in the store (a rollout writes it after the deploy
+        returns) and every worker's routes hold it as the store has it then."""
+        while (record := await store.get(keys.app(app), App)) is None:  # noqa: ASYNC110 - another process writes it
+            await anyio.sleep(0.05)
+        revision = record.revision
         admin = bound["admin"]
         assert admin is not None
         url = f"http://{admin[0]}:{admin[1]}/metrics"

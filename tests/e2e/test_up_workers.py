@@ -49,6 +49,9 @@ async def each_on_a_new_connection(up: Up, app: str, count: int) -> list[int]:
 async def test_two_workers_serve_follow_deploys_log_and_stop_with_up(tmp_path: Path) -> None:
     up = start_up(tmp_path, make_app(tmp_path), env={"WAKEFUL_INGRESS_WORKERS": "2"})
     try:
+        # Routable as soon as the control file is there: a rollout writes the app's record
+        # after its deploy returns, and once in five starts it came after the file (a 404).
+        assert set(await each_on_a_new_connection(up, "hello", 5)) == {200}
         workers = ingress_workers(up.process.pid)
         assert len(workers) == 2, workers
         tokens = await cli_async(up, "tokens", "list")
@@ -59,7 +62,7 @@ async def test_two_workers_serve_follow_deploys_log_and_stop_with_up(tmp_path: P
         # Both workers take connections, and lease from the activator over the channel.
         assert set(await each_on_a_new_connection(up, "hello", 40)) == {200}
         answered = by_worker(up, "wakeful_ingress_requests_total", "hello")
-        assert set(answered) == {"0", "1"} and sum(answered.values()) == 40, answered
+        assert set(answered) == {"0", "1"} and sum(answered.values()) == 45, answered  # 5 + 40
 
         # Their access lines reach the control plane's log, one per request.
         async def access_lines() -> list[dict[str, object]]:
@@ -67,10 +70,10 @@ async def test_two_workers_serve_follow_deploys_log_and_stop_with_up(tmp_path: P
             return [json.loads(line) for line in done.stdout.splitlines()]
 
         for _ in range(150):
-            if len(found := await access_lines()) >= 40:
+            if len(found := await access_lines()) >= 45:
                 break
             await anyio.sleep(0.2)
-        assert len(found) == 40 and {r["status"] for r in found} == {200}
+        assert len(found) == 45 and {r["status"] for r in found} == {200}
 
         # An app deployed now is in both workers' routes (each follows the store file) by
         # the time `wakeful deploy` returns: it waits until each says so on its channel.
