@@ -55,32 +55,14 @@ from wakeful.ingress.http1 import HttpServer, Limits
 from wakeful.ingress.nodestreams import default_replica_name
 from wakeful.ingress.server import bind_listener
 from wakeful.ingress.settings import IngressSettings, join_address, split_address
+from wakeful.ingress.workerrules import HUNG, hung, restart_pause, share, shifted
 
 log = logging.getLogger(__name__)
 
-RESTART_FIRST = 1.0
-RESTART_MAX = 30.0
-STEADY = 60.0
-"""A worker that ran this long is restarted after RESTART_FIRST again."""
 KILL_MARGIN = 10.0
 """Seconds past `shutdown_timeout` a stopping worker gets before it is killed."""
 POLL = 0.5
 """Seconds between two looks at each worker's /readyz."""
-
-
-def restart_pause(last: float | None, ran: float) -> float:
-    """Seconds before a worker that exited is started again: RESTART_FIRST the first time
-    (`last` None) or after it ran STEADY seconds; else the last pause doubled, at most
-    RESTART_MAX."""
-    if last is None or ran >= STEADY:
-        return RESTART_FIRST
-    return min(last * 2, RESTART_MAX)
-
-
-def shifted(address: str, by: int) -> str:
-    """`host:port` with the port moved up by `by` (a port 0 stays 0: each worker's own)."""
-    host, port = split_address(address)
-    return join_address(host, port + by if port else 0)
 
 
 def tunnel_listeners(settings: IngressSettings) -> str | None:
@@ -94,12 +76,6 @@ def tunnel_listeners(settings: IngressSettings) -> str | None:
         return "tunnel listeners: each worker's on a free port (its log line names it)"
     ports = ", ".join(join_address(host, port + i) for i in range(settings.workers))
     return f"tunnel listeners: {ports} (the tunnel balancer lists each)"
-
-
-def share(total: int, workers: int, index: int) -> int:
-    """Worker `index`'s part of `total` split among `workers`: as even as whole numbers
-    allow, the parts adding up to `total`, and at least 1."""
-    return max(1, total // workers + (index < total % workers))
 
 
 def worker_env(
@@ -204,6 +180,8 @@ class Worker:
     process: anyio.abc.Process | None = None
     ready: bool = False
     ever_ready: bool = False
+    unready_since: float | None = None
+    """When this process, ready before, last stopped answering /readyz (`hung`)."""
 
 
 @dataclass(eq=False)
@@ -300,7 +278,7 @@ class Supervisor:
             if self.stopping:  # the stop began while it was forked: `run` may not see it
                 await self._stop([worker])
             code = await process.wait()
-            worker.process, worker.ready = None, False
+            worker.process, worker.ready, worker.unready_since = None, False, None
             if self.stopping:
                 return
             if not worker.ever_ready:
@@ -335,11 +313,23 @@ class Supervisor:
 
     async def _look(self, client: httpx.AsyncClient, worker: Worker) -> None:
         ready = False
-        if worker.process is not None:
+        process = worker.process
+        if process is not None:
             with contextlib.suppress(httpx.HTTPError):
                 ready = (await client.get(f"http://{worker.admin}/readyz")).status_code == 200
+        now = self.clock()
+        if ready or worker.ready:  # ready now, or was at the last look
+            worker.unready_since = None if ready else now
         worker.ready = ready and worker.process is not None
         worker.ever_ready = worker.ever_ready or worker.ready
+        if process is not None and process is worker.process and hung(worker.unready_since, now):
+            log.warning(
+                "ingress worker %d has not answered its /readyz for %.0f s; killing it",
+                worker.index,
+                HUNG,
+            )
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()  # `_keep` sees it exit and starts it again
 
     async def _stop(self, workers: list[Worker]) -> None:
         """SIGTERM to each running worker, once; SIGKILL to those still running after the

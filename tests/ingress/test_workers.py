@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -23,12 +24,12 @@ from prometheus_client.registry import Collector
 
 import wakeful.ingress.workers as workers_module
 from wakeful.ingress.settings import IngressSettings, split_address
+from wakeful.ingress.workerrules import HUNG, hung, restart_pause, share, shifted
 from wakeful.ingress.workers import (
+    Supervisor,
+    Worker,
     labelled,
     reserve,
-    restart_pause,
-    share,
-    shifted,
     supervise,
     tunnel_listeners,
     worker_env,
@@ -109,6 +110,25 @@ def test_the_access_log_rate_is_shared_adding_up_to_it(
 )
 def test_restart_pause(last: float | None, ran: float, pause: float) -> None:
     assert restart_pause(last, ran) == pause
+
+
+@pytest.mark.parametrize(
+    ("unready_since", "now", "verdict"),
+    [
+        (None, 1e6, False),
+        (100.0, 100.0, False),
+        (100.0, 100.0 + HUNG - 0.1, False),
+        (100.0, 100.0 + HUNG, True),
+    ],
+    ids=[
+        "ready, or never ready since it started: never hung",
+        "just stopped answering",
+        "a moment short of the bound",
+        "the bound: hung",
+    ],
+)
+def test_hung(unready_since: float | None, now: float, verdict: bool) -> None:
+    assert hung(unready_since, now) is verdict
 
 
 def test_a_worker_count_out_of_range_is_refused_naming_it() -> None:
@@ -393,3 +413,41 @@ async def test_a_cancelled_supervisor_still_stops_its_workers(tmp_path: Path) ->
     assert not scope.cancelled_caught, "the workers never started"
     pids = await anyio.to_thread.run_sync(lambda: [int(p.name) for p in tmp_path.iterdir()])
     assert len(pids) == 2 and not [pid for pid in pids if _alive(pid)], pids
+
+
+async def test_a_worker_that_stops_answering_is_killed_and_started_again() -> None:
+    """A worker stopped (SIGSTOP) or deadlocked keeps its share of the port's connections,
+    and its process never exits: once it has not answered its /readyz for `HUNG` seconds
+    (the supervisor's clock, driven here) it is killed, started again and counted. Before,
+    it was only marked not ready, for ever (a hostile tester's find)."""
+    now = [1000.0]
+    admin = f"127.0.0.1:{free_port()}"
+    worker = Worker(0, {"WAKEFUL_ADMIN_LISTEN": admin}, admin)
+    supervisor = Supervisor(
+        [worker], [sys.executable, "-c", FAKE_WORKER], stop_timeout=5, clock=lambda: now[0]
+    )
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(supervisor.run)
+        try:
+            with anyio.fail_after(30):
+                while not worker.ready:  # noqa: ASYNC110
+                    await anyio.sleep(0.05)
+            first = worker.process
+            assert first is not None
+            os.kill(first.pid, signal.SIGSTOP)
+            with anyio.fail_after(30):  # seen not answering
+                while worker.unready_since is None:  # noqa: ASYNC110
+                    await anyio.sleep(0.05)
+            now[0] += HUNG - 1
+            await anyio.sleep(3)  # several looks, a second short of the bound: kept
+            assert worker.process is first and first.returncode is None
+            now[0] += 2
+            with anyio.fail_after(30):
+                while worker.process is first or not worker.ready:  # noqa: ASYNC110
+                    await anyio.sleep(0.05)
+            restarts = supervisor.registry.get_sample_value(
+                "wakeful_ingress_worker_restarts_total", {"worker": "0"}
+            )
+            assert restarts == 1
+        finally:
+            supervisor.stop()
