@@ -18,8 +18,11 @@ supervised and stopped together by this module:
   `worker="i"`, and the supervisor's own (`wakeful_ingress_workers_ready`,
   `wakeful_ingress_worker_restarts_total`).
 - A worker that exits is started again after a pause (1 s, doubling up to 30 s; back to 1 s
-  once it ran a minute). One that exits before it was ever ready ends them all: a
+  once it ran a minute); so is one that stopped answering its /readyz for 30 s, killed
+  (`workerrules.hung`). One that exits before it was ever ready ends them all: a
   configuration error is shown once, not in a loop.
+- A client port held only by closing connections (TIME_WAIT, left by an ingress that ran
+  without workers) is waited for, at most `CLOSING_WAIT` seconds, where it was refused.
 - SIGTERM or SIGINT to the supervisor goes to every worker, once (workers run in their own
   session, so a terminal's Ctrl-C reaches the supervisor alone); each drains as a single
   ingress does (`shutdown_timeout`), and one still running 10 s after that is killed. Workers
@@ -33,7 +36,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -49,10 +51,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
-from wakeful.aio.loopback import hold_loopback_twin
 from wakeful.ingress.edge import AdminEdge
 from wakeful.ingress.http1 import HttpServer, Limits
 from wakeful.ingress.nodestreams import default_replica_name
+from wakeful.ingress.ports import address_of, reserve, reserved
 from wakeful.ingress.server import bind_listener
 from wakeful.ingress.settings import IngressSettings, join_address, split_address
 from wakeful.ingress.workerrules import HUNG, hung, restart_pause, share, shifted
@@ -105,40 +107,6 @@ def worker_env(
     if settings.tunnel_advertise is not None:
         env["WAKEFUL_TUNNEL_ADVERTISE"] = shifted(settings.tunnel_advertise, index)
     return env
-
-
-def reserve(address: str, what: str) -> socket.socket:
-    """`address` bound with SO_REUSEPORT and not listening: the port is kept for the workers.
-    Without SO_REUSEADDR: another user could otherwise bind it with SO_REUSEADDR and listen
-    while no worker does (the kernel refuses SO_REUSEPORT across users, so no sandbox joins
-    the group). A port someone already listens on, even with SO_REUSEPORT (a second
-    supervisor, leftover workers), is refused as taken."""
-    host, port = split_address(address)
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        if port:
-            _not_listened_on(family, host, port)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise OSError(exc.errno, exc.strerror, f"{what} {address}") from exc
-    hold_loopback_twin(sock)
-    return sock
-
-
-def _not_listened_on(family: socket.AddressFamily, host: str, port: int) -> None:
-    """EADDRINUSE when a socket listens on host:port (with or without SO_REUSEPORT); a
-    port held only by connections closing (TIME_WAIT) is free (SO_REUSEADDR)."""
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        probe.bind((host, port))
-
-
-def address_of(sock: socket.socket) -> str:
-    host, port = sock.getsockname()[:2]
-    return join_address(host, port)
 
 
 def labelled(texts: Iterable[tuple[int, str]]) -> list[Metric]:
@@ -375,10 +343,10 @@ async def supervise(
     workers' variables (this process's by default); `bound`: told the client, TLS (None
     without one) and admin addresses once they are bound, a port 0 resolved."""
     with contextlib.ExitStack() as held:
-        listen = address_of(held.enter_context(reserve(settings.listen, "listen address")))
+        listen = address_of(held.enter_context(await reserved(settings.listen, "listen address")))
         tls_listen = None
         if settings.tls_listen is not None:
-            tls = held.enter_context(reserve(settings.tls_listen, "TLS listen address"))
+            tls = held.enter_context(await reserved(settings.tls_listen, "TLS listen address"))
             tls_listen = address_of(tls)
         replica = settings.tunnel_replica or default_replica_name(listen)
         tunnels = tunnel_listeners(settings)

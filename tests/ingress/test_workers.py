@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -23,13 +24,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 import wakeful.ingress.workers as workers_module
+from wakeful.ingress.ports import Closing, reserve, reserved
 from wakeful.ingress.settings import IngressSettings, split_address
 from wakeful.ingress.workerrules import HUNG, hung, restart_pause, share, shifted
 from wakeful.ingress.workers import (
     Supervisor,
     Worker,
     labelled,
-    reserve,
     supervise,
     tunnel_listeners,
     worker_env,
@@ -451,3 +452,25 @@ async def test_a_worker_that_stops_answering_is_killed_and_started_again() -> No
             assert restarts == 1
         finally:
             supervisor.stop()
+
+
+async def test_a_port_held_by_closing_connections_is_waited_for_not_refused() -> None:
+    """An ingress that ran alone (no SO_REUSEPORT) leaves its closed connections in
+    TIME_WAIT on the port for a minute, and the kernel refuses the port to a SO_REUSEPORT
+    bind meanwhile: switching to workers and starting at once failed (a hostile tester's
+    find). Such a port is `Closing`, not taken, and `reserved` waits for it, at most its
+    bound (here 1.5 s), saying why."""
+    port = free_port()
+    with (
+        socket.create_server(("127.0.0.1", port)) as listener,  # SO_REUSEADDR, no REUSEPORT
+        socket.create_connection(("127.0.0.1", port)) as client,
+    ):
+        conn, _ = listener.accept()
+        conn.close()  # the server's side closes first: its end waits in TIME_WAIT
+        assert client.recv(1) == b""
+    with pytest.raises(Closing):
+        reserve(f"127.0.0.1:{port}", "listen address")
+    started = time.monotonic()
+    with pytest.raises(Closing, match="TIME_WAIT"):
+        await reserved(f"127.0.0.1:{port}", "listen address", wait=1.5)
+    assert time.monotonic() - started >= 1.5
