@@ -1,6 +1,7 @@
 """A loopback listener holds the other loopback address's port: a sandbox cannot answer on
 [::1] for a control-plane piece that serves on 127.0.0.1 (clients try ::1 first for
-`localhost` names), and a client that tries it is refused at once."""
+`localhost` names), and a client that tries it is refused at once; a listener on every IPv4
+address holds every IPv6 one."""
 
 from __future__ import annotations
 
@@ -52,7 +53,22 @@ def test_the_hold_ends_with_the_listener() -> None:
         later.bind(("::1", port))  # free again
 
 
-def test_a_non_loopback_listener_holds_nothing() -> None:
+def test_a_listener_on_every_ipv4_address_holds_every_ipv6_one() -> None:
+    """`--listen 0.0.0.0:P` left [::]:P and [::1]:P to a sandbox's user, and `localhost`'s
+    IPv6 clients with them (a hostile tester's find)."""
+    port = free_port()
+    listener = bind(f"0.0.0.0:{port}", "--listen")
+    try:
+        for address in ("::1", "::"):
+            with socket.socket(socket.AF_INET6) as squatter:
+                squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                with pytest.raises(OSError, match="Address already in use"):
+                    squatter.bind((address, port))
+    finally:
+        listener.close()
+
+
+def test_a_listener_on_another_address_holds_nothing() -> None:
     with socket.socket() as listener:
-        listener.bind(("0.0.0.0", 0))
+        listener.bind(("127.0.0.2", 0))
         assert hold_loopback_twin(listener) is None

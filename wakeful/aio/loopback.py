@@ -1,11 +1,13 @@
-"""A listener on one loopback address holds the other one's port too.
+"""A listener on one loopback address holds the other one's port too; one on every IPv4
+address holds every IPv6 address's.
 
 A control-plane piece that listens on 127.0.0.1:P leaves [::1]:P free, and clients that
 resolve `localhost` (or `app.localhost`) try ::1 first: a sandbox that binds [::1]:P would get
-the requests meant for the ingress or the control API. `hold_loopback_twin` binds the twin
-address without listening, so nobody else can take it and a client trying it is refused at
-once (then falls back to the address we serve on). The twin closes when the listener is
-garbage collected, or at exit.
+the requests meant for the ingress or the control API. Likewise one on 0.0.0.0:P leaves [::]:P
+(and [::1]:P) to whoever binds it first, and IPv6 clients of the machine's names with it.
+`hold_loopback_twin` binds the twin address without listening, so nobody else can take it and
+a client trying it is refused at once (then falls back to the address we serve on). The twin
+closes when the listener is garbage collected, or at exit.
 """
 
 from __future__ import annotations
@@ -13,12 +15,13 @@ from __future__ import annotations
 import socket
 import weakref
 
-TWINS = {"127.0.0.1": "::1", "::1": "127.0.0.1"}
+TWINS = {"127.0.0.1": "::1", "::1": "127.0.0.1", "0.0.0.0": "::"}
 
 
 def hold_loopback_twin(listener: socket.socket) -> socket.socket | None:
-    """Bind the other loopback address at `listener`'s port; None when there is none to hold
-    (not a loopback listener, no IPv6, or someone holds it already)."""
+    """Bind the other loopback address (or the IPv6 wildcard, for the IPv4 one) at
+    `listener`'s port; None when there is none to hold (another address, no IPv6, or someone
+    holds it already)."""
     host, port = listener.getsockname()[:2]
     twin_host = TWINS.get(host)
     if twin_host is None:
