@@ -36,6 +36,9 @@ class _Transport(asyncio.Transport):
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
         pass
 
+    def get_write_buffer_size(self) -> int:
+        return 0  # every write goes out at once
+
     def pause_reading(self) -> None:
         pass
 

@@ -191,6 +191,9 @@ class Recorder(asyncio.Transport):
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
         return
 
+    def get_write_buffer_size(self) -> int:
+        return 0  # every write goes out at once
+
     def is_closing(self) -> bool:
         return self.closed
 
