@@ -47,6 +47,7 @@ from wakeful.ingress.upstream.rules import (
     INFORMATIONAL,
     MAX_FRAMING_BYTES,
     framed_by_close,
+    framing_refused,
     framing_run,
     judge_status,
 )
@@ -182,7 +183,11 @@ class UpstreamConnection(Gated):
         if state.stage is not HEAD:  # bytes came (`data_received`): a head is all it can be
             raise IllegalMove(state.stage, BODY)
         status = self._parser.get_status_code()
-        if judge_status(status, False) is INFORMATIONAL:  # 100 Continue, 103...
+        interim = judge_status(status, False) is INFORMATIONAL  # 100 Continue, 103...
+        refused = framing_refused(self.headers, interim)
+        if refused is not None:
+            raise UpstreamFailed(refused)
+        if interim:
             state.stage = INTERIM
             self.headers = []
             return

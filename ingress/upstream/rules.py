@@ -4,7 +4,8 @@ much framing it may send. Written once, for pooled exchanges and WebSocket hands
 The rule that keeps this correct: **an answer is passed on only when the ingress knows where
 it ends**, because whatever follows it on the connection would otherwise be taken for the
 next request's answer. So an answer is one final status (1xx heads before it are interim),
-within 200-599 (or a 101 to a handshake that asked for it); a body with neither Content-Length
+within 200-599 (or a 101 to a handshake that asked for it); an interim head frames no body and
+an answer's only transfer coding is chunked; a body with neither Content-Length
 nor Transfer-Encoding ends only with the connection; and the bytes that are not body (status
 line, headers, chunk sizes, trailers) are bounded, since the parser buffers a header line
 whole.
@@ -68,3 +69,22 @@ def framing_run(run: int, read: int, body_came: bool) -> int:
     """Framing bytes read in a row after a read of `read` bytes, `run` before it: a read that
     brought any body starts the count again. Past `MAX_FRAMING_BYTES` the answer is refused."""
     return 0 if body_came else run + read
+
+
+def framing_refused(headers: Iterable[tuple[bytes, bytes]], interim: bool) -> str | None:
+    """Why an answer head's framing cannot be passed on, or None. A 1xx has no body (RFC 9110
+    §15.2), so an interim head that frames one (a Transfer-Encoding, a Content-Length but
+    0) is refused: llhttp would read one, and it would go out as the answer's body. An answer
+    coded other than `chunked` (`gzip, chunked`, `gzip`) is refused as nginx refuses it: the
+    coding is hop-by-hop and would go out undone, unnamed (or, alone, end with the
+    connection)."""
+    for name, value in headers:
+        lower = name.lower()
+        if lower == b"transfer-encoding":
+            if interim:
+                return "the sandbox's interim (1xx) answer frames a body"
+            if value.strip().lower() != b"chunked":
+                return f"the sandbox's answer is coded {value[:40]!r}, not chunked"
+        elif lower == b"content-length" and interim and value.strip() != b"0":
+            return "the sandbox's interim (1xx) answer frames a body"
+    return None

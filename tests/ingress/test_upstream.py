@@ -467,3 +467,30 @@ async def test_a_sandbox_that_answers_early_and_never_reads_holds_nothing() -> N
                 while not seen:  # noqa: ASYNC110
                     await anyio.sleep(0.05)
     assert seen == ["ended"]
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 199 Hm\r\nContent-Length: 5\r\n\r\nEVIL!"
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\nConnection: close\r\n\r\nok",
+    ],
+    ids=["a 1xx with a body", "gzip, chunked", "gzip alone"],
+)
+async def test_framing_an_answer_cannot_have_is_a_502(answer: bytes) -> None:
+    """A 1xx has no body: llhttp read one after a `199` with a Content-Length, and it went
+    out as the answer's body. A transfer coding but chunked went out undone and unnamed
+    (gzip bytes the client could not tell from the body). Both are the sandbox's failure,
+    as nginx has it (a hostile tester's find)."""
+
+    def handle(conn: socket.socket) -> None:
+        read_head(conn)
+        conn.sendall(answer)
+
+    with RawServer(handle) as sandbox_server:
+        async with stack({"sb-1": sandbox_server.port}) as s:
+            got = await s.client.get("/")
+            assert got.status_code == 502, got.text
+            assert b"EVIL" not in got.content

@@ -1,5 +1,6 @@
 """The answer-head rules (`upstream.rules`) as tables: which status is the answer, where a
-body without framing ends, and the bound on framing read in a row."""
+body without framing ends, which framing is refused, and the bound on framing read in a
+row."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from wakeful.ingress.upstream.rules import (
     SWITCH,
     Head,
     framed_by_close,
+    framing_refused,
     framing_run,
     judge_status,
 )
@@ -79,3 +81,27 @@ def test_framed_by_close(headers: list[tuple[bytes, bytes]], by_close: bool) -> 
 def test_framing_run(run: int, read: int, body_came: bool, after: int, refused: bool) -> None:
     assert framing_run(run, read, body_came) == after
     assert (after > MAX_FRAMING_BYTES) is refused
+
+
+@pytest.mark.parametrize(
+    ("headers", "interim", "refused"),
+    [
+        pytest.param([(b"Content-Length", b"2")], False, None, id="an answer's length"),
+        pytest.param([(b"Transfer-Encoding", b"chunked")], False, None, id="chunked"),
+        pytest.param([(b"transfer-encoding", b" Chunked ")], False, None, id="any case, padded"),
+        pytest.param(
+            [(b"Transfer-Encoding", b"gzip, chunked")], False, "coded", id="gzip, chunked"
+        ),
+        pytest.param([(b"Transfer-Encoding", b"gzip")], False, "coded", id="gzip alone"),
+        pytest.param([(b"Transfer-Encoding", b"identity")], False, "coded", id="identity"),
+        pytest.param([], True, None, id="a bare 1xx head"),
+        pytest.param([(b"Content-Length", b"0")], True, None, id="a 1xx saying 0"),
+        pytest.param([(b"Content-Length", b"5")], True, "interim", id="a 1xx framing 5 bytes"),
+        pytest.param([(b"Transfer-Encoding", b"chunked")], True, "interim", id="a chunked 1xx"),
+    ],
+)
+def test_framing_refused(
+    headers: list[tuple[bytes, bytes]], interim: bool, refused: str | None
+) -> None:
+    why = framing_refused(headers, interim)
+    assert (why is None) if refused is None else (why is not None and refused in why)
