@@ -16,14 +16,14 @@ dynamic table size update to 0, §6.3): whatever size the peer allows, 0 is with
 is given was made safe already (`headers.client_response_headers`, `upstream.h2c`).
 
 `FieldDecoder` does what hpack 4's `Decoder.decode(data, raw=True)` does, rule for rule: the
-same representations (§6), the same bounds (an integer of at most `VARINT_MAX_LENGTH` octets,
-a table size update only at a block's start and never above `max_allowed_table_size`, the
-table's size checked after each block, the header list's size (each field's octets and 32,
-§4.1) checked after each field against `max_header_list_size`), the same dynamic table (§4:
-newest first, evicted oldest first, emptied by an entry larger than itself), and hpack's own
-exceptions, so `h2` turns each into the same connection error. Huffman-coded strings go to
-hpack's own `decode_huffman`. `tests/ingress/http2/test_fields.py` holds the two decoders to
-the same answers, on blocks real encoders made and on hostile ones.
+same representations (§6), the same bounds (an integer of at most `VARINT_MAX_LENGTH` octets
+after its prefix, a table size update only at a block's start and never above
+`max_allowed_table_size`, the table's size checked after each block, the header list's size
+(each field's octets and 32, §4.1) checked after each field against `max_header_list_size`),
+the same dynamic table (§4: newest first, evicted oldest first, emptied by an entry larger
+than itself), and hpack's own exceptions, so `h2` turns each into the same connection error.
+Huffman-coded strings go to hpack's own `decode_huffman`. `tests/ingress/http2/test_fields.py`
+holds the two decoders to the same answers, on blocks real encoders made and on hostile ones.
 """
 
 from __future__ import annotations
@@ -140,9 +140,9 @@ class FieldEncoder:
         out = bytearray()
         if not self._told:
             out.append(TABLE_SIZE_ZERO)
-            self._told = True
         for name, value in headers:
             field(out, name, value)
+        self._told = True  # once the block is whole: h2 may refuse a field while it is made
         return bytes(out)
 
 
@@ -151,7 +151,8 @@ class FieldEncoder:
 STATIC: Final[tuple[tuple[bytes, bytes], ...]] = tuple(HeaderTable.STATIC_TABLE)
 STATIC_LENGTH: Final = len(STATIC)
 VARINT_MAX_LENGTH: Final = 5
-"""Octets an integer may take, its prefix's included (hpack's bound: enough for 32 bits)."""
+"""Octets an integer may take after its prefix's (hpack's bound, as hpack counts it: the
+prefix and five more, the last ending it)."""
 ENTRY_OVERHEAD: Final = 32
 """What a table entry or a header list counts for each field beyond its octets (§4.1)."""
 
