@@ -66,7 +66,8 @@ def bind_listener(address: str, backlog: int, what: str, shared: bool = False) -
     except OSError as exc:
         sock.close()
         raise OSError(exc.errno, exc.strerror, f"{what} {address}") from exc
-    hold_loopback_twin(sock)  # no sandbox may answer on the other loopback for us
+    if not shared:  # a worker's twin is held by its supervisor (`ports.reserve`)
+        hold_loopback_twin(sock)  # no sandbox may answer on the other loopback for us
     return sock
 
 

@@ -72,3 +72,19 @@ def test_a_listener_on_another_address_holds_nothing() -> None:
     with socket.socket() as listener:
         listener.bind(("127.0.0.2", 0))
         assert hold_loopback_twin(listener) is None
+
+
+def test_no_ipv6_at_all_holds_nothing_and_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel without IPv6 (ipv6.disable=1) refuses the socket itself: the listener still
+    starts, holding no twin."""
+    real = socket.socket
+
+    def no_ipv6(family: int = socket.AF_INET, *args: object, **kwargs: object) -> socket.socket:
+        if family == socket.AF_INET6:
+            raise OSError(97, "Address family not supported by protocol")
+        return real(family, *args, **kwargs)  # type: ignore[arg-type]
+
+    with socket.socket() as listener:
+        listener.bind(("0.0.0.0", 0))
+        monkeypatch.setattr(socket, "socket", no_ipv6)
+        assert hold_loopback_twin(listener) is None

@@ -12,8 +12,12 @@ closes when the listener is garbage collected, or at exit.
 
 from __future__ import annotations
 
+import errno
+import logging
 import socket
 import weakref
+
+log = logging.getLogger(__name__)
 
 TWINS = {"127.0.0.1": "::1", "::1": "127.0.0.1", "0.0.0.0": "::"}
 
@@ -27,13 +31,25 @@ def hold_loopback_twin(listener: socket.socket) -> socket.socket | None:
     if twin_host is None:
         return None
     family = socket.AF_INET6 if ":" in twin_host else socket.AF_INET
-    twin = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        twin = socket.socket(family, socket.SOCK_STREAM)  # no IPv6 at all: nothing to hold
+    except OSError:
+        return None
     try:
         if family == socket.AF_INET6:
             twin.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         twin.bind((twin_host, port))
-    except OSError:
+    except OSError as exc:
         twin.close()
+        if exc.errno == errno.EADDRINUSE:  # taken before us: whoever holds it gets its clients
+            log.warning(
+                "listening on %s:%d, but [%s]:%d is bound by another socket: clients that "
+                "try it reach that one, not this",
+                host,
+                port,
+                twin_host,
+                port,
+            )
         return None
     weakref.finalize(listener, twin.close)
     return twin
