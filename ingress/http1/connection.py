@@ -361,13 +361,15 @@ class ClientConnection(Wire):
         within its timeout; `abort`: now, dropping it (a client that does not read would
         otherwise keep the connection, and its slot, for ever)."""
         self.closing = True
+        if not abort and self.transport is not None and self.transport.is_closing():
+            return  # closing already: the abort timer it may have armed stays armed
         self._cancel_timers()
         if not abort:
             self.flush()
         if self.transport is not None:
             if abort:
                 self.transport.abort()
-            elif not self.transport.is_closing():
+            else:
                 unsent = self.transport.get_write_buffer_size()
                 self.transport.close()
                 if unsent:  # closed at once otherwise: no timer for most connections
