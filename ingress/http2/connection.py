@@ -171,6 +171,10 @@ class H2Connection(asyncio.Protocol):
         if seen.refusal is not None:
             self._goaway(_CALM, seen.refusal, "header-block")
             return
+        sent = self.out.take_data_frames()  # earned: a client answers DATA with WINDOW_UPDATEs,
+        if sent:  # and grpc's clients with a PING (their bandwidth probe)
+            self._windows.give(2 * sent)
+            self._control.give(sent)
         if seen.control and not self._control.spend(seen.control, now):
             self._goaway(
                 _CALM, "too many PING, SETTINGS, PRIORITY or empty DATA frames", "control-frames"
@@ -179,11 +183,9 @@ class H2Connection(asyncio.Protocol):
         if seen.resets and not self._resets.spend(seen.resets, now):
             self._goaway(_CALM, "too many streams reset", "resets")
             return
-        if seen.windows:
-            self._windows.give(2 * self.out.take_data_frames())
-            if not self._windows.spend(seen.windows, now):
-                self._goaway(_CALM, "too many WINDOW_UPDATE frames", "control-frames")
-                return
+        if seen.windows and not self._windows.spend(seen.windows, now):
+            self._goaway(_CALM, "too many WINDOW_UPDATE frames", "control-frames")
+            return
         if self._scan.open_block:
             if self._block_due is None:
                 self._block_due = now + self.limits.head_timeout

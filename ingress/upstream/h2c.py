@@ -96,9 +96,13 @@ class H2Upstream(Gated):
         now = self.loop.time()
         self._control = Budget(CONTROL_BURST, CONTROL_RATE, now)
         self._resets = Budget(RESET_BURST, RESET_RATE, now)
+        self._windows = Budget(CONTROL_BURST, CONTROL_RATE, now)
         """What a client's connection may send that carries no answer (`http2.rules`), a
         sandbox's may too: past it the connection is cut (an app is untrusted code, and a
-        flood of PINGs would hold the loop every app's requests share)."""
+        flood of PINGs would hold the loop every app's requests share). What the ingress
+        sends earns more, as a well-behaved peer answers it: a PING for each DATA or HEADERS
+        frame (grpc-go's bandwidth probe), a WINDOW_UPDATE or two for each DATA frame, and
+        a reset for each stream opened (Go ends a stream it answered early with one)."""
         self._flushing = False
         """A write is due this turn of the loop (`flush`)."""
 
@@ -116,10 +120,12 @@ class H2Upstream(Gated):
             self._lost(UpstreamFailed(f"the sandbox sent {seen.refusal}"), unanswered=False)
             return
         now = self.loop.time()
-        if (seen.control and not self._control.spend(seen.control, now)) or (
-            seen.resets and not self._resets.spend(seen.resets, now)
+        if (
+            (seen.control and not self._control.spend(seen.control, now))
+            or (seen.resets and not self._resets.spend(seen.resets, now))
+            or (seen.windows and not self._windows.spend(seen.windows, now))
         ):
-            why = "too many PING, SETTINGS, PRIORITY, empty DATA or RST_STREAM frames"
+            why = "too many PING, SETTINGS, PRIORITY, WINDOW_UPDATE or RST_STREAM frames"
             self._lost(UpstreamFailed(f"the sandbox sent {why}"), unanswered=False)
             return
         if seen.goaway_last is not None:  # kept from h2, which would end the streams under way
@@ -161,16 +167,6 @@ class H2Upstream(Gated):
     def eof_received(self) -> bool:
         return False
 
-    def pause_writing(self) -> None:
-        super().pause_writing()
-        if self.transport is not None and not self.closed:
-            self.transport.pause_reading()  # its frames' acknowledgements would pile up
-
-    def resume_writing(self) -> None:
-        super().resume_writing()
-        if self.transport is not None and not self.closed:
-            self.transport.resume_reading()
-
     def connection_lost(self, exc: Exception | None) -> None:
         reason = f": {exc}" if exc else ""
         self._lost(UpstreamFailed(f"the sandbox closed the connection{reason}"))
@@ -203,6 +199,8 @@ class H2Upstream(Gated):
         except h2.exceptions.ProtocolError as exc:
             del self.exchanges[stream_id]
             raise UpstreamFailed(f"the request could not be sent on HTTP/2: {exc}") from None
+        self._control.give(1)
+        self._resets.give(1)
         self.flush()
         if body is not None:
             exchange._writer = self.loop.create_task(self._send_body(exchange, body))
@@ -224,6 +222,8 @@ class H2Upstream(Gated):
                         await self._wait_window()
                         continue
                     conn.send_data(stream_id, bytes(view[:window]))
+                    self._control.give(1)
+                    self._windows.give(2)
                     view = view[window:]
                     self.flush()
                     if (closed := self._writable.waiting()) is not None:

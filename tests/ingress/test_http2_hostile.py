@@ -11,7 +11,8 @@ Covered (each test's docstring names its bound and what it would see without it)
 - CONTINUATION flood: a header block is cut at the head bound; a block left open is cut
   after the head timeout, also when a stream ends meanwhile;
 - HPACK bomb and header lists past MAX_HEADER_LIST_SIZE: refused, memory bounded;
-- PING and SETTINGS floods: GOAWAY past `CONTROL_BURST`; a client that never reads stops
+- PING and SETTINGS floods: GOAWAY past `CONTROL_BURST` (a PING for each DATA frame sent is
+  earned, grpc's bandwidth probe); a client that never reads stops
   being read once its answers wait, and its connection (and slot) ends after its timeout;
 - MAX_STREAMS: the 101st stream alone is refused; the other 100 keep working;
 - a zero window, a body that never ends: reset or 408 after `client_timeout`, leases back;
@@ -108,6 +109,8 @@ class Wire:
         self.eof = False
         self.open_windows = True
         """Give back what each DATA frame took of the windows (a client that reads)."""
+        self.ping_each_data = False
+        """Answer each DATA frame with a PING too (grpc's bandwidth probe)."""
 
     @classmethod
     async def open(cls, port: int, settings: dict[int, int] | None = None) -> Wire:
@@ -191,6 +194,8 @@ class Wire:
             if "END_STREAM" in frame.flags:
                 self.ended.add(sid)
             size = frame.flow_controlled_length
+            if self.ping_each_data:
+                self.send(PingFrame(0, opaque_data=b"bdp-ping").serialize())
             if self.open_windows and size:
                 self.send(
                     WindowUpdateFrame(0, window_increment=size).serialize()
@@ -682,6 +687,24 @@ def _ping_flooder(port: int, stop: threading.Event, sent: list[int]) -> None:
                             left = memoryview(chunk)
         except OSError:
             pass
+
+
+async def test_a_client_that_pings_for_each_frame_it_gets_is_not_calmed(
+    hello: Callable[[], int],
+) -> None:
+    """Bound, the other way: grpc's clients answer each DATA frame with a PING while they
+    measure the bandwidth. Each DATA frame the ingress sends earns a PING, so a long download
+    in small frames (a 1 KiB window: 2,000 of them), PINGed frame by frame, is served whole
+    and no GOAWAY comes, where the budget alone (1,000, then 500 a second) cut it."""
+    async with (
+        stack({"sb-1": hello()}) as s,
+        await Wire.open(s.ingress.address[1], {SettingsFrame.INITIAL_WINDOW_SIZE: 1024}) as w,
+    ):
+        await w.settled()
+        w.ping_each_data = True
+        w.send(w.request(1, b"/bytes?n=2048000"))
+        await w.until(lambda: 1 in w.ended or 1 in w.resets or w.goaway, within=60)
+        assert w.goaway is None and len(w.body[1]) == 2_048_000, (w.goaway, len(w.body[1]))
 
 
 async def test_a_ping_flood_does_not_slow_other_clients(hello: Callable[[], int]) -> None:

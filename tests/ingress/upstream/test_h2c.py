@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import h2.config
 import h2.connection
@@ -235,6 +235,36 @@ async def test_answers_nobody_reads_give_the_shared_window_back() -> None:
         sandbox.receive_data(wire.take())
     # h2 sends a WINDOW_UPDATE once half the window is acknowledged: never less than half.
     assert sandbox.outbound_flow_control_window >= full // 2
+
+
+async def test_a_sandbox_that_pings_for_each_frame_it_is_sent_keeps_its_connection() -> None:
+    """grpc-go's server answers each DATA frame it gets with a PING while it measures the
+    bandwidth, so a long upload brings as many PINGs as DATA frames: what the ingress sends
+    earns the sandbox's budget, and such a sandbox is not cut off (a PING flood unearned
+    is, above). A sandbox speaking h2 in memory, no socket."""
+    sandbox = h2.connection.H2Connection(
+        h2.config.H2Configuration(client_side=False, header_encoding=None)
+    )
+    sandbox.initiate_connection()
+    conn = H2Upstream(H2Pool(keepalive=5))
+    wire = Recorder()
+    conn.connection_made(wire)
+    conn.data_received(sandbox.data_to_send())
+    await asyncio.sleep(0)
+    sandbox.receive_data(wire.take())
+    frames = CONTROL_BURST + 500
+
+    async def upload() -> AsyncIterator[bytes]:
+        for _ in range(frames):
+            yield b"x"  # a DATA frame each
+
+    head = [(b":method", b"POST"), (b":scheme", b"http"), (b":authority", b"a"), (b":path", b"/")]
+    conn.open(head, upload(), 5.0)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    sandbox.receive_data(wire.take())
+    conn.data_received(PingFrame(0, opaque_data=b"12345678").serialize() * frames)
+    assert not conn.closed
 
 
 def half_then_silent(conn: Conn, stream: int, head: dict[bytes, bytes], body: bytes) -> None:
