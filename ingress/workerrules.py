@@ -10,15 +10,16 @@ RESTART_MAX = 30.0
 STEADY = 60.0
 """A worker that ran this long is restarted after RESTART_FIRST again."""
 HUNG = 30.0
-"""Seconds a worker that was ready may go without answering its /readyz before it is killed
+"""Seconds a worker that was ready may go without answering its /readyz at all (no answer
+within a second, or no connection; a 503 while it drains is an answer) before it is killed
 and started again: a stopped or deadlocked process keeps its share of the port's new
 connections, which the kernel goes on giving it."""
 
 
-def hung(unready_since: float | None, now: float) -> bool:
-    """Whether a worker unready since `unready_since` (None: ready, or never ready since it
-    started) has been so for `HUNG` seconds."""
-    return unready_since is not None and now - unready_since >= HUNG
+def hung(silent_since: float | None, now: float) -> bool:
+    """Whether a worker silent since `silent_since` (None: answering, or never ready since
+    it started) has been so for `HUNG` seconds."""
+    return silent_since is not None and now - silent_since >= HUNG
 
 
 def restart_pause(last: float | None, ran: float) -> float:

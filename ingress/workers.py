@@ -148,8 +148,11 @@ class Worker:
     process: anyio.abc.Process | None = None
     ready: bool = False
     ever_ready: bool = False
-    unready_since: float | None = None
-    """When this process, ready before, last stopped answering /readyz (`hung`)."""
+    up: bool = False
+    """This process (not an earlier one of the worker) has been ready."""
+    silent_since: float | None = None
+    """When this process, ready before, stopped answering /readyz at all (`hung`): no
+    answer in time, or no connection. A 503 (draining) is an answer."""
 
 
 @dataclass(eq=False)
@@ -246,7 +249,7 @@ class Supervisor:
             if self.stopping:  # the stop began while it was forked: `run` may not see it
                 await self._stop([worker])
             code = await process.wait()
-            worker.process, worker.ready, worker.unready_since = None, False, None
+            worker.process, worker.ready, worker.up, worker.silent_since = None, False, False, None
             if self.stopping:
                 return
             if not worker.ever_ready:
@@ -280,17 +283,21 @@ class Supervisor:
                 await anyio.sleep(POLL)
 
     async def _look(self, client: httpx.AsyncClient, worker: Worker) -> None:
-        ready = False
+        ready = answered = False
         process = worker.process
         if process is not None:
             with contextlib.suppress(httpx.HTTPError):
-                ready = (await client.get(f"http://{worker.admin}/readyz")).status_code == 200
+                status = (await client.get(f"http://{worker.admin}/readyz")).status_code
+                answered, ready = True, status == 200
         now = self.clock()
-        if ready or worker.ready:  # ready now, or was at the last look
-            worker.unready_since = None if ready else now
+        if answered:
+            worker.silent_since = None
+        elif worker.up and worker.silent_since is None:
+            worker.silent_since = now
         worker.ready = ready and worker.process is not None
+        worker.up = worker.up or worker.ready
         worker.ever_ready = worker.ever_ready or worker.ready
-        if process is not None and process is worker.process and hung(worker.unready_since, now):
+        if process is not None and process is worker.process and hung(worker.silent_since, now):
             log.warning(
                 "ingress worker %d has not answered its /readyz for %.0f s; killing it",
                 worker.index,

@@ -114,7 +114,7 @@ def test_restart_pause(last: float | None, ran: float, pause: float) -> None:
 
 
 @pytest.mark.parametrize(
-    ("unready_since", "now", "verdict"),
+    ("silent_since", "now", "verdict"),
     [
         (None, 1e6, False),
         (100.0, 100.0, False),
@@ -122,14 +122,14 @@ def test_restart_pause(last: float | None, ran: float, pause: float) -> None:
         (100.0, 100.0 + HUNG, True),
     ],
     ids=[
-        "ready, or never ready since it started: never hung",
+        "answering, or never ready since it started: never hung",
         "just stopped answering",
         "a moment short of the bound",
         "the bound: hung",
     ],
 )
-def test_hung(unready_since: float | None, now: float, verdict: bool) -> None:
-    assert hung(unready_since, now) is verdict
+def test_hung(silent_since: float | None, now: float, verdict: bool) -> None:
+    assert hung(silent_since, now) is verdict
 
 
 def test_a_worker_count_out_of_range_is_refused_naming_it() -> None:
@@ -437,7 +437,7 @@ async def test_a_worker_that_stops_answering_is_killed_and_started_again() -> No
             assert first is not None
             os.kill(first.pid, signal.SIGSTOP)
             with anyio.fail_after(30):  # seen not answering
-                while worker.unready_since is None:  # noqa: ASYNC110
+                while worker.silent_since is None:  # noqa: ASYNC110
                     await anyio.sleep(0.05)
             now[0] += HUNG - 1
             await anyio.sleep(3)  # several looks, a second short of the bound: kept
@@ -474,3 +474,50 @@ async def test_a_port_held_by_closing_connections_is_waited_for_not_refused() ->
     with pytest.raises(Closing, match="TIME_WAIT"):
         await reserved(f"127.0.0.1:{port}", "listen address", wait=1.5)
     assert time.monotonic() - started >= 1.5
+
+
+DRAINING_WORKER = r"""
+import os, signal, socket, sys
+host, port = os.environ["WAKEFUL_ADMIN_LISTEN"].rsplit(":", 1)
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+s.bind((host, int(port)))
+s.listen()
+signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
+while True:
+    c, _ = s.accept()
+    c.recv(65536)
+    status = b"503 Draining" if os.path.exists(sys.argv[1]) else b"200 OK"
+    c.sendall(b"HTTP/1.1 " + status + b"\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+    c.close()
+"""
+
+
+async def test_a_worker_that_answers_503_while_it_drains_is_not_taken_for_hung(
+    tmp_path: Path,
+) -> None:
+    """A 503 is an answer: a worker draining (told to stop on its own, with a long shutdown
+    timeout) stays unready for longer than `HUNG` and is let finish, not killed."""
+    now = [1000.0]
+    flag = tmp_path / "draining"
+    admin = f"127.0.0.1:{free_port()}"
+    worker = Worker(0, {"WAKEFUL_ADMIN_LISTEN": admin}, admin)
+    command = [sys.executable, "-c", DRAINING_WORKER, str(flag)]
+    supervisor = Supervisor([worker], command, stop_timeout=5, clock=lambda: now[0])
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(supervisor.run)
+        try:
+            with anyio.fail_after(30):
+                while not worker.ready:  # noqa: ASYNC110
+                    await anyio.sleep(0.05)
+            first = worker.process
+            flag.touch()  # it answers 503 from now on
+            with anyio.fail_after(30):
+                while worker.ready:  # noqa: ASYNC110
+                    await anyio.sleep(0.05)
+            now[0] += HUNG + 60
+            await anyio.sleep(3)  # several looks past the bound
+            assert worker.process is first and worker.silent_since is None
+        finally:
+            supervisor.stop()
