@@ -31,6 +31,7 @@ from wakeful.ingress.upstream.rules import (
     INFORMATIONAL,
     MAX_FRAMING_BYTES,
     framed_by_close,
+    framing_refused,
     framing_run,
     judge_status,
 )
@@ -122,7 +123,11 @@ class Handshake(Gated):
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
-        if judge_status(status, True) is INFORMATIONAL:  # not the answer
+        interim = judge_status(status, True) is INFORMATIONAL  # not the answer
+        refused = framing_refused(self.headers, interim)
+        if refused is not None:
+            raise UpstreamFailed(refused)
+        if interim:
             self.state.move(INTERIM)
             self.headers = []
             return

@@ -325,6 +325,30 @@ async def test_a_refused_handshake_is_passed_on_alone(answers: bytes) -> None:
 
 
 @pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 199 Hm\r\nContent-Length: 5\r\n\r\nEVIL!"
+        b"HTTP/1.1 403 Forbidden\r\nContent-Length: 2\r\n\r\nno",
+        b"HTTP/1.1 403 Forbidden\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\nno\r\n0\r\n\r\n",
+    ],
+    ids=["a 1xx with a body", "a refusal coded gzip"],
+)
+async def test_a_handshake_answer_framed_as_no_answer_may_be_is_a_502(answer: bytes) -> None:
+    """The answer-head rules hold for handshakes too (`rules.framing_refused`)."""
+
+    def refuse(conn: socket.socket) -> None:
+        read_head(conn)
+        conn.sendall(answer)
+
+    with RawServer(refuse) as sandbox:
+        async with stack({"s1": sandbox.port}) as s:
+            got = await anyio.to_thread.run_sync(
+                raw_exchange, s.ingress.address[1], HANDSHAKE % b"1.1"
+            )
+    assert got.startswith(b"HTTP/1.1 502 ") and b"EVIL" not in got, got[:200]
+
+
+@pytest.mark.parametrize(
     ("request_bytes", "statuses", "sandbox_saw"),
     [
         pytest.param(
