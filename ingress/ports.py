@@ -37,7 +37,7 @@ def reserve(address: str, what: str) -> socket.socket:
     except OSError as exc:
         sock.close()
         if exc.errno == errno.EADDRINUSE and port:  # nobody listens: connections closing
-            why = "held by connections still closing (TIME_WAIT)"
+            why = "held by connections still closing (TIME_WAIT), or a socket not listening"
             raise Closing(exc.errno, why, f"{what} {address}") from exc
         raise OSError(exc.errno, exc.strerror, f"{what} {address}") from exc
     hold_loopback_twin(sock)
