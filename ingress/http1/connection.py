@@ -361,21 +361,20 @@ class ClientConnection(Wire):
         within its timeout; `abort`: now, dropping it (a client that does not read would
         otherwise keep the connection, and its slot, for ever)."""
         self.closing = True
-        if not abort and self.transport is not None and self.transport.is_closing():
+        transport = self.transport
+        if transport is None or (not abort and transport.is_closing()):
             return  # closing already: the abort timer it may have armed stays armed
         self._cancel_timers()
-        if not abort:
-            self.flush()
-        if self.transport is not None:
-            if abort:
-                self.transport.abort()
-            else:
-                unsent = self.transport.get_write_buffer_size()
-                self.transport.close()
-                if unsent:  # closed at once otherwise: no timer for most connections
-                    self._linger_timer = self._loop.call_later(
-                        self.limits.client_timeout, self._close, True
-                    )
+        if abort:
+            transport.abort()
+            return
+        self.flush()
+        unsent = transport.get_write_buffer_size()
+        transport.close()
+        if unsent:  # closed at once otherwise: no timer for most connections
+            self._linger_timer = self._loop.call_later(
+                self.limits.client_timeout, self._close, True
+            )
 
     def _linger(self) -> None:
         """A complete answer sent before the request's body was read: half-close (FIN after
