@@ -4,6 +4,7 @@ again, all stopped as one: tests/e2e/test_ingress_workers.py."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
@@ -11,7 +12,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -249,7 +250,7 @@ def test_a_port_another_reuseport_listener_serves_is_a_taken_port() -> None:
 
 
 FAKE_WORKER = r"""
-import os, signal, socket, sys, threading
+import os, signal, socket, sys
 host, port = os.environ["WAKEFUL_ADMIN_LISTEN"].rsplit(":", 1)
 s = socket.socket()
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -257,10 +258,12 @@ s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
 s.bind((host, int(port)))
 s.listen()
 signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
+draining = sys.argv[1] if len(sys.argv) > 1 else None  # a file: 503 once it is there
 while True:
     c, _ = s.accept()
     c.recv(65536)
-    c.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 6\r\nconnection: close\r\n\r\nready\n")
+    status = b"503 Draining" if draining and os.path.exists(draining) else b"200 OK"
+    c.sendall(b"HTTP/1.1 " + status + b"\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
     c.close()
 """
 
@@ -416,42 +419,51 @@ async def test_a_cancelled_supervisor_still_stops_its_workers(tmp_path: Path) ->
     assert len(pids) == 2 and not [pid for pid in pids if _alive(pid)], pids
 
 
-async def test_a_worker_that_stops_answering_is_killed_and_started_again() -> None:
-    """A worker stopped (SIGSTOP) or deadlocked keeps its share of the port's connections,
-    and its process never exits: once it has not answered its /readyz for `HUNG` seconds
-    (the supervisor's clock, driven here) it is killed, started again and counted. Before,
-    it was only marked not ready, for ever (a hostile tester's find)."""
-    now = [1000.0]
+@contextlib.asynccontextmanager
+async def one_worker(
+    clock: Callable[[], float], *args: str
+) -> AsyncIterator[tuple[Supervisor, Worker]]:
+    """A supervisor of one fake worker (`FAKE_WORKER` with `args`) on `clock`, once the
+    worker is ready; stopped after the block."""
     admin = f"127.0.0.1:{free_port()}"
     worker = Worker(0, {"WAKEFUL_ADMIN_LISTEN": admin}, admin)
-    supervisor = Supervisor(
-        [worker], [sys.executable, "-c", FAKE_WORKER], stop_timeout=5, clock=lambda: now[0]
-    )
+    command = [sys.executable, "-c", FAKE_WORKER, *args]
+    supervisor = Supervisor([worker], command, stop_timeout=5, clock=clock)
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(supervisor.run)
         try:
             with anyio.fail_after(30):
                 while not worker.ready:  # noqa: ASYNC110
                     await anyio.sleep(0.05)
-            first = worker.process
-            assert first is not None
-            os.kill(first.pid, signal.SIGSTOP)
-            with anyio.fail_after(30):  # seen not answering
-                while worker.silent_since is None:  # noqa: ASYNC110
-                    await anyio.sleep(0.05)
-            now[0] += HUNG - 1
-            await anyio.sleep(3)  # several looks, a second short of the bound: kept
-            assert worker.process is first and first.returncode is None
-            now[0] += 2
-            with anyio.fail_after(30):
-                while worker.process is first or not worker.ready:  # noqa: ASYNC110
-                    await anyio.sleep(0.05)
-            restarts = supervisor.registry.get_sample_value(
-                "wakeful_ingress_worker_restarts_total", {"worker": "0"}
-            )
-            assert restarts == 1
+            yield supervisor, worker
         finally:
             supervisor.stop()
+
+
+async def test_a_worker_that_stops_answering_is_killed_and_started_again() -> None:
+    """A worker stopped (SIGSTOP) or deadlocked keeps its share of the port's connections,
+    and its process never exits: once it has not answered its /readyz for `HUNG` seconds
+    (the supervisor's clock, driven here) it is killed, started again and counted. Before,
+    it was only marked not ready, for ever (a hostile tester's find)."""
+    now = [1000.0]
+    async with one_worker(lambda: now[0]) as (supervisor, worker):
+        first = worker.process
+        assert first is not None
+        os.kill(first.pid, signal.SIGSTOP)
+        with anyio.fail_after(30):  # seen not answering
+            while worker.silent_since is None:  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+        now[0] += HUNG - 1
+        await anyio.sleep(3)  # several looks, a second short of the bound: kept
+        assert worker.process is first and first.returncode is None
+        now[0] += 2
+        with anyio.fail_after(30):
+            while worker.process is first or not worker.ready:  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+        restarts = supervisor.registry.get_sample_value(
+            "wakeful_ingress_worker_restarts_total", {"worker": "0"}
+        )
+        assert restarts == 1
 
 
 async def test_a_port_held_by_closing_connections_is_waited_for_not_refused() -> None:
@@ -476,24 +488,6 @@ async def test_a_port_held_by_closing_connections_is_waited_for_not_refused() ->
     assert time.monotonic() - started >= 1.5
 
 
-DRAINING_WORKER = r"""
-import os, signal, socket, sys
-host, port = os.environ["WAKEFUL_ADMIN_LISTEN"].rsplit(":", 1)
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-s.bind((host, int(port)))
-s.listen()
-signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
-while True:
-    c, _ = s.accept()
-    c.recv(65536)
-    status = b"503 Draining" if os.path.exists(sys.argv[1]) else b"200 OK"
-    c.sendall(b"HTTP/1.1 " + status + b"\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
-    c.close()
-"""
-
-
 async def test_a_worker_that_answers_503_while_it_drains_is_not_taken_for_hung(
     tmp_path: Path,
 ) -> None:
@@ -501,23 +495,12 @@ async def test_a_worker_that_answers_503_while_it_drains_is_not_taken_for_hung(
     timeout) stays unready for longer than `HUNG` and is let finish, not killed."""
     now = [1000.0]
     flag = tmp_path / "draining"
-    admin = f"127.0.0.1:{free_port()}"
-    worker = Worker(0, {"WAKEFUL_ADMIN_LISTEN": admin}, admin)
-    command = [sys.executable, "-c", DRAINING_WORKER, str(flag)]
-    supervisor = Supervisor([worker], command, stop_timeout=5, clock=lambda: now[0])
-    async with anyio.create_task_group() as tasks:
-        tasks.start_soon(supervisor.run)
-        try:
-            with anyio.fail_after(30):
-                while not worker.ready:  # noqa: ASYNC110
-                    await anyio.sleep(0.05)
-            first = worker.process
-            flag.touch()  # it answers 503 from now on
-            with anyio.fail_after(30):
-                while worker.ready:  # noqa: ASYNC110
-                    await anyio.sleep(0.05)
-            now[0] += HUNG + 60
-            await anyio.sleep(3)  # several looks past the bound
-            assert worker.process is first and worker.silent_since is None
-        finally:
-            supervisor.stop()
+    async with one_worker(lambda: now[0], str(flag)) as (_, worker):
+        first = worker.process
+        flag.touch()  # it answers 503 from now on
+        with anyio.fail_after(30):
+            while worker.ready:  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+        now[0] += HUNG + 60
+        await anyio.sleep(3)  # several looks past the bound
+        assert worker.process is first and worker.silent_since is None

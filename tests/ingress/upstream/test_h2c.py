@@ -204,11 +204,9 @@ class Recorder(asyncio.Transport):
         self.closed = True
 
 
-async def test_answers_nobody_reads_give_the_shared_window_back() -> None:
-    """100 answers of 200 KiB on one connection, each closed unread (its client left): 20 MB,
-    past the connection's 16 MiB window. Each close acknowledges what it drops, so the
-    sandbox's window toward the ingress never shrinks (it would, for good, and every stream
-    on the connection would stall). A sandbox speaking h2 in memory, no socket."""
+async def in_memory() -> tuple[Conn, H2Upstream, Recorder]:
+    """An h2c connection of the ingress to a sandbox speaking h2 in memory (no socket), past
+    its preface and settings: (the sandbox, the connection, what it writes)."""
     sandbox = h2.connection.H2Connection(
         h2.config.H2Configuration(client_side=False, header_encoding=None)
     )
@@ -219,6 +217,15 @@ async def test_answers_nobody_reads_give_the_shared_window_back() -> None:
     conn.data_received(sandbox.data_to_send())
     await asyncio.sleep(0)  # the ingress writes once a turn of the loop
     sandbox.receive_data(wire.take())
+    return sandbox, conn, wire
+
+
+async def test_answers_nobody_reads_give_the_shared_window_back() -> None:
+    """100 answers of 200 KiB on one connection, each closed unread (its client left): 20 MB,
+    past the connection's 16 MiB window. Each close acknowledges what it drops, so the
+    sandbox's window toward the ingress never shrinks (it would, for good, and every stream
+    on the connection would stall). A sandbox speaking h2 in memory, no socket."""
+    sandbox, conn, wire = await in_memory()
     full = sandbox.outbound_flow_control_window
     head = [(b":method", b"GET"), (b":scheme", b"http"), (b":authority", b"a"), (b":path", b"/")]
     for _ in range(100):
@@ -242,16 +249,7 @@ async def test_a_sandbox_that_pings_for_each_frame_it_is_sent_keeps_its_connecti
     bandwidth, so a long upload brings as many PINGs as DATA frames: what the ingress sends
     earns the sandbox's budget, and such a sandbox is not cut off (a PING flood unearned
     is, above). A sandbox speaking h2 in memory, no socket."""
-    sandbox = h2.connection.H2Connection(
-        h2.config.H2Configuration(client_side=False, header_encoding=None)
-    )
-    sandbox.initiate_connection()
-    conn = H2Upstream(H2Pool(keepalive=5))
-    wire = Recorder()
-    conn.connection_made(wire)
-    conn.data_received(sandbox.data_to_send())
-    await asyncio.sleep(0)
-    sandbox.receive_data(wire.take())
+    sandbox, conn, wire = await in_memory()
     frames = CONTROL_BURST + 500
 
     async def upload() -> AsyncIterator[bytes]:
