@@ -38,7 +38,7 @@ from wakeful.ingress.http1.responder import (
     TOO_SLOW,
     Http1Responder,
 )
-from wakeful.ingress.http1.rules import frame_request, known_version
+from wakeful.ingress.http1.rules import HEAD_DUE, IDLE_DUE, frame_request, known_version, passed
 from wakeful.ingress.http1.wire import Wire
 from wakeful.ingress.http2.rules import chose_h2, sniff
 
@@ -433,20 +433,17 @@ class ClientConnection(Wire):
             self._linger_timer = None
 
     def _timed_out(self) -> None:
-        """The deadline passed: the idle one's or the head's, or neither any more (it
-        moved: wait for what is still due)."""
-        now = self._loop.time()
-        if self._head_due is not None and now >= self._head_due:
+        """The timer fired: the deadline that passed acts (`rules.passed`), else re-arm."""
+        which, later = passed(self._head_due, self._idle_due, self._loop.time())
+        if which == HEAD_DUE:
             self._head_due = None
             # While answering, the next head's time starts after this answer.
             if self._runner is None and not self._queue:
                 if self._in_head:
                     self.write(TOO_SLOW)
                 self._close()
-        elif self._idle_due is not None and now >= self._idle_due:
+        elif which == IDLE_DUE:
             self._idle_due = None
             self._close()
-        else:
-            due = [d for d in (self._head_due, self._idle_due) if d is not None]
-            if due:
-                self._deadline.at(min(due))
+        elif later is not None:
+            self._deadline.at(later)

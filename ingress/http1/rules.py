@@ -127,3 +127,23 @@ def is_websocket(method: str, headers: Iterable[tuple[bytes, bytes]]) -> bool:
                 token.strip().lower() == b"upgrade" for token in value.split(b",")
             )
     return upgrade and connection
+
+
+HEAD_DUE: Final = 1
+"""`passed`: the head's deadline (its head, or the next, was not complete in time)."""
+IDLE_DUE: Final = 2
+"""`passed`: the keep-alive deadline (no request begun in time)."""
+NOT_DUE: Final = 0
+"""`passed`: neither; the deadlines moved later since the timer was armed."""
+
+
+def passed(head_due: float | None, idle_due: float | None, now: float) -> tuple[int, float | None]:
+    """Which of a connection's deadlines (None: unset) has passed at `now`, the head's first;
+    with `NOT_DUE`, when the timer is next due (None: no deadline is set)."""
+    if head_due is not None and now >= head_due:
+        return HEAD_DUE, None
+    if idle_due is not None and now >= idle_due:
+        return IDLE_DUE, None
+    if head_due is None or idle_due is None:
+        return NOT_DUE, idle_due if head_due is None else head_due
+    return NOT_DUE, min(head_due, idle_due)

@@ -10,7 +10,15 @@ from dataclasses import dataclass
 import pytest
 
 from wakeful.ingress.errors import BadRequest
-from wakeful.ingress.http1.rules import RequestFrame, frame_request, known_version
+from wakeful.ingress.http1.rules import (
+    HEAD_DUE,
+    IDLE_DUE,
+    NOT_DUE,
+    RequestFrame,
+    frame_request,
+    known_version,
+    passed,
+)
 
 Head = list[tuple[bytes, bytes]]
 HOST = (b"host", b"hello.localhost")
@@ -477,3 +485,21 @@ def test_frame_request(
 )
 def test_known_version(keep_alive: bool, connection_header: bool, known: str | None) -> None:
     assert known_version(keep_alive, connection_header) == known
+
+
+@pytest.mark.parametrize(
+    ("head_due", "idle_due", "now", "expected"),
+    [
+        pytest.param(10.0, None, 10.0, (HEAD_DUE, None), id="a head's deadline, reached"),
+        pytest.param(None, 10.0, 11.0, (IDLE_DUE, None), id="an idle deadline, past"),
+        pytest.param(10.0, 10.0, 10.0, (HEAD_DUE, None), id="both: the head's first"),
+        pytest.param(12.0, 15.0, 11.0, (NOT_DUE, 12.0), id="neither yet: the earlier next"),
+        pytest.param(None, 15.0, 11.0, (NOT_DUE, 15.0), id="only the idle one, later"),
+        pytest.param(20.0, None, 11.0, (NOT_DUE, 20.0), id="only the head's, later"),
+        pytest.param(None, None, 11.0, (NOT_DUE, None), id="none set: nothing to re-arm"),
+    ],
+)
+def test_passed(
+    head_due: float | None, idle_due: float | None, now: float, expected: tuple[int, float | None]
+) -> None:
+    assert passed(head_due, idle_due, now) == expected
