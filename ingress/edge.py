@@ -222,6 +222,8 @@ class ProxyEdge(Handler):
                 if not streaming:
                     raise  # an error answer (or, past a 101, the end of a WebSocket), below
                 proxy.count_error(app, broke)
+                if out.unstart():  # none of the answer went (its head was held): a 502
+                    raise
                 log.warning(
                     "upstream broke mid-answer; cutting the client off: %s",
                     broke,

@@ -80,6 +80,11 @@ class Responder:
         """A complete small answer at once."""
         raise NotImplementedError
 
+    def unstart(self) -> bool:
+        """Take the answer back if none of it was sent yet (its head is only held): then an
+        error answer can go in its place. False once any of it went."""
+        raise NotImplementedError
+
 
 class Http1Responder(Responder):
     """Writes one answer, framing its body: Content-Length when the head has one, chunked for
@@ -87,7 +92,7 @@ class Http1Responder(Responder):
     or 304. Trailers are not sent (an HTTP/1.1 client rarely asks for them; gRPC needs
     HTTP/2)."""
 
-    __slots__ = ("_chunked", "_conn", "_left", "_no_body", "_request", "complete")
+    __slots__ = ("_chunked", "_conn", "_head", "_left", "_no_body", "_request", "complete")
 
     def __init__(self, conn: ClientConnection, request: Request) -> None:
         self._conn = conn
@@ -96,6 +101,8 @@ class Http1Responder(Responder):
         self._no_body = False
         self._left: int | None = None
         """Body bytes the Content-Length sent still promises (None: no length sent)."""
+        self._head = b""
+        """The head given to `hold` (`unstart`)."""
         self.started = False
         self.complete = False
 
@@ -127,7 +134,15 @@ class Http1Responder(Responder):
         elif request.version == "1.0":
             lines.append(b"connection: keep-alive")
         lines.append(b"\r\n")  # the join puts the last line's CRLF before it: the blank line
-        self._conn.hold(b"\r\n".join(lines))
+        self._head = b"\r\n".join(lines)
+        self._conn.hold(self._head)
+
+    def unstart(self) -> bool:
+        if not self.started or not self._conn.unhold(self._head):
+            return False
+        self.started = self._chunked = False
+        self._left = None  # a connection `start` chose to close stays so
+        return True
 
     def write(self, chunk: bytes) -> bool:
         """Send a piece of the body (with the head, the first time). Never more than the

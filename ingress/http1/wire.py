@@ -47,6 +47,14 @@ class Wire(asyncio.Protocol):
         else:
             self._held += head
 
+    def unhold(self, head: bytes) -> bool:
+        """Take back `head`, held and not sent (`hold`): False when it went already."""
+        held = self._held
+        if held is None or not held.endswith(head):
+            return False
+        self._held = held[: len(held) - len(head)] or None
+        return True
+
     def flush(self) -> None:
         if self._held is not None:
             held, self._held = self._held, None

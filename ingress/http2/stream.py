@@ -105,6 +105,7 @@ class StreamResponder(Responder):
 
     __slots__ = (
         "_head",
+        "_head_only",
         "_id",
         "_left",
         "_no_body",
@@ -121,7 +122,7 @@ class StreamResponder(Responder):
         """`out`: the connection's way out (`http2.sender`)."""
         self._out = out
         self._id = self.stream_id = stream_id
-        self._no_body = head_only
+        self._no_body = self._head_only = head_only
         self._head: list[tuple[bytes, bytes]] | None = None
         self._left: int | None = None
         self.pending: collections.deque[bytes] = collections.deque()
@@ -148,6 +149,14 @@ class StreamResponder(Responder):
                 pair = NeverIndexedHeaderTuple(*pair)
             head.append(pair)
         self._head = head
+
+    def unstart(self) -> bool:
+        if not self.started or self._head is None:
+            return False
+        self._head = self._left = None
+        self._no_body = self._head_only
+        self.started = False
+        return True
 
     def _send_head(self, end: bool) -> None:
         head, self._head = self._head, None

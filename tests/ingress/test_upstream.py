@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 
 import anyio
 import anyio.abc
+import httpx
 import pytest
 
 from tests.support.ingress import (
@@ -494,3 +495,25 @@ async def test_framing_an_answer_cannot_have_is_a_502(answer: bytes) -> None:
             got = await s.client.get("/")
             assert got.status_code == 502, got.text
             assert b"EVIL" not in got.content
+
+
+@pytest.mark.parametrize("http2", [False, True], ids=["HTTP/1.1", "HTTP/2"])
+async def test_an_answer_that_breaks_before_any_of_it_went_is_a_502(http2: bool) -> None:
+    """The head is held until the body's first bytes: when the body breaks in the same read
+    as the head, nothing has gone to the client, and it gets a 502 rather than an empty reply
+    (a hostile tester's find)."""
+
+    def handle(conn: socket.socket) -> None:
+        read_head(conn)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nZZ-not-a-size\r\n")
+
+    with RawServer(handle) as sandbox_server:
+        async with stack({"sb-1": sandbox_server.port}) as s:
+            async with httpx.AsyncClient(
+                base_url=s.url, http1=not http2, http2=http2, timeout=30
+            ) as client:
+                got = await client.get("/", headers={"host": "hello.localhost"})
+            assert got.status_code == 502, got.text
+            assert got.http_version == ("HTTP/2" if http2 else "HTTP/1.1")
+            assert s.sample("upstream_errors_total", app="hello", kind="failed") == 1
+            assert all(e.uses == 0 for e in s.ingress.cache.snapshot())

@@ -146,6 +146,24 @@ async def test_a_reset_mid_answer_cuts_the_client_off_and_gives_the_lease_back()
             assert s.sample("upstream_errors_total", app="hello", kind="failed") == 1
 
 
+def reset_after_head(conn: Conn, stream: int, head: dict[bytes, bytes], body: bytes) -> None:
+    conn.send_headers(stream, [(b":status", b"200")])
+    conn.reset_stream(stream, h2.errors.ErrorCodes.INTERNAL_ERROR)
+
+
+@pytest.mark.parametrize("http2", [False, True], ids=["HTTP/1.1", "HTTP/2"])
+async def test_a_reset_before_any_of_the_answer_went_is_a_502(http2: bool) -> None:
+    """The head is held until the body's first bytes: a reset in the same read as the head
+    leaves nothing sent, and the client gets a 502 rather than a cut answer."""
+    with H2Sandbox(reset_after_head) as sandbox:
+        async with stack({"s1": sandbox.port}, pool_update=H2C) as s, h2_client(s) as h2:
+            got = await (h2 if http2 else s.client).get("/")
+            assert got.status_code == 502, got.text
+            await settled(s)
+            assert s.sample("upstream_errors_total", app="hello", kind="failed") == 1
+        assert len(sandbox.requests) == 1  # taken: never sent again
+
+
 async def test_a_client_that_leaves_resets_its_stream_on_the_sandbox() -> None:
     with H2Sandbox(silent) as sandbox:
         async with stack({"s1": sandbox.port}, pool_update=H2C) as s:
