@@ -21,10 +21,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import socket
-import struct
 from collections.abc import AsyncIterable
-from typing import Final, cast
+from typing import cast
 
 import httptools
 
@@ -32,6 +30,7 @@ from wakeful.aio.deadline import Deadline
 from wakeful.aio.flow import HIGH_WATER, LOW_WATER, WriteGate
 from wakeful.ingress.errors import ClosedUnanswered, ConnectFailed, UpstreamFailed, UpstreamTimeout
 from wakeful.ingress.streams import nonempty
+from wakeful.ingress.upstream.closing import reset, shut
 from wakeful.ingress.upstream.exchange import (
     BODY,
     COMPLETE,
@@ -51,9 +50,6 @@ from wakeful.ingress.upstream.rules import (
     framing_run,
     judge_status,
 )
-
-_LINGER_NONE: Final = struct.pack("ii", 1, 0)
-"""SO_LINGER on, for 0 s: a close resets the connection."""
 
 
 class Home:
@@ -410,29 +406,6 @@ class UpstreamConnection(Gated):
         self.closed = True
         self._deadline.cancel()
         self._home.forget(self)
-
-
-def shut(transport: asyncio.Transport) -> None:
-    """Close a connection to a sandbox at the end of what it was for: once what was written
-    went out, or now (abort) when some of it is still unsent. A sandbox that has not read it
-    by then need never read it, and a graceful close would keep the connection, and what it
-    holds, for as long as it does not (a hostile tester pinned a descriptor and a megabyte
-    a request so: answering a POST without reading its body, then neither reading nor
-    closing)."""
-    if transport.get_write_buffer_size():
-        reset(transport)
-    else:
-        transport.close()
-
-
-def reset(transport: asyncio.Transport) -> None:
-    """Drop a connection to a sandbox now, with what is unsent, in its kernel too: a reset
-    (SO_LINGER 0), not a FIN that would wait behind bytes the sandbox does not read."""
-    sock = transport.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_NONE)
-    transport.abort()
 
 
 def tuned(transport: asyncio.BaseTransport) -> asyncio.Transport:

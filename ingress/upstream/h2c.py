@@ -47,7 +47,8 @@ from wakeful.ingress.http2.rules import (
     Budget,
     FrameScan,
 )
-from wakeful.ingress.upstream.connection import Gated, shut, tuned
+from wakeful.ingress.upstream.closing import shut
+from wakeful.ingress.upstream.connection import Gated, tuned
 from wakeful.ingress.upstream.h2exchange import H2Exchange
 
 STREAM_WINDOW = 256 * 1024
