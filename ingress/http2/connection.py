@@ -221,14 +221,17 @@ class H2Connection(asyncio.Protocol):
                 windows = windows or set()
                 windows.add(0)
             elif isinstance(event, h2.events.TrailersReceived):
-                if malformed_trailers(event.headers) is not None:  # a stream error (§8.1.1)
+                stream = self._streams.get(event.stream_id)  # kept from no one: gRPC sends none
+                body = None if stream is None else stream.body
+                error = malformed_trailers(event.headers)
+                if error is None and body is not None and body.short:
+                    error = "the request's body is shorter than its content-length"
+                if error is not None:  # a stream error (RFC 9113 §8.1.1)
                     self._provoked += 1
                     self._reset(event.stream_id, h2.errors.ErrorCodes.PROTOCOL_ERROR)
-                    self._reset_by_client(event.stream_id, "the request's trailers are malformed")
-                    continue
-                stream = self._streams.get(event.stream_id)  # kept from no one: gRPC sends none
-                if stream is not None and stream.body is not None:
-                    stream.body.end()
+                    self._reset_by_client(event.stream_id, error)
+                elif body is not None:
+                    body.end()
         if windows is not None:  # once a read, however many WINDOW_UPDATEs it held
             if 0 in windows:
                 self.out.pump_all(stream.out for stream in self._streams.values())
@@ -288,14 +291,14 @@ class H2Connection(asyncio.Protocol):
             return
         headers = event.headers
         try:
-            method, target, fields = request_head(headers)
+            method, target, fields, length = request_head(headers, event.stream_ended is not None)
         except BadRequest:
             self._provoked += 1
             self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.PROTOCOL_ERROR)
             return
         body = None
         if event.stream_ended is None:
-            body = StreamBody(self, stream_id, self.limits.client_timeout)
+            body = StreamBody(self, stream_id, self.limits.client_timeout, length)
         out = StreamResponder(self.out, stream_id, method == "HEAD")
         stream = _Stream(body, out)
         self._streams[stream_id] = stream

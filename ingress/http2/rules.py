@@ -333,13 +333,19 @@ _CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 def request_head(
-    headers: list[tuple[bytes, bytes]],
-) -> tuple[str, bytes, list[tuple[bytes, bytes]]]:
-    """An HTTP/2 request's head as the edge reads an HTTP/1.1 one: method, target, and the
-    headers with `host` first (from `:authority`, else the Host header). BadRequest for a
-    malformed one (`malformed_request`) and for what HTTP/1.1 would not carry; this joins
-    split cookies (RFC 9113 §8.2.3: an HTTP/1.1 sandbox expects one) and keeps `te` only as
-    `trailers`."""
+    headers: list[tuple[bytes, bytes]], ended: bool
+) -> tuple[str, bytes, list[tuple[bytes, bytes]], int | None]:
+    """An HTTP/2 request's head as the edge reads an HTTP/1.1 one: method, target, the headers
+    with `host` first (from `:authority`, else the Host header), and the Content-Length it
+    declares (None: none). BadRequest for a malformed one (`malformed_request`) and for what
+    HTTP/1.1 would not carry; this joins split cookies (RFC 9113 §8.2.3: an HTTP/1.1 sandbox
+    expects one) and keeps `te` only as `trailers`.
+
+    The length is what an HTTP/1.1 sandbox frames the body by: one that is not what comes
+    would have it read the next request on its connection as this one's body (a smuggled
+    request). So a head that ended its stream (`ended`: no body) may declare 0 at most
+    (RFC 9113 §8.1.1), and one value goes on (h2 refuses a length that is not digits, or two
+    that differ); the body's own length is held to it as it ends (`StreamBody.end`)."""
     error = malformed_request(headers)
     if error is not None:
         raise BadRequest(f"a malformed request: {error}")
@@ -347,6 +353,7 @@ def request_head(
     path = b""
     authority = b""
     host = b""
+    length: int | None = None
     out: list[tuple[bytes, bytes]] = []
     cookies: list[bytes] = []
     for name, value in headers:
@@ -367,8 +374,14 @@ def request_head(
         elif name == b"te":
             if value.strip().lower() == b"trailers":
                 out.append((name, b"trailers"))
+        elif name == b"content-length":
+            if length is None:
+                length = int(value) if value.isdigit() else -1
+                out.append((name, value))
         else:
             out.append((name, value))
+    if length is not None and (length < 0 or (ended and length)):
+        raise BadRequest(f"a content-length of {length} on a stream whose body is not so long")
     if method == b"CONNECT":
         raise BadRequest("CONNECT is not served here")
     if not _TOKEN.fullmatch(method):  # it becomes an HTTP/1.1 request line: `GET /x /`...
@@ -390,4 +403,4 @@ def request_head(
         out.append((b"cookie", b"; ".join(cookies)))
     if name:
         out.insert(0, (b"host", name))
-    return method.decode("latin-1"), path, out
+    return method.decode("latin-1"), path, out, length

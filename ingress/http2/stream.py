@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from hpack import NeverIndexedHeaderTuple
 
-from wakeful.ingress.errors import ClientGone, UpstreamFailed
+from wakeful.ingress.errors import BadRequest, ClientGone, UpstreamFailed
 from wakeful.ingress.http1.request import Arrivals
 from wakeful.ingress.http1.responder import ClientSide, Responder
 from wakeful.ingress.streams import chunks
@@ -36,12 +36,16 @@ SMALL = 1024
 class StreamBody(Arrivals):
     """A request's body on one stream; implements `http1.RequestBody`."""
 
-    __slots__ = ("_conn", "_id", "_small", "quiet")
+    __slots__ = ("_conn", "_id", "_left", "_small", "quiet")
 
-    def __init__(self, conn: H2Connection, stream_id: int, quiet: float) -> None:
+    def __init__(
+        self, conn: H2Connection, stream_id: int, quiet: float, length: int | None
+    ) -> None:
         super().__init__()
         self._conn = conn
         self._id = stream_id
+        self._left = length
+        """What its Content-Length still promises (None: no length declared)."""
         self._small = bytearray()
         """Small DATA frames gathered (a client sending a byte a frame would otherwise hold
         ~40 bytes of memory a byte of its window)."""
@@ -53,7 +57,22 @@ class StreamBody(Arrivals):
     def complete(self) -> bool:
         return self._done and not self._chunks and not self._small
 
+    @property
+    def short(self) -> bool:
+        """Less came than its Content-Length declared (h2 refuses more)."""
+        return bool(self._left)
+
+    def end(self) -> None:
+        """The stream ended: a body short of its Content-Length fails (an HTTP/1.1 sandbox
+        would take the next request on its connection for the rest), else it is whole."""
+        if self._left:
+            self.fail(BadRequest("the request's body is shorter than its content-length"))
+        else:
+            super().end()
+
     def feed(self, chunk: bytes) -> None:
+        if self._left is not None:
+            self._left -= len(chunk)
         small = self._small
         if len(chunk) < SMALL:
             small += chunk

@@ -33,6 +33,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import re
 import select
 import socket
 import threading
@@ -893,3 +894,62 @@ async def test_a_malformed_request_is_reset_alone_and_never_forwarded(
             assert w.status.get(3) == 200 and w.goaway is None, (w.status, w.goaway)
     assert all(b"x-injected" not in head for head in heads), heads
     await _all_given_back(s)
+
+
+def _keep_alive_by_length(heads: list[bytes]) -> Callable[[socket.socket], None]:
+    """A sandbox that serves its connection's requests in turn, each body framed by its
+    Content-Length, as uvicorn does: a length longer than the body takes the next request's
+    bytes for the rest of it."""
+
+    def handle(conn: socket.socket) -> None:
+        conn.settimeout(5)
+        buffered = b""
+        with contextlib.suppress(OSError):
+            while True:
+                while b"\r\n\r\n" not in buffered:
+                    if not (chunk := conn.recv(65536)):
+                        return
+                    buffered += chunk
+                head, buffered = buffered.split(b"\r\n\r\n", 1)
+                heads.append(head)
+                length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
+                wanted = int(length.group(1)) if length else 0
+                while len(buffered) < wanted:
+                    if not (chunk := conn.recv(65536)):
+                        return
+                    buffered += chunk
+                buffered = buffered[wanted:]
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    return handle
+
+
+@pytest.mark.parametrize("body", [None, b"abc"], ids=["no body", "a body cut by trailers"])
+async def test_a_content_length_its_body_does_not_match_is_reset_and_never_smuggles(
+    body: bytes | None,
+) -> None:
+    """Bound: an HTTP/1.1 sandbox frames a body by the Content-Length that goes with it. A
+    stream that declares 40 bytes and ends with none, or with 3 and trailers, had the sandbox
+    take the next request on its pooled connection (another client's, cookies and all) for the
+    rest: request smuggling (a hostile tester's find). Both are malformed (RFC 9113 §8.1.1):
+    RST_STREAM PROTOCOL_ERROR, and the next request reaches the sandbox as a request."""
+    heads: list[bytes] = []
+    length = [(b"content-length", b"40")]
+    with RawServer(_keep_alive_by_length(heads)) as sandbox:
+        async with stack({"sb-1": sandbox.port}) as s, await Wire.open(s.ingress.address[1]) as w:
+            await w.settled()
+            if body is None:
+                w.send(w.request(1, b"/first", extra=length))
+            else:
+                trailers = w.encoder.encode([(b"x-t", b"1")])
+                w.send(
+                    w.request(1, b"/first", end=False, method=b"POST", extra=length)
+                    + DataFrame(1, body).serialize()
+                    + HeadersFrame(1, trailers, flags=["END_HEADERS", "END_STREAM"]).serialize()
+                )
+            await w.until(lambda: 1 in w.resets or 1 in w.ended or w.goaway)
+            assert w.resets.get(1) == PROTOCOL_ERROR, (w.resets, w.status, w.goaway)
+            victim = await s.client.get("/victim", headers={"cookie": "session=secret"})
+            assert victim.status_code == 200, victim.text
+    assert any(head.startswith(b"GET /victim ") for head in heads), heads
+    assert all(b"content-length: 40" not in head for head in heads), heads

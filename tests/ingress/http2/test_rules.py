@@ -138,7 +138,7 @@ def test_a_header_block_past_its_bound_is_refused_however_it_is_split() -> None:
 
 
 def test_a_stream_head_reads_as_a_request() -> None:
-    method, target, fields = request_head(
+    method, target, fields, length = request_head(
         [
             (b":method", b"POST"),
             (b":scheme", b"https"),
@@ -148,9 +148,10 @@ def test_a_stream_head_reads_as_a_request() -> None:
             (b"content-type", b"application/grpc"),
             (b"cookie", b"b=2"),
             (b"te", b"trailers"),
-        ]
+        ],
+        False,
     )
-    assert (method, target) == ("POST", b"/cart?x=1")
+    assert (method, target, length) == ("POST", b"/cart?x=1", None)
     assert fields == [
         (b"host", b"shop.example.com"),
         (b"content-type", b"application/grpc"),
@@ -159,7 +160,7 @@ def test_a_stream_head_reads_as_a_request() -> None:
     ]
     # No :authority: the Host header names the app, once.
     head = [(b":method", b"GET"), (b":scheme", b"http"), (b":path", b"/"), (b"host", b"a.b")]
-    _, _, fields = request_head(head)
+    _, _, fields, _ = request_head(head, True)
     assert fields == [(b"host", b"a.b")]
 
 
@@ -173,7 +174,36 @@ def test_a_stream_head_reads_as_a_request() -> None:
 )
 def test_what_a_stream_head_may_not_ask(head: list[tuple[bytes, bytes]]) -> None:
     with pytest.raises(BadRequest):
-        request_head(head)
+        request_head(head, True)
+
+
+_GET = [(b":method", b"GET"), (b":scheme", b"http"), (b":path", b"/"), (b":authority", b"a")]
+
+
+@pytest.mark.parametrize(
+    ("lengths", "ended", "declared"),
+    [
+        ([], True, None),
+        ([], False, None),
+        ([b"0"], True, 0),  # a length of 0 and no body: what it says
+        ([b"40"], False, 40),  # the body's own length is held to it as it ends (StreamBody)
+        ([b"40"], True, BadRequest),  # no body: a sandbox would read the next request as it
+        ([b"1"], True, BadRequest),
+        ([b"40", b"40"], False, 40),  # one goes on (h2 refuses two that differ)
+        ([b"4x"], False, BadRequest),
+    ],
+)
+def test_a_stream_head_s_content_length(
+    lengths: list[bytes], ended: bool, declared: int | type[BadRequest] | None
+) -> None:
+    head = _GET + [(b"content-length", value) for value in lengths]
+    if declared is BadRequest:
+        with pytest.raises(BadRequest):
+            request_head(head, ended)
+        return
+    _, _, fields, length = request_head(head, ended)
+    assert length == declared
+    assert [v for n, v in fields if n == b"content-length"] == lengths[:1]
 
 
 @pytest.mark.parametrize(
