@@ -284,6 +284,8 @@ def _request_head(request: UpstreamRequest, target: bytes, authority: bytes) -> 
         if name in _FRAMING:  # one test per header for the two that are looked for
             if name == b"host":
                 has_host = True
+            elif request.body is None and value != b"0":
+                continue  # no body follows: a length would frame the next request as one
             else:
                 has_length = True
         lines.append(name + b": " + value)
