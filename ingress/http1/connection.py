@@ -12,10 +12,9 @@ is started.
 
 What a client can hold is bounded by the server's `Limits` (invariant 18), none for ever.
 
-A client that hangs up, or closes its side (a FIN: as nginx does, taken as giving up; nothing
-queued behind it is answered), cancels the exchange answering it (the lease goes back through
-`Proxy.finish`). A connection cut short (an answer not finished, a body not read, a
-client not reading) is aborted, not closed: nothing unsent is kept for it.
+A client that hangs up, or closes its side (a FIN, as nginx has it: nothing queued behind it
+is answered), cancels the exchange answering it (its lease goes back, `Proxy.finish`). A
+connection cut short (an answer unfinished, a body unread, a client not reading) is aborted.
 """
 
 from __future__ import annotations
@@ -41,6 +40,7 @@ from wakeful.ingress.http1.responder import (
 from wakeful.ingress.http1.rules import HEAD_DUE, IDLE_DUE, frame_request, known_version, passed
 from wakeful.ingress.http1.wire import Wire
 from wakeful.ingress.http2.rules import chose_h2, sniff
+from wakeful.ingress.upstream.rules import framing_run
 
 if TYPE_CHECKING:
     from wakeful.ingress.http1.server import HttpServer
@@ -62,8 +62,7 @@ pause stops new reads, not the parsing of the last one (up to 256 KiB of tiny re
 
 class ClientConnection(Wire):
     def __init__(self, server: HttpServer, loop: asyncio.AbstractEventLoop) -> None:
-        """`loop`: the server's, given rather than asked for (`asyncio.get_running_loop`
-        makes a system call, `getpid`, at each call)."""
+        """`loop`: the server's (`asyncio.get_running_loop` costs a `getpid` each call)."""
         super().__init__(loop, server.limits)
         self._server = server
         self._parser = httptools.HttpRequestParser(self)
@@ -72,27 +71,22 @@ class ClientConnection(Wire):
         """No request after the one being answered."""
         self._halt = False
         self._refusal: bytes | None = None
-        """The answer owed to a request refused while earlier ones are still queued: written
-        after theirs, then the connection closes (`_refuse`)."""
+        """The answer owed a request refused behind queued ones, written after theirs."""
         self._queue: collections.deque[Request] = collections.deque()
         self._runner: asyncio.Task[None] | None = None
         """The task answering, while it answers."""
         self._task: asyncio.Task[None] | None = None
-        """The connection's task: answers requests in order, waits for the next between them
-        (one task per connection, not per request)."""
-        self._next: asyncio.Future[None] | None = None
-        """What the task waits on while the connection is idle."""
-        self._lingering = False
-        self._lingered = 0
+        """The connection's one task: answers requests in order, waits between them."""
+        self._next: asyncio.Future[None] | None = None  # what the idle task waits on
+        self._lingering, self._lingered = False, 0
         self._linger_timer: asyncio.TimerHandle | None = None
         self._deadline = Deadline(self._loop, self._timed_out)
-        self._head_due: float | None = None
-        """When the request head under way (or the next one) must be complete."""
-        self._idle_due: float | None = None
-        """When a keep-alive connection with no request begun closes."""
+        self._head_due: float | None = None  # when the head under way (or next) is due
+        self._idle_due: float | None = None  # when an idle keep-alive connection closes
         # the request being parsed
         self._in_head = False
-        self._head_bytes = 0
+        self._head_bytes = self._framing = 0  # the head's bytes; mid-body, `framing_run`'s
+        self._bodied = False
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
         self._connection = False
@@ -143,6 +137,7 @@ class ClientConnection(Wire):
             return  # the body of one being answered is still read
         if self._in_head:
             self._head_bytes += len(data)
+        self._bodied = False
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade as exc:
@@ -167,6 +162,11 @@ class ClientConnection(Wire):
             return
         if self._in_head and self._head_bytes > self.limits.max_head_bytes:
             self._refuse(TOO_LARGE)
+        elif (body := self._body) is not None and not self._in_head:  # chunk framing and
+            self._framing = framing_run(self._framing, len(data), self._bodied)  # trailers,
+            if self._framing > self.limits.max_head_bytes:  # bounded as a head is
+                body.fail(BadRequest("the request's chunk framing or trailers are too large"))
+                self._stop_reading()
 
     def _sniff(self, data: bytes) -> bytes:
         """What to parse as HTTP/1.1: `data`, or all that came while it might have been the
@@ -232,6 +232,8 @@ class ClientConnection(Wire):
         self._url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._in_head:  # a trailer field: dropped (it would reach the sandbox as a
+            return  # header no check saw, a second Host say), its bytes bounded (above)
         name = name.lower()
         if name in _CONNECTION:
             self._connection = True
@@ -239,6 +241,7 @@ class ClientConnection(Wire):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        self._framing = 0
         self._head_due = None
         parser = self._parser
         keep_alive = parser.should_keep_alive()
@@ -273,6 +276,7 @@ class ClientConnection(Wire):
                 self._runner = self._task = self._loop.create_task(self._run())
 
     def on_body(self, body: bytes) -> None:
+        self._bodied = True
         if self._body is not None:
             self._body.feed(body)
 
@@ -347,8 +351,8 @@ class ClientConnection(Wire):
         return self.closing and self._refusal is None
 
     def _refuse(self, answer: bytes) -> None:
-        """A request that cannot be parsed or bounded: nothing after it is read; the requests
-        parsed before it are answered in order, then it is, and the connection closes."""
+        """Unparsable or past a bound: nothing more is read; the requests parsed before it are
+        answered in order, then it is, and the connection closes."""
         self._stop_reading()
         if self._runner is None and not self._queue:
             self.write(answer)
@@ -357,9 +361,8 @@ class ClientConnection(Wire):
             self._refusal = answer
 
     def _close(self, abort: bool = False) -> None:
-        """Close once what is written went out, and abort if the client has not read it
-        within its timeout; `abort`: now, dropping it (a client that does not read would
-        otherwise keep the connection, and its slot, for ever)."""
+        """Close once what is written went out, aborted if the client has not read it within
+        its timeout (it would keep its slot for ever); `abort`: now, dropping it."""
         self.closing = True
         transport = self.transport
         if transport is None or (not abort and transport.is_closing()):
@@ -377,11 +380,9 @@ class ClientConnection(Wire):
             )
 
     def _linger(self) -> None:
-        """A complete answer sent before the request's body was read: half-close (FIN after
-        the answer) and read what the client still sends away, for at most `LINGER_SECONDS`
-        and `LINGER_BYTES`, before closing. Closing with its bytes unread would make the
-        kernel reset the connection, and a client that reads only once it has sent all (curl,
-        most libraries) would never see the answer (nginx's lingering close)."""
+        """An answer sent before the request's body was read: half-close and read the rest
+        away (`LINGER_SECONDS`, `LINGER_BYTES`), so the kernel does not reset a client that
+        reads only once it has sent all (curl, most libraries): nginx's lingering close."""
         self.closing = True
         self._cancel_timers()
         self.flush()
@@ -402,8 +403,7 @@ class ClientConnection(Wire):
         self._linger_timer = self._loop.call_later(LINGER_SECONDS, self._close, True)
 
     def shutdown(self) -> None:
-        """Stop after the answer under way (now, when there is none); nothing queued behind
-        it is answered, not even a refusal."""
+        """Stop after the answer under way (now if none); nothing queued is answered."""
         self.closing = True
         self._refusal = None
         if self._runner is None:

@@ -3,7 +3,9 @@ transport, each a case that broke before its fix."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import time
 import tracemalloc
 from collections.abc import Callable
 
@@ -192,3 +194,55 @@ async def test_a_chunked_body_the_app_ignores_does_not_poison_the_next_request(
         answer = await anyio.to_thread.run_sync(talk, s.ingress.address[1], asks)
     statuses = [status for status, _ in responses(answer)]
     assert statuses[-1] == 200 and responses(answer)[-1][1] == b"www", answer
+
+
+def _record(heads: list[bytes]) -> Callable[[socket.socket], None]:
+    def handle(conn: socket.socket) -> None:
+        heads.append(read_head(conn))
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+
+    return handle
+
+
+async def test_request_trailers_never_reach_the_sandbox_as_headers() -> None:
+    """httptools reports a chunked body's trailer fields as headers: they went into the
+    request's headers after the edge had checked and routed them, a second Host among them
+    (a hostile tester's find). Trailers are dropped."""
+    heads: list[bytes] = []
+    with RawServer(_record(heads)) as sandbox:
+        async with stack({"sb-1": sandbox.port}) as s:
+            ask = (
+                b"POST /upload HTTP/1.1\r\nHost: hello.localhost\r\nTransfer-Encoding: chunked\r\n"
+                b"Connection: close\r\n\r\n5\r\nhello\r\n"
+                b"0\r\nHost: admin.internal\r\nX-Api-Key: injected\r\n\r\n"
+            )
+            answer = await anyio.to_thread.run_sync(talk, s.ingress.address[1], ask)
+    assert responses(answer) == [(200, b"ok")], answer
+    assert len(heads) == 1 and b"admin.internal" not in heads[0], heads
+    assert b"x-api-key" not in heads[0].lower(), heads
+
+
+async def test_endless_trailers_are_refused_within_the_head_bound() -> None:
+    """A chunked body's trailer section (or its chunk framing) was counted against nothing:
+    a client could grow the ingress by megabytes a second for `client_timeout` (a hostile
+    tester's find). Reads in a row that bring no body bytes are bounded as a head is."""
+    heads: list[bytes] = []
+    with RawServer(_record(heads)) as sandbox:
+        async with stack({"sb-1": sandbox.port}) as s:
+            port = s.ingress.address[1]
+
+            def flood() -> bytes:
+                with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+                    sock.sendall(
+                        b"POST / HTTP/1.1\r\nHost: hello.localhost\r\n"
+                        b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n"
+                    )
+                    time.sleep(0.3)  # the edge has the head and waits for the body
+                    sock.sendall(b"0\r\n")
+                    with contextlib.suppress(OSError):  # it stops reading past the bound
+                        sock.sendall((b"x-trailer-field: " + b"v" * 40 + b"\r\n") * 20_000)
+                    return sock.recv(65536)
+
+            with anyio.fail_after(30):
+                answer = await anyio.to_thread.run_sync(flood)
+    assert answer.startswith(b"HTTP/1.1 400 "), answer
