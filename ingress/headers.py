@@ -39,6 +39,7 @@ _UPSTREAM_DROP: Final = HOP_BY_HOP | FORWARDED | {REQUEST_ID, b"expect"}
 answers `Expect: 100-continue` itself (the server sends 100 when the body is first read)."""
 _RESPONSE_DROP: Final = HOP_BY_HOP | {REQUEST_ID}
 _NOTABLE: Final = frozenset({b"host", REQUEST_ID})
+_HOST: Final = frozenset({b"host"})
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -148,8 +149,8 @@ def upstream_request_headers(
         if name in drop:
             if name in FORWARDED:
                 forwarded[name] = pair[1]  # the last, as a dict of them would keep
-            elif name == b"connection":
-                drop = drop | connection_named(headers)
+            elif name == b"connection":  # the host stays, named or not: the sandbox's
+                drop = drop | (connection_named(headers) - _HOST)  # app is served by it
                 out = [each for each in out if each[0] not in drop]
             continue
         out.append(pair)

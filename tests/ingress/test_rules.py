@@ -214,6 +214,7 @@ def test_a_header_the_connection_header_names_is_dropped_wherever_it_comes() -> 
         named_host, client_ip="192.0.2.7", scheme="http", request_id="r", trust_forwarded=False
     )
     assert (b"x-forwarded-host", b"hello.localhost") in out  # the host, even when named
+    assert (b"host", b"hello.localhost") in out  # not the sandbox's address in its place
 
 
 def test_client_response_headers() -> None:
