@@ -36,6 +36,7 @@ from wakeful.ingress.errors import (
 from wakeful.ingress.formats import ErrorAnswer, choose_format, render
 from wakeful.ingress.headers import header, new_request_id, read_request_head
 from wakeful.ingress.http1 import Handler, Request, Responder
+from wakeful.ingress.http1.rules import origin_form
 from wakeful.ingress.http2.stream import StreamBody
 from wakeful.ingress.metrics import IngressMetrics
 from wakeful.ingress.proxy import Proxy, ProxyRequest, ProxyResponse
@@ -122,9 +123,11 @@ class ProxyEdge(Handler):
         per step: this runs for every request."""
         started = _clock()
         headers = request.headers
+        target = request.target
+        if target[:1] != b"/":  # absolute-form (rare): origin-form, and its host the Host
+            target, headers = origin_form(target, headers)
         head = read_request_head(headers)
         request_id = head.client_request_id or new_request_id()
-        target = request.target
         label = "-"
         version: str | None = None
         reported: str | None = None

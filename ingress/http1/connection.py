@@ -1,14 +1,12 @@
 """One client connection of the HTTP/1.1 server: read, parse, queue, answer in order.
 
-httptools (llhttp, in its strict mode) parses request heads and bodies; a head it cannot parse
-(obs-fold, a bare LF, two Content-Lengths, ...) is answered 400 and the connection closes.
-Whether a parsed head is framed safely, and how, is `http1.rules.frame_request`'s to decide:
-the callback gathers the head and acts on that decision (a refusal is a 400 too). Parsed
-requests queue on the connection and one task answers them in order (pipelining), each
-through `Handler.handle(request, responder)`; past `PIPELINE_DEPTH` queued, reading pauses,
-and past `PIPELINE_MAX` parsed from one read the connection is refused: those parsed are
-answered, then a 400, then it closes. Each answer is drained to the client before the next
-is started.
+httptools (llhttp, strict) parses heads and bodies; a head it cannot parse (obs-fold, a bare
+LF, two Content-Lengths, ...) is answered 400 and the connection closes. How a parsed head is
+framed, if safely, is `http1.rules.frame_request`'s decision (a refusal is a 400 too; an
+absolute-form target is the edge's, `rules.origin_form`). Requests queue and one task
+answers them in order (pipelining), each through `Handler.handle(request, responder)`, each
+drained before the next; past `PIPELINE_DEPTH` queued reading pauses, and past `PIPELINE_MAX`
+parsed from one read those are answered, then a 400, and the connection closes.
 
 What a client can hold is bounded by the server's `Limits` (invariant 18), none for ever.
 
@@ -49,8 +47,8 @@ log = logging.getLogger(__name__)
 
 LINGER_SECONDS: Final = 5.0
 LINGER_BYTES: Final = 16 << 20
-"""How long, and how much, a connection answered before its request body was read keeps
-reading it away (`ClientConnection._linger`); nginx's lingering_timeout is 5 s too."""
+"""How long, and how much, a connection answered before its request body was read reads it
+away (`ClientConnection._linger`); nginx's lingering_timeout is 5 s too."""
 _CONNECTION: Final = frozenset({b"connection", b"proxy-connection"})
 """What llhttp reads as the Connection header (`known_version`)."""
 PIPELINE_DEPTH: Final = 16
@@ -193,9 +191,8 @@ class ClientConnection(Wire):
         H2Connection.take_over(self._server, self._client, self.transport, first)
 
     def eof_received(self) -> bool:
-        """The client closed its side: taken as hanging up (nginx does the same), so the
-        exchange under way ends at once and gives its lease back; nothing queued is answered.
-        A body still coming can never complete."""
+        """The client closed its side: it hung up (as nginx has it): the exchange under way
+        ends and gives its lease back; nothing queued is answered, no body completes."""
         self.connection_lost(None)
         return False
 

@@ -21,6 +21,7 @@ one pass over its names and returns a constant.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Final, NamedTuple
 
@@ -147,3 +148,24 @@ def passed(head_due: float | None, idle_due: float | None, now: float) -> tuple[
     if head_due is None or idle_due is None:
         return NOT_DUE, idle_due if head_due is None else head_due
     return NOT_DUE, min(head_due, idle_due)
+
+
+_ABSOLUTE: Final = re.compile(rb"[Hh][Tt][Tt][Pp][Ss]?://([^/?#]*)")
+"""An absolute-form request target's scheme and authority (RFC 9112 §3.2.2)."""
+
+
+def origin_form(
+    url: bytes, headers: list[tuple[bytes, bytes]]
+) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    """A request target in absolute-form (`http://host/path?q`, what a client sends a proxy)
+    as origin-form (`/path?q`), with the host it names as the one Host header: RFC 9112
+    §3.2.2 has a server accept the form and take the host from it, not from Host. Any other
+    target comes back as it is, and is refused further on as no path: `*`, authority-form,
+    another scheme, no host, or a user in it (RFC 9110 §4.2.4 forbids one)."""
+    absolute = _ABSOLUTE.match(url)
+    authority = b"" if absolute is None else absolute.group(1)
+    if absolute is None or not authority or b"@" in authority:
+        return url, headers
+    rest = url[absolute.end() :]
+    path = rest if rest[:1] == b"/" else b"/" + rest
+    return path, [(b"host", authority), *(pair for pair in headers if pair[0] != b"host")]

@@ -246,3 +246,20 @@ async def test_endless_trailers_are_refused_within_the_head_bound() -> None:
             with anyio.fail_after(30):
                 answer = await anyio.to_thread.run_sync(flood)
     assert answer.startswith(b"HTTP/1.1 400 "), answer
+
+
+async def test_an_absolute_form_target_is_served_for_the_host_it_names() -> None:
+    """RFC 9112 §3.2.2: a server accepts `GET http://host/path` (what a client configured
+    with the ingress as its proxy sends) and takes the host from it, not from Host. It was a
+    400 (a hostile tester's find)."""
+    heads: list[bytes] = []
+    with RawServer(_record(heads)) as sandbox:
+        async with stack({"sb-1": sandbox.port}) as s:
+            ask = (
+                b"GET http://hello.localhost/x?y=1 HTTP/1.1\r\nHost: other.example\r\n"
+                b"Connection: close\r\n\r\n"
+            )
+            answer = await anyio.to_thread.run_sync(talk, s.ingress.address[1], ask)
+    assert responses(answer) == [(200, b"ok")], answer
+    assert heads[0].startswith(b"GET /x?y=1 HTTP/1.1\r\nhost: hello.localhost\r\n"), heads
+    assert b"other.example" not in heads[0], heads

@@ -17,6 +17,7 @@ from wakeful.ingress.http1.rules import (
     RequestFrame,
     frame_request,
     known_version,
+    origin_form,
     passed,
 )
 
@@ -503,3 +504,26 @@ def test_passed(
     head_due: float | None, idle_due: float | None, now: float, expected: tuple[int, float | None]
 ) -> None:
     assert passed(head_due, idle_due, now) == expected
+
+
+@pytest.mark.parametrize(
+    ("url", "target", "host"),
+    [
+        (b"/a?b", b"/a?b", b"given"),  # origin-form: as it is
+        (b"http://hello.localhost/x?y=1", b"/x?y=1", b"hello.localhost"),
+        (b"HTTPS://hello.localhost:8443", b"/", b"hello.localhost:8443"),
+        (b"http://hello.localhost?q", b"/?q", b"hello.localhost"),
+        (b"http://a.b/c#frag", b"/c#frag", b"a.b"),
+        (b"*", b"*", b"given"),  # refused further on, as no path
+        (b"hello.localhost:80", b"hello.localhost:80", b"given"),  # authority-form: the same
+        (b"ftp://a.b/c", b"ftp://a.b/c", b"given"),
+        (b"http:///c", b"http:///c", b"given"),  # no host
+        (b"http://user@a.b/c", b"http://user@a.b/c", b"given"),  # a user: RFC 9110 §4.2.4
+    ],
+)
+def test_origin_form(url: bytes, target: bytes, host: bytes) -> None:
+    headers = [(b"host", b"given"), (b"accept", b"*/*")]
+    got, fields = origin_form(url, headers)
+    assert got == target
+    assert [value for name, value in fields if name == b"host"] == [host]
+    assert (b"accept", b"*/*") in fields
