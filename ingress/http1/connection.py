@@ -238,7 +238,7 @@ class ClientConnection(Wire):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
-        self._framing = 0
+        self._framing, self._bodied = 0, True  # the read that ended the head is not counted
         self._head_due = None
         parser = self._parser
         keep_alive = parser.should_keep_alive()

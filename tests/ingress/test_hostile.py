@@ -263,3 +263,61 @@ async def test_an_absolute_form_target_is_served_for_the_host_it_names() -> None
     assert responses(answer) == [(200, b"ok")], answer
     assert heads[0].startswith(b"GET /x?y=1 HTTP/1.1\r\nhost: hello.localhost\r\n"), heads
     assert b"other.example" not in heads[0], heads
+
+
+def _answer_each(heads: list[bytes]) -> Callable[[socket.socket], None]:
+    """A keep-alive sandbox: answers each request in turn (chunked bodies read to their end)."""
+
+    def handle(conn: socket.socket) -> None:
+        conn.settimeout(10)
+        buffered = b""
+        with contextlib.suppress(OSError):
+            while True:
+                while b"\r\n\r\n" not in buffered:
+                    if not (chunk := conn.recv(65536)):
+                        return
+                    buffered += chunk
+                head, buffered = buffered.split(b"\r\n\r\n", 1)
+                heads.append(head)
+                if b"transfer-encoding: chunked" in head:
+                    while b"0\r\n\r\n" not in buffered:
+                        buffered += conn.recv(65536)
+                    buffered = buffered.split(b"0\r\n\r\n", 1)[1]
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    return handle
+
+
+@pytest.mark.parametrize("pipelined", [20, 0], ids=["behind 20 pipelined GETs", "head alone"])
+async def test_a_body_after_a_large_read_is_not_taken_for_framing(pipelined: int) -> None:
+    """The framing bound counts reads after the one that ended the head: a read holding 20
+    pipelined requests with 2 KB headers, or a head near the bound, then a chunk's size line
+    alone and its data a moment later, is served (a reviewer's find: the first version
+    counted the head's read and answered 400)."""
+    heads: list[bytes] = []
+    big = b"x-big: " + b"b" * 2000 + b"\r\n"
+    gets = b"GET / HTTP/1.1\r\nHost: hello.localhost\r\n" + big + b"\r\n"
+    post = b"POST /up HTTP/1.1\r\nHost: hello.localhost\r\nTransfer-Encoding: chunked\r\n"
+    post += b"Connection: close\r\n"
+    if pipelined:
+        post += big + b"\r\n"
+    else:  # 32,760 bytes: within the bound (32 KiB), and within it with the first framing
+        post += b"x-big: " + b"b" * (32_760 - len(post) - 11) + b"\r\n\r\n"
+    with RawServer(_answer_each(heads)) as sandbox:
+        async with stack({"sb-1": sandbox.port}) as s:
+            port = s.ingress.address[1]
+
+            def ask() -> bytes:
+                with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+                    sock.sendall(gets * pipelined + post)
+                    time.sleep(0.3)
+                    sock.sendall(b"5;e=abcdefghijkl\r\n")  # a read of framing alone
+                    time.sleep(0.1)
+                    sock.sendall(b"hello\r\n0\r\n\r\n")
+                    got = b""
+                    while chunk := sock.recv(65536):
+                        got += chunk
+                    return got
+
+            answer = await anyio.to_thread.run_sync(ask)
+    assert [status for status, _ in responses(answer)] == [200] * (pipelined + 1), answer[-300:]
