@@ -216,8 +216,9 @@ class ProxyEdge(Handler):
                         chunk = await upstream.next()
                     if not chunk:
                         break
-                    sent += len(chunk)
-                    if out.write(chunk):
+                    full = out.write(chunk)
+                    sent += len(chunk)  # after: a write refused (past the length) sent none
+                    if full:
                         await out.drain()
                 out.end(upstream.trailers)
             # Not `exc`: compiled, the name would keep this clause's type for the one below.

@@ -138,7 +138,7 @@ class Http1Responder(Responder):
         self._conn.hold(self._head)
 
     def unstart(self) -> bool:
-        if not self.started or not self._conn.unhold(self._head):
+        if not self.started or not self._head or not self._conn.unhold(self._head):
             return False
         self.started = self._chunked = False
         self._left = None  # a connection `start` chose to close stays so
