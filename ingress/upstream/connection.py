@@ -378,6 +378,11 @@ class UpstreamConnection(Gated):
             if self._read_whole:
                 self._spare = self._parser
             self._parser = None
+            self._chunks.clear()  # unread: the client left before it was relayed
+            self._buffered = 0
+            if self._paused and self.transport is not None:  # paused on that unread answer:
+                self._paused = False  # read again, or the next exchange would wait in vain
+                self.transport.resume_reading()
             state.stage = IDLE
             self._deadline.after(keepalive)
             self._home.give_back(self)

@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from wakeful.aio.flow import HIGH_WATER
 from wakeful.ingress.errors import ClosedUnanswered, UpstreamTimeout
 from wakeful.ingress.upstream.connection import UpstreamConnection
 from wakeful.ingress.upstream.exchange import COMPLETE, FAILED, IDLE
@@ -39,11 +40,13 @@ class _Transport(asyncio.Transport):
     def get_write_buffer_size(self) -> int:
         return 0  # every write goes out at once
 
+    reading = True
+
     def pause_reading(self) -> None:
-        pass
+        self.reading = False
 
     def resume_reading(self) -> None:
-        pass
+        self.reading = True
 
 
 def _connected() -> tuple[UpstreamConnection, _Transport, Pool]:
@@ -63,6 +66,26 @@ async def test_an_answer_read_whole_goes_back_to_the_pool() -> None:
     conn.done(keepalive=5)
     assert conn.state.stage is IDLE and list(home.idle) == [conn]
     assert transport.written == b"GET / HTTP/1.1\r\n\r\n"
+
+
+async def test_an_answer_left_unread_goes_back_to_the_pool_reading() -> None:
+    """An answer past the high-water mark pauses reading until the client takes it; one whose
+    client left first (a reset stream, a client that never read) went back to the pool with
+    reading paused, and the next request on it waited for an answer never read, then got 504
+    (a hostile tester's find)."""
+    conn, transport, home = _connected()
+    head = conn.exchange(b"GET / HTTP/1.1\r\n\r\n", None, False, "GET", 30)
+    body = b"x" * (HIGH_WATER + 1)
+    conn.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    await head
+    assert conn.state.stage is COMPLETE and not transport.reading  # paused on what waits
+    conn.done(keepalive=5)  # the client left: nothing of it was taken
+    assert conn.state.stage is IDLE and list(home.idle) == [conn]
+    assert transport.reading
+    second = conn.exchange(b"GET /next HTTP/1.1\r\n\r\n", None, False, "GET", 30)
+    conn.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+    await second
+    assert (conn.next_nowait(), conn.next_nowait()) == (b"ok", b"")
 
 
 async def test_a_connection_closed_before_any_answer_is_closed_unanswered() -> None:
