@@ -41,6 +41,8 @@ TOO_LARGE: Final = _canned(431, "request line and headers are too large")
 TOO_SLOW: Final = _canned(408, "the request head did not come in time")
 TOO_MANY: Final = _canned(503, "too many connections to this ingress", b"retry-after: 1\r\n")
 
+SHORT_ANSWER: Final = "the sandbox's answer is shorter than its content-length"
+
 
 class Responder:
     """What a handler answers through, whatever the client speaks: `Http1Responder` on an
@@ -115,7 +117,9 @@ class Http1Responder(Responder):
         lines = [_STATUS_LINES.get(status) or b"HTTP/1.1 %d Unknown" % status]
         length: bytes | None = None
         for name, value in headers:
-            if length is None and name == b"content-length":
+            if name == b"content-length":  # one (an h2c sandbox may repeat it), none on a
+                if length is not None or status == 204:  # 204 (RFC 9110 §8.6)
+                    continue
                 length = value
             lines.append(name + b": " + value)
         if length is not None and not self._no_body:
@@ -171,11 +175,13 @@ class Http1Responder(Responder):
         await self._conn.drain()
 
     def end(self, trailers: Sequence[tuple[bytes, bytes]] = ()) -> None:
+        if self._left:  # short of its Content-Length (an h2c sandbox's): cut, or a 502 while
+            raise UpstreamFailed(SHORT_ANSWER)  # its head is held (`unstart`)
         if self._chunked:
             self._conn.write(b"0\r\n\r\n")
         else:
             self._conn.flush()  # an answer with no body: its head goes now, not at the end
-        self.complete = not self._left  # a body short of its Content-Length is cut
+        self.complete = True
 
     def switch(self, headers: list[tuple[bytes, bytes]]) -> ClientSide:
         """Answer 101 with `headers` and hand over the connection: the client's end of the

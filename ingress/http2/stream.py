@@ -20,7 +20,7 @@ from hpack import NeverIndexedHeaderTuple
 
 from wakeful.ingress.errors import BadRequest, ClientGone, UpstreamFailed
 from wakeful.ingress.http1.request import Arrivals
-from wakeful.ingress.http1.responder import ClientSide, Responder
+from wakeful.ingress.http1.responder import SHORT_ANSWER, ClientSide, Responder
 from wakeful.ingress.streams import chunks
 
 if TYPE_CHECKING:
@@ -160,10 +160,15 @@ class StreamResponder(Responder):
         if status in (204, 304):
             self._no_body = True
         head = [(b":status", b"%d" % status)]
+        length = False
         for pair in headers:
             name = pair[0]
-            if name == b"content-length" and self._left is None and not self._no_body:
-                self._left = int(pair[1])
+            if name == b"content-length":  # one (an h2c sandbox may repeat it), none on a
+                if length or status == 204:  # 204 (RFC 9110 §8.6; nghttp2 refuses it)
+                    continue
+                length = True
+                if not self._no_body:
+                    self._left = int(pair[1])
             elif name == b"x-request-id":  # new on every answer: kept out of HPACK's table
                 pair = NeverIndexedHeaderTuple(*pair)
             head.append(pair)
@@ -207,7 +212,9 @@ class StreamResponder(Responder):
     def end(self, trailers: Sequence[tuple[bytes, bytes]] = ()) -> None:
         if self.closed:
             return
-        self.complete = not self._left
+        if self._left:  # short of its Content-Length (h2 holds an h2c sandbox's DATA to it,
+            raise UpstreamFailed(SHORT_ANSWER)  # not an answer that its HEADERS or trailers end)
+        self.complete = True
         if self._head is not None and not self.pending and not trailers:
             self._send_head(True)
             self.closed = True

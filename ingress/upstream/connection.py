@@ -171,6 +171,8 @@ class UpstreamConnection(Gated):
             raise _Extra
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if value and (value[-1] == 0x20 or value[-1] == 0x09):  # llhttp keeps trailing OWS;
+            value = value.rstrip(b" \t")  # not the value's (RFC 9112 §5.1), nor HTTP/2's
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:

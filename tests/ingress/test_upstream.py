@@ -517,3 +517,29 @@ async def test_an_answer_that_breaks_before_any_of_it_went_is_a_502(http2: bool)
             assert got.http_version == ("HTTP/2" if http2 else "HTTP/1.1")
             assert s.sample("upstream_errors_total", app="hello", kind="failed") == 1
             assert all(e.uses == 0 for e in s.ingress.cache.snapshot())
+
+
+@pytest.mark.parametrize("http2", [False, True], ids=["HTTP/1.1", "HTTP/2"])
+async def test_an_answer_head_goes_on_as_each_client_may_take_it(http2: bool) -> None:
+    """llhttp keeps a value's trailing whitespace (`Content-Length: 3 ` is valid HTTP/1.1),
+    and a 204 may come with a Content-Length: both went on to HTTP/2 clients as sent, where
+    they are malformed (RFC 9113 §8.2.1, RFC 9110 §8.6), and nghttp2 and curl reset the stream,
+    h2 (httpx) the whole connection (a hostile tester's find)."""
+
+    def handle(conn: socket.socket) -> None:
+        head = read_head(conn)
+        if head.startswith(b"GET /empty "):
+            conn.sendall(b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\nX-Pad: a\r\n\r\n")
+        else:
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 3 \r\nX-Pad: evil \t \r\n\r\nabc")
+
+    with RawServer(handle) as sandbox_server:
+        async with (
+            stack({"sb-1": sandbox_server.port}) as s,
+            httpx.AsyncClient(base_url=s.url, http1=not http2, http2=http2, timeout=30) as client,
+        ):
+            padded = await client.get("/", headers={"host": "hello.localhost"})
+            empty = await client.get("/empty", headers={"host": "hello.localhost"})
+    assert (padded.status_code, padded.content) == (200, b"abc")
+    assert padded.headers["x-pad"] == "evil" and padded.headers["content-length"] == "3"
+    assert empty.status_code == 204 and "content-length" not in empty.headers

@@ -151,11 +151,20 @@ def reset_after_head(conn: Conn, stream: int, head: dict[bytes, bytes], body: by
     conn.reset_stream(stream, h2.errors.ErrorCodes.INTERNAL_ERROR)
 
 
+def short_head_only(conn: Conn, stream: int, head: dict[bytes, bytes], body: bytes) -> None:
+    """A length of 5 on a HEADERS frame that ends the stream: h2 holds only DATA to it."""
+    conn.send_headers(stream, [(b":status", b"200"), (b"content-length", b"5")], end_stream=True)
+
+
 @pytest.mark.parametrize("http2", [False, True], ids=["HTTP/1.1", "HTTP/2"])
-async def test_a_reset_before_any_of_the_answer_went_is_a_502(http2: bool) -> None:
-    """The head is held until the body's first bytes: a reset in the same read as the head
-    leaves nothing sent, and the client gets a 502 rather than a cut answer."""
-    with H2Sandbox(reset_after_head) as sandbox:
+@pytest.mark.parametrize("answer", [reset_after_head, short_head_only], ids=["reset", "short"])
+async def test_an_answer_that_fails_before_any_of_it_went_is_a_502(
+    answer: object, http2: bool
+) -> None:
+    """The head is held until the body's first bytes: a reset in the same read as the head,
+    or an answer its HEADERS end short of its Content-Length (an HTTP/2 client got a whole,
+    empty 200: a hostile tester's find), leaves nothing sent, and the client gets a 502."""
+    with H2Sandbox(answer) as sandbox:  # type: ignore[arg-type]
         async with stack({"s1": sandbox.port}, pool_update=H2C) as s, h2_client(s) as h2:
             got = await (h2 if http2 else s.client).get("/")
             assert got.status_code == 502, got.text
@@ -295,3 +304,26 @@ async def test_a_stream_the_ingress_times_out_is_reset_on_the_sandbox() -> None:
                 await s.client.get("/")
             await settled(s)
             await eventually(lambda: sandbox.resets == [h2.errors.ErrorCodes.CANCEL], 5)
+
+
+def unfit_for_http1(conn: Conn, stream: int, head: dict[bytes, bytes], body: bytes) -> None:
+    """Fields HTTP/2 carries and HTTP/1.1 does not: a name that is no token, a value with
+    controls, a Content-Length twice."""
+    fields = [(b":status", b"200"), (b'x"(a)/b{}', b"v"), (b"x-ctl", b"a\x01\x0b\x1bb")]
+    conn.send_headers(stream, [*fields, (b"content-length", b"2"), (b"content-length", b"2")])
+    conn.send_data(stream, b"ok", end_stream=True)
+
+
+async def test_an_h2c_answer_reaches_an_http11_client_as_valid_http11() -> None:
+    """h2 refuses only NUL, CR and LF in a field: the rest went on to HTTP/1.1 clients as
+    sent, and strict ones (llhttp) refused the whole answer (a hostile tester's find)."""
+    with H2Sandbox(unfit_for_http1) as sandbox:  # type: ignore[arg-type]
+        async with stack({"s1": sandbox.port}, pool_update=H2C) as s:
+            reader, writer = await asyncio.open_connection(*s.ingress.address)
+            writer.write(b"GET / HTTP/1.1\r\nHost: hello.localhost\r\nConnection: close\r\n\r\n")
+            answer = await asyncio.wait_for(reader.read(), 10)
+            writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ") and body == b"ok", answer
+    assert b"x-ctl" not in head and b'x"(a)' not in head, head
+    assert head.count(b"content-length") == 1, head
