@@ -404,3 +404,11 @@ def request_head(
     if name:
         out.insert(0, (b"host", name))
     return method.decode("latin-1"), path, out, length
+
+
+def fit_for_http1(name: bytes, value: bytes) -> bool:
+    """Whether an h2c sandbox's answer field can go on to an HTTP/1.1 client: a token for a
+    name, no control but tab in the value. HTTP/2 refuses only NUL, CR and LF, so `x"(a)` or
+    a value with \\x01 is valid there and malformed on HTTP/1.1 (strict clients, llhttp's
+    among them, refuse the whole answer): such a field is dropped, whoever the client."""
+    return _TOKEN.fullmatch(name) is not None and _CONTROL.search(value) is None

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from wakeful.ingress.errors import UpstreamFailed, UpstreamTimeout
+from wakeful.ingress.http2.rules import fit_for_http1
 from wakeful.ingress.transport import UpstreamResponse
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ class H2Exchange(UpstreamResponse):
         for name, value in headers:
             if name == b":status":
                 status = value
-            elif name[:1] != b":":
+            elif name[:1] != b":" and fit_for_http1(name, value):
                 fields.append((name, value))
         # Three digits, a final answer (h2 gives 1xx heads apart): `int` alone took "+200",
         # "2_00", "-1" and twenty digits (a hostile tester's find).
