@@ -21,7 +21,14 @@ from hyperframe.frame import (
 from wakeful.domain.grpcstatus import code_name
 from wakeful.ingress import grpc
 from wakeful.ingress.errors import BadRequest
-from wakeful.ingress.http2.rules import PREFACE, Budget, FrameScan, request_head, sniff
+from wakeful.ingress.http2.rules import (
+    PREFACE,
+    Budget,
+    FrameScan,
+    fit_for_http1,
+    request_head,
+    sniff,
+)
 
 
 @pytest.mark.parametrize(
@@ -354,3 +361,20 @@ def test_code_name(code: int, name: str) -> None:
     assert code_name(code) == name
     if code <= 16:  # the constants the ingress answers with are gRPC's numbers
         assert getattr(grpc, name, code) == code
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "fit"),
+    [
+        (b"content-type", b"text/plain", True),
+        (b"x-tab", b"a\tb", True),  # a tab is whitespace a value may hold
+        (b"x-8bit", b"caf\xc3\xa9", True),  # obs-text: HTTP/1.1 carries it
+        (b'x"(a)/b{}', b"v", False),  # not a token
+        (b"x sp", b"v", False),
+        (b"x-ctl", b"a\x01b", False),
+        (b"x-esc", b"\x1b[31m", False),
+        (b"x-del", b"a\x7f", False),
+    ],
+)
+def test_fit_for_http1(name: bytes, value: bytes, fit: bool) -> None:
+    assert fit_for_http1(name, value) is fit
