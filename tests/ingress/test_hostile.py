@@ -12,7 +12,7 @@ from collections.abc import Callable
 import anyio
 import pytest
 
-from tests.support.ingress import RawServer, read_head, responses, stack, talk
+from tests.support.ingress import RawServer, keep_alive, read_head, responses, stack, talk
 from tests.support.waiting import eventually
 from wakeful.ingress.http1 import PIPELINE_MAX
 from wakeful.ingress.upstream import RawTransport
@@ -272,29 +272,6 @@ async def test_an_absolute_form_target_is_served_for_the_host_it_names() -> None
     assert b"other.example" not in heads[0], heads
 
 
-def _answer_each(heads: list[bytes]) -> Callable[[socket.socket], None]:
-    """A keep-alive sandbox: answers each request in turn (chunked bodies read to their end)."""
-
-    def handle(conn: socket.socket) -> None:
-        conn.settimeout(10)
-        buffered = b""
-        with contextlib.suppress(OSError):
-            while True:
-                while b"\r\n\r\n" not in buffered:
-                    if not (chunk := conn.recv(65536)):
-                        return
-                    buffered += chunk
-                head, buffered = buffered.split(b"\r\n\r\n", 1)
-                heads.append(head)
-                if b"transfer-encoding: chunked" in head:
-                    while b"0\r\n\r\n" not in buffered:
-                        buffered += conn.recv(65536)
-                    buffered = buffered.split(b"0\r\n\r\n", 1)[1]
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-
-    return handle
-
-
 @pytest.mark.parametrize("pipelined", [20, 0], ids=["behind 20 pipelined GETs", "head alone"])
 async def test_a_body_after_a_large_read_is_not_taken_for_framing(pipelined: int) -> None:
     """The framing bound counts reads after the one that ended the head: a read holding 20
@@ -310,7 +287,7 @@ async def test_a_body_after_a_large_read_is_not_taken_for_framing(pipelined: int
         post += big + b"\r\n"
     else:  # 32,760 bytes: within the bound (32 KiB), and within it with the first framing
         post += b"x-big: " + b"b" * (32_760 - len(post) - 11) + b"\r\n\r\n"
-    with RawServer(_answer_each(heads)) as sandbox:
+    with RawServer(keep_alive(heads)) as sandbox:
         async with stack({"sb-1": sandbox.port}) as s:
             port = s.ingress.address[1]
 

@@ -33,7 +33,6 @@ import asyncio
 import collections
 import contextlib
 import logging
-import re
 import select
 import socket
 import threading
@@ -58,7 +57,7 @@ from hyperframe.frame import (
     WindowUpdateFrame,
 )
 
-from tests.support.ingress import RawServer, Stack, read_head, stack
+from tests.support.ingress import RawServer, Stack, keep_alive, read_head, stack
 from tests.support.waiting import eventually
 from wakeful.ingress.http2 import connection as h2_connection
 from wakeful.ingress.http2.rules import CONTROL_BURST, PREFACE, RESET_BURST
@@ -896,34 +895,6 @@ async def test_a_malformed_request_is_reset_alone_and_never_forwarded(
     await _all_given_back(s)
 
 
-def _keep_alive_by_length(heads: list[bytes]) -> Callable[[socket.socket], None]:
-    """A sandbox that serves its connection's requests in turn, each body framed by its
-    Content-Length, as uvicorn does: a length longer than the body takes the next request's
-    bytes for the rest of it."""
-
-    def handle(conn: socket.socket) -> None:
-        conn.settimeout(5)
-        buffered = b""
-        with contextlib.suppress(OSError):
-            while True:
-                while b"\r\n\r\n" not in buffered:
-                    if not (chunk := conn.recv(65536)):
-                        return
-                    buffered += chunk
-                head, buffered = buffered.split(b"\r\n\r\n", 1)
-                heads.append(head)
-                length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
-                wanted = int(length.group(1)) if length else 0
-                while len(buffered) < wanted:
-                    if not (chunk := conn.recv(65536)):
-                        return
-                    buffered += chunk
-                buffered = buffered[wanted:]
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-
-    return handle
-
-
 @pytest.mark.parametrize("body", [None, b"abc"], ids=["no body", "a body cut by trailers"])
 async def test_a_content_length_its_body_does_not_match_is_reset_and_never_smuggles(
     body: bytes | None,
@@ -935,7 +906,7 @@ async def test_a_content_length_its_body_does_not_match_is_reset_and_never_smugg
     RST_STREAM PROTOCOL_ERROR, and the next request reaches the sandbox as a request."""
     heads: list[bytes] = []
     length = [(b"content-length", b"40")]
-    with RawServer(_keep_alive_by_length(heads)) as sandbox:
+    with RawServer(keep_alive(heads)) as sandbox:
         async with stack({"sb-1": sandbox.port}) as s, await Wire.open(s.ingress.address[1]) as w:
             await w.settled()
             if body is None:

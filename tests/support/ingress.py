@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import struct
 import subprocess
@@ -207,6 +208,41 @@ def read_head(conn: socket.socket) -> bytes:
             break
         data += chunk
     return data
+
+
+def keep_alive(heads: list[bytes]) -> Callable[[socket.socket], None]:
+    """A sandbox (for `RawServer`) that serves its connection's requests in turn, answering
+    each "ok" and keeping its head in `heads`; it reads a body as uvicorn does, by its
+    Content-Length (a length longer than the body takes the next request's bytes for the
+    rest) or to the end of its chunks."""
+
+    def handle(conn: socket.socket) -> None:
+        conn.settimeout(10)
+        buffered = b""
+
+        def more() -> bytes:
+            chunk = conn.recv(65536)
+            if not chunk:
+                raise EOFError
+            return chunk
+
+        with contextlib.suppress(OSError, EOFError):
+            while True:
+                while b"\r\n\r\n" not in buffered:
+                    buffered += more()
+                head, buffered = buffered.split(b"\r\n\r\n", 1)
+                heads.append(head)
+                if b"transfer-encoding: chunked" in head.lower():
+                    while b"0\r\n\r\n" not in buffered:
+                        buffered += more()
+                    buffered = buffered.split(b"0\r\n\r\n", 1)[1]
+                elif length := re.search(rb"(?i)\r\ncontent-length: *(\d+)", head):
+                    while len(buffered) < int(length.group(1)):
+                        buffered += more()
+                    buffered = buffered[int(length.group(1)) :]
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    return handle
 
 
 def reset_after_reading(conn: socket.socket) -> None:
