@@ -305,3 +305,20 @@ async def test_a_body_after_a_large_read_is_not_taken_for_framing(pipelined: int
 
             answer = await anyio.to_thread.run_sync(ask)
     assert [status for status, _ in responses(answer)] == [200] * (pipelined + 1), answer[-300:]
+
+
+@pytest.mark.parametrize(
+    "host",
+    [b"\xb5.example.com", b"a." * 16_300 + b"b", b"evil.com#.example.com"],
+    ids=["latin-1 micro", "16,300 labels", "a fragment"],
+)
+async def test_a_host_that_is_no_host_is_a_400(host: bytes) -> None:
+    """RFC 9112 §3.2: a Host that is not one is a 400. A latin-1 µ case-folded to Greek mu
+    and crashed the HTTPS redirect's Location; 16,300 labels cost the wildcard lookup 100 ms
+    of the loop every request shares; a `#` led the redirect elsewhere (a hostile tester's
+    finds)."""
+    async with stack({"sb-1": 1}, hosts=["*.example.com"]) as s:
+        ask = b"GET / HTTP/1.1\r\nHost: " + host + b"\r\nConnection: close\r\n\r\n"
+        with anyio.fail_after(10):
+            answer = await anyio.to_thread.run_sync(talk, s.ingress.address[1], ask)
+    assert [status for status, _ in responses(answer)] == [400], answer[:200]

@@ -15,6 +15,7 @@ from wakeful.ingress.cacherules import CachedLease, gives_back, heard_short, pic
 from wakeful.ingress.edge import answer_for
 from wakeful.ingress.errors import (
     ActivatorUnreachable,
+    BadRequest,
     ConnectFailed,
     HeadersTooLarge,
     NoRoute,
@@ -29,7 +30,14 @@ from wakeful.ingress.headers import (
 )
 from wakeful.ingress.load import IllegalMove, Load, Move, Phase, Tracker, advance
 from wakeful.ingress.metrics import DURATION_BUCKETS, IngressMetrics, bucket_of
-from wakeful.ingress.routing import ROUTE_MEMORY, Router, build_index, match, normalize_host
+from wakeful.ingress.routing import (
+    ROUTE_MEMORY,
+    Router,
+    build_index,
+    match,
+    normalize_host,
+    valid_host,
+)
 
 # -- routing -------------------------------------------------------------------------------
 
@@ -95,18 +103,47 @@ def test_match(host: str, app: str | None) -> None:
     assert match(INDEX, host, "localhost") == app
 
 
+@pytest.mark.parametrize(
+    ("host", "valid"),
+    [
+        ("hello.localhost", True),
+        ("Shop.Example.com:8080", True),
+        ("[::1]:8080", True),
+        ("192.0.2.7", True),
+        ("", True),  # an HTTP/1.0 request's: no host, routed nowhere
+        ("a_b.example", True),  # reg-name allows it (RFC 3986 §3.2.2)
+        ("a" * 253 + ":65535", True),
+        ("a" * 271, False),  # longer than any host name and port
+        ("a." * 16_300 + "b", False),  # 16,000 labels: the wildcard walk's cost
+        ("\xb5.example.com", False),  # latin-1 µ: case-folds to Greek mu
+        ("evil.com#.example.com", False),  # would lead a redirect elsewhere
+        ("evil.com/x.example.com", False),
+        ("a b", False),
+        ("a\tb", False),
+        ("[::1", False),
+        ("[::1]x", False),
+        ("host:port", False),
+    ],
+)
+def test_valid_host(host: str, valid: bool) -> None:
+    assert valid_host(host) is valid
+
+
 def test_a_host_claimed_twice_goes_to_the_first_app_by_name() -> None:
     assert INDEX.exact["shop.example.com"] == "shop"
 
 
-def test_the_router_remembers_hosts_until_the_index_changes_and_never_a_long_one() -> None:
+def test_the_router_remembers_hosts_until_the_index_changes_and_never_one_that_is_no_host() -> None:
     index = INDEX
     router = Router(lambda: index, "localhost")
     assert router.app_for("SHOP.example.com:8080") == "shop"
     assert router.app_for("nope.example.org") is None
     assert len(router) == 2  # misses too: an unknown host costs one lookup, not one per request
-    assert router.app_for("x" * 300 + ".example.org") is None
-    assert len(router) == 2  # longer than any host name: answered, not kept
+    with pytest.raises(BadRequest):
+        router.app_for("x" * 300 + ".example.org")
+    with pytest.raises(BadRequest):
+        router.app_for("\xb5.example.com")  # case-folds out of ASCII
+    assert len(router) == 2  # no host (`valid_host`): refused, not kept
     for n in range(ROUTE_MEMORY + 10):  # a client inventing hosts only empties the memory
         router.app_for(f"h{n}.example.org")
     assert len(router) <= ROUTE_MEMORY
