@@ -17,6 +17,7 @@ import pytest
 from tests.support.ingress import (
     RawServer,
     Stack,
+    answering,
     closed_port,
     held,
     read_head,
@@ -485,12 +486,7 @@ async def test_framing_an_answer_cannot_have_is_a_502(answer: bytes) -> None:
     out as the answer's body. A transfer coding but chunked went out undone and unnamed
     (gzip bytes the client could not tell from the body). Both are the sandbox's failure,
     as nginx has it (a hostile tester's find)."""
-
-    def handle(conn: socket.socket) -> None:
-        read_head(conn)
-        conn.sendall(answer)
-
-    with RawServer(handle) as sandbox_server:
+    with RawServer(answering(answer)) as sandbox_server:
         async with stack({"sb-1": sandbox_server.port}) as s:
             got = await s.client.get("/")
             assert got.status_code == 502, got.text
@@ -502,12 +498,8 @@ async def test_an_answer_that_breaks_before_any_of_it_went_is_a_502(http2: bool)
     """The head is held until the body's first bytes: when the body breaks in the same read
     as the head, nothing has gone to the client, and it gets a 502 rather than an empty reply
     (a hostile tester's find)."""
-
-    def handle(conn: socket.socket) -> None:
-        read_head(conn)
-        conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nZZ-not-a-size\r\n")
-
-    with RawServer(handle) as sandbox_server:
+    broken = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nZZ-not-a-size\r\n"
+    with RawServer(answering(broken)) as sandbox_server:
         async with stack({"sb-1": sandbox_server.port}) as s:
             async with httpx.AsyncClient(
                 base_url=s.url, http1=not http2, http2=http2, timeout=30

@@ -22,7 +22,14 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from tests.support.ingress import RawServer, Stack, read_head, sandbox_processes, stack
+from tests.support.ingress import (
+    RawServer,
+    Stack,
+    answering,
+    read_head,
+    sandbox_processes,
+    stack,
+)
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
@@ -308,12 +315,7 @@ async def test_a_refused_handshake_is_passed_on_alone(answers: bytes) -> None:
     """Found by a hostile tester: what a sandbox writes after its refusal is never taken for
     the answer (it once merged a second answer's headers into the first, and a 101 after a
     403 opened a tunnel to a closed connection)."""
-
-    def refuse_twice(conn: socket.socket) -> None:
-        read_head(conn)
-        conn.sendall(answers)
-
-    with RawServer(refuse_twice) as sandbox:
+    with RawServer(answering(answers)) as sandbox:
         async with stack({"s1": sandbox.port}) as s:
             answer = await anyio.to_thread.run_sync(
                 raw_exchange, s.ingress.address[1], HANDSHAKE % b"1.1"
@@ -335,12 +337,7 @@ async def test_a_refused_handshake_is_passed_on_alone(answers: bytes) -> None:
 )
 async def test_a_handshake_answer_framed_as_no_answer_may_be_is_a_502(answer: bytes) -> None:
     """The answer-head rules hold for handshakes too (`rules.framing_refused`)."""
-
-    def refuse(conn: socket.socket) -> None:
-        read_head(conn)
-        conn.sendall(answer)
-
-    with RawServer(refuse) as sandbox:
+    with RawServer(answering(answer)) as sandbox:
         async with stack({"s1": sandbox.port}) as s:
             got = await anyio.to_thread.run_sync(
                 raw_exchange, s.ingress.address[1], HANDSHAKE % b"1.1"

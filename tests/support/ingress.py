@@ -210,6 +210,16 @@ def read_head(conn: socket.socket) -> bytes:
     return data
 
 
+def answering(answer: bytes) -> Callable[[socket.socket], None]:
+    """A sandbox (for `RawServer`) that reads a request's head and sends `answer`, as is."""
+
+    def handle(conn: socket.socket) -> None:
+        read_head(conn)
+        conn.sendall(answer)
+
+    return handle
+
+
 def keep_alive(heads: list[bytes]) -> Callable[[socket.socket], None]:
     """A sandbox (for `RawServer`) that serves its connection's requests in turn, answering
     each "ok" and keeping its head in `heads`; it reads a body as uvicorn does, by its
