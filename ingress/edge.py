@@ -134,6 +134,9 @@ class ProxyEdge(Handler):
         """The version the answer is counted for: only a split or tagged app's."""
         status = 500
         client_gone = False
+        expired = False
+        """A call's own `grpc-timeout` passed before its answer began: the client's bound,
+        counted as its giving up (499, DEADLINE_EXCEEDED), never as the app's 5xx."""
         response: ProxyResponse | None = None
         sent = 0
         """Body bytes relayed to the client (for the access log)."""
@@ -236,7 +239,8 @@ class ProxyEdge(Handler):
                 status = 502
             except TimeoutError:
                 if not streaming:
-                    if call:  # `deadline` passed before the call reached a sandbox
+                    if call:  # `deadline` passed before the answer began
+                        expired = True
                         raise UpstreamTimeout("the call's grpc-timeout passed") from None
                     raise
                 log.warning(
@@ -263,11 +267,13 @@ class ProxyEdge(Handler):
             raise
         finally:
             seconds = _clock() - started
-            final = CLIENT_GONE if client_gone else status
+            final = CLIENT_GONE if client_gone or expired else status
             self._metrics.answered(label, final, seconds, reported)
             code = None
             if call:  # its outcome is its grpc-status: counted apart, for calls only
-                if response is None or final != response.status:  # the ingress's own error,
+                if expired:
+                    code = grpc.DEADLINE_EXCEEDED
+                elif response is None or final != response.status:  # the ingress's own error,
                     code = grpc.call_code(final)  # a client gone, an answer cut off
                 else:
                     code = grpc.call_code(final, response.headers, response.upstream.trailers)
