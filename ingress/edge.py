@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -22,9 +22,11 @@ from wakeful.ingress import grpc
 from wakeful.ingress.accesslog import AccessLog
 from wakeful.ingress.acme import CHALLENGE_PREFIX
 from wakeful.ingress.cacherules import Use
+from wakeful.ingress.clients import ClientShares, client_key
 from wakeful.ingress.errors import (
     ActivatorUnreachable,
     BadRequest,
+    ClientBusy,
     ClientTooSlow,
     HeadersTooLarge,
     IngressError,
@@ -73,6 +75,8 @@ def answer_for(exc: Exception, show_boot_log: bool = False) -> ErrorAnswer:
         return ErrorAnswer(503, "app failed to boot", str(exc), exc.retry_after, log_lines)
     if isinstance(exc, Unavailable):
         return ErrorAnswer(503, "no capacity", str(exc), exc.retry_after)
+    if isinstance(exc, ClientBusy):
+        return ErrorAnswer(429, "too many requests", str(exc), exc.retry_after)
     if isinstance(exc, UpstreamBusy):
         return ErrorAnswer(503, "upstream busy", str(exc), exc.retry_after)
     if isinstance(exc, ActivatorUnreachable | ActivatorError):
@@ -99,13 +103,17 @@ class ProxyEdge(Handler):
         https_location: Callable[[str, str, bytes], str | None] | None = None,
         acme_answer: Callable[[bytes], Awaitable[bytes | None]] | None = None,
         access: AccessLog | None = None,
+        clients: ClientShares | None = None,
+        trust_forwarded: bool = False,
     ) -> None:
         """`websocket_limits`: an app's WebSocket idle timeout and maximum duration.
         `https_location(app, host, target)`: where a plain HTTP request of the app is
         redirected (308), or None to serve it; None when no app is. `acme_answer(target)`:
         the key authorization of an ACME HTTP-01 challenge, answered on the plain listener
         before routing (`ingress.acme`). `access`: the access log, for every app's requests
-        or those of apps whose leases ask for it (`ingress.accesslog`)."""
+        or those of apps whose leases ask for it (`ingress.accesslog`). `clients`: each
+        client's share of requests under way (`ingress.clients`), a client known by its
+        address, or by the last X-Forwarded-For entry when `trust_forwarded`."""
         self._proxy = proxy
         self._metrics = metrics
         self._max_header_bytes = max_header_bytes
@@ -114,6 +122,8 @@ class ProxyEdge(Handler):
         self._https_location = https_location
         self._acme_answer = acme_answer
         self._access = access
+        self._clients = clients
+        self._trust_forwarded = trust_forwarded
 
     async def handle(self, request: Request, out: Responder) -> None:
         """Route, forward and stream the answer back. Errors before the answer starts become
@@ -138,6 +148,8 @@ class ProxyEdge(Handler):
         """A call's own `grpc-timeout` passed before its answer began: the client's bound,
         counted as its giving up (499, DEADLINE_EXCEEDED), never as the app's 5xx."""
         response: ProxyResponse | None = None
+        share: str | None = None
+        """The client the request counts for, while it counts (`ingress.clients`)."""
         sent = 0
         """Body bytes relayed to the client (for the access log)."""
         call = request.version == "2" and grpc.is_call(header(headers, b"content-type"))
@@ -189,6 +201,8 @@ class ProxyEdge(Handler):
                 request.upgrade,
                 call,
             )
+            if self._clients is not None:
+                share = self._admit(request.client, headers)
             deadline = None
             if call:
                 deadline = self._call(app, request, proxied)
@@ -204,6 +218,9 @@ class ProxyEdge(Handler):
                 status = response.status
                 upstream = response.upstream
                 if upstream.splice is not None:
+                    if share is not None:  # switched: it holds no upstream slot any more
+                        self._leave(share)
+                        share = None
                     client = out.switch(upgrade_headers(response.headers))
                     with self._metrics.websocket(app):
                         idle, longest = self._websocket_limits(app)
@@ -266,6 +283,8 @@ class ProxyEdge(Handler):
             client_gone = True  # the client hung up (or the ingress is stopping)
             raise
         finally:
+            if share is not None:
+                self._leave(share)
             seconds = _clock() - started
             final = CLIENT_GONE if client_gone or expired else status
             self._metrics.answered(label, final, seconds, reported)
@@ -298,6 +317,28 @@ class ProxyEdge(Handler):
                         sample,
                         code,
                     )
+
+    def _admit(self, peer: str, headers: Sequence[tuple[bytes, bytes]]) -> str:
+        """Count the request for its client (`ingress.clients`); ClientBusy past its share."""
+        shares = self._clients
+        assert shares is not None
+        forwarded = None
+        if self._trust_forwarded:  # the balancer's entry: the last of the last field
+            for name, value in headers:
+                if name == b"x-forwarded-for":
+                    forwarded = value
+        key = client_key(peer, forwarded)
+        if not shares.take(key):
+            raise ClientBusy(
+                f"client {key} has {shares.limit} requests under way (requests_per_client); "
+                "send the next when one ends",
+                retry_after=1,
+            )
+        return key
+
+    def _leave(self, key: str) -> None:
+        assert self._clients is not None
+        self._clients.give_back(key)
 
     def _call(self, app: str, request: Request, proxied: ProxyRequest) -> float | None:
         """A gRPC call's bounds: its body's silences are the app's stream idle timeout; its

@@ -58,6 +58,14 @@ class UpstreamBusy(IngressError):
         self.retry_after = retry_after
 
 
+class ClientBusy(IngressError):
+    """The client has its share of requests under way (`ingress.clients`): 429."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class UpstreamError(IngressError):
     pass
 

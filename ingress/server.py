@@ -30,6 +30,7 @@ from wakeful.domain.models import AcmeChallenge, CertRecord
 from wakeful.ingress.accesslog import AccessLog
 from wakeful.ingress.acme import CertSource, Challenges, IssuedFeed, ServedPair
 from wakeful.ingress.cache import LeaseCache
+from wakeful.ingress.clients import ClientShares
 from wakeful.ingress.edge import AdminEdge, ProxyEdge
 from wakeful.ingress.http1 import HttpServer, Limits
 from wakeful.ingress.metrics import IngressMetrics
@@ -197,6 +198,8 @@ class Ingress:
                 self._https_location if self.settings.tls_redirect else None,
                 self.challenges.answer,
                 self.access,
+                ClientShares(self.settings.requests_per_client),
+                self.settings.trust_forwarded,
             )
             cut_off = self._http2_cut_off
             server = HttpServer(edge, limits, http2=self.settings.http2, cut_off=cut_off)

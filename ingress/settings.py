@@ -47,6 +47,11 @@ class IngressSettings(StoreSettings):
     upstream_connections_per_app: int = Field(default=256, ge=1, le=100_000)
     """Requests of one app holding an upstream connection at once: one app's flood (or its
     long-lived streams) cannot take the connections every other app needs."""
+    requests_per_client: int = Field(default=256, ge=1, le=1_000_000)
+    """Requests of one client address under way at once, each HTTP/2 stream one (an open
+    WebSocket not): past it, 429 + Retry-After. One client cannot hold the upstream
+    connections every other client needs (`ingress.clients`); clients behind one NAT share
+    it. With `trust_forwarded`, the client is the last X-Forwarded-For entry."""
     upstream_wait: float = Field(default=5.0, ge=0, le=300)
     """Seconds a request waits for one of those connections before 503 + Retry-After."""
     upstream_keepalive: float = Field(default=4.0, gt=0, le=3600)

@@ -42,6 +42,7 @@ COMPILED = (
     "wakeful.ingress.accesslog",
     "wakeful.ingress.cache",
     "wakeful.ingress.cacherules",
+    "wakeful.ingress.clients",
     "wakeful.ingress.edge",
     "wakeful.ingress.errors",
     "wakeful.ingress.formats",

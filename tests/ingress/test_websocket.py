@@ -406,3 +406,17 @@ async def test_a_client_gone_mid_splice_ends_its_request_cancelled(
         assert answer.status_code == 426  # the app's own answer to a plain GET
     failed = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert failed == [], [r.getMessage() for r in failed]
+
+
+async def test_an_open_websocket_is_not_one_of_its_clients_requests_under_way(
+    ws_sandbox: Callable[[], int],
+) -> None:
+    """A switched connection holds no upstream slot (`ingress.clients`): a client with a
+    share of one keeps two WebSockets open, and a request besides."""
+    async with stack({"s1": ws_sandbox()}, requests_per_client=1) as s:
+        async with opened(s) as first, opened(s) as second:
+            for ws in (first, second):
+                await ws.send("hello")
+                assert await ws.recv() == "hello"
+            answer = await s.client.get("/", headers={"Accept": "application/json"})
+            assert answer.status_code != 429, answer.text

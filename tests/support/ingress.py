@@ -262,7 +262,10 @@ def reset_after_reading(conn: socket.socket) -> None:
 
 
 async def held(
-    client: httpx.AsyncClient, release: anyio.Event, size: int = 4 * PREREAD_BYTES
+    client: httpx.AsyncClient,
+    release: anyio.Event,
+    size: int = 4 * PREREAD_BYTES,
+    headers: dict[str, str] | None = None,
 ) -> int:
     """A request that stays in flight until `release` is set, however slow the machine: a POST
     whose second half of the body is sent only then (the sandbox answers once it has it all).
@@ -274,7 +277,8 @@ async def held(
         await release.wait()
         yield b"x" * (size - size // 2)
 
-    answer = await client.post("/", content=body(), headers={"Content-Length": str(size)})
+    sent = {"Content-Length": str(size), **(headers or {})}
+    answer = await client.post("/", content=body(), headers=sent)
     return answer.status_code
 
 
