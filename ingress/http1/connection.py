@@ -103,8 +103,9 @@ class ClientConnection(Wire):
         transport = cast(asyncio.Transport, transport)  # uvloop's is one, not a subclass
         self.transport = transport
         server = self._server
+        full = server.tls is None and server.full()  # a TLS one counted from its accept
         server.connections.add(self)
-        if len(server.connections) + len(server.h2) > self.limits.max_connections:
+        if full:
             transport.write(TOO_MANY)
             transport.close()
             return

@@ -6,16 +6,26 @@ HTTPS; a directory that cannot serve stops the start, naming it."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import shutil
 import socket
 import ssl
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import anyio
 import pytest
+import uvloop
 
 from tests.support.certs import ingress_pki, issue
 from tests.support.ingress import RawServer, read_head, stack
+from wakeful.ingress.http1 import Request, Responder
+from wakeful.ingress.http1.server import Handling, HttpServer, Limits
+from wakeful.ingress.server import bind_listener
+from wakeful.ingress.tls import Certificates
 
 pytestmark = pytest.mark.anyio
 
@@ -125,3 +135,110 @@ async def test_a_directory_without_a_default_stops_the_start_naming_it(
         cause = cause.exceptions[0]
     assert isinstance(cause, OSError), cause
     assert "no default.crt and default.key" in str(cause) and cause.filename == str(certs)
+
+
+def handshake_fails(port: int, ca: Path) -> bool:
+    """Whether a TLS handshake offering h2 and http/1.1 fails; none of the server's bytes may
+    be HTTP/1.1's (an h2 client would read them as a broken preface)."""
+    context = ssl.create_default_context(cafile=str(ca / "ca.crt"))
+    context.check_hostname = False
+    context.set_alpn_protocols(["h2", "http/1.1"])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as raw:
+        try:
+            with context.wrap_socket(raw, server_hostname="shop.example.com"):
+                return False
+        except (ssl.SSLError, ConnectionError):
+            return True
+
+
+LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+    "asyncio": asyncio.new_event_loop,
+    "uvloop": uvloop.new_event_loop,
+}
+
+
+@contextlib.contextmanager
+def tls_server(new_loop: Callable[[], asyncio.AbstractEventLoop], certs: Path) -> Iterator[int]:
+    """The HTTP server on TLS (`ingress.tls`'s certificates), two connections at most, on a
+    loop of `new_loop` in a thread of its own (the ingress runs on uvloop; the tests' loop is
+    asyncio's), answering 200; its port."""
+    loop = new_loop()
+    ports: list[int] = []
+    ready = threading.Event()
+    stop = asyncio.Event()
+
+    async def answer(request: Request, out: Responder) -> None:
+        out.send_whole(200, [], b"ok")
+
+    async def main() -> None:
+        context = Certificates(certs).context
+        server = HttpServer(Handling(answer), Limits(max_connections=2), context)
+        sock = bind_listener("127.0.0.1:0", 64, "test address")
+        await server.start(sock, 64)
+        ports.append(sock.getsockname()[1])
+        ready.set()
+        await stop.wait()
+        await server.stop(1)
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(main(),), daemon=True)
+    thread.start()
+    try:
+        assert ready.wait(30)
+        yield ports[0]
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(30)
+        if not thread.is_alive():
+            loop.close()
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_handshake_under_way_counts_against_the_connection_bound(
+    pki: tuple[Path, Path], loop: str
+) -> None:
+    """A TLS connection counts from its accept (`HttpServer._accept_tls`), not once its
+    handshake is done: clients that never send a ClientHello hold at most `max_connections`;
+    past it a new connection is closed at once, before any TLS (no HTTP/1.1 503 that a client
+    whose ALPN chose h2 would read as a broken preface); when one of them goes, handshakes
+    succeed again."""
+    ca, certs = pki
+    with tls_server(LOOPS[loop], certs) as port:
+        silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
+        try:
+            assert handshake_fails(port, ca)
+            silent.pop().close()
+            deadline = time.monotonic() + 20  # the server sees the client gone: its place
+            while handshake_fails(port, ca):
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        finally:
+            for each in silent:
+                each.close()
+        _, answer = fetch(port, ca, "shop.example.com")
+        assert answer.startswith(b"HTTP/1.1 200 "), answer
+
+
+def closed_within(port: int, seconds: float) -> float:
+    """Seconds until the server closes a connection that never sends a byte."""
+    with socket.create_connection(("127.0.0.1", port), timeout=seconds) as raw:
+        started = time.monotonic()
+        with contextlib.suppress(ConnectionResetError):
+            assert raw.recv(1) == b""
+        return time.monotonic() - started
+
+
+async def test_a_handshake_that_never_starts_is_closed_at_the_heads_deadline(
+    pki: tuple[Path, Path],
+) -> None:
+    ca, certs = pki
+    with sandbox_recording([]) as sandbox:
+        async with stack(
+            {"s1": sandbox.port},
+            tls_listen="127.0.0.1:0",
+            tls_dir=certs,
+            client_header_timeout=0.5,
+        ) as s:
+            port = s.ingress.tls_address[1]
+            assert 0.4 < await anyio.to_thread.run_sync(closed_within, port, 20) < 10
+            _, answer = await anyio.to_thread.run_sync(fetch, port, ca, "shop.example.com")
+            assert answer.startswith(b"HTTP/1.1 200 "), answer
