@@ -413,10 +413,13 @@ async def test_an_open_websocket_is_not_one_of_its_clients_requests_under_way(
 ) -> None:
     """A switched connection holds no upstream slot (`ingress.clients`): a client with a
     share of one keeps two WebSockets open, and a request besides."""
-    async with stack({"s1": ws_sandbox()}, requests_per_client=1) as s:
-        async with opened(s) as first, opened(s) as second:
-            for ws in (first, second):
-                await ws.send("hello")
-                assert await ws.recv() == "hello"
-            answer = await s.client.get("/", headers={"Accept": "application/json"})
-            assert answer.status_code != 429, answer.text
+    async with (
+        stack({"s1": ws_sandbox()}, requests_per_client=1) as s,
+        opened(s) as first,
+        opened(s) as second,
+    ):
+        for ws in (first, second):
+            await ws.send("hello")
+            assert await ws.recv() == "hello"
+        answer = await s.client.get("/", headers={"Accept": "application/json"})
+        assert answer.status_code != 429, answer.text
