@@ -165,6 +165,9 @@ class ProxyEdge(Handler):
                 )
             if request.method == "CONNECT":  # a tunnel to anywhere: never a proxy's to open
                 raise BadRequest("CONNECT is not served here")
+            if target[:1] != b"/":  # `*`, authority-form: before anything puts it in a URL
+                shown = target[:80].decode("latin-1")  # (an HTTPS redirect's Location)
+                raise BadRequest(f"request target {shown!r} is not a path")
             if (
                 request.scheme == "http"
                 and target.startswith(CHALLENGE_PREFIX)

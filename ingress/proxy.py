@@ -31,7 +31,6 @@ from wakeful.ingress import grpc
 from wakeful.ingress.cache import LeaseCache
 from wakeful.ingress.cacherules import CachedLease, Use
 from wakeful.ingress.errors import (
-    BadRequest,
     ConnectFailed,
     NoRoute,
     UpstreamError,
@@ -182,9 +181,6 @@ class Proxy:
         return once the answer's head is in. Every use of a lease taken goes into `held`
         before anything can fail: the caller hands them back with `finish`, whatever ends
         the exchange."""
-        if not request.target.startswith(b"/"):
-            target = request.target[:80].decode("latin-1")
-            raise BadRequest(f"request target {target!r} is not a path")
         if request.body is not None and not request.streaming:  # before any capacity is
             request.body = await preread(request.body)  # taken: see `preread`
         headers = upstream_request_headers(

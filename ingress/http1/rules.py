@@ -160,8 +160,9 @@ def origin_form(
     """A request target in absolute-form (`http://host/path?q`, what a client sends a proxy)
     as origin-form (`/path?q`), with the host it names as the one Host header: RFC 9112
     §3.2.2 has a server accept the form and take the host from it, not from Host. Any other
-    target comes back as it is, and is refused further on as no path: `*`, authority-form,
-    another scheme, no host, or a user in it (RFC 9110 §4.2.4 forbids one)."""
+    target comes back as it is, and the edge refuses it as no path before it routes (or
+    redirects) it: `*`, authority-form, another scheme, no host, or a user in it (RFC 9110
+    §4.2.4 forbids one)."""
     absolute = _ABSOLUTE.match(url)
     authority = b"" if absolute is None else absolute.group(1)
     if absolute is None or not authority or b"@" in authority:

@@ -514,7 +514,7 @@ def test_passed(
         (b"HTTPS://hello.localhost:8443", b"/", b"hello.localhost:8443"),
         (b"http://hello.localhost?q", b"/?q", b"hello.localhost"),
         (b"http://a.b/c#frag", b"/c#frag", b"a.b"),
-        (b"*", b"*", b"given"),  # refused further on, as no path
+        (b"*", b"*", b"given"),  # refused by the edge, as no path
         (b"hello.localhost:80", b"hello.localhost:80", b"given"),  # authority-form: the same
         (b"ftp://a.b/c", b"ftp://a.b/c", b"given"),
         (b"http:///c", b"http:///c", b"given"),  # no host
