@@ -26,6 +26,7 @@ import asyncio
 import logging
 import os
 import ssl
+import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,17 +66,49 @@ HTTP2 = ("h2", "http/1.1")
 context offers the same: the SNI callback swaps the context before ALPN is chosen."""
 
 
+TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
+"""TLS 1.2's suites: forward secret AEAD only (Mozilla's "intermediate", less DHE), so none of
+RFC 9113 Appendix A's, which an h2 connection must not use (OpenSSL's default let a client
+that offered only CBC suites have one, with h2). TLS 1.3's suites are all AEAD, unchanged."""
+
+
 def _server_context(alpn: tuple[str, ...]) -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.set_ciphers(TLS12_CIPHERS)
     context.set_alpn_protocols(list(alpn))
     return context
 
 
+MAX_PEM = 1024 * 1024
+"""The largest certificate (with its chain) or key file loaded: a real one is a few KB."""
+
+
+def _no_password() -> bytes:
+    raise TLSConfigError("the key is encrypted: the ingress has no passphrase for it")
+
+
+def _check_file(path: Path) -> None:
+    """A file OpenSSL may read without blocking: a regular one (a link to one counts), not
+    too large. A FIFO (or a device) hung the reload's thread for good, and shutdown with it."""
+    try:
+        info = path.stat()
+    except OSError as exc:
+        raise TLSConfigError(f"{path.name}: {exc.strerror}") from exc
+    if not stat.S_ISREG(info.st_mode):
+        raise TLSConfigError(f"{path.name} is not a regular file")
+    if info.st_size > MAX_PEM:
+        raise TLSConfigError(f"{path.name} is {info.st_size} bytes, more than {MAX_PEM}")
+
+
 def _context(cert: Path, key: Path, alpn: tuple[str, ...]) -> ssl.SSLContext:
     context = _server_context(alpn)
-    try:
-        context.load_cert_chain(cert, key)
+    _check_file(cert)
+    _check_file(key)
+    try:  # an encrypted key would have OpenSSL ask a terminal for its passphrase
+        context.load_cert_chain(cert, key, password=_no_password)
+    except TLSConfigError as exc:
+        raise TLSConfigError(f"{key.name}: {exc}") from None
     except (OSError, ssl.SSLError) as exc:
         raise TLSConfigError(f"{cert.name} with {key.name}: {exc}") from exc
     return context

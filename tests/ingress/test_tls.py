@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 import socket
 import ssl
@@ -17,15 +18,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import anyio
+import httpx
 import pytest
 import uvloop
 
-from tests.support.certs import ingress_pki, issue
-from tests.support.ingress import RawServer, read_head, stack
+from tests.support.certs import ingress_pki, issue, openssl
+from tests.support.ingress import RawServer, read_head, stack, talk
 from wakeful.ingress.http1 import Request, Responder
 from wakeful.ingress.http1.server import Handling, HttpServer, Limits
 from wakeful.ingress.server import bind_listener
-from wakeful.ingress.tls import Certificates
+from wakeful.ingress.tls import Certificates, TLSConfigError
 
 pytestmark = pytest.mark.anyio
 
@@ -118,6 +120,23 @@ async def test_an_app_can_send_plain_http_to_https(pki: tuple[Path, Path]) -> No
         ) as s:
             answer = await s.client.get("/where", params={"x": "1"})
             port = s.ingress.tls_address[1]
+            # A target that is no path is refused before it could become the Location's
+            # authority: `https://hello.localhost:PORT*@evil.example/` leads to evil.example.
+            plain = s.ingress.address[1]
+            for target in (b"*@evil.example/phish", b"*", b"hello.localhost:80"):
+                head = (
+                    b"GET %s HTTP/1.1\r\nHost: hello.localhost\r\nConnection: close\r\n\r\n"
+                    % target
+                )
+                refused = await anyio.to_thread.run_sync(talk, plain, head)
+                assert refused.startswith(b"HTTP/1.1 400 "), (target, refused)
+                assert b"\r\nlocation:" not in refused.lower(), refused
+            async with httpx.AsyncClient(
+                base_url=s.url, http1=False, http2=True, headers={"Host": "hello.localhost"}
+            ) as h2c:  # h2 lets any visible :path through
+                refused_h2 = await h2c.get(s.url + "/x", extensions={"target": b"@evil.example/"})
+                assert refused_h2.status_code == 400, refused_h2.headers
+                assert "location" not in refused_h2.headers
     assert answer.status_code == 308
     assert answer.headers["location"] == f"https://hello.localhost:{port}/where?x=1"
 
@@ -135,6 +154,79 @@ async def test_a_directory_without_a_default_stops_the_start_naming_it(
         cause = cause.exceptions[0]
     assert isinstance(cause, OSError), cause
     assert "no default.crt and default.key" in str(cause) and cause.filename == str(certs)
+
+
+def _fifo(key: Path) -> None:
+    key.unlink()
+    os.mkfifo(key)
+
+
+def _encrypted(key: Path) -> None:
+    plain = key.with_suffix(".plain")
+    key.rename(plain)
+    openssl(
+        "pkey", "-in", plain.name, "-aes256", "-passout", "pass:x", "-out", key.name, cwd=key.parent
+    )
+    plain.unlink()
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [(_fifo, "shop.example.com.key is not a regular file"), (_encrypted, "the key is encrypted")],
+)
+def test_a_key_openssl_would_wait_on_is_refused_at_once(
+    pki: tuple[Path, Path], change: Callable[[Path], None], said: str
+) -> None:
+    """A FIFO (or a device) in the directory would block OpenSSL's read, and an encrypted key
+    its prompt for a passphrase: the reload's thread hung for good, and shutdown with it."""
+    _, certs = pki
+    change(certs / "shop.example.com.key")
+    raised: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            Certificates(certs)
+        except BaseException as exc:  # looked at below
+            raised.append(exc)
+
+    thread = threading.Thread(target=load, daemon=True)  # a hang fails the test, not the run
+    thread.start()
+    thread.join(20)
+    assert not thread.is_alive(), "loading the directory hangs"
+    [exc] = raised
+    assert isinstance(exc, TLSConfigError) and said in str(exc), exc
+
+
+def _tls12_with(port: int, ca: Path, ciphers: str) -> tuple[str, str | None]:
+    """(the suite and the ALPN protocol a TLS 1.2 client offering `ciphers` and h2 gets)."""
+    context = ssl.create_default_context(cafile=str(ca / "ca.crt"))
+    context.check_hostname = False
+    context.maximum_version = ssl.TLSVersion.TLSv1_2
+    context.set_ciphers(ciphers)
+    context.set_alpn_protocols(["h2", "http/1.1"])
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=30) as raw,
+        context.wrap_socket(raw, server_hostname="shop.example.com") as tls,
+    ):
+        suite = tls.cipher()
+        assert suite is not None
+        return suite[0], tls.selected_alpn_protocol()
+
+
+async def test_tls12_offers_only_forward_secret_aead_suites(pki: tuple[Path, Path]) -> None:
+    """RFC 9113 §9.2.2: none of Appendix A's suites (CBC, no forward secrecy) with h2; a
+    client that offers only those gets no connection, not an h2 one on a suite it must not
+    use."""
+    ca, certs = pki
+    async with stack({}, tls_listen="127.0.0.1:0", tls_dir=certs, http2=True) as s:
+        port = s.ingress.tls_address[1]
+        good = await anyio.to_thread.run_sync(
+            _tls12_with, port, ca, "ECDHE-ECDSA-AES128-GCM-SHA256"
+        )
+        assert good == ("ECDHE-ECDSA-AES128-GCM-SHA256", "h2")
+        for weak in ("ECDHE-ECDSA-AES128-SHA256", "ECDHE-ECDSA-AES256-SHA", "AES128-GCM-SHA256"):
+            with pytest.raises(ssl.SSLError):
+                await anyio.to_thread.run_sync(_tls12_with, port, ca, weak)
 
 
 def handshake_fails(port: int, ca: Path) -> bool:
