@@ -97,6 +97,15 @@ class IngressMetrics:
             registry=registry,
         )
 
+        self.refused = Counter(
+            "wakeful_ingress_connections_refused",
+            "Client connections refused or closed for what their client did (HTTP/2's: "
+            "http2_connections_cut_off), by reason: connections (past the bound), "
+            "tls-handshake, malformed, head-too-large, slow-head, framing",
+            ["reason"],
+            registry=registry,
+        )
+
         self._loads: dict[str, Load] = {}
         self._reported: dict[str, tuple[int, int, list[int]]] = {}
         """Per app, its counts at the last `traffic_since_last`."""

@@ -202,7 +202,10 @@ class Ingress:
                 self.settings.trust_forwarded,
             )
             cut_off = self._http2_cut_off
-            server = HttpServer(edge, limits, http2=self.settings.http2, cut_off=cut_off)
+            refused = self._refused
+            server = HttpServer(
+                edge, limits, http2=self.settings.http2, cut_off=cut_off, refused=refused
+            )
             sock = self._bind(self.settings.listen, "listen address")
             try:
                 await _start(server, sock, self.settings.backlog)
@@ -305,6 +308,9 @@ class Ingress:
     def _http2_cut_off(self, reason: str) -> None:
         self.metrics.http2_cut_off.labels(reason=reason).inc()
 
+    def _refused(self, reason: str) -> None:
+        self.metrics.refused.labels(reason=reason).inc()
+
     def _https_location(self, app: str, host_header: str, target: bytes) -> str | None:
         """Where a plain HTTP request of `app` is sent instead, if its app asks for HTTPS."""
         if not self.settings.redirects_to_https(app) or not self.tls_address[1]:
@@ -346,7 +352,12 @@ class Ingress:
                 "every handshake fails"
             )
         server = HttpServer(
-            edge, limits, certificates.context, self.settings.http2, self._http2_cut_off
+            edge,
+            limits,
+            certificates.context,
+            self.settings.http2,
+            self._http2_cut_off,
+            self._refused,
         )
         sock = self._bind(listen, "TLS listen address")
         await _start(server, sock, self.settings.backlog)

@@ -106,6 +106,7 @@ class ClientConnection(Wire):
         full = server.tls is None and server.full()  # a TLS one counted from its accept
         server.connections.add(self)
         if full:
+            server.refused("connections")
             transport.write(TOO_MANY)
             transport.close()
             return
@@ -157,13 +158,16 @@ class ClientConnection(Wire):
                 self._body.fail(BadRequest(f"the request body is malformed: {exc}"))
                 self._stop_reading()  # and its own answer says so
                 return
+            self._server.refused("malformed")
             self._refuse(BAD_REQUEST)
             return
         if self._in_head and self._head_bytes > self.limits.max_head_bytes:
+            self._server.refused("head-too-large")
             self._refuse(TOO_LARGE)
         elif (body := self._body) is not None and not self._in_head:  # chunk framing and
             self._framing = framing_run(self._framing, len(data), self._bodied)  # trailers,
             if self._framing > self.limits.max_head_bytes:  # bounded as a head is
+                self._server.refused("framing")
                 body.fail(BadRequest("the request's chunk framing or trailers are too large"))
                 self._stop_reading()
 
@@ -438,6 +442,7 @@ class ClientConnection(Wire):
             # While answering, the next head's time starts after this answer.
             if self._runner is None and not self._queue:
                 if self._in_head:
+                    self._server.refused("slow-head")
                     self.write(TOO_SLOW)
                 self._close()
         elif which == IDLE_DUE:

@@ -8,7 +8,6 @@ progress finish for `grace` seconds, then cancels what is left and waits for it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 import ssl
@@ -77,16 +76,22 @@ class HttpServer:
         tls: ssl.SSLContext | None = None,
         http2: bool = False,
         cut_off: Callable[[str], None] = lambda reason: None,
+        refused: Callable[[str], None] = lambda reason: None,
     ) -> None:
         """`tls`: serve HTTPS with this context; its handshake has the head's deadline.
         `http2`: serve HTTP/2 too (`ingress.http2`): to TLS clients whose ALPN chose `h2`, and
         on a plain listener to clients that open with the HTTP/2 preface (h2c). `cut_off`:
-        told why each HTTP/2 connection ended for what its client did (the metrics)."""
+        told why each HTTP/2 connection ended for what its client did (the metrics);
+        `refused`, why each other connection was refused or closed for it: `connections`
+        (past `max_connections`), `tls-handshake` (failed, or past its deadline),
+        `malformed`, `head-too-large`, `slow-head`, `framing` (a body's chunk framing or
+        trailers past the head's bound)."""
         self.handler = handler
         self.limits = limits
         self.tls = tls
         self.http2 = http2
         self.cut_off = cut_off
+        self.refused = refused
         self.scheme = "http" if tls is None else "https"
         self.connections: set[ClientConnection] = set()
         self.h2: set[H2Connection] = set()
@@ -132,6 +137,7 @@ class HttpServer:
                     await asyncio.sleep(0.1)
                     continue
                 if self.full():
+                    self.refused("connections")
                     conn.close()
                     continue
                 self.handshakes += 1
@@ -153,13 +159,15 @@ class HttpServer:
                 return
             # From here the loop's transport owns `conn`, and closes it when this fails: a
             # handshake that failed (ssl.SSLError is an OSError), a timeout, a client gone.
-            with contextlib.suppress(OSError, TimeoutError):
+            try:
                 await loop.connect_accepted_socket(
                     lambda: ClientConnection(self, loop),
                     conn,
                     ssl=self.tls,
                     ssl_handshake_timeout=self.limits.head_timeout,
                 )
+            except (OSError, TimeoutError):
+                self.refused("tls-handshake")
         finally:
             self.handshakes -= 1
 

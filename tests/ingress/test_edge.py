@@ -125,6 +125,7 @@ async def test_a_header_that_never_ends_is_cut_off_at_the_bound() -> None:
             _, peak = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()
+        assert s.sample("connections_refused_total", reason="head-too-large") == 1
     assert sent < 64 * 1024 * 1024  # the ingress hung up long before the 64 MiB were sent
     assert answer == b"" or answer.startswith(b"HTTP/1.1 431")
     assert peak < 16 * 1024 * 1024
@@ -410,6 +411,7 @@ async def test_connections_that_do_not_complete_a_head_in_time_are_closed(
                 )
 
         status, partial, silent, answered = await anyio.to_thread.run_sync(clients)
+        assert s.sample("connections_refused_total", reason="slow-head") == 1  # not `silent`
     assert status == b"HTTP/1.1 200 OK"
     assert partial.startswith(b"HTTP/1.1 408"), partial
     assert silent == b"" and answered == b""
@@ -432,6 +434,7 @@ async def test_past_the_connection_cap_a_new_connection_gets_503_and_open_ones_k
                 return before, refused, _ask(first), _ask(second)
 
         before, refused, first, second = await anyio.to_thread.run_sync(clients)
+        assert s.sample("connections_refused_total", reason="connections") == 1
     assert before == b"HTTP/1.1 200 OK" * 2
     assert refused.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in refused
     assert first == second == b"HTTP/1.1 200 OK"

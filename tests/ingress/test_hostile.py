@@ -252,6 +252,7 @@ async def test_endless_trailers_are_refused_within_the_head_bound() -> None:
 
             with anyio.fail_after(30):
                 answer = await anyio.to_thread.run_sync(flood)
+            assert s.sample("connections_refused_total", reason="framing") == 1
     assert answer.startswith(b"HTTP/1.1 400 "), answer
 
 

@@ -250,10 +250,12 @@ LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
 
 
 @contextlib.contextmanager
-def tls_server(new_loop: Callable[[], asyncio.AbstractEventLoop], certs: Path) -> Iterator[int]:
+def tls_server(
+    new_loop: Callable[[], asyncio.AbstractEventLoop], certs: Path, refused: list[str]
+) -> Iterator[int]:
     """The HTTP server on TLS (`ingress.tls`'s certificates), two connections at most, on a
     loop of `new_loop` in a thread of its own (the ingress runs on uvloop; the tests' loop is
-    asyncio's), answering 200; its port."""
+    asyncio's), answering 200; its port. `refused`: why it refused connections."""
     loop = new_loop()
     ports: list[int] = []
     ready = threading.Event()
@@ -264,7 +266,8 @@ def tls_server(new_loop: Callable[[], asyncio.AbstractEventLoop], certs: Path) -
 
     async def main() -> None:
         context = Certificates(certs).context
-        server = HttpServer(Handling(answer), Limits(max_connections=2), context)
+        limits = Limits(max_connections=2)
+        server = HttpServer(Handling(answer), limits, context, refused=refused.append)
         sock = bind_listener("127.0.0.1:0", 64, "test address")
         await server.start(sock, 64)
         ports.append(sock.getsockname()[1])
@@ -294,10 +297,12 @@ def test_a_handshake_under_way_counts_against_the_connection_bound(
     whose ALPN chose h2 would read as a broken preface); when one of them goes, handshakes
     succeed again."""
     ca, certs = pki
-    with tls_server(LOOPS[loop], certs) as port:
+    refused: list[str] = []
+    with tls_server(LOOPS[loop], certs, refused) as port:
         silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
         try:
             assert handshake_fails(port, ca)
+            assert refused == ["connections"]
             silent.pop().close()
             deadline = time.monotonic() + 20  # the server sees the client gone: its place
             while handshake_fails(port, ca):
@@ -332,5 +337,6 @@ async def test_a_handshake_that_never_starts_is_closed_at_the_heads_deadline(
         ) as s:
             port = s.ingress.tls_address[1]
             assert 0.4 < await anyio.to_thread.run_sync(closed_within, port, 20) < 10
+            assert s.sample("connections_refused_total", reason="tls-handshake") == 1
             _, answer = await anyio.to_thread.run_sync(fetch, port, ca, "shop.example.com")
             assert answer.startswith(b"HTTP/1.1 200 "), answer

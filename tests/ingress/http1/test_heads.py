@@ -35,6 +35,7 @@ class _Recorder:
     def __init__(self) -> None:
         self.seen: list[Seen] = []
         self.versions: list[str] = []
+        self.refused: list[str] = []
 
     async def handle(self, request: Request, out: Responder) -> None:
         body = None
@@ -48,7 +49,11 @@ class _Recorder:
 @asynccontextmanager
 async def _serving() -> AsyncIterator[tuple[int, _Recorder]]:
     recorder = _Recorder()
-    server = HttpServer(Handling(recorder.handle), Limits(head_timeout=30, client_timeout=5))
+    server = HttpServer(
+        Handling(recorder.handle),
+        Limits(head_timeout=30, client_timeout=5),
+        refused=recorder.refused.append,
+    )
     sock = socket.create_server(("127.0.0.1", 0))
     sock.setblocking(False)
     await server.start(sock, 16)
@@ -166,9 +171,11 @@ async def test_what_each_head_shape_gets(data: bytes, expected: Seen | None) -> 
     if expected is REFUSED:
         assert answer.startswith(b"HTTP/1.1 400"), answer
         assert recorder.seen == []
+        assert recorder.refused == ["malformed"]  # what the metrics count it as
     else:
         assert answer.startswith(b"HTTP/1.1 200"), answer
         assert recorder.seen == [expected]
+        assert recorder.refused == []
 
 
 @pytest.mark.parametrize(
