@@ -97,6 +97,8 @@ class Handshake(Gated):
         except httptools.HttpParserError as exc:
             cause = exc.__cause__ or exc.__context__
             reason = cause if isinstance(cause, UpstreamFailed) else None
+            if reason is None and self.status == 101:  # llhttp pauses on it all the same
+                reason = UpstreamFailed("the sandbox answered 101 with no Upgrade header")
             self._fail(reason or UpstreamFailed(f"the sandbox's answer is not valid HTTP: {exc}"))
             return
         if not self.status:

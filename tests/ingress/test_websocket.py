@@ -423,3 +423,16 @@ async def test_an_open_websocket_is_not_one_of_its_clients_requests_under_way(
             assert await ws.recv() == "hello"
         answer = await s.client.get("/", headers={"Accept": "application/json"})
         assert answer.status_code != 429, answer.text
+
+
+async def test_a_101_without_an_upgrade_header_is_a_502_that_says_so() -> None:
+    """RFC 9110 §15.2.2: a 101 names the protocol it switches to. llhttp pauses on one without
+    it all the same, and the 502 said what httptools says ("Pause on CONNECT/Upgrade")."""
+    answer = b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\n\r\n"
+    with RawServer(answering(answer)) as sandbox:
+        async with stack({"s1": sandbox.port}) as s:
+            got = await anyio.to_thread.run_sync(
+                raw_exchange, s.ingress.address[1], HANDSHAKE % b"1.1"
+            )
+    assert got.startswith(b"HTTP/1.1 502 "), got
+    assert got.endswith(b"the sandbox answered 101 with no Upgrade header\n"), got
