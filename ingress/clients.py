@@ -17,11 +17,13 @@ Who a client is (`client_key`): its address; an IPv6 address by its /64, the blo
 is given (one address each would cost an attacker nothing). Behind a trusted load balancer
 (`trust_forwarded`), the address the balancer forwarded for: the last `X-Forwarded-For`
 entry, the one it wrote. Clients behind one NAT share a share: raise the bound for them.
+The shares are a process's, as the upstream connections are: with N workers a client has N
+(the kernel spreads its connections across them).
 """
 
 from __future__ import annotations
 
-import ipaddress
+import socket
 from typing import Final
 
 MAX_KEY: Final = 64
@@ -30,22 +32,33 @@ MAX_KEY: Final = 64
 
 def client_key(peer: str, forwarded_for: bytes | None = None) -> str:
     """Who a request counts for: `peer` (the connection's address), or the last entry of a
-    trusted `X-Forwarded-For` when one is given. An IPv6 address by its /64 network; text
-    that is no address as it is, cut to `MAX_KEY` characters."""
+    trusted `X-Forwarded-For` when one is given (a port after it dropped: some balancers
+    write `ADDRESS:PORT`, a new key for each connection). An IPv6 address by its /64
+    network, an IPv4 one a dual-stack socket shows as IPv6 as itself; text that is no
+    address as it is, cut to `MAX_KEY` characters. Through the C socket functions, not
+    `ipaddress` (pure Python: 10-13 µs an IPv6 request, against 0.6-1 µs)."""
     if forwarded_for is not None:
         last = forwarded_for.rpartition(b",")[2].strip().decode("latin-1")
+        if last[:1] == "[":  # [IPv6]:port
+            last = last[1:].partition("]")[0]
+        elif last.count(":") == 1:  # IPv4:port
+            last = last.partition(":")[0]
         if last:
             peer = last
     if ":" not in peer:  # IPv4, or no address (a Unix socket): as it is
         return peer[:MAX_KEY]
-    text = peer[1:-1] if peer[:1] == "[" and peer[-1:] == "]" else peer
     try:
-        address = ipaddress.IPv6Address(text)
-    except ValueError:
+        packed = socket.inet_pton(socket.AF_INET6, peer)
+    except OSError:
         return peer[:MAX_KEY]
-    if address.ipv4_mapped is not None:
-        return str(address.ipv4_mapped)
-    return str(ipaddress.IPv6Network((int(address) >> 64 << 64, 64)))
+    if packed[:12] == _MAPPED:
+        return socket.inet_ntop(socket.AF_INET, packed[12:])
+    return socket.inet_ntop(socket.AF_INET6, packed[:8] + _HOST_PART) + "/64"
+
+
+_MAPPED: Final = bytes(10) + b"\xff\xff"
+"""The first 12 bytes of an IPv4-mapped IPv6 address (`::ffff:a.b.c.d`)."""
+_HOST_PART: Final = bytes(8)
 
 
 class ClientShares:

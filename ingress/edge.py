@@ -36,7 +36,7 @@ from wakeful.ingress.errors import (
     UpstreamTimeout,
 )
 from wakeful.ingress.formats import ErrorAnswer, choose_format, render
-from wakeful.ingress.headers import header, new_request_id, read_request_head
+from wakeful.ingress.headers import header, last_header, new_request_id, read_request_head
 from wakeful.ingress.http1 import Handler, Request, Responder
 from wakeful.ingress.http1.rules import origin_form
 from wakeful.ingress.http2.stream import StreamBody
@@ -205,7 +205,11 @@ class ProxyEdge(Handler):
                 call,
             )
             if self._clients is not None:
-                share = self._admit(request.client, headers)
+                try:
+                    share = self._admit(request.client, headers)
+                except ClientBusy:
+                    reported = None  # it never reached the version: not one of its answers
+                    raise
             deadline = None
             if call:
                 deadline = self._call(app, request, proxied)
@@ -325,12 +329,8 @@ class ProxyEdge(Handler):
         """Count the request for its client (`ingress.clients`); ClientBusy past its share."""
         shares = self._clients
         assert shares is not None
-        forwarded = None
-        if self._trust_forwarded:  # the balancer's entry: the last of the last field
-            for name, value in headers:
-                if name == b"x-forwarded-for":
-                    forwarded = value
-        key = client_key(peer, forwarded)
+        forwarded = last_header(headers, b"x-forwarded-for") if self._trust_forwarded else None
+        key = client_key(peer, forwarded)  # the balancer's entry: the last of the last field
         if not shares.take(key):
             raise ClientBusy(
                 f"client {key} has {shares.limit} requests under way (requests_per_client); "

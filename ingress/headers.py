@@ -89,6 +89,17 @@ def header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> bytes | None:
     return None
 
 
+def last_header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+    """The last value of `name` (lower case), or None: of a header a proxy appends to (the
+    X-Forwarded-* chain), the field the nearest one wrote, as `upstream_request_headers`
+    reads it."""
+    found = None
+    for each, value in headers:
+        if each == name:
+            found = value
+    return found
+
+
 class _RequestIds:
     """32 random hex digits (as many as a UUID's) per id, from the OS's CSPRNG, read 4 KiB at
     a time and turned to hex at once: one `getrandom` call per 256 requests instead of one

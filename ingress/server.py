@@ -99,6 +99,8 @@ class Ingress:
         `relay_token`: the ingress token this replica relays to its peers with (tunnels)."""
         self.settings = settings
         self.metrics = IngressMetrics(registry)
+        self.clients = ClientShares(settings.requests_per_client)
+        """Each client's requests under way (`ingress.clients`)."""
         self.routes = RoutingTable(store)
         Gauge(
             "wakeful_ingress_routes_revision",
@@ -198,7 +200,7 @@ class Ingress:
                 self._https_location if self.settings.tls_redirect else None,
                 self.challenges.answer,
                 self.access,
-                ClientShares(self.settings.requests_per_client),
+                self.clients,
                 self.settings.trust_forwarded,
             )
             cut_off = self._http2_cut_off

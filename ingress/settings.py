@@ -51,7 +51,8 @@ class IngressSettings(StoreSettings):
     """Requests of one client address under way at once, each HTTP/2 stream one (an open
     WebSocket not): past it, 429 + Retry-After. One client cannot hold the upstream
     connections every other client needs (`ingress.clients`); clients behind one NAT share
-    it. With `trust_forwarded`, the client is the last X-Forwarded-For entry."""
+    it. With `trust_forwarded`, the client is the last X-Forwarded-For entry. Per process:
+    with workers, each counts its own (as `upstream_connections`)."""
     upstream_wait: float = Field(default=5.0, ge=0, le=300)
     """Seconds a request waits for one of those connections before 503 + Retry-After."""
     upstream_keepalive: float = Field(default=4.0, gt=0, le=3600)

@@ -10,8 +10,9 @@ import anyio
 import httpx
 import pytest
 
-from tests.support.ingress import Stack, held, stack
+from tests.support.ingress import Stack, closed_port, held, stack
 from tests.support.waiting import eventually
+from wakeful.domain.models import App
 from wakeful.ingress.clients import MAX_KEY, ClientShares, client_key
 
 
@@ -23,7 +24,6 @@ from wakeful.ingress.clients import MAX_KEY, ClientShares, client_key
         ("2001:db8:1:2:aaaa::1", None, "2001:db8:1:2::/64"),  # an IPv6 host has its /64
         ("2001:db8:1:2:ffff:ffff:ffff:ffff", None, "2001:db8:1:2::/64"),
         ("2001:db8:1:3::1", None, "2001:db8:1:3::/64"),
-        ("[2001:db8:1:2::9]", None, "2001:db8:1:2::/64"),
         ("::ffff:10.1.2.3", None, "10.1.2.3"),  # IPv4 as a dual-stack socket shows it
         ("::1", None, "::/64"),
         # A trusted balancer's entry is the last: what the client wrote before it is not.
@@ -34,6 +34,10 @@ from wakeful.ingress.clients import MAX_KEY, ClientShares, client_key
         ("10.0.0.1", b"a, ", "10.0.0.1"),
         ("10.0.0.1", b"unknown", "unknown"),  # no address: as it is, bounded
         ("10.0.0.1", b"x:" * 100, ("x:" * 100)[:MAX_KEY]),
+        # A balancer that writes the client's port too: still one key per client.
+        ("10.0.0.1", b"203.0.113.9:41234", "203.0.113.9"),
+        ("10.0.0.1", b"[2001:db8:1:2::5]:41234", "2001:db8:1:2::/64"),
+        ("10.0.0.1", b"[2001:db8:1:2::5]", "2001:db8:1:2::/64"),
     ],
 )
 def test_client_key(peer: str, forwarded: bytes | None, key: str) -> None:
@@ -129,3 +133,47 @@ async def test_behind_a_trusted_balancer_the_forwarded_client_counts(
             other = await s.client.get("/", headers={"X-Forwarded-For": "203.0.113.2"})
             assert other.status_code == 200  # the balancer's own address is not the client
         assert statuses == [200, 200]
+
+
+async def test_a_refused_request_is_not_one_of_its_versions_answers(
+    hello: Callable[[], int],
+) -> None:
+    """A rollout's verdict compares each version's 5xx share: a 429 the client earned never
+    reached the version, so it is not counted among its answers (it would dilute them)."""
+    async with stack(
+        {"s1": hello()}, rpi=100, requests_per_client=2, traffic_report_interval=60
+    ) as s:
+        tagged = App(name="hello", active_version="v1", tags={"canary": "v1"})
+        await s.store.put("apps/hello", tagged)  # tagged: its answers counted per version
+        await eventually(lambda: "hello" in s.ingress.routes.index.counted, 10)
+        async with _two_held(s, s.client) as statuses:
+            assert (await s.client.get("/")).status_code == 429
+        assert statuses == [200, 200]
+        report = s.ingress.metrics.traffic_since_last()["hello"]
+        assert report.requests == 3  # the app's: the 429 too
+        assert (report.versions["v1"].requests, report.versions["v1"].errors) == (2, 0)
+
+
+async def test_a_share_comes_back_however_the_request_ends(hello: Callable[[], int]) -> None:
+    """The client hangs up mid-request (over HTTP/1.1, over HTTP/2), the sandbox cannot be
+    reached: each time its share comes back (a share kept would refuse the client for good
+    once it had `requests_per_client` of them)."""
+    async with stack({"s1": hello()}, rpi=100, requests_per_client=2) as s:
+        shares = s.ingress.clients
+        for http2 in (False, True):
+            async with (
+                httpx.AsyncClient(
+                    base_url=s.url,
+                    headers={"Host": "hello.localhost"},
+                    http1=not http2,
+                    http2=http2,
+                ) as client,
+                anyio.create_task_group() as tasks,
+            ):
+                tasks.start_soon(held, client, anyio.Event())
+                await eventually(lambda: shares.busy("127.0.0.1") == 1, 10)
+                tasks.cancel_scope.cancel()
+            await eventually(lambda: len(shares) == 0, 10)  # the connection closed
+    async with stack({"s1": closed_port()}, requests_per_client=2) as s:
+        assert (await s.client.get("/")).status_code == 502
+        assert len(s.ingress.clients) == 0
