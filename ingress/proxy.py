@@ -255,6 +255,12 @@ class Proxy:
                         longest,
                     )
                 )
+            except asyncio.CancelledError:
+                if request.deadline is not None and time.monotonic() >= request.deadline:
+                    # The call's own deadline: no 5xx (`ProxyEdge.handle`), but its time
+                    # counts, so a version that hangs shows in its p99.
+                    counts.phases(queued, woke, _clock() - sent, reported)
+                raise
             except UpstreamError as exc:
                 if isinstance(exc, ConnectFailed):
                     self._metrics.upstream_errors.labels(app=app, kind="connect").inc()

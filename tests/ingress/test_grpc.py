@@ -133,6 +133,38 @@ async def test_a_deadline_spent_waiting_for_a_sandbox_is_answered_in_grpcs_terms
         assert s.sample("requests_total", app="hello", status_class="5xx") == 0
 
 
+async def test_a_deadline_that_passes_at_the_sandbox_counts_its_time_not_a_5xx() -> None:
+    """The sandbox has the call and never answers: the call's own deadline is the client's
+    bound (499, never the app's 5xx), but the time the sandbox held it is its upstream time,
+    so a version that hangs its calls shows in the p99 a rollout's verdict compares."""
+
+    def silent(conn: Any, stream: int, head: dict[bytes, bytes], body: bytes) -> None:
+        return None
+
+    with H2Sandbox(silent) as sandbox:
+        async with (
+            stack({"s1": sandbox.port}, pool_update=H2C) as s,
+            httpx.AsyncClient(base_url=s.url, http1=False, http2=True, timeout=30) as client,
+        ):
+            answer = await client.post(
+                "/greeter.Greeter/SayHello",
+                content=b"\x00\x00\x00\x00\x00",
+                headers={
+                    "host": "hello.localhost",
+                    "content-type": "application/grpc",
+                    "te": "trailers",
+                    "grpc-timeout": "300m",
+                },
+            )
+            assert answer.headers["grpc-status"] == "4"  # DEADLINE_EXCEEDED
+            await eventually(lambda: s.sample("requests_in_flight", app="hello") == 0, 5)
+            assert s.sample("requests_total", app="hello", status_class="4xx") == 1
+            assert s.sample("requests_total", app="hello", status_class="5xx") == 0
+            upstream = {"app": "hello", "phase": "upstream"}
+            assert s.sample("request_phase_seconds_count", **upstream) == 1
+            assert s.sample("request_phase_seconds_sum", **upstream) >= 0.25
+
+
 async def test_a_cancelled_call_frees_its_lease_and_stops_the_sandbox(
     greeter: Callable[[], int],
 ) -> None:
