@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from wakeful.ingress.http1.connection import ClientConnection
 from wakeful.ingress.http1.request import Request
 from wakeful.ingress.http1.responder import Responder
+from wakeful.ingress.http1.tlsaccept import TlsAccept
 
 if TYPE_CHECKING:
     from wakeful.ingress.http2.connection import H2Connection
@@ -98,14 +99,14 @@ class HttpServer:
         """Connections handed over to HTTP/2."""
         self._server: asyncio.AbstractServer | None = None
 
-        self.handshakes = 0
-        """TLS connections accepted whose handshake is not done (`_accept_tls`)."""
-        self._accepting: asyncio.Task[None] | None = None
-        self._listener: socket.socket | None = None
+        self._tls: TlsAccept | None = None
+        """The TLS listener's accepts and handshakes (`http1.tlsaccept`)."""
 
     def full(self) -> bool:
         """As many connections are open as `max_connections` allows, handshakes included."""
-        open_ = len(self.connections) + len(self.h2) + self.handshakes
+        open_ = len(self.connections) + len(self.h2)
+        if self._tls is not None:
+            open_ += self._tls.handshakes
         return open_ >= self.limits.max_connections
 
     async def start(self, sock: socket.socket, backlog: int) -> None:
@@ -115,61 +116,9 @@ class HttpServer:
                 lambda: ClientConnection(self, loop), sock=sock, backlog=backlog
             )
             return
-        sock.setblocking(False)
-        self._listener = sock
-        self._accepting = loop.create_task(self._accept_tls(sock))
-
-    async def _accept_tls(self, sock: socket.socket) -> None:
-        """The TLS listener's accepts, each connection counted against `max_connections` from
-        then on. With `create_server(ssl=...)` the loop counted nothing until a handshake was
-        done, and a handshake under way holds a descriptor and the TLS state (about 50 KB):
-        20,000 clients that never sent a ClientHello ran the process out of descriptors, and
-        both listeners with it. Past the bound a new connection is closed at once (before any
-        TLS, so no 503: nginx's `worker_connections` does the same)."""
-        loop = asyncio.get_running_loop()
-        tasks: set[asyncio.Task[None]] = set()
-        try:
-            while True:
-                try:
-                    conn, _ = await loop.sock_accept(sock)
-                except OSError as exc:  # out of descriptors or memory: accept again later
-                    log.warning("the TLS listener cannot accept (%s); again in 0.1 s", exc)
-                    await asyncio.sleep(0.1)
-                    continue
-                if self.full():
-                    self.refused("connections")
-                    conn.close()
-                    continue
-                self.handshakes += 1
-                task = loop.create_task(self._handshake(conn))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-        finally:
-            for task in list(tasks):
-                task.cancel()
-
-    async def _handshake(self, conn: socket.socket) -> None:
-        """`conn`'s handshake, within the head's deadline, then a `ClientConnection` on it."""
-        loop = asyncio.get_running_loop()
-        try:
-            try:
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as the loops do
-            except OSError:  # the client is gone already
-                conn.close()
-                return
-            # From here the loop's transport owns `conn`, and closes it when this fails: a
-            # handshake that failed (ssl.SSLError is an OSError), a timeout, a client gone.
-            try:
-                await loop.connect_accepted_socket(
-                    lambda: ClientConnection(self, loop),
-                    conn,
-                    ssl=self.tls,
-                    ssl_handshake_timeout=self.limits.head_timeout,
-                )
-            except (OSError, TimeoutError):
-                self.refused("tls-handshake")
-        finally:
-            self.handshakes -= 1
+        sock.listen(backlog)
+        self._tls = TlsAccept(self, sock)
+        self._tls.start()
 
     async def stop(self, grace: float) -> None:
         """Stop accepting, let the answers under way finish for `grace` seconds, then cancel
@@ -179,11 +128,8 @@ class HttpServer:
         until = loop.time() + grace
         if self._server is not None:
             self._server.close()
-        if self._accepting is not None:
-            self._accepting.cancel()  # and the handshakes under way
-            await asyncio.wait([self._accepting])
-        if self._listener is not None:
-            self._listener.close()
+        if self._tls is not None:
+            await self._tls.close()  # and the handshakes under way
         for h2 in list(self.h2):
             h2.shutdown()  # GOAWAY: streams under way finish, no new one starts
         for conn in list(self.connections):

@@ -291,7 +291,7 @@ def tls_server(
 def test_a_handshake_under_way_counts_against_the_connection_bound(
     pki: tuple[Path, Path], loop: str
 ) -> None:
-    """A TLS connection counts from its accept (`HttpServer._accept_tls`), not once its
+    """A TLS connection counts from its accept (`http1.tlsaccept`), not once its
     handshake is done: clients that never send a ClientHello hold at most `max_connections`;
     past it a new connection is closed at once, before any TLS (no HTTP/1.1 503 that a client
     whose ALPN chose h2 would read as a broken preface); when one of them goes, handshakes
@@ -313,6 +313,26 @@ def test_a_handshake_under_way_counts_against_the_connection_bound(
                 each.close()
         _, answer = fetch(port, ca, "shop.example.com")
         assert answer.startswith(b"HTTP/1.1 200 "), answer
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_stopping_closes_the_handshakes_under_way(pki: tuple[Path, Path], loop: str) -> None:
+    """A stop cancels the handshakes under way: their connections close at once, not at the
+    head's deadline (10 s here), and none is left open."""
+    _, certs = pki
+    refused: list[str] = []
+    with tls_server(LOOPS[loop], certs, refused) as port:
+        silent = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(2)]
+        time.sleep(0.2)  # accepted
+    try:
+        started = time.monotonic()
+        for each in silent:
+            with contextlib.suppress(ConnectionResetError):
+                assert each.recv(1) == b""
+        assert time.monotonic() - started < 5
+    finally:
+        for each in silent:
+            each.close()
 
 
 def closed_within(port: int, seconds: float) -> float:

@@ -1,0 +1,135 @@
+"""The TLS listener's accepts: each connection counted against `max_connections` from its
+accept, its handshake done by the loop's TLS (`connect_accepted_socket`) within the head's
+deadline, then a `ClientConnection` on it.
+
+With `create_server(ssl=...)` the loop counted nothing until a handshake was done, and a
+handshake under way holds a descriptor and the TLS state (about 50 KB): 20,000 clients that
+never sent a ClientHello ran the process out of descriptors, and both listeners with it. Past
+the bound a new connection is closed at once, before any TLS (so no 503, which a client whose
+ALPN would choose h2 reads as a broken preface: nginx's `worker_connections` closes too).
+
+Not a protocol that calls `start_tls` from `connection_made`: uvloop starts reading after
+`connection_made` returns, so the ClientHello could reach that protocol, not the TLS one, and
+the handshake stalled. Not compiled: the handshake costs far more than this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import socket
+import time
+from typing import TYPE_CHECKING, Final
+
+from wakeful.ingress.http1.connection import ClientConnection
+
+if TYPE_CHECKING:
+    from wakeful.ingress.http1.server import HttpServer
+
+log = logging.getLogger(__name__)
+
+BATCH: Final = 64
+"""Accepts in a row before the loop runs something else: while connections queue, asyncio's
+`sock_accept` returns at once (its own servers stop after `backlog`)."""
+SHORT_OF: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
+class TlsAccept:
+    """`server`'s TLS listener on `sock` (listening already), from `start` to `close`."""
+
+    def __init__(self, server: HttpServer, sock: socket.socket) -> None:
+        self._server = server
+        self._sock = sock
+        self.handshakes = 0
+        """Connections accepted whose handshake is not done: they count as open."""
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._unowned: set[socket.socket] = set()
+        """Accepted, not yet handed to the loop's TLS: closed here if it never is."""
+        self._accepting: asyncio.Task[None] | None = None
+        self._warned = 0.0
+
+    def start(self) -> None:
+        self._sock.setblocking(False)
+        self._accepting = asyncio.get_running_loop().create_task(self._accept())
+        self._accepting.add_done_callback(self._ended)
+
+    async def _accept(self) -> None:
+        loop = asyncio.get_running_loop()
+        server = self._server
+        in_a_row = 0
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(self._sock)
+            except ConnectionAbortedError:  # the client left while queued
+                continue
+            except OSError as exc:  # out of descriptors or memory: accept again later
+                if exc.errno not in SHORT_OF:
+                    raise
+                if time.monotonic() - self._warned > 1:
+                    self._warned = time.monotonic()
+                    log.warning("the TLS listener cannot accept (%s); again in 0.1 s", exc)
+                await asyncio.sleep(0.1)
+                continue
+            if server.full():
+                server.refused("connections")
+                conn.close()
+            else:
+                self.handshakes += 1
+                self._unowned.add(conn)
+                task = loop.create_task(self._handshake(conn))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            in_a_row += 1
+            if in_a_row >= BATCH:
+                in_a_row = 0
+                await asyncio.sleep(0)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """The accepts stopped other than by `close`: say so, and close the listener (its
+        backlog would hang every client that connects)."""
+        if task.cancelled():
+            return
+        log.error("the TLS listener stopped accepting", exc_info=task.exception())
+        self._sock.close()
+
+    async def _handshake(self, conn: socket.socket) -> None:
+        server = self._server
+        loop = asyncio.get_running_loop()
+        try:
+            self._unowned.discard(conn)
+            try:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as the loops do
+            except OSError:  # the client is gone already
+                conn.close()
+                return
+            # From here the loop's transport owns `conn`, and closes it when this fails: a
+            # handshake that failed (ssl.SSLError is an OSError), a timeout, a client gone.
+            try:
+                await loop.connect_accepted_socket(
+                    lambda: ClientConnection(server, loop),
+                    conn,
+                    ssl=server.tls,
+                    ssl_handshake_timeout=server.limits.head_timeout,
+                )
+            except (OSError, TimeoutError):
+                server.refused("tls-handshake")
+        finally:
+            self.handshakes -= 1
+
+    async def close(self) -> None:
+        """No more accepts; the handshakes under way are cancelled (their connections
+        closed), and the listener is closed."""
+        if self._accepting is not None:
+            self._accepting.cancel()
+            await asyncio.wait([self._accepting])
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        for conn in self._unowned:  # its task was cancelled before it began
+            conn.close()
+        self._unowned.clear()
+        self.handshakes = 0
+        self._sock.close()
