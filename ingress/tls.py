@@ -101,8 +101,8 @@ def _check_file(path: Path) -> None:
         raise TLSConfigError(f"{path.name} is {info.st_size} bytes, more than {MAX_PEM}")
 
 
-def _context(cert: Path, key: Path, alpn: tuple[str, ...]) -> ssl.SSLContext:
-    context = _server_context(alpn)
+def _load_pair(context: ssl.SSLContext, cert: Path, key: Path) -> None:
+    """`context` serves the pair in `cert` and `key`; TLSConfigError when it cannot."""
     _check_file(cert)
     _check_file(key)
     try:  # an encrypted key would have OpenSSL ask a terminal for its passphrase
@@ -111,6 +111,11 @@ def _context(cert: Path, key: Path, alpn: tuple[str, ...]) -> ssl.SSLContext:
         raise TLSConfigError(f"{key.name}: {exc}") from None
     except (OSError, ssl.SSLError) as exc:
         raise TLSConfigError(f"{cert.name} with {key.name}: {exc}") from exc
+
+
+def _context(cert: Path, key: Path, alpn: tuple[str, ...]) -> ssl.SSLContext:
+    context = _server_context(alpn)
+    _load_pair(context, cert, key)
     return context
 
 
@@ -224,11 +229,7 @@ class Certificates:
 
     def _load_front(self, directory: Path) -> None:
         # The front holds the default pair; the SNI callback replaces it for every connection.
-        cert, key = directory / f"{DEFAULT}.crt", directory / f"{DEFAULT}.key"
-        try:
-            self.context.load_cert_chain(cert, key)
-        except (OSError, ssl.SSLError) as exc:
-            raise TLSConfigError(f"{cert.name} with {key.name}: {exc}") from exc
+        _load_pair(self.context, directory / f"{DEFAULT}.crt", directory / f"{DEFAULT}.key")
 
     def _choose(
         self, connection: ssl.SSLObject | ssl.SSLSocket, name: str | None, _: ssl.SSLContext
