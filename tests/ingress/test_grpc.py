@@ -99,6 +99,20 @@ async def test_a_deadline_ends_the_call_and_its_lease(greeter: Callable[[], int]
         await eventually(lambda: s.sample("requests_in_flight", app="hello") == 0, 5)
 
 
+async def _call_within_300ms(client: httpx.AsyncClient) -> httpx.Response:
+    """An empty SayHello over h2c, its `grpc-timeout` 300 ms (a client's own deadline)."""
+    return await client.post(
+        "/greeter.Greeter/SayHello",
+        content=b"\x00\x00\x00\x00\x00",
+        headers={
+            "host": "hello.localhost",
+            "content-type": "application/grpc",
+            "te": "trailers",
+            "grpc-timeout": "300m",
+        },
+    )
+
+
 async def test_a_deadline_spent_waiting_for_a_sandbox_is_answered_in_grpcs_terms() -> None:
     """The app's only sandbox is booting: the call waits for it, and its grpc-timeout ends the
     wait with DEADLINE_EXCEEDED from the ingress (a client without a deadline of its own)."""
@@ -107,16 +121,7 @@ async def test_a_deadline_spent_waiting_for_a_sandbox_is_answered_in_grpcs_terms
         httpx.AsyncClient(base_url=s.url, http1=False, http2=True, timeout=30) as client,
     ):
         started = time.monotonic()
-        answer = await client.post(
-            "/greeter.Greeter/SayHello",
-            content=b"\x00\x00\x00\x00\x00",
-            headers={
-                "host": "hello.localhost",
-                "content-type": "application/grpc",
-                "te": "trailers",
-                "grpc-timeout": "300m",
-            },
-        )
+        answer = await _call_within_300ms(client)
         assert time.monotonic() - started < 3
         assert answer.status_code == 200 and answer.content == b""
         assert answer.headers["grpc-status"] == "4"  # DEADLINE_EXCEEDED
@@ -146,16 +151,7 @@ async def test_a_deadline_that_passes_at_the_sandbox_counts_its_time_not_a_5xx()
             stack({"s1": sandbox.port}, pool_update=H2C) as s,
             httpx.AsyncClient(base_url=s.url, http1=False, http2=True, timeout=30) as client,
         ):
-            answer = await client.post(
-                "/greeter.Greeter/SayHello",
-                content=b"\x00\x00\x00\x00\x00",
-                headers={
-                    "host": "hello.localhost",
-                    "content-type": "application/grpc",
-                    "te": "trailers",
-                    "grpc-timeout": "300m",
-                },
-            )
+            answer = await _call_within_300ms(client)
             assert answer.headers["grpc-status"] == "4"  # DEADLINE_EXCEEDED
             await eventually(lambda: s.sample("requests_in_flight", app="hello") == 0, 5)
             assert s.sample("requests_total", app="hello", status_class="4xx") == 1
