@@ -151,10 +151,10 @@ async def test_requests_for_unheard_tokens_share_listings_at_most_ten_a_second()
         # A flood of made-up tokens beside: the CA's request is answered all the same.
         answers.clear()
         async with anyio.create_task_group() as tasks:
-            for n in range(300):
+            for n in range(300):  # they all wait for one listing, the CA's request with them
                 tasks.start_soon(challenges.answer, PATH + b"flood-%d" % n + b"x" * 16)
-            await eventually(lambda: challenges.reading == 300)
-            tasks.start_soon(ask)
+            tasks.start_soon(ask)  # (waiting for `reading == 300` first flaked: on a busy
+            # machine the listing could end before the first look, its gap already past)
         assert answers == [f"{TOKEN}.thumb".encode()]
         started = anyio.current_time()
         for n in range(10):
