@@ -12,7 +12,10 @@ through nginx, with wrk (peak throughput) and hey (latency at a fixed rate).
 - wrk: 1 thread, 32 connections; then, for the ingress and nginx, again with a new
   connection for each request (`Connection: close`: what a client that opens one per
   request costs, a script's, a health check's). hey: 10 workers at a fixed total rate
-  (`--rate`).
+  (`--rate`), the proxies' CPU per request meanwhile, then again with a new connection for
+  each request (`-disable-keepalive`): at the same rate the peers of both proxies sleep and
+  are woken as often, which each one's own peak does not give (in a VM a wake-up is an
+  interrupt through the hypervisor, and the slower proxy's peers sleep more).
 - Then a sandbox that answers after 100 ms, at the same rate on 200 connections (enough to
   keep 100 requests in flight), in two shapes: hey (its workers fire together: bursts of 200)
   and wrk paced by a random think time (arrivals spread out): p95 direct, through nginx and
@@ -241,10 +244,18 @@ def parse_wrk(out: str) -> Result:
 
 
 async def run_hey(
-    url: str, seconds: int, rate: int, workers: int = HEY_WORKERS, host: str = HOST
+    url: str,
+    seconds: int,
+    rate: int,
+    workers: int = HEY_WORKERS,
+    host: str = HOST,
+    close: bool = False,
 ) -> Result:
+    """hey at `rate` in all; `close`: each request on a new connection."""
     per_worker = max(1, rate // workers)
     args = ["-z", f"{seconds}s", "-c", str(workers), "-q", str(per_worker), "-host", host]
+    if close:
+        args.append("-disable-keepalive")
     done = await anyio.run_process(["hey", *args, url], check=False)
     out = done.stdout.decode()
     result = Result()
@@ -309,7 +320,9 @@ async def measure(
     name: str, url: str, seconds: int, rate: int, pids: Sequence[int] = ()
 ) -> tuple[Result, Result]:
     """wrk (peak; with `pids`, their CPU time per request meanwhile, and again with a new
-    connection for each request), then hey at `rate`."""
+    connection for each request), then hey at `rate` (with `pids`, its CPU time per request
+    too, and again with a new connection for each: at one rate, the peers of both proxies
+    are woken as often, which a figure at each one's peak does not give)."""
     print(f"  {name}: wrk {seconds}s ...", flush=True)
     before = cpu_seconds(*pids)
     peak = await run_wrk(url, seconds)
@@ -323,7 +336,17 @@ async def measure(
         if new.errors:  # connections refused or reset would flatter the figure: said
             print(f"  {name}: a new connection each request: {new.errors}", flush=True)
     print(f"  {name}: hey {seconds}s at {rate} req/s ...", flush=True)
+    before = cpu_seconds(*pids)
     latency = await run_hey(url, seconds, rate)
+    if pids and latency.rps:
+        latency.cpu_us = (cpu_seconds(*pids) - before) / (latency.rps * seconds) * 1e6
+        print(f"  {name}: hey {seconds}s at {rate} req/s, a new connection each ...", flush=True)
+        before = cpu_seconds(*pids)
+        new = await run_hey(url, seconds, rate, close=True)
+        if new.rps:
+            latency.cpu_new_us = (cpu_seconds(*pids) - before) / (new.rps * seconds) * 1e6
+        if new.errors:
+            print(f"  {name}: at {rate} req/s, a new connection each: {new.errors}", flush=True)
     return peak, latency
 
 
@@ -408,6 +431,12 @@ async def main(seconds: int, rate: int) -> None:
         f"({ratio(ing.cpu_us, ngx.cpu_us)}x); a new connection each request: "
         f"{ing.cpu_new_us:.1f} µs, nginx {ngx.cpu_new_us:.1f} µs "
         f"({ratio(ing.cpu_new_us, ngx.cpu_new_us)}x)"
+    )
+    print(
+        f"CPU per request at {rate} req/s: ingress {ing_lat.cpu_us:.1f} µs, nginx "
+        f"{ngx_lat.cpu_us:.1f} µs ({ratio(ing_lat.cpu_us, ngx_lat.cpu_us)}x); a new "
+        f"connection each request: {ing_lat.cpu_new_us:.1f} µs, nginx "
+        f"{ngx_lat.cpu_new_us:.1f} µs ({ratio(ing_lat.cpu_new_us, ngx_lat.cpu_new_us)}x)"
     )
     print(
         f"ingress adds at {rate}/s: p50 {ing_lat.p50_ms - base_lat.p50_ms:+.2f} ms, "
