@@ -8,11 +8,11 @@ answers them in order (pipelining), each through `Handler.handle(request, respon
 drained before the next; past `PIPELINE_DEPTH` queued reading pauses, and past `PIPELINE_MAX`
 parsed from one read those are answered, then a 400, and the connection closes.
 
-What a client can hold is bounded by the server's `Limits` (invariant 18), none for ever.
-
-A client that hangs up, or closes its side (a FIN, as nginx has it: nothing queued behind it
-is answered), cancels the exchange answering it (its lease goes back, `Proxy.finish`). A
-connection cut short (an answer unfinished, a body unread, a client not reading) is aborted.
+What a client can hold is bounded by the server's `Limits` (invariant 18), none for ever;
+each refusal is told to the server (`HttpServer.refused`: the metrics). A client that hangs
+up, or closes its side (a FIN, as nginx has it: nothing queued behind it is answered),
+cancels the exchange answering it (its lease goes back, `Proxy.finish`). A connection cut
+short (an answer unfinished, a body unread, a client not reading) is aborted.
 """
 
 from __future__ import annotations
@@ -103,13 +103,12 @@ class ClientConnection(Wire):
         transport = cast(asyncio.Transport, transport)  # uvloop's is one, not a subclass
         self.transport = transport
         server = self._server
-        full = server.tls is None and server.full()  # a TLS one counted from its accept
-        server.connections.add(self)
-        if full:
+        if server.tls is None and server.full():  # a TLS one was counted from its accept
             server.refused("connections")
             transport.write(TOO_MANY)
             transport.close()
             return
+        server.connections.add(self)
         peer = transport.get_extra_info("peername")
         self._client = peer[0] if isinstance(peer, tuple) else ""
         if server.http2 and server.tls is None:
@@ -158,12 +157,10 @@ class ClientConnection(Wire):
                 self._body.fail(BadRequest(f"the request body is malformed: {exc}"))
                 self._stop_reading()  # and its own answer says so
                 return
-            self._server.refused("malformed")
-            self._refuse(BAD_REQUEST)
+            self._refuse(BAD_REQUEST, "malformed")
             return
         if self._in_head and self._head_bytes > self.limits.max_head_bytes:
-            self._server.refused("head-too-large")
-            self._refuse(TOO_LARGE)
+            self._refuse(TOO_LARGE, "head-too-large")
         elif (body := self._body) is not None and not self._in_head:  # chunk framing and
             self._framing = framing_run(self._framing, len(data), self._bodied)  # trailers,
             if self._framing > self.limits.max_head_bytes:  # bounded as a head is
@@ -352,9 +349,10 @@ class ClientConnection(Wire):
         """No request after the one being answered is (a refusal owed is not a request)."""
         return self.closing and self._refusal is None
 
-    def _refuse(self, answer: bytes) -> None:
+    def _refuse(self, answer: bytes, reason: str) -> None:
         """Unparsable or past a bound: nothing more is read; the requests parsed before it are
-        answered in order, then it is, and the connection closes."""
+        answered in order, then it is, and the connection closes. Counted by `reason`."""
+        self._server.refused(reason)
         self._stop_reading()
         if self._runner is None and not self._queue:
             self.write(answer)
@@ -439,8 +437,7 @@ class ClientConnection(Wire):
         which, later = passed(self._head_due, self._idle_due, self._loop.time())
         if which == HEAD_DUE:
             self._head_due = None
-            # While answering, the next head's time starts after this answer.
-            if self._runner is None and not self._queue:
+            if self._runner is None and not self._queue:  # else its time starts after them
                 if self._in_head:
                     self._server.refused("slow-head")
                     self.write(TOO_SLOW)
