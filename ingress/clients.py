@@ -47,8 +47,8 @@ def client_key(peer: str, forwarded_for: bytes | None = None) -> str:
             peer = last
     if ":" not in peer:  # IPv4, or no address (a Unix socket): as it is
         return peer[:MAX_KEY]
-    try:
-        packed = socket.inet_pton(socket.AF_INET6, peer)
+    try:  # without a zone (`fe80::1%eth0`): each would be a key of its own
+        packed = socket.inet_pton(socket.AF_INET6, peer.partition("%")[0])
     except OSError:
         return peer[:MAX_KEY]
     if packed[:12] == _MAPPED:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import os
 import socket
 import time
 from typing import TYPE_CHECKING, Final
@@ -33,6 +34,8 @@ BATCH: Final = 64
 """Accepts in a row before the loop runs something else: while connections queue, asyncio's
 `sock_accept` returns at once (its own servers stop after `backlog`)."""
 SHORT_OF: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+DROP_AT_ONCE: Final = 4096
+"""Queued connections closed in one go when out of descriptors (past the largest backlog)."""
 
 
 class TlsAccept:
@@ -48,9 +51,12 @@ class TlsAccept:
         """Accepted, not yet handed to the loop's TLS: closed here if it never is."""
         self._accepting: asyncio.Task[None] | None = None
         self._warned = 0.0
+        self._spare: int | None = None
+        """A descriptor held for the moment there is none (`_drop_queued`)."""
 
     def start(self) -> None:
         self._sock.setblocking(False)
+        self._spare = _spare()
         self._accepting = asyncio.get_running_loop().create_task(self._accept())
         self._accepting.add_done_callback(self._ended)
 
@@ -63,13 +69,12 @@ class TlsAccept:
                 conn, _ = await loop.sock_accept(self._sock)
             except ConnectionAbortedError:  # the client left while queued
                 continue
-            except OSError as exc:  # out of descriptors or memory: accept again later
-                if exc.errno not in SHORT_OF:
-                    raise
-                if time.monotonic() - self._warned > 1:
-                    self._warned = time.monotonic()
-                    log.warning("the TLS listener cannot accept (%s); again in 0.1 s", exc)
-                await asyncio.sleep(0.1)
+            except OSError as exc:
+                self._warn(exc)
+                if exc.errno in SHORT_OF and self._drop_queued():
+                    await asyncio.sleep(0)
+                else:  # a network error accept(2) passes on, or no descriptor even so
+                    await asyncio.sleep(0.1)
                 continue
             if server.full():
                 server.refused("connections")
@@ -84,6 +89,35 @@ class TlsAccept:
             if in_a_row >= BATCH:
                 in_a_row = 0
                 await asyncio.sleep(0)
+
+    def _warn(self, exc: OSError) -> None:
+        if time.monotonic() - self._warned > 1:  # one line a second, not one per accept
+            self._warned = time.monotonic()
+            log.warning("the TLS listener cannot accept: %s", exc)
+
+    def _drop_queued(self) -> int:
+        """Out of descriptors: the connections queued are accepted and closed at once, their
+        clients told (a reset) rather than left waiting, with the spare descriptor kept for
+        it; returns how many. libuv does the same for the plain listener. Waiting instead let
+        a queue of silent TLS clients take every descriptor the moment one freed, and the
+        plain listener could accept nothing until the attacker let go."""
+        if self._spare is not None:
+            os.close(self._spare)
+            self._spare = None
+        dropped = 0
+        try:
+            while dropped < DROP_AT_ONCE:
+                try:
+                    conn, _ = self._sock.accept()
+                except OSError:  # none queued (BlockingIOError), or still none to spare
+                    break
+                conn.close()
+                dropped += 1
+        finally:
+            self._spare = _spare()
+        for _ in range(dropped):
+            self._server.refused("connections")
+        return dropped
 
     def _ended(self, task: asyncio.Task[None]) -> None:
         """The accepts stopped other than by `close`: say so, and close the listener (its
@@ -133,3 +167,13 @@ class TlsAccept:
         self._unowned.clear()
         self.handshakes = 0
         self._sock.close()
+        if self._spare is not None:
+            os.close(self._spare)
+            self._spare = None
+
+
+def _spare() -> int | None:
+    try:
+        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None

@@ -26,6 +26,8 @@ from wakeful.ingress.clients import MAX_KEY, ClientShares, client_key
         ("2001:db8:1:3::1", None, "2001:db8:1:3::/64"),
         ("::ffff:10.1.2.3", None, "10.1.2.3"),  # IPv4 as a dual-stack socket shows it
         ("::1", None, "::/64"),
+        ("fe80::1%eth0", None, "fe80::/64"),  # a link-local address's zone is no new client
+        ("fe80::2%eth1", None, "fe80::/64"),
         # A trusted balancer's entry is the last: what the client wrote before it is not.
         ("10.0.0.1", b"203.0.113.9", "203.0.113.9"),
         ("10.0.0.1", b"198.51.100.1, 203.0.113.9", "203.0.113.9"),

@@ -12,6 +12,8 @@ import os
 import shutil
 import socket
 import ssl
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -333,6 +335,67 @@ def test_stopping_closes_the_handshakes_under_way(pki: tuple[Path, Path], loop: 
     finally:
         for each in silent:
             each.close()
+
+
+OUT_OF_DESCRIPTORS = """
+import asyncio, os, resource, sys
+from pathlib import Path
+import uvloop
+from wakeful.ingress.http1.server import Handling, HttpServer, Limits
+from wakeful.ingress.server import bind_listener
+from wakeful.ingress.tls import Certificates
+
+async def main() -> None:
+    async def answer(request, out):
+        out.send_whole(200, [], b"ok")
+
+    context = Certificates(Path(sys.argv[1])).context
+    server = HttpServer(Handling(answer), Limits(head_timeout=30), context)
+    sock = bind_listener("127.0.0.1:0", 512, "test address")
+    await server.start(sock, 512)
+    room = len(os.listdir("/proc/self/fd")) + 30  # 30 descriptors to spare, no more
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (room, hard))
+    print(sock.getsockname()[1], flush=True)
+    await asyncio.sleep(3600)
+
+uvloop.run(main())
+"""
+
+
+def test_out_of_descriptors_a_queued_connection_is_told_at_once(pki: tuple[Path, Path]) -> None:
+    """When silent TLS clients hold every descriptor, the connections queued behind them are
+    accepted and closed at once (libuv's way for a plain listener), not left in the backlog
+    to take each descriptor the moment one frees: a queue of them kept the plain listener
+    from accepting anything until the attacker let go (a hostile tester's find)."""
+    ca, certs = pki
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    with subprocess.Popen(
+        [sys.executable, "-c", OUT_OF_DESCRIPTORS, str(certs)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    ) as server:
+        try:
+            assert server.stdout is not None
+            port = int(server.stdout.readline())
+            silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(60)]
+            try:
+                time.sleep(0.5)  # accepted until there is no descriptor left
+                with (
+                    socket.create_connection(("127.0.0.1", port), timeout=3) as probe,
+                    contextlib.suppress(ConnectionResetError),
+                ):
+                    assert probe.recv(1) == b""  # told at once, not a timeout
+            finally:
+                for each in silent:
+                    each.close()
+            deadline = time.monotonic() + 20  # their descriptors free: served again
+            while handshake_fails(port, ca):
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        finally:
+            server.kill()
 
 
 def closed_within(port: int, seconds: float) -> float:
