@@ -45,6 +45,7 @@ from wakeful.ingress.upstream.exchange import (
 from wakeful.ingress.upstream.rules import (
     INFORMATIONAL,
     MAX_FRAMING_BYTES,
+    callback_error,
     framed_by_close,
     framing_refused,
     framing_run,
@@ -137,7 +138,7 @@ class UpstreamConnection(Gated):
             self._abort(UpstreamFailed("the sandbox switched protocols unasked"))
             return
         except httptools.HttpParserError as exc:
-            cause = exc.__cause__ or exc.__context__
+            cause = callback_error(exc)
             if isinstance(cause, _Extra) or state.extra:
                 self._abort(UpstreamFailed("the sandbox sent more than one answer"))
             elif isinstance(cause, UpstreamFailed):

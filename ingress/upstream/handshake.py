@@ -31,6 +31,7 @@ from wakeful.ingress.upstream.exchange import (
 from wakeful.ingress.upstream.rules import (
     INFORMATIONAL,
     MAX_FRAMING_BYTES,
+    callback_error,
     framed_by_close,
     framing_refused,
     framing_run,
@@ -95,7 +96,7 @@ class Handshake(Gated):
             self.pipe.feed(data[exc.args[0] :])
             return
         except httptools.HttpParserError as exc:
-            cause = exc.__cause__ or exc.__context__
+            cause = callback_error(exc)
             reason = cause if isinstance(cause, UpstreamFailed) else None
             if reason is None and self.status == 101:  # llhttp pauses on it all the same
                 reason = UpstreamFailed("the sandbox answered 101 with no Upgrade header")

@@ -20,6 +20,8 @@ from collections.abc import Iterable
 from enum import IntEnum
 from typing import Final
 
+import httptools
+
 from wakeful.ingress.errors import UpstreamFailed
 
 MAX_FRAMING_BYTES: Final = 64 * 1024
@@ -87,4 +89,17 @@ def framing_refused(headers: Iterable[tuple[bytes, bytes]], interim: bool) -> st
                 return f"the sandbox's answer is coded {value[:40]!r}, not chunked"
         elif lower == b"content-length" and interim and value.strip() != b"0":
             return "the sandbox's interim (1xx) answer frames a body"
+    return None
+
+
+def callback_error(exc: BaseException) -> BaseException | None:
+    """What one of our parser callbacks raised, when `exc` (an httptools parser error) is
+    httptools' report of it (it puts the callback's exception in `__context__`); else None.
+    Any other parser error's `__context__` is whatever exception was being handled when it
+    was raised, which need not be ours: compiled, a ClosedUnanswered an earlier exchange
+    caught was still there, and a WebSocket handshake's 101 without Upgrade was answered
+    with its text (and a pooled exchange's bad answer could have been resent as if closed
+    unanswered)."""
+    if isinstance(exc, httptools.HttpParserCallbackError):
+        return exc.__context__
     return None
