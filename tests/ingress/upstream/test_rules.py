@@ -4,6 +4,7 @@ row."""
 
 from __future__ import annotations
 
+import httptools
 import pytest
 
 from wakeful.ingress.errors import UpstreamFailed
@@ -13,6 +14,7 @@ from wakeful.ingress.upstream.rules import (
     MAX_FRAMING_BYTES,
     SWITCH,
     Head,
+    callback_error,
     framed_by_close,
     framing_refused,
     framing_run,
@@ -105,3 +107,16 @@ def test_framing_refused(
 ) -> None:
     why = framing_refused(headers, interim)
     assert (why is None) if refused is None else (why is not None and refused in why)
+
+
+def test_callback_error() -> None:
+    """Only httptools' report of a callback's failure carries our error; any other parse
+    error's context is whatever was being handled then (a stale ClosedUnanswered, once)."""
+    ours = UpstreamFailed("ours")
+    reported = httptools.HttpParserCallbackError("the on_headers_complete callback failed")
+    reported.__context__ = ours
+    assert callback_error(reported) is ours
+    stale = httptools.HttpParserError("Pause on CONNECT/Upgrade")
+    stale.__context__ = UpstreamFailed("an earlier exchange's")
+    assert callback_error(stale) is None
+    assert callback_error(httptools.HttpParserError("bad")) is None
