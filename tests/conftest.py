@@ -7,6 +7,8 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from xdist.remote import Producer
+from xdist.scheduler import LoadFileScheduling
 
 from wakeful.store import Store, open_store
 from wakeful.store.etcd import EtcdStore
@@ -144,17 +146,29 @@ TOGETHER = ("tests/containers/",)
 """Folders whose tests share one costly session fixture (wakeful's image, built once)."""
 
 
+class Modules(LoadFileScheduling):
+    """`--dist loadfile`, with the folders in `TOGETHER` one unit each: each module runs on one
+    worker, its module fixtures made once, and a folder in `TOGETHER` on one worker.
+
+    Not xdist's `loadgroup`: it hands the groups of `xdist_group` marks to its scheduler by
+    writing them into the node ids, which pytest 9.2 (its structured ids) no longer takes, and
+    the groups went unseen without a word; the image was built on both workers at once."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        where = nodeid.split("::", 1)[0]
+        return next((folder for folder in TOGETHER if where.startswith(folder)), where)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> Modules | None:
+    return Modules(config, log) if config.getvalue("dist") == "loadfile" else None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`--dist loadgroup`), each module runs on one worker, its module
-    fixtures made once, and the folders in `TOGETHER` on one worker; the `EXCLUSIVE` modules
-    are marked so that `scripts/test` runs them apart."""
+    """The `EXCLUSIVE` modules are marked so that `scripts/test` runs them apart."""
     root = Path(str(config.rootpath))
     for item in items:
-        where = Path(str(item.path)).relative_to(root).as_posix()
-        if where in EXCLUSIVE:
+        if Path(str(item.path)).relative_to(root).as_posix() in EXCLUSIVE:
             item.add_marker(pytest.mark.exclusive)
-        group = next((folder for folder in TOGETHER if where.startswith(folder)), where)
-        item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
