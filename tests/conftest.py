@@ -144,6 +144,10 @@ sandbox uid then reaches: any agent starting meanwhile (in another test) install
 and would change the answer. They run alone, after the parallel run (`scripts/test`)."""
 TOGETHER = ("tests/containers/",)
 """Folders whose tests share one costly session fixture (wakeful's image, built once)."""
+FIRST = ("tests/containers/", "tests/e2e/", "tests/security/")
+"""The folders of the longest tests, first in the order the workers are given modules
+(`scripts/test` keeps it: `--no-loadscope-reorder`), so the quick modules fill the end of the
+run and neither worker waits long for the other's last module."""
 
 
 class Modules(LoadFileScheduling):
@@ -164,11 +168,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> Modules
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The `EXCLUSIVE` modules are marked so that `scripts/test` runs them apart."""
+    """The `EXCLUSIVE` modules are marked so that `scripts/test` runs them apart, and the
+    folders in `FIRST` go first."""
     root = Path(str(config.rootpath))
     for item in items:
         if Path(str(item.path)).relative_to(root).as_posix() in EXCLUSIVE:
             item.add_marker(pytest.mark.exclusive)
+    items.sort(
+        key=lambda item: not Path(str(item.path)).relative_to(root).as_posix().startswith(FIRST)
+    )
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
