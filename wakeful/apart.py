@@ -89,8 +89,8 @@ async def run_node(
 ) -> None:
     """A node agent that fetches artifacts and its sandboxes' secrets from, and pushes logs
     to, the control API."""
-    private_data_dir(settings.data_dir)
     with held_data_dir(settings.data_dir) as agent_id:  # before anything touches the machine
+        private_data_dir(settings.data_dir)  # or the directory: another agent's, maybe
         async with settings.open_store() as store, anyio.create_task_group() as tasks:
 
             async def node() -> None:

@@ -2,14 +2,16 @@
 control plane's alone.
 
 `private_data_dir` runs once at the start of each process that writes into a data directory
-(`wakeful up`, `wakeful activator`, `wakeful node`; see `wakeful.together`). It sets the
-process's umask to 077, so every file and directory created from then on (SQLite's `-wal`
-and `-shm`, sandbox logs, artifacts, whatever a library opens) is 0600 or 0700 whoever
-creates it; sandboxes inherit that umask. Then it makes the directory 0700: created so when
-missing, tightened when it exists and is ours (with a log line), and so are the files and
-directories in it that are ours, so a data directory from an older wakeful is no longer
-readable by others. Sandbox trees (`sandboxes/`) are left alone: each is recreated for each
-sandbox, and they may belong to the sandbox's own uid.
+(`wakeful up`, `wakeful activator`, `wakeful node`; see `wakeful.together`), in those that run
+a node agent once they hold the directory (`held_data_dir`: a second `wakeful up` on it is
+refused before it changes anything of the first's). It sets the process's umask to 077, so
+every file and directory created from then on (SQLite's `-wal` and `-shm`, sandbox logs,
+artifacts, whatever a library opens) is 0600 or 0700 whoever creates it; sandboxes inherit that
+umask. Then it makes the directory 0700: created so when missing, tightened when it exists and
+is ours (with a log line), and so are the files and directories in it that are ours, so a data
+directory from an older wakeful is no longer readable by others. Sandbox trees (`sandboxes/`)
+are left alone: each is recreated for each sandbox, and they may belong to the sandbox's own
+uid; so are the image cache's trees (`images/`), whose modes are their images'.
 
 The token file and `control.json` are also written here, each created 0600. The token file
 bootstraps the admin token of `wakeful up` (see `wakeful.activator.credentials`) and is
@@ -30,8 +32,11 @@ log = logging.getLogger(__name__)
 
 CONTROL_FILE = "control.json"
 PRIVATE_UMASK = 0o077
-SKIPPED = frozenset({"sandboxes"})
-"""Top-level entries not tightened: each sandbox's tree is made fresh when it starts."""
+SKIPPED = frozenset({"sandboxes", "images"})
+"""Top-level entries not tightened: each sandbox's tree is made fresh when it starts, and the
+node's image cache holds root filesystems whose modes are their images' (an agent removes what
+a previous run left there at its first use, `wakeful.node.images.cache`): both are reached
+only through the data directory itself, 0700."""
 
 
 def private_data_dir(data_dir: Path) -> Path:

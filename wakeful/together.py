@@ -114,13 +114,13 @@ async def run_up(
 
     if not data_dir.is_absolute():  # every path below is derived from it: resolve it once
         raise ValueError(f"data_dir must be absolute, got {data_dir}")
-    private_data_dir(data_dir)
-    token = load_or_create_token(data_dir)
-    up = up_settings(data_dir, token, api=api, listen=listen, admin=admin, isolation=isolation)
-    write_admin = admin_writer(data_dir, api, listen)
-
-    # One `wakeful up` a directory, and one agent of its node: before the store is opened.
-    with held_data_dir(up.node.data_dir) as agent_id:
+    # One `wakeful up` a directory, and one agent of its node: before anything in it changes.
+    with held_data_dir(data_dir) as agent_id:
+        private_data_dir(data_dir)
+        token = load_or_create_token(data_dir)
+        up = up_settings(data_dir, token, api=api, listen=listen, admin=admin, isolation=isolation)
+        assert up.node.data_dir == data_dir
+        write_admin = admin_writer(data_dir, api, listen)
         # The token file is the admin token at every start: it is as private as the store
         # beside it, and `wakeful tokens rotate-admin` rewrites it.
         # Ingress workers are other processes on the store file: it is looked at for their

@@ -18,6 +18,7 @@ import pytest
 from tests.support.up import make_app
 from wakeful.datadir import tighten_data_dir
 from wakeful.domain.models import App
+from wakeful.node.registration import held_data_dir
 from wakeful.store import open_store, sqlite_url
 from wakeful.store.testing import free_port
 from wakeful.testing import up_command
@@ -94,6 +95,11 @@ def test_an_open_data_dir_is_tightened_and_that_is_logged(
         (data_dir / name).chmod(0o644)
     (data_dir / "run.sh").write_text("#!/bin/sh\n")
     (data_dir / "run.sh").chmod(0o755)
+    tool = data_dir / "images" / "bases" / "base-1" / "usr" / "bin" / "tool"
+    tool.parent.mkdir(parents=True)
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    (data_dir / "images").chmod(0o700)
 
     with caplog.at_level(logging.INFO, logger="wakeful.datadir"):
         changed = tighten_data_dir(data_dir)
@@ -106,6 +112,9 @@ def test_an_open_data_dir_is_tightened_and_that_is_logged(
     # Sandbox trees are the node's, made fresh per sandbox (and may be another uid's).
     assert stat.S_IMODE((data_dir / "sandboxes" / "sb-1").stat().st_mode) == 0o755
     assert stat.S_IMODE((data_dir / "sandboxes").stat().st_mode) == 0o755
+    # The image cache's trees keep their images' modes (their apps need them).
+    assert stat.S_IMODE(tool.stat().st_mode) == 0o755
+    assert stat.S_IMODE(tool.parent.stat().st_mode) == 0o755
     assert len(changed) == 6
     [record] = caplog.records
     assert record.levelno == logging.WARNING
@@ -115,6 +124,49 @@ def test_an_open_data_dir_is_tightened_and_that_is_logged(
     with caplog.at_level(logging.INFO, logger="wakeful.datadir"):
         assert tighten_data_dir(data_dir) == []
     assert caplog.records == []
+
+
+def test_a_second_wakeful_up_on_a_held_data_dir_is_refused_before_it_changes_anything(
+    tmp_path: Path,
+) -> None:
+    """Another `wakeful up` (or node agent) runs on the directory: this one says so, and
+    leaves the other's files as they were (it once tightened them all first)."""
+    data_dir = tmp_path / "state"
+    data_dir.mkdir(mode=0o700)
+    theirs = data_dir / "images" / "bases" / "base-1" / "tool"
+    theirs.parent.mkdir(parents=True)
+    theirs.write_text("#!/bin/sh\n")
+    theirs.chmod(0o755)
+    notes = data_dir / "notes.txt"
+    notes.write_text("theirs")
+    notes.chmod(0o644)
+    with held_data_dir(data_dir):
+        done = subprocess.run(
+            up_command(
+                data_dir,
+                [],
+                proxy=free_port(),
+                api=free_port(),
+                admin=free_port(),
+                idle_interval=60,
+            ),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "wakeful: error: another node agent (a `wakeful node`, or a `wakeful up`) runs on the "
+        f"data directory {data_dir}: one agent a directory"
+    )
+    assert stat.S_IMODE(notes.stat().st_mode) == 0o644
+    assert stat.S_IMODE(theirs.stat().st_mode) == 0o755
+    assert sorted(p.name for p in data_dir.iterdir()) == [
+        "agent.id",
+        "agent.lock",
+        "images",
+        "notes.txt",
+    ]
 
 
 def test_an_empty_open_data_dir_is_tightened_quietly(

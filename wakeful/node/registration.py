@@ -59,7 +59,7 @@ def held_data_dir(data_dir: Path) -> Iterator[str]:
         except BlockingIOError:
             raise NodeTaken(
                 f"another node agent (a `wakeful node`, or a `wakeful up`) runs on the data "
-                f"directory {data_dir}: one a directory"
+                f"directory {data_dir}: one agent a directory"
             ) from None
         yield agent_identity(data_dir)
     finally:
