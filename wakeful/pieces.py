@@ -30,7 +30,7 @@ from wakeful.secrets.errors import KeysUnusable
 from wakeful.store import StoreError
 
 from . import build_commands, commands
-from .commands import RUNTIME, USAGE, CliError
+from .commands import RUNTIME, USAGE, CliError, single_cause
 from .process import signals_caught, wait_for_signal
 from .remote import CliSettings, Endpoint
 from .serving import AddressInUse, split_address
@@ -134,7 +134,7 @@ def _serve(main: Callable[[], Awaitable[None]], *, store: str, uvloop: bool = Fa
         WorkersFailed,
         BaseExceptionGroup,
     ) as raised:
-        cause = _single_cause(raised)
+        cause = single_cause(raised)
         if isinstance(cause, KeysUnusable):  # names the key id and the key directory
             raise CliError(str(cause), RUNTIME) from None
         if isinstance(cause, AddressInUse):  # bind() names the flag and the address
@@ -151,13 +151,6 @@ def _serve(main: Callable[[], Awaitable[None]], *, store: str, uvloop: bool = Fa
             where = f"{cause.filename}: " if cause.filename else ""
             raise CliError(f"{where}{cause.strerror or cause}", RUNTIME) from None
         raise
-
-
-def _single_cause(raised: BaseException) -> BaseException:
-    """The one exception inside nested task-group exception groups (or the group itself)."""
-    while isinstance(raised, BaseExceptionGroup) and len(raised.exceptions) == 1:
-        raised = raised.exceptions[0]
-    return raised
 
 
 class RoleTokens(BaseSettings):

@@ -26,7 +26,7 @@ from wakeful.store.etcd_auth import ROOT, common_name, enable_auth
 from wakeful.store.settings import StoreSettings
 
 from . import commands
-from .commands import RUNTIME, CliError
+from .commands import RUNTIME, CliError, single_cause
 from .datadir import private_data_dir
 
 
@@ -145,10 +145,13 @@ def _on_store(
 
     try:
         return anyio.run(run)
-    except BackupError as exc:
-        raise CliError(f"{what}: {exc}", RUNTIME) from None
-    except StoreError as exc:
-        raise CliError(f"{what}: the store at {url} cannot be used: {exc}", RUNTIME) from None
-    except OSError as exc:
-        where = f"{exc.filename}: " if exc.filename else ""
-        raise CliError(f"{what}: {where}{exc.strerror or exc}", RUNTIME) from None
+    except (BackupError, StoreError, OSError, BaseExceptionGroup) as raised:
+        exc = single_cause(raised)  # raised inside the store's task group, it comes in one
+        if isinstance(exc, BackupError):
+            raise CliError(f"{what}: {exc}", RUNTIME) from None
+        if isinstance(exc, StoreError):
+            raise CliError(f"{what}: the store at {url} cannot be used: {exc}", RUNTIME) from None
+        if isinstance(exc, OSError):
+            where = f"{exc.filename}: " if exc.filename else ""
+            raise CliError(f"{what}: {where}{exc.strerror or exc}", RUNTIME) from None
+        raise
