@@ -56,6 +56,8 @@ class PoolSnapshot:
     leased: int
     overflow: int
     waiters: int
+    crashes: int
+    """Crashes in a row (the pool controller's count; a sandbox that becomes ready ends it)."""
     revision: int
 
 
@@ -81,6 +83,7 @@ def pool_snapshots(view: View, ledger: LeaseLedger) -> list[PoolSnapshot]:
                 leased=sum(leased.get(s, 0) for s in state.sandboxes),
                 overflow=overflow,
                 waiters=waiters,
+                crashes=pool.crash_count,
                 revision=state.item.revision,
             )
         )

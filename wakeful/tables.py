@@ -20,6 +20,7 @@ POOL_COLUMNS = [
     ("leased", "LEASED"),
     ("overflow", "OVERFLOW"),
     ("waiters", "WAITERS"),
+    ("crashes", "CRASHES"),
 ]
 
 

@@ -331,6 +331,7 @@ async def test_a_crash_looping_app_fails_fast_with_its_log(store: Store) -> None
     async with activator.running():
         with anyio.fail_after(2), pytest.raises(AppFailedToBoot) as failed:
             await activator.acquire("hello")
+        assert [p.crashes for p in activator.snapshot()] == [3]  # `wakeful status` shows it
     assert "flask" in failed.value.log
     assert failed.value.retry_after == 8
 

@@ -22,20 +22,22 @@ def pool(name: str, state: str, desired: int) -> dict[str, Any]:
         "leased": 0,
         "overflow": 0,
         "waiters": 0,
+        "crashes": 3,
     }
 
 
 def test_no_pools_is_a_header_alone() -> None:
     assert pool_table([]) == [
-        "POOL  APP  VERSION  STATE  DESIRED  LIVE  READY  SUSPENDED  LEASED  OVERFLOW  WAITERS"
+        "POOL  APP  VERSION  STATE  DESIRED  LIVE  READY  SUSPENDED  LEASED  OVERFLOW  WAITERS  "
+        "CRASHES"
     ]
 
 
 def test_a_retired_pool_shows_no_desired_size_and_columns_line_up() -> None:
     shown = pool_table([pool("web-v1", "retired", 4), pool("web-v10", "active", 12)])
     assert [line.split() for line in shown[1:]] == [
-        ["web-v1", "web", "v1", "retired", "-", "1", "1", "2", "0", "0", "0"],
-        ["web-v10", "web", "v10", "active", "12", "1", "1", "2", "0", "0", "0"],
+        ["web-v1", "web", "v1", "retired", "-", "1", "1", "2", "0", "0", "0", "3"],
+        ["web-v10", "web", "v10", "active", "12", "1", "1", "2", "0", "0", "0", "3"],
     ]
     assert shown[0].index("STATE") == shown[1].index("retired") == shown[2].index("active")
 
