@@ -201,6 +201,8 @@ def status(api: ControlClient, app: str | None, *, as_json: bool) -> int:
     pools = api.pools()
     if app:
         pools = [p for p in pools if p["app"] == app]
+        if not pools and all(found["name"] != app for found in api.apps()):
+            raise CliError(f"no app named {app!r}", RUNTIME)  # not an empty table
     return _show(pools, pool_table, as_json)
 
 

@@ -302,6 +302,10 @@ async def test_the_cli_finds_the_control_plane_through_its_control_file_or_the_e
     assert capsys.readouterr().out.startswith("POOL  APP  VERSION  STATE")
     assert await in_thread(lambda: main(["--data-dir", data_dir, "versions", "nope"])) == 1
     assert capsys.readouterr().err == "wakeful: error: no app named 'nope'\n"
+    assert await in_thread(lambda: main(["--data-dir", data_dir, "status", "nope"])) == 1
+    assert capsys.readouterr().err == "wakeful: error: no app named 'nope'\n"
+    assert await in_thread(lambda: main(["--data-dir", data_dir, "status", "hello"])) == 0
+    assert capsys.readouterr().out.startswith("POOL  APP  VERSION  STATE")  # no pool yet
 
     (plane.data_dir / CONTROL_FILE).unlink()
     monkeypatch.setenv("WAKEFUL_API", plane.endpoint.api)
