@@ -89,7 +89,11 @@ def read_login(body: object) -> Login:
         )
     stray = sum(1 for key in body if key not in FIELDS)
     if stray:  # not named: what was sent as a field may be a password
-        raise ChangeRefused("invalid", f"{stray} field(s) other than username and password")
+        raise ChangeRefused(
+            "invalid",
+            f"{stray} field(s) other than username and password, not named here (what was "
+            "sent as a field may be a password)",
+        )
     username, password = body.get("username"), body.get("password")
     if not isinstance(username, str):
         raise ChangeRefused("invalid", f"username: must be a string, not {json_kind(username)}")

@@ -70,7 +70,9 @@ def _object(body: object, fields: tuple[str, ...]) -> dict[str, object]:
     stray = sum(1 for key in body if key not in fields)
     if stray:  # not named: what was sent as a field may be a value
         raise ChangeRefused(
-            "invalid", f"{stray} field(s) other than {', '.join(fields)}: the fields are those"
+            "invalid",
+            f"{stray} field(s) other than {' and '.join(fields)}, not named here (what was "
+            "sent as a field may be a secret value)",
         )
     restart = body.get("restart", True)
     if not isinstance(restart, bool):
