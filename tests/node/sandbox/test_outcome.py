@@ -84,3 +84,44 @@ def test_ending(
         stopping=stopping, ready=ready, squatted=squatted, tail=tail, timeout=5.0, port=8001
     )
     assert got == expected
+
+
+@pytest.mark.parametrize(
+    ("gave_up", "exit_code", "tail", "expected"),
+    [
+        pytest.param(
+            True,
+            143,
+            "image app on 8080",
+            "not ready on port 8001 within 5 s\nimage app on 8080",
+            id="still running at the health timeout: that first, whatever it said",
+        ),
+        pytest.param(
+            True,
+            143,
+            "",
+            "not ready on port 8001 within 5 s",
+            id="still running at the health timeout, silent",
+        ),
+        pytest.param(False, 4, "", "exited with 4 before it was ready", id="ended at once, silent"),
+        pytest.param(
+            False, 3, "boom: missing config", "boom: missing config", id="ended saying why"
+        ),
+    ],
+)
+def test_ending_before_ready_says_which_way(
+    gave_up: bool, exit_code: int, tail: str, expected: str
+) -> None:
+    """A crash is the app's own exit; a sandbox its node stopped waiting for did not crash (a
+    wrong `port` looks like this), and its last log says so first."""
+    got = ending(
+        stopping=False,
+        ready=False,
+        squatted=False,
+        tail=tail,
+        timeout=5.0,
+        port=8001,
+        gave_up=gave_up,
+        exit_code=exit_code,
+    )
+    assert got == (Transition.FAIL, expected)

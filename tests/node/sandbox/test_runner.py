@@ -138,7 +138,7 @@ async def first_write(store: Store, after: int, *wanted: S) -> Sandbox:
             Case(
                 FakeProgram(),
                 exit_code=0,
-                last_log="not ready within 0.2 s",
+                last_log="not ready on port {own_port} within 0.2 s",
                 terminated=True,
                 health_timeout=0.2,
             ),
@@ -212,7 +212,8 @@ async def test_how_a_sandbox_ends_is_recorded(case: Case, tmp_path: Path, taken_
             await agent.wait_finished("sb-1")
     assert ended.status is case.status
     assert ended.exit_code == case.exit_code
-    assert ended.last_log == case.last_log.format(port=taken_port)
+    own = runtime.started[0].env["PORT"] if runtime.started else ""
+    assert ended.last_log == case.last_log.format(port=taken_port, own_port=own)
     assert not ended.ready
     assert agent.running_ids() == []
     assert any(process.terminated for process in runtime.started) is case.terminated

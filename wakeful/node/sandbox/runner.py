@@ -115,6 +115,8 @@ class SandboxRunner:
         self._port: int | None = None
         """A port taken from the node's pool, given back when the runner ends."""
         self._squatted = False
+        self._gave_up = False
+        """It was still running, not ready, when its health timeout ran out (not a crash)."""
 
         app = "" if placed is None else placed.value.app
         self.freezing = Freezing(sandbox_id, app, self._stop_requested)
@@ -350,6 +352,7 @@ class SandboxRunner:
                 process.listening,
                 spec.health.grpc,
             )
+            self._gave_up = not ready and exit_code is None
             # A netlink query of the listening sockets (~0.1 ms): on the loop, where a thread
             # hop would cost a busy node more than the query (wakeful.node.sandbox.ports.listeners).
             if ready and not process.owns_port(launch.port):
@@ -395,6 +398,8 @@ class SandboxRunner:
             tail=tail,
             timeout=launch.spec.health.timeout,
             port=launch.port,
+            gave_up=self._gave_up,
+            exit_code=exit_code,
         )
         if event is Transition.FAIL:
             log.warning(
