@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
-from collections.abc import Awaitable, Callable, Sequence
+import os
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -78,9 +79,28 @@ def _idle_settings(
 # -- up and the pieces on their own: settings, then bootstrap ------------------------------
 
 
+UP_IGNORES = {
+    "WAKEFUL_LISTEN": "the ingress listens on --listen",
+    "WAKEFUL_ADMIN_LISTEN": "its metrics on --admin-listen",
+    "WAKEFUL_STORE_URL": "its store is the SQLite file in --data-dir",
+}
+"""Variables of the pieces run on their own that `wakeful up` sets itself, and what it does."""
+
+
+def ignored_by_up(environ: Mapping[str, str]) -> list[str]:
+    """A line for each of `UP_IGNORES` set in `environ`: it is not what `wakeful up` uses."""
+    return [
+        f"{name} is not read by wakeful up (it is a piece's own, run apart): {instead}"
+        for name, instead in UP_IGNORES.items()
+        if environ.get(name)
+    ]
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     from .together import run_up  # here: the server stack is for pieces, not the CLI
 
+    for line in ignored_by_up(os.environ):
+        commands.note(line)
     apps = load_apps(args.app_dirs)
     listen = _check_address(args.listen, "--listen")
     api = _check_address(args.api_listen, "--api-listen")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from wakeful.cli import build_parser
-from wakeful.pieces import _idle_settings
+from wakeful.pieces import _idle_settings, ignored_by_up
 from wakeful.store.testing import free_port
 
 WAKEFUL = [sys.executable, "-m", "wakeful.cli"]
@@ -136,3 +136,12 @@ def test_the_server_log_shows_control_characters_and_keeps_its_lines(tmp_path: P
     )
     assert "ERROR wakeful.controller.reconciler: reconcile failed\n  | Traceback" in err
     assert "\n  | ValueError: \\x1b]0;title\\x07\n" in err
+
+
+def test_wakeful_up_says_which_variables_of_the_pieces_it_does_not_read() -> None:
+    """`WAKEFUL_LISTEN=... wakeful up` listened on 8080 without a word."""
+    assert ignored_by_up({"WAKEFUL_TOKEN": "t", "WAKEFUL_ADMIN_LISTEN": ""}) == []
+    assert ignored_by_up({"WAKEFUL_LISTEN": "127.0.0.1:18090"}) == [
+        "WAKEFUL_LISTEN is not read by wakeful up (it is a piece's own, run apart): the "
+        "ingress listens on --listen"
+    ]
