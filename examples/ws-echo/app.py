@@ -8,9 +8,14 @@ GET /  (plain)                    -> a line saying to open a WebSocket
 
 Try it: `wakeful up examples/ws-echo`, then from Python (`pip install websockets`):
 
+    import socket
     from websockets.sync.client import connect
-    with connect("ws://ws-echo.localhost:8080/") as ws:
+    sock = socket.create_connection(("127.0.0.1", 8080))  # see below
+    with connect("ws://ws-echo.localhost:8080/", sock=sock) as ws:
         ws.send("hello"); print(ws.recv())
+
+(`sock`: the system resolver may not take `*.localhost` for loopback, as browsers and curl
+do: systemd's does, a plain `/etc/hosts` does not.)
 """
 
 from __future__ import annotations
