@@ -173,7 +173,8 @@ def definition_from_manifest(raw: dict[str, Any]) -> AppDefinition:
     health = raw.get("health")
     if isinstance(health, dict) and "timeout" in health:
         raw["health"] = {**health, "timeout": parse_duration(health["timeout"])}
-    return AppDefinition.model_validate({"name": name, "hosts": hosts, **routing, "spec": raw})
+    named = {} if name is None else {"name": name}  # absent: pydantic says "required"
+    return AppDefinition.model_validate({**named, "hosts": hosts, **routing, "spec": raw})
 
 
 def load_app_dir(path: Path) -> AppDir:

@@ -53,8 +53,8 @@ def test_durations(raw: object, seconds: float) -> None:
         ),
         pytest.param(
             'name = "ok"\ncommand = ["x"]\n[concurrency]\nsuspend_delay = true',
-            "concurrency.suspend_delay: must be a number of seconds or a duration such as 30s "
-            "(got True)",
+            "concurrency.suspend_delay: must be a number of seconds or a duration such as 90s, "
+            "5m, 1.5h or 250ms (got True)",
             id="suspend-delay-a-flag",
         ),
         pytest.param(
@@ -63,6 +63,27 @@ def test_durations(raw: object, seconds: float) -> None:
             id="suspend-delay-negative",
         ),
         pytest.param('name = "ok"\ncommand = ["x"]\nbogus = 1', "bogus", id="unknown-field"),
+        pytest.param(
+            'name = "ok"\ncommand = ["x"]\n[concurrency]\nscale_down_delay = "5 minutes"',
+            "concurrency.scale_down_delay: must be a number of seconds or a duration such as "
+            "90s, 5m, 1.5h or 250ms (got '5 minutes')",
+            id="a duration in words: what it takes",
+        ),
+        pytest.param(
+            'name = "ok"\ncommand = ["x"]\nshutdown_timeout = "soon"\n[health]\ntimeout = "10 s"',
+            "health.timeout: must be a number of seconds or a duration such as 90s, 5m, 1.5h or "
+            "250ms (got '10 s'); shutdown_timeout: must be a number",
+            id="timeouts as durations too",
+        ),
+        pytest.param(
+            'name = "ok"\ncommand = ["x"]\n[resources]\nmemory = "1Ki"',
+            "resources.memory: must be between 16Mi and 64Gi (got 1Ki)\n",
+            id="a size out of bounds: its value once",
+        ),
+        pytest.param(
+            'name = "ok"\ncommand = []', "command: empty: the program", id="empty command"
+        ),
+        pytest.param('command = ["x"]', "wakeful.toml: name: required\n", id="no name"),
         pytest.param(
             'name = "ok"\ncommand = ["x"]\n[concurrency]\nscale_down_delay = "\u0661\u0660m"',
             "concurrency.scale_down_delay",
@@ -132,7 +153,7 @@ def test_a_bad_manifest_names_the_file_field_and_reason(
         load_app_dir(write(tmp_path, text))
     message = str(refused.value)
     assert message.startswith(str(tmp_path / "wakeful.toml"))
-    assert expected in message
+    assert expected in f"{message}\n"  # `expected` ending in a newline: the message ends there
 
 
 def test_a_link_to_an_app_directory_is_that_directory(tmp_path: Path) -> None:

@@ -132,7 +132,7 @@ async def test_a_malformed_definition_is_refused_naming_the_field(api: httpx.Asy
     )
     assert answer.status_code == 422
     assert "definition.spec" in answer.json()["detail"]
-    assert "command: required" in answer.json()["detail"]
+    assert "command: empty" in answer.json()["detail"]
     unauthorized = await api.post("/v1/deploys", json={}, headers={"Authorization": "Bearer no"})
     assert unauthorized.status_code == 401
 

@@ -26,6 +26,23 @@ ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 RESERVED_ENV = frozenset({"PORT", "HOST"})
 
 
+_SECONDS = "must be a number of seconds or a duration such as 90s, 5m, 1.5h or 250ms"
+
+
+def _in_seconds(value: object) -> object:
+    """Before pydantic's check of a field in seconds: true is not 1 second, and a string the
+    manifest could not read as a duration (`deploy.appdir.parse_duration`) says what it takes,
+    where pydantic would say it is not a number."""
+    if isinstance(value, bool):
+        raise ValueError(_SECONDS)
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            raise ValueError(_SECONDS) from None
+    return value
+
+
 class HealthCheck(Model):
     """How a sandbox is judged ready: an HTTP GET of `path`, the standard gRPC health check
     (`grpc = true`), or a TCP connect when neither is asked for."""
@@ -37,6 +54,8 @@ class HealthCheck(Model):
         description="probe with grpc.health.v1.Health/Check over h2c (SERVING is ready)",
     )
     timeout: float = Field(default=30.0, gt=0, le=3600, description="seconds to become ready")
+
+    _seconds = field_validator("timeout", mode="before")(_in_seconds)
 
     @model_validator(mode="after")
     def _one_check(self) -> Self:
@@ -81,12 +100,7 @@ class Concurrency(Model):
         "request waits (bounded) for room or a new sandbox. None: no cap",
     )
 
-    @field_validator("scale_down_delay", "suspend_delay", mode="before")
-    @classmethod
-    def _no_bool(cls, value: object) -> object:
-        if isinstance(value, bool):  # pydantic would take true as 1 second
-            raise ValueError("must be a number of seconds or a duration such as 30s")
-        return value
+    _seconds = field_validator("scale_down_delay", "suspend_delay", mode="before")(_in_seconds)
 
     @model_validator(mode="after")
     def _bounds(self) -> Self:
@@ -279,9 +293,13 @@ class AppSpec(Model):
         "its sandboxes whatever its clients speak",
     )
 
+    _seconds = field_validator("shutdown_timeout", "activation_timeout", mode="before")(_in_seconds)
+
     @model_validator(mode="after")
     def _something_to_run(self) -> Self:
         if not self.command and self.image is None:
+            if "command" in self.model_fields_set:
+                raise ValueError("command: empty: the program to run, then its arguments")
             raise ValueError("command: required (or image, to run an OCI image)")
         if self.image is not None and self.state is not None:
             raise ValueError(

@@ -33,7 +33,9 @@ def describe_validation_error(exc: ValidationError) -> str:
     for error in exc.errors():
         where = ".".join(str(part) for part in error["loc"]) or "value"
         got = error.get("input")
-        got_text = "" if isinstance(got, dict | list) else f" (got {got!r})"
         message = str(error["msg"]).removeprefix("Value error, ")  # pydantic's, not ours
-        lines.append(f"{where}: {message}{got_text}")
+        if error["type"] == "missing":
+            message, got = "required", None
+        shown = isinstance(got, dict | list) or got is None or "(got " in message
+        lines.append(f"{where}: {message}{'' if shown else f' (got {got!r})'}")
     return "; ".join(lines)
