@@ -94,7 +94,7 @@ def test_the_control_plane_is_found_by_flag_then_environment_then_control_file(
 
 def test_the_recorded_token_never_goes_to_another_address(tmp_path: Path) -> None:
     write_control_file(tmp_path, "http://file", "t-file", None)
-    with pytest.raises(NoControlPlane, match="set WAKEFUL_TOKEN for http://elsewhere"):
+    with pytest.raises(NoControlPlane, match=r"^no token for http://elsewhere: set WAKEFUL_TOKEN"):
         locate(settings(), tmp_path / CONTROL_FILE, "http://elsewhere")
 
 
@@ -102,7 +102,7 @@ def test_the_recorded_token_never_goes_to_another_address(tmp_path: Path) -> Non
     ("content", "env_api", "message"),
     [
         (None, None, "does not exist; start `wakeful up`, or pass --api and set WAKEFUL_TOKEN"),
-        (None, "http://env", "set WAKEFUL_TOKEN for http://env"),
+        (None, "http://env", "no token for http://env: set WAKEFUL_TOKEN"),
         ("{not json", None, "not JSON"),
         ('{"api": "http://x"}', None, "expected the strings `api` and `token`"),
         ("[1, 2]", None, "expected the strings `api` and `token`"),

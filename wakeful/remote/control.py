@@ -72,13 +72,17 @@ def locate(settings: CliSettings, control_file: Path, api: str | None = None) ->
         if recorded is not None and api in (None, recorded.api):
             api = recorded.api
             token = token or recorded.token
+    if api is not None and token is None:  # a control plane named, and no token for it
+        raise NoControlPlane(
+            f"no token for {api}: set WAKEFUL_TOKEN (`wakeful up`'s admin token is in its "
+            f"data directory's `token` file; {control_file} gives it only for its own API)"
+        )
     if api is None or token is None:
-        if api is None and token is None:
-            missing = "start `wakeful up`, or pass --api and set WAKEFUL_TOKEN"
-        elif token is None:
-            missing = f"set WAKEFUL_TOKEN for {api}"
-        else:
-            missing = "pass --api or set WAKEFUL_API"
+        missing = (
+            "start `wakeful up`, or pass --api and set WAKEFUL_TOKEN"
+            if token is None
+            else "pass --api or set WAKEFUL_API"
+        )
         raise NoControlPlane(
             f"no running control plane found: {control_file} does not exist; {missing}"
         )
