@@ -49,12 +49,16 @@ def logs(
     given), or every one since `since`. What an app controls is shown with its control
     characters as escapes; `as_json` prints the records exact. A note on stderr says when some
     output has not arrived (a node not heard from lately, output still buffered or lost)."""
+    now = clock()
+    bounds: dict[str, float] = {}
     for name, value in (("--since", since), ("--until", until)):
         if value is not None:
             try:
-                parse_time(value, clock())  # refused here, naming the flag, before any call
+                bounds[name] = parse_time(value, now)  # refused here, naming the flag
             except ValueError as exc:
                 raise CliError(f"{name}: {exc}") from None
+    if len(bounds) == 2 and bounds["--until"] < bounds["--since"]:
+        raise CliError(f"--until {until} is before --since {since}: no line could be in it")
     query: dict[str, Any] = {"until": until, "grep": grep, "sandbox": sandbox}
     query |= {"version": version, "kind": kind}
     seen = _Seen(as_json, kind)

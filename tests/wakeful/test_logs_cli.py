@@ -81,6 +81,11 @@ async def test_logs_prints_the_lines_and_notes_a_node_gone_quiet(
             assert "--tail: from 1 to 10000 (got -5)" in capsys.readouterr().err
             assert await anyio.to_thread.run_sync(cli, "hello", "--since", "soon") != 0
             assert "--since: 'soon': not a time" in capsys.readouterr().err
+            inverted = ("hello", "--since", "1h", "--until", "2h")  # it printed nothing, exit 0
+            assert await anyio.to_thread.run_sync(cli, *inverted) != 0
+            assert capsys.readouterr().err == (
+                "wakeful: error: --until 2h is before --since 1h: no line could be in it\n"
+            )
             tasks.cancel_scope.cancel()
         logdir.stop()
 
