@@ -340,6 +340,8 @@ def deploy_router(
     async def rollback(app: AppName) -> RolloutReport:
         try:
             rollout = await deployer.rollback(app)
+        except UnknownApp as exc:
+            raise bad(404, "unknown app", str(exc)) from exc
         except DeployError as exc:
             raise bad(400, "rollback refused", str(exc)) from exc
         if rollout.phase is Phase.ROLLING:

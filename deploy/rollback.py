@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from wakeful.deploy.errors import DeployError
+from wakeful.deploy.errors import DeployError, UnknownApp
 from wakeful.deploy.rollout import Phase, Rollout, host_refusal, pool_name
 from wakeful.domain import keys
 from wakeful.domain.hosts import Claim, HostRules
@@ -25,10 +25,11 @@ async def start_rollback(
     store: Store, app: str, rules: HostRules, clock: Callable[[], float]
 ) -> Rollout:
     """Write the previous version's pool back (and its rollout record); the rollout is to be
-    run. `DeployError` when there is nothing to roll back to, or its hosts are refused."""
+    run. `UnknownApp` when there is no such app; `DeployError` when there is nothing to roll
+    back to, or its hosts are refused."""
     found = await store.get(keys.app(app), App)
     if found is None:
-        raise DeployError(f"no app named {app!r}")
+        raise UnknownApp(f"no app named {app!r}")
     previous = found.value.previous_version
     if previous is None:
         raise DeployError(f"app {app!r} has no previous version to roll back to")

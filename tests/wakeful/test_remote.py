@@ -151,9 +151,9 @@ async def test_an_error_answer_becomes_api_refused_with_its_status_and_detail(
     with ControlClient(plane.endpoint) as api:
         with pytest.raises(ApiRefused) as refused:
             await in_thread(lambda: api.rollback("nope"))
-        assert refused.value.status == 400
+        assert refused.value.status == 404
         assert str(refused.value) == (
-            "the control plane answered 400: rollback refused: no app named 'nope'"
+            "the control plane answered 404: unknown app: no app named 'nope'"
         )
         with pytest.raises(ApiRefused, match="answered 422") as invalid:
             await in_thread(lambda: api.app_logs("hello", tail=-5).__enter__())
@@ -314,7 +314,7 @@ async def test_the_cli_finds_the_control_plane_through_its_control_file_or_the_e
     assert capsys.readouterr().out == "hello  active=None  versions=\n"
     assert await in_thread(lambda: main(["--data-dir", data_dir, "rollback", "nope"])) == 1
     assert capsys.readouterr().err == (
-        "wakeful: error: the control plane answered 400: rollback refused: no app named 'nope'\n"
+        "wakeful: error: the control plane answered 404: unknown app: no app named 'nope'\n"
     )
 
     monkeypatch.setenv("WAKEFUL_TOKEN", "wrong")
