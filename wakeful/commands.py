@@ -25,6 +25,8 @@ from wakeful.domain.models import (
     secret_value_problem,
 )
 from wakeful.domain.shown import shown
+from wakeful.oci.errors import ImageRefused
+from wakeful.oci.resolve import parse_reference
 
 from .remote import ApiRefused, ApiUnreachable, ControlApiError, ControlClient
 from .tables import (
@@ -112,6 +114,10 @@ def deploy(
         say(f"uploading {image.partition(':')[2]}")
         archive = api.put_image_archive(app_dir.archive)
     if image is not None and archive is None:
+        try:
+            parse_reference(image)  # a reference the control plane would refuse: not "pulling"
+        except ImageRefused as exc:
+            raise CliError(f"deploy refused: {exc}", USAGE) from None
         say(f"pulling {image}")
     report = api.start_deploy(
         definition.model_dump(mode="json"),

@@ -21,6 +21,7 @@ from tests.support.control import TOKEN, running_control_plane
 from wakeful import commands
 from wakeful.aio.marks import Marks
 from wakeful.cli import main
+from wakeful.commands import USAGE
 from wakeful.datadir import CONTROL_FILE, write_control_file
 from wakeful.domain import keys
 from wakeful.domain.artifacts import ArtifactError, ArtifactUnavailable
@@ -306,6 +307,11 @@ async def test_the_cli_finds_the_control_plane_through_its_control_file_or_the_e
     assert capsys.readouterr().err == "wakeful: error: no app named 'nope'\n"
     assert await in_thread(lambda: main(["--data-dir", data_dir, "status", "hello"])) == 0
     assert capsys.readouterr().out.startswith("POOL  APP  VERSION  STATE")  # no pool yet
+    bad = ["--data-dir", data_dir, "deploy", "--image", "UPPER/Case::x", "--name", "x"]
+    assert await in_thread(lambda: main(bad)) == USAGE
+    shown = capsys.readouterr()
+    assert shown.out == ""  # not "pulling UPPER/Case::x" first
+    assert shown.err.startswith("wakeful: error: deploy refused: image 'UPPER/Case::x': ")
 
     (plane.data_dir / CONTROL_FILE).unlink()
     monkeypatch.setenv("WAKEFUL_API", plane.endpoint.api)
