@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -10,6 +11,7 @@ import pytest
 from xdist.remote import Producer
 from xdist.scheduler import LoadFileScheduling
 
+from wakeful.node.jail.tmpfs import unmount_under
 from wakeful.store import Store, open_store
 from wakeful.store.etcd import EtcdStore
 from wakeful.store.testing import EtcdServer
@@ -136,6 +138,17 @@ async def store(
         return
     async with open_store(store_url, namespace=namespace, clock=ttl_clock) as opened:
         yield opened
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_mount_left_behind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A node agent stopped while it started a sandbox can leave the sandbox's tmpfs mounted
+    in its data directory (its next start would undo it: `clear_sandboxes`, which a test's
+    agent never gets). Detached at the end of the session, as pytest's own clean-up of old
+    temporary directories would otherwise fail on it (EBUSY) in a later run."""
+    yield
+    if os.geteuid() == 0:
+        unmount_under(tmp_path_factory.getbasetemp())
 
 
 EXCLUSIVE = ("tests/node/jail/test_isolation.py", "tests/node/jail/test_peers.py")
