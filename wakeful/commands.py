@@ -72,6 +72,12 @@ def single_cause(raised: BaseException) -> BaseException:
     return raised
 
 
+def os_error_text(exc: OSError) -> str:
+    """`FILE: reason` (or the reason alone): an OSError as one line of a CLI error."""
+    where = f"{exc.filename}: " if exc.filename else ""
+    return f"{where}{exc.strerror or exc}"
+
+
 def say(text: str, *, indent: bool = False) -> None:
     """`text`, one line or several, on stdout: control characters shown as escapes. `indent`:
     the lines after the first are set off (`shown.CONTINUED`), for text an app wrote, such as

@@ -31,7 +31,7 @@ from wakeful.secrets.errors import KeysUnusable
 from wakeful.store import StoreError
 
 from . import build_commands, commands
-from .commands import RUNTIME, USAGE, CliError, single_cause
+from .commands import RUNTIME, USAGE, CliError, os_error_text, single_cause
 from .process import signals_caught, wait_for_signal
 from .remote import CliSettings, Endpoint
 from .serving import AddressInUse, split_address
@@ -168,8 +168,7 @@ def _serve(main: Callable[[], Awaitable[None]], *, store: str, uvloop: bool = Fa
         if isinstance(cause, StoreError):
             raise CliError(f"{store} cannot be used: {cause}", RUNTIME) from None
         if isinstance(cause, OSError):
-            where = f"{cause.filename}: " if cause.filename else ""
-            raise CliError(f"{where}{cause.strerror or cause}", RUNTIME) from None
+            raise CliError(os_error_text(cause), RUNTIME) from None
         raise
 
 

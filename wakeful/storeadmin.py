@@ -26,7 +26,7 @@ from wakeful.store.etcd_auth import ROOT, common_name, enable_auth
 from wakeful.store.settings import StoreSettings
 
 from . import commands
-from .commands import RUNTIME, CliError, single_cause
+from .commands import RUNTIME, CliError, os_error_text, single_cause
 from .datadir import private_data_dir
 
 
@@ -152,6 +152,5 @@ def _on_store(
         if isinstance(exc, StoreError):
             raise CliError(f"{what}: the store at {url} cannot be used: {exc}", RUNTIME) from None
         if isinstance(exc, OSError):
-            where = f"{exc.filename}: " if exc.filename else ""
-            raise CliError(f"{what}: {where}{exc.strerror or exc}", RUNTIME) from None
+            raise CliError(f"{what}: {os_error_text(exc)}", RUNTIME) from None
         raise
