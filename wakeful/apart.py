@@ -22,6 +22,7 @@ from wakeful import terms
 from wakeful.activator.settings import ActivatorSettings
 from wakeful.datadir import (
     private_data_dir,
+    private_umask,
 )
 from wakeful.idle_monitor.monitor import IdleMonitor, IdleMonitorSettings
 from wakeful.leadership import Standby, leader_locator
@@ -89,6 +90,7 @@ async def run_node(
 ) -> None:
     """A node agent that fetches artifacts and its sandboxes' secrets from, and pushes logs
     to, the control API."""
+    private_umask()  # before the lock's files: none of them made readable to others
     with held_data_dir(settings.data_dir) as agent_id:  # before anything touches the machine
         private_data_dir(settings.data_dir)  # or the directory: another agent's, maybe
         async with settings.open_store() as store, anyio.create_task_group() as tasks:

@@ -39,9 +39,15 @@ a previous run left there at its first use, `wakeful.node.images.cache`): both a
 only through the data directory itself, 0700."""
 
 
+def private_umask() -> None:
+    """Umask 077 for this process: what it creates from now on is its own alone. First thing,
+    before a process that holds its data directory (`held_data_dir`) writes its lock there."""
+    os.umask(PRIVATE_UMASK)
+
+
 def private_data_dir(data_dir: Path) -> Path:
     """Umask 077 for this process, then `data_dir` made (or tightened to) 0700."""
-    os.umask(PRIVATE_UMASK)
+    private_umask()
     data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     tighten_data_dir(data_dir)
     return data_dir

@@ -24,6 +24,7 @@ from wakeful.certs import CertManager
 from wakeful.datadir import (
     load_or_create_token,
     private_data_dir,
+    private_umask,
     remove_control_file,
     write_control_file,
 )
@@ -115,6 +116,7 @@ async def run_up(
     if not data_dir.is_absolute():  # every path below is derived from it: resolve it once
         raise ValueError(f"data_dir must be absolute, got {data_dir}")
     # One `wakeful up` a directory, and one agent of its node: before anything in it changes.
+    private_umask()  # before the lock's files: none of them made readable to others
     with held_data_dir(data_dir) as agent_id:
         private_data_dir(data_dir)
         token = load_or_create_token(data_dir)

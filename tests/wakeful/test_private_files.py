@@ -169,6 +169,35 @@ def test_a_second_wakeful_up_on_a_held_data_dir_is_refused_before_it_changes_any
     ]
 
 
+def test_a_fresh_data_dir_is_private_from_its_first_file_and_says_nothing(
+    tmp_path: Path,
+) -> None:
+    """The lock's files are the first written: under the private umask already, so nothing
+    needs tightening and no warning blames the operator for what wakeful just made."""
+    data_dir = tmp_path / "fresh"
+    process = subprocess.Popen(
+        up_command(
+            data_dir, [], proxy=free_port(), api=free_port(), admin=free_port(), idle_interval=60
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        said = []
+        while line := process.stdout.readline():  # up to the line it prints once it serves
+            said.append(line)
+            if line.startswith("wakeful is up"):
+                break
+        assert readable_by_others(data_dir) == [], said
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output = "".join(said) + process.communicate(timeout=60)[0]
+    assert process.returncode == 0, output
+    assert "readable by other users" not in output
+
+
 def test_an_empty_open_data_dir_is_tightened_quietly(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
