@@ -62,7 +62,7 @@ async def run_activator(
     async with settings.open_store() as store, anyio.create_task_group() as tasks:
         # Before standing by: an activator that could not open what the store holds would
         # take over only to refuse then (KeysUnusable ends the process with one line).
-        await KeyRing(store, settings.secrets_dir(data_dir)).start()
+        await KeyRing(store, settings.secrets_dir(data_dir)).start(leading=False)
         election = terms.activator_election(store, settings)
         standby = Standby(election, store, settings.listen, announce)
 

@@ -23,6 +23,7 @@ from wakeful.domain import keys
 from wakeful.domain.models import (
     KEY_ID_PATTERN,
     AppSecrets,
+    Leader,
     Sandbox,
     SandboxStatus,
     SealedValue,
@@ -159,6 +160,20 @@ async def test_a_missing_current_key_with_nothing_sealed_is_replaced_at_the_star
     assert made != lost and ring.ids() == [made]
     found = await memory.get(keys.SECRETS_KEY, SecretsKey)
     assert found is not None and found.value.key == made
+
+
+async def test_an_activator_not_leading_leaves_the_leaders_key_current(
+    memory: Store, tmp_path: Path
+) -> None:
+    """A second activator started with a key directory of its own, before any value is
+    sealed: it replaced the current key, and the leader could seal nothing more (the second
+    walkthrough). While another leads, it is refused instead, and the key stays."""
+    theirs = await KeyRing(memory, tmp_path / "leader").start()
+    await memory.put(keys.leader("activator"), Leader(holder="a1", url="http://a1"))
+    with pytest.raises(MissingKey, match=f"secrets key {theirs} is not in "):
+        await KeyRing(memory, tmp_path / "second").start(leading=False)
+    found = await memory.get(keys.SECRETS_KEY, SecretsKey)
+    assert found is not None and found.value.key == theirs
 
 
 async def test_another_key_under_the_same_id_does_not_open_and_is_refused(

@@ -59,6 +59,7 @@ from wakeful.domain.models import (
     AcmeAccount,
     AppSecrets,
     CertKey,
+    Leader,
     RegistryLogin,
     Sandbox,
     SecretsKey,
@@ -220,8 +221,11 @@ class KeyRing:
         self._current = found.value.key
         return found
 
-    async def start(self) -> str:
-        """The current key's id, made at the first start; then `check`."""
+    async def start(self, *, leading: bool = True) -> str:
+        """The current key's id, made at the first start; then `check`. `leading`: this
+        control plane holds the activator's term; an activator not yet leading (`wakeful
+        activator` before it stands by) never replaces the current key while another leads
+        with it (`_replace_unused`)."""
         self._files.private()
         while (found := await self._store.get(keys.SECRETS_KEY, SecretsKey)) is None:
             key_id = self._make()
@@ -233,7 +237,11 @@ class KeyRing:
                 await self._discard(key_id)  # (or etcd retried our write: then it is kept)
                 continue
             log.info("made the first secrets key, %s, in %s", key_id, self._dir)
-        if self.aead(found.value.key) is None and not await self.usage():
+        if (
+            self.aead(found.value.key) is None
+            and not await self.usage()
+            and (leading or await self._store.get(keys.leader("activator"), Leader) is None)
+        ):
             found = await self._replace_unused(found)
         self._current = found.value.key
         await self.check()
@@ -242,8 +250,9 @@ class KeyRing:
     async def _replace_unused(self, found: Item[SecretsKey]) -> Item[SecretsKey]:
         """The store's current key is not here, and no value is sealed under any key (a store
         restored into a new data directory from a backup with no secrets in it): nothing is
-        lost by making a key here current in its place. With a value sealed anywhere, `check`
-        refuses the start instead."""
+        lost by making a key here current in its place. With a value sealed anywhere, or while
+        another activator leads with the key (a second one given the wrong key directory:
+        the leader could seal nothing more), `check` refuses the start instead."""
         key_id = self._make()
         written = SecretsKey(key=key_id, since=await self._since())
         try:
