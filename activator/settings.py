@@ -89,6 +89,15 @@ class ActivatorSettings(StoreSettings):
     log_app_max_bytes: int = Field(default=512 << 20, ge=64 << 10, le=1 << 50)
     """WAKEFUL_LOG_APP_MAX_BYTES: what one app's logs may hold ("512M"), output and access."""
 
+    @field_validator("listen")
+    @classmethod
+    def _an_address(cls, value: str) -> str:
+        """As `wakeful.serving.split_address` will read it (not imported: uvicorn with it)."""
+        host, _, port = value.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65_536:
+            raise ValueError("expected host:port")  # pydantic names the field and the value
+        return value
+
     @field_validator("log_retention", mode="before")
     @classmethod
     def _log_age(cls, value: object) -> object:

@@ -141,6 +141,16 @@ class IngressSettings(StoreSettings):
     """Seconds a request waits for one of its node's busy streams here to free (a burst
     waits while the node grows its streams: doubling each second, 1,000 in about 8 s)."""
 
+    @field_validator("listen", "admin_listen", "tls_listen", "tunnel_listen")
+    @classmethod
+    def _an_address(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                split_address(value)
+            except ValueError:
+                raise ValueError("expected host:port") from None  # the value comes after
+        return value
+
     @field_validator("ingress_workers", mode="before")
     @classmethod
     def _workers(cls, value: object) -> object:

@@ -37,11 +37,13 @@ import argparse
 import functools
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 
 from wakeful.domain.models import (
     ADMIN_TOKEN,
@@ -383,7 +385,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         commands.note(f"error: {exc}")  # a refusal's detail can quote an app's value
         return RUNTIME
     except ValidationError as exc:  # settings from WAKEFUL_* variables
-        commands.note(f"error: {describe_validation_error(exc)}")
+        commands.note(f"error: {describe_settings_error(exc)}")
+        return USAGE
+    except SettingsError as exc:  # a variable pydantic-settings could not even parse
+        commands.note(f"error: {describe_unparsed(exc)}")
         return USAGE
     except KeyboardInterrupt:
         return 130
@@ -391,6 +396,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         _quiet_stdout()
         return RUNTIME
     return code
+
+
+def describe_settings_error(exc: ValidationError) -> str:
+    """Settings' fields by the variables that set them (`listen`: `WAKEFUL_LISTEN`); a check
+    of the settings as a whole by its message alone."""
+    if not exc.title.endswith("Settings"):
+        return describe_validation_error(exc)
+    lines = []
+    for line in describe_validation_error(exc).split("; "):
+        where, sep, rest = line.partition(": ")
+        if where == "value":
+            lines.append(rest)
+        elif sep and re.fullmatch(r"[a-z0-9_]+(\.[A-Za-z0-9_]+)*", where):
+            field, dot, inner = where.partition(".")
+            lines.append(f"WAKEFUL_{field.upper()}{dot}{inner}: {rest}")
+        else:
+            lines.append(line)
+    return "; ".join(lines)
+
+
+def describe_unparsed(exc: SettingsError) -> str:
+    """`error parsing value for field "tls_redirect" from source ...` as the variable, and
+    what the parser said."""
+    found = re.search(r'field "([a-z0-9_]+)"', str(exc))
+    name = f"WAKEFUL_{found.group(1).upper()}" if found else "a WAKEFUL_* variable"
+    why = f" ({exc.__cause__})" if exc.__cause__ is not None else ""
+    return f'{name}: cannot be read{why}: a list or a table is JSON, such as ["a", "b"]'
 
 
 def _quiet_stdout() -> None:

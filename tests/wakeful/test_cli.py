@@ -5,6 +5,7 @@ settings."""
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -145,3 +146,43 @@ def test_wakeful_up_says_which_variables_of_the_pieces_it_does_not_read() -> Non
         "WAKEFUL_LISTEN is not read by wakeful up (it is a piece's own, run apart): the "
         "ingress listens on --listen"
     ]
+
+
+@pytest.mark.parametrize(
+    ("piece", "variables", "said"),
+    [
+        pytest.param(
+            "ingress",
+            {"WAKEFUL_LISTEN": "127.0.0.1"},
+            "wakeful: error: WAKEFUL_LISTEN: expected host:port (got '127.0.0.1')\n",
+            id="an ingress address without its port",
+        ),
+        pytest.param(
+            "activator",
+            {"WAKEFUL_LISTEN": "127.0.0.1"},
+            "wakeful: error: WAKEFUL_LISTEN: expected host:port (got '127.0.0.1')\n",
+            id="an activator address without its port",
+        ),
+        pytest.param(
+            "ingress",
+            {"WAKEFUL_TLS_REDIRECT": "shop"},
+            "wakeful: error: WAKEFUL_TLS_REDIRECT: cannot be read (Expecting value: line 1 "
+            'column 1 (char 0)): a list or a table is JSON, such as ["a", "b"]\n',
+            id="a list not written as JSON",
+        ),
+    ],
+)
+def test_a_piece_with_a_bad_variable_says_which_in_one_line(
+    tmp_path: Path, piece: str, variables: dict[str, str], said: str
+) -> None:
+    """Each was a traceback (an exception group, or pydantic-settings' own error)."""
+    done = subprocess.run(
+        [*WAKEFUL, piece],
+        cwd=tmp_path,
+        env={**os.environ, "WAKEFUL_STORE_URL": "memory://", **variables},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stderr) == (2, said)
