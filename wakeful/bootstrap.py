@@ -229,7 +229,7 @@ async def control_plane(
             routes_seen=routes_seen,
         )
         api_started = anyio.Event()
-        tasks.start_soon(serve_asgi, api, settings.listen, "--api-listen", api_started)
+        tasks.start_soon(serve_asgi, api, settings.listen, "control API address", api_started)
         activator.last_lease_gone = reconciler.nudge
         tasks.start_soon(reconciler.run)
         tasks.start_soon(dashboard.run)

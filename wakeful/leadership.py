@@ -49,7 +49,7 @@ class Standby:
             app = StandbyApp(
                 self._election.current, metrics=partial(generate_latest, self._registry)
             )
-            standby.start_soon(serve_asgi, app, self._listen, "--api-listen")
+            standby.start_soon(serve_asgi, app, self._listen, "control API address")
             standby.start_soon(self._probe.run)
             try:
                 holder = await self._election.current()
