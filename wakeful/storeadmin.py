@@ -94,7 +94,9 @@ def cmd_backup(args: argparse.Namespace) -> int:
         except ArtifactError:
             return None
 
-    summary = _on_store(settings, "backup", lambda store: backup(store, target, read))
+    # An artifact not found names the directory looked in (WAKEFUL_ARTIFACT_DIR unset?).
+    what = f"backup (artifacts from {_artifact_dir(args.data_dir)})"
+    summary = _on_store(settings, what, lambda store: backup(store, target, read))
     commands.say(
         f"backed up {summary.records} records of {settings.store_url} (schema "
         f"{summary.schema}, revision {summary.revision}) and {summary.blobs} artifacts to "
@@ -103,10 +105,14 @@ def cmd_backup(args: argparse.Namespace) -> int:
     return 0
 
 
-def _artifacts(data_dir: str) -> LocalArtifacts:
+def _artifact_dir(data_dir: str) -> Path:
     """WAKEFUL_ARTIFACT_DIR when set, else the data directory's, as the control plane has."""
     where = os.environ.get("WAKEFUL_ARTIFACT_DIR") or str(Path(data_dir) / "artifacts")
-    return LocalArtifacts(Path(where).absolute())
+    return Path(where).absolute()
+
+
+def _artifacts(data_dir: str) -> LocalArtifacts:
+    return LocalArtifacts(_artifact_dir(data_dir))
 
 
 def cmd_restore(args: argparse.Namespace) -> int:

@@ -10,10 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import anyio
 import pytest
 
 from wakeful.cli import build_parser
+from wakeful.domain import keys
+from wakeful.domain.models import AppSpec, Version
 from wakeful.pieces import _idle_settings, ignored_by_up
+from wakeful.store import open_store, sqlite_url
 from wakeful.store.testing import free_port
 
 WAKEFUL = [sys.executable, "-m", "wakeful.cli"]
@@ -186,3 +190,32 @@ def test_a_piece_with_a_bad_variable_says_which_in_one_line(
         check=False,
     )
     assert (done.returncode, done.stderr) == (2, said)
+
+
+@pytest.mark.anyio
+async def test_a_backup_missing_an_artifact_names_where_it_looked(tmp_path: Path) -> None:
+    """`wakeful backup` away from the control plane's artifact directory (WAKEFUL_ARTIFACT_DIR
+    not set): it said an artifact was 'not stored', not where it had looked."""
+    data_dir = tmp_path / "state"
+    async with open_store(sqlite_url(data_dir / "store.db")) as store:
+        spec = AppSpec(command=["python3", "app.py"])
+        await store.put(
+            keys.version("web", "v1"),
+            Version(app="web", version="v1", spec=spec, artifact="ab" * 32),
+        )
+    environ = {k: v for k, v in os.environ.items() if k != "WAKEFUL_ARTIFACT_DIR"}
+    done = await anyio.to_thread.run_sync(
+        lambda: subprocess.run(
+            [*WAKEFUL, "--data-dir", str(data_dir), "backup", str(tmp_path / "b.jsonl")],
+            env=environ,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    )
+    assert done.returncode == 1
+    assert done.stderr == (
+        f"wakeful: error: backup (artifacts from {data_dir / 'artifacts'}): artifact "
+        f"{'ab' * 32}, which a version names, is not stored\n"
+    )
