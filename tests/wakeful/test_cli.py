@@ -174,6 +174,13 @@ def test_wakeful_up_says_which_variables_of_the_pieces_it_does_not_read() -> Non
             'column 1 (char 0)): a list or a table is JSON, such as ["a", "b"]\n',
             id="a list not written as JSON",
         ),
+        pytest.param(
+            "activator",
+            {"WAKEFUL_STORE_NAMESPACE": "rt1"},
+            "wakeful: error: WAKEFUL_STORE_NAMESPACE: must start and end with '/', such as "
+            "/wakeful/ (got 'rt1')\n",
+            id="an etcd namespace without its slashes",
+        ),
     ],
 )
 def test_a_piece_with_a_bad_variable_says_which_in_one_line(

@@ -39,6 +39,15 @@ class StoreSettings(BaseSettings):
         """Refuses an unknown scheme; a relative SQLite path is resolved here, once."""
         return absolute_store_url(url)
 
+    @field_validator("store_namespace")
+    @classmethod
+    def _a_namespace(cls, value: str) -> str:
+        """As etcd's store takes it (`/wakeful/`): checked with the settings, so a piece (or
+        `wakeful restore`) refuses it in one line before it opens anything."""
+        if not value.startswith("/") or not value.endswith("/"):
+            raise ValueError("must start and end with '/', such as /wakeful/")
+        return value
+
     @field_validator("etcd_ca", "etcd_cert", "etcd_key")
     @classmethod
     def _absolute_path(cls, value: Path | None) -> Path | None:
