@@ -27,7 +27,7 @@ from wakeful.datadir import (
 from wakeful.idle_monitor.monitor import IdleMonitor, IdleMonitorSettings
 from wakeful.leadership import Standby, leader_locator
 from wakeful.node.agent import NodeAgent
-from wakeful.node.registration import claim, held_data_dir
+from wakeful.node.registration import NodeRefused, claim, held_data_dir
 from wakeful.node.sandbox.local import runtime_for
 from wakeful.node.settings import NodeSettings
 from wakeful.process import settle_heap, wait_for_signal
@@ -119,6 +119,13 @@ async def _run_node(
         HttpKeeper(control.apis[0], control.token, settings.node_name, locate=locate) as keeper,
         HttpSecrets(control.apis[0], control.token, settings.node_name, locate=locate) as secrets,
     ):
+        refused = await artifacts.refusal()  # before it takes sandboxes it could not start
+        if refused is not None:
+            raise NodeRefused(
+                f"node {settings.node_name}: {refused}; give it the token `wakeful tokens "
+                f"create --role node --name {settings.node_name}` printed "
+                "(WAKEFUL_NODE_TOKEN)"
+            )
         # Sandboxes must not reach the control API or the store, wherever they run.
         runtime = runtime_for(settings, control_plane=control.apis, blobs=blobs)
         agent = NodeAgent(

@@ -40,6 +40,7 @@ from wakeful.domain.models import AppState, Node, Role, Sandbox, SandboxStatus
 from wakeful.ingress.settings import MAX_WORKERS
 from wakeful.remote import HttpArtifacts, HttpKeeper, HttpLogSink
 from wakeful.store import open_store
+from wakeful.store.testing import free_port
 from wakeful.store.tokenbook import TokenBook
 
 pytestmark = pytest.mark.anyio
@@ -236,6 +237,25 @@ async def test_a_node_token_fetches_artifacts_and_pushes_logs_and_nothing_else(
         assert answer.json()["error"] == "forbidden"
         assert f"{method} {path} needs the " in answer.json()["detail"]
         assert answer.json()["detail"].endswith("role; this token has the node role")
+
+
+async def test_a_node_with_a_token_the_control_plane_refuses_is_told_at_its_start(
+    control: Control,
+) -> None:
+    """`wakeful node` asks once before it takes sandboxes: with a wrong token it said `node
+    n2 running`, was placed sandboxes, and each failed as if its app had crashed (the second
+    walkthrough). A node's token and the admin's are taken; an unreachable API says nothing."""
+    for token in (control.node, control.running.token):
+        async with HttpArtifacts(control.running.url, token) as artifacts:
+            assert await artifacts.refusal() is None
+    async with HttpArtifacts(control.running.url, "wrongtoken") as artifacts:
+        said = await artifacts.refusal()
+        assert said is not None and said.startswith("the control API refused its token (401)")
+    async with HttpArtifacts(control.running.url, control.ingress) as artifacts:
+        said = await artifacts.refusal()
+        assert said is not None and said.startswith("the control API refused its token (403)")
+    async with HttpArtifacts(f"http://127.0.0.1:{free_port()}", control.node) as artifacts:
+        assert await artifacts.refusal() is None
 
 
 async def test_an_ingress_token_takes_renews_and_releases_leases_and_nothing_else(

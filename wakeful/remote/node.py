@@ -80,6 +80,19 @@ class HttpArtifacts(_NodeClient):
             raise ArtifactError(f"artifact {digest} arrived corrupt")
         return answer.content
 
+    async def refusal(self) -> str | None:
+        """Why the control API refuses this node's token (401: not a token it knows; 403:
+        not a node's), asked once at the start with an artifact no one stores: 404 is a
+        token it takes. None too when it cannot answer now: the node starts anyway, and its
+        calls are tried again as the store's outages are (invariant 19)."""
+        try:
+            answer = await self._client.get(await self._url(f"/v1/artifacts/{'0' * 64}"))
+        except (httpx.HTTPError, OSError):
+            return None
+        if answer.status_code in (401, 403):
+            return f"the control API refused its token ({answer.status_code}): {reason(answer)}"
+        return None
+
 
 class HttpBlobs(_NodeClient):
     """A node's `BlobSource` (`wakeful.node.images`): an image's blobs, streamed by digest from
