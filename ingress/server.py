@@ -141,7 +141,9 @@ class Ingress:
 
     @property
     def ready(self) -> bool:
-        return self.routes.synced.is_set() and not self._draining
+        # Refused its token, every request would get 503: out of a balancer's rotation.
+        refused = self._leases.refused is not None
+        return self.routes.synced.is_set() and not self._draining and not refused
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Ingress]:

@@ -84,6 +84,8 @@ class FakeLeases:
         """The app of each lease held."""
         self._hold = hold
         self.cancels_cleanly = cancels_cleanly
+        self.refused: str | None = None
+        """`Leases.refused`: a test sets it as an activator refusing the token would."""
         """As the real adapters say it (`Leases.cancels_cleanly`): True like the in-process one
         (a cancelled acquire made no grant), False to stand in for plain HTTP's."""
         self._ids = itertools.count(1)

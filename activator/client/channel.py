@@ -93,6 +93,8 @@ class ChannelLeases:
         each attempt to open the channel; `base_url` when it knows none. `failover`: how long
         an acquire whose channel was lost, or could not be opened, keeps trying (the time a
         standby needs to take over)."""
+        self.refused: str | None = None
+        """`Leases.refused`: set by the last attempt to open the channel."""
         self._base_url = base_url
         self._locate = locate
         self._failover = failover
@@ -279,8 +281,11 @@ class ChannelLeases:
             link = await Link.open(await self._channel_url(), self._headers, self._link_lost)
         except ActivatorError as exc:
             self._failed = (time.monotonic(), exc)
+            if isinstance(exc, Unauthorized):
+                self.refused = str(exc)
             raise
         self._failed = None
+        self.refused = None
         link.on_news = self._news  # before its reader's first turn
         if self._closed:  # closed while it opened
             await link.close()

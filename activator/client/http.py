@@ -17,6 +17,7 @@ from wakeful.domain.traffic import TrafficReport
 class HttpLeases:
     """The activator's HTTP API, through one long-lived httpx client."""
 
+    refused: str | None = None  # `Leases.refused`: never known here
     cancels_cleanly = False
 
     def __init__(

@@ -14,6 +14,7 @@ from wakeful.domain.traffic import TrafficReport
 class InProcessLeases:
     """The activator in the same process: no serialisation, no network."""
 
+    refused: str | None = None  # `Leases.refused`: never known here
     cancels_cleanly = True  # a grant is made and returned in one step of the acquire
 
     def __init__(self, activator: Activator, routes_seen: Marks | None = None) -> None:

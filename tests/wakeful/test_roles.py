@@ -37,7 +37,8 @@ from wakeful.domain.artifacts import digest_of
 from wakeful.domain.leases import Unauthorized
 from wakeful.domain.logbatch import LogBatch, OutputChunk, ShipFailed
 from wakeful.domain.models import AppState, Node, Role, Sandbox, SandboxStatus
-from wakeful.ingress.settings import MAX_WORKERS
+from wakeful.ingress import Ingress
+from wakeful.ingress.settings import MAX_WORKERS, IngressSettings
 from wakeful.remote import HttpArtifacts, HttpKeeper, HttpLogSink
 from wakeful.store import open_store
 from wakeful.store.testing import free_port
@@ -256,6 +257,25 @@ async def test_a_node_with_a_token_the_control_plane_refuses_is_told_at_its_star
         assert said is not None and said.startswith("the control API refused its token (403)")
     async with HttpArtifacts(f"http://127.0.0.1:{free_port()}", control.node) as artifacts:
         assert await artifacts.refusal() is None
+
+
+async def test_an_ingress_whose_token_is_refused_is_not_ready(control: Control) -> None:
+    """It said `ingress listening`, and its /readyz answered 200 while every request got 503
+    (the second walkthrough): a balancer kept it in rotation. Refused, it is not ready; with
+    a token the activator takes, it is."""
+    for token, ready in (("wrongtoken", False), (control.ingress, True)):
+        settings = IngressSettings(
+            store_url="memory://", listen="127.0.0.1:0", admin_listen="127.0.0.1:0"
+        )
+        async with ChannelLeases(control.running.url, token) as leases:
+            ingress = Ingress(settings, leases, control.running.store, CollectorRegistry())
+            async with ingress.running():
+                with anyio.fail_after(10):
+                    while ingress.ready is not ready or (not ready and leases.refused is None):  # noqa: ASYNC110
+                        await anyio.sleep(0.05)
+                assert leases.refused == (
+                    None if ready else "the activator refused the token (401)"
+                )
 
 
 async def test_an_ingress_token_takes_renews_and_releases_leases_and_nothing_else(

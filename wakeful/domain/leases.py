@@ -154,6 +154,11 @@ class LeaseGrant(BaseModel):
 class Leases(Protocol):
     """What the ingress needs of the activator, in-process or over HTTP."""
 
+    refused: str | None
+    """Why the activator refuses this ingress's token, while it does (the lease channel's
+    open answered 401 or 403): the ingress is not ready meanwhile (`/readyz`), since every
+    request would get 503. None otherwise, and in-process or over plain HTTP."""
+
     cancels_cleanly: bool
     """Cancelling an `acquire` loses no grant: the activator forgets the waiter, or a grant
     that crosses the cancel is handed back (in-process; the lease channel). Over plain HTTP a
