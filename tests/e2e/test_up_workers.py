@@ -110,7 +110,8 @@ async def test_two_workers_serve_follow_deploys_log_and_stop_with_up(tmp_path: P
 
 def test_a_worker_count_out_of_range_is_refused_naming_it(tmp_path: Path) -> None:
     with pytest.raises(
-        RuntimeError, match=r"ingress_workers: must be 1 to 256 or 'auto' \(got '0'\)"
+        RuntimeError,
+        match=r"error: WAKEFUL_INGRESS_WORKERS: must be 1 to 256 or 'auto' \(got '0'\)",
     ):
         start_up(tmp_path, make_app(tmp_path), env={"WAKEFUL_INGRESS_WORKERS": "0"})
 
