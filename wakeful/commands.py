@@ -65,19 +65,6 @@ class CliError(Exception):
         self.code = code
 
 
-def single_cause(raised: BaseException) -> BaseException:
-    """The one exception inside nested task-group exception groups (or the group itself)."""
-    while isinstance(raised, BaseExceptionGroup) and len(raised.exceptions) == 1:
-        raised = raised.exceptions[0]
-    return raised
-
-
-def os_error_text(exc: OSError) -> str:
-    """`FILE: reason` (or the reason alone): an OSError as one line of a CLI error."""
-    where = f"{exc.filename}: " if exc.filename else ""
-    return f"{where}{exc.strerror or exc}"
-
-
 def say(text: str, *, indent: bool = False) -> None:
     """`text`, one line or several, on stdout: control characters shown as escapes. `indent`:
     the lines after the first are set off (`shown.CONTINUED`), for text an app wrote, such as

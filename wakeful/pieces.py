@@ -31,7 +31,8 @@ from wakeful.secrets.errors import KeysUnusable
 from wakeful.store import StoreError
 
 from . import build_commands, commands
-from .commands import RUNTIME, USAGE, CliError, os_error_text, single_cause
+from .commands import RUNTIME, USAGE, CliError
+from .failures import os_error_text, single_cause
 from .process import signals_caught, wait_for_signal
 from .remote import CliSettings, Endpoint
 from .serving import AddressInUse, split_address

@@ -26,8 +26,9 @@ from wakeful.store.etcd_auth import ROOT, common_name, enable_auth
 from wakeful.store.settings import StoreSettings
 
 from . import commands
-from .commands import RUNTIME, CliError, os_error_text, single_cause
+from .commands import RUNTIME, CliError
 from .datadir import private_data_dir
+from .failures import os_error_text, single_cause
 
 
 def cmd_etcd_auth(args: argparse.Namespace) -> int:
