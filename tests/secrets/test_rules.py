@@ -10,7 +10,14 @@ import pytest
 
 from wakeful.domain.models import MAX_SECRET_BYTES, MAX_SECRETS
 from wakeful.secrets.errors import ChangeRefused
-from wakeful.secrets.rules import Change, check_change, read_set, read_unset, shown_name
+from wakeful.secrets.rules import (
+    Change,
+    check_change,
+    read_set,
+    read_unset,
+    replaces_missing_key,
+    shown_name,
+)
 
 VALUE = "s3cr3t-value-never-shown"
 
@@ -166,3 +173,17 @@ def test_a_change_is_refused_whole_naming_why(change: Change, kind: str, said: s
 )
 def test_a_change_within_the_rules_passes(change: Change) -> None:
     check_change(change, "web", PRESENT, MANIFESTS)
+
+
+@pytest.mark.parametrize(
+    ("sealed", "leading", "led", "replaces"),
+    [
+        pytest.param(False, True, True, True, id="leading, nothing sealed: replaced"),
+        pytest.param(False, False, False, True, id="none leads, nothing sealed: replaced"),
+        pytest.param(False, False, True, False, id="another leads with it: refused"),
+        pytest.param(True, True, True, False, id="a value sealed: refused, leading or not"),
+        pytest.param(True, False, False, False, id="a value sealed, none leads: refused"),
+    ],
+)
+def test_replaces_missing_key(sealed: bool, leading: bool, led: bool, replaces: bool) -> None:
+    assert replaces_missing_key(sealed, leading, led) is replaces

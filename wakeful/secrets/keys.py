@@ -71,6 +71,7 @@ from wakeful.store.errors import CorruptValue
 from . import sealing
 from .errors import KeyRefused, KeysUnusable, MissingKey, NoSuchKey, SealError, UnknownKey
 from .keydir import KeyDirectory
+from .rules import KeyReport, replaces_missing_key
 
 log = logging.getLogger(__name__)
 
@@ -78,18 +79,6 @@ FILE_TIME_SLACK = 0.01
 """How much earlier than the wall clock a file written at that moment may be stamped (the
 kernel's coarse clock, up to a tick, 1 to 10 ms, behind `time.time()`): a key file stamped
 within this of the current key's `since` counts as made after it (`_since`)."""
-
-
-@dataclass(frozen=True)
-class KeyReport:
-    """One key, for `GET /v1/secrets/keys`: never its bytes."""
-
-    id: str
-    current: bool
-    present: bool
-    """Its file is in the directory."""
-    values: int
-    """Values in the store sealed under it: apps' secrets and registries' passwords."""
 
 
 @dataclass(frozen=True)
@@ -223,9 +212,7 @@ class KeyRing:
 
     async def start(self, *, leading: bool = True) -> str:
         """The current key's id, made at the first start; then `check`. `leading`: this
-        control plane holds the activator's term; an activator not yet leading (`wakeful
-        activator` before it stands by) never replaces the current key while another leads
-        with it (`_replace_unused`)."""
+        control plane holds the activator's term (`replaces_missing_key`)."""
         self._files.private()
         while (found := await self._store.get(keys.SECRETS_KEY, SecretsKey)) is None:
             key_id = self._make()
@@ -237,22 +224,17 @@ class KeyRing:
                 await self._discard(key_id)  # (or etcd retried our write: then it is kept)
                 continue
             log.info("made the first secrets key, %s, in %s", key_id, self._dir)
-        if (
-            self.aead(found.value.key) is None
-            and not await self.usage()
-            and (leading or await self._store.get(keys.leader("activator"), Leader) is None)
-        ):
-            found = await self._replace_unused(found)
+        if self.aead(found.value.key) is None:
+            led = not leading and await self._store.get(keys.leader("activator"), Leader)
+            if replaces_missing_key(bool(await self.usage()), leading, led is not None):
+                found = await self._replace_unused(found)
         self._current = found.value.key
         await self.check()
         return found.value.key
 
     async def _replace_unused(self, found: Item[SecretsKey]) -> Item[SecretsKey]:
-        """The store's current key is not here, and no value is sealed under any key (a store
-        restored into a new data directory from a backup with no secrets in it): nothing is
-        lost by making a key here current in its place. With a value sealed anywhere, or while
-        another activator leads with the key (a second one given the wrong key directory:
-        the leader could seal nothing more), `check` refuses the start instead."""
+        """A key made here current in place of the store's, which is not here, when
+        `replaces_missing_key` says nothing is lost by it."""
         key_id = self._make()
         written = SecretsKey(key=key_id, since=await self._since())
         try:

@@ -39,6 +39,18 @@ class Change:
     restart: bool = True
 
 
+@dataclass(frozen=True)
+class KeyReport:
+    """One key, for `GET /v1/secrets/keys`: never its bytes."""
+
+    id: str
+    current: bool
+    present: bool
+    """Its file is in the directory."""
+    values: int
+    """Values in the store sealed under it: apps' secrets and registries' passwords."""
+
+
 def shown_name(name: str) -> str:
     """A name for a refusal: never past an `=` (a value may follow it) nor 64 characters."""
     head, equals, _ = name.partition("=")
@@ -159,3 +171,13 @@ def check_change(
             f"{app}'s secrets would come to {total} bytes; an app's values hold at most "
             f"{MAX_SECRETS_BYTES} together",
         )
+
+
+def replaces_missing_key(sealed: bool, leading: bool, led: bool) -> bool:
+    """The store's current secrets key is not in this activator's directory: may a key made
+    here take its place? Only when no value is sealed under any key (`sealed`: a store
+    restored into a new data directory from a backup with no secrets), and no other activator
+    leads with it: this one leads (`leading`), or none does (`led`). A second activator given
+    the wrong key directory would otherwise leave the leader unable to seal; it is refused
+    instead (`KeyRing.check`)."""
+    return not sealed and (leading or not led)
