@@ -167,3 +167,54 @@ CF, IGNORE, CA = Path("/c/Containerfile"), Path("/c/ignore"), Path("/etc/ca.pem"
 )
 def test_each_builder_s_command(tool: str, argv: list[str], env: dict[str, str]) -> None:
     assert build_command(tool, CF, "t", IGNORE, CA, ["a=b"]) == (argv, env)
+
+
+RACE = (
+    "Error: checking if cached image exists from a previous build: "
+    "getting top layer info: layer not known"
+)
+
+
+@pytest.mark.parametrize(
+    ("failures", "last_words", "runs", "built"),
+    [
+        pytest.param(1, RACE, 2, True, id="a removal raced the cache lookup: built again"),
+        pytest.param(2, RACE, 3, True, id="twice: built the third time"),
+        pytest.param(9, RACE, 3, False, id="every time: it fails after three"),
+        pytest.param(1, "Error: building at STEP 2: exit status 1", 1, False, id="other: once"),
+    ],
+)
+def test_a_build_that_lost_a_race_with_a_removal_runs_again(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    failures: int,
+    last_words: str,
+    runs: int,
+    built: bool,
+) -> None:
+    """podman fails a build whose cache lookup meets an image another process removed
+    meanwhile (as every `wakeful deploy DIR` removes its previous build's): a fake podman that
+    fails `failures` times that way is run again, up to three times; any other failure once."""
+    binary, count = tmp_path / "bin", tmp_path / "count"
+    binary.mkdir()
+    (binary / "podman").write_text(
+        "#!/bin/sh\n"
+        f'echo x >> "{count}"\n'
+        "echo 'STEP 1/2: FROM base'\n"
+        f'[ "$(wc -l < "{count}")" -gt {failures} ] && exit 0\n'
+        f"echo '{last_words}'\n"
+        "exit 125\n"
+    )
+    (binary / "podman").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{binary}:{os.environ['PATH']}")
+    said: list[str] = []
+    if built:
+        Builder("podman").build(CF, tmp_path, "t", out=said.append)
+    else:
+        with pytest.raises(BuildFailed) as failed:
+            Builder("podman").build(CF, tmp_path, "t", out=said.append)
+        assert failed.value.last[-1] == last_words
+    assert len(count.read_text().split()) == runs
+    assert said.count("STEP 1/2: FROM base") == runs
+    again = [line for line in said if "building again" in line]
+    assert len(again) == (runs - 1)

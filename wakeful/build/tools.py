@@ -79,6 +79,27 @@ def build_command(
     return argv, ({"DOCKER_BUILDKIT": "1"} if tool == "docker" else {})
 
 
+RACED_ATTEMPTS = 3
+RACED_WORDS = "an image was removed from the builder's storage while the build read its cache"
+
+
+@dataclass(frozen=True)
+class Ended:
+    """How one run of a build ended: its exit code and last lines of output."""
+
+    returncode: int
+    lines: list[str]
+
+
+def raced(ended: Ended) -> bool:
+    """Whether a build failed only because another process removed an image meanwhile: podman
+    and buildah look for cached layers through every image in their storage and fail the build
+    when one vanishes under them ("getting top layer info: layer not known"); another build
+    removing its old image, as every `wakeful deploy DIR` does, is enough. Nothing is broken:
+    the same build run again lists the images anew."""
+    return any("layer not known" in line for line in ended.lines[-2:])
+
+
 def find_builder(chosen: str | None, which: Callable[[str], str | None] = shutil.which) -> str:
     """The builder to use: `chosen` (WAKEFUL_BUILDER) when set, else the first of podman,
     buildah and docker installed here."""
@@ -116,11 +137,21 @@ class Builder:
         """`containerfile` built with `context` into the local image `tag`, its output
         streamed to `out`; BuildFailed with its last lines."""
         argv, extra = build_command(self.tool, containerfile, tag, ignorefile, ca, labels)
-        env = {**self.env, **extra}
+        for attempt in range(1, RACED_ATTEMPTS + 1):
+            last = self._build_once([*argv, str(context)], {**self.env, **extra}, out)
+            if last.returncode == 0:
+                return
+            if attempt < RACED_ATTEMPTS and self.tool != "docker" and raced(last):
+                out(f"wakeful: {RACED_WORDS}; building again")
+                continue
+            raise BuildFailed(f"{self.tool} build failed (exit {last.returncode})", last.lines)
+
+    def _build_once(self, argv: list[str], env: dict[str, str], out: Out) -> Ended:
+        """One run of the build, its output streamed to `out`; how it ended."""
         last: collections.deque[str] = collections.deque(maxlen=LAST_LINES)
         try:
             with subprocess.Popen(
-                [*argv, str(context)],
+                argv,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -132,8 +163,7 @@ class Builder:
                     out(line)
         except OSError as exc:
             raise BuilderError(f"{self.tool} build could not start: {exc}") from None
-        if process.returncode != 0:
-            raise BuildFailed(f"{self.tool} build failed (exit {process.returncode})", last)
+        return Ended(process.returncode, list(last))
 
     def export(self, tag: str, layout: Path, workspace: Path) -> str:
         """The image `tag` copied into the OCI image layout `layout` (named `latest`; blobs
