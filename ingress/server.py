@@ -193,6 +193,12 @@ class Ingress:
                     "loopback (`wakeful logs` shows them)",
                     self.settings.listen,
                 )
+            if self.settings.tls_dir is not None and self.settings.tls_listen is None:
+                log.warning(
+                    "WAKEFUL_TLS_DIR is set and WAKEFUL_TLS_LISTEN is not: there is no HTTPS "
+                    "listener, and the certificates in %s serve nothing",
+                    self.settings.tls_dir,
+                )
             edge = ProxyEdge(
                 proxy,
                 self.metrics,

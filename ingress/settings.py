@@ -176,6 +176,11 @@ class IngressSettings(StoreSettings):
             raise ValueError("tls_redirect needs tls_listen: there is no HTTPS to send to")
         return self
 
+    def listening(self, listen: str, tls_listen: str | None) -> str:
+        """The line an ingress announces once it serves (`listen` and `tls_listen` as bound)."""
+        https = "" if tls_listen is None else f" and https://{tls_listen}"
+        return f"ingress listening on http://{listen}{https}"
+
     @property
     def workers(self) -> int:
         """How many worker processes `ingress_workers` asks for ("auto": one per usable core)."""

@@ -32,6 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
+
 log = logging.getLogger(__name__)
 DEFAULT = "default"
 
@@ -109,8 +113,34 @@ def _load_pair(context: ssl.SSLContext, cert: Path, key: Path) -> None:
         context.load_cert_chain(cert, key, password=_no_password)
     except TLSConfigError as exc:
         raise TLSConfigError(f"{key.name}: {exc}") from None
-    except (OSError, ssl.SSLError) as exc:
+    except ssl.SSLError as exc:
+        raise TLSConfigError(_refused_pair(cert, key, exc)) from exc
+    except OSError as exc:
         raise TLSConfigError(f"{cert.name} with {key.name}: {exc}") from exc
+
+
+def _refused_pair(cert: Path, key: Path, exc: ssl.SSLError) -> str:
+    """Why OpenSSL refused a pair, naming the file: its own words for a file that is not PEM
+    (`[SSL] PEM lib`) name neither. Both files were checked by `_check_file`."""
+    try:
+        leaf = x509.load_pem_x509_certificates(cert.read_bytes())[0]
+    except ValueError:
+        return f"{cert.name} is not a PEM certificate (-----BEGIN CERTIFICATE----- ...)"
+    try:
+        private = serialization.load_pem_private_key(key.read_bytes(), password=None)
+    except (ValueError, TypeError, UnsupportedAlgorithm):
+        return f"{key.name} is not a PEM private key (-----BEGIN PRIVATE KEY----- ...)"
+    if _public(private.public_key()) != _public(leaf.public_key()):
+        return f"{key.name} is not the key of the certificate in {cert.name} (the first one)"
+    return f"{cert.name} with {key.name}: {exc}"
+
+
+def _public(key: Any) -> bytes:
+    return bytes(
+        key.public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
 
 
 def _context(cert: Path, key: Path, alpn: tuple[str, ...]) -> ssl.SSLContext:
@@ -123,6 +153,9 @@ def _read(directory: Path, alpn: tuple[str, ...]) -> _Table:
     exact: dict[str, ssl.SSLContext] = {}
     wildcard: dict[str, ssl.SSLContext] = {}
     default: ssl.SSLContext | None = None
+    if not directory.is_dir():
+        missing = "is not a directory" if directory.exists() else "does not exist"
+        raise TLSConfigError(f"the certificates' directory {directory} {missing}")
     try:
         certs = sorted(directory.glob("*.crt"))
     except OSError as exc:

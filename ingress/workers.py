@@ -370,7 +370,7 @@ async def supervise(
             settings.shutdown_timeout + KILL_MARGIN,
             dict(os.environ if env is None else env),
             on_ready=lambda: announce(
-                f"ingress listening on http://{listen} ({len(workers)} workers)"
+                f"{settings.listening(listen, tls_listen)} ({len(workers)} workers)"
                 + ("" if tunnels is None else f"\n{tunnels}")
             ),
         )

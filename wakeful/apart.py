@@ -163,7 +163,7 @@ async def run_ingress(
         ):
 
             def ready() -> None:
-                announce(f"ingress listening on http://{settings.listen}")
+                announce(settings.listening(settings.listen, settings.tls_listen))
                 settle_heap()
 
             registry = CollectorRegistry()

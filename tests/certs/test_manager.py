@@ -187,8 +187,8 @@ async def test_an_account_the_ca_forgot_is_made_again(tmp_path: Path) -> None:
 
 async def test_names_a_certificate_file_covers_are_not_ordered(tmp_path: Path) -> None:
     """WAKEFUL_TLS_DIR holds `shop.test.crt` and `*.files.test.crt`: those names are the
-    files', and only `other.test` is ordered; `wakeful certs` lists the files too (and a
-    file that is no certificate as unreadable)."""
+    files', and only `other.test` is ordered; `wakeful certs` lists the files too (the default
+    pair's as `(default)`, and a file that is no certificate as unreadable)."""
     files = tmp_path / "files"
     files.mkdir()
     ca = make_ca(tmp_path / "file-ca", "file test CA")
@@ -225,6 +225,7 @@ async def test_names_a_certificate_file_covers_are_not_ordered(tmp_path: Path) -
         next(e["issuer"] for e in listed if e["source"] == "acme"),
     ) in shown
     assert any(e["name"] == "broken.test" and e["state"] == "unreadable" for e in listed)
+    assert ("(default)", "file", "valid", "CN=file test CA") in shown
     assert "default" not in {e["name"] for e in listed}
 
 

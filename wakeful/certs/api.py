@@ -2,7 +2,7 @@
 
 GET /v1/certs          admin: each name's state, issuer, expiry, last error, next attempt;
                        never a key; the certificate files in WAKEFUL_TLS_DIR too, when the
-                       control plane has it (`source: file`)
+                       control plane has it (`source: file`; `default.crt` as `(default)`)
 GET /v1/certs/served   ingress: every unexpired certificate with its private key, for the
                        ingresses to keep in memory and serve (never written to their disks)
 
@@ -50,11 +50,20 @@ class ServedCert(BaseModel):
     serial: str
 
 
+DEFAULT_FILE = "default.crt"
+DEFAULT_NAME = "(default)"
+"""How `default.crt` is listed: it serves a client whose name nothing else covers."""
+
+
 def file_entries(directory: Path, now: float) -> list[CertEntry]:
-    """The certificate files of `directory` as listed (blocking): what `ingress.tls` serves."""
+    """The certificate files of `directory` as listed (blocking): what `ingress.tls` serves,
+    the default pair's first (when it is there)."""
     found = []
-    for name in sorted(file_names(directory)):
-        path = directory / f"{name}.crt"
+    files = [(name, f"{name}.crt") for name in sorted(file_names(directory))]
+    if (directory / DEFAULT_FILE).exists():
+        files.insert(0, (DEFAULT_NAME, DEFAULT_FILE))
+    for name, file in files:
+        path = directory / file
         try:
             if path.stat().st_size > MAX_FILE:
                 raise ValueError(f"over {MAX_FILE} bytes")
