@@ -24,10 +24,11 @@ from wakeful.datadir import (
     private_data_dir,
     private_umask,
 )
+from wakeful.domain.models import Role
 from wakeful.idle_monitor.monitor import IdleMonitor, IdleMonitorSettings
 from wakeful.leadership import Standby, leader_locator
 from wakeful.node.agent import NodeAgent
-from wakeful.node.registration import NodeRefused, claim, held_data_dir
+from wakeful.node.registration import claim, held_data_dir
 from wakeful.node.sandbox.local import runtime_for
 from wakeful.node.settings import NodeSettings
 from wakeful.process import settle_heap, wait_for_signal
@@ -36,9 +37,11 @@ from wakeful.secrets.keys import KeyRing
 from wakeful.store import Store
 from wakeful.store.base import StoreBase
 from wakeful.store.election import FencedStore, Term
+from wakeful.store.tokenbook import TokenRefused, check_own_token
 
 if TYPE_CHECKING:  # the ingress (httptools, uvloop) is imported only by what runs one
     from wakeful.ingress.settings import IngressSettings
+    from wakeful.remote.ingress import HttpCerts
 
 from wakeful.bootstrap import ControlPlane, control_plane
 
@@ -85,6 +88,28 @@ async def run_activator(
         tasks.cancel_scope.cancel()
 
 
+async def check_token(
+    api: HttpArtifacts | HttpCerts,
+    store: Store,
+    token: str,
+    role: Role,
+    settings: NodeSettings | IngressSettings,
+) -> None:
+    """At a piece's start, before it takes sandboxes or requests it could not serve: the
+    control API (`api`) takes its token, and the store it uses holds it as the piece's (the
+    store is the control plane's; a node's token is its own). `TokenRefused` naming what to
+    do. The control API unreachable, only the store is asked (the piece then starts)."""
+    name = settings.node_name if isinstance(settings, NodeSettings) else settings.listen
+    refused = await api.refusal()
+    if refused is not None:
+        own = settings.node_name if isinstance(settings, NodeSettings) else "NAME"
+        raise TokenRefused(
+            f"{role} {name}: {refused}; give it the token `wakeful tokens create --role {role} "
+            f"--name {own}` printed (WAKEFUL_{role.upper()}_TOKEN)"
+        )
+    await check_own_token(store, token, role, name, settings.store_url)
+
+
 async def run_node(
     settings: NodeSettings, control: Endpoint, *, announce: Callable[[str], None]
 ) -> None:
@@ -96,6 +121,9 @@ async def run_node(
         async with settings.open_store() as store, anyio.create_task_group() as tasks:
 
             async def node() -> None:
+                locate = leader_locator(store, control.apis)
+                async with HttpArtifacts(control.apis[0], control.token, locate=locate) as api:
+                    await check_token(api, store, control.token, Role.NODE, settings)
                 await claim(store, settings, agent_id)
                 await _run_node(settings, control, store, agent_id, announce)
 
@@ -119,13 +147,6 @@ async def _run_node(
         HttpKeeper(control.apis[0], control.token, settings.node_name, locate=locate) as keeper,
         HttpSecrets(control.apis[0], control.token, settings.node_name, locate=locate) as secrets,
     ):
-        refused = await artifacts.refusal()  # before it takes sandboxes it could not start
-        if refused is not None:
-            raise NodeRefused(
-                f"node {settings.node_name}: {refused}; give it the token `wakeful tokens "
-                f"create --role node --name {settings.node_name}` printed "
-                "(WAKEFUL_NODE_TOKEN)"
-            )
         # Sandboxes must not reach the control API or the store, wherever they run.
         runtime = runtime_for(settings, control_plane=control.apis, blobs=blobs)
         agent = NodeAgent(
@@ -161,6 +182,7 @@ async def run_ingress(
             ChannelLeases(control.apis[0], control.token, locate=locate) as leases,
             HttpCerts(control.apis[0], control.token, 30.0, locate) as certs,
         ):
+            await check_token(certs, store, control.token, Role.INGRESS, settings)
 
             def ready() -> None:
                 announce(settings.listening(settings.listen, settings.tls_listen))

@@ -24,11 +24,12 @@ from wakeful.deploy.appdir import AppDir, AppDirError, load_app_dir
 from wakeful.deploy.errors import DeployError
 from wakeful.idle_monitor.monitor import IdleMonitorSettings
 from wakeful.node.jail import IsolationUnavailable
-from wakeful.node.registration import NodeRefused, NodeTaken
+from wakeful.node.registration import NodeTaken
 from wakeful.node.settings import NodeSettings
 from wakeful.oci import ImageError
 from wakeful.secrets.errors import KeysUnusable
 from wakeful.store import StoreError
+from wakeful.store.tokenbook import TokenRefused
 
 from . import build_commands, commands
 from .commands import RUNTIME, USAGE, CliError
@@ -149,7 +150,7 @@ def _serve(main: Callable[[], Awaitable[None]], *, store: str, uvloop: bool = Fa
         StoreError,
         IsolationUnavailable,
         NodeTaken,
-        NodeRefused,
+        TokenRefused,
         DeployError,
         KeysUnusable,
         ImageError,
@@ -165,7 +166,7 @@ def _serve(main: Callable[[], Awaitable[None]], *, store: str, uvloop: bool = Fa
             raise CliError(f"deploy refused: {cause}", USAGE) from None
         if isinstance(cause, ImageError):  # its image: refused, or not pulled
             raise CliError(f"deploy refused: {cause}", USAGE) from None
-        if isinstance(cause, IsolationUnavailable | WorkersFailed | NodeTaken | NodeRefused):
+        if isinstance(cause, IsolationUnavailable | WorkersFailed | NodeTaken | TokenRefused):
             raise CliError(str(cause), RUNTIME) from None
         if isinstance(cause, StoreError):
             raise CliError(f"{store} cannot be used: {cause}", RUNTIME) from None

@@ -17,17 +17,25 @@ import anyio
 import pytest
 
 from wakeful.domain import keys
-from wakeful.domain.models import Cordon, Node
+from wakeful.domain.models import Cordon, Node, Role, Token
 from wakeful.node.registration import CLAIM_MARGIN
 from wakeful.store import Store, open_store
 from wakeful.store.held import HeldRecord
 from wakeful.store.testing import free_port
+from wakeful.store.tokenbook import digest
 from wakeful.testing import up_command
 
 pytestmark = pytest.mark.anyio
 
 TTL = 2
+TOKEN = "n1-token-" + "x" * 32
 RUNNING = Node(name="n1", address="10.0.0.9", agent="6f1c0b1e/1:2/other")
+
+
+async def node_token(store: Store) -> None:
+    """Node n1's token, as the control plane makes it: a node finds it in its store first."""
+    token = Token(name="n1", role=Role.NODE, id="0a1b2c3d", sha256=digest(TOKEN))
+    await store.put(keys.token("n1"), token)
 
 
 @pytest.fixture
@@ -35,6 +43,7 @@ async def held_elsewhere(tmp_path: Path) -> AsyncIterator[tuple[str, Store]]:
     """A store file on which another agent holds node n1's record, renewing it."""
     url = f"sqlite:///{tmp_path / 'store.db'}"
     async with open_store(url, shared=True) as store, anyio.create_task_group() as tasks:
+        await node_token(store)
         other = HeldRecord(store, keys.node("n1"), RUNNING, ttl=TTL, what="the other agent")
         tasks.start_soon(other.run)
         await other.held.wait()
@@ -49,7 +58,7 @@ def node(url: str, data: Path) -> subprocess.Popen[str]:
         "WAKEFUL_NODE_NAME": "n1",
         "WAKEFUL_NODE_TTL": str(TTL),
         "WAKEFUL_DATA_DIR": str(data),
-        "WAKEFUL_NODE_TOKEN": "n1-token-" + "x" * 32,
+        "WAKEFUL_NODE_TOKEN": TOKEN,
         "WAKEFUL_API": "http://127.0.0.1:9",  # not reached: nothing starts
         "WAKEFUL_ISOLATION": "none",
     }
@@ -98,7 +107,7 @@ async def test_of_two_agents_started_together_one_runs(tmp_path: Path) -> None:
     is refused as above); the one that runs keeps its node, not cordoned."""
     url = f"sqlite:///{tmp_path / 'store.db'}"
     async with open_store(url, shared=True) as store:
-        await store.get(keys.node("n1"), Node)  # the file made before either opens it
+        await node_token(store)  # the file made before either opens it
     twins = [node(url, tmp_path / f"data{i}") for i in (1, 2)]
     try:
         deadline = time.monotonic() + TTL + CLAIM_MARGIN + 20

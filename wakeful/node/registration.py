@@ -45,10 +45,6 @@ class NodeTaken(RuntimeError):
     """Another agent runs as this node, or on this data directory."""
 
 
-class NodeRefused(RuntimeError):
-    """The control plane refuses this agent's token: it could start no sandbox."""
-
-
 @contextlib.contextmanager
 def held_data_dir(data_dir: Path) -> Iterator[str]:
     """An exclusive lock on `data_dir`'s `agent.lock` while the block runs: a second agent on

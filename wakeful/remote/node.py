@@ -47,6 +47,19 @@ class _NodeClient:
         base = self._api if self._locate is None else (await self._locate()).rstrip("/")
         return base + path
 
+    async def _refusal(self, path: str) -> str | None:
+        """Why the control API refuses this client's token (401: not a token it knows; 403:
+        not one of this role), asked once at a piece's start with a GET of `path`. None when
+        it takes it, and when it cannot answer now: the piece starts anyway, and its calls are
+        tried again as the store's outages are (invariant 19)."""
+        try:
+            answer = await self._client.get(await self._url(path))
+        except (httpx.HTTPError, OSError):
+            return None
+        if answer.status_code in (401, 403):
+            return f"the control API refused its token ({answer.status_code}): {reason(answer)}"
+        return None
+
     async def __aenter__(self) -> Self:
         return self
 
@@ -81,17 +94,9 @@ class HttpArtifacts(_NodeClient):
         return answer.content
 
     async def refusal(self) -> str | None:
-        """Why the control API refuses this node's token (401: not a token it knows; 403:
-        not a node's), asked once at the start with an artifact no one stores: 404 is a
-        token it takes. None too when it cannot answer now: the node starts anyway, and its
-        calls are tried again as the store's outages are (invariant 19)."""
-        try:
-            answer = await self._client.get(await self._url(f"/v1/artifacts/{'0' * 64}"))
-        except (httpx.HTTPError, OSError):
-            return None
-        if answer.status_code in (401, 403):
-            return f"the control API refused its token ({answer.status_code}): {reason(answer)}"
-        return None
+        """Why the control API refuses this node's token, asked with an artifact no one
+        stores: 404 is a token it takes (`_refusal`)."""
+        return await self._refusal(f"/v1/artifacts/{'0' * 64}")
 
 
 class HttpBlobs(_NodeClient):
