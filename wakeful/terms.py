@@ -75,7 +75,8 @@ process's first term (the admin token is reset, when asked, only then)."""
 
 
 class Terms:
-    """The control plane for each term this activator wins; it announces the first one."""
+    """The control plane for each term this activator wins; it announces each (the first as
+    the start's line, the next ones as leading again)."""
 
     def __init__(
         self, plane_for: PlaneFor, standby: Standby, announce: Callable[[str], None], listen: str
@@ -96,6 +97,8 @@ class Terms:
                 if not self._standby.quiet:
                     self._announce(f"activator listening on http://{self._listen} (leading)")
                     self._standby.quiet = True
+                else:  # after "stopped leading: ...; standing by again" (a store away)
+                    self._announce(f"activator leading again on http://{self._listen}")
                 settle_heap()
                 try:
                     await anyio.sleep_forever()
