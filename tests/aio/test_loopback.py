@@ -88,3 +88,26 @@ def test_no_ipv6_at_all_holds_nothing_and_starts(monkeypatch: pytest.MonkeyPatch
         listener.bind(("0.0.0.0", 0))
         monkeypatch.setattr(socket, "socket", no_ipv6)
         assert hold_loopback_twin(listener) is None
+
+
+def test_a_listener_after_a_closed_one_on_its_port_takes_its_hold_over(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A standby's control API, closed as it takes over, then the leader's on the same port:
+    the first listener, not yet collected, still held the twin, and the second warned that
+    "another socket" held it (the second walkthrough). The twin is handed over, held until
+    the second listener goes."""
+    port = free_port()
+    first = bind(f"127.0.0.1:{port}", "control API address")
+    first.close()  # closed, still referenced: not collected
+    second = bind(f"127.0.0.1:{port}", "control API address")
+    assert "bound by another socket" not in caplog.text
+    del first
+    gc.collect()  # the first one's end does not close the twin the second holds
+    with socket.socket(socket.AF_INET6) as squatter, pytest.raises(OSError, match="in use"):
+        squatter.bind(("::1", port))
+    second.close()
+    del second
+    gc.collect()
+    with socket.socket(socket.AF_INET6) as later:
+        later.bind(("::1", port))  # free again

@@ -7,7 +7,8 @@ the requests meant for the ingress or the control API. Likewise one on 0.0.0.0:P
 (and [::1]:P) to whoever binds it first, and IPv6 clients of the machine's names with it.
 `hold_loopback_twin` binds the twin address without listening, so nobody else can take it and
 a client trying it is refused at once (then falls back to the address we serve on). The twin
-closes when the listener is garbage collected, or at exit.
+closes when the listener is garbage collected, or at exit; a later listener on the same port
+in this process takes it over.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ def hold_loopback_twin(listener: socket.socket) -> socket.socket | None:
     twin_host = TWINS.get(host)
     if twin_host is None:
         return None
+    held = _HELD.pop((twin_host, port), None)
+    if held is not None and held[0].detach() is not None:  # still held for an earlier one
+        _hold(listener, twin_host, port, held[1])
+        return held[1]
     family = socket.AF_INET6 if ":" in twin_host else socket.AF_INET
     try:
         twin = socket.socket(family, socket.SOCK_STREAM)  # no IPv6 at all: nothing to hold
@@ -51,5 +56,22 @@ def hold_loopback_twin(listener: socket.socket) -> socket.socket | None:
                 port,
             )
         return None
-    weakref.finalize(listener, twin.close)
+    _hold(listener, twin_host, port, twin)
     return twin
+
+
+_HELD: dict[tuple[str, int], tuple[weakref.finalize[..., socket.socket], socket.socket]] = {}
+"""The twins this process holds, by address, each with what closes it once its listener is
+collected. A listener closed and not yet collected still holds its twin: a listener on the
+same port after it (a standby's control API, then the leader's) takes that twin over, where
+binding it again failed and warned that "another socket" held it."""
+
+
+def _hold(listener: socket.socket, host: str, port: int, twin: socket.socket) -> None:
+    _HELD[(host, port)] = (weakref.finalize(listener, _release, host, port, twin), twin)
+
+
+def _release(host: str, port: int, twin: socket.socket) -> None:
+    twin.close()
+    if _HELD.get((host, port), (None, None))[1] is twin:
+        del _HELD[(host, port)]
