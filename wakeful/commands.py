@@ -236,8 +236,12 @@ def drain(
     pause: Pause = time.sleep,
 ) -> int:
     if undo:
+        running = any(n["name"] == node and n["registered"] for n in api.nodes())
         api.undrain(node)
-        say(f"{node} takes new sandboxes again")
+        if running:
+            say(f"{node} takes new sandboxes again")
+        else:  # a node stopped for good: its agent's cordon kept it listed
+            say(f"{node} is not running: uncordoned, and no longer listed until it starts again")
         return 0
     api.drain(node, evacuate=evacuate, force=force)
     if not evacuate:

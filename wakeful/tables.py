@@ -71,8 +71,8 @@ def version_lines(app: Mapping[str, Any]) -> list[str]:
 
 def node_line(node: Mapping[str, Any]) -> str:
     state = "evacuating" if node["evacuating"] else "cordoned" if node["cordoned"] else "ready"
-    if not node["registered"]:
-        state += " (not registered)"
+    if not node["registered"]:  # listed for its cordon: its agent's as it stopped, or a drain's
+        state = "not running" + ("" if state == "ready" else f", {state}")
     isolation = node.get("isolation") or "unknown"
     moving = node.get("progress")
     counts = "" if not moving else f"  {progress_counts(moving)}"

@@ -25,7 +25,7 @@ from wakeful.commands import USAGE
 from wakeful.datadir import CONTROL_FILE, write_control_file
 from wakeful.domain import keys
 from wakeful.domain.artifacts import ArtifactError, ArtifactUnavailable
-from wakeful.domain.models import App, AppState
+from wakeful.domain.models import App, AppState, Cordon, Node
 from wakeful.node.secrets import SecretsRefused
 from wakeful.remote import (
     ApiRefused,
@@ -359,3 +359,32 @@ async def test_a_deploy_names_an_ingress_that_does_not_route_its_app_in_time(
         await in_thread(lambda: commands.wait_routed(api, "shop", within=0.05))
         await in_thread(lambda: commands.wait_routed(api, "gone", within=0.05))
         assert capsys.readouterr().err == ""
+
+
+async def test_a_node_stopped_for_good_is_listed_until_its_cordon_is_lifted(
+    plane: Plane, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A stopping agent cordons its node and lifts it when it is back: one that never comes
+    back was listed `cordoned (not registered)` for good, with nothing said of how to remove
+    it (the second walkthrough). It is `not running, cordoned`, and `wakeful drain N --undo`
+    says it goes from the list; a running node's undo says it takes sandboxes again."""
+    stopped = Cordon(node="n2", evacuate=False, since=1.0, by_agent=True)
+    await plane.store.put(keys.cordon("n2"), stopped)
+    await plane.store.put(keys.node("n1"), Node(name="n1", address="10.0.0.1"))
+    await plane.store.put(keys.cordon("n1"), Cordon(node="n1", evacuate=False, since=1.0))
+    with ControlClient(plane.endpoint) as api:
+        await in_thread(lambda: commands.nodes(api))
+        listed = capsys.readouterr().out.splitlines()
+        assert [line.split("  ")[:2] for line in listed] == [
+            ["n1", "cordoned"],
+            ["n2", "not running, cordoned"],
+        ]
+        for node in ("n1", "n2"):
+            await in_thread(
+                lambda node=node: commands.drain(api, node, evacuate=True, force=False, undo=True)
+            )
+        assert capsys.readouterr().out.splitlines() == [
+            "n1 takes new sandboxes again",
+            "n2 is not running: uncordoned, and no longer listed until it starts again",
+        ]
+        assert [node["name"] for node in await in_thread(api.nodes)] == ["n1"]

@@ -49,10 +49,14 @@ def test_a_retired_pool_shows_no_desired_size_and_columns_line_up() -> None:
         ({"evacuating": False, "cordoned": True, "registered": True}, "n1  cordoned  sandboxes=2"),
         (
             {"evacuating": False, "cordoned": False, "registered": False},
-            "n1  ready (not registered)  sandboxes=2",
+            "n1  not running  sandboxes=2",
+        ),
+        (
+            {"evacuating": False, "cordoned": True, "registered": False},
+            "n1  not running, cordoned  sandboxes=2",
         ),
     ],
-    ids=["evacuating", "cordoned", "not registered"],
+    ids=["evacuating", "cordoned", "not registered", "stopped"],
 )
 def test_a_node_shows_its_drain_state(flags: dict[str, bool], shown: str) -> None:
     assert node_line({"name": "n1", "sandboxes": 2, **flags}).startswith(shown + "  isolation")
