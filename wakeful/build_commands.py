@@ -64,9 +64,8 @@ def deploy_built(
     had = sent.blobs - sent.sent
     took, copied = built.seconds
     say(
-        f"built {built.manifest[:19]} with {built.builder} in {took:.1f} s (copied out in "
-        f"{copied:.1f} s); sent {sent.sent} of its {sent.blobs} blobs ({sent.bytes / 1e6:.1f} MB) "
-        f"in {time.monotonic() - started:.1f} s"
+        f"built {built_line(built.manifest, built.builder, took, copied)}; sent {sent.sent} of "
+        f"its {sent.blobs} blobs ({sent.bytes / 1e6:.1f} MB) in {time.monotonic() - started:.1f} s"
         + (f", the control plane had the other {had}" if had else "")
     )
     report = api.start_deploy(
@@ -113,8 +112,15 @@ def build_for_up(app_dir: AppDir, environment: BuildEnvironment | None = None) -
         definition = pushed_definition(app_dir, built.pushed)
         return dataclasses.replace(app_dir, definition=definition, made=built.made)
     assert built.layout is not None and built.manifest is not None
+    took, copied = built.seconds
+    say(f"built {built_line(built.manifest, built.builder, took, copied)}")
     prebuilt = Prebuilt(built.layout, built.manifest)
     return dataclasses.replace(app_dir, prebuilt=prebuilt, made=built.made)
+
+
+def built_line(manifest: str, builder: str, took: float, copied: float) -> str:
+    """What a build made, how and how long it took (and its copy into the build cache)."""
+    return f"{manifest[:19]} with {builder} in {took:.1f} s (copied out in {copied:.1f} s)"
 
 
 def as_typed(command: Sequence[str]) -> str:

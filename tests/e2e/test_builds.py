@@ -226,6 +226,7 @@ def test_wakeful_up_builds_an_app_directory_before_it_serves(
     finally:
         output = stop_up(started)
     assert "building fastapi" in output
+    assert re.search(r"\nbuilt sha256:[0-9a-f]{12} with podman in [0-9.]+ s \(copied out", output)
 
 
 def test_build_push_sends_the_image_to_a_registry_and_deploys_it_by_digest(
