@@ -68,3 +68,8 @@ class Deposed(StoreError):
 
 class Unavailable(StoreError):
     pass
+
+
+class Forbidden(StoreError):
+    """The store refuses this piece the keys it asked for: under `wakeful etcd-auth`, its
+    certificate's role does not grant them (`wakeful.store.etcd_auth.PIECES`)."""

@@ -17,12 +17,25 @@ from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
-from etcd3aio import Etcd3Client, EtcdConnectionError, EtcdError, EtcdTransientError
+from etcd3aio import (
+    Etcd3Client,
+    EtcdConnectionError,
+    EtcdError,
+    EtcdPermissionDeniedError,
+    EtcdTransientError,
+)
 from etcd3aio._protobuf import Compare, RequestOp
 from etcd3aio.kv import KVService, prefix_range_end
 
 from .base import Delete, Event, RawOp, RawPut, Require, Resync, StoreBase, WatchItem
-from .errors import Conflict, LeaseNotFound, StoreError, TLSConfigError, Unavailable
+from .errors import (
+    Conflict,
+    Forbidden,
+    LeaseNotFound,
+    StoreError,
+    TLSConfigError,
+    Unavailable,
+)
 
 _DELETE_EVENT = 1  # mvccpb.Event.EventType.DELETE
 
@@ -40,6 +53,8 @@ def _translated(operation: str) -> Iterator[None]:
         if exc.code() == grpc.StatusCode.NOT_FOUND and "lease" in details:
             raise LeaseNotFound(f"etcd {operation}: {details}") from exc
         raise StoreError(f"etcd {operation}: {exc.code().name} {details}") from exc
+    except EtcdPermissionDeniedError as exc:  # the piece's role (`wakeful etcd-auth`)
+        raise Forbidden(f"etcd {operation}: {exc}") from exc
     except EtcdError as exc:
         raise StoreError(f"etcd {operation}: {exc}") from exc
 

@@ -19,7 +19,7 @@ import anyio
 from wakeful.domain import keys
 from wakeful.domain.models import Role, Token
 from wakeful.store.base import Item, Store
-from wakeful.store.errors import StoreError
+from wakeful.store.errors import Forbidden, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -118,10 +118,14 @@ class TokenRefused(RuntimeError):
 async def check_own_token(store: Store, secret: str, role: Role, name: str, where: str) -> None:
     """At a piece's start, before it writes anything: `TokenRefused` when the store it uses
     (`where`, as shown) does not hold its token `secret` as `token_misplaced` wants it. A store
-    that fails meanwhile only delays it (invariant 19)."""
+    that fails meanwhile only delays it (invariant 19); one that does not let it read tokens/
+    (a node's etcd role, `wakeful etcd-auth`) leaves it unchecked."""
     while True:
         try:
             listing = await store.list(keys.TOKENS, Token)
+        except Forbidden:  # a node under `wakeful etcd-auth`: its role reads no tokens/
+            log.info("%s %s: its store role reads no tokens: its token is not checked", role, name)
+            return
         except StoreError as exc:
             log.warning("%s %s: cannot read the tokens yet: %s", role, name, exc)
             await anyio.sleep(1)
