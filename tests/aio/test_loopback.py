@@ -111,3 +111,28 @@ def test_a_listener_after_a_closed_one_on_its_port_takes_its_hold_over(
     gc.collect()
     with socket.socket(socket.AF_INET6) as later:
         later.bind(("::1", port))  # free again
+
+
+def test_two_open_listeners_on_one_port_keep_the_twin_held_until_both_go() -> None:
+    """SO_REUSEPORT listeners of one process (as an ingress's workers' supervisor and a
+    worker would be): the second neither warns nor takes the twin from the first, which
+    still serves."""
+    first = socket.socket()
+    first.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    first.bind(("127.0.0.1", 0))
+    port = first.getsockname()[1]
+    second = socket.socket()
+    second.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    second.bind(("127.0.0.1", port))
+    assert hold_loopback_twin(first) is not None
+    assert hold_loopback_twin(second) is None
+    second.close()
+    del second
+    gc.collect()
+    with socket.socket(socket.AF_INET6) as squatter, pytest.raises(OSError, match="in use"):
+        squatter.bind(("::1", port))  # still held for the first
+    first.close()
+    del first
+    gc.collect()
+    with socket.socket(socket.AF_INET6) as later:
+        later.bind(("::1", port))

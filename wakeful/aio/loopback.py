@@ -31,10 +31,15 @@ def hold_loopback_twin(listener: socket.socket) -> socket.socket | None:
     twin_host = TWINS.get(host)
     if twin_host is None:
         return None
-    held = _HELD.pop((twin_host, port), None)
-    if held is not None and held[0].detach() is not None:  # still held for an earlier one
-        _hold(listener, twin_host, port, held[1])
-        return held[1]
+    held = _HELD.get((twin_host, port))
+    if held is not None:  # held for an earlier listener on this port
+        earlier = held[0].peek()
+        if earlier is not None and earlier[0].fileno() != -1:
+            return None  # which is open (SO_REUSEPORT): it holds the twin for both
+        if held[0].detach() is not None:  # closed, not yet collected: its twin is taken over
+            _hold(listener, twin_host, port, held[1])
+            return held[1]
+        _HELD.pop((twin_host, port), None)
     family = socket.AF_INET6 if ":" in twin_host else socket.AF_INET
     try:
         twin = socket.socket(family, socket.SOCK_STREAM)  # no IPv6 at all: nothing to hold
