@@ -84,6 +84,7 @@ ROUTES: Final[Mapping[tuple[str, str], Access]] = {
     ("DELETE", "/v1/nodes/{node}/drain"): ADMIN_ONLY,
     ("POST", "/v1/apps/{app}/state/release"): ADMIN_ONLY,
     # tokens (activator/tokens_api.py)
+    ("GET", "/v1/whoami"): ANY_ROLE,  # the caller's own token: its name and role
     ("GET", "/v1/tokens"): ADMIN_ONLY,
     ("POST", "/v1/tokens"): ADMIN_ONLY,
     ("POST", "/v1/tokens/{name}/rotate"): ADMIN_ONLY,

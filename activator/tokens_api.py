@@ -8,6 +8,8 @@ POST   /v1/tokens/{name}/rotate a new secret for the token; the old one is refus
                                 answer on. For `admin`, with `write_admin` set (`wakeful up`),
                                 the secret goes to the data directory's token file instead
 DELETE /v1/tokens/{name}        revoke: the secret is refused from the answer on
+GET    /v1/whoami               any role: the calling token's name and role (a piece apart
+                                checks its token with it at its start)
 
 Each write answers once this control plane's `TokenBook` has applied it (`caught_up`, bounded
 by `WAIT`): when the CLI returns, a revoked secret is already refused here.
@@ -20,7 +22,7 @@ from collections.abc import Callable
 from typing import Annotated
 
 import anyio
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, HTTPException, Request
 from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -40,6 +42,13 @@ _UP_INGRESS = (
     f"{UP_INGRESS_TOKEN!r} is the token `wakeful up` makes at each start for its ingress "
     "workers: it cannot be made or rotated here (revoking it cuts running workers off)"
 )
+
+
+class Caller(BaseModel):
+    """Who a token is: its name and role (`GET /v1/whoami`)."""
+
+    name: str
+    role: Role
 
 
 class Revoked(BaseModel):
@@ -98,6 +107,11 @@ def tokens_router(
             await book.caught_up(revision)
             return True
         return False
+
+    @router.get("/v1/whoami", response_model=Caller)
+    async def whoami(request: Request) -> Caller:
+        token = request.state.token
+        return Caller(name=token.name, role=token.role)
 
     @router.get("/v1/tokens", response_model=list[TokenReport])
     async def listing() -> list[TokenReport]:

@@ -34,14 +34,13 @@ from wakeful.node.settings import NodeSettings
 from wakeful.process import settle_heap, wait_for_signal
 from wakeful.remote import Endpoint, HttpArtifacts, HttpBlobs, HttpKeeper, HttpLogSink, HttpSecrets
 from wakeful.secrets.keys import KeyRing
+from wakeful.startcheck import check_token
 from wakeful.store import Store
 from wakeful.store.base import StoreBase
 from wakeful.store.election import FencedStore, Term
-from wakeful.store.tokenbook import TokenRefused, check_own_token
 
 if TYPE_CHECKING:  # the ingress (httptools, uvloop) is imported only by what runs one
     from wakeful.ingress.settings import IngressSettings
-    from wakeful.remote.ingress import HttpCerts
 
 from wakeful.bootstrap import ControlPlane, control_plane
 
@@ -88,28 +87,6 @@ async def run_activator(
         tasks.cancel_scope.cancel()
 
 
-async def check_token(
-    api: HttpArtifacts | HttpCerts,
-    store: Store,
-    token: str,
-    role: Role,
-    settings: NodeSettings | IngressSettings,
-) -> None:
-    """At a piece's start, before it takes sandboxes or requests it could not serve: the
-    control API (`api`) takes its token, and the store it uses holds it as the piece's (the
-    store is the control plane's; a node's token is its own). `TokenRefused` naming what to
-    do. The control API unreachable, only the store is asked (the piece then starts)."""
-    name = settings.node_name if isinstance(settings, NodeSettings) else settings.listen
-    refused = await api.refusal()
-    if refused is not None:
-        own = settings.node_name if isinstance(settings, NodeSettings) else "NAME"
-        raise TokenRefused(
-            f"{role} {name}: {refused}; give it the token `wakeful tokens create --role {role} "
-            f"--name {own}` printed (WAKEFUL_{role.upper()}_TOKEN)"
-        )
-    await check_own_token(store, token, role, name, settings.store_url)
-
-
 async def run_node(
     settings: NodeSettings, control: Endpoint, *, announce: Callable[[str], None]
 ) -> None:
@@ -123,7 +100,8 @@ async def run_node(
             async def node() -> None:
                 locate = leader_locator(store, control.apis)
                 async with HttpArtifacts(control.apis[0], control.token, locate=locate) as api:
-                    await check_token(api, store, control.token, Role.NODE, settings)
+                    name, where = settings.node_name, settings.store_url
+                    await check_token(api, store, control.token, Role.NODE, name, where)
                 await claim(store, settings, agent_id)
                 await _run_node(settings, control, store, agent_id, announce)
 
@@ -182,7 +160,8 @@ async def run_ingress(
             ChannelLeases(control.apis[0], control.token, locate=locate) as leases,
             HttpCerts(control.apis[0], control.token, 30.0, locate) as certs,
         ):
-            await check_token(certs, store, control.token, Role.INGRESS, settings)
+            name, where = settings.listen, settings.store_url
+            await check_token(certs, store, control.token, Role.INGRESS, name, where)
 
             def ready() -> None:
                 announce(settings.listening(settings.listen, settings.tls_listen))

@@ -29,7 +29,6 @@ from wakeful.node.settings import NodeSettings
 from wakeful.oci import ImageError
 from wakeful.secrets.errors import KeysUnusable
 from wakeful.store import StoreError
-from wakeful.store.tokenbook import TokenRefused
 
 from . import build_commands, commands
 from .commands import RUNTIME, USAGE, CliError
@@ -37,6 +36,7 @@ from .failures import os_error_text, single_cause
 from .process import signals_caught, wait_for_signal
 from .remote import CliSettings, Endpoint
 from .serving import AddressInUse, split_address
+from .startcheck import TokenRefused
 from .up import WorkersFailed
 
 if TYPE_CHECKING:  # the ingress (httptools, uvloop) is imported only by what runs one

@@ -70,6 +70,8 @@ def routes_of(app: FastAPI) -> set[tuple[str, str]]:
 
 SCHEMA = ("GET", "/openapi.json")
 """The API's schema: any role's token may read it, no token may not."""
+WHOAMI = ("GET", "/v1/whoami")
+"""Any role: a piece apart asks it at its start (`wakeful.startcheck`)."""
 NODE_MAY = {
     ("GET", "/v1/artifacts/{digest}"),
     ("GET", "/v1/blobs/{digest}"),
@@ -79,6 +81,7 @@ NODE_MAY = {
     ("POST", "/v1/logs"),
     ("GET", "/v1/sandboxes/{sandbox_id}/secrets"),
     SCHEMA,
+    WHOAMI,
 }
 """What `wakeful node` calls (`HttpArtifacts`, `HttpBlobs`, `HttpKeeper`, `HttpLogSink`,
 `HttpSecrets`),
@@ -91,6 +94,7 @@ INGRESS_MAY = {
     ("DELETE", "/v1/leases/{lease_id}"),
     ("GET", "/v1/certs/served"),
     SCHEMA,
+    WHOAMI,
 }
 """What `wakeful ingress` calls (`HttpLeases`, and `HttpCerts` for certificates from ACME)."""
 
@@ -240,23 +244,23 @@ async def test_a_node_token_fetches_artifacts_and_pushes_logs_and_nothing_else(
         assert answer.json()["detail"].endswith("role; this token has the node role")
 
 
-async def test_a_node_with_a_token_the_control_plane_refuses_is_told_at_its_start(
-    control: Control,
-) -> None:
-    """`wakeful node` asks once before it takes sandboxes: with a wrong token it said `node
-    n2 running`, was placed sandboxes, and each failed as if its app had crashed (the second
-    walkthrough). A node's token and the admin's are taken; an unreachable API says nothing."""
-    for token in (control.node, control.running.token):
+async def test_a_piece_asks_who_its_token_is_at_its_start(control: Control) -> None:
+    """`wakeful node` and `wakeful ingress` ask once before they take sandboxes or requests
+    (`wakeful.startcheck`): with a wrong token a node said `node n2 running`, was placed
+    sandboxes, and each failed as if its app had crashed (the second walkthrough). Any role's
+    token is told its name and role; a wrong one is refused; an unreachable API says nothing."""
+    for token, who in (
+        (control.node, ("n1", "node")),
+        (control.ingress, ("edge", "ingress")),
+        (control.running.token, ("admin", "admin")),
+    ):
         async with HttpArtifacts(control.running.url, token) as artifacts:
-            assert await artifacts.refusal() is None
+            assert await artifacts.whoami() == who
     async with HttpArtifacts(control.running.url, "wrongtoken") as artifacts:
-        said = await artifacts.refusal()
-        assert said is not None and said.startswith("the control API refused its token (401)")
-    async with HttpArtifacts(control.running.url, control.ingress) as artifacts:
-        said = await artifacts.refusal()
-        assert said is not None and said.startswith("the control API refused its token (403)")
+        said = await artifacts.whoami()
+        assert isinstance(said, str) and said.startswith("the control API refused its token (401)")
     async with HttpArtifacts(f"http://127.0.0.1:{free_port()}", control.node) as artifacts:
-        assert await artifacts.refusal() is None
+        assert await artifacts.whoami() is None
 
 
 async def test_an_ingress_whose_token_is_refused_is_not_ready(control: Control) -> None:

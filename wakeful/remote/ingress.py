@@ -19,10 +19,6 @@ class CertsUnavailable(Exception):
 
 
 class HttpCerts(_NodeClient):
-    async def refusal(self) -> str | None:
-        """Why the control API refuses this ingress's token (`_refusal`)."""
-        return await self._refusal("/v1/certs/served")
-
     async def served(self) -> list[ServedPair]:
         try:
             answer = await self._client.get(await self._url("/v1/certs/served"))

@@ -47,18 +47,27 @@ class _NodeClient:
         base = self._api if self._locate is None else (await self._locate()).rstrip("/")
         return base + path
 
-    async def _refusal(self, path: str) -> str | None:
-        """Why the control API refuses this client's token (401: not a token it knows; 403:
-        not one of this role), asked once at a piece's start with a GET of `path`. None when
-        it takes it, and when it cannot answer now: the piece starts anyway, and its calls are
-        tried again as the store's outages are (invariant 19)."""
+    async def whoami(self) -> tuple[str, str] | str | None:
+        """Who the control API takes this client's token for, asked once at a piece's start
+        (`GET /v1/whoami`): its (name, role); the refusal, as a line, for a token it refuses
+        (401); None when it cannot answer now (the piece starts anyway, and its calls are
+        tried again as the store's outages are, invariant 19), or answers something else (a
+        control plane older than the route)."""
         try:
-            answer = await self._client.get(await self._url(path))
+            answer = await self._client.get(await self._url("/v1/whoami"))
         except (httpx.HTTPError, OSError):
             return None
         if answer.status_code in (401, 403):
             return f"the control API refused its token ({answer.status_code}): {reason(answer)}"
-        return None
+        try:
+            body = answer.json() if answer.status_code == 200 else None
+        except ValueError:
+            body = None
+        if not isinstance(body, dict) or not all(
+            isinstance(body.get(field), str) for field in ("name", "role")
+        ):
+            return None
+        return body["name"], body["role"]
 
     async def __aenter__(self) -> Self:
         return self
@@ -92,11 +101,6 @@ class HttpArtifacts(_NodeClient):
         if await anyio.to_thread.run_sync(digest_of, answer.content) != digest:
             raise ArtifactError(f"artifact {digest} arrived corrupt")
         return answer.content
-
-    async def refusal(self) -> str | None:
-        """Why the control API refuses this node's token, asked with an artifact no one
-        stores: 404 is a token it takes (`_refusal`)."""
-        return await self._refusal(f"/v1/artifacts/{'0' * 64}")
 
 
 class HttpBlobs(_NodeClient):

@@ -11,17 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import logging
 import secrets
 
 import anyio
 
 from wakeful.domain import keys
 from wakeful.domain.models import Role, Token
-from wakeful.store.base import Item, Store
-from wakeful.store.errors import Forbidden, StoreError
-
-log = logging.getLogger(__name__)
+from wakeful.store.base import Item
 
 
 def new_id() -> str:
@@ -108,52 +104,3 @@ class TokenBook:
             if self._moved is None:
                 self._moved = anyio.Event()
             await self._moved.wait()
-
-
-class TokenRefused(RuntimeError):
-    """A piece apart (a node, an ingress) cannot start with its token: the control API
-    refuses it, or the store the piece uses does not hold it as the piece's (`token_misplaced`)."""
-
-
-async def check_own_token(store: Store, secret: str, role: Role, name: str, where: str) -> None:
-    """At a piece's start, before it writes anything: `TokenRefused` when the store it uses
-    (`where`, as shown) does not hold its token `secret` as `token_misplaced` wants it. A store
-    that fails meanwhile only delays it (invariant 19); one that does not let it read tokens/
-    (a node's etcd role, `wakeful etcd-auth`) leaves it unchecked."""
-    while True:
-        try:
-            listing = await store.list(keys.TOKENS, Token)
-        except Forbidden:  # a node under `wakeful etcd-auth`: its role reads no tokens/
-            log.info("%s %s: its store role reads no tokens: its token is not checked", role, name)
-            return
-        except StoreError as exc:
-            log.warning("%s %s: cannot read the tokens yet: %s", role, name, exc)
-            await anyio.sleep(1)
-            continue
-        book = TokenBook()
-        book.replace(listing.items, listing.revision)
-        why = token_misplaced(book.verify(secret), role, name, where)
-        if why is not None:
-            raise TokenRefused(f"{role} {name}: {why}")
-        return
-
-
-def token_misplaced(found: Token | None, role: Role, name: str, store: str) -> str | None:
-    """Why a piece apart must not start with its token, `found` in the store it uses (None:
-    not there): the store is another than the control plane's, which took it (or the token was
-    revoked); or it is another node's, and the control API answers a node's token only for the
-    node it is named after (its sandboxes' secrets, their logs). None: it may start."""
-    if found is None:
-        return (
-            f"its token is not in the store it uses ({store}): that store is not the control "
-            "plane's, or the token was revoked; set WAKEFUL_STORE_URL (and "
-            "WAKEFUL_STORE_NAMESPACE) to the activator's"
-        )
-    if role is Role.NODE and found.role is Role.NODE and found.name != name:
-        return (
-            f"its token is node {found.name!r}'s, and it runs as {name!r} (WAKEFUL_NODE_NAME): "
-            "the control API would give it neither its sandboxes' secrets nor their logs; set "
-            f"WAKEFUL_NODE_NAME={found.name}, or give it a token of its own (`wakeful tokens "
-            f"create --role node --name {name}`)"
-        )
-    return None
