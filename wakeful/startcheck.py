@@ -100,7 +100,7 @@ def token_misplaced(
     own = name if role is Role.NODE else "NAME"
     if its_role not in (role, Role.ADMIN):
         return (
-            f"its token is an {its_role} token ({made_for!r}); give it a {role} token "
+            f"its token is {_a(its_role)} token ({made_for!r}); give it {_a(role)} token "
             f"(`wakeful tokens create --role {role} --name {own}`)"
         )
     if role is Role.NODE and its_role is Role.NODE and made_for != name:
@@ -111,3 +111,7 @@ def token_misplaced(
             f"its own (`wakeful tokens create --role node --name {name}`)"
         )
     return None
+
+
+def _a(role: Role) -> str:
+    return f"{'an' if role[0] in 'aeiou' else 'a'} {role}"
