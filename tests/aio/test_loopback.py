@@ -113,26 +113,29 @@ def test_a_listener_after_a_closed_one_on_its_port_takes_its_hold_over(
         later.bind(("::1", port))  # free again
 
 
-def test_two_open_listeners_on_one_port_keep_the_twin_held_until_both_go() -> None:
-    """SO_REUSEPORT listeners of one process (as an ingress's workers' supervisor and a
-    worker would be): the second neither warns nor takes the twin from the first, which
-    still serves."""
-    first = socket.socket()
-    first.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    first.bind(("127.0.0.1", 0))
-    port = first.getsockname()[1]
-    second = socket.socket()
-    second.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    second.bind(("127.0.0.1", port))
-    assert hold_loopback_twin(first) is not None
-    assert hold_loopback_twin(second) is None
-    second.close()
-    del second
+@pytest.mark.parametrize("first_goes", [True, False], ids=["first goes first", "second first"])
+def test_listeners_sharing_a_port_share_its_twin_until_the_last_goes(first_goes: bool) -> None:
+    """SO_REUSEPORT listeners of one process: the twin was the first's alone, and closed with
+    it under the second, which still served (or, handed to the second, closed under the
+    first). It is shared, and closes once both went."""
+    listeners = []
+    for _ in range(2):
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        listener.bind(("127.0.0.1", listeners[0].getsockname()[1] if listeners else 0))
+        listeners.append(listener)
+    del listener  # the list holds them: each goes once it leaves it
+    port = listeners[0].getsockname()[1]
+    twins = [hold_loopback_twin(listener) for listener in listeners]
+    assert twins[0] is twins[1] is not None
+    del twins
+    gone = listeners.pop(0 if first_goes else 1)
+    gone.close()
+    del gone
     gc.collect()
     with socket.socket(socket.AF_INET6) as squatter, pytest.raises(OSError, match="in use"):
-        squatter.bind(("::1", port))  # still held for the first
-    first.close()
-    del first
+        squatter.bind(("::1", port))  # still held for the one left
+    listeners.pop().close()
     gc.collect()
     with socket.socket(socket.AF_INET6) as later:
         later.bind(("::1", port))

@@ -7,8 +7,8 @@ the requests meant for the ingress or the control API. Likewise one on 0.0.0.0:P
 (and [::1]:P) to whoever binds it first, and IPv6 clients of the machine's names with it.
 `hold_loopback_twin` binds the twin address without listening, so nobody else can take it and
 a client trying it is refused at once (then falls back to the address we serve on). The twin
-closes when the listener is garbage collected, or at exit; a later listener on the same port
-in this process takes it over.
+closes when the listener is garbage collected, or at exit; a listener on the same port in this
+process meanwhile shares it, and it closes when the last of them is collected.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import errno
 import logging
 import socket
 import weakref
+from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
@@ -25,21 +26,17 @@ TWINS = {"127.0.0.1": "::1", "::1": "127.0.0.1", "0.0.0.0": "::"}
 
 def hold_loopback_twin(listener: socket.socket) -> socket.socket | None:
     """Bind the other loopback address (or the IPv6 wildcard, for the IPv4 one) at
-    `listener`'s port; None when there is none to hold (another address, no IPv6, or someone
-    holds it already)."""
+    `listener`'s port (the one this process holds already for another listener there: shared);
+    None when there is none to hold (another address, no IPv6, or someone else holds it)."""
     host, port = listener.getsockname()[:2]
     twin_host = TWINS.get(host)
     if twin_host is None:
         return None
     held = _HELD.get((twin_host, port))
-    if held is not None:  # held for an earlier listener on this port
-        earlier = held[0].peek()
-        if earlier is not None and earlier[0].fileno() != -1:
-            return None  # which is open (SO_REUSEPORT): it holds the twin for both
-        if held[0].detach() is not None:  # closed, not yet collected: its twin is taken over
-            _hold(listener, twin_host, port, held[1])
-            return held[1]
-        _HELD.pop((twin_host, port), None)
+    if held is not None:  # held for earlier listeners on this port, closed or not: shared
+        held.listeners += 1
+        weakref.finalize(listener, _release, held)
+        return held.twin
     family = socket.AF_INET6 if ":" in twin_host else socket.AF_INET
     try:
         twin = socket.socket(family, socket.SOCK_STREAM)  # no IPv6 at all: nothing to hold
@@ -61,22 +58,30 @@ def hold_loopback_twin(listener: socket.socket) -> socket.socket | None:
                 port,
             )
         return None
-    _hold(listener, twin_host, port, twin)
+    held = _HELD[(twin_host, port)] = _Held(twin_host, port, twin)
+    weakref.finalize(listener, _release, held)
     return twin
 
 
-_HELD: dict[tuple[str, int], tuple[weakref.finalize[..., socket.socket], socket.socket]] = {}
-"""The twins this process holds, by address, each with what closes it once its listener is
-collected. A listener closed and not yet collected still holds its twin: a listener on the
-same port after it (a standby's control API, then the leader's) takes that twin over, where
-binding it again failed and warned that "another socket" held it."""
+@dataclass
+class _Held:
+    """A twin this process holds, and how many listeners on its port are not yet collected.
+    A listener closed and not yet collected still counts: a listener on the same port after
+    it (a standby's control API, then the leader's) shares the twin, where binding it again
+    failed and warned that "another socket" held it. The twin closes when the last goes."""
+
+    host: str
+    port: int
+    twin: socket.socket
+    listeners: int = 1
 
 
-def _hold(listener: socket.socket, host: str, port: int, twin: socket.socket) -> None:
-    _HELD[(host, port)] = (weakref.finalize(listener, _release, host, port, twin), twin)
+_HELD: dict[tuple[str, int], _Held] = {}
 
 
-def _release(host: str, port: int, twin: socket.socket) -> None:
-    twin.close()
-    if _HELD.get((host, port), (None, None))[1] is twin:
-        del _HELD[(host, port)]
+def _release(held: _Held) -> None:
+    held.listeners -= 1
+    if held.listeners == 0:
+        held.twin.close()
+        if _HELD.get((held.host, held.port)) is held:
+            del _HELD[(held.host, held.port)]
