@@ -121,18 +121,29 @@ def _load_pair(context: ssl.SSLContext, cert: Path, key: Path) -> None:
 
 def _refused_pair(cert: Path, key: Path, exc: ssl.SSLError) -> str:
     """Why OpenSSL refused a pair, naming the file: its own words for a file that is not PEM
-    (`[SSL] PEM lib`) name neither. Both files were checked by `_check_file`."""
+    (`[SSL] PEM lib`) name neither. OpenSSL's words when the files cannot be read again as
+    they were (changed meanwhile: each is checked again first) or say nothing more."""
+    said = f"{cert.name} with {key.name}: {exc}"
     try:
-        leaf = x509.load_pem_x509_certificates(cert.read_bytes())[0]
+        _check_file(cert)
+        _check_file(key)
+        chain, private_pem = cert.read_bytes(), key.read_bytes()
+    except (TLSConfigError, OSError):
+        return said
+    try:
+        leaf = x509.load_pem_x509_certificates(chain)[0]
     except ValueError:
-        return f"{cert.name} is not a PEM certificate (-----BEGIN CERTIFICATE----- ...)"
+        return f"{cert.name} holds no PEM certificate, or one that does not parse"
     try:
-        private = serialization.load_pem_private_key(key.read_bytes(), password=None)
+        private = serialization.load_pem_private_key(private_pem, password=None)
     except (ValueError, TypeError, UnsupportedAlgorithm):
         return f"{key.name} is not a PEM private key (-----BEGIN PRIVATE KEY----- ...)"
-    if _public(private.public_key()) != _public(leaf.public_key()):
-        return f"{key.name} is not the key of the certificate in {cert.name} (the first one)"
-    return f"{cert.name} with {key.name}: {exc}"
+    try:
+        if _public(private.public_key()) != _public(leaf.public_key()):
+            return f"{key.name} is not the key of the certificate in {cert.name} (the first one)"
+    except (ValueError, UnsupportedAlgorithm):
+        return said
+    return said
 
 
 def _public(key: Any) -> bytes:

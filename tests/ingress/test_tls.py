@@ -259,8 +259,8 @@ def _a_file(cert: Path) -> Path:
 @pytest.mark.parametrize(
     ("change", "said"),
     [
-        pytest.param(_not_pem, "default.crt is not a PEM certificate", id="not PEM"),
-        pytest.param(_cut, "default.crt is not a PEM certificate", id="cut short"),
+        pytest.param(_not_pem, "default.crt holds no PEM certificate", id="not PEM"),
+        pytest.param(_cut, "default.crt holds no PEM certificate", id="cut short"),
         pytest.param(_key_not_pem, "default.key is not a PEM private key", id="key not PEM"),
         pytest.param(
             _another_key,
