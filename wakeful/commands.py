@@ -236,9 +236,11 @@ def drain(
     pause: Pause = time.sleep,
 ) -> int:
     if undo:
-        running = any(n["name"] == node and n["registered"] for n in api.nodes())
+        listed = {n["name"]: n["registered"] for n in api.nodes()}
+        if node not in listed:
+            raise CliError(f"no node named {node!r} is listed: nothing to uncordon", RUNTIME)
         api.undrain(node)
-        if running:
+        if listed[node]:
             say(f"{node} takes new sandboxes again")
         else:  # a node stopped for good: its agent's cordon kept it listed
             say(f"{node} is not running: uncordoned, and no longer listed until it starts again")

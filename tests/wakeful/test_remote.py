@@ -388,3 +388,7 @@ async def test_a_node_stopped_for_good_is_listed_until_its_cordon_is_lifted(
             "n2 is not running: uncordoned, and no longer listed until it starts again",
         ]
         assert [node["name"] for node in await in_thread(api.nodes)] == ["n1"]
+        with pytest.raises(commands.CliError, match="no node named 'n3' is listed"):
+            await in_thread(
+                lambda: commands.drain(api, "n3", evacuate=True, force=False, undo=True)
+            )
