@@ -208,12 +208,18 @@ def test_a_build_that_lost_a_race_with_a_removal_runs_again(
     (binary / "podman").chmod(0o755)
     monkeypatch.setenv("PATH", f"{binary}:{os.environ['PATH']}")
     said: list[str] = []
+    waited: list[float] = []
+    builder = Builder("podman", wait=waited.append)
     if built:
-        Builder("podman").build(CF, tmp_path, "t", out=said.append)
+        builder.build(CF, tmp_path, "t", out=said.append)
     else:
         with pytest.raises(BuildFailed) as failed:
-            Builder("podman").build(CF, tmp_path, "t", out=said.append)
+            builder.build(CF, tmp_path, "t", out=said.append)
         assert failed.value.last[-1] == last_words
+    # 1 to 3 s, then 2 to 6: another's removals have a moment to end.
+    assert len(waited) == runs - 1
+    bounds = [(1, 3), (2, 6)][: len(waited)]
+    assert all(low <= p <= high for p, (low, high) in zip(waited, bounds, strict=True))
     assert len(count.read_text().split()) == runs
     assert said.count("STEP 1/2: FROM base") == runs
     again = [line for line in said if "building again" in line]

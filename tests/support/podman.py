@@ -17,6 +17,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -24,7 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from wakeful.build.tools import LAST_LINES, RACED_ATTEMPTS, Ended, raced
+from wakeful.build.tools import LAST_LINES, RACED_ATTEMPTS, RACED_PAUSE, Ended, raced
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "ops" / "container" / "containers.conf"
@@ -129,36 +130,48 @@ def build_command(tag: str, dockerfile: Path, context: Path) -> list[str]:
 
 
 def build_images() -> None:
-    """wakeful's image and the infra image, built at once (each mostly waits on apt and pip).
+    """wakeful's image and the infra image, built at once (each mostly waits on apt and pip),
+    each writing its output to a file of its own (a pipe read after the other build's end
+    could fill and stall it).
 
-    Either is built again (up to twice) when it failed only because an image was removed from
-    podman's storage while it looked for cached layers: the other worker's tests build apps
-    with `wakeful deploy DIR`, which removes each app's previous image (`raced`)."""
+    Either is built again (up to twice, after a pause) when it failed only because an image
+    was removed from podman's storage while it looked for cached layers: the other worker's
+    tests build apps with `wakeful deploy DIR`, which removes each app's previous image
+    (`raced`). A failure for any other reason is reported first."""
     folder = ROOT / "ops" / "container"
     builds = {
         IMAGE: build_command(IMAGE, ROOT / "Dockerfile", ROOT),
         INFRA_IMAGE: build_command(INFRA_IMAGE, folder / "infra.Dockerfile", folder),
     }
-    for attempt in range(1, RACED_ATTEMPTS + 1):
-        running = {
-            tag: subprocess.Popen(
-                argv, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-            )
-            for tag, argv in builds.items()
-        }
-        failed = {}
-        for tag, process in running.items():
-            with process:
-                said, _ = process.communicate(timeout=900)
-            if process.returncode != 0:
-                failed[tag] = Ended(process.returncode, said.splitlines()[-LAST_LINES:])
-        if not failed:
-            return
-        if attempt == RACED_ATTEMPTS or not all(raced(ended) for ended in failed.values()):
-            break
-        builds = {tag: builds[tag] for tag in failed}
-    tag, ended = next(iter(failed.items()))
+    with tempfile.TemporaryDirectory() as scratch:
+        for attempt in range(1, RACED_ATTEMPTS + 1):
+            failed = _build_at_once(builds, Path(scratch))
+            if not failed:
+                return
+            if attempt == RACED_ATTEMPTS or not all(raced(e) for e in failed.values()):
+                break
+            time.sleep(RACED_PAUSE * 2 ** (attempt - 1))
+            builds = {tag: builds[tag] for tag in failed}
+    tag, ended = sorted(failed.items(), key=lambda item: raced(item[1]))[0]
     raise AssertionError(f"building {tag}:\n" + "\n".join(ended.lines))
+
+
+def _build_at_once(builds: dict[str, list[str]], scratch: Path) -> dict[str, Ended]:
+    """Every build of `builds` run at once; how each that failed ended."""
+    running = {}
+    for number, (tag, argv) in enumerate(builds.items()):
+        out = (scratch / f"build-{number}.log").open("w+")
+        process = subprocess.Popen(argv, env=env(), stdout=out, stderr=subprocess.STDOUT)
+        running[tag] = (process, out)
+    failed = {}
+    for tag, (process, out) in running.items():
+        with out:
+            process.wait(timeout=900)
+            out.seek(0)
+            said = out.read()
+        if process.returncode != 0:
+            failed[tag] = Ended(process.returncode, said.splitlines()[-LAST_LINES:])
+    return failed
 
 
 @contextlib.contextmanager

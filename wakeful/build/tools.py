@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import collections
 import os
+import random
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,6 +82,9 @@ def build_command(
 
 
 RACED_ATTEMPTS = 3
+RACED_PAUSE = 1.0
+"""Seconds, times 1 to 3 at random, a raced build waits before it runs again, doubling: the
+other's removals (a `wakeful deploy` of another app, a clean-up) have a moment to end."""
 RACED_WORDS = "an image was removed from the builder's storage while the build read its cache"
 
 
@@ -122,6 +127,8 @@ def find_builder(chosen: str | None, which: Callable[[str], str | None] = shutil
 class Builder:
     tool: str
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    wait: Callable[[float], None] = time.sleep
+    """How a build that lost a race waits before it runs again (`raced`)."""
 
     def build(
         self,
@@ -142,7 +149,9 @@ class Builder:
             if last.returncode == 0:
                 return
             if attempt < RACED_ATTEMPTS and self.tool != "docker" and raced(last):
-                out(f"wakeful: {RACED_WORDS}; building again")
+                pause = RACED_PAUSE * 2 ** (attempt - 1) * random.uniform(1, 3)
+                out(f"wakeful: {RACED_WORDS}; building again in {pause:.1f} s")
+                self.wait(pause)
                 continue
             raise BuildFailed(f"{self.tool} build failed (exit {last.returncode})", last.lines)
 
