@@ -55,10 +55,9 @@ async def cancel_leftover_tasks() -> AsyncIterator[None]:
     """Cancel the tasks a test leaves running, as closing a loop of its own used to.
 
     On the session's one loop such a task would run on into later tests, or be collected there
-    still pending and fail whichever test runs then. grpc leaves one behind whenever a stream
-    call ends before it is cancelled (an etcd watch cut by an etcd restart): the task feeding
-    the call's requests waits forever. Exceptions of the cancelled tasks are dropped, as they
-    were when the loop closed."""
+    still pending and fail whichever test runs then (etcd3aio's watch left one for each stream
+    an etcd restart cut, until `wakeful.store.etcd` opened its streams itself). Exceptions of
+    the cancelled tasks are dropped, as they were when the loop closed."""
     before = asyncio.all_tasks()
     yield
     leftovers = {task for task in asyncio.all_tasks() - before if not _of_the_runner(task)}

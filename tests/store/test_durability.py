@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import logging
 import sys
 import textwrap
 from pathlib import Path
@@ -104,3 +107,47 @@ async def test_etcd_watch_continues_without_a_gap_across_sigkill_and_restart() -
                         break
             assert seen == revisions
             await stream.aclose()  # type: ignore[attr-defined]
+
+
+def _request_tasks() -> set[asyncio.Task[object]]:
+    """grpc's tasks that feed streaming calls their requests, one per open stream."""
+    return {
+        task
+        for task in asyncio.all_tasks()
+        if getattr(task.get_coro(), "__qualname__", "").endswith("_consume_request_iterator")
+    }
+
+
+async def test_an_etcd_restart_leaves_no_task_of_the_broken_watch_stream_behind(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The watch stream etcd broke as it stopped is re-opened, and the broken one leaves nothing
+    running: etcd3aio's left grpc's task that fed it requests waiting for ever, and once the
+    garbage collector found it: "Task was destroyed but it is pending!" and "aclose():
+    asynchronous generator is already running" (an activator's, a node agent's log)."""
+    caplog.set_level(logging.ERROR, logger="asyncio")
+    others = _request_tasks()
+    with EtcdServer() as server:
+        async with open_store(server.url, namespace="/broken/") as store:
+            before = await store.put("w/a", Counter(n=1))
+            stream = store.watch("w/", before)
+            with anyio.fail_after(10):
+                await stream.__anext__()
+            server.stop()  # SIGTERM: the stream ends with UNAVAILABLE
+            await anyio.sleep(1)
+            server.start()
+            await until_it_answers(store)
+            after = await store.put("w/b", Counter(n=2))
+            with anyio.fail_after(10):
+                event = await stream.__anext__()
+            assert isinstance(event, Event) and event.revision == after
+            assert len(_request_tasks() - others) == 1  # the re-opened stream's only
+            await stream.aclose()  # type: ignore[attr-defined]
+            left = _request_tasks() - others
+            if left:
+                await asyncio.wait(left, timeout=5)
+            assert not _request_tasks() - others
+    for _ in range(2):
+        gc.collect()
+        await anyio.sleep(0.05)
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []

@@ -2,9 +2,10 @@
 
 A thin adapter: every key lives under `namespace`; every single-key write is an etcd txn
 comparing `mod_revision` (`create_revision == 0` for "absent"); the client library's
-exceptions become `store.errors` here and nowhere else. etcd3aio re-opens a broken watch
-stream from the revision after the last one it delivered, so a watch survives an etcd restart
-without a gap; when etcd has compacted that revision away, the watch yields `Resync`.
+exceptions become `store.errors` here and nowhere else. A broken watch stream is re-opened
+(`_watch_stream`, as etcd3aio's own watch would) from the revision after the last one it
+delivered, so a watch survives an etcd restart without a gap; when etcd has compacted that
+revision away, the watch yields `Resync`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import logging
 from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -24,8 +26,15 @@ from etcd3aio import (
     EtcdPermissionDeniedError,
     EtcdTransientError,
 )
-from etcd3aio._protobuf import Compare, RequestOp
+from etcd3aio._protobuf import (
+    Compare,
+    RequestOp,
+    WatchCreateRequest,
+    WatchRequest,
+    WatchResponse,
+)
 from etcd3aio.kv import KVService, prefix_range_end
+from etcd3aio.watch import WatchService
 
 from .base import Delete, Event, RawOp, RawPut, Require, Resync, StoreBase, WatchItem
 from .errors import (
@@ -38,6 +47,8 @@ from .errors import (
 )
 
 _DELETE_EVENT = 1  # mvccpb.Event.EventType.DELETE
+_WATCH_BACKOFF = 0.25  # seconds before the first re-open of a broken watch stream, doubling
+log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -84,6 +95,52 @@ def _consumed(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
+async def _watch_stream(
+    service: WatchService, create: WatchCreateRequest, max_backoff: float
+) -> AsyncIterator[WatchResponse]:
+    """etcd3aio's `WatchService.watch`, less its leak: a stream that etcd broke (UNAVAILABLE:
+    etcd stopped) is re-opened from the revision after the last one delivered, as there, but
+    each stream's requests come from `_requests`, which ends with its stream. etcd3aio's
+    request generator waits on a future that nothing resolves, and grpc cancels the task that
+    drives it only when the call is cancelled before it ends (`cancel()` of a finished call does
+    nothing): each broken stream left that task pending for ever, and the garbage collector
+    then said "Task was destroyed but it is pending!" and, closing the generator it was
+    running, "aclose(): asynchronous generator is already running"."""
+    backoff = _WATCH_BACKOFF
+    while True:
+        over = asyncio.Event()
+        call = service._stub.Watch(
+            _requests(WatchRequest(create_request=create), over),
+            metadata=service._metadata or None,
+        )
+        try:
+            async for response in call:
+                if response.compact_revision > 0:
+                    create.start_revision = response.compact_revision + 1
+                elif response.header.revision > 0:
+                    create.start_revision = response.header.revision + 1
+                backoff = _WATCH_BACKOFF
+                yield response
+            return
+        except grpc.aio.AioRpcError as exc:
+            if not service._is_transient_error(exc):
+                raise
+            log.warning(
+                "watch: transient error (%s), reconnecting in %.2f s", exc.code().name, backoff
+            )
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, max_backoff)
+        finally:
+            call.cancel()
+            over.set()  # the request generator ends, and grpc's task that drives it with it
+
+
+async def _requests(request: WatchRequest, over: asyncio.Event) -> AsyncIterator[WatchRequest]:
+    """A watch stream's requests: `request`, then nothing until the stream is `over`."""
+    yield request
+    await over.wait()
+
+
 def _checked_namespace(namespace: str) -> str:
     if not namespace.startswith("/") or not namespace.endswith("/"):
         raise ValueError(f"namespace must start and end with '/', got {namespace!r}")
@@ -111,6 +168,7 @@ class EtcdStore(StoreBase):
             raise TLSConfigError("a client certificate needs both its chain and its key")
         self._ns = _checked_namespace(namespace)
         self._timeout = timeout
+        self._watch_max_backoff = watch_max_backoff
         self._owns_client = True
         self._client = Etcd3Client(
             list(endpoints),
@@ -215,8 +273,14 @@ class EtcdStore(StoreBase):
             raise Unavailable("etcd client is closed")
         full = self._ns + prefix
         strip = len(self._ns)
-        stream = self._client.watch.watch(
-            full, range_end=prefix_range_end(full), start_revision=from_revision or 0
+        stream = _watch_stream(
+            self._client.watch,
+            WatchCreateRequest(
+                key=full.encode(),
+                range_end=prefix_range_end(full),
+                start_revision=from_revision or 0,
+            ),
+            self._watch_max_backoff,
         )
         try:
             with _translated("watch"):
