@@ -108,20 +108,35 @@ async def test_a_node_on_a_store_of_its_own_stops_naming_it(plane: Plane, tmp_pa
     assert "running" not in said and "Traceback" not in said
 
 
-async def test_a_node_with_another_nodes_token_stops_naming_both(
-    plane: Plane, tmp_path: Path
+@pytest.mark.parametrize(
+    ("name", "role", "said"),
+    [
+        pytest.param(
+            "n2",
+            "node",
+            "node n2: its token was made for node 'n1', and it runs as 'n2' (WAKEFUL_NODE_NAME)"
+            ": the control API would give it neither its sandboxes' secrets nor their logs; set "
+            "WAKEFUL_NODE_NAME=n1, or give it a token of its own",
+            id="another node's",
+        ),
+        pytest.param(
+            "n1",
+            "ingress",
+            "node n1: its token is an ingress token ('edge'); give it a node token (`wakeful "
+            "tokens create --role node --name n1`)",
+            id="an ingress token",  # whoami answers any role: the role is checked here
+        ),
+    ],
+)
+async def test_a_node_with_a_token_not_its_own_stops_naming_whose_it_is(
+    plane: Plane, tmp_path: Path, name: str, role: str, said: str
 ) -> None:
-    variables = node_env(plane, tmp_path, "n2", plane.node)
-    status, said = await piece(
-        tmp_path, "node", {**variables, "WAKEFUL_STORE_URL": plane.store_url}
-    )
-    assert status == 1, said
-    assert (
-        "wakeful: error: node n2: its token was made for node 'n1', and it runs as 'n2' "
-        "(WAKEFUL_NODE_NAME)"
-    ) in said, said
-    assert "WAKEFUL_NODE_NAME=n1, or give it a token of its own" in said
-    assert "running" not in said and "Traceback" not in said
+    token = plane.node if role == "node" else plane.ingress
+    variables = {**node_env(plane, tmp_path, name, token), "WAKEFUL_STORE_URL": plane.store_url}
+    status, out = await piece(tmp_path, "node", variables)
+    assert status == 1, out
+    assert f"wakeful: error: {said}" in out, out
+    assert "running" not in out and "Traceback" not in out
 
 
 async def test_an_ingress_on_a_store_of_its_own_or_with_a_refused_token_stops(
@@ -138,19 +153,3 @@ async def test_an_ingress_on_a_store_of_its_own_or_with_a_refused_token_stops(
     assert ": the control API refused its token (401)" in said, said
     assert "--role ingress --name NAME` printed (WAKEFUL_INGRESS_TOKEN)" in said
     assert "listening" not in said and "Traceback" not in said
-
-
-async def test_a_node_with_an_ingress_token_stops_naming_the_role(
-    plane: Plane, tmp_path: Path
-) -> None:
-    """`GET /v1/whoami` answers any role, so the role is checked here: a node given the
-    ingress's token would have been refused every call it makes."""
-    variables = node_env(plane, tmp_path, "n1", plane.ingress)
-    status, said = await piece(
-        tmp_path, "node", {**variables, "WAKEFUL_STORE_URL": plane.store_url}
-    )
-    assert status == 1, said
-    assert (
-        "wakeful: error: node n1: its token is an ingress token ('edge'); give it a node token "
-        "(`wakeful tokens create --role node --name n1`)"
-    ) in said, said
