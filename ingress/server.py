@@ -193,7 +193,11 @@ class Ingress:
                     "loopback (`wakeful logs` shows them)",
                     self.settings.listen,
                 )
-            if self.settings.tls_dir is not None and self.settings.tls_listen is None:
+            if (  # said once: by the first worker of several
+                self.settings.tls_dir is not None
+                and self.settings.tls_listen is None
+                and not self.settings.ingress_worker
+            ):
                 log.warning(
                     "WAKEFUL_TLS_DIR is set and WAKEFUL_TLS_LISTEN is not: there is no HTTPS "
                     "listener, and the certificates in %s serve nothing",

@@ -173,6 +173,8 @@ async def test_certificates_without_a_tls_listener_are_warned_of(
     caplog.clear()
     async with stack({}, tls_listen="127.0.0.1:0", tls_dir=certs):
         pass
+    async with stack({}, tls_dir=certs, ingress_worker=1):  # the first worker says it
+        pass
     assert "WAKEFUL_TLS_LISTEN is not" not in caplog.text
 
 
