@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import NoDecode
 
+from wakeful.domain.addresses import split_address
 from wakeful.domain.hosts import HostRules, ends_in_number
 from wakeful.domain.logfiles import Limits, parse_age
 from wakeful.domain.models import HOST_PATTERN, parse_size
@@ -92,9 +93,12 @@ class ActivatorSettings(StoreSettings):
     @field_validator("listen")
     @classmethod
     def _an_address(cls, value: str) -> str:
-        """As `wakeful.serving.split_address` will read it (not imported: uvicorn with it)."""
-        host, _, port = value.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65_536:
+        """A port to serve on (not 0: the address is announced and advertised as given)."""
+        try:
+            port = split_address(value)[1]
+        except ValueError:
+            port = 0
+        if port == 0:
             raise ValueError("expected host:port")  # pydantic names the field and the value
         return value
 

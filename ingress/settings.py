@@ -7,6 +7,8 @@ from typing import Annotated, Literal, Self
 
 from pydantic import Field, field_validator, model_validator
 
+from wakeful.domain.addresses import join_address as join_address
+from wakeful.domain.addresses import split_address as split_address
 from wakeful.store.settings import StoreSettings
 
 MAX_WORKERS = 256
@@ -202,19 +204,6 @@ class IngressSettings(StoreSettings):
     def boot_log_shown(self) -> bool:
         """Whether 503 answers carry boot logs: asked for, and only this machine can connect."""
         return self.show_boot_log and listens_on_loopback(self.listen)
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """`host:port` (or `[v6]:port`) as a pair; refuses anything else with a readable reason."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65_535:
-        raise ValueError(f"expected host:port, got {address!r}")
-    return host.strip("[]"), int(port)
-
-
-def join_address(host: str, port: int) -> str:
-    """`host:port`, an IPv6 host in brackets: what `split_address` takes apart."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def listens_on_loopback(address: str) -> bool:
