@@ -8,9 +8,13 @@
    synced), and what they added to the process's RSS (measured after seeding, so the store's
    own records are not counted).
 3. wrk drives the ingress for `--seconds`: once with every request for `app1`, once spread over
-   `--spread` apps (a Lua script picks a Host per request), one lease cache entry per app.
+   `--spread` apps (a Lua script picks a Host per request), one lease cache entry per app; the
+   process's CPU time over the requests wrk counted (the ingress and the activator).
+4. The same two runs through nginx (one worker, upstream keep-alive as `bench/proxy.py`'s) with
+   a `server_name` for each of the `--apps` apps (and 404 for any other Host), the CPU of its
+   master and worker: the cost of routing among that many names, side by side.
 
-Figures only, no assertions. From the repository root (needs `apt-get install wrk`):
+Figures only, no assertions. From the repository root (needs `apt-get install nginx wrk`):
 
     .venv/bin/python -m bench.scale [--apps 10000] [--spread 1000] [--seconds 5]
 """
@@ -29,8 +33,10 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-from bench.proxy import CONNECTIONS, process, run_wrk, serving
+from bench.procfs import children, cpu_seconds
+from bench.proxy import CONNECTIONS, NGINX_HTTP, NGINX_KEEPALIVE, Result, process, run_wrk, serving
 from bench.websocket import rss
 from wakeful.domain.models import App, AppSpec, Concurrency, Pool, Sandbox, SandboxStatus
 from wakeful.store import Put, Store
@@ -44,6 +50,66 @@ request = function()
     return wrk.format("GET", "/", {{ ["Host"] = host }})
 end
 """
+
+
+NGINX_SCALE_CONF = """
+worker_processes 1;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+{http}
+    server_names_hash_max_size {hash_size};
+    server_names_hash_bucket_size 64;
+    upstream sandbox {{ server 127.0.0.1:{upstream}; keepalive {keepalive}; }}
+    server {{
+        listen 127.0.0.1:{port} default_server;
+        return 404;
+    }}
+    server {{
+        listen 127.0.0.1:{port};
+        server_name {names};
+        location / {{
+            proxy_pass http://sandbox;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host $host;
+            proxy_set_header X-Forwarded-For $remote_addr;
+        }}
+    }}
+}}
+"""
+"""nginx routing by Host among every app's name, to the one sandbox all of them share."""
+
+
+def nginx_scale_conf(directory: str, apps: int, upstream: int, port: int) -> str:
+    names = " ".join(f"app{n}.localhost" for n in range(1, apps + 1))
+    return NGINX_SCALE_CONF.format(
+        dir=directory,
+        http=NGINX_HTTP.format(dir=directory),
+        hash_size=max(512, 2 * apps),
+        upstream=upstream,
+        keepalive=NGINX_KEEPALIVE,
+        port=port,
+        names=names,
+    )
+
+
+async def both_runs(url: str, seconds: int, script: Path, pids: list[int]) -> tuple[Result, Result]:
+    """wrk on `app1`, then spread by `script`, each after a second's warm-up; each with the
+    CPU of `pids` a request."""
+    runs = []
+    for kind in ("one", "spread"):
+        options: dict[str, Any] = (
+            {"host": "app1.localhost"} if kind == "one" else {"script": script}
+        )
+        await run_wrk(url, 1, **options)  # not counted: the spread's first asks, cold caches
+        before = cpu_seconds(*pids)
+        result = await run_wrk(url, seconds, **options)
+        if result.rps:
+            result.cpu_us = (cpu_seconds(*pids) - before) / (result.rps * seconds) * 1e6
+        runs.append(result)
+    return runs[0], runs[1]
 
 
 async def seed(store: Store, apps: int, sandbox_port: int) -> None:
@@ -78,8 +144,9 @@ async def seed(store: Store, apps: int, sandbox_port: int) -> None:
 
 
 async def main(apps: int, spread: int, seconds: int) -> None:
-    if shutil.which("wrk") is None:
-        sys.exit("missing wrk: apt-get install wrk")
+    missing = [tool for tool in ("nginx", "wrk") if shutil.which(tool) is None]
+    if missing:
+        sys.exit(f"missing {', '.join(missing)}: apt-get install nginx wrk")
     pid = os.getpid()
     sandbox_port = free_port()
     with (
@@ -88,6 +155,8 @@ async def main(apps: int, spread: int, seconds: int) -> None:
             [sys.executable, "-m", "bench.proxy", "--sandbox", str(sandbox_port)], sandbox_port
         ),
     ):
+        script = Path(tmp) / "spread.lua"
+        script.write_text(SPREAD_LUA.format(spread=spread))
         async with open_store("memory://") as store:
             started = time.perf_counter()
             await seed(store, apps, sandbox_port)
@@ -104,21 +173,40 @@ async def main(apps: int, spread: int, seconds: int) -> None:
                 url = "http://{}:{}/".format(*ingress.address)
                 print(f"activator and ingress up, every route and pool loaded: {loaded:.2f} s")
                 print(f"RSS they added (activator + ingress, one process): {added / 2**20:.0f} MiB")
-                one = await run_wrk(url, seconds, host="app1.localhost")
-                script = Path(tmp) / "spread.lua"
-                script.write_text(SPREAD_LUA.format(spread=spread))
-                many = await run_wrk(url, seconds, script=script)
+                one, many = await both_runs(url, seconds, script, [pid])
                 grown = rss(pid) - before
-                print()
-                print(f"wrk -t1 -c{CONNECTIONS} {seconds}s through the ingress:")
-                print(f"  one app:            {one.rps:>10,.0f} req/s  p50 {one.p50_ms:.2f} ms")
-                print(
-                    f"  spread over {spread:<6} {many.rps:>10,.0f} req/s  p50 {many.p50_ms:.2f} ms"
-                )
-                print(f"  RSS added after the runs: {grown / 2**20:.0f} MiB")
                 cached = len(ingress.cache.snapshot())
-                errors = f"{one.errors or '-'} / {many.errors or '-'}"
-                print(f"  lease cache entries: {cached}; errors: {errors}")
+        nginx_port = free_port()
+        conf = Path(tmp) / "nginx.conf"
+        conf.write_text(nginx_scale_conf(tmp, apps, sandbox_port, nginx_port))
+        nginx = ["nginx", "-p", tmp, "-c", str(conf), "-g", "daemon off;"]
+        with process(nginx, nginx_port) as master:
+            pids = [master.pid, *children(master.pid)]
+            ngx_one, ngx_many = await both_runs(
+                f"http://127.0.0.1:{nginx_port}/", seconds, script, pids
+            )
+    print()
+    print(f"wrk -t1 -c{CONNECTIONS} {seconds}s, the ingress and nginx ({apps} names each):")
+    row = "  {:<27} {:>10} {:>8} {:>12}  {:>8}  {}"
+    print(row.format("", "req/s", "p50 ms", "CPU µs/req", "x nginx", "errors"))
+    for label, ours, theirs in (
+        ("one app", one, ngx_one),
+        (f"spread over {spread}", many, ngx_many),
+    ):
+        for name, result in (("ingress", ours), ("nginx", theirs)):
+            times = f"{ours.cpu_us / theirs.cpu_us:.2f}x" if name == "ingress" else ""
+            print(
+                row.format(
+                    f"{label}, {name}",
+                    f"{result.rps:,.0f}",
+                    f"{result.p50_ms:.2f}",
+                    f"{result.cpu_us:.1f}",
+                    times if theirs.cpu_us else "n/a",
+                    result.errors or "-",
+                )
+            )
+    print(f"  ingress RSS added after the runs: {grown / 2**20:.0f} MiB")
+    print(f"  ingress lease cache entries: {cached}")
 
 
 if __name__ == "__main__":
