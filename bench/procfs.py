@@ -24,6 +24,11 @@ def cpu_seconds(*pids: int) -> float:
     return ticks / TICK
 
 
+def user_seconds(*pids: int) -> float:
+    """utime alone of these processes (every thread): their own code's share, from /proc."""
+    return sum(int(stat(pid)[11]) for pid in pids) / TICK
+
+
 def children(pid: int) -> list[int]:
     """The process's children as they are now (nginx's workers, a supervisor's), in order."""
     found: list[int] = []

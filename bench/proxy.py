@@ -56,7 +56,7 @@ from typing import cast
 import anyio
 from prometheus_client import CollectorRegistry
 
-from bench.procfs import children, cpu_seconds
+from bench.procfs import children, cpu_seconds, user_seconds
 from wakeful.activator.client import InProcessLeases
 from wakeful.activator.core import Activator
 from wakeful.activator.settings import ActivatorSettings
@@ -203,6 +203,8 @@ class Result:
     """The proxy's CPU time per request (user + system, from /proc), when measured."""
     cpu_new_us: float = 0.0
     """The same with a new connection for each request (`Connection: close`), when measured."""
+    user_us: float = 0.0
+    """Of `cpu_us`, the user time (the proxy's own code, not the kernel's), when measured."""
 
 
 def _ms(value: str, unit: str) -> float:
@@ -324,10 +326,11 @@ async def measure(
     too, and again with a new connection for each: at one rate, the peers of both proxies
     are woken as often, which a figure at each one's peak does not give)."""
     print(f"  {name}: wrk {seconds}s ...", flush=True)
-    before = cpu_seconds(*pids)
+    before, user = cpu_seconds(*pids), user_seconds(*pids)
     peak = await run_wrk(url, seconds)
     if pids and peak.rps:
         peak.cpu_us = (cpu_seconds(*pids) - before) / (peak.rps * seconds) * 1e6
+        peak.user_us = (user_seconds(*pids) - user) / (peak.rps * seconds) * 1e6
         print(f"  {name}: wrk {seconds}s, a new connection each request ...", flush=True)
         before = cpu_seconds(*pids)
         new = await run_wrk(url, seconds, close=True)
@@ -427,7 +430,8 @@ async def main(seconds: int, rate: int) -> None:
         f"p99 {ratio(ing_lat.p99_ms, ngx_lat.p99_ms)}x"
     )
     print(
-        f"CPU per request at peak: ingress {ing.cpu_us:.1f} µs, nginx {ngx.cpu_us:.1f} µs "
+        f"CPU per request at peak: ingress {ing.cpu_us:.1f} µs (user {ing.user_us:.1f}), "
+        f"nginx {ngx.cpu_us:.1f} µs (user {ngx.user_us:.1f}) "
         f"({ratio(ing.cpu_us, ngx.cpu_us)}x); a new connection each request: "
         f"{ing.cpu_new_us:.1f} µs, nginx {ngx.cpu_new_us:.1f} µs "
         f"({ratio(ing.cpu_new_us, ngx.cpu_new_us)}x)"
@@ -447,9 +451,12 @@ async def main(seconds: int, rate: int) -> None:
         print(f"a {SLOW_DELAY * 1000:.0f} ms backend at {rate} req/s, {shape}:")
         for name, result in results.items():
             errors = result.errors or "-"
+            cpu = ""
+            if result.cpu_us:  # the bursts' through a proxy: its CPU, and the user time of it
+                cpu = f"  CPU {result.cpu_us:5.1f} µs a request (user {result.user_us:.1f})"
             print(
                 f"  {name:<8} {result.rps:>7,.0f} req/s  p50 {result.p50_ms:6.1f} ms  "
-                f"p95 {result.p95_ms:6.1f} ms  p99 {result.p99_ms:6.1f} ms  errors {errors}"
+                f"p95 {result.p95_ms:6.1f} ms  p99 {result.p99_ms:6.1f} ms  errors {errors}{cpu}"
             )
         for name in ("nginx", "ingress"):
             added = results[name].p95_ms - results["direct"].p95_ms
@@ -510,14 +517,22 @@ async def slow_backend(seconds: int, rate: int) -> dict[str, dict[str, Result]]:
         )
         for name, url in paths:
             async with contextlib.AsyncExitStack() as stack:
+                pids: list[int] = []  # the proxy's processes (direct: none)
                 if name == "nginx":
-                    stack.enter_context(process(nginx, nginx_port))
+                    master = stack.enter_context(process(nginx, nginx_port)).pid
+                    pids = [master, *children(master)]
                 if url is None:
                     url = await stack.enter_async_context(ingress_on(port))
+                    pids = [os.getpid()]  # the ingress and its activator, in this process
                 # Warm-up, not counted: hey opens its 200 connections at once, and the first
                 # answers through any proxy wait for 200 new upstream connections too.
                 await run_hey(url, 1, rate, SLOW_WORKERS)
-                bursts[name] = await run_hey(url, seconds, rate, SLOW_WORKERS)
+                before = cpu_seconds(*pids), user_seconds(*pids)
+                bursts[name] = burst = await run_hey(url, seconds, rate, SLOW_WORKERS)
+                if pids and burst.rps:
+                    served = burst.rps * seconds / 1e6
+                    burst.cpu_us = (cpu_seconds(*pids) - before[0]) / served
+                    burst.user_us = (user_seconds(*pids) - before[1]) / served
                 paced[name] = await run_wrk(url, seconds, script=script, connections=SLOW_WORKERS)
     return results
 
