@@ -18,9 +18,8 @@ import pytest
 
 from wakeful.domain import keys
 from wakeful.domain.models import Cordon, Node, Role, Token
-from wakeful.node.registration import CLAIM_MARGIN
 from wakeful.store import Store, open_store
-from wakeful.store.held import HeldRecord
+from wakeful.store.held import CLAIM_MARGIN, HeldRecord
 from wakeful.store.testing import free_port
 from wakeful.store.tokenbook import digest
 from wakeful.testing import up_command

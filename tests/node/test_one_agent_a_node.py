@@ -22,20 +22,12 @@ from wakeful.deploy.states import StateKeeper
 from wakeful.domain import keys
 from wakeful.domain.models import AppSpec, Cordon, HealthCheck, Node, Sandbox, SandboxStatus
 from wakeful.node.agent import NodeAgent
-from wakeful.node.registration import (
-    CLAIM_MARGIN,
-    Claim,
-    NodeTaken,
-    agent_identity,
-    claim,
-    claim_step,
-    held_data_dir,
-)
+from wakeful.node.registration import NodeTaken, agent_identity, claim, held_data_dir
 from wakeful.node.settings import NodeSettings
 from wakeful.node.testing import FakeSecrets
 from wakeful.store import Store, open_store
 from wakeful.store.etcd import EtcdStore
-from wakeful.store.held import HeldRecord
+from wakeful.store.held import CLAIM_MARGIN, Claim, HeldRecord, claim_step
 from wakeful.store.testing import EtcdServer
 from wakeful.testing import ManualClock
 

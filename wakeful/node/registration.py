@@ -20,25 +20,21 @@ import logging
 import os
 import secrets
 from collections.abc import Callable, Iterator, Mapping
-from enum import StrEnum
 from pathlib import Path
 
 import anyio
 
 from wakeful.domain import keys
 from wakeful.domain.models import Node, SeenNode, Tunnel
-from wakeful.store import Conflict, Store, StoreError
-from wakeful.store.held import HeldRecord, Taken
+from wakeful.store import Conflict, Store
+from wakeful.store.held import CLAIM_MARGIN, HeldRecord, Taken
+from wakeful.store.held import claim as claim_record
 
 from .settings import NodeSettings
 
 log = logging.getLogger(__name__)
 
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
-
-CLAIM_MARGIN = 3.0
-"""Seconds past its TTL a record of this node's name held by another agent may stay before it
-counts as a running agent's (a previous run's lease runs out within its TTL)."""
 
 
 class NodeTaken(RuntimeError):
@@ -87,65 +83,45 @@ def agent_identity(data_dir: Path, boot: Path = BOOT_ID) -> str:
     return f"{booted}/{place.st_dev}:{place.st_ino}/{own}"
 
 
-class Claim(StrEnum):
-    GO = "go"
-    WAIT = "wait"
-    REFUSE = "refuse"
-
-
-def claim_step(holder: str | None, mine: str, waited: float | None, ttl: float) -> Claim:
-    """What `claim` does next, given who holds the node's record (None: nobody), this
-    agent's identity, and how long the record has been seen held by another (None: not yet
-    seen): go when nobody or this agent holds it; wait while a previous run's lease may still
-    be running out (its TTL and `CLAIM_MARGIN`); refuse once it has outlived that."""
-    if holder is None or holder == mine:
-        return Claim.GO
-    if waited is not None and waited >= ttl + CLAIM_MARGIN:
-        return Claim.REFUSE
-    return Claim.WAIT
-
-
 async def claim(store: Store, settings: NodeSettings, agent: str, poll: float = 0.5) -> None:
     """Before an agent writes anything: a record of its node held by another agent (another
     `agent_identity`) is a previous run's, whose lease runs out within its TTL, or another
     agent's, still running, which renews it. Waits for it to go; `NodeTaken` once it has
-    stayed for the TTL and `CLAIM_MARGIN`. The agent's own record (this directory, this boot)
-    is its previous run's: the data directory's lock says none of it runs. A store that fails
-    meanwhile only delays it (invariant 19)."""
+    stayed for the TTL and `CLAIM_MARGIN` (`wakeful.store.held.claim`). The agent's own
+    record (this directory, this boot) is its previous run's: the data directory's lock says
+    none of it runs."""
     name, ttl = settings.node_name, settings.node_ttl
-    seen_at: float | None = None
-    while True:
-        try:
-            item = await store.get(keys.node(name), Node)
-        except StoreError as exc:
-            log.warning("node %s: cannot read its record yet: %s", name, exc)
-            seen_at = None  # a lease may outlive an outage: watch it again afterwards
-            await anyio.sleep(1)
-            continue
-        now = anyio.current_time()
-        holder = None if item is None else item.value.agent
-        step = claim_step(holder, agent, None if seen_at is None else now - seen_at, ttl)
-        if step is Claim.GO:
-            return
-        assert item is not None
-        if step is Claim.REFUSE:
-            raise NodeTaken(
-                f"node {name!r} is registered by another agent that still runs (at "
-                f"{item.value.address}; its record outlived its {ttl} s TTL): two agents of "
-                "one node would each bury the other's sandboxes; give this one a name of its "
-                "own (WAKEFUL_NODE_NAME) or stop the other"
-            )
-        if seen_at is None:
-            seen_at = now
-            log.warning(
-                "node %s is registered by another agent (%s, at %s): waiting up to %.0f s "
-                "for that record to go (a previous run's) before starting",
-                name,
-                item.value.agent or "an older one",
-                item.value.address,
-                ttl + CLAIM_MARGIN,
-            )
-        await anyio.sleep(poll)
+
+    def waiting(record: Node) -> None:
+        log.warning(
+            "node %s is registered by another agent (%s, at %s): waiting up to %.0f s "
+            "for that record to go (a previous run's) before starting",
+            name,
+            record.agent or "an older one",
+            record.address,
+            ttl + CLAIM_MARGIN,
+        )
+
+    def refused(record: Node) -> NodeTaken:
+        return NodeTaken(
+            f"node {name!r} is registered by another agent that still runs (at "
+            f"{record.address}; its record outlived its {ttl} s TTL): two agents of "
+            "one node would each bury the other's sandboxes; give this one a name of its "
+            "own (WAKEFUL_NODE_NAME) or stop the other"
+        )
+
+    await claim_record(
+        store,
+        keys.node(name),
+        Node,
+        identity=lambda record: record.agent,
+        mine=agent,
+        ttl=ttl,
+        waiting=waiting,
+        refused=refused,
+        what=f"node {name}",
+        poll=poll,
+    )
 
 
 class Registration:

@@ -11,19 +11,24 @@ whatever it was given last is what `run` writes under the next lease. `release` 
 lease, so the record goes now rather than a TTL later: the holder calls it when it stops, at
 the point its shutdown order says (the node agent after its sandboxes have stopped).
 
-Two processes can hold one key (two ingress replicas or node agents given one name, or a
-restart while the old process still runs): the later write wins, under the later lease, and
+Two processes can hold one key (two holders given one name, or a restart while the old
+process still runs): the later write wins, under the later lease, and
 when that process stops its record goes, though the first still runs and keeps its own lease
 alive. So after each renewal the holder reads the key (`_check`): gone, it is written again
 under the holder's lease; holding another value (someone else's write, or one this holder
 cannot read), it is left to them, and said once.
 
 A holder that must be alone under its key (a node agent: two agents of one node would each
-bury the other's sandboxes) says which records it may write over (`claimable`: its own
+bury the other's sandboxes; an ingress replica: peers relay to it by name) says which records it may write over (`claimable`: its own
 previous run's). Each write under a new lease is then a compare-and-set: over nothing, or
 over a record it may take, at the revision it read; another's record ends `run` with `Taken`,
 having written nothing. Two holders that start together so cannot both get through; and a
 lost lease is fatal to such a holder after all when, meanwhile, another took the key.
+
+Before it writes anything, such a holder waits out a record of its key that is not its own
+(`claim`): a previous run's lease runs out within its TTL; a record that stays past the TTL
+and `CLAIM_MARGIN` is a running holder's, and the start is refused (the holder's own error,
+saying what to do).
 
 The node agent's `nodes/{node}` and an ingress replica's `ingresses/{replica}` are held this
 way. A leader's `leaders/{role}` is not: a lost term must never be written again, since
@@ -49,6 +54,9 @@ M = TypeVar("M", bound=BaseModel)
 
 RETRY = 1.0
 """Seconds between tries while the store fails."""
+CLAIM_MARGIN = 3.0
+"""Seconds past its TTL a record of the key held by another may stay before it counts as a
+running holder's (a previous run's lease runs out within its TTL)."""
 
 
 class Found(StrEnum):
@@ -97,6 +105,70 @@ class Taken(Exception):
         super().__init__(f"{key} is held by another: {holder!r}")
         self.key = key
         self.holder = holder
+
+
+class HolderRunning(RuntimeError):
+    """Another holder of a key that must have one runs (a replica of the same name): the
+    start is refused, or the run ended, with a message saying what to do."""
+
+
+class Claim(StrEnum):
+    GO = "go"
+    WAIT = "wait"
+    REFUSE = "refuse"
+
+
+def claim_step(holder: str | None, mine: str, waited: float | None, ttl: float) -> Claim:
+    """What `claim` does next, given who holds the key's record (None: nobody), this
+    holder's identity, and how long the record has been seen held by another (None: not yet
+    seen): go when nobody or this holder holds it; wait while a previous run's lease may
+    still be running out (its TTL and `CLAIM_MARGIN`); refuse once it has outlived that."""
+    if holder is None or holder == mine:
+        return Claim.GO
+    if waited is not None and waited >= ttl + CLAIM_MARGIN:
+        return Claim.REFUSE
+    return Claim.WAIT
+
+
+async def claim(
+    store: Store,
+    key: str,
+    model: type[M],
+    *,
+    identity: Callable[[M], str],
+    mine: str,
+    ttl: float,
+    waiting: Callable[[M], None],
+    refused: Callable[[M], Exception],
+    what: str,
+    poll: float = 0.5,
+) -> None:
+    """Before a holder alone under `key` writes anything: a record there whose `identity` is
+    not `mine` is a previous run's, whose lease runs out within its TTL, or another holder's,
+    still running, which renews it. Waits for it to go (`waiting` is told once, as it starts
+    to); raises `refused(record)` once it has stayed for the TTL and `CLAIM_MARGIN`. A store
+    that fails meanwhile only delays it (invariant 19)."""
+    seen_at: float | None = None
+    while True:
+        try:
+            item = await store.get(key, model)
+        except StoreError as exc:
+            log.warning("%s: cannot read its record yet: %s", what, exc, extra={"key": key})
+            seen_at = None  # a lease may outlive an outage: watch it again afterwards
+            await anyio.sleep(RETRY)
+            continue
+        now = anyio.current_time()
+        holder = None if item is None else identity(item.value)
+        step = claim_step(holder, mine, None if seen_at is None else now - seen_at, ttl)
+        if step is Claim.GO:
+            return
+        assert item is not None
+        if step is Claim.REFUSE:
+            raise refused(item.value)
+        if seen_at is None:
+            seen_at = now
+            waiting(item.value)
+        await anyio.sleep(poll)
 
 
 class HeldRecord(Generic[M]):
