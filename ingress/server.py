@@ -309,7 +309,13 @@ class Ingress:
             wait=self.settings.tunnel_wait,
             ingress_token=self._relay_token,
             registry=self._registry,
+            record_ttl=self.settings.tunnel_record_ttl,
         )
+        try:
+            await self.tunnels.claim()  # no twin of this name runs: before anything is served
+        except BaseException:
+            sock.close()
+            raise
         tasks.start_soon(self.tunnels.run)
         try:
             server = await self.tunnels.serve(sock)

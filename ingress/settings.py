@@ -137,6 +137,10 @@ class IngressSettings(StoreSettings):
     tunnel_replica: str | None = None
     """This replica's name in `ingresses/` and in the nodes' coverage tables (default:
     `HOSTNAME-PORT`). WAKEFUL_TUNNEL_REPLICA."""
+    tunnel_record_ttl: int = Field(default=10, ge=2, le=300)
+    """Seconds this replica's `ingresses/` record outlives it when it dies unannounced (the
+    peers relay to it no more), and how long a replica of the same name starting elsewhere
+    waits for it, with a margin, before it is refused. WAKEFUL_TUNNEL_RECORD_TTL."""
     tunnel_streams_per_node: int = Field(default=1024, ge=1, le=65_536)
     """Streams one node may hold on this replica (seed 003); one past it is refused."""
     tunnel_wait: float = Field(default=30.0, gt=0, le=300)

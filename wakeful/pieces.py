@@ -29,6 +29,7 @@ from wakeful.node.settings import NodeSettings
 from wakeful.oci import ImageError
 from wakeful.secrets.errors import KeysUnusable
 from wakeful.store import StoreError
+from wakeful.store.held import HolderRunning
 
 from . import build_commands, commands
 from .commands import RUNTIME, USAGE, CliError
@@ -150,6 +151,7 @@ def _serve(main: Callable[[], Awaitable[None]], *, store: str, uvloop: bool = Fa
         StoreError,
         IsolationUnavailable,
         NodeTaken,
+        HolderRunning,
         TokenRefused,
         DeployError,
         KeysUnusable,
@@ -166,7 +168,9 @@ def _serve(main: Callable[[], Awaitable[None]], *, store: str, uvloop: bool = Fa
             raise CliError(f"deploy refused: {cause}", USAGE) from None
         if isinstance(cause, ImageError):  # its image: refused, or not pulled
             raise CliError(f"deploy refused: {cause}", USAGE) from None
-        if isinstance(cause, IsolationUnavailable | WorkersFailed | NodeTaken | TokenRefused):
+        if isinstance(
+            cause, IsolationUnavailable | WorkersFailed | NodeTaken | HolderRunning | TokenRefused
+        ):
             raise CliError(str(cause), RUNTIME) from None
         if isinstance(cause, StoreError):
             raise CliError(f"{store} cannot be used: {cause}", RUNTIME) from None

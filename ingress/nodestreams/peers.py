@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from wakeful.domain import keys
 from wakeful.domain.models import IngressReplica, Node
 from wakeful.store import Item, Store
-from wakeful.store.held import HeldRecord
+from wakeful.store.held import CLAIM_MARGIN, HeldRecord, HolderRunning, Taken, claim
 from wakeful.store.reflector import Feed
 
 log = logging.getLogger(__name__)
@@ -76,14 +76,72 @@ class Peers:
         return found
 
 
+def ours(record: IngressReplica, mine: IngressReplica) -> bool:
+    """`record` (found under this replica's name) is this replica's, or its previous run's:
+    it takes relays at the same address, which this process now listens on (a replica of the
+    same name elsewhere relays at another)."""
+    return record.relay == mine.relay
+
+
+def _twin(name: str, relay: str, lapsed: bool = False) -> str:
+    how = (
+        f"relays at {relay} now: this one's record lapsed (the store out of reach) and the "
+        "other took it"
+        if lapsed
+        else f"still runs, relaying at {relay}"
+    )
+    return (
+        f"ingress replica {name!r} is registered by another ingress that {how}: two replicas "
+        "of one name would take each other's tunnels and relays; give this one a name of its "
+        "own (WAKEFUL_TUNNEL_REPLICA) or stop the other"
+    )
+
+
+async def claim_name(store: Store, record: IngressReplica, ttl: int) -> None:
+    """Before this replica takes tunnels: a record of its name that is not its own (another
+    relay address) is a previous run's, gone within its TTL, or a running twin's, and the
+    start is refused once it has stayed past the TTL and the margin (`HolderRunning`)."""
+
+    def waiting(found: IngressReplica) -> None:
+        log.warning(
+            "ingress replica %s is registered by another ingress (relaying at %s): waiting "
+            "up to %.0f s for that record to go (a previous run's) before taking tunnels",
+            record.name,
+            found.relay,
+            ttl + CLAIM_MARGIN,
+        )
+
+    await claim(
+        store,
+        keys.ingress(record.name),
+        IngressReplica,
+        identity=lambda found: found.relay,
+        mine=record.relay,
+        ttl=ttl,
+        waiting=waiting,
+        refused=lambda found: HolderRunning(_twin(record.name, found.relay)),
+        what=f"ingress replica {record.name}",
+    )
+
+
 async def hold_record(store: Store, record: IngressReplica, ttl: int) -> None:
     """Keep `record` (this replica's) in the store under a lease of `ttl` seconds, granted
     again when it expires; until cancelled, then revoked at once (at most 2 s), so no peer
-    relays here any more."""
+    relays here any more. Alone under its name: a write under a new lease goes over no
+    record or this replica's own (`ours`), else the run ends (`HolderRunning`)."""
     held = HeldRecord(
-        store, keys.ingress(record.name), record, ttl=ttl, what=f"ingress replica {record.name}"
+        store,
+        keys.ingress(record.name),
+        record,
+        ttl=ttl,
+        what=f"ingress replica {record.name}",
+        claimable=lambda found: ours(found, record),
     )
     try:
         await held.run()
+    except Taken as exc:
+        relay = exc.holder.relay if isinstance(exc.holder, IngressReplica) else "an address"
+        lapsed = held.held.is_set()  # else it started as this one did, and wrote first
+        raise HolderRunning(_twin(record.name, relay, lapsed)) from None
     finally:
         await held.release(within=2)

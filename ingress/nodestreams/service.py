@@ -21,7 +21,7 @@ from wakeful.ingress.nodestreams.exchange import Exchange
 from wakeful.ingress.nodestreams.hub import StreamHub
 from wakeful.ingress.nodestreams.listener import Listener
 from wakeful.ingress.nodestreams.metrics import TunnelCollector, TunnelCounts
-from wakeful.ingress.nodestreams.peers import Peers, hold_record
+from wakeful.ingress.nodestreams.peers import Peers, claim_name, hold_record
 from wakeful.ingress.nodestreams.relay import relay_to
 from wakeful.ingress.nodestreams.stream import NodeStream
 from wakeful.store import Store
@@ -70,6 +70,13 @@ class Tunnels:
             registry.register(TunnelCollector(self.hub, self.counts))
 
     # -- running -----------------------------------------------------------------------------
+
+    async def claim(self) -> None:
+        """Before it takes tunnels: wait out a record of this replica's name that another
+        relay address holds (a previous run's), refused if a running twin holds it
+        (`peers.claim_name`, `HolderRunning`)."""
+        record = IngressReplica(name=self.replica, relay=self.advertise)
+        await claim_name(self._store, record, self._record_ttl)
 
     async def run(self) -> None:
         """Follow tokens, peers and nodes; keep this replica's record; close the streams of

@@ -11,19 +11,20 @@ whatever it was given last is what `run` writes under the next lease. `release` 
 lease, so the record goes now rather than a TTL later: the holder calls it when it stops, at
 the point its shutdown order says (the node agent after its sandboxes have stopped).
 
-Two processes can hold one key (two holders given one name, or a restart while the old
-process still runs): the later write wins, under the later lease, and
-when that process stops its record goes, though the first still runs and keeps its own lease
-alive. So after each renewal the holder reads the key (`_check`): gone, it is written again
-under the holder's lease; holding another value (someone else's write, or one this holder
-cannot read), it is left to them, and said once.
+Two processes can hold one key (two holders given one name, or a restart while the old process
+still runs): the later write wins, under the later lease, and when that process stops its
+record goes, though the first still runs and keeps its own lease alive. So after each renewal
+the holder reads the key (`_check`): gone, it is written again under the holder's lease;
+holding another value (someone else's write, or one this holder cannot read), it is left to
+them, and said once.
 
 A holder that must be alone under its key (a node agent: two agents of one node would each
-bury the other's sandboxes; an ingress replica: peers relay to it by name) says which records it may write over (`claimable`: its own
-previous run's). Each write under a new lease is then a compare-and-set: over nothing, or
-over a record it may take, at the revision it read; another's record ends `run` with `Taken`,
-having written nothing. Two holders that start together so cannot both get through; and a
-lost lease is fatal to such a holder after all when, meanwhile, another took the key.
+bury the other's sandboxes; an ingress replica: peers relay to it by name) says which records
+it may write over (`claimable`: its own previous run's). Each write under a new lease is then
+a compare-and-set: over nothing, or over a record it may take, at the revision it read;
+another's record ends `run` with `Taken`, having written nothing. Two holders that start
+together so cannot both get through; and a lost lease is fatal to such a holder after all
+when, meanwhile, another took the key.
 
 Before it writes anything, such a holder waits out a record of its key that is not its own
 (`claim`): a previous run's lease runs out within its TTL; a record that stays past the TTL

@@ -1,0 +1,97 @@
+"""One name, one ingress replica (`ingress.nodestreams.peers`): a replica that takes tunnels
+waits out a record of its name another relay address holds (a previous run's), and is refused
+when a running twin renews it; its own previous run's record (the same relay address) does
+not hold it up; and of two that passed that check together, the second to write ends."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from tests.support.store import pass_time
+from wakeful.domain import keys
+from wakeful.domain.models import IngressReplica
+from wakeful.ingress.nodestreams.peers import claim_name, hold_record
+from wakeful.store import Store
+from wakeful.store.held import CLAIM_MARGIN, HeldRecord, HolderRunning
+from wakeful.testing import ManualClock
+
+pytestmark = pytest.mark.anyio
+
+TTL = 2
+MINE = IngressReplica(name="r1", relay="10.0.0.1:7001")
+TWIN = IngressReplica(name="r1", relay="10.0.0.2:7001")
+
+
+async def relay_of(store: Store) -> str | None:
+    item = await store.get(keys.ingress("r1"), IngressReplica)
+    return None if item is None else item.value.relay
+
+
+async def test_a_running_twin_refuses_the_start_naming_what_to_do(store: Store) -> None:
+    twin = HeldRecord(store, keys.ingress("r1"), TWIN, ttl=TTL, what="the twin")
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(twin.run)
+        await twin.held.wait()
+        started = anyio.current_time()
+        with (
+            anyio.fail_after(TTL + CLAIM_MARGIN + 10),
+            pytest.raises(HolderRunning) as refused,
+        ):
+            await claim_name(store, MINE, TTL)
+        assert anyio.current_time() - started >= TTL + CLAIM_MARGIN
+        assert str(refused.value) == (
+            "ingress replica 'r1' is registered by another ingress that still runs, relaying "
+            "at 10.0.0.2:7001: two replicas of one name would take each other's tunnels and "
+            "relays; give this one a name of its own (WAKEFUL_TUNNEL_REPLICA) or stop the other"
+        )
+        assert await relay_of(store) == TWIN.relay  # untouched
+        tasks.cancel_scope.cancel()
+    await twin.release(within=5)
+
+
+async def test_its_own_previous_runs_record_does_not_hold_it_up(store: Store) -> None:
+    """Killed, the previous run left its record to its TTL; it relayed at this address."""
+    lease = await store.grant(TTL)
+    await store.put(keys.ingress("r1"), MINE, lease=lease)
+    with anyio.fail_after(1):
+        await claim_name(store, MINE, TTL)
+
+
+async def test_another_relays_record_that_is_not_renewed_is_waited_out(
+    store: Store, ttl_clock: ManualClock | None
+) -> None:
+    """A previous run of this name that relayed elsewhere (its port changed since)."""
+    lease = await store.grant(TTL)
+    await store.put(keys.ingress("r1"), TWIN, lease=lease)
+    async with anyio.create_task_group() as tasks:
+        claimed = anyio.Event()
+
+        async def claiming() -> None:
+            await claim_name(store, MINE, TTL)
+            claimed.set()
+
+        tasks.start_soon(claiming)
+        await anyio.sleep(0.6)
+        assert not claimed.is_set()  # waiting for it
+        await pass_time(store, ttl_clock, TTL + 1)
+        with anyio.fail_after(TTL + CLAIM_MARGIN):
+            await claimed.wait()
+
+
+async def test_of_two_that_passed_the_check_together_the_second_to_write_ends(
+    store: Store,
+) -> None:
+    """Both found no record; the twin wrote first. This one writes over nothing else."""
+    twin = HeldRecord(store, keys.ingress("r1"), TWIN, ttl=TTL, what="the twin")
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(twin.run)
+        await twin.held.wait()
+        with (
+            anyio.fail_after(10),
+            pytest.raises(HolderRunning, match=r"still runs, relaying at 10\.0\.0\.2:7001"),
+        ):
+            await hold_record(store, MINE, TTL)
+        assert await relay_of(store) == TWIN.relay
+        tasks.cancel_scope.cancel()
+    await twin.release(within=5)
