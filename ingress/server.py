@@ -16,7 +16,7 @@ import resource
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
 import anyio.abc
@@ -412,17 +412,42 @@ async def serve(
     relay_token: str | None = None,
     certs: CertSource | None = None,
     ready: Callable[[], None] = lambda: None,
+    before: Callable[[], Awaitable[None]] | None = None,
+    wait_for_stop: Callable[[], Awaitable[int]] | None = None,
 ) -> None:
-    """Run the ingress until SIGTERM or SIGINT, then shut it down gracefully. `ready`: called
-    once it listens (what announces it: a line said before would send a script that waits for
-    it to a port nobody listens on yet).
+    """Run the ingress until SIGTERM or SIGINT (`wait_for_stop` returns one: the process's
+    own receiver, `wakeful.process.wait_for_signal`; by default one of its own), then shut it
+    down gracefully. `before`: what must pass before it starts (the token's check). `ready`:
+    called once it listens (what announces it: a line said before would send a script that
+    waits for it to a port nobody listens on yet). A stop while it starts (the check, a wait
+    for its replica name, the routes' first sync) ends the start at once: nothing is served
+    yet, so nothing is drained.
 
     Run it on uvloop: `anyio.run(serve, ..., backend_options={"use_uvloop": True})`.
     """
     ingress = Ingress(settings, leases, store, registry, relay_token=relay_token, certs=certs)
-    async with ingress.running():
-        ready()
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async for signum in signals:
-                log.info("received %s; shutting down", signal.Signals(signum).name)
-                return
+    started, stop = anyio.Event(), anyio.Event()
+
+    async def run() -> None:
+        if before is not None:
+            await before()
+        async with ingress.running():
+            ready()
+            started.set()
+            await stop.wait()
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(run)
+        signum = await (wait_for_stop or _signalled)()
+        log.info("received %s; shutting down", signal.Signals(signum).name if signum else "a stop")
+        if started.is_set():
+            stop.set()  # drained in order (`Ingress.running`)
+        else:
+            tasks.cancel_scope.cancel()
+
+
+async def _signalled() -> int:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            return signum
+    return 0

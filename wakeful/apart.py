@@ -161,14 +161,16 @@ async def run_ingress(
             HttpCerts(control.apis[0], control.token, 30.0, locate) as certs,
         ):
             name, where = settings.listen, settings.store_url
-            await check_token(certs, store, control.token, Role.INGRESS, name, where)
+
+            async def checked() -> None:
+                await check_token(certs, store, control.token, Role.INGRESS, name, where)
 
             def ready() -> None:
                 announce(settings.listening(settings.listen, settings.tls_listen))
                 settle_heap()
 
             registry = CollectorRegistry()
-            await serve(
+            await serve(  # a signal ends it at any point, the token's check included
                 settings,
                 leases,
                 store,
@@ -176,6 +178,8 @@ async def run_ingress(
                 relay_token=control.token,
                 certs=certs,
                 ready=ready,
+                before=checked,
+                wait_for_stop=wait_for_signal,
             )
 
 

@@ -26,7 +26,8 @@ from wakeful.store.testing import free_port
 
 pytestmark = pytest.mark.anyio
 
-TTL = 2
+TTL = 5
+"""Renewed every 1.7 s here: a loaded machine's stall does not let the running one lapse."""
 RUNNING = IngressReplica(name="r1", relay="10.0.0.9:7001")
 
 
@@ -44,6 +45,18 @@ def tunnel_env(plane: Plane, ttl: int, port: int) -> dict[str, str]:
         "WAKEFUL_TUNNEL_REPLICA": "r1",
         "WAKEFUL_TUNNEL_RECORD_TTL": str(ttl),
     }
+
+
+def ingress(env: dict[str, str], cwd: Path) -> subprocess.Popen[str]:
+    """`wakeful ingress` with `env`, its output (and errors) read line by line."""
+    return subprocess.Popen(
+        [*WAKEFUL, "ingress"],
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 async def test_a_second_replica_of_a_running_name_is_refused_with_one_line(
@@ -81,19 +94,12 @@ async def test_a_replica_killed_and_started_again_is_not_held_up_by_its_record(
 
     def started() -> tuple[subprocess.Popen[str], float]:
         at = time.monotonic()
-        ingress = subprocess.Popen(
-            [*WAKEFUL, "ingress"],
-            env=env,
-            cwd=tmp_path,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        assert ingress.stdout is not None
-        for line in ingress.stdout:
+        proc = ingress(env, tmp_path)
+        assert proc.stdout is not None
+        for line in proc.stdout:
             if "ingress listening on" in line:  # after it took its name and tunnels
-                return ingress, time.monotonic() - at
-        raise AssertionError(f"ended before it took tunnels: {ingress.wait()}")
+                return proc, time.monotonic() - at
+        raise AssertionError(f"ended before it took tunnels: {proc.wait()}")
 
     first, _ = await anyio.to_thread.run_sync(started)
     with first:
@@ -110,3 +116,29 @@ async def test_a_replica_killed_and_started_again_is_not_held_up_by_its_record(
         again.send_signal(signal.SIGTERM)
         assert again.wait(timeout=30) == 0
     assert took < 15, took  # not its record's 30 s and the margin
+
+
+async def test_a_stop_while_it_waits_for_its_name_ends_it_at_once(
+    plane: Plane, tmp_path: Path
+) -> None:
+    """Before, the signal went to a receiver nothing read while it started: the ingress waited
+    the whole claim, then served."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WAKEFUL_")}
+    env.update(tunnel_env(plane, TTL, free_port()))
+    async with open_store(plane.store_url, shared=True) as store:
+        other = HeldRecord(store, keys.ingress("r1"), RUNNING, ttl=TTL, what="the other")
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(other.run)
+            await other.held.wait()
+            with ingress(env, tmp_path) as twin:
+                assert twin.stdout is not None
+                line = await anyio.to_thread.run_sync(twin.stdout.readline)
+                assert "is registered by another ingress" in line, line  # it waits now
+                stopped = time.monotonic()
+                twin.send_signal(signal.SIGTERM)
+                out, _ = await anyio.to_thread.run_sync(lambda: twin.communicate(timeout=30))
+            assert twin.returncode == 0, out
+            assert time.monotonic() - stopped < TTL, out  # not the rest of the claim's wait
+            assert "listening" not in out and "Traceback" not in out, out
+            tasks.cancel_scope.cancel()
+        await other.release(within=5)
