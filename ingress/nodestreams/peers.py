@@ -15,7 +15,14 @@ from pydantic import BaseModel
 from wakeful.domain import keys
 from wakeful.domain.models import IngressReplica, Node
 from wakeful.store import Item, Store
-from wakeful.store.held import CLAIM_MARGIN, HeldRecord, HolderRunning, Taken, claim
+from wakeful.store.held import (
+    CLAIM_MARGIN,
+    UNREADABLE,
+    HeldRecord,
+    HolderRunning,
+    Taken,
+    claim,
+)
 from wakeful.store.reflector import Feed
 
 log = logging.getLogger(__name__)
@@ -83,6 +90,11 @@ def ours(record: IngressReplica, mine: IngressReplica) -> bool:
     return record.relay == mine.relay
 
 
+def _relay(found: object) -> str:
+    """Where another replica's record says it relays; it may be another version's."""
+    return found.relay if isinstance(found, IngressReplica) else f"an address {UNREADABLE}"
+
+
 def _twin(name: str, relay: str, lapsed: bool = False) -> str:
     how = (
         f"relays at {relay} now: this one's record lapsed (the store out of reach) and the "
@@ -102,12 +114,12 @@ async def claim_name(store: Store, record: IngressReplica, ttl: int) -> None:
     relay address) is a previous run's, gone within its TTL, or a running twin's, and the
     start is refused once it has stayed past the TTL and the margin (`HolderRunning`)."""
 
-    def waiting(found: IngressReplica) -> None:
+    def waiting(found: IngressReplica | None) -> None:
         log.warning(
             "ingress replica %s is registered by another ingress (relaying at %s): waiting "
             "up to %.0f s for that record to go (a previous run's) before taking tunnels",
             record.name,
-            found.relay,
+            _relay(found),
             ttl + CLAIM_MARGIN,
         )
 
@@ -119,7 +131,7 @@ async def claim_name(store: Store, record: IngressReplica, ttl: int) -> None:
         mine=record.relay,
         ttl=ttl,
         waiting=waiting,
-        refused=lambda found: HolderRunning(_twin(record.name, found.relay)),
+        refused=lambda found: HolderRunning(_twin(record.name, _relay(found))),
         what=f"ingress replica {record.name}",
     )
 
@@ -140,7 +152,7 @@ async def hold_record(store: Store, record: IngressReplica, ttl: int) -> None:
     try:
         await held.run()
     except Taken as exc:
-        relay = exc.holder.relay if isinstance(exc.holder, IngressReplica) else "an address"
+        relay = _relay(exc.holder)
         lapsed = held.held.is_set()  # else it started as this one did, and wrote first
         raise HolderRunning(_twin(record.name, relay, lapsed)) from None
     finally:

@@ -27,7 +27,7 @@ import anyio
 from wakeful.domain import keys
 from wakeful.domain.models import Node, SeenNode, Tunnel
 from wakeful.store import Conflict, Store
-from wakeful.store.held import CLAIM_MARGIN, HeldRecord, Taken
+from wakeful.store.held import CLAIM_MARGIN, UNREADABLE, HeldRecord, Taken
 from wakeful.store.held import claim as claim_record
 
 from .settings import NodeSettings
@@ -92,22 +92,23 @@ async def claim(store: Store, settings: NodeSettings, agent: str, poll: float = 
     none of it runs."""
     name, ttl = settings.node_name, settings.node_ttl
 
-    def waiting(record: Node) -> None:
+    def waiting(record: Node | None) -> None:
         log.warning(
             "node %s is registered by another agent (%s, at %s): waiting up to %.0f s "
             "for that record to go (a previous run's) before starting",
             name,
-            record.agent or "an older one",
-            record.address,
+            UNREADABLE if record is None else record.agent or "an older one",
+            "?" if record is None else record.address,
             ttl + CLAIM_MARGIN,
         )
 
-    def refused(record: Node) -> NodeTaken:
+    def refused(record: Node | None) -> NodeTaken:
+        at = UNREADABLE if record is None else f"at {record.address}"
         return NodeTaken(
-            f"node {name!r} is registered by another agent that still runs (at "
-            f"{record.address}; its record outlived its {ttl} s TTL): two agents of "
-            "one node would each bury the other's sandboxes; give this one a name of its "
-            "own (WAKEFUL_NODE_NAME) or stop the other"
+            f"node {name!r} is registered by another agent that still runs ({at}; its "
+            f"record outlived its {ttl} s TTL): two agents of one node would each bury the "
+            "other's sandboxes; give this one a name of its own (WAKEFUL_NODE_NAME) or stop "
+            "the other"
         )
 
     await claim_record(

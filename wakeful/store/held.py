@@ -48,7 +48,7 @@ import anyio
 from pydantic import BaseModel
 
 from .base import Store
-from .errors import Conflict, CorruptValue, LeaseNotFound, StoreError
+from .errors import Conflict, CorruptValue, Forbidden, LeaseNotFound, StoreError
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
@@ -131,6 +131,10 @@ def claim_step(holder: str | None, mine: str, waited: float | None, ttl: float) 
     return Claim.WAIT
 
 
+UNREADABLE = "(a record this version cannot read)"
+"""The holder `claim` names for a record another version wrote: someone else's."""
+
+
 async def claim(
     store: Store,
     key: str,
@@ -139,36 +143,43 @@ async def claim(
     identity: Callable[[M], str],
     mine: str,
     ttl: float,
-    waiting: Callable[[M], None],
-    refused: Callable[[M], Exception],
+    waiting: Callable[[M | None], None],
+    refused: Callable[[M | None], Exception],
     what: str,
     poll: float = 0.5,
 ) -> None:
     """Before a holder alone under `key` writes anything: a record there whose `identity` is
     not `mine` is a previous run's, whose lease runs out within its TTL, or another holder's,
     still running, which renews it. Waits for it to go (`waiting` is told once, as it starts
-    to); raises `refused(record)` once it has stayed for the TTL and `CLAIM_MARGIN`. A store
-    that fails meanwhile only delays it (invariant 19)."""
+    to); raises `refused(record)` once it has stayed for the TTL and `CLAIM_MARGIN`. A record
+    it cannot read (another version's; None to the callbacks) is someone else's, as
+    `HeldRecord` takes it. A store that fails meanwhile only delays it (invariant 19), and the
+    wait starts again after it (a lease can outlive an outage); one that refuses the read
+    (`Forbidden`) ends it."""
     seen_at: float | None = None
     while True:
         try:
             item = await store.get(key, model)
+            found = None if item is None else item.value
+            holder = None if found is None else identity(found)
+        except CorruptValue:
+            found, holder = None, UNREADABLE
+        except Forbidden:
+            raise
         except StoreError as exc:
             log.warning("%s: cannot read its record yet: %s", what, exc, extra={"key": key})
             seen_at = None  # a lease may outlive an outage: watch it again afterwards
             await anyio.sleep(RETRY)
             continue
         now = anyio.current_time()
-        holder = None if item is None else identity(item.value)
         step = claim_step(holder, mine, None if seen_at is None else now - seen_at, ttl)
         if step is Claim.GO:
             return
-        assert item is not None
         if step is Claim.REFUSE:
-            raise refused(item.value)
+            raise refused(found)
         if seen_at is None:
             seen_at = now
-            waiting(item.value)
+            waiting(found)
         await anyio.sleep(poll)
 
 
