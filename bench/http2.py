@@ -73,7 +73,7 @@ from pathlib import Path
 import anyio
 from prometheus_client import CollectorRegistry
 
-from bench.procfs import TICK, children, cpu_seconds, waited
+from bench.procfs import TICK, children, cpu_seconds, waited, with_children
 from bench.procfs import stat as _stat
 from bench.proxy import nginx_conf, process
 from wakeful.activator.client import InProcessLeases
@@ -167,8 +167,8 @@ class Proxy:
 
     @classmethod
     def of(cls, pid: int) -> Proxy:
-        """A process and its children as they are now (nginx's master and worker)."""
-        pids = [pid, *children(pid)]
+        """A process and its children (nginx's master and worker, once it forked)."""
+        pids = [pid] if pid == os.getpid() else with_children(pid)
         own = time.process_time if pid == os.getpid() else lambda: cpu_seconds(*pids)
         return cls(own, lambda: waited(*pids))
 
@@ -1022,9 +1022,8 @@ async def main(args: argparse.Namespace, pins: Pins) -> None:
         conf.write_text(nginx_conf(NGINX_CONF, tmp, backend=backend, greeter=greeter, **ngx))
         nginx_cmd = pins.proxy_cmd(["nginx", "-p", tmp, "-c", str(conf), "-g", "daemon off;"])
         nginx = stack.enter_context(process(nginx_cmd, ngx["h1"]))
-        await anyio.sleep(0.2)  # its worker forked
         ngx_proxy = Proxy.of(nginx.pid)
-        nginx_pids = [nginx.pid, *children(nginx.pid)]
+        nginx_pids = with_children(nginx.pid)
         ingress = await stack.enter_async_context(ingress_alone(backend, greeter, http2=True))
         machine.others()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from pathlib import Path
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -37,6 +38,16 @@ def children(pid: int) -> list[int]:
             with contextlib.suppress(OSError):
                 found += map(int, (task / "children").read_text().split())
     return sorted(found)
+
+
+def with_children(pid: int, within: float = 5.0) -> list[int]:
+    """`pid` and its children once it has at least one (nginx's master and its worker: the
+    master listens before it forks the worker, so a port that takes connections does not say
+    the worker is there), or as they are after `within` seconds."""
+    deadline = time.monotonic() + within
+    while not (found := children(pid)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return [pid, *found]
 
 
 def ingress_workers(pid: int) -> list[int]:

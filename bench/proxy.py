@@ -56,7 +56,7 @@ from typing import cast
 import anyio
 from prometheus_client import CollectorRegistry
 
-from bench.procfs import children, cpu_seconds, user_seconds
+from bench.procfs import cpu_seconds, user_seconds, with_children
 from wakeful.activator.client import InProcessLeases
 from wakeful.activator.core import Activator
 from wakeful.activator.settings import ActivatorSettings
@@ -384,7 +384,7 @@ async def main(seconds: int, rate: int) -> None:
                 f"http://127.0.0.1:{nginx_port}/",
                 seconds,
                 rate,
-                [master.pid, *children(master.pid)],
+                with_children(master.pid),
             )
     slow = await slow_backend(seconds, rate)
 
@@ -520,7 +520,7 @@ async def slow_backend(seconds: int, rate: int) -> dict[str, dict[str, Result]]:
                 pids: list[int] = []  # the proxy's processes (direct: none)
                 if name == "nginx":
                     master = stack.enter_context(process(nginx, nginx_port)).pid
-                    pids = [master, *children(master)]
+                    pids = with_children(master)
                 if url is None:
                     url = await stack.enter_async_context(ingress_on(port))
                     pids = [os.getpid()]  # the ingress and its activator, in this process

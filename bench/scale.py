@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.procfs import children, cpu_seconds
+from bench.procfs import cpu_seconds, with_children
 from bench.proxy import CONNECTIONS, NGINX_HTTP, NGINX_KEEPALIVE, Result, process, run_wrk, serving
 from bench.websocket import rss
 from wakeful.domain.models import App, AppSpec, Concurrency, Pool, Sandbox, SandboxStatus
@@ -181,7 +181,7 @@ async def main(apps: int, spread: int, seconds: int) -> None:
         conf.write_text(nginx_scale_conf(tmp, apps, sandbox_port, nginx_port))
         nginx = ["nginx", "-p", tmp, "-c", str(conf), "-g", "daemon off;"]
         with process(nginx, nginx_port) as master:
-            pids = [master.pid, *children(master.pid)]
+            pids = with_children(master.pid)
             ngx_one, ngx_many = await both_runs(
                 f"http://127.0.0.1:{nginx_port}/", seconds, script, pids
             )
@@ -194,14 +194,16 @@ async def main(apps: int, spread: int, seconds: int) -> None:
         (f"spread over {spread}", many, ngx_many),
     ):
         for name, result in (("ingress", ours), ("nginx", theirs)):
-            times = f"{ours.cpu_us / theirs.cpu_us:.2f}x" if name == "ingress" else ""
+            times = ""
+            if name == "ingress":
+                times = f"{ours.cpu_us / theirs.cpu_us:.2f}x" if theirs.cpu_us else "n/a"
             print(
                 row.format(
                     f"{label}, {name}",
                     f"{result.rps:,.0f}",
                     f"{result.p50_ms:.2f}",
                     f"{result.cpu_us:.1f}",
-                    times if theirs.cpu_us else "n/a",
+                    times,
                     result.errors or "-",
                 )
             )

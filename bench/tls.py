@@ -54,7 +54,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 from cryptography.x509.oid import NameOID
 from prometheus_client import CollectorRegistry
 
-from bench.procfs import children, cpu_seconds
+from bench.procfs import cpu_seconds, with_children
 from bench.proxy import nginx_conf, process
 from wakeful.activator.client import InProcessLeases
 from wakeful.activator.core import Activator
@@ -212,7 +212,7 @@ async def clients(n: int, cert: Path, cpus: list[int]) -> AsyncIterator[Load]:
 
 def tree_cpu(pid: int) -> Callable[[], float]:
     """The CPU of `pid` and its children (nginx's master and its worker)."""
-    pids = [pid, *children(pid)]
+    pids = with_children(pid)
     return lambda: cpu_seconds(*pids)
 
 

@@ -51,7 +51,7 @@ import anyio
 import httpx
 
 from bench.cluster import Piece, wakeful_cli
-from bench.procfs import children, cpu_seconds
+from bench.procfs import children, cpu_seconds, with_children
 from bench.proxy import NGINX_HTTP, NGINX_KEEPALIVE, SLOW_DELAY, Result, run_hey, run_wrk
 from wakeful.domain import keys
 from wakeful.domain.models import Sandbox
@@ -299,8 +299,7 @@ def nginx(
     )
     try:
         wait_listening(port, within=30)
-        time.sleep(0.3)  # its workers forked
-        yield f"http://127.0.0.1:{port}", [process.pid, *children(process.pid)], ()
+        yield f"http://127.0.0.1:{port}", with_children(process.pid), ()
     finally:
         process.terminate()
         process.wait(timeout=30)
