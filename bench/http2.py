@@ -75,7 +75,7 @@ from prometheus_client import CollectorRegistry
 
 from bench.procfs import TICK, children, cpu_seconds, waited, with_children
 from bench.procfs import stat as _stat
-from bench.proxy import nginx_conf, process
+from bench.proxy import NGINX_HEAD, nginx_conf, process
 from wakeful.activator.client import InProcessLeases
 from wakeful.activator.core import Activator
 from wakeful.activator.settings import ActivatorSettings
@@ -97,12 +97,9 @@ H1_LOAD = ["--h1", "-c", "100", "-m", "1"]
 CLOSE_CONNECTIONS = 16
 """wrk's connections for a new connection per request."""
 
-NGINX_CONF = """
-worker_processes 1;
-pid {dir}/nginx.pid;
-error_log {dir}/error.log warn;
-events {{ worker_connections 4096; }}
-http {{
+NGINX_CONF = (
+    NGINX_HEAD
+    + """http {{
 {http}
     keepalive_requests 10000000;
     upstream backend {{
@@ -132,6 +129,7 @@ http {{
     }}
 }}
 """
+)
 """One worker like the single-process ingress; `keepalive_requests` raised so that neither side
 closes a connection mid-run (1.22's default is 1000 requests, then GOAWAY, which h2load does
 not recover from)."""

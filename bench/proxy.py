@@ -170,12 +170,17 @@ def nginx_conf(template: str, directory: str, **ports: int) -> str:
     return template.format(dir=directory, http=http, keepalive=NGINX_KEEPALIVE, **ports)
 
 
-NGINX_CONF = """
+NGINX_HEAD = """
 worker_processes 1;
 pid {dir}/nginx.pid;
 error_log {dir}/error.log warn;
 events {{ worker_connections 4096; }}
-http {{
+"""
+"""The start of every bench's nginx configuration: one worker, files in `{dir}`."""
+
+NGINX_CONF = (
+    NGINX_HEAD
+    + """http {{
 {http}
     upstream sandbox {{ server 127.0.0.1:{upstream}; keepalive {keepalive}; }}
     server {{
@@ -190,6 +195,7 @@ http {{
     }}
 }}
 """
+)
 
 
 @dataclass

@@ -36,7 +36,16 @@ from pathlib import Path
 from typing import Any
 
 from bench.procfs import cpu_seconds, with_children
-from bench.proxy import CONNECTIONS, NGINX_HTTP, NGINX_KEEPALIVE, Result, process, run_wrk, serving
+from bench.proxy import (
+    CONNECTIONS,
+    NGINX_HEAD,
+    NGINX_HTTP,
+    NGINX_KEEPALIVE,
+    Result,
+    process,
+    run_wrk,
+    serving,
+)
 from bench.websocket import rss
 from wakeful.domain.models import App, AppSpec, Concurrency, Pool, Sandbox, SandboxStatus
 from wakeful.store import Put, Store
@@ -52,12 +61,9 @@ end
 """
 
 
-NGINX_SCALE_CONF = """
-worker_processes 1;
-pid {dir}/nginx.pid;
-error_log {dir}/error.log warn;
-events {{ worker_connections 4096; }}
-http {{
+NGINX_SCALE_CONF = (
+    NGINX_HEAD
+    + """http {{
 {http}
     server_names_hash_max_size {hash_size};
     server_names_hash_bucket_size 64;
@@ -79,6 +85,7 @@ http {{
     }}
 }}
 """
+)
 """nginx routing by Host among every app's name, to the one sandbox all of them share."""
 
 
