@@ -178,13 +178,7 @@ events {{ worker_connections 4096; }}
 """
 """The start of every bench's nginx configuration: one worker, files in `{dir}`."""
 
-NGINX_CONF = (
-    NGINX_HEAD
-    + """http {{
-{http}
-    upstream sandbox {{ server 127.0.0.1:{upstream}; keepalive {keepalive}; }}
-    server {{
-        listen 127.0.0.1:{port};
+NGINX_TO_SANDBOX = """\
         location / {{
             proxy_pass http://sandbox;
             proxy_http_version 1.1;
@@ -192,7 +186,19 @@ NGINX_CONF = (
             proxy_set_header Host $host;
             proxy_set_header X-Forwarded-For $remote_addr;
         }}
-    }}
+"""
+"""Every request to the `sandbox` upstream over kept HTTP/1.1 connections, as the ingress."""
+
+NGINX_CONF = (
+    NGINX_HEAD
+    + """http {{
+{http}
+    upstream sandbox {{ server 127.0.0.1:{upstream}; keepalive {keepalive}; }}
+    server {{
+        listen 127.0.0.1:{port};
+"""
+    + NGINX_TO_SANDBOX
+    + """    }}
 }}
 """
 )

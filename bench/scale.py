@@ -41,6 +41,7 @@ from bench.proxy import (
     NGINX_HEAD,
     NGINX_HTTP,
     NGINX_KEEPALIVE,
+    NGINX_TO_SANDBOX,
     Result,
     process,
     run_wrk,
@@ -75,14 +76,9 @@ NGINX_SCALE_CONF = (
     server {{
         listen 127.0.0.1:{port};
         server_name {names};
-        location / {{
-            proxy_pass http://sandbox;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_set_header Host $host;
-            proxy_set_header X-Forwarded-For $remote_addr;
-        }}
-    }}
+"""
+    + NGINX_TO_SANDBOX
+    + """    }}
 }}
 """
 )
