@@ -409,45 +409,42 @@ async def serve(
     store: Store,
     registry: CollectorRegistry,
     *,
+    wait_for_stop: Callable[[], Awaitable[int]],
     relay_token: str | None = None,
     certs: CertSource | None = None,
     ready: Callable[[], None] = lambda: None,
     before: Callable[[], Awaitable[None]] | None = None,
-    wait_for_stop: Callable[[], Awaitable[int]] | None = None,
 ) -> None:
-    """Run the ingress until SIGTERM or SIGINT (`wait_for_stop` returns one: the process's
-    own receiver, `wakeful.process.wait_for_signal`; by default one of its own), then shut it
-    down gracefully. `before`: what must pass before it starts (the token's check). `ready`:
-    called once it listens (what announces it: a line said before would send a script that
-    waits for it to a port nobody listens on yet). A stop while it starts (the check, a wait
-    for its replica name, the routes' first sync) ends the start at once: nothing is served
-    yet, so nothing is drained.
+    """Run the ingress until `wait_for_stop` returns (the process's signal receiver,
+    `wakeful.process.wait_for_signal`: SIGTERM or SIGINT), then shut it down gracefully.
+    `before`: what must pass before it starts (the token's check). `ready`: called once it
+    listens (what announces it: a line said before would send a script that waits for it to
+    a port nobody listens on yet).
+
+    A stop before its client listener takes connections (the check, the wait for its replica
+    name, the routes' first sync) ends the start at once: no request was taken, so none is
+    drained. A stop once it does (the HTTPS listener may still be starting) lets the start
+    finish and drains in order (`Ingress.running`); a second stop meanwhile does not cut the
+    drain short, which `WAKEFUL_SHUTDOWN_TIMEOUT` bounds.
 
     Run it on uvloop: `anyio.run(serve, ..., backend_options={"use_uvloop": True})`.
     """
     ingress = Ingress(settings, leases, store, registry, relay_token=relay_token, certs=certs)
-    started, stop = anyio.Event(), anyio.Event()
+    stop = anyio.Event()
 
     async def run() -> None:
         if before is not None:
             await before()
         async with ingress.running():
-            ready()
-            started.set()
+            if not stop.is_set():
+                ready()
             await stop.wait()
 
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(run)
-        signum = await (wait_for_stop or _signalled)()
+        signum = await wait_for_stop()
         log.info("received %s; shutting down", signal.Signals(signum).name if signum else "a stop")
-        if started.is_set():
-            stop.set()  # drained in order (`Ingress.running`)
+        if ingress.address[1]:  # its client listener takes connections: drained
+            stop.set()
         else:
             tasks.cancel_scope.cancel()
-
-
-async def _signalled() -> int:
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async for signum in signals:
-            return signum
-    return 0

@@ -149,7 +149,8 @@ async def run_ingress(
     settings: IngressSettings, control: Endpoint, *, announce: Callable[[str], None]
 ) -> None:
     """An ingress taking its leases over the activator's lease channel (one WebSocket, many
-    calls in flight); `serve` owns the signals. Run it on uvloop."""
+    calls in flight); `serve` races its start (the token's check first) against the
+    process's signal receiver. Run it on uvloop."""
     from wakeful.activator.client import ChannelLeases
     from wakeful.ingress import serve
     from wakeful.remote.ingress import HttpCerts

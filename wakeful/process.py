@@ -2,9 +2,12 @@
 heap once it has started, and names itself to the others.
 
 `signals_caught` is entered first, inside the event loop and before a piece starts anything
-(`wakeful.pieces._serve`): a SIGINT or SIGTERM that comes while the piece starts waits until it
-has started (`wait_for_signal`), then stops it in order. Before, the default action killed a
-`wakeful up` told to stop while it started, leaving its warm sandboxes and their mounts behind.
+(`wakeful.pieces._serve`): a SIGINT or SIGTERM that comes while the piece starts is kept for
+`wait_for_signal`, which each piece awaits beside its start. Where the start may wait long (a
+node's or an ingress replica's claim of its name, a token's check through a store outage), a
+stop ends the wait at once; a piece that is serving is stopped in order. Before, the default
+action killed a `wakeful up` told to stop while it started, leaving its warm sandboxes and their
+mounts behind.
 """
 
 from __future__ import annotations

@@ -92,37 +92,46 @@ async def test_a_replica_killed_and_started_again_is_not_held_up_by_its_record(
     env = {k: v for k, v in os.environ.items() if not k.startswith("WAKEFUL_")}
     env.update(tunnel_env(plane, 30, free_port()))
 
-    def started() -> tuple[subprocess.Popen[str], float]:
+    async def started(procs: list[subprocess.Popen[str]]) -> float:
+        """Seconds until a new `wakeful ingress` (appended to `procs`) says it listens."""
         at = time.monotonic()
         proc = ingress(env, tmp_path)
+        procs.append(proc)
         assert proc.stdout is not None
-        for line in proc.stdout:
-            if "ingress listening on" in line:  # after it took its name and tunnels
-                return proc, time.monotonic() - at
+        with anyio.fail_after(60):
+            while line := await anyio.to_thread.run_sync(
+                proc.stdout.readline, abandon_on_cancel=True
+            ):
+                if "ingress listening on" in line:  # after it took its name and tunnels
+                    return time.monotonic() - at
         raise AssertionError(f"ended before it took tunnels: {proc.wait()}")
 
-    first, _ = await anyio.to_thread.run_sync(started)
-    with first:
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        await started(procs)
         async with open_store(plane.store_url, shared=True) as store:
             with anyio.fail_after(10):  # its record, written as it serves
                 while await store.get(keys.ingress("r1"), IngressReplica) is None:  # noqa: ASYNC110
                     await anyio.sleep(0.1)
-            first.send_signal(signal.SIGKILL)
-            first.wait(timeout=10)
+            procs[0].send_signal(signal.SIGKILL)
+            procs[0].wait(timeout=10)
             left = await store.get(keys.ingress("r1"), IngressReplica)
             assert left is not None  # the killed run's record, until its TTL
-    again, took = await anyio.to_thread.run_sync(started)
-    with again:
-        again.send_signal(signal.SIGTERM)
-        assert again.wait(timeout=30) == 0
+        took = await started(procs)
+        procs[1].send_signal(signal.SIGTERM)
+        assert procs[1].wait(timeout=30) == 0
+    finally:
+        for proc in procs:  # a failed assertion leaves none running
+            with proc:
+                proc.kill()
     assert took < 15, took  # not its record's 30 s and the margin
 
 
 async def test_a_stop_while_it_waits_for_its_name_ends_it_at_once(
     plane: Plane, tmp_path: Path
 ) -> None:
-    """Before, the signal went to a receiver nothing read while it started: the ingress waited
-    the whole claim, then served."""
+    """Before, the signal went to a receiver nothing read while it started: the ingress went
+    on waiting for its name (and, had the name come free, served)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("WAKEFUL_")}
     env.update(tunnel_env(plane, TTL, free_port()))
     async with open_store(plane.store_url, shared=True) as store:
@@ -130,13 +139,20 @@ async def test_a_stop_while_it_waits_for_its_name_ends_it_at_once(
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(other.run)
             await other.held.wait()
-            with ingress(env, tmp_path) as twin:
+            twin = ingress(env, tmp_path)
+            try:
                 assert twin.stdout is not None
-                line = await anyio.to_thread.run_sync(twin.stdout.readline)
+                with anyio.fail_after(30):
+                    line = await anyio.to_thread.run_sync(
+                        twin.stdout.readline, abandon_on_cancel=True
+                    )
                 assert "is registered by another ingress" in line, line  # it waits now
                 stopped = time.monotonic()
                 twin.send_signal(signal.SIGTERM)
                 out, _ = await anyio.to_thread.run_sync(lambda: twin.communicate(timeout=30))
+            finally:
+                with twin:  # a failed assertion must not leave it running (nor the test waiting)
+                    twin.kill()
             assert twin.returncode == 0, out
             assert time.monotonic() - stopped < TTL, out  # not the rest of the claim's wait
             assert "listening" not in out and "Traceback" not in out, out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import anyio
@@ -32,8 +33,96 @@ async def test_ready_is_said_once_the_port_takes_connections() -> None:
             tasks.cancel_scope.cancel()
 
         with anyio.fail_after(30):
-            await serve(settings, FakeLeases({}), store, CollectorRegistry(), ready=ready)
+            await serve(
+                settings,
+                FakeLeases({}),
+                store,
+                CollectorRegistry(),
+                wait_for_stop=never,
+                ready=ready,
+            )
     assert seen == [True]
+
+
+async def never() -> int:
+    await anyio.sleep_forever()
+    return 0
+
+
+async def test_a_stop_before_it_listens_ends_the_start_at_once() -> None:
+    """The start still waits (the token's check, here for ever): the stop ends it, nothing is
+    announced, nothing listens."""
+    port = free_port()
+    settings = IngressSettings(
+        store_url="memory://", listen=f"127.0.0.1:{port}", admin_listen="127.0.0.1:0"
+    )
+    said: list[str] = []
+    stopping = anyio.Event()
+
+    async def stop_when_waiting() -> int:
+        await stopping.wait()
+        return signal.SIGTERM
+
+    async def checking() -> None:
+        stopping.set()
+        await anyio.sleep_forever()
+
+    async with open_store("memory://") as store:
+        with anyio.fail_after(10):
+            await serve(
+                settings,
+                FakeLeases({}),
+                store,
+                CollectorRegistry(),
+                wait_for_stop=stop_when_waiting,
+                ready=lambda: said.append("ready"),
+                before=checking,
+            )
+    assert said == [] and not listening(port)
+
+
+async def test_a_stop_once_it_listens_ends_it() -> None:
+    port = free_port()
+    settings = IngressSettings(
+        store_url="memory://", listen=f"127.0.0.1:{port}", admin_listen="127.0.0.1:0"
+    )
+    up = anyio.Event()
+
+    async def stop_once_up() -> int:
+        await up.wait()
+        return signal.SIGINT
+
+    async with open_store("memory://") as store:
+        with anyio.fail_after(30):
+            await serve(
+                settings,
+                FakeLeases({}),
+                store,
+                CollectorRegistry(),
+                wait_for_stop=stop_once_up,
+                ready=up.set,
+            )
+    assert up.is_set() and not listening(port)
+
+
+async def test_a_start_that_fails_ends_serve_with_its_error() -> None:
+    settings = IngressSettings(
+        store_url="memory://", listen=f"127.0.0.1:{free_port()}", admin_listen="127.0.0.1:0"
+    )
+
+    async def refused() -> None:
+        raise RuntimeError("the token was refused")
+
+    async with open_store("memory://") as store:
+        with anyio.fail_after(10), pytest.RaisesGroup(pytest.RaisesExc(RuntimeError)):
+            await serve(
+                settings,
+                FakeLeases({}),
+                store,
+                CollectorRegistry(),
+                wait_for_stop=never,
+                before=refused,
+            )
 
 
 def listening(port: int) -> bool:
