@@ -13,6 +13,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from pydantic import BaseModel
 
 from tests.support.node import agent_settings, place, put_hello, status_of
 from tests.support.store import pass_time
@@ -210,6 +211,30 @@ async def test_a_previous_runs_record_is_waited_out(store: Store, tmp_path: Path
         await store.delete(keys.node("n1"))
         with anyio.fail_after(5):
             await claimed.wait()
+
+
+class NewerNode(BaseModel):
+    """A node record of a later version, with a field this one does not know."""
+
+    name: str
+    address: str
+    later: str
+
+
+async def test_a_record_it_cannot_read_is_another_agents_and_refuses_the_start(
+    store: Store, tmp_path: Path
+) -> None:
+    """Another version's agent holds the node (its record does not parse here): waited out
+    as any other agent's, then refused, saying so."""
+    await store.put(keys.node("n1"), NewerNode(name="n1", address="10.0.0.9", later="x"))
+    settings = agent_settings(tmp_path / "data", node_ttl=TTL)
+    started = anyio.current_time()
+    with (
+        anyio.fail_after(TTL + CLAIM_MARGIN + 10),
+        pytest.raises(NodeTaken, match=r"still runs \(in a record this version cannot read;"),
+    ):
+        await claim(store, settings, "boot/mine", poll=0.1)
+    assert anyio.current_time() - started >= TTL + CLAIM_MARGIN
 
 
 async def test_the_agents_own_record_is_its_previous_run(store: Store, tmp_path: Path) -> None:

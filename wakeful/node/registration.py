@@ -27,7 +27,7 @@ import anyio
 from wakeful.domain import keys
 from wakeful.domain.models import Node, SeenNode, Tunnel
 from wakeful.store import Conflict, Store
-from wakeful.store.held import CLAIM_MARGIN, UNREADABLE, HeldRecord, Taken
+from wakeful.store.held import CLAIM_MARGIN, HeldRecord, Taken
 from wakeful.store.held import claim as claim_record
 
 from .settings import NodeSettings
@@ -83,6 +83,13 @@ def agent_identity(data_dir: Path, boot: Path = BOOT_ID) -> str:
     return f"{booted}/{place.st_dev}:{place.st_ino}/{own}"
 
 
+def _holder(record: Node | None) -> str:
+    """Which agent holds a node's record, as the claim's lines say it."""
+    if record is None:
+        return "in a record this version cannot read"
+    return f"{record.agent or 'an older one'}, at {record.address}"
+
+
 async def claim(store: Store, settings: NodeSettings, agent: str, poll: float = 0.5) -> None:
     """Before an agent writes anything: a record of its node held by another agent (another
     `agent_identity`) is a previous run's, whose lease runs out within its TTL, or another
@@ -94,21 +101,19 @@ async def claim(store: Store, settings: NodeSettings, agent: str, poll: float = 
 
     def waiting(record: Node | None) -> None:
         log.warning(
-            "node %s is registered by another agent (%s, at %s): waiting up to %.0f s "
-            "for that record to go (a previous run's) before starting",
+            "node %s is registered by another agent (%s): waiting up to %.0f s for that "
+            "record to go (a previous run's) before starting",
             name,
-            UNREADABLE if record is None else record.agent or "an older one",
-            "?" if record is None else record.address,
+            _holder(record),
             ttl + CLAIM_MARGIN,
         )
 
     def refused(record: Node | None) -> NodeTaken:
-        at = UNREADABLE if record is None else f"at {record.address}"
         return NodeTaken(
-            f"node {name!r} is registered by another agent that still runs ({at}; its "
-            f"record outlived its {ttl} s TTL): two agents of one node would each bury the "
-            "other's sandboxes; give this one a name of its own (WAKEFUL_NODE_NAME) or stop "
-            "the other"
+            f"node {name!r} is registered by another agent that still runs "
+            f"({_holder(record)}; its record outlived its {ttl} s TTL): two agents of one "
+            "node would each bury the other's sandboxes; give this one a name of its own "
+            "(WAKEFUL_NODE_NAME) or stop the other"
         )
 
     await claim_record(

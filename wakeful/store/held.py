@@ -164,8 +164,11 @@ async def claim(
             holder = None if found is None else identity(found)
         except CorruptValue:
             found, holder = None, UNREADABLE
-        except Forbidden:
-            raise
+        except Forbidden as exc:  # the piece's etcd role (`wakeful etcd-auth`)
+            raise Forbidden(
+                f"{what} may not read its record {key}: {exc}; `wakeful etcd-auth` run again "
+                "grants each role what this version reads"
+            ) from exc
         except StoreError as exc:
             log.warning("%s: cannot read its record yet: %s", what, exc, extra={"key": key})
             seen_at = None  # a lease may outlive an outage: watch it again afterwards
