@@ -40,12 +40,12 @@ def children(pid: int) -> list[int]:
     return sorted(found)
 
 
-def with_children(pid: int, within: float = 5.0) -> list[int]:
-    """`pid` and its children once it has at least one (nginx's master and its worker: the
-    master listens before it forks the worker, so a port that takes connections does not say
-    the worker is there), or as they are after `within` seconds."""
+def with_children(pid: int, count: int = 1, within: float = 5.0) -> list[int]:
+    """`pid` and its children once it has `count` of them (nginx's master and its workers:
+    the master listens before it forks them, so a port that takes connections does not say
+    they are there), or as they are after `within` seconds."""
     deadline = time.monotonic() + within
-    while not (found := children(pid)) and time.monotonic() < deadline:
+    while len(found := children(pid)) < count and time.monotonic() < deadline:
         time.sleep(0.02)
     return [pid, *found]
 

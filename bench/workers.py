@@ -299,7 +299,7 @@ def nginx(
     )
     try:
         wait_listening(port, within=30)
-        yield f"http://127.0.0.1:{port}", with_children(process.pid), ()
+        yield f"http://127.0.0.1:{port}", with_children(process.pid, workers), ()
     finally:
         process.terminate()
         process.wait(timeout=30)
