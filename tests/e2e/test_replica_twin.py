@@ -1,5 +1,5 @@
-"""`wakeful ingress` taking tunnels under a replica name another running ingress holds (two
-machines of one hostname, a copied configuration): it waits the record's TTL and a margin, then
+"""`wakeful ingress` taking tunnels under a replica name another running ingress holds at
+another relay address (a copied configuration): it waits the record's TTL and a margin, then
 ends with one line naming what to do, having served nothing. Before, both ran: the later one's
 `ingresses/` record replaced the other's, and peers and nodes relayed to one of the two by
 name. The same ingress killed and started again is not held up by its own record."""
