@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
@@ -18,30 +19,28 @@ from wakeful.testing import FakeLeases
 pytestmark = pytest.mark.anyio
 
 
-async def test_ready_is_said_once_the_port_takes_connections() -> None:
-    """`wakeful ingress` prints its line from `ready`: said before the listener was bound, a
-    script (or a test) waiting for the line found nobody on the port (connection refused)."""
-    port = free_port()
+async def serve_on(
+    port: int,
+    wait_for_stop: Callable[[], Awaitable[int]],
+    ready: Callable[[], None] = lambda: None,
+    before: Callable[[], Awaitable[None]] | None = None,
+    within: float = 30,
+) -> None:
+    """`serve` on a memory store and fake leases, its client listener on `port`."""
     settings = IngressSettings(
         store_url="memory://", listen=f"127.0.0.1:{port}", admin_listen="127.0.0.1:0"
     )
-    seen: list[bool] = []
-    async with open_store("memory://") as store, anyio.create_task_group() as tasks:
-
-        def ready() -> None:
-            seen.append(listening(port))
-            tasks.cancel_scope.cancel()
-
-        with anyio.fail_after(30):
+    async with open_store("memory://") as store:
+        with anyio.fail_after(within):
             await serve(
                 settings,
                 FakeLeases({}),
                 store,
                 CollectorRegistry(),
-                wait_for_stop=never,
+                wait_for_stop=wait_for_stop,
                 ready=ready,
+                before=before,
             )
-    assert seen == [True]
 
 
 async def never() -> int:
@@ -49,13 +48,29 @@ async def never() -> int:
     return 0
 
 
+async def test_ready_is_said_once_the_port_takes_connections() -> None:
+    """`wakeful ingress` prints its line from `ready`: said before the listener was bound, a
+    script (or a test) waiting for the line found nobody on the port (connection refused)."""
+    port = free_port()
+    seen: list[bool] = []
+    up = anyio.Event()
+
+    def ready() -> None:
+        seen.append(listening(port))
+        up.set()
+
+    async def stop_once_up() -> int:
+        await up.wait()
+        return signal.SIGINT
+
+    await serve_on(port, stop_once_up, ready)
+    assert seen == [True]
+
+
 async def test_a_stop_before_it_listens_ends_the_start_at_once() -> None:
     """The start still waits (the token's check, here for ever): the stop ends it, nothing is
     announced, nothing listens."""
     port = free_port()
-    settings = IngressSettings(
-        store_url="memory://", listen=f"127.0.0.1:{port}", admin_listen="127.0.0.1:0"
-    )
     said: list[str] = []
     stopping = anyio.Event()
 
@@ -67,62 +82,28 @@ async def test_a_stop_before_it_listens_ends_the_start_at_once() -> None:
         stopping.set()
         await anyio.sleep_forever()
 
-    async with open_store("memory://") as store:
-        with anyio.fail_after(10):
-            await serve(
-                settings,
-                FakeLeases({}),
-                store,
-                CollectorRegistry(),
-                wait_for_stop=stop_when_waiting,
-                ready=lambda: said.append("ready"),
-                before=checking,
-            )
+    await serve_on(port, stop_when_waiting, lambda: said.append("ready"), checking, within=10)
     assert said == [] and not listening(port)
 
 
 async def test_a_stop_once_it_listens_ends_it() -> None:
     port = free_port()
-    settings = IngressSettings(
-        store_url="memory://", listen=f"127.0.0.1:{port}", admin_listen="127.0.0.1:0"
-    )
     up = anyio.Event()
 
     async def stop_once_up() -> int:
         await up.wait()
         return signal.SIGINT
 
-    async with open_store("memory://") as store:
-        with anyio.fail_after(30):
-            await serve(
-                settings,
-                FakeLeases({}),
-                store,
-                CollectorRegistry(),
-                wait_for_stop=stop_once_up,
-                ready=up.set,
-            )
+    await serve_on(port, stop_once_up, up.set)
     assert up.is_set() and not listening(port)
 
 
 async def test_a_start_that_fails_ends_serve_with_its_error() -> None:
-    settings = IngressSettings(
-        store_url="memory://", listen=f"127.0.0.1:{free_port()}", admin_listen="127.0.0.1:0"
-    )
-
     async def refused() -> None:
         raise RuntimeError("the token was refused")
 
-    async with open_store("memory://") as store:
-        with anyio.fail_after(10), pytest.RaisesGroup(pytest.RaisesExc(RuntimeError)):
-            await serve(
-                settings,
-                FakeLeases({}),
-                store,
-                CollectorRegistry(),
-                wait_for_stop=never,
-                before=refused,
-            )
+    with pytest.RaisesGroup(RuntimeError, flatten_subgroups=True):
+        await serve_on(free_port(), never, before=refused, within=10)
 
 
 def listening(port: int) -> bool:
