@@ -5,6 +5,8 @@ not hold it up; and of two that passed that check together, the second to write 
 
 from __future__ import annotations
 
+import time
+
 import anyio
 import pytest
 from pydantic import BaseModel
@@ -14,7 +16,7 @@ from tests.support.waiting import eventually
 from wakeful.domain import keys
 from wakeful.domain.models import IngressReplica
 from wakeful.ingress.nodestreams.peers import claim_name, hold_record
-from wakeful.store import Store
+from wakeful.store import Store, open_store
 from wakeful.store.held import CLAIM_MARGIN, HeldRecord, HolderRunning
 from wakeful.testing import ManualClock
 
@@ -120,3 +122,27 @@ async def test_a_record_it_cannot_read_is_another_ingresss_and_refuses_the_start
     ):
         await claim_name(store, MINE, 2)  # nothing renews it: a short TTL will do
     assert anyio.current_time() - started >= 2 + CLAIM_MARGIN
+
+
+async def test_a_replica_whose_lapsed_record_another_took_stops_saying_so() -> None:
+    """Invariant 19's one exception, for a replica as for a node agent: the store out of reach
+    past the record's TTL (its clock moved here), the record goes, and a replica of the same
+    name elsewhere writes its own. When this one can write again it finds the other's: it
+    stops, and leaves the other's record be."""
+    clock = ManualClock(time.time())
+    async with open_store("memory://", clock=clock) as store:
+        with pytest.RaisesGroup(
+            pytest.RaisesExc(HolderRunning, match=r"relays at 10\.0\.0\.2:7001 now: .* lapsed"),
+            flatten_subgroups=True,
+        ):
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(hold_record, store, MINE, TTL)
+                with anyio.fail_after(10):
+                    while await relay_of(store) is None:  # noqa: ASYNC110 - no event to wait on
+                        await anyio.sleep(0.01)
+                await pass_time(store, clock, TTL + 1)  # its lease expires, its record goes
+                assert await relay_of(store) is None
+                await store.put(keys.ingress("r1"), TWIN)
+                with anyio.fail_after(10):
+                    await anyio.sleep_forever()  # until it ends, at its next renewal
+        assert await relay_of(store) == TWIN.relay
