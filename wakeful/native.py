@@ -59,6 +59,7 @@ COMPILED = (
     "wakeful.ingress.http2.rules",
     "wakeful.ingress.http2.sender",
     "wakeful.ingress.http2.stream",
+    "wakeful.ingress.http2.wire",
     "wakeful.ingress.load",
     "wakeful.ingress.metrics",
     "wakeful.ingress.proxy",
