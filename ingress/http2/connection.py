@@ -1,4 +1,4 @@
-"""One client connection speaking HTTP/2: `h2` frames it, each stream is one request.
+"""One client connection speaking HTTP/2: `http2.wire` frames it, each stream is one request.
 
 The HTTP/1.1 connection hands the transport over (`ClientConnection._switch`): on the TLS
 listener when ALPN chose `h2`, on the plain one when the first bytes are the preface (h2c
@@ -6,7 +6,7 @@ with prior knowledge). Each stream runs the same handler an HTTP/1.1 request doe
 of its own, with a `StreamBody` and a `StreamResponder` (`http2.stream`): admission, leases,
 in-flight counts and the access log see one request per stream.
 
-What a client can hold (invariant 18, and `http2.rules` for the frames `h2` does not bound):
+What a client can hold (invariant 18, and `http2.rules` for the frames the windows do not bound):
 at most `MAX_STREAMS` streams at once (the next one refused alone), `STREAM_WINDOW` unread
 bytes a stream and `CONNECTION_WINDOW` a connection (what a stream leaves unread is
 acknowledged when it ends), a header block of the head bound, budgets of control frames,
@@ -20,23 +20,13 @@ client resets is cancelled at once: its lease goes back. The writing is `http2.s
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import TYPE_CHECKING, cast
-
-import h2.config
-import h2.connection
-import h2.errors
-import h2.events
-import h2.exceptions
-import h2.settings
-from hyperframe.frame import GoAwayFrame
 
 from wakeful.aio.deadline import Deadline
 from wakeful.aio.flow import HIGH_WATER
 from wakeful.ingress.errors import BadRequest, ClientGone
 from wakeful.ingress.http1.request import Request
-from wakeful.ingress.http2.fields import fit
 from wakeful.ingress.http2.rules import (
     CONTROL_BURST,
     CONTROL_RATE,
@@ -49,6 +39,23 @@ from wakeful.ingress.http2.rules import (
 )
 from wakeful.ingress.http2.sender import Sender
 from wakeful.ingress.http2.stream import STREAM_WINDOW, StreamBody, StreamResponder
+from wakeful.ingress.http2.wire import (
+    BODY,
+    CANCEL,
+    ENHANCE_YOUR_CALM,
+    INTERNAL_ERROR,
+    NO_ERROR,
+    PROTOCOL_ERROR,
+    REFUSED_STREAM,
+    REQUEST,
+    RESET,
+    TRAILERS,
+    WINDOW,
+    Event,
+    Wire,
+    WireError,
+    goaway_frame,
+)
 
 if TYPE_CHECKING:
     from wakeful.ingress.http1.server import HttpServer
@@ -59,22 +66,7 @@ MAX_STREAMS = 100
 """Concurrent streams a client may open on one connection (nginx: 128; h2's default)."""
 CONNECTION_WINDOW = 1024 * 1024
 """Request body bytes a whole connection may have waiting for the proxy."""
-_CALM = h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
-
-
-class _Advertised(h2.settings.Settings):
-    """The settings as sent, MAX_CONCURRENT_STREAMS included, except that h2 is not to
-    enforce that one: it makes a stream past it a connection error (every stream under way
-    lost), where RFC 9113 §5.1.2 makes it a stream error. `H2Connection._request` refuses such
-    a stream alone (REFUSED_STREAM), once its head is decoded (HPACK's context kept)."""
-
-    @property
-    def max_concurrent_streams(self) -> int:
-        return 2**31 - 1
-
-    @max_concurrent_streams.setter
-    def max_concurrent_streams(self, value: int) -> None:
-        self[h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS] = value
+_CALM = ENHANCE_YOUR_CALM
 
 
 class _Stream:
@@ -92,30 +84,9 @@ class H2Connection(asyncio.Protocol):
         self._client = client
         self.limits = server.limits
         self._loop = asyncio.get_running_loop()
-        config = h2.config.H2Configuration(
-            client_side=False,
-            header_encoding=None,
-            # What goes out was made safe already (`headers.client_response_headers`: names
-            # lower-cased, hop-by-hop fields gone; values as httptools or h2 parsed them):
-            # checking again costs a fifth of a small answer's time. What comes in is checked.
-            validate_outbound_headers=False,
-            normalize_outbound_headers=False,
-            # What comes in is checked by `rules.malformed_request` (and `malformed_trailers`):
-            # h2's rules, compiled, and a malformed request a stream error (RFC 9113 §8.1.1)
-            # rather than the whole connection's. Split cookies are joined by `request_head`.
-            validate_inbound_headers=False,
-            normalize_inbound_headers=False,
-        )
-        self._h2 = h2.connection.H2Connection(config)
-        self._h2.local_settings = _Advertised(
-            client=False,
-            initial_values={
-                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_STREAMS,
-                h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: self.limits.max_head_bytes,
-                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
-            },
-        )
-        fit(self._h2, self.limits.max_head_bytes)
+        self._wire = Wire(MAX_STREAMS, self.limits.max_head_bytes, STREAM_WINDOW)
+        """MAX_CONCURRENT_STREAMS is advertised; a stream past it is refused alone
+        (`_request`: RFC 9113 §5.1.2 makes it a stream error), once its head is decoded."""
         self._scan = FrameScan(self.limits.max_head_bytes, preface=True)
         now = self._loop.time()
         self._control = Budget(CONTROL_BURST, CONTROL_RATE, now)
@@ -127,7 +98,7 @@ class H2Connection(asyncio.Protocol):
         """After a close: the abort of a client that does not read what is left."""
         self.transport: asyncio.Transport | None = None
         self._streams: dict[int, _Stream] = {}
-        self.out = Sender(self._h2, self._loop, self.limits.client_timeout)
+        self.out = Sender(self._wire, self._loop, self.limits.client_timeout)
         self.gone = False
         self.closing = False
         """The connection closes once its streams end: our GOAWAY went (newer streams are
@@ -158,8 +129,8 @@ class H2Connection(asyncio.Protocol):
         self.transport = self.out.transport = cast(asyncio.Transport, transport)
         self.transport.set_write_buffer_limits(high=HIGH_WATER)
         self._server.h2.add(self)
-        self._h2.initiate_connection()
-        self._h2.increment_flow_control_window(CONNECTION_WINDOW - 65_535)
+        self._wire.initiate_connection()
+        self._wire.increment_flow_control_window(CONNECTION_WINDOW - 65_535)
         self.out.flush()
         self._idle()
 
@@ -195,43 +166,33 @@ class H2Connection(asyncio.Protocol):
         if seen.goaway:
             self.closing = True  # no stream after it; those under way are answered
         try:
-            events = self._h2.receive_data(seen.data)
-        except h2.exceptions.ProtocolError as exc:  # h2 has queued its GOAWAY already
-            self._goaway(0, str(exc), "protocol", queued=True)
+            events = self._wire.receive(seen.data)
+        except WireError as exc:  # its GOAWAY is queued already
+            self._goaway(exc.code, str(exc), "protocol", queued=True)
             return
         windows: set[int] | None = None
         """Streams whose window opened in this read (0: the connection's): pumped once."""
         for event in events:
-            if isinstance(event, h2.events.RequestReceived):
+            kind = event.kind
+            if kind == REQUEST:
                 self._request(event)
-            elif isinstance(event, h2.events.DataReceived):
+            elif kind == BODY:
                 self._data(event)
-            elif isinstance(event, h2.events.StreamEnded):
-                stream = self._streams.get(event.stream_id)
-                if stream is not None and stream.body is not None:
-                    stream.body.end()
-            elif isinstance(event, h2.events.StreamReset):
-                if not event.remote_reset:  # h2 reset it for a rule the client broke
-                    self._provoked += 1
-                self._reset_by_client(event.stream_id)
-            elif isinstance(event, h2.events.WindowUpdated):
+            elif kind == WINDOW:
                 windows = windows or set()
                 windows.add(event.stream_id)
-            elif isinstance(event, h2.events.RemoteSettingsChanged):
-                windows = windows or set()
-                windows.add(0)
-            elif isinstance(event, h2.events.TrailersReceived):
+            elif kind == RESET:
+                if not event.remote:  # reset for a rule the client broke
+                    self._provoked += 1
+                self._reset_by_client(event.stream_id)
+            elif kind == TRAILERS:
                 stream = self._streams.get(event.stream_id)  # kept from no one: gRPC sends none
                 body = None if stream is None else stream.body
-                error = malformed_trailers(event.headers)
-                if error is None and body is not None and body.short:
-                    error = "the request's body is shorter than its content-length"
+                error = malformed_trailers(event.headers or [])
                 if error is not None:  # a stream error (RFC 9113 §8.1.1)
-                    self._provoked += 1
-                    self._reset(event.stream_id, h2.errors.ErrorCodes.PROTOCOL_ERROR)
-                    self._reset_by_client(event.stream_id, error)
+                    self._malformed(event.stream_id, error)
                 elif body is not None:
-                    body.end()
+                    self._end_body(event.stream_id, body)
         if windows is not None:  # once a read, however many WINDOW_UPDATEs it held
             if 0 in windows:
                 self.out.pump_all(stream.out for stream in self._streams.values())
@@ -280,24 +241,23 @@ class H2Connection(asyncio.Protocol):
 
     # -- streams -------------------------------------------------------------------------
 
-    def _request(self, event: h2.events.RequestReceived) -> None:
+    def _request(self, event: Event) -> None:
         stream_id = event.stream_id
         if self._last_taken is not None and stream_id > self._last_taken:  # after our GOAWAY
-            self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+            self._wire.reset_stream(stream_id, REFUSED_STREAM)
             return
         if len(self._streams) >= MAX_STREAMS:  # past what was advertised: this one alone
             self._provoked += 1
-            self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+            self._wire.reset_stream(stream_id, REFUSED_STREAM)
             return
-        headers = event.headers
         try:
-            method, target, fields, length = request_head(headers, event.stream_ended is not None)
+            method, target, fields, length = request_head(event.headers or [], event.ended)
         except BadRequest:
             self._provoked += 1
-            self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.PROTOCOL_ERROR)
+            self._wire.reset_stream(stream_id, PROTOCOL_ERROR)
             return
         body = None
-        if event.stream_ended is None:
+        if not event.ended:
             body = StreamBody(self, stream_id, self.limits.client_timeout, length)
         out = StreamResponder(self.out, stream_id, method == "HEAD")
         stream = _Stream(body, out)
@@ -312,20 +272,20 @@ class H2Connection(asyncio.Protocol):
         try:
             await self._server.handler.handle(request, out)
             if not out.complete:
-                self._reset(stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
+                self._reset(stream_id, INTERNAL_ERROR)
                 return
             if out.pending or out.ending is not None:
                 await out.drain()
             body = stream.body
             if body is not None and not body.complete:  # answered before its body was read:
-                self._reset(stream_id, h2.errors.ErrorCodes.NO_ERROR)  # stop (RFC 9113 §8.1)
+                self._reset(stream_id, NO_ERROR)  # stop (RFC 9113 §8.1)
         except TimeoutError:
-            self._reset(stream_id, h2.errors.ErrorCodes.CANCEL)  # a client that read nothing
+            self._reset(stream_id, CANCEL)  # a client that read nothing
         except asyncio.CancelledError:
-            self._reset(stream_id, h2.errors.ErrorCodes.CANCEL)
+            self._reset(stream_id, CANCEL)
         except Exception:
             log.exception("answering an HTTP/2 stream failed")
-            self._reset(stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
+            self._reset(stream_id, INTERNAL_ERROR)
         finally:
             self._streams.pop(stream_id, None)
             self._forget_body(stream_id, stream.body)
@@ -337,17 +297,37 @@ class H2Connection(asyncio.Protocol):
                 else:
                     self._idle()
 
-    def _data(self, event: h2.events.DataReceived) -> None:
-        stream = self._streams.get(event.stream_id)
-        data = event.data or b""
-        padding = event.flow_controlled_length - len(data)
+    def _data(self, event: Event) -> None:
+        stream_id = event.stream_id
+        stream = self._streams.get(stream_id)
+        data = event.data
+        padding = event.flow - len(data)
         if stream is None or stream.body is None:  # a stream already answered: read away
-            self._acknowledge(event.stream_id, event.flow_controlled_length)
+            self._acknowledge(stream_id, event.flow)
             return
+        body = stream.body
         if padding:
-            self._acknowledge(event.stream_id, padding)
+            self._acknowledge(stream_id, padding)
         if data:
-            stream.body.feed(data)
+            body.feed(data)
+            if body.long:  # past its Content-Length
+                self._malformed(stream_id, "the request's body is past its content-length")
+                return
+        if event.ended:
+            self._end_body(stream_id, body)
+
+    def _end_body(self, stream_id: int, body: StreamBody) -> None:
+        if body.short:
+            self._malformed(stream_id, "the request's body is shorter than its content-length")
+        else:
+            body.end()
+
+    def _malformed(self, stream_id: int, why: str) -> None:
+        """A stream error for a malformed request (RFC 9113 §8.1.1): RST_STREAM
+        PROTOCOL_ERROR, the stream's task cancelled, counted as a reset the client provoked."""
+        self._provoked += 1
+        self._reset(stream_id, PROTOCOL_ERROR)
+        self._reset_by_client(stream_id, why)
 
     def consumed(self, stream_id: int, size: int) -> None:
         """The proxy read `size` bytes of a stream's body: the client may send as many more."""
@@ -355,10 +335,8 @@ class H2Connection(asyncio.Protocol):
         self.out.flush()
 
     def _acknowledge(self, stream_id: int, size: int) -> None:
-        if self.gone:
-            return
-        with contextlib.suppress(h2.exceptions.StreamClosedError, KeyError):
-            self._h2.acknowledge_received_data(size, stream_id)
+        if not self.gone:
+            self._wire.acknowledge(size, stream_id)
 
     def _forget_body(self, stream_id: int, body: StreamBody | None) -> None:
         """A stream is over: what its client sent and nobody read is acknowledged (a body
@@ -384,14 +362,13 @@ class H2Connection(asyncio.Protocol):
     # -- ending ----------------------------------------------------------------------------
 
     def _goaway(self, code: int, why: str, reason: str, queued: bool = False) -> None:
-        """A connection error: GOAWAY (unless `h2` `queued` one), every stream cancelled,
+        """A connection error: GOAWAY (unless the wire `queued` one), every stream cancelled,
         closed once that is written; counted by `reason`."""
         log.info("closing an HTTP/2 connection from %s: %s", self._client, why)
         self._server.cut_off(reason)
         self.closing = self._dead = True
         if not queued:
-            with contextlib.suppress(h2.exceptions.ProtocolError):
-                self._h2.close_connection(code, additional_data=why.encode()[:200])
+            self._wire.close_connection(code, why.encode()[:200])
         self.out.write_out()  # now: the transport closes next
         for stream in list(self._streams.values()):
             if stream.task is not None:
@@ -400,16 +377,15 @@ class H2Connection(asyncio.Protocol):
 
     def shutdown(self) -> None:
         """Take no new stream (a GOAWAY naming the last one taken); the streams under way
-        carry on, and the connection closes when the last ends. The GOAWAY is written by
-        hand: h2's `close_connection` would end the connection for them too."""
+        carry on, and the connection closes when the last ends. The GOAWAY is written
+        straight to the transport, after what waits to go out."""
         if self.closing:
             return
         self.closing = True
-        self._last_taken = self._h2.highest_inbound_stream_id
+        self._last_taken = self._wire.highest_inbound_stream_id
         self.out.write_out()
         if self.transport is not None and not self.gone:
-            goaway = GoAwayFrame(0, last_stream_id=self._last_taken, error_code=0)
-            self.transport.write(goaway.serialize())
+            self.transport.write(goaway_frame(self._last_taken, NO_ERROR))
         self._close_when_done()
 
     def tasks(self) -> list[asyncio.Task[None]]:

@@ -1,8 +1,9 @@
 """HPACK (RFC 7541) for the ingress's HTTP/2, both ways, compiled: `FieldEncoder` for what
 it sends (answers to clients, requests to h2c apps), `FieldDecoder` for what it reads (clients'
-requests, h2c apps' answers). `fit` gives an `h2` connection both.
+requests, h2c apps' answers). A client connection's `http2.wire` makes its own; `fit` gives
+an `h2` connection (an h2c app's, `upstream.h2c`) both.
 
-`h2` asks its connection's encoder and decoder for every header block. hpack's are pure
+Every header block goes through an encoder or a decoder. hpack's are pure
 Python: its encoder looks each field up in its tables, its decoder took 8.6 µs for a request
 whose fields the client's table already held (most, after a connection's first); together
 about a fifth of a small HTTP/2 request's CPU (docs/design/http2.md, "Measured").
@@ -21,7 +22,8 @@ after its prefix, a table size update only at a block's start and never above
 `max_allowed_table_size`, the table's size checked after each block, the header list's size
 (each field's octets and 32, §4.1) checked after each field against `max_header_list_size`),
 the same dynamic table (§4: newest first, evicted oldest first, emptied by an entry larger
-than itself), and hpack's own exceptions, so `h2` turns each into the same connection error.
+than itself), and hpack's own exceptions, which `h2` and `http2.wire` turn into a connection
+error.
 Huffman-coded strings go to hpack's own `decode_huffman`. `tests/ingress/http2/test_fields.py`
 holds the two decoders to the same answers, on blocks real encoders made and on hostile ones.
 """

@@ -1,13 +1,14 @@
 """What an HTTP/2 client may do, as pure rules: a stream's head as the edge reads a request,
-the frames a connection sees before `h2` parses them, and the budgets of frames that cost
-the server work and carry no request.
+the frames a connection sees before `http2.wire` parses them, and the budgets of frames that
+cost the server work and carry no request.
 
-`h2` (python-hyper, sans-IO) does the framing, HPACK, stream states and flow control. What it
-does not bound, or bounds too loosely for a server holding ten thousand connections, is here:
+`http2.wire` does the framing, the stream states and flow control (`http2.fields` HPACK).
+What a server holding ten thousand connections must bound beyond the windows is here:
 
 - **Header blocks.** A HEADERS frame and its CONTINUATIONs are at most `max_block` bytes (the
-  ingress's head bound, 32 KiB): `h2` would gather 64 frames of 16 KiB (1 MiB) before
-  refusing (the 2024 CONTINUATION floods). A block left open longer than the head timeout
+  ingress's head bound, 32 KiB), refused from the frame header that passes it, before the
+  block is gathered (the 2024 CONTINUATION floods; `h2`, which the ingress used before,
+  gathered 64 frames of 16 KiB, 1 MiB). A block left open longer than the head timeout
   ends the connection (`FrameScan.open_block` tells the connection when one is open).
 - **Frames that carry no request** (PING, SETTINGS, PRIORITY, an empty DATA frame that does
   not end its stream, a frame of a type HTTP/2 does not define): a `Budget` of
@@ -95,16 +96,16 @@ class Seen:
     """What one read held, counted by `FrameScan.feed`."""
 
     data: bytes = b""
-    """What `h2` is given: the read, less a GOAWAY frame (and a frame header split by the read's
-    end, held back until it is whole)."""
+    """What the wire is given: the read, less a GOAWAY frame (and a frame header split by the
+    read's end, held back until it is whole)."""
     control: int = 0
     resets: int = 0
     windows: int = 0
     """WINDOW_UPDATE frames: a client downloading sends many, so their budget is refilled by
     the DATA frames the ingress sends (`Budget.give`)."""
     goaway: bool = False
-    """The peer sent GOAWAY: it starts no stream after it. `h2` never sees it, since h2 takes
-    no frame after one, and the streams under way must still be answered (RFC 9113 §6.8)."""
+    """The peer sent GOAWAY: it starts no stream after it, and the streams under way must
+    still be answered (RFC 9113 §6.8). The connection reads it here; the wire never sees it."""
     goaway_last: int | None = None
     """The last stream a GOAWAY from the peer names (read once its first 4 bytes came)."""
     refusal: str | None = None
@@ -135,7 +136,7 @@ class FrameScan:
         self._goaway: bytes | None = None
         """The start of a GOAWAY's payload being passed over, until its last stream is read."""
         self._head = b""
-        """A frame header split by the end of a read, held back from h2 until it is whole."""
+        """A frame header split by the end of a read, held back from the wire until whole."""
         self._block = 0
         self.open_block = False
         """A header block began (HEADERS without END_HEADERS) and has not ended."""
@@ -148,7 +149,7 @@ class FrameScan:
         at = 0
         end = len(data)
         kept = 0
-        """Where the bytes for h2 not yet taken begin."""
+        """Where the bytes for the wire not yet taken begin."""
         pieces: list[bytes] = []
         while at < end:
             if self._skip:
@@ -196,7 +197,7 @@ class FrameScan:
                 or (kind == _SETTINGS and not flags & _ACK)
                 or (kind == _DATA and length == 0 and not flags & _END_STREAM)
                 or (kind == _DATA and flags & _PADDED)  # padding: flow control, no data
-                or kind > _CONTINUATION  # a type h2 parses and ignores: no request either
+                or kind > _CONTINUATION  # a type the wire ignores: no request either
             ):
                 seen.control += 1
             elif kind == _WINDOW_UPDATE:
@@ -262,9 +263,9 @@ def malformed_request(headers: list[tuple[bytes, bytes]]) -> str | None:
     every other field; `:method`, and `:scheme` and `:path` unless a plain CONNECT, which has
     neither; no `:status`; `:protocol` with CONNECT only; `:path` not empty) and the host's
     (`:authority` or Host, one Host, the two the same). These are h2's `validate_headers`,
-    rule for rule (the differential test holds them to it), run here so that h2 need not: its
-    generators cost a tenth of a small request's CPU, and a malformed request is the stream
-    error RFC 9113 makes it, where h2 made it a connection's."""
+    rule for rule (the differential test holds them to it), compiled: its generators cost a
+    tenth of a small request's CPU, and a malformed request is the stream error RFC 9113
+    makes it, where h2 made it a connection's."""
     seen: set[bytes] = set()
     regular = False
     method: bytes | None = None
@@ -344,8 +345,9 @@ def request_head(
     The length is what an HTTP/1.1 sandbox frames the body by: one that is not what comes
     would have it read the next request on its connection as this one's body (a smuggled
     request). So a head that ended its stream (`ended`: no body) may declare 0 at most
-    (RFC 9113 §8.1.1), and one value goes on (h2 refuses a length that is not digits, or two
-    that differ); the body's own length is held to it as it ends (`StreamBody.end`)."""
+    (RFC 9113 §8.1.1), and one value goes on (a length that is not digits, or two that differ,
+    are refused); the body's own length is held to it as it comes (`StreamBody.long`: the
+    stream is reset past it) and as it ends (`StreamBody.end`)."""
     error = malformed_request(headers)
     if error is not None:
         raise BadRequest(f"a malformed request: {error}")
@@ -375,9 +377,12 @@ def request_head(
             if value.strip().lower() == b"trailers":
                 out.append((name, b"trailers"))
         elif name == b"content-length":
+            declared = int(value) if value.isdigit() else -1
             if length is None:
-                length = int(value) if value.isdigit() else -1
+                length = declared
                 out.append((name, value))
+            elif declared != length:
+                raise BadRequest("two content-lengths that differ")
         else:
             out.append((name, value))
     if length is not None and (length < 0 or (ended and length)):

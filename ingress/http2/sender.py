@@ -13,12 +13,9 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-import h2.connection
-import h2.errors
-import h2.exceptions
-
 from wakeful.aio.flow import WriteGate
 from wakeful.ingress.errors import ClientGone
+from wakeful.ingress.http2.wire import INTERNAL_ERROR, CannotSend, StreamGone, Wire
 
 if TYPE_CHECKING:
     from wakeful.ingress.http2.stream import StreamResponder
@@ -27,11 +24,9 @@ log = logging.getLogger(__name__)
 
 
 class Sender:
-    def __init__(
-        self, conn: h2.connection.H2Connection, loop: asyncio.AbstractEventLoop, timeout: float
-    ) -> None:
+    def __init__(self, conn: Wire, loop: asyncio.AbstractEventLoop, timeout: float) -> None:
         """`timeout`: how long `drain` waits for a client to take what it was sent."""
-        self._h2 = conn
+        self._wire = conn
         self._loop = loop
         self._timeout = timeout
         self.transport: asyncio.Transport | None = None
@@ -71,19 +66,19 @@ class Sender:
             out.pending_bytes = 0
         if self.gone:
             return
-        with contextlib.suppress(h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
-            self._h2.reset_stream(stream_id, code)
+        with contextlib.suppress(StreamGone):
+            self._wire.reset_stream(stream_id, code)
 
     def send_head(self, stream_id: int, headers: list[tuple[bytes, bytes]], end: bool) -> None:
         if self.gone:
             return
         try:
-            self._h2.send_headers(stream_id, headers, end_stream=end)
-        except h2.exceptions.StreamClosedError:
+            self._wire.send_headers(stream_id, headers, end_stream=end)
+        except StreamGone:
             pass
-        except h2.exceptions.ProtocolError as exc:  # a field h2 refuses (from the sandbox)
+        except CannotSend as exc:
             log.warning("an answer's head could not be sent on HTTP/2: %s", exc)
-            self.reset(stream_id, None, h2.errors.ErrorCodes.INTERNAL_ERROR)
+            self.reset(stream_id, None, INTERNAL_ERROR)
         if not end and not self.gone:
             return
         self.flush()
@@ -91,7 +86,7 @@ class Sender:
     def pump(self, stream_id: int, out: StreamResponder) -> None:
         """Send what `out` has pending as far as the windows allow; end the stream once all
         is sent and the handler ended it (the last DATA frame carries END_STREAM)."""
-        conn = self._h2
+        conn = self._wire
         if self.gone or out.closed:
             out.pending.clear()
             out.pending_bytes = 0
@@ -127,13 +122,13 @@ class Sender:
                 else:
                     conn.end_stream(stream_id)
                 out.closed = True
-        except h2.exceptions.StreamClosedError:
+        except StreamGone:
             out.closed = True
             pending.clear()
             out.pending_bytes = 0
-        except h2.exceptions.ProtocolError as exc:
+        except CannotSend as exc:
             log.warning("an answer could not be sent on HTTP/2: %s", exc)
-            self.reset(stream_id, out, h2.errors.ErrorCodes.INTERNAL_ERROR)
+            self.reset(stream_id, out, INTERNAL_ERROR)
         self.flush()
         if (out.closed or not pending) and out.ending is None:
             self._wake(out)
@@ -179,19 +174,19 @@ class Sender:
             raise ClientGone("the client hung up")
 
     def flush(self) -> None:
-        """Write what h2 holds once this turn of the loop is over: the frames of every stream
+        """Write what the wire holds once this turn of the loop is over: the frames of every stream
         that wrote meanwhile go out in one write."""
         if not self._flushing:
             self._flushing = True
             self._loop.call_soon(self.write_out)
 
     def write_out(self) -> None:
-        """Write what h2 holds now (a connection about to close cannot wait)."""
+        """Write what the wire holds now (a connection about to close cannot wait)."""
         self._flushing = False
         dirty = self._dirty
         while dirty:
             stream_id, out = dirty.popitem()
             self.pump(stream_id, out)
-        data = self._h2.data_to_send()
+        data = self._wire.data_to_send()
         if data and self.transport is not None and not self.gone:
             self.transport.write(data)

@@ -59,8 +59,13 @@ class StreamBody(Arrivals):
 
     @property
     def short(self) -> bool:
-        """Less came than its Content-Length declared (h2 refuses more)."""
+        """Less came than its Content-Length declared."""
         return bool(self._left)
+
+    @property
+    def long(self) -> bool:
+        """More came than its Content-Length declared (the connection resets the stream)."""
+        return self._left is not None and self._left < 0
 
     def end(self) -> None:
         """The stream ended: a body short of its Content-Length fails (an HTTP/1.1 sandbox

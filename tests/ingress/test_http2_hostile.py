@@ -895,14 +895,46 @@ async def test_a_malformed_request_is_reset_alone_and_never_forwarded(
     await _all_given_back(s)
 
 
-@pytest.mark.parametrize("body", [None, b"abc"], ids=["no body", "a body cut by trailers"])
+@pytest.mark.parametrize(
+    "lengths", [[b"3"], [b"6", b"3"]], ids=["a body past it", "two that differ"]
+)
+async def test_a_body_past_its_content_length_resets_its_stream_alone(
+    lengths: list[bytes],
+) -> None:
+    """Bound: a body longer than its Content-Length, or a head with two lengths that differ,
+    is malformed (RFC 9113 §8.1.1): a stream error, RST_STREAM PROTOCOL_ERROR, where `h2`
+    ended the whole connection. The sandbox never sees it; the connection's next request is
+    answered."""
+    heads: list[bytes] = []
+    extra = [(b"content-length", length) for length in lengths]
+    with RawServer(keep_alive(heads)) as sandbox:
+        async with stack({"sb-1": sandbox.port}) as s, await Wire.open(s.ingress.address[1]) as w:
+            await w.settled()
+            w.send(
+                w.request(1, b"/first", end=False, method=b"POST", extra=extra)
+                + DataFrame(1, b"abcdef", flags=["END_STREAM"]).serialize()
+            )
+            await w.until(lambda: 1 in w.resets or 1 in w.ended or w.goaway)
+            assert w.resets.get(1) == PROTOCOL_ERROR, (w.resets, w.status, w.goaway)
+            w.send(w.request(3, b"/next"))
+            await w.until(lambda: 3 in w.ended or w.goaway)
+            assert w.status.get(3) == 200 and w.goaway is None, (w.status, w.goaway)
+    assert not any(head.startswith(b"POST /first ") for head in heads), heads
+
+
+@pytest.mark.parametrize(
+    ("body", "trailers"),
+    [(None, False), (b"abc", True), (b"abc", False)],
+    ids=["no body", "a body cut by trailers", "a body that ends short"],
+)
 async def test_a_content_length_its_body_does_not_match_is_reset_and_never_smuggles(
-    body: bytes | None,
+    body: bytes | None, trailers: bool
 ) -> None:
     """Bound: an HTTP/1.1 sandbox frames a body by the Content-Length that goes with it. A
     stream that declares 40 bytes and ends with none, or with 3 and trailers, had the sandbox
     take the next request on its pooled connection (another client's, cookies and all) for the
-    rest: request smuggling (a hostile tester's find). Both are malformed (RFC 9113 §8.1.1):
+    rest: request smuggling (a hostile tester's find). A body of 3 that DATA ends is the same
+    (`h2` refused it, ending the whole connection). Each is malformed (RFC 9113 §8.1.1):
     RST_STREAM PROTOCOL_ERROR, and the next request reaches the sandbox as a request."""
     heads: list[bytes] = []
     length = [(b"content-length", b"40")]
@@ -911,12 +943,17 @@ async def test_a_content_length_its_body_does_not_match_is_reset_and_never_smugg
             await w.settled()
             if body is None:
                 w.send(w.request(1, b"/first", extra=length))
-            else:
-                trailers = w.encoder.encode([(b"x-t", b"1")])
+            elif trailers:
+                block = w.encoder.encode([(b"x-t", b"1")])
                 w.send(
                     w.request(1, b"/first", end=False, method=b"POST", extra=length)
                     + DataFrame(1, body).serialize()
-                    + HeadersFrame(1, trailers, flags=["END_HEADERS", "END_STREAM"]).serialize()
+                    + HeadersFrame(1, block, flags=["END_HEADERS", "END_STREAM"]).serialize()
+                )
+            else:
+                w.send(
+                    w.request(1, b"/first", end=False, method=b"POST", extra=length)
+                    + DataFrame(1, body, flags=["END_STREAM"]).serialize()
                 )
             await w.until(lambda: 1 in w.resets or 1 in w.ended or w.goaway)
             assert w.resets.get(1) == PROTOCOL_ERROR, (w.resets, w.status, w.goaway)
