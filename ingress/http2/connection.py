@@ -170,6 +170,9 @@ class H2Connection(asyncio.Protocol):
         except WireError as exc:  # its GOAWAY is queued already
             self._goaway(exc.code, str(exc), "protocol", queued=True)
             return
+        if (stray := self._wire.take_stray()) and not self._control.spend(stray, now):
+            self._goaway(_CALM, "too many frames on closed streams", "control-frames")
+            return
         windows: set[int] | None = None
         """Streams whose window opened in this read (0: the connection's): pumped once."""
         for event in events:
@@ -244,17 +247,17 @@ class H2Connection(asyncio.Protocol):
     def _request(self, event: Event) -> None:
         stream_id = event.stream_id
         if self._last_taken is not None and stream_id > self._last_taken:  # after our GOAWAY
-            self._wire.reset_stream(stream_id, REFUSED_STREAM)
+            self.out.reset(stream_id, None, REFUSED_STREAM)
             return
         if len(self._streams) >= MAX_STREAMS:  # past what was advertised: this one alone
             self._provoked += 1
-            self._wire.reset_stream(stream_id, REFUSED_STREAM)
+            self.out.reset(stream_id, None, REFUSED_STREAM)
             return
         try:
             method, target, fields, length = request_head(event.headers or [], event.ended)
         except BadRequest:
             self._provoked += 1
-            self._wire.reset_stream(stream_id, PROTOCOL_ERROR)
+            self.out.reset(stream_id, None, PROTOCOL_ERROR)
             return
         body = None
         if not event.ended:

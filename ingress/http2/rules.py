@@ -10,9 +10,10 @@ What a server holding ten thousand connections must bound beyond the windows is 
   block is gathered (the 2024 CONTINUATION floods; `h2`, which the ingress used before,
   gathered 64 frames of 16 KiB, 1 MiB). A block left open longer than the head timeout
   ends the connection (`FrameScan.open_block` tells the connection when one is open).
-- **Frames that carry no request** (PING, SETTINGS, PRIORITY, an empty DATA frame that does
-  not end its stream, a frame of a type HTTP/2 does not define): a `Budget` of
-  `CONTROL_BURST`, refilled at `CONTROL_RATE` a second.
+- **Frames that carry no request** (PING, SETTINGS and their acknowledgements, PRIORITY,
+  GOAWAY, an empty DATA frame that does not end its stream, a frame of a type HTTP/2 does not
+  define; and, counted by the wire, DATA or HEADERS on a stream already closed): a `Budget`
+  of `CONTROL_BURST`, refilled at `CONTROL_RATE` a second.
 - **Resets** (RST_STREAM from the client, CVE-2023-44487's rapid reset; and streams the
   client makes the ingress reset, by breaking a stream's rules or opening one past
   MAX_CONCURRENT_STREAMS, CVE-2025-8671's "MadeYouReset"): a `Budget` of `RESET_BURST`,
@@ -174,6 +175,7 @@ class FrameScan:
             if kind == _GOAWAY:
                 pieces.append(data[kept:at])
                 seen.goaway = True
+                seen.control += 1  # a client sends one or two
                 at += 9
                 kept = at
                 self._skip = length
@@ -193,8 +195,7 @@ class FrameScan:
             elif kind == _RST:
                 seen.resets += 1
             elif (
-                kind in (_PING, _PRIORITY)
-                or (kind == _SETTINGS and not flags & _ACK)
+                kind in (_PING, _PRIORITY, _SETTINGS)  # acknowledgements too: one is due
                 or (kind == _DATA and length == 0 and not flags & _END_STREAM)
                 or (kind == _DATA and flags & _PADDED)  # padding: flow control, no data
                 or kind > _CONTINUATION  # a type the wire ignores: no request either
@@ -376,8 +377,8 @@ def request_head(
         elif name == b"te":
             if value.strip().lower() == b"trailers":
                 out.append((name, b"trailers"))
-        elif name == b"content-length":
-            declared = int(value) if value.isdigit() else -1
+        elif name == b"content-length":  # digits, fewer than an int64's (llhttp's bound)
+            declared = int(value) if value.isdigit() and len(value) <= 18 else -1
             if length is None:
                 length = declared
                 out.append((name, value))

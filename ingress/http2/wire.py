@@ -11,13 +11,17 @@ and whose header rules are `http2.rules`.
 
 It does what `h2` does, rule for rule, and `tests/ingress/http2/test_wire.py` holds it to `h2`
 over real clients' traffic (the same events, the same bytes out) and over hostile frame
-sequences (the same verdict). Where `h2` departs from RFC 9113 this follows the RFC, each
-named where it is done:
+sequences (the same verdict). Where `h2` was stricter than RFC 9113, or answered otherwise,
+this follows the RFC, each named where it is done (the test names them all):
 
 - a frame past the advertised frame size is refused from its header, not once all of it came;
 - malformed trailers (without END_STREAM), a WINDOW_UPDATE of 0 on a stream, and a PRIORITY
   on its own stream are stream errors (RST_STREAM) where `h2` ended the connection;
 - a header block HPACK cannot decode is COMPRESSION_ERROR (`h2`: PROTOCOL_ERROR).
+
+Where `h2` was more lenient than the RFC this keeps it so (a RST_STREAM on an idle stream
+ignored; DATA on a closed stream answered with RST_STREAM, whoever closed it); the frames on
+closed streams are counted (`take_stray`) for the connection's budget.
 
 What a client may hold is bounded by `http2.rules` before this sees the bytes (header blocks,
 budgets of control frames and resets) and by the windows here; a stream past
@@ -250,7 +254,9 @@ class Wire:
         self._window_to_ack = stream_window
         """Our INITIAL_WINDOW_SIZE, in force once the client acknowledges our SETTINGS (-1:
         it has)."""
-        self.inbound_initial = DEFAULT_WINDOW
+        self.inbound_initial = max(stream_window, DEFAULT_WINDOW)
+        """A new stream's inbound window: until our SETTINGS are acknowledged, the larger of
+        ours and the default (what the client may have sent before it read ours is taken)."""
         self.outbound_initial = DEFAULT_WINDOW
         self.max_outbound_frame_size = DEFAULT_FRAME
         self.max_inbound_frame_size = DEFAULT_FRAME
@@ -272,6 +278,11 @@ class Wire:
         self._block_flags = 0
         self._block_weight = b""
         """The block's HEADERS frame's priority fields (5 bytes, or none)."""
+        self.ended = False
+        """Our GOAWAY for a connection error went (`close_connection`): nothing more is sent."""
+        self._stray = 0
+        """DATA and HEADERS frames on streams already closed since `take_stray`: they carry
+        no request, and some are answered (RST_STREAM), so the connection budgets them."""
 
     # -- out -----------------------------------------------------------------------------
 
@@ -293,7 +304,7 @@ class Wire:
 
     def local_flow_control_window(self, stream_id: int) -> int:
         stream = self.streams.get(stream_id)
-        if stream is None:
+        if stream is None or self.ended:
             raise StreamGone(f"stream {stream_id} is closed")
         return min(self.sent, stream.sent)
 
@@ -348,7 +359,7 @@ class Wire:
         self._local_end(stream_id, stream)
 
     def reset_stream(self, stream_id: int, code: int) -> None:
-        if stream_id not in self.streams:
+        if stream_id not in self.streams or self.ended:
             raise StreamGone(f"stream {stream_id} is closed")
         self._out += frame(RST_STREAM, 0, stream_id, code.to_bytes(4, "big"))
         self._close(stream_id, True)
@@ -356,6 +367,8 @@ class Wire:
     def acknowledge(self, size: int, stream_id: int) -> None:
         """The connection read `size` bytes of a stream's body (or dropped them): the client
         may send as many more, told when `Window` says so."""
+        if self.ended:
+            return
         increment = self.inbound.processed_bytes(size)
         if increment:
             self._out += frame(WINDOW_UPDATE, 0, 0, increment.to_bytes(4, "big"))
@@ -365,12 +378,20 @@ class Wire:
             if increment:
                 self._out += frame(WINDOW_UPDATE, 0, stream_id, increment.to_bytes(4, "big"))
 
+    def take_stray(self) -> int:
+        stray, self._stray = self._stray, 0
+        return stray
+
     def close_connection(self, code: int, debug: bytes = b"") -> None:
-        self._out += goaway_frame(self.highest_inbound_stream_id, code, debug)
+        """GOAWAY for a connection error: the last frame sent (after it, sends raise
+        StreamGone, and acknowledgements are dropped)."""
+        if not self.ended:
+            self._out += goaway_frame(self.highest_inbound_stream_id, code, debug)
+            self.ended = True
 
     def _sending(self, stream_id: int) -> _Stream:
         stream = self.streams.get(stream_id)
-        if stream is None:
+        if stream is None or self.ended:
             raise StreamGone(f"stream {stream_id} is closed")
         if not stream.local_open:
             raise CannotSend(f"stream {stream_id} was ended")
@@ -401,6 +422,8 @@ class Wire:
 
     def _receive(self, data: bytes) -> list[Event]:
         events: list[Event] = []
+        if self.ended:
+            return events  # after our GOAWAY for an error, nothing is read
         if self._preface:
             taken = min(self._preface, len(data))
             start = len(PREFACE) - self._preface
@@ -487,6 +510,7 @@ class Wire:
         if stream is None or not stream.remote_open:
             if stream is None and self._idle(stream_id):
                 raise _Fault(PROTOCOL_ERROR, f"DATA on idle stream {stream_id}")
+            self._stray += 1
             increment = self.inbound.processed_bytes(flow)  # read away, as `h2` did
             if increment:
                 self._out += frame(WINDOW_UPDATE, 0, 0, increment.to_bytes(4, "big"))
@@ -509,8 +533,9 @@ class Wire:
         body = self._unpad(flags, payload)
         weight = b""
         if flags & PRIORITY_FLAG:
-            if len(body) < 5:
-                raise _Fault(FRAME_SIZE_ERROR, "HEADERS too short for its priority")
+            if len(body) < 5:  # padding into the priority fields is PROTOCOL_ERROR (§6.2)
+                code = PROTOCOL_ERROR if flags & PADDED and len(payload) >= 6 else FRAME_SIZE_ERROR
+                raise _Fault(code, "HEADERS too short for its priority")
             weight, body = body[:5], body[5:]
         self._block_id = stream_id
         self._block_flags = flags
@@ -540,7 +565,11 @@ class Wire:
             if stream_id % 2 == 0:
                 raise _Fault(PROTOCOL_ERROR, f"stream {stream_id} is not the client's to open")
             if stream_id <= self.highest_inbound_stream_id:
-                if self._closed.get(stream_id, False):  # after a reset: expected, refused
+                closed = self._closed.get(stream_id)
+                if closed is None:  # skipped, or closed too long ago (§5.1.1)
+                    raise _Fault(PROTOCOL_ERROR, f"stream {stream_id} below the highest opened")
+                if closed:  # after a reset: expected, refused
+                    self._stray += 1
                     self._out += frame(RST_STREAM, 0, stream_id, STREAM_CLOSED.to_bytes(4, "big"))
                     return
                 raise _Fault(STREAM_CLOSED, f"HEADERS on closed stream {stream_id}")
@@ -556,6 +585,8 @@ class Wire:
             return
         if not stream.remote_open:  # half-closed (remote): a stream error (§5.1)
             self._provoked(events, stream_id, STREAM_CLOSED)
+        elif weight and _u32(weight, 0) & 0x7FFFFFFF == stream_id:
+            self._provoked(events, stream_id, PROTOCOL_ERROR)  # RFC 9113 §5.3.1
         elif not ended:  # trailers must end it (§8.1): malformed, a stream error
             self._provoked(events, stream_id, PROTOCOL_ERROR)
         else:

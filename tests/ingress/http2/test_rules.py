@@ -82,7 +82,7 @@ def _continuation(stream: int, size: int, end: bool) -> ContinuationFrame:
 def test_the_scan_counts_control_frames_and_resets_across_any_split() -> None:
     data = PREFACE + _wire(
         SettingsFrame(0, settings={4: 65535}),
-        SettingsFrame(0, flags=["ACK"]),  # an acknowledgement costs nothing: not counted
+        SettingsFrame(0, flags=["ACK"]),  # an acknowledgement: counted (one is due)
         PingFrame(0, opaque_data=b"12345678"),
         PriorityFrame(3, depends_on=0, stream_weight=1),
         _headers(1, 20, {"END_HEADERS"}),
@@ -102,10 +102,10 @@ def test_the_scan_counts_control_frames_and_resets_across_any_split() -> None:
             assert seen.refusal is None
             control += seen.control
             resets += seen.resets
-        assert (control, resets) == (5, 2), step
+        assert (control, resets) == (6, 2), step
 
 
-def test_the_clients_goaway_is_taken_out_of_what_h2_gets_however_it_is_split() -> None:
+def test_the_clients_goaway_is_taken_out_of_what_the_wire_gets_however_it_is_split() -> None:
     before = _wire(
         _headers(1, 20, {"END_HEADERS", "END_STREAM"}), PingFrame(0, opaque_data=b"p" * 8)
     )
