@@ -16,8 +16,6 @@ import collections
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
-from hpack import NeverIndexedHeaderTuple
-
 from wakeful.ingress.errors import BadRequest, ClientGone, UpstreamFailed
 from wakeful.ingress.http1.request import Arrivals
 from wakeful.ingress.http1.responder import SHORT_ANSWER, ClientSide, Responder
@@ -174,8 +172,6 @@ class StreamResponder(Responder):
                 length = True
                 if not self._no_body:
                     self._left = int(pair[1])
-            elif name == b"x-request-id":  # new on every answer: kept out of HPACK's table
-                pair = NeverIndexedHeaderTuple(*pair)
             head.append(pair)
         self._head = head
 
