@@ -262,9 +262,9 @@ async def ingress_alone(backend: int, greeter: int, http2: bool) -> AsyncIterato
 
 
 class DroppedAnswers(logging.Filter):
-    """Counts, and keeps out of the output, the ingress's warning for an answer whose stream
-    `h2` would no longer send on: h2load ends each timed run with GOAWAY, after which `h2`
-    refuses to send anything, so the streams still in flight then are dropped."""
+    """Counts, and keeps out of the output, the ingress's warning for an answer the wire
+    refused to send (`CannotSend`: a stream whose end went already). None are expected; the
+    count is printed if any came."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -872,6 +872,7 @@ def counting_wire() -> Iterator[dict[str, Wire]]:
     """While the block runs, each new HTTP/2 connection of the ingress, to a client ("client")
     or to a sandbox ("sandbox", h2c), counts its reads and writes and the frames in them (the
     classes patched: for a counting run, not a timed one)."""
+    from wakeful.ingress.http1.connection import ClientConnection
     from wakeful.ingress.http2.connection import H2Connection
     from wakeful.ingress.upstream.h2c import H2Upstream
 
@@ -887,19 +888,31 @@ def counting_wire() -> Iterator[dict[str, Wire]]:
 
         def connection_made(self: asyncio.Protocol, transport: asyncio.BaseTransport) -> None:
             frames_in[id(self)] = Frames(wire.frames_in, skip=preface_in)
-            made(self, _CountingTransport(transport, wire, preface_out))  # type: ignore[arg-type]
+            if not isinstance(transport, _CountingTransport):
+                transport = _CountingTransport(transport, wire, preface_out)  # type: ignore[arg-type]
+            made(self, transport)
 
         def data_received(self: asyncio.Protocol, data: bytes) -> None:
             wire.reads += 1
             wire.bytes_in += len(data)
-            if (frames := frames_in.get(id(self))) is not None:
-                frames.feed(data)
+            if (frames := frames_in.get(id(self))) is None:  # handed over by compiled code,
+                frames = frames_in[id(self)] = Frames(wire.frames_in, skip=0)  # preface read
+            frames.feed(data)
             received(self, data)
 
         saved.extend([(cls, "connection_made", made), (cls, "data_received", received)])
         cls.connection_made = connection_made  # type: ignore[attr-defined]
         cls.data_received = data_received  # type: ignore[attr-defined]
 
+    def counted(self: asyncio.Protocol, transport: asyncio.BaseTransport) -> None:
+        """A plain client connection, counted from its accept: compiled, it hands itself
+        over to HTTP/2 without the patched `connection_made` (the first read, with the
+        preface, is not counted then)."""
+        accepted(self, _CountingTransport(transport, wires["client"], 0))  # type: ignore[arg-type]
+
+    accepted = ClientConnection.connection_made
+    saved.append((ClientConnection, "connection_made", accepted))
+    ClientConnection.connection_made = counted  # type: ignore[method-assign]
     patch(H2Connection, wires["client"], client_side=True)
     patch(H2Upstream, wires["sandbox"], client_side=False)
     try:
