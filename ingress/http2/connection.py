@@ -247,6 +247,7 @@ class H2Connection(asyncio.Protocol):
     def _request(self, event: Event) -> None:
         stream_id = event.stream_id
         if self._last_taken is not None and stream_id > self._last_taken:  # after our GOAWAY
+            self._provoked += 1  # (a client racing it opens at most MAX_STREAMS)
             self.out.reset(stream_id, None, REFUSED_STREAM)
             return
         if len(self._streams) >= MAX_STREAMS:  # past what was advertised: this one alone
@@ -385,7 +386,7 @@ class H2Connection(asyncio.Protocol):
         if self.closing:
             return
         self.closing = True
-        self._last_taken = self._wire.highest_inbound_stream_id
+        self._last_taken = self._wire.named_last = self._wire.highest_inbound_stream_id
         self.out.write_out()
         if self.transport is not None and not self.gone:
             self.transport.write(goaway_frame(self._last_taken, NO_ERROR))

@@ -12,7 +12,7 @@ What a server holding ten thousand connections must bound beyond the windows is 
   ends the connection (`FrameScan.open_block` tells the connection when one is open).
 - **Frames that carry no request** (PING, SETTINGS and their acknowledgements, PRIORITY,
   GOAWAY, an empty DATA frame that does not end its stream, a frame of a type HTTP/2 does not
-  define; and, counted by the wire, DATA or HEADERS on a stream already closed): a `Budget`
+  define; and, counted by the wire, empty DATA or HEADERS on a stream already closed): a `Budget`
   of `CONTROL_BURST`, refilled at `CONTROL_RATE` a second.
 - **Resets** (RST_STREAM from the client, CVE-2023-44487's rapid reset; and streams the
   client makes the ingress reset, by breaking a stream's rules or opening one past

@@ -278,11 +278,15 @@ class Wire:
         self._block_flags = 0
         self._block_weight = b""
         """The block's HEADERS frame's priority fields (5 bytes, or none)."""
+        self.named_last: int | None = None
+        """The last stream a graceful GOAWAY (the connection's own) named."""
         self.ended = False
         """Our GOAWAY for a connection error went (`close_connection`): nothing more is sent."""
         self._stray = 0
-        """DATA and HEADERS frames on streams already closed since `take_stray`: they carry
-        no request, and some are answered (RST_STREAM), so the connection budgets them."""
+        """Empty DATA frames and HEADERS on streams already closed since `take_stray`: they
+        carry no request, take no window, and are answered (RST_STREAM), so the connection
+        budgets them. DATA with bytes is bounded by the windows (a client's DATA in flight
+        when the ingress reset its stream is not counted)."""
 
     # -- out -----------------------------------------------------------------------------
 
@@ -383,10 +387,14 @@ class Wire:
         return stray
 
     def close_connection(self, code: int, debug: bytes = b"") -> None:
-        """GOAWAY for a connection error: the last frame sent (after it, sends raise
-        StreamGone, and acknowledgements are dropped)."""
+        """GOAWAY for a connection error, naming the highest stream opened (or what a
+        graceful GOAWAY named, `named_last`, if lower: RFC 9113 §6.8): the last frame sent
+        (after it, sends raise StreamGone, and acknowledgements are dropped)."""
         if not self.ended:
-            self._out += goaway_frame(self.highest_inbound_stream_id, code, debug)
+            named = self.highest_inbound_stream_id
+            if self.named_last is not None:
+                named = min(named, self.named_last)
+            self._out += goaway_frame(named, code, debug)
             self.ended = True
 
     def _sending(self, stream_id: int) -> _Stream:
@@ -510,7 +518,8 @@ class Wire:
         if stream is None or not stream.remote_open:
             if stream is None and self._idle(stream_id):
                 raise _Fault(PROTOCOL_ERROR, f"DATA on idle stream {stream_id}")
-            self._stray += 1
+            if not flow:  # what takes no window is bounded by no window: counted
+                self._stray += 1
             increment = self.inbound.processed_bytes(flow)  # read away, as `h2` did
             if increment:
                 self._out += frame(WINDOW_UPDATE, 0, 0, increment.to_bytes(4, "big"))

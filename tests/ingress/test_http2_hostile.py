@@ -820,6 +820,38 @@ async def test_a_graceful_shutdown_lets_the_streams_under_way_finish(
             assert len(w.body[1]) == 2_000_000, f"{len(w.body[1])} bytes of 2000000"
 
 
+async def test_streams_opened_after_a_graceful_goaway_count_as_resets(
+    hello: Callable[[], int],
+) -> None:
+    """Bound: `RESET_BURST`. Each stream a client opens after the ingress's graceful GOAWAY
+    is refused (REFUSED_STREAM) and counts against the reset budget: a client racing the
+    GOAWAY opens at most MAX_STREAMS, one that goes on opening them is calmed (a reviewer's
+    find: 5,000 of them were each decoded and refused, unbounded, while a stream stayed)."""
+    port = hello()
+    ready, stop = anyio.Event(), anyio.Event()
+    stacks: list[Stack] = []
+
+    async def serve() -> None:
+        async with stack({"sb-1": port}, client_timeout=5, shutdown_timeout=10) as s:
+            stacks.append(s)
+            ready.set()
+            await stop.wait()
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(serve)
+        await ready.wait()
+        async with await Wire.open(stacks[0].ingress.address[1]) as w:
+            await w.settled()
+            w.send(w.request(1, b"/sleep?s=3"))
+            await eventually(lambda: _in_flight(stacks[0]) == 1)
+            stop.set()
+            await w.until(lambda: w.goaway)
+            w.send(b"".join(w.request(sid) for sid in range(3, 3 + 2 * 5 * RESET_BURST, 2)))
+            with contextlib.suppress(EOFError):
+                await w.until(lambda: w.goaway is not None and w.goaway[0] == CALM, within=10)
+            assert w.goaway is not None and w.goaway[0] == CALM, w.goaway
+
+
 # -- a request head HTTP/1.1 would not carry ----------------------------------------------
 
 
@@ -921,8 +953,8 @@ async def test_the_101st_stream_reset_in_the_same_read_leaves_the_100_working(
     """Bound: as above, for the stream past MAX_CONCURRENT_STREAMS, reset with its head."""
     async with stack({"sb-1": hello()}, rpi=200) as s, await Wire.open(s.ingress.address[1]) as w:
         await w.settled()
-        w.send(b"".join(w.request(sid, b"/sleep?s=1") for sid in range(1, 201, 2)))
-        await eventually(lambda: _in_flight(s) == 100)
+        w.send(b"".join(w.request(sid, b"/sleep?s=3") for sid in range(1, 201, 2)))
+        await eventually(lambda: _in_flight(s) == 100)  # (the 100 sleep 3 s: none ends first)
         w.send(w.request(201) + _rst(201))
         with contextlib.suppress(EOFError):
             await w.until(lambda: len(w.ended) >= 100, within=10)
