@@ -27,6 +27,15 @@ from wakeful.aio.deadline import Deadline
 from wakeful.aio.flow import HIGH_WATER
 from wakeful.ingress.errors import BadRequest, ClientGone
 from wakeful.ingress.http1.request import Request
+from wakeful.ingress.http2.frames import (
+    CANCEL,
+    ENHANCE_YOUR_CALM,
+    INTERNAL_ERROR,
+    NO_ERROR,
+    PROTOCOL_ERROR,
+    REFUSED_STREAM,
+    goaway_frame,
+)
 from wakeful.ingress.http2.rules import (
     CONTROL_BURST,
     CONTROL_RATE,
@@ -41,12 +50,6 @@ from wakeful.ingress.http2.sender import Sender
 from wakeful.ingress.http2.stream import STREAM_WINDOW, StreamBody, StreamResponder
 from wakeful.ingress.http2.wire import (
     BODY,
-    CANCEL,
-    ENHANCE_YOUR_CALM,
-    INTERNAL_ERROR,
-    NO_ERROR,
-    PROTOCOL_ERROR,
-    REFUSED_STREAM,
     REQUEST,
     RESET,
     TRAILERS,
@@ -54,7 +57,6 @@ from wakeful.ingress.http2.wire import (
     Event,
     Wire,
     WireError,
-    goaway_frame,
 )
 
 if TYPE_CHECKING:

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 from wakeful.aio.flow import WriteGate
 from wakeful.ingress.errors import ClientGone
-from wakeful.ingress.http2.wire import INTERNAL_ERROR, CannotSend, StreamGone, Wire
+from wakeful.ingress.http2.frames import INTERNAL_ERROR
+from wakeful.ingress.http2.streams import CannotSend, StreamGone, Streams
 
 if TYPE_CHECKING:
     from wakeful.ingress.http2.stream import StreamResponder
@@ -24,7 +25,7 @@ log = logging.getLogger(__name__)
 
 
 class Sender:
-    def __init__(self, conn: Wire, loop: asyncio.AbstractEventLoop, timeout: float) -> None:
+    def __init__(self, conn: Streams, loop: asyncio.AbstractEventLoop, timeout: float) -> None:
         """`timeout`: how long `drain` waits for a client to take what it was sent."""
         self._wire = conn
         self._loop = loop

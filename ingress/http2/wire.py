@@ -34,53 +34,43 @@ from typing import Final
 
 from hpack.exceptions import HPACKError, OversizedHeaderListError
 
-from wakeful.ingress.http2.fields import FieldDecoder, FieldEncoder
-
-PREFACE: Final = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-
-NO_ERROR: Final = 0x0
-PROTOCOL_ERROR: Final = 0x1
-INTERNAL_ERROR: Final = 0x2
-FLOW_CONTROL_ERROR: Final = 0x3
-STREAM_CLOSED: Final = 0x5
-FRAME_SIZE_ERROR: Final = 0x6
-REFUSED_STREAM: Final = 0x7
-CANCEL: Final = 0x8
-COMPRESSION_ERROR: Final = 0x9
-ENHANCE_YOUR_CALM: Final = 0xB
-
-DATA: Final = 0x0
-HEADERS: Final = 0x1
-PRIORITY: Final = 0x2
-RST_STREAM: Final = 0x3
-SETTINGS: Final = 0x4
-PUSH_PROMISE: Final = 0x5
-PING: Final = 0x6
-GOAWAY: Final = 0x7
-WINDOW_UPDATE: Final = 0x8
-CONTINUATION: Final = 0x9
-
-END_STREAM: Final = 0x1
-ACK: Final = 0x1
-END_HEADERS: Final = 0x4
-PADDED: Final = 0x8
-PRIORITY_FLAG: Final = 0x20
-
-HEADER_TABLE_SIZE: Final = 0x1
-ENABLE_PUSH: Final = 0x2
-MAX_CONCURRENT_STREAMS: Final = 0x3
-INITIAL_WINDOW_SIZE: Final = 0x4
-MAX_FRAME_SIZE: Final = 0x5
-MAX_HEADER_LIST_SIZE: Final = 0x6
-ENABLE_CONNECT_PROTOCOL: Final = 0x8
-
-DEFAULT_WINDOW: Final = 65_535
-MAX_WINDOW: Final = 2**31 - 1
-DEFAULT_FRAME: Final = 16_384
-MAX_FRAME: Final = 2**24 - 1
-CLOSED_KEPT: Final = 1024
-"""Closed streams whose end is remembered (by a reset or not), to answer a late frame on one
-as RFC 9113 §5.1 asks; an older one counts as ended (`h2` keeps 65,536)."""
+from wakeful.ingress.http2.fields import FieldDecoder
+from wakeful.ingress.http2.frames import (
+    ACK,
+    COMPRESSION_ERROR,
+    CONTINUATION,
+    DATA,
+    DEFAULT_FRAME,
+    ENABLE_CONNECT_PROTOCOL,
+    ENABLE_PUSH,
+    END_HEADERS,
+    END_STREAM,
+    ENHANCE_YOUR_CALM,
+    FLOW_CONTROL_ERROR,
+    FRAME_SIZE_ERROR,
+    GOAWAY,
+    HEADER_TABLE_SIZE,
+    HEADERS,
+    INITIAL_WINDOW_SIZE,
+    MAX_FRAME,
+    MAX_FRAME_SIZE,
+    MAX_WINDOW,
+    PADDED,
+    PING,
+    PREFACE,
+    PRIORITY,
+    PRIORITY_FLAG,
+    PROTOCOL_ERROR,
+    PUSH_PROMISE,
+    RST_STREAM,
+    SETTINGS,
+    STREAM_CLOSED,
+    WINDOW_UPDATE,
+    Fault,
+    frame,
+    u32,
+)
+from wakeful.ingress.http2.streams import Stream, Streams
 
 # What an event is (`Event.kind`).
 REQUEST: Final = 1
@@ -103,14 +93,6 @@ class WireError(Exception):
     def __init__(self, code: int, why: str) -> None:
         super().__init__(why)
         self.code = code
-
-
-class StreamGone(Exception):
-    """What was to be sent is for a stream that is closed (`h2`'s StreamClosedError)."""
-
-
-class CannotSend(Exception):
-    """What was to be sent breaks a rule of the stream: past its window, after its end."""
 
 
 class Event:
@@ -144,130 +126,18 @@ class Event:
         )
 
 
-class Window:
-    """What a peer may still send us, and when to tell it it may send more: `h2`'s
-    `WindowManager`, rule for rule (the WINDOW_UPDATEs go out when they did)."""
-
-    __slots__ = ("current", "largest", "processed")
-
-    def __init__(self, size: int) -> None:
-        self.largest = size
-        self.current = size
-        self.processed = 0
-
-    def consumed(self, size: int) -> None:
-        self.current -= size
-        if self.current < 0:
-            raise _Fault(FLOW_CONTROL_ERROR, "flow control window shrunk below 0")
-
-    def opened(self, size: int) -> None:
-        self.current += size
-        if self.current > MAX_WINDOW:
-            raise _Fault(FLOW_CONTROL_ERROR, f"flow control window past {MAX_WINDOW}")
-        self.largest = max(self.current, self.largest)
-
-    def processed_bytes(self, size: int) -> int:
-        """`size` more bytes read: the increment to send now (0: none yet)."""
-        self.processed += size
-        if not self.processed:
-            return 0
-        increment = 0
-        if (
-            self.current == 0 and self.processed > min(1024, self.largest // 4)
-        ) or self.processed >= self.largest // 2:
-            increment = min(self.processed, self.largest - self.current)
-            self.processed = 0
-        self.current += increment
-        return increment
-
-
-class _Fault(Exception):
-    """A connection error found while a frame is handled (becomes `WireError`)."""
-
-    def __init__(self, code: int, why: str) -> None:
-        super().__init__(why)
-        self.code = code
-
-
-class _Stream:
-    __slots__ = ("heads", "inbound", "local_open", "remote_open", "sent")
-
-    def __init__(self, inbound: int, outbound: int) -> None:
-        self.inbound = Window(inbound)
-        self.sent = outbound
-        """What we may still send on it (its outbound window)."""
-        self.remote_open = True
-        """The client has not ended its side."""
-        self.local_open = True
-        """We have not ended ours."""
-        self.heads = 0
-        """Final (not 1xx) heads sent: a second is trailers."""
-
-
-def frame(kind: int, flags: int, stream_id: int, payload: bytes) -> bytes:
-    """One frame, its 9-byte header and `payload`."""
-    size = len(payload)
-    return (
-        bytes(
-            (
-                (size >> 16) & 0xFF,
-                (size >> 8) & 0xFF,
-                size & 0xFF,
-                kind,
-                flags,
-                (stream_id >> 24) & 0x7F,
-                (stream_id >> 16) & 0xFF,
-                (stream_id >> 8) & 0xFF,
-                stream_id & 0xFF,
-            )
-        )
-        + payload
-    )
-
-
-def goaway_frame(last_stream_id: int, code: int, debug: bytes = b"") -> bytes:
-    return frame(GOAWAY, 0, 0, last_stream_id.to_bytes(4, "big") + code.to_bytes(4, "big") + debug)
-
-
-def _u32(payload: bytes, at: int) -> int:
-    return int.from_bytes(payload[at : at + 4], "big")
-
-
-class Wire:
+class Wire(Streams):
     """The connection's state: feed it what the client sent (`receive`), tell it what to send
     (`send_headers`, `send_data`, `end_stream`, `reset_stream`, `acknowledge`), write what
     `data_to_send` gives."""
 
     def __init__(self, max_streams: int, max_header_list_size: int, stream_window: int) -> None:
+        super().__init__(max_streams, max_header_list_size, stream_window)
         self.decoder = FieldDecoder(max_header_list_size)
-        self.encoder = FieldEncoder()
-        self.local = [
-            (HEADER_TABLE_SIZE, 4096),
-            (ENABLE_PUSH, 0),
-            (INITIAL_WINDOW_SIZE, stream_window),
-            (MAX_FRAME_SIZE, DEFAULT_FRAME),
-            (ENABLE_CONNECT_PROTOCOL, 0),
-            (MAX_CONCURRENT_STREAMS, max_streams),
-            (MAX_HEADER_LIST_SIZE, max_header_list_size),
-        ]
-        """What we advertise, in `h2`'s order."""
         self._window_to_ack = stream_window
         """Our INITIAL_WINDOW_SIZE, in force once the client acknowledges our SETTINGS (-1:
         it has)."""
-        self.inbound_initial = max(stream_window, DEFAULT_WINDOW)
-        """A new stream's inbound window: until our SETTINGS are acknowledged, the larger of
-        ours and the default (what the client may have sent before it read ours is taken)."""
-        self.outbound_initial = DEFAULT_WINDOW
-        self.max_outbound_frame_size = DEFAULT_FRAME
         self.max_inbound_frame_size = DEFAULT_FRAME
-        self.inbound = Window(DEFAULT_WINDOW)
-        self.sent = DEFAULT_WINDOW
-        """What we may still send on the connection (its outbound window)."""
-        self.streams: dict[int, _Stream] = {}
-        self._closed: dict[int, bool] = {}
-        """Streams closed lately: True if by a reset (a late frame on one is expected)."""
-        self.highest_inbound_stream_id = 0
-        self._out = bytearray()
         self._preface = len(PREFACE)
         """Preface bytes still to come."""
         self._pending = b""
@@ -278,144 +148,6 @@ class Wire:
         self._block_flags = 0
         self._block_weight = b""
         """The block's HEADERS frame's priority fields (5 bytes, or none)."""
-        self.named_last: int | None = None
-        """The last stream a graceful GOAWAY (the connection's own) named."""
-        self.ended = False
-        """Our GOAWAY for a connection error went (`close_connection`): nothing more is sent."""
-        self._stray = 0
-        """Empty DATA frames and HEADERS on streams already closed since `take_stray`: they
-        carry no request, take no window, and are answered (RST_STREAM), so the connection
-        budgets them. DATA with bytes is bounded by the windows (a client's DATA in flight
-        when the ingress reset its stream is not counted)."""
-
-    # -- out -----------------------------------------------------------------------------
-
-    def data_to_send(self) -> bytes:
-        out = bytes(self._out)
-        self._out.clear()
-        return out
-
-    def initiate_connection(self) -> None:
-        payload = b"".join(
-            code.to_bytes(2, "big") + value.to_bytes(4, "big") for code, value in self.local
-        )
-        self._out += frame(SETTINGS, 0, 0, payload)
-
-    def increment_flow_control_window(self, increment: int) -> None:
-        """Open the connection's window by `increment` (what `h2`'s did, for the connection)."""
-        self.inbound.opened(increment)
-        self._out += frame(WINDOW_UPDATE, 0, 0, increment.to_bytes(4, "big"))
-
-    def local_flow_control_window(self, stream_id: int) -> int:
-        stream = self.streams.get(stream_id)
-        if stream is None or self.ended:
-            raise StreamGone(f"stream {stream_id} is closed")
-        return min(self.sent, stream.sent)
-
-    def send_headers(
-        self, stream_id: int, headers: list[tuple[bytes, bytes]], end_stream: bool = False
-    ) -> None:
-        stream = self._sending(stream_id)
-        informational = False
-        for name, value in headers:
-            if name == b":status":
-                informational = value[:1] == b"1"
-                break
-        if informational:
-            if end_stream:
-                raise CannotSend("an informational answer cannot end its stream")
-        else:
-            stream.heads += 1
-            if stream.heads > 1 and not end_stream:
-                raise CannotSend("trailers must end the stream")
-        block = self.encoder.encode(headers)
-        size = self.max_outbound_frame_size
-        flags = END_STREAM if end_stream else 0
-        if len(block) <= size:
-            self._out += frame(HEADERS, flags | END_HEADERS, stream_id, block)
-        else:
-            self._out += frame(HEADERS, flags, stream_id, block[:size])
-            at = size
-            while at < len(block):
-                last = at + size >= len(block)
-                piece = block[at : at + size]
-                self._out += frame(CONTINUATION, END_HEADERS if last else 0, stream_id, piece)
-                at += size
-        if end_stream:
-            self._local_end(stream_id, stream)
-
-    def send_data(self, stream_id: int, data: bytes, end_stream: bool = False) -> None:
-        stream = self._sending(stream_id)
-        size = len(data)
-        if size > 0 and size > min(self.sent, stream.sent):
-            raise CannotSend(f"cannot send {size} bytes past the window")
-        if size > self.max_outbound_frame_size:
-            raise CannotSend(f"cannot send a frame of {size} bytes")
-        self._out += frame(DATA, END_STREAM if end_stream else 0, stream_id, data)
-        self.sent -= size
-        stream.sent -= size
-        if end_stream:
-            self._local_end(stream_id, stream)
-
-    def end_stream(self, stream_id: int) -> None:
-        stream = self._sending(stream_id)
-        self._out += frame(DATA, END_STREAM, stream_id, b"")
-        self._local_end(stream_id, stream)
-
-    def reset_stream(self, stream_id: int, code: int) -> None:
-        if stream_id not in self.streams or self.ended:
-            raise StreamGone(f"stream {stream_id} is closed")
-        self._out += frame(RST_STREAM, 0, stream_id, code.to_bytes(4, "big"))
-        self._close(stream_id, True)
-
-    def acknowledge(self, size: int, stream_id: int) -> None:
-        """The connection read `size` bytes of a stream's body (or dropped them): the client
-        may send as many more, told when `Window` says so."""
-        if self.ended:
-            return
-        increment = self.inbound.processed_bytes(size)
-        if increment:
-            self._out += frame(WINDOW_UPDATE, 0, 0, increment.to_bytes(4, "big"))
-        stream = self.streams.get(stream_id)
-        if stream is not None:
-            increment = stream.inbound.processed_bytes(size)
-            if increment:
-                self._out += frame(WINDOW_UPDATE, 0, stream_id, increment.to_bytes(4, "big"))
-
-    def take_stray(self) -> int:
-        stray, self._stray = self._stray, 0
-        return stray
-
-    def close_connection(self, code: int, debug: bytes = b"") -> None:
-        """GOAWAY for a connection error, naming the highest stream opened (or what a
-        graceful GOAWAY named, `named_last`, if lower: RFC 9113 §6.8): the last frame sent
-        (after it, sends raise StreamGone, and acknowledgements are dropped)."""
-        if not self.ended:
-            named = self.highest_inbound_stream_id
-            if self.named_last is not None:
-                named = min(named, self.named_last)
-            self._out += goaway_frame(named, code, debug)
-            self.ended = True
-
-    def _sending(self, stream_id: int) -> _Stream:
-        stream = self.streams.get(stream_id)
-        if stream is None or self.ended:
-            raise StreamGone(f"stream {stream_id} is closed")
-        if not stream.local_open:
-            raise CannotSend(f"stream {stream_id} was ended")
-        return stream
-
-    def _local_end(self, stream_id: int, stream: _Stream) -> None:
-        stream.local_open = False
-        if not stream.remote_open:
-            self._close(stream_id, False)
-
-    def _close(self, stream_id: int, reset: bool) -> None:
-        del self.streams[stream_id]
-        closed = self._closed
-        closed[stream_id] = reset
-        if len(closed) > CLOSED_KEPT:
-            del closed[next(iter(closed))]
 
     # -- in ------------------------------------------------------------------------------
 
@@ -424,7 +156,7 @@ class Wire:
         GOAWAY queued; the events of the frames before it are dropped, as `h2` did)."""
         try:
             return self._receive(data)
-        except _Fault as fault:
+        except Fault as fault:
             self.close_connection(fault.code)
             raise WireError(fault.code, str(fault)) from None
 
@@ -436,7 +168,7 @@ class Wire:
             taken = min(self._preface, len(data))
             start = len(PREFACE) - self._preface
             if data[:taken] != PREFACE[start : start + taken]:
-                raise _Fault(PROTOCOL_ERROR, "invalid HTTP/2 preamble")
+                raise Fault(PROTOCOL_ERROR, "invalid HTTP/2 preamble")
             self._preface -= taken
             data = data[taken:]
         if self._pending:
@@ -447,7 +179,7 @@ class Wire:
         while end - at >= 9:
             length = (data[at] << 16) | (data[at + 1] << 8) | data[at + 2]
             if length > self.max_inbound_frame_size:
-                raise _Fault(
+                raise Fault(
                     FRAME_SIZE_ERROR,
                     f"a frame of {length} bytes, past {self.max_inbound_frame_size}",
                 )
@@ -455,12 +187,12 @@ class Wire:
                 break
             kind = data[at + 3]
             flags = data[at + 4]
-            stream_id = _u32(data, at + 5) & 0x7FFFFFFF
+            stream_id = u32(data, at + 5) & 0x7FFFFFFF
             payload = data[at + 9 : at + 9 + length]
             at += 9 + length
             if self._block_id:
                 if kind != CONTINUATION or stream_id != self._block_id:
-                    raise _Fault(PROTOCOL_ERROR, "a frame inside a header block")
+                    raise Fault(PROTOCOL_ERROR, "a frame inside a header block")
                 self._block += payload
                 if flags & END_HEADERS:
                     self._headers(events)
@@ -476,23 +208,23 @@ class Wire:
             elif kind == SETTINGS:
                 self._settings(events, flags, stream_id, payload)
             elif kind == PUSH_PROMISE:
-                raise _Fault(PROTOCOL_ERROR, "a client may not push")
+                raise Fault(PROTOCOL_ERROR, "a client may not push")
             elif kind == PING:
                 if stream_id:
-                    raise _Fault(PROTOCOL_ERROR, "PING on a stream")
+                    raise Fault(PROTOCOL_ERROR, "PING on a stream")
                 if length != 8:
-                    raise _Fault(FRAME_SIZE_ERROR, "PING not of 8 bytes")
+                    raise Fault(FRAME_SIZE_ERROR, "PING not of 8 bytes")
                 if not flags & ACK:
                     self._out += frame(PING, ACK, 0, payload)
             elif kind == GOAWAY:
                 if stream_id:
-                    raise _Fault(PROTOCOL_ERROR, "GOAWAY on a stream")
+                    raise Fault(PROTOCOL_ERROR, "GOAWAY on a stream")
                 if length < 8:
-                    raise _Fault(FRAME_SIZE_ERROR, "GOAWAY shorter than 8 bytes")
+                    raise Fault(FRAME_SIZE_ERROR, "GOAWAY shorter than 8 bytes")
             elif kind == WINDOW_UPDATE:
                 self._window_update(events, stream_id, payload)
             elif kind == CONTINUATION:
-                raise _Fault(PROTOCOL_ERROR, "CONTINUATION outside a header block")
+                raise Fault(PROTOCOL_ERROR, "CONTINUATION outside a header block")
             # any other type is ignored (§5.5)
         if at < end:
             self._pending = data[at:]
@@ -502,22 +234,22 @@ class Wire:
         if not flags & PADDED:
             return payload
         if not payload:
-            raise _Fault(FRAME_SIZE_ERROR, "a padded frame without its pad length")
+            raise Fault(FRAME_SIZE_ERROR, "a padded frame without its pad length")
         pad = payload[0]
         if pad > len(payload) - 1:
-            raise _Fault(PROTOCOL_ERROR, "padding past the frame")
+            raise Fault(PROTOCOL_ERROR, "padding past the frame")
         return payload[1 : len(payload) - pad]
 
     def _data(self, events: list[Event], flags: int, stream_id: int, payload: bytes) -> None:
         if not stream_id:
-            raise _Fault(PROTOCOL_ERROR, "DATA on stream 0")
+            raise Fault(PROTOCOL_ERROR, "DATA on stream 0")
         data = self._unpad(flags, payload)
         flow = len(payload)
         self.inbound.consumed(flow)
         stream = self.streams.get(stream_id)
         if stream is None or not stream.remote_open:
             if stream is None and self._idle(stream_id):
-                raise _Fault(PROTOCOL_ERROR, f"DATA on idle stream {stream_id}")
+                raise Fault(PROTOCOL_ERROR, f"DATA on idle stream {stream_id}")
             if not flow:  # what takes no window is bounded by no window: counted
                 self._stray += 1
             increment = self.inbound.processed_bytes(flow)  # read away, as `h2` did
@@ -538,13 +270,13 @@ class Wire:
         self, events: list[Event], flags: int, stream_id: int, payload: bytes
     ) -> None:
         if not stream_id:
-            raise _Fault(PROTOCOL_ERROR, "HEADERS on stream 0")
+            raise Fault(PROTOCOL_ERROR, "HEADERS on stream 0")
         body = self._unpad(flags, payload)
         weight = b""
         if flags & PRIORITY_FLAG:
             if len(body) < 5:  # padding into the priority fields is PROTOCOL_ERROR (§6.2)
                 code = PROTOCOL_ERROR if flags & PADDED and len(payload) >= 6 else FRAME_SIZE_ERROR
-                raise _Fault(code, "HEADERS too short for its priority")
+                raise Fault(code, "HEADERS too short for its priority")
             weight, body = body[:5], body[5:]
         self._block_id = stream_id
         self._block_flags = flags
@@ -565,27 +297,27 @@ class Wire:
         try:
             fields = self.decoder.decode(block)
         except OversizedHeaderListError as exc:
-            raise _Fault(ENHANCE_YOUR_CALM, f"oversized header block: {exc}") from None
+            raise Fault(ENHANCE_YOUR_CALM, f"oversized header block: {exc}") from None
         except (HPACKError, IndexError, TypeError, UnicodeDecodeError) as exc:
-            raise _Fault(COMPRESSION_ERROR, f"error decoding a header block: {exc}") from None
+            raise Fault(COMPRESSION_ERROR, f"error decoding a header block: {exc}") from None
         ended = bool(flags & END_STREAM)
         stream = self.streams.get(stream_id)
         if stream is None:
             if stream_id % 2 == 0:
-                raise _Fault(PROTOCOL_ERROR, f"stream {stream_id} is not the client's to open")
+                raise Fault(PROTOCOL_ERROR, f"stream {stream_id} is not the client's to open")
             if stream_id <= self.highest_inbound_stream_id:
                 closed = self._closed.get(stream_id)
                 if closed is None:  # skipped, or closed too long ago (§5.1.1)
-                    raise _Fault(PROTOCOL_ERROR, f"stream {stream_id} below the highest opened")
+                    raise Fault(PROTOCOL_ERROR, f"stream {stream_id} below the highest opened")
                 if closed:  # after a reset: expected, refused
                     self._stray += 1
                     self._out += frame(RST_STREAM, 0, stream_id, STREAM_CLOSED.to_bytes(4, "big"))
                     return
-                raise _Fault(STREAM_CLOSED, f"HEADERS on closed stream {stream_id}")
+                raise Fault(STREAM_CLOSED, f"HEADERS on closed stream {stream_id}")
             self.highest_inbound_stream_id = stream_id
-            stream = _Stream(self.inbound_initial, self.outbound_initial)
+            stream = Stream(self.inbound_initial, self.outbound_initial)
             self.streams[stream_id] = stream
-            if weight and _u32(weight, 0) & 0x7FFFFFFF == stream_id:
+            if weight and u32(weight, 0) & 0x7FFFFFFF == stream_id:
                 self._provoked(events, stream_id, PROTOCOL_ERROR)  # RFC 9113 §5.3.1
                 return
             events.append(Event(REQUEST, stream_id, headers=fields, ended=ended))
@@ -594,7 +326,7 @@ class Wire:
             return
         if not stream.remote_open:  # half-closed (remote): a stream error (§5.1)
             self._provoked(events, stream_id, STREAM_CLOSED)
-        elif weight and _u32(weight, 0) & 0x7FFFFFFF == stream_id:
+        elif weight and u32(weight, 0) & 0x7FFFFFFF == stream_id:
             self._provoked(events, stream_id, PROTOCOL_ERROR)  # RFC 9113 §5.3.1
         elif not ended:  # trailers must end it (§8.1): malformed, a stream error
             self._provoked(events, stream_id, PROTOCOL_ERROR)
@@ -604,27 +336,27 @@ class Wire:
 
     def _priority(self, events: list[Event], stream_id: int, payload: bytes) -> None:
         if not stream_id:
-            raise _Fault(PROTOCOL_ERROR, "PRIORITY on stream 0")
+            raise Fault(PROTOCOL_ERROR, "PRIORITY on stream 0")
         if len(payload) != 5:
-            raise _Fault(FRAME_SIZE_ERROR, "PRIORITY not of 5 bytes")
-        if _u32(payload, 0) & 0x7FFFFFFF == stream_id and stream_id in self.streams:
+            raise Fault(FRAME_SIZE_ERROR, "PRIORITY not of 5 bytes")
+        if u32(payload, 0) & 0x7FFFFFFF == stream_id and stream_id in self.streams:
             self._provoked(events, stream_id, PROTOCOL_ERROR)  # §5.3.1; idle: ignored
 
     def _rst(self, events: list[Event], stream_id: int, payload: bytes) -> None:
         if not stream_id:
-            raise _Fault(PROTOCOL_ERROR, "RST_STREAM on stream 0")
+            raise Fault(PROTOCOL_ERROR, "RST_STREAM on stream 0")
         if len(payload) != 4:
-            raise _Fault(FRAME_SIZE_ERROR, "RST_STREAM not of 4 bytes")
+            raise Fault(FRAME_SIZE_ERROR, "RST_STREAM not of 4 bytes")
         if stream_id in self.streams:  # on a stream not open: ignored, as `h2` does
             self._close(stream_id, True)
-            events.append(Event(RESET, stream_id, remote=True, code=_u32(payload, 0)))
+            events.append(Event(RESET, stream_id, remote=True, code=u32(payload, 0)))
 
     def _settings(self, events: list[Event], flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id:
-            raise _Fault(PROTOCOL_ERROR, "SETTINGS on a stream")
+            raise Fault(PROTOCOL_ERROR, "SETTINGS on a stream")
         if flags & ACK:
             if payload:
-                raise _Fault(FRAME_SIZE_ERROR, "a SETTINGS acknowledgement with a payload")
+                raise Fault(FRAME_SIZE_ERROR, "a SETTINGS acknowledgement with a payload")
             if self._window_to_ack >= 0:  # ours are in force now
                 delta = self._window_to_ack - self.inbound_initial
                 self.inbound_initial = self._window_to_ack
@@ -635,25 +367,25 @@ class Wire:
                     stream.inbound.largest = largest
             return
         if len(payload) % 6:
-            raise _Fault(FRAME_SIZE_ERROR, "SETTINGS not a multiple of 6 bytes")
+            raise Fault(FRAME_SIZE_ERROR, "SETTINGS not a multiple of 6 bytes")
         for at in range(0, len(payload), 6):
             code = (payload[at] << 8) | payload[at + 1]
-            value = _u32(payload, at + 2)
+            value = u32(payload, at + 2)
             if code in (ENABLE_PUSH, ENABLE_CONNECT_PROTOCOL):
                 if value > 1:
-                    raise _Fault(PROTOCOL_ERROR, f"setting {code} must be 0 or 1, not {value}")
+                    raise Fault(PROTOCOL_ERROR, f"setting {code} must be 0 or 1, not {value}")
             elif code == INITIAL_WINDOW_SIZE:
                 if value > MAX_WINDOW:
-                    raise _Fault(FLOW_CONTROL_ERROR, f"an initial window of {value}")
+                    raise Fault(FLOW_CONTROL_ERROR, f"an initial window of {value}")
                 delta = value - self.outbound_initial
                 self.outbound_initial = value
                 for stream in self.streams.values():
                     stream.sent += delta
                     if stream.sent > MAX_WINDOW:
-                        raise _Fault(FLOW_CONTROL_ERROR, "a stream's window past 2^31-1")
+                        raise Fault(FLOW_CONTROL_ERROR, "a stream's window past 2^31-1")
             elif code == MAX_FRAME_SIZE:
                 if not DEFAULT_FRAME <= value <= MAX_FRAME:
-                    raise _Fault(PROTOCOL_ERROR, f"a max frame size of {value}")
+                    raise Fault(PROTOCOL_ERROR, f"a max frame size of {value}")
                 self.max_outbound_frame_size = value
             elif code == HEADER_TABLE_SIZE:
                 self.encoder.header_table_size = value
@@ -662,20 +394,20 @@ class Wire:
 
     def _window_update(self, events: list[Event], stream_id: int, payload: bytes) -> None:
         if len(payload) != 4:
-            raise _Fault(FRAME_SIZE_ERROR, "WINDOW_UPDATE not of 4 bytes")
-        increment = _u32(payload, 0) & 0x7FFFFFFF
+            raise Fault(FRAME_SIZE_ERROR, "WINDOW_UPDATE not of 4 bytes")
+        increment = u32(payload, 0) & 0x7FFFFFFF
         if not stream_id:
             if not increment:
-                raise _Fault(PROTOCOL_ERROR, "a WINDOW_UPDATE of 0")
+                raise Fault(PROTOCOL_ERROR, "a WINDOW_UPDATE of 0")
             self.sent += increment
             if self.sent > MAX_WINDOW:
-                raise _Fault(FLOW_CONTROL_ERROR, "the connection's window past 2^31-1")
+                raise Fault(FLOW_CONTROL_ERROR, "the connection's window past 2^31-1")
             events.append(Event(WINDOW, 0))
             return
         stream = self.streams.get(stream_id)
         if stream is None:
             if self._idle(stream_id):
-                raise _Fault(PROTOCOL_ERROR, f"WINDOW_UPDATE on idle stream {stream_id}")
+                raise Fault(PROTOCOL_ERROR, f"WINDOW_UPDATE on idle stream {stream_id}")
             return  # closed: ignored
         if not increment:  # a stream error (§6.9)
             self._provoked(events, stream_id, PROTOCOL_ERROR)
@@ -696,7 +428,7 @@ class Wire:
         self._close(stream_id, True)
         events.append(Event(RESET, stream_id, code=code))
 
-    def _remote_end(self, stream_id: int, stream: _Stream) -> None:
+    def _remote_end(self, stream_id: int, stream: Stream) -> None:
         stream.remote_open = False
         if not stream.local_open:
             self._close(stream_id, False)

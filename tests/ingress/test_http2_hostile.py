@@ -791,13 +791,10 @@ async def test_a_flood_of_unknown_frames_does_not_slow_other_clients(
 # -- graceful shutdown ----------------------------------------------------------------------
 
 
-async def test_a_graceful_shutdown_lets_the_streams_under_way_finish(
-    hello: Callable[[], int],
-) -> None:
-    """Bound: stopping the ingress sends GOAWAY and lets streams under way finish (as HTTP/1.1
-    answers under way finish, test_shutdown.py). A 2 MB download under way when the ingress
-    stops gets all its bytes (it gets 100 KB, then the connection closes)."""
-    port = hello()
+@contextlib.asynccontextmanager
+async def stoppable(port: int) -> AsyncIterator[tuple[Stack, anyio.Event]]:
+    """A stack serving `port`'s sandbox in a task of its own, and the event that stops it
+    (gracefully: client_timeout 5 s, shutdown_timeout 10 s) while the test goes on."""
     ready, stop = anyio.Event(), anyio.Event()
     stacks: list[Stack] = []
 
@@ -810,14 +807,26 @@ async def test_a_graceful_shutdown_lets_the_streams_under_way_finish(
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(serve)
         await ready.wait()
-        async with await Wire.open(stacks[0].ingress.address[1]) as w:
-            w.send(w.request(1, b"/bytes?n=2000000"))
-            await w.until(lambda: w.body[1])
+        try:
+            yield stacks[0], stop
+        finally:
             stop.set()
-            with contextlib.suppress(EOFError):
-                await w.until(lambda: 1 in w.ended or 1 in w.resets, within=10)
-            assert w.goaway is not None and w.goaway[0] == NO_ERROR
-            assert len(w.body[1]) == 2_000_000, f"{len(w.body[1])} bytes of 2000000"
+
+
+async def test_a_graceful_shutdown_lets_the_streams_under_way_finish(
+    hello: Callable[[], int],
+) -> None:
+    """Bound: stopping the ingress sends GOAWAY and lets streams under way finish (as HTTP/1.1
+    answers under way finish, test_shutdown.py). A 2 MB download under way when the ingress
+    stops gets all its bytes (it gets 100 KB, then the connection closes)."""
+    async with stoppable(hello()) as (s, stop), await Wire.open(s.ingress.address[1]) as w:
+        w.send(w.request(1, b"/bytes?n=2000000"))
+        await w.until(lambda: w.body[1])
+        stop.set()
+        with contextlib.suppress(EOFError):
+            await w.until(lambda: 1 in w.ended or 1 in w.resets, within=10)
+        assert w.goaway is not None and w.goaway[0] == NO_ERROR
+        assert len(w.body[1]) == 2_000_000, f"{len(w.body[1])} bytes of 2000000"
 
 
 async def test_streams_opened_after_a_graceful_goaway_count_as_resets(
@@ -827,29 +836,16 @@ async def test_streams_opened_after_a_graceful_goaway_count_as_resets(
     is refused (REFUSED_STREAM) and counts against the reset budget: a client racing the
     GOAWAY opens at most MAX_STREAMS, one that goes on opening them is calmed (a reviewer's
     find: 5,000 of them were each decoded and refused, unbounded, while a stream stayed)."""
-    port = hello()
-    ready, stop = anyio.Event(), anyio.Event()
-    stacks: list[Stack] = []
-
-    async def serve() -> None:
-        async with stack({"sb-1": port}, client_timeout=5, shutdown_timeout=10) as s:
-            stacks.append(s)
-            ready.set()
-            await stop.wait()
-
-    async with anyio.create_task_group() as tasks:
-        tasks.start_soon(serve)
-        await ready.wait()
-        async with await Wire.open(stacks[0].ingress.address[1]) as w:
-            await w.settled()
-            w.send(w.request(1, b"/sleep?s=3"))
-            await eventually(lambda: _in_flight(stacks[0]) == 1)
-            stop.set()
-            await w.until(lambda: w.goaway)
-            w.send(b"".join(w.request(sid) for sid in range(3, 3 + 2 * 5 * RESET_BURST, 2)))
-            with contextlib.suppress(EOFError):
-                await w.until(lambda: w.goaway is not None and w.goaway[0] == CALM, within=10)
-            assert w.goaway is not None and w.goaway[0] == CALM, w.goaway
+    async with stoppable(hello()) as (s, stop), await Wire.open(s.ingress.address[1]) as w:
+        await w.settled()
+        w.send(w.request(1, b"/sleep?s=3"))
+        await eventually(lambda: _in_flight(s) == 1)
+        stop.set()
+        await w.until(lambda: w.goaway)
+        w.send(b"".join(w.request(sid) for sid in range(3, 3 + 2 * 5 * RESET_BURST, 2)))
+        with contextlib.suppress(EOFError):
+            await w.until(lambda: w.goaway is not None and w.goaway[0] == CALM, within=10)
+        assert w.goaway is not None and w.goaway[0] == CALM, w.goaway
 
 
 # -- a request head HTTP/1.1 would not carry ----------------------------------------------

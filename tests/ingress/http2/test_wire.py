@@ -19,7 +19,7 @@ import h2.stream
 import hpack
 import pytest
 
-from wakeful.ingress.http2 import wire
+from wakeful.ingress.http2 import frames, streams, wire
 from wakeful.ingress.http2.fields import fit
 
 MAX_HEAD = 32 * 1024
@@ -151,10 +151,10 @@ class Pair:
             except (
                 h2.exceptions.StreamClosedError,
                 h2.exceptions.StreamIDTooLowError,
-                wire.StreamGone,
+                streams.StreamGone,
             ) as exc:
                 outcomes.append(f"gone: {exc!r}")
-            except (h2.exceptions.ProtocolError, wire.CannotSend) as exc:
+            except (h2.exceptions.ProtocolError, streams.CannotSend) as exc:
                 outcomes.append(f"refused: {exc!r}")
         assert outcomes[0].split(":")[0] == outcomes[1].split(":")[0], outcomes
 
@@ -345,7 +345,7 @@ def test_real_clients_traffic_makes_the_same_events_and_bytes_as_h2() -> None:
 
 
 def _frame(kind: int, flags: int, stream_id: int, payload: bytes) -> bytes:
-    return wire.frame(kind, flags, stream_id, payload)
+    return frames.frame(kind, flags, stream_id, payload)
 
 
 def _hostile(rng: random.Random, encoder: hpack.Encoder, highest: list[int]) -> bytes:
@@ -428,25 +428,25 @@ def _reset_here(new: Norm, stream_id: int, code: int) -> bool:
 def _excuse(data: bytes, ref: Norm, new: Norm, conn: wire.Wire, was_open: bool) -> str | None:
     """Which of the module's named departures a difference is, if one (`was_open`: the
     frame's stream was open in `wire` before it)."""
-    if len(data) > 9 + 16_384 and ref[0] == "error" and new == ("error", wire.FRAME_SIZE_ERROR):
+    if len(data) > 9 + 16_384 and ref[0] == "error" and new == ("error", frames.FRAME_SIZE_ERROR):
         return "past the frame size"
-    if conn._block_id and ref[0] == "error" and new == ("error", wire.PROTOCOL_ERROR):
+    if conn._block_id and ref[0] == "error" and new == ("error", frames.PROTOCOL_ERROR):
         return "inside a header block"
     kind, flags = data[3], data[4]
     stream_id = int.from_bytes(data[5:9], "big") & 0x7FFFFFFF
-    if ref[0] == "error" and new[0] == "error" and new[1] == wire.COMPRESSION_ERROR:
+    if ref[0] == "error" and new[0] == "error" and new[1] == frames.COMPRESSION_ERROR:
         return "HPACK"
     if kind == 0xA and ref[0] == "error" and new == ("ok", (), b""):
         return "ALTSVC"
-    if kind == 5 and new == ("error", wire.PROTOCOL_ERROR):
+    if kind == 5 and new == ("error", frames.PROTOCOL_ERROR):
         return "PUSH_PROMISE"
-    if kind == 4 and flags & 1 and len(data) > 9 and new == ("error", wire.FRAME_SIZE_ERROR):
+    if kind == 4 and flags & 1 and len(data) > 9 and new == ("error", frames.FRAME_SIZE_ERROR):
         return "SETTINGS acknowledgement with a payload"
-    if kind == 9 and new == ("error", wire.PROTOCOL_ERROR) and not conn._block_id:
+    if kind == 9 and new == ("error", frames.PROTOCOL_ERROR) and not conn._block_id:
         return "CONTINUATION outside a header block"
     if ref[0] != "error":
         return None
-    stream_error = _reset_here(new, stream_id, wire.PROTOCOL_ERROR)
+    stream_error = _reset_here(new, stream_id, frames.PROTOCOL_ERROR)
     if kind == 1 and flags & 0x20:
         at = 9 + (1 if flags & 8 else 0)
         if int.from_bytes(data[at : at + 4], "big") & 0x7FFFFFFF == stream_id and stream_error:
@@ -456,7 +456,7 @@ def _excuse(data: bytes, ref: Norm, new: Norm, conn: wire.Wire, was_open: bool) 
     if kind in (1, 9) and was_open and stream_error:
         return "trailers without END_STREAM"
     reserved = kind == 8 and len(data) == 13 and data[9] & 0x80
-    if reserved and (new[0] == "ok" or new == ("error", wire.FLOW_CONTROL_ERROR)):
+    if reserved and (new[0] == "ok" or new == ("error", frames.FLOW_CONTROL_ERROR)):
         return "WINDOW_UPDATE's reserved bit"
     zero = kind == 8 and int.from_bytes(data[9:13], "big") & 0x7FFFFFFF == 0
     if zero and (stream_error or (not was_open and new == ("ok", (), b""))):
@@ -494,7 +494,7 @@ def _act(rng: random.Random, ref: h2.connection.H2Connection, new: wire.Wire) ->
         try:
             step()
             outcomes.append("done")
-        except (h2.exceptions.ProtocolError, wire.CannotSend, wire.StreamGone) as exc:
+        except (h2.exceptions.ProtocolError, streams.CannotSend, streams.StreamGone) as exc:
             outcomes.append(repr(exc))
     assert outcomes == ["done", "done"], outcomes
     assert new.data_to_send() == ref.data_to_send()
@@ -513,12 +513,12 @@ def test_hostile_frame_sequences_get_h2s_verdict() -> None:
         ref, new = reference(), ours()
         encoder = hpack.Encoder()
         highest = [1]
-        frames = [wire.PREFACE + _frame(4, 0, 0, b"")]
+        sent = [frames.PREFACE + _frame(4, 0, 0, b"")]
         if rng.random() < 0.7:
-            frames.append(_frame(4, 1, 0, b""))  # the client acknowledges the server's
-        frames.append(_frame(1, 4 | rng.choice((0, 1)), 1, encoder.encode(REQUEST)))
-        frames += [_hostile(rng, encoder, highest) for _ in range(rng.randint(1, 12))]
-        for data in frames:
+            sent.append(_frame(4, 1, 0, b""))  # the client acknowledges the server's
+        sent.append(_frame(1, 4 | rng.choice((0, 1)), 1, encoder.encode(REQUEST)))
+        sent += [_hostile(rng, encoder, highest) for _ in range(rng.randint(1, 12))]
+        for data in sent:
             stream_id = int.from_bytes(data[5:9], "big") & 0x7FFFFFFF
             was_open = stream_id in new.streams
             ref.open_inbound_streams  # noqa: B018 (h2 purges its closed streams, as above)
@@ -534,7 +534,7 @@ def test_hostile_frame_sequences_get_h2s_verdict() -> None:
                 why = _excuse(data, r, n, new, was_open)
                 assert why is not None, (
                     f"frame {data[:40].hex()}: h2 {r!r:.300}, wire {n!r:.300}; after "
-                    + " ".join(f[:20].hex() for f in frames[: frames.index(data)])
+                    + " ".join(f[:20].hex() for f in sent[: sent.index(data)])
                 )
                 seen[why] = seen.get(why, 0) + 1
                 excused += 1
@@ -555,64 +555,64 @@ def _opened(end_stream: bool = False) -> tuple[wire.Wire, hpack.Encoder]:
     new = ours()
     encoder = hpack.Encoder()
     head = encoder.encode(REQUEST)
-    new.receive(wire.PREFACE + _frame(4, 0, 0, b"") + _frame(1, 4 | int(end_stream), 1, head))
+    new.receive(frames.PREFACE + _frame(4, 0, 0, b"") + _frame(1, 4 | int(end_stream), 1, head))
     new.data_to_send()
     return new, encoder
 
 
 def _rst(stream_id: int, code: int) -> bytes:
-    return _frame(wire.RST_STREAM, 0, stream_id, code.to_bytes(4, "big"))
+    return _frame(frames.RST_STREAM, 0, stream_id, code.to_bytes(4, "big"))
 
 
 def test_trailers_without_end_stream_reset_the_stream_alone() -> None:
     new, encoder = _opened()
     events = new.receive(_frame(1, 4, 1, encoder.encode([("x-trailer", "1")])))
     assert [(e.kind, e.stream_id, e.code, e.remote) for e in events] == [
-        (wire.RESET, 1, wire.PROTOCOL_ERROR, False)
+        (wire.RESET, 1, frames.PROTOCOL_ERROR, False)
     ]
-    assert new.data_to_send() == _rst(1, wire.PROTOCOL_ERROR)
+    assert new.data_to_send() == _rst(1, frames.PROTOCOL_ERROR)
     assert 1 not in new.streams
 
 
 def test_a_zero_window_update_on_a_stream_resets_it_alone() -> None:
     new, _ = _opened()
-    events = new.receive(_frame(wire.WINDOW_UPDATE, 0, 1, (0).to_bytes(4, "big")))
-    assert [(e.kind, e.code) for e in events] == [(wire.RESET, wire.PROTOCOL_ERROR)]
-    assert new.data_to_send() == _rst(1, wire.PROTOCOL_ERROR)
+    events = new.receive(_frame(frames.WINDOW_UPDATE, 0, 1, (0).to_bytes(4, "big")))
+    assert [(e.kind, e.code) for e in events] == [(wire.RESET, frames.PROTOCOL_ERROR)]
+    assert new.data_to_send() == _rst(1, frames.PROTOCOL_ERROR)
     with pytest.raises(wire.WireError) as exc:  # on the connection: a connection error
-        new.receive(_frame(wire.WINDOW_UPDATE, 0, 0, (0).to_bytes(4, "big")))
-    assert exc.value.code == wire.PROTOCOL_ERROR
+        new.receive(_frame(frames.WINDOW_UPDATE, 0, 0, (0).to_bytes(4, "big")))
+    assert exc.value.code == frames.PROTOCOL_ERROR
 
 
 def test_a_stream_depending_on_itself_is_reset_alone() -> None:
     new, _ = _opened()
-    events = new.receive(_frame(wire.PRIORITY, 0, 1, (1).to_bytes(4, "big") + b"\x10"))
-    assert [(e.kind, e.code) for e in events] == [(wire.RESET, wire.PROTOCOL_ERROR)]
-    assert new.data_to_send() == _rst(1, wire.PROTOCOL_ERROR)
-    assert new.receive(_frame(wire.PRIORITY, 0, 7, (7).to_bytes(4, "big") + b"\x10")) == []
+    events = new.receive(_frame(frames.PRIORITY, 0, 1, (1).to_bytes(4, "big") + b"\x10"))
+    assert [(e.kind, e.code) for e in events] == [(wire.RESET, frames.PROTOCOL_ERROR)]
+    assert new.data_to_send() == _rst(1, frames.PROTOCOL_ERROR)
+    assert new.receive(_frame(frames.PRIORITY, 0, 7, (7).to_bytes(4, "big") + b"\x10")) == []
 
 
 def test_an_hpack_error_is_a_compression_error() -> None:
     new, _ = _opened()
     with pytest.raises(wire.WireError) as exc:
         new.receive(_frame(1, 5, 3, b"\xff\xff\xff\xff\xff\xff\xff"))
-    assert exc.value.code == wire.COMPRESSION_ERROR
+    assert exc.value.code == frames.COMPRESSION_ERROR
     goaway = new.data_to_send()
-    assert goaway[3] == wire.GOAWAY and goaway[9:17] == (1).to_bytes(4, "big") + b"\0\0\0\x09"
+    assert goaway[3] == frames.GOAWAY and goaway[9:17] == (1).to_bytes(4, "big") + b"\0\0\0\x09"
 
 
 def test_a_frame_past_the_frame_size_is_refused_from_its_header() -> None:
     new, _ = _opened()
     with pytest.raises(wire.WireError) as exc:
-        new.receive(b"\x01\0\0" + bytes([wire.DATA, 0]) + (1).to_bytes(4, "big"))
-    assert exc.value.code == wire.FRAME_SIZE_ERROR
+        new.receive(b"\x01\0\0" + bytes([frames.DATA, 0]) + (1).to_bytes(4, "big"))
+    assert exc.value.code == frames.FRAME_SIZE_ERROR
 
 
 def test_data_after_the_client_ended_resets_the_stream_and_keeps_the_window() -> None:
     new, _ = _opened(end_stream=True)
-    events = new.receive(_frame(wire.DATA, 0, 1, b"x" * 100))
-    assert [(e.kind, e.code) for e in events] == [(wire.RESET, wire.STREAM_CLOSED)]
-    assert new.data_to_send() == _rst(1, wire.STREAM_CLOSED)
+    events = new.receive(_frame(frames.DATA, 0, 1, b"x" * 100))
+    assert [(e.kind, e.code) for e in events] == [(wire.RESET, frames.STREAM_CLOSED)]
+    assert new.data_to_send() == _rst(1, frames.STREAM_CLOSED)
     assert new.inbound.current == 65_535 - 100
 
 
@@ -625,7 +625,7 @@ def test_sending_on_a_closed_stream_says_it_is_gone() -> None:
         lambda: new.reset_stream(1, 8),
         lambda: new.local_flow_control_window(1),
     ):
-        with pytest.raises(wire.StreamGone):
+        with pytest.raises(streams.StreamGone):
             send()
 
 
@@ -634,11 +634,11 @@ def test_sending_on_a_closed_stream_says_it_is_gone() -> None:
 
 def _settings(*pairs: tuple[int, int]) -> bytes:
     payload = b"".join(code.to_bytes(2, "big") + value.to_bytes(4, "big") for code, value in pairs)
-    return _frame(wire.SETTINGS, 0, 0, payload)
+    return _frame(frames.SETTINGS, 0, 0, payload)
 
 
 def _window(stream_id: int, increment: int) -> bytes:
-    return _frame(wire.WINDOW_UPDATE, 0, stream_id, increment.to_bytes(4, "big"))
+    return _frame(frames.WINDOW_UPDATE, 0, stream_id, increment.to_bytes(4, "big"))
 
 
 def test_window_gives_back_what_h2s_window_manager_does() -> None:
@@ -649,7 +649,7 @@ def test_window_gives_back_what_h2s_window_manager_does() -> None:
     rng = random.Random(42)
     for _ in range(2000):
         size = rng.choice((0, 1, 100, 1024, 4096, 65_535, 65_536, 2**20))
-        ours_, theirs = wire.Window(size), WindowManager(size)
+        ours_, theirs = frames.Window(size), WindowManager(size)
         for _ in range(30):
             op, n = rng.random(), rng.choice((0, 1, 10, 1023, 1024, 1025, 32_767, 32_768, 70_000))
             if op < 0.4:
@@ -658,7 +658,7 @@ def test_window_gives_back_what_h2s_window_manager_does() -> None:
                     try:
                         (manager.consumed if manager is ours_ else manager.window_consumed)(n)
                         failed.append(False)
-                    except (wire._Fault, h2.exceptions.FlowControlError):
+                    except (frames.Fault, h2.exceptions.FlowControlError):
                         failed.append(True)
                 assert failed[0] == failed[1]
                 if failed[0]:
@@ -676,17 +676,17 @@ def test_window_gives_back_what_h2s_window_manager_does() -> None:
 
 def test_a_client_initial_window_moves_the_windows_of_open_streams() -> None:
     new, _ = _opened()
-    new.receive(_settings((wire.INITIAL_WINDOW_SIZE, 100)))
+    new.receive(_settings((frames.INITIAL_WINDOW_SIZE, 100)))
     assert new.local_flow_control_window(1) == 100
-    with pytest.raises(wire.CannotSend):
+    with pytest.raises(streams.CannotSend):
         new.send_data(1, b"x" * 101)
     new.send_data(1, b"x" * 100)
-    new.receive(_settings((wire.INITIAL_WINDOW_SIZE, 50)))
+    new.receive(_settings((frames.INITIAL_WINDOW_SIZE, 50)))
     assert new.local_flow_control_window(1) == -50  # owed, as RFC 9113 §6.9.2 has it
     new.receive(_window(1, 2**31 - 1))
     with pytest.raises(wire.WireError) as exc:  # a stream's window past 2^31-1
-        new.receive(_settings((wire.INITIAL_WINDOW_SIZE, 2**31 - 1)))
-    assert exc.value.code == wire.FLOW_CONTROL_ERROR
+        new.receive(_settings((frames.INITIAL_WINDOW_SIZE, 2**31 - 1)))
+    assert exc.value.code == frames.FLOW_CONTROL_ERROR
 
 
 def test_our_stream_window_holds_once_the_client_acknowledges_it() -> None:
@@ -694,33 +694,35 @@ def test_our_stream_window_holds_once_the_client_acknowledges_it() -> None:
     may have sent it before it read ours); after, ours, for new streams and open ones."""
     new = wire.Wire(100, MAX_HEAD, 1000)
     encoder = hpack.Encoder()
-    new.receive(wire.PREFACE + _frame(4, 0, 0, b"") + _frame(1, 4, 1, encoder.encode(REQUEST)))
-    new.receive(_frame(wire.DATA, 0, 1, b"x" * 1000))
-    new.receive(_frame(wire.SETTINGS, wire.ACK, 0, b""))
+    new.receive(frames.PREFACE + _frame(4, 0, 0, b"") + _frame(1, 4, 1, encoder.encode(REQUEST)))
+    new.receive(_frame(frames.DATA, 0, 1, b"x" * 1000))
+    new.receive(_frame(frames.SETTINGS, frames.ACK, 0, b""))
     with pytest.raises(wire.WireError) as exc:  # 65,535 less 64,535: 1,000 left, then none
-        new.receive(_frame(wire.DATA, 0, 1, b"x" * 1))
-    assert exc.value.code == wire.FLOW_CONTROL_ERROR
+        new.receive(_frame(frames.DATA, 0, 1, b"x" * 1))
+    assert exc.value.code == frames.FLOW_CONTROL_ERROR
     fresh = wire.Wire(100, MAX_HEAD, 1000)
-    fresh.receive(wire.PREFACE + _frame(4, 0, 0, b"") + _frame(wire.SETTINGS, wire.ACK, 0, b""))
+    fresh.receive(
+        frames.PREFACE + _frame(4, 0, 0, b"") + _frame(frames.SETTINGS, frames.ACK, 0, b"")
+    )
     fresh.receive(_frame(1, 4, 1, hpack.Encoder().encode(REQUEST)))
-    fresh.receive(_frame(wire.DATA, 0, 1, b"x" * 1000))
+    fresh.receive(_frame(frames.DATA, 0, 1, b"x" * 1000))
     with pytest.raises(wire.WireError):
-        fresh.receive(_frame(wire.DATA, 0, 1, b"x"))
+        fresh.receive(_frame(frames.DATA, 0, 1, b"x"))
 
 
 def test_data_on_a_closed_stream_is_refused_counted_and_its_window_given_back() -> None:
     new, _ = _opened()
-    new.reset_stream(1, wire.CANCEL)
+    new.reset_stream(1, frames.CANCEL)
     new.data_to_send()
     for _ in range(40):
-        new.receive(_frame(wire.DATA, 0, 1, b"x" * 16_384))
+        new.receive(_frame(frames.DATA, 0, 1, b"x" * 16_384))
     out = new.data_to_send()
-    assert out.count(_rst(1, wire.STREAM_CLOSED)) == 40
+    assert out.count(_rst(1, frames.STREAM_CLOSED)) == 40
     assert b"\0\0\x04\x08\0\0\0\0\0" in out  # WINDOW_UPDATE on the connection: what
     assert new.inbound.current > 0  # came on the closed stream was given back
     assert new.take_stray() == 0  # DATA with bytes: bounded by the windows, not counted
     for _ in range(3):
-        new.receive(_frame(wire.DATA, wire.END_STREAM, 1, b""))  # takes no window: counted
+        new.receive(_frame(frames.DATA, frames.END_STREAM, 1, b""))  # takes no window: counted
     new.receive(_frame(1, 5, 1, hpack.Encoder().encode(REQUEST)))  # HEADERS: counted
     assert new.take_stray() == 4 and new.take_stray() == 0
 
@@ -728,42 +730,44 @@ def test_data_on_a_closed_stream_is_refused_counted_and_its_window_given_back() 
 def test_closed_streams_are_remembered_within_a_bound() -> None:
     new = ours()
     encoder = hpack.Encoder()
-    new.receive(wire.PREFACE + _frame(4, 0, 0, b""))
-    for stream_id in range(1, 2 * (wire.CLOSED_KEPT + 100), 2):
+    new.receive(frames.PREFACE + _frame(4, 0, 0, b""))
+    for stream_id in range(1, 2 * (streams.CLOSED_KEPT + 100), 2):
         new.receive(_frame(1, 5, stream_id, encoder.encode(REQUEST)))
-        new.reset_stream(stream_id, wire.CANCEL)
-    assert len(new._closed) == wire.CLOSED_KEPT and not new.streams
+        new.reset_stream(stream_id, frames.CANCEL)
+    assert len(new._closed) == streams.CLOSED_KEPT and not new.streams
     new.data_to_send()
-    last = 2 * (wire.CLOSED_KEPT + 100) - 3
+    last = 2 * (streams.CLOSED_KEPT + 100) - 3
     new.receive(_frame(1, 5, last, encoder.encode(REQUEST)))  # late, after our reset
-    assert new.data_to_send() == _rst(last, wire.STREAM_CLOSED)
+    assert new.data_to_send() == _rst(last, frames.STREAM_CLOSED)
     with pytest.raises(wire.WireError) as exc:  # forgotten: below the highest, a skipped id
         new.receive(_frame(1, 5, 1, encoder.encode(REQUEST)))
-    assert exc.value.code == wire.PROTOCOL_ERROR
+    assert exc.value.code == frames.PROTOCOL_ERROR
 
 
 def test_a_stream_closes_once_both_sides_ended() -> None:
     new, _ = _opened()
     new.send_headers(1, [(b":status", b"200")], end_stream=True)
     assert 1 in new.streams  # the client's side is open
-    assert [e.kind for e in new.receive(_frame(wire.DATA, wire.END_STREAM, 1, b""))] == [wire.BODY]
+    assert [e.kind for e in new.receive(_frame(frames.DATA, frames.END_STREAM, 1, b""))] == [
+        wire.BODY
+    ]
     assert 1 not in new.streams and new._closed[1] is False
     with pytest.raises(wire.WireError) as exc:
         new.receive(_frame(1, 5, 1, hpack.Encoder().encode(REQUEST)))
-    assert exc.value.code == wire.STREAM_CLOSED
+    assert exc.value.code == frames.STREAM_CLOSED
 
 
 def test_what_may_not_be_sent_is_refused() -> None:
     new, _ = _opened()
-    with pytest.raises(wire.CannotSend):  # an informational answer cannot end the stream
+    with pytest.raises(streams.CannotSend):  # an informational answer cannot end the stream
         new.send_headers(1, [(b":status", b"103")], end_stream=True)
     new.send_headers(1, [(b":status", b"200")])
-    with pytest.raises(wire.CannotSend):  # trailers must end it
+    with pytest.raises(streams.CannotSend):  # trailers must end it
         new.send_headers(1, [(b"x-t", b"1")])
-    with pytest.raises(wire.CannotSend):
+    with pytest.raises(streams.CannotSend):
         new.send_data(1, b"x" * (DEFAULT_FRAME + 1))
     new.end_stream(1)
-    with pytest.raises(wire.CannotSend):
+    with pytest.raises(streams.CannotSend):
         new.send_data(1, b"x")
 
 
@@ -774,14 +778,14 @@ def test_a_headers_frame_too_short_for_its_priority_is_a_frame_size_error() -> N
     new, _ = _opened()
     with pytest.raises(wire.WireError) as exc:
         new.receive(_frame(1, 0x24, 3, b"\0\0\0"))
-    assert exc.value.code == wire.FRAME_SIZE_ERROR
+    assert exc.value.code == frames.FRAME_SIZE_ERROR
 
 
 def test_trailers_depending_on_their_own_stream_reset_it() -> None:
     new, encoder = _opened()
     block = (1).to_bytes(4, "big") + b"\x10" + encoder.encode([("x-t", "1")])
     events = new.receive(_frame(1, 0x25, 1, block))
-    assert [(e.kind, e.code) for e in events] == [(wire.RESET, wire.PROTOCOL_ERROR)]
+    assert [(e.kind, e.code) for e in events] == [(wire.RESET, frames.PROTOCOL_ERROR)]
 
 
 def test_after_a_connection_error_nothing_more_is_sent_or_read() -> None:
@@ -789,19 +793,19 @@ def test_after_a_connection_error_nothing_more_is_sent_or_read() -> None:
     new.receive(_frame(1, 4, 3, encoder.encode(REQUEST)))
     new.data_to_send()
     with pytest.raises(wire.WireError):
-        new.receive(_frame(wire.PING, 0, 1, b"x" * 8))
+        new.receive(_frame(frames.PING, 0, 1, b"x" * 8))
     goaway = new.data_to_send()
-    assert goaway == wire.goaway_frame(3, wire.PROTOCOL_ERROR)
+    assert goaway == frames.goaway_frame(3, frames.PROTOCOL_ERROR)
     for send in (
         lambda: new.send_headers(1, [(b":status", b"200")]),
-        lambda: new.reset_stream(3, wire.CANCEL),
+        lambda: new.reset_stream(3, frames.CANCEL),
         lambda: new.local_flow_control_window(1),
     ):
-        with pytest.raises(wire.StreamGone):
+        with pytest.raises(streams.StreamGone):
             send()
     new.acknowledge(100_000, 1)
-    new.close_connection(wire.NO_ERROR)
-    assert new.receive(_frame(wire.PING, 0, 0, b"x" * 8)) == []
+    new.close_connection(frames.NO_ERROR)
+    assert new.receive(_frame(frames.PING, 0, 0, b"x" * 8)) == []
     assert new.data_to_send() == b""
 
 
@@ -809,20 +813,20 @@ def test_a_stream_takes_our_larger_window_before_the_acknowledgement() -> None:
     new = wire.Wire(100, MAX_HEAD, 65_536)
     new.increment_flow_control_window(1_000_000)
     new.receive(
-        wire.PREFACE + _frame(4, 0, 0, b"") + _frame(1, 4, 1, hpack.Encoder().encode(REQUEST))
+        frames.PREFACE + _frame(4, 0, 0, b"") + _frame(1, 4, 1, hpack.Encoder().encode(REQUEST))
     )
     for _ in range(4):
-        new.receive(_frame(wire.DATA, 0, 1, b"x" * 16_384))  # 65,536: one past the default
+        new.receive(_frame(frames.DATA, 0, 1, b"x" * 16_384))  # 65,536: one past the default
     assert new.streams[1].inbound.current == 0
 
 
 def test_nothing_is_acknowledged_after_a_connection_error() -> None:
     new, _ = _opened()
-    new.receive(_frame(wire.DATA, 0, 1, b"x" * 16_384))
-    new.receive(_frame(wire.DATA, 0, 1, b"x" * 16_384))
+    new.receive(_frame(frames.DATA, 0, 1, b"x" * 16_384))
+    new.receive(_frame(frames.DATA, 0, 1, b"x" * 16_384))
     new.data_to_send()
     with pytest.raises(wire.WireError):
-        new.receive(_frame(wire.PING, 0, 1, b"x" * 8))
+        new.receive(_frame(frames.PING, 0, 1, b"x" * 8))
     new.data_to_send()
     new.acknowledge(32_768, 1)  # would open both windows (half of each)
     assert new.data_to_send() == b""
@@ -832,7 +836,7 @@ def test_padding_into_a_headers_priority_is_a_protocol_error() -> None:
     new, _ = _opened()
     with pytest.raises(wire.WireError) as exc:  # 6 bytes: pad length 2, then 3 left for 5
         new.receive(_frame(1, 0x2C, 3, b"\x02" + b"\0\0\0" + b"\0\0"))
-    assert exc.value.code == wire.PROTOCOL_ERROR
+    assert exc.value.code == frames.PROTOCOL_ERROR
 
 
 def test_a_goaway_after_a_graceful_one_names_no_higher_stream() -> None:
@@ -841,5 +845,5 @@ def test_a_goaway_after_a_graceful_one_names_no_higher_stream() -> None:
     new.receive(_frame(1, 4, 3, encoder.encode(REQUEST)))
     new.data_to_send()
     with pytest.raises(wire.WireError):
-        new.receive(_frame(wire.PING, 0, 1, b"x" * 8))
-    assert new.data_to_send() == wire.goaway_frame(1, wire.PROTOCOL_ERROR)
+        new.receive(_frame(frames.PING, 0, 1, b"x" * 8))
+    assert new.data_to_send() == frames.goaway_frame(1, frames.PROTOCOL_ERROR)
