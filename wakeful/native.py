@@ -54,6 +54,7 @@ COMPILED = (
     "wakeful.ingress.http1.rules",
     "wakeful.ingress.http1.server",
     "wakeful.ingress.http1.wire",
+    "wakeful.ingress.http2.client",
     "wakeful.ingress.http2.connection",
     "wakeful.ingress.http2.fields",
     "wakeful.ingress.http2.frames",

@@ -93,7 +93,8 @@ class Streams:
         self.ended = False
         """Our GOAWAY for a connection error went (`close_connection`): nothing more is sent."""
         self._stray = 0
-        """Empty DATA frames and HEADERS on streams already closed since `take_stray`: they
+        """Empty DATA frames and HEADERS on streams already closed (and, on the client's side,
+        1xx heads) since `take_stray`: they
         carry no request, take no window, and are answered (RST_STREAM), so the connection
         budgets them. DATA with bytes is bounded by the windows (a client's DATA in flight
         when the ingress reset its stream is not counted)."""

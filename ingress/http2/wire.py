@@ -52,6 +52,7 @@ from wakeful.ingress.http2.frames import (
     HEADER_TABLE_SIZE,
     HEADERS,
     INITIAL_WINDOW_SIZE,
+    MAX_CONCURRENT_STREAMS,
     MAX_FRAME,
     MAX_FRAME_SIZE,
     MAX_WINDOW,
@@ -148,6 +149,11 @@ class Wire(Streams):
         self._block_flags = 0
         self._block_weight = b""
         """The block's HEADERS frame's priority fields (5 bytes, or none)."""
+        self.peer_max_streams = 2**32 + 1
+        """The peer's MAX_CONCURRENT_STREAMS (`h2`'s default until it says: no bound)."""
+        self.peer_is_server = False
+        """The client's side (`http2.client`): the peer may not enable push (§6.5.2)."""
+        """The peer's MAX_CONCURRENT_STREAMS (`h2`'s default until it says: no bound)."""
 
     # -- in ------------------------------------------------------------------------------
 
@@ -300,6 +306,18 @@ class Wire(Streams):
             raise Fault(ENHANCE_YOUR_CALM, f"oversized header block: {exc}") from None
         except (HPACKError, IndexError, TypeError, UnicodeDecodeError) as exc:
             raise Fault(COMPRESSION_ERROR, f"error decoding a header block: {exc}") from None
+        self._fields(events, stream_id, flags, weight, fields)
+
+    def _fields(
+        self,
+        events: list[Event],
+        stream_id: int,
+        flags: int,
+        weight: bytes,
+        fields: list[tuple[bytes, bytes]],
+    ) -> None:
+        """A decoded header block on `stream_id`: a request, trailers, or a stream error (the
+        client's side, `http2.client`, reads answers)."""
         ended = bool(flags & END_STREAM)
         stream = self.streams.get(stream_id)
         if stream is None:
@@ -372,7 +390,7 @@ class Wire(Streams):
             code = (payload[at] << 8) | payload[at + 1]
             value = u32(payload, at + 2)
             if code in (ENABLE_PUSH, ENABLE_CONNECT_PROTOCOL):
-                if value > 1:
+                if value > 1 or (value and code == ENABLE_PUSH and self.peer_is_server):
                     raise Fault(PROTOCOL_ERROR, f"setting {code} must be 0 or 1, not {value}")
             elif code == INITIAL_WINDOW_SIZE:
                 if value > MAX_WINDOW:
@@ -389,6 +407,8 @@ class Wire(Streams):
                 self.max_outbound_frame_size = value
             elif code == HEADER_TABLE_SIZE:
                 self.encoder.header_table_size = value
+            elif code == MAX_CONCURRENT_STREAMS:
+                self.peer_max_streams = value
         self._out += frame(SETTINGS, ACK, 0, b"")
         events.append(Event(WINDOW, 0))
 
