@@ -32,10 +32,8 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from typing import Final, cast
+from typing import Final
 
-import h2.connection
-import hpack
 from hpack.exceptions import (
     HPACKDecodingError,
     InvalidTableIndex,
@@ -44,15 +42,6 @@ from hpack.exceptions import (
 )
 from hpack.huffman_table import decode_huffman
 from hpack.table import HeaderTable
-
-
-def fit(conn: h2.connection.H2Connection, max_header_list_size: int) -> None:
-    """Make `FieldEncoder` and `FieldDecoder` the codecs of `conn` (h2 asks its encoder for
-    `encode` and sets its `header_table_size`; asks its decoder for `decode` and sets its
-    `max_header_list_size` and `max_allowed_table_size`; nothing else)."""
-    conn.encoder = cast(hpack.Encoder, FieldEncoder())
-    conn.decoder = cast(hpack.Decoder, FieldDecoder(max_header_list_size))
-
 
 # -- out -----------------------------------------------------------------------------------
 

@@ -315,6 +315,29 @@ def malformed_request(headers: list[tuple[bytes, bytes]]) -> str | None:
     return None
 
 
+def malformed_answer(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """Why an answer's head from an h2c sandbox is malformed (RFC 9113 §8.3.2), None if it is
+    not: each field's rules, and one `:status` its only pseudo-header field, first. `h2`'s
+    `validate_headers` for a client, rule for rule (test_malformed)."""
+    status = False
+    regular = False
+    for name, value in headers:
+        error = field_error(name, value)
+        if error is not None:
+            return error
+        if name[0] == 0x3A:
+            if regular:
+                return f"a pseudo-header field after the others: {name!r}"
+            if name != b":status":
+                return f"a pseudo-header field an answer may not carry: {name[:40]!r}"
+            if status:
+                return "a pseudo-header field twice: b':status'"
+            status = True
+        else:
+            regular = True
+    return None if status else "no :status"
+
+
 def malformed_trailers(headers: list[tuple[bytes, bytes]]) -> str | None:
     """Why trailers are malformed (each field's rules; no pseudo-header field), or None."""
     for name, value in headers:

@@ -28,17 +28,11 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterable, Sequence
 
-import h2.config
-import h2.connection
-import h2.errors
-import h2.events
-import h2.exceptions
-import h2.settings
-
 from wakeful.aio.deadline import Deadline
 from wakeful.aio.flow import WriteGate
 from wakeful.ingress.errors import ClosedUnanswered, UpstreamFailed
-from wakeful.ingress.http2.fields import fit
+from wakeful.ingress.http2.client import ANSWER, ClientWire
+from wakeful.ingress.http2.frames import CANCEL, NO_ERROR, PROTOCOL_ERROR, REFUSED_STREAM
 from wakeful.ingress.http2.rules import (
     CONTROL_BURST,
     CONTROL_RATE,
@@ -46,7 +40,11 @@ from wakeful.ingress.http2.rules import (
     RESET_RATE,
     Budget,
     FrameScan,
+    malformed_answer,
+    malformed_trailers,
 )
+from wakeful.ingress.http2.streams import CannotSend, StreamGone
+from wakeful.ingress.http2.wire import BODY, TRAILERS, WINDOW, WireError
 from wakeful.ingress.upstream.closing import shut
 from wakeful.ingress.upstream.connection import Gated, tuned
 from wakeful.ingress.upstream.h2exchange import H2Exchange
@@ -62,9 +60,6 @@ others); the pool opens another connection past it."""
 MAX_HEAD_BYTES = 64 * 1024
 """An answer's head or trailers, decoded, at most (an HPACK bomb from a sandbox)."""
 
-_CANCEL = h2.errors.ErrorCodes.CANCEL
-_REFUSED = h2.errors.ErrorCodes.REFUSED_STREAM
-
 
 class H2Upstream(Gated):
     """One h2c connection to a sandbox; many exchanges at once."""
@@ -72,17 +67,7 @@ class H2Upstream(Gated):
     def __init__(self, pool: H2Pool) -> None:
         self._pool = pool
         self.loop = asyncio.get_running_loop()
-        config = h2.config.H2Configuration(client_side=True, header_encoding=None)
-        self._h2 = h2.connection.H2Connection(config)
-        self._h2.local_settings = h2.settings.Settings(
-            client=True,
-            initial_values={
-                h2.settings.SettingCodes.ENABLE_PUSH: 0,
-                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
-                h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: MAX_HEAD_BYTES,
-            },
-        )
-        fit(self._h2, MAX_HEAD_BYTES)
+        self._wire = ClientWire(MAX_HEAD_BYTES, STREAM_WINDOW)
         self.transport: asyncio.Transport | None = None
         self.exchanges: dict[int, H2Exchange] = {}
         self.closed = False
@@ -111,8 +96,8 @@ class H2Upstream(Gated):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = tuned(transport)
-        self._h2.initiate_connection()
-        self._h2.increment_flow_control_window(CONNECTION_WINDOW - 65_535)
+        self._wire.initiate_connection()
+        self._wire.increment_flow_control_window(CONNECTION_WINDOW - 65_535)
         self.flush()
 
     def data_received(self, data: bytes) -> None:
@@ -126,44 +111,65 @@ class H2Upstream(Gated):
             or (seen.resets and not self._resets.spend(seen.resets, now))
             or (seen.windows and not self._windows.spend(seen.windows, now))
         ):
-            why = "too many PING, SETTINGS, PRIORITY, WINDOW_UPDATE or RST_STREAM frames"
-            self._lost(UpstreamFailed(f"the sandbox sent {why}"), unanswered=False)
+            flood = "too many PING, SETTINGS, PRIORITY, WINDOW_UPDATE or RST_STREAM frames"
+            self._lost(UpstreamFailed(f"the sandbox sent {flood}"), unanswered=False)
             return
-        if seen.goaway_last is not None:  # kept from h2, which would end the streams under way
+        if seen.goaway_last is not None:  # kept from the wire (the streams it names go on)
             self._going_away(seen.goaway_last)
         try:
-            events = self._h2.receive_data(seen.data)
-        except h2.exceptions.ProtocolError as exc:  # it answered, badly: no stream is sent again
+            events = self._wire.receive(seen.data)
+        except WireError as exc:  # it answered, badly: no stream is sent again
+            self.write_out()  # the GOAWAY saying why
             self._lost(UpstreamFailed(f"the sandbox broke HTTP/2: {exc}"), unanswered=False)
             return
+        if (stray := self._wire.take_stray()) and not self._control.spend(stray, now):
+            flood = "the sandbox sent too many frames on streams already closed"
+            self._lost(UpstreamFailed(flood), unanswered=False)
+            return
+        why: str | None
         for event in events:
-            if isinstance(event, h2.events.ResponseReceived):
-                if (found := self.exchanges.get(event.stream_id)) is not None:
-                    found.got_head(list(event.headers))
-            elif isinstance(event, h2.events.DataReceived):
-                found = self.exchanges.get(event.stream_id)
+            kind = event.kind
+            if kind == WINDOW:
+                self._open_window()
+                continue
+            found = self.exchanges.get(event.stream_id)
+            if kind == BODY:
                 if found is None:
-                    self.consumed(event.stream_id, event.flow_controlled_length)
+                    self.consumed(event.stream_id, event.flow)
                     continue
-                data = event.data or b""
-                padding = event.flow_controlled_length - len(data)
+                data = event.data
+                padding = event.flow - len(data)
                 if padding:
                     self.consumed(event.stream_id, padding)
-                if data:
-                    found.got_data(data)
-            elif isinstance(event, h2.events.TrailersReceived):
-                if (found := self.exchanges.get(event.stream_id)) is not None:
-                    found.got_end(list(event.headers))
-            elif isinstance(event, h2.events.StreamEnded):
-                if (found := self.exchanges.get(event.stream_id)) is not None:
-                    if not found.answered:
-                        found.fail(UpstreamFailed("the sandbox ended a stream with no answer"))
-                    found.got_end()
-            elif isinstance(event, h2.events.StreamReset):
-                self._reset_by_sandbox(event.stream_id, event.error_code)
-            elif isinstance(event, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
-                self._open_window()
+                why = found.got_data(data, event.ended)
+                if why is not None:
+                    self._malformed(found, why)
+            elif found is None:
+                continue
+            elif kind == ANSWER:
+                headers = event.headers or []
+                why = malformed_answer(headers) or found.got_head(headers, event.ended)
+                if why is not None:
+                    self._malformed(found, why)
+            elif kind == TRAILERS:
+                headers = event.headers or []
+                why = malformed_trailers(headers) or found.got_end(headers)
+                if why is not None:
+                    self._malformed(found, why)
+            elif event.remote:  # RESET
+                self._reset_by_sandbox(event.stream_id, event.code)
+            else:  # the wire reset it for what the sandbox sent
+                found.sandbox_done = True
+                why = f"the sandbox broke HTTP/2 on the stream (error {event.code})"
+                found.fail(UpstreamFailed(why))
         self.flush()
+
+    def _malformed(self, exchange: H2Exchange, why: str) -> None:
+        """The sandbox's answer on a stream breaks HTTP/2's rules (RFC 9113 §8.1.1): the
+        stream's error, the connection's others go on."""
+        self._reset(exchange.stream_id, PROTOCOL_ERROR)
+        exchange.sandbox_done = True
+        exchange.fail(UpstreamFailed(f"the sandbox's answer is malformed: {why}"))
 
     def eof_received(self) -> bool:
         return False
@@ -179,8 +185,7 @@ class H2Upstream(Gated):
         """Streams it can still open (0 while it goes away or is closed)."""
         if self.closed or self.going or self.transport is None:
             return 0
-        allowed = min(self._h2.remote_settings.max_concurrent_streams, MAX_STREAMS)
-        return allowed - len(self.exchanges)
+        return min(self._wire.room(), MAX_STREAMS - len(self.exchanges))
 
     def open(
         self,
@@ -191,24 +196,22 @@ class H2Upstream(Gated):
         """Start an exchange: its head now, its body by a task as the windows allow."""
         if self.closed or self.going:  # lost between its dial and its first use
             raise ClosedUnanswered("the connection to the sandbox closed before this request")
-        stream_id = self._h2.get_next_available_stream_id()
-        exchange = H2Exchange(self, stream_id, idle)
+        try:
+            stream_id = self._wire.open(headers, body is None)
+        except (CannotSend, StreamGone) as exc:
+            raise UpstreamFailed(f"the request could not be sent on HTTP/2: {exc}") from None
+        exchange = H2Exchange(self, stream_id, idle, headers[0][1] == b"HEAD")
         self.exchanges[stream_id] = exchange
         self._idle.clear()
-        try:
-            self._h2.send_headers(stream_id, headers, end_stream=body is None)
-        except h2.exceptions.ProtocolError as exc:
-            del self.exchanges[stream_id]
-            raise UpstreamFailed(f"the request could not be sent on HTTP/2: {exc}") from None
         self._control.give(1)
         self._resets.give(1)
-        self.flush()
         if body is not None:
             exchange._writer = self.loop.create_task(self._send_body(exchange, body))
+        self.flush()  # after the writer's first step: a body already here goes in one write
         return exchange
 
     async def _send_body(self, exchange: H2Exchange, body: AsyncIterable[bytes]) -> None:
-        conn = self._h2
+        conn = self._wire
         stream_id = exchange.stream_id
         try:
             async for chunk in body:
@@ -234,13 +237,13 @@ class H2Upstream(Gated):
                 self.flush()
         except asyncio.CancelledError:
             raise
-        except h2.exceptions.StreamClosedError:
+        except StreamGone:
             return  # the sandbox answered and ended the stream first: its answer stands
         except BaseException as exc:  # the client left mid-body, or the sandbox did
             if exchange.answered and isinstance(exc, UpstreamFailed):
                 return
             exchange.fail(exc if isinstance(exc, Exception) else UpstreamFailed(str(exc)))
-            self._reset(stream_id, _CANCEL)
+            self._reset(stream_id, CANCEL)
 
     async def _wait_window(self) -> None:
         if self._window is None or self._window.done():
@@ -254,8 +257,7 @@ class H2Upstream(Gated):
     def consumed(self, stream_id: int, size: int) -> None:
         if self.closed:
             return
-        with contextlib.suppress(h2.exceptions.StreamClosedError, KeyError):
-            self._h2.acknowledge_received_data(size, stream_id)
+        self._wire.acknowledge(size, stream_id)
         self.flush()
 
     def finished(self, exchange: H2Exchange) -> None:
@@ -266,8 +268,10 @@ class H2Upstream(Gated):
         unread = exchange.drop_unread()  # the client will not take it: its window comes back
         if unread:
             self.consumed(stream_id, unread)
-        if not exchange.sandbox_done:  # the client left, or the ingress timed it out
-            self._reset(stream_id, _CANCEL)
+        if not exchange.sandbox_done or stream_id in self._wire.streams:
+            # the client left, the ingress timed it out, or the answer ended before the
+            # request's body did (RFC 9113 §8.1: the sandbox need not read the rest)
+            self._reset(stream_id, CANCEL)
             self.flush()
         if not self.exchanges:
             if self.going:
@@ -278,15 +282,15 @@ class H2Upstream(Gated):
     def _reset(self, stream_id: int, code: int) -> None:
         if self.closed:
             return
-        with contextlib.suppress(h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
-            self._h2.reset_stream(stream_id, code)
+        with contextlib.suppress(StreamGone):
+            self._wire.reset_stream(stream_id, code)
 
     def _reset_by_sandbox(self, stream_id: int, code: int) -> None:
         exchange = self.exchanges.get(stream_id)
         if exchange is None:
             return
         exchange.sandbox_done = True
-        if code == _REFUSED and not exchange.answered:
+        if code == REFUSED_STREAM and not exchange.answered:
             exchange.fail(ClosedUnanswered("the sandbox refused the stream unprocessed"))
         else:
             exchange.fail(UpstreamFailed(f"the sandbox reset the stream ({code!r})"))
@@ -326,7 +330,7 @@ class H2Upstream(Gated):
             self.close()
 
     def flush(self) -> None:
-        """Write what h2 holds once this turn of the loop is over: a request's HEADERS, DATA
+        """Write what the wire holds once this turn of the loop is over: a request's HEADERS, DATA
         and END_STREAM, and those of every stream that wrote meanwhile, in one write."""
         if not self._flushing:
             self._flushing = True
@@ -334,15 +338,14 @@ class H2Upstream(Gated):
 
     def write_out(self) -> None:
         self._flushing = False
-        data = self._h2.data_to_send()
+        data = self._wire.data_to_send()
         if data and self.transport is not None and not self.closed:
             self.transport.write(data)
 
     def close(self) -> None:
         if self.closed:
             return
-        with contextlib.suppress(h2.exceptions.ProtocolError):
-            self._h2.close_connection()
+        self._wire.close_connection(NO_ERROR)
         self.write_out()
         self.closed = True
         self._idle.cancel()
@@ -408,4 +411,4 @@ def request_headers(
 
 _NOT_ON_H2 = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"upgrade", b"te"})
 """Connection-specific fields HTTP/2 forbids (RFC 9113 §8.2.2); the proxy drops them already,
-this keeps a request h2 would refuse from being sent."""
+this keeps a request HTTP/2 forbids from being sent."""

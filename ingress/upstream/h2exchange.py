@@ -11,7 +11,7 @@ import collections
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from wakeful.ingress.errors import UpstreamFailed, UpstreamTimeout
+from wakeful.ingress.errors import UpstreamTimeout
 from wakeful.ingress.http2.rules import fit_for_http1
 from wakeful.ingress.transport import UpstreamResponse
 
@@ -27,9 +27,12 @@ class H2Exchange(UpstreamResponse):
         "_conn",
         "_ended",
         "_error",
+        "_expected",
         "_expiry",
         "_head",
+        "_head_request",
         "_idle",
+        "_received",
         "_waiter",
         "_writer",
         "answered",
@@ -39,11 +42,16 @@ class H2Exchange(UpstreamResponse):
         "stream_id",
     )
 
-    def __init__(self, conn: H2Upstream, stream_id: int, idle: float) -> None:
+    def __init__(self, conn: H2Upstream, stream_id: int, idle: float, head_request: bool) -> None:
         self.splice = None  # set here: a compiled class has no class defaults
         self._conn = conn
         self.stream_id = stream_id
         self._idle = idle
+        self._head_request = head_request
+        """A HEAD request: its answer has no body, whatever length it declares."""
+        self._expected: int | None = None
+        """The body's length as the answer declared it (None: not declared)."""
+        self._received = 0
         self._head: asyncio.Future[None] = conn.loop.create_future()
         self._chunks: collections.deque[bytes] = collections.deque()
         self._ended = False
@@ -63,35 +71,57 @@ class H2Exchange(UpstreamResponse):
 
     # -- from the connection ------------------------------------------------------------
 
-    def got_head(self, headers: list[tuple[bytes, bytes]]) -> None:
+    def got_head(self, headers: list[tuple[bytes, bytes]], ended: bool) -> str | None:
+        """The answer's final head (its fields valid HTTP/2: `rules.malformed_answer`); why
+        it cannot be taken, if it cannot (the connection resets the stream)."""
         status = b""
         fields = []
+        length: int | None = None
         for name, value in headers:
             if name == b":status":
                 status = value
+            elif name == b"content-length":  # what the body is held to (RFC 9113 §8.1.1)
+                declared = int(value) if value.isdigit() and len(value) <= 18 else -1
+                if declared < 0 or (length is not None and declared != length):
+                    return f"a content-length of {value[:40]!r}, or two that differ"
+                length = declared
+                fields.append((name, value))
             elif name[:1] != b":" and fit_for_http1(name, value):
                 fields.append((name, value))
-        # Three digits, a final answer (h2 gives 1xx heads apart): `int` alone took "+200",
+        # Three digits, a final answer (1xx heads are skipped): `int` alone took "+200",
         # "2_00", "-1" and twenty digits (a hostile tester's find).
         if len(status) != 3 or not status.isdigit() or not 200 <= int(status) <= 599:
-            self.fail(UpstreamFailed(f"the sandbox's answer has no valid :status ({status!r})"))
-            return
+            return f"no valid :status ({status[:40]!r})"
         self.status = int(status)
+        if self._head_request or self.status == 304:  # no body, whatever length it names
+            length = 0  # (RFC 9113 §8.1.1)
+        self._expected = length
         self.headers = fields
         self.answered = True
         if not self._head.done():
             self._head.set_result(None)
+        return self.got_end() if ended else None
 
-    def got_data(self, data: bytes) -> None:
-        self._chunks.append(data)
-        self._wake()
+    def got_data(self, data: bytes, ended: bool) -> str | None:
+        """Body bytes; why they break the declared length, if they do."""
+        self._received += len(data)
+        if self._expected is not None and self._received > self._expected:
+            return f"a body past its content-length of {self._expected}"
+        if data:
+            self._chunks.append(data)
+            self._wake()
+        return self.got_end() if ended else None
 
-    def got_end(self, trailers: Sequence[tuple[bytes, bytes]] = ()) -> None:
+    def got_end(self, trailers: Sequence[tuple[bytes, bytes]] = ()) -> str | None:
+        """The answer's end, with its trailers; why it is short, if it is."""
+        if self._expected is not None and self._received != self._expected:
+            return f"a body of {self._received} bytes, short of its content-length"
         self.sandbox_done = True
         if trailers:
             self.trailers = [pair for pair in trailers if pair[0][:1] != b":"]
         self._ended = True
         self._wake()
+        return None
 
     def fail(self, exc: BaseException) -> None:
         if self._ended or self._error is not None:

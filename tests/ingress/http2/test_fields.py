@@ -20,12 +20,12 @@ from hpack.exceptions import (
     OversizedHeaderListError,
 )
 
+from tests.support.h2codecs import fit
 from wakeful.ingress.http2.fields import (
     TABLE_SIZE_ZERO,
     FieldDecoder,
     FieldEncoder,
     field,
-    fit,
     integer,
 )
 

@@ -1,7 +1,8 @@
-"""A received header block's rules (`http2.rules.malformed_request`, `malformed_trailers`),
-which the ingress runs in place of h2's: held to h2's own `validate_headers`, verdict for
-verdict, on requests and trailers made malformed in every way those rules name, one, two and
-three ways at once; and a malformed request reset alone, its connection serving on."""
+"""A received header block's rules (`http2.rules.malformed_request`, `malformed_trailers`,
+`malformed_answer`), which the ingress runs in place of h2's: held to h2's own
+`validate_headers`, verdict for verdict, on requests, trailers and h2c answers made malformed
+in every way those rules name, one, two and three ways at once; and a malformed request reset
+alone, its connection serving on."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import h2.exceptions
 import pytest
 from h2.utilities import HeaderValidationFlags, validate_headers
 
-from wakeful.ingress.http2.rules import malformed_request, malformed_trailers
+from wakeful.ingress.http2.rules import malformed_answer, malformed_request, malformed_trailers
 
 Fields = list[tuple[bytes, bytes]]
 REQUEST = HeaderValidationFlags(
@@ -20,6 +21,9 @@ REQUEST = HeaderValidationFlags(
 )
 TRAILERS = HeaderValidationFlags(
     is_client=False, is_trailer=True, is_response_header=False, is_push_promise=False
+)
+ANSWER = HeaderValidationFlags(
+    is_client=True, is_trailer=False, is_response_header=True, is_push_promise=False
 )
 
 
@@ -97,18 +101,22 @@ _CONNECTION = {b"connection", b"proxy-connection", b"keep-alive", b"transfer-enc
 @pytest.mark.parametrize("mutations", [0, 1, 2, 3])
 @pytest.mark.parametrize(
     ("rule", "flags"),
-    [(malformed_request, REQUEST), (malformed_trailers, TRAILERS)],
-    ids=["requests", "trailers"],
+    [(malformed_request, REQUEST), (malformed_trailers, TRAILERS), (malformed_answer, ANSWER)],
+    ids=["requests", "trailers", "answers"],
 )
 def test_the_verdicts_are_h2s(
     rule: Callable[[Fields], str | None], flags: HeaderValidationFlags, mutations: int
 ) -> None:
-    rng = random.Random(mutations + 10 * (rule is malformed_trailers))
+    rng = random.Random(mutations + 10 * (rule is malformed_trailers) + 20 * (flags is ANSWER))
     verdicts = {True: 0, False: 0}
     for _ in range(4000):
         fields = _base(rng)
         if rule is malformed_trailers:
             fields = fields[4:] + rng.choice(([], [(b"grpc-status", b"0")]))
+        elif rule is malformed_answer:  # an h2c sandbox's head: :status (or none), fields
+            status = rng.choice((b"200", b"404", b"100", b""))
+            fields = [(b":status", status)] if status else []
+            fields += [(b"content-type", b"application/grpc"), (b"server", b"x")]
         for _ in range(mutations):
             if fields:
                 _mutate(fields, rng)

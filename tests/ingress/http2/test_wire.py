@@ -19,8 +19,8 @@ import h2.stream
 import hpack
 import pytest
 
+from tests.support.h2codecs import fit
 from wakeful.ingress.http2 import frames, streams, wire
-from wakeful.ingress.http2.fields import fit
 
 MAX_HEAD = 32 * 1024
 WINDOW = 64 * 1024

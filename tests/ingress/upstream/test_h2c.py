@@ -16,7 +16,7 @@ import h2.connection
 import h2.errors
 import httpx
 import pytest
-from hyperframe.frame import GoAwayFrame, PingFrame
+from hyperframe.frame import DataFrame, GoAwayFrame, HeadersFrame, PingFrame
 
 from tests.support.h2sandbox import H2Sandbox, ok
 from tests.support.ingress import Stack, stack
@@ -103,6 +103,14 @@ def ping_flood(conn: Conn, stream: int, head: dict[bytes, bytes], body: bytes) -
     return PingFrame(0, opaque_data=b"12345678").serialize() * (CONTROL_BURST + 500)
 
 
+def early_hints_flood(conn: Conn, stream: int, head: dict[bytes, bytes], body: bytes) -> None:
+    """1xx heads past the control-frame budget, then a good answer: each one decoded and
+    skipped, and nothing else bounded them (h2 took them without end too)."""
+    for _ in range(CONTROL_BURST + 100):
+        conn.send_headers(stream, [(b":status", b"103")])
+    ok(conn, stream, head, body)
+
+
 def status_of(value: bytes) -> Callable[[Conn, int, dict[bytes, bytes], bytes], None]:
     def answer(conn: Conn, stream: int, head: dict[bytes, bytes], body: bytes) -> None:
         conn.send_headers(stream, [(b":status", value)], end_stream=True)
@@ -116,12 +124,14 @@ def status_of(value: bytes) -> Callable[[Conn, int, dict[bytes, bytes], bytes], 
         (huge_head, 502, 30),
         (silent, 504, 0.5),
         (ping_flood, 502, 30),
+        (early_hints_flood, 502, 30),
         *((status_of(v), 502, 30) for v in (b"-1", b"0", b"+200", b"2_00", b"600", b"9" * 20)),
     ],
     ids=[
         "huge-head",
         "silent",
         "PING flood",
+        "1xx flood",
         *(f":status {v}" for v in ("-1", "0", "+200", "2_00", "600", "9x20")),
     ],
 )
@@ -327,3 +337,99 @@ async def test_an_h2c_answer_reaches_an_http11_client_as_valid_http11() -> None:
     assert head.startswith(b"HTTP/1.1 200 ") and body == b"ok", answer
     assert b"x-ctl" not in head and b'x"(a)' not in head, head
     assert head.count(b"content-length") == 1, head
+
+
+def _raw_head(conn: Conn, stream: int, fields: list[tuple[bytes, bytes]], end: bool) -> bytes:
+    """A HEADERS frame h2 would refuse to send, coded with the connection's own encoder (its
+    table stays in step)."""
+    flags = {"END_HEADERS", "END_STREAM"} if end else {"END_HEADERS"}
+    return HeadersFrame(stream, conn.encoder.encode(fields), flags=flags).serialize()
+
+
+def malformed_when_bad(
+    how: str,
+) -> Callable[[Conn, int, dict[bytes, bytes], bytes], bytes | None]:
+    """`ok` for every path but /bad, which gets an answer that breaks HTTP/2's rules."""
+
+    def answer(conn: Conn, stream: int, head: dict[bytes, bytes], body: bytes) -> bytes | None:
+        if head[b":path"] != b"/bad":
+            ok(conn, stream, head, body)
+            return None
+        # (the stream left open: the reset that answers it is seen)
+        if how == "upper-case name":
+            return _raw_head(conn, stream, [(b":status", b"200"), (b"X-Up", b"v")], False)
+        if how == "request pseudo-field":
+            return _raw_head(conn, stream, [(b":status", b"200"), (b":path", b"/")], False)
+        if how == "no :status":
+            return _raw_head(conn, stream, [(b"content-type", b"text/plain")], False)
+        if how == "DATA before its head":
+            return DataFrame(stream, b"early").serialize()
+        if how == "body past its length":
+            conn.send_headers(stream, [(b":status", b"200"), (b"content-length", b"2")])
+            conn.send_data(stream, b"too long")
+        elif how == "body short of its length":
+            conn.send_headers(stream, [(b":status", b"200"), (b"content-length", b"20")])
+            conn.send_data(stream, b"short", end_stream=True)
+        elif how == "1xx ending its stream":
+            return _raw_head(conn, stream, [(b":status", b"103")], True)
+        return None
+
+    return answer
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        "upper-case name",
+        "request pseudo-field",
+        "no :status",
+        "DATA before its head",
+        "body past its length",
+        "body short of its length",
+        "1xx ending its stream",
+    ],
+)
+async def test_a_malformed_answer_fails_its_own_stream_and_no_other(how: str) -> None:
+    """RFC 9113 §8.1.1: a malformed answer is its stream's error. The ingress resets that
+    stream and answers 502 (or cuts its client off, once the head went), the calls sharing
+    the connection are answered, and the connection stays (h2 ended it for each)."""
+    with H2Sandbox(malformed_when_bad(how)) as sandbox:
+        async with stack({"s1": sandbox.port}, pool_update=H2C) as s, h2_client(s) as client:
+            first = await client.get("/first")  # the connection, open
+            assert first.status_code == 200
+            try:
+                bad = (await client.get("/bad")).status_code
+            except httpx.RemoteProtocolError:  # the head went before the body broke it
+                bad = 0
+            good = await client.get("/good")
+            assert bad in (502, 0) and good.status_code == 200 and good.text == "/good"
+            assert bad == 502 or how == "body short of its length"
+            await settled(s)
+            assert s.sample("upstream_errors_total", app="hello", kind="failed") == 1
+        assert sandbox.connections == 1
+        ended = how == "body short of its length"  # nothing left to reset
+        assert sandbox.resets == ([] if ended else [h2.errors.ErrorCodes.PROTOCOL_ERROR])
+
+
+def informational_then(conn: Conn, stream: int, head: dict[bytes, bytes], body: bytes) -> None:
+    """A 103 (Early Hints) first, then the answer; HEAD and 304 declare a length, no body."""
+    conn.send_headers(stream, [(b":status", b"103"), (b"link", b"</a.css>; rel=preload")])
+    if head[b":method"] == b"HEAD" or head[b":path"] == b"/304":
+        status = b"304" if head[b":path"] == b"/304" else b"200"
+        conn.send_headers(stream, [(b":status", status), (b"content-length", b"5")], True)
+        return
+    conn.send_headers(stream, [(b":status", b"200"), (b"content-length", b"5")])
+    conn.send_data(stream, b"hello", end_stream=True)
+
+
+async def test_1xx_heads_are_skipped_and_answers_without_a_body_keep_their_length() -> None:
+    with H2Sandbox(informational_then) as sandbox:
+        async with stack({"s1": sandbox.port}, pool_update=H2C) as s:
+            got = await s.client.get("/")
+            assert got.status_code == 200 and got.text == "hello"
+            head = await s.client.head("/")
+            assert head.status_code == 200 and head.headers["content-length"] == "5"
+            unchanged = await s.client.get("/304")
+            assert unchanged.status_code == 304 and unchanged.content == b""
+            assert s.sample("upstream_errors_total", app="hello", kind="failed") == 0
+        assert sandbox.connections == 1
