@@ -148,11 +148,11 @@ class H2Exchange(UpstreamResponse):
     def limit(self, longest: float) -> None:
         """End the exchange `longest` seconds from now, busy or not (a stream's maximum
         duration, as a WebSocket's)."""
-        self._expiry = self._conn.loop.call_later(
-            longest,
-            self.fail,
-            UpstreamTimeout(f"the stream reached its maximum duration ({longest:g} s)"),
-        )
+        self._expiry = self._conn.loop.call_later(longest, self._expire, longest)
+
+    def _expire(self, longest: float) -> None:
+        """The error made only when it happens (`limit` is set on every call)."""
+        self.fail(UpstreamTimeout(f"the stream reached its maximum duration ({longest:g} s)"))
 
     async def wait_head(self, within: float) -> None:
         try:

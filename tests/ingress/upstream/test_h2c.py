@@ -433,3 +433,22 @@ async def test_1xx_heads_are_skipped_and_answers_without_a_body_keep_their_lengt
             assert unchanged.status_code == 304 and unchanged.content == b""
             assert s.sample("upstream_errors_total", app="hello", kind="failed") == 0
         assert sandbox.connections == 1
+
+
+async def test_a_call_past_its_maximum_duration_is_ended_and_reset_on_the_sandbox() -> None:
+    """A gRPC call's stream lasts at most the app's maximum (`WAKEFUL_WEBSOCKET_MAX_DURATION`),
+    busy or silent: past it the sandbox's stream is reset and the client's call ends."""
+    with H2Sandbox(half_then_silent) as sandbox:
+        async with (
+            stack({"s1": sandbox.port}, pool_update=H2C, websocket_max_duration=0.5) as s,
+            h2_client(s) as client,
+        ):
+            started = asyncio.get_running_loop().time()
+            with pytest.raises(httpx.RemoteProtocolError):  # its stream reset mid-answer
+                await client.post(
+                    "/svc/Long", headers={"content-type": "application/grpc"}, content=b"\0" * 5
+                )
+            took = asyncio.get_running_loop().time() - started
+            assert 0.4 < took < 10, took
+            await settled(s)
+            await eventually(lambda: sandbox.resets == [h2.errors.ErrorCodes.CANCEL], 5)
