@@ -10,10 +10,14 @@ The framing, the windows, the resets and the budgets' counts are `Wire`'s.
 hostile frames, but for these departures, each RFC 9113's rule where `h2` ended the
 connection:
 
-- DATA before the final head, a 1xx head that ends its stream or comes after the final one,
-  and (as the server side) trailers without END_STREAM, are stream errors (RST_STREAM);
-- a header block on a stream the ingress reset, however long ago, is answered with
-  RST_STREAM and counted (`take_stray`), where `h2` forgot streams after 65,536.
+- DATA before the final head, a 1xx head that ends its stream, comes after the final one or
+  is malformed (`rules.malformed_answer`), a head on a stream the sandbox ended, and (as the
+  server side) trailers without END_STREAM, are stream errors (RST_STREAM);
+- a header block on a closed stream (by the ingress's reset, by both ends, or long ago) is
+  answered with RST_STREAM and counted (`take_stray`), where `h2` ended the connection for a
+  stream both ends closed, and forgot streams after 65,536;
+- a HEADERS frame on a stream the sandbox opened (even: it cannot push) is PROTOCOL_ERROR,
+  where `h2` took it as a request made to the client.
 
 The answer's fields are checked by the connection (`rules.malformed_answer`), as a request's
 are on the server side: a malformed one is the stream's error, not the connection's.
@@ -41,6 +45,7 @@ from wakeful.ingress.http2.frames import (
     frame,
     u32,
 )
+from wakeful.ingress.http2.rules import malformed_answer
 from wakeful.ingress.http2.streams import CannotSend, Stream
 from wakeful.ingress.http2.wire import TRAILERS, Event, Wire
 
@@ -139,7 +144,8 @@ class ClientWire(Wire):
         elif weight and u32(weight, 0) & 0x7FFFFFFF == stream_id:
             self._provoked(events, stream_id, PROTOCOL_ERROR)  # RFC 9113 §5.3.1
         elif _informational(fields):
-            if ended or stream_id in self._answered:  # §8.1: a 1xx head ends nothing
+            # §8.1: a 1xx head ends nothing, comes before the final one, and is well formed
+            if ended or stream_id in self._answered or malformed_answer(fields) is not None:
                 self._provoked(events, stream_id, PROTOCOL_ERROR)
             else:  # skipped, and counted: a sandbox could send them without end
                 self._stray += 1

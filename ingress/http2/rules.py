@@ -11,8 +11,9 @@ What a server holding ten thousand connections must bound beyond the windows is 
   gathered 64 frames of 16 KiB, 1 MiB). A block left open longer than the head timeout
   ends the connection (`FrameScan.open_block` tells the connection when one is open).
 - **Frames that carry no request** (PING, SETTINGS and their acknowledgements, PRIORITY,
-  GOAWAY, an empty DATA frame that does not end its stream, a frame of a type HTTP/2 does not
-  define; and, counted by the wire, empty DATA or HEADERS on a stream already closed): a `Budget`
+  GOAWAY, an empty DATA frame that does not end its stream, an empty CONTINUATION, a frame of
+  a type HTTP/2 does not define; and, counted by the wire, empty DATA or HEADERS on a stream
+  already closed, and a sandbox's 1xx heads): a `Budget`
   of `CONTROL_BURST`, refilled at `CONTROL_RATE` a second.
 - **Resets** (RST_STREAM from the client, CVE-2023-44487's rapid reset; and streams the
   client makes the ingress reset, by breaking a stream's rules or opening one past
@@ -187,6 +188,8 @@ class FrameScan:
             if kind in (_HEADERS, _PUSH, _CONTINUATION):
                 self._block = length if kind != _CONTINUATION else self._block + length
                 self.open_block = not flags & _END_HEADERS
+                if kind == _CONTINUATION and not length:  # no bytes: no bound but this one
+                    seen.control += 1
                 if self._block > self.max_block:
                     seen.refusal = (
                         f"a header block past {self.max_block} bytes ({self._block} so far)"
