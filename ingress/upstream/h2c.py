@@ -12,7 +12,8 @@ it at once).
   the client side takes them. What the client sends goes out as the sandbox's windows allow;
   the body's reader waits meanwhile, so the client's own window closes (backpressure end to
   end). Each exchange holds one of its app's upstream slots (`upstream.pool.Slots`): for an
-  h2c app they count streams, not connections.
+  h2c app they count streams, not connections. A sandbox that leaves `MAX_UNSENT` bytes of
+  what the ingress wrote unread is cut off.
 - **Silence.** The head within `UpstreamRequest.timeout`; then, for a call that streams
   (`UpstreamRequest.idle`), each read within `idle` and the whole exchange within
   `longest`; for others, each read within `timeout` too.
@@ -57,6 +58,12 @@ MAX_STREAMS = 64
 """Streams this side opens on one connection at most, whatever the sandbox allows: as many as
 the connection's window holds full streams (a client that reads nothing cannot stall the
 others); the pool opens another connection past it."""
+MAX_UNSENT = 4 * 1024 * 1024
+"""What the ingress's writes to a sandbox may leave unread in its buffer. A request's body
+stops at the write gate's mark; past it only the frames that answer the sandbox's own wait
+(a RST_STREAM for each DATA frame on a closed stream, acknowledgements), from a sandbox that
+sends and reads nothing: its connection is cut (it grew by 180 MB in 8 s: a hostile tester's
+find)."""
 MAX_HEAD_BYTES = 64 * 1024
 """An answer's head or trailers, decoded, at most (an HPACK bomb from a sandbox)."""
 
@@ -142,7 +149,8 @@ class H2Upstream(Gated):
                 if padding:
                     self.consumed(event.stream_id, padding)
                 why = found.got_data(data, event.ended)
-                if why is not None:
+                if why is not None:  # its bytes, refused, are read all the same (the window)
+                    self.consumed(event.stream_id, len(data))
                     self._malformed(found, why)
             elif found is None:
                 continue
@@ -339,8 +347,12 @@ class H2Upstream(Gated):
     def write_out(self) -> None:
         self._flushing = False
         data = self._wire.data_to_send()
-        if data and self.transport is not None and not self.closed:
-            self.transport.write(data)
+        transport = self.transport
+        if data and transport is not None and not self.closed:
+            transport.write(data)
+            if transport.get_write_buffer_size() > MAX_UNSENT:
+                why = f"the sandbox left {MAX_UNSENT} bytes of the ingress's unread"
+                self._lost(UpstreamFailed(why), unanswered=False)
 
     def close(self) -> None:
         if self.closed:

@@ -11,6 +11,7 @@ import collections
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from wakeful.aio.deadline import Deadline
 from wakeful.ingress.errors import UpstreamTimeout
 from wakeful.ingress.http2.rules import fit_for_http1
 from wakeful.ingress.transport import UpstreamResponse
@@ -33,7 +34,9 @@ class H2Exchange(UpstreamResponse):
         "_head_request",
         "_idle",
         "_received",
+        "_silence",
         "_waiter",
+        "_within",
         "_writer",
         "answered",
         "closed",
@@ -59,6 +62,11 @@ class H2Exchange(UpstreamResponse):
         self._waiter: asyncio.Future[None] | None = None
         self._writer: asyncio.Task[None] | None = None
         self._expiry: asyncio.TimerHandle | None = None
+        self._silence = Deadline(conn.loop, self._silent)
+        """Set while the proxy waits for the head (`_within` seconds) or for body bytes
+        (`_idle`): one timer an exchange, where `asyncio.timeout` made one a wait, with a
+        shield, interpreted (a few per cent of a gRPC call's CPU)."""
+        self._within = 0.0
         self.on_close: Callable[[], None] | None = None
         """Run once when the exchange is closed (the transport gives its slot back)."""
         self.answered = False
@@ -93,8 +101,10 @@ class H2Exchange(UpstreamResponse):
         if len(status) != 3 or not status.isdigit() or not 200 <= int(status) <= 599:
             return f"no valid :status ({status[:40]!r})"
         self.status = int(status)
-        if self._head_request or self.status == 304:  # no body, whatever length it names
-            length = 0  # (RFC 9113 §8.1.1)
+        if self._head_request or self.status in (204, 304):  # no body, whatever length it
+            length = 0  # names (RFC 9113 §8.1.1)
+        if ended and length:  # short: refused before its head is taken
+            return f"no body, short of its content-length of {length}"
         self._expected = length
         self.headers = fields
         self.answered = True
@@ -155,11 +165,21 @@ class H2Exchange(UpstreamResponse):
         self.fail(UpstreamTimeout(f"the stream reached its maximum duration ({longest:g} s)"))
 
     async def wait_head(self, within: float) -> None:
-        try:
-            async with asyncio.timeout(within):
-                await asyncio.shield(self._head)
-        except TimeoutError:
-            raise UpstreamTimeout(f"the sandbox did not answer within {within:g} s") from None
+        head = self._head
+        if not head.done():
+            self._within = within
+            self._silence.after(within)
+            try:
+                await head  # a caller cancelled cancels it: the exchange is closed then
+            finally:
+                self._silence.clear()
+        head.result()
+
+    def _silent(self) -> None:
+        if self.answered:
+            self.fail(UpstreamTimeout(f"the sandbox stayed silent for {self._idle:g} s"))
+        else:
+            self.fail(UpstreamTimeout(f"the sandbox did not answer within {self._within:g} s"))
 
     def next_nowait(self) -> bytes | None:
         if self._chunks:
@@ -178,19 +198,19 @@ class H2Exchange(UpstreamResponse):
             if chunk is not None:
                 return chunk
             self._waiter = self._conn.loop.create_future()
+            self._silence.after(self._idle)
             try:
-                async with asyncio.timeout(self._idle):
-                    await self._waiter
-            except TimeoutError:
-                self.fail(UpstreamTimeout(f"the sandbox stayed silent for {self._idle:g} s"))
+                await self._waiter
             finally:
                 self._waiter = None
+                self._silence.clear()  # not the sandbox's silence while the client reads
 
     def close(self) -> None:
         """The exchange is over: a stream not ended is reset (the sandbox stops its work)."""
         if self.closed:
             return
         self.closed = True
+        self._silence.cancel()
         if self._expiry is not None:
             self._expiry.cancel()
         writer, self._writer = self._writer, None

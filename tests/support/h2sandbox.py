@@ -30,8 +30,10 @@ def ok(
 class H2Sandbox:
     """A loopback h2c server: a thread per connection, `answer` per request."""
 
-    def __init__(self, answer: Answer = ok) -> None:
+    def __init__(self, answer: Answer = ok, on_head: bool = False) -> None:
         self.answer = answer
+        self.on_head = on_head
+        """Answer once the request's head came, not its end (its body then unread)."""
         self._sock = socket.create_server(("127.0.0.1", 0))
         self._sock.settimeout(0.1)
         self.port = int(self._sock.getsockname()[1])
@@ -93,12 +95,20 @@ class H2Sandbox:
                     if isinstance(event, h2.events.RequestReceived):
                         heads[event.stream_id] = dict(event.headers)  # type: ignore[arg-type]
                         bodies[event.stream_id] = b""
+                        if self.on_head:
+                            head = heads.pop(event.stream_id)
+                            with self._lock:
+                                self.requests.append(head)
+                            self.answer(conn, event.stream_id, head, b"")
                     elif isinstance(event, h2.events.DataReceived):
-                        bodies[event.stream_id] += event.data or b""
+                        if event.stream_id in bodies:
+                            bodies[event.stream_id] += event.data or b""
                         conn.acknowledge_received_data(
                             event.flow_controlled_length, event.stream_id
                         )
                     elif isinstance(event, h2.events.StreamEnded):
+                        if event.stream_id not in heads:  # answered on its head already
+                            continue
                         head = heads.pop(event.stream_id)
                         with self._lock:
                             self.requests.append(head)

@@ -14,16 +14,18 @@ from collections.abc import AsyncIterator, Callable
 import h2.config
 import h2.connection
 import h2.errors
+import h2.events
 import httpx
 import pytest
-from hyperframe.frame import DataFrame, GoAwayFrame, HeadersFrame, PingFrame
+from hyperframe.frame import ContinuationFrame, DataFrame, GoAwayFrame, HeadersFrame, PingFrame
 
 from tests.support.h2sandbox import H2Sandbox, ok
 from tests.support.ingress import Stack, stack
 from tests.support.waiting import eventually
 from wakeful.domain.models import AppSpec, Concurrency
+from wakeful.ingress.errors import UpstreamFailed
 from wakeful.ingress.http2.rules import CONTROL_BURST
-from wakeful.ingress.upstream.h2c import H2Pool, H2Upstream
+from wakeful.ingress.upstream.h2c import MAX_UNSENT, H2Pool, H2Upstream
 
 pytestmark = pytest.mark.anyio
 
@@ -111,6 +113,15 @@ def early_hints_flood(conn: Conn, stream: int, head: dict[bytes, bytes], body: b
     ok(conn, stream, head, body)
 
 
+def empty_continuations(conn: Conn, stream: int, head: dict[bytes, bytes], body: bytes) -> bytes:
+    """A head left open, then CONTINUATION frames with nothing in them past the control
+    budget: no bytes, so the head's bound never counted them (h2 refused the 65th)."""
+    block = conn.encoder.encode([(b":status", b"200")])
+    opened = HeadersFrame(stream, block).serialize()  # no END_HEADERS
+    pending = conn.data_to_send()  # h2's own frames first: none may cut into the block
+    return pending + opened + ContinuationFrame(stream, b"").serialize() * (CONTROL_BURST + 100)
+
+
 def status_of(value: bytes) -> Callable[[Conn, int, dict[bytes, bytes], bytes], None]:
     def answer(conn: Conn, stream: int, head: dict[bytes, bytes], body: bytes) -> None:
         conn.send_headers(stream, [(b":status", value)], end_stream=True)
@@ -125,6 +136,7 @@ def status_of(value: bytes) -> Callable[[Conn, int, dict[bytes, bytes], bytes], 
         (silent, 504, 0.5),
         (ping_flood, 502, 30),
         (early_hints_flood, 502, 30),
+        (empty_continuations, 502, 30),
         *((status_of(v), 502, 30) for v in (b"-1", b"0", b"+200", b"2_00", b"600", b"9" * 20)),
     ],
     ids=[
@@ -132,6 +144,7 @@ def status_of(value: bytes) -> Callable[[Conn, int, dict[bytes, bytes], bytes], 
         "silent",
         "PING flood",
         "1xx flood",
+        "empty CONTINUATION flood",
         *(f":status {v}" for v in ("-1", "0", "+200", "2_00", "600", "9x20")),
     ],
 )
@@ -281,6 +294,69 @@ async def test_answers_nobody_reads_give_the_shared_window_back() -> None:
     assert sandbox.outbound_flow_control_window >= full // 2
 
 
+async def test_answers_past_their_length_give_the_shared_window_back() -> None:
+    """100 answers whose DATA runs past their Content-Length, 1.6 MB: each is its stream's
+    error, and the bytes refused are read all the same, so the sandbox's window toward the
+    ingress never shrinks (it did, for good, until every call on the connection stalled: a
+    hostile tester's find). A sandbox speaking h2 in memory, no socket."""
+    sandbox, conn, wire = await in_memory()
+    full = sandbox.outbound_flow_control_window
+    head = [(b":method", b"GET"), (b":scheme", b"http"), (b":authority", b"a"), (b":path", b"/")]
+    for _ in range(100):
+        exchange = conn.open(head, None, 5.0)
+        await asyncio.sleep(0)
+        sandbox.receive_data(wire.take())
+        sandbox.send_headers(exchange.stream_id, [(b":status", b"200"), (b"content-length", b"2")])
+        sandbox.send_data(exchange.stream_id, b"b" * 16_000)
+        conn.data_received(sandbox.data_to_send())
+        with pytest.raises(UpstreamFailed, match="past its content-length"):
+            await exchange.next()
+        exchange.close()
+        await asyncio.sleep(0)
+        sandbox.receive_data(wire.take())
+    assert sandbox.outbound_flow_control_window >= full // 2
+    window = conn._wire.inbound  # every byte counted as read: acknowledged, or soon
+    assert window.current + window.processed == 16 * 1024 * 1024
+    assert not conn.exchanges and not conn._wire.streams and not conn.closed
+
+
+class Unread(Recorder):
+    """A transport whose peer reads nothing: every write stays in its buffer."""
+
+    def get_write_buffer_size(self) -> int:
+        return len(self.written)
+
+
+async def test_a_sandbox_that_reads_nothing_of_the_resets_it_provokes_is_cut() -> None:
+    """DATA frames on a closed stream, each answered with RST_STREAM, from a sandbox that
+    reads none of it: no budget counts them (the windows bound their bytes, not their
+    number), so the ingress's buffer grew without end. Past `MAX_UNSENT` unread, the
+    connection is cut. A sandbox speaking h2 in memory, no socket."""
+    sandbox, conn, _ = await in_memory()
+    unread = Unread()
+    conn.transport = unread
+    head = [(b":method", b"GET"), (b":scheme", b"http"), (b":authority", b"a"), (b":path", b"/")]
+    exchange = conn.open(head, None, 5.0)
+    kept = conn.open(head, None, 5.0)  # another call keeps the connection in use
+    sandbox.receive_data(Recorder.take(unread))
+    await asyncio.sleep(0)
+    sandbox.receive_data(Recorder.take(unread))
+    sandbox.send_headers(exchange.stream_id, [(b":status", b"200")], end_stream=True)
+    conn.data_received(sandbox.data_to_send())
+    exchange.close()
+    await asyncio.sleep(0)
+    late = DataFrame(exchange.stream_id, b"x").serialize() * 10_000
+    for _ in range(100):  # 1 MB of them, 13 bytes of RST_STREAM each
+        conn.data_received(late)
+        await asyncio.sleep(0)
+        if conn.closed:
+            break
+    assert conn.closed and unread.closed
+    assert len(unread.written) < MAX_UNSENT + 2 * 13 * 10_000
+    with pytest.raises(UpstreamFailed, match="unread"):
+        await kept.next()
+
+
 async def test_a_sandbox_that_pings_for_each_frame_it_is_sent_keeps_its_connection() -> None:
     """grpc-go's server answers each DATA frame it gets with a PING while it measures the
     bandwidth, so a long upload brings as many PINGs as DATA frames: what the ingress sends
@@ -372,6 +448,13 @@ def malformed_when_bad(
             conn.send_data(stream, b"short", end_stream=True)
         elif how == "1xx ending its stream":
             return _raw_head(conn, stream, [(b":status", b"103")], True)
+        elif how == "malformed 1xx":
+            return _raw_head(conn, stream, [(b":status", b"103"), (b"connection", b"x")], False)
+        elif how == "pseudo-field in trailers":  # all of it raw: written before h2's bytes
+            head = _raw_head(conn, stream, [(b":status", b"200")], False)
+            body = DataFrame(stream, b"body").serialize()
+            trailers = [(b":status", b"200"), (b"grpc-status", b"0")]
+            return head + body + _raw_head(conn, stream, trailers, True)
         return None
 
     return answer
@@ -387,6 +470,8 @@ def malformed_when_bad(
         "body past its length",
         "body short of its length",
         "1xx ending its stream",
+        "malformed 1xx",
+        "pseudo-field in trailers",
     ],
 )
 async def test_a_malformed_answer_fails_its_own_stream_and_no_other(how: str) -> None:
@@ -403,19 +488,20 @@ async def test_a_malformed_answer_fails_its_own_stream_and_no_other(how: str) ->
                 bad = 0
             good = await client.get("/good")
             assert bad in (502, 0) and good.status_code == 200 and good.text == "/good"
-            assert bad == 502 or how == "body short of its length"
+            ended = how in ("body short of its length", "pseudo-field in trailers")
+            assert bad == 502 or ended  # (their bytes may have gone before their end)
             await settled(s)
             assert s.sample("upstream_errors_total", app="hello", kind="failed") == 1
-        assert sandbox.connections == 1
-        ended = how == "body short of its length"  # nothing left to reset
+        assert sandbox.connections == 1  # nothing left to reset once ended:
         assert sandbox.resets == ([] if ended else [h2.errors.ErrorCodes.PROTOCOL_ERROR])
 
 
 def informational_then(conn: Conn, stream: int, head: dict[bytes, bytes], body: bytes) -> None:
-    """A 103 (Early Hints) first, then the answer; HEAD and 304 declare a length, no body."""
+    """A 103 (Early Hints) first, then the answer; HEAD, 204 and 304 declare a length and
+    have no body (RFC 9113 §8.1.1)."""
     conn.send_headers(stream, [(b":status", b"103"), (b"link", b"</a.css>; rel=preload")])
-    if head[b":method"] == b"HEAD" or head[b":path"] == b"/304":
-        status = b"304" if head[b":path"] == b"/304" else b"200"
+    if head[b":method"] == b"HEAD" or head[b":path"] in (b"/304", b"/204"):
+        status = head[b":path"][1:] if head[b":path"] != b"/" else b"200"
         conn.send_headers(stream, [(b":status", status), (b"content-length", b"5")], True)
         return
     conn.send_headers(stream, [(b":status", b"200"), (b"content-length", b"5")])
@@ -431,6 +517,8 @@ async def test_1xx_heads_are_skipped_and_answers_without_a_body_keep_their_lengt
             assert head.status_code == 200 and head.headers["content-length"] == "5"
             unchanged = await s.client.get("/304")
             assert unchanged.status_code == 304 and unchanged.content == b""
+            empty = await s.client.get("/204")
+            assert empty.status_code == 204 and empty.content == b""
             assert s.sample("upstream_errors_total", app="hello", kind="failed") == 0
         assert sandbox.connections == 1
 
@@ -450,5 +538,46 @@ async def test_a_call_past_its_maximum_duration_is_ended_and_reset_on_the_sandbo
                 )
             took = asyncio.get_running_loop().time() - started
             assert 0.4 < took < 10, took
+            await settled(s)
+            await eventually(lambda: sandbox.resets == [h2.errors.ErrorCodes.CANCEL], 5)
+
+
+def answer_early(conn: Conn, stream: int, head: dict[bytes, bytes], body: bytes) -> None:
+    """The whole answer as soon as the request's head came, its body not read."""
+    conn.send_headers(stream, [(b":status", b"200"), (b"content-length", b"5")])
+    conn.send_data(stream, b"early", end_stream=True)
+
+
+async def test_an_answer_before_the_request_s_body_ends_resets_the_stream() -> None:
+    """RFC 9113 §8.1: a server may answer whole before the request's body is in. The client
+    gets the answer, and the stream, still open on the ingress's side, is reset when the
+    exchange closes (with h2 it stayed open for the connection's life)."""
+    with H2Sandbox(answer_early, on_head=True) as sandbox:
+        async with stack({"s1": sandbox.port}, pool_update=H2C) as s:
+            reader, writer = await asyncio.open_connection(*s.ingress.address)
+            client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+            client.initiate_connection()
+            head = [
+                (":method", "POST"),
+                (":scheme", "http"),
+                (":authority", "hello.localhost"),
+                (":path", "/svc/Upload"),
+                ("content-type", "application/grpc"),
+            ]
+            client.send_headers(1, head)
+            client.send_data(1, b"\0\0\0\0\x05first")  # and the rest never comes
+            writer.write(client.data_to_send())
+            body = b""
+            ended = False
+            while not ended:
+                data = await asyncio.wait_for(reader.read(65536), 10)
+                assert data, body
+                for event in client.receive_data(data):
+                    if isinstance(event, h2.events.DataReceived):
+                        body += event.data
+                    ended = ended or isinstance(event, h2.events.StreamEnded)
+                writer.write(client.data_to_send())
+            assert body == b"early"
+            writer.close()
             await settled(s)
             await eventually(lambda: sandbox.resets == [h2.errors.ErrorCodes.CANCEL], 5)
