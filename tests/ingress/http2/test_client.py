@@ -6,7 +6,6 @@ sandbox, but for the departures the module names (each tested on its own at the 
 from __future__ import annotations
 
 import random
-from typing import Any
 
 import h2.config
 import h2.connection
@@ -16,12 +15,18 @@ import h2.settings
 import hpack
 import pytest
 
-from tests.support.h2codecs import fit
+from tests.support.h2ref import (
+    Compared,
+    Norm,
+    SmallHuffman,
+    fit,
+    reset_here,
+    verdicts,
+)
 from wakeful.ingress.http2 import client, frames, streams, wire
 
 MAX_HEAD = 32 * 1024
 WINDOW = 256 * 1024
-Norm = tuple[Any, ...]
 ANSWER = [(b":status", b"200"), (b"content-type", b"application/grpc")]
 
 
@@ -47,43 +52,8 @@ def reference() -> h2.connection.H2Connection:
     return conn
 
 
-def norm_h2(events: list[h2.events.Event]) -> list[Norm]:
-    out: list[Norm] = []
-    for e in events:
-        if isinstance(e, h2.events.ResponseReceived):
-            out.append((client.ANSWER, e.stream_id, e.headers, e.stream_ended is not None))
-        elif isinstance(e, h2.events.DataReceived):
-            ended = e.stream_ended is not None
-            out.append((wire.BODY, e.stream_id, e.data, e.flow_controlled_length, ended))
-        elif isinstance(e, h2.events.TrailersReceived):
-            out.append((wire.TRAILERS, e.stream_id, e.headers))
-        elif isinstance(e, h2.events.StreamReset):
-            out.append((wire.RESET, e.stream_id, e.remote_reset, int(e.error_code)))
-        elif isinstance(e, h2.events.WindowUpdated):
-            out.append((wire.WINDOW, e.stream_id))
-        elif isinstance(e, h2.events.RemoteSettingsChanged):
-            out.append((wire.WINDOW, 0))
-    return out
-
-
-def norm_ours(events: list[wire.Event]) -> list[Norm]:
-    out: list[Norm] = []
-    for e in events:
-        if e.kind == client.ANSWER:
-            out.append((client.ANSWER, e.stream_id, e.headers, e.ended))
-        elif e.kind == wire.BODY:
-            out.append((wire.BODY, e.stream_id, e.data, e.flow, e.ended))
-        elif e.kind == wire.TRAILERS:
-            out.append((wire.TRAILERS, e.stream_id, e.headers))
-        elif e.kind == wire.RESET:
-            out.append((wire.RESET, e.stream_id, e.remote, e.code))
-        else:
-            out.append((wire.WINDOW, e.stream_id))
-    return out
-
-
-class Pair:
-    """`h2`'s client and ours fed alike; each step's events and bytes out compared."""
+class Pair(Compared):
+    """`h2`'s client and ours, fed alike."""
 
     def __init__(self) -> None:
         self.ref = reference()
@@ -92,27 +62,6 @@ class Pair:
             conn.initiate_connection()
             conn.increment_flow_control_window(1024 * 1024 - 65_535)
         self.first = self.same_out()
-
-    def same_out(self) -> bytes:
-        ref, new = self.ref.data_to_send(), self.new.data_to_send()
-        assert new == ref
-        return ref
-
-    def receive(self, data: bytes) -> list[Norm]:
-        self.ref.open_outbound_streams  # noqa: B018 (h2 purges its closed streams then)
-        try:
-            ref = norm_h2(self.ref.receive_data(data))
-        except h2.exceptions.ProtocolError as exc:
-            refused = exc
-        else:
-            new = norm_ours(self.new.receive(data))
-            assert new == ref
-            return ref
-        with pytest.raises(wire.WireError) as new_exc:
-            print(refused, self.new.receive(data))
-        assert new_exc.value.code == refused.error_code, (refused, new_exc.value)
-        self.same_out()
-        raise refused
 
     def open(self, headers: list[tuple[bytes, bytes]], ended: bool) -> int:
         stream_id = self.ref.get_next_available_stream_id()
@@ -141,7 +90,7 @@ def _converse(seed: int) -> int:
     server = h2.connection.H2Connection(
         h2.config.H2Configuration(client_side=False, header_encoding=None)
     )
-    server.encoder = _SmallHuffman()
+    server.encoder = SmallHuffman()
     server.initiate_connection()
     pair = Pair()
     server.receive_data(pair.first)
@@ -270,15 +219,6 @@ def _answer(
         answering[stream_id] = left - chunk
 
 
-class _SmallHuffman(hpack.Encoder):
-    """hpack's encoder, Huffman-coding small heads only (as in test_wire: speed)."""
-
-    def encode(self, headers: Any, huffman: bool = True) -> bytes:
-        headers = list(headers.items() if isinstance(headers, dict) else headers)
-        small = sum(len(field[1]) for field in headers) < 1000
-        return super().encode(headers, huffman=huffman and small)
-
-
 def test_conversations_with_h2s_server_make_the_same_events_and_bytes_as_h2s_client() -> None:
     requests = sum(_converse(seed) for seed in range(300))
     assert requests > 1200
@@ -340,10 +280,6 @@ def _hostile(rng: random.Random, encoder: hpack.Encoder, opened: int) -> bytes:
     return frames.frame(kind, flags, stream_id, payload)
 
 
-def _reset_here(new: Norm, stream_id: int, code: int) -> bool:
-    return new[0] == "ok" and (wire.RESET, stream_id, False, code) in new[1]
-
-
 def _excuse(
     data: bytes, ref: Norm, new: Norm, conn: client.ClientWire, was_open: bool, answered: bool
 ) -> str | None:
@@ -361,12 +297,12 @@ def _excuse(
         return "a stream the sandbox opened"  # h2 took it as a request to the client
     if ref[0] != "error":
         return servers(data, ref, new, conn, was_open)
-    stream_error = _reset_here(new, stream_id, frames.PROTOCOL_ERROR)
+    stream_error = reset_here(new, stream_id, frames.PROTOCOL_ERROR)
     if kind == 0 and was_open and not answered and (stream_error or new[0] == "error"):
         return "DATA before the final head"  # or the frame's own fault, read first here
     if kind in (1, 9) and stream_error:  # a 1xx ending it or after the final head, trailers
         return "a head its stream's state refuses"  # without END_STREAM
-    if kind == 1 and _reset_here(new, stream_id, frames.STREAM_CLOSED):
+    if kind == 1 and reset_here(new, stream_id, frames.STREAM_CLOSED):
         return "a head on a stream the sandbox ended"  # RFC 9113 §5.1: the stream's error
     if kind in (1, 9) and not was_open and stream_id < conn.next_stream_id and new[0] == "ok":
         rst = frames.frame(3, 0, stream_id, frames.STREAM_CLOSED.to_bytes(4, "big"))
@@ -400,15 +336,7 @@ def test_hostile_frame_sequences_from_a_sandbox_get_h2s_verdict() -> None:
             stream_id = int.from_bytes(data[5:9], "big") & 0x7FFFFFFF
             answered = stream_id in new._answered
             was_open = stream_id in new.streams
-            ref.open_outbound_streams  # noqa: B018
-            try:
-                r: Norm = ("ok", tuple(norm_h2(ref.receive_data(data))), ref.data_to_send())
-            except h2.exceptions.ProtocolError as exc:
-                r = ("error", int(exc.error_code))
-            try:
-                n: Norm = ("ok", tuple(norm_ours(new.receive(data))), new.data_to_send())
-            except wire.WireError as exc:
-                n = ("error", exc.code)
+            r, n = verdicts(ref, new, data)
             if r != n:
                 why = _excuse(data, r, n, new, was_open, answered)
                 assert why is not None, (

@@ -20,7 +20,7 @@ from hpack.exceptions import (
     OversizedHeaderListError,
 )
 
-from tests.support.h2codecs import fit
+from tests.support.h2ref import fit
 from wakeful.ingress.http2.fields import (
     TABLE_SIZE_ZERO,
     FieldDecoder,

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from typing import Any
 
 import h2.config
 import h2.connection
@@ -19,13 +18,19 @@ import h2.stream
 import hpack
 import pytest
 
-from tests.support.h2codecs import fit
+from tests.support.h2ref import (
+    Compared,
+    Norm,
+    SmallHuffman,
+    fit,
+    reset_here,
+    verdicts,
+)
 from wakeful.ingress.http2 import frames, streams, wire
 
 MAX_HEAD = 32 * 1024
 WINDOW = 64 * 1024
 
-Norm = tuple[Any, ...]
 REQUEST = [(":method", "POST"), (":path", "/"), (":scheme", "http"), (":authority", "h")]
 
 
@@ -68,43 +73,8 @@ def ours() -> wire.Wire:
     return wire.Wire(100, MAX_HEAD, WINDOW)
 
 
-def norm_h2(events: list[h2.events.Event]) -> list[Norm]:
-    out: list[Norm] = []
-    for e in events:
-        if isinstance(e, h2.events.RequestReceived):
-            out.append((wire.REQUEST, e.stream_id, e.headers, e.stream_ended is not None))
-        elif isinstance(e, h2.events.DataReceived):
-            ended = e.stream_ended is not None
-            out.append((wire.BODY, e.stream_id, e.data, e.flow_controlled_length, ended))
-        elif isinstance(e, h2.events.TrailersReceived):
-            out.append((wire.TRAILERS, e.stream_id, e.headers))
-        elif isinstance(e, h2.events.StreamReset):
-            out.append((wire.RESET, e.stream_id, e.remote_reset, int(e.error_code)))
-        elif isinstance(e, h2.events.WindowUpdated):
-            out.append((wire.WINDOW, e.stream_id))
-        elif isinstance(e, h2.events.RemoteSettingsChanged):
-            out.append((wire.WINDOW, 0))
-    return out
-
-
-def norm_ours(events: list[wire.Event]) -> list[Norm]:
-    out: list[Norm] = []
-    for e in events:
-        if e.kind == wire.REQUEST:
-            out.append((wire.REQUEST, e.stream_id, e.headers, e.ended))
-        elif e.kind == wire.BODY:
-            out.append((wire.BODY, e.stream_id, e.data, e.flow, e.ended))
-        elif e.kind == wire.TRAILERS:
-            out.append((wire.TRAILERS, e.stream_id, e.headers))
-        elif e.kind == wire.RESET:
-            out.append((wire.RESET, e.stream_id, e.remote, e.code))
-        else:
-            out.append((wire.WINDOW, e.stream_id))
-    return out
-
-
-class Pair:
-    """`h2` and `wire` fed alike; each step's events and bytes out compared."""
+class Pair(Compared):
+    """`h2`'s server and `wire`, fed alike."""
 
     def __init__(self) -> None:
         self.ref = reference()
@@ -115,30 +85,6 @@ class Pair:
         self.new.increment_flow_control_window(1024 * 1024 - 65_535)
         self.first = self.same_out()
         """The servers' first flight (SETTINGS, WINDOW_UPDATE), for the client."""
-
-    def same_out(self) -> bytes:
-        ref, new = self.ref.data_to_send(), self.new.data_to_send()
-        assert new == ref
-        return ref
-
-    def receive(self, data: bytes) -> list[Norm]:
-        """The events of `data`, the same from both; ProtocolError if both refused it
-        with the same code."""
-        self.ref.open_inbound_streams  # noqa: B018 (h2 purges its closed streams then, lazily:
-        # a closed stream it still holds takes a SETTINGS' window change, and may overflow)
-        try:
-            ref = norm_h2(self.ref.receive_data(data))
-        except h2.exceptions.ProtocolError as exc:
-            refused = exc
-        else:
-            new = norm_ours(self.new.receive(data))
-            assert new == ref
-            return ref
-        with pytest.raises(wire.WireError) as new_exc:
-            self.new.receive(data)
-        assert new_exc.value.code == refused.error_code, (refused, new_exc.value)
-        self.same_out()
-        raise refused
 
     def both(self, ref: Callable[[], object], new: Callable[[], object]) -> None:
         """One step on each; the same outcome: done, the stream gone (h2: closed, or below
@@ -162,19 +108,9 @@ class Pair:
 # -- real clients' traffic ------------------------------------------------------------------
 
 
-class _SmallHuffman(hpack.Encoder):
-    """hpack's encoder, Huffman-coding small heads only: hpack codes 20 KB in pure Python
-    at some 10 ms (most of this module's time); the decoder's Huffman is exercised either way."""
-
-    def encode(self, headers: Any, huffman: bool = True) -> bytes:
-        headers = list(headers.items() if isinstance(headers, dict) else headers)
-        small = sum(len(field[1]) for field in headers) < 1000
-        return super().encode(headers, huffman=huffman and small)
-
-
 def _client() -> h2.connection.H2Connection:
     client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-    client.encoder = _SmallHuffman()
+    client.encoder = SmallHuffman()
     client.initiate_connection()
     return client
 
@@ -420,11 +356,6 @@ EXCUSED = {
 }
 
 
-def _reset_here(new: Norm, stream_id: int, code: int) -> bool:
-    """`wire` took the frame and reset `stream_id` with `code` for it (a stream error)."""
-    return new[0] == "ok" and (wire.RESET, stream_id, False, code) in new[1]
-
-
 def _excuse(data: bytes, ref: Norm, new: Norm, conn: wire.Wire, was_open: bool) -> str | None:
     """Which of the module's named departures a difference is, if one (`was_open`: the
     frame's stream was open in `wire` before it)."""
@@ -446,7 +377,7 @@ def _excuse(data: bytes, ref: Norm, new: Norm, conn: wire.Wire, was_open: bool) 
         return "CONTINUATION outside a header block"
     if ref[0] != "error":
         return None
-    stream_error = _reset_here(new, stream_id, frames.PROTOCOL_ERROR)
+    stream_error = reset_here(new, stream_id, frames.PROTOCOL_ERROR)
     if kind == 1 and flags & 0x20:
         at = 9 + (1 if flags & 8 else 0)
         if int.from_bytes(data[at : at + 4], "big") & 0x7FFFFFFF == stream_id and stream_error:
@@ -521,15 +452,7 @@ def test_hostile_frame_sequences_get_h2s_verdict() -> None:
         for data in sent:
             stream_id = int.from_bytes(data[5:9], "big") & 0x7FFFFFFF
             was_open = stream_id in new.streams
-            ref.open_inbound_streams  # noqa: B018 (h2 purges its closed streams, as above)
-            try:
-                r: Norm = ("ok", tuple(norm_h2(ref.receive_data(data))), ref.data_to_send())
-            except h2.exceptions.ProtocolError as exc:
-                r = ("error", int(exc.error_code))
-            try:
-                n: Norm = ("ok", tuple(norm_ours(new.receive(data))), new.data_to_send())
-            except wire.WireError as exc:
-                n = ("error", exc.code)
+            r, n = verdicts(ref, new, data)
             if r != n:
                 why = _excuse(data, r, n, new, was_open)
                 assert why is not None, (
