@@ -28,14 +28,8 @@ from __future__ import annotations
 from typing import Final
 
 from wakeful.ingress.http2.frames import (
-    DEFAULT_FRAME,
-    ENABLE_CONNECT_PROTOCOL,
-    ENABLE_PUSH,
     END_STREAM,
-    HEADER_TABLE_SIZE,
-    INITIAL_WINDOW_SIZE,
-    MAX_FRAME_SIZE,
-    MAX_HEADER_LIST_SIZE,
+    MAX_CONCURRENT_STREAMS,
     PREFACE,
     PROTOCOL_ERROR,
     RST_STREAM,
@@ -62,15 +56,8 @@ class ClientWire(Wire):
         super().__init__(0, max_header_list_size, stream_window)
         self._preface = 0  # the client sends it, and reads none
         self.peer_is_server = True
-        self.local = [
-            (HEADER_TABLE_SIZE, 4096),
-            (ENABLE_PUSH, 0),
-            (INITIAL_WINDOW_SIZE, stream_window),
-            (MAX_FRAME_SIZE, DEFAULT_FRAME),
-            (ENABLE_CONNECT_PROTOCOL, 0),
-            (MAX_HEADER_LIST_SIZE, max_header_list_size),
-        ]
-        """What `h2`'s client sent, in its order."""
+        self.local = [pair for pair in self.local if pair[0] != MAX_CONCURRENT_STREAMS]
+        """What `h2`'s client sent, in its order: the server's, but no stream bound."""
         self.next_stream_id = 1
         self._answered: set[int] = set()
         """Streams whose final head came."""

@@ -1,13 +1,9 @@
-"""One client connection's HTTP/2 frames and stream states (RFC 9113), server side, sans-IO:
-what `h2` did for `H2Connection`, compiled with it.
-
-`h2` and `hyperframe` are pure Python, and they were half an HTTP/2 request's CPU after the
-ingress's own HPACK (`http2.fields`) and header rules (`rules.malformed_request`) took their
-part: some 300 interpreted calls a request, spread over frame objects, flag sets, enum
-lookups and two state machines' tables, none of them a hotspot. Compiling them was tried and
-dropped (docs/design/http2.md). This module does the same work for the one side and the
-one configuration the ingress uses: a server that never pushes, whose HPACK is `http2.fields`
-and whose header rules are `http2.rules`.
+"""One client connection's HTTP/2 frames and stream states (RFC 9113), server side, sans-IO,
+compiled: what `h2` did for `H2Connection`. `h2` and `hyperframe`, pure Python, were half an
+HTTP/2 request's CPU once HPACK and the header rules were the ingress's own (docs/design/
+http2.md, "The framing, compiled"). This does their work for the configuration the ingress
+uses: a server that never pushes, its HPACK `http2.fields`, its header rules `http2.rules`
+(`http2.client`: the same, the roles turned).
 
 It does what `h2` does, rule for rule, and `tests/ingress/http2/test_wire.py` holds it to `h2`
 over real clients' traffic (the same events, the same bytes out) and over hostile frame
@@ -23,9 +19,8 @@ Where `h2` was more lenient than the RFC this keeps it so (a RST_STREAM on an id
 ignored; DATA on a closed stream answered with RST_STREAM, whoever closed it); the frames on
 closed streams are counted (`take_stray`) for the connection's budget.
 
-What a client may hold is bounded by `http2.rules` before this sees the bytes (header blocks,
-budgets of control frames and resets) and by the windows here; a stream past
-MAX_CONCURRENT_STREAMS is the connection's to refuse (`H2Connection._request`).
+What a client may hold is bounded by `http2.rules` before this sees the bytes and by the
+windows here; a stream past MAX_CONCURRENT_STREAMS is `H2Connection._request`'s to refuse.
 """
 
 from __future__ import annotations
@@ -119,12 +114,9 @@ class Event:
         self.remote = remote
         self.code = code
 
-    def __repr__(self) -> str:
-        return (
-            f"Event({self.kind}, {self.stream_id}, headers={self.headers!r}, "
-            f"data={self.data!r}, flow={self.flow}, ended={self.ended}, "
-            f"remote={self.remote}, code={self.code})"
-        )
+    def __repr__(self) -> str:  # (headers, data, flow, ended, remote, code)
+        rest = (self.headers, self.data, self.flow, self.ended, self.remote, self.code)
+        return f"Event({self.kind}, {self.stream_id}, {rest!r})"
 
 
 class Wire(Streams):
@@ -386,9 +378,8 @@ class Wire(Streams):
         if len(payload) % 6:
             raise Fault(FRAME_SIZE_ERROR, "SETTINGS not a multiple of 6 bytes")
         window = -1
-        """The frame's INITIAL_WINDOW_SIZE, its last (as `h2` read it): every stream's window
-        moved once a frame, not once an entry (2,730 entries a frame, 64 streams each: a
-        hostile tester's find)."""
+        """The frame's last INITIAL_WINDOW_SIZE (as `h2` read it): the streams' windows move
+        once a frame, not once an entry (2,730 entries over 64 streams: a hostile find)."""
         for at in range(0, len(payload), 6):
             code = (payload[at] << 8) | payload[at + 1]
             value = u32(payload, at + 2)
