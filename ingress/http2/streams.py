@@ -106,6 +106,10 @@ class Streams:
         self._out.clear()
         return out
 
+    def pending(self) -> int:
+        """Bytes queued, not yet taken by `data_to_send`."""
+        return len(self._out)
+
     def initiate_connection(self) -> None:
         payload = b"".join(
             code.to_bytes(2, "big") + value.to_bytes(4, "big") for code, value in self.local

@@ -30,7 +30,7 @@ import contextlib
 from collections.abc import AsyncIterable, Sequence
 
 from wakeful.aio.deadline import Deadline
-from wakeful.aio.flow import WriteGate
+from wakeful.aio.flow import HIGH_WATER, WriteGate
 from wakeful.ingress.errors import ClosedUnanswered, UpstreamFailed
 from wakeful.ingress.http2.client import ANSWER, ClientWire
 from wakeful.ingress.http2.frames import CANCEL, NO_ERROR, PROTOCOL_ERROR, REFUSED_STREAM
@@ -59,11 +59,12 @@ MAX_STREAMS = 64
 the connection's window holds full streams (a client that reads nothing cannot stall the
 others); the pool opens another connection past it."""
 MAX_UNSENT = 4 * 1024 * 1024
-"""What the ingress's writes to a sandbox may leave unread in its buffer. A request's body
-stops at the write gate's mark; past it only the frames that answer the sandbox's own wait
-(a RST_STREAM for each DATA frame on a closed stream, acknowledgements), from a sandbox that
-sends and reads nothing: its connection is cut (it grew by 180 MB in 8 s: a hostile tester's
-find)."""
+"""What the ingress's writes to a sandbox may leave unread in its buffer. Requests' bodies
+stop at the write gate's mark (`HIGH_WATER`, and what the writers of one turn queue is
+bounded by it too: `_send_body`); past it only the frames that answer the sandbox's own
+wait (a RST_STREAM for each DATA frame on a closed stream, acknowledgements), from a sandbox
+that sends and reads nothing: its connection is cut (it grew by 180 MB in 8 s: a hostile
+tester's find)."""
 MAX_HEAD_BYTES = 64 * 1024
 """An answer's head or trailers, decoded, at most (an HPACK bomb from a sandbox)."""
 
@@ -118,7 +119,7 @@ class H2Upstream(Gated):
             or (seen.resets and not self._resets.spend(seen.resets, now))
             or (seen.windows and not self._windows.spend(seen.windows, now))
         ):
-            flood = "too many PING, SETTINGS, PRIORITY, WINDOW_UPDATE or RST_STREAM frames"
+            flood = "too many frames that carry no answer (PING, SETTINGS, RST_STREAM, ...)"
             self._lost(UpstreamFailed(f"the sandbox sent {flood}"), unanswered=False)
             return
         if seen.goaway_last is not None:  # kept from the wire (the streams it names go on)
@@ -227,6 +228,12 @@ class H2Upstream(Gated):
                 while view:
                     if exchange.closed or exchange._ended or self.closed:
                         return
+                    if (closed := self._writable.waiting()) is not None:
+                        await closed  # the transport is full
+                        continue
+                    if conn.pending() > HIGH_WATER:  # the gate closes only once written:
+                        await asyncio.sleep(0)  # the writers of a turn queue one mark at most
+                        continue
                     window = min(
                         conn.local_flow_control_window(stream_id), conn.max_outbound_frame_size
                     )
@@ -238,8 +245,6 @@ class H2Upstream(Gated):
                     self._windows.give(2)
                     view = view[window:]
                     self.flush()
-                    if (closed := self._writable.waiting()) is not None:
-                        await closed
             if not exchange.closed and not self.closed:
                 conn.end_stream(stream_id)
                 self.flush()

@@ -115,8 +115,11 @@ class H2Exchange(UpstreamResponse):
     def got_data(self, data: bytes, ended: bool) -> str | None:
         """Body bytes; why they break the declared length, if they do."""
         self._received += len(data)
-        if self._expected is not None and self._received > self._expected:
-            return f"a body past its content-length of {self._expected}"
+        expected = self._expected
+        if expected is not None and (
+            self._received > expected or (ended and self._received != expected)
+        ):  # refused before it is taken: the connection counts its bytes as read
+            return f"a body of {self._received} bytes for a content-length of {expected}"
         if data:
             self._chunks.append(data)
             self._wake()
@@ -176,10 +179,12 @@ class H2Exchange(UpstreamResponse):
         head.result()
 
     def _silent(self) -> None:
-        if self.answered:
-            self.fail(UpstreamTimeout(f"the sandbox stayed silent for {self._idle:g} s"))
-        else:
+        """The deadline passed: a wait still pending fails (its event may have come in the
+        same turn, its task not yet woken: then nothing)."""
+        if not self._head.done():
             self.fail(UpstreamTimeout(f"the sandbox did not answer within {self._within:g} s"))
+        elif self._waiter is not None and not self._waiter.done():
+            self.fail(UpstreamTimeout(f"the sandbox stayed silent for {self._idle:g} s"))
 
     def next_nowait(self) -> bytes | None:
         if self._chunks:

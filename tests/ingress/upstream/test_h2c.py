@@ -15,6 +15,7 @@ import h2.config
 import h2.connection
 import h2.errors
 import h2.events
+import h2.settings
 import httpx
 import pytest
 from hyperframe.frame import ContinuationFrame, DataFrame, GoAwayFrame, HeadersFrame, PingFrame
@@ -22,6 +23,7 @@ from hyperframe.frame import ContinuationFrame, DataFrame, GoAwayFrame, HeadersF
 from tests.support.h2sandbox import H2Sandbox, ok
 from tests.support.ingress import Stack, stack
 from tests.support.waiting import eventually
+from wakeful.aio.flow import HIGH_WATER
 from wakeful.domain.models import AppSpec, Concurrency
 from wakeful.ingress.errors import UpstreamFailed
 from wakeful.ingress.http2.rules import CONTROL_BURST
@@ -309,7 +311,7 @@ async def test_answers_past_their_length_give_the_shared_window_back() -> None:
         sandbox.send_headers(exchange.stream_id, [(b":status", b"200"), (b"content-length", b"2")])
         sandbox.send_data(exchange.stream_id, b"b" * 16_000)
         conn.data_received(sandbox.data_to_send())
-        with pytest.raises(UpstreamFailed, match="past its content-length"):
+        with pytest.raises(UpstreamFailed, match="for a content-length of 2"):
             await exchange.next()
         exchange.close()
         await asyncio.sleep(0)
@@ -321,7 +323,19 @@ async def test_answers_past_their_length_give_the_shared_window_back() -> None:
 
 
 class Unread(Recorder):
-    """A transport whose peer reads nothing: every write stays in its buffer."""
+    """A transport whose peer reads nothing: every write stays in its buffer, and past
+    `HIGH_WATER` the protocol is told to pause writing (as uvloop's, so limited)."""
+
+    def __init__(self, protocol: asyncio.Protocol) -> None:
+        super().__init__()
+        self.protocol = protocol
+        self.paused = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        super().write(data)
+        if len(self.written) > HIGH_WATER and not self.paused:
+            self.paused = True
+            self.protocol.pause_writing()
 
     def get_write_buffer_size(self) -> int:
         return len(self.written)
@@ -333,7 +347,7 @@ async def test_a_sandbox_that_reads_nothing_of_the_resets_it_provokes_is_cut() -
     number), so the ingress's buffer grew without end. Past `MAX_UNSENT` unread, the
     connection is cut. A sandbox speaking h2 in memory, no socket."""
     sandbox, conn, _ = await in_memory()
-    unread = Unread()
+    unread = Unread(conn)
     conn.transport = unread
     head = [(b":method", b"GET"), (b":scheme", b"http"), (b":authority", b"a"), (b":path", b"/")]
     exchange = conn.open(head, None, 5.0)
@@ -355,6 +369,81 @@ async def test_a_sandbox_that_reads_nothing_of_the_resets_it_provokes_is_cut() -
     assert len(unread.written) < MAX_UNSENT + 2 * 13 * 10_000
     with pytest.raises(UpstreamFailed, match="unread"):
         await kept.next()
+
+
+async def test_an_answer_ended_short_is_refused_whole_and_its_bytes_read_once() -> None:
+    """A DATA frame that ends its stream short of the Content-Length is refused before it is
+    taken (else the connection acknowledged its bytes twice: once as refused, once read),
+    and one whose HEADERS end it short before its head is (a reviewer's finds)."""
+    sandbox, conn, wire = await in_memory()
+    head = [(b":method", b"GET"), (b":scheme", b"http"), (b":authority", b"a"), (b":path", b"/")]
+    for how in ("data", "head"):
+        exchange = conn.open(head, None, 5.0)
+        await asyncio.sleep(0)
+        sandbox.receive_data(wire.take())
+        fields = [(b":status", b"200"), (b"content-length", b"100000")]
+        sandbox.send_headers(exchange.stream_id, fields, end_stream=how == "head")
+        if how == "data":
+            sandbox.send_data(exchange.stream_id, b"b" * 16_000, end_stream=True)
+        conn.data_received(sandbox.data_to_send())
+        if how == "head":
+            with pytest.raises(UpstreamFailed, match="content-length of 100000"):
+                await exchange.wait_head(5.0)
+        else:
+            await exchange.wait_head(5.0)
+            with pytest.raises(UpstreamFailed, match="content-length of 100000"):
+                await exchange.next()
+        assert exchange.drop_unread() == 0  # nothing of it taken
+        exchange.close()
+    window = conn._wire.inbound
+    assert window.current + window.processed == 16 * 1024 * 1024
+
+
+async def test_uploads_that_burst_together_are_not_taken_for_a_sandbox_that_reads_nothing() -> None:
+    """64 calls whose bodies are all there at once, to a sandbox whose windows grew to 16 MiB
+    (grpc-go's and tonic's bandwidth probes do) and whose socket is full for a moment: the
+    writers of a turn queue at most `HIGH_WATER` before the write gate closes, so their
+    bytes never reach `MAX_UNSENT` (4 MiB in one write cut a healthy sandbox off: a
+    reviewer's find)."""
+    sandbox, conn, wire = await in_memory()
+    sandbox.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 1 << 20})
+    sandbox.increment_flow_control_window(16 * 1024 * 1024)
+    conn.data_received(sandbox.data_to_send())
+    await asyncio.sleep(0)
+    sandbox.receive_data(wire.take())
+    unread = Unread(conn)
+    conn.transport = unread
+
+    async def body() -> AsyncIterator[bytes]:
+        for _ in range(4):
+            yield b"u" * 16384
+
+    head = [(b":method", b"POST"), (b":scheme", b"http"), (b":authority", b"a"), (b":path", b"/")]
+    for _ in range(64):
+        conn.open(head, body(), 30.0)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not conn.closed
+    assert 0 < len(unread.written) < 2 * HIGH_WATER
+
+
+async def test_an_answer_in_the_turn_its_deadline_passes_is_taken() -> None:
+    """The head read in the same turn of the loop as the deadline's timer, just before it:
+    the wait it ended is over, so the timer fails nothing (it failed the call mid-body)."""
+    sandbox, conn, wire = await in_memory()
+    head = [(b":method", b"GET"), (b":scheme", b"http"), (b":authority", b"a"), (b":path", b"/")]
+    exchange = conn.open(head, None, 5.0)
+    await asyncio.sleep(0)
+    sandbox.receive_data(wire.take())
+    waiting = asyncio.ensure_future(exchange.wait_head(0.05))
+    await asyncio.sleep(0)
+    sandbox.send_headers(exchange.stream_id, [(b":status", b"200")])
+    loop = asyncio.get_running_loop()
+    loop.call_at(exchange._silence._armed - 1e-9, conn.data_received, sandbox.data_to_send())
+    await waiting
+    await asyncio.sleep(0.1)
+    assert exchange._error is None and exchange.status == 200
+    exchange.close()
 
 
 async def test_a_sandbox_that_pings_for_each_frame_it_is_sent_keeps_its_connection() -> None:
