@@ -150,7 +150,9 @@ class H2Connection(asyncio.Protocol):
             self._control.give(sent)
         if seen.control and not self._control.spend(seen.control, now):
             self._goaway(
-                _CALM, "too many PING, SETTINGS, PRIORITY or empty DATA frames", "control-frames"
+                _CALM,
+                "too many PING, SETTINGS, PRIORITY, empty DATA or CONTINUATION frames",
+                "control-frames",
             )
             return
         if seen.resets and not self._resets.spend(seen.resets, now):

@@ -85,6 +85,9 @@ def test_the_scan_counts_control_frames_and_resets_across_any_split() -> None:
         SettingsFrame(0, flags=["ACK"]),  # an acknowledgement: counted (one is due)
         PingFrame(0, opaque_data=b"12345678"),
         PriorityFrame(3, depends_on=0, stream_weight=1),
+        _headers(3, 20, set()),
+        ContinuationFrame(3, data=b""),  # nothing in it: counted (no byte bound counts it)
+        ContinuationFrame(3, data=b"x" * 5, flags=["END_HEADERS"]),  # bytes: the block's bound
         _headers(1, 20, {"END_HEADERS"}),
         DataFrame(1, data=b""),  # empty, not the end: counted
         DataFrame(1, data=b"", flags=["END_STREAM"]),  # empty but the end: not
@@ -102,7 +105,7 @@ def test_the_scan_counts_control_frames_and_resets_across_any_split() -> None:
             assert seen.refusal is None
             control += seen.control
             resets += seen.resets
-        assert (control, resets) == (6, 2), step
+        assert (control, resets) == (7, 2), step
 
 
 def test_the_clients_goaway_is_taken_out_of_what_the_wire_gets_however_it_is_split() -> None:
