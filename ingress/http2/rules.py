@@ -403,8 +403,8 @@ def request_head(
         elif name == b"te":
             if value.strip().lower() == b"trailers":
                 out.append((name, b"trailers"))
-        elif name == b"content-length":  # digits, fewer than an int64's (llhttp's bound)
-            declared = int(value) if value.isdigit() and len(value) <= 18 else -1
+        elif name == b"content-length":
+            declared = content_length(value)
             if length is None:
                 length = declared
                 out.append((name, value))
@@ -436,6 +436,12 @@ def request_head(
     if name:
         out.insert(0, (b"host", name))
     return method.decode("latin-1"), path, out, length
+
+
+def content_length(value: bytes) -> int:
+    """A Content-Length's value, or -1 when it is none: digits only (no sign, no space), fewer
+    than an int64's (llhttp's bound); a request's (`request_head`) and an h2c answer's."""
+    return int(value) if value.isdigit() and len(value) <= 18 else -1
 
 
 def fit_for_http1(name: bytes, value: bytes) -> bool:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from wakeful.aio.deadline import Deadline
 from wakeful.ingress.errors import UpstreamTimeout
-from wakeful.ingress.http2.rules import fit_for_http1
+from wakeful.ingress.http2.rules import content_length, fit_for_http1
 from wakeful.ingress.transport import UpstreamResponse
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ class H2Exchange(UpstreamResponse):
             if name == b":status":
                 status = value
             elif name == b"content-length":  # what the body is held to (RFC 9113 §8.1.1)
-                declared = int(value) if value.isdigit() and len(value) <= 18 else -1
+                declared = content_length(value)
                 if declared < 0 or (length is not None and declared != length):
                     return f"a content-length of {value[:40]!r}, or two that differ"
                 length = declared

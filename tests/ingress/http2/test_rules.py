@@ -25,6 +25,7 @@ from wakeful.ingress.http2.rules import (
     PREFACE,
     Budget,
     FrameScan,
+    content_length,
     fit_for_http1,
     request_head,
     sniff,
@@ -364,6 +365,28 @@ def test_code_name(code: int, name: str) -> None:
     assert code_name(code) == name
     if code <= 16:  # the constants the ingress answers with are gRPC's numbers
         assert getattr(grpc, name, code) == code
+
+
+@pytest.mark.parametrize(
+    ("value", "length"),
+    [
+        (b"0", 0),
+        (b"42", 42),
+        (b"007", 7),
+        (b"9" * 18, 10**18 - 1),
+        (b"1" + b"0" * 18, -1),  # 19 digits: past an int64's bound
+        (b"9" * 5000, -1),  # never parsed (int() of it raised out of the connection once)
+        (b"", -1),
+        (b"+2", -1),
+        (b"-1", -1),
+        (b" 2", -1),
+        (b"2,2", -1),
+        (b"2_0", -1),
+        ("\u0663".encode(), -1),  # a digit to str.isdigit, not to bytes.isdigit
+    ],
+)
+def test_content_length(value: bytes, length: int) -> None:
+    assert content_length(value) == length
 
 
 @pytest.mark.parametrize(
