@@ -256,6 +256,11 @@ class Recorder(asyncio.Transport):
         self.closed = True
 
 
+GET = [(b":method", b"GET"), (b":scheme", b"http"), (b":authority", b"a"), (b":path", b"/")]
+POST = [(b":method", b"POST"), (b":scheme", b"http"), (b":authority", b"a"), (b":path", b"/")]
+"""Request heads for the connection in memory (`in_memory`)."""
+
+
 async def in_memory() -> tuple[Conn, H2Upstream, Recorder]:
     """An h2c connection of the ingress to a sandbox speaking h2 in memory (no socket), past
     its preface and settings: (the sandbox, the connection, what it writes)."""
@@ -279,9 +284,8 @@ async def test_answers_nobody_reads_give_the_shared_window_back() -> None:
     on the connection would stall). A sandbox speaking h2 in memory, no socket."""
     sandbox, conn, wire = await in_memory()
     full = sandbox.outbound_flow_control_window
-    head = [(b":method", b"GET"), (b":scheme", b"http"), (b":authority", b"a"), (b":path", b"/")]
     for _ in range(100):
-        exchange = conn.open(head, None, 5.0)
+        exchange = conn.open(GET, None, 5.0)
         await asyncio.sleep(0)
         sandbox.receive_data(wire.take())
         sandbox.send_headers(exchange.stream_id, [(b":status", b"200")])
@@ -303,9 +307,8 @@ async def test_answers_past_their_length_give_the_shared_window_back() -> None:
     hostile tester's find). A sandbox speaking h2 in memory, no socket."""
     sandbox, conn, wire = await in_memory()
     full = sandbox.outbound_flow_control_window
-    head = [(b":method", b"GET"), (b":scheme", b"http"), (b":authority", b"a"), (b":path", b"/")]
     for _ in range(100):
-        exchange = conn.open(head, None, 5.0)
+        exchange = conn.open(GET, None, 5.0)
         await asyncio.sleep(0)
         sandbox.receive_data(wire.take())
         sandbox.send_headers(exchange.stream_id, [(b":status", b"200"), (b"content-length", b"2")])
@@ -349,9 +352,8 @@ async def test_a_sandbox_that_reads_nothing_of_the_resets_it_provokes_is_cut() -
     sandbox, conn, _ = await in_memory()
     unread = Unread(conn)
     conn.transport = unread
-    head = [(b":method", b"GET"), (b":scheme", b"http"), (b":authority", b"a"), (b":path", b"/")]
-    exchange = conn.open(head, None, 5.0)
-    kept = conn.open(head, None, 5.0)  # another call keeps the connection in use
+    exchange = conn.open(GET, None, 5.0)
+    kept = conn.open(GET, None, 5.0)  # another call keeps the connection in use
     sandbox.receive_data(Recorder.take(unread))
     await asyncio.sleep(0)
     sandbox.receive_data(Recorder.take(unread))
@@ -376,9 +378,8 @@ async def test_an_answer_ended_short_is_refused_whole_and_its_bytes_read_once() 
     taken (else the connection acknowledged its bytes twice: once as refused, once read),
     and one whose HEADERS end it short before its head is (a reviewer's finds)."""
     sandbox, conn, wire = await in_memory()
-    head = [(b":method", b"GET"), (b":scheme", b"http"), (b":authority", b"a"), (b":path", b"/")]
     for how in ("data", "head"):
-        exchange = conn.open(head, None, 5.0)
+        exchange = conn.open(GET, None, 5.0)
         await asyncio.sleep(0)
         sandbox.receive_data(wire.take())
         fields = [(b":status", b"200"), (b"content-length", b"100000")]
@@ -418,9 +419,8 @@ async def test_uploads_that_burst_together_are_not_taken_for_a_sandbox_that_read
         for _ in range(4):
             yield b"u" * 16384
 
-    head = [(b":method", b"POST"), (b":scheme", b"http"), (b":authority", b"a"), (b":path", b"/")]
     for _ in range(64):
-        conn.open(head, body(), 30.0)
+        conn.open(POST, body(), 30.0)
     for _ in range(20):
         await asyncio.sleep(0)
     assert not conn.closed
@@ -431,8 +431,7 @@ async def test_an_answer_in_the_turn_its_deadline_passes_is_taken() -> None:
     """The head read in the same turn of the loop as the deadline's timer, just before it:
     the wait it ended is over, so the timer fails nothing (it failed the call mid-body)."""
     sandbox, conn, wire = await in_memory()
-    head = [(b":method", b"GET"), (b":scheme", b"http"), (b":authority", b"a"), (b":path", b"/")]
-    exchange = conn.open(head, None, 5.0)
+    exchange = conn.open(GET, None, 5.0)
     await asyncio.sleep(0)
     sandbox.receive_data(wire.take())
     waiting = asyncio.ensure_future(exchange.wait_head(0.05))
@@ -458,8 +457,7 @@ async def test_a_sandbox_that_pings_for_each_frame_it_is_sent_keeps_its_connecti
         for _ in range(frames):
             yield b"x"  # a DATA frame each
 
-    head = [(b":method", b"POST"), (b":scheme", b"http"), (b":authority", b"a"), (b":path", b"/")]
-    conn.open(head, upload(), 5.0)
+    conn.open(POST, upload(), 5.0)
     for _ in range(5):
         await asyncio.sleep(0)
     sandbox.receive_data(wire.take())
