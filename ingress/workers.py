@@ -36,14 +36,12 @@ import logging
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import anyio
-import anyio.abc
 import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.metrics_core import Metric
@@ -51,6 +49,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
+from wakeful.aio.spawn import Child, spawn
 from wakeful.ingress.edge import AdminEdge
 from wakeful.ingress.http1 import HttpServer, Limits
 from wakeful.ingress.nodestreams import default_replica_name
@@ -145,7 +144,7 @@ class Worker:
     index: int
     env: dict[str, str]
     admin: str
-    process: anyio.abc.Process | None = None
+    process: Child | None = None
     ready: bool = False
     ever_ready: bool = False
     up: bool = False
@@ -237,14 +236,13 @@ class Supervisor:
         pause: float | None = None
         while not self.stopping:
             started = self.clock()
-            with anyio.CancelScope(shield=True):  # a child forked is always waited for
-                process = worker.process = await anyio.open_process(
+            with anyio.CancelScope(shield=True):  # a child started is always waited for
+                process = worker.process = await spawn(  # vfork, not a fork of this process
                     self.command,
+                    cwd=os.getcwd(),
                     env={**self.environ, **worker.env},
-                    stdin=subprocess.DEVNULL,
                     stdout=None,
                     stderr=None,
-                    start_new_session=True,
                 )
             if self.stopping:  # the stop began while it was forked: `run` may not see it
                 await self._stop([worker])

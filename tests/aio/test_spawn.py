@@ -8,14 +8,22 @@ a deploy's image then "failed to boot". The last test keeps every such call out 
 from __future__ import annotations
 
 import ast
+import asyncio
+import concurrent.futures
+import contextlib
+import gc
+import glob
+import io
 import os
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
 import pytest
+import uvloop
 
-from wakeful.aio.spawn import TAIL_BYTES, run_tool
+from wakeful.aio.spawn import TAIL_BYTES, connect_read_pipe, connect_write_pipe, run_tool
 
 pytestmark = pytest.mark.anyio
 
@@ -93,10 +101,173 @@ def test_the_scan_finds_each_forking_call() -> None:
     assert forking_calls(ast.parse(code)) == [1, 2, 3, 4]
 
 
+def sources() -> list[Path]:
+    """Every module of the package, the linked folders' (activator/, ingress/, ...) with them:
+    `Path.rglob` does not go into a linked folder in Python 3.11, `glob` does."""
+    return [Path(name) for name in glob.glob(str(WAKEFUL / "**" / "*.py"), recursive=True)]
+
+
+def test_the_sources_take_in_the_linked_folders() -> None:
+    assert WAKEFUL / "ingress" / "workers.py" in sources()
+
+
 def test_no_piece_starts_a_child_through_a_fork_of_itself() -> None:
     found = {
         f"{path.relative_to(WAKEFUL.parent)}:{line}"
-        for path in WAKEFUL.rglob("*.py")
+        for path in sources()
         for line in forking_calls(ast.parse(path.read_text(), str(path)))
     }
     assert not found, f"start these through wakeful.aio.spawn instead: {sorted(found)}"
+
+
+class Probe(io.FileIO):
+    """A pipe's file object that opens a pipe of its own (the canary) as it closes: the lowest
+    free numbers, so the number of a descriptor closed just before, if there is one. A second
+    close of that number then closes the canary (uvloop's transports did: libuv closed the
+    descriptor, then the file object closed the same number again)."""
+
+    def __init__(self, fd: int, mode: str) -> None:
+        super().__init__(fd, mode)
+        self.canaries: list[int] = []
+
+    def close(self) -> None:
+        if not self.closed:
+            self.canaries += os.pipe()
+        super().close()
+
+
+def closed_once(probes: list[Probe]) -> None:
+    """The one probe was closed, and no number after it: its canaries are all open."""
+    (probe,) = probes
+    assert probe.closed and probe.canaries
+    assert all(alive(fd) for fd in probe.canaries), "a number was closed twice"
+    for fd in probe.canaries:
+        os.close(fd)
+
+
+def alive(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def on_its_loop(kind: str, main: Callable[[], Awaitable[None]]) -> None:
+    """`main` on a new loop of that kind (uvloop, as the pieces run; asyncio's own, as the
+    tests do), in a thread of its own: not the session's loop."""
+
+    async def run() -> None:
+        await main()
+
+    runner = uvloop.run if kind == "uvloop" else asyncio.run
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(runner, run()).result(timeout=10)
+
+
+class Ends(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.lost = asyncio.get_running_loop().create_future()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost.set_result(None)
+
+
+@pytest.mark.parametrize("kind", ["uvloop", "asyncio"])
+def test_a_read_pipe_is_closed_once(kind: str) -> None:
+    probes: list[Probe] = []
+
+    async def main() -> None:
+        read_end, write_end = os.pipe()
+        probe = Probe(read_end, "rb")
+        probes.append(probe)
+        pipe = os.fstat(read_end)
+        transport, ends = await connect_read_pipe(asyncio.get_running_loop(), Ends, probe)
+        given = transport.get_extra_info("pipe").fileno()
+        os.close(write_end)  # the end: the transport closes
+        await ends.lost
+        del transport
+        gc.collect()
+        if alive(given):  # closed, or since another file's: not the pipe's any more
+            assert os.fstat(given).st_ino != pipe.st_ino
+
+    on_its_loop(kind, main)
+    closed_once(probes)
+
+
+@pytest.mark.parametrize("kind", ["uvloop", "asyncio"])
+def test_a_write_pipe_is_closed_once(kind: str) -> None:
+    probes: list[Probe] = []
+
+    async def main() -> None:
+        read_end, write_end = os.pipe()
+        probe = Probe(write_end, "wb")
+        probes.append(probe)
+        transport, ends = await connect_write_pipe(asyncio.get_running_loop(), Ends, probe)
+        transport.write(b"said")
+        transport.close()
+        await ends.lost
+        assert os.read(read_end, 64) == b"said"
+        assert os.read(read_end, 64) == b""  # the write end is closed
+        os.close(read_end)
+        del transport
+        gc.collect()
+
+    on_its_loop(kind, main)
+    closed_once(probes)
+
+
+def holding(inode: int) -> list[int]:
+    """The descriptors of this process open on that inode."""
+    found = []
+    for fd in map(int, os.listdir("/proc/self/fd")):
+        with contextlib.suppress(OSError):
+            if os.fstat(fd).st_ino == inode:
+                found.append(fd)
+    return found
+
+
+@pytest.mark.parametrize("kind", ["uvloop", "asyncio"])
+def test_a_pipe_whose_connecting_is_cancelled_is_closed_once(kind: str) -> None:
+    probes: list[Probe] = []
+
+    async def main() -> None:
+        read_end, write_end = os.pipe()
+        inode = os.fstat(read_end).st_ino
+        probe = Probe(read_end, "rb")
+        probes.append(probe)
+        loop = asyncio.get_running_loop()
+        connecting = loop.create_task(connect_read_pipe(loop, Ends, probe))
+        await asyncio.sleep(0)  # it steps to its wait for the transport, made by now
+        connecting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await connecting
+        for _ in range(3):  # asyncio's transport closes its file a turn later
+            await asyncio.sleep(0)
+        gc.collect()
+        assert holding(inode) == [write_end]
+        os.close(write_end)
+
+    on_its_loop(kind, main)
+    closed_once(probes)
+
+
+@pytest.mark.parametrize("kind", ["uvloop", "asyncio"])
+def test_a_tool_run_on_either_loop_says_what_it_said(kind: str) -> None:
+    async def main() -> None:
+        done = await run_tool([sys.executable, "-c", "print('one'); print('two')"])
+        assert (done.returncode, done.last_line()) == (0, "two")
+
+    on_its_loop(kind, main)
+
+
+def test_no_piece_connects_a_pipe_but_through_spawn() -> None:
+    found = [
+        f"{path.relative_to(WAKEFUL.parent)}:{node.lineno}"
+        for path in sources()
+        if path.name != "spawn.py"
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Attribute)
+        and node.attr in ("connect_read_pipe", "connect_write_pipe")
+    ]
+    assert not found, f"uvloop closes the descriptor twice: use wakeful.aio.spawn's {found}"

@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 import wakeful.ingress.workers as workers_module
+from wakeful.aio.spawn import Child
 from wakeful.ingress.ports import Closing, reserve, reserved
 from wakeful.ingress.settings import IngressSettings, split_address
 from wakeful.ingress.workerrules import HUNG, hung, restart_pause, share, shifted
@@ -306,20 +307,20 @@ async def test_workers_are_seen_ready_with_a_proxy_in_the_environment(
 async def test_a_stop_while_a_worker_is_being_spawned_still_stops_and_waits_for_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A stop that lands while a worker is being forked (one turn of the loop at least,
+    """A stop that lands while a worker is being started (its pipes attached to the loop,
     widened here) still stops that worker and waits for it before `supervise` returns."""
-    spawned: list[anyio.abc.Process] = []
+    spawned: list[Child] = []
     forked = anyio.Event()
-    real = anyio.open_process
+    real = workers_module.spawn
 
-    async def slow_open_process(*args: Any, **kwargs: Any) -> anyio.abc.Process:
+    async def slow_spawn(*args: Any, **kwargs: Any) -> Child:
         process = await real(*args, **kwargs)
         spawned.append(process)
         forked.set()
-        await anyio.sleep(0.3)  # the await between fork and the Process coming back
+        await anyio.sleep(0.3)  # the await between its start and the Child coming back
         return process
 
-    monkeypatch.setattr(workers_module.anyio, "open_process", slow_open_process)
+    monkeypatch.setattr(workers_module, "spawn", slow_spawn)
     settings = IngressSettings(
         listen=f"127.0.0.1:{free_port()}",
         admin_listen=f"127.0.0.1:{free_port()}",

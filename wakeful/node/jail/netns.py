@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import logging
 import os
 import shutil
@@ -50,7 +51,7 @@ from pathlib import Path
 
 import anyio
 
-from wakeful.aio.spawn import STDOUT, Child, spawn
+from wakeful.aio.spawn import STDOUT, Child, connect_read_pipe, spawn
 
 from . import IsolationUnavailable
 from .bwrap import CHAIN_ENV
@@ -310,15 +311,14 @@ async def _start_pasta(argv: list[str], net_uid: int) -> tuple[Child, asyncio.Re
     finally:
         os.close(write_end)
     try:
-        pipe = os.fdopen(read_end, "rb", buffering=0)
+        pipe = io.FileIO(read_end, "rb")  # closes nothing it was given when it fails
     except BaseException:
         os.close(read_end)
         await _kill(pasta)
         raise
     try:
-        transport, output = await loop.connect_read_pipe(_Output, pipe)
-    except BaseException:
-        pipe.close()
+        transport, output = await connect_read_pipe(loop, _Output, pipe)
+    except BaseException:  # the pipe is closed
         await _kill(pasta)
         raise
     try:
