@@ -112,8 +112,10 @@ class ImageStarts:
                 fds.append(seccomp_fd)
             slot_fd = memfile("slot_main", slot_main())
             fds.append(slot_fd)
-            etc = {"hosts": memfile("hosts", HOSTS), "resolv.conf": memfile("resolv", _resolv())}
-            fds += etc.values()
+            etc: dict[str, int] = {}
+            for name, data in (("hosts", HOSTS), ("resolv.conf", _resolv())):
+                etc[name] = memfile(name, data)
+                fds.append(etc[name])  # each closed below, whatever fails after it
             argv = jail.image_command(
                 list(command),
                 jailed.mounted,

@@ -145,28 +145,36 @@ class ProcessRuntime:
                     pool, slot, command, env, _placer(workdir, packed), log_path, identity
                 )
             jailed = await asyncio.to_thread(self._enter, workdir, identity, packed)
-            env_fd = memfile("env", env_script(dict(env)))
-            if jailed.uid is not None:  # read by the chain's last step, as the app's uid
-                os.fchown(env_fd, jailed.uid, jailed.uid)
-            fds = (env_fd,)
-            seccomp_fd = None
-            if self._jail.seccomp is not None:
-                seccomp_fd = memfile("seccomp", self._jail.seccomp)
-                fds += (seccomp_fd,)
-            slot_fd = None
-            if self._jail.scope:  # the scope step runs the slot program
-                slot_fd = memfile("slot_main", slot_main())
-                fds += (slot_fd,)
-            argv = self._jail.command(
-                list(command),
-                workdir if jailed.mounted is None else jailed.mounted,
-                identity.limits,
-                jailed.uid,
-                jailed.cgroup,
-                env_fd,
-                seccomp_fd,
-                slot_fd,
-            )
+            made: list[int] = []
+            try:  # each made is closed, and the tree released, whatever fails before the start
+                env_fd = memfile("env", env_script(dict(env)))
+                made.append(env_fd)
+                if jailed.uid is not None:  # read by the chain's last step, as the app's uid
+                    os.fchown(env_fd, jailed.uid, jailed.uid)
+                seccomp_fd = None
+                if self._jail.seccomp is not None:
+                    seccomp_fd = memfile("seccomp", self._jail.seccomp)
+                    made.append(seccomp_fd)
+                slot_fd = None
+                if self._jail.scope:  # the scope step runs the slot program
+                    slot_fd = memfile("slot_main", slot_main())
+                    made.append(slot_fd)
+                argv = self._jail.command(
+                    list(command),
+                    workdir if jailed.mounted is None else jailed.mounted,
+                    identity.limits,
+                    jailed.uid,
+                    jailed.cgroup,
+                    env_fd,
+                    seccomp_fd,
+                    slot_fd,
+                )
+            except BaseException:
+                for fd in made:
+                    os.close(fd)
+                jailed.release()
+                raise
+            fds = tuple(made)
             chain_env, cwd = dict(CHAIN_ENV), Path("/")
         try:
             process = await spawn(argv, cwd=cwd, env=chain_env, pass_fds=fds)

@@ -250,6 +250,7 @@ class SlotPool:
         seccomp = self._jail.seccomp
         fds: list[int] = []
         slot: Slot | None = None
+        ready: int | None = None
         try:
             cgroup.create(IDLE_LIMITS)
             mount_sandbox_fs(home / "fs", IDLE_LIMITS.disk)
@@ -277,6 +278,8 @@ class SlotPool:
         finally:
             for fd in fds:
                 os.close(fd)
+            if slot is None and ready is not None:  # the slot's once it is made, not before
+                os.close(ready)
         if slot is None:
             cgroup.remove()
             remove_home(home)
