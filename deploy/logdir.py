@@ -161,7 +161,11 @@ class LogDir:
         if self._thread is not None:
             self._queue.put(_STOP)
             self._thread.join(timeout=30)
-            self._thread = None
+            stuck, self._thread = self._thread.is_alive(), None
+            if stuck:  # its files are its own while it may still write to them: a number
+                # closed under it could be another file's by its next write
+                log.warning("the log writer did not stop within 30 s; its files are left open")
+                return
         for current in self._open.values():
             self._handles.release(current)
         self._open.clear()
