@@ -101,7 +101,8 @@ class IngressMetrics:
             "wakeful_ingress_connections_refused",
             "Client connections refused or closed for what their client did (HTTP/2's: "
             "http2_connections_cut_off), by reason: connections (past the bound), "
-            "tls-handshake, malformed, head-too-large, slow-head, framing",
+            "tls-handshake, plain-http (on the TLS port), malformed, head-too-large, slow-head, "
+            "framing",
             ["reason"],
             registry=registry,
         )

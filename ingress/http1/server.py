@@ -85,8 +85,9 @@ class HttpServer:
         told why each HTTP/2 connection ended for what its client did (the metrics);
         `refused`, why each other connection was refused or closed for it: `connections`
         (past `max_connections`), `tls-handshake` (failed, or past its deadline),
-        `malformed`, `head-too-large`, `slow-head`, `framing` (a body's chunk framing or
-        trailers past the head's bound)."""
+        `plain-http` (plain HTTP on the TLS port, answered 400), `malformed`,
+        `head-too-large`, `slow-head`, `framing` (a body's chunk framing or trailers past
+        the head's bound)."""
         self.handler = handler
         self.limits = limits
         self.tls = tls

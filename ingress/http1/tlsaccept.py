@@ -1,6 +1,8 @@
 """The TLS listener's accepts: each connection counted against `max_connections` from its
 accept, its handshake done by the loop's TLS (`connect_accepted_socket`) within the head's
-deadline, then a `ClientConnection` on it.
+deadline, then a `ClientConnection` on it. A connection whose first byte is a request line's
+(plain HTTP sent to the TLS port) is answered 400 with the reason instead, as nginx does: the
+handshake would have failed and closed it without a word.
 
 With `create_server(ssl=...)` the loop counted nothing until a handshake was done, and a
 handshake under way holds a descriptor and the TLS state (about 50 KB): 20,000 clients that
@@ -137,6 +139,21 @@ class TlsAccept:
             except OSError:  # the client is gone already
                 conn.close()
                 return
+            deadline = loop.time() + server.limits.head_timeout
+            try:
+                async with asyncio.timeout_at(deadline):
+                    first = await _first_byte(loop, conn)
+            except (OSError, TimeoutError):  # gone, or silent past the head's deadline
+                conn.close()
+                server.refused("tls-handshake")
+                return
+            except BaseException:  # cancelled (`close`): still this task's to close
+                conn.close()
+                raise
+            if first.isupper():  # a request line's method: TLS opens with 0x16 (or >= 0x80)
+                server.refused("plain-http")
+                _answer_plain_http(conn)
+                return
             # From here the loop's transport owns `conn`, and closes it when this fails: a
             # handshake that failed (ssl.SSLError is an OSError), a timeout, a client gone.
             try:
@@ -144,7 +161,7 @@ class TlsAccept:
                     lambda: ClientConnection(server, loop),
                     conn,
                     ssl=server.tls,
-                    ssl_handshake_timeout=server.limits.head_timeout,
+                    ssl_handshake_timeout=max(deadline - loop.time(), 0.001),
                 )
             except (OSError, TimeoutError):
                 server.refused("tls-handshake")
@@ -170,6 +187,53 @@ class TlsAccept:
         if self._spare is not None:
             os.close(self._spare)
             self._spare = None
+
+
+async def _first_byte(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> bytes:
+    """The connection's first byte, left where the handshake reads it (`MSG_PEEK`); raises
+    `ConnectionError` when the client left first."""
+    readable: asyncio.Future[None] = loop.create_future()
+
+    def ready() -> None:
+        if not readable.done():
+            readable.set_result(None)
+
+    loop.add_reader(conn.fileno(), ready)
+    try:
+        await readable
+    finally:
+        loop.remove_reader(conn.fileno())
+    first = conn.recv(1, socket.MSG_PEEK)
+    if not first:
+        raise ConnectionResetError("the client left before its handshake")
+    return first
+
+
+PLAIN_HTTP_BODY: Final = (
+    b"This is an HTTPS port: the request came as plain HTTP. Use an https:// address.\n"
+)
+PLAIN_HTTP_ANSWER: Final = (
+    b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(PLAIN_HTTP_BODY), PLAIN_HTTP_BODY)
+)
+"""What a plain HTTP request on the TLS port is answered (nginx answers it 400 too), where the
+handshake would fail and close without a word: the client sees why."""
+PLAIN_HTTP_READ: Final = 16384
+"""What of the request is read (and dropped) before the answer: a close with unread bytes
+resets the connection, and a reset can take the answer with it."""
+
+
+def _answer_plain_http(conn: socket.socket) -> None:
+    """`PLAIN_HTTP_ANSWER`, without waiting: the request's bytes there now are read first,
+    the answer is small enough for the socket's buffer, and what does not fit is dropped."""
+    try:
+        conn.recv(PLAIN_HTTP_READ)
+        conn.send(PLAIN_HTTP_ANSWER)
+        conn.shutdown(socket.SHUT_WR)
+    except OSError:  # the client is gone, or its buffer is full: it gets the close alone
+        pass
+    finally:
+        conn.close()
 
 
 def _spare() -> int | None:

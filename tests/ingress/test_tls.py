@@ -343,6 +343,36 @@ def test_out_of_descriptors_a_queued_connection_is_told_at_once(pki: tuple[Path,
             server.kill()
 
 
+def plain_http(port: int, request: bytes) -> bytes:
+    """What the server says to `request` sent as plain HTTP, to its end."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as raw:
+        raw.sendall(request)
+        answer = b""
+        while chunk := raw.recv(65536):
+            answer += chunk
+    return answer
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_plain_http_on_the_tls_port_is_answered_400_with_the_reason(
+    pki: tuple[Path, Path], loop: str
+) -> None:
+    """As nginx does, where the handshake would fail and close without a word; a request
+    whose first byte came alone is told the same, and a TLS client after it is served."""
+    ca, certs = pki
+    refused: list[str] = []
+    with tls_server(LOOPS[loop], certs, refused) as port:
+        for request in (b"GET / HTTP/1.1\r\nHost: shop.example.com\r\n\r\n", b"P"):
+            answer = plain_http(port, request)
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 400 Bad Request\r\n"), answer
+            assert b"content-length: %d" % len(body) in head
+            assert b"https://" in body
+        assert refused == ["plain-http", "plain-http"]
+        _, answer = fetch(port, ca, "shop.example.com")
+        assert answer.startswith(b"HTTP/1.1 200 "), answer
+
+
 def closed_within(port: int, seconds: float) -> float:
     """Seconds until the server closes a connection that never sends a byte."""
     with socket.create_connection(("127.0.0.1", port), timeout=seconds) as raw:
@@ -368,3 +398,13 @@ async def test_a_handshake_that_never_starts_is_closed_at_the_heads_deadline(
             assert s.sample("connections_refused_total", reason="tls-handshake") == 1
             _, answer = await anyio.to_thread.run_sync(fetch, port, ca, "shop.example.com")
             assert answer.startswith(b"HTTP/1.1 200 "), answer
+
+
+async def test_the_ingress_counts_plain_http_on_its_tls_port(pki: tuple[Path, Path]) -> None:
+    _, certs = pki
+    with sandbox_recording([]) as sandbox:
+        async with stack({"s1": sandbox.port}, tls_listen="127.0.0.1:0", tls_dir=certs) as s:
+            request = b"GET / HTTP/1.1\r\nHost: hello.localhost\r\n\r\n"
+            answer = await anyio.to_thread.run_sync(plain_http, s.ingress.tls_address[1], request)
+            assert answer.startswith(b"HTTP/1.1 400 "), answer
+            assert s.sample("connections_refused_total", reason="plain-http") == 1
