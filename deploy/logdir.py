@@ -157,15 +157,16 @@ class LogDir:
 
     def stop(self) -> None:
         """Write what is queued, then stop the thread (open segments stay open: the next
-        writer closes them)."""
+        writer closes them). A thread still writing after 30 s (a stalled disk) keeps its
+        files, and is looked for again by the next call."""
         if self._thread is not None:
             self._queue.put(_STOP)
             self._thread.join(timeout=30)
-            stuck, self._thread = self._thread.is_alive(), None
-            if stuck:  # its files are its own while it may still write to them: a number
-                # closed under it could be another file's by its next write
+            if self._thread.is_alive():  # its files are its own while it may still write to
+                # them: a number closed under it could be another file's by its next write
                 log.warning("the log writer did not stop within 30 s; its files are left open")
                 return
+            self._thread = None
         for current in self._open.values():
             self._handles.release(current)
         self._open.clear()

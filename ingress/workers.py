@@ -239,12 +239,12 @@ class Supervisor:
             with anyio.CancelScope(shield=True):  # a child started is always waited for
                 process = worker.process = await spawn(  # vfork, not a fork of this process
                     self.command,
-                    cwd=os.getcwd(),
+                    cwd=None,
                     env={**self.environ, **worker.env},
                     stdout=None,
                     stderr=None,
                 )
-            if self.stopping:  # the stop began while it was forked: `run` may not see it
+            if self.stopping:  # the stop began while it was started: `run` may not see it
                 await self._stop([worker])
             code = await process.wait()
             worker.process, worker.ready, worker.up, worker.silent_since = None, False, False, None

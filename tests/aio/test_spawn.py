@@ -23,7 +23,13 @@ import anyio
 import pytest
 import uvloop
 
-from wakeful.aio.spawn import TAIL_BYTES, connect_read_pipe, connect_write_pipe, run_tool
+from wakeful.aio.spawn import (
+    TAIL_BYTES,
+    _LoopOwned,
+    connect_read_pipe,
+    connect_write_pipe,
+    run_tool,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -181,15 +187,18 @@ def test_a_read_pipe_is_closed_once(kind: str) -> None:
         read_end, write_end = os.pipe()
         probe = Probe(read_end, "rb")
         probes.append(probe)
-        pipe = os.fstat(read_end)
+        pipe = identity(read_end)
         transport, ends = await connect_read_pipe(asyncio.get_running_loop(), Ends, probe)
-        given = transport.get_extra_info("pipe").fileno()
+        given = transport.get_extra_info("pipe")
+        if kind == "uvloop":  # libuv closes the descriptor: its file object must not
+            assert given.closefd is False and given is not probe
+        number = given.fileno()
         os.close(write_end)  # the end: the transport closes
         await ends.lost
         del transport
         gc.collect()
-        if alive(given):  # closed, or since another file's: not the pipe's any more
-            assert os.fstat(given).st_ino != pipe.st_ino
+        if alive(number):  # closed, or since another file's: not the pipe's any more
+            assert identity(number) != pipe
 
     on_its_loop(kind, main)
     closed_once(probes)
@@ -217,12 +226,18 @@ def test_a_write_pipe_is_closed_once(kind: str) -> None:
     closed_once(probes)
 
 
-def holding(inode: int) -> list[int]:
-    """The descriptors of this process open on that inode."""
+def identity(fd: int) -> tuple[int, int]:
+    """What file a descriptor names: its device and inode."""
+    found = os.fstat(fd)
+    return found.st_dev, found.st_ino
+
+
+def holding(file: tuple[int, int]) -> list[int]:
+    """The descriptors of this process open on that file."""
     found = []
     for fd in map(int, os.listdir("/proc/self/fd")):
         with contextlib.suppress(OSError):
-            if os.fstat(fd).st_ino == inode:
+            if identity(fd) == file:
                 found.append(fd)
     return found
 
@@ -233,7 +248,7 @@ def test_a_pipe_whose_connecting_is_cancelled_is_closed_once(kind: str) -> None:
 
     async def main() -> None:
         read_end, write_end = os.pipe()
-        inode = os.fstat(read_end).st_ino
+        pipe = identity(read_end)
         probe = Probe(read_end, "rb")
         probes.append(probe)
         loop = asyncio.get_running_loop()
@@ -245,11 +260,31 @@ def test_a_pipe_whose_connecting_is_cancelled_is_closed_once(kind: str) -> None:
         for _ in range(3):  # asyncio's transport closes its file a turn later
             await asyncio.sleep(0)
         gc.collect()
-        assert holding(inode) == [write_end]
+        assert holding(pipe) == [write_end]
         os.close(write_end)
 
     on_its_loop(kind, main)
     closed_once(probes)
+
+
+def test_a_failed_connect_leaves_a_number_taken_since_alone() -> None:
+    """uvloop's transport closed the duplicate as its connecting failed, and the number was
+    another pipe's before `release`: that pipe stays open."""
+
+    async def main() -> None:
+        read_end, write_end = os.pipe()
+        owned = _LoopOwned(asyncio.get_running_loop(), io.FileIO(read_end, "rb"), "rb")
+        os.close(owned.file.fileno())  # as libuv closes it
+        taken, other_end = os.pipe()  # the lowest free numbers: the duplicate's among them
+        try:
+            assert owned.file.fileno() in (taken, other_end)
+            owned.release()
+            assert alive(taken) and alive(other_end)
+        finally:
+            for fd in (write_end, taken, other_end):
+                os.close(fd)
+
+    on_its_loop("uvloop", main)
 
 
 @pytest.mark.parametrize("kind", ["uvloop", "asyncio"])

@@ -307,8 +307,9 @@ async def test_workers_are_seen_ready_with_a_proxy_in_the_environment(
 async def test_a_stop_while_a_worker_is_being_spawned_still_stops_and_waits_for_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A stop that lands while a worker is being started (its pipes attached to the loop,
-    widened here) still stops that worker and waits for it before `supervise` returns."""
+    """A stop that lands between a worker's start and its `Child` coming back (no await
+    there now that workers start through `spawn` with no pipes; made one here) still stops
+    that worker and waits for it before `supervise` returns."""
     spawned: list[Child] = []
     forked = anyio.Event()
     real = workers_module.spawn

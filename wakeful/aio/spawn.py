@@ -104,15 +104,15 @@ class Child:
 async def spawn(
     argv: Sequence[str],
     *,
-    cwd: Path | str,
+    cwd: Path | str | None,
     env: Mapping[str, str],
     stdin: int = DEVNULL,
     stdout: int | None = PIPE,
     stderr: int | None = STDOUT,
     pass_fds: Sequence[int] = (),
 ) -> Child:
-    """Start `argv` in a session of its own; PIPE ends come back as streams on this loop (None:
-    this process's own)."""
+    """Start `argv` in a session of its own, in `cwd` (None: this process's); PIPE ends come
+    back as streams on this loop (None: this process's own)."""
     loop = asyncio.get_running_loop()
     popen = subprocess.Popen(  # noqa: ASYNC220 -- vfork: ~1 ms, less than a thread hop
         list(argv),
@@ -163,8 +163,8 @@ async def _reader(
 
 class _UntilItsEnd(asyncio.StreamReaderProtocol):
     """A child's output: its transport closes at its end (nothing more can come through a
-    pipe), where `StreamReaderProtocol` keeps it open, as a socket's half, until the collector
-    takes it."""
+    pipe), where `StreamReaderProtocol` keeps it open on uvloop, as a socket's half, until the
+    collector takes it (asyncio's pipe transports close at the end whatever it says)."""
 
     def eof_received(self) -> bool:
         super().eof_received()
@@ -222,7 +222,7 @@ class _LoopOwned:
     CI, is the likeliest trace of it), and a number taken so could name another sandbox's
     memfd as well. So uvloop gets a
     descriptor of its own (a duplicate) in a file object that never closes it, and `pipe` is
-    closed here."""
+    closed here; so does any loop that is not asyncio's own."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, pipe: IO[bytes], mode: str) -> None:
         self._kept: tuple[int, int] | None = None
