@@ -1,8 +1,8 @@
 """The TLS listener's accepts: each connection counted against `max_connections` from its
 accept, its handshake done by the loop's TLS (`connect_accepted_socket`) within the head's
-deadline, then a `ClientConnection` on it. A connection whose first byte is a request line's
-(plain HTTP sent to the TLS port) is answered 400 with the reason instead, as nginx does: the
-handshake would have failed and closed it without a word.
+deadline, then a `ClientConnection` on it. A handshake that read a request line (plain HTTP
+sent to the TLS port) is answered 400 with the reason, as nginx does, through a duplicate of
+the connection kept for it (the transport closes its own): it closed without a word before.
 
 With `create_server(ssl=...)` the loop counted nothing until a handshake was done, and a
 handshake under way holds a descriptor and the TLS state (about 50 KB): 20,000 clients that
@@ -18,10 +18,12 @@ the handshake stalled. Not compiled: the handshake costs far more than this.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import os
 import socket
+import ssl
 import time
 from typing import TYPE_CHECKING, Final
 
@@ -139,21 +141,11 @@ class TlsAccept:
             except OSError:  # the client is gone already
                 conn.close()
                 return
-            deadline = loop.time() + server.limits.head_timeout
-            try:
-                async with asyncio.timeout_at(deadline):
-                    first = await _first_byte(loop, conn)
-            except (OSError, TimeoutError):  # gone, or silent past the head's deadline
-                conn.close()
-                server.refused("tls-handshake")
-                return
-            except BaseException:  # cancelled (`close`): still this task's to close
-                conn.close()
-                raise
-            if first.isupper():  # a request line's method: TLS opens with 0x16 (or >= 0x80)
-                server.refused("plain-http")
-                _answer_plain_http(conn)
-                return
+            try:  # the connection, kept past the transport's close for a plain HTTP answer
+                spare: socket.socket | None = conn.dup()
+                spare.setblocking(False)
+            except OSError:  # no descriptor to spare: such a client gets the close alone
+                spare = None
             # From here the loop's transport owns `conn`, and closes it when this fails: a
             # handshake that failed (ssl.SSLError is an OSError), a timeout, a client gone.
             try:
@@ -161,10 +153,19 @@ class TlsAccept:
                     lambda: ClientConnection(server, loop),
                     conn,
                     ssl=server.tls,
-                    ssl_handshake_timeout=max(deadline - loop.time(), 0.001),
+                    ssl_handshake_timeout=server.limits.head_timeout,
                 )
+            except ssl.SSLError as exc:
+                if spare is not None and exc.reason in PLAIN_HTTP:
+                    server.refused("plain-http")
+                    _answer_plain_http(spare)
+                else:
+                    server.refused("tls-handshake")
             except (OSError, TimeoutError):
                 server.refused("tls-handshake")
+            finally:
+                if spare is not None:
+                    spare.close()
         finally:
             self.handshakes -= 1
 
@@ -189,26 +190,9 @@ class TlsAccept:
             self._spare = None
 
 
-async def _first_byte(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> bytes:
-    """The connection's first byte, left where the handshake reads it (`MSG_PEEK`); raises
-    `ConnectionError` when the client left first."""
-    readable: asyncio.Future[None] = loop.create_future()
-
-    def ready() -> None:
-        if not readable.done():
-            readable.set_result(None)
-
-    loop.add_reader(conn.fileno(), ready)
-    try:
-        await readable
-    finally:
-        loop.remove_reader(conn.fileno())
-    first = conn.recv(1, socket.MSG_PEEK)
-    if not first:
-        raise ConnectionResetError("the client left before its handshake")
-    return first
-
-
+PLAIN_HTTP: Final = frozenset({"HTTP_REQUEST", "HTTPS_PROXY_REQUEST"})
+"""OpenSSL's reasons for a handshake that read a request line (GET, POST, HEAD, PUT; CONNECT)
+where a TLS record should be: nginx answers these 400 (its 497), and so does the ingress."""
 PLAIN_HTTP_BODY: Final = (
     b"This is an HTTPS port: the request came as plain HTTP. Use an https:// address.\n"
 )
@@ -224,16 +208,13 @@ resets the connection, and a reset can take the answer with it."""
 
 
 def _answer_plain_http(conn: socket.socket) -> None:
-    """`PLAIN_HTTP_ANSWER`, without waiting: the request's bytes there now are read first,
+    """`PLAIN_HTTP_ANSWER`, without waiting: what of the request is there now is read first,
     the answer is small enough for the socket's buffer, and what does not fit is dropped."""
-    try:
+    with contextlib.suppress(OSError):  # nothing more there (most went to the handshake)
         conn.recv(PLAIN_HTTP_READ)
+    with contextlib.suppress(OSError):  # the client is gone: it gets the close alone
         conn.send(PLAIN_HTTP_ANSWER)
         conn.shutdown(socket.SHUT_WR)
-    except OSError:  # the client is gone, or its buffer is full: it gets the close alone
-        pass
-    finally:
-        conn.close()
 
 
 def _spare() -> int | None:

@@ -357,12 +357,15 @@ def plain_http(port: int, request: bytes) -> bytes:
 def test_plain_http_on_the_tls_port_is_answered_400_with_the_reason(
     pki: tuple[Path, Path], loop: str
 ) -> None:
-    """As nginx does, where the handshake would fail and close without a word; a request
-    whose first byte came alone is told the same, and a TLS client after it is served."""
+    """As nginx does (OpenSSL's reading of a request line in place of a record), where the
+    handshake failed and closed without a word; a TLS client after them is served."""
     ca, certs = pki
     refused: list[str] = []
     with tls_server(LOOPS[loop], certs, refused) as port:
-        for request in (b"GET / HTTP/1.1\r\nHost: shop.example.com\r\n\r\n", b"P"):
+        for request in (
+            b"GET / HTTP/1.1\r\nHost: shop.example.com\r\n\r\n",
+            b"POST /form HTTP/1.1\r\nHost: shop.example.com\r\nContent-Length: 4\r\n\r\nabcd",
+        ):
             answer = plain_http(port, request)
             head, _, body = answer.partition(b"\r\n\r\n")
             assert head.startswith(b"HTTP/1.1 400 Bad Request\r\n"), answer
