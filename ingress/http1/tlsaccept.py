@@ -38,6 +38,10 @@ BATCH: Final = 64
 """Accepts in a row before the loop runs something else: while connections queue, asyncio's
 `sock_accept` returns at once (its own servers stop after `backlog`)."""
 SHORT_OF: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+SPARES: Final = 256
+"""Handshakes under way that keep a duplicate of their connection, for the 400 a plain HTTP
+request gets: a descriptor each, so clients that never finish a handshake hold at most this
+many more than `max_connections`; past it, a plain HTTP request is closed without a word."""
 DROP_AT_ONCE: Final = 4096
 """Queued connections closed in one go when out of descriptors (past the largest backlog)."""
 
@@ -57,6 +61,8 @@ class TlsAccept:
         self._warned = 0.0
         self._spare: int | None = None
         """A descriptor held for the moment there is none (`_drop_queued`)."""
+        self._spares = 0
+        """Duplicates held by handshakes under way, for a plain HTTP answer (`SPARES`)."""
 
     def start(self) -> None:
         self._sock.setblocking(False)
@@ -141,11 +147,14 @@ class TlsAccept:
             except OSError:  # the client is gone already
                 conn.close()
                 return
-            try:  # the connection, kept past the transport's close for a plain HTTP answer
-                spare: socket.socket | None = conn.dup()
-                spare.setblocking(False)
-            except OSError:  # no descriptor to spare: such a client gets the close alone
-                spare = None
+            spare: socket.socket | None = None
+            if self._spares < SPARES:  # the connection, kept past the transport's close for
+                try:  # a plain HTTP answer; past the bound, such a client gets the close alone
+                    spare = conn.dup()  # non-blocking: the flag is the connection's, shared
+                except OSError:  # no descriptor to spare
+                    pass
+                else:
+                    self._spares += 1
             # From here the loop's transport owns `conn`, and closes it when this fails: a
             # handshake that failed (ssl.SSLError is an OSError), a timeout, a client gone.
             try:
@@ -166,6 +175,7 @@ class TlsAccept:
             finally:
                 if spare is not None:
                     spare.close()
+                    self._spares -= 1
         finally:
             self.handshakes -= 1
 

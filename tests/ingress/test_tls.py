@@ -28,6 +28,7 @@ from tests.support.certs import ingress_pki, issue
 from tests.support.ingress import RawServer, read_head, stack, talk
 from wakeful.ingress.http1 import Request, Responder
 from wakeful.ingress.http1.server import Handling, HttpServer, Limits
+from wakeful.ingress.http1.tlsaccept import SPARES
 from wakeful.ingress.server import bind_listener
 from wakeful.ingress.tls import Certificates
 
@@ -411,3 +412,30 @@ async def test_the_ingress_counts_plain_http_on_its_tls_port(pki: tuple[Path, Pa
             answer = await anyio.to_thread.run_sync(plain_http, s.ingress.tls_address[1], request)
             assert answer.startswith(b"HTTP/1.1 400 "), answer
             assert s.sample("connections_refused_total", reason="plain-http") == 1
+
+
+async def test_the_duplicates_kept_for_plain_http_are_bounded(pki: tuple[Path, Path]) -> None:
+    """Each handshake under way keeps a duplicate of its connection for the 400, up to
+    `SPARES`: clients that never finish a handshake hold no more descriptors than that beyond
+    the connection bound; past it a plain HTTP request is closed without a word."""
+    _, certs = pki
+    request = b"GET / HTTP/1.1\r\nHost: hello.localhost\r\n\r\n"
+    with sandbox_recording([]) as sandbox:
+        async with stack(
+            {"s1": sandbox.port},
+            tls_listen="127.0.0.1:0",
+            tls_dir=certs,
+            client_header_timeout=60,
+        ) as s:
+            port = s.ingress.tls_address[1]
+            silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(SPARES)]
+            try:
+                with anyio.fail_after(20):
+                    while await anyio.to_thread.run_sync(plain_http, port, request):  # noqa: ASYNC110
+                        await anyio.sleep(0.05)  # until every silent one holds its duplicate
+            finally:
+                for each in silent:
+                    each.close()
+            with anyio.fail_after(20):  # their places free, the 400 again
+                while not await anyio.to_thread.run_sync(plain_http, port, request):  # noqa: ASYNC110
+                    await anyio.sleep(0.05)
