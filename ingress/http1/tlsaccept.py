@@ -165,9 +165,9 @@ class TlsAccept:
                     ssl_handshake_timeout=server.limits.head_timeout,
                 )
             except ssl.SSLError as exc:
-                if spare is not None and exc.reason in PLAIN_HTTP:
+                if spare is not None and getattr(exc, "reason", None) in PLAIN_HTTP:
                     server.refused("plain-http")
-                    _answer_plain_http(spare)
+                    await _answer_plain_http(loop, spare)
                 else:
                     server.refused("tls-handshake")
             except (OSError, TimeoutError):
@@ -200,9 +200,13 @@ class TlsAccept:
             self._spare = None
 
 
-PLAIN_HTTP: Final = frozenset({"HTTP_REQUEST", "HTTPS_PROXY_REQUEST"})
-"""OpenSSL's reasons for a handshake that read a request line (GET, POST, HEAD, PUT; CONNECT)
-where a TLS record should be: nginx answers these 400 (its 497), and so does the ingress."""
+PLAIN_HTTP: Final = frozenset({"HTTP_REQUEST", "HTTPS_PROXY_REQUEST", "WRONG_VERSION_NUMBER"})
+"""OpenSSL's reasons for a handshake whose first bytes are not a TLS record: a request line
+it names (GET, POST, HEAD, PUT; CONNECT), or any other (DELETE, OPTIONS, a lowercase method,
+HTTP/2's cleartext preface, other bytes), whose method byte it read as a record's type and the
+next two as its version. A TLS client's record always has a version it knows. nginx answers
+any of them 400 (its 497), from a look at the first byte before the handshake, which here
+cost about 100 µs a handshake."""
 PLAIN_HTTP_BODY: Final = (
     b"This is an HTTPS port: the request came as plain HTTP. Use an https:// address.\n"
 )
@@ -212,19 +216,31 @@ PLAIN_HTTP_ANSWER: Final = (
 )
 """What a plain HTTP request on the TLS port is answered (nginx answers it 400 too), where the
 handshake would fail and close without a word: the client sees why."""
-PLAIN_HTTP_READ: Final = 16384
-"""What of the request is read (and dropped) before the answer: a close with unread bytes
-resets the connection, and a reset can take the answer with it."""
+LINGER_SECONDS: Final = 2.0
+LINGER_BYTES: Final = 1 << 20
+"""After the answer, what the client still sends is read and dropped, until it closes, for at
+most `LINGER_SECONDS` and `LINGER_BYTES` (nginx's lingering close): a close with bytes unread,
+or bytes that come after it, resets the connection, and a client still sending (a body, or a
+request in pieces) then loses the answer with its write."""
 
 
-def _answer_plain_http(conn: socket.socket) -> None:
-    """`PLAIN_HTTP_ANSWER`, without waiting: what of the request is there now is read first,
-    the answer is small enough for the socket's buffer, and what does not fit is dropped."""
-    with contextlib.suppress(OSError):  # nothing more there (most went to the handshake)
-        conn.recv(PLAIN_HTTP_READ)
-    with contextlib.suppress(OSError):  # the client is gone: it gets the close alone
+async def _answer_plain_http(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:
+    """`PLAIN_HTTP_ANSWER` (small enough for the socket's buffer: what does not fit is
+    dropped), the end of the ingress's side, then the lingering read."""
+    try:
+        conn.setblocking(False)
         conn.send(PLAIN_HTTP_ANSWER)
         conn.shutdown(socket.SHUT_WR)
+    except OSError:  # the client is gone: it gets the close alone
+        return
+    dropped = 0
+    with contextlib.suppress(OSError, TimeoutError):
+        async with asyncio.timeout(LINGER_SECONDS):
+            while dropped < LINGER_BYTES:
+                chunk = await loop.sock_recv(conn, 65536)
+                if not chunk:
+                    break
+                dropped += len(chunk)
 
 
 def _spare() -> int | None:

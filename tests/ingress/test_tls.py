@@ -344,10 +344,14 @@ def test_out_of_descriptors_a_queued_connection_is_told_at_once(pki: tuple[Path,
             server.kill()
 
 
-def plain_http(port: int, request: bytes) -> bytes:
-    """What the server says to `request` sent as plain HTTP, to its end."""
+def plain_http(port: int, request: bytes, *more: bytes) -> bytes:
+    """What the server says to `request` sent as plain HTTP, then each of `more` 0.1 s apart
+    (a body on a slow link), to its end."""
     with socket.create_connection(("127.0.0.1", port), timeout=30) as raw:
         raw.sendall(request)
+        for piece in more:
+            time.sleep(0.1)
+            raw.sendall(piece)  # a reset of the connection fails it here
         answer = b""
         while chunk := raw.recv(65536):
             answer += chunk
@@ -364,15 +368,20 @@ def test_plain_http_on_the_tls_port_is_answered_400_with_the_reason(
     refused: list[str] = []
     with tls_server(LOOPS[loop], certs, refused) as port:
         for request in (
-            b"GET / HTTP/1.1\r\nHost: shop.example.com\r\n\r\n",
-            b"POST /form HTTP/1.1\r\nHost: shop.example.com\r\nContent-Length: 4\r\n\r\nabcd",
+            (b"GET / HTTP/1.1\r\nHost: shop.example.com\r\n\r\n",),
+            (b"DELETE /it HTTP/1.1\r\nHost: shop.example.com\r\n\r\n",),  # a method OpenSSL
+            (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",),  # does not name, and h2c's preface
+            (  # a body still coming after the answer: read until it ends (a lingering close)
+                b"POST /form HTTP/1.1\r\nHost: shop.example.com\r\nContent-Length: 196608\r\n\r\n",
+                *[b"x" * 65536] * 3,
+            ),
         ):
-            answer = plain_http(port, request)
+            answer = plain_http(port, *request)
             head, _, body = answer.partition(b"\r\n\r\n")
             assert head.startswith(b"HTTP/1.1 400 Bad Request\r\n"), answer
             assert b"content-length: %d" % len(body) in head
             assert b"https://" in body
-        assert refused == ["plain-http", "plain-http"]
+        assert refused == ["plain-http"] * 4
         _, answer = fetch(port, ca, "shop.example.com")
         assert answer.startswith(b"HTTP/1.1 200 "), answer
 
