@@ -16,8 +16,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
@@ -25,7 +26,7 @@ import pytest
 import uvloop
 
 from tests.support.certs import ingress_pki, issue
-from tests.support.ingress import RawServer, read_head, stack, talk
+from tests.support.ingress import RawServer, Stack, read_head, stack, talk
 from wakeful.ingress.http1 import Request, Responder
 from wakeful.ingress.http1.server import Handling, HttpServer, Limits
 from wakeful.ingress.http1.tlsaccept import SPARES
@@ -395,32 +396,35 @@ def closed_within(port: int, seconds: float) -> float:
         return time.monotonic() - started
 
 
+@contextlib.asynccontextmanager
+async def tls_ingress(certs: Path, **settings: Any) -> AsyncIterator[tuple[Stack, int]]:
+    """A whole ingress (`stack`) with a TLS listener on `certs`, to a sandbox that answers
+    200: the stack, and the TLS port."""
+    with sandbox_recording([]) as sandbox:
+        async with stack(
+            {"s1": sandbox.port}, tls_listen="127.0.0.1:0", tls_dir=certs, **settings
+        ) as s:
+            yield s, s.ingress.tls_address[1]
+
+
 async def test_a_handshake_that_never_starts_is_closed_at_the_heads_deadline(
     pki: tuple[Path, Path],
 ) -> None:
     ca, certs = pki
-    with sandbox_recording([]) as sandbox:
-        async with stack(
-            {"s1": sandbox.port},
-            tls_listen="127.0.0.1:0",
-            tls_dir=certs,
-            client_header_timeout=0.5,
-        ) as s:
-            port = s.ingress.tls_address[1]
-            assert 0.4 < await anyio.to_thread.run_sync(closed_within, port, 20) < 10
-            assert s.sample("connections_refused_total", reason="tls-handshake") == 1
-            _, answer = await anyio.to_thread.run_sync(fetch, port, ca, "shop.example.com")
-            assert answer.startswith(b"HTTP/1.1 200 "), answer
+    async with tls_ingress(certs, client_header_timeout=0.5) as (s, port):
+        assert 0.4 < await anyio.to_thread.run_sync(closed_within, port, 20) < 10
+        assert s.sample("connections_refused_total", reason="tls-handshake") == 1
+        _, answer = await anyio.to_thread.run_sync(fetch, port, ca, "shop.example.com")
+        assert answer.startswith(b"HTTP/1.1 200 "), answer
 
 
 async def test_the_ingress_counts_plain_http_on_its_tls_port(pki: tuple[Path, Path]) -> None:
     _, certs = pki
-    with sandbox_recording([]) as sandbox:
-        async with stack({"s1": sandbox.port}, tls_listen="127.0.0.1:0", tls_dir=certs) as s:
-            request = b"GET / HTTP/1.1\r\nHost: hello.localhost\r\n\r\n"
-            answer = await anyio.to_thread.run_sync(plain_http, s.ingress.tls_address[1], request)
-            assert answer.startswith(b"HTTP/1.1 400 "), answer
-            assert s.sample("connections_refused_total", reason="plain-http") == 1
+    async with tls_ingress(certs) as (s, port):
+        request = b"GET / HTTP/1.1\r\nHost: hello.localhost\r\n\r\n"
+        answer = await anyio.to_thread.run_sync(plain_http, port, request)
+        assert answer.startswith(b"HTTP/1.1 400 "), answer
+        assert s.sample("connections_refused_total", reason="plain-http") == 1
 
 
 async def test_the_duplicates_kept_for_plain_http_are_bounded(pki: tuple[Path, Path]) -> None:
@@ -429,22 +433,15 @@ async def test_the_duplicates_kept_for_plain_http_are_bounded(pki: tuple[Path, P
     the connection bound; past it a plain HTTP request is closed without a word."""
     _, certs = pki
     request = b"GET / HTTP/1.1\r\nHost: hello.localhost\r\n\r\n"
-    with sandbox_recording([]) as sandbox:
-        async with stack(
-            {"s1": sandbox.port},
-            tls_listen="127.0.0.1:0",
-            tls_dir=certs,
-            client_header_timeout=60,
-        ) as s:
-            port = s.ingress.tls_address[1]
-            silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(SPARES)]
-            try:
-                with anyio.fail_after(20):
-                    while await anyio.to_thread.run_sync(plain_http, port, request):  # noqa: ASYNC110
-                        await anyio.sleep(0.05)  # until every silent one holds its duplicate
-            finally:
-                for each in silent:
-                    each.close()
-            with anyio.fail_after(20):  # their places free, the 400 again
-                while not await anyio.to_thread.run_sync(plain_http, port, request):  # noqa: ASYNC110
-                    await anyio.sleep(0.05)
+    async with tls_ingress(certs, client_header_timeout=60) as (_, port):
+        silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(SPARES)]
+        try:
+            with anyio.fail_after(20):
+                while await anyio.to_thread.run_sync(plain_http, port, request):  # noqa: ASYNC110
+                    await anyio.sleep(0.05)  # until every silent one holds its duplicate
+        finally:
+            for each in silent:
+                each.close()
+        with anyio.fail_after(20):  # their places free, the 400 again
+            while not await anyio.to_thread.run_sync(plain_http, port, request):  # noqa: ASYNC110
+                await anyio.sleep(0.05)
