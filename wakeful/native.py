@@ -58,6 +58,7 @@ COMPILED = (
     "wakeful.ingress.http2.connection",
     "wakeful.ingress.http2.fields",
     "wakeful.ingress.http2.frames",
+    "wakeful.ingress.http2.budgets",
     "wakeful.ingress.http2.rules",
     "wakeful.ingress.http2.sender",
     "wakeful.ingress.http2.stream",

@@ -6,7 +6,7 @@ with prior knowledge). Each stream runs the same handler an HTTP/1.1 request doe
 of its own, with a `StreamBody` and a `StreamResponder` (`http2.stream`): admission, leases,
 in-flight counts and the access log see one request per stream.
 
-What a client can hold (invariant 18, and `http2.rules` for the frames the windows do not bound):
+What a client can hold (invariant 18, and `http2.budgets` for the frames the windows do not bound):
 at most `MAX_STREAMS` streams at once (the next one refused alone), `STREAM_WINDOW` unread
 bytes a stream and `CONNECTION_WINDOW` a connection (what a stream leaves unread is
 acknowledged when it ends), a header block of the head bound, budgets of control frames,
@@ -27,6 +27,14 @@ from wakeful.aio.deadline import Deadline
 from wakeful.aio.flow import HIGH_WATER
 from wakeful.ingress.errors import BadRequest, ClientGone
 from wakeful.ingress.http1.request import Request
+from wakeful.ingress.http2.budgets import (
+    CONTROL_BURST,
+    CONTROL_RATE,
+    RESET_BURST,
+    RESET_RATE,
+    Budget,
+    FrameScan,
+)
 from wakeful.ingress.http2.frames import (
     CANCEL,
     ENHANCE_YOUR_CALM,
@@ -37,12 +45,6 @@ from wakeful.ingress.http2.frames import (
     goaway_frame,
 )
 from wakeful.ingress.http2.rules import (
-    CONTROL_BURST,
-    CONTROL_RATE,
-    RESET_BURST,
-    RESET_RATE,
-    Budget,
-    FrameScan,
     malformed_trailers,
     request_head,
 )

@@ -19,7 +19,7 @@ Where `h2` was more lenient than the RFC this keeps it so (a RST_STREAM on an id
 ignored; DATA on a closed stream answered with RST_STREAM, whoever closed it); the frames on
 closed streams are counted (`take_stray`) for the connection's budget.
 
-What a client may hold is bounded by `http2.rules` before this sees the bytes and by the
+What a client may hold is bounded by `http2.budgets` before this sees the bytes and by the
 windows here; a stream past MAX_CONCURRENT_STREAMS is `H2Connection._request`'s to refuse.
 """
 

@@ -32,15 +32,17 @@ from collections.abc import AsyncIterable, Sequence
 from wakeful.aio.deadline import Deadline
 from wakeful.aio.flow import HIGH_WATER, WriteGate
 from wakeful.ingress.errors import ClosedUnanswered, UpstreamFailed
-from wakeful.ingress.http2.client import ANSWER, ClientWire
-from wakeful.ingress.http2.frames import CANCEL, NO_ERROR, PROTOCOL_ERROR, REFUSED_STREAM
-from wakeful.ingress.http2.rules import (
+from wakeful.ingress.http2.budgets import (
     CONTROL_BURST,
     CONTROL_RATE,
     RESET_BURST,
     RESET_RATE,
     Budget,
     FrameScan,
+)
+from wakeful.ingress.http2.client import ANSWER, ClientWire
+from wakeful.ingress.http2.frames import CANCEL, NO_ERROR, PROTOCOL_ERROR, REFUSED_STREAM
+from wakeful.ingress.http2.rules import (
     malformed_answer,
     malformed_trailers,
 )
@@ -91,7 +93,7 @@ class H2Upstream(Gated):
         self._control = Budget(CONTROL_BURST, CONTROL_RATE, now)
         self._resets = Budget(RESET_BURST, RESET_RATE, now)
         self._windows = Budget(CONTROL_BURST, CONTROL_RATE, now)
-        """What a client's connection may send that carries no answer (`http2.rules`), a
+        """What a client's connection may send that carries no answer (`http2.budgets`), a
         sandbox's may too: past it the connection is cut (an app is untrusted code, and a
         flood of PINGs would hold the loop every app's requests share). What the ingress
         sends earns more, as a well-behaved peer answers it: a PING for each DATA or HEADERS

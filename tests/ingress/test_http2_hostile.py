@@ -60,7 +60,8 @@ from hyperframe.frame import (
 from tests.support.ingress import RawServer, Stack, keep_alive, read_head, stack
 from tests.support.waiting import eventually
 from wakeful.ingress.http2 import connection as h2_connection
-from wakeful.ingress.http2.rules import CONTROL_BURST, PREFACE, RESET_BURST
+from wakeful.ingress.http2.budgets import CONTROL_BURST, RESET_BURST
+from wakeful.ingress.http2.rules import PREFACE
 
 pytestmark = pytest.mark.anyio
 

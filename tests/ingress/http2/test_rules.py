@@ -21,10 +21,9 @@ from hyperframe.frame import (
 from wakeful.domain.grpcstatus import code_name
 from wakeful.ingress import grpc
 from wakeful.ingress.errors import BadRequest
+from wakeful.ingress.http2.budgets import Budget, FrameScan
 from wakeful.ingress.http2.rules import (
     PREFACE,
-    Budget,
-    FrameScan,
     content_length,
     fit_for_http1,
     request_head,

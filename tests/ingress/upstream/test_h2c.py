@@ -26,7 +26,7 @@ from tests.support.waiting import eventually
 from wakeful.aio.flow import HIGH_WATER
 from wakeful.domain.models import AppSpec, Concurrency
 from wakeful.ingress.errors import UpstreamFailed
-from wakeful.ingress.http2.rules import CONTROL_BURST
+from wakeful.ingress.http2.budgets import CONTROL_BURST
 from wakeful.ingress.upstream.h2c import MAX_UNSENT, H2Pool, H2Upstream
 
 pytestmark = pytest.mark.anyio
