@@ -9,6 +9,9 @@ through nginx, with wrk (peak throughput) and hey (latency at a fixed rate).
   running sandbox and a large `requests_per_instance`, so one cached lease carries the load.
 - nginx: Debian's nginx as our own process (one worker, like the single-process ingress),
   generated config, upstream keep-alive, access log off.
+- The floor (`bench/floor.py`, a subprocess): the least a proxy on the ingress's own stack
+  (Python, uvloop, httptools) does, none of the ingress's work. What the ingress costs above
+  it is its own code's; what the floor costs above nginx, the stack's.
 - wrk: 1 thread, 32 connections; then, for the ingress and nginx, again with a new
   connection for each request (`Connection: close`: what a client that opens one per
   request costs, a script's, a health check's). hey: 10 workers at a fixed total rate
@@ -18,8 +21,8 @@ through nginx, with wrk (peak throughput) and hey (latency at a fixed rate).
   interrupt through the hypervisor, and the slower proxy's peers sleep more).
 - Then a sandbox that answers after 100 ms, at the same rate on 200 connections (enough to
   keep 100 requests in flight), in two shapes: hey (its workers fire together: bursts of 200)
-  and wrk paced by a random think time (arrivals spread out): p95 direct, through nginx and
-  through the ingress.
+  and wrk paced by a random think time (arrivals spread out): p95 direct, through nginx, the
+  floor and the ingress.
 - A node agent's firewall (the nftables table of `wakeful/node/jail/network.py`) turns on
   connection tracking for every packet of the machine; nginx, whose cost per request is mostly
   the kernel's, loses more to it than the ingress does. Compare runs on the same footing
@@ -386,6 +389,11 @@ async def main(seconds: int, rate: int) -> None:
         results["direct"] = await measure("direct", direct, seconds, rate)
         async with ingress_on(sandbox_port) as url:  # this process: the activator's CPU too
             results["ingress"] = await measure("ingress", url, seconds, rate, [os.getpid()])
+        floor_port = free_port()
+        floor = [sys.executable, "-m", "bench.floor", str(floor_port), str(sandbox_port)]
+        with process(floor, floor_port) as bare:
+            floor_url = f"http://127.0.0.1:{floor_port}/"
+            results["floor"] = await measure("floor", floor_url, seconds, rate, [bare.pid])
         nginx_port = free_port()
         conf = Path(tmp) / "nginx.conf"
         conf.write_text(nginx_conf(NGINX_CONF, tmp, upstream=sandbox_port, port=nginx_port))
@@ -454,6 +462,13 @@ async def main(seconds: int, rate: int) -> None:
         f"connection each request: {ing_lat.cpu_new_us:.1f} µs, nginx "
         f"{ngx_lat.cpu_new_us:.1f} µs ({ratio(ing_lat.cpu_new_us, ngx_lat.cpu_new_us)}x)"
     )
+    bare, bare_lat = results["floor"]
+    print(
+        f"the floor (bench.floor: the same stack, none of the ingress's work): "
+        f"{bare.cpu_us:.1f} µs (user {bare.user_us:.1f}) at peak, {bare.cpu_new_us:.1f} "
+        f"with a new connection each, {bare_lat.cpu_us:.1f} at {rate} req/s, "
+        f"{bare_lat.cpu_new_us:.1f} with a new connection each"
+    )
     print(
         f"ingress adds at {rate}/s: p50 {ing_lat.p50_ms - base_lat.p50_ms:+.2f} ms, "
         f"p99 {ing_lat.p99_ms - base_lat.p99_ms:+.2f} ms over direct"
@@ -470,7 +485,7 @@ async def main(seconds: int, rate: int) -> None:
                 f"  {name:<8} {result.rps:>7,.0f} req/s  p50 {result.p50_ms:6.1f} ms  "
                 f"p95 {result.p95_ms:6.1f} ms  p99 {result.p99_ms:6.1f} ms  errors {errors}{cpu}"
             )
-        for name in ("nginx", "ingress"):
+        for name in ("nginx", "floor", "ingress"):
             added = results[name].p95_ms - results["direct"].p95_ms
             print(f"  {name} adds {added:+.1f} ms at p95")
 
@@ -495,7 +510,7 @@ rather than come in ticks); wrk's latency does not count the think time."""
 
 
 async def slow_backend(seconds: int, rate: int) -> dict[str, dict[str, Result]]:
-    """Direct, through nginx and through the ingress, against a sandbox that answers after
+    """Direct, through nginx, the floor and the ingress, against a sandbox that answers after
     SLOW_DELAY, under two shapes of the same rate:
 
     - hey: its workers fire on the same tick, so each tick is a burst of 200 requests: what a
@@ -514,7 +529,7 @@ async def slow_backend(seconds: int, rate: int) -> dict[str, dict[str, Result]]:
         tempfile.TemporaryDirectory(prefix="wakeful-bench-") as tmp,
         process([*sandbox, "--delay", str(SLOW_DELAY)], port),
     ):
-        print(f"  slow backend: {seconds}s at {rate} req/s, direct, nginx and ingress ...")
+        print(f"  slow backend: {seconds}s at {rate} req/s, direct, nginx, floor, ingress ...")
         think = max(0.0, SLOW_WORKERS / rate - SLOW_DELAY) * 1000
         script = Path(tmp) / "paced.lua"
         script.write_text(PACED_LUA % {"mean_ms": think, "host": HOST})
@@ -522,9 +537,12 @@ async def slow_backend(seconds: int, rate: int) -> dict[str, dict[str, Result]]:
         conf = Path(tmp) / "nginx.conf"
         conf.write_text(nginx_conf(NGINX_CONF, tmp, upstream=port, port=nginx_port))
         nginx = ["nginx", "-p", tmp, "-c", str(conf), "-g", "daemon off;"]
+        floor_port = free_port()
+        floor = [sys.executable, "-m", "bench.floor", str(floor_port), str(port)]
         paths = (
             ("direct", f"http://127.0.0.1:{port}/"),
             ("nginx", f"http://127.0.0.1:{nginx_port}/"),
+            ("floor", f"http://127.0.0.1:{floor_port}/"),
             ("ingress", None),
         )
         for name, url in paths:
@@ -533,6 +551,8 @@ async def slow_backend(seconds: int, rate: int) -> dict[str, dict[str, Result]]:
                 if name == "nginx":
                     master = stack.enter_context(process(nginx, nginx_port)).pid
                     pids = with_children(master)
+                if name == "floor":
+                    pids = [stack.enter_context(process(floor, floor_port)).pid]
                 if url is None:
                     url = await stack.enter_async_context(ingress_on(port))
                     pids = [os.getpid()]  # the ingress and its activator, in this process
