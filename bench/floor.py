@@ -8,7 +8,14 @@ callbacks: no task, no future, no routing, no lease, no metrics, no timeouts, no
 clients. Not a proxy anyone should run; what the interpreter costs before any of the ingress's
 own work, so that a figure of the ingress's can be split into the stack's and its own.
 
-    python -m bench.floor LISTEN_PORT SANDBOX_PORT   # a subprocess of bench.proxy
+With `--rules`, the same callbacks apply the ingress's own compiled header rules
+(`wakeful.ingress.headers`, `upstream.rules`): the Host counted and required, the request id
+taken or made, hop-by-hop headers dropped both ways, X-Forwarded-* set, the answer's framing
+checked, its head written anew and sent with the first body bytes, a use counted per host
+while the exchange lasts. Still no task, lease cache, routing table, metrics or timers: what
+the rules a lean path must keep cost on top of the floor.
+
+    python -m bench.floor LISTEN_PORT SANDBOX_PORT [--rules]  # a subprocess of bench.proxy
 """
 
 from __future__ import annotations
@@ -19,9 +26,19 @@ if __name__ == "__main__" and not __package__:
     sys.exit("run it from the repository root as a module: python -m bench.floor")
 
 import asyncio
+from collections import defaultdict
 from typing import cast
 
 import httptools
+
+from wakeful.ingress.headers import (
+    client_response_headers,
+    new_request_id,
+    read_request_head,
+    upstream_request_headers,
+)
+from wakeful.ingress.http1.responder import _STATUS_LINES
+from wakeful.ingress.upstream.rules import framing_refused
 
 
 class _Upstream(asyncio.Protocol):
@@ -109,7 +126,9 @@ class _Client(asyncio.Protocol):
         upstream.send(head + b"\r\n\r\n")
 
     def _connect(self) -> _Upstream:
-        upstream = _Upstream(self._pool)
+        return self._connect_with(_Upstream(self._pool))
+
+    def _connect_with(self, upstream: _Upstream) -> _Upstream:
         loop = asyncio.get_running_loop()
         connect = loop.create_connection(lambda: upstream, *self._sandbox)
         upstream.connecting = loop.create_task(connect)
@@ -129,15 +148,108 @@ class _Client(asyncio.Protocol):
             self._transport.close()
 
 
-def main(port: int, sandbox_port: int) -> None:
+class _RuledUpstream(_Upstream):
+    """The answer's head read, checked and written anew (`client_response_headers`), sent
+    with its first body bytes, as the ingress sends it."""
+
+    def __init__(self, pool: list[_Upstream]) -> None:
+        super().__init__(pool)
+        self._raw: list[tuple[bytes, bytes]] = []
+        self._held: bytes | None = None
+        self.request_id = ""
+
+    def data_received(self, data: bytes) -> None:
+        self._parser.feed_data(data)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._raw.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        raw, self._raw = self._raw, []
+        status = self._parser.get_status_code()
+        if framing_refused(raw, status < 200) is not None:
+            if self.client is not None:
+                self.client.close()
+            return
+        lines = [_STATUS_LINES.get(status) or b"HTTP/1.1 %d Unknown" % status]
+        for name, value in client_response_headers(raw, self.request_id):
+            lines.append(name + b": " + value)
+        self._held = b"\r\n".join(lines) + b"\r\n\r\n"
+
+    def on_body(self, body: bytes) -> None:
+        if self._held is not None:
+            body, self._held = self._held + body, None
+        if self.client is not None:
+            self.client.answer(body)
+
+    def on_message_complete(self) -> None:
+        if self._held is not None:
+            self.on_body(b"")
+        client = self.client
+        if isinstance(client, _RuledClient):
+            client.finished()
+        super().on_message_complete()
+
+
+class _RuledClient(_Client):
+    def __init__(
+        self, pool: list[_Upstream], sandbox: tuple[str, int], uses: dict[str, int]
+    ) -> None:
+        super().__init__(pool, sandbox)
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._uses = uses
+        self._host = ""
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name.lower(), value))
+
+    def on_message_complete(self) -> None:
+        headers, self._headers = self._headers, []
+        self._keep_alive = self._parser.should_keep_alive()
+        head = read_request_head(headers)
+        if head.hosts != 1 or len(self._url) + head.size > 32768:
+            self.close()
+            return
+        request_id = head.client_request_id or new_request_id()
+        self._host = head.host
+        self._uses[head.host] += 1
+        lines = [self._parser.get_method() + b" " + self._url + b" HTTP/1.1"]
+        for name, value in upstream_request_headers(
+            headers,
+            client_ip=self._peer.decode(),
+            scheme="http",
+            request_id=request_id,
+            trust_forwarded=False,
+        ):
+            lines.append(name + b": " + value)
+        upstream = self._pool.pop() if self._pool else self._connect()
+        assert isinstance(upstream, _RuledUpstream)
+        upstream.client = self
+        upstream.request_id = request_id
+        upstream.send(b"\r\n".join(lines) + b"\r\n\r\n")
+
+    def _connect(self) -> _Upstream:
+        return self._connect_with(_RuledUpstream(self._pool))
+
+    def finished(self) -> None:
+        self._uses[self._host] -= 1
+
+
+def main(port: int, sandbox_port: int, rules: bool) -> None:
     import uvloop
 
     async def serve() -> None:
         pool: list[_Upstream] = []
         sandbox = ("127.0.0.1", sandbox_port)
+        uses: dict[str, int] = defaultdict(int)
         loop = asyncio.get_running_loop()
         server = await loop.create_server(
-            lambda: _Client(pool, sandbox), "127.0.0.1", port, backlog=4096
+            (lambda: _RuledClient(pool, sandbox, uses))
+            if rules
+            else lambda: _Client(pool, sandbox),
+            "127.0.0.1",
+            port,
+            backlog=4096,
         )
         async with server:
             await server.serve_forever()
@@ -146,4 +258,4 @@ def main(port: int, sandbox_port: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]))
+    main(int(sys.argv[1]), int(sys.argv[2]), "--rules" in sys.argv[3:])

@@ -11,7 +11,8 @@ through nginx, with wrk (peak throughput) and hey (latency at a fixed rate).
   generated config, upstream keep-alive, access log off.
 - The floor (`bench/floor.py`, a subprocess): the least a proxy on the ingress's own stack
   (Python, uvloop, httptools) does, none of the ingress's work. What the ingress costs above
-  it is its own code's; what the floor costs above nginx, the stack's.
+  it is its own code's; what the floor costs above nginx, the stack's. `floor+rules` is the
+  same with the ingress's compiled header rules on both heads: what those cost.
 - wrk: 1 thread, 32 connections; then, for the ingress and nginx, again with a new
   connection for each request (`Connection: close`: what a client that opens one per
   request costs, a script's, a health check's). hey: 10 workers at a fixed total rate
@@ -71,6 +72,8 @@ from wakeful.store.testing import free_port, wait_listening
 from wakeful.store.url import open_store
 
 HOST = "bench.localhost"
+FLOORS = {"floor": [], "floor+rules": ["--rules"]}
+"""`bench.floor` bare, and with the ingress's header rules: each a path measured."""
 CONNECTIONS = 32
 HEY_WORKERS = 10
 RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok"
@@ -389,11 +392,12 @@ async def main(seconds: int, rate: int) -> None:
         results["direct"] = await measure("direct", direct, seconds, rate)
         async with ingress_on(sandbox_port) as url:  # this process: the activator's CPU too
             results["ingress"] = await measure("ingress", url, seconds, rate, [os.getpid()])
-        floor_port = free_port()
-        floor = [sys.executable, "-m", "bench.floor", str(floor_port), str(sandbox_port)]
-        with process(floor, floor_port) as bare:
-            floor_url = f"http://127.0.0.1:{floor_port}/"
-            results["floor"] = await measure("floor", floor_url, seconds, rate, [bare.pid])
+        for name, mode in FLOORS.items():
+            floor_port = free_port()
+            floor = [sys.executable, "-m", "bench.floor", str(floor_port), str(sandbox_port)]
+            with process([*floor, *mode], floor_port) as bare:
+                floor_url = f"http://127.0.0.1:{floor_port}/"
+                results[name] = await measure(name, floor_url, seconds, rate, [bare.pid])
         nginx_port = free_port()
         conf = Path(tmp) / "nginx.conf"
         conf.write_text(nginx_conf(NGINX_CONF, tmp, upstream=sandbox_port, port=nginx_port))
@@ -408,7 +412,7 @@ async def main(seconds: int, rate: int) -> None:
             )
     slow = await slow_backend(seconds, rate)
 
-    row = "{:<9} {:>12} {:>9} {:>9}   {:>10} {:>9} {:>9}  {}"
+    row = "{:<11} {:>12} {:>9} {:>9}   {:>10} {:>9} {:>9}  {}"
     print()
     print(
         row.format(
@@ -462,13 +466,16 @@ async def main(seconds: int, rate: int) -> None:
         f"connection each request: {ing_lat.cpu_new_us:.1f} µs, nginx "
         f"{ngx_lat.cpu_new_us:.1f} µs ({ratio(ing_lat.cpu_new_us, ngx_lat.cpu_new_us)}x)"
     )
-    bare, bare_lat = results["floor"]
-    print(
-        f"the floor (bench.floor: the same stack, none of the ingress's work): "
-        f"{bare.cpu_us:.1f} µs (user {bare.user_us:.1f}) at peak, {bare.cpu_new_us:.1f} "
-        f"with a new connection each, {bare_lat.cpu_us:.1f} at {rate} req/s, "
-        f"{bare_lat.cpu_new_us:.1f} with a new connection each"
-    )
+    for name, what in (
+        ("floor", "the same stack, none of the ingress's work"),
+        ("floor+rules", "and the ingress's header rules"),
+    ):
+        bare, bare_lat = results[name]
+        print(
+            f"{name} ({what}): {bare.cpu_us:.1f} µs (user {bare.user_us:.1f}) at peak, "
+            f"{bare.cpu_new_us:.1f} with a new connection each, {bare_lat.cpu_us:.1f} at "
+            f"{rate} req/s, {bare_lat.cpu_new_us:.1f} with a new connection each"
+        )
     print(
         f"ingress adds at {rate}/s: p50 {ing_lat.p50_ms - base_lat.p50_ms:+.2f} ms, "
         f"p99 {ing_lat.p99_ms - base_lat.p99_ms:+.2f} ms over direct"
@@ -482,10 +489,10 @@ async def main(seconds: int, rate: int) -> None:
             if result.cpu_us:  # the bursts' through a proxy: its CPU, and the user time of it
                 cpu = f"  CPU {result.cpu_us:5.1f} µs a request (user {result.user_us:.1f})"
             print(
-                f"  {name:<8} {result.rps:>7,.0f} req/s  p50 {result.p50_ms:6.1f} ms  "
+                f"  {name:<11} {result.rps:>7,.0f} req/s  p50 {result.p50_ms:6.1f} ms  "
                 f"p95 {result.p95_ms:6.1f} ms  p99 {result.p99_ms:6.1f} ms  errors {errors}{cpu}"
             )
-        for name in ("nginx", "floor", "ingress"):
+        for name in ("nginx", *FLOORS, "ingress"):
             added = results[name].p95_ms - results["direct"].p95_ms
             print(f"  {name} adds {added:+.1f} ms at p95")
 
@@ -542,7 +549,7 @@ async def slow_backend(seconds: int, rate: int) -> dict[str, dict[str, Result]]:
         paths = (
             ("direct", f"http://127.0.0.1:{port}/"),
             ("nginx", f"http://127.0.0.1:{nginx_port}/"),
-            ("floor", f"http://127.0.0.1:{floor_port}/"),
+            *((name, f"http://127.0.0.1:{floor_port}/") for name in FLOORS),
             ("ingress", None),
         )
         for name, url in paths:
@@ -551,8 +558,9 @@ async def slow_backend(seconds: int, rate: int) -> dict[str, dict[str, Result]]:
                 if name == "nginx":
                     master = stack.enter_context(process(nginx, nginx_port)).pid
                     pids = with_children(master)
-                if name == "floor":
-                    pids = [stack.enter_context(process(floor, floor_port)).pid]
+                if name in FLOORS:
+                    bare = process([*floor, *FLOORS[name]], floor_port)
+                    pids = [stack.enter_context(bare).pid]
                 if url is None:
                     url = await stack.enter_async_context(ingress_on(port))
                     pids = [os.getpid()]  # the ingress and its activator, in this process

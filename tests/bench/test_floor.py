@@ -7,6 +7,8 @@ from __future__ import annotations
 import socket
 import sys
 
+import pytest
+
 from bench.proxy import process
 from wakeful.store.testing import free_port
 
@@ -25,15 +27,19 @@ def exchange(port: int, request: bytes, answers: int) -> bytes:
         return got
 
 
-def test_the_floor_relays_requests_on_kept_and_closed_connections() -> None:
+@pytest.mark.parametrize("mode", [[], ["--rules"]], ids=["bare", "rules"])
+def test_the_floor_relays_requests_on_kept_and_closed_connections(mode: list[str]) -> None:
     sandbox, floor = free_port(), free_port()
     with (
         process([sys.executable, "-m", "bench.proxy", "--sandbox", str(sandbox)], sandbox),
-        process([sys.executable, "-m", "bench.floor", str(floor), str(sandbox)], floor),
+        process([sys.executable, "-m", "bench.floor", str(floor), str(sandbox), *mode], floor),
     ):
-        kept = b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"
+        kept = b"GET / HTTP/1.1\r\nHost: a\r\nX-Request-Id: r-1\r\n\r\n"
         for _ in range(3):  # each time over the pooled upstream connection of the last
-            assert exchange(floor, kept, 1).endswith(b"\r\n\r\nok")
+            answer = exchange(floor, kept, 1)
+            assert answer.endswith(b"\r\n\r\nok")
+            if mode:  # the ingress's rules: the client's request id echoed
+                assert b"\r\nx-request-id: r-1\r\n" in answer
         closing = b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"
         with socket.create_connection(("127.0.0.1", floor), timeout=5) as conn:
             conn.sendall(closing)
