@@ -1,21 +1,28 @@
 """The floor under the ingress: the least a proxy on the ingress's own stack (Python, uvloop,
-httptools) does for a request, measured beside nginx and the ingress in `bench.proxy`.
+httptools) does for a request, measured beside nginx and the ingress (`bench.proxy`,
+`bench.ladder`).
 
 It parses each request head with httptools, writes a new head to the sandbox (the client's
-headers, `X-Forwarded-For` added) over a kept connection from a pool, and copies the answer
-back as it comes, its end found by httptools' response parser. All of it in the loop's
-callbacks: no task, no future, no routing, no lease, no metrics, no timeouts, no bodies from
-clients. Not a proxy anyone should run; what the interpreter costs before any of the ingress's
-own work, so that a figure of the ingress's can be split into the stack's and its own.
+headers, hop-by-hop `Connection` dropped, `X-Forwarded-For` added) over a kept connection from
+a pool, and copies the answer back as it comes (with `Connection: close` put in when the
+client asked for it, and the connection closed after), its end found by httptools' response
+parser. All of it in the loop's callbacks, interpreted: no task, no future, no routing, no
+lease, no metrics, no timeouts. Not a proxy anyone should run: GETs without bodies and answers
+framed by Content-Length only (the benchmarks' sandbox's), no 1xx. What the stack costs before
+any of the ingress's own work, so that a figure of the ingress's can be split into the stack's
+and its own.
 
-With `--rules`, the same callbacks apply the ingress's own compiled header rules
-(`wakeful.ingress.headers`, `upstream.rules`): the Host counted and required, the request id
-taken or made, hop-by-hop headers dropped both ways, X-Forwarded-* set, the answer's framing
-checked, its head written anew and sent with the first body bytes, a use counted per host
-while the exchange lasts. Still no task, lease cache, routing table, metrics or timers: what
-the rules a lean path must keep cost on top of the floor.
+With `--rules`, the same callbacks call five of the ingress's compiled header rules:
+`read_request_head` (one Host required, the head's size bounded), `new_request_id` (unless the
+client sent one), `upstream_request_headers` (hop-by-hop dropped, X-Forwarded-* and the id
+set), `framing_refused` and `client_response_headers` on the answer's head, which is written
+anew and sent with the first body bytes; a use is counted per host while the exchange lasts.
+The glue around them (the header loops, the lower-casing, the head joined) is this module's,
+interpreted, where the ingress runs it compiled; and the ingress does more on each head than
+these five (`frame_request`, the answer's Content-Length kept, `judge_status`): what
+`floor+rules` adds to the floor is a rough price of those rules, not a bound either way.
 
-    python -m bench.floor LISTEN_PORT SANDBOX_PORT [--rules]  # a subprocess of bench.proxy
+    python -m bench.floor LISTEN_PORT SANDBOX_PORT [--rules]  # a subprocess of the benches
 """
 
 from __future__ import annotations
@@ -40,9 +47,12 @@ from wakeful.ingress.headers import (
 from wakeful.ingress.http1.responder import _STATUS_LINES
 from wakeful.ingress.upstream.rules import framing_refused
 
+CLOSING = b"Connection: close\r\n"
+
 
 class _Upstream(asyncio.Protocol):
-    """A kept connection to the sandbox, carrying one exchange at a time for `client`."""
+    """A kept connection to the sandbox, carrying one exchange at a time for `client`; back in
+    the pool once its answer was read to the end, never while broken."""
 
     def __init__(self, pool: list[_Upstream]) -> None:
         self._pool = pool
@@ -51,11 +61,14 @@ class _Upstream(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._pending = b""
         self.connecting: asyncio.Task[object] | None = None
+        self.broken = False
 
     def connected(self, connecting: asyncio.Task[object]) -> None:
         self.connecting = None
-        if connecting.exception() is not None and self.client is not None:
-            self.client.close()
+        if connecting.exception() is not None:
+            self.broken = True
+            if self.client is not None:
+                self.client.close()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -76,11 +89,13 @@ class _Upstream(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         client, self.client = self.client, None
-        self._pool.append(self)
+        if not self.broken:
+            self._pool.append(self)
         if client is not None:
             client.done()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.broken = True
         if self in self._pool:
             self._pool.remove(self)
         if self.client is not None:
@@ -96,11 +111,16 @@ class _Client(asyncio.Protocol):
         self._lines: list[bytes] = []
         self._transport: asyncio.Transport | None = None
         self._peer = b""
-        self._keep_alive = True
+        self.keep_alive = True
+        self._opening = False
+        """The next bytes relayed start an answer (its status line)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
         self._peer = transport.get_extra_info("peername")[0].encode()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None  # an answer still coming for it is dropped
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -109,21 +129,25 @@ class _Client(asyncio.Protocol):
             self.close()
 
     def on_url(self, url: bytes) -> None:
-        self._url = url
+        self._url += url  # a target split across reads comes in pieces
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if name.lower() != b"connection":  # this hop's; the sandbox's connection is kept
             self._lines.append(name + b": " + value)
 
     def on_message_complete(self) -> None:
-        method = self._parser.get_method()
-        self._keep_alive = self._parser.should_keep_alive()  # llhttp forgets it after
+        self.keep_alive = self._parser.should_keep_alive()  # llhttp forgets it after
         self._lines.append(b"X-Forwarded-For: " + self._peer)
-        head = method + b" " + self._url + b" HTTP/1.1\r\n" + b"\r\n".join(self._lines)
-        self._lines = []
+        line = self._parser.get_method() + b" " + self._url + b" HTTP/1.1"
+        head = line + b"\r\n" + b"\r\n".join(self._lines) + b"\r\n\r\n"
+        self._lines, self._url = [], b""
+        self._opening = not self.keep_alive
+        self.take_upstream().send(head)
+
+    def take_upstream(self) -> _Upstream:
         upstream = self._pool.pop() if self._pool else self._connect()
         upstream.client = self
-        upstream.send(head + b"\r\n\r\n")
+        return upstream
 
     def _connect(self) -> _Upstream:
         return self._connect_with(_Upstream(self._pool))
@@ -136,11 +160,15 @@ class _Client(asyncio.Protocol):
         return upstream
 
     def answer(self, data: bytes) -> None:
+        if self._opening:  # the client asked to close: the answer says so, as nginx's does
+            self._opening = False
+            at = data.find(b"\r\n") + 2
+            data = data[:at] + CLOSING + data[at:]
         if self._transport is not None:
             self._transport.write(data)
 
     def done(self) -> None:
-        if self._transport is not None and not self._keep_alive:
+        if not self.keep_alive:
             self.close()
 
     def close(self) -> None:
@@ -167,13 +195,20 @@ class _RuledUpstream(_Upstream):
     def on_headers_complete(self) -> None:
         raw, self._raw = self._raw, []
         status = self._parser.get_status_code()
-        if framing_refused(raw, status < 200) is not None:
+        chunked = any(name.lower() == b"transfer-encoding" for name, _ in raw)
+        if status < 200 or chunked or framing_refused(raw, False) is not None:
+            self.broken = True  # not what this floor relays: both connections end
+            if self.transport is not None:
+                self.transport.abort()
             if self.client is not None:
                 self.client.close()
+                self.client = None
             return
         lines = [_STATUS_LINES.get(status) or b"HTTP/1.1 %d Unknown" % status]
         for name, value in client_response_headers(raw, self.request_id):
             lines.append(name + b": " + value)
+        if self.client is not None and not self.client.keep_alive:
+            lines.append(b"connection: close")
         self._held = b"\r\n".join(lines) + b"\r\n\r\n"
 
     def on_body(self, body: bytes) -> None:
@@ -198,22 +233,28 @@ class _RuledClient(_Client):
         super().__init__(pool, sandbox)
         self._headers: list[tuple[bytes, bytes]] = []
         self._uses = uses
-        self._host = ""
+        self._host: str | None = None
+        """The host a use is counted for, while the exchange lasts."""
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self.finished()  # gone mid-exchange: its use is over
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name.lower(), value))
 
     def on_message_complete(self) -> None:
         headers, self._headers = self._headers, []
-        self._keep_alive = self._parser.should_keep_alive()
+        url, self._url = self._url, b""
+        self.keep_alive = self._parser.should_keep_alive()
         head = read_request_head(headers)
-        if head.hosts != 1 or len(self._url) + head.size > 32768:
+        if head.hosts != 1 or len(url) + head.size > 32768:
             self.close()
             return
         request_id = head.client_request_id or new_request_id()
         self._host = head.host
         self._uses[head.host] += 1
-        lines = [self._parser.get_method() + b" " + self._url + b" HTTP/1.1"]
+        lines = [self._parser.get_method() + b" " + url + b" HTTP/1.1"]
         for name, value in upstream_request_headers(
             headers,
             client_ip=self._peer.decode(),
@@ -222,9 +263,8 @@ class _RuledClient(_Client):
             trust_forwarded=False,
         ):
             lines.append(name + b": " + value)
-        upstream = self._pool.pop() if self._pool else self._connect()
+        upstream = self.take_upstream()
         assert isinstance(upstream, _RuledUpstream)
-        upstream.client = self
         upstream.request_id = request_id
         upstream.send(b"\r\n".join(lines) + b"\r\n\r\n")
 
@@ -232,7 +272,9 @@ class _RuledClient(_Client):
         return self._connect_with(_RuledUpstream(self._pool))
 
     def finished(self) -> None:
-        self._uses[self._host] -= 1
+        if self._host is not None:
+            self._uses[self._host] -= 1
+            self._host = None
 
 
 def main(port: int, sandbox_port: int, rules: bool) -> None:
