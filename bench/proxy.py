@@ -12,8 +12,9 @@ through nginx, with wrk (peak throughput) and hey (latency at a fixed rate).
 - The floor (`bench/floor.py`, a subprocess): the least a proxy on the ingress's own stack
   (Python, uvloop, httptools) does, none of the ingress's work. What the ingress costs above
   it is its own code's; what the floor costs above nginx, the stack's. `floor+rules` is the
-  same with the ingress's compiled header rules on both heads: what those cost.
-- wrk: 1 thread, 32 connections; then, for the ingress and nginx, again with a new
+  same with five of the ingress's compiled header rules on both heads: roughly what those
+  cost (`bench/floor.py` says how roughly). `bench/ladder.py` sets the four side by side.
+- wrk: 1 thread, 32 connections; then, for each proxy, again with a new
   connection for each request (`Connection: close`: what a client that opens one per
   request costs, a script's, a health check's). hey: 10 workers at a fixed total rate
   (`--rate`), the proxies' CPU per request meanwhile, then again with a new connection for
