@@ -73,9 +73,9 @@ from pathlib import Path
 import anyio
 from prometheus_client import CollectorRegistry
 
+from bench.harness import NGINX_HEAD, nginx_conf, process
 from bench.procfs import TICK, children, cpu_seconds, waited, with_children
 from bench.procfs import stat as _stat
-from bench.proxy import NGINX_HEAD, nginx_conf, process
 from wakeful.activator.client import InProcessLeases
 from wakeful.activator.core import Activator
 from wakeful.activator.settings import ActivatorSettings

@@ -33,8 +33,7 @@ from pathlib import Path
 
 import anyio
 
-from bench.procfs import cpu_seconds, user_seconds, with_children
-from bench.proxy import (
+from bench.harness import (
     FLOORS,
     NGINX_CONF,
     SLOW_DELAY,
@@ -45,6 +44,7 @@ from bench.proxy import (
     run_hey,
     run_wrk,
 )
+from bench.procfs import cpu_seconds, user_seconds, with_children
 from wakeful.store.testing import free_port
 
 PATHS = ("nginx", *FLOORS, "ingress")

@@ -69,7 +69,7 @@ import anyio
 import httpx
 from prometheus_client import CollectorRegistry
 
-from bench.proxy import CONNECTIONS, process, seed
+from bench.harness import CONNECTIONS, process, seed
 from bench.split import wrk
 from wakeful.activator.client import InProcessLeases
 from wakeful.activator.core import Activator

@@ -35,8 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.procfs import cpu_seconds, with_children
-from bench.proxy import (
+from bench.harness import (
     CONNECTIONS,
     NGINX_HEAD,
     NGINX_HTTP,
@@ -47,6 +46,7 @@ from bench.proxy import (
     run_wrk,
     serving,
 )
+from bench.procfs import cpu_seconds, with_children
 from bench.websocket import rss
 from wakeful.domain.models import App, AppSpec, Concurrency, Pool, Sandbox, SandboxStatus
 from wakeful.store import Put, Store

@@ -3,7 +3,7 @@ request with a 50/50 split between two versions against the same app with no spl
 same process, runs alternated.
 
 - Two trivial sandboxes (`bench.proxy`'s raw uvloop responder, subprocesses), one per version.
-- The ingress and the real activator in this process (`bench.proxy.serving`, memory store).
+- The ingress and the real activator in this process (`bench.harness.serving`, memory store).
 - Each run: wrk -t1 -c32 for `--seconds`; this process's CPU time (user + system, the ingress
   and the activator; wrk and the sandboxes are other processes) over the requests wrk counted.
   The split is switched by writing the app's record between runs, as `wakeful traffic` does.
@@ -33,7 +33,7 @@ import time
 
 import anyio
 
-from bench.proxy import CONNECTIONS, HOST, process, serving
+from bench.harness import CONNECTIONS, HOST, process, serving
 from wakeful.domain.models import App, AppSpec, Concurrency, Pool, Sandbox, SandboxStatus
 from wakeful.store import Store
 from wakeful.store.testing import free_port

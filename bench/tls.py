@@ -54,8 +54,8 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 from cryptography.x509.oid import NameOID
 from prometheus_client import CollectorRegistry
 
+from bench.harness import nginx_conf, process
 from bench.procfs import cpu_seconds, with_children
-from bench.proxy import nginx_conf, process
 from wakeful.activator.client import InProcessLeases
 from wakeful.activator.core import Activator
 from wakeful.activator.settings import ActivatorSettings
@@ -231,7 +231,7 @@ class Handed:
 
 @contextlib.asynccontextmanager
 async def ingress_tls(tls_dir: Path | None, pair: ServedPair | None) -> AsyncIterator[int]:
-    """`bench.proxy.serving` with a TLS listener: certificates from `tls_dir`, or `pair`
+    """`bench.harness.serving` with a TLS listener: certificates from `tls_dir`, or `pair`
     issued by ACME (a `certs/` record, then the feed installs it). Yields its TLS port."""
     async with open_store("memory://") as store:
         registry = CollectorRegistry()

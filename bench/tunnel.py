@@ -45,7 +45,7 @@ from pathlib import Path
 import httpx
 
 from bench.cluster import Piece, wakeful_cli
-from bench.proxy import NGINX_HTTP
+from bench.harness import NGINX_HTTP
 from wakeful.store.testing import EtcdServer, free_port
 
 WAKEFUL = [sys.executable, "-m", "wakeful.cli"]

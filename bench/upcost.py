@@ -36,8 +36,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bench.cluster import Piece, wakeful_cli
+from bench.harness import SLOW_DELAY
 from bench.procfs import ingress_workers
-from bench.proxy import SLOW_DELAY
 from bench.workers import APP, RESPONDER, SLOW, TOML, WAKEFUL, Run, drive, nginx, show
 from wakeful.store.testing import free_port, wait_listening
 

@@ -38,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.proxy import ingress_on, nginx_conf, process
+from bench.harness import ingress_on, nginx_conf, process
 from wakeful.store.testing import free_port
 
 NGINX_CONF = """

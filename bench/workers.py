@@ -51,8 +51,8 @@ import anyio
 import httpx
 
 from bench.cluster import Piece, wakeful_cli
+from bench.harness import NGINX_HTTP, NGINX_KEEPALIVE, SLOW_DELAY, Result, run_hey, run_wrk
 from bench.procfs import children, cpu_seconds, with_children
-from bench.proxy import NGINX_HTTP, NGINX_KEEPALIVE, SLOW_DELAY, Result, run_hey, run_wrk
 from wakeful.domain import keys
 from wakeful.domain.models import Sandbox
 from wakeful.store.testing import EtcdServer, free_port, wait_listening

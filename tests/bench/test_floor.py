@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench.proxy import process
+from bench.harness import process
 from wakeful.store.testing import free_port
 
 
