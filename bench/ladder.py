@@ -44,21 +44,11 @@ from bench.harness import (
     run_hey,
     run_wrk,
 )
-from bench.procfs import cpu_seconds, user_seconds, with_children
+from bench.procfs import cpu_seconds, preempted, user_seconds, with_children
 from wakeful.store.testing import free_port
 
 PATHS = ("nginx", *FLOORS, "ingress")
 RATE = 1000
-
-
-def preempted(*pids: int) -> int:
-    """Involuntary context switches of these processes (their main threads), from /proc."""
-    total = 0
-    for pid in pids:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("nonvoluntary_ctxt_switches:"):
-                total += int(line.split()[1])
-    return total
 
 
 class Meter:

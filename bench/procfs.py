@@ -30,6 +30,16 @@ def user_seconds(*pids: int) -> float:
     return sum(int(stat(pid)[11]) for pid in pids) / TICK
 
 
+def preempted(*pids: int) -> int:
+    """Involuntary context switches of these processes (their main threads), from /proc."""
+    total = 0
+    for pid in pids:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("nonvoluntary_ctxt_switches:"):
+                total += int(line.split()[1])
+    return total
+
+
 def children(pid: int) -> list[int]:
     """The process's children as they are now (nginx's workers, a supervisor's), in order."""
     found: list[int] = []
