@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 
 from wakeful.domain.logbatch import MAX_PATH
 from wakeful.domain.sampling import Sampler
+from wakeful.ingress.cacherules import CachedLease
 
 OUTCOMES = ("kept", "sampled", "capped", "overflowed")
 
@@ -93,6 +94,41 @@ class AccessLog:
             else:
                 self.counts["sampled"] += 1
         return sample
+
+    def request(
+        self,
+        app: str,
+        version: str | None,
+        lease: CachedLease | None,
+        method: str,
+        target: bytes,
+        status: int,
+        sent: int,
+        seconds: float,
+        wake: str,
+        request_id: str,
+        grpc_status: int | None,
+    ) -> None:
+        """A request's line (`record`) when the log wants the app's requests (`wants`, asked
+        by the app through its `lease`, if it got one) and samples this one; `version` when
+        it got no lease."""
+        wants, query = self.wants(app, None if lease is None else lease.log)
+        if wants and (sample := self.sample()):
+            self.record(
+                app,
+                (version or "") if lease is None else lease.grant.version,
+                "" if lease is None else lease.sandbox_id,
+                method,
+                target,
+                status,
+                sent,
+                seconds,
+                wake,
+                request_id,
+                query,
+                sample,
+                grpc_status,
+            )
 
     def record(
         self,

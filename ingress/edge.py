@@ -12,30 +12,25 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Final
-
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from typing import TYPE_CHECKING, Final
 
 from wakeful.aio import trace
-from wakeful.domain.leases import ActivatorError, AppFailedToBoot, Unavailable, UnknownApp
+from wakeful.domain.leases import ActivatorError
 from wakeful.ingress import grpc
 from wakeful.ingress.accesslog import AccessLog
 from wakeful.ingress.acme import CHALLENGE_PREFIX
-from wakeful.ingress.cacherules import Use
+from wakeful.ingress.cacherules import CachedLease, Use
 from wakeful.ingress.clients import ClientShares, client_key
+from wakeful.ingress.direct import Direct
 from wakeful.ingress.errors import (
-    ActivatorUnreachable,
     BadRequest,
     ClientBusy,
-    ClientTooSlow,
     HeadersTooLarge,
     IngressError,
-    NoRoute,
-    UpstreamBusy,
     UpstreamError,
     UpstreamTimeout,
 )
-from wakeful.ingress.formats import ErrorAnswer, choose_format, render
+from wakeful.ingress.formats import CLIENT_GONE, answer_for, choose_format, render
 from wakeful.ingress.headers import header, last_header, new_request_id, read_request_head
 from wakeful.ingress.http1 import Handler, Request, Responder
 from wakeful.ingress.http1.rules import origin_form
@@ -44,48 +39,14 @@ from wakeful.ingress.metrics import IngressMetrics
 from wakeful.ingress.proxy import Proxy, ProxyRequest, ProxyResponse
 from wakeful.ingress.websocket import splice, upgrade_headers
 
+if TYPE_CHECKING:
+    from wakeful.ingress.http1.connection import ClientConnection
+
 log = logging.getLogger(__name__)
 
 # Bound once: compiled, `module.name` is a lookup on the module at every call.
 _clock: Final = time.perf_counter
 _TRACING: Final = trace.ENABLED
-
-CLIENT_GONE: Final = 499
-"""nginx's code for a client that left before its answer: logged and counted, never sent."""
-
-
-def answer_for(exc: Exception, show_boot_log: bool = False) -> ErrorAnswer:
-    """The status and shape of an error answer, for errors raised before the answer started.
-
-    An app's boot log goes to anonymous clients only when `show_boot_log` says so: it can hold
-    configuration, paths and secrets. Operators read it with `wakeful logs`.
-    """
-    if isinstance(exc, NoRoute):
-        return ErrorAnswer(404, "unknown host", str(exc))
-    if isinstance(exc, UnknownApp):
-        return ErrorAnswer(404, "unknown app", str(exc))
-    if isinstance(exc, ClientTooSlow):
-        return ErrorAnswer(408, "request timeout", str(exc))
-    if isinstance(exc, HeadersTooLarge):
-        return ErrorAnswer(431, "request header fields too large", str(exc))
-    if isinstance(exc, BadRequest):
-        return ErrorAnswer(400, "bad request", str(exc))
-    if isinstance(exc, AppFailedToBoot):
-        log_lines = exc.log if show_boot_log else None
-        return ErrorAnswer(503, "app failed to boot", str(exc), exc.retry_after, log_lines)
-    if isinstance(exc, Unavailable):
-        return ErrorAnswer(503, "no capacity", str(exc), exc.retry_after)
-    if isinstance(exc, ClientBusy):
-        return ErrorAnswer(429, "too many requests", str(exc), exc.retry_after)
-    if isinstance(exc, UpstreamBusy):
-        return ErrorAnswer(503, "upstream busy", str(exc), exc.retry_after)
-    if isinstance(exc, ActivatorUnreachable | ActivatorError):
-        return ErrorAnswer(503, "activator unavailable", str(exc), 5)
-    if isinstance(exc, UpstreamTimeout):
-        return ErrorAnswer(504, "upstream timed out", str(exc))
-    if isinstance(exc, UpstreamError):
-        return ErrorAnswer(502, "upstream failed", str(exc))
-    return ErrorAnswer(500, "internal error", f"{type(exc).__name__}: {exc}")
 
 
 class ProxyEdge(Handler):
@@ -105,6 +66,7 @@ class ProxyEdge(Handler):
         access: AccessLog | None = None,
         clients: ClientShares | None = None,
         trust_forwarded: bool = False,
+        direct: bool = True,
     ) -> None:
         """`websocket_limits`: an app's WebSocket idle timeout and maximum duration.
         `https_location(app, host, target)`: where a plain HTTP request of the app is
@@ -124,6 +86,7 @@ class ProxyEdge(Handler):
         self._access = access
         self._clients = clients
         self._trust_forwarded = trust_forwarded
+        self._direct = direct
 
     async def handle(self, request: Request, out: Responder) -> None:
         """Route, forward and stream the answer back. Errors before the answer starts become
@@ -137,7 +100,7 @@ class ProxyEdge(Handler):
         if target[:1] != b"/":  # absolute-form (rare): origin-form, and its host the Host
             target, headers = origin_form(target, headers)
         head = read_request_head(headers)
-        request_id = head.client_request_id or new_request_id()
+        request_id = request.request_id or head.client_request_id or new_request_id()
         label = "-"
         version: str | None = None
         reported: str | None = None
@@ -203,6 +166,7 @@ class ProxyEdge(Handler):
                 request.body,
                 request.upgrade,
                 call,
+                resent=request.resent,
             )
             if self._clients is not None:
                 try:
@@ -285,7 +249,7 @@ class ProxyEdge(Handler):
             elif call:
                 status = self._answer_call_error(exc, request_id, out)
             else:
-                status = self._answer_error(exc, headers, request_id, out)
+                status = self.answer_error(exc, headers, request_id, out)
         except asyncio.CancelledError:
             client_gone = True  # the client hung up (or the ingress is stopping)
             raise
@@ -304,26 +268,114 @@ class ProxyEdge(Handler):
                 else:
                     code = grpc.call_code(final, response.headers, response.upstream.trailers)
                 self._metrics.called(label, code)
-            access = self._access
-            if access is not None and label != "-":
-                lease = None if response is None else response.lease
-                wants, query = access.wants(label, None if lease is None else lease.log)
-                if wants and (sample := access.sample()):
-                    access.record(
-                        label,
-                        (version or "") if lease is None else lease.grant.version,
-                        "" if lease is None else lease.sandbox_id,
-                        request.method,
-                        target,
-                        final,
-                        sent,
-                        seconds,
-                        "" if response is None else response.woke_by,
-                        request_id,
-                        query,
-                        sample,
-                        code,
-                    )
+            if self._access is not None and label != "-":
+                self._access.request(
+                    label,
+                    version,
+                    None if response is None else response.lease,
+                    request.method,
+                    target,
+                    final,
+                    sent,
+                    seconds,
+                    "" if response is None else response.woke_by,
+                    request_id,
+                    code,
+                )
+
+    def direct(self, conn: ClientConnection, request: Request) -> Direct | None:
+        """Answer `request` (no body, nothing queued before it on `conn`) in callbacks, when
+        nothing on its way needs a wait (`ingress.direct`): the edge's checks pass, it has a
+        route and no redirect, its client has room, and `Proxy.take_direct` finds a cached
+        lease with room and an idle connection. None, with nothing taken or counted, sends
+        it the general path (`handle`), which answers whatever this does not."""
+        if not self._direct or request.resent:
+            return None
+        started = _clock()
+        target = request.target
+        if target[:1] != b"/":
+            return None
+        headers = request.headers
+        head = read_request_head(headers)
+        if head.hosts != 1 or len(target) + head.size > self._max_header_bytes:
+            return None
+        if (
+            request.scheme == "http"
+            and self._acme_answer is not None
+            and target.startswith(CHALLENGE_PREFIX)
+        ):
+            return None
+        proxy = self._proxy
+        try:
+            route = proxy.find_route(head.host)
+        except BadRequest:  # a Host that is no host: `handle` answers it
+            return None
+        if route is None:
+            return None
+        app, version, counted = route
+        if (
+            self._https_location is not None
+            and request.scheme == "http"
+            and self._https_location(app, head.host, target)
+        ):
+            return None
+        share: str | None = None
+        if self._clients is not None:
+            try:
+                share = self._admit(request.client, headers)
+            except ClientBusy:
+                return None
+        taken = proxy.take_direct(app, version)
+        if taken is None:
+            self.left(share)
+            return None
+        if _TRACING:
+            trace.mark("routed", app)
+        use, idle = taken
+        tracker = self._metrics.tracker(app)
+        tracker.hold()
+        request_id = head.client_request_id or new_request_id()
+        reported = version if counted else None
+        exchange = Direct(
+            self,
+            proxy,
+            conn,
+            request,
+            app,
+            reported,
+            use,
+            idle,
+            tracker,
+            share,
+            request_id,
+            started,
+        )
+        exchange.send()
+        return exchange
+
+    def left(self, share: str | None) -> None:
+        """A request's client share goes back (`_admit`), if it took one."""
+        if share is not None:
+            self._leave(share)
+
+    def ended_direct(
+        self,
+        app: str,
+        reported: str | None,
+        lease: CachedLease,
+        method: str,
+        target: bytes,
+        final: int,
+        sent: int,
+        seconds: float,
+        request_id: str,
+    ) -> None:
+        """A direct exchange's end, counted and logged as `handle` counts and logs."""
+        self._metrics.answered(app, final, seconds, reported)
+        if self._access is not None:
+            self._access.request(
+                app, None, lease, method, target, final, sent, seconds, "", request_id, None
+            )
 
     def _admit(self, peer: str, headers: Sequence[tuple[bytes, bytes]]) -> str:
         """Count the request for its client (`ingress.clients`); ClientBusy past its share."""
@@ -368,7 +420,7 @@ class ProxyEdge(Handler):
         out.end()
         return answer.status
 
-    def _answer_error(
+    def answer_error(
         self,
         exc: Exception,
         headers: list[tuple[bytes, bytes]],
@@ -382,35 +434,3 @@ class ProxyEdge(Handler):
         extra.append((b"x-request-id", request_id.encode("latin-1")))
         out.send_whole(answer.status, extra, body)
         return answer.status
-
-
-class AdminEdge(Handler):
-    """/healthz, /readyz and /metrics, on the admin port (same HTTP/1.1 server). `metrics`
-    renders the exposition: one registry's, or every worker's (`ingress.workers`)."""
-
-    def __init__(
-        self,
-        metrics: CollectorRegistry | Callable[[], Awaitable[bytes]],
-        ready: Callable[[], bool],
-    ) -> None:
-        self._metrics = metrics
-        self._ready = ready
-
-    async def handle(self, request: Request, out: Responder) -> None:
-        path = request.target.split(b"?", 1)[0]
-        content_type = b"text/plain; charset=utf-8"
-        if path == b"/healthz":
-            status, body = 200, b"ok\n"
-        elif path == b"/readyz":
-            ready = self._ready()
-            status, body = (200, b"ready\n") if ready else (503, b"not ready\n")
-        elif path == b"/metrics":
-            metrics = self._metrics
-            if isinstance(metrics, CollectorRegistry):
-                body = generate_latest(metrics)
-            else:
-                body = await metrics()
-            status, content_type = 200, CONTENT_TYPE_LATEST.encode()
-        else:
-            status, body = 404, b"not found\n"
-        out.send_whole(status, [(b"content-type", content_type)], body)

@@ -15,8 +15,24 @@ import html
 import json
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Final
 
+from wakeful.domain.leases import ActivatorError, AppFailedToBoot, Unavailable, UnknownApp
 from wakeful.domain.shown import CONTINUED, shown
+from wakeful.ingress.errors import (
+    ActivatorUnreachable,
+    BadRequest,
+    ClientBusy,
+    ClientTooSlow,
+    HeadersTooLarge,
+    NoRoute,
+    UpstreamBusy,
+    UpstreamError,
+    UpstreamTimeout,
+)
+
+CLIENT_GONE: Final = 499
+"""nginx's code for a client that left before its answer: logged and counted, never sent."""
 
 
 class Format(StrEnum):
@@ -82,3 +98,37 @@ def render(
     headers.append((b"content-type", content_type))
     headers.append((b"content-length", str(len(body)).encode()))
     return body, headers
+
+
+def answer_for(exc: Exception, show_boot_log: bool = False) -> ErrorAnswer:
+    """The status and shape of an error answer, for errors raised before the answer started.
+
+    An app's boot log goes to anonymous clients only when `show_boot_log` says so: it can hold
+    configuration, paths and secrets. Operators read it with `wakeful logs`.
+    """
+    if isinstance(exc, NoRoute):
+        return ErrorAnswer(404, "unknown host", str(exc))
+    if isinstance(exc, UnknownApp):
+        return ErrorAnswer(404, "unknown app", str(exc))
+    if isinstance(exc, ClientTooSlow):
+        return ErrorAnswer(408, "request timeout", str(exc))
+    if isinstance(exc, HeadersTooLarge):
+        return ErrorAnswer(431, "request header fields too large", str(exc))
+    if isinstance(exc, BadRequest):
+        return ErrorAnswer(400, "bad request", str(exc))
+    if isinstance(exc, AppFailedToBoot):
+        log_lines = exc.log if show_boot_log else None
+        return ErrorAnswer(503, "app failed to boot", str(exc), exc.retry_after, log_lines)
+    if isinstance(exc, Unavailable):
+        return ErrorAnswer(503, "no capacity", str(exc), exc.retry_after)
+    if isinstance(exc, ClientBusy):
+        return ErrorAnswer(429, "too many requests", str(exc), exc.retry_after)
+    if isinstance(exc, UpstreamBusy):
+        return ErrorAnswer(503, "upstream busy", str(exc), exc.retry_after)
+    if isinstance(exc, ActivatorUnreachable | ActivatorError):
+        return ErrorAnswer(503, "activator unavailable", str(exc), 5)
+    if isinstance(exc, UpstreamTimeout):
+        return ErrorAnswer(504, "upstream timed out", str(exc))
+    if isinstance(exc, UpstreamError):
+        return ErrorAnswer(502, "upstream failed", str(exc))
+    return ErrorAnswer(500, "internal error", f"{type(exc).__name__}: {exc}")

@@ -221,6 +221,7 @@ class AppCounts:
         "calls",
         "classes",
         "created",
+        "direct",
         "hits",
         "misses",
         "phase_buckets",
@@ -241,6 +242,8 @@ class AppCounts:
         """Answers by the first duration bucket they fit (the last: over every bound)."""
         self.seconds = 0.0
         self.hits = 0
+        self.direct = 0
+        """Requests answered by the direct path (`ingress.direct`)."""
         self.misses = 0
         self.calls: dict[int, int] = {}
         """gRPC calls by the code they ended with."""
@@ -310,6 +313,12 @@ class _Counts(Collector):
             "Requests carried by a cached lease",
             labels=["app"],
         )
+        direct = CounterMetricFamily(
+            "wakeful_ingress_direct_requests",
+            "Requests answered in callbacks, without a task (the direct path: no body, a cached "
+            "lease with room, an idle upstream connection); the rest go the general path",
+            labels=["app"],
+        )
         misses = CounterMetricFamily(
             "wakeful_ingress_lease_cache_misses",
             "Requests that asked the activator for a lease",
@@ -349,11 +358,13 @@ class _Counts(Collector):
                         phases.samples.append(Sample(name, {"app": app, "phase": phase}, since))
             if counts.hits:
                 hits.add_metric([app], counts.hits, created=since)
+            if counts.direct:
+                direct.add_metric([app], counts.direct, created=since)
             if counts.misses:
                 misses.add_metric([app], counts.misses, created=since)
             for code, n in sorted(counts.calls.items()):
                 calls.add_metric([app, code_name(code)], n, created=since)
-        yield from (requests, duration, phases, hits, misses, calls)
+        yield from (requests, duration, phases, hits, direct, misses, calls)
 
 
 def _cumulative(buckets: list[int]) -> list[tuple[str, float]]:

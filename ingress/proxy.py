@@ -5,8 +5,8 @@ Theory of operation:
   bounded, while nothing is routable) in `open`. Every use it took is handed back by
   `finish`, which never awaits, whatever ended the exchange: answer sent, upstream error,
   client gone, cancellation, timeout, shutdown.
-- A request body is read up to `PREREAD_BYTES` before anything else (`preread`): a client
-  trickling a small body in holds no capacity meanwhile.
+- A request body is read up to `PREREAD_BYTES` before anything else (`ingress.preread`): a
+  client trickling a small body in holds no capacity meanwhile.
 - Whether a failed request is sent again, and where, is `retry.next_attempt`'s (invariant
   11); `open` carries it out. Sent elsewhere (nothing reached the sandbox): the refused
   sandbox's cached leases leave the cache, and the use that failed is held until the request
@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from wakeful.aio import trace
 from wakeful.domain.leases import LeaseGrant
@@ -36,14 +36,22 @@ from wakeful.ingress.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from wakeful.ingress.headers import client_response_headers, upstream_request_headers
+from wakeful.ingress.headers import (
+    client_response_headers,
+    server_timing,
+    upstream_request_headers,
+)
 from wakeful.ingress.load import WAIT, Tracker
 from wakeful.ingress.metrics import IngressMetrics
+from wakeful.ingress.preread import preread
 from wakeful.ingress.retry import RESEND_PAUSE, Body, Next, next_attempt
 from wakeful.ingress.routing import Route, Router, RoutingTable, normalize_host
 from wakeful.ingress.settings import IngressSettings
-from wakeful.ingress.streams import chunks
 from wakeful.ingress.transport import Transport, UpstreamRequest, UpstreamResponse
+
+if TYPE_CHECKING:
+    from wakeful.ingress.upstream.bases import Listener
+    from wakeful.ingress.upstream.raw import Idle
 
 # Bound once: compiled, `module.name` is a lookup on the module at every call.
 _clock: Final = time.perf_counter
@@ -83,6 +91,10 @@ class ProxyRequest:
     deadline: float | None = None
     """When a gRPC call's `grpc-timeout` runs out (`time.monotonic()`): the sandbox is told
     what is left of it."""
+    resent: bool = False
+    """It went out once already and its pooled connection closed unanswered (the direct
+    path's keep-alive race, `ingress.direct`): its one resend (`retry.next_attempt`) goes now,
+    on a fresh connection."""
 
     def __init__(  # written out: compiled, where a dataclass's own would be interpreted
         self,
@@ -96,6 +108,7 @@ class ProxyRequest:
         upgrade: bool = False,
         streaming: bool = False,
         deadline: float | None = None,
+        resent: bool = False,
     ) -> None:
         self.method = method
         self.target = target
@@ -107,6 +120,7 @@ class ProxyRequest:
         self.upgrade = upgrade
         self.streaming = streaming
         self.deadline = deadline
+        self.resent = resent
 
 
 @dataclass(slots=True, init=False)
@@ -163,10 +177,14 @@ class Proxy:
     def route(self, host_header: str) -> Route:
         """The app serving a Host header, the version a tag, its split or its active version
         names, and whether its answers are counted per version; NoRoute when none does."""
-        route = self._router.route(host_header)
+        route = self.find_route(host_header)
         if route is None:
             raise NoRoute(normalize_host(host_header) or host_header)
         return route
+
+    def find_route(self, host_header: str) -> Route | None:
+        """`route`, or None when no app is served by `host_header`."""
+        return self._router.route(host_header)
 
     async def open(
         self,
@@ -201,7 +219,7 @@ class Proxy:
         """Sandboxes nothing reached, with why: the answer names the first reason."""
         elsewhere = again = 0
         """Times sent to another sandbox, and once more to the same one (`next_attempt`)."""
-        fresh = False
+        fresh = request.resent
         """The next send takes a new connection: a resend after the keep-alive race."""
         waited = False
         queued = woke = 0.0
@@ -272,7 +290,7 @@ class Proxy:
                     method=request.method,
                     body=_body_state(request.body),
                     elsewhere=elsewhere,
-                    again=again,
+                    again=again + request.resent,
                     bound=self._retries,
                 )
                 if step is Next.AGAIN or step is Next.AGAIN_LATER:
@@ -295,15 +313,80 @@ class Proxy:
             if waited:
                 trace.mark("answered", app)
             try:
-                answer = client_response_headers(response.headers, request.request_id)
-                if self._server_timing or lease.server_timing:
-                    answer.append(
-                        (b"server-timing", server_timing(queued, woke, upstream, woke_by))
-                    )
+                answer = self.answer_headers(
+                    lease, response.headers, request.request_id, queued, woke, upstream, woke_by
+                )
                 return ProxyResponse(response.status, answer, response, lease, woke_by)
             except BaseException:
                 response.close()
                 raise
+
+    def answer_headers(
+        self,
+        lease: CachedLease,
+        raw: Sequence[tuple[bytes, bytes]],
+        request_id: str,
+        queued: float,
+        woke: float,
+        upstream: float,
+        woke_by: str = "",
+    ) -> list[tuple[bytes, bytes]]:
+        """The answer's headers as the client gets them (`client_response_headers`), with
+        `Server-Timing` when the ingress or the app asks for it."""
+        answer = client_response_headers(raw, request_id)
+        if self._server_timing or lease.server_timing:
+            answer.append((b"server-timing", server_timing(queued, woke, upstream, woke_by)))
+        return answer
+
+    def take_direct(self, app: str, version: str | None) -> tuple[Use, Idle] | None:
+        """For the direct path (`ingress.direct`): a use of a cached lease with room, and an
+        idle pooled connection to its sandbox with one of the app's slots, all taken now;
+        None, with nothing taken, when any would mean a wait (or the sandbox speaks h2c)."""
+        use = self._cache.take((app, version))
+        if use is None:
+            return None
+        lease = use.lease
+        idle = None if lease.h2c else self._transport.take_idle(app, lease.url)
+        if idle is None:
+            self.release_soon(self.finish(None, [use]))
+            return None
+        counts = self._metrics.counts(app)
+        counts.hits += 1
+        counts.direct += 1
+        return use, idle
+
+    def send_direct(
+        self,
+        app: str,
+        idle: Idle,
+        method: str,
+        target: bytes,
+        headers: list[tuple[bytes, bytes]],
+        client_ip: str,
+        scheme: str,
+        request_id: str,
+        listener: Listener,
+    ) -> None:
+        """Send a request with no body on `idle` (`take_direct`), its headers rewritten as
+        `open` does; what comes back is told to `listener`."""
+        headers = upstream_request_headers(
+            headers,
+            client_ip=client_ip,
+            scheme=scheme,
+            request_id=request_id,
+            trust_forwarded=self._trust_forwarded,
+        )
+        timeout = self._timeouts.get(app, self._timeout)
+        self._transport.begin(idle, method, target, headers, timeout, listener)
+
+    def count_phases(self, app: str, upstream: float, reported: str | None) -> None:
+        """A direct exchange's phases: no wait for a lease, `upstream` to the answer's head."""
+        self._metrics.counts(app).phases(0.0, 0.0, upstream, reported)
+
+    def finished_direct(self, app: str, idle: Idle, use: Use) -> None:
+        """A direct exchange is over: what `take_direct` took goes back (as `finish`)."""
+        self._transport.finished(app, idle)
+        self.release_soon(self.finish(None, [use]))
 
     def finish(self, response: ProxyResponse | None, held: list[Use]) -> list[LeaseGrant]:
         """The exchange is over: close the sandbox's answer (its connection is kept when it
@@ -340,110 +423,3 @@ def _body_state(body: RequestBody | None) -> Body:
     if body is None:
         return Body.NONE
     return Body.SPENT if body.started else Body.KEPT
-
-
-def server_timing(queued: float, woke: float, upstream: float, woke_by: str = "") -> bytes:
-    """The `Server-Timing` value of a proxied answer, in milliseconds: `queue` (waiting for a
-    lease), `wake` (of which waiting for the app to wake; only when this request woke it; its
-    `desc` says how: `thaw` of a suspended sandbox or `start` of a new one), `upstream` (the
-    sandbox's time to the answer's head). Built of bytes: `wakeful up` sends it on every
-    answer, and formatting three floats cost a third as much as the rest of the request's
-    bookkeeping."""
-    queue = _ms(queued)
-    if not woke:  # most answers: two fields
-        return b"queue;dur=" + queue + b", upstream;dur=" + _ms(upstream)
-    wake = b"wake;dur=" + _ms(woke)
-    if woke_by in ("thaw", "start"):
-        wake += b';desc="' + woke_by.encode() + b'"'
-    return b"queue;dur=" + queue + b", " + wake + b", upstream;dur=" + _ms(upstream)
-
-
-def _tenths(tenths: int) -> bytes:
-    return b"%d.%d" % (tenths // 10, tenths % 10)
-
-
-_TENTHS: Final = tuple(_tenths(tenths) for tenths in range(1000))
-"""`_ms`'s answers below 100 ms (most), made once."""
-
-
-def _ms(seconds: float) -> bytes:
-    """`seconds` (none below 0: a negative time is 0) in milliseconds to a tenth, rounded half
-    up (`0.00025` is `0.3`)."""
-    tenths = int(max(seconds, 0.0) * 10_000 + 0.5)
-    if tenths < 1000:
-        return _TENTHS[tenths]
-    return _tenths(tenths)
-
-
-PREREAD_BYTES: Final = 64 * 1024
-"""A request body is read up to this much before the request takes a lease or an upstream
-connection."""
-
-
-async def preread(body: RequestBody, limit: int = PREREAD_BYTES) -> RequestBody:
-    """Read `body` up to `limit` bytes now. A client that trickles a small body in then holds
-    neither a lease (the sandbox's capacity) nor an upstream connection (its app's share) while
-    it does, as nginx's request buffering; a body read whole can also be sent again when a
-    sandbox refused the connection. A larger body streams on from where this stopped."""
-    chunks: list[bytes] = []
-    size = 0
-    rest = body.stream().__aiter__()
-    while size < limit:
-        try:
-            chunk = await anext(rest)
-        except StopAsyncIteration:
-            return _Preread(chunks, None, body)
-        chunks.append(chunk)
-        size += len(chunk)
-    return _Preread(chunks, rest, body)
-
-
-class _Preread:
-    """A body read before the request was sent: what was read, then the rest as it comes."""
-
-    __slots__ = ("_chunks", "_pulled", "_rest", "_source")
-
-    def __init__(
-        self, chunks: list[bytes], rest: AsyncIterator[bytes] | None, source: RequestBody
-    ) -> None:
-        self._chunks = chunks
-        self._rest = rest
-        self._source = source
-        self._pulled = False
-
-    @property
-    def started(self) -> bool:
-        """What was read before can be sent again; once the rest is being read, it cannot."""
-        return self._pulled
-
-    @property
-    def client_gone(self) -> bool:
-        return self._source.client_gone
-
-    def stream(self) -> AsyncIterator[bytes]:
-        """What was read, then the rest: from the start at each call (a retry sends it
-        again)."""
-        return chunks(_Replay(self).next_chunk)
-
-
-class _Replay:
-    """One pass over a `_Preread`."""
-
-    __slots__ = ("_next", "_preread")
-
-    def __init__(self, preread: _Preread) -> None:
-        self._preread = preread
-        self._next = 0
-
-    async def next_chunk(self) -> bytes | None:
-        preread = self._preread
-        if self._next < len(preread._chunks):
-            self._next += 1
-            return preread._chunks[self._next - 1]
-        if preread._rest is None:
-            return None
-        preread._pulled = True
-        try:
-            return await anext(preread._rest)
-        except StopAsyncIteration:
-            return None

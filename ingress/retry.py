@@ -6,7 +6,7 @@ answer.** So:
 
 - nothing reached the sandbox (`ConnectFailed`: refused, unreachable, a tunnel's node could
   not reach it): try another sandbox, at most `bound` times (`WAKEFUL_CONNECT_RETRIES`), and
-  only while the body can be sent again (none, or no more of it read than `proxy.preread`
+  only while the body can be sent again (none, or no more of it read than `preread`
   kept);
 - the request went out and the connection closed or reset before any byte of the answer
   (`ClosedUnanswered`: the keep-alive race, a sandbox that died mid-request): send it once

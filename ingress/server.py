@@ -29,9 +29,10 @@ from wakeful.domain.leases import Leases
 from wakeful.domain.models import AcmeChallenge, CertRecord
 from wakeful.ingress.accesslog import AccessLog
 from wakeful.ingress.acme import CertSource, Challenges, IssuedFeed, ServedPair
+from wakeful.ingress.admin import AdminEdge
 from wakeful.ingress.cache import LeaseCache
 from wakeful.ingress.clients import ClientShares
-from wakeful.ingress.edge import AdminEdge, ProxyEdge
+from wakeful.ingress.edge import ProxyEdge
 from wakeful.ingress.http1 import HttpServer, Limits
 from wakeful.ingress.metrics import IngressMetrics
 from wakeful.ingress.nodestreams import Tunnels, default_replica_name
@@ -214,6 +215,7 @@ class Ingress:
                 self.access,
                 self.clients,
                 self.settings.trust_forwarded,
+                self.settings.direct_path,
             )
             cut_off = self._http2_cut_off
             refused = self._refused

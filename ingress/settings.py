@@ -55,6 +55,12 @@ class IngressSettings(StoreSettings):
     connections every other client needs (`ingress.clients`); clients behind one NAT share
     it. With `trust_forwarded`, the client is the last X-Forwarded-For entry. Per process:
     with workers, each counts its own (as `upstream_connections`)."""
+    direct_path: bool = True
+    """Answer the commonest exchange in callbacks, without a task (`ingress.direct`): a
+    request with no body, alone on its HTTP/1.x connection, with a cached lease that has room
+    and an idle upstream connection. Off, every request goes the general path: the same
+    answers at the general path's cost (to compare them, or should the direct path ever
+    misbehave)."""
     upstream_wait: float = Field(default=5.0, ge=0, le=300)
     """Seconds a request waits for one of those connections before 503 + Retry-After."""
     upstream_keepalive: float = Field(default=4.0, gt=0, le=3600)

@@ -1,9 +1,10 @@
 """The upstream transport's interface: what the proxy needs to send a request to a sandbox.
 
-`Transport.send` is the whole interface; `ingress.upstream.RawTransport` implements it, and
-only raises the errors of `ingress.errors`. One `send` is one attempt: whether a failure is
-tried again, and where, is `ingress.retry`'s. The response body streams: nothing reads a
-whole body into memory.
+`Transport.send` is the interface; `ingress.upstream.RawTransport` implements it, and only
+raises the errors of `ingress.errors`. One `send` is one attempt: whether a failure is tried
+again, and where, is `ingress.retry`'s. The response body streams: nothing reads a whole body
+into memory. `take_idle`, `begin` and `finished` serve the direct path (`ingress.direct`): an
+exchange on an idle pooled connection, run in callbacks.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from wakeful.ingress.upstream.bases import Listener
+    from wakeful.ingress.upstream.raw import Idle
     from wakeful.ingress.websocket import Side
 
 
@@ -113,4 +116,27 @@ class Transport:
         ClosedUnanswered when the connection ended before any byte of the answer,
         UpstreamFailed when the exchange broke after that, UpstreamTimeout when it went quiet.
         """
+        raise NotImplementedError
+
+    def take_idle(self, app: str, sandbox: str) -> Idle | None:
+        """An idle pooled connection to `sandbox` and one of `app`'s slots, both taken now;
+        None, with nothing taken, when either would mean a wait (or this transport keeps
+        none): the request goes by `send`."""
+        return None
+
+    def begin(
+        self,
+        idle: Idle,
+        method: str,
+        target: bytes,
+        headers: list[tuple[bytes, bytes]],
+        timeout: float,
+        listener: Listener,
+    ) -> None:
+        """Write a request with no body on `idle`'s connection; its answer is told to
+        `listener` (`UpstreamConnection.begin`)."""
+        raise NotImplementedError
+
+    def finished(self, app: str, idle: Idle) -> None:
+        """The exchange on `idle` is over: its connection and slot go back."""
         raise NotImplementedError

@@ -50,7 +50,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from wakeful.aio.spawn import Child, spawn
-from wakeful.ingress.edge import AdminEdge
+from wakeful.ingress.admin import AdminEdge
 from wakeful.ingress.http1 import HttpServer, Limits
 from wakeful.ingress.nodestreams import default_replica_name
 from wakeful.ingress.ports import address_of, reserve, reserved

@@ -6,7 +6,10 @@ framed, if safely, is `http1.rules.frame_request`'s decision (a refusal is a 400
 absolute-form target is the edge's, `rules.origin_form`). Requests queue and one task
 answers them in order (pipelining), each through `Handler.handle(request, responder)`, each
 drained before the next; past `PIPELINE_DEPTH` queued reading pauses, and past `PIPELINE_MAX`
-parsed from one read those are answered, then a 400, and the connection closes.
+parsed from one read those are answered, then a 400, and the connection closes. A request with
+no body and nothing before it may be answered without the task (`Handler.direct`, the
+proxy's `ingress.direct`), which tells the connection when it ends (`directed`); what comes
+meanwhile queues for the task.
 
 What a client can hold is bounded by the server's `Limits` (invariant 18), none for ever;
 each refusal is told to the server (`HttpServer.refused`: the metrics). A client that hangs
@@ -41,14 +44,10 @@ from wakeful.ingress.http2.rules import chose_h2, sniff
 from wakeful.ingress.upstream.rules import framing_run
 
 if TYPE_CHECKING:
-    from wakeful.ingress.http1.server import HttpServer
+    from wakeful.ingress.http1.server import Answering, HttpServer
 
 log = logging.getLogger(__name__)
 
-LINGER_SECONDS: Final = 5.0
-LINGER_BYTES: Final = 16 << 20
-"""How long, and how much, a connection answered before its request body was read reads it
-away (`ClientConnection._linger`); nginx's lingering_timeout is 5 s too."""
 _CONNECTION: Final = frozenset({b"connection", b"proxy-connection"})
 """What llhttp reads as the Connection header (`known_version`)."""
 PIPELINE_DEPTH: Final = 16
@@ -65,8 +64,6 @@ class ClientConnection(Wire):
         self._server = server
         self._parser = httptools.HttpRequestParser(self)
         self._client = ""
-        self.closing = False
-        """No request after the one being answered."""
         self._halt = False
         self._refusal: bytes | None = None
         """The answer owed a request refused behind queued ones, written after theirs."""
@@ -75,9 +72,9 @@ class ClientConnection(Wire):
         """The task answering, while it answers."""
         self._task: asyncio.Task[None] | None = None
         """The connection's one task: answers requests in order, waits between them."""
+        self._direct: Answering | None = None
+        """The request answered without the task (`Handler.direct`), while it is."""
         self._next: asyncio.Future[None] | None = None  # what the idle task waits on
-        self._lingering, self._lingered = False, 0
-        self._linger_timer: asyncio.TimerHandle | None = None
         self._deadline = Deadline(self._loop, self._timed_out)
         self._head_due: float | None = None  # when the head under way (or next) is due
         self._idle_due: float | None = None  # when an idle keep-alive connection closes
@@ -125,9 +122,7 @@ class ClientConnection(Wire):
             if not data:
                 return
         if self._lingering:  # the rest of a body nobody will read
-            self._lingered += len(data)
-            if self._lingered > LINGER_BYTES:
-                self._close(abort=True)
+            self._read_away(len(data))
             return
         if self.spliced is not None:
             self.spliced.feed(data)
@@ -214,6 +209,8 @@ class ClientConnection(Wire):
             if isinstance(request.body, Body):
                 request.body._wake()
         self._drain.open()
+        if self._direct is not None:
+            self._direct.cancel()  # the exchange under way: its client is gone
         if self._task is not None:
             self._task.cancel()  # the exchange under way, if any: its client is gone
 
@@ -251,6 +248,7 @@ class ClientConnection(Wire):
             raise BadRequest("too many pipelined requests")
         body = Body(self, frame.expect_continue) if frame.body else None
         self._body = body
+        idle = self._runner is None and self._direct is None and not self._queue
         request = Request(
             method,
             self._url,
@@ -263,16 +261,24 @@ class ClientConnection(Wire):
             self._server.scheme,
         )
         self._last = request
+        if idle and body is None and not frame.upgrade and not self.closing:
+            self._direct = self._server.handler.direct(self, request)
+            if self._direct is not None:
+                return
         self._queue.append(request)
         if len(self._queue) >= PIPELINE_DEPTH:
             self.pause_reading("pipeline")
-        if self._runner is None:
-            if self._next is not None:  # the connection's task waits: wake it
-                self._runner = self._task
-                if not self._next.done():
-                    self._next.set_result(None)
-            else:
-                self._runner = self._task = self._loop.create_task(self._run())
+        if self._runner is None and self._direct is None:
+            self._answer_queued()
+
+    def _answer_queued(self) -> None:
+        """Have the connection's task answer what is queued: wake it, or start it."""
+        if self._next is not None:  # the connection's task waits: wake it
+            self._runner = self._task
+            if not self._next.done():
+                self._next.set_result(None)
+        else:
+            self._runner = self._task = self._loop.create_task(self._run())
 
     def on_body(self, body: bytes) -> None:
         self._bodied = True
@@ -291,7 +297,15 @@ class ClientConnection(Wire):
         connection is done with."""
         try:
             while True:
-                while self._queue and not self._halt:
+                while not self._halt:
+                    if self._drain.waiting() is not None:  # one answer at a time in the buffer,
+                        try:  # however fast they come
+                            await self.drain()
+                        except TimeoutError:
+                            self._close(abort=True)
+                            return
+                    if not self._queue:
+                        break
                     request = self._queue.popleft()
                     if self._paused and len(self._queue) < PIPELINE_DEPTH // 2:
                         self.resume_reading("pipeline")
@@ -302,22 +316,7 @@ class ClientConnection(Wire):
                         log.exception("answering a request failed")
                         self._close(abort=True)
                         return
-                    body_left = request.body is not None and not request.body.complete
-                    if not out.complete:
-                        self._close(abort=True)  # the stream is unusable: drop what is unsent
-                        return
-                    if body_left:  # answered before the body was read (a refusal): no more
-                        self._linger()
-                        return
-                    if not request.keep_alive or self.last_answer:
-                        self._close()
-                        return
-                    try:  # one answer at a time in the buffer, however fast they come
-                        self.flush()
-                        if self._drain.waiting() is not None:
-                            await self.drain()
-                    except TimeoutError:
-                        self._close(abort=True)
+                    if not self._answered(request, out):
                         return
                 if self.gone or self._halt:
                     return
@@ -340,6 +339,43 @@ class ClientConnection(Wire):
         finally:
             self._runner = self._task = None
 
+    def _answered(self, request: Request, out: Http1Responder) -> bool:
+        """After an answer: whether the connection goes on (what the answer left is flushed;
+        the next waits for it to drain), or it closes, dropping what is unsent when the
+        answer is incomplete, reading away a body it left unread."""
+        if not out.complete:
+            self._close(abort=True)  # the stream is unusable: drop what is unsent
+            return False
+        if request.body is not None and not request.body.complete:  # answered before its
+            self._linger()  # body was read (a refusal): no more
+            return False
+        if not request.keep_alive or self.last_answer:
+            self._close()
+            return False
+        self.flush()
+        return True
+
+    def directed(self, request: Request, out: Http1Responder | None) -> None:
+        """The request answered without the task ended (`out`), or handed itself back (None:
+        `ingress.direct`'s resend after the keep-alive race), for the task to answer."""
+        self._direct = None
+        if self.gone:
+            return
+        if out is None:
+            self._queue.appendleft(request)
+        elif not self._answered(request, out):
+            return
+        if self._queue or self.closing or self._drain.waiting() is not None:
+            self._answer_queued()
+        else:
+            self._arm_idle_timers()
+
+    def answering(self) -> asyncio.Future[None] | None:
+        """What answers a request now, until it is done (a server stopping waits on it)."""
+        if self._direct is not None:
+            return self._direct.finished()
+        return self._runner
+
     def _stop_reading(self) -> None:
         self.closing = True
         self.pause_reading("closing")
@@ -354,63 +390,23 @@ class ClientConnection(Wire):
         answered in order, then it is, and the connection closes. Counted by `reason`."""
         self._server.refused(reason)
         self._stop_reading()
-        if self._runner is None and not self._queue:
+        if self._runner is None and self._direct is None and not self._queue:
             self.write(answer)
             self._linger()  # closing with the client's bytes unread could reset it unread
         else:
             self._refusal = answer
 
-    def _close(self, abort: bool = False) -> None:
-        """Close once what is written went out, aborted if the client has not read it within
-        its timeout (it would keep its slot for ever); `abort`: now, dropping it."""
-        self.closing = True
-        transport = self.transport
-        if transport is None or (not abort and transport.is_closing()):
-            return  # closing already: the abort timer it may have armed stays armed
-        self._cancel_timers()
-        if abort:
-            transport.abort()
-            return
-        self.flush()
-        unsent = transport.get_write_buffer_size()
-        transport.close()
-        if unsent:  # closed at once otherwise: no timer for most connections
-            self._linger_timer = self._loop.call_later(
-                self.limits.client_timeout, self._close, True
-            )
-
-    def _linger(self) -> None:
-        """An answer sent before the request's body was read: half-close and read the rest
-        away (`LINGER_SECONDS`, `LINGER_BYTES`), so the kernel does not reset a client that
-        reads only once it has sent all (curl, most libraries): nginx's lingering close."""
-        self.closing = True
-        self._cancel_timers()
-        self.flush()
-        transport = self.transport
-        if transport is None or transport.is_closing() or self.gone:
-            return
-        if not transport.can_write_eof():  # TLS: no half-close; close after the answer
-            transport.close()
-            return
-        self._lingering = True
-        try:
-            transport.write_eof()
-        except OSError:  # the client reset meanwhile (asyncio's loop raises; uvloop does not)
-            self._close(abort=True)
-            return
-        self._paused.clear()
-        transport.resume_reading()
-        self._linger_timer = self._loop.call_later(LINGER_SECONDS, self._close, True)
-
     def shutdown(self) -> None:
         """Stop after the answer under way (now if none); nothing queued is answered."""
         self.closing = True
         self._refusal = None
-        if self._runner is None:
+        if self._runner is None and self._direct is None:
             self._close()
 
     def cancel(self) -> asyncio.Task[None] | None:
         self._halt = True
+        if self._direct is not None:
+            return self._direct.cancel()
         runner = self._runner
         if runner is not None:
             runner.cancel()
@@ -428,16 +424,15 @@ class ClientConnection(Wire):
     def _cancel_timers(self) -> None:
         self._deadline.cancel()
         self._head_due = self._idle_due = None
-        if self._linger_timer is not None:
-            self._linger_timer.cancel()
-            self._linger_timer = None
+        super()._cancel_timers()
 
     def _timed_out(self) -> None:
         """The timer fired: the deadline that passed acts (`rules.passed`), else re-arm."""
         which, later = passed(self._head_due, self._idle_due, self._loop.time())
         if which == HEAD_DUE:
             self._head_due = None
-            if self._runner is None and not self._queue:  # else its time starts after them
+            if self._runner is None and self._direct is None and not self._queue:  # else its
+                # time starts after them
                 if self._in_head:
                     self._server.refused("slow-head")
                     self.write(TOO_SLOW)

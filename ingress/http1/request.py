@@ -146,6 +146,11 @@ class Request:
     """A WebSocket handshake (`ingress.websocket`): nothing after it on the connection is HTTP."""
     scheme: str = "http"
     """"https" on the TLS listener."""
+    resent: bool = False
+    """It went out once on a pooled connection that closed unanswered (`ingress.direct`):
+    what is left is its one resend, on a fresh connection."""
+    request_id: str = ""
+    """The id it went out with then, which the resend carries too ("" otherwise)."""
 
     def __init__(  # written out: compiled, where a dataclass's own would be interpreted
         self,
@@ -168,3 +173,5 @@ class Request:
         self.body = body
         self.upgrade = upgrade
         self.scheme = scheme
+        self.resent = False
+        self.request_id = ""

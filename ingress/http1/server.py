@@ -13,7 +13,7 @@ import socket
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from wakeful.ingress.http1.connection import ClientConnection
 from wakeful.ingress.http1.request import Request
@@ -47,8 +47,21 @@ class Limits:
     client_timeout: float = 60.0
 
 
+class Answering(Protocol):
+    """A request a handler answers without a task (`Handler.direct`): it tells the connection
+    when it ends (`ClientConnection.directed`)."""
+
+    def cancel(self) -> asyncio.Task[None] | None:
+        """End it now (the client left, or the server stops); a task it still runs, if any."""
+        ...
+
+    def finished(self) -> asyncio.Future[None]:
+        """Done once it ended."""
+        ...
+
+
 class Handler:
-    """What answers the server's requests (`edge.ProxyEdge`, `edge.AdminEdge`, or any function
+    """What answers the server's requests (`edge.ProxyEdge`, `admin.AdminEdge`, or any function
     through `Handling`). A base class rather than a protocol, as `Responder` is: compiled, a
     call through a protocol is a call through the interpreter; the server makes one a
     request."""
@@ -56,6 +69,12 @@ class Handler:
     async def handle(self, request: Request, out: Responder) -> None:
         """Answer `request` through `out`; never raises (but may be cancelled)."""
         raise NotImplementedError
+
+    def direct(self, conn: ClientConnection, request: Request) -> Answering | None:
+        """Start answering `request`, which has no body and nothing queued before it on
+        `conn`, without a task (`ingress.direct`); None, having done nothing, to have `handle`
+        answer it on the connection's task. This one always says None."""
+        return None
 
 
 class Handling(Handler):
@@ -137,7 +156,7 @@ class HttpServer:
             conn.shutdown()
             if conn.spliced is not None:
                 conn.cancel()  # a WebSocket never ends by itself: closed now, clients reconnect
-        answering = [conn._runner for conn in self.connections if conn._runner is not None]
+        answering = [task for conn in self.connections if (task := conn.answering())]
         answering += [task for h2 in self.h2 for task in h2.tasks()]
         if answering:
             await asyncio.wait(answering, timeout=grace)

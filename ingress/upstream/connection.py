@@ -22,7 +22,6 @@ import asyncio
 import collections
 import contextlib
 from collections.abc import AsyncIterable
-from typing import cast
 
 import httptools
 
@@ -30,6 +29,7 @@ from wakeful.aio.deadline import Deadline
 from wakeful.aio.flow import HIGH_WATER, LOW_WATER, WriteGate
 from wakeful.ingress.errors import ClosedUnanswered, ConnectFailed, UpstreamFailed, UpstreamTimeout
 from wakeful.ingress.streams import nonempty
+from wakeful.ingress.upstream.bases import Gated, Home, Listener, tuned
 from wakeful.ingress.upstream.closing import reset, shut
 from wakeful.ingress.upstream.exchange import (
     BODY,
@@ -53,31 +53,8 @@ from wakeful.ingress.upstream.rules import (
 )
 
 
-class Home:
-    """Where a connection goes between exchanges (`upstream.pool`'s `Pool`). A base class
-    rather than a protocol: compiled, `give_back` (once a request) is a direct call."""
-
-    def give_back(self, conn: UpstreamConnection) -> None:
-        raise NotImplementedError
-
-    def forget(self, conn: UpstreamConnection) -> None:
-        raise NotImplementedError
-
-
 class _Extra(Exception):
     """A second answer began on the connection before a request asked for it."""
-
-
-class Gated(asyncio.Protocol):
-    """A sandbox connection whose writes wait at `_writable` while the transport is full."""
-
-    _writable: WriteGate
-
-    def pause_writing(self) -> None:
-        self._writable.close()
-
-    def resume_writing(self) -> None:
-        self._writable.open()
 
 
 class UpstreamConnection(Gated):
@@ -114,6 +91,8 @@ class UpstreamConnection(Gated):
         self._writer: asyncio.Task[None] | None = None
         self._exchanges = 0
         """Exchanges begun on this connection: one, while its first is under way."""
+        self._listener: Listener | None = None
+        """Told of the exchange's moves, in place of `_head` and `_wakeup` (`begin`)."""
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
@@ -146,12 +125,14 @@ class UpstreamConnection(Gated):
             else:
                 self._abort(UpstreamFailed(f"the sandbox's answer is not valid HTTP: {exc}"))
             return
-        if state.stage is COMPLETE:
-            return
-        # Framing read in a row (no body byte came with it): bounded, see MAX_FRAMING_BYTES.
-        self._framing = framing_run(self._framing, len(data), self._body_bytes != body_before)
-        if self._framing > MAX_FRAMING_BYTES:
-            self._abort(UpstreamFailed("the sandbox's answer head or trailers are too large"))
+        if state.stage is not COMPLETE:
+            # Framing read in a row (no body byte came with it): bounded, see MAX_FRAMING_BYTES.
+            self._framing = framing_run(self._framing, len(data), self._body_bytes != body_before)
+            if self._framing > MAX_FRAMING_BYTES:
+                self._abort(UpstreamFailed("the sandbox's answer head or trailers are too large"))
+                return
+        if self._listener is not None:
+            self._listener.moved()
 
     def eof_received(self) -> bool:
         self._ended(None)
@@ -258,6 +239,8 @@ class UpstreamConnection(Gated):
             self._head.set_exception(exc)
             self._head.exception()  # retrieved: a caller that left must not log it
         self._wake()
+        if self._listener is not None:
+            self._listener.moved()
 
     def _abort(self, exc: BaseException) -> None:
         self._fail(exc)
@@ -279,6 +262,35 @@ class UpstreamConnection(Gated):
         """Write the request; the future is done once the answer's head is in, or raises
         ClosedUnanswered, ConnectFailed, UpstreamFailed, or UpstreamTimeout when the head took
         longer than `silence` seconds (then each body read may take as long)."""
+        self._start(head, body, chunked, method, silence)
+        self._head = head_in = self._loop.create_future()
+        assert self.transport is not None
+        self.transport.write(head)
+        if body is not None:
+            self._writer = self._loop.create_task(self._send_body(body, chunked))
+        return head_in
+
+    def begin(self, head: bytes, method: str, silence: float, listener: Listener) -> None:
+        """`exchange` for a request with no body, told to `listener` (until `done`, `close`
+        or `detach`) rather than through a future: the answer's head is in once `status` is
+        set, its body is read with `next_nowait`, and how it failed is `state.error`."""
+        self._start(head, None, False, method, silence)
+        self._listener = listener
+        assert self.transport is not None
+        self.transport.write(head)
+
+    def detach(self) -> None:
+        """Tell the listener nothing more: the rest of the answer is read with `next_chunk`."""
+        self._listener = None
+
+    def _start(
+        self,
+        head: bytes,
+        body: AsyncIterable[bytes] | None,
+        chunked: bool,
+        method: str,
+        silence: float,
+    ) -> None:
         assert self.transport is not None
         state = self.state
         if state.stage is not IDLE:
@@ -300,11 +312,7 @@ class UpstreamConnection(Gated):
         self.status, self.headers = 0, []
         self._chunks.clear()
         self._buffered = 0
-        self._head = self._loop.create_future()
-        self.transport.write(head)
-        if body is not None:
-            self._writer = self._loop.create_task(self._send_body(body, chunked))
-        return self._head
+        self._head = None
 
     async def _send_body(self, body: AsyncIterable[bytes], chunked: bool) -> None:
         transport = self.transport
@@ -371,6 +379,7 @@ class UpstreamConnection(Gated):
 
     def done(self, keepalive: float) -> None:
         """The exchange is over: back to the pool when it ended cleanly, else closed."""
+        self._listener = None
         writer, self._writer = self._writer, None
         unsent = writer is not None and not writer.done()
         if writer is not None and unsent:
@@ -406,6 +415,7 @@ class UpstreamConnection(Gated):
 
     def close(self, abort: bool = False) -> None:
         """Close the connection (`shut`); `abort`: now, whatever is left unsent."""
+        self._listener = None
         if self.transport is not None and not self.closed:
             if abort:
                 reset(self.transport)
@@ -414,11 +424,3 @@ class UpstreamConnection(Gated):
         self.closed = True
         self._deadline.cancel()
         self._home.forget(self)
-
-
-def tuned(transport: asyncio.BaseTransport) -> asyncio.Transport:
-    """An upstream connection as both kinds use it: writes bounded. No Nagle delay either,
-    which both loops already set on every TCP transport (tests/ingress/test_nodelay.py)."""
-    transport = cast(asyncio.Transport, transport)  # uvloop's is one, not a subclass
-    transport.set_write_buffer_limits(high=HIGH_WATER)
-    return transport

@@ -48,8 +48,8 @@ from wakeful.ingress.http2.rules import (
 )
 from wakeful.ingress.http2.streams import CannotSend, StreamGone
 from wakeful.ingress.http2.wire import BODY, TRAILERS, WINDOW, WireError
+from wakeful.ingress.upstream.bases import Gated, tuned
 from wakeful.ingress.upstream.closing import shut
-from wakeful.ingress.upstream.connection import Gated, tuned
 from wakeful.ingress.upstream.h2exchange import H2Exchange
 
 STREAM_WINDOW = 256 * 1024

@@ -17,8 +17,8 @@ import httptools
 from wakeful.aio.flow import WriteGate
 from wakeful.aio.pipe import Pipe
 from wakeful.ingress.errors import UpstreamFailed
+from wakeful.ingress.upstream.bases import Gated, tuned
 from wakeful.ingress.upstream.closing import shut
-from wakeful.ingress.upstream.connection import Gated, tuned
 from wakeful.ingress.upstream.exchange import (
     BODY,
     COMPLETE,

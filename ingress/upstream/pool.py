@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from wakeful.ingress.errors import UpstreamBusy
-from wakeful.ingress.upstream.connection import Home, UpstreamConnection
+from wakeful.ingress.upstream.bases import Home
+from wakeful.ingress.upstream.connection import UpstreamConnection
 
 MAX_IDLE_PER_SANDBOX: Final = 256
 

@@ -1,7 +1,7 @@
 """The upstream transport: `RawTransport` sends requests to sandboxes without a client library.
 
 It implements `ingress.transport.Transport` on asyncio protocols and httptools: a request's
-head is one `bytes` (`_request_head`), its exchange runs on a pooled `UpstreamConnection`
+head is one `bytes` (`request_head`), its exchange runs on a pooled `UpstreamConnection`
 (`upstream.connection`) within its app's slots (`upstream.pool`), and a WebSocket handshake
 goes on a connection of its own (`upstream.handshake`). `send` makes one attempt and raises
 only the errors of `ingress.errors`; whether a failed request is sent again, and where, is the
@@ -17,6 +17,7 @@ from typing import Final, TypeVar
 
 from wakeful.ingress.errors import ConnectFailed, UpstreamFailed, UpstreamTimeout
 from wakeful.ingress.transport import Transport, UpstreamRequest, UpstreamResponse
+from wakeful.ingress.upstream.bases import Listener
 from wakeful.ingress.upstream.connection import UpstreamConnection
 from wakeful.ingress.upstream.h2c import H2Pool, H2Upstream, request_headers
 from wakeful.ingress.upstream.h2exchange import H2Exchange
@@ -26,7 +27,7 @@ from wakeful.ingress.upstream.pool import Dialer, Pool, Slots, TunnelPool
 _C = TypeVar("_C", bound=asyncio.Protocol)
 
 _FRAMING: Final = frozenset({b"host", b"content-length"})
-"""The request headers `_request_head` looks for: what it adds when they are missing."""
+"""The request headers `request_head` looks for: what it adds when they are missing."""
 _METHODS: Final = {
     m: m.encode() for m in ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
 }
@@ -55,8 +56,7 @@ class _RawResponse(UpstreamResponse):
     def close(self) -> None:
         if not self._done:
             self._done = True
-            self._conn.done(self._transport.keepalive)
-            self._transport.slots.give_back(self._app)
+            self._transport._finished(self._app, self._conn)
 
 
 class _Switched(UpstreamResponse):
@@ -80,6 +80,18 @@ class _Switched(UpstreamResponse):
 
     def close(self) -> None:
         self._handshake.close()
+
+
+class Idle:
+    """What `RawTransport.take_idle` took: a connection, the sandbox's authority (the Host a
+    request without one gets), and the path its URL carries (before every target)."""
+
+    __slots__ = ("authority", "conn", "prefix")
+
+    def __init__(self, conn: UpstreamConnection, authority: bytes, prefix: bytes) -> None:
+        self.conn = conn
+        self.authority = authority
+        self.prefix = prefix
 
 
 class RawTransport(Transport):
@@ -146,7 +158,14 @@ class RawTransport(Transport):
         pool, authority, prefix = self._pool(request.sandbox)
         if request.h2c and not request.upgrade:
             return await self._stream(request, pool, authority, prefix + request.target)
-        head, chunked = _request_head(request, prefix + request.target, authority)
+        head, chunked = request_head(
+            request.method,
+            prefix + request.target,
+            authority,
+            request.headers,
+            request.body is not None,
+            request.upgrade,
+        )
         if request.upgrade:
             return _Switched(await self._handshake(request, pool, head))
         if not self.slots.try_take(request.app):
@@ -164,6 +183,42 @@ class RawTransport(Transport):
         except BaseException:
             self.slots.give_back(request.app)
             raise
+
+    def take_idle(self, app: str, sandbox: str) -> Idle | None:
+        """An idle pooled connection to `sandbox` and one of `app`'s slots, both taken now, for
+        an exchange the direct path (`ingress.direct`) runs; None when either would mean a
+        wait or a dial, or the sandbox is behind a tunnel: the general path (`send`) then."""
+        if self._closed:
+            return None
+        pool, authority, prefix = self._pool(sandbox)
+        if isinstance(pool, TunnelPool) or not pool.idle or not self.slots.try_take(app):
+            return None
+        conn = pool.take()
+        if conn is None:
+            self.slots.give_back(app)
+            return None
+        return Idle(conn, authority, prefix)
+
+    def begin(
+        self,
+        idle: Idle,
+        method: str,
+        target: bytes,
+        headers: list[tuple[bytes, bytes]],
+        timeout: float,
+        listener: Listener,
+    ) -> None:
+        head, _ = request_head(method, idle.prefix + target, idle.authority, headers, False)
+        idle.conn.begin(head, method, timeout, listener)
+
+    def finished(self, app: str, idle: Idle) -> None:
+        self._finished(app, idle.conn)
+
+    def _finished(self, app: str, conn: UpstreamConnection) -> None:
+        """An exchange is over (`_RawResponse.close`, `finished`): the connection back to
+        its pool when it ended cleanly, else closed; the slot back."""
+        conn.done(self.keepalive)
+        self.slots.give_back(app)
 
     async def _stream(
         self, request: UpstreamRequest, pool: Pool, authority: bytes, target: bytes
@@ -273,28 +328,35 @@ class RawTransport(Transport):
         return conn
 
 
-def _request_head(request: UpstreamRequest, target: bytes, authority: bytes) -> tuple[bytes, bool]:
-    """The request line and headers as one `bytes`; whether the body goes chunked. Each line
-    made by concatenation and the lines joined once on CRLF: compiled, that costs less than
-    appending a header's four pieces to one list (a fifth less) or formatting its line."""
-    method = _METHODS.get(request.method) or request.method.encode()
-    lines = [method + b" " + target + b" HTTP/1.1"]
+def request_head(
+    method: str,
+    target: bytes,
+    authority: bytes,
+    headers: list[tuple[bytes, bytes]],
+    bodied: bool,
+    upgrade: bool = False,
+) -> tuple[bytes, bool]:
+    """The request line and headers as one `bytes`; whether the body (when `bodied`) goes
+    chunked. Each line made by concatenation and the lines joined once on CRLF: compiled,
+    that costs less than appending a header's four pieces to one list (a fifth less) or
+    formatting its line."""
+    lines = [(_METHODS.get(method) or method.encode()) + b" " + target + b" HTTP/1.1"]
     has_host = has_length = False
-    for name, value in request.headers:
+    for name, value in headers:
         if name in _FRAMING:  # one test per header for the two that are looked for
             if name == b"host":
                 has_host = True
-            elif request.body is None and value != b"0":
+            elif not bodied and value != b"0":
                 continue  # no body follows: a length would frame the next request as one
             else:
                 has_length = True
         lines.append(name + b": " + value)
     if not has_host:
         lines.append(b"host: " + authority)
-    chunked = request.body is not None and not has_length
+    chunked = bodied and not has_length
     if chunked:
         lines.append(b"transfer-encoding: chunked")
-    if request.upgrade:  # this hop's own: dropped from what the client sent, put back
+    if upgrade:  # this hop's own: dropped from what the client sent, put back
         lines.append(b"connection: upgrade\r\nupgrade: websocket")
     lines.append(b"\r\n")  # the join puts the last line's CRLF before it: the blank line
     return b"\r\n".join(lines), chunked

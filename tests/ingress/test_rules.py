@@ -12,7 +12,6 @@ from wakeful.domain.leases import AppFailedToBoot, LeaseGrant, NoCapacity, Overl
 from wakeful.domain.models import App
 from wakeful.domain.traffic import AppTraffic
 from wakeful.ingress.cacherules import CachedLease, gives_back, heard_short, pick, plan, spares
-from wakeful.ingress.edge import answer_for
 from wakeful.ingress.errors import (
     ActivatorUnreachable,
     BadRequest,
@@ -22,7 +21,7 @@ from wakeful.ingress.errors import (
     UpstreamFailed,
     UpstreamTimeout,
 )
-from wakeful.ingress.formats import Format, choose_format
+from wakeful.ingress.formats import Format, answer_for, choose_format
 from wakeful.ingress.headers import (
     client_response_headers,
     new_request_id,

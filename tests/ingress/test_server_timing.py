@@ -14,7 +14,7 @@ import pytest
 
 from tests.support.ingress import Stack, stack
 from wakeful.domain.models import AppSpec, Concurrency
-from wakeful.ingress.proxy import server_timing
+from wakeful.ingress.headers import server_timing
 
 pytestmark = pytest.mark.anyio
 TIMING = re.compile(

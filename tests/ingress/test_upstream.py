@@ -410,7 +410,7 @@ async def test_a_request_waiting_for_its_apps_share_does_not_hold_up_another_app
 async def test_a_client_trickling_a_small_body_holds_no_upstream_connection_and_no_lease(
     hello: Callable[[], int],
 ) -> None:
-    """A small body is read whole before the request takes capacity (`proxy.preread`): a
+    """A small body is read whole before the request takes capacity (`preread`): a
     client that sends it slowly (or never finishes it) holds neither the app's one upstream
     connection here nor a lease, so the app's other requests go through meanwhile."""
     async with stack({"s1": hello()}, upstream_connections_per_app=1, upstream_wait=0) as s:

@@ -28,7 +28,7 @@ from wakeful.aio.marks import Marks
 from wakeful.domain.models import App, AppSpec, Concurrency, Pool, Sandbox, SandboxStatus
 from wakeful.ingress import Ingress, IngressSettings
 from wakeful.ingress.acme import CertSource
-from wakeful.ingress.proxy import PREREAD_BYTES
+from wakeful.ingress.preread import PREREAD_BYTES
 from wakeful.store import Store, open_store
 from wakeful.store.testing import free_port
 

@@ -19,6 +19,7 @@ from wakeful import native
 
 ROOT = Path(__file__).parents[2]
 EXCHANGE_TESTS = [
+    "tests/ingress/test_direct.py",
     "tests/ingress/test_edge.py",
     "tests/ingress/test_http1.py",
     "tests/ingress/test_http2.py",

@@ -1,18 +1,11 @@
-"""The request head the ingress writes to an HTTP/1.1 sandbox (`upstream.raw._request_head`):
+"""The request head the ingress writes to an HTTP/1.1 sandbox (`upstream.raw.request_head`):
 its framing is the ingress's own, whatever the client declared."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
-from wakeful.ingress.transport import UpstreamRequest
-from wakeful.ingress.upstream.raw import _request_head
-
-
-async def _body() -> AsyncIterator[bytes]:
-    yield b"abc"
+from wakeful.ingress.upstream.raw import request_head
 
 
 @pytest.mark.parametrize(
@@ -32,10 +25,7 @@ def test_a_request_head_carries_a_length_only_for_a_body(
     headers = [(b"host", b"hello.localhost")]
     if length is not None:
         headers.append((b"content-length", length))
-    request = UpstreamRequest(
-        "hello", "POST", "http://127.0.0.1:1", b"/", headers, _body() if with_body else None, 5
-    )
-    head, goes_chunked = _request_head(request, b"/", b"127.0.0.1:1")
+    head, goes_chunked = request_head("POST", b"/", b"127.0.0.1:1", headers, with_body)
     lines = head.split(b"\r\n")
     lengths = [line.split(b": ", 1)[1] for line in lines if line.startswith(b"content-length:")]
     assert lengths == ([] if sent is None else [sent])
