@@ -272,20 +272,25 @@ async def seed(store: Store, sandbox_port: int) -> None:
 
 
 @contextlib.asynccontextmanager
-async def ingress_on(sandbox_port: int) -> AsyncIterator[str]:
+async def ingress_on(sandbox_port: int, direct_path: bool = True) -> AsyncIterator[str]:
+    """`direct_path`: as the ingress's setting (`ingress.direct`): off, every request goes the
+    general path."""
     async with open_store("memory://") as store:
         await seed(store, sandbox_port)
-        async with serving(store) as ingress:
+        async with serving(store, direct_path) as ingress:
             yield "http://{}:{}/".format(*ingress.address)
 
 
 @contextlib.asynccontextmanager
-async def serving(store: Store) -> AsyncIterator[Ingress]:
+async def serving(store: Store, direct_path: bool = True) -> AsyncIterator[Ingress]:
     """The real activator (in-process leases) and an ingress on loopback, over `store`."""
     registry = CollectorRegistry()
     activator = Activator(store, ActivatorSettings(store_url="memory://", token="bench"), registry)
     settings = IngressSettings(
-        store_url="memory://", listen="127.0.0.1:0", admin_listen="127.0.0.1:0"
+        store_url="memory://",
+        listen="127.0.0.1:0",
+        admin_listen="127.0.0.1:0",
+        direct_path=direct_path,
     )
     ingress = Ingress(settings, InProcessLeases(activator), store, registry)
     async with activator.running(), ingress.running():

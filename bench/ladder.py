@@ -1,7 +1,8 @@
 """Where the ingress's cost a request comes from, in steps: nginx, the floor (`bench.floor`: the
 ingress's stack doing the least a proxy does), the floor with the ingress's header rules
-(`--rules`), and the ingress itself, each in four shapes, the four alternated in every round
-(nginx first, then the ingress first) on one machine whose speed moves:
+(`--rules`), the ingress itself, and the ingress with its direct path off (`general`: every
+request on the general path, `ingress.direct`), each in four shapes, alternated in every round
+(nginx first, then the general path first) on one machine whose speed moves:
 
 - wrk `-c32` as fast as it can (requests in batches: what a request costs warm);
 - wrk `-c1` back to back (each request alone: what it costs cold);
@@ -47,7 +48,10 @@ from bench.harness import (
 from bench.procfs import cpu_seconds, preempted, user_seconds, with_children
 from wakeful.store.testing import free_port
 
-PATHS = ("nginx", *FLOORS, "ingress")
+GENERAL = "general"
+"""The ingress with its direct path off (`direct_path`): every request on the general path."""
+
+PATHS = ("nginx", *FLOORS, "ingress", GENERAL)
 RATE = 1000
 
 
@@ -115,8 +119,14 @@ async def main(seconds: int, rounds: int) -> None:
             nginx_pids += with_children(stack.enter_context(process(nginx, listen)).pid)
             nginx_urls.append(f"http://127.0.0.1:{listen}/")
         urls["nginx"] = (nginx_urls[0], nginx_urls[1], nginx_pids)
-        async with ingress_on(port) as fast_url, ingress_on(slow) as slow_url:
+        async with (
+            ingress_on(port) as fast_url,
+            ingress_on(slow) as slow_url,
+            ingress_on(port, direct_path=False) as general_fast,
+            ingress_on(slow, direct_path=False) as general_slow,
+        ):
             urls["ingress"] = (fast_url, slow_url, [os.getpid()])
+            urls[GENERAL] = (general_fast, general_slow, [os.getpid()])
             await run_hey(f"http://127.0.0.1:{slow}/", 1, RATE, SLOW_WORKERS)
             direct = await run_hey(f"http://127.0.0.1:{slow}/", seconds, RATE, SLOW_WORKERS)
             print(
