@@ -116,9 +116,21 @@ class Direct(Listener):
         self._waiter: asyncio.Future[None] | None = None
         """Done at the end, for a server stopping (`finished`); made only when asked for."""
 
-    def send(self) -> None:
+    def send(self) -> bool:
+        """Send the request; False (everything taken given back, nothing counted) when that
+        failed before it went (a bug: the general path answers it then)."""
         request = self._request
         self._sent_at = _clock()
+        try:
+            self._send(request)
+        except Exception:
+            log.exception("sending a request on the direct path failed")
+            self._idle.conn.close(abort=True)
+            self._give_back(counted=False)
+            return False
+        return True
+
+    def _send(self, request: Request) -> None:
         self._proxy.send_direct(
             self._app,
             self._idle,
@@ -174,6 +186,7 @@ class Direct(Listener):
             if full:  # the client's buffer: the rest waits for it, in a task
                 up.detach()
                 self._task = asyncio.get_running_loop().create_task(self._relay())
+                self._task.add_done_callback(self._relayed)
                 return
         self._end(self._status)
 
@@ -211,6 +224,19 @@ class Direct(Listener):
             raise
         self._end(self._status)
 
+    def _relayed(self, task: asyncio.Task[None]) -> None:
+        """The relaying task is done. The end it did not reach, it reaches here: cancelled
+        before it ever ran (the client left in the same turn of the loop), or an error nobody
+        expected (a bug: the client's connection is dropped, as on the general path)."""
+        if task.cancelled():
+            self._end(CLIENT_GONE)
+            return
+        error = task.exception()
+        if error is not None:
+            log.error("answering a request failed", exc_info=error)
+            self._idle.conn.close(abort=True)
+            self._end(500)
+
     # -- how it ends ---------------------------------------------------------------------
 
     def _failed(self, exc: BaseException) -> None:
@@ -224,10 +250,17 @@ class Direct(Listener):
                 exc, method=request.method, body=Body.NONE, elsewhere=0, again=0, bound=0
             )
             if step is Next.AGAIN or step is Next.AGAIN_LATER:
-                self._give_back()
+                waiter, self._waiter = self._waiter, None  # done when the resend is
+                self._give_back(counted=False)
                 request.resent = True
                 request.request_id = self._request_id
                 self._conn.directed(request, None)
+                if waiter is not None:  # a server stopping waits: for the resend now
+                    resend = self._conn.answering()
+                    if resend is None:
+                        waiter.set_result(None)
+                    else:
+                        resend.add_done_callback(lambda _: _settle(waiter))
                 return
         self._proxy.count_error(self._app, exc)
         self._answer(exc)
@@ -250,39 +283,43 @@ class Direct(Listener):
         status = self._edge.answer_error(exc, self._request.headers, self._request_id, self._out)
         self._end(status)
 
-    def _give_back(self) -> None:
-        """Hand back what was taken: the connection and its slot, the lease's use."""
+    def _give_back(self, counted: bool = True) -> None:
+        """Hand back what was taken: the connection and its slot, the lease's use, the
+        client's share. `counted`: the request was answered here (a cache hit on the direct
+        path); not when it goes on to the general path, which counts it."""
         self._ended = True
         self._tracker.finish()
-        self._proxy.finished_direct(self._app, self._idle, self._use)
+        self._proxy.finished_direct(self._app, self._idle, self._use, counted)
         self._edge.left(self._share)
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+        if self._waiter is not None:
+            _settle(self._waiter)
 
     def _end(self, final: int) -> None:
         if self._ended:
             return
-        self._give_back()
         request = self._request
-        self._edge.ended_direct(
-            self._app,
-            self._reported,
-            self._use.lease,
-            request.method,
-            request.target,
-            final,
-            self._sent,
-            _clock() - self._started,
-            self._request_id,
-        )
-        self._conn.directed(request, self._out)
+        try:
+            self._give_back()
+            self._edge.ended_direct(
+                self._app,
+                self._reported,
+                self._use.lease,
+                request.method,
+                request.target,
+                final,
+                self._sent,
+                _clock() - self._started,
+                self._request_id,
+            )
+        finally:  # whatever the bookkeeping did, the client's connection goes on
+            self._conn.directed(request, self._out)
 
     # -- told by the client's connection -------------------------------------------------
 
     def cancel(self) -> asyncio.Task[None] | None:
         """The client left, or the server stops: the exchange ends now (its connection to
-        the sandbox closed unless its answer was whole); the relaying task, if any, is
-        cancelled and returned."""
+        the sandbox closed unless its answer was whole), or, when a task relays the rest of
+        the answer, that task is cancelled (it ends the exchange as it stops) and returned."""
         if self._task is not None:
             self._task.cancel()
             return self._task
@@ -296,3 +333,8 @@ class Direct(Listener):
             if self._ended:
                 self._waiter.set_result(None)
         return self._waiter
+
+
+def _settle(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

@@ -289,7 +289,7 @@ class ProxyEdge(Handler):
         route and no redirect, its client has room, and `Proxy.take_direct` finds a cached
         lease with room and an idle connection. None, with nothing taken or counted, sends
         it the general path (`handle`), which answers whatever this does not."""
-        if not self._direct or request.resent:
+        if not self._direct or request.resent or request.method == "CONNECT":
             return None
         started = _clock()
         target = request.target
@@ -350,8 +350,7 @@ class ProxyEdge(Handler):
             request_id,
             started,
         )
-        exchange.send()
-        return exchange
+        return exchange if exchange.send() else None
 
     def left(self, share: str | None) -> None:
         """A request's client share goes back (`_admit`), if it took one."""

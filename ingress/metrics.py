@@ -316,7 +316,8 @@ class _Counts(Collector):
         direct = CounterMetricFamily(
             "wakeful_ingress_direct_requests",
             "Requests answered in callbacks, without a task (the direct path: no body, a cached "
-            "lease with room, an idle upstream connection); the rest go the general path",
+            "lease with room, an idle upstream connection); the rest, and a resend after the "
+            "keep-alive race, go the general path",
             labels=["app"],
         )
         misses = CounterMetricFamily(

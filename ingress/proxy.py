@@ -350,9 +350,6 @@ class Proxy:
         if idle is None:
             self.release_soon(self.finish(None, [use]))
             return None
-        counts = self._metrics.counts(app)
-        counts.hits += 1
-        counts.direct += 1
         return use, idle
 
     def send_direct(
@@ -383,10 +380,16 @@ class Proxy:
         """A direct exchange's phases: no wait for a lease, `upstream` to the answer's head."""
         self._metrics.counts(app).phases(0.0, 0.0, upstream, reported)
 
-    def finished_direct(self, app: str, idle: Idle, use: Use) -> None:
-        """A direct exchange is over: what `take_direct` took goes back (as `finish`)."""
+    def finished_direct(self, app: str, idle: Idle, use: Use, counted: bool) -> None:
+        """A direct exchange is over: what `take_direct` took goes back (as `finish`).
+        `counted`: it answered the request (a cache hit, on the direct path); not when the
+        request goes on to the general path (its resend), which counts its own."""
         self._transport.finished(app, idle)
         self.release_soon(self.finish(None, [use]))
+        if counted:
+            counts = self._metrics.counts(app)
+            counts.hits += 1
+            counts.direct += 1
 
     def finish(self, response: ProxyResponse | None, held: list[Use]) -> list[LeaseGrant]:
         """The exchange is over: close the sandbox's answer (its connection is kept when it

@@ -52,7 +52,8 @@ class Answering(Protocol):
     when it ends (`ClientConnection.directed`)."""
 
     def cancel(self) -> asyncio.Task[None] | None:
-        """End it now (the client left, or the server stops); a task it still runs, if any."""
+        """The client left, or the server stops: end it now, or cancel the task it still
+        runs, which ends it, and return that task."""
         ...
 
     def finished(self) -> asyncio.Future[None]:

@@ -27,10 +27,12 @@ class Home:
 
 
 class Listener:
-    """Told, in place of a future, each time an exchange moved on (`UpstreamConnection.begin`):
-    its head or body came, it ended or it failed. The direct path (`ingress.direct`) relays
-    the answer from there, without a task. Never told from inside the parser's callbacks, so
-    it may end the exchange (`done`) when it is told."""
+    """Told, in place of a future, whenever an exchange may have moved on
+    (`UpstreamConnection.begin`): after every read (its head or body came, it ended, the
+    connection refused what came), at the end of an answer framed by the connection's close,
+    and when it failed or fell silent. The direct path (`ingress.direct`) relays the answer
+    from there, without a task, and looks at what changed (it may be nothing). Never told from
+    inside the parser's callbacks, so it may end the exchange (`done`) when it is told."""
 
     def moved(self) -> None:
         raise NotImplementedError

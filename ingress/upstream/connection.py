@@ -100,6 +100,11 @@ class UpstreamConnection(Gated):
         self.transport = tuned(transport)
 
     def data_received(self, data: bytes) -> None:
+        self._received(data)
+        if self._listener is not None:  # whatever the read did: moved, ended, failed
+            self._listener.moved()
+
+    def _received(self, data: bytes) -> None:
         parser = self._parser
         state = self.state
         stage = state.stage
@@ -130,9 +135,6 @@ class UpstreamConnection(Gated):
             self._framing = framing_run(self._framing, len(data), self._body_bytes != body_before)
             if self._framing > MAX_FRAMING_BYTES:
                 self._abort(UpstreamFailed("the sandbox's answer head or trailers are too large"))
-                return
-        if self._listener is not None:
-            self._listener.moved()
 
     def eof_received(self) -> bool:
         self._ended(None)
@@ -228,6 +230,8 @@ class UpstreamConnection(Gated):
                 self._fail(closed)
         elif stage is BODY and framed_by_close(self.headers):
             self._finish()  # an answer framed by the end of the connection
+            if self._listener is not None:
+                self._listener.moved()
         else:
             reason = f": {exc}" if exc else ""
             self._fail(UpstreamFailed(f"the sandbox closed the connection mid-answer{reason}"))

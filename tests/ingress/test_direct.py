@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +21,7 @@ import pytest
 
 from tests.support.ingress import RawServer, read_head, stack
 from tests.support.waiting import eventually
+from wakeful.ingress.upstream.raw import RawTransport
 
 BIG = 4 << 20
 """An answer larger than the client's buffers (`/big`)."""
@@ -44,13 +46,16 @@ ANSWERS: dict[bytes, bytes] = {
     ),
     b"/big": b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (BIG, b"b" * BIG),
     b"/short": b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf!",  # then it closes
+    b"/eof": b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nto the end",  # then it closes
+    b"/extra": b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokEXTRA",  # more than it said
 }
 
 
 class Sandbox:
     """Serves its connections' requests in turn (`RawServer`, one connection at a time),
     keeping each head and answering by path from `ANSWERS` (a HEAD's answer without its
-    body); `/short` closes its connection after its answer, `/slow` answers after 0.5 s,
+    body); `/short` and `/eof` close their connection after their answer, `/slow` answers
+    after 0.5 s,
     `/huge` is `HUGE` bytes, and when the last of it went is kept (`huge_sent`)."""
 
     def __init__(self) -> None:
@@ -82,7 +87,7 @@ class Sandbox:
                 if head.startswith(b"HEAD "):
                     answer = answer.split(b"\r\n\r\n")[0] + b"\r\n\r\n"
                 conn.sendall(answer)
-                if path == b"/short":
+                if path in (b"/short", b"/eof"):
                     return
         except OSError:
             return
@@ -129,13 +134,21 @@ SEQUENCE = [
     b"/early",
     b"/big",
     b"/small?q=1",
+    b"/eof",
+    b"/small",  # on a new connection: `/eof` closed the last
+    b"/extra",
+    b"/small",  # on a new connection: the ingress dropped the last
 ]
+DIRECT = len(SEQUENCE) - 2 + 2
+"""How many take the direct path: all of `SEQUENCE` but the two after a connection ended,
+then `/short`, and the HEAD (after a GET that dialed: `/short`'s connection closed)."""
 
 
 async def _through(direct: bool) -> tuple[list[bytes], list[bytes], dict[str, float]]:
-    """`SEQUENCE` on one connection, a HEAD, a Host that is no host, then `/short` (its answer
-    breaks mid-body), after a first request that leaves a connection pooled: the heads the
-    sandbox got, the answers the client got, and the counts."""
+    """`SEQUENCE` on one connection, a Host that is no host, then `/short` (its answer breaks
+    mid-body), then on a second connection a GET and a CONNECT, on a third a HEAD, after a first
+    request that leaves a connection pooled: the heads the sandbox got, the answers the client
+    got, and the counts."""
     sandbox = Sandbox()
     with RawServer(sandbox) as server:
         async with stack({"sb-a": server.port}, direct_path=direct) as s:
@@ -146,11 +159,15 @@ async def _through(direct: bool) -> tuple[list[bytes], list[bytes], dict[str, fl
             def talk() -> list[bytes]:
                 with socket.create_connection((host, port), timeout=10) as sock:
                     answers = [exchange(sock, get(path, n)) for n, path in enumerate(SEQUENCE)]
-                    answers.append(exchange(sock, get(b"/small", 90, b"HEAD"), head_only=True))
                     bad_host = get(b"/small", 92).replace(b"hello.localhost", b"a b", 1)
                     answers.append(exchange(sock, bad_host))  # a 400, kept alive
                     answers.append(exchange(sock, get(b"/short", 91)))
-                    return answers
+                with socket.create_connection((host, port), timeout=10) as sock:
+                    answers.append(exchange(sock, get(b"/small", 94)))  # dials; pooled after
+                    answers.append(exchange(sock, get(b"/x", 93, b"CONNECT")))  # then closed
+                with socket.create_connection((host, port), timeout=10) as sock:
+                    answers.append(exchange(sock, get(b"/small", 90, b"HEAD"), head_only=True))
+                return answers
 
             answers = await anyio.to_thread.run_sync(talk)
             counts = {
@@ -173,21 +190,24 @@ async def test_the_direct_path_is_the_general_path_in_every_byte() -> None:
     direct_heads, direct_answers, direct_counts = await _through(direct=True)
     general_heads, general_answers, general_counts = await _through(direct=False)
     assert direct_heads == general_heads
-    assert len(direct_heads) == len(SEQUENCE) + 2
+    assert len(direct_heads) == len(SEQUENCE) + 3  # not the bad Host, not the CONNECT
     assert b"x-forwarded-for: 127.0.0.1" in direct_heads[0]  # the rules ran: the
     assert b"x-mine" not in direct_heads[0].lower()  # client's chain and named headers gone
     for n, (direct, general) in enumerate(zip(direct_answers, general_answers, strict=True)):
         assert direct == general, f"answer {n}"
     assert b"x-secret" not in direct_answers[2].lower()
     assert b"x-request-id: t-2" in direct_answers[2]
-    assert direct_answers[-2].startswith(b"HTTP/1.1 400 Bad Request")
-    assert direct_answers[-1].startswith(b"HTTP/1.1 200 OK")  # cut off after its "half!"
-    assert direct_answers[-1].endswith(b"half!")
+    n = len(SEQUENCE)
+    assert direct_answers[SEQUENCE.index(b"/eof")].endswith(b"to the end\r\n0\r\n\r\n")
+    assert direct_answers[SEQUENCE.index(b"/extra")].endswith(b"\r\n\r\nok")
+    assert direct_answers[n].startswith(b"HTTP/1.1 400 Bad Request")  # the Host
+    assert direct_answers[n + 1].startswith(b"HTTP/1.1 200 OK")  # cut off after its "half!"
+    assert direct_answers[n + 1].endswith(b"half!")
+    assert direct_answers[n + 3].startswith(b"HTTP/1.1 400 Bad Request")  # the CONNECT
+    assert direct_answers[n + 4].startswith(b"HTTP/1.1 200 OK")  # the HEAD, on the pooled
     direct_taken = direct_counts.pop("direct_requests_total")
     assert general_counts.pop("direct_requests_total") == 0
-    # All but `/short`: a HEAD's connection is never pooled again (`ExchangeState.reusable`),
-    # so it found none idle.
-    assert direct_taken == len(SEQUENCE) + 1
+    assert direct_taken == DIRECT
     assert direct_counts == general_counts
 
 
@@ -203,20 +223,24 @@ def _answer_then_close(heads: list[bytes]) -> Callable[[socket.socket], None]:
     return handle
 
 
-@pytest.mark.parametrize(("method", "status", "sends"), [("GET", 200, 3), ("POST", 502, 2)])
+@pytest.mark.parametrize(
+    ("method", "status", "sends", "direct"), [("GET", 200, 3, 0), ("POST", 502, 2, 1)]
+)
 async def test_the_keep_alive_race_resends_under_the_same_id(
-    method: str, status: int, sends: int
+    method: str, status: int, sends: int, direct: int
 ) -> None:
     """A pooled connection closed unanswered: an idempotent request is sent once more (the
     general path, a fresh connection) with the id it went out with (the ingress's: the client
-    sent none); a POST is not."""
+    sent none), and counted once, as the general path's; a POST is not sent again."""
     heads: list[bytes] = []
     with RawServer(_answer_then_close(heads)) as server:
         async with stack({"sb-a": server.port}) as s:
             assert (await s.client.get("/")).status_code == 200
+            hits = s.sample("lease_cache_hits_total", app="hello")
             answer = await s.client.request(method, "/")
             assert answer.status_code == status, answer.text
-            assert s.sample("direct_requests_total", app="hello") == 1
+            assert s.sample("direct_requests_total", app="hello") == direct
+            assert s.sample("lease_cache_hits_total", app="hello") == hits + 1
             sent = [re.findall(rb"x-request-id: ([^\r]+)", head) for head in heads]
             assert len(sent) == sends
             assert sent[1:] == [[answer.headers["x-request-id"].encode()]] * (sends - 1)
@@ -258,13 +282,13 @@ async def test_a_client_that_leaves_ends_the_exchange_and_gives_back_what_it_hel
             host, port = s.ingress.address
             with socket.create_connection((host, port), timeout=10) as sock:
                 sock.sendall(get(b"/slow", 1))
-                await eventually(lambda: s.sample("direct_requests_total", app="hello"), 10)
-                assert s.sample("requests_in_flight", app="hello") == 1
+                await eventually(lambda: s.sample("requests_in_flight", app="hello") == 1, 10)
             # 499 (the client gone), before the sandbox answered
             await eventually(
                 lambda: s.sample("requests_total", app="hello", status_class="4xx"), 10
             )
             assert s.sample("requests_total", app="hello", status_class="2xx") == 1
+            assert s.sample("direct_requests_total", app="hello") == 1
             assert s.sample("requests_in_flight", app="hello") == 0
             assert all(e.uses == 0 for e in s.ingress.cache.snapshot())
             assert (await s.client.get("/small")).status_code == 200  # the next still served
@@ -283,7 +307,73 @@ async def test_a_stopping_ingress_lets_a_direct_exchange_finish() -> None:
 
             thread = threading.Thread(target=ask)
             thread.start()
-            await eventually(lambda: s.sample("direct_requests_total", app="hello"), 10)
+            await eventually(lambda: s.sample("requests_in_flight", app="hello") == 1, 10)
         thread.join(10)
     assert got and got[0].startswith(b"HTTP/1.1 200 OK"), got
     assert b"connection: close" in got[0]
+
+
+class _RaceThenSlow:
+    """A sandbox whose first connection answers one request, then closes 0.3 s after the next
+    came (the keep-alive race, late); every later connection answers after 0.5 s."""
+
+    def __init__(self) -> None:
+        self.connections = 0
+
+    def __call__(self, conn: socket.socket) -> None:
+        self.connections += 1
+        read_head(conn)
+        if self.connections == 1:
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            read_head(conn)
+            time.sleep(0.3)
+            return
+        time.sleep(0.5)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\nresent!")
+
+
+async def test_a_stopping_ingress_lets_a_resend_finish() -> None:
+    """The ingress stops while a direct exchange waits; its connection then loses the
+    keep-alive race, and the resend the general path makes is what the stop waits for,
+    within its grace."""
+    sandbox = _RaceThenSlow()
+    got: list[bytes] = []
+    with RawServer(sandbox) as server:
+        async with stack({"sb-a": server.port}) as s:
+            assert (await s.client.get("/")).status_code == 200
+            host, port = s.ingress.address
+
+            def ask() -> None:
+                with socket.create_connection((host, port), timeout=10) as sock:
+                    got.append(exchange(sock, get(b"/", 1)))
+
+            thread = threading.Thread(target=ask)
+            thread.start()
+            await eventually(lambda: s.sample("requests_in_flight", app="hello") == 1, 10)
+        thread.join(10)
+    assert got and got[0].startswith(b"HTTP/1.1 200 OK"), got
+    assert got[0].endswith(b"resent!")
+
+
+async def test_a_client_leaving_mid_relay_ends_it_and_gives_back_what_it_held() -> None:
+    """The client's buffer filled and a task relays the rest; the client leaves: the request
+    ends (499), its lease use and upstream slot go back, and the next is served."""
+    sandbox = Sandbox()
+    with RawServer(sandbox) as server:
+        async with stack({"sb-a": server.port}) as s:
+            assert (await s.client.get("/small")).status_code == 200
+            host, port = s.ingress.address
+            with socket.create_connection((host, port), timeout=10) as sock:
+                sock.sendall(get(b"/huge", 1))
+                await eventually(lambda: s.sample("requests_in_flight", app="hello") == 1, 10)
+                await anyio.sleep(0.5)  # the ingress writes meanwhile, until the buffers fill
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            await eventually(
+                lambda: s.sample("requests_total", app="hello", status_class="4xx"), 10
+            )
+            assert s.sample("requests_in_flight", app="hello") == 0
+            assert all(e.uses == 0 for e in s.ingress.cache.snapshot())
+            transport = s.ingress.transport
+            assert isinstance(transport, RawTransport)
+            assert not transport.slots.busy  # the app's upstream slot back
+            assert (await s.client.get("/small")).status_code == 200
