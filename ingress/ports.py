@@ -1,6 +1,6 @@
-"""The client ports `ingress.workers` keeps for its workers: bound with SO_REUSEPORT, not
-listening, refused to anyone else (`reserve`); a port held only by closing connections waited
-for (`reserved`)."""
+"""The ingress's listening sockets (`bind_listener`), and the client ports `ingress.workers`
+keeps for its workers: bound with SO_REUSEPORT, not listening, refused to anyone else
+(`reserve`); a port held only by closing connections waited for (`reserved`)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,30 @@ from wakeful.aio.loopback import hold_loopback_twin
 from wakeful.ingress.settings import join_address, split_address
 
 log = logging.getLogger(__name__)
+
+
+def bind_listener(address: str, backlog: int, what: str, shared: bool = False) -> socket.socket:
+    """Bind, or fail with an OSError that names the address (`what` says which one).
+    `shared`: with SO_REUSEPORT, beside the other workers and their supervisor's placeholder
+    (`ingress.workers`); the kernel spreads new connections across the listening ones."""
+    host, port = split_address(address)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP, not 0: asyncio's loop sets TCP_NODELAY on an accepted socket only when its
+    # listener says TCP (uvloop always does); the ingress sets none itself (test_nodelay.py).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if shared:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        raise OSError(exc.errno, exc.strerror, f"{what} {address}") from exc
+    if not shared:  # a worker's twin is held by its supervisor (`ports.reserve`)
+        hold_loopback_twin(sock)  # no sandbox may answer on the other loopback for us
+    return sock
 
 
 def reserve(address: str, what: str) -> socket.socket:

@@ -23,7 +23,6 @@ import anyio.abc
 from prometheus_client import CollectorRegistry, Gauge
 from websockets.asyncio.server import Server as WebSocketServer
 
-from wakeful.aio.loopback import hold_loopback_twin
 from wakeful.domain import keys
 from wakeful.domain.leases import Leases
 from wakeful.domain.models import AcmeChallenge, CertRecord
@@ -36,6 +35,7 @@ from wakeful.ingress.edge import ProxyEdge
 from wakeful.ingress.http1 import HttpServer, Limits
 from wakeful.ingress.metrics import IngressMetrics
 from wakeful.ingress.nodestreams import Tunnels, default_replica_name
+from wakeful.ingress.ports import bind_listener
 from wakeful.ingress.proxy import Proxy
 from wakeful.ingress.routing import RoutingTable, normalize_host
 from wakeful.ingress.sandboxes import follow_sandboxes
@@ -47,30 +47,6 @@ from wakeful.store import Store
 from wakeful.store.reflector import reflect
 
 log = logging.getLogger(__name__)
-
-
-def bind_listener(address: str, backlog: int, what: str, shared: bool = False) -> socket.socket:
-    """Bind, or fail with an OSError that names the address (`what` says which one).
-    `shared`: with SO_REUSEPORT, beside the other workers and their supervisor's placeholder
-    (`ingress.workers`); the kernel spreads new connections across the listening ones."""
-    host, port = split_address(address)
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # IPPROTO_TCP, not 0: asyncio's loop sets TCP_NODELAY on an accepted socket only when its
-    # listener says TCP (uvloop always does); the ingress sets none itself (test_nodelay.py).
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if shared:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind((host, port))
-        sock.listen(backlog)
-        sock.setblocking(False)
-    except OSError as exc:
-        sock.close()
-        raise OSError(exc.errno, exc.strerror, f"{what} {address}") from exc
-    if not shared:  # a worker's twin is held by its supervisor (`ports.reserve`)
-        hold_loopback_twin(sock)  # no sandbox may answer on the other loopback for us
-    return sock
 
 
 def raise_open_files_limit() -> None:

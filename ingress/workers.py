@@ -53,8 +53,7 @@ from wakeful.aio.spawn import Child, spawn
 from wakeful.ingress.admin import AdminEdge
 from wakeful.ingress.http1 import HttpServer, Limits
 from wakeful.ingress.nodestreams import default_replica_name
-from wakeful.ingress.ports import address_of, reserve, reserved
-from wakeful.ingress.server import bind_listener
+from wakeful.ingress.ports import address_of, bind_listener, reserve, reserved
 from wakeful.ingress.settings import IngressSettings, join_address, split_address
 from wakeful.ingress.workerrules import HUNG, hung, restart_pause, share, shifted
 

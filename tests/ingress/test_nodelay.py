@@ -15,7 +15,7 @@ from collections.abc import Callable
 import pytest
 import uvloop
 
-from wakeful.ingress.server import bind_listener
+from wakeful.ingress.ports import bind_listener
 
 LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
     "asyncio": asyncio.new_event_loop,

@@ -30,7 +30,7 @@ from tests.support.ingress import RawServer, Stack, read_head, stack, talk
 from wakeful.ingress.http1 import Request, Responder
 from wakeful.ingress.http1.server import Handling, HttpServer, Limits
 from wakeful.ingress.http1.tlsaccept import SPARES
-from wakeful.ingress.server import bind_listener
+from wakeful.ingress.ports import bind_listener
 from wakeful.ingress.tls import Certificates
 
 pytestmark = pytest.mark.anyio
@@ -288,7 +288,7 @@ import asyncio, os, resource, sys
 from pathlib import Path
 import uvloop
 from wakeful.ingress.http1.server import Handling, HttpServer, Limits
-from wakeful.ingress.server import bind_listener
+from wakeful.ingress.ports import bind_listener
 from wakeful.ingress.settings import IngressSettings
 from wakeful.ingress.tls import Certificates
 
