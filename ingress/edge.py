@@ -141,7 +141,7 @@ class ProxyEdge(Handler):
                 out.send_whole(200, [(b"content-type", b"text/plain")], answer)
                 return
             proxy = self._proxy
-            app, version, counted = proxy.route(head.host)
+            app, version, counted = request.route or proxy.route(head.host)
             label = app
             if counted:  # a split or tagged app: its answers per version too (not otherwise)
                 reported = version
@@ -312,6 +312,7 @@ class ProxyEdge(Handler):
             return None
         if route is None:
             return None
+        request.route = route  # kept if `handle` answers it: a split picks once a request
         app, version, counted = route
         if (
             self._https_location is not None

@@ -151,6 +151,10 @@ class Request:
     what is left is its one resend, on a fresh connection."""
     request_id: str = ""
     """The id it went out with then, which the resend carries too ("" otherwise)."""
+    route: tuple[str, str | None, bool] | None = None
+    """The route the direct path chose for it (`ingress.direct`), which the general path keeps
+    when it answers the request after all: a split's next pick was that one (None: none
+    chosen yet)."""
 
     def __init__(  # written out: compiled, where a dataclass's own would be interpreted
         self,
@@ -175,3 +179,4 @@ class Request:
         self.scheme = scheme
         self.resent = False
         self.request_id = ""
+        self.route = None
